@@ -1,0 +1,88 @@
+#!/usr/bin/env python3
+"""One entry point for a fresh machine that has only Python 3.11+.
+
+    python3 dev.py demo     # set up .venv on first use, then `lightpath demo`
+    python3 dev.py test     # set up .venv on first use, then the test suite
+
+Other verbs: `up` (the local stack), `lint` (ruff + mypy), `bench NAME`,
+`protos` (regenerate lightpath/v1). Extra arguments go to the tool.
+
+The virtual environment is (re)installed whenever pyproject.toml changes, so a
+pull that adds a dependency needs no manual step.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+VENV = ROOT / ".venv"
+BIN = VENV / ("Scripts" if os.name == "nt" else "bin")
+PY = BIN / "python"
+STAMP = VENV / ".lightpath-installed"
+
+
+def _fingerprint() -> str:
+    return hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()
+
+
+def ensure_venv() -> None:
+    if sys.version_info < (3, 11):  # noqa: UP036 - dev.py runs on whatever python3 the machine has
+        sys.exit(f"dev.py: Python 3.11+ is required, this is {sys.version.split()[0]}")
+    if STAMP.exists() and STAMP.read_text() == _fingerprint() and PY.exists():
+        return
+    if not PY.exists():
+        print(f"dev.py: creating {VENV.relative_to(ROOT)}", flush=True)
+        venv.EnvBuilder(with_pip=True).create(VENV)
+    print("dev.py: installing lightpath with its dev extras (first use only)", flush=True)
+    pip = [str(PY), "-m", "pip", "install", "--disable-pip-version-check", "-q"]
+    subprocess.run([*pip, "--upgrade", "pip"], check=True)
+    subprocess.run([*pip, "-e", f"{ROOT}[dev]"], check=True)
+    STAMP.write_text(_fingerprint())
+
+
+def run(argv: list[str]) -> int:
+    os.chdir(ROOT)
+    return subprocess.call(argv)
+
+
+def main(args: list[str]) -> int:
+    if not args or args[0] in {"-h", "--help", "help"}:
+        print(__doc__)
+        return 0
+    verb, rest = args[0], args[1:]
+    ensure_venv()
+    if verb == "test":
+        # pytest exits 5 when no test ran: that is a failure here, as it should be.
+        return run([str(PY), "-m", "pytest", "-n", "auto", "--dist", "loadgroup", *rest])
+    if verb == "demo":
+        return run([str(BIN / "lightpath"), "demo", *rest])
+    if verb == "up":
+        return run([str(BIN / "lightpath"), "up", *rest])
+    if verb == "lint":
+        code = run([str(PY), "-m", "ruff", "check", "."])
+        code |= run([str(PY), "-m", "ruff", "format", "--check", "."])
+        return code | run([str(PY), "-m", "mypy", "services", "lightpath", *rest])
+    if verb == "protos":
+        return run([str(PY), "scripts/gen_protos.py", *rest])
+    if verb == "bench":
+        if not rest:
+            sys.exit(
+                "dev.py bench NAME: one of "
+                + ", ".join(
+                    p.stem
+                    for p in sorted((ROOT / "bench").glob("*.py"))
+                    if not p.stem.startswith("_")
+                )
+            )
+        return run([str(PY), f"bench/{rest[0]}.py", *rest[1:]])
+    sys.exit(f"dev.py: unknown verb {verb!r}; try `python3 dev.py help`")
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

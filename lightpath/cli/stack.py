@@ -1,0 +1,130 @@
+"""`lightpath up | status | demo`: the local stack (X-7)."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import time
+from pathlib import Path
+
+from lightpath.cli._common import add_json_flag, print_json, table
+from lightpath.stack import (
+    Stack,
+    StackError,
+    default_state_dir,
+    default_topology,
+    ensure_stack,
+    health_status,
+    running_stack,
+    with_ephemeral_ports,
+)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    up = sub.add_parser("up", help="start Redis and every service on loopback; Ctrl-C stops all")
+    up.add_argument(
+        "--state-dir",
+        type=Path,
+        help="Redis data, logs, stack.json (default $LIGHTPATH_STATE_DIR or .lightpath)",
+    )
+    up.add_argument(
+        "--ephemeral-ports", action="store_true", help="free ports instead of the fixed 500xx ones"
+    )
+    up.set_defaults(func=cmd_up)
+
+    status = sub.add_parser("status", help="health of each service of the running stack")
+    status.add_argument("--state-dir", type=Path)
+    add_json_flag(status)
+    status.set_defaults(func=cmd_status)
+
+    demo = sub.add_parser(
+        "demo", help="run a scenario exercising every service (starts a stack if none runs)"
+    )
+    demo.add_argument("--state-dir", type=Path)
+    demo.set_defaults(func=cmd_demo)
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    specs = default_topology()
+    if args.ephemeral_ports:
+        specs = with_ephemeral_ports(specs)
+    state_dir = args.state_dir or default_state_dir()
+    if running_stack(state_dir):
+        print(
+            f"a stack is already running from {state_dir}; `lightpath status` shows it",
+            file=sys.stderr,
+        )
+        return 1
+    stack = Stack(state_dir, specs=specs, redis_port=0 if args.ephemeral_ports else 6390)
+    stopping = False
+
+    def on_signal(signum, frame):
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        stack.start()
+    except StackError as exc:
+        print(f"lightpath up failed: {exc}", file=sys.stderr)
+        return 1
+    print(
+        table(
+            [(s.name, s.service, f"127.0.0.1:{s.port}") for s in stack.specs],
+            ["process", "service", "endpoint"],
+        )
+    )
+    print(f"\nlogs in {state_dir / 'logs'}; all healthy; Ctrl-C stops everything", flush=True)
+    code = 0
+    while not stopping:
+        dead = stack.dead_processes()
+        if dead:
+            print(f"stopping the stack: {', '.join(dead)} exited; see the logs", file=sys.stderr)
+            code = 1
+            break
+        time.sleep(0.2)
+    stack.stop()
+    print("stack stopped", flush=True)
+    return code
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    stack = running_stack(args.state_dir)
+    if stack is None:
+        if args.json:
+            print_json({"running": False, "services": {}})
+        else:
+            print("no stack running (start one with `lightpath up`)")
+        return 1
+    statuses = {
+        name: {"endpoint": addr, "health": health_status(addr)}
+        for name, addr in stack.endpoints.items()
+    }
+    if args.json:
+        print_json(
+            {"running": True, "pid": stack.pid, "redis_url": stack.redis_url, "services": statuses}
+        )
+    else:
+        print(f"stack pid {stack.pid}, redis {stack.redis_url}")
+        print(
+            table(
+                [(n, s["endpoint"], s["health"]) for n, s in statuses.items()],
+                ["process", "endpoint", "health"],
+            )
+        )
+    return 0 if all(s["health"] == "SERVING" for s in statuses.values()) else 1
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from lightpath.demo import run_demo
+
+    try:
+        with ensure_stack(args.state_dir) as endpoints:
+            return asyncio.run(run_demo(endpoints))
+    except StackError as exc:
+        print(f"lightpath demo: the stack did not start: {exc}", file=sys.stderr)
+        return 1

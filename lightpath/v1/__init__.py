@@ -1,0 +1,1 @@
+"""Generated gRPC stubs of the lightpath.v1 API (scripts/gen_protos.py)."""

@@ -1,0 +1,1 @@
+"""Lightpath's five gRPC services; `python -m services.<name>` runs one."""

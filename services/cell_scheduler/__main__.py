@@ -1,0 +1,13 @@
+"""`python -m services.cell_scheduler` (console script `lightpath-cell-scheduler`)."""
+
+from services.cell_scheduler.server import build
+from services.cell_scheduler.settings import CellSchedulerSettings
+from services.common.server import main as serve
+
+
+def main() -> None:
+    serve("cell_scheduler", CellSchedulerSettings, build)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,14 @@
+"""Settings of cell_scheduler, from environment variables."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from services.common.settings import CommonSettings, parse_address, setting
+
+
+@dataclass(frozen=True)
+class CellSchedulerSettings(CommonSettings):
+    listen: str = setting(
+        "LIGHTPATH_LISTEN", "[::]:50051", "gRPC listen address", parse=parse_address
+    )

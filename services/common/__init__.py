@@ -1,0 +1,1 @@
+"""Shared server runtime: settings, Redis, telemetry, errors, the server factory."""

@@ -1,0 +1,52 @@
+"""The one place services reach Redis from (X-4).
+
+`connect(url)` returns a `redis.asyncio.Redis` that retries connection errors
+with backoff, so a Redis restart costs a few slow calls rather than a crashed
+service. Keys come from services.common.keys; multi-key changes go through Lua
+(`client.register_script`, which re-loads a script a restarted Redis forgot) or
+MULTI/WATCH.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from services.common.errors import Unavailable
+
+
+def connect(
+    url: str, *, decode_responses: bool = True, max_connections: int = 64
+) -> aioredis.Redis:
+    return aioredis.Redis.from_url(
+        url,
+        decode_responses=decode_responses,
+        retry=Retry(ExponentialBackoff(cap=1.0, base=0.02), retries=6),
+        retry_on_error=[RedisConnectionError, RedisTimeoutError],
+        socket_connect_timeout=2.0,
+        health_check_interval=30,
+        max_connections=max_connections,
+    )
+
+
+async def wait_ready(client: aioredis.Redis, timeout: float = 10.0) -> None:
+    """PING until Redis answers; raise Unavailable naming the URL after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            await client.ping()
+            return
+        except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+            if time.monotonic() >= deadline:
+                kw = client.connection_pool.connection_kwargs
+                where = kw.get("path") or f"{kw.get('host')}:{kw.get('port')}"
+                raise Unavailable(
+                    f"Redis at {where} did not answer within {timeout:.0f} s: {exc}"
+                ) from exc
+            await asyncio.sleep(0.1)

@@ -1,0 +1,276 @@
+"""The one server factory and runtime all five services use (X-1).
+
+    server, port = create_server("[::]:0", [definition], tracer_provider=tp)
+
+gives a grpc.aio server with health checking (grpc.health.v1), reflection,
+tracing and error mapping. `running(...)` wraps the whole life of a service —
+Redis, build, serve, graceful stop — and is what `__main__` (through `main`)
+and the contract tests both use, so the tests run the real thing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Generic, TypeVar
+
+import grpc
+import redis.asyncio as aioredis
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+from opentelemetry.sdk.trace import TracerProvider
+
+from lightpath import __version__
+from lightpath.client import channel as client_channel
+from lightpath.telemetry import configure_tracing
+from lightpath.v1 import common_pb2
+from services.common import redis_store
+from services.common.settings import CommonSettings, SettingsError, load
+from services.common.telemetry import ServerInterceptor, configure_logging
+
+S = TypeVar("S", bound=CommonSettings)
+log = logging.getLogger("lightpath.server")
+
+# Generous message size: aggregation chunks and full-pod wirings are large.
+GRPC_OPTIONS = [
+    ("grpc.max_send_message_length", 64 * 1024 * 1024),
+    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+    ("grpc.so_reuseport", 0),
+]
+
+
+@dataclass(frozen=True)
+class ServiceDefinition:
+    """One gRPC service to serve: its full name, servicer and generated `add_*_to_server`."""
+
+    name: str
+    servicer: Any
+    register: Callable[[Any, grpc.aio.Server], None]
+
+
+class Server:
+    """A grpc.aio server with its health servicer, so stop() can drain gracefully."""
+
+    def __init__(
+        self,
+        grpc_server: grpc.aio.Server,
+        health_servicer: health.aio.HealthServicer,
+        names: list[str],
+    ):
+        self.grpc = grpc_server
+        self.health = health_servicer
+        self.names = names
+
+    async def start(self) -> None:
+        await self.grpc.start()
+        for name in ["", *self.names]:
+            await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+
+    async def stop(self, grace: float) -> None:
+        """NOT_SERVING first (load balancers stop sending), then let calls drain for `grace` s."""
+        await self.health.enter_graceful_shutdown()
+        await self.grpc.stop(grace)
+
+    async def wait_for_termination(self) -> None:
+        await self.grpc.wait_for_termination()
+
+
+def create_server(
+    address: str,
+    services: Sequence[ServiceDefinition],
+    *,
+    tracer_provider: TracerProvider | None = None,
+    interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
+) -> tuple[Server, int]:
+    """Build (not start) a server for `services` on `address`; `[::]:0` binds an ephemeral port."""
+    server = grpc.aio.server(
+        interceptors=[ServerInterceptor(tracer_provider), *interceptors], options=GRPC_OPTIONS
+    )
+    for svc in services:
+        svc.register(svc.servicer, server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    names = [svc.name for svc in services]
+    reflection.enable_server_reflection(
+        [*names, health.SERVICE_NAME, reflection.SERVICE_NAME], server
+    )
+    port = server.add_insecure_port(address)
+    if port == 0:
+        raise OSError(f"cannot listen on {address}")
+    return Server(server, health_servicer, names), port
+
+
+@dataclass
+class Runtime(Generic[S]):
+    """What a service's build function gets: its typed settings, Redis, tracing,
+    and places to hang background tasks, peer channels and shutdown hooks."""
+
+    service: str
+    settings: S
+    redis: aioredis.Redis
+    tracer_provider: TracerProvider
+    instance_id: str
+    started_at: datetime = field(default_factory=lambda: datetime.now(UTC))
+    port: int = 0
+    _tasks: set[asyncio.Task] = field(default_factory=set)
+    _channels: list[grpc.aio.Channel] = field(default_factory=list)
+    _on_stop: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
+
+    @property
+    def log(self) -> logging.Logger:
+        return logging.getLogger(f"lightpath.{self.service}")
+
+    def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task:
+        """Run `coro` in the background until shutdown; a crash is logged, not swallowed silently."""
+        task = asyncio.create_task(coro, name=name)
+        self._tasks.add(task)
+
+        def done(t: asyncio.Task) -> None:
+            self._tasks.discard(t)
+            if not t.cancelled() and t.exception() is not None:
+                self.log.error("background task %s crashed", name, exc_info=t.exception())
+
+        task.add_done_callback(done)
+        return task
+
+    def channel(self, address: str, **kwargs: Any) -> grpc.aio.Channel:
+        """A traced channel to a peer service, closed at shutdown."""
+        ch = client_channel(address, tracer_provider=self.tracer_provider, **kwargs)
+        self._channels.append(ch)
+        return ch
+
+    def on_stop(self, hook: Callable[[], Awaitable[None]]) -> None:
+        self._on_stop.append(hook)
+
+    def info(
+        self, service_name: str, *, pod_id: str = "", **attributes: str
+    ) -> common_pb2.ServiceInfo:
+        """The GetInfo answer every service gives."""
+        info = common_pb2.ServiceInfo(
+            service=service_name,
+            version=__version__,
+            instance_id=self.instance_id,
+            pod_id=pod_id,
+            attributes={k: str(v) for k, v in attributes.items()},
+        )
+        info.started_at.FromDatetime(self.started_at)
+        return info
+
+    async def close(self) -> None:
+        for hook in reversed(self._on_stop):
+            try:
+                await hook()
+            except Exception:
+                self.log.exception("shutdown hook failed")
+        for task in list(self._tasks):
+            task.cancel()
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        for ch in self._channels:
+            await ch.close()
+
+
+Build = Callable[[Runtime[Any]], Awaitable[Sequence[ServiceDefinition]]]
+
+
+@dataclass
+class RunningService:
+    port: int
+    runtime: Runtime[Any]
+    server: Server
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+
+@contextlib.asynccontextmanager
+async def running(
+    service: str,
+    settings: CommonSettings,
+    build: Build,
+    *,
+    tracer_provider: TracerProvider | None = None,
+    redis_client: aioredis.Redis | None = None,
+    grace: float | None = None,
+) -> AsyncIterator[RunningService]:
+    """Serve `service` until the block exits, then stop gracefully and release everything."""
+    instance_id = settings.resolved_instance_id
+    provider = tracer_provider or configure_tracing(
+        settings.otel_service_name or f"lightpath-{service}",
+        instance_id=instance_id,
+        set_global=False,
+    )
+    own_redis = redis_client is None
+    client = redis_client or redis_store.connect(settings.redis_url)
+    await redis_store.wait_ready(client)
+    runtime = Runtime(service, settings, client, provider, instance_id)
+    server: Server | None = None
+    try:
+        definitions = await build(runtime)
+        server, port = create_server(settings.listen, definitions, tracer_provider=provider)
+        runtime.port = port
+        await server.start()
+        log.info("%s serving on port %d", service, port, extra={"port": port})
+        yield RunningService(port, runtime, server)
+    finally:
+        if server is not None:
+            await server.stop(settings.shutdown_grace_s if grace is None else grace)
+        await runtime.close()
+        if own_redis:
+            await client.aclose()
+
+
+def main(service: str, settings_cls: type[S], build: Build, argv: list[str] | None = None) -> None:
+    """Entry point of `python -m services.<name>`: settings, logging, tracing, serve until SIGTERM/SIGINT."""
+    if argv is None:
+        argv = sys.argv[1:]
+    if argv and argv[0] in {"-h", "--help"}:
+        from services.common.settings import describe
+
+        print(f"lightpath {service}: configured by environment variables\n")
+        for d in describe(settings_cls):
+            print(f"  {d.env:<36} default {d.default:<28} {d.doc}")
+        return
+    try:
+        settings = load(settings_cls)
+    except SettingsError as exc:
+        print(f"lightpath {service}: bad configuration: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    instance_id = settings.resolved_instance_id
+    configure_logging(service, instance_id, settings.log_level, settings.log_format)
+    try:
+        provider = configure_tracing(
+            settings.otel_service_name or f"lightpath-{service}",
+            exporter=settings.otel_traces_exporter,
+            instance_id=instance_id,
+        )
+    except RuntimeError as exc:
+        print(f"lightpath {service}: bad configuration: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+    async def serve() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        async with running(service, settings, build, tracer_provider=provider):
+            await stop.wait()
+            log.info(
+                "%s stopping: draining calls for up to %.1f s", service, settings.shutdown_grace_s
+            )
+        provider.shutdown()
+
+    try:
+        asyncio.run(serve())
+    except Exception as exc:
+        logging.getLogger("lightpath.server").critical(
+            "%s could not start: %s", service, exc, exc_info=True
+        )
+        raise SystemExit(1) from None

@@ -1,0 +1,203 @@
+"""Typed settings from environment variables (X-1).
+
+A settings class is a frozen dataclass whose fields are declared with
+`setting(ENV_VAR, default, doc)`. `load(cls)` reads the environment, parses
+each value by the field's type (or its own parser), and fails at start with a
+message naming the variable when a value is bad. `describe(cls)` lists the
+variables with their defaults and docs (the README table, the compose-file
+check).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+import typing
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+class SettingsError(ValueError):
+    """A bad environment value; the message names the variable."""
+
+
+def setting(env: str, default: Any, doc: str, *, parse: Callable[[str], Any] | None = None) -> Any:
+    """Declare a dataclass field read from `env`. `default=None` makes it required."""
+    return dataclasses.field(default=default, metadata={"env": env, "doc": doc, "parse": parse})
+
+
+# -- parsers: each raises ValueError with the rule the value broke -------------
+
+
+def parse_bool(raw: str) -> bool:
+    v = raw.strip().lower()
+    if v in {"1", "true", "yes", "on"}:
+        return True
+    if v in {"0", "false", "no", "off"}:
+        return False
+    raise ValueError("must be one of true/false/1/0/yes/no/on/off")
+
+
+def parse_address(raw: str) -> str:
+    """host:port, [v6]:port; port 0 means ephemeral."""
+    host, sep, port = raw.strip().rpartition(":")
+    if not sep or not host:
+        raise ValueError("must look like host:port, e.g. 127.0.0.1:50051 or [::]:0")
+    if not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError("port must be an integer 0..65535")
+    return raw.strip()
+
+
+def parse_optional_address(raw: str) -> str:
+    return "" if not raw.strip() else parse_address(raw)
+
+
+def parse_redis_url(raw: str) -> str:
+    if not raw.startswith(("redis://", "rediss://", "unix://")):
+        raise ValueError("must start with redis://, rediss:// or unix://")
+    return raw
+
+
+def parse_positive_float(raw: str) -> float:
+    value = float(raw)
+    if value <= 0:
+        raise ValueError("must be > 0")
+    return value
+
+
+def parse_non_negative_float(raw: str) -> float:
+    value = float(raw)
+    if value < 0:
+        raise ValueError("must be >= 0")
+    return value
+
+
+def parse_id(raw: str) -> str:
+    from services.common.keys import validate_id
+
+    return validate_id(raw)
+
+
+def choice(*options: str) -> Callable[[str], str]:
+    def parse(raw: str) -> str:
+        v = raw.strip().lower()
+        if v not in options:
+            raise ValueError("must be one of " + ", ".join(options))
+        return v
+
+    return parse
+
+
+def _parse_int(raw: str) -> int:
+    return int(raw.strip())
+
+
+_BY_TYPE: dict[Any, Callable[[str], Any]] = {
+    str: str,
+    int: _parse_int,
+    float: float,
+    bool: parse_bool,
+}
+
+
+def load(cls: type[T], environ: Mapping[str, str] | None = None) -> T:
+    """Build `cls` from `environ` (default os.environ)."""
+    env = os.environ if environ is None else environ
+    hints = typing.get_type_hints(cls)
+    values: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        name = f.metadata.get("env")
+        if not name:
+            continue
+        raw = env.get(name)
+        if raw is None:
+            if f.default is None:
+                raise SettingsError(f"{name} is required: {f.metadata['doc']}")
+            continue
+        parse = f.metadata.get("parse") or _BY_TYPE.get(hints[f.name])
+        if parse is None:
+            raise TypeError(f"no parser for {cls.__name__}.{f.name}")
+        try:
+            values[f.name] = parse(raw)
+        except ValueError as exc:
+            raise SettingsError(f"{name}={raw!r} is invalid: {exc}") from None
+    return cls(**values)
+
+
+@dataclass(frozen=True)
+class SettingDoc:
+    env: str
+    default: str
+    doc: str
+
+
+def describe(cls: type) -> list[SettingDoc]:
+    return [
+        SettingDoc(
+            f.metadata["env"],
+            "(required)" if f.default is None else repr(f.default),
+            f.metadata["doc"],
+        )
+        for f in dataclasses.fields(cls)
+        if f.metadata.get("env")
+    ]
+
+
+def _default_instance_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+@dataclass(frozen=True)
+class CommonSettings:
+    """What every service reads. Subclasses add their own and override `listen`."""
+
+    redis_url: str = setting(
+        "LIGHTPATH_REDIS_URL",
+        "redis://127.0.0.1:6379/0",
+        "Redis holding all shared state",
+        parse=parse_redis_url,
+    )
+    listen: str = setting(
+        "LIGHTPATH_LISTEN",
+        "[::]:0",
+        "gRPC listen address; port 0 picks a free one",
+        parse=parse_address,
+    )
+    log_level: str = setting(
+        "LIGHTPATH_LOG_LEVEL",
+        "info",
+        "debug, info, warning or error",
+        parse=choice("debug", "info", "warning", "error"),
+    )
+    log_format: str = setting(
+        "LIGHTPATH_LOG_FORMAT",
+        "json",
+        "json (one object per line) or text",
+        parse=choice("json", "text"),
+    )
+    shutdown_grace_s: float = setting(
+        "LIGHTPATH_SHUTDOWN_GRACE_S",
+        5.0,
+        "seconds in-flight calls may finish after SIGTERM",
+        parse=parse_non_negative_float,
+    )
+    instance_id: str = setting(
+        "LIGHTPATH_INSTANCE_ID", "", "unique name of this process; default host-pid"
+    )
+    otel_traces_exporter: str = setting(
+        "OTEL_TRACES_EXPORTER",
+        "none",
+        "none, console or otlp (otlp needs the [otlp] extra)",
+        parse=choice("none", "console", "otlp"),
+    )
+    otel_service_name: str = setting(
+        "OTEL_SERVICE_NAME", "", "service.name of spans; default lightpath-<service>"
+    )
+
+    @property
+    def resolved_instance_id(self) -> str:
+        return self.instance_id or _default_instance_id()

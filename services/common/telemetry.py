@@ -1,0 +1,241 @@
+"""Server side of telemetry and error mapping (X-1, X-2, X-3).
+
+`ServerInterceptor` wraps every RPC of a service:
+  * continues the caller's trace from gRPC metadata in a SERVER span;
+  * records rpc.server.duration (OTel metrics, exported per OTEL_METRICS_EXPORTER);
+  * turns a LightpathError into its gRPC status with google.rpc details, and any
+    other exception into INTERNAL, logged with its trace id.
+
+`configure_logging` makes logs structured (one JSON object per line) and stamps
+each record with the current trace and span ids.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import logging
+import sys
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import grpc
+from opentelemetry import metrics, propagate, trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.trace import SpanKind, Status, StatusCode
+
+from lightpath import __version__
+from lightpath.telemetry import TRACER_NAME, _rpc_attributes
+from services.common.errors import LightpathError, to_status_proto
+
+log = logging.getLogger("lightpath.rpc")
+
+# Calls too frequent and too dull to trace (probes, reflection).
+UNTRACED_PREFIXES = ("/grpc.health.v1.", "/grpc.reflection.")
+
+
+def current_trace_id() -> str:
+    ctx = trace.get_current_span().get_span_context()
+    return trace.format_trace_id(ctx.trace_id) if ctx.is_valid else ""
+
+
+class ServerInterceptor(grpc.aio.ServerInterceptor):
+    def __init__(self, tracer_provider: TracerProvider | None = None):
+        self._tracer = (tracer_provider or trace.get_tracer_provider()).get_tracer(
+            TRACER_NAME, __version__
+        )
+        self._duration = metrics.get_meter(TRACER_NAME, __version__).create_histogram(
+            "rpc.server.duration", unit="ms", description="time to serve one RPC"
+        )
+
+    async def intercept_service(self, continuation, handler_call_details):
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return None
+        method: str = handler_call_details.method
+        traced = not method.startswith(UNTRACED_PREFIXES)
+        metadata = {
+            k: v for k, v in (handler_call_details.invocation_metadata or ()) if isinstance(v, str)
+        }
+        if handler.unary_unary:
+            return grpc.unary_unary_rpc_method_handler(
+                self._wrap_unary(handler.unary_unary, method, metadata, traced),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        if handler.stream_unary:
+            return grpc.stream_unary_rpc_method_handler(
+                self._wrap_unary(handler.stream_unary, method, metadata, traced),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        if handler.unary_stream:
+            return grpc.unary_stream_rpc_method_handler(
+                self._wrap_stream(handler.unary_stream, method, metadata, traced),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        return grpc.stream_stream_rpc_method_handler(
+            self._wrap_stream(handler.stream_stream, method, metadata, traced),
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )
+
+    def _span(self, method: str, metadata: dict[str, str], traced: bool):
+        if not traced:
+            return trace.use_span(trace.INVALID_SPAN)
+        return self._tracer.start_as_current_span(
+            method.lstrip("/"),
+            context=propagate.extract(metadata),
+            kind=SpanKind.SERVER,
+            attributes=_rpc_attributes(method),
+            record_exception=False,
+            set_status_on_exception=False,
+        )
+
+    def _wrap_unary(self, inner: Callable, method: str, metadata: dict[str, str], traced: bool):
+        async def behavior(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            start = time.perf_counter()
+            code = grpc.StatusCode.OK
+            with self._span(method, metadata, traced) as span:
+                try:
+                    result = inner(request, context)
+                    if inspect.isawaitable(result):
+                        result = await result
+                    return result
+                except Exception as exc:
+                    code = _code_of(exc, context)
+                    await _abort_for(exc, span, method, context)
+                finally:
+                    self._record(method, code, start)
+
+        return behavior
+
+    def _wrap_stream(self, inner: Callable, method: str, metadata: dict[str, str], traced: bool):
+        async def behavior(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+            start = time.perf_counter()
+            code = grpc.StatusCode.OK
+            with self._span(method, metadata, traced) as span:
+                try:
+                    result = inner(request, context)
+                    if inspect.isasyncgen(result):
+                        async for item in result:
+                            yield item
+                    elif inspect.isawaitable(result):
+                        await result
+                    else:
+                        for item in result:
+                            yield item
+                except Exception as exc:
+                    code = _code_of(exc, context)
+                    await _abort_for(exc, span, method, context)
+                finally:
+                    self._record(method, code, start)
+
+        return behavior
+
+    def _record(self, method: str, code: grpc.StatusCode, start: float) -> None:
+        self._duration.record(
+            (time.perf_counter() - start) * 1000.0,
+            {"rpc.method": method, "rpc.grpc.status_code": code.name},
+        )
+
+
+def _code_of(exc: BaseException, context: grpc.aio.ServicerContext) -> grpc.StatusCode:
+    if isinstance(exc, LightpathError):
+        return grpc.StatusCode[exc.code]
+    if isinstance(exc, grpc.aio.AbortError):
+        return context.code() or grpc.StatusCode.UNKNOWN
+    return grpc.StatusCode.INTERNAL
+
+
+async def _abort_for(
+    exc: Exception, span: trace.Span, method: str, context: grpc.aio.ServicerContext
+) -> None:
+    if isinstance(exc, grpc.aio.AbortError):
+        raise exc  # the servicer aborted on purpose: its status stands
+    if isinstance(exc, LightpathError):
+        status = to_status_proto(exc)
+        span.set_status(Status(StatusCode.ERROR, f"{exc.code}: {exc.message}"))
+        span.set_attribute("rpc.grpc.status_code", grpc.StatusCode[exc.code].value[0])
+        log.info(
+            "%s -> %s: %s",
+            method,
+            exc.code,
+            exc.message,
+            extra={"rpc_method": method, "code": exc.code},
+        )
+        await context.abort(
+            grpc.StatusCode[exc.code],
+            exc.message,
+            trailing_metadata=(("grpc-status-details-bin", status.SerializeToString()),),
+        )
+    trace_id = current_trace_id()
+    span.record_exception(exc)
+    span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
+    log.exception(
+        "%s failed with an unexpected %s", method, type(exc).__name__, extra={"rpc_method": method}
+    )
+    await context.abort(
+        grpc.StatusCode.INTERNAL, f"internal error (trace {trace_id or 'n/a'}); see the service log"
+    )
+
+
+# -- logging ------------------------------------------------------------------
+
+_STD_ATTRS = set(logging.makeLogRecord({}).__dict__) | {"message", "asctime", "trace_id", "span_id"}
+
+
+class TraceContextFilter(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        ctx = trace.get_current_span().get_span_context()
+        record.trace_id = trace.format_trace_id(ctx.trace_id) if ctx.is_valid else ""
+        record.span_id = trace.format_span_id(ctx.span_id) if ctx.is_valid else ""
+        return True
+
+
+class JsonFormatter(logging.Formatter):
+    def __init__(self, service: str, instance_id: str):
+        super().__init__()
+        self._static = {"service": service, "instance": instance_id}
+
+    def format(self, record: logging.LogRecord) -> str:
+        out: dict[str, Any] = {
+            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+            + f".{int(record.msecs):03d}Z",
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+            **self._static,
+        }
+        trace_id = getattr(record, "trace_id", "")
+        if trace_id:
+            out["trace_id"] = trace_id
+            out["span_id"] = getattr(record, "span_id", "")
+        for key, value in record.__dict__.items():
+            if key not in _STD_ATTRS and not key.startswith("_"):
+                out[key] = (
+                    value if isinstance(value, (str, int, float, bool, type(None))) else repr(value)
+                )
+        if record.exc_info:
+            out["exc"] = self.formatException(record.exc_info)
+        return json.dumps(out, ensure_ascii=False)
+
+
+def configure_logging(
+    service: str, instance_id: str, level: str = "info", fmt: str = "json"
+) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.addFilter(TraceContextFilter())
+    if fmt == "json":
+        handler.setFormatter(JsonFormatter(service, instance_id))
+    else:
+        handler.setFormatter(
+            logging.Formatter(
+                f"%(asctime)s %(levelname)s {service} %(name)s [trace=%(trace_id)s] %(message)s"
+            )
+        )
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())

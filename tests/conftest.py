@@ -1,0 +1,57 @@
+"""Fixtures shared by every test: a private real redis-server per test session
+(per xdist worker), started on an ephemeral port in a temp directory."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+import redis
+import redis.asyncio as aioredis
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from lightpath.embedded_redis import EmbeddedRedis
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedRedis]:
+    server = EmbeddedRedis(tmp_path_factory.mktemp("redis"), appendonly=False)
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def redis_url(redis_server: EmbeddedRedis) -> str:
+    """URL of the session's Redis, emptied for this test."""
+    with redis.Redis.from_url(redis_server.url) as r:
+        r.flushall()
+    return redis_server.url
+
+
+@pytest.fixture
+async def redis_client(redis_url: str) -> AsyncIterator[aioredis.Redis]:
+    client = aioredis.Redis.from_url(redis_url, decode_responses=True)
+    yield client
+    await client.aclose()
+
+
+class Spans:
+    """A tracer provider whose finished spans can be read back."""
+
+    def __init__(self, service_name: str):
+        from opentelemetry.sdk.resources import Resource
+
+        self.exporter = InMemorySpanExporter()
+        self.provider = TracerProvider(resource=Resource.create({"service.name": service_name}))
+        self.provider.add_span_processor(SimpleSpanProcessor(self.exporter))
+
+    def finished(self):
+        return self.exporter.get_finished_spans()
+
+
+@pytest.fixture
+def spans_factory():
+    return Spans

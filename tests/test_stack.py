@@ -1,0 +1,103 @@
+"""`lightpath up` as a user runs it: a subprocess that starts Redis and every
+service, reports them healthy, and leaves no process behind when stopped."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from lightpath.stack import default_topology
+
+pytestmark = pytest.mark.slow
+# The console script a user types, installed next to this interpreter.
+_SCRIPT = Path(sys.executable).parent / "lightpath"
+LIGHTPATH = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "lightpath"]
+
+
+def _start_up(state_dir: Path) -> subprocess.Popen[str]:
+    env = {k: v for k, v in os.environ.items() if k != "LIGHTPATH_REDIS_URL"}
+    return subprocess.Popen(
+        [*LIGHTPATH, "up", "--ephemeral-ports", "--state-dir", str(state_dir)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def _wait_for_stack(proc: subprocess.Popen[str], state_dir: Path, timeout: float = 90) -> dict:
+    deadline = time.monotonic() + timeout
+    while not (state_dir / "stack.json").exists():
+        if proc.poll() is not None:
+            pytest.fail(f"lightpath up exited {proc.returncode}:\n{proc.stdout.read()}")
+        assert time.monotonic() < deadline, "stack did not come up"
+        time.sleep(0.2)
+    return json.loads((state_dir / "stack.json").read_text())
+
+
+def _status(state_dir: Path) -> tuple[int, dict]:
+    out = subprocess.run(
+        [*LIGHTPATH, "status", "--json", "--state-dir", str(state_dir)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    return out.returncode, json.loads(out.stdout)
+
+
+def _descendants(pid: int) -> list[psutil.Process]:
+    return psutil.Process(pid).children(recursive=True)
+
+
+def _assert_all_gone(procs: list[psutil.Process], timeout: float = 15) -> None:
+    _, alive = psutil.wait_procs(procs, timeout=timeout)
+    assert not alive, f"left behind: {[(p.pid, p.cmdline()) for p in alive]}"
+
+
+def test_up_serves_every_service_and_ctrl_c_leaves_nothing_behind(tmp_path):
+    proc = _start_up(tmp_path)
+    try:
+        state = _wait_for_stack(proc, tmp_path)
+        assert set(state["endpoints"]) == {s.name for s in default_topology()}
+        code, status = _status(tmp_path)
+        assert code == 0 and status["running"]
+        assert {s["health"] for s in status["services"].values()} == {"SERVING"}
+        children = _descendants(proc.pid)
+        names = " ".join(" ".join(c.cmdline()) for c in children)
+        assert "redis-server" in names and names.count("services.") == len(default_topology())
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=60)
+        assert proc.returncode == 0, out
+        assert "stack stopped" in out
+        _assert_all_gone(children)
+        assert not (tmp_path / "stack.json").exists()
+        assert (tmp_path / "redis" / "appendonly.aof").exists() or any(
+            (tmp_path / "redis").glob("appendonly*")
+        )
+        code, status = _status(tmp_path)
+        assert code == 1 and status == {"running": False, "services": {}}
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_a_killed_supervisor_takes_its_children_with_it(tmp_path):
+    proc = _start_up(tmp_path)
+    try:
+        _wait_for_stack(proc, tmp_path)
+        children = _descendants(proc.pid)
+        assert len(children) == len(default_topology()) + 1
+        proc.kill()  # SIGKILL: no chance to clean up; the kernel's parent-death signal must
+        proc.wait()
+        _assert_all_gone(children)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
