@@ -8,11 +8,19 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 import redis
 import redis.asyncio as aioredis
+from hypothesis import HealthCheck, settings
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from lightpath.embedded_redis import EmbeddedRedis
+
+# Property tests run on a loaded 2-core CI machine: no per-example deadline
+# (timing is for bench/, not tests), and fixtures may be reused across examples.
+settings.register_profile(
+    "lightpath", deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+settings.load_profile("lightpath")
 
 
 @pytest.fixture(scope="session")
