@@ -22,16 +22,83 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 from lightpath.v1 import common_pb2 as lightpath_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1elightpath/v1/ocs_manager.proto\x12\x0clightpath.v1\x1a\x19lightpath/v1/common.proto2P\n\nOcsManager\x12\x42\n\x07GetInfo\x12\x1c.lightpath.v1.GetInfoRequest\x1a\x19.lightpath.v1.ServiceInfob\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1elightpath/v1/ocs_manager.proto\x12\x0clightpath.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x19lightpath/v1/common.proto\"v\n\x0c\x46\x61\x62ricConfig\x12(\n\x0b\x62lock_shape\x18\x01 \x01(\x0b\x32\x13.lightpath.v1.Shape\x12\x13\n\x0b\x62lock_count\x18\x02 \x01(\r\x12\x14\n\x0cocs_per_axis\x18\x03 \x01(\r\x12\x11\n\tocs_radix\x18\x04 \x01(\r\"\x12\n\x10GetFabricRequest\"\xa8\x01\n\x06\x46\x61\x62ric\x12\x0e\n\x06pod_id\x18\x01 \x01(\t\x12*\n\x06\x63onfig\x18\x02 \x01(\x0b\x32\x1a.lightpath.v1.FabricConfig\x12\x14\n\x0c\x61xes_per_dim\x18\x03 \x01(\r\x12\x11\n\tocs_count\x18\x04 \x01(\r\x12\x19\n\x11one_to_many_count\x18\x05 \x01(\r\x12\x1e\n\x16max_ports_used_per_ocs\x18\x06 \x01(\r\"`\n\nSegmentRef\x12\x10\n\x08\x62lock_id\x18\x01 \x01(\r\x12\x0b\n\x03\x64im\x18\x02 \x01(\r\x12\x0c\n\x04\x61xis\x18\x03 \x01(\r\x12%\n\x03\x65nd\x18\x04 \x01(\x0e\x32\x18.lightpath.v1.SegmentEnd\"\'\n\x07PortRef\x12\x0e\n\x06ocs_id\x18\x01 \x01(\t\x12\x0c\n\x04port\x18\x02 \x01(\r\"w\n\x0cPortMapEntry\x12)\n\x07segment\x18\x01 \x01(\x0b\x32\x18.lightpath.v1.SegmentRef\x12$\n\x05ports\x18\x02 \x03(\x0b\x32\x15.lightpath.v1.PortRef\x12\x16\n\x0eone_to_many_id\x18\x03 \x01(\t\"a\n\x11GetPortMapRequest\x12\x15\n\x08\x62lock_id\x18\x01 \x01(\rH\x00\x88\x01\x01\x12\x10\n\x03\x64im\x18\x02 \x01(\rH\x01\x88\x01\x01\x12\x0e\n\x06ocs_id\x18\x03 \x01(\tB\x0b\n\t_block_idB\x06\n\x04_dim\"6\n\x07PortMap\x12+\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x1a.lightpath.v1.PortMapEntry\"N\n\x0e\x42lockPlacement\x12*\n\x08position\x18\x01 \x01(\x0b\x32\x18.lightpath.v1.Coordinate\x12\x10\n\x08\x62lock_id\x18\x02 \x01(\r\"\x98\x01\n\x0c\x43rossConnect\x12\x0e\n\x06ocs_id\x18\x01 \x01(\t\x12\x0e\n\x06port_a\x18\x02 \x01(\r\x12\x0e\n\x06port_b\x18\x03 \x01(\r\x12#\n\x01\x61\x18\x04 \x01(\x0b\x32\x18.lightpath.v1.SegmentRef\x12#\n\x01\x62\x18\x05 \x01(\x0b\x32\x18.lightpath.v1.SegmentRef\x12\x0e\n\x06job_id\x18\x06 \x01(\t\"\x80\x01\n\x10OneToManySetting\x12\x11\n\tswitch_id\x18\x01 \x01(\t\x12)\n\x07segment\x18\x02 \x01(\x0b\x32\x18.lightpath.v1.SegmentRef\x12\x0e\n\x06output\x18\x03 \x01(\r\x12\x0e\n\x06ocs_id\x18\x04 \x01(\t\x12\x0e\n\x06job_id\x18\x05 \x01(\t\"\x81\x01\n\x10WireSliceRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12!\n\x04grid\x18\x02 \x01(\x0b\x32\x13.lightpath.v1.Shape\x12,\n\x06\x62locks\x18\x03 \x03(\x0b\x32\x1c.lightpath.v1.BlockPlacement\x12\x0c\n\x04wrap\x18\x04 \x03(\x08\"\x93\x02\n\x0bSliceWiring\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12!\n\x04grid\x18\x02 \x01(\x0b\x32\x13.lightpath.v1.Shape\x12,\n\x06\x62locks\x18\x03 \x03(\x0b\x32\x1c.lightpath.v1.BlockPlacement\x12\x0c\n\x04wrap\x18\x04 \x03(\x08\x12\x32\n\x0e\x63ross_connects\x18\x05 \x03(\x0b\x32\x1a.lightpath.v1.CrossConnect\x12\x33\n\x0bone_to_many\x18\x06 \x03(\x0b\x32\x1e.lightpath.v1.OneToManySetting\x12,\n\x08wired_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"%\n\x13ReleaseSliceRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"c\n\x14ReleaseSliceResponse\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x1e\n\x16\x63ross_connects_removed\x18\x02 \x01(\r\x12\x1b\n\x13one_to_many_cleared\x18\x03 \x01(\r\"T\n\x13ReplaceBlockRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x17\n\x0f\x66\x61iled_block_id\x18\x02 \x01(\r\x12\x14\n\x0cnew_block_id\x18\x03 \x01(\r\"\xe9\x01\n\x14ReplaceBlockResponse\x12)\n\x06wiring\x18\x01 \x01(\x0b\x32\x19.lightpath.v1.SliceWiring\x12+\n\x07removed\x18\x02 \x03(\x0b\x32\x1a.lightpath.v1.CrossConnect\x12)\n\x05\x61\x64\x64\x65\x64\x18\x03 \x03(\x0b\x32\x1a.lightpath.v1.CrossConnect\x12;\n\x13one_to_many_changed\x18\x04 \x03(\x0b\x32\x1e.lightpath.v1.OneToManySetting\x12\x11\n\tuntouched\x18\x05 \x01(\r\"\'\n\x15GetSliceWiringRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\":\n\x11ListSlicesRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\"l\n\x0cSliceSummary\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12!\n\x04grid\x18\x02 \x01(\x0b\x32\x13.lightpath.v1.Shape\x12\x11\n\tblock_ids\x18\x03 \x03(\r\x12\x16\n\x0e\x63ross_connects\x18\x04 \x01(\r\"Y\n\x12ListSlicesResponse\x12*\n\x06slices\x18\x01 \x03(\x0b\x32\x1a.lightpath.v1.SliceSummary\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"(\n\x16GetRoutingTableRequest\x12\x0e\n\x06ocs_id\x18\x01 \x01(\t\"\x89\x01\n\x0cRoutingTable\x12\x0e\n\x06ocs_id\x18\x01 \x01(\t\x12\x0b\n\x03\x64im\x18\x02 \x01(\r\x12\x0c\n\x04\x61xis\x18\x03 \x01(\r\x12\t\n\x01k\x18\x04 \x01(\r\x12\x0f\n\x07version\x18\x05 \x01(\x04\x12\x32\n\x0e\x63ross_connects\x18\x06 \x03(\x0b\x32\x1a.lightpath.v1.CrossConnect\"\x8d\x01\n\tSwitchUse\x12\x0e\n\x06ocs_id\x18\x01 \x01(\t\x12\x0b\n\x03\x64im\x18\x02 \x01(\r\x12\x0c\n\x04\x61xis\x18\x03 \x01(\r\x12\t\n\x01k\x18\x04 \x01(\r\x12\r\n\x05radix\x18\x05 \x01(\r\x12\x14\n\x0cports_cabled\x18\x06 \x01(\r\x12\x14\n\x0cports_in_use\x18\x07 \x01(\r\x12\x0f\n\x07version\x18\x08 \x01(\x04\"<\n\x13ListSwitchesRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\"Z\n\x14ListSwitchesResponse\x12)\n\x08switches\x18\x01 \x03(\x0b\x32\x17.lightpath.v1.SwitchUse\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"O\n\x19GetOneToManyStatesRequest\x12\x15\n\x08\x62lock_id\x18\x01 \x01(\rH\x00\x88\x01\x01\x12\x0e\n\x06job_id\x18\x02 \x01(\tB\x0b\n\t_block_id\"\x9f\x01\n\x0eOneToManyState\x12\x11\n\tswitch_id\x18\x01 \x01(\t\x12)\n\x07segment\x18\x02 \x01(\x0b\x32\x18.lightpath.v1.SegmentRef\x12&\n\x07outputs\x18\x03 \x03(\x0b\x32\x15.lightpath.v1.PortRef\x12\x17\n\x0fselected_output\x18\x04 \x01(\x05\x12\x0e\n\x06job_id\x18\x05 \x01(\t\"J\n\x1aGetOneToManyStatesResponse\x12,\n\x06states\x18\x01 \x03(\x0b\x32\x1c.lightpath.v1.OneToManyState\"\x18\n\x16\x43heckInvariantsRequest\"2\n\x12InvariantViolation\x12\x0c\n\x04rule\x18\x01 \x01(\t\x12\x0e\n\x06\x64\x65tail\x18\x02 \x01(\t\"\x8b\x01\n\x0fInvariantReport\x12\n\n\x02ok\x18\x01 \x01(\x08\x12\x34\n\nviolations\x18\x02 \x03(\x0b\x32 .lightpath.v1.InvariantViolation\x12\x16\n\x0eslices_checked\x18\x03 \x01(\r\x12\x1e\n\x16\x63ross_connects_checked\x18\x04 \x01(\r*X\n\nSegmentEnd\x12\x1b\n\x17SEGMENT_END_UNSPECIFIED\x10\x00\x12\x15\n\x11SEGMENT_END_FIRST\x10\x01\x12\x16\n\x12SEGMENT_END_SECOND\x10\x02\x32\xdf\x07\n\nOcsManager\x12\x42\n\x07GetInfo\x12\x1c.lightpath.v1.GetInfoRequest\x1a\x19.lightpath.v1.ServiceInfo\x12\x41\n\tGetFabric\x12\x1e.lightpath.v1.GetFabricRequest\x1a\x14.lightpath.v1.Fabric\x12\x44\n\nGetPortMap\x12\x1f.lightpath.v1.GetPortMapRequest\x1a\x15.lightpath.v1.PortMap\x12\x46\n\tWireSlice\x12\x1e.lightpath.v1.WireSliceRequest\x1a\x19.lightpath.v1.SliceWiring\x12U\n\x0cReleaseSlice\x12!.lightpath.v1.ReleaseSliceRequest\x1a\".lightpath.v1.ReleaseSliceResponse\x12U\n\x0cReplaceBlock\x12!.lightpath.v1.ReplaceBlockRequest\x1a\".lightpath.v1.ReplaceBlockResponse\x12P\n\x0eGetSliceWiring\x12#.lightpath.v1.GetSliceWiringRequest\x1a\x19.lightpath.v1.SliceWiring\x12O\n\nListSlices\x12\x1f.lightpath.v1.ListSlicesRequest\x1a .lightpath.v1.ListSlicesResponse\x12S\n\x0fGetRoutingTable\x12$.lightpath.v1.GetRoutingTableRequest\x1a\x1a.lightpath.v1.RoutingTable\x12U\n\x0cListSwitches\x12!.lightpath.v1.ListSwitchesRequest\x1a\".lightpath.v1.ListSwitchesResponse\x12g\n\x12GetOneToManyStates\x12\'.lightpath.v1.GetOneToManyStatesRequest\x1a(.lightpath.v1.GetOneToManyStatesResponse\x12V\n\x0f\x43heckInvariants\x12$.lightpath.v1.CheckInvariantsRequest\x1a\x1d.lightpath.v1.InvariantReportb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'lightpath.v1.ocs_manager_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_OCSMANAGER']._serialized_start=75
-  _globals['_OCSMANAGER']._serialized_end=155
+  _globals['_SEGMENTEND']._serialized_start=3393
+  _globals['_SEGMENTEND']._serialized_end=3481
+  _globals['_FABRICCONFIG']._serialized_start=108
+  _globals['_FABRICCONFIG']._serialized_end=226
+  _globals['_GETFABRICREQUEST']._serialized_start=228
+  _globals['_GETFABRICREQUEST']._serialized_end=246
+  _globals['_FABRIC']._serialized_start=249
+  _globals['_FABRIC']._serialized_end=417
+  _globals['_SEGMENTREF']._serialized_start=419
+  _globals['_SEGMENTREF']._serialized_end=515
+  _globals['_PORTREF']._serialized_start=517
+  _globals['_PORTREF']._serialized_end=556
+  _globals['_PORTMAPENTRY']._serialized_start=558
+  _globals['_PORTMAPENTRY']._serialized_end=677
+  _globals['_GETPORTMAPREQUEST']._serialized_start=679
+  _globals['_GETPORTMAPREQUEST']._serialized_end=776
+  _globals['_PORTMAP']._serialized_start=778
+  _globals['_PORTMAP']._serialized_end=832
+  _globals['_BLOCKPLACEMENT']._serialized_start=834
+  _globals['_BLOCKPLACEMENT']._serialized_end=912
+  _globals['_CROSSCONNECT']._serialized_start=915
+  _globals['_CROSSCONNECT']._serialized_end=1067
+  _globals['_ONETOMANYSETTING']._serialized_start=1070
+  _globals['_ONETOMANYSETTING']._serialized_end=1198
+  _globals['_WIRESLICEREQUEST']._serialized_start=1201
+  _globals['_WIRESLICEREQUEST']._serialized_end=1330
+  _globals['_SLICEWIRING']._serialized_start=1333
+  _globals['_SLICEWIRING']._serialized_end=1608
+  _globals['_RELEASESLICEREQUEST']._serialized_start=1610
+  _globals['_RELEASESLICEREQUEST']._serialized_end=1647
+  _globals['_RELEASESLICERESPONSE']._serialized_start=1649
+  _globals['_RELEASESLICERESPONSE']._serialized_end=1748
+  _globals['_REPLACEBLOCKREQUEST']._serialized_start=1750
+  _globals['_REPLACEBLOCKREQUEST']._serialized_end=1834
+  _globals['_REPLACEBLOCKRESPONSE']._serialized_start=1837
+  _globals['_REPLACEBLOCKRESPONSE']._serialized_end=2070
+  _globals['_GETSLICEWIRINGREQUEST']._serialized_start=2072
+  _globals['_GETSLICEWIRINGREQUEST']._serialized_end=2111
+  _globals['_LISTSLICESREQUEST']._serialized_start=2113
+  _globals['_LISTSLICESREQUEST']._serialized_end=2171
+  _globals['_SLICESUMMARY']._serialized_start=2173
+  _globals['_SLICESUMMARY']._serialized_end=2281
+  _globals['_LISTSLICESRESPONSE']._serialized_start=2283
+  _globals['_LISTSLICESRESPONSE']._serialized_end=2372
+  _globals['_GETROUTINGTABLEREQUEST']._serialized_start=2374
+  _globals['_GETROUTINGTABLEREQUEST']._serialized_end=2414
+  _globals['_ROUTINGTABLE']._serialized_start=2417
+  _globals['_ROUTINGTABLE']._serialized_end=2554
+  _globals['_SWITCHUSE']._serialized_start=2557
+  _globals['_SWITCHUSE']._serialized_end=2698
+  _globals['_LISTSWITCHESREQUEST']._serialized_start=2700
+  _globals['_LISTSWITCHESREQUEST']._serialized_end=2760
+  _globals['_LISTSWITCHESRESPONSE']._serialized_start=2762
+  _globals['_LISTSWITCHESRESPONSE']._serialized_end=2852
+  _globals['_GETONETOMANYSTATESREQUEST']._serialized_start=2854
+  _globals['_GETONETOMANYSTATESREQUEST']._serialized_end=2933
+  _globals['_ONETOMANYSTATE']._serialized_start=2936
+  _globals['_ONETOMANYSTATE']._serialized_end=3095
+  _globals['_GETONETOMANYSTATESRESPONSE']._serialized_start=3097
+  _globals['_GETONETOMANYSTATESRESPONSE']._serialized_end=3171
+  _globals['_CHECKINVARIANTSREQUEST']._serialized_start=3173
+  _globals['_CHECKINVARIANTSREQUEST']._serialized_end=3197
+  _globals['_INVARIANTVIOLATION']._serialized_start=3199
+  _globals['_INVARIANTVIOLATION']._serialized_end=3249
+  _globals['_INVARIANTREPORT']._serialized_start=3252
+  _globals['_INVARIANTREPORT']._serialized_end=3391
+  _globals['_OCSMANAGER']._serialized_start=3484
+  _globals['_OCSMANAGER']._serialized_end=4475
 # @@protoc_insertion_point(module_scope)

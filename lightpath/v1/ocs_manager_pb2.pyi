@@ -3,6 +3,934 @@
 isort:skip_file
 """
 
+from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from lightpath.v1 import common_pb2 as _common_pb2
+import builtins as _builtins
+import sys
+import typing as _typing
+
+if sys.version_info >= (3, 11):
+    from typing import TypeAlias as _TypeAlias, Never as _Never
+else:
+    from typing_extensions import TypeAlias as _TypeAlias, Never as _Never
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class _SegmentEnd:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _SegmentEndEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_SegmentEnd.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    SEGMENT_END_UNSPECIFIED: _SegmentEnd.ValueType  # 0
+    SEGMENT_END_FIRST: _SegmentEnd.ValueType  # 1
+    SEGMENT_END_SECOND: _SegmentEnd.ValueType  # 2
+
+class SegmentEnd(_SegmentEnd, metaclass=_SegmentEndEnumTypeWrapper): ...
+
+SEGMENT_END_UNSPECIFIED: SegmentEnd.ValueType  # 0
+SEGMENT_END_FIRST: SegmentEnd.ValueType  # 1
+SEGMENT_END_SECOND: SegmentEnd.ValueType  # 2
+Global___SegmentEnd: _TypeAlias = SegmentEnd  # noqa: Y015
+
+@_typing.final
+class FabricConfig(_message.Message):
+    """-- fabric and port map ------------------------------------------------------"""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BLOCK_SHAPE_FIELD_NUMBER: _builtins.int
+    BLOCK_COUNT_FIELD_NUMBER: _builtins.int
+    OCS_PER_AXIS_FIELD_NUMBER: _builtins.int
+    OCS_RADIX_FIELD_NUMBER: _builtins.int
+    block_count: _builtins.int
+    ocs_per_axis: _builtins.int
+    """K: OCS per logical axis (1 = no 1xK switches)."""
+    ocs_radix: _builtins.int
+    """Ports of one OCS."""
+    @_builtins.property
+    def block_shape(self) -> _common_pb2.Shape:
+        """Chips per block along each dimension, e.g. 4x4x4; its length is m."""
+
+    def __init__(
+        self,
+        *,
+        block_shape: _common_pb2.Shape | None = ...,
+        block_count: _builtins.int = ...,
+        ocs_per_axis: _builtins.int = ...,
+        ocs_radix: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["block_shape", b"block_shape"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["block_count", b"block_count", "block_shape", b"block_shape", "ocs_per_axis", b"ocs_per_axis", "ocs_radix", b"ocs_radix"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___FabricConfig: _TypeAlias = FabricConfig  # noqa: Y015
+
+@_typing.final
+class GetFabricRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetFabricRequest: _TypeAlias = GetFabricRequest  # noqa: Y015
+
+@_typing.final
+class Fabric(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    POD_ID_FIELD_NUMBER: _builtins.int
+    CONFIG_FIELD_NUMBER: _builtins.int
+    AXES_PER_DIM_FIELD_NUMBER: _builtins.int
+    OCS_COUNT_FIELD_NUMBER: _builtins.int
+    ONE_TO_MANY_COUNT_FIELD_NUMBER: _builtins.int
+    MAX_PORTS_USED_PER_OCS_FIELD_NUMBER: _builtins.int
+    pod_id: _builtins.str
+    axes_per_dim: _builtins.int
+    """Logical axes per dimension (16 for 4x4x4)."""
+    ocs_count: _builtins.int
+    one_to_many_count: _builtins.int
+    max_ports_used_per_ocs: _builtins.int
+    """Ports cabled on the busiest OCS (Fig. 12: 6 instead of 8 with K = 2)."""
+    @_builtins.property
+    def config(self) -> Global___FabricConfig: ...
+    def __init__(
+        self,
+        *,
+        pod_id: _builtins.str = ...,
+        config: Global___FabricConfig | None = ...,
+        axes_per_dim: _builtins.int = ...,
+        ocs_count: _builtins.int = ...,
+        one_to_many_count: _builtins.int = ...,
+        max_ports_used_per_ocs: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["config", b"config"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["axes_per_dim", b"axes_per_dim", "config", b"config", "max_ports_used_per_ocs", b"max_ports_used_per_ocs", "ocs_count", b"ocs_count", "one_to_many_count", b"one_to_many_count", "pod_id", b"pod_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Fabric: _TypeAlias = Fabric  # noqa: Y015
+
+@_typing.final
+class SegmentRef(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BLOCK_ID_FIELD_NUMBER: _builtins.int
+    DIM_FIELD_NUMBER: _builtins.int
+    AXIS_FIELD_NUMBER: _builtins.int
+    END_FIELD_NUMBER: _builtins.int
+    block_id: _builtins.int
+    dim: _builtins.int
+    axis: _builtins.int
+    end: Global___SegmentEnd.ValueType
+    def __init__(
+        self,
+        *,
+        block_id: _builtins.int = ...,
+        dim: _builtins.int = ...,
+        axis: _builtins.int = ...,
+        end: Global___SegmentEnd.ValueType = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["axis", b"axis", "block_id", b"block_id", "dim", b"dim", "end", b"end"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SegmentRef: _TypeAlias = SegmentRef  # noqa: Y015
+
+@_typing.final
+class PortRef(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    OCS_ID_FIELD_NUMBER: _builtins.int
+    PORT_FIELD_NUMBER: _builtins.int
+    ocs_id: _builtins.str
+    port: _builtins.int
+    def __init__(
+        self,
+        *,
+        ocs_id: _builtins.str = ...,
+        port: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ocs_id", b"ocs_id", "port", b"port"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PortRef: _TypeAlias = PortRef  # noqa: Y015
+
+@_typing.final
+class PortMapEntry(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SEGMENT_FIELD_NUMBER: _builtins.int
+    PORTS_FIELD_NUMBER: _builtins.int
+    ONE_TO_MANY_ID_FIELD_NUMBER: _builtins.int
+    one_to_many_id: _builtins.str
+    """The 1xK switch in between ("" when cabled straight)."""
+    @_builtins.property
+    def segment(self) -> Global___SegmentRef: ...
+    @_builtins.property
+    def ports(self) -> _containers.RepeatedCompositeFieldContainer[Global___PortRef]:
+        """One port when the end is cabled straight to an OCS; with K >= 2 a second
+        end reaches K ports, one per output of its 1xK switch (output i -> ports[i]).
+        """
+
+    def __init__(
+        self,
+        *,
+        segment: Global___SegmentRef | None = ...,
+        ports: _abc.Iterable[Global___PortRef] | None = ...,
+        one_to_many_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["segment", b"segment"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["one_to_many_id", b"one_to_many_id", "ports", b"ports", "segment", b"segment"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PortMapEntry: _TypeAlias = PortMapEntry  # noqa: Y015
+
+@_typing.final
+class GetPortMapRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BLOCK_ID_FIELD_NUMBER: _builtins.int
+    DIM_FIELD_NUMBER: _builtins.int
+    OCS_ID_FIELD_NUMBER: _builtins.int
+    block_id: _builtins.int
+    """Filters; unset = all."""
+    dim: _builtins.int
+    ocs_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        block_id: _builtins.int | None = ...,
+        dim: _builtins.int | None = ...,
+        ocs_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_block_id", b"_block_id", "_dim", b"_dim", "block_id", b"block_id", "dim", b"dim"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_block_id", b"_block_id", "_dim", b"_dim", "block_id", b"block_id", "dim", b"dim", "ocs_id", b"ocs_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__block_id: _TypeAlias = _typing.Literal["block_id"]  # noqa: Y015
+    _WhichOneofArgType__block_id: _TypeAlias = _typing.Literal["_block_id", b"_block_id"]  # noqa: Y015
+    _WhichOneofReturnType__dim: _TypeAlias = _typing.Literal["dim"]  # noqa: Y015
+    _WhichOneofArgType__dim: _TypeAlias = _typing.Literal["_dim", b"_dim"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__block_id) -> _WhichOneofReturnType__block_id | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__dim) -> _WhichOneofReturnType__dim | None: ...
+
+Global___GetPortMapRequest: _TypeAlias = GetPortMapRequest  # noqa: Y015
+
+@_typing.final
+class PortMap(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENTRIES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def entries(self) -> _containers.RepeatedCompositeFieldContainer[Global___PortMapEntry]: ...
+    def __init__(
+        self,
+        *,
+        entries: _abc.Iterable[Global___PortMapEntry] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["entries", b"entries"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PortMap: _TypeAlias = PortMap  # noqa: Y015
+
+@_typing.final
+class BlockPlacement(_message.Message):
+    """-- slices -------------------------------------------------------------------
+
+    WS-8: which block sits at which logical position of the slice's block grid.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    POSITION_FIELD_NUMBER: _builtins.int
+    BLOCK_ID_FIELD_NUMBER: _builtins.int
+    block_id: _builtins.int
+    @_builtins.property
+    def position(self) -> _common_pb2.Coordinate: ...
+    def __init__(
+        self,
+        *,
+        position: _common_pb2.Coordinate | None = ...,
+        block_id: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["position", b"position"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["block_id", b"block_id", "position", b"position"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___BlockPlacement: _TypeAlias = BlockPlacement  # noqa: Y015
+
+@_typing.final
+class CrossConnect(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    OCS_ID_FIELD_NUMBER: _builtins.int
+    PORT_A_FIELD_NUMBER: _builtins.int
+    PORT_B_FIELD_NUMBER: _builtins.int
+    A_FIELD_NUMBER: _builtins.int
+    B_FIELD_NUMBER: _builtins.int
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    ocs_id: _builtins.str
+    port_a: _builtins.int
+    port_b: _builtins.int
+    job_id: _builtins.str
+    @_builtins.property
+    def a(self) -> Global___SegmentRef:
+        """The segment ends the two ports belong to (a: P's second end, b: Q's first end)."""
+
+    @_builtins.property
+    def b(self) -> Global___SegmentRef: ...
+    def __init__(
+        self,
+        *,
+        ocs_id: _builtins.str = ...,
+        port_a: _builtins.int = ...,
+        port_b: _builtins.int = ...,
+        a: Global___SegmentRef | None = ...,
+        b: Global___SegmentRef | None = ...,
+        job_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["a", b"a", "b", b"b"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["a", b"a", "b", b"b", "job_id", b"job_id", "ocs_id", b"ocs_id", "port_a", b"port_a", "port_b", b"port_b"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CrossConnect: _TypeAlias = CrossConnect  # noqa: Y015
+
+@_typing.final
+class OneToManySetting(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SWITCH_ID_FIELD_NUMBER: _builtins.int
+    SEGMENT_FIELD_NUMBER: _builtins.int
+    OUTPUT_FIELD_NUMBER: _builtins.int
+    OCS_ID_FIELD_NUMBER: _builtins.int
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    switch_id: _builtins.str
+    output: _builtins.int
+    """The output the input is connected to, and the OCS that output reaches."""
+    ocs_id: _builtins.str
+    job_id: _builtins.str
+    @_builtins.property
+    def segment(self) -> Global___SegmentRef: ...
+    def __init__(
+        self,
+        *,
+        switch_id: _builtins.str = ...,
+        segment: Global___SegmentRef | None = ...,
+        output: _builtins.int = ...,
+        ocs_id: _builtins.str = ...,
+        job_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["segment", b"segment"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "ocs_id", b"ocs_id", "output", b"output", "segment", b"segment", "switch_id", b"switch_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___OneToManySetting: _TypeAlias = OneToManySetting  # noqa: Y015
+
+@_typing.final
+class WireSliceRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    GRID_FIELD_NUMBER: _builtins.int
+    BLOCKS_FIELD_NUMBER: _builtins.int
+    WRAP_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    """Client-chosen id of the slice (the job id); the idempotency key."""
+    @_builtins.property
+    def grid(self) -> _common_pb2.Shape:
+        """Blocks per dimension (b1 x … x bm); m must equal the fabric's dimensions."""
+
+    @_builtins.property
+    def blocks(self) -> _containers.RepeatedCompositeFieldContainer[Global___BlockPlacement]:
+        """Exactly one block per grid position."""
+
+    @_builtins.property
+    def wrap(self) -> _containers.RepeatedScalarFieldContainer[_builtins.bool]:
+        """Wrap-around per dimension; empty means a torus in every dimension."""
+
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        grid: _common_pb2.Shape | None = ...,
+        blocks: _abc.Iterable[Global___BlockPlacement] | None = ...,
+        wrap: _abc.Iterable[_builtins.bool] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["grid", b"grid"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["blocks", b"blocks", "grid", b"grid", "job_id", b"job_id", "wrap", b"wrap"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WireSliceRequest: _TypeAlias = WireSliceRequest  # noqa: Y015
+
+@_typing.final
+class SliceWiring(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    GRID_FIELD_NUMBER: _builtins.int
+    BLOCKS_FIELD_NUMBER: _builtins.int
+    WRAP_FIELD_NUMBER: _builtins.int
+    CROSS_CONNECTS_FIELD_NUMBER: _builtins.int
+    ONE_TO_MANY_FIELD_NUMBER: _builtins.int
+    WIRED_AT_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    @_builtins.property
+    def grid(self) -> _common_pb2.Shape: ...
+    @_builtins.property
+    def blocks(self) -> _containers.RepeatedCompositeFieldContainer[Global___BlockPlacement]: ...
+    @_builtins.property
+    def wrap(self) -> _containers.RepeatedScalarFieldContainer[_builtins.bool]: ...
+    @_builtins.property
+    def cross_connects(self) -> _containers.RepeatedCompositeFieldContainer[Global___CrossConnect]: ...
+    @_builtins.property
+    def one_to_many(self) -> _containers.RepeatedCompositeFieldContainer[Global___OneToManySetting]: ...
+    @_builtins.property
+    def wired_at(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        grid: _common_pb2.Shape | None = ...,
+        blocks: _abc.Iterable[Global___BlockPlacement] | None = ...,
+        wrap: _abc.Iterable[_builtins.bool] | None = ...,
+        cross_connects: _abc.Iterable[Global___CrossConnect] | None = ...,
+        one_to_many: _abc.Iterable[Global___OneToManySetting] | None = ...,
+        wired_at: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["grid", b"grid", "wired_at", b"wired_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["blocks", b"blocks", "cross_connects", b"cross_connects", "grid", b"grid", "job_id", b"job_id", "one_to_many", b"one_to_many", "wired_at", b"wired_at", "wrap", b"wrap"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SliceWiring: _TypeAlias = SliceWiring  # noqa: Y015
+
+@_typing.final
+class ReleaseSliceRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReleaseSliceRequest: _TypeAlias = ReleaseSliceRequest  # noqa: Y015
+
+@_typing.final
+class ReleaseSliceResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    CROSS_CONNECTS_REMOVED_FIELD_NUMBER: _builtins.int
+    ONE_TO_MANY_CLEARED_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    cross_connects_removed: _builtins.int
+    one_to_many_cleared: _builtins.int
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        cross_connects_removed: _builtins.int = ...,
+        one_to_many_cleared: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cross_connects_removed", b"cross_connects_removed", "job_id", b"job_id", "one_to_many_cleared", b"one_to_many_cleared"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReleaseSliceResponse: _TypeAlias = ReleaseSliceResponse  # noqa: Y015
+
+@_typing.final
+class ReplaceBlockRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    FAILED_BLOCK_ID_FIELD_NUMBER: _builtins.int
+    NEW_BLOCK_ID_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    failed_block_id: _builtins.int
+    new_block_id: _builtins.int
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        failed_block_id: _builtins.int = ...,
+        new_block_id: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["failed_block_id", b"failed_block_id", "job_id", b"job_id", "new_block_id", b"new_block_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReplaceBlockRequest: _TypeAlias = ReplaceBlockRequest  # noqa: Y015
+
+@_typing.final
+class ReplaceBlockResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WIRING_FIELD_NUMBER: _builtins.int
+    REMOVED_FIELD_NUMBER: _builtins.int
+    ADDED_FIELD_NUMBER: _builtins.int
+    ONE_TO_MANY_CHANGED_FIELD_NUMBER: _builtins.int
+    UNTOUCHED_FIELD_NUMBER: _builtins.int
+    untouched: _builtins.int
+    """Cross-connects of the slice that the replacement did not touch."""
+    @_builtins.property
+    def wiring(self) -> Global___SliceWiring: ...
+    @_builtins.property
+    def removed(self) -> _containers.RepeatedCompositeFieldContainer[Global___CrossConnect]: ...
+    @_builtins.property
+    def added(self) -> _containers.RepeatedCompositeFieldContainer[Global___CrossConnect]: ...
+    @_builtins.property
+    def one_to_many_changed(self) -> _containers.RepeatedCompositeFieldContainer[Global___OneToManySetting]: ...
+    def __init__(
+        self,
+        *,
+        wiring: Global___SliceWiring | None = ...,
+        removed: _abc.Iterable[Global___CrossConnect] | None = ...,
+        added: _abc.Iterable[Global___CrossConnect] | None = ...,
+        one_to_many_changed: _abc.Iterable[Global___OneToManySetting] | None = ...,
+        untouched: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["wiring", b"wiring"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["added", b"added", "one_to_many_changed", b"one_to_many_changed", "removed", b"removed", "untouched", b"untouched", "wiring", b"wiring"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReplaceBlockResponse: _TypeAlias = ReplaceBlockResponse  # noqa: Y015
+
+@_typing.final
+class GetSliceWiringRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetSliceWiringRequest: _TypeAlias = GetSliceWiringRequest  # noqa: Y015
+
+@_typing.final
+class ListSlicesRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    page_size: _builtins.int
+    page_token: _builtins.str
+    def __init__(
+        self,
+        *,
+        page_size: _builtins.int = ...,
+        page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["page_size", b"page_size", "page_token", b"page_token"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListSlicesRequest: _TypeAlias = ListSlicesRequest  # noqa: Y015
+
+@_typing.final
+class SliceSummary(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    GRID_FIELD_NUMBER: _builtins.int
+    BLOCK_IDS_FIELD_NUMBER: _builtins.int
+    CROSS_CONNECTS_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    cross_connects: _builtins.int
+    @_builtins.property
+    def grid(self) -> _common_pb2.Shape: ...
+    @_builtins.property
+    def block_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        grid: _common_pb2.Shape | None = ...,
+        block_ids: _abc.Iterable[_builtins.int] | None = ...,
+        cross_connects: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["grid", b"grid"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["block_ids", b"block_ids", "cross_connects", b"cross_connects", "grid", b"grid", "job_id", b"job_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SliceSummary: _TypeAlias = SliceSummary  # noqa: Y015
+
+@_typing.final
+class ListSlicesResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SLICES_FIELD_NUMBER: _builtins.int
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    next_page_token: _builtins.str
+    @_builtins.property
+    def slices(self) -> _containers.RepeatedCompositeFieldContainer[Global___SliceSummary]: ...
+    def __init__(
+        self,
+        *,
+        slices: _abc.Iterable[Global___SliceSummary] | None = ...,
+        next_page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["next_page_token", b"next_page_token", "slices", b"slices"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListSlicesResponse: _TypeAlias = ListSlicesResponse  # noqa: Y015
+
+@_typing.final
+class GetRoutingTableRequest(_message.Message):
+    """-- switch state -------------------------------------------------------------"""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    OCS_ID_FIELD_NUMBER: _builtins.int
+    ocs_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        ocs_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ocs_id", b"ocs_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetRoutingTableRequest: _TypeAlias = GetRoutingTableRequest  # noqa: Y015
+
+@_typing.final
+class RoutingTable(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    OCS_ID_FIELD_NUMBER: _builtins.int
+    DIM_FIELD_NUMBER: _builtins.int
+    AXIS_FIELD_NUMBER: _builtins.int
+    K_FIELD_NUMBER: _builtins.int
+    VERSION_FIELD_NUMBER: _builtins.int
+    CROSS_CONNECTS_FIELD_NUMBER: _builtins.int
+    ocs_id: _builtins.str
+    dim: _builtins.int
+    axis: _builtins.int
+    k: _builtins.int
+    version: _builtins.int
+    """Bumped by every committed change of this table (OCS-3)."""
+    @_builtins.property
+    def cross_connects(self) -> _containers.RepeatedCompositeFieldContainer[Global___CrossConnect]: ...
+    def __init__(
+        self,
+        *,
+        ocs_id: _builtins.str = ...,
+        dim: _builtins.int = ...,
+        axis: _builtins.int = ...,
+        k: _builtins.int = ...,
+        version: _builtins.int = ...,
+        cross_connects: _abc.Iterable[Global___CrossConnect] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["axis", b"axis", "cross_connects", b"cross_connects", "dim", b"dim", "k", b"k", "ocs_id", b"ocs_id", "version", b"version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RoutingTable: _TypeAlias = RoutingTable  # noqa: Y015
+
+@_typing.final
+class SwitchUse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    OCS_ID_FIELD_NUMBER: _builtins.int
+    DIM_FIELD_NUMBER: _builtins.int
+    AXIS_FIELD_NUMBER: _builtins.int
+    K_FIELD_NUMBER: _builtins.int
+    RADIX_FIELD_NUMBER: _builtins.int
+    PORTS_CABLED_FIELD_NUMBER: _builtins.int
+    PORTS_IN_USE_FIELD_NUMBER: _builtins.int
+    VERSION_FIELD_NUMBER: _builtins.int
+    ocs_id: _builtins.str
+    dim: _builtins.int
+    axis: _builtins.int
+    k: _builtins.int
+    radix: _builtins.int
+    ports_cabled: _builtins.int
+    """Ports with a fibre to some segment end or 1xK output."""
+    ports_in_use: _builtins.int
+    """Ports in a cross-connect now."""
+    version: _builtins.int
+    def __init__(
+        self,
+        *,
+        ocs_id: _builtins.str = ...,
+        dim: _builtins.int = ...,
+        axis: _builtins.int = ...,
+        k: _builtins.int = ...,
+        radix: _builtins.int = ...,
+        ports_cabled: _builtins.int = ...,
+        ports_in_use: _builtins.int = ...,
+        version: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["axis", b"axis", "dim", b"dim", "k", b"k", "ocs_id", b"ocs_id", "ports_cabled", b"ports_cabled", "ports_in_use", b"ports_in_use", "radix", b"radix", "version", b"version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SwitchUse: _TypeAlias = SwitchUse  # noqa: Y015
+
+@_typing.final
+class ListSwitchesRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    page_size: _builtins.int
+    page_token: _builtins.str
+    def __init__(
+        self,
+        *,
+        page_size: _builtins.int = ...,
+        page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["page_size", b"page_size", "page_token", b"page_token"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListSwitchesRequest: _TypeAlias = ListSwitchesRequest  # noqa: Y015
+
+@_typing.final
+class ListSwitchesResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SWITCHES_FIELD_NUMBER: _builtins.int
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    next_page_token: _builtins.str
+    @_builtins.property
+    def switches(self) -> _containers.RepeatedCompositeFieldContainer[Global___SwitchUse]: ...
+    def __init__(
+        self,
+        *,
+        switches: _abc.Iterable[Global___SwitchUse] | None = ...,
+        next_page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["next_page_token", b"next_page_token", "switches", b"switches"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListSwitchesResponse: _TypeAlias = ListSwitchesResponse  # noqa: Y015
+
+@_typing.final
+class GetOneToManyStatesRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BLOCK_ID_FIELD_NUMBER: _builtins.int
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    block_id: _builtins.int
+    """Filters; unset / "" = all."""
+    job_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        block_id: _builtins.int | None = ...,
+        job_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_block_id", b"_block_id", "block_id", b"block_id"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_block_id", b"_block_id", "block_id", b"block_id", "job_id", b"job_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__block_id: _TypeAlias = _typing.Literal["block_id"]  # noqa: Y015
+    _WhichOneofArgType__block_id: _TypeAlias = _typing.Literal["_block_id", b"_block_id"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__block_id) -> _WhichOneofReturnType__block_id | None: ...
+
+Global___GetOneToManyStatesRequest: _TypeAlias = GetOneToManyStatesRequest  # noqa: Y015
+
+@_typing.final
+class OneToManyState(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SWITCH_ID_FIELD_NUMBER: _builtins.int
+    SEGMENT_FIELD_NUMBER: _builtins.int
+    OUTPUTS_FIELD_NUMBER: _builtins.int
+    SELECTED_OUTPUT_FIELD_NUMBER: _builtins.int
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    switch_id: _builtins.str
+    selected_output: _builtins.int
+    """The connected output, or -1 when the switch is idle."""
+    job_id: _builtins.str
+    @_builtins.property
+    def segment(self) -> Global___SegmentRef: ...
+    @_builtins.property
+    def outputs(self) -> _containers.RepeatedCompositeFieldContainer[Global___PortRef]:
+        """Output i reaches outputs[i]."""
+
+    def __init__(
+        self,
+        *,
+        switch_id: _builtins.str = ...,
+        segment: Global___SegmentRef | None = ...,
+        outputs: _abc.Iterable[Global___PortRef] | None = ...,
+        selected_output: _builtins.int = ...,
+        job_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["segment", b"segment"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "outputs", b"outputs", "segment", b"segment", "selected_output", b"selected_output", "switch_id", b"switch_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___OneToManyState: _TypeAlias = OneToManyState  # noqa: Y015
+
+@_typing.final
+class GetOneToManyStatesResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STATES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def states(self) -> _containers.RepeatedCompositeFieldContainer[Global___OneToManyState]: ...
+    def __init__(
+        self,
+        *,
+        states: _abc.Iterable[Global___OneToManyState] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["states", b"states"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetOneToManyStatesResponse: _TypeAlias = GetOneToManyStatesResponse  # noqa: Y015
+
+@_typing.final
+class CheckInvariantsRequest(_message.Message):
+    """-- invariants ---------------------------------------------------------------"""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CheckInvariantsRequest: _TypeAlias = CheckInvariantsRequest  # noqa: Y015
+
+@_typing.final
+class InvariantViolation(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RULE_FIELD_NUMBER: _builtins.int
+    DETAIL_FIELD_NUMBER: _builtins.int
+    rule: _builtins.str
+    """e.g. "PORT_IN_TWO_CROSS_CONNECTS", "AXIS_MISMATCH", "SLICES_JOINED",
+    "ONE_TO_MANY_DISAGREES", "UNWIRED_BLOCK_CONNECTED".
+    """
+    detail: _builtins.str
+    def __init__(
+        self,
+        *,
+        rule: _builtins.str = ...,
+        detail: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["detail", b"detail", "rule", b"rule"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___InvariantViolation: _TypeAlias = InvariantViolation  # noqa: Y015
+
+@_typing.final
+class InvariantReport(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    OK_FIELD_NUMBER: _builtins.int
+    VIOLATIONS_FIELD_NUMBER: _builtins.int
+    SLICES_CHECKED_FIELD_NUMBER: _builtins.int
+    CROSS_CONNECTS_CHECKED_FIELD_NUMBER: _builtins.int
+    ok: _builtins.bool
+    slices_checked: _builtins.int
+    cross_connects_checked: _builtins.int
+    @_builtins.property
+    def violations(self) -> _containers.RepeatedCompositeFieldContainer[Global___InvariantViolation]: ...
+    def __init__(
+        self,
+        *,
+        ok: _builtins.bool = ...,
+        violations: _abc.Iterable[Global___InvariantViolation] | None = ...,
+        slices_checked: _builtins.int = ...,
+        cross_connects_checked: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cross_connects_checked", b"cross_connects_checked", "ok", b"ok", "slices_checked", b"slices_checked", "violations", b"violations"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___InvariantReport: _TypeAlias = InvariantReport  # noqa: Y015

@@ -4,6 +4,7 @@ import grpc
 import warnings
 
 from lightpath.v1 import common_pb2 as lightpath_dot_v1_dot_common__pb2
+from lightpath.v1 import ocs_manager_pb2 as lightpath_dot_v1_dot_ocs__manager__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -26,7 +27,18 @@ if _version_not_supported:
 
 
 class OcsManagerStub:
-    """One per superpod: programs the optical circuit switches and 1xK switches (OCS-1 … OCS-9).
+    """One per superpod: programs the optical circuit switches and 1xK switches
+    that wire building blocks into a logical torus (OCS-1 … OCS-9, seed 000).
+
+    Naming. Dimensions are numbered 0..m-1 (x, y, z). Along dimension d a block
+    has one segment per logical axis; the axis index is the row-major index of
+    the segment's coordinates in the other dimensions (x fastest), so a 4x4x4
+    block has axes 0..15 per dimension. OCS ids are "ocs-<dim>-<axis>-<k>"
+    (e.g. "ocs-x-5-0"); 1xK switch ids are "otm-<block>-<dim>-<axis>".
+
+    The workload scheduler of the same pod calls WireSlice / ReleaseSlice /
+    ReplaceBlock / GetSliceWiring / CheckInvariants / GetFabric; their request
+    and response fields below are a contract: add fields, never renumber.
     """
 
     def __init__(self, channel):
@@ -40,14 +52,158 @@ class OcsManagerStub:
                 request_serializer=lightpath_dot_v1_dot_common__pb2.GetInfoRequest.SerializeToString,
                 response_deserializer=lightpath_dot_v1_dot_common__pb2.ServiceInfo.FromString,
                 _registered_method=True)
+        self.GetFabric = channel.unary_unary(
+                '/lightpath.v1.OcsManager/GetFabric',
+                request_serializer=lightpath_dot_v1_dot_ocs__manager__pb2.GetFabricRequest.SerializeToString,
+                response_deserializer=lightpath_dot_v1_dot_ocs__manager__pb2.Fabric.FromString,
+                _registered_method=True)
+        self.GetPortMap = channel.unary_unary(
+                '/lightpath.v1.OcsManager/GetPortMap',
+                request_serializer=lightpath_dot_v1_dot_ocs__manager__pb2.GetPortMapRequest.SerializeToString,
+                response_deserializer=lightpath_dot_v1_dot_ocs__manager__pb2.PortMap.FromString,
+                _registered_method=True)
+        self.WireSlice = channel.unary_unary(
+                '/lightpath.v1.OcsManager/WireSlice',
+                request_serializer=lightpath_dot_v1_dot_ocs__manager__pb2.WireSliceRequest.SerializeToString,
+                response_deserializer=lightpath_dot_v1_dot_ocs__manager__pb2.SliceWiring.FromString,
+                _registered_method=True)
+        self.ReleaseSlice = channel.unary_unary(
+                '/lightpath.v1.OcsManager/ReleaseSlice',
+                request_serializer=lightpath_dot_v1_dot_ocs__manager__pb2.ReleaseSliceRequest.SerializeToString,
+                response_deserializer=lightpath_dot_v1_dot_ocs__manager__pb2.ReleaseSliceResponse.FromString,
+                _registered_method=True)
+        self.ReplaceBlock = channel.unary_unary(
+                '/lightpath.v1.OcsManager/ReplaceBlock',
+                request_serializer=lightpath_dot_v1_dot_ocs__manager__pb2.ReplaceBlockRequest.SerializeToString,
+                response_deserializer=lightpath_dot_v1_dot_ocs__manager__pb2.ReplaceBlockResponse.FromString,
+                _registered_method=True)
+        self.GetSliceWiring = channel.unary_unary(
+                '/lightpath.v1.OcsManager/GetSliceWiring',
+                request_serializer=lightpath_dot_v1_dot_ocs__manager__pb2.GetSliceWiringRequest.SerializeToString,
+                response_deserializer=lightpath_dot_v1_dot_ocs__manager__pb2.SliceWiring.FromString,
+                _registered_method=True)
+        self.ListSlices = channel.unary_unary(
+                '/lightpath.v1.OcsManager/ListSlices',
+                request_serializer=lightpath_dot_v1_dot_ocs__manager__pb2.ListSlicesRequest.SerializeToString,
+                response_deserializer=lightpath_dot_v1_dot_ocs__manager__pb2.ListSlicesResponse.FromString,
+                _registered_method=True)
+        self.GetRoutingTable = channel.unary_unary(
+                '/lightpath.v1.OcsManager/GetRoutingTable',
+                request_serializer=lightpath_dot_v1_dot_ocs__manager__pb2.GetRoutingTableRequest.SerializeToString,
+                response_deserializer=lightpath_dot_v1_dot_ocs__manager__pb2.RoutingTable.FromString,
+                _registered_method=True)
+        self.ListSwitches = channel.unary_unary(
+                '/lightpath.v1.OcsManager/ListSwitches',
+                request_serializer=lightpath_dot_v1_dot_ocs__manager__pb2.ListSwitchesRequest.SerializeToString,
+                response_deserializer=lightpath_dot_v1_dot_ocs__manager__pb2.ListSwitchesResponse.FromString,
+                _registered_method=True)
+        self.GetOneToManyStates = channel.unary_unary(
+                '/lightpath.v1.OcsManager/GetOneToManyStates',
+                request_serializer=lightpath_dot_v1_dot_ocs__manager__pb2.GetOneToManyStatesRequest.SerializeToString,
+                response_deserializer=lightpath_dot_v1_dot_ocs__manager__pb2.GetOneToManyStatesResponse.FromString,
+                _registered_method=True)
+        self.CheckInvariants = channel.unary_unary(
+                '/lightpath.v1.OcsManager/CheckInvariants',
+                request_serializer=lightpath_dot_v1_dot_ocs__manager__pb2.CheckInvariantsRequest.SerializeToString,
+                response_deserializer=lightpath_dot_v1_dot_ocs__manager__pb2.InvariantReport.FromString,
+                _registered_method=True)
 
 
 class OcsManagerServicer:
-    """One per superpod: programs the optical circuit switches and 1xK switches (OCS-1 … OCS-9).
+    """One per superpod: programs the optical circuit switches and 1xK switches
+    that wire building blocks into a logical torus (OCS-1 … OCS-9, seed 000).
+
+    Naming. Dimensions are numbered 0..m-1 (x, y, z). Along dimension d a block
+    has one segment per logical axis; the axis index is the row-major index of
+    the segment's coordinates in the other dimensions (x fastest), so a 4x4x4
+    block has axes 0..15 per dimension. OCS ids are "ocs-<dim>-<axis>-<k>"
+    (e.g. "ocs-x-5-0"); 1xK switch ids are "otm-<block>-<dim>-<axis>".
+
+    The workload scheduler of the same pod calls WireSlice / ReleaseSlice /
+    ReplaceBlock / GetSliceWiring / CheckInvariants / GetFabric; their request
+    and response fields below are a contract: add fields, never renumber.
     """
 
     def GetInfo(self, request, context):
         """Identity and version of this instance.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetFabric(self, request, context):
+        """OCS-1: the fabric this manager programs: its configuration and derived sizes.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetPortMap(self, request, context):
+        """OCS-1, OCS-7: (block, dim, axis, end) -> OCS port(s), optionally filtered.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def WireSlice(self, request, context):
+        """OCS-2, OCS-3: cross-connect the blocks of a slice into its logical torus,
+        all or nothing. Idempotent by job_id: the same placement again answers the
+        existing wiring; a different placement for a wired job_id is
+        FAILED_PRECONDITION. A block wired to another slice is FAILED_PRECONDITION.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReleaseSlice(self, request, context):
+        """OCS-4: remove exactly the slice's cross-connects and 1xK settings.
+        An unknown (or already released) job_id is NOT_FOUND.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReplaceBlock(self, request, context):
+        """OCS-5: move only the failed block's cross-connects onto the new block,
+        which takes the failed block's logical position.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetSliceWiring(self, request, context):
+        """OCS-7 queries.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListSlices(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetRoutingTable(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListSwitches(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetOneToManyStates(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CheckInvariants(self, request, context):
+        """OCS-6: check every invariant over the stored state.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -61,6 +217,61 @@ def add_OcsManagerServicer_to_server(servicer, server):
                     request_deserializer=lightpath_dot_v1_dot_common__pb2.GetInfoRequest.FromString,
                     response_serializer=lightpath_dot_v1_dot_common__pb2.ServiceInfo.SerializeToString,
             ),
+            'GetFabric': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetFabric,
+                    request_deserializer=lightpath_dot_v1_dot_ocs__manager__pb2.GetFabricRequest.FromString,
+                    response_serializer=lightpath_dot_v1_dot_ocs__manager__pb2.Fabric.SerializeToString,
+            ),
+            'GetPortMap': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetPortMap,
+                    request_deserializer=lightpath_dot_v1_dot_ocs__manager__pb2.GetPortMapRequest.FromString,
+                    response_serializer=lightpath_dot_v1_dot_ocs__manager__pb2.PortMap.SerializeToString,
+            ),
+            'WireSlice': grpc.unary_unary_rpc_method_handler(
+                    servicer.WireSlice,
+                    request_deserializer=lightpath_dot_v1_dot_ocs__manager__pb2.WireSliceRequest.FromString,
+                    response_serializer=lightpath_dot_v1_dot_ocs__manager__pb2.SliceWiring.SerializeToString,
+            ),
+            'ReleaseSlice': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReleaseSlice,
+                    request_deserializer=lightpath_dot_v1_dot_ocs__manager__pb2.ReleaseSliceRequest.FromString,
+                    response_serializer=lightpath_dot_v1_dot_ocs__manager__pb2.ReleaseSliceResponse.SerializeToString,
+            ),
+            'ReplaceBlock': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReplaceBlock,
+                    request_deserializer=lightpath_dot_v1_dot_ocs__manager__pb2.ReplaceBlockRequest.FromString,
+                    response_serializer=lightpath_dot_v1_dot_ocs__manager__pb2.ReplaceBlockResponse.SerializeToString,
+            ),
+            'GetSliceWiring': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetSliceWiring,
+                    request_deserializer=lightpath_dot_v1_dot_ocs__manager__pb2.GetSliceWiringRequest.FromString,
+                    response_serializer=lightpath_dot_v1_dot_ocs__manager__pb2.SliceWiring.SerializeToString,
+            ),
+            'ListSlices': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListSlices,
+                    request_deserializer=lightpath_dot_v1_dot_ocs__manager__pb2.ListSlicesRequest.FromString,
+                    response_serializer=lightpath_dot_v1_dot_ocs__manager__pb2.ListSlicesResponse.SerializeToString,
+            ),
+            'GetRoutingTable': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetRoutingTable,
+                    request_deserializer=lightpath_dot_v1_dot_ocs__manager__pb2.GetRoutingTableRequest.FromString,
+                    response_serializer=lightpath_dot_v1_dot_ocs__manager__pb2.RoutingTable.SerializeToString,
+            ),
+            'ListSwitches': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListSwitches,
+                    request_deserializer=lightpath_dot_v1_dot_ocs__manager__pb2.ListSwitchesRequest.FromString,
+                    response_serializer=lightpath_dot_v1_dot_ocs__manager__pb2.ListSwitchesResponse.SerializeToString,
+            ),
+            'GetOneToManyStates': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetOneToManyStates,
+                    request_deserializer=lightpath_dot_v1_dot_ocs__manager__pb2.GetOneToManyStatesRequest.FromString,
+                    response_serializer=lightpath_dot_v1_dot_ocs__manager__pb2.GetOneToManyStatesResponse.SerializeToString,
+            ),
+            'CheckInvariants': grpc.unary_unary_rpc_method_handler(
+                    servicer.CheckInvariants,
+                    request_deserializer=lightpath_dot_v1_dot_ocs__manager__pb2.CheckInvariantsRequest.FromString,
+                    response_serializer=lightpath_dot_v1_dot_ocs__manager__pb2.InvariantReport.SerializeToString,
+            ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
             'lightpath.v1.OcsManager', rpc_method_handlers)
@@ -70,7 +281,18 @@ def add_OcsManagerServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class OcsManager:
-    """One per superpod: programs the optical circuit switches and 1xK switches (OCS-1 … OCS-9).
+    """One per superpod: programs the optical circuit switches and 1xK switches
+    that wire building blocks into a logical torus (OCS-1 … OCS-9, seed 000).
+
+    Naming. Dimensions are numbered 0..m-1 (x, y, z). Along dimension d a block
+    has one segment per logical axis; the axis index is the row-major index of
+    the segment's coordinates in the other dimensions (x fastest), so a 4x4x4
+    block has axes 0..15 per dimension. OCS ids are "ocs-<dim>-<axis>-<k>"
+    (e.g. "ocs-x-5-0"); 1xK switch ids are "otm-<block>-<dim>-<axis>".
+
+    The workload scheduler of the same pod calls WireSlice / ReleaseSlice /
+    ReplaceBlock / GetSliceWiring / CheckInvariants / GetFabric; their request
+    and response fields below are a contract: add fields, never renumber.
     """
 
     @staticmethod
@@ -90,6 +312,303 @@ class OcsManager:
             '/lightpath.v1.OcsManager/GetInfo',
             lightpath_dot_v1_dot_common__pb2.GetInfoRequest.SerializeToString,
             lightpath_dot_v1_dot_common__pb2.ServiceInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetFabric(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lightpath.v1.OcsManager/GetFabric',
+            lightpath_dot_v1_dot_ocs__manager__pb2.GetFabricRequest.SerializeToString,
+            lightpath_dot_v1_dot_ocs__manager__pb2.Fabric.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetPortMap(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lightpath.v1.OcsManager/GetPortMap',
+            lightpath_dot_v1_dot_ocs__manager__pb2.GetPortMapRequest.SerializeToString,
+            lightpath_dot_v1_dot_ocs__manager__pb2.PortMap.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WireSlice(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lightpath.v1.OcsManager/WireSlice',
+            lightpath_dot_v1_dot_ocs__manager__pb2.WireSliceRequest.SerializeToString,
+            lightpath_dot_v1_dot_ocs__manager__pb2.SliceWiring.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReleaseSlice(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lightpath.v1.OcsManager/ReleaseSlice',
+            lightpath_dot_v1_dot_ocs__manager__pb2.ReleaseSliceRequest.SerializeToString,
+            lightpath_dot_v1_dot_ocs__manager__pb2.ReleaseSliceResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReplaceBlock(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lightpath.v1.OcsManager/ReplaceBlock',
+            lightpath_dot_v1_dot_ocs__manager__pb2.ReplaceBlockRequest.SerializeToString,
+            lightpath_dot_v1_dot_ocs__manager__pb2.ReplaceBlockResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetSliceWiring(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lightpath.v1.OcsManager/GetSliceWiring',
+            lightpath_dot_v1_dot_ocs__manager__pb2.GetSliceWiringRequest.SerializeToString,
+            lightpath_dot_v1_dot_ocs__manager__pb2.SliceWiring.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListSlices(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lightpath.v1.OcsManager/ListSlices',
+            lightpath_dot_v1_dot_ocs__manager__pb2.ListSlicesRequest.SerializeToString,
+            lightpath_dot_v1_dot_ocs__manager__pb2.ListSlicesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetRoutingTable(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lightpath.v1.OcsManager/GetRoutingTable',
+            lightpath_dot_v1_dot_ocs__manager__pb2.GetRoutingTableRequest.SerializeToString,
+            lightpath_dot_v1_dot_ocs__manager__pb2.RoutingTable.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListSwitches(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lightpath.v1.OcsManager/ListSwitches',
+            lightpath_dot_v1_dot_ocs__manager__pb2.ListSwitchesRequest.SerializeToString,
+            lightpath_dot_v1_dot_ocs__manager__pb2.ListSwitchesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetOneToManyStates(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lightpath.v1.OcsManager/GetOneToManyStates',
+            lightpath_dot_v1_dot_ocs__manager__pb2.GetOneToManyStatesRequest.SerializeToString,
+            lightpath_dot_v1_dot_ocs__manager__pb2.GetOneToManyStatesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CheckInvariants(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lightpath.v1.OcsManager/CheckInvariants',
+            lightpath_dot_v1_dot_ocs__manager__pb2.CheckInvariantsRequest.SerializeToString,
+            lightpath_dot_v1_dot_ocs__manager__pb2.InvariantReport.FromString,
             options,
             channel_credentials,
             insecure,

@@ -6,6 +6,7 @@ isort:skip_file
 from collections import abc as _abc
 from grpc import aio as _aio
 from lightpath.v1 import common_pb2 as _common_pb2
+from lightpath.v1 import ocs_manager_pb2 as _ocs_manager_pb2
 import abc as _abc_1
 import grpc as _grpc
 import sys
@@ -27,7 +28,19 @@ GRPC_GENERATED_VERSION: str
 GRPC_VERSION: str
 
 class OcsManagerStub:
-    """One per superpod: programs the optical circuit switches and 1xK switches (OCS-1 … OCS-9)."""
+    """One per superpod: programs the optical circuit switches and 1xK switches
+    that wire building blocks into a logical torus (OCS-1 … OCS-9, seed 000).
+
+    Naming. Dimensions are numbered 0..m-1 (x, y, z). Along dimension d a block
+    has one segment per logical axis; the axis index is the row-major index of
+    the segment's coordinates in the other dimensions (x fastest), so a 4x4x4
+    block has axes 0..15 per dimension. OCS ids are "ocs-<dim>-<axis>-<k>"
+    (e.g. "ocs-x-5-0"); 1xK switch ids are "otm-<block>-<dim>-<axis>".
+
+    The workload scheduler of the same pod calls WireSlice / ReleaseSlice /
+    ReplaceBlock / GetSliceWiring / CheckInvariants / GetFabric; their request
+    and response fields below are a contract: add fields, never renumber.
+    """
 
     @_typing.overload
     def __new__(cls, channel: _grpc.Channel) -> _Self: ...
@@ -35,17 +48,93 @@ class OcsManagerStub:
     def __new__(cls, channel: _aio.Channel) -> OcsManagerAsyncStub: ...
     GetInfo: _grpc.UnaryUnaryMultiCallable[_common_pb2.GetInfoRequest, _common_pb2.ServiceInfo]
     """Identity and version of this instance."""
+    GetFabric: _grpc.UnaryUnaryMultiCallable[_ocs_manager_pb2.GetFabricRequest, _ocs_manager_pb2.Fabric]
+    """OCS-1: the fabric this manager programs: its configuration and derived sizes."""
+    GetPortMap: _grpc.UnaryUnaryMultiCallable[_ocs_manager_pb2.GetPortMapRequest, _ocs_manager_pb2.PortMap]
+    """OCS-1, OCS-7: (block, dim, axis, end) -> OCS port(s), optionally filtered."""
+    WireSlice: _grpc.UnaryUnaryMultiCallable[_ocs_manager_pb2.WireSliceRequest, _ocs_manager_pb2.SliceWiring]
+    """OCS-2, OCS-3: cross-connect the blocks of a slice into its logical torus,
+    all or nothing. Idempotent by job_id: the same placement again answers the
+    existing wiring; a different placement for a wired job_id is
+    FAILED_PRECONDITION. A block wired to another slice is FAILED_PRECONDITION.
+    """
+    ReleaseSlice: _grpc.UnaryUnaryMultiCallable[_ocs_manager_pb2.ReleaseSliceRequest, _ocs_manager_pb2.ReleaseSliceResponse]
+    """OCS-4: remove exactly the slice's cross-connects and 1xK settings.
+    An unknown (or already released) job_id is NOT_FOUND.
+    """
+    ReplaceBlock: _grpc.UnaryUnaryMultiCallable[_ocs_manager_pb2.ReplaceBlockRequest, _ocs_manager_pb2.ReplaceBlockResponse]
+    """OCS-5: move only the failed block's cross-connects onto the new block,
+    which takes the failed block's logical position.
+    """
+    GetSliceWiring: _grpc.UnaryUnaryMultiCallable[_ocs_manager_pb2.GetSliceWiringRequest, _ocs_manager_pb2.SliceWiring]
+    """OCS-7 queries."""
+    ListSlices: _grpc.UnaryUnaryMultiCallable[_ocs_manager_pb2.ListSlicesRequest, _ocs_manager_pb2.ListSlicesResponse]
+    GetRoutingTable: _grpc.UnaryUnaryMultiCallable[_ocs_manager_pb2.GetRoutingTableRequest, _ocs_manager_pb2.RoutingTable]
+    ListSwitches: _grpc.UnaryUnaryMultiCallable[_ocs_manager_pb2.ListSwitchesRequest, _ocs_manager_pb2.ListSwitchesResponse]
+    GetOneToManyStates: _grpc.UnaryUnaryMultiCallable[_ocs_manager_pb2.GetOneToManyStatesRequest, _ocs_manager_pb2.GetOneToManyStatesResponse]
+    CheckInvariants: _grpc.UnaryUnaryMultiCallable[_ocs_manager_pb2.CheckInvariantsRequest, _ocs_manager_pb2.InvariantReport]
+    """OCS-6: check every invariant over the stored state."""
 
 @_typing.type_check_only
 class OcsManagerAsyncStub(OcsManagerStub):
-    """One per superpod: programs the optical circuit switches and 1xK switches (OCS-1 … OCS-9)."""
+    """One per superpod: programs the optical circuit switches and 1xK switches
+    that wire building blocks into a logical torus (OCS-1 … OCS-9, seed 000).
+
+    Naming. Dimensions are numbered 0..m-1 (x, y, z). Along dimension d a block
+    has one segment per logical axis; the axis index is the row-major index of
+    the segment's coordinates in the other dimensions (x fastest), so a 4x4x4
+    block has axes 0..15 per dimension. OCS ids are "ocs-<dim>-<axis>-<k>"
+    (e.g. "ocs-x-5-0"); 1xK switch ids are "otm-<block>-<dim>-<axis>".
+
+    The workload scheduler of the same pod calls WireSlice / ReleaseSlice /
+    ReplaceBlock / GetSliceWiring / CheckInvariants / GetFabric; their request
+    and response fields below are a contract: add fields, never renumber.
+    """
 
     def __init__(self, channel: _aio.Channel) -> None: ...
     GetInfo: _aio.UnaryUnaryMultiCallable[_common_pb2.GetInfoRequest, _common_pb2.ServiceInfo]  # type: ignore[assignment]
     """Identity and version of this instance."""
+    GetFabric: _aio.UnaryUnaryMultiCallable[_ocs_manager_pb2.GetFabricRequest, _ocs_manager_pb2.Fabric]  # type: ignore[assignment]
+    """OCS-1: the fabric this manager programs: its configuration and derived sizes."""
+    GetPortMap: _aio.UnaryUnaryMultiCallable[_ocs_manager_pb2.GetPortMapRequest, _ocs_manager_pb2.PortMap]  # type: ignore[assignment]
+    """OCS-1, OCS-7: (block, dim, axis, end) -> OCS port(s), optionally filtered."""
+    WireSlice: _aio.UnaryUnaryMultiCallable[_ocs_manager_pb2.WireSliceRequest, _ocs_manager_pb2.SliceWiring]  # type: ignore[assignment]
+    """OCS-2, OCS-3: cross-connect the blocks of a slice into its logical torus,
+    all or nothing. Idempotent by job_id: the same placement again answers the
+    existing wiring; a different placement for a wired job_id is
+    FAILED_PRECONDITION. A block wired to another slice is FAILED_PRECONDITION.
+    """
+    ReleaseSlice: _aio.UnaryUnaryMultiCallable[_ocs_manager_pb2.ReleaseSliceRequest, _ocs_manager_pb2.ReleaseSliceResponse]  # type: ignore[assignment]
+    """OCS-4: remove exactly the slice's cross-connects and 1xK settings.
+    An unknown (or already released) job_id is NOT_FOUND.
+    """
+    ReplaceBlock: _aio.UnaryUnaryMultiCallable[_ocs_manager_pb2.ReplaceBlockRequest, _ocs_manager_pb2.ReplaceBlockResponse]  # type: ignore[assignment]
+    """OCS-5: move only the failed block's cross-connects onto the new block,
+    which takes the failed block's logical position.
+    """
+    GetSliceWiring: _aio.UnaryUnaryMultiCallable[_ocs_manager_pb2.GetSliceWiringRequest, _ocs_manager_pb2.SliceWiring]  # type: ignore[assignment]
+    """OCS-7 queries."""
+    ListSlices: _aio.UnaryUnaryMultiCallable[_ocs_manager_pb2.ListSlicesRequest, _ocs_manager_pb2.ListSlicesResponse]  # type: ignore[assignment]
+    GetRoutingTable: _aio.UnaryUnaryMultiCallable[_ocs_manager_pb2.GetRoutingTableRequest, _ocs_manager_pb2.RoutingTable]  # type: ignore[assignment]
+    ListSwitches: _aio.UnaryUnaryMultiCallable[_ocs_manager_pb2.ListSwitchesRequest, _ocs_manager_pb2.ListSwitchesResponse]  # type: ignore[assignment]
+    GetOneToManyStates: _aio.UnaryUnaryMultiCallable[_ocs_manager_pb2.GetOneToManyStatesRequest, _ocs_manager_pb2.GetOneToManyStatesResponse]  # type: ignore[assignment]
+    CheckInvariants: _aio.UnaryUnaryMultiCallable[_ocs_manager_pb2.CheckInvariantsRequest, _ocs_manager_pb2.InvariantReport]  # type: ignore[assignment]
+    """OCS-6: check every invariant over the stored state."""
 
 class OcsManagerServicer(metaclass=_abc_1.ABCMeta):
-    """One per superpod: programs the optical circuit switches and 1xK switches (OCS-1 … OCS-9)."""
+    """One per superpod: programs the optical circuit switches and 1xK switches
+    that wire building blocks into a logical torus (OCS-1 … OCS-9, seed 000).
+
+    Naming. Dimensions are numbered 0..m-1 (x, y, z). Along dimension d a block
+    has one segment per logical axis; the axis index is the row-major index of
+    the segment's coordinates in the other dimensions (x fastest), so a 4x4x4
+    block has axes 0..15 per dimension. OCS ids are "ocs-<dim>-<axis>-<k>"
+    (e.g. "ocs-x-5-0"); 1xK switch ids are "otm-<block>-<dim>-<axis>".
+
+    The workload scheduler of the same pod calls WireSlice / ReleaseSlice /
+    ReplaceBlock / GetSliceWiring / CheckInvariants / GetFabric; their request
+    and response fields below are a contract: add fields, never renumber.
+    """
 
     @_abc_1.abstractmethod
     def GetInfo(
@@ -54,5 +143,97 @@ class OcsManagerServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_common_pb2.ServiceInfo, _abc.Awaitable[_common_pb2.ServiceInfo]]:
         """Identity and version of this instance."""
+
+    @_abc_1.abstractmethod
+    def GetFabric(
+        self,
+        request: _ocs_manager_pb2.GetFabricRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_ocs_manager_pb2.Fabric, _abc.Awaitable[_ocs_manager_pb2.Fabric]]:
+        """OCS-1: the fabric this manager programs: its configuration and derived sizes."""
+
+    @_abc_1.abstractmethod
+    def GetPortMap(
+        self,
+        request: _ocs_manager_pb2.GetPortMapRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_ocs_manager_pb2.PortMap, _abc.Awaitable[_ocs_manager_pb2.PortMap]]:
+        """OCS-1, OCS-7: (block, dim, axis, end) -> OCS port(s), optionally filtered."""
+
+    @_abc_1.abstractmethod
+    def WireSlice(
+        self,
+        request: _ocs_manager_pb2.WireSliceRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_ocs_manager_pb2.SliceWiring, _abc.Awaitable[_ocs_manager_pb2.SliceWiring]]:
+        """OCS-2, OCS-3: cross-connect the blocks of a slice into its logical torus,
+        all or nothing. Idempotent by job_id: the same placement again answers the
+        existing wiring; a different placement for a wired job_id is
+        FAILED_PRECONDITION. A block wired to another slice is FAILED_PRECONDITION.
+        """
+
+    @_abc_1.abstractmethod
+    def ReleaseSlice(
+        self,
+        request: _ocs_manager_pb2.ReleaseSliceRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_ocs_manager_pb2.ReleaseSliceResponse, _abc.Awaitable[_ocs_manager_pb2.ReleaseSliceResponse]]:
+        """OCS-4: remove exactly the slice's cross-connects and 1xK settings.
+        An unknown (or already released) job_id is NOT_FOUND.
+        """
+
+    @_abc_1.abstractmethod
+    def ReplaceBlock(
+        self,
+        request: _ocs_manager_pb2.ReplaceBlockRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_ocs_manager_pb2.ReplaceBlockResponse, _abc.Awaitable[_ocs_manager_pb2.ReplaceBlockResponse]]:
+        """OCS-5: move only the failed block's cross-connects onto the new block,
+        which takes the failed block's logical position.
+        """
+
+    @_abc_1.abstractmethod
+    def GetSliceWiring(
+        self,
+        request: _ocs_manager_pb2.GetSliceWiringRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_ocs_manager_pb2.SliceWiring, _abc.Awaitable[_ocs_manager_pb2.SliceWiring]]:
+        """OCS-7 queries."""
+
+    @_abc_1.abstractmethod
+    def ListSlices(
+        self,
+        request: _ocs_manager_pb2.ListSlicesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_ocs_manager_pb2.ListSlicesResponse, _abc.Awaitable[_ocs_manager_pb2.ListSlicesResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def GetRoutingTable(
+        self,
+        request: _ocs_manager_pb2.GetRoutingTableRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_ocs_manager_pb2.RoutingTable, _abc.Awaitable[_ocs_manager_pb2.RoutingTable]]: ...
+
+    @_abc_1.abstractmethod
+    def ListSwitches(
+        self,
+        request: _ocs_manager_pb2.ListSwitchesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_ocs_manager_pb2.ListSwitchesResponse, _abc.Awaitable[_ocs_manager_pb2.ListSwitchesResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def GetOneToManyStates(
+        self,
+        request: _ocs_manager_pb2.GetOneToManyStatesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_ocs_manager_pb2.GetOneToManyStatesResponse, _abc.Awaitable[_ocs_manager_pb2.GetOneToManyStatesResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def CheckInvariants(
+        self,
+        request: _ocs_manager_pb2.CheckInvariantsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_ocs_manager_pb2.InvariantReport, _abc.Awaitable[_ocs_manager_pb2.InvariantReport]]:
+        """OCS-6: check every invariant over the stored state."""
 
 def add_OcsManagerServicer_to_server(servicer: OcsManagerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
