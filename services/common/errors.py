@@ -1,129 +1,38 @@
-"""Domain errors (X-3) and their mapping onto gRPC statuses.
-
-Domain code raises these; it never imports grpc. The server runtime's
-interceptor turns them into a gRPC status whose message names the field and the
-rule, with google.rpc details (ErrorInfo always, plus BadRequest,
-PreconditionFailure or ResourceInfo where they help). Anything else that
-escapes a servicer is a bug: INTERNAL, logged with the trace id.
-"""
+"""Domain errors (X-3) on the server side: the classes (from lightpath.errors)
+and their mapping onto gRPC statuses with google.rpc details."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from lightpath.errors import (
+    ERROR_DOMAIN,
+    Aborted,
+    DeadlineExceeded,
+    FailedPrecondition,
+    FieldViolation,
+    InvalidArgument,
+    LightpathError,
+    NotFound,
+    PermissionDenied,
+    ResourceExhausted,
+    Unauthenticated,
+    Unavailable,
+)
 
-ERROR_DOMAIN = "lightpath.dev"
-
-
-@dataclass(frozen=True)
-class FieldViolation:
-    field: str
-    rule: str
-
-
-class LightpathError(Exception):
-    """Base of every error a client can cause or must handle.
-
-    `code` is the name of a grpc.StatusCode; `reason` an UPPER_SNAKE id of the
-    rule that was broken (google.rpc.ErrorInfo.reason).
-    """
-
-    code = "UNKNOWN"
-    reason = "LIGHTPATH_ERROR"
-
-    def __init__(
-        self, message: str, *, reason: str | None = None, metadata: Mapping[str, str] | None = None
-    ):
-        super().__init__(message)
-        self.message = message
-        if reason:
-            self.reason = reason
-        self.metadata: dict[str, str] = dict(metadata or {})
-
-
-class InvalidArgument(LightpathError):
-    """A request field breaks a rule: `InvalidArgument("shape.dims[2]", "must be a multiple of 4")`."""
-
-    code = "INVALID_ARGUMENT"
-    reason = "INVALID_ARGUMENT"
-
-    def __init__(
-        self,
-        field: str,
-        rule: str,
-        *,
-        reason: str | None = None,
-        more: Iterable[FieldViolation] = (),
-    ):
-        self.violations = [FieldViolation(field, rule), *more]
-        message = "; ".join(f"{v.field}: {v.rule}" for v in self.violations)
-        super().__init__(message, reason=reason)
-
-    @classmethod
-    def of(
-        cls, violations: Iterable[FieldViolation], *, reason: str | None = None
-    ) -> InvalidArgument:
-        first, *rest = list(violations)
-        return cls(first.field, first.rule, reason=reason, more=rest)
-
-
-class NotFound(LightpathError):
-    """`NotFound("job", "job-7")` → `job "job-7" not found`."""
-
-    code = "NOT_FOUND"
-    reason = "NOT_FOUND"
-
-    def __init__(self, resource_type: str, name: str, *, hint: str = ""):
-        self.resource_type = resource_type
-        self.name = name
-        message = f'{resource_type} "{name}" not found' + (f": {hint}" if hint else "")
-        super().__init__(message, reason=f"{resource_type.upper().replace(' ', '_')}_NOT_FOUND")
-
-
-class FailedPrecondition(LightpathError):
-    """The system is not in a state that allows the call: `FailedPrecondition("block 7", "is wired to slice job-3", reason="BLOCK_IN_USE")`."""
-
-    code = "FAILED_PRECONDITION"
-    reason = "FAILED_PRECONDITION"
-
-    def __init__(self, subject: str, rule: str, *, reason: str | None = None):
-        self.subject = subject
-        self.rule = rule
-        super().__init__(f"{subject}: {rule}", reason=reason)
-
-
-class Aborted(LightpathError):
-    """A concurrent change won; the caller may retry the whole call."""
-
-    code = "ABORTED"
-    reason = "ABORTED"
-
-
-class ResourceExhausted(LightpathError):
-    code = "RESOURCE_EXHAUSTED"
-    reason = "RESOURCE_EXHAUSTED"
-
-
-class Unauthenticated(LightpathError):
-    code = "UNAUTHENTICATED"
-    reason = "UNAUTHENTICATED"
-
-
-class PermissionDenied(LightpathError):
-    code = "PERMISSION_DENIED"
-    reason = "PERMISSION_DENIED"
-
-
-class Unavailable(LightpathError):
-    """A dependency (a switch driver, a peer service) is down; retry later."""
-
-    code = "UNAVAILABLE"
-    reason = "UNAVAILABLE"
-
-
-class DeadlineExceeded(LightpathError):
-    code = "DEADLINE_EXCEEDED"
-    reason = "DEADLINE_EXCEEDED"
+__all__ = [
+    "ERROR_DOMAIN",
+    "Aborted",
+    "DeadlineExceeded",
+    "FailedPrecondition",
+    "FieldViolation",
+    "InvalidArgument",
+    "LightpathError",
+    "NotFound",
+    "PermissionDenied",
+    "ResourceExhausted",
+    "Unauthenticated",
+    "Unavailable",
+    "to_status_proto",
+]
 
 
 def to_status_proto(err: LightpathError):  # -> google.rpc.status_pb2.Status
