@@ -28,7 +28,7 @@ from opentelemetry.sdk.trace import TracerProvider
 
 from lightpath import __version__
 from lightpath.client import channel as client_channel
-from lightpath.telemetry import configure_tracing
+from lightpath.telemetry import configure_metrics, configure_tracing
 from lightpath.v1 import common_pb2
 from services.common import redis_store
 from services.common.settings import CommonSettings, SettingsError, load
@@ -249,6 +249,11 @@ def main(service: str, settings_cls: type[S], build: Build, argv: list[str] | No
         provider = configure_tracing(
             settings.otel_service_name or f"lightpath-{service}",
             exporter=settings.otel_traces_exporter,
+            instance_id=instance_id,
+        )
+        meter_provider = configure_metrics(
+            settings.otel_service_name or f"lightpath-{service}",
+            exporter=settings.otel_metrics_exporter,
             instance_id=instance_id,
         )
     except RuntimeError as exc:
