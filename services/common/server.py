@@ -271,6 +271,8 @@ def main(service: str, settings_cls: type[S], build: Build, argv: list[str] | No
                 "%s stopping: draining calls for up to %.1f s", service, settings.shutdown_grace_s
             )
         provider.shutdown()
+        if meter_provider is not None:
+            meter_provider.shutdown()
 
     try:
         asyncio.run(serve())
