@@ -122,3 +122,16 @@ def test_config_round_trips_through_a_dict_and_rejects_unknown_keys():
     assert SwitchedFabricConfig.from_dict(FIG18.to_dict()) == FIG18
     with pytest.raises(InvalidArgument, match="colour"):
         SwitchedFabricConfig.from_dict({"colour": 3})
+
+
+def test_the_one_line_spec_round_trips_and_names_bad_keys():
+    assert SwitchedFabricConfig.parse(FIG18.spec()) == FIG18
+    assert SwitchedFabricConfig.parse(FIG7.spec()) == FIG7
+    cfg = SwitchedFabricConfig.parse("group=5, cluster=4x3, planes=1, ports=6/3, mesh=1")
+    assert cfg == FIG7
+    with pytest.raises(InvalidArgument) as e:
+        SwitchedFabricConfig.parse("group=4x4 colour=blue")
+    assert e.value.violations[0].field == "colour"
+    with pytest.raises(InvalidArgument) as e:
+        SwitchedFabricConfig.parse("ports=48")
+    assert e.value.violations[0].field == "ports"

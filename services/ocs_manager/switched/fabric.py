@@ -192,6 +192,66 @@ class SwitchedFabricConfig:
             raise InvalidArgument.of(bad, reason="BAD_SWITCHED_FABRIC")
         return self
 
+    def spec(self) -> str:
+        """The one-line form operators write (see `parse`)."""
+        shape = "x".join(map(str, self.group_shape))
+        parts = [
+            f"group={shape}",
+            f"cluster={self.cluster_rows}x{self.cluster_cols}",
+            f"planes={self.planes}",
+            f"ports={self.tier0_down_ports}/{self.tier0_up_ports}",
+        ]
+        if self.tier1_switches:
+            parts.append(f"tier1={self.tier1_switches}x{self.tier1_ports}")
+        if self.tier0_mesh_links:
+            parts.append(f"mesh={self.tier0_mesh_links}")
+        if self.row_column_links:
+            parts.append(f"rowcol={self.row_column_links}")
+        return " ".join(parts)
+
+    @classmethod
+    def parse(cls, text: str) -> SwitchedFabricConfig:
+        """`group=3x3 cluster=2x2 planes=9 ports=48/16 tier1=2x64 mesh=0 rowcol=0`
+        (space or comma separated; group is `p` or `rxc`; tier1 is count x ports).
+        Raises InvalidArgument naming the bad key; does not validate sizes."""
+        kw: dict[str, object] = {}
+        for item in text.replace(",", " ").split():
+            key, sep, value = item.partition("=")
+            try:
+                if not sep:
+                    raise ValueError
+                if key == "group":
+                    kw["group_shape"] = tuple(int(x) for x in value.lower().split("x"))
+                elif key == "cluster":
+                    r, c = value.lower().split("x")
+                    kw["cluster_rows"], kw["cluster_cols"] = int(r), int(c)
+                elif key == "planes":
+                    kw["planes"] = int(value)
+                elif key == "ports":
+                    d, u = value.split("/")
+                    kw["tier0_down_ports"], kw["tier0_up_ports"] = int(d), int(u)
+                elif key == "tier1":
+                    n, _, ports = value.lower().partition("x")
+                    kw["tier1_switches"] = int(n)
+                    if ports:
+                        kw["tier1_ports"] = int(ports)
+                elif key == "mesh":
+                    kw["tier0_mesh_links"] = int(value)
+                elif key == "rowcol":
+                    kw["row_column_links"] = int(value)
+                else:
+                    raise InvalidArgument(
+                        key or item,
+                        "is not one of group, cluster, planes, ports, tier1, mesh, rowcol",
+                    )
+            except ValueError:
+                raise InvalidArgument(
+                    key or item,
+                    f"cannot read {item!r} (e.g. group=4x4 cluster=24x24 planes=12 "
+                    "ports=48/16 tier1=8x64)",
+                ) from None
+        return cls(**kw)  # type: ignore[arg-type]
+
     def to_dict(self) -> dict[str, object]:
         d = {f.name: getattr(self, f.name) for f in fields(self)}
         d["group_shape"] = list(self.group_shape)
