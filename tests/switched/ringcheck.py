@@ -4,7 +4,8 @@ networkx graph of the fabric (not the router's own adjacency lists):
 * each ring closes: hop k runs from processor k to processor k+1, the last hop back to the first;
 * each ring visits every processor of its axis line exactly once, and each axis has one ring per line;
 * each hop is a path of real links, each channel used in its direction;
-* a path enters only processors of its two end groups, never another job's processors;
+* a path enters only processors of its two end groups or of the job's own whole
+  groups (which forward, ¶60), never another job's processors;
 * no channel (link direction) is in two rings, or twice in one.
 """
 
@@ -45,6 +46,7 @@ def plan_violations(
     g = fabric.graph
     gs = fabric.group_size
     tile_procs = {p for t in plan.tiles for p in t.processors(fabric)}
+    own_groups = {t.group for t in plan.tiles if t.size == gs}
     if len(plan.assignment) != plan.degrees.total or len(set(plan.assignment)) != len(
         plan.assignment
     ):
@@ -84,7 +86,7 @@ def plan_violations(
                     bad.append(f"{ring.name} hop {k}: channel {c} runs the other way")
             for x in hop.nodes[1:-1]:
                 if x < fabric.processor_count:
-                    if x // gs not in ends:
+                    if x // gs not in ends and x // gs not in own_groups:
                         bad.append(f"{ring.name} hop {k} crosses a third group's processor {x}")
                     if x in forbidden:
                         bad.append(f"{ring.name} hop {k} crosses another job's processor {x}")

@@ -256,3 +256,38 @@ def test_small_jobs_route_around_their_neighbours_processors():
     b = plan_rings(f, used, "s", Degrees(2, 2, 1), [Tile(0, 0, 2, 2, 2)], forbidden=forbidden)
     assert_valid(f, b, forbidden)
     assert_disjoint([a, b])
+
+
+def test_when_uplinks_run_out_the_jobs_own_corner_group_forwards():
+    """¶60: processors forward traffic. With every uplink taken, the hop between
+    g0.0 and g1.1 (no shared switch) runs through the job's group g0.1."""
+    f = fabric(FIG11)
+    used = free_state(f)
+    for s in f.switches():
+        if f.tier(s) == 0:
+            for c in f.up_channels(s):
+                used[c] = used[c ^ 1] = 1
+    tiles = [Tile.whole(f, g) for g in (0, 1, 3)]  # g0.0, g0.1, g1.1
+    plan = plan_rings(f, used, "corner", Degrees(3, 3, 3), tiles)
+    assert_valid(f, plan)
+    assert channel_kinds(f, plan.channels())["up"] == 0
+    crossing = [
+        h
+        for r in plan.rings
+        for h in r.hops
+        if {h.nodes[0] // f.group_size, h.nodes[-1] // f.group_size} == {0, 3}
+    ]
+    assert crossing
+    assert all(
+        any(n < f.processor_count and n // f.group_size == 1 for n in h.nodes) for h in crossing
+    )
+
+
+def test_downlinks_running_out_names_the_receiving_switch():
+    f = fabric(FIG15)
+    used = free_state(f)
+    for c in f.up_channels(f.switch_id("r1/p0")):
+        used[c ^ 1] = 1  # every channel from tier 1 down to r1/p0
+    with pytest.raises(ResourceExhausted) as e:
+        plan_rings(f, used, "x", Degrees(100, 1, 1), [Tile.whole(f, g) for g in range(25)])
+    assert "tier-0 switch r1/p0 has 0 free downlinks from tier 1" in e.value.message

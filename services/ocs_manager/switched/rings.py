@@ -438,6 +438,9 @@ class _Router:
     fabric: SwitchedFabric
     used: bytearray
     forbidden: frozenset[int] = field(default_factory=frozenset)
+    # Whole groups of the job: their processors may forward a hop between two
+    # other groups of the job (¶60), before a hop takes shared uplinks.
+    via_groups: frozenset[int] = field(default_factory=frozenset)
 
     def hop(self, a: int, b: int) -> Hop:
         fab, used = self.fabric, self.used
@@ -471,6 +474,17 @@ class _Router:
             hop = self._local(a, b) if not self.forbidden else self._search(a, b, uplinks=False)
         if hop is None:
             hop = self._search(a, b, uplinks=True)
+        if hop is None and self.via_groups and fab.config.two_d and ga != gb:
+            # 4. uplinks gone: through the job's own group at the corner — the
+            #    row switch of one end's cluster row, then the column switch of
+            #    the other's; that group's spare links forward (¶60)
+            C = fab.config.cluster_cols
+            (ra, ca), (rb, cb) = fab.group_position(ga), fab.group_position(gb)
+            for corner in (ra * C + cb, rb * C + ca):
+                if corner in self.via_groups and corner not in (ga, gb):
+                    hop = self._search(a, b, uplinks=False, via=corner)
+                    if hop is not None:
+                        break
         if hop is None:
             raise _NoPath(a, b)
         for c in hop.channels:
@@ -521,8 +535,9 @@ class _Router:
         )
         return Hop(nodes, tuple((ba, bb)[side] + off for side, off in chans_rel))
 
-    def _search(self, src: int, dst: int, *, uplinks: bool) -> Hop | None:
-        """Breadth-first over free channels, entering only the two end groups' processors."""
+    def _search(self, src: int, dst: int, *, uplinks: bool, via: int = -1) -> Hop | None:
+        """Breadth-first over free channels, entering only the two end groups'
+        processors (and those of group `via`)."""
         fab, used, forbidden = self.fabric, self.used, self.forbidden
         P, gs = fab.processor_count, fab.group_size
         ga, gb = src // gs, dst // gs
@@ -550,6 +565,8 @@ class _Router:
                     cands = list(down.get(ga, ()))
                     if gb != ga:
                         cands.extend(down.get(gb, ()))
+                    if via >= 0:
+                        cands.extend(down.get(via, ()))
                     if uplinks:
                         from_tier1 = tiers[si] == 1
                         for v, bundle in sw_up[si]:
@@ -680,25 +697,47 @@ def _explain(fab: SwitchedFabric, used: bytearray, failure: _RingFailed) -> Reso
                 "to": fab.node_name(failure.dst),
             },
         )
-    # uplinks: hops of this ring that must leave the tier-0 switches of ga
+    # uplinks: the hops of this ring that leave ga's tier-0 switches / enter gb's
     procs = failure.procs
     n = len(procs)
-    need = 0
+    need_out = need_in = 0
     for k in range(n):
-        a, b = procs[k] // gs, procs[(k + 1) % n] // gs
-        if a == ga and b != a and not fab.share_tier0(a, b):
-            need += 1
-    best_sw, best_free = -1, -1
-    for s in fab.group_switches[ga]:
-        free = sum(1 for c in fab.up_channels(s) if not used[c])
-        if free > best_free:
-            best_sw, best_free = s, free
-    sw = fab.node_name(best_sw)
+        x, y = procs[k] // gs, procs[(k + 1) % n] // gs
+        if x != y and not fab.share_tier0(x, y):
+            need_out += x == ga
+            need_in += y == gb
+
+    def best(group: int, inbound: bool) -> tuple[str, int]:
+        top, name = -1, ""
+        for s in fab.group_switches[group]:
+            free = sum(1 for c in fab.up_channels(s) if not used[c ^ inbound])
+            if free > top:
+                top, name = free, fab.node_name(s)
+        return name, top
+
+    meta = {"ring": ring, "from": fab.node_name(failure.src), "to": fab.node_name(failure.dst)}
+    sw, free = best(ga, False)
+    if free < need_out:
+        return ResourceExhausted(
+            f"tier-0 switch {sw} has {free} free uplinks, ring {ring} needs {need_out} "
+            f"(no free path {where})",
+            reason="UPLINKS_EXHAUSTED",
+            metadata={**meta, "switch": sw, "free_uplinks": str(free), "needed": str(need_out)},
+        )
+    sw, free = best(gb, True)
+    if free < need_in:
+        return ResourceExhausted(
+            f"tier-0 switch {sw} has {free} free downlinks from tier 1, ring {ring} needs "
+            f"{need_in} (no free path {where})",
+            reason="UPLINKS_EXHAUSTED",
+            metadata={**meta, "switch": sw, "free_downlinks": str(free), "needed": str(need_in)},
+        )
     return ResourceExhausted(
-        f"tier-0 switch {sw} has {best_free} free uplinks, ring {ring} needs {need} "
-        f"(no free path {where})",
-        reason="UPLINKS_EXHAUSTED",
-        metadata={"switch": sw, "free_uplinks": str(best_free), "needed": str(need), "ring": ring},
+        f"ring {ring} has no free path {where}: the switches have free uplinks, but the "
+        f"processor links and tier-0 ports of {fab.group_name(ga)} and {fab.group_name(gb)} "
+        "that reach them are reserved",
+        reason="RING_LINKS_EXHAUSTED",
+        metadata=meta,
     )
 
 
@@ -726,6 +765,10 @@ def _check_request(
         raise InvalidArgument("tiles", "include processors of another job")
 
 
+def _whole_groups(fabric: SwitchedFabric, tiles: Iterable[Tile]) -> frozenset[int]:
+    return frozenset(t.group for t in tiles if t.size == fabric.group_size)
+
+
 def plan_rings(
     fabric: SwitchedFabric,
     used: bytes | bytearray,
@@ -747,7 +790,7 @@ def plan_rings(
     _check_request(fabric, degrees, tiles, forbidden)
     ordered = order_tiles(fabric, tiles)
     work = bytearray(used)
-    router = _Router(fabric, work, forbidden)
+    router = _Router(fabric, work, forbidden, _whole_groups(fabric, ordered))
     first_error: ResourceExhausted | None = None
     for name, assignment in layouts(fabric, degrees, ordered, max_layouts):
         members = ring_members(assignment, degrees)
@@ -809,10 +852,11 @@ def swap_tile(
     if forbidden & set(moved.values()):
         raise InvalidArgument("new_tile", "includes processors of another job")
     work = bytearray(used)
+    new_plan_tiles = tuple(new if t == old else t for t in plan.tiles)
     affected = [k for k, r in enumerate(plan.rings) if any(p in moved for p in r.processors)]
     released = [c for k in affected for c in plan.rings[k].channels]
     release(work, released)
-    router = _Router(fabric, work, forbidden)
+    router = _Router(fabric, work, forbidden, _whole_groups(fabric, new_plan_tiles))
     members = [
         (plan.rings[k].axis, plan.rings[k].key, [moved.get(p, p) for p in plan.rings[k].processors])
         for k in affected
@@ -828,7 +872,7 @@ def swap_tile(
     new_plan = RingPlan(
         plan.job_id,
         plan.degrees,
-        tuple(new if t == old else t for t in plan.tiles),
+        new_plan_tiles,
         tuple(moved.get(p, p) for p in plan.assignment),
         tuple(rings),
         plan.layout,
