@@ -291,3 +291,40 @@ def test_downlinks_running_out_names_the_receiving_switch():
     with pytest.raises(ResourceExhausted) as e:
         plan_rings(f, used, "x", Degrees(100, 1, 1), [Tile.whole(f, g) for g in range(25)])
     assert "tier-0 switch r1/p0 has 0 free downlinks from tier 1" in e.value.message
+
+
+def test_the_domain_invariant_check_agrees_and_catches_a_shared_channel():
+    from services.ocs_manager.switched.invariants import pod_violations, ring_violations
+
+    f = fabric(FIG11)
+    used = free_state(f)
+    a = plan_rings(f, used, "a", Degrees(2, 3, 3), [Tile.whole(f, 0), Tile.whole(f, 1)])
+    reserve(used, a.channels())
+    b = plan_rings(f, used, "b", Degrees(2, 3, 3), [Tile.whole(f, 2), Tile.whole(f, 3)])
+    reserve(used, b.channels())
+    procs = bytearray(f.processor_count)
+    for p in (*a.assignment, *b.assignment):
+        procs[p] = 1
+    assert ring_violations(f, a) == []
+    assert pod_violations(f, {"a": a, "b": b}, used, procs) == []
+    # b claims one of a's channels: caught
+    ring = b.rings[0]
+    hop = ring.hops[0]
+    forged = RingPlan(
+        "b",
+        b.degrees,
+        b.tiles,
+        b.assignment,
+        (
+            type(ring)(
+                ring.axis,
+                ring.key,
+                ring.processors,
+                (type(hop)(hop.nodes, (a.channels()[0], *hop.channels[1:])), *ring.hops[1:]),
+            ),
+            *b.rings[1:],
+        ),
+        b.layout,
+    )
+    rules = {v.rule for v in pod_violations(f, {"a": a, "b": forged}, used, procs)}
+    assert {"CHANNEL_IN_TWO_JOBS", "HOP_NOT_A_LINK", "BITMAP_DISAGREES"} <= rules
