@@ -171,9 +171,7 @@ def test_placement_property_healthy_free_distinct_or_explained(failed, busy, gri
     n = grid[0] * grid[1] * grid[2]
     types = tuple("gpu" if gpu and i % 3 == 0 else "tpu" for i in range(n))
     got = place(state, demand(grid, types))
-    free = Counter(
-        fab.node_types[b] for b in range(64) if b not in failed and b not in set(busy)
-    )
+    free = Counter(fab.node_types[b] for b in range(64) if b not in failed and b not in set(busy))
     if isinstance(got, Placement):
         assert len(set(got.blocks)) == n
         assert all(b not in failed and b not in busy for b in got.blocks)

@@ -23,7 +23,7 @@ from services.workload_scheduler.planner import (
     plan_pass,
 )
 from services.workload_scheduler.preemption import choose_victims, max_freeable
-from tests.workload_scheduler.podfixtures import demand, fabric, job, pod, running
+from tests.workload_scheduler.podfixtures import fabric, job, pod, running
 
 
 def _full_pod(*jobs):

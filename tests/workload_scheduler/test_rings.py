@@ -67,7 +67,9 @@ def test_an_axis_over_two_dimensions_without_wraparound_is_a_snake_with_a_return
 
 
 def test_odd_sizes_need_a_wrapping_dimension():
-    assert_valid(plan_rings((3, 5, 1), (False, True, False), d := {"data": 15, "pipeline": 1, "layer": 1}), d)
+    assert_valid(
+        plan_rings((3, 5, 1), (False, True, False), d := {"data": 15, "pipeline": 1, "layer": 1}), d
+    )
     with pytest.raises(InvalidArgument, match="odd number of chips without wraparound"):
         plan_rings((3, 5, 1), (False, False, False), {"data": 15, "pipeline": 1, "layer": 1})
 

@@ -132,9 +132,7 @@ async def test_replicas_allocating_concurrently_never_share_a_block(redis_url):
 
     try:
         # Every replica tries every job, in a different order.
-        await asyncio.gather(
-            *(replica(s, jobs[i:] + jobs[:i]) for i, s in enumerate(stores))
-        )
+        await asyncio.gather(*(replica(s, jobs[i:] + jobs[:i]) for i, s in enumerate(stores)))
         state = await stores[0].snapshot(fab)
     finally:
         for c in clients:
