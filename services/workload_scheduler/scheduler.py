@@ -122,6 +122,7 @@ class WorkloadScheduler:
         self._pass_started = 0
         self._pass_done = 0
         self._wiring: dict[str, asyncio.Task] = {}
+        self._pass_tasks: list[asyncio.Task] = []
 
     def now_ms(self) -> int:
         return int(self._clock() * 1000)
@@ -213,7 +214,7 @@ class WorkloadScheduler:
             if task is not None:
                 with contextlib.suppress(Exception):
                     await asyncio.shield(task)
-            record = await self.store.job(job_id)
+            record = await self.store.job(job_id, history=True)
             if record is None:
                 raise NotFound("job", job_id)
             if record.state != WIRING or time.monotonic() > deadline:
@@ -296,34 +297,40 @@ class WorkloadScheduler:
     # == the queue (WS-4, WS-6) ===================================================
 
     async def schedule(self) -> None:
-        """Run a pass over the queue that starts after this call (coalesced per replica)."""
+        """Run a pass over the queue that starts after this call (coalesced per replica),
+        then wait until the slices it started are wired (or their wiring failed)."""
         wanted = self._pass_started + 1
         async with self._pass_lock:
-            if self._pass_done >= wanted:
-                return
-            self._pass_started += 1
-            generation = self._pass_started
-            try:
-                await self._pass()
-            finally:
-                self._pass_done = generation
+            if self._pass_done < wanted:
+                self._pass_started += 1
+                generation = self._pass_started
+                try:
+                    self._pass_tasks = await self._pass()
+                finally:
+                    self._pass_done = generation
+            tasks = list(self._pass_tasks)
+        # Outside the lock: a wiring task may itself ask for a pass.
+        if tasks:
+            await asyncio.wait(tasks, timeout=self.wiring_timeout_ms / 1000)
 
-    async def _pass(self) -> None:
+    async def _pass(self) -> list[asyncio.Task]:
+        started: list[asyncio.Task] = []
         for _ in range(MAX_COMMIT_ATTEMPTS):
             state = await self.snapshot()
             decisions = plan_pass(state, self.now_ms())
             if not decisions:
-                return
+                return started
             work = state.copy()
             try:
                 for alloc in decisions:
-                    await self._commit_allocation(work, alloc)
+                    started.append(await self._commit_allocation(work, alloc))
                     apply_allocation(work, alloc)
             except Conflict as c:
                 self.log.debug("pass conflicted (%s); deciding again", c)
                 continue
-            return
+            return started
         self.log.warning("scheduling pass gave up after %d conflicts", MAX_COMMIT_ATTEMPTS)
+        return started
 
     def _victim_transitions(
         self, txn: Txn, state: PodState, victims, preemptor: SliceJob, now: int
@@ -357,7 +364,7 @@ class WorkloadScheduler:
             txn.write_job(new, old_state=RUNNING, reason=reason, now_ms=now)
         return shrunk
 
-    async def _commit_allocation(self, state: PodState, alloc: Allocation) -> None:
+    async def _commit_allocation(self, state: PodState, alloc: Allocation) -> asyncio.Task:
         job = alloc.job
         now = self.now_ms()
         keys = self.store.keys
@@ -392,11 +399,11 @@ class WorkloadScheduler:
             reason,
             extra={"job_id": job.job_id, "blocks": len(alloc.placement)},
         )
-        self._track_wiring(job.job_id, self._wire_allocation(alloc, new, shrunk))
+        return self._track_wiring(job.job_id, self._wire_allocation(alloc, new, shrunk))
 
     # == wiring (WS-2, WS-8) ======================================================
 
-    def _track_wiring(self, job_id: str, coro: Coroutine[Any, Any, None]) -> None:
+    def _track_wiring(self, job_id: str, coro: Coroutine[Any, Any, None]) -> asyncio.Task:
         """Wire in the background; an admission of the same job awaits it (`_settled`)."""
         task = self._spawn(coro, f"wire {job_id}")
         self._wiring[job_id] = task
@@ -406,6 +413,7 @@ class WorkloadScheduler:
                 del self._wiring[job_id]
 
         task.add_done_callback(done)
+        return task
 
     async def _wire_allocation(
         self, alloc: Allocation, job: SliceJob, shrunk: list[SliceJob]

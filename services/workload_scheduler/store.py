@@ -1,19 +1,20 @@
 """WS-1, WS-7: the pod's block state, job records and events in Redis.
 
-Keys (all under the pod's hash tag, so one pod's state is one Redis Cluster slot):
+Keys (all under the pod's hash tag, so one pod's state is one Redis Cluster slot,
+and under `ws:` beside the ocs_manager's `ocs:` keys of the same pod):
 
-    lp:{pod}:fabric            hash   block types and fabric facts, for people and peers
-    lp:{pod}:block:failed      hash   block id -> JSON {at, reason}   (absent = healthy)
-    lp:{pod}:block:owner       hash   block id -> job id               (absent = free)
-    lp:{pod}:block:wired       hash   block id -> job id whose OCS slice may still include it
-    lp:{pod}:live              hash   job id -> SliceJob JSON, for every non-final job
-    lp:{pod}:job:<id>          hash   spec (base64 JobSpec), state, epoch, summary, reason, ...
-    lp:{pod}:job:<id>:events   list   the job's transitions (JSON), oldest first
-    lp:{pod}:jobs              zset   every job id by admission sequence (ListJobs)
-    lp:{pod}:state_counts      hash   job state -> number of jobs in it
-    lp:{pod}:events            stream job transitions and block health changes (WatchPod)
-    lp:{pod}:seq               string admission sequence
-    lp:{pod}:releasing:<id>    string claim (with expiry) while a queued job's old wiring is released
+    lp:{pod}:ws:fabric            hash   block types and fabric facts, for people and peers
+    lp:{pod}:ws:block:failed      hash   block id -> JSON {at, reason}   (absent = healthy)
+    lp:{pod}:ws:block:owner       hash   block id -> job id               (absent = free)
+    lp:{pod}:ws:block:wired       hash   block id -> job id whose OCS slice may still include it
+    lp:{pod}:ws:live              hash   job id -> SliceJob JSON, for every non-final job
+    lp:{pod}:ws:job:<id>          hash   spec (base64 JobSpec), state, epoch, summary, reason, ...
+    lp:{pod}:ws:job:<id>:events   list   the job's transitions (JSON), oldest first
+    lp:{pod}:ws:jobs              zset   every job id by admission sequence (ListJobs)
+    lp:{pod}:ws:state_counts      hash   job state -> number of jobs in it
+    lp:{pod}:ws:events            stream job transitions and block health changes (WatchPod)
+    lp:{pod}:ws:seq               string admission sequence
+    lp:{pod}:ws:releasing:<id>    string claim (with expiry) while a queued job's old wiring is released
 
 Every change goes through `commit(txn)`: one Lua script that first checks what
 the caller's decision assumed (a job's state and epoch, a block still free,
@@ -123,25 +124,25 @@ class Conflict(Exception):
 class PodKeys:
     def __init__(self, pod_id: str):
         self.pod_id = pod_id
-        self.fabric = pod_key(pod_id, "fabric")
-        self.failed = pod_key(pod_id, "block", "failed")
-        self.owner = pod_key(pod_id, "block", "owner")
-        self.wired = pod_key(pod_id, "block", "wired")
-        self.live = pod_key(pod_id, "live")
-        self.jobs = pod_key(pod_id, "jobs")
-        self.state_counts = pod_key(pod_id, "state_counts")
-        self.events = pod_key(pod_id, "events")
-        self.seq = pod_key(pod_id, "seq")
+        self.fabric = pod_key(pod_id, "ws", "fabric")
+        self.failed = pod_key(pod_id, "ws", "block", "failed")
+        self.owner = pod_key(pod_id, "ws", "block", "owner")
+        self.wired = pod_key(pod_id, "ws", "block", "wired")
+        self.live = pod_key(pod_id, "ws", "live")
+        self.jobs = pod_key(pod_id, "ws", "jobs")
+        self.state_counts = pod_key(pod_id, "ws", "state_counts")
+        self.events = pod_key(pod_id, "ws", "events")
+        self.seq = pod_key(pod_id, "ws", "seq")
 
     def job(self, job_id: str) -> str:
-        return pod_key(self.pod_id, "job", job_id)
+        return pod_key(self.pod_id, "ws", "job", job_id)
 
     def history(self, job_id: str) -> str:
-        return pod_key(self.pod_id, "job", job_id, "events")
+        return pod_key(self.pod_id, "ws", "job", job_id, "events")
 
     def releasing(self, job_id: str) -> str:
         """Claim held while one replica releases a queued job's leftover OCS wiring."""
-        return pod_key(self.pod_id, "releasing", job_id)
+        return pod_key(self.pod_id, "ws", "releasing", job_id)
 
 
 @dataclass
