@@ -61,7 +61,7 @@ def default_topology() -> list[ProcessSpec]:
     """Start order: a process comes after every process it points at, except
     the workload schedulers' cell registration, which retries until the cell answers."""
     specs = [ProcessSpec("cell-scheduler", "cell_scheduler", 50051)]
-    for pod, base in (("pod-1", 50061), ("pod-2", 50071)):
+    for pod, base, types in (("pod-1", 50061, "tpu"), ("pod-2", 50071, "tpu:60,gpu")):
         specs.append(
             ProcessSpec(f"ocs-{pod}", "ocs_manager", base + 1, env={"LIGHTPATH_POD_ID": pod})
         )
@@ -70,7 +70,8 @@ def default_topology() -> list[ProcessSpec]:
                 f"ws-{pod}",
                 "workload_scheduler",
                 base,
-                env={"LIGHTPATH_POD_ID": pod},
+                # pod-2 mixes node types like seed ¶47: 60 tpu blocks + 4 gpu blocks.
+                env={"LIGHTPATH_POD_ID": pod, "LIGHTPATH_BLOCK_TYPES": types},
                 peers={
                     "LIGHTPATH_OCS_ADDR": f"ocs-{pod}",
                     "LIGHTPATH_CELL_ADDR": "cell-scheduler",

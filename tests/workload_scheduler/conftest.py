@@ -80,12 +80,12 @@ class PodStack:
             now = [(j.job_id, j.state) for j in view.live_jobs]
             if all(s != common_pb2.JOB_STATE_WIRING for _, s in now) and now == last:
                 same += 1
-                if same >= 3:
+                if same >= 2:
                     return
             else:
                 same = 0
             last = now
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(0.03)
         raise AssertionError(f"pod did not settle: {last}")
 
     async def assert_consistent(self) -> ws.PodView:

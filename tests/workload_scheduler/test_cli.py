@@ -84,3 +84,29 @@ def test_pod_and_rings_commands_parse():
     assert args.pod_id == "pod-2" and args.json
     args = build_parser().parse_args(["rings", "8x8x4", "--data", "8", "--layer", "4"])
     assert (args.data, args.pipeline, args.layer) == (8, 1, 4)
+
+
+async def test_pod_command_against_the_real_scheduler(pod16, capsys):
+    import asyncio
+    import json
+
+    from lightpath.cli import main
+
+    await pod16.admit("shown", (8, 8, 4))
+    await pod16.fail(15, "bad optics")
+    addr = pod16.addresses[0]
+    code = await asyncio.to_thread(main, ["pod", "pod-w", "--addr", addr, "--json"])
+    assert code == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["pod_id"] == "pod-w" and len(data["blocks"]) == 16
+    assert sum(1 for b in data["blocks"] if b.get("job_id") == "shown") == 4
+    assert data["blocks"][15]["health"] == "BLOCK_HEALTH_FAILED"
+    assert await asyncio.to_thread(main, ["pod", "pod-w", "--addr", addr]) == 0
+    out = capsys.readouterr().out
+    assert "A  shown  RUNNING" in out and " X" in out.splitlines()[4]
+    assert await asyncio.to_thread(main, ["pod", "pod-9", "--addr", addr]) == 1
+    assert "serves pod pod-w, not pod-9" in capsys.readouterr().err
+    code = await asyncio.to_thread(
+        main, ["rings", "8x8x4", "--data", "8", "--pipeline", "4", "--layer", "8", "--pod", "pod-w", "--addr", addr]
+    )
+    assert code == 0 and "pipeline degree 4" in capsys.readouterr().out
