@@ -27,15 +27,11 @@ from __future__ import annotations
 import argparse
 import itertools
 import math
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
+from _common import emit
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from bench._common import emit
 from services.workload_scheduler.fabric import PodFabric
 from services.workload_scheduler.model import SliceDemand
 from services.workload_scheduler.placement import PodState, capacity_for

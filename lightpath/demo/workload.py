@@ -4,6 +4,7 @@ swapped at the same logical position, and the block map before and after."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 from lightpath.cli.pod import render_pod
@@ -49,11 +50,15 @@ async def run(ctx: DemoContext) -> None:
         )
         for v in resp.preempted:
             extra = f" to {'x'.join(map(str, v.shrunk_to.dims))} blocks" if v.shrunk_to.dims else ""
-            print(f"      preempted {v.job_id} (priority {v.victim_priority}): {_policy(v.action)}{extra}")
+            print(
+                f"      preempted {v.job_id} (priority {v.victim_priority}): {_policy(v.action)}{extra}"
+            )
         return resp
 
     print("Fig. 2: three slices from scattered healthy blocks, each wired into its own torus")
-    a = await admit("8x8x4", (8, 8, 4), priority=50, preemption_policy=c.PREEMPTION_POLICY_TERMINATE)
+    a = await admit(
+        "8x8x4", (8, 8, 4), priority=50, preemption_policy=c.PREEMPTION_POLICY_TERMINATE
+    )
     await admit("8x8x8", (8, 8, 8), priority=20, preemption_policy=c.PREEMPTION_POLICY_DELAY)
     await admit(
         "16x8x16",
@@ -80,13 +85,20 @@ async def run(ctx: DemoContext) -> None:
     )
     print(f"  {resp.action}")
     for v in resp.replacement.preempted:
-        print(f"  (the block came from {v.job_id}, priority {v.victim_priority}: {_policy(v.action)})")
+        print(
+            f"  (the block came from {v.job_id}, priority {v.victim_priority}: {_policy(v.action)})"
+        )
 
     print()
     print(render_pod(await stub.GetPod(ws.GetPodRequest())))
 
     print("\nthe urgent job completes; queued work resumes in priority order")
     await stub.CompleteJob(ws.CompleteJobRequest(job_id=urgent.job.job_id))
+    for _ in range(100):  # CompleteJob answers once queued work is placed; wiring follows
+        view = await stub.GetPod(ws.GetPodRequest())
+        if all(j.state != c.JOB_STATE_WIRING for j in view.live_jobs):
+            break
+        await asyncio.sleep(0.05)
     for job_id in ids:
         job = await stub.GetJob(ws.GetJobRequest(job_id=job_id))
         print(f"  {job_id}: {c.JobState.Name(job.state).removeprefix('JOB_STATE_')} - {job.reason}")

@@ -123,6 +123,7 @@ class WorkloadScheduler:
         self._pass_done = 0
         self._wiring: dict[str, asyncio.Task] = {}
         self._pass_tasks: list[asyncio.Task] = []
+        self._queue_waiting = False
 
     def now_ms(self) -> int:
         return int(self._clock() * 1000)
@@ -165,46 +166,45 @@ class WorkloadScheduler:
         self, spec_b64: str, norm: NormalizedSpec, spec: workload_scheduler_pb2.JobSpec
     ) -> bool:
         """Store the job PENDING in the queue; False if the same request was already admitted."""
-        existing = await self.store.job(norm.job_id)
-        if existing is None:
-            seq = await self.store.next_seq()
-            now = self.now_ms()
-            job = self._new_job(norm, seq)
-            txn = self.store.txn()
-            txn.expect_no_job(job.job_id)
-            txn.hset(
-                self.store.keys.job(job.job_id),
-                {
-                    "spec": spec_b64,
-                    "created_ms": now,
-                    "seq": seq,
-                    "labels": json.dumps(dict(spec.labels)),
-                },
-            )
-            txn.zadd(self.store.keys.jobs, seq, job.job_id)
-            txn.write_job(
-                job, old_state=None, reason=f"admitted at priority {job.priority}", now_ms=now
-            )
-            try:
-                await self.store.commit(txn)
-                self.log.info(
-                    "job %s admitted: %s blocks, priority %d",
-                    job.job_id,
-                    "x".join(map(str, job.demand.grid)),
-                    job.priority,
-                    extra={"job_id": job.job_id},
-                )
-                return True
-            except Conflict:
-                existing = await self.store.job(norm.job_id)
-        assert existing is not None
-        if existing.spec_b64 != spec_b64:
-            raise FailedPrecondition(
-                f"job {norm.job_id}",
-                "already exists with a different request; choose a new job id",
-                reason="JOB_ID_REUSED",
-            )
-        return False
+        seq = await self.store.next_seq()
+        now = self.now_ms()
+        job = self._new_job(norm, seq)
+        txn = self.store.txn()
+        txn.expect_no_job(job.job_id)
+        txn.hset(
+            self.store.keys.job(job.job_id),
+            {
+                "spec": spec_b64,
+                "created_ms": now,
+                "seq": seq,
+                "labels": json.dumps(dict(spec.labels)),
+            },
+        )
+        txn.zadd(self.store.keys.jobs, seq, job.job_id)
+        txn.write_job(
+            job, old_state=None, reason=f"admitted at priority {job.priority}", now_ms=now
+        )
+        try:
+            await self.store.commit(txn)
+        except Conflict:
+            existing = await self.store.job(norm.job_id)
+            if existing is None:  # admitted and refused (WHEN_NO_CAPACITY_FAIL) meanwhile
+                return await self._create(spec_b64, norm, spec)
+            if existing.spec_b64 != spec_b64:
+                raise FailedPrecondition(
+                    f"job {norm.job_id}",
+                    "already exists with a different request; choose a new job id",
+                    reason="JOB_ID_REUSED",
+                ) from None
+            return False
+        self.log.info(
+            "job %s admitted: %s blocks, priority %d",
+            job.job_id,
+            "x".join(map(str, job.demand.grid)),
+            job.priority,
+            extra={"job_id": job.job_id},
+        )
+        return True
 
     async def _settled(self, job_id: str) -> JobRecord:
         """The job once no wiring of it is in flight (bounded by the wiring timeout)."""
@@ -296,9 +296,10 @@ class WorkloadScheduler:
 
     # == the queue (WS-4, WS-6) ===================================================
 
-    async def schedule(self) -> None:
-        """Run a pass over the queue that starts after this call (coalesced per replica),
-        then wait until the slices it started are wired (or their wiring failed)."""
+    async def schedule(self, *, wait: bool = False) -> None:
+        """Run a pass over the queue that starts after this call (coalesced per replica).
+        The allocations are committed when it returns; with `wait`, also the wirings
+        of the pass that covered this call."""
         wanted = self._pass_started + 1
         async with self._pass_lock:
             if self._pass_done < wanted:
@@ -310,7 +311,7 @@ class WorkloadScheduler:
                     self._pass_done = generation
             tasks = list(self._pass_tasks)
         # Outside the lock: a wiring task may itself ask for a pass.
-        if tasks:
+        if wait and tasks:
             await asyncio.wait(tasks, timeout=self.wiring_timeout_ms / 1000)
 
     async def _pass(self) -> list[asyncio.Task]:
@@ -319,6 +320,7 @@ class WorkloadScheduler:
             state = await self.snapshot()
             decisions = plan_pass(state, self.now_ms())
             if not decisions:
+                self._queue_waiting = bool(state.queue())
                 return started
             work = state.copy()
             try:
@@ -328,6 +330,9 @@ class WorkloadScheduler:
             except Conflict as c:
                 self.log.debug("pass conflicted (%s); deciding again", c)
                 continue
+            # Jobs left waiting may be placeable once the slices now wiring run (and so
+            # become preemptible): the wirings then ask for another pass.
+            self._queue_waiting = bool(work.queue())
             return started
         self.log.warning("scheduling pass gave up after %d conflicts", MAX_COMMIT_ATTEMPTS)
         return started
@@ -385,6 +390,9 @@ class WorkloadScheduler:
             queued_as=job.state,
         )
         txn.hset(keys.owner, {b: job.job_id for b in alloc.placement})
+        if not alloc.release_first:
+            # Nothing to release first: mark the blocks as (about to be) wired right away.
+            txn.hset(keys.wired, {b: job.job_id for b in alloc.placement})
         preempted = [_victim_json(v, state.jobs[v.job_id]) for v in alloc.victims]
         if preempted:
             txn.hset(keys.job(job.job_id), {"preempted": json.dumps(preempted)})
@@ -432,23 +440,24 @@ class WorkloadScheduler:
             return
         for s in shrunk:
             await self._wire(s)
-        await self._wire(job)
+        await self._wire(job, marked=not alloc.release_first)
 
-    async def _wire(self, job: SliceJob) -> None:
+    async def _wire(self, job: SliceJob, *, marked: bool = False) -> None:
         """Mark, wire at the OCS, commit RUNNING (job is WIRING at job.epoch, owned by us)."""
         assert job.placement is not None
         keys = self.store.keys
-        txn = self.store.txn()
-        txn.expect_job(job.job_id, [WIRING], job.epoch)
-        for b in job.placement:
-            txn.expect_wired_by(b, [job.job_id])
-        txn.hset(keys.wired, {b: job.job_id for b in job.placement})
-        try:
-            await self.store.commit(txn)
-        except Conflict as c:
-            self.log.info("job %s not wired: %s", job.job_id, c, extra={"job_id": job.job_id})
-            await self._requeue_if_wiring(job, f"could not wire: {c}")
-            return
+        if not marked:
+            txn = self.store.txn()
+            txn.expect_job(job.job_id, [WIRING], job.epoch)
+            for b in job.placement:
+                txn.expect_wired_by(b, [job.job_id])
+            txn.hset(keys.wired, {b: job.job_id for b in job.placement})
+            try:
+                await self.store.commit(txn)
+            except Conflict as c:
+                self.log.info("job %s not wired: %s", job.job_id, c, extra={"job_id": job.job_id})
+                await self._requeue_if_wiring(job, f"could not wire: {c}")
+                return
         try:
             wiring = await self.ocs.wire(
                 job.job_id, job.demand.grid, job.placement, job.demand.wrap
@@ -479,13 +488,10 @@ class WorkloadScheduler:
             len(job.placement),
             extra={"job_id": job.job_id, "cross_connects": wiring.cross_connects},
         )
-        # A block may have failed while the slice was being wired.
-        state = await self.snapshot()
-        for b in job.placement:
-            if b in state.failed:
-                await self.handle_failure(job.job_id, b)
-        if state.queue():
-            self._spawn(self.schedule(), "schedule after wiring")
+        # A block that failed while the slice was being wired is swapped by the
+        # reconcile loop (running_with_failed_blocks), like any missed replacement.
+        if self._queue_waiting:
+            self.schedule_soon()
 
     async def _wired_but_superseded(self, job: SliceJob) -> None:
         """Wired at the OCS, but the job changed meanwhile (cancelled, or taken over)."""
@@ -640,7 +646,7 @@ class WorkloadScheduler:
         txn.write_job(new, old_state=record.state, reason=reason, now_ms=self.now_ms())
         await self.store.commit(txn)
         self.log.info("job %s %s", job.job_id, reason, extra={"job_id": job.job_id})
-        if record.state in HOLDING_STATES or job.job_id in (await self.snapshot()).wired.values():
+        if record.state in HOLDING_STATES or job.job_id in await self.store.wired_jobs():
             try:
                 await self._release(job.job_id)
             except OcsError as err:

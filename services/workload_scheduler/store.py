@@ -335,6 +335,11 @@ class PodStore:
             jobs={j: SliceJob.from_json(s) for j, s in live.items()},
         )
 
+    async def wired_jobs(self) -> set[str]:
+        """Jobs whose OCS wiring may still exist (their marks)."""
+        values: list[str] = await self.redis.hvals(self.keys.wired)  # type: ignore[assignment, misc]
+        return set(values)
+
     async def failed_info(self) -> dict[int, dict[str, Any]]:
         raw = await self.redis.hgetall(self.keys.failed)
         return {int(b): json.loads(v) for b, v in raw.items()}

@@ -80,7 +80,7 @@ class PodStack:
             now = [(j.job_id, j.state) for j in view.live_jobs]
             if all(s != common_pb2.JOB_STATE_WIRING for _, s in now) and now == last:
                 same += 1
-                if same >= 2:
+                if same >= 3:
                     return
             else:
                 same = 0
@@ -156,6 +156,7 @@ async def pod_stack(
                         "LIGHTPATH_OCS_ADDR": ocs_svc.address,
                         "LIGHTPATH_BLOCK_TYPES": types,
                         "LIGHTPATH_INSTANCE_ID": f"ws-{i}",
+                        "LIGHTPATH_WS_RECONCILE_S": "0.2",
                     },
                     tracer_provider=tracer_provider,
                 )

@@ -107,6 +107,20 @@ async def test_pod_command_against_the_real_scheduler(pod16, capsys):
     assert await asyncio.to_thread(main, ["pod", "pod-9", "--addr", addr]) == 1
     assert "serves pod pod-w, not pod-9" in capsys.readouterr().err
     code = await asyncio.to_thread(
-        main, ["rings", "8x8x4", "--data", "8", "--pipeline", "4", "--layer", "8", "--pod", "pod-w", "--addr", addr]
+        main,
+        [
+            "rings",
+            "8x8x4",
+            "--data",
+            "8",
+            "--pipeline",
+            "4",
+            "--layer",
+            "8",
+            "--pod",
+            "pod-w",
+            "--addr",
+            addr,
+        ],
     )
     assert code == 0 and "pipeline degree 4" in capsys.readouterr().out

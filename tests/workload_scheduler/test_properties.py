@@ -48,12 +48,18 @@ async def _apply(pod: PodStack, op, jobs: list[str]) -> None:
             _, blocks, priority, policy = op
             job_id = f"j{len(jobs)}"
             jobs.append(job_id)
-            shrink = [c.Shape(dims=[4, 4, 4])] if policy == c.PREEMPTION_POLICY_SHRINK and blocks > 1 else []
+            shrink = (
+                [c.Shape(dims=[4, 4, 4])]
+                if policy == c.PREEMPTION_POLICY_SHRINK and blocks > 1
+                else []
+            )
             await pod.admit(
                 job_id,
                 SHAPES[blocks],
                 priority=priority,
-                preemption_policy=policy if shrink or policy != c.PREEMPTION_POLICY_SHRINK else c.PREEMPTION_POLICY_DELAY,
+                preemption_policy=policy
+                if shrink or policy != c.PREEMPTION_POLICY_SHRINK
+                else c.PREEMPTION_POLICY_DELAY,
                 shrink_to=shrink,
             )
         elif kind in ("complete", "cancel") and jobs:
@@ -83,10 +89,18 @@ async def _no_priority_inversion(pod: PodStack, view: ws.PodView) -> None:
         for other in jobs.values():
             if other.state == c.JOB_STATE_RUNNING and other.priority < waiting.priority:
                 keep = 1 if other.spec.preemption_policy == c.PREEMPTION_POLICY_SHRINK else 0
-                takeable += sum(
-                    1 for b in other.blocks if view.blocks[b.block_id].health == c.BLOCK_HEALTH_HEALTHY
-                ) - keep
-        need = len(waiting.grid.dims) and waiting.grid.dims[0] * waiting.grid.dims[1] * waiting.grid.dims[2]
+                takeable += (
+                    sum(
+                        1
+                        for b in other.blocks
+                        if view.blocks[b.block_id].health == c.BLOCK_HEALTH_HEALTHY
+                    )
+                    - keep
+                )
+        need = (
+            len(waiting.grid.dims)
+            and waiting.grid.dims[0] * waiting.grid.dims[1] * waiting.grid.dims[2]
+        )
         assert need > takeable, (
             f"{waiting.job_id} (priority {waiting.priority}, {need} blocks) waits while "
             f"{takeable} blocks are free or held by lower-priority work"

@@ -45,7 +45,9 @@ async def test_ocs_manager_outage_returns_the_blocks_and_retries(redis_url):
         svc = await stack.enter_async_context(
             serve("workload_scheduler", redis_url, ws_env(ocs.address))
         )
-        ch = await stack.enter_async_context(channel(svc.address, max_attempts=1, default_timeout=60))
+        ch = await stack.enter_async_context(
+            channel(svc.address, max_attempts=1, default_timeout=60)
+        )
         stub = workload_scheduler_pb2_grpc.WorkloadSchedulerStub(ch)
         await stub.GetPod(ws.GetPodRequest())  # the fabric is loaded
         await ocs.server.stop(0)  # the ocs_manager goes away
@@ -73,7 +75,9 @@ async def test_ocs_manager_outage_returns_the_blocks_and_retries(redis_url):
                 wiring = await ocs_manager_pb2_grpc.OcsManagerStub(och).GetSliceWiring(
                     ocs_manager_pb2.GetSliceWiringRequest(job_id="patient")
                 )
-            assert sorted(p.block_id for p in wiring.blocks) == sorted(b.block_id for b in job.blocks)
+            assert sorted(p.block_id for p in wiring.blocks) == sorted(
+                b.block_id for b in job.blocks
+            )
 
 
 async def _stack(redis_url: str, blocks: int = 4):
@@ -151,7 +155,10 @@ async def test_a_wiring_whose_replica_died_is_taken_over(redis_url):
             "orphan", PENDING, 1, 50, 1, SliceDemand((2, 1, 1), ("tpu", "tpu"), (True,) * 3)
         )
         txn = store.txn()
-        txn.hset(store.keys.job("orphan"), {"spec": base64.b64encode(spec.SerializeToString()).decode(), "created_ms": 1})
+        txn.hset(
+            store.keys.job("orphan"),
+            {"spec": base64.b64encode(spec.SerializeToString()).decode(), "created_ms": 1},
+        )
         txn.zadd(store.keys.jobs, 1, "orphan")
         # Allocated and marked by a replica that then died: the deadline has passed.
         wiring = job.with_(state=WIRING, epoch=2, placement=(2, 3), wiring_deadline_ms=1)

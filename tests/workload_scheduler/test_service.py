@@ -144,9 +144,11 @@ async def test_queue_starts_in_priority_then_age_order(pod16):
         assert r.job.state == PENDING
     assert [(await pod16.job(j)).queue_position for j in ("mid", "low-old", "low-new")] == [1, 2, 3]
     await pod16.ws.CompleteJob(ws.CompleteJobRequest(job_id="holder"))
+    await pod16.settle()  # CompleteJob answers once queued work is placed; wiring follows
     assert (await pod16.job("mid")).state == RUNNING
     assert (await pod16.job("low-old")).state == PENDING
     await pod16.ws.CompleteJob(ws.CompleteJobRequest(job_id="holder2"))
+    await pod16.settle()
     assert (await pod16.job("low-old")).state == RUNNING
     assert (await pod16.job("low-new")).state == PENDING
     await pod16.assert_consistent()
@@ -191,8 +193,10 @@ async def test_preemption_by_each_policy(pod16):
     await pod16.assert_consistent()
     # The delayed job resumes, rewired, when capacity returns.
     await pod16.ws.CompleteJob(ws.CompleteJobRequest(job_id="hi1"))
+    await pod16.settle()
     assert (await pod16.job("hi4")).state == RUNNING  # priority 40 first
     await pod16.ws.CompleteJob(ws.CompleteJobRequest(job_id="hi2"))
+    await pod16.settle()
     resumed = await pod16.job("delay")
     assert resumed.state == RUNNING
     assert [e.to_state for e in resumed.history][-3:] == [SUSPENDED, c.JOB_STATE_WIRING, RUNNING]
@@ -274,6 +278,7 @@ async def test_no_block_to_be_had_suspends_then_resumes_when_one_frees(pod16):
     assert await pod16.wiring("a") is None
     await pod16.assert_consistent()
     await pod16.recover(victim)
+    await pod16.settle()
     assert (await pod16.job("a")).state == RUNNING
     await pod16.assert_consistent()
 
@@ -292,6 +297,7 @@ async def test_failure_of_a_free_block_only_changes_health(pod16):
     job = (await pod16.admit("avoids", (16, 16, 4), priority=50)).job
     assert job.state == PENDING  # 15 healthy blocks only
     await pod16.recover(3)
+    await pod16.settle()
     assert (await pod16.job("avoids")).state == RUNNING
 
 
