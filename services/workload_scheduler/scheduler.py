@@ -71,6 +71,8 @@ MAX_COMMIT_ATTEMPTS = 20
 MAX_WIRING_ATTEMPTS = 3
 RETRY_BACKOFF_MS = 500
 RELEASE_CLAIM_MS = 30_000
+# Leftover wiring of a job that ended less than this ago is left to the call ending it.
+STALE_WIRING_GRACE_MS = 3_000
 
 
 @dataclass(frozen=True)
@@ -213,7 +215,9 @@ class WorkloadScheduler:
             task = self._wiring.get(job_id)
             if task is not None:
                 with contextlib.suppress(Exception):
-                    await asyncio.shield(task)
+                    done = await asyncio.shield(task)
+                    if isinstance(done, JobRecord) and done.job_id == job_id:
+                        return done  # as the RUNNING commit left it
             record = await self.store.job(job_id, history=True)
             if record is None:
                 raise NotFound("job", job_id)
@@ -411,7 +415,7 @@ class WorkloadScheduler:
 
     # == wiring (WS-2, WS-8) ======================================================
 
-    def _track_wiring(self, job_id: str, coro: Coroutine[Any, Any, None]) -> asyncio.Task:
+    def _track_wiring(self, job_id: str, coro: Coroutine[Any, Any, Any]) -> asyncio.Task:
         """Wire in the background; an admission of the same job awaits it (`_settled`)."""
         task = self._spawn(coro, f"wire {job_id}")
         self._wiring[job_id] = task
@@ -425,7 +429,7 @@ class WorkloadScheduler:
 
     async def _wire_allocation(
         self, alloc: Allocation, job: SliceJob, shrunk: list[SliceJob]
-    ) -> None:
+    ) -> JobRecord | None:
         owned = {job.job_id} | {s.job_id for s in shrunk}
         try:
             for other in alloc.release_first:
@@ -437,12 +441,12 @@ class WorkloadScheduler:
             for s in shrunk:
                 await self._wiring_failed(s, err)
             await self._wiring_failed(job, err)
-            return
+            return None
         for s in shrunk:
             await self._wire(s)
-        await self._wire(job, marked=not alloc.release_first)
+        return await self._wire(job, marked=not alloc.release_first)
 
-    async def _wire(self, job: SliceJob, *, marked: bool = False) -> None:
+    async def _wire(self, job: SliceJob, *, marked: bool = False) -> JobRecord | None:
         """Mark, wire at the OCS, commit RUNNING (job is WIRING at job.epoch, owned by us)."""
         assert job.placement is not None
         keys = self.store.keys
@@ -457,14 +461,14 @@ class WorkloadScheduler:
             except Conflict as c:
                 self.log.info("job %s not wired: %s", job.job_id, c, extra={"job_id": job.job_id})
                 await self._requeue_if_wiring(job, f"could not wire: {c}")
-                return
+                return None
         try:
             wiring = await self.ocs.wire(
                 job.job_id, job.demand.grid, job.placement, job.demand.wrap
             )
         except OcsError as err:
             await self._wiring_failed(job, err)
-            return
+            return None
         now = self.now_ms()
         running = job.with_(
             state=RUNNING, epoch=job.epoch + 1, wiring_deadline_ms=0, attempts=0, not_before_ms=0
@@ -477,11 +481,12 @@ class WorkloadScheduler:
             reason=f"wired by the ocs_manager: {wiring.cross_connects} cross-connects",
             now_ms=now,
         )
+        txn.read_job(job.job_id)
         try:
-            await self.store.commit(txn)
+            (record,) = await self.store.commit(txn)
         except Conflict:
             await self._wired_but_superseded(job)
-            return
+            return None
         self.log.info(
             "job %s running on %d blocks",
             job.job_id,
@@ -492,6 +497,7 @@ class WorkloadScheduler:
         # reconcile loop (running_with_failed_blocks), like any missed replacement.
         if self._queue_waiting:
             self.schedule_soon()
+        return record
 
     async def _wired_but_superseded(self, job: SliceJob) -> None:
         """Wired at the OCS, but the job changed meanwhile (cancelled, or taken over)."""
@@ -604,10 +610,9 @@ class WorkloadScheduler:
                     reason="JOB_NOT_RUNNING",
                 )
             try:
-                await self._finish(record, COMPLETED, "completed")
+                return await self._finish(record, COMPLETED, "completed")
             except Conflict:
                 continue
-            return await self._record(job_id)
         raise FailedPrecondition(f"job {job_id}", "kept changing; retry", reason="BUSY")
 
     async def cancel(self, job_id: str, reason: str) -> JobRecord:
@@ -620,12 +625,11 @@ class WorkloadScheduler:
                     f"job {job_id}", f"already ended: {record.state}", reason="JOB_ENDED"
                 )
             try:
-                await self._finish(
+                return await self._finish(
                     record, CANCELLED, "cancelled" + (f": {reason}" if reason else "")
                 )
             except Conflict:
                 continue
-            return await self._record(job_id)
         raise FailedPrecondition(f"job {job_id}", "kept changing; retry", reason="BUSY")
 
     async def _record(self, job_id: str) -> JobRecord:
@@ -634,7 +638,7 @@ class WorkloadScheduler:
             raise NotFound("job", job_id)
         return record
 
-    async def _finish(self, record: JobRecord, final: str, reason: str) -> None:
+    async def _finish(self, record: JobRecord, final: str, reason: str) -> JobRecord:
         """End a job: free its blocks, remove its wiring, start queued work (¶114, ¶125)."""
         job = record.summary
         txn = self.store.txn()
@@ -644,7 +648,10 @@ class WorkloadScheduler:
             txn.hdel(self.store.keys.owner, held)
         new = job.with_(state=final, epoch=record.epoch + 1)
         txn.write_job(new, old_state=record.state, reason=reason, now_ms=self.now_ms())
-        await self.store.commit(txn)
+        txn.read_back(self.store.keys.state_counts, [PENDING, SUSPENDED])
+        txn.read_job(job.job_id)
+        counts, ended = await self.store.commit(txn)
+        waiting = sum(int(n or 0) for n in counts)
         self.log.info("job %s %s", job.job_id, reason, extra={"job_id": job.job_id})
         if record.state in HOLDING_STATES or job.job_id in await self.store.wired_jobs():
             try:
@@ -653,7 +660,9 @@ class WorkloadScheduler:
                 self.log.warning(
                     "job %s: release failed, the reconcile loop retries: %s", job.job_id, err
                 )
-        await self.schedule()
+        if waiting:
+            await self.schedule()
+        return ended
 
     # == failure and recovery (WS-5) ==============================================
 
@@ -887,6 +896,9 @@ class WorkloadScheduler:
         for other in sorted(set(state.wired.values())):
             job = state.jobs.get(other)
             if job is None or job.state not in HOLDING_STATES:
+                record = await self.store.job(other)
+                if record is not None and now - record.updated_ms < STALE_WIRING_GRACE_MS:
+                    continue  # just ended: the call that ended it is releasing it
                 try:
                     await self._release_claimed(other)
                 except OcsError as err:

@@ -108,12 +108,18 @@ for _, o in ipairs(tx.o) do
     local s = cjson.encode(e)
     redis.call("RPUSH", KEYS[o[3]], s)
     redis.call("XADD", KEYS[o[4]], "MAXLEN", "~", o[5], "*", "kind", "job", "job", e["job"], "e", s)
+  elseif t == "ret" then
+    -- {"ret", hash key, fields...}: return these fields' values after the writes
+    out[#out + 1] = redis.call("HMGET", KEYS[o[2]], unpack(o, 3))
+  elseif t == "retjob" then
+    -- {"retjob", job key, history key}: return the job's record after the writes
+    out[#out + 1] = {redis.call("HGETALL", KEYS[o[2]]), redis.call("LRANGE", KEYS[o[3]], 0, -1)}
   elseif t == "bevent" then
     -- {"bevent", stream key, maxlen, event JSON}
     redis.call("XADD", KEYS[o[2]], "MAXLEN", "~", o[3], "*", "kind", "block", "e", o[4])
   end
 end
-return {1, "ok"}
+return {1, "ok", out}
 """
 
 
@@ -273,6 +279,16 @@ class Txn:
             }
         )
 
+    def read_back(self, key: str, fields: Sequence[str]) -> None:
+        """After the writes, return these fields of hash `key` from commit()."""
+        self.ops.append(["ret", self.k(key), *fields])
+
+    def read_job(self, job_id: str) -> None:
+        """After the writes, return the job's record (with history) from commit()."""
+        self.ops.append(
+            ["retjob", self.k(self.keys.job(job_id)), self.k(self.keys.history(job_id))]
+        )
+
     def payload(self) -> tuple[list[str], str]:
         return list(self._keys), json.dumps({"c": self.checks, "o": self.ops})
 
@@ -305,12 +321,23 @@ class PodStore:
     def txn(self) -> Txn:
         return Txn(self.keys)
 
-    async def commit(self, txn: Txn) -> None:
-        """Apply `txn` atomically, or raise Conflict naming the first failed check."""
+    async def commit(self, txn: Txn) -> list[Any]:
+        """Apply `txn` atomically, or raise Conflict naming the first failed check.
+        Returns what `read_back` / `read_job` asked for, in order (a JobRecord for read_job)."""
         keys, arg = txn.payload()
-        ok, detail = await self._txn(keys=keys, args=[arg])
+        ok, detail, *rest = await self._txn(keys=keys, args=[arg])
         if int(ok) != 1:
             raise Conflict(detail)
+        out: list[Any] = []
+        for item in rest[0] if rest else []:
+            if isinstance(item, list) and len(item) == 2 and isinstance(item[0], list):
+                flat, history = item
+                row = dict(zip(flat[::2], flat[1::2], strict=True))
+                job_id = json.loads(row["summary"])["id"] if "summary" in row else ""
+                out.append(_record(job_id, row, history))
+            else:
+                out.append(item)
+        return out
 
     async def next_seq(self) -> int:
         return int(await self.redis.incr(self.keys.seq))
