@@ -2,21 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 from lightpath.errors import FieldViolation, InvalidArgument
 from lightpath.v1 import common_pb2
 from lightpath.v1 import ocs_manager_pb2 as pb
+from services.ocs_manager.encode import WiringEncoder
 from services.ocs_manager.fabric import FIRST, SECOND, Fabric, FabricConfig, dim_name
 from services.ocs_manager.store import SliceRecord
 from services.ocs_manager.wiring import (
     FabricChange,
-    Link,
     SlicePlacement,
     cross_connect_count,
-    link_ports,
     links,
-    one_to_many_settings,
 )
 
 FULL = (pb.WIRING_VIEW_UNSPECIFIED, pb.WIRING_VIEW_FULL)
@@ -77,42 +73,6 @@ def segment(block: int, dim: int, axis: int, end: int) -> pb.SegmentRef:
     return pb.SegmentRef(block_id=block, dim=dim, axis=axis, end=end)  # type: ignore[arg-type]
 
 
-def add_cross_connects(
-    out, fabric: Fabric, wiring: Iterable[Link], owner: dict[int, str] | str
-) -> None:
-    """Append every cross-connect of `wiring` to the repeated field `out` (the hot path of a
-    full-pod answer: 3,072 messages, so built with as little Python as possible)."""
-    ids = fabric.ocs_ids
-    add = out.add
-    for lk in wiring:
-        k, pa, pb_ = link_ports(fabric, lk)
-        d, src, dst = lk.dim, lk.src, lk.dst
-        job = owner if isinstance(owner, str) else owner.get(src, "")
-        for a in range(fabric.axes[d]):
-            add(
-                ocs_id=ids[fabric.ocs_index(d, a, k)],
-                port_a=pa,
-                port_b=pb_,
-                a=pb.SegmentRef(block_id=src, dim=d, axis=a, end=SECOND),  # type: ignore[arg-type]
-                b=pb.SegmentRef(block_id=dst, dim=d, axis=a, end=FIRST),  # type: ignore[arg-type]
-                job_id=job,
-            )
-
-
-def add_one_to_many(out, fabric: Fabric, wiring: Iterable[Link], job: str) -> None:
-    add = out.add
-    for g in one_to_many_settings(fabric, wiring):
-        assert g.after is not None
-        for a in range(fabric.axes[g.dim]):
-            add(
-                switch_id=fabric.one_to_many_id(g.block, g.dim, a),
-                segment=segment(g.block, g.dim, a, SECOND),
-                output=g.after,
-                ocs_id=fabric.ocs_ids[fabric.ocs_index(g.dim, a, g.after)],
-                job_id=job,
-            )
-
-
 def change_one_to_many(out, fabric: Fabric, change: FabricChange, job: str) -> None:
     """Every 1xK switch a replacement moved, at its new output (or idle)."""
     add = out.add
@@ -135,25 +95,29 @@ def placement_blocks(placement: SlicePlacement) -> list[pb.BlockPlacement]:
 
 
 def slice_wiring(
-    fabric: Fabric, record: SliceRecord, view: int, *, replayed: bool = False
+    enc: WiringEncoder, record: SliceRecord, view: int, *, replayed: bool = False
 ) -> pb.SliceWiring:
+    fabric = enc.fabric
     p = record.placement
     wiring = links(p)
+    count = cross_connect_count(fabric, wiring)
     msg = pb.SliceWiring(
         job_id=p.job_id,
         grid=common_pb2.Shape(dims=p.grid),
         blocks=placement_blocks(p),
         wrap=p.wrap,
-        cross_connect_count=cross_connect_count(fabric, wiring),
-        one_to_many_count=cross_connect_count(fabric, wiring) if fabric.k > 1 else 0,
+        cross_connect_count=count,
+        one_to_many_count=count if fabric.k > 1 else 0,
         state=pb.SLICE_STATE_WIRED if record.wired else pb.SLICE_STATE_WIRING,
         replayed=replayed,
     )
     if record.wired_at_ms:
         msg.wired_at.FromMilliseconds(record.wired_at_ms)
     if view in FULL:
-        add_cross_connects(msg.cross_connects, fabric, wiring, p.job_id)
-        add_one_to_many(msg.one_to_many, fabric, wiring, p.job_id)
+        msg.MergeFromString(
+            enc.cross_connects(pb.SliceWiring.CROSS_CONNECTS_FIELD_NUMBER, wiring, p.job_id)
+            + enc.one_to_many(pb.SliceWiring.ONE_TO_MANY_FIELD_NUMBER, wiring, p.job_id)
+        )
     return msg
 
 

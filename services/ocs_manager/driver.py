@@ -26,7 +26,14 @@ import redis.asyncio as aioredis
 from services.common.keys import pod_key
 from services.ocs_manager.fabric import Fabric
 from services.ocs_manager.invariants import FabricState
-from services.ocs_manager.lua import LUA_HELPERS, encode_change, fabric_header
+from services.ocs_manager.lua import (
+    encode_change,
+    fabric_header,
+    otm_keys,
+    read_layout,
+    script,
+    table_keys,
+)
 from services.ocs_manager.wiring import FabricChange
 
 
@@ -52,55 +59,44 @@ class SwitchDriver(Protocol):
         ...
 
 
-_DEVICE_APPLY = (
-    LUA_HELPERS
-    + r"""
--- KEYS: every device OCS table (OCS-index order), then the 1xK hashes of the named blocks.
--- ARGV: K, axes, offsets, n_ocs, disconnect, connect, otm
-local K = tonumber(ARGV[1])
-local axes, off = nums(ARGV[2]), nums(ARGV[3])
-local otm_base = tonumber(ARGV[4]) + 1
+# KEYS: the device table hashes (d * K + k), then the device 1xK hashes (d).
+# ARGV: fabric header (7), disconnect, connect, otm
+_DEVICE_APPLY = script(
+    r"""
+local xc_base, otm_base = 1, 1 + M * K
+local ch = H + 7
 
-for idx, t in pairs(per_table(nums(ARGV[5]), 1, K, axes, off)) do
-  local cur = redis.call('HMGET', KEYS[idx], unpack(t))
-  local del = {}
-  for i = 1, #t, 2 do
-    if cur[i] == tostring(t[i + 1]) then del[#del + 1] = t[i] end
-    if cur[i + 1] == tostring(t[i]) then del[#del + 1] = t[i + 1] end
+-- disconnect: a pair that is connected goes dark (absolute: else nothing to do)
+for idx, t in pairs(expand(nums(ARGV[ch]), xc_base)) do
+  local cur = hmget(KEYS[idx], t.f)
+  local f = {}
+  for i = 1, #t.f do
+    if val(cur[i]) == t.p[i] then f[#f + 1] = t.f[i] end
   end
-  if #del > 0 then redis.call('HDEL', KEYS[idx], unpack(del)) end
+  hdel(KEYS[idx], f)
 end
 
-local otm = nums(ARGV[7])
-for i = 1, #otm, 4 do
-  local key, d, after = KEYS[otm_base + otm[i]], otm[i + 1], otm[i + 3]
-  local f = otm_fields(d, axes[d + 1])
-  if after < 0 then
-    redis.call('HDEL', key, unpack(f))
-  else
-    local kv = {}
-    for _, x in ipairs(f) do kv[#kv + 1] = x; kv[#kv + 1] = after end
-    redis.call('HSET', key, unpack(kv))
-  end
-end
+apply_otm(expand_otm(nums(ARGV[ch + 2]), otm_base))
 
-for idx, t in pairs(per_table(nums(ARGV[6]), 1, K, axes, off)) do
-  local cur = redis.call('HMGET', KEYS[idx], unpack(t))
-  local del = {}
-  for i = 1, #t do
-    local peer = (i % 2 == 1) and t[i + 1] or t[i - 1]
-    if cur[i] and cur[i] ~= tostring(peer) then del[#del + 1] = cur[i] end
+-- connect: a port joins one peer, so an old peer of either port goes dark first
+for idx, t in pairs(expand(nums(ARGV[ch + 1]), xc_base)) do
+  local cur = hmget(KEYS[idx], t.f)
+  local old = {}
+  for i = 1, #t.f do
+    local o = val(cur[i])
+    if o and o ~= t.p[i] then
+      old[#old + 1] = math.floor(t.f[i] / S) * S + o
+    end
   end
-  if #del > 0 then redis.call('HDEL', KEYS[idx], unpack(del)) end
-  local kv = {}
-  for i = 1, #t, 2 do
-    kv[#kv + 1] = t[i]; kv[#kv + 1] = t[i + 1]; kv[#kv + 1] = t[i + 1]; kv[#kv + 1] = t[i]
-  end
-  redis.call('HSET', KEYS[idx], unpack(kv))
+  hdel(KEYS[idx], old)
+  hset(KEYS[idx], t.f, t.p)
 end
 return 1
-"""
+""",
+    header_at=1,
 )
+
+_DEVICE_INIT = script("init_layout(1, 1 + M * K)\nreturn 1\n", header_at=1)
 
 
 class RedisSwitchDriver:
@@ -111,24 +107,24 @@ class RedisSwitchDriver:
     ):
         self._redis = redis
         self._fabric = fabric
-        self._pod = pod_id
         self._settle_s = settle_s
-        self._tables = [pod_key(pod_id, "dev", "ocs", oid) for oid in fabric.ocs_ids]
+        prefix = pod_key(pod_id, "dev")
+        self._keys = [*table_keys(fabric, prefix), *otm_keys(fabric, prefix)]
         self._header = fabric_header(fabric)
-        self._script = redis.register_script(_DEVICE_APPLY)
+        self._apply = redis.register_script(_DEVICE_APPLY)
+        self._init = redis.register_script(_DEVICE_INIT)
 
-    def _otm_key(self, block: int) -> str:
-        return pod_key(self._pod, "dev", "otm", block)
+    async def init(self) -> None:
+        """Lay out the switches' state hashes (idempotent; keeps what is set)."""
+        await self._init(keys=self._keys, args=self._header)
 
     async def apply(self, change: FabricChange) -> None:
         if change.empty:
             return
         enc = encode_change(self._fabric, change)
-        keys = [*self._tables, *(self._otm_key(b) for b in enc.otm_blocks)]
         try:
-            await self._script(
-                keys=keys,
-                args=[*self._header, len(self._tables), enc.disconnect, enc.connect, enc.otm],
+            await self._apply(
+                keys=self._keys, args=[*self._header, enc.disconnect, enc.connect, enc.otm]
             )
         except aioredis.RedisError as exc:
             raise SwitchDriverError(f"switch state store failed: {exc}") from exc
@@ -137,18 +133,7 @@ class RedisSwitchDriver:
 
     async def read(self) -> FabricState:
         async with self._redis.pipeline(transaction=True) as pipe:
-            for key in self._tables:
+            for key in self._keys:
                 pipe.hgetall(key)
-            for b in range(self._fabric.block_count):
-                pipe.hgetall(self._otm_key(b))
             replies = await pipe.execute()
-        state = FabricState()
-        n = len(self._tables)
-        for i, table in enumerate(replies[:n]):
-            if table:
-                state.tables[i] = {int(p): int(q) for p, q in table.items()}
-        for b, otm in enumerate(replies[n:]):
-            for f, out in otm.items():
-                d, a = map(int, f.split("."))
-                state.one_to_many[self._fabric.one_to_many_index(b, d, a)] = int(out)
-        return state
+        return read_layout(self._fabric, replies)

@@ -108,11 +108,8 @@ class FabricManager:
             await self.store.abort(job, token, "wire", placement.blocks)
 
         await self._program(job, change, abort)
-        await self._commit(job, token, "wire", change, abort)
-        record = await self.store.get_slice(job)
-        if record is None:  # released by another call right after our commit
-            raise Aborted(f"slice {job} was released while it was being wired")
-        return WireOutcome(record, replayed=False)
+        wired_at = await self._commit(job, token, "wire", change, abort)
+        return WireOutcome(SliceRecord(placement, True, wired_at, None, ""), replayed=False)
 
     # -- ReleaseSlice (OCS-4) ----------------------------------------------------
 
@@ -159,19 +156,18 @@ class FabricManager:
             await self.store.abort(job, token, "replace", new=new)
 
         await self._program(job, rep.change, abort)
-        await self._commit(
+        replaced = f"{failed}:{new}"
+        wired_at = await self._commit(
             job,
             token,
             "replace",
             rep.change,
             abort,
             new_spec=rep.after.spec(),
-            replaced=f"{failed}:{new}",
+            replaced=replaced,
             unclaim=(failed,),
         )
-        record = await self.store.get_slice(job)
-        if record is None:
-            raise Aborted(f"slice {job} was released while a block was being replaced")
+        record = SliceRecord(rep.after, True, wired_at, None, replaced)
         return ReplaceOutcome(rep, record, replayed=False)
 
     # -- the steps ---------------------------------------------------------------------
@@ -274,10 +270,11 @@ class FabricManager:
         change: FabricChange,
         abort: Callable[[], Awaitable[None]],
         **kwargs,
-    ) -> None:
+    ) -> int:
+        """Commit; answers the slice's wired_at (ms)."""
         reply = await self.store.commit(job, token, mode, change, **kwargs)
         if reply[0] == "OK":
-            return
+            return int(reply[3] or 0)
         if reply[0] == "LOST":
             # Our lease ran out and another call took the change over and rolled it back.
             raise Aborted(

@@ -15,6 +15,7 @@ from lightpath.v1 import ocs_manager_pb2 as pb
 from services.common.server import Runtime, ServiceDefinition
 from services.ocs_manager import convert
 from services.ocs_manager.driver import RedisSwitchDriver, SwitchDriver
+from services.ocs_manager.encode import WiringEncoder
 from services.ocs_manager.fabric import SECOND, Fabric, FabricConfig, validate_config
 from services.ocs_manager.invariants import FabricState, Violation, check
 from services.ocs_manager.manager import FabricManager
@@ -42,6 +43,7 @@ class OcsManagerServicer(ocs_manager_pb2_grpc.OcsManagerServicer):
         self._m = manager
         self._fabric = manager.fabric
         self._store = manager.store
+        self._enc = WiringEncoder(manager.fabric)
 
     async def GetInfo(self, request: common_pb2.GetInfoRequest, context) -> common_pb2.ServiceInfo:
         c = self._fabric.config
@@ -114,7 +116,7 @@ class OcsManagerServicer(ocs_manager_pb2_grpc.OcsManagerServicer):
                 )
         outcome = await self._m.wire(placement)
         msg = convert.slice_wiring(
-            self._fabric, outcome.record, request.view, replayed=outcome.replayed
+            self._enc, outcome.record, request.view, replayed=outcome.replayed
         )
         _annotate(cross_connects=msg.cross_connect_count, replayed=outcome.replayed)
         self._rt.log.info(
@@ -147,13 +149,13 @@ class OcsManagerServicer(ocs_manager_pb2_grpc.OcsManagerServicer):
         out = await self._m.replace(job, request.failed_block_id, request.new_block_id)
         rep = out.replacement
         msg = pb.ReplaceBlockResponse(
-            wiring=convert.slice_wiring(
-                self._fabric, out.record, request.view, replayed=out.replayed
-            ),
+            wiring=convert.slice_wiring(self._enc, out.record, request.view, replayed=out.replayed),
             untouched=cross_connect_count(self._fabric, rep.untouched),
         )
-        convert.add_cross_connects(msg.removed, self._fabric, rep.change.disconnect, job)
-        convert.add_cross_connects(msg.added, self._fabric, rep.change.connect, job)
+        msg.MergeFromString(
+            self._enc.cross_connects(msg.REMOVED_FIELD_NUMBER, rep.change.disconnect, job)
+            + self._enc.cross_connects(msg.ADDED_FIELD_NUMBER, rep.change.connect, job)
+        )
         convert.change_one_to_many(msg.one_to_many_changed, self._fabric, rep.change, job)
         _annotate(moved=len(msg.added), untouched=msg.untouched)
         self._rt.log.info(
@@ -172,7 +174,7 @@ class OcsManagerServicer(ocs_manager_pb2_grpc.OcsManagerServicer):
         record = await self._store.get_slice(request.job_id) if request.job_id else None
         if record is None:
             raise NotFound("slice", request.job_id)
-        return convert.slice_wiring(self._fabric, record, request.view)
+        return convert.slice_wiring(self._enc, record, request.view)
 
     async def ListSlices(self, request: pb.ListSlicesRequest, context) -> pb.ListSlicesResponse:
         limit = convert.page_size(request.page_size)
@@ -350,9 +352,11 @@ async def build(
             fabric.config.describe(),
         )
     if driver is None:
-        driver = RedisSwitchDriver(
+        default = RedisSwitchDriver(
             runtime.redis, s.pod_id, fabric, settle_s=s.driver_settle_ms / 1000
         )
+        await default.init()
+        driver = default
     manager = FabricManager(fabric, store, driver, lease_s=s.change_lease_s)
     runtime.log.info(
         "pod %s fabric: %s, %d OCS", s.pod_id, fabric.config.describe(), fabric.ocs_count

@@ -30,16 +30,24 @@ and rolled back by the next change to that slice.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Any
 
 import redis.asyncio as aioredis
 
-from lightpath.errors import Aborted
+from lightpath.errors import Aborted, InvalidArgument
 from services.common.keys import pod_key
-from services.ocs_manager.fabric import Fabric
+from services.ocs_manager.fabric import Fabric, FabricConfig
 from services.ocs_manager.invariants import FabricState, StoredSlice
-from services.ocs_manager.lua import LUA_HELPERS, encode_change, fabric_header
+from services.ocs_manager.lua import (
+    encode_change,
+    fabric_header,
+    otm_keys,
+    read_layout,
+    script,
+    table_keys,
+)
 from services.ocs_manager.wiring import FabricChange, SlicePlacement
 
 _NOW = """
@@ -47,16 +55,28 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 """
 
-# KEYS: fabric, slices, owner. ARGV: fabric json.
-_ENSURE_FABRIC = r"""
+# KEYS: fabric, slices, owner, table hashes (M*K), 1xK hashes (M), then the old layout's keys.
+# ARGV: fabric json, the old fabric json this call expects to replace ("" = none), header (7).
+_ENSURE_FABRIC = script(
+    r"""
 local cur = redis.call('GET', KEYS[1])
-if not cur then redis.call('SET', KEYS[1], ARGV[1]); return {'NEW'} end
-if cur == ARGV[1] then return {'SAME'} end
-local n = redis.call('ZCARD', KEYS[2]) + redis.call('HLEN', KEYS[3])
-if n > 0 then return {'IN_USE', cur, tostring(redis.call('ZCARD', KEYS[2]))} end
-redis.call('SET', KEYS[1], ARGV[1])
-return {'CHANGED', cur}
-"""
+local status = 'SAME'
+if not cur then
+  redis.call('SET', KEYS[1], ARGV[1])
+  status = 'NEW'
+elseif cur ~= ARGV[1] then
+  if cur ~= ARGV[2] then return {'RETRY', cur} end
+  local n = redis.call('ZCARD', KEYS[2])
+  if n + redis.call('HLEN', KEYS[3]) > 0 then return {'IN_USE', cur, tostring(n)} end
+  for i = 4 + M * K + M, #KEYS do redis.call('DEL', KEYS[i]) end
+  redis.call('SET', KEYS[1], ARGV[1])
+  status = 'CHANGED'
+end
+init_layout(4, 4 + M * K)
+return {status, cur or ''}
+""",
+    header_at=3,
+)
 
 # KEYS: fabric, owner, slices, record. ARGV: fabric, job, spec, token, lease_ms, blocks...
 _BEGIN_WIRE = (
@@ -146,108 +166,82 @@ end
     + "\nreturn 1\n"
 )
 
-# KEYS: fabric, owner, slices, record, ver, every OCS table, 1xK hashes of the named blocks.
-# ARGV: fabric, token, job, mode (wire|replace|release), K, axes, offsets, n_ocs,
-#       disconnect, connect, otm, new spec, replaced, blocks to unclaim...
-_COMMIT = (
-    LUA_HELPERS
-    + _NOW
+# KEYS: fabric, owner, slices, record, ver, table hashes (M*K), 1xK hashes (M).
+# ARGV: fabric, token, job, mode (wire|replace|release), new spec, replaced,
+#       disconnect, connect, otm, header (7), blocks to unclaim...
+_COMMIT = script(
+    _NOW
     + r"""
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return {'FABRIC_CHANGED'} end
 if redis.call('HGET', KEYS[4], 'op_token') ~= ARGV[2] then return {'LOST'} end
-local K = tonumber(ARGV[5])
-local axes, off = nums(ARGV[6]), nums(ARGV[7])
-local base, otm_base = 6, 6 + tonumber(ARGV[8])
-local rem = per_table(nums(ARGV[9]), base, K, axes, off)
-local add = per_table(nums(ARGV[10]), base, K, axes, off)
+local xc_base, otm_base = 6, 6 + M * K
+local touched = {}
+local rem = expand(nums(ARGV[7]), xc_base, touched)
+local add = expand(nums(ARGV[8]), xc_base, touched)
+local otm = expand_otm(nums(ARGV[9]), otm_base)
 
 -- re-check everything before writing anything
 local removing = {}
 local n_rem, n_add = 0, 0
 for idx, t in pairs(rem) do
-  local cur = redis.call('HMGET', KEYS[idx], unpack(t))
+  local cur = hmget(KEYS[idx], t.f)
   local set = {}
-  for i = 1, #t, 2 do
-    if cur[i] ~= tostring(t[i + 1]) or cur[i + 1] ~= tostring(t[i]) then
-      return {'CONFLICT', KEYS[idx] .. ' lacks cross-connect ' .. t[i] .. '-' .. t[i + 1]}
+  for i = 1, #t.f do
+    if val(cur[i]) ~= t.p[i] then
+      return {'CONFLICT', KEYS[idx] .. ' ' .. t.f[i] .. ' is not cross-connected to port ' .. t.p[i]}
     end
-    set[t[i]] = true
-    set[t[i + 1]] = true
-    n_rem = n_rem + 1
+    set[t.f[i]] = true
   end
   removing[idx] = set
+  n_rem = n_rem + #t.f / 2
 end
 for idx, t in pairs(add) do
-  local cur = redis.call('HMGET', KEYS[idx], unpack(t))
+  local cur = hmget(KEYS[idx], t.f)
   local set = removing[idx] or {}
-  for i = 1, #t do
-    if cur[i] and not set[t[i]] then
-      return {'CONFLICT', KEYS[idx] .. ' port ' .. t[i] .. ' is already cross-connected to ' .. cur[i]}
+  for i = 1, #t.f do
+    if cur[i] and not set[t.f[i]] then
+      return {'CONFLICT', KEYS[idx] .. ' ' .. t.f[i] .. ' is already cross-connected to port ' .. cur[i]}
     end
   end
-  n_add = n_add + #t / 2
+  n_add = n_add + #t.f / 2
 end
-local otm = nums(ARGV[11])
-for i = 1, #otm, 4 do
-  local key, d, before = KEYS[otm_base + otm[i]], otm[i + 1], otm[i + 2]
-  local f = otm_fields(d, axes[d + 1])
-  local cur = redis.call('HMGET', key, unpack(f))
-  local want = false
-  if before >= 0 then want = tostring(before) end
-  for j = 1, #f do
-    if cur[j] ~= want then
-      return {'CONFLICT', key .. ' ' .. f[j] .. ' is at ' .. tostring(cur[j]) .. ', expected ' .. tostring(want)}
+for idx, t in pairs(otm) do
+  local cur = hmget(KEYS[idx], t.f)
+  for i = 1, #t.f do
+    local want = t.before[i]
+    if want < 0 then want = nil end
+    if val(cur[i]) ~= want then
+      return {'CONFLICT', KEYS[idx] .. ' ' .. t.f[i] .. ' is at ' .. tostring(cur[i])}
     end
   end
 end
 
 -- write
-local touched = {}
-for idx, set in pairs(removing) do
-  local ports = {}
-  for p in pairs(set) do ports[#ports + 1] = p end
-  redis.call('HDEL', KEYS[idx], unpack(ports))
-  touched[idx] = true
+for idx, t in pairs(rem) do hdel(KEYS[idx], t.f) end
+for idx, t in pairs(add) do hset(KEYS[idx], t.f, t.p) end
+apply_otm(otm)
+for code in pairs(touched) do
+  local k, a, d = code % 1000, math.floor(code / 1000) % 1000000, math.floor(code / 1000000000)
+  redis.call('HINCRBY', KEYS[5], 'ocs-' .. names[d + 1] .. '-' .. a .. '-' .. k, 1)
 end
-for idx, t in pairs(add) do
-  local kv = {}
-  for i = 1, #t, 2 do
-    kv[#kv + 1] = t[i]; kv[#kv + 1] = t[i + 1]; kv[#kv + 1] = t[i + 1]; kv[#kv + 1] = t[i]
-  end
-  redis.call('HSET', KEYS[idx], unpack(kv))
-  touched[idx] = true
-end
-for idx in pairs(touched) do
-  redis.call('HINCRBY', KEYS[5], string.match(KEYS[idx], ':xc:(.+)$'), 1)
-end
-for i = 1, #otm, 4 do
-  local key, d, after = KEYS[otm_base + otm[i]], otm[i + 1], otm[i + 3]
-  local f = otm_fields(d, axes[d + 1])
-  if after < 0 then
-    redis.call('HDEL', key, unpack(f))
-  else
-    local kv = {}
-    for _, x in ipairs(f) do kv[#kv + 1] = x; kv[#kv + 1] = after end
-    redis.call('HSET', key, unpack(kv))
-  end
-end
-for i = 14, #ARGV do
+for i = H + 7, #ARGV do
   if redis.call('HGET', KEYS[2], ARGV[i]) == ARGV[3] then redis.call('HDEL', KEYS[2], ARGV[i]) end
 end
 local mode = ARGV[4]
 if mode == 'release' then
   redis.call('DEL', KEYS[4])
   redis.call('ZREM', KEYS[3], ARGV[3])
-else
-  if mode == 'wire' then
-    redis.call('HSET', KEYS[4], 'state', 'wired', 'wired_at', now)
-  else
-    redis.call('HSET', KEYS[4], 'spec', ARGV[12], 'replaced', ARGV[13])
-  end
-  redis.call('HDEL', KEYS[4], 'op', 'op_token', 'op_deadline', 'op_failed', 'op_new')
+  return {'OK', tostring(n_rem), tostring(n_add), '0'}
 end
-return {'OK', tostring(n_rem), tostring(n_add)}
-"""
+if mode == 'wire' then
+  redis.call('HSET', KEYS[4], 'state', 'wired', 'wired_at', now)
+else
+  redis.call('HSET', KEYS[4], 'spec', ARGV[5], 'replaced', ARGV[6])
+end
+redis.call('HDEL', KEYS[4], 'op', 'op_token', 'op_deadline', 'op_failed', 'op_new')
+return {'OK', tostring(n_rem), tostring(n_add), redis.call('HGET', KEYS[4], 'wired_at')}
+""",
+    header_at=10,
 )
 
 
@@ -292,7 +286,8 @@ class OcsStore:
         self.k_owner = pod_key(pod_id, "ocs", "owner")
         self.k_slices = pod_key(pod_id, "ocs", "slices")
         self.k_ver = pod_key(pod_id, "ocs", "ver")
-        self.k_tables = [pod_key(pod_id, "ocs", "xc", oid) for oid in fabric.ocs_ids]
+        self.k_tables = table_keys(fabric, pod_key(pod_id, "ocs"))
+        self.k_otm = otm_keys(fabric, pod_key(pod_id, "ocs"))
         self._ensure = redis.register_script(_ENSURE_FABRIC)
         self._begin_wire = redis.register_script(_BEGIN_WIRE)
         self._begin_change = redis.register_script(_BEGIN_CHANGE)
@@ -303,16 +298,35 @@ class OcsStore:
     def k_record(self, job: str) -> str:
         return pod_key(self.pod_id, "ocs", "slice", job)
 
-    def k_otm(self, block: int) -> str:
-        return pod_key(self.pod_id, "ocs", "otm", block)
-
     # -- the fabric a pod was wired with -----------------------------------------
 
     async def ensure_fabric(self) -> tuple[str, ...]:
-        """('NEW'|'SAME',) or ('CHANGED', old) or ('IN_USE', old, slices)."""
-        return tuple(
-            await self._ensure(keys=[self.k_fabric, self.k_slices, self.k_owner], args=[self._fp])
-        )
+        """Record this fabric for the pod, or check it is the recorded one; lay out its tables.
+
+        ('NEW'|'SAME', '') or ('CHANGED', old json) when nothing was wired on the old
+        fabric (its tables are dropped), or ('IN_USE', old json, slices wired)."""
+        for _ in range(5):
+            old = await self._r.get(self.k_fabric) or ""
+            old_keys: list[str] = []
+            if old and old != self._fp:
+                with contextlib.suppress(ValueError, KeyError, TypeError, InvalidArgument):
+                    before = Fabric.build(FabricConfig.from_json(old))
+                    prefix = pod_key(self.pod_id, "ocs")
+                    old_keys = [*table_keys(before, prefix), *otm_keys(before, prefix)]
+            reply = await self._ensure(
+                keys=[
+                    self.k_fabric,
+                    self.k_slices,
+                    self.k_owner,
+                    *self.k_tables,
+                    *self.k_otm,
+                    *old_keys,
+                ],
+                args=[self._fp, old, *self._header],
+            )
+            if reply[0] != "RETRY":
+                return tuple(reply)
+        raise Aborted("the pod's fabric configuration kept changing")
 
     # -- assume / commit / undo -------------------------------------------------
 
@@ -358,7 +372,8 @@ class OcsStore:
         replaced: str = "",
         unclaim: tuple[int, ...] = (),
     ) -> tuple[str, ...]:
-        """('OK', pairs removed, pairs added) | ('LOST',) | ('CONFLICT', why) | ('FABRIC_CHANGED',)."""
+        """('OK', pairs removed, pairs added, wired_at ms) | ('LOST',) | ('CONFLICT', why) |
+        ('FABRIC_CHANGED',)."""
         enc = encode_change(self.fabric, change)
         keys = [
             self.k_fabric,
@@ -367,20 +382,19 @@ class OcsStore:
             self.k_record(job),
             self.k_ver,
             *self.k_tables,
-            *(self.k_otm(b) for b in enc.otm_blocks),
+            *self.k_otm,
         ]
         args: list[Any] = [
             self._fp,
             token,
             job,
             mode,
-            *self._header,
-            len(self.k_tables),
+            new_spec,
+            replaced,
             enc.disconnect,
             enc.connect,
             enc.otm,
-            new_spec,
-            replaced,
+            *self._header,
             *unclaim,
         ]
         return tuple(await self._commit(keys=keys, args=args))
@@ -427,14 +441,16 @@ class OcsStore:
 
     async def routing_table(self, ocs: int) -> tuple[dict[int, int], int, dict[int, str]]:
         """(port -> peer, version, block -> job) read together."""
-        oid = self.fabric.ocs_ids[ocs]
+        f = self.fabric
+        d, a, k = f.ocs_of_index(ocs)
+        ports = range(f.ports_cabled(k))
         async with self._r.pipeline(transaction=True) as pipe:
-            pipe.hgetall(self.k_tables[ocs])
-            pipe.hget(self.k_ver, oid)
+            pipe.hmget(self.k_tables[d * f.k + k], [a * f.port_stride + p for p in ports])
+            pipe.hget(self.k_ver, f.ocs_ids[ocs])
             pipe.hgetall(self.k_owner)
-            table, ver, owners = await pipe.execute()
+            peers, ver, owners = await pipe.execute()
         return (
-            {int(p): int(q) for p, q in table.items()},
+            {p: int(q) for p, q in zip(ports, peers, strict=True) if q},
             int(ver or 0),
             {int(b): j for b, j in owners.items()},
         )
@@ -443,52 +459,53 @@ class OcsStore:
         """(ports in a cross-connect, version) for the OCS indices in `ocs`."""
         if not len(ocs):
             return []
+        f = self.fabric
         async with self._r.pipeline(transaction=True) as pipe:
-            for i in ocs:
-                pipe.hlen(self.k_tables[i])
-            pipe.hmget(self.k_ver, [self.fabric.ocs_ids[i] for i in ocs])
+            for key in self.k_tables:
+                pipe.hgetall(key)
+            pipe.hmget(self.k_ver, [f.ocs_ids[i] for i in ocs])
             replies = await pipe.execute()
-        versions = replies[-1]
-        return [(int(n), int(v or 0)) for n, v in zip(replies[:-1], versions, strict=True)]
+        state = read_layout(f, replies[:-1])
+        return [
+            (len(state.tables.get(i, {})), int(v or 0))
+            for i, v in zip(ocs, replies[-1], strict=True)
+        ]
 
     async def one_to_many(self, blocks: list[int]) -> dict[int, dict[tuple[int, int], int]]:
-        """block -> {(dim, axis): output} for the blocks given."""
+        """block -> {(dim, axis): output} for the blocks given (idle switches left out)."""
+        f = self.fabric
         async with self._r.pipeline(transaction=True) as pipe:
-            for b in blocks:
-                pipe.hgetall(self.k_otm(b))
+            for d in range(f.dims):
+                pipe.hmget(
+                    self.k_otm[d], [b * f.axis_stride + a for b in blocks for a in range(f.axes[d])]
+                )
             replies = await pipe.execute()
-        out: dict[int, dict[tuple[int, int], int]] = {}
-        for b, raw in zip(blocks, replies, strict=True):
-            out[b] = {_dim_axis(f): int(v) for f, v in raw.items()}
+        out: dict[int, dict[tuple[int, int], int]] = {b: {} for b in blocks}
+        for d, values in enumerate(replies):
+            fields = [(b, a) for b in blocks for a in range(f.axes[d])]
+            for (b, a), v in zip(fields, values, strict=True):
+                if v:
+                    out[b][(d, a)] = int(v)
         return out
 
     async def snapshot(self) -> FabricState:
         """Everything the OCS-6 checker needs, read atomically (retried if the slice set moved)."""
+        layout = [*self.k_tables, *self.k_otm]
         for _ in range(10):
             jobs = await self._r.zrange(self.k_slices, 0, -1)
             async with self._r.pipeline(transaction=True) as pipe:
                 pipe.zrange(self.k_slices, 0, -1)
                 pipe.hgetall(self.k_owner)
-                for key in self.k_tables:
+                for key in layout:
                     pipe.hgetall(key)
-                for b in range(self.fabric.block_count):
-                    pipe.hgetall(self.k_otm(b))
                 for job in jobs:
                     pipe.hgetall(self.k_record(job))
                 replies = await pipe.execute()
             if replies[0] != jobs:
                 continue
-            n = len(self.k_tables)
-            n_blocks = self.fabric.block_count
-            state = FabricState(owners={int(b): j for b, j in replies[1].items()})
-            for i, table in enumerate(replies[2 : 2 + n]):
-                if table:
-                    state.tables[i] = {int(p): int(q) for p, q in table.items()}
-            for b, raw in enumerate(replies[2 + n : 2 + n + n_blocks]):
-                for f, v in raw.items():
-                    d, a = _dim_axis(f)
-                    state.one_to_many[self.fabric.one_to_many_index(b, d, a)] = int(v)
-            for job, raw in zip(jobs, replies[2 + n + n_blocks :], strict=True):
+            state = read_layout(self.fabric, replies[2 : 2 + len(layout)])
+            state.owners = {int(b): j for b, j in replies[1].items()}
+            for job, raw in zip(jobs, replies[2 + len(layout) :], strict=True):
                 rec = self._record(job, raw)
                 if rec is None:
                     continue
@@ -506,8 +523,3 @@ def _int_or_none(raw: str | None) -> int | None:
     if raw is None or raw == "" or int(raw) < 0:
         return None
     return int(raw)
-
-
-def _dim_axis(field: str) -> tuple[int, int]:
-    d, a = field.split(".")
-    return int(d), int(a)

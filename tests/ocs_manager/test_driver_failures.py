@@ -78,7 +78,9 @@ async def scripted_ocs(
 
     async def make(runtime):
         fabric = Fabric.build(settings.fabric_config)
-        holder.append(ScriptedDriver(RedisSwitchDriver(runtime.redis, settings.pod_id, fabric)))
+        inner = RedisSwitchDriver(runtime.redis, settings.pod_id, fabric)
+        await inner.init()
+        holder.append(ScriptedDriver(inner))
         return await build(runtime, driver=holder[0])
 
     async with (

@@ -57,6 +57,7 @@ async def run_sequence(redis_url: str, k: int, sequence) -> None:
         store = OcsStore(r, "pod-p", fabric)
         await store.ensure_fabric()
         driver = RedisSwitchDriver(r, "pod-p", fabric)
+        await driver.init()
         m = FabricManager(fabric, store, driver)
         wired: dict[str, tuple[int, ...]] = {}
         n = 0

@@ -312,7 +312,7 @@ async def test_check_invariants_reports_a_tampered_table(ocs, redis_url):
     assert report.ok and report.slices_checked == 1 and report.cross_connects_checked == 96
     r = aioredis.Redis.from_url(redis_url, decode_responses=True)
     # a cross-connect behind the manager's back: block 20 (free) looped on ocs-x-0-0
-    await r.hset(pod_key(POD, "ocs", "xc", "ocs-x-0-0"), mapping={"84": "20", "20": "84"})
+    await r.hset(pod_key(POD, "ocs", "xc", "x", 0), mapping={"84": "20", "20": "84"})
     await r.aclose()
     report = await ocs.CheckInvariants(pb.CheckInvariantsRequest(compare_switches=True))
     rules = {v.rule for v in report.violations}
