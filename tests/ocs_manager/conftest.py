@@ -16,9 +16,9 @@ from tests.helpers import serve
 POD = "pod-t"
 
 
-def fabric_env(k: int = 1, blocks: int = 64, **extra: str) -> dict[str, str]:
+def fabric_env(k: int = 1, blocks: int = 64, pod: str = POD, **extra: str) -> dict[str, str]:
     return {
-        "LIGHTPATH_POD_ID": POD,
+        "LIGHTPATH_POD_ID": pod,
         "LIGHTPATH_FABRIC_BLOCK_SHAPE": "4x4x4",
         "LIGHTPATH_FABRIC_BLOCKS": str(blocks),
         "LIGHTPATH_FABRIC_OCS_PER_AXIS": str(k),
