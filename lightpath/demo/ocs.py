@@ -64,11 +64,11 @@ async def run(ctx: DemoContext) -> None:
         if s.segment.dim == 0 and s.segment.axis == 0
     ]
     print(table(rows, ["1x2 switch (x, axis 0)", "output", "reaches"]))
-    rows = []
+    xcs: list[tuple[str, str, str, str]] = []
     for ocs_id in ("ocs-x-0-0", "ocs-x-0-1"):
         t = await ocs.GetRoutingTable(pb.GetRoutingTableRequest(ocs_id=ocs_id))
         for x in t.cross_connects:
-            rows.append(
+            xcs.append(
                 (
                     ocs_id,
                     f"v{t.version}",
@@ -76,7 +76,7 @@ async def run(ctx: DemoContext) -> None:
                     f"{x.a.block_id} -> {x.b.block_id}",
                 )
             )
-    print(table(rows, ["ocs", "version", "ports", "block -> block"]))
+    print(table(xcs, ["ocs", "version", "ports", "block -> block"]))
 
     rep = await ocs.ReplaceBlock(
         pb.ReplaceBlockRequest(

@@ -33,6 +33,7 @@ class StoredSlice:
     placement: SlicePlacement
     wired: bool  # False while its first wiring is in flight (nothing committed yet)
     reserved: tuple[int, ...] = ()  # blocks claimed by a change in flight (a replacement)
+    changing: bool = False  # a wire / replace / release is in flight (switches may differ)
 
 
 @dataclass

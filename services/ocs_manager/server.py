@@ -300,8 +300,12 @@ class OcsManagerServicer(ocs_manager_pb2_grpc.OcsManagerServicer):
         if devices is None:
             return [Violation("SWITCH_STATE_DISAGREES", "the switch driver cannot read state")]
         f = self._fabric
-        busy = {b for s in state.slices.values() if not s.wired for b in s.placement.blocks}
-        busy |= {b for s in state.slices.values() for b in s.reserved}
+        busy = {
+            b
+            for s in state.slices.values()
+            if s.changing
+            for b in (*s.placement.blocks, *s.reserved)
+        }
         out = []
         for ocs in sorted(set(state.tables) | set(devices.tables)):
             _, _, k = f.ocs_of_index(ocs)

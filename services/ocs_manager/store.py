@@ -514,7 +514,9 @@ class OcsStore:
                     if rec.op and rec.op.kind == "replace" and rec.op.new is not None
                     else ()
                 )
-                state.slices[job] = StoredSlice(rec.placement, rec.wired, reserved)
+                state.slices[job] = StoredSlice(
+                    rec.placement, rec.wired, reserved, changing=rec.op is not None
+                )
             return state
         raise Aborted("the slice set kept changing while taking a snapshot; retry")
 

@@ -20,6 +20,13 @@ COUNTS = pb.WIRING_VIEW_COUNTS
 # -- fabric and port map (OCS-1, OCS-7) ----------------------------------------------
 
 
+async def test_get_info_names_the_pod_and_its_fabric(ocs_k2):
+    info = await ocs_k2.GetInfo(common_pb2.GetInfoRequest())
+    assert info.service == "lightpath.v1.OcsManager" and info.pod_id == POD
+    assert info.attributes["fabric"] == "4x4x4 blocks × 64, K=2, radix 136"
+    assert info.attributes["ocs"] == "96"
+
+
 async def test_get_fabric(ocs, ocs_k2):
     f = await ocs.GetFabric(pb.GetFabricRequest())
     assert f.pod_id == POD
