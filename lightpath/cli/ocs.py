@@ -62,6 +62,18 @@ def _stub(args: argparse.Namespace):
     return ch, ocs_manager_pb2_grpc.OcsManagerStub(ch)
 
 
+async def _all_pages(call, request_type, field: str) -> list:
+    """Every item of a paged List call."""
+    items: list = []
+    token = ""
+    while True:
+        page = await call(request_type(page_size=1000, page_token=token))
+        items += getattr(page, field)
+        token = page.next_page_token
+        if not token:
+            return items
+
+
 def _print_fabric(f: pb.Fabric) -> None:
     c = f.config
     print(
@@ -106,14 +118,8 @@ async def cmd_plan(args: argparse.Namespace) -> int:
 
 async def cmd_switches(args: argparse.Namespace) -> int:
     ch, stub = _stub(args)
-    switches, token = [], ""
     async with ch:
-        while True:
-            page = await stub.ListSwitches(pb.ListSwitchesRequest(page_size=1000, page_token=token))
-            switches += page.switches
-            token = page.next_page_token
-            if not token:
-                break
+        switches = await _all_pages(stub.ListSwitches, pb.ListSwitchesRequest, "switches")
     if args.json:
         print_json({"switches": switches})
         return 0
@@ -148,14 +154,8 @@ async def cmd_table(args: argparse.Namespace) -> int:
 
 async def cmd_slices(args: argparse.Namespace) -> int:
     ch, stub = _stub(args)
-    slices, token = [], ""
     async with ch:
-        while True:
-            page = await stub.ListSlices(pb.ListSlicesRequest(page_size=1000, page_token=token))
-            slices += page.slices
-            token = page.next_page_token
-            if not token:
-                break
+        slices = await _all_pages(stub.ListSlices, pb.ListSlicesRequest, "slices")
     if args.json:
         print_json({"slices": slices})
         return 0
