@@ -240,6 +240,18 @@ async def test_replace_block_errors(ocs):
 # -- queries (OCS-7) -------------------------------------------------------------------------
 
 
+async def test_a_malformed_job_id_is_invalid_argument_on_every_call(ocs):
+    for call in (
+        ocs.ReleaseSlice(pb.ReleaseSliceRequest(job_id="a{b}")),
+        ocs.ReplaceBlock(pb.ReplaceBlockRequest(job_id="", failed_block_id=1, new_block_id=2)),
+        ocs.GetSliceWiring(pb.GetSliceWiringRequest(job_id="x" * 65)),
+        ocs.GetOneToManyStates(pb.GetOneToManyStatesRequest(job_id="a:b")),
+        ocs.WireSlice(wire_request("a}", [1, 1, 1], [1])),
+    ):
+        err = await rpc_error(call)
+        assert err.code == C.INVALID_ARGUMENT and err.field_violations[0][0] == "job_id"
+
+
 async def test_get_slice_wiring_and_list_slices_pages(ocs):
     for i in range(5):
         await ocs.WireSlice(wire_request(f"job-{i}", [1, 1, 1], [i], view=COUNTS))
