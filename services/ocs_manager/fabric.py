@@ -104,6 +104,13 @@ def ports_needed(block_count: int, ocs_per_axis: int) -> int:
     return math.ceil(block_count / ocs_per_axis) + block_count
 
 
+# Bounds far above any real superpod, so a typo cannot make the service allocate without end.
+MAX_BLOCKS = 65536
+MAX_CHIPS_PER_BLOCK = 65536
+MAX_OCS_PER_AXIS = 64
+MAX_RADIX = 1_000_000
+
+
 def validate_config(config: FabricConfig, prefix: str = "") -> None:
     """Refuse an impossible fabric (OCS-1), every broken rule at once, naming the need."""
     bad: list[FieldViolation] = []
@@ -112,11 +119,17 @@ def validate_config(config: FabricConfig, prefix: str = "") -> None:
         bad.append(FieldViolation(f"{prefix}block_shape", f"must have 1..{MAX_DIMS} dimensions"))
     elif any(e < 1 for e in shape):
         bad.append(FieldViolation(f"{prefix}block_shape", "every extent must be >= 1"))
-    if config.block_count < 1:
-        bad.append(FieldViolation(f"{prefix}block_count", "must be >= 1"))
-    if config.ocs_per_axis < 1:
-        bad.append(FieldViolation(f"{prefix}ocs_per_axis", "K must be >= 1"))
-    elif config.block_count >= 1 and config.ocs_per_axis > config.block_count:
+    elif math.prod(shape) > MAX_CHIPS_PER_BLOCK:
+        bad.append(
+            FieldViolation(f"{prefix}block_shape", f"at most {MAX_CHIPS_PER_BLOCK} chips per block")
+        )
+    if not 1 <= config.block_count <= MAX_BLOCKS:
+        bad.append(FieldViolation(f"{prefix}block_count", f"must be 1..{MAX_BLOCKS}"))
+    if not 1 <= config.ocs_per_axis <= MAX_OCS_PER_AXIS:
+        bad.append(FieldViolation(f"{prefix}ocs_per_axis", f"K must be 1..{MAX_OCS_PER_AXIS}"))
+    if config.ocs_radix > MAX_RADIX:
+        bad.append(FieldViolation(f"{prefix}ocs_radix", f"must be <= {MAX_RADIX}"))
+    elif 1 <= config.block_count <= MAX_BLOCKS and config.ocs_per_axis > config.block_count:
         bad.append(
             FieldViolation(
                 f"{prefix}ocs_per_axis",

@@ -93,6 +93,10 @@ def test_impossible_configs_name_every_field():
     with pytest.raises(InvalidArgument) as err:
         Fabric.build(FabricConfig((4, 4, 4), 2, 3, 100))
     assert err.value.violations[0].field == "ocs_per_axis"
+    with pytest.raises(InvalidArgument) as err:  # bounded: a typo must not exhaust memory
+        Fabric.build(FabricConfig((1000, 1000), 10**9, 10**9, 10**12))
+    fields = {v.field for v in err.value.violations}
+    assert fields == {"block_shape", "block_count", "ocs_per_axis", "ocs_radix"}
 
 
 def test_port_map_is_deterministic_and_one_to_one():
