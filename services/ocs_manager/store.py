@@ -220,9 +220,15 @@ end
 for idx, t in pairs(rem) do hdel(KEYS[idx], t.f) end
 for idx, t in pairs(add) do hset(KEYS[idx], t.f, t.p) end
 apply_otm(otm)
+local ids = {}
 for code in pairs(touched) do
   local k, a, d = code % 1000, math.floor(code / 1000) % 1000000, math.floor(code / 1000000000)
-  redis.call('HINCRBY', KEYS[5], 'ocs-' .. names[d + 1] .. '-' .. a .. '-' .. k, 1)
+  ids[#ids + 1] = 'ocs-' .. names[d + 1] .. '-' .. a .. '-' .. k
+end
+if #ids > 0 then  -- every touched OCS table's version + 1
+  local v = hmget(KEYS[5], ids)
+  for i = 1, #ids do v[i] = (tonumber(v[i]) or 0) + 1 end
+  hset(KEYS[5], ids, v)
 end
 for i = H + 7, #ARGV do
   if redis.call('HGET', KEYS[2], ARGV[i]) == ARGV[3] then redis.call('HDEL', KEYS[2], ARGV[i]) end
