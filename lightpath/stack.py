@@ -61,9 +61,18 @@ def default_topology() -> list[ProcessSpec]:
     """Start order: a process comes after every process it points at, except
     the workload schedulers' cell registration, which retries until the cell answers."""
     specs = [ProcessSpec("cell-scheduler", "cell_scheduler", 50051)]
-    for pod, base in (("pod-1", 50061), ("pod-2", 50071)):
+    # pod-1: one OCS per logical axis (seed Fig. 8/9); pod-2: two, behind 1x2 switches (Fig. 12)
+    for pod, base, k in (("pod-1", 50061, 1), ("pod-2", 50071, 2)):
+        fabric = {
+            "LIGHTPATH_FABRIC_BLOCK_SHAPE": "4x4x4",
+            "LIGHTPATH_FABRIC_BLOCKS": "64",
+            "LIGHTPATH_FABRIC_OCS_PER_AXIS": str(k),
+            "LIGHTPATH_FABRIC_OCS_RADIX": "136",
+        }
         specs.append(
-            ProcessSpec(f"ocs-{pod}", "ocs_manager", base + 1, env={"LIGHTPATH_POD_ID": pod})
+            ProcessSpec(
+                f"ocs-{pod}", "ocs_manager", base + 1, env={"LIGHTPATH_POD_ID": pod, **fabric}
+            )
         )
         specs.append(
             ProcessSpec(
