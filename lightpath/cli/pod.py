@@ -91,7 +91,7 @@ def cmd_pod(args: argparse.Namespace) -> int:
         return 0
 
 
-def _state(s: int) -> str:
+def _state(s: common_pb2.JobState.ValueType) -> str:
     return common_pb2.JobState.Name(s).removeprefix("JOB_STATE_")
 
 

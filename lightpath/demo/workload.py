@@ -17,7 +17,7 @@ POD = "pod-1"
 NEEDED_FREE = 64
 
 
-def _policy(p: int) -> str:
+def _policy(p: c.PreemptionPolicy.ValueType) -> str:
     return c.PreemptionPolicy.Name(p).removeprefix("PREEMPTION_POLICY_").lower()
 
 

@@ -28,7 +28,7 @@ from opentelemetry.sdk.trace import TracerProvider
 
 from lightpath import __version__
 from lightpath.client import channel as client_channel
-from lightpath.telemetry import configure_tracing
+from lightpath.telemetry import configure_metrics, configure_tracing
 from lightpath.v1 import common_pb2
 from services.common import redis_store
 from services.common.settings import CommonSettings, SettingsError, load
@@ -251,6 +251,11 @@ def main(service: str, settings_cls: type[S], build: Build, argv: list[str] | No
             exporter=settings.otel_traces_exporter,
             instance_id=instance_id,
         )
+        meter_provider = configure_metrics(
+            settings.otel_service_name or f"lightpath-{service}",
+            exporter=settings.otel_metrics_exporter,
+            instance_id=instance_id,
+        )
     except RuntimeError as exc:
         print(f"lightpath {service}: bad configuration: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
@@ -266,6 +271,8 @@ def main(service: str, settings_cls: type[S], build: Build, argv: list[str] | No
                 "%s stopping: draining calls for up to %.1f s", service, settings.shutdown_grace_s
             )
         provider.shutdown()
+        if meter_provider is not None:
+            meter_provider.shutdown()
 
     try:
         asyncio.run(serve())

@@ -53,6 +53,8 @@ class Wiring:
     grid: Grid
     blocks: tuple[int, ...]  # per position, row-major x fastest
     cross_connects: int
+    # False while the ocs_manager is still programming the switches for it.
+    committed: bool = True
 
 
 @dataclass(frozen=True)
@@ -106,6 +108,7 @@ class OcsManagerClient:
                 for p, b in zip(grid_positions(grid), blocks, strict=True)
             ],
             wrap=list(wrap),
+            view=ocs_manager_pb2.WIRING_VIEW_COUNTS,  # the count is all the scheduler needs
         )
         return _wiring(await self._call("WireSlice", request))
 
@@ -123,7 +126,10 @@ class OcsManagerClient:
         resp = await self._call(
             "ReplaceBlock",
             ocs_manager_pb2.ReplaceBlockRequest(
-                job_id=job_id, failed_block_id=failed, new_block_id=new
+                job_id=job_id,
+                failed_block_id=failed,
+                new_block_id=new,
+                view=ocs_manager_pb2.WIRING_VIEW_COUNTS,
             ),
         )
         return ReplaceResult(moved=len(resp.added), untouched=resp.untouched)
@@ -131,7 +137,10 @@ class OcsManagerClient:
     async def wiring(self, job_id: str) -> Wiring | None:
         try:
             w = await self._call(
-                "GetSliceWiring", ocs_manager_pb2.GetSliceWiringRequest(job_id=job_id)
+                "GetSliceWiring",
+                ocs_manager_pb2.GetSliceWiringRequest(
+                    job_id=job_id, view=ocs_manager_pb2.WIRING_VIEW_COUNTS
+                ),
             )
         except OcsError as err:
             if err.code == grpc.StatusCode.NOT_FOUND:
@@ -144,4 +153,10 @@ def _wiring(w: ocs_manager_pb2.SliceWiring) -> Wiring:
     grid = tuple(w.grid.dims)
     by_pos = {tuple(b.position.coords): b.block_id for b in w.blocks}
     blocks = tuple(by_pos.get(p, -1) for p in grid_positions(grid))
-    return Wiring(w.job_id, grid, blocks, len(w.cross_connects))
+    return Wiring(
+        w.job_id,
+        grid,
+        blocks,
+        w.cross_connect_count or len(w.cross_connects),
+        w.state != ocs_manager_pb2.SLICE_STATE_WIRING,
+    )

@@ -933,6 +933,8 @@ class WorkloadScheduler:
             if found is not None and found.blocks != mine.placement:
                 await self._release(job.job_id)
                 found = None
+            elif found is not None and not found.committed:
+                found = None  # still being programmed: WireSlice again finishes or replays it
         except OcsError as err:
             await self._wiring_failed(mine, err)
             return
@@ -975,7 +977,12 @@ class WorkloadScheduler:
         except OcsError as err:
             await self._replacement_failed(mine, err, Outcome())
             return
-        if found is not None and spare in found.blocks and failed not in found.blocks:
+        if (
+            found is not None
+            and found.committed
+            and spare in found.blocks
+            and failed not in found.blocks
+        ):
             done = mine.with_(epoch=mine.epoch + 1, replacing=None, wiring_deadline_ms=0)
             txn = self.store.txn()
             txn.expect_job(job.job_id, [RUNNING], mine.epoch)
