@@ -83,6 +83,7 @@ class PodHandle:
             self._fatal = err
             self.problem = err.message
             self._rt.log.critical("bad configuration: %s", err.message)
+            self._ready.set()
             return
         fabric = PodFabric(
             settings.pod_id, info.block_shape, types, info.ocs_per_axis, info.first_end_group

@@ -423,3 +423,50 @@ async def test_two_replicas_admitting_concurrently_never_share_a_block(redis_url
         assert {k for k, v in final.items() if v == RUNNING} == {f"r{i:02}" for i in range(4)}
         slices = await pod.ocs.ListSlices(ocs_manager_pb2.ListSlicesRequest())
         assert len(slices.slices) == 4
+
+
+# -- configuration and observability --------------------------------------------------
+
+
+async def test_with_k2_a_slice_spreads_over_the_ocs_of_each_axis(redis_url):
+    """WS-3: the first ends of block b land on OCS b % 2 (read from the port map)."""
+    async with pod_stack(redis_url, blocks=8, k=2) as pod:
+        await pod.fail(1)
+        await pod.fail(3)
+        # Lowest ids alone would take 0, 2, 4, 5 (three on OCS 0); spread: 0, 5, 2, 7.
+        job = (await pod.admit("spread", (8, 8, 4))).job
+        assert sorted(b.block_id for b in job.blocks) == [0, 2, 5, 7]
+        groups = [b.block_id % 2 for b in sorted(job.blocks, key=lambda b: list(b.position.coords))]
+        assert sorted(groups) == [0, 0, 1, 1]
+        await pod.assert_consistent()
+
+
+async def test_block_types_that_do_not_fit_the_fabric_are_refused_clearly(redis_url):
+    async with pod_stack(redis_url, blocks=8, types="tpu:6") as pod:
+        err = await rpc_error(pod.admit("x"))
+        assert err.code == grpc.StatusCode.FAILED_PRECONDITION
+        assert "LIGHTPATH_BLOCK_TYPES=tpu:6" in err.message and "has 8 blocks" in err.message
+
+
+def test_a_malformed_block_types_setting_stops_the_start():
+    import pytest
+
+    from services.common.settings import SettingsError, load
+    from services.workload_scheduler.settings import WorkloadSchedulerSettings
+
+    with pytest.raises(SettingsError, match="LIGHTPATH_BLOCK_TYPES"):
+        load(WorkloadSchedulerSettings, {"LIGHTPATH_BLOCK_TYPES": "tpu,gpu:4"})
+    ok = load(WorkloadSchedulerSettings, {"LIGHTPATH_BLOCK_TYPES": "tpu:60,gpu"})
+    assert ok.block_types == "tpu:60,gpu"
+
+
+async def test_an_admission_is_one_trace_down_to_the_ocs_manager(redis_url, spans_factory):
+    spans = spans_factory("workload_scheduler")
+    async with pod_stack(redis_url, tracer_provider=spans.provider) as pod:
+        await pod.admit("traced", (8, 4, 4), priority=70)
+    finished = spans.finished()
+    admit = next(s for s in finished if s.name.endswith("AdmitJob") and s.kind.name == "SERVER")
+    assert admit.attributes["lightpath.job_id"] == "traced"
+    assert admit.attributes["lightpath.priority"] == 70
+    wire = next(s for s in finished if s.name.endswith("WireSlice") and s.kind.name == "CLIENT")
+    assert wire.context.trace_id == admit.context.trace_id
