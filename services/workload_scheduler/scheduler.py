@@ -430,9 +430,20 @@ class WorkloadScheduler:
     async def _wire_allocation(
         self, alloc: Allocation, job: SliceJob, shrunk: list[SliceJob]
     ) -> JobRecord | None:
-        owned = {job.job_id} | {s.job_id for s in shrunk}
+        err = await self._make_room(alloc.release_first, {job.job_id}, shrunk)
+        if err is not None:
+            await self._wiring_failed(job, err)
+            return None
+        return await self._wire(job, marked=not alloc.release_first)
+
+    async def _make_room(
+        self, release_first: tuple[str, ...], owned: set[str], shrunk: list[SliceJob]
+    ) -> OcsError | None:
+        """Release the leftover and victims' wiring on the blocks about to be used, then
+        rewire the shrunk victims; the ocs_manager's error if a release failed."""
+        owned = owned | {s.job_id for s in shrunk}
         try:
-            for other in alloc.release_first:
+            for other in release_first:
                 if other in owned:
                     await self._release(other)
                 else:
@@ -440,11 +451,10 @@ class WorkloadScheduler:
         except OcsError as err:
             for s in shrunk:
                 await self._wiring_failed(s, err)
-            await self._wiring_failed(job, err)
-            return None
+            return err
         for s in shrunk:
             await self._wire(s)
-        return await self._wire(job, marked=not alloc.release_first)
+        return None
 
     async def _wire(self, job: SliceJob, *, marked: bool = False) -> JobRecord | None:
         """Mark, wire at the OCS, commit RUNNING (job is WIRING at job.epoch, owned by us)."""
@@ -813,18 +823,9 @@ class WorkloadScheduler:
             preempted=[_victim_json(v, state.jobs[v.job_id]) for v in plan.victims],
             affected=[job.job_id, *victim_ids],
         )
-        try:
-            for other in plan.release_first:
-                if other in {s.job_id for s in shrunk}:
-                    await self._release(other)
-                else:
-                    await self._release_claimed(other)
-        except OcsError as err:
-            for s in shrunk:
-                await self._wiring_failed(s, err)
+        err = await self._make_room(plan.release_first, set(), shrunk)
+        if err is not None:
             return await self._replacement_failed(swapping, err, outcome)
-        for s in shrunk:
-            await self._wire(s)
         return await self._swap_at_ocs(swapping, position, outcome)
 
     async def _swap_at_ocs(
