@@ -5,7 +5,7 @@ every slice: 2-block slices (8x4x4 chips) on a 64-block pod, 8 concurrent client
     python3 dev.py bench workload_scheduler [--seconds 15] [--clients 8]
 
 Redis, the ocs_manager and the workload_scheduler run as separate processes (as
-deployed); the clients run here. Each client loops: AdmitJob (answers once the slice
+deployed, default settings: info logs, no trace export); the clients run here. Each client loops: AdmitJob (answers once the slice
 is RUNNING, i.e. wired by the ocs_manager) then CompleteJob (answers once it is
 unwired). Prints one JSON line: admit_complete_per_s, admit_ms_p50, admit_ms_p99,
 plus complete_ms_p50/p99, pairs, clients, seconds.
@@ -35,13 +35,13 @@ def specs() -> list[ProcessSpec]:
             "ocs-bench",
             "ocs_manager",
             free_port(),
-            env={"LIGHTPATH_POD_ID": POD, "LIGHTPATH_LOG_LEVEL": "warning"},
+            env={"LIGHTPATH_POD_ID": POD},
         ),
         ProcessSpec(
             "ws-bench",
             "workload_scheduler",
             free_port(),
-            env={"LIGHTPATH_POD_ID": POD, "LIGHTPATH_LOG_LEVEL": "warning"},
+            env={"LIGHTPATH_POD_ID": POD},
             peers={"LIGHTPATH_OCS_ADDR": "ocs-bench"},
         ),
     ]

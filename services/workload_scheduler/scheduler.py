@@ -124,7 +124,6 @@ class WorkloadScheduler:
         self._pass_started = 0
         self._pass_done = 0
         self._wiring: dict[str, asyncio.Task] = {}
-        self._pass_tasks: list[asyncio.Task] = []
         self._queue_waiting = False
 
     def now_ms(self) -> int:
@@ -300,23 +299,20 @@ class WorkloadScheduler:
 
     # == the queue (WS-4, WS-6) ===================================================
 
-    async def schedule(self, *, wait: bool = False) -> None:
+    async def schedule(self) -> None:
         """Run a pass over the queue that starts after this call (coalesced per replica).
-        The allocations are committed when it returns; with `wait`, also the wirings
-        of the pass that covered this call."""
+        Its allocations are committed when this returns; their wiring proceeds in the
+        background (an admission waits for its own job's, see `_settled`)."""
         wanted = self._pass_started + 1
         async with self._pass_lock:
-            if self._pass_done < wanted:
-                self._pass_started += 1
-                generation = self._pass_started
-                try:
-                    self._pass_tasks = await self._pass()
-                finally:
-                    self._pass_done = generation
-            tasks = list(self._pass_tasks)
-        # Outside the lock: a wiring task may itself ask for a pass.
-        if wait and tasks:
-            await asyncio.wait(tasks, timeout=self.wiring_timeout_ms / 1000)
+            if self._pass_done >= wanted:
+                return
+            self._pass_started += 1
+            generation = self._pass_started
+            try:
+                await self._pass()
+            finally:
+                self._pass_done = generation
 
     async def _pass(self) -> list[asyncio.Task]:
         started: list[asyncio.Task] = []
