@@ -198,7 +198,7 @@ class WorkloadScheduler:
                     reason="JOB_ID_REUSED",
                 ) from None
             return False
-        self.log.info(
+        self.log.debug(
             "job %s admitted: %s blocks, priority %d",
             job.job_id,
             "x".join(map(str, job.demand.grid)),
@@ -401,12 +401,8 @@ class WorkloadScheduler:
             reason += " after preempting " + ", ".join(victim_ids)
         txn.write_job(new, old_state=job.state, reason=reason, now_ms=now)
         await self.store.commit(txn)
-        self.log.info(
-            "job %s: %s",
-            job.job_id,
-            reason,
-            extra={"job_id": job.job_id, "blocks": len(alloc.placement)},
-        )
+        log = self.log.info if alloc.victims else self.log.debug
+        log("job %s: %s", job.job_id, reason, extra={"job_id": job.job_id})
         return self._track_wiring(job.job_id, self._wire_allocation(alloc, new, shrunk))
 
     # == wiring (WS-2, WS-8) ======================================================
