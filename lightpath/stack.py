@@ -61,8 +61,9 @@ def default_topology() -> list[ProcessSpec]:
     """Start order: a process comes after every process it points at, except
     the workload schedulers' cell registration, which retries until the cell answers."""
     specs = [ProcessSpec("cell-scheduler", "cell_scheduler", 50051)]
-    # pod-1: one OCS per logical axis (seed Fig. 8/9); pod-2: two, behind 1x2 switches (Fig. 12)
-    for pod, base, k in (("pod-1", 50061, 1), ("pod-2", 50071, 2)):
+    # pod-1: one OCS per logical axis (seed Fig. 8/9); pod-2: two, behind 1x2 switches (Fig. 12),
+    # and mixed node types like seed ¶47 (60 tpu blocks + 4 gpu blocks).
+    for pod, base, k, types in (("pod-1", 50061, 1, "tpu"), ("pod-2", 50071, 2, "tpu:60,gpu")):
         fabric = {
             "LIGHTPATH_FABRIC_BLOCK_SHAPE": "4x4x4",
             "LIGHTPATH_FABRIC_BLOCKS": "64",
@@ -79,7 +80,7 @@ def default_topology() -> list[ProcessSpec]:
                 f"ws-{pod}",
                 "workload_scheduler",
                 base,
-                env={"LIGHTPATH_POD_ID": pod},
+                env={"LIGHTPATH_POD_ID": pod, "LIGHTPATH_BLOCK_TYPES": types},
                 peers={
                     "LIGHTPATH_OCS_ADDR": f"ocs-{pod}",
                     "LIGHTPATH_CELL_ADDR": "cell-scheduler",
