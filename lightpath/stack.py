@@ -61,16 +61,26 @@ def default_topology() -> list[ProcessSpec]:
     """Start order: a process comes after every process it points at, except
     the workload schedulers' cell registration, which retries until the cell answers."""
     specs = [ProcessSpec("cell-scheduler", "cell_scheduler", 50051)]
-    for pod, base in (("pod-1", 50061), ("pod-2", 50071)):
+    # pod-1: one OCS per logical axis (seed Fig. 8/9); pod-2: two, behind 1x2 switches (Fig. 12),
+    # and mixed node types like seed ¶47 (60 tpu blocks + 4 gpu blocks).
+    for pod, base, k, types in (("pod-1", 50061, 1, "tpu"), ("pod-2", 50071, 2, "tpu:60,gpu")):
+        fabric = {
+            "LIGHTPATH_FABRIC_BLOCK_SHAPE": "4x4x4",
+            "LIGHTPATH_FABRIC_BLOCKS": "64",
+            "LIGHTPATH_FABRIC_OCS_PER_AXIS": str(k),
+            "LIGHTPATH_FABRIC_OCS_RADIX": "136",
+        }
         specs.append(
-            ProcessSpec(f"ocs-{pod}", "ocs_manager", base + 1, env={"LIGHTPATH_POD_ID": pod})
+            ProcessSpec(
+                f"ocs-{pod}", "ocs_manager", base + 1, env={"LIGHTPATH_POD_ID": pod, **fabric}
+            )
         )
         specs.append(
             ProcessSpec(
                 f"ws-{pod}",
                 "workload_scheduler",
                 base,
-                env={"LIGHTPATH_POD_ID": pod},
+                env={"LIGHTPATH_POD_ID": pod, "LIGHTPATH_BLOCK_TYPES": types},
                 peers={
                     "LIGHTPATH_OCS_ADDR": f"ocs-{pod}",
                     "LIGHTPATH_CELL_ADDR": "cell-scheduler",

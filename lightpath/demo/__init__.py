@@ -46,9 +46,9 @@ Scenario = Callable[[DemoContext], Awaitable[None]]
 
 
 def scenarios() -> list[Scenario]:
-    from lightpath.demo import foundation
+    from lightpath.demo import foundation, ocs, workload
 
-    return [foundation.run]
+    return [foundation.run, ocs.run, workload.run]
 
 
 async def run_demo(endpoints: dict[str, str]) -> int:

@@ -38,6 +38,53 @@ SEGMENT_END_FIRST: SegmentEnd.ValueType  # 1
 SEGMENT_END_SECOND: SegmentEnd.ValueType  # 2
 Global___SegmentEnd: _TypeAlias = SegmentEnd  # noqa: Y015
 
+class _WiringView:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _WiringViewEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_WiringView.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    WIRING_VIEW_UNSPECIFIED: _WiringView.ValueType  # 0
+    """Default: every cross-connect and 1xK setting (as FULL)."""
+    WIRING_VIEW_FULL: _WiringView.ValueType  # 1
+    WIRING_VIEW_COUNTS: _WiringView.ValueType  # 2
+    """Only the counts (cross_connect_count, one_to_many_count): a full-pod slice
+    has 3,072 cross-connects, which a caller that only needs "done" skips.
+    """
+
+class WiringView(_WiringView, metaclass=_WiringViewEnumTypeWrapper):
+    """How much of a slice's wiring a response carries."""
+
+WIRING_VIEW_UNSPECIFIED: WiringView.ValueType  # 0
+"""Default: every cross-connect and 1xK setting (as FULL)."""
+WIRING_VIEW_FULL: WiringView.ValueType  # 1
+WIRING_VIEW_COUNTS: WiringView.ValueType  # 2
+"""Only the counts (cross_connect_count, one_to_many_count): a full-pod slice
+has 3,072 cross-connects, which a caller that only needs "done" skips.
+"""
+Global___WiringView: _TypeAlias = WiringView  # noqa: Y015
+
+class _SliceState:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _SliceStateEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_SliceState.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    SLICE_STATE_UNSPECIFIED: _SliceState.ValueType  # 0
+    SLICE_STATE_WIRING: _SliceState.ValueType  # 1
+    """Claimed; the switches are being programmed (nothing committed yet)."""
+    SLICE_STATE_WIRED: _SliceState.ValueType  # 2
+    """Every cross-connect and 1xK setting is committed."""
+
+class SliceState(_SliceState, metaclass=_SliceStateEnumTypeWrapper): ...
+
+SLICE_STATE_UNSPECIFIED: SliceState.ValueType  # 0
+SLICE_STATE_WIRING: SliceState.ValueType  # 1
+"""Claimed; the switches are being programmed (nothing committed yet)."""
+SLICE_STATE_WIRED: SliceState.ValueType  # 2
+"""Every cross-connect and 1xK setting is committed."""
+Global___SliceState: _TypeAlias = SliceState  # noqa: Y015
+
 @_typing.final
 class FabricConfig(_message.Message):
     """-- fabric and port map ------------------------------------------------------"""
@@ -98,6 +145,8 @@ class Fabric(_message.Message):
     OCS_COUNT_FIELD_NUMBER: _builtins.int
     ONE_TO_MANY_COUNT_FIELD_NUMBER: _builtins.int
     MAX_PORTS_USED_PER_OCS_FIELD_NUMBER: _builtins.int
+    AXES_BY_DIM_FIELD_NUMBER: _builtins.int
+    DIM_NAMES_FIELD_NUMBER: _builtins.int
     pod_id: _builtins.str
     axes_per_dim: _builtins.int
     """Logical axes per dimension (16 for 4x4x4)."""
@@ -107,6 +156,14 @@ class Fabric(_message.Message):
     """Ports cabled on the busiest OCS (Fig. 12: 6 instead of 8 with K = 2)."""
     @_builtins.property
     def config(self) -> Global___FabricConfig: ...
+    @_builtins.property
+    def axes_by_dim(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Logical axes of each dimension (differs per dimension for a non-cubic block)."""
+
+    @_builtins.property
+    def dim_names(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Names of the dimensions as used in OCS and 1xK ids: "x", "y", "z", "d3", ..."""
+
     def __init__(
         self,
         *,
@@ -116,14 +173,36 @@ class Fabric(_message.Message):
         ocs_count: _builtins.int = ...,
         one_to_many_count: _builtins.int = ...,
         max_ports_used_per_ocs: _builtins.int = ...,
+        axes_by_dim: _abc.Iterable[_builtins.int] | None = ...,
+        dim_names: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["config", b"config"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["axes_per_dim", b"axes_per_dim", "config", b"config", "max_ports_used_per_ocs", b"max_ports_used_per_ocs", "ocs_count", b"ocs_count", "one_to_many_count", b"one_to_many_count", "pod_id", b"pod_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["axes_by_dim", b"axes_by_dim", "axes_per_dim", b"axes_per_dim", "config", b"config", "dim_names", b"dim_names", "max_ports_used_per_ocs", b"max_ports_used_per_ocs", "ocs_count", b"ocs_count", "one_to_many_count", b"one_to_many_count", "pod_id", b"pod_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Fabric: _TypeAlias = Fabric  # noqa: Y015
+
+@_typing.final
+class PlanFabricRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONFIG_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def config(self) -> Global___FabricConfig: ...
+    def __init__(
+        self,
+        *,
+        config: Global___FabricConfig | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["config", b"config"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["config", b"config"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PlanFabricRequest: _TypeAlias = PlanFabricRequest  # noqa: Y015
 
 @_typing.final
 class SegmentRef(_message.Message):
@@ -335,11 +414,16 @@ class OneToManySetting(_message.Message):
     OUTPUT_FIELD_NUMBER: _builtins.int
     OCS_ID_FIELD_NUMBER: _builtins.int
     JOB_ID_FIELD_NUMBER: _builtins.int
+    IDLE_FIELD_NUMBER: _builtins.int
     switch_id: _builtins.str
     output: _builtins.int
     """The output the input is connected to, and the OCS that output reaches."""
     ocs_id: _builtins.str
     job_id: _builtins.str
+    idle: _builtins.bool
+    """ReplaceBlock: the switch went idle (its block left the slice); output and
+    ocs_id are then unset.
+    """
     @_builtins.property
     def segment(self) -> Global___SegmentRef: ...
     def __init__(
@@ -350,10 +434,11 @@ class OneToManySetting(_message.Message):
         output: _builtins.int = ...,
         ocs_id: _builtins.str = ...,
         job_id: _builtins.str = ...,
+        idle: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["segment", b"segment"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "ocs_id", b"ocs_id", "output", b"output", "segment", b"segment", "switch_id", b"switch_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["idle", b"idle", "job_id", b"job_id", "ocs_id", b"ocs_id", "output", b"output", "segment", b"segment", "switch_id", b"switch_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -367,8 +452,11 @@ class WireSliceRequest(_message.Message):
     GRID_FIELD_NUMBER: _builtins.int
     BLOCKS_FIELD_NUMBER: _builtins.int
     WRAP_FIELD_NUMBER: _builtins.int
+    VIEW_FIELD_NUMBER: _builtins.int
+    EXPECT_FABRIC_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     """Client-chosen id of the slice (the job id); the idempotency key."""
+    view: Global___WiringView.ValueType
     @_builtins.property
     def grid(self) -> _common_pb2.Shape:
         """Blocks per dimension (b1 x … x bm); m must equal the fabric's dimensions."""
@@ -381,6 +469,12 @@ class WireSliceRequest(_message.Message):
     def wrap(self) -> _containers.RepeatedScalarFieldContainer[_builtins.bool]:
         """Wrap-around per dimension; empty means a torus in every dimension."""
 
+    @_builtins.property
+    def expect_fabric(self) -> Global___FabricConfig:
+        """Optional guard: the fabric the caller planned against. A set field that
+        differs from this pod's fabric is FAILED_PRECONDITION (FABRIC_MISMATCH).
+        """
+
     def __init__(
         self,
         *,
@@ -388,10 +482,12 @@ class WireSliceRequest(_message.Message):
         grid: _common_pb2.Shape | None = ...,
         blocks: _abc.Iterable[Global___BlockPlacement] | None = ...,
         wrap: _abc.Iterable[_builtins.bool] | None = ...,
+        view: Global___WiringView.ValueType = ...,
+        expect_fabric: Global___FabricConfig | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["grid", b"grid"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["expect_fabric", b"expect_fabric", "grid", b"grid"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["blocks", b"blocks", "grid", b"grid", "job_id", b"job_id", "wrap", b"wrap"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["blocks", b"blocks", "expect_fabric", b"expect_fabric", "grid", b"grid", "job_id", b"job_id", "view", b"view", "wrap", b"wrap"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -408,7 +504,19 @@ class SliceWiring(_message.Message):
     CROSS_CONNECTS_FIELD_NUMBER: _builtins.int
     ONE_TO_MANY_FIELD_NUMBER: _builtins.int
     WIRED_AT_FIELD_NUMBER: _builtins.int
+    CROSS_CONNECT_COUNT_FIELD_NUMBER: _builtins.int
+    ONE_TO_MANY_COUNT_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    REPLAYED_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
+    cross_connect_count: _builtins.int
+    """Always filled, whatever the view."""
+    one_to_many_count: _builtins.int
+    state: Global___SliceState.ValueType
+    replayed: _builtins.bool
+    """WireSlice / ReplaceBlock: true when the call found the change already
+    made (an idempotent retry) and changed nothing.
+    """
     @_builtins.property
     def grid(self) -> _common_pb2.Shape: ...
     @_builtins.property
@@ -431,10 +539,14 @@ class SliceWiring(_message.Message):
         cross_connects: _abc.Iterable[Global___CrossConnect] | None = ...,
         one_to_many: _abc.Iterable[Global___OneToManySetting] | None = ...,
         wired_at: _timestamp_pb2.Timestamp | None = ...,
+        cross_connect_count: _builtins.int = ...,
+        one_to_many_count: _builtins.int = ...,
+        state: Global___SliceState.ValueType = ...,
+        replayed: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["grid", b"grid", "wired_at", b"wired_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["blocks", b"blocks", "cross_connects", b"cross_connects", "grid", b"grid", "job_id", b"job_id", "one_to_many", b"one_to_many", "wired_at", b"wired_at", "wrap", b"wrap"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["blocks", b"blocks", "cross_connect_count", b"cross_connect_count", "cross_connects", b"cross_connects", "grid", b"grid", "job_id", b"job_id", "one_to_many", b"one_to_many", "one_to_many_count", b"one_to_many_count", "replayed", b"replayed", "state", b"state", "wired_at", b"wired_at", "wrap", b"wrap"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -491,19 +603,23 @@ class ReplaceBlockRequest(_message.Message):
     JOB_ID_FIELD_NUMBER: _builtins.int
     FAILED_BLOCK_ID_FIELD_NUMBER: _builtins.int
     NEW_BLOCK_ID_FIELD_NUMBER: _builtins.int
+    VIEW_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     failed_block_id: _builtins.int
     new_block_id: _builtins.int
+    view: Global___WiringView.ValueType
+    """View of `wiring` in the response (removed / added are always full)."""
     def __init__(
         self,
         *,
         job_id: _builtins.str = ...,
         failed_block_id: _builtins.int = ...,
         new_block_id: _builtins.int = ...,
+        view: Global___WiringView.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["failed_block_id", b"failed_block_id", "job_id", b"job_id", "new_block_id", b"new_block_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["failed_block_id", b"failed_block_id", "job_id", b"job_id", "new_block_id", b"new_block_id", "view", b"view"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -550,15 +666,18 @@ class GetSliceWiringRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     JOB_ID_FIELD_NUMBER: _builtins.int
+    VIEW_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
+    view: Global___WiringView.ValueType
     def __init__(
         self,
         *,
         job_id: _builtins.str = ...,
+        view: Global___WiringView.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "view", b"view"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -870,12 +989,19 @@ class CheckInvariantsRequest(_message.Message):
 
     DESCRIPTOR: _descriptor.Descriptor
 
+    COMPARE_SWITCHES_FIELD_NUMBER: _builtins.int
+    compare_switches: _builtins.bool
+    """Also compare the switches' own state (read through the driver) with the
+    committed tables: rule "SWITCH_STATE_DISAGREES".
+    """
     def __init__(
         self,
+        *,
+        compare_switches: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["compare_switches", b"compare_switches"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -888,8 +1014,9 @@ class InvariantViolation(_message.Message):
     RULE_FIELD_NUMBER: _builtins.int
     DETAIL_FIELD_NUMBER: _builtins.int
     rule: _builtins.str
-    """e.g. "PORT_IN_TWO_CROSS_CONNECTS", "AXIS_MISMATCH", "SLICES_JOINED",
-    "ONE_TO_MANY_DISAGREES", "UNWIRED_BLOCK_CONNECTED".
+    """"PORT_IN_TWO_CROSS_CONNECTS", "AXIS_MISMATCH", "SLICES_JOINED",
+    "ONE_TO_MANY_DISAGREES", "UNWIRED_BLOCK_CONNECTED", "SLICE_WIRING_MISMATCH",
+    "OWNER_MISMATCH", "SWITCH_STATE_DISAGREES".
     """
     detail: _builtins.str
     def __init__(

@@ -57,6 +57,11 @@ class OcsManagerStub:
                 request_serializer=lightpath_dot_v1_dot_ocs__manager__pb2.GetFabricRequest.SerializeToString,
                 response_deserializer=lightpath_dot_v1_dot_ocs__manager__pb2.Fabric.FromString,
                 _registered_method=True)
+        self.PlanFabric = channel.unary_unary(
+                '/lightpath.v1.OcsManager/PlanFabric',
+                request_serializer=lightpath_dot_v1_dot_ocs__manager__pb2.PlanFabricRequest.SerializeToString,
+                response_deserializer=lightpath_dot_v1_dot_ocs__manager__pb2.Fabric.FromString,
+                _registered_method=True)
         self.GetPortMap = channel.unary_unary(
                 '/lightpath.v1.OcsManager/GetPortMap',
                 request_serializer=lightpath_dot_v1_dot_ocs__manager__pb2.GetPortMapRequest.SerializeToString,
@@ -133,6 +138,14 @@ class OcsManagerServicer:
 
     def GetFabric(self, request, context):
         """OCS-1: the fabric this manager programs: its configuration and derived sizes.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PlanFabric(self, request, context):
+        """OCS-1: what a configuration would give, without applying it; an impossible
+        one (e.g. a radix too small) is INVALID_ARGUMENT naming the ports needed.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -220,6 +233,11 @@ def add_OcsManagerServicer_to_server(servicer, server):
             'GetFabric': grpc.unary_unary_rpc_method_handler(
                     servicer.GetFabric,
                     request_deserializer=lightpath_dot_v1_dot_ocs__manager__pb2.GetFabricRequest.FromString,
+                    response_serializer=lightpath_dot_v1_dot_ocs__manager__pb2.Fabric.SerializeToString,
+            ),
+            'PlanFabric': grpc.unary_unary_rpc_method_handler(
+                    servicer.PlanFabric,
+                    request_deserializer=lightpath_dot_v1_dot_ocs__manager__pb2.PlanFabricRequest.FromString,
                     response_serializer=lightpath_dot_v1_dot_ocs__manager__pb2.Fabric.SerializeToString,
             ),
             'GetPortMap': grpc.unary_unary_rpc_method_handler(
@@ -338,6 +356,33 @@ class OcsManager:
             target,
             '/lightpath.v1.OcsManager/GetFabric',
             lightpath_dot_v1_dot_ocs__manager__pb2.GetFabricRequest.SerializeToString,
+            lightpath_dot_v1_dot_ocs__manager__pb2.Fabric.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PlanFabric(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lightpath.v1.OcsManager/PlanFabric',
+            lightpath_dot_v1_dot_ocs__manager__pb2.PlanFabricRequest.SerializeToString,
             lightpath_dot_v1_dot_ocs__manager__pb2.Fabric.FromString,
             options,
             channel_credentials,

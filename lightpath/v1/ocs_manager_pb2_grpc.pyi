@@ -50,6 +50,10 @@ class OcsManagerStub:
     """Identity and version of this instance."""
     GetFabric: _grpc.UnaryUnaryMultiCallable[_ocs_manager_pb2.GetFabricRequest, _ocs_manager_pb2.Fabric]
     """OCS-1: the fabric this manager programs: its configuration and derived sizes."""
+    PlanFabric: _grpc.UnaryUnaryMultiCallable[_ocs_manager_pb2.PlanFabricRequest, _ocs_manager_pb2.Fabric]
+    """OCS-1: what a configuration would give, without applying it; an impossible
+    one (e.g. a radix too small) is INVALID_ARGUMENT naming the ports needed.
+    """
     GetPortMap: _grpc.UnaryUnaryMultiCallable[_ocs_manager_pb2.GetPortMapRequest, _ocs_manager_pb2.PortMap]
     """OCS-1, OCS-7: (block, dim, axis, end) -> OCS port(s), optionally filtered."""
     WireSlice: _grpc.UnaryUnaryMultiCallable[_ocs_manager_pb2.WireSliceRequest, _ocs_manager_pb2.SliceWiring]
@@ -96,6 +100,10 @@ class OcsManagerAsyncStub(OcsManagerStub):
     """Identity and version of this instance."""
     GetFabric: _aio.UnaryUnaryMultiCallable[_ocs_manager_pb2.GetFabricRequest, _ocs_manager_pb2.Fabric]  # type: ignore[assignment]
     """OCS-1: the fabric this manager programs: its configuration and derived sizes."""
+    PlanFabric: _aio.UnaryUnaryMultiCallable[_ocs_manager_pb2.PlanFabricRequest, _ocs_manager_pb2.Fabric]  # type: ignore[assignment]
+    """OCS-1: what a configuration would give, without applying it; an impossible
+    one (e.g. a radix too small) is INVALID_ARGUMENT naming the ports needed.
+    """
     GetPortMap: _aio.UnaryUnaryMultiCallable[_ocs_manager_pb2.GetPortMapRequest, _ocs_manager_pb2.PortMap]  # type: ignore[assignment]
     """OCS-1, OCS-7: (block, dim, axis, end) -> OCS port(s), optionally filtered."""
     WireSlice: _aio.UnaryUnaryMultiCallable[_ocs_manager_pb2.WireSliceRequest, _ocs_manager_pb2.SliceWiring]  # type: ignore[assignment]
@@ -151,6 +159,16 @@ class OcsManagerServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_ocs_manager_pb2.Fabric, _abc.Awaitable[_ocs_manager_pb2.Fabric]]:
         """OCS-1: the fabric this manager programs: its configuration and derived sizes."""
+
+    @_abc_1.abstractmethod
+    def PlanFabric(
+        self,
+        request: _ocs_manager_pb2.PlanFabricRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_ocs_manager_pb2.Fabric, _abc.Awaitable[_ocs_manager_pb2.Fabric]]:
+        """OCS-1: what a configuration would give, without applying it; an impossible
+        one (e.g. a radix too small) is INVALID_ARGUMENT naming the ports needed.
+        """
 
     @_abc_1.abstractmethod
     def GetPortMap(
