@@ -32,6 +32,7 @@ SPEC = "group=3x3 cluster=2x4 planes=9 ports=48/16 tier1=2x64"
 class SwitchedStack:
     ocs: ocs_manager_pb2_grpc.OcsManagerStub
     schedulers: list[workload_scheduler_pb2_grpc.WorkloadSchedulerStub]
+    addresses: list[str]
 
     @property
     def ws(self):
@@ -123,7 +124,7 @@ async def switched_stack(
             )
         )
         ocs_ch = await stack.enter_async_context(channel(ocs_svc.address, max_attempts=1))
-        stubs = []
+        stubs, addresses = [], []
         for i in range(replicas):
             svc = await stack.enter_async_context(
                 serve(
@@ -141,7 +142,8 @@ async def switched_stack(
             )
             ch = await stack.enter_async_context(channel(svc.address, max_attempts=1))
             stubs.append(workload_scheduler_pb2_grpc.WorkloadSchedulerStub(ch))
-        yield SwitchedStack(ocs_manager_pb2_grpc.OcsManagerStub(ocs_ch), stubs)
+            addresses.append(svc.address)
+        yield SwitchedStack(ocs_manager_pb2_grpc.OcsManagerStub(ocs_ch), stubs, addresses)
 
 
 @pytest.fixture
@@ -271,3 +273,76 @@ def test_placement_moves_to_the_next_candidate_after_failed_reservations():
     assert isinstance(first, Allocation) and isinstance(second, Allocation)
     assert first.placement != second.placement
     assert Degrees(*job.degrees).total == 18
+
+
+async def test_pod_command_draws_groups_small_jobs_and_switch_use(pod, capsys):
+    import json
+
+    from lightpath.cli import main
+
+    await pod.admit("demo", 4, 3, 3)
+    await pod.admit("tiny", 1, 2, 2)
+    await pod.report(4)  # g1.0 fails
+    addr = pod.addresses[0]
+    assert await asyncio.to_thread(main, ["pod", POD, "--addr", addr]) == 0
+    out = capsys.readouterr().out.splitlines()
+    grid = {line.split()[0]: line.split()[1:] for line in out if line.startswith("  r")}
+    assert grid["r0"] == ["A", "A", "A", "A"]
+    assert grid["r1"] == ["X", ".", "s1", "s"]
+    assert any("A  demo  RUNNING" in line for line in out)
+    assert any(line.strip().startswith("s  tiny  g1.2 rows 0-1, columns 0-1") for line in out)
+    row0 = next(line for line in out if line.strip().startswith("r0/p* (9 row)"))
+    down_used = int(row0.split()[3])
+    assert down_used > 0  # the demo's pipeline rings close through its row switches
+    assert any(line.strip().startswith("t1r/* (18 tier-1)") for line in out)
+    assert await asyncio.to_thread(main, ["pod", POD, "--addr", addr, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["fabric_kind"] == "FABRIC_KIND_SWITCHED"
+    assert data["switched"]["small_tiles"]["tiny"]["group_name"] == "g1.2"
+
+
+async def test_demo_step_runs_the_4_3_3_job_prints_its_rings_and_cleans_up(
+    redis_url, capsys, spans_factory
+):
+    from lightpath.demo import DemoContext
+    from lightpath.demo import switched as demo
+
+    async with contextlib.AsyncExitStack() as stack:
+        ocs_svc = await stack.enter_async_context(
+            serve(
+                "ocs_manager",
+                redis_url,
+                {
+                    "LIGHTPATH_POD_ID": "pod-3",
+                    "LIGHTPATH_FABRIC_KIND": "SWITCHED",
+                    "LIGHTPATH_SWITCHED_FABRIC": SPEC,
+                },
+            )
+        )
+        ws_svc = await stack.enter_async_context(
+            serve(
+                "workload_scheduler",
+                redis_url,
+                {
+                    "LIGHTPATH_POD_ID": "pod-3",
+                    "LIGHTPATH_OCS_ADDR": ocs_svc.address,
+                    "LIGHTPATH_BLOCK_TYPES": "npu",
+                },
+            )
+        )
+        ctx = DemoContext(
+            {"ocs-pod-3": ocs_svc.address, "ws-pod-3": ws_svc.address},
+            spans_factory("demo").provider,
+        )
+        try:
+            await demo.run(ctx)
+            await demo.run(ctx)  # again: it left the pod as it found it
+        finally:
+            await ctx.close()
+    out = capsys.readouterr().out
+    assert out.count("-> RUNNING on g0.0, g0.1, g0.2, g0.3") == 2
+    assert "layer(d=0,p=0)     g0.0: pr11 > pr21 > pr31 > (c0/p" in out
+    assert "pipeline(d=0,l=0)  g0.0: pr11 > pr12 > pr13 > (r0/p" in out
+    assert "data(p=0,l=0)      g0.0/pr11 > " in out
+    assert "group 1 -> group 5:" in out
+    assert out.count("invariants ok: True") == 2
