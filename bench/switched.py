@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._common import emit
 from lightpath.errors import ResourceExhausted
-from services.ocs_manager.switched.fabric import SwitchedFabric, SwitchedFabricConfig
+from services.ocs_manager.switched.fabric import FIG18_FABRIC, SwitchedFabric
 from services.ocs_manager.switched.rings import Degrees, RingPlan, plan_rings, release, reserve
 from services.workload_scheduler.switched_placement import (
     LARGE,
@@ -47,16 +47,7 @@ from services.workload_scheduler.switched_placement import (
 # Jouppi et al., TPU v4 (ISCA 2023), Table 2: share of slices by shape (copied from shared/data).
 DATA = Path(__file__).resolve().parent / "data" / "tpu_v4_slice_mix.json"
 
-OVERSUBSCRIBED = SwitchedFabricConfig(
-    group_shape=(4, 4),
-    cluster_rows=24,
-    cluster_cols=24,
-    planes=12,
-    tier0_down_ports=48,
-    tier0_up_ports=16,
-    tier1_switches=8,
-    tier1_ports=64,
-)
+OVERSUBSCRIBED = FIG18_FABRIC
 FULL_BISECTION = replace(OVERSUBSCRIBED, tier0_up_ports=48, tier1_switches=24)
 SMALL_GROUPS = 24  # one cluster row reserved for small jobs (SW-2)
 

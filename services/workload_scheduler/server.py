@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import math
 from typing import Any
 
 from opentelemetry import trace
@@ -44,7 +45,7 @@ from services.workload_scheduler.spec import (
 )
 from services.workload_scheduler.store import JobRecord, PodStore
 from services.workload_scheduler.switched_placement import reserved_small_groups
-from services.workload_scheduler.switched_view import switched_job_pb, switched_pod_view
+from services.workload_scheduler.switched_view import add_switched_job, switched_pod_view
 
 SERVICE_NAME = workload_scheduler_pb2.DESCRIPTOR.services_by_name["WorkloadScheduler"].full_name
 READY_WAIT_S = 5.0
@@ -209,8 +210,8 @@ def job_pb(
 ) -> workload_scheduler_pb2.Job:
     job = record.summary
     spec = workload_scheduler_pb2.JobSpec.FromString(base64.b64decode(record.spec_b64))
-    if fabric.switched is not None:
-        return switched_job_pb(record, fabric, spec, with_history, queue_position)
+    switched = fabric.switched is not None
+    chips = (math.prod(job.degrees or (1,)),) if switched else chips_of(job.demand.grid, fabric)
     out = workload_scheduler_pb2.Job(
         job_id=record.job_id,
         pod_id=fabric.pod_id,
@@ -219,7 +220,7 @@ def job_pb(
         spec=spec,
         priority=job.priority,
         grid=common_pb2.Shape(dims=job.demand.grid),
-        chips=common_pb2.Shape(dims=chips_of(job.demand.grid, fabric)),
+        chips=common_pb2.Shape(dims=chips),
         wrap=list(job.demand.wrap),
         created_at=_ts(record.created_ms),
         updated_at=_ts(record.updated_ms),
@@ -236,8 +237,10 @@ def job_pb(
             )
     if with_history:
         out.history.extend(job_event_pb(e, fabric.pod_id) for e in record.history)
+    if switched:  # its rings come from the fabric manager (see _job_pb)
+        add_switched_job(out, job, fabric, record.state in HOLDING_STATES)
+        return out
     degrees = degrees_of(spec.parallelism) if spec.HasField("parallelism") else None
-    chips = chips_of(job.demand.grid, fabric)
     if include_rings and degrees:
         with contextlib.suppress(InvalidArgument):  # a shrunk slice no longer fits its degrees
             out.rings.CopyFrom(ring_plan_pb(plan_rings(chips, job.demand.wrap, degrees)))

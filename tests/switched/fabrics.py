@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from services.ocs_manager.switched.fabric import SwitchedFabricConfig, build_fabric
+from services.ocs_manager.switched.fabric import FIG18_FABRIC, SwitchedFabricConfig, build_fabric
 
 # Fig. 6: four groups of four processors (1-D) on one switch.
 FIG6 = SwitchedFabricConfig(
@@ -42,18 +42,8 @@ FIG11 = SwitchedFabricConfig(
     tier1_switches=2,
     tier1_ports=64,
 )
-# ¶46-52, Fig. 14-18: 24x24 groups of 4x4 (9,216 processors), 12 planes per
-# dimension, 64-port tier-0 switches (48 down / 16 up), 8 tier-1 switches per plane.
-FIG18 = SwitchedFabricConfig(
-    group_shape=(4, 4),
-    cluster_rows=24,
-    cluster_cols=24,
-    planes=12,
-    tier0_down_ports=48,
-    tier0_up_ports=16,
-    tier1_switches=8,
-    tier1_ports=64,
-)
+# ¶46-52, Fig. 14-18: 24x24 groups of 4x4 (9,216 processors), 12 planes, 48/16 tier-0.
+FIG18 = FIG18_FABRIC
 # Small enough for property tests: 3x3 groups of 2x2, 2 lanes, scarce uplinks.
 SMALL = SwitchedFabricConfig(
     group_shape=(2, 2),

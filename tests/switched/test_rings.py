@@ -172,13 +172,19 @@ def test_a_2048_processor_job_spans_rows_through_column_switches():
     assert channel_kinds(f, plan.channels())["up"] == 0
 
 
-def test_two_jobs_never_share_a_channel_and_release_frees_exactly_one():
+def two_jobs():
+    """Two (2, 3, 3) jobs on the four groups of FIG11, reserved one after the other."""
     f = fabric(FIG11)
     used = free_state(f)
     a = plan_rings(f, used, "a", Degrees(2, 3, 3), [Tile.whole(f, 0), Tile.whole(f, 1)])
     reserve(used, a.channels())
     b = plan_rings(f, used, "b", Degrees(2, 3, 3), [Tile.whole(f, 2), Tile.whole(f, 3)])
     reserve(used, b.channels())
+    return f, used, a, b
+
+
+def test_two_jobs_never_share_a_channel_and_release_frees_exactly_one():
+    _, used, a, b = two_jobs()
     assert_disjoint([a, b])
     before = bytes(used)
     release(used, a.channels())
@@ -296,12 +302,7 @@ def test_downlinks_running_out_names_the_receiving_switch():
 def test_the_domain_invariant_check_agrees_and_catches_a_shared_channel():
     from services.ocs_manager.switched.invariants import pod_violations, ring_violations
 
-    f = fabric(FIG11)
-    used = free_state(f)
-    a = plan_rings(f, used, "a", Degrees(2, 3, 3), [Tile.whole(f, 0), Tile.whole(f, 1)])
-    reserve(used, a.channels())
-    b = plan_rings(f, used, "b", Degrees(2, 3, 3), [Tile.whole(f, 2), Tile.whole(f, 3)])
-    reserve(used, b.channels())
+    f, used, a, b = two_jobs()
     procs = bytearray(f.processor_count)
     for p in (*a.assignment, *b.assignment):
         procs[p] = 1

@@ -11,7 +11,6 @@ from dataclasses import dataclass
 import grpc
 import pytest
 
-from lightpath.client import channel
 from lightpath.v1 import common_pb2, ocs_manager_pb2_grpc, workload_scheduler_pb2_grpc
 from lightpath.v1 import ocs_manager_pb2 as ocs
 from lightpath.v1 import workload_scheduler_pb2 as ws
@@ -22,9 +21,10 @@ from services.workload_scheduler.model import PENDING, SliceDemand, SliceJob
 from services.workload_scheduler.placement import PodState
 from services.workload_scheduler.planner import Allocation, plan_admission
 from tests.helpers import serve
-from tests.workload_scheduler.conftest import rpc_error
+from tests.workload_scheduler.conftest import POD as WS_POD
+from tests.workload_scheduler.conftest import pod_stack, rpc_error
 
-POD = "pod-s"
+POD = WS_POD
 SPEC = "group=3x3 cluster=2x4 planes=9 ports=48/16 tier1=2x64"
 
 
@@ -111,39 +111,19 @@ class SwitchedStack:
 async def switched_stack(
     redis_url: str, *, spec: str = SPEC, small: int = 2, replicas: int = 1
 ) -> AsyncIterator[SwitchedStack]:
-    async with contextlib.AsyncExitStack() as stack:
-        ocs_svc = await stack.enter_async_context(
-            serve(
-                "ocs_manager",
-                redis_url,
-                {
-                    "LIGHTPATH_POD_ID": POD,
-                    "LIGHTPATH_FABRIC_KIND": "SWITCHED",
-                    "LIGHTPATH_SWITCHED_FABRIC": spec,
-                },
-            )
-        )
-        ocs_ch = await stack.enter_async_context(channel(ocs_svc.address, max_attempts=1))
-        stubs, addresses = [], []
-        for i in range(replicas):
-            svc = await stack.enter_async_context(
-                serve(
-                    "workload_scheduler",
-                    redis_url,
-                    {
-                        "LIGHTPATH_POD_ID": POD,
-                        "LIGHTPATH_OCS_ADDR": ocs_svc.address,
-                        "LIGHTPATH_BLOCK_TYPES": "npu",
-                        "LIGHTPATH_SWITCHED_SMALL_GROUPS": str(small),
-                        "LIGHTPATH_INSTANCE_ID": f"ws-{i}",
-                        "LIGHTPATH_WS_RECONCILE_S": "0.2",
-                    },
-                )
-            )
-            ch = await stack.enter_async_context(channel(svc.address, max_attempts=1))
-            stubs.append(workload_scheduler_pb2_grpc.WorkloadSchedulerStub(ch))
-            addresses.append(svc.address)
-        yield SwitchedStack(ocs_manager_pb2_grpc.OcsManagerStub(ocs_ch), stubs, addresses)
+    """issue 4's pod stack with the ocs_manager serving a SWITCHED fabric."""
+    async with pod_stack(
+        redis_url,
+        replicas=replicas,
+        types="npu",
+        ocs_environ={
+            "LIGHTPATH_POD_ID": POD,
+            "LIGHTPATH_FABRIC_KIND": "SWITCHED",
+            "LIGHTPATH_SWITCHED_FABRIC": spec,
+        },
+        ws_environ={"LIGHTPATH_SWITCHED_SMALL_GROUPS": str(small)},
+    ) as p:
+        yield SwitchedStack(p.ocs, p.schedulers, p.addresses)
 
 
 @pytest.fixture

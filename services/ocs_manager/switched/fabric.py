@@ -275,6 +275,21 @@ class SwitchedFabricConfig:
             raise InvalidArgument("fabric", str(e)) from e
 
 
+# Seed 002 ¶46-52, Fig. 14-18: 24x24 groups of 4x4 processors (9,216), 12 planes per
+# dimension (4 rows x 3 ports per edge), 64-port tier-0 switches with 48 down / 16 up
+# (3:1), 8 tier-1 switches per plane each using 48 of its 64 ports.
+FIG18_FABRIC = SwitchedFabricConfig(
+    group_shape=(4, 4),
+    cluster_rows=24,
+    cluster_cols=24,
+    planes=12,
+    tier0_down_ports=48,
+    tier0_up_ports=16,
+    tier1_switches=8,
+    tier1_ports=64,
+)
+
+
 @dataclass(frozen=True)
 class LinkInfo:
     """One concrete link: its id, its two ends (node id, port name) and kind."""

@@ -10,6 +10,7 @@ calls this; everything it decides comes from `rings` (pure).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -29,9 +30,10 @@ from services.ocs_manager.switched.rings import (
     RingPlan,
     SwapResult,
     Tile,
+    job_tile_in,
     plan_rings,
     replacement_order,
-    swap_tile,
+    swap_first,
 )
 from services.ocs_manager.switched.store import Snapshot, StoredPlan, SwitchedStore, conflict
 
@@ -157,13 +159,7 @@ class SwitchedFabricManager:
         for attempt in range(1, ATTEMPTS + 1):
             stored = await self.get(job_id)
             plan = stored.plan
-            old = next((t for t in plan.tiles if t.group == failed_group), None)
-            if old is None:
-                raise FailedPrecondition(
-                    f"group {fab.group_name(failed_group)}",
-                    f"does not run job {job_id}",
-                    reason="GROUP_NOT_IN_JOB",
-                )
+            old = job_tile_in(fab, plan, failed_group)
             snap = await self.store.snapshot()
             candidates = list(new_tiles) or [
                 Tile(g, old.row, old.col, old.height, old.width)
@@ -172,32 +168,25 @@ class SwitchedFabricManager:
             for n, t in enumerate(candidates):
                 t.check(fab, f"new_tiles[{n}]")
             free = [t for t in candidates if not any(snap.procs[p] for p in t.processors(fab))]
-            if not free:
+            if candidates and not free:
                 raise ResourceExhausted(
-                    f"no free group can take the place of {fab.group_name(failed_group)} in job {job_id}"
-                    + (f" ({len(candidates)} offered, all in use)" if candidates else ""),
+                    f"no free group can take the place of {fab.group_name(failed_group)} in "
+                    f"job {job_id} ({len(candidates)} offered, all in use)",
                     reason="NO_FREE_GROUP",
                 )
-            result = self._swap_first(snap, plan, old, free)
+            result = swap_first(
+                fab,
+                snap.used,
+                plan,
+                old,
+                free,
+                forbidden_for=functools.partial(snap.forbidden_for, fab, job_id),
+            )
             status, _ = await self.store.commit(result.plan, job_id, str(stored.version))
             if status == "OK":
                 return result
             log.info("swap %s: %s on attempt %d, planning again", job_id, status, attempt)
         raise Aborted(f"job {job_id} or its groups kept changing during the swap; retry")
-
-    def _swap_first(
-        self, snap: Snapshot, plan: RingPlan, old: Tile, candidates: list[Tile]
-    ) -> SwapResult:
-        first: ResourceExhausted | None = None
-        for new in candidates:
-            tiles = tuple(new if t == old else t for t in plan.tiles)
-            forbidden = snap.forbidden_for(self.fabric, plan.job_id, tiles)
-            try:
-                return swap_tile(self.fabric, snap.used, plan, old, new, forbidden=forbidden)
-            except ResourceExhausted as e:
-                first = first or e
-        assert first is not None
-        raise first
 
     async def switch_use(self, names: Sequence[str] = ()) -> list[SwitchLinkUse]:
         """SW-6: link use of the named switches (all when empty)."""

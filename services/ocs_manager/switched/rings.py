@@ -23,7 +23,7 @@ written anywhere. The fabric manager commits a plan's channels atomically.
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from lightpath.errors import Aborted, FailedPrecondition, InvalidArgument, ResourceExhausted
@@ -902,6 +902,53 @@ def replacement_order(
     return sorted((g for g in set(free_groups) if g != failed_group), key=key)
 
 
+def job_tile_in(fabric: SwitchedFabric, plan: RingPlan, group: int) -> Tile:
+    """The job's tile in `group`; FAILED_PRECONDITION when the job does not use it."""
+    old = next((t for t in plan.tiles if t.group == group), None)
+    if old is None:
+        raise FailedPrecondition(
+            f"group {fabric.group_name(group)}",
+            f"does not run job {plan.job_id}",
+            reason="GROUP_NOT_IN_JOB",
+        )
+    return old
+
+
+def swap_first(
+    fabric: SwitchedFabric,
+    used: bytes | bytearray,
+    plan: RingPlan,
+    old: Tile,
+    candidates: Sequence[Tile],
+    *,
+    forbidden_for: Callable[[tuple[Tile, ...]], Iterable[int]] = lambda tiles: (),
+) -> SwapResult:
+    """SW-5: the first candidate tile, in the order given, whose rings route takes
+    `old`'s place. `forbidden_for(new tiles)`: other jobs' processors in those groups."""
+    if not candidates:
+        raise ResourceExhausted(
+            f"no free group can take the place of {fabric.group_name(old.group)} in job "
+            f"{plan.job_id}",
+            reason="NO_FREE_GROUP",
+        )
+    first: ResourceExhausted | None = None
+    for new in candidates:
+        tiles = tuple(new if t == old else t for t in plan.tiles)
+        try:
+            return swap_tile(fabric, used, plan, old, new, forbidden=forbidden_for(tiles))
+        except ResourceExhausted as e:
+            first = first or e
+    assert first is not None
+    if len(candidates) == 1:
+        raise first
+    raise ResourceExhausted(
+        f"none of {len(candidates)} free groups can take the place of "
+        f"{fabric.group_name(old.group)}: {first.message}",
+        reason=first.reason,
+        metadata=first.metadata,
+    )
+
+
 def swap_group(
     fabric: SwitchedFabric,
     used: bytes | bytearray,
@@ -913,33 +960,13 @@ def swap_group(
 ) -> SwapResult:
     """SW-5 for a large job: the first free group, in `replacement_order`, whose
     rings can be re-routed takes the failed group's place."""
-    old = next((t for t in plan.tiles if t.group == failed_group), None)
-    if old is None:
-        raise FailedPrecondition(
-            f"group {fabric.group_name(failed_group)}",
-            f"does not run job {plan.job_id}",
-            reason="GROUP_NOT_IN_JOB",
-        )
-    candidates = replacement_order(fabric, failed_group, free_groups)
-    if not candidates:
-        raise ResourceExhausted(
-            f"no free group can take the place of {fabric.group_name(failed_group)} in job {plan.job_id}",
-            reason="NO_FREE_GROUP",
-        )
-    first: ResourceExhausted | None = None
-    for g in candidates:
-        new = Tile(g, old.row, old.col, old.height, old.width)
-        try:
-            return swap_tile(fabric, used, plan, old, new, forbidden=forbidden)
-        except ResourceExhausted as e:
-            first = first or e
-    assert first is not None
-    raise ResourceExhausted(
-        f"none of {len(candidates)} free groups can take the place of "
-        f"{fabric.group_name(failed_group)}: {first.message}",
-        reason=first.reason,
-        metadata=first.metadata,
-    )
+    old = job_tile_in(fabric, plan, failed_group)
+    candidates = [
+        Tile(g, old.row, old.col, old.height, old.width)
+        for g in replacement_order(fabric, failed_group, free_groups)
+    ]
+    blocked = frozenset(forbidden)
+    return swap_first(fabric, used, plan, old, candidates, forbidden_for=lambda tiles: blocked)
 
 
 def channel_kinds(fabric: SwitchedFabric, channels: Iterable[int]) -> dict[str, int]:
@@ -959,6 +986,7 @@ __all__ = [
     "SwapResult",
     "Tile",
     "channel_kinds",
+    "job_tile_in",
     "layouts",
     "order_tiles",
     "plan_rings",
@@ -966,6 +994,7 @@ __all__ = [
     "replacement_order",
     "reserve",
     "ring_members",
+    "swap_first",
     "swap_group",
     "swap_tile",
 ]

@@ -92,6 +92,21 @@ def config_to_proto(c: SwitchedFabricConfig) -> pb.SwitchedFabricConfig:
     )
 
 
+def fabric_to_proto(pod_id: str, f: SwitchedFabric) -> pb.SwitchedFabric:
+    d = f.describe()
+    return pb.SwitchedFabric(
+        pod_id=pod_id,
+        config=config_to_proto(f.config),
+        spec=f.config.spec(),
+        groups=d["groups"],
+        processors=d["processors"],
+        tier0_switches=d["tier0_switches"],
+        tier1_switches=d["tier1_switches"],
+        links=d["links"],
+        lanes=d["lanes"],
+    )
+
+
 def degrees_from_proto(d: common_pb2.ParallelismDegrees) -> Degrees:
     # Unset (0) means 1: an axis the job does not split.
     return Degrees(d.data or 1, d.pipeline or 1, d.layer or 1)
@@ -275,19 +290,7 @@ class SwitchedOcsManagerServicer(
         )
 
     async def GetSwitchedFabric(self, request, context) -> pb.SwitchedFabric:
-        f = self._sw.fabric
-        d = f.describe()
-        return pb.SwitchedFabric(
-            pod_id=self._pod,
-            config=config_to_proto(f.config),
-            spec=f.config.spec(),
-            groups=d["groups"],
-            processors=d["processors"],
-            tier0_switches=d["tier0_switches"],
-            tier1_switches=d["tier1_switches"],
-            links=d["links"],
-            lanes=d["lanes"],
-        )
+        return fabric_to_proto(self._pod, self._sw.fabric)
 
     async def ReserveRings(self, request: pb.ReserveRingsRequest, context) -> pb.RingReservation:
         f = self._sw.fabric
