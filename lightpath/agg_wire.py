@@ -34,7 +34,7 @@ DTYPE_TO_PB = {
     DType.FLOAT64: pb.AGG_DTYPE_FLOAT64,
     DType.BOOL: pb.AGG_DTYPE_BOOL,
 }
-PB_TO_DTYPE = {v: k for k, v in DTYPE_TO_PB.items()}
+PB_TO_DTYPE: dict[int, DType] = {int(v): k for k, v in DTYPE_TO_PB.items()}
 
 
 class WireError(ValueError):

@@ -548,9 +548,18 @@ def new_command(
     )
 
 
-def same_request(a: CommandSpec, b: CommandSpec) -> bool:
-    """Whether two specs came from the same request (a retry, X-5): all but times."""
-    ignore = {"created_at", "deadline_at", "topology_version"}
-    return all(
-        getattr(a, f) == getattr(b, f) for f in CommandSpec.__dataclass_fields__ if f not in ignore
+def participation_bitmaps(
+    topology: Topology, participants: Sequence[str], predicted: Sequence[str]
+) -> list[tuple[str, tuple[str, ...], tuple[bool, ...]]]:
+    """The bitmaps a command of `participants` would get with `predicted` cleared (AG-9)."""
+    spec = CommandSpec(
+        tree_id=topology.tree_id,
+        command_id="preview",
+        participants=tuple(participants),
+        dtype=DType.FLOAT32,
+        op=Op.SUM,
+        length=1,
+        chunk_elems=1,
+        predicted=tuple(predicted),
     )
+    return plan_command(topology, spec).bitmaps()
