@@ -32,7 +32,7 @@ from lightpath.errors import DeadlineExceeded, FailedPrecondition, LightpathErro
 from lightpath.v1 import agg_switch_pb2 as pb
 from services.agg_switch.command import CommandPlan, CommandState, plan_command
 from services.agg_switch.store import AggStore
-from services.agg_switch.switch import CommandReport, Effects, SwitchCore, TimerKey
+from services.agg_switch.switch import CommandReport, Effects, Failure, SwitchCore, TimerKey
 from services.agg_switch.topology import Topology
 
 log = logging.getLogger("lightpath.agg_switch.dataplane")
@@ -40,6 +40,7 @@ log = logging.getLogger("lightpath.agg_switch.dataplane")
 _END = object()
 OUTBOX_LINGER_S = 60.0
 RECENT_REPORTS = 64
+FAILURE_GATHER_S = 0.25
 
 
 class Outbox:
@@ -300,20 +301,7 @@ class DataPlane:
             loaded = self._commands.get(failure.command_id)
             if loaded is not None:
                 loaded.state, loaded.failure = CommandState.FAILED, failure.reason
-                fplan = loaded.plan
-                sp = fplan.switch(self.switch_id)
-                error = DeadlineExceeded(
-                    f"command {failure.command_id} failed: {failure.reason}"
-                    + (f" (missing: {', '.join(failure.missing)})" if failure.missing else "")
-                )
-                for node in sp.compute_members if sp else ():
-                    self.outbox(failure.command_id, node).fail(error)
-                self.runtime.spawn(
-                    self.store.finish_command(
-                        fplan.spec, CommandState.FAILED, now, failure.reason, failure.missing
-                    ),
-                    f"fail {failure.command_id}",
-                )
+                self.runtime.spawn(self._failed(loaded, failure, now), f"fail {failure.command_id}")
         for report in eff.reports:
             loaded = self._commands.get(report.command_id)
             self.recent.appendleft((report.command_id, report))
@@ -332,6 +320,29 @@ class DataPlane:
                 )
         for cid in eff.completed:
             self.runtime.spawn(self._completed(cid), f"complete {cid}")
+
+    async def _failed(self, loaded: _Loaded, failure: Failure, now: float) -> None:
+        """AG-11: record the failure, then tell this switch's waiting compute nodes
+        who never arrived — as far as every switch knows (each failed at the same
+        deadline and named its own missing children), so wait a moment for them."""
+        spec = loaded.plan.spec
+        missing = set(failure.missing)
+        try:
+            await self.store.finish_command(
+                spec, CommandState.FAILED, now, failure.reason, failure.missing
+            )
+            await asyncio.sleep(FAILURE_GATHER_S)
+            record = await self.store.command(spec.tree_id, spec.command_id)
+            if record is not None:
+                missing.update(record.missing)
+        finally:
+            error = DeadlineExceeded(
+                f"command {spec.command_id} failed: {failure.reason}"
+                + (f" (missing: {', '.join(sorted(missing))})" if missing else "")
+            )
+            sp = loaded.plan.switch(self.switch_id)
+            for node in sp.compute_members if sp else ():
+                self.outbox(spec.command_id, node).fail(error)
 
     async def _completed(self, command_id: str) -> None:
         loaded = self._commands.get(command_id)
