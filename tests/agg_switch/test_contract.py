@@ -15,7 +15,6 @@ from lightpath.v1 import agg_switch_pb2 as pb
 from lightpath.v1 import common_pb2
 from tests.agg_switch.tree import CN, DN, SW, agg_tree, node, stack_tree
 
-
 FIVE = ["n1", "n2", "n3", "n4", "n5"]
 
 
@@ -357,9 +356,8 @@ async def test_bad_contributions_are_refused_and_duplicates_count_once(tree):
         response_deserializer=pb.ContributeSummary.FromString,
     )
 
-    def chunk(
-        cid="bad", source="n1", dtype=pb.AGG_DTYPE_INT64, data=np.arange(2, dtype=np.int64), index=0
-    ):
+    def chunk(cid="bad", source="n1", dtype=pb.AGG_DTYPE_INT64, data=None, index=0):
+        data = np.arange(2, dtype=np.int64) if data is None else data
         return agg_wire.encode_header(
             pb.AggChunk(
                 command_id=cid,
