@@ -221,6 +221,8 @@ class SwitchCore:
         self.ps = parameter_server or ParameterServer()
         self._commands: dict[str, _Command] = {}
         self._parked: deque[_Parked] = deque()
+        self._serving = False
+        self._again = False
         self._ended: OrderedDict[str, str] = OrderedDict()  # command → "" (done) or failure
         self._remember = remember
         self.counters: dict[str, int] = {
@@ -596,26 +598,46 @@ class SwitchCore:
         cmd.released += 1  # the chunk is done here without having held a slot
 
     def _serve_parked(self, now: float, eff: Effects) -> None:
-        """Slots freed: admit waiting arrivals, first come first served."""
-        if not self._parked:
+        """Slots freed: admit waiting arrivals, first come first served. An
+        arrival may join its chunk's slot at once; only the oldest may take a
+        new one. Not re-entrant: a slot freed by an admitted arrival starts
+        another pass of the same loop."""
+        if self._serving:
+            self._again = True
             return
-        keep: deque[_Parked] = deque()
-        while self._parked:
-            p = self._parked.popleft()
-            cmd = self._commands.get(p.packet.command_id)
-            if cmd is None:  # pragma: no cover - failures remove their parked arrivals
-                continue
-            slot = cmd.slots.get(p.packet.chunk)
-            if slot is None and not keep and self.pool.acquire():
-                slot = self._open_slot(cmd, p.packet.chunk, now, eff)
-            if slot is None:
-                keep.append(p)
-                continue
-            cmd.report.waited_ms += (now - p.parked_at) * 1000.0
-            eff.admitted.append(p.packet)
-            eff.events.append(Event("admitted", cmd.spec.command_id, p.packet.chunk, p.child))
-            self._add(cmd, slot, p.packet, p.child, now, eff)
-        self._parked.extend(keep)
+        self._serving = True
+        try:
+            self._again = True
+            while self._again and self._parked:
+                self._again = False
+                keep: deque[_Parked] = deque()
+                while self._parked:
+                    p = self._parked.popleft()
+                    cmd = self._commands.get(p.packet.command_id)
+                    if cmd is None:  # pragma: no cover - failures remove their parked arrivals
+                        continue
+                    chunk = p.packet.chunk
+                    if cmd.done[chunk]:
+                        # Timed out (or fell back) while it waited: it is late now (AG-5).
+                        self._admitted(cmd, p, now, eff)
+                        self._match_bypass(cmd, p.packet, p.child, eff)
+                        continue
+                    slot = cmd.slots.get(chunk)
+                    if slot is None and not keep and self.pool.acquire():
+                        slot = self._open_slot(cmd, chunk, now, eff)
+                    if slot is None:
+                        keep.append(p)
+                        continue
+                    self._admitted(cmd, p, now, eff)
+                    self._add(cmd, slot, p.packet, p.child, now, eff)
+                self._parked = keep
+        finally:
+            self._serving = False
+
+    def _admitted(self, cmd: _Command, p: _Parked, now: float, eff: Effects) -> None:
+        cmd.report.waited_ms += (now - p.parked_at) * 1000.0
+        eff.admitted.append(p.packet)
+        eff.events.append(Event("admitted", cmd.spec.command_id, p.packet.chunk, p.child))
 
     # -- the timeout aggregation node (AG-7) -----------------------------------------
 
@@ -727,8 +749,11 @@ class SwitchCore:
         if cmd is None:
             return eff
         if what == "deadline":
-            if cmd.plan is None and cmd.ta is None:
-                self._forget(cid, "")  # only routed packets through here: nothing to fail
+            if cmd.plan is None and (cmd.ta is None or not cmd.ta.open_chunks):
+                # Not on the results' way down: only routed packets passed here, or
+                # the timeout aggregation work this node got is all done.
+                self._forget(cid, "")
+                eff.cancels.append(key)
                 return eff
             self._fail(cmd, "the deadline passed before every contribution arrived", now, eff)
             return eff

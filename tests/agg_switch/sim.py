@@ -111,12 +111,22 @@ class Simulation:
         never = set(never)
         twice = set(duplicate)
         for p in spec.participants:
+            # Each node opens its Results stream at its leaf first, which makes
+            # the leaf load the command (and arm its deadline), as the service does.
+            self._at(0.0, lambda p=p, c=cmd: self._subscribe(c, p))
+        for p in spec.participants:
             if p in never:
                 continue
             t0 = (start or {}).get(p, 0.0)
             for k in range(spec.chunks):
                 for _ in range(2 if p in twice else 1):
                     self._at(t0 + k * chunk_gap, lambda p=p, k=k, c=cmd: self._send_chunk(c, p, k))
+
+    def _subscribe(self, cmd: _Cmd, node: str) -> None:
+        leaf = self.topology.leaf_switch(node)
+        core = self.cores[leaf]
+        if not core.knows(cmd.spec.command_id) and core.ended(cmd.spec.command_id) is None:
+            self._apply(leaf, core.admit(cmd.plan, cmd.spec.deadline_at))
 
     def _send_chunk(self, cmd: _Cmd, node: str, k: int) -> None:
         spec = cmd.spec
