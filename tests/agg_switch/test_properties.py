@@ -129,32 +129,33 @@ def documented_order(
     spec, topo = plan.spec, plan.topology
     r: Reduction = spec.reduction
     out = np.empty(spec.length, dtype=spec.dtype.numpy)
-    for k in range(spec.chunks):
-        lo, hi = k * spec.chunk_elems, min(spec.length, (k + 1) * spec.chunk_elems)
-        lates: list[tuple[str, np.ndarray | None]] = []
 
-        def fold(acc, x):
-            if x is None:
-                return acc
-            return x if acc is None else r.ufunc(acc, x)
-
-        def value(node: str) -> np.ndarray | None:
-            if topo.is_compute(node):
-                return r.absorb(inputs[node][lo:hi])
-            acc = None
-            for child in plan.switches[node].expected:
-                v = value(child)
-                if child in late.get((node, k), set()):
-                    lates.append((child, v))
-                else:
-                    acc = fold(acc, v)
+    def fold(acc, x):
+        if x is None:
             return acc
+        return x if acc is None else r.ufunc(acc, x)
 
-        acc = value(topo.root)
-        lates.extend((q, r.absorb(inputs[q][lo:hi])) for q in spec.predicted)
+    def value(node: str, k: int, part: slice, lates: list) -> np.ndarray | None:
+        """What `node` sends up for chunk k; the late children's values go to `lates`."""
+        if topo.is_compute(node):
+            return r.absorb(inputs[node][part])
+        acc = None
+        for child in plan.switches[node].expected:
+            v = value(child, k, part, lates)
+            if child in late.get((node, k), set()):
+                lates.append((child, v))
+            else:
+                acc = fold(acc, v)
+        return acc
+
+    for k in range(spec.chunks):
+        part = slice(k * spec.chunk_elems, min(spec.length, (k + 1) * spec.chunk_elems))
+        lates: list[tuple[str, np.ndarray | None]] = []
+        acc = value(topo.root, k, part, lates)
+        lates.extend((q, r.absorb(inputs[q][part])) for q in spec.predicted)
         for _, v in sorted(lates, key=lambda nv: topo.position[nv[0]]):
             acc = fold(acc, v)
-        out[lo:hi] = r.finish(acc)
+        out[part] = r.finish(acc)
     return out
 
 
