@@ -131,8 +131,10 @@ class ComputeNode:
         *,
         delay_s: float = 0.0,
         assignment: pb.Assignment | None = None,
+        out: np.ndarray | None = None,
     ) -> AggregationResult:
-        """Contribute `values` (after `delay_s`, to play a straggler) and return the result."""
+        """Contribute `values` (after `delay_s`, to play a straggler) and return the
+        result, written into `out` when given (a receive buffer reused across calls)."""
         started = time.perf_counter()
         a = assignment or await self.join(command_id)
         cmd = a.command
@@ -156,6 +158,7 @@ class ComputeNode:
             position={n: i for i, n in enumerate(cmd.preset_order)},
             incremental=cmd.trigger == pb.TRIGGER_MODE_INCREMENTAL,
             root=a.root_switch,
+            out=out,
         )
         timeout = max(1.0, cmd.deadline.ToNanoseconds() / 1e9 - time.time() + DEADLINE_MARGIN_S)
         ch = self._channel(a.leaf_endpoint)

@@ -486,13 +486,16 @@ class NodeCommand:
         position: Mapping[str, int] | None = None,
         incremental: bool = False,
         root: str = "",
+        out: np.ndarray | None = None,
     ):
         self.node_id = node_id
         self.command_id = command_id
         self.length = length
         self.chunk_elems = chunk_elems
         self.chunks = split_chunks(length, chunk_elems)
-        self.result = np.empty(length, dtype=reduction.dtype.numpy)
+        if out is not None and (out.shape != (length,) or out.dtype != reduction.dtype.numpy):
+            raise ValueError(f"out must be a {reduction.dtype} vector of {length} elements")
+        self.result = np.empty(length, dtype=reduction.dtype.numpy) if out is None else out
         self.parameters = False
         self._seen = bytearray(self.chunks)
         self._count = 0

@@ -506,6 +506,15 @@ async def test_dedicated_timeout_aggregator_and_parameter_server(redis_url):
             ),
             grpc.StatusCode.FAILED_PRECONDITION,
         )
+        # One command updates a model at a time, whichever switch starts them.
+        ps = dict(
+            dtype=pb.AGG_DTYPE_FLOAT32, parameter_server=pb.ParameterServerOptions(model_id="m")
+        )
+        await t.start("ps-2", FIVE, 6, via="sub-1", **ps)
+        busy = await expect_error(
+            t.start("ps-3", FIVE, 6, via="sub-2", **ps), grpc.StatusCode.FAILED_PRECONDITION
+        )
+        assert busy.reason == "MODEL_BUSY"
 
 
 async def test_exact_mode_gives_the_same_bits_whoever_is_late(tree):
