@@ -196,6 +196,18 @@ class Reduction:
             return self.ufunc(acc, x, out=acc)
         return self.ufunc(acc, x)
 
+    def accumulate(
+        self, acc: np.ndarray | None, owned: bool, x: np.ndarray | None
+    ) -> tuple[np.ndarray | None, bool]:
+        """One step of a fold: (accumulator, whether we own it) after taking `x`.
+        The first input is kept as is (no copy); the second makes a new array
+        that later inputs are added into in place."""
+        if x is None:
+            return acc, owned
+        if acc is None:
+            return x, False
+        return self.combine(acc, owned, x), True
+
     def finish(self, partial: np.ndarray) -> np.ndarray:
         """The final value in the command's dtype."""
         if not self.fixed_point:
@@ -210,11 +222,7 @@ class Reduction:
         acc: np.ndarray | None = None
         owned = False
         for x in inputs:
-            x = self.absorb(np.asarray(x, dtype=self.dtype.numpy))
-            if acc is None:
-                acc, owned = x, False
-            else:
-                acc, owned = self.combine(acc, owned, x), True
+            acc, owned = self.accumulate(acc, owned, self.absorb(np.asarray(x, self.dtype.numpy)))
         assert acc is not None, "no input"
         return self.finish(acc)
 
@@ -242,12 +250,7 @@ class Fold:
         self._next = 0
 
     def _take(self, x: np.ndarray | None) -> None:
-        if x is None:
-            return
-        if self._acc is None:
-            self._acc, self._owned = x, False
-        else:
-            self._acc, self._owned = self._r.combine(self._acc, self._owned, x), True
+        self._acc, self._owned = self._r.accumulate(self._acc, self._owned, x)
 
     def add(self, key: str, x: np.ndarray | None) -> None:
         """An input (already `absorb`ed) from child `key`; None: the child
@@ -420,12 +423,7 @@ class TimeoutAggregator:
                     grew = True
 
     def _take(self, st: _TaChunk, x: np.ndarray | None) -> None:
-        if x is None:
-            return
-        if st.acc is None:
-            st.acc, st.owned = x, False
-        else:
-            st.acc, st.owned = self._r.combine(st.acc, st.owned, x), True
+        st.acc, st.owned = self._r.accumulate(st.acc, st.owned, x)
 
     def _progress(self, st: _TaChunk) -> np.ndarray | None:
         if not st.partial_seen:

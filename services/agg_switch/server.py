@@ -25,6 +25,7 @@ from lightpath.v1 import agg_switch_pb2_grpc, common_pb2
 from services.agg_switch import convert
 from services.agg_switch.command import (
     DEFAULT_HISTORY_WINDOW,
+    CommandSpec,
     CommandState,
     TaStrategy,
     choose_timeout_aggregator,
@@ -349,6 +350,21 @@ class AggSwitchServicer(agg_switch_pb2_grpc.AggSwitchServicer):
 
     # -- data path -------------------------------------------------------------------
 
+    def _check_attached(self, spec: CommandSpec, topo: Topology, node: str, field: str) -> None:
+        """`node` takes part in the command and hangs from this switch."""
+        if node not in spec.participants:
+            raise InvalidArgument(
+                field,
+                f"{node!r} is not a participant of command {spec.command_id}",
+                reason="NOT_A_PARTICIPANT",
+            )
+        if topo.leaf_switch(node) != self._settings.switch_id:
+            raise InvalidArgument(
+                field,
+                f"{node!r} attaches to switch {topo.leaf_switch(node)}, not {self._settings.switch_id}",
+                reason="WRONG_SWITCH",
+            )
+
     async def JoinCommand(self, request: pb.JoinCommandRequest, context) -> pb.Assignment:
         tree = self._tree(request.tree_id)
         if not is_valid_id(request.command_id):
@@ -395,18 +411,7 @@ class AggSwitchServicer(agg_switch_pb2_grpc.AggSwitchServicer):
             loaded = await plane.command(header.command_id)
             spec, topo = loaded.plan.spec, loaded.plan.topology
             node = header.source
-            if node not in spec.participants:
-                raise InvalidArgument(
-                    "source",
-                    f"{node!r} is not a participant of command {spec.command_id}",
-                    reason="NOT_A_PARTICIPANT",
-                )
-            if topo.leaf_switch(node) != self._settings.switch_id:
-                raise InvalidArgument(
-                    "source",
-                    f"{node!r} attaches to switch {topo.leaf_switch(node)}, not {self._settings.switch_id}",
-                    reason="WRONG_SWITCH",
-                )
+            self._check_attached(spec, topo, node, "source")
             try:
                 kind = Kind(header.kind)
             except ValueError:
@@ -452,18 +457,7 @@ class AggSwitchServicer(agg_switch_pb2_grpc.AggSwitchServicer):
         loaded = await plane.command(request.command_id)
         spec, topo = loaded.plan.spec, loaded.plan.topology
         node = request.node_id
-        if node not in spec.participants:
-            raise InvalidArgument(
-                "node_id",
-                f"{node!r} is not a participant of command {spec.command_id}",
-                reason="NOT_A_PARTICIPANT",
-            )
-        if topo.leaf_switch(node) != self._settings.switch_id:
-            raise InvalidArgument(
-                "node_id",
-                f"{node!r} attaches to switch {topo.leaf_switch(node)}, not {self._settings.switch_id}",
-                reason="WRONG_SWITCH",
-            )
+        self._check_attached(spec, topo, node, "node_id")
         if not plane.has_outbox(spec.command_id, node):
             if loaded.state is CommandState.COMPLETED or plane.core.ended(spec.command_id) == "":
                 raise FailedPrecondition(
