@@ -79,24 +79,30 @@ class Outbox:
 class PeerLink:
     """One long-lived Relay stream to a neighbouring switch; packets queue while it (re)connects.
 
-    A packet whose write failed is sent again after reconnecting; receivers
-    count every chunk once, so a repeat is harmless.
+    A packet whose write failed is sent again after reconnecting (receivers
+    count every chunk once, so a repeat is harmless); packets of commands that
+    ended meanwhile (their deadline failed them) are dropped instead.
     """
 
     def __init__(self, plane: DataPlane, peer: str):
         self.plane = plane
         self.peer = peer
-        self.queue: asyncio.Queue[bytes] = asyncio.Queue()
+        self.queue: asyncio.Queue[tuple[str, bytes]] = asyncio.Queue()
         self.task: asyncio.Task | None = None
         self.sent = 0
 
-    def send(self, raw: bytes) -> None:
-        self.queue.put_nowait(raw)
+    def send(self, command_id: str, raw: bytes) -> None:
+        self.queue.put_nowait((command_id, raw))
         if self.task is None or self.task.done():
             self.task = self.plane.runtime.spawn(self._run(), f"relay to {self.peer}")
 
+    def _live(self, item: tuple[str, bytes] | None) -> tuple[str, bytes] | None:
+        if item is not None and self.plane.core.ended(item[0]):
+            return None  # the command failed here: nobody waits for this any more
+        return item
+
     async def _run(self) -> None:
-        pending: bytes | None = None
+        pending: tuple[str, bytes] | None = None
         backoff = 0.05
         while True:
             try:
@@ -107,7 +113,7 @@ class PeerLink:
                 while True:
                     if pending is None:
                         pending = await self.queue.get()
-                    await call.write(pending)
+                    await call.write(pending[1])
                     pending = None
                     self.sent += 1
                     backoff = 0.05
@@ -121,6 +127,18 @@ class PeerLink:
                 )
                 await asyncio.sleep(backoff)
                 backoff = min(2.0, backoff * 2)
+                pending = self._live(pending)
+                kept = [i for i in iter_queue(self.queue) if self._live(i)]
+                for item in kept:
+                    self.queue.put_nowait(item)
+
+
+def iter_queue(queue: asyncio.Queue) -> list[Any]:
+    """Everything queued, removed from the queue."""
+    out = []
+    while not queue.empty():
+        out.append(queue.get_nowait())
+    return out
 
 
 @dataclass
@@ -267,7 +285,7 @@ class DataPlane:
             if topo.is_compute(to):
                 self.outbox(pkt.command_id, to).put(raw, pkt.kind is Kind.RESULT)
             else:
-                self.link(to).send(raw)
+                self.link(to).send(pkt.command_id, raw)
         loop = asyncio.get_running_loop()
         for key in eff.cancels:
             handle = self._timers.pop(key, None)

@@ -16,6 +16,7 @@ from typing import ClassVar
 
 import grpc
 import numpy as np
+from opentelemetry import trace
 
 from lightpath import agg_wire
 from lightpath.aggregation import Kind
@@ -42,6 +43,15 @@ from services.common.keys import ID_RULE, is_valid_id
 from services.common.server import Runtime, ServiceDefinition
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["AggSwitch"].full_name
+
+
+def annotate(**attributes: str | int) -> None:
+    """Facts an operator looks for, on the RPC's span (`lightpath.command_id`, …)."""
+    span = trace.get_current_span()
+    for key, value in attributes.items():
+        span.set_attribute(f"lightpath.{key}", value)
+
+
 MAX_PAGE = 1000
 CONTRIBUTE_KINDS = {Kind.CONTRIBUTION, Kind.LATE, Kind.FINAL}
 
@@ -100,6 +110,7 @@ class AggSwitchServicer(agg_switch_pb2_grpc.AggSwitchServicer):
         tree = self._tree(t.tree_id)
         topo = validate_topology(tree, convert.node_specs(t), t.timeout_aggregator)
         version = await self._store.define_topology(topo, time.time())
+        annotate(tree=tree, topology_version=version, nodes=len(topo.nodes))
         stored = await self._topology(tree)
         self._rt.log.info(
             "topology of %s defined: version %d, %d switches, %d compute nodes",
@@ -145,6 +156,14 @@ class AggSwitchServicer(agg_switch_pb2_grpc.AggSwitchServicer):
                     reason="MODEL_MISMATCH",
                 )
         spec, created = await self._store.start_command(spec, convert.request_digest(request, tree))
+        annotate(
+            tree=tree,
+            command_id=spec.command_id,
+            tenant=spec.tenant,
+            participants=len(spec.participants),
+            timeout_aggregator=spec.timeout_aggregator,
+            created=int(created),
+        )
         if created:
             self._rt.log.info(
                 "command %s started: %d participants, %s %s × %d, timeout aggregation node %s%s",
@@ -163,6 +182,7 @@ class AggSwitchServicer(agg_switch_pb2_grpc.AggSwitchServicer):
         tree = self._tree(request.tree_id)
         if not is_valid_id(request.command_id):
             raise InvalidArgument("command_id", ID_RULE)
+        annotate(tree=tree, command_id=request.command_id)
         record = await self._store.require_command(tree, request.command_id)
         return convert.command_to_pb(record.spec, await self._store.topology(tree), record)
 
@@ -369,6 +389,7 @@ class AggSwitchServicer(agg_switch_pb2_grpc.AggSwitchServicer):
         tree = self._tree(request.tree_id)
         if not is_valid_id(request.command_id):
             raise InvalidArgument("command_id", ID_RULE)
+        annotate(command_id=request.command_id, node=request.node_id)
         record = await self._store.require_command(tree, request.command_id)
         spec = record.spec
         if request.node_id not in spec.participants:
@@ -411,6 +432,8 @@ class AggSwitchServicer(agg_switch_pb2_grpc.AggSwitchServicer):
             loaded = await plane.command(header.command_id)
             spec, topo = loaded.plan.spec, loaded.plan.topology
             node = header.source
+            if not accepted and not duplicates:
+                annotate(command_id=spec.command_id, node=node)
             self._check_attached(spec, topo, node, "source")
             try:
                 kind = Kind(header.kind)
@@ -446,6 +469,7 @@ class AggSwitchServicer(agg_switch_pb2_grpc.AggSwitchServicer):
                 duplicates += 1
             else:
                 accepted += 1
+        annotate(chunks_accepted=accepted, chunks_duplicate=duplicates)
         return pb.ContributeSummary(accepted=accepted, duplicates=duplicates)
 
     async def Results(  # type: ignore[override]
@@ -457,6 +481,7 @@ class AggSwitchServicer(agg_switch_pb2_grpc.AggSwitchServicer):
         loaded = await plane.command(request.command_id)
         spec, topo = loaded.plan.spec, loaded.plan.topology
         node = request.node_id
+        annotate(command_id=spec.command_id, node=node)
         self._check_attached(spec, topo, node, "node_id")
         if not plane.has_outbox(spec.command_id, node):
             if loaded.state is CommandState.COMPLETED or plane.core.ended(spec.command_id) == "":
@@ -478,6 +503,7 @@ class AggSwitchServicer(agg_switch_pb2_grpc.AggSwitchServicer):
         peer = metadata.get(agg_wire.FROM_METADATA, "")
         if not is_valid_id(peer):
             raise InvalidArgument(agg_wire.FROM_METADATA, "metadata must name the sending switch")
+        annotate(peer=peer)
         count = 0
         async for raw in request_iterator:
             count += 1
@@ -487,6 +513,7 @@ class AggSwitchServicer(agg_switch_pb2_grpc.AggSwitchServicer):
                 self._rt.log.warning(
                     "dropped a packet relayed by %s: %s", peer, exc, extra={"peer": peer}
                 )
+        annotate(chunks=count)
         return pb.RelaySummary(chunks=count)
 
 

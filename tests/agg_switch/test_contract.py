@@ -8,6 +8,7 @@ import asyncio
 import grpc
 import numpy as np
 import pytest
+from opentelemetry.trace import SpanKind
 
 from lightpath.agg import ComputeNode, aggregate_all
 from lightpath.client import channel, error_report
@@ -169,6 +170,25 @@ async def test_start_command_is_idempotent_and_validated(tree):
     assert busy.reason == "TREE_BUSY"
     listed = await tree.stub().ListCommands(pb.ListCommandsRequest(page_size=1))
     assert [c.command_id for c in listed.commands] == ["c1"] and listed.next_page_token == ""
+
+
+async def test_rpc_spans_carry_the_command_for_operators(redis_url, spans_factory):
+    spans = spans_factory("agg-test")
+    async with agg_tree(redis_url, tracer_provider=spans.provider) as t:
+        await t.define(stack_tree())
+        await t.start("traced", FIVE, 4, tenant="acme")
+        await aggregate_all(t.address(), "traced", vectors(4))
+    by_name = {}
+    for span in spans.finished():
+        if span.kind is SpanKind.SERVER:
+            by_name.setdefault(span.name, []).append(span)
+    start = by_name["lightpath.v1.AggSwitch/StartCommand"][0].attributes
+    assert (start["lightpath.command_id"], start["lightpath.tenant"]) == ("traced", "acme")
+    contributes = by_name["lightpath.v1.AggSwitch/Contribute"]
+    assert {s.attributes["lightpath.node"] for s in contributes} == set(FIVE)
+    assert all(s.attributes["lightpath.chunks_accepted"] == 1 for s in contributes)
+    relays = by_name["lightpath.v1.AggSwitch/Relay"]
+    assert {s.attributes["lightpath.peer"] for s in relays} >= {"sub-1", "sub-2", "root"}
 
 
 async def test_concurrent_starts_of_one_command_on_every_switch_make_one_command(tree):

@@ -109,6 +109,7 @@ async def agg_tree(
     switches: Sequence[str] = ("root", "sub-1", "sub-2"),
     env: Mapping[str, Mapping[str, str]] | None = None,
     tree: str = TREE,
+    tracer_provider=None,
 ) -> AsyncIterator[Tree]:
     async with contextlib.AsyncExitStack() as stack:
         running = {}
@@ -122,6 +123,7 @@ async def agg_tree(
                         "LIGHTPATH_AGG_TREE": tree,
                         **(env or {}).get(s, {}),
                     },
+                    tracer_provider=tracer_provider,
                 )
             )
         t = Tree(running)
