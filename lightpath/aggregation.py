@@ -375,6 +375,11 @@ class TimeoutAggregator:
         st = self._chunks.get(chunk)
         return set() if st is None else st.expected - st.received.keys()
 
+    def folded(self, chunk: int) -> set[str]:
+        """Late nodes already combined into `chunk` (incremental mode folds as they come)."""
+        st = self._chunks.get(chunk)
+        return set() if st is None else st.folded - {""}
+
     @property
     def open_chunks(self) -> list[int]:
         return sorted(i for i, st in self._chunks.items() if not st.done)

@@ -248,6 +248,11 @@ class SwitchCore:
     def bypass_entries(self) -> list[BypassEntry]:
         return [e for c in self._commands.values() for e in c.bypass.values()]
 
+    def timeout_aggregator(self, command_id: str) -> TimeoutAggregator | None:
+        """This node's timeout aggregation work for a live command, if any."""
+        cmd = self._commands.get(command_id)
+        return None if cmd is None else cmd.ta
+
     @property
     def parked(self) -> int:
         return len(self._parked)

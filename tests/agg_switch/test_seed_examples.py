@@ -298,3 +298,29 @@ def test_regrouping_around_a_late_node_changes_preset_bits_but_not_exact():
     exact_normal = run(OrderPolicy.EXACT, False, "exact-normal")
     exact_late = run(OrderPolicy.EXACT, True, "exact-late")
     assert exact_normal.tobytes() == exact_late.tobytes()
+
+
+def test_several_late_nodes_combine_incrementally_or_after_all():
+    """S305, conditions one and two: with two timeout nodes the timeout
+    aggregation node either waits for both, or folds each as it comes."""
+    from lightpath.aggregation import Trigger
+
+    topo = two_switch_cluster(sub_ms=100, root_ms=300)
+    for trigger in (Trigger.INCREMENTAL, Trigger.ALL_OR_THRESHOLD):
+        spec = command(topo, list(FIVE), ta="root", trigger=trigger)
+        sim = Simulation(topo)
+        sim.add_command(spec, inputs(FIVE), start={"n2": 0.5, "n5": 0.9})
+        sim.run(until=0.7)
+        ta = sim.cores["root"].timeout_aggregator("X")
+        assert ta.outstanding(0) == {"n5"}
+        assert ta.folded(0) == ({"n2"} if trigger is Trigger.INCREMENTAL else set())
+        sim.run()
+        partial = [e for _, _, e in sim.events_of("ta_partial") if e.chunk == 0]
+        assert [e.detail for e in partial] == ["n2,n5"]
+        lates = [(t, e.node) for t, _, e in sim.events_of("ta_late") if e.chunk == 0]
+        assert lates == [(0.5, "n2"), (0.9, "n5")]
+        final = [t for t, _, e in sim.events_of("ta_final") if e.chunk == 0]
+        assert final == [0.9]  # complete only once the last timeout node is in
+        total = sum(data_of(i) for i in range(1, 6))
+        assert all(r.tolist() == total.tolist() for r in sim.results("X").values())
+        assert sim.holding("X") == []
