@@ -277,12 +277,15 @@ class DataPlane:
         self._apply(loaded.plan, eff)  # parked relayed packets wait in the core, not here
 
     def _apply(self, plan: CommandPlan, eff: Effects) -> None:
-        topo = plan.topology
         for to, pkt in eff.sends:
-            spec = plan.spec if pkt.command_id == plan.spec.command_id else None
-            dtype = (spec or self._commands[pkt.command_id].plan.spec).dtype
-            raw = agg_wire.encode(pkt, dtype)
-            if topo.is_compute(to):
+            # A freed slot may admit another command's waiting arrival: its own dtype.
+            owner = (
+                plan
+                if pkt.command_id == plan.spec.command_id
+                else self._commands[pkt.command_id].plan
+            )
+            raw = agg_wire.encode(pkt, owner.spec.dtype)
+            if owner.topology.is_compute(to):
                 self.outbox(pkt.command_id, to).put(raw, pkt.kind is Kind.RESULT)
             else:
                 self.link(to).send(pkt.command_id, raw)
