@@ -40,7 +40,7 @@ log = logging.getLogger("lightpath.agg_switch.dataplane")
 _END = object()
 OUTBOX_LINGER_S = 60.0
 RECENT_REPORTS = 64
-FAILURE_GATHER_S = 0.25
+FAILURE_GATHER_S = 2.0
 
 
 class Outbox:
@@ -344,18 +344,24 @@ class DataPlane:
 
     async def _failed(self, loaded: _Loaded, failure: Failure, now: float) -> None:
         """AG-11: record the failure, then tell this switch's waiting compute nodes
-        who never arrived — as far as every switch knows (each failed at the same
-        deadline and named its own missing children), so wait a moment for them."""
+        who never arrived. Every switch fails at the same deadline and names its own
+        missing children in Redis; a switch that knows of none (its own children
+        all came) waits up to FAILURE_GATHER_S for another to name them."""
         spec = loaded.plan.spec
         missing = set(failure.missing)
         try:
             await self.store.finish_command(
                 spec, CommandState.FAILED, now, failure.reason, failure.missing
             )
-            await asyncio.sleep(FAILURE_GATHER_S)
-            record = await self.store.command(spec.tree_id, spec.command_id)
-            if record is not None:
-                missing.update(record.missing)
+            loop = asyncio.get_running_loop()
+            until = loop.time() + FAILURE_GATHER_S
+            while True:  # until some switch named who is missing (this one may not know)
+                record = await self.store.command(spec.tree_id, spec.command_id)
+                if record is not None:
+                    missing.update(record.missing)
+                if missing or loop.time() >= until:
+                    break
+                await asyncio.sleep(0.05)
         finally:
             error = DeadlineExceeded(
                 f"command {spec.command_id} failed: {failure.reason}"

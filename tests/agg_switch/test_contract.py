@@ -209,7 +209,7 @@ async def test_one_straggler_is_bypassed_to_a_compute_timeout_aggregator(tree):
     its partial up carrying n3, records bypass entries and frees its slots; n3's
     data is flagged on arrival and reaches n4 (the timeout aggregation node,
     under sub-2), which completes every chunk and has the root broadcast it."""
-    await tree.define(stack_tree(sub_ms=300, root_ms=5000))
+    await tree.define(stack_tree(sub_ms=1000, root_ms=5000))
     length = 1000
     cmd = await tree.start(
         "late-1",
@@ -271,9 +271,7 @@ async def test_predicted_straggler_tags_its_own_data(tree):
     await tree.define(stack_tree(sub_ms=2000, root_ms=5000))
     await tree.start("warm", FIVE, 4)
     data = vectors(4)
-    late = asyncio.ensure_future(
-        asyncio.sleep(0.2)
-    )  # n5 comes clearly last: the history must say so
+    late = asyncio.ensure_future(asyncio.sleep(0.5))  # n5 comes clearly last: history says so
     on_time = asyncio.ensure_future(
         aggregate_all(tree.address(), "warm", {n: data[n] for n in FIVE if n != "n5"})
     )
