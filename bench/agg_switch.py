@@ -285,21 +285,43 @@ def gloo(mib: int, reps: int) -> float | None:
 
 
 async def hold_times(addr: dict[str, str], tree: str, names: list[str]) -> tuple[float, float]:
+    """The straggler sends 500 ms after the first data reached its switch."""
     import numpy as np
 
-    from lightpath.agg import aggregate_all
+    from lightpath.agg import ComputeNode, aggregate_all
+    from lightpath.client import channel
+    from lightpath.v1 import agg_switch_pb2 as pb
+    from lightpath.v1 import agg_switch_pb2_grpc
 
     elems = 1 << 18
     inputs = {n: np.full(elems, 1.0, np.float32) for n in names}
+    straggler, on_time = names[0], {n: inputs[n] for n in names[1:]}
     out = []
-    for wait_for_all in (False, True):
-        cid = f"hold-{'wait' if wait_for_all else 'timeout'}"
-        await start(
-            addr["root"], tree, cid, names, elems, chunk_bytes=1 << 18, wait_for_all=wait_for_all
-        )
-        await aggregate_all(addr["root"], cid, inputs, delays={names[0]: 0.5})
-        cmd = await command(addr["root"], tree, cid)
-        out.append(max(h.max_ms for h in cmd.slot_holds))
+    async with channel(addr["sub-1"]) as ch:
+        sub1 = agg_switch_pb2_grpc.AggSwitchStub(ch)
+        for wait_for_all in (False, True):
+            cid = f"hold-{'wait' if wait_for_all else 'timeout'}"
+            await start(
+                addr["root"],
+                tree,
+                cid,
+                names,
+                elems,
+                chunk_bytes=1 << 18,
+                wait_for_all=wait_for_all,
+            )
+            others = asyncio.ensure_future(aggregate_all(addr["root"], cid, on_time))
+            while True:  # the first arrival at the straggler's switch
+                state = await sub1.GetSwitchState(pb.GetSwitchStateRequest())
+                if state.slots_in_use or state.bypass_entries:
+                    break
+                await asyncio.sleep(0.002)
+            await asyncio.sleep(0.5)
+            async with ComputeNode(straggler, addr["root"], tree_id=tree) as node:
+                await node.aggregate(cid, inputs[straggler])
+            await others
+            cmd = await command(addr["root"], tree, cid)
+            out.append(max(h.max_ms for h in cmd.slot_holds))
     return out[0], out[1]
 
 
