@@ -8,7 +8,8 @@ In one run, on this machine:
   through a root and two sub-switches (3 agg_switch processes, real gRPC),
   every node receiving the result: 8 × 16 MiB / wall time, median of --reps.
   gloo_bytes_per_s: torch.distributed all_reduce (gloo) of the same data
-  across 8 processes, same measure (null, "baseline unavailable" on stderr,
+  across 8 processes, same measure, alternating rep by rep with the tree so
+  both see the same machine load (null, "baseline unavailable" on stderr,
   without torch: `pip install -e .[gloo]`). ratio_vs_gloo = agg / gloo.
 * hold_ms_timeout / hold_ms_wait_all: one node 500 ms late, thresholds 50 ms
   (sub-switches): the longest any switch held a slot for one chunk, with
@@ -17,7 +18,7 @@ In one run, on this machine:
   is 4 chunks); tenant 0 always has a node 500 ms late; the other tenants'
   completed aggregations per second over a window; tenant_ratio = timeout / wait.
 * exact_cost_ratio: wall time of the EXACT (fixed-point) path / the PRESET
-  float path, the first measurement's set-up.
+  float path, the first measurement's set-up (also alternating).
 """
 
 from __future__ import annotations
@@ -175,66 +176,40 @@ def node_worker(node_id: str, address: str, tree: str, elems: int, value: float,
     asyncio.run(serve())
 
 
-def throughput(redis_url: str, mib: int, reps: int, chunk_bytes: int) -> tuple[float, float]:
-    from lightpath.v1 import agg_switch_pb2 as pb
+class NodeProcesses:
+    """8 compute-node processes that aggregate whatever command id they are sent."""
 
-    tree = "bench"
-    elems = mib * (1 << 20) // 4
-    nodes_pb = [
-        pb.AggNode(id="root", kind=pb.AGG_NODE_KIND_SWITCH, threshold_ms=5000),
-        pb.AggNode(id="sub-1", kind=pb.AGG_NODE_KIND_SWITCH, parent="root", threshold_ms=5000),
-        pb.AggNode(id="sub-2", kind=pb.AGG_NODE_KIND_SWITCH, parent="root", threshold_ms=5000),
-    ]
-    names = [f"n{i}" for i in range(N_NODES)]
-    nodes_pb += [
-        pb.AggNode(id=n, kind=pb.AGG_NODE_KIND_COMPUTE, parent="sub-1" if i < 4 else "sub-2")
-        for i, n in enumerate(names)
-    ]
-    want = float(sum(range(1, N_NODES + 1)))
-    with switches(redis_url, tree, ["root", "sub-1", "sub-2"]) as addr:
-        asyncio.run(define(addr["root"], tree, nodes_pb))
+    def __init__(self, address: str, tree: str, names: list[str], elems: int):
         ctx = mp.get_context("spawn")
-        pipes, procs = [], []
+        self.pipes, self.procs = [], []
         for i, n in enumerate(names):
             parent, child = ctx.Pipe()
-            p = ctx.Process(target=node_worker, args=(n, addr["root"], tree, elems, i + 1.0, child))
+            p = ctx.Process(target=node_worker, args=(n, address, tree, elems, i + 1.0, child))
             p.start()
-            pipes.append(parent)
-            procs.append(p)
-        try:
-            for c in pipes:
-                assert c.recv() == "ready"
+            self.pipes.append(parent)
+            self.procs.append(p)
+        for c in self.pipes:
+            assert c.recv() == "ready"
 
-            def once(command_id: str, **kw) -> float:
-                asyncio.run(
-                    start(
-                        addr["root"], tree, command_id, names, elems, chunk_bytes=chunk_bytes, **kw
-                    )
-                )
-                t0 = time.perf_counter()
-                for c in pipes:
-                    c.send(command_id)
-                outs = [c.recv() for c in pipes]
-                dt = time.perf_counter() - t0
-                assert all(o[1] == want and o[2] == want for o in outs), outs
-                return dt
+    def run(self, command_id: str) -> float:
+        t0 = time.perf_counter()
+        for c in self.pipes:
+            c.send(command_id)
+        outs = [c.recv() for c in self.pipes]
+        dt = time.perf_counter() - t0
+        want = float(sum(range(1, N_NODES + 1)))
+        assert all(o[1] == want and o[2] == want for o in outs), outs
+        return dt
 
-            once("warm-up")
-            preset = [once(f"preset-{r}") for r in range(reps)]
-            exact = [
-                once(f"exact-{r}", order_policy=pb.ORDER_POLICY_EXACT)
-                for r in range(max(2, reps // 2))
-            ]
-        finally:
-            for c in pipes:
-                c.send(None)
-            for p in procs:
-                p.join(30)
-    t = statistics.median(preset)
-    return N_NODES * mib * (1 << 20) / t, statistics.median(exact) / t
+    def close(self) -> None:
+        for c in self.pipes:
+            c.send(None)
+        for p in self.procs:
+            p.join(30)
 
 
-def gloo_worker(rank: int, port: int, elems: int, reps: int, q) -> None:
+def gloo_worker(rank: int, port: int, elems: int, conn) -> None:
+    """One gloo rank: an all_reduce of the same data whenever the parent says go."""
     import torch
     import torch.distributed as dist
 
@@ -242,22 +217,46 @@ def gloo_worker(rank: int, port: int, elems: int, reps: int, q) -> None:
     os.environ["MASTER_PORT"] = str(port)
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=N_NODES)
-    times = []
-    for r in range(reps + 1):
+    conn.send("ready")
+    while conn.recv():
         t = torch.full((elems,), float(rank + 1))
         dist.barrier()
         t0 = time.perf_counter()
         dist.all_reduce(t)
         dist.barrier()
-        if r:
-            times.append(time.perf_counter() - t0)
-    assert float(t[0]) == float(sum(range(1, N_NODES + 1)))
-    if rank == 0:
-        q.put(statistics.median(times))
+        conn.send((time.perf_counter() - t0, float(t[0])))
     dist.destroy_process_group()
 
 
-def gloo(mib: int, reps: int) -> float | None:
+class GlooProcesses:
+    def __init__(self, elems: int):
+        ctx = mp.get_context("spawn")
+        port = free_port()
+        self.pipes, self.procs = [], []
+        for r in range(N_NODES):
+            parent, child = ctx.Pipe()
+            p = ctx.Process(target=gloo_worker, args=(r, port, elems, child))
+            p.start()
+            self.pipes.append(parent)
+            self.procs.append(p)
+        for c in self.pipes:
+            assert c.recv() == "ready"
+
+    def run(self) -> float:
+        for c in self.pipes:
+            c.send(True)
+        outs = [c.recv() for c in self.pipes]
+        assert all(o[1] == float(sum(range(1, N_NODES + 1))) for o in outs)
+        return outs[0][0]
+
+    def close(self) -> None:
+        for c in self.pipes:
+            c.send(False)
+        for p in self.procs:
+            p.join(60)
+
+
+def gloo_available() -> bool:
     try:
         import torch.distributed as dist
 
@@ -265,20 +264,63 @@ def gloo(mib: int, reps: int) -> float | None:
             raise ImportError("gloo backend missing")
     except ImportError as exc:
         print(f"baseline unavailable: torch.distributed gloo ({exc})", file=sys.stderr)
-        return None
+        return False
+    return True
+
+
+def side_by_side(
+    redis_url: str, mib: int, reps: int, chunk_bytes: int
+) -> tuple[float, float | None, float]:
+    """The tree and gloo, alternating rep by rep so both see the same machine load.
+
+    Returns (tree bytes/s, gloo bytes/s or None, EXACT time / PRESET time)."""
+    from lightpath.v1 import agg_switch_pb2 as pb
+
+    tree = "bench"
     elems = mib * (1 << 20) // 4
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    port = free_port()
-    procs = [
-        ctx.Process(target=gloo_worker, args=(r, port, elems, reps, q)) for r in range(N_NODES)
+    names = [f"n{i}" for i in range(N_NODES)]
+    nodes_pb = [
+        pb.AggNode(id="root", kind=pb.AGG_NODE_KIND_SWITCH, threshold_ms=5000),
+        pb.AggNode(id="sub-1", kind=pb.AGG_NODE_KIND_SWITCH, parent="root", threshold_ms=5000),
+        pb.AggNode(id="sub-2", kind=pb.AGG_NODE_KIND_SWITCH, parent="root", threshold_ms=5000),
+    ] + [
+        pb.AggNode(id=n, kind=pb.AGG_NODE_KIND_COMPUTE, parent="sub-1" if i < 4 else "sub-2")
+        for i, n in enumerate(names)
     ]
-    for p in procs:
-        p.start()
-    t = q.get(timeout=300)
-    for p in procs:
-        p.join(60)
-    return N_NODES * mib * (1 << 20) / t
+    with switches(redis_url, tree, ["root", "sub-1", "sub-2"]) as addr:
+        asyncio.run(define(addr["root"], tree, nodes_pb))
+        nodes = NodeProcesses(addr["root"], tree, names, elems)
+        base = GlooProcesses(elems) if gloo_available() else None
+        try:
+
+            def ours(command_id: str, **kw) -> float:
+                asyncio.run(
+                    start(
+                        addr["root"], tree, command_id, names, elems, chunk_bytes=chunk_bytes, **kw
+                    )
+                )
+                return nodes.run(command_id)
+
+            ours("warm-up")
+            if base is not None:
+                base.run()
+            preset, exact, gloo_t = [], [], []
+            for r in range(reps):
+                preset.append(ours(f"preset-{r}"))
+                if base is not None:
+                    gloo_t.append(base.run())
+                exact.append(ours(f"exact-{r}", order_policy=pb.ORDER_POLICY_EXACT))
+        finally:
+            nodes.close()
+            if base is not None:
+                base.close()
+    total = N_NODES * mib * (1 << 20)
+    t = statistics.median(preset)
+    return (
+        total / t,
+        total / statistics.median(gloo_t) if gloo_t else None,
+        statistics.median(exact) / t,
+    )
 
 
 # -- 2. slot hold with one straggler -----------------------------------------------------
@@ -412,8 +454,7 @@ def main() -> None:
     parser.add_argument("--window-s", type=float, default=3.0)
     args = parser.parse_args()
     with private_redis() as redis_url:
-        agg, exact_ratio = throughput(redis_url, args.mib, args.reps, args.chunk_bytes)
-        base = gloo(args.mib, args.reps)
+        agg, base, exact_ratio = side_by_side(redis_url, args.mib, args.reps, args.chunk_bytes)
         hold_t, hold_w = holds(redis_url)
         rate_t, rate_w = tenants(redis_url, args.window_s)
     emit(
