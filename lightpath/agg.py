@@ -29,7 +29,7 @@ import numpy as np
 from opentelemetry.sdk.trace import TracerProvider
 
 from lightpath import agg_wire
-from lightpath.aggregation import NodeCommand, chunk_bounds
+from lightpath.aggregation import NodeCommand, Op, OrderPolicy, Reduction, chunk_bounds
 from lightpath.client import channel as lp_channel
 from lightpath.errors import InvalidArgument
 from lightpath.v1 import agg_switch_pb2 as pb
@@ -66,9 +66,8 @@ class AggregationResult:
     seconds: float
 
 
-def reduction_of(cmd: pb.AggCommand):
-    from lightpath.aggregation import Op, OrderPolicy, Reduction
-
+def reduction_of(cmd: pb.AggCommand) -> Reduction:
+    """What the command computes, from its protobuf form."""
     return Reduction(
         agg_wire.PB_TO_DTYPE[cmd.dtype],
         Op(_OP[cmd.op]),

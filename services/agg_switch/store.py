@@ -300,12 +300,15 @@ class AggStore:
         entries = await self.r.zrevrange(
             tree_key(tree_id, "history"), 0, limit - 1, withscores=True
         )
-        out = []
-        for cid, at in entries:
-            late = await self.r.hgetall(tree_key(tree_id, "lateness", cid))
-            if late:
-                out.append((cid, float(at), {k: float(v) for k, v in late.items()}))
-        return out
+        async with self.r.pipeline(transaction=False) as p:
+            for cid, _ in entries:
+                p.hgetall(tree_key(tree_id, "lateness", cid))
+            lates = await p.execute()
+        return [
+            (cid, float(at), {k: float(v) for k, v in late.items()})
+            for (cid, at), late in zip(entries, lates, strict=True)
+            if late
+        ]
 
     # -- load (AG-10) ------------------------------------------------------------
 
