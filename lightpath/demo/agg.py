@@ -67,14 +67,22 @@ async def run(ctx: DemoContext) -> None:
 
     rng = np.random.default_rng(3)
     inputs = {n: rng.standard_normal(LENGTH).astype(np.float32) for n in NODES}
-    status, results, elapsed, entries, left = await _aggregate(
+    status, results, elapsed, (entries, held), left = await _aggregate(
         ctx, root, sub1, inputs, wait_for_all=False
     )
-    print(f"\nat +{LATE_S / 2:.1f} s sub-1 held no slot for {STRAGGLER}, only bypass entries:")
+    print(
+        f"\nat +{LATE_S / 2:.1f} s, while {STRAGGLER} is late, sub-1 holds {held} slot(s) "
+        "and these bypass entries:"
+    )
     print(table(entries, ["command", "chunk", "timeout node"]) if entries else "  (none)")
     print(f"timed out: {', '.join(status.timeout_nodes) or 'nobody'}; all done in {elapsed:.2f} s")
-    baseline, _, base_elapsed, _, _ = await _aggregate(ctx, root, sub1, inputs, wait_for_all=True)
-    print(f"the same with timeouts off (wait for all): {base_elapsed:.2f} s; slot holds:")
+    baseline, _, base_elapsed, (_, base_held), _ = await _aggregate(
+        ctx, root, sub1, inputs, wait_for_all=True
+    )
+    print(
+        f"the same with timeouts off (wait for all): {base_elapsed:.2f} s, sub-1 holding "
+        f"{base_held} slot(s) at +{LATE_S / 2:.1f} s; slot holds:"
+    )
     base = {h.switch_id: h for h in baseline.slot_holds}
     print(
         table(
@@ -167,4 +175,4 @@ async def _aggregate(ctx: DemoContext, root, sub1, inputs, *, wait_for_all: bool
         await asyncio.sleep(0.05)
     after = await sub1.GetSwitchState(pb.GetSwitchStateRequest())
     left = [e for e in after.bypass_entries if e.command_id == command_id]
-    return status, results, elapsed, entries, left
+    return status, results, elapsed, (entries, state.slots_in_use), left
