@@ -46,9 +46,14 @@ Scenario = Callable[[DemoContext], Awaitable[None]]
 
 
 def scenarios() -> list[Scenario]:
-    from lightpath.demo import foundation, ocs, workload
+    from lightpath.demo import agg, foundation, ocs, workload
 
-    return [foundation.run, ocs.run, workload.run]
+    return [
+        foundation.run,
+        ocs.run,
+        workload.run,
+        agg.run,
+    ]
 
 
 async def run_demo(endpoints: dict[str, str]) -> int:
