@@ -128,6 +128,7 @@ def default_topology() -> list[ProcessSpec]:
                 "agg_switch",
                 port,
                 env={"LIGHTPATH_SWITCH_ID": switch, "LIGHTPATH_AGG_TREE": "tree-1"},
+                peers={"LIGHTPATH_ADVERTISE_ADDR": f"agg-{switch}"},
             )
         )
     return specs

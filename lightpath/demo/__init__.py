@@ -46,9 +46,15 @@ Scenario = Callable[[DemoContext], Awaitable[None]]
 
 
 def scenarios() -> list[Scenario]:
-    from lightpath.demo import foundation, ocs, switched, workload
+    from lightpath.demo import agg, foundation, ocs, switched, workload
 
-    return [foundation.run, ocs.run, workload.run, switched.run]
+    return [
+        foundation.run,
+        ocs.run,
+        workload.run,
+        agg.run,
+        switched.run,
+    ]
 
 
 async def run_demo(endpoints: dict[str, str]) -> int:
