@@ -7,6 +7,7 @@ and deploy/docker-compose.yml (a test checks the compose file against it):
     cell-scheduler                  :50051
     ws-pod-1 / ocs-pod-1            :50061 / :50062   superpod pod-1
     ws-pod-2 / ocs-pod-2            :50071 / :50072   superpod pod-2
+    ws-pod-3 / ocs-pod-3            :50065 / :50066   superpod pod-3 (SWITCHED, seed 002)
     core-broker                     :50081
     agg-root / agg-sub-1 / agg-sub-2 :50091 / :50092 / :50093
 
@@ -88,6 +89,37 @@ def default_topology() -> list[ProcessSpec]:
                 },
             )
         )
+    # pod-3: SWITCHED (seed 002): 2x4 groups of 3x3 processors on two-tier switches,
+    # the last two groups reserved for small jobs.
+    specs.append(
+        ProcessSpec(
+            "ocs-pod-3",
+            "ocs_manager",
+            50066,
+            env={
+                "LIGHTPATH_POD_ID": "pod-3",
+                "LIGHTPATH_FABRIC_KIND": "SWITCHED",
+                "LIGHTPATH_SWITCHED_FABRIC": "group=3x3 cluster=2x4 planes=9 ports=48/16 tier1=2x64",
+            },
+        )
+    )
+    specs.append(
+        ProcessSpec(
+            "ws-pod-3",
+            "workload_scheduler",
+            50065,
+            env={
+                "LIGHTPATH_POD_ID": "pod-3",
+                "LIGHTPATH_BLOCK_TYPES": "npu",
+                "LIGHTPATH_SWITCHED_SMALL_GROUPS": "2",
+            },
+            peers={
+                "LIGHTPATH_OCS_ADDR": "ocs-pod-3",
+                "LIGHTPATH_CELL_ADDR": "cell-scheduler",
+                "LIGHTPATH_ADVERTISE_ADDR": "ws-pod-3",
+            },
+        )
+    )
     specs.append(ProcessSpec("core-broker", "core_broker", 50081))
     for switch, port in (("root", 50091), ("sub-1", 50092), ("sub-2", 50093)):
         specs.append(

@@ -1,6 +1,7 @@
 """`lightpath pod <id>` and `lightpath rings`: a superpod's block map (WS-9) and ring plans (WS-10).
 
     lightpath pod pod-1              # the block map of seed Fig. 2, counts, jobs, queue
+    lightpath pod pod-3              # a SWITCHED pod: its groups, small jobs, switch use
     lightpath pod pod-1 --json       # the PodView as JSON
     lightpath pod pod-1 --events     # follow job transitions and block health changes
     lightpath rings 8x8x4 --data 8 --pipeline 4 --layer 8 [--json]
@@ -17,6 +18,7 @@ import string
 import sys
 
 from lightpath.cli._common import add_json_flag, print_json, run_rpc
+from lightpath.cli.switched_view import render_switched_pod
 from lightpath.client import channel
 from lightpath.v1 import common_pb2, workload_scheduler_pb2, workload_scheduler_pb2_grpc
 
@@ -81,6 +83,8 @@ def cmd_pod(args: argparse.Namespace) -> int:
                 return 1
             if args.json:
                 print_json(view)
+            elif view.fabric_kind == common_pb2.FABRIC_KIND_SWITCHED:
+                print(render_switched_pod(view, JOB_SYMBOLS))
             else:
                 print(render_pod(view))
             return 0

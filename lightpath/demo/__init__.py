@@ -46,13 +46,14 @@ Scenario = Callable[[DemoContext], Awaitable[None]]
 
 
 def scenarios() -> list[Scenario]:
-    from lightpath.demo import agg, foundation, ocs, workload
+    from lightpath.demo import agg, foundation, ocs, switched, workload
 
     return [
         foundation.run,
         ocs.run,
         workload.run,
         agg.run,
+        switched.run,
     ]
 
 

@@ -10,6 +10,7 @@ from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from lightpath.v1 import common_pb2 as _common_pb2
+from lightpath.v1 import ocs_manager_pb2 as _ocs_manager_pb2
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -350,6 +351,7 @@ class Job(_message.Message):
     QUEUE_POSITION_FIELD_NUMBER: _builtins.int
     RINGS_FIELD_NUMBER: _builtins.int
     HISTORY_FIELD_NUMBER: _builtins.int
+    SWITCHED_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     pod_id: _builtins.str
     state: _common_pb2.JobState.ValueType
@@ -385,6 +387,10 @@ class Job(_message.Message):
     def history(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.JobEvent]:
         """Every stored transition, oldest first (WS-7)."""
 
+    @_builtins.property
+    def switched(self) -> Global___SwitchedJob:
+        """SWITCHED pods: the job's parallelism, groups and rings."""
+
     def __init__(
         self,
         *,
@@ -403,14 +409,54 @@ class Job(_message.Message):
         queue_position: _builtins.int = ...,
         rings: Global___RingPlan | None = ...,
         history: _abc.Iterable[_common_pb2.JobEvent] | None = ...,
+        switched: Global___SwitchedJob | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["chips", b"chips", "created_at", b"created_at", "grid", b"grid", "rings", b"rings", "spec", b"spec", "updated_at", b"updated_at"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["chips", b"chips", "created_at", b"created_at", "grid", b"grid", "rings", b"rings", "spec", b"spec", "switched", b"switched", "updated_at", b"updated_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["blocks", b"blocks", "chips", b"chips", "created_at", b"created_at", "grid", b"grid", "history", b"history", "job_id", b"job_id", "pod_id", b"pod_id", "priority", b"priority", "queue_position", b"queue_position", "reason", b"reason", "rings", b"rings", "spec", b"spec", "state", b"state", "updated_at", b"updated_at", "wrap", b"wrap"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["blocks", b"blocks", "chips", b"chips", "created_at", b"created_at", "grid", b"grid", "history", b"history", "job_id", b"job_id", "pod_id", b"pod_id", "priority", b"priority", "queue_position", b"queue_position", "reason", b"reason", "rings", b"rings", "spec", b"spec", "state", b"state", "switched", b"switched", "updated_at", b"updated_at", "wrap", b"wrap"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Job: _TypeAlias = Job  # noqa: Y015
+
+@_typing.final
+class SwitchedJob(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DEGREES_FIELD_NUMBER: _builtins.int
+    PROCESSORS_FIELD_NUMBER: _builtins.int
+    SMALL_FIELD_NUMBER: _builtins.int
+    TILES_FIELD_NUMBER: _builtins.int
+    RINGS_FIELD_NUMBER: _builtins.int
+    processors: _builtins.int
+    small: _builtins.bool
+    """Fits in one group: packed into a group reserved for small jobs (SW-2)."""
+    @_builtins.property
+    def degrees(self) -> _common_pb2.ParallelismDegrees: ...
+    @_builtins.property
+    def tiles(self) -> _containers.RepeatedCompositeFieldContainer[_ocs_manager_pb2.GroupTile]:
+        """While it holds groups: its whole groups (large), or its rectangle of one group (small)."""
+
+    @_builtins.property
+    def rings(self) -> _ocs_manager_pb2.RingReservation:
+        """GetJob with include_rings: the rings the pod's fabric manager reserved."""
+
+    def __init__(
+        self,
+        *,
+        degrees: _common_pb2.ParallelismDegrees | None = ...,
+        processors: _builtins.int = ...,
+        small: _builtins.bool = ...,
+        tiles: _abc.Iterable[_ocs_manager_pb2.GroupTile] | None = ...,
+        rings: _ocs_manager_pb2.RingReservation | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["degrees", b"degrees", "rings", b"rings"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["degrees", b"degrees", "processors", b"processors", "rings", b"rings", "small", b"small", "tiles", b"tiles"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SwitchedJob: _TypeAlias = SwitchedJob  # noqa: Y015
 
 @_typing.final
 class GetJobRequest(_message.Message):
@@ -566,12 +612,17 @@ class BlockReplacement(_message.Message):
     CROSS_CONNECTS_MOVED_FIELD_NUMBER: _builtins.int
     CROSS_CONNECTS_UNTOUCHED_FIELD_NUMBER: _builtins.int
     PREEMPTED_FIELD_NUMBER: _builtins.int
+    RINGS_REROUTED_FIELD_NUMBER: _builtins.int
+    RINGS_UNTOUCHED_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     failed_block_id: _builtins.int
     new_block_id: _builtins.int
     cross_connects_moved: _builtins.int
     """Cross-connects the ocs_manager moved, and those it left alone."""
     cross_connects_untouched: _builtins.int
+    rings_rerouted: _builtins.int
+    """SWITCHED pods (SW-5): rings re-routed onto the new group, and those left alone."""
+    rings_untouched: _builtins.int
     @_builtins.property
     def position(self) -> _common_pb2.Coordinate:
         """The logical position the new block took (the failed block's, ¶131)."""
@@ -590,10 +641,12 @@ class BlockReplacement(_message.Message):
         cross_connects_moved: _builtins.int = ...,
         cross_connects_untouched: _builtins.int = ...,
         preempted: _abc.Iterable[Global___Preemption] | None = ...,
+        rings_rerouted: _builtins.int = ...,
+        rings_untouched: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["position", b"position"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cross_connects_moved", b"cross_connects_moved", "cross_connects_untouched", b"cross_connects_untouched", "failed_block_id", b"failed_block_id", "job_id", b"job_id", "new_block_id", b"new_block_id", "position", b"position", "preempted", b"preempted"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cross_connects_moved", b"cross_connects_moved", "cross_connects_untouched", b"cross_connects_untouched", "failed_block_id", b"failed_block_id", "job_id", b"job_id", "new_block_id", b"new_block_id", "position", b"position", "preempted", b"preempted", "rings_rerouted", b"rings_rerouted", "rings_untouched", b"rings_untouched"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -873,9 +926,12 @@ class PodView(_message.Message):
     JOBS_BY_STATE_FIELD_NUMBER: _builtins.int
     BLOCKS_FIELD_NUMBER: _builtins.int
     LIVE_JOBS_FIELD_NUMBER: _builtins.int
+    FABRIC_KIND_FIELD_NUMBER: _builtins.int
+    SWITCHED_FIELD_NUMBER: _builtins.int
     pod_id: _builtins.str
     block_count: _builtins.int
     ocs_per_axis: _builtins.int
+    fabric_kind: _common_pb2.FabricKind.ValueType
     @_builtins.property
     def block_shape(self) -> _common_pb2.Shape:
         """From the ocs_manager (GetFabric): block shape in chips, block count, K."""
@@ -894,6 +950,10 @@ class PodView(_message.Message):
     def live_jobs(self) -> _containers.RepeatedCompositeFieldContainer[Global___JobSummary]:
         """Jobs holding blocks or waiting, in queue order for the waiting ones."""
 
+    @_builtins.property
+    def switched(self) -> Global___SwitchedPodView:
+        """SWITCHED pods: blocks are processor groups; this adds the rest."""
+
     def __init__(
         self,
         *,
@@ -905,14 +965,75 @@ class PodView(_message.Message):
         jobs_by_state: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
         blocks: _abc.Iterable[Global___BlockView] | None = ...,
         live_jobs: _abc.Iterable[Global___JobSummary] | None = ...,
+        fabric_kind: _common_pb2.FabricKind.ValueType = ...,
+        switched: Global___SwitchedPodView | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["block_shape", b"block_shape"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["block_shape", b"block_shape", "switched", b"switched"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["block_count", b"block_count", "block_shape", b"block_shape", "blocks", b"blocks", "jobs_by_state", b"jobs_by_state", "live_jobs", b"live_jobs", "ocs_per_axis", b"ocs_per_axis", "pod_id", b"pod_id", "types", b"types"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["block_count", b"block_count", "block_shape", b"block_shape", "blocks", b"blocks", "fabric_kind", b"fabric_kind", "jobs_by_state", b"jobs_by_state", "live_jobs", b"live_jobs", "ocs_per_axis", b"ocs_per_axis", "pod_id", b"pod_id", "switched", b"switched", "types", b"types"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___PodView: _TypeAlias = PodView  # noqa: Y015
+
+@_typing.final
+class SwitchedPodView(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class SmallTilesEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        @_builtins.property
+        def value(self) -> _ocs_manager_pb2.GroupTile: ...
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _ocs_manager_pb2.GroupTile | None = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _typing.Literal["value", b"value"]  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    FABRIC_FIELD_NUMBER: _builtins.int
+    SMALL_GROUPS_FIELD_NUMBER: _builtins.int
+    SMALL_TILES_FIELD_NUMBER: _builtins.int
+    SWITCHES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def fabric(self) -> _ocs_manager_pb2.SwitchedFabric: ...
+    @_builtins.property
+    def small_groups(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Groups reserved for small jobs (SW-2)."""
+
+    @_builtins.property
+    def small_tiles(self) -> _containers.MessageMap[_builtins.str, _ocs_manager_pb2.GroupTile]:
+        """Small jobs' rectangles (several share a group), by job id."""
+
+    @_builtins.property
+    def switches(self) -> _containers.RepeatedCompositeFieldContainer[_ocs_manager_pb2.SwitchLinkUse]:
+        """Link use of every switch, from the pod's fabric manager (empty if it did not answer)."""
+
+    def __init__(
+        self,
+        *,
+        fabric: _ocs_manager_pb2.SwitchedFabric | None = ...,
+        small_groups: _abc.Iterable[_builtins.int] | None = ...,
+        small_tiles: _abc.Mapping[_builtins.str, _ocs_manager_pb2.GroupTile] | None = ...,
+        switches: _abc.Iterable[_ocs_manager_pb2.SwitchLinkUse] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["fabric", b"fabric"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["fabric", b"fabric", "small_groups", b"small_groups", "small_tiles", b"small_tiles", "switches", b"switches"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SwitchedPodView: _TypeAlias = SwitchedPodView  # noqa: Y015
 
 @_typing.final
 class PlanRingsRequest(_message.Message):

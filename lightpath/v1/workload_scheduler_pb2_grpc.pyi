@@ -32,6 +32,13 @@ class WorkloadSchedulerStub:
     swaps failed blocks, and plans rings (WS-1 … WS-10, seed 000 ¶100-132,
     seed 002 ¶28-31). It drives the pod's ocs_manager, which wires the blocks.
 
+    SWITCHED pods (seed 002, SW-2 … SW-5). A pod whose ocs_manager serves fabric
+    kind SWITCHED has processor groups instead of building blocks: "blocks" are
+    its groups (block_id = group index), and a job names its parallelism degrees
+    (data, pipeline, layer) instead of a shape. A job that fits in one group is
+    packed into a group reserved for small jobs; a larger one takes whole groups,
+    under one tier-0 switch when it can; the ocs_manager reserves its rings.
+
     Positions. A slice's blocks sit at the logical positions of a block grid
     (b1 x … x bm). Lists "per position" are row-major with x fastest: position i
     of a 2x2x1 grid is (i % 2, i / 2, 0). Chip coordinates inside a slice run
@@ -78,6 +85,13 @@ class WorkloadSchedulerAsyncStub(WorkloadSchedulerStub):
     swaps failed blocks, and plans rings (WS-1 … WS-10, seed 000 ¶100-132,
     seed 002 ¶28-31). It drives the pod's ocs_manager, which wires the blocks.
 
+    SWITCHED pods (seed 002, SW-2 … SW-5). A pod whose ocs_manager serves fabric
+    kind SWITCHED has processor groups instead of building blocks: "blocks" are
+    its groups (block_id = group index), and a job names its parallelism degrees
+    (data, pipeline, layer) instead of a shape. A job that fits in one group is
+    packed into a group reserved for small jobs; a larger one takes whole groups,
+    under one tier-0 switch when it can; the ocs_manager reserves its rings.
+
     Positions. A slice's blocks sit at the logical positions of a block grid
     (b1 x … x bm). Lists "per position" are row-major with x fastest: position i
     of a 2x2x1 grid is (i % 2, i / 2, 0). Chip coordinates inside a slice run
@@ -119,6 +133,13 @@ class WorkloadSchedulerServicer(metaclass=_abc_1.ABCMeta):
     """One per superpod: places slices on healthy free building blocks, preempts,
     swaps failed blocks, and plans rings (WS-1 … WS-10, seed 000 ¶100-132,
     seed 002 ¶28-31). It drives the pod's ocs_manager, which wires the blocks.
+
+    SWITCHED pods (seed 002, SW-2 … SW-5). A pod whose ocs_manager serves fabric
+    kind SWITCHED has processor groups instead of building blocks: "blocks" are
+    its groups (block_id = group index), and a job names its parallelism degrees
+    (data, pipeline, layer) instead of a shape. A job that fits in one group is
+    packed into a group reserved for small jobs; a larger one takes whole groups,
+    under one tier-0 switch when it can; the ocs_manager reserves its rings.
 
     Positions. A slice's blocks sit at the logical positions of a block grid
     (b1 x … x bm). Lists "per position" are row-major with x fastest: position i

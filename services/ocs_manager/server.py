@@ -22,6 +22,7 @@ from services.ocs_manager.invariants import FabricState, Violation, check
 from services.ocs_manager.manager import FabricManager
 from services.ocs_manager.settings import OcsManagerSettings
 from services.ocs_manager.store import OcsStore
+from services.ocs_manager.switched.server import SWITCHED_RPCS, build_switched, refuse_calls
 from services.ocs_manager.wiring import cross_connect_count, links, validate_placement
 
 SERVICE_NAME = ocs_manager_pb2.DESCRIPTOR.services_by_name["OcsManager"].full_name
@@ -43,7 +44,10 @@ class FabricMismatchError(RuntimeError):
     """The pod's stored fabric differs from this instance's while slices are wired."""
 
 
-class OcsManagerServicer(ocs_manager_pb2_grpc.OcsManagerServicer):
+class OcsManagerServicer(
+    refuse_calls(SWITCHED_RPCS, "OCS_TORUS"),  # type: ignore[misc]
+    ocs_manager_pb2_grpc.OcsManagerServicer,
+):
     def __init__(self, runtime: Runtime[OcsManagerSettings], manager: FabricManager):
         self._rt = runtime
         self._pod = runtime.settings.pod_id
@@ -57,6 +61,7 @@ class OcsManagerServicer(ocs_manager_pb2_grpc.OcsManagerServicer):
         return self._rt.info(
             SERVICE_NAME,
             pod_id=self._pod,
+            fabric_kind="OCS_TORUS",
             fabric=c.describe(),
             ocs=str(self._fabric.ocs_count),
         )
@@ -343,8 +348,11 @@ class OcsManagerServicer(ocs_manager_pb2_grpc.OcsManagerServicer):
 async def build(
     runtime: Runtime[OcsManagerSettings], *, driver: SwitchDriver | None = None
 ) -> list[ServiceDefinition]:
-    """The servicer over this pod's fabric. `driver` replaces the default (Redis) switch driver."""
+    """The servicer over this pod's fabric. `driver` replaces the default (Redis) switch driver.
+    A pod of fabric kind SWITCHED gets the switched fabric manager (seed 002) instead."""
     s = runtime.settings
+    if s.fabric_kind == "SWITCHED":
+        return await build_switched(runtime)
     fabric = Fabric.build(s.fabric_config)
     store = OcsStore(runtime.redis, s.pod_id, fabric)
     status = await store.ensure_fabric()

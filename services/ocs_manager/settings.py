@@ -15,6 +15,25 @@ from services.common.settings import (
     setting,
 )
 from services.ocs_manager.fabric import FabricConfig, format_shape, parse_shape, validate_config
+from services.ocs_manager.switched.fabric import SwitchedFabricConfig
+
+FABRIC_KINDS = ("OCS_TORUS", "SWITCHED")
+
+
+def _fabric_kind(raw: str) -> str:
+    kind = raw.strip().upper().removeprefix("FABRIC_KIND_")
+    if kind not in FABRIC_KINDS:
+        raise ValueError(f"must be one of {', '.join(FABRIC_KINDS)}")
+    return kind
+
+
+def _switched_fabric(raw: str) -> str:
+    """SW-1: read and check the one-line switched fabric; keep it in canonical form."""
+    try:
+        return SwitchedFabricConfig.parse(raw).validate().spec()
+    except InvalidArgument as exc:
+        raise ValueError("; ".join(f"{v.field}: {v.rule}" for v in exc.violations)) from None
+
 
 _ENV = {
     "block_shape": "LIGHTPATH_FABRIC_BLOCK_SHAPE",
@@ -82,6 +101,26 @@ class OcsManagerSettings(CommonSettings):
         "how long a wire/release/replace may hold a slice before another call rolls it back",
         parse=parse_positive_float,
     )
+
+    fabric_kind: str = setting(
+        "LIGHTPATH_FABRIC_KIND",
+        "OCS_TORUS",
+        "OCS_TORUS (building blocks wired by OCS, seed 000) or SWITCHED (processor groups on "
+        "two-tier switches, seed 002): which fabric this manager serves",
+        parse=_fabric_kind,
+    )
+    switched_fabric: str = setting(
+        "LIGHTPATH_SWITCHED_FABRIC",
+        "group=3x3 cluster=2x4 planes=9 ports=48/16 tier1=2x64",
+        "SWITCHED pods: group shape (p or rxc), cluster of groups, switch planes per "
+        "dimension, tier-0 down/up ports, tier-1 switches per plane x ports, optional mesh= "
+        "and rowcol= links",
+        parse=_switched_fabric,
+    )
+
+    @property
+    def switched_config(self) -> SwitchedFabricConfig:
+        return SwitchedFabricConfig.parse(self.switched_fabric)
 
     def __post_init__(self) -> None:
         # OCS-1: refuse an impossible fabric at start, naming the variable and the need.

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from lightpath.errors import FailedPrecondition
+from services.ocs_manager.switched.fabric import SwitchedFabric
 
 _TYPE_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,31}$")
 TYPE_NAME_RULE = "a node type is 1-32 characters of a-z 0-9 _ - starting with a letter"
@@ -89,12 +90,21 @@ class PodFabric:
     # With K >= 2, the index (0..K-1) of the OCS that each block's first ends land on
     # (WS-3: spread a slice over them so fewer ports are contended). All 0 when K = 1.
     first_end_group: tuple[int, ...] = ()
+    # SWITCHED pods (seed 002): blocks are the processor groups of this fabric, and
+    # these groups are reserved for small jobs (SW-2).
+    switched: SwitchedFabric | None = field(default=None, compare=False, repr=False)
+    small_groups: frozenset[int] = frozenset()
     _type_counts: Counter[str] = field(default_factory=Counter, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if not self.first_end_group:
             object.__setattr__(self, "first_end_group", (0,) * len(self.node_types))
         self._type_counts.update(self.node_types)
+
+    @property
+    def kind(self) -> str:
+        """The fabric kind (common.proto FabricKind without its prefix)."""
+        return "OCS_TORUS" if self.switched is None else "SWITCHED"
 
     @property
     def block_count(self) -> int:
@@ -121,4 +131,9 @@ class PodFabric:
     def describe(self) -> str:
         shape = "x".join(map(str, self.block_shape))
         kinds = ", ".join(f"{n} {t}" for t, n in self.type_counts.items())
+        if self.switched is not None:
+            return (
+                f"SWITCHED: {self.block_count} groups of {shape} processors ({kinds}), "
+                f"{len(self.small_groups)} reserved for small jobs; {self.switched.config.spec()}"
+            )
         return f"{self.block_count} blocks of {shape} chips ({kinds}), K={self.ocs_per_axis}"

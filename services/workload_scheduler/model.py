@@ -118,15 +118,35 @@ class SliceJob:
     # Wiring attempts that failed; a queued job is not retried before not_before_ms.
     attempts: int = 0
     not_before_ms: int = 0
+    # SWITCHED pods (seed 002): (data, pipeline, layer), and a small job's
+    # rectangle (group, row, col, height, width) inside its shared group.
+    degrees: tuple[int, int, int] | None = None
+    tile: tuple[int, int, int, int, int] | None = None
 
     def queue_key(self) -> tuple[int, int]:
         """Queue order (WS-4): higher priority first, then older first."""
         return (-self.priority, self.seq)
 
     def with_(self, **changes: Any) -> SliceJob:
+        if "placement" in changes and changes["placement"] is None:
+            changes.setdefault("tile", None)  # a small job's rectangle goes with its group
         return replace(self, **changes)
 
+    def held_keys(self) -> list[Any]:
+        """The fields this job holds in the pod's owner / wired hashes: its blocks, or for a
+        small job on a SWITCHED pod one field per processor of its rectangle ("t<g>.<i>.<j>"),
+        since several small jobs share a group (SW-2)."""
+        if self.tile is not None:
+            g, r0, c0, h, w = self.tile
+            return [f"t{g}.{r0 + i}.{c0 + j}" for i in range(h) for j in range(w)]
+        return list(self.placement or ())
+
     def to_json(self) -> str:
+        extra: dict[str, Any] = {}
+        if self.degrees is not None:
+            extra["deg"] = list(self.degrees)
+        if self.tile is not None:
+            extra["tile"] = list(self.tile)
         return json.dumps(
             {
                 "id": self.job_id,
@@ -147,6 +167,7 @@ class SliceJob:
                 "qa": self.queued_as,
                 "att": self.attempts,
                 "nb": self.not_before_ms,
+                **extra,
             },
             separators=(",", ":"),
         )
@@ -172,6 +193,8 @@ class SliceJob:
             queued_as=d.get("qa", PENDING),
             attempts=int(d.get("att", 0)),
             not_before_ms=int(d.get("nb", 0)),
+            degrees=tuple(d["deg"]) if d.get("deg") else None,  # type: ignore[arg-type]
+            tile=tuple(d["tile"]) if d.get("tile") else None,  # type: ignore[arg-type]
         )
 
 

@@ -53,10 +53,12 @@ class Shortfall:
 @dataclass(frozen=True)
 class Unplaceable:
     shortfalls: tuple[Shortfall, ...]
+    # Why, when it is not a count of blocks (a SWITCHED pod's locality, SW-3).
+    note: str = ""
 
     @property
     def reason(self) -> str:
-        return "; ".join(s.describe() for s in self.shortfalls)
+        return self.note or "; ".join(s.describe() for s in self.shortfalls)
 
 
 @dataclass
@@ -65,6 +67,8 @@ class PodState:
 
     `owner[b]` is the job holding block b; `wired[b]` the job whose OCS slice may still
     include b (set before WireSlice, cleared after ReleaseSlice); `failed` the failed blocks.
+    On a SWITCHED pod small jobs share groups: they hold processors ("t<g>.<i>.<j>",
+    SliceJob.held_keys) in `tile_owner` / `tile_wired` instead.
     """
 
     fabric: PodFabric
@@ -72,10 +76,18 @@ class PodState:
     owner: dict[int, str] = field(default_factory=dict)
     wired: dict[int, str] = field(default_factory=dict)
     jobs: dict[str, SliceJob] = field(default_factory=dict)  # live jobs
+    tile_owner: dict[str, str] = field(default_factory=dict)
+    tile_wired: dict[str, str] = field(default_factory=dict)
 
     def copy(self) -> PodState:
         return PodState(
-            self.fabric, set(self.failed), dict(self.owner), dict(self.wired), dict(self.jobs)
+            self.fabric,
+            set(self.failed),
+            dict(self.owner),
+            dict(self.wired),
+            dict(self.jobs),
+            dict(self.tile_owner),
+            dict(self.tile_wired),
         )
 
     # -- reading -----------------------------------------------------------------
@@ -111,12 +123,13 @@ class PodState:
     def counts_by_type(self) -> dict[str, dict[str, int]]:
         """Per node type: total, free (healthy, unallocated), allocated, failed (WS-9)."""
         out: dict[str, dict[str, int]] = {}
+        shared = {int(k[1:].split(".")[0]) for k in self.tile_owner}  # groups hosting small jobs
         for b, t in enumerate(self.fabric.node_types):
             c = out.setdefault(t, {"total": 0, "free": 0, "allocated": 0, "failed": 0})
             c["total"] += 1
             if b in self.failed:
                 c["failed"] += 1
-            elif b in self.owner:
+            elif b in self.owner or b in shared:
                 c["allocated"] += 1
             else:
                 c["free"] += 1
@@ -126,12 +139,18 @@ class PodState:
 
     def assume_allocated(self, job: SliceJob) -> None:
         self.jobs[job.job_id] = job
-        for b in job.placement or ():
-            self.owner[b] = job.job_id
+        for b in job.held_keys():
+            if isinstance(b, str):
+                self.tile_owner[b] = job.job_id
+            else:
+                self.owner[b] = job.job_id
 
-    def assume_released(self, job_id: str, blocks: Iterable[int]) -> None:
+    def assume_released(self, job_id: str, blocks: Iterable[int | str]) -> None:
         for b in blocks:
-            if self.owner.get(b) == job_id:
+            if isinstance(b, str):
+                if self.tile_owner.get(b) == job_id:
+                    del self.tile_owner[b]
+            elif self.owner.get(b) == job_id:
                 del self.owner[b]
 
 

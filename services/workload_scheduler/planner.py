@@ -44,6 +44,8 @@ class Allocation:
     placement: tuple[int, ...]
     victims: tuple[VictimAction, ...] = ()
     release_first: tuple[str, ...] = ()
+    # SWITCHED pods: a small job's rectangle in its (shared) group, SW-2.
+    tile: tuple[int, int, int, int, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -87,6 +89,10 @@ def plan_admission(
     state: PodState, job: SliceJob, *, preempt: bool = True
 ) -> Allocation | Unplaceable:
     """Place one waiting job on free blocks, else by preemption (WS-2, WS-3, WS-4)."""
+    if state.fabric.switched is not None:
+        from services.workload_scheduler.switched import plan_switched_admission
+
+        return plan_switched_admission(state, job, preempt=preempt)
     found = place(state, job.demand)
     if isinstance(found, Placement):
         return Allocation(job, found.blocks, (), _release_first(state, job.job_id, found.blocks))
@@ -110,7 +116,9 @@ def plan_admission(
 
 def apply_allocation(state: PodState, alloc: Allocation) -> None:
     apply_victims(state, alloc.victims)
-    state.assume_allocated(alloc.job.with_(state=WIRING, placement=alloc.placement))
+    state.assume_allocated(
+        alloc.job.with_(state=WIRING, placement=alloc.placement, tile=alloc.tile)
+    )
 
 
 def plan_pass(state: PodState, now_ms: int = 0) -> list[Allocation]:
@@ -134,6 +142,10 @@ def plan_replacement(state: PodState, job: SliceJob, failed: int) -> Replacement
     position = job.placement.index(failed)
     node_type = state.fabric.node_types[failed]
     groups = state.fabric.first_end_group
+    if state.fabric.switched is not None:
+        from services.workload_scheduler.switched import plan_switched_replacement
+
+        return plan_switched_replacement(state, job, failed)
     spares = [
         b for b, t in enumerate(state.fabric.node_types) if t == node_type and state.allocatable(b)
     ]

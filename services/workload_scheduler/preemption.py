@@ -98,7 +98,11 @@ def choose_victims(
     pool = [
         j
         for j in state.running()
-        if j.priority < priority and j.job_id not in exclude and j.placement is not None
+        # small jobs of a SWITCHED pod share their groups: never victims
+        if j.priority < priority
+        and j.job_id not in exclude
+        and j.placement is not None
+        and j.tile is None
     ]
     freeable = {j.job_id: max_freeable(state, j) for j in pool}
     pool = [j for j in pool if _useful(deficit, freeable[j.job_id]) > 0]

@@ -64,6 +64,7 @@ from services.workload_scheduler.planner import (
 from services.workload_scheduler.preemption import VictimAction
 from services.workload_scheduler.spec import NormalizedSpec
 from services.workload_scheduler.store import Conflict, JobRecord, PodStore, Txn
+from services.workload_scheduler.switched import job_degrees
 
 MAX_COMMIT_ATTEMPTS = 20
 # A wiring refused because a block is still wired elsewhere may be a race with a
@@ -161,6 +162,7 @@ class WorkloadScheduler:
             shrink_to=norm.shrink_to,
             on_block_failure=norm.on_block_failure,
             when_no_capacity=norm.when_no_capacity,
+            degrees=job_degrees(norm) if self.fabric.switched is not None else None,
         )
 
     async def _create(
@@ -377,22 +379,25 @@ class WorkloadScheduler:
         txn.expect_job(job.job_id, [job.state], job.epoch)
         txn.expect_no_release_claim(job.job_id)
         victim_ids = [v.job_id for v in alloc.victims]
-        for b in alloc.placement:
-            txn.expect_owner(b, ["", *victim_ids])
-            txn.expect_health(b, "HEALTHY")
-            txn.expect_wired_by(b, alloc.release_first)
-        shrunk = self._victim_transitions(txn, state, alloc.victims, job, now)
         new = job.with_(
             state=WIRING,
             epoch=job.epoch + 1,
             placement=alloc.placement,
+            tile=alloc.tile,
             wiring_deadline_ms=now + self.wiring_timeout_ms,
             queued_as=job.state,
         )
-        txn.hset(keys.owner, {b: job.job_id for b in alloc.placement})
+        held = new.held_keys()  # the blocks, or a small job's processors (SWITCHED pods)
+        for b in alloc.placement:
+            txn.expect_health(b, "HEALTHY")
+        for b in held:
+            txn.expect_owner(b, ["", *victim_ids])
+            txn.expect_wired_by(b, alloc.release_first)
+        shrunk = self._victim_transitions(txn, state, alloc.victims, job, now)
+        txn.hset(keys.owner, {b: job.job_id for b in held})
         if not alloc.release_first:
             # Nothing to release first: mark the blocks as (about to be) wired right away.
-            txn.hset(keys.wired, {b: job.job_id for b in alloc.placement})
+            txn.hset(keys.wired, {b: job.job_id for b in held})
         preempted = [_victim_json(v, state.jobs[v.job_id]) for v in alloc.victims]
         if preempted:
             txn.hset(keys.job(job.job_id), {"preempted": json.dumps(preempted)})
@@ -455,9 +460,9 @@ class WorkloadScheduler:
         if not marked:
             txn = self.store.txn()
             txn.expect_job(job.job_id, [WIRING], job.epoch)
-            for b in job.placement:
+            for b in job.held_keys():
                 txn.expect_wired_by(b, [job.job_id])
-            txn.hset(keys.wired, {b: job.job_id for b in job.placement})
+            txn.hset(keys.wired, {b: job.job_id for b in job.held_keys()})
             try:
                 await self.store.commit(txn)
             except Conflict as c:
@@ -465,9 +470,7 @@ class WorkloadScheduler:
                 await self._requeue_if_wiring(job, f"could not wire: {c}")
                 return None
         try:
-            wiring = await self.ocs.wire(
-                job.job_id, job.demand.grid, job.placement, job.demand.wrap
-            )
+            wiring = await self.ocs.wire_job(job)
         except OcsError as err:
             await self._wiring_failed(job, err)
             return None
@@ -480,7 +483,7 @@ class WorkloadScheduler:
         txn.write_job(
             running,
             old_state=WIRING,
-            reason=f"wired by the ocs_manager: {wiring.cross_connects} cross-connects",
+            reason=f"wired by the ocs_manager: {wiring.describe()}",
             now_ms=now,
         )
         txn.read_job(job.job_id)
@@ -527,7 +530,7 @@ class WorkloadScheduler:
             wiring_deadline_ms=0,
             not_before_ms=self.now_ms() + RETRY_BACKOFF_MS,
         )
-        txn.hdel(keys.owner, list(job.placement or ()))
+        txn.hdel(keys.owner, job.held_keys())
         txn.write_job(back, old_state=WIRING, reason=reason, now_ms=self.now_ms())
         with contextlib.suppress(Conflict):
             await self.store.commit(txn)
@@ -543,7 +546,7 @@ class WorkloadScheduler:
         )
         txn = self.store.txn()
         txn.expect_job(job.job_id, [WIRING], job.epoch)
-        txn.hdel(keys.owner, list(job.placement or ()))
+        txn.hdel(keys.owner, job.held_keys())
         if retry:
             new = job.with_(
                 state=job.queued_as,
@@ -645,7 +648,7 @@ class WorkloadScheduler:
         job = record.summary
         txn = self.store.txn()
         txn.expect_job(job.job_id, [record.state], record.epoch)
-        held = list(job.placement or ()) if record.state in HOLDING_STATES else []
+        held = job.held_keys() if record.state in HOLDING_STATES else []
         if held:
             txn.hdel(self.store.keys.owner, held)
         new = job.with_(state=final, epoch=record.epoch + 1)
@@ -712,6 +715,21 @@ class WorkloadScheduler:
         state = await self.snapshot()
         owner = state.owner.get(block)
         job = state.jobs.get(owner) if owner else None
+        sharing = sorted(
+            (
+                j
+                for j in state.jobs.values()
+                if j.tile and j.tile[0] == block and j.state == RUNNING
+            ),
+            key=SliceJob.queue_key,
+        )
+        if sharing:  # small jobs of a SWITCHED pod's shared group (SW-2, SW-5)
+            outcome = Outcome()
+            for small in sharing:
+                done = await self.handle_failure(small.job_id, block)
+                outcome.affected += done.affected
+                outcome.action = "; ".join(a for a in (outcome.action, done.action) if a)
+            return outcome
         if job is None:
             return Outcome(action="block marked failed; it held no slice")
         if job.state == WIRING:
@@ -756,14 +774,17 @@ class WorkloadScheduler:
             placement=None,
             replacing=None,
         )
-        reason = (
-            f"block {failed} failed and no healthy {node_type} block is free or held by "
-            f"lower-priority work; "
-            + ("failed as the job asked" if final else "suspended until blocks free")
-        )
+        if job.tile is not None:
+            why = f"group {failed} failed under this small job; "
+        else:
+            why = (
+                f"block {failed} failed and no healthy {node_type} block is free or held by "
+                "lower-priority work; "
+            )
+        reason = why + ("failed as the job asked" if final else "suspended until blocks free")
         txn = self.store.txn()
         txn.expect_job(job.job_id, [RUNNING], job.epoch)
-        txn.hdel(self.store.keys.owner, list(job.placement or ()))
+        txn.hdel(self.store.keys.owner, job.held_keys())
         txn.write_job(new, old_state=RUNNING, reason=reason, now_ms=self.now_ms())
         await self.store.commit(txn)
         self.log.warning("job %s: %s", job.job_id, reason, extra={"job_id": job.job_id})
@@ -835,13 +856,13 @@ class WorkloadScheduler:
         except Conflict as c:
             return Outcome(action=f"replacement of block {failed} stopped: {c}")
         try:
-            result: ReplaceResult = await self.ocs.replace(swapping.job_id, failed, spare)
+            result: ReplaceResult = await self.ocs.replace_job(swapping, failed, spare)
         except OcsError as err:
             return await self._replacement_failed(swapping, err, outcome)
         done = swapping.with_(epoch=swapping.epoch + 1, replacing=None, wiring_deadline_ms=0)
         reason = (
             f"block {failed} replaced by block {spare} at position {_pos(position)}: "
-            f"{result.moved} cross-connects moved, {result.untouched} untouched"
+            f"{result.moved} {result.unit} moved, {result.untouched} untouched"
         )
         txn = self.store.txn()
         txn.expect_job(swapping.job_id, [RUNNING], swapping.epoch)
@@ -862,6 +883,7 @@ class WorkloadScheduler:
             "position": list(position),
             "moved": result.moved,
             "untouched": result.untouched,
+            "unit": result.unit,
         }
         return outcome
 
@@ -936,11 +958,11 @@ class WorkloadScheduler:
             return
         txn = self.store.txn()
         txn.expect_job(job.job_id, [WIRING], mine.epoch)
-        txn.hset(self.store.keys.wired, {b: job.job_id for b in mine.placement or ()})
+        txn.hset(self.store.keys.wired, {b: job.job_id for b in mine.held_keys()})
         txn.write_job(
             mine.with_(state=RUNNING, epoch=mine.epoch + 1, wiring_deadline_ms=0),
             old_state=WIRING,
-            reason=f"wired by the ocs_manager: {found.cross_connects} cross-connects",
+            reason=f"wired by the ocs_manager: {found.describe()}",
             now_ms=self.now_ms(),
         )
         with contextlib.suppress(Conflict):

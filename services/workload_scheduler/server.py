@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import math
 from typing import Any
 
 from opentelemetry import trace
@@ -19,6 +20,7 @@ from opentelemetry import trace
 from lightpath.errors import FailedPrecondition, InvalidArgument, LightpathError, Unavailable
 from lightpath.v1 import common_pb2, workload_scheduler_pb2, workload_scheduler_pb2_grpc
 from services.common.server import Runtime, ServiceDefinition
+from services.ocs_manager.switched.fabric import SwitchedFabricConfig, build_fabric
 from services.workload_scheduler.fabric import (
     PodFabric,
     block_types_for,
@@ -42,6 +44,8 @@ from services.workload_scheduler.spec import (
     to_grid,
 )
 from services.workload_scheduler.store import JobRecord, PodStore
+from services.workload_scheduler.switched_placement import reserved_small_groups
+from services.workload_scheduler.switched_view import add_switched_job, switched_pod_view
 
 SERVICE_NAME = workload_scheduler_pb2.DESCRIPTOR.services_by_name["WorkloadScheduler"].full_name
 READY_WAIT_S = 5.0
@@ -85,8 +89,28 @@ class PodHandle:
             self._rt.log.critical("bad configuration: %s", err.message)
             self._ready.set()
             return
+        switched = None
+        small: frozenset[int] = frozenset()
+        if info.kind == "SWITCHED":
+            try:
+                switched = build_fabric(SwitchedFabricConfig.parse(info.switched_spec))
+                small = reserved_small_groups(switched, settings.switched_small_groups)
+            except InvalidArgument as err:
+                self._fatal = FailedPrecondition(
+                    "LIGHTPATH_SWITCHED_SMALL_GROUPS", err.message, reason="BAD_SMALL_GROUPS"
+                )
+                self.problem = self._fatal.message
+                self._rt.log.critical("bad configuration: %s", self.problem)
+                self._ready.set()
+                return
         fabric = PodFabric(
-            settings.pod_id, info.block_shape, types, info.ocs_per_axis, info.first_end_group
+            settings.pod_id,
+            info.block_shape,
+            types,
+            info.ocs_per_axis,
+            info.first_end_group,
+            switched=switched,
+            small_groups=small,
         )
         store = PodStore(self._rt.redis, settings.pod_id)
         await store.save_fabric(
@@ -95,6 +119,7 @@ class PodHandle:
                 "block_shape": "x".join(map(str, fabric.block_shape)),
                 "block_count": str(fabric.block_count),
                 "ocs_per_axis": str(fabric.ocs_per_axis),
+                "fabric_kind": fabric.kind,
             },
         )
         self.scheduler = WorkloadScheduler(
@@ -185,6 +210,8 @@ def job_pb(
 ) -> workload_scheduler_pb2.Job:
     job = record.summary
     spec = workload_scheduler_pb2.JobSpec.FromString(base64.b64decode(record.spec_b64))
+    switched = fabric.switched is not None
+    chips = (math.prod(job.degrees or (1,)),) if switched else chips_of(job.demand.grid, fabric)
     out = workload_scheduler_pb2.Job(
         job_id=record.job_id,
         pod_id=fabric.pod_id,
@@ -193,7 +220,7 @@ def job_pb(
         spec=spec,
         priority=job.priority,
         grid=common_pb2.Shape(dims=job.demand.grid),
-        chips=common_pb2.Shape(dims=chips_of(job.demand.grid, fabric)),
+        chips=common_pb2.Shape(dims=chips),
         wrap=list(job.demand.wrap),
         created_at=_ts(record.created_ms),
         updated_at=_ts(record.updated_ms),
@@ -210,8 +237,10 @@ def job_pb(
             )
     if with_history:
         out.history.extend(job_event_pb(e, fabric.pod_id) for e in record.history)
+    if switched:  # its rings come from the fabric manager (see _job_pb)
+        add_switched_job(out, job, fabric, record.state in HOLDING_STATES)
+        return out
     degrees = degrees_of(spec.parallelism) if spec.HasField("parallelism") else None
-    chips = chips_of(job.demand.grid, fabric)
     if include_rings and degrees:
         with contextlib.suppress(InvalidArgument):  # a shrunk slice no longer fits its degrees
             out.rings.CopyFrom(ring_plan_pb(plan_rings(chips, job.demand.wrap, degrees)))
@@ -242,6 +271,8 @@ class WorkloadSchedulerServicer(workload_scheduler_pb2_grpc.WorkloadSchedulerSer
             pod_id=self._settings.pod_id,
             ocs_manager=self._settings.ocs_addr,
             fabric=sched.fabric.describe() if sched else self._pod.problem,
+            # for the cell's registry (CS-1): OCS_TORUS or SWITCHED, once the fabric is known
+            fabric_kind=sched.fabric.kind if sched else "",
         )
 
     async def _job_pb(
@@ -250,7 +281,13 @@ class WorkloadSchedulerServicer(workload_scheduler_pb2_grpc.WorkloadSchedulerSer
         position = 0
         if record.state in QUEUED_STATES:
             position = queue_position(await sched.snapshot(), record.job_id)
-        return job_pb(record, sched.fabric, queue_position=position, include_rings=include_rings)
+        out = job_pb(record, sched.fabric, queue_position=position, include_rings=include_rings)
+        if include_rings and sched.fabric.switched is not None and record.state in HOLDING_STATES:
+            with contextlib.suppress(OcsError):  # the job view does not fail for want of rings
+                found = await sched.ocs.rings(record.job_id, full=True)
+                if found is not None:
+                    out.switched.rings.CopyFrom(found)
+        return out
 
     async def AdmitJob(
         self, request: workload_scheduler_pb2.AdmitJobRequest, context
@@ -352,6 +389,7 @@ class WorkloadSchedulerServicer(workload_scheduler_pb2_grpc.WorkloadSchedulerSer
         outcome: Outcome = await sched.report_health(
             request.block_id, request.health == common_pb2.BLOCK_HEALTH_HEALTHY, request.reason
         )
+        rings = (outcome.replacement or {}).get("unit") == "rings"
         view = await pod_view(sched)
         resp = workload_scheduler_pb2.ReportBlockHealthResponse(
             block=view.blocks[request.block_id],
@@ -366,8 +404,10 @@ class WorkloadSchedulerServicer(workload_scheduler_pb2_grpc.WorkloadSchedulerSer
                     failed_block_id=r["failed"],
                     new_block_id=r["new"],
                     position=common_pb2.Coordinate(coords=r["position"]),
-                    cross_connects_moved=r["moved"],
-                    cross_connects_untouched=r["untouched"],
+                    cross_connects_moved=0 if rings else r["moved"],
+                    cross_connects_untouched=0 if rings else r["untouched"],
+                    rings_rerouted=r["moved"] if rings else 0,
+                    rings_untouched=r["untouched"] if rings else 0,
                     preempted=[preemption_pb(v) for v in outcome.preempted],
                 )
             )
@@ -406,6 +446,14 @@ class WorkloadSchedulerServicer(workload_scheduler_pb2_grpc.WorkloadSchedulerSer
         dims = list(request.shape.dims)
         if not dims:
             raise InvalidArgument("shape", "is required")
+        pod = self._pod.scheduler
+        if pod is not None and pod.fabric.switched is not None:
+            raise FailedPrecondition(
+                f"pod {pod.pod_id}",
+                "is SWITCHED: its rings are reserved per job by the fabric manager; admit the "
+                "job with parallelism degrees and read them with GetJob(include_rings)",
+                reason="FABRIC_KIND",
+            )
         if request.unit == common_pb2.SHAPE_UNIT_BLOCKS:
             sched = await self._pod.get()
             violations: list = []
@@ -438,7 +486,10 @@ async def pod_view(sched: WorkloadScheduler) -> workload_scheduler_pb2.PodView:
         block_count=fabric.block_count,
         ocs_per_axis=fabric.ocs_per_axis,
         jobs_by_state=counts,
+        fabric_kind=common_pb2.FabricKind.Value("FABRIC_KIND_" + fabric.kind),
     )
+    if fabric.switched is not None:
+        await switched_pod_view(sched, state, view.switched)
     for node_type, c in state.counts_by_type().items():
         view.types.append(workload_scheduler_pb2.TypeCounts(node_type=node_type, **c))
     positions: dict[int, tuple[int, ...]] = {}
@@ -446,6 +497,7 @@ async def pod_view(sched: WorkloadScheduler) -> workload_scheduler_pb2.PodView:
         if job.placement:
             for pos, b in zip(grid_positions(job.demand.grid), job.placement, strict=True):
                 positions[b] = pos
+    shared = {int(k[1:].split(".")[0]) for k in state.tile_owner}  # small jobs' groups
     for b, node_type in enumerate(fabric.node_types):
         owner = state.owner.get(b, "")
         view.blocks.append(
@@ -456,7 +508,7 @@ async def pod_view(sched: WorkloadScheduler) -> workload_scheduler_pb2.PodView:
                 if b in state.failed
                 else common_pb2.BLOCK_HEALTH_HEALTHY,
                 availability=common_pb2.BLOCK_AVAILABILITY_ALLOCATED
-                if owner
+                if owner or b in shared
                 else common_pb2.BLOCK_AVAILABILITY_FREE,
                 job_id=owner,
                 position=common_pb2.Coordinate(coords=positions[b])

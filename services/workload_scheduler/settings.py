@@ -21,6 +21,13 @@ def parse_block_types_setting(raw: str) -> str:
     return raw.strip()
 
 
+def _non_negative_int(raw: str) -> int:
+    value = int(raw.strip())
+    if value < 0:
+        raise ValueError("must be an integer >= 0")
+    return value
+
+
 @dataclass(frozen=True)
 class WorkloadSchedulerSettings(CommonSettings):
     listen: str = setting(
@@ -59,6 +66,13 @@ class WorkloadSchedulerSettings(CommonSettings):
         30.0,
         "seconds a slice may stay WIRING before another replica takes the wiring over",
         parse=parse_positive_float,
+    )
+    switched_small_groups: int = setting(
+        "LIGHTPATH_SWITCHED_SMALL_GROUPS",
+        2,
+        "SWITCHED pods: how many groups (the last ones) are reserved for small jobs, those "
+        "that fit in one group (SW-2)",
+        parse=_non_negative_int,
     )
     reconcile_s: float = setting(
         "LIGHTPATH_WS_RECONCILE_S",

@@ -184,6 +184,10 @@ def _node_types(
 
 def normalize(spec: workload_scheduler_pb2.JobSpec, fabric: PodFabric) -> NormalizedSpec:
     """Validate `spec` against the pod (WS-2) and resolve its defaults."""
+    if fabric.switched is not None:
+        from services.workload_scheduler.switched import normalize_switched
+
+        return normalize_switched(spec, fabric)
     violations: list[FieldViolation] = []
     if not is_valid_id(spec.job_id):
         violations.append(FieldViolation("spec.job_id", ID_RULE))

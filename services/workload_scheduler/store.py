@@ -5,7 +5,8 @@ and under `ws:` beside the ocs_manager's `ocs:` keys of the same pod):
 
     lp:{pod}:ws:fabric            hash   block types and fabric facts, for people and peers
     lp:{pod}:ws:block:failed      hash   block id -> JSON {at, reason}   (absent = healthy)
-    lp:{pod}:ws:block:owner       hash   block id -> job id               (absent = free)
+    lp:{pod}:ws:block:owner       hash   block id -> job id               (absent = free);
+                                         SWITCHED pods also "t<g>.<i>.<j>" -> small job
     lp:{pod}:ws:block:wired       hash   block id -> job id whose OCS slice may still include it
     lp:{pod}:ws:live              hash   job id -> SliceJob JSON, for every non-final job
     lp:{pod}:ws:job:<id>          hash   spec (base64 JobSpec), state, epoch, summary, reason, ...
@@ -175,14 +176,14 @@ class Txn:
     def expect_no_job(self, job_id: str) -> None:
         self.expect_job(job_id, [""])
 
-    def expect_owner(self, block: int, owners: Iterable[str]) -> None:
+    def expect_owner(self, block: int | str, owners: Iterable[str]) -> None:
         """Block held by one of `owners` ("" = free)."""
         self.checks.append(["owner", self.k(self.keys.owner), str(block), list(owners)])
 
     def expect_health(self, block: int, health: str) -> None:
         self.checks.append(["health", self.k(self.keys.failed), str(block), health])
 
-    def expect_wired_by(self, block: int, allowed: Iterable[str]) -> None:
+    def expect_wired_by(self, block: int | str, allowed: Iterable[str]) -> None:
         self.checks.append(["wired", self.k(self.keys.wired), str(block), list(allowed)])
 
     def expect_no_release_claim(self, job_id: str) -> None:
@@ -354,12 +355,15 @@ class PodStore:
             pipe.hgetall(self.keys.wired)
             pipe.hgetall(self.keys.live)
             failed, owner, wired, live = await pipe.execute()
+        # Small jobs of a SWITCHED pod hold processors ("t<g>.<i>.<j>"), not blocks.
         return PodState(
             fabric,
             failed={int(b) for b in failed},
-            owner={int(b): j for b, j in owner.items()},
-            wired={int(b): j for b, j in wired.items()},
+            owner={int(b): j for b, j in owner.items() if b[0] != "t"},
+            wired={int(b): j for b, j in wired.items() if b[0] != "t"},
             jobs={j: SliceJob.from_json(s) for j, s in live.items()},
+            tile_owner={b: j for b, j in owner.items() if b[0] == "t"},
+            tile_wired={b: j for b, j in wired.items() if b[0] == "t"},
         )
 
     async def wired_jobs(self) -> set[str]:

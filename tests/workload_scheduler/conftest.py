@@ -139,10 +139,14 @@ async def pod_stack(
     types: str = "tpu",
     replicas: int = 1,
     tracer_provider=None,
+    ocs_environ: dict[str, str] | None = None,
+    ws_environ: dict[str, str] | None = None,
 ) -> AsyncIterator[PodStack]:
+    """`ocs_environ` replaces the ocs_manager's fabric settings (a SWITCHED pod, for
+    one); `ws_environ` adds to every scheduler replica's."""
     async with contextlib.AsyncExitStack() as stack:
         ocs_svc = await stack.enter_async_context(
-            serve("ocs_manager", redis_url, ocs_env(blocks, k))
+            serve("ocs_manager", redis_url, ocs_environ or ocs_env(blocks, k))
         )
         ocs_ch = await stack.enter_async_context(channel(ocs_svc.address, max_attempts=1))
         stubs, addresses = [], []
@@ -157,6 +161,7 @@ async def pod_stack(
                         "LIGHTPATH_BLOCK_TYPES": types,
                         "LIGHTPATH_INSTANCE_ID": f"ws-{i}",
                         "LIGHTPATH_WS_RECONCILE_S": "0.2",
+                        **(ws_environ or {}),
                     },
                     tracer_provider=tracer_provider,
                 )
