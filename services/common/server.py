@@ -168,12 +168,25 @@ class Runtime(Generic[S]):
                 await hook()
             except Exception:
                 self.log.exception("shutdown hook failed")
-        for task in list(self._tasks):
-            task.cancel()
-        if self._tasks:
-            await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._cancel_background()
         for ch in self._channels:
             await ch.close()
+
+    async def _cancel_background(self, timeout: float = 5.0) -> None:
+        """Cancel every background task, again and again until it ends: redis.asyncio
+        can swallow a cancellation that lands mid-command (redis/redis-py#2028,
+        #2551), and one swallowed cancel must not hang a shutdown."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        pending = set(self._tasks)
+        while pending:
+            for task in pending:
+                task.cancel()
+            _done, pending = await asyncio.wait(pending, timeout=0.05)
+            if pending and loop.time() >= deadline:
+                names = ", ".join(sorted(t.get_name() for t in pending))
+                self.log.error("background tasks did not stop within %.0f s: %s", timeout, names)
+                return
 
 
 Build = Callable[[Runtime[Any]], Awaitable[Sequence[ServiceDefinition]]]

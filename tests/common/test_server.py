@@ -393,3 +393,33 @@ def test_sigterm_stops_a_service_process_cleanly(redis_url):
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+async def test_shutdown_does_not_hang_on_a_task_that_swallows_a_cancellation(redis_url):
+    """redis.asyncio can swallow a CancelledError that lands mid-command; a background
+    loop that goes on after one must still be stopped when the service stops."""
+    swallowed: list[str] = []
+    stopped = asyncio.Event()
+
+    async def stubborn_loop() -> None:
+        try:
+            while True:
+                try:
+                    await asyncio.sleep(0.01)
+                except asyncio.CancelledError:
+                    if not swallowed:  # the first cancel vanishes, as in redis-py#2028
+                        swallowed.append("once")
+                        continue
+                    raise
+        finally:
+            stopped.set()
+
+    async def build(runtime):
+        runtime.spawn(stubborn_loop(), "stubborn")
+        return [_probe_definition([])]
+
+    started = time.monotonic()
+    async with running("probe", _settings(redis_url), build):
+        await asyncio.sleep(0.05)
+    assert swallowed == ["once"] and stopped.is_set()
+    assert time.monotonic() - started < 3
