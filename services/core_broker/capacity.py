@@ -1,0 +1,411 @@
+"""The capacity map (CB-1, CB-8, seed 001 ¶23): devices, their cores, and the
+schedule of reserved cores over time.
+
+Pure and I/O free. Times are integer milliseconds since the Unix epoch and
+every interval is half-open, [start, end): a reservation ending at t and one
+starting at t never overlap.
+
+The schedule is one table of allocation rows (device, start, end, cores) held
+in numpy arrays, so "how many cores are free on every device during
+[a, b)" is a handful of vector operations over the rows that overlap [a, b)
+(`free_over`), not a loop over devices. A row is keyed by its allocation key
+(`<reservation>:<part>`) so changes arriving from Redis apply idempotently.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+
+# Row fields of a dead (removed) allocation: never overlaps anything.
+_DEAD = -(1 << 62)
+# Sort keys pack (device index, time offset, end-before-start bit) into an int64.
+_TIME_BITS = 42  # offsets up to ~139 years in ms
+_DEV_SHIFT = _TIME_BITS + 1
+MAX_DEVICES = 1 << (63 - _DEV_SHIFT)
+MAX_SPAN_MS = (1 << _TIME_BITS) - 1
+
+DEVICE_KINDS = ("GPU", "TPU", "EDGE_TPU", "NPU", "FPGA")
+
+
+@dataclass(frozen=True)
+class Device:
+    """A specialised processing unit whose cores are rented (CB-1)."""
+
+    device_id: str
+    kind: str
+    cores: int
+    site: str = ""
+    x_km: float = 0.0
+    y_km: float = 0.0
+    task_affinities: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """`cores` of one device for [start, end) (CB-4: each grant names devices, cores, start, end)."""
+
+    device_id: str
+    cores: int
+    start: int
+    end: int
+
+
+@dataclass(frozen=True)
+class ScheduledRow:
+    key: str
+    start: int
+    end: int
+    cores: int
+
+    @property
+    def reservation_id(self) -> str:
+        return self.key.split(":", 1)[0]
+
+
+@dataclass
+class _Devices:
+    """Device attributes as arrays indexed by device index (shared by forks)."""
+
+    ids: list[str] = field(default_factory=list)
+    index: dict[str, int] = field(default_factory=dict)
+    records: list[Device | None] = field(default_factory=list)
+    cores: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    alive: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
+    x: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float64))
+    y: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float64))
+    rank: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    cache: dict[tuple, np.ndarray] = field(default_factory=dict)
+
+
+class CapacityMap:
+    """Devices plus the schedule of reserved cores (CB-1).
+
+    `copy()` gives a fork for trying decisions: it shares the devices and owns
+    a copy of the schedule, to which `assume` adds allocations without keys.
+    """
+
+    def __init__(self) -> None:
+        self._d = _Devices()
+        self._latency: dict[str, dict[str, float]] = {}
+        self._n = 0
+        cap = 1024
+        self._dev = np.zeros(cap, np.int64)
+        self._start = np.full(cap, _DEAD, np.int64)
+        self._end = np.full(cap, _DEAD, np.int64)
+        self._cores = np.zeros(cap, np.int64)
+        self._rows: dict[str, int] | None = {}
+        self._key_of: list[str | None] = []
+        self._spare: list[int] = []
+
+    # -- devices --------------------------------------------------------------
+
+    def upsert_device(self, device: Device) -> None:
+        d = self._d
+        i = d.index.get(device.device_id)
+        if i is None:
+            if len(d.ids) >= MAX_DEVICES:
+                raise ValueError(f"at most {MAX_DEVICES} devices")
+            i = len(d.ids)
+            d.ids.append(device.device_id)
+            d.index[device.device_id] = i
+            d.records.append(None)
+            d.cores = np.append(d.cores, 0)
+            d.alive = np.append(d.alive, False)
+            d.x = np.append(d.x, 0.0)
+            d.y = np.append(d.y, 0.0)
+            order = np.argsort(np.array(d.ids, dtype=object), kind="stable")
+            d.rank = np.empty(len(d.ids), np.int64)
+            d.rank[order] = np.arange(len(d.ids))
+        d.records[i] = device
+        d.cores[i] = device.cores
+        d.alive[i] = True
+        d.x[i] = device.x_km
+        d.y[i] = device.y_km
+        d.cache.clear()
+
+    def remove_device(self, device_id: str) -> None:
+        d = self._d
+        i = d.index.get(device_id)
+        if i is None:
+            return
+        d.records[i] = None
+        d.cores[i] = 0
+        d.alive[i] = False
+        d.cache.clear()
+
+    def device(self, device_id: str) -> Device | None:
+        i = self._d.index.get(device_id)
+        return None if i is None else self._d.records[i]
+
+    def devices(self) -> list[Device]:
+        return [r for r in self._d.records if r is not None]
+
+    def index_of(self, device_id: str) -> int | None:
+        i = self._d.index.get(device_id)
+        return i if i is not None and self._d.alive[i] else None
+
+    def device_at(self, index: int) -> Device:
+        record = self._d.records[index]
+        assert record is not None, index
+        return record
+
+    @property
+    def device_count(self) -> int:
+        return len(self._d.ids)
+
+    @property
+    def cores(self) -> np.ndarray:
+        """Cores per device index (0 for a removed device)."""
+        return self._d.cores
+
+    @property
+    def alive(self) -> np.ndarray:
+        return self._d.alive
+
+    @property
+    def rank(self) -> np.ndarray:
+        """Order of device ids: the deterministic tie-breaker of placement."""
+        return self._d.rank
+
+    def kind_mask(self, kind: str | None) -> np.ndarray:
+        if not kind:
+            return self._d.alive
+        return self._cached(
+            ("kind", kind),
+            lambda: np.array([r is not None and r.kind == kind for r in self._d.records], bool),
+        )
+
+    def affinity_mask(self, task_type: str) -> np.ndarray:
+        return self._cached(
+            ("affinity", task_type),
+            lambda: np.array(
+                [r is not None and task_type in r.task_affinities for r in self._d.records], bool
+            ),
+        )
+
+    def distance_from(self, x_km: float, y_km: float) -> np.ndarray:
+        return np.hypot(self._d.x - x_km, self._d.y - y_km)
+
+    # -- latency table (CB-7) -------------------------------------------------
+
+    def set_latency(self, site: str, device_id: str, latency_ms: float | None) -> None:
+        row = self._latency.setdefault(site, {})
+        if latency_ms is None:
+            row.pop(device_id, None)
+        else:
+            row[device_id] = float(latency_ms)
+        self._d.cache.pop(("latency", site), None)
+
+    def latency_entries(self) -> int:
+        return sum(len(r) for r in self._latency.values())
+
+    def latency_from(self, site: str) -> np.ndarray:
+        """Latency from `site` to every device, +inf where the table has no entry."""
+
+        def build() -> np.ndarray:
+            row = self._latency.get(site, {})
+            return np.array([row.get(i, np.inf) for i in self._d.ids], np.float64)
+
+        return self._cached(("latency", site), build)
+
+    def _cached(self, key: tuple, build) -> np.ndarray:
+        hit = self._d.cache.get(key)
+        if hit is None or hit.shape[0] != len(self._d.ids):
+            hit = self._d.cache[key] = build()
+        return hit
+
+    # -- schedule ---------------------------------------------------------------
+
+    def add(self, key: str, device_id: str, start: int, end: int, cores: int) -> bool:
+        """Add an allocation row; False (and no change) if `key` is present already."""
+        if self._rows is None:
+            raise TypeError("a fork tracks no keys; use assume()")
+        if key in self._rows:
+            return False
+        i = self._d.index.get(device_id)
+        if i is None:
+            raise KeyError(device_id)
+        row = self._rows[key] = self._put(i, start, end, cores)
+        self._key_of[row] = key
+        return True
+
+    def remove(self, key: str) -> bool:
+        if self._rows is None:
+            raise TypeError("a fork tracks no keys")
+        row = self._rows.pop(key, None)
+        if row is None:
+            return False
+        self._start[row] = _DEAD
+        self._end[row] = _DEAD
+        self._cores[row] = 0
+        self._key_of[row] = None
+        self._spare.append(row)
+        if len(self._spare) > 4096 and len(self._spare) * 2 > self._n:
+            self._compact()
+        return True
+
+    def assume(self, allocations: Iterable[Allocation]) -> None:
+        """Add allocations without keys (a fork trying out decisions)."""
+        for a in allocations:
+            self._put(self._d.index[a.device_id], a.start, a.end, a.cores)
+
+    def __contains__(self, key: str) -> bool:
+        return self._rows is not None and key in self._rows
+
+    def __len__(self) -> int:
+        """Allocation rows held."""
+        return self._n - len(self._spare)
+
+    def keys(self) -> Iterator[str]:
+        return iter(self._rows or ())
+
+    def _put(self, device_index: int, start: int, end: int, cores: int) -> int:
+        if end <= start or cores <= 0:
+            raise ValueError(f"empty allocation [{start}, {end}) x {cores}")
+        if self._spare:
+            row = self._spare.pop()
+        else:
+            if self._n == self._dev.shape[0]:
+                self._grow()
+            row = self._n
+            self._n += 1
+            if self._rows is not None:
+                self._key_of.append(None)
+        self._dev[row] = device_index
+        self._start[row] = start
+        self._end[row] = end
+        self._cores[row] = cores
+        return row
+
+    def _grow(self) -> None:
+        cap = self._dev.shape[0] * 2
+        self._dev = np.resize(self._dev, cap)
+        self._start = np.concatenate((self._start, np.full(cap - self._start.shape[0], _DEAD)))
+        self._end = np.concatenate((self._end, np.full(cap - self._end.shape[0], _DEAD)))
+        self._cores = np.concatenate((self._cores, np.zeros(cap - self._cores.shape[0], np.int64)))
+
+    def _compact(self) -> None:
+        assert self._rows is not None
+        keys = list(self._rows)
+        rows = np.array([self._rows[k] for k in keys], np.int64)
+        m = rows.shape[0]
+        cap = max(1024, 1 << int(m * 2).bit_length())
+        for name, fill in (("_dev", 0), ("_start", _DEAD), ("_end", _DEAD), ("_cores", 0)):
+            old = getattr(self, name)
+            new = np.full(cap, fill, np.int64)
+            new[:m] = old[rows]
+            setattr(self, name, new)
+        self._rows = {k: i for i, k in enumerate(keys)}
+        self._key_of = list(keys)
+        self._n = m
+        self._spare = []
+
+    def copy(self) -> CapacityMap:
+        """A fork: same devices and latency table, its own copy of the schedule."""
+        fork = CapacityMap.__new__(CapacityMap)
+        fork._d = self._d
+        fork._latency = self._latency
+        n = self._n
+        room = n + 256
+        fork._dev = np.zeros(room, np.int64)
+        fork._start = np.full(room, _DEAD, np.int64)
+        fork._end = np.full(room, _DEAD, np.int64)
+        fork._cores = np.zeros(room, np.int64)
+        fork._dev[:n] = self._dev[:n]
+        fork._start[:n] = self._start[:n]
+        fork._end[:n] = self._end[:n]
+        fork._cores[:n] = self._cores[:n]
+        fork._n = n
+        fork._rows = None
+        fork._key_of = []
+        fork._spare = []
+        return fork
+
+    # -- queries ----------------------------------------------------------------
+
+    def peak_used(self, start: int, end: int) -> np.ndarray:
+        """Most cores reserved at any instant of [start, end), per device index."""
+        if end <= start:
+            raise ValueError("empty range")
+        if end - start > MAX_SPAN_MS:
+            raise ValueError("range too long")
+        ndev = len(self._d.ids)
+        used = np.zeros(ndev, np.int64)
+        n = self._n
+        s = self._start[:n]
+        e = self._end[:n]
+        idx = np.flatnonzero((s < end) & (e > start))
+        if idx.size == 0:
+            return used
+        dev = self._dev[idx]
+        c = self._cores[idx]
+        # Sweep per device: +c at each (clipped) start, -c at each end, ends
+        # first at equal times (half-open). Each device's events sum to zero, so
+        # one cumsum over events sorted by (device, time) never carries between
+        # devices, and its maximum within a device is that device's peak.
+        ss = np.maximum(s[idx], start) - start
+        ee = np.minimum(e[idx], end) - start
+        hi = dev << _DEV_SHIFT
+        keys = np.concatenate((hi | (ee << 1), hi | (ss << 1) | 1))
+        order = np.argsort(keys)
+        running = np.cumsum(np.concatenate((-c, c))[order])
+        np.maximum.at(used, keys[order] >> _DEV_SHIFT, running)
+        return used
+
+    def free_over(self, start: int, end: int) -> np.ndarray:
+        """Cores free during the whole of [start, end), per device index (0 for removed devices)."""
+        free = self._d.cores - self.peak_used(start, end)
+        free[~self._d.alive] = 0
+        return free
+
+    def used_at(self, t: int) -> np.ndarray:
+        return self.peak_used(t, t + 1)
+
+    def end_times(self, after: int, until: int | None, devices: np.ndarray) -> np.ndarray:
+        """Sorted distinct ends in (after, until] of allocations on the devices of mask `devices`:
+        the only instants after `after` at which free cores can grow."""
+        n = self._n
+        e = self._end[:n]
+        m = e > after
+        if until is not None:
+            m &= e <= until
+        m &= devices[self._dev[:n]]
+        return np.unique(e[m])
+
+    def schedules(self, start: int, end: int) -> dict[str, list[ScheduledRow]]:
+        """The keyed allocations overlapping [start, end), per device id, by start."""
+        out: dict[str, list[ScheduledRow]] = {}
+        if self._rows is None:
+            return out
+        n = self._n
+        idx = np.flatnonzero((self._start[:n] < end) & (self._end[:n] > start))
+        for r in idx.tolist():
+            key = self._key_of[r]
+            if key is None:
+                continue
+            out.setdefault(self._d.ids[int(self._dev[r])], []).append(
+                ScheduledRow(key, int(self._start[r]), int(self._end[r]), int(self._cores[r]))
+            )
+        for rows in out.values():
+            rows.sort(key=lambda x: (x.start, x.key))
+        return out
+
+    def allocations(self) -> list[tuple[str, Allocation]]:
+        """Every keyed allocation (for checks and tests)."""
+        if self._rows is None:
+            return []
+        return [
+            (
+                k,
+                Allocation(
+                    self._d.ids[int(self._dev[r])],
+                    int(self._cores[r]),
+                    int(self._start[r]),
+                    int(self._end[r]),
+                ),
+            )
+            for k, r in self._rows.items()
+        ]
