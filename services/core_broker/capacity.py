@@ -326,43 +326,112 @@ class CapacityMap:
 
     # -- queries ----------------------------------------------------------------
 
-    def peak_used(self, start: int, end: int) -> np.ndarray:
-        """Most cores reserved at any instant of [start, end), per device index."""
+    def _rows_of(self, devices: np.ndarray | None) -> np.ndarray | None:
+        """Row indices of the devices in mask `devices`, or None for "every row"
+        when restricting would not pay (most devices are in the mask)."""
+        if devices is None or np.count_nonzero(devices) * 2 > np.count_nonzero(self._d.alive):
+            return None
+        return np.flatnonzero(devices[self._dev[: self._n]])
+
+    def peak_used(self, start: int, end: int, devices: np.ndarray | None = None) -> np.ndarray:
+        """Most cores reserved at any instant of [start, end), per device index
+        (exact for the devices of mask `devices`, default all)."""
         if end <= start:
             raise ValueError("empty range")
         if end - start > MAX_SPAN_MS:
             raise ValueError("range too long")
+        return self._peak(start, end, self._rows_of(devices))
+
+    def _peak(self, start: int, end: int, rows: np.ndarray | None) -> np.ndarray:
         ndev = len(self._d.ids)
-        used = np.zeros(ndev, np.int64)
         n = self._n
-        s = self._start[:n]
-        e = self._end[:n]
-        idx = np.flatnonzero((s < end) & (e > start))
-        if idx.size == 0:
+        if rows is None:
+            s, e, dev, c = self._start[:n], self._end[:n], self._dev[:n], self._cores[:n]
+        else:
+            s, e, dev, c = self._start[rows], self._end[rows], self._dev[rows], self._cores[rows]
+        # What holds cores at `start` (summed, no sort needed) ...
+        at_start = (s <= start) & (e > start)
+        used = np.bincount(dev[at_start], weights=c[at_start], minlength=ndev).astype(np.int64)
+        # ... then only the starts and ends strictly inside the range change it:
+        # sweep those per device, ends first at equal times (half-open).
+        starts = np.flatnonzero((s > start) & (s < end))
+        if starts.size == 0:
             return used
-        dev = self._dev[idx]
-        c = self._cores[idx]
-        # Sweep per device: +c at each (clipped) start, -c at each end, ends
-        # first at equal times (half-open). Each device's events sum to zero, so
-        # one cumsum over events sorted by (device, time) never carries between
-        # devices, and its maximum within a device is that device's peak.
-        ss = np.maximum(s[idx], start) - start
-        ee = np.minimum(e[idx], end) - start
-        hi = dev << _DEV_SHIFT
-        keys = np.concatenate((hi | (ee << 1), hi | (ss << 1) | 1))
+        ends = np.flatnonzero((e > start) & (e < end))
+        ev_dev = np.concatenate((dev[ends], dev[starts]))
+        keys = np.concatenate(
+            (
+                (dev[ends] << _DEV_SHIFT) | ((e[ends] - start) << 1),
+                (dev[starts] << _DEV_SHIFT) | ((s[starts] - start) << 1) | 1,
+            )
+        )
+        delta = np.concatenate((-c[ends], c[starts]))
         order = np.argsort(keys)
-        running = np.cumsum(np.concatenate((-c, c))[order])
-        np.maximum.at(used, keys[order] >> _DEV_SHIFT, running)
+        ev_dev = ev_dev[order]
+        running = np.cumsum(delta[order])
+        # restart the running sum at each device's first event
+        first = np.flatnonzero(np.concatenate(([True], ev_dev[1:] != ev_dev[:-1])))
+        base = np.repeat(
+            running[first] - delta[order][first], np.diff(np.append(first, ev_dev.size))
+        )
+        level = used[ev_dev] + running - base
+        np.maximum.at(used, ev_dev, level)
         return used
 
-    def free_over(self, start: int, end: int) -> np.ndarray:
-        """Cores free during the whole of [start, end), per device index (0 for removed devices)."""
-        free = self._d.cores - self.peak_used(start, end)
+    def free_over(self, start: int, end: int, devices: np.ndarray | None = None) -> np.ndarray:
+        """Cores free during the whole of [start, end), per device index (0 for
+        removed devices; exact for the devices of mask `devices`, default all)."""
+        free = self._d.cores - self.peak_used(start, end, devices)
         free[~self._d.alive] = 0
         return free
 
     def used_at(self, t: int) -> np.ndarray:
         return self.peak_used(t, t + 1)
+
+    def earliest_start(
+        self,
+        need: int,
+        duration: int,
+        after: int,
+        last_start: int | None,
+        devices: np.ndarray,
+    ) -> tuple[int, np.ndarray] | None:
+        """Earliest start t in (after, last_start] at which the devices of mask
+        `devices` have `need` cores free, in all, for [t, t + duration); with
+        the free cores per device then. None if there is no such t.
+
+        Free cores over [t, t + duration) can only grow when t passes an
+        allocation's end, so t is one of those ends. Each candidate is first
+        bounded by the devices' total free cores at every instant of its
+        window (a range maximum over the summed schedule, for all candidates at
+        once); only candidates the bound admits get the exact per-device check.
+        """
+        n = self._n
+        rows = np.flatnonzero((self._end[:n] > after) & devices[self._dev[:n]])
+        if rows.size == 0:
+            return None
+        s, e, c = self._start[rows], self._end[rows], self._cores[rows]
+        cands = np.unique(e if last_start is None else e[e <= last_start])
+        if cands.size == 0:
+            return None
+        total = int(self._d.cores[devices].sum())
+        # the summed schedule of these devices: events by (time, ends first)
+        keys = np.concatenate((e << 1, (s << 1) | 1))
+        order = np.argsort(keys)
+        keys = keys[order]
+        used = np.cumsum(np.concatenate((-c, c))[order])
+        # used after the last event at or before t, and the peak before t + duration
+        lo = np.searchsorted(keys, (cands << 1) | 1, side="right") - 1
+        hi = np.searchsorted(keys, (cands + duration) << 1, side="left")
+        peak = _range_max(used, lo, hi)
+        for i in np.flatnonzero(total - peak >= need).tolist():
+            t = int(cands[i])
+            free = np.where(
+                devices, np.maximum(self._d.cores - self._peak(t, t + duration, rows), 0), 0
+            )
+            if int(free.sum()) >= need:
+                return t, free
+        return None
 
     def end_times(self, after: int, until: int | None, devices: np.ndarray) -> np.ndarray:
         """Sorted distinct ends in (after, until] of allocations on the devices of mask `devices`:
@@ -409,3 +478,22 @@ class CapacityMap:
             )
             for k, r in self._rows.items()
         ]
+
+
+def _range_max(values: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """max(values[lo[i] : max(hi[i], lo[i] + 1)]) for every i (a sparse table)."""
+    hi = np.maximum(hi, lo + 1)
+    width = hi - lo
+    levels = [values]
+    span = 1
+    while span * 2 <= int(width.max()):
+        prev = levels[-1]
+        levels.append(np.maximum(prev[:-span], prev[span:]))
+        span *= 2
+    k = np.floor(np.log2(width)).astype(np.int64)
+    out = np.empty(lo.shape[0], values.dtype)
+    for level in np.unique(k).tolist():
+        sel = k == level
+        table = levels[level]
+        out[sel] = np.maximum(table[lo[sel]], table[hi[sel] - (1 << level)])
+    return out

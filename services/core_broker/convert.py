@@ -3,11 +3,10 @@ message can fail on its own), reservations and devices out."""
 
 from __future__ import annotations
 
-import json
+import base64
 import math
 from typing import Any
 
-from google.protobuf import json_format
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from lightpath.errors import FieldViolation, InvalidArgument, PermissionDenied
@@ -170,12 +169,9 @@ def core_request(
 
 
 def stored_request(m: core_broker_pb2.ReservationRequest) -> str:
-    """The request as kept with its reservation (and fingerprinted for retries)."""
-    return json.dumps(
-        json_format.MessageToDict(m, preserving_proto_field_name=True),
-        sort_keys=True,
-        separators=(",", ":"),
-    )
+    """The request as kept with its reservation (and fingerprinted for retries):
+    its deterministic serialization, base64."""
+    return base64.b64encode(m.SerializeToString(deterministic=True)).decode()
 
 
 def device_in(m: core_broker_pb2.Device, field: str = "device") -> Device:
@@ -217,8 +213,13 @@ def device_out(d: Device) -> core_broker_pb2.Device:
     )
 
 
-def reservation_out(record: dict[str, Any], version: int) -> core_broker_pb2.Reservation:
-    """A stored (or rejected) reservation record as the API shows it."""
+def reservation_out(
+    record: dict[str, Any],
+    version: int,
+    request: core_broker_pb2.ReservationRequest | None = None,
+) -> core_broker_pb2.Reservation:
+    """A stored (or rejected) reservation record as the API shows it
+    (`request`: the request it answers, when the caller has it at hand)."""
     parts = [p for p in record.get("parts") or [] if isinstance(p, dict) and not p.get("cancelled")]
     allocations = [
         pb.Allocation(
@@ -250,8 +251,10 @@ def reservation_out(record: dict[str, Any], version: int) -> core_broker_pb2.Res
         out.end.CopyFrom(timestamp(max(int(p["end"]) for p in parts)))
     if record.get("earliest") is not None:
         out.earliest_possible_start.CopyFrom(timestamp(record["earliest"]))
-    if record.get("request"):
-        json_format.ParseDict(json.loads(record["request"]), out.request)
+    if request is not None:
+        out.request.CopyFrom(request)
+    elif record.get("request"):
+        out.request.ParseFromString(base64.b64decode(record["request"]))
     return out
 
 

@@ -356,28 +356,8 @@ def decide_one(
 
 
 def _free(work: CapacityMap, eligible: np.ndarray, start: int, duration: int) -> np.ndarray:
-    free = work.free_over(start, start + duration)
+    free = work.free_over(start, start + duration, eligible)
     return np.where(eligible, np.maximum(free, 0), 0)
-
-
-def _earliest(
-    work: CapacityMap,
-    eligible: np.ndarray,
-    need: int,
-    duration: int,
-    after: int,
-    last_start: int | None,
-) -> tuple[int, np.ndarray] | None:
-    """Earliest start in (after, last_start] with `need` cores free for `duration`.
-
-    Free cores over [t, t + duration) can only grow when t passes an
-    allocation's end, so the earliest feasible start is one of those ends
-    (or `after` itself, which callers have checked)."""
-    for t in work.end_times(after, last_start, eligible).tolist():
-        free = _free(work, eligible, t, duration)
-        if int(free.sum()) >= need:
-            return t, free
-    return None
 
 
 def _earliest_full_start(work: CapacityMap, r: CoreRequest, now: int) -> int:
@@ -385,7 +365,7 @@ def _earliest_full_start(work: CapacityMap, r: CoreRequest, now: int) -> int:
     t0 = max(now, r.earliest_start or now)
     if int(_free(work, eligible, t0, r.duration_ms).sum()) >= r.cores:
         return t0
-    found = _earliest(work, eligible, r.cores, r.duration_ms, t0, None)
+    found = work.earliest_start(r.cores, r.duration_ms, t0, None, eligible)
     assert found is not None, "a validated request fits once every reservation has ended"
     return found[0]
 
@@ -403,6 +383,7 @@ def _decide_one(
     duration = r.duration_ms
     t0 = max(now, r.earliest_start or now)
     last_start = None if r.latest_end is None else r.latest_end - duration
+    in_window = last_start is None or t0 <= last_start
     eligible = eligible_devices(work, r)
     ranker = _Ranker(work, r, r.placement or default_placement)
     need = r.cores
@@ -414,56 +395,38 @@ def _decide_one(
             r, prio, outcome, now, tuple(parts), summary=_summary(outcome, parts, now, need)
         )
 
-    checked_until: int = t0
-    if last_start is None or t0 <= last_start:
-        if have >= need:
-            return grant(Outcome.GRANTED, ranker.place(free0, need, t0, duration))
-        if Outcome.PARTIAL in accept and have > 0:
-            first = ranker.place(free0, have, t0, duration)
-            trial = work.copy()
-            trial.assume(first)
-            found = _earliest(trial, eligible, need - have, duration, t0, last_start)
-            if found is not None:
-                t1, free1 = found
-                rest = ranker.place(free1, need - have, t1, duration)
-                return grant(Outcome.PARTIAL, first + rest)
-        found = _earliest(work, eligible, need, duration, t0, last_start)
-        if found is not None and Outcome.DEFERRED in accept:
-            t1, free1 = found
-            return grant(Outcome.DEFERRED, ranker.place(free1, need, t1, duration))
+    if in_window and have >= need:
+        return grant(Outcome.GRANTED, ranker.place(free0, need, t0, duration))
+    if in_window and Outcome.PARTIAL in accept and have > 0:
+        first = ranker.place(free0, have, t0, duration)
+        trial = work.copy()
+        trial.assume(first)
+        found = trial.earliest_start(need - have, duration, t0, last_start, eligible)
         if found is not None:
-            earliest = found[0]
-            return Decision(
-                r,
-                prio,
-                Outcome.REJECTED,
-                now,
-                (),
-                earliest,
-                summary=f"all {need} cores {_when(earliest, now)}; DEFERRED not accepted",
-            )
-        checked_until = last_start if last_start is not None else t0
-    elif have >= need:
-        return Decision(
-            r,
-            prio,
-            Outcome.REJECTED,
-            now,
-            (),
-            t0,
-            summary=f"all {need} cores {_when(t0, now)}, but the window has passed",
-        )
-    found = _earliest(work, eligible, need, duration, checked_until, None)
-    assert found is not None, "a validated request fits once every reservation has ended"
-    earliest = found[0]
+            t1, free1 = found
+            return grant(Outcome.PARTIAL, first + ranker.place(free1, need - have, t1, duration))
+    # when could every core be had? (the deferred start, or the rejection's answer)
+    if have >= need:
+        full = t0
+    else:
+        found = work.earliest_start(need, duration, t0, None, eligible)
+        assert found is not None, "a validated request fits once every reservation has ended"
+        full, free_full = found
+        fits = last_start is None or full <= last_start
+        if in_window and fits and Outcome.DEFERRED in accept:
+            return grant(Outcome.DEFERRED, ranker.place(free_full, need, full, duration))
+    if last_start is not None and full > last_start:
+        why = ", after the window's latest end" if in_window else ", but the window has passed"
+    else:
+        why = "; DEFERRED not accepted"
     return Decision(
         r,
         prio,
         Outcome.REJECTED,
         now,
         (),
-        earliest,
-        summary=f"all {need} cores {_when(earliest, now)}, after the window's latest end",
+        full,
+        summary=f"all {need} cores {_when(full, now)}{why}",
     )
 
 
@@ -517,19 +480,30 @@ class _Ranker:
 
     def _single(self, c: np.ndarray, f: np.ndarray, need: int) -> int:
         left = f - need
-        share_left = left / self.cores[c]
         if self.policy is Placement.PACK:
-            keys: tuple[np.ndarray, ...] = (self.rank[c], left)
+            keys: tuple[np.ndarray, ...] = (left,)
         elif self.primary is None:
-            keys = (self.rank[c], -share_left)
+            keys = (-left / self.cores[c],)
         else:
-            keys = (self.rank[c], -share_left, self.primary[c])
-        return int(np.lexsort(keys)[0])
+            keys = (self.primary[c], -left / self.cores[c])
+        return _argbest((*keys, self.rank[c]))
 
     def _fill(self, c: np.ndarray, f: np.ndarray) -> np.ndarray:
         if self.primary is None:
             return np.lexsort((self.rank[c], -f))
         return np.lexsort((self.rank[c], -f, self.primary[c]))
+
+
+def _argbest(keys: tuple[np.ndarray, ...]) -> int:
+    """Index of the smallest entry by keys[0], ties by keys[1], ... (lexsort's
+    first element, by successive filtering)."""
+    idx = np.arange(keys[0].shape[0])
+    for k in keys:
+        sub = k[idx]
+        idx = idx[sub == sub.min()]
+        if idx.shape[0] == 1:
+            break
+    return int(idx[0])
 
 
 def _when(t: int, now: int) -> str:

@@ -305,7 +305,7 @@ class CoreBrokerServicer(core_broker_pb2_grpc.CoreBrokerServicer):
             cores=r.cores,
             outcome=record[0]["outcome"],
         )
-        return reservation_out(*record)
+        return reservation_out(*record, request.request)
 
     async def BatchReserve(
         self, request: pb.BatchReserveRequest, context
@@ -334,7 +334,11 @@ class CoreBrokerServicer(core_broker_pb2_grpc.CoreBrokerServicer):
             all_or_nothing=request.all_or_nothing,
         )
         _annotate(requests=len(reqs), all_or_nothing=request.all_or_nothing)
-        return pb.BatchReserveResponse(reservations=[reservation_out(*r) for r in records])
+        return pb.BatchReserveResponse(
+            reservations=[
+                reservation_out(*r, m) for r, m in zip(records, request.requests, strict=True)
+            ]
+        )
 
     async def GetReservation(self, request: pb.GetReservationRequest, context) -> pb.Reservation:
         principal = await self._who(context)
