@@ -108,6 +108,14 @@ class Ticket:
         return [r.reservation_id for gi in groups for r in self.groups[gi].requests]
 
 
+def cancel_requested() -> bool:
+    """True once this task has been asked to stop, even if a library swallowed
+    the CancelledError (seen with redis.asyncio under load): background loops
+    check it so shutdown never hangs."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
 def iso(ms: int) -> str:
     """A time in ms since the epoch for people: 2025-01-01T12:00:00.250Z."""
     return (
@@ -128,6 +136,47 @@ def _prefixed(exc: LightpathError, prefix: str) -> LightpathError:
             reason=exc.reason,
         )
     return exc
+
+
+def base_record(d: Decision, application_id: str, stored: str, now: int) -> dict[str, Any]:
+    return {
+        "id": d.request.reservation_id,
+        "app": application_id,
+        "outcome": d.outcome.value,
+        "priority": {"level": d.priority.level, "score": d.priority.score},
+        "summary": d.summary,
+        "request": stored,
+        "fp": fingerprint(stored),
+        "created": now,
+    }
+
+
+def pending_reservation(
+    d: Decision, application_id: str, stored: str, now: int
+) -> PendingReservation:
+    """A granted decision as the record and allocation parts the store commits."""
+    rid = d.request.reservation_id
+    parts = [
+        (a.device_id, a.cores, a.start, a.end, allocation_member(rid, i, a.end, a.cores))
+        for i, a in enumerate(d.allocations)
+    ]
+    record = {
+        **base_record(d, application_id, stored, now),
+        "state": "SCHEDULED",
+        "parts": [
+            {
+                "dev": dev,
+                "cores": cores,
+                "start": start,
+                "end": end,
+                "member": member,
+                "started": False,
+                "ended": False,
+            }
+            for dev, cores, start, end, member in parts
+        ],
+    }
+    return PendingReservation(rid, application_id, record, now, parts)
 
 
 class WatchHub:
@@ -252,7 +301,7 @@ class Broker:
 
     async def decide_forever(self) -> None:
         """The decision worker: one batch at a time (a background task)."""
-        while True:
+        while not cancel_requested():
             first = await self._queue.get()
             if self.config.batch_window_s > 0 and self._queue.qsize() < self.config.max_batch:
                 await asyncio.sleep(self.config.batch_window_s)
@@ -369,44 +418,12 @@ class Broker:
 
     def _pending(self, t: Ticket, d: Decision, now: int) -> PendingReservation:
         rid = d.request.reservation_id
-        parts = [
-            (a.device_id, a.cores, a.start, a.end, allocation_member(rid, i, a.end, a.cores))
-            for i, a in enumerate(d.allocations)
-        ]
-        record = {
-            **self._base_record(t, d, now),
-            "state": "SCHEDULED",
-            "parts": [
-                {
-                    "dev": dev,
-                    "cores": cores,
-                    "start": start,
-                    "end": end,
-                    "member": member,
-                    "started": False,
-                    "ended": False,
-                }
-                for dev, cores, start, end, member in parts
-            ],
-        }
-        return PendingReservation(rid, t.application_id, record, now, parts)
-
-    def _base_record(self, t: Ticket, d: Decision, now: int) -> dict[str, Any]:
-        stored = t.stored_requests[d.request.reservation_id]
-        return {
-            "id": d.request.reservation_id,
-            "app": t.application_id,
-            "outcome": d.outcome.value,
-            "priority": {"level": d.priority.level, "score": d.priority.score},
-            "summary": d.summary,
-            "request": stored,
-            "fp": fingerprint(stored),
-            "created": now,
-        }
+        return pending_reservation(d, t.application_id, t.stored_requests[rid], now)
 
     def _rejected_record(self, t: Ticket, d: Decision, now: int) -> dict[str, Any]:
+        rid = d.request.reservation_id
         return {
-            **self._base_record(t, d, now),
+            **base_record(d, t.application_id, t.stored_requests[rid], now),
             "state": "REJECTED",
             "parts": [],
             "earliest": d.earliest_possible_start,
@@ -554,7 +571,7 @@ class Broker:
 
     async def reap_forever(self) -> None:
         interval = self.config.reaper_interval_s
-        while True:
+        while not cancel_requested():
             try:
                 n, nxt = await self.store.reap(self.now_ms())
             except RedisError as exc:
@@ -569,7 +586,7 @@ class Broker:
             await asyncio.sleep(delay)
 
     async def follow_forever(self) -> None:
-        while True:
+        while not cancel_requested():
             try:
                 await self.view.follow()
             except RedisError as exc:

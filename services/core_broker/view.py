@@ -114,7 +114,8 @@ class LiveView:
 
     async def follow(self, block_ms: int = 1000) -> None:
         """Apply changes as they come, for ever (a background task)."""
-        while True:
+        task = asyncio.current_task()
+        while task is None or not task.cancelling():
             changes = await self.store.read_changes(self.stream_id, block_ms=block_ms, count=2000)
             if not self.apply(changes):
                 await self.load()
