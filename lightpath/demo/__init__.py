@@ -46,9 +46,9 @@ Scenario = Callable[[DemoContext], Awaitable[None]]
 
 
 def scenarios() -> list[Scenario]:
-    from lightpath.demo import foundation
+    from lightpath.demo import cores, foundation
 
-    return [foundation.run]
+    return [foundation.run, cores.run]
 
 
 async def run_demo(endpoints: dict[str, str]) -> int:

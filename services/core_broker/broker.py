@@ -262,6 +262,7 @@ class Broker:
         self.hub = WatchHub()
         self._clock = clock
         self._queue: asyncio.Queue[Ticket] = asyncio.Queue()
+        self._due_now = asyncio.Event()  # a commit made something due: sweep at once
         view.on_events(self.hub.dispatch)
         view.on_reset(self.hub.reset)
         self.batches = 0
@@ -385,6 +386,7 @@ class Broker:
         result = await self.store.commit(payload, now)
         if result.version:
             self.view.note_commit(self._change_of(result, payload))
+            self._due_now.set()
         still_open: list[Ticket] = []
         for t, plan, (kind, status) in zip(live, plans, result.tickets, strict=True):
             if kind == "exists":
@@ -583,7 +585,9 @@ class Broker:
             delay = interval
             if nxt is not None:
                 delay = min(interval, max(0.002, (nxt - self.now_ms()) / 1000))
-            await asyncio.sleep(delay)
+            self._due_now.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._due_now.wait(), delay)
 
     async def follow_forever(self) -> None:
         while not cancel_requested():
