@@ -387,6 +387,9 @@ class Broker:
         if result.version:
             self.view.note_commit(self._change_of(result, payload))
             self._due_now.set()
+        elif result.current_version < self.view.version:
+            log.warning("the store's version went back (Redis lost its state?); reloading")
+            await self.view.load()
         still_open: list[Ticket] = []
         for t, plan, (kind, status) in zip(live, plans, result.tickets, strict=True):
             if kind == "exists":

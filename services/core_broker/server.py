@@ -371,7 +371,7 @@ class CoreBrokerServicer(core_broker_pb2_grpc.CoreBrokerServicer):
         ids = ids[:size]
         records = await self._store.get_many(ids)
         gone = [rid for rid, rec in zip(ids, records, strict=True) if rec is None]
-        if gone and app is not None:
+        if gone:
             await self._store.forget(app, gone)
         return pb.ListReservationsResponse(
             reservations=[reservation_out(*rec) for rec in records if rec is not None],

@@ -93,7 +93,7 @@ local function fmt(n) return string.format("%d", n) end
 # ARGV: prefix, now, payload JSON, stream maxlen
 # payload: [ticket, ...]; ticket: {ids: [id, ...], groups: [group, ...]}; group: [reservation, ...];
 # reservation: {id, app, data, created, due, parts: [[device, cores, start, end, member], ...]}
-# Returns {version, stream id, status per ticket}; a ticket's status is
+# Returns {version written or 0, stream id, status per ticket, current version}; a ticket's status is
 # "exists:<id>" (nothing of it written) or a list of "ok" / "conflict:<device>" per group.
 _COMMIT = (
     _LUA_LIB
@@ -156,7 +156,7 @@ for ti, ticket in ipairs(tickets) do
   end
 end
 local sid = publish(ops, events, maxlen)
-return {version or 0, sid, out}
+return {version or 0, sid, out, tonumber(redis.call("GET", P .. "version") or "0")}
 """
 )
 
@@ -482,10 +482,11 @@ class PendingReservation:
 
 @dataclass(frozen=True)
 class CommitResult:
-    version: int
+    version: int  # of the change written, 0 if nothing was
     stream_id: str
     # per ticket: ("exists", id) or ("groups", ["ok" | "conflict:<device>", ...])
     tickets: list[tuple[str, Any]]
+    current_version: int = 0  # the store's version after the call
 
 
 @dataclass(frozen=True)
@@ -561,7 +562,7 @@ class BrokerStore:
                 tickets_out.append(("groups", [_text(s) for s in status[1:]]))
             else:
                 tickets_out.append(("exists", _text(status).split(":", 1)[1]))
-        return CommitResult(version, sid, tickets_out)
+        return CommitResult(version, sid, tickets_out, int(raw[3]))
 
     async def release(self, reservation_id: str, app: str | None, now: int) -> ScriptResult:
         raw = await self._release(
@@ -617,9 +618,11 @@ class BrokerStore:
         key = broker_key("all-res") if app is None else broker_key("app", app, "res")
         return list(await self._r.zrevrange(key, offset, offset + limit - 1))
 
-    async def forget(self, app: str, ids: Sequence[str]) -> None:
+    async def forget(self, app: str | None, ids: Sequence[str]) -> None:
+        """Drop ids whose records expired from the listing indexes."""
         if ids:
-            await self._r.zrem(broker_key("app", app, "res"), *ids)
+            if app is not None:
+                await self._r.zrem(broker_key("app", app, "res"), *ids)
             await self._r.zrem(broker_key("all-res"), *ids)
 
     async def all_reservations(self) -> list[tuple[dict[str, Any], int]]:

@@ -50,6 +50,11 @@ def device_doc(device: Device) -> dict[str, Any]:
     }
 
 
+def stream_position(stream_id: str) -> tuple[int, int]:
+    ms, _, seq = stream_id.partition("-")
+    return int(ms), int(seq or 0)
+
+
 def parse_member(member: str) -> tuple[int, int]:
     """(end, cores) of an allocation member `<reservation>:<part>:<end>:<cores>`."""
     _, _, end, cores = member.split(":")
@@ -121,13 +126,18 @@ class LiveView:
                 await self.load()
 
     def apply(self, changes: Sequence[Change]) -> bool:
-        """Apply entries in version order; False on a gap (the caller reloads)."""
+        """Apply entries in stream order; False on a gap or a reset (the caller reloads).
+
+        An entry at or before our position was applied already (two readers
+        may fetch the same entries). After it, the next version must follow
+        ours: a jump means the stream was trimmed past us, a step back that
+        Redis lost its state (restarted empty) — either way, reload."""
         for c in changes:
-            if c.version <= self.version:
+            if stream_position(c.stream_id) <= stream_position(self.stream_id):
                 continue
             if c.version != self.version + 1:
                 log.warning(
-                    "change stream gap: at version %d, next entry is %d; reloading",
+                    "change stream out of step: at version %d, next entry is %d; reloading",
                     self.version,
                     c.version,
                 )

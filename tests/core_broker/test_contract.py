@@ -660,3 +660,17 @@ async def test_watching_an_ended_reservation_says_so_and_ends(broker):
         ),
         C.NOT_FOUND,
     )
+
+
+async def test_a_redis_that_lost_its_state_is_followed_not_trusted(broker, redis_client):
+    await broker.device("g1", 16)
+    app = await broker.app("a")
+    await broker.reserve(app, "r", 10, 60)
+    await redis_client.flushall()  # Redis restarted empty
+    app = await broker.app("a")  # its credential went with it
+    # so did the devices: the commit finds none, the broker reloads, and then says so
+    await fails(broker.reserve(app, "r2", 1, 60), C.INVALID_ARGUMENT, ["request.cores"])
+    await broker.device("g2", 8)
+    assert await broker.free_now(app) == {"g2": 8}  # nothing of the old state survives
+    r = await broker.reserve(app, "r", 8, 60)
+    assert r.outcome == pb.OUTCOME_GRANTED and [a.device_id for a in r.allocations] == ["g2"]
