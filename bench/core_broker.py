@@ -169,6 +169,15 @@ def start_broker(redis_url: str, port: int, name: str) -> subprocess.Popen:
     )
 
 
+def cpu_seconds(proc: subprocess.Popen) -> float:
+    """User + system CPU the process has used (Linux /proc; 0 elsewhere)."""
+    try:
+        fields = open(f"/proc/{proc.pid}/stat").read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def wait_serving(address: str, proc: subprocess.Popen, timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
     while health_status(address, timeout=0.5) != "SERVING":
@@ -220,7 +229,10 @@ def main() -> None:
                 setup(addresses[0], args.devices, args.clients, args.live, rng)
             )
             warm = asyncio.run(measure(addresses, tokens, args.clients, 200, "w"))
+            cpu0 = [cpu_seconds(p) for p in procs]
+            load0 = os.getloadavg()[0]
             res = asyncio.run(measure(addresses, tokens, args.clients, args.calls, "m"))
+            cpu = sum(cpu_seconds(p) for p in procs) - sum(cpu0)
             live += sum(v for k, v in warm["outcomes"].items() if k != "REJECTED")
         finally:
             for p in procs:
@@ -242,6 +254,10 @@ def main() -> None:
             "replicas": args.replicas,
             "calls": len(lat),
             "outcomes": dict(res["outcomes"]),
+            # what the broker itself spent (less noisy than wall time on a shared machine)
+            "broker_cpu_ms_per_decision": 1000 * cpu / len(lat),
+            "broker_cpu_share": cpu / res["wall"],
+            "load_avg_1m": load0,
             "target": {"decisions_per_s": 800, "decide_ms_p99": 20},
         }
     )

@@ -452,7 +452,7 @@ class Broker:
                     for dev, cores, start, end, member in p.parts:
                         ops.append(["+", dev, member, start, end, cores])
                     events.append(["CREATED", p.reservation_id, p.application_id, data["data"]])
-        return Change(result.stream_id, result.version, ops, parsed_events=events)
+        return Change(result.stream_id, result.version, parsed_ops=ops, parsed_events=events)
 
     async def _resolve_existing(self, t: Ticket) -> bool:
         """Some ids of the ticket exist: a retry (X-5) gets the stored records;
@@ -575,6 +575,9 @@ class Broker:
     # -- expiry (CB-6) --------------------------------------------------------------
 
     async def reap_forever(self) -> None:
+        """Sweep when the next start or end falls due, at least every
+        `reaper_interval_s`, and soon after a commit made something due
+        (debounced: sweeps are at least 10 ms apart when woken that way)."""
         interval = self.config.reaper_interval_s
         while not cancel_requested():
             try:
@@ -591,6 +594,7 @@ class Broker:
             self._due_now.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._due_now.wait(), delay)
+                await asyncio.sleep(min(0.01, delay))
 
     async def follow_forever(self) -> None:
         while not cancel_requested():

@@ -434,13 +434,21 @@ def allocation_member(reservation_id: str, part: int, end: int, cores: int) -> s
 @dataclass
 class Change:
     """One change stream entry: capacity deltas (`ops`) and events
-    `[type, reservation id, application id, reservation JSON]`, parsed on first use."""
+    `[type, reservation id, application id, reservation JSON]`, both parsed on
+    first use (a replica skips the entries it applied already unparsed)."""
 
     stream_id: str
     version: int
-    ops: list[list[Any]]
+    raw_ops: str = "[]"
     raw_events: str = "[]"
+    parsed_ops: list[list[Any]] | None = None
     parsed_events: list[list[Any]] | None = None
+
+    @property
+    def ops(self) -> list[list[Any]]:
+        if self.parsed_ops is None:
+            self.parsed_ops = _list(json.loads(self.raw_ops))
+        return self.parsed_ops
 
     @property
     def events(self) -> list[list[Any]]:
@@ -681,11 +689,7 @@ class BrokerStore:
         out: list[Change] = []
         for _, entries in raw or []:
             for sid, fields in entries:
-                out.append(
-                    Change(
-                        _text(sid), int(fields["v"]), _list(json.loads(fields["ops"])), fields["ev"]
-                    )
-                )
+                out.append(Change(_text(sid), int(fields["v"]), fields["ops"], fields["ev"]))
         return out
 
     # -- applications (CB-2) ------------------------------------------------------
