@@ -383,12 +383,18 @@ class Broker:
                     groups.append(pend)
             plans.append(plan)
             payload.append((t.ids(t.open), groups))
+        seen = self.view.version  # Redis is at least here, unless it lost its state
         result = await self.store.commit(payload, now)
         if result.version:
             self.view.note_commit(self._change_of(result, payload))
             self._due_now.set()
-        elif result.current_version < self.view.version:
-            log.warning("the store's version went back (Redis lost its state?); reloading")
+        elif result.current_version < seen:
+            log.warning(
+                "the store is at version %d, behind this view's %d (Redis lost its state?); "
+                "reloading",
+                result.current_version,
+                seen,
+            )
             await self.view.load()
         still_open: list[Ticket] = []
         for t, plan, (kind, status) in zip(live, plans, result.tickets, strict=True):
