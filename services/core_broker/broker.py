@@ -87,6 +87,8 @@ class Ticket:
     future: asyncio.Future[list[Record]]
     results: dict[str, Record] = field(default_factory=dict)
     open: list[int] = field(default_factory=list)
+    batch_size: int = 0  # requests decided together with these (CB-5)
+    rounds: int = 0  # decisions made: more than 1 after a conflict with another replica
 
     def __post_init__(self) -> None:
         self.open = list(range(len(self.groups)))
@@ -281,11 +283,13 @@ class Broker:
         field_prefixes: Sequence[str],
         *,
         all_or_nothing: bool = False,
+        on_decided: Callable[[Ticket], None] | None = None,
     ) -> list[Record]:
         """Decide and commit `requests` of one application; the records in request order.
 
         Each request is decided on its own unless `all_or_nothing`, where they
-        are one group: every one GRANTED, or all REJECTED and nothing stored."""
+        are one group: every one GRANTED, or all REJECTED and nothing stored.
+        `on_decided` sees the ticket afterwards (batch size, rounds)."""
         if all_or_nothing:
             groups = [Group(tuple(requests), all_or_nothing=True)]
         else:
@@ -298,7 +302,11 @@ class Broker:
             asyncio.get_running_loop().create_future(),
         )
         await self._queue.put(ticket)
-        return await ticket.future
+        try:
+            return await ticket.future
+        finally:
+            if on_decided is not None:
+                on_decided(ticket)
 
     async def decide_forever(self) -> None:
         """The decision worker: one batch at a time (a background task)."""
@@ -326,6 +334,9 @@ class Broker:
     async def _decide_batch(self, tickets: list[Ticket]) -> None:
         self.batches += 1
         pending = [t for t in tickets if not t.done]
+        size = sum(len(g.requests) for t in pending for g in t.groups)
+        for t in pending:
+            t.batch_size = size
         for _ in range(self.config.max_attempts):
             if not pending:
                 return
@@ -345,6 +356,7 @@ class Broker:
         cap = self.view.capacity
         live: list[Ticket] = []
         for t in tickets:
+            t.rounds += 1
             try:
                 for gi in t.open:
                     for r in t.groups[gi].requests:

@@ -30,7 +30,7 @@ from services.core_broker.auth import (
     require_application,
     require_operator,
 )
-from services.core_broker.broker import TERMINAL_EVENTS, Broker, BrokerConfig, Record
+from services.core_broker.broker import TERMINAL_EVENTS, Broker, BrokerConfig, Record, Ticket
 from services.core_broker.capacity import MAX_SPAN_MS, CapacityMap
 from services.core_broker.convert import (
     EVENT_TYPES,
@@ -59,6 +59,10 @@ def _annotate(**attributes: Any) -> None:
     span = trace.get_current_span()
     for k, v in attributes.items():
         span.set_attribute(f"lightpath.{k}", v)
+
+
+def _annotate_batch(ticket: Ticket) -> None:
+    _annotate(batch_size=ticket.batch_size, decision_rounds=ticket.rounds)
 
 
 class CoreBrokerServicer(core_broker_pb2_grpc.CoreBrokerServicer):
@@ -298,7 +302,7 @@ class CoreBrokerServicer(core_broker_pb2_grpc.CoreBrokerServicer):
         app = require_application(principal)
         r = core_request(request.request, principal, "request")
         (record,) = await self._broker.reserve(
-            app, [r], [stored_request(request.request)], ["request"]
+            app, [r], [stored_request(request.request)], ["request"], on_decided=_annotate_batch
         )
         _annotate(
             reservation_id=r.reservation_id,
@@ -332,6 +336,7 @@ class CoreBrokerServicer(core_broker_pb2_grpc.CoreBrokerServicer):
             [stored_request(m) for m in request.requests],
             [f"requests[{i}]" for i in range(len(reqs))],
             all_or_nothing=request.all_or_nothing,
+            on_decided=_annotate_batch,
         )
         _annotate(requests=len(reqs), all_or_nothing=request.all_or_nothing)
         return pb.BatchReserveResponse(
