@@ -355,25 +355,23 @@ def build_request(args: argparse.Namespace) -> pb.ReservationRequest:
 
 
 def cmd_reserve(args: argparse.Namespace) -> int:
-    req = build_request(args)
+    return _one(args, "Reserve", pb.ReserveRequest(request=build_request(args)))
+
+
+def _one(args: argparse.Namespace, method: str, request) -> int:
+    """Call one RPC that answers a Reservation, and print it."""
 
     async def body(stub, md):
-        r = await stub.Reserve(pb.ReserveRequest(request=req), metadata=md)
-        _print_reservation(args, r)
+        _print_reservation(args, await getattr(stub, method)(request, metadata=md))
         return 0
 
     return _call(args, body)
 
 
 def cmd_get(args: argparse.Namespace) -> int:
-    async def body(stub, md):
-        r = await stub.GetReservation(
-            pb.GetReservationRequest(reservation_id=args.reservation_id), metadata=md
-        )
-        _print_reservation(args, r)
-        return 0
-
-    return _call(args, body)
+    return _one(
+        args, "GetReservation", pb.GetReservationRequest(reservation_id=args.reservation_id)
+    )
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -416,14 +414,11 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_release(args: argparse.Namespace) -> int:
-    async def body(stub, md):
-        r = await stub.ReleaseReservation(
-            pb.ReleaseReservationRequest(reservation_id=args.reservation_id), metadata=md
-        )
-        _print_reservation(args, r)
-        return 0
-
-    return _call(args, body)
+    return _one(
+        args,
+        "ReleaseReservation",
+        pb.ReleaseReservationRequest(reservation_id=args.reservation_id),
+    )
 
 
 def cmd_extend(args: argparse.Namespace) -> int:

@@ -84,18 +84,15 @@ def core_request(
             bad.append(FieldViolation(f("window.latest_end"), "must be after earliest_start"))
     if m.task_type and not is_valid_id(m.task_type):
         bad.append(FieldViolation(f("task_type"), ID_RULE))
-    qos = (
-        principal.qos_level
-        if m.qos_level == 0
-        else _enum_name(pb.QosLevel, "QOS_LEVEL_", m.qos_level)
+    qos, billing = (
+        agreed if value == 0 else _enum_name(enum, prefix, value)
+        for agreed, value, enum, prefix in (
+            (principal.qos_level, m.qos_level, pb.QosLevel, "QOS_LEVEL_"),
+            (principal.billing_model, m.billing_model, pb.BillingModel, "BILLING_MODEL_"),
+        )
     )
     if qos is None:
         bad.append(FieldViolation(f("qos_level"), "unknown QoS level"))
-    billing = (
-        principal.billing_model
-        if m.billing_model == 0
-        else _enum_name(pb.BillingModel, "BILLING_MODEL_", m.billing_model)
-    )
     if billing is None:
         bad.append(FieldViolation(f("billing_model"), "unknown billing model"))
     placement: Placement | None = None
