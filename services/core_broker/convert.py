@@ -165,6 +165,24 @@ def core_request(
     )
 
 
+def agreement_in(m: core_broker_pb2.RegisterApplicationRequest) -> tuple[str, str]:
+    """(QoS level, billing model) agreed with an application (CB-2); defaults
+    STANDARD and ON_DEMAND."""
+    qos = _enum_name(pb.QosLevel, "QOS_LEVEL_", m.qos_level or pb.QOS_LEVEL_STANDARD)
+    billing = _enum_name(
+        pb.BillingModel, "BILLING_MODEL_", m.billing_model or pb.BILLING_MODEL_ON_DEMAND
+    )
+    bad = []
+    if qos is None:
+        bad.append(FieldViolation("qos_level", "unknown QoS level"))
+    if billing is None:
+        bad.append(FieldViolation("billing_model", "unknown billing model"))
+    if bad:
+        raise InvalidArgument.of(bad)
+    assert qos is not None and billing is not None
+    return qos, billing
+
+
 def stored_request(m: core_broker_pb2.ReservationRequest) -> str:
     """The request as kept with its reservation (and fingerprinted for retries):
     its deterministic serialization, base64."""

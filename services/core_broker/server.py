@@ -34,6 +34,7 @@ from services.core_broker.broker import TERMINAL_EVENTS, Broker, BrokerConfig, R
 from services.core_broker.capacity import MAX_SPAN_MS, CapacityMap
 from services.core_broker.convert import (
     EVENT_TYPES,
+    agreement_in,
     check_id,
     core_request,
     device_in,
@@ -132,29 +133,9 @@ class CoreBrokerServicer(core_broker_pb2_grpc.CoreBrokerServicer):
     ) -> pb.RegisterApplicationResponse:
         require_operator(await self._who(context))
         app_id = check_id(request.application_id, "application_id")
-        qos = (
-            pb.QosLevel.Name(request.qos_level or pb.QOS_LEVEL_STANDARD)
-            if (request.qos_level in pb.QosLevel.values())
-            else None
-        )
-        billing = (
-            pb.BillingModel.Name(request.billing_model or pb.BILLING_MODEL_ON_DEMAND)
-            if (request.billing_model in pb.BillingModel.values())
-            else None
-        )
-        bad = []
-        if qos is None:
-            bad.append(FieldViolation("qos_level", "unknown QoS level"))
-        if billing is None:
-            bad.append(FieldViolation("billing_model", "unknown billing model"))
-        if bad:
-            raise InvalidArgument.of(bad)
-        assert qos is not None and billing is not None
+        qos, billing = agreement_in(request)
         token, rotated = await self._store.register_application(
-            app_id,
-            qos.removeprefix("QOS_LEVEL_"),
-            billing.removeprefix("BILLING_MODEL_"),
-            self._broker.now_ms(),
+            app_id, qos, billing, self._broker.now_ms()
         )
         self._auth.forget(app_id)
         self._rt.log.info("application %s %s", app_id, "rotated" if rotated else "registered")

@@ -674,3 +674,31 @@ async def test_a_redis_that_lost_its_state_is_followed_not_trusted(broker, redis
     assert await broker.free_now(app) == {"g2": 8}  # nothing of the old state survives
     r = await broker.reserve(app, "r", 8, 60)
     assert r.outcome == pb.OUTCOME_GRANTED and [a.device_id for a in r.allocations] == ["g2"]
+
+
+async def test_operator_calls_reject_bad_input_naming_the_field(broker):
+    s = broker.stub
+    await fails(
+        s.RegisterApplication(
+            pb.RegisterApplicationRequest(application_id="a", qos_level=9, billing_model=7),
+            metadata=OP,
+        ),
+        C.INVALID_ARGUMENT,
+        ["qos_level", "billing_model"],
+    )
+    await fails(
+        s.RegisterApplication(pb.RegisterApplicationRequest(application_id="a b"), metadata=OP),
+        C.INVALID_ARGUMENT,
+        ["application_id"],
+    )
+    await broker.device("g1", 4)
+    await fails(
+        s.SetLatencies(
+            pb.SetLatenciesRequest(
+                latencies=[pb.Latency(site="", device_id="g1", latency_ms=float("nan"))]
+            ),
+            metadata=OP,
+        ),
+        C.INVALID_ARGUMENT,
+        ["latencies[0].site", "latencies[0].latency_ms"],
+    )
