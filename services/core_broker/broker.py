@@ -162,9 +162,10 @@ def pending_reservation(
         (a.device_id, a.cores, a.start, a.end, allocation_member(rid, i, a.end, a.cores))
         for i, a in enumerate(d.allocations)
     ]
+    # parts that start at once are started by the commit itself (CB-6): no sweep needed
     record = {
         **base_record(d, application_id, stored, now),
-        "state": "SCHEDULED",
+        "state": "ACTIVE" if any(start <= now for _, _, start, _, _ in parts) else "SCHEDULED",
         "parts": [
             {
                 "dev": dev,
@@ -172,7 +173,7 @@ def pending_reservation(
                 "start": start,
                 "end": end,
                 "member": member,
-                "started": False,
+                "started": start <= now,
                 "ended": False,
             }
             for dev, cores, start, end, member in parts
@@ -264,7 +265,6 @@ class Broker:
         self.hub = WatchHub()
         self._clock = clock
         self._queue: asyncio.Queue[Ticket] = asyncio.Queue()
-        self._due_now = asyncio.Event()  # a commit made something due: sweep at once
         view.on_events(self.hub.dispatch)
         view.on_reset(self.hub.reset)
         self.batches = 0
@@ -399,7 +399,6 @@ class Broker:
         result = await self.store.commit(payload, now)
         if result.version:
             self.view.note_commit(self._change_of(result, payload))
-            self._due_now.set()
         elif result.current_version < seen:
             log.warning(
                 "the store is at version %d, behind this view's %d (Redis lost its state?); "
@@ -470,6 +469,8 @@ class Broker:
                     for dev, cores, start, end, member in p.parts:
                         ops.append(["+", dev, member, start, end, cores])
                     events.append(["CREATED", p.reservation_id, p.application_id, data["data"]])
+                    if p.started:
+                        events.append(["STARTED", p.reservation_id, p.application_id, data["data"]])
         return Change(result.stream_id, result.version, parsed_ops=ops, parsed_events=events)
 
     async def _resolve_existing(self, t: Ticket) -> bool:
@@ -593,9 +594,9 @@ class Broker:
     # -- expiry (CB-6) --------------------------------------------------------------
 
     async def reap_forever(self) -> None:
-        """Sweep when the next start or end falls due, at least every
-        `reaper_interval_s`, and soon after a commit made something due
-        (debounced: sweeps are at least 10 ms apart when woken that way)."""
+        """Sweep when the next start or end falls due, and at least every
+        `reaper_interval_s` (a reservation committed meanwhile may fall due
+        sooner than the sweep planned for)."""
         interval = self.config.reaper_interval_s
         while not cancel_requested():
             try:
@@ -609,10 +610,7 @@ class Broker:
             delay = interval
             if nxt is not None:
                 delay = min(interval, max(0.002, (nxt - self.now_ms()) / 1000))
-            self._due_now.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._due_now.wait(), delay)
-                await asyncio.sleep(min(0.01, delay))
+            await asyncio.sleep(delay)
 
     async def follow_forever(self) -> None:
         while not cancel_requested():

@@ -148,6 +148,7 @@ for ti, ticket in ipairs(tickets) do
           redis.call("ZADD", P .. "all-res", fmt(r.created), r.id)
           redis.call("ZADD", P .. "timers", fmt(r.due), r.id)
           events[#events + 1] = {"CREATED", r.id, r.app, r.data}
+          if r.started then events[#events + 1] = {"STARTED", r.id, r.app, r.data} end
         end
       end
       statuses[gi + 1] = status
@@ -476,14 +477,21 @@ class PendingReservation:
     created: int
     parts: list[tuple[str, int, int, int, str]] = field(default_factory=list)
 
+    @property
+    def started(self) -> bool:
+        """Some part starts at once (its record says so; the commit announces STARTED)."""
+        return any(p["started"] for p in self.record["parts"])
+
     def payload(self) -> dict[str, Any]:
-        due = min(p[2] for p in self.parts)
+        # the next time the sweep must look at it: a part's start, or a started part's end
+        due = min(p["end"] if p["started"] else p["start"] for p in self.record["parts"])
         return {
             "id": self.reservation_id,
             "app": self.application_id,
             "data": json.dumps(self.record, separators=(",", ":")),
             "created": self.created,
             "due": due,
+            "started": self.started,
             "parts": [list(p) for p in self.parts],
         }
 
