@@ -120,7 +120,19 @@ def default_topology() -> list[ProcessSpec]:
             },
         )
     )
-    specs.append(ProcessSpec("core-broker", "core_broker", 50081))
+    specs.append(
+        ProcessSpec(
+            "core-broker",
+            "core_broker",
+            50081,
+            env={
+                # a well-known token for the local stack only (`lightpath cores`, the demo)
+                "LIGHTPATH_CB_OPERATOR_TOKEN": "lightpath-local-operator",
+                # wide enough that the demo's concurrent requests share a batch (CB-5)
+                "LIGHTPATH_CB_BATCH_WINDOW_MS": "20",
+            },
+        )
+    )
     for switch, port in (("root", 50091), ("sub-1", 50092), ("sub-2", 50093)):
         specs.append(
             ProcessSpec(

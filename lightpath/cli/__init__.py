@@ -17,6 +17,7 @@ COMMAND_MODULES = (
     "lightpath.cli.ocs",
     "lightpath.cli.pod",
     "lightpath.cli.agg",
+    "lightpath.cli.cores",
 )
 
 

@@ -46,14 +46,15 @@ Scenario = Callable[[DemoContext], Awaitable[None]]
 
 
 def scenarios() -> list[Scenario]:
-    from lightpath.demo import agg, foundation, ocs, switched, workload
+    from lightpath.demo import agg, cores, foundation, ocs, switched, workload
 
     return [
         foundation.run,
         ocs.run,
         workload.run,
-        agg.run,
         switched.run,
+        cores.run,
+        agg.run,
     ]
 
 
