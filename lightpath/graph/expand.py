@@ -118,9 +118,9 @@ class FlatGraph:
         for node in (*self.components, *self.datasets):
             self.in_flows.setdefault(node, [])
             self.out_flows.setdefault(node, [])
-        for f in self.flows:
-            self.out_flows[f.source.node].append(f)
-            self.in_flows[f.target.node].append(f)
+        for f in self.flows:  # unknown nodes are refused by validation, not here
+            self.out_flows.setdefault(f.source.node, []).append(f)
+            self.in_flows.setdefault(f.target.node, []).append(f)
 
     def degree_of(self, node: str) -> int:
         if node in self.components:
