@@ -320,8 +320,8 @@ class FileWriter:
         if get is None:
             self._fields = tuple(record)
             get = self._get = operator.itemgetter(*self._fields)
-            if self._truncate_at is None:
-                self._buf.append("\t".join(self._fields) + "\n")
+            # No fields yet (also when restored before any record was written).
+            self._buf.append("\t".join(self._fields) + "\n")
         try:
             values = get(record)
         except KeyError:
@@ -637,34 +637,54 @@ class Interface(Component):
     """interface: pipes records, as tab-separated lines, through an external
     program (`command`) and emits what it prints, split into the input's fields
     (or `fields`). Not foldable: the program is not a function a folded process
-    can call. With `one_to_one` ("true", the default) the program prints one
-    line per line read, which lets a checkpoint blip wait for every answer."""
+    can call.
+
+    The program's state cannot be saved, so at a checkpoint blip the interface
+    closes the program's input, emits everything it printed, and starts it
+    afresh: right for programs that treat their input line by line (tr, sed,
+    awk filters), whatever they buffer.
+    """
 
     def start(self) -> None:
-        argv = shlex.split(self.param("command"))
-        if not argv:
+        self._argv = shlex.split(self.param("command"))
+        if not self._argv:
             raise ComponentError("command is empty")
+        self._out_fields: tuple[str, ...] = tuple(_fields(self.params.get("fields", "")))
+        self._in_fields: tuple[str, ...] = ()
+        self._pending: list[str] = []
+        self._pending_size = 0
+        self._emit = self.outputs["out"]
+        self._launch()
+
+    def _launch(self) -> None:
         try:
             self._proc = subprocess.Popen(
-                argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0
+                self._argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0
             )
         except OSError as exc:
-            raise ComponentError(f"cannot start {argv[0]}: {exc.strerror}") from exc
+            raise ComponentError(f"cannot start {self._argv[0]}: {exc.strerror}") from exc
         assert self._proc.stdin is not None and self._proc.stdout is not None
         self.stdin_fd = self._proc.stdin.fileno()
         self.stdout_fd = self._proc.stdout.fileno()
         os.set_blocking(self.stdin_fd, False)
         os.set_blocking(self.stdout_fd, False)
-        self._one_to_one = self.params.get("one_to_one", "true") == "true"
-        self._out_fields: tuple[str, ...] = tuple(_fields(self.params.get("fields", "")))
-        self._in_fields: tuple[str, ...] = ()
-        self._pending: list[str] = []
-        self._pending_size = 0
         self._partial = b""
-        self.lines_in = 0
-        self.lines_out = 0
         self.drained = False
-        self._emit = self.outputs["out"]
+
+    def _finish_program(self) -> None:
+        """Close the program's input, emit all it prints, and check how it ended."""
+        self.flush()
+        assert self._proc.stdin is not None and self._proc.stdout is not None
+        self._proc.stdin.close()
+        while not self.drained:
+            self._wait_output()
+        if self._partial:
+            self._emit_lines([self._partial.decode().rstrip("\n")])
+            self._partial = b""
+        self._proc.stdout.close()
+        code = self._proc.wait()
+        if code != 0:
+            raise ComponentError(f"{self.param('command')!r} exited with status {code}")
 
     def sources(self) -> Sequence[Source]:
         return (_ProgramOutput(self),)
@@ -677,7 +697,6 @@ class Interface(Component):
         line = "\t".join(record.get(f, "") for f in self._in_fields) + "\n"
         self._pending.append(line)
         self._pending_size += len(line)
-        self.lines_in += 1
         if self._pending_size >= 1 << 16:
             self.flush()
 
@@ -729,38 +748,21 @@ class Interface(Component):
                     f"({', '.join(fields)}): {line[:80]!r}"
                 )
             emit(dict(zip(fields, values, strict=False)))  # widths checked above
-        self.lines_out += len(lines)
 
     def _exit_message(self, what: str) -> str:
         code = self._proc.poll()
         return f"{self.param('command')!r} {what}" + (f" (exit {code})" if code is not None else "")
 
     def process_blip(self, blip: Blip) -> None:
-        self.flush()
         if blip.kind != Blip.CHECKPOINT:
+            self.flush()
             return
-        if not self._one_to_one:
-            raise ComponentError(
-                "cannot checkpoint: one_to_one is false, so the program's answers to the "
-                "records before the checkpoint cannot be told apart"
-            )
-        while self.lines_out < self.lines_in and not self.drained:
-            self._wait_output()
-        if self.lines_out < self.lines_in:
-            raise ComponentError(self._exit_message("ended before answering every line"))
+        # Every answer to the records before the checkpoint goes downstream before it.
+        self._finish_program()
+        self._launch()
 
     def shutdown(self) -> None:
-        self.flush()
-        assert self._proc.stdin is not None
-        self._proc.stdin.close()
-        while not self.drained:
-            self._wait_output()
-        if self._partial:
-            self._emit_lines([self._partial.decode().rstrip("\n")])
-            self._partial = b""
-        code = self._proc.wait()
-        if code != 0:
-            raise ComponentError(f"{self.param('command')!r} exited with status {code}")
+        self._finish_program()
 
     def snapshot(self) -> Any:
         return {"in_fields": self._in_fields, "out_fields": self._out_fields}

@@ -654,7 +654,7 @@ class FoldedExecutor:
             "members": {m: self.components[m].snapshot() for m in self.order},
             "sources": [s.snapshot() for s in self._sources],
             "done_sources": sorted(self._done_sources),
-            "writers": {i: w.snapshot() for i, w in self._file_writers.items() if w._file},
+            "writers": {i: w.snapshot() for i, w in self._file_writers.items()},
             "flows": {i: list(c.counts) for i, c in self.flows.items()},
             "down": sorted(self._down),
         }

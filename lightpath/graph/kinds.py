@@ -68,7 +68,7 @@ LIBRARY: dict[str, KindInfo] = {
         ("in",),
         ("out",),
         Folding.NOT_FOLDABLE,
-        summary="pipes records through an external program (params: command, one_to_one)",
+        summary="pipes records through an external program (params: command, fields)",
     ),
     "kv_lookup": KindInfo(
         ("in",),

@@ -18,7 +18,7 @@ class Recorder(Component):
         self.seen = 0
 
     def compute(self, port: str, record: Record) -> None:
-        self.log.append(("compute", self.id, port, record.get("id")))
+        self.log.append(("compute", self.id, port, record.get(self.params.get("log_field", "id"))))
         self.seen += 1
         keep_even = self.params.get("even_only") == "true"
         if keep_even and int(record["id"]) % 2:
