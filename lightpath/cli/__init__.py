@@ -12,7 +12,7 @@ import sys
 
 from lightpath import __version__
 
-COMMAND_MODULES = ("lightpath.cli.stack",)
+COMMAND_MODULES = ("lightpath.cli.stack", "lightpath.cli.graph")
 
 
 def build_parser() -> argparse.ArgumentParser:

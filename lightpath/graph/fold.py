@@ -364,3 +364,46 @@ def unfold(graph: FlatGraph) -> GraphPlan:
         processes_after=sum(s.processes for s in sets),
         topological_order=graph.order,
     )
+
+
+def plan_to_proto(plan: GraphPlan):  # -> graph_pb2.GraphPlan
+    from lightpath.v1 import graph_pb2
+
+    return graph_pb2.GraphPlan(
+        graph_id=plan.graph_id,
+        folded_sets=[
+            graph_pb2.FoldedSet(
+                id=s.id,
+                members=list(s.members),
+                roots=list(s.roots),
+                degree=s.degree,
+                phase=s.phase,
+                foldable=s.foldable,
+                processes=s.processes,
+            )
+            for s in plan.folded_sets
+        ],
+        processes_before=plan.processes_before,
+        processes_after=plan.processes_after,
+        topological_order=list(plan.topological_order),
+    )
+
+
+def plan_from_proto(pb) -> GraphPlan:  # pb: graph_pb2.GraphPlan
+    return GraphPlan(
+        graph_id=pb.graph_id,
+        folded_sets=tuple(
+            FoldedSet(
+                id=s.id,
+                members=tuple(s.members),
+                roots=tuple(s.roots),
+                degree=s.degree,
+                phase=s.phase,
+                foldable=s.foldable,
+            )
+            for s in pb.folded_sets
+        ),
+        processes_before=pb.processes_before,
+        processes_after=pb.processes_after,
+        topological_order=tuple(pb.topological_order),
+    )

@@ -114,10 +114,23 @@ def split_cpu(
 
 
 def process_usage() -> tuple[float, float]:
-    """CPU seconds of this process and the programs it ran (interface components), and peak RSS in MB."""
+    """CPU seconds of this process and the programs it ran (interface components),
+    and this process's peak RSS in MB.
+
+    The peak comes from /proc/self/status (VmHWM: this program's memory since
+    exec) where there is one: ru_maxrss would also count what the parent had
+    mapped when it forked this process.
+    """
     me = resource.getrusage(resource.RUSAGE_SELF)
     kids = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return cpu, int(line.split()[1]) / 1024
+    except OSError:
+        pass
     # ru_maxrss is KiB on Linux, bytes on macOS.
     scale = 1 / (1024 * 1024) if sys.platform == "darwin" else 1 / 1024
-    return cpu, max(me.ru_maxrss, kids.ru_maxrss) * scale
+    return cpu, me.ru_maxrss * scale
