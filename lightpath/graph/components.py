@@ -417,6 +417,18 @@ _OPS: dict[str, Callable[[Any, Any], bool]] = {
 }
 
 
+# One closure per operator: a record goes through a filter's test once per
+# filter, so the test is written out rather than calling operator.lt & co.
+_NUMERIC_TESTS: dict[str, Callable[[str, float], Callable[[Record], bool]]] = {
+    "==": lambda f, v: lambda r: float(r[f]) == v,
+    "!=": lambda f, v: lambda r: float(r[f]) != v,
+    "<=": lambda f, v: lambda r: float(r[f]) <= v,
+    ">=": lambda f, v: lambda r: float(r[f]) >= v,
+    "<": lambda f, v: lambda r: float(r[f]) < v,
+    ">": lambda f, v: lambda r: float(r[f]) > v,
+}
+
+
 def _number(text: str) -> float | None:
     try:
         return float(text)
@@ -446,11 +458,11 @@ class Filter(Component):
         if token == "~":
             self._pred = lambda r: value in r[name]
             return
-        op = _OPS[token]
         number = _number(value)
         if number is not None:
-            self._pred = lambda r: op(float(r[name]), number)
+            self._pred = _NUMERIC_TESTS[token](name, number)
         else:
+            op = _OPS[token]
             self._pred = lambda r: op(r[name], value)
 
     def compute(self, port: str, record: Record) -> None:
