@@ -11,14 +11,7 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from lightpath.graph.spec import (
-    ComponentSpec,
-    DatasetSpec,
-    Endpoint,
-    FlowKind,
-    FlowSpec,
-    GraphSpec,
-)
+from lightpath.graph.spec import ComponentSpec, DatasetSpec, GraphSpec, flow
 
 FIELDS = ("id", "region", "name", "amount")
 REGIONS = ("eu", "us", "apac", "latam", "mea", "anz", "nordics", "iberia")
@@ -37,16 +30,15 @@ def write_records(path: str | Path, count: int, *, seed: int = 4, start: int = 0
     return len(data)
 
 
+def read_records(path: str | Path) -> list[dict[str, str]]:
+    """The records of a tab-separated file with a header line."""
+    header, *lines = Path(path).read_text().splitlines()
+    fields = header.split("\t")
+    return [dict(zip(fields, line.split("\t"), strict=True)) for line in lines]
+
+
 def _c(id: str, kind: str, **params: str) -> ComponentSpec:
     return ComponentSpec(id=id, kind=kind, params=params)
-
-
-def _f(src: str, dst: str, kind: FlowKind = FlowKind.STRAIGHT, key: str = "") -> FlowSpec:
-    def end(text: str) -> Endpoint:
-        node, _, port = text.partition(":")
-        return Endpoint(node, port)
-
-    return FlowSpec(end(src), end(dst), kind, key)
 
 
 def fig2a(
@@ -79,20 +71,20 @@ def fig2a(
             _c("204J", "sort", key="id", numeric="true"),
         ),
         flows=(
-            _f("202", "204A"),
-            _f("204A:out", "204B"),
-            _f("204A:reject", "204C"),
-            _f("204B:out", "204E"),
-            _f("204B:reject", "204F"),
-            _f("204E", "206A"),
-            _f("204F", "204G"),
-            _f("204F", "204H"),
-            _f("204G", "206B"),
-            _f("204C", "204D"),
-            _f("204D:out", "204I"),
-            _f("204H", "204I"),
-            _f("204I", "204J"),
-            _f("204J", "206C"),
+            flow("202", "204A"),
+            flow("204A:out", "204B"),
+            flow("204A:reject", "204C"),
+            flow("204B:out", "204E"),
+            flow("204B:reject", "204F"),
+            flow("204E", "206A"),
+            flow("204F", "204G"),
+            flow("204F", "204H"),
+            flow("204G", "206B"),
+            flow("204C", "204D"),
+            flow("204D:out", "204I"),
+            flow("204H", "204I"),
+            flow("204I", "204J"),
+            flow("204J", "206C"),
         ),
     )
 
@@ -116,9 +108,9 @@ def fig3a(input_path: str, output_path: str, degree: int, *, graph_id: str = "fi
             ComponentSpec("304C", "sort", degree=degree, params={"key": "id", "numeric": "true"}),
         ),
         flows=(
-            _f("302", "304A"),
-            _f("304A:out", "304B"),
-            _f("304B", "304C"),
-            _f("304C", "306"),
+            flow("302", "304A"),
+            flow("304A:out", "304B"),
+            flow("304B", "304C"),
+            flow("304C", "306"),
         ),
     )

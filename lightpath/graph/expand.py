@@ -42,6 +42,7 @@ from lightpath.graph.spec import (
     Folding,
     GraphSpec,
     PinKind,
+    flow_name,
 )
 
 _ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -90,8 +91,7 @@ class Flow:
 
     @property
     def name(self) -> str:
-        arrow = "=>" if self.kind is FlowKind.REPARTITION else "->"
-        return f"{self.source} {arrow} {self.target}"
+        return flow_name(self.source, self.target, self.kind)
 
 
 @dataclass(frozen=True)

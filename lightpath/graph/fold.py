@@ -321,6 +321,10 @@ def fold(graph: FlatGraph) -> GraphPlan:
                 foldable=root.foldable,
             )
         )
+    return _plan(graph, sets)
+
+
+def _plan(graph: FlatGraph, sets: list[FoldedSet]) -> GraphPlan:
     return GraphPlan(
         graph_id=graph.graph_id,
         folded_sets=tuple(sets),
@@ -357,13 +361,10 @@ def unfold(graph: FlatGraph) -> GraphPlan:
                 foldable=node.foldable,
             )
         )
-    return GraphPlan(
-        graph_id=graph.graph_id,
-        folded_sets=tuple(sets),
-        processes_before=processes_unfolded(graph),
-        processes_after=sum(s.processes for s in sets),
-        topological_order=graph.order,
-    )
+    return _plan(graph, sets)
+
+
+_SET_FIELDS = ("id", "members", "roots", "degree", "phase", "foldable")
 
 
 def plan_to_proto(plan: GraphPlan):  # -> graph_pb2.GraphPlan
@@ -372,15 +373,7 @@ def plan_to_proto(plan: GraphPlan):  # -> graph_pb2.GraphPlan
     return graph_pb2.GraphPlan(
         graph_id=plan.graph_id,
         folded_sets=[
-            graph_pb2.FoldedSet(
-                id=s.id,
-                members=list(s.members),
-                roots=list(s.roots),
-                degree=s.degree,
-                phase=s.phase,
-                foldable=s.foldable,
-                processes=s.processes,
-            )
+            graph_pb2.FoldedSet(processes=s.processes, **{f: getattr(s, f) for f in _SET_FIELDS})
             for s in plan.folded_sets
         ],
         processes_before=plan.processes_before,
@@ -390,18 +383,14 @@ def plan_to_proto(plan: GraphPlan):  # -> graph_pb2.GraphPlan
 
 
 def plan_from_proto(pb) -> GraphPlan:  # pb: graph_pb2.GraphPlan
+    def value(s, f: str):
+        v = getattr(s, f)
+        return tuple(v) if f in ("members", "roots") else v
+
     return GraphPlan(
         graph_id=pb.graph_id,
         folded_sets=tuple(
-            FoldedSet(
-                id=s.id,
-                members=tuple(s.members),
-                roots=tuple(s.roots),
-                degree=s.degree,
-                phase=s.phase,
-                foldable=s.foldable,
-            )
-            for s in pb.folded_sets
+            FoldedSet(**{f: value(s, f) for f in _SET_FIELDS}) for s in pb.folded_sets
         ),
         processes_before=pb.processes_before,
         processes_after=pb.processes_after,

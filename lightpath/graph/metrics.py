@@ -11,14 +11,14 @@ numbers describe the graph's logical components whichever way it ran (seed
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING, Any
 
 from lightpath.graph.executor import ExecutorReport
 from lightpath.graph.expand import FlatGraph
 from lightpath.graph.fold import GraphPlan
 from lightpath.graph.monitor import split_cpu
-from lightpath.graph.spec import Endpoint, FlowKind
+from lightpath.graph.spec import Endpoint, FlowKind, flow_name
 
 if TYPE_CHECKING:
     from lightpath.v1 import graph_pb2
@@ -53,8 +53,7 @@ class FlowUsage:
 
     @property
     def name(self) -> str:
-        arrow = "=>" if self.kind is FlowKind.REPARTITION else "->"
-        return f"{self.source} {arrow} {self.target}"
+        return flow_name(self.source, self.target, self.kind)
 
 
 @dataclass
@@ -165,36 +164,31 @@ def _merge_method(a: str, b: str) -> str:
 # ---------------------------------------------------------------- protobuf
 
 
+def _plain(obj: Any) -> dict[str, Any]:
+    """A flat dataclass's fields by name: ComponentUsage and ProcessUsage name theirs as the proto does."""
+    return {f.name: getattr(obj, f.name) for f in fields(obj)}
+
+
+def _from(cls: type, pb: Any) -> Any:
+    return cls(**{f.name: getattr(pb, f.name) for f in fields(cls)})
+
+
 def to_proto(m: RunMetrics) -> graph_pb2.GraphRunMetrics:
     from lightpath.v1 import graph_pb2
+
+    def endpoint(e: Endpoint) -> graph_pb2.GraphEndpoint:
+        return graph_pb2.GraphEndpoint(node=e.node, port=e.port)
 
     return graph_pb2.GraphRunMetrics(
         graph_id=m.graph_id,
         run_id=m.run_id,
         folded=m.folded,
-        components=[
-            graph_pb2.ComponentMetrics(
-                component=c.component,
-                folded_set=c.folded_set,
-                records_in=c.records_in,
-                records_out=c.records_out,
-                bytes_in=c.bytes_in,
-                bytes_out=c.bytes_out,
-                cpu_seconds=c.cpu_seconds,
-                cpu_seconds_sampled=c.cpu_seconds_sampled,
-                cpu_seconds_timed=c.cpu_seconds_timed,
-                cpu_method=c.cpu_method,
-                calls=c.calls,
-                timed_calls=c.timed_calls,
-                samples=c.samples,
-            )
-            for c in m.components
-        ],
+        components=[graph_pb2.ComponentMetrics(**_plain(c)) for c in m.components],
         flows=[
             graph_pb2.FlowMetrics(
                 flow=graph_pb2.Flow(
-                    source=graph_pb2.GraphEndpoint(node=f.source.node, port=f.source.port),
-                    target=graph_pb2.GraphEndpoint(node=f.target.node, port=f.target.port),
+                    source=endpoint(f.source),
+                    target=endpoint(f.target),
                     kind=int(f.kind),  # type: ignore[arg-type]
                     partition_key=f.partition_key,
                 ),
@@ -204,17 +198,7 @@ def to_proto(m: RunMetrics) -> graph_pb2.GraphRunMetrics:
             )
             for f in m.flows
         ],
-        processes=[
-            graph_pb2.ProcessMetrics(
-                folded_set=p.folded_set,
-                instance=p.instance,
-                cpu_seconds=p.cpu_seconds,
-                peak_rss_mb=p.peak_rss_mb,
-                channel_bytes=p.channel_bytes,
-                samples=p.samples,
-            )
-            for p in m.processes
-        ],
+        processes=[graph_pb2.ProcessMetrics(**_plain(p)) for p in m.processes],
         wall_seconds=m.wall_seconds,
         startup_seconds=m.startup_seconds,
         records_read=m.records_read,
@@ -226,29 +210,12 @@ def from_proto(pb: graph_pb2.GraphRunMetrics) -> RunMetrics:
         graph_id=pb.graph_id,
         run_id=pb.run_id,
         folded=pb.folded,
-        components=[
-            ComponentUsage(
-                component=c.component,
-                folded_set=c.folded_set,
-                records_in=c.records_in,
-                records_out=c.records_out,
-                bytes_in=c.bytes_in,
-                bytes_out=c.bytes_out,
-                cpu_seconds=c.cpu_seconds,
-                cpu_seconds_sampled=c.cpu_seconds_sampled,
-                cpu_seconds_timed=c.cpu_seconds_timed,
-                cpu_method=c.cpu_method,
-                calls=c.calls,
-                timed_calls=c.timed_calls,
-                samples=c.samples,
-            )
-            for c in pb.components
-        ],
+        components=[_from(ComponentUsage, c) for c in pb.components],
         flows=[
             FlowUsage(
                 Endpoint(f.flow.source.node, f.flow.source.port),
                 Endpoint(f.flow.target.node, f.flow.target.port),
-                FlowKind(f.flow.kind or 1),
+                FlowKind(f.flow.kind or FlowKind.STRAIGHT),
                 f.flow.partition_key,
                 f.records,
                 f.bytes,
@@ -256,12 +223,7 @@ def from_proto(pb: graph_pb2.GraphRunMetrics) -> RunMetrics:
             )
             for f in pb.flows
         ],
-        processes=[
-            ProcessUsage(
-                p.folded_set, p.instance, p.cpu_seconds, p.peak_rss_mb, p.channel_bytes, p.samples
-            )
-            for p in pb.processes
-        ],
+        processes=[_from(ProcessUsage, p) for p in pb.processes],
         wall_seconds=pb.wall_seconds,
         startup_seconds=pb.startup_seconds,
         records_read=pb.records_read,

@@ -57,8 +57,24 @@ class FlowSpec:
     partition_key: str = ""
 
     def __str__(self) -> str:
-        arrow = "=>" if self.kind is FlowKind.REPARTITION else "->"
-        return f"{self.source} {arrow} {self.target}"
+        return flow_name(self.source, self.target, self.kind)
+
+
+def flow_name(source: Endpoint, target: Endpoint, kind: FlowKind) -> str:
+    """ "204A.out -> 204B.in"; "=>" marks a repartitioning flow."""
+    return f"{source} {'=>' if kind is FlowKind.REPARTITION else '->'} {target}"
+
+
+def flow(
+    source: str, target: str, kind: FlowKind = FlowKind.STRAIGHT, partition_key: str = ""
+) -> FlowSpec:
+    """A flow from "node:port" to "node:port" (port optional): `flow("204A:reject", "204C")`."""
+
+    def end(text: str) -> Endpoint:
+        node, _, port = text.partition(":")
+        return Endpoint(node, port)
+
+    return FlowSpec(end(source), end(target), kind, partition_key)
 
 
 @dataclass(frozen=True)

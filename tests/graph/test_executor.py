@@ -12,7 +12,7 @@ import redis
 
 from lightpath.graph.channels import _HEADER, BLIP
 from lightpath.graph.components import Context
-from lightpath.graph.examples import write_records
+from lightpath.graph.examples import read_records, write_records
 from lightpath.graph.executor import (
     CheckpointStore,
     ComponentFailure,
@@ -25,10 +25,9 @@ from lightpath.graph.fold import fold
 from lightpath.graph.spec import (
     ComponentSpec,
     DatasetSpec,
-    Endpoint,
-    FlowSpec,
     Folding,
     GraphSpec,
+    flow,
 )
 from tests.graph.kinds import Recorder
 
@@ -46,12 +45,6 @@ def rec(id: str, *, ins=("in",), outs=("out",), **params: str) -> ComponentSpec:
     )
 
 
-def flow(src: str, dst: str) -> FlowSpec:
-    s, _, sp = src.partition(":")
-    d, _, dp = dst.partition(":")
-    return FlowSpec(Endpoint(s, sp), Endpoint(d, dp))
-
-
 def recording(log: list):
     def factory(node: Node, context: Context):
         comp = library_factory(node, context)
@@ -60,12 +53,6 @@ def recording(log: list):
         return comp
 
     return factory
-
-
-def read_tsv(path: Path) -> list[dict[str, str]]:
-    header, *lines = path.read_text().splitlines()
-    fields = header.split("\t")
-    return [dict(zip(fields, line.split("\t"), strict=True)) for line in lines]
 
 
 def only_set(spec: GraphSpec):
@@ -111,15 +98,15 @@ def test_shutdown_runs_in_topological_order_and_a_hash_rollup_emits_at_shutdown(
     # b hears from the rollup only after a (upstream of r) shut down, and before its own shutdown.
     assert b_inputs and min(b_inputs) > a_down
     assert max(b_inputs) < log.index(("shutdown", "b"))
-    records = read_tsv(tmp_path / "in.tsv")
+    records = read_records(tmp_path / "in.tsv")
     expected = {}
     for r in records:
         count, total = expected.get(r["region"], (0, 0))
         expected[r["region"]] = (count + 1, total + int(r["amount"]))
-    rolled = read_tsv(tmp_path / "out.tsv")
+    rolled = read_records(tmp_path / "out.tsv")
     assert {r["region"]: (int(r["count"]), int(r["sum_amount"])) for r in rolled} == expected
     assert [r["region"] for r in rolled] == sorted(expected)
-    assert len(read_tsv(tmp_path / "out2.tsv")) == 40
+    assert len(read_records(tmp_path / "out2.tsv")) == 40
 
 
 def test_blips_pass_members_in_topological_order_and_a_checkpoint_is_one_file_before_the_blip_leaves(
@@ -412,7 +399,7 @@ def test_a_lookup_split_in_request_and_response_halves_runs_in_one_process(tmp_p
     (the_set,) = fold(graph).folded_sets
     assert the_set.roots == ("f", "k.response")
     report = run_set(graph, the_set.members)
-    rows = read_tsv(tmp_path / "out.tsv")
+    rows = read_records(tmp_path / "out.tsv")
     # In input order (answers from three connections are put back in order).
     assert [r["id"] for r in rows] == [str(i) for i in range(300)]
     assert all(r["user"] == (f"name-{r['id']}" if int(r["id"]) % 3 == 0 else "-") for r in rows)

@@ -16,7 +16,6 @@ from lightpath.graph.spec import (
     DatasetSpec,
     Endpoint,
     FlowKind,
-    FlowSpec,
     Folding,
     GraphSpec,
     PinKind,
@@ -24,18 +23,13 @@ from lightpath.graph.spec import (
     PortBinding,
     SubGraphSpec,
     dump_spec,
+    flow,
     from_proto,
     load_spec,
     to_proto,
 )
 
 CUSTOM = "tests.graph.kinds:Pass"
-
-
-def flow(src: str, dst: str, kind: FlowKind = FlowKind.STRAIGHT, key: str = "") -> FlowSpec:
-    s, _, sp = src.partition(":")
-    d, _, dp = dst.partition(":")
-    return FlowSpec(Endpoint(s, sp), Endpoint(d, dp), kind, key)
 
 
 def comp(id: str, kind: str = "reformat", **kw) -> ComponentSpec:

@@ -7,29 +7,18 @@ from pathlib import Path
 import psutil
 import pytest
 
-from lightpath.graph.examples import fig2a, fig3a, write_records
+from lightpath.graph.examples import fig2a, fig3a, read_records, write_records
+from lightpath.graph.metrics import from_proto as metrics_from_proto
+from lightpath.graph.metrics import to_proto as metrics_to_proto
 from lightpath.graph.runner import GraphRunError, run_graph
 from lightpath.graph.spec import (
     ComponentSpec,
     DatasetSpec,
-    Endpoint,
     FlowKind,
-    FlowSpec,
     Folding,
     GraphSpec,
+    flow,
 )
-
-
-def flow(src: str, dst: str, kind: FlowKind = FlowKind.STRAIGHT, key: str = "") -> FlowSpec:
-    s, _, sp = src.partition(":")
-    d, _, dp = dst.partition(":")
-    return FlowSpec(Endpoint(s, sp), Endpoint(d, dp), kind, key)
-
-
-def read_tsv(path: Path) -> list[dict[str, str]]:
-    header, *lines = path.read_text().splitlines()
-    fields = header.split("\t")
-    return [dict(zip(fields, line.split("\t"), strict=True)) for line in lines]
 
 
 def no_workers_left() -> bool:
@@ -74,6 +63,7 @@ def test_fig_2a_gives_identical_outputs_folded_and_one_process_per_component(tmp
     )
     assert folded.component("204H").cpu_method == "process"
     assert all(c.cpu_seconds > 0 for c in folded.components if c.folded_set == "set-0")
+    assert metrics_from_proto(metrics_to_proto(folded)) == folded
     assert no_workers_left()
 
 
@@ -91,7 +81,7 @@ def test_fig_3a_runs_as_n_processes_with_the_same_partitions_as_unfolded(tmp_pat
         assert len(result.metrics.processes) == (n if folded else 3 * n)
         outputs[folded] = [(tmp_path / f"out-{folded}.{p}.tsv").read_text() for p in range(n)]
     assert outputs[True] == outputs[False]
-    first = read_tsv(tmp_path / "out-True.0.tsv")
+    first = read_records(tmp_path / "out-True.0.tsv")
     assert first and all(int(r["amount"]) >= 100 and r["seen"] == "1" for r in first)
     assert [int(r["id"]) for r in first] == sorted(int(r["id"]) for r in first)
 
@@ -121,10 +111,10 @@ def test_repartitioning_flows_spread_keys_over_instances_and_gather_them_back(tm
         (("order",), 1),
     ]
     expected: dict[str, tuple[int, int]] = {}
-    for r in read_tsv(tmp_path / "in.tsv"):
+    for r in read_records(tmp_path / "in.tsv"):
         c, t = expected.get(r["region"], (0, 0))
         expected[r["region"]] = (c + 1, t + int(r["amount"]))
-    rows = read_tsv(tmp_path / "out.tsv")
+    rows = read_records(tmp_path / "out.tsv")
     # Each region was rolled up by exactly one of the three instances.
     assert [r["region"] for r in rows] == sorted(expected)
     assert {r["region"]: (int(r["count"]), int(r["sum_amount"])) for r in rows} == expected
@@ -147,8 +137,8 @@ def test_a_later_phase_reads_what_the_earlier_phase_spilled(tmp_path):
     )
     result = run_graph(spec, run_dir=tmp_path / "run")
     assert [s.phase for s in result.plan.folded_sets] == [0, 1]
-    rows = read_tsv(tmp_path / "out.tsv")
-    source = [r for r in read_tsv(tmp_path / "in.tsv") if int(r["amount"]) < 500]
+    rows = read_records(tmp_path / "out.tsv")
+    source = [r for r in read_records(tmp_path / "in.tsv") if int(r["amount"]) < 500]
     assert rows == sorted(source, key=lambda r: (int(r["amount"]), int(r["id"])))
     assert list((tmp_path / "run" / "spill").iterdir())
 
