@@ -27,7 +27,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -270,7 +270,7 @@ def _run_phase(
         for fd in parent_fds:
             os.close(fd)
         parent_fds = []
-        _watch(workers, started)
+        _watch(workers, on_complete=lambda k: _drop_checkpoints_before(base, sets, k))
     finally:
         for fd in parent_fds:
             with contextlib.suppress(OSError):
@@ -287,8 +287,25 @@ def _run_phase(
     return [w.report for w in workers.values() if w.report is not None], wall, startup
 
 
-def _watch(workers: dict[tuple[str, int], _Worker], started: float) -> None:
-    """Read every worker's control lines until all exit; on an error stop them all."""
+def _drop_checkpoints_before(base: Path, sets: list[FoldedSet], complete: int) -> None:
+    """Checkpoint `complete` is saved by every instance: older ones are no longer needed."""
+    for s in sets:
+        for i in range(s.degree):
+            store = CheckpointStore(base / "checkpoints", s.id, i)
+            for k in store.saved():
+                if k < complete:
+                    store.path(k).unlink(missing_ok=True)
+
+
+def _watch(
+    workers: dict[tuple[str, int], _Worker],
+    on_complete: Callable[[int], None] = lambda k: None,
+) -> None:
+    """Read every worker's control lines until all exit; on an error stop them all.
+
+    `on_complete(k)` runs once every worker has reported checkpoint k.
+    """
+    saved: dict[int, int] = {}
     sel = selectors.DefaultSelector()
     for w in workers.values():
         assert w.control is not None
@@ -331,6 +348,9 @@ def _watch(workers: dict[tuple[str, int], _Worker], started: float) -> None:
                         w.ready_at = time.perf_counter()
                     elif kind == "checkpoint":
                         w.checkpoints.append(event["id"])
+                        saved[event["id"]] = saved.get(event["id"], 0) + 1
+                        if saved[event["id"]] == len(workers):
+                            on_complete(event["id"])
                     elif kind == "done":
                         w.report = ExecutorReport.from_dict(event["report"])
                     elif kind == "error":
