@@ -71,6 +71,8 @@ class Context:
     component: str
     instance: int = 0
     degree: int = 1
+    # A file_input root sends a checkpoint blip every this many records (0: never).
+    checkpoint_every: int = 0
 
 
 class Component:
@@ -364,8 +366,6 @@ class FileWriter:
 class FileInput(Component):
     """file_input: a root reading a tab-separated file (partition i of "{part}" paths)."""
 
-    checkpoint_every = 0
-
     def sources(self) -> Sequence[Source]:
         path = self.param("path")
         if self.context.degree > 1:
@@ -375,7 +375,7 @@ class FileInput(Component):
             self.outputs["out"],
             owner=self.id,
             feeds=frozenset({self.id}),
-            checkpoint_every=self.checkpoint_every,
+            checkpoint_every=self.context.checkpoint_every,
         )
         return (self._reader,)
 

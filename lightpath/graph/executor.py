@@ -369,7 +369,8 @@ class FoldedExecutor:
         g = self.graph
         for m in self.order:
             node = g.components[m]
-            self.components[m] = self._factory(node, Context(m, self.instance, self.degree))
+            context = Context(m, self.instance, self.degree, self._checkpoint_every)
+            self.components[m] = self._factory(node, context)
         for req, resp in g.halves.items():
             if req in self.member_set and resp in self.member_set:
                 self.components[req].pair(self.components[resp])

@@ -121,6 +121,50 @@ def test_repartitioning_flows_spread_keys_over_instances_and_gather_them_back(tm
     assert len([p for p in result.metrics.processes if p.folded_set == "set-1"]) == 3
 
 
+def test_checkpoints_align_across_repartitioned_channels_and_resume(tmp_path):
+    write_records(tmp_path / "in.tsv", 3000)
+
+    def spec(out: str, flag: Path) -> GraphSpec:
+        return GraphSpec(
+            "aligned",
+            datasets=(DatasetSpec("out", str(tmp_path / out)),),
+            components=(
+                ComponentSpec("read", "file_input", params={"path": str(tmp_path / "in.tsv")}),
+                ComponentSpec(
+                    "crash",
+                    "tests.graph.kinds:CrashOnce",
+                    folding=Folding.ROOT_OR_INTERIOR,
+                    degree=3,
+                    input_ports=("in",),
+                    output_ports=("out",),
+                    params={"at": "700", "flag": str(flag), "how": "exit"},
+                ),
+                ComponentSpec(
+                    "roll", "hash_rollup", degree=3, params={"key": "name", "sum": "amount"}
+                ),
+                ComponentSpec("order", "sort", params={"key": "name"}),
+            ),
+            flows=(
+                flow("read", "crash", FlowKind.REPARTITION, "name"),
+                flow("crash", "roll"),
+                flow("roll", "order", FlowKind.REPARTITION),
+                flow("order", "out"),
+            ),
+        )
+
+    run_graph(spec("clean.tsv", tmp_path / "never"), run_dir=tmp_path / "c")
+    flag = tmp_path / "crash-once"
+    flag.touch()
+    with pytest.raises(GraphRunError, match="exited with status 9"):
+        run_graph(spec("out.tsv", flag), run_dir=tmp_path / "run", checkpoint_every=200)
+    result = run_graph(
+        spec("out.tsv", flag), run_dir=tmp_path / "run", checkpoint_every=200, resume=True
+    )
+    assert result.resumed_from[0] >= 1
+    assert (tmp_path / "out.tsv").read_text() == (tmp_path / "clean.tsv").read_text()
+    assert result.metrics.component("roll").records_in == 3000
+
+
 def test_a_later_phase_reads_what_the_earlier_phase_spilled(tmp_path):
     write_records(tmp_path / "in.tsv", 500)
     spec = GraphSpec(
