@@ -7,6 +7,7 @@ and deploy/docker-compose.yml (a test checks the compose file against it):
     cell-scheduler                  :50051
     ws-pod-1 / ocs-pod-1            :50061 / :50062   superpod pod-1
     ws-pod-2 / ocs-pod-2            :50071 / :50072   superpod pod-2
+    ws-pod-3 / ocs-pod-3            :50065 / :50066   superpod pod-3 (SWITCHED, seed 002)
     core-broker                     :50081
     agg-root / agg-sub-1 / agg-sub-2 :50091 / :50092 / :50093
 
@@ -61,16 +62,26 @@ def default_topology() -> list[ProcessSpec]:
     """Start order: a process comes after every process it points at, except
     the workload schedulers' cell registration, which retries until the cell answers."""
     specs = [ProcessSpec("cell-scheduler", "cell_scheduler", 50051)]
-    for pod, base in (("pod-1", 50061), ("pod-2", 50071)):
+    # pod-1: one OCS per logical axis (seed Fig. 8/9); pod-2: two, behind 1x2 switches (Fig. 12),
+    # and mixed node types like seed ¶47 (60 tpu blocks + 4 gpu blocks).
+    for pod, base, k, types in (("pod-1", 50061, 1, "tpu"), ("pod-2", 50071, 2, "tpu:60,gpu")):
+        fabric = {
+            "LIGHTPATH_FABRIC_BLOCK_SHAPE": "4x4x4",
+            "LIGHTPATH_FABRIC_BLOCKS": "64",
+            "LIGHTPATH_FABRIC_OCS_PER_AXIS": str(k),
+            "LIGHTPATH_FABRIC_OCS_RADIX": "136",
+        }
         specs.append(
-            ProcessSpec(f"ocs-{pod}", "ocs_manager", base + 1, env={"LIGHTPATH_POD_ID": pod})
+            ProcessSpec(
+                f"ocs-{pod}", "ocs_manager", base + 1, env={"LIGHTPATH_POD_ID": pod, **fabric}
+            )
         )
         specs.append(
             ProcessSpec(
                 f"ws-{pod}",
                 "workload_scheduler",
                 base,
-                env={"LIGHTPATH_POD_ID": pod},
+                env={"LIGHTPATH_POD_ID": pod, "LIGHTPATH_BLOCK_TYPES": types},
                 peers={
                     "LIGHTPATH_OCS_ADDR": f"ocs-{pod}",
                     "LIGHTPATH_CELL_ADDR": "cell-scheduler",
@@ -78,7 +89,50 @@ def default_topology() -> list[ProcessSpec]:
                 },
             )
         )
-    specs.append(ProcessSpec("core-broker", "core_broker", 50081))
+    # pod-3: SWITCHED (seed 002): 2x4 groups of 3x3 processors on two-tier switches,
+    # the last two groups reserved for small jobs.
+    specs.append(
+        ProcessSpec(
+            "ocs-pod-3",
+            "ocs_manager",
+            50066,
+            env={
+                "LIGHTPATH_POD_ID": "pod-3",
+                "LIGHTPATH_FABRIC_KIND": "SWITCHED",
+                "LIGHTPATH_SWITCHED_FABRIC": "group=3x3 cluster=2x4 planes=9 ports=48/16 tier1=2x64",
+            },
+        )
+    )
+    specs.append(
+        ProcessSpec(
+            "ws-pod-3",
+            "workload_scheduler",
+            50065,
+            env={
+                "LIGHTPATH_POD_ID": "pod-3",
+                "LIGHTPATH_BLOCK_TYPES": "npu",
+                "LIGHTPATH_SWITCHED_SMALL_GROUPS": "2",
+            },
+            peers={
+                "LIGHTPATH_OCS_ADDR": "ocs-pod-3",
+                "LIGHTPATH_CELL_ADDR": "cell-scheduler",
+                "LIGHTPATH_ADVERTISE_ADDR": "ws-pod-3",
+            },
+        )
+    )
+    specs.append(
+        ProcessSpec(
+            "core-broker",
+            "core_broker",
+            50081,
+            env={
+                # a well-known token for the local stack only (`lightpath cores`, the demo)
+                "LIGHTPATH_CB_OPERATOR_TOKEN": "lightpath-local-operator",
+                # wide enough that the demo's concurrent requests share a batch (CB-5)
+                "LIGHTPATH_CB_BATCH_WINDOW_MS": "20",
+            },
+        )
+    )
     for switch, port in (("root", 50091), ("sub-1", 50092), ("sub-2", 50093)):
         specs.append(
             ProcessSpec(
@@ -86,6 +140,7 @@ def default_topology() -> list[ProcessSpec]:
                 "agg_switch",
                 port,
                 env={"LIGHTPATH_SWITCH_ID": switch, "LIGHTPATH_AGG_TREE": "tree-1"},
+                peers={"LIGHTPATH_ADVERTISE_ADDR": f"agg-{switch}"},
             )
         )
     return specs

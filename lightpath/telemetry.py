@@ -62,6 +62,47 @@ def configure_tracing(
     return provider
 
 
+def configure_metrics(
+    service_name: str, *, exporter: str | None = None, instance_id: str = ""
+) -> Any:
+    """Install a global MeterProvider exporting per OTEL_METRICS_EXPORTER
+    (none by default: instruments then cost nothing). Returns the provider, to
+    be shut down (flushed) at exit, or None."""
+    exporter = (exporter or os.environ.get("OTEL_METRICS_EXPORTER") or "none").lower()
+    if exporter == "none":
+        return None
+    from opentelemetry import metrics
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import (
+        ConsoleMetricExporter,
+        PeriodicExportingMetricReader,
+    )
+
+    if exporter == "console":
+        metric_exporter: Any = ConsoleMetricExporter()
+    elif exporter == "otlp":
+        try:
+            from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
+        except ImportError as exc:  # pragma: no cover - depends on the optional extra
+            raise RuntimeError(
+                "OTEL_METRICS_EXPORTER=otlp needs `pip install lightpath[otlp]`"
+            ) from exc
+        metric_exporter = OTLPMetricExporter()
+    else:
+        raise RuntimeError(
+            f"OTEL_METRICS_EXPORTER={exporter!r} is invalid: must be none, console or otlp"
+        )
+    attrs: dict[str, Any] = {"service.name": service_name, "service.version": __version__}
+    if instance_id:
+        attrs["service.instance.id"] = instance_id
+    provider = MeterProvider(
+        resource=Resource.create(attrs),
+        metric_readers=[PeriodicExportingMetricReader(metric_exporter)],
+    )
+    metrics.set_meter_provider(provider)
+    return provider
+
+
 def _method_parts(method: str) -> tuple[str, str]:
     service, _, name = method.lstrip("/").partition("/")
     return service, name

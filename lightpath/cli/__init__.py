@@ -12,7 +12,14 @@ import sys
 
 from lightpath import __version__
 
-COMMAND_MODULES = ("lightpath.cli.stack", "lightpath.cli.graph")
+COMMAND_MODULES = (
+    "lightpath.cli.stack",
+    "lightpath.cli.ocs",
+    "lightpath.cli.pod",
+    "lightpath.cli.agg",
+    "lightpath.cli.cores",
+    "lightpath.cli.graph",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -46,9 +46,16 @@ Scenario = Callable[[DemoContext], Awaitable[None]]
 
 
 def scenarios() -> list[Scenario]:
-    from lightpath.demo import foundation
+    from lightpath.demo import agg, cores, foundation, ocs, switched, workload
 
-    return [foundation.run]
+    return [
+        foundation.run,
+        ocs.run,
+        workload.run,
+        switched.run,
+        cores.run,
+        agg.run,
+    ]
 
 
 async def run_demo(endpoints: dict[str, str]) -> int:

@@ -22,16 +22,120 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb2
+from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 from lightpath.v1 import common_pb2 as lightpath_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dlightpath/v1/agg_switch.proto\x12\x0clightpath.v1\x1a\x19lightpath/v1/common.proto2O\n\tAggSwitch\x12\x42\n\x07GetInfo\x12\x1c.lightpath.v1.GetInfoRequest\x1a\x19.lightpath.v1.ServiceInfob\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dlightpath/v1/agg_switch.proto\x12\x0clightpath.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x19lightpath/v1/common.proto\"\x89\x01\n\x07\x41ggNode\x12\n\n\x02id\x18\x01 \x01(\t\x12\'\n\x04kind\x18\x02 \x01(\x0e\x32\x19.lightpath.v1.AggNodeKind\x12\x0e\n\x06parent\x18\x03 \x01(\t\x12\x14\n\x0cthreshold_ms\x18\x04 \x01(\r\x12\x10\n\x08\x65ndpoint\x18\x05 \x01(\t\x12\x11\n\tlink_cost\x18\x06 \x01(\x01\"\x90\x02\n\x0b\x41ggTopology\x12\x0f\n\x07tree_id\x18\x01 \x01(\t\x12$\n\x05nodes\x18\x02 \x03(\x0b\x32\x15.lightpath.v1.AggNode\x12\x1a\n\x12timeout_aggregator\x18\x03 \x01(\t\x12\x0f\n\x07version\x18\x04 \x01(\x04\x12.\n\ndefined_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12;\n\tendpoints\x18\x06 \x03(\x0b\x32(.lightpath.v1.AggTopology.EndpointsEntry\x1a\x30\n\x0e\x45ndpointsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"D\n\x15\x44\x65\x66ineTopologyRequest\x12+\n\x08topology\x18\x01 \x01(\x0b\x32\x19.lightpath.v1.AggTopology\"%\n\x12GetTopologyRequest\x12\x0f\n\x07tree_id\x18\x01 \x01(\t\"j\n\x1aTimeoutAggregatorSelection\x12*\n\x08strategy\x18\x01 \x01(\x0e\x32\x18.lightpath.v1.TaStrategy\x12\x0c\n\x04node\x18\x02 \x01(\t\x12\x12\n\ncandidates\x18\x03 \x03(\t\"X\n\x1aStragglerPredictionOptions\x12\r\n\x05top_k\x18\x01 \x01(\r\x12\x13\n\x0bthreshold_s\x18\x02 \x01(\x01\x12\x16\n\x0ehistory_window\x18\x03 \x01(\r\"A\n\x16ParameterServerOptions\x12\x10\n\x08model_id\x18\x01 \x01(\t\x12\x15\n\rlearning_rate\x18\x02 \x01(\x01\"\xc3\x05\n\x13StartCommandRequest\x12\x0f\n\x07tree_id\x18\x01 \x01(\t\x12\x12\n\ncommand_id\x18\x02 \x01(\t\x12\x14\n\x0cparticipants\x18\x03 \x03(\t\x12%\n\x05\x64type\x18\x04 \x01(\x0e\x32\x16.lightpath.v1.AggDType\x12\x1f\n\x02op\x18\x05 \x01(\x0e\x32\x13.lightpath.v1.AggOp\x12\x0e\n\x06length\x18\x06 \x01(\x04\x12/\n\x0corder_policy\x18\x07 \x01(\x0e\x32\x19.lightpath.v1.OrderPolicy\x12*\n\x07trigger\x18\x08 \x01(\x0e\x32\x19.lightpath.v1.TriggerMode\x12+\n\x08\x64\x65\x61\x64line\x18\t \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x0e\n\x06tenant\x18\n \x01(\t\x12-\n\x0bslot_policy\x18\x0b \x01(\x0e\x32\x18.lightpath.v1.SlotPolicy\x12\x14\n\x0cwait_for_all\x18\x0c \x01(\x08\x12\x13\n\x0b\x63hunk_bytes\x18\r \x01(\r\x12\x44\n\x12timeout_aggregator\x18\x0e \x01(\x0b\x32(.lightpath.v1.TimeoutAggregatorSelection\x12\x44\n\x12predict_stragglers\x18\x0f \x01(\x0b\x32(.lightpath.v1.StragglerPredictionOptions\x12\x1f\n\x17predicted_timeout_nodes\x18\x10 \x03(\t\x12>\n\x10parameter_server\x18\x11 \x01(\x0b\x32$.lightpath.v1.ParameterServerOptions\x12 \n\x13\x65xact_fraction_bits\x18\x12 \x01(\rH\x00\x88\x01\x01\x42\x16\n\x14_exact_fraction_bits\"I\n\x0cSwitchBitmap\x12\x11\n\tswitch_id\x18\x01 \x01(\t\x12\x10\n\x08\x63hildren\x18\x02 \x03(\t\x12\x14\n\x0cparticipates\x18\x03 \x03(\x08\"\xf1\x01\n\x08SlotHold\x12\x11\n\tswitch_id\x18\x01 \x01(\t\x12\x0e\n\x06\x63hunks\x18\x02 \x01(\r\x12\x0e\n\x06max_ms\x18\x03 \x01(\x01\x12\x0f\n\x07mean_ms\x18\x04 \x01(\x01\x12\x10\n\x08total_ms\x18\x05 \x01(\x01\x12\x18\n\x10timed_out_chunks\x18\x06 \x01(\r\x12\x17\n\x0f\x66\x61llback_chunks\x18\x07 \x01(\r\x12\x15\n\rtimeout_nodes\x18\x08 \x03(\t\x12\x1e\n\x16\x62ypass_entries_created\x18\t \x01(\r\x12\x12\n\nduplicates\x18\n \x01(\r\x12\x11\n\twaited_ms\x18\x0b \x01(\x01\"\xc4\x07\n\nAggCommand\x12\x0f\n\x07tree_id\x18\x01 \x01(\t\x12\x12\n\ncommand_id\x18\x02 \x01(\t\x12,\n\x05state\x18\x03 \x01(\x0e\x32\x1d.lightpath.v1.AggCommandState\x12\x14\n\x0cparticipants\x18\x04 \x03(\t\x12%\n\x05\x64type\x18\x05 \x01(\x0e\x32\x16.lightpath.v1.AggDType\x12\x1f\n\x02op\x18\x06 \x01(\x0e\x32\x13.lightpath.v1.AggOp\x12\x0e\n\x06length\x18\x07 \x01(\x04\x12/\n\x0corder_policy\x18\x08 \x01(\x0e\x32\x19.lightpath.v1.OrderPolicy\x12*\n\x07trigger\x18\t \x01(\x0e\x32\x19.lightpath.v1.TriggerMode\x12\x0e\n\x06tenant\x18\n \x01(\t\x12-\n\x0bslot_policy\x18\x0b \x01(\x0e\x32\x18.lightpath.v1.SlotPolicy\x12\x14\n\x0cwait_for_all\x18\x0c \x01(\x08\x12\x13\n\x0b\x63hunk_elems\x18\r \x01(\r\x12\x0e\n\x06\x63hunks\x18\x0e \x01(\r\x12\x1a\n\x12timeout_aggregator\x18\x0f \x01(\t\x12-\n\x0bta_strategy\x18\x10 \x01(\x0e\x32\x18.lightpath.v1.TaStrategy\x12\x1f\n\x17predicted_timeout_nodes\x18\x11 \x03(\t\x12+\n\x07\x62itmaps\x18\x12 \x03(\x0b\x32\x1a.lightpath.v1.SwitchBitmap\x12.\n\ncreated_at\x18\x13 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12,\n\x08\x64\x65\x61\x64line\x18\x14 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0b\x66inished_at\x18\x15 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0f\n\x07\x66\x61ilure\x18\x16 \x01(\t\x12\x15\n\rmissing_nodes\x18\x17 \x03(\t\x12*\n\nslot_holds\x18\x18 \x03(\x0b\x32\x16.lightpath.v1.SlotHold\x12\x15\n\rtimeout_nodes\x18\x19 \x03(\t\x12>\n\x10parameter_server\x18\x1a \x01(\x0b\x32$.lightpath.v1.ParameterServerOptions\x12\x18\n\x10topology_version\x18\x1b \x01(\x04\x12\x1b\n\x13\x65xact_fraction_bits\x18\x1c \x01(\r\x12\x14\n\x0cpreset_order\x18\x1d \x03(\t\"8\n\x11GetCommandRequest\x12\x0f\n\x07tree_id\x18\x01 \x01(\t\x12\x12\n\ncommand_id\x18\x02 \x01(\t\"M\n\x13ListCommandsRequest\x12\x0f\n\x07tree_id\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\r\x12\x12\n\npage_token\x18\x03 \x01(\t\"[\n\x14ListCommandsResponse\x12*\n\x08\x63ommands\x18\x01 \x03(\x0b\x32\x18.lightpath.v1.AggCommand\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\x98\x01\n\x1e\x43hooseTimeoutAggregatorRequest\x12\x0f\n\x07tree_id\x18\x01 \x01(\t\x12\x14\n\x0cparticipants\x18\x02 \x03(\t\x12;\n\tselection\x18\x03 \x01(\x0b\x32(.lightpath.v1.TimeoutAggregatorSelection\x12\x12\n\ncommand_id\x18\x04 \x01(\t\"\x91\x01\n\x1aTimeoutAggregatorCandidate\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\'\n\x04kind\x18\x02 \x01(\x0e\x32\x19.lightpath.v1.AggNodeKind\x12\x0c\n\x04hops\x18\x03 \x01(\r\x12\x11\n\tlink_cost\x18\x04 \x01(\x01\x12\x0c\n\x04load\x18\x05 \x01(\x01\x12\r\n\x05score\x18\x06 \x01(\x01\"\x91\x01\n\x17TimeoutAggregatorChoice\x12\x0c\n\x04node\x18\x01 \x01(\t\x12*\n\x08strategy\x18\x02 \x01(\x0e\x32\x18.lightpath.v1.TaStrategy\x12<\n\ncandidates\x18\x03 \x03(\x0b\x32(.lightpath.v1.TimeoutAggregatorCandidate\"|\n\x18PredictStragglersRequest\x12\x0f\n\x07tree_id\x18\x01 \x01(\t\x12\x39\n\x07options\x18\x02 \x01(\x0b\x32(.lightpath.v1.StragglerPredictionOptions\x12\x14\n\x0cparticipants\x18\x03 \x03(\t\"C\n\x0cNodeLateness\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x11\n\tswitch_id\x18\x02 \x01(\t\x12\x12\n\nlateness_s\x18\x03 \x01(\x01\"\x91\x01\n\x13StragglerPrediction\x12\r\n\x05nodes\x18\x01 \x03(\t\x12,\n\x08lateness\x18\x02 \x03(\x0b\x32\x1a.lightpath.v1.NodeLateness\x12+\n\x07\x62itmaps\x18\x03 \x03(\x0b\x32\x1a.lightpath.v1.SwitchBitmap\x12\x10\n\x08\x63ommands\x18\x04 \x03(\t\"3\n\x11GetHistoryRequest\x12\x0f\n\x07tree_id\x18\x01 \x01(\t\x12\r\n\x05limit\x18\x02 \x01(\r\"\x81\x01\n\x0cHistoryEntry\x12\x12\n\ncommand_id\x18\x01 \x01(\t\x12/\n\x0b\x66inished_at\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12,\n\x08lateness\x18\x03 \x03(\x0b\x32\x1a.lightpath.v1.NodeLateness\"9\n\nAggHistory\x12+\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x1a.lightpath.v1.HistoryEntry\"J\n\x11ReportLoadRequest\x12\x0f\n\x07tree_id\x18\x01 \x01(\t\x12\x0f\n\x07node_id\x18\x02 \x01(\t\x12\x13\n\x0b\x62ytes_per_s\x18\x03 \x01(\x01\"\x14\n\x12ReportLoadResponse\"n\n\x14SetParametersRequest\x12\x0f\n\x07tree_id\x18\x01 \x01(\t\x12\x10\n\x08model_id\x18\x02 \x01(\t\x12%\n\x05\x64type\x18\x03 \x01(\x0e\x32\x16.lightpath.v1.AggDType\x12\x0c\n\x04\x64\x61ta\x18\x04 \x01(\x0c\"O\n\x14GetParametersRequest\x12\x0f\n\x07tree_id\x18\x01 \x01(\t\x12\x10\n\x08model_id\x18\x02 \x01(\t\x12\x14\n\x0cinclude_data\x18\x03 \x01(\x08\"y\n\x0fModelParameters\x12\x10\n\x08model_id\x18\x01 \x01(\t\x12%\n\x05\x64type\x18\x02 \x01(\x0e\x32\x16.lightpath.v1.AggDType\x12\x0e\n\x06length\x18\x03 \x01(\x04\x12\x0f\n\x07version\x18\x04 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x05 \x01(\x0c\"\x17\n\x15GetSwitchStateRequest\"v\n\x0b\x42ypassEntry\x12\x12\n\ncommand_id\x18\x01 \x01(\t\x12\r\n\x05\x63hunk\x18\x02 \x01(\r\x12\x14\n\x0ctimeout_node\x18\x03 \x01(\t\x12.\n\ncreated_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"z\n\x0bLiveCommand\x12\x12\n\ncommand_id\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12\x12\n\nslots_held\x18\x03 \x01(\r\x12\x13\n\x0b\x63hunks_done\x18\x04 \x01(\r\x12\x0e\n\x06\x63hunks\x18\x05 \x01(\r\x12\x0e\n\x06parked\x18\x06 \x01(\r\"\xff\x02\n\x0bSwitchState\x12\x0f\n\x07tree_id\x18\x01 \x01(\t\x12\x11\n\tswitch_id\x18\x02 \x01(\t\x12\x13\n\x0bslots_total\x18\x03 \x01(\r\x12\x14\n\x0cslots_in_use\x18\x04 \x01(\r\x12\x0e\n\x06parked\x18\x05 \x01(\r\x12\x31\n\x0e\x62ypass_entries\x18\x06 \x03(\x0b\x32\x19.lightpath.v1.BypassEntry\x12+\n\x08\x63ommands\x18\x07 \x03(\x0b\x32\x19.lightpath.v1.LiveCommand\x12,\n\x0crecent_holds\x18\x08 \x03(\x0b\x32\x16.lightpath.v1.SlotHold\x12\x39\n\x08\x63ounters\x18\t \x03(\x0b\x32\'.lightpath.v1.SwitchState.CountersEntry\x12\x17\n\x0frecent_commands\x18\n \x03(\t\x1a/\n\rCountersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\"J\n\x12JoinCommandRequest\x12\x0f\n\x07tree_id\x18\x01 \x01(\t\x12\x12\n\ncommand_id\x18\x02 \x01(\t\x12\x0f\n\x07node_id\x18\x03 \x01(\t\"\xaf\x01\n\nAssignment\x12)\n\x07\x63ommand\x18\x01 \x01(\x0b\x32\x18.lightpath.v1.AggCommand\x12\x13\n\x0bleaf_switch\x18\x02 \x01(\t\x12\x15\n\rleaf_endpoint\x18\x03 \x01(\t\x12\x19\n\x11predicted_timeout\x18\x04 \x01(\x08\x12\x1a\n\x12timeout_aggregator\x18\x05 \x01(\x08\x12\x13\n\x0broot_switch\x18\x06 \x01(\t\"\x96\x02\n\x08\x41ggChunk\x12\x12\n\ncommand_id\x18\x01 \x01(\t\x12\r\n\x05index\x18\x02 \x01(\r\x12(\n\x04kind\x18\x03 \x01(\x0e\x32\x1a.lightpath.v1.AggChunkKind\x12\x0e\n\x06source\x18\x04 \x01(\t\x12\x13\n\x0b\x64\x65stination\x18\x05 \x01(\t\x12\x15\n\rtimeout_nodes\x18\x06 \x03(\t\x12\x14\n\x0ctimeout_flag\x18\x07 \x01(\x08\x12%\n\x05\x64type\x18\x08 \x01(\x0e\x32\x16.lightpath.v1.AggDType\x12\x13\n\x0b\x66ixed_point\x18\t \x01(\x08\x12\r\n\x05\x65mpty\x18\n \x01(\x08\x12\x12\n\nparameters\x18\x0b \x01(\x08\x12\x0c\n\x04\x64\x61ta\x18\x0f \x01(\x0c\"9\n\x11\x43ontributeSummary\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\r\x12\x12\n\nduplicates\x18\x02 \x01(\r\"5\n\x0eResultsRequest\x12\x12\n\ncommand_id\x18\x01 \x01(\t\x12\x0f\n\x07node_id\x18\x02 \x01(\t\"\x1e\n\x0cRelaySummary\x12\x0e\n\x06\x63hunks\x18\x01 \x01(\x04*~\n\x0b\x41ggNodeKind\x12\x1d\n\x19\x41GG_NODE_KIND_UNSPECIFIED\x10\x00\x12\x18\n\x14\x41GG_NODE_KIND_SWITCH\x10\x01\x12\x19\n\x15\x41GG_NODE_KIND_COMPUTE\x10\x02\x12\x1b\n\x17\x41GG_NODE_KIND_DEDICATED\x10\x03*\x91\x01\n\x08\x41ggDType\x12\x19\n\x15\x41GG_DTYPE_UNSPECIFIED\x10\x00\x12\x13\n\x0f\x41GG_DTYPE_INT32\x10\x01\x12\x13\n\x0f\x41GG_DTYPE_INT64\x10\x02\x12\x15\n\x11\x41GG_DTYPE_FLOAT32\x10\x03\x12\x15\n\x11\x41GG_DTYPE_FLOAT64\x10\x04\x12\x12\n\x0e\x41GG_DTYPE_BOOL\x10\x05*\x7f\n\x05\x41ggOp\x12\x16\n\x12\x41GG_OP_UNSPECIFIED\x10\x00\x12\x0e\n\nAGG_OP_SUM\x10\x01\x12\x0e\n\nAGG_OP_MIN\x10\x02\x12\x0e\n\nAGG_OP_MAX\x10\x03\x12\x0f\n\x0b\x41GG_OP_PROD\x10\x04\x12\x0e\n\nAGG_OP_AND\x10\x05\x12\r\n\tAGG_OP_OR\x10\x06*v\n\x0bOrderPolicy\x12\x1c\n\x18ORDER_POLICY_UNSPECIFIED\x10\x00\x12\x18\n\x14ORDER_POLICY_ARRIVAL\x10\x01\x12\x17\n\x13ORDER_POLICY_PRESET\x10\x02\x12\x16\n\x12ORDER_POLICY_EXACT\x10\x03*l\n\x0bTriggerMode\x12\x1c\n\x18TRIGGER_MODE_UNSPECIFIED\x10\x00\x12!\n\x1dTRIGGER_MODE_ALL_OR_THRESHOLD\x10\x01\x12\x1c\n\x18TRIGGER_MODE_INCREMENTAL\x10\x02*Y\n\nSlotPolicy\x12\x1b\n\x17SLOT_POLICY_UNSPECIFIED\x10\x00\x12\x14\n\x10SLOT_POLICY_WAIT\x10\x01\x12\x18\n\x14SLOT_POLICY_FALLBACK\x10\x02*\xb9\x01\n\nTaStrategy\x12\x1b\n\x17TA_STRATEGY_UNSPECIFIED\x10\x00\x12\x15\n\x11TA_STRATEGY_FIXED\x10\x01\x12\x1c\n\x18TA_STRATEGY_RANDOM_BY_ID\x10\x02\x12\x1a\n\x16TA_STRATEGY_LEAST_LOAD\x10\x03\x12\x1b\n\x17TA_STRATEGY_FEWEST_HOPS\x10\x04\x12 \n\x1cTA_STRATEGY_LOWEST_LINK_COST\x10\x05*\x92\x01\n\x0f\x41ggCommandState\x12!\n\x1d\x41GG_COMMAND_STATE_UNSPECIFIED\x10\x00\x12\x1d\n\x19\x41GG_COMMAND_STATE_RUNNING\x10\x01\x12\x1f\n\x1b\x41GG_COMMAND_STATE_COMPLETED\x10\x02\x12\x1c\n\x18\x41GG_COMMAND_STATE_FAILED\x10\x03*\xda\x01\n\x0c\x41ggChunkKind\x12\x1e\n\x1a\x41GG_CHUNK_KIND_UNSPECIFIED\x10\x00\x12\x1f\n\x1b\x41GG_CHUNK_KIND_CONTRIBUTION\x10\x01\x12\x1a\n\x16\x41GG_CHUNK_KIND_PARTIAL\x10\x02\x12\x1f\n\x1b\x41GG_CHUNK_KIND_ROOT_PARTIAL\x10\x03\x12\x17\n\x13\x41GG_CHUNK_KIND_LATE\x10\x04\x12\x18\n\x14\x41GG_CHUNK_KIND_FINAL\x10\x05\x12\x19\n\x15\x41GG_CHUNK_KIND_RESULT\x10\x06\x32\xd4\n\n\tAggSwitch\x12\x42\n\x07GetInfo\x12\x1c.lightpath.v1.GetInfoRequest\x1a\x19.lightpath.v1.ServiceInfo\x12P\n\x0e\x44\x65\x66ineTopology\x12#.lightpath.v1.DefineTopologyRequest\x1a\x19.lightpath.v1.AggTopology\x12J\n\x0bGetTopology\x12 .lightpath.v1.GetTopologyRequest\x1a\x19.lightpath.v1.AggTopology\x12K\n\x0cStartCommand\x12!.lightpath.v1.StartCommandRequest\x1a\x18.lightpath.v1.AggCommand\x12G\n\nGetCommand\x12\x1f.lightpath.v1.GetCommandRequest\x1a\x18.lightpath.v1.AggCommand\x12U\n\x0cListCommands\x12!.lightpath.v1.ListCommandsRequest\x1a\".lightpath.v1.ListCommandsResponse\x12n\n\x17\x43hooseTimeoutAggregator\x12,.lightpath.v1.ChooseTimeoutAggregatorRequest\x1a%.lightpath.v1.TimeoutAggregatorChoice\x12^\n\x11PredictStragglers\x12&.lightpath.v1.PredictStragglersRequest\x1a!.lightpath.v1.StragglerPrediction\x12G\n\nGetHistory\x12\x1f.lightpath.v1.GetHistoryRequest\x1a\x18.lightpath.v1.AggHistory\x12O\n\nReportLoad\x12\x1f.lightpath.v1.ReportLoadRequest\x1a .lightpath.v1.ReportLoadResponse\x12R\n\rSetParameters\x12\".lightpath.v1.SetParametersRequest\x1a\x1d.lightpath.v1.ModelParameters\x12R\n\rGetParameters\x12\".lightpath.v1.GetParametersRequest\x1a\x1d.lightpath.v1.ModelParameters\x12P\n\x0eGetSwitchState\x12#.lightpath.v1.GetSwitchStateRequest\x1a\x19.lightpath.v1.SwitchState\x12I\n\x0bJoinCommand\x12 .lightpath.v1.JoinCommandRequest\x1a\x18.lightpath.v1.Assignment\x12G\n\nContribute\x12\x16.lightpath.v1.AggChunk\x1a\x1f.lightpath.v1.ContributeSummary(\x01\x12\x41\n\x07Results\x12\x1c.lightpath.v1.ResultsRequest\x1a\x16.lightpath.v1.AggChunk0\x01\x12=\n\x05Relay\x12\x16.lightpath.v1.AggChunk\x1a\x1a.lightpath.v1.RelaySummary(\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'lightpath.v1.agg_switch_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_AGGSWITCH']._serialized_start=74
-  _globals['_AGGSWITCH']._serialized_end=153
+  _globals['_AGGTOPOLOGY_ENDPOINTSENTRY']._loaded_options = None
+  _globals['_AGGTOPOLOGY_ENDPOINTSENTRY']._serialized_options = b'8\001'
+  _globals['_SWITCHSTATE_COUNTERSENTRY']._loaded_options = None
+  _globals['_SWITCHSTATE_COUNTERSENTRY']._serialized_options = b'8\001'
+  _globals['_AGGNODEKIND']._serialized_start=5942
+  _globals['_AGGNODEKIND']._serialized_end=6068
+  _globals['_AGGDTYPE']._serialized_start=6071
+  _globals['_AGGDTYPE']._serialized_end=6216
+  _globals['_AGGOP']._serialized_start=6218
+  _globals['_AGGOP']._serialized_end=6345
+  _globals['_ORDERPOLICY']._serialized_start=6347
+  _globals['_ORDERPOLICY']._serialized_end=6465
+  _globals['_TRIGGERMODE']._serialized_start=6467
+  _globals['_TRIGGERMODE']._serialized_end=6575
+  _globals['_SLOTPOLICY']._serialized_start=6577
+  _globals['_SLOTPOLICY']._serialized_end=6666
+  _globals['_TASTRATEGY']._serialized_start=6669
+  _globals['_TASTRATEGY']._serialized_end=6854
+  _globals['_AGGCOMMANDSTATE']._serialized_start=6857
+  _globals['_AGGCOMMANDSTATE']._serialized_end=7003
+  _globals['_AGGCHUNKKIND']._serialized_start=7006
+  _globals['_AGGCHUNKKIND']._serialized_end=7224
+  _globals['_AGGNODE']._serialized_start=140
+  _globals['_AGGNODE']._serialized_end=277
+  _globals['_AGGTOPOLOGY']._serialized_start=280
+  _globals['_AGGTOPOLOGY']._serialized_end=552
+  _globals['_AGGTOPOLOGY_ENDPOINTSENTRY']._serialized_start=504
+  _globals['_AGGTOPOLOGY_ENDPOINTSENTRY']._serialized_end=552
+  _globals['_DEFINETOPOLOGYREQUEST']._serialized_start=554
+  _globals['_DEFINETOPOLOGYREQUEST']._serialized_end=622
+  _globals['_GETTOPOLOGYREQUEST']._serialized_start=624
+  _globals['_GETTOPOLOGYREQUEST']._serialized_end=661
+  _globals['_TIMEOUTAGGREGATORSELECTION']._serialized_start=663
+  _globals['_TIMEOUTAGGREGATORSELECTION']._serialized_end=769
+  _globals['_STRAGGLERPREDICTIONOPTIONS']._serialized_start=771
+  _globals['_STRAGGLERPREDICTIONOPTIONS']._serialized_end=859
+  _globals['_PARAMETERSERVEROPTIONS']._serialized_start=861
+  _globals['_PARAMETERSERVEROPTIONS']._serialized_end=926
+  _globals['_STARTCOMMANDREQUEST']._serialized_start=929
+  _globals['_STARTCOMMANDREQUEST']._serialized_end=1636
+  _globals['_SWITCHBITMAP']._serialized_start=1638
+  _globals['_SWITCHBITMAP']._serialized_end=1711
+  _globals['_SLOTHOLD']._serialized_start=1714
+  _globals['_SLOTHOLD']._serialized_end=1955
+  _globals['_AGGCOMMAND']._serialized_start=1958
+  _globals['_AGGCOMMAND']._serialized_end=2922
+  _globals['_GETCOMMANDREQUEST']._serialized_start=2924
+  _globals['_GETCOMMANDREQUEST']._serialized_end=2980
+  _globals['_LISTCOMMANDSREQUEST']._serialized_start=2982
+  _globals['_LISTCOMMANDSREQUEST']._serialized_end=3059
+  _globals['_LISTCOMMANDSRESPONSE']._serialized_start=3061
+  _globals['_LISTCOMMANDSRESPONSE']._serialized_end=3152
+  _globals['_CHOOSETIMEOUTAGGREGATORREQUEST']._serialized_start=3155
+  _globals['_CHOOSETIMEOUTAGGREGATORREQUEST']._serialized_end=3307
+  _globals['_TIMEOUTAGGREGATORCANDIDATE']._serialized_start=3310
+  _globals['_TIMEOUTAGGREGATORCANDIDATE']._serialized_end=3455
+  _globals['_TIMEOUTAGGREGATORCHOICE']._serialized_start=3458
+  _globals['_TIMEOUTAGGREGATORCHOICE']._serialized_end=3603
+  _globals['_PREDICTSTRAGGLERSREQUEST']._serialized_start=3605
+  _globals['_PREDICTSTRAGGLERSREQUEST']._serialized_end=3729
+  _globals['_NODELATENESS']._serialized_start=3731
+  _globals['_NODELATENESS']._serialized_end=3798
+  _globals['_STRAGGLERPREDICTION']._serialized_start=3801
+  _globals['_STRAGGLERPREDICTION']._serialized_end=3946
+  _globals['_GETHISTORYREQUEST']._serialized_start=3948
+  _globals['_GETHISTORYREQUEST']._serialized_end=3999
+  _globals['_HISTORYENTRY']._serialized_start=4002
+  _globals['_HISTORYENTRY']._serialized_end=4131
+  _globals['_AGGHISTORY']._serialized_start=4133
+  _globals['_AGGHISTORY']._serialized_end=4190
+  _globals['_REPORTLOADREQUEST']._serialized_start=4192
+  _globals['_REPORTLOADREQUEST']._serialized_end=4266
+  _globals['_REPORTLOADRESPONSE']._serialized_start=4268
+  _globals['_REPORTLOADRESPONSE']._serialized_end=4288
+  _globals['_SETPARAMETERSREQUEST']._serialized_start=4290
+  _globals['_SETPARAMETERSREQUEST']._serialized_end=4400
+  _globals['_GETPARAMETERSREQUEST']._serialized_start=4402
+  _globals['_GETPARAMETERSREQUEST']._serialized_end=4481
+  _globals['_MODELPARAMETERS']._serialized_start=4483
+  _globals['_MODELPARAMETERS']._serialized_end=4604
+  _globals['_GETSWITCHSTATEREQUEST']._serialized_start=4606
+  _globals['_GETSWITCHSTATEREQUEST']._serialized_end=4629
+  _globals['_BYPASSENTRY']._serialized_start=4631
+  _globals['_BYPASSENTRY']._serialized_end=4749
+  _globals['_LIVECOMMAND']._serialized_start=4751
+  _globals['_LIVECOMMAND']._serialized_end=4873
+  _globals['_SWITCHSTATE']._serialized_start=4876
+  _globals['_SWITCHSTATE']._serialized_end=5259
+  _globals['_SWITCHSTATE_COUNTERSENTRY']._serialized_start=5212
+  _globals['_SWITCHSTATE_COUNTERSENTRY']._serialized_end=5259
+  _globals['_JOINCOMMANDREQUEST']._serialized_start=5261
+  _globals['_JOINCOMMANDREQUEST']._serialized_end=5335
+  _globals['_ASSIGNMENT']._serialized_start=5338
+  _globals['_ASSIGNMENT']._serialized_end=5513
+  _globals['_AGGCHUNK']._serialized_start=5516
+  _globals['_AGGCHUNK']._serialized_end=5794
+  _globals['_CONTRIBUTESUMMARY']._serialized_start=5796
+  _globals['_CONTRIBUTESUMMARY']._serialized_end=5853
+  _globals['_RESULTSREQUEST']._serialized_start=5855
+  _globals['_RESULTSREQUEST']._serialized_end=5908
+  _globals['_RELAYSUMMARY']._serialized_start=5910
+  _globals['_RELAYSUMMARY']._serialized_end=5940
+  _globals['_AGGSWITCH']._serialized_start=7227
+  _globals['_AGGSWITCH']._serialized_end=8591
 # @@protoc_insertion_point(module_scope)

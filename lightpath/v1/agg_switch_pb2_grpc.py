@@ -3,6 +3,7 @@
 import grpc
 import warnings
 
+from lightpath.v1 import agg_switch_pb2 as lightpath_dot_v1_dot_agg__switch__pb2
 from lightpath.v1 import common_pb2 as lightpath_dot_v1_dot_common__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
@@ -26,8 +27,7 @@ if _version_not_supported:
 
 
 class AggSwitchStub:
-    """One switch of an in-network aggregation tree, with timeouts and bypass entries (AG-1 … AG-14).
-    """
+    """Missing associated documentation comment in .proto file."""
 
     def __init__(self, channel):
         """Constructor.
@@ -40,14 +40,221 @@ class AggSwitchStub:
                 request_serializer=lightpath_dot_v1_dot_common__pb2.GetInfoRequest.SerializeToString,
                 response_deserializer=lightpath_dot_v1_dot_common__pb2.ServiceInfo.FromString,
                 _registered_method=True)
+        self.DefineTopology = channel.unary_unary(
+                '/lightpath.v1.AggSwitch/DefineTopology',
+                request_serializer=lightpath_dot_v1_dot_agg__switch__pb2.DefineTopologyRequest.SerializeToString,
+                response_deserializer=lightpath_dot_v1_dot_agg__switch__pb2.AggTopology.FromString,
+                _registered_method=True)
+        self.GetTopology = channel.unary_unary(
+                '/lightpath.v1.AggSwitch/GetTopology',
+                request_serializer=lightpath_dot_v1_dot_agg__switch__pb2.GetTopologyRequest.SerializeToString,
+                response_deserializer=lightpath_dot_v1_dot_agg__switch__pb2.AggTopology.FromString,
+                _registered_method=True)
+        self.StartCommand = channel.unary_unary(
+                '/lightpath.v1.AggSwitch/StartCommand',
+                request_serializer=lightpath_dot_v1_dot_agg__switch__pb2.StartCommandRequest.SerializeToString,
+                response_deserializer=lightpath_dot_v1_dot_agg__switch__pb2.AggCommand.FromString,
+                _registered_method=True)
+        self.GetCommand = channel.unary_unary(
+                '/lightpath.v1.AggSwitch/GetCommand',
+                request_serializer=lightpath_dot_v1_dot_agg__switch__pb2.GetCommandRequest.SerializeToString,
+                response_deserializer=lightpath_dot_v1_dot_agg__switch__pb2.AggCommand.FromString,
+                _registered_method=True)
+        self.ListCommands = channel.unary_unary(
+                '/lightpath.v1.AggSwitch/ListCommands',
+                request_serializer=lightpath_dot_v1_dot_agg__switch__pb2.ListCommandsRequest.SerializeToString,
+                response_deserializer=lightpath_dot_v1_dot_agg__switch__pb2.ListCommandsResponse.FromString,
+                _registered_method=True)
+        self.ChooseTimeoutAggregator = channel.unary_unary(
+                '/lightpath.v1.AggSwitch/ChooseTimeoutAggregator',
+                request_serializer=lightpath_dot_v1_dot_agg__switch__pb2.ChooseTimeoutAggregatorRequest.SerializeToString,
+                response_deserializer=lightpath_dot_v1_dot_agg__switch__pb2.TimeoutAggregatorChoice.FromString,
+                _registered_method=True)
+        self.PredictStragglers = channel.unary_unary(
+                '/lightpath.v1.AggSwitch/PredictStragglers',
+                request_serializer=lightpath_dot_v1_dot_agg__switch__pb2.PredictStragglersRequest.SerializeToString,
+                response_deserializer=lightpath_dot_v1_dot_agg__switch__pb2.StragglerPrediction.FromString,
+                _registered_method=True)
+        self.GetHistory = channel.unary_unary(
+                '/lightpath.v1.AggSwitch/GetHistory',
+                request_serializer=lightpath_dot_v1_dot_agg__switch__pb2.GetHistoryRequest.SerializeToString,
+                response_deserializer=lightpath_dot_v1_dot_agg__switch__pb2.AggHistory.FromString,
+                _registered_method=True)
+        self.ReportLoad = channel.unary_unary(
+                '/lightpath.v1.AggSwitch/ReportLoad',
+                request_serializer=lightpath_dot_v1_dot_agg__switch__pb2.ReportLoadRequest.SerializeToString,
+                response_deserializer=lightpath_dot_v1_dot_agg__switch__pb2.ReportLoadResponse.FromString,
+                _registered_method=True)
+        self.SetParameters = channel.unary_unary(
+                '/lightpath.v1.AggSwitch/SetParameters',
+                request_serializer=lightpath_dot_v1_dot_agg__switch__pb2.SetParametersRequest.SerializeToString,
+                response_deserializer=lightpath_dot_v1_dot_agg__switch__pb2.ModelParameters.FromString,
+                _registered_method=True)
+        self.GetParameters = channel.unary_unary(
+                '/lightpath.v1.AggSwitch/GetParameters',
+                request_serializer=lightpath_dot_v1_dot_agg__switch__pb2.GetParametersRequest.SerializeToString,
+                response_deserializer=lightpath_dot_v1_dot_agg__switch__pb2.ModelParameters.FromString,
+                _registered_method=True)
+        self.GetSwitchState = channel.unary_unary(
+                '/lightpath.v1.AggSwitch/GetSwitchState',
+                request_serializer=lightpath_dot_v1_dot_agg__switch__pb2.GetSwitchStateRequest.SerializeToString,
+                response_deserializer=lightpath_dot_v1_dot_agg__switch__pb2.SwitchState.FromString,
+                _registered_method=True)
+        self.JoinCommand = channel.unary_unary(
+                '/lightpath.v1.AggSwitch/JoinCommand',
+                request_serializer=lightpath_dot_v1_dot_agg__switch__pb2.JoinCommandRequest.SerializeToString,
+                response_deserializer=lightpath_dot_v1_dot_agg__switch__pb2.Assignment.FromString,
+                _registered_method=True)
+        self.Contribute = channel.stream_unary(
+                '/lightpath.v1.AggSwitch/Contribute',
+                request_serializer=lightpath_dot_v1_dot_agg__switch__pb2.AggChunk.SerializeToString,
+                response_deserializer=lightpath_dot_v1_dot_agg__switch__pb2.ContributeSummary.FromString,
+                _registered_method=True)
+        self.Results = channel.unary_stream(
+                '/lightpath.v1.AggSwitch/Results',
+                request_serializer=lightpath_dot_v1_dot_agg__switch__pb2.ResultsRequest.SerializeToString,
+                response_deserializer=lightpath_dot_v1_dot_agg__switch__pb2.AggChunk.FromString,
+                _registered_method=True)
+        self.Relay = channel.stream_unary(
+                '/lightpath.v1.AggSwitch/Relay',
+                request_serializer=lightpath_dot_v1_dot_agg__switch__pb2.AggChunk.SerializeToString,
+                response_deserializer=lightpath_dot_v1_dot_agg__switch__pb2.RelaySummary.FromString,
+                _registered_method=True)
 
 
 class AggSwitchServicer:
-    """One switch of an in-network aggregation tree, with timeouts and bypass entries (AG-1 … AG-14).
-    """
+    """Missing associated documentation comment in .proto file."""
 
     def GetInfo(self, request, context):
-        """Identity and version of this instance.
+        """Identity and version of this instance (attributes: switch_id, tree).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DefineTopology(self, request, context):
+        """--- management: any switch answers; the state lives in Redis ------------
+
+        Store and validate a tree's topology (AG-1). Refused with
+        FAILED_PRECONDITION while a command of the tree is running.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetTopology(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def StartCommand(self, request, context):
+        """Start an aggregation command (AG-2). Idempotent by command_id (X-5): the
+        same request again returns the same command.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetCommand(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListCommands(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ChooseTimeoutAggregator(self, request, context):
+        """Which node would be the timeout aggregation node, by one of the AG-10
+        strategies, with every candidate's score (a preview; StartCommand applies it).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PredictStragglers(self, request, context):
+        """Stragglers predicted from the lateness history (AG-9) and the
+        participation bitmaps that would follow (a preview; StartCommand applies it).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetHistory(self, request, context):
+        """Each compute node's lateness against the first arrival at its switch, per
+        finished command (the history AG-9 predicts from).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReportLoad(self, request, context):
+        """A node's network load (bytes/s), for the least-load strategy (AG-10).
+        Switches report their own; compute and dedicated nodes report here.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetParameters(self, request, context):
+        """Parameters of a model for parameter-server commands (AG-12).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetParameters(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetSwitchState(self, request, context):
+        """--- this switch's own, in-memory state ---------------------------------
+
+        Slots in use, live bypass entries, parked arrivals, recent slot-hold times.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def JoinCommand(self, request, context):
+        """--- data path ------------------------------------------------------------
+
+        What a compute node must use for a command: its leaf switch, whether it is
+        a predicted timeout node (it then tags its own data, AG-9), whether it is
+        the timeout aggregation node. Any switch answers.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Contribute(self, request_iterator, context):
+        """A compute node streams its vector, chunk by chunk, to its leaf switch. A
+        chunk sent twice counts once. The timeout aggregation node, when it is a
+        compute node, also sends its FINAL chunks here.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Results(self, request, context):
+        """The final result (or new parameters, AG-12), chunk by chunk; when the
+        node is the timeout aggregation node, also the root's partial and the
+        flagged late data it must combine (AG-7). Ends OK after the last chunk;
+        ends DEADLINE_EXCEEDED when the command's deadline fails it (AG-11).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Relay(self, request_iterator, context):
+        """One switch to a neighbouring switch (metadata `lightpath-from` names the
+        sender): partials up, flagged late data and finals routed, results down.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -61,6 +268,86 @@ def add_AggSwitchServicer_to_server(servicer, server):
                     request_deserializer=lightpath_dot_v1_dot_common__pb2.GetInfoRequest.FromString,
                     response_serializer=lightpath_dot_v1_dot_common__pb2.ServiceInfo.SerializeToString,
             ),
+            'DefineTopology': grpc.unary_unary_rpc_method_handler(
+                    servicer.DefineTopology,
+                    request_deserializer=lightpath_dot_v1_dot_agg__switch__pb2.DefineTopologyRequest.FromString,
+                    response_serializer=lightpath_dot_v1_dot_agg__switch__pb2.AggTopology.SerializeToString,
+            ),
+            'GetTopology': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetTopology,
+                    request_deserializer=lightpath_dot_v1_dot_agg__switch__pb2.GetTopologyRequest.FromString,
+                    response_serializer=lightpath_dot_v1_dot_agg__switch__pb2.AggTopology.SerializeToString,
+            ),
+            'StartCommand': grpc.unary_unary_rpc_method_handler(
+                    servicer.StartCommand,
+                    request_deserializer=lightpath_dot_v1_dot_agg__switch__pb2.StartCommandRequest.FromString,
+                    response_serializer=lightpath_dot_v1_dot_agg__switch__pb2.AggCommand.SerializeToString,
+            ),
+            'GetCommand': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetCommand,
+                    request_deserializer=lightpath_dot_v1_dot_agg__switch__pb2.GetCommandRequest.FromString,
+                    response_serializer=lightpath_dot_v1_dot_agg__switch__pb2.AggCommand.SerializeToString,
+            ),
+            'ListCommands': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListCommands,
+                    request_deserializer=lightpath_dot_v1_dot_agg__switch__pb2.ListCommandsRequest.FromString,
+                    response_serializer=lightpath_dot_v1_dot_agg__switch__pb2.ListCommandsResponse.SerializeToString,
+            ),
+            'ChooseTimeoutAggregator': grpc.unary_unary_rpc_method_handler(
+                    servicer.ChooseTimeoutAggregator,
+                    request_deserializer=lightpath_dot_v1_dot_agg__switch__pb2.ChooseTimeoutAggregatorRequest.FromString,
+                    response_serializer=lightpath_dot_v1_dot_agg__switch__pb2.TimeoutAggregatorChoice.SerializeToString,
+            ),
+            'PredictStragglers': grpc.unary_unary_rpc_method_handler(
+                    servicer.PredictStragglers,
+                    request_deserializer=lightpath_dot_v1_dot_agg__switch__pb2.PredictStragglersRequest.FromString,
+                    response_serializer=lightpath_dot_v1_dot_agg__switch__pb2.StragglerPrediction.SerializeToString,
+            ),
+            'GetHistory': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetHistory,
+                    request_deserializer=lightpath_dot_v1_dot_agg__switch__pb2.GetHistoryRequest.FromString,
+                    response_serializer=lightpath_dot_v1_dot_agg__switch__pb2.AggHistory.SerializeToString,
+            ),
+            'ReportLoad': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportLoad,
+                    request_deserializer=lightpath_dot_v1_dot_agg__switch__pb2.ReportLoadRequest.FromString,
+                    response_serializer=lightpath_dot_v1_dot_agg__switch__pb2.ReportLoadResponse.SerializeToString,
+            ),
+            'SetParameters': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetParameters,
+                    request_deserializer=lightpath_dot_v1_dot_agg__switch__pb2.SetParametersRequest.FromString,
+                    response_serializer=lightpath_dot_v1_dot_agg__switch__pb2.ModelParameters.SerializeToString,
+            ),
+            'GetParameters': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetParameters,
+                    request_deserializer=lightpath_dot_v1_dot_agg__switch__pb2.GetParametersRequest.FromString,
+                    response_serializer=lightpath_dot_v1_dot_agg__switch__pb2.ModelParameters.SerializeToString,
+            ),
+            'GetSwitchState': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetSwitchState,
+                    request_deserializer=lightpath_dot_v1_dot_agg__switch__pb2.GetSwitchStateRequest.FromString,
+                    response_serializer=lightpath_dot_v1_dot_agg__switch__pb2.SwitchState.SerializeToString,
+            ),
+            'JoinCommand': grpc.unary_unary_rpc_method_handler(
+                    servicer.JoinCommand,
+                    request_deserializer=lightpath_dot_v1_dot_agg__switch__pb2.JoinCommandRequest.FromString,
+                    response_serializer=lightpath_dot_v1_dot_agg__switch__pb2.Assignment.SerializeToString,
+            ),
+            'Contribute': grpc.stream_unary_rpc_method_handler(
+                    servicer.Contribute,
+                    request_deserializer=lightpath_dot_v1_dot_agg__switch__pb2.AggChunk.FromString,
+                    response_serializer=lightpath_dot_v1_dot_agg__switch__pb2.ContributeSummary.SerializeToString,
+            ),
+            'Results': grpc.unary_stream_rpc_method_handler(
+                    servicer.Results,
+                    request_deserializer=lightpath_dot_v1_dot_agg__switch__pb2.ResultsRequest.FromString,
+                    response_serializer=lightpath_dot_v1_dot_agg__switch__pb2.AggChunk.SerializeToString,
+            ),
+            'Relay': grpc.stream_unary_rpc_method_handler(
+                    servicer.Relay,
+                    request_deserializer=lightpath_dot_v1_dot_agg__switch__pb2.AggChunk.FromString,
+                    response_serializer=lightpath_dot_v1_dot_agg__switch__pb2.RelaySummary.SerializeToString,
+            ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
             'lightpath.v1.AggSwitch', rpc_method_handlers)
@@ -70,8 +357,7 @@ def add_AggSwitchServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class AggSwitch:
-    """One switch of an in-network aggregation tree, with timeouts and bypass entries (AG-1 … AG-14).
-    """
+    """Missing associated documentation comment in .proto file."""
 
     @staticmethod
     def GetInfo(request,
@@ -90,6 +376,438 @@ class AggSwitch:
             '/lightpath.v1.AggSwitch/GetInfo',
             lightpath_dot_v1_dot_common__pb2.GetInfoRequest.SerializeToString,
             lightpath_dot_v1_dot_common__pb2.ServiceInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DefineTopology(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lightpath.v1.AggSwitch/DefineTopology',
+            lightpath_dot_v1_dot_agg__switch__pb2.DefineTopologyRequest.SerializeToString,
+            lightpath_dot_v1_dot_agg__switch__pb2.AggTopology.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetTopology(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lightpath.v1.AggSwitch/GetTopology',
+            lightpath_dot_v1_dot_agg__switch__pb2.GetTopologyRequest.SerializeToString,
+            lightpath_dot_v1_dot_agg__switch__pb2.AggTopology.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StartCommand(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lightpath.v1.AggSwitch/StartCommand',
+            lightpath_dot_v1_dot_agg__switch__pb2.StartCommandRequest.SerializeToString,
+            lightpath_dot_v1_dot_agg__switch__pb2.AggCommand.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetCommand(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lightpath.v1.AggSwitch/GetCommand',
+            lightpath_dot_v1_dot_agg__switch__pb2.GetCommandRequest.SerializeToString,
+            lightpath_dot_v1_dot_agg__switch__pb2.AggCommand.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListCommands(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lightpath.v1.AggSwitch/ListCommands',
+            lightpath_dot_v1_dot_agg__switch__pb2.ListCommandsRequest.SerializeToString,
+            lightpath_dot_v1_dot_agg__switch__pb2.ListCommandsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ChooseTimeoutAggregator(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lightpath.v1.AggSwitch/ChooseTimeoutAggregator',
+            lightpath_dot_v1_dot_agg__switch__pb2.ChooseTimeoutAggregatorRequest.SerializeToString,
+            lightpath_dot_v1_dot_agg__switch__pb2.TimeoutAggregatorChoice.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PredictStragglers(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lightpath.v1.AggSwitch/PredictStragglers',
+            lightpath_dot_v1_dot_agg__switch__pb2.PredictStragglersRequest.SerializeToString,
+            lightpath_dot_v1_dot_agg__switch__pb2.StragglerPrediction.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetHistory(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lightpath.v1.AggSwitch/GetHistory',
+            lightpath_dot_v1_dot_agg__switch__pb2.GetHistoryRequest.SerializeToString,
+            lightpath_dot_v1_dot_agg__switch__pb2.AggHistory.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportLoad(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lightpath.v1.AggSwitch/ReportLoad',
+            lightpath_dot_v1_dot_agg__switch__pb2.ReportLoadRequest.SerializeToString,
+            lightpath_dot_v1_dot_agg__switch__pb2.ReportLoadResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetParameters(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lightpath.v1.AggSwitch/SetParameters',
+            lightpath_dot_v1_dot_agg__switch__pb2.SetParametersRequest.SerializeToString,
+            lightpath_dot_v1_dot_agg__switch__pb2.ModelParameters.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetParameters(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lightpath.v1.AggSwitch/GetParameters',
+            lightpath_dot_v1_dot_agg__switch__pb2.GetParametersRequest.SerializeToString,
+            lightpath_dot_v1_dot_agg__switch__pb2.ModelParameters.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetSwitchState(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lightpath.v1.AggSwitch/GetSwitchState',
+            lightpath_dot_v1_dot_agg__switch__pb2.GetSwitchStateRequest.SerializeToString,
+            lightpath_dot_v1_dot_agg__switch__pb2.SwitchState.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def JoinCommand(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lightpath.v1.AggSwitch/JoinCommand',
+            lightpath_dot_v1_dot_agg__switch__pb2.JoinCommandRequest.SerializeToString,
+            lightpath_dot_v1_dot_agg__switch__pb2.Assignment.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Contribute(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/lightpath.v1.AggSwitch/Contribute',
+            lightpath_dot_v1_dot_agg__switch__pb2.AggChunk.SerializeToString,
+            lightpath_dot_v1_dot_agg__switch__pb2.ContributeSummary.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Results(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/lightpath.v1.AggSwitch/Results',
+            lightpath_dot_v1_dot_agg__switch__pb2.ResultsRequest.SerializeToString,
+            lightpath_dot_v1_dot_agg__switch__pb2.AggChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Relay(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/lightpath.v1.AggSwitch/Relay',
+            lightpath_dot_v1_dot_agg__switch__pb2.AggChunk.SerializeToString,
+            lightpath_dot_v1_dot_agg__switch__pb2.RelaySummary.FromString,
             options,
             channel_credentials,
             insecure,

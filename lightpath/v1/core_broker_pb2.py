@@ -22,16 +22,100 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb2
+from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 from lightpath.v1 import common_pb2 as lightpath_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1elightpath/v1/core_broker.proto\x12\x0clightpath.v1\x1a\x19lightpath/v1/common.proto2P\n\nCoreBroker\x12\x42\n\x07GetInfo\x12\x1c.lightpath.v1.GetInfoRequest\x1a\x19.lightpath.v1.ServiceInfob\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1elightpath/v1/core_broker.proto\x12\x0clightpath.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x19lightpath/v1/common.proto\"4\n\x08Location\x12\x0c\n\x04site\x18\x01 \x01(\t\x12\x0c\n\x04x_km\x18\x02 \x01(\x01\x12\x0c\n\x04y_km\x18\x03 \x01(\x01\"\x95\x01\n\x06\x44\x65vice\x12\x11\n\tdevice_id\x18\x01 \x01(\t\x12&\n\x04kind\x18\x02 \x01(\x0e\x32\x18.lightpath.v1.DeviceKind\x12\r\n\x05\x63ores\x18\x03 \x01(\r\x12(\n\x08location\x18\x04 \x01(\x0b\x32\x16.lightpath.v1.Location\x12\x17\n\x0ftask_affinities\x18\x05 \x03(\t\"=\n\x15RegisterDeviceRequest\x12$\n\x06\x64\x65vice\x18\x01 \x01(\x0b\x32\x14.lightpath.v1.Device\"(\n\x13RemoveDeviceRequest\x12\x11\n\tdevice_id\x18\x01 \x01(\t\"\x16\n\x14RemoveDeviceResponse\"`\n\x0c\x44\x65viceStatus\x12$\n\x06\x64\x65vice\x18\x01 \x01(\x0b\x32\x14.lightpath.v1.Device\x12\x16\n\x0ereserved_cores\x18\x02 \x01(\r\x12\x12\n\nfree_cores\x18\x03 \x01(\r\"<\n\x12ListDevicesRequest\x12&\n\x04kind\x18\x01 \x01(\x0e\x32\x18.lightpath.v1.DeviceKind\"j\n\x13ListDevicesResponse\x12+\n\x07\x64\x65vices\x18\x01 \x03(\x0b\x32\x1a.lightpath.v1.DeviceStatus\x12&\n\x02\x61t\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\x8b\x01\n\x0eScheduledCores\x12)\n\x05start\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\'\n\x03\x65nd\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\r\n\x05\x63ores\x18\x03 \x01(\r\x12\x16\n\x0ereservation_id\x18\x04 \x01(\t\"\xc0\x01\n\x14QueryCapacityRequest\x12)\n\x05start\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\'\n\x03\x65nd\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12&\n\x04kind\x18\x03 \x01(\x0e\x32\x18.lightpath.v1.DeviceKind\x12\x12\n\ndevice_ids\x18\x04 \x03(\t\x12\x18\n\x10include_schedule\x18\x05 \x01(\x08\"\x97\x01\n\x0e\x44\x65viceCapacity\x12$\n\x06\x64\x65vice\x18\x01 \x01(\x0b\x32\x14.lightpath.v1.Device\x12\x12\n\nfree_cores\x18\x02 \x01(\r\x12\x1b\n\x13peak_reserved_cores\x18\x03 \x01(\r\x12.\n\x08schedule\x18\x04 \x03(\x0b\x32\x1c.lightpath.v1.ScheduledCores\"p\n\x0cKindCapacity\x12&\n\x04kind\x18\x01 \x01(\x0e\x32\x18.lightpath.v1.DeviceKind\x12\x0f\n\x07\x64\x65vices\x18\x02 \x01(\r\x12\x13\n\x0btotal_cores\x18\x03 \x01(\r\x12\x12\n\nfree_cores\x18\x04 \x01(\r\"\xc5\x01\n\x15QueryCapacityResponse\x12)\n\x05start\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\'\n\x03\x65nd\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12-\n\x07\x64\x65vices\x18\x03 \x03(\x0b\x32\x1c.lightpath.v1.DeviceCapacity\x12)\n\x05kinds\x18\x04 \x03(\x0b\x32\x1a.lightpath.v1.KindCapacity\"\x92\x01\n\x1aRegisterApplicationRequest\x12\x16\n\x0e\x61pplication_id\x18\x01 \x01(\t\x12)\n\tqos_level\x18\x02 \x01(\x0e\x32\x16.lightpath.v1.QosLevel\x12\x31\n\rbilling_model\x18\x03 \x01(\x0e\x32\x1a.lightpath.v1.BillingModel\"U\n\x1bRegisterApplicationResponse\x12\x16\n\x0e\x61pplication_id\x18\x01 \x01(\t\x12\r\n\x05token\x18\x02 \x01(\t\x12\x0f\n\x07rotated\x18\x03 \x01(\x08\"2\n\x18RemoveApplicationRequest\x12\x16\n\x0e\x61pplication_id\x18\x01 \x01(\t\"\x1b\n\x19RemoveApplicationResponse\">\n\x07Latency\x12\x0c\n\x04site\x18\x01 \x01(\t\x12\x11\n\tdevice_id\x18\x02 \x01(\t\x12\x12\n\nlatency_ms\x18\x03 \x01(\x01\"?\n\x13SetLatenciesRequest\x12(\n\tlatencies\x18\x01 \x03(\x0b\x32\x15.lightpath.v1.Latency\"\'\n\x14SetLatenciesResponse\x12\x0f\n\x07\x65ntries\x18\x01 \x01(\r\"\xe7\x03\n\x12ReservationRequest\x12\x16\n\x0ereservation_id\x18\x01 \x01(\t\x12\r\n\x05\x63ores\x18\x02 \x01(\r\x12+\n\x08\x64uration\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\x12(\n\x06window\x18\x04 \x01(\x0b\x32\x18.lightpath.v1.TimeWindow\x12\x11\n\ttask_type\x18\x05 \x01(\t\x12\x15\n\rpriority_hint\x18\x06 \x01(\r\x12)\n\tqos_level\x18\x07 \x01(\x0e\x32\x16.lightpath.v1.QosLevel\x12\x31\n\rbilling_model\x18\x08 \x01(\x0e\x32\x1a.lightpath.v1.BillingModel\x12/\n\x0f\x63lient_location\x18\t \x01(\x0b\x32\x16.lightpath.v1.Location\x12\x30\n\tplacement\x18\n \x01(\x0e\x32\x1d.lightpath.v1.PlacementPolicy\x12%\n\x06\x61\x63\x63\x65pt\x18\x0b \x03(\x0e\x32\x15.lightpath.v1.Outcome\x12-\n\x0b\x64\x65vice_kind\x18\x0c \x01(\x0e\x32\x18.lightpath.v1.DeviceKind\x12\x12\n\ndevice_ids\x18\r \x03(\t\"E\n\x08Priority\x12*\n\x05level\x18\x01 \x01(\x0e\x32\x1b.lightpath.v1.PriorityClass\x12\r\n\x05score\x18\x02 \x01(\x01\"\x82\x01\n\nAllocation\x12\x11\n\tdevice_id\x18\x01 \x01(\t\x12\r\n\x05\x63ores\x18\x02 \x01(\r\x12)\n\x05start\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\'\n\x03\x65nd\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\x9b\x04\n\x0bReservation\x12\x16\n\x0ereservation_id\x18\x01 \x01(\t\x12\x16\n\x0e\x61pplication_id\x18\x02 \x01(\t\x12&\n\x07outcome\x18\x03 \x01(\x0e\x32\x15.lightpath.v1.Outcome\x12-\n\x05state\x18\x04 \x01(\x0e\x32\x1e.lightpath.v1.ReservationState\x12-\n\x0b\x61llocations\x18\x05 \x03(\x0b\x32\x18.lightpath.v1.Allocation\x12\x16\n\x0e\x63ores_at_start\x18\x06 \x01(\r\x12)\n\x05start\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\'\n\x03\x65nd\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12;\n\x17\x65\x61rliest_possible_start\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12(\n\x08priority\x18\n \x01(\x0b\x32\x16.lightpath.v1.Priority\x12\x0f\n\x07summary\x18\x0b \x01(\t\x12\x31\n\x07request\x18\x0c \x01(\x0b\x32 .lightpath.v1.ReservationRequest\x12.\n\ncreated_at\x18\r \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0f\n\x07version\x18\x0e \x01(\x03\"C\n\x0eReserveRequest\x12\x31\n\x07request\x18\x01 \x01(\x0b\x32 .lightpath.v1.ReservationRequest\"a\n\x13\x42\x61tchReserveRequest\x12\x32\n\x08requests\x18\x01 \x03(\x0b\x32 .lightpath.v1.ReservationRequest\x12\x16\n\x0e\x61ll_or_nothing\x18\x02 \x01(\x08\"G\n\x14\x42\x61tchReserveResponse\x12/\n\x0creservations\x18\x01 \x03(\x0b\x32\x19.lightpath.v1.Reservation\"/\n\x15GetReservationRequest\x12\x16\n\x0ereservation_id\x18\x01 \x01(\t\"X\n\x17ListReservationsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\x12\x16\n\x0e\x61pplication_id\x18\x03 \x01(\t\"d\n\x18ListReservationsResponse\x12/\n\x0creservations\x18\x01 \x03(\x0b\x32\x19.lightpath.v1.Reservation\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"3\n\x19ReleaseReservationRequest\x12\x16\n\x0ereservation_id\x18\x01 \x01(\t\"_\n\x18\x45xtendReservationRequest\x12\x16\n\x0ereservation_id\x18\x01 \x01(\t\x12+\n\x07new_end\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"2\n\x18WatchReservationsRequest\x12\x16\n\x0ereservation_id\x18\x01 \x01(\t\"\x9c\x01\n\x10ReservationEvent\x12\x30\n\x04type\x18\x01 \x01(\x0e\x32\".lightpath.v1.ReservationEventType\x12.\n\x0breservation\x18\x02 \x01(\x0b\x32\x19.lightpath.v1.Reservation\x12&\n\x02\x61t\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp*\x98\x01\n\nDeviceKind\x12\x1b\n\x17\x44\x45VICE_KIND_UNSPECIFIED\x10\x00\x12\x13\n\x0f\x44\x45VICE_KIND_GPU\x10\x01\x12\x13\n\x0f\x44\x45VICE_KIND_TPU\x10\x02\x12\x18\n\x14\x44\x45VICE_KIND_EDGE_TPU\x10\x03\x12\x13\n\x0f\x44\x45VICE_KIND_NPU\x10\x04\x12\x14\n\x10\x44\x45VICE_KIND_FPGA\x10\x05*o\n\x08QosLevel\x12\x19\n\x15QOS_LEVEL_UNSPECIFIED\x10\x00\x12\x19\n\x15QOS_LEVEL_BEST_EFFORT\x10\x01\x12\x16\n\x12QOS_LEVEL_STANDARD\x10\x02\x12\x15\n\x11QOS_LEVEL_PREMIUM\x10\x03*\x7f\n\x0c\x42illingModel\x12\x1d\n\x19\x42ILLING_MODEL_UNSPECIFIED\x10\x00\x12\x16\n\x12\x42ILLING_MODEL_SPOT\x10\x01\x12\x1b\n\x17\x42ILLING_MODEL_ON_DEMAND\x10\x02\x12\x1b\n\x17\x42ILLING_MODEL_COMMITTED\x10\x03*\xcd\x01\n\x0fPlacementPolicy\x12 \n\x1cPLACEMENT_POLICY_UNSPECIFIED\x10\x00\x12\x1b\n\x17PLACEMENT_POLICY_SPREAD\x10\x01\x12\x19\n\x15PLACEMENT_POLICY_PACK\x10\x02\x12\x1c\n\x18PLACEMENT_POLICY_NEAREST\x10\x03\x12\x1d\n\x19PLACEMENT_POLICY_AFFINITY\x10\x04\x12#\n\x1fPLACEMENT_POLICY_LOWEST_LATENCY\x10\x05*x\n\x07Outcome\x12\x17\n\x13OUTCOME_UNSPECIFIED\x10\x00\x12\x13\n\x0fOUTCOME_GRANTED\x10\x01\x12\x13\n\x0fOUTCOME_PARTIAL\x10\x02\x12\x14\n\x10OUTCOME_DEFERRED\x10\x03\x12\x14\n\x10OUTCOME_REJECTED\x10\x04*\xd1\x01\n\x10ReservationState\x12!\n\x1dRESERVATION_STATE_UNSPECIFIED\x10\x00\x12\x1f\n\x1bRESERVATION_STATE_SCHEDULED\x10\x01\x12\x1c\n\x18RESERVATION_STATE_ACTIVE\x10\x02\x12\x1b\n\x17RESERVATION_STATE_ENDED\x10\x03\x12\x1e\n\x1aRESERVATION_STATE_RELEASED\x10\x04\x12\x1e\n\x1aRESERVATION_STATE_REJECTED\x10\x05*\xe6\x02\n\x14ReservationEventType\x12&\n\"RESERVATION_EVENT_TYPE_UNSPECIFIED\x10\x00\x12\"\n\x1eRESERVATION_EVENT_TYPE_CURRENT\x10\x01\x12\"\n\x1eRESERVATION_EVENT_TYPE_CREATED\x10\x02\x12\"\n\x1eRESERVATION_EVENT_TYPE_STARTED\x10\x03\x12\'\n#RESERVATION_EVENT_TYPE_PART_STARTED\x10\x04\x12#\n\x1fRESERVATION_EVENT_TYPE_EXTENDED\x10\x05\x12#\n\x1fRESERVATION_EVENT_TYPE_RELEASED\x10\x06\x12 \n\x1cRESERVATION_EVENT_TYPE_ENDED\x10\x07\x12%\n!RESERVATION_EVENT_TYPE_PART_ENDED\x10\x08\x32\xac\n\n\nCoreBroker\x12\x42\n\x07GetInfo\x12\x1c.lightpath.v1.GetInfoRequest\x1a\x19.lightpath.v1.ServiceInfo\x12K\n\x0eRegisterDevice\x12#.lightpath.v1.RegisterDeviceRequest\x1a\x14.lightpath.v1.Device\x12U\n\x0cRemoveDevice\x12!.lightpath.v1.RemoveDeviceRequest\x1a\".lightpath.v1.RemoveDeviceResponse\x12j\n\x13RegisterApplication\x12(.lightpath.v1.RegisterApplicationRequest\x1a).lightpath.v1.RegisterApplicationResponse\x12\x64\n\x11RemoveApplication\x12&.lightpath.v1.RemoveApplicationRequest\x1a\'.lightpath.v1.RemoveApplicationResponse\x12U\n\x0cSetLatencies\x12!.lightpath.v1.SetLatenciesRequest\x1a\".lightpath.v1.SetLatenciesResponse\x12R\n\x0bListDevices\x12 .lightpath.v1.ListDevicesRequest\x1a!.lightpath.v1.ListDevicesResponse\x12X\n\rQueryCapacity\x12\".lightpath.v1.QueryCapacityRequest\x1a#.lightpath.v1.QueryCapacityResponse\x12\x42\n\x07Reserve\x12\x1c.lightpath.v1.ReserveRequest\x1a\x19.lightpath.v1.Reservation\x12U\n\x0c\x42\x61tchReserve\x12!.lightpath.v1.BatchReserveRequest\x1a\".lightpath.v1.BatchReserveResponse\x12P\n\x0eGetReservation\x12#.lightpath.v1.GetReservationRequest\x1a\x19.lightpath.v1.Reservation\x12\x61\n\x10ListReservations\x12%.lightpath.v1.ListReservationsRequest\x1a&.lightpath.v1.ListReservationsResponse\x12X\n\x12ReleaseReservation\x12\'.lightpath.v1.ReleaseReservationRequest\x1a\x19.lightpath.v1.Reservation\x12V\n\x11\x45xtendReservation\x12&.lightpath.v1.ExtendReservationRequest\x1a\x19.lightpath.v1.Reservation\x12]\n\x11WatchReservations\x12&.lightpath.v1.WatchReservationsRequest\x1a\x1e.lightpath.v1.ReservationEvent0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'lightpath.v1.core_broker_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_COREBROKER']._serialized_start=75
-  _globals['_COREBROKER']._serialized_end=155
+  _globals['_DEVICEKIND']._serialized_start=4115
+  _globals['_DEVICEKIND']._serialized_end=4267
+  _globals['_QOSLEVEL']._serialized_start=4269
+  _globals['_QOSLEVEL']._serialized_end=4380
+  _globals['_BILLINGMODEL']._serialized_start=4382
+  _globals['_BILLINGMODEL']._serialized_end=4509
+  _globals['_PLACEMENTPOLICY']._serialized_start=4512
+  _globals['_PLACEMENTPOLICY']._serialized_end=4717
+  _globals['_OUTCOME']._serialized_start=4719
+  _globals['_OUTCOME']._serialized_end=4839
+  _globals['_RESERVATIONSTATE']._serialized_start=4842
+  _globals['_RESERVATIONSTATE']._serialized_end=5051
+  _globals['_RESERVATIONEVENTTYPE']._serialized_start=5054
+  _globals['_RESERVATIONEVENTTYPE']._serialized_end=5412
+  _globals['_LOCATION']._serialized_start=140
+  _globals['_LOCATION']._serialized_end=192
+  _globals['_DEVICE']._serialized_start=195
+  _globals['_DEVICE']._serialized_end=344
+  _globals['_REGISTERDEVICEREQUEST']._serialized_start=346
+  _globals['_REGISTERDEVICEREQUEST']._serialized_end=407
+  _globals['_REMOVEDEVICEREQUEST']._serialized_start=409
+  _globals['_REMOVEDEVICEREQUEST']._serialized_end=449
+  _globals['_REMOVEDEVICERESPONSE']._serialized_start=451
+  _globals['_REMOVEDEVICERESPONSE']._serialized_end=473
+  _globals['_DEVICESTATUS']._serialized_start=475
+  _globals['_DEVICESTATUS']._serialized_end=571
+  _globals['_LISTDEVICESREQUEST']._serialized_start=573
+  _globals['_LISTDEVICESREQUEST']._serialized_end=633
+  _globals['_LISTDEVICESRESPONSE']._serialized_start=635
+  _globals['_LISTDEVICESRESPONSE']._serialized_end=741
+  _globals['_SCHEDULEDCORES']._serialized_start=744
+  _globals['_SCHEDULEDCORES']._serialized_end=883
+  _globals['_QUERYCAPACITYREQUEST']._serialized_start=886
+  _globals['_QUERYCAPACITYREQUEST']._serialized_end=1078
+  _globals['_DEVICECAPACITY']._serialized_start=1081
+  _globals['_DEVICECAPACITY']._serialized_end=1232
+  _globals['_KINDCAPACITY']._serialized_start=1234
+  _globals['_KINDCAPACITY']._serialized_end=1346
+  _globals['_QUERYCAPACITYRESPONSE']._serialized_start=1349
+  _globals['_QUERYCAPACITYRESPONSE']._serialized_end=1546
+  _globals['_REGISTERAPPLICATIONREQUEST']._serialized_start=1549
+  _globals['_REGISTERAPPLICATIONREQUEST']._serialized_end=1695
+  _globals['_REGISTERAPPLICATIONRESPONSE']._serialized_start=1697
+  _globals['_REGISTERAPPLICATIONRESPONSE']._serialized_end=1782
+  _globals['_REMOVEAPPLICATIONREQUEST']._serialized_start=1784
+  _globals['_REMOVEAPPLICATIONREQUEST']._serialized_end=1834
+  _globals['_REMOVEAPPLICATIONRESPONSE']._serialized_start=1836
+  _globals['_REMOVEAPPLICATIONRESPONSE']._serialized_end=1863
+  _globals['_LATENCY']._serialized_start=1865
+  _globals['_LATENCY']._serialized_end=1927
+  _globals['_SETLATENCIESREQUEST']._serialized_start=1929
+  _globals['_SETLATENCIESREQUEST']._serialized_end=1992
+  _globals['_SETLATENCIESRESPONSE']._serialized_start=1994
+  _globals['_SETLATENCIESRESPONSE']._serialized_end=2033
+  _globals['_RESERVATIONREQUEST']._serialized_start=2036
+  _globals['_RESERVATIONREQUEST']._serialized_end=2523
+  _globals['_PRIORITY']._serialized_start=2525
+  _globals['_PRIORITY']._serialized_end=2594
+  _globals['_ALLOCATION']._serialized_start=2597
+  _globals['_ALLOCATION']._serialized_end=2727
+  _globals['_RESERVATION']._serialized_start=2730
+  _globals['_RESERVATION']._serialized_end=3269
+  _globals['_RESERVEREQUEST']._serialized_start=3271
+  _globals['_RESERVEREQUEST']._serialized_end=3338
+  _globals['_BATCHRESERVEREQUEST']._serialized_start=3340
+  _globals['_BATCHRESERVEREQUEST']._serialized_end=3437
+  _globals['_BATCHRESERVERESPONSE']._serialized_start=3439
+  _globals['_BATCHRESERVERESPONSE']._serialized_end=3510
+  _globals['_GETRESERVATIONREQUEST']._serialized_start=3512
+  _globals['_GETRESERVATIONREQUEST']._serialized_end=3559
+  _globals['_LISTRESERVATIONSREQUEST']._serialized_start=3561
+  _globals['_LISTRESERVATIONSREQUEST']._serialized_end=3649
+  _globals['_LISTRESERVATIONSRESPONSE']._serialized_start=3651
+  _globals['_LISTRESERVATIONSRESPONSE']._serialized_end=3751
+  _globals['_RELEASERESERVATIONREQUEST']._serialized_start=3753
+  _globals['_RELEASERESERVATIONREQUEST']._serialized_end=3804
+  _globals['_EXTENDRESERVATIONREQUEST']._serialized_start=3806
+  _globals['_EXTENDRESERVATIONREQUEST']._serialized_end=3901
+  _globals['_WATCHRESERVATIONSREQUEST']._serialized_start=3903
+  _globals['_WATCHRESERVATIONSREQUEST']._serialized_end=3953
+  _globals['_RESERVATIONEVENT']._serialized_start=3956
+  _globals['_RESERVATIONEVENT']._serialized_end=4112
+  _globals['_COREBROKER']._serialized_start=5415
+  _globals['_COREBROKER']._serialized_end=6739
 # @@protoc_insertion_point(module_scope)

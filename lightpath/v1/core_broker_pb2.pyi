@@ -3,6 +3,1179 @@
 isort:skip_file
 """
 
+from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
+from google.protobuf import duration_pb2 as _duration_pb2
+from google.protobuf import message as _message
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from lightpath.v1 import common_pb2 as _common_pb2
+import builtins as _builtins
+import sys
+import typing as _typing
+
+if sys.version_info >= (3, 11):
+    from typing import TypeAlias as _TypeAlias, Never as _Never
+else:
+    from typing_extensions import TypeAlias as _TypeAlias, Never as _Never
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class _DeviceKind:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _DeviceKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_DeviceKind.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    DEVICE_KIND_UNSPECIFIED: _DeviceKind.ValueType  # 0
+    """in a request: any kind"""
+    DEVICE_KIND_GPU: _DeviceKind.ValueType  # 1
+    DEVICE_KIND_TPU: _DeviceKind.ValueType  # 2
+    DEVICE_KIND_EDGE_TPU: _DeviceKind.ValueType  # 3
+    DEVICE_KIND_NPU: _DeviceKind.ValueType  # 4
+    DEVICE_KIND_FPGA: _DeviceKind.ValueType  # 5
+
+class DeviceKind(_DeviceKind, metaclass=_DeviceKindEnumTypeWrapper):
+    """-- devices ----------------------------------------------------------------
+
+    Kinds of specialised processing unit (seed 001 ¶20, ¶29).
+    """
+
+DEVICE_KIND_UNSPECIFIED: DeviceKind.ValueType  # 0
+"""in a request: any kind"""
+DEVICE_KIND_GPU: DeviceKind.ValueType  # 1
+DEVICE_KIND_TPU: DeviceKind.ValueType  # 2
+DEVICE_KIND_EDGE_TPU: DeviceKind.ValueType  # 3
+DEVICE_KIND_NPU: DeviceKind.ValueType  # 4
+DEVICE_KIND_FPGA: DeviceKind.ValueType  # 5
+Global___DeviceKind: _TypeAlias = DeviceKind  # noqa: Y015
+
+class _QosLevel:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _QosLevelEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_QosLevel.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    QOS_LEVEL_UNSPECIFIED: _QosLevel.ValueType  # 0
+    """in a request: the application's agreed level"""
+    QOS_LEVEL_BEST_EFFORT: _QosLevel.ValueType  # 1
+    QOS_LEVEL_STANDARD: _QosLevel.ValueType  # 2
+    QOS_LEVEL_PREMIUM: _QosLevel.ValueType  # 3
+
+class QosLevel(_QosLevel, metaclass=_QosLevelEnumTypeWrapper):
+    """-- applications -----------------------------------------------------------
+
+    Service level agreed between the broker and an application (¶21).
+    """
+
+QOS_LEVEL_UNSPECIFIED: QosLevel.ValueType  # 0
+"""in a request: the application's agreed level"""
+QOS_LEVEL_BEST_EFFORT: QosLevel.ValueType  # 1
+QOS_LEVEL_STANDARD: QosLevel.ValueType  # 2
+QOS_LEVEL_PREMIUM: QosLevel.ValueType  # 3
+Global___QosLevel: _TypeAlias = QosLevel  # noqa: Y015
+
+class _BillingModel:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _BillingModelEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_BillingModel.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    BILLING_MODEL_UNSPECIFIED: _BillingModel.ValueType  # 0
+    """in a request: the application's model"""
+    BILLING_MODEL_SPOT: _BillingModel.ValueType  # 1
+    BILLING_MODEL_ON_DEMAND: _BillingModel.ValueType  # 2
+    BILLING_MODEL_COMMITTED: _BillingModel.ValueType  # 3
+
+class BillingModel(_BillingModel, metaclass=_BillingModelEnumTypeWrapper):
+    """How the application pays (¶21, ¶26)."""
+
+BILLING_MODEL_UNSPECIFIED: BillingModel.ValueType  # 0
+"""in a request: the application's model"""
+BILLING_MODEL_SPOT: BillingModel.ValueType  # 1
+BILLING_MODEL_ON_DEMAND: BillingModel.ValueType  # 2
+BILLING_MODEL_COMMITTED: BillingModel.ValueType  # 3
+Global___BillingModel: _TypeAlias = BillingModel  # noqa: Y015
+
+class _PlacementPolicy:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _PlacementPolicyEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_PlacementPolicy.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    PLACEMENT_POLICY_UNSPECIFIED: _PlacementPolicy.ValueType  # 0
+    """the broker's default"""
+    PLACEMENT_POLICY_SPREAD: _PlacementPolicy.ValueType  # 1
+    """Least-loaded device first (the one left with the largest free share)."""
+    PLACEMENT_POLICY_PACK: _PlacementPolicy.ValueType  # 2
+    """Best fit: the device left with the fewest free cores; spills largest first."""
+    PLACEMENT_POLICY_NEAREST: _PlacementPolicy.ValueType  # 3
+    """Closest device to client_location (x_km, y_km)."""
+    PLACEMENT_POLICY_AFFINITY: _PlacementPolicy.ValueType  # 4
+    """Devices whose task_affinities hold the request's task_type first."""
+    PLACEMENT_POLICY_LOWEST_LATENCY: _PlacementPolicy.ValueType  # 5
+    """Lowest latency from client_location.site in the operator's table."""
+
+class PlacementPolicy(_PlacementPolicy, metaclass=_PlacementPolicyEnumTypeWrapper):
+    """-- reservations -------------------------------------------------------------
+
+    How to choose devices (CB-7, ¶27).
+    """
+
+PLACEMENT_POLICY_UNSPECIFIED: PlacementPolicy.ValueType  # 0
+"""the broker's default"""
+PLACEMENT_POLICY_SPREAD: PlacementPolicy.ValueType  # 1
+"""Least-loaded device first (the one left with the largest free share)."""
+PLACEMENT_POLICY_PACK: PlacementPolicy.ValueType  # 2
+"""Best fit: the device left with the fewest free cores; spills largest first."""
+PLACEMENT_POLICY_NEAREST: PlacementPolicy.ValueType  # 3
+"""Closest device to client_location (x_km, y_km)."""
+PLACEMENT_POLICY_AFFINITY: PlacementPolicy.ValueType  # 4
+"""Devices whose task_affinities hold the request's task_type first."""
+PLACEMENT_POLICY_LOWEST_LATENCY: PlacementPolicy.ValueType  # 5
+"""Lowest latency from client_location.site in the operator's table."""
+Global___PlacementPolicy: _TypeAlias = PlacementPolicy  # noqa: Y015
+
+class _Outcome:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _OutcomeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Outcome.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    OUTCOME_UNSPECIFIED: _Outcome.ValueType  # 0
+    OUTCOME_GRANTED: _Outcome.ValueType  # 1
+    """Every core at the window's earliest start (or now, if later)."""
+    OUTCOME_PARTIAL: _Outcome.ValueType  # 2
+    """What is free then, plus the remainder from the earliest time it frees."""
+    OUTCOME_DEFERRED: _Outcome.ValueType  # 3
+    """Every core, from a later start inside the window."""
+    OUTCOME_REJECTED: _Outcome.ValueType  # 4
+    """Nothing reserved; earliest_possible_start says when it could be met."""
+
+class Outcome(_Outcome, metaclass=_OutcomeEnumTypeWrapper):
+    """What the broker answered (CB-4)."""
+
+OUTCOME_UNSPECIFIED: Outcome.ValueType  # 0
+OUTCOME_GRANTED: Outcome.ValueType  # 1
+"""Every core at the window's earliest start (or now, if later)."""
+OUTCOME_PARTIAL: Outcome.ValueType  # 2
+"""What is free then, plus the remainder from the earliest time it frees."""
+OUTCOME_DEFERRED: Outcome.ValueType  # 3
+"""Every core, from a later start inside the window."""
+OUTCOME_REJECTED: Outcome.ValueType  # 4
+"""Nothing reserved; earliest_possible_start says when it could be met."""
+Global___Outcome: _TypeAlias = Outcome  # noqa: Y015
+
+class _ReservationState:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _ReservationStateEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ReservationState.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    RESERVATION_STATE_UNSPECIFIED: _ReservationState.ValueType  # 0
+    RESERVATION_STATE_SCHEDULED: _ReservationState.ValueType  # 1
+    """granted, not started"""
+    RESERVATION_STATE_ACTIVE: _ReservationState.ValueType  # 2
+    """at least one part running"""
+    RESERVATION_STATE_ENDED: _ReservationState.ValueType  # 3
+    """every part ran to its end"""
+    RESERVATION_STATE_RELEASED: _ReservationState.ValueType  # 4
+    """released early by its application"""
+    RESERVATION_STATE_REJECTED: _ReservationState.ValueType  # 5
+    """the decision was REJECTED; nothing is stored"""
+
+class ReservationState(_ReservationState, metaclass=_ReservationStateEnumTypeWrapper): ...
+
+RESERVATION_STATE_UNSPECIFIED: ReservationState.ValueType  # 0
+RESERVATION_STATE_SCHEDULED: ReservationState.ValueType  # 1
+"""granted, not started"""
+RESERVATION_STATE_ACTIVE: ReservationState.ValueType  # 2
+"""at least one part running"""
+RESERVATION_STATE_ENDED: ReservationState.ValueType  # 3
+"""every part ran to its end"""
+RESERVATION_STATE_RELEASED: ReservationState.ValueType  # 4
+"""released early by its application"""
+RESERVATION_STATE_REJECTED: ReservationState.ValueType  # 5
+"""the decision was REJECTED; nothing is stored"""
+Global___ReservationState: _TypeAlias = ReservationState  # noqa: Y015
+
+class _ReservationEventType:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _ReservationEventTypeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ReservationEventType.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    RESERVATION_EVENT_TYPE_UNSPECIFIED: _ReservationEventType.ValueType  # 0
+    RESERVATION_EVENT_TYPE_CURRENT: _ReservationEventType.ValueType  # 1
+    """the state when the watch began"""
+    RESERVATION_EVENT_TYPE_CREATED: _ReservationEventType.ValueType  # 2
+    RESERVATION_EVENT_TYPE_STARTED: _ReservationEventType.ValueType  # 3
+    """its first cores are usable"""
+    RESERVATION_EVENT_TYPE_PART_STARTED: _ReservationEventType.ValueType  # 4
+    """a later part's cores are usable (PARTIAL)"""
+    RESERVATION_EVENT_TYPE_EXTENDED: _ReservationEventType.ValueType  # 5
+    RESERVATION_EVENT_TYPE_RELEASED: _ReservationEventType.ValueType  # 6
+    RESERVATION_EVENT_TYPE_ENDED: _ReservationEventType.ValueType  # 7
+    """its cores returned at its end"""
+    RESERVATION_EVENT_TYPE_PART_ENDED: _ReservationEventType.ValueType  # 8
+    """an earlier part's cores returned (PARTIAL)"""
+
+class ReservationEventType(_ReservationEventType, metaclass=_ReservationEventTypeEnumTypeWrapper): ...
+
+RESERVATION_EVENT_TYPE_UNSPECIFIED: ReservationEventType.ValueType  # 0
+RESERVATION_EVENT_TYPE_CURRENT: ReservationEventType.ValueType  # 1
+"""the state when the watch began"""
+RESERVATION_EVENT_TYPE_CREATED: ReservationEventType.ValueType  # 2
+RESERVATION_EVENT_TYPE_STARTED: ReservationEventType.ValueType  # 3
+"""its first cores are usable"""
+RESERVATION_EVENT_TYPE_PART_STARTED: ReservationEventType.ValueType  # 4
+"""a later part's cores are usable (PARTIAL)"""
+RESERVATION_EVENT_TYPE_EXTENDED: ReservationEventType.ValueType  # 5
+RESERVATION_EVENT_TYPE_RELEASED: ReservationEventType.ValueType  # 6
+RESERVATION_EVENT_TYPE_ENDED: ReservationEventType.ValueType  # 7
+"""its cores returned at its end"""
+RESERVATION_EVENT_TYPE_PART_ENDED: ReservationEventType.ValueType  # 8
+"""an earlier part's cores returned (PARTIAL)"""
+Global___ReservationEventType: _TypeAlias = ReservationEventType  # noqa: Y015
+
+@_typing.final
+class Location(_message.Message):
+    """Where a device or a client is: a site name (the latency table's key) and
+    planar coordinates in km (nearest placement).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SITE_FIELD_NUMBER: _builtins.int
+    X_KM_FIELD_NUMBER: _builtins.int
+    Y_KM_FIELD_NUMBER: _builtins.int
+    site: _builtins.str
+    x_km: _builtins.float
+    y_km: _builtins.float
+    def __init__(
+        self,
+        *,
+        site: _builtins.str = ...,
+        x_km: _builtins.float = ...,
+        y_km: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["site", b"site", "x_km", b"x_km", "y_km", b"y_km"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Location: _TypeAlias = Location  # noqa: Y015
+
+@_typing.final
+class Device(_message.Message):
+    """A specialised processing unit whose cores are rented (CB-1)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DEVICE_ID_FIELD_NUMBER: _builtins.int
+    KIND_FIELD_NUMBER: _builtins.int
+    CORES_FIELD_NUMBER: _builtins.int
+    LOCATION_FIELD_NUMBER: _builtins.int
+    TASK_AFFINITIES_FIELD_NUMBER: _builtins.int
+    device_id: _builtins.str
+    kind: Global___DeviceKind.ValueType
+    cores: _builtins.int
+    @_builtins.property
+    def location(self) -> Global___Location: ...
+    @_builtins.property
+    def task_affinities(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Task types this device is good at ("t-gpu for image processing", ¶27)."""
+
+    def __init__(
+        self,
+        *,
+        device_id: _builtins.str = ...,
+        kind: Global___DeviceKind.ValueType = ...,
+        cores: _builtins.int = ...,
+        location: Global___Location | None = ...,
+        task_affinities: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["location", b"location"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cores", b"cores", "device_id", b"device_id", "kind", b"kind", "location", b"location", "task_affinities", b"task_affinities"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Device: _TypeAlias = Device  # noqa: Y015
+
+@_typing.final
+class RegisterDeviceRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DEVICE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def device(self) -> Global___Device: ...
+    def __init__(
+        self,
+        *,
+        device: Global___Device | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["device", b"device"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["device", b"device"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RegisterDeviceRequest: _TypeAlias = RegisterDeviceRequest  # noqa: Y015
+
+@_typing.final
+class RemoveDeviceRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DEVICE_ID_FIELD_NUMBER: _builtins.int
+    device_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        device_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["device_id", b"device_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RemoveDeviceRequest: _TypeAlias = RemoveDeviceRequest  # noqa: Y015
+
+@_typing.final
+class RemoveDeviceResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RemoveDeviceResponse: _TypeAlias = RemoveDeviceResponse  # noqa: Y015
+
+@_typing.final
+class DeviceStatus(_message.Message):
+    """The capacity map of one device at one instant (CB-1, ¶23)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DEVICE_FIELD_NUMBER: _builtins.int
+    RESERVED_CORES_FIELD_NUMBER: _builtins.int
+    FREE_CORES_FIELD_NUMBER: _builtins.int
+    reserved_cores: _builtins.int
+    free_cores: _builtins.int
+    @_builtins.property
+    def device(self) -> Global___Device: ...
+    def __init__(
+        self,
+        *,
+        device: Global___Device | None = ...,
+        reserved_cores: _builtins.int = ...,
+        free_cores: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["device", b"device"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["device", b"device", "free_cores", b"free_cores", "reserved_cores", b"reserved_cores"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeviceStatus: _TypeAlias = DeviceStatus  # noqa: Y015
+
+@_typing.final
+class ListDevicesRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    KIND_FIELD_NUMBER: _builtins.int
+    kind: Global___DeviceKind.ValueType
+    """UNSPECIFIED: every kind"""
+    def __init__(
+        self,
+        *,
+        kind: Global___DeviceKind.ValueType = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListDevicesRequest: _TypeAlias = ListDevicesRequest  # noqa: Y015
+
+@_typing.final
+class ListDevicesResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DEVICES_FIELD_NUMBER: _builtins.int
+    AT_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def devices(self) -> _containers.RepeatedCompositeFieldContainer[Global___DeviceStatus]: ...
+    @_builtins.property
+    def at(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        devices: _abc.Iterable[Global___DeviceStatus] | None = ...,
+        at: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["at", b"at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["at", b"at", "devices", b"devices"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListDevicesResponse: _TypeAlias = ListDevicesResponse  # noqa: Y015
+
+@_typing.final
+class ScheduledCores(_message.Message):
+    """One interval of a device's reservation schedule."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    START_FIELD_NUMBER: _builtins.int
+    END_FIELD_NUMBER: _builtins.int
+    CORES_FIELD_NUMBER: _builtins.int
+    RESERVATION_ID_FIELD_NUMBER: _builtins.int
+    cores: _builtins.int
+    reservation_id: _builtins.str
+    """Set only for the caller's own reservations (the operator sees all)."""
+    @_builtins.property
+    def start(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def end(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        start: _timestamp_pb2.Timestamp | None = ...,
+        end: _timestamp_pb2.Timestamp | None = ...,
+        cores: _builtins.int = ...,
+        reservation_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["end", b"end", "start", b"start"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cores", b"cores", "end", b"end", "reservation_id", b"reservation_id", "start", b"start"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ScheduledCores: _TypeAlias = ScheduledCores  # noqa: Y015
+
+@_typing.final
+class QueryCapacityRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    START_FIELD_NUMBER: _builtins.int
+    END_FIELD_NUMBER: _builtins.int
+    KIND_FIELD_NUMBER: _builtins.int
+    DEVICE_IDS_FIELD_NUMBER: _builtins.int
+    INCLUDE_SCHEDULE_FIELD_NUMBER: _builtins.int
+    kind: Global___DeviceKind.ValueType
+    """UNSPECIFIED: every kind"""
+    include_schedule: _builtins.bool
+    @_builtins.property
+    def start(self) -> _timestamp_pb2.Timestamp:
+        """[start, end); unset start: now; unset end: start + 1 ms (an instant)."""
+
+    @_builtins.property
+    def end(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def device_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """empty: every device"""
+
+    def __init__(
+        self,
+        *,
+        start: _timestamp_pb2.Timestamp | None = ...,
+        end: _timestamp_pb2.Timestamp | None = ...,
+        kind: Global___DeviceKind.ValueType = ...,
+        device_ids: _abc.Iterable[_builtins.str] | None = ...,
+        include_schedule: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["end", b"end", "start", b"start"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["device_ids", b"device_ids", "end", b"end", "include_schedule", b"include_schedule", "kind", b"kind", "start", b"start"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___QueryCapacityRequest: _TypeAlias = QueryCapacityRequest  # noqa: Y015
+
+@_typing.final
+class DeviceCapacity(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DEVICE_FIELD_NUMBER: _builtins.int
+    FREE_CORES_FIELD_NUMBER: _builtins.int
+    PEAK_RESERVED_CORES_FIELD_NUMBER: _builtins.int
+    SCHEDULE_FIELD_NUMBER: _builtins.int
+    free_cores: _builtins.int
+    """Cores free during the whole range (the minimum over it)."""
+    peak_reserved_cores: _builtins.int
+    """Most cores reserved at any instant of the range."""
+    @_builtins.property
+    def device(self) -> Global___Device: ...
+    @_builtins.property
+    def schedule(self) -> _containers.RepeatedCompositeFieldContainer[Global___ScheduledCores]: ...
+    def __init__(
+        self,
+        *,
+        device: Global___Device | None = ...,
+        free_cores: _builtins.int = ...,
+        peak_reserved_cores: _builtins.int = ...,
+        schedule: _abc.Iterable[Global___ScheduledCores] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["device", b"device"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["device", b"device", "free_cores", b"free_cores", "peak_reserved_cores", b"peak_reserved_cores", "schedule", b"schedule"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeviceCapacity: _TypeAlias = DeviceCapacity  # noqa: Y015
+
+@_typing.final
+class KindCapacity(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    KIND_FIELD_NUMBER: _builtins.int
+    DEVICES_FIELD_NUMBER: _builtins.int
+    TOTAL_CORES_FIELD_NUMBER: _builtins.int
+    FREE_CORES_FIELD_NUMBER: _builtins.int
+    kind: Global___DeviceKind.ValueType
+    devices: _builtins.int
+    total_cores: _builtins.int
+    free_cores: _builtins.int
+    """Sum over the kind's devices of the cores free during the whole range."""
+    def __init__(
+        self,
+        *,
+        kind: Global___DeviceKind.ValueType = ...,
+        devices: _builtins.int = ...,
+        total_cores: _builtins.int = ...,
+        free_cores: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["devices", b"devices", "free_cores", b"free_cores", "kind", b"kind", "total_cores", b"total_cores"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___KindCapacity: _TypeAlias = KindCapacity  # noqa: Y015
+
+@_typing.final
+class QueryCapacityResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    START_FIELD_NUMBER: _builtins.int
+    END_FIELD_NUMBER: _builtins.int
+    DEVICES_FIELD_NUMBER: _builtins.int
+    KINDS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def start(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def end(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def devices(self) -> _containers.RepeatedCompositeFieldContainer[Global___DeviceCapacity]: ...
+    @_builtins.property
+    def kinds(self) -> _containers.RepeatedCompositeFieldContainer[Global___KindCapacity]: ...
+    def __init__(
+        self,
+        *,
+        start: _timestamp_pb2.Timestamp | None = ...,
+        end: _timestamp_pb2.Timestamp | None = ...,
+        devices: _abc.Iterable[Global___DeviceCapacity] | None = ...,
+        kinds: _abc.Iterable[Global___KindCapacity] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["end", b"end", "start", b"start"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["devices", b"devices", "end", b"end", "kinds", b"kinds", "start", b"start"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___QueryCapacityResponse: _TypeAlias = QueryCapacityResponse  # noqa: Y015
+
+@_typing.final
+class RegisterApplicationRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    APPLICATION_ID_FIELD_NUMBER: _builtins.int
+    QOS_LEVEL_FIELD_NUMBER: _builtins.int
+    BILLING_MODEL_FIELD_NUMBER: _builtins.int
+    application_id: _builtins.str
+    qos_level: Global___QosLevel.ValueType
+    """The highest QoS its requests may claim (default STANDARD)."""
+    billing_model: Global___BillingModel.ValueType
+    """default ON_DEMAND"""
+    def __init__(
+        self,
+        *,
+        application_id: _builtins.str = ...,
+        qos_level: Global___QosLevel.ValueType = ...,
+        billing_model: Global___BillingModel.ValueType = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["application_id", b"application_id", "billing_model", b"billing_model", "qos_level", b"qos_level"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RegisterApplicationRequest: _TypeAlias = RegisterApplicationRequest  # noqa: Y015
+
+@_typing.final
+class RegisterApplicationResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    APPLICATION_ID_FIELD_NUMBER: _builtins.int
+    TOKEN_FIELD_NUMBER: _builtins.int
+    ROTATED_FIELD_NUMBER: _builtins.int
+    application_id: _builtins.str
+    token: _builtins.str
+    """Bearer token for the `authorization` metadata; shown only once."""
+    rotated: _builtins.bool
+    def __init__(
+        self,
+        *,
+        application_id: _builtins.str = ...,
+        token: _builtins.str = ...,
+        rotated: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["application_id", b"application_id", "rotated", b"rotated", "token", b"token"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RegisterApplicationResponse: _TypeAlias = RegisterApplicationResponse  # noqa: Y015
+
+@_typing.final
+class RemoveApplicationRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    APPLICATION_ID_FIELD_NUMBER: _builtins.int
+    application_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        application_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["application_id", b"application_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RemoveApplicationRequest: _TypeAlias = RemoveApplicationRequest  # noqa: Y015
+
+@_typing.final
+class RemoveApplicationResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RemoveApplicationResponse: _TypeAlias = RemoveApplicationResponse  # noqa: Y015
+
+@_typing.final
+class Latency(_message.Message):
+    """Measured latency from a client site to a device (¶27: measured actively or
+    through in-band OAM); maintained by the operator.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SITE_FIELD_NUMBER: _builtins.int
+    DEVICE_ID_FIELD_NUMBER: _builtins.int
+    LATENCY_MS_FIELD_NUMBER: _builtins.int
+    site: _builtins.str
+    device_id: _builtins.str
+    latency_ms: _builtins.float
+    """Milliseconds; a negative value removes the entry."""
+    def __init__(
+        self,
+        *,
+        site: _builtins.str = ...,
+        device_id: _builtins.str = ...,
+        latency_ms: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["device_id", b"device_id", "latency_ms", b"latency_ms", "site", b"site"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Latency: _TypeAlias = Latency  # noqa: Y015
+
+@_typing.final
+class SetLatenciesRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LATENCIES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def latencies(self) -> _containers.RepeatedCompositeFieldContainer[Global___Latency]: ...
+    def __init__(
+        self,
+        *,
+        latencies: _abc.Iterable[Global___Latency] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["latencies", b"latencies"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SetLatenciesRequest: _TypeAlias = SetLatenciesRequest  # noqa: Y015
+
+@_typing.final
+class SetLatenciesResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENTRIES_FIELD_NUMBER: _builtins.int
+    entries: _builtins.int
+    """entries in the table afterwards"""
+    def __init__(
+        self,
+        *,
+        entries: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["entries", b"entries"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SetLatenciesResponse: _TypeAlias = SetLatenciesResponse  # noqa: Y015
+
+@_typing.final
+class ReservationRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESERVATION_ID_FIELD_NUMBER: _builtins.int
+    CORES_FIELD_NUMBER: _builtins.int
+    DURATION_FIELD_NUMBER: _builtins.int
+    WINDOW_FIELD_NUMBER: _builtins.int
+    TASK_TYPE_FIELD_NUMBER: _builtins.int
+    PRIORITY_HINT_FIELD_NUMBER: _builtins.int
+    QOS_LEVEL_FIELD_NUMBER: _builtins.int
+    BILLING_MODEL_FIELD_NUMBER: _builtins.int
+    CLIENT_LOCATION_FIELD_NUMBER: _builtins.int
+    PLACEMENT_FIELD_NUMBER: _builtins.int
+    ACCEPT_FIELD_NUMBER: _builtins.int
+    DEVICE_KIND_FIELD_NUMBER: _builtins.int
+    DEVICE_IDS_FIELD_NUMBER: _builtins.int
+    reservation_id: _builtins.str
+    """Client-chosen (X-5), unique across applications."""
+    cores: _builtins.int
+    task_type: _builtins.str
+    priority_hint: _builtins.int
+    """1..100 (0: 50)."""
+    qos_level: Global___QosLevel.ValueType
+    billing_model: Global___BillingModel.ValueType
+    placement: Global___PlacementPolicy.ValueType
+    device_kind: Global___DeviceKind.ValueType
+    """UNSPECIFIED: any kind"""
+    @_builtins.property
+    def duration(self) -> _duration_pb2.Duration: ...
+    @_builtins.property
+    def window(self) -> _common_pb2.TimeWindow:
+        """Unset earliest_start: now. Unset latest_end: no limit."""
+
+    @_builtins.property
+    def client_location(self) -> Global___Location: ...
+    @_builtins.property
+    def accept(self) -> _containers.RepeatedScalarFieldContainer[Global___Outcome.ValueType]:
+        """Outcomes besides GRANTED the caller accepts. Empty: PARTIAL and DEFERRED.
+        List only GRANTED to accept nothing less.
+        """
+
+    @_builtins.property
+    def device_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """empty: any device"""
+
+    def __init__(
+        self,
+        *,
+        reservation_id: _builtins.str = ...,
+        cores: _builtins.int = ...,
+        duration: _duration_pb2.Duration | None = ...,
+        window: _common_pb2.TimeWindow | None = ...,
+        task_type: _builtins.str = ...,
+        priority_hint: _builtins.int = ...,
+        qos_level: Global___QosLevel.ValueType = ...,
+        billing_model: Global___BillingModel.ValueType = ...,
+        client_location: Global___Location | None = ...,
+        placement: Global___PlacementPolicy.ValueType = ...,
+        accept: _abc.Iterable[Global___Outcome.ValueType] | None = ...,
+        device_kind: Global___DeviceKind.ValueType = ...,
+        device_ids: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["client_location", b"client_location", "duration", b"duration", "window", b"window"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["accept", b"accept", "billing_model", b"billing_model", "client_location", b"client_location", "cores", b"cores", "device_ids", b"device_ids", "device_kind", b"device_kind", "duration", b"duration", "placement", b"placement", "priority_hint", b"priority_hint", "qos_level", b"qos_level", "reservation_id", b"reservation_id", "task_type", b"task_type", "window", b"window"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReservationRequest: _TypeAlias = ReservationRequest  # noqa: Y015
+
+@_typing.final
+class Priority(_message.Message):
+    """The computed priority (CB-3, ¶34): a level and a 0..1 score."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LEVEL_FIELD_NUMBER: _builtins.int
+    SCORE_FIELD_NUMBER: _builtins.int
+    level: _common_pb2.PriorityClass.ValueType
+    score: _builtins.float
+    def __init__(
+        self,
+        *,
+        level: _common_pb2.PriorityClass.ValueType = ...,
+        score: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["level", b"level", "score", b"score"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Priority: _TypeAlias = Priority  # noqa: Y015
+
+@_typing.final
+class Allocation(_message.Message):
+    """Cores of one device for [start, end) (CB-4: each grant names devices, cores, start, end)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DEVICE_ID_FIELD_NUMBER: _builtins.int
+    CORES_FIELD_NUMBER: _builtins.int
+    START_FIELD_NUMBER: _builtins.int
+    END_FIELD_NUMBER: _builtins.int
+    device_id: _builtins.str
+    cores: _builtins.int
+    @_builtins.property
+    def start(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def end(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        device_id: _builtins.str = ...,
+        cores: _builtins.int = ...,
+        start: _timestamp_pb2.Timestamp | None = ...,
+        end: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["end", b"end", "start", b"start"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cores", b"cores", "device_id", b"device_id", "end", b"end", "start", b"start"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Allocation: _TypeAlias = Allocation  # noqa: Y015
+
+@_typing.final
+class Reservation(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESERVATION_ID_FIELD_NUMBER: _builtins.int
+    APPLICATION_ID_FIELD_NUMBER: _builtins.int
+    OUTCOME_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    ALLOCATIONS_FIELD_NUMBER: _builtins.int
+    CORES_AT_START_FIELD_NUMBER: _builtins.int
+    START_FIELD_NUMBER: _builtins.int
+    END_FIELD_NUMBER: _builtins.int
+    EARLIEST_POSSIBLE_START_FIELD_NUMBER: _builtins.int
+    PRIORITY_FIELD_NUMBER: _builtins.int
+    SUMMARY_FIELD_NUMBER: _builtins.int
+    REQUEST_FIELD_NUMBER: _builtins.int
+    CREATED_AT_FIELD_NUMBER: _builtins.int
+    VERSION_FIELD_NUMBER: _builtins.int
+    reservation_id: _builtins.str
+    application_id: _builtins.str
+    outcome: Global___Outcome.ValueType
+    state: Global___ReservationState.ValueType
+    cores_at_start: _builtins.int
+    """Cores from the first start on (GRANTED: all; PARTIAL: those free then)."""
+    summary: _builtins.str
+    """For people: "30 cores now, 20 more in 15 s"."""
+    version: _builtins.int
+    """Broker-wide change counter at this reservation's last change."""
+    @_builtins.property
+    def allocations(self) -> _containers.RepeatedCompositeFieldContainer[Global___Allocation]: ...
+    @_builtins.property
+    def start(self) -> _timestamp_pb2.Timestamp:
+        """first allocation's start"""
+
+    @_builtins.property
+    def end(self) -> _timestamp_pb2.Timestamp:
+        """last allocation's end"""
+
+    @_builtins.property
+    def earliest_possible_start(self) -> _timestamp_pb2.Timestamp:
+        """REJECTED: the earliest start at which every core could be had."""
+
+    @_builtins.property
+    def priority(self) -> Global___Priority: ...
+    @_builtins.property
+    def request(self) -> Global___ReservationRequest: ...
+    @_builtins.property
+    def created_at(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        reservation_id: _builtins.str = ...,
+        application_id: _builtins.str = ...,
+        outcome: Global___Outcome.ValueType = ...,
+        state: Global___ReservationState.ValueType = ...,
+        allocations: _abc.Iterable[Global___Allocation] | None = ...,
+        cores_at_start: _builtins.int = ...,
+        start: _timestamp_pb2.Timestamp | None = ...,
+        end: _timestamp_pb2.Timestamp | None = ...,
+        earliest_possible_start: _timestamp_pb2.Timestamp | None = ...,
+        priority: Global___Priority | None = ...,
+        summary: _builtins.str = ...,
+        request: Global___ReservationRequest | None = ...,
+        created_at: _timestamp_pb2.Timestamp | None = ...,
+        version: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "earliest_possible_start", b"earliest_possible_start", "end", b"end", "priority", b"priority", "request", b"request", "start", b"start"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocations", b"allocations", "application_id", b"application_id", "cores_at_start", b"cores_at_start", "created_at", b"created_at", "earliest_possible_start", b"earliest_possible_start", "end", b"end", "outcome", b"outcome", "priority", b"priority", "request", b"request", "reservation_id", b"reservation_id", "start", b"start", "state", b"state", "summary", b"summary", "version", b"version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Reservation: _TypeAlias = Reservation  # noqa: Y015
+
+@_typing.final
+class ReserveRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REQUEST_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def request(self) -> Global___ReservationRequest: ...
+    def __init__(
+        self,
+        *,
+        request: Global___ReservationRequest | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["request", b"request"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["request", b"request"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReserveRequest: _TypeAlias = ReserveRequest  # noqa: Y015
+
+@_typing.final
+class BatchReserveRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REQUESTS_FIELD_NUMBER: _builtins.int
+    ALL_OR_NOTHING_FIELD_NUMBER: _builtins.int
+    all_or_nothing: _builtins.bool
+    @_builtins.property
+    def requests(self) -> _containers.RepeatedCompositeFieldContainer[Global___ReservationRequest]: ...
+    def __init__(
+        self,
+        *,
+        requests: _abc.Iterable[Global___ReservationRequest] | None = ...,
+        all_or_nothing: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["all_or_nothing", b"all_or_nothing", "requests", b"requests"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___BatchReserveRequest: _TypeAlias = BatchReserveRequest  # noqa: Y015
+
+@_typing.final
+class BatchReserveResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESERVATIONS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def reservations(self) -> _containers.RepeatedCompositeFieldContainer[Global___Reservation]:
+        """In the order of the requests."""
+
+    def __init__(
+        self,
+        *,
+        reservations: _abc.Iterable[Global___Reservation] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["reservations", b"reservations"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___BatchReserveResponse: _TypeAlias = BatchReserveResponse  # noqa: Y015
+
+@_typing.final
+class GetReservationRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESERVATION_ID_FIELD_NUMBER: _builtins.int
+    reservation_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        reservation_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["reservation_id", b"reservation_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetReservationRequest: _TypeAlias = GetReservationRequest  # noqa: Y015
+
+@_typing.final
+class ListReservationsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    APPLICATION_ID_FIELD_NUMBER: _builtins.int
+    page_size: _builtins.int
+    page_token: _builtins.str
+    application_id: _builtins.str
+    """Operator only: one application's reservations."""
+    def __init__(
+        self,
+        *,
+        page_size: _builtins.int = ...,
+        page_token: _builtins.str = ...,
+        application_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["application_id", b"application_id", "page_size", b"page_size", "page_token", b"page_token"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListReservationsRequest: _TypeAlias = ListReservationsRequest  # noqa: Y015
+
+@_typing.final
+class ListReservationsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESERVATIONS_FIELD_NUMBER: _builtins.int
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    next_page_token: _builtins.str
+    @_builtins.property
+    def reservations(self) -> _containers.RepeatedCompositeFieldContainer[Global___Reservation]: ...
+    def __init__(
+        self,
+        *,
+        reservations: _abc.Iterable[Global___Reservation] | None = ...,
+        next_page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["next_page_token", b"next_page_token", "reservations", b"reservations"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListReservationsResponse: _TypeAlias = ListReservationsResponse  # noqa: Y015
+
+@_typing.final
+class ReleaseReservationRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESERVATION_ID_FIELD_NUMBER: _builtins.int
+    reservation_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        reservation_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["reservation_id", b"reservation_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReleaseReservationRequest: _TypeAlias = ReleaseReservationRequest  # noqa: Y015
+
+@_typing.final
+class ExtendReservationRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESERVATION_ID_FIELD_NUMBER: _builtins.int
+    NEW_END_FIELD_NUMBER: _builtins.int
+    reservation_id: _builtins.str
+    @_builtins.property
+    def new_end(self) -> _timestamp_pb2.Timestamp:
+        """The new end of the reservation's last part; every unfinished part moves
+        by the same amount.
+        """
+
+    def __init__(
+        self,
+        *,
+        reservation_id: _builtins.str = ...,
+        new_end: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["new_end", b"new_end"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["new_end", b"new_end", "reservation_id", b"reservation_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ExtendReservationRequest: _TypeAlias = ExtendReservationRequest  # noqa: Y015
+
+@_typing.final
+class WatchReservationsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESERVATION_ID_FIELD_NUMBER: _builtins.int
+    reservation_id: _builtins.str
+    """Empty: every reservation of the caller (the operator: of everyone)."""
+    def __init__(
+        self,
+        *,
+        reservation_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["reservation_id", b"reservation_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WatchReservationsRequest: _TypeAlias = WatchReservationsRequest  # noqa: Y015
+
+@_typing.final
+class ReservationEvent(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TYPE_FIELD_NUMBER: _builtins.int
+    RESERVATION_FIELD_NUMBER: _builtins.int
+    AT_FIELD_NUMBER: _builtins.int
+    type: Global___ReservationEventType.ValueType
+    @_builtins.property
+    def reservation(self) -> Global___Reservation: ...
+    @_builtins.property
+    def at(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        type: Global___ReservationEventType.ValueType = ...,
+        reservation: Global___Reservation | None = ...,
+        at: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["at", b"at", "reservation", b"reservation"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["at", b"at", "reservation", b"reservation", "type", b"type"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReservationEvent: _TypeAlias = ReservationEvent  # noqa: Y015

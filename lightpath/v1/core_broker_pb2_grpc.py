@@ -4,6 +4,7 @@ import grpc
 import warnings
 
 from lightpath.v1 import common_pb2 as lightpath_dot_v1_dot_common__pb2
+from lightpath.v1 import core_broker_pb2 as lightpath_dot_v1_dot_core__broker__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -27,6 +28,18 @@ if _version_not_supported:
 
 class CoreBrokerStub:
     """Rents accelerator cores by time-windowed prioritised reservations; places folded dataflow graphs (CB-1 … CB-9, GF-1 … GF-7).
+
+    Authentication (CB-2): every call but GetInfo carries a credential in the
+    `authorization` metadata entry, as `Bearer <token>`:
+    * an application token, returned once by RegisterApplication
+    ("<application_id>:<secret>"; the broker keeps only a salted hash), for
+    the capacity queries and the application's own reservations;
+    * the operator token (the service's LIGHTPATH_CB_OPERATOR_TOKEN) for
+    device, application and latency-table administration; it may also read,
+    watch and release any reservation, but not reserve.
+    A missing or wrong credential is UNAUTHENTICATED; touching another
+    application's reservation, or an operator call with an application token,
+    is PERMISSION_DENIED.
     """
 
     def __init__(self, channel):
@@ -40,14 +53,209 @@ class CoreBrokerStub:
                 request_serializer=lightpath_dot_v1_dot_common__pb2.GetInfoRequest.SerializeToString,
                 response_deserializer=lightpath_dot_v1_dot_common__pb2.ServiceInfo.FromString,
                 _registered_method=True)
+        self.RegisterDevice = channel.unary_unary(
+                '/lightpath.v1.CoreBroker/RegisterDevice',
+                request_serializer=lightpath_dot_v1_dot_core__broker__pb2.RegisterDeviceRequest.SerializeToString,
+                response_deserializer=lightpath_dot_v1_dot_core__broker__pb2.Device.FromString,
+                _registered_method=True)
+        self.RemoveDevice = channel.unary_unary(
+                '/lightpath.v1.CoreBroker/RemoveDevice',
+                request_serializer=lightpath_dot_v1_dot_core__broker__pb2.RemoveDeviceRequest.SerializeToString,
+                response_deserializer=lightpath_dot_v1_dot_core__broker__pb2.RemoveDeviceResponse.FromString,
+                _registered_method=True)
+        self.RegisterApplication = channel.unary_unary(
+                '/lightpath.v1.CoreBroker/RegisterApplication',
+                request_serializer=lightpath_dot_v1_dot_core__broker__pb2.RegisterApplicationRequest.SerializeToString,
+                response_deserializer=lightpath_dot_v1_dot_core__broker__pb2.RegisterApplicationResponse.FromString,
+                _registered_method=True)
+        self.RemoveApplication = channel.unary_unary(
+                '/lightpath.v1.CoreBroker/RemoveApplication',
+                request_serializer=lightpath_dot_v1_dot_core__broker__pb2.RemoveApplicationRequest.SerializeToString,
+                response_deserializer=lightpath_dot_v1_dot_core__broker__pb2.RemoveApplicationResponse.FromString,
+                _registered_method=True)
+        self.SetLatencies = channel.unary_unary(
+                '/lightpath.v1.CoreBroker/SetLatencies',
+                request_serializer=lightpath_dot_v1_dot_core__broker__pb2.SetLatenciesRequest.SerializeToString,
+                response_deserializer=lightpath_dot_v1_dot_core__broker__pb2.SetLatenciesResponse.FromString,
+                _registered_method=True)
+        self.ListDevices = channel.unary_unary(
+                '/lightpath.v1.CoreBroker/ListDevices',
+                request_serializer=lightpath_dot_v1_dot_core__broker__pb2.ListDevicesRequest.SerializeToString,
+                response_deserializer=lightpath_dot_v1_dot_core__broker__pb2.ListDevicesResponse.FromString,
+                _registered_method=True)
+        self.QueryCapacity = channel.unary_unary(
+                '/lightpath.v1.CoreBroker/QueryCapacity',
+                request_serializer=lightpath_dot_v1_dot_core__broker__pb2.QueryCapacityRequest.SerializeToString,
+                response_deserializer=lightpath_dot_v1_dot_core__broker__pb2.QueryCapacityResponse.FromString,
+                _registered_method=True)
+        self.Reserve = channel.unary_unary(
+                '/lightpath.v1.CoreBroker/Reserve',
+                request_serializer=lightpath_dot_v1_dot_core__broker__pb2.ReserveRequest.SerializeToString,
+                response_deserializer=lightpath_dot_v1_dot_core__broker__pb2.Reservation.FromString,
+                _registered_method=True)
+        self.BatchReserve = channel.unary_unary(
+                '/lightpath.v1.CoreBroker/BatchReserve',
+                request_serializer=lightpath_dot_v1_dot_core__broker__pb2.BatchReserveRequest.SerializeToString,
+                response_deserializer=lightpath_dot_v1_dot_core__broker__pb2.BatchReserveResponse.FromString,
+                _registered_method=True)
+        self.GetReservation = channel.unary_unary(
+                '/lightpath.v1.CoreBroker/GetReservation',
+                request_serializer=lightpath_dot_v1_dot_core__broker__pb2.GetReservationRequest.SerializeToString,
+                response_deserializer=lightpath_dot_v1_dot_core__broker__pb2.Reservation.FromString,
+                _registered_method=True)
+        self.ListReservations = channel.unary_unary(
+                '/lightpath.v1.CoreBroker/ListReservations',
+                request_serializer=lightpath_dot_v1_dot_core__broker__pb2.ListReservationsRequest.SerializeToString,
+                response_deserializer=lightpath_dot_v1_dot_core__broker__pb2.ListReservationsResponse.FromString,
+                _registered_method=True)
+        self.ReleaseReservation = channel.unary_unary(
+                '/lightpath.v1.CoreBroker/ReleaseReservation',
+                request_serializer=lightpath_dot_v1_dot_core__broker__pb2.ReleaseReservationRequest.SerializeToString,
+                response_deserializer=lightpath_dot_v1_dot_core__broker__pb2.Reservation.FromString,
+                _registered_method=True)
+        self.ExtendReservation = channel.unary_unary(
+                '/lightpath.v1.CoreBroker/ExtendReservation',
+                request_serializer=lightpath_dot_v1_dot_core__broker__pb2.ExtendReservationRequest.SerializeToString,
+                response_deserializer=lightpath_dot_v1_dot_core__broker__pb2.Reservation.FromString,
+                _registered_method=True)
+        self.WatchReservations = channel.unary_stream(
+                '/lightpath.v1.CoreBroker/WatchReservations',
+                request_serializer=lightpath_dot_v1_dot_core__broker__pb2.WatchReservationsRequest.SerializeToString,
+                response_deserializer=lightpath_dot_v1_dot_core__broker__pb2.ReservationEvent.FromString,
+                _registered_method=True)
 
 
 class CoreBrokerServicer:
     """Rents accelerator cores by time-windowed prioritised reservations; places folded dataflow graphs (CB-1 … CB-9, GF-1 … GF-7).
+
+    Authentication (CB-2): every call but GetInfo carries a credential in the
+    `authorization` metadata entry, as `Bearer <token>`:
+    * an application token, returned once by RegisterApplication
+    ("<application_id>:<secret>"; the broker keeps only a salted hash), for
+    the capacity queries and the application's own reservations;
+    * the operator token (the service's LIGHTPATH_CB_OPERATOR_TOKEN) for
+    device, application and latency-table administration; it may also read,
+    watch and release any reservation, but not reserve.
+    A missing or wrong credential is UNAUTHENTICATED; touching another
+    application's reservation, or an operator call with an application token,
+    is PERMISSION_DENIED.
     """
 
     def GetInfo(self, request, context):
         """Identity and version of this instance.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RegisterDevice(self, request, context):
+        """-- operator: the device registry and capacity map (CB-1) ---------------
+        Create or update a device. Lowering `cores` below what is reserved on it
+        at some instant is FAILED_PRECONDITION.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RemoveDevice(self, request, context):
+        """Remove a device with no live or future reservation (else FAILED_PRECONDITION).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RegisterApplication(self, request, context):
+        """Create an application, or give an existing one a new credential (the old
+        one stops working). The token is returned only here.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RemoveApplication(self, request, context):
+        """Revoke an application's credential; its reservations run to their end.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetLatencies(self, request, context):
+        """Set or clear measured latencies from client sites to devices (CB-7, lowest latency).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListDevices(self, request, context):
+        """-- applications and operator: capacity (CB-1, CB-8) -------------------
+        Devices with their total, reserved-now and free-now cores.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def QueryCapacity(self, request, context):
+        """Free cores over a time range, per device and per kind, with each device's schedule.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Reserve(self, request, context):
+        """-- applications: reservations (CB-3 … CB-7, CB-9) ---------------------
+        Decide one request: GRANTED, PARTIAL, DEFERRED or REJECTED (CB-4).
+        Requests from any application arriving within the broker's batch window
+        are decided together, in descending priority (CB-5). Idempotent by
+        reservation_id (X-5): a retry returns the stored decision.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def BatchReserve(self, request, context):
+        """Decide several requests together, in descending priority (CB-5). With
+        all_or_nothing, either every request is granted in full or nothing is
+        reserved (each then REJECTED).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetReservation(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListReservations(self, request, context):
+        """The caller's reservations (the operator: everyone's), newest first.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReleaseReservation(self, request, context):
+        """Release early (CB-6): cores not yet used return at once. Releasing a
+        released reservation returns it unchanged; an ended one is FAILED_PRECONDITION.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ExtendReservation(self, request, context):
+        """Extend every unfinished part to end later, when its device has the cores
+        (else RESOURCE_EXHAUSTED saying how far it could go). Idempotent: the
+        target is an absolute end.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def WatchReservations(self, request, context):
+        """Server stream (CB-6): first the current state of the watched
+        reservations (CURRENT), then every change: created, started, a later part
+        started, extended, released, ended. Watching one reservation ends after
+        its RELEASED or ENDED event.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -61,6 +269,76 @@ def add_CoreBrokerServicer_to_server(servicer, server):
                     request_deserializer=lightpath_dot_v1_dot_common__pb2.GetInfoRequest.FromString,
                     response_serializer=lightpath_dot_v1_dot_common__pb2.ServiceInfo.SerializeToString,
             ),
+            'RegisterDevice': grpc.unary_unary_rpc_method_handler(
+                    servicer.RegisterDevice,
+                    request_deserializer=lightpath_dot_v1_dot_core__broker__pb2.RegisterDeviceRequest.FromString,
+                    response_serializer=lightpath_dot_v1_dot_core__broker__pb2.Device.SerializeToString,
+            ),
+            'RemoveDevice': grpc.unary_unary_rpc_method_handler(
+                    servicer.RemoveDevice,
+                    request_deserializer=lightpath_dot_v1_dot_core__broker__pb2.RemoveDeviceRequest.FromString,
+                    response_serializer=lightpath_dot_v1_dot_core__broker__pb2.RemoveDeviceResponse.SerializeToString,
+            ),
+            'RegisterApplication': grpc.unary_unary_rpc_method_handler(
+                    servicer.RegisterApplication,
+                    request_deserializer=lightpath_dot_v1_dot_core__broker__pb2.RegisterApplicationRequest.FromString,
+                    response_serializer=lightpath_dot_v1_dot_core__broker__pb2.RegisterApplicationResponse.SerializeToString,
+            ),
+            'RemoveApplication': grpc.unary_unary_rpc_method_handler(
+                    servicer.RemoveApplication,
+                    request_deserializer=lightpath_dot_v1_dot_core__broker__pb2.RemoveApplicationRequest.FromString,
+                    response_serializer=lightpath_dot_v1_dot_core__broker__pb2.RemoveApplicationResponse.SerializeToString,
+            ),
+            'SetLatencies': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetLatencies,
+                    request_deserializer=lightpath_dot_v1_dot_core__broker__pb2.SetLatenciesRequest.FromString,
+                    response_serializer=lightpath_dot_v1_dot_core__broker__pb2.SetLatenciesResponse.SerializeToString,
+            ),
+            'ListDevices': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListDevices,
+                    request_deserializer=lightpath_dot_v1_dot_core__broker__pb2.ListDevicesRequest.FromString,
+                    response_serializer=lightpath_dot_v1_dot_core__broker__pb2.ListDevicesResponse.SerializeToString,
+            ),
+            'QueryCapacity': grpc.unary_unary_rpc_method_handler(
+                    servicer.QueryCapacity,
+                    request_deserializer=lightpath_dot_v1_dot_core__broker__pb2.QueryCapacityRequest.FromString,
+                    response_serializer=lightpath_dot_v1_dot_core__broker__pb2.QueryCapacityResponse.SerializeToString,
+            ),
+            'Reserve': grpc.unary_unary_rpc_method_handler(
+                    servicer.Reserve,
+                    request_deserializer=lightpath_dot_v1_dot_core__broker__pb2.ReserveRequest.FromString,
+                    response_serializer=lightpath_dot_v1_dot_core__broker__pb2.Reservation.SerializeToString,
+            ),
+            'BatchReserve': grpc.unary_unary_rpc_method_handler(
+                    servicer.BatchReserve,
+                    request_deserializer=lightpath_dot_v1_dot_core__broker__pb2.BatchReserveRequest.FromString,
+                    response_serializer=lightpath_dot_v1_dot_core__broker__pb2.BatchReserveResponse.SerializeToString,
+            ),
+            'GetReservation': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetReservation,
+                    request_deserializer=lightpath_dot_v1_dot_core__broker__pb2.GetReservationRequest.FromString,
+                    response_serializer=lightpath_dot_v1_dot_core__broker__pb2.Reservation.SerializeToString,
+            ),
+            'ListReservations': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListReservations,
+                    request_deserializer=lightpath_dot_v1_dot_core__broker__pb2.ListReservationsRequest.FromString,
+                    response_serializer=lightpath_dot_v1_dot_core__broker__pb2.ListReservationsResponse.SerializeToString,
+            ),
+            'ReleaseReservation': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReleaseReservation,
+                    request_deserializer=lightpath_dot_v1_dot_core__broker__pb2.ReleaseReservationRequest.FromString,
+                    response_serializer=lightpath_dot_v1_dot_core__broker__pb2.Reservation.SerializeToString,
+            ),
+            'ExtendReservation': grpc.unary_unary_rpc_method_handler(
+                    servicer.ExtendReservation,
+                    request_deserializer=lightpath_dot_v1_dot_core__broker__pb2.ExtendReservationRequest.FromString,
+                    response_serializer=lightpath_dot_v1_dot_core__broker__pb2.Reservation.SerializeToString,
+            ),
+            'WatchReservations': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchReservations,
+                    request_deserializer=lightpath_dot_v1_dot_core__broker__pb2.WatchReservationsRequest.FromString,
+                    response_serializer=lightpath_dot_v1_dot_core__broker__pb2.ReservationEvent.SerializeToString,
+            ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
             'lightpath.v1.CoreBroker', rpc_method_handlers)
@@ -71,6 +349,18 @@ def add_CoreBrokerServicer_to_server(servicer, server):
  # This class is part of an EXPERIMENTAL API.
 class CoreBroker:
     """Rents accelerator cores by time-windowed prioritised reservations; places folded dataflow graphs (CB-1 … CB-9, GF-1 … GF-7).
+
+    Authentication (CB-2): every call but GetInfo carries a credential in the
+    `authorization` metadata entry, as `Bearer <token>`:
+    * an application token, returned once by RegisterApplication
+    ("<application_id>:<secret>"; the broker keeps only a salted hash), for
+    the capacity queries and the application's own reservations;
+    * the operator token (the service's LIGHTPATH_CB_OPERATOR_TOKEN) for
+    device, application and latency-table administration; it may also read,
+    watch and release any reservation, but not reserve.
+    A missing or wrong credential is UNAUTHENTICATED; touching another
+    application's reservation, or an operator call with an application token,
+    is PERMISSION_DENIED.
     """
 
     @staticmethod
@@ -90,6 +380,384 @@ class CoreBroker:
             '/lightpath.v1.CoreBroker/GetInfo',
             lightpath_dot_v1_dot_common__pb2.GetInfoRequest.SerializeToString,
             lightpath_dot_v1_dot_common__pb2.ServiceInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RegisterDevice(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lightpath.v1.CoreBroker/RegisterDevice',
+            lightpath_dot_v1_dot_core__broker__pb2.RegisterDeviceRequest.SerializeToString,
+            lightpath_dot_v1_dot_core__broker__pb2.Device.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RemoveDevice(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lightpath.v1.CoreBroker/RemoveDevice',
+            lightpath_dot_v1_dot_core__broker__pb2.RemoveDeviceRequest.SerializeToString,
+            lightpath_dot_v1_dot_core__broker__pb2.RemoveDeviceResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RegisterApplication(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lightpath.v1.CoreBroker/RegisterApplication',
+            lightpath_dot_v1_dot_core__broker__pb2.RegisterApplicationRequest.SerializeToString,
+            lightpath_dot_v1_dot_core__broker__pb2.RegisterApplicationResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RemoveApplication(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lightpath.v1.CoreBroker/RemoveApplication',
+            lightpath_dot_v1_dot_core__broker__pb2.RemoveApplicationRequest.SerializeToString,
+            lightpath_dot_v1_dot_core__broker__pb2.RemoveApplicationResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetLatencies(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lightpath.v1.CoreBroker/SetLatencies',
+            lightpath_dot_v1_dot_core__broker__pb2.SetLatenciesRequest.SerializeToString,
+            lightpath_dot_v1_dot_core__broker__pb2.SetLatenciesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListDevices(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lightpath.v1.CoreBroker/ListDevices',
+            lightpath_dot_v1_dot_core__broker__pb2.ListDevicesRequest.SerializeToString,
+            lightpath_dot_v1_dot_core__broker__pb2.ListDevicesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def QueryCapacity(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lightpath.v1.CoreBroker/QueryCapacity',
+            lightpath_dot_v1_dot_core__broker__pb2.QueryCapacityRequest.SerializeToString,
+            lightpath_dot_v1_dot_core__broker__pb2.QueryCapacityResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Reserve(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lightpath.v1.CoreBroker/Reserve',
+            lightpath_dot_v1_dot_core__broker__pb2.ReserveRequest.SerializeToString,
+            lightpath_dot_v1_dot_core__broker__pb2.Reservation.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def BatchReserve(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lightpath.v1.CoreBroker/BatchReserve',
+            lightpath_dot_v1_dot_core__broker__pb2.BatchReserveRequest.SerializeToString,
+            lightpath_dot_v1_dot_core__broker__pb2.BatchReserveResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetReservation(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lightpath.v1.CoreBroker/GetReservation',
+            lightpath_dot_v1_dot_core__broker__pb2.GetReservationRequest.SerializeToString,
+            lightpath_dot_v1_dot_core__broker__pb2.Reservation.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListReservations(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lightpath.v1.CoreBroker/ListReservations',
+            lightpath_dot_v1_dot_core__broker__pb2.ListReservationsRequest.SerializeToString,
+            lightpath_dot_v1_dot_core__broker__pb2.ListReservationsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReleaseReservation(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lightpath.v1.CoreBroker/ReleaseReservation',
+            lightpath_dot_v1_dot_core__broker__pb2.ReleaseReservationRequest.SerializeToString,
+            lightpath_dot_v1_dot_core__broker__pb2.Reservation.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ExtendReservation(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lightpath.v1.CoreBroker/ExtendReservation',
+            lightpath_dot_v1_dot_core__broker__pb2.ExtendReservationRequest.SerializeToString,
+            lightpath_dot_v1_dot_core__broker__pb2.Reservation.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchReservations(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/lightpath.v1.CoreBroker/WatchReservations',
+            lightpath_dot_v1_dot_core__broker__pb2.WatchReservationsRequest.SerializeToString,
+            lightpath_dot_v1_dot_core__broker__pb2.ReservationEvent.FromString,
             options,
             channel_credentials,
             insecure,

@@ -6,6 +6,7 @@ isort:skip_file
 from collections import abc as _abc
 from grpc import aio as _aio
 from lightpath.v1 import common_pb2 as _common_pb2
+from lightpath.v1 import core_broker_pb2 as _core_broker_pb2
 import abc as _abc_1
 import grpc as _grpc
 import sys
@@ -27,7 +28,20 @@ GRPC_GENERATED_VERSION: str
 GRPC_VERSION: str
 
 class CoreBrokerStub:
-    """Rents accelerator cores by time-windowed prioritised reservations; places folded dataflow graphs (CB-1 … CB-9, GF-1 … GF-7)."""
+    """Rents accelerator cores by time-windowed prioritised reservations; places folded dataflow graphs (CB-1 … CB-9, GF-1 … GF-7).
+
+    Authentication (CB-2): every call but GetInfo carries a credential in the
+    `authorization` metadata entry, as `Bearer <token>`:
+      * an application token, returned once by RegisterApplication
+        ("<application_id>:<secret>"; the broker keeps only a salted hash), for
+        the capacity queries and the application's own reservations;
+      * the operator token (the service's LIGHTPATH_CB_OPERATOR_TOKEN) for
+        device, application and latency-table administration; it may also read,
+        watch and release any reservation, but not reserve.
+    A missing or wrong credential is UNAUTHENTICATED; touching another
+    application's reservation, or an operator call with an application token,
+    is PERMISSION_DENIED.
+    """
 
     @_typing.overload
     def __new__(cls, channel: _grpc.Channel) -> _Self: ...
@@ -35,17 +49,145 @@ class CoreBrokerStub:
     def __new__(cls, channel: _aio.Channel) -> CoreBrokerAsyncStub: ...
     GetInfo: _grpc.UnaryUnaryMultiCallable[_common_pb2.GetInfoRequest, _common_pb2.ServiceInfo]
     """Identity and version of this instance."""
+    RegisterDevice: _grpc.UnaryUnaryMultiCallable[_core_broker_pb2.RegisterDeviceRequest, _core_broker_pb2.Device]
+    """-- operator: the device registry and capacity map (CB-1) ---------------
+    Create or update a device. Lowering `cores` below what is reserved on it
+    at some instant is FAILED_PRECONDITION.
+    """
+    RemoveDevice: _grpc.UnaryUnaryMultiCallable[_core_broker_pb2.RemoveDeviceRequest, _core_broker_pb2.RemoveDeviceResponse]
+    """Remove a device with no live or future reservation (else FAILED_PRECONDITION)."""
+    RegisterApplication: _grpc.UnaryUnaryMultiCallable[_core_broker_pb2.RegisterApplicationRequest, _core_broker_pb2.RegisterApplicationResponse]
+    """Create an application, or give an existing one a new credential (the old
+    one stops working). The token is returned only here.
+    """
+    RemoveApplication: _grpc.UnaryUnaryMultiCallable[_core_broker_pb2.RemoveApplicationRequest, _core_broker_pb2.RemoveApplicationResponse]
+    """Revoke an application's credential; its reservations run to their end."""
+    SetLatencies: _grpc.UnaryUnaryMultiCallable[_core_broker_pb2.SetLatenciesRequest, _core_broker_pb2.SetLatenciesResponse]
+    """Set or clear measured latencies from client sites to devices (CB-7, lowest latency)."""
+    ListDevices: _grpc.UnaryUnaryMultiCallable[_core_broker_pb2.ListDevicesRequest, _core_broker_pb2.ListDevicesResponse]
+    """-- applications and operator: capacity (CB-1, CB-8) -------------------
+    Devices with their total, reserved-now and free-now cores.
+    """
+    QueryCapacity: _grpc.UnaryUnaryMultiCallable[_core_broker_pb2.QueryCapacityRequest, _core_broker_pb2.QueryCapacityResponse]
+    """Free cores over a time range, per device and per kind, with each device's schedule."""
+    Reserve: _grpc.UnaryUnaryMultiCallable[_core_broker_pb2.ReserveRequest, _core_broker_pb2.Reservation]
+    """-- applications: reservations (CB-3 … CB-7, CB-9) ---------------------
+    Decide one request: GRANTED, PARTIAL, DEFERRED or REJECTED (CB-4).
+    Requests from any application arriving within the broker's batch window
+    are decided together, in descending priority (CB-5). Idempotent by
+    reservation_id (X-5): a retry returns the stored decision.
+    """
+    BatchReserve: _grpc.UnaryUnaryMultiCallable[_core_broker_pb2.BatchReserveRequest, _core_broker_pb2.BatchReserveResponse]
+    """Decide several requests together, in descending priority (CB-5). With
+    all_or_nothing, either every request is granted in full or nothing is
+    reserved (each then REJECTED).
+    """
+    GetReservation: _grpc.UnaryUnaryMultiCallable[_core_broker_pb2.GetReservationRequest, _core_broker_pb2.Reservation]
+    ListReservations: _grpc.UnaryUnaryMultiCallable[_core_broker_pb2.ListReservationsRequest, _core_broker_pb2.ListReservationsResponse]
+    """The caller's reservations (the operator: everyone's), newest first."""
+    ReleaseReservation: _grpc.UnaryUnaryMultiCallable[_core_broker_pb2.ReleaseReservationRequest, _core_broker_pb2.Reservation]
+    """Release early (CB-6): cores not yet used return at once. Releasing a
+    released reservation returns it unchanged; an ended one is FAILED_PRECONDITION.
+    """
+    ExtendReservation: _grpc.UnaryUnaryMultiCallable[_core_broker_pb2.ExtendReservationRequest, _core_broker_pb2.Reservation]
+    """Extend every unfinished part to end later, when its device has the cores
+    (else RESOURCE_EXHAUSTED saying how far it could go). Idempotent: the
+    target is an absolute end.
+    """
+    WatchReservations: _grpc.UnaryStreamMultiCallable[_core_broker_pb2.WatchReservationsRequest, _core_broker_pb2.ReservationEvent]
+    """Server stream (CB-6): first the current state of the watched
+    reservations (CURRENT), then every change: created, started, a later part
+    started, extended, released, ended. Watching one reservation ends after
+    its RELEASED or ENDED event.
+    """
 
 @_typing.type_check_only
 class CoreBrokerAsyncStub(CoreBrokerStub):
-    """Rents accelerator cores by time-windowed prioritised reservations; places folded dataflow graphs (CB-1 … CB-9, GF-1 … GF-7)."""
+    """Rents accelerator cores by time-windowed prioritised reservations; places folded dataflow graphs (CB-1 … CB-9, GF-1 … GF-7).
+
+    Authentication (CB-2): every call but GetInfo carries a credential in the
+    `authorization` metadata entry, as `Bearer <token>`:
+      * an application token, returned once by RegisterApplication
+        ("<application_id>:<secret>"; the broker keeps only a salted hash), for
+        the capacity queries and the application's own reservations;
+      * the operator token (the service's LIGHTPATH_CB_OPERATOR_TOKEN) for
+        device, application and latency-table administration; it may also read,
+        watch and release any reservation, but not reserve.
+    A missing or wrong credential is UNAUTHENTICATED; touching another
+    application's reservation, or an operator call with an application token,
+    is PERMISSION_DENIED.
+    """
 
     def __init__(self, channel: _aio.Channel) -> None: ...
     GetInfo: _aio.UnaryUnaryMultiCallable[_common_pb2.GetInfoRequest, _common_pb2.ServiceInfo]  # type: ignore[assignment]
     """Identity and version of this instance."""
+    RegisterDevice: _aio.UnaryUnaryMultiCallable[_core_broker_pb2.RegisterDeviceRequest, _core_broker_pb2.Device]  # type: ignore[assignment]
+    """-- operator: the device registry and capacity map (CB-1) ---------------
+    Create or update a device. Lowering `cores` below what is reserved on it
+    at some instant is FAILED_PRECONDITION.
+    """
+    RemoveDevice: _aio.UnaryUnaryMultiCallable[_core_broker_pb2.RemoveDeviceRequest, _core_broker_pb2.RemoveDeviceResponse]  # type: ignore[assignment]
+    """Remove a device with no live or future reservation (else FAILED_PRECONDITION)."""
+    RegisterApplication: _aio.UnaryUnaryMultiCallable[_core_broker_pb2.RegisterApplicationRequest, _core_broker_pb2.RegisterApplicationResponse]  # type: ignore[assignment]
+    """Create an application, or give an existing one a new credential (the old
+    one stops working). The token is returned only here.
+    """
+    RemoveApplication: _aio.UnaryUnaryMultiCallable[_core_broker_pb2.RemoveApplicationRequest, _core_broker_pb2.RemoveApplicationResponse]  # type: ignore[assignment]
+    """Revoke an application's credential; its reservations run to their end."""
+    SetLatencies: _aio.UnaryUnaryMultiCallable[_core_broker_pb2.SetLatenciesRequest, _core_broker_pb2.SetLatenciesResponse]  # type: ignore[assignment]
+    """Set or clear measured latencies from client sites to devices (CB-7, lowest latency)."""
+    ListDevices: _aio.UnaryUnaryMultiCallable[_core_broker_pb2.ListDevicesRequest, _core_broker_pb2.ListDevicesResponse]  # type: ignore[assignment]
+    """-- applications and operator: capacity (CB-1, CB-8) -------------------
+    Devices with their total, reserved-now and free-now cores.
+    """
+    QueryCapacity: _aio.UnaryUnaryMultiCallable[_core_broker_pb2.QueryCapacityRequest, _core_broker_pb2.QueryCapacityResponse]  # type: ignore[assignment]
+    """Free cores over a time range, per device and per kind, with each device's schedule."""
+    Reserve: _aio.UnaryUnaryMultiCallable[_core_broker_pb2.ReserveRequest, _core_broker_pb2.Reservation]  # type: ignore[assignment]
+    """-- applications: reservations (CB-3 … CB-7, CB-9) ---------------------
+    Decide one request: GRANTED, PARTIAL, DEFERRED or REJECTED (CB-4).
+    Requests from any application arriving within the broker's batch window
+    are decided together, in descending priority (CB-5). Idempotent by
+    reservation_id (X-5): a retry returns the stored decision.
+    """
+    BatchReserve: _aio.UnaryUnaryMultiCallable[_core_broker_pb2.BatchReserveRequest, _core_broker_pb2.BatchReserveResponse]  # type: ignore[assignment]
+    """Decide several requests together, in descending priority (CB-5). With
+    all_or_nothing, either every request is granted in full or nothing is
+    reserved (each then REJECTED).
+    """
+    GetReservation: _aio.UnaryUnaryMultiCallable[_core_broker_pb2.GetReservationRequest, _core_broker_pb2.Reservation]  # type: ignore[assignment]
+    ListReservations: _aio.UnaryUnaryMultiCallable[_core_broker_pb2.ListReservationsRequest, _core_broker_pb2.ListReservationsResponse]  # type: ignore[assignment]
+    """The caller's reservations (the operator: everyone's), newest first."""
+    ReleaseReservation: _aio.UnaryUnaryMultiCallable[_core_broker_pb2.ReleaseReservationRequest, _core_broker_pb2.Reservation]  # type: ignore[assignment]
+    """Release early (CB-6): cores not yet used return at once. Releasing a
+    released reservation returns it unchanged; an ended one is FAILED_PRECONDITION.
+    """
+    ExtendReservation: _aio.UnaryUnaryMultiCallable[_core_broker_pb2.ExtendReservationRequest, _core_broker_pb2.Reservation]  # type: ignore[assignment]
+    """Extend every unfinished part to end later, when its device has the cores
+    (else RESOURCE_EXHAUSTED saying how far it could go). Idempotent: the
+    target is an absolute end.
+    """
+    WatchReservations: _aio.UnaryStreamMultiCallable[_core_broker_pb2.WatchReservationsRequest, _core_broker_pb2.ReservationEvent]  # type: ignore[assignment]
+    """Server stream (CB-6): first the current state of the watched
+    reservations (CURRENT), then every change: created, started, a later part
+    started, extended, released, ended. Watching one reservation ends after
+    its RELEASED or ENDED event.
+    """
 
 class CoreBrokerServicer(metaclass=_abc_1.ABCMeta):
-    """Rents accelerator cores by time-windowed prioritised reservations; places folded dataflow graphs (CB-1 … CB-9, GF-1 … GF-7)."""
+    """Rents accelerator cores by time-windowed prioritised reservations; places folded dataflow graphs (CB-1 … CB-9, GF-1 … GF-7).
+
+    Authentication (CB-2): every call but GetInfo carries a credential in the
+    `authorization` metadata entry, as `Bearer <token>`:
+      * an application token, returned once by RegisterApplication
+        ("<application_id>:<secret>"; the broker keeps only a salted hash), for
+        the capacity queries and the application's own reservations;
+      * the operator token (the service's LIGHTPATH_CB_OPERATOR_TOKEN) for
+        device, application and latency-table administration; it may also read,
+        watch and release any reservation, but not reserve.
+    A missing or wrong credential is UNAUTHENTICATED; touching another
+    application's reservation, or an operator call with an application token,
+    is PERMISSION_DENIED.
+    """
 
     @_abc_1.abstractmethod
     def GetInfo(
@@ -54,5 +196,140 @@ class CoreBrokerServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_common_pb2.ServiceInfo, _abc.Awaitable[_common_pb2.ServiceInfo]]:
         """Identity and version of this instance."""
+
+    @_abc_1.abstractmethod
+    def RegisterDevice(
+        self,
+        request: _core_broker_pb2.RegisterDeviceRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_core_broker_pb2.Device, _abc.Awaitable[_core_broker_pb2.Device]]:
+        """-- operator: the device registry and capacity map (CB-1) ---------------
+        Create or update a device. Lowering `cores` below what is reserved on it
+        at some instant is FAILED_PRECONDITION.
+        """
+
+    @_abc_1.abstractmethod
+    def RemoveDevice(
+        self,
+        request: _core_broker_pb2.RemoveDeviceRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_core_broker_pb2.RemoveDeviceResponse, _abc.Awaitable[_core_broker_pb2.RemoveDeviceResponse]]:
+        """Remove a device with no live or future reservation (else FAILED_PRECONDITION)."""
+
+    @_abc_1.abstractmethod
+    def RegisterApplication(
+        self,
+        request: _core_broker_pb2.RegisterApplicationRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_core_broker_pb2.RegisterApplicationResponse, _abc.Awaitable[_core_broker_pb2.RegisterApplicationResponse]]:
+        """Create an application, or give an existing one a new credential (the old
+        one stops working). The token is returned only here.
+        """
+
+    @_abc_1.abstractmethod
+    def RemoveApplication(
+        self,
+        request: _core_broker_pb2.RemoveApplicationRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_core_broker_pb2.RemoveApplicationResponse, _abc.Awaitable[_core_broker_pb2.RemoveApplicationResponse]]:
+        """Revoke an application's credential; its reservations run to their end."""
+
+    @_abc_1.abstractmethod
+    def SetLatencies(
+        self,
+        request: _core_broker_pb2.SetLatenciesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_core_broker_pb2.SetLatenciesResponse, _abc.Awaitable[_core_broker_pb2.SetLatenciesResponse]]:
+        """Set or clear measured latencies from client sites to devices (CB-7, lowest latency)."""
+
+    @_abc_1.abstractmethod
+    def ListDevices(
+        self,
+        request: _core_broker_pb2.ListDevicesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_core_broker_pb2.ListDevicesResponse, _abc.Awaitable[_core_broker_pb2.ListDevicesResponse]]:
+        """-- applications and operator: capacity (CB-1, CB-8) -------------------
+        Devices with their total, reserved-now and free-now cores.
+        """
+
+    @_abc_1.abstractmethod
+    def QueryCapacity(
+        self,
+        request: _core_broker_pb2.QueryCapacityRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_core_broker_pb2.QueryCapacityResponse, _abc.Awaitable[_core_broker_pb2.QueryCapacityResponse]]:
+        """Free cores over a time range, per device and per kind, with each device's schedule."""
+
+    @_abc_1.abstractmethod
+    def Reserve(
+        self,
+        request: _core_broker_pb2.ReserveRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_core_broker_pb2.Reservation, _abc.Awaitable[_core_broker_pb2.Reservation]]:
+        """-- applications: reservations (CB-3 … CB-7, CB-9) ---------------------
+        Decide one request: GRANTED, PARTIAL, DEFERRED or REJECTED (CB-4).
+        Requests from any application arriving within the broker's batch window
+        are decided together, in descending priority (CB-5). Idempotent by
+        reservation_id (X-5): a retry returns the stored decision.
+        """
+
+    @_abc_1.abstractmethod
+    def BatchReserve(
+        self,
+        request: _core_broker_pb2.BatchReserveRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_core_broker_pb2.BatchReserveResponse, _abc.Awaitable[_core_broker_pb2.BatchReserveResponse]]:
+        """Decide several requests together, in descending priority (CB-5). With
+        all_or_nothing, either every request is granted in full or nothing is
+        reserved (each then REJECTED).
+        """
+
+    @_abc_1.abstractmethod
+    def GetReservation(
+        self,
+        request: _core_broker_pb2.GetReservationRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_core_broker_pb2.Reservation, _abc.Awaitable[_core_broker_pb2.Reservation]]: ...
+
+    @_abc_1.abstractmethod
+    def ListReservations(
+        self,
+        request: _core_broker_pb2.ListReservationsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_core_broker_pb2.ListReservationsResponse, _abc.Awaitable[_core_broker_pb2.ListReservationsResponse]]:
+        """The caller's reservations (the operator: everyone's), newest first."""
+
+    @_abc_1.abstractmethod
+    def ReleaseReservation(
+        self,
+        request: _core_broker_pb2.ReleaseReservationRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_core_broker_pb2.Reservation, _abc.Awaitable[_core_broker_pb2.Reservation]]:
+        """Release early (CB-6): cores not yet used return at once. Releasing a
+        released reservation returns it unchanged; an ended one is FAILED_PRECONDITION.
+        """
+
+    @_abc_1.abstractmethod
+    def ExtendReservation(
+        self,
+        request: _core_broker_pb2.ExtendReservationRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_core_broker_pb2.Reservation, _abc.Awaitable[_core_broker_pb2.Reservation]]:
+        """Extend every unfinished part to end later, when its device has the cores
+        (else RESOURCE_EXHAUSTED saying how far it could go). Idempotent: the
+        target is an absolute end.
+        """
+
+    @_abc_1.abstractmethod
+    def WatchReservations(
+        self,
+        request: _core_broker_pb2.WatchReservationsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_core_broker_pb2.ReservationEvent], _abc.AsyncIterator[_core_broker_pb2.ReservationEvent]]:
+        """Server stream (CB-6): first the current state of the watched
+        reservations (CURRENT), then every change: created, started, a later part
+        started, extended, released, ended. Watching one reservation ends after
+        its RELEASED or ENDED event.
+        """
 
 def add_CoreBrokerServicer_to_server(servicer: CoreBrokerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -38,6 +38,75 @@ SEGMENT_END_FIRST: SegmentEnd.ValueType  # 1
 SEGMENT_END_SECOND: SegmentEnd.ValueType  # 2
 Global___SegmentEnd: _TypeAlias = SegmentEnd  # noqa: Y015
 
+class _WiringView:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _WiringViewEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_WiringView.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    WIRING_VIEW_UNSPECIFIED: _WiringView.ValueType  # 0
+    """Default: every cross-connect and 1xK setting (as FULL)."""
+    WIRING_VIEW_FULL: _WiringView.ValueType  # 1
+    WIRING_VIEW_COUNTS: _WiringView.ValueType  # 2
+    """Only the counts (cross_connect_count, one_to_many_count): a full-pod slice
+    has 3,072 cross-connects, which a caller that only needs "done" skips.
+    """
+
+class WiringView(_WiringView, metaclass=_WiringViewEnumTypeWrapper):
+    """How much of a slice's wiring a response carries."""
+
+WIRING_VIEW_UNSPECIFIED: WiringView.ValueType  # 0
+"""Default: every cross-connect and 1xK setting (as FULL)."""
+WIRING_VIEW_FULL: WiringView.ValueType  # 1
+WIRING_VIEW_COUNTS: WiringView.ValueType  # 2
+"""Only the counts (cross_connect_count, one_to_many_count): a full-pod slice
+has 3,072 cross-connects, which a caller that only needs "done" skips.
+"""
+Global___WiringView: _TypeAlias = WiringView  # noqa: Y015
+
+class _SliceState:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _SliceStateEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_SliceState.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    SLICE_STATE_UNSPECIFIED: _SliceState.ValueType  # 0
+    SLICE_STATE_WIRING: _SliceState.ValueType  # 1
+    """Claimed; the switches are being programmed (nothing committed yet)."""
+    SLICE_STATE_WIRED: _SliceState.ValueType  # 2
+    """Every cross-connect and 1xK setting is committed."""
+
+class SliceState(_SliceState, metaclass=_SliceStateEnumTypeWrapper): ...
+
+SLICE_STATE_UNSPECIFIED: SliceState.ValueType  # 0
+SLICE_STATE_WIRING: SliceState.ValueType  # 1
+"""Claimed; the switches are being programmed (nothing committed yet)."""
+SLICE_STATE_WIRED: SliceState.ValueType  # 2
+"""Every cross-connect and 1xK setting is committed."""
+Global___SliceState: _TypeAlias = SliceState  # noqa: Y015
+
+class _RingView:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _RingViewEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_RingView.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    RING_VIEW_UNSPECIFIED: _RingView.ValueType  # 0
+    """Default: rings with their hops (as FULL)."""
+    RING_VIEW_FULL: _RingView.ValueType  # 1
+    RING_VIEW_SUMMARY: _RingView.ValueType  # 2
+    """Rings without hops; counts only. A 2,048-processor job has ~6,000 hops."""
+
+class RingView(_RingView, metaclass=_RingViewEnumTypeWrapper):
+    """How much of a reservation a response carries."""
+
+RING_VIEW_UNSPECIFIED: RingView.ValueType  # 0
+"""Default: rings with their hops (as FULL)."""
+RING_VIEW_FULL: RingView.ValueType  # 1
+RING_VIEW_SUMMARY: RingView.ValueType  # 2
+"""Rings without hops; counts only. A 2,048-processor job has ~6,000 hops."""
+Global___RingView: _TypeAlias = RingView  # noqa: Y015
+
 @_typing.final
 class FabricConfig(_message.Message):
     """-- fabric and port map ------------------------------------------------------"""
@@ -98,6 +167,8 @@ class Fabric(_message.Message):
     OCS_COUNT_FIELD_NUMBER: _builtins.int
     ONE_TO_MANY_COUNT_FIELD_NUMBER: _builtins.int
     MAX_PORTS_USED_PER_OCS_FIELD_NUMBER: _builtins.int
+    AXES_BY_DIM_FIELD_NUMBER: _builtins.int
+    DIM_NAMES_FIELD_NUMBER: _builtins.int
     pod_id: _builtins.str
     axes_per_dim: _builtins.int
     """Logical axes per dimension (16 for 4x4x4)."""
@@ -107,6 +178,14 @@ class Fabric(_message.Message):
     """Ports cabled on the busiest OCS (Fig. 12: 6 instead of 8 with K = 2)."""
     @_builtins.property
     def config(self) -> Global___FabricConfig: ...
+    @_builtins.property
+    def axes_by_dim(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Logical axes of each dimension (differs per dimension for a non-cubic block)."""
+
+    @_builtins.property
+    def dim_names(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Names of the dimensions as used in OCS and 1xK ids: "x", "y", "z", "d3", ..."""
+
     def __init__(
         self,
         *,
@@ -116,14 +195,36 @@ class Fabric(_message.Message):
         ocs_count: _builtins.int = ...,
         one_to_many_count: _builtins.int = ...,
         max_ports_used_per_ocs: _builtins.int = ...,
+        axes_by_dim: _abc.Iterable[_builtins.int] | None = ...,
+        dim_names: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["config", b"config"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["axes_per_dim", b"axes_per_dim", "config", b"config", "max_ports_used_per_ocs", b"max_ports_used_per_ocs", "ocs_count", b"ocs_count", "one_to_many_count", b"one_to_many_count", "pod_id", b"pod_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["axes_by_dim", b"axes_by_dim", "axes_per_dim", b"axes_per_dim", "config", b"config", "dim_names", b"dim_names", "max_ports_used_per_ocs", b"max_ports_used_per_ocs", "ocs_count", b"ocs_count", "one_to_many_count", b"one_to_many_count", "pod_id", b"pod_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Fabric: _TypeAlias = Fabric  # noqa: Y015
+
+@_typing.final
+class PlanFabricRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONFIG_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def config(self) -> Global___FabricConfig: ...
+    def __init__(
+        self,
+        *,
+        config: Global___FabricConfig | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["config", b"config"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["config", b"config"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PlanFabricRequest: _TypeAlias = PlanFabricRequest  # noqa: Y015
 
 @_typing.final
 class SegmentRef(_message.Message):
@@ -335,11 +436,16 @@ class OneToManySetting(_message.Message):
     OUTPUT_FIELD_NUMBER: _builtins.int
     OCS_ID_FIELD_NUMBER: _builtins.int
     JOB_ID_FIELD_NUMBER: _builtins.int
+    IDLE_FIELD_NUMBER: _builtins.int
     switch_id: _builtins.str
     output: _builtins.int
     """The output the input is connected to, and the OCS that output reaches."""
     ocs_id: _builtins.str
     job_id: _builtins.str
+    idle: _builtins.bool
+    """ReplaceBlock: the switch went idle (its block left the slice); output and
+    ocs_id are then unset.
+    """
     @_builtins.property
     def segment(self) -> Global___SegmentRef: ...
     def __init__(
@@ -350,10 +456,11 @@ class OneToManySetting(_message.Message):
         output: _builtins.int = ...,
         ocs_id: _builtins.str = ...,
         job_id: _builtins.str = ...,
+        idle: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["segment", b"segment"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "ocs_id", b"ocs_id", "output", b"output", "segment", b"segment", "switch_id", b"switch_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["idle", b"idle", "job_id", b"job_id", "ocs_id", b"ocs_id", "output", b"output", "segment", b"segment", "switch_id", b"switch_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -367,8 +474,11 @@ class WireSliceRequest(_message.Message):
     GRID_FIELD_NUMBER: _builtins.int
     BLOCKS_FIELD_NUMBER: _builtins.int
     WRAP_FIELD_NUMBER: _builtins.int
+    VIEW_FIELD_NUMBER: _builtins.int
+    EXPECT_FABRIC_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     """Client-chosen id of the slice (the job id); the idempotency key."""
+    view: Global___WiringView.ValueType
     @_builtins.property
     def grid(self) -> _common_pb2.Shape:
         """Blocks per dimension (b1 x … x bm); m must equal the fabric's dimensions."""
@@ -381,6 +491,12 @@ class WireSliceRequest(_message.Message):
     def wrap(self) -> _containers.RepeatedScalarFieldContainer[_builtins.bool]:
         """Wrap-around per dimension; empty means a torus in every dimension."""
 
+    @_builtins.property
+    def expect_fabric(self) -> Global___FabricConfig:
+        """Optional guard: the fabric the caller planned against. A set field that
+        differs from this pod's fabric is FAILED_PRECONDITION (FABRIC_MISMATCH).
+        """
+
     def __init__(
         self,
         *,
@@ -388,10 +504,12 @@ class WireSliceRequest(_message.Message):
         grid: _common_pb2.Shape | None = ...,
         blocks: _abc.Iterable[Global___BlockPlacement] | None = ...,
         wrap: _abc.Iterable[_builtins.bool] | None = ...,
+        view: Global___WiringView.ValueType = ...,
+        expect_fabric: Global___FabricConfig | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["grid", b"grid"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["expect_fabric", b"expect_fabric", "grid", b"grid"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["blocks", b"blocks", "grid", b"grid", "job_id", b"job_id", "wrap", b"wrap"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["blocks", b"blocks", "expect_fabric", b"expect_fabric", "grid", b"grid", "job_id", b"job_id", "view", b"view", "wrap", b"wrap"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -408,7 +526,19 @@ class SliceWiring(_message.Message):
     CROSS_CONNECTS_FIELD_NUMBER: _builtins.int
     ONE_TO_MANY_FIELD_NUMBER: _builtins.int
     WIRED_AT_FIELD_NUMBER: _builtins.int
+    CROSS_CONNECT_COUNT_FIELD_NUMBER: _builtins.int
+    ONE_TO_MANY_COUNT_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    REPLAYED_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
+    cross_connect_count: _builtins.int
+    """Always filled, whatever the view."""
+    one_to_many_count: _builtins.int
+    state: Global___SliceState.ValueType
+    replayed: _builtins.bool
+    """WireSlice / ReplaceBlock: true when the call found the change already
+    made (an idempotent retry) and changed nothing.
+    """
     @_builtins.property
     def grid(self) -> _common_pb2.Shape: ...
     @_builtins.property
@@ -431,10 +561,14 @@ class SliceWiring(_message.Message):
         cross_connects: _abc.Iterable[Global___CrossConnect] | None = ...,
         one_to_many: _abc.Iterable[Global___OneToManySetting] | None = ...,
         wired_at: _timestamp_pb2.Timestamp | None = ...,
+        cross_connect_count: _builtins.int = ...,
+        one_to_many_count: _builtins.int = ...,
+        state: Global___SliceState.ValueType = ...,
+        replayed: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["grid", b"grid", "wired_at", b"wired_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["blocks", b"blocks", "cross_connects", b"cross_connects", "grid", b"grid", "job_id", b"job_id", "one_to_many", b"one_to_many", "wired_at", b"wired_at", "wrap", b"wrap"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["blocks", b"blocks", "cross_connect_count", b"cross_connect_count", "cross_connects", b"cross_connects", "grid", b"grid", "job_id", b"job_id", "one_to_many", b"one_to_many", "one_to_many_count", b"one_to_many_count", "replayed", b"replayed", "state", b"state", "wired_at", b"wired_at", "wrap", b"wrap"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -491,19 +625,23 @@ class ReplaceBlockRequest(_message.Message):
     JOB_ID_FIELD_NUMBER: _builtins.int
     FAILED_BLOCK_ID_FIELD_NUMBER: _builtins.int
     NEW_BLOCK_ID_FIELD_NUMBER: _builtins.int
+    VIEW_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     failed_block_id: _builtins.int
     new_block_id: _builtins.int
+    view: Global___WiringView.ValueType
+    """View of `wiring` in the response (removed / added are always full)."""
     def __init__(
         self,
         *,
         job_id: _builtins.str = ...,
         failed_block_id: _builtins.int = ...,
         new_block_id: _builtins.int = ...,
+        view: Global___WiringView.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["failed_block_id", b"failed_block_id", "job_id", b"job_id", "new_block_id", b"new_block_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["failed_block_id", b"failed_block_id", "job_id", b"job_id", "new_block_id", b"new_block_id", "view", b"view"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -550,15 +688,18 @@ class GetSliceWiringRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     JOB_ID_FIELD_NUMBER: _builtins.int
+    VIEW_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
+    view: Global___WiringView.ValueType
     def __init__(
         self,
         *,
         job_id: _builtins.str = ...,
+        view: Global___WiringView.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "view", b"view"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -870,12 +1011,19 @@ class CheckInvariantsRequest(_message.Message):
 
     DESCRIPTOR: _descriptor.Descriptor
 
+    COMPARE_SWITCHES_FIELD_NUMBER: _builtins.int
+    compare_switches: _builtins.bool
+    """Also compare the switches' own state (read through the driver) with the
+    committed tables: rule "SWITCH_STATE_DISAGREES".
+    """
     def __init__(
         self,
+        *,
+        compare_switches: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["compare_switches", b"compare_switches"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -888,8 +1036,11 @@ class InvariantViolation(_message.Message):
     RULE_FIELD_NUMBER: _builtins.int
     DETAIL_FIELD_NUMBER: _builtins.int
     rule: _builtins.str
-    """e.g. "PORT_IN_TWO_CROSS_CONNECTS", "AXIS_MISMATCH", "SLICES_JOINED",
-    "ONE_TO_MANY_DISAGREES", "UNWIRED_BLOCK_CONNECTED".
+    """SWITCHED pods: "RING_NOT_CLOSED", "RING_NOT_HAMILTONIAN", "HOP_NOT_A_LINK",
+    "CHANNEL_IN_TWO_RINGS", "CHANNEL_IN_TWO_JOBS", "BITMAP_DISAGREES", ...
+    OCS pods: "PORT_IN_TWO_CROSS_CONNECTS", "AXIS_MISMATCH", "SLICES_JOINED",
+    "ONE_TO_MANY_DISAGREES", "UNWIRED_BLOCK_CONNECTED", "SLICE_WIRING_MISMATCH",
+    "OWNER_MISMATCH", "SWITCH_STATE_DISAGREES".
     """
     detail: _builtins.str
     def __init__(
@@ -914,9 +1065,14 @@ class InvariantReport(_message.Message):
     VIOLATIONS_FIELD_NUMBER: _builtins.int
     SLICES_CHECKED_FIELD_NUMBER: _builtins.int
     CROSS_CONNECTS_CHECKED_FIELD_NUMBER: _builtins.int
+    RINGS_CHECKED_FIELD_NUMBER: _builtins.int
+    CHANNELS_CHECKED_FIELD_NUMBER: _builtins.int
     ok: _builtins.bool
     slices_checked: _builtins.int
     cross_connects_checked: _builtins.int
+    rings_checked: _builtins.int
+    """SWITCHED pods: jobs are counted in slices_checked."""
+    channels_checked: _builtins.int
     @_builtins.property
     def violations(self) -> _containers.RepeatedCompositeFieldContainer[Global___InvariantViolation]: ...
     def __init__(
@@ -926,11 +1082,761 @@ class InvariantReport(_message.Message):
         violations: _abc.Iterable[Global___InvariantViolation] | None = ...,
         slices_checked: _builtins.int = ...,
         cross_connects_checked: _builtins.int = ...,
+        rings_checked: _builtins.int = ...,
+        channels_checked: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cross_connects_checked", b"cross_connects_checked", "ok", b"ok", "slices_checked", b"slices_checked", "violations", b"violations"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["channels_checked", b"channels_checked", "cross_connects_checked", b"cross_connects_checked", "ok", b"ok", "rings_checked", b"rings_checked", "slices_checked", b"slices_checked", "violations", b"violations"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___InvariantReport: _TypeAlias = InvariantReport  # noqa: Y015
+
+@_typing.final
+class SwitchedFabricConfig(_message.Message):
+    """-- switched pods (seed 002) ---------------------------------------------------
+
+    Names. Groups "g<R>.<C>" (cluster row R, column C; index R * cluster_cols + C);
+    processors "g0.1/pr23" (row 2, column 3 of the group, 1-based as in the seed);
+    tier-0 switches "r<R>/p<k>" (row switch of cluster row R, plane k) and
+    "c<C>/p<k>"; tier-1 switches "t1r/p<k>/<t>" and "t1c/p<k>/<t>". A link is full
+    duplex: each direction is a channel, and a ring holds one channel of each
+    link it crosses; no channel is held by two rings.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GROUP_SHAPE_FIELD_NUMBER: _builtins.int
+    CLUSTER_ROWS_FIELD_NUMBER: _builtins.int
+    CLUSTER_COLS_FIELD_NUMBER: _builtins.int
+    PLANES_FIELD_NUMBER: _builtins.int
+    TIER0_DOWN_PORTS_FIELD_NUMBER: _builtins.int
+    TIER0_UP_PORTS_FIELD_NUMBER: _builtins.int
+    TIER1_SWITCHES_FIELD_NUMBER: _builtins.int
+    TIER1_PORTS_FIELD_NUMBER: _builtins.int
+    TIER0_MESH_LINKS_FIELD_NUMBER: _builtins.int
+    ROW_COLUMN_LINKS_FIELD_NUMBER: _builtins.int
+    cluster_rows: _builtins.int
+    cluster_cols: _builtins.int
+    planes: _builtins.int
+    """Switch planes per dimension: processor rows x ports per processor edge."""
+    tier0_down_ports: _builtins.int
+    tier0_up_ports: _builtins.int
+    tier1_switches: _builtins.int
+    """Tier-1 switches per plane and dimension (0 = none)."""
+    tier1_ports: _builtins.int
+    tier0_mesh_links: _builtins.int
+    """Links between every two tier-0 switches of a plane (seed Fig. 7)."""
+    row_column_links: _builtins.int
+    """Links between tier-1 row switch t and column switch t of a plane (¶54)."""
+    @_builtins.property
+    def group_shape(self) -> _common_pb2.Shape:
+        """(p) for a 1-D chain of p processors, (r, c) for an r x c array."""
+
+    def __init__(
+        self,
+        *,
+        group_shape: _common_pb2.Shape | None = ...,
+        cluster_rows: _builtins.int = ...,
+        cluster_cols: _builtins.int = ...,
+        planes: _builtins.int = ...,
+        tier0_down_ports: _builtins.int = ...,
+        tier0_up_ports: _builtins.int = ...,
+        tier1_switches: _builtins.int = ...,
+        tier1_ports: _builtins.int = ...,
+        tier0_mesh_links: _builtins.int = ...,
+        row_column_links: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["group_shape", b"group_shape"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cluster_cols", b"cluster_cols", "cluster_rows", b"cluster_rows", "group_shape", b"group_shape", "planes", b"planes", "row_column_links", b"row_column_links", "tier0_down_ports", b"tier0_down_ports", "tier0_mesh_links", b"tier0_mesh_links", "tier0_up_ports", b"tier0_up_ports", "tier1_ports", b"tier1_ports", "tier1_switches", b"tier1_switches"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SwitchedFabricConfig: _TypeAlias = SwitchedFabricConfig  # noqa: Y015
+
+@_typing.final
+class GetSwitchedFabricRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetSwitchedFabricRequest: _TypeAlias = GetSwitchedFabricRequest  # noqa: Y015
+
+@_typing.final
+class SwitchedFabric(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    POD_ID_FIELD_NUMBER: _builtins.int
+    CONFIG_FIELD_NUMBER: _builtins.int
+    SPEC_FIELD_NUMBER: _builtins.int
+    GROUPS_FIELD_NUMBER: _builtins.int
+    PROCESSORS_FIELD_NUMBER: _builtins.int
+    TIER0_SWITCHES_FIELD_NUMBER: _builtins.int
+    TIER1_SWITCHES_FIELD_NUMBER: _builtins.int
+    LINKS_FIELD_NUMBER: _builtins.int
+    LANES_FIELD_NUMBER: _builtins.int
+    pod_id: _builtins.str
+    spec: _builtins.str
+    """The one-line form of the configuration (LIGHTPATH_SWITCHED_FABRIC)."""
+    groups: _builtins.int
+    processors: _builtins.int
+    tier0_switches: _builtins.int
+    tier1_switches: _builtins.int
+    links: _builtins.int
+    lanes: _builtins.int
+    """Parallel links between neighbouring processors (ports per processor edge)."""
+    @_builtins.property
+    def config(self) -> Global___SwitchedFabricConfig: ...
+    def __init__(
+        self,
+        *,
+        pod_id: _builtins.str = ...,
+        config: Global___SwitchedFabricConfig | None = ...,
+        spec: _builtins.str = ...,
+        groups: _builtins.int = ...,
+        processors: _builtins.int = ...,
+        tier0_switches: _builtins.int = ...,
+        tier1_switches: _builtins.int = ...,
+        links: _builtins.int = ...,
+        lanes: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["config", b"config"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["config", b"config", "groups", b"groups", "lanes", b"lanes", "links", b"links", "pod_id", b"pod_id", "processors", b"processors", "spec", b"spec", "tier0_switches", b"tier0_switches", "tier1_switches", b"tier1_switches"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SwitchedFabric: _TypeAlias = SwitchedFabric  # noqa: Y015
+
+@_typing.final
+class GroupTile(_message.Message):
+    """A rectangle of one group's processors: a whole group for a large job, part
+    of a group reserved for small jobs (SW-2).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GROUP_FIELD_NUMBER: _builtins.int
+    ROW_FIELD_NUMBER: _builtins.int
+    COL_FIELD_NUMBER: _builtins.int
+    HEIGHT_FIELD_NUMBER: _builtins.int
+    WIDTH_FIELD_NUMBER: _builtins.int
+    GROUP_NAME_FIELD_NUMBER: _builtins.int
+    group: _builtins.int
+    row: _builtins.int
+    col: _builtins.int
+    height: _builtins.int
+    width: _builtins.int
+    group_name: _builtins.str
+    """Output only: "g0.1"."""
+    def __init__(
+        self,
+        *,
+        group: _builtins.int = ...,
+        row: _builtins.int = ...,
+        col: _builtins.int = ...,
+        height: _builtins.int = ...,
+        width: _builtins.int = ...,
+        group_name: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["col", b"col", "group", b"group", "group_name", b"group_name", "height", b"height", "row", b"row", "width", b"width"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GroupTile: _TypeAlias = GroupTile  # noqa: Y015
+
+@_typing.final
+class ReserveRingsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    DEGREES_FIELD_NUMBER: _builtins.int
+    TILES_FIELD_NUMBER: _builtins.int
+    VIEW_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    """Client-chosen id (the job id); the idempotency key."""
+    view: Global___RingView.ValueType
+    @_builtins.property
+    def degrees(self) -> _common_pb2.ParallelismDegrees:
+        """Their product is the number of processors; tiles must hold at least that many."""
+
+    @_builtins.property
+    def tiles(self) -> _containers.RepeatedCompositeFieldContainer[Global___GroupTile]: ...
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        degrees: _common_pb2.ParallelismDegrees | None = ...,
+        tiles: _abc.Iterable[Global___GroupTile] | None = ...,
+        view: Global___RingView.ValueType = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["degrees", b"degrees"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["degrees", b"degrees", "job_id", b"job_id", "tiles", b"tiles", "view", b"view"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReserveRingsRequest: _TypeAlias = ReserveRingsRequest  # noqa: Y015
+
+@_typing.final
+class RingHop(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NODES_FIELD_NUMBER: _builtins.int
+    CHANNELS_FIELD_NUMBER: _builtins.int
+    CHANNEL_IDS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def nodes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """From the ring's k-th processor to the next: processors and switches passed."""
+
+    @_builtins.property
+    def channels(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Each channel as "port -> port" (e.g. "g0.0/pr13:E0 -> r0/p0#1")."""
+
+    @_builtins.property
+    def channel_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    def __init__(
+        self,
+        *,
+        nodes: _abc.Iterable[_builtins.str] | None = ...,
+        channels: _abc.Iterable[_builtins.str] | None = ...,
+        channel_ids: _abc.Iterable[_builtins.int] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["channel_ids", b"channel_ids", "channels", b"channels", "nodes", b"nodes"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RingHop: _TypeAlias = RingHop  # noqa: Y015
+
+@_typing.final
+class SwitchedRing(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    AXIS_FIELD_NUMBER: _builtins.int
+    PROCESSORS_FIELD_NUMBER: _builtins.int
+    HOPS_FIELD_NUMBER: _builtins.int
+    CHANNEL_COUNT_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    """e.g. "data(p=1,l=2)", "pipeline(d=0,l=1)", "layer(d=3,p=0)"."""
+    axis: _builtins.str
+    """"data", "pipeline" or "layer"."""
+    channel_count: _builtins.int
+    @_builtins.property
+    def processors(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The processors in ring order; the last hop closes the ring."""
+
+    @_builtins.property
+    def hops(self) -> _containers.RepeatedCompositeFieldContainer[Global___RingHop]: ...
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        axis: _builtins.str = ...,
+        processors: _abc.Iterable[_builtins.str] | None = ...,
+        hops: _abc.Iterable[Global___RingHop] | None = ...,
+        channel_count: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["axis", b"axis", "channel_count", b"channel_count", "hops", b"hops", "name", b"name", "processors", b"processors"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SwitchedRing: _TypeAlias = SwitchedRing  # noqa: Y015
+
+@_typing.final
+class RingReservation(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class ChannelsByKindEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    DEGREES_FIELD_NUMBER: _builtins.int
+    TILES_FIELD_NUMBER: _builtins.int
+    RINGS_FIELD_NUMBER: _builtins.int
+    CHANNEL_COUNT_FIELD_NUMBER: _builtins.int
+    CHANNELS_BY_KIND_FIELD_NUMBER: _builtins.int
+    ASSIGNMENT_FIELD_NUMBER: _builtins.int
+    LAYOUT_FIELD_NUMBER: _builtins.int
+    VERSION_FIELD_NUMBER: _builtins.int
+    RESERVED_AT_FIELD_NUMBER: _builtins.int
+    REPLAYED_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    channel_count: _builtins.int
+    layout: _builtins.str
+    """How the tiles' processors were ordered (e.g. "col3x3")."""
+    version: _builtins.int
+    """Bumped by every change of the job's reservation (a swap)."""
+    replayed: _builtins.bool
+    """ReserveRings: true when the call found the reservation already made."""
+    @_builtins.property
+    def degrees(self) -> _common_pb2.ParallelismDegrees: ...
+    @_builtins.property
+    def tiles(self) -> _containers.RepeatedCompositeFieldContainer[Global___GroupTile]:
+        """In ring order (the cycle of groups the rings follow)."""
+
+    @_builtins.property
+    def rings(self) -> _containers.RepeatedCompositeFieldContainer[Global___SwitchedRing]: ...
+    @_builtins.property
+    def channels_by_kind(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
+        """Channels by link kind: "processor", "down", "up", "mesh", "cross"."""
+
+    @_builtins.property
+    def assignment(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The processor of each logical index (d * P + p) * L + l."""
+
+    @_builtins.property
+    def reserved_at(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        degrees: _common_pb2.ParallelismDegrees | None = ...,
+        tiles: _abc.Iterable[Global___GroupTile] | None = ...,
+        rings: _abc.Iterable[Global___SwitchedRing] | None = ...,
+        channel_count: _builtins.int = ...,
+        channels_by_kind: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+        assignment: _abc.Iterable[_builtins.str] | None = ...,
+        layout: _builtins.str = ...,
+        version: _builtins.int = ...,
+        reserved_at: _timestamp_pb2.Timestamp | None = ...,
+        replayed: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["degrees", b"degrees", "reserved_at", b"reserved_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["assignment", b"assignment", "channel_count", b"channel_count", "channels_by_kind", b"channels_by_kind", "degrees", b"degrees", "job_id", b"job_id", "layout", b"layout", "replayed", b"replayed", "reserved_at", b"reserved_at", "rings", b"rings", "tiles", b"tiles", "version", b"version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RingReservation: _TypeAlias = RingReservation  # noqa: Y015
+
+@_typing.final
+class ReleaseRingsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReleaseRingsRequest: _TypeAlias = ReleaseRingsRequest  # noqa: Y015
+
+@_typing.final
+class ReleaseRingsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    RINGS_RELEASED_FIELD_NUMBER: _builtins.int
+    CHANNELS_RELEASED_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    rings_released: _builtins.int
+    channels_released: _builtins.int
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        rings_released: _builtins.int = ...,
+        channels_released: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["channels_released", b"channels_released", "job_id", b"job_id", "rings_released", b"rings_released"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReleaseRingsResponse: _TypeAlias = ReleaseRingsResponse  # noqa: Y015
+
+@_typing.final
+class SwapGroupRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    FAILED_GROUP_FIELD_NUMBER: _builtins.int
+    FREE_GROUPS_FIELD_NUMBER: _builtins.int
+    NEW_TILES_FIELD_NUMBER: _builtins.int
+    VIEW_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    failed_group: _builtins.int
+    view: Global___RingView.ValueType
+    @_builtins.property
+    def free_groups(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Free groups the caller may give (the replacement order is the manager's:
+        same cluster row, then same column, then nearest) ...
+        """
+
+    @_builtins.property
+    def new_tiles(self) -> _containers.RepeatedCompositeFieldContainer[Global___GroupTile]:
+        """... or exact tiles to try in order (for a small job's tile)."""
+
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        failed_group: _builtins.int = ...,
+        free_groups: _abc.Iterable[_builtins.int] | None = ...,
+        new_tiles: _abc.Iterable[Global___GroupTile] | None = ...,
+        view: Global___RingView.ValueType = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["failed_group", b"failed_group", "free_groups", b"free_groups", "job_id", b"job_id", "new_tiles", b"new_tiles", "view", b"view"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SwapGroupRequest: _TypeAlias = SwapGroupRequest  # noqa: Y015
+
+@_typing.final
+class SwapGroupResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESERVATION_FIELD_NUMBER: _builtins.int
+    OLD_TILE_FIELD_NUMBER: _builtins.int
+    NEW_TILE_FIELD_NUMBER: _builtins.int
+    REROUTED_FIELD_NUMBER: _builtins.int
+    CHANNELS_RELEASED_FIELD_NUMBER: _builtins.int
+    CHANNELS_RESERVED_FIELD_NUMBER: _builtins.int
+    RINGS_UNTOUCHED_FIELD_NUMBER: _builtins.int
+    channels_released: _builtins.int
+    channels_reserved: _builtins.int
+    rings_untouched: _builtins.int
+    @_builtins.property
+    def reservation(self) -> Global___RingReservation: ...
+    @_builtins.property
+    def old_tile(self) -> Global___GroupTile: ...
+    @_builtins.property
+    def new_tile(self) -> Global___GroupTile: ...
+    @_builtins.property
+    def rerouted(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Rings re-routed; every other ring kept its channels."""
+
+    def __init__(
+        self,
+        *,
+        reservation: Global___RingReservation | None = ...,
+        old_tile: Global___GroupTile | None = ...,
+        new_tile: Global___GroupTile | None = ...,
+        rerouted: _abc.Iterable[_builtins.str] | None = ...,
+        channels_released: _builtins.int = ...,
+        channels_reserved: _builtins.int = ...,
+        rings_untouched: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["new_tile", b"new_tile", "old_tile", b"old_tile", "reservation", b"reservation"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["channels_released", b"channels_released", "channels_reserved", b"channels_reserved", "new_tile", b"new_tile", "old_tile", b"old_tile", "rerouted", b"rerouted", "reservation", b"reservation", "rings_untouched", b"rings_untouched"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SwapGroupResponse: _TypeAlias = SwapGroupResponse  # noqa: Y015
+
+@_typing.final
+class GetRingsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    VIEW_FIELD_NUMBER: _builtins.int
+    RINGS_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    view: Global___RingView.ValueType
+    @_builtins.property
+    def rings(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Only these rings (names as in Ring.name); empty = all."""
+
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        view: Global___RingView.ValueType = ...,
+        rings: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "rings", b"rings", "view", b"view"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetRingsRequest: _TypeAlias = GetRingsRequest  # noqa: Y015
+
+@_typing.final
+class ListRingReservationsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    page_size: _builtins.int
+    page_token: _builtins.str
+    def __init__(
+        self,
+        *,
+        page_size: _builtins.int = ...,
+        page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["page_size", b"page_size", "page_token", b"page_token"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListRingReservationsRequest: _TypeAlias = ListRingReservationsRequest  # noqa: Y015
+
+@_typing.final
+class RingReservationSummary(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    DEGREES_FIELD_NUMBER: _builtins.int
+    TILES_FIELD_NUMBER: _builtins.int
+    RINGS_FIELD_NUMBER: _builtins.int
+    CHANNEL_COUNT_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    rings: _builtins.int
+    channel_count: _builtins.int
+    @_builtins.property
+    def degrees(self) -> _common_pb2.ParallelismDegrees: ...
+    @_builtins.property
+    def tiles(self) -> _containers.RepeatedCompositeFieldContainer[Global___GroupTile]: ...
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        degrees: _common_pb2.ParallelismDegrees | None = ...,
+        tiles: _abc.Iterable[Global___GroupTile] | None = ...,
+        rings: _builtins.int = ...,
+        channel_count: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["degrees", b"degrees"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["channel_count", b"channel_count", "degrees", b"degrees", "job_id", b"job_id", "rings", b"rings", "tiles", b"tiles"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RingReservationSummary: _TypeAlias = RingReservationSummary  # noqa: Y015
+
+@_typing.final
+class ListRingReservationsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESERVATIONS_FIELD_NUMBER: _builtins.int
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    next_page_token: _builtins.str
+    @_builtins.property
+    def reservations(self) -> _containers.RepeatedCompositeFieldContainer[Global___RingReservationSummary]: ...
+    def __init__(
+        self,
+        *,
+        reservations: _abc.Iterable[Global___RingReservationSummary] | None = ...,
+        next_page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["next_page_token", b"next_page_token", "reservations", b"reservations"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListRingReservationsResponse: _TypeAlias = ListRingReservationsResponse  # noqa: Y015
+
+@_typing.final
+class ListSwitchLinkUseRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SWITCHES_FIELD_NUMBER: _builtins.int
+    TIER_FIELD_NUMBER: _builtins.int
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    tier: _builtins.int
+    """Only this tier (0 or 1) when set."""
+    page_size: _builtins.int
+    page_token: _builtins.str
+    @_builtins.property
+    def switches(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Only these switches; empty = all (paged)."""
+
+    def __init__(
+        self,
+        *,
+        switches: _abc.Iterable[_builtins.str] | None = ...,
+        tier: _builtins.int | None = ...,
+        page_size: _builtins.int = ...,
+        page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_tier", b"_tier", "tier", b"tier"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_tier", b"_tier", "page_size", b"page_size", "page_token", b"page_token", "switches", b"switches", "tier", b"tier"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__tier: _TypeAlias = _typing.Literal["tier"]  # noqa: Y015
+    _WhichOneofArgType__tier: _TypeAlias = _typing.Literal["_tier", b"_tier"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__tier) -> _WhichOneofReturnType__tier | None: ...
+
+Global___ListSwitchLinkUseRequest: _TypeAlias = ListSwitchLinkUseRequest  # noqa: Y015
+
+@_typing.final
+class SwitchLinkUse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SWITCH_FIELD_NUMBER: _builtins.int
+    TIER_FIELD_NUMBER: _builtins.int
+    DIM_FIELD_NUMBER: _builtins.int
+    PLANE_FIELD_NUMBER: _builtins.int
+    INDEX_FIELD_NUMBER: _builtins.int
+    DOWN_LINKS_FIELD_NUMBER: _builtins.int
+    DOWN_IN_USE_FIELD_NUMBER: _builtins.int
+    UP_LINKS_FIELD_NUMBER: _builtins.int
+    UP_IN_USE_FIELD_NUMBER: _builtins.int
+    FREE_UPLINKS_FIELD_NUMBER: _builtins.int
+    UP_OUT_FREE_FIELD_NUMBER: _builtins.int
+    UP_IN_FREE_FIELD_NUMBER: _builtins.int
+    switch: _builtins.str
+    tier: _builtins.int
+    dim: _builtins.str
+    """"r" (row switches) or "c" (column switches)."""
+    plane: _builtins.int
+    index: _builtins.int
+    """Cluster row / column (tier 0), or the index among its plane's tier-1 switches."""
+    down_links: _builtins.int
+    """Links towards processors (tier 0) or tier-0 switches (tier 1), and how
+    many carry a ring in either direction.
+    """
+    down_in_use: _builtins.int
+    up_links: _builtins.int
+    """Links towards tier 1 / other switches."""
+    up_in_use: _builtins.int
+    free_uplinks: _builtins.int
+    """Uplinks with both channels free."""
+    up_out_free: _builtins.int
+    """Uplinks whose channel away from / towards this switch is free."""
+    up_in_free: _builtins.int
+    def __init__(
+        self,
+        *,
+        switch: _builtins.str = ...,
+        tier: _builtins.int = ...,
+        dim: _builtins.str = ...,
+        plane: _builtins.int = ...,
+        index: _builtins.int = ...,
+        down_links: _builtins.int = ...,
+        down_in_use: _builtins.int = ...,
+        up_links: _builtins.int = ...,
+        up_in_use: _builtins.int = ...,
+        free_uplinks: _builtins.int = ...,
+        up_out_free: _builtins.int = ...,
+        up_in_free: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dim", b"dim", "down_in_use", b"down_in_use", "down_links", b"down_links", "free_uplinks", b"free_uplinks", "index", b"index", "plane", b"plane", "switch", b"switch", "tier", b"tier", "up_in_free", b"up_in_free", "up_in_use", b"up_in_use", "up_links", b"up_links", "up_out_free", b"up_out_free"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SwitchLinkUse: _TypeAlias = SwitchLinkUse  # noqa: Y015
+
+@_typing.final
+class ListSwitchLinkUseResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SWITCHES_FIELD_NUMBER: _builtins.int
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    next_page_token: _builtins.str
+    @_builtins.property
+    def switches(self) -> _containers.RepeatedCompositeFieldContainer[Global___SwitchLinkUse]: ...
+    def __init__(
+        self,
+        *,
+        switches: _abc.Iterable[Global___SwitchLinkUse] | None = ...,
+        next_page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["next_page_token", b"next_page_token", "switches", b"switches"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListSwitchLinkUseResponse: _TypeAlias = ListSwitchLinkUseResponse  # noqa: Y015
+
+@_typing.final
+class GetFreeUplinksRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SWITCHES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def switches(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Tier-0 switches; empty = every tier-0 switch."""
+
+    def __init__(
+        self,
+        *,
+        switches: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["switches", b"switches"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetFreeUplinksRequest: _TypeAlias = GetFreeUplinksRequest  # noqa: Y015
+
+@_typing.final
+class GetFreeUplinksResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SWITCHES_FIELD_NUMBER: _builtins.int
+    UPLINKS_FIELD_NUMBER: _builtins.int
+    FREE_UPLINKS_FIELD_NUMBER: _builtins.int
+    uplinks: _builtins.int
+    free_uplinks: _builtins.int
+    @_builtins.property
+    def switches(self) -> _containers.RepeatedCompositeFieldContainer[Global___SwitchLinkUse]:
+        """Tier-0 switches, fewest free uplinks first."""
+
+    def __init__(
+        self,
+        *,
+        switches: _abc.Iterable[Global___SwitchLinkUse] | None = ...,
+        uplinks: _builtins.int = ...,
+        free_uplinks: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["free_uplinks", b"free_uplinks", "switches", b"switches", "uplinks", b"uplinks"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetFreeUplinksResponse: _TypeAlias = GetFreeUplinksResponse  # noqa: Y015

@@ -57,6 +57,11 @@ class OcsManagerStub:
                 request_serializer=lightpath_dot_v1_dot_ocs__manager__pb2.GetFabricRequest.SerializeToString,
                 response_deserializer=lightpath_dot_v1_dot_ocs__manager__pb2.Fabric.FromString,
                 _registered_method=True)
+        self.PlanFabric = channel.unary_unary(
+                '/lightpath.v1.OcsManager/PlanFabric',
+                request_serializer=lightpath_dot_v1_dot_ocs__manager__pb2.PlanFabricRequest.SerializeToString,
+                response_deserializer=lightpath_dot_v1_dot_ocs__manager__pb2.Fabric.FromString,
+                _registered_method=True)
         self.GetPortMap = channel.unary_unary(
                 '/lightpath.v1.OcsManager/GetPortMap',
                 request_serializer=lightpath_dot_v1_dot_ocs__manager__pb2.GetPortMapRequest.SerializeToString,
@@ -107,6 +112,46 @@ class OcsManagerStub:
                 request_serializer=lightpath_dot_v1_dot_ocs__manager__pb2.CheckInvariantsRequest.SerializeToString,
                 response_deserializer=lightpath_dot_v1_dot_ocs__manager__pb2.InvariantReport.FromString,
                 _registered_method=True)
+        self.GetSwitchedFabric = channel.unary_unary(
+                '/lightpath.v1.OcsManager/GetSwitchedFabric',
+                request_serializer=lightpath_dot_v1_dot_ocs__manager__pb2.GetSwitchedFabricRequest.SerializeToString,
+                response_deserializer=lightpath_dot_v1_dot_ocs__manager__pb2.SwitchedFabric.FromString,
+                _registered_method=True)
+        self.ReserveRings = channel.unary_unary(
+                '/lightpath.v1.OcsManager/ReserveRings',
+                request_serializer=lightpath_dot_v1_dot_ocs__manager__pb2.ReserveRingsRequest.SerializeToString,
+                response_deserializer=lightpath_dot_v1_dot_ocs__manager__pb2.RingReservation.FromString,
+                _registered_method=True)
+        self.ReleaseRings = channel.unary_unary(
+                '/lightpath.v1.OcsManager/ReleaseRings',
+                request_serializer=lightpath_dot_v1_dot_ocs__manager__pb2.ReleaseRingsRequest.SerializeToString,
+                response_deserializer=lightpath_dot_v1_dot_ocs__manager__pb2.ReleaseRingsResponse.FromString,
+                _registered_method=True)
+        self.SwapGroup = channel.unary_unary(
+                '/lightpath.v1.OcsManager/SwapGroup',
+                request_serializer=lightpath_dot_v1_dot_ocs__manager__pb2.SwapGroupRequest.SerializeToString,
+                response_deserializer=lightpath_dot_v1_dot_ocs__manager__pb2.SwapGroupResponse.FromString,
+                _registered_method=True)
+        self.GetRings = channel.unary_unary(
+                '/lightpath.v1.OcsManager/GetRings',
+                request_serializer=lightpath_dot_v1_dot_ocs__manager__pb2.GetRingsRequest.SerializeToString,
+                response_deserializer=lightpath_dot_v1_dot_ocs__manager__pb2.RingReservation.FromString,
+                _registered_method=True)
+        self.ListRingReservations = channel.unary_unary(
+                '/lightpath.v1.OcsManager/ListRingReservations',
+                request_serializer=lightpath_dot_v1_dot_ocs__manager__pb2.ListRingReservationsRequest.SerializeToString,
+                response_deserializer=lightpath_dot_v1_dot_ocs__manager__pb2.ListRingReservationsResponse.FromString,
+                _registered_method=True)
+        self.ListSwitchLinkUse = channel.unary_unary(
+                '/lightpath.v1.OcsManager/ListSwitchLinkUse',
+                request_serializer=lightpath_dot_v1_dot_ocs__manager__pb2.ListSwitchLinkUseRequest.SerializeToString,
+                response_deserializer=lightpath_dot_v1_dot_ocs__manager__pb2.ListSwitchLinkUseResponse.FromString,
+                _registered_method=True)
+        self.GetFreeUplinks = channel.unary_unary(
+                '/lightpath.v1.OcsManager/GetFreeUplinks',
+                request_serializer=lightpath_dot_v1_dot_ocs__manager__pb2.GetFreeUplinksRequest.SerializeToString,
+                response_deserializer=lightpath_dot_v1_dot_ocs__manager__pb2.GetFreeUplinksResponse.FromString,
+                _registered_method=True)
 
 
 class OcsManagerServicer:
@@ -133,6 +178,14 @@ class OcsManagerServicer:
 
     def GetFabric(self, request, context):
         """OCS-1: the fabric this manager programs: its configuration and derived sizes.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PlanFabric(self, request, context):
+        """OCS-1: what a configuration would give, without applying it; an impossible
+        one (e.g. a radix too small) is INVALID_ARGUMENT naming the ports needed.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -203,8 +256,75 @@ class OcsManagerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def CheckInvariants(self, request, context):
-        """OCS-6: check every invariant over the stored state.
+        """OCS-6: check every invariant over the stored state. On a SWITCHED pod:
+        every ring closes, visits its line once and runs over real links, no
+        channel is in two rings, and the reservation bitmaps agree with the rings.
         """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetSwitchedFabric(self, request, context):
+        """-- SWITCHED pods (seed 002, SW-1 … SW-6) ------------------------------------
+        A manager started with LIGHTPATH_FABRIC_KIND=SWITCHED holds the link
+        reservations of processor groups on two-tier switches instead of
+        programming OCS; the OCS calls above then answer FAILED_PRECONDITION
+        (reason FABRIC_KIND), and these answer it on an OCS_TORUS pod.
+
+        SW-1: the switched fabric: its configuration and derived sizes.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReserveRings(self, request, context):
+        """SW-4: plan the job's rings on these groups and reserve every channel they
+        use, all or nothing. Idempotent by job_id: the same degrees and tiles
+        answer the stored rings; other ones for a reserved job_id are
+        FAILED_PRECONDITION (JOB_EXISTS). No route: RESOURCE_EXHAUSTED naming what
+        is missing ("tier-0 switch r3/p7 has 2 free uplinks, ring ... needs 4").
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReleaseRings(self, request, context):
+        """SW-4: free exactly the job's channels. Unknown job_id: NOT_FOUND.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SwapGroup(self, request, context):
+        """SW-5: move the job's tile in a failed group to a free group (same tier-0
+        switch first) and re-route only the rings that touched it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetRings(self, request, context):
+        """SW-6: each ring's path (hops as node names and "port -> port" channels).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListRingReservations(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListSwitchLinkUse(self, request, context):
+        """SW-6: link use per switch, and free uplinks of tier-0 switches.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetFreeUplinks(self, request, context):
+        """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -220,6 +340,11 @@ def add_OcsManagerServicer_to_server(servicer, server):
             'GetFabric': grpc.unary_unary_rpc_method_handler(
                     servicer.GetFabric,
                     request_deserializer=lightpath_dot_v1_dot_ocs__manager__pb2.GetFabricRequest.FromString,
+                    response_serializer=lightpath_dot_v1_dot_ocs__manager__pb2.Fabric.SerializeToString,
+            ),
+            'PlanFabric': grpc.unary_unary_rpc_method_handler(
+                    servicer.PlanFabric,
+                    request_deserializer=lightpath_dot_v1_dot_ocs__manager__pb2.PlanFabricRequest.FromString,
                     response_serializer=lightpath_dot_v1_dot_ocs__manager__pb2.Fabric.SerializeToString,
             ),
             'GetPortMap': grpc.unary_unary_rpc_method_handler(
@@ -271,6 +396,46 @@ def add_OcsManagerServicer_to_server(servicer, server):
                     servicer.CheckInvariants,
                     request_deserializer=lightpath_dot_v1_dot_ocs__manager__pb2.CheckInvariantsRequest.FromString,
                     response_serializer=lightpath_dot_v1_dot_ocs__manager__pb2.InvariantReport.SerializeToString,
+            ),
+            'GetSwitchedFabric': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetSwitchedFabric,
+                    request_deserializer=lightpath_dot_v1_dot_ocs__manager__pb2.GetSwitchedFabricRequest.FromString,
+                    response_serializer=lightpath_dot_v1_dot_ocs__manager__pb2.SwitchedFabric.SerializeToString,
+            ),
+            'ReserveRings': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReserveRings,
+                    request_deserializer=lightpath_dot_v1_dot_ocs__manager__pb2.ReserveRingsRequest.FromString,
+                    response_serializer=lightpath_dot_v1_dot_ocs__manager__pb2.RingReservation.SerializeToString,
+            ),
+            'ReleaseRings': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReleaseRings,
+                    request_deserializer=lightpath_dot_v1_dot_ocs__manager__pb2.ReleaseRingsRequest.FromString,
+                    response_serializer=lightpath_dot_v1_dot_ocs__manager__pb2.ReleaseRingsResponse.SerializeToString,
+            ),
+            'SwapGroup': grpc.unary_unary_rpc_method_handler(
+                    servicer.SwapGroup,
+                    request_deserializer=lightpath_dot_v1_dot_ocs__manager__pb2.SwapGroupRequest.FromString,
+                    response_serializer=lightpath_dot_v1_dot_ocs__manager__pb2.SwapGroupResponse.SerializeToString,
+            ),
+            'GetRings': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetRings,
+                    request_deserializer=lightpath_dot_v1_dot_ocs__manager__pb2.GetRingsRequest.FromString,
+                    response_serializer=lightpath_dot_v1_dot_ocs__manager__pb2.RingReservation.SerializeToString,
+            ),
+            'ListRingReservations': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListRingReservations,
+                    request_deserializer=lightpath_dot_v1_dot_ocs__manager__pb2.ListRingReservationsRequest.FromString,
+                    response_serializer=lightpath_dot_v1_dot_ocs__manager__pb2.ListRingReservationsResponse.SerializeToString,
+            ),
+            'ListSwitchLinkUse': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListSwitchLinkUse,
+                    request_deserializer=lightpath_dot_v1_dot_ocs__manager__pb2.ListSwitchLinkUseRequest.FromString,
+                    response_serializer=lightpath_dot_v1_dot_ocs__manager__pb2.ListSwitchLinkUseResponse.SerializeToString,
+            ),
+            'GetFreeUplinks': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetFreeUplinks,
+                    request_deserializer=lightpath_dot_v1_dot_ocs__manager__pb2.GetFreeUplinksRequest.FromString,
+                    response_serializer=lightpath_dot_v1_dot_ocs__manager__pb2.GetFreeUplinksResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -338,6 +503,33 @@ class OcsManager:
             target,
             '/lightpath.v1.OcsManager/GetFabric',
             lightpath_dot_v1_dot_ocs__manager__pb2.GetFabricRequest.SerializeToString,
+            lightpath_dot_v1_dot_ocs__manager__pb2.Fabric.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PlanFabric(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lightpath.v1.OcsManager/PlanFabric',
+            lightpath_dot_v1_dot_ocs__manager__pb2.PlanFabricRequest.SerializeToString,
             lightpath_dot_v1_dot_ocs__manager__pb2.Fabric.FromString,
             options,
             channel_credentials,
@@ -609,6 +801,222 @@ class OcsManager:
             '/lightpath.v1.OcsManager/CheckInvariants',
             lightpath_dot_v1_dot_ocs__manager__pb2.CheckInvariantsRequest.SerializeToString,
             lightpath_dot_v1_dot_ocs__manager__pb2.InvariantReport.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetSwitchedFabric(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lightpath.v1.OcsManager/GetSwitchedFabric',
+            lightpath_dot_v1_dot_ocs__manager__pb2.GetSwitchedFabricRequest.SerializeToString,
+            lightpath_dot_v1_dot_ocs__manager__pb2.SwitchedFabric.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReserveRings(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lightpath.v1.OcsManager/ReserveRings',
+            lightpath_dot_v1_dot_ocs__manager__pb2.ReserveRingsRequest.SerializeToString,
+            lightpath_dot_v1_dot_ocs__manager__pb2.RingReservation.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReleaseRings(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lightpath.v1.OcsManager/ReleaseRings',
+            lightpath_dot_v1_dot_ocs__manager__pb2.ReleaseRingsRequest.SerializeToString,
+            lightpath_dot_v1_dot_ocs__manager__pb2.ReleaseRingsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SwapGroup(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lightpath.v1.OcsManager/SwapGroup',
+            lightpath_dot_v1_dot_ocs__manager__pb2.SwapGroupRequest.SerializeToString,
+            lightpath_dot_v1_dot_ocs__manager__pb2.SwapGroupResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetRings(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lightpath.v1.OcsManager/GetRings',
+            lightpath_dot_v1_dot_ocs__manager__pb2.GetRingsRequest.SerializeToString,
+            lightpath_dot_v1_dot_ocs__manager__pb2.RingReservation.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListRingReservations(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lightpath.v1.OcsManager/ListRingReservations',
+            lightpath_dot_v1_dot_ocs__manager__pb2.ListRingReservationsRequest.SerializeToString,
+            lightpath_dot_v1_dot_ocs__manager__pb2.ListRingReservationsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListSwitchLinkUse(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lightpath.v1.OcsManager/ListSwitchLinkUse',
+            lightpath_dot_v1_dot_ocs__manager__pb2.ListSwitchLinkUseRequest.SerializeToString,
+            lightpath_dot_v1_dot_ocs__manager__pb2.ListSwitchLinkUseResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetFreeUplinks(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lightpath.v1.OcsManager/GetFreeUplinks',
+            lightpath_dot_v1_dot_ocs__manager__pb2.GetFreeUplinksRequest.SerializeToString,
+            lightpath_dot_v1_dot_ocs__manager__pb2.GetFreeUplinksResponse.FromString,
             options,
             channel_credentials,
             insecure,

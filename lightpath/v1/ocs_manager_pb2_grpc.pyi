@@ -50,6 +50,10 @@ class OcsManagerStub:
     """Identity and version of this instance."""
     GetFabric: _grpc.UnaryUnaryMultiCallable[_ocs_manager_pb2.GetFabricRequest, _ocs_manager_pb2.Fabric]
     """OCS-1: the fabric this manager programs: its configuration and derived sizes."""
+    PlanFabric: _grpc.UnaryUnaryMultiCallable[_ocs_manager_pb2.PlanFabricRequest, _ocs_manager_pb2.Fabric]
+    """OCS-1: what a configuration would give, without applying it; an impossible
+    one (e.g. a radix too small) is INVALID_ARGUMENT naming the ports needed.
+    """
     GetPortMap: _grpc.UnaryUnaryMultiCallable[_ocs_manager_pb2.GetPortMapRequest, _ocs_manager_pb2.PortMap]
     """OCS-1, OCS-7: (block, dim, axis, end) -> OCS port(s), optionally filtered."""
     WireSlice: _grpc.UnaryUnaryMultiCallable[_ocs_manager_pb2.WireSliceRequest, _ocs_manager_pb2.SliceWiring]
@@ -73,7 +77,38 @@ class OcsManagerStub:
     ListSwitches: _grpc.UnaryUnaryMultiCallable[_ocs_manager_pb2.ListSwitchesRequest, _ocs_manager_pb2.ListSwitchesResponse]
     GetOneToManyStates: _grpc.UnaryUnaryMultiCallable[_ocs_manager_pb2.GetOneToManyStatesRequest, _ocs_manager_pb2.GetOneToManyStatesResponse]
     CheckInvariants: _grpc.UnaryUnaryMultiCallable[_ocs_manager_pb2.CheckInvariantsRequest, _ocs_manager_pb2.InvariantReport]
-    """OCS-6: check every invariant over the stored state."""
+    """OCS-6: check every invariant over the stored state. On a SWITCHED pod:
+    every ring closes, visits its line once and runs over real links, no
+    channel is in two rings, and the reservation bitmaps agree with the rings.
+    """
+    GetSwitchedFabric: _grpc.UnaryUnaryMultiCallable[_ocs_manager_pb2.GetSwitchedFabricRequest, _ocs_manager_pb2.SwitchedFabric]
+    """-- SWITCHED pods (seed 002, SW-1 … SW-6) ------------------------------------
+    A manager started with LIGHTPATH_FABRIC_KIND=SWITCHED holds the link
+    reservations of processor groups on two-tier switches instead of
+    programming OCS; the OCS calls above then answer FAILED_PRECONDITION
+    (reason FABRIC_KIND), and these answer it on an OCS_TORUS pod.
+
+    SW-1: the switched fabric: its configuration and derived sizes.
+    """
+    ReserveRings: _grpc.UnaryUnaryMultiCallable[_ocs_manager_pb2.ReserveRingsRequest, _ocs_manager_pb2.RingReservation]
+    """SW-4: plan the job's rings on these groups and reserve every channel they
+    use, all or nothing. Idempotent by job_id: the same degrees and tiles
+    answer the stored rings; other ones for a reserved job_id are
+    FAILED_PRECONDITION (JOB_EXISTS). No route: RESOURCE_EXHAUSTED naming what
+    is missing ("tier-0 switch r3/p7 has 2 free uplinks, ring ... needs 4").
+    """
+    ReleaseRings: _grpc.UnaryUnaryMultiCallable[_ocs_manager_pb2.ReleaseRingsRequest, _ocs_manager_pb2.ReleaseRingsResponse]
+    """SW-4: free exactly the job's channels. Unknown job_id: NOT_FOUND."""
+    SwapGroup: _grpc.UnaryUnaryMultiCallable[_ocs_manager_pb2.SwapGroupRequest, _ocs_manager_pb2.SwapGroupResponse]
+    """SW-5: move the job's tile in a failed group to a free group (same tier-0
+    switch first) and re-route only the rings that touched it.
+    """
+    GetRings: _grpc.UnaryUnaryMultiCallable[_ocs_manager_pb2.GetRingsRequest, _ocs_manager_pb2.RingReservation]
+    """SW-6: each ring's path (hops as node names and "port -> port" channels)."""
+    ListRingReservations: _grpc.UnaryUnaryMultiCallable[_ocs_manager_pb2.ListRingReservationsRequest, _ocs_manager_pb2.ListRingReservationsResponse]
+    ListSwitchLinkUse: _grpc.UnaryUnaryMultiCallable[_ocs_manager_pb2.ListSwitchLinkUseRequest, _ocs_manager_pb2.ListSwitchLinkUseResponse]
+    """SW-6: link use per switch, and free uplinks of tier-0 switches."""
+    GetFreeUplinks: _grpc.UnaryUnaryMultiCallable[_ocs_manager_pb2.GetFreeUplinksRequest, _ocs_manager_pb2.GetFreeUplinksResponse]
 
 @_typing.type_check_only
 class OcsManagerAsyncStub(OcsManagerStub):
@@ -96,6 +131,10 @@ class OcsManagerAsyncStub(OcsManagerStub):
     """Identity and version of this instance."""
     GetFabric: _aio.UnaryUnaryMultiCallable[_ocs_manager_pb2.GetFabricRequest, _ocs_manager_pb2.Fabric]  # type: ignore[assignment]
     """OCS-1: the fabric this manager programs: its configuration and derived sizes."""
+    PlanFabric: _aio.UnaryUnaryMultiCallable[_ocs_manager_pb2.PlanFabricRequest, _ocs_manager_pb2.Fabric]  # type: ignore[assignment]
+    """OCS-1: what a configuration would give, without applying it; an impossible
+    one (e.g. a radix too small) is INVALID_ARGUMENT naming the ports needed.
+    """
     GetPortMap: _aio.UnaryUnaryMultiCallable[_ocs_manager_pb2.GetPortMapRequest, _ocs_manager_pb2.PortMap]  # type: ignore[assignment]
     """OCS-1, OCS-7: (block, dim, axis, end) -> OCS port(s), optionally filtered."""
     WireSlice: _aio.UnaryUnaryMultiCallable[_ocs_manager_pb2.WireSliceRequest, _ocs_manager_pb2.SliceWiring]  # type: ignore[assignment]
@@ -119,7 +158,38 @@ class OcsManagerAsyncStub(OcsManagerStub):
     ListSwitches: _aio.UnaryUnaryMultiCallable[_ocs_manager_pb2.ListSwitchesRequest, _ocs_manager_pb2.ListSwitchesResponse]  # type: ignore[assignment]
     GetOneToManyStates: _aio.UnaryUnaryMultiCallable[_ocs_manager_pb2.GetOneToManyStatesRequest, _ocs_manager_pb2.GetOneToManyStatesResponse]  # type: ignore[assignment]
     CheckInvariants: _aio.UnaryUnaryMultiCallable[_ocs_manager_pb2.CheckInvariantsRequest, _ocs_manager_pb2.InvariantReport]  # type: ignore[assignment]
-    """OCS-6: check every invariant over the stored state."""
+    """OCS-6: check every invariant over the stored state. On a SWITCHED pod:
+    every ring closes, visits its line once and runs over real links, no
+    channel is in two rings, and the reservation bitmaps agree with the rings.
+    """
+    GetSwitchedFabric: _aio.UnaryUnaryMultiCallable[_ocs_manager_pb2.GetSwitchedFabricRequest, _ocs_manager_pb2.SwitchedFabric]  # type: ignore[assignment]
+    """-- SWITCHED pods (seed 002, SW-1 … SW-6) ------------------------------------
+    A manager started with LIGHTPATH_FABRIC_KIND=SWITCHED holds the link
+    reservations of processor groups on two-tier switches instead of
+    programming OCS; the OCS calls above then answer FAILED_PRECONDITION
+    (reason FABRIC_KIND), and these answer it on an OCS_TORUS pod.
+
+    SW-1: the switched fabric: its configuration and derived sizes.
+    """
+    ReserveRings: _aio.UnaryUnaryMultiCallable[_ocs_manager_pb2.ReserveRingsRequest, _ocs_manager_pb2.RingReservation]  # type: ignore[assignment]
+    """SW-4: plan the job's rings on these groups and reserve every channel they
+    use, all or nothing. Idempotent by job_id: the same degrees and tiles
+    answer the stored rings; other ones for a reserved job_id are
+    FAILED_PRECONDITION (JOB_EXISTS). No route: RESOURCE_EXHAUSTED naming what
+    is missing ("tier-0 switch r3/p7 has 2 free uplinks, ring ... needs 4").
+    """
+    ReleaseRings: _aio.UnaryUnaryMultiCallable[_ocs_manager_pb2.ReleaseRingsRequest, _ocs_manager_pb2.ReleaseRingsResponse]  # type: ignore[assignment]
+    """SW-4: free exactly the job's channels. Unknown job_id: NOT_FOUND."""
+    SwapGroup: _aio.UnaryUnaryMultiCallable[_ocs_manager_pb2.SwapGroupRequest, _ocs_manager_pb2.SwapGroupResponse]  # type: ignore[assignment]
+    """SW-5: move the job's tile in a failed group to a free group (same tier-0
+    switch first) and re-route only the rings that touched it.
+    """
+    GetRings: _aio.UnaryUnaryMultiCallable[_ocs_manager_pb2.GetRingsRequest, _ocs_manager_pb2.RingReservation]  # type: ignore[assignment]
+    """SW-6: each ring's path (hops as node names and "port -> port" channels)."""
+    ListRingReservations: _aio.UnaryUnaryMultiCallable[_ocs_manager_pb2.ListRingReservationsRequest, _ocs_manager_pb2.ListRingReservationsResponse]  # type: ignore[assignment]
+    ListSwitchLinkUse: _aio.UnaryUnaryMultiCallable[_ocs_manager_pb2.ListSwitchLinkUseRequest, _ocs_manager_pb2.ListSwitchLinkUseResponse]  # type: ignore[assignment]
+    """SW-6: link use per switch, and free uplinks of tier-0 switches."""
+    GetFreeUplinks: _aio.UnaryUnaryMultiCallable[_ocs_manager_pb2.GetFreeUplinksRequest, _ocs_manager_pb2.GetFreeUplinksResponse]  # type: ignore[assignment]
 
 class OcsManagerServicer(metaclass=_abc_1.ABCMeta):
     """One per superpod: programs the optical circuit switches and 1xK switches
@@ -151,6 +221,16 @@ class OcsManagerServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_ocs_manager_pb2.Fabric, _abc.Awaitable[_ocs_manager_pb2.Fabric]]:
         """OCS-1: the fabric this manager programs: its configuration and derived sizes."""
+
+    @_abc_1.abstractmethod
+    def PlanFabric(
+        self,
+        request: _ocs_manager_pb2.PlanFabricRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_ocs_manager_pb2.Fabric, _abc.Awaitable[_ocs_manager_pb2.Fabric]]:
+        """OCS-1: what a configuration would give, without applying it; an impossible
+        one (e.g. a radix too small) is INVALID_ARGUMENT naming the ports needed.
+        """
 
     @_abc_1.abstractmethod
     def GetPortMap(
@@ -234,6 +314,85 @@ class OcsManagerServicer(metaclass=_abc_1.ABCMeta):
         request: _ocs_manager_pb2.CheckInvariantsRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_ocs_manager_pb2.InvariantReport, _abc.Awaitable[_ocs_manager_pb2.InvariantReport]]:
-        """OCS-6: check every invariant over the stored state."""
+        """OCS-6: check every invariant over the stored state. On a SWITCHED pod:
+        every ring closes, visits its line once and runs over real links, no
+        channel is in two rings, and the reservation bitmaps agree with the rings.
+        """
+
+    @_abc_1.abstractmethod
+    def GetSwitchedFabric(
+        self,
+        request: _ocs_manager_pb2.GetSwitchedFabricRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_ocs_manager_pb2.SwitchedFabric, _abc.Awaitable[_ocs_manager_pb2.SwitchedFabric]]:
+        """-- SWITCHED pods (seed 002, SW-1 … SW-6) ------------------------------------
+        A manager started with LIGHTPATH_FABRIC_KIND=SWITCHED holds the link
+        reservations of processor groups on two-tier switches instead of
+        programming OCS; the OCS calls above then answer FAILED_PRECONDITION
+        (reason FABRIC_KIND), and these answer it on an OCS_TORUS pod.
+
+        SW-1: the switched fabric: its configuration and derived sizes.
+        """
+
+    @_abc_1.abstractmethod
+    def ReserveRings(
+        self,
+        request: _ocs_manager_pb2.ReserveRingsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_ocs_manager_pb2.RingReservation, _abc.Awaitable[_ocs_manager_pb2.RingReservation]]:
+        """SW-4: plan the job's rings on these groups and reserve every channel they
+        use, all or nothing. Idempotent by job_id: the same degrees and tiles
+        answer the stored rings; other ones for a reserved job_id are
+        FAILED_PRECONDITION (JOB_EXISTS). No route: RESOURCE_EXHAUSTED naming what
+        is missing ("tier-0 switch r3/p7 has 2 free uplinks, ring ... needs 4").
+        """
+
+    @_abc_1.abstractmethod
+    def ReleaseRings(
+        self,
+        request: _ocs_manager_pb2.ReleaseRingsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_ocs_manager_pb2.ReleaseRingsResponse, _abc.Awaitable[_ocs_manager_pb2.ReleaseRingsResponse]]:
+        """SW-4: free exactly the job's channels. Unknown job_id: NOT_FOUND."""
+
+    @_abc_1.abstractmethod
+    def SwapGroup(
+        self,
+        request: _ocs_manager_pb2.SwapGroupRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_ocs_manager_pb2.SwapGroupResponse, _abc.Awaitable[_ocs_manager_pb2.SwapGroupResponse]]:
+        """SW-5: move the job's tile in a failed group to a free group (same tier-0
+        switch first) and re-route only the rings that touched it.
+        """
+
+    @_abc_1.abstractmethod
+    def GetRings(
+        self,
+        request: _ocs_manager_pb2.GetRingsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_ocs_manager_pb2.RingReservation, _abc.Awaitable[_ocs_manager_pb2.RingReservation]]:
+        """SW-6: each ring's path (hops as node names and "port -> port" channels)."""
+
+    @_abc_1.abstractmethod
+    def ListRingReservations(
+        self,
+        request: _ocs_manager_pb2.ListRingReservationsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_ocs_manager_pb2.ListRingReservationsResponse, _abc.Awaitable[_ocs_manager_pb2.ListRingReservationsResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def ListSwitchLinkUse(
+        self,
+        request: _ocs_manager_pb2.ListSwitchLinkUseRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_ocs_manager_pb2.ListSwitchLinkUseResponse, _abc.Awaitable[_ocs_manager_pb2.ListSwitchLinkUseResponse]]:
+        """SW-6: link use per switch, and free uplinks of tier-0 switches."""
+
+    @_abc_1.abstractmethod
+    def GetFreeUplinks(
+        self,
+        request: _ocs_manager_pb2.GetFreeUplinksRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_ocs_manager_pb2.GetFreeUplinksResponse, _abc.Awaitable[_ocs_manager_pb2.GetFreeUplinksResponse]]: ...
 
 def add_OcsManagerServicer_to_server(servicer: OcsManagerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -22,16 +22,96 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 from lightpath.v1 import common_pb2 as lightpath_dot_v1_dot_common__pb2
+from lightpath.v1 import ocs_manager_pb2 as lightpath_dot_v1_dot_ocs__manager__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n%lightpath/v1/workload_scheduler.proto\x12\x0clightpath.v1\x1a\x19lightpath/v1/common.proto2W\n\x11WorkloadScheduler\x12\x42\n\x07GetInfo\x12\x1c.lightpath.v1.GetInfoRequest\x1a\x19.lightpath.v1.ServiceInfob\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n%lightpath/v1/workload_scheduler.proto\x12\x0clightpath.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x19lightpath/v1/common.proto\x1a\x1elightpath/v1/ocs_manager.proto\"\xb5\x05\n\x07JobSpec\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\"\n\x05shape\x18\x02 \x01(\x0b\x32\x13.lightpath.v1.Shape\x12%\n\x04unit\x18\x03 \x01(\x0e\x32\x17.lightpath.v1.ShapeUnit\x12\x12\n\nnode_types\x18\x04 \x03(\t\x12\x43\n\x10node_type_counts\x18\x05 \x03(\x0b\x32).lightpath.v1.JobSpec.NodeTypeCountsEntry\x12\x10\n\x08priority\x18\x06 \x01(\r\x12\x33\n\x0epriority_class\x18\x07 \x01(\x0e\x32\x1b.lightpath.v1.PriorityClass\x12\x0c\n\x04wrap\x18\x08 \x03(\x08\x12\x39\n\x11preemption_policy\x18\t \x01(\x0e\x32\x1e.lightpath.v1.PreemptionPolicy\x12&\n\tshrink_to\x18\n \x03(\x0b\x32\x13.lightpath.v1.Shape\x12\x36\n\x10when_no_capacity\x18\x0b \x01(\x0e\x32\x1c.lightpath.v1.WhenNoCapacity\x12\x36\n\x10on_block_failure\x18\x0c \x01(\x0e\x32\x1c.lightpath.v1.OnBlockFailure\x12\x35\n\x0bparallelism\x18\r \x01(\x0b\x32 .lightpath.v1.ParallelismDegrees\x12\x31\n\x06labels\x18\x0e \x03(\x0b\x32!.lightpath.v1.JobSpec.LabelsEntry\x1a\x35\n\x13NodeTypeCountsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\r:\x02\x38\x01\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"M\n\x0f\x41\x64mitJobRequest\x12#\n\x04spec\x18\x01 \x01(\x0b\x32\x15.lightpath.v1.JobSpec\x12\x15\n\rvalidate_only\x18\x02 \x01(\x08\"]\n\nSliceBlock\x12*\n\x08position\x18\x01 \x01(\x0b\x32\x18.lightpath.v1.Coordinate\x12\x10\n\x08\x62lock_id\x18\x02 \x01(\r\x12\x11\n\tnode_type\x18\x03 \x01(\t\"\xa3\x01\n\nPreemption\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12.\n\x06\x61\x63tion\x18\x02 \x01(\x0e\x32\x1e.lightpath.v1.PreemptionPolicy\x12\x14\n\x0c\x62locks_taken\x18\x03 \x03(\r\x12&\n\tshrunk_to\x18\x04 \x01(\x0b\x32\x13.lightpath.v1.Shape\x12\x17\n\x0fvictim_priority\x18\x05 \x01(\r\"\x81\x01\n\x10\x41\x64mitJobResponse\x12\x1e\n\x03job\x18\x01 \x01(\x0b\x32\x11.lightpath.v1.Job\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\x12+\n\tpreempted\x18\x03 \x03(\x0b\x32\x18.lightpath.v1.Preemption\x12\x0f\n\x07outcome\x18\x04 \x01(\t\"\x87\x04\n\x03Job\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0e\n\x06pod_id\x18\x02 \x01(\t\x12%\n\x05state\x18\x03 \x01(\x0e\x32\x16.lightpath.v1.JobState\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12#\n\x04spec\x18\x05 \x01(\x0b\x32\x15.lightpath.v1.JobSpec\x12\x10\n\x08priority\x18\x06 \x01(\r\x12!\n\x04grid\x18\x07 \x01(\x0b\x32\x13.lightpath.v1.Shape\x12\"\n\x05\x63hips\x18\x08 \x01(\x0b\x32\x13.lightpath.v1.Shape\x12\x0c\n\x04wrap\x18\t \x03(\x08\x12(\n\x06\x62locks\x18\n \x03(\x0b\x32\x18.lightpath.v1.SliceBlock\x12.\n\ncreated_at\x18\x0b \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nupdated_at\x18\x0c \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x16\n\x0equeue_position\x18\r \x01(\r\x12%\n\x05rings\x18\x0e \x01(\x0b\x32\x16.lightpath.v1.RingPlan\x12\'\n\x07history\x18\x0f \x03(\x0b\x32\x16.lightpath.v1.JobEvent\x12+\n\x08switched\x18\x10 \x01(\x0b\x32\x19.lightpath.v1.SwitchedJob\"\xb9\x01\n\x0bSwitchedJob\x12\x31\n\x07\x64\x65grees\x18\x01 \x01(\x0b\x32 .lightpath.v1.ParallelismDegrees\x12\x12\n\nprocessors\x18\x02 \x01(\r\x12\r\n\x05small\x18\x03 \x01(\x08\x12&\n\x05tiles\x18\x04 \x03(\x0b\x32\x17.lightpath.v1.GroupTile\x12,\n\x05rings\x18\x05 \x01(\x0b\x32\x1d.lightpath.v1.RingReservation\"6\n\rGetJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x15\n\rinclude_rings\x18\x02 \x01(\x08\"`\n\x0fListJobsRequest\x12&\n\x06states\x18\x01 \x03(\x0e\x32\x16.lightpath.v1.JobState\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\"L\n\x10ListJobsResponse\x12\x1f\n\x04jobs\x18\x01 \x03(\x0b\x32\x11.lightpath.v1.Job\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"$\n\x12\x43ompleteJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"2\n\x10\x43\x61ncelJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"g\n\x18ReportBlockHealthRequest\x12\x10\n\x08\x62lock_id\x18\x01 \x01(\r\x12)\n\x06health\x18\x02 \x01(\x0e\x32\x19.lightpath.v1.BlockHealth\x12\x0e\n\x06reason\x18\x03 \x01(\t\"\x9b\x02\n\x10\x42lockReplacement\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x17\n\x0f\x66\x61iled_block_id\x18\x02 \x01(\r\x12\x14\n\x0cnew_block_id\x18\x03 \x01(\r\x12*\n\x08position\x18\x04 \x01(\x0b\x32\x18.lightpath.v1.Coordinate\x12\x1c\n\x14\x63ross_connects_moved\x18\x05 \x01(\r\x12 \n\x18\x63ross_connects_untouched\x18\x06 \x01(\r\x12+\n\tpreempted\x18\x07 \x03(\x0b\x32\x18.lightpath.v1.Preemption\x12\x16\n\x0erings_rerouted\x18\x08 \x01(\r\x12\x17\n\x0frings_untouched\x18\t \x01(\r\"\x9f\x01\n\x19ReportBlockHealthResponse\x12&\n\x05\x62lock\x18\x01 \x01(\x0b\x32\x17.lightpath.v1.BlockView\x12\x0e\n\x06\x61\x63tion\x18\x02 \x01(\t\x12\x33\n\x0breplacement\x18\x03 \x01(\x0b\x32\x1e.lightpath.v1.BlockReplacement\x12\x15\n\raffected_jobs\x18\x04 \x03(\t\"!\n\x0fWatchJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\x11\n\x0fWatchPodRequest\"\x91\x01\n\nBlockEvent\x12\x10\n\x08\x62lock_id\x18\x01 \x01(\r\x12)\n\x06health\x18\x02 \x01(\x0e\x32\x19.lightpath.v1.BlockHealth\x12&\n\x02\x61t\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12\x0e\n\x06pod_id\x18\x05 \x01(\t\"e\n\x08PodEvent\x12%\n\x03job\x18\x01 \x01(\x0b\x32\x16.lightpath.v1.JobEventH\x00\x12)\n\x05\x62lock\x18\x02 \x01(\x0b\x32\x18.lightpath.v1.BlockEventH\x00\x42\x07\n\x05\x65vent\"\x0f\n\rGetPodRequest\"\xce\x01\n\tBlockView\x12\x10\n\x08\x62lock_id\x18\x01 \x01(\r\x12\x11\n\tnode_type\x18\x02 \x01(\t\x12)\n\x06health\x18\x03 \x01(\x0e\x32\x19.lightpath.v1.BlockHealth\x12\x35\n\x0c\x61vailability\x18\x04 \x01(\x0e\x32\x1f.lightpath.v1.BlockAvailability\x12\x0e\n\x06job_id\x18\x05 \x01(\t\x12*\n\x08position\x18\x06 \x01(\x0b\x32\x18.lightpath.v1.Coordinate\"_\n\nTypeCounts\x12\x11\n\tnode_type\x18\x01 \x01(\t\x12\r\n\x05total\x18\x02 \x01(\r\x12\x0c\n\x04\x66ree\x18\x03 \x01(\r\x12\x11\n\tallocated\x18\x04 \x01(\r\x12\x0e\n\x06\x66\x61iled\x18\x05 \x01(\r\"\x8d\x01\n\nJobSummary\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12%\n\x05state\x18\x02 \x01(\x0e\x32\x16.lightpath.v1.JobState\x12\x10\n\x08priority\x18\x03 \x01(\r\x12!\n\x04grid\x18\x04 \x01(\x0b\x32\x13.lightpath.v1.Shape\x12\x13\n\x0b\x62lock_count\x18\x05 \x01(\r\"\xc0\x03\n\x07PodView\x12\x0e\n\x06pod_id\x18\x01 \x01(\t\x12(\n\x0b\x62lock_shape\x18\x02 \x01(\x0b\x32\x13.lightpath.v1.Shape\x12\x13\n\x0b\x62lock_count\x18\x03 \x01(\r\x12\x14\n\x0cocs_per_axis\x18\x04 \x01(\r\x12\'\n\x05types\x18\x05 \x03(\x0b\x32\x18.lightpath.v1.TypeCounts\x12=\n\rjobs_by_state\x18\x06 \x03(\x0b\x32&.lightpath.v1.PodView.JobsByStateEntry\x12\'\n\x06\x62locks\x18\x07 \x03(\x0b\x32\x17.lightpath.v1.BlockView\x12+\n\tlive_jobs\x18\x08 \x03(\x0b\x32\x18.lightpath.v1.JobSummary\x12-\n\x0b\x66\x61\x62ric_kind\x18\t \x01(\x0e\x32\x18.lightpath.v1.FabricKind\x12/\n\x08switched\x18\n \x01(\x0b\x32\x1d.lightpath.v1.SwitchedPodView\x1a\x32\n\x10JobsByStateEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\r:\x02\x38\x01\"\x94\x02\n\x0fSwitchedPodView\x12,\n\x06\x66\x61\x62ric\x18\x01 \x01(\x0b\x32\x1c.lightpath.v1.SwitchedFabric\x12\x14\n\x0csmall_groups\x18\x02 \x03(\r\x12\x42\n\x0bsmall_tiles\x18\x03 \x03(\x0b\x32-.lightpath.v1.SwitchedPodView.SmallTilesEntry\x12-\n\x08switches\x18\x04 \x03(\x0b\x32\x1b.lightpath.v1.SwitchLinkUse\x1aJ\n\x0fSmallTilesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12&\n\x05value\x18\x02 \x01(\x0b\x32\x17.lightpath.v1.GroupTile:\x02\x38\x01\"\xa2\x01\n\x10PlanRingsRequest\x12\"\n\x05shape\x18\x01 \x01(\x0b\x32\x13.lightpath.v1.Shape\x12%\n\x04unit\x18\x02 \x01(\x0e\x32\x17.lightpath.v1.ShapeUnit\x12\x0c\n\x04wrap\x18\x03 \x03(\x08\x12\x35\n\x0bparallelism\x18\x04 \x01(\x0b\x32 .lightpath.v1.ParallelismDegrees\"/\n\x04Ring\x12\'\n\x05\x63hips\x18\x01 \x03(\x0b\x32\x18.lightpath.v1.Coordinate\"Z\n\tAxisRings\x12\x0c\n\x04\x61xis\x18\x01 \x01(\t\x12\x0e\n\x06\x64\x65gree\x18\x02 \x01(\r\x12\x0c\n\x04\x64ims\x18\x03 \x03(\r\x12!\n\x05rings\x18\x04 \x03(\x0b\x32\x12.lightpath.v1.Ring\"c\n\x08RingPlan\x12\"\n\x05\x63hips\x18\x01 \x01(\x0b\x32\x13.lightpath.v1.Shape\x12\x0c\n\x04wrap\x18\x02 \x03(\x08\x12%\n\x04\x61xes\x18\x03 \x03(\x0b\x32\x17.lightpath.v1.AxisRings*i\n\x0eWhenNoCapacity\x12 \n\x1cWHEN_NO_CAPACITY_UNSPECIFIED\x10\x00\x12\x1a\n\x16WHEN_NO_CAPACITY_QUEUE\x10\x01\x12\x19\n\x15WHEN_NO_CAPACITY_FAIL\x10\x02*k\n\x0eOnBlockFailure\x12 \n\x1cON_BLOCK_FAILURE_UNSPECIFIED\x10\x00\x12\x1c\n\x18ON_BLOCK_FAILURE_SUSPEND\x10\x01\x12\x19\n\x15ON_BLOCK_FAILURE_FAIL\x10\x02\x32\x9e\x06\n\x11WorkloadScheduler\x12\x42\n\x07GetInfo\x12\x1c.lightpath.v1.GetInfoRequest\x1a\x19.lightpath.v1.ServiceInfo\x12I\n\x08\x41\x64mitJob\x12\x1d.lightpath.v1.AdmitJobRequest\x1a\x1e.lightpath.v1.AdmitJobResponse\x12\x38\n\x06GetJob\x12\x1b.lightpath.v1.GetJobRequest\x1a\x11.lightpath.v1.Job\x12I\n\x08ListJobs\x12\x1d.lightpath.v1.ListJobsRequest\x1a\x1e.lightpath.v1.ListJobsResponse\x12\x42\n\x0b\x43ompleteJob\x12 .lightpath.v1.CompleteJobRequest\x1a\x11.lightpath.v1.Job\x12>\n\tCancelJob\x12\x1e.lightpath.v1.CancelJobRequest\x1a\x11.lightpath.v1.Job\x12\x64\n\x11ReportBlockHealth\x12&.lightpath.v1.ReportBlockHealthRequest\x1a\'.lightpath.v1.ReportBlockHealthResponse\x12\x43\n\x08WatchJob\x12\x1d.lightpath.v1.WatchJobRequest\x1a\x16.lightpath.v1.JobEvent0\x01\x12\x43\n\x08WatchPod\x12\x1d.lightpath.v1.WatchPodRequest\x1a\x16.lightpath.v1.PodEvent0\x01\x12<\n\x06GetPod\x12\x1b.lightpath.v1.GetPodRequest\x1a\x15.lightpath.v1.PodView\x12\x43\n\tPlanRings\x12\x1e.lightpath.v1.PlanRingsRequest\x1a\x16.lightpath.v1.RingPlanb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'lightpath.v1.workload_scheduler_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_WORKLOADSCHEDULER']._serialized_start=82
-  _globals['_WORKLOADSCHEDULER']._serialized_end=169
+  _globals['_JOBSPEC_NODETYPECOUNTSENTRY']._loaded_options = None
+  _globals['_JOBSPEC_NODETYPECOUNTSENTRY']._serialized_options = b'8\001'
+  _globals['_JOBSPEC_LABELSENTRY']._loaded_options = None
+  _globals['_JOBSPEC_LABELSENTRY']._serialized_options = b'8\001'
+  _globals['_PODVIEW_JOBSBYSTATEENTRY']._loaded_options = None
+  _globals['_PODVIEW_JOBSBYSTATEENTRY']._serialized_options = b'8\001'
+  _globals['_SWITCHEDPODVIEW_SMALLTILESENTRY']._loaded_options = None
+  _globals['_SWITCHEDPODVIEW_SMALLTILESENTRY']._serialized_options = b'8\001'
+  _globals['_WHENNOCAPACITY']._serialized_start=4809
+  _globals['_WHENNOCAPACITY']._serialized_end=4914
+  _globals['_ONBLOCKFAILURE']._serialized_start=4916
+  _globals['_ONBLOCKFAILURE']._serialized_end=5023
+  _globals['_JOBSPEC']._serialized_start=148
+  _globals['_JOBSPEC']._serialized_end=841
+  _globals['_JOBSPEC_NODETYPECOUNTSENTRY']._serialized_start=741
+  _globals['_JOBSPEC_NODETYPECOUNTSENTRY']._serialized_end=794
+  _globals['_JOBSPEC_LABELSENTRY']._serialized_start=796
+  _globals['_JOBSPEC_LABELSENTRY']._serialized_end=841
+  _globals['_ADMITJOBREQUEST']._serialized_start=843
+  _globals['_ADMITJOBREQUEST']._serialized_end=920
+  _globals['_SLICEBLOCK']._serialized_start=922
+  _globals['_SLICEBLOCK']._serialized_end=1015
+  _globals['_PREEMPTION']._serialized_start=1018
+  _globals['_PREEMPTION']._serialized_end=1181
+  _globals['_ADMITJOBRESPONSE']._serialized_start=1184
+  _globals['_ADMITJOBRESPONSE']._serialized_end=1313
+  _globals['_JOB']._serialized_start=1316
+  _globals['_JOB']._serialized_end=1835
+  _globals['_SWITCHEDJOB']._serialized_start=1838
+  _globals['_SWITCHEDJOB']._serialized_end=2023
+  _globals['_GETJOBREQUEST']._serialized_start=2025
+  _globals['_GETJOBREQUEST']._serialized_end=2079
+  _globals['_LISTJOBSREQUEST']._serialized_start=2081
+  _globals['_LISTJOBSREQUEST']._serialized_end=2177
+  _globals['_LISTJOBSRESPONSE']._serialized_start=2179
+  _globals['_LISTJOBSRESPONSE']._serialized_end=2255
+  _globals['_COMPLETEJOBREQUEST']._serialized_start=2257
+  _globals['_COMPLETEJOBREQUEST']._serialized_end=2293
+  _globals['_CANCELJOBREQUEST']._serialized_start=2295
+  _globals['_CANCELJOBREQUEST']._serialized_end=2345
+  _globals['_REPORTBLOCKHEALTHREQUEST']._serialized_start=2347
+  _globals['_REPORTBLOCKHEALTHREQUEST']._serialized_end=2450
+  _globals['_BLOCKREPLACEMENT']._serialized_start=2453
+  _globals['_BLOCKREPLACEMENT']._serialized_end=2736
+  _globals['_REPORTBLOCKHEALTHRESPONSE']._serialized_start=2739
+  _globals['_REPORTBLOCKHEALTHRESPONSE']._serialized_end=2898
+  _globals['_WATCHJOBREQUEST']._serialized_start=2900
+  _globals['_WATCHJOBREQUEST']._serialized_end=2933
+  _globals['_WATCHPODREQUEST']._serialized_start=2935
+  _globals['_WATCHPODREQUEST']._serialized_end=2952
+  _globals['_BLOCKEVENT']._serialized_start=2955
+  _globals['_BLOCKEVENT']._serialized_end=3100
+  _globals['_PODEVENT']._serialized_start=3102
+  _globals['_PODEVENT']._serialized_end=3203
+  _globals['_GETPODREQUEST']._serialized_start=3205
+  _globals['_GETPODREQUEST']._serialized_end=3220
+  _globals['_BLOCKVIEW']._serialized_start=3223
+  _globals['_BLOCKVIEW']._serialized_end=3429
+  _globals['_TYPECOUNTS']._serialized_start=3431
+  _globals['_TYPECOUNTS']._serialized_end=3526
+  _globals['_JOBSUMMARY']._serialized_start=3529
+  _globals['_JOBSUMMARY']._serialized_end=3670
+  _globals['_PODVIEW']._serialized_start=3673
+  _globals['_PODVIEW']._serialized_end=4121
+  _globals['_PODVIEW_JOBSBYSTATEENTRY']._serialized_start=4071
+  _globals['_PODVIEW_JOBSBYSTATEENTRY']._serialized_end=4121
+  _globals['_SWITCHEDPODVIEW']._serialized_start=4124
+  _globals['_SWITCHEDPODVIEW']._serialized_end=4400
+  _globals['_SWITCHEDPODVIEW_SMALLTILESENTRY']._serialized_start=4326
+  _globals['_SWITCHEDPODVIEW_SMALLTILESENTRY']._serialized_end=4400
+  _globals['_PLANRINGSREQUEST']._serialized_start=4403
+  _globals['_PLANRINGSREQUEST']._serialized_end=4565
+  _globals['_RING']._serialized_start=4567
+  _globals['_RING']._serialized_end=4614
+  _globals['_AXISRINGS']._serialized_start=4616
+  _globals['_AXISRINGS']._serialized_end=4706
+  _globals['_RINGPLAN']._serialized_start=4708
+  _globals['_RINGPLAN']._serialized_end=4807
+  _globals['_WORKLOADSCHEDULER']._serialized_start=5026
+  _globals['_WORKLOADSCHEDULER']._serialized_end=5824
 # @@protoc_insertion_point(module_scope)

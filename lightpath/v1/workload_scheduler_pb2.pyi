@@ -3,6 +3,1148 @@
 isort:skip_file
 """
 
+from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from lightpath.v1 import common_pb2 as _common_pb2
+from lightpath.v1 import ocs_manager_pb2 as _ocs_manager_pb2
+import builtins as _builtins
+import sys
+import typing as _typing
+
+if sys.version_info >= (3, 11):
+    from typing import TypeAlias as _TypeAlias, Never as _Never
+else:
+    from typing_extensions import TypeAlias as _TypeAlias, Never as _Never
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class _WhenNoCapacity:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _WhenNoCapacityEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_WhenNoCapacity.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    WHEN_NO_CAPACITY_UNSPECIFIED: _WhenNoCapacity.ValueType  # 0
+    """= QUEUE"""
+    WHEN_NO_CAPACITY_QUEUE: _WhenNoCapacity.ValueType  # 1
+    """Wait in the pod's queue (PENDING, by priority then age)."""
+    WHEN_NO_CAPACITY_FAIL: _WhenNoCapacity.ValueType  # 2
+    """Refuse with RESOURCE_EXHAUSTED; nothing is recorded."""
+
+class WhenNoCapacity(_WhenNoCapacity, metaclass=_WhenNoCapacityEnumTypeWrapper):
+    """What to do when the pod cannot place the job now, even by preemption (WS-4)."""
+
+WHEN_NO_CAPACITY_UNSPECIFIED: WhenNoCapacity.ValueType  # 0
+"""= QUEUE"""
+WHEN_NO_CAPACITY_QUEUE: WhenNoCapacity.ValueType  # 1
+"""Wait in the pod's queue (PENDING, by priority then age)."""
+WHEN_NO_CAPACITY_FAIL: WhenNoCapacity.ValueType  # 2
+"""Refuse with RESOURCE_EXHAUSTED; nothing is recorded."""
+Global___WhenNoCapacity: _TypeAlias = WhenNoCapacity  # noqa: Y015
+
+class _OnBlockFailure:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _OnBlockFailureEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_OnBlockFailure.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    ON_BLOCK_FAILURE_UNSPECIFIED: _OnBlockFailure.ValueType  # 0
+    """= SUSPEND"""
+    ON_BLOCK_FAILURE_SUSPEND: _OnBlockFailure.ValueType  # 1
+    """SUSPENDED and requeued; resumes, rewired, when blocks free."""
+    ON_BLOCK_FAILURE_FAIL: _OnBlockFailure.ValueType  # 2
+    """FAILED."""
+
+class OnBlockFailure(_OnBlockFailure, metaclass=_OnBlockFailureEnumTypeWrapper):
+    """What a running slice wants when one of its blocks fails and no block can be had (WS-5)."""
+
+ON_BLOCK_FAILURE_UNSPECIFIED: OnBlockFailure.ValueType  # 0
+"""= SUSPEND"""
+ON_BLOCK_FAILURE_SUSPEND: OnBlockFailure.ValueType  # 1
+"""SUSPENDED and requeued; resumes, rewired, when blocks free."""
+ON_BLOCK_FAILURE_FAIL: OnBlockFailure.ValueType  # 2
+"""FAILED."""
+Global___OnBlockFailure: _TypeAlias = OnBlockFailure  # noqa: Y015
+
+@_typing.final
+class JobSpec(_message.Message):
+    """A slice request (WS-2). Stored as given; GetJob answers it back."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class NodeTypeCountsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    @_typing.final
+    class LabelsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    SHAPE_FIELD_NUMBER: _builtins.int
+    UNIT_FIELD_NUMBER: _builtins.int
+    NODE_TYPES_FIELD_NUMBER: _builtins.int
+    NODE_TYPE_COUNTS_FIELD_NUMBER: _builtins.int
+    PRIORITY_FIELD_NUMBER: _builtins.int
+    PRIORITY_CLASS_FIELD_NUMBER: _builtins.int
+    WRAP_FIELD_NUMBER: _builtins.int
+    PREEMPTION_POLICY_FIELD_NUMBER: _builtins.int
+    SHRINK_TO_FIELD_NUMBER: _builtins.int
+    WHEN_NO_CAPACITY_FIELD_NUMBER: _builtins.int
+    ON_BLOCK_FAILURE_FIELD_NUMBER: _builtins.int
+    PARALLELISM_FIELD_NUMBER: _builtins.int
+    LABELS_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    """Client-chosen id (X-5), the idempotency key: [A-Za-z0-9._-]{1,64}."""
+    unit: _common_pb2.ShapeUnit.ValueType
+    """CHIPS (the default): each extent a multiple of the block's (8x8x4 with
+    4x4x4 blocks = 2x2x1 blocks). BLOCKS: extents in blocks.
+    """
+    priority: _builtins.int
+    """1..100, higher wins (¶100). 0: priority_class, else MEDIUM (50)."""
+    priority_class: _common_pb2.PriorityClass.ValueType
+    """LOW = 20, MEDIUM = 50, HIGH = 80; used when priority is 0."""
+    preemption_policy: _common_pb2.PreemptionPolicy.ValueType
+    """What this job accepts when higher-priority work needs its blocks (WS-4).
+    UNSPECIFIED = DELAY (suspended, requeued, resumed; no work is thrown away).
+    """
+    when_no_capacity: Global___WhenNoCapacity.ValueType
+    on_block_failure: Global___OnBlockFailure.ValueType
+    @_builtins.property
+    def shape(self) -> _common_pb2.Shape:
+        """Target arrangement; one extent per fabric dimension, each >= 1."""
+
+    @_builtins.property
+    def node_types(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Node type per logical position (¶103), or ..."""
+
+    @_builtins.property
+    def node_type_counts(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
+        """... blocks per node type (positions filled row-major, types by name).
+        Neither: every block of the pod's primary type (the first in LIGHTPATH_BLOCK_TYPES).
+        """
+
+    @_builtins.property
+    def wrap(self) -> _containers.RepeatedScalarFieldContainer[_builtins.bool]:
+        """Wraparound per dimension; empty = a torus in every dimension."""
+
+    @_builtins.property
+    def shrink_to(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.Shape]:
+        """SHRINK: the smaller arrangements this job accepts, in `unit`, each a
+        sub-box of `shape` (every extent <=, fewer blocks). The blocks of the
+        sub-box at the origin keep their positions; the others are given up.
+        """
+
+    @_builtins.property
+    def parallelism(self) -> _common_pb2.ParallelismDegrees:
+        """Optional (all 0 = none). Their product must equal the slice's chip count;
+        the job then carries a ring plan (WS-10).
+        """
+
+    @_builtins.property
+    def labels(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """Free-form labels (tenant, user, ...), kept with the job."""
+
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        shape: _common_pb2.Shape | None = ...,
+        unit: _common_pb2.ShapeUnit.ValueType = ...,
+        node_types: _abc.Iterable[_builtins.str] | None = ...,
+        node_type_counts: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+        priority: _builtins.int = ...,
+        priority_class: _common_pb2.PriorityClass.ValueType = ...,
+        wrap: _abc.Iterable[_builtins.bool] | None = ...,
+        preemption_policy: _common_pb2.PreemptionPolicy.ValueType = ...,
+        shrink_to: _abc.Iterable[_common_pb2.Shape] | None = ...,
+        when_no_capacity: Global___WhenNoCapacity.ValueType = ...,
+        on_block_failure: Global___OnBlockFailure.ValueType = ...,
+        parallelism: _common_pb2.ParallelismDegrees | None = ...,
+        labels: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["parallelism", b"parallelism", "shape", b"shape"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "labels", b"labels", "node_type_counts", b"node_type_counts", "node_types", b"node_types", "on_block_failure", b"on_block_failure", "parallelism", b"parallelism", "preemption_policy", b"preemption_policy", "priority", b"priority", "priority_class", b"priority_class", "shape", b"shape", "shrink_to", b"shrink_to", "unit", b"unit", "when_no_capacity", b"when_no_capacity", "wrap", b"wrap"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___JobSpec: _TypeAlias = JobSpec  # noqa: Y015
+
+@_typing.final
+class AdmitJobRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SPEC_FIELD_NUMBER: _builtins.int
+    VALIDATE_ONLY_FIELD_NUMBER: _builtins.int
+    validate_only: _builtins.bool
+    """Decide, say what would happen, change nothing (AIP-163)."""
+    @_builtins.property
+    def spec(self) -> Global___JobSpec: ...
+    def __init__(
+        self,
+        *,
+        spec: Global___JobSpec | None = ...,
+        validate_only: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["spec", b"spec"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["spec", b"spec", "validate_only", b"validate_only"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AdmitJobRequest: _TypeAlias = AdmitJobRequest  # noqa: Y015
+
+@_typing.final
+class SliceBlock(_message.Message):
+    """A block of the slice at its logical position (WS-8)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    POSITION_FIELD_NUMBER: _builtins.int
+    BLOCK_ID_FIELD_NUMBER: _builtins.int
+    NODE_TYPE_FIELD_NUMBER: _builtins.int
+    block_id: _builtins.int
+    node_type: _builtins.str
+    @_builtins.property
+    def position(self) -> _common_pb2.Coordinate: ...
+    def __init__(
+        self,
+        *,
+        position: _common_pb2.Coordinate | None = ...,
+        block_id: _builtins.int = ...,
+        node_type: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["position", b"position"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["block_id", b"block_id", "node_type", b"node_type", "position", b"position"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SliceBlock: _TypeAlias = SliceBlock  # noqa: Y015
+
+@_typing.final
+class Preemption(_message.Message):
+    """A running job that gave up blocks for this one (WS-4)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    ACTION_FIELD_NUMBER: _builtins.int
+    BLOCKS_TAKEN_FIELD_NUMBER: _builtins.int
+    SHRUNK_TO_FIELD_NUMBER: _builtins.int
+    VICTIM_PRIORITY_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    action: _common_pb2.PreemptionPolicy.ValueType
+    victim_priority: _builtins.int
+    @_builtins.property
+    def blocks_taken(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def shrunk_to(self) -> _common_pb2.Shape:
+        """SHRINK: the victim's new arrangement in blocks."""
+
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        action: _common_pb2.PreemptionPolicy.ValueType = ...,
+        blocks_taken: _abc.Iterable[_builtins.int] | None = ...,
+        shrunk_to: _common_pb2.Shape | None = ...,
+        victim_priority: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["shrunk_to", b"shrunk_to"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "blocks_taken", b"blocks_taken", "job_id", b"job_id", "shrunk_to", b"shrunk_to", "victim_priority", b"victim_priority"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Preemption: _TypeAlias = Preemption  # noqa: Y015
+
+@_typing.final
+class AdmitJobResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_FIELD_NUMBER: _builtins.int
+    CREATED_FIELD_NUMBER: _builtins.int
+    PREEMPTED_FIELD_NUMBER: _builtins.int
+    OUTCOME_FIELD_NUMBER: _builtins.int
+    created: _builtins.bool
+    """False when the job_id was already known (an idempotent retry)."""
+    outcome: _builtins.str
+    """validate_only: what would happen ("placed", "placed by preempting 2 jobs",
+    "queued at position 3", "refused: ...").
+    """
+    @_builtins.property
+    def job(self) -> Global___Job: ...
+    @_builtins.property
+    def preempted(self) -> _containers.RepeatedCompositeFieldContainer[Global___Preemption]:
+        """Victims this admission preempted (or would, with validate_only)."""
+
+    def __init__(
+        self,
+        *,
+        job: Global___Job | None = ...,
+        created: _builtins.bool = ...,
+        preempted: _abc.Iterable[Global___Preemption] | None = ...,
+        outcome: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["job", b"job"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["created", b"created", "job", b"job", "outcome", b"outcome", "preempted", b"preempted"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AdmitJobResponse: _TypeAlias = AdmitJobResponse  # noqa: Y015
+
+@_typing.final
+class Job(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    POD_ID_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    SPEC_FIELD_NUMBER: _builtins.int
+    PRIORITY_FIELD_NUMBER: _builtins.int
+    GRID_FIELD_NUMBER: _builtins.int
+    CHIPS_FIELD_NUMBER: _builtins.int
+    WRAP_FIELD_NUMBER: _builtins.int
+    BLOCKS_FIELD_NUMBER: _builtins.int
+    CREATED_AT_FIELD_NUMBER: _builtins.int
+    UPDATED_AT_FIELD_NUMBER: _builtins.int
+    QUEUE_POSITION_FIELD_NUMBER: _builtins.int
+    RINGS_FIELD_NUMBER: _builtins.int
+    HISTORY_FIELD_NUMBER: _builtins.int
+    SWITCHED_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    pod_id: _builtins.str
+    state: _common_pb2.JobState.ValueType
+    reason: _builtins.str
+    """Why it is in this state (the last transition's reason)."""
+    priority: _builtins.int
+    """The effective priority 1..100."""
+    queue_position: _builtins.int
+    """PENDING / SUSPENDED: 1-based place in the pod's queue."""
+    @_builtins.property
+    def spec(self) -> Global___JobSpec: ...
+    @_builtins.property
+    def grid(self) -> _common_pb2.Shape:
+        """The arrangement in blocks, and in chips (after a shrink: the new one)."""
+
+    @_builtins.property
+    def chips(self) -> _common_pb2.Shape: ...
+    @_builtins.property
+    def wrap(self) -> _containers.RepeatedScalarFieldContainer[_builtins.bool]: ...
+    @_builtins.property
+    def blocks(self) -> _containers.RepeatedCompositeFieldContainer[Global___SliceBlock]:
+        """While it holds blocks (WIRING, RUNNING)."""
+
+    @_builtins.property
+    def created_at(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def updated_at(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def rings(self) -> Global___RingPlan:
+        """When the spec names parallelism degrees (WS-10)."""
+
+    @_builtins.property
+    def history(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.JobEvent]:
+        """Every stored transition, oldest first (WS-7)."""
+
+    @_builtins.property
+    def switched(self) -> Global___SwitchedJob:
+        """SWITCHED pods: the job's parallelism, groups and rings."""
+
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        pod_id: _builtins.str = ...,
+        state: _common_pb2.JobState.ValueType = ...,
+        reason: _builtins.str = ...,
+        spec: Global___JobSpec | None = ...,
+        priority: _builtins.int = ...,
+        grid: _common_pb2.Shape | None = ...,
+        chips: _common_pb2.Shape | None = ...,
+        wrap: _abc.Iterable[_builtins.bool] | None = ...,
+        blocks: _abc.Iterable[Global___SliceBlock] | None = ...,
+        created_at: _timestamp_pb2.Timestamp | None = ...,
+        updated_at: _timestamp_pb2.Timestamp | None = ...,
+        queue_position: _builtins.int = ...,
+        rings: Global___RingPlan | None = ...,
+        history: _abc.Iterable[_common_pb2.JobEvent] | None = ...,
+        switched: Global___SwitchedJob | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["chips", b"chips", "created_at", b"created_at", "grid", b"grid", "rings", b"rings", "spec", b"spec", "switched", b"switched", "updated_at", b"updated_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["blocks", b"blocks", "chips", b"chips", "created_at", b"created_at", "grid", b"grid", "history", b"history", "job_id", b"job_id", "pod_id", b"pod_id", "priority", b"priority", "queue_position", b"queue_position", "reason", b"reason", "rings", b"rings", "spec", b"spec", "state", b"state", "switched", b"switched", "updated_at", b"updated_at", "wrap", b"wrap"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Job: _TypeAlias = Job  # noqa: Y015
+
+@_typing.final
+class SwitchedJob(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DEGREES_FIELD_NUMBER: _builtins.int
+    PROCESSORS_FIELD_NUMBER: _builtins.int
+    SMALL_FIELD_NUMBER: _builtins.int
+    TILES_FIELD_NUMBER: _builtins.int
+    RINGS_FIELD_NUMBER: _builtins.int
+    processors: _builtins.int
+    small: _builtins.bool
+    """Fits in one group: packed into a group reserved for small jobs (SW-2)."""
+    @_builtins.property
+    def degrees(self) -> _common_pb2.ParallelismDegrees: ...
+    @_builtins.property
+    def tiles(self) -> _containers.RepeatedCompositeFieldContainer[_ocs_manager_pb2.GroupTile]:
+        """While it holds groups: its whole groups (large), or its rectangle of one group (small)."""
+
+    @_builtins.property
+    def rings(self) -> _ocs_manager_pb2.RingReservation:
+        """GetJob with include_rings: the rings the pod's fabric manager reserved."""
+
+    def __init__(
+        self,
+        *,
+        degrees: _common_pb2.ParallelismDegrees | None = ...,
+        processors: _builtins.int = ...,
+        small: _builtins.bool = ...,
+        tiles: _abc.Iterable[_ocs_manager_pb2.GroupTile] | None = ...,
+        rings: _ocs_manager_pb2.RingReservation | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["degrees", b"degrees", "rings", b"rings"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["degrees", b"degrees", "processors", b"processors", "rings", b"rings", "small", b"small", "tiles", b"tiles"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SwitchedJob: _TypeAlias = SwitchedJob  # noqa: Y015
+
+@_typing.final
+class GetJobRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    INCLUDE_RINGS_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    include_rings: _builtins.bool
+    """Include the ring plan (large for big slices)."""
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        include_rings: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["include_rings", b"include_rings", "job_id", b"job_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetJobRequest: _TypeAlias = GetJobRequest  # noqa: Y015
+
+@_typing.final
+class ListJobsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STATES_FIELD_NUMBER: _builtins.int
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    page_size: _builtins.int
+    page_token: _builtins.str
+    @_builtins.property
+    def states(self) -> _containers.RepeatedScalarFieldContainer[_common_pb2.JobState.ValueType]:
+        """Filter; empty = every state."""
+
+    def __init__(
+        self,
+        *,
+        states: _abc.Iterable[_common_pb2.JobState.ValueType] | None = ...,
+        page_size: _builtins.int = ...,
+        page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["page_size", b"page_size", "page_token", b"page_token", "states", b"states"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListJobsRequest: _TypeAlias = ListJobsRequest  # noqa: Y015
+
+@_typing.final
+class ListJobsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOBS_FIELD_NUMBER: _builtins.int
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    next_page_token: _builtins.str
+    @_builtins.property
+    def jobs(self) -> _containers.RepeatedCompositeFieldContainer[Global___Job]:
+        """Newest first; without history or rings."""
+
+    def __init__(
+        self,
+        *,
+        jobs: _abc.Iterable[Global___Job] | None = ...,
+        next_page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["jobs", b"jobs", "next_page_token", b"next_page_token"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListJobsResponse: _TypeAlias = ListJobsResponse  # noqa: Y015
+
+@_typing.final
+class CompleteJobRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CompleteJobRequest: _TypeAlias = CompleteJobRequest  # noqa: Y015
+
+@_typing.final
+class CancelJobRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    reason: _builtins.str
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "reason", b"reason"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CancelJobRequest: _TypeAlias = CancelJobRequest  # noqa: Y015
+
+@_typing.final
+class ReportBlockHealthRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BLOCK_ID_FIELD_NUMBER: _builtins.int
+    HEALTH_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    block_id: _builtins.int
+    health: _common_pb2.BlockHealth.ValueType
+    """HEALTHY (= recovered) or FAILED."""
+    reason: _builtins.str
+    def __init__(
+        self,
+        *,
+        block_id: _builtins.int = ...,
+        health: _common_pb2.BlockHealth.ValueType = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["block_id", b"block_id", "health", b"health", "reason", b"reason"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReportBlockHealthRequest: _TypeAlias = ReportBlockHealthRequest  # noqa: Y015
+
+@_typing.final
+class BlockReplacement(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    FAILED_BLOCK_ID_FIELD_NUMBER: _builtins.int
+    NEW_BLOCK_ID_FIELD_NUMBER: _builtins.int
+    POSITION_FIELD_NUMBER: _builtins.int
+    CROSS_CONNECTS_MOVED_FIELD_NUMBER: _builtins.int
+    CROSS_CONNECTS_UNTOUCHED_FIELD_NUMBER: _builtins.int
+    PREEMPTED_FIELD_NUMBER: _builtins.int
+    RINGS_REROUTED_FIELD_NUMBER: _builtins.int
+    RINGS_UNTOUCHED_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    failed_block_id: _builtins.int
+    new_block_id: _builtins.int
+    cross_connects_moved: _builtins.int
+    """Cross-connects the ocs_manager moved, and those it left alone."""
+    cross_connects_untouched: _builtins.int
+    rings_rerouted: _builtins.int
+    """SWITCHED pods (SW-5): rings re-routed onto the new group, and those left alone."""
+    rings_untouched: _builtins.int
+    @_builtins.property
+    def position(self) -> _common_pb2.Coordinate:
+        """The logical position the new block took (the failed block's, ¶131)."""
+
+    @_builtins.property
+    def preempted(self) -> _containers.RepeatedCompositeFieldContainer[Global___Preemption]:
+        """When the new block came from lower-priority work."""
+
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        failed_block_id: _builtins.int = ...,
+        new_block_id: _builtins.int = ...,
+        position: _common_pb2.Coordinate | None = ...,
+        cross_connects_moved: _builtins.int = ...,
+        cross_connects_untouched: _builtins.int = ...,
+        preempted: _abc.Iterable[Global___Preemption] | None = ...,
+        rings_rerouted: _builtins.int = ...,
+        rings_untouched: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["position", b"position"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cross_connects_moved", b"cross_connects_moved", "cross_connects_untouched", b"cross_connects_untouched", "failed_block_id", b"failed_block_id", "job_id", b"job_id", "new_block_id", b"new_block_id", "position", b"position", "preempted", b"preempted", "rings_rerouted", b"rings_rerouted", "rings_untouched", b"rings_untouched"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___BlockReplacement: _TypeAlias = BlockReplacement  # noqa: Y015
+
+@_typing.final
+class ReportBlockHealthResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BLOCK_FIELD_NUMBER: _builtins.int
+    ACTION_FIELD_NUMBER: _builtins.int
+    REPLACEMENT_FIELD_NUMBER: _builtins.int
+    AFFECTED_JOBS_FIELD_NUMBER: _builtins.int
+    action: _builtins.str
+    """What the scheduler did about it, for people ("replaced ...", "job-3 suspended: ...")."""
+    @_builtins.property
+    def block(self) -> Global___BlockView: ...
+    @_builtins.property
+    def replacement(self) -> Global___BlockReplacement:
+        """Set when a running slice got a new block."""
+
+    @_builtins.property
+    def affected_jobs(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Jobs the report moved to another state (suspended or failed slices, preempted victims)."""
+
+    def __init__(
+        self,
+        *,
+        block: Global___BlockView | None = ...,
+        action: _builtins.str = ...,
+        replacement: Global___BlockReplacement | None = ...,
+        affected_jobs: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["block", b"block", "replacement", b"replacement"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "affected_jobs", b"affected_jobs", "block", b"block", "replacement", b"replacement"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReportBlockHealthResponse: _TypeAlias = ReportBlockHealthResponse  # noqa: Y015
+
+@_typing.final
+class WatchJobRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WatchJobRequest: _TypeAlias = WatchJobRequest  # noqa: Y015
+
+@_typing.final
+class WatchPodRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WatchPodRequest: _TypeAlias = WatchPodRequest  # noqa: Y015
+
+@_typing.final
+class BlockEvent(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BLOCK_ID_FIELD_NUMBER: _builtins.int
+    HEALTH_FIELD_NUMBER: _builtins.int
+    AT_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    POD_ID_FIELD_NUMBER: _builtins.int
+    block_id: _builtins.int
+    health: _common_pb2.BlockHealth.ValueType
+    reason: _builtins.str
+    pod_id: _builtins.str
+    @_builtins.property
+    def at(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        block_id: _builtins.int = ...,
+        health: _common_pb2.BlockHealth.ValueType = ...,
+        at: _timestamp_pb2.Timestamp | None = ...,
+        reason: _builtins.str = ...,
+        pod_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["at", b"at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["at", b"at", "block_id", b"block_id", "health", b"health", "pod_id", b"pod_id", "reason", b"reason"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___BlockEvent: _TypeAlias = BlockEvent  # noqa: Y015
+
+@_typing.final
+class PodEvent(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_FIELD_NUMBER: _builtins.int
+    BLOCK_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def job(self) -> _common_pb2.JobEvent: ...
+    @_builtins.property
+    def block(self) -> Global___BlockEvent: ...
+    def __init__(
+        self,
+        *,
+        job: _common_pb2.JobEvent | None = ...,
+        block: Global___BlockEvent | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["block", b"block", "event", b"event", "job", b"job"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["block", b"block", "event", b"event", "job", b"job"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_event: _TypeAlias = _typing.Literal["job", "block"]  # noqa: Y015
+    _WhichOneofArgType_event: _TypeAlias = _typing.Literal["event", b"event"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_event) -> _WhichOneofReturnType_event | None: ...
+
+Global___PodEvent: _TypeAlias = PodEvent  # noqa: Y015
+
+@_typing.final
+class GetPodRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetPodRequest: _TypeAlias = GetPodRequest  # noqa: Y015
+
+@_typing.final
+class BlockView(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BLOCK_ID_FIELD_NUMBER: _builtins.int
+    NODE_TYPE_FIELD_NUMBER: _builtins.int
+    HEALTH_FIELD_NUMBER: _builtins.int
+    AVAILABILITY_FIELD_NUMBER: _builtins.int
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    POSITION_FIELD_NUMBER: _builtins.int
+    block_id: _builtins.int
+    node_type: _builtins.str
+    health: _common_pb2.BlockHealth.ValueType
+    availability: _common_pb2.BlockAvailability.ValueType
+    job_id: _builtins.str
+    """The job holding it, and the block's logical position in that job's slice."""
+    @_builtins.property
+    def position(self) -> _common_pb2.Coordinate: ...
+    def __init__(
+        self,
+        *,
+        block_id: _builtins.int = ...,
+        node_type: _builtins.str = ...,
+        health: _common_pb2.BlockHealth.ValueType = ...,
+        availability: _common_pb2.BlockAvailability.ValueType = ...,
+        job_id: _builtins.str = ...,
+        position: _common_pb2.Coordinate | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["position", b"position"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["availability", b"availability", "block_id", b"block_id", "health", b"health", "job_id", b"job_id", "node_type", b"node_type", "position", b"position"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___BlockView: _TypeAlias = BlockView  # noqa: Y015
+
+@_typing.final
+class TypeCounts(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NODE_TYPE_FIELD_NUMBER: _builtins.int
+    TOTAL_FIELD_NUMBER: _builtins.int
+    FREE_FIELD_NUMBER: _builtins.int
+    ALLOCATED_FIELD_NUMBER: _builtins.int
+    FAILED_FIELD_NUMBER: _builtins.int
+    node_type: _builtins.str
+    total: _builtins.int
+    free: _builtins.int
+    allocated: _builtins.int
+    failed: _builtins.int
+    def __init__(
+        self,
+        *,
+        node_type: _builtins.str = ...,
+        total: _builtins.int = ...,
+        free: _builtins.int = ...,
+        allocated: _builtins.int = ...,
+        failed: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocated", b"allocated", "failed", b"failed", "free", b"free", "node_type", b"node_type", "total", b"total"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TypeCounts: _TypeAlias = TypeCounts  # noqa: Y015
+
+@_typing.final
+class JobSummary(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    PRIORITY_FIELD_NUMBER: _builtins.int
+    GRID_FIELD_NUMBER: _builtins.int
+    BLOCK_COUNT_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    state: _common_pb2.JobState.ValueType
+    priority: _builtins.int
+    block_count: _builtins.int
+    @_builtins.property
+    def grid(self) -> _common_pb2.Shape: ...
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        state: _common_pb2.JobState.ValueType = ...,
+        priority: _builtins.int = ...,
+        grid: _common_pb2.Shape | None = ...,
+        block_count: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["grid", b"grid"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["block_count", b"block_count", "grid", b"grid", "job_id", b"job_id", "priority", b"priority", "state", b"state"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___JobSummary: _TypeAlias = JobSummary  # noqa: Y015
+
+@_typing.final
+class PodView(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class JobsByStateEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    POD_ID_FIELD_NUMBER: _builtins.int
+    BLOCK_SHAPE_FIELD_NUMBER: _builtins.int
+    BLOCK_COUNT_FIELD_NUMBER: _builtins.int
+    OCS_PER_AXIS_FIELD_NUMBER: _builtins.int
+    TYPES_FIELD_NUMBER: _builtins.int
+    JOBS_BY_STATE_FIELD_NUMBER: _builtins.int
+    BLOCKS_FIELD_NUMBER: _builtins.int
+    LIVE_JOBS_FIELD_NUMBER: _builtins.int
+    FABRIC_KIND_FIELD_NUMBER: _builtins.int
+    SWITCHED_FIELD_NUMBER: _builtins.int
+    pod_id: _builtins.str
+    block_count: _builtins.int
+    ocs_per_axis: _builtins.int
+    fabric_kind: _common_pb2.FabricKind.ValueType
+    @_builtins.property
+    def block_shape(self) -> _common_pb2.Shape:
+        """From the ocs_manager (GetFabric): block shape in chips, block count, K."""
+
+    @_builtins.property
+    def types(self) -> _containers.RepeatedCompositeFieldContainer[Global___TypeCounts]: ...
+    @_builtins.property
+    def jobs_by_state(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
+        """Jobs per state name ("RUNNING" -> 3), live and finished."""
+
+    @_builtins.property
+    def blocks(self) -> _containers.RepeatedCompositeFieldContainer[Global___BlockView]:
+        """Every block 0..N-1 (seed Fig. 2: free, allocated to which slice, failed)."""
+
+    @_builtins.property
+    def live_jobs(self) -> _containers.RepeatedCompositeFieldContainer[Global___JobSummary]:
+        """Jobs holding blocks or waiting, in queue order for the waiting ones."""
+
+    @_builtins.property
+    def switched(self) -> Global___SwitchedPodView:
+        """SWITCHED pods: blocks are processor groups; this adds the rest."""
+
+    def __init__(
+        self,
+        *,
+        pod_id: _builtins.str = ...,
+        block_shape: _common_pb2.Shape | None = ...,
+        block_count: _builtins.int = ...,
+        ocs_per_axis: _builtins.int = ...,
+        types: _abc.Iterable[Global___TypeCounts] | None = ...,
+        jobs_by_state: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+        blocks: _abc.Iterable[Global___BlockView] | None = ...,
+        live_jobs: _abc.Iterable[Global___JobSummary] | None = ...,
+        fabric_kind: _common_pb2.FabricKind.ValueType = ...,
+        switched: Global___SwitchedPodView | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["block_shape", b"block_shape", "switched", b"switched"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["block_count", b"block_count", "block_shape", b"block_shape", "blocks", b"blocks", "fabric_kind", b"fabric_kind", "jobs_by_state", b"jobs_by_state", "live_jobs", b"live_jobs", "ocs_per_axis", b"ocs_per_axis", "pod_id", b"pod_id", "switched", b"switched", "types", b"types"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PodView: _TypeAlias = PodView  # noqa: Y015
+
+@_typing.final
+class SwitchedPodView(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class SmallTilesEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        @_builtins.property
+        def value(self) -> _ocs_manager_pb2.GroupTile: ...
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _ocs_manager_pb2.GroupTile | None = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _typing.Literal["value", b"value"]  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    FABRIC_FIELD_NUMBER: _builtins.int
+    SMALL_GROUPS_FIELD_NUMBER: _builtins.int
+    SMALL_TILES_FIELD_NUMBER: _builtins.int
+    SWITCHES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def fabric(self) -> _ocs_manager_pb2.SwitchedFabric: ...
+    @_builtins.property
+    def small_groups(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Groups reserved for small jobs (SW-2)."""
+
+    @_builtins.property
+    def small_tiles(self) -> _containers.MessageMap[_builtins.str, _ocs_manager_pb2.GroupTile]:
+        """Small jobs' rectangles (several share a group), by job id."""
+
+    @_builtins.property
+    def switches(self) -> _containers.RepeatedCompositeFieldContainer[_ocs_manager_pb2.SwitchLinkUse]:
+        """Link use of every switch, from the pod's fabric manager (empty if it did not answer)."""
+
+    def __init__(
+        self,
+        *,
+        fabric: _ocs_manager_pb2.SwitchedFabric | None = ...,
+        small_groups: _abc.Iterable[_builtins.int] | None = ...,
+        small_tiles: _abc.Mapping[_builtins.str, _ocs_manager_pb2.GroupTile] | None = ...,
+        switches: _abc.Iterable[_ocs_manager_pb2.SwitchLinkUse] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["fabric", b"fabric"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["fabric", b"fabric", "small_groups", b"small_groups", "small_tiles", b"small_tiles", "switches", b"switches"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SwitchedPodView: _TypeAlias = SwitchedPodView  # noqa: Y015
+
+@_typing.final
+class PlanRingsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SHAPE_FIELD_NUMBER: _builtins.int
+    UNIT_FIELD_NUMBER: _builtins.int
+    WRAP_FIELD_NUMBER: _builtins.int
+    PARALLELISM_FIELD_NUMBER: _builtins.int
+    unit: _common_pb2.ShapeUnit.ValueType
+    @_builtins.property
+    def shape(self) -> _common_pb2.Shape:
+        """Slice shape, in `unit` (CHIPS by default)."""
+
+    @_builtins.property
+    def wrap(self) -> _containers.RepeatedScalarFieldContainer[_builtins.bool]: ...
+    @_builtins.property
+    def parallelism(self) -> _common_pb2.ParallelismDegrees: ...
+    def __init__(
+        self,
+        *,
+        shape: _common_pb2.Shape | None = ...,
+        unit: _common_pb2.ShapeUnit.ValueType = ...,
+        wrap: _abc.Iterable[_builtins.bool] | None = ...,
+        parallelism: _common_pb2.ParallelismDegrees | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["parallelism", b"parallelism", "shape", b"shape"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["parallelism", b"parallelism", "shape", b"shape", "unit", b"unit", "wrap", b"wrap"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PlanRingsRequest: _TypeAlias = PlanRingsRequest  # noqa: Y015
+
+@_typing.final
+class Ring(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CHIPS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def chips(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.Coordinate]: ...
+    def __init__(
+        self,
+        *,
+        chips: _abc.Iterable[_common_pb2.Coordinate] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["chips", b"chips"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Ring: _TypeAlias = Ring  # noqa: Y015
+
+@_typing.final
+class AxisRings(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    AXIS_FIELD_NUMBER: _builtins.int
+    DEGREE_FIELD_NUMBER: _builtins.int
+    DIMS_FIELD_NUMBER: _builtins.int
+    RINGS_FIELD_NUMBER: _builtins.int
+    axis: _builtins.str
+    """"data", "pipeline" or "layer"."""
+    degree: _builtins.int
+    @_builtins.property
+    def dims(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Slice dimensions (0 = x) this axis runs along."""
+
+    @_builtins.property
+    def rings(self) -> _containers.RepeatedCompositeFieldContainer[Global___Ring]: ...
+    def __init__(
+        self,
+        *,
+        axis: _builtins.str = ...,
+        degree: _builtins.int = ...,
+        dims: _abc.Iterable[_builtins.int] | None = ...,
+        rings: _abc.Iterable[Global___Ring] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["axis", b"axis", "degree", b"degree", "dims", b"dims", "rings", b"rings"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AxisRings: _TypeAlias = AxisRings  # noqa: Y015
+
+@_typing.final
+class RingPlan(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CHIPS_FIELD_NUMBER: _builtins.int
+    WRAP_FIELD_NUMBER: _builtins.int
+    AXES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def chips(self) -> _common_pb2.Shape: ...
+    @_builtins.property
+    def wrap(self) -> _containers.RepeatedScalarFieldContainer[_builtins.bool]: ...
+    @_builtins.property
+    def axes(self) -> _containers.RepeatedCompositeFieldContainer[Global___AxisRings]: ...
+    def __init__(
+        self,
+        *,
+        chips: _common_pb2.Shape | None = ...,
+        wrap: _abc.Iterable[_builtins.bool] | None = ...,
+        axes: _abc.Iterable[Global___AxisRings] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["chips", b"chips"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["axes", b"axes", "chips", b"chips", "wrap", b"wrap"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RingPlan: _TypeAlias = RingPlan  # noqa: Y015

@@ -4,6 +4,7 @@ import grpc
 import warnings
 
 from lightpath.v1 import common_pb2 as lightpath_dot_v1_dot_common__pb2
+from lightpath.v1 import workload_scheduler_pb2 as lightpath_dot_v1_dot_workload__scheduler__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -26,7 +27,21 @@ if _version_not_supported:
 
 
 class WorkloadSchedulerStub:
-    """One per superpod: places slices on healthy free building blocks, preempts, swaps failed blocks (WS-1 … WS-10).
+    """One per superpod: places slices on healthy free building blocks, preempts,
+    swaps failed blocks, and plans rings (WS-1 … WS-10, seed 000 ¶100-132,
+    seed 002 ¶28-31). It drives the pod's ocs_manager, which wires the blocks.
+
+    SWITCHED pods (seed 002, SW-2 … SW-5). A pod whose ocs_manager serves fabric
+    kind SWITCHED has processor groups instead of building blocks: "blocks" are
+    its groups (block_id = group index), and a job names its parallelism degrees
+    (data, pipeline, layer) instead of a shape. A job that fits in one group is
+    packed into a group reserved for small jobs; a larger one takes whole groups,
+    under one tier-0 switch when it can; the ocs_manager reserves its rings.
+
+    Positions. A slice's blocks sit at the logical positions of a block grid
+    (b1 x … x bm). Lists "per position" are row-major with x fastest: position i
+    of a 2x2x1 grid is (i % 2, i / 2, 0). Chip coordinates inside a slice run
+    0..chips-1 per dimension.
     """
 
     def __init__(self, channel):
@@ -40,14 +55,152 @@ class WorkloadSchedulerStub:
                 request_serializer=lightpath_dot_v1_dot_common__pb2.GetInfoRequest.SerializeToString,
                 response_deserializer=lightpath_dot_v1_dot_common__pb2.ServiceInfo.FromString,
                 _registered_method=True)
+        self.AdmitJob = channel.unary_unary(
+                '/lightpath.v1.WorkloadScheduler/AdmitJob',
+                request_serializer=lightpath_dot_v1_dot_workload__scheduler__pb2.AdmitJobRequest.SerializeToString,
+                response_deserializer=lightpath_dot_v1_dot_workload__scheduler__pb2.AdmitJobResponse.FromString,
+                _registered_method=True)
+        self.GetJob = channel.unary_unary(
+                '/lightpath.v1.WorkloadScheduler/GetJob',
+                request_serializer=lightpath_dot_v1_dot_workload__scheduler__pb2.GetJobRequest.SerializeToString,
+                response_deserializer=lightpath_dot_v1_dot_workload__scheduler__pb2.Job.FromString,
+                _registered_method=True)
+        self.ListJobs = channel.unary_unary(
+                '/lightpath.v1.WorkloadScheduler/ListJobs',
+                request_serializer=lightpath_dot_v1_dot_workload__scheduler__pb2.ListJobsRequest.SerializeToString,
+                response_deserializer=lightpath_dot_v1_dot_workload__scheduler__pb2.ListJobsResponse.FromString,
+                _registered_method=True)
+        self.CompleteJob = channel.unary_unary(
+                '/lightpath.v1.WorkloadScheduler/CompleteJob',
+                request_serializer=lightpath_dot_v1_dot_workload__scheduler__pb2.CompleteJobRequest.SerializeToString,
+                response_deserializer=lightpath_dot_v1_dot_workload__scheduler__pb2.Job.FromString,
+                _registered_method=True)
+        self.CancelJob = channel.unary_unary(
+                '/lightpath.v1.WorkloadScheduler/CancelJob',
+                request_serializer=lightpath_dot_v1_dot_workload__scheduler__pb2.CancelJobRequest.SerializeToString,
+                response_deserializer=lightpath_dot_v1_dot_workload__scheduler__pb2.Job.FromString,
+                _registered_method=True)
+        self.ReportBlockHealth = channel.unary_unary(
+                '/lightpath.v1.WorkloadScheduler/ReportBlockHealth',
+                request_serializer=lightpath_dot_v1_dot_workload__scheduler__pb2.ReportBlockHealthRequest.SerializeToString,
+                response_deserializer=lightpath_dot_v1_dot_workload__scheduler__pb2.ReportBlockHealthResponse.FromString,
+                _registered_method=True)
+        self.WatchJob = channel.unary_stream(
+                '/lightpath.v1.WorkloadScheduler/WatchJob',
+                request_serializer=lightpath_dot_v1_dot_workload__scheduler__pb2.WatchJobRequest.SerializeToString,
+                response_deserializer=lightpath_dot_v1_dot_common__pb2.JobEvent.FromString,
+                _registered_method=True)
+        self.WatchPod = channel.unary_stream(
+                '/lightpath.v1.WorkloadScheduler/WatchPod',
+                request_serializer=lightpath_dot_v1_dot_workload__scheduler__pb2.WatchPodRequest.SerializeToString,
+                response_deserializer=lightpath_dot_v1_dot_workload__scheduler__pb2.PodEvent.FromString,
+                _registered_method=True)
+        self.GetPod = channel.unary_unary(
+                '/lightpath.v1.WorkloadScheduler/GetPod',
+                request_serializer=lightpath_dot_v1_dot_workload__scheduler__pb2.GetPodRequest.SerializeToString,
+                response_deserializer=lightpath_dot_v1_dot_workload__scheduler__pb2.PodView.FromString,
+                _registered_method=True)
+        self.PlanRings = channel.unary_unary(
+                '/lightpath.v1.WorkloadScheduler/PlanRings',
+                request_serializer=lightpath_dot_v1_dot_workload__scheduler__pb2.PlanRingsRequest.SerializeToString,
+                response_deserializer=lightpath_dot_v1_dot_workload__scheduler__pb2.RingPlan.FromString,
+                _registered_method=True)
 
 
 class WorkloadSchedulerServicer:
-    """One per superpod: places slices on healthy free building blocks, preempts, swaps failed blocks (WS-1 … WS-10).
+    """One per superpod: places slices on healthy free building blocks, preempts,
+    swaps failed blocks, and plans rings (WS-1 … WS-10, seed 000 ¶100-132,
+    seed 002 ¶28-31). It drives the pod's ocs_manager, which wires the blocks.
+
+    SWITCHED pods (seed 002, SW-2 … SW-5). A pod whose ocs_manager serves fabric
+    kind SWITCHED has processor groups instead of building blocks: "blocks" are
+    its groups (block_id = group index), and a job names its parallelism degrees
+    (data, pipeline, layer) instead of a shape. A job that fits in one group is
+    packed into a group reserved for small jobs; a larger one takes whole groups,
+    under one tier-0 switch when it can; the ocs_manager reserves its rings.
+
+    Positions. A slice's blocks sit at the logical positions of a block grid
+    (b1 x … x bm). Lists "per position" are row-major with x fastest: position i
+    of a 2x2x1 grid is (i % 2, i / 2, 0). Chip coordinates inside a slice run
+    0..chips-1 per dimension.
     """
 
     def GetInfo(self, request, context):
         """Identity and version of this instance.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AdmitJob(self, request, context):
+        """WS-2: admit a slice job. Idempotent by job_id: the same request again
+        answers the job as it is now; a different request under a used id is
+        FAILED_PRECONDITION (reason JOB_ID_REUSED). Answers once the job is
+        RUNNING (wired by the ocs_manager), queued (PENDING), or refused.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetJob(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListJobs(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CompleteJob(self, request, context):
+        """WS-6: the workload finished. Only a RUNNING job completes
+        (FAILED_PRECONDITION otherwise); its blocks are freed and unwired and
+        queued work starts. Completing a COMPLETED job again answers it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CancelJob(self, request, context):
+        """WS-6: cancel a job in any non-final state. Cancelling a CANCELLED job
+        again answers it; another final state is FAILED_PRECONDITION.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReportBlockHealth(self, request, context):
+        """WS-5: a block FAILED or RECOVERED (e.g. from a monitoring component, ¶128).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def WatchJob(self, request, context):
+        """WS-7: one job's transitions: its history first, then live until it ends.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def WatchPod(self, request, context):
+        """WS-7: every job transition and block health change of the pod, from now on.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetPod(self, request, context):
+        """WS-9: counts by state and type, and the block map (seed Fig. 2).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PlanRings(self, request, context):
+        """WS-10: rings for a slice shape and parallelism degrees, without admitting anything.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -61,6 +214,56 @@ def add_WorkloadSchedulerServicer_to_server(servicer, server):
                     request_deserializer=lightpath_dot_v1_dot_common__pb2.GetInfoRequest.FromString,
                     response_serializer=lightpath_dot_v1_dot_common__pb2.ServiceInfo.SerializeToString,
             ),
+            'AdmitJob': grpc.unary_unary_rpc_method_handler(
+                    servicer.AdmitJob,
+                    request_deserializer=lightpath_dot_v1_dot_workload__scheduler__pb2.AdmitJobRequest.FromString,
+                    response_serializer=lightpath_dot_v1_dot_workload__scheduler__pb2.AdmitJobResponse.SerializeToString,
+            ),
+            'GetJob': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetJob,
+                    request_deserializer=lightpath_dot_v1_dot_workload__scheduler__pb2.GetJobRequest.FromString,
+                    response_serializer=lightpath_dot_v1_dot_workload__scheduler__pb2.Job.SerializeToString,
+            ),
+            'ListJobs': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListJobs,
+                    request_deserializer=lightpath_dot_v1_dot_workload__scheduler__pb2.ListJobsRequest.FromString,
+                    response_serializer=lightpath_dot_v1_dot_workload__scheduler__pb2.ListJobsResponse.SerializeToString,
+            ),
+            'CompleteJob': grpc.unary_unary_rpc_method_handler(
+                    servicer.CompleteJob,
+                    request_deserializer=lightpath_dot_v1_dot_workload__scheduler__pb2.CompleteJobRequest.FromString,
+                    response_serializer=lightpath_dot_v1_dot_workload__scheduler__pb2.Job.SerializeToString,
+            ),
+            'CancelJob': grpc.unary_unary_rpc_method_handler(
+                    servicer.CancelJob,
+                    request_deserializer=lightpath_dot_v1_dot_workload__scheduler__pb2.CancelJobRequest.FromString,
+                    response_serializer=lightpath_dot_v1_dot_workload__scheduler__pb2.Job.SerializeToString,
+            ),
+            'ReportBlockHealth': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportBlockHealth,
+                    request_deserializer=lightpath_dot_v1_dot_workload__scheduler__pb2.ReportBlockHealthRequest.FromString,
+                    response_serializer=lightpath_dot_v1_dot_workload__scheduler__pb2.ReportBlockHealthResponse.SerializeToString,
+            ),
+            'WatchJob': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchJob,
+                    request_deserializer=lightpath_dot_v1_dot_workload__scheduler__pb2.WatchJobRequest.FromString,
+                    response_serializer=lightpath_dot_v1_dot_common__pb2.JobEvent.SerializeToString,
+            ),
+            'WatchPod': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchPod,
+                    request_deserializer=lightpath_dot_v1_dot_workload__scheduler__pb2.WatchPodRequest.FromString,
+                    response_serializer=lightpath_dot_v1_dot_workload__scheduler__pb2.PodEvent.SerializeToString,
+            ),
+            'GetPod': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetPod,
+                    request_deserializer=lightpath_dot_v1_dot_workload__scheduler__pb2.GetPodRequest.FromString,
+                    response_serializer=lightpath_dot_v1_dot_workload__scheduler__pb2.PodView.SerializeToString,
+            ),
+            'PlanRings': grpc.unary_unary_rpc_method_handler(
+                    servicer.PlanRings,
+                    request_deserializer=lightpath_dot_v1_dot_workload__scheduler__pb2.PlanRingsRequest.FromString,
+                    response_serializer=lightpath_dot_v1_dot_workload__scheduler__pb2.RingPlan.SerializeToString,
+            ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
             'lightpath.v1.WorkloadScheduler', rpc_method_handlers)
@@ -70,7 +273,21 @@ def add_WorkloadSchedulerServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class WorkloadScheduler:
-    """One per superpod: places slices on healthy free building blocks, preempts, swaps failed blocks (WS-1 … WS-10).
+    """One per superpod: places slices on healthy free building blocks, preempts,
+    swaps failed blocks, and plans rings (WS-1 … WS-10, seed 000 ¶100-132,
+    seed 002 ¶28-31). It drives the pod's ocs_manager, which wires the blocks.
+
+    SWITCHED pods (seed 002, SW-2 … SW-5). A pod whose ocs_manager serves fabric
+    kind SWITCHED has processor groups instead of building blocks: "blocks" are
+    its groups (block_id = group index), and a job names its parallelism degrees
+    (data, pipeline, layer) instead of a shape. A job that fits in one group is
+    packed into a group reserved for small jobs; a larger one takes whole groups,
+    under one tier-0 switch when it can; the ocs_manager reserves its rings.
+
+    Positions. A slice's blocks sit at the logical positions of a block grid
+    (b1 x … x bm). Lists "per position" are row-major with x fastest: position i
+    of a 2x2x1 grid is (i % 2, i / 2, 0). Chip coordinates inside a slice run
+    0..chips-1 per dimension.
     """
 
     @staticmethod
@@ -90,6 +307,276 @@ class WorkloadScheduler:
             '/lightpath.v1.WorkloadScheduler/GetInfo',
             lightpath_dot_v1_dot_common__pb2.GetInfoRequest.SerializeToString,
             lightpath_dot_v1_dot_common__pb2.ServiceInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AdmitJob(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lightpath.v1.WorkloadScheduler/AdmitJob',
+            lightpath_dot_v1_dot_workload__scheduler__pb2.AdmitJobRequest.SerializeToString,
+            lightpath_dot_v1_dot_workload__scheduler__pb2.AdmitJobResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetJob(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lightpath.v1.WorkloadScheduler/GetJob',
+            lightpath_dot_v1_dot_workload__scheduler__pb2.GetJobRequest.SerializeToString,
+            lightpath_dot_v1_dot_workload__scheduler__pb2.Job.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListJobs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lightpath.v1.WorkloadScheduler/ListJobs',
+            lightpath_dot_v1_dot_workload__scheduler__pb2.ListJobsRequest.SerializeToString,
+            lightpath_dot_v1_dot_workload__scheduler__pb2.ListJobsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CompleteJob(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lightpath.v1.WorkloadScheduler/CompleteJob',
+            lightpath_dot_v1_dot_workload__scheduler__pb2.CompleteJobRequest.SerializeToString,
+            lightpath_dot_v1_dot_workload__scheduler__pb2.Job.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CancelJob(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lightpath.v1.WorkloadScheduler/CancelJob',
+            lightpath_dot_v1_dot_workload__scheduler__pb2.CancelJobRequest.SerializeToString,
+            lightpath_dot_v1_dot_workload__scheduler__pb2.Job.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportBlockHealth(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lightpath.v1.WorkloadScheduler/ReportBlockHealth',
+            lightpath_dot_v1_dot_workload__scheduler__pb2.ReportBlockHealthRequest.SerializeToString,
+            lightpath_dot_v1_dot_workload__scheduler__pb2.ReportBlockHealthResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchJob(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/lightpath.v1.WorkloadScheduler/WatchJob',
+            lightpath_dot_v1_dot_workload__scheduler__pb2.WatchJobRequest.SerializeToString,
+            lightpath_dot_v1_dot_common__pb2.JobEvent.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchPod(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/lightpath.v1.WorkloadScheduler/WatchPod',
+            lightpath_dot_v1_dot_workload__scheduler__pb2.WatchPodRequest.SerializeToString,
+            lightpath_dot_v1_dot_workload__scheduler__pb2.PodEvent.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetPod(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lightpath.v1.WorkloadScheduler/GetPod',
+            lightpath_dot_v1_dot_workload__scheduler__pb2.GetPodRequest.SerializeToString,
+            lightpath_dot_v1_dot_workload__scheduler__pb2.PodView.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PlanRings(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lightpath.v1.WorkloadScheduler/PlanRings',
+            lightpath_dot_v1_dot_workload__scheduler__pb2.PlanRingsRequest.SerializeToString,
+            lightpath_dot_v1_dot_workload__scheduler__pb2.RingPlan.FromString,
             options,
             channel_credentials,
             insecure,

@@ -6,6 +6,7 @@ isort:skip_file
 from collections import abc as _abc
 from grpc import aio as _aio
 from lightpath.v1 import common_pb2 as _common_pb2
+from lightpath.v1 import workload_scheduler_pb2 as _workload_scheduler_pb2
 import abc as _abc_1
 import grpc as _grpc
 import sys
@@ -27,7 +28,22 @@ GRPC_GENERATED_VERSION: str
 GRPC_VERSION: str
 
 class WorkloadSchedulerStub:
-    """One per superpod: places slices on healthy free building blocks, preempts, swaps failed blocks (WS-1 … WS-10)."""
+    """One per superpod: places slices on healthy free building blocks, preempts,
+    swaps failed blocks, and plans rings (WS-1 … WS-10, seed 000 ¶100-132,
+    seed 002 ¶28-31). It drives the pod's ocs_manager, which wires the blocks.
+
+    SWITCHED pods (seed 002, SW-2 … SW-5). A pod whose ocs_manager serves fabric
+    kind SWITCHED has processor groups instead of building blocks: "blocks" are
+    its groups (block_id = group index), and a job names its parallelism degrees
+    (data, pipeline, layer) instead of a shape. A job that fits in one group is
+    packed into a group reserved for small jobs; a larger one takes whole groups,
+    under one tier-0 switch when it can; the ocs_manager reserves its rings.
+
+    Positions. A slice's blocks sit at the logical positions of a block grid
+    (b1 x … x bm). Lists "per position" are row-major with x fastest: position i
+    of a 2x2x1 grid is (i % 2, i / 2, 0). Chip coordinates inside a slice run
+    0..chips-1 per dimension.
+    """
 
     @_typing.overload
     def __new__(cls, channel: _grpc.Channel) -> _Self: ...
@@ -35,17 +51,101 @@ class WorkloadSchedulerStub:
     def __new__(cls, channel: _aio.Channel) -> WorkloadSchedulerAsyncStub: ...
     GetInfo: _grpc.UnaryUnaryMultiCallable[_common_pb2.GetInfoRequest, _common_pb2.ServiceInfo]
     """Identity and version of this instance."""
+    AdmitJob: _grpc.UnaryUnaryMultiCallable[_workload_scheduler_pb2.AdmitJobRequest, _workload_scheduler_pb2.AdmitJobResponse]
+    """WS-2: admit a slice job. Idempotent by job_id: the same request again
+    answers the job as it is now; a different request under a used id is
+    FAILED_PRECONDITION (reason JOB_ID_REUSED). Answers once the job is
+    RUNNING (wired by the ocs_manager), queued (PENDING), or refused.
+    """
+    GetJob: _grpc.UnaryUnaryMultiCallable[_workload_scheduler_pb2.GetJobRequest, _workload_scheduler_pb2.Job]
+    ListJobs: _grpc.UnaryUnaryMultiCallable[_workload_scheduler_pb2.ListJobsRequest, _workload_scheduler_pb2.ListJobsResponse]
+    CompleteJob: _grpc.UnaryUnaryMultiCallable[_workload_scheduler_pb2.CompleteJobRequest, _workload_scheduler_pb2.Job]
+    """WS-6: the workload finished. Only a RUNNING job completes
+    (FAILED_PRECONDITION otherwise); its blocks are freed and unwired and
+    queued work starts. Completing a COMPLETED job again answers it.
+    """
+    CancelJob: _grpc.UnaryUnaryMultiCallable[_workload_scheduler_pb2.CancelJobRequest, _workload_scheduler_pb2.Job]
+    """WS-6: cancel a job in any non-final state. Cancelling a CANCELLED job
+    again answers it; another final state is FAILED_PRECONDITION.
+    """
+    ReportBlockHealth: _grpc.UnaryUnaryMultiCallable[_workload_scheduler_pb2.ReportBlockHealthRequest, _workload_scheduler_pb2.ReportBlockHealthResponse]
+    """WS-5: a block FAILED or RECOVERED (e.g. from a monitoring component, ¶128)."""
+    WatchJob: _grpc.UnaryStreamMultiCallable[_workload_scheduler_pb2.WatchJobRequest, _common_pb2.JobEvent]
+    """WS-7: one job's transitions: its history first, then live until it ends."""
+    WatchPod: _grpc.UnaryStreamMultiCallable[_workload_scheduler_pb2.WatchPodRequest, _workload_scheduler_pb2.PodEvent]
+    """WS-7: every job transition and block health change of the pod, from now on."""
+    GetPod: _grpc.UnaryUnaryMultiCallable[_workload_scheduler_pb2.GetPodRequest, _workload_scheduler_pb2.PodView]
+    """WS-9: counts by state and type, and the block map (seed Fig. 2)."""
+    PlanRings: _grpc.UnaryUnaryMultiCallable[_workload_scheduler_pb2.PlanRingsRequest, _workload_scheduler_pb2.RingPlan]
+    """WS-10: rings for a slice shape and parallelism degrees, without admitting anything."""
 
 @_typing.type_check_only
 class WorkloadSchedulerAsyncStub(WorkloadSchedulerStub):
-    """One per superpod: places slices on healthy free building blocks, preempts, swaps failed blocks (WS-1 … WS-10)."""
+    """One per superpod: places slices on healthy free building blocks, preempts,
+    swaps failed blocks, and plans rings (WS-1 … WS-10, seed 000 ¶100-132,
+    seed 002 ¶28-31). It drives the pod's ocs_manager, which wires the blocks.
+
+    SWITCHED pods (seed 002, SW-2 … SW-5). A pod whose ocs_manager serves fabric
+    kind SWITCHED has processor groups instead of building blocks: "blocks" are
+    its groups (block_id = group index), and a job names its parallelism degrees
+    (data, pipeline, layer) instead of a shape. A job that fits in one group is
+    packed into a group reserved for small jobs; a larger one takes whole groups,
+    under one tier-0 switch when it can; the ocs_manager reserves its rings.
+
+    Positions. A slice's blocks sit at the logical positions of a block grid
+    (b1 x … x bm). Lists "per position" are row-major with x fastest: position i
+    of a 2x2x1 grid is (i % 2, i / 2, 0). Chip coordinates inside a slice run
+    0..chips-1 per dimension.
+    """
 
     def __init__(self, channel: _aio.Channel) -> None: ...
     GetInfo: _aio.UnaryUnaryMultiCallable[_common_pb2.GetInfoRequest, _common_pb2.ServiceInfo]  # type: ignore[assignment]
     """Identity and version of this instance."""
+    AdmitJob: _aio.UnaryUnaryMultiCallable[_workload_scheduler_pb2.AdmitJobRequest, _workload_scheduler_pb2.AdmitJobResponse]  # type: ignore[assignment]
+    """WS-2: admit a slice job. Idempotent by job_id: the same request again
+    answers the job as it is now; a different request under a used id is
+    FAILED_PRECONDITION (reason JOB_ID_REUSED). Answers once the job is
+    RUNNING (wired by the ocs_manager), queued (PENDING), or refused.
+    """
+    GetJob: _aio.UnaryUnaryMultiCallable[_workload_scheduler_pb2.GetJobRequest, _workload_scheduler_pb2.Job]  # type: ignore[assignment]
+    ListJobs: _aio.UnaryUnaryMultiCallable[_workload_scheduler_pb2.ListJobsRequest, _workload_scheduler_pb2.ListJobsResponse]  # type: ignore[assignment]
+    CompleteJob: _aio.UnaryUnaryMultiCallable[_workload_scheduler_pb2.CompleteJobRequest, _workload_scheduler_pb2.Job]  # type: ignore[assignment]
+    """WS-6: the workload finished. Only a RUNNING job completes
+    (FAILED_PRECONDITION otherwise); its blocks are freed and unwired and
+    queued work starts. Completing a COMPLETED job again answers it.
+    """
+    CancelJob: _aio.UnaryUnaryMultiCallable[_workload_scheduler_pb2.CancelJobRequest, _workload_scheduler_pb2.Job]  # type: ignore[assignment]
+    """WS-6: cancel a job in any non-final state. Cancelling a CANCELLED job
+    again answers it; another final state is FAILED_PRECONDITION.
+    """
+    ReportBlockHealth: _aio.UnaryUnaryMultiCallable[_workload_scheduler_pb2.ReportBlockHealthRequest, _workload_scheduler_pb2.ReportBlockHealthResponse]  # type: ignore[assignment]
+    """WS-5: a block FAILED or RECOVERED (e.g. from a monitoring component, ¶128)."""
+    WatchJob: _aio.UnaryStreamMultiCallable[_workload_scheduler_pb2.WatchJobRequest, _common_pb2.JobEvent]  # type: ignore[assignment]
+    """WS-7: one job's transitions: its history first, then live until it ends."""
+    WatchPod: _aio.UnaryStreamMultiCallable[_workload_scheduler_pb2.WatchPodRequest, _workload_scheduler_pb2.PodEvent]  # type: ignore[assignment]
+    """WS-7: every job transition and block health change of the pod, from now on."""
+    GetPod: _aio.UnaryUnaryMultiCallable[_workload_scheduler_pb2.GetPodRequest, _workload_scheduler_pb2.PodView]  # type: ignore[assignment]
+    """WS-9: counts by state and type, and the block map (seed Fig. 2)."""
+    PlanRings: _aio.UnaryUnaryMultiCallable[_workload_scheduler_pb2.PlanRingsRequest, _workload_scheduler_pb2.RingPlan]  # type: ignore[assignment]
+    """WS-10: rings for a slice shape and parallelism degrees, without admitting anything."""
 
 class WorkloadSchedulerServicer(metaclass=_abc_1.ABCMeta):
-    """One per superpod: places slices on healthy free building blocks, preempts, swaps failed blocks (WS-1 … WS-10)."""
+    """One per superpod: places slices on healthy free building blocks, preempts,
+    swaps failed blocks, and plans rings (WS-1 … WS-10, seed 000 ¶100-132,
+    seed 002 ¶28-31). It drives the pod's ocs_manager, which wires the blocks.
+
+    SWITCHED pods (seed 002, SW-2 … SW-5). A pod whose ocs_manager serves fabric
+    kind SWITCHED has processor groups instead of building blocks: "blocks" are
+    its groups (block_id = group index), and a job names its parallelism degrees
+    (data, pipeline, layer) instead of a shape. A job that fits in one group is
+    packed into a group reserved for small jobs; a larger one takes whole groups,
+    under one tier-0 switch when it can; the ocs_manager reserves its rings.
+
+    Positions. A slice's blocks sit at the logical positions of a block grid
+    (b1 x … x bm). Lists "per position" are row-major with x fastest: position i
+    of a 2x2x1 grid is (i % 2, i / 2, 0). Chip coordinates inside a slice run
+    0..chips-1 per dimension.
+    """
 
     @_abc_1.abstractmethod
     def GetInfo(
@@ -54,5 +154,92 @@ class WorkloadSchedulerServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_common_pb2.ServiceInfo, _abc.Awaitable[_common_pb2.ServiceInfo]]:
         """Identity and version of this instance."""
+
+    @_abc_1.abstractmethod
+    def AdmitJob(
+        self,
+        request: _workload_scheduler_pb2.AdmitJobRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_workload_scheduler_pb2.AdmitJobResponse, _abc.Awaitable[_workload_scheduler_pb2.AdmitJobResponse]]:
+        """WS-2: admit a slice job. Idempotent by job_id: the same request again
+        answers the job as it is now; a different request under a used id is
+        FAILED_PRECONDITION (reason JOB_ID_REUSED). Answers once the job is
+        RUNNING (wired by the ocs_manager), queued (PENDING), or refused.
+        """
+
+    @_abc_1.abstractmethod
+    def GetJob(
+        self,
+        request: _workload_scheduler_pb2.GetJobRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_workload_scheduler_pb2.Job, _abc.Awaitable[_workload_scheduler_pb2.Job]]: ...
+
+    @_abc_1.abstractmethod
+    def ListJobs(
+        self,
+        request: _workload_scheduler_pb2.ListJobsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_workload_scheduler_pb2.ListJobsResponse, _abc.Awaitable[_workload_scheduler_pb2.ListJobsResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def CompleteJob(
+        self,
+        request: _workload_scheduler_pb2.CompleteJobRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_workload_scheduler_pb2.Job, _abc.Awaitable[_workload_scheduler_pb2.Job]]:
+        """WS-6: the workload finished. Only a RUNNING job completes
+        (FAILED_PRECONDITION otherwise); its blocks are freed and unwired and
+        queued work starts. Completing a COMPLETED job again answers it.
+        """
+
+    @_abc_1.abstractmethod
+    def CancelJob(
+        self,
+        request: _workload_scheduler_pb2.CancelJobRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_workload_scheduler_pb2.Job, _abc.Awaitable[_workload_scheduler_pb2.Job]]:
+        """WS-6: cancel a job in any non-final state. Cancelling a CANCELLED job
+        again answers it; another final state is FAILED_PRECONDITION.
+        """
+
+    @_abc_1.abstractmethod
+    def ReportBlockHealth(
+        self,
+        request: _workload_scheduler_pb2.ReportBlockHealthRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_workload_scheduler_pb2.ReportBlockHealthResponse, _abc.Awaitable[_workload_scheduler_pb2.ReportBlockHealthResponse]]:
+        """WS-5: a block FAILED or RECOVERED (e.g. from a monitoring component, ¶128)."""
+
+    @_abc_1.abstractmethod
+    def WatchJob(
+        self,
+        request: _workload_scheduler_pb2.WatchJobRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_common_pb2.JobEvent], _abc.AsyncIterator[_common_pb2.JobEvent]]:
+        """WS-7: one job's transitions: its history first, then live until it ends."""
+
+    @_abc_1.abstractmethod
+    def WatchPod(
+        self,
+        request: _workload_scheduler_pb2.WatchPodRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_workload_scheduler_pb2.PodEvent], _abc.AsyncIterator[_workload_scheduler_pb2.PodEvent]]:
+        """WS-7: every job transition and block health change of the pod, from now on."""
+
+    @_abc_1.abstractmethod
+    def GetPod(
+        self,
+        request: _workload_scheduler_pb2.GetPodRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_workload_scheduler_pb2.PodView, _abc.Awaitable[_workload_scheduler_pb2.PodView]]:
+        """WS-9: counts by state and type, and the block map (seed Fig. 2)."""
+
+    @_abc_1.abstractmethod
+    def PlanRings(
+        self,
+        request: _workload_scheduler_pb2.PlanRingsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_workload_scheduler_pb2.RingPlan, _abc.Awaitable[_workload_scheduler_pb2.RingPlan]]:
+        """WS-10: rings for a slice shape and parallelism degrees, without admitting anything."""
 
 def add_WorkloadSchedulerServicer_to_server(servicer: WorkloadSchedulerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -1,29 +1,583 @@
-"""gRPC servicer of agg_switch: protobuf <-> domain, errors -> status (via the runtime)."""
+"""gRPC servicer of agg_switch: protobuf ⇄ domain, errors → status (via the runtime).
+
+Management calls read and write Redis through `AggStore` and decide with the
+pure functions of `command` and `topology`; data-path calls hand packets to
+the process's `DataPlane`. The three data-path methods use the raw AggChunk
+codec of `lightpath.agg_wire` instead of protobuf objects (zero-copy views
+in, one copy out); everything else is plain protobuf.
+"""
 
 from __future__ import annotations
 
-from lightpath.v1 import agg_switch_pb2, agg_switch_pb2_grpc, common_pb2
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import ClassVar
+
+import grpc
+import numpy as np
+from opentelemetry import trace
+
+from lightpath import agg_wire
+from lightpath.aggregation import Kind
+from lightpath.errors import FailedPrecondition, FieldViolation, InvalidArgument, NotFound
+from lightpath.v1 import agg_switch_pb2 as pb
+from lightpath.v1 import agg_switch_pb2_grpc, common_pb2
+from services.agg_switch import convert
+from services.agg_switch.command import (
+    DEFAULT_HISTORY_WINDOW,
+    CommandSpec,
+    CommandState,
+    TaStrategy,
+    choose_timeout_aggregator,
+    new_command,
+    participation_bitmaps,
+    predict_stragglers,
+)
+from services.agg_switch.dataplane import DataPlane
 from services.agg_switch.settings import AggSwitchSettings
+from services.agg_switch.store import AggStore, report_json
+from services.agg_switch.topology import Topology, validate_topology
+from services.common import redis_store
+from services.common.keys import ID_RULE, is_valid_id
 from services.common.server import Runtime, ServiceDefinition
 
-SERVICE_NAME = agg_switch_pb2.DESCRIPTOR.services_by_name["AggSwitch"].full_name
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["AggSwitch"].full_name
+
+
+def annotate(**attributes: str | int) -> None:
+    """Facts an operator looks for, on the RPC's span (`lightpath.command_id`, …)."""
+    span = trace.get_current_span()
+    for key, value in attributes.items():
+        span.set_attribute(f"lightpath.{key}", value)
+
+
+MAX_PAGE = 1000
+CONTRIBUTE_KINDS = {Kind.CONTRIBUTION, Kind.LATE, Kind.FINAL}
 
 
 class AggSwitchServicer(agg_switch_pb2_grpc.AggSwitchServicer):
-    def __init__(self, runtime: Runtime[AggSwitchSettings]):
+    def __init__(self, runtime: Runtime[AggSwitchSettings], store: AggStore, plane: DataPlane):
         self._rt = runtime
         self._settings = runtime.settings
+        self._store = store
+        self._plane = plane
 
     async def GetInfo(self, request: common_pb2.GetInfoRequest, context) -> common_pb2.ServiceInfo:
         return self._rt.info(
-            SERVICE_NAME, switch_id=self._settings.switch_id, tree=self._settings.tree_id
+            SERVICE_NAME,
+            switch_id=self._settings.switch_id,
+            tree=self._settings.tree_id,
+            slots=str(self._settings.slots),
         )
+
+    # -- helpers -------------------------------------------------------------------
+
+    def _tree(self, tree_id: str) -> str:
+        tree = tree_id or self._settings.tree_id
+        if not is_valid_id(tree):
+            raise InvalidArgument("tree_id", ID_RULE)
+        return tree
+
+    async def _topology(self, tree: str) -> Topology:
+        topo = await self._store.topology(tree)
+        if topo is None:
+            raise FailedPrecondition(
+                f"tree {tree}", "has no topology; DefineTopology first", reason="NO_TOPOLOGY"
+            )
+        return topo
+
+    async def _history(self, tree: str, window: int) -> list[tuple[str, float, dict[str, float]]]:
+        return await self._store.history(tree, window or DEFAULT_HISTORY_WINDOW)
+
+    @staticmethod
+    def _participants(topo: Topology, names: list[str]) -> list[str]:
+        bad = [
+            FieldViolation(
+                f"participants[{i}]", f"{n!r} is not a compute node of tree {topo.tree_id}"
+            )
+            for i, n in enumerate(names)
+            if not topo.is_compute(n)
+        ]
+        if bad:
+            raise InvalidArgument.of(bad)
+        return names or topo.compute_nodes
+
+    # -- management: topology (AG-1) -----------------------------------------------
+
+    async def DefineTopology(self, request: pb.DefineTopologyRequest, context) -> pb.AggTopology:
+        t = request.topology
+        tree = self._tree(t.tree_id)
+        topo = validate_topology(tree, convert.node_specs(t), t.timeout_aggregator)
+        version = await self._store.define_topology(topo, time.time())
+        annotate(tree=tree, topology_version=version, nodes=len(topo.nodes))
+        stored = await self._topology(tree)
+        self._rt.log.info(
+            "topology of %s defined: version %d, %d switches, %d compute nodes",
+            tree,
+            version,
+            len(topo.switches),
+            len(topo.compute_nodes),
+            extra={"tree": tree, "version": version},
+        )
+        return convert.topology_to_pb(stored, await self._store.endpoints(tree))
+
+    async def GetTopology(self, request: pb.GetTopologyRequest, context) -> pb.AggTopology:
+        tree = self._tree(request.tree_id)
+        topo = await self._store.topology(tree)
+        if topo is None:
+            raise NotFound("topology", tree)
+        return convert.topology_to_pb(topo, await self._store.endpoints(tree))
+
+    # -- management: commands (AG-2, AG-9, AG-10) ----------------------------------
+
+    async def StartCommand(self, request: pb.StartCommandRequest, context) -> pb.AggCommand:
+        tree = self._tree(request.tree_id)
+        req = convert.command_request(request)
+        topo = await self._topology(tree)
+        loads = await self._store.loads(tree) if req.ta_strategy is TaStrategy.LEAST_LOAD else {}
+        history: list[dict[str, float]] = []
+        if req.predict_top_k or req.predict_threshold_s:
+            history = [h for _, _, h in await self._history(tree, req.history_window)]
+        spec = new_command(
+            topo,
+            req,
+            now=time.time(),
+            default_chunk_bytes=self._settings.chunk_bytes,
+            loads=loads,
+            history=history,
+        )
+        if spec.ps_model:
+            found = await self._store.parameters(tree, spec.ps_model, include_data=False)
+            if found is not None and (found[0] is not spec.dtype or found[1] != spec.length):
+                raise FailedPrecondition(
+                    f"model {spec.ps_model}",
+                    f"holds {found[1]} {found[0]} parameters; the command has {spec.length} {spec.dtype}",
+                    reason="MODEL_MISMATCH",
+                )
+        spec, created = await self._store.start_command(spec, convert.request_digest(request, tree))
+        annotate(
+            tree=tree,
+            command_id=spec.command_id,
+            tenant=spec.tenant,
+            participants=len(spec.participants),
+            timeout_aggregator=spec.timeout_aggregator,
+            created=int(created),
+        )
+        if created:
+            self._rt.log.info(
+                "command %s started: %d participants, %s %s × %d, timeout aggregation node %s%s",
+                spec.command_id,
+                len(spec.participants),
+                spec.dtype,
+                spec.op,
+                spec.length,
+                spec.timeout_aggregator,
+                f", predicted late {list(spec.predicted)}" if spec.predicted else "",
+                extra={"command_id": spec.command_id, "tenant": spec.tenant, "tree": tree},
+            )
+        return convert.command_to_pb(spec, topo, await self._store.command(tree, spec.command_id))
+
+    async def GetCommand(self, request: pb.GetCommandRequest, context) -> pb.AggCommand:
+        tree = self._tree(request.tree_id)
+        if not is_valid_id(request.command_id):
+            raise InvalidArgument("command_id", ID_RULE)
+        annotate(tree=tree, command_id=request.command_id)
+        record = await self._store.require_command(tree, request.command_id)
+        return convert.command_to_pb(record.spec, await self._store.topology(tree), record)
+
+    async def ListCommands(
+        self, request: pb.ListCommandsRequest, context
+    ) -> pb.ListCommandsResponse:
+        tree = self._tree(request.tree_id)
+        size = request.page_size or 50
+        if size > MAX_PAGE:
+            raise InvalidArgument("page_size", f"must be at most {MAX_PAGE}")
+        try:
+            offset = int(request.page_token or "0")
+            if offset < 0:
+                raise ValueError
+        except ValueError:
+            raise InvalidArgument("page_token", "is not a token this call returned") from None
+        records, more = await self._store.list_commands(tree, offset, size)
+        topo = await self._store.topology(tree)
+        return pb.ListCommandsResponse(
+            commands=[convert.command_to_pb(r.spec, topo, r) for r in records],
+            next_page_token=str(offset + size) if more else "",
+        )
+
+    async def ChooseTimeoutAggregator(
+        self, request: pb.ChooseTimeoutAggregatorRequest, context
+    ) -> pb.TimeoutAggregatorChoice:
+        tree = self._tree(request.tree_id)
+        sel = request.selection
+        strategy = convert.enum_value(
+            convert.PB_TO_STRATEGY,
+            sel.strategy,
+            "selection.strategy",
+            "FIXED, RANDOM_BY_ID, LEAST_LOAD, FEWEST_HOPS or LOWEST_LINK_COST",
+        )
+        topo = await self._topology(tree)
+        participants = self._participants(topo, list(request.participants))
+        node, candidates = choose_timeout_aggregator(
+            topo,
+            participants,
+            strategy,
+            node=sel.node,
+            candidates=list(sel.candidates),
+            command_id=request.command_id,
+            loads=await self._store.loads(tree),
+        )
+        return pb.TimeoutAggregatorChoice(
+            node=node,
+            strategy=convert.STRATEGY_TO_PB[strategy],
+            candidates=[
+                pb.TimeoutAggregatorCandidate(
+                    node=c.node,
+                    kind=convert.KIND_TO_PB[c.kind],
+                    hops=c.hops,
+                    link_cost=c.link_cost,
+                    load=c.load,
+                    score=c.score,
+                )
+                for c in candidates
+            ],
+        )
+
+    async def PredictStragglers(
+        self, request: pb.PredictStragglersRequest, context
+    ) -> pb.StragglerPrediction:
+        tree = self._tree(request.tree_id)
+        opts = request.options
+        if opts.top_k and opts.threshold_s:
+            raise InvalidArgument("options", "set top_k or threshold_s, not both")
+        if opts.threshold_s < 0:
+            raise InvalidArgument("options.threshold_s", "must be >= 0")
+        topo = await self._topology(tree)
+        participants = self._participants(topo, list(request.participants))
+        entries = await self._history(tree, opts.history_window)
+        window = [{n: v for n, v in h.items() if n in participants} for _, _, h in entries]
+        predicted = predict_stragglers(
+            window, top_k=opts.top_k, threshold_s=opts.threshold_s, order=topo.position
+        )
+        names = [n for n, _ in predicted]
+        out = pb.StragglerPrediction(nodes=names, commands=[c for c, _, _ in entries])
+        for node, late in predicted:
+            out.lateness.append(
+                pb.NodeLateness(node=node, switch_id=topo.leaf_switch(node), lateness_s=late)
+            )
+        if len(names) < len(participants):
+            out.bitmaps.extend(
+                convert.bitmaps_to_pb(participation_bitmaps(topo, participants, names))
+            )
+        return out
+
+    async def GetHistory(self, request: pb.GetHistoryRequest, context) -> pb.AggHistory:
+        tree = self._tree(request.tree_id)
+        limit = request.limit or 20
+        if limit > MAX_PAGE:
+            raise InvalidArgument("limit", f"must be at most {MAX_PAGE}")
+        topo = await self._store.topology(tree)
+        out = pb.AggHistory()
+        for cid, at, lateness in await self._store.history(tree, limit):
+            entry = out.entries.add(command_id=cid)
+            entry.finished_at.FromNanoseconds(int(at * 1e9))
+            for node in sorted(lateness, key=lambda n: topo.position.get(n, 0) if topo else 0):
+                leaf = topo.leaf_switch(node) if topo and topo.is_compute(node) else ""
+                entry.lateness.add(node=node, switch_id=leaf, lateness_s=lateness[node])
+        return out
+
+    async def ReportLoad(self, request: pb.ReportLoadRequest, context) -> pb.ReportLoadResponse:
+        tree = self._tree(request.tree_id)
+        if not is_valid_id(request.node_id):
+            raise InvalidArgument("node_id", ID_RULE)
+        if not (np.isfinite(request.bytes_per_s) and request.bytes_per_s >= 0):
+            raise InvalidArgument("bytes_per_s", "must be a finite number >= 0")
+        topo = await self._topology(tree)
+        if request.node_id not in topo.by_id:
+            raise NotFound("node", request.node_id, hint=f"not in tree {tree}")
+        await self._store.report_load(tree, request.node_id, request.bytes_per_s)
+        return pb.ReportLoadResponse()
+
+    # -- parameter server (AG-12) ----------------------------------------------------
+
+    async def SetParameters(self, request: pb.SetParametersRequest, context) -> pb.ModelParameters:
+        tree = self._tree(request.tree_id)
+        if not is_valid_id(request.model_id):
+            raise InvalidArgument("model_id", ID_RULE)
+        dtype = convert.dtype_of(request.dtype, "dtype")
+        if not dtype.is_float:
+            raise InvalidArgument("dtype", "parameters are float32 or float64")
+        if not request.data or len(request.data) % dtype.numpy.itemsize:
+            raise InvalidArgument("data", f"must hold a whole number (≥ 1) of {dtype} elements")
+        version = await self._store.set_parameters(tree, request.model_id, dtype, request.data)
+        return pb.ModelParameters(
+            model_id=request.model_id,
+            dtype=request.dtype,
+            length=len(request.data) // dtype.numpy.itemsize,
+            version=version,
+        )
+
+    async def GetParameters(self, request: pb.GetParametersRequest, context) -> pb.ModelParameters:
+        tree = self._tree(request.tree_id)
+        if not is_valid_id(request.model_id):
+            raise InvalidArgument("model_id", ID_RULE)
+        found = await self._store.parameters(tree, request.model_id, request.include_data)
+        if found is None:
+            raise NotFound("model", request.model_id)
+        dtype, length, version, data = found
+        return pb.ModelParameters(
+            model_id=request.model_id,
+            dtype=agg_wire.DTYPE_TO_PB[dtype],
+            length=length,
+            version=version,
+            data=data,
+        )
+
+    # -- this switch ---------------------------------------------------------------
+
+    async def GetSwitchState(self, request: pb.GetSwitchStateRequest, context) -> pb.SwitchState:
+        core = self._plane.core
+        out = pb.SwitchState(
+            tree_id=self._settings.tree_id,
+            switch_id=self._settings.switch_id,
+            slots_total=core.pool.capacity,
+            slots_in_use=core.pool.in_use,
+            parked=core.parked,
+            counters=core.counters,
+        )
+        wall = time.time() - asyncio.get_running_loop().time()
+        for e in core.bypass_entries():
+            entry = out.bypass_entries.add(
+                command_id=e.command_id, chunk=e.chunk, timeout_node=e.node
+            )
+            entry.created_at.FromNanoseconds(int((e.created_at + wall) * 1e9))
+        for spec, held, done, parked in core.live():
+            out.commands.add(
+                command_id=spec.command_id,
+                tenant=spec.tenant,
+                slots_held=held,
+                chunks_done=done,
+                chunks=spec.chunks,
+                parked=parked,
+            )
+        for cid, report in self._plane.recent:
+            out.recent_commands.append(cid)
+            out.recent_holds.append(
+                convert.hold_to_pb(self._settings.switch_id, report_json(report))
+            )
+        return out
+
+    # -- data path -------------------------------------------------------------------
+
+    def _check_attached(self, spec: CommandSpec, topo: Topology, node: str, field: str) -> None:
+        """`node` takes part in the command and hangs from this switch."""
+        if node not in spec.participants:
+            raise InvalidArgument(
+                field,
+                f"{node!r} is not a participant of command {spec.command_id}",
+                reason="NOT_A_PARTICIPANT",
+            )
+        if topo.leaf_switch(node) != self._settings.switch_id:
+            raise InvalidArgument(
+                field,
+                f"{node!r} attaches to switch {topo.leaf_switch(node)}, not {self._settings.switch_id}",
+                reason="WRONG_SWITCH",
+            )
+
+    async def JoinCommand(self, request: pb.JoinCommandRequest, context) -> pb.Assignment:
+        tree = self._tree(request.tree_id)
+        if not is_valid_id(request.command_id):
+            raise InvalidArgument("command_id", ID_RULE)
+        annotate(command_id=request.command_id, node=request.node_id)
+        record = await self._store.require_command(tree, request.command_id)
+        spec = record.spec
+        if request.node_id not in spec.participants:
+            raise InvalidArgument(
+                "node_id",
+                f"{request.node_id!r} is not a participant of command {spec.command_id}",
+                reason="NOT_A_PARTICIPANT",
+            )
+        if record.state is CommandState.FAILED:
+            raise FailedPrecondition(
+                f"command {spec.command_id}", f"failed: {record.failure}", reason="COMMAND_FAILED"
+            )
+        topo = await self._topology(tree)
+        leaf = topo.leaf_switch(request.node_id)
+        endpoints = await self._store.endpoints(tree)
+        address = topo.by_id[leaf].endpoint or endpoints.get(leaf, "")
+        if not address:
+            raise FailedPrecondition(f"switch {leaf}", "has not registered an endpoint yet")
+        return pb.Assignment(
+            command=convert.command_to_pb(spec, topo, record),
+            leaf_switch=leaf,
+            leaf_endpoint=address,
+            predicted_timeout=request.node_id in spec.predicted,
+            timeout_aggregator=request.node_id == spec.timeout_aggregator,
+            root_switch=topo.root,
+        )
+
+    async def Contribute(  # type: ignore[override]
+        self, request_iterator: AsyncIterator[bytes], context
+    ) -> pb.ContributeSummary:
+        accepted = duplicates = 0
+        plane = self._plane
+        async for raw in request_iterator:
+            try:
+                header, data = agg_wire.decode(raw)
+            except agg_wire.WireError as exc:
+                raise InvalidArgument("chunk", str(exc)) from None
+            if not is_valid_id(header.command_id):
+                raise InvalidArgument("command_id", ID_RULE)
+            loaded = await plane.command(header.command_id)
+            spec, topo = loaded.plan.spec, loaded.plan.topology
+            node = header.source
+            if not accepted and not duplicates:
+                annotate(command_id=spec.command_id, node=node)
+            self._check_attached(spec, topo, node, "source")
+            try:
+                kind = Kind(header.kind)
+            except ValueError:
+                kind = None  # type: ignore[assignment]
+            if kind not in CONTRIBUTE_KINDS:
+                raise InvalidArgument("kind", "a compute node sends CONTRIBUTION, LATE or FINAL")
+            if header.dtype != agg_wire.DTYPE_TO_PB[spec.dtype]:
+                raise InvalidArgument(
+                    "dtype", f"must be {spec.dtype}, the dtype of command {spec.command_id}"
+                )
+            if header.fixed_point:
+                raise InvalidArgument("fixed_point", "compute nodes send plain elements")
+            if header.index >= spec.chunks:
+                raise InvalidArgument("index", f"must be within 0..{spec.chunks - 1}")
+            want = spec.chunk_len(header.index) * spec.reduction.itemsize
+            if data is None or header.empty or len(data) != want:
+                raise InvalidArgument(
+                    "data",
+                    f"chunk {header.index} must hold {spec.chunk_len(header.index)} "
+                    f"{spec.dtype} elements ({want} bytes); got {0 if data is None else len(data)} bytes",
+                )
+            pkt = agg_wire.to_packet(header, data, raw)
+            if kind is not Kind.FINAL:
+                assert pkt.data is not None
+                if rule := spec.reduction.check_input(pkt.data):
+                    raise InvalidArgument("data", rule, reason="OUT_OF_EXACT_RANGE")
+            if plane.core.ended(spec.command_id) != "":
+                plane.check_running(loaded)
+            plane.bytes_in += len(raw)
+            eff = await plane.deliver(pkt, node)
+            if eff.duplicate:
+                duplicates += 1
+            else:
+                accepted += 1
+        annotate(chunks_accepted=accepted, chunks_duplicate=duplicates)
+        return pb.ContributeSummary(accepted=accepted, duplicates=duplicates)
+
+    async def Results(  # type: ignore[override]
+        self, request: pb.ResultsRequest, context
+    ) -> AsyncIterator[bytes]:
+        if not is_valid_id(request.command_id):
+            raise InvalidArgument("command_id", ID_RULE)
+        plane = self._plane
+        loaded = await plane.command(request.command_id)
+        spec, topo = loaded.plan.spec, loaded.plan.topology
+        node = request.node_id
+        annotate(command_id=spec.command_id, node=node)
+        self._check_attached(spec, topo, node, "node_id")
+        if not plane.has_outbox(spec.command_id, node):
+            if loaded.state is CommandState.COMPLETED or plane.core.ended(spec.command_id) == "":
+                raise FailedPrecondition(
+                    f"command {spec.command_id}",
+                    "completed; its results are no longer held here",
+                    reason="RESULTS_GONE",
+                )
+            plane.check_running(loaded)
+        box = plane.outbox(spec.command_id, node)
+        async for raw in box.drain():
+            yield raw
+        plane.drop_outbox(spec.command_id, node)
+
+    async def Relay(  # type: ignore[override]
+        self, request_iterator: AsyncIterator[bytes], context
+    ) -> pb.RelaySummary:
+        metadata = dict(context.invocation_metadata() or ())
+        peer = metadata.get(agg_wire.FROM_METADATA, "")
+        if not is_valid_id(peer):
+            raise InvalidArgument(agg_wire.FROM_METADATA, "metadata must name the sending switch")
+        annotate(peer=peer)
+        count = 0
+        async for raw in request_iterator:
+            count += 1
+            try:
+                await self._plane.relayed(raw, peer)
+            except Exception as exc:  # one bad packet must not cut the link
+                self._rt.log.warning(
+                    "dropped a packet relayed by %s: %s", peer, exc, extra={"peer": peer}
+                )
+        annotate(chunks=count)
+        return pb.RelaySummary(chunks=count)
+
+
+def _register(servicer: AggSwitchServicer, server: grpc.aio.Server) -> None:
+    """The generated registration, with the data-path methods on the raw codec."""
+
+    class Capture:
+        handlers: ClassVar[dict] = {}
+
+        def add_generic_rpc_handlers(self, handlers) -> None:
+            pass
+
+        def add_registered_method_handlers(self, name, handlers) -> None:
+            Capture.handlers = dict(handlers)
+
+    agg_switch_pb2_grpc.add_AggSwitchServicer_to_server(servicer, Capture())
+    handlers = Capture.handlers
+    handlers["Contribute"] = grpc.stream_unary_rpc_method_handler(
+        servicer.Contribute,
+        request_deserializer=agg_wire.identity,
+        response_serializer=pb.ContributeSummary.SerializeToString,
+    )
+    handlers["Results"] = grpc.unary_stream_rpc_method_handler(
+        servicer.Results,
+        request_deserializer=pb.ResultsRequest.FromString,
+        response_serializer=agg_wire.identity,
+    )
+    handlers["Relay"] = grpc.stream_unary_rpc_method_handler(
+        servicer.Relay,
+        request_deserializer=agg_wire.identity,
+        response_serializer=pb.RelaySummary.SerializeToString,
+    )
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
+    server.add_registered_method_handlers(SERVICE_NAME, handlers)
 
 
 async def build(runtime: Runtime[AggSwitchSettings]) -> list[ServiceDefinition]:
-    servicer = AggSwitchServicer(runtime)
-    return [
-        ServiceDefinition(
-            SERVICE_NAME, servicer, agg_switch_pb2_grpc.add_AggSwitchServicer_to_server
+    settings = runtime.settings
+    binary = redis_store.connect(settings.redis_url, decode_responses=False)
+
+    async def close_binary() -> None:
+        await binary.aclose()
+
+    runtime.on_stop(close_binary)
+    store = AggStore(runtime.redis, binary)
+    plane = DataPlane(
+        runtime, store, switch_id=settings.switch_id, tree_id=settings.tree_id, slots=settings.slots
+    )
+
+    async def register() -> None:
+        while runtime.port == 0:
+            await asyncio.sleep(0.01)
+        address = settings.advertise_addr or f"127.0.0.1:{runtime.port}"
+        await store.register_endpoint(settings.tree_id, settings.switch_id, address)
+        runtime.log.info(
+            "switch %s of tree %s registered at %s",
+            settings.switch_id,
+            settings.tree_id,
+            address,
+            extra={"switch_id": settings.switch_id, "tree": settings.tree_id},
         )
-    ]
+
+    runtime.spawn(register(), "register endpoint")
+    runtime.spawn(plane.janitor(), "outbox janitor")
+    runtime.spawn(plane.publish_load(), "publish load")
+    servicer = AggSwitchServicer(runtime, store, plane)
+    return [ServiceDefinition(SERVICE_NAME, servicer, _register)]

@@ -28,7 +28,7 @@ from opentelemetry.sdk.trace import TracerProvider
 
 from lightpath import __version__
 from lightpath.client import channel as client_channel
-from lightpath.telemetry import configure_tracing
+from lightpath.telemetry import configure_metrics, configure_tracing
 from lightpath.v1 import common_pb2
 from services.common import redis_store
 from services.common.settings import CommonSettings, SettingsError, load
@@ -168,12 +168,25 @@ class Runtime(Generic[S]):
                 await hook()
             except Exception:
                 self.log.exception("shutdown hook failed")
-        for task in list(self._tasks):
-            task.cancel()
-        if self._tasks:
-            await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._cancel_background()
         for ch in self._channels:
             await ch.close()
+
+    async def _cancel_background(self, timeout: float = 5.0) -> None:
+        """Cancel every background task, again and again until it ends: redis.asyncio
+        can swallow a cancellation that lands mid-command (redis/redis-py#2028,
+        #2551), and one swallowed cancel must not hang a shutdown."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        pending = set(self._tasks)
+        while pending:
+            for task in pending:
+                task.cancel()
+            _done, pending = await asyncio.wait(pending, timeout=0.05)
+            if pending and loop.time() >= deadline:
+                names = ", ".join(sorted(t.get_name() for t in pending))
+                self.log.error("background tasks did not stop within %.0f s: %s", timeout, names)
+                return
 
 
 Build = Callable[[Runtime[Any]], Awaitable[Sequence[ServiceDefinition]]]
@@ -251,6 +264,11 @@ def main(service: str, settings_cls: type[S], build: Build, argv: list[str] | No
             exporter=settings.otel_traces_exporter,
             instance_id=instance_id,
         )
+        meter_provider = configure_metrics(
+            settings.otel_service_name or f"lightpath-{service}",
+            exporter=settings.otel_metrics_exporter,
+            instance_id=instance_id,
+        )
     except RuntimeError as exc:
         print(f"lightpath {service}: bad configuration: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
@@ -266,6 +284,8 @@ def main(service: str, settings_cls: type[S], build: Build, argv: list[str] | No
                 "%s stopping: draining calls for up to %.1f s", service, settings.shutdown_grace_s
             )
         provider.shutdown()
+        if meter_provider is not None:
+            meter_provider.shutdown()
 
     try:
         asyncio.run(serve())

@@ -194,6 +194,12 @@ class CommonSettings:
         "none, console or otlp (otlp needs the [otlp] extra)",
         parse=choice("none", "console", "otlp"),
     )
+    otel_metrics_exporter: str = setting(
+        "OTEL_METRICS_EXPORTER",
+        "none",
+        "none, console or otlp: rpc.server.duration and service metrics",
+        parse=choice("none", "console", "otlp"),
+    )
     otel_service_name: str = setting(
         "OTEL_SERVICE_NAME", "", "service.name of spans; default lightpath-<service>"
     )

@@ -45,46 +45,50 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
         self._tracer = (tracer_provider or trace.get_tracer_provider()).get_tracer(
             TRACER_NAME, __version__
         )
+        self._wrapped: dict[str, grpc.RpcMethodHandler] = {}
         self._duration = metrics.get_meter(TRACER_NAME, __version__).create_histogram(
             "rpc.server.duration", unit="ms", description="time to serve one RPC"
         )
 
     async def intercept_service(self, continuation, handler_call_details):
+        # Handlers are static per method: wrap each once, not on every call.
+        method: str = handler_call_details.method
+        wrapped = self._wrapped.get(method)
+        if wrapped is not None:
+            return wrapped
         handler = await continuation(handler_call_details)
         if handler is None:
             return None
-        method: str = handler_call_details.method
+        wrapped = self._wrap(handler, method)
+        self._wrapped[method] = wrapped
+        return wrapped
+
+    def _wrap(self, handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
         traced = not method.startswith(UNTRACED_PREFIXES)
-        metadata = {
-            k: v for k, v in (handler_call_details.invocation_metadata or ()) if isinstance(v, str)
+        kwargs = {
+            "request_deserializer": handler.request_deserializer,
+            "response_serializer": handler.response_serializer,
         }
         if handler.unary_unary:
             return grpc.unary_unary_rpc_method_handler(
-                self._wrap_unary(handler.unary_unary, method, metadata, traced),
-                request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer,
+                self._wrap_unary(handler.unary_unary, method, traced), **kwargs
             )
         if handler.stream_unary:
             return grpc.stream_unary_rpc_method_handler(
-                self._wrap_unary(handler.stream_unary, method, metadata, traced),
-                request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer,
+                self._wrap_unary(handler.stream_unary, method, traced), **kwargs
             )
         if handler.unary_stream:
             return grpc.unary_stream_rpc_method_handler(
-                self._wrap_stream(handler.unary_stream, method, metadata, traced),
-                request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer,
+                self._wrap_stream(handler.unary_stream, method, traced), **kwargs
             )
         return grpc.stream_stream_rpc_method_handler(
-            self._wrap_stream(handler.stream_stream, method, metadata, traced),
-            request_deserializer=handler.request_deserializer,
-            response_serializer=handler.response_serializer,
+            self._wrap_stream(handler.stream_stream, method, traced), **kwargs
         )
 
-    def _span(self, method: str, metadata: dict[str, str], traced: bool):
+    def _span(self, method: str, context: grpc.aio.ServicerContext, traced: bool):
         if not traced:
             return trace.use_span(trace.INVALID_SPAN)
+        metadata = {k: v for k, v in (context.invocation_metadata() or ()) if isinstance(v, str)}
         return self._tracer.start_as_current_span(
             method.lstrip("/"),
             context=propagate.extract(metadata),
@@ -94,11 +98,11 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
             set_status_on_exception=False,
         )
 
-    def _wrap_unary(self, inner: Callable, method: str, metadata: dict[str, str], traced: bool):
+    def _wrap_unary(self, inner: Callable, method: str, traced: bool):
         async def behavior(request: Any, context: grpc.aio.ServicerContext) -> Any:
             start = time.perf_counter()
             code = grpc.StatusCode.OK
-            with self._span(method, metadata, traced) as span:
+            with self._span(method, context, traced) as span:
                 try:
                     result = inner(request, context)
                     if inspect.isawaitable(result):
@@ -112,11 +116,11 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
 
         return behavior
 
-    def _wrap_stream(self, inner: Callable, method: str, metadata: dict[str, str], traced: bool):
+    def _wrap_stream(self, inner: Callable, method: str, traced: bool):
         async def behavior(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
             start = time.perf_counter()
             code = grpc.StatusCode.OK
-            with self._span(method, metadata, traced) as span:
+            with self._span(method, context, traced) as span:
                 try:
                     result = inner(request, context)
                     if inspect.isasyncgen(result):

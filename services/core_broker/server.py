@@ -1,25 +1,468 @@
-"""gRPC servicer of core_broker: protobuf <-> domain, errors -> status (via the runtime)."""
+"""gRPC servicer of core_broker: authentication, protobuf <-> domain, and the
+calls into the broker (decisions, expiry, watch) and its store.
+
+Every method but GetInfo first establishes who calls (CB-2, `auth.py`); the
+reservation path lives in `broker.Broker` so other servicers (graph plans)
+can reserve through it too.
+"""
 
 from __future__ import annotations
 
+import math
+from collections.abc import AsyncIterator
+from typing import Any
+
+from opentelemetry import trace
+
+from lightpath.errors import (
+    FailedPrecondition,
+    FieldViolation,
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+)
 from lightpath.v1 import common_pb2, core_broker_pb2, core_broker_pb2_grpc
+from services.common.keys import is_valid_id
 from services.common.server import Runtime, ServiceDefinition
+from services.core_broker.auth import (
+    Authenticator,
+    Principal,
+    require_application,
+    require_operator,
+)
+from services.core_broker.broker import TERMINAL_EVENTS, Broker, BrokerConfig, Record, Ticket
+from services.core_broker.capacity import MAX_SPAN_MS, CapacityMap
+from services.core_broker.convert import (
+    EVENT_TYPES,
+    agreement_in,
+    check_id,
+    core_request,
+    device_in,
+    device_out,
+    kind_name,
+    ms_of,
+    reservation_out,
+    stored_request,
+    timestamp,
+)
 from services.core_broker.settings import CoreBrokerSettings
+from services.core_broker.store import BrokerStore
+from services.core_broker.view import LiveView, device_doc
 
 SERVICE_NAME = core_broker_pb2.DESCRIPTOR.services_by_name["CoreBroker"].full_name
+pb = core_broker_pb2
+MAX_BATCH_REQUESTS = 1000
+DEFAULT_PAGE = 50
+MAX_PAGE = 1000
+
+
+def _annotate(**attributes: Any) -> None:
+    span = trace.get_current_span()
+    for k, v in attributes.items():
+        span.set_attribute(f"lightpath.{k}", v)
+
+
+def _annotate_batch(ticket: Ticket) -> None:
+    _annotate(batch_size=ticket.batch_size, decision_rounds=ticket.rounds)
 
 
 class CoreBrokerServicer(core_broker_pb2_grpc.CoreBrokerServicer):
-    def __init__(self, runtime: Runtime[CoreBrokerSettings]):
+    def __init__(
+        self,
+        runtime: Runtime[CoreBrokerSettings],
+        store: BrokerStore,
+        broker: Broker,
+        auth: Authenticator,
+    ):
         self._rt = runtime
-        self._settings = runtime.settings
+        self._store = store
+        self._broker = broker
+        self._auth = auth
+
+    async def _who(self, context) -> Principal:
+        principal = await self._auth.authenticate(context.invocation_metadata())
+        _annotate(principal=principal.name)
+        return principal
 
     async def GetInfo(self, request: common_pb2.GetInfoRequest, context) -> common_pb2.ServiceInfo:
-        return self._rt.info(SERVICE_NAME)
+        view = self._broker.view
+        return self._rt.info(
+            SERVICE_NAME,
+            devices=str(len(view.capacity.devices())),
+            allocations=str(len(view.capacity)),
+            version=str(view.version),
+            watching=str(self._broker.hub.watching),
+        )
+
+    # -- operator -------------------------------------------------------------------
+
+    async def RegisterDevice(self, request: pb.RegisterDeviceRequest, context) -> pb.Device:
+        require_operator(await self._who(context))
+        device = device_in(request.device)
+        res = await self._store.upsert_device(device.device_id, device_doc(device))
+        if res.status == "busy":
+            raise FailedPrecondition(
+                f'device "{device.device_id}"',
+                f"has {res.detail[0]} cores reserved at some instant; cores must be at least that",
+                reason="DEVICE_CORES_IN_USE",
+            )
+        _annotate(device_id=device.device_id, cores=device.cores)
+        self._rt.log.info(
+            "device %s registered: %s, %d cores", device.device_id, device.kind, device.cores
+        )
+        return device_out(device)
+
+    async def RemoveDevice(
+        self, request: pb.RemoveDeviceRequest, context
+    ) -> pb.RemoveDeviceResponse:
+        require_operator(await self._who(context))
+        device_id = check_id(request.device_id, "device_id")
+        res = await self._store.remove_device(device_id)
+        if res.status == "missing":
+            raise NotFound("device", device_id)
+        if res.status == "busy":
+            raise FailedPrecondition(
+                f'device "{device_id}"',
+                f"holds {res.detail[0]} live or future allocations; release them first",
+                reason="DEVICE_IN_USE",
+            )
+        return pb.RemoveDeviceResponse()
+
+    async def RegisterApplication(
+        self, request: pb.RegisterApplicationRequest, context
+    ) -> pb.RegisterApplicationResponse:
+        require_operator(await self._who(context))
+        app_id = check_id(request.application_id, "application_id")
+        qos, billing = agreement_in(request)
+        token, rotated = await self._store.register_application(
+            app_id, qos, billing, self._broker.now_ms()
+        )
+        self._auth.forget(app_id)
+        self._rt.log.info("application %s %s", app_id, "rotated" if rotated else "registered")
+        return pb.RegisterApplicationResponse(application_id=app_id, token=token, rotated=rotated)
+
+    async def RemoveApplication(
+        self, request: pb.RemoveApplicationRequest, context
+    ) -> pb.RemoveApplicationResponse:
+        require_operator(await self._who(context))
+        app_id = check_id(request.application_id, "application_id")
+        if not await self._store.remove_application(app_id):
+            raise NotFound("application", app_id)
+        self._auth.forget(app_id)
+        return pb.RemoveApplicationResponse()
+
+    async def SetLatencies(
+        self, request: pb.SetLatenciesRequest, context
+    ) -> pb.SetLatenciesResponse:
+        require_operator(await self._who(context))
+        await self._broker.view.catch_up()
+        cap = self._broker.view.capacity
+        entries = []
+        bad = []
+        for i, e in enumerate(request.latencies):
+            if not is_valid_id(e.site):
+                bad.append(FieldViolation(f"latencies[{i}].site", "must be a site id"))
+            if not math.isfinite(e.latency_ms):
+                bad.append(FieldViolation(f"latencies[{i}].latency_ms", "must be finite"))
+            entries.append((e.site, e.device_id, e.latency_ms if e.latency_ms >= 0 else -1.0))
+        if not request.latencies:
+            bad.append(FieldViolation("latencies", "must not be empty"))
+        if bad:
+            raise InvalidArgument.of(bad)
+        for i, (_, device_id, _) in enumerate(entries):
+            if cap.index_of(device_id) is None:
+                raise NotFound("device", device_id, hint=f"latencies[{i}].device_id")
+        return pb.SetLatenciesResponse(entries=await self._store.set_latencies(entries))
+
+    # -- capacity (CB-1, CB-8) ---------------------------------------------------------
+
+    async def _fresh(self) -> CapacityMap:
+        await self._broker.view.catch_up()
+        return self._broker.view.capacity
+
+    async def ListDevices(self, request: pb.ListDevicesRequest, context) -> pb.ListDevicesResponse:
+        await self._who(context)
+        kind = _kind_filter(request.kind, "kind")
+        cap = await self._fresh()
+        now = self._broker.now_ms()
+        used = cap.used_at(now)
+        out = pb.ListDevicesResponse(at=timestamp(now))
+        for d in sorted(cap.devices(), key=lambda d: d.device_id):
+            if kind and d.kind != kind:
+                continue
+            i = cap.index_of(d.device_id)
+            assert i is not None
+            reserved = int(used[i])
+            out.devices.append(
+                pb.DeviceStatus(
+                    device=device_out(d),
+                    reserved_cores=reserved,
+                    free_cores=max(0, d.cores - reserved),
+                )
+            )
+        return out
+
+    async def QueryCapacity(
+        self, request: pb.QueryCapacityRequest, context
+    ) -> pb.QueryCapacityResponse:
+        principal = await self._who(context)
+        kind = _kind_filter(request.kind, "kind")
+        now = self._broker.now_ms()
+        start = ms_of(request.start) if request.HasField("start") else now
+        end = ms_of(request.end) if request.HasField("end") else start + 1
+        if end <= start:
+            raise InvalidArgument("end", "must be after start")
+        if end - start > MAX_SPAN_MS:
+            raise InvalidArgument("end", "the range is too long")
+        for i, device_id in enumerate(request.device_ids):
+            check_id(device_id, f"device_ids[{i}]")
+        cap = await self._fresh()
+        for device_id in request.device_ids:
+            if cap.index_of(device_id) is None:
+                raise NotFound("device", device_id)
+        peak = cap.peak_used(start, end)
+        schedules = cap.schedules(start, end) if request.include_schedule else {}
+        mine = await self._own_ids(principal, schedules)
+        wanted = set(request.device_ids)
+        out = pb.QueryCapacityResponse(start=timestamp(start), end=timestamp(end))
+        kinds: dict[str, list[int]] = {}
+        for d in sorted(cap.devices(), key=lambda d: d.device_id):
+            if (kind and d.kind != kind) or (wanted and d.device_id not in wanted):
+                continue
+            di = cap.index_of(d.device_id)
+            assert di is not None
+            free = max(0, d.cores - int(peak[di]))
+            k = kinds.setdefault(d.kind, [0, 0, 0])
+            k[0] += 1
+            k[1] += d.cores
+            k[2] += free
+            out.devices.append(
+                pb.DeviceCapacity(
+                    device=device_out(d),
+                    free_cores=free,
+                    peak_reserved_cores=int(peak[di]),
+                    schedule=[
+                        pb.ScheduledCores(
+                            start=timestamp(row.start),
+                            end=timestamp(row.end),
+                            cores=row.cores,
+                            reservation_id=row.reservation_id
+                            if principal.is_operator or row.reservation_id in mine
+                            else "",
+                        )
+                        for row in schedules.get(d.device_id, ())
+                    ],
+                )
+            )
+        for name, (n, total, free) in sorted(kinds.items()):
+            out.kinds.append(
+                pb.KindCapacity(
+                    kind=pb.DeviceKind.Value("DEVICE_KIND_" + name),  # type: ignore[arg-type]
+                    devices=n,
+                    total_cores=total,
+                    free_cores=free,
+                )
+            )
+        return out
+
+    async def _own_ids(self, principal: Principal, schedules: dict[str, list[Any]]) -> set[str]:
+        if principal.is_operator or not schedules:
+            return set()
+        ids = sorted({row.reservation_id for rows in schedules.values() for row in rows})
+        records = await self._store.get_many(ids)
+        return {
+            rid
+            for rid, rec in zip(ids, records, strict=True)
+            if rec is not None and rec[0].get("app") == principal.application_id
+        }
+
+    # -- reservations (CB-3 … CB-7) -------------------------------------------------------
+
+    async def Reserve(self, request: pb.ReserveRequest, context) -> pb.Reservation:
+        principal = await self._who(context)
+        app = require_application(principal)
+        r = core_request(request.request, principal, "request")
+        (record,) = await self._broker.reserve(
+            app, [r], [stored_request(request.request)], ["request"], on_decided=_annotate_batch
+        )
+        _annotate(
+            reservation_id=r.reservation_id,
+            cores=r.cores,
+            outcome=record[0]["outcome"],
+        )
+        return reservation_out(*record, request.request)
+
+    async def BatchReserve(
+        self, request: pb.BatchReserveRequest, context
+    ) -> pb.BatchReserveResponse:
+        principal = await self._who(context)
+        app = require_application(principal)
+        if not request.requests:
+            raise InvalidArgument("requests", "must not be empty")
+        if len(request.requests) > MAX_BATCH_REQUESTS:
+            raise InvalidArgument("requests", f"must hold at most {MAX_BATCH_REQUESTS} requests")
+        reqs = []
+        seen: dict[str, int] = {}
+        for i, m in enumerate(request.requests):
+            if m.reservation_id in seen:
+                raise InvalidArgument(
+                    f"requests[{i}].reservation_id",
+                    f"repeats requests[{seen[m.reservation_id]}].reservation_id",
+                )
+            seen[m.reservation_id] = i
+            reqs.append(core_request(m, principal, f"requests[{i}]"))
+        records = await self._broker.reserve(
+            app,
+            reqs,
+            [stored_request(m) for m in request.requests],
+            [f"requests[{i}]" for i in range(len(reqs))],
+            all_or_nothing=request.all_or_nothing,
+            on_decided=_annotate_batch,
+        )
+        _annotate(requests=len(reqs), all_or_nothing=request.all_or_nothing)
+        return pb.BatchReserveResponse(
+            reservations=[
+                reservation_out(*r, m) for r, m in zip(records, request.requests, strict=True)
+            ]
+        )
+
+    async def GetReservation(self, request: pb.GetReservationRequest, context) -> pb.Reservation:
+        principal = await self._who(context)
+        rid = check_id(request.reservation_id, "reservation_id")
+        return reservation_out(*await self._broker.get(rid, principal.application_id))
+
+    async def ListReservations(
+        self, request: pb.ListReservationsRequest, context
+    ) -> pb.ListReservationsResponse:
+        principal = await self._who(context)
+        app = principal.application_id
+        if request.application_id:
+            check_id(request.application_id, "application_id")
+            if app is not None and request.application_id != app:
+                raise PermissionDenied(
+                    "an application lists only its own reservations",
+                    reason="RESERVATION_OF_ANOTHER_APPLICATION",
+                )
+            app = request.application_id
+        if request.page_size < 0:
+            raise InvalidArgument("page_size", "must be >= 0")
+        size = min(request.page_size or DEFAULT_PAGE, MAX_PAGE)
+        offset = 0
+        if request.page_token:
+            if not request.page_token.isdigit():
+                raise InvalidArgument("page_token", "is not a token this service gave out")
+            offset = int(request.page_token)
+        ids = await self._store.list_ids(app, offset, size + 1)
+        more = len(ids) > size
+        ids = ids[:size]
+        records = await self._store.get_many(ids)
+        gone = [rid for rid, rec in zip(ids, records, strict=True) if rec is None]
+        if gone:
+            await self._store.forget(app, gone)
+        return pb.ListReservationsResponse(
+            reservations=[reservation_out(*rec) for rec in records if rec is not None],
+            next_page_token=str(offset + size) if more else "",
+        )
+
+    async def ReleaseReservation(
+        self, request: pb.ReleaseReservationRequest, context
+    ) -> pb.Reservation:
+        principal = await self._who(context)
+        rid = check_id(request.reservation_id, "reservation_id")
+        _annotate(reservation_id=rid)
+        return reservation_out(*await self._broker.release(rid, principal.application_id))
+
+    async def ExtendReservation(
+        self, request: pb.ExtendReservationRequest, context
+    ) -> pb.Reservation:
+        principal = await self._who(context)
+        rid = check_id(request.reservation_id, "reservation_id")
+        if not request.HasField("new_end"):
+            raise InvalidArgument("new_end", "is required")
+        new_end = ms_of(request.new_end)
+        if new_end - self._broker.now_ms() > MAX_SPAN_MS // 2:
+            raise InvalidArgument("new_end", "is too far in the future")
+        _annotate(reservation_id=rid)
+        return reservation_out(*await self._broker.extend(rid, principal.application_id, new_end))
+
+    async def WatchReservations(
+        self, request: pb.WatchReservationsRequest, context
+    ) -> AsyncIterator[pb.ReservationEvent]:
+        principal = await self._who(context)
+        rid = request.reservation_id
+        if rid:
+            check_id(rid, "reservation_id")
+        hub = self._broker.hub
+        sub = hub.subscribe(principal.application_id, rid)
+        try:
+            current: list[Record] = []
+            if rid:
+                current = [await self._broker.get(rid, principal.application_id)]
+            else:
+                ids = await self._store.list_ids(principal.application_id, 0, MAX_PAGE)
+                current = [
+                    rec
+                    for rec in await self._store.get_many(ids)
+                    if rec is not None and rec[0]["state"] in {"SCHEDULED", "ACTIVE"}
+                ]
+            seen = {rec[0]["id"]: rec[1] for rec in current}
+            now = self._broker.now_ms()
+            for rec in reversed(current):
+                yield pb.ReservationEvent(
+                    type=EVENT_TYPES["CURRENT"],  # type: ignore[arg-type]
+                    reservation=reservation_out(*rec),
+                    at=timestamp(now),
+                )
+            if rid and current[0][0]["state"] in {"ENDED", "RELEASED"}:
+                return
+            while True:
+                kind, record, version = await sub.next()
+                if version <= seen.get(record["id"], 0):
+                    continue  # already in the CURRENT state sent
+                yield pb.ReservationEvent(
+                    type=EVENT_TYPES[kind],  # type: ignore[arg-type]
+                    reservation=reservation_out(record, version),
+                    at=timestamp(self._broker.now_ms()),
+                )
+                if rid and kind in TERMINAL_EVENTS:
+                    return
+        finally:
+            hub.unsubscribe(sub)
+
+
+def _kind_filter(value: int, field: str) -> str:
+    try:
+        return kind_name(value)
+    except ValueError:
+        raise InvalidArgument(field, "unknown device kind") from None
 
 
 async def build(runtime: Runtime[CoreBrokerSettings]) -> list[ServiceDefinition]:
-    servicer = CoreBrokerServicer(runtime)
+    s = runtime.settings
+    store = BrokerStore(runtime.redis, retention_ms=int(s.retention_s * 1000))
+    view = LiveView(store)
+    await view.load()
+    broker = Broker(
+        store,
+        view,
+        BrokerConfig(
+            priority=s.priority_function(),
+            default_placement=s.placement,
+            batch_window_s=s.batch_window_ms / 1000,
+            max_batch=s.max_batch,
+            max_duration_ms=int(s.max_duration_s * 1000),
+            reaper_interval_s=s.reaper_interval_ms / 1000,
+        ),
+    )
+    runtime.spawn(broker.decide_forever(), "core_broker.decide")
+    runtime.spawn(broker.reap_forever(), "core_broker.reap")
+    runtime.spawn(broker.follow_forever(), "core_broker.follow")
+    auth = Authenticator(store, s.operator_token, s.auth_cache_s)
+    if not s.operator_token:
+        runtime.log.warning(
+            "LIGHTPATH_CB_OPERATOR_TOKEN is empty: devices and applications cannot be registered"
+        )
+    servicer = CoreBrokerServicer(runtime, store, broker, auth)
     return [
         ServiceDefinition(
             SERVICE_NAME, servicer, core_broker_pb2_grpc.add_CoreBrokerServicer_to_server

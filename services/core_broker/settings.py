@@ -2,9 +2,53 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from services.common.settings import CommonSettings, parse_address, setting
+from services.common.settings import (
+    CommonSettings,
+    choice,
+    parse_address,
+    parse_non_negative_float,
+    parse_positive_float,
+    setting,
+)
+from services.core_broker.decisions import (
+    BILLING_MODELS,
+    QOS_LEVELS,
+    Placement,
+    PriorityFunction,
+    default_billing_weights,
+    default_mix,
+    default_qos_weights,
+    default_task_weights,
+    parse_weights,
+)
+
+
+def _fmt(weights: Mapping[str, float]) -> str:
+    return ",".join(f"{k.lower()}={v:g}" for k, v in weights.items())
+
+
+def _weights(known: tuple[str, ...] | None, upper: bool = False) -> Callable[[str], str]:
+    def parse(raw: str) -> str:
+        weights = parse_weights(raw)
+        if upper:
+            weights = {k.upper(): v for k, v in weights.items()}
+        if known is not None:
+            bad = sorted(set(weights) - set(known))
+            if bad:
+                raise ValueError(f"unknown names {bad}: use {', '.join(n.lower() for n in known)}")
+        return raw
+
+    return parse
+
+
+def _positive_int(raw: str) -> int:
+    value = int(raw)
+    if value <= 0:
+        raise ValueError("must be > 0")
+    return value
 
 
 @dataclass(frozen=True)
@@ -12,3 +56,83 @@ class CoreBrokerSettings(CommonSettings):
     listen: str = setting(
         "LIGHTPATH_LISTEN", "[::]:50081", "gRPC listen address", parse=parse_address
     )
+    operator_token: str = setting(
+        "LIGHTPATH_CB_OPERATOR_TOKEN",
+        "",
+        "bearer token of the operator API (devices, applications, latencies); empty: no operator",
+    )
+    batch_window_ms: float = setting(
+        "LIGHTPATH_CB_BATCH_WINDOW_MS",
+        2.0,
+        "requests arriving within this many ms are decided together, by priority (CB-5)",
+        parse=parse_non_negative_float,
+    )
+    max_batch: int = setting(
+        "LIGHTPATH_CB_MAX_BATCH", 64, "most requests decided in one batch", parse=_positive_int
+    )
+    default_placement: str = setting(
+        "LIGHTPATH_CB_DEFAULT_PLACEMENT",
+        "spread",
+        "placement when a request names none: spread, pack, nearest, affinity, lowest_latency",
+        parse=choice(*(p.value.lower() for p in Placement)),
+    )
+    priority_mix: str = setting(
+        "LIGHTPATH_CB_PRIORITY_MIX",
+        _fmt(default_mix()),
+        "share of hint, task, qos and billing in the priority score (CB-3)",
+        parse=_weights(("hint", "task", "qos", "billing")),
+    )
+    task_weights: str = setting(
+        "LIGHTPATH_CB_TASK_WEIGHTS",
+        _fmt(default_task_weights()),
+        "priority weight 0..1 per task type; * for the rest",
+        parse=_weights(None),
+    )
+    qos_weights: str = setting(
+        "LIGHTPATH_CB_QOS_WEIGHTS",
+        _fmt(default_qos_weights()),
+        "priority weight 0..1 per QoS level",
+        parse=_weights(QOS_LEVELS, upper=True),
+    )
+    billing_weights: str = setting(
+        "LIGHTPATH_CB_BILLING_WEIGHTS",
+        _fmt(default_billing_weights()),
+        "priority weight 0..1 per billing model",
+        parse=_weights(BILLING_MODELS, upper=True),
+    )
+    reaper_interval_ms: float = setting(
+        "LIGHTPATH_CB_REAPER_INTERVAL_MS",
+        100.0,
+        "longest wait between expiry sweeps (starts and ends are also swept when due)",
+        parse=parse_positive_float,
+    )
+    retention_s: float = setting(
+        "LIGHTPATH_CB_RETENTION_S",
+        3600.0,
+        "how long an ended or released reservation stays readable",
+        parse=parse_positive_float,
+    )
+    auth_cache_s: float = setting(
+        "LIGHTPATH_CB_AUTH_CACHE_S",
+        2.0,
+        "how long a verified application credential is trusted without Redis",
+        parse=parse_non_negative_float,
+    )
+    max_duration_s: float = setting(
+        "LIGHTPATH_CB_MAX_DURATION_S",
+        86400.0,
+        "longest reservation a request may ask for",
+        parse=parse_positive_float,
+    )
+
+    def priority_function(self) -> PriorityFunction:
+        return PriorityFunction(
+            mix=parse_weights(self.priority_mix),
+            task_types=parse_weights(self.task_weights),
+            qos_levels={k.upper(): v for k, v in parse_weights(self.qos_weights).items()},
+            billing_models={k.upper(): v for k, v in parse_weights(self.billing_weights).items()},
+        )
+
+    @property
+    def placement(self) -> Placement:
+        return Placement(self.default_placement.upper())

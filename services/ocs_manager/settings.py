@@ -4,7 +4,54 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from services.common.settings import CommonSettings, parse_address, parse_id, setting
+from lightpath.errors import InvalidArgument
+from services.common.settings import (
+    CommonSettings,
+    SettingsError,
+    parse_address,
+    parse_id,
+    parse_non_negative_float,
+    parse_positive_float,
+    setting,
+)
+from services.ocs_manager.fabric import FabricConfig, format_shape, parse_shape, validate_config
+from services.ocs_manager.switched.fabric import SwitchedFabricConfig
+
+FABRIC_KINDS = ("OCS_TORUS", "SWITCHED")
+
+
+def _fabric_kind(raw: str) -> str:
+    kind = raw.strip().upper().removeprefix("FABRIC_KIND_")
+    if kind not in FABRIC_KINDS:
+        raise ValueError(f"must be one of {', '.join(FABRIC_KINDS)}")
+    return kind
+
+
+def _switched_fabric(raw: str) -> str:
+    """SW-1: read and check the one-line switched fabric; keep it in canonical form."""
+    try:
+        return SwitchedFabricConfig.parse(raw).validate().spec()
+    except InvalidArgument as exc:
+        raise ValueError("; ".join(f"{v.field}: {v.rule}" for v in exc.violations)) from None
+
+
+_ENV = {
+    "block_shape": "LIGHTPATH_FABRIC_BLOCK_SHAPE",
+    "block_count": "LIGHTPATH_FABRIC_BLOCKS",
+    "ocs_per_axis": "LIGHTPATH_FABRIC_OCS_PER_AXIS",
+    "ocs_radix": "LIGHTPATH_FABRIC_OCS_RADIX",
+}
+
+
+def _shape(raw: str) -> str:
+    return format_shape(parse_shape(raw))
+
+
+def _positive_int(raw: str) -> int:
+    value = int(raw.strip())
+    if value < 1:
+        raise ValueError("must be an integer >= 1")
+    return value
 
 
 @dataclass(frozen=True)
@@ -18,3 +65,77 @@ class OcsManagerSettings(CommonSettings):
         "the superpod whose optical fabric this manager programs",
         parse=parse_id,
     )
+    fabric_block_shape: str = setting(
+        "LIGHTPATH_FABRIC_BLOCK_SHAPE",
+        "4x4x4",
+        "chips per building block along each dimension (its length is the number of dimensions)",
+        parse=_shape,
+    )
+    fabric_blocks: int = setting(
+        "LIGHTPATH_FABRIC_BLOCKS",
+        64,
+        "building blocks in the pod (ids 0..N-1)",
+        parse=_positive_int,
+    )
+    fabric_ocs_per_axis: int = setting(
+        "LIGHTPATH_FABRIC_OCS_PER_AXIS",
+        1,
+        "K, OCS per logical axis; K >= 2 puts a 1xK switch on every segment's second end",
+        parse=_positive_int,
+    )
+    fabric_ocs_radix: int = setting(
+        "LIGHTPATH_FABRIC_OCS_RADIX",
+        136,
+        "ports of one OCS; must be >= ceil(N/K) + N",
+        parse=_positive_int,
+    )
+    driver_settle_ms: float = setting(
+        "LIGHTPATH_OCS_DRIVER_SETTLE_MS",
+        0.0,
+        "settling delay the simulated switches add to every change (MEMS mirrors), ms",
+        parse=parse_non_negative_float,
+    )
+    change_lease_s: float = setting(
+        "LIGHTPATH_OCS_CHANGE_LEASE_S",
+        30.0,
+        "how long a wire/release/replace may hold a slice before another call rolls it back",
+        parse=parse_positive_float,
+    )
+
+    fabric_kind: str = setting(
+        "LIGHTPATH_FABRIC_KIND",
+        "OCS_TORUS",
+        "OCS_TORUS (building blocks wired by OCS, seed 000) or SWITCHED (processor groups on "
+        "two-tier switches, seed 002): which fabric this manager serves",
+        parse=_fabric_kind,
+    )
+    switched_fabric: str = setting(
+        "LIGHTPATH_SWITCHED_FABRIC",
+        "group=3x3 cluster=2x4 planes=9 ports=48/16 tier1=2x64",
+        "SWITCHED pods: group shape (p or rxc), cluster of groups, switch planes per "
+        "dimension, tier-0 down/up ports, tier-1 switches per plane x ports, optional mesh= "
+        "and rowcol= links",
+        parse=_switched_fabric,
+    )
+
+    @property
+    def switched_config(self) -> SwitchedFabricConfig:
+        return SwitchedFabricConfig.parse(self.switched_fabric)
+
+    def __post_init__(self) -> None:
+        # OCS-1: refuse an impossible fabric at start, naming the variable and the need.
+        try:
+            validate_config(self.fabric_config)
+        except InvalidArgument as exc:
+            raise SettingsError(
+                "; ".join(f"{_ENV[v.field]}: {v.rule}" for v in exc.violations)
+            ) from None
+
+    @property
+    def fabric_config(self) -> FabricConfig:
+        return FabricConfig(
+            parse_shape(self.fabric_block_shape),
+            self.fabric_blocks,
+            self.fabric_ocs_per_axis,
+            self.fabric_ocs_radix,
+        )

@@ -1,27 +1,542 @@
-"""gRPC servicer of workload_scheduler: protobuf <-> domain, errors -> status (via the runtime)."""
+"""gRPC servicer of workload_scheduler: protobuf <-> domain, errors -> status (via the runtime).
+
+At start the scheduler asks its pod's ocs_manager for the fabric (GetFabric,
+retried until it answers): the block count, block shape and K come from there,
+the node type of each block from LIGHTPATH_BLOCK_TYPES. Until then the server
+is up (health, GetInfo, PlanRings in chips) and the pod's RPCs answer
+UNAVAILABLE naming the ocs_manager it waits for.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import base64
+import contextlib
+import math
+from typing import Any
+
+from opentelemetry import trace
+
+from lightpath.errors import FailedPrecondition, InvalidArgument, LightpathError, Unavailable
 from lightpath.v1 import common_pb2, workload_scheduler_pb2, workload_scheduler_pb2_grpc
 from services.common.server import Runtime, ServiceDefinition
+from services.ocs_manager.switched.fabric import SwitchedFabricConfig, build_fabric
+from services.workload_scheduler.fabric import (
+    PodFabric,
+    block_types_for,
+    parse_block_types,
+)
+from services.workload_scheduler.model import (
+    HOLDING_STATES,
+    QUEUED_STATES,
+    grid_positions,
+)
+from services.workload_scheduler.ocs import OcsError, OcsManagerClient
+from services.workload_scheduler.placement import PodState
+from services.workload_scheduler.rings import RingPlan, plan_rings
+from services.workload_scheduler.scheduler import Outcome, WorkloadScheduler
 from services.workload_scheduler.settings import WorkloadSchedulerSettings
+from services.workload_scheduler.spec import (
+    POLICY_ENUM,
+    chips_of,
+    degrees_of,
+    normalize,
+    to_grid,
+)
+from services.workload_scheduler.store import JobRecord, PodStore
+from services.workload_scheduler.switched_placement import reserved_small_groups
+from services.workload_scheduler.switched_view import add_switched_job, switched_pod_view
 
 SERVICE_NAME = workload_scheduler_pb2.DESCRIPTOR.services_by_name["WorkloadScheduler"].full_name
+READY_WAIT_S = 5.0
+MAX_PAGE = 1000
+DEFAULT_PAGE = 100
+
+
+class PodHandle:
+    """The scheduler of this pod once the fabric is known (see module doc)."""
+
+    def __init__(self, runtime: Runtime[WorkloadSchedulerSettings], ocs: OcsManagerClient):
+        self._rt = runtime
+        self._ocs = ocs
+        self._ready = asyncio.Event()
+        self.scheduler: WorkloadScheduler | None = None
+        self.problem = f"waiting for the fabric from the ocs_manager at {runtime.settings.ocs_addr}"
+        self._fatal: LightpathError | None = None
+
+    async def start(self) -> None:
+        settings = self._rt.settings
+        entries = parse_block_types(settings.block_types)
+        delay, attempts = 0.1, 0
+        while True:
+            try:
+                info = await self._ocs.fabric()
+                break
+            except OcsError as err:
+                attempts += 1
+                self.problem = (
+                    f"waiting for the fabric from the ocs_manager at {settings.ocs_addr}: {err}"
+                )
+                if attempts == 1 or attempts % 20 == 0:
+                    self._rt.log.warning("%s (attempt %d)", self.problem, attempts)
+                await asyncio.sleep(delay)
+                delay = min(2.0, delay * 2)
+        try:
+            types = block_types_for(entries, info.block_count)
+        except FailedPrecondition as err:
+            self._fatal = err
+            self.problem = err.message
+            self._rt.log.critical("bad configuration: %s", err.message)
+            self._ready.set()
+            return
+        switched = None
+        small: frozenset[int] = frozenset()
+        if info.kind == "SWITCHED":
+            try:
+                switched = build_fabric(SwitchedFabricConfig.parse(info.switched_spec))
+                small = reserved_small_groups(switched, settings.switched_small_groups)
+            except InvalidArgument as err:
+                self._fatal = FailedPrecondition(
+                    "LIGHTPATH_SWITCHED_SMALL_GROUPS", err.message, reason="BAD_SMALL_GROUPS"
+                )
+                self.problem = self._fatal.message
+                self._rt.log.critical("bad configuration: %s", self.problem)
+                self._ready.set()
+                return
+        fabric = PodFabric(
+            settings.pod_id,
+            info.block_shape,
+            types,
+            info.ocs_per_axis,
+            info.first_end_group,
+            switched=switched,
+            small_groups=small,
+        )
+        store = PodStore(self._rt.redis, settings.pod_id)
+        await store.save_fabric(
+            fabric,
+            {
+                "block_shape": "x".join(map(str, fabric.block_shape)),
+                "block_count": str(fabric.block_count),
+                "ocs_per_axis": str(fabric.ocs_per_axis),
+                "fabric_kind": fabric.kind,
+            },
+        )
+        self.scheduler = WorkloadScheduler(
+            store=store,
+            ocs=self._ocs,
+            fabric=fabric,
+            wiring_timeout_s=settings.wiring_timeout_s,
+            spawn=self._rt.spawn,
+            log=self._rt.log,
+        )
+        self._rt.log.info("pod %s ready: %s", settings.pod_id, fabric.describe())
+        self._ready.set()
+        self._rt.spawn(self.scheduler.run_reconciler(settings.reconcile_s), "reconcile")
+
+    async def get(self) -> WorkloadScheduler:
+        if self.scheduler is None and self._fatal is None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._ready.wait(), READY_WAIT_S)
+        if self._fatal is not None:
+            raise self._fatal
+        if self.scheduler is None:
+            raise Unavailable(self.problem, reason="FABRIC_UNKNOWN")
+        return self.scheduler
+
+
+# -- protobuf <-> domain ---------------------------------------------------------
+
+
+def _ts(ms: int):
+    from google.protobuf.timestamp_pb2 import Timestamp
+
+    t = Timestamp()
+    t.FromMilliseconds(int(ms))
+    return t
+
+
+def job_event_pb(event: dict[str, Any], pod_id: str) -> common_pb2.JobEvent:
+    return common_pb2.JobEvent(
+        job_id=event["job"],
+        from_state=common_pb2.JobState.Value("JOB_STATE_" + event["from"])
+        if event.get("from")
+        else common_pb2.JOB_STATE_UNSPECIFIED,
+        to_state=common_pb2.JobState.Value("JOB_STATE_" + event["to"]),
+        at=_ts(event["at"]),
+        reason=event.get("reason", ""),
+        pod_id=pod_id,
+    )
+
+
+def ring_plan_pb(plan: RingPlan) -> workload_scheduler_pb2.RingPlan:
+    return workload_scheduler_pb2.RingPlan(
+        chips=common_pb2.Shape(dims=plan.chips),
+        wrap=list(plan.wrap),
+        axes=[
+            workload_scheduler_pb2.AxisRings(
+                axis=a.axis,
+                degree=a.degree,
+                dims=list(a.dims),
+                rings=[
+                    workload_scheduler_pb2.Ring(
+                        chips=[common_pb2.Coordinate(coords=c) for c in ring]
+                    )
+                    for ring in a.rings
+                ],
+            )
+            for a in plan.axes
+        ],
+    )
+
+
+def preemption_pb(v: dict[str, Any]) -> workload_scheduler_pb2.Preemption:
+    return workload_scheduler_pb2.Preemption(
+        job_id=v["job"],
+        action=POLICY_ENUM[v["action"]],  # type: ignore[arg-type]
+        blocks_taken=v["blocks"],
+        shrunk_to=common_pb2.Shape(dims=v["grid"]),
+        victim_priority=v["priority"],
+    )
+
+
+def job_pb(
+    record: JobRecord,
+    fabric: PodFabric,
+    *,
+    with_history: bool = True,
+    queue_position: int = 0,
+    include_rings: bool = False,
+) -> workload_scheduler_pb2.Job:
+    job = record.summary
+    spec = workload_scheduler_pb2.JobSpec.FromString(base64.b64decode(record.spec_b64))
+    switched = fabric.switched is not None
+    chips = (math.prod(job.degrees or (1,)),) if switched else chips_of(job.demand.grid, fabric)
+    out = workload_scheduler_pb2.Job(
+        job_id=record.job_id,
+        pod_id=fabric.pod_id,
+        state=common_pb2.JobState.Value("JOB_STATE_" + record.state),
+        reason=record.reason,
+        spec=spec,
+        priority=job.priority,
+        grid=common_pb2.Shape(dims=job.demand.grid),
+        chips=common_pb2.Shape(dims=chips),
+        wrap=list(job.demand.wrap),
+        created_at=_ts(record.created_ms),
+        updated_at=_ts(record.updated_ms),
+        queue_position=queue_position,
+    )
+    if record.state in HOLDING_STATES and job.placement:
+        for pos, block, node_type in zip(
+            grid_positions(job.demand.grid), job.placement, job.demand.node_types, strict=True
+        ):
+            out.blocks.append(
+                workload_scheduler_pb2.SliceBlock(
+                    position=common_pb2.Coordinate(coords=pos), block_id=block, node_type=node_type
+                )
+            )
+    if with_history:
+        out.history.extend(job_event_pb(e, fabric.pod_id) for e in record.history)
+    if switched:  # its rings come from the fabric manager (see _job_pb)
+        add_switched_job(out, job, fabric, record.state in HOLDING_STATES)
+        return out
+    degrees = degrees_of(spec.parallelism) if spec.HasField("parallelism") else None
+    if include_rings and degrees:
+        with contextlib.suppress(InvalidArgument):  # a shrunk slice no longer fits its degrees
+            out.rings.CopyFrom(ring_plan_pb(plan_rings(chips, job.demand.wrap, degrees)))
+    return out
+
+
+def queue_position(state: PodState, job_id: str) -> int:
+    ids = [j.job_id for j in state.queue()]
+    return ids.index(job_id) + 1 if job_id in ids else 0
+
+
+def _note(**attrs: Any) -> None:
+    span = trace.get_current_span()
+    for k, v in attrs.items():
+        span.set_attribute(f"lightpath.{k}", v)
 
 
 class WorkloadSchedulerServicer(workload_scheduler_pb2_grpc.WorkloadSchedulerServicer):
-    def __init__(self, runtime: Runtime[WorkloadSchedulerSettings]):
+    def __init__(self, runtime: Runtime[WorkloadSchedulerSettings], pod: PodHandle):
         self._rt = runtime
         self._settings = runtime.settings
+        self._pod = pod
 
     async def GetInfo(self, request: common_pb2.GetInfoRequest, context) -> common_pb2.ServiceInfo:
+        sched = self._pod.scheduler
         return self._rt.info(
-            SERVICE_NAME, pod_id=self._settings.pod_id, ocs_manager=self._settings.ocs_addr
+            SERVICE_NAME,
+            pod_id=self._settings.pod_id,
+            ocs_manager=self._settings.ocs_addr,
+            fabric=sched.fabric.describe() if sched else self._pod.problem,
+            # for the cell's registry (CS-1): OCS_TORUS or SWITCHED, once the fabric is known
+            fabric_kind=sched.fabric.kind if sched else "",
         )
+
+    async def _job_pb(
+        self, sched: WorkloadScheduler, record: JobRecord, *, include_rings: bool = False
+    ) -> workload_scheduler_pb2.Job:
+        position = 0
+        if record.state in QUEUED_STATES:
+            position = queue_position(await sched.snapshot(), record.job_id)
+        out = job_pb(record, sched.fabric, queue_position=position, include_rings=include_rings)
+        if include_rings and sched.fabric.switched is not None and record.state in HOLDING_STATES:
+            with contextlib.suppress(OcsError):  # the job view does not fail for want of rings
+                found = await sched.ocs.rings(record.job_id, full=True)
+                if found is not None:
+                    out.switched.rings.CopyFrom(found)
+        return out
+
+    async def AdmitJob(
+        self, request: workload_scheduler_pb2.AdmitJobRequest, context
+    ) -> workload_scheduler_pb2.AdmitJobResponse:
+        sched = await self._pod.get()
+        norm = normalize(request.spec, sched.fabric)
+        _note(job_id=norm.job_id, priority=norm.priority, blocks=norm.demand.block_count)
+        result = await sched.admit(request.spec, norm, validate_only=request.validate_only)
+        job = await self._job_pb(sched, result.record)
+        if norm.rings is not None and result.record.summary.demand.grid == norm.demand.grid:
+            job.rings.CopyFrom(ring_plan_pb(norm.rings))
+        _note(state=result.record.state, created=result.created)
+        return workload_scheduler_pb2.AdmitJobResponse(
+            job=job,
+            created=result.created,
+            preempted=[preemption_pb(v) for v in result.preempted],
+            outcome=result.outcome,
+        )
+
+    async def GetJob(
+        self, request: workload_scheduler_pb2.GetJobRequest, context
+    ) -> workload_scheduler_pb2.Job:
+        sched = await self._pod.get()
+        _note(job_id=request.job_id)
+        record = await sched.store.job(request.job_id, history=True)
+        if record is None:
+            from lightpath.errors import NotFound
+
+            raise NotFound("job", request.job_id)
+        return await self._job_pb(sched, record, include_rings=request.include_rings)
+
+    async def ListJobs(
+        self, request: workload_scheduler_pb2.ListJobsRequest, context
+    ) -> workload_scheduler_pb2.ListJobsResponse:
+        sched = await self._pod.get()
+        if request.page_size < 0:
+            raise InvalidArgument("page_size", "must be >= 0")
+        size = min(request.page_size or DEFAULT_PAGE, MAX_PAGE)
+        before: int | None = None
+        if request.page_token:
+            try:
+                before = int(base64.urlsafe_b64decode(request.page_token.encode()).decode())
+            except ValueError:
+                raise InvalidArgument(
+                    "page_token", "is not a token this service returned"
+                ) from None
+        wanted = {common_pb2.JobState.Name(s).removeprefix("JOB_STATE_") for s in request.states}
+        state = await sched.snapshot()
+        out = workload_scheduler_pb2.ListJobsResponse()
+        # Scan in batches until a page of matching jobs is full (filters may skip many).
+        while len(out.jobs) < size:
+            batch = await sched.store.jobs_page(before_seq=before, count=size)
+            if not batch:
+                before = None
+                break
+            for record in batch:
+                before = record.summary.seq
+                if wanted and record.state not in wanted:
+                    continue
+                out.jobs.append(
+                    job_pb(
+                        record,
+                        sched.fabric,
+                        with_history=False,
+                        queue_position=queue_position(state, record.job_id),
+                    )
+                )
+                if len(out.jobs) == size:
+                    break
+        if before is not None and len(out.jobs) == size:
+            more = await sched.store.jobs_page(before_seq=before, count=1)
+            if more:
+                out.next_page_token = base64.urlsafe_b64encode(str(before).encode()).decode()
+        return out
+
+    async def CompleteJob(
+        self, request: workload_scheduler_pb2.CompleteJobRequest, context
+    ) -> workload_scheduler_pb2.Job:
+        sched = await self._pod.get()
+        _note(job_id=request.job_id)
+        record = await sched.complete(request.job_id)
+        return await self._job_pb(sched, record)
+
+    async def CancelJob(
+        self, request: workload_scheduler_pb2.CancelJobRequest, context
+    ) -> workload_scheduler_pb2.Job:
+        sched = await self._pod.get()
+        _note(job_id=request.job_id)
+        record = await sched.cancel(request.job_id, request.reason)
+        return await self._job_pb(sched, record)
+
+    async def ReportBlockHealth(
+        self, request: workload_scheduler_pb2.ReportBlockHealthRequest, context
+    ) -> workload_scheduler_pb2.ReportBlockHealthResponse:
+        sched = await self._pod.get()
+        if request.health not in (common_pb2.BLOCK_HEALTH_HEALTHY, common_pb2.BLOCK_HEALTH_FAILED):
+            raise InvalidArgument("health", "must be HEALTHY (recovered) or FAILED")
+        _note(block=request.block_id, health=common_pb2.BlockHealth.Name(request.health))
+        outcome: Outcome = await sched.report_health(
+            request.block_id, request.health == common_pb2.BLOCK_HEALTH_HEALTHY, request.reason
+        )
+        rings = (outcome.replacement or {}).get("unit") == "rings"
+        view = await pod_view(sched)
+        resp = workload_scheduler_pb2.ReportBlockHealthResponse(
+            block=view.blocks[request.block_id],
+            action=outcome.action,
+            affected_jobs=outcome.affected,
+        )
+        if outcome.replacement:
+            r = outcome.replacement
+            resp.replacement.CopyFrom(
+                workload_scheduler_pb2.BlockReplacement(
+                    job_id=r["job"],
+                    failed_block_id=r["failed"],
+                    new_block_id=r["new"],
+                    position=common_pb2.Coordinate(coords=r["position"]),
+                    cross_connects_moved=0 if rings else r["moved"],
+                    cross_connects_untouched=0 if rings else r["untouched"],
+                    rings_rerouted=r["moved"] if rings else 0,
+                    rings_untouched=r["untouched"] if rings else 0,
+                    preempted=[preemption_pb(v) for v in outcome.preempted],
+                )
+            )
+        return resp
+
+    async def WatchJob(self, request: workload_scheduler_pb2.WatchJobRequest, context):
+        sched = await self._pod.get()
+        _note(job_id=request.job_id)
+        async for event in sched.watch_job(request.job_id):
+            yield job_event_pb(event, sched.pod_id)
+
+    async def WatchPod(self, request: workload_scheduler_pb2.WatchPodRequest, context):
+        sched = await self._pod.get()
+        async for kind, event in sched.watch_pod():
+            if kind == "block":
+                yield workload_scheduler_pb2.PodEvent(
+                    block=workload_scheduler_pb2.BlockEvent(
+                        block_id=event["block"],
+                        health=common_pb2.BlockHealth.Value("BLOCK_HEALTH_" + event["health"]),
+                        at=_ts(event["at"]),
+                        reason=event.get("reason", ""),
+                        pod_id=sched.pod_id,
+                    )
+                )
+            else:
+                yield workload_scheduler_pb2.PodEvent(job=job_event_pb(event, sched.pod_id))
+
+    async def GetPod(
+        self, request: workload_scheduler_pb2.GetPodRequest, context
+    ) -> workload_scheduler_pb2.PodView:
+        return await pod_view(await self._pod.get())
+
+    async def PlanRings(
+        self, request: workload_scheduler_pb2.PlanRingsRequest, context
+    ) -> workload_scheduler_pb2.RingPlan:
+        dims = list(request.shape.dims)
+        if not dims:
+            raise InvalidArgument("shape", "is required")
+        pod = self._pod.scheduler
+        if pod is not None and pod.fabric.switched is not None:
+            raise FailedPrecondition(
+                f"pod {pod.pod_id}",
+                "is SWITCHED: its rings are reserved per job by the fabric manager; admit the "
+                "job with parallelism degrees and read them with GetJob(include_rings)",
+                reason="FABRIC_KIND",
+            )
+        if request.unit == common_pb2.SHAPE_UNIT_BLOCKS:
+            sched = await self._pod.get()
+            violations: list = []
+            grid = to_grid("shape", dims, request.unit, sched.fabric, violations)
+            if grid is None:
+                raise InvalidArgument.of(violations)
+            chips = chips_of(grid, sched.fabric)
+        else:
+            bad = [d for d, n in enumerate(dims) if n < 1]
+            if bad:
+                raise InvalidArgument(f"shape.dims[{bad[0]}]", "must be >= 1")
+            chips = tuple(dims)
+        wrap = tuple(request.wrap) if request.wrap else (True,) * len(chips)
+        if len(wrap) != len(chips):
+            raise InvalidArgument("wrap", f"must be empty (torus) or have {len(chips)} entries")
+        degrees = degrees_of(request.parallelism)
+        if degrees is None:
+            raise InvalidArgument("parallelism", "give at least one degree (data, pipeline, layer)")
+        return ring_plan_pb(plan_rings(chips, wrap, degrees))
+
+
+async def pod_view(sched: WorkloadScheduler) -> workload_scheduler_pb2.PodView:
+    """WS-9: counts by state and type, and the block map."""
+    state = await sched.snapshot()
+    counts = await sched.store.state_counts()
+    fabric = sched.fabric
+    view = workload_scheduler_pb2.PodView(
+        pod_id=fabric.pod_id,
+        block_shape=common_pb2.Shape(dims=fabric.block_shape),
+        block_count=fabric.block_count,
+        ocs_per_axis=fabric.ocs_per_axis,
+        jobs_by_state=counts,
+        fabric_kind=common_pb2.FabricKind.Value("FABRIC_KIND_" + fabric.kind),
+    )
+    if fabric.switched is not None:
+        await switched_pod_view(sched, state, view.switched)
+    for node_type, c in state.counts_by_type().items():
+        view.types.append(workload_scheduler_pb2.TypeCounts(node_type=node_type, **c))
+    positions: dict[int, tuple[int, ...]] = {}
+    for job in state.jobs.values():
+        if job.placement:
+            for pos, b in zip(grid_positions(job.demand.grid), job.placement, strict=True):
+                positions[b] = pos
+    shared = {int(k[1:].split(".")[0]) for k in state.tile_owner}  # small jobs' groups
+    for b, node_type in enumerate(fabric.node_types):
+        owner = state.owner.get(b, "")
+        view.blocks.append(
+            workload_scheduler_pb2.BlockView(
+                block_id=b,
+                node_type=node_type,
+                health=common_pb2.BLOCK_HEALTH_FAILED
+                if b in state.failed
+                else common_pb2.BLOCK_HEALTH_HEALTHY,
+                availability=common_pb2.BLOCK_AVAILABILITY_ALLOCATED
+                if owner or b in shared
+                else common_pb2.BLOCK_AVAILABILITY_FREE,
+                job_id=owner,
+                position=common_pb2.Coordinate(coords=positions[b])
+                if owner in state.jobs and b in positions
+                else None,
+            )
+        )
+    holding = sorted(
+        (j for j in state.jobs.values() if j.state in HOLDING_STATES), key=lambda j: j.seq
+    )
+    for job in [*holding, *state.queue()]:
+        view.live_jobs.append(
+            workload_scheduler_pb2.JobSummary(
+                job_id=job.job_id,
+                state=common_pb2.JobState.Value("JOB_STATE_" + job.state),
+                priority=job.priority,
+                grid=common_pb2.Shape(dims=job.demand.grid),
+                block_count=job.demand.block_count,
+            )
+        )
+    return view
 
 
 async def build(runtime: Runtime[WorkloadSchedulerSettings]) -> list[ServiceDefinition]:
-    servicer = WorkloadSchedulerServicer(runtime)
+    ocs = OcsManagerClient(runtime.channel(runtime.settings.ocs_addr))
+    pod = PodHandle(runtime, ocs)
+    runtime.spawn(pod.start(), "load fabric")
+    servicer = WorkloadSchedulerServicer(runtime, pod)
     return [
         ServiceDefinition(
             SERVICE_NAME,

@@ -9,8 +9,23 @@ from services.common.settings import (
     parse_address,
     parse_id,
     parse_optional_address,
+    parse_positive_float,
     setting,
 )
+from services.workload_scheduler.fabric import parse_block_types
+
+
+def parse_block_types_setting(raw: str) -> str:
+    """Validate LIGHTPATH_BLOCK_TYPES at start; the counts are checked against the fabric."""
+    parse_block_types(raw)
+    return raw.strip()
+
+
+def _non_negative_int(raw: str) -> int:
+    value = int(raw.strip())
+    if value < 0:
+        raise ValueError("must be an integer >= 0")
+    return value
 
 
 @dataclass(frozen=True)
@@ -38,4 +53,30 @@ class WorkloadSchedulerSettings(CommonSettings):
         "",
         "host:port the cell uses to reach this scheduler; default 127.0.0.1:<port>",
         parse=parse_optional_address,
+    )
+    block_types: str = setting(
+        "LIGHTPATH_BLOCK_TYPES",
+        "tpu",
+        'node type of each block, in block-id order: "tpu" (all), "tpu:60,gpu:4", '
+        '"tpu:60,gpu" (gpu takes the rest)',
+        parse=parse_block_types_setting,
+    )
+    wiring_timeout_s: float = setting(
+        "LIGHTPATH_WS_WIRING_TIMEOUT_S",
+        30.0,
+        "seconds a slice may stay WIRING before another replica takes the wiring over",
+        parse=parse_positive_float,
+    )
+    switched_small_groups: int = setting(
+        "LIGHTPATH_SWITCHED_SMALL_GROUPS",
+        2,
+        "SWITCHED pods: how many groups (the last ones) are reserved for small jobs, those "
+        "that fit in one group (SW-2)",
+        parse=_non_negative_int,
+    )
+    reconcile_s: float = setting(
+        "LIGHTPATH_WS_RECONCILE_S",
+        1.0,
+        "seconds between reconcile rounds (leftover wiring, stalled wirings, the queue)",
+        parse=parse_positive_float,
     )

@@ -325,23 +325,64 @@ class channel_pair:
             await self._cm.__aexit__(*exc)
 
 
-def test_sigterm_stops_a_service_process_cleanly(redis_url, tmp_path):
+def _run_service_process(
+    redis_url: str, extra_env: dict[str, str]
+) -> tuple[subprocess.Popen[str], int]:
     port = free_port()
     env = {
         **os.environ,
         "LIGHTPATH_REDIS_URL": redis_url,
         "LIGHTPATH_LISTEN": f"127.0.0.1:{port}",
-        "LIGHTPATH_SHUTDOWN_GRACE_S": "1",
+        **extra_env,
     }
     proc = subprocess.Popen(
-        [sys.executable, "-m", "services.core_broker"], env=env, stderr=subprocess.PIPE, text=True
+        [sys.executable, "-m", "services.core_broker"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 30
+    while health_status(f"127.0.0.1:{port}", timeout=0.5) != "SERVING":
+        assert proc.poll() is None, proc.stderr.read()
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    return proc, port
+
+
+def test_rpc_metrics_are_exported_per_otel_metrics_exporter(redis_url):
+    proc, port = _run_service_process(
+        redis_url, {"OTEL_METRICS_EXPORTER": "console", "LIGHTPATH_SHUTDOWN_GRACE_S": "1"}
     )
     try:
-        deadline = time.monotonic() + 30
-        while health_status(f"127.0.0.1:{port}", timeout=0.5) != "SERVING":
-            assert proc.poll() is None, proc.stderr.read()
-            assert time.monotonic() < deadline
-            time.sleep(0.1)
+        import grpc as sync_grpc
+
+        from lightpath.v1 import core_broker_pb2_grpc
+
+        with sync_grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+            core_broker_pb2_grpc.CoreBrokerStub(ch).GetInfo(common_pb2.GetInfoRequest(), timeout=5)
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=15)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    exported = json.loads(out[out.index("{") :])  # the console exporter flushes at shutdown
+    points = [
+        (m["name"], p["attributes"])
+        for rm in exported["resource_metrics"]
+        for sm in rm["scope_metrics"]
+        for m in sm["metrics"]
+        for p in m["data"]["data_points"]
+    ]
+    assert (
+        "rpc.server.duration",
+        {"rpc.method": "/lightpath.v1.CoreBroker/GetInfo", "rpc.grpc.status_code": "OK"},
+    ) in points
+
+
+def test_sigterm_stops_a_service_process_cleanly(redis_url):
+    proc, _port = _run_service_process(redis_url, {"LIGHTPATH_SHUTDOWN_GRACE_S": "1"})
+    try:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=10) == 0
         logs = [
@@ -352,4 +393,33 @@ def test_sigterm_stops_a_service_process_cleanly(redis_url, tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
-            proc.wait()
+
+
+async def test_shutdown_does_not_hang_on_a_task_that_swallows_a_cancellation(redis_url):
+    """redis.asyncio can swallow a CancelledError that lands mid-command; a background
+    loop that goes on after one must still be stopped when the service stops."""
+    swallowed: list[str] = []
+    stopped = asyncio.Event()
+
+    async def stubborn_loop() -> None:
+        try:
+            while True:
+                try:
+                    await asyncio.sleep(0.01)
+                except asyncio.CancelledError:
+                    if not swallowed:  # the first cancel vanishes, as in redis-py#2028
+                        swallowed.append("once")
+                        continue
+                    raise
+        finally:
+            stopped.set()
+
+    async def build(runtime):
+        runtime.spawn(stubborn_loop(), "stubborn")
+        return [_probe_definition([])]
+
+    started = time.monotonic()
+    async with running("probe", _settings(redis_url), build):
+        await asyncio.sleep(0.05)
+    assert swallowed == ["once"] and stopped.is_set()
+    assert time.monotonic() - started < 3

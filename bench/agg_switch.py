@@ -1,0 +1,476 @@
+"""Benchmark of agg_switch (seed 003, AG-3 … AG-14): one JSON line.
+
+    python3 dev.py bench agg_switch [--reps 5] [--mib 16] [--chunk-bytes 4194304]
+
+In one run, on this machine:
+
+* agg_bytes_per_s: 8 compute nodes (8 processes) × 16 MiB float32 summed
+  through a root and two sub-switches (3 agg_switch processes, real gRPC),
+  every node receiving the result: 8 × 16 MiB / wall time, median of --reps.
+  gloo_bytes_per_s: torch.distributed all_reduce (gloo) of the same data
+  across 8 processes, same measure, alternating rep by rep with the tree so
+  both see the same machine load (null, "baseline unavailable" on stderr,
+  without torch: `pip install -e .[gloo]`). ratio_vs_gloo = agg / gloo.
+* hold_ms_timeout / hold_ms_wait_all: one node 500 ms late, thresholds 50 ms
+  (sub-switches): the longest any switch held a slot for one chunk, with
+  timeouts and with the same service told to wait for all.
+* tenant_aggs_per_s_*: 4 tenants share one switch with 4 slots (each command
+  is 4 chunks); tenant 0 always has a node 500 ms late; the other tenants'
+  completed aggregations per second over a window; tenant_ratio = timeout / wait.
+* exact_cost_ratio: wall time of the EXACT (fixed-point) path / the PRESET
+  float path, the first measurement's set-up (also alternating).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import multiprocessing as mp
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from _common import emit, private_redis
+
+ROOT = Path(__file__).resolve().parent.parent
+N_NODES = 8
+
+
+# -- processes -------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def spawn_switch(redis_url: str, switch_id: str, tree: str, port: int, **env: str):
+    full = {
+        **os.environ,
+        "LIGHTPATH_REDIS_URL": redis_url,
+        "LIGHTPATH_LISTEN": f"127.0.0.1:{port}",
+        "LIGHTPATH_SWITCH_ID": switch_id,
+        "LIGHTPATH_AGG_TREE": tree,
+        "LIGHTPATH_LOG_LEVEL": "warning",
+        "LIGHTPATH_INSTANCE_ID": f"bench-{switch_id}",
+        **env,
+    }
+    return subprocess.Popen(
+        [sys.executable, "-m", "services.agg_switch"],
+        env=full,
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
+@contextlib.contextmanager
+def switches(redis_url: str, tree: str, ids: list[str], **env: str):
+    from lightpath.stack import health_status
+
+    ports = {s: free_port() for s in ids}
+    procs = [spawn_switch(redis_url, s, tree, p, **env) for s, p in ports.items()]
+    try:
+        deadline = time.monotonic() + 60
+        for p in ports.values():
+            while health_status(f"127.0.0.1:{p}", timeout=0.5) != "SERVING":
+                if time.monotonic() > deadline:
+                    raise RuntimeError("switches did not start")
+                time.sleep(0.05)
+        yield {s: f"127.0.0.1:{p}" for s, p in ports.items()}
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+async def define(address: str, tree: str, nodes) -> None:
+    from lightpath.client import channel
+    from lightpath.v1 import agg_switch_pb2 as pb
+    from lightpath.v1 import agg_switch_pb2_grpc
+
+    async with channel(address) as ch:
+        stub = agg_switch_pb2_grpc.AggSwitchStub(ch)
+        for _ in range(100):  # the switches register their addresses as they start
+            topo = await stub.DefineTopology(
+                pb.DefineTopologyRequest(topology=pb.AggTopology(tree_id=tree, nodes=nodes))
+            )
+            if len(topo.endpoints) >= len([n for n in nodes if n.kind == pb.AGG_NODE_KIND_SWITCH]):
+                return
+            await asyncio.sleep(0.1)
+
+
+async def start(address: str, tree: str, command_id: str, participants, length: int, **kw):
+    from google.protobuf import duration_pb2
+
+    from lightpath.client import channel
+    from lightpath.v1 import agg_switch_pb2 as pb
+    from lightpath.v1 import agg_switch_pb2_grpc
+
+    async with channel(address) as ch:
+        return await agg_switch_pb2_grpc.AggSwitchStub(ch).StartCommand(
+            pb.StartCommandRequest(
+                tree_id=tree,
+                command_id=command_id,
+                participants=list(participants),
+                dtype=kw.pop("dtype", pb.AGG_DTYPE_FLOAT32),
+                op=pb.AGG_OP_SUM,
+                length=length,
+                deadline=duration_pb2.Duration(seconds=60),
+                **kw,
+            )
+        )
+
+
+async def command(address: str, tree: str, command_id: str):
+    from lightpath.client import channel
+    from lightpath.v1 import agg_switch_pb2 as pb
+    from lightpath.v1 import agg_switch_pb2_grpc
+
+    async with channel(address) as ch:
+        stub = agg_switch_pb2_grpc.AggSwitchStub(ch)
+        for _ in range(200):
+            cmd = await stub.GetCommand(pb.GetCommandRequest(tree_id=tree, command_id=command_id))
+            if cmd.state != pb.AGG_COMMAND_STATE_RUNNING and len(cmd.slot_holds) >= len(
+                cmd.bitmaps
+            ):
+                return cmd
+            await asyncio.sleep(0.02)
+        return cmd
+
+
+# -- 1. throughput: 8 node processes through root + 2 sub-switches -------------------
+
+
+def node_worker(node_id: str, address: str, tree: str, elems: int, value: float, conn) -> None:
+    """One compute node process: aggregate each command id it is sent, report the time."""
+    import numpy as np
+
+    from lightpath.agg import ComputeNode
+
+    vector = np.full(elems, value, np.float32)
+    out = np.empty(elems, np.float32)
+
+    async def serve() -> None:
+        async with ComputeNode(node_id, address, tree_id=tree) as node:
+            loop = asyncio.get_running_loop()
+            conn.send("ready")
+            while True:
+                command_id = await loop.run_in_executor(None, conn.recv)
+                if command_id is None:
+                    return
+                t0 = time.perf_counter()
+                res = await node.aggregate(command_id, vector, out=out)
+                conn.send((time.perf_counter() - t0, float(res.values[0]), float(res.values[-1])))
+
+    asyncio.run(serve())
+
+
+class NodeProcesses:
+    """8 compute-node processes that aggregate whatever command id they are sent."""
+
+    def __init__(self, address: str, tree: str, names: list[str], elems: int):
+        ctx = mp.get_context("spawn")
+        self.pipes, self.procs = [], []
+        for i, n in enumerate(names):
+            parent, child = ctx.Pipe()
+            p = ctx.Process(target=node_worker, args=(n, address, tree, elems, i + 1.0, child))
+            p.start()
+            self.pipes.append(parent)
+            self.procs.append(p)
+        for c in self.pipes:
+            assert c.recv() == "ready"
+
+    def run(self, command_id: str) -> float:
+        t0 = time.perf_counter()
+        for c in self.pipes:
+            c.send(command_id)
+        outs = [c.recv() for c in self.pipes]
+        dt = time.perf_counter() - t0
+        want = float(sum(range(1, N_NODES + 1)))
+        assert all(o[1] == want and o[2] == want for o in outs), outs
+        return dt
+
+    def close(self) -> None:
+        for c in self.pipes:
+            c.send(None)
+        for p in self.procs:
+            p.join(30)
+
+
+def gloo_worker(rank: int, port: int, elems: int, conn) -> None:
+    """One gloo rank: an all_reduce of the same data whenever the parent says go."""
+    import torch
+    import torch.distributed as dist
+
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=N_NODES)
+    conn.send("ready")
+    while conn.recv():
+        t = torch.full((elems,), float(rank + 1))
+        dist.barrier()
+        t0 = time.perf_counter()
+        dist.all_reduce(t)
+        dist.barrier()
+        conn.send((time.perf_counter() - t0, float(t[0])))
+    dist.destroy_process_group()
+
+
+class GlooProcesses:
+    def __init__(self, elems: int):
+        ctx = mp.get_context("spawn")
+        port = free_port()
+        self.pipes, self.procs = [], []
+        for r in range(N_NODES):
+            parent, child = ctx.Pipe()
+            p = ctx.Process(target=gloo_worker, args=(r, port, elems, child))
+            p.start()
+            self.pipes.append(parent)
+            self.procs.append(p)
+        for c in self.pipes:
+            assert c.recv() == "ready"
+
+    def run(self) -> float:
+        for c in self.pipes:
+            c.send(True)
+        outs = [c.recv() for c in self.pipes]
+        assert all(o[1] == float(sum(range(1, N_NODES + 1))) for o in outs)
+        return outs[0][0]
+
+    def close(self) -> None:
+        for c in self.pipes:
+            c.send(False)
+        for p in self.procs:
+            p.join(60)
+
+
+def gloo_available() -> bool:
+    try:
+        import torch.distributed as dist
+
+        if not dist.is_available() or not dist.is_gloo_available():
+            raise ImportError("gloo backend missing")
+    except ImportError as exc:
+        print(f"baseline unavailable: torch.distributed gloo ({exc})", file=sys.stderr)
+        return False
+    return True
+
+
+def side_by_side(
+    redis_url: str, mib: int, reps: int, chunk_bytes: int
+) -> tuple[float, float | None, float]:
+    """The tree and gloo, alternating rep by rep so both see the same machine load.
+
+    Returns (tree bytes/s, gloo bytes/s or None, EXACT time / PRESET time)."""
+    from lightpath.v1 import agg_switch_pb2 as pb
+
+    tree = "bench"
+    elems = mib * (1 << 20) // 4
+    names = [f"n{i}" for i in range(N_NODES)]
+    nodes_pb = [
+        pb.AggNode(id="root", kind=pb.AGG_NODE_KIND_SWITCH, threshold_ms=5000),
+        pb.AggNode(id="sub-1", kind=pb.AGG_NODE_KIND_SWITCH, parent="root", threshold_ms=5000),
+        pb.AggNode(id="sub-2", kind=pb.AGG_NODE_KIND_SWITCH, parent="root", threshold_ms=5000),
+    ] + [
+        pb.AggNode(id=n, kind=pb.AGG_NODE_KIND_COMPUTE, parent="sub-1" if i < 4 else "sub-2")
+        for i, n in enumerate(names)
+    ]
+    with switches(redis_url, tree, ["root", "sub-1", "sub-2"]) as addr:
+        asyncio.run(define(addr["root"], tree, nodes_pb))
+        nodes = NodeProcesses(addr["root"], tree, names, elems)
+        base = GlooProcesses(elems) if gloo_available() else None
+        try:
+
+            def ours(command_id: str, **kw) -> float:
+                asyncio.run(
+                    start(
+                        addr["root"], tree, command_id, names, elems, chunk_bytes=chunk_bytes, **kw
+                    )
+                )
+                return nodes.run(command_id)
+
+            ours("warm-up")
+            if base is not None:
+                base.run()
+            preset, exact, gloo_t = [], [], []
+            for r in range(reps):
+                preset.append(ours(f"preset-{r}"))
+                if base is not None:
+                    gloo_t.append(base.run())
+                exact.append(ours(f"exact-{r}", order_policy=pb.ORDER_POLICY_EXACT))
+        finally:
+            nodes.close()
+            if base is not None:
+                base.close()
+    total = N_NODES * mib * (1 << 20)
+    t = statistics.median(preset)
+    return (
+        total / t,
+        total / statistics.median(gloo_t) if gloo_t else None,
+        statistics.median(exact) / t,
+    )
+
+
+# -- 2. slot hold with one straggler -----------------------------------------------------
+
+
+async def hold_times(addr: dict[str, str], tree: str, names: list[str]) -> tuple[float, float]:
+    """The straggler sends 500 ms after the first data reached its switch."""
+    import numpy as np
+
+    from lightpath.agg import ComputeNode, aggregate_all
+    from lightpath.client import channel
+    from lightpath.v1 import agg_switch_pb2 as pb
+    from lightpath.v1 import agg_switch_pb2_grpc
+
+    elems = 1 << 18
+    inputs = {n: np.full(elems, 1.0, np.float32) for n in names}
+    straggler, on_time = names[0], {n: inputs[n] for n in names[1:]}
+    out = []
+    async with channel(addr["sub-1"]) as ch:
+        sub1 = agg_switch_pb2_grpc.AggSwitchStub(ch)
+        for wait_for_all in (False, True):
+            cid = f"hold-{'wait' if wait_for_all else 'timeout'}"
+            await start(
+                addr["root"],
+                tree,
+                cid,
+                names,
+                elems,
+                chunk_bytes=1 << 18,
+                wait_for_all=wait_for_all,
+            )
+            others = asyncio.ensure_future(aggregate_all(addr["root"], cid, on_time))
+            while True:  # the first arrival at the straggler's switch
+                state = await sub1.GetSwitchState(pb.GetSwitchStateRequest())
+                if state.slots_in_use or state.bypass_entries:
+                    break
+                await asyncio.sleep(0.002)
+            await asyncio.sleep(0.5)
+            async with ComputeNode(straggler, addr["root"], tree_id=tree) as node:
+                await node.aggregate(cid, inputs[straggler])
+            await others
+            cmd = await command(addr["root"], tree, cid)
+            out.append(max(h.max_ms for h in cmd.slot_holds))
+    return out[0], out[1]
+
+
+def holds(redis_url: str) -> tuple[float, float]:
+    from lightpath.v1 import agg_switch_pb2 as pb
+
+    tree = "hold"
+    names = [f"h{i}" for i in range(N_NODES)]
+    nodes_pb = [
+        pb.AggNode(id="root", kind=pb.AGG_NODE_KIND_SWITCH, threshold_ms=100),
+        pb.AggNode(id="sub-1", kind=pb.AGG_NODE_KIND_SWITCH, parent="root", threshold_ms=50),
+        pb.AggNode(id="sub-2", kind=pb.AGG_NODE_KIND_SWITCH, parent="root", threshold_ms=50),
+    ] + [
+        pb.AggNode(id=n, kind=pb.AGG_NODE_KIND_COMPUTE, parent="sub-1" if i < 4 else "sub-2")
+        for i, n in enumerate(names)
+    ]
+    with switches(redis_url, tree, ["root", "sub-1", "sub-2"]) as addr:
+
+        async def go():
+            await define(addr["root"], tree, nodes_pb)
+            return await hold_times(addr, tree, names)
+
+        return asyncio.run(go())
+
+
+# -- 3. tenants sharing a switch with too few slots --------------------------------------
+
+
+async def tenant_rate(address: str, tree: str, wait_for_all: bool, window_s: float) -> float:
+    import numpy as np
+
+    from lightpath.agg import aggregate_all
+
+    elems, chunk = 1 << 16, 1 << 14  # 4 chunks of 64 KiB per command, 4 slots on the switch
+    done = [0] * 4
+    stop = time.monotonic() + window_s
+
+    async def tenant(t: int) -> None:
+        i = 0
+        names = [f"t{t}a", f"t{t}b"]
+        inputs = {n: np.full(elems, 1.0, np.float32) for n in names}
+        while time.monotonic() < stop:
+            cid = f"t{t}-{'w' if wait_for_all else 't'}-{i}"
+            i += 1
+            await start(
+                address,
+                tree,
+                cid,
+                names,
+                elems,
+                chunk_bytes=chunk * 4,
+                tenant=f"tenant-{t}",
+                wait_for_all=wait_for_all,
+            )
+            await aggregate_all(address, cid, inputs, delays={names[0]: 0.5} if t == 0 else None)
+            if time.monotonic() <= stop:
+                done[t] += 1
+
+    await asyncio.gather(*(tenant(t) for t in range(4)))
+    return sum(done[1:]) / window_s
+
+
+def tenants(redis_url: str, window_s: float) -> tuple[float, float]:
+    from lightpath.v1 import agg_switch_pb2 as pb
+
+    tree = "tenants"
+    nodes_pb = [pb.AggNode(id="shared", kind=pb.AGG_NODE_KIND_SWITCH, threshold_ms=50)] + [
+        pb.AggNode(id=f"t{t}{x}", kind=pb.AGG_NODE_KIND_COMPUTE, parent="shared")
+        for t in range(4)
+        for x in "ab"
+    ]
+    with switches(redis_url, tree, ["shared"], LIGHTPATH_AGG_SLOTS="4") as addr:
+
+        async def go():
+            await define(addr["shared"], tree, nodes_pb)
+            timeout = await tenant_rate(addr["shared"], tree, False, window_s)
+            wait = await tenant_rate(addr["shared"], tree, True, window_s)
+            return timeout, wait
+
+        return asyncio.run(go())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--mib", type=int, default=16, help="MiB of float32 per node")
+    parser.add_argument("--chunk-bytes", type=int, default=4 << 20)
+    parser.add_argument("--window-s", type=float, default=3.0)
+    args = parser.parse_args()
+    with private_redis() as redis_url:
+        agg, base, exact_ratio = side_by_side(redis_url, args.mib, args.reps, args.chunk_bytes)
+        hold_t, hold_w = holds(redis_url)
+        rate_t, rate_w = tenants(redis_url, args.window_s)
+    emit(
+        {
+            "agg_bytes_per_s": agg,
+            "gloo_bytes_per_s": base,
+            "ratio_vs_gloo": None if base is None else agg / base,
+            "hold_ms_timeout": hold_t,
+            "hold_ms_wait_all": hold_w,
+            "tenant_aggs_per_s_timeout": rate_t,
+            "tenant_aggs_per_s_wait_all": rate_w,
+            "tenant_ratio": rate_t / rate_w if rate_w else None,
+            "exact_cost_ratio": exact_ratio,
+        }
+    )
+
+
+if __name__ == "__main__":
+    main()

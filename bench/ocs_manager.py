@@ -1,0 +1,201 @@
+"""Benchmark of ocs_manager over gRPC against a real Redis (OCS-9). Prints one JSON line.
+
+    python3 dev.py bench ocs_manager [--runs 20] [--seconds 5]
+
+Two ocs_manager processes (`python -m services.ocs_manager`, as deployed) on one
+private redis-server: pod "bench-k1" with K = 1 and pod "bench-k2" with K = 2,
+both 64 blocks of 4x4x4, radix 136, default switch driver without settling delay.
+
+* full_pod_*: one slice of all 64 blocks as 4x4x4 blocks with wrap (3,072
+  cross-connects), wired then released, `--runs` times; the default answer
+  (every cross-connect listed) and, as *_counts, the counts-only view.
+* small_wire_release_per_s: 8 concurrent clients, each wiring a 2-block slice
+  (2x1x1 with wrap, default answer) and releasing it, for `--seconds`.
+* replace_ms_*: a 2x2x2 slice of 8 blocks on the K = 1 pod whose block moves
+  back and forth to a free block (default answer: the 8-block wiring, the
+  removed and added cross-connects).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from _common import emit, percentile, private_redis
+
+from lightpath.client import channel
+from lightpath.embedded_redis import free_port
+from lightpath.stack import health_status
+from lightpath.v1 import common_pb2, ocs_manager_pb2_grpc
+from lightpath.v1 import ocs_manager_pb2 as pb
+
+ROOT = Path(__file__).resolve().parent.parent
+COUNTS = pb.WIRING_VIEW_COUNTS
+
+
+def wire_request(job: str, grid, blocks, view=pb.WIRING_VIEW_UNSPECIFIED) -> pb.WireSliceRequest:
+    placements = []
+    for i, b in enumerate(blocks):
+        coords, rest = [], i
+        for e in grid:
+            rest, c = divmod(rest, e)
+            coords.append(c)
+        placements.append(
+            pb.BlockPlacement(position=common_pb2.Coordinate(coords=coords), block_id=b)
+        )
+    return pb.WireSliceRequest(
+        job_id=job, grid=common_pb2.Shape(dims=grid), blocks=placements, view=view
+    )
+
+
+def start_server(redis_url: str, pod: str, k: int) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    env = {
+        **os.environ,
+        "LIGHTPATH_REDIS_URL": redis_url,
+        "LIGHTPATH_LISTEN": f"127.0.0.1:{port}",
+        "LIGHTPATH_POD_ID": pod,
+        "LIGHTPATH_FABRIC_BLOCK_SHAPE": "4x4x4",
+        "LIGHTPATH_FABRIC_BLOCKS": "64",
+        "LIGHTPATH_FABRIC_OCS_PER_AXIS": str(k),
+        "LIGHTPATH_FABRIC_OCS_RADIX": "136",
+        "PYTHONPATH": str(ROOT),
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "services.ocs_manager"],
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    address = f"127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while health_status(address, timeout=0.5) != "SERVING":
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise SystemExit(f"ocs_manager for {pod} did not start")
+        time.sleep(0.1)
+    return proc, address
+
+
+async def full_pod(stub, runs: int, view) -> dict[str, float]:
+    wire, release, count = [], [], 0
+    req = wire_request("full-pod", [4, 4, 4], list(range(64)), view)
+    for _ in range(runs):
+        t = time.perf_counter()
+        w = await stub.WireSlice(req)
+        wire.append((time.perf_counter() - t) * 1000)
+        count = w.cross_connect_count
+        t = time.perf_counter()
+        await stub.ReleaseSlice(pb.ReleaseSliceRequest(job_id="full-pod"))
+        release.append((time.perf_counter() - t) * 1000)
+    return {
+        "wire_p50": percentile(wire, 50),
+        "wire_p99": percentile(wire, 99),
+        "release_p50": percentile(release, 50),
+        "release_p99": percentile(release, 99),
+        "count": count,
+    }
+
+
+async def small_slices(stub, seconds: float, clients: int = 8) -> float:
+    done = 0
+    stop = time.monotonic() + seconds
+
+    async def client(i: int) -> None:
+        nonlocal done
+        req = wire_request(f"small-{i}", [2, 1, 1], [2 * i, 2 * i + 1])
+        rel = pb.ReleaseSliceRequest(job_id=f"small-{i}")
+        while time.monotonic() < stop:
+            await stub.WireSlice(req)
+            await stub.ReleaseSlice(rel)
+            done += 1
+
+    start = time.monotonic()
+    await asyncio.gather(*(client(i) for i in range(clients)))
+    return done / (time.monotonic() - start)
+
+
+async def replaces(stub, runs: int, view) -> tuple[float, float]:
+    await stub.WireSlice(wire_request("rep", [2, 2, 2], list(range(8)), COUNTS))
+    samples = []
+    a, b = 3, 40
+    for _ in range(runs):
+        t = time.perf_counter()
+        await stub.ReplaceBlock(
+            pb.ReplaceBlockRequest(job_id="rep", failed_block_id=a, new_block_id=b, view=view)
+        )
+        samples.append((time.perf_counter() - t) * 1000)
+        a, b = b, a
+    await stub.ReleaseSlice(pb.ReleaseSliceRequest(job_id="rep"))
+    return percentile(samples, 50), percentile(samples, 99)
+
+
+async def main(args: argparse.Namespace) -> None:
+    with private_redis() as redis_url:
+        procs = []
+        try:
+            p1, addr1 = start_server(redis_url, "bench-k1", 1)
+            procs.append(p1)
+            p2, addr2 = start_server(redis_url, "bench-k2", 2)
+            procs.append(p2)
+            async with channel(addr1) as ch1, channel(addr2) as ch2:
+                k1, k2 = (
+                    ocs_manager_pb2_grpc.OcsManagerStub(ch1),
+                    ocs_manager_pb2_grpc.OcsManagerStub(ch2),
+                )
+                for stub in (k1, k2):  # warm up: connections, script loading
+                    await full_pod(stub, 2, COUNTS)
+                    await small_slices(stub, 0.3)
+                f1 = await full_pod(k1, args.runs, pb.WIRING_VIEW_UNSPECIFIED)
+                f2 = await full_pod(k2, args.runs, pb.WIRING_VIEW_UNSPECIFIED)
+                c1 = await full_pod(k1, args.runs, COUNTS)
+                c2 = await full_pod(k2, args.runs, COUNTS)
+                small = await small_slices(k1, args.seconds)
+                small_k2 = await small_slices(k2, args.seconds)
+                rep50, rep99 = await replaces(k1, max(100, args.runs), pb.WIRING_VIEW_UNSPECIFIED)
+                repc50, repc99 = await replaces(k1, max(100, args.runs), COUNTS)
+                check = await k1.CheckInvariants(pb.CheckInvariantsRequest(compare_switches=True))
+                check2 = await k2.CheckInvariants(pb.CheckInvariantsRequest(compare_switches=True))
+        finally:
+            for p in procs:
+                p.terminate()
+            for p in procs:
+                p.wait(10)
+    emit(
+        {
+            "full_pod_wire_ms_p50_k1": f1["wire_p50"],
+            "full_pod_wire_ms_p99_k1": f1["wire_p99"],
+            "full_pod_wire_ms_p50_k2": f2["wire_p50"],
+            "full_pod_wire_ms_p99_k2": f2["wire_p99"],
+            "full_pod_release_ms_p50_k1": f1["release_p50"],
+            "full_pod_release_ms_p99_k1": f1["release_p99"],
+            "full_pod_release_ms_p50_k2": f2["release_p50"],
+            "full_pod_cross_connects_k1": f1["count"],
+            "full_pod_cross_connects_k2": f2["count"],
+            "full_pod_wire_ms_p50_k1_counts": c1["wire_p50"],
+            "full_pod_wire_ms_p99_k1_counts": c1["wire_p99"],
+            "full_pod_wire_ms_p50_k2_counts": c2["wire_p50"],
+            "full_pod_wire_ms_p99_k2_counts": c2["wire_p99"],
+            "small_wire_release_per_s": small,
+            "small_wire_release_per_s_k2": small_k2,
+            "replace_ms_p50": rep50,
+            "replace_ms_p99": rep99,
+            "replace_ms_p50_counts": repc50,
+            "replace_ms_p99_counts": repc99,
+            "runs": args.runs,
+            "invariants_ok": check.ok and check2.ok,
+        }
+    )
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=20)
+    parser.add_argument("--seconds", type=float, default=5.0)
+    asyncio.run(main(parser.parse_args()))

@@ -1,0 +1,170 @@
+"""AggChunk on the wire, without copying the payload more than needed (AG-14).
+
+An AggChunk is ordinary protobuf, but its `data` (field 15) is the bulk of
+it. `encode` serializes the small header with protobuf and appends the data
+field by hand (one copy of the payload); `decode` finds the data field in the
+received bytes and returns a zero-copy view of it, parsing only the header
+with protobuf. Any protobuf client reads and writes the same bytes.
+
+The data-path methods use these as their gRPC (de)serializers, so the
+switches and the SDK pass bytes straight to grpc and can send one encoded
+result to many receivers.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from lightpath.aggregation import DType, Kind, Packet
+from lightpath.v1 import agg_switch_pb2 as pb
+
+SERVICE = "lightpath.v1.AggSwitch"
+CONTRIBUTE = f"/{SERVICE}/Contribute"
+RESULTS = f"/{SERVICE}/Results"
+RELAY = f"/{SERVICE}/Relay"
+FROM_METADATA = "lightpath-from"
+
+DATA_FIELD = 15
+_DATA_KEY = bytes([(DATA_FIELD << 3) | 2])
+
+DTYPE_TO_PB = {
+    DType.INT32: pb.AGG_DTYPE_INT32,
+    DType.INT64: pb.AGG_DTYPE_INT64,
+    DType.FLOAT32: pb.AGG_DTYPE_FLOAT32,
+    DType.FLOAT64: pb.AGG_DTYPE_FLOAT64,
+    DType.BOOL: pb.AGG_DTYPE_BOOL,
+}
+PB_TO_DTYPE: dict[int, DType] = {int(v): k for k, v in DTYPE_TO_PB.items()}
+
+
+class WireError(ValueError):
+    """Bytes that are not an AggChunk."""
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte = value & 0x7F
+        value >>= 7
+        if value:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
+
+
+def _read_varint(buf: bytes, pos: int) -> tuple[int, int]:
+    result = shift = 0
+    while True:
+        if pos >= len(buf) or shift > 63:
+            raise WireError("truncated varint")
+        b = buf[pos]
+        pos += 1
+        result |= (b & 0x7F) << shift
+        if b < 0x80:
+            return result, pos
+        shift += 7
+
+
+def split(raw: bytes) -> tuple[bytes, memoryview | None]:
+    """(the message without field 15, a view of field 15's bytes or None)."""
+    pos, n = 0, len(raw)
+    data: memoryview | None = None
+    head: list[bytes] = []
+    kept_from = 0
+    while pos < n:
+        start = pos
+        key, pos = _read_varint(raw, pos)
+        wire = key & 7
+        if wire == 0:
+            _, pos = _read_varint(raw, pos)
+        elif wire == 1:
+            pos += 8
+        elif wire == 2:
+            size, pos = _read_varint(raw, pos)
+            if key >> 3 == DATA_FIELD:
+                data = memoryview(raw)[pos : pos + size]
+                head.append(raw[kept_from:start])
+                kept_from = pos + size
+            pos += size
+        elif wire == 5:
+            pos += 4
+        else:
+            raise WireError(f"wire type {wire} at byte {start}")
+        if pos > n:
+            raise WireError("truncated field")
+    if not head:
+        return raw, None
+    head.append(raw[kept_from:])
+    return b"".join(head), data
+
+
+def encode_header(header: pb.AggChunk, data: np.ndarray | None) -> bytes:
+    head = header.SerializeToString()
+    if data is None:
+        return head
+    if not data.flags.c_contiguous:
+        data = np.ascontiguousarray(data)
+    view = memoryview(data).cast("B")  # type: ignore[arg-type]
+    return b"".join((head, _DATA_KEY, _varint(view.nbytes), view))
+
+
+def encode(pkt: Packet, dtype: DType) -> bytes:
+    """The packet's bytes (cached on the packet: a result sent to many nodes is encoded once)."""
+    if pkt.raw is not None:
+        return pkt.raw
+    header = pb.AggChunk(
+        command_id=pkt.command_id,
+        index=pkt.chunk,
+        kind=pb.AggChunkKind.ValueType(int(pkt.kind)),
+        source=pkt.source,
+        destination=pkt.destination,
+        timeout_nodes=pkt.timeout_nodes,
+        timeout_flag=pkt.timeout_flag,
+        dtype=DTYPE_TO_PB[dtype],
+        fixed_point=pkt.fixed_point,
+        empty=pkt.data is None,
+        parameters=pkt.parameters,
+    )
+    pkt.raw = encode_header(header, pkt.data)
+    return pkt.raw
+
+
+def decode(raw: bytes) -> tuple[pb.AggChunk, memoryview | None]:
+    head, data = split(raw)
+    try:
+        header = pb.AggChunk.FromString(head)
+    except Exception as exc:  # protobuf's DecodeError
+        raise WireError(f"not an AggChunk: {exc}") from None
+    return header, data
+
+
+def to_packet(header: pb.AggChunk, data: memoryview | None, raw: bytes | None) -> Packet:
+    """The domain packet (data as a read-only numpy view of the received bytes).
+
+    The caller has checked `header.dtype` and the data length."""
+    arr: np.ndarray | None = None
+    if data is not None and not header.empty:
+        dt = np.dtype("<i8") if header.fixed_point else PB_TO_DTYPE[header.dtype].numpy
+        arr = np.frombuffer(data, dtype=dt)
+    try:
+        kind = Kind(header.kind)
+    except ValueError:
+        raise WireError(f"unknown chunk kind {header.kind}") from None
+    return Packet(
+        command_id=header.command_id,
+        chunk=header.index,
+        kind=kind,
+        source=header.source,
+        data=arr,
+        destination=header.destination,
+        timeout_nodes=tuple(header.timeout_nodes),
+        timeout_flag=header.timeout_flag,
+        fixed_point=header.fixed_point,
+        parameters=header.parameters,
+        raw=raw,
+    )
+
+
+def identity(b: bytes) -> bytes:
+    return b

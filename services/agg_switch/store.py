@@ -1,0 +1,360 @@
+"""Redis persistence of agg_switch (X-4): everything under one tree's hash tag
+``lp:{agg:<tree>}:…``, so a tree's keys share a Cluster slot and the Lua
+scripts below may touch them together.
+
+    topology            hash  json, version, defined_at          (AG-1)
+    endpoints           hash  node → host:port registered at start
+    cmd:<id>            hash  spec, digest, state, created_at, finished_at, failure
+    cmd:<id>:holds      hash  switch → slot-hold report (JSON)   (AG-13)
+    cmd:<id>:missing    set   nodes that never arrived (FAILED)
+    commands            zset  id by creation time (listing)
+    running             zset  id by deadline (no topology change while > 0)
+    lateness:<id>       hash  compute node → seconds late at its switch (AG-9)
+    history             zset  id by finish time
+    load                hash  node → bytes/s (AG-10 least load)
+    model:<m>           hash  dtype, length, version, data (binary) (AG-12)
+    model:<m>:lock      string the command updating the model
+
+Data never goes through Redis: only commands, reports and parameters do.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import redis.asyncio as aioredis
+
+from lightpath.aggregation import DType
+from lightpath.errors import Aborted, FailedPrecondition, NotFound
+from services.agg_switch.command import CommandSpec, CommandState
+from services.agg_switch.switch import CommandReport
+from services.agg_switch.topology import Topology
+from services.common.keys import tree_key
+
+# A command is RUNNING until a switch says otherwise; one that outlived its
+# deadline by this much with nobody saying so (every switch gone) is failed on read.
+STALE_GRACE_S = 5.0
+FINISHED_TTL_S = 7 * 24 * 3600
+HISTORY_KEEP = 1000
+
+_START = """
+-- KEYS: cmd, running, topology, commands, model lock
+-- ARGV: id, spec, digest, topology version, now, deadline, model ("" = none), lock ttl ms
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  return {'exists', redis.call('HGET', KEYS[1], 'digest')}
+end
+local version = redis.call('HGET', KEYS[3], 'version')
+if not version then return {'no_topology'} end
+if version ~= ARGV[4] then return {'stale', version} end
+if ARGV[7] ~= '' then
+  local holder = redis.call('GET', KEYS[5])
+  if holder and holder ~= ARGV[1] then return {'model_busy', holder} end
+  redis.call('SET', KEYS[5], ARGV[1], 'PX', ARGV[8])
+end
+redis.call('HSET', KEYS[1], 'spec', ARGV[2], 'digest', ARGV[3], 'state', 'running',
+           'created_at', ARGV[5])
+redis.call('ZADD', KEYS[2], ARGV[6], ARGV[1])
+redis.call('ZADD', KEYS[4], ARGV[5], ARGV[1])
+return {'created'}
+"""
+
+_FINISH = """
+-- KEYS: cmd, running, model lock, missing
+-- ARGV: id, state, now, failure, ttl s, missing...
+local state = redis.call('HGET', KEYS[1], 'state')
+if not state then return 0 end
+local moved = 0
+if state == 'running' then
+  redis.call('HSET', KEYS[1], 'state', ARGV[2], 'finished_at', ARGV[3], 'failure', ARGV[4])
+  redis.call('ZREM', KEYS[2], ARGV[1])
+  if redis.call('GET', KEYS[3]) == ARGV[1] then redis.call('DEL', KEYS[3]) end
+  redis.call('EXPIRE', KEYS[1], ARGV[5])
+  state = ARGV[2]
+  moved = 1
+end
+if state == 'failed' and #ARGV > 5 then
+  for i = 6, #ARGV do redis.call('SADD', KEYS[4], ARGV[i]) end
+  redis.call('EXPIRE', KEYS[4], ARGV[5])
+end
+return moved
+"""
+
+_DEFINE = """
+-- KEYS: topology, running
+-- ARGV: json, now, stale before
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', ARGV[3])
+local busy = redis.call('ZRANGE', KEYS[2], 0, 0)
+if #busy > 0 then return {'busy', busy[1]} end
+local version = redis.call('HINCRBY', KEYS[1], 'version', 1)
+redis.call('HSET', KEYS[1], 'json', ARGV[1], 'defined_at', ARGV[2])
+return {'ok', version}
+"""
+
+
+@dataclass
+class CommandRecord:
+    spec: CommandSpec
+    state: CommandState
+    digest: str = ""
+    finished_at: float = 0.0
+    failure: str = ""
+    missing: list[str] = field(default_factory=list)
+    holds: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+def report_json(report: CommandReport) -> dict[str, Any]:
+    return {
+        "chunks": len(report.holds_ms),
+        "max_ms": report.max_ms,
+        "mean_ms": report.mean_ms,
+        "total_ms": report.total_ms,
+        "timed_out_chunks": report.timed_out_chunks,
+        "fallback_chunks": report.fallback_chunks,
+        "timeout_nodes": sorted(report.timeout_nodes),
+        "bypass_entries_created": report.bypass_created,
+        "duplicates": report.duplicates,
+        "waited_ms": report.waited_ms,
+        "failed": report.failed,
+    }
+
+
+class AggStore:
+    def __init__(self, redis: aioredis.Redis, binary: aioredis.Redis | None = None):
+        # Any: redis-py's annotations do not know decode_responses.
+        self.r: Any = redis
+        self.b: Any = binary or redis
+        self._start = redis.register_script(_START)
+        self._finish = redis.register_script(_FINISH)
+        self._define = redis.register_script(_DEFINE)
+
+    # -- topology (AG-1) ---------------------------------------------------------
+
+    async def topology(self, tree_id: str) -> Topology | None:
+        raw = await self.r.hmget(tree_key(tree_id, "topology"), "json", "version", "defined_at")
+        if raw[0] is None:
+            return None
+        data = json.loads(raw[0])
+        data["version"] = int(raw[1])
+        data["defined_at"] = float(raw[2])
+        return Topology.from_json(data)
+
+    async def define_topology(self, topology: Topology, now: float) -> int:
+        """Store `topology`; refused while a command of the tree runs. Returns the version."""
+        out = await self._define(
+            keys=[tree_key(topology.tree_id, "topology"), tree_key(topology.tree_id, "running")],
+            args=[json.dumps(topology.to_json()), now, now - STALE_GRACE_S],
+        )
+        if out[0] == "busy":
+            raise FailedPrecondition(
+                f"tree {topology.tree_id}",
+                f"command {out[1]} is running; the topology changes once no command runs",
+                reason="TREE_BUSY",
+            )
+        return int(out[1])
+
+    async def register_endpoint(self, tree_id: str, node_id: str, address: str) -> None:
+        await self.r.hset(tree_key(tree_id, "endpoints"), node_id, address)
+
+    async def endpoints(self, tree_id: str) -> dict[str, str]:
+        return await self.r.hgetall(tree_key(tree_id, "endpoints"))
+
+    # -- commands (AG-2) ---------------------------------------------------------
+
+    def _cmd(self, tree_id: str, command_id: str, *parts: str) -> str:
+        return tree_key(tree_id, "cmd", command_id, *parts)
+
+    async def start_command(self, spec: CommandSpec, digest: str) -> tuple[CommandSpec, bool]:
+        """Create the command, or return the existing one for a retry of the same request."""
+        t = spec.tree_id
+        lock = tree_key(t, "model", spec.ps_model or "-", "lock")
+        ttl_ms = max(1, int((spec.deadline_at - spec.created_at + STALE_GRACE_S) * 1000))
+        out = await self._start(
+            keys=[
+                self._cmd(t, spec.command_id),
+                tree_key(t, "running"),
+                tree_key(t, "topology"),
+                tree_key(t, "commands"),
+                lock,
+            ],
+            args=[
+                spec.command_id,
+                json.dumps(spec.to_json()),
+                digest,
+                spec.topology_version,
+                spec.created_at,
+                spec.deadline_at,
+                spec.ps_model,
+                ttl_ms,
+            ],
+        )
+        if out[0] == "created":
+            return spec, True
+        if out[0] == "exists":
+            if out[1] != digest:
+                raise FailedPrecondition(
+                    f"command {spec.command_id}",
+                    "exists with different parameters; choose a new command id",
+                    reason="COMMAND_EXISTS",
+                )
+            record = await self.command(t, spec.command_id)
+            assert record is not None
+            return record.spec, False
+        if out[0] == "no_topology":
+            raise FailedPrecondition(
+                f"tree {t}", "has no topology; DefineTopology first", reason="NO_TOPOLOGY"
+            )
+        if out[0] == "stale":
+            raise Aborted("the topology changed while the command was planned; retry")
+        raise FailedPrecondition(
+            f"model {spec.ps_model}",
+            f"command {out[1]} is updating it; one command updates a model at a time",
+            reason="MODEL_BUSY",
+        )
+
+    async def command(self, tree_id: str, command_id: str) -> CommandRecord | None:
+        key = self._cmd(tree_id, command_id)
+        async with self.r.pipeline(transaction=False) as p:
+            p.hgetall(key)
+            p.hgetall(self._cmd(tree_id, command_id, "holds"))
+            p.smembers(self._cmd(tree_id, command_id, "missing"))
+            data, holds, missing = await p.execute()
+        if not data:
+            return None
+        spec = CommandSpec.from_json(json.loads(data["spec"]))
+        record = CommandRecord(
+            spec=spec,
+            state=CommandState(data["state"]),
+            digest=data.get("digest", ""),
+            finished_at=float(data.get("finished_at") or 0.0),
+            failure=data.get("failure", ""),
+            missing=sorted(missing),
+            holds={k: json.loads(v) for k, v in holds.items()},
+        )
+        now = time.time()
+        if record.state is CommandState.RUNNING and now > spec.deadline_at + STALE_GRACE_S:
+            reason = "the deadline passed and no switch reported the command"
+            await self.finish_command(spec, CommandState.FAILED, now, reason)
+            record.state, record.failure, record.finished_at = CommandState.FAILED, reason, now
+        return record
+
+    async def require_command(self, tree_id: str, command_id: str) -> CommandRecord:
+        record = await self.command(tree_id, command_id)
+        if record is None:
+            raise NotFound("command", command_id, hint=f"no such command in tree {tree_id}")
+        return record
+
+    async def list_commands(
+        self, tree_id: str, offset: int, limit: int
+    ) -> tuple[list[CommandRecord], bool]:
+        ids = await self.r.zrevrange(tree_key(tree_id, "commands"), offset, offset + limit)
+        out = []
+        for cid in ids[:limit]:
+            rec = await self.command(tree_id, cid)
+            if rec is not None:
+                out.append(rec)
+        return out, len(ids) > limit
+
+    async def finish_command(
+        self,
+        spec: CommandSpec,
+        state: CommandState,
+        now: float,
+        failure: str = "",
+        missing: Sequence[str] = (),
+    ) -> bool:
+        """RUNNING → COMPLETED / FAILED, once (compare-and-set); frees the model lock."""
+        t = spec.tree_id
+        moved = await self._finish(
+            keys=[
+                self._cmd(t, spec.command_id),
+                tree_key(t, "running"),
+                tree_key(t, "model", spec.ps_model or "-", "lock"),
+                self._cmd(t, spec.command_id, "missing"),
+            ],
+            args=[spec.command_id, state.value, now, failure, FINISHED_TTL_S, *missing],
+        )
+        return bool(moved)
+
+    async def add_report(self, spec: CommandSpec, report: CommandReport, now: float) -> None:
+        """One switch's slot holds (AG-13) and its compute nodes' lateness (AG-9)."""
+        t, cid = spec.tree_id, spec.command_id
+        async with self.r.pipeline(transaction=True) as p:
+            holds = self._cmd(t, cid, "holds")
+            p.hset(holds, report.switch_id, json.dumps(report_json(report)))
+            p.expire(holds, FINISHED_TTL_S)
+            if report.lateness and not report.failed:
+                late = tree_key(t, "lateness", cid)
+                p.hset(late, mapping={k: repr(v) for k, v in report.lateness.items()})
+                p.expire(late, FINISHED_TTL_S)
+                p.zadd(tree_key(t, "history"), {cid: now}, nx=True)
+                p.zremrangebyrank(tree_key(t, "history"), 0, -HISTORY_KEEP - 1)
+            await p.execute()
+
+    async def history(self, tree_id: str, limit: int) -> list[tuple[str, float, dict[str, float]]]:
+        """(command, finished at, node → lateness s), newest first."""
+        entries = await self.r.zrevrange(
+            tree_key(tree_id, "history"), 0, limit - 1, withscores=True
+        )
+        async with self.r.pipeline(transaction=False) as p:
+            for cid, _ in entries:
+                p.hgetall(tree_key(tree_id, "lateness", cid))
+            lates = await p.execute()
+        return [
+            (cid, float(at), {k: float(v) for k, v in late.items()})
+            for (cid, at), late in zip(entries, lates, strict=True)
+            if late
+        ]
+
+    # -- load (AG-10) ------------------------------------------------------------
+
+    async def report_load(self, tree_id: str, node_id: str, bytes_per_s: float) -> None:
+        await self.r.hset(tree_key(tree_id, "load"), node_id, repr(float(bytes_per_s)))
+
+    async def loads(self, tree_id: str) -> dict[str, float]:
+        return {k: float(v) for k, v in (await self.r.hgetall(tree_key(tree_id, "load"))).items()}
+
+    # -- parameters (AG-12) --------------------------------------------------------
+
+    async def set_parameters(self, tree_id: str, model_id: str, dtype: DType, data: bytes) -> int:
+        key = tree_key(tree_id, "model", model_id)
+        async with self.b.pipeline(transaction=True) as p:
+            p.hset(
+                key,
+                mapping={
+                    "dtype": dtype.value,
+                    "length": len(data) // dtype.numpy.itemsize,
+                    "data": data,
+                },
+            )
+            p.hincrby(key, "version", 1)
+            _, version = await p.execute()
+        return int(version)
+
+    async def parameters(
+        self, tree_id: str, model_id: str, include_data: bool = True
+    ) -> tuple[DType, int, int, bytes] | None:
+        fields = ["dtype", "length", "version"] + (["data"] if include_data else [])
+        raw = await self.b.hmget(tree_key(tree_id, "model", model_id), fields)
+        if raw[0] is None:
+            return None
+        return (
+            DType(raw[0].decode()),
+            int(raw[1]),
+            int(raw[2]),
+            raw[3] if include_data else b"",
+        )
+
+    async def load_parameters(self, spec: CommandSpec) -> np.ndarray:
+        """The model's parameters for a parameter-server command (zeros when new)."""
+        found = await self.parameters(spec.tree_id, spec.ps_model)
+        if found is None:
+            return np.zeros(spec.length, dtype=spec.dtype.numpy)
+        return np.frombuffer(found[3], dtype=found[0].numpy).copy()
+
+    async def save_parameters(self, spec: CommandSpec, params: np.ndarray) -> int:
+        return await self.set_parameters(spec.tree_id, spec.ps_model, spec.dtype, params.tobytes())

@@ -1,0 +1,499 @@
+"""The capacity map (CB-1, CB-8, seed 001 ¶23): devices, their cores, and the
+schedule of reserved cores over time.
+
+Pure and I/O free. Times are integer milliseconds since the Unix epoch and
+every interval is half-open, [start, end): a reservation ending at t and one
+starting at t never overlap.
+
+The schedule is one table of allocation rows (device, start, end, cores) held
+in numpy arrays, so "how many cores are free on every device during
+[a, b)" is a handful of vector operations over the rows that overlap [a, b)
+(`free_over`), not a loop over devices. A row is keyed by its allocation key
+(`<reservation>:<part>`) so changes arriving from Redis apply idempotently.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+
+# Row fields of a dead (removed) allocation: never overlaps anything.
+_DEAD = -(1 << 62)
+# Sort keys pack (device index, time offset, end-before-start bit) into an int64.
+_TIME_BITS = 42  # offsets up to ~139 years in ms
+_DEV_SHIFT = _TIME_BITS + 1
+MAX_DEVICES = 1 << (63 - _DEV_SHIFT)
+MAX_SPAN_MS = (1 << _TIME_BITS) - 1
+
+DEVICE_KINDS = ("GPU", "TPU", "EDGE_TPU", "NPU", "FPGA")
+
+
+@dataclass(frozen=True)
+class Device:
+    """A specialised processing unit whose cores are rented (CB-1)."""
+
+    device_id: str
+    kind: str
+    cores: int
+    site: str = ""
+    x_km: float = 0.0
+    y_km: float = 0.0
+    task_affinities: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """`cores` of one device for [start, end) (CB-4: each grant names devices, cores, start, end)."""
+
+    device_id: str
+    cores: int
+    start: int
+    end: int
+
+
+@dataclass(frozen=True)
+class ScheduledRow:
+    key: str
+    start: int
+    end: int
+    cores: int
+
+    @property
+    def reservation_id(self) -> str:
+        return self.key.split(":", 1)[0]
+
+
+@dataclass
+class _Devices:
+    """Device attributes as arrays indexed by device index (shared by forks)."""
+
+    ids: list[str] = field(default_factory=list)
+    index: dict[str, int] = field(default_factory=dict)
+    records: list[Device | None] = field(default_factory=list)
+    cores: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    alive: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
+    x: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float64))
+    y: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float64))
+    rank: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    cache: dict[tuple, np.ndarray] = field(default_factory=dict)
+
+
+class CapacityMap:
+    """Devices plus the schedule of reserved cores (CB-1).
+
+    `copy()` gives a fork for trying decisions: it shares the devices and owns
+    a copy of the schedule, to which `assume` adds allocations without keys.
+    """
+
+    def __init__(self) -> None:
+        self._d = _Devices()
+        self._latency: dict[str, dict[str, float]] = {}
+        self._n = 0
+        cap = 1024
+        self._dev = np.zeros(cap, np.int64)
+        self._start = np.full(cap, _DEAD, np.int64)
+        self._end = np.full(cap, _DEAD, np.int64)
+        self._cores = np.zeros(cap, np.int64)
+        self._rows: dict[str, int] | None = {}
+        self._key_of: list[str | None] = []
+        self._spare: list[int] = []
+
+    # -- devices --------------------------------------------------------------
+
+    def upsert_device(self, device: Device) -> None:
+        d = self._d
+        i = d.index.get(device.device_id)
+        if i is None:
+            if len(d.ids) >= MAX_DEVICES:
+                raise ValueError(f"at most {MAX_DEVICES} devices")
+            i = len(d.ids)
+            d.ids.append(device.device_id)
+            d.index[device.device_id] = i
+            d.records.append(None)
+            d.cores = np.append(d.cores, 0)
+            d.alive = np.append(d.alive, False)
+            d.x = np.append(d.x, 0.0)
+            d.y = np.append(d.y, 0.0)
+            order = np.argsort(np.array(d.ids, dtype=object), kind="stable")
+            d.rank = np.empty(len(d.ids), np.int64)
+            d.rank[order] = np.arange(len(d.ids))
+        d.records[i] = device
+        d.cores[i] = device.cores
+        d.alive[i] = True
+        d.x[i] = device.x_km
+        d.y[i] = device.y_km
+        d.cache.clear()
+
+    def remove_device(self, device_id: str) -> None:
+        d = self._d
+        i = d.index.get(device_id)
+        if i is None:
+            return
+        d.records[i] = None
+        d.cores[i] = 0
+        d.alive[i] = False
+        d.cache.clear()
+
+    def device(self, device_id: str) -> Device | None:
+        i = self._d.index.get(device_id)
+        return None if i is None else self._d.records[i]
+
+    def devices(self) -> list[Device]:
+        return [r for r in self._d.records if r is not None]
+
+    def index_of(self, device_id: str) -> int | None:
+        i = self._d.index.get(device_id)
+        return i if i is not None and self._d.alive[i] else None
+
+    def device_at(self, index: int) -> Device:
+        record = self._d.records[index]
+        assert record is not None, index
+        return record
+
+    @property
+    def device_count(self) -> int:
+        return len(self._d.ids)
+
+    @property
+    def cores(self) -> np.ndarray:
+        """Cores per device index (0 for a removed device)."""
+        return self._d.cores
+
+    @property
+    def alive(self) -> np.ndarray:
+        return self._d.alive
+
+    @property
+    def rank(self) -> np.ndarray:
+        """Order of device ids: the deterministic tie-breaker of placement."""
+        return self._d.rank
+
+    def kind_mask(self, kind: str | None) -> np.ndarray:
+        if not kind:
+            return self._d.alive
+        return self._cached(
+            ("kind", kind),
+            lambda: np.array([r is not None and r.kind == kind for r in self._d.records], bool),
+        )
+
+    def affinity_mask(self, task_type: str) -> np.ndarray:
+        return self._cached(
+            ("affinity", task_type),
+            lambda: np.array(
+                [r is not None and task_type in r.task_affinities for r in self._d.records], bool
+            ),
+        )
+
+    def distance_from(self, x_km: float, y_km: float) -> np.ndarray:
+        return np.hypot(self._d.x - x_km, self._d.y - y_km)
+
+    # -- latency table (CB-7) -------------------------------------------------
+
+    def set_latency(self, site: str, device_id: str, latency_ms: float | None) -> None:
+        row = self._latency.setdefault(site, {})
+        if latency_ms is None:
+            row.pop(device_id, None)
+        else:
+            row[device_id] = float(latency_ms)
+        self._d.cache.pop(("latency", site), None)
+
+    def latency_entries(self) -> int:
+        return sum(len(r) for r in self._latency.values())
+
+    def latency_from(self, site: str) -> np.ndarray:
+        """Latency from `site` to every device, +inf where the table has no entry."""
+
+        def build() -> np.ndarray:
+            row = self._latency.get(site, {})
+            return np.array([row.get(i, np.inf) for i in self._d.ids], np.float64)
+
+        return self._cached(("latency", site), build)
+
+    def _cached(self, key: tuple, build) -> np.ndarray:
+        hit = self._d.cache.get(key)
+        if hit is None or hit.shape[0] != len(self._d.ids):
+            hit = self._d.cache[key] = build()
+        return hit
+
+    # -- schedule ---------------------------------------------------------------
+
+    def add(self, key: str, device_id: str, start: int, end: int, cores: int) -> bool:
+        """Add an allocation row; False (and no change) if `key` is present already."""
+        if self._rows is None:
+            raise TypeError("a fork tracks no keys; use assume()")
+        if key in self._rows:
+            return False
+        i = self._d.index.get(device_id)
+        if i is None:
+            raise KeyError(device_id)
+        row = self._rows[key] = self._put(i, start, end, cores)
+        self._key_of[row] = key
+        return True
+
+    def remove(self, key: str) -> bool:
+        if self._rows is None:
+            raise TypeError("a fork tracks no keys")
+        row = self._rows.pop(key, None)
+        if row is None:
+            return False
+        self._start[row] = _DEAD
+        self._end[row] = _DEAD
+        self._cores[row] = 0
+        self._key_of[row] = None
+        self._spare.append(row)
+        if len(self._spare) > 4096 and len(self._spare) * 2 > self._n:
+            self._compact()
+        return True
+
+    def assume(self, allocations: Iterable[Allocation]) -> None:
+        """Add allocations without keys (a fork trying out decisions)."""
+        for a in allocations:
+            self._put(self._d.index[a.device_id], a.start, a.end, a.cores)
+
+    def __contains__(self, key: str) -> bool:
+        return self._rows is not None and key in self._rows
+
+    def __len__(self) -> int:
+        """Allocation rows held."""
+        return self._n - len(self._spare)
+
+    def keys(self) -> Iterator[str]:
+        return iter(self._rows or ())
+
+    def _put(self, device_index: int, start: int, end: int, cores: int) -> int:
+        if end <= start or cores <= 0:
+            raise ValueError(f"empty allocation [{start}, {end}) x {cores}")
+        if self._spare:
+            row = self._spare.pop()
+        else:
+            if self._n == self._dev.shape[0]:
+                self._grow()
+            row = self._n
+            self._n += 1
+            if self._rows is not None:
+                self._key_of.append(None)
+        self._dev[row] = device_index
+        self._start[row] = start
+        self._end[row] = end
+        self._cores[row] = cores
+        return row
+
+    def _grow(self) -> None:
+        cap = self._dev.shape[0] * 2
+        self._dev = np.resize(self._dev, cap)
+        self._start = np.concatenate((self._start, np.full(cap - self._start.shape[0], _DEAD)))
+        self._end = np.concatenate((self._end, np.full(cap - self._end.shape[0], _DEAD)))
+        self._cores = np.concatenate((self._cores, np.zeros(cap - self._cores.shape[0], np.int64)))
+
+    def _compact(self) -> None:
+        assert self._rows is not None
+        keys = list(self._rows)
+        rows = np.array([self._rows[k] for k in keys], np.int64)
+        m = rows.shape[0]
+        cap = max(1024, 1 << int(m * 2).bit_length())
+        for name, fill in (("_dev", 0), ("_start", _DEAD), ("_end", _DEAD), ("_cores", 0)):
+            old = getattr(self, name)
+            new = np.full(cap, fill, np.int64)
+            new[:m] = old[rows]
+            setattr(self, name, new)
+        self._rows = {k: i for i, k in enumerate(keys)}
+        self._key_of = list(keys)
+        self._n = m
+        self._spare = []
+
+    def copy(self) -> CapacityMap:
+        """A fork: same devices and latency table, its own copy of the schedule."""
+        fork = CapacityMap.__new__(CapacityMap)
+        fork._d = self._d
+        fork._latency = self._latency
+        n = self._n
+        room = n + 256
+        fork._dev = np.zeros(room, np.int64)
+        fork._start = np.full(room, _DEAD, np.int64)
+        fork._end = np.full(room, _DEAD, np.int64)
+        fork._cores = np.zeros(room, np.int64)
+        fork._dev[:n] = self._dev[:n]
+        fork._start[:n] = self._start[:n]
+        fork._end[:n] = self._end[:n]
+        fork._cores[:n] = self._cores[:n]
+        fork._n = n
+        fork._rows = None
+        fork._key_of = []
+        fork._spare = []
+        return fork
+
+    # -- queries ----------------------------------------------------------------
+
+    def _rows_of(self, devices: np.ndarray | None) -> np.ndarray | None:
+        """Row indices of the devices in mask `devices`, or None for "every row"
+        when restricting would not pay (most devices are in the mask)."""
+        if devices is None or np.count_nonzero(devices) * 2 > np.count_nonzero(self._d.alive):
+            return None
+        return np.flatnonzero(devices[self._dev[: self._n]])
+
+    def peak_used(self, start: int, end: int, devices: np.ndarray | None = None) -> np.ndarray:
+        """Most cores reserved at any instant of [start, end), per device index
+        (exact for the devices of mask `devices`, default all)."""
+        if end <= start:
+            raise ValueError("empty range")
+        if end - start > MAX_SPAN_MS:
+            raise ValueError("range too long")
+        return self._peak(start, end, self._rows_of(devices))
+
+    def _peak(self, start: int, end: int, rows: np.ndarray | None) -> np.ndarray:
+        ndev = len(self._d.ids)
+        n = self._n
+        if rows is None:
+            s, e, dev, c = self._start[:n], self._end[:n], self._dev[:n], self._cores[:n]
+        else:
+            s, e, dev, c = self._start[rows], self._end[rows], self._dev[rows], self._cores[rows]
+        # What holds cores at `start` (summed, no sort needed) ...
+        at_start = (s <= start) & (e > start)
+        used = np.bincount(dev[at_start], weights=c[at_start], minlength=ndev).astype(np.int64)
+        # ... then only the starts and ends strictly inside the range change it:
+        # sweep those per device, ends first at equal times (half-open).
+        starts = np.flatnonzero((s > start) & (s < end))
+        if starts.size == 0:
+            return used
+        ends = np.flatnonzero((e > start) & (e < end))
+        ev_dev = np.concatenate((dev[ends], dev[starts]))
+        keys = np.concatenate(
+            (
+                (dev[ends] << _DEV_SHIFT) | ((e[ends] - start) << 1),
+                (dev[starts] << _DEV_SHIFT) | ((s[starts] - start) << 1) | 1,
+            )
+        )
+        delta = np.concatenate((-c[ends], c[starts]))
+        order = np.argsort(keys)
+        ev_dev = ev_dev[order]
+        running = np.cumsum(delta[order])
+        # restart the running sum at each device's first event
+        first = np.flatnonzero(np.concatenate(([True], ev_dev[1:] != ev_dev[:-1])))
+        base = np.repeat(
+            running[first] - delta[order][first], np.diff(np.append(first, ev_dev.size))
+        )
+        level = used[ev_dev] + running - base
+        np.maximum.at(used, ev_dev, level)
+        return used
+
+    def free_over(self, start: int, end: int, devices: np.ndarray | None = None) -> np.ndarray:
+        """Cores free during the whole of [start, end), per device index (0 for
+        removed devices; exact for the devices of mask `devices`, default all)."""
+        free = self._d.cores - self.peak_used(start, end, devices)
+        free[~self._d.alive] = 0
+        return free
+
+    def used_at(self, t: int) -> np.ndarray:
+        return self.peak_used(t, t + 1)
+
+    def earliest_start(
+        self,
+        need: int,
+        duration: int,
+        after: int,
+        last_start: int | None,
+        devices: np.ndarray,
+    ) -> tuple[int, np.ndarray] | None:
+        """Earliest start t in (after, last_start] at which the devices of mask
+        `devices` have `need` cores free, in all, for [t, t + duration); with
+        the free cores per device then. None if there is no such t.
+
+        Free cores over [t, t + duration) can only grow when t passes an
+        allocation's end, so t is one of those ends. Each candidate is first
+        bounded by the devices' total free cores at every instant of its
+        window (a range maximum over the summed schedule, for all candidates at
+        once); only candidates the bound admits get the exact per-device check.
+        """
+        n = self._n
+        rows = np.flatnonzero((self._end[:n] > after) & devices[self._dev[:n]])
+        if rows.size == 0:
+            return None
+        s, e, c = self._start[rows], self._end[rows], self._cores[rows]
+        cands = np.unique(e if last_start is None else e[e <= last_start])
+        if cands.size == 0:
+            return None
+        total = int(self._d.cores[devices].sum())
+        # the summed schedule of these devices: events by (time, ends first)
+        keys = np.concatenate((e << 1, (s << 1) | 1))
+        order = np.argsort(keys)
+        keys = keys[order]
+        used = np.cumsum(np.concatenate((-c, c))[order])
+        # used after the last event at or before t, and the peak before t + duration
+        lo = np.searchsorted(keys, (cands << 1) | 1, side="right") - 1
+        hi = np.searchsorted(keys, (cands + duration) << 1, side="left")
+        peak = _range_max(used, lo, hi)
+        for i in np.flatnonzero(total - peak >= need).tolist():
+            t = int(cands[i])
+            free = np.where(
+                devices, np.maximum(self._d.cores - self._peak(t, t + duration, rows), 0), 0
+            )
+            if int(free.sum()) >= need:
+                return t, free
+        return None
+
+    def end_times(self, after: int, until: int | None, devices: np.ndarray) -> np.ndarray:
+        """Sorted distinct ends in (after, until] of allocations on the devices of mask `devices`:
+        the only instants after `after` at which free cores can grow."""
+        n = self._n
+        e = self._end[:n]
+        m = e > after
+        if until is not None:
+            m &= e <= until
+        m &= devices[self._dev[:n]]
+        return np.unique(e[m])
+
+    def schedules(self, start: int, end: int) -> dict[str, list[ScheduledRow]]:
+        """The keyed allocations overlapping [start, end), per device id, by start."""
+        out: dict[str, list[ScheduledRow]] = {}
+        if self._rows is None:
+            return out
+        n = self._n
+        idx = np.flatnonzero((self._start[:n] < end) & (self._end[:n] > start))
+        for r in idx.tolist():
+            key = self._key_of[r]
+            if key is None:
+                continue
+            out.setdefault(self._d.ids[int(self._dev[r])], []).append(
+                ScheduledRow(key, int(self._start[r]), int(self._end[r]), int(self._cores[r]))
+            )
+        for rows in out.values():
+            rows.sort(key=lambda x: (x.start, x.key))
+        return out
+
+    def allocations(self) -> list[tuple[str, Allocation]]:
+        """Every keyed allocation (for checks and tests)."""
+        if self._rows is None:
+            return []
+        return [
+            (
+                k,
+                Allocation(
+                    self._d.ids[int(self._dev[r])],
+                    int(self._cores[r]),
+                    int(self._start[r]),
+                    int(self._end[r]),
+                ),
+            )
+            for k, r in self._rows.items()
+        ]
+
+
+def _range_max(values: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """max(values[lo[i] : max(hi[i], lo[i] + 1)]) for every i (a sparse table)."""
+    hi = np.maximum(hi, lo + 1)
+    width = hi - lo
+    levels = [values]
+    span = 1
+    while span * 2 <= int(width.max()):
+        prev = levels[-1]
+        levels.append(np.maximum(prev[:-span], prev[span:]))
+        span *= 2
+    k = np.floor(np.log2(width)).astype(np.int64)
+    out = np.empty(lo.shape[0], values.dtype)
+    for level in np.unique(k).tolist():
+        sel = k == level
+        table = levels[level]
+        out[sel] = np.maximum(table[lo[sel]], table[hi[sel] - (1 << level)])
+    return out

@@ -1,0 +1,139 @@
+"""The switch-driver boundary (OCS-8).
+
+The manager never touches a switch itself: it hands a `FabricChange` to a
+`SwitchDriver`. A driver applies it idempotently with absolute semantics (a
+disconnect of a pair that is not connected is a no-op; a connect makes the
+two ports each other's only peer; a 1xK move sets the output), so the manager
+can always undo a failed or interrupted change by applying its inverse.
+
+On failure a driver raises `SwitchDriverError`, saying what it had applied if
+it knows (`applied`), and whether retrying later may help (`transient`: the
+manager answers UNAVAILABLE, else ABORTED).
+
+`RedisSwitchDriver`, the default, simulates the switches: each OCS's own
+cross-connects and each block's 1xK outputs live in Redis under
+`lp:{pod}:dev:...`, apart from the manager's committed tables, and an optional
+settling delay mimics MEMS mirrors moving (OCS_DRIVER_SETTLE_MS).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Protocol
+
+import redis.asyncio as aioredis
+
+from services.common.keys import pod_key
+from services.ocs_manager.fabric import Fabric
+from services.ocs_manager.invariants import FabricState
+from services.ocs_manager.lua import (
+    encode_change,
+    fabric_header,
+    otm_keys,
+    read_layout,
+    script,
+    table_keys,
+)
+from services.ocs_manager.wiring import FabricChange
+
+
+class SwitchDriverError(Exception):
+    """A switch refused or did not answer. `applied`: the part of the change known to have
+    taken effect (None: unknown, the manager undoes all of it)."""
+
+    def __init__(
+        self, message: str, *, applied: FabricChange | None = None, transient: bool = True
+    ):
+        super().__init__(message)
+        self.applied = applied
+        self.transient = transient
+
+
+class SwitchDriver(Protocol):
+    async def apply(self, change: FabricChange) -> None:
+        """Program the switches: disconnects, then 1xK moves, then connects."""
+        ...
+
+    async def read(self) -> FabricState | None:
+        """The switches' own state (tables and 1xK outputs), or None if unreadable."""
+        ...
+
+
+# KEYS: the device table hashes (d * K + k), then the device 1xK hashes (d).
+# ARGV: fabric header (7), disconnect, connect, otm
+_DEVICE_APPLY = script(
+    r"""
+local xc_base, otm_base = 1, 1 + M * K
+local ch = H + 7
+
+-- disconnect: a pair that is connected goes dark (absolute: else nothing to do)
+for idx, t in pairs(expand(nums(ARGV[ch]), xc_base)) do
+  local cur = hmget(KEYS[idx], t.f)
+  local f = {}
+  for i = 1, #t.f do
+    if val(cur[i]) == t.p[i] then f[#f + 1] = t.f[i] end
+  end
+  hdel(KEYS[idx], f)
+end
+
+apply_otm(expand_otm(nums(ARGV[ch + 2]), otm_base))
+
+-- connect: a port joins one peer, so an old peer of either port goes dark first
+for idx, t in pairs(expand(nums(ARGV[ch + 1]), xc_base)) do
+  local cur = hmget(KEYS[idx], t.f)
+  local old = {}
+  for i = 1, #t.f do
+    local o = val(cur[i])
+    if o and o ~= t.p[i] then
+      old[#old + 1] = math.floor(t.f[i] / S) * S + o
+    end
+  end
+  hdel(KEYS[idx], old)
+  hset(KEYS[idx], t.f, t.p)
+end
+return 1
+""",
+    header_at=1,
+)
+
+_DEVICE_INIT = script("init_layout(1, 1 + M * K)\nreturn 1\n", header_at=1)
+
+
+class RedisSwitchDriver:
+    """Simulated switches with their state in Redis (the default driver, OCS-8)."""
+
+    def __init__(
+        self, redis: aioredis.Redis, pod_id: str, fabric: Fabric, *, settle_s: float = 0.0
+    ):
+        self._redis = redis
+        self._fabric = fabric
+        self._settle_s = settle_s
+        prefix = pod_key(pod_id, "dev")
+        self._keys = [*table_keys(fabric, prefix), *otm_keys(fabric, prefix)]
+        self._header = fabric_header(fabric)
+        self._apply = redis.register_script(_DEVICE_APPLY)
+        self._init = redis.register_script(_DEVICE_INIT)
+
+    async def init(self) -> None:
+        """Lay out the switches' state hashes (idempotent; keeps what is set)."""
+        await self._init(keys=self._keys, args=self._header)
+
+    async def apply(self, change: FabricChange) -> None:
+        if change.empty:
+            return
+        enc = encode_change(self._fabric, change)
+        try:
+            await self._apply(
+                keys=self._keys, args=[*self._header, enc.disconnect, enc.connect, enc.otm]
+            )
+        except aioredis.RedisError as exc:
+            raise SwitchDriverError(f"switch state store failed: {exc}") from exc
+        if self._settle_s > 0:
+            await asyncio.sleep(self._settle_s)
+
+    async def read(self) -> FabricState:
+        async with self._redis.pipeline(transaction=True) as pipe:
+            for key in self._keys:
+                pipe.hgetall(key)
+            replies = await pipe.execute()
+        return read_layout(self._fabric, replies)

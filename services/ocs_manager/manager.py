@@ -1,0 +1,313 @@
+"""Changes to a pod's optical fabric, made safe: claim, program the switches, commit or undo.
+
+`FabricManager` is what the servicer calls for WireSlice / ReleaseSlice /
+ReplaceBlock. Each change follows the same steps (OCS-3, OCS-8):
+
+1. begin  - one Lua script claims the blocks it needs and locks the slice
+            (token + lease); a conflict is refused here, before any switch moves;
+2. program - the switch driver applies the change (disconnects, 1xK moves,
+            connects), bounded by half the lease;
+3. commit - one Lua script re-checks every port and writes tables, 1xK
+            settings, versions and the slice record together.
+
+If the driver fails, the manager applies the inverse of what was programmed
+and drops the claim: UNAVAILABLE (transient) or ABORTED, no trace left. If the
+rollback itself fails the lock stays until its lease runs out; the next call
+touching the slice then takes it over and rolls the change back (`_recover`),
+as it does for a replica that crashed mid-change.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from lightpath.errors import Aborted, FailedPrecondition, InvalidArgument, NotFound, Unavailable
+from services.ocs_manager.driver import SwitchDriver, SwitchDriverError
+from services.ocs_manager.fabric import Fabric
+from services.ocs_manager.store import BeginResult, OcsStore, SliceRecord
+from services.ocs_manager.wiring import (
+    FabricChange,
+    Replacement,
+    SlicePlacement,
+    release_change,
+    replace_block,
+    wire_change,
+)
+
+log = logging.getLogger("lightpath.ocs_manager")
+
+_ATTEMPTS = 4
+
+
+@dataclass(frozen=True)
+class WireOutcome:
+    record: SliceRecord
+    replayed: bool
+
+
+@dataclass(frozen=True)
+class ReleaseOutcome:
+    placement: SlicePlacement
+    change: FabricChange
+
+
+@dataclass(frozen=True)
+class ReplaceOutcome:
+    replacement: Replacement
+    record: SliceRecord
+    replayed: bool
+
+
+def _token() -> str:
+    return secrets.token_hex(8)
+
+
+class FabricManager:
+    def __init__(
+        self,
+        fabric: Fabric,
+        store: OcsStore,
+        driver: SwitchDriver,
+        *,
+        lease_s: float = 30.0,
+    ):
+        self.fabric = fabric
+        self.store = store
+        self.driver = driver
+        self._lease_ms = max(1, int(lease_s * 1000))
+        self._driver_timeout = lease_s / 2
+
+    # -- WireSlice (OCS-2, OCS-3) ------------------------------------------------
+
+    async def wire(self, placement: SlicePlacement) -> WireOutcome:
+        job = placement.job_id
+        token = _token()
+        for _ in range(_ATTEMPTS):
+            res = await self.store.begin_wire(placement, token, self._lease_ms)
+            if res.status == "OK":
+                break
+            if res.status == "SAME":
+                record = await self.store.get_slice(job)
+                if record is not None and record.wired and record.op is None:
+                    return WireOutcome(record, replayed=True)
+                continue  # changed under us: look again
+            if res.status == "STALE":
+                await self._recover(job, res.detail[1])
+                continue
+            self._refuse(job, res)
+        else:
+            raise Aborted(f"slice {job} kept changing under this call; retry")
+        change = wire_change(self.fabric, placement)
+
+        async def abort() -> None:
+            await self.store.abort(job, token, "wire", placement.blocks)
+
+        await self._program(job, change, abort)
+        wired_at = await self._commit(job, token, "wire", change, abort)
+        return WireOutcome(SliceRecord(placement, True, wired_at, None, ""), replayed=False)
+
+    # -- ReleaseSlice (OCS-4) ----------------------------------------------------
+
+    async def release(self, job: str) -> ReleaseOutcome:
+        token = _token()
+        res = await self._begin_change(job, "release", token)
+        placement = SlicePlacement.from_spec(job, res.detail[0])
+        change = release_change(self.fabric, placement)
+
+        async def abort() -> None:
+            await self.store.abort(job, token, "release")
+
+        await self._program(job, change, abort)
+        await self._commit(job, token, "release", change, abort, unclaim=placement.blocks)
+        return ReleaseOutcome(placement, change)
+
+    # -- ReplaceBlock (OCS-5) ----------------------------------------------------
+
+    async def replace(self, job: str, failed: int, new: int) -> ReplaceOutcome:
+        if failed == new:
+            raise InvalidArgument("new_block_id", "must differ from failed_block_id")
+        for field, b in (("failed_block_id", failed), ("new_block_id", new)):
+            if b >= self.fabric.block_count:
+                raise NotFound(
+                    "block",
+                    str(b),
+                    hint=f"{field}: pod has blocks 0..{self.fabric.block_count - 1}",
+                )
+        token = _token()
+        res = await self._begin_change(job, "replace", token, failed, new)
+        if res.status == "REPLAYED":
+            after = SlicePlacement.from_spec(job, res.detail[0])
+            index = after.index_of_block(new)
+            assert index is not None
+            rep = replace_block(self.fabric, after.with_block(index, failed), failed, new)
+            record = await self.store.get_slice(job)
+            if record is None:
+                raise NotFound("slice", job)
+            return ReplaceOutcome(rep, record, replayed=True)
+        placement = SlicePlacement.from_spec(job, res.detail[0])
+        rep = replace_block(self.fabric, placement, failed, new)
+
+        async def abort() -> None:
+            await self.store.abort(job, token, "replace", new=new)
+
+        await self._program(job, rep.change, abort)
+        replaced = f"{failed}:{new}"
+        wired_at = await self._commit(
+            job,
+            token,
+            "replace",
+            rep.change,
+            abort,
+            new_spec=rep.after.spec(),
+            replaced=replaced,
+            unclaim=(failed,),
+        )
+        record = SliceRecord(rep.after, True, wired_at, None, replaced)
+        return ReplaceOutcome(rep, record, replayed=False)
+
+    # -- the steps ---------------------------------------------------------------------
+
+    async def _begin_change(
+        self, job: str, kind: str, token: str, failed: int = -1, new: int = -1
+    ) -> BeginResult:
+        for _ in range(_ATTEMPTS):
+            res = await self.store.begin_change(job, kind, token, self._lease_ms, failed, new)
+            if res.status in ("OK", "REPLAYED"):
+                return res
+            if res.status == "STALE":
+                await self._recover(job, res.detail[1])
+                continue
+            self._refuse(job, res, failed=failed, new=new)
+        raise Aborted(f"slice {job} kept changing under this call; retry")
+
+    def _refuse(self, job: str, res: BeginResult, *, failed: int = -1, new: int = -1) -> None:
+        s = res.status
+        if s == "NOT_FOUND":
+            raise NotFound("slice", job, hint="not wired, or already released")
+        if s == "DIFFERENT":
+            raise FailedPrecondition(
+                f"slice {job}",
+                "is already wired with a different placement (grid, blocks or wrap); "
+                "release it first or use another job id",
+                reason="SLICE_EXISTS",
+            )
+        if s == "BUSY":
+            raise Aborted(
+                f"slice {job} has a {res.detail[0]} in progress in another call; retry",
+                reason="SLICE_BUSY",
+            )
+        if s == "BLOCK_IN_USE":
+            block, owner = res.detail[0], res.detail[1]
+            what = "already in this slice" if owner == job else f"wired to slice {owner}"
+            raise FailedPrecondition(f"block {block}", f"is {what}", reason="BLOCK_IN_USE")
+        if s == "NOT_IN_SLICE":
+            raise FailedPrecondition(
+                f"block {failed}", f"is not in slice {job}", reason="BLOCK_NOT_IN_SLICE"
+            )
+        if s == "FABRIC_CHANGED":
+            raise FailedPrecondition(
+                "fabric",
+                "the pod's stored fabric configuration differs from this instance's; "
+                "restart it with the pod's configuration",
+                reason="FABRIC_CHANGED",
+            )
+        raise Aborted(f"unexpected answer {s} from the store")
+
+    async def _program(
+        self, job: str, change: FabricChange, abort: Callable[[], Awaitable[None]]
+    ) -> None:
+        """Apply `change` through the driver; on failure undo what was applied and drop the claim."""
+        try:
+            async with asyncio.timeout(self._driver_timeout):
+                await self.driver.apply(change)
+        except (SwitchDriverError, TimeoutError) as exc:
+            applied = exc.applied if isinstance(exc, SwitchDriverError) else None
+            transient = exc.transient if isinstance(exc, SwitchDriverError) else True
+            what = str(exc) or f"no answer within {self._driver_timeout:.1f} s"
+            log.warning("switch driver failed for slice %s: %s; rolling back", job, what)
+            await self._undo(job, applied if applied is not None else change, abort)
+            msg = f"switch driver failed, slice {job} left as it was: {what}"
+            if transient:
+                raise Unavailable(msg, reason="SWITCH_DRIVER_FAILED") from exc
+            raise Aborted(msg, reason="SWITCH_DRIVER_FAILED") from exc
+        except asyncio.CancelledError:
+            # The caller went away mid-change: leave no trace, then stop. Should the
+            # rollback fail too, the lease expires and the next call rolls it back.
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self._undo(job, change, abort))
+            raise
+
+    async def _undo(
+        self, job: str, programmed: FabricChange, abort: Callable[[], Awaitable[None]]
+    ) -> None:
+        try:
+            async with asyncio.timeout(self._driver_timeout):
+                await self.driver.apply(programmed.inverse())
+        except (SwitchDriverError, TimeoutError) as exc:
+            log.error(
+                "rollback of slice %s failed (%s): it stays locked until its lease ends, "
+                "then the next change to it rolls it back",
+                job,
+                exc,
+            )
+            raise Unavailable(
+                f"switch driver failed and so did the rollback for slice {job}; "
+                "it is rolled back when the lease ends (retry later)",
+                reason="SWITCH_DRIVER_FAILED",
+            ) from exc
+        await abort()
+
+    async def _commit(
+        self,
+        job: str,
+        token: str,
+        mode: str,
+        change: FabricChange,
+        abort: Callable[[], Awaitable[None]],
+        **kwargs,
+    ) -> int:
+        """Commit; answers the slice's wired_at (ms)."""
+        reply = await self.store.commit(job, token, mode, change, **kwargs)
+        if reply[0] == "OK":
+            return int(reply[3] or 0)
+        if reply[0] == "LOST":
+            # Our lease ran out and another call took the change over and rolled it back.
+            raise Aborted(
+                f"the {mode} of slice {job} outlived its lease and was rolled back; retry",
+                reason="LEASE_LOST",
+            )
+        log.error("commit of %s for slice %s refused: %s; rolling back", mode, job, reply)
+        await self._undo(job, change, abort)
+        if reply[0] == "FABRIC_CHANGED":
+            self._refuse(job, BeginResult("FABRIC_CHANGED"))
+        raise Aborted(f"the {mode} of slice {job} conflicted: {reply[1]}", reason="TABLE_CONFLICT")
+
+    async def _recover(self, job: str, stale_token: str) -> None:
+        """Take over a change whose lease ran out and roll it back (a crashed or stuck call)."""
+        token = _token()
+        if not await self.store.steal(job, stale_token, token, self._lease_ms):
+            return  # finished, or another call took it over: the caller looks again
+        record = await self.store.get_slice(job)
+        if record is None or record.op is None or record.op.token != token:
+            return
+        op = record.op
+        if op.kind == "wire":
+            change = wire_change(self.fabric, record.placement)
+        elif op.kind == "release":
+            change = release_change(self.fabric, record.placement)
+        else:
+            assert op.failed is not None and op.new is not None
+            change = replace_block(self.fabric, record.placement, op.failed, op.new).change
+
+        async def abort() -> None:
+            await self.store.abort(
+                job, token, op.kind, record.placement.blocks, -1 if op.new is None else op.new
+            )
+
+        log.warning("rolling back a %s of slice %s left in flight past its lease", op.kind, job)
+        await self._undo(job, change, abort)

@@ -1,0 +1,288 @@
+"""The pod's ocs_manager as the workload scheduler uses it (its gRPC contract,
+protos/lightpath/v1/ocs_manager.proto): fabric, wire, release, replace, wiring.
+
+One client serves both fabric kinds: `fabric()` learns the pod's kind from
+GetInfo; on a SWITCHED pod (seed 002) "wire" reserves the job's rings
+(ReserveRings), "release" frees them (ReleaseRings) and "replace" swaps a
+failed group (SwapGroup) — the scheduler itself does not tell them apart.
+
+gRPC errors become `OcsError` with `transient` telling the scheduler whether
+to retry later (the ocs_manager is down or busy) or to give up on that wiring
+(the ocs_manager refused it).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import grpc
+
+from lightpath.v1 import common_pb2, ocs_manager_pb2, ocs_manager_pb2_grpc
+from services.workload_scheduler.model import Grid, SliceJob, grid_positions
+
+TRANSIENT = frozenset(
+    {
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        grpc.StatusCode.ABORTED,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        grpc.StatusCode.CANCELLED,
+        grpc.StatusCode.UNKNOWN,
+        grpc.StatusCode.INTERNAL,
+    }
+)
+
+
+class OcsError(Exception):
+    def __init__(self, call: str, code: grpc.StatusCode, detail: str):
+        self.call = call
+        self.code = code
+        self.detail = detail
+        self.transient = code in TRANSIENT
+        super().__init__(f"ocs_manager {call}: {code.name}: {detail}")
+
+
+@dataclass(frozen=True)
+class FabricInfo:
+    block_shape: tuple[int, ...]
+    block_count: int
+    ocs_per_axis: int
+    first_end_group: tuple[int, ...]  # per block: K index of its first ends' OCS
+    kind: str = "OCS_TORUS"
+    # SWITCHED pods: the fabric's one-line spec (SwitchedFabricConfig.spec()).
+    switched_spec: str = ""
+
+
+@dataclass(frozen=True)
+class Wiring:
+    job_id: str
+    grid: Grid
+    blocks: tuple[int, ...]  # per position, row-major x fastest
+    cross_connects: int
+    # False while the ocs_manager is still programming the switches for it.
+    committed: bool = True
+    # SWITCHED pods: what was reserved, for the job's history.
+    detail: str = ""
+
+    def describe(self) -> str:
+        return self.detail or f"{self.cross_connects} cross-connects"
+
+
+@dataclass(frozen=True)
+class ReplaceResult:
+    moved: int
+    untouched: int
+    # What moved: OCS cross-connects, or a SWITCHED pod's rings.
+    unit: str = "cross-connects"
+
+
+_OCS_ID = re.compile(r"^ocs-[a-z0-9]+-\d+-(\d+)$")
+
+
+class OcsManagerClient:
+    def __init__(self, channel: grpc.aio.Channel, *, timeout_s: float = 10.0):
+        self._stub = ocs_manager_pb2_grpc.OcsManagerStub(channel)
+        self._timeout = timeout_s
+        self.kind = "OCS_TORUS"  # learnt by fabric()
+
+    @property
+    def switched(self) -> bool:
+        return self.kind == "SWITCHED"
+
+    async def _call(self, name: str, request):
+        try:
+            return await getattr(self._stub, name)(request, timeout=self._timeout)
+        except grpc.aio.AioRpcError as err:
+            raise OcsError(name, err.code(), err.details() or "") from None
+
+    async def fabric(self) -> FabricInfo:
+        info = await self._call("GetInfo", common_pb2.GetInfoRequest())
+        if info.attributes.get("fabric_kind") == "SWITCHED":
+            sw = await self._call("GetSwitchedFabric", ocs_manager_pb2.GetSwitchedFabricRequest())
+            self.kind = "SWITCHED"
+            return FabricInfo(
+                tuple(sw.config.group_shape.dims),
+                sw.groups,
+                1,
+                (0,) * sw.groups,
+                kind="SWITCHED",
+                switched_spec=sw.spec,
+            )
+        self.kind = "OCS_TORUS"
+        fabric = await self._call("GetFabric", ocs_manager_pb2.GetFabricRequest())
+        cfg = fabric.config
+        k = max(1, cfg.ocs_per_axis)
+        groups = [0] * cfg.block_count
+        if k > 1:
+            # Where each block's first ends land (dim 0, axis 0 stands for every axis).
+            port_map = await self._call("GetPortMap", ocs_manager_pb2.GetPortMapRequest(dim=0))
+            for entry in port_map.entries:
+                seg = entry.segment
+                if (
+                    seg.axis == 0
+                    and seg.end == ocs_manager_pb2.SEGMENT_END_FIRST
+                    and entry.ports
+                    and seg.block_id < cfg.block_count
+                ):
+                    m = _OCS_ID.match(entry.ports[0].ocs_id)
+                    groups[seg.block_id] = int(m.group(1)) if m else 0
+        return FabricInfo(tuple(cfg.block_shape.dims), cfg.block_count, k, tuple(groups))
+
+    async def wire_job(self, job: SliceJob) -> Wiring:
+        """Wire the job's slice (OCS) or reserve its rings (SWITCHED) on its placement."""
+        assert job.placement is not None
+        if self.switched:
+            return _rings_wiring(
+                await self._call("ReserveRings", _reserve_request(job)), job.placement
+            )
+        return await self.wire(job.job_id, job.demand.grid, job.placement, job.demand.wrap)
+
+    async def replace_job(self, job: SliceJob, failed: int, new: int) -> ReplaceResult:
+        if self.switched:
+            resp = await self._call(
+                "SwapGroup",
+                ocs_manager_pb2.SwapGroupRequest(
+                    job_id=job.job_id,
+                    failed_group=failed,
+                    new_tiles=[ocs_manager_pb2.GroupTile(group=new)],
+                    view=ocs_manager_pb2.RING_VIEW_SUMMARY,
+                ),
+            )
+            return ReplaceResult(len(resp.rerouted), resp.rings_untouched, "rings")
+        return await self.replace(job.job_id, failed, new)
+
+    async def rings(
+        self, job_id: str, *, full: bool = False
+    ) -> ocs_manager_pb2.RingReservation | None:
+        """SWITCHED pods: the job's reserved rings, or None."""
+        try:
+            return await self._call(
+                "GetRings",
+                ocs_manager_pb2.GetRingsRequest(
+                    job_id=job_id,
+                    view=ocs_manager_pb2.RING_VIEW_FULL
+                    if full
+                    else ocs_manager_pb2.RING_VIEW_SUMMARY,
+                ),
+            )
+        except OcsError as err:
+            if err.code == grpc.StatusCode.NOT_FOUND:
+                return None
+            raise
+
+    async def switch_use(self) -> list[ocs_manager_pb2.SwitchLinkUse]:
+        """SWITCHED pods: link use of every switch (SW-6)."""
+        out: list[ocs_manager_pb2.SwitchLinkUse] = []
+        token = ""
+        while True:
+            page = await self._call(
+                "ListSwitchLinkUse",
+                ocs_manager_pb2.ListSwitchLinkUseRequest(page_size=1000, page_token=token),
+            )
+            out.extend(page.switches)
+            token = page.next_page_token
+            if not token:
+                return out
+
+    async def wire(
+        self, job_id: str, grid: Grid, blocks: Sequence[int], wrap: Sequence[bool]
+    ) -> Wiring:
+        request = ocs_manager_pb2.WireSliceRequest(
+            job_id=job_id,
+            grid=common_pb2.Shape(dims=grid),
+            blocks=[
+                ocs_manager_pb2.BlockPlacement(position=common_pb2.Coordinate(coords=p), block_id=b)
+                for p, b in zip(grid_positions(grid), blocks, strict=True)
+            ],
+            wrap=list(wrap),
+            view=ocs_manager_pb2.WIRING_VIEW_COUNTS,  # the count is all the scheduler needs
+        )
+        return _wiring(await self._call("WireSlice", request))
+
+    async def release(self, job_id: str) -> bool:
+        """Release the job's slice (its rings on a SWITCHED pod); False when the
+        ocs_manager had none (already released)."""
+        try:
+            if self.switched:
+                await self._call("ReleaseRings", ocs_manager_pb2.ReleaseRingsRequest(job_id=job_id))
+            else:
+                await self._call("ReleaseSlice", ocs_manager_pb2.ReleaseSliceRequest(job_id=job_id))
+        except OcsError as err:
+            if err.code == grpc.StatusCode.NOT_FOUND:
+                return False
+            raise
+        return True
+
+    async def replace(self, job_id: str, failed: int, new: int) -> ReplaceResult:
+        resp = await self._call(
+            "ReplaceBlock",
+            ocs_manager_pb2.ReplaceBlockRequest(
+                job_id=job_id,
+                failed_block_id=failed,
+                new_block_id=new,
+                view=ocs_manager_pb2.WIRING_VIEW_COUNTS,
+            ),
+        )
+        return ReplaceResult(moved=len(resp.added), untouched=resp.untouched)
+
+    async def wiring(self, job_id: str) -> Wiring | None:
+        if self.switched:
+            found = await self.rings(job_id)
+            return None if found is None else _rings_wiring(found, None)
+        try:
+            w = await self._call(
+                "GetSliceWiring",
+                ocs_manager_pb2.GetSliceWiringRequest(
+                    job_id=job_id, view=ocs_manager_pb2.WIRING_VIEW_COUNTS
+                ),
+            )
+        except OcsError as err:
+            if err.code == grpc.StatusCode.NOT_FOUND:
+                return None
+            raise
+        return _wiring(w)
+
+
+def _wiring(w: ocs_manager_pb2.SliceWiring) -> Wiring:
+    grid = tuple(w.grid.dims)
+    by_pos = {tuple(b.position.coords): b.block_id for b in w.blocks}
+    blocks = tuple(by_pos.get(p, -1) for p in grid_positions(grid))
+    return Wiring(
+        w.job_id,
+        grid,
+        blocks,
+        w.cross_connect_count or len(w.cross_connects),
+        w.state != ocs_manager_pb2.SLICE_STATE_WIRING,
+    )
+
+
+def _reserve_request(job: SliceJob) -> ocs_manager_pb2.ReserveRingsRequest:
+    assert job.degrees is not None and job.placement is not None
+    d, p, l = job.degrees  # noqa: E741
+    if job.tile is not None:
+        g, r, c, h, w = job.tile
+        tiles = [ocs_manager_pb2.GroupTile(group=g, row=r, col=c, height=h, width=w)]
+    else:
+        tiles = [ocs_manager_pb2.GroupTile(group=g) for g in job.placement]
+    return ocs_manager_pb2.ReserveRingsRequest(
+        job_id=job.job_id,
+        degrees=common_pb2.ParallelismDegrees(data=d, pipeline=p, layer=l),
+        tiles=tiles,
+        view=ocs_manager_pb2.RING_VIEW_SUMMARY,
+    )
+
+
+def _rings_wiring(r: ocs_manager_pb2.RingReservation, placement: Sequence[int] | None) -> Wiring:
+    groups = tuple(sorted({t.group for t in r.tiles}))
+    up = r.channels_by_kind.get("up", 0)
+    return Wiring(
+        r.job_id,
+        (len(groups),),
+        tuple(placement) if placement is not None and set(placement) == set(groups) else groups,
+        r.channel_count,
+        True,
+        f"{len(r.rings)} rings on {len(groups)} group{'s' if len(groups) != 1 else ''}, "
+        f"{r.channel_count} link channels reserved ({up} through tier 1)",
+    )

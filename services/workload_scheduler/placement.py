@@ -1,0 +1,235 @@
+"""WS-3: placement — a pure function of a pod snapshot and a slice demand.
+
+With an optical fabric any healthy free blocks can form any logical shape
+(seed 000 ¶59, ¶63-64), so placement only decides *which* blocks:
+
+* of the node type each position asks for (¶103); a request that names no
+  type gets the pod's primary type, so scarce types stay free for the
+  requests that name them;
+* healthy and free (¶101-102), and not still wired at the OCS to a live slice;
+* blocks with no leftover wiring of a finished slice first (they need no
+  release call before wiring), then lowest id;
+* with K >= 2, spread round-robin over the K OCS that the blocks' first ends
+  land on, so a slice's cross-connects are shared by the K switches of each
+  axis and fewer ports are contended.
+
+Positions are filled row-major in that order. The same snapshot and demand
+always give the same placement. When the pod cannot place, `Unplaceable` says
+why, per node type.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from services.workload_scheduler.fabric import PodFabric
+from services.workload_scheduler.model import HOLDING_STATES, QUEUED_STATES, SliceDemand, SliceJob
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Block id per logical position of the demand's grid (WS-8: the per-job configuration)."""
+
+    blocks: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Shortfall:
+    node_type: str
+    needed: int
+    free: int
+    failed: int
+    allocated: int
+
+    def describe(self) -> str:
+        return (
+            f"needs {self.needed} {self.node_type} block{'s' if self.needed != 1 else ''}: "
+            f"{self.free} free and healthy, {self.allocated} allocated, {self.failed} failed"
+        )
+
+
+@dataclass(frozen=True)
+class Unplaceable:
+    shortfalls: tuple[Shortfall, ...]
+    # Why, when it is not a count of blocks (a SWITCHED pod's locality, SW-3).
+    note: str = ""
+
+    @property
+    def reason(self) -> str:
+        return self.note or "; ".join(s.describe() for s in self.shortfalls)
+
+
+@dataclass
+class PodState:
+    """A snapshot of the pod that planning may change in memory (assume), never in Redis.
+
+    `owner[b]` is the job holding block b; `wired[b]` the job whose OCS slice may still
+    include b (set before WireSlice, cleared after ReleaseSlice); `failed` the failed blocks.
+    On a SWITCHED pod small jobs share groups: they hold processors ("t<g>.<i>.<j>",
+    SliceJob.held_keys) in `tile_owner` / `tile_wired` instead.
+    """
+
+    fabric: PodFabric
+    failed: set[int] = field(default_factory=set)
+    owner: dict[int, str] = field(default_factory=dict)
+    wired: dict[int, str] = field(default_factory=dict)
+    jobs: dict[str, SliceJob] = field(default_factory=dict)  # live jobs
+    tile_owner: dict[str, str] = field(default_factory=dict)
+    tile_wired: dict[str, str] = field(default_factory=dict)
+
+    def copy(self) -> PodState:
+        return PodState(
+            self.fabric,
+            set(self.failed),
+            dict(self.owner),
+            dict(self.wired),
+            dict(self.jobs),
+            dict(self.tile_owner),
+            dict(self.tile_wired),
+        )
+
+    # -- reading -----------------------------------------------------------------
+
+    def healthy(self, block: int) -> bool:
+        return block not in self.failed
+
+    def live_wiring(self, block: int) -> bool:
+        """True when block's OCS wiring belongs to a slice that is wiring or running."""
+        job = self.wired.get(block)
+        return job is not None and job in self.jobs and self.jobs[job].state in HOLDING_STATES
+
+    def allocatable(self, block: int, allow_wired: Iterable[str] = ()) -> bool:
+        if block in self.failed or block in self.owner:
+            return False
+        marked = self.wired.get(block)
+        return marked is None or not self.live_wiring(block) or marked in allow_wired
+
+    def free_counts(self) -> Counter[str]:
+        """Healthy unallocated blocks per node type (blocks that only await a release count)."""
+        types = self.fabric.node_types
+        return Counter(types[b] for b in range(self.fabric.block_count) if self.allocatable(b))
+
+    def queue(self) -> list[SliceJob]:
+        """Jobs waiting for blocks, in queue order: priority, then age (WS-4)."""
+        return sorted(
+            (j for j in self.jobs.values() if j.state in QUEUED_STATES), key=SliceJob.queue_key
+        )
+
+    def running(self) -> list[SliceJob]:
+        return [j for j in self.jobs.values() if j.state == "RUNNING"]
+
+    def counts_by_type(self) -> dict[str, dict[str, int]]:
+        """Per node type: total, free (healthy, unallocated), allocated, failed (WS-9)."""
+        out: dict[str, dict[str, int]] = {}
+        shared = {int(k[1:].split(".")[0]) for k in self.tile_owner}  # groups hosting small jobs
+        for b, t in enumerate(self.fabric.node_types):
+            c = out.setdefault(t, {"total": 0, "free": 0, "allocated": 0, "failed": 0})
+            c["total"] += 1
+            if b in self.failed:
+                c["failed"] += 1
+            elif b in self.owner or b in shared:
+                c["allocated"] += 1
+            else:
+                c["free"] += 1
+        return out
+
+    # -- assuming (planning only) -------------------------------------------------
+
+    def assume_allocated(self, job: SliceJob) -> None:
+        self.jobs[job.job_id] = job
+        for b in job.held_keys():
+            if isinstance(b, str):
+                self.tile_owner[b] = job.job_id
+            else:
+                self.owner[b] = job.job_id
+
+    def assume_released(self, job_id: str, blocks: Iterable[int | str]) -> None:
+        for b in blocks:
+            if isinstance(b, str):
+                if self.tile_owner.get(b) == job_id:
+                    del self.tile_owner[b]
+            elif self.owner.get(b) == job_id:
+                del self.owner[b]
+
+
+def place(
+    state: PodState, demand: SliceDemand, *, allow_wired: Iterable[str] = ()
+) -> Placement | Unplaceable:
+    """Choose a block for every position of `demand` (WS-3), or say why not.
+
+    `allow_wired`: jobs whose leftover wiring on a block is about to be released
+    (victims of a preemption), so their blocks count as free.
+    """
+    fabric = state.fabric
+    allow = set(allow_wired)
+    need = demand.type_counts()
+    chosen: dict[str, list[int]] = {}
+    shortfalls: list[Shortfall] = []
+    for node_type in sorted(need):
+        n = need[node_type]
+        candidates = [
+            b
+            for b, t in enumerate(fabric.node_types)
+            if t == node_type and state.allocatable(b, allow)
+        ]
+        if len(candidates) < n:
+            of_type = [b for b, t in enumerate(fabric.node_types) if t == node_type]
+            failed = sum(1 for b in of_type if b in state.failed)
+            shortfalls.append(
+                Shortfall(
+                    node_type, n, len(candidates), failed, len(of_type) - failed - len(candidates)
+                )
+            )
+            continue
+        chosen[node_type] = _prefer(state, candidates, n)
+    if shortfalls:
+        return Unplaceable(tuple(shortfalls))
+    cursor = dict.fromkeys(chosen, 0)
+    blocks: list[int] = []
+    for node_type in demand.node_types:
+        blocks.append(chosen[node_type][cursor[node_type]])
+        cursor[node_type] += 1
+    return Placement(tuple(blocks))
+
+
+def _prefer(state: PodState, candidates: list[int], n: int) -> list[int]:
+    """The n preferred candidates: unwired first, then lowest id, round-robin over OCS groups."""
+    ordered = sorted(candidates, key=lambda b: (b in state.wired, b))
+    k = state.fabric.ocs_per_axis
+    if k <= 1:
+        return ordered[:n]
+    groups = state.fabric.first_end_group
+    buckets: dict[int, list[int]] = {}
+    for b in ordered:
+        buckets.setdefault(groups[b], []).append(b)
+    out: list[int] = []
+    queues = [buckets[g] for g in sorted(buckets)]
+    while len(out) < n:
+        for q in queues:
+            if q and len(out) < n:
+                out.append(q.pop(0))
+    return out
+
+
+def capacity_for(state: PodState, demand: SliceDemand) -> int:
+    """How many more slices of `demand` the pod could place now, one after another
+    with this placement code (the pod view, and bench/availability.py)."""
+    trial = state.copy()
+    count = 0
+    while True:
+        p = place(trial, demand)
+        if not isinstance(p, Placement):
+            return count
+        job_id = f"~capacity-{count}"
+        for b in p.blocks:
+            trial.owner[b] = job_id
+        count += 1
+
+
+def blocks_by_job(owner: Mapping[int, str]) -> dict[str, list[int]]:
+    out: dict[str, list[int]] = {}
+    for b, j in sorted(owner.items()):
+        out.setdefault(j, []).append(b)
+    return out

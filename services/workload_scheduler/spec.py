@@ -1,0 +1,295 @@
+"""WS-2: a JobSpec as given by a client → the normalized request the planner works on.
+
+Every rule broken is an INVALID_ARGUMENT naming the field and the rule (X-3):
+shape not a multiple of the block shape, zero sizes, more blocks than the pod
+has (in all or of one type), unknown node type, priority out of range, shrink
+arrangements that are not smaller sub-boxes, parallelism degrees whose product
+is not the chip count or that cannot be mapped onto rings (WS-10).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass
+
+from lightpath.errors import FieldViolation, InvalidArgument
+from lightpath.v1 import common_pb2, workload_scheduler_pb2
+from services.common.keys import ID_RULE, is_valid_id
+from services.workload_scheduler.fabric import PodFabric
+from services.workload_scheduler.model import (
+    DELAY,
+    FAIL,
+    MAX_PRIORITY,
+    MIN_PRIORITY,
+    QUEUE,
+    SHRINK,
+    SUSPEND,
+    TERMINATE,
+    Grid,
+    SliceDemand,
+)
+from services.workload_scheduler.rings import RingPlan, plan_rings
+
+POLICY_NAMES = {
+    common_pb2.PREEMPTION_POLICY_UNSPECIFIED: DELAY,
+    common_pb2.PREEMPTION_POLICY_TERMINATE: TERMINATE,
+    common_pb2.PREEMPTION_POLICY_DELAY: DELAY,
+    common_pb2.PREEMPTION_POLICY_SHRINK: SHRINK,
+}
+POLICY_ENUM = {TERMINATE: 1, DELAY: 2, SHRINK: 3}
+DEFAULT_PRIORITY = common_pb2.PRIORITY_CLASS_MEDIUM
+
+
+@dataclass(frozen=True)
+class NormalizedSpec:
+    job_id: str
+    demand: SliceDemand
+    chips: tuple[int, ...]
+    priority: int
+    preemption: str
+    shrink_to: tuple[Grid, ...]
+    on_block_failure: str
+    when_no_capacity: str
+    degrees: dict[str, int] | None
+    rings: RingPlan | None
+
+
+def chips_of(grid: Grid, fabric: PodFabric) -> tuple[int, ...]:
+    return tuple(g * b for g, b in zip(grid, fabric.block_shape, strict=True))
+
+
+def to_grid(
+    field: str, dims: list[int], unit: int, fabric: PodFabric, violations: list[FieldViolation]
+) -> Grid | None:
+    """Block grid of a shape given in chips or blocks; None (and violations) if it is bad."""
+    block = fabric.block_shape
+    if len(dims) != len(block):
+        violations.append(
+            FieldViolation(
+                f"{field}.dims",
+                f"must have {len(block)} extents, one per fabric dimension (got {len(dims)})",
+            )
+        )
+        return None
+    if unit not in (
+        common_pb2.SHAPE_UNIT_UNSPECIFIED,
+        common_pb2.SHAPE_UNIT_CHIPS,
+        common_pb2.SHAPE_UNIT_BLOCKS,
+    ):
+        violations.append(FieldViolation("spec.unit", "must be CHIPS or BLOCKS"))
+        return None
+    grid: list[int] = []
+    ok = True
+    shape = "x".join(map(str, block))
+    for d, n in enumerate(dims):
+        if n < 1:
+            violations.append(FieldViolation(f"{field}.dims[{d}]", "must be >= 1"))
+            ok = False
+        elif unit == common_pb2.SHAPE_UNIT_BLOCKS:
+            grid.append(n)
+        elif n % block[d]:
+            violations.append(
+                FieldViolation(
+                    f"{field}.dims[{d}]",
+                    f"{n} chips is not a multiple of the block's {block[d]} "
+                    f"(blocks are {shape} chips)",
+                )
+            )
+            ok = False
+        else:
+            grid.append(n // block[d])
+    return tuple(grid) if ok else None
+
+
+def priority_of(spec: workload_scheduler_pb2.JobSpec, violations: list[FieldViolation]) -> int:
+    if spec.priority:
+        if not MIN_PRIORITY <= spec.priority <= MAX_PRIORITY:
+            violations.append(
+                FieldViolation("spec.priority", f"must be {MIN_PRIORITY}..{MAX_PRIORITY}")
+            )
+        elif spec.priority_class and spec.priority_class != spec.priority:
+            violations.append(
+                FieldViolation(
+                    "spec.priority_class",
+                    f"{common_pb2.PriorityClass.Name(spec.priority_class)} is "
+                    f"{int(spec.priority_class)}, which disagrees with priority {spec.priority}",
+                )
+            )
+        return spec.priority
+    if spec.priority_class:
+        if spec.priority_class not in common_pb2.PriorityClass.values():
+            violations.append(FieldViolation("spec.priority_class", "must be LOW, MEDIUM or HIGH"))
+            return DEFAULT_PRIORITY
+        return int(spec.priority_class)
+    return DEFAULT_PRIORITY
+
+
+def _node_types(
+    spec: workload_scheduler_pb2.JobSpec,
+    blocks: int,
+    fabric: PodFabric,
+    violations: list[FieldViolation],
+) -> tuple[str, ...] | None:
+    known = fabric.type_counts
+    names = ", ".join(sorted(known))
+    if spec.node_types and spec.node_type_counts:
+        violations.append(
+            FieldViolation("spec.node_types", "give node_types or node_type_counts, not both")
+        )
+        return None
+    if spec.node_types:
+        types = tuple(spec.node_types)
+        if len(types) != blocks:
+            violations.append(
+                FieldViolation(
+                    "spec.node_types",
+                    f"must name one node type per block position: {blocks}, got {len(types)}",
+                )
+            )
+            return None
+        for i, t in enumerate(types):
+            if t not in known:
+                violations.append(
+                    FieldViolation(
+                        f"spec.node_types[{i}]",
+                        f"unknown node type {t!r}; this pod has {names}",
+                    )
+                )
+        return types if not violations else None
+    if spec.node_type_counts:
+        counts = dict(spec.node_type_counts)
+        for t, n in sorted(counts.items()):
+            if t not in known:
+                violations.append(
+                    FieldViolation(
+                        f"spec.node_type_counts[{t}]",
+                        f"unknown node type {t!r}; this pod has {names}",
+                    )
+                )
+            elif n < 1:
+                violations.append(FieldViolation(f"spec.node_type_counts[{t}]", "must be >= 1"))
+        if sum(counts.values()) != blocks:
+            violations.append(
+                FieldViolation(
+                    "spec.node_type_counts",
+                    f"counts add up to {sum(counts.values())}, the shape has {blocks} blocks",
+                )
+            )
+        if violations:
+            return None
+        return tuple(t for t in sorted(counts) for _ in range(counts[t]))
+    return (fabric.primary_type,) * blocks
+
+
+def normalize(spec: workload_scheduler_pb2.JobSpec, fabric: PodFabric) -> NormalizedSpec:
+    """Validate `spec` against the pod (WS-2) and resolve its defaults."""
+    if fabric.switched is not None:
+        from services.workload_scheduler.switched import normalize_switched
+
+        return normalize_switched(spec, fabric)
+    violations: list[FieldViolation] = []
+    if not is_valid_id(spec.job_id):
+        violations.append(FieldViolation("spec.job_id", ID_RULE))
+    if not spec.HasField("shape") or not spec.shape.dims:
+        violations.append(FieldViolation("spec.shape", "is required"))
+        raise InvalidArgument.of(violations)
+    grid = to_grid("spec.shape", list(spec.shape.dims), spec.unit, fabric, violations)
+    priority = priority_of(spec, violations)
+    dims = fabric.dims
+    wrap = tuple(spec.wrap) if spec.wrap else (True,) * dims
+    if len(wrap) != dims:
+        violations.append(
+            FieldViolation("spec.wrap", f"must be empty (torus) or have {dims} entries")
+        )
+    if violations or grid is None:
+        raise InvalidArgument.of(violations)
+    blocks = math.prod(grid)
+    if blocks > fabric.block_count:
+        raise InvalidArgument(
+            "spec.shape",
+            f"needs {blocks} blocks; the pod has {fabric.block_count}",
+            reason="MORE_BLOCKS_THAN_POD",
+        )
+    types = _node_types(spec, blocks, fabric, violations)
+    if types is None:
+        raise InvalidArgument.of(violations)
+    for t, n in sorted(Counter(types).items()):
+        if n > fabric.type_counts[t]:
+            violations.append(
+                FieldViolation(
+                    "spec.node_types" if spec.node_types else "spec.node_type_counts",
+                    f"needs {n} {t} blocks; the pod has {fabric.type_counts[t]}",
+                )
+            )
+    policy = POLICY_NAMES.get(spec.preemption_policy)
+    if policy is None:
+        violations.append(FieldViolation("spec.preemption_policy", "unknown policy"))
+        policy = DELAY
+    shrink = _shrink_grids(spec, grid, fabric, policy, violations)
+    if spec.when_no_capacity not in (0, 1, 2):
+        violations.append(FieldViolation("spec.when_no_capacity", "must be QUEUE or FAIL"))
+    if spec.on_block_failure not in (0, 1, 2):
+        violations.append(FieldViolation("spec.on_block_failure", "must be SUSPEND or FAIL"))
+    if violations:
+        raise InvalidArgument.of(violations)
+    chips = chips_of(grid, fabric)
+    degrees = degrees_of(spec.parallelism) if spec.HasField("parallelism") else None
+    rings = plan_rings(chips, wrap, degrees, field="spec.parallelism") if degrees else None
+    return NormalizedSpec(
+        job_id=spec.job_id,
+        demand=SliceDemand(grid, types, wrap),
+        chips=chips,
+        priority=priority,
+        preemption=policy,
+        shrink_to=shrink,
+        on_block_failure=FAIL if spec.on_block_failure == 2 else SUSPEND,
+        when_no_capacity=FAIL if spec.when_no_capacity == 2 else QUEUE,
+        degrees=degrees,
+        rings=rings,
+    )
+
+
+def degrees_of(p: common_pb2.ParallelismDegrees) -> dict[str, int] | None:
+    """The degrees given (unset ones are 1), or None when none is given."""
+    if not (p.data or p.pipeline or p.layer):
+        return None
+    return {"data": p.data or 1, "pipeline": p.pipeline or 1, "layer": p.layer or 1}
+
+
+def _shrink_grids(
+    spec: workload_scheduler_pb2.JobSpec,
+    grid: Grid,
+    fabric: PodFabric,
+    policy: str,
+    violations: list[FieldViolation],
+) -> tuple[Grid, ...]:
+    if policy != SHRINK:
+        if spec.shrink_to:
+            violations.append(
+                FieldViolation("spec.shrink_to", "is only used with preemption_policy SHRINK")
+            )
+        return ()
+    if not spec.shrink_to:
+        violations.append(
+            FieldViolation(
+                "spec.shrink_to", "preemption_policy SHRINK needs at least one smaller arrangement"
+            )
+        )
+        return ()
+    out: list[Grid] = []
+    for i, shape in enumerate(spec.shrink_to):
+        f = f"spec.shrink_to[{i}]"
+        g = to_grid(f, list(shape.dims), spec.unit, fabric, violations)
+        if g is None:
+            continue
+        if any(a > b for a, b in zip(g, grid, strict=True)) or math.prod(g) >= math.prod(grid):
+            violations.append(
+                FieldViolation(
+                    f,
+                    "must be a sub-box of the shape (every extent <=) with fewer blocks",
+                )
+            )
+            continue
+        out.append(g)
+    return tuple(out)

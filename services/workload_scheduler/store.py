@@ -1,0 +1,419 @@
+"""WS-1, WS-7: the pod's block state, job records and events in Redis.
+
+Keys (all under the pod's hash tag, so one pod's state is one Redis Cluster slot,
+and under `ws:` beside the ocs_manager's `ocs:` keys of the same pod):
+
+    lp:{pod}:ws:fabric            hash   block types and fabric facts, for people and peers
+    lp:{pod}:ws:block:failed      hash   block id -> JSON {at, reason}   (absent = healthy)
+    lp:{pod}:ws:block:owner       hash   block id -> job id               (absent = free);
+                                         SWITCHED pods also "t<g>.<i>.<j>" -> small job
+    lp:{pod}:ws:block:wired       hash   block id -> job id whose OCS slice may still include it
+    lp:{pod}:ws:live              hash   job id -> SliceJob JSON, for every non-final job
+    lp:{pod}:ws:job:<id>          hash   spec (base64 JobSpec), state, epoch, summary, reason, ...
+    lp:{pod}:ws:job:<id>:events   list   the job's transitions (JSON), oldest first
+    lp:{pod}:ws:jobs              zset   every job id by admission sequence (ListJobs)
+    lp:{pod}:ws:state_counts      hash   job state -> number of jobs in it
+    lp:{pod}:ws:events            stream job transitions and block health changes (WatchPod)
+    lp:{pod}:ws:seq               string admission sequence
+    lp:{pod}:ws:releasing:<id>    string claim (with expiry) while a queued job's old wiring is released
+
+Every change goes through `commit(txn)`: one Lua script that first checks what
+the caller's decision assumed (a job's state and epoch, a block still free,
+healthy, held by a given job, not wired to a live slice) and then applies all
+writes, or applies none and says which check failed. So a block is never in
+two slices even with several scheduler replicas deciding at once: the loser
+of a race gets `Conflict`, takes a new snapshot and decides again.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from services.common.keys import pod_key
+from services.workload_scheduler.fabric import PodFabric
+from services.workload_scheduler.model import FINAL_STATES, SliceJob
+from services.workload_scheduler.placement import PodState
+
+EVENT_STREAM_MAXLEN = 10_000
+
+_TXN_LUA = r"""
+local tx = cjson.decode(ARGV[1])
+local function has(list, v)
+  for _, x in ipairs(list) do if x == v then return true end end
+  return false
+end
+for _, c in ipairs(tx.c) do
+  local t = c[1]
+  if t == "state" then
+    -- {"state", job key, {allowed states; "" = absent}, epoch or -1, job id}
+    local st = redis.call("HGET", KEYS[c[2]], "state")
+    if not st then
+      if not has(c[3], "") then return {0, "job " .. c[5] .. " does not exist"} end
+    else
+      if not has(c[3], st) then return {0, "job " .. c[5] .. " is " .. st} end
+      if c[4] >= 0 then
+        local ep = tonumber(redis.call("HGET", KEYS[c[2]], "epoch"))
+        if ep ~= c[4] then return {0, "job " .. c[5] .. " changed (epoch " .. tostring(ep) .. ")"} end
+      end
+    end
+  elseif t == "owner" then
+    -- {"owner", owner key, block, {allowed owners; "" = free}}
+    local o = redis.call("HGET", KEYS[c[2]], c[3]) or ""
+    if not has(c[4], o) then return {0, "block " .. c[3] .. " is held by " .. (o == "" and "nobody" or o)} end
+  elseif t == "health" then
+    -- {"health", failed key, block, "HEALTHY" | "FAILED"}
+    local f = redis.call("HEXISTS", KEYS[c[2]], c[3]) == 1
+    if f ~= (c[4] == "FAILED") then return {0, "block " .. c[3] .. " is not " .. c[4]} end
+  elseif t == "nokey" then
+    -- {"nokey", key, what}
+    if redis.call("EXISTS", KEYS[c[2]]) == 1 then return {0, c[3]} end
+  elseif t == "wired" then
+    -- {"wired", wired key, block, {allowed jobs}}: unmarked, or marked by an allowed job
+    local w = redis.call("HGET", KEYS[c[2]], c[3])
+    if w and not has(c[4], w) then return {0, "block " .. c[3] .. " is still wired to " .. w} end
+  end
+end
+local out = {}
+for _, o in ipairs(tx.o) do
+  local t = o[1]
+  if t == "hset" then
+    redis.call("HSET", KEYS[o[2]], unpack(o, 3))
+  elseif t == "hdel" then
+    redis.call("HDEL", KEYS[o[2]], unpack(o, 3))
+  elseif t == "hincr" then
+    redis.call("HINCRBY", KEYS[o[2]], o[3], o[4])
+  elseif t == "zadd" then
+    redis.call("ZADD", KEYS[o[2]], o[3], o[4])
+  elseif t == "zrem" then
+    redis.call("ZREM", KEYS[o[2]], o[3])
+  elseif t == "del" then
+    redis.call("DEL", KEYS[o[2]])
+  elseif t == "setpx" then
+    redis.call("SET", KEYS[o[2]], o[3], "PX", o[4])
+  elseif t == "unwire" then
+    -- {"unwire", wired key, job}: drop every mark of that job
+    local all = redis.call("HGETALL", KEYS[o[2]])
+    for i = 1, #all, 2 do
+      if all[i + 1] == o[3] then redis.call("HDEL", KEYS[o[2]], all[i]) end
+    end
+  elseif t == "event" then
+    -- {"event", job key, history key, stream key, maxlen, event JSON}
+    local n = redis.call("HINCRBY", KEYS[o[2]], "nev", 1)
+    local e = cjson.decode(o[6])
+    e["n"] = n
+    local s = cjson.encode(e)
+    redis.call("RPUSH", KEYS[o[3]], s)
+    redis.call("XADD", KEYS[o[4]], "MAXLEN", "~", o[5], "*", "kind", "job", "job", e["job"], "e", s)
+  elseif t == "ret" then
+    -- {"ret", hash key, fields...}: return these fields' values after the writes
+    out[#out + 1] = redis.call("HMGET", KEYS[o[2]], unpack(o, 3))
+  elseif t == "retjob" then
+    -- {"retjob", job key, history key}: return the job's record after the writes
+    out[#out + 1] = {redis.call("HGETALL", KEYS[o[2]]), redis.call("LRANGE", KEYS[o[3]], 0, -1)}
+  elseif t == "bevent" then
+    -- {"bevent", stream key, maxlen, event JSON}
+    redis.call("XADD", KEYS[o[2]], "MAXLEN", "~", o[3], "*", "kind", "block", "e", o[4])
+  end
+end
+return {1, "ok", out}
+"""
+
+
+class Conflict(Exception):
+    """A check of a transaction failed: state changed since the snapshot. Decide again."""
+
+
+class PodKeys:
+    def __init__(self, pod_id: str):
+        self.pod_id = pod_id
+        self.fabric = pod_key(pod_id, "ws", "fabric")
+        self.failed = pod_key(pod_id, "ws", "block", "failed")
+        self.owner = pod_key(pod_id, "ws", "block", "owner")
+        self.wired = pod_key(pod_id, "ws", "block", "wired")
+        self.live = pod_key(pod_id, "ws", "live")
+        self.jobs = pod_key(pod_id, "ws", "jobs")
+        self.state_counts = pod_key(pod_id, "ws", "state_counts")
+        self.events = pod_key(pod_id, "ws", "events")
+        self.seq = pod_key(pod_id, "ws", "seq")
+
+    def job(self, job_id: str) -> str:
+        return pod_key(self.pod_id, "ws", "job", job_id)
+
+    def history(self, job_id: str) -> str:
+        return pod_key(self.pod_id, "ws", "job", job_id, "events")
+
+    def releasing(self, job_id: str) -> str:
+        """Claim held while one replica releases a queued job's leftover OCS wiring."""
+        return pod_key(self.pod_id, "ws", "releasing", job_id)
+
+
+@dataclass
+class Txn:
+    """Checks and writes for one atomic commit; keys are registered as they are used."""
+
+    keys: PodKeys
+    _keys: list[str] = field(default_factory=list)
+    _index: dict[str, int] = field(default_factory=dict)
+    checks: list[list[Any]] = field(default_factory=list)
+    ops: list[list[Any]] = field(default_factory=list)
+
+    def k(self, key: str) -> int:
+        if key not in self._index:
+            self._keys.append(key)
+            self._index[key] = len(self._keys)  # Lua KEYS are 1-based
+        return self._index[key]
+
+    # -- checks ----------------------------------------------------------------
+
+    def expect_job(self, job_id: str, states: Iterable[str], epoch: int = -1) -> None:
+        self.checks.append(["state", self.k(self.keys.job(job_id)), list(states), epoch, job_id])
+
+    def expect_no_job(self, job_id: str) -> None:
+        self.expect_job(job_id, [""])
+
+    def expect_owner(self, block: int | str, owners: Iterable[str]) -> None:
+        """Block held by one of `owners` ("" = free)."""
+        self.checks.append(["owner", self.k(self.keys.owner), str(block), list(owners)])
+
+    def expect_health(self, block: int, health: str) -> None:
+        self.checks.append(["health", self.k(self.keys.failed), str(block), health])
+
+    def expect_wired_by(self, block: int | str, allowed: Iterable[str]) -> None:
+        self.checks.append(["wired", self.k(self.keys.wired), str(block), list(allowed)])
+
+    def expect_no_release_claim(self, job_id: str) -> None:
+        self.checks.append(
+            ["nokey", self.k(self.keys.releasing(job_id)), f"job {job_id} is being released"]
+        )
+
+    # -- writes ----------------------------------------------------------------
+
+    def hset(self, key: str, mapping: dict[Any, Any]) -> None:
+        if mapping:
+            flat: list[str] = []
+            for f, v in mapping.items():
+                flat += [str(f), str(v)]
+            self.ops.append(["hset", self.k(key), *flat])
+
+    def hdel(self, key: str, fields: Sequence[Any]) -> None:
+        if fields:
+            self.ops.append(["hdel", self.k(key), *map(str, fields)])
+
+    def hincr(self, key: str, f: str, delta: int) -> None:
+        self.ops.append(["hincr", self.k(key), f, delta])
+
+    def zadd(self, key: str, score: float, member: str) -> None:
+        self.ops.append(["zadd", self.k(key), score, member])
+
+    def zrem(self, key: str, member: str) -> None:
+        self.ops.append(["zrem", self.k(key), member])
+
+    def delete(self, key: str) -> None:
+        self.ops.append(["del", self.k(key)])
+
+    def set_px(self, key: str, value: str, ttl_ms: int) -> None:
+        self.ops.append(["setpx", self.k(key), value, ttl_ms])
+
+    def unwire(self, job_id: str) -> None:
+        self.ops.append(["unwire", self.k(self.keys.wired), job_id])
+
+    def job_event(self, event: dict[str, Any]) -> None:
+        job_id = event["job"]
+        self.ops.append(
+            [
+                "event",
+                self.k(self.keys.job(job_id)),
+                self.k(self.keys.history(job_id)),
+                self.k(self.keys.events),
+                EVENT_STREAM_MAXLEN,
+                json.dumps(event, separators=(",", ":")),
+            ]
+        )
+
+    def block_event(self, event: dict[str, Any]) -> None:
+        self.ops.append(
+            [
+                "bevent",
+                self.k(self.keys.events),
+                EVENT_STREAM_MAXLEN,
+                json.dumps(event, separators=(",", ":")),
+            ]
+        )
+
+    # -- composite writes -----------------------------------------------------
+
+    def write_job(self, job: SliceJob, *, old_state: str | None, reason: str, now_ms: int) -> None:
+        """Store `job` (its state, epoch, summary), mirror it in the live set (or drop it
+        there when final), count states, and record the transition as an event."""
+        k = self.keys.job(job.job_id)
+        summary = job.to_json()
+        self.hset(
+            k,
+            {
+                "state": job.state,
+                "epoch": job.epoch,
+                "summary": summary,
+                "reason": reason,
+                "updated_ms": now_ms,
+            },
+        )
+        if job.state in FINAL_STATES:
+            self.hdel(self.keys.live, [job.job_id])
+        else:
+            self.hset(self.keys.live, {job.job_id: summary})
+        if old_state != job.state:
+            if old_state:
+                self.hincr(self.keys.state_counts, old_state, -1)
+            self.hincr(self.keys.state_counts, job.state, 1)
+        self.job_event(
+            {
+                "job": job.job_id,
+                "from": old_state or "",
+                "to": job.state,
+                "at": now_ms,
+                "reason": reason,
+            }
+        )
+
+    def read_back(self, key: str, fields: Sequence[str]) -> None:
+        """After the writes, return these fields of hash `key` from commit()."""
+        self.ops.append(["ret", self.k(key), *fields])
+
+    def read_job(self, job_id: str) -> None:
+        """After the writes, return the job's record (with history) from commit()."""
+        self.ops.append(
+            ["retjob", self.k(self.keys.job(job_id)), self.k(self.keys.history(job_id))]
+        )
+
+    def payload(self) -> tuple[list[str], str]:
+        return list(self._keys), json.dumps({"c": self.checks, "o": self.ops})
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    """A stored job as GetJob answers it."""
+
+    job_id: str
+    spec_b64: str
+    state: str
+    epoch: int
+    reason: str
+    summary: SliceJob
+    created_ms: int
+    updated_ms: int
+    history: tuple[dict[str, Any], ...] = ()
+    # Victims of the preemption that placed it (WS-4), as stored at allocation.
+    preempted: tuple[dict[str, Any], ...] = ()
+
+
+class PodStore:
+    """Redis persistence of one pod's scheduling state (WS-1)."""
+
+    def __init__(self, redis: aioredis.Redis, pod_id: str):
+        self.redis = redis
+        self.keys = PodKeys(pod_id)
+        self._txn = redis.register_script(_TXN_LUA)
+
+    def txn(self) -> Txn:
+        return Txn(self.keys)
+
+    async def commit(self, txn: Txn) -> list[Any]:
+        """Apply `txn` atomically, or raise Conflict naming the first failed check.
+        Returns what `read_back` / `read_job` asked for, in order (a JobRecord for read_job)."""
+        keys, arg = txn.payload()
+        ok, detail, *rest = await self._txn(keys=keys, args=[arg])
+        if int(ok) != 1:
+            raise Conflict(detail)
+        out: list[Any] = []
+        for item in rest[0] if rest else []:
+            if isinstance(item, list) and len(item) == 2 and isinstance(item[0], list):
+                flat, history = item
+                row = dict(zip(flat[::2], flat[1::2], strict=True))
+                job_id = json.loads(row["summary"])["id"] if "summary" in row else ""
+                out.append(_record(job_id, row, history))
+            else:
+                out.append(item)
+        return out
+
+    async def next_seq(self) -> int:
+        return int(await self.redis.incr(self.keys.seq))
+
+    async def save_fabric(self, fabric: PodFabric, describe: dict[str, str]) -> None:
+        mapping: dict[str, str] = {"node_types": json.dumps(list(fabric.node_types)), **describe}
+        await self.redis.hset(self.keys.fabric, mapping=mapping)  # type: ignore[arg-type]
+
+    async def snapshot(self, fabric: PodFabric) -> PodState:
+        """One round trip: block health, owners, wiring marks and live jobs."""
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.hgetall(self.keys.failed)
+            pipe.hgetall(self.keys.owner)
+            pipe.hgetall(self.keys.wired)
+            pipe.hgetall(self.keys.live)
+            failed, owner, wired, live = await pipe.execute()
+        # Small jobs of a SWITCHED pod hold processors ("t<g>.<i>.<j>"), not blocks.
+        return PodState(
+            fabric,
+            failed={int(b) for b in failed},
+            owner={int(b): j for b, j in owner.items() if b[0] != "t"},
+            wired={int(b): j for b, j in wired.items() if b[0] != "t"},
+            jobs={j: SliceJob.from_json(s) for j, s in live.items()},
+            tile_owner={b: j for b, j in owner.items() if b[0] == "t"},
+            tile_wired={b: j for b, j in wired.items() if b[0] == "t"},
+        )
+
+    async def wired_jobs(self) -> set[str]:
+        """Jobs whose OCS wiring may still exist (their marks)."""
+        values: list[str] = await self.redis.hvals(self.keys.wired)  # type: ignore[assignment, misc]
+        return set(values)
+
+    async def failed_info(self) -> dict[int, dict[str, Any]]:
+        raw = await self.redis.hgetall(self.keys.failed)
+        return {int(b): json.loads(v) for b, v in raw.items()}
+
+    async def job(self, job_id: str, *, history: bool = False) -> JobRecord | None:
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.hgetall(self.keys.job(job_id))
+            if history:
+                pipe.lrange(self.keys.history(job_id), 0, -1)
+            results = await pipe.execute()
+        return _record(job_id, results[0], results[1] if history else [])
+
+    async def jobs_page(self, *, before_seq: int | None, count: int) -> list[JobRecord]:
+        """Jobs newest first, with admission sequence below `before_seq`."""
+        hi = f"({before_seq}" if before_seq is not None else "+inf"
+        ids: list[str] = await self.redis.zrevrangebyscore(  # type: ignore[assignment]
+            self.keys.jobs, hi, "-inf", start=0, num=count, withscores=False
+        )
+        if not ids:
+            return []
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for job_id in ids:
+                pipe.hgetall(self.keys.job(job_id))
+            rows = await pipe.execute()
+        return [r for job_id, row in zip(ids, rows, strict=True) if (r := _record(job_id, row, []))]
+
+    async def state_counts(self) -> dict[str, int]:
+        raw: dict[str, str] = await self.redis.hgetall(self.keys.state_counts)  # type: ignore[assignment]
+        return {k: int(v) for k, v in raw.items() if int(v) > 0}
+
+
+def _record(job_id: str, row: dict[str, str], history: list[str]) -> JobRecord | None:
+    if not row or "state" not in row:
+        return None
+    return JobRecord(
+        job_id=job_id,
+        spec_b64=row.get("spec", ""),
+        state=row["state"],
+        epoch=int(row.get("epoch", 0)),
+        reason=row.get("reason", ""),
+        summary=SliceJob.from_json(row["summary"]),
+        created_ms=int(row.get("created_ms", 0)),
+        updated_ms=int(row.get("updated_ms", 0)),
+        history=tuple(json.loads(h) for h in history),
+        preempted=tuple(json.loads(row["preempted"])) if row.get("preempted") else (),
+    )

@@ -1,0 +1,146 @@
+"""Real agg_switch processes for contract tests: every switch of a tree served
+in-process on an ephemeral port, one Redis, real gRPC between them."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import grpc
+from google.protobuf import duration_pb2
+
+from lightpath.client import channel
+from lightpath.v1 import agg_switch_pb2 as pb
+from lightpath.v1 import agg_switch_pb2_grpc
+from services.common.server import RunningService
+from tests.helpers import serve
+
+TREE = "tree-1"
+SW, CN, DN = pb.AGG_NODE_KIND_SWITCH, pb.AGG_NODE_KIND_COMPUTE, pb.AGG_NODE_KIND_DEDICATED
+
+
+def node(id: str, kind: int, parent: str = "", threshold_ms: int = 0, **kw) -> pb.AggNode:
+    return pb.AggNode(id=id, kind=kind, parent=parent, threshold_ms=threshold_ms, **kw)
+
+
+def stack_tree(
+    sub_ms: int = 100, root_ms: int = 300, per_sub: Sequence[int] = (3, 2)
+) -> list[pb.AggNode]:
+    """root over sub-1 (n1..n3) and sub-2 (n4, n5): the seed's two-switch cluster."""
+    nodes = [
+        node("root", SW, "", root_ms),
+        node("sub-1", SW, "root", sub_ms),
+        node("sub-2", SW, "root", sub_ms),
+    ]
+    i = 1
+    for sub, count in zip(("sub-1", "sub-2"), per_sub, strict=True):
+        for _ in range(count):
+            nodes.append(node(f"n{i}", CN, sub))
+            i += 1
+    return nodes
+
+
+@dataclass
+class Tree:
+    switches: dict[str, RunningService]
+    _channels: list[grpc.aio.Channel] = field(default_factory=list)
+
+    def address(self, switch: str = "root") -> str:
+        return self.switches[switch].address
+
+    def stub(self, switch: str = "root") -> agg_switch_pb2_grpc.AggSwitchStub:
+        ch = channel(self.address(switch))
+        self._channels.append(ch)
+        return agg_switch_pb2_grpc.AggSwitchStub(ch)
+
+    async def define(self, nodes: Sequence[pb.AggNode], tree: str = TREE, **kw) -> pb.AggTopology:
+        return await self.stub().DefineTopology(
+            pb.DefineTopologyRequest(topology=pb.AggTopology(tree_id=tree, nodes=nodes, **kw))
+        )
+
+    async def start(
+        self, command_id: str, participants: Sequence[str], length: int, **kw
+    ) -> pb.AggCommand:
+        kw.setdefault("dtype", pb.AGG_DTYPE_INT64)
+        kw.setdefault("op", pb.AGG_OP_SUM)
+        deadline_s = kw.pop("deadline_s", 20.0)
+        return await self.stub(kw.pop("via", "root")).StartCommand(
+            pb.StartCommandRequest(
+                command_id=command_id,
+                participants=list(participants),
+                length=length,
+                deadline=duration_pb2.Duration(
+                    seconds=int(deadline_s), nanos=int(deadline_s % 1 * 1e9)
+                ),
+                **kw,
+            )
+        )
+
+    async def command(self, command_id: str) -> pb.AggCommand:
+        return await self.stub().GetCommand(pb.GetCommandRequest(command_id=command_id))
+
+    async def settled(self, command_id: str, timeout: float = 10.0) -> pb.AggCommand:
+        """The command once it ended and every switch filed its slot-hold report."""
+        loop = asyncio.get_running_loop()
+        end = loop.time() + timeout
+        while True:
+            cmd = await self.command(command_id)
+            if cmd.state != pb.AGG_COMMAND_STATE_RUNNING and len(cmd.slot_holds) >= len(
+                cmd.bitmaps
+            ):
+                return cmd
+            if loop.time() > end:
+                raise AssertionError(f"command {command_id} did not settle: {cmd}")
+            await asyncio.sleep(0.02)
+
+    async def state(self, switch: str) -> pb.SwitchState:
+        return await self.stub(switch).GetSwitchState(pb.GetSwitchStateRequest())
+
+    async def close(self) -> None:
+        for ch in self._channels:
+            await ch.close()
+
+
+@contextlib.asynccontextmanager
+async def agg_tree(
+    redis_url: str,
+    switches: Sequence[str] = ("root", "sub-1", "sub-2"),
+    env: Mapping[str, Mapping[str, str]] | None = None,
+    tree: str = TREE,
+    tracer_provider=None,
+) -> AsyncIterator[Tree]:
+    async with contextlib.AsyncExitStack() as stack:
+        running = {}
+        for s in switches:
+            running[s] = await stack.enter_async_context(
+                serve(
+                    "agg_switch",
+                    redis_url,
+                    {
+                        "LIGHTPATH_SWITCH_ID": s,
+                        "LIGHTPATH_AGG_TREE": tree,
+                        **(env or {}).get(s, {}),
+                    },
+                    tracer_provider=tracer_provider,
+                )
+            )
+        t = Tree(running)
+        # Each switch registers its address as it starts.
+        import redis.asyncio as aioredis
+
+        from services.common.keys import tree_key
+
+        r = aioredis.Redis.from_url(redis_url, decode_responses=True)
+        try:
+            for _ in range(500):
+                if len(await r.hgetall(tree_key(tree, "endpoints"))) >= len(switches):
+                    break
+                await asyncio.sleep(0.01)
+        finally:
+            await r.aclose()
+        try:
+            yield t
+        finally:
+            await t.close()
