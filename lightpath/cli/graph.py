@@ -1,4 +1,15 @@
-"""`lightpath graph plan | run | example`: dataflow graphs folded into few processes (GF-1 … GF-7)."""
+"""`lightpath graph ...`: dataflow graphs folded into few processes (GF-1 … GF-7).
+
+    lightpath graph example fig-2a DIR            # the seed's Fig. 2A graph and its input
+    lightpath graph plan DIR/fig-2a.json          # folded sets, here (--broker: the broker's)
+    lightpath graph reserve DIR/fig-2a.json g-1 --cores 1 --duration 10m   # a reservation per process
+    lightpath graph run DIR/fig-2a.json --report  # run here; per-component metrics to the broker
+    lightpath graph metrics fig-2a                # the latest run's metrics, from the broker
+
+Credentials and the broker's address as for `lightpath cores`: --token, else
+$LIGHTPATH_CB_TOKEN (an application), else the operator's; --addr, else
+$LIGHTPATH_CORE_BROKER_ADDR, else the running local stack.
+"""
 
 from __future__ import annotations
 
@@ -6,8 +17,16 @@ import argparse
 import sys
 from pathlib import Path
 
-from lightpath.cli._common import add_json_flag, print_json, table
+from lightpath.cli._common import print_json, table
+from lightpath.cli.cores import (
+    _call,
+    _common,
+    add_request_arguments,
+    build_request,
+    reservation_lines,
+)
 from lightpath.errors import InvalidArgument
+from lightpath.v1 import core_broker_pb2 as pb
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -22,8 +41,33 @@ def register(sub: argparse._SubParsersAction) -> None:
     plan.add_argument(
         "--unfolded", action="store_true", help="show the one-process-per-component plan instead"
     )
-    add_json_flag(plan)
+    plan.add_argument("--broker", action="store_true", help="ask the core broker (PlanGraph)")
+    _common(plan)
     plan.set_defaults(func=cmd_plan)
+
+    reserve = verbs.add_parser(
+        "reserve", help="reserve cores for every process of the plan (all or nothing)"
+    )
+    reserve.add_argument("spec", type=Path, help="graph spec: lightpath.v1.GraphSpec as JSON")
+    reserve.add_argument(
+        "reservation_id", help='each process gets "<reservation_id>.<set>.<instance>"'
+    )
+    add_request_arguments(reserve)
+    reserve.add_argument(
+        "--allow-partial", action="store_true", help="decide each process on its own"
+    )
+    reserve.add_argument("--unfolded", action="store_true", help="one process per component")
+    _common(reserve)
+    reserve.set_defaults(func=cmd_reserve)
+
+    metrics = verbs.add_parser("metrics", help="per-component usage of a run, from the broker")
+    metrics.add_argument("graph_id")
+    metrics.add_argument("--run", default="", help="run id (default: the latest reported)")
+    metrics.add_argument(
+        "--component", action="append", default=[], help="only these components (repeatable)"
+    )
+    _common(metrics)
+    metrics.set_defaults(func=cmd_metrics)
 
     run = verbs.add_parser("run", help="run a graph here, one OS process per folded set instance")
     run.add_argument("spec", type=Path, help="graph spec: lightpath.v1.GraphSpec as JSON")
@@ -48,7 +92,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="restart from the last complete checkpoint in --run-dir",
     )
-    add_json_flag(run)
+    run.add_argument(
+        "--report", action="store_true", help="send the run's metrics to the core broker"
+    )
+    _common(run)
     run.set_defaults(func=cmd_run)
 
     example = verbs.add_parser(
@@ -99,18 +146,95 @@ def print_plan(plan) -> None:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     from lightpath.graph.expand import expand
-    from lightpath.graph.fold import fold, plan_to_proto, unfold
+    from lightpath.graph.fold import fold, plan_from_proto, plan_to_proto, unfold
+    from lightpath.graph.spec import to_proto
+
+    def show(plan) -> int:
+        if args.json:
+            print_json(plan_to_proto(plan))
+        else:
+            print_plan(plan)
+        return 0
 
     try:
-        graph = expand(_load(args.spec))
-        plan = unfold(graph) if args.unfolded else fold(graph)
+        spec = _load(args.spec)
+        if not args.broker:
+            graph = expand(spec)
+            return show(unfold(graph) if args.unfolded else fold(graph))
     except InvalidArgument as err:
         return _refused(err)
-    if args.json:
-        print_json(plan_to_proto(plan))
-    else:
-        print_plan(plan)
-    return 0
+
+    async def body(stub, md):
+        request = pb.PlanGraphRequest(graph=to_proto(spec), unfolded=args.unfolded)
+        return show(plan_from_proto(await stub.PlanGraph(request, metadata=md)))
+
+    return _call(args, body)
+
+
+def cmd_reserve(args: argparse.Namespace) -> int:
+    from lightpath.graph.spec import to_proto
+
+    try:
+        spec = _load(args.spec)
+    except InvalidArgument as err:
+        return _refused(err)
+
+    async def body(stub, md):
+        held = await stub.ReserveGraph(
+            pb.ReserveGraphRequest(
+                graph=to_proto(spec),
+                per_process=build_request(args),
+                allow_partial=args.allow_partial,
+                unfolded=args.unfolded,
+            ),
+            metadata=md,
+        )
+        if args.json:
+            print_json(held)
+            return 0 if held.complete else 1
+        for p in held.processes:
+            print(f"{p.folded_set}[{p.instance}] ({' '.join(p.members)})")
+            print("  " + reservation_lines(p.reservation).replace("\n", "\n  "))
+        state = (
+            "every process holds its cores" if held.complete else "NOT every process holds cores"
+        )
+        print(f"\n{held.reservation_id}: {len(held.processes)} processes; {state}")
+        return 0 if held.complete else 1
+
+    return _call(args, body)
+
+
+def print_metrics(m) -> None:
+    from lightpath.graph.metrics import COMPONENT_HEADERS, component_rows
+
+    print(table(component_rows(m), COMPONENT_HEADERS))
+    rows = [(f.name, f.records, f.bytes, "yes" if f.crosses_processes else "no") for f in m.flows]
+    print()
+    print(table(rows, ["flow", "records", "bytes", "between processes"]))
+
+
+def cmd_metrics(args: argparse.Namespace) -> int:
+    from lightpath.graph.metrics import from_proto
+
+    async def body(stub, md):
+        reply = await stub.GetGraphMetrics(
+            pb.GetGraphMetricsRequest(
+                graph_id=args.graph_id, run_id=args.run, components=args.component
+            ),
+            metadata=md,
+        )
+        if args.json:
+            print_json(reply)
+            return 0
+        m = from_proto(reply)
+        print(
+            f"graph {m.graph_id}, run {m.run_id} ({'folded' if m.folded else 'one process per component'}): "
+            f"{m.records_read} records in {m.wall_seconds:.2f} s by {len(m.processes)} processes"
+        )
+        print_metrics(m)
+        return 0
+
+    return _call(args, body)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -134,6 +258,10 @@ def cmd_run(args: argparse.Namespace) -> int:
             print(f"  in process {err.process}; its log:\n{err.log}", file=sys.stderr)
         return 1
     m = result.metrics
+    if args.report:
+        code = _report(args, m)
+        if code:
+            return code
     if args.json:
         print_json(to_proto(m))
         return 0
@@ -146,6 +274,23 @@ def cmd_run(args: argparse.Namespace) -> int:
         f"run {m.run_id} in {result.run_dir}"
     )
     return 0
+
+
+def _report(args: argparse.Namespace, metrics) -> int:
+    from lightpath.graph.metrics import to_proto
+
+    async def body(stub, md):
+        reply = await stub.ReportGraphMetrics(
+            pb.ReportGraphMetricsRequest(metrics=to_proto(metrics)), metadata=md
+        )
+        print(
+            f"reported run {reply.run_id} of {reply.graph_id} to the core broker "
+            f"({reply.runs} runs kept)",
+            file=sys.stderr,
+        )
+        return 0
+
+    return _call(args, body)
 
 
 def cmd_example(args: argparse.Namespace) -> int:

@@ -497,7 +497,11 @@ def _topological_order(g: FlatGraph) -> tuple[str, ...]:
 
 
 def _cycle_error(g: FlatGraph, stuck: list[str]) -> InvalidArgument:
-    """Name one cycle among the components Kahn's algorithm could not order."""
+    """Name one cycle among the components Kahn's algorithm could not order.
+
+    Each of them still waits for an upstream component that is stuck too, so
+    walking upstream from any of them must come back to a component seen.
+    """
     stuck_set = set(stuck)
     path: list[str] = []
     on_path: dict[str, int] = {}
@@ -505,14 +509,20 @@ def _cycle_error(g: FlatGraph, stuck: list[str]) -> InvalidArgument:
     while node not in on_path:
         on_path[node] = len(path)
         path.append(node)
-        node = next(s for s in g.successors(node) if s in stuck_set)
-    cycle = [*path[on_path[node] :], node]
-    last, first = cycle[-2], cycle[-1]
-    closing = next(
-        (f for f in g.out_flows[last] if f.target.node == first),
-        None,
-    )
-    where = closing.path if closing else g.components[last].path
+        node = next(u for u in g.upstream(node) if u in stuck_set)
+    ring = list(reversed(path[on_path[node] :]))  # each feeds the next, the last the first
+    # Blame the cycle's last-declared flow: most likely the one just added.
+    edges = []
+    for i, a in enumerate(ring):
+        b = ring[(i + 1) % len(ring)]
+        f = max(
+            (f for f in g.out_flows[a] if f.target.node == b), key=lambda f: f.index, default=None
+        )
+        edges.append((f.index if f else -1, i, f))
+    _, i, closing = max(edges, key=lambda e: e[0])
+    ring = ring[i + 1 :] + ring[: i + 1]  # ... -> source of the closing flow
+    cycle = [*ring, ring[0]]
+    where = closing.path if closing else g.components[ring[-1]].path
     return InvalidArgument(
         where, "closes a cycle " + " -> ".join(cycle) + "; a graph must be a DAG"
     )

@@ -9,10 +9,11 @@ folded set, both from the seed:
   it. The seed has each function write "I am active" into a global variable;
   walking the interrupted frame stack finds the same member without any cost
   on the calls themselves.
-- Timing: the executor times each of the first 100 calls of each flow into a
-  member, then one in 1000 (and every shutdown and blip call), excluding
-  nested calls into downstream members; calls × mean time estimates each
-  member's share.
+- Timing: the executor times (in thread CPU time, so a call blocked on a full
+  channel does not count as busy) each of the first 100 calls of each flow
+  into a member, then one in 1000 (and every shutdown and blip call),
+  excluding nested calls into downstream members; calls × mean time
+  estimates each member's share.
 
 Either way the process's measured CPU time is divided in proportion, as the
 seed says. A set of one component owns its process's CPU outright.

@@ -377,7 +377,7 @@ def _watch(
 
 
 SECONDARY_GRACE_S = 5.0
-_CONSEQUENCES = ("BrokenPipeError", "closed before its end", "without a report")
+_CONSEQUENCES = ("BrokenPipeError", "closed before its end")
 
 
 def _secondary(w: _Worker) -> bool:
