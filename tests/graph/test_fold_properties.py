@@ -232,3 +232,41 @@ def test_together_pins_are_honoured_or_refused_naming_the_pin(spec):
     for pin in graph.pins:
         if pin.kind is PinKind.TOGETHER:
             assert len({plan.set_of(c).id for c in pin.components}) == 1
+
+
+@settings(max_examples=150)
+@given(random_graphs(), st.data())
+def test_a_flow_back_upstream_is_refused_naming_a_flow_on_the_cycle(spec, data):
+    graph = expand(spec)
+    plain = [c.id for c in spec.components if c.kind == CUSTOM]
+    fed = [c for c in plain if "in" in graph.components[c].inputs]
+    if not fed:
+        return
+    u = data.draw(st.sampled_from(fed))
+    reach, stack = set(), [u]
+    while stack:
+        c = stack.pop()
+        if c not in reach:
+            reach.add(c)
+            stack.extend(graph.successors(c))
+    same_phase = {c for c in plain if graph.components[c].phase == graph.components[u].phase}
+    v = data.draw(st.sampled_from(sorted(reach & same_phase)))
+    # Repartitioning and in one phase: the cycle is the only thing wrong with it.
+    back = FlowSpec(Endpoint(v, "out"), Endpoint(u, "in"), FlowKind.REPARTITION)
+    bad = GraphSpec(spec.graph_id, spec.components, (*spec.flows, back), spec.datasets, spec.pins)
+    try:
+        expand(bad)
+    except InvalidArgument as err:
+        field = err.violations[0].field
+        assert field.startswith("flows[") and "closes a cycle" in err.message
+        named = bad.flows[int(field[len("flows[") : -1])]
+        # The named flow is on a cycle: its target leads back to its source.
+        seen, stack = set(), [named.target.node]
+        while stack:
+            c = stack.pop()
+            if c not in seen:
+                seen.add(c)
+                stack.extend(f.target.node for f in bad.flows if f.source.node == c)
+        assert named.source.node in seen
+    else:
+        raise AssertionError(f"{back} closes a cycle but was accepted")
