@@ -18,6 +18,7 @@ COMMAND_MODULES = (
     "lightpath.cli.pod",
     "lightpath.cli.agg",
     "lightpath.cli.cores",
+    "lightpath.cli.graph",
 )
 
 

@@ -135,26 +135,8 @@ def _common(p: argparse.ArgumentParser, *, json: bool = True) -> None:
         add_json_flag(p)
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    cores = sub.add_parser("cores", help="accelerator cores as a service (core_broker)")
-    cs = cores.add_subparsers(dest="cores_command", metavar="ACTION")
-    cs.required = True
-
-    p = cs.add_parser("devices", help="devices with total, reserved and free cores now")
-    p.add_argument("--kind", type=KIND, default=0, help="gpu, tpu, edge_tpu, npu, fpga")
-    _common(p)
-    p.set_defaults(func=cmd_devices)
-
-    p = cs.add_parser("capacity", help="free cores over a time range, per device and kind")
-    p.add_argument("--from", dest="start", type=parse_time, help="start (+30s, ISO); now")
-    p.add_argument("--to", dest="end", type=parse_time, help="end; default an instant")
-    p.add_argument("--kind", type=KIND, default=0)
-    p.add_argument("--schedule", action="store_true", help="list each device's reservations")
-    _common(p)
-    p.set_defaults(func=cmd_capacity)
-
-    p = cs.add_parser("reserve", help="ask for cores; prints the decision")
-    p.add_argument("reservation_id")
+def add_request_arguments(p: argparse.ArgumentParser) -> None:
+    """What a ReservationRequest holds besides its id (`build_request` reads them back)."""
     p.add_argument("--cores", type=int, required=True)
     p.add_argument("--duration", type=parse_seconds, required=True, help="e.g. 90s, 10m")
     p.add_argument("--start", type=parse_time, help="earliest start (+30s, ISO); default now")
@@ -181,6 +163,29 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--site", default="", help="client site (lowest-latency placement)")
     p.add_argument("--x", type=float, default=0.0, help="client x km (nearest placement)")
     p.add_argument("--y", type=float, default=0.0, help="client y km")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    cores = sub.add_parser("cores", help="accelerator cores as a service (core_broker)")
+    cs = cores.add_subparsers(dest="cores_command", metavar="ACTION")
+    cs.required = True
+
+    p = cs.add_parser("devices", help="devices with total, reserved and free cores now")
+    p.add_argument("--kind", type=KIND, default=0, help="gpu, tpu, edge_tpu, npu, fpga")
+    _common(p)
+    p.set_defaults(func=cmd_devices)
+
+    p = cs.add_parser("capacity", help="free cores over a time range, per device and kind")
+    p.add_argument("--from", dest="start", type=parse_time, help="start (+30s, ISO); now")
+    p.add_argument("--to", dest="end", type=parse_time, help="end; default an instant")
+    p.add_argument("--kind", type=KIND, default=0)
+    p.add_argument("--schedule", action="store_true", help="list each device's reservations")
+    _common(p)
+    p.set_defaults(func=cmd_capacity)
+
+    p = cs.add_parser("reserve", help="ask for cores; prints the decision")
+    p.add_argument("reservation_id")
+    add_request_arguments(p)
     _common(p)
     p.set_defaults(func=cmd_reserve)
 

@@ -46,7 +46,7 @@ Scenario = Callable[[DemoContext], Awaitable[None]]
 
 
 def scenarios() -> list[Scenario]:
-    from lightpath.demo import agg, cores, foundation, ocs, switched, workload
+    from lightpath.demo import agg, cores, foundation, graph, ocs, switched, workload
 
     return [
         foundation.run,
@@ -54,6 +54,7 @@ def scenarios() -> list[Scenario]:
         workload.run,
         switched.run,
         cores.run,
+        graph.run,
         agg.run,
     ]
 

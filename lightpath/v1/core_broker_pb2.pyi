@@ -11,6 +11,7 @@ from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from lightpath.v1 import common_pb2 as _common_pb2
+from lightpath.v1 import graph_pb2 as _graph_pb2
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -1179,3 +1180,208 @@ class ReservationEvent(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ReservationEvent: _TypeAlias = ReservationEvent  # noqa: Y015
+
+@_typing.final
+class PlanGraphRequest(_message.Message):
+    """-- graph plans ------------------------------------------------------------------"""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GRAPH_FIELD_NUMBER: _builtins.int
+    UNFOLDED_FIELD_NUMBER: _builtins.int
+    unfolded: _builtins.bool
+    """The baseline instead: one process per component instance."""
+    @_builtins.property
+    def graph(self) -> _graph_pb2.GraphSpec: ...
+    def __init__(
+        self,
+        *,
+        graph: _graph_pb2.GraphSpec | None = ...,
+        unfolded: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["graph", b"graph"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["graph", b"graph", "unfolded", b"unfolded"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PlanGraphRequest: _TypeAlias = PlanGraphRequest  # noqa: Y015
+
+@_typing.final
+class ReserveGraphRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GRAPH_FIELD_NUMBER: _builtins.int
+    PER_PROCESS_FIELD_NUMBER: _builtins.int
+    ALLOW_PARTIAL_FIELD_NUMBER: _builtins.int
+    UNFOLDED_FIELD_NUMBER: _builtins.int
+    allow_partial: _builtins.bool
+    """Decide each process on its own (as per_process.accept allows) instead of
+    all or nothing.
+    """
+    unfolded: _builtins.bool
+    """Reserve for one process per component instance instead of per folded set."""
+    @_builtins.property
+    def graph(self) -> _graph_pb2.GraphSpec: ...
+    @_builtins.property
+    def per_process(self) -> Global___ReservationRequest:
+        """What each process asks for: cores, duration, window, task type, priority,
+        QoS, billing, placement, devices. Its reservation_id names the graph's
+        reservation; each process's is "<reservation_id>.<set id>.<instance>".
+        """
+
+    def __init__(
+        self,
+        *,
+        graph: _graph_pb2.GraphSpec | None = ...,
+        per_process: Global___ReservationRequest | None = ...,
+        allow_partial: _builtins.bool = ...,
+        unfolded: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["graph", b"graph", "per_process", b"per_process"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allow_partial", b"allow_partial", "graph", b"graph", "per_process", b"per_process", "unfolded", b"unfolded"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReserveGraphRequest: _TypeAlias = ReserveGraphRequest  # noqa: Y015
+
+@_typing.final
+class ProcessReservation(_message.Message):
+    """The reservation of one process: one instance of one folded set."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FOLDED_SET_FIELD_NUMBER: _builtins.int
+    INSTANCE_FIELD_NUMBER: _builtins.int
+    MEMBERS_FIELD_NUMBER: _builtins.int
+    RESERVATION_FIELD_NUMBER: _builtins.int
+    folded_set: _builtins.str
+    instance: _builtins.int
+    @_builtins.property
+    def members(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def reservation(self) -> Global___Reservation: ...
+    def __init__(
+        self,
+        *,
+        folded_set: _builtins.str = ...,
+        instance: _builtins.int = ...,
+        members: _abc.Iterable[_builtins.str] | None = ...,
+        reservation: Global___Reservation | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["reservation", b"reservation"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["folded_set", b"folded_set", "instance", b"instance", "members", b"members", "reservation", b"reservation"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ProcessReservation: _TypeAlias = ProcessReservation  # noqa: Y015
+
+@_typing.final
+class GraphReservation(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESERVATION_ID_FIELD_NUMBER: _builtins.int
+    PLAN_FIELD_NUMBER: _builtins.int
+    PROCESSES_FIELD_NUMBER: _builtins.int
+    COMPLETE_FIELD_NUMBER: _builtins.int
+    reservation_id: _builtins.str
+    complete: _builtins.bool
+    """Every process holds its cores (no REJECTED one)."""
+    @_builtins.property
+    def plan(self) -> _graph_pb2.GraphPlan: ...
+    @_builtins.property
+    def processes(self) -> _containers.RepeatedCompositeFieldContainer[Global___ProcessReservation]:
+        """Set by set, instance by instance, in the plan's order."""
+
+    def __init__(
+        self,
+        *,
+        reservation_id: _builtins.str = ...,
+        plan: _graph_pb2.GraphPlan | None = ...,
+        processes: _abc.Iterable[Global___ProcessReservation] | None = ...,
+        complete: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["plan", b"plan"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["complete", b"complete", "plan", b"plan", "processes", b"processes", "reservation_id", b"reservation_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GraphReservation: _TypeAlias = GraphReservation  # noqa: Y015
+
+@_typing.final
+class ReportGraphMetricsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    METRICS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def metrics(self) -> _graph_pb2.GraphRunMetrics: ...
+    def __init__(
+        self,
+        *,
+        metrics: _graph_pb2.GraphRunMetrics | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["metrics", b"metrics"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["metrics", b"metrics"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReportGraphMetricsRequest: _TypeAlias = ReportGraphMetricsRequest  # noqa: Y015
+
+@_typing.final
+class ReportGraphMetricsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GRAPH_ID_FIELD_NUMBER: _builtins.int
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    RUNS_FIELD_NUMBER: _builtins.int
+    graph_id: _builtins.str
+    run_id: _builtins.str
+    runs: _builtins.int
+    """Runs of this graph the broker now keeps."""
+    def __init__(
+        self,
+        *,
+        graph_id: _builtins.str = ...,
+        run_id: _builtins.str = ...,
+        runs: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["graph_id", b"graph_id", "run_id", b"run_id", "runs", b"runs"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReportGraphMetricsResponse: _TypeAlias = ReportGraphMetricsResponse  # noqa: Y015
+
+@_typing.final
+class GetGraphMetricsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GRAPH_ID_FIELD_NUMBER: _builtins.int
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    COMPONENTS_FIELD_NUMBER: _builtins.int
+    graph_id: _builtins.str
+    run_id: _builtins.str
+    """Empty: the latest run reported."""
+    @_builtins.property
+    def components(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Empty: every component."""
+
+    def __init__(
+        self,
+        *,
+        graph_id: _builtins.str = ...,
+        run_id: _builtins.str = ...,
+        components: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["components", b"components", "graph_id", b"graph_id", "run_id", b"run_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetGraphMetricsRequest: _TypeAlias = GetGraphMetricsRequest  # noqa: Y015

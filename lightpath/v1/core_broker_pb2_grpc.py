@@ -5,6 +5,7 @@ import warnings
 
 from lightpath.v1 import common_pb2 as lightpath_dot_v1_dot_common__pb2
 from lightpath.v1 import core_broker_pb2 as lightpath_dot_v1_dot_core__broker__pb2
+from lightpath.v1 import graph_pb2 as lightpath_dot_v1_dot_graph__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -122,6 +123,26 @@ class CoreBrokerStub:
                 '/lightpath.v1.CoreBroker/WatchReservations',
                 request_serializer=lightpath_dot_v1_dot_core__broker__pb2.WatchReservationsRequest.SerializeToString,
                 response_deserializer=lightpath_dot_v1_dot_core__broker__pb2.ReservationEvent.FromString,
+                _registered_method=True)
+        self.PlanGraph = channel.unary_unary(
+                '/lightpath.v1.CoreBroker/PlanGraph',
+                request_serializer=lightpath_dot_v1_dot_core__broker__pb2.PlanGraphRequest.SerializeToString,
+                response_deserializer=lightpath_dot_v1_dot_graph__pb2.GraphPlan.FromString,
+                _registered_method=True)
+        self.ReserveGraph = channel.unary_unary(
+                '/lightpath.v1.CoreBroker/ReserveGraph',
+                request_serializer=lightpath_dot_v1_dot_core__broker__pb2.ReserveGraphRequest.SerializeToString,
+                response_deserializer=lightpath_dot_v1_dot_core__broker__pb2.GraphReservation.FromString,
+                _registered_method=True)
+        self.ReportGraphMetrics = channel.unary_unary(
+                '/lightpath.v1.CoreBroker/ReportGraphMetrics',
+                request_serializer=lightpath_dot_v1_dot_core__broker__pb2.ReportGraphMetricsRequest.SerializeToString,
+                response_deserializer=lightpath_dot_v1_dot_core__broker__pb2.ReportGraphMetricsResponse.FromString,
+                _registered_method=True)
+        self.GetGraphMetrics = channel.unary_unary(
+                '/lightpath.v1.CoreBroker/GetGraphMetrics',
+                request_serializer=lightpath_dot_v1_dot_core__broker__pb2.GetGraphMetricsRequest.SerializeToString,
+                response_deserializer=lightpath_dot_v1_dot_graph__pb2.GraphRunMetrics.FromString,
                 _registered_method=True)
 
 
@@ -261,6 +282,43 @@ class CoreBrokerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PlanGraph(self, request, context):
+        """-- graph plans (GF-1 … GF-7; messages in graph.proto) -------------------
+        Fold a graph into sets of components that share a process (process 400):
+        each set with its members, roots, degree and phase, and the process
+        counts before and after folding. Pure: nothing is stored. Any credential.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReserveGraph(self, request, context):
+        """Reserve cores for every process of the graph's plan (GF-4): one
+        reservation per instance of each folded set, decided together through the
+        broker's reservation path, all GRANTED or every one REJECTED with nothing
+        stored (unless allow_partial). Idempotent by reservation_id (X-5).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReportGraphMetrics(self, request, context):
+        """Store the per-component metrics of one run of a graph (GF-6). A graph id
+        belongs to the first application that reports it; reporting a run again
+        replaces it. The broker keeps each graph's latest runs.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetGraphMetrics(self, request, context):
+        """The metrics of one run (default: the graph's latest), of every component
+        or of the ones asked for, with the flows into and out of them (GF-6).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CoreBrokerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -338,6 +396,26 @@ def add_CoreBrokerServicer_to_server(servicer, server):
                     servicer.WatchReservations,
                     request_deserializer=lightpath_dot_v1_dot_core__broker__pb2.WatchReservationsRequest.FromString,
                     response_serializer=lightpath_dot_v1_dot_core__broker__pb2.ReservationEvent.SerializeToString,
+            ),
+            'PlanGraph': grpc.unary_unary_rpc_method_handler(
+                    servicer.PlanGraph,
+                    request_deserializer=lightpath_dot_v1_dot_core__broker__pb2.PlanGraphRequest.FromString,
+                    response_serializer=lightpath_dot_v1_dot_graph__pb2.GraphPlan.SerializeToString,
+            ),
+            'ReserveGraph': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReserveGraph,
+                    request_deserializer=lightpath_dot_v1_dot_core__broker__pb2.ReserveGraphRequest.FromString,
+                    response_serializer=lightpath_dot_v1_dot_core__broker__pb2.GraphReservation.SerializeToString,
+            ),
+            'ReportGraphMetrics': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportGraphMetrics,
+                    request_deserializer=lightpath_dot_v1_dot_core__broker__pb2.ReportGraphMetricsRequest.FromString,
+                    response_serializer=lightpath_dot_v1_dot_core__broker__pb2.ReportGraphMetricsResponse.SerializeToString,
+            ),
+            'GetGraphMetrics': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetGraphMetrics,
+                    request_deserializer=lightpath_dot_v1_dot_core__broker__pb2.GetGraphMetricsRequest.FromString,
+                    response_serializer=lightpath_dot_v1_dot_graph__pb2.GraphRunMetrics.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -758,6 +836,114 @@ class CoreBroker:
             '/lightpath.v1.CoreBroker/WatchReservations',
             lightpath_dot_v1_dot_core__broker__pb2.WatchReservationsRequest.SerializeToString,
             lightpath_dot_v1_dot_core__broker__pb2.ReservationEvent.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PlanGraph(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lightpath.v1.CoreBroker/PlanGraph',
+            lightpath_dot_v1_dot_core__broker__pb2.PlanGraphRequest.SerializeToString,
+            lightpath_dot_v1_dot_graph__pb2.GraphPlan.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReserveGraph(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lightpath.v1.CoreBroker/ReserveGraph',
+            lightpath_dot_v1_dot_core__broker__pb2.ReserveGraphRequest.SerializeToString,
+            lightpath_dot_v1_dot_core__broker__pb2.GraphReservation.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportGraphMetrics(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lightpath.v1.CoreBroker/ReportGraphMetrics',
+            lightpath_dot_v1_dot_core__broker__pb2.ReportGraphMetricsRequest.SerializeToString,
+            lightpath_dot_v1_dot_core__broker__pb2.ReportGraphMetricsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetGraphMetrics(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lightpath.v1.CoreBroker/GetGraphMetrics',
+            lightpath_dot_v1_dot_core__broker__pb2.GetGraphMetricsRequest.SerializeToString,
+            lightpath_dot_v1_dot_graph__pb2.GraphRunMetrics.FromString,
             options,
             channel_credentials,
             insecure,

@@ -7,6 +7,7 @@ from collections import abc as _abc
 from grpc import aio as _aio
 from lightpath.v1 import common_pb2 as _common_pb2
 from lightpath.v1 import core_broker_pb2 as _core_broker_pb2
+from lightpath.v1 import graph_pb2 as _graph_pb2
 import abc as _abc_1
 import grpc as _grpc
 import sys
@@ -100,6 +101,27 @@ class CoreBrokerStub:
     started, extended, released, ended. Watching one reservation ends after
     its RELEASED or ENDED event.
     """
+    PlanGraph: _grpc.UnaryUnaryMultiCallable[_core_broker_pb2.PlanGraphRequest, _graph_pb2.GraphPlan]
+    """-- graph plans (GF-1 … GF-7; messages in graph.proto) -------------------
+    Fold a graph into sets of components that share a process (process 400):
+    each set with its members, roots, degree and phase, and the process
+    counts before and after folding. Pure: nothing is stored. Any credential.
+    """
+    ReserveGraph: _grpc.UnaryUnaryMultiCallable[_core_broker_pb2.ReserveGraphRequest, _core_broker_pb2.GraphReservation]
+    """Reserve cores for every process of the graph's plan (GF-4): one
+    reservation per instance of each folded set, decided together through the
+    broker's reservation path, all GRANTED or every one REJECTED with nothing
+    stored (unless allow_partial). Idempotent by reservation_id (X-5).
+    """
+    ReportGraphMetrics: _grpc.UnaryUnaryMultiCallable[_core_broker_pb2.ReportGraphMetricsRequest, _core_broker_pb2.ReportGraphMetricsResponse]
+    """Store the per-component metrics of one run of a graph (GF-6). A graph id
+    belongs to the first application that reports it; reporting a run again
+    replaces it. The broker keeps each graph's latest runs.
+    """
+    GetGraphMetrics: _grpc.UnaryUnaryMultiCallable[_core_broker_pb2.GetGraphMetricsRequest, _graph_pb2.GraphRunMetrics]
+    """The metrics of one run (default: the graph's latest), of every component
+    or of the ones asked for, with the flows into and out of them (GF-6).
+    """
 
 @_typing.type_check_only
 class CoreBrokerAsyncStub(CoreBrokerStub):
@@ -171,6 +193,27 @@ class CoreBrokerAsyncStub(CoreBrokerStub):
     reservations (CURRENT), then every change: created, started, a later part
     started, extended, released, ended. Watching one reservation ends after
     its RELEASED or ENDED event.
+    """
+    PlanGraph: _aio.UnaryUnaryMultiCallable[_core_broker_pb2.PlanGraphRequest, _graph_pb2.GraphPlan]  # type: ignore[assignment]
+    """-- graph plans (GF-1 … GF-7; messages in graph.proto) -------------------
+    Fold a graph into sets of components that share a process (process 400):
+    each set with its members, roots, degree and phase, and the process
+    counts before and after folding. Pure: nothing is stored. Any credential.
+    """
+    ReserveGraph: _aio.UnaryUnaryMultiCallable[_core_broker_pb2.ReserveGraphRequest, _core_broker_pb2.GraphReservation]  # type: ignore[assignment]
+    """Reserve cores for every process of the graph's plan (GF-4): one
+    reservation per instance of each folded set, decided together through the
+    broker's reservation path, all GRANTED or every one REJECTED with nothing
+    stored (unless allow_partial). Idempotent by reservation_id (X-5).
+    """
+    ReportGraphMetrics: _aio.UnaryUnaryMultiCallable[_core_broker_pb2.ReportGraphMetricsRequest, _core_broker_pb2.ReportGraphMetricsResponse]  # type: ignore[assignment]
+    """Store the per-component metrics of one run of a graph (GF-6). A graph id
+    belongs to the first application that reports it; reporting a run again
+    replaces it. The broker keeps each graph's latest runs.
+    """
+    GetGraphMetrics: _aio.UnaryUnaryMultiCallable[_core_broker_pb2.GetGraphMetricsRequest, _graph_pb2.GraphRunMetrics]  # type: ignore[assignment]
+    """The metrics of one run (default: the graph's latest), of every component
+    or of the ones asked for, with the flows into and out of them (GF-6).
     """
 
 class CoreBrokerServicer(metaclass=_abc_1.ABCMeta):
@@ -330,6 +373,51 @@ class CoreBrokerServicer(metaclass=_abc_1.ABCMeta):
         reservations (CURRENT), then every change: created, started, a later part
         started, extended, released, ended. Watching one reservation ends after
         its RELEASED or ENDED event.
+        """
+
+    @_abc_1.abstractmethod
+    def PlanGraph(
+        self,
+        request: _core_broker_pb2.PlanGraphRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_graph_pb2.GraphPlan, _abc.Awaitable[_graph_pb2.GraphPlan]]:
+        """-- graph plans (GF-1 … GF-7; messages in graph.proto) -------------------
+        Fold a graph into sets of components that share a process (process 400):
+        each set with its members, roots, degree and phase, and the process
+        counts before and after folding. Pure: nothing is stored. Any credential.
+        """
+
+    @_abc_1.abstractmethod
+    def ReserveGraph(
+        self,
+        request: _core_broker_pb2.ReserveGraphRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_core_broker_pb2.GraphReservation, _abc.Awaitable[_core_broker_pb2.GraphReservation]]:
+        """Reserve cores for every process of the graph's plan (GF-4): one
+        reservation per instance of each folded set, decided together through the
+        broker's reservation path, all GRANTED or every one REJECTED with nothing
+        stored (unless allow_partial). Idempotent by reservation_id (X-5).
+        """
+
+    @_abc_1.abstractmethod
+    def ReportGraphMetrics(
+        self,
+        request: _core_broker_pb2.ReportGraphMetricsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_core_broker_pb2.ReportGraphMetricsResponse, _abc.Awaitable[_core_broker_pb2.ReportGraphMetricsResponse]]:
+        """Store the per-component metrics of one run of a graph (GF-6). A graph id
+        belongs to the first application that reports it; reporting a run again
+        replaces it. The broker keeps each graph's latest runs.
+        """
+
+    @_abc_1.abstractmethod
+    def GetGraphMetrics(
+        self,
+        request: _core_broker_pb2.GetGraphMetricsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_graph_pb2.GraphRunMetrics, _abc.Awaitable[_graph_pb2.GraphRunMetrics]]:
+        """The metrics of one run (default: the graph's latest), of every component
+        or of the ones asked for, with the flows into and out of them (GF-6).
         """
 
 def add_CoreBrokerServicer_to_server(servicer: CoreBrokerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -21,7 +21,8 @@ from lightpath.errors import (
     NotFound,
     PermissionDenied,
 )
-from lightpath.v1 import common_pb2, core_broker_pb2, core_broker_pb2_grpc
+from lightpath.graph.fold import plan_to_proto
+from lightpath.v1 import common_pb2, core_broker_pb2, core_broker_pb2_grpc, graph_pb2
 from services.common.keys import is_valid_id
 from services.common.server import Runtime, ServiceDefinition
 from services.core_broker.auth import (
@@ -44,6 +45,16 @@ from services.core_broker.convert import (
     reservation_out,
     stored_request,
     timestamp,
+)
+from services.core_broker.graphs import (
+    GRAPH_ID,
+    GRAPH_ID_RULE,
+    GraphMetricsStore,
+    check_metrics,
+    graph_reservation,
+    only_components,
+    plan_graph,
+    process_requests,
 )
 from services.core_broker.settings import CoreBrokerSettings
 from services.core_broker.store import BrokerStore
@@ -73,11 +84,13 @@ class CoreBrokerServicer(core_broker_pb2_grpc.CoreBrokerServicer):
         store: BrokerStore,
         broker: Broker,
         auth: Authenticator,
+        graph_metrics: GraphMetricsStore,
     ):
         self._rt = runtime
         self._store = store
         self._broker = broker
         self._auth = auth
+        self._graph_metrics = graph_metrics
 
     async def _who(self, context) -> Principal:
         principal = await self._auth.authenticate(context.invocation_metadata())
@@ -429,6 +442,88 @@ class CoreBrokerServicer(core_broker_pb2_grpc.CoreBrokerServicer):
         finally:
             hub.unsubscribe(sub)
 
+    # -- graph plans (GF-1 … GF-7) ------------------------------------------------------
+
+    async def PlanGraph(self, request: pb.PlanGraphRequest, context) -> graph_pb2.GraphPlan:
+        await self._who(context)
+        plan = plan_graph(request.graph, unfolded=request.unfolded)
+        _annotate(
+            graph_id=plan.graph_id,
+            folded_sets=len(plan.folded_sets),
+            processes_before=plan.processes_before,
+            processes_after=plan.processes_after,
+        )
+        return plan_to_proto(plan)
+
+    async def ReserveGraph(self, request: pb.ReserveGraphRequest, context) -> pb.GraphReservation:
+        principal = await self._who(context)
+        app = require_application(principal)
+        plan = plan_graph(request.graph, unfolded=request.unfolded)
+        processes = process_requests(plan, request.per_process)
+        if len(processes) > MAX_BATCH_REQUESTS:
+            raise InvalidArgument(
+                "graph",
+                f"its plan has {len(processes)} processes; at most {MAX_BATCH_REQUESTS} "
+                "can be reserved together",
+            )
+        # Each process's reservation goes through the broker's own path (GF-4),
+        # as one all-or-nothing group unless the caller allows otherwise.
+        records = await self._broker.reserve(
+            app,
+            [core_request(p.request, principal, "per_process") for p in processes],
+            [stored_request(p.request) for p in processes],
+            ["per_process"] * len(processes),
+            all_or_nothing=not request.allow_partial,
+            on_decided=_annotate_batch,
+        )
+        out = graph_reservation(
+            request.per_process.reservation_id,
+            plan,
+            processes,
+            [reservation_out(*r, p.request) for r, p in zip(records, processes, strict=True)],
+        )
+        _annotate(
+            graph_id=plan.graph_id,
+            reservation_id=out.reservation_id,
+            processes=len(processes),
+            complete=out.complete,
+        )
+        self._rt.log.info(
+            "graph %s: %d processes for %s, %s",
+            plan.graph_id,
+            len(processes),
+            app,
+            "reserved" if out.complete else "not all reserved",
+        )
+        return out
+
+    async def ReportGraphMetrics(
+        self, request: pb.ReportGraphMetricsRequest, context
+    ) -> pb.ReportGraphMetricsResponse:
+        app = require_application(await self._who(context))
+        check_metrics(request.metrics)
+        m = request.metrics
+        runs = await self._graph_metrics.put(app, m, self._broker.now_ms())
+        _annotate(graph_id=m.graph_id, run_id=m.run_id, components=len(m.components))
+        return pb.ReportGraphMetricsResponse(graph_id=m.graph_id, run_id=m.run_id, runs=runs)
+
+    async def GetGraphMetrics(
+        self, request: pb.GetGraphMetricsRequest, context
+    ) -> graph_pb2.GraphRunMetrics:
+        principal = await self._who(context)
+        if not GRAPH_ID.match(request.graph_id):
+            raise InvalidArgument("graph_id", GRAPH_ID_RULE)
+        if request.run_id:
+            check_id(request.run_id, "run_id")
+        owner, metrics = await self._graph_metrics.get(request.graph_id, request.run_id)
+        if not principal.is_operator and owner != principal.application_id:
+            raise PermissionDenied(
+                f'graph "{request.graph_id}" belongs to another application',
+                reason="GRAPH_OF_ANOTHER_APPLICATION",
+            )
+        _annotate(graph_id=request.graph_id, run_id=metrics.run_id)
+        return only_components(metrics, request.components)
+
 
 def _kind_filter(value: int, field: str) -> str:
     try:
@@ -462,7 +557,8 @@ async def build(runtime: Runtime[CoreBrokerSettings]) -> list[ServiceDefinition]
         runtime.log.warning(
             "LIGHTPATH_CB_OPERATOR_TOKEN is empty: devices and applications cannot be registered"
         )
-    servicer = CoreBrokerServicer(runtime, store, broker, auth)
+    graph_metrics = GraphMetricsStore(runtime.redis, runs_kept=s.graph_runs_kept)
+    servicer = CoreBrokerServicer(runtime, store, broker, auth, graph_metrics)
     return [
         ServiceDefinition(
             SERVICE_NAME, servicer, core_broker_pb2_grpc.add_CoreBrokerServicer_to_server

@@ -125,6 +125,13 @@ class CoreBrokerSettings(CommonSettings):
         parse=parse_positive_float,
     )
 
+    graph_runs_kept: int = setting(
+        "LIGHTPATH_CB_GRAPH_RUNS_KEPT",
+        100,
+        "runs of each graph whose per-component metrics are kept (GF-6)",
+        parse=_positive_int,
+    )
+
     def priority_function(self) -> PriorityFunction:
         return PriorityFunction(
             mix=parse_weights(self.priority_mix),

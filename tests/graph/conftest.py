@@ -1,0 +1,3 @@
+"""The core broker's fixtures, for the graph RPCs' contract tests."""
+
+from tests.core_broker.conftest import broker  # noqa: F401 - a pytest fixture
