@@ -175,16 +175,23 @@ async def test_two_replicas_under_concurrent_load_never_over_commit(redis_url, r
 
 async def test_expiry_notifications_reach_a_watch_on_the_other_replica_once(redis_url):
     async with running_broker(redis_url) as a, running_broker(redis_url) as b:
-        await a.device("g1", 8)
+        await a.device("g1", 9)
         app = await a.app("cam")
+        # r0 exists before the watch, so the watch opens with it as CURRENT: once that
+        # arrives the subscription is live and r1, r2 cannot slip in before it.
+        await a.reserve(app, "r0", 1, 30)
         stream = b.stub.WatchReservations(pb.WatchReservationsRequest(), metadata=app)
+        first = await stream.read()
+        assert (first.reservation.reservation_id, first.type) == (
+            "r0",
+            pb.RESERVATION_EVENT_TYPE_CURRENT,
+        )
         await a.reserve(app, "r1", 4, 0.3)
         await a.reserve(app, "r2", 4, 0.5)
         events = []
-        async for ev in stream:
+        while sum(t == "RESERVATION_EVENT_TYPE_ENDED" for _, t in events) < 2:
+            ev = await stream.read()
             events.append((ev.reservation.reservation_id, pb.ReservationEventType.Name(ev.type)))
-            if sum(t.endswith("_ENDED") and not t.endswith("PART_ENDED") for _, t in events) == 2:
-                break
         stream.cancel()
         for rid in ("r1", "r2"):
             kinds = [t for r, t in events if r == rid]

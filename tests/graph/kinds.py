@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import time
+from pathlib import Path
 from typing import Any, ClassVar
 
 from lightpath.graph.components import Blip, Component, ComponentError, Record
@@ -67,9 +69,23 @@ class Spin(Component):
         self._out(record)
 
 
+def _wait_for_checkpoints(wait_for: str, timeout: float = 30.0) -> None:
+    directory, _, instances = wait_for.rpartition(":")
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        saved = {p.name.rsplit(".", 2)[0] for p in Path(directory).glob("*.ckpt")}
+        if len(saved) >= int(instances):
+            return
+        time.sleep(0.01)
+
+
 class CrashOnce(Component):
     """Passes records on; at record `at`, if the file `flag` exists, removes it and
-    fails: with `how` = "error" by raising, "exit" by killing its process."""
+    fails: with `how` = "error" by raising, "exit" by killing its process.
+
+    With `wait_for` = "<checkpoint dir>:<instances>" it first waits (up to 30 s)
+    until that many set instances have each saved a checkpoint, so the crash
+    surely comes after a complete checkpoint rather than racing the blips."""
 
     def start(self) -> None:
         self._out = self.outputs["out"]
@@ -80,6 +96,8 @@ class CrashOnce(Component):
     def compute(self, port: str, record: Record) -> None:
         self.count += 1
         if self.count == self._at and os.path.exists(self._flag):
+            if "wait_for" in self.params:
+                _wait_for_checkpoints(self.params["wait_for"])
             os.unlink(self._flag)
             if self.params.get("how") == "exit":
                 os._exit(9)

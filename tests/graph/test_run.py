@@ -137,7 +137,13 @@ def test_checkpoints_align_across_repartitioned_channels_and_resume(tmp_path):
                     degree=3,
                     input_ports=("in",),
                     output_ports=("out",),
-                    params={"at": "700", "flag": str(flag), "how": "exit"},
+                    params={
+                        "at": "700",
+                        "flag": str(flag),
+                        "how": "exit",
+                        # read x1, crash+roll x3, order x1: crash after all five saved one
+                        "wait_for": f"{tmp_path / 'run' / 'checkpoints'}:5",
+                    },
                 ),
                 ComponentSpec(
                     "roll", "hash_rollup", degree=3, params={"key": "name", "sum": "amount"}
