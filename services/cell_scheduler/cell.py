@@ -156,6 +156,7 @@ class CellScheduler:
         self._endpoints: dict[str, str] = {}
         self._kick = asyncio.Event()
         self._reconciling: set[str] = set()
+        self._tasks: set[asyncio.Future] = set()  # forwards that outlive their caller
 
     def now_ms(self) -> int:
         return int(self._clock() * 1000)
@@ -267,7 +268,7 @@ class CellScheduler:
             ]
             for t in req.transitions
         ]
-        known, ack, returned, grew = await self.store.report(
+        known, ack, returned, wake = await self.store.report(
             req.pod_id,
             endpoint=req.endpoint,
             now_ms=self.now_ms(),
@@ -287,7 +288,7 @@ class CellScheduler:
             await self._pod_returned(req.pod_id, req.endpoint)
         elif req.resync:
             self._spawn(self.reconcile_pod(req.pod_id), f"resync {req.pod_id}")
-        if grew or returned:
+        if wake or returned:
             self.kick()
         return cell_scheduler_pb2.ReportPodStatusResponse(
             events_ack=ack, status=cell_scheduler_pb2.POD_STATUS_READY
@@ -399,12 +400,22 @@ class CellScheduler:
             )
             if ok != 1:
                 continue  # the id appeared meanwhile, or the blocks went to another forward
-            return await self._forward(
-                job_id, canonical, token, choice.candidates, resolved, views, created=True
+            # Claimed: the forward runs to its end even if this caller goes away (a client
+            # deadline), so a retry finds the job settled rather than a stalled claim.
+            return await self._detached(
+                self._forward(
+                    job_id, canonical, token, choice.candidates, resolved, views, created=True
+                )
             )
         raise Aborted(
             f"job {job_id}: the cell kept changing while placing it; retry", reason="BUSY"
         )
+
+    async def _detached(self, coro):
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return await asyncio.shield(task)
 
     def _forward_window_ms(self) -> int:
         return int(self.forward_timeout_s * 1000) + FORWARD_GRACE_MS

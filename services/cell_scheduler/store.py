@@ -166,17 +166,17 @@ local prefix, pod, endpoint, now = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local cap, version, free_json, after, upto, trs = ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARGV[9], ARGV[10]
 if redis.call("HEXISTS", prefix .. "pods", pod) == 0 then return {-1, "", 0, 0} end
 local returned = alive(prefix, pod, endpoint, now)
-local grew = 0
+local wake = 0
 local old = redis.call("HGET", prefix .. "capver", pod) or ""
 if version >= old then
+  local changed = redis.call("HGET", prefix .. "capacity", pod) ~= cap
   redis.call("HSET", prefix .. "capacity", pod, cap)
   redis.call("HSET", prefix .. "capver", pod, version)
   for t, n in pairs(cjson.decode(free_json)) do
-    local k = pod .. "|" .. t
-    local before = tonumber(redis.call("HGET", prefix .. "free", k) or "0")
-    if n > before then grew = 1 end
-    redis.call("HSET", prefix .. "free", k, n)
+    redis.call("HSET", prefix .. "free", pod .. "|" .. t, n)
   end
+  -- New capacity and jobs waiting in the cell queue: time for a dispatch pass.
+  if changed and redis.call("ZCARD", prefix .. "queue") > 0 then wake = 1 end
 end
 local ack = redis.call("HGET", prefix .. "ack", pod) or ""
 local down = redis.call("SISMEMBER", prefix .. "down", pod) == 1
@@ -201,7 +201,7 @@ if after <= ack then
     redis.call("HSET", prefix .. "ack", pod, ack)
   end
 end
-return {1, ack, returned, grew}
+return {1, ack, returned, wake}
 """
 )
 
@@ -560,8 +560,9 @@ class CellStore:
         until: str,
         transitions: Sequence[Sequence[Any]],
     ) -> tuple[bool, str, bool, bool]:
-        """Apply a heartbeat: (known pod, ack, came back from silent, free capacity grew)."""
-        ok, ack, returned, grew = await self._run(
+        """Apply a heartbeat: (known pod, ack, came back from silent, the cell queue should
+        be looked at again)."""
+        ok, ack, returned, wake = await self._run(
             self._report,
             pod_id,
             endpoint,
@@ -573,7 +574,7 @@ class CellStore:
             pad_id(until),
             json.dumps([[pad_id(t[0]), *t[1:]] for t in transitions]),
         )
-        return int(ok) == 1, unpad_id(ack), bool(int(returned)), bool(int(grew))
+        return int(ok) == 1, unpad_id(ack), bool(int(returned)), bool(int(wake))
 
     async def snapshot(self, job_id: str | None = None, *, queue: bool = True) -> RegistrySnapshot:
         async with self.redis.pipeline(transaction=False) as pipe:

@@ -126,6 +126,15 @@ class Cell:
 
         await self.wait_for(check, what=f"{pod_id} reporting {free} free {node_type}")
 
+    async def wait_capacity(self, pod_id: str, check, what: str) -> cs.Pod:
+        """Until the pod's reported capacity satisfies check(PodCapacity)."""
+
+        async def ok():
+            pod = (await self.pods_view())[pod_id]
+            return pod if check(pod.capacity) else None
+
+        return await self.wait_for(ok, what=what)
+
     async def wait_state(self, job_id: str, state: int, timeout: float = 15.0) -> cs.CellJob:
         async def check():
             job = await self.job(job_id)
