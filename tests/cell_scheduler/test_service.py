@@ -320,7 +320,7 @@ async def test_list_by_tenant_state_and_pod_with_pages(cell2):
     assert all(j.tenant == "acme" for j in running.jobs)
     on_b = await cell2.cell.ListJobs(cs.ListCellJobsRequest(pod_id="pod-b"))
     expect = {
-        j for j in seen + ["zeta-0", "zeta-1", "zeta-2"] if (await cell2.job(j)).pod_id == "pod-b"
+        j for j in [*seen, "zeta-0", "zeta-1", "zeta-2"] if (await cell2.job(j)).pod_id == "pod-b"
     }
     assert {j.job_id for j in on_b.jobs} == expect and expect
     err = await rpc_error(cell2.cell.ListJobs(cs.ListCellJobsRequest(page_token="nope")))
