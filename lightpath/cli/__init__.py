@@ -12,7 +12,12 @@ import sys
 
 from lightpath import __version__
 
-COMMAND_MODULES = ("lightpath.cli.stack", "lightpath.cli.ocs", "lightpath.cli.pod")
+COMMAND_MODULES = (
+    "lightpath.cli.stack",
+    "lightpath.cli.ocs",
+    "lightpath.cli.pod",
+    "lightpath.cli.cell",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -5,8 +5,10 @@
     lightpath pod pod-1 --events     # follow job transitions and block health changes
     lightpath rings 8x8x4 --data 8 --pipeline 4 --layer 8 [--json]
 
-These talk to the pod's workload scheduler directly: the `ws-<pod>` process of
-the local stack, or --addr / $LIGHTPATH_WS_ADDR.
+`pod` goes through the cell scheduler (the local stack's, or --cell /
+$LIGHTPATH_CELL_ADDR), which relays the pod's view: no pod address is needed.
+`rings` asks a pod's workload scheduler directly (the `ws-<pod>` process of the
+local stack, or --addr / $LIGHTPATH_WS_ADDR): it plans, it changes nothing.
 """
 
 from __future__ import annotations
@@ -14,7 +16,6 @@ from __future__ import annotations
 import argparse
 import math
 import string
-import sys
 
 from lightpath.cli._common import add_json_flag, print_json, run_rpc
 from lightpath.client import channel
@@ -27,7 +28,7 @@ JOB_SYMBOLS = string.ascii_uppercase + string.ascii_lowercase + string.digits
 def register(sub: argparse._SubParsersAction) -> None:
     pod = sub.add_parser("pod", help="a superpod's block map, counts and jobs (seed Fig. 2)")
     pod.add_argument("pod_id", help="e.g. pod-1")
-    pod.add_argument("--addr", help="workload scheduler host:port (default: the local stack's)")
+    pod.add_argument("--cell", help="cell scheduler host:port (default: the local stack's)")
     pod.add_argument(
         "--events", action="store_true", help="follow the pod's job and block events (Ctrl-C ends)"
     )
@@ -60,29 +61,35 @@ def scheduler_address(pod_id: str, addr: str | None) -> str:
 
 
 def cmd_pod(args: argparse.Namespace) -> int:
-    address = scheduler_address(args.pod_id, args.addr)
+    from lightpath.cli.cell import STATUS, cell_address
+    from lightpath.v1 import cell_scheduler_pb2, cell_scheduler_pb2_grpc
+
+    address = cell_address(args.cell)
 
     async def run() -> int:
         async with channel(address, default_timeout=None if args.events else 10.0) as ch:
-            stub = workload_scheduler_pb2_grpc.WorkloadSchedulerStub(ch)
+            cell = cell_scheduler_pb2_grpc.CellSchedulerStub(ch)
             if args.events:
-                async for event in stub.WatchPod(workload_scheduler_pb2.WatchPodRequest()):
+                request = cell_scheduler_pb2.WatchCellPodRequest(pod_id=args.pod_id)
+                async for event in cell.WatchPod(request):
                     if args.json:
                         print_json(event)
                     else:
                         print(describe_event(event), flush=True)
                 return 0
-            view = await stub.GetPod(workload_scheduler_pb2.GetPodRequest())
-            if view.pod_id != args.pod_id:
-                print(
-                    f"error: {address} serves pod {view.pod_id}, not {args.pod_id}",
-                    file=sys.stderr,
-                )
-                return 1
+            pod = await cell.GetPod(
+                cell_scheduler_pb2.GetCellPodRequest(pod_id=args.pod_id, include_view=True)
+            )
             if args.json:
-                print_json(view)
-            else:
-                print(render_pod(view))
+                print_json(pod)
+                return 0
+            print(render_pod(pod.view))
+            status = STATUS.get(pod.status, "?")
+            print(
+                f"cell:   {status}{f' ({pod.status_reason})' if pod.status_reason else ''}, "
+                f"{pod.cell_jobs} live job(s) placed by the cell, scheduler at "
+                f"{pod.registration.endpoint}"
+            )
             return 0
 
     try:

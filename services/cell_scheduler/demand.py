@@ -10,7 +10,8 @@ slice so the work is done by then:
     blocks = ceil(chips / chips per block)                 (at least one block)
     grid   = the most compact arrangement of exactly `blocks` blocks
 
-`flops_per_chip` is the node type's throughput, an operator setting
+The time left is read when the job is placed (a job that waited gets a larger
+slice). `flops_per_chip` is the node type's throughput, an operator setting
 (LIGHTPATH_CELL_NODE_FLOPS: what one chip sustains on such work, not a
 datasheet peak, if the operator knows better). The fewest blocks that meet
 the deadline are taken, never more: an optical fabric wires any arrangement
@@ -73,7 +74,7 @@ def chips_needed(
     if not math.isfinite(raw) or raw > MAX_DERIVED_BLOCKS * 1_000_000:
         raise ValueError("the demand is too large for any cell")
     # A hair of float noise must not cost a whole extra chip.
-    return max(1, math.ceil(raw - 1e-9))
+    return max(1, math.ceil(raw * (1 - 1e-12)))
 
 
 def compact_grid(blocks: int, dims: int) -> Grid:

@@ -204,7 +204,12 @@ async def test_a_higher_priority_goes_where_lower_priority_work_can_give_way(cel
     ]
     victim = await cell2.wait_state("low", c.JOB_STATE_PREEMPTED)
     assert "urgent" in victim.reason
-    # Nobody may take prod's blocks: at priority 80 with pod-a busy again, a job waits.
+    # Nobody may take prod's blocks, nor urgent's at its own priority: a job waits.
+    await cell2.wait_capacity(
+        "pod-a",
+        lambda cap: dict(cap.types[0].preemptible_by_priority) == {80: 4},
+        "pod-a reporting urgent's blocks",
+    )
     waits = await cell2.submit("waits", (8, 8, 8), priority=80)
     assert waits.job.state == PENDING and "0 held by lower-priority work" in waits.job.reason
 
