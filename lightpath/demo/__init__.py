@@ -46,9 +46,9 @@ Scenario = Callable[[DemoContext], Awaitable[None]]
 
 
 def scenarios() -> list[Scenario]:
-    from lightpath.demo import foundation, ocs, workload
+    from lightpath.demo import cell, foundation, ocs
 
-    return [foundation.run, ocs.run, workload.run]
+    return [foundation.run, ocs.run, cell.run]
 
 
 async def run_demo(endpoints: dict[str, str]) -> int:

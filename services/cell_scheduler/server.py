@@ -52,6 +52,8 @@ def cell_job_pb(cell: CellScheduler, view: JobView) -> cell_scheduler_pb2.CellJo
         created_at=_ts(r.created_ms),
         updated_at=_ts(r.updated_ms),
     )
+    if not r.chips and req.spec.unit != common_pb2.SHAPE_UNIT_BLOCKS:
+        out.chips.dims.extend(req.spec.shape.dims)  # waiting in the cell: the shape asked for
     if has_demand(req):
         out.demand.CopyFrom(req.demand)
     if view.pod_job is not None:

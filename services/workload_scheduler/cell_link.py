@@ -145,6 +145,7 @@ class CellReporter:
         redis = sched.store.redis
         await self._register(sched)
         seen = self._ack
+        await self._report(sched)  # the cell plans with capacity: report it right away
         while True:
             got = await redis.xread(
                 {stream: seen}, block=int(self._settings.cell_heartbeat_s * 1000), count=1000

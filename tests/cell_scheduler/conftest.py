@@ -66,6 +66,7 @@ class Cell:
     pods: dict[str, Pod]
     redis_url: str
     cell_addresses: list[str] = field(default_factory=list)
+    ocs_addresses: dict[str, str] = field(default_factory=dict)  # "ocs-<pod>" -> address
     stack: contextlib.AsyncExitStack | None = None
     tracer_providers: dict[str, Any] = field(default_factory=dict)
 
@@ -170,6 +171,7 @@ def pod_env(pod_id: str, blocks: int, k: int = 1) -> dict[str, str]:
         "LIGHTPATH_FABRIC_BLOCK_SHAPE": "4x4x4",
         "LIGHTPATH_FABRIC_BLOCKS": str(blocks),
         "LIGHTPATH_FABRIC_OCS_PER_AXIS": str(k),
+        "LIGHTPATH_FABRIC_OCS_RADIX": str(max(136, 3 * blocks)),
     }
 
 
@@ -203,7 +205,9 @@ async def cell_stack(
             ch = await stack.enter_async_context(channel(svc.address, max_attempts=1))
             cells.append(cell_scheduler_pb2_grpc.CellSchedulerStub(ch))
             addresses.append(svc.address)
-        cell = Cell(cells, {}, redis_url, addresses, stack, providers)
+        cell = Cell(
+            cells, {}, redis_url, cell_addresses=addresses, stack=stack, tracer_providers=providers
+        )
         for pod_id, blocks, types in pods:
             ocs_svc = await stack.enter_async_context(
                 serve(
@@ -214,6 +218,7 @@ async def cell_stack(
                 )
             )
             ocs_ch = await stack.enter_async_context(channel(ocs_svc.address, max_attempts=1))
+            cell.ocs_addresses[f"ocs-{pod_id}"] = ocs_svc.address
             env = {
                 "LIGHTPATH_POD_ID": pod_id,
                 "LIGHTPATH_OCS_ADDR": ocs_svc.address,
