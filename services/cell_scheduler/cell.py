@@ -86,6 +86,7 @@ from services.cell_scheduler.store import (
 )
 
 MAX_PLAN_ATTEMPTS = 4
+REGISTRY_TTL_S = 0.2
 POLL_S = 0.02
 # Forwards get this long beyond their own deadline before another replica takes them over.
 FORWARD_GRACE_MS = 5_000
@@ -152,11 +153,14 @@ class CellScheduler:
         self._models: dict[str, PodModel] = {}  # by registration (base64)
         self._capacities: dict[str, cell_scheduler_pb2.PodCapacity] = {}  # by report (base64)
         self._requests: dict[tuple[str, str], cell_scheduler_pb2.SubmitJobRequest] = {}
-        self._resolved: dict[tuple[str, str, str], Resolved | InvalidArgument] = {}
+        self._resolved: dict[tuple[bytes, str, str], Resolved | InvalidArgument] = {}
         self._endpoints: dict[str, str] = {}
         self._kick = asyncio.Event()
         self._reconciling: set[str] = set()
         self._tasks: set[asyncio.Future] = set()  # forwards that outlive their caller
+        self._snap: RegistrySnapshot | None = None
+        self._snap_at = 0.0
+        self._placed: dict[str, str] = {}  # job -> pod, for jobs this replica saw placed
 
     def now_ms(self) -> int:
         return int(self._clock() * 1000)
@@ -167,6 +171,29 @@ class CellScheduler:
     def kick(self) -> None:
         """Ask this replica's dispatcher for a pass over the cell queue soon."""
         self._kick.set()
+
+    async def _registry(self, *, fresh: bool = False) -> RegistrySnapshot:
+        """The registry and the cell queue, read at most every REGISTRY_TTL_S for
+        submissions (what this replica places and ends meanwhile is assumed in it; the
+        claim script checks what a decision needs: free blocks, an empty queue)."""
+        if fresh or self._snap is None or time.monotonic() - self._snap_at > REGISTRY_TTL_S:
+            self._snap = await self.store.snapshot()
+            self._snap_at = time.monotonic()
+        return self._snap
+
+    def _assume(self, pod: str, needs: Mapping[str, int], sign: int) -> None:
+        """Blocks this replica just took (-1) or freed (+1) on a pod, in its cached registry."""
+        if self._snap is not None:
+            for t, n in needs.items():
+                key = f"{pod}|{t}"
+                if key in self._snap.free:
+                    self._snap.free[key] += sign * n
+
+    def _remember(self, record: CellJobRecord) -> None:
+        """Where a placed job is (a job never leaves the pod it was placed on)."""
+        if len(self._placed) > CACHE_LIMIT:
+            self._placed.clear()
+        self._placed[record.job_id] = record.pod
 
     # == the registry (CS-1) ======================================================
 
@@ -335,18 +362,22 @@ class CellScheduler:
         canonical.validate_only = False
         request_b64 = b64(canonical.SerializeToString(deterministic=True))
         for attempt in range(MAX_PLAN_ATTEMPTS):
-            snap = await self.store.snapshot(job_id)
-            if snap.existing:
-                record = CellJobRecord.of(job_id, snap.existing)
-                assert record is not None
-                return await self._existing(record, request_b64, validate_only=req.validate_only)
+            snap = await self._registry(fresh=attempt > 0)
+            if snap.queue and attempt == 0:
+                snap = await self._registry(fresh=True)  # decide with the queue as it is
             now = self.now_ms()
             resolved, choice, views, priority = await self._plan_new(canonical, snap, now)
             if req.validate_only:
+                existing = await self.store.job(job_id)
+                if existing is not None:
+                    return await self._existing(existing, request_b64, validate_only=True)
                 return await self._dry_run(canonical, resolved, choice, snap)
             tenant = tenant_of(req)
             if not choice.candidates:
                 if req.spec.when_no_capacity == FAIL:
+                    existing = await self.store.job(job_id)
+                    if existing is not None:
+                        return await self._existing(existing, request_b64)
                     raise ResourceExhausted(
                         f"job {job_id} cannot be placed now and asked not to wait: "
                         f"{choice.why_waiting}",
@@ -364,8 +395,8 @@ class CellScheduler:
                     check_free=False,
                     reason=f"queued in the cell: {choice.why_waiting}",
                 )
-                if ok != 1:
-                    continue
+                if ok == 0:
+                    return await self._existing(await self._record(job_id), request_b64)
                 record = await self._record(job_id)
                 position = await self.store.queue_position(job_id)
                 self.log.info(
@@ -397,9 +428,13 @@ class CellScheduler:
                 # the pod's own admission decides.
                 check_free=first.how == FITS and attempt < MAX_PLAN_ATTEMPTS - 1,
                 reason=f"forwarding to pod {first.pod_id}: {first.reason}",
+                expect_empty_queue=not snap.queue,
             )
+            if ok == 0:
+                return await self._existing(await self._record(job_id), request_b64)
             if ok != 1:
-                continue  # the id appeared meanwhile, or the blocks went to another forward
+                continue  # the blocks went to others, or jobs wait in the cell queue
+            self._assume(first.pod_id, r.needs, -1)
             # Claimed: the forward runs to its end even if this caller goes away (a client
             # deadline), so a retry finds the job settled rather than a stalled claim.
             return await self._detached(
@@ -441,16 +476,22 @@ class CellScheduler:
         registrations: Mapping[str, str],
         now: int,
     ) -> tuple[dict[str, Resolved], dict[str, InvalidArgument]]:
+        """Per pod, what the job would be there. Requests that differ only in their job id
+        resolve alike: resolved once per request content and pod registration."""
         if has_demand(req):  # depends on the time left: never cached
             return resolve_all(req, models, now_ms=now, node_flops=self.node_flops)
+        template = cell_scheduler_pb2.SubmitJobRequest()
+        template.CopyFrom(req)
+        template.spec.job_id = "_"
+        content = template.SerializeToString(deterministic=True)
         ok: dict[str, Resolved] = {}
         bad: dict[str, InvalidArgument] = {}
         for pod_id, model in models.items():
-            key = (job_id, pod_id, registrations[pod_id])
+            key = (content, pod_id, registrations[pod_id])
             got = self._resolved.get(key)
             if got is None:
                 one_ok, one_bad = resolve_all(
-                    req, {pod_id: model}, now_ms=now, node_flops=self.node_flops
+                    template, {pod_id: model}, now_ms=now, node_flops=self.node_flops
                 )
                 got = one_ok.get(pod_id) or one_bad[pod_id]
                 if len(self._resolved) > CACHE_LIMIT:
@@ -459,7 +500,10 @@ class CellScheduler:
             if isinstance(got, InvalidArgument):
                 bad[pod_id] = got
             else:
-                ok[pod_id] = got
+                spec = workload_scheduler_pb2.JobSpec()
+                spec.CopyFrom(got.spec)
+                spec.job_id = job_id
+                ok[pod_id] = replace(got, spec=spec)
         return ok, bad
 
     async def _plan_new(
@@ -555,6 +599,7 @@ class CellScheduler:
                 )
                 if ok != 1:
                     break  # a dispatcher took it meanwhile, or that pod's blocks went elsewhere
+                self._assume(pod, r.needs, -1)
             try:
                 resp = await self.call(
                     pod,
@@ -563,6 +608,7 @@ class CellScheduler:
                     timeout=self.forward_timeout_s,
                 )
             except PodRefused as err:
+                self._assume(pod, r.needs, +1)
                 last = f"pod {pod} refused it: {err.report.message}"
                 await self.store.unbind(
                     job_id,
@@ -576,6 +622,7 @@ class CellScheduler:
                 self.log.info("job %s: %s", job_id, last, extra={"job_id": job_id})
                 continue
             except PodUnreachable as err:
+                self._assume(pod, r.needs, +1)
                 last = f"pod {pod} did not answer ({err.code.name})"
                 await self.store.mark_suspect(pod, self.now_ms() + self.pod_timeout_ms)
                 await self.store.unbind(
@@ -592,7 +639,7 @@ class CellScheduler:
                 )
                 continue
             job = resp.job
-            done, _ = await self.store.placed(
+            placed = await self.store.placed(
                 job_id,
                 token=token,
                 pod=pod,
@@ -602,9 +649,11 @@ class CellScheduler:
                 fields=self._fields(self._b64_of(req), r, cand, r.priority),
                 now_ms=self.now_ms(),
             )
-            record = await self._record(job_id)
-            if done:
-                self.log.info(
+            record = placed or await self._record(job_id)
+            if record.phase == PLACED:
+                self._remember(record)
+            if placed:
+                self.log.debug(
                     "job %s placed on pod %s (%s): %s",
                     job_id,
                     pod,
@@ -766,6 +815,7 @@ class CellScheduler:
             )
             if ok != 1:
                 continue  # another replica took it
+            self._assume(first.pod_id, r.needs, -1)
             # The stored fields name the pod now; _forward stores them again when placed.
             forwards.append(
                 self._forward(
@@ -812,25 +862,19 @@ class CellScheduler:
     async def _mirror(
         self, record: CellJobRecord, job: workload_scheduler_pb2.Job
     ) -> CellJobRecord:
+        """Follow a pod's answer about one of its jobs (GetJob, reconcile)."""
         n = len(job.history)
-        state = state_name(job.state)
-        if n >= record.n:
-            await self.store.mirror(
-                record.job_id,
-                pod=record.pod,
-                state=state,
-                n=n,
-                reason=job.reason,
-                now_ms=self.now_ms(),
-            )
-            record = replace(
-                record,
-                pod_state=state,
-                n=n,
-                reason=job.reason,
-                state=record.state if record.state == "UNKNOWN" else state,
-            )
-        return record
+        if n < record.n:
+            return record
+        _, _, after, _ = await self.store.mirror(
+            record.job_id,
+            pod=record.pod,
+            state=state_name(job.state),
+            n=n,
+            reason=job.reason,
+            now_ms=self.now_ms(),
+        )
+        return after or record
 
     async def get(self, job_id: str, *, include_rings: bool = False) -> JobView:
         return await self.view(await self._record(job_id), include_rings=include_rings)
@@ -875,7 +919,17 @@ class CellScheduler:
         return out, before if more else None
 
     async def complete(self, job_id: str) -> JobView:
+        pod = self._placed.get(job_id) or await self._placed_pod(job_id, "complete")
+        return await self._on_pod(
+            job_id, pod, "CompleteJob", workload_scheduler_pb2.CompleteJobRequest(job_id=job_id)
+        )
+
+    async def _placed_pod(self, job_id: str, what: str) -> str:
+        """The pod of a job that is on one, else why it cannot be completed or cancelled there."""
         record = await self._settled(await self._record(job_id))
+        if record.phase == PLACED:
+            self._remember(record)
+            return record.pod
         if record.phase == QUEUED:
             raise FailedPrecondition(
                 f"job {job_id}",
@@ -886,15 +940,13 @@ class CellScheduler:
             raise FailedPrecondition(
                 f"job {job_id}", f"already ended: {record.state}", reason="JOB_ENDED"
             )
-        if record.phase == FORWARDING:
-            raise Aborted(f"job {job_id} is still being placed; retry", reason="BUSY")
-        return await self._on_pod(
-            record,
-            "CompleteJob",
-            workload_scheduler_pb2.CompleteJobRequest(job_id=job_id),
-        )
+        raise Aborted(f"job {job_id} is still being placed; retry", reason="BUSY")
 
     async def cancel(self, job_id: str, reason: str) -> JobView:
+        request = workload_scheduler_pb2.CancelJobRequest(job_id=job_id, reason=reason)
+        pod = self._placed.get(job_id)
+        if pod:
+            return await self._on_pod(job_id, pod, "CancelJob", request)
         for _ in range(MAX_PLAN_ATTEMPTS):
             record = await self._settled(await self._record(job_id))
             if record.phase == QUEUED:
@@ -915,21 +967,33 @@ class CellScheduler:
                     f"job {job_id}", f"already ended: {record.state}", reason="JOB_ENDED"
                 )
             if record.phase == PLACED:
-                view = await self._on_pod(
-                    record,
-                    "CancelJob",
-                    workload_scheduler_pb2.CancelJobRequest(job_id=job_id, reason=reason),
-                )
-                self.kick()
-                return view
+                self._remember(record)
+                return await self._on_pod(job_id, record.pod, "CancelJob", request)
         raise Aborted(f"job {job_id} is still being placed; retry", reason="BUSY")
 
-    async def _on_pod(self, record: CellJobRecord, method: str, request: Any) -> JobView:
+    async def _on_pod(self, job_id: str, pod: str, method: str, request: Any) -> JobView:
+        """Complete or cancel on the job's pod; the cell follows the answer, and counts the
+        blocks the job held as free until the pod reports (then jobs waiting may go)."""
         try:
-            job = await self.call(record.pod, method, request)
+            job = await self.call(pod, method, request)
         except PodCallError as err:
             raise err.relayed() from None
-        return JobView(await self._mirror(record, job), job)
+        _, queued, record, freed = await self.store.mirror(
+            job_id,
+            pod=pod,
+            state=state_name(job.state),
+            n=len(job.history),
+            reason=job.reason,
+            now_ms=self.now_ms(),
+            ended_here=True,
+        )
+        if record is None:
+            record = await self._record(job_id)
+        if freed:
+            self._assume(pod, record.needs, +1)
+        if queued:
+            self.kick()  # blocks were freed and jobs wait in the cell queue
+        return JobView(record, job)
 
     async def report_block_health(
         self, pod_id: str, block_id: int, health: int, reason: str

@@ -92,20 +92,23 @@ class PodClients:
         self._tracer_provider = tracer_provider
         self._max_attempts = max_attempts
         self._channels: dict[str, grpc.aio.Channel] = {}
+        self._stubs: dict[str, workload_scheduler_pb2_grpc.WorkloadSchedulerStub] = {}
 
     def stub(self, endpoint: str) -> workload_scheduler_pb2_grpc.WorkloadSchedulerStub:
-        ch = self._channels.get(endpoint)
-        if ch is None:
+        stub = self._stubs.get(endpoint)
+        if stub is None:
             ch = channel(
                 endpoint,
                 tracer_provider=self._tracer_provider,
                 max_attempts=self._max_attempts,
             )
             self._channels[endpoint] = ch
-        return workload_scheduler_pb2_grpc.WorkloadSchedulerStub(ch)
+            stub = self._stubs[endpoint] = workload_scheduler_pb2_grpc.WorkloadSchedulerStub(ch)
+        return stub
 
     async def reset(self, endpoint: str) -> None:
         """Forget a channel (its reconnect backoff may have grown while the pod was away)."""
+        self._stubs.pop(endpoint, None)
         ch = self._channels.pop(endpoint, None)
         if ch is not None:
             await ch.close()

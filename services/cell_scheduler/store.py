@@ -84,8 +84,41 @@ def unb64(text: str) -> bytes:
     return base64.b64decode(text.encode())
 
 
+# The fields of a job record the service reads, in the order scripts return them.
+RECORD_FIELDS = (
+    "req",
+    "tenant",
+    "priority",
+    "seq",
+    "phase",
+    "state",
+    "reason",
+    "pod",
+    "created_ms",
+    "updated_ms",
+    "pod_state",
+    "n",
+    "token",
+    "until",
+    "spec",
+    "chips",
+    "blocks",
+    "derived",
+    "why",
+    "refused",
+    "maybe",
+    "needs",
+)
+
 _PRELUDE = r"""
 local FINAL = {COMPLETED=true, CANCELLED=true, PREEMPTED=true, FAILED=true}
+local RECORD_FIELDS = {"req", "tenant", "priority", "seq", "phase", "state", "reason", "pod", "created_ms", "updated_ms", "pod_state", "n", "token", "until", "spec", "chips", "blocks", "derived", "why", "refused", "maybe", "needs"}
+local function record(jk) return redis.call("HMGET", jk, unpack(RECORD_FIELDS)) end
+-- One HSET of a decoded JSON object's fields plus `more` (a flat field, value list).
+local function hset_all(jk, fields, more)
+  for k, v in pairs(fields) do more[#more + 1] = k; more[#more + 1] = v end
+  redis.call("HSET", jk, unpack(more))
+end
 local function cell_event(prefix, job, from, to, reason, pod, now)
   local jk = prefix .. "job:" .. job
   local n = redis.call("HINCRBY", jk, "nev", 1)
@@ -209,7 +242,7 @@ _CLAIM_NEW = (
     _PRELUDE
     + r"""
 -- ARGV: prefix, job, fields JSON, tenant, pod ("" = queue), needs JSON, token, until, now,
---       check free (0/1), event reason
+--       check free (0/1), event reason, check the cell queue is empty (0/1)
 local prefix, job, fields, tenant, pod = ARGV[1], ARGV[2], cjson.decode(ARGV[3]), ARGV[4], ARGV[5]
 local needs_json, token, upto, now, check, reason = ARGV[6], ARGV[7], ARGV[8], ARGV[9], ARGV[10], ARGV[11]
 local jk = prefix .. "job:" .. job
@@ -217,10 +250,12 @@ if redis.call("EXISTS", jk) == 1 then return {0, redis.call("HGET", jk, "phase")
 if pod ~= "" and check == "1" and not enough_free(prefix, pod, cjson.decode(needs_json)) then
   return {-1, "stale"}
 end
+if ARGV[12] == "1" and redis.call("ZCARD", prefix .. "queue") > 0 then
+  return {-1, "queue"}  -- decided as if nobody waited in the cell queue: decide again
+end
 local seq = redis.call("INCR", prefix .. "seq")
-for k, v in pairs(fields) do redis.call("HSET", jk, k, v) end
-redis.call("HSET", jk, "seq", seq, "tenant", tenant, "state", "PENDING", "reason", reason,
-  "created_ms", now, "updated_ms", now, "n", 0)
+hset_all(jk, fields, {"seq", seq, "tenant", tenant, "state", "PENDING", "reason", reason,
+  "created_ms", now, "updated_ms", now, "n", 0})
 redis.call("ZADD", prefix .. "jobs", seq, job)
 redis.call("ZADD", prefix .. "tenant:" .. tenant .. ":jobs", seq, job)
 if pod ~= "" then
@@ -270,9 +305,9 @@ if hold and (state == "WIRING" or state == "RUNNING") then
   -- Assume the blocks are gone until the pod's next report says how many are free.
   for t, k in pairs(cjson.decode(hold)) do redis.call("HINCRBY", prefix .. "free", pod .. "|" .. t, -k) end
 end
+if hold then redis.call("HSET", jk, "needs", hold) end
 redis.call("ZREM", prefix .. "forwarding", job)
-for k, v in pairs(fields) do redis.call("HSET", jk, k, v) end
-redis.call("HSET", jk, "phase", "PLACED", "token", "", "updated_ms", now)
+hset_all(jk, fields, {"phase", "PLACED", "token", "", "updated_ms", now})
 if n >= tonumber(f[3] or "0") then
   redis.call("HSET", jk, "pod_state", state, "n", n, "reason", reason)
 else
@@ -282,7 +317,7 @@ local down = redis.call("SISMEMBER", prefix .. "down", pod) == 1
 redis.call("HSET", jk, "state", down and "UNKNOWN" or state)
 redis.call("ZADD", prefix .. "pod:" .. pod .. ":jobs", f[4], job)
 if not FINAL[state] then redis.call("SADD", prefix .. "pod:" .. pod .. ":live", job) end
-return {1, state}
+return {1, record(jk)}
 """
 )
 
@@ -338,20 +373,33 @@ return {1, final}
 """
 )
 
-_MIRROR = r"""
--- ARGV: prefix, job, pod, state, n, reason, now
-local prefix, job, pod, state, n, reason, now =
-  ARGV[1], ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[5]), ARGV[6], ARGV[7]
+_MIRROR = (
+    _PRELUDE
+    + r"""
+-- ARGV: prefix, job, pod, state, n, reason, now, ended here (1: the pod's answer to a
+-- complete/cancel through the cell: its blocks are free again)
+local prefix, job, pod, state, n, reason, now, ended =
+  ARGV[1], ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[5]), ARGV[6], ARGV[7], ARGV[8]
 local jk = prefix .. "job:" .. job
-local f = redis.call("HMGET", jk, "pod", "phase", "n")
-if f[1] ~= pod or f[2] ~= "PLACED" or n < tonumber(f[3] or "0") then return 0 end
+local f = redis.call("HMGET", jk, "pod", "phase", "n", "pod_state", "needs")
+if f[1] ~= pod or f[2] ~= "PLACED" or n < tonumber(f[3] or "0") then
+  return {0, 0, record(jk), 0}
+end
 redis.call("HSET", jk, "pod_state", state, "n", n, "reason", reason, "updated_ms", now)
 if redis.call("SISMEMBER", prefix .. "down", pod) == 0 then redis.call("HSET", jk, "state", state) end
-if state == "COMPLETED" or state == "CANCELLED" or state == "PREEMPTED" or state == "FAILED" then
+local final = state == "COMPLETED" or state == "CANCELLED" or state == "PREEMPTED" or state == "FAILED"
+local freed = 0
+if final then
   redis.call("SREM", prefix .. "pod:" .. pod .. ":live", job)
+  if ended == "1" and (f[4] == "RUNNING" or f[4] == "WIRING") and f[5] then
+    -- Assume its blocks are free until the pod's next report says how many are.
+    for t, k in pairs(cjson.decode(f[5])) do redis.call("HINCRBY", prefix .. "free", pod .. "|" .. t, k) end
+    freed = 1
+  end
 end
-return 1
+return {1, redis.call("ZCARD", prefix .. "queue"), record(jk), freed}
 """
+)
 
 _MARK_DOWN = (
     _PRELUDE
@@ -398,9 +446,8 @@ local jk = prefix .. "job:" .. job
 local f = redis.call("HMGET", jk, "phase", "seq")
 if f[1] ~= "QUEUED" then return 0 end
 redis.call("ZREM", prefix .. "queue", job)
-for k, v in pairs(fields) do redis.call("HSET", jk, k, v) end
-redis.call("HSET", jk, "phase", "PLACED", "pod", pod, "pod_state", state, "n", n, "state", state,
-  "reason", reason, "updated_ms", now)
+hset_all(jk, fields, {"phase", "PLACED", "pod", pod, "pod_state", state, "n", n, "state", state,
+  "reason", reason, "updated_ms", now})
 redis.call("ZADD", prefix .. "pod:" .. pod .. ":jobs", f[2], job)
 if not FINAL[state] then redis.call("SADD", prefix .. "pod:" .. pod .. ":live", job) end
 cell_event(prefix, job, "PENDING", state, "found on pod " .. pod .. " after it answered again", pod, now)
@@ -453,6 +500,7 @@ class CellJobRecord:
     why: str = ""
     refused: dict[str, str] = field(default_factory=dict)
     maybe: tuple[str, ...] = ()
+    needs: dict[str, int] = field(default_factory=dict)  # blocks per node type on its pod
 
     @classmethod
     def of(cls, job_id: str, row: Mapping[str, str]) -> CellJobRecord | None:
@@ -481,6 +529,7 @@ class CellJobRecord:
             why=row.get("why", ""),
             refused=json.loads(row["refused"]) if row.get("refused") else {},
             maybe=tuple(json.loads(row["maybe"])) if row.get("maybe") else (),
+            needs=json.loads(row["needs"]) if row.get("needs") else {},
         )
 
 
@@ -499,6 +548,11 @@ class RegistrySnapshot:
     endpoint: dict[str, str]  # pod -> the scheduler replica heard from last
     queue: list[str]  # job ids in queue order
     existing: dict[str, str] | None = None  # the job asked about, if any
+
+
+def _row(values: Sequence[Any]) -> dict[str, str]:
+    """RECORD_FIELDS' values (HMGET order) as a dict of the fields that are set."""
+    return {f: v for f, v in zip(RECORD_FIELDS, values, strict=True) if v is not None}
 
 
 def _i(v: Any) -> int:
@@ -590,12 +644,12 @@ class CellStore:
             if queue:
                 pipe.zrange(self.key("queue"), 0, -1)
             if job_id is not None:
-                pipe.hgetall(self.job_key(job_id))
+                pipe.hmget(self.job_key(job_id), RECORD_FIELDS)
             got = await pipe.execute()
         pods, caps, vers, free, held, seen, suspect, down, endpoint = got[:9]
         rest = got[9:]
         q = rest.pop(0) if queue else []
-        existing = rest.pop(0) if job_id is not None else None
+        existing = _row(rest.pop(0)) if job_id is not None else None
         return RegistrySnapshot(
             pods,
             caps,
@@ -648,10 +702,12 @@ class CellStore:
         now_ms: int,
         check_free: bool,
         reason: str,
+        expect_empty_queue: bool = False,
     ) -> tuple[int, str]:
         """Create the job, bound to `pod` (or queued when pod is ""). (1, seq) when
-        created; (0, phase) when the id exists; (-1, "stale") when the pod's free blocks
-        (minus forwards in flight) no longer cover it."""
+        created; (0, phase) when the id exists; (-1, why) when the pod's free blocks
+        (minus forwards in flight) no longer cover it, or jobs wait in the cell queue
+        that the decision did not know of."""
         ok, detail = await self._run(
             self._claim_new,
             job_id,
@@ -664,6 +720,7 @@ class CellStore:
             now_ms,
             "1" if check_free else "0",
             reason,
+            "1" if expect_empty_queue else "0",
         )
         return int(ok), detail
 
@@ -703,8 +760,9 @@ class CellStore:
         reason: str,
         fields: Mapping[str, Any],
         now_ms: int,
-    ) -> tuple[bool, str]:
-        """FORWARDING → PLACED on `pod`; (False, phase) if the token no longer holds it."""
+    ) -> CellJobRecord | None:
+        """FORWARDING → PLACED on `pod`, the record as it is then; None if the token no
+        longer holds the job."""
         ok, detail = await self._run(
             self._placed,
             job_id,
@@ -716,7 +774,9 @@ class CellStore:
             json.dumps({k: str(v) for k, v in fields.items()}),
             now_ms,
         )
-        return int(ok) == 1, detail
+        if int(ok) != 1:
+            return None
+        return CellJobRecord.of(job_id, _row(detail))
 
     async def unbind(
         self,
@@ -750,9 +810,25 @@ class CellStore:
         return int(ok) == 1, detail
 
     async def mirror(
-        self, job_id: str, *, pod: str, state: str, n: int, reason: str, now_ms: int
-    ) -> bool:
-        return bool(int(await self._run(self._mirror, job_id, pod, state, n, reason, now_ms)))
+        self,
+        job_id: str,
+        *,
+        pod: str,
+        state: str,
+        n: int,
+        reason: str,
+        now_ms: int,
+        ended_here: bool = False,
+    ) -> tuple[bool, int, CellJobRecord | None, bool]:
+        """Follow the pod's answer about a job (newer than what the cell has): (applied,
+        jobs in the cell queue, the record after, its blocks counted free). `ended_here`:
+        the answer to a complete or cancel through the cell, whose freed blocks count as
+        free until the pod reports."""
+        ok, queued, row, freed = await self._run(
+            self._mirror, job_id, pod, state, n, reason, now_ms, "1" if ended_here else "0"
+        )
+        record = CellJobRecord.of(job_id, _row(row))
+        return int(ok) == 1, int(queued), record, bool(int(freed))
 
     async def take_over(self, job_id: str, token: str, until_ms: int, now_ms: int) -> str | None:
         """Take a forward whose deadline passed; the pod it was bound to, or None."""
@@ -789,7 +865,9 @@ class CellStore:
         await self._run(self._forget_maybe, job_id, pod)
 
     async def job(self, job_id: str) -> CellJobRecord | None:
-        return CellJobRecord.of(job_id, await self.redis.hgetall(self.job_key(job_id)))
+        return CellJobRecord.of(
+            job_id, _row(await self.redis.hmget(self.job_key(job_id), RECORD_FIELDS))
+        )
 
     async def jobs(self, job_ids: Iterable[str]) -> list[CellJobRecord]:
         ids = list(job_ids)
@@ -797,9 +875,11 @@ class CellStore:
             return []
         async with self.redis.pipeline(transaction=False) as pipe:
             for j in ids:
-                pipe.hgetall(self.job_key(j))
+                pipe.hmget(self.job_key(j), RECORD_FIELDS)
             rows = await pipe.execute()
-        return [r for j, row in zip(ids, rows, strict=True) if (r := CellJobRecord.of(j, row))]
+        return [
+            r for j, row in zip(ids, rows, strict=True) if (r := CellJobRecord.of(j, _row(row)))
+        ]
 
     async def history(self, job_id: str, start: int = 0) -> list[dict[str, Any]]:
         raw = await self.redis.lrange(self.key("job", job_id, "events"), start, -1)

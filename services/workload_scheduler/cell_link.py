@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections import defaultdict
 from typing import Any
 
@@ -34,8 +35,11 @@ from services.workload_scheduler.placement import PodState
 from services.workload_scheduler.preemption import max_freeable
 from services.workload_scheduler.settings import WorkloadSchedulerSettings
 
-# After a change in the pod, wait this long so a burst of transitions goes in one report.
-REPORT_DEBOUNCE_S = 0.05
+# After a change in the pod, wait this long so a burst of transitions goes in one report,
+# and under steady change report at most every REPORT_MIN_GAP_S (the cell counts the
+# blocks of jobs it places and ends itself meanwhile).
+REPORT_DEBOUNCE_S = 0.02
+REPORT_MIN_GAP_S = 0.25
 # Transitions per report at most; a backlog is sent in several reports back to back.
 MAX_TRANSITIONS = 500
 CALL_TIMEOUT_S = 5.0
@@ -146,6 +150,7 @@ class CellReporter:
         await self._register(sched)
         seen = self._ack
         await self._report(sched)  # the cell plans with capacity: report it right away
+        last = time.monotonic()
         while True:
             got = await redis.xread(
                 {stream: seen}, block=int(self._settings.cell_heartbeat_s * 1000), count=1000
@@ -154,7 +159,9 @@ class CellReporter:
                 if entries:
                     seen = entries[-1][0]
             if got:
-                await asyncio.sleep(REPORT_DEBOUNCE_S)
+                wait = max(REPORT_DEBOUNCE_S, last + REPORT_MIN_GAP_S - time.monotonic())
+                await asyncio.sleep(wait)
+            last = time.monotonic()
             for _ in range(20):
                 if not await self._report(sched):
                     break  # else a backlog of transitions, or the cell wants older ones: again
