@@ -6,7 +6,8 @@
     lightpath rings 8x8x4 --data 8 --pipeline 4 --layer 8 [--json]
 
 `pod` goes through the cell scheduler (the local stack's, or --cell /
-$LIGHTPATH_CELL_ADDR), which relays the pod's view: no pod address is needed.
+$LIGHTPATH_CELL_ADDR), which relays the pod's view: no pod address is needed
+(--addr HOST:PORT asks a workload scheduler directly instead).
 `rings` asks a pod's workload scheduler directly (the `ws-<pod>` process of the
 local stack, or --addr / $LIGHTPATH_WS_ADDR): it plans, it changes nothing.
 """
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import math
 import string
+import sys
 
 from lightpath.cli._common import add_json_flag, print_json, run_rpc
 from lightpath.client import channel
@@ -29,6 +31,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     pod = sub.add_parser("pod", help="a superpod's block map, counts and jobs (seed Fig. 2)")
     pod.add_argument("pod_id", help="e.g. pod-1")
     pod.add_argument("--cell", help="cell scheduler host:port (default: the local stack's)")
+    pod.add_argument(
+        "--addr", help="ask this workload scheduler host:port directly instead of the cell"
+    )
     pod.add_argument(
         "--events", action="store_true", help="follow the pod's job and block events (Ctrl-C ends)"
     )
@@ -61,6 +66,8 @@ def scheduler_address(pod_id: str, addr: str | None) -> str:
 
 
 def cmd_pod(args: argparse.Namespace) -> int:
+    if args.addr:
+        return _pod_direct(args)
     from lightpath.cli.cell import STATUS, cell_address
     from lightpath.v1 import cell_scheduler_pb2, cell_scheduler_pb2_grpc
 
@@ -90,6 +97,39 @@ def cmd_pod(args: argparse.Namespace) -> int:
                 f"{pod.cell_jobs} live job(s) placed by the cell, scheduler at "
                 f"{pod.registration.endpoint}"
             )
+            return 0
+
+    try:
+        return run_rpc(run)
+    except KeyboardInterrupt:
+        return 0
+
+
+def _pod_direct(args: argparse.Namespace) -> int:
+    """`lightpath pod ID --addr HOST:PORT`: the pod's workload scheduler itself (no cell)."""
+    address = args.addr
+
+    async def run() -> int:
+        async with channel(address, default_timeout=None if args.events else 10.0) as ch:
+            stub = workload_scheduler_pb2_grpc.WorkloadSchedulerStub(ch)
+            if args.events:
+                async for event in stub.WatchPod(workload_scheduler_pb2.WatchPodRequest()):
+                    if args.json:
+                        print_json(event)
+                    else:
+                        print(describe_event(event), flush=True)
+                return 0
+            view = await stub.GetPod(workload_scheduler_pb2.GetPodRequest())
+            if view.pod_id != args.pod_id:
+                print(
+                    f"error: {address} serves pod {view.pod_id}, not {args.pod_id}",
+                    file=sys.stderr,
+                )
+                return 1
+            if args.json:
+                print_json(view)
+            else:
+                print(render_pod(view))
             return 0
 
     try:
