@@ -84,6 +84,7 @@ from services.cell_scheduler.store import (
     b64,
     unb64,
 )
+from services.workload_scheduler.server import job_event_pb
 
 MAX_PLAN_ATTEMPTS = 4
 REGISTRY_TTL_S = 0.2
@@ -337,14 +338,15 @@ class CellScheduler:
 
     async def call(self, pod_id: str, method: str, request: Any, *, timeout: float = 10.0) -> Any:
         """One unary call to a pod's workload scheduler; PodRefused / PodUnreachable on error.
-        An unreachable replica is retried once at the endpoint the registry now has."""
+        An unreachable replica is retried once at the endpoint the registry now has, if it
+        changed (every call the cell makes is idempotent at the pod: AdmitJob by job id)."""
         for attempt in range(2):
             endpoint = await self._endpoint(pod_id, fresh=attempt > 0)
             try:
                 return await getattr(self.pods.stub(endpoint), method)(request, timeout=timeout)
             except grpc.aio.AioRpcError as err:
                 failure = classify(pod_id, err)
-                if isinstance(failure, PodRefused) or attempt or method == "AdmitJob":
+                if isinstance(failure, PodRefused) or attempt:
                     raise failure from None
                 if await self.store.endpoint(pod_id) == endpoint:
                     raise failure from None
@@ -610,30 +612,15 @@ class CellScheduler:
             except PodRefused as err:
                 self._assume(pod, r.needs, +1)
                 last = f"pod {pod} refused it: {err.report.message}"
-                await self.store.unbind(
-                    job_id,
-                    token=token,
-                    pod=pod,
-                    uncertain=False,
-                    version=views[pod].version if pod in views else "",
-                    reason=f"{last}; back in the cell queue",
-                    now_ms=self.now_ms(),
-                )
+                version = views[pod].version if pod in views else ""
+                await self._back_to_queue(job_id, token, pod, last, version=version)
                 self.log.info("job %s: %s", job_id, last, extra={"job_id": job_id})
                 continue
             except PodUnreachable as err:
                 self._assume(pod, r.needs, +1)
                 last = f"pod {pod} did not answer ({err.code.name})"
                 await self.store.mark_suspect(pod, self.now_ms() + self.pod_timeout_ms)
-                await self.store.unbind(
-                    job_id,
-                    token=token,
-                    pod=pod,
-                    uncertain=True,
-                    version="",
-                    reason=f"{last}; back in the cell queue",
-                    now_ms=self.now_ms(),
-                )
+                await self._back_to_queue(job_id, token, pod, last, uncertain=True)
                 self.log.warning(
                     "job %s: %s; trying elsewhere", job_id, last, extra={"job_id": job_id}
                 )
@@ -685,6 +672,28 @@ class CellScheduler:
             created,
             outcome=f"queued in the cell at position {position}: {last or record.reason}",
             queue_position=position,
+        )
+
+    async def _back_to_queue(
+        self,
+        job_id: str,
+        token: str,
+        pod: str,
+        why: str,
+        *,
+        uncertain: bool = False,
+        version: str = "",
+    ) -> None:
+        """End a forward without a placement: refused (not tried again on that pod until
+        its capacity `version` changes), or uncertain (the pod is checked when it answers)."""
+        await self.store.unbind(
+            job_id,
+            token=token,
+            pod=pod,
+            uncertain=uncertain,
+            version=version,
+            reason=f"{why}; back in the cell queue",
+            now_ms=self.now_ms(),
         )
 
     @staticmethod
@@ -1202,26 +1211,12 @@ class CellScheduler:
             )
         except PodRefused:
             # Past its deadline the request can no longer arrive: the pod does not have it.
-            await self.store.unbind(
-                job_id,
-                token=token,
-                pod=pod,
-                uncertain=False,
-                version="",
-                reason=f"the forward to pod {pod} was lost; back in the cell queue",
-                now_ms=self.now_ms(),
-            )
+            await self._back_to_queue(job_id, token, pod, f"the forward to pod {pod} was lost")
             self.kick()
             return
         except PodUnreachable as err:
-            await self.store.unbind(
-                job_id,
-                token=token,
-                pod=pod,
-                uncertain=True,
-                version="",
-                reason=f"pod {pod} did not answer ({err.code.name}); back in the cell queue",
-                now_ms=self.now_ms(),
+            await self._back_to_queue(
+                job_id, token, pod, f"pod {pod} did not answer ({err.code.name})", uncertain=True
             )
             self.kick()
             return
@@ -1346,20 +1341,8 @@ def _placed_fields(job: workload_scheduler_pb2.Job, spec: workload_scheduler_pb2
 
 
 def _cell_event_pb(e: Mapping[str, Any]) -> common_pb2.JobEvent:
-    from google.protobuf.timestamp_pb2 import Timestamp
-
-    at = Timestamp()
-    at.FromMilliseconds(int(e.get("at", 0)))
-    return common_pb2.JobEvent(
-        job_id=e["job"],
-        from_state=common_pb2.JobState.Value("JOB_STATE_" + e["from"])
-        if e.get("from")
-        else common_pb2.JOB_STATE_UNSPECIFIED,
-        to_state=common_pb2.JobState.Value("JOB_STATE_" + e["to"]),
-        at=at,
-        reason=e.get("reason", ""),
-        pod_id=e.get("pod", ""),
-    )
+    """A cell-side transition as the JobEvent watchers get (the pods' own shape)."""
+    return job_event_pb(dict(e), e.get("pod", ""))
 
 
 def _check_registration(reg: cell_scheduler_pb2.PodRegistration) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 import grpc
 import pytest
 
-from lightpath.client import ErrorReport, channel, error_report
+from lightpath.client import channel
 from lightpath.v1 import cell_scheduler_pb2 as cs
 from lightpath.v1 import (
     cell_scheduler_pb2_grpc,
@@ -23,6 +23,9 @@ from lightpath.v1 import (
 )
 from lightpath.v1 import workload_scheduler_pb2 as ws
 from tests.helpers import serve
+from tests.workload_scheduler.conftest import rpc_error
+
+__all__ = ["Cell", "cell_stack", "rpc_error"]
 
 C = common_pb2
 HEARTBEAT_S = "0.2"
@@ -249,9 +252,3 @@ async def cell_stack(
 async def cell2(redis_url) -> AsyncIterator[Cell]:
     async with cell_stack(redis_url) as c:
         yield c
-
-
-async def rpc_error(awaitable) -> ErrorReport:
-    with pytest.raises(grpc.aio.AioRpcError) as info:
-        await awaitable
-    return error_report(info.value)
