@@ -374,6 +374,23 @@ async def test_the_block_map_through_the_cell(cell2):
     assert pod.cell_jobs == 1 and pod.endpoints == [cell2.pods["pod-a"].ws_address]
     err = await rpc_error(cell2.cell.GetPod(cs.GetCellPodRequest(pod_id="pod-x")))
     assert err.code == grpc.StatusCode.NOT_FOUND
+    # The pod's events, relayed: a job ending on pod-a reaches a watcher of pod-a.
+    import asyncio
+
+    stream = cell2.cell.WatchPod(cs.WatchCellPodRequest(pod_id="pod-a"))
+    first = asyncio.ensure_future(stream.read())
+    for i in range(100):  # until the relay follows the pod's stream (it starts "from now")
+        await cell2.pods["pod-a"].ws.ReportBlockHealth(
+            ws.ReportBlockHealthRequest(
+                block_id=7, health=c.BLOCK_HEALTH_FAILED if i % 2 == 0 else c.BLOCK_HEALTH_HEALTHY
+            )
+        )
+        done, _ = await asyncio.wait({first}, timeout=0.1)
+        if done:
+            break
+    event = first.result()
+    assert event.block.block_id == 7 and event.block.pod_id == "pod-a"
+    stream.cancel()
 
 
 async def test_the_same_submission_at_two_replicas_at_once_gives_one_job(redis_url):
