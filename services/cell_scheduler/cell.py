@@ -21,20 +21,19 @@ the pods' answers to calls made through the cell. A pod silent for longer than
 the pod timeout is not chosen and its jobs show UNKNOWN (CS-6); when it
 answers again its jobs show their state again and are checked one by one.
 
-Background work (`run`), on every replica and safe side by side: mark silent
-pods, dispatch the cell queue, finish forwards a dead replica left behind,
-check pods that may hold a job whose forward never got an answer.
+`run` is the background loop of every replica: the repairs of `recovery`
+(silent pods, forwards a dead replica left, pods that may hold a job whose
+forward got no answer) and a pass over the cell queue. Streams: `watch`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -62,7 +61,9 @@ from services.cell_scheduler.podclient import (
     PodRefused,
     PodUnreachable,
     classify,
+    state_name,
 )
+from services.cell_scheduler.recovery import Recovery
 from services.cell_scheduler.request import (
     PodModel,
     Resolved,
@@ -74,7 +75,6 @@ from services.cell_scheduler.request import (
 )
 from services.cell_scheduler.store import (
     ENDED,
-    FINAL,
     FORWARDING,
     PLACED,
     QUEUED,
@@ -84,7 +84,6 @@ from services.cell_scheduler.store import (
     b64,
     unb64,
 )
-from services.workload_scheduler.server import job_event_pb
 
 MAX_PLAN_ATTEMPTS = 4
 REGISTRY_TTL_S = 0.2
@@ -93,10 +92,6 @@ POLL_S = 0.02
 FORWARD_GRACE_MS = 5_000
 CACHE_LIMIT = 20_000
 FAIL = workload_scheduler_pb2.WHEN_NO_CAPACITY_FAIL
-
-
-def state_name(state: int) -> str:
-    return common_pb2.JobState.Name(state).removeprefix("JOB_STATE_")  # type: ignore[arg-type]
 
 
 def _shape(dims) -> str:
@@ -157,7 +152,7 @@ class CellScheduler:
         self._resolved: dict[tuple[bytes, str, str], Resolved | InvalidArgument] = {}
         self._endpoints: dict[str, str] = {}
         self._kick = asyncio.Event()
-        self._reconciling: set[str] = set()
+        self.recovery = Recovery(self)
         self._tasks: set[asyncio.Future] = set()  # forwards that outlive their caller
         self._snap: RegistrySnapshot | None = None
         self._snap_at = 0.0
@@ -166,7 +161,7 @@ class CellScheduler:
     def now_ms(self) -> int:
         return int(self._clock() * 1000)
 
-    def _token(self) -> str:
+    def new_token(self) -> str:
         return f"{self.instance_id}:{uuid.uuid4().hex[:12]}"
 
     def kick(self) -> None:
@@ -315,7 +310,7 @@ class CellScheduler:
             self.log.info("pod %s answers again", req.pod_id, extra={"pod_id": req.pod_id})
             await self._pod_returned(req.pod_id, req.endpoint)
         elif req.resync:
-            self._spawn(self.reconcile_pod(req.pod_id), f"resync {req.pod_id}")
+            self._spawn(self.recovery.reconcile_pod(req.pod_id), f"resync {req.pod_id}")
         if wake or returned:
             self.kick()
         return cell_scheduler_pb2.ReportPodStatusResponse(
@@ -325,9 +320,9 @@ class CellScheduler:
     async def _pod_returned(self, pod_id: str, endpoint: str) -> None:
         if endpoint:
             await self.pods.reset(endpoint)
-        self._spawn(self.reconcile_pod(pod_id), f"reconcile {pod_id}")
+        self._spawn(self.recovery.reconcile_pod(pod_id), f"reconcile {pod_id}")
 
-    async def _endpoint(self, pod_id: str, *, fresh: bool = False) -> str:
+    async def endpoint(self, pod_id: str, *, fresh: bool = False) -> str:
         addr = None if fresh else self._endpoints.get(pod_id)
         if addr is None:
             addr = await self.store.endpoint(pod_id)
@@ -341,7 +336,7 @@ class CellScheduler:
         An unreachable replica is retried once at the endpoint the registry now has, if it
         changed (every call the cell makes is idempotent at the pod: AdmitJob by job id)."""
         for attempt in range(2):
-            endpoint = await self._endpoint(pod_id, fresh=attempt > 0)
+            endpoint = await self.endpoint(pod_id, fresh=attempt > 0)
             try:
                 return await getattr(self.pods.stub(endpoint), method)(request, timeout=timeout)
             except grpc.aio.AioRpcError as err:
@@ -398,8 +393,8 @@ class CellScheduler:
                     reason=f"queued in the cell: {choice.why_waiting}",
                 )
                 if ok == 0:
-                    return await self._existing(await self._record(job_id), request_b64)
-                record = await self._record(job_id)
+                    return await self._existing(await self.job_record(job_id), request_b64)
+                record = await self.job_record(job_id)
                 position = await self.store.queue_position(job_id)
                 self.log.info(
                     "job %s queued in the cell at position %d: %s",
@@ -416,7 +411,7 @@ class CellScheduler:
                 )
             first = choice.candidates[0]
             r = resolved[first.pod_id]
-            token = self._token()
+            token = self.new_token()
             ok, _ = await self.store.claim_new(
                 job_id,
                 fields=self._fields(request_b64, r, first, priority),
@@ -424,7 +419,7 @@ class CellScheduler:
                 pod=first.pod_id,
                 needs=r.needs,
                 token=token,
-                until_ms=now + self._forward_window_ms(),
+                until_ms=now + self.forward_window_ms(),
                 now_ms=now,
                 # The last attempt goes ahead even if others took the blocks meanwhile:
                 # the pod's own admission decides.
@@ -433,7 +428,7 @@ class CellScheduler:
                 expect_empty_queue=not snap.queue,
             )
             if ok == 0:
-                return await self._existing(await self._record(job_id), request_b64)
+                return await self._existing(await self.job_record(job_id), request_b64)
             if ok != 1:
                 continue  # the blocks went to others, or jobs wait in the cell queue
             self._assume(first.pod_id, r.needs, -1)
@@ -454,7 +449,7 @@ class CellScheduler:
         task.add_done_callback(self._tasks.discard)
         return await asyncio.shield(task)
 
-    def _forward_window_ms(self) -> int:
+    def forward_window_ms(self) -> int:
         return int(self.forward_timeout_s * 1000) + FORWARD_GRACE_MS
 
     def _fields(
@@ -588,13 +583,13 @@ class CellScheduler:
             r = resolved[pod]
             now = self.now_ms()
             if i > 0:
-                token = self._token()
+                token = self.new_token()
                 ok, _ = await self.store.claim_queued(
                     job_id,
                     pod=pod,
                     needs=r.needs,
                     token=token,
-                    until_ms=now + self._forward_window_ms(),
+                    until_ms=now + self.forward_window_ms(),
                     now_ms=now,
                     check_free=cand.how == FITS,
                     reason=f"forwarding to pod {pod}: {cand.reason}",
@@ -613,14 +608,14 @@ class CellScheduler:
                 self._assume(pod, r.needs, +1)
                 last = f"pod {pod} refused it: {err.report.message}"
                 version = views[pod].version if pod in views else ""
-                await self._back_to_queue(job_id, token, pod, last, version=version)
+                await self.back_to_queue(job_id, token, pod, last, version=version)
                 self.log.info("job %s: %s", job_id, last, extra={"job_id": job_id})
                 continue
             except PodUnreachable as err:
                 self._assume(pod, r.needs, +1)
                 last = f"pod {pod} did not answer ({err.code.name})"
                 await self.store.mark_suspect(pod, self.now_ms() + self.pod_timeout_ms)
-                await self._back_to_queue(job_id, token, pod, last, uncertain=True)
+                await self.back_to_queue(job_id, token, pod, last, uncertain=True)
                 self.log.warning(
                     "job %s: %s; trying elsewhere", job_id, last, extra={"job_id": job_id}
                 )
@@ -636,7 +631,7 @@ class CellScheduler:
                 fields=self._fields(self._b64_of(req), r, cand, r.priority),
                 now_ms=self.now_ms(),
             )
-            record = placed or await self._record(job_id)
+            record = placed or await self.job_record(job_id)
             if record.phase == PLACED:
                 self._remember(record)
             if placed:
@@ -656,7 +651,7 @@ class CellScheduler:
                 outcome=f"placed on pod {pod}: {cand.reason}"
                 + (f" (derived {r.derived.describe()})" if r.derived else ""),
             )
-        record = await self._record(job_id)
+        record = await self.job_record(job_id)
         if record.phase == QUEUED and req.spec.when_no_capacity == FAIL:
             await self.store.end_queued(
                 job_id, "FAILED", f"refused: {last} (asked not to wait)", self.now_ms(), forget=True
@@ -674,7 +669,7 @@ class CellScheduler:
             queue_position=position,
         )
 
-    async def _back_to_queue(
+    async def back_to_queue(
         self,
         job_id: str,
         token: str,
@@ -725,7 +720,7 @@ class CellScheduler:
         """The job once no forward of it is in flight (bounded by the forward's deadline)."""
         while record.phase == FORWARDING and self.now_ms() < record.until_ms:
             await asyncio.sleep(POLL_S)
-            record = await self._record(record.job_id)
+            record = await self.job_record(record.job_id)
         return record
 
     async def _dry_run(
@@ -811,13 +806,13 @@ class CellScheduler:
             req, resolved = details[demand.job_id]
             first = choice.candidates[0]
             r = resolved[first.pod_id]
-            token = self._token()
+            token = self.new_token()
             ok, _ = await self.store.claim_queued(
                 demand.job_id,
                 pod=first.pod_id,
                 needs=r.needs,
                 token=token,
-                until_ms=now + self._forward_window_ms(),
+                until_ms=now + self.forward_window_ms(),
                 now_ms=now,
                 check_free=False,  # planned over the queue: the blocks are accounted for
                 reason=f"leaving the cell queue for pod {first.pod_id}: {first.reason}",
@@ -841,7 +836,7 @@ class CellScheduler:
 
     # == jobs (CS-5) ==============================================================
 
-    async def _record(self, job_id: str) -> CellJobRecord:
+    async def job_record(self, job_id: str) -> CellJobRecord:
         record = await self.store.job(job_id)
         if record is None:
             raise NotFound("job", job_id)
@@ -866,11 +861,9 @@ class CellScheduler:
             )
         except PodCallError:
             return JobView(record)
-        return JobView(await self._mirror(record, job), job)
+        return JobView(await self.follow(record, job), job)
 
-    async def _mirror(
-        self, record: CellJobRecord, job: workload_scheduler_pb2.Job
-    ) -> CellJobRecord:
+    async def follow(self, record: CellJobRecord, job: workload_scheduler_pb2.Job) -> CellJobRecord:
         """Follow a pod's answer about one of its jobs (GetJob, reconcile)."""
         n = len(job.history)
         if n < record.n:
@@ -886,7 +879,7 @@ class CellScheduler:
         return after or record
 
     async def get(self, job_id: str, *, include_rings: bool = False) -> JobView:
-        return await self.view(await self._record(job_id), include_rings=include_rings)
+        return await self.view(await self.job_record(job_id), include_rings=include_rings)
 
     async def list_jobs(
         self,
@@ -935,7 +928,7 @@ class CellScheduler:
 
     async def _placed_pod(self, job_id: str, what: str) -> str:
         """The pod of a job that is on one, else why it cannot be completed or cancelled there."""
-        record = await self._settled(await self._record(job_id))
+        record = await self._settled(await self.job_record(job_id))
         if record.phase == PLACED:
             self._remember(record)
             return record.pod
@@ -957,7 +950,7 @@ class CellScheduler:
         if pod:
             return await self._on_pod(job_id, pod, "CancelJob", request)
         for _ in range(MAX_PLAN_ATTEMPTS):
-            record = await self._settled(await self._record(job_id))
+            record = await self._settled(await self.job_record(job_id))
             if record.phase == QUEUED:
                 ok, _ = await self.store.end_queued(
                     job_id,
@@ -967,7 +960,7 @@ class CellScheduler:
                 )
                 if ok:
                     self.log.info("job %s cancelled in the cell queue", job_id)
-                    return JobView(await self._record(job_id))
+                    return JobView(await self.job_record(job_id))
                 continue
             if record.phase == ENDED:
                 if record.state == "CANCELLED":
@@ -997,7 +990,7 @@ class CellScheduler:
             ended_here=True,
         )
         if record is None:
-            record = await self._record(job_id)
+            record = await self.job_record(job_id)
         if freed:
             self._assume(pod, record.needs, +1)
         if queued:
@@ -1007,7 +1000,7 @@ class CellScheduler:
     async def report_block_health(
         self, pod_id: str, block_id: int, health: int, reason: str
     ) -> workload_scheduler_pb2.ReportBlockHealthResponse:
-        await self._registered(pod_id)
+        await self.registration(pod_id)
         try:
             resp = await self.call(
                 pod_id,
@@ -1024,100 +1017,11 @@ class CellScheduler:
             self.kick()
         return resp
 
-    async def _registered(self, pod_id: str) -> str:
+    async def registration(self, pod_id: str) -> str:
         raw = await self.store.registration(pod_id)
         if raw is None:
             raise NotFound("pod", pod_id, hint="no workload scheduler registered it")
         return raw
-
-    # == watching ================================================================
-
-    async def watch_job(self, job_id: str) -> AsyncIterator[common_pb2.JobEvent]:
-        """The cell's transitions of the job and, once it is on a pod, the pod's; live
-        until the job ends. A pod that stops answering is followed again when it returns."""
-        tip = await self.store.stream_tip()
-        record = await self._record(job_id)
-        cell_sent = 0
-        for e in await self.store.history(job_id):
-            cell_sent = max(cell_sent, int(e.get("n", 0)))
-            yield _cell_event_pb(e)
-        if record.phase == ENDED:
-            return
-        queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
-
-        async def tail() -> None:
-            cursor = tip
-            while True:
-                for eid, fields in await self.store.tail(cursor):
-                    cursor = eid
-                    if fields.get("job") == job_id:
-                        await queue.put(("cell", fields["e"]))
-
-        async def relay(pod: str) -> None:
-            try:
-                endpoint = await self._endpoint(pod, fresh=True)
-                stub = self.pods.stub(endpoint)
-                async for ev in stub.WatchJob(
-                    workload_scheduler_pb2.WatchJobRequest(job_id=job_id)
-                ):
-                    await queue.put(("pod", ev))
-                await queue.put(("pod-end", None))
-            except grpc.aio.AioRpcError as err:
-                await queue.put(("pod-error", err))
-
-        tail_task = asyncio.ensure_future(tail())
-        relay_task: asyncio.Task | None = None
-        pod_sent = 0  # pod events yielded; a new relay replays the pod's history first
-        relay_seen = 0
-        retry_at = 0.0
-        try:
-            while True:
-                record = await self._record(job_id)
-                if record.phase == ENDED:
-                    for e in await self.store.history(job_id, cell_sent):
-                        yield _cell_event_pb(e)
-                    return
-                wanted = record.phase == PLACED and record.state != "UNKNOWN"
-                if wanted and relay_task is None and time.monotonic() >= retry_at:
-                    relay_seen = 0
-                    relay_task = asyncio.ensure_future(relay(record.pod))
-                elif not wanted and relay_task is not None:
-                    relay_task.cancel()
-                    relay_task = None
-                try:
-                    kind, item = await asyncio.wait_for(queue.get(), 0.5)
-                except TimeoutError:
-                    continue
-                if kind == "cell":
-                    e = json.loads(item)
-                    if int(e.get("n", 0)) > cell_sent:
-                        cell_sent = int(e["n"])
-                        yield _cell_event_pb(e)
-                elif kind == "pod":
-                    relay_seen += 1
-                    if relay_seen > pod_sent:
-                        pod_sent = relay_seen
-                        yield item
-                        if state_name(item.to_state) in FINAL:
-                            return
-                else:
-                    relay_task = None
-                    retry_at = time.monotonic() + 1.0
-        finally:
-            tail_task.cancel()
-            if relay_task is not None:
-                relay_task.cancel()
-
-    async def watch_pod(self, pod_id: str) -> AsyncIterator[workload_scheduler_pb2.PodEvent]:
-        await self._registered(pod_id)
-        endpoint = await self._endpoint(pod_id, fresh=True)
-        try:
-            async for ev in self.pods.stub(endpoint).WatchPod(
-                workload_scheduler_pb2.WatchPodRequest()
-            ):
-                yield ev
-        except grpc.aio.AioRpcError as err:
-            raise classify(pod_id, err).relayed() from None
 
     # == pods ====================================================================
 
@@ -1166,7 +1070,7 @@ class CellScheduler:
         """Every replica: silent pods, stuck forwards, maybe-placed jobs, the queue."""
         while True:
             try:
-                await self.reconcile()
+                await self.recovery.reconcile()
                 await self.dispatch()
             except asyncio.CancelledError:
                 raise
@@ -1175,174 +1079,6 @@ class CellScheduler:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._kick.wait(), interval_s)
             self._kick.clear()
-
-    async def reconcile(self) -> None:
-        now = self.now_ms()
-        snap = await self.store.snapshot(queue=False)
-        for pod_id in sorted(snap.registrations):
-            seen = snap.seen.get(pod_id, 0)
-            if pod_id not in snap.down and now - seen > self.pod_timeout_ms:
-                count = await self.store.mark_down(pod_id, now, self.pod_timeout_ms)
-                if count >= 0:
-                    self.log.warning(
-                        "pod %s silent for %.1f s: not chosen; %d job(s) now UNKNOWN",
-                        pod_id,
-                        (now - seen) / 1000,
-                        count,
-                        extra={"pod_id": pod_id},
-                    )
-        for job_id in await self.store.stuck_forwards(now):
-            await self._take_over(job_id)
-        views = self.views_of(snap, now)
-        for job_id in await self.store.maybe_jobs():
-            await self._check_maybe(job_id, views)
-
-    async def _take_over(self, job_id: str) -> None:
-        """A forward whose replica went away: find out from the pod what became of it."""
-        token = self._token()
-        now = self.now_ms()
-        pod = await self.store.take_over(job_id, token, now + self._forward_window_ms(), now)
-        if pod is None:
-            return
-        self.log.warning("job %s: taking over a forward to pod %s that timed out", job_id, pod)
-        try:
-            job = await self.call(
-                pod, "GetJob", workload_scheduler_pb2.GetJobRequest(job_id=job_id)
-            )
-        except PodRefused:
-            # Past its deadline the request can no longer arrive: the pod does not have it.
-            await self._back_to_queue(job_id, token, pod, f"the forward to pod {pod} was lost")
-            self.kick()
-            return
-        except PodUnreachable as err:
-            await self._back_to_queue(
-                job_id, token, pod, f"pod {pod} did not answer ({err.code.name})", uncertain=True
-            )
-            self.kick()
-            return
-        record = await self._record(job_id)
-        spec = workload_scheduler_pb2.JobSpec.FromString(unb64(record.spec_b64))
-        await self.store.placed(
-            job_id,
-            token=token,
-            pod=pod,
-            state=state_name(job.state),
-            n=len(job.history),
-            reason=job.reason,
-            fields=_placed_fields(job, spec),
-            now_ms=self.now_ms(),
-        )
-
-    async def _check_maybe(self, job_id: str, views: Mapping[str, PodCapacityView]) -> None:
-        """A forward to these pods got no answer: does one of them have the job after all?"""
-        record = await self.store.job(job_id)
-        if record is None:
-            return
-        for pod in record.maybe:
-            if pod not in views or not views[pod].usable:
-                continue
-            try:
-                job = await self.call(
-                    pod, "GetJob", workload_scheduler_pb2.GetJobRequest(job_id=job_id)
-                )
-            except PodRefused:
-                await self.store.forget_maybe(job_id, pod)
-                continue
-            except PodUnreachable:
-                continue
-            record = await self._record(job_id)
-            if record.phase == FORWARDING:
-                continue  # decide once that forward is done
-            if record.phase == QUEUED:
-                spec = job.spec
-                await self.store.adopt(
-                    job_id,
-                    pod=pod,
-                    state=state_name(job.state),
-                    n=len(job.history),
-                    reason=job.reason,
-                    fields=_placed_fields(job, spec),
-                    now_ms=self.now_ms(),
-                )
-                self.log.info("job %s found on pod %s after it answered again", job_id, pod)
-            elif not (record.phase == PLACED and record.pod == pod):
-                if state_name(job.state) not in FINAL:
-                    where = f"pod {record.pod}" if record.pod else "the cell"
-                    with contextlib.suppress(PodCallError):
-                        await self.call(
-                            pod,
-                            "CancelJob",
-                            workload_scheduler_pb2.CancelJobRequest(
-                                job_id=job_id,
-                                reason=f"duplicate: the cell has this job on {where}",
-                            ),
-                        )
-                    self.log.warning(
-                        "job %s: cancelled a duplicate on pod %s (the cell has it on %s)",
-                        job_id,
-                        pod,
-                        where,
-                    )
-            await self.store.forget_maybe(job_id, pod)
-
-    async def reconcile_pod(self, pod_id: str) -> None:
-        """A pod answers again (or its event stream lost entries): ask it about each job
-        the cell placed there that has not ended (CS-6)."""
-        if pod_id in self._reconciling:
-            return
-        self._reconciling.add(pod_id)
-        lease = f"reconcile:{pod_id}"
-        owner = self._token()
-        try:
-            if not await self.store.lease(lease, owner, 30_000):
-                return
-            fixed = 0
-            for job_id in await self.store.live_jobs(pod_id):
-                record = await self.store.job(job_id)
-                if record is None or record.phase != PLACED or record.pod != pod_id:
-                    continue
-                try:
-                    job = await self.call(
-                        pod_id, "GetJob", workload_scheduler_pb2.GetJobRequest(job_id=job_id)
-                    )
-                except PodRefused:
-                    await self.store.mirror(
-                        job_id,
-                        pod=pod_id,
-                        state="FAILED",
-                        n=record.n + 1,
-                        reason=f"pod {pod_id} no longer knows this job",
-                        now_ms=self.now_ms(),
-                    )
-                    fixed += 1
-                    continue
-                except PodUnreachable:
-                    return
-                before = record.pod_state
-                await self._mirror(record, job)
-                fixed += before != state_name(job.state)
-            self.log.info(
-                "pod %s reconciled: %d job state(s) corrected",
-                pod_id,
-                fixed,
-                extra={"pod_id": pod_id},
-            )
-        finally:
-            self._reconciling.discard(pod_id)
-            await self.store.release_lease(lease, owner)
-
-
-def _placed_fields(job: workload_scheduler_pb2.Job, spec: workload_scheduler_pb2.JobSpec) -> dict:
-    return {
-        "spec": b64(spec.SerializeToString(deterministic=True)),
-        "chips": _shape(job.chips.dims),
-        "blocks": len(job.blocks) or 0,
-    }
-
-
-def _cell_event_pb(e: Mapping[str, Any]) -> common_pb2.JobEvent:
-    """A cell-side transition as the JobEvent watchers get (the pods' own shape)."""
-    return job_event_pb(dict(e), e.get("pod", ""))
 
 
 def _check_registration(reg: cell_scheduler_pb2.PodRegistration) -> None:

@@ -16,6 +16,8 @@ have grown to minutes while the pod was away).
 
 from __future__ import annotations
 
+import base64
+
 import grpc
 from opentelemetry.sdk.trace import TracerProvider
 
@@ -27,7 +29,7 @@ from lightpath.errors import (
     LightpathError,
     Unavailable,
 )
-from lightpath.v1 import workload_scheduler_pb2_grpc
+from lightpath.v1 import common_pb2, workload_scheduler_pb2, workload_scheduler_pb2_grpc
 
 REFUSALS = frozenset(
     {
@@ -79,6 +81,18 @@ class PodRefused(PodCallError):
 
 class PodUnreachable(PodCallError):
     """No answer: the request may or may not have reached the pod."""
+
+
+def state_name(state: int) -> str:
+    return common_pb2.JobState.Name(state).removeprefix("JOB_STATE_")  # type: ignore[arg-type]
+
+
+def placed_fields(job: workload_scheduler_pb2.Job, spec: workload_scheduler_pb2.JobSpec) -> dict:
+    return {
+        "spec": base64.b64encode(spec.SerializeToString(deterministic=True)).decode(),
+        "chips": "x".join(map(str, job.chips.dims)),
+        "blocks": len(job.blocks) or 0,
+    }
 
 
 def classify(pod_id: str, err: grpc.aio.AioRpcError) -> PodCallError:

@@ -14,6 +14,7 @@ from services.cell_scheduler.podclient import PodClients
 from services.cell_scheduler.request import has_demand
 from services.cell_scheduler.settings import CellSchedulerSettings, node_flops
 from services.cell_scheduler.store import CellStore
+from services.cell_scheduler.watch import watch_job, watch_pod
 from services.common.server import Runtime, ServiceDefinition
 
 SERVICE_NAME = cell_scheduler_pb2.DESCRIPTOR.services_by_name["CellScheduler"].full_name
@@ -129,7 +130,7 @@ class CellSchedulerServicer(cell_scheduler_pb2_grpc.CellSchedulerServicer):
 
     async def WatchJob(self, request, context):
         _note(job_id=request.job_id)
-        async for event in self._cell.watch_job(request.job_id):
+        async for event in watch_job(self._cell, request.job_id):
             yield event
 
     async def ReportBlockHealth(self, request, context):
@@ -149,7 +150,7 @@ class CellSchedulerServicer(cell_scheduler_pb2_grpc.CellSchedulerServicer):
 
     async def WatchPod(self, request, context):
         _note(pod_id=request.pod_id)
-        async for event in self._cell.watch_pod(request.pod_id):
+        async for event in watch_pod(self._cell, request.pod_id):
             yield event
 
     async def RegisterPod(self, request, context) -> cell_scheduler_pb2.Pod:
