@@ -635,7 +635,10 @@ class CellScheduler:
             if record.phase == PLACED:
                 self._remember(record)
             if placed:
-                self.log.debug(
+                # Routine placements at debug (the job's history keeps them); preemptions
+                # and jobs leaving the cell queue at info.
+                notable = bool(resp.preempted) or not created
+                (self.log.info if notable else self.log.debug)(
                     "job %s placed on pod %s (%s): %s",
                     job_id,
                     pod,
