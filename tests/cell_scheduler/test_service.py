@@ -449,3 +449,43 @@ async def test_two_cell_replicas_place_concurrent_submissions_once_each(redis_ur
             placed = await cell.wait_state(j.job_id, RUNNING)
             others = [p for p in cell.pods.values() if p.pod_id != placed.pod_id]
             assert [await p.job(j.job_id) for p in others] == [None] * len(others)
+
+
+async def test_validate_only_says_what_would_happen_and_keeps_nothing(cell2):
+    resp = await cell2.cells[0].SubmitJob(
+        cs.SubmitJobRequest(
+            spec=ws.JobSpec(job_id="dry", shape=c.Shape(dims=[8, 8, 4])), validate_only=True
+        )
+    )
+    assert resp.outcome.startswith("would go to pod pod-a") and "placed on blocks" in resp.outcome
+    assert resp.job.pod_id == "pod-a" and resp.job.block_count == 4
+    assert (await rpc_error(cell2.job("dry"))).code == grpc.StatusCode.NOT_FOUND
+    assert await cell2.pods["pod-a"].job("dry") is None
+    for pod in ("a", "b"):
+        await cell2.submit(f"full-{pod}", (8, 8, 8), priority=90)
+    await cell2.submit("waiting", (8, 8, 8), priority=60)
+    resp = await cell2.cells[0].SubmitJob(
+        cs.SubmitJobRequest(
+            spec=ws.JobSpec(job_id="dry2", shape=c.Shape(dims=[8, 8, 8]), priority=70),
+            validate_only=True,
+        )
+    )
+    assert resp.outcome.startswith("would wait in the cell queue at position 1")
+    assert (await cell2.job("waiting")).cell_queue_position == 1
+
+
+async def test_registrations_and_reports_are_checked(cell2):
+    err = await rpc_error(
+        cell2.cell.RegisterPod(
+            cs.RegisterPodRequest(
+                pod=cs.PodRegistration(pod_id="bad/pod", endpoint="nowhere", node_types=[])
+            )
+        )
+    )
+    assert err.code == grpc.StatusCode.INVALID_ARGUMENT
+    fields = [f for f, _ in err.field_violations]
+    assert fields[:4] == ["pod.pod_id", "pod.endpoint", "pod.block_shape", "pod.node_types"]
+    err = await rpc_error(cell2.cell.ReportPodStatus(cs.ReportPodStatusRequest(pod_id="ghost")))
+    assert err.code == grpc.StatusCode.NOT_FOUND and "register" in err.message
+    err = await rpc_error(cell2.submit("t", (4, 4, 4), tenant="acme", labels={"tenant": "other"}))
+    assert err.field_violations[0][0] == "spec.labels[tenant]"
