@@ -29,7 +29,6 @@ forward got no answer) and a pass over the cell queue. Streams: `watch`.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 import uuid
@@ -84,6 +83,7 @@ from services.cell_scheduler.store import (
     b64,
     unb64,
 )
+from services.cell_scheduler.watch import CellEventHub
 
 MAX_PLAN_ATTEMPTS = 4
 REGISTRY_TTL_S = 0.2
@@ -153,6 +153,7 @@ class CellScheduler:
         self._endpoints: dict[str, str] = {}
         self._kick = asyncio.Event()
         self.recovery = Recovery(self)
+        self.events = CellEventHub(store, self.log)
         self._tasks: set[asyncio.Future] = set()  # forwards that outlive their caller
         self._snap: RegistrySnapshot | None = None
         self._snap_at = 0.0
@@ -1079,8 +1080,12 @@ class CellScheduler:
                 raise
             except Exception:
                 self.log.exception("cell reconcile round failed")
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._kick.wait(), interval_s)
+            # (asyncio.wait, not wait_for: on Python 3.11 wait_for can swallow a cancellation)
+            waiter = asyncio.ensure_future(self._kick.wait())
+            try:
+                await asyncio.wait({waiter}, timeout=interval_s)
+            finally:
+                waiter.cancel()
             self._kick.clear()
 
 
