@@ -115,11 +115,6 @@ class JobView:
     queue_position: int = 0
 
 
-@dataclass
-class PodInfo:
-    pod: cell_scheduler_pb2.Pod
-
-
 class CellScheduler:
     """The cell: several replicas may run on one Redis; all coordination goes through
     the store's atomic scripts."""
@@ -925,13 +920,13 @@ class CellScheduler:
         return out, before if more else None
 
     async def complete(self, job_id: str) -> JobView:
-        pod = self._placed.get(job_id) or await self._placed_pod(job_id, "complete")
+        pod = self._placed.get(job_id) or await self._placed_pod(job_id)
         return await self._on_pod(
             job_id, pod, "CompleteJob", workload_scheduler_pb2.CompleteJobRequest(job_id=job_id)
         )
 
-    async def _placed_pod(self, job_id: str, what: str) -> str:
-        """The pod of a job that is on one, else why it cannot be completed or cancelled there."""
+    async def _placed_pod(self, job_id: str) -> str:
+        """The pod of a job that is on one, else why it cannot be completed."""
         record = await self._settled(await self.job_record(job_id))
         if record.phase == PLACED:
             self._remember(record)
