@@ -7,7 +7,7 @@ import base64
 from google.protobuf.timestamp_pb2 import Timestamp
 from opentelemetry import trace
 
-from lightpath.errors import InvalidArgument
+from lightpath.errors import FieldViolation, InvalidArgument
 from lightpath.v1 import cell_scheduler_pb2, cell_scheduler_pb2_grpc, common_pb2
 from services.cell_scheduler.cell import CellScheduler, JobView
 from services.cell_scheduler.podclient import PodClients
@@ -15,6 +15,7 @@ from services.cell_scheduler.request import has_demand
 from services.cell_scheduler.settings import CellSchedulerSettings, node_flops
 from services.cell_scheduler.store import CellStore
 from services.cell_scheduler.watch import watch_job, watch_pod
+from services.common.keys import ID_RULE, is_valid_id
 from services.common.server import Runtime, ServiceDefinition
 
 SERVICE_NAME = cell_scheduler_pb2.DESCRIPTOR.services_by_name["CellScheduler"].full_name
@@ -32,6 +33,13 @@ def _note(**attrs) -> None:
     span = trace.get_current_span()
     for k, v in attrs.items():
         span.set_attribute(f"lightpath.{k}", v)
+
+
+def _ids(**fields: str) -> None:
+    """Ids name Redis keys: a malformed one is INVALID_ARGUMENT, never a server error (X-3)."""
+    bad = [FieldViolation(f, ID_RULE) for f, v in fields.items() if not is_valid_id(v)]
+    if bad:
+        raise InvalidArgument.of(bad)
 
 
 def cell_job_pb(cell: CellScheduler, view: JobView) -> cell_scheduler_pb2.CellJob:
@@ -88,12 +96,14 @@ class CellSchedulerServicer(cell_scheduler_pb2_grpc.CellSchedulerServicer):
         )
 
     async def GetJob(self, request, context) -> cell_scheduler_pb2.CellJob:
+        _ids(job_id=request.job_id)
         _note(job_id=request.job_id)
         return cell_job_pb(
             self._cell, await self._cell.get(request.job_id, include_rings=request.include_rings)
         )
 
     async def ListJobs(self, request, context) -> cell_scheduler_pb2.ListCellJobsResponse:
+        _ids(**{k: v for k, v in (("tenant", request.tenant), ("pod_id", request.pod_id)) if v})
         if request.page_size < 0:
             raise InvalidArgument("page_size", "must be >= 0")
         size = min(request.page_size or DEFAULT_PAGE, MAX_PAGE)
@@ -121,14 +131,17 @@ class CellSchedulerServicer(cell_scheduler_pb2_grpc.CellSchedulerServicer):
         )
 
     async def CompleteJob(self, request, context) -> cell_scheduler_pb2.CellJob:
+        _ids(job_id=request.job_id)
         _note(job_id=request.job_id)
         return cell_job_pb(self._cell, await self._cell.complete(request.job_id))
 
     async def CancelJob(self, request, context) -> cell_scheduler_pb2.CellJob:
+        _ids(job_id=request.job_id)
         _note(job_id=request.job_id)
         return cell_job_pb(self._cell, await self._cell.cancel(request.job_id, request.reason))
 
     async def WatchJob(self, request, context):
+        _ids(job_id=request.job_id)
         _note(job_id=request.job_id)
         async for event in watch_job(self._cell, request.job_id):
             yield event
@@ -136,6 +149,7 @@ class CellSchedulerServicer(cell_scheduler_pb2_grpc.CellSchedulerServicer):
     async def ReportBlockHealth(self, request, context):
         if request.health not in (common_pb2.BLOCK_HEALTH_HEALTHY, common_pb2.BLOCK_HEALTH_FAILED):
             raise InvalidArgument("health", "must be HEALTHY (recovered) or FAILED")
+        _ids(pod_id=request.pod_id)
         _note(pod_id=request.pod_id, block=request.block_id)
         return await self._cell.report_block_health(
             request.pod_id, request.block_id, request.health, request.reason
@@ -145,10 +159,12 @@ class CellSchedulerServicer(cell_scheduler_pb2_grpc.CellSchedulerServicer):
         return cell_scheduler_pb2.ListPodsResponse(pods=await self._cell.list_pods())
 
     async def GetPod(self, request, context) -> cell_scheduler_pb2.Pod:
+        _ids(pod_id=request.pod_id)
         _note(pod_id=request.pod_id)
         return await self._cell.pod_info(request.pod_id, include_view=request.include_view)
 
     async def WatchPod(self, request, context):
+        _ids(pod_id=request.pod_id)
         _note(pod_id=request.pod_id)
         async for event in watch_pod(self._cell, request.pod_id):
             yield event
@@ -158,6 +174,7 @@ class CellSchedulerServicer(cell_scheduler_pb2_grpc.CellSchedulerServicer):
         return await self._cell.register(request.pod)
 
     async def ReportPodStatus(self, request, context) -> cell_scheduler_pb2.ReportPodStatusResponse:
+        _ids(pod_id=request.pod_id)
         _note(pod_id=request.pod_id, transitions=len(request.transitions))
         return await self._cell.report(request)
 

@@ -489,3 +489,31 @@ async def test_registrations_and_reports_are_checked(cell2):
     assert err.code == grpc.StatusCode.NOT_FOUND and "register" in err.message
     err = await rpc_error(cell2.submit("t", (4, 4, 4), tenant="acme", labels={"tenant": "other"}))
     assert err.field_violations[0][0] == "spec.labels[tenant]"
+
+
+async def test_malformed_ids_are_invalid_argument_on_every_call(cell2):
+    bad = "x{y}"
+    calls = [
+        cell2.cell.GetJob(cs.GetCellJobRequest(job_id=bad)),
+        cell2.cell.CompleteJob(cs.CompleteCellJobRequest(job_id=bad)),
+        cell2.cell.CancelJob(cs.CancelCellJobRequest(job_id=bad)),
+        cell2.cell.ListJobs(cs.ListCellJobsRequest(tenant=bad)),
+        cell2.cell.ListJobs(cs.ListCellJobsRequest(pod_id=bad)),
+        cell2.cell.GetPod(cs.GetCellPodRequest(pod_id=bad)),
+        cell2.cell.ReportBlockHealth(
+            cs.ReportCellBlockHealthRequest(pod_id=bad, block_id=1, health=c.BLOCK_HEALTH_FAILED)
+        ),
+        cell2.cell.ReportPodStatus(cs.ReportPodStatusRequest(pod_id=bad)),
+    ]
+    for call in calls:
+        err = await rpc_error(call)
+        assert err.code == grpc.StatusCode.INVALID_ARGUMENT, err
+    err = await rpc_error(_first(cell2.cell.WatchJob(cs.WatchCellJobRequest(job_id=bad))))
+    assert err.code == grpc.StatusCode.INVALID_ARGUMENT
+    err = await rpc_error(_first(cell2.cell.WatchJob(cs.WatchCellJobRequest(job_id="nope"))))
+    assert err.code == grpc.StatusCode.NOT_FOUND
+
+
+async def _first(stream):
+    async for item in stream:
+        return item
