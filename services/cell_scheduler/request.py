@@ -7,6 +7,10 @@ the pod would get. So a request is refused with INVALID_ARGUMENT, naming the
 field and the rule, exactly when no pod of the cell could ever host it, and
 the cell knows per pod how many blocks of each node type the job takes.
 
+A SWITCHED pod (seed 002) takes parallelism degrees instead of a shape; the
+cell only counts the processor groups such a job takes and leaves the rest to
+the pod (`_resolve_switched`).
+
 With a compute demand instead of a shape (CS-4) the shape is derived per pod
 (pods may have different blocks) from the time left until the deadline, at
 the moment the job is placed: a job that waited in the cell queue gets a
@@ -26,7 +30,7 @@ from lightpath.v1 import cell_scheduler_pb2, common_pb2, workload_scheduler_pb2
 from services.cell_scheduler.demand import DerivedShape, derive_shape
 from services.common.keys import ID_RULE, is_valid_id
 from services.workload_scheduler.fabric import TYPE_NAME_RULE, PodFabric, parse_block_types
-from services.workload_scheduler.spec import normalize
+from services.workload_scheduler.spec import normalize, priority_of
 
 DEFAULT_TENANT = "default"
 TENANT_LABEL = "tenant"
@@ -183,6 +187,8 @@ def resolve(
     spec.labels[TENANT_LABEL] = tenant_of(req)
     # The cell keeps the job when no pod can place it now: a pod only places or refuses.
     spec.when_no_capacity = workload_scheduler_pb2.WHEN_NO_CAPACITY_FAIL
+    if pod.fabric_kind == common_pb2.FABRIC_KIND_SWITCHED:
+        return _resolve_switched(req, pod, spec)
     derived: DerivedShape | None = None
     if has_demand(req):
         d = req.demand
@@ -226,6 +232,44 @@ def resolve(
         norm.priority,
         derived,
     )
+
+
+def _resolve_switched(
+    req: cell_scheduler_pb2.SubmitJobRequest, pod: PodModel, spec: workload_scheduler_pb2.JobSpec
+) -> Resolved:
+    """A SWITCHED pod (seed 002): its blocks are processor groups and a job names its
+    parallelism degrees. The cell counts the groups the job takes — one when its
+    processors fit in a group, else ceil(processors / group size) — and leaves the
+    pod's own rules (small-job groups, ring routing) to its admission."""
+    if has_demand(req):
+        raise InvalidArgument(
+            "demand",
+            f"pod {pod.pod_id} is SWITCHED: give parallelism degrees instead of a demand",
+            reason="SWITCHED_NEEDS_DEGREES",
+        )
+    p = spec.parallelism
+    if not (p.data or p.pipeline or p.layer):
+        raise InvalidArgument(
+            "spec.parallelism",
+            f"is required on SWITCHED pod {pod.pod_id}: the data, pipeline and layer degrees "
+            "(their product is the processor count)",
+            reason="SWITCHED_NEEDS_DEGREES",
+        )
+    violations: list[FieldViolation] = []
+    priority = priority_of(spec, violations)
+    if violations:
+        raise InvalidArgument.of(violations)
+    processors = (p.data or 1) * (p.pipeline or 1) * (p.layer or 1)
+    size = math.prod(pod.block_shape)
+    groups = max(1, math.ceil(processors / size))
+    if groups > pod.block_count:
+        raise InvalidArgument(
+            "spec.parallelism",
+            f"needs {groups} groups of {size} processors; pod {pod.pod_id} has {pod.block_count}",
+            reason="MORE_BLOCKS_THAN_POD",
+        )
+    node_type = pod.node_types[0][0]
+    return Resolved(spec, Counter({node_type: groups}), (groups,), (processors,), priority)
 
 
 def resolve_all(

@@ -170,16 +170,8 @@ class Runtime(Generic[S]):
                 self.log.exception("shutdown hook failed")
         for task in list(self._tasks):
             task.cancel()
-        pending = set(self._tasks)
-        while pending:
-            # A task whose cancellation was swallowed on the way (it then loops on) is
-            # cancelled again, so a shutdown never hangs on it.
-            _, pending = await asyncio.wait(pending, timeout=1.0)
-            for task in pending:
-                self.log.warning(
-                    "background task %s ignored its cancellation; again", task.get_name()
-                )
-                task.cancel()
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
         for ch in self._channels:
             await ch.close()
 

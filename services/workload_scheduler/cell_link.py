@@ -45,13 +45,19 @@ MAX_TRANSITIONS = 500
 CALL_TIMEOUT_S = 5.0
 
 
+def fabric_kind(fabric: PodFabric) -> str:
+    """The pod's FabricKind without its prefix: PodFabric.kind where the fabric knows it
+    (SWITCHED pods, issue 9), else an optical torus."""
+    return str(getattr(fabric, "kind", "OCS_TORUS"))
+
+
 def registration_pb(
     fabric: PodFabric, endpoint: str, instance_id: str, events_tip: str
 ) -> cell_scheduler_pb2.PodRegistration:
     reg = cell_scheduler_pb2.PodRegistration(
         pod_id=fabric.pod_id,
         endpoint=endpoint,
-        fabric_kind=common_pb2.FabricKind.Value("FABRIC_KIND_" + fabric.fabric_kind),
+        fabric_kind=common_pb2.FabricKind.Value("FABRIC_KIND_" + fabric_kind(fabric)),
         block_shape=common_pb2.Shape(dims=fabric.block_shape),
         ocs_per_axis=fabric.ocs_per_axis,
         instance_id=instance_id,

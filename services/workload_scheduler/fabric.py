@@ -89,8 +89,6 @@ class PodFabric:
     # With K >= 2, the index (0..K-1) of the OCS that each block's first ends land on
     # (WS-3: spread a slice over them so fewer ports are contended). All 0 when K = 1.
     first_end_group: tuple[int, ...] = ()
-    # FabricKind without its prefix: what the pod registers with the cell (CS-1).
-    fabric_kind: str = "OCS_TORUS"
     _type_counts: Counter[str] = field(default_factory=Counter, compare=False, repr=False)
 
     def __post_init__(self) -> None:
