@@ -19,6 +19,7 @@ COMMAND_MODULES = (
     "lightpath.cli.agg",
     "lightpath.cli.cores",
     "lightpath.cli.graph",
+    "lightpath.cli.cell",
 )
 
 

@@ -6,8 +6,11 @@
     lightpath pod pod-1 --events     # follow job transitions and block health changes
     lightpath rings 8x8x4 --data 8 --pipeline 4 --layer 8 [--json]
 
-These talk to the pod's workload scheduler directly: the `ws-<pod>` process of
-the local stack, or --addr / $LIGHTPATH_WS_ADDR.
+`pod` goes through the cell scheduler (the local stack's, or --cell /
+$LIGHTPATH_CELL_ADDR), which relays the pod's view: no pod address is needed
+(--addr HOST:PORT asks a workload scheduler directly instead).
+`rings` asks a pod's workload scheduler directly (the `ws-<pod>` process of the
+local stack, or --addr / $LIGHTPATH_WS_ADDR): it plans, it changes nothing.
 """
 
 from __future__ import annotations
@@ -29,7 +32,10 @@ JOB_SYMBOLS = string.ascii_uppercase + string.ascii_lowercase + string.digits
 def register(sub: argparse._SubParsersAction) -> None:
     pod = sub.add_parser("pod", help="a superpod's block map, counts and jobs (seed Fig. 2)")
     pod.add_argument("pod_id", help="e.g. pod-1")
-    pod.add_argument("--addr", help="workload scheduler host:port (default: the local stack's)")
+    pod.add_argument("--cell", help="cell scheduler host:port (default: the local stack's)")
+    pod.add_argument(
+        "--addr", help="ask this workload scheduler host:port directly instead of the cell"
+    )
     pod.add_argument(
         "--events", action="store_true", help="follow the pod's job and block events (Ctrl-C ends)"
     )
@@ -62,7 +68,48 @@ def scheduler_address(pod_id: str, addr: str | None) -> str:
 
 
 def cmd_pod(args: argparse.Namespace) -> int:
-    address = scheduler_address(args.pod_id, args.addr)
+    if args.addr:
+        return _pod_direct(args)
+    from lightpath.cli.cell import STATUS, cell_address
+    from lightpath.v1 import cell_scheduler_pb2, cell_scheduler_pb2_grpc
+
+    address = cell_address(args.cell)
+
+    async def run() -> int:
+        async with channel(address, default_timeout=None if args.events else 10.0) as ch:
+            cell = cell_scheduler_pb2_grpc.CellSchedulerStub(ch)
+            if args.events:
+                request = cell_scheduler_pb2.WatchCellPodRequest(pod_id=args.pod_id)
+                async for event in cell.WatchPod(request):
+                    if args.json:
+                        print_json(event)
+                    else:
+                        print(describe_event(event), flush=True)
+                return 0
+            pod = await cell.GetPod(
+                cell_scheduler_pb2.GetCellPodRequest(pod_id=args.pod_id, include_view=True)
+            )
+            if args.json:
+                print_json(pod)
+                return 0
+            print(render_pod(pod.view))
+            status = STATUS.get(pod.status, "?")
+            print(
+                f"cell:   {status}{f' ({pod.status_reason})' if pod.status_reason else ''}, "
+                f"{pod.cell_jobs} live job(s) placed by the cell, scheduler at "
+                f"{pod.registration.endpoint}"
+            )
+            return 0
+
+    try:
+        return run_rpc(run)
+    except KeyboardInterrupt:
+        return 0
+
+
+def _pod_direct(args: argparse.Namespace) -> int:
+    """`lightpath pod ID --addr HOST:PORT`: the pod's workload scheduler itself (no cell)."""
+    address = args.addr
 
     async def run() -> int:
         async with channel(address, default_timeout=None if args.events else 10.0) as ch:

@@ -46,12 +46,12 @@ Scenario = Callable[[DemoContext], Awaitable[None]]
 
 
 def scenarios() -> list[Scenario]:
-    from lightpath.demo import agg, cores, foundation, graph, ocs, switched, workload
+    from lightpath.demo import agg, cell, cores, foundation, graph, ocs, switched
 
     return [
         foundation.run,
         ocs.run,
-        workload.run,
+        cell.run,
         switched.run,
         cores.run,
         graph.run,

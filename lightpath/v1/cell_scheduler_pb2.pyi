@@ -3,6 +3,843 @@
 isort:skip_file
 """
 
+from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from lightpath.v1 import common_pb2 as _common_pb2
+from lightpath.v1 import workload_scheduler_pb2 as _workload_scheduler_pb2
+import builtins as _builtins
+import sys
+import typing as _typing
+
+if sys.version_info >= (3, 11):
+    from typing import TypeAlias as _TypeAlias, Never as _Never
+else:
+    from typing_extensions import TypeAlias as _TypeAlias, Never as _Never
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class _PodStatus:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _PodStatusEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_PodStatus.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    POD_STATUS_UNSPECIFIED: _PodStatus.ValueType  # 0
+    POD_STATUS_READY: _PodStatus.ValueType  # 1
+    """Heartbeats arrive; new jobs may go there."""
+    POD_STATUS_SUSPECT: _PodStatus.ValueType  # 2
+    """A forward just failed to reach it: not chosen until its next heartbeat."""
+    POD_STATUS_SILENT: _PodStatus.ValueType  # 3
+    """No heartbeat for longer than LIGHTPATH_CELL_POD_TIMEOUT_S: not chosen, its
+    jobs show UNKNOWN until it answers again (CS-6).
+    """
+
+class PodStatus(_PodStatus, metaclass=_PodStatusEnumTypeWrapper):
+    """-- the registry (CS-1) --------------------------------------------------------"""
+
+POD_STATUS_UNSPECIFIED: PodStatus.ValueType  # 0
+POD_STATUS_READY: PodStatus.ValueType  # 1
+"""Heartbeats arrive; new jobs may go there."""
+POD_STATUS_SUSPECT: PodStatus.ValueType  # 2
+"""A forward just failed to reach it: not chosen until its next heartbeat."""
+POD_STATUS_SILENT: PodStatus.ValueType  # 3
+"""No heartbeat for longer than LIGHTPATH_CELL_POD_TIMEOUT_S: not chosen, its
+jobs show UNKNOWN until it answers again (CS-6).
+"""
+Global___PodStatus: _TypeAlias = PodStatus  # noqa: Y015
+
+@_typing.final
+class ComputeDemand(_message.Message):
+    """CS-4: what a job needs instead of a shape."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FLOPS_FIELD_NUMBER: _builtins.int
+    CHIP_HOURS_FIELD_NUMBER: _builtins.int
+    DEADLINE_FIELD_NUMBER: _builtins.int
+    NODE_TYPE_FIELD_NUMBER: _builtins.int
+    flops: _builtins.float
+    """Total floating-point operations of the workload, or ..."""
+    chip_hours: _builtins.float
+    """... chip-hours of `node_type` chips."""
+    node_type: _builtins.str
+    """Node type to run on; "" = the first type of LIGHTPATH_CELL_NODE_FLOPS."""
+    @_builtins.property
+    def deadline(self) -> _timestamp_pb2.Timestamp:
+        """When the workload must be done; the cell sizes the slice to finish by then."""
+
+    def __init__(
+        self,
+        *,
+        flops: _builtins.float = ...,
+        chip_hours: _builtins.float = ...,
+        deadline: _timestamp_pb2.Timestamp | None = ...,
+        node_type: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["deadline", b"deadline"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["chip_hours", b"chip_hours", "deadline", b"deadline", "flops", b"flops", "node_type", b"node_type"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ComputeDemand: _TypeAlias = ComputeDemand  # noqa: Y015
+
+@_typing.final
+class SubmitJobRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SPEC_FIELD_NUMBER: _builtins.int
+    DEMAND_FIELD_NUMBER: _builtins.int
+    TENANT_FIELD_NUMBER: _builtins.int
+    VALIDATE_ONLY_FIELD_NUMBER: _builtins.int
+    tenant: _builtins.str
+    """Whose job it is ([A-Za-z0-9._-]{1,64}; "" = "default"). Kept with the job
+    and given to the pod as the label "tenant".
+    """
+    validate_only: _builtins.bool
+    """Decide, say what would happen, change nothing (AIP-163)."""
+    @_builtins.property
+    def spec(self) -> _workload_scheduler_pb2.JobSpec:
+        """What the pod's workload scheduler takes (shape, node types, priority,
+        preemption policy, wrap, ...). `spec.job_id` is the idempotency key. With a
+        `demand`, leave shape, unit, node_types and node_type_counts empty.
+        `when_no_capacity` FAIL: refused (RESOURCE_EXHAUSTED) rather than queued.
+        """
+
+    @_builtins.property
+    def demand(self) -> Global___ComputeDemand: ...
+    def __init__(
+        self,
+        *,
+        spec: _workload_scheduler_pb2.JobSpec | None = ...,
+        demand: Global___ComputeDemand | None = ...,
+        tenant: _builtins.str = ...,
+        validate_only: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["demand", b"demand", "spec", b"spec"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["demand", b"demand", "spec", b"spec", "tenant", b"tenant", "validate_only", b"validate_only"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SubmitJobRequest: _TypeAlias = SubmitJobRequest  # noqa: Y015
+
+@_typing.final
+class SubmitJobResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_FIELD_NUMBER: _builtins.int
+    CREATED_FIELD_NUMBER: _builtins.int
+    PREEMPTED_FIELD_NUMBER: _builtins.int
+    OUTCOME_FIELD_NUMBER: _builtins.int
+    created: _builtins.bool
+    """False when the job id was already known (an idempotent retry)."""
+    outcome: _builtins.str
+    """For people: "placed on pod-1: most free tpu blocks (40) of 2 pods that fit",
+    "queued in the cell at position 2: ...", with validate_only "would ...".
+    """
+    @_builtins.property
+    def job(self) -> Global___CellJob: ...
+    @_builtins.property
+    def preempted(self) -> _containers.RepeatedCompositeFieldContainer[_workload_scheduler_pb2.Preemption]:
+        """Victims the pod preempted for it."""
+
+    def __init__(
+        self,
+        *,
+        job: Global___CellJob | None = ...,
+        created: _builtins.bool = ...,
+        preempted: _abc.Iterable[_workload_scheduler_pb2.Preemption] | None = ...,
+        outcome: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["job", b"job"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["created", b"created", "job", b"job", "outcome", b"outcome", "preempted", b"preempted"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SubmitJobResponse: _TypeAlias = SubmitJobResponse  # noqa: Y015
+
+@_typing.final
+class CellJob(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    TENANT_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    POD_ID_FIELD_NUMBER: _builtins.int
+    PRIORITY_FIELD_NUMBER: _builtins.int
+    SPEC_FIELD_NUMBER: _builtins.int
+    DEMAND_FIELD_NUMBER: _builtins.int
+    CHIPS_FIELD_NUMBER: _builtins.int
+    BLOCK_COUNT_FIELD_NUMBER: _builtins.int
+    SHAPE_DERIVED_FIELD_NUMBER: _builtins.int
+    CELL_QUEUE_POSITION_FIELD_NUMBER: _builtins.int
+    PLACEMENT_REASON_FIELD_NUMBER: _builtins.int
+    POD_JOB_FIELD_NUMBER: _builtins.int
+    CREATED_AT_FIELD_NUMBER: _builtins.int
+    UPDATED_AT_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    tenant: _builtins.str
+    state: _common_pb2.JobState.ValueType
+    """The pod's state; PENDING while in the cell queue; UNKNOWN while its pod is
+    silent (CS-6).
+    """
+    reason: _builtins.str
+    pod_id: _builtins.str
+    """"" while in the cell queue."""
+    priority: _builtins.int
+    block_count: _builtins.int
+    shape_derived: _builtins.bool
+    """True when `chips` was derived from the demand (CS-4)."""
+    cell_queue_position: _builtins.int
+    """PENDING in the cell queue: 1-based place (priority, then age)."""
+    placement_reason: _builtins.str
+    """Why this pod was chosen (CS-2, CS-3)."""
+    @_builtins.property
+    def spec(self) -> _workload_scheduler_pb2.JobSpec:
+        """The request as given, and the shape the cell derived from its demand (CS-4)."""
+
+    @_builtins.property
+    def demand(self) -> Global___ComputeDemand: ...
+    @_builtins.property
+    def chips(self) -> _common_pb2.Shape:
+        """The slice in chips (given or derived) and its block count, once a pod is chosen."""
+
+    @_builtins.property
+    def pod_job(self) -> _workload_scheduler_pb2.Job:
+        """The pod's own view of the job (blocks, grid, history, ...): GetJob and
+        SubmitJob fill it when the pod answers.
+        """
+
+    @_builtins.property
+    def created_at(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def updated_at(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        tenant: _builtins.str = ...,
+        state: _common_pb2.JobState.ValueType = ...,
+        reason: _builtins.str = ...,
+        pod_id: _builtins.str = ...,
+        priority: _builtins.int = ...,
+        spec: _workload_scheduler_pb2.JobSpec | None = ...,
+        demand: Global___ComputeDemand | None = ...,
+        chips: _common_pb2.Shape | None = ...,
+        block_count: _builtins.int = ...,
+        shape_derived: _builtins.bool = ...,
+        cell_queue_position: _builtins.int = ...,
+        placement_reason: _builtins.str = ...,
+        pod_job: _workload_scheduler_pb2.Job | None = ...,
+        created_at: _timestamp_pb2.Timestamp | None = ...,
+        updated_at: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["chips", b"chips", "created_at", b"created_at", "demand", b"demand", "pod_job", b"pod_job", "spec", b"spec", "updated_at", b"updated_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["block_count", b"block_count", "cell_queue_position", b"cell_queue_position", "chips", b"chips", "created_at", b"created_at", "demand", b"demand", "job_id", b"job_id", "placement_reason", b"placement_reason", "pod_id", b"pod_id", "pod_job", b"pod_job", "priority", b"priority", "reason", b"reason", "shape_derived", b"shape_derived", "spec", b"spec", "state", b"state", "tenant", b"tenant", "updated_at", b"updated_at"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CellJob: _TypeAlias = CellJob  # noqa: Y015
+
+@_typing.final
+class GetCellJobRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    INCLUDE_RINGS_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    include_rings: _builtins.bool
+    """Include the pod's ring plan (large for big slices)."""
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        include_rings: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["include_rings", b"include_rings", "job_id", b"job_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetCellJobRequest: _TypeAlias = GetCellJobRequest  # noqa: Y015
+
+@_typing.final
+class ListCellJobsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_FIELD_NUMBER: _builtins.int
+    STATES_FIELD_NUMBER: _builtins.int
+    POD_ID_FIELD_NUMBER: _builtins.int
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    tenant: _builtins.str
+    """Filters; empty = any."""
+    pod_id: _builtins.str
+    page_size: _builtins.int
+    page_token: _builtins.str
+    @_builtins.property
+    def states(self) -> _containers.RepeatedScalarFieldContainer[_common_pb2.JobState.ValueType]: ...
+    def __init__(
+        self,
+        *,
+        tenant: _builtins.str = ...,
+        states: _abc.Iterable[_common_pb2.JobState.ValueType] | None = ...,
+        pod_id: _builtins.str = ...,
+        page_size: _builtins.int = ...,
+        page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["page_size", b"page_size", "page_token", b"page_token", "pod_id", b"pod_id", "states", b"states", "tenant", b"tenant"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListCellJobsRequest: _TypeAlias = ListCellJobsRequest  # noqa: Y015
+
+@_typing.final
+class ListCellJobsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOBS_FIELD_NUMBER: _builtins.int
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    next_page_token: _builtins.str
+    @_builtins.property
+    def jobs(self) -> _containers.RepeatedCompositeFieldContainer[Global___CellJob]:
+        """Newest first; without the pod's view."""
+
+    def __init__(
+        self,
+        *,
+        jobs: _abc.Iterable[Global___CellJob] | None = ...,
+        next_page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["jobs", b"jobs", "next_page_token", b"next_page_token"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListCellJobsResponse: _TypeAlias = ListCellJobsResponse  # noqa: Y015
+
+@_typing.final
+class CompleteCellJobRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CompleteCellJobRequest: _TypeAlias = CompleteCellJobRequest  # noqa: Y015
+
+@_typing.final
+class CancelCellJobRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    reason: _builtins.str
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "reason", b"reason"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CancelCellJobRequest: _TypeAlias = CancelCellJobRequest  # noqa: Y015
+
+@_typing.final
+class WatchCellJobRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WatchCellJobRequest: _TypeAlias = WatchCellJobRequest  # noqa: Y015
+
+@_typing.final
+class ReportCellBlockHealthRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    POD_ID_FIELD_NUMBER: _builtins.int
+    BLOCK_ID_FIELD_NUMBER: _builtins.int
+    HEALTH_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    pod_id: _builtins.str
+    block_id: _builtins.int
+    health: _common_pb2.BlockHealth.ValueType
+    """HEALTHY (= recovered) or FAILED."""
+    reason: _builtins.str
+    def __init__(
+        self,
+        *,
+        pod_id: _builtins.str = ...,
+        block_id: _builtins.int = ...,
+        health: _common_pb2.BlockHealth.ValueType = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["block_id", b"block_id", "health", b"health", "pod_id", b"pod_id", "reason", b"reason"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReportCellBlockHealthRequest: _TypeAlias = ReportCellBlockHealthRequest  # noqa: Y015
+
+@_typing.final
+class NodeTypeBlocks(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NODE_TYPE_FIELD_NUMBER: _builtins.int
+    BLOCKS_FIELD_NUMBER: _builtins.int
+    node_type: _builtins.str
+    blocks: _builtins.int
+    def __init__(
+        self,
+        *,
+        node_type: _builtins.str = ...,
+        blocks: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["blocks", b"blocks", "node_type", b"node_type"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___NodeTypeBlocks: _TypeAlias = NodeTypeBlocks  # noqa: Y015
+
+@_typing.final
+class PodRegistration(_message.Message):
+    """What a workload scheduler says about its pod at start-up."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    POD_ID_FIELD_NUMBER: _builtins.int
+    ENDPOINT_FIELD_NUMBER: _builtins.int
+    FABRIC_KIND_FIELD_NUMBER: _builtins.int
+    BLOCK_SHAPE_FIELD_NUMBER: _builtins.int
+    NODE_TYPES_FIELD_NUMBER: _builtins.int
+    OCS_PER_AXIS_FIELD_NUMBER: _builtins.int
+    INSTANCE_ID_FIELD_NUMBER: _builtins.int
+    EVENTS_TIP_FIELD_NUMBER: _builtins.int
+    pod_id: _builtins.str
+    endpoint: _builtins.str
+    """host:port of its workload scheduler (this replica's)."""
+    fabric_kind: _common_pb2.FabricKind.ValueType
+    ocs_per_axis: _builtins.int
+    """K of an OCS_TORUS pod."""
+    instance_id: _builtins.str
+    """The reporting replica."""
+    events_tip: _builtins.str
+    """Id of the newest entry of the pod's event stream: transitions before it
+    are not sent to a cell that never heard of the pod.
+    """
+    @_builtins.property
+    def block_shape(self) -> _common_pb2.Shape:
+        """Chips per building block along each dimension."""
+
+    @_builtins.property
+    def node_types(self) -> _containers.RepeatedCompositeFieldContainer[Global___NodeTypeBlocks]:
+        """Blocks per node type, in block-id order."""
+
+    def __init__(
+        self,
+        *,
+        pod_id: _builtins.str = ...,
+        endpoint: _builtins.str = ...,
+        fabric_kind: _common_pb2.FabricKind.ValueType = ...,
+        block_shape: _common_pb2.Shape | None = ...,
+        node_types: _abc.Iterable[Global___NodeTypeBlocks] | None = ...,
+        ocs_per_axis: _builtins.int = ...,
+        instance_id: _builtins.str = ...,
+        events_tip: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["block_shape", b"block_shape"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["block_shape", b"block_shape", "endpoint", b"endpoint", "events_tip", b"events_tip", "fabric_kind", b"fabric_kind", "instance_id", b"instance_id", "node_types", b"node_types", "ocs_per_axis", b"ocs_per_axis", "pod_id", b"pod_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PodRegistration: _TypeAlias = PodRegistration  # noqa: Y015
+
+@_typing.final
+class NodeTypeCapacity(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class PreemptibleByPriorityEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.int
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.int = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    NODE_TYPE_FIELD_NUMBER: _builtins.int
+    TOTAL_FIELD_NUMBER: _builtins.int
+    FREE_FIELD_NUMBER: _builtins.int
+    ALLOCATED_FIELD_NUMBER: _builtins.int
+    FAILED_FIELD_NUMBER: _builtins.int
+    PREEMPTIBLE_BY_PRIORITY_FIELD_NUMBER: _builtins.int
+    node_type: _builtins.str
+    total: _builtins.int
+    free: _builtins.int
+    """Healthy, unallocated and not wired to a live slice: usable now."""
+    allocated: _builtins.int
+    failed: _builtins.int
+    @_builtins.property
+    def preemptible_by_priority(self) -> _containers.ScalarMap[_builtins.int, _builtins.int]:
+        """Blocks running jobs of each priority would give up at most under their own
+        preemption policy (CS-3: what a higher priority may take).
+        """
+
+    def __init__(
+        self,
+        *,
+        node_type: _builtins.str = ...,
+        total: _builtins.int = ...,
+        free: _builtins.int = ...,
+        allocated: _builtins.int = ...,
+        failed: _builtins.int = ...,
+        preemptible_by_priority: _abc.Mapping[_builtins.int, _builtins.int] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocated", b"allocated", "failed", b"failed", "free", b"free", "node_type", b"node_type", "preemptible_by_priority", b"preemptible_by_priority", "total", b"total"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___NodeTypeCapacity: _TypeAlias = NodeTypeCapacity  # noqa: Y015
+
+@_typing.final
+class PodCapacity(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TYPES_FIELD_NUMBER: _builtins.int
+    QUEUED_JOBS_FIELD_NUMBER: _builtins.int
+    RUNNING_JOBS_FIELD_NUMBER: _builtins.int
+    VERSION_FIELD_NUMBER: _builtins.int
+    AT_FIELD_NUMBER: _builtins.int
+    queued_jobs: _builtins.int
+    """Jobs waiting in the pod's own queue, and running."""
+    running_jobs: _builtins.int
+    version: _builtins.str
+    """Id of the newest entry of the pod's event stream when the snapshot was
+    taken: an older report never overwrites a newer one.
+    """
+    @_builtins.property
+    def types(self) -> _containers.RepeatedCompositeFieldContainer[Global___NodeTypeCapacity]: ...
+    @_builtins.property
+    def at(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        types: _abc.Iterable[Global___NodeTypeCapacity] | None = ...,
+        queued_jobs: _builtins.int = ...,
+        running_jobs: _builtins.int = ...,
+        version: _builtins.str = ...,
+        at: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["at", b"at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["at", b"at", "queued_jobs", b"queued_jobs", "running_jobs", b"running_jobs", "types", b"types", "version", b"version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PodCapacity: _TypeAlias = PodCapacity  # noqa: Y015
+
+@_typing.final
+class PodJobTransition(_message.Message):
+    """One transition of a pod's job, with its per-job sequence number (1, 2, ...)
+    so the cell applies each once and in order.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EVENT_FIELD_NUMBER: _builtins.int
+    SEQ_FIELD_NUMBER: _builtins.int
+    STREAM_ID_FIELD_NUMBER: _builtins.int
+    seq: _builtins.int
+    stream_id: _builtins.str
+    """Its id in the pod's event stream."""
+    @_builtins.property
+    def event(self) -> _common_pb2.JobEvent: ...
+    def __init__(
+        self,
+        *,
+        event: _common_pb2.JobEvent | None = ...,
+        seq: _builtins.int = ...,
+        stream_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["event", b"event"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["event", b"event", "seq", b"seq", "stream_id", b"stream_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PodJobTransition: _TypeAlias = PodJobTransition  # noqa: Y015
+
+@_typing.final
+class ReportPodStatusRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    POD_ID_FIELD_NUMBER: _builtins.int
+    INSTANCE_ID_FIELD_NUMBER: _builtins.int
+    ENDPOINT_FIELD_NUMBER: _builtins.int
+    CAPACITY_FIELD_NUMBER: _builtins.int
+    TRANSITIONS_FIELD_NUMBER: _builtins.int
+    EVENTS_AFTER_FIELD_NUMBER: _builtins.int
+    EVENTS_UNTIL_FIELD_NUMBER: _builtins.int
+    RESYNC_FIELD_NUMBER: _builtins.int
+    pod_id: _builtins.str
+    instance_id: _builtins.str
+    endpoint: _builtins.str
+    """This replica's address (a pod may have several scheduler replicas)."""
+    events_after: _builtins.str
+    events_until: _builtins.str
+    resync: _builtins.bool
+    """The pod's event stream no longer holds events_after (trimmed): the cell
+    reconciles the pod's jobs by asking for each.
+    """
+    @_builtins.property
+    def capacity(self) -> Global___PodCapacity: ...
+    @_builtins.property
+    def transitions(self) -> _containers.RepeatedCompositeFieldContainer[Global___PodJobTransition]:
+        """Job transitions with stream ids in (events_after, events_until], oldest
+        first. events_after is the id the cell acknowledged last.
+        """
+
+    def __init__(
+        self,
+        *,
+        pod_id: _builtins.str = ...,
+        instance_id: _builtins.str = ...,
+        endpoint: _builtins.str = ...,
+        capacity: Global___PodCapacity | None = ...,
+        transitions: _abc.Iterable[Global___PodJobTransition] | None = ...,
+        events_after: _builtins.str = ...,
+        events_until: _builtins.str = ...,
+        resync: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["capacity", b"capacity"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["capacity", b"capacity", "endpoint", b"endpoint", "events_after", b"events_after", "events_until", b"events_until", "instance_id", b"instance_id", "pod_id", b"pod_id", "resync", b"resync", "transitions", b"transitions"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReportPodStatusRequest: _TypeAlias = ReportPodStatusRequest  # noqa: Y015
+
+@_typing.final
+class ReportPodStatusResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EVENTS_ACK_FIELD_NUMBER: _builtins.int
+    STATUS_FIELD_NUMBER: _builtins.int
+    events_ack: _builtins.str
+    """Send transitions after this stream id next time."""
+    status: Global___PodStatus.ValueType
+    def __init__(
+        self,
+        *,
+        events_ack: _builtins.str = ...,
+        status: Global___PodStatus.ValueType = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["events_ack", b"events_ack", "status", b"status"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReportPodStatusResponse: _TypeAlias = ReportPodStatusResponse  # noqa: Y015
+
+@_typing.final
+class Pod(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REGISTRATION_FIELD_NUMBER: _builtins.int
+    CAPACITY_FIELD_NUMBER: _builtins.int
+    STATUS_FIELD_NUMBER: _builtins.int
+    STATUS_REASON_FIELD_NUMBER: _builtins.int
+    LAST_HEARTBEAT_FIELD_NUMBER: _builtins.int
+    CELL_JOBS_FIELD_NUMBER: _builtins.int
+    ENDPOINTS_FIELD_NUMBER: _builtins.int
+    VIEW_FIELD_NUMBER: _builtins.int
+    status: Global___PodStatus.ValueType
+    status_reason: _builtins.str
+    """Why it is SUSPECT or SILENT, for people."""
+    cell_jobs: _builtins.int
+    """Live jobs the cell placed there."""
+    @_builtins.property
+    def registration(self) -> Global___PodRegistration: ...
+    @_builtins.property
+    def capacity(self) -> Global___PodCapacity: ...
+    @_builtins.property
+    def last_heartbeat(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def endpoints(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Every replica of its workload scheduler seen, most recent first."""
+
+    @_builtins.property
+    def view(self) -> _workload_scheduler_pb2.PodView:
+        """GetPod with the pod answering: its block map (seed Fig. 2)."""
+
+    def __init__(
+        self,
+        *,
+        registration: Global___PodRegistration | None = ...,
+        capacity: Global___PodCapacity | None = ...,
+        status: Global___PodStatus.ValueType = ...,
+        status_reason: _builtins.str = ...,
+        last_heartbeat: _timestamp_pb2.Timestamp | None = ...,
+        cell_jobs: _builtins.int = ...,
+        endpoints: _abc.Iterable[_builtins.str] | None = ...,
+        view: _workload_scheduler_pb2.PodView | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["capacity", b"capacity", "last_heartbeat", b"last_heartbeat", "registration", b"registration", "view", b"view"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["capacity", b"capacity", "cell_jobs", b"cell_jobs", "endpoints", b"endpoints", "last_heartbeat", b"last_heartbeat", "registration", b"registration", "status", b"status", "status_reason", b"status_reason", "view", b"view"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Pod: _TypeAlias = Pod  # noqa: Y015
+
+@_typing.final
+class ListPodsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListPodsRequest: _TypeAlias = ListPodsRequest  # noqa: Y015
+
+@_typing.final
+class ListPodsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PODS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def pods(self) -> _containers.RepeatedCompositeFieldContainer[Global___Pod]: ...
+    def __init__(
+        self,
+        *,
+        pods: _abc.Iterable[Global___Pod] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["pods", b"pods"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListPodsResponse: _TypeAlias = ListPodsResponse  # noqa: Y015
+
+@_typing.final
+class GetCellPodRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    POD_ID_FIELD_NUMBER: _builtins.int
+    INCLUDE_VIEW_FIELD_NUMBER: _builtins.int
+    pod_id: _builtins.str
+    include_view: _builtins.bool
+    """Ask the pod for its block map (WS-9)."""
+    def __init__(
+        self,
+        *,
+        pod_id: _builtins.str = ...,
+        include_view: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["include_view", b"include_view", "pod_id", b"pod_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetCellPodRequest: _TypeAlias = GetCellPodRequest  # noqa: Y015
+
+@_typing.final
+class WatchCellPodRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    POD_ID_FIELD_NUMBER: _builtins.int
+    pod_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        pod_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["pod_id", b"pod_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WatchCellPodRequest: _TypeAlias = WatchCellPodRequest  # noqa: Y015
+
+@_typing.final
+class RegisterPodRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    POD_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def pod(self) -> Global___PodRegistration: ...
+    def __init__(
+        self,
+        *,
+        pod: Global___PodRegistration | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["pod", b"pod"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["pod", b"pod"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RegisterPodRequest: _TypeAlias = RegisterPodRequest  # noqa: Y015

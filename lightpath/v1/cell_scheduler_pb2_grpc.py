@@ -3,7 +3,9 @@
 import grpc
 import warnings
 
+from lightpath.v1 import cell_scheduler_pb2 as lightpath_dot_v1_dot_cell__scheduler__pb2
 from lightpath.v1 import common_pb2 as lightpath_dot_v1_dot_common__pb2
+from lightpath.v1 import workload_scheduler_pb2 as lightpath_dot_v1_dot_workload__scheduler__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -26,7 +28,15 @@ if _version_not_supported:
 
 
 class CellSchedulerStub:
-    """The single entry point for job systems: picks a superpod for each job (CS-1 … CS-6).
+    """The single entry point for job systems (CS-1 … CS-6, seed 000 ¶43, ¶52-55,
+    Fig. 1). A cell holds superpods; each pod's workload scheduler registers
+    here and reports its capacity and job transitions on a heartbeat. Job
+    systems submit, follow and end their jobs here and never need a pod's
+    address: the cell picks the pod, forwards, and relays.
+
+    Job ids are client-chosen and unique in the cell (X-5): a retried
+    SubmitJob — also at another replica, also after a lost reply — answers the
+    one job there is.
     """
 
     def __init__(self, channel):
@@ -40,14 +50,174 @@ class CellSchedulerStub:
                 request_serializer=lightpath_dot_v1_dot_common__pb2.GetInfoRequest.SerializeToString,
                 response_deserializer=lightpath_dot_v1_dot_common__pb2.ServiceInfo.FromString,
                 _registered_method=True)
+        self.SubmitJob = channel.unary_unary(
+                '/lightpath.v1.CellScheduler/SubmitJob',
+                request_serializer=lightpath_dot_v1_dot_cell__scheduler__pb2.SubmitJobRequest.SerializeToString,
+                response_deserializer=lightpath_dot_v1_dot_cell__scheduler__pb2.SubmitJobResponse.FromString,
+                _registered_method=True)
+        self.GetJob = channel.unary_unary(
+                '/lightpath.v1.CellScheduler/GetJob',
+                request_serializer=lightpath_dot_v1_dot_cell__scheduler__pb2.GetCellJobRequest.SerializeToString,
+                response_deserializer=lightpath_dot_v1_dot_cell__scheduler__pb2.CellJob.FromString,
+                _registered_method=True)
+        self.ListJobs = channel.unary_unary(
+                '/lightpath.v1.CellScheduler/ListJobs',
+                request_serializer=lightpath_dot_v1_dot_cell__scheduler__pb2.ListCellJobsRequest.SerializeToString,
+                response_deserializer=lightpath_dot_v1_dot_cell__scheduler__pb2.ListCellJobsResponse.FromString,
+                _registered_method=True)
+        self.CompleteJob = channel.unary_unary(
+                '/lightpath.v1.CellScheduler/CompleteJob',
+                request_serializer=lightpath_dot_v1_dot_cell__scheduler__pb2.CompleteCellJobRequest.SerializeToString,
+                response_deserializer=lightpath_dot_v1_dot_cell__scheduler__pb2.CellJob.FromString,
+                _registered_method=True)
+        self.CancelJob = channel.unary_unary(
+                '/lightpath.v1.CellScheduler/CancelJob',
+                request_serializer=lightpath_dot_v1_dot_cell__scheduler__pb2.CancelCellJobRequest.SerializeToString,
+                response_deserializer=lightpath_dot_v1_dot_cell__scheduler__pb2.CellJob.FromString,
+                _registered_method=True)
+        self.WatchJob = channel.unary_stream(
+                '/lightpath.v1.CellScheduler/WatchJob',
+                request_serializer=lightpath_dot_v1_dot_cell__scheduler__pb2.WatchCellJobRequest.SerializeToString,
+                response_deserializer=lightpath_dot_v1_dot_common__pb2.JobEvent.FromString,
+                _registered_method=True)
+        self.ReportBlockHealth = channel.unary_unary(
+                '/lightpath.v1.CellScheduler/ReportBlockHealth',
+                request_serializer=lightpath_dot_v1_dot_cell__scheduler__pb2.ReportCellBlockHealthRequest.SerializeToString,
+                response_deserializer=lightpath_dot_v1_dot_workload__scheduler__pb2.ReportBlockHealthResponse.FromString,
+                _registered_method=True)
+        self.ListPods = channel.unary_unary(
+                '/lightpath.v1.CellScheduler/ListPods',
+                request_serializer=lightpath_dot_v1_dot_cell__scheduler__pb2.ListPodsRequest.SerializeToString,
+                response_deserializer=lightpath_dot_v1_dot_cell__scheduler__pb2.ListPodsResponse.FromString,
+                _registered_method=True)
+        self.GetPod = channel.unary_unary(
+                '/lightpath.v1.CellScheduler/GetPod',
+                request_serializer=lightpath_dot_v1_dot_cell__scheduler__pb2.GetCellPodRequest.SerializeToString,
+                response_deserializer=lightpath_dot_v1_dot_cell__scheduler__pb2.Pod.FromString,
+                _registered_method=True)
+        self.WatchPod = channel.unary_stream(
+                '/lightpath.v1.CellScheduler/WatchPod',
+                request_serializer=lightpath_dot_v1_dot_cell__scheduler__pb2.WatchCellPodRequest.SerializeToString,
+                response_deserializer=lightpath_dot_v1_dot_workload__scheduler__pb2.PodEvent.FromString,
+                _registered_method=True)
+        self.RegisterPod = channel.unary_unary(
+                '/lightpath.v1.CellScheduler/RegisterPod',
+                request_serializer=lightpath_dot_v1_dot_cell__scheduler__pb2.RegisterPodRequest.SerializeToString,
+                response_deserializer=lightpath_dot_v1_dot_cell__scheduler__pb2.Pod.FromString,
+                _registered_method=True)
+        self.ReportPodStatus = channel.unary_unary(
+                '/lightpath.v1.CellScheduler/ReportPodStatus',
+                request_serializer=lightpath_dot_v1_dot_cell__scheduler__pb2.ReportPodStatusRequest.SerializeToString,
+                response_deserializer=lightpath_dot_v1_dot_cell__scheduler__pb2.ReportPodStatusResponse.FromString,
+                _registered_method=True)
 
 
 class CellSchedulerServicer:
-    """The single entry point for job systems: picks a superpod for each job (CS-1 … CS-6).
+    """The single entry point for job systems (CS-1 … CS-6, seed 000 ¶43, ¶52-55,
+    Fig. 1). A cell holds superpods; each pod's workload scheduler registers
+    here and reports its capacity and job transitions on a heartbeat. Job
+    systems submit, follow and end their jobs here and never need a pod's
+    address: the cell picks the pod, forwards, and relays.
+
+    Job ids are client-chosen and unique in the cell (X-5): a retried
+    SubmitJob — also at another replica, also after a lost reply — answers the
+    one job there is.
     """
 
     def GetInfo(self, request, context):
         """Identity and version of this instance.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SubmitJob(self, request, context):
+        """CS-2, CS-3, CS-4: place a job on a superpod, or keep it in the cell queue.
+        Answers once the pod runs it (or queued it), or refuses: INVALID_ARGUMENT
+        when no pod of the cell could ever host it, RESOURCE_EXHAUSTED when it
+        cannot be placed now and asked not to wait (nothing is kept).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetJob(self, request, context):
+        """CS-5: the job as the cell knows it, with its pod's view when the pod answers.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListJobs(self, request, context):
+        """CS-5: jobs newest first, by tenant, state and pod, paginated (from the cell's
+        own records: no pod is asked).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CompleteJob(self, request, context):
+        """CS-5: the job system reports that the workload finished (forwarded to its pod).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CancelJob(self, request, context):
+        """CS-5: cancel a job, in the cell queue or on its pod.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def WatchJob(self, request, context):
+        """CS-5: one job's transitions, history first, then live until it ends:
+        the cell's own (queued, placed, UNKNOWN while its pod is silent) and its pod's.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReportBlockHealth(self, request, context):
+        """WS-5 through the cell: a block of a pod FAILED or RECOVERED.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListPods(self, request, context):
+        """CS-1: the registry.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetPod(self, request, context):
+        """One pod: its registration, capacity and liveness, and its block map (WS-9)
+        relayed from its workload scheduler.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def WatchPod(self, request, context):
+        """Every job transition and block health change of one pod, relayed.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RegisterPod(self, request, context):
+        """CS-1, called by workload schedulers: at start-up (idempotent; again after a restart) ...
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReportPodStatus(self, request, context):
+        """... and on a heartbeat: capacity, plus the pod's job transitions since the
+        last acknowledged one. NOT_FOUND when the cell does not know the pod
+        (register again).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -61,6 +231,66 @@ def add_CellSchedulerServicer_to_server(servicer, server):
                     request_deserializer=lightpath_dot_v1_dot_common__pb2.GetInfoRequest.FromString,
                     response_serializer=lightpath_dot_v1_dot_common__pb2.ServiceInfo.SerializeToString,
             ),
+            'SubmitJob': grpc.unary_unary_rpc_method_handler(
+                    servicer.SubmitJob,
+                    request_deserializer=lightpath_dot_v1_dot_cell__scheduler__pb2.SubmitJobRequest.FromString,
+                    response_serializer=lightpath_dot_v1_dot_cell__scheduler__pb2.SubmitJobResponse.SerializeToString,
+            ),
+            'GetJob': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetJob,
+                    request_deserializer=lightpath_dot_v1_dot_cell__scheduler__pb2.GetCellJobRequest.FromString,
+                    response_serializer=lightpath_dot_v1_dot_cell__scheduler__pb2.CellJob.SerializeToString,
+            ),
+            'ListJobs': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListJobs,
+                    request_deserializer=lightpath_dot_v1_dot_cell__scheduler__pb2.ListCellJobsRequest.FromString,
+                    response_serializer=lightpath_dot_v1_dot_cell__scheduler__pb2.ListCellJobsResponse.SerializeToString,
+            ),
+            'CompleteJob': grpc.unary_unary_rpc_method_handler(
+                    servicer.CompleteJob,
+                    request_deserializer=lightpath_dot_v1_dot_cell__scheduler__pb2.CompleteCellJobRequest.FromString,
+                    response_serializer=lightpath_dot_v1_dot_cell__scheduler__pb2.CellJob.SerializeToString,
+            ),
+            'CancelJob': grpc.unary_unary_rpc_method_handler(
+                    servicer.CancelJob,
+                    request_deserializer=lightpath_dot_v1_dot_cell__scheduler__pb2.CancelCellJobRequest.FromString,
+                    response_serializer=lightpath_dot_v1_dot_cell__scheduler__pb2.CellJob.SerializeToString,
+            ),
+            'WatchJob': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchJob,
+                    request_deserializer=lightpath_dot_v1_dot_cell__scheduler__pb2.WatchCellJobRequest.FromString,
+                    response_serializer=lightpath_dot_v1_dot_common__pb2.JobEvent.SerializeToString,
+            ),
+            'ReportBlockHealth': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportBlockHealth,
+                    request_deserializer=lightpath_dot_v1_dot_cell__scheduler__pb2.ReportCellBlockHealthRequest.FromString,
+                    response_serializer=lightpath_dot_v1_dot_workload__scheduler__pb2.ReportBlockHealthResponse.SerializeToString,
+            ),
+            'ListPods': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListPods,
+                    request_deserializer=lightpath_dot_v1_dot_cell__scheduler__pb2.ListPodsRequest.FromString,
+                    response_serializer=lightpath_dot_v1_dot_cell__scheduler__pb2.ListPodsResponse.SerializeToString,
+            ),
+            'GetPod': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetPod,
+                    request_deserializer=lightpath_dot_v1_dot_cell__scheduler__pb2.GetCellPodRequest.FromString,
+                    response_serializer=lightpath_dot_v1_dot_cell__scheduler__pb2.Pod.SerializeToString,
+            ),
+            'WatchPod': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchPod,
+                    request_deserializer=lightpath_dot_v1_dot_cell__scheduler__pb2.WatchCellPodRequest.FromString,
+                    response_serializer=lightpath_dot_v1_dot_workload__scheduler__pb2.PodEvent.SerializeToString,
+            ),
+            'RegisterPod': grpc.unary_unary_rpc_method_handler(
+                    servicer.RegisterPod,
+                    request_deserializer=lightpath_dot_v1_dot_cell__scheduler__pb2.RegisterPodRequest.FromString,
+                    response_serializer=lightpath_dot_v1_dot_cell__scheduler__pb2.Pod.SerializeToString,
+            ),
+            'ReportPodStatus': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportPodStatus,
+                    request_deserializer=lightpath_dot_v1_dot_cell__scheduler__pb2.ReportPodStatusRequest.FromString,
+                    response_serializer=lightpath_dot_v1_dot_cell__scheduler__pb2.ReportPodStatusResponse.SerializeToString,
+            ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
             'lightpath.v1.CellScheduler', rpc_method_handlers)
@@ -70,7 +300,15 @@ def add_CellSchedulerServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class CellScheduler:
-    """The single entry point for job systems: picks a superpod for each job (CS-1 … CS-6).
+    """The single entry point for job systems (CS-1 … CS-6, seed 000 ¶43, ¶52-55,
+    Fig. 1). A cell holds superpods; each pod's workload scheduler registers
+    here and reports its capacity and job transitions on a heartbeat. Job
+    systems submit, follow and end their jobs here and never need a pod's
+    address: the cell picks the pod, forwards, and relays.
+
+    Job ids are client-chosen and unique in the cell (X-5): a retried
+    SubmitJob — also at another replica, also after a lost reply — answers the
+    one job there is.
     """
 
     @staticmethod
@@ -90,6 +328,330 @@ class CellScheduler:
             '/lightpath.v1.CellScheduler/GetInfo',
             lightpath_dot_v1_dot_common__pb2.GetInfoRequest.SerializeToString,
             lightpath_dot_v1_dot_common__pb2.ServiceInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SubmitJob(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lightpath.v1.CellScheduler/SubmitJob',
+            lightpath_dot_v1_dot_cell__scheduler__pb2.SubmitJobRequest.SerializeToString,
+            lightpath_dot_v1_dot_cell__scheduler__pb2.SubmitJobResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetJob(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lightpath.v1.CellScheduler/GetJob',
+            lightpath_dot_v1_dot_cell__scheduler__pb2.GetCellJobRequest.SerializeToString,
+            lightpath_dot_v1_dot_cell__scheduler__pb2.CellJob.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListJobs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lightpath.v1.CellScheduler/ListJobs',
+            lightpath_dot_v1_dot_cell__scheduler__pb2.ListCellJobsRequest.SerializeToString,
+            lightpath_dot_v1_dot_cell__scheduler__pb2.ListCellJobsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CompleteJob(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lightpath.v1.CellScheduler/CompleteJob',
+            lightpath_dot_v1_dot_cell__scheduler__pb2.CompleteCellJobRequest.SerializeToString,
+            lightpath_dot_v1_dot_cell__scheduler__pb2.CellJob.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CancelJob(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lightpath.v1.CellScheduler/CancelJob',
+            lightpath_dot_v1_dot_cell__scheduler__pb2.CancelCellJobRequest.SerializeToString,
+            lightpath_dot_v1_dot_cell__scheduler__pb2.CellJob.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchJob(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/lightpath.v1.CellScheduler/WatchJob',
+            lightpath_dot_v1_dot_cell__scheduler__pb2.WatchCellJobRequest.SerializeToString,
+            lightpath_dot_v1_dot_common__pb2.JobEvent.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportBlockHealth(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lightpath.v1.CellScheduler/ReportBlockHealth',
+            lightpath_dot_v1_dot_cell__scheduler__pb2.ReportCellBlockHealthRequest.SerializeToString,
+            lightpath_dot_v1_dot_workload__scheduler__pb2.ReportBlockHealthResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListPods(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lightpath.v1.CellScheduler/ListPods',
+            lightpath_dot_v1_dot_cell__scheduler__pb2.ListPodsRequest.SerializeToString,
+            lightpath_dot_v1_dot_cell__scheduler__pb2.ListPodsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetPod(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lightpath.v1.CellScheduler/GetPod',
+            lightpath_dot_v1_dot_cell__scheduler__pb2.GetCellPodRequest.SerializeToString,
+            lightpath_dot_v1_dot_cell__scheduler__pb2.Pod.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchPod(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/lightpath.v1.CellScheduler/WatchPod',
+            lightpath_dot_v1_dot_cell__scheduler__pb2.WatchCellPodRequest.SerializeToString,
+            lightpath_dot_v1_dot_workload__scheduler__pb2.PodEvent.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RegisterPod(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lightpath.v1.CellScheduler/RegisterPod',
+            lightpath_dot_v1_dot_cell__scheduler__pb2.RegisterPodRequest.SerializeToString,
+            lightpath_dot_v1_dot_cell__scheduler__pb2.Pod.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportPodStatus(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lightpath.v1.CellScheduler/ReportPodStatus',
+            lightpath_dot_v1_dot_cell__scheduler__pb2.ReportPodStatusRequest.SerializeToString,
+            lightpath_dot_v1_dot_cell__scheduler__pb2.ReportPodStatusResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -5,7 +5,9 @@ isort:skip_file
 
 from collections import abc as _abc
 from grpc import aio as _aio
+from lightpath.v1 import cell_scheduler_pb2 as _cell_scheduler_pb2
 from lightpath.v1 import common_pb2 as _common_pb2
+from lightpath.v1 import workload_scheduler_pb2 as _workload_scheduler_pb2
 import abc as _abc_1
 import grpc as _grpc
 import sys
@@ -27,7 +29,16 @@ GRPC_GENERATED_VERSION: str
 GRPC_VERSION: str
 
 class CellSchedulerStub:
-    """The single entry point for job systems: picks a superpod for each job (CS-1 … CS-6)."""
+    """The single entry point for job systems (CS-1 … CS-6, seed 000 ¶43, ¶52-55,
+    Fig. 1). A cell holds superpods; each pod's workload scheduler registers
+    here and reports its capacity and job transitions on a heartbeat. Job
+    systems submit, follow and end their jobs here and never need a pod's
+    address: the cell picks the pod, forwards, and relays.
+
+    Job ids are client-chosen and unique in the cell (X-5): a retried
+    SubmitJob — also at another replica, also after a lost reply — answers the
+    one job there is.
+    """
 
     @_typing.overload
     def __new__(cls, channel: _grpc.Channel) -> _Self: ...
@@ -35,17 +46,109 @@ class CellSchedulerStub:
     def __new__(cls, channel: _aio.Channel) -> CellSchedulerAsyncStub: ...
     GetInfo: _grpc.UnaryUnaryMultiCallable[_common_pb2.GetInfoRequest, _common_pb2.ServiceInfo]
     """Identity and version of this instance."""
+    SubmitJob: _grpc.UnaryUnaryMultiCallable[_cell_scheduler_pb2.SubmitJobRequest, _cell_scheduler_pb2.SubmitJobResponse]
+    """CS-2, CS-3, CS-4: place a job on a superpod, or keep it in the cell queue.
+    Answers once the pod runs it (or queued it), or refuses: INVALID_ARGUMENT
+    when no pod of the cell could ever host it, RESOURCE_EXHAUSTED when it
+    cannot be placed now and asked not to wait (nothing is kept).
+    """
+    GetJob: _grpc.UnaryUnaryMultiCallable[_cell_scheduler_pb2.GetCellJobRequest, _cell_scheduler_pb2.CellJob]
+    """CS-5: the job as the cell knows it, with its pod's view when the pod answers."""
+    ListJobs: _grpc.UnaryUnaryMultiCallable[_cell_scheduler_pb2.ListCellJobsRequest, _cell_scheduler_pb2.ListCellJobsResponse]
+    """CS-5: jobs newest first, by tenant, state and pod, paginated (from the cell's
+    own records: no pod is asked).
+    """
+    CompleteJob: _grpc.UnaryUnaryMultiCallable[_cell_scheduler_pb2.CompleteCellJobRequest, _cell_scheduler_pb2.CellJob]
+    """CS-5: the job system reports that the workload finished (forwarded to its pod)."""
+    CancelJob: _grpc.UnaryUnaryMultiCallable[_cell_scheduler_pb2.CancelCellJobRequest, _cell_scheduler_pb2.CellJob]
+    """CS-5: cancel a job, in the cell queue or on its pod."""
+    WatchJob: _grpc.UnaryStreamMultiCallable[_cell_scheduler_pb2.WatchCellJobRequest, _common_pb2.JobEvent]
+    """CS-5: one job's transitions, history first, then live until it ends:
+    the cell's own (queued, placed, UNKNOWN while its pod is silent) and its pod's.
+    """
+    ReportBlockHealth: _grpc.UnaryUnaryMultiCallable[_cell_scheduler_pb2.ReportCellBlockHealthRequest, _workload_scheduler_pb2.ReportBlockHealthResponse]
+    """WS-5 through the cell: a block of a pod FAILED or RECOVERED."""
+    ListPods: _grpc.UnaryUnaryMultiCallable[_cell_scheduler_pb2.ListPodsRequest, _cell_scheduler_pb2.ListPodsResponse]
+    """CS-1: the registry."""
+    GetPod: _grpc.UnaryUnaryMultiCallable[_cell_scheduler_pb2.GetCellPodRequest, _cell_scheduler_pb2.Pod]
+    """One pod: its registration, capacity and liveness, and its block map (WS-9)
+    relayed from its workload scheduler.
+    """
+    WatchPod: _grpc.UnaryStreamMultiCallable[_cell_scheduler_pb2.WatchCellPodRequest, _workload_scheduler_pb2.PodEvent]
+    """Every job transition and block health change of one pod, relayed."""
+    RegisterPod: _grpc.UnaryUnaryMultiCallable[_cell_scheduler_pb2.RegisterPodRequest, _cell_scheduler_pb2.Pod]
+    """CS-1, called by workload schedulers: at start-up (idempotent; again after a restart) ..."""
+    ReportPodStatus: _grpc.UnaryUnaryMultiCallable[_cell_scheduler_pb2.ReportPodStatusRequest, _cell_scheduler_pb2.ReportPodStatusResponse]
+    """... and on a heartbeat: capacity, plus the pod's job transitions since the
+    last acknowledged one. NOT_FOUND when the cell does not know the pod
+    (register again).
+    """
 
 @_typing.type_check_only
 class CellSchedulerAsyncStub(CellSchedulerStub):
-    """The single entry point for job systems: picks a superpod for each job (CS-1 … CS-6)."""
+    """The single entry point for job systems (CS-1 … CS-6, seed 000 ¶43, ¶52-55,
+    Fig. 1). A cell holds superpods; each pod's workload scheduler registers
+    here and reports its capacity and job transitions on a heartbeat. Job
+    systems submit, follow and end their jobs here and never need a pod's
+    address: the cell picks the pod, forwards, and relays.
+
+    Job ids are client-chosen and unique in the cell (X-5): a retried
+    SubmitJob — also at another replica, also after a lost reply — answers the
+    one job there is.
+    """
 
     def __init__(self, channel: _aio.Channel) -> None: ...
     GetInfo: _aio.UnaryUnaryMultiCallable[_common_pb2.GetInfoRequest, _common_pb2.ServiceInfo]  # type: ignore[assignment]
     """Identity and version of this instance."""
+    SubmitJob: _aio.UnaryUnaryMultiCallable[_cell_scheduler_pb2.SubmitJobRequest, _cell_scheduler_pb2.SubmitJobResponse]  # type: ignore[assignment]
+    """CS-2, CS-3, CS-4: place a job on a superpod, or keep it in the cell queue.
+    Answers once the pod runs it (or queued it), or refuses: INVALID_ARGUMENT
+    when no pod of the cell could ever host it, RESOURCE_EXHAUSTED when it
+    cannot be placed now and asked not to wait (nothing is kept).
+    """
+    GetJob: _aio.UnaryUnaryMultiCallable[_cell_scheduler_pb2.GetCellJobRequest, _cell_scheduler_pb2.CellJob]  # type: ignore[assignment]
+    """CS-5: the job as the cell knows it, with its pod's view when the pod answers."""
+    ListJobs: _aio.UnaryUnaryMultiCallable[_cell_scheduler_pb2.ListCellJobsRequest, _cell_scheduler_pb2.ListCellJobsResponse]  # type: ignore[assignment]
+    """CS-5: jobs newest first, by tenant, state and pod, paginated (from the cell's
+    own records: no pod is asked).
+    """
+    CompleteJob: _aio.UnaryUnaryMultiCallable[_cell_scheduler_pb2.CompleteCellJobRequest, _cell_scheduler_pb2.CellJob]  # type: ignore[assignment]
+    """CS-5: the job system reports that the workload finished (forwarded to its pod)."""
+    CancelJob: _aio.UnaryUnaryMultiCallable[_cell_scheduler_pb2.CancelCellJobRequest, _cell_scheduler_pb2.CellJob]  # type: ignore[assignment]
+    """CS-5: cancel a job, in the cell queue or on its pod."""
+    WatchJob: _aio.UnaryStreamMultiCallable[_cell_scheduler_pb2.WatchCellJobRequest, _common_pb2.JobEvent]  # type: ignore[assignment]
+    """CS-5: one job's transitions, history first, then live until it ends:
+    the cell's own (queued, placed, UNKNOWN while its pod is silent) and its pod's.
+    """
+    ReportBlockHealth: _aio.UnaryUnaryMultiCallable[_cell_scheduler_pb2.ReportCellBlockHealthRequest, _workload_scheduler_pb2.ReportBlockHealthResponse]  # type: ignore[assignment]
+    """WS-5 through the cell: a block of a pod FAILED or RECOVERED."""
+    ListPods: _aio.UnaryUnaryMultiCallable[_cell_scheduler_pb2.ListPodsRequest, _cell_scheduler_pb2.ListPodsResponse]  # type: ignore[assignment]
+    """CS-1: the registry."""
+    GetPod: _aio.UnaryUnaryMultiCallable[_cell_scheduler_pb2.GetCellPodRequest, _cell_scheduler_pb2.Pod]  # type: ignore[assignment]
+    """One pod: its registration, capacity and liveness, and its block map (WS-9)
+    relayed from its workload scheduler.
+    """
+    WatchPod: _aio.UnaryStreamMultiCallable[_cell_scheduler_pb2.WatchCellPodRequest, _workload_scheduler_pb2.PodEvent]  # type: ignore[assignment]
+    """Every job transition and block health change of one pod, relayed."""
+    RegisterPod: _aio.UnaryUnaryMultiCallable[_cell_scheduler_pb2.RegisterPodRequest, _cell_scheduler_pb2.Pod]  # type: ignore[assignment]
+    """CS-1, called by workload schedulers: at start-up (idempotent; again after a restart) ..."""
+    ReportPodStatus: _aio.UnaryUnaryMultiCallable[_cell_scheduler_pb2.ReportPodStatusRequest, _cell_scheduler_pb2.ReportPodStatusResponse]  # type: ignore[assignment]
+    """... and on a heartbeat: capacity, plus the pod's job transitions since the
+    last acknowledged one. NOT_FOUND when the cell does not know the pod
+    (register again).
+    """
 
 class CellSchedulerServicer(metaclass=_abc_1.ABCMeta):
-    """The single entry point for job systems: picks a superpod for each job (CS-1 … CS-6)."""
+    """The single entry point for job systems (CS-1 … CS-6, seed 000 ¶43, ¶52-55,
+    Fig. 1). A cell holds superpods; each pod's workload scheduler registers
+    here and reports its capacity and job transitions on a heartbeat. Job
+    systems submit, follow and end their jobs here and never need a pod's
+    address: the cell picks the pod, forwards, and relays.
+
+    Job ids are client-chosen and unique in the cell (X-5): a retried
+    SubmitJob — also at another replica, also after a lost reply — answers the
+    one job there is.
+    """
 
     @_abc_1.abstractmethod
     def GetInfo(
@@ -54,5 +157,114 @@ class CellSchedulerServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_common_pb2.ServiceInfo, _abc.Awaitable[_common_pb2.ServiceInfo]]:
         """Identity and version of this instance."""
+
+    @_abc_1.abstractmethod
+    def SubmitJob(
+        self,
+        request: _cell_scheduler_pb2.SubmitJobRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_cell_scheduler_pb2.SubmitJobResponse, _abc.Awaitable[_cell_scheduler_pb2.SubmitJobResponse]]:
+        """CS-2, CS-3, CS-4: place a job on a superpod, or keep it in the cell queue.
+        Answers once the pod runs it (or queued it), or refuses: INVALID_ARGUMENT
+        when no pod of the cell could ever host it, RESOURCE_EXHAUSTED when it
+        cannot be placed now and asked not to wait (nothing is kept).
+        """
+
+    @_abc_1.abstractmethod
+    def GetJob(
+        self,
+        request: _cell_scheduler_pb2.GetCellJobRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_cell_scheduler_pb2.CellJob, _abc.Awaitable[_cell_scheduler_pb2.CellJob]]:
+        """CS-5: the job as the cell knows it, with its pod's view when the pod answers."""
+
+    @_abc_1.abstractmethod
+    def ListJobs(
+        self,
+        request: _cell_scheduler_pb2.ListCellJobsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_cell_scheduler_pb2.ListCellJobsResponse, _abc.Awaitable[_cell_scheduler_pb2.ListCellJobsResponse]]:
+        """CS-5: jobs newest first, by tenant, state and pod, paginated (from the cell's
+        own records: no pod is asked).
+        """
+
+    @_abc_1.abstractmethod
+    def CompleteJob(
+        self,
+        request: _cell_scheduler_pb2.CompleteCellJobRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_cell_scheduler_pb2.CellJob, _abc.Awaitable[_cell_scheduler_pb2.CellJob]]:
+        """CS-5: the job system reports that the workload finished (forwarded to its pod)."""
+
+    @_abc_1.abstractmethod
+    def CancelJob(
+        self,
+        request: _cell_scheduler_pb2.CancelCellJobRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_cell_scheduler_pb2.CellJob, _abc.Awaitable[_cell_scheduler_pb2.CellJob]]:
+        """CS-5: cancel a job, in the cell queue or on its pod."""
+
+    @_abc_1.abstractmethod
+    def WatchJob(
+        self,
+        request: _cell_scheduler_pb2.WatchCellJobRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_common_pb2.JobEvent], _abc.AsyncIterator[_common_pb2.JobEvent]]:
+        """CS-5: one job's transitions, history first, then live until it ends:
+        the cell's own (queued, placed, UNKNOWN while its pod is silent) and its pod's.
+        """
+
+    @_abc_1.abstractmethod
+    def ReportBlockHealth(
+        self,
+        request: _cell_scheduler_pb2.ReportCellBlockHealthRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_workload_scheduler_pb2.ReportBlockHealthResponse, _abc.Awaitable[_workload_scheduler_pb2.ReportBlockHealthResponse]]:
+        """WS-5 through the cell: a block of a pod FAILED or RECOVERED."""
+
+    @_abc_1.abstractmethod
+    def ListPods(
+        self,
+        request: _cell_scheduler_pb2.ListPodsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_cell_scheduler_pb2.ListPodsResponse, _abc.Awaitable[_cell_scheduler_pb2.ListPodsResponse]]:
+        """CS-1: the registry."""
+
+    @_abc_1.abstractmethod
+    def GetPod(
+        self,
+        request: _cell_scheduler_pb2.GetCellPodRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_cell_scheduler_pb2.Pod, _abc.Awaitable[_cell_scheduler_pb2.Pod]]:
+        """One pod: its registration, capacity and liveness, and its block map (WS-9)
+        relayed from its workload scheduler.
+        """
+
+    @_abc_1.abstractmethod
+    def WatchPod(
+        self,
+        request: _cell_scheduler_pb2.WatchCellPodRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_workload_scheduler_pb2.PodEvent], _abc.AsyncIterator[_workload_scheduler_pb2.PodEvent]]:
+        """Every job transition and block health change of one pod, relayed."""
+
+    @_abc_1.abstractmethod
+    def RegisterPod(
+        self,
+        request: _cell_scheduler_pb2.RegisterPodRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_cell_scheduler_pb2.Pod, _abc.Awaitable[_cell_scheduler_pb2.Pod]]:
+        """CS-1, called by workload schedulers: at start-up (idempotent; again after a restart) ..."""
+
+    @_abc_1.abstractmethod
+    def ReportPodStatus(
+        self,
+        request: _cell_scheduler_pb2.ReportPodStatusRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_cell_scheduler_pb2.ReportPodStatusResponse, _abc.Awaitable[_cell_scheduler_pb2.ReportPodStatusResponse]]:
+        """... and on a heartbeat: capacity, plus the pod's job transitions since the
+        last acknowledged one. NOT_FOUND when the cell does not know the pod
+        (register again).
+        """
 
 def add_CellSchedulerServicer_to_server(servicer: CellSchedulerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

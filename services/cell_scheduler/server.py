@@ -2,24 +2,199 @@
 
 from __future__ import annotations
 
+import base64
+
+from google.protobuf.timestamp_pb2 import Timestamp
+from opentelemetry import trace
+
+from lightpath.errors import FieldViolation, InvalidArgument
 from lightpath.v1 import cell_scheduler_pb2, cell_scheduler_pb2_grpc, common_pb2
-from services.cell_scheduler.settings import CellSchedulerSettings
+from services.cell_scheduler.cell import CellScheduler, JobView
+from services.cell_scheduler.podclient import PodClients
+from services.cell_scheduler.request import has_demand
+from services.cell_scheduler.settings import CellSchedulerSettings, node_flops
+from services.cell_scheduler.store import CellStore
+from services.cell_scheduler.watch import watch_job, watch_pod
+from services.common.keys import ID_RULE, is_valid_id
 from services.common.server import Runtime, ServiceDefinition
 
 SERVICE_NAME = cell_scheduler_pb2.DESCRIPTOR.services_by_name["CellScheduler"].full_name
+MAX_PAGE = 1000
+DEFAULT_PAGE = 100
+
+
+def _ts(ms: int) -> Timestamp:
+    t = Timestamp()
+    t.FromMilliseconds(int(ms))
+    return t
+
+
+def _note(**attrs) -> None:
+    span = trace.get_current_span()
+    for k, v in attrs.items():
+        span.set_attribute(f"lightpath.{k}", v)
+
+
+def _ids(**fields: str) -> None:
+    """Ids name Redis keys: a malformed one is INVALID_ARGUMENT, never a server error (X-3)."""
+    bad = [FieldViolation(f, ID_RULE) for f, v in fields.items() if not is_valid_id(v)]
+    if bad:
+        raise InvalidArgument.of(bad)
+
+
+def cell_job_pb(cell: CellScheduler, view: JobView) -> cell_scheduler_pb2.CellJob:
+    r = view.record
+    req = cell.request_of(r)
+    out = cell_scheduler_pb2.CellJob(
+        job_id=r.job_id,
+        tenant=r.tenant,
+        state=common_pb2.JobState.Value("JOB_STATE_" + r.state),
+        reason=r.reason,
+        pod_id=r.pod,
+        priority=r.priority,
+        spec=req.spec,
+        chips=common_pb2.Shape(dims=r.chips),
+        block_count=r.block_count,
+        shape_derived=r.derived,
+        cell_queue_position=view.queue_position,
+        placement_reason=r.why,
+        created_at=_ts(r.created_ms),
+        updated_at=_ts(r.updated_ms),
+    )
+    if not r.chips and req.spec.unit != common_pb2.SHAPE_UNIT_BLOCKS:
+        out.chips.dims.extend(req.spec.shape.dims)  # waiting in the cell: the shape asked for
+    if has_demand(req):
+        out.demand.CopyFrom(req.demand)
+    if view.pod_job is not None:
+        out.pod_job.CopyFrom(view.pod_job)
+    return out
 
 
 class CellSchedulerServicer(cell_scheduler_pb2_grpc.CellSchedulerServicer):
-    def __init__(self, runtime: Runtime[CellSchedulerSettings]):
+    def __init__(self, runtime: Runtime[CellSchedulerSettings], cell: CellScheduler):
         self._rt = runtime
-        self._settings = runtime.settings
+        self._cell = cell
 
-    async def GetInfo(self, request: common_pb2.GetInfoRequest, context) -> common_pb2.ServiceInfo:
-        return self._rt.info(SERVICE_NAME)
+    async def GetInfo(self, request, context) -> common_pb2.ServiceInfo:
+        return self._rt.info(
+            SERVICE_NAME,
+            pod_timeout_s=str(self._rt.settings.pod_timeout_s),
+            node_flops=self._rt.settings.node_flops,
+        )
+
+    async def SubmitJob(self, request, context) -> cell_scheduler_pb2.SubmitJobResponse:
+        _note(job_id=request.spec.job_id, tenant=request.tenant or "default")
+        result = await self._cell.submit(request)
+        _note(pod_id=result.record.pod, state=result.record.state, created=result.created)
+        return cell_scheduler_pb2.SubmitJobResponse(
+            job=cell_job_pb(
+                self._cell, JobView(result.record, result.pod_job, result.queue_position)
+            ),
+            created=result.created,
+            preempted=result.preempted,
+            outcome=result.outcome,
+        )
+
+    async def GetJob(self, request, context) -> cell_scheduler_pb2.CellJob:
+        _ids(job_id=request.job_id)
+        _note(job_id=request.job_id)
+        return cell_job_pb(
+            self._cell, await self._cell.get(request.job_id, include_rings=request.include_rings)
+        )
+
+    async def ListJobs(self, request, context) -> cell_scheduler_pb2.ListCellJobsResponse:
+        _ids(**{k: v for k, v in (("tenant", request.tenant), ("pod_id", request.pod_id)) if v})
+        if request.page_size < 0:
+            raise InvalidArgument("page_size", "must be >= 0")
+        size = min(request.page_size or DEFAULT_PAGE, MAX_PAGE)
+        before: int | None = None
+        if request.page_token:
+            try:
+                before = int(base64.urlsafe_b64decode(request.page_token.encode()).decode())
+            except ValueError:
+                raise InvalidArgument(
+                    "page_token", "is not a token this service returned"
+                ) from None
+        states = {common_pb2.JobState.Name(s).removeprefix("JOB_STATE_") for s in request.states}
+        views, more = await self._cell.list_jobs(
+            tenant=request.tenant,
+            states=states,
+            pod_id=request.pod_id,
+            page_size=size,
+            before_seq=before,
+        )
+        return cell_scheduler_pb2.ListCellJobsResponse(
+            jobs=[cell_job_pb(self._cell, v) for v in views],
+            next_page_token=base64.urlsafe_b64encode(str(more).encode()).decode()
+            if more is not None
+            else "",
+        )
+
+    async def CompleteJob(self, request, context) -> cell_scheduler_pb2.CellJob:
+        _ids(job_id=request.job_id)
+        _note(job_id=request.job_id)
+        return cell_job_pb(self._cell, await self._cell.complete(request.job_id))
+
+    async def CancelJob(self, request, context) -> cell_scheduler_pb2.CellJob:
+        _ids(job_id=request.job_id)
+        _note(job_id=request.job_id)
+        return cell_job_pb(self._cell, await self._cell.cancel(request.job_id, request.reason))
+
+    async def WatchJob(self, request, context):
+        _ids(job_id=request.job_id)
+        _note(job_id=request.job_id)
+        async for event in watch_job(self._cell, request.job_id):
+            yield event
+
+    async def ReportBlockHealth(self, request, context):
+        if request.health not in (common_pb2.BLOCK_HEALTH_HEALTHY, common_pb2.BLOCK_HEALTH_FAILED):
+            raise InvalidArgument("health", "must be HEALTHY (recovered) or FAILED")
+        _ids(pod_id=request.pod_id)
+        _note(pod_id=request.pod_id, block=request.block_id)
+        return await self._cell.report_block_health(
+            request.pod_id, request.block_id, request.health, request.reason
+        )
+
+    async def ListPods(self, request, context) -> cell_scheduler_pb2.ListPodsResponse:
+        return cell_scheduler_pb2.ListPodsResponse(pods=await self._cell.list_pods())
+
+    async def GetPod(self, request, context) -> cell_scheduler_pb2.Pod:
+        _ids(pod_id=request.pod_id)
+        _note(pod_id=request.pod_id)
+        return await self._cell.pod_info(request.pod_id, include_view=request.include_view)
+
+    async def WatchPod(self, request, context):
+        _ids(pod_id=request.pod_id)
+        _note(pod_id=request.pod_id)
+        async for event in watch_pod(self._cell, request.pod_id):
+            yield event
+
+    async def RegisterPod(self, request, context) -> cell_scheduler_pb2.Pod:
+        _note(pod_id=request.pod.pod_id)
+        return await self._cell.register(request.pod)
+
+    async def ReportPodStatus(self, request, context) -> cell_scheduler_pb2.ReportPodStatusResponse:
+        _ids(pod_id=request.pod_id)
+        _note(pod_id=request.pod_id, transitions=len(request.transitions))
+        return await self._cell.report(request)
 
 
 async def build(runtime: Runtime[CellSchedulerSettings]) -> list[ServiceDefinition]:
-    servicer = CellSchedulerServicer(runtime)
+    settings = runtime.settings
+    pods = PodClients(runtime.tracer_provider)
+    runtime.on_stop(pods.close)
+    cell = CellScheduler(
+        store=CellStore(runtime.redis),
+        pods=pods,
+        node_flops=node_flops(settings.node_flops),
+        instance_id=runtime.instance_id,
+        pod_timeout_s=settings.pod_timeout_s,
+        forward_timeout_s=settings.forward_timeout_s,
+        spawn=runtime.spawn,
+        log=runtime.log,
+    )
+    runtime.spawn(cell.run(settings.reconcile_s), "cell reconcile")
+    servicer = CellSchedulerServicer(runtime, cell)
     return [
         ServiceDefinition(
             SERVICE_NAME, servicer, cell_scheduler_pb2_grpc.add_CellSchedulerServicer_to_server

@@ -4,11 +4,68 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from services.common.settings import CommonSettings, parse_address, setting
+from services.common.settings import CommonSettings, parse_address, parse_positive_float, setting
+
+
+def parse_node_flops(raw: str) -> str:
+    """Validate LIGHTPATH_CELL_NODE_FLOPS ("tpu:275e12,gpu:312e12") at start."""
+    node_flops(raw)
+    return raw.strip()
+
+
+def node_flops(raw: str) -> dict[str, float]:
+    """Effective FLOP/s of one chip per node type, in the order given (the first is the default)."""
+    from services.cell_scheduler.request import is_type_name
+
+    out: dict[str, float] = {}
+    if not raw.strip():
+        return out
+    for part in raw.split(","):
+        name, sep, value = part.strip().partition(":")
+        if not sep or not is_type_name(name):
+            raise ValueError(
+                f'{part.strip()!r} must look like "tpu:275e12" (node type:FLOP/s per chip)'
+            )
+        try:
+            flops = float(value)
+        except ValueError:
+            raise ValueError(f"{name}: {value!r} is not a number") from None
+        if not flops > 0 or flops == float("inf"):
+            raise ValueError(f"{name}: FLOP/s per chip must be > 0")
+        if name in out:
+            raise ValueError(f"node type {name!r} is listed twice")
+        out[name] = flops
+    return out
 
 
 @dataclass(frozen=True)
 class CellSchedulerSettings(CommonSettings):
     listen: str = setting(
         "LIGHTPATH_LISTEN", "[::]:50051", "gRPC listen address", parse=parse_address
+    )
+    pod_timeout_s: float = setting(
+        "LIGHTPATH_CELL_POD_TIMEOUT_S",
+        5.0,
+        "a pod silent (no heartbeat) for longer is not chosen and its jobs show UNKNOWN",
+        parse=parse_positive_float,
+    )
+    forward_timeout_s: float = setting(
+        "LIGHTPATH_CELL_FORWARD_TIMEOUT_S",
+        40.0,
+        "deadline of a job forwarded to a pod (the pod answers once the slice is wired)",
+        parse=parse_positive_float,
+    )
+    reconcile_s: float = setting(
+        "LIGHTPATH_CELL_RECONCILE_S",
+        0.5,
+        "seconds between rounds of the cell's background work (silent pods, the queue, "
+        "forwards left by a dead replica)",
+        parse=parse_positive_float,
+    )
+    node_flops: str = setting(
+        "LIGHTPATH_CELL_NODE_FLOPS",
+        "tpu:275e12,gpu:312e12",
+        "effective FLOP/s of one chip per node type, for shapes derived from a compute "
+        "demand (CS-4); the first type is the default",
+        parse=parse_node_flops,
     )

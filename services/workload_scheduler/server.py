@@ -536,6 +536,10 @@ async def build(runtime: Runtime[WorkloadSchedulerSettings]) -> list[ServiceDefi
     ocs = OcsManagerClient(runtime.channel(runtime.settings.ocs_addr))
     pod = PodHandle(runtime, ocs)
     runtime.spawn(pod.start(), "load fabric")
+    if runtime.settings.cell_addr:
+        from services.workload_scheduler.cell_link import CellReporter
+
+        runtime.spawn(CellReporter(runtime, pod).run(), "cell registration and heartbeat")
     servicer = WorkloadSchedulerServicer(runtime, pod)
     return [
         ServiceDefinition(

@@ -54,6 +54,13 @@ class WorkloadSchedulerSettings(CommonSettings):
         "host:port the cell uses to reach this scheduler; default 127.0.0.1:<port>",
         parse=parse_optional_address,
     )
+    cell_heartbeat_s: float = setting(
+        "LIGHTPATH_CELL_HEARTBEAT_S",
+        1.0,
+        "seconds between reports to the cell (capacity, job transitions); also sent soon "
+        "after any change in the pod",
+        parse=parse_positive_float,
+    )
     block_types: str = setting(
         "LIGHTPATH_BLOCK_TYPES",
         "tpu",

@@ -8,6 +8,8 @@ import psutil
 import pytest
 
 from lightpath.graph.examples import fig2a, fig3a, read_records, write_records
+from lightpath.graph.expand import expand
+from lightpath.graph.fold import fold, unfold
 from lightpath.graph.metrics import from_proto as metrics_from_proto
 from lightpath.graph.metrics import to_proto as metrics_to_proto
 from lightpath.graph.runner import GraphRunError, run_graph
@@ -193,15 +195,18 @@ def test_a_later_phase_reads_what_the_earlier_phase_spilled(tmp_path):
     assert list((tmp_path / "run" / "spill").iterdir())
 
 
-def _crashy_fig(tmp_path: Path, out: str, flag: Path, how: str) -> GraphSpec:
+def _crashy_fig(tmp_path: Path, out: str, flag: Path, how: str, wait_for: str = "") -> GraphSpec:
     base = fig2a(tmp_path / "in.tsv", tmp_path / out)
+    params = {"at": "1300", "flag": str(flag), "how": how}
+    if wait_for:
+        params["wait_for"] = wait_for
     crash = ComponentSpec(
         "crash",
         "tests.graph.kinds:CrashOnce",
         folding=Folding.ROOT_OR_INTERIOR,
         input_ports=("in",),
         output_ports=("out",),
-        params={"at": "1300", "flag": str(flag), "how": how},
+        params=params,
     )
     # Insert the crashing pass-through between 204I and 204J (set {204I, crash, 204J}).
     kept = [f for f in base.flows if (f.source.node, f.target.node) != ("204I", "204J")]
@@ -215,17 +220,27 @@ def test_a_killed_process_resumes_from_the_last_complete_checkpoint(tmp_path, fo
     run_graph(_crashy_fig(tmp_path, "clean", tmp_path / "never", "exit"), run_dir=tmp_path / "c")
     flag = tmp_path / "crash-once"
     flag.touch()
-    spec = _crashy_fig(tmp_path, "crashed", flag, "exit")
+    checkpoints = tmp_path / "run" / "checkpoints"
+    probe = _crashy_fig(tmp_path, "crashed", flag, "exit")
+    graph = expand(probe)
+    instances = sum(s.degree for s in (fold(graph) if folded else unfold(graph)).folded_sets)
+    # The crash waits until every process saved a checkpoint, so there is one to resume from.
+    spec = _crashy_fig(tmp_path, "crashed", flag, "exit", wait_for=f"{checkpoints}:{instances}")
     with pytest.raises(GraphRunError) as err:
         run_graph(spec, folded=folded, run_dir=tmp_path / "run", checkpoint_every=500)
     assert "exited with status 9" in err.value.message
     assert no_workers_left()
-    # Checkpoints older than the last one every process saved were dropped.
-    kept = {int(p.name.split(".")[2]) for p in (tmp_path / "run" / "checkpoints").iterdir()}
+    saved: dict[str, set[int]] = {}
+    for p in checkpoints.glob("*.ckpt"):  # not a .tmp a killed save left
+        instance, ckpt = p.name.rsplit(".", 2)[0], int(p.name.split(".")[-2])
+        saved.setdefault(instance, set()).add(ckpt)
+    assert len(saved) == instances
+    complete = set.intersection(*saved.values())
     result = run_graph(
         spec, folded=folded, run_dir=tmp_path / "run", checkpoint_every=500, resume=True
     )
-    assert result.resumed_from[0] == min(kept) >= 1  # from a checkpoint, not from scratch
+    # from the latest checkpoint every process saved, not from scratch
+    assert result.resumed_from[0] == max(complete) >= 1
     for name in ("206A.tsv", "206B.tsv", "206C.tsv"):
         assert (tmp_path / "crashed" / name).read_bytes() == (
             tmp_path / "clean" / name

@@ -229,11 +229,19 @@ def test_pass_property_one_slice_per_block_healthy_and_priority_respected(state)
     newly = {b for d in plan_pass(state) for b in d.placement}
     assert not newly & state.failed
     # No waiting job could run by taking blocks that lower-priority work holds: with
-    # everything placed by the pass counted as running (and so preemptible), every job
-    # still waiting is unplaceable.
+    # everything placed counted as running (and so preemptible), every job still waiting
+    # is unplaceable. A pass walks the queue as it was when it started, so a victim it
+    # suspends waits for the next pass (the scheduler runs one after each wiring): the
+    # check is made once passes stop placing anything.
     check = work.copy()
-    for j in list(check.jobs.values()):
-        if j.state == WIRING:
-            check.jobs[j.job_id] = j.with_(state="RUNNING")
+    for _ in range(len(check.jobs) + 1):
+        for j in list(check.jobs.values()):
+            if j.state == WIRING:
+                check.jobs[j.job_id] = j.with_(state="RUNNING")
+        decisions = plan_pass(check)
+        if not decisions:
+            break
+        for d in decisions:
+            apply_allocation(check, d)
     for waiting in check.queue():
         assert not isinstance(plan_admission(check, waiting), Allocation), waiting.job_id

@@ -1,0 +1,133 @@
+"""The pods' workload schedulers as the cell calls them (protos/lightpath/v1/workload_scheduler.proto).
+
+Calls go to the endpoint a pod's scheduler registered (the replica heard from
+most recently). A failed call is sorted by what it tells the cell:
+
+* `PodRefused` — the pod answered and said no (RESOURCE_EXHAUSTED: no room
+  now; INVALID_ARGUMENT / FAILED_PRECONDITION: it cannot take this request).
+  Nothing of the request was kept there.
+* `PodUnreachable` — no answer (UNAVAILABLE, DEADLINE_EXCEEDED, ...): the
+  request may or may not have reached the pod.
+
+Channels are the traced client channels of lightpath.client; a pod that comes
+back from silence gets a fresh channel (the old one's reconnect backoff may
+have grown to minutes while the pod was away).
+"""
+
+from __future__ import annotations
+
+import base64
+
+import grpc
+from opentelemetry.sdk.trace import TracerProvider
+
+from lightpath.client import channel, error_report
+from lightpath.errors import (
+    FailedPrecondition,
+    FieldViolation,
+    InvalidArgument,
+    LightpathError,
+    Unavailable,
+)
+from lightpath.v1 import common_pb2, workload_scheduler_pb2, workload_scheduler_pb2_grpc
+
+REFUSALS = frozenset(
+    {
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        grpc.StatusCode.INVALID_ARGUMENT,
+        grpc.StatusCode.FAILED_PRECONDITION,
+        grpc.StatusCode.NOT_FOUND,
+        grpc.StatusCode.ALREADY_EXISTS,
+        grpc.StatusCode.OUT_OF_RANGE,
+        grpc.StatusCode.PERMISSION_DENIED,
+        grpc.StatusCode.UNAUTHENTICATED,
+        grpc.StatusCode.UNIMPLEMENTED,
+    }
+)
+
+
+class PodCallError(Exception):
+    def __init__(self, pod_id: str, err: grpc.aio.AioRpcError):
+        self.pod_id = pod_id
+        self.error = err
+        self.code = err.code()
+        self.report = error_report(err)
+        super().__init__(f"pod {pod_id}: {self.code.name}: {err.details() or ''}")
+
+    def relayed(self) -> LightpathError:
+        """The pod's error as this service's own answer (same code, field and rule)."""
+        r = self.report
+        if self.code == grpc.StatusCode.INVALID_ARGUMENT and r.field_violations:
+            return InvalidArgument.of(
+                [FieldViolation(f, rule) for f, rule in r.field_violations], reason=r.reason or None
+            )
+        if self.code == grpc.StatusCode.FAILED_PRECONDITION and r.precondition_violations:
+            subject, rule = r.precondition_violations[0]
+            return FailedPrecondition(subject, rule, reason=r.reason or None)
+        if isinstance(self, PodUnreachable):
+            return Unavailable(
+                f"pod {self.pod_id} is not answering ({self.code.name}: {r.message}); "
+                "the cell shows its jobs UNKNOWN until it does",
+                reason="POD_UNREACHABLE",
+            )
+        err = LightpathError(r.message, reason=r.reason or None)
+        err.code = self.code.name
+        return err
+
+
+class PodRefused(PodCallError):
+    """The pod answered no; nothing of the request was kept there."""
+
+
+class PodUnreachable(PodCallError):
+    """No answer: the request may or may not have reached the pod."""
+
+
+def state_name(state: int) -> str:
+    return common_pb2.JobState.Name(state).removeprefix("JOB_STATE_")  # type: ignore[arg-type]
+
+
+def placed_fields(job: workload_scheduler_pb2.Job, spec: workload_scheduler_pb2.JobSpec) -> dict:
+    return {
+        "spec": base64.b64encode(spec.SerializeToString(deterministic=True)).decode(),
+        "chips": "x".join(map(str, job.chips.dims)),
+        "blocks": len(job.blocks) or 0,
+    }
+
+
+def classify(pod_id: str, err: grpc.aio.AioRpcError) -> PodCallError:
+    return (PodRefused if err.code() in REFUSALS else PodUnreachable)(pod_id, err)
+
+
+class PodClients:
+    """One channel per workload scheduler endpoint, closed with the cell."""
+
+    def __init__(self, tracer_provider: TracerProvider | None, *, max_attempts: int = 2):
+        self._tracer_provider = tracer_provider
+        self._max_attempts = max_attempts
+        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._stubs: dict[str, workload_scheduler_pb2_grpc.WorkloadSchedulerStub] = {}
+
+    def stub(self, endpoint: str) -> workload_scheduler_pb2_grpc.WorkloadSchedulerStub:
+        stub = self._stubs.get(endpoint)
+        if stub is None:
+            ch = channel(
+                endpoint,
+                tracer_provider=self._tracer_provider,
+                max_attempts=self._max_attempts,
+            )
+            self._channels[endpoint] = ch
+            stub = self._stubs[endpoint] = workload_scheduler_pb2_grpc.WorkloadSchedulerStub(ch)
+        return stub
+
+    async def reset(self, endpoint: str) -> None:
+        """Forget a channel (its reconnect backoff may have grown while the pod was away)."""
+        self._stubs.pop(endpoint, None)
+        ch = self._channels.pop(endpoint, None)
+        if ch is not None:
+            await ch.close()
+
+    async def close(self) -> None:
+        for ch in self._channels.values():
+            await ch.close()
+        self._channels.clear()

@@ -1,0 +1,205 @@
+"""CS-2, CS-3: which superpod gets a job — the pure planner over the registry."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from services.cell_scheduler.choice import (
+    FITS,
+    PREEMPTS,
+    JobDemand,
+    PodCapacityView,
+    choose,
+    plan_queue,
+)
+
+
+def pod(pod_id: str, free: dict[str, int], preemptible=None, **kw) -> PodCapacityView:
+    return PodCapacityView(pod_id, Counter(free), preemptible or {}, **kw)
+
+
+def job(job_id: str, needs: dict[str, dict[str, int]], priority: int = 50, **kw) -> JobDemand:
+    return JobDemand(job_id, priority, {p: Counter(n) for p, n in needs.items()}, **kw)
+
+
+def on_all(pods, need: dict[str, int]) -> dict[str, dict[str, int]]:
+    return {p.pod_id: need for p in pods}
+
+
+def test_seed_cell_of_four_superpods_picks_the_one_with_the_most_healthy_free_blocks():
+    # ¶43: a cell of superpods 152-158 with 64 blocks each; ¶54: among pods that can
+    # host the job, the one with the most available healthy blocks.
+    pods = [
+        pod("sp-152", {"tpu": 20}),
+        pod("sp-154", {"tpu": 50}),
+        pod("sp-156", {"tpu": 64}),
+        pod("sp-158", {"tpu": 3}),
+    ]
+    choice = choose(job("j", on_all(pods, {"tpu": 4})), pods)
+    assert [c.pod_id for c in choice.candidates] == ["sp-156", "sp-154", "sp-152"]
+    assert all(c.how == FITS for c in choice.candidates)
+    assert "most free healthy tpu blocks (64) of 3 pods" in choice.candidates[0].reason
+    assert "sp-158" in choice.not_now and "3 free" in choice.not_now["sp-158"]
+
+
+def test_a_node_type_goes_where_that_type_is_free_not_where_most_blocks_are():
+    # ¶47: superpod 154 has 60 TPU blocks and 4 blocks of another type; ¶52: a request
+    # naming a node type needs enough healthy free blocks of that type.
+    pods = [pod("sp-152", {"tpu": 64}), pod("sp-154", {"tpu": 10, "gpu": 4})]
+    gpu_job = job("g", {"sp-154": {"gpu": 2}})  # sp-152 cannot host gpu at all
+    assert [c.pod_id for c in choose(gpu_job, pods).candidates] == ["sp-154"]
+    both = [pod("a", {"tpu": 60, "gpu": 1}), pod("b", {"tpu": 5, "gpu": 3})]
+    mixed = job("m", on_all(both, {"tpu": 1, "gpu": 1}))
+    # a: 61 free of the job's types, b: 8
+    assert [c.pod_id for c in choose(mixed, both).candidates] == ["a", "b"]
+    gpu_only = job("g2", on_all(both, {"gpu": 1}))
+    assert [c.pod_id for c in choose(gpu_only, both).candidates] == ["b", "a"]
+
+
+def test_ties_go_to_more_free_blocks_in_all_then_the_pod_id():
+    pods = [pod("b", {"tpu": 8, "gpu": 4}), pod("a", {"tpu": 8}), pod("c", {"tpu": 8})]
+    choice = choose(job("j", on_all(pods, {"tpu": 8})), pods)
+    assert [c.pod_id for c in choice.candidates] == ["b", "a", "c"]
+
+
+def test_preemption_only_of_lower_priority_and_only_when_nothing_fits():
+    pods = [
+        pod("p1", {"tpu": 4}, {"tpu": {20: 8, 50: 16}}),
+        pod("p2", {"tpu": 2}, {"tpu": {60: 32}}),
+    ]
+    j = job("urgent", on_all(pods, {"tpu": 12}), priority=60)
+    choice = choose(j, pods)
+    # p1: 4 free + 8 (p20) + 16 (p50) below 60; p2's work has priority 60: never preempted.
+    assert [(c.pod_id, c.how) for c in choice.candidates] == [("p1", PREEMPTS)]
+    assert "8 tpu" in choice.candidates[0].reason
+    assert "0 held by lower-priority work" in choice.not_now["p2"]
+    # At priority 50 only the p20 work may go: 4 + 8 = 12 covers it exactly.
+    assert [c.pod_id for c in choose(job("x", on_all(pods, {"tpu": 12}), 50), pods).candidates]
+    assert not choose(job("y", on_all(pods, {"tpu": 13}), 50), pods).candidates
+    # A pod that fits without preemption always comes first.
+    pods.append(pod("p3", {"tpu": 12}))
+    assert [
+        (c.pod_id, c.how) for c in choose(job("z", on_all(pods, {"tpu": 12}), 60), pods).candidates
+    ] == [
+        ("p3", FITS),
+        ("p1", PREEMPTS),
+    ]
+
+
+def test_among_preemption_candidates_the_fewest_blocks_taken_first():
+    pods = [
+        pod("few-free", {"tpu": 1}, {"tpu": {10: 40}}),
+        pod("more-free", {"tpu": 6}, {"tpu": {10: 40}}),
+    ]
+    choice = choose(job("j", on_all(pods, {"tpu": 10}), 80), pods)
+    assert [c.pod_id for c in choice.candidates] == ["more-free", "few-free"]
+
+
+def test_silent_pods_and_fresh_refusals_are_not_chosen():
+    pods = [
+        pod("silent", {"tpu": 64}, usable=False, why_not="no heartbeat for 9.0 s"),
+        pod("refusing", {"tpu": 32}, version="v7"),
+        pod("ok", {"tpu": 8}, version="v3"),
+    ]
+    choice = choose(job("j", on_all(pods, {"tpu": 4}), refused={"refusing": "v7"}), pods)
+    assert [c.pod_id for c in choice.candidates] == ["ok"]
+    assert choice.not_now["silent"] == "no heartbeat for 9.0 s"
+    assert "refused" in choice.not_now["refusing"]
+    # Once its capacity changed, a pod that refused may be tried again.
+    pods[1].version = "v8"
+    choice = choose(job("j", on_all(pods, {"tpu": 4}), refused={"refusing": "v7"}), pods)
+    assert [c.pod_id for c in choice.candidates] == ["refusing", "ok"]
+
+
+def test_no_candidate_says_why_for_every_pod():
+    pods = [pod("a", {"tpu": 2}), pod("b", {"tpu": 64}, usable=False, why_not="silent")]
+    choice = choose(job("j", on_all(pods, {"tpu": 8})), pods)
+    assert not choice.candidates
+    assert (
+        "a: needs 8 tpu blocks: 2 free" in choice.why_waiting and "b: silent" in choice.why_waiting
+    )
+
+
+def test_the_queue_drains_in_order_and_later_small_jobs_backfill():
+    pods = [pod("a", {"tpu": 10}), pod("b", {"tpu": 6})]
+    queue = [
+        job("high-8", on_all(pods, {"tpu": 8}), 80),
+        job("mid-8", on_all(pods, {"tpu": 8}), 50),
+        job("mid-6", on_all(pods, {"tpu": 6}), 50),
+        job("low-2", on_all(pods, {"tpu": 2}), 20),
+        job("low-1", on_all(pods, {"tpu": 1}), 20),
+    ]
+    plan = {
+        j.job_id: c.candidates[0].pod_id if c.candidates else None
+        for j, c in plan_queue(queue, pods)
+    }
+    # high-8 takes a (10 free); mid-8 fits nowhere now (a: 2, b: 6) and waits, holding
+    # nothing; mid-6 takes b; low-2 the rest of a; low-1 nothing is left for.
+    assert plan == {"high-8": "a", "mid-8": None, "mid-6": "b", "low-2": "a", "low-1": None}
+    # The registry itself is not changed by planning.
+    assert pods[0].free["tpu"] == 10
+
+
+def test_a_planned_preemption_uses_the_free_blocks_first_then_the_lowest_priority():
+    p = pod("a", {"tpu": 2}, {"tpu": {10: 4, 30: 4}})
+    queue = [
+        job("urgent", {"a": {"tpu": 6}}, 80),  # 2 free + 4 of p10
+        job("next", {"a": {"tpu": 4}}, 40),  # only the p30 blocks are left below 40
+        job("last", {"a": {"tpu": 1}}, 40),
+    ]
+    plan = [(j.job_id, [c.how for c in c.candidates]) for j, c in plan_queue(queue, [p])]
+    assert plan == [("urgent", [PREEMPTS]), ("next", [PREEMPTS]), ("last", [])]
+
+
+@st.composite
+def cells(draw):
+    n = draw(st.integers(1, 4))
+    pods = [
+        pod(
+            f"p{i}",
+            {"tpu": draw(st.integers(0, 64)), "gpu": draw(st.integers(0, 4))},
+            {"tpu": {draw(st.integers(1, 100)): draw(st.integers(0, 32))}},
+        )
+        for i in range(n)
+    ]
+    jobs = [
+        job(
+            f"j{k}",
+            {
+                p.pod_id: {"tpu": draw(st.integers(1, 16)), "gpu": draw(st.integers(0, 2))}
+                for p in pods
+                if draw(st.booleans())
+            },
+            draw(st.integers(1, 100)),
+        )
+        for k in range(draw(st.integers(1, 12)))
+    ]
+    return pods, jobs
+
+
+@given(cells())
+def test_planning_never_gives_out_more_than_a_pod_has(cell):
+    pods, queue = cell
+    given_free: dict[str, Counter] = {p.pod_id: Counter() for p in pods}
+    given_all: dict[str, Counter] = {p.pod_id: Counter() for p in pods}
+    for j, choice in plan_queue(queue, pods):
+        if not choice.candidates:
+            continue
+        first = choice.candidates[0]
+        target = next(p for p in pods if p.pod_id == first.pod_id)
+        need = j.needs[first.pod_id]
+        given_all[first.pod_id].update(need)
+        if first.how == FITS:
+            given_free[first.pod_id].update(need)
+        for t, n in need.items():
+            # never more than free + what work of lower priority holds
+            assert n <= target.free[t] + target.takeable(t, j.priority)
+    for p in pods:
+        # FITS decisions only ever use blocks that were free
+        assert all(given_free[p.pod_id][t] <= p.free[t] for t in ("tpu", "gpu"))
+        most = {t: p.free[t] + sum(p.preemptible.get(t, {}).values()) for t in ("tpu", "gpu")}
+        for t in ("tpu", "gpu"):
+            assert given_all[p.pod_id][t] <= most[t]

@@ -1,0 +1,175 @@
+"""The cell's Redis scripts on a real Redis: heartbeats apply each transition once and in
+order, capacity never goes back to an older report, holds are counted exactly, a silent
+pod's jobs turn UNKNOWN and back (CS-1, CS-6, X-5)."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.cell_scheduler.store import CellStore, pad_id, unpad_id
+
+POD = "pod-s"
+
+
+@pytest.fixture
+def store(redis_client) -> CellStore:
+    return CellStore(redis_client)
+
+
+def tr(stream_id: str, job: str, seq: int, to: str, frm: str = "") -> list:
+    return [stream_id, job, seq, frm, to, 1000 + seq, f"{frm}->{to}"]
+
+
+async def report(store: CellStore, *, after="0-0", until="0-0", trs=(), free=8, version="5-0"):
+    return await store.report(
+        POD,
+        endpoint="127.0.0.1:1",
+        now_ms=10_000,
+        capacity_b64="cap-" + version,
+        version=version,
+        free={"tpu": free},
+        after=after,
+        until=until,
+        transitions=list(trs),
+    )
+
+
+async def place(store: CellStore, job: str, pod: str = POD, needs=None) -> None:
+    needs = needs or {"tpu": 2}
+    ok, _ = await store.claim_new(
+        job,
+        fields={"req": "r", "priority": 50},
+        tenant="t",
+        pod=pod,
+        needs=needs,
+        token="tok",
+        until_ms=99_999,
+        now_ms=1,
+        check_free=False,
+        reason="forwarding",
+    )
+    assert ok == 1
+    placed = await store.placed(
+        job, token="tok", pod=pod, state="RUNNING", n=3, reason="wired", fields={}, now_ms=2
+    )
+    assert placed is not None and placed.phase == "PLACED" and placed.state == "RUNNING"
+
+
+def test_stream_ids_compare_as_ids_once_padded():
+    assert pad_id("9-1") < pad_id("10-0") < pad_id("10-2") and pad_id("") == pad_id("0-0")
+    assert unpad_id(pad_id("1700000000000-42")) == "1700000000000-42"
+
+
+async def test_an_unknown_pod_must_register_first(store):
+    known, *_ = await report(store)
+    assert not known
+    await store.register(POD, "reg", "127.0.0.1:1", 5, "3-0")
+    known, ack, _, _ = await report(store, after="3-0")
+    assert known and ack == "3-0"  # registration set where transitions start
+
+
+async def test_transitions_apply_once_in_order_and_a_gap_is_refused(store):
+    await store.register(POD, "reg", "127.0.0.1:1", 5, "0-0")
+    await place(store, "j")
+    # A report that starts after what the cell acknowledged would skip transitions: refused.
+    _, ack, _, _ = await report(
+        store, after="7-0", until="9-0", trs=[tr("8-0", "j", 4, "COMPLETED")]
+    )
+    assert ack == "0-0" and (await store.job("j")).state == "RUNNING"
+    # From the acknowledged id: applied; older or repeated numbers change nothing.
+    trs = [tr("6-0", "j", 2, "WIRING"), tr("8-0", "j", 4, "SUSPENDED", "RUNNING")]
+    _, ack, _, _ = await report(store, after="0-0", until="8-0", trs=trs)
+    rec = await store.job("j")
+    assert ack == "8-0" and (rec.state, rec.n) == ("SUSPENDED", 4)
+    _, ack, _, _ = await report(store, after="0-0", until="8-0", trs=[tr("6-0", "j", 2, "WIRING")])
+    assert ack == "8-0" and (await store.job("j")).state == "SUSPENDED"
+    # The end of the job takes it off the pod's live set.
+    await report(store, after="8-0", until="9-0", trs=[tr("9-0", "j", 5, "CANCELLED", "SUSPENDED")])
+    assert (await store.job("j")).state == "CANCELLED" and await store.live_jobs(POD) == []
+
+
+async def test_transitions_of_other_pods_or_unplaced_jobs_are_ignored(store):
+    await store.register(POD, "reg", "127.0.0.1:1", 5, "0-0")
+    await store.register("other", "reg", "127.0.0.1:2", 5, "0-0")
+    await place(store, "elsewhere", pod="other")
+    await report(store, until="2-0", trs=[tr("2-0", "elsewhere", 9, "FAILED")])
+    assert (await store.job("elsewhere")).state == "RUNNING"
+
+
+async def test_capacity_never_goes_back_to_an_older_report(store):
+    await store.register(POD, "reg", "127.0.0.1:1", 5, "0-0")
+    await report(store, free=6, version="20-0")
+    await report(store, free=8, version="19-5")  # a slower replica's older snapshot
+    snap = await store.snapshot()
+    assert snap.free[f"{POD}|tpu"] == 6 and snap.capacities[POD] == "cap-20-0"
+    await report(store, free=7, version="20-1")
+    assert (await store.snapshot()).free[f"{POD}|tpu"] == 7
+
+
+async def test_holds_count_forwards_in_flight_and_go_when_they_end(store):
+    await store.register(POD, "reg", "127.0.0.1:1", 5, "0-0")
+    await report(store, free=4)
+    claim = dict(
+        fields={"req": "r", "priority": 50},
+        tenant="t",
+        pod=POD,
+        needs={"tpu": 3},
+        until_ms=99_999,
+        now_ms=1,
+        check_free=True,
+        reason="forwarding",
+    )
+    assert (await store.claim_new("a", token="ta", **claim))[0] == 1
+    # 4 free, 3 held: a second 3-block forward to the same pod is refused as stale.
+    assert await store.claim_new("b", token="tb", **claim) == (-1, "stale")
+    assert (await store.snapshot()).held[f"{POD}|tpu"] == 3
+    assert await store.unbind(
+        "a", token="ta", pod=POD, uncertain=False, version="5-0", reason="refused", now_ms=2
+    )
+    snap = await store.snapshot()
+    assert snap.held[f"{POD}|tpu"] == 0 and snap.queue == ["a"]
+    rec = await store.job("a")
+    assert rec.phase == "QUEUED" and rec.refused == {POD: "5-0"}
+    assert (await store.claim_new("b", token="tb", **claim))[0] == 1
+    # Placing it: the hold goes, and the blocks count as taken until the pod reports.
+    placed = await store.placed(
+        "b", token="tb", pod=POD, state="RUNNING", n=3, reason="wired", fields={}, now_ms=3
+    )
+    assert placed.needs == {"tpu": 3}
+    snap = await store.snapshot()
+    assert snap.held[f"{POD}|tpu"] == 0 and snap.free[f"{POD}|tpu"] == 1
+    # A token that no longer holds a job changes nothing.
+    assert (
+        await store.placed(
+            "b", token="tb", pod=POD, state="RUNNING", n=3, reason="x", fields={}, now_ms=4
+        )
+        is None
+    )
+    # Completed through the cell: its blocks count as free again at once.
+    applied, queued, rec, freed = await store.mirror(
+        "b", pod=POD, state="COMPLETED", n=4, reason="done", now_ms=5, ended_here=True
+    )
+    assert applied and freed and queued == 1 and rec.state == "COMPLETED"
+    assert (await store.snapshot()).free[f"{POD}|tpu"] == 4
+    # An older answer never overwrites a newer state.
+    applied, *_ = await store.mirror("b", pod=POD, state="RUNNING", n=3, reason="old", now_ms=6)
+    assert not applied and (await store.job("b")).state == "COMPLETED"
+
+
+async def test_a_silent_pod_s_jobs_show_unknown_and_come_back_when_it_reports(store):
+    await store.register(POD, "reg", "127.0.0.1:1", 5, "0-0")
+    await report(store)  # seen at 10 000
+    await place(store, "live")
+    assert await store.mark_down(POD, 12_000, 5_000) == -1  # not silent yet
+    assert await store.mark_down(POD, 16_000, 5_000) == 1
+    assert await store.mark_down(POD, 17_000, 5_000) == -1  # marked once
+    rec = await store.job("live")
+    assert rec.state == "UNKNOWN" and "last known: RUNNING" in rec.reason
+    # Heard again: its jobs show their state again, then the transitions it reports apply.
+    known, _, returned, _ = await report(
+        store, until="4-0", trs=[tr("4-0", "live", 4, "SUSPENDED")]
+    )
+    rec = await store.job("live")
+    assert known and returned and rec.state == "SUSPENDED"
+    history = [(e["from"], e["to"]) for e in await store.history("live")]
+    assert ("RUNNING", "UNKNOWN") in history and ("UNKNOWN", "RUNNING") in history

@@ -1,0 +1,49 @@
+"""X-2 through the cell: one submission is one trace with spans from the cell, the pod's
+workload scheduler and its ocs_manager (each service with its own tracer provider)."""
+
+from __future__ import annotations
+
+from opentelemetry.trace import SpanKind
+
+from tests.cell_scheduler.conftest import cell_stack
+
+SERVICES = ("cell_scheduler", "workload_scheduler", "ocs_manager")
+
+
+async def test_one_submission_is_one_trace_across_cell_workload_and_ocs(redis_url, spans_factory):
+    spans = {s: spans_factory(f"lightpath-{s}") for s in SERVICES}
+    async with cell_stack(
+        redis_url,
+        pods=(("pod-t", 4, "tpu"),),
+        tracer_providers={s: sp.provider for s, sp in spans.items()},
+    ) as cell:
+        for sp in spans.values():
+            sp.exporter.clear()  # registration and heartbeats are traces of their own
+        resp = await cell.submit("traced", (8, 4, 4))
+        assert resp.job.state == 3  # RUNNING
+    submit = [
+        s
+        for s in spans["cell_scheduler"].finished()
+        if s.name.endswith("CellScheduler/SubmitJob") and s.kind == SpanKind.SERVER
+    ]
+    assert len(submit) == 1
+    trace_id = submit[0].context.trace_id
+    assert submit[0].attributes["lightpath.job_id"] == "traced"
+    assert submit[0].attributes["lightpath.pod_id"] == "pod-t"
+
+    def in_trace(service: str) -> list:
+        return [s for s in spans[service].finished() if s.context.trace_id == trace_id]
+
+    names = {s: {x.name for x in in_trace(s)} for s in SERVICES}
+    assert "lightpath.v1.WorkloadScheduler/AdmitJob" in names["cell_scheduler"]  # its client span
+    assert "lightpath.v1.WorkloadScheduler/AdmitJob" in names["workload_scheduler"]
+    assert "lightpath.v1.OcsManager/WireSlice" in names["ocs_manager"]
+    for service in SERVICES:
+        resource = {s.resource.attributes["service.name"] for s in in_trace(service)}
+        assert resource == {f"lightpath-{service}"}
+    admit = next(
+        s
+        for s in in_trace("workload_scheduler")
+        if s.name.endswith("AdmitJob") and s.kind == SpanKind.SERVER
+    )
+    assert admit.attributes["lightpath.job_id"] == "traced"
