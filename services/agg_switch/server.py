@@ -38,7 +38,7 @@ from services.agg_switch.dataplane import DataPlane
 from services.agg_switch.settings import AggSwitchSettings
 from services.agg_switch.store import AggStore, report_json
 from services.agg_switch.topology import Topology, validate_topology
-from services.common import redis_store
+from services.common import paging, redis_store
 from services.common.keys import ID_RULE, is_valid_id
 from services.common.server import Runtime, ServiceDefinition
 
@@ -52,7 +52,7 @@ def annotate(**attributes: str | int) -> None:
         span.set_attribute(f"lightpath.{key}", value)
 
 
-MAX_PAGE = 1000
+MAX_PAGE = paging.MAX_PAGE
 CONTRIBUTE_KINDS = {Kind.CONTRIBUTION, Kind.LATE, Kind.FINAL}
 
 
@@ -190,20 +190,13 @@ class AggSwitchServicer(agg_switch_pb2_grpc.AggSwitchServicer):
         self, request: pb.ListCommandsRequest, context
     ) -> pb.ListCommandsResponse:
         tree = self._tree(request.tree_id)
-        size = request.page_size or 50
-        if size > MAX_PAGE:
-            raise InvalidArgument("page_size", f"must be at most {MAX_PAGE}")
-        try:
-            offset = int(request.page_token or "0")
-            if offset < 0:
-                raise ValueError
-        except ValueError:
-            raise InvalidArgument("page_token", "is not a token this call returned") from None
+        size = paging.page_size(request.page_size, default=50)
+        offset = paging.token_int(request.page_token) or 0
         records, more = await self._store.list_commands(tree, offset, size)
         topo = await self._store.topology(tree)
         return pb.ListCommandsResponse(
             commands=[convert.command_to_pb(r.spec, topo, r) for r in records],
-            next_page_token=str(offset + size) if more else "",
+            next_page_token=paging.page_token(offset + size) if more else "",
         )
 
     async def ChooseTimeoutAggregator(

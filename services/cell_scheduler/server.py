@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import base64
-
 from google.protobuf.timestamp_pb2 import Timestamp
 from opentelemetry import trace
 
@@ -15,12 +13,11 @@ from services.cell_scheduler.request import has_demand
 from services.cell_scheduler.settings import CellSchedulerSettings, node_flops
 from services.cell_scheduler.store import CellStore
 from services.cell_scheduler.watch import watch_job, watch_pod
+from services.common import paging
 from services.common.keys import ID_RULE, is_valid_id
 from services.common.server import Runtime, ServiceDefinition
 
 SERVICE_NAME = cell_scheduler_pb2.DESCRIPTOR.services_by_name["CellScheduler"].full_name
-MAX_PAGE = 1000
-DEFAULT_PAGE = 100
 
 
 def _ts(ms: int) -> Timestamp:
@@ -104,17 +101,8 @@ class CellSchedulerServicer(cell_scheduler_pb2_grpc.CellSchedulerServicer):
 
     async def ListJobs(self, request, context) -> cell_scheduler_pb2.ListCellJobsResponse:
         _ids(**{k: v for k, v in (("tenant", request.tenant), ("pod_id", request.pod_id)) if v})
-        if request.page_size < 0:
-            raise InvalidArgument("page_size", "must be >= 0")
-        size = min(request.page_size or DEFAULT_PAGE, MAX_PAGE)
-        before: int | None = None
-        if request.page_token:
-            try:
-                before = int(base64.urlsafe_b64decode(request.page_token.encode()).decode())
-            except ValueError:
-                raise InvalidArgument(
-                    "page_token", "is not a token this service returned"
-                ) from None
+        size = paging.page_size(request.page_size)
+        before = paging.token_int(request.page_token)
         states = {common_pb2.JobState.Name(s).removeprefix("JOB_STATE_") for s in request.states}
         views, more = await self._cell.list_jobs(
             tenant=request.tenant,
@@ -125,9 +113,7 @@ class CellSchedulerServicer(cell_scheduler_pb2_grpc.CellSchedulerServicer):
         )
         return cell_scheduler_pb2.ListCellJobsResponse(
             jobs=[cell_job_pb(self._cell, v) for v in views],
-            next_page_token=base64.urlsafe_b64encode(str(more).encode()).decode()
-            if more is not None
-            else "",
+            next_page_token=paging.page_token(more) if more is not None else "",
         )
 
     async def CompleteJob(self, request, context) -> cell_scheduler_pb2.CellJob:

@@ -23,6 +23,7 @@ from lightpath.errors import (
 )
 from lightpath.graph.fold import plan_to_proto
 from lightpath.v1 import common_pb2, core_broker_pb2, core_broker_pb2_grpc, graph_pb2
+from services.common import paging
 from services.common.keys import is_valid_id
 from services.common.server import Runtime, ServiceDefinition
 from services.core_broker.auth import (
@@ -64,7 +65,7 @@ SERVICE_NAME = core_broker_pb2.DESCRIPTOR.services_by_name["CoreBroker"].full_na
 pb = core_broker_pb2
 MAX_BATCH_REQUESTS = 1000
 DEFAULT_PAGE = 50
-MAX_PAGE = 1000
+MAX_PAGE = paging.MAX_PAGE
 
 
 def _annotate(**attributes: Any) -> None:
@@ -357,14 +358,8 @@ class CoreBrokerServicer(core_broker_pb2_grpc.CoreBrokerServicer):
                     reason="RESERVATION_OF_ANOTHER_APPLICATION",
                 )
             app = request.application_id
-        if request.page_size < 0:
-            raise InvalidArgument("page_size", "must be >= 0")
-        size = min(request.page_size or DEFAULT_PAGE, MAX_PAGE)
-        offset = 0
-        if request.page_token:
-            if not request.page_token.isdigit():
-                raise InvalidArgument("page_token", "is not a token this service gave out")
-            offset = int(request.page_token)
+        size = paging.page_size(request.page_size, default=DEFAULT_PAGE)
+        offset = paging.token_int(request.page_token) or 0
         ids = await self._store.list_ids(app, offset, size + 1)
         more = len(ids) > size
         ids = ids[:size]
@@ -374,7 +369,7 @@ class CoreBrokerServicer(core_broker_pb2_grpc.CoreBrokerServicer):
             await self._store.forget(app, gone)
         return pb.ListReservationsResponse(
             reservations=[reservation_out(*rec) for rec in records if rec is not None],
-            next_page_token=str(offset + size) if more else "",
+            next_page_token=paging.page_token(offset + size) if more else "",
         )
 
     async def ReleaseReservation(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from lightpath.errors import FieldViolation, InvalidArgument
+from lightpath.errors import FieldViolation
 from lightpath.v1 import common_pb2
 from lightpath.v1 import ocs_manager_pb2 as pb
 from services.ocs_manager.encode import WiringEncoder
@@ -142,9 +142,3 @@ def routing_table(
             job_id=owners.get(e1[0], "") if e1 else "",
         )
     return msg
-
-
-def page_size(value: int) -> int:
-    if value < 0:
-        raise InvalidArgument("page_size", "must be >= 0 (0 = the default, 100)")
-    return min(value or 100, 1000)

@@ -12,6 +12,7 @@ from opentelemetry import trace
 from lightpath.errors import Aborted, FailedPrecondition, InvalidArgument, NotFound
 from lightpath.v1 import common_pb2, ocs_manager_pb2, ocs_manager_pb2_grpc
 from lightpath.v1 import ocs_manager_pb2 as pb
+from services.common import paging
 from services.common.keys import ID_RULE, is_valid_id
 from services.common.server import Runtime, ServiceDefinition
 from services.ocs_manager import convert
@@ -189,8 +190,9 @@ class OcsManagerServicer(
         return convert.slice_wiring(self._enc, record, request.view)
 
     async def ListSlices(self, request: pb.ListSlicesRequest, context) -> pb.ListSlicesResponse:
-        limit = convert.page_size(request.page_size)
-        records, more = await self._store.list_slices(request.page_token, limit)
+        limit = paging.page_size(request.page_size)
+        after = paging.token_id(request.page_token)
+        records, more = await self._store.list_slices(after or "", limit)
         out = pb.ListSlicesResponse()
         for r in records:
             out.slices.add(
@@ -200,7 +202,7 @@ class OcsManagerServicer(
                 cross_connects=cross_connect_count(self._fabric, links(r.placement)),
             )
         if more and records:
-            out.next_page_token = records[-1].placement.job_id
+            out.next_page_token = paging.page_token(records[-1].placement.job_id)
         return out
 
     async def GetRoutingTable(self, request: pb.GetRoutingTableRequest, context) -> pb.RoutingTable:
@@ -212,13 +214,8 @@ class OcsManagerServicer(
         self, request: pb.ListSwitchesRequest, context
     ) -> pb.ListSwitchesResponse:
         f = self._fabric
-        limit = convert.page_size(request.page_size)
-        try:
-            start = int(request.page_token or 0)
-        except ValueError:
-            start = -1
-        if not 0 <= start <= f.ocs_count:
-            raise InvalidArgument("page_token", "is not a token this call returned")
+        limit = paging.page_size(request.page_size)
+        start = paging.token_int(request.page_token, maximum=f.ocs_count) or 0
         indices = range(start, min(start + limit, f.ocs_count))
         use = await self._store.switch_use(indices)
         out = pb.ListSwitchesResponse()
@@ -235,7 +232,7 @@ class OcsManagerServicer(
                 version=version,
             )
         if indices.stop < f.ocs_count:
-            out.next_page_token = str(indices.stop)
+            out.next_page_token = paging.page_token(indices.stop)
         return out
 
     async def GetOneToManyStates(

@@ -19,6 +19,7 @@ from opentelemetry import trace
 
 from lightpath.errors import FailedPrecondition, InvalidArgument, LightpathError, Unavailable
 from lightpath.v1 import common_pb2, workload_scheduler_pb2, workload_scheduler_pb2_grpc
+from services.common import paging
 from services.common.server import Runtime, ServiceDefinition
 from services.ocs_manager.switched.fabric import SwitchedFabricConfig, build_fabric
 from services.workload_scheduler.fabric import (
@@ -49,8 +50,6 @@ from services.workload_scheduler.switched_view import add_switched_job, switched
 
 SERVICE_NAME = workload_scheduler_pb2.DESCRIPTOR.services_by_name["WorkloadScheduler"].full_name
 READY_WAIT_S = 5.0
-MAX_PAGE = 1000
-DEFAULT_PAGE = 100
 
 
 class PodHandle:
@@ -323,17 +322,8 @@ class WorkloadSchedulerServicer(workload_scheduler_pb2_grpc.WorkloadSchedulerSer
         self, request: workload_scheduler_pb2.ListJobsRequest, context
     ) -> workload_scheduler_pb2.ListJobsResponse:
         sched = await self._pod.get()
-        if request.page_size < 0:
-            raise InvalidArgument("page_size", "must be >= 0")
-        size = min(request.page_size or DEFAULT_PAGE, MAX_PAGE)
-        before: int | None = None
-        if request.page_token:
-            try:
-                before = int(base64.urlsafe_b64decode(request.page_token.encode()).decode())
-            except ValueError:
-                raise InvalidArgument(
-                    "page_token", "is not a token this service returned"
-                ) from None
+        size = paging.page_size(request.page_size)
+        before = paging.token_int(request.page_token)
         wanted = {common_pb2.JobState.Name(s).removeprefix("JOB_STATE_") for s in request.states}
         state = await sched.snapshot()
         out = workload_scheduler_pb2.ListJobsResponse()
@@ -360,7 +350,7 @@ class WorkloadSchedulerServicer(workload_scheduler_pb2_grpc.WorkloadSchedulerSer
         if before is not None and len(out.jobs) == size:
             more = await sched.store.jobs_page(before_seq=before, count=1)
             if more:
-                out.next_page_token = base64.urlsafe_b64encode(str(before).encode()).decode()
+                out.next_page_token = paging.page_token(before)
         return out
 
     async def CompleteJob(

@@ -98,10 +98,14 @@ class CrashOnce(Component):
         if self.count == self._at and os.path.exists(self._flag):
             if "wait_for" in self.params:
                 _wait_for_checkpoints(self.params["wait_for"])
-            os.unlink(self._flag)
-            if self.params.get("how") == "exit":
-                os._exit(9)
-            raise ComponentError(f"crashed on purpose at record {self._at}")
+            try:  # several instances may get here: the one that removes the flag crashes
+                os.unlink(self._flag)
+            except FileNotFoundError:
+                pass
+            else:
+                if self.params.get("how") == "exit":
+                    os._exit(9)
+                raise ComponentError(f"crashed on purpose at record {self._at}")
         self._out(record)
 
     def snapshot(self) -> Any:

@@ -17,7 +17,7 @@ from opentelemetry import trace
 from lightpath.errors import Aborted, FailedPrecondition, InvalidArgument, NotFound
 from lightpath.v1 import common_pb2, ocs_manager_pb2, ocs_manager_pb2_grpc
 from lightpath.v1 import ocs_manager_pb2 as pb
-from services.common import redis_store
+from services.common import paging, redis_store
 from services.common.server import Runtime, ServiceDefinition
 from services.ocs_manager.settings import OcsManagerSettings
 from services.ocs_manager.switched.fabric import SwitchedFabric, SwitchedFabricConfig, build_fabric
@@ -202,22 +202,6 @@ def reservation_to_proto(
             for hop in ring_path(f, ring):
                 r.hops.add(nodes=hop.nodes, channels=hop.channels, channel_ids=hop.channel_ids)
     return out
-
-
-def _page(token: str, total: int) -> int:
-    try:
-        start = int(token or 0)
-    except ValueError:
-        start = -1
-    if not 0 <= start <= total:
-        raise InvalidArgument("page_token", "is not a token this call returned")
-    return start
-
-
-def _page_size(n: int) -> int:
-    if n < 0:
-        raise InvalidArgument("page_size", "must not be negative")
-    return min(n or 100, 1000)
 
 
 class SwitchedOcsManagerServicer(
@@ -411,8 +395,9 @@ class SwitchedOcsManagerServicer(
     async def ListRingReservations(
         self, request: pb.ListRingReservationsRequest, context
     ) -> pb.ListRingReservationsResponse:
-        limit = _page_size(request.page_size)
-        ids = await self._sw.store.job_ids(after=request.page_token, limit=limit + 1)
+        limit = paging.page_size(request.page_size)
+        after = paging.token_id(request.page_token)
+        ids = await self._sw.store.job_ids(after=after or "", limit=limit + 1)
         out = pb.ListRingReservationsResponse()
         f = self._sw.fabric
         for job_id in ids[:limit]:
@@ -430,7 +415,7 @@ class SwitchedOcsManagerServicer(
                 channel_count=len(p.channels()),
             )
         if len(ids) > limit:
-            out.next_page_token = ids[limit - 1]
+            out.next_page_token = paging.page_token(ids[limit - 1])
         return out
 
     async def ListSwitchLinkUse(
@@ -445,13 +430,13 @@ class SwitchedOcsManagerServicer(
             out.switches.extend(use_to_proto(u) for u in uses)
             return out
         ids = [s for s in f.switches() if not request.HasField("tier") or f.tier(s) == request.tier]
-        start = _page(request.page_token, len(ids))
-        limit = _page_size(request.page_size)
+        start = paging.token_int(request.page_token, maximum=len(ids)) or 0
+        limit = paging.page_size(request.page_size)
         page = ids[start : start + limit]
         snap = await self._sw.snapshot()
         out.switches.extend(use_to_proto(u) for u in self._sw.index.use(snap.used, page))
         if start + limit < len(ids):
-            out.next_page_token = str(start + limit)
+            out.next_page_token = paging.page_token(start + limit)
         return out
 
     async def GetFreeUplinks(
