@@ -278,22 +278,28 @@ def gloo_available() -> bool:
     return True
 
 
+def stack_nodes(names: list[str], root_ms: int, sub_ms: int):
+    """root over sub-1 (the first half of `names`) and sub-2 (the rest)."""
+    from lightpath.v1 import agg_switch_pb2 as pb
+
+    half = len(names) // 2
+    return [
+        pb.AggNode(id="root", kind=pb.AGG_NODE_KIND_SWITCH, threshold_ms=root_ms),
+        pb.AggNode(id="sub-1", kind=pb.AGG_NODE_KIND_SWITCH, parent="root", threshold_ms=sub_ms),
+        pb.AggNode(id="sub-2", kind=pb.AGG_NODE_KIND_SWITCH, parent="root", threshold_ms=sub_ms),
+    ] + [
+        pb.AggNode(id=n, kind=pb.AGG_NODE_KIND_COMPUTE, parent="sub-1" if i < half else "sub-2")
+        for i, n in enumerate(names)
+    ]
+
+
 class BenchTree:
     """Root + two sub-switches (processes) and 8 node processes, one transport."""
 
     def __init__(self, redis_url: str, tree: str, elems: int, chunk_bytes: int, transport: str):
-        from lightpath.v1 import agg_switch_pb2 as pb
-
         self.tree, self.elems, self.chunk_bytes = tree, elems, chunk_bytes
         self.names = [f"n{i}" for i in range(N_NODES)]
-        nodes_pb = [
-            pb.AggNode(id="root", kind=pb.AGG_NODE_KIND_SWITCH, threshold_ms=5000),
-            pb.AggNode(id="sub-1", kind=pb.AGG_NODE_KIND_SWITCH, parent="root", threshold_ms=5000),
-            pb.AggNode(id="sub-2", kind=pb.AGG_NODE_KIND_SWITCH, parent="root", threshold_ms=5000),
-        ] + [
-            pb.AggNode(id=n, kind=pb.AGG_NODE_KIND_COMPUTE, parent="sub-1" if i < 4 else "sub-2")
-            for i, n in enumerate(self.names)
-        ]
+        nodes_pb = stack_nodes(self.names, root_ms=5000, sub_ms=5000)
         self._switches = switches(
             redis_url, tree, ["root", "sub-1", "sub-2"], LIGHTPATH_AGG_TRANSPORT=transport
         )
@@ -423,18 +429,9 @@ async def hold_times(addr: dict[str, str], tree: str, names: list[str]) -> tuple
 
 
 def holds(redis_url: str) -> tuple[float, float]:
-    from lightpath.v1 import agg_switch_pb2 as pb
-
     tree = "hold"
     names = [f"h{i}" for i in range(N_NODES)]
-    nodes_pb = [
-        pb.AggNode(id="root", kind=pb.AGG_NODE_KIND_SWITCH, threshold_ms=100),
-        pb.AggNode(id="sub-1", kind=pb.AGG_NODE_KIND_SWITCH, parent="root", threshold_ms=50),
-        pb.AggNode(id="sub-2", kind=pb.AGG_NODE_KIND_SWITCH, parent="root", threshold_ms=50),
-    ] + [
-        pb.AggNode(id=n, kind=pb.AGG_NODE_KIND_COMPUTE, parent="sub-1" if i < 4 else "sub-2")
-        for i, n in enumerate(names)
-    ]
+    nodes_pb = stack_nodes(names, root_ms=100, sub_ms=50)
     with switches(redis_url, tree, ["root", "sub-1", "sub-2"]) as addr:
 
         async def go():

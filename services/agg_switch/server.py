@@ -694,7 +694,7 @@ async def build(runtime: Runtime[AggSwitchSettings]) -> list[ServiceDefinition]:
         )
 
     runtime.spawn(register(), "register endpoint")
-    runtime.spawn(plane.janitor(), "outbox janitor")
+    runtime.spawn(plane.janitor(min(5.0, settings.shm_idle_s)), "outbox janitor")
     runtime.spawn(plane.publish_load(), "publish load")
     servicer = AggSwitchServicer(runtime, store, plane)
     return [ServiceDefinition(SERVICE_NAME, servicer, _register)]
