@@ -61,6 +61,7 @@ DEADLINE_MARGIN_S = READ_MARGIN_S
 # How long a node waits for its leaf switch's answer to its shared-memory offer.
 HANDSHAKE_S = 5.0
 TRANSPORTS = ("auto", "grpc")
+TRIM_EVERY_S = 5.0
 
 _OP = {
     pb.AGG_OP_SUM: "sum",
@@ -130,6 +131,7 @@ class ComputeNode:
         self._shm_idle_s = shm_idle_s
         self._domain: ShmDomain | None = None
         self._domain_tried = False
+        self._trimmed = time.monotonic()
 
     @property
     def shm(self) -> ShmDomain | None:
@@ -209,6 +211,9 @@ class ComputeNode:
             raise InvalidArgument("values", f"must hold {cmd.length} elements (got {values.size})")
         values = np.ascontiguousarray(values)
         shm = self.shm
+        if shm is not None and time.monotonic() - self._trimmed > TRIM_EVERY_S:
+            shm.trim()  # forget peers' buffers that are gone, free our idle ones
+            self._trimmed = time.monotonic()
         leases: dict[int, list[Lease]] = {}  # this node's timeout aggregation work, per chunk
 
         def alloc(chunk: int, count: int, dt: np.dtype) -> np.ndarray:
