@@ -413,16 +413,16 @@ class DataPlane:
             _Outgoing(command_id, raw=agg_wire.encode_release(command_id, chunk, self.switch_id))
         )
 
-    def _result_source(self, pkt: Packet, plan: CommandPlan) -> Packet:
+    def _result_source(self, pkt: Packet) -> Packet:
         """A result made here goes out of a buffer of ours (receivers answer RELEASE
         to us): a result computed elsewhere (the timeout aggregation node's, the
         parameter server's, EXACT's conversion) is copied into one first."""
-        if (
-            pkt.source != self.switch_id or not self._shareable(pkt) or self.buffers.owns(pkt.data)  # type: ignore[arg-type]
-        ):
+        data = pkt.data
+        if pkt.source != self.switch_id or not self._shareable(pkt) or data is None:
             return pkt
-        assert pkt.data is not None
-        return pkt.but(data=self.buffers.own_copy(pkt.command_id, pkt.chunk, pkt.data))
+        if self.buffers.owns(data):
+            return pkt
+        return pkt.but(data=self.buffers.own_copy(pkt.command_id, pkt.chunk, data))
 
     def _outgoing(
         self, pkt: Packet, dtype: DType, to: str, is_result: bool, upstream: str
@@ -457,15 +457,15 @@ class DataPlane:
             if is_result:
                 passed.add((pkt.command_id, pkt.chunk))
                 if id(pkt) not in results:
-                    results[id(pkt)] = self._result_source(pkt, owner)
+                    results[id(pkt)] = self._result_source(pkt)
                 pkt = results[id(pkt)]
             here = owner.switch(self.switch_id)
             upstream = here.parent if is_result and here is not None else None
             if owner.topology.is_compute(to):
                 box = self.outbox(pkt.command_id, to)
                 raw = self._encode(pkt, dtype, box.by_ref)
-                if is_result and raw is pkt.raw_ref:
-                    self.buffers.pin(pkt.command_id, pkt.chunk, to, pkt.data, upstream or "")  # type: ignore[arg-type]
+                if is_result and raw is pkt.raw_ref and pkt.data is not None:
+                    self.buffers.pin(pkt.command_id, pkt.chunk, to, pkt.data, upstream or "")
                 box.put(raw, is_result)
             else:
                 self.link(to).send(self._outgoing(pkt, dtype, to, is_result, upstream or ""))

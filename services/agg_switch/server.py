@@ -411,13 +411,17 @@ class AggSwitchServicer(agg_switch_pb2_grpc.AggSwitchServicer):
         if not is_valid_id(request.command_id):
             raise InvalidArgument("command_id", ID_RULE)
         annotate(command_id=request.command_id, node=request.node_id)
-        join = await self._join(tree, request.command_id)
+        join, failure = await self._join(tree, request.command_id)
         spec, topo = join.spec, join.topology
         if request.node_id not in spec.participants:
             raise InvalidArgument(
                 "node_id",
                 f"{request.node_id!r} is not a participant of command {spec.command_id}",
                 reason="NOT_A_PARTICIPANT",
+            )
+        if failure is not None:
+            raise FailedPrecondition(
+                f"command {spec.command_id}", f"failed: {failure}", reason="COMMAND_FAILED"
             )
         leaf = topo.leaf_switch(request.node_id)
         address = topo.by_id[leaf].endpoint or join.endpoints.get(leaf, "")
@@ -435,22 +439,19 @@ class AggSwitchServicer(agg_switch_pb2_grpc.AggSwitchServicer):
             root_switch=topo.root,
         )
 
-    async def _join(self, tree: str, command_id: str) -> _Join:
-        """What JoinCommand answers from, for a command every participant asks about
-        at once: read whole once while it runs, then only its state is read again."""
+    async def _join(self, tree: str, command_id: str) -> tuple[_Join, str | None]:
+        """What JoinCommand answers from, and the failure if the command failed. Every
+        participant asks about a command at once: it is read whole once while it
+        runs, then only its state is read again."""
         key = (tree, command_id)
         join = self._joins.get(key)
         if join is not None:
             state = await self._store.command_state(tree, command_id)
             if state is CommandState.RUNNING and time.time() <= join.spec.deadline_at:
-                return join
+                return join, None
             del self._joins[key]
         record = await self._store.require_command(tree, command_id)
         spec = record.spec
-        if record.state is CommandState.FAILED:
-            raise FailedPrecondition(
-                f"command {spec.command_id}", f"failed: {record.failure}", reason="COMMAND_FAILED"
-            )
         topo = (
             await self._plane.topology(spec.topology_version)
             if tree == self._settings.tree_id
@@ -466,7 +467,7 @@ class AggSwitchServicer(agg_switch_pb2_grpc.AggSwitchServicer):
             self._joins[key] = join
             while len(self._joins) > MAX_JOINS:
                 self._joins.popitem(last=False)
-        return join
+        return join, record.failure if record.state is CommandState.FAILED else None
 
     async def Contribute(  # type: ignore[override]
         self, request_iterator: AsyncIterator[bytes], context
