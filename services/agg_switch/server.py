@@ -440,16 +440,21 @@ class AggSwitchServicer(agg_switch_pb2_grpc.AggSwitchServicer):
         )
 
     async def _join(self, tree: str, command_id: str) -> tuple[_Join, str | None]:
-        """What JoinCommand answers from, and the failure if the command failed. Every
-        participant asks about a command at once: it is read whole once while it
-        runs, then only its state is read again."""
+        """What JoinCommand answers from, and the failure if the command failed.
+
+        Every participant asks about a command at once, so a running command of
+        this switch's tree is read from Redis once and kept until its deadline: a
+        command fails only at its deadline (AG-11), and one that completed here is
+        read again (its record then carries the slot holds)."""
         key = (tree, command_id)
-        join = self._joins.get(key)
-        if join is not None:
-            state = await self._store.command_state(tree, command_id)
-            if state is CommandState.RUNNING and time.time() <= join.spec.deadline_at:
-                return join, None
-            del self._joins[key]
+        join = self._joins.pop(key, None)
+        if (
+            join is not None
+            and time.time() <= join.spec.deadline_at
+            and self._plane.core.ended(command_id) is None
+        ):
+            self._joins[key] = join
+            return join, None
         record = await self._store.require_command(tree, command_id)
         spec = record.spec
         topo = (
@@ -463,7 +468,7 @@ class AggSwitchServicer(agg_switch_pb2_grpc.AggSwitchServicer):
             convert.command_to_pb(spec, topo, record),
             await self._store.endpoints(tree),
         )
-        if record.state is CommandState.RUNNING:
+        if record.state is CommandState.RUNNING and tree == self._settings.tree_id:
             self._joins[key] = join
             while len(self._joins) > MAX_JOINS:
                 self._joins.popitem(last=False)

@@ -242,11 +242,6 @@ class AggStore:
             record.state, record.failure, record.finished_at = CommandState.FAILED, reason, now
         return record
 
-    async def command_state(self, tree_id: str, command_id: str) -> CommandState | None:
-        """Just the state (one round trip), for callers that hold the rest already."""
-        raw = await self.r.hget(self._cmd(tree_id, command_id), "state")
-        return None if raw is None else CommandState(raw)
-
     async def require_command(self, tree_id: str, command_id: str) -> CommandRecord:
         record = await self.command(tree_id, command_id)
         if record is None:
