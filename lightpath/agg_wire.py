@@ -153,11 +153,20 @@ def encode_ref(pkt: Packet, dtype: DType, segment: str, offset: int) -> bytes:
     return pkt.raw_ref
 
 
-def encode_release(command_id: str, chunk: int, source: str) -> bytes:
-    """`source` is done with the RESULT buffer of `chunk` it was sent by reference."""
+def encode_release(command_id: str, chunks: list[int], source: str) -> bytes:
+    """`source` is done with the RESULT buffers of `chunks` it was sent by reference."""
     return pb.AggChunk(
-        command_id=command_id, index=chunk, kind=pb.AGG_CHUNK_KIND_RELEASE, source=source
+        command_id=command_id,
+        index=chunks[0],
+        kind=pb.AGG_CHUNK_KIND_RELEASE,
+        source=source,
+        released=chunks if len(chunks) > 1 else (),
     ).SerializeToString()
+
+
+def released_chunks(header: pb.AggChunk) -> list[int]:
+    """The chunks a RELEASE hands back."""
+    return list(header.released) or [header.index]
 
 
 def decode(raw: bytes) -> tuple[pb.AggChunk, memoryview | None]:

@@ -333,8 +333,9 @@ class _AggChunkKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_AggChunk
     """
     AGG_CHUNK_KIND_RELEASE: _AggChunkKind.ValueType  # 7
     """Shared-memory transport only: the sender (source) is done reading the
-    RESULT of chunk `index` the receiver sent it by reference (shm), so the
-    receiver may reuse that buffer. Carries no data. A switch sends it on its
+    RESULT of chunk `index` (or of every chunk in `released`) the receiver
+    sent it by reference (shm), so the receiver may reuse those buffers.
+    Carries no data. A switch sends it on its
     Relay stream to its parent. A compute node may send it on its Contribute
     stream; ending that stream releases every result buffer it was lent, so
     a node that was sent results by reference keeps the stream open until it
@@ -364,8 +365,9 @@ participant.
 """
 AGG_CHUNK_KIND_RELEASE: AggChunkKind.ValueType  # 7
 """Shared-memory transport only: the sender (source) is done reading the
-RESULT of chunk `index` the receiver sent it by reference (shm), so the
-receiver may reuse that buffer. Carries no data. A switch sends it on its
+RESULT of chunk `index` (or of every chunk in `released`) the receiver
+sent it by reference (shm), so the receiver may reuse those buffers.
+Carries no data. A switch sends it on its
 Relay stream to its parent. A compute node may send it on its Contribute
 stream; ending that stream releases every result buffer it was lent, so
 a node that was sent results by reference keeps the stream open until it
@@ -1693,6 +1695,7 @@ class AggChunk(_message.Message):
     PARAMETERS_FIELD_NUMBER: _builtins.int
     DATA_FIELD_NUMBER: _builtins.int
     SHM_FIELD_NUMBER: _builtins.int
+    RELEASED_FIELD_NUMBER: _builtins.int
     command_id: _builtins.str
     index: _builtins.int
     kind: Global___AggChunkKind.ValueType
@@ -1723,6 +1726,10 @@ class AggChunk(_message.Message):
     def shm(self) -> Global___ShmRef:
         """Instead of `data`, between peers that agreed on shared memory (ShmHello)."""
 
+    @_builtins.property
+    def released(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """RELEASE only: the chunks released, when more than `index`."""
+
     def __init__(
         self,
         *,
@@ -1739,10 +1746,11 @@ class AggChunk(_message.Message):
         parameters: _builtins.bool = ...,
         data: _builtins.bytes = ...,
         shm: Global___ShmRef | None = ...,
+        released: _abc.Iterable[_builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["shm", b"shm"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["command_id", b"command_id", "data", b"data", "destination", b"destination", "dtype", b"dtype", "empty", b"empty", "fixed_point", b"fixed_point", "index", b"index", "kind", b"kind", "parameters", b"parameters", "shm", b"shm", "source", b"source", "timeout_flag", b"timeout_flag", "timeout_nodes", b"timeout_nodes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["command_id", b"command_id", "data", b"data", "destination", b"destination", "dtype", b"dtype", "empty", b"empty", "fixed_point", b"fixed_point", "index", b"index", "kind", b"kind", "parameters", b"parameters", "released", b"released", "shm", b"shm", "source", b"source", "timeout_flag", b"timeout_flag", "timeout_nodes", b"timeout_nodes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -322,8 +322,7 @@ class DataPlane:
         ShmHello was verified, so it may name shared buffers."""
         header, data = agg_wire.decode(raw)
         if header.kind == agg_wire.RELEASE:
-            self.transport_counters["shm_releases_in"] += 1
-            self.released(header.command_id, header.index, hop_from)
+            self.released(header.command_id, agg_wire.released_chunks(header), hop_from)
             return
         loaded = await self.command(header.command_id)
         spec = loaded.plan.spec
@@ -349,7 +348,7 @@ class DataPlane:
             # Forwarded to our receivers by reference (they answer RELEASE), or
             # copied into bytes already: the parent's buffer may go once they are done.
             if self.buffers.settled(spec.command_id, header.index):
-                self._release_upstream(spec.command_id, header.index, hop_from)
+                self._release_upstream(spec.command_id, [header.index], hop_from)
 
     # -- shared memory ---------------------------------------------------------------
 
@@ -395,22 +394,31 @@ class DataPlane:
     def unpin(self, item: _Outgoing, peer: str) -> None:
         if item.pinned and item.pkt is not None:
             item.pinned = False
-            self.released(item.command_id, item.pkt.chunk, peer)
+            self.released(item.command_id, [item.pkt.chunk], peer)
 
-    def released(self, command_id: str, chunk: int, receiver: str) -> None:
-        """`receiver` is done with the RESULT buffer of `chunk` (RELEASE)."""
-        upstream = self.buffers.released(command_id, chunk, receiver)
-        if upstream:
-            self._release_upstream(command_id, chunk, upstream)
+    def released(self, command_id: str, chunks: list[int], receiver: str) -> None:
+        """`receiver` is done with the RESULT buffers of `chunks` (RELEASE)."""
+        self.transport_counters["shm_releases_in"] += len(chunks)
+        self._release_all(
+            command_id,
+            [(c, up) for c in chunks if (up := self.buffers.released(command_id, c, receiver))],
+        )
 
     def receiver_gone(self, command_id: str, receiver: str) -> None:
-        """A compute node's stream broke off: it reads none of its RESULT buffers any more."""
-        for chunk, upstream in self.buffers.receiver_gone(command_id, receiver):
-            self._release_upstream(command_id, chunk, upstream)
+        """A compute node's stream ended: it reads none of its RESULT buffers any more."""
+        self._release_all(command_id, self.buffers.receiver_gone(command_id, receiver))
 
-    def _release_upstream(self, command_id: str, chunk: int, upstream: str) -> None:
+    def _release_all(self, command_id: str, freed: list[tuple[int, str]]) -> None:
+        """Tell each parent whose buffers nobody here reads any more: one message each."""
+        by_upstream: dict[str, list[int]] = {}
+        for chunk, upstream in freed:
+            by_upstream.setdefault(upstream, []).append(chunk)
+        for upstream, chunks in by_upstream.items():
+            self._release_upstream(command_id, chunks, upstream)
+
+    def _release_upstream(self, command_id: str, chunks: list[int], upstream: str) -> None:
         self.link(upstream).send(
-            _Outgoing(command_id, raw=agg_wire.encode_release(command_id, chunk, self.switch_id))
+            _Outgoing(command_id, raw=agg_wire.encode_release(command_id, chunks, self.switch_id))
         )
 
     def _result_source(self, pkt: Packet) -> Packet:

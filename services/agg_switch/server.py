@@ -515,8 +515,7 @@ class AggSwitchServicer(agg_switch_pb2_grpc.AggSwitchServicer):
         self._check_attached(spec, topo, node, "source")
         seen = (spec.command_id, node)
         if header.kind == agg_wire.RELEASE:
-            plane.transport_counters["shm_releases_in"] += 1
-            plane.released(spec.command_id, header.index, node)
+            plane.released(spec.command_id, agg_wire.released_chunks(header), node)
             return seen, None
         by_ref = header.HasField("shm")
         if by_ref:
