@@ -144,9 +144,13 @@ class ShmDomain:
         os.rename(init, shm_dir / f"{self.prefix}.owner")  # atomic: locked before sweeps see it
         self._owner_fd = fd
         self._token = secrets.token_bytes(16)
-        probe = shm_dir / f"{self.prefix}.probe"
-        probe.write_bytes(self._token)
-        probe.chmod(0o600)
+        probe = os.open(
+            shm_dir / f"{self.prefix}.probe", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600
+        )
+        try:
+            os.write(probe, self._token)
+        finally:
+            os.close(probe)
 
     @classmethod
     def create(cls, *, idle_s: float = 30.0, shm_dir: Path = SHM_DIR) -> ShmDomain | None:
