@@ -43,6 +43,7 @@ import os
 import re
 import secrets
 import time
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -143,6 +144,9 @@ class ShmDomain:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         os.rename(init, shm_dir / f"{self.prefix}.owner")  # atomic: locked before sweeps see it
         self._owner_fd = fd
+        # Unlinks whatever is left should the domain be dropped or the interpreter
+        # exit without `close` (a crash is the sweep's business).
+        self._finalizer = weakref.finalize(self, _remove_domain, shm_dir, self.prefix, fd)
         self._token = secrets.token_bytes(16)
         probe = os.open(
             shm_dir / f"{self.prefix}.probe", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600
@@ -339,14 +343,21 @@ class ShmDomain:
             self._unlink(seg)
         self._free.clear()
         self._mapped.clear()
-        for suffix in (".probe", ".owner"):
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.dir / f"{self.prefix}{suffix}")
-        os.close(self._owner_fd)
+        self._finalizer()
 
     def files(self) -> list[str]:
         """This domain's files in the shm directory (tests, operators)."""
         return sorted(p.name for p in self.dir.glob(f"{self.prefix}*"))
+
+
+def _remove_domain(shm_dir: Path, prefix: str, owner_fd: int) -> None:
+    """Unlink a domain's files, the owner file last, then let go of its lock."""
+    names = sorted((p.name for p in shm_dir.glob(f"{prefix}*")), key=lambda n: n.endswith(".owner"))
+    for name in names:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(shm_dir / name)
+    with contextlib.suppress(OSError):
+        os.close(owner_fd)
 
 
 def sweep(shm_dir: Path = SHM_DIR) -> list[str]:

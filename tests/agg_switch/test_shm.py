@@ -77,6 +77,19 @@ def test_idle_buffers_are_trimmed_and_close_removes_every_file(domain):
     assert all_files(domain.prefix) == []
 
 
+def test_a_domain_dropped_without_close_removes_its_files():
+    import gc
+
+    d = ShmDomain.create()
+    assert d is not None
+    prefix = d.prefix
+    d.lease(1 << 12)
+    assert len(all_files(prefix)) == 3
+    del d
+    gc.collect()
+    assert all_files(prefix) == []
+
+
 def test_peers_verify_each_others_probe(domain):
     other = ShmDomain.create()
     assert other is not None
