@@ -7,10 +7,15 @@ In one run, on this machine:
 * agg_bytes_per_s: 8 compute nodes (8 processes) × 16 MiB float32 summed
   through a root and two sub-switches (3 agg_switch processes, real gRPC),
   every node receiving the result: 8 × 16 MiB / wall time, median of --reps.
-  gloo_bytes_per_s: torch.distributed all_reduce (gloo) of the same data
-  across 8 processes, same measure, alternating rep by rep with the tree so
-  both see the same machine load (null, "baseline unavailable" on stderr,
-  without torch: `pip install -e .[gloo]`). ratio_vs_gloo = agg / gloo.
+  The default transport: everything runs on this host, so chunks move through
+  shared memory (the nodes' vectors come from `ComputeNode.empty`).
+  agg_bytes_per_s_grpc: the same through a second tree whose switches run
+  with LIGHTPATH_AGG_TRANSPORT=grpc (and nodes with transport="grpc"): the
+  gRPC bytes path. gloo_bytes_per_s: torch.distributed all_reduce (gloo) of
+  the same data across 8 processes, same measure. The three alternate rep by
+  rep so they see the same machine load (gloo null, "baseline unavailable" on
+  stderr, without torch: `pip install -e .[gloo]`). ratio_vs_gloo = agg /
+  gloo. Every rep's figures go to stderr (the spread).
 * hold_ms_timeout / hold_ms_wait_all: one node 500 ms late, thresholds 50 ms
   (sub-switches): the longest any switch held a slot for one chunk, with
   timeouts and with the same service told to wait for all.
@@ -152,17 +157,20 @@ async def command(address: str, tree: str, command_id: str):
 # -- 1. throughput: 8 node processes through root + 2 sub-switches -------------------
 
 
-def node_worker(node_id: str, address: str, tree: str, elems: int, value: float, conn) -> None:
+def node_worker(
+    node_id: str, address: str, tree: str, elems: int, value: float, transport: str, conn
+) -> None:
     """One compute node process: aggregate each command id it is sent, report the time."""
     import numpy as np
 
     from lightpath.agg import ComputeNode
 
-    vector = np.full(elems, value, np.float32)
     out = np.empty(elems, np.float32)
 
     async def serve() -> None:
-        async with ComputeNode(node_id, address, tree_id=tree) as node:
+        async with ComputeNode(node_id, address, tree_id=tree, transport=transport) as node:
+            vector = node.empty(elems, np.float32)  # shared memory when the switch is local
+            vector[:] = value
             loop = asyncio.get_running_loop()
             conn.send("ready")
             while True:
@@ -179,12 +187,14 @@ def node_worker(node_id: str, address: str, tree: str, elems: int, value: float,
 class NodeProcesses:
     """8 compute-node processes that aggregate whatever command id they are sent."""
 
-    def __init__(self, address: str, tree: str, names: list[str], elems: int):
+    def __init__(self, address: str, tree: str, names: list[str], elems: int, transport: str):
         ctx = mp.get_context("spawn")
         self.pipes, self.procs = [], []
         for i, n in enumerate(names):
             parent, child = ctx.Pipe()
-            p = ctx.Process(target=node_worker, args=(n, address, tree, elems, i + 1.0, child))
+            p = ctx.Process(
+                target=node_worker, args=(n, address, tree, elems, i + 1.0, transport, child)
+            )
             p.start()
             self.pipes.append(parent)
             self.procs.append(p)
@@ -268,56 +278,107 @@ def gloo_available() -> bool:
     return True
 
 
-def side_by_side(
-    redis_url: str, mib: int, reps: int, chunk_bytes: int
-) -> tuple[float, float | None, float]:
-    """The tree and gloo, alternating rep by rep so both see the same machine load.
-
-    Returns (tree bytes/s, gloo bytes/s or None, EXACT time / PRESET time)."""
+def stack_nodes(names: list[str], root_ms: int, sub_ms: int):
+    """root over sub-1 (the first half of `names`) and sub-2 (the rest)."""
     from lightpath.v1 import agg_switch_pb2 as pb
 
-    tree = "bench"
-    elems = mib * (1 << 20) // 4
-    names = [f"n{i}" for i in range(N_NODES)]
-    nodes_pb = [
-        pb.AggNode(id="root", kind=pb.AGG_NODE_KIND_SWITCH, threshold_ms=5000),
-        pb.AggNode(id="sub-1", kind=pb.AGG_NODE_KIND_SWITCH, parent="root", threshold_ms=5000),
-        pb.AggNode(id="sub-2", kind=pb.AGG_NODE_KIND_SWITCH, parent="root", threshold_ms=5000),
+    half = len(names) // 2
+    return [
+        pb.AggNode(id="root", kind=pb.AGG_NODE_KIND_SWITCH, threshold_ms=root_ms),
+        pb.AggNode(id="sub-1", kind=pb.AGG_NODE_KIND_SWITCH, parent="root", threshold_ms=sub_ms),
+        pb.AggNode(id="sub-2", kind=pb.AGG_NODE_KIND_SWITCH, parent="root", threshold_ms=sub_ms),
     ] + [
-        pb.AggNode(id=n, kind=pb.AGG_NODE_KIND_COMPUTE, parent="sub-1" if i < 4 else "sub-2")
+        pb.AggNode(id=n, kind=pb.AGG_NODE_KIND_COMPUTE, parent="sub-1" if i < half else "sub-2")
         for i, n in enumerate(names)
     ]
-    with switches(redis_url, tree, ["root", "sub-1", "sub-2"]) as addr:
-        asyncio.run(define(addr["root"], tree, nodes_pb))
-        nodes = NodeProcesses(addr["root"], tree, names, elems)
-        base = GlooProcesses(elems) if gloo_available() else None
+
+
+class BenchTree:
+    """Root + two sub-switches (processes) and 8 node processes, one transport."""
+
+    def __init__(self, redis_url: str, tree: str, elems: int, chunk_bytes: int, transport: str):
+        self.tree, self.elems, self.chunk_bytes = tree, elems, chunk_bytes
+        self.names = [f"n{i}" for i in range(N_NODES)]
+        nodes_pb = stack_nodes(self.names, root_ms=5000, sub_ms=5000)
+        self._switches = switches(
+            redis_url, tree, ["root", "sub-1", "sub-2"], LIGHTPATH_AGG_TRANSPORT=transport
+        )
+        self.addr = self._switches.__enter__()
         try:
+            asyncio.run(define(self.addr["root"], tree, nodes_pb))
+            self.nodes = NodeProcesses(self.addr["root"], tree, self.names, elems, transport)
+        except BaseException:
+            self._switches.__exit__(None, None, None)
+            raise
 
-            def ours(command_id: str, **kw) -> float:
-                asyncio.run(
-                    start(
-                        addr["root"], tree, command_id, names, elems, chunk_bytes=chunk_bytes, **kw
-                    )
-                )
-                return nodes.run(command_id)
+    def run(self, command_id: str, **kw) -> float:
+        asyncio.run(
+            start(
+                self.addr["root"],
+                self.tree,
+                command_id,
+                self.names,
+                self.elems,
+                chunk_bytes=self.chunk_bytes,
+                **kw,
+            )
+        )
+        return self.nodes.run(command_id)
 
-            ours("warm-up")
-            if base is not None:
-                base.run()
-            preset, exact, gloo_t = [], [], []
-            for r in range(reps):
-                preset.append(ours(f"preset-{r}"))
-                if base is not None:
-                    gloo_t.append(base.run())
-                exact.append(ours(f"exact-{r}", order_policy=pb.ORDER_POLICY_EXACT))
+    def close(self) -> None:
+        try:
+            self.nodes.close()
         finally:
-            nodes.close()
+            self._switches.__exit__(None, None, None)
+
+
+def side_by_side(
+    redis_url: str, mib: int, reps: int, chunk_bytes: int
+) -> tuple[float, float, float | None, float]:
+    """The tree (default transport and forced gRPC) and gloo, alternating rep by rep
+    so all see the same machine load.
+
+    Returns (tree bytes/s, gRPC-path bytes/s, gloo bytes/s or None, EXACT time / PRESET time)."""
+    from lightpath.v1 import agg_switch_pb2 as pb
+
+    elems = mib * (1 << 20) // 4
+    default = BenchTree(redis_url, "bench", elems, chunk_bytes, "auto")
+    grpc_path = base = None
+    try:
+        grpc_path = BenchTree(redis_url, "bench-grpc", elems, chunk_bytes, "grpc")
+        base = GlooProcesses(elems) if gloo_available() else None
+        default.run("warm-up")
+        default.run("warm-up-exact", order_policy=pb.ORDER_POLICY_EXACT)  # its pools too
+        grpc_path.run("warm-up")
+        if base is not None:
+            base.run()
+        preset, via_grpc, exact, gloo_t = [], [], [], []
+        for r in range(reps):
+            preset.append(default.run(f"preset-{r}"))
+            via_grpc.append(grpc_path.run(f"grpc-{r}"))
             if base is not None:
-                base.close()
+                gloo_t.append(base.run())
+            exact.append(default.run(f"exact-{r}", order_policy=pb.ORDER_POLICY_EXACT))
+    finally:
+        for part in (base, grpc_path, default):
+            if part is not None:
+                part.close()
     total = N_NODES * mib * (1 << 20)
+    print(
+        "per rep, MB/s — shm:",
+        [round(total / t / 1e6) for t in preset],
+        "grpc:",
+        [round(total / t / 1e6) for t in via_grpc],
+        "gloo:",
+        [round(total / t / 1e6) for t in gloo_t],
+        "exact/preset:",
+        [round(e / p, 2) for e, p in zip(exact, preset, strict=True)],
+        file=sys.stderr,
+    )
     t = statistics.median(preset)
     return (
         total / t,
+        total / statistics.median(via_grpc),
         total / statistics.median(gloo_t) if gloo_t else None,
         statistics.median(exact) / t,
     )
@@ -368,18 +429,9 @@ async def hold_times(addr: dict[str, str], tree: str, names: list[str]) -> tuple
 
 
 def holds(redis_url: str) -> tuple[float, float]:
-    from lightpath.v1 import agg_switch_pb2 as pb
-
     tree = "hold"
     names = [f"h{i}" for i in range(N_NODES)]
-    nodes_pb = [
-        pb.AggNode(id="root", kind=pb.AGG_NODE_KIND_SWITCH, threshold_ms=100),
-        pb.AggNode(id="sub-1", kind=pb.AGG_NODE_KIND_SWITCH, parent="root", threshold_ms=50),
-        pb.AggNode(id="sub-2", kind=pb.AGG_NODE_KIND_SWITCH, parent="root", threshold_ms=50),
-    ] + [
-        pb.AggNode(id=n, kind=pb.AGG_NODE_KIND_COMPUTE, parent="sub-1" if i < 4 else "sub-2")
-        for i, n in enumerate(names)
-    ]
+    nodes_pb = stack_nodes(names, root_ms=100, sub_ms=50)
     with switches(redis_url, tree, ["root", "sub-1", "sub-2"]) as addr:
 
         async def go():
@@ -454,12 +506,15 @@ def main() -> None:
     parser.add_argument("--window-s", type=float, default=3.0)
     args = parser.parse_args()
     with private_redis() as redis_url:
-        agg, base, exact_ratio = side_by_side(redis_url, args.mib, args.reps, args.chunk_bytes)
+        agg, agg_grpc, base, exact_ratio = side_by_side(
+            redis_url, args.mib, args.reps, args.chunk_bytes
+        )
         hold_t, hold_w = holds(redis_url)
         rate_t, rate_w = tenants(redis_url, args.window_s)
     emit(
         {
             "agg_bytes_per_s": agg,
+            "agg_bytes_per_s_grpc": agg_grpc,
             "gloo_bytes_per_s": base,
             "ratio_vs_gloo": None if base is None else agg / base,
             "hold_ms_timeout": hold_t,

@@ -14,6 +14,16 @@ the late data arriving on that stream and sends the final chunks up (AG-7).
 Failures are gRPC errors: DEADLINE_EXCEEDED when the command's deadline
 failed it (every waiting node hears it), INVALID_ARGUMENT for a vector of the
 wrong dtype or length, NOT_FOUND for an unknown command.
+
+Shared memory: when the leaf switch runs on the same host (it answers the
+node's ShmHello on the Results call and each side opens the other's probe),
+chunks go as references to the node's shared-memory buffer rather than as
+bytes, and results come back the same way; the node copies each result chunk
+into its own array and tells the switch (RELEASE). A vector from
+`ComputeNode.empty` already lives in shared memory and is handed over without
+any copy; any other vector is copied into a pooled buffer once. Do not write
+into a vector while `aggregate` runs on it. `transport="grpc"` (or a leaf
+that is elsewhere) keeps everything on the gRPC bytes path.
 """
 
 from __future__ import annotations
@@ -29,15 +39,29 @@ import numpy as np
 from opentelemetry.sdk.trace import TracerProvider
 
 from lightpath import agg_wire
-from lightpath.aggregation import NodeCommand, Op, OrderPolicy, Reduction, chunk_bounds
+from lightpath.agg_shm import READ_MARGIN_S, Lease, Segment, ShmDomain
+from lightpath.aggregation import (
+    Kind,
+    NodeCommand,
+    Op,
+    OrderPolicy,
+    Packet,
+    Reduction,
+    chunk_bounds,
+)
 from lightpath.client import channel as lp_channel
-from lightpath.errors import InvalidArgument
+from lightpath.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument
 from lightpath.v1 import agg_switch_pb2 as pb
 from lightpath.v1 import agg_switch_pb2_grpc
 
 # How long past the command's deadline a node keeps waiting for its switch to
-# say how the command ended, before gRPC's own deadline gives up for it.
-DEADLINE_MARGIN_S = 5.0
+# say how the command ended, before gRPC's own deadline gives up for it (and
+# the last moment it reads a buffer it was sent by reference).
+DEADLINE_MARGIN_S = READ_MARGIN_S
+# How long a node waits for its leaf switch's answer to its shared-memory offer.
+HANDSHAKE_S = 5.0
+TRANSPORTS = ("auto", "grpc")
+TRIM_EVERY_S = 5.0
 
 _OP = {
     pb.AGG_OP_SUM: "sum",
@@ -64,6 +88,8 @@ class AggregationResult:
     timeout_aggregator: bool
     predicted_timeout: bool
     seconds: float
+    # Whether the chunks went through shared memory (the leaf switch is co-located).
+    shared_memory: bool = False
 
 
 def reduction_of(cmd: pb.AggCommand) -> Reduction:
@@ -78,7 +104,11 @@ def reduction_of(cmd: pb.AggCommand) -> Reduction:
 
 
 class ComputeNode:
-    """One compute node: `aggregate` is the whole data path of one command."""
+    """One compute node: `aggregate` is the whole data path of one command.
+
+    `transport`: "auto" uses shared memory with a leaf switch that proves it
+    shares this host; "grpc" always sends bytes.
+    """
 
     def __init__(
         self,
@@ -87,12 +117,43 @@ class ComputeNode:
         *,
         tree_id: str = "",
         tracer_provider: TracerProvider | None = None,
+        transport: str = "auto",
+        shm_idle_s: float = 30.0,
     ):
+        if transport not in TRANSPORTS:
+            raise ValueError(f"transport must be one of {TRANSPORTS}, not {transport!r}")
         self.node_id = node_id
         self.tree_id = tree_id
+        self.transport = transport
         self._tp = tracer_provider
         self._management = management
         self._channels: dict[str, grpc.aio.Channel] = {}
+        self._shm_idle_s = shm_idle_s
+        self._domain: ShmDomain | None = None
+        self._domain_tried = False
+        self._trimmed = time.monotonic()
+
+    @property
+    def shm(self) -> ShmDomain | None:
+        """This node's shared memory (created on first use), None with transport grpc
+        or where the host has none."""
+        if self.transport != "auto":
+            return None
+        if not self._domain_tried:
+            self._domain_tried = True
+            self._domain = ShmDomain.create(idle_s=self._shm_idle_s)
+        return self._domain
+
+    def empty(self, length: int, dtype: Any = np.float32) -> np.ndarray:
+        """A vector for `aggregate` that lives in this node's shared memory, so a
+        co-located leaf switch reads it where it is (no copy). It stays valid until
+        the node is closed; a plain numpy array where shared memory is not used."""
+        dt = np.dtype(dtype)
+        shm = self.shm
+        if shm is None:
+            return np.empty(length, dt)
+        seg = shm.buffer(max(1, length * dt.itemsize))
+        return np.frombuffer(seg.buf, dt, count=length)
 
     def _channel(self, address: str) -> grpc.aio.Channel:
         ch = self._channels.get(address)
@@ -106,6 +167,8 @@ class ComputeNode:
         for ch in self._channels.values():
             await ch.close()
         self._channels.clear()
+        if self._domain is not None:
+            self._domain.close()
 
     async def __aenter__(self) -> ComputeNode:
         return self
@@ -147,6 +210,18 @@ class ComputeNode:
         if values.size != cmd.length:
             raise InvalidArgument("values", f"must hold {cmd.length} elements (got {values.size})")
         values = np.ascontiguousarray(values)
+        shm = self.shm
+        if shm is not None and time.monotonic() - self._trimmed > TRIM_EVERY_S:
+            shm.trim()  # forget peers' buffers that are gone, free our idle ones
+            self._trimmed = time.monotonic()
+        leases: dict[int, list[Lease]] = {}  # this node's timeout aggregation work, per chunk
+
+        def alloc(chunk: int, count: int, dt: np.dtype) -> np.ndarray:
+            assert shm is not None
+            lease = shm.lease(count * dt.itemsize)
+            leases.setdefault(chunk, []).append(lease)
+            return lease.array(count, dt)
+
         state = NodeCommand(
             self.node_id,
             command_id,
@@ -158,56 +233,105 @@ class ComputeNode:
             incremental=cmd.trigger == pb.TRIGGER_MODE_INCREMENTAL,
             root=a.root_switch,
             out=out,
+            alloc=alloc if shm is not None else None,
         )
-        timeout = max(1.0, cmd.deadline.ToNanoseconds() / 1e9 - time.time() + DEADLINE_MARGIN_S)
+        deadline_at = cmd.deadline.ToNanoseconds() / 1e9
+        timeout = max(1.0, deadline_at - time.time() + DEADLINE_MARGIN_S)
         ch = self._channel(a.leaf_endpoint)
+        request = pb.ResultsRequest(command_id=command_id, node_id=self.node_id)
+        if shm is not None:
+            request.shm.CopyFrom(agg_wire.hello_to_pb(shm.hello()))
         results = ch.unary_stream(
             agg_wire.RESULTS,
             request_serializer=pb.ResultsRequest.SerializeToString,
             response_deserializer=agg_wire.identity,
-        )(pb.ResultsRequest(command_id=command_id, node_id=self.node_id), timeout=timeout)
+        )(request, timeout=timeout)
         contribute = ch.stream_unary(
             agg_wire.CONTRIBUTE,
             request_serializer=agg_wire.identity,
             response_deserializer=pb.ContributeSummary.FromString,
         )
+        min_bytes = await self._handshake(results) if shm is not None else None
+        by_ref = min_bytes is not None
+        send_lease: Lease | None = None
+        source: tuple[Segment, int] | None = None
+        if by_ref:
+            assert shm is not None
+            source = shm.locate(values)
+            if source is None:  # not from `empty`: one copy into a pooled buffer
+                send_lease = shm.lease(values.nbytes)
+                staged = send_lease.array(values.size, values.dtype)
+                np.copyto(staged, values)
+                source = (send_lease.segment, 0)
         finals: asyncio.Queue[bytes | None] = asyncio.Queue()
+        results_read = asyncio.Event()
+
+        async def contributions() -> AsyncIterator[bytes]:
+            for raw in self._chunks(a, values, source, min_bytes or 0):
+                yield raw
+            if by_ref:
+                # Ending the stream hands back every result buffer the switch lent us:
+                # only once all of them are copied.
+                await results_read.wait()
 
         async def send() -> None:
             if delay_s:
                 await asyncio.sleep(delay_s)
-            await contribute(self._chunks(a, values), timeout=timeout)
+            await contribute(contributions(), timeout=timeout)
 
         async def final_stream() -> AsyncIterator[bytes]:
             while (raw := await finals.get()) is not None:
                 yield raw
 
+        def final_bytes(pkt: Packet) -> bytes:
+            if by_ref and shm is not None and pkt.data is not None:
+                found = shm.locate(pkt.data)
+                if found is not None and pkt.data.nbytes >= max(1, min_bytes or 0):
+                    return agg_wire.encode_ref(pkt, reduction.dtype, found[0].name, found[1])
+            return agg_wire.encode(pkt, reduction.dtype)
+
         async def receive() -> None:
             final_call: Any = None
             async for raw in results:
                 header, data = agg_wire.decode(raw)
-                out = state.accept(agg_wire.to_packet(header, data, raw))
+                if header.HasField("shm"):
+                    data = self._read_shared(header, by_ref, deadline_at)
+                pkt = agg_wire.to_packet(header, data, raw)
+                out = state.accept(pkt)
+                if pkt.kind is Kind.RESULT:
+                    for lease in leases.pop(pkt.chunk, ()):  # read by the root before this
+                        shm.release(lease)  # type: ignore[union-attr]
                 if out is not None:  # this node is the timeout aggregation node (S306)
                     if final_call is None:
                         final_call = asyncio.ensure_future(
                             contribute(final_stream(), timeout=timeout)
                         )
-                    finals.put_nowait(agg_wire.encode(out, reduction.dtype))
+                    finals.put_nowait(final_bytes(out))
+            results_read.set()
             if final_call is not None:
                 finals.put_nowait(None)
                 await final_call
 
         tasks = {asyncio.ensure_future(send()), asyncio.ensure_future(receive())}
+        ok = False
         try:
             done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
             for task in done:
                 task.result()  # the first failure (a refused chunk, a failed command) ends it
             await asyncio.gather(*tasks)
+            ok = True
         finally:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             results.cancel()
+            if shm is not None:
+                # Done: every reader read before the result came. Failed: someone
+                # may still read, so the buffers are unlinked, never reused.
+                keep = shm.release if ok else shm.discard
+                for lease in [send_lease, *(x for ls in leases.values() for x in ls)]:
+                    if lease is not None:
+                        keep(lease)
         return AggregationResult(
             command_id,
             self.node_id,
@@ -216,12 +340,45 @@ class ComputeNode:
             a.timeout_aggregator,
             a.predicted_timeout,
             time.perf_counter() - started,
+            by_ref,
         )
 
-    def _chunks(self, a: pb.Assignment, values: np.ndarray):
+    async def _handshake(self, results: Any) -> int | None:
+        """The leaf switch's answer to our shared-memory offer: its smallest chunk
+        for shared memory when it and we can each open the other's probe, else None."""
+        try:
+            metadata = await asyncio.wait_for(results.initial_metadata(), HANDSHAKE_S)
+        except (TimeoutError, grpc.aio.AioRpcError):
+            return None  # the call's own error, if any, surfaces on reading the results
+        peer = agg_wire.hello_from_metadata(metadata)
+        shm = self.shm
+        if peer is None or shm is None or not shm.verify(peer):
+            return None
+        return peer.min_bytes
+
+    def _read_shared(self, header: pb.AggChunk, by_ref: bool, deadline_at: float) -> memoryview:
+        shm = self.shm
+        if not by_ref or shm is None:
+            raise FailedPrecondition(
+                f"chunk {header.index}", "came by shared memory, which this node did not agree to"
+            )
+        if time.time() > deadline_at + READ_MARGIN_S:
+            raise DeadlineExceeded(f"command {header.command_id}: a result came after its deadline")
+        return shm.view(header.shm.segment, header.shm.offset, header.shm.nbytes)
+
+    def _chunks(
+        self,
+        a: pb.Assignment,
+        values: np.ndarray,
+        source: tuple[Segment, int] | None,
+        min_bytes: int,
+    ):
+        """The contribution chunk by chunk: references into `source` (a shared buffer
+        holding `values`) for chunks of at least `min_bytes`, else bytes."""
         cmd = a.command
         predicted = a.predicted_timeout
         dtype = cmd.dtype
+        itemsize = values.dtype.itemsize
         for index in range(cmd.chunks):
             lo, hi = chunk_bounds(index, cmd.length, cmd.chunk_elems)
             header = pb.AggChunk(
@@ -233,7 +390,15 @@ class ComputeNode:
                 timeout_flag=predicted,  # AG-9: a predicted straggler tags its own data
                 dtype=dtype,
             )
-            yield agg_wire.encode_header(header, values[lo:hi])
+            nbytes = (hi - lo) * itemsize
+            if source is not None and nbytes >= max(1, min_bytes):
+                seg, base = source
+                header.shm.CopyFrom(
+                    pb.ShmRef(segment=seg.name, offset=base + lo * itemsize, nbytes=nbytes)
+                )
+                yield header.SerializeToString()
+            else:
+                yield agg_wire.encode_header(header, values[lo:hi])
 
 
 async def aggregate_all(

@@ -9,12 +9,21 @@ with protobuf. Any protobuf client reads and writes the same bytes.
 The data-path methods use these as their gRPC (de)serializers, so the
 switches and the SDK pass bytes straight to grpc and can send one encoded
 result to many receivers.
+
+Between peers that share memory (`lightpath.agg_shm`) the same header goes
+with `shm` (a ShmRef: where the elements are) instead of `data`
+(`encode_ref`); RELEASE messages (`encode_release`) hand such buffers back.
+The peers' offers (ShmHello) travel in ResultsRequest.shm and in the
+`lightpath-shm-bin` metadata (`hello_metadata`, `hello_from_metadata`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import numpy as np
 
+from lightpath.agg_shm import Hello
 from lightpath.aggregation import DType, Kind, Packet
 from lightpath.v1 import agg_switch_pb2 as pb
 
@@ -23,6 +32,8 @@ CONTRIBUTE = f"/{SERVICE}/Contribute"
 RESULTS = f"/{SERVICE}/Results"
 RELAY = f"/{SERVICE}/Relay"
 FROM_METADATA = "lightpath-from"
+SHM_METADATA = "lightpath-shm-bin"
+RELEASE = int(pb.AGG_CHUNK_KIND_RELEASE)
 
 DATA_FIELD = 15
 _DATA_KEY = bytes([(DATA_FIELD << 3) | 2])
@@ -109,11 +120,8 @@ def encode_header(header: pb.AggChunk, data: np.ndarray | None) -> bytes:
     return b"".join((head, _DATA_KEY, _varint(view.nbytes), view))
 
 
-def encode(pkt: Packet, dtype: DType) -> bytes:
-    """The packet's bytes (cached on the packet: a result sent to many nodes is encoded once)."""
-    if pkt.raw is not None:
-        return pkt.raw
-    header = pb.AggChunk(
+def _header(pkt: Packet, dtype: DType) -> pb.AggChunk:
+    return pb.AggChunk(
         command_id=pkt.command_id,
         index=pkt.chunk,
         kind=pb.AggChunkKind.ValueType(int(pkt.kind)),
@@ -126,8 +134,39 @@ def encode(pkt: Packet, dtype: DType) -> bytes:
         empty=pkt.data is None,
         parameters=pkt.parameters,
     )
-    pkt.raw = encode_header(header, pkt.data)
+
+
+def encode(pkt: Packet, dtype: DType) -> bytes:
+    """The packet's bytes (cached on the packet: a result sent to many nodes is encoded once)."""
+    if pkt.raw is None:
+        pkt.raw = encode_header(_header(pkt, dtype), pkt.data)
     return pkt.raw
+
+
+def encode_ref(pkt: Packet, dtype: DType, segment: str, offset: int) -> bytes:
+    """The packet with its elements named in shared memory rather than carried (cached)."""
+    if pkt.raw_ref is None:
+        assert pkt.data is not None
+        header = _header(pkt, dtype)
+        header.shm.CopyFrom(pb.ShmRef(segment=segment, offset=offset, nbytes=pkt.data.nbytes))
+        pkt.raw_ref = header.SerializeToString()
+    return pkt.raw_ref
+
+
+def encode_release(command_id: str, chunks: list[int], source: str) -> bytes:
+    """`source` is done with the RESULT buffers of `chunks` it was sent by reference."""
+    return pb.AggChunk(
+        command_id=command_id,
+        index=chunks[0],
+        kind=pb.AGG_CHUNK_KIND_RELEASE,
+        source=source,
+        released=chunks if len(chunks) > 1 else (),
+    ).SerializeToString()
+
+
+def released_chunks(header: pb.AggChunk) -> list[int]:
+    """The chunks a RELEASE hands back."""
+    return list(header.released) or [header.index]
 
 
 def decode(raw: bytes) -> tuple[pb.AggChunk, memoryview | None]:
@@ -140,10 +179,12 @@ def decode(raw: bytes) -> tuple[pb.AggChunk, memoryview | None]:
 
 
 def to_packet(header: pb.AggChunk, data: memoryview | None, raw: bytes | None) -> Packet:
-    """The domain packet (data as a read-only numpy view of the received bytes).
+    """The domain packet (data as a read-only numpy view of the received bytes, or
+    of the shared memory `header.shm` names, which the caller resolved).
 
     The caller has checked `header.dtype` and the data length."""
     arr: np.ndarray | None = None
+    by_ref = header.HasField("shm")
     if data is not None and not header.empty:
         dt = np.dtype("<i8") if header.fixed_point else PB_TO_DTYPE[header.dtype].numpy
         arr = np.frombuffer(data, dtype=dt)
@@ -162,8 +203,38 @@ def to_packet(header: pb.AggChunk, data: memoryview | None, raw: bytes | None) -
         timeout_flag=header.timeout_flag,
         fixed_point=header.fixed_point,
         parameters=header.parameters,
-        raw=raw,
+        raw=None if by_ref else raw,
+        raw_ref=raw if by_ref else None,
     )
+
+
+def hello_to_pb(hello: Hello) -> pb.ShmHello:
+    return pb.ShmHello(
+        host=hello.host, probe=hello.probe, token=hello.token, min_bytes=hello.min_bytes
+    )
+
+
+def hello_from_pb(msg: pb.ShmHello) -> Hello | None:
+    if not msg.host:
+        return None
+    return Hello(msg.host, msg.probe, msg.token, msg.min_bytes)
+
+
+def hello_metadata(hello: Hello | None) -> tuple[tuple[str, bytes], ...]:
+    """`lightpath-shm-bin` metadata offering `hello` (none when None)."""
+    if hello is None:
+        return ()
+    return ((SHM_METADATA, hello_to_pb(hello).SerializeToString()),)
+
+
+def hello_from_metadata(metadata: Iterable[tuple[str, str | bytes]] | None) -> Hello | None:
+    for key, value in metadata or ():
+        if key == SHM_METADATA and isinstance(value, bytes):
+            try:
+                return hello_from_pb(pb.ShmHello.FromString(value))
+            except Exception:  # protobuf's DecodeError: not an offer
+                return None
+    return None
 
 
 def identity(b: bytes) -> bytes:

@@ -22,6 +22,11 @@ Order (AG-8):
   price is a rounding of each input to 2^-f (not to float precision) and a
   range limit of ±2^(62 - f - ceil(log2 n)) for n participants.
 * ``ARRIVAL`` folds floats as they come (the seed's AI-cluster case).
+
+Where new partials live is the caller's choice (`Alloc`): the switches and the
+SDK hand out shared-memory buffers so partials travel by reference between
+co-located peers; the bits are the same either way, since only the output
+array of the same ufunc call changes.
 """
 
 from __future__ import annotations
@@ -83,6 +88,12 @@ class Trigger(enum.StrEnum):
     INCREMENTAL = "incremental"
 
 
+# Where a new partial of n elements of a dtype goes (an uninitialised array);
+# None = numpy's own allocation.
+Alloc = Callable[[int, np.dtype], np.ndarray]
+# The same, per chunk (the timeout aggregation node works on many chunks).
+ChunkAlloc = Callable[[int, int, np.dtype], np.ndarray]
+
 _UFUNC: dict[Op, np.ufunc] = {
     Op.SUM: np.add,
     Op.PROD: np.multiply,
@@ -94,6 +105,18 @@ _UFUNC: dict[Op, np.ufunc] = {
 
 DEFAULT_FRACTION_BITS = 32
 MAX_FRACTION_BITS = 60
+# Elements per block of EXACT's conversions: the float64 intermediate stays a
+# small cached temporary instead of a chunk-sized allocation. Each element sees
+# the same operations as in a whole-array pass, so the bits are the same.
+BLOCK = 1 << 16
+
+
+def _empty(count: int, dtype: np.dtype) -> np.ndarray:
+    return np.empty(count, dtype)
+
+
+def _blocks(count: int) -> range:
+    return range(0, count, BLOCK)
 
 
 @dataclass(frozen=True)
@@ -177,42 +200,62 @@ class Reduction:
 
     # -- the arithmetic --------------------------------------------------------
 
-    def absorb(self, values: np.ndarray, fixed_point: bool = False) -> np.ndarray:
+    def absorb(
+        self, values: np.ndarray, fixed_point: bool = False, alloc: Alloc | None = None
+    ) -> np.ndarray:
         """An input (a compute node's data, or a partial) in the partial encoding.
 
         Raw data is used as is (a read-only view is fine: `combine` never writes
         into an array it does not own); under EXACT raw floats are rounded to
-        int64 fixed point, once.
+        int64 fixed point, once (into `alloc`'s array).
         """
         if not self.fixed_point or fixed_point:
             return values
-        scaled = np.multiply(values, math.ldexp(1.0, self.fraction_bits), dtype=np.float64)
-        np.rint(scaled, out=scaled)
-        return scaled.astype(np.int64)
+        scale = math.ldexp(1.0, self.fraction_bits)
+        out = (alloc or _empty)(values.size, np.dtype(np.int64))
+        for lo in _blocks(values.size):
+            scaled = np.multiply(values[lo : lo + BLOCK], scale, dtype=np.float64)
+            np.rint(scaled, out=scaled)
+            out[lo : lo + BLOCK] = scaled
+        return out
 
-    def combine(self, acc: np.ndarray, owned: bool, x: np.ndarray) -> np.ndarray:
-        """acc ⊕ x; in place when the accumulator is ours, else into a new array."""
+    def combine(
+        self, acc: np.ndarray, owned: bool, x: np.ndarray, alloc: Alloc | None = None
+    ) -> np.ndarray:
+        """acc ⊕ x; in place when the accumulator is ours, else into a new array
+        (from `alloc` when given)."""
         if owned:
             return self.ufunc(acc, x, out=acc)
-        return self.ufunc(acc, x)
+        if alloc is None:
+            return self.ufunc(acc, x)
+        return self.ufunc(acc, x, out=alloc(acc.size, np.result_type(acc, x)))
 
     def accumulate(
-        self, acc: np.ndarray | None, owned: bool, x: np.ndarray | None
+        self,
+        acc: np.ndarray | None,
+        owned: bool,
+        x: np.ndarray | None,
+        alloc: Alloc | None = None,
     ) -> tuple[np.ndarray | None, bool]:
         """One step of a fold: (accumulator, whether we own it) after taking `x`.
         The first input is kept as is (no copy); the second makes a new array
-        that later inputs are added into in place."""
+        (from `alloc`) that later inputs are added into in place."""
         if x is None:
             return acc, owned
         if acc is None:
             return x, False
-        return self.combine(acc, owned, x), True
+        return self.combine(acc, owned, x, alloc), True
 
-    def finish(self, partial: np.ndarray) -> np.ndarray:
-        """The final value in the command's dtype."""
+    def finish(self, partial: np.ndarray, alloc: Alloc | None = None) -> np.ndarray:
+        """The final value in the command's dtype (into `alloc`'s array under EXACT)."""
         if not self.fixed_point:
             return partial
-        return np.ldexp(partial.astype(np.float64), -self.fraction_bits).astype(self.dtype.numpy)
+        out = (alloc or _empty)(partial.size, self.dtype.numpy)
+        for lo in _blocks(partial.size):
+            out[lo : lo + BLOCK] = np.ldexp(
+                partial[lo : lo + BLOCK].astype(np.float64), -self.fraction_bits
+            )
+        return out
 
     def partial_dtype(self) -> np.dtype:
         return np.dtype("<i8") if self.fixed_point else self.dtype.numpy
@@ -237,10 +280,27 @@ class Fold:
     holding the rest; missing inputs are skipped at `finish`.
     """
 
-    __slots__ = ("_acc", "_held", "_incremental", "_next", "_order", "_owned", "_preset", "_r")
+    __slots__ = (
+        "_acc",
+        "_alloc",
+        "_held",
+        "_incremental",
+        "_next",
+        "_order",
+        "_owned",
+        "_preset",
+        "_r",
+    )
 
-    def __init__(self, reduction: Reduction, order: Sequence[str], incremental: bool):
+    def __init__(
+        self,
+        reduction: Reduction,
+        order: Sequence[str],
+        incremental: bool,
+        alloc: Alloc | None = None,
+    ):
         self._r = reduction
+        self._alloc = alloc
         self._order = list(order)
         self._preset = reduction.preset
         self._incremental = incremental
@@ -250,7 +310,7 @@ class Fold:
         self._next = 0
 
     def _take(self, x: np.ndarray | None) -> None:
-        self._acc, self._owned = self._r.accumulate(self._acc, self._owned, x)
+        self._acc, self._owned = self._r.accumulate(self._acc, self._owned, x, self._alloc)
 
     def add(self, key: str, x: np.ndarray | None) -> None:
         """An input (already `absorb`ed) from child `key`; None: the child
@@ -321,10 +381,12 @@ class Packet:
     fixed_point: bool = False
     parameters: bool = False
     raw: bytes | None = field(default=None, repr=False, compare=False)
+    # The same message with a shared-memory reference instead of the bytes.
+    raw_ref: bytes | None = field(default=None, repr=False, compare=False)
 
     def but(self, **changes) -> Packet:
-        """A modified copy (which no longer matches `raw`)."""
-        return replace(self, raw=None, **changes)
+        """A modified copy (which no longer matches `raw` or `raw_ref`)."""
+        return replace(self, raw=None, raw_ref=None, **changes)
 
 
 # -- the timeout aggregation node (AG-7) --------------------------------------
@@ -332,6 +394,7 @@ class Packet:
 
 @dataclass
 class _TaChunk:
+    index: int
     partial_seen: bool = False
     expected: set[str] = field(default_factory=set)
     received: dict[str, tuple[np.ndarray | None, tuple[str, ...]]] = field(default_factory=dict)
@@ -364,10 +427,12 @@ class TimeoutAggregator:
         reduction: Reduction,
         position: Mapping[str, int] | Callable[[str], int],
         incremental: bool,
+        alloc: ChunkAlloc | None = None,
     ):
         self._r = reduction
         self._pos = position.__getitem__ if isinstance(position, Mapping) else position
         self._incremental = incremental
+        self._alloc = alloc
         self._chunks: dict[int, _TaChunk] = {}
 
     def outstanding(self, chunk: int) -> set[str]:
@@ -388,11 +453,11 @@ class TimeoutAggregator:
         self, chunk: int, data: np.ndarray | None, timeout_nodes: Iterable[str], fixed_point: bool
     ) -> np.ndarray | None:
         """The root's partial (S302). Returns the final chunk when this completes it."""
-        st = self._chunks.setdefault(chunk, _TaChunk())
+        st = self._chunks.setdefault(chunk, _TaChunk(chunk))
         if st.partial_seen or st.done:
             return None  # a duplicate
         st.partial_seen = True
-        st.partial = None if data is None else self._r.absorb(data, fixed_point)
+        st.partial = None if data is None else self._r.absorb(data, fixed_point, self._at(chunk))
         st.expected.update(timeout_nodes)
         self._close_expected(st)
         return self._progress(st)
@@ -406,11 +471,11 @@ class TimeoutAggregator:
         fixed_point: bool,
     ) -> np.ndarray | None:
         """A timeout node's flagged data (S304). Returns the final chunk when complete."""
-        st = self._chunks.setdefault(chunk, _TaChunk())
+        st = self._chunks.setdefault(chunk, _TaChunk(chunk))
         if st.done or node in st.received:
             return None  # a duplicate
         st.received[node] = (
-            None if data is None else self._r.absorb(data, fixed_point),
+            None if data is None else self._r.absorb(data, fixed_point, self._at(chunk)),
             tuple(timeout_nodes),
         )
         self._close_expected(st)
@@ -427,8 +492,12 @@ class TimeoutAggregator:
                     st.expected.update(carried)
                     grew = True
 
+    def _at(self, chunk: int) -> Alloc | None:
+        alloc = self._alloc
+        return None if alloc is None else lambda n, dt: alloc(chunk, n, dt)
+
     def _take(self, st: _TaChunk, x: np.ndarray | None) -> None:
-        st.acc, st.owned = self._r.accumulate(st.acc, st.owned, x)
+        st.acc, st.owned = self._r.accumulate(st.acc, st.owned, x, self._at(st.index))
 
     def _progress(self, st: _TaChunk) -> np.ndarray | None:
         if not st.partial_seen:
@@ -455,7 +524,7 @@ class TimeoutAggregator:
         st.received.clear()
         if acc is None:
             raise ValueError("a chunk completed without any data")
-        return self._r.finish(acc)
+        return self._r.finish(acc, self._at(st.index))
 
 
 def split_chunks(length: int, chunk_elems: int) -> int:
@@ -490,6 +559,7 @@ class NodeCommand:
         incremental: bool = False,
         root: str = "",
         out: np.ndarray | None = None,
+        alloc: ChunkAlloc | None = None,
     ):
         self.node_id = node_id
         self.command_id = command_id
@@ -504,7 +574,7 @@ class NodeCommand:
         self._count = 0
         self._root = root
         self._ta = (
-            TimeoutAggregator(reduction, position or {}, incremental)
+            TimeoutAggregator(reduction, position or {}, incremental, alloc)
             if timeout_aggregator
             else None
         )

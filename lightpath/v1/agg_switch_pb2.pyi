@@ -11,6 +11,12 @@ path runs switch to switch over gRPC (never through Redis):
   compute node ──Contribute──▶ leaf switch ──Relay──▶ … ──Relay──▶ root
   compute node ◀──Results──── leaf switch ◀──Relay── … ◀──Relay─── root
 
+Between peers on the same host the chunks' bytes travel through shared
+memory (see ShmHello and ShmRef): the same messages carry a descriptor of
+a shared-memory buffer instead of `data`, and gRPC stays the control path.
+Any other pair of peers, or a peer that cannot open the other's memory,
+uses the bytes in `data`.
+
 A vector travels as fixed-size chunks (AG-14); each switch aggregates chunk
 by chunk in an aggregation slot. At its time threshold a switch sends the
 partial aggregate upward carrying the ids of the children that are late
@@ -325,6 +331,16 @@ class _AggChunkKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_AggChunk
     """The final result (or parameters), broadcast from the root to every
     participant.
     """
+    AGG_CHUNK_KIND_RELEASE: _AggChunkKind.ValueType  # 7
+    """Shared-memory transport only: the sender (source) is done reading the
+    RESULT of chunk `index` (or of every chunk in `released`) the receiver
+    sent it by reference (shm), so the receiver may reuse those buffers.
+    Carries no data. A switch sends it on its
+    Relay stream to its parent. A compute node may send it on its Contribute
+    stream; ending that stream releases every result buffer it was lent, so
+    a node that was sent results by reference keeps the stream open until it
+    has read them all.
+    """
 
 class AggChunkKind(_AggChunkKind, metaclass=_AggChunkKindEnumTypeWrapper): ...
 
@@ -346,6 +362,16 @@ AGG_CHUNK_KIND_FINAL: AggChunkKind.ValueType  # 5
 AGG_CHUNK_KIND_RESULT: AggChunkKind.ValueType  # 6
 """The final result (or parameters), broadcast from the root to every
 participant.
+"""
+AGG_CHUNK_KIND_RELEASE: AggChunkKind.ValueType  # 7
+"""Shared-memory transport only: the sender (source) is done reading the
+RESULT of chunk `index` (or of every chunk in `released`) the receiver
+sent it by reference (shm), so the receiver may reuse those buffers.
+Carries no data. A switch sends it on its
+Relay stream to its parent. A compute node may send it on its Contribute
+stream; ending that stream releases every result buffer it was lent, so
+a node that was sent results by reference keeps the stream open until it
+has read them all.
 """
 Global___AggChunkKind: _TypeAlias = AggChunkKind  # noqa: Y015
 
@@ -1578,6 +1604,76 @@ class Assignment(_message.Message):
 Global___Assignment: _TypeAlias = Assignment  # noqa: Y015
 
 @_typing.final
+class ShmHello(_message.Message):
+    """A peer's offer to exchange chunks through shared memory. A compute node
+    sends it in ResultsRequest.shm; a switch sends it to the switch it relays
+    to in the metadata `lightpath-shm-bin`; the receiver answers with its own in
+    the response's initial metadata `lightpath-shm-bin` when it is on the same
+    host (equal `host`) and could open the sender's probe segment and read
+    `token` there — and each side checks the other's the same way. Either
+    check failing means the bytes path.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HOST_FIELD_NUMBER: _builtins.int
+    PROBE_FIELD_NUMBER: _builtins.int
+    TOKEN_FIELD_NUMBER: _builtins.int
+    MIN_BYTES_FIELD_NUMBER: _builtins.int
+    host: _builtins.str
+    """Boot id and shared-memory filesystem of the process's host."""
+    probe: _builtins.str
+    """A segment in /dev/shm holding `token`."""
+    token: _builtins.str
+    """Hex."""
+    min_bytes: _builtins.int
+    """The answering switch's threshold: smaller chunks go as bytes anyway."""
+    def __init__(
+        self,
+        *,
+        host: _builtins.str = ...,
+        probe: _builtins.str = ...,
+        token: _builtins.str = ...,
+        min_bytes: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["host", b"host", "min_bytes", b"min_bytes", "probe", b"probe", "token", b"token"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ShmHello: _TypeAlias = ShmHello  # noqa: Y015
+
+@_typing.final
+class ShmRef(_message.Message):
+    """Where a chunk's elements are: `nbytes` bytes from `offset` in the
+    shared-memory segment /dev/shm/`segment` (AggChunk.shm, instead of data).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SEGMENT_FIELD_NUMBER: _builtins.int
+    OFFSET_FIELD_NUMBER: _builtins.int
+    NBYTES_FIELD_NUMBER: _builtins.int
+    segment: _builtins.str
+    offset: _builtins.int
+    nbytes: _builtins.int
+    def __init__(
+        self,
+        *,
+        segment: _builtins.str = ...,
+        offset: _builtins.int = ...,
+        nbytes: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["nbytes", b"nbytes", "offset", b"offset", "segment", b"segment"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ShmRef: _TypeAlias = ShmRef  # noqa: Y015
+
+@_typing.final
 class AggChunk(_message.Message):
     """One chunk of one command on the wire. `data` is field 15 and is written
     last, so the switches append it to the serialized header and read it as a
@@ -1598,6 +1694,8 @@ class AggChunk(_message.Message):
     EMPTY_FIELD_NUMBER: _builtins.int
     PARAMETERS_FIELD_NUMBER: _builtins.int
     DATA_FIELD_NUMBER: _builtins.int
+    SHM_FIELD_NUMBER: _builtins.int
+    RELEASED_FIELD_NUMBER: _builtins.int
     command_id: _builtins.str
     index: _builtins.int
     kind: Global___AggChunkKind.ValueType
@@ -1624,6 +1722,14 @@ class AggChunk(_message.Message):
     def timeout_nodes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """AG-4: the late nodes this aggregate lacks."""
 
+    @_builtins.property
+    def shm(self) -> Global___ShmRef:
+        """Instead of `data`, between peers that agreed on shared memory (ShmHello)."""
+
+    @_builtins.property
+    def released(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """RELEASE only: the chunks released, when more than `index`."""
+
     def __init__(
         self,
         *,
@@ -1639,10 +1745,12 @@ class AggChunk(_message.Message):
         empty: _builtins.bool = ...,
         parameters: _builtins.bool = ...,
         data: _builtins.bytes = ...,
+        shm: Global___ShmRef | None = ...,
+        released: _abc.Iterable[_builtins.int] | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["shm", b"shm"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["command_id", b"command_id", "data", b"data", "destination", b"destination", "dtype", b"dtype", "empty", b"empty", "fixed_point", b"fixed_point", "index", b"index", "kind", b"kind", "parameters", b"parameters", "source", b"source", "timeout_flag", b"timeout_flag", "timeout_nodes", b"timeout_nodes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["command_id", b"command_id", "data", b"data", "destination", b"destination", "dtype", b"dtype", "empty", b"empty", "fixed_point", b"fixed_point", "index", b"index", "kind", b"kind", "parameters", b"parameters", "released", b"released", "shm", b"shm", "source", b"source", "timeout_flag", b"timeout_flag", "timeout_nodes", b"timeout_nodes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1677,17 +1785,23 @@ class ResultsRequest(_message.Message):
 
     COMMAND_ID_FIELD_NUMBER: _builtins.int
     NODE_ID_FIELD_NUMBER: _builtins.int
+    SHM_FIELD_NUMBER: _builtins.int
     command_id: _builtins.str
     node_id: _builtins.str
+    @_builtins.property
+    def shm(self) -> Global___ShmHello:
+        """Offer shared memory to the leaf switch (see ShmHello); unset = bytes."""
+
     def __init__(
         self,
         *,
         command_id: _builtins.str = ...,
         node_id: _builtins.str = ...,
+        shm: Global___ShmHello | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["shm", b"shm"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["command_id", b"command_id", "node_id", b"node_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["command_id", b"command_id", "node_id", b"node_id", "shm", b"shm"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

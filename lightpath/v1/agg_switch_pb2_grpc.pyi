@@ -11,6 +11,12 @@ path runs switch to switch over gRPC (never through Redis):
   compute node ──Contribute──▶ leaf switch ──Relay──▶ … ──Relay──▶ root
   compute node ◀──Results──── leaf switch ◀──Relay── … ◀──Relay─── root
 
+Between peers on the same host the chunks' bytes travel through shared
+memory (see ShmHello and ShmRef): the same messages carry a descriptor of
+a shared-memory buffer instead of `data`, and gRPC stays the control path.
+Any other pair of peers, or a peer that cannot open the other's memory,
+uses the bytes in `data`.
+
 A vector travels as fixed-size chunks (AG-14); each switch aggregates chunk
 by chunk in an aggregation slot. At its time threshold a switch sends the
 partial aggregate upward carrying the ids of the children that are late

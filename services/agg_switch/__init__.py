@@ -6,12 +6,15 @@
     switch.py     SwitchCore: one switch as a pure state machine — slots (AG-13),
                   thresholds and bypass entries (AG-3 … AG-5), the timeout aggregation
                   node's work (AG-6, AG-7), deadlines (AG-11), the parameter server (AG-12)
-    dataplane.py  SwitchCore driven by gRPC streams, asyncio timers and Redis
+    dataplane.py  SwitchCore driven by gRPC streams, asyncio timers and Redis; per peer,
+                  chunks by shared-memory reference (co-located) or as bytes
+    transport.py  which shared-memory buffers a command holds here, and when they go back
     store.py      Redis: topology, endpoints, commands, reports, history, parameters
     convert.py    protobuf ⇄ domain
     server.py     the servicer (management and data path)
 
-The arithmetic (AG-8) and the wire codec (AG-14) live in lightpath.aggregation
-and lightpath.agg_wire, shared with the compute-node SDK (lightpath.agg), since
-a compute node may be the timeout aggregation node.
+The arithmetic (AG-8), the wire codec (AG-14) and the shared-memory domain
+live in lightpath.aggregation, lightpath.agg_wire and lightpath.agg_shm,
+shared with the compute-node SDK (lightpath.agg), since a compute node may be
+the timeout aggregation node.
 """

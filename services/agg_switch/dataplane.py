@@ -11,6 +11,11 @@ asyncio timers and Redis-loaded commands (AG-3 … AG-7, AG-11, AG-13, AG-14).
 * Commands are loaded from Redis on their first packet and cached; reports
   (slot holds, lateness) and outcomes are written back in background tasks,
   never on the packet's path.
+* Shared memory (`lightpath.agg_shm`, `transport.Buffers`): partials are
+  computed into this switch's pooled shared buffers; to a peer that proved
+  it shares the host's memory (the ShmHello handshake of a Relay stream or a
+  Results call) a chunk goes as a reference to its buffer, to anyone else as
+  bytes. RELEASE messages hand RESULT buffers back.
 """
 
 from __future__ import annotations
@@ -27,13 +32,15 @@ from typing import Any
 import grpc
 
 from lightpath import agg_wire
-from lightpath.aggregation import Kind, Packet
+from lightpath.agg_shm import DISCARD_AFTER_S, Hello, ShmDomain, ShmError
+from lightpath.aggregation import DType, Kind, Packet
 from lightpath.errors import DeadlineExceeded, FailedPrecondition, LightpathError
 from lightpath.v1 import agg_switch_pb2 as pb
 from services.agg_switch.command import CommandPlan, CommandState, plan_command
 from services.agg_switch.store import AggStore
 from services.agg_switch.switch import CommandReport, Effects, Failure, SwitchCore, TimerKey
 from services.agg_switch.topology import Topology
+from services.agg_switch.transport import Buffers
 
 log = logging.getLogger("lightpath.agg_switch.dataplane")
 
@@ -52,6 +59,8 @@ class Outbox:
         self.queue: asyncio.Queue[Any] = asyncio.Queue()
         self.ended_at: float | None = None
         self.reader = False
+        # The node proved it shares this host's memory (ShmHello on Results).
+        self.by_ref = False
 
     def put(self, raw: bytes, is_result: bool) -> None:
         self.queue.put_nowait(raw)
@@ -76,44 +85,75 @@ class Outbox:
             yield item
 
 
+@dataclass
+class _Outgoing:
+    """A packet waiting for its Relay stream; encoded when its turn comes (by
+    reference or as bytes, as the link turned out)."""
+
+    command_id: str
+    pkt: Packet | None = None
+    dtype: DType | None = None
+    raw: bytes | None = None
+    # A RESULT buffer pinned for the peer until it answers RELEASE (or until
+    # it goes as bytes after all).
+    pinned: bool = False
+
+
 class PeerLink:
     """One long-lived Relay stream to a neighbouring switch; packets queue while it (re)connects.
 
-    A packet whose write failed is sent again after reconnecting (receivers
-    count every chunk once, so a repeat is harmless); packets of commands that
-    ended meanwhile (their deadline failed them) are dropped instead.
+    At each (re)connection the two switches exchange ShmHello offers; the
+    link carries references to shared buffers when both proved they share
+    this host's memory, bytes otherwise. A packet whose write failed is sent
+    again after reconnecting (receivers count every chunk once, so a repeat
+    is harmless); packets of commands that ended meanwhile (their deadline
+    failed them) are dropped instead.
     """
 
     def __init__(self, plane: DataPlane, peer: str):
         self.plane = plane
         self.peer = peer
-        self.queue: asyncio.Queue[tuple[str, bytes]] = asyncio.Queue()
+        self.queue: asyncio.Queue[_Outgoing] = asyncio.Queue()
         self.task: asyncio.Task | None = None
         self.sent = 0
+        self.by_ref = False
 
-    def send(self, command_id: str, raw: bytes) -> None:
-        self.queue.put_nowait((command_id, raw))
+    def send(self, item: _Outgoing) -> None:
+        self.queue.put_nowait(item)
         if self.task is None or self.task.done():
             self.task = self.plane.runtime.spawn(self._run(), f"relay to {self.peer}")
 
-    def _live(self, item: tuple[str, bytes] | None) -> tuple[str, bytes] | None:
-        if item is not None and self.plane.core.ended(item[0]):
+    def _live(self, item: _Outgoing | None) -> _Outgoing | None:
+        if item is not None and self.plane.core.ended(item.command_id):
+            self.plane.unpin(item, self.peer)
             return None  # the command failed here: nobody waits for this any more
         return item
 
+    async def _handshake(self, call: Any) -> bool:
+        if self.plane.domain is None:
+            return False
+        peer = agg_wire.hello_from_metadata(await call.initial_metadata())
+        return self.plane.verify(peer)
+
     async def _run(self) -> None:
-        pending: tuple[str, bytes] | None = None
+        pending: _Outgoing | None = None
         backoff = 0.05
         while True:
             try:
                 address = await self.plane.address_of(self.peer)
                 call = self.plane.relay_stub(address)(
-                    metadata=((agg_wire.FROM_METADATA, self.plane.switch_id),)
+                    metadata=(
+                        (agg_wire.FROM_METADATA, self.plane.switch_id),
+                        *agg_wire.hello_metadata(self.plane.hello()),
+                    )
                 )
+                self.by_ref = await self._handshake(call)
                 while True:
                     if pending is None:
                         pending = await self.queue.get()
-                    await call.write(pending[1])
+                    if pending.raw is None:
+                        pending.raw = self.plane.encode_for_link(pending, self.peer, self.by_ref)
+                    await call.write(pending.raw)
                     pending = None
                     self.sent += 1
                     backoff = 0.05
@@ -129,8 +169,8 @@ class PeerLink:
                 backoff = min(2.0, backoff * 2)
                 pending = self._live(pending)
                 kept = [i for i in iter_queue(self.queue) if self._live(i)]
-                for item in kept:
-                    self.queue.put_nowait(item)
+                for kept_item in kept:
+                    self.queue.put_nowait(kept_item)
 
 
 def iter_queue(queue: asyncio.Queue) -> list[Any]:
@@ -159,12 +199,19 @@ class DataPlane:
         switch_id: str,
         tree_id: str,
         slots: int,
+        domain: ShmDomain | None = None,
+        shm_min_bytes: int = 0,
     ):
         self.runtime = runtime
         self.store = store
         self.switch_id = switch_id
         self.tree_id = tree_id
-        self.core = SwitchCore(switch_id, slots)
+        self.domain = domain
+        self.shm_min_bytes = shm_min_bytes
+        self.buffers = Buffers(domain)
+        self.core = SwitchCore(
+            switch_id, slots, alloc=self.buffers.alloc if domain is not None else None
+        )
         self._commands: OrderedDict[str, _Loaded] = OrderedDict()
         self._loading: dict[str, asyncio.Future[_Loaded]] = {}
         self._topologies: dict[int, Topology] = {}
@@ -175,6 +222,13 @@ class DataPlane:
         self._channels: dict[str, Any] = {}
         self.recent: deque[tuple[str, CommandReport]] = deque(maxlen=RECENT_REPORTS)
         self.bytes_in = 0
+        self.transport_counters: dict[str, int] = {
+            "chunks_in_shm": 0,
+            "chunks_in_bytes": 0,
+            "chunks_out_shm": 0,
+            "chunks_out_bytes": 0,
+            "shm_releases_in": 0,
+        }
 
     # -- commands --------------------------------------------------------------
 
@@ -263,20 +317,142 @@ class DataPlane:
                 self._waiters.pop(id(pkt), None)
         return eff
 
-    async def relayed(self, raw: bytes, hop_from: str) -> None:
+    async def relayed(self, raw: bytes, hop_from: str, by_ref_ok: bool = False) -> None:
+        """A packet from neighbouring switch `hop_from`; `by_ref_ok`: its stream's
+        ShmHello was verified, so it may name shared buffers."""
         header, data = agg_wire.decode(raw)
+        if header.kind == agg_wire.RELEASE:
+            self.released(header.command_id, agg_wire.released_chunks(header), hop_from)
+            return
         loaded = await self.command(header.command_id)
         spec = loaded.plan.spec
+        by_ref = header.HasField("shm")
+        if by_ref:
+            if not by_ref_ok:
+                raise FailedPrecondition(
+                    "shm", f"{hop_from} has not shown it shares this host's memory"
+                )
+            if time.time() > spec.deadline_at:
+                return  # past its deadline the command fails here anyway: never read it
+            data = self.resolve(header.shm)
         if data is not None:
             itemsize = 8 if header.fixed_point else spec.reduction.itemsize
             if len(data) != spec.chunk_len(header.index) * itemsize:
                 raise FailedPrecondition("data", "length does not match the chunk")
-        self.bytes_in += len(raw)
+            self.transport_counters["chunks_in_shm" if by_ref else "chunks_in_bytes"] += 1
+        self.bytes_in += len(raw) if not by_ref else header.shm.nbytes
         pkt = agg_wire.to_packet(header, data, raw)
         eff = self.core.receive(pkt, hop_from, asyncio.get_running_loop().time())
         self._apply(loaded.plan, eff)  # parked relayed packets wait in the core, not here
+        if by_ref and header.kind == pb.AGG_CHUNK_KIND_RESULT:
+            # Forwarded to our receivers by reference (they answer RELEASE), or
+            # copied into bytes already: the parent's buffer may go once they are done.
+            if self.buffers.settled(spec.command_id, header.index):
+                self._release_upstream(spec.command_id, [header.index], hop_from)
+
+    # -- shared memory ---------------------------------------------------------------
+
+    def hello(self) -> Hello | None:
+        return None if self.domain is None else self.domain.hello(self.shm_min_bytes)
+
+    def verify(self, peer: Hello | None) -> bool:
+        return self.domain is not None and peer is not None and self.domain.verify(peer)
+
+    def resolve(self, ref: pb.ShmRef) -> memoryview:
+        """The bytes a ShmRef names (raises ShmError)."""
+        if self.domain is None:
+            raise ShmError("this switch does not use shared memory")
+        return self.domain.view(ref.segment, ref.offset, ref.nbytes)
+
+    def _shareable(self, pkt: Packet) -> bool:
+        return (
+            self.domain is not None
+            and pkt.data is not None
+            and pkt.data.nbytes >= max(1, self.shm_min_bytes)
+        )
+
+    def _encode(self, pkt: Packet, dtype: DType, by_ref: bool) -> bytes:
+        """By reference when the link allows it and the data is in a shared buffer."""
+        if by_ref and self._shareable(pkt):
+            assert self.domain is not None and pkt.data is not None
+            found = self.domain.locate(pkt.data)
+            if found is not None:
+                self.transport_counters["chunks_out_shm"] += 1
+                return agg_wire.encode_ref(pkt, dtype, found[0].name, found[1])
+        if pkt.data is not None:
+            self.transport_counters["chunks_out_bytes"] += 1
+        return agg_wire.encode(pkt, dtype)
+
+    def encode_for_link(self, item: _Outgoing, peer: str, by_ref: bool) -> bytes:
+        """The bytes of a queued packet, now that its link's mode is known."""
+        assert item.pkt is not None and item.dtype is not None
+        raw = self._encode(item.pkt, item.dtype, by_ref)
+        if item.pinned and raw is not item.pkt.raw_ref:
+            self.unpin(item, peer)  # went as bytes after all: nothing to wait for
+        return raw
+
+    def unpin(self, item: _Outgoing, peer: str) -> None:
+        if item.pinned and item.pkt is not None:
+            item.pinned = False
+            self.released(item.command_id, [item.pkt.chunk], peer)
+
+    def released(self, command_id: str, chunks: list[int], receiver: str) -> None:
+        """`receiver` is done with the RESULT buffers of `chunks` (RELEASE)."""
+        self.transport_counters["shm_releases_in"] += len(chunks)
+        self._release_all(
+            command_id,
+            [(c, up) for c in chunks if (up := self.buffers.released(command_id, c, receiver))],
+        )
+
+    def receiver_gone(self, command_id: str, receiver: str) -> None:
+        """A compute node's stream ended: it reads none of its RESULT buffers any more."""
+        self._release_all(command_id, self.buffers.receiver_gone(command_id, receiver))
+
+    def _release_all(self, command_id: str, freed: list[tuple[int, str]]) -> None:
+        """Tell each parent whose buffers nobody here reads any more: one message each."""
+        by_upstream: dict[str, list[int]] = {}
+        for chunk, upstream in freed:
+            by_upstream.setdefault(upstream, []).append(chunk)
+        for upstream, chunks in by_upstream.items():
+            self._release_upstream(command_id, chunks, upstream)
+
+    def _release_upstream(self, command_id: str, chunks: list[int], upstream: str) -> None:
+        self.link(upstream).send(
+            _Outgoing(command_id, raw=agg_wire.encode_release(command_id, chunks, self.switch_id))
+        )
+
+    def _result_source(self, pkt: Packet) -> Packet:
+        """A result made here goes out of a buffer of ours (receivers answer RELEASE
+        to us): a result computed elsewhere (the timeout aggregation node's, the
+        parameter server's, EXACT's conversion) is copied into one first."""
+        data = pkt.data
+        if pkt.source != self.switch_id or not self._shareable(pkt) or data is None:
+            return pkt
+        if self.buffers.owns(data):
+            return pkt
+        return pkt.but(data=self.buffers.own_copy(pkt.command_id, pkt.chunk, data))
+
+    def _outgoing(
+        self, pkt: Packet, dtype: DType, to: str, is_result: bool, upstream: str
+    ) -> _Outgoing:
+        """A packet for a link. One that may go by reference is encoded when its turn
+        comes, as the link turns out (a RESULT's buffer pinned meanwhile); any other
+        is encoded now, while the buffer it may sit in is surely still ours."""
+        item = _Outgoing(pkt.command_id, pkt, dtype)
+        if self._shareable(pkt) and self.domain is not None:
+            assert pkt.data is not None
+            if self.domain.locate(pkt.data) is not None:
+                if is_result:
+                    item.pinned = self.buffers.pin(
+                        pkt.command_id, pkt.chunk, to, pkt.data, upstream
+                    )
+                return item
+        item.raw = self._encode(pkt, dtype, by_ref=False)
+        return item
 
     def _apply(self, plan: CommandPlan, eff: Effects) -> None:
+        results: dict[int, Packet] = {}  # id(original) → the packet to send
+        passed: set[tuple[str, int]] = set()
         for to, pkt in eff.sends:
             # A freed slot may admit another command's waiting arrival: its own dtype.
             owner = (
@@ -284,11 +460,25 @@ class DataPlane:
                 if pkt.command_id == plan.spec.command_id
                 else self._commands[pkt.command_id].plan
             )
-            raw = agg_wire.encode(pkt, owner.spec.dtype)
+            dtype = owner.spec.dtype
+            is_result = pkt.kind is Kind.RESULT
+            if is_result:
+                passed.add((pkt.command_id, pkt.chunk))
+                if id(pkt) not in results:
+                    results[id(pkt)] = self._result_source(pkt)
+                pkt = results[id(pkt)]
+            here = owner.switch(self.switch_id)
+            upstream = here.parent if is_result and here is not None else None
             if owner.topology.is_compute(to):
-                self.outbox(pkt.command_id, to).put(raw, pkt.kind is Kind.RESULT)
+                box = self.outbox(pkt.command_id, to)
+                raw = self._encode(pkt, dtype, box.by_ref)
+                if is_result and raw is pkt.raw_ref and pkt.data is not None:
+                    self.buffers.pin(pkt.command_id, pkt.chunk, to, pkt.data, upstream or "")
+                box.put(raw, is_result)
             else:
-                self.link(to).send(pkt.command_id, raw)
+                self.link(to).send(self._outgoing(pkt, dtype, to, is_result, upstream or ""))
+        for cid, chunk in passed:
+            self.buffers.chunk_passed(cid, chunk)
         loop = asyncio.get_running_loop()
         for key in eff.cancels:
             handle = self._timers.pop(key, None)
@@ -325,6 +515,7 @@ class DataPlane:
                 self.runtime.spawn(self._failed(loaded, failure, now), f"fail {failure.command_id}")
         for report in eff.reports:
             loaded = self._commands.get(report.command_id)
+            self._buffers_end(report, loaded)
             self.recent.appendleft((report.command_id, report))
             if loaded is not None:
                 self.runtime.spawn(
@@ -341,6 +532,16 @@ class DataPlane:
                 )
         for cid in eff.completed:
             self.runtime.spawn(self._completed(cid), f"complete {cid}")
+
+    def _buffers_end(self, report: CommandReport, loaded: _Loaded | None) -> None:
+        """The command ended here: its shared buffers go (transport rules 3 and 4)."""
+        cid = report.command_id
+        if report.failed:
+            self.buffers.fail(cid)
+        elif self.buffers.complete(cid):
+            deadline = loaded.plan.spec.deadline_at if loaded else time.time()
+            delay = max(0.0, deadline + DISCARD_AFTER_S - time.time())
+            asyncio.get_running_loop().call_later(delay, self.buffers.drop, cid)
 
     async def _failed(self, loaded: _Loaded, failure: Failure, now: float) -> None:
         """AG-11: record the failure, then tell this switch's waiting compute nodes
@@ -439,13 +640,25 @@ class DataPlane:
         self._outboxes.pop((command_id, node), None)
 
     async def janitor(self, every_s: float = 5.0) -> None:
-        """Forget results nobody came for, a while after their command ended."""
+        """Forget results nobody came for, a while after their command ended; unlink
+        shared buffers idle in the pool."""
         while True:
             await asyncio.sleep(every_s)
             now = time.monotonic()
             for key, box in list(self._outboxes.items()):
                 if box.ended_at is not None and now - box.ended_at > OUTBOX_LINGER_S:
                     del self._outboxes[key]
+            if self.domain is not None:
+                self.domain.trim()
+
+    @property
+    def counters(self) -> dict[str, int]:
+        """The core's counters and the transport's (GetSwitchState)."""
+        out = {**self.core.counters, **self.transport_counters}
+        if self.domain is not None:
+            out["shm_buffers_leased"] = self.domain.leased
+            out["shm_buffers_pooled"] = self.domain.pooled
+        return out
 
     async def publish_load(self, every_s: float = 1.0) -> None:
         """This switch's network load (bytes/s in) for the least-load strategy (AG-10)."""

@@ -4,14 +4,19 @@ Management calls read and write Redis through `AggStore` and decide with the
 pure functions of `command` and `topology`; data-path calls hand packets to
 the process's `DataPlane`. The three data-path methods use the raw AggChunk
 codec of `lightpath.agg_wire` instead of protobuf objects (zero-copy views
-in, one copy out); everything else is plain protobuf.
+in, one copy out); everything else is plain protobuf. Results and Relay
+begin with the shared-memory handshake (ShmHello in the request, the answer
+in the initial metadata); after it a peer on this host sends references to
+shared buffers instead of bytes.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections import OrderedDict
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import ClassVar
 
 import grpc
@@ -19,6 +24,7 @@ import numpy as np
 from opentelemetry import trace
 
 from lightpath import agg_wire
+from lightpath.agg_shm import ShmDomain, ShmError
 from lightpath.aggregation import Kind
 from lightpath.errors import FailedPrecondition, FieldViolation, InvalidArgument, NotFound
 from lightpath.v1 import agg_switch_pb2 as pb
@@ -54,6 +60,17 @@ def annotate(**attributes: str | int) -> None:
 
 MAX_PAGE = paging.MAX_PAGE
 CONTRIBUTE_KINDS = {Kind.CONTRIBUTION, Kind.LATE, Kind.FINAL}
+MAX_JOINS = 256
+
+
+@dataclass
+class _Join:
+    """A running command as JoinCommand answers it."""
+
+    spec: CommandSpec
+    topology: Topology
+    command: pb.AggCommand
+    endpoints: dict[str, str]
 
 
 class AggSwitchServicer(agg_switch_pb2_grpc.AggSwitchServicer):
@@ -62,13 +79,17 @@ class AggSwitchServicer(agg_switch_pb2_grpc.AggSwitchServicer):
         self._settings = runtime.settings
         self._store = store
         self._plane = plane
+        self._joins: OrderedDict[tuple[str, str], _Join] = OrderedDict()
 
     async def GetInfo(self, request: common_pb2.GetInfoRequest, context) -> common_pb2.ServiceInfo:
+        domain = self._plane.domain
         return self._rt.info(
             SERVICE_NAME,
             switch_id=self._settings.switch_id,
             tree=self._settings.tree_id,
             slots=str(self._settings.slots),
+            transport="shm+grpc" if domain is not None else "grpc",
+            shm_prefix=domain.prefix if domain is not None else "",
         )
 
     # -- helpers -------------------------------------------------------------------
@@ -337,7 +358,7 @@ class AggSwitchServicer(agg_switch_pb2_grpc.AggSwitchServicer):
             slots_total=core.pool.capacity,
             slots_in_use=core.pool.in_use,
             parked=core.parked,
-            counters=core.counters,
+            counters=self._plane.counters,
         )
         wall = time.time() - asyncio.get_running_loop().time()
         for e in core.bypass_entries():
@@ -383,26 +404,27 @@ class AggSwitchServicer(agg_switch_pb2_grpc.AggSwitchServicer):
         if not is_valid_id(request.command_id):
             raise InvalidArgument("command_id", ID_RULE)
         annotate(command_id=request.command_id, node=request.node_id)
-        record = await self._store.require_command(tree, request.command_id)
-        spec = record.spec
+        join, failure = await self._join(tree, request.command_id)
+        spec, topo = join.spec, join.topology
         if request.node_id not in spec.participants:
             raise InvalidArgument(
                 "node_id",
                 f"{request.node_id!r} is not a participant of command {spec.command_id}",
                 reason="NOT_A_PARTICIPANT",
             )
-        if record.state is CommandState.FAILED:
+        if failure is not None:
             raise FailedPrecondition(
-                f"command {spec.command_id}", f"failed: {record.failure}", reason="COMMAND_FAILED"
+                f"command {spec.command_id}", f"failed: {failure}", reason="COMMAND_FAILED"
             )
-        topo = await self._topology(tree)
         leaf = topo.leaf_switch(request.node_id)
-        endpoints = await self._store.endpoints(tree)
-        address = topo.by_id[leaf].endpoint or endpoints.get(leaf, "")
+        address = topo.by_id[leaf].endpoint or join.endpoints.get(leaf, "")
+        if not address:
+            join.endpoints = await self._store.endpoints(tree)  # a switch may have come since
+            address = join.endpoints.get(leaf, "")
         if not address:
             raise FailedPrecondition(f"switch {leaf}", "has not registered an endpoint yet")
         return pb.Assignment(
-            command=convert.command_to_pb(spec, topo, record),
+            command=join.command,
             leaf_switch=leaf,
             leaf_endpoint=address,
             predicted_timeout=request.node_id in spec.predicted,
@@ -410,60 +432,131 @@ class AggSwitchServicer(agg_switch_pb2_grpc.AggSwitchServicer):
             root_switch=topo.root,
         )
 
+    async def _join(self, tree: str, command_id: str) -> tuple[_Join, str | None]:
+        """What JoinCommand answers from, and the failure if the command failed.
+
+        Every participant asks about a command at once, so a running command of
+        this switch's tree is read from Redis once and kept until its deadline: a
+        command fails only at its deadline (AG-11), and one that completed here is
+        read again (its record then carries the slot holds)."""
+        key = (tree, command_id)
+        join = self._joins.pop(key, None)
+        if (
+            join is not None
+            and time.time() <= join.spec.deadline_at
+            and self._plane.core.ended(command_id) is None
+        ):
+            self._joins[key] = join
+            return join, None
+        record = await self._store.require_command(tree, command_id)
+        spec = record.spec
+        topo = (
+            await self._plane.topology(spec.topology_version)
+            if tree == self._settings.tree_id
+            else await self._topology(tree)
+        )
+        join = _Join(
+            spec,
+            topo,
+            convert.command_to_pb(spec, topo, record),
+            await self._store.endpoints(tree),
+        )
+        if record.state is CommandState.RUNNING and tree == self._settings.tree_id:
+            self._joins[key] = join
+            while len(self._joins) > MAX_JOINS:
+                self._joins.popitem(last=False)
+        return join, record.failure if record.state is CommandState.FAILED else None
+
     async def Contribute(  # type: ignore[override]
         self, request_iterator: AsyncIterator[bytes], context
     ) -> pb.ContributeSummary:
         accepted = duplicates = 0
         plane = self._plane
-        async for raw in request_iterator:
-            try:
-                header, data = agg_wire.decode(raw)
-            except agg_wire.WireError as exc:
-                raise InvalidArgument("chunk", str(exc)) from None
-            if not is_valid_id(header.command_id):
-                raise InvalidArgument("command_id", ID_RULE)
-            loaded = await plane.command(header.command_id)
-            spec, topo = loaded.plan.spec, loaded.plan.topology
-            node = header.source
-            if not accepted and not duplicates:
-                annotate(command_id=spec.command_id, node=node)
-            self._check_attached(spec, topo, node, "source")
-            try:
-                kind = Kind(header.kind)
-            except ValueError:
-                kind = None  # type: ignore[assignment]
-            if kind not in CONTRIBUTE_KINDS:
-                raise InvalidArgument("kind", "a compute node sends CONTRIBUTION, LATE or FINAL")
-            if header.dtype != agg_wire.DTYPE_TO_PB[spec.dtype]:
-                raise InvalidArgument(
-                    "dtype", f"must be {spec.dtype}, the dtype of command {spec.command_id}"
-                )
-            if header.fixed_point:
-                raise InvalidArgument("fixed_point", "compute nodes send plain elements")
-            if header.index >= spec.chunks:
-                raise InvalidArgument("index", f"must be within 0..{spec.chunks - 1}")
-            want = spec.chunk_len(header.index) * spec.reduction.itemsize
-            if data is None or header.empty or len(data) != want:
-                raise InvalidArgument(
-                    "data",
-                    f"chunk {header.index} must hold {spec.chunk_len(header.index)} "
-                    f"{spec.dtype} elements ({want} bytes); got {0 if data is None else len(data)} bytes",
-                )
-            pkt = agg_wire.to_packet(header, data, raw)
-            if kind is not Kind.FINAL:
-                assert pkt.data is not None
-                if rule := spec.reduction.check_input(pkt.data):
-                    raise InvalidArgument("data", rule, reason="OUT_OF_EXACT_RANGE")
-            if plane.core.ended(spec.command_id) != "":
-                plane.check_running(loaded)
-            plane.bytes_in += len(raw)
-            eff = await plane.deliver(pkt, node)
-            if eff.duplicate:
-                duplicates += 1
-            else:
-                accepted += 1
+        seen: tuple[str, str] | None = None
+        try:
+            async for raw in request_iterator:
+                seen, eff_dup = await self._contribution(raw, seen is None)
+                if eff_dup is None:
+                    continue  # a RELEASE
+                if eff_dup:
+                    duplicates += 1
+                else:
+                    accepted += 1
+        finally:
+            # A node keeps its stream open until it has read every result it was
+            # sent by reference: ended (or broken off), those buffers may go.
+            if seen is not None:
+                plane.receiver_gone(*seen)
         annotate(chunks_accepted=accepted, chunks_duplicate=duplicates)
         return pb.ContributeSummary(accepted=accepted, duplicates=duplicates)
+
+    async def _contribution(self, raw: bytes, first: bool) -> tuple[tuple[str, str], bool | None]:
+        """One message of a Contribute stream: ((command, node), duplicate?), or
+        ((command, node), None) for a RELEASE."""
+        plane = self._plane
+        try:
+            header, data = agg_wire.decode(raw)
+        except agg_wire.WireError as exc:
+            raise InvalidArgument("chunk", str(exc)) from None
+        if not is_valid_id(header.command_id):
+            raise InvalidArgument("command_id", ID_RULE)
+        loaded = await plane.command(header.command_id)
+        spec, topo = loaded.plan.spec, loaded.plan.topology
+        node = header.source
+        if first:
+            annotate(command_id=spec.command_id, node=node)
+        self._check_attached(spec, topo, node, "source")
+        seen = (spec.command_id, node)
+        if header.kind == agg_wire.RELEASE:
+            plane.released(spec.command_id, agg_wire.released_chunks(header), node)
+            return seen, None
+        by_ref = header.HasField("shm")
+        if by_ref:
+            if not (
+                plane.has_outbox(spec.command_id, node)
+                and plane.outbox(spec.command_id, node).by_ref
+            ):
+                raise InvalidArgument(
+                    "shm",
+                    f"{node!r} has not shown it shares this host's memory with switch "
+                    f"{self._settings.switch_id} (ResultsRequest.shm); send the data as bytes",
+                )
+            try:
+                data = plane.resolve(header.shm)
+            except ShmError as exc:
+                raise InvalidArgument("shm", str(exc)) from None
+        try:
+            kind = Kind(header.kind)
+        except ValueError:
+            kind = None  # type: ignore[assignment]
+        if kind not in CONTRIBUTE_KINDS:
+            raise InvalidArgument("kind", "a compute node sends CONTRIBUTION, LATE or FINAL")
+        if header.dtype != agg_wire.DTYPE_TO_PB[spec.dtype]:
+            raise InvalidArgument(
+                "dtype", f"must be {spec.dtype}, the dtype of command {spec.command_id}"
+            )
+        if header.fixed_point:
+            raise InvalidArgument("fixed_point", "compute nodes send plain elements")
+        if header.index >= spec.chunks:
+            raise InvalidArgument("index", f"must be within 0..{spec.chunks - 1}")
+        want = spec.chunk_len(header.index) * spec.reduction.itemsize
+        if data is None or header.empty or len(data) != want:
+            raise InvalidArgument(
+                "shm" if by_ref else "data",
+                f"chunk {header.index} must hold {spec.chunk_len(header.index)} "
+                f"{spec.dtype} elements ({want} bytes); got {0 if data is None else len(data)} bytes",
+            )
+        pkt = agg_wire.to_packet(header, data, raw)
+        if kind is not Kind.FINAL:
+            assert pkt.data is not None
+            if rule := spec.reduction.check_input(pkt.data):
+                raise InvalidArgument("data", rule, reason="OUT_OF_EXACT_RANGE")
+        if plane.core.ended(spec.command_id) != "":
+            plane.check_running(loaded)
+        plane.bytes_in += want
+        plane.transport_counters["chunks_in_shm" if by_ref else "chunks_in_bytes"] += 1
+        eff = await plane.deliver(pkt, node)
+        return seen, eff.duplicate
 
     async def Results(  # type: ignore[override]
         self, request: pb.ResultsRequest, context
@@ -485,23 +578,39 @@ class AggSwitchServicer(agg_switch_pb2_grpc.AggSwitchServicer):
                 )
             plane.check_running(loaded)
         box = plane.outbox(spec.command_id, node)
-        async for raw in box.drain():
-            yield raw
+        # The shared-memory handshake: answer with our offer when the node's checks out.
+        offer = agg_wire.hello_from_pb(request.shm) if request.HasField("shm") else None
+        box.by_ref = plane.verify(offer)
+        annotate(shm=int(box.by_ref))
+        await context.send_initial_metadata(
+            agg_wire.hello_metadata(plane.hello() if box.by_ref else None)
+        )
+        try:
+            async for raw in box.drain():
+                yield raw
+        except asyncio.CancelledError:
+            plane.receiver_gone(spec.command_id, node)
+            raise
         plane.drop_outbox(spec.command_id, node)
 
     async def Relay(  # type: ignore[override]
         self, request_iterator: AsyncIterator[bytes], context
     ) -> pb.RelaySummary:
-        metadata = dict(context.invocation_metadata() or ())
+        invocation = context.invocation_metadata() or ()
+        metadata = dict(invocation)
         peer = metadata.get(agg_wire.FROM_METADATA, "")
         if not is_valid_id(peer):
             raise InvalidArgument(agg_wire.FROM_METADATA, "metadata must name the sending switch")
-        annotate(peer=peer)
+        by_ref_ok = self._plane.verify(agg_wire.hello_from_metadata(invocation))
+        annotate(peer=peer, shm=int(by_ref_ok))
+        await context.send_initial_metadata(
+            agg_wire.hello_metadata(self._plane.hello() if by_ref_ok else None)
+        )
         count = 0
         async for raw in request_iterator:
             count += 1
             try:
-                await self._plane.relayed(raw, peer)
+                await self._plane.relayed(raw, peer, by_ref_ok)
             except Exception as exc:  # one bad packet must not cut the link
                 self._rt.log.warning(
                     "dropped a packet relayed by %s: %s", peer, exc, extra={"peer": peer}
@@ -552,8 +661,21 @@ async def build(runtime: Runtime[AggSwitchSettings]) -> list[ServiceDefinition]:
 
     runtime.on_stop(close_binary)
     store = AggStore(runtime.redis, binary)
+    domain = ShmDomain.create(idle_s=settings.shm_idle_s) if settings.transport == "auto" else None
+    if domain is not None:
+
+        async def close_domain() -> None:
+            domain.close()
+
+        runtime.on_stop(close_domain)
     plane = DataPlane(
-        runtime, store, switch_id=settings.switch_id, tree_id=settings.tree_id, slots=settings.slots
+        runtime,
+        store,
+        switch_id=settings.switch_id,
+        tree_id=settings.tree_id,
+        slots=settings.slots,
+        domain=domain,
+        shm_min_bytes=settings.shm_min_bytes,
     )
 
     async def register() -> None:
@@ -570,7 +692,7 @@ async def build(runtime: Runtime[AggSwitchSettings]) -> list[ServiceDefinition]:
         )
 
     runtime.spawn(register(), "register endpoint")
-    runtime.spawn(plane.janitor(), "outbox janitor")
+    runtime.spawn(plane.janitor(min(5.0, settings.shm_idle_s)), "outbox janitor")
     runtime.spawn(plane.publish_load(), "publish load")
     servicer = AggSwitchServicer(runtime, store, plane)
     return [ServiceDefinition(SERVICE_NAME, servicer, _register)]

@@ -27,6 +27,27 @@ def _parse_chunk_bytes(raw: str) -> int:
     return value
 
 
+def _parse_transport(raw: str) -> str:
+    value = raw.strip().lower()
+    if value not in ("auto", "grpc"):
+        raise ValueError("must be auto (shared memory with co-located peers) or grpc")
+    return value
+
+
+def _parse_min_bytes(raw: str) -> int:
+    value = int(raw.strip())
+    if not 0 <= value <= 1 << 30:
+        raise ValueError("must be an integer within 0..1073741824")
+    return value
+
+
+def _parse_idle_s(raw: str) -> float:
+    value = float(raw.strip())
+    if not 0 < value <= 86400:
+        raise ValueError("must be a number of seconds within (0, 86400]")
+    return value
+
+
 @dataclass(frozen=True)
 class AggSwitchSettings(CommonSettings):
     listen: str = setting(
@@ -58,4 +79,23 @@ class AggSwitchSettings(CommonSettings):
         1 << 20,
         "default chunk size of a command (bytes; a command may choose its own)",
         parse=_parse_chunk_bytes,
+    )
+    transport: str = setting(
+        "LIGHTPATH_AGG_TRANSPORT",
+        "auto",
+        "auto: chunks go through shared memory to peers proven to share this host, "
+        "gRPC bytes to the others; grpc: always gRPC bytes",
+        parse=_parse_transport,
+    )
+    shm_min_bytes: int = setting(
+        "LIGHTPATH_AGG_SHM_MIN_BYTES",
+        65536,
+        "chunks smaller than this go as gRPC bytes even to co-located peers",
+        parse=_parse_min_bytes,
+    )
+    shm_idle_s: float = setting(
+        "LIGHTPATH_AGG_SHM_IDLE_S",
+        30.0,
+        "seconds a free shared-memory buffer stays pooled before it is unlinked",
+        parse=_parse_idle_s,
     )

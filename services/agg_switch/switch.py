@@ -24,20 +24,36 @@ Per command and chunk (AG-14: a slot per chunk):
   data passing through is forwarded, never aggregated (AG-5).
 * The deadline fails the command here: slots freed, entries dropped,
   waiting arrivals refused, nothing left (AG-11).
+
+Where partials are computed is injected (`alloc`: the data plane hands out
+shared-memory buffers per command and chunk so they can travel by reference);
+the arithmetic and its bits do not depend on it.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from lightpath.aggregation import Fold, Kind, Packet, Reduction, TimeoutAggregator, chunk_bounds
+from lightpath.aggregation import (
+    Alloc,
+    ChunkAlloc,
+    Fold,
+    Kind,
+    Packet,
+    Reduction,
+    TimeoutAggregator,
+    chunk_bounds,
+)
 from lightpath.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument, NotFound
 from services.agg_switch.command import CommandPlan, CommandSpec, SlotPolicy, SwitchPlan
 
 TimerKey = tuple[str, str, int]  # ("chunk", command, index) or ("deadline", command, -1)
+# (command, chunk, elements, dtype) → a new array for a partial of that chunk.
+CommandAlloc = Callable[[str, int, int, np.dtype], np.ndarray]
 
 
 @dataclass(frozen=True)
@@ -215,8 +231,10 @@ class SwitchCore:
         *,
         parameter_server: ParameterServer | None = None,
         remember: int = 4096,
+        alloc: CommandAlloc | None = None,
     ):
         self.switch_id = switch_id
+        self._alloc = alloc
         self.pool = SlotPool(slots)
         self.ps = parameter_server or ParameterServer()
         self._commands: dict[str, _Command] = {}
@@ -476,7 +494,10 @@ class SwitchCore:
     def _open_slot(self, cmd: _Command, chunk: int, now: float, eff: Effects) -> _Slot:
         plan = cmd.plan
         assert plan is not None
-        slot = _Slot(now, Fold(cmd.reduction, plan.expected, cmd.spec.incremental))
+        slot = _Slot(
+            now,
+            Fold(cmd.reduction, plan.expected, cmd.spec.incremental, self._fold_alloc(cmd, chunk)),
+        )
         cmd.slots[chunk] = slot
         eff.events.append(Event("slot_acquired", cmd.spec.command_id, chunk))
         if not cmd.spec.wait_for_all:
@@ -489,7 +510,11 @@ class SwitchCore:
     ) -> None:
         plan = cmd.plan
         assert plan is not None
-        data = None if pkt.data is None else cmd.reduction.absorb(pkt.data, pkt.fixed_point)
+        data = (
+            None
+            if pkt.data is None
+            else cmd.reduction.absorb(pkt.data, pkt.fixed_point, self._fold_alloc(cmd, pkt.chunk))
+        )
         slot.fold.add(child, data)
         slot.arrived.add(child)
         slot.carried.extend(pkt.timeout_nodes)
@@ -563,7 +588,9 @@ class SwitchCore:
             return
         if not ids:
             assert data is not None
-            self._broadcast(cmd, chunk, cmd.reduction.finish(data), eff)
+            self._broadcast(
+                cmd, chunk, cmd.reduction.finish(data, self._fold_alloc(cmd, chunk)), eff
+            )
             return
         # AG-6 / S301: the root's partial goes to the timeout aggregation node.
         eff.events.append(Event("root_partial", cmd.spec.command_id, chunk, detail=",".join(ids)))
@@ -646,10 +673,27 @@ class SwitchCore:
 
     # -- the timeout aggregation node (AG-7) -----------------------------------------
 
+    def _fold_alloc(self, cmd: _Command, chunk: int) -> Alloc | None:
+        """Partials of switches on the results' way down come from `alloc` (the data
+        plane frees them when the chunk's result passes); elsewhere numpy's."""
+        alloc, cid = self._alloc, cmd.spec.command_id
+        if alloc is None or cmd.plan is None:
+            return None
+        return lambda n, dt: alloc(cid, chunk, n, dt)
+
+    def _ta_alloc(self, cmd: _Command) -> ChunkAlloc | None:
+        alloc, cid = self._alloc, cmd.spec.command_id
+        if alloc is None or cmd.plan is None:
+            return None
+        return lambda chunk, n, dt: alloc(cid, chunk, n, dt)
+
     def _ta_receive(self, cmd: _Command, pkt: Packet, eff: Effects) -> None:
         if cmd.ta is None:
             cmd.ta = TimeoutAggregator(
-                cmd.reduction, cmd.cplan.position, incremental=cmd.spec.incremental
+                cmd.reduction,
+                cmd.cplan.position,
+                incremental=cmd.spec.incremental,
+                alloc=self._ta_alloc(cmd),
             )
         if pkt.kind is Kind.ROOT_PARTIAL:
             eff.events.append(

@@ -1,5 +1,9 @@
 """Contract tests: real agg_switch servers (root + two sub-switches) on one
-real Redis, real gRPC between the switches and from the compute-node SDK."""
+real Redis, real gRPC between the switches and from the compute-node SDK.
+
+Every test on the `tree` fixture runs twice: with shared memory between the
+switches and the SDK (the default on one host, here for chunks of any size)
+and with the gRPC bytes path only."""
 
 from __future__ import annotations
 
@@ -17,6 +21,7 @@ from lightpath.v1 import common_pb2
 from tests.agg_switch.tree import CN, DN, SW, agg_tree, node, stack_tree
 
 FIVE = ["n1", "n2", "n3", "n4", "n5"]
+TRANSPORTS = ["shm", "grpc"]
 
 
 def vectors(length: int, dtype=np.int64, nodes=FIVE) -> dict[str, np.ndarray]:
@@ -57,9 +62,9 @@ async def straggle(tree, node_id: str, switch: str, command_id: str, values, **k
         return await cn.aggregate(command_id, values, **kw)
 
 
-@pytest.fixture
-async def tree(redis_url):
-    async with agg_tree(redis_url) as t:
+@pytest.fixture(params=TRANSPORTS)
+async def tree(redis_url, request):
+    async with agg_tree(redis_url, transport=request.param) as t:
         yield t
 
 
@@ -481,10 +486,11 @@ async def test_choose_timeout_aggregator_by_every_strategy(tree):
 # -- dedicated node, parameter server, EXACT ------------------------------------------
 
 
-async def test_dedicated_timeout_aggregator_and_parameter_server(redis_url):
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_dedicated_timeout_aggregator_and_parameter_server(redis_url, transport):
     """AG-12 with a dedicated timeout aggregation node process (AG-10): the root
     applies params -= lr × sum and broadcasts the parameters."""
-    async with agg_tree(redis_url, ("root", "sub-1", "sub-2", "ded")) as t:
+    async with agg_tree(redis_url, ("root", "sub-1", "sub-2", "ded"), transport=transport) as t:
         await t.define([*stack_tree(sub_ms=200, root_ms=3000), node("ded", DN, "root")])
         base = np.linspace(0, 1, 6, dtype=np.float32)
         await t.stub().SetParameters(
@@ -560,11 +566,12 @@ async def test_exact_mode_gives_the_same_bits_whoever_is_late(tree):
     assert np.allclose(outs[0][0], sum(d.astype(np.float64) for d in data.values()), atol=1e-6)
 
 
-async def test_tenants_share_a_small_slot_pool_without_corrupting_each_other(redis_url):
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_tenants_share_a_small_slot_pool_without_corrupting_each_other(redis_url, transport):
     """AG-13: sub-1 has 2 slots for two tenants' 4-chunk commands; WAIT queues,
     FALLBACK bypasses to the timeout aggregation node; both results are exact."""
     env = {"sub-1": {"LIGHTPATH_AGG_SLOTS": "2"}}
-    async with agg_tree(redis_url, env=env) as t:
+    async with agg_tree(redis_url, env=env, transport=transport) as t:
         await t.define(stack_tree(sub_ms=2000, root_ms=4000))
         data = {
             "a": vectors(16, np.int64),

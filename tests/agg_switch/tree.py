@@ -19,6 +19,10 @@ from tests.helpers import serve
 
 TREE = "tree-1"
 SW, CN, DN = pb.AGG_NODE_KIND_SWITCH, pb.AGG_NODE_KIND_COMPUTE, pb.AGG_NODE_KIND_DEDICATED
+TRANSPORT_ENV = {
+    "shm": {"LIGHTPATH_AGG_TRANSPORT": "auto", "LIGHTPATH_AGG_SHM_MIN_BYTES": "0"},
+    "grpc": {"LIGHTPATH_AGG_TRANSPORT": "grpc"},
+}
 
 
 def node(id: str, kind: int, parent: str = "", threshold_ms: int = 0, **kw) -> pb.AggNode:
@@ -110,7 +114,10 @@ async def agg_tree(
     env: Mapping[str, Mapping[str, str]] | None = None,
     tree: str = TREE,
     tracer_provider=None,
+    transport: str = "shm",
 ) -> AsyncIterator[Tree]:
+    """`transport`: "shm" — shared memory between the switches and with the SDK
+    for chunks of any size (they all run on this host); "grpc" — bytes only."""
     async with contextlib.AsyncExitStack() as stack:
         running = {}
         for s in switches:
@@ -121,6 +128,7 @@ async def agg_tree(
                     {
                         "LIGHTPATH_SWITCH_ID": s,
                         "LIGHTPATH_AGG_TREE": tree,
+                        **TRANSPORT_ENV[transport],
                         **(env or {}).get(s, {}),
                     },
                     tracer_provider=tracer_provider,
