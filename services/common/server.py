@@ -146,6 +146,7 @@ class Runtime(Generic[S]):
         return ch
 
     def on_stop(self, hook: Callable[[], Awaitable[None]]) -> None:
+        """Run `hook` at shutdown, after background tasks have stopped (last added, first run)."""
         self._on_stop.append(hook)
 
     def info(
@@ -163,12 +164,13 @@ class Runtime(Generic[S]):
         return info
 
     async def close(self) -> None:
+        # Background tasks first: the hooks release what they use (clients, channels, buffers).
+        await self._cancel_background()
         for hook in reversed(self._on_stop):
             try:
                 await hook()
             except Exception:
                 self.log.exception("shutdown hook failed")
-        await self._cancel_background()
         for ch in self._channels:
             await ch.close()
 
