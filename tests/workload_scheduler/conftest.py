@@ -69,22 +69,20 @@ class PodStack:
                 return None
             raise
 
-    async def settle(self, timeout: float = 15.0) -> None:
-        """Wait until no slice is being wired and the live jobs stopped changing (follow-up
-        passes that a wiring spawns run in the background; the reconcile loop too)."""
+    async def settle(self, timeout: float = 15.0, quiet: float = 0.3) -> None:
+        """Wait until no slice is being wired and the live jobs stopped changing for `quiet`
+        seconds — longer than one reconcile round (0.2 s here), since follow-up passes a
+        wiring spawns, or a pass that lost a race to another replica, run in the background."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
-        last, same = None, 0
+        last, since = None, loop.time()
         while loop.time() < deadline:
             view = await self.pod()
             now = [(j.job_id, j.state) for j in view.live_jobs]
-            if all(s != common_pb2.JOB_STATE_WIRING for _, s in now) and now == last:
-                same += 1
-                if same >= 3:
-                    return
-            else:
-                same = 0
-            last = now
+            if now != last or any(s == common_pb2.JOB_STATE_WIRING for _, s in now):
+                last, since = now, loop.time()
+            elif loop.time() - since >= quiet:
+                return
             await asyncio.sleep(0.03)
         raise AssertionError(f"pod did not settle: {last}")
 
