@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from google.protobuf.timestamp_pb2 import Timestamp
 from opentelemetry import trace
 
@@ -14,7 +16,8 @@ from services.cell_scheduler.settings import CellSchedulerSettings, node_flops
 from services.cell_scheduler.store import CellStore
 from services.cell_scheduler.watch import watch_job, watch_pod
 from services.common import paging
-from services.common.keys import ID_RULE, is_valid_id
+from services.common.enums import enum_name
+from services.common.keys import ID_RULE, is_valid_id, require_ids
 from services.common.server import Runtime, ServiceDefinition
 
 SERVICE_NAME = cell_scheduler_pb2.DESCRIPTOR.services_by_name["CellScheduler"].full_name
@@ -30,13 +33,6 @@ def _note(**attrs) -> None:
     span = trace.get_current_span()
     for k, v in attrs.items():
         span.set_attribute(f"lightpath.{k}", v)
-
-
-def _ids(**fields: str) -> None:
-    """Ids name Redis keys: a malformed one is INVALID_ARGUMENT, never a server error (X-3)."""
-    bad = [FieldViolation(f, ID_RULE) for f, v in fields.items() if not is_valid_id(v)]
-    if bad:
-        raise InvalidArgument.of(bad)
 
 
 def cell_job_pb(cell: CellScheduler, view: JobView) -> cell_scheduler_pb2.CellJob:
@@ -67,6 +63,36 @@ def cell_job_pb(cell: CellScheduler, view: JobView) -> cell_scheduler_pb2.CellJo
     return out
 
 
+_STREAM_ID = re.compile(r"^\d{1,17}(-\d{1,10})?$")
+_STREAM_RULE = "must be a Redis stream id such as 1700000000000-0"
+
+
+def _check_report(request: cell_scheduler_pb2.ReportPodStatusRequest) -> None:
+    """A pod's report names stream positions, jobs and states; refuse a malformed one whole."""
+    bad: list[FieldViolation] = []
+    for field in ("events_after", "events_until"):
+        value = getattr(request, field)
+        if value and not _STREAM_ID.match(value):
+            bad.append(FieldViolation(field, _STREAM_RULE))
+    for i, t in enumerate(request.transitions):
+        at = f"transitions[{i}]"
+        if not _STREAM_ID.match(t.stream_id):
+            bad.append(FieldViolation(f"{at}.stream_id", _STREAM_RULE))
+        if not is_valid_id(t.event.job_id):
+            bad.append(FieldViolation(f"{at}.event.job_id", ID_RULE))
+        if t.event.to_state not in _STATES or t.event.to_state == common_pb2.JOB_STATE_UNSPECIFIED:
+            bad.append(FieldViolation(f"{at}.event.to_state", "must be a defined job state"))
+        if t.event.from_state not in _STATES:
+            bad.append(
+                FieldViolation(f"{at}.event.from_state", "must be a defined job state or unset")
+            )
+    if bad:
+        raise InvalidArgument.of(bad)
+
+
+_STATES = frozenset(common_pb2.JobState.values())
+
+
 class CellSchedulerServicer(cell_scheduler_pb2_grpc.CellSchedulerServicer):
     def __init__(self, runtime: Runtime[CellSchedulerSettings], cell: CellScheduler):
         self._rt = runtime
@@ -93,17 +119,22 @@ class CellSchedulerServicer(cell_scheduler_pb2_grpc.CellSchedulerServicer):
         )
 
     async def GetJob(self, request, context) -> cell_scheduler_pb2.CellJob:
-        _ids(job_id=request.job_id)
+        require_ids(job_id=request.job_id)
         _note(job_id=request.job_id)
         return cell_job_pb(
             self._cell, await self._cell.get(request.job_id, include_rings=request.include_rings)
         )
 
     async def ListJobs(self, request, context) -> cell_scheduler_pb2.ListCellJobsResponse:
-        _ids(**{k: v for k, v in (("tenant", request.tenant), ("pod_id", request.pod_id)) if v})
+        require_ids(
+            **{k: v for k, v in (("tenant", request.tenant), ("pod_id", request.pod_id)) if v}
+        )
         size = paging.page_size(request.page_size)
         before = paging.token_int(request.page_token)
-        states = {common_pb2.JobState.Name(s).removeprefix("JOB_STATE_") for s in request.states}
+        states = {
+            enum_name(common_pb2.JobState, s, f"states[{i}]", "JOB_STATE_")
+            for i, s in enumerate(request.states)
+        }
         views, more = await self._cell.list_jobs(
             tenant=request.tenant,
             states=states,
@@ -117,17 +148,17 @@ class CellSchedulerServicer(cell_scheduler_pb2_grpc.CellSchedulerServicer):
         )
 
     async def CompleteJob(self, request, context) -> cell_scheduler_pb2.CellJob:
-        _ids(job_id=request.job_id)
+        require_ids(job_id=request.job_id)
         _note(job_id=request.job_id)
         return cell_job_pb(self._cell, await self._cell.complete(request.job_id))
 
     async def CancelJob(self, request, context) -> cell_scheduler_pb2.CellJob:
-        _ids(job_id=request.job_id)
+        require_ids(job_id=request.job_id)
         _note(job_id=request.job_id)
         return cell_job_pb(self._cell, await self._cell.cancel(request.job_id, request.reason))
 
     async def WatchJob(self, request, context):
-        _ids(job_id=request.job_id)
+        require_ids(job_id=request.job_id)
         _note(job_id=request.job_id)
         async for event in watch_job(self._cell, request.job_id):
             yield event
@@ -135,7 +166,7 @@ class CellSchedulerServicer(cell_scheduler_pb2_grpc.CellSchedulerServicer):
     async def ReportBlockHealth(self, request, context):
         if request.health not in (common_pb2.BLOCK_HEALTH_HEALTHY, common_pb2.BLOCK_HEALTH_FAILED):
             raise InvalidArgument("health", "must be HEALTHY (recovered) or FAILED")
-        _ids(pod_id=request.pod_id)
+        require_ids(pod_id=request.pod_id)
         _note(pod_id=request.pod_id, block=request.block_id)
         return await self._cell.report_block_health(
             request.pod_id, request.block_id, request.health, request.reason
@@ -145,12 +176,12 @@ class CellSchedulerServicer(cell_scheduler_pb2_grpc.CellSchedulerServicer):
         return cell_scheduler_pb2.ListPodsResponse(pods=await self._cell.list_pods())
 
     async def GetPod(self, request, context) -> cell_scheduler_pb2.Pod:
-        _ids(pod_id=request.pod_id)
+        require_ids(pod_id=request.pod_id)
         _note(pod_id=request.pod_id)
         return await self._cell.pod_info(request.pod_id, include_view=request.include_view)
 
     async def WatchPod(self, request, context):
-        _ids(pod_id=request.pod_id)
+        require_ids(pod_id=request.pod_id)
         _note(pod_id=request.pod_id)
         async for event in watch_pod(self._cell, request.pod_id):
             yield event
@@ -160,7 +191,8 @@ class CellSchedulerServicer(cell_scheduler_pb2_grpc.CellSchedulerServicer):
         return await self._cell.register(request.pod)
 
     async def ReportPodStatus(self, request, context) -> cell_scheduler_pb2.ReportPodStatusResponse:
-        _ids(pod_id=request.pod_id)
+        require_ids(pod_id=request.pod_id)
+        _check_report(request)
         _note(pod_id=request.pod_id, transitions=len(request.transitions))
         return await self._cell.report(request)
 

@@ -54,12 +54,6 @@ def _enum_name(enum: Any, prefix: str, value: int) -> str | None:
         return None
 
 
-def check_id(value: str, field: str) -> str:
-    if not is_valid_id(value):
-        raise InvalidArgument(field, ID_RULE)
-    return value
-
-
 def core_request(
     m: core_broker_pb2.ReservationRequest, principal: Principal, prefix: str
 ) -> CoreRequest:

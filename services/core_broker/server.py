@@ -24,7 +24,7 @@ from lightpath.errors import (
 from lightpath.graph.fold import plan_to_proto
 from lightpath.v1 import common_pb2, core_broker_pb2, core_broker_pb2_grpc, graph_pb2
 from services.common import paging
-from services.common.keys import is_valid_id
+from services.common.keys import is_valid_id, require_id
 from services.common.server import Runtime, ServiceDefinition
 from services.core_broker.auth import (
     Authenticator,
@@ -37,7 +37,6 @@ from services.core_broker.capacity import MAX_SPAN_MS, CapacityMap
 from services.core_broker.convert import (
     EVENT_TYPES,
     agreement_in,
-    check_id,
     core_request,
     device_in,
     device_out,
@@ -130,7 +129,7 @@ class CoreBrokerServicer(core_broker_pb2_grpc.CoreBrokerServicer):
         self, request: pb.RemoveDeviceRequest, context
     ) -> pb.RemoveDeviceResponse:
         require_operator(await self._who(context))
-        device_id = check_id(request.device_id, "device_id")
+        device_id = require_id(request.device_id, "device_id")
         res = await self._store.remove_device(device_id)
         if res.status == "missing":
             raise NotFound("device", device_id)
@@ -146,7 +145,7 @@ class CoreBrokerServicer(core_broker_pb2_grpc.CoreBrokerServicer):
         self, request: pb.RegisterApplicationRequest, context
     ) -> pb.RegisterApplicationResponse:
         require_operator(await self._who(context))
-        app_id = check_id(request.application_id, "application_id")
+        app_id = require_id(request.application_id, "application_id")
         qos, billing = agreement_in(request)
         token, rotated = await self._store.register_application(
             app_id, qos, billing, self._broker.now_ms()
@@ -159,7 +158,7 @@ class CoreBrokerServicer(core_broker_pb2_grpc.CoreBrokerServicer):
         self, request: pb.RemoveApplicationRequest, context
     ) -> pb.RemoveApplicationResponse:
         require_operator(await self._who(context))
-        app_id = check_id(request.application_id, "application_id")
+        app_id = require_id(request.application_id, "application_id")
         if not await self._store.remove_application(app_id):
             raise NotFound("application", app_id)
         self._auth.forget(app_id)
@@ -229,7 +228,7 @@ class CoreBrokerServicer(core_broker_pb2_grpc.CoreBrokerServicer):
         if end - start > MAX_SPAN_MS:
             raise InvalidArgument("end", "the range is too long")
         for i, device_id in enumerate(request.device_ids):
-            check_id(device_id, f"device_ids[{i}]")
+            require_id(device_id, f"device_ids[{i}]")
         cap = await self._fresh()
         for device_id in request.device_ids:
             if cap.index_of(device_id) is None:
@@ -342,7 +341,7 @@ class CoreBrokerServicer(core_broker_pb2_grpc.CoreBrokerServicer):
 
     async def GetReservation(self, request: pb.GetReservationRequest, context) -> pb.Reservation:
         principal = await self._who(context)
-        rid = check_id(request.reservation_id, "reservation_id")
+        rid = require_id(request.reservation_id, "reservation_id")
         return reservation_out(*await self._broker.get(rid, principal.application_id))
 
     async def ListReservations(
@@ -351,7 +350,7 @@ class CoreBrokerServicer(core_broker_pb2_grpc.CoreBrokerServicer):
         principal = await self._who(context)
         app = principal.application_id
         if request.application_id:
-            check_id(request.application_id, "application_id")
+            require_id(request.application_id, "application_id")
             if app is not None and request.application_id != app:
                 raise PermissionDenied(
                     "an application lists only its own reservations",
@@ -376,7 +375,7 @@ class CoreBrokerServicer(core_broker_pb2_grpc.CoreBrokerServicer):
         self, request: pb.ReleaseReservationRequest, context
     ) -> pb.Reservation:
         principal = await self._who(context)
-        rid = check_id(request.reservation_id, "reservation_id")
+        rid = require_id(request.reservation_id, "reservation_id")
         _annotate(reservation_id=rid)
         return reservation_out(*await self._broker.release(rid, principal.application_id))
 
@@ -384,7 +383,7 @@ class CoreBrokerServicer(core_broker_pb2_grpc.CoreBrokerServicer):
         self, request: pb.ExtendReservationRequest, context
     ) -> pb.Reservation:
         principal = await self._who(context)
-        rid = check_id(request.reservation_id, "reservation_id")
+        rid = require_id(request.reservation_id, "reservation_id")
         if not request.HasField("new_end"):
             raise InvalidArgument("new_end", "is required")
         new_end = ms_of(request.new_end)
@@ -399,7 +398,7 @@ class CoreBrokerServicer(core_broker_pb2_grpc.CoreBrokerServicer):
         principal = await self._who(context)
         rid = request.reservation_id
         if rid:
-            check_id(rid, "reservation_id")
+            require_id(rid, "reservation_id")
         hub = self._broker.hub
         sub = hub.subscribe(principal.application_id, rid)
         try:
@@ -509,7 +508,7 @@ class CoreBrokerServicer(core_broker_pb2_grpc.CoreBrokerServicer):
         if not GRAPH_ID.match(request.graph_id):
             raise InvalidArgument("graph_id", GRAPH_ID_RULE)
         if request.run_id:
-            check_id(request.run_id, "run_id")
+            require_id(request.run_id, "run_id")
         owner, metrics = await self._graph_metrics.get(request.graph_id, request.run_id)
         if not principal.is_operator and owner != principal.application_id:
             raise PermissionDenied(

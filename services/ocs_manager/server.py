@@ -13,7 +13,7 @@ from lightpath.errors import Aborted, FailedPrecondition, InvalidArgument, NotFo
 from lightpath.v1 import common_pb2, ocs_manager_pb2, ocs_manager_pb2_grpc
 from lightpath.v1 import ocs_manager_pb2 as pb
 from services.common import paging
-from services.common.keys import ID_RULE, is_valid_id
+from services.common.keys import require_id
 from services.common.server import Runtime, ServiceDefinition
 from services.ocs_manager import convert
 from services.ocs_manager.driver import RedisSwitchDriver, SwitchDriver
@@ -33,12 +33,6 @@ def _annotate(**attributes: object) -> None:
     span = trace.get_current_span()
     for k, v in attributes.items():
         span.set_attribute(f"lightpath.{k}", v)  # type: ignore[arg-type]
-
-
-def _job_id(job_id: str) -> str:
-    if not is_valid_id(job_id):
-        raise InvalidArgument("job_id", ID_RULE)
-    return job_id
 
 
 class FabricMismatchError(RuntimeError):
@@ -145,7 +139,7 @@ class OcsManagerServicer(
         self, request: pb.ReleaseSliceRequest, context
     ) -> pb.ReleaseSliceResponse:
         _annotate(job_id=request.job_id)
-        out = await self._m.release(_job_id(request.job_id))
+        out = await self._m.release(require_id(request.job_id, "job_id"))
         removed = cross_connect_count(self._fabric, out.change.disconnect)
         cleared = removed if self._fabric.k > 1 else 0
         _annotate(cross_connects=removed)
@@ -157,7 +151,7 @@ class OcsManagerServicer(
     async def ReplaceBlock(
         self, request: pb.ReplaceBlockRequest, context
     ) -> pb.ReplaceBlockResponse:
-        job = _job_id(request.job_id)
+        job = require_id(request.job_id, "job_id")
         _annotate(job_id=job, failed_block=request.failed_block_id, new_block=request.new_block_id)
         out = await self._m.replace(job, request.failed_block_id, request.new_block_id)
         rep = out.replacement
@@ -184,7 +178,7 @@ class OcsManagerServicer(
     # -- queries (OCS-7) -----------------------------------------------------------
 
     async def GetSliceWiring(self, request: pb.GetSliceWiringRequest, context) -> pb.SliceWiring:
-        record = await self._store.get_slice(_job_id(request.job_id))
+        record = await self._store.get_slice(require_id(request.job_id, "job_id"))
         if record is None:
             raise NotFound("slice", request.job_id)
         return convert.slice_wiring(self._enc, record, request.view)
@@ -245,7 +239,7 @@ class OcsManagerServicer(
                 raise NotFound("block", str(request.block_id))
             blocks = [request.block_id]
         if request.job_id:
-            record = await self._store.get_slice(_job_id(request.job_id))
+            record = await self._store.get_slice(require_id(request.job_id, "job_id"))
             if record is None:
                 raise NotFound("slice", request.job_id)
             blocks = [b for b in blocks if b in record.placement.blocks]

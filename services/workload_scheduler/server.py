@@ -20,6 +20,8 @@ from opentelemetry import trace
 from lightpath.errors import FailedPrecondition, InvalidArgument, LightpathError, Unavailable
 from lightpath.v1 import common_pb2, workload_scheduler_pb2, workload_scheduler_pb2_grpc
 from services.common import paging
+from services.common.enums import enum_name
+from services.common.keys import require_id
 from services.common.server import Runtime, ServiceDefinition
 from services.ocs_manager.switched.fabric import SwitchedFabricConfig, build_fabric
 from services.workload_scheduler.fabric import (
@@ -310,7 +312,7 @@ class WorkloadSchedulerServicer(workload_scheduler_pb2_grpc.WorkloadSchedulerSer
         self, request: workload_scheduler_pb2.GetJobRequest, context
     ) -> workload_scheduler_pb2.Job:
         sched = await self._pod.get()
-        _note(job_id=request.job_id)
+        _note(job_id=require_id(request.job_id, "job_id"))
         record = await sched.store.job(request.job_id, history=True)
         if record is None:
             from lightpath.errors import NotFound
@@ -324,7 +326,10 @@ class WorkloadSchedulerServicer(workload_scheduler_pb2_grpc.WorkloadSchedulerSer
         sched = await self._pod.get()
         size = paging.page_size(request.page_size)
         before = paging.token_int(request.page_token)
-        wanted = {common_pb2.JobState.Name(s).removeprefix("JOB_STATE_") for s in request.states}
+        wanted = {
+            enum_name(common_pb2.JobState, s, f"states[{i}]", "JOB_STATE_")
+            for i, s in enumerate(request.states)
+        }
         state = await sched.snapshot()
         out = workload_scheduler_pb2.ListJobsResponse()
         # Scan in batches until a page of matching jobs is full (filters may skip many).
@@ -357,7 +362,7 @@ class WorkloadSchedulerServicer(workload_scheduler_pb2_grpc.WorkloadSchedulerSer
         self, request: workload_scheduler_pb2.CompleteJobRequest, context
     ) -> workload_scheduler_pb2.Job:
         sched = await self._pod.get()
-        _note(job_id=request.job_id)
+        _note(job_id=require_id(request.job_id, "job_id"))
         record = await sched.complete(request.job_id)
         return await self._job_pb(sched, record)
 
@@ -365,7 +370,7 @@ class WorkloadSchedulerServicer(workload_scheduler_pb2_grpc.WorkloadSchedulerSer
         self, request: workload_scheduler_pb2.CancelJobRequest, context
     ) -> workload_scheduler_pb2.Job:
         sched = await self._pod.get()
-        _note(job_id=request.job_id)
+        _note(job_id=require_id(request.job_id, "job_id"))
         record = await sched.cancel(request.job_id, request.reason)
         return await self._job_pb(sched, record)
 
@@ -405,7 +410,7 @@ class WorkloadSchedulerServicer(workload_scheduler_pb2_grpc.WorkloadSchedulerSer
 
     async def WatchJob(self, request: workload_scheduler_pb2.WatchJobRequest, context):
         sched = await self._pod.get()
-        _note(job_id=request.job_id)
+        _note(job_id=require_id(request.job_id, "job_id"))
         async for event in sched.watch_job(request.job_id):
             yield job_event_pb(event, sched.pod_id)
 

@@ -108,6 +108,8 @@ def priority_of(spec: workload_scheduler_pb2.JobSpec, violations: list[FieldViol
             violations.append(
                 FieldViolation("spec.priority", f"must be {MIN_PRIORITY}..{MAX_PRIORITY}")
             )
+        elif spec.priority_class and spec.priority_class not in common_pb2.PriorityClass.values():
+            violations.append(FieldViolation("spec.priority_class", "must be LOW, MEDIUM or HIGH"))
         elif spec.priority_class and spec.priority_class != spec.priority:
             violations.append(
                 FieldViolation(
