@@ -74,6 +74,8 @@ RETRY_BACKOFF_MS = 500
 RELEASE_CLAIM_MS = 30_000
 # Leftover wiring of a job that ended less than this ago is left to the call ending it.
 STALE_WIRING_GRACE_MS = 3_000
+# Records of jobs this replica set RUNNING, kept as a first guess for ending them.
+KNOWN_LIMIT = 4096
 
 
 @dataclass(frozen=True)
@@ -126,6 +128,10 @@ class WorkloadScheduler:
         self._pass_done = 0
         self._wiring: dict[str, asyncio.Task] = {}
         self._queue_waiting = False
+        # The record as this replica's RUNNING commit left it: complete / cancel start from
+        # it instead of reading the job. Only a guess: their commit checks state and epoch,
+        # and on a conflict they read the job as it is.
+        self._known: dict[str, JobRecord] = {}
 
     def now_ms(self) -> int:
         return int(self._clock() * 1000)
@@ -492,6 +498,7 @@ class WorkloadScheduler:
         except Conflict:
             await self._wired_but_superseded(job)
             return None
+        self._remember(record)
         self.log.info(
             "job %s running on %d blocks",
             job.job_id,
@@ -603,9 +610,14 @@ class WorkloadScheduler:
 
     # == completion and cancel (WS-6) =============================================
 
+    def _remember(self, record: JobRecord) -> None:
+        if len(self._known) >= KNOWN_LIMIT:
+            del self._known[next(iter(self._known))]
+        self._known[record.job_id] = record
+
     async def complete(self, job_id: str) -> JobRecord:
-        for _ in range(MAX_COMMIT_ATTEMPTS):
-            record = await self._record(job_id)
+        for attempt in range(MAX_COMMIT_ATTEMPTS):
+            record = await self._record(job_id, guess=attempt == 0)
             if record.state == COMPLETED:
                 return record
             if record.state != RUNNING:
@@ -621,8 +633,8 @@ class WorkloadScheduler:
         raise FailedPrecondition(f"job {job_id}", "kept changing; retry", reason="BUSY")
 
     async def cancel(self, job_id: str, reason: str) -> JobRecord:
-        for _ in range(MAX_COMMIT_ATTEMPTS):
-            record = await self._record(job_id)
+        for attempt in range(MAX_COMMIT_ATTEMPTS):
+            record = await self._record(job_id, guess=attempt == 0)
             if record.state == CANCELLED:
                 return record
             if record.state in FINAL_STATES:
@@ -637,7 +649,12 @@ class WorkloadScheduler:
                 continue
         raise FailedPrecondition(f"job {job_id}", "kept changing; retry", reason="BUSY")
 
-    async def _record(self, job_id: str) -> JobRecord:
+    async def _record(self, job_id: str, *, guess: bool = False) -> JobRecord:
+        """The job as stored; with `guess`, as this replica last set it RUNNING if it did
+        (the caller's commit checks it, and reads the job after a conflict)."""
+        known = self._known.pop(job_id, None)
+        if guess and known is not None:
+            return known
         record = await self.store.job(job_id)
         if record is None:
             raise NotFound("job", job_id)
