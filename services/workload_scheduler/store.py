@@ -44,10 +44,13 @@ EVENT_STREAM_MAXLEN = 10_000
 # transition, so a snapshot parses only what changed since the last one).
 PARSED_CACHE_LIMIT = 4096
 
-# The pod's snapshot in one atomic read: block health, owners, wiring marks, live jobs.
+# The pod's snapshot in one atomic read: block health, owners, wiring marks, live jobs;
+# with a fifth key, also the next admission sequence (INCR).
 _SNAPSHOT_LUA = r"""
+local seq = 0
+if KEYS[5] then seq = redis.call("INCR", KEYS[5]) end
 return {redis.call("HGETALL", KEYS[1]), redis.call("HGETALL", KEYS[2]),
-        redis.call("HGETALL", KEYS[3]), redis.call("HGETALL", KEYS[4])}
+        redis.call("HGETALL", KEYS[3]), redis.call("HGETALL", KEYS[4]), seq}
 """
 
 _TXN_LUA = r"""
@@ -375,9 +378,16 @@ class PodStore:
         """One round trip (one script, so one atomic read): block health, owners, wiring
         marks and live jobs."""
         k = self.keys
-        failed, owner, wired, live = (
-            _pairs(flat) for flat in await self._snapshot(keys=[k.failed, k.owner, k.wired, k.live])
-        )
+        return self._state(fabric, await self._snapshot(keys=[k.failed, k.owner, k.wired, k.live]))
+
+    async def snapshot_and_seq(self, fabric: PodFabric) -> tuple[PodState, int]:
+        """The snapshot and, in the same round trip, the next admission sequence (INCR)."""
+        k = self.keys
+        reply = await self._snapshot(keys=[k.failed, k.owner, k.wired, k.live, k.seq])
+        return self._state(fabric, reply), int(reply[4])
+
+    def _state(self, fabric: PodFabric, reply: list[Any]) -> PodState:
+        failed, owner, wired, live = (_pairs(flat) for flat in reply[:4])
         # Small jobs of a SWITCHED pod hold processors ("t<g>.<i>.<j>"), not blocks.
         return PodState(
             fabric,
