@@ -38,6 +38,43 @@ def private_redis() -> Iterator[str]:
         yield server.url
 
 
+def redis_pid(url: str) -> int | None:
+    """The process id of the redis-server at `url` (for CPU accounting)."""
+    import redis
+
+    with redis.Redis.from_url(url) as r:
+        return int(r.info("server")["process_id"])
+
+
+def cpu_seconds(procs: dict[str, int]) -> dict[str, float]:
+    """CPU time (user + system) so far of each named process id; "client" is this process."""
+    import os
+
+    import psutil
+
+    out = {}
+    for name, pid in procs.items():
+        t = psutil.Process(pid).cpu_times()
+        out[name] = t.user + t.system
+    t = psutil.Process(os.getpid()).cpu_times()
+    out["client"] = t.user + t.system
+    return out
+
+
+def stack_pids(stack, redis_url: str) -> dict[str, int]:
+    """Process ids of a started Stack's services and of its Redis."""
+    pids = {name: proc.pid for name, proc in stack.procs.items()}
+    pid = redis_pid(redis_url)
+    if pid:
+        pids["redis"] = pid
+    return pids
+
+
+def cpu_ms_per(before: dict[str, float], after: dict[str, float], n: int) -> dict[str, float]:
+    """CPU ms per unit of work (n units) of each process between two `cpu_seconds` readings."""
+    return {k: round((after[k] - before[k]) * 1000.0 / max(1, n), 2) for k in after}
+
+
 def emit(result: dict) -> None:
     """Print the benchmark's result as one JSON line (floats rounded for people)."""
 

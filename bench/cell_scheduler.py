@@ -26,7 +26,7 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from _common import emit, percentile, private_redis
+from _common import cpu_seconds, emit, percentile, private_redis, stack_pids
 
 from lightpath.client import channel
 from lightpath.embedded_redis import free_port
@@ -174,21 +174,9 @@ async def wait_registered(address: str) -> None:
     raise RuntimeError("the pods did not register with the cell")
 
 
-def cpu_seconds(stack: Stack) -> dict[str, float]:
-    """CPU time (user + system) of each process of the stack so far, Redis included."""
-    import psutil
-
-    out = {}
-    for name, proc in stack.procs.items():
-        t = psutil.Process(proc.pid).cpu_times()
-        out[name] = t.user + t.system
-    if stack.redis_pid:
-        t = psutil.Process(stack.redis_pid).cpu_times()
-        out["redis"] = t.user + t.system
-    return out
-
-
-async def run(endpoints: dict[str, str], seconds: float, clients: int, stack, rounds: int) -> dict:
+async def run(
+    endpoints: dict[str, str], seconds: float, clients: int, pids: dict[str, int], rounds: int
+) -> dict:
     """Direct and through the cell in alternating rounds, so that a change in the load of
     a shared machine weighs on both alike."""
     await wait_registered(endpoints["cell"])
@@ -196,7 +184,7 @@ async def run(endpoints: dict[str, str], seconds: float, clients: int, stack, ro
     direct_cpu: dict[str, float] = collections.defaultdict(float)
     cell_cpu: dict[str, float] = collections.defaultdict(float)
     for r in range(rounds):
-        t0 = cpu_seconds(stack)
+        t0 = cpu_seconds(pids)
         direct_rounds.append(
             await measure(
                 endpoints["ws-pod-1"],
@@ -208,7 +196,7 @@ async def run(endpoints: dict[str, str], seconds: float, clients: int, stack, ro
                 tag=f"d{r}",
             )
         )
-        t1 = cpu_seconds(stack)
+        t1 = cpu_seconds(pids)
         cell_rounds.append(
             await measure(
                 endpoints["cell"],
@@ -220,7 +208,7 @@ async def run(endpoints: dict[str, str], seconds: float, clients: int, stack, ro
                 tag=f"c{r}",
             )
         )
-        t2 = cpu_seconds(stack)
+        t2 = cpu_seconds(pids)
         for k in t2:
             direct_cpu[k] += t1[k] - t0[k]
             cell_cpu[k] += t2[k] - t1[k]
@@ -252,13 +240,6 @@ async def run(endpoints: dict[str, str], seconds: float, clients: int, stack, ro
     }
 
 
-def _redis_pid(url: str) -> int | None:
-    import redis
-
-    with redis.Redis.from_url(url) as r:
-        return int(r.info("server")["process_id"])
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=15.0)
@@ -272,9 +253,9 @@ def main() -> None:
         stack = Stack(Path(tmp), specs=specs(), redis_url=redis_url, log=lambda *_: None)
         stack.start()
         try:
-            stack.redis_pid = _redis_pid(redis_url)
+            pids = stack_pids(stack, redis_url)
             result = asyncio.run(
-                run(stack.endpoints, args.seconds, args.clients, stack, args.rounds)
+                run(stack.endpoints, args.seconds, args.clients, pids, args.rounds)
             )
         finally:
             stack.stop()

@@ -8,7 +8,8 @@ Redis, the ocs_manager and the workload_scheduler run as separate processes (as
 deployed, default settings: info logs, no trace export); the clients run here. Each client loops: AdmitJob (answers once the slice
 is RUNNING, i.e. wired by the ocs_manager) then CompleteJob (answers once it is
 unwired). Prints one JSON line: admit_complete_per_s, admit_ms_p50, admit_ms_p99,
-plus complete_ms_p50/p99, pairs, clients, seconds.
+plus complete_ms_p50/p99, pairs, clients, seconds and cpu_ms_per_pair (CPU ms per
+pair of each process: the services, Redis, and this client).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _common import emit, percentile, private_redis
+from _common import cpu_ms_per, cpu_seconds, emit, percentile, private_redis, stack_pids
 
 from lightpath.client import channel
 from lightpath.embedded_redis import free_port
@@ -47,7 +48,9 @@ def specs() -> list[ProcessSpec]:
     ]
 
 
-async def measure(address: str, seconds: float, clients: int) -> dict[str, float]:
+async def measure(
+    address: str, seconds: float, clients: int, pids: dict[str, int]
+) -> dict[str, object]:
     admit_ms: list[float] = []
     complete_ms: list[float] = []
     pairs = 0
@@ -77,9 +80,11 @@ async def measure(address: str, seconds: float, clients: int) -> dict[str, float
 
     warm = time.perf_counter() + 2.0
     await asyncio.gather(*(client(i, warm, False) for i in range(clients)))
+    cpu0 = cpu_seconds(pids)
     start = time.perf_counter()
     await asyncio.gather(*(client(i, start + seconds, True) for i in range(clients)))
     elapsed = time.perf_counter() - start
+    cpu1 = cpu_seconds(pids)
     return {
         "admit_complete_per_s": pairs / elapsed,
         "admit_ms_p50": percentile(admit_ms, 50),
@@ -89,6 +94,8 @@ async def measure(address: str, seconds: float, clients: int) -> dict[str, float
         "pairs": pairs,
         "clients": clients,
         "seconds": elapsed,
+        # Where the time goes: CPU ms per admit+complete pair, per process ("client": this one).
+        "cpu_ms_per_pair": cpu_ms_per(cpu0, cpu1, pairs),
     }
 
 
@@ -104,7 +111,10 @@ def main() -> None:
         stack = Stack(Path(tmp), specs=specs(), redis_url=redis_url, log=lambda *_: None)
         stack.start()
         try:
-            result = asyncio.run(measure(stack.endpoints["ws-bench"], args.seconds, args.clients))
+            pids = stack_pids(stack, redis_url)
+            result = asyncio.run(
+                measure(stack.endpoints["ws-bench"], args.seconds, args.clients, pids)
+            )
         finally:
             stack.stop()
     emit(result)

@@ -71,7 +71,7 @@ for idx, t in pairs(expand(nums(ARGV[ch]), xc_base)) do
   local cur = hmget(KEYS[idx], t.f)
   local f = {}
   for i = 1, #t.f do
-    if val(cur[i]) == t.p[i] then f[#f + 1] = t.f[i] end
+    if cur[i] == t.p[i] then f[#f + 1] = t.f[i] end
   end
   hdel(KEYS[idx], f)
 end
@@ -83,9 +83,9 @@ for idx, t in pairs(expand(nums(ARGV[ch + 1]), xc_base)) do
   local cur = hmget(KEYS[idx], t.f)
   local old = {}
   for i = 1, #t.f do
-    local o = val(cur[i])
+    local o = cur[i]
     if o and o ~= t.p[i] then
-      old[#old + 1] = math.floor(t.f[i] / S) * S + o
+      old[#old + 1] = math.floor(tonumber(t.f[i]) / S) * S + tonumber(o)
     end
   end
   hdel(KEYS[idx], old)

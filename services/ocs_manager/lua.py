@@ -108,7 +108,9 @@ local function val(v)
 end
 
 -- links "d k pa pb" over every axis of d -> {key index -> {f = fields, p = peers}}
--- (both directions); `touched` collects d, axis, k of every OCS met
+-- (both directions); `touched` collects d * K + k of every link (all the OCS of d's
+-- axes with that k). Fields and peers are strings, each number converted once: Redis
+-- would convert a number argument on every call it is passed to.
 local function expand(flat, base, touched)
   local g = {}
   for i = 1, #flat, 4 do
@@ -117,12 +119,13 @@ local function expand(flat, base, touched)
     local t = g[idx]
     if not t then t = {f = {}, p = {}}; g[idx] = t end
     local f, p = t.f, t.p
+    local spa, spb = tostring(pa), tostring(pb)
     for a = 0, axes[d + 1] - 1 do
       local n = #f
-      f[n + 1] = a * S + pa; p[n + 1] = pb
-      f[n + 2] = a * S + pb; p[n + 2] = pa
-      if touched then touched[(d * 1000000 + a) * 1000 + k] = true end
+      f[n + 1] = tostring(a * S + pa); p[n + 1] = spb
+      f[n + 2] = tostring(a * S + pb); p[n + 2] = spa
     end
+    if touched then touched[d * K + k] = true end
   end
   return g
 end

@@ -7,7 +7,8 @@ Keys (all under the pod's hash tag, so one Lua script may touch any of them):
     lp:{pod}:ocs:slices          zset of job ids (score 0: lexicographic pages)
     lp:{pod}:ocs:slice:<job>     hash: spec, state (wiring|wired), wired_at, the change in
                                  flight (op, op_token, op_deadline, op_failed, op_new), replaced
-    lp:{pod}:ocs:ver             hash OCS id -> version, bumped by every committed change
+    lp:{pod}:ocs:ver             hash OCS id -> version, bumped by every committed change (and
+                                 a `layout` field that keeps it a hash table)
     lp:{pod}:ocs:xc:<ocs id>     hash port -> peer port (both directions): the routing table
     lp:{pod}:ocs:otm:<block>     hash "<dim>.<axis>" -> output of that block's 1xK switch
 
@@ -55,7 +56,8 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 """
 
-# KEYS: fabric, slices, owner, table hashes (M*K), 1xK hashes (M), then the old layout's keys.
+# KEYS: fabric, slices, owner, versions, table hashes (M*K), 1xK hashes (M), then the old
+# layout's keys.
 # ARGV: fabric json, the old fabric json this call expects to replace ("" = none), header (7).
 _ENSURE_FABRIC = script(
     r"""
@@ -68,11 +70,14 @@ elseif cur ~= ARGV[1] then
   if cur ~= ARGV[2] then return {'RETRY', cur} end
   local n = redis.call('ZCARD', KEYS[2])
   if n + redis.call('HLEN', KEYS[3]) > 0 then return {'IN_USE', cur, tostring(n)} end
-  for i = 4 + M * K + M, #KEYS do redis.call('DEL', KEYS[i]) end
+  for i = 5 + M * K + M, #KEYS do redis.call('DEL', KEYS[i]) end
   redis.call('SET', KEYS[1], ARGV[1])
   status = 'CHANGED'
 end
-init_layout(4, 4 + M * K)
+init_layout(5, 5 + M * K)
+-- A field longer than 64 bytes keeps the versions a hash table: as a ziplist every
+-- commit's read and write of its OCS' versions would scan the list once per OCS.
+redis.call('HSETNX', KEYS[4], 'layout', 'OCS id -> version of its routing table, + 1 on every committed change')
 return {status, cur or ''}
 """,
     header_at=3,
@@ -187,7 +192,7 @@ for idx, t in pairs(rem) do
   local cur = hmget(KEYS[idx], t.f)
   local set = {}
   for i = 1, #t.f do
-    if val(cur[i]) ~= t.p[i] then
+    if cur[i] ~= t.p[i] then
       return {'CONFLICT', KEYS[idx] .. ' ' .. t.f[i] .. ' is not cross-connected to port ' .. t.p[i]}
     end
     set[t.f[i]] = true
@@ -222,8 +227,9 @@ for idx, t in pairs(add) do hset(KEYS[idx], t.f, t.p) end
 apply_otm(otm)
 local ids = {}
 for code in pairs(touched) do
-  local k, a, d = code % 1000, math.floor(code / 1000) % 1000000, math.floor(code / 1000000000)
-  ids[#ids + 1] = 'ocs-' .. names[d + 1] .. '-' .. a .. '-' .. k
+  local d, k = math.floor(code / K), code % K
+  local pre, suf = 'ocs-' .. names[d + 1] .. '-', '-' .. k
+  for a = 0, axes[d + 1] - 1 do ids[#ids + 1] = pre .. a .. suf end
 end
 if #ids > 0 then  -- every touched OCS table's version + 1
   local v = hmget(KEYS[5], ids)
@@ -324,6 +330,7 @@ class OcsStore:
                     self.k_fabric,
                     self.k_slices,
                     self.k_owner,
+                    self.k_ver,
                     *self.k_tables,
                     *self.k_otm,
                     *old_keys,

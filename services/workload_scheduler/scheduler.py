@@ -74,6 +74,8 @@ RETRY_BACKOFF_MS = 500
 RELEASE_CLAIM_MS = 30_000
 # Leftover wiring of a job that ended less than this ago is left to the call ending it.
 STALE_WIRING_GRACE_MS = 3_000
+# Records of jobs this replica set RUNNING, kept as a first guess for ending them.
+KNOWN_LIMIT = 4096
 
 
 @dataclass(frozen=True)
@@ -82,6 +84,17 @@ class AdmitResult:
     created: bool
     outcome: str = ""
     preempted: tuple[dict[str, Any], ...] = ()
+
+
+@dataclass
+class _Admission:
+    """A job being admitted, as its admission's pass stores it."""
+
+    spec_b64: str
+    norm: NormalizedSpec
+    spec: workload_scheduler_pb2.JobSpec
+    # True once this call stored the job, False if it existed already, None until known.
+    created: bool | None = None
 
 
 @dataclass
@@ -126,6 +139,10 @@ class WorkloadScheduler:
         self._pass_done = 0
         self._wiring: dict[str, asyncio.Task] = {}
         self._queue_waiting = False
+        # The record as this replica's RUNNING commit left it: complete / cancel start from
+        # it instead of reading the job. Only a guess: their commit checks state and epoch,
+        # and on a conflict they read the job as it is.
+        self._known: dict[str, JobRecord] = {}
 
     def now_ms(self) -> int:
         return int(self._clock() * 1000)
@@ -142,8 +159,20 @@ class WorkloadScheduler:
         spec_b64 = _b64(spec.SerializeToString(deterministic=True))
         if validate_only:
             return await self._dry_run(spec_b64, norm)
-        created = await self._create(spec_b64, norm, spec)
-        await self.schedule()
+        admission = _Admission(spec_b64, norm, spec)
+        async with self._pass_lock:
+            # A pass over the queue with the new job in it: the job's creation commits
+            # with its allocation when the pass places it (one snapshot, one commit).
+            self._pass_started += 1
+            generation = self._pass_started
+            try:
+                await self._pass(admission)
+            finally:
+                self._pass_done = generation
+        if admission.created is None:  # the pass gave up before the job was stored
+            admission.created = await self._create(spec_b64, norm, spec)
+            await self.schedule()
+        created = admission.created
         record = await self._settled(norm.job_id)
         if record.state == PENDING and norm.when_no_capacity == FAIL:
             await self._refuse(record)
@@ -165,6 +194,32 @@ class WorkloadScheduler:
             degrees=job_degrees(norm) if self.fabric.switched is not None else None,
         )
 
+    def _store_new(self, txn: Txn, job: SliceJob, admission: _Admission, now: int) -> None:
+        """Checks and writes that store a new job PENDING in the queue."""
+        txn.expect_no_job(job.job_id)
+        txn.hset(
+            self.store.keys.job(job.job_id),
+            {
+                "spec": admission.spec_b64,
+                "created_ms": now,
+                "seq": job.seq,
+                "labels": json.dumps(dict(admission.spec.labels)),
+            },
+        )
+        txn.zadd(self.store.keys.jobs, job.seq, job.job_id)
+        txn.write_job(
+            job, old_state=None, reason=f"admitted at priority {job.priority}", now_ms=now
+        )
+
+    def _log_admitted(self, job: SliceJob) -> None:
+        self.log.debug(
+            "job %s admitted: %s blocks, priority %d",
+            job.job_id,
+            "x".join(map(str, job.demand.grid)),
+            job.priority,
+            extra={"job_id": job.job_id},
+        )
+
     async def _create(
         self, spec_b64: str, norm: NormalizedSpec, spec: workload_scheduler_pb2.JobSpec
     ) -> bool:
@@ -173,20 +228,7 @@ class WorkloadScheduler:
         now = self.now_ms()
         job = self._new_job(norm, seq)
         txn = self.store.txn()
-        txn.expect_no_job(job.job_id)
-        txn.hset(
-            self.store.keys.job(job.job_id),
-            {
-                "spec": spec_b64,
-                "created_ms": now,
-                "seq": seq,
-                "labels": json.dumps(dict(spec.labels)),
-            },
-        )
-        txn.zadd(self.store.keys.jobs, seq, job.job_id)
-        txn.write_job(
-            job, old_state=None, reason=f"admitted at priority {job.priority}", now_ms=now
-        )
+        self._store_new(txn, job, _Admission(spec_b64, norm, spec), now)
         try:
             await self.store.commit(txn)
         except Conflict:
@@ -200,13 +242,7 @@ class WorkloadScheduler:
                     reason="JOB_ID_REUSED",
                 ) from None
             return False
-        self.log.debug(
-            "job %s admitted: %s blocks, priority %d",
-            job.job_id,
-            "x".join(map(str, job.demand.grid)),
-            job.priority,
-            extra={"job_id": job.job_id},
-        )
+        self._log_admitted(job)
         return True
 
     async def _settled(self, job_id: str) -> JobRecord:
@@ -316,21 +352,50 @@ class WorkloadScheduler:
             finally:
                 self._pass_done = generation
 
-    async def _pass(self) -> list[asyncio.Task]:
+    async def _pass(self, admission: _Admission | None = None) -> list[asyncio.Task]:
+        """One pass over the queue (under the pass lock). With `admission`, the pass also
+        stores that new job: with its allocation when the pass places it, else PENDING;
+        `admission.created` says how it went (None: the pass gave up first)."""
         started: list[asyncio.Task] = []
         for _ in range(MAX_COMMIT_ATTEMPTS):
-            state = await self.snapshot()
-            decisions = plan_pass(state, self.now_ms())
-            if not decisions:
+            new: SliceJob | None = None
+            if admission is not None and admission.created is None:
+                state, seq = await self.store.snapshot_and_seq(self.fabric)
+                if admission.norm.job_id in state.jobs:  # admitted before: as the store says
+                    admission.created = await self._create(
+                        admission.spec_b64, admission.norm, admission.spec
+                    )
+                    continue
+                new = self._new_job(admission.norm, seq)
+                state.jobs[new.job_id] = new
+            else:
+                state = await self.snapshot()
+            now = self.now_ms()
+            decisions = plan_pass(state, now)
+            if not decisions and new is None:
                 self._queue_waiting = bool(state.queue())
                 return started
             work = state.copy()
             try:
+                if new is not None and all(d.job.job_id != new.job_id for d in decisions):
+                    assert admission is not None
+                    await self._commit_new(new, admission, now)  # waits in the queue
                 for alloc in decisions:
-                    started.append(await self._commit_allocation(work, alloc))
+                    creating = new is not None and alloc.job.job_id == new.job_id
+                    started.append(
+                        await self._commit_allocation(
+                            work, alloc, admission=admission if creating else None
+                        )
+                    )
                     apply_allocation(work, alloc)
             except Conflict as c:
                 self.log.debug("pass conflicted (%s); deciding again", c)
+                if new is not None and admission is not None and admission.created is None:
+                    # The job may exist already (a retry, or another replica): as the
+                    # store says; the next round of this pass then places it if it can.
+                    admission.created = await self._create(
+                        admission.spec_b64, admission.norm, admission.spec
+                    )
                 continue
             # Jobs left waiting may be placeable once the slices now wiring run (and so
             # become preemptible): the wirings then ask for another pass.
@@ -338,6 +403,14 @@ class WorkloadScheduler:
             return started
         self.log.warning("scheduling pass gave up after %d conflicts", MAX_COMMIT_ATTEMPTS)
         return started
+
+    async def _commit_new(self, job: SliceJob, admission: _Admission, now: int) -> None:
+        """Store a new job the pass leaves waiting: PENDING in the queue."""
+        txn = self.store.txn()
+        self._store_new(txn, job, admission, now)
+        await self.store.commit(txn)
+        admission.created = True
+        self._log_admitted(job)
 
     def _victim_transitions(
         self, txn: Txn, state: PodState, victims, preemptor: SliceJob, now: int
@@ -371,12 +444,19 @@ class WorkloadScheduler:
             txn.write_job(new, old_state=RUNNING, reason=reason, now_ms=now)
         return shrunk
 
-    async def _commit_allocation(self, state: PodState, alloc: Allocation) -> asyncio.Task:
+    async def _commit_allocation(
+        self, state: PodState, alloc: Allocation, *, admission: _Admission | None = None
+    ) -> asyncio.Task:
+        """Commit an allocation; with `admission`, alloc.job is new and is stored with it
+        (admitted PENDING, then placed: the same transitions as two commits)."""
         job = alloc.job
         now = self.now_ms()
         keys = self.store.keys
         txn = self.store.txn()
-        txn.expect_job(job.job_id, [job.state], job.epoch)
+        if admission is not None:
+            self._store_new(txn, job, admission, now)
+        else:
+            txn.expect_job(job.job_id, [job.state], job.epoch)
         txn.expect_no_release_claim(job.job_id)
         victim_ids = [v.job_id for v in alloc.victims]
         new = job.with_(
@@ -406,6 +486,9 @@ class WorkloadScheduler:
             reason += " after preempting " + ", ".join(victim_ids)
         txn.write_job(new, old_state=job.state, reason=reason, now_ms=now)
         await self.store.commit(txn)
+        if admission is not None:
+            admission.created = True
+            self._log_admitted(job)
         log = self.log.info if alloc.victims else self.log.debug
         log("job %s: %s", job.job_id, reason, extra={"job_id": job.job_id})
         return self._track_wiring(job.job_id, self._wire_allocation(alloc, new, shrunk))
@@ -492,6 +575,7 @@ class WorkloadScheduler:
         except Conflict:
             await self._wired_but_superseded(job)
             return None
+        self._remember(record)
         self.log.info(
             "job %s running on %d blocks",
             job.job_id,
@@ -603,9 +687,14 @@ class WorkloadScheduler:
 
     # == completion and cancel (WS-6) =============================================
 
+    def _remember(self, record: JobRecord) -> None:
+        if len(self._known) >= KNOWN_LIMIT:
+            del self._known[next(iter(self._known))]
+        self._known[record.job_id] = record
+
     async def complete(self, job_id: str) -> JobRecord:
-        for _ in range(MAX_COMMIT_ATTEMPTS):
-            record = await self._record(job_id)
+        for attempt in range(MAX_COMMIT_ATTEMPTS):
+            record = await self._record(job_id, guess=attempt == 0)
             if record.state == COMPLETED:
                 return record
             if record.state != RUNNING:
@@ -621,8 +710,8 @@ class WorkloadScheduler:
         raise FailedPrecondition(f"job {job_id}", "kept changing; retry", reason="BUSY")
 
     async def cancel(self, job_id: str, reason: str) -> JobRecord:
-        for _ in range(MAX_COMMIT_ATTEMPTS):
-            record = await self._record(job_id)
+        for attempt in range(MAX_COMMIT_ATTEMPTS):
+            record = await self._record(job_id, guess=attempt == 0)
             if record.state == CANCELLED:
                 return record
             if record.state in FINAL_STATES:
@@ -637,7 +726,12 @@ class WorkloadScheduler:
                 continue
         raise FailedPrecondition(f"job {job_id}", "kept changing; retry", reason="BUSY")
 
-    async def _record(self, job_id: str) -> JobRecord:
+    async def _record(self, job_id: str, *, guess: bool = False) -> JobRecord:
+        """The job as stored; with `guess`, as this replica last set it RUNNING if it did
+        (the caller's commit checks it, and reads the job after a conflict)."""
+        known = self._known.pop(job_id, None)
+        if guess and known is not None:
+            return known
         record = await self.store.job(job_id)
         if record is None:
             raise NotFound("job", job_id)

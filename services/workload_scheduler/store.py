@@ -40,6 +40,18 @@ from services.workload_scheduler.model import FINAL_STATES, SliceJob
 from services.workload_scheduler.placement import PodState
 
 EVENT_STREAM_MAXLEN = 10_000
+# Parsed SliceJob summaries kept by their JSON (a job's summary changes with every
+# transition, so a snapshot parses only what changed since the last one).
+PARSED_CACHE_LIMIT = 4096
+
+# The pod's snapshot in one atomic read: block health, owners, wiring marks, live jobs;
+# with a fifth key, also the next admission sequence (INCR).
+_SNAPSHOT_LUA = r"""
+local seq = 0
+if KEYS[5] then seq = redis.call("INCR", KEYS[5]) end
+return {redis.call("HGETALL", KEYS[1]), redis.call("HGETALL", KEYS[2]),
+        redis.call("HGETALL", KEYS[3]), redis.call("HGETALL", KEYS[4]), seq}
+"""
 
 _TXN_LUA = r"""
 local tx = cjson.decode(ARGV[1])
@@ -140,12 +152,16 @@ class PodKeys:
         self.state_counts = pod_key(pod_id, "ws", "state_counts")
         self.events = pod_key(pod_id, "ws", "events")
         self.seq = pod_key(pod_id, "ws", "seq")
+        self._job_prefix = pod_key(pod_id, "ws", "job") + ":"
 
     def job(self, job_id: str) -> str:
-        return pod_key(self.pod_id, "ws", "job", job_id)
+        """`pod_key(pod, "ws", "job", job_id)`, without re-checking the pod id each time."""
+        if not job_id or "{" in job_id or "}" in job_id:
+            return pod_key(self.pod_id, "ws", "job", job_id)  # raises, naming the rule
+        return self._job_prefix + job_id
 
     def history(self, job_id: str) -> str:
-        return pod_key(self.pod_id, "ws", "job", job_id, "events")
+        return self.job(job_id) + ":events"
 
     def releasing(self, job_id: str) -> str:
         """Claim held while one replica releases a queued job's leftover OCS wiring."""
@@ -318,6 +334,17 @@ class PodStore:
         self.redis = redis
         self.keys = PodKeys(pod_id)
         self._txn = redis.register_script(_TXN_LUA)
+        self._snapshot = redis.register_script(_SNAPSHOT_LUA)
+        self._parsed: dict[str, SliceJob] = {}
+
+    def slice_job(self, raw: str) -> SliceJob:
+        """SliceJob.from_json, remembered by its JSON (SliceJob is immutable)."""
+        job = self._parsed.get(raw)
+        if job is None:
+            if len(self._parsed) >= PARSED_CACHE_LIMIT:
+                self._parsed.clear()
+            job = self._parsed[raw] = SliceJob.from_json(raw)
+        return job
 
     def txn(self) -> Txn:
         return Txn(self.keys)
@@ -334,8 +361,8 @@ class PodStore:
             if isinstance(item, list) and len(item) == 2 and isinstance(item[0], list):
                 flat, history = item
                 row = dict(zip(flat[::2], flat[1::2], strict=True))
-                job_id = json.loads(row["summary"])["id"] if "summary" in row else ""
-                out.append(_record(job_id, row, history))
+                job_id = self.slice_job(row["summary"]).job_id if "summary" in row else ""
+                out.append(self._record(job_id, row, history))
             else:
                 out.append(item)
         return out
@@ -348,20 +375,26 @@ class PodStore:
         await self.redis.hset(self.keys.fabric, mapping=mapping)  # type: ignore[arg-type]
 
     async def snapshot(self, fabric: PodFabric) -> PodState:
-        """One round trip: block health, owners, wiring marks and live jobs."""
-        async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.hgetall(self.keys.failed)
-            pipe.hgetall(self.keys.owner)
-            pipe.hgetall(self.keys.wired)
-            pipe.hgetall(self.keys.live)
-            failed, owner, wired, live = await pipe.execute()
+        """One round trip (one script, so one atomic read): block health, owners, wiring
+        marks and live jobs."""
+        k = self.keys
+        return self._state(fabric, await self._snapshot(keys=[k.failed, k.owner, k.wired, k.live]))
+
+    async def snapshot_and_seq(self, fabric: PodFabric) -> tuple[PodState, int]:
+        """The snapshot and, in the same round trip, the next admission sequence (INCR)."""
+        k = self.keys
+        reply = await self._snapshot(keys=[k.failed, k.owner, k.wired, k.live, k.seq])
+        return self._state(fabric, reply), int(reply[4])
+
+    def _state(self, fabric: PodFabric, reply: list[Any]) -> PodState:
+        failed, owner, wired, live = (_pairs(flat) for flat in reply[:4])
         # Small jobs of a SWITCHED pod hold processors ("t<g>.<i>.<j>"), not blocks.
         return PodState(
             fabric,
             failed={int(b) for b in failed},
             owner={int(b): j for b, j in owner.items() if b[0] != "t"},
             wired={int(b): j for b, j in wired.items() if b[0] != "t"},
-            jobs={j: SliceJob.from_json(s) for j, s in live.items()},
+            jobs={j: self.slice_job(s) for j, s in live.items()},
             tile_owner={b: j for b, j in owner.items() if b[0] == "t"},
             tile_wired={b: j for b, j in wired.items() if b[0] == "t"},
         )
@@ -381,7 +414,7 @@ class PodStore:
             if history:
                 pipe.lrange(self.keys.history(job_id), 0, -1)
             results = await pipe.execute()
-        return _record(job_id, results[0], results[1] if history else [])
+        return self._record(job_id, results[0], results[1] if history else [])
 
     async def jobs_page(self, *, before_seq: int | None, count: int) -> list[JobRecord]:
         """Jobs newest first, with admission sequence below `before_seq`."""
@@ -395,25 +428,32 @@ class PodStore:
             for job_id in ids:
                 pipe.hgetall(self.keys.job(job_id))
             rows = await pipe.execute()
-        return [r for job_id, row in zip(ids, rows, strict=True) if (r := _record(job_id, row, []))]
+        return [
+            r for job_id, row in zip(ids, rows, strict=True) if (r := self._record(job_id, row, []))
+        ]
 
     async def state_counts(self) -> dict[str, int]:
         raw: dict[str, str] = await self.redis.hgetall(self.keys.state_counts)  # type: ignore[assignment]
         return {k: int(v) for k, v in raw.items() if int(v) > 0}
 
+    def _record(self, job_id: str, row: dict[str, str], history: list[str]) -> JobRecord | None:
+        if not row or "state" not in row:
+            return None
+        return JobRecord(
+            job_id=job_id,
+            spec_b64=row.get("spec", ""),
+            state=row["state"],
+            epoch=int(row.get("epoch", 0)),
+            reason=row.get("reason", ""),
+            summary=self.slice_job(row["summary"]),
+            created_ms=int(row.get("created_ms", 0)),
+            updated_ms=int(row.get("updated_ms", 0)),
+            history=tuple(json.loads(h) for h in history),
+            preempted=tuple(json.loads(row["preempted"])) if row.get("preempted") else (),
+        )
 
-def _record(job_id: str, row: dict[str, str], history: list[str]) -> JobRecord | None:
-    if not row or "state" not in row:
-        return None
-    return JobRecord(
-        job_id=job_id,
-        spec_b64=row.get("spec", ""),
-        state=row["state"],
-        epoch=int(row.get("epoch", 0)),
-        reason=row.get("reason", ""),
-        summary=SliceJob.from_json(row["summary"]),
-        created_ms=int(row.get("created_ms", 0)),
-        updated_ms=int(row.get("updated_ms", 0)),
-        history=tuple(json.loads(h) for h in history),
-        preempted=tuple(json.loads(row["preempted"])) if row.get("preempted") else (),
-    )
+
+def _pairs(flat: list[str]) -> dict[str, str]:
+    """A flat HGETALL reply from a script -> dict."""
+    it = iter(flat)
+    return dict(zip(it, it, strict=True))
