@@ -789,7 +789,11 @@ class HashRollup(Component):
 
 class Sort(Component):
     """sort: by `key` fields (comma list), `numeric` and `reverse` ("true"/"false");
-    a stable sort emitted at shutdown."""
+    a stable sort emitted at shutdown.
+
+    Each record's sort key is computed as it arrives (a key the records lack,
+    or a number that is not one, fails there), so shutdown, which everything
+    downstream waits for, only orders the keys and emits."""
 
     def start(self) -> None:
         keys = _fields(self.param("key"))
@@ -797,34 +801,44 @@ class Sort(Component):
         self._reverse = self.params.get("reverse", "false") == "true"
         get = operator.itemgetter(*keys)
         if numeric and len(keys) == 1:
-            self._sortkey: Callable[[Record], Any] = lambda r: float(get(r))
+            self._keys_of: Callable[[list[Record]], list[Any]] = lambda rs: list(
+                map(float, map(get, rs))
+            )
         elif numeric:
-            self._sortkey = lambda r: tuple(map(float, get(r)))
+            self._keys_of = lambda rs: [tuple(map(float, k)) for k in map(get, rs)]
         else:
-            self._sortkey = get
+            self._keys_of = lambda rs: list(map(get, rs))
         self._records: list[Record] = []
+        self._keys: list[Any] = []
 
-    def compute(self, port: str, record: Record) -> None:
-        self._records.append(record)
-
-    def compute_batch(self, port: str, records: list[Record]) -> None:
-        self._records.extend(records)
-
-    def shutdown(self) -> None:
+    def _add(self, records: list[Record]) -> None:
         try:
-            self._records.sort(key=self._sortkey, reverse=self._reverse)
+            keys = self._keys_of(records)
         except (KeyError, ValueError) as exc:
             raise ComponentError(f"cannot sort: {exc!r}") from None
-        records, self._records = self._records, []
+        self._records.extend(records)
+        self._keys.extend(keys)
+
+    def compute(self, port: str, record: Record) -> None:
+        self._add([record])
+
+    def compute_batch(self, port: str, records: list[Record]) -> None:
+        self._add(records)
+
+    def shutdown(self) -> None:
+        records, keys = self._records, self._keys
+        self._records, self._keys = [], []
+        order = sorted(range(len(keys)), key=keys.__getitem__, reverse=self._reverse)
         out = self.batch_outputs["out"]
-        for i in range(0, len(records), BATCH):
-            out(records[i : i + BATCH])
+        for i in range(0, len(order), BATCH):
+            out(list(map(records.__getitem__, order[i : i + BATCH])))
 
     def snapshot(self) -> Any:
         return self._records
 
     def restore(self, state: Any) -> None:
-        self._records = state
+        self._records, self._keys = [], []
+        self._add(state)
 
 
 # ---------------------------------------------------------------- external program

@@ -69,6 +69,10 @@ CASES = [
     ("hash_rollup", {"key": "region"}, ("out",)),
     ("sort", {"key": "id", "numeric": "true"}, ("out",)),
     ("sort", {"key": "region,name", "reverse": "true"}, ("out",)),
+    ("sort", {"key": "amount", "numeric": "true"}, ("out",)),
+    ("sort", {"key": "region", "reverse": "true"}, ("out",)),
+    ("sort", {"key": "region,amount", "numeric": "true"}, ("out",)),
+    ("sort", {"key": "nothere"}, ("out",)),
 ]
 
 
