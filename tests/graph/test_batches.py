@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from lightpath.graph.channels import _HEADER, ChannelWriter
 from lightpath.graph.components import (
+    BATCH,
     LIBRARY_CLASSES,
     ComponentError,
     Context,
@@ -221,3 +222,55 @@ def test_a_channel_frames_a_batch_as_it_frames_records_one_by_one():
         (b"R", records[8:11]),
         (b"E", None),
     ]
+
+
+def test_a_multi_input_member_taking_batches_gets_a_batch_from_each_input_in_turn(tmp_path):
+    write_records(tmp_path / "in.tsv", 3000)
+    spec = GraphSpec(
+        "g",
+        datasets=(DatasetSpec("in", str(tmp_path / "in.tsv")),),
+        components=(
+            ComponentSpec("s", "replicate"),
+            ComponentSpec("f1", "filter", params={"where": "amount < 500"}),
+            ComponentSpec("f2", "filter", params={"where": "region == eu"}),
+            ComponentSpec(
+                "m",
+                "tests.graph.kinds:BatchRecorder",
+                folding=Folding.ROOT_OR_INTERIOR,
+                input_ports=("left", "right"),
+                output_ports=(),
+            ),
+        ),
+        flows=(
+            flow("in", "s"),
+            flow("s", "f1"),
+            flow("s", "f2"),
+            flow("f1:out", "m:left"),
+            flow("f2:out", "m:right"),
+        ),
+    )
+    graph = expand(spec)
+    (the_set,) = fold(graph).folded_sets
+    log: list = []
+    report = run_set(graph, the_set.members, factory=recording(log))
+    calls = [(e[2], e[3]) for e in log if e[:2] == ("batch", "m")]
+    # Expected: per batch the reader emits, each filter's selection joins its
+    # queue; while both queues hold data, m gets as many records as the
+    # shorter holds from left, then from right; at shutdown the rest, input by input.
+    records = read_records(tmp_path / "in.tsv")
+    expected: list[tuple[str, list[str]]] = []
+    left: list[str] = []
+    right: list[str] = []
+    for at in range(0, len(records), BATCH):
+        batch = records[at : at + BATCH]
+        left += [r["id"] for r in batch if int(r["amount"]) < 500]
+        right += [r["id"] for r in batch if r["region"] == "eu"]
+        if left and right:
+            k = min(len(left), len(right))
+            expected += [("left", left[:k]), ("right", right[:k])]
+            left, right = left[k:], right[k:]
+    expected += [(port, rest) for port, rest in (("left", left), ("right", right)) if rest]
+    assert calls == expected
+    assert log.index(("shutdown", "m")) > max(i for i, e in enumerate(log) if e[0] == "batch")
+    assert report.members["m"]["calls"] == len(expected)
+    assert report.members["m"]["records"] == sum(len(ids) for _, ids in expected)
