@@ -517,6 +517,14 @@ class FileOutput(Component):
 # ---------------------------------------------------------------- record logic
 
 _TOKENS = ("<=", ">=", "==", "!=", "~", "<", ">")
+_OPS: dict[str, Callable[[Any, Any], bool]] = {
+    "==": operator.eq,
+    "!=": operator.ne,
+    "<=": operator.le,
+    ">=": operator.ge,
+    "<": operator.lt,
+    ">": operator.gt,
+}
 
 
 def _compile(name: str, source: str, constants: Mapping[str, Any]) -> Any:
@@ -531,6 +539,27 @@ def _number(text: str) -> float | None:
         return float(text)
     except ValueError:
         return None
+
+
+# An integer written in at most this many characters has at most 15 digits,
+# so float() reads it exactly (below 2**53).
+_EXACT_INT_CHARS = 15
+
+
+def numbers(texts: list[str]) -> list[int] | list[float]:
+    """The numbers float() reads in `texts`, for comparing and ordering.
+
+    int() reads a short integer about twice as fast as float(); when every
+    text is an integer of at most 15 characters the ints are exactly the
+    floats float() would give (and compare with any number alike), so they
+    are returned instead. Otherwise, float() of each: the same values, and the
+    same ValueError for a text that is no number."""
+    try:
+        if texts and max(map(len, texts)) <= _EXACT_INT_CHARS:
+            return list(map(int, texts))
+    except (TypeError, ValueError):
+        pass
+    return list(map(float, texts))
 
 
 def _fields(text: str) -> list[str]:
@@ -566,9 +595,14 @@ class Filter(Component):
             expr = f"r[N] {token} V"
         constants = {"N": name, "V": value if number is None else number}
         self._pred = _compile("test", f"def test(r):\n    return {expr}\n", constants)
-        self._mask = _compile(
-            "mask", f"def mask(rs):\n    return [{expr} for r in rs]\n", constants
-        )
+        if number is not None:
+            # A batch's numbers are read in one go (see `numbers`), then compared.
+            get, op = operator.itemgetter(name), _OPS[token]
+            self._mask = lambda rs: list(map(op, numbers(list(map(get, rs))), repeat(number)))
+        else:
+            self._mask = _compile(
+                "mask", f"def mask(rs):\n    return [{expr} for r in rs]\n", constants
+            )
 
     def compute(self, port: str, record: Record) -> None:
         try:
@@ -801,8 +835,8 @@ class Sort(Component):
         self._reverse = self.params.get("reverse", "false") == "true"
         get = operator.itemgetter(*keys)
         if numeric and len(keys) == 1:
-            self._keys_of: Callable[[list[Record]], list[Any]] = lambda rs: list(
-                map(float, map(get, rs))
+            self._keys_of: Callable[[list[Record]], list[Any]] = lambda rs: numbers(
+                list(map(get, rs))
             )
         elif numeric:
             self._keys_of = lambda rs: [tuple(map(float, k)) for k in map(get, rs)]

@@ -23,6 +23,7 @@ from lightpath.graph.components import (
     ComponentError,
     Context,
     Record,
+    numbers,
     record_size,
 )
 from lightpath.graph.examples import read_records, write_records
@@ -40,7 +41,9 @@ records_st = st.lists(
             "region": st.sampled_from(REGIONS),
             "name": st.text("abcXYZ é", max_size=6),
             "amount": st.one_of(
-                st.integers(-50, 999).map(str), st.floats(-5, 5, allow_nan=False).map(repr)
+                st.integers(-50, 999).map(str),
+                st.floats(-5, 5, allow_nan=False).map(repr),
+                st.sampled_from(["9007199254740993", " 7 ", "1_000", "-0"]),
             ),
         }
     ),
@@ -274,3 +277,30 @@ def test_a_multi_input_member_taking_batches_gets_a_batch_from_each_input_in_tur
     assert log.index(("shutdown", "m")) > max(i for i, e in enumerate(log) if e[0] == "batch")
     assert report.members["m"]["calls"] == len(expected)
     assert report.members["m"]["records"] == sum(len(ids) for _, ids in expected)
+
+
+number_texts = st.one_of(
+    st.integers(-(10**20), 10**20).map(str),  # long ones float() rounds
+    st.integers(-999, 999).map(lambda n: f" {n:+05d}\t"),  # signs, zeros, blanks
+    st.integers(0, 10**6).map(lambda n: f"{n:_}"),
+    st.sampled_from(["-0", "٣٤", "1e3", "nan", "-inf", "0.1", "9007199254740993", "x", ""]),
+    st.floats(allow_nan=False).map(repr),
+)
+
+
+@given(st.lists(number_texts, max_size=8), st.floats(allow_nan=False))
+def test_numbers_compare_and_order_as_float_reads_them(texts, other):
+    try:
+        expected = [float(t) for t in texts]
+    except ValueError as exc:
+        with pytest.raises(ValueError) as err:
+            numbers(texts)
+        assert str(err.value) == str(exc)
+        return
+    got = numbers(texts)
+    # int == float compares exact values; a NaN is only itself.
+    assert all(g == e or (g != g and e != e) for g, e in zip(got, expected, strict=True))
+    assert [g < other for g in got] == [e < other for e in expected]
+    assert sorted(range(len(got)), key=got.__getitem__) == sorted(
+        range(len(expected)), key=expected.__getitem__
+    )
