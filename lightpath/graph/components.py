@@ -604,25 +604,23 @@ class Filter(Component):
                 "mask", f"def mask(rs):\n    return [{expr} for r in rs]\n", constants
             )
 
-    def compute(self, port: str, record: Record) -> None:
+    @staticmethod
+    def _tested(test: Callable[[Any], Any], arg: Any) -> Any:
         try:
-            keep = self._pred(record)
+            return test(arg)
         except KeyError as exc:
             raise ComponentError(f"record has no field {exc}") from None
         except ValueError as exc:
             raise ComponentError(f"cannot compare: {exc}") from None
-        if keep:
+
+    def compute(self, port: str, record: Record) -> None:
+        if self._tested(self._pred, record):
             self._out(record)
         else:
             self._reject(record)
 
     def compute_batch(self, port: str, records: list[Record]) -> None:
-        try:
-            mask = self._mask(records)
-        except KeyError as exc:
-            raise ComponentError(f"record has no field {exc}") from None
-        except ValueError as exc:
-            raise ComponentError(f"cannot compare: {exc}") from None
+        mask = self._tested(self._mask, records)
         out, reject = self._out_batch, self._reject_batch
         if out is not discard_batch:
             selected = list(compress(records, mask))

@@ -40,7 +40,7 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from lightpath.graph.channels import Channel, ChannelInput, ChannelWriter, PartitionedWriter
 from lightpath.graph.components import (
@@ -502,8 +502,8 @@ class FoldedExecutor:
             for f in g.out_flows[m]:
                 by_port[f.source.port].append(self._output_of(m, f, targets))
             for port, emits in by_port.items():
-                comp.outputs[port] = _fan_out([one for one, _ in emits])
-                comp.batch_outputs[port] = _fan_out_batch([many for _, many in emits])
+                comp.outputs[port] = _fan_out([one for one, _ in emits], _discard)
+                comp.batch_outputs[port] = _fan_out([many for _, many in emits], discard_batch)
 
         # Roots fed by input datasets read them themselves.
         for m in self.order:
@@ -855,31 +855,22 @@ def _ended(w: ChannelWriter | PartitionedWriter) -> bool:
     return all(x.fd < 0 for x in w.writers)
 
 
-def _fan_out(emits: list[Emit]) -> Emit:
+_T = TypeVar("_T")
+
+
+def _fan_out(
+    emits: list[Callable[[_T], None]], nowhere: Callable[[_T], None]
+) -> Callable[[_T], None]:
+    """Each flow of a port gets the record, or the batch (lent: no member modifies it)."""
     if not emits:
-        return _discard
+        return nowhere
     if len(emits) == 1:
         return emits[0]
     targets = tuple(emits)
 
-    def fan(record: Record) -> None:
+    def fan(item: _T) -> None:
         for t in targets:
-            t(record)
-
-    return fan
-
-
-def _fan_out_batch(emits: list[EmitBatch]) -> EmitBatch:
-    """Each flow of a port gets the batch (lent: no member modifies it)."""
-    if not emits:
-        return discard_batch
-    if len(emits) == 1:
-        return emits[0]
-    targets = tuple(emits)
-
-    def fan(records: list[Record]) -> None:
-        for t in targets:
-            t(records)
+            t(item)
 
     return fan
 
