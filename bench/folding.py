@@ -16,8 +16,14 @@ each, and prints the median run of each mode:
 - speedup: folded / unfolded records per second; target >= 3 with <= 1/3 of
   the processes.
 
-Also: CPU seconds of each mode (and their ratio), wall seconds, and whether
-the outputs of the two modes were byte-identical.
+Also: CPU seconds of each mode (and their ratio), wall seconds, the CPU
+seconds of each folded process (the busiest one is the folded run's
+critical path: the whole graph waits for it, then for the sort's shutdown),
+and whether the outputs of the two modes were byte-identical.
+
+Both modes run the same executor and component code: members that take
+batches (`Component.compute_batch`) get one call per batch, folded (a direct
+call from the member upstream) or not (a call per channel frame).
 """
 
 from __future__ import annotations
@@ -47,6 +53,7 @@ def _run(data: Path, out: Path, run_dir: Path, *, folded: bool, batch: int) -> d
         "startup_s": m.startup_seconds,
         "peak_mb": m.peak_rss_mb,
         "cpu_s": sum(p.cpu_seconds for p in m.processes),
+        "process_cpu_s": {f"{p.folded_set}.{p.instance}": p.cpu_seconds for p in m.processes},
         "records": m.records_read,
     }
 
@@ -106,6 +113,7 @@ def main() -> None:
                 "unfolded_cpu_s": unfolded["cpu_s"],
                 "cpu_ratio": unfolded["cpu_s"] / folded["cpu_s"],
                 "folded_wall_s": folded["wall_s"],
+                "folded_process_cpu_s": folded["process_cpu_s"],
                 "unfolded_wall_s": unfolded["wall_s"],
                 "channel_batch": args.batch,
                 "repeat": args.repeat,

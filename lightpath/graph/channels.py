@@ -18,7 +18,7 @@ import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from lightpath.graph.components import Blip, Emit, Record, ReturnCode, Source
+from lightpath.graph.components import Blip, EmitBatch, Record, ReturnCode, Source
 
 _HEADER = struct.Struct("!cI")
 RECORDS, BLIP, END = b"R", b"B", b"E"
@@ -47,10 +47,26 @@ class ChannelWriter:
         if len(self._buf) >= self.batch:
             self.flush()
 
+    def write_batch(self, records: list[Record]) -> None:
+        """Records of a batch: framed `batch` at a time, like records one by one."""
+        buf = self._buf
+        buf.extend(records)
+        batch = self.batch
+        if len(buf) >= batch:
+            if len(buf) == batch:
+                self.flush()
+                return
+            for i in range(0, len(buf) - batch + 1, batch):
+                self._frame(buf[i : i + batch])
+            del buf[: len(buf) - len(buf) % batch]
+
+    def _frame(self, records: list[Record]) -> None:
+        payload = marshal.dumps(records)
+        self.bytes += _write_all(self.fd, _HEADER.pack(RECORDS, len(payload)), payload)
+
     def flush(self) -> None:
         if self._buf:
-            payload = marshal.dumps(self._buf)
-            self.bytes += _write_all(self.fd, _HEADER.pack(RECORDS, len(payload)), payload)
+            self._frame(self._buf)
             self._buf.clear()
 
     def blip(self, blip: Blip) -> None:
@@ -93,6 +109,26 @@ class PartitionedWriter:
             self.writers[self._next](record)
             self._next = (self._next + 1) % n
 
+    def write_batch(self, records: list[Record]) -> None:
+        n = len(self.writers)
+        parts: list[list[Record]] = [[] for _ in self.writers]
+        if self.key:
+            key = self.key
+            try:
+                for record in records:
+                    parts[zlib.crc32(record[key].encode()) % n].append(record)
+            except KeyError:
+                from lightpath.graph.components import ComponentError
+
+                raise ComponentError(f'record has no field "{key}" to partition on') from None
+        else:
+            for record in records:
+                parts[self._next].append(record)
+                self._next = (self._next + 1) % n
+        for w, part in zip(self.writers, parts, strict=True):
+            if part:
+                w.write_batch(part)
+
     def flush(self) -> None:
         for w in self.writers:
             w.flush()
@@ -119,7 +155,7 @@ class Channel:
     """Consumer end of one pipe or spill file."""
 
     fd: int
-    emit: Emit
+    emit: EmitBatch  # called with the records of each frame
     label: str  # e.g. "204D.out -> 204I.in from instance 0", for errors
     buf: bytearray = field(default_factory=bytearray)
     ended: bool = False
@@ -204,12 +240,10 @@ class ChannelInput(Source):
                 kind, length = _HEADER.unpack_from(buf, pos)
                 if len(buf) - pos - size < length:
                     break
-                payload = bytes(buf[pos + size : pos + size + length])
+                payload = buf[pos + size : pos + size + length]
                 pos += size + length
                 if kind == RECORDS:
-                    emit = c.emit
-                    for r in marshal.loads(payload):
-                        emit(r)
+                    c.emit(marshal.loads(payload))
                 elif kind == BLIP:
                     blip_kind, blip_id = marshal.loads(payload)
                     c.blocked_at = blip_id

@@ -13,6 +13,14 @@ return codes:
   checkpoint blip every member's state goes into ONE checkpoint file before
   the blip leaves the set on its channels.
 
+Work elements pass record by record, or a batch at a time to members that
+take batches (`Component.compute_batch`): a root emits a batch of its
+input, each member is called once with the batch and calls the next with
+the batch it makes, so the per-record cost inside the set is the members'
+own work. Monitoring counts per batch what it counted per record (records,
+sampled sizes), and a "call" is one invocation, of a record or of a batch
+(see MemberStats).
+
 A member with several inputs, all from inside the set, gets each input
 buffered and is called only while every input has data (round robin, in
 flow order); the rest is delivered at a logical break (a blip or shutdown).
@@ -32,10 +40,11 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from lightpath.graph.channels import Channel, ChannelInput, ChannelWriter, PartitionedWriter
 from lightpath.graph.components import (
+    BATCH,
     LIBRARY_CLASSES,
     SPLIT_CLASSES,
     Blip,
@@ -43,11 +52,13 @@ from lightpath.graph.components import (
     ComponentError,
     Context,
     Emit,
+    EmitBatch,
     FileReader,
     FileWriter,
     Record,
     ReturnCode,
     Source,
+    discard_batch,
     record_size,
 )
 from lightpath.graph.expand import FlatGraph, Flow, Node
@@ -152,21 +163,38 @@ class FlowCounter:
 
 @dataclass
 class MemberStats:
-    # [timed calls, timed ns (exclusive of nested member calls)]
-    timing: list[int] = field(default_factory=lambda: [0, 0])
+    """What the executor counts of one member's calls (GF-6).
+
+    A call is one invocation of the member by the executor: `compute` with one
+    record, or `compute_batch` with a batch when the member takes batches.
+    Each flow into the member counts its calls; the first 100 calls of each
+    flow are timed, then one in 1000 (and every call nested in a timed one, so
+    that the outer call's time excludes it). The member's CPU is estimated as
+    the timed time per record times the records it got, plus its shutdown and
+    blip calls, which are all timed.
+    """
+
+    # [timed calls, timed ns (exclusive of nested member calls), records in timed calls]
+    timing: list[int] = field(default_factory=lambda: [0, 0, 0])
     # Shutdown and blip calls, all timed.
     once_ns: int = 0
-    # Delivery counters into this member (in-set flows and channel arrivals).
+    # Record counters of the flows into this member (in-set flows and channel arrivals).
     inbound: list[list[int]] = field(default_factory=list)
+    # Call counters of the flows into this member.
+    calls_in: list[list[int]] = field(default_factory=list)
+
+    @property
+    def records(self) -> int:
+        return sum(c[0] for c in self.inbound)
 
     @property
     def calls(self) -> int:
-        return sum(c[0] for c in self.inbound)
+        return sum(c[0] for c in self.calls_in)
 
     def estimate_ns(self) -> float:
-        timed_calls, timed_ns = self.timing
-        per_call = timed_ns / timed_calls if timed_calls else 0.0
-        return per_call * self.calls + self.once_ns
+        _, timed_ns, timed_records = self.timing
+        per_record = timed_ns / timed_records if timed_records else 0.0
+        return per_record * self.records + self.once_ns
 
 
 @dataclass
@@ -222,13 +250,20 @@ class ExecutorReport:
 
 
 class _MultiInput:
-    """Buffers each input of a multi-input member until every input has data."""
+    """Buffers each input of a multi-input member until every input has data.
 
-    def __init__(self, deliveries: Sequence[Emit]):
-        self.deliveries = list(deliveries)
+    Then the member is called input by input, in flow order, while every
+    input has data: a record from each in turn, or, for a member taking
+    batches, a batch from each of as many records as the shortest queue holds.
+    """
+
+    def __init__(self, deliveries: Sequence[tuple[Emit, EmitBatch]], batched: bool):
+        self.one = [d[0] for d in deliveries]
+        self.many = [d[1] for d in deliveries]
+        self.batched = batched
         self.queues: list[deque[Record]] = [deque() for _ in deliveries]
 
-    def pusher(self, i: int) -> Emit:
+    def pushers(self, i: int) -> tuple[Emit, EmitBatch]:
         q = self.queues[i]
         queues = self.queues
 
@@ -237,17 +272,32 @@ class _MultiInput:
             if all(queues):
                 self.release()
 
-        return push
+        def push_batch(records: list[Record]) -> None:
+            q.extend(records)
+            if all(queues):
+                self.release()
+
+        return push, push_batch
 
     def release(self) -> None:
-        queues, deliveries = self.queues, self.deliveries
+        queues = self.queues
+        if self.batched:
+            while all(queues):
+                k = min(map(len, queues))
+                for q, deliver_batch in zip(queues, self.many, strict=True):
+                    deliver_batch([q.popleft() for _ in range(k)])
+            return
         while all(queues):
-            for q, deliver in zip(queues, deliveries, strict=True):
+            for q, deliver in zip(queues, self.one, strict=True):
                 deliver(q.popleft())
 
     def drain(self) -> None:
         """A logical break: deliver the rest, input by input."""
-        for q, deliver in zip(self.queues, self.deliveries, strict=True):
+        for q, deliver, deliver_batch in zip(self.queues, self.one, self.many, strict=True):
+            if q and self.batched:
+                rest = list(q)
+                q.clear()
+                deliver_batch(rest)
             while q:
                 deliver(q.popleft())
 
@@ -273,6 +323,7 @@ class FoldedExecutor:
         on_ready: Callable[[], None] | None = None,
         on_checkpoint: Callable[[int], None] | None = None,
         channel_batch: int = 1024,
+        batch: int = BATCH,
     ):
         self.graph = graph
         self.member_set = set(members)
@@ -291,6 +342,7 @@ class FoldedExecutor:
         self._on_ready = on_ready
         self._on_checkpoint = on_checkpoint
         self._channel_batch = channel_batch
+        self._batch = batch
 
         self.components: dict[str, Component] = {}
         self.stats: dict[str, MemberStats] = {m: MemberStats() for m in self.order}
@@ -311,48 +363,86 @@ class FoldedExecutor:
 
     # ------------------------------------------------------------ wiring
 
-    def _deliver(self, member: str, port: str, counts: list[int]) -> Emit:
-        """A direct call into `member`'s compute, counted, sometimes timed, errors named."""
-        compute = self.components[member].compute
-        timing = self.stats[member].timing
+    def _deliver(
+        self, member: str, port: str, counts: list[int], *, counted: bool = True
+    ) -> tuple[Emit, EmitBatch]:
+        """Direct calls into `member` for one record and for a batch: counted
+        (records and sampled bytes into `counts` unless the source counts them
+        itself), sometimes timed, errors named.
+
+        A member without its own compute_batch gets a batch as calls of
+        compute, one per record, each counted and timed as a call."""
+        comp = self.components[member]
+        compute, compute_batch = comp.compute, comp.compute_batch
+        stats = self.stats[member]
+        timing = stats.timing
+        calls = [0]
+        stats.calls_in.append(calls)
         tstack = self._tstack
         # CPU time of this thread: a call blocked on a full channel is not busy.
         clock = time.thread_time_ns
         first, every = TIMED_FIRST, TIMED_EVERY
 
-        def deliver(record: Record) -> None:
-            n = counts[0] = counts[0] + 1
+        def timed(fn: Callable[[str, Any], None], arg: Any, records: int) -> None:
+            tstack.append(0)
+            t0 = clock()
             try:
-                if n > first and n % every:
-                    if not tstack:
-                        compute(port, record)
-                        return
-                else:
-                    # The records of the rule carry the flow's size sample too,
-                    # so folded and unfolded runs sample the same records.
+                fn(port, arg)
+            finally:
+                dt = clock() - t0
+                nested = tstack.pop()
+                timing[0] += 1
+                timing[1] += dt - nested
+                timing[2] += records
+                if tstack:
+                    tstack[-1] += dt
+
+        def deliver(record: Record) -> None:
+            if counted:
+                k = counts[0] = counts[0] + 1
+                if k <= first or not k % every:
+                    # The records of the rule carry the flow's size sample.
                     counts[1] += 1
                     counts[2] += record_size(record)
-                tstack.append(0)
-                t0 = clock()
-                try:
+            n = calls[0] = calls[0] + 1
+            try:
+                if n > first and n % every and not tstack:
                     compute(port, record)
-                finally:
-                    dt = clock() - t0
-                    nested = tstack.pop()
-                    timing[0] += 1
-                    timing[1] += dt - nested
-                    if tstack:
-                        tstack[-1] += dt
+                else:
+                    timed(compute, record, 1)
             except ComponentFailure:
                 raise
             except Exception as exc:
                 raise ComponentFailure(member, _describe(exc)) from exc
 
-        return deliver
+        if type(comp).compute_batch is Component.compute_batch:
 
-    def _sink(self, sink: Emit, counts: list[int]) -> Emit:
+            def deliver_each(records: list[Record]) -> None:
+                for record in records:
+                    deliver(record)
+
+            return deliver, deliver_each
+
+        def deliver_batch(records: list[Record]) -> None:
+            if counted:
+                _count(counts, records)
+            n = calls[0] = calls[0] + 1
+            try:
+                if n > first and n % every and not tstack:
+                    compute_batch(port, records)
+                else:
+                    timed(compute_batch, records, len(records))
+            except ComponentFailure:
+                raise
+            except Exception as exc:
+                raise ComponentFailure(member, _describe(exc)) from exc
+
+        return deliver, deliver_batch
+
+    def _sink(self, sink: Any, counts: list[int]) -> tuple[Emit, EmitBatch]:
         """Counts records leaving the set (to a file or a channel); samples their size."""
         first, every = TIMED_FIRST, TIMED_EVERY
+        write_batch = sink.write_batch
 
         def send(record: Record) -> None:
             n = counts[0] = counts[0] + 1
@@ -361,7 +451,11 @@ class FoldedExecutor:
                 counts[2] += record_size(record)
             sink(record)
 
-        return send
+        def send_batch(records: list[Record]) -> None:
+            _count(counts, records)
+            write_batch(records)
+
+        return send, send_batch
 
     def _path_for(self, dataset: str) -> str:
         return self.graph.datasets[dataset].partition_path(self.instance)
@@ -370,14 +464,14 @@ class FoldedExecutor:
         g = self.graph
         for m in self.order:
             node = g.components[m]
-            context = Context(m, self.instance, self.degree, self._checkpoint_every)
+            context = Context(m, self.instance, self.degree, self._checkpoint_every, self._batch)
             self.components[m] = self._factory(node, context)
         for req, resp in g.halves.items():
             if req in self.member_set and resp in self.member_set:
                 self.components[req].pair(self.components[resp])
 
         # Inputs of each member: in-set flows become direct calls (buffered when multi-input).
-        targets: dict[int, Emit] = {}
+        targets: dict[int, tuple[Emit, EmitBatch]] = {}
         for m in self.order:
             inflows = g.in_flows[m]
             inside = [f for f in inflows if f.source.node in self.member_set]
@@ -389,9 +483,12 @@ class FoldedExecutor:
                 self.stats[m].inbound.append(counts)
                 deliveries.append(self._deliver(m, f.target.port, counts))
             if len(inside) > 1 and len(inside) == len(inflows):
-                multi = self._multi[m] = _MultiInput(deliveries)
+                comp_type = type(self.components[m])
+                multi = self._multi[m] = _MultiInput(
+                    deliveries, comp_type.compute_batch is not Component.compute_batch
+                )
                 for i, f in enumerate(inside):
-                    targets[f.index] = multi.pusher(i)
+                    targets[f.index] = multi.pushers(i)
             else:
                 for f, d in zip(inside, deliveries, strict=True):
                     targets[f.index] = d
@@ -399,11 +496,14 @@ class FoldedExecutor:
         # Outputs of each member: ports -> emitters fanning out over their flows.
         for m in self.order:
             comp = self.components[m]
-            by_port: dict[str, list[Emit]] = {p: [] for p in g.components[m].outputs}
+            by_port: dict[str, list[tuple[Emit, EmitBatch]]] = {
+                p: [] for p in g.components[m].outputs
+            }
             for f in g.out_flows[m]:
                 by_port[f.source.port].append(self._output_of(m, f, targets))
             for port, emits in by_port.items():
-                comp.outputs[port] = _fan_out(emits)
+                comp.outputs[port] = _fan_out([one for one, _ in emits], _discard)
+                comp.batch_outputs[port] = _fan_out([many for _, many in emits], discard_batch)
 
         # Roots fed by input datasets read them themselves.
         for m in self.order:
@@ -411,15 +511,18 @@ class FoldedExecutor:
                 if f.source.node in g.datasets:
                     counter = FlowCounter()
                     self.flows[f.index] = counter
-                    deliver = self._deliver(m, f.target.port, [0, 0, 0])
+                    _, deliver_batch = self._deliver(
+                        m, f.target.port, counter.counts, counted=False
+                    )
                     self.stats[m].inbound.append(counter.counts)
                     reader = FileReader(
                         self._path_for(f.source.node),
-                        deliver,
+                        deliver_batch,
                         owner=m,
                         feeds=frozenset({m}),
                         checkpoint_every=self._checkpoint_every,
                         counter=counter.counts,
+                        batch=self._batch,
                     )
                     # The reader counts records and exact bytes itself.
                     counter.exact_bytes = lambda c=counter.counts: c[1]  # type: ignore[misc]
@@ -436,14 +539,16 @@ class FoldedExecutor:
                     raise ValueError(f"channel of flow {f.name} does not feed this set")
                 counts = [0, 0, 0]
                 self.stats[m].inbound.append(counts)
-                deliver = self._deliver(m, f.target.port, counts)
+                _, deliver_batch = self._deliver(m, f.target.port, counts)
                 channels.append(
-                    Channel(ch.fd, deliver, f"{f.name} (from instance {ch.source_instance})")
+                    Channel(ch.fd, deliver_batch, f"{f.name} (from instance {ch.source_instance})")
                 )
                 fed.append(m)
             self._sources.append(ChannelInput(channels, owner=fed[0], feeds=frozenset(fed)))
 
-    def _output_of(self, member: str, f: Flow, targets: Mapping[int, Emit]) -> Emit:
+    def _output_of(
+        self, member: str, f: Flow, targets: Mapping[int, tuple[Emit, EmitBatch]]
+    ) -> tuple[Emit, EmitBatch]:
         g = self.graph
         target = f.target.node
         if target in self.member_set:
@@ -715,8 +820,10 @@ class FoldedExecutor:
         samples = sampler.samples if sampler else {}
         members = {
             m: {
+                "records": self.stats[m].records,
                 "calls": self.stats[m].calls,
                 "timed_calls": self.stats[m].timing[0],
+                "timed_records": self.stats[m].timing[2],
                 "timed_ns": self.stats[m].timing[1],
                 "once_ns": self.stats[m].once_ns,
                 "estimate_ns": self.stats[m].estimate_ns(),
@@ -748,22 +855,45 @@ def _ended(w: ChannelWriter | PartitionedWriter) -> bool:
     return all(x.fd < 0 for x in w.writers)
 
 
-def _fan_out(emits: list[Emit]) -> Emit:
+_T = TypeVar("_T")
+
+
+def _fan_out(
+    emits: list[Callable[[_T], None]], nowhere: Callable[[_T], None]
+) -> Callable[[_T], None]:
+    """Each flow of a port gets the record, or the batch (lent: no member modifies it)."""
     if not emits:
-        return _discard
+        return nowhere
     if len(emits) == 1:
         return emits[0]
     targets = tuple(emits)
 
-    def fan(record: Record) -> None:
+    def fan(item: _T) -> None:
         for t in targets:
-            t(record)
+            t(item)
 
     return fan
 
 
 def _discard(record: Record) -> None:
     pass
+
+
+def _count(counts: list[int], records: list[Record]) -> None:
+    """Count a batch on a flow: [records, sampled records, sampled bytes].
+
+    The sampled records are the flow's records 1 to 100, then every 1000th,
+    whether they pass one by one or in batches (and folded or not)."""
+    before = counts[0]
+    after = counts[0] = before + len(records)
+    if before >= TIMED_FIRST and after // TIMED_EVERY == before // TIMED_EVERY:
+        return
+    picked = list(range(min(len(records), max(0, TIMED_FIRST - before))))
+    start = max(before + 1, TIMED_FIRST + 1)
+    picked += range(-(-start // TIMED_EVERY) * TIMED_EVERY - before - 1, len(records), TIMED_EVERY)
+    for i in picked:
+        counts[1] += 1
+        counts[2] += record_size(records[i])
 
 
 def run_set(graph: FlatGraph, members: Sequence[str], **kwargs: Any) -> ExecutorReport:

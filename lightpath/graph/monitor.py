@@ -12,8 +12,9 @@ folded set, both from the seed:
 - Timing: the executor times (in thread CPU time, so a call blocked on a full
   channel does not count as busy) each of the first 100 calls of each flow
   into a member, then one in 1000 (and every shutdown and blip call),
-  excluding nested calls into downstream members; calls × mean time
-  estimates each member's share.
+  excluding nested calls into downstream members; a call is one record, or
+  one batch for a member that takes batches, and records × mean time per
+  timed record estimates each member's share.
 
 Either way the process's measured CPU time is divided in proportion, as the
 seed says. A set of one component owns its process's CPU outright.

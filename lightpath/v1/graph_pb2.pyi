@@ -528,6 +528,9 @@ class ComponentMetrics(_message.Message):
     cpu_method: _builtins.str
     """"sampled", "timed" or "process" (a set of one component owns its process's CPU)."""
     calls: _builtins.int
+    """Invocations by the executor: one per record, or one per batch for a
+    component taking batches (compute_batch).
+    """
     timed_calls: _builtins.int
     samples: _builtins.int
     def __init__(
@@ -558,8 +561,8 @@ Global___ComponentMetrics: _TypeAlias = ComponentMetrics  # noqa: Y015
 @_typing.final
 class FlowMetrics(_message.Message):
     """Records and bytes that crossed one flow (GF-6). Bytes are the records'
-    text size: exact where a file is read, else estimated from the records
-    whose calls were timed (each of the first 100, then one in 1000).
+    text size: exact where a file is read, else estimated from a sample of the
+    flow's records (each of the first 100, then one in 1000).
     """
 
     DESCRIPTOR: _descriptor.Descriptor

@@ -113,3 +113,13 @@ class CrashOnce(Component):
 
     def restore(self, state: Any) -> None:
         self.count = state
+
+
+class BatchRecorder(Recorder):
+    """A Recorder that takes batches: logs each call with the ids of its batch."""
+
+    def compute_batch(self, port: str, records: list[Record]) -> None:
+        self.log.append(("batch", self.id, port, [r["id"] for r in records]))
+        self.seen += len(records)
+        for out in self.batch_outputs.values():
+            out(records)
