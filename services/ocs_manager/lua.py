@@ -7,12 +7,13 @@ Layout. One hash per (dimension, k) holds the routing tables of every OCS of
 that dimension's axes with that k: field `axis * port_stride + port` (decimal,
 "5017" = axis 5, port 17) -> peer port; a dark port has no field. One hash per
 dimension holds the 1xK switches: field `block * axis_stride + axis` -> output;
-an idle switch has no field. Why grouped: Redis keeps a hash of up to 512
-fields as a ziplist, where every HSET / HMGET scans the list, so 48 per-OCS
-tables of 128 ports cost a full-pod wire ~15 ms of Redis time; a group of a
-full pod's axes outgrows that and becomes a hashtable. Each hash also holds a
-`layout` field describing its fields, so it is never deleted when the last
-cross-connect goes and never falls back to the slow encoding.
+an idle switch has no field. Why grouped, and why each hash holds a `layout`
+field longer than 64 bytes describing its fields: Redis keeps a small hash (up
+to 512 fields of up to 64 bytes) as a ziplist, where every HSET / HMGET scans
+the list — 48 per-OCS tables of 128 ports cost a full-pod wire ~15 ms of Redis
+time, and a few 2-block slices on a ziplist table doubled Redis' CPU per wire.
+The long `layout` value makes every table a hash table from its creation, and
+keeps the key when the last cross-connect goes.
 
 Arguments. A change travels as links ("d k port_a port_b": the same two ports
 on every axis of d), so a full-pod slice is 192 links rather than 3,072
@@ -180,14 +181,18 @@ local function apply_otm(groups)
   end
 end
 
--- every hash carries its `layout` field, so it outlives its last entry
+-- Every hash carries a `layout` field, so it outlives its last entry; its value is
+-- longer than 64 bytes (Redis' hash-max-ziplist-value / -listpack-value), so the hash
+-- is a hash table from the start, however few cross-connects it holds.
 local function init_layout(xc_base, otm_base)
   for i = xc_base, xc_base + M * K - 1 do
-    redis.call('HSETNX', KEYS[i], 'layout', 'axis*' .. S .. '+port -> peer port')
+    redis.call('HSET', KEYS[i], 'layout', 'routing tables: field axis*' .. S ..
+      '+port -> peer port, both directions; a dark port has no field')
   end
   if K > 1 then
     for d = 0, M - 1 do
-      redis.call('HSETNX', KEYS[otm_base + d], 'layout', 'block*' .. A .. '+axis -> output')
+      redis.call('HSET', KEYS[otm_base + d], 'layout', '1xK switches: field block*' .. A ..
+        '+axis -> output it is set to; an idle switch has no field')
     end
   end
 end

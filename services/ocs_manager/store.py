@@ -9,8 +9,9 @@ Keys (all under the pod's hash tag, so one Lua script may touch any of them):
                                  flight (op, op_token, op_deadline, op_failed, op_new), replaced
     lp:{pod}:ocs:ver             hash OCS id -> version, bumped by every committed change (and
                                  a `layout` field that keeps it a hash table)
-    lp:{pod}:ocs:xc:<ocs id>     hash port -> peer port (both directions): the routing table
-    lp:{pod}:ocs:otm:<block>     hash "<dim>.<axis>" -> output of that block's 1xK switch
+    lp:{pod}:ocs:xc:<dim>:<k>    hash axis*stride+port -> peer port (both directions): the
+                                 routing tables of that dimension's OCS with that k (lua.py)
+    lp:{pod}:ocs:otm:<dim>       hash block*stride+axis -> output of that 1xK switch
 
 Every change to a slice is assume / commit / undo (STYLE.md):
 
