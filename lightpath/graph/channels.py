@@ -18,7 +18,14 @@ import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from lightpath.graph.components import Blip, EmitBatch, Record, ReturnCode, Source
+from lightpath.graph.components import (
+    Blip,
+    ComponentError,
+    EmitBatch,
+    Record,
+    ReturnCode,
+    Source,
+)
 
 _HEADER = struct.Struct("!cI")
 RECORDS, BLIP, END = b"R", b"B", b"E"
@@ -101,8 +108,6 @@ class PartitionedWriter:
             try:
                 value = record[self.key]
             except KeyError:
-                from lightpath.graph.components import ComponentError
-
                 raise ComponentError(f'record has no field "{self.key}" to partition on') from None
             self.writers[zlib.crc32(value.encode()) % n](record)
         else:
@@ -118,8 +123,6 @@ class PartitionedWriter:
                 for record in records:
                     parts[zlib.crc32(record[key].encode()) % n].append(record)
             except KeyError:
-                from lightpath.graph.components import ComponentError
-
                 raise ComponentError(f'record has no field "{key}" to partition on') from None
         else:
             for record in records:
