@@ -212,8 +212,10 @@ class CellReporter:
         """One heartbeat; True when more transitions wait to be sent."""
         redis = sched.store.redis
         stream = sched.store.keys.events
-        version = await _stream_tip(redis, stream)
-        state = await sched.snapshot()
+        # The version is read with the state, atomically: read apart, a report could
+        # carry an older state under the same version as a newer one and, arriving
+        # after it, replace it at the cell (seen as stale preemptible capacity).
+        state, version = await sched.store.snapshot_and_tip(sched.fabric)
         after = self._ack
         entries = await redis.xrange(stream, min=f"({after}", max="+", count=MAX_TRANSITIONS)
         resync = False

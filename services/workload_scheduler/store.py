@@ -45,12 +45,18 @@ EVENT_STREAM_MAXLEN = 10_000
 PARSED_CACHE_LIMIT = 4096
 
 # The pod's snapshot in one atomic read: block health, owners, wiring marks, live jobs;
-# with a fifth key, also the next admission sequence (INCR).
+# with a fifth key and ARGV[1], also the next admission sequence ("seq": INCR of the
+# key) or the id of the newest event ("tip": the event stream's last id, "0-0" if none).
 _SNAPSHOT_LUA = r"""
-local seq = 0
-if KEYS[5] then seq = redis.call("INCR", KEYS[5]) end
+local extra = 0
+if ARGV[1] == "seq" then
+  extra = redis.call("INCR", KEYS[5])
+elseif ARGV[1] == "tip" then
+  local last = redis.call("XREVRANGE", KEYS[5], "+", "-", "COUNT", 1)
+  extra = last[1] and last[1][1] or "0-0"
+end
 return {redis.call("HGETALL", KEYS[1]), redis.call("HGETALL", KEYS[2]),
-        redis.call("HGETALL", KEYS[3]), redis.call("HGETALL", KEYS[4]), seq}
+        redis.call("HGETALL", KEYS[3]), redis.call("HGETALL", KEYS[4]), extra}
 """
 
 _TXN_LUA = r"""
@@ -383,8 +389,18 @@ class PodStore:
     async def snapshot_and_seq(self, fabric: PodFabric) -> tuple[PodState, int]:
         """The snapshot and, in the same round trip, the next admission sequence (INCR)."""
         k = self.keys
-        reply = await self._snapshot(keys=[k.failed, k.owner, k.wired, k.live, k.seq])
+        reply = await self._snapshot(keys=[k.failed, k.owner, k.wired, k.live, k.seq], args=["seq"])
         return self._state(fabric, reply), int(reply[4])
+
+    async def snapshot_and_tip(self, fabric: PodFabric) -> tuple[PodState, str]:
+        """The snapshot and the id of the newest event in the same atomic read: every
+        change to the state appends an event in its own commit, so the id versions
+        exactly this state (a capacity report carries it; see cell_link)."""
+        k = self.keys
+        reply = await self._snapshot(
+            keys=[k.failed, k.owner, k.wired, k.live, k.events], args=["tip"]
+        )
+        return self._state(fabric, reply), str(reply[4])
 
     def _state(self, fabric: PodFabric, reply: list[Any]) -> PodState:
         failed, owner, wired, live = (_pairs(flat) for flat in reply[:4])
