@@ -169,8 +169,9 @@ class CellScheduler:
         submissions (what this replica places and ends meanwhile is assumed in it; the
         claim script checks what a decision needs: free blocks, an empty queue)."""
         if fresh or self._snap is None or time.monotonic() - self._snap_at > REGISTRY_TTL_S:
+            read_at = time.monotonic()  # the data is at least this new
             self._snap = await self.store.snapshot()
-            self._snap_at = time.monotonic()
+            self._snap_at = read_at
         return self._snap
 
     def _assume(self, pod: str, needs: Mapping[str, int], sign: int) -> None:
@@ -354,12 +355,22 @@ class CellScheduler:
         canonical.CopyFrom(req)
         canonical.validate_only = False
         request_b64 = b64(canonical.SerializeToString(deterministic=True))
+        started = time.monotonic()
         for attempt in range(MAX_PLAN_ATTEMPTS):
             snap = await self._registry(fresh=attempt > 0)
             if snap.queue and attempt == 0:
                 snap = await self._registry(fresh=True)  # decide with the queue as it is
             now = self.now_ms()
             resolved, choice, views, priority = await self._plan_new(canonical, snap, now)
+            if (
+                not req.validate_only
+                and (not choice.candidates or choice.candidates[0].how != FITS)
+                and self._snap_at < started
+            ):
+                # The claim checks free blocks only: a decision to queue in the cell or to
+                # count on preemption is made again with the registry as it is now (a
+                # cached one may predate the report of what lower priorities give up).
+                continue
             if req.validate_only:
                 existing = await self.store.job(job_id)
                 if existing is not None:
