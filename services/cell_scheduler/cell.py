@@ -360,12 +360,13 @@ class CellScheduler:
             snap = await self._registry(fresh=attempt > 0)
             if snap.queue and attempt == 0:
                 snap = await self._registry(fresh=True)  # decide with the queue as it is
+            read_at = self._snap_at  # when the read of `snap` began
             now = self.now_ms()
             resolved, choice, views, priority = await self._plan_new(canonical, snap, now)
             if (
                 not req.validate_only
                 and (not choice.candidates or choice.candidates[0].how != FITS)
-                and self._snap_at < started
+                and read_at < started
             ):
                 # The claim checks free blocks only: a decision to queue in the cell or to
                 # count on preemption is made again with the registry as it is now (a
