@@ -730,18 +730,9 @@ class Replicate(Component):
         self._out_batch(records)
 
 
-class Gather(Component):
-    """gather: merges its input flows into one."""
-
-    def start(self) -> None:
-        self._out = self.outputs["out"]
-        self._out_batch = self.batch_outputs["out"]
-
-    def compute(self, port: str, record: Record) -> None:
-        self._out(record)
-
-    def compute_batch(self, port: str, records: list[Record]) -> None:
-        self._out_batch(records)
+class Gather(Replicate):
+    """gather: merges its input flows into one (each record or batch passes on as
+    replicate passes it: the merging is in the flows, not the component)."""
 
 
 def _add(a: int | float, text: str) -> int | float:
