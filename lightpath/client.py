@@ -13,6 +13,10 @@
   channel's service config). Lightpath mutations are idempotent by
   client-chosen ids (X-5), so a retry never does a thing twice.
 * Calls are traced (lightpath.telemetry) and carry the trace context.
+* Credentials (lightpath.security.credentials): TLS with the caller's
+  certificate and/or a bearer token; by default whatever
+  `Credentials.default()` finds (the local stack's operator certificate, or
+  LIGHTPATH_TLS_* / LIGHTPATH_TOKEN*).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import grpc
 from google.rpc import error_details_pb2, status_pb2
 from opentelemetry.sdk.trace import TracerProvider
 
+from lightpath.security.credentials import Credentials
 from lightpath.telemetry import client_interceptors
 
 DEFAULT_TIMEOUT_S = 10.0
@@ -55,8 +60,11 @@ def channel(
     tracer_provider: TracerProvider | None = None,
     default_timeout: float | None = DEFAULT_TIMEOUT_S,
     max_attempts: int = 5,
+    credentials: Credentials | None = None,
 ) -> grpc.aio.Channel:
-    """An insecure aio channel to a Lightpath service on `address` (host:port)."""
+    """An aio channel to a Lightpath service on `address` (host:port), over TLS when
+    `credentials` (default: `Credentials.default()`) have a CA."""
+    creds = Credentials.default() if credentials is None else credentials
     options: list[tuple[str, Any]] = [
         ("grpc.enable_retries", 1 if max_attempts > 1 else 0),
         ("grpc.max_send_message_length", 64 * 1024 * 1024),
@@ -64,8 +72,12 @@ def channel(
     ]
     if max_attempts > 1:
         options.append(("grpc.service_config", retry_service_config(max_attempts)))
-    return grpc.aio.insecure_channel(
-        address, options=options, interceptors=client_interceptors(tracer_provider, default_timeout)
+    interceptors = client_interceptors(tracer_provider, default_timeout, creds.metadata())
+    channel_creds = creds.channel_credentials()
+    if channel_creds is None:
+        return grpc.aio.insecure_channel(address, options=options, interceptors=interceptors)
+    return grpc.aio.secure_channel(
+        address, channel_creds, options=options, interceptors=interceptors
     )
 
 

@@ -6,6 +6,7 @@ set, and by the test suite's session fixture.
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import shutil
 import signal
@@ -47,11 +48,27 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _command(*parts: str) -> bytes:
+    out = [f"*{len(parts)}\r\n".encode()]
+    for p in parts:
+        b = p.encode()
+        out.append(b"$%d\r\n%s\r\n" % (len(b), b))
+    return b"".join(out)
+
+
 class EmbeddedRedis:
     """redis-server as a child process; `start()` returns its URL."""
 
-    def __init__(self, data_dir: str | Path, *, port: int = 0, appendonly: bool = True):
+    def __init__(
+        self,
+        data_dir: str | Path,
+        *,
+        port: int = 0,
+        appendonly: bool = True,
+        password: str | None = None,
+    ):
         self.data_dir = Path(data_dir)
+        self.password = password
         self.requested_port = port
         self.port = 0
         self.appendonly = appendonly
@@ -59,7 +76,16 @@ class EmbeddedRedis:
 
     @property
     def url(self) -> str:
+        """The URL without the password (give that apart: `password`, a password file)."""
         return f"redis://127.0.0.1:{self.port}/0"
+
+    @property
+    def url_with_password(self) -> str:
+        from urllib.parse import quote
+
+        if not self.password:
+            return self.url
+        return f"redis://:{quote(self.password, safe='')}@127.0.0.1:{self.port}/0"
 
     def start(self, timeout: float = 10.0) -> str:
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -70,6 +96,7 @@ class EmbeddedRedis:
             self.process = subprocess.Popen(
                 [
                     redis_server_binary(),
+                    *(["-"] if self.password else []),
                     "--port",
                     str(self.port),
                     "--bind",
@@ -89,11 +116,20 @@ class EmbeddedRedis:
                     "--logfile",
                     str(self.data_dir / "redis.log"),
                 ],
+                stdin=subprocess.PIPE,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
                 start_new_session=True,
                 preexec_fn=die_with_parent,
             )
+            if self.password:
+                # Given on stdin (`redis-server -` reads config there), so the
+                # password never shows in the process list.
+                assert self.process.stdin is not None
+                self.process.stdin.write(f"requirepass {json.dumps(self.password)}\n".encode())
+                self.process.stdin.close()
+            elif self.process.stdin is not None:
+                self.process.stdin.close()
             if self._wait_ready(timeout):
                 return self.url
             self.stop()
@@ -110,6 +146,10 @@ class EmbeddedRedis:
                 return False
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
+                    if self.password:
+                        s.sendall(_command("AUTH", self.password))
+                        if not s.recv(64).startswith(b"+OK"):
+                            continue
                     s.sendall(b"PING\r\n")
                     if s.recv(64).startswith(b"+PONG"):
                         return True

@@ -11,6 +11,13 @@ and deploy/docker-compose.yml (a test checks the compose file against it):
     core-broker                     :50081
     agg-root / agg-sub-1 / agg-sub-2 :50091 / :50092 / :50093
 
+Security (docs/security.md): on first use the stack makes a local CA and a
+certificate per process and for the operator under `<state dir>/pki`, and a
+Redis password under `<state dir>/secrets`; every service serves TLS and
+requires client certificates, binds 127.0.0.1, and writes its audit log to
+`<state dir>/audit/<process>.jsonl`. `tls=False` (benchmarks' baseline) runs
+plaintext on loopback with a bearer token per process instead.
+
 Children run in their own session (Ctrl-C reaches only the supervisor, which
 stops them in reverse order) and get SIGTERM from the kernel if the supervisor
 dies, so no process is left behind.
@@ -33,6 +40,10 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from lightpath.embedded_redis import EmbeddedRedis, die_with_parent, free_port
+from lightpath.paths import default_state_dir, pki_dir
+from lightpath.security.credentials import Credentials, token_path
+from lightpath.security.identity import OPERATOR, Principal, service_principal
+from lightpath.security.pki import LocalCA
 
 EMBEDDED_REDIS_PORT = 6390
 
@@ -56,6 +67,12 @@ class ProcessSpec:
     @property
     def grpc_service(self) -> str:
         return "lightpath.v1." + "".join(p.capitalize() for p in self.service.split("_"))
+
+    @property
+    def principal(self) -> Principal:
+        """Its identity: the service, scoped by the pod or switch it serves."""
+        scope = self.env.get("LIGHTPATH_POD_ID") or self.env.get("LIGHTPATH_SWITCH_ID") or ""
+        return service_principal(self.service, scope)
 
 
 def default_topology() -> list[ProcessSpec]:
@@ -126,8 +143,6 @@ def default_topology() -> list[ProcessSpec]:
             "core_broker",
             50081,
             env={
-                # a well-known token for the local stack only (`lightpath cores`, the demo)
-                "LIGHTPATH_CB_OPERATOR_TOKEN": "lightpath-local-operator",
                 # wide enough that the demo's concurrent requests share a batch (CB-5)
                 "LIGHTPATH_CB_BATCH_WINDOW_MS": "20",
             },
@@ -155,26 +170,35 @@ def process_env(
 ) -> dict[str, str]:
     """The LIGHTPATH_* variables one process gets (host: how peers are reached)."""
     ports = {s.name: s.port for s in specs}
-    env = {"LIGHTPATH_REDIS_URL": redis_url, "LIGHTPATH_LISTEN": f"[::]:{spec.port}", **spec.env}
+    bind = "0.0.0.0" if host == "compose" else "127.0.0.1"
+    env = {"LIGHTPATH_REDIS_URL": redis_url, "LIGHTPATH_LISTEN": f"{bind}:{spec.port}", **spec.env}
     for var, peer in spec.peers.items():
         env[var] = f"{peer if host == 'compose' else host}:{ports[peer]}"
     return env
 
 
-def health_status(address: str, service: str = "", timeout: float = 2.0) -> str:
-    """SERVING / NOT_SERVING / UNREACHABLE for one endpoint (sync: usable anywhere)."""
+def health_status(
+    address: str,
+    service: str = "",
+    timeout: float = 2.0,
+    credentials: Credentials | None = None,
+) -> str:
+    """SERVING / NOT_SERVING / UNREACHABLE for one endpoint (sync: usable anywhere),
+    over TLS with `credentials` (default: `Credentials.default()`)."""
+    creds = Credentials.default() if credentials is None else credentials
+    channel_creds = creds.channel_credentials()
     try:
-        with grpc.insecure_channel(address) as ch:
+        with (
+            grpc.insecure_channel(address)
+            if channel_creds is None
+            else grpc.secure_channel(address, channel_creds)
+        ) as ch:
             resp = health_pb2_grpc.HealthStub(ch).Check(
                 health_pb2.HealthCheckRequest(service=service), timeout=timeout
             )
             return health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)
     except grpc.RpcError:
         return "UNREACHABLE"
-
-
-def default_state_dir() -> Path:
-    return Path(os.environ.get("LIGHTPATH_STATE_DIR", ".lightpath")).resolve()
 
 
 class StackError(RuntimeError):
@@ -192,16 +216,22 @@ class Stack:
         redis_url: str | None = None,
         redis_port: int = EMBEDDED_REDIS_PORT,
         extra_env: Mapping[str, str] | None = None,
+        tls: bool = True,
         log=print,
     ):
         self.state_dir = state_dir or default_state_dir()
         self.specs = specs or default_topology()
         self.redis_url = redis_url or os.environ.get("LIGHTPATH_REDIS_URL", "")
+        self.redis_password_file = (
+            "" if self.redis_url else str(self.secrets_dir / "redis.password")
+        )
         self.redis_port = redis_port
         self.extra_env = dict(extra_env or {})
+        self.tls = tls
         self.log = log
         self.redis: EmbeddedRedis | None = None
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.ca = LocalCA(pki_dir(self.state_dir))
 
     @property
     def endpoints(self) -> dict[str, str]:
@@ -211,36 +241,91 @@ class Stack:
     def state_file(self) -> Path:
         return self.state_dir / "stack.json"
 
+    @property
+    def secrets_dir(self) -> Path:
+        return self.state_dir / "secrets"
+
+    @property
+    def operator(self) -> Credentials:
+        """The operator's credentials on this stack (what the CLI uses by default)."""
+        return Credentials.local(Principal(OPERATOR, OPERATOR), self.state_dir, tls=self.tls)
+
     def start(self, timeout: float = 60.0) -> None:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         (self.state_dir / "logs").mkdir(exist_ok=True)
         try:
             if not self.redis_url:
-                self.redis = EmbeddedRedis(self.state_dir / "redis", port=self.redis_port)
+                password = _secret_file(Path(self.redis_password_file))
+                self.redis = EmbeddedRedis(
+                    self.state_dir / "redis", port=self.redis_port, password=password
+                )
                 self.redis_url = self.redis.start()
                 self.log(
-                    f"redis            {self.redis_url}  (embedded, AOF in {self.state_dir / 'redis'})"
+                    f"redis            {self.redis_url}  (embedded, password in "
+                    f"{self.redis_password_file}, AOF in {self.state_dir / 'redis'})"
                 )
+            self._issue_identities()
             for spec in self.specs:
                 self._spawn(spec)
             self._wait_healthy(timeout)
         except BaseException:
             self.stop()
             raise
-        self.state_file.write_text(
+        _write_private(
+            self.state_file,
             json.dumps(
                 {
                     "pid": os.getpid(),
                     "redis_url": self.redis_url,
+                    "redis_password_file": self.redis_password_file,
+                    "tls": self.tls,
                     "endpoints": self.endpoints,
                     "started_at": time.time(),
                 },
                 indent=2,
-            )
+            ),
         )
 
+    def _issue_identities(self) -> None:
+        """Certificates (TLS) or bearer tokens (plaintext) for every process and the operator."""
+        principals = [Principal(OPERATOR, OPERATOR), *(s.principal for s in self.specs)]
+        self.ca.ensure()
+        if self.tls:
+            for p in principals:
+                self.ca.issue(p)
+            return
+        import asyncio
+
+        asyncio.run(
+            issue_local_tokens(self.state_dir, self.redis_url, self.redis_password_file, principals)
+        )
+
+    def _security_env(self, spec: ProcessSpec) -> dict[str, str]:
+        env = {"LIGHTPATH_AUDIT_LOG": str(self.state_dir / "audit" / f"{spec.name}.jsonl")}
+        if self.redis_password_file:
+            env["LIGHTPATH_REDIS_PASSWORD_FILE"] = self.redis_password_file
+        if self.tls:
+            files = self.ca.paths(spec.principal)
+            env.update(
+                LIGHTPATH_TLS_CERT=str(files.cert),
+                LIGHTPATH_TLS_KEY=str(files.key),
+                LIGHTPATH_TLS_CA=str(files.ca),
+                LIGHTPATH_PLAINTEXT="false",
+            )
+        else:
+            env.update(
+                LIGHTPATH_PLAINTEXT="true",
+                LIGHTPATH_TOKEN_FILE=str(token_path(self.state_dir, spec.principal)),
+            )
+        return env
+
     def _spawn(self, spec: ProcessSpec) -> None:
-        env = {**os.environ, **self.extra_env, **process_env(spec, self.specs, self.redis_url)}
+        env = {
+            **os.environ,
+            **self.extra_env,
+            **process_env(spec, self.specs, self.redis_url),
+            **self._security_env(spec),
+        }
         env.setdefault("LIGHTPATH_INSTANCE_ID", spec.name)
         env.setdefault("LIGHTPATH_LOG_FORMAT", "json")
         logfile = open(self.state_dir / "logs" / f"{spec.name}.log", "ab")
@@ -260,10 +345,12 @@ class Stack:
     def _wait_healthy(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         pending = {s.name: s for s in self.specs}
+        creds = self.operator
         while pending:
             for name, spec in list(pending.items()):
                 self._check_alive(name)
-                if health_status(f"127.0.0.1:{spec.port}", timeout=0.5) == "SERVING":
+                status = health_status(f"127.0.0.1:{spec.port}", timeout=0.5, credentials=creds)
+                if status == "SERVING":
                     del pending[name]
             if pending and time.monotonic() > deadline:
                 raise StackError(
@@ -331,6 +418,8 @@ class StackInfo:
     pid: int
     redis_url: str
     endpoints: dict[str, str]
+    redis_password_file: str = ""
+    tls: bool = True
 
 
 def running_stack(state_dir: Path | None = None) -> StackInfo | None:
@@ -341,7 +430,13 @@ def running_stack(state_dir: Path | None = None) -> StackInfo | None:
         os.kill(int(data["pid"]), 0)
     except (FileNotFoundError, ValueError, KeyError, ProcessLookupError, PermissionError):
         return None
-    return StackInfo(int(data["pid"]), data["redis_url"], dict(data["endpoints"]))
+    return StackInfo(
+        int(data["pid"]),
+        data["redis_url"],
+        dict(data["endpoints"]),
+        data.get("redis_password_file", ""),
+        bool(data.get("tls", True)),
+    )
 
 
 def endpoint(name: str, env_var: str, state_dir: Path | None = None) -> str:
@@ -357,19 +452,86 @@ def endpoint(name: str, env_var: str, state_dir: Path | None = None) -> str:
     raise KeyError(name)
 
 
+def _write_private(path: Path, text: str) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def _secret_file(path: Path) -> str:
+    """The secret kept in `path`, made (256 random bits, 0600) on first use."""
+    import secrets
+
+    if path.exists():
+        return path.read_text().strip()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    os.chmod(path.parent, 0o700)
+    value = secrets.token_urlsafe(32)
+    _write_private(path, value + "\n")
+    return value
+
+
+async def issue_local_tokens(
+    state_dir: Path, redis_url: str, password_file: str, principals: list[Principal]
+) -> dict[Principal, str]:
+    """Bearer tokens for `principals`, registered in the stack's Redis and kept 0600 beside the
+    certificates (a plaintext stack's identities; `lightpath tenant create --token`)."""
+    from lightpath.security.tokens import TokenRegistry
+
+    client = local_redis(redis_url, password_file)
+    try:
+        registry = TokenRegistry(client)
+        out = {}
+        for p in principals:
+            _, token = await registry.issue(p)
+            _write_private(token_path(state_dir, p), token + "\n")
+            out[p] = token
+        return out
+    finally:
+        await client.aclose()
+
+
+def local_redis(redis_url: str, password_file: str):
+    """An async client of the local stack's Redis, with its password."""
+    import redis.asyncio as aioredis
+
+    password = Path(password_file).read_text().strip() if password_file else None
+    return aioredis.Redis.from_url(redis_url, password=password, decode_responses=True)
+
+
 @contextlib.contextmanager
 def ensure_stack(state_dir: Path | None = None, log=print) -> Iterator[dict[str, str]]:
     """Endpoints of the running stack, or of a private one started (on free ports) for the block."""
     stack = running_stack(state_dir)
     if stack is not None:
         log(f"using the running stack (pid {stack.pid})")
-        yield stack.endpoints
+        with _state_dir_env(state_dir or default_state_dir()):
+            yield stack.endpoints
         return
     import tempfile
 
     with tempfile.TemporaryDirectory(prefix="lightpath-demo-") as tmp:
         log("no stack running: starting one on free ports for this run")
-        with Stack(
-            Path(tmp), specs=with_ephemeral_ports(default_topology()), redis_port=0, log=log
-        ) as st:
+        with (
+            Stack(
+                Path(tmp), specs=with_ephemeral_ports(default_topology()), redis_port=0, log=log
+            ) as st,
+            _state_dir_env(Path(tmp)),
+        ):
             yield st.endpoints
+
+
+@contextlib.contextmanager
+def _state_dir_env(state_dir: Path) -> Iterator[None]:
+    """Clients in this process find the stack's credentials (Credentials.default) for the block."""
+    saved = os.environ.get("LIGHTPATH_STATE_DIR")
+    os.environ["LIGHTPATH_STATE_DIR"] = str(state_dir)
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("LIGHTPATH_STATE_DIR", None)
+        else:
+            os.environ["LIGHTPATH_STATE_DIR"] = saved

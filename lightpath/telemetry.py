@@ -121,7 +121,13 @@ class _ClientTelemetry:
     """Shared body of the four aio client interceptors: span, context injection,
     default deadline for calls that return one response."""
 
-    def __init__(self, tracer_provider: TracerProvider | None, default_timeout: float | None):
+    def __init__(
+        self,
+        tracer_provider: TracerProvider | None,
+        default_timeout: float | None,
+        extra_metadata: tuple[tuple[str, str], ...] = (),
+    ):
+        self._extra = extra_metadata
         self._tracer = (tracer_provider or trace.get_tracer_provider()).get_tracer(
             TRACER_NAME, __version__
         )
@@ -137,7 +143,7 @@ class _ClientTelemetry:
         span = self._tracer.start_span(named[0], kind=SpanKind.CLIENT, attributes=named[1])
         carrier: dict[str, str] = {}
         propagate.inject(carrier, context=trace.set_span_in_context(span))
-        metadata = grpc.aio.Metadata(*(tuple(details.metadata or ())))
+        metadata = grpc.aio.Metadata(*(tuple(details.metadata or ())), *self._extra)
         for k, v in carrier.items():
             metadata[k] = v
         timeout = details.timeout
@@ -232,9 +238,12 @@ class _StreamStream(_ClientTelemetry, grpc.aio.StreamStreamClientInterceptor):
 
 
 def client_interceptors(
-    tracer_provider: TracerProvider | None = None, default_timeout: float | None = 10.0
+    tracer_provider: TracerProvider | None = None,
+    default_timeout: float | None = 10.0,
+    extra_metadata: tuple[tuple[str, str], ...] = (),
 ) -> list[grpc.aio.ClientInterceptor]:
+    """Tracing and default deadlines; `extra_metadata` (a bearer token) goes on every call."""
     return [
-        cls(tracer_provider, default_timeout)
+        cls(tracer_provider, default_timeout, extra_metadata)
         for cls in (_UnaryUnary, _UnaryStream, _StreamUnary, _StreamStream)
     ]

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
@@ -21,6 +22,32 @@ settings.register_profile(
     "lightpath", deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 settings.load_profile("lightpath")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def operator_credentials() -> Iterator[None]:
+    """Every channel a test opens presents the operator's certificate from the test CA
+    (through LIGHTPATH_TLS_*, as a deployment would set them), unless it asks for another."""
+    from tests.helpers import identity
+
+    files = identity("operator:operator")
+    saved = {k: os.environ.get(k) for k in _TLS_ENV}
+    os.environ.update(
+        {
+            "LIGHTPATH_TLS_CA": str(files.ca),
+            "LIGHTPATH_TLS_CERT": str(files.cert),
+            "LIGHTPATH_TLS_KEY": str(files.key),
+        }
+    )
+    yield
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+_TLS_ENV = ("LIGHTPATH_TLS_CA", "LIGHTPATH_TLS_CERT", "LIGHTPATH_TLS_KEY")
 
 
 @pytest.fixture(scope="session")

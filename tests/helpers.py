@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Mapping
+from pathlib import Path
 from typing import Any
 
 from opentelemetry.sdk.trace import TracerProvider
 
+from lightpath.security.identity import Principal, service_principal
+from lightpath.security.pki import IssuedFiles, LocalCA
 from services.common.server import RunningService, running
 from services.common.settings import CommonSettings, load
 
@@ -33,6 +36,58 @@ def settings_class(service: str) -> type[CommonSettings]:
     return found[0]
 
 
+_CA: LocalCA | None = None
+
+
+def test_ca() -> LocalCA:
+    """This test process's CA (made once per xdist worker; tests/conftest.py puts
+    the operator's certificate in the environment, so every channel the tests open
+    is mTLS as the operator unless a test asks for another identity)."""
+    global _CA
+    if _CA is None:
+        import atexit
+        import shutil
+        import tempfile
+
+        directory = tempfile.mkdtemp(prefix="lightpath-test-pki-")
+        atexit.register(shutil.rmtree, directory, True)
+        _CA = LocalCA(Path(directory), common_name="Lightpath test CA").ensure()
+    return _CA
+
+
+def identity(principal: Principal | str) -> IssuedFiles:
+    """Certificate files of `principal` (`tenant:acme`, ...) from the test CA."""
+    if isinstance(principal, str):
+        principal = Principal.parse(principal)
+    return test_ca().issue(principal)
+
+
+def credentials(principal: Principal | str, *, token: str = ""):
+    """Client credentials of `principal` for `lightpath.client.channel(..., credentials=...)`."""
+    from lightpath.security.credentials import Credentials
+
+    files = identity(principal)
+    return Credentials.from_files(files.ca, files.cert, files.key, token=token)
+
+
+def service_identity(service: str, env: Mapping[str, str]) -> Principal:
+    """The principal a service process of the local stack has: scoped by its pod or switch."""
+    if service in ("workload_scheduler", "ocs_manager"):
+        return service_principal(service, env.get("LIGHTPATH_POD_ID", "pod-1"))
+    if service == "agg_switch":
+        return service_principal(service, env.get("LIGHTPATH_SWITCH_ID", "root"))
+    return service_principal(service)
+
+
+def tls_env(principal: Principal) -> dict[str, str]:
+    files = identity(principal)
+    return {
+        "LIGHTPATH_TLS_CERT": str(files.cert),
+        "LIGHTPATH_TLS_KEY": str(files.key),
+        "LIGHTPATH_TLS_CA": str(files.ca),
+    }
+
+
 @contextlib.asynccontextmanager
 async def serve(
     service: str,
@@ -42,14 +97,20 @@ async def serve(
     tracer_provider: TracerProvider | None = None,
     grace: float | None = 0.5,
 ) -> AsyncIterator[RunningService]:
-    """Run `service` as its __main__ would, but in-process on an ephemeral port."""
+    """Run `service` as its __main__ would, but in-process on an ephemeral port, with
+    TLS and its own certificate from the test CA (unless `env` says otherwise)."""
     import importlib
 
     build: Any = importlib.import_module(f"services.{service}.server").build
-    settings = load(
-        settings_class(service),
-        {"LIGHTPATH_REDIS_URL": redis_url, "LIGHTPATH_LISTEN": "127.0.0.1:0", **(env or {})},
-    )
+    env = dict(env or {})
+    base = {
+        "LIGHTPATH_REDIS_URL": redis_url,
+        "LIGHTPATH_LISTEN": "127.0.0.1:0",
+        "LIGHTPATH_AUDIT_LOG": "",
+    }
+    if env.get("LIGHTPATH_PLAINTEXT", "").lower() not in {"1", "true", "yes", "on"}:
+        base.update(tls_env(service_identity(service, env)))
+    settings = load(settings_class(service), {**base, **env})
     async with running(
         service, settings, build, tracer_provider=tracer_provider, grace=grace
     ) as svc:

@@ -654,7 +654,11 @@ def _register(servicer: AggSwitchServicer, server: grpc.aio.Server) -> None:
 
 async def build(runtime: Runtime[AggSwitchSettings]) -> list[ServiceDefinition]:
     settings = runtime.settings
-    binary = redis_store.connect(settings.redis_url, decode_responses=False)
+    binary = redis_store.connect(
+        settings.redis_url,
+        decode_responses=False,
+        password=redis_store.read_password(settings.redis_password_file),
+    )
 
     async def close_binary() -> None:
         await binary.aclose()

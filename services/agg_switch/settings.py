@@ -51,7 +51,7 @@ def _parse_idle_s(raw: str) -> float:
 @dataclass(frozen=True)
 class AggSwitchSettings(CommonSettings):
     listen: str = setting(
-        "LIGHTPATH_LISTEN", "[::]:50091", "gRPC listen address", parse=parse_address
+        "LIGHTPATH_LISTEN", "127.0.0.1:50091", "gRPC listen address", parse=parse_address
     )
     switch_id: str = setting(
         "LIGHTPATH_SWITCH_ID", "root", "this switch's id in the aggregation tree", parse=parse_id

@@ -29,6 +29,7 @@ from lightpath.errors import (
     LightpathError,
     Unavailable,
 )
+from lightpath.security.credentials import Credentials
 from lightpath.v1 import common_pb2, workload_scheduler_pb2, workload_scheduler_pb2_grpc
 
 REFUSALS = frozenset(
@@ -102,8 +103,15 @@ def classify(pod_id: str, err: grpc.aio.AioRpcError) -> PodCallError:
 class PodClients:
     """One channel per workload scheduler endpoint, closed with the cell."""
 
-    def __init__(self, tracer_provider: TracerProvider | None, *, max_attempts: int = 2):
+    def __init__(
+        self,
+        tracer_provider: TracerProvider | None,
+        credentials: Credentials,
+        *,
+        max_attempts: int = 2,
+    ):
         self._tracer_provider = tracer_provider
+        self._credentials = credentials
         self._max_attempts = max_attempts
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._stubs: dict[str, workload_scheduler_pb2_grpc.WorkloadSchedulerStub] = {}
@@ -115,6 +123,7 @@ class PodClients:
                 endpoint,
                 tracer_provider=self._tracer_provider,
                 max_attempts=self._max_attempts,
+                credentials=self._credentials,
             )
             self._channels[endpoint] = ch
             stub = self._stubs[endpoint] = workload_scheduler_pb2_grpc.WorkloadSchedulerStub(ch)

@@ -7,7 +7,7 @@ import re
 from google.protobuf.timestamp_pb2 import Timestamp
 from opentelemetry import trace
 
-from lightpath.errors import FieldViolation, InvalidArgument
+from lightpath.errors import FieldViolation, InvalidArgument, NotFound, PermissionDenied
 from lightpath.v1 import cell_scheduler_pb2, cell_scheduler_pb2_grpc, common_pb2
 from services.cell_scheduler.cell import CellScheduler, JobView
 from services.cell_scheduler.podclient import PodClients
@@ -16,6 +16,7 @@ from services.cell_scheduler.settings import CellSchedulerSettings, node_flops
 from services.cell_scheduler.store import CellStore
 from services.cell_scheduler.watch import watch_job, watch_pod
 from services.common import paging
+from services.common.auth import require_service_scope, require_tenant_field, tenant_scope
 from services.common.enums import enum_name
 from services.common.keys import ID_RULE, is_valid_id, require_ids
 from services.common.server import Runtime, ServiceDefinition
@@ -105,7 +106,27 @@ class CellSchedulerServicer(cell_scheduler_pb2_grpc.CellSchedulerServicer):
             node_flops=self._rt.settings.node_flops,
         )
 
+    async def _own_job(self, job_id: str) -> None:
+        """A tenant may touch only its own jobs; another tenant's is NOT_FOUND to it."""
+        own = tenant_scope()
+        if own is None:
+            return
+        record = await self._cell.store.job(job_id)
+        if record is None or record.tenant != own:
+            raise NotFound("job", job_id)
+
     async def SubmitJob(self, request, context) -> cell_scheduler_pb2.SubmitJobResponse:
+        own = tenant_scope()
+        if own is not None:
+            # The tenant of a job comes from the credential, never from the request.
+            request.tenant = require_tenant_field(request.tenant)
+            if request.spec.job_id and is_valid_id(request.spec.job_id):
+                existing = await self._cell.store.job(request.spec.job_id)
+                if existing is not None and existing.tenant != own:
+                    raise PermissionDenied(
+                        f"job id {request.spec.job_id!r} is taken by another tenant; choose another",
+                        reason="JOB_ID_TAKEN",
+                    )
         _note(job_id=request.spec.job_id, tenant=request.tenant or "default")
         result = await self._cell.submit(request)
         _note(pod_id=result.record.pod, state=result.record.state, created=result.created)
@@ -121,6 +142,7 @@ class CellSchedulerServicer(cell_scheduler_pb2_grpc.CellSchedulerServicer):
     async def GetJob(self, request, context) -> cell_scheduler_pb2.CellJob:
         require_ids(job_id=request.job_id)
         _note(job_id=request.job_id)
+        await self._own_job(request.job_id)
         return cell_job_pb(
             self._cell, await self._cell.get(request.job_id, include_rings=request.include_rings)
         )
@@ -129,6 +151,7 @@ class CellSchedulerServicer(cell_scheduler_pb2_grpc.CellSchedulerServicer):
         require_ids(
             **{k: v for k, v in (("tenant", request.tenant), ("pod_id", request.pod_id)) if v}
         )
+        tenant = require_tenant_field(request.tenant)
         size = paging.page_size(request.page_size)
         before = paging.token_int(request.page_token)
         states = {
@@ -136,7 +159,7 @@ class CellSchedulerServicer(cell_scheduler_pb2_grpc.CellSchedulerServicer):
             for i, s in enumerate(request.states)
         }
         views, more = await self._cell.list_jobs(
-            tenant=request.tenant,
+            tenant=tenant,
             states=states,
             pod_id=request.pod_id,
             page_size=size,
@@ -150,16 +173,19 @@ class CellSchedulerServicer(cell_scheduler_pb2_grpc.CellSchedulerServicer):
     async def CompleteJob(self, request, context) -> cell_scheduler_pb2.CellJob:
         require_ids(job_id=request.job_id)
         _note(job_id=request.job_id)
+        await self._own_job(request.job_id)
         return cell_job_pb(self._cell, await self._cell.complete(request.job_id))
 
     async def CancelJob(self, request, context) -> cell_scheduler_pb2.CellJob:
         require_ids(job_id=request.job_id)
         _note(job_id=request.job_id)
+        await self._own_job(request.job_id)
         return cell_job_pb(self._cell, await self._cell.cancel(request.job_id, request.reason))
 
     async def WatchJob(self, request, context):
         require_ids(job_id=request.job_id)
         _note(job_id=request.job_id)
+        await self._own_job(request.job_id)
         async for event in watch_job(self._cell, request.job_id):
             yield event
 
@@ -188,10 +214,12 @@ class CellSchedulerServicer(cell_scheduler_pb2_grpc.CellSchedulerServicer):
 
     async def RegisterPod(self, request, context) -> cell_scheduler_pb2.Pod:
         _note(pod_id=request.pod.pod_id)
+        require_service_scope("workload_scheduler", request.pod.pod_id, "pod")
         return await self._cell.register(request.pod)
 
     async def ReportPodStatus(self, request, context) -> cell_scheduler_pb2.ReportPodStatusResponse:
         require_ids(pod_id=request.pod_id)
+        require_service_scope("workload_scheduler", request.pod_id, "pod")
         _check_report(request)
         _note(pod_id=request.pod_id, transitions=len(request.transitions))
         return await self._cell.report(request)
@@ -199,7 +227,7 @@ class CellSchedulerServicer(cell_scheduler_pb2_grpc.CellSchedulerServicer):
 
 async def build(runtime: Runtime[CellSchedulerSettings]) -> list[ServiceDefinition]:
     settings = runtime.settings
-    pods = PodClients(runtime.tracer_provider)
+    pods = PodClients(runtime.tracer_provider, runtime.credentials)
     runtime.on_stop(pods.close)
     cell = CellScheduler(
         store=CellStore(runtime.redis),

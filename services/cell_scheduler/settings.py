@@ -41,7 +41,7 @@ def node_flops(raw: str) -> dict[str, float]:
 @dataclass(frozen=True)
 class CellSchedulerSettings(CommonSettings):
     listen: str = setting(
-        "LIGHTPATH_LISTEN", "[::]:50051", "gRPC listen address", parse=parse_address
+        "LIGHTPATH_LISTEN", "127.0.0.1:50051", "gRPC listen address", parse=parse_address
     )
     pod_timeout_s: float = setting(
         "LIGHTPATH_CELL_POD_TIMEOUT_S",

@@ -15,17 +15,38 @@ import time
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
+from redis.exceptions import (
+    AuthenticationError,
+    AuthenticationWrongNumberOfArgsError,
+    ResponseError,
+)
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from services.common.errors import Unavailable
 
 
+def read_password(path: str) -> str | None:
+    """The Redis password kept in `path` (LIGHTPATH_REDIS_PASSWORD_FILE), None when unset."""
+    if not path:
+        return None
+    from pathlib import Path
+
+    return Path(path).read_text().strip()
+
+
 def connect(
-    url: str, *, decode_responses: bool = True, max_connections: int = 64
+    url: str,
+    *,
+    decode_responses: bool = True,
+    max_connections: int = 64,
+    password: str | None = None,
 ) -> aioredis.Redis:
+    """A client of `url`; `password` (from a file, not the URL) overrides the URL's."""
+    extra = {"password": password} if password else {}
     return aioredis.Redis.from_url(
         url,
+        **extra,
         decode_responses=decode_responses,
         retry=Retry(ExponentialBackoff(cap=1.0, base=0.02), retries=6),
         retry_on_error=[RedisConnectionError, RedisTimeoutError],
@@ -42,6 +63,19 @@ async def wait_ready(client: aioredis.Redis, timeout: float = 10.0) -> None:
         try:
             await client.ping()
             return
+        except (AuthenticationError, AuthenticationWrongNumberOfArgsError) as exc:
+            raise Unavailable(
+                f"Redis refused this client's credentials ({exc}): give the password in "
+                "LIGHTPATH_REDIS_PASSWORD_FILE, or in LIGHTPATH_REDIS_URL as "
+                "redis://[user]:PASSWORD@host:port/db"
+            ) from exc
+        except ResponseError as exc:
+            if "NOAUTH" not in str(exc) and "NOPERM" not in str(exc):
+                raise
+            raise Unavailable(
+                f"Redis needs a password ({exc}): give it in LIGHTPATH_REDIS_PASSWORD_FILE, "
+                "or in LIGHTPATH_REDIS_URL as redis://[user]:PASSWORD@host:port/db"
+            ) from exc
         except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
             if time.monotonic() >= deadline:
                 kw = client.connection_pool.connection_kwargs

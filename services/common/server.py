@@ -28,9 +28,13 @@ from opentelemetry.sdk.trace import TracerProvider
 
 from lightpath import __version__
 from lightpath.client import channel as client_channel
+from lightpath.security.credentials import Credentials
+from lightpath.security.tokens import TokenRegistry
 from lightpath.telemetry import configure_metrics, configure_tracing
 from lightpath.v1 import common_pb2
-from services.common import redis_store
+from services.common import redis_store, tls
+from services.common.audit import AuditLog
+from services.common.auth import Guard
 from services.common.settings import CommonSettings, SettingsError, load
 from services.common.telemetry import ServerInterceptor, configure_logging
 
@@ -87,10 +91,15 @@ def create_server(
     *,
     tracer_provider: TracerProvider | None = None,
     interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
+    credentials: grpc.ServerCredentials | None = None,
+    guard: Guard | None = None,
 ) -> tuple[Server, int]:
-    """Build (not start) a server for `services` on `address`; `[::]:0` binds an ephemeral port."""
+    """Build (not start) a server for `services` on `address`; `127.0.0.1:0` binds an
+    ephemeral port. With `credentials` it serves TLS; with a `guard` every call is
+    authenticated, authorized and audited (services.common.auth)."""
     server = grpc.aio.server(
-        interceptors=[ServerInterceptor(tracer_provider), *interceptors], options=GRPC_OPTIONS
+        interceptors=[ServerInterceptor(tracer_provider, guard), *interceptors],
+        options=GRPC_OPTIONS,
     )
     for svc in services:
         svc.register(svc.servicer, server)
@@ -100,7 +109,10 @@ def create_server(
     reflection.enable_server_reflection(
         [*names, health.SERVICE_NAME, reflection.SERVICE_NAME], server
     )
-    port = server.add_insecure_port(address)
+    if credentials is None:
+        port = server.add_insecure_port(address)
+    else:
+        port = server.add_secure_port(address, credentials)
     if port == 0:
         raise OSError(f"cannot listen on {address}")
     return Server(server, health_servicer, names), port
@@ -116,6 +128,8 @@ class Runtime(Generic[S]):
     redis: aioredis.Redis
     tracer_provider: TracerProvider
     instance_id: str
+    guard: Guard
+    credentials: Credentials = field(default_factory=Credentials)
     started_at: datetime = field(default_factory=lambda: datetime.now(UTC))
     port: int = 0
     _tasks: set[asyncio.Task] = field(default_factory=set)
@@ -140,7 +154,9 @@ class Runtime(Generic[S]):
         return task
 
     def channel(self, address: str, **kwargs: Any) -> grpc.aio.Channel:
-        """A traced channel to a peer service, closed at shutdown."""
+        """A traced channel to a peer service, with this service's own credentials
+        (its certificate: mTLS), closed at shutdown."""
+        kwargs.setdefault("credentials", self.credentials)
         ch = client_channel(address, tracer_provider=self.tracer_provider, **kwargs)
         self._channels.append(ch)
         return ch
@@ -222,22 +238,55 @@ async def running(
         instance_id=instance_id,
         set_global=False,
     )
+    tls.check(settings)
+    server_credentials = tls.server_credentials(settings)
+    credentials = tls.client_credentials(settings)
     own_redis = redis_client is None
-    client = redis_client or redis_store.connect(settings.redis_url)
+    client = redis_client or redis_store.connect(
+        settings.redis_url, password=redis_store.read_password(settings.redis_password_file)
+    )
     await redis_store.wait_ready(client)
-    runtime = Runtime(service, settings, client, provider, instance_id)
+    audit = AuditLog(service, instance_id, settings.audit_log, settings.audit_level)
+    guard = Guard(
+        service,
+        scope=str(getattr(settings, "pod_id", "") or getattr(settings, "switch_id", "")),
+        verifiers=[TokenRegistry(client)],
+        audit=audit,
+    )
+    runtime = Runtime(service, settings, client, provider, instance_id, guard, credentials)
     server: Server | None = None
     try:
         definitions = await build(runtime)
-        server, port = create_server(settings.listen, definitions, tracer_provider=provider)
+        server, port = create_server(
+            settings.listen,
+            definitions,
+            tracer_provider=provider,
+            credentials=server_credentials,
+            guard=guard,
+        )
         runtime.port = port
         await server.start()
-        log.info("%s serving on port %d", service, port, extra={"port": port})
+        host = settings.listen.rpartition(":")[0]
+        security = (
+            "plaintext, loopback only"
+            if server_credentials is None
+            else "TLS, client certificates "
+            + ("required" if settings.tls_client_auth == "require" else "not asked for")
+        )
+        log.info(
+            "%s serving on %s:%d (%s)",
+            service,
+            host,
+            port,
+            security,
+            extra={"port": port, "bind": host, "security": security},
+        )
         yield RunningService(port, runtime, server)
     finally:
         if server is not None:
             await server.stop(settings.shutdown_grace_s if grace is None else grace)
         await runtime.close()
+        audit.close()
         if own_redis:
             await client.aclose()
 
@@ -272,6 +321,11 @@ def main(service: str, settings_cls: type[S], build: Build, argv: list[str] | No
             instance_id=instance_id,
         )
     except RuntimeError as exc:
+        print(f"lightpath {service}: bad configuration: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    try:
+        tls.check(settings)
+    except tls.TransportError as exc:
         print(f"lightpath {service}: bad configuration: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
 

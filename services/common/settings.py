@@ -161,11 +161,53 @@ class CommonSettings:
         "Redis holding all shared state",
         parse=parse_redis_url,
     )
+    redis_password_file: str = setting(
+        "LIGHTPATH_REDIS_PASSWORD_FILE",
+        "",
+        "file holding the Redis password (AUTH / requirepass); overrides a password in the URL",
+    )
     listen: str = setting(
         "LIGHTPATH_LISTEN",
-        "[::]:0",
+        "127.0.0.1:0",
         "gRPC listen address; port 0 picks a free one",
         parse=parse_address,
+    )
+    tls_cert: str = setting(
+        "LIGHTPATH_TLS_CERT", "", "PEM certificate this service serves with (and presents to peers)"
+    )
+    tls_key: str = setting("LIGHTPATH_TLS_KEY", "", "PEM private key of LIGHTPATH_TLS_CERT")
+    tls_ca: str = setting(
+        "LIGHTPATH_TLS_CA",
+        "",
+        "PEM CA certificate(s) that client and peer certificates must chain to",
+    )
+    tls_client_auth: str = setting(
+        "LIGHTPATH_TLS_CLIENT_AUTH",
+        "require",
+        "require: every caller presents a certificate from LIGHTPATH_TLS_CA (mTLS; a bearer token "
+        "may still name the caller); none: server-only TLS, callers authenticate by bearer token",
+        parse=choice("require", "none"),
+    )
+    plaintext: bool = setting(
+        "LIGHTPATH_PLAINTEXT",
+        False,
+        "serve without TLS (callers then authenticate by bearer token); allowed on loopback only",
+    )
+    token_file: str = setting(
+        "LIGHTPATH_TOKEN_FILE",
+        "",
+        "file holding this service's bearer token for calls to its peers",
+    )
+    audit_log: str = setting(
+        "LIGHTPATH_AUDIT_LOG",
+        "-",
+        "where the audit log goes: a file (JSON lines, appended), - for the log stream, empty for nowhere",
+    )
+    audit_level: str = setting(
+        "LIGHTPATH_AUDIT_LEVEL",
+        "metadata",
+        "none, metadata (who, what, outcome) or request (also the request body)",
+        parse=choice("none", "metadata", "request"),
     )
     log_level: str = setting(
         "LIGHTPATH_LOG_LEVEL",

@@ -3,6 +3,8 @@
 `ServerInterceptor` wraps every RPC of a service:
   * continues the caller's trace from gRPC metadata in a SERVER span;
   * records rpc.server.duration (OTel metrics, exported per OTEL_METRICS_EXPORTER);
+  * asks the service's Guard who is calling and whether they may (UNAUTHENTICATED /
+    PERMISSION_DENIED before the servicer runs), and writes the audit log;
   * turns a LightpathError into its gRPC status with google.rpc details, and any
     other exception into INTERNAL, logged with its trace id.
 
@@ -27,6 +29,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from lightpath import __version__
 from lightpath.telemetry import TRACER_NAME, _rpc_attributes
+from services.common.auth import Guard
 from services.common.errors import LightpathError, to_status_proto
 
 log = logging.getLogger("lightpath.rpc")
@@ -41,7 +44,8 @@ def current_trace_id() -> str:
 
 
 class ServerInterceptor(grpc.aio.ServerInterceptor):
-    def __init__(self, tracer_provider: TracerProvider | None = None):
+    def __init__(self, tracer_provider: TracerProvider | None = None, guard: Guard | None = None):
+        self._guard = guard
         self._tracer = (tracer_provider or trace.get_tracer_provider()).get_tracer(
             TRACER_NAME, __version__
         )
@@ -103,15 +107,19 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
             start = time.perf_counter()
             code = grpc.StatusCode.OK
             with self._span(method, context, traced) as span:
+                gate = _Gate(self._guard, method)
                 try:
+                    await gate.enter(context, span)
                     result = inner(request, context)
                     if inspect.isawaitable(result):
                         result = await result
                     return result
                 except Exception as exc:
                     code = _code_of(exc, context)
+                    gate.message = getattr(exc, "message", "")
                     await _abort_for(exc, span, method, context)
                 finally:
+                    gate.leave(code, request)
                     self._record(method, code, start)
 
         return behavior
@@ -121,7 +129,9 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
             start = time.perf_counter()
             code = grpc.StatusCode.OK
             with self._span(method, context, traced) as span:
+                gate = _Gate(self._guard, method)
                 try:
+                    await gate.enter(context, span)
                     result = inner(request, context)
                     if inspect.isasyncgen(result):
                         async for item in result:
@@ -133,8 +143,10 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
                             yield item
                 except Exception as exc:
                     code = _code_of(exc, context)
+                    gate.message = getattr(exc, "message", "")
                     await _abort_for(exc, span, method, context)
                 finally:
+                    gate.leave(code, request)
                     self._record(method, code, start)
 
         return behavior
@@ -144,6 +156,53 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
             (time.perf_counter() - start) * 1000.0,
             {"rpc.method": method, "rpc.grpc.status_code": code.name},
         )
+
+
+_DENIED = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED)
+
+
+class _Gate:
+    """One call's pass through the Guard: admit, bind the caller, audit on the way out."""
+
+    __slots__ = ("guard", "message", "method", "principal", "rule", "token")
+
+    def __init__(self, guard: Guard | None, method: str):
+        self.guard = guard
+        self.method = method
+        self.rule: Any = None
+        self.principal: Any = None
+        self.token: Any = None
+        self.message = ""
+
+    async def enter(self, context: grpc.aio.ServicerContext, span: trace.Span) -> None:
+        guard = self.guard
+        if guard is None:
+            return
+        rule = self.rule = guard.rule(self.method)
+        if not rule.public:
+            principal = self.principal = await guard.authenticate(context)
+            span.set_attribute("lightpath.principal", str(principal))
+            guard.authorize(self.method, rule, principal)
+        self.token = guard.bind(self.principal)
+
+    def leave(self, code: grpc.StatusCode, request: Any) -> None:
+        guard = self.guard
+        if guard is None:
+            return
+        if self.token is not None:
+            guard.unbind(self.token)
+        audit = guard.audit
+        if audit is None or not audit.enabled:
+            return
+        if (self.rule is not None and self.rule.audit) or code in _DENIED:
+            audit.record(
+                method=self.method,
+                principal=str(self.principal) if self.principal is not None else "anonymous",
+                code=code.name,
+                request=request,
+                trace_id=current_trace_id(),
+                message=self.message if code != grpc.StatusCode.OK else "",
+            )
 
 
 def _code_of(exc: BaseException, context: grpc.aio.ServicerContext) -> grpc.StatusCode:

@@ -54,7 +54,7 @@ def _positive_int(raw: str) -> int:
 @dataclass(frozen=True)
 class CoreBrokerSettings(CommonSettings):
     listen: str = setting(
-        "LIGHTPATH_LISTEN", "[::]:50081", "gRPC listen address", parse=parse_address
+        "LIGHTPATH_LISTEN", "127.0.0.1:50081", "gRPC listen address", parse=parse_address
     )
     operator_token: str = setting(
         "LIGHTPATH_CB_OPERATOR_TOKEN",

@@ -57,7 +57,7 @@ def _positive_int(raw: str) -> int:
 @dataclass(frozen=True)
 class OcsManagerSettings(CommonSettings):
     listen: str = setting(
-        "LIGHTPATH_LISTEN", "[::]:50062", "gRPC listen address", parse=parse_address
+        "LIGHTPATH_LISTEN", "127.0.0.1:50062", "gRPC listen address", parse=parse_address
     )
     pod_id: str = setting(
         "LIGHTPATH_POD_ID",

@@ -128,7 +128,10 @@ class CellReporter:
     def _stub(self) -> cell_scheduler_pb2_grpc.CellSchedulerStub:
         if self._channel is None:
             self._channel = channel(
-                self._settings.cell_addr, tracer_provider=self._rt.tracer_provider, max_attempts=1
+                self._settings.cell_addr,
+                tracer_provider=self._rt.tracer_provider,
+                max_attempts=1,
+                credentials=self._rt.credentials,
             )
         return cell_scheduler_pb2_grpc.CellSchedulerStub(self._channel)
 

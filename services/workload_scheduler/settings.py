@@ -31,7 +31,7 @@ def _non_negative_int(raw: str) -> int:
 @dataclass(frozen=True)
 class WorkloadSchedulerSettings(CommonSettings):
     listen: str = setting(
-        "LIGHTPATH_LISTEN", "[::]:50061", "gRPC listen address", parse=parse_address
+        "LIGHTPATH_LISTEN", "127.0.0.1:50061", "gRPC listen address", parse=parse_address
     )
     pod_id: str = setting(
         "LIGHTPATH_POD_ID", "pod-1", "the superpod this scheduler serves", parse=parse_id

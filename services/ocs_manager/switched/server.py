@@ -466,7 +466,11 @@ async def build_switched(runtime: Runtime[OcsManagerSettings]) -> list[ServiceDe
     reservations in Redis (binary client: the bitmaps are bytes)."""
     s = runtime.settings
     fabric = build_fabric(s.switched_config)
-    client = redis_store.connect(s.redis_url, decode_responses=False)
+    client = redis_store.connect(
+        s.redis_url,
+        decode_responses=False,
+        password=redis_store.read_password(s.redis_password_file),
+    )
     runtime.on_stop(client.aclose)
     store = SwitchedStore(client, s.pod_id, fabric)
     status = await store.ensure_fabric()

@@ -1,0 +1,97 @@
+"""Who a caller is.
+
+A principal is a kind and a name. It travels in a certificate as one URI
+subject alternative name, `spiffe://lightpath/<kind>/<name>` (SPIFFE's form,
+so a SPIRE or cert-manager CA can issue the same identities), or it is what a
+bearer token was issued to.
+
+Kinds:
+  service    one Lightpath process; the name is the service and, for services
+             that serve one superpod or one switch, its scope:
+             `workload_scheduler/pod-1`, `ocs_manager/pod-1`, `agg_switch/root`,
+             `cell_scheduler`, `core_broker`.
+  operator   a person or tool that runs the cell (`operator`, `alice`, ...).
+  tenant     a job system acting for one tenant; the name is the tenant.
+  application  a core_broker application (its id).
+  node       a compute node of an aggregation tree (its node id).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+TRUST_DOMAIN = "lightpath"
+
+SERVICE = "service"
+OPERATOR = "operator"
+TENANT = "tenant"
+APPLICATION = "application"
+NODE = "node"
+KINDS = (SERVICE, OPERATOR, TENANT, APPLICATION, NODE)
+
+# One name segment: what Lightpath ids allow (services.common.keys), so a
+# principal's name can be a tenant, pod, node or application id as it is.
+_SEGMENT = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+
+
+class IdentityError(ValueError):
+    """A kind or name that cannot be an identity; the message says the rule."""
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    kind: str
+    name: str
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise IdentityError(f"kind must be one of {', '.join(KINDS)}, not {self.kind!r}")
+        parts = self.name.split("/")
+        if not 1 <= len(parts) <= 2 or not all(_SEGMENT.match(p) for p in parts):
+            raise IdentityError(
+                f"name {self.name!r} must be one or two `/`-separated ids "
+                "(1-64 characters of A-Z a-z 0-9 . _ - each)"
+            )
+
+    @property
+    def uri(self) -> str:
+        return f"spiffe://{TRUST_DOMAIN}/{self.kind}/{self.name}"
+
+    def __str__(self) -> str:
+        return f"{self.kind}:{self.name}"
+
+    def is_service(self, service: str) -> bool:
+        """A process of `service` (any scope)."""
+        return self.kind == SERVICE and self.name.split("/")[0] == service
+
+    def scope(self) -> str:
+        """The pod or switch a service principal serves ('' for unscoped services)."""
+        _, _, scope = self.name.partition("/")
+        return scope
+
+    @classmethod
+    def parse(cls, text: str) -> Principal:
+        """`kind:name` (what `str()` gives, what settings and the CLI take)."""
+        kind, sep, name = text.partition(":")
+        if not sep:
+            raise IdentityError(f"{text!r} must look like kind:name, e.g. tenant:acme")
+        return cls(kind, name)
+
+
+def from_uri(uri: str) -> Principal | None:
+    """The principal of a `spiffe://lightpath/<kind>/<name>` URI, None for any other URI."""
+    prefix = f"spiffe://{TRUST_DOMAIN}/"
+    if not uri.startswith(prefix):
+        return None
+    kind, sep, name = uri[len(prefix) :].partition("/")
+    if not sep:
+        return None
+    try:
+        return Principal(kind, name)
+    except IdentityError:
+        return None
+
+
+def service_principal(service: str, scope: str = "") -> Principal:
+    return Principal(SERVICE, f"{service}/{scope}" if scope else service)

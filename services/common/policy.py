@@ -1,0 +1,176 @@
+"""Who may call what: one row per RPC of every Lightpath service.
+
+The server factory looks every call up here before the servicer runs
+(services.common.auth.Guard). A method with no row is refused, and
+tests/test_authorization.py walks every method of every service descriptor,
+so a new RPC cannot be served until it has its row.
+
+Roles:
+  operator, tenant, application, node   a principal of that kind
+  service:<name>                        a process of that Lightpath service
+Rows marked `same_scope` take a scoped service caller only from the same
+scope as this server: only the workload_scheduler of pod P reaches pod P's
+ocs_manager. Per-resource checks (a tenant's own jobs, a pod's own
+registration, a node's own chunks) are the servicers', through
+`services.common.auth.caller()`.
+
+`audit`: written to the audit log at Metadata level (every mutating call but
+the pods' heartbeats, which come every second and would drown the rest).
+Denied calls are always written.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from lightpath.security.identity import APPLICATION, NODE, OPERATOR, TENANT
+
+CELL = "service:cell_scheduler"
+WS = "service:workload_scheduler"
+AGG = "service:agg_switch"
+
+
+@dataclass(frozen=True)
+class Rule:
+    roles: frozenset[str] = frozenset()
+    public: bool = False  # anyone, even without a credential
+    audit: bool = False
+    same_scope: bool = False
+
+    def describe_roles(self) -> str:
+        return " or ".join(sorted(self.roles)) or "nobody"
+
+
+PUBLIC = Rule(public=True)
+
+
+def read(*roles: str, same_scope: bool = False) -> Rule:
+    return Rule(frozenset(roles), same_scope=same_scope)
+
+
+def write(*roles: str, same_scope: bool = False, audit: bool = True) -> Rule:
+    return Rule(frozenset(roles), audit=audit, same_scope=same_scope)
+
+
+_CELL = {
+    "GetInfo": PUBLIC,
+    "SubmitJob": write(TENANT, OPERATOR),
+    "GetJob": read(TENANT, OPERATOR),
+    "ListJobs": read(TENANT, OPERATOR),
+    "CompleteJob": write(TENANT, OPERATOR),
+    "CancelJob": write(TENANT, OPERATOR),
+    "WatchJob": read(TENANT, OPERATOR),
+    "ReportBlockHealth": write(OPERATOR),
+    "ListPods": read(OPERATOR),
+    "GetPod": read(OPERATOR),
+    "WatchPod": read(OPERATOR),
+    "RegisterPod": write(WS, OPERATOR),
+    "ReportPodStatus": write(WS, OPERATOR, audit=False),
+}
+
+_WS = {
+    "GetInfo": PUBLIC,
+    "AdmitJob": write(CELL, OPERATOR),
+    "GetJob": read(CELL, OPERATOR),
+    "ListJobs": read(CELL, OPERATOR),
+    "CompleteJob": write(CELL, OPERATOR),
+    "CancelJob": write(CELL, OPERATOR),
+    "ReportBlockHealth": write(CELL, OPERATOR),
+    "WatchJob": read(CELL, OPERATOR),
+    "WatchPod": read(CELL, OPERATOR),
+    "GetPod": read(CELL, OPERATOR),
+    "PlanRings": read(CELL, OPERATOR),
+}
+
+_OCS_READS = (
+    "GetFabric",
+    "PlanFabric",
+    "GetPortMap",
+    "GetSliceWiring",
+    "ListSlices",
+    "GetRoutingTable",
+    "ListSwitches",
+    "GetOneToManyStates",
+    "CheckInvariants",
+    "GetSwitchedFabric",
+    "GetRings",
+    "ListRingReservations",
+    "ListSwitchLinkUse",
+    "GetFreeUplinks",
+)
+_OCS_WRITES = (
+    "WireSlice",
+    "ReleaseSlice",
+    "ReplaceBlock",
+    "ReserveRings",
+    "ReleaseRings",
+    "SwapGroup",
+)
+_OCS = {
+    "GetInfo": PUBLIC,
+    **{m: read(WS, OPERATOR, same_scope=True) for m in _OCS_READS},
+    **{m: write(WS, OPERATOR, same_scope=True) for m in _OCS_WRITES},
+}
+
+_BROKER = {
+    "GetInfo": PUBLIC,
+    "RegisterDevice": write(OPERATOR),
+    "RemoveDevice": write(OPERATOR),
+    "RegisterApplication": write(OPERATOR),
+    "RemoveApplication": write(OPERATOR),
+    "SetLatencies": write(OPERATOR),
+    "ListDevices": read(APPLICATION, OPERATOR),
+    "QueryCapacity": read(APPLICATION, OPERATOR),
+    "Reserve": write(APPLICATION),
+    "BatchReserve": write(APPLICATION),
+    "GetReservation": read(APPLICATION, OPERATOR),
+    "ListReservations": read(APPLICATION, OPERATOR),
+    "ReleaseReservation": write(APPLICATION, OPERATOR),
+    "ExtendReservation": write(APPLICATION, OPERATOR),
+    "WatchReservations": read(APPLICATION, OPERATOR),
+    "PlanGraph": read(APPLICATION, OPERATOR),
+    "ReserveGraph": write(APPLICATION),
+    "ReportGraphMetrics": write(APPLICATION),
+    "GetGraphMetrics": read(APPLICATION, OPERATOR),
+}
+
+_AGG = {
+    "GetInfo": PUBLIC,
+    "DefineTopology": write(OPERATOR),
+    "GetTopology": read(OPERATOR, TENANT, NODE, AGG),
+    "StartCommand": write(OPERATOR, TENANT),
+    "GetCommand": read(OPERATOR, TENANT, NODE),
+    "ListCommands": read(OPERATOR, TENANT),
+    "ChooseTimeoutAggregator": read(OPERATOR, TENANT),
+    "PredictStragglers": read(OPERATOR, TENANT),
+    "GetHistory": read(OPERATOR, TENANT),
+    "ReportLoad": write(NODE, AGG, OPERATOR, audit=False),
+    "SetParameters": write(OPERATOR, TENANT),
+    "GetParameters": read(OPERATOR, TENANT, NODE),
+    "GetSwitchState": read(OPERATOR, AGG),
+    "JoinCommand": read(NODE),
+    "Contribute": read(NODE),
+    "Results": read(NODE),
+    "Relay": read(AGG),
+}
+
+RULES: dict[str, Rule] = {
+    f"/lightpath.v1.{service}/{method}": rule
+    for service, table in (
+        ("CellScheduler", _CELL),
+        ("WorkloadScheduler", _WS),
+        ("OcsManager", _OCS),
+        ("CoreBroker", _BROKER),
+        ("AggSwitch", _AGG),
+    )
+    for method, rule in table.items()
+}
+
+# Health checking and reflection: for load balancers, probes and grpcurl.
+PUBLIC_PREFIXES = ("/grpc.health.v1.", "/grpc.reflection.")
+
+
+def rule_for(method: str) -> Rule | None:
+    if method.startswith(PUBLIC_PREFIXES):
+        return PUBLIC
+    return RULES.get(method)
