@@ -13,7 +13,21 @@ the late data arriving on that stream and sends the final chunks up (AG-7).
 
 Failures are gRPC errors: DEADLINE_EXCEEDED when the command's deadline
 failed it (every waiting node hears it), INVALID_ARGUMENT for a vector of the
-wrong dtype or length, NOT_FOUND for an unknown command.
+wrong dtype or length, NOT_FOUND for an unknown command, PERMISSION_DENIED
+for a credential that is not this node's.
+
+Credentials: a compute node acts as itself. The switches accept JoinCommand,
+Contribute and Results only from a compute node's own identity
+(`spiffe://lightpath/node/<node id>`, or a bearer token issued to
+`node:<node id>`), for its own `node_id` and chunks, in commands it takes part
+in. Give `ComputeNode` that node's credentials:
+
+    creds = Credentials.from_files(ca, "node-n1.crt", "node-n1.key")
+    async with ComputeNode("n1", address, credentials=creds) as node: ...
+
+Without them it uses `Credentials.default()` (LIGHTPATH_TLS_* / the local
+stack's / a token), which is right when that is the node's own certificate.
+On a local stack, `local_node_credentials` issues nodes their own.
 
 Shared memory: when the leaf switch runs on the same host (it answers the
 node's ShmHello on the Results call and each side opens the other's probe),
@@ -30,8 +44,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -51,6 +66,7 @@ from lightpath.aggregation import (
 )
 from lightpath.client import channel as lp_channel
 from lightpath.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument
+from lightpath.security.credentials import Credentials
 from lightpath.v1 import agg_switch_pb2 as pb
 from lightpath.v1 import agg_switch_pb2_grpc
 
@@ -108,6 +124,11 @@ class ComputeNode:
 
     `transport`: "auto" uses shared memory with a leaf switch that proves it
     shares this host; "grpc" always sends bytes.
+
+    `credentials`: what every channel of this node presents. A compute node
+    presents its own node certificate (or a token issued to `node:<node_id>`):
+    the switches let a node join, contribute and read results only as itself.
+    None means `Credentials.default()`.
     """
 
     def __init__(
@@ -119,6 +140,7 @@ class ComputeNode:
         tracer_provider: TracerProvider | None = None,
         transport: str = "auto",
         shm_idle_s: float = 30.0,
+        credentials: Credentials | None = None,
     ):
         if transport not in TRANSPORTS:
             raise ValueError(f"transport must be one of {TRANSPORTS}, not {transport!r}")
@@ -127,6 +149,7 @@ class ComputeNode:
         self.transport = transport
         self._tp = tracer_provider
         self._management = management
+        self._credentials = credentials
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._shm_idle_s = shm_idle_s
         self._domain: ShmDomain | None = None
@@ -159,7 +182,10 @@ class ComputeNode:
         ch = self._channels.get(address)
         if ch is None:
             ch = self._channels[address] = lp_channel(
-                address, tracer_provider=self._tp, default_timeout=None
+                address,
+                tracer_provider=self._tp,
+                default_timeout=None,
+                credentials=self._credentials,
             )
         return ch
 
@@ -401,6 +427,9 @@ class ComputeNode:
                 yield agg_wire.encode_header(header, values[lo:hi])
 
 
+NodeCredentials = Callable[[str], "Credentials | None"]
+
+
 async def aggregate_all(
     management: str,
     command_id: str,
@@ -408,9 +437,22 @@ async def aggregate_all(
     *,
     delays: dict[str, float] | None = None,
     tracer_provider: TracerProvider | None = None,
+    credentials: NodeCredentials | None = None,
 ) -> dict[str, AggregationResult]:
-    """Run every compute node of `inputs` in this process (demo, tests, benchmark)."""
-    nodes = [ComputeNode(n, management, tracer_provider=tracer_provider) for n in inputs]
+    """Run every compute node of `inputs` in this process (demo, tests, benchmark).
+
+    `credentials(node_id)`: each node's own credentials (see `ComputeNode`), e.g. a
+    dict's `get`, or `local_node_credentials(...).get`; None: `Credentials.default()`
+    for all, which the switches accept only if it is a node's and there is one node."""
+    nodes = [
+        ComputeNode(
+            n,
+            management,
+            tracer_provider=tracer_provider,
+            credentials=credentials(n) if credentials is not None else None,
+        )
+        for n in inputs
+    ]
     try:
         outs = await asyncio.gather(
             *(
@@ -426,4 +468,45 @@ async def aggregate_all(
     return {r.node_id: r for r in outs}
 
 
-__all__ = ["AggregationResult", "ComputeNode", "aggregate_all"]
+async def local_node_credentials(
+    nodes: Iterable[str], state_dir: Path | None = None
+) -> dict[str, Credentials]:
+    """Each compute node's own credentials on the local stack (`lightpath up`, or the
+    one `ensure_stack` started; `state_dir` defaults to LIGHTPATH_STATE_DIR): a
+    certificate issued by the stack's CA, or on a plaintext stack a bearer token
+    registered in its Redis. For development and demos: a real cluster hands each
+    node its certificate from the cell's CA."""
+    from lightpath.paths import default_state_dir, pki_dir
+    from lightpath.security.credentials import CredentialsError
+    from lightpath.security.identity import NODE, Principal
+    from lightpath.security.pki import LocalCA
+    from lightpath.stack import issue_local_tokens, running_stack
+
+    state = state_dir or default_state_dir()
+    principals = {n: Principal(NODE, n) for n in nodes}
+    stack = running_stack(state)
+    tls = stack is None or stack.tls
+    if tls:
+        ca = LocalCA(pki_dir(state))
+        if not ca.exists():
+            raise CredentialsError(
+                f"no local CA in {ca.dir} to issue compute nodes their certificates: "
+                "start the stack with `lightpath up` (or give each node its own credentials)"
+            )
+        for p in principals.values():
+            ca.issue(p)
+    else:
+        assert stack is not None
+        await issue_local_tokens(
+            state, stack.redis_url, stack.redis_password_file, list(principals.values())
+        )
+    return {n: Credentials.local(p, state, tls=tls) for n, p in principals.items()}
+
+
+__all__ = [
+    "AggregationResult",
+    "ComputeNode",
+    "NodeCredentials",
+    "aggregate_all",
+    "local_node_credentials",
+]

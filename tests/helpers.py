@@ -55,6 +55,9 @@ def test_ca() -> LocalCA:
     return _CA
 
 
+test_ca.__test__ = False  # type: ignore[attr-defined]  # a helper, not a test
+
+
 def identity(principal: Principal | str) -> IssuedFiles:
     """Certificate files of `principal` (`tenant:acme`, ...) from the test CA."""
     if isinstance(principal, str):

@@ -16,3 +16,38 @@ def test_help_lists_the_stack_commands(capsys):
 def test_status_without_a_stack_says_so(tmp_path, capsys):
     assert main(["status", "--state-dir", str(tmp_path)]) == 1
     assert "no stack running" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--as", "acme", "jobs"],
+        ["jobs", "--as", "acme"],
+        ["submit", "j1", "--shape", "4x4x4", "--as", "acme"],
+        ["tenant", "list", "--as", "acme"],
+        ["agg", "topology", "--as", "acme"],
+    ],
+)
+def test_as_is_global_before_or_after_the_command(argv):
+    assert build_parser().parse_args(argv).as_identity == "acme"
+
+
+def test_without_as_there_is_no_identity():
+    assert build_parser().parse_args(["jobs"]).as_identity is None
+    # given before the command and not after, the subcommand keeps it
+    assert build_parser().parse_args(["--as", "beta", "tenant", "list"]).as_identity == "beta"
+
+
+def test_help_names_the_identity_settings(capsys):
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--help"])
+    out = capsys.readouterr().out
+    for name in (
+        "--as IDENTITY",
+        "LIGHTPATH_TLS_CA",
+        "LIGHTPATH_TOKEN_FILE",
+        "LIGHTPATH_STATE_DIR",
+    ):
+        assert name in out
+    for command in ("tenant", "token", "audit", "whoami"):
+        assert command in out

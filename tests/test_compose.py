@@ -26,10 +26,7 @@ def test_compose_runs_exactly_the_local_stack_plus_redis():
 
 def test_redis_persists_with_aof_on_a_volume():
     redis = COMPOSE["services"]["redis"]
-    assert (
-        "--appendonly" in redis["command"]
-        and redis["command"][redis["command"].index("--appendonly") + 1] == "yes"
-    )
+    assert "--appendonly yes" in redis["command"][-1]
     volume = redis["volumes"][0].split(":")[0]
     assert volume in COMPOSE["volumes"]
 
@@ -52,11 +49,70 @@ def test_service_matches_code(name):
         assert env.get(var) == value, (
             f"{name}: {var} is {env.get(var)!r}, the local stack uses {value!r}"
         )
-    assert svc["ports"] == [f"{spec.port}:{spec.port}"]
+    assert svc["ports"] == [f"127.0.0.1:{spec.port}:{spec.port}"]  # the host's loopback only
     assert svc["healthcheck"]["test"][-1] == f"127.0.0.1:{spec.port}"
     assert "lightpath.healthcheck" in svc["healthcheck"]["test"]
     # it waits for what it talks to
     assert {"redis", *(p for p in spec.peers.values() if p != name)} <= set(svc["depends_on"])
+
+
+def test_redis_needs_a_password_from_a_secret_and_is_not_published():
+    redis = COMPOSE["services"]["redis"]
+    assert "ports" not in redis
+    script = redis["command"][-1]
+    assert "requirepass" in script and "/run/secrets/redis_password" in script
+    assert "redis_password" in redis["secrets"]
+    assert "/run/secrets/redis_password" in redis["healthcheck"]["test"][-1]
+
+
+@pytest.mark.parametrize("name", sorted(SPECS))
+def test_service_serves_mtls_with_its_own_certificate_from_secrets(name):
+    svc = COMPOSE["services"][name]
+    env = svc["environment"]
+    declared = COMPOSE["secrets"]
+    for var in (
+        "LIGHTPATH_TLS_CERT",
+        "LIGHTPATH_TLS_KEY",
+        "LIGHTPATH_TLS_CA",
+        "LIGHTPATH_REDIS_PASSWORD_FILE",
+    ):
+        secret = env[var].removeprefix("/run/secrets/")
+        assert env[var].startswith("/run/secrets/") and secret in svc["secrets"], var
+        assert secret in declared
+    assert env.get("LIGHTPATH_PLAINTEXT", "false") == "false"
+    assert f"{name}_cert" in svc["secrets"] and f"{name}_key" in svc["secrets"]
+
+
+def test_no_secret_is_a_literal_in_the_compose_file():
+    for name, svc in COMPOSE["services"].items():
+        for var, value in (svc.get("environment") or {}).items():
+            if any(word in var for word in ("TOKEN", "PASSWORD", "SECRET", "KEY")):
+                assert str(value).startswith("/run/secrets/"), f"{name}: {var} holds a literal"
+        assert "redis://:" not in str(svc), f"{name}: a password in a Redis URL"
+
+
+def test_compose_secrets_script_makes_every_secret_the_file_names(tmp_path):
+    """scripts/compose_secrets.py makes the CA, a certificate per process naming its
+    compose host and its identity, and the Redis password; compose names exactly those."""
+    import subprocess
+    import sys
+
+    from cryptography import x509
+
+    secrets_dir = tmp_path / "secrets"
+    subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "compose_secrets.py"), str(secrets_dir)],
+        check=True,
+        capture_output=True,
+    )
+    for secret in COMPOSE["secrets"].values():
+        assert (tmp_path / secret["file"]).exists(), secret["file"]
+    for name, spec in SPECS.items():
+        path = COMPOSE["secrets"][f"{name}_cert"]["file"]
+        cert = x509.load_pem_x509_certificate((tmp_path / path).read_bytes())
+        sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        assert name in sans.get_values_for_type(x509.DNSName)
+        assert spec.principal.uri in sans.get_values_for_type(x509.UniformResourceIdentifier)
 
 
 def test_dockerfile_installs_the_packages_compose_runs():

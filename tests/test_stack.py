@@ -22,8 +22,18 @@ _SCRIPT = Path(sys.executable).parent / "lightpath"
 LIGHTPATH = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "lightpath"]
 
 
+def _user_env() -> dict[str, str]:
+    """A user's shell: no Redis of the tests, no certificates of the test CA (the stack
+    makes its own, and the CLI finds them in the state directory)."""
+    return {
+        k: v
+        for k, v in os.environ.items()
+        if k != "LIGHTPATH_REDIS_URL" and not k.startswith("LIGHTPATH_TLS_")
+    }
+
+
 def _start_up(state_dir: Path) -> subprocess.Popen[str]:
-    env = {k: v for k, v in os.environ.items() if k != "LIGHTPATH_REDIS_URL"}
+    env = _user_env()
     return subprocess.Popen(
         [*LIGHTPATH, "up", "--ephemeral-ports", "--state-dir", str(state_dir)],
         env=env,
@@ -46,6 +56,7 @@ def _wait_for_stack(proc: subprocess.Popen[str], state_dir: Path, timeout: float
 def _status(state_dir: Path) -> tuple[int, dict]:
     out = subprocess.run(
         [*LIGHTPATH, "status", "--json", "--state-dir", str(state_dir)],
+        env=_user_env(),
         capture_output=True,
         text=True,
         timeout=60,

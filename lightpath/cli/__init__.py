@@ -1,7 +1,8 @@
 """The `lightpath` command line (X-6): for people, and for scripts with `--json`.
 
 Each topic registers its subcommands from its own module, listed in
-COMMAND_MODULES, so topics grow without touching each other.
+COMMAND_MODULES, so topics grow without touching each other. `--as IDENTITY`
+is global: accepted before the command or after it, at any depth.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from lightpath import __version__
 
 COMMAND_MODULES = (
     "lightpath.cli.stack",
+    "lightpath.cli.security",
     "lightpath.cli.ocs",
     "lightpath.cli.pod",
     "lightpath.cli.agg",
@@ -22,20 +24,86 @@ COMMAND_MODULES = (
     "lightpath.cli.cell",
 )
 
+AS_HELP = (
+    "act as IDENTITY with the local stack's credential: operator (the default), "
+    "a tenant (acme or tenant:acme, after `lightpath tenant create acme`) or kind:name"
+)
+
+EPILOG = """\
+who you are (every command that calls a service):
+  --as IDENTITY          the local stack's certificate of IDENTITY (see above); for the
+                         command it sets aside LIGHTPATH_TLS_* and LIGHTPATH_TOKEN*
+  LIGHTPATH_STATE_DIR    the local stack's directory (default .lightpath); its pki/
+                         holds the CA and the certificates `lightpath up` issued
+  LIGHTPATH_IDENTITY     as --as, for every command (when LIGHTPATH_TLS_CA is unset)
+  LIGHTPATH_TLS_CA, LIGHTPATH_TLS_CERT, LIGHTPATH_TLS_KEY
+                         your own PKI: the CA to trust, your certificate and its key
+  LIGHTPATH_TOKEN, LIGHTPATH_TOKEN_FILE
+                         a bearer token (`lightpath token create`), sent on every call;
+                         the principal it names is the caller, certificate or not
+  LIGHTPATH_PLAINTEXT=true
+                         no TLS (a plaintext deployment)
+`lightpath whoami` shows what a command presents; `lightpath audit` shows who did what.
+"""
+
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="lightpath", description="Lightpath control plane CLI")
+    parser = argparse.ArgumentParser(
+        prog="lightpath",
+        description="Lightpath control plane CLI",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--version", action="version", version=f"lightpath {__version__}")
+    parser.add_argument("--as", dest="as_identity", metavar="IDENTITY", help=AS_HELP)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(sub)
+    _accept_as_everywhere(parser, set())
     return parser
 
 
+def _accept_as_everywhere(parser: argparse.ArgumentParser, seen: set[int]) -> None:
+    """`--as` after the command too (`lightpath submit j1 --as acme`), at every level.
+    SUPPRESS: a subcommand that is not given it leaves the global value alone."""
+    for action in parser._actions:
+        if not isinstance(action, argparse._SubParsersAction):
+            continue
+        for child in action.choices.values():
+            if id(child) in seen:
+                continue
+            seen.add(id(child))
+            if "--as" not in child._option_string_actions:
+                child.add_argument(
+                    "--as",
+                    dest="as_identity",
+                    metavar="IDENTITY",
+                    default=argparse.SUPPRESS,
+                    help="act as IDENTITY (see `lightpath --help`)",
+                )
+            _accept_as_everywhere(child, seen)
+
+
 def main(argv: list[str] | None = None) -> int:
+    from lightpath.cli._common import (
+        CliError,
+        acting_as,
+        report_credentials_error,
+    )
+    from lightpath.security.credentials import CredentialsError
+    from lightpath.security.identity import IdentityError
+
     args = build_parser().parse_args(argv)
-    return int(args.func(args) or 0)
+    try:
+        with acting_as(getattr(args, "as_identity", None)):
+            return int(args.func(args) or 0)
+    except CliError as exc:
+        print(f"error: {exc.message}", file=sys.stderr)
+        return exc.code
+    except (CredentialsError, IdentityError) as exc:
+        report_credentials_error(exc)
+        return 2
 
 
 if __name__ == "__main__":

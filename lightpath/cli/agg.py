@@ -2,6 +2,13 @@
 
 Any switch of the tree answers; the default is the local stack's root
 switch (or $LIGHTPATH_AGG_ADDR).
+
+Credentials are `Credentials.default()`'s: the operator on the local stack,
+or LIGHTPATH_IDENTITY=tenant:<name> (LIGHTPATH_TLS_* / LIGHTPATH_TOKEN*) to act
+for a tenant, who starts commands only for itself (`--tenant` may be left
+out) and sees only its own commands and history. Compute nodes do not use
+the CLI: they run the SDK (`lightpath.agg.ComputeNode`) with their own
+node certificates.
 """
 
 from __future__ import annotations
@@ -93,7 +100,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     start.add_argument("--order", choices=ORDERS, default="preset")
     start.add_argument("--trigger", choices=TRIGGERS, default="all")
     start.add_argument("--deadline-s", type=float, default=0.0, help="0 = 30 s")
-    start.add_argument("--tenant", default="")
+    start.add_argument(
+        "--tenant",
+        default="",
+        help="whose command (default: a tenant credential's own tenant; else `default`)",
+    )
     start.add_argument("--slot-policy", choices=SLOTS, default="wait")
     start.add_argument("--wait-for-all", action="store_true", help="timeouts off")
     start.add_argument("--chunk-bytes", type=int, default=0)

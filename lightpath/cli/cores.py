@@ -8,9 +8,12 @@
     lightpath cores add-device gpu-1 --kind gpu --cores 80      # operator
     lightpath cores add-app camera-7 --qos premium              # operator: prints the token
 
-Credentials (CB-2): `--token`, else $LIGHTPATH_CB_TOKEN (an application), else
-$LIGHTPATH_CB_OPERATOR_TOKEN, else the local stack's operator token. The
-broker: $LIGHTPATH_CORE_BROKER_ADDR, else the running local stack.
+Credentials (CB-2): an application's token, `--token` or else $LIGHTPATH_CB_TOKEN
+(the operator's actions, add-device and add-app, take only `--token`), sent over
+mTLS with your certificate; else the operator's certificate that
+`Credentials.default()` finds (the local stack's, or LIGHTPATH_TLS_*); else
+$LIGHTPATH_CB_OPERATOR_TOKEN as the token, if the broker has one. The broker:
+$LIGHTPATH_CORE_BROKER_ADDR, else the running local stack.
 """
 
 from __future__ import annotations
@@ -28,7 +31,9 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from lightpath.cli._common import add_json_flag, print_json, run_rpc, table, to_jsonable
 from lightpath.client import channel
-from lightpath.stack import default_topology, endpoint
+from lightpath.security.credentials import Credentials
+from lightpath.security.identity import OPERATOR, Principal, from_uri
+from lightpath.stack import endpoint
 from lightpath.v1 import common_pb2, core_broker_pb2_grpc
 from lightpath.v1 import core_broker_pb2 as pb
 
@@ -37,10 +42,53 @@ ADDR_ENV = "LIGHTPATH_CORE_BROKER_ADDR"
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
 
 
-def local_operator_token() -> str:
-    """The operator token the local stack gives its broker (lightpath/stack.py)."""
-    spec = next(s for s in default_topology() if s.name == PROCESS)
-    return spec.env.get("LIGHTPATH_CB_OPERATOR_TOKEN", "")
+def certificate_principal(creds: Credentials) -> Principal | None:
+    """The `spiffe://lightpath/...` principal of the client certificate in `creds`."""
+    if not creds.cert:
+        return None
+    from cryptography import x509
+
+    try:
+        cert = x509.load_pem_x509_certificate(creds.cert)
+        sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except (ValueError, x509.ExtensionNotFound):
+        return None
+    for uri in sans.get_values_for_type(x509.UniformResourceIdentifier):
+        principal = from_uri(uri)
+        if principal is not None:
+            return principal
+    return None
+
+
+def operator_credentials(base: Credentials | None = None) -> Credentials:
+    """The operator's credentials for the broker: `base` (default `Credentials.default()`)
+    as it is when it holds an operator's certificate, else with $LIGHTPATH_CB_OPERATOR_TOKEN
+    as its token if that is set, else as it is (the broker then says what it lacks)."""
+    base = Credentials.default() if base is None else base
+    presented = certificate_principal(base)
+    if presented is not None and presented.kind == OPERATOR:
+        return base
+    token = os.environ.get("LIGHTPATH_CB_OPERATOR_TOKEN", "").strip()
+    return base.with_token(token) if token else base
+
+
+def operator_metadata(base: Credentials | None = None) -> tuple[tuple[str, str], ...]:
+    """Per-call metadata that makes a call on a channel of `base` (default
+    `Credentials.default()`, what `lightpath.client.channel` uses) the operator's:
+    nothing when the channel already presents the operator's certificate."""
+    base = Credentials.default() if base is None else base
+    creds = operator_credentials(base)
+    return creds.metadata() if creds.token != base.token else ()
+
+
+def broker_credentials(token: str = "", *, operator: bool = False) -> Credentials:
+    """What a command presents to the broker: an application's `token` (else
+    $LIGHTPATH_CB_TOKEN, unless `operator`) with your certificate, else the operator's."""
+    base = Credentials.default()
+    token = token or ("" if operator else os.environ.get("LIGHTPATH_CB_TOKEN", "").strip())
+    if token:
+        return base.with_token(token)
+    return operator_credentials(base)
 
 
 def parse_seconds(raw: str) -> float:
@@ -107,21 +155,15 @@ def _short(enum, value: int, prefix: str) -> str:
     return enum.Name(value).removeprefix(prefix)
 
 
-def _token(args: argparse.Namespace, operator: bool = False) -> str:
-    if args.token:
-        return args.token
-    if not operator and os.environ.get("LIGHTPATH_CB_TOKEN"):
-        return os.environ["LIGHTPATH_CB_TOKEN"]
-    return os.environ.get("LIGHTPATH_CB_OPERATOR_TOKEN") or local_operator_token()
-
-
 def _call(args: argparse.Namespace, body, *, operator: bool = False) -> int:
+    """Run `body(stub, metadata)` against the broker with the command's credentials
+    (they ride on the channel: `metadata` is empty, for calls that add their own)."""
+
     async def run() -> int | None:
-        ch = channel(args.addr or endpoint(PROCESS, ADDR_ENV))
+        creds = broker_credentials(args.token or "", operator=operator)
+        ch = channel(args.addr or endpoint(PROCESS, ADDR_ENV), credentials=creds)
         try:
-            stub = core_broker_pb2_grpc.CoreBrokerStub(ch)
-            md = (("authorization", f"Bearer {_token(args, operator)}"),)
-            return await body(stub, md)
+            return await body(core_broker_pb2_grpc.CoreBrokerStub(ch), ())
         finally:
             await ch.close()
 
@@ -129,7 +171,11 @@ def _call(args: argparse.Namespace, body, *, operator: bool = False) -> int:
 
 
 def _common(p: argparse.ArgumentParser, *, json: bool = True) -> None:
-    p.add_argument("--token", help="credential (default: $LIGHTPATH_CB_TOKEN, operator's)")
+    p.add_argument(
+        "--token",
+        help="an application's token (default: $LIGHTPATH_CB_TOKEN, else the operator's "
+        "certificate, else $LIGHTPATH_CB_OPERATOR_TOKEN)",
+    )
     p.add_argument("--addr", help=f"broker host:port (default: ${ADDR_ENV} or the local stack)")
     if json:
         add_json_flag(p)

@@ -6,9 +6,11 @@
     lightpath graph run DIR/fig-2a.json --report  # run here; per-component metrics to the broker
     lightpath graph metrics fig-2a                # the latest run's metrics, from the broker
 
-Credentials and the broker's address as for `lightpath cores`: --token, else
-$LIGHTPATH_CB_TOKEN (an application), else the operator's; --addr, else
-$LIGHTPATH_CORE_BROKER_ADDR, else the running local stack.
+Credentials and the broker's address as for `lightpath cores`: an application's
+token, --token or else $LIGHTPATH_CB_TOKEN, sent over mTLS with your certificate;
+else the operator's certificate (`Credentials.default()`), else
+$LIGHTPATH_CB_OPERATOR_TOKEN; --addr, else $LIGHTPATH_CORE_BROKER_ADDR, else the
+running local stack.
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from lightpath.cli._common import add_json_flag, print_json, table
+from lightpath.security.credentials import Credentials
 from lightpath.stack import (
     Stack,
     StackError,
@@ -98,8 +99,9 @@ def cmd_status(args: argparse.Namespace) -> int:
         else:
             print("no stack running (start one with `lightpath up`)")
         return 1
+    creds = Credentials.default(state_dir=args.state_dir)
     statuses = {
-        name: {"endpoint": addr, "health": health_status(addr)}
+        name: {"endpoint": addr, "health": health_status(addr, credentials=creds)}
         for name, addr in stack.endpoints.items()
     }
     if args.json:

@@ -1,7 +1,12 @@
 """Demo step of agg_switch (seed 003): five compute nodes aggregate through the
 stack's root and two sub-switches; one node straggles, its switch times it out,
 bypasses its late data to the timeout aggregation node, and everyone gets the
-verified sum while no switch held a slot waiting for the straggler."""
+verified sum while no switch held a slot waiting for the straggler.
+
+The compute nodes act as themselves: each gets its own certificate from the
+local stack's CA (a token on a plaintext stack), since a switch takes a node's
+chunks only from that node. The demo runs against the stack of
+LIGHTPATH_STATE_DIR (`ensure_stack` sets it)."""
 
 from __future__ import annotations
 
@@ -10,7 +15,7 @@ import time
 
 import numpy as np
 
-from lightpath.agg import ComputeNode
+from lightpath.agg import ComputeNode, local_node_credentials
 from lightpath.cli._common import table
 from lightpath.demo import DemoContext
 from lightpath.v1 import agg_switch_pb2 as pb
@@ -67,8 +72,11 @@ async def run(ctx: DemoContext) -> None:
 
     rng = np.random.default_rng(3)
     inputs = {n: rng.standard_normal(LENGTH).astype(np.float32) for n in NODES}
+    creds = await local_node_credentials(NODES)
+    what = "certificate (spiffe://lightpath/node/<id>)" if creds["n1"].tls else "token"
+    print(f"compute nodes {', '.join(NODES)} each present their own {what}")
     status, results, elapsed, (entries, held), left = await _aggregate(
-        ctx, root, sub1, inputs, wait_for_all=False
+        ctx, root, sub1, inputs, creds, wait_for_all=False
     )
     print(
         f"\nat +{LATE_S / 2:.1f} s, while {STRAGGLER} is late, sub-1 holds {held} slot(s) "
@@ -77,7 +85,7 @@ async def run(ctx: DemoContext) -> None:
     print(table(entries, ["command", "chunk", "timeout node"]) if entries else "  (none)")
     print(f"timed out: {', '.join(status.timeout_nodes) or 'nobody'}; all done in {elapsed:.2f} s")
     baseline, _, base_elapsed, (_, base_held), _ = await _aggregate(
-        ctx, root, sub1, inputs, wait_for_all=True
+        ctx, root, sub1, inputs, creds, wait_for_all=True
     )
     print(
         f"the same with timeouts off (wait for all): {base_elapsed:.2f} s, sub-1 holding "
@@ -119,7 +127,7 @@ async def run(ctx: DemoContext) -> None:
         raise RuntimeError("agg demo: the aggregated result did not verify")
 
 
-async def _aggregate(ctx: DemoContext, root, sub1, inputs, *, wait_for_all: bool):
+async def _aggregate(ctx: DemoContext, root, sub1, inputs, creds, *, wait_for_all: bool):
     command_id = f"demo-{int(time.time() * 1000)}"
     cmd = await root.StartCommand(
         pb.StartCommandRequest(
@@ -140,7 +148,12 @@ async def _aggregate(ctx: DemoContext, root, sub1, inputs, *, wait_for_all: bool
             f"order, timeout aggregation node {cmd.timeout_aggregator}; {STRAGGLER} {LATE_S} s late"
         )
     nodes = [
-        ComputeNode(n, ctx.endpoints["agg-root"], tracer_provider=ctx.tracer_provider)
+        ComputeNode(
+            n,
+            ctx.endpoints["agg-root"],
+            tracer_provider=ctx.tracer_provider,
+            credentials=creds[n],
+        )
         for n in NODES
     ]
     started = time.perf_counter()

@@ -13,7 +13,6 @@ at the end, so the demo can run again on the same stack.
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 import uuid
 
@@ -21,7 +20,7 @@ from google.protobuf.duration_pb2 import Duration
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from lightpath.cli._common import table
-from lightpath.cli.cores import local_operator_token
+from lightpath.cli.cores import operator_metadata
 from lightpath.demo import DemoContext
 from lightpath.v1 import common_pb2, core_broker_pb2_grpc
 from lightpath.v1 import core_broker_pb2 as pb
@@ -69,7 +68,9 @@ HEADERS = ["application", "reservation", "decision", "priority", "cores@start", 
 
 async def run(ctx: DemoContext) -> None:
     stub = core_broker_pb2_grpc.CoreBrokerStub(ctx.channel(PROCESS))
-    op = _md(os.environ.get("LIGHTPATH_CB_OPERATOR_TOKEN") or local_operator_token())
+    # the operator: the channel's own certificate (the local stack's operator), else
+    # LIGHTPATH_CB_OPERATOR_TOKEN; each application calls with its own token
+    op = operator_metadata()
     tag = uuid.uuid4().hex[:6]
     devices: list[str] = []
     apps: dict[str, tuple[tuple[str, str], ...]] = {}

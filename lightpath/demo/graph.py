@@ -12,7 +12,6 @@ and reservations are removed at the end.
 from __future__ import annotations
 
 import asyncio
-import os
 import tempfile
 import uuid
 from pathlib import Path
@@ -20,7 +19,7 @@ from pathlib import Path
 from google.protobuf.duration_pb2 import Duration
 
 from lightpath.cli._common import table
-from lightpath.cli.cores import local_operator_token
+from lightpath.cli.cores import operator_metadata
 from lightpath.cli.graph import PLAN_HEADERS, plan_rows
 from lightpath.demo import DemoContext
 from lightpath.graph.examples import fig2a, write_records
@@ -35,14 +34,12 @@ RECORDS = 50_000
 APPLICATION = "graph-demo"
 
 
-def _md(token: str) -> tuple[tuple[str, str], ...]:
-    return (("authorization", f"Bearer {token}"),)
-
-
 async def run(ctx: DemoContext) -> None:
     ch = ctx.channel(PROCESS)
     stub = core_broker_pb2_grpc.CoreBrokerStub(ch)
-    op = _md(os.environ.get("LIGHTPATH_CB_OPERATOR_TOKEN") or local_operator_token())
+    # the operator: the channel's own certificate (the local stack's operator), else
+    # LIGHTPATH_CB_OPERATOR_TOKEN; each application calls with its own token
+    op = operator_metadata()
     tag = uuid.uuid4().hex[:6]
     device_id = f"npu-graphs-{tag}"
     held: pb.GraphReservation | None = None

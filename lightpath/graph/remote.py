@@ -7,7 +7,9 @@
         await broker.report(result.metrics)                 # per-component usage (GF-6)
         usage = await broker.metrics(spec.graph_id)
 
-`token` is an application's credential (`authorization: Bearer <token>`).
+`token` is an application's credential (`authorization: Bearer <token>`); it
+goes over mTLS with the caller's certificate (`credentials`, by default what
+`Credentials.default()` finds: LIGHTPATH_TLS_* or the local stack's).
 """
 
 from __future__ import annotations
@@ -21,23 +23,32 @@ from lightpath.graph.fold import GraphPlan, plan_from_proto
 from lightpath.graph.metrics import RunMetrics, from_proto, to_proto
 from lightpath.graph.spec import GraphSpec
 from lightpath.graph.spec import to_proto as spec_to_proto
+from lightpath.security.credentials import Credentials
 from lightpath.v1 import core_broker_pb2 as pb
 from lightpath.v1 import core_broker_pb2_grpc
 
 
 class GraphBroker:
-    def __init__(self, channel: grpc.aio.Channel, token: str):
+    """The graph RPCs on `channel`; with a `token`, every call sends it (else the
+    channel's own credentials name the caller)."""
+
+    def __init__(self, channel: grpc.aio.Channel, token: str = ""):
         self._stub = core_broker_pb2_grpc.CoreBrokerStub(channel)
-        self._md = (("authorization", f"Bearer {token}"),)
+        self._md = (("authorization", f"Bearer {token}"),) if token else ()
 
     @classmethod
     @contextlib.asynccontextmanager
-    async def connect(cls, address: str, token: str, **kwargs) -> AsyncIterator[GraphBroker]:
+    async def connect(
+        cls, address: str, token: str, *, credentials: Credentials | None = None, **kwargs
+    ) -> AsyncIterator[GraphBroker]:
+        """A channel to the broker at `address`: TLS with `credentials` (default
+        `Credentials.default()`: your certificate), and `token` on every call."""
         from lightpath.client import channel
 
-        ch = channel(address, **kwargs)
+        creds = Credentials.default() if credentials is None else credentials
+        ch = channel(address, credentials=creds.with_token(token) if token else creds, **kwargs)
         try:
-            yield cls(ch, token)
+            yield cls(ch)
         finally:
             await ch.close()
 

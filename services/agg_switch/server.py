@@ -8,6 +8,17 @@ in, one copy out); everything else is plain protobuf. Results and Relay
 begin with the shared-memory handshake (ShmHello in the request, the answer
 in the initial metadata); after it a peer on this host sends references to
 shared buffers instead of bytes.
+
+Who may do what (services.common.policy has the roles; these are the
+per-resource checks, all made before anything is written):
+  * a compute node (`node:<id>`) joins, contributes and reads results only as
+    itself (`node_id`, each chunk's `source`), only in commands it takes part
+    in, reads only those commands, and reports only its own load;
+  * a switch (`service:agg_switch/<id>`) relays only as itself (the
+    `lightpath-from` metadata) and reports only its own load;
+  * a tenant starts commands only for itself (the `tenant` field, filled from
+    the credential when empty) and sees only its own commands and their
+    history (another tenant's command is NOT_FOUND to it); operators see all.
 """
 
 from __future__ import annotations
@@ -26,7 +37,14 @@ from opentelemetry import trace
 from lightpath import agg_wire
 from lightpath.agg_shm import ShmDomain, ShmError
 from lightpath.aggregation import Kind
-from lightpath.errors import FailedPrecondition, FieldViolation, InvalidArgument, NotFound
+from lightpath.errors import (
+    FailedPrecondition,
+    FieldViolation,
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+)
+from lightpath.security.identity import NODE, Principal
 from lightpath.v1 import agg_switch_pb2 as pb
 from lightpath.v1 import agg_switch_pb2_grpc, common_pb2
 from services.agg_switch import convert
@@ -45,6 +63,7 @@ from services.agg_switch.settings import AggSwitchSettings
 from services.agg_switch.store import AggStore, report_json
 from services.agg_switch.topology import Topology, validate_topology
 from services.common import paging, redis_store
+from services.common.auth import caller, require_service_scope, require_tenant_field, tenant_scope
 from services.common.keys import ID_RULE, is_valid_id
 from services.common.server import Runtime, ServiceDefinition
 
@@ -61,6 +80,27 @@ def annotate(**attributes: str | int) -> None:
 MAX_PAGE = paging.MAX_PAGE
 CONTRIBUTE_KINDS = {Kind.CONTRIBUTION, Kind.LATE, Kind.FINAL}
 MAX_JOINS = 256
+
+
+def _mismatch(principal: Principal, field: str, value: str) -> PermissionDenied:
+    return PermissionDenied(
+        f"{field} {value!r} is not this credential's node: it acts for node {principal.name!r}",
+        reason="NODE_MISMATCH",
+        metadata={"principal": str(principal), "field": field},
+    )
+
+
+def _own_node(field: str, value: str) -> None:
+    """A compute node acts only as itself; other callers as their role allows."""
+    principal = caller()
+    if principal is not None and principal.kind == NODE and value != principal.name:
+        raise _mismatch(principal, field, value)
+
+
+def _node_name() -> str | None:
+    """The node a compute-node caller is (None for any other caller)."""
+    principal = caller()
+    return principal.name if principal is not None and principal.kind == NODE else None
 
 
 @dataclass
@@ -109,7 +149,25 @@ class AggSwitchServicer(agg_switch_pb2_grpc.AggSwitchServicer):
         return topo
 
     async def _history(self, tree: str, window: int) -> list[tuple[str, float, dict[str, float]]]:
-        return await self._store.history(tree, window or DEFAULT_HISTORY_WINDOW)
+        """The history a caller may see: a tenant's own commands, everyone's for others."""
+        return await self._store.history(
+            tree, window or DEFAULT_HISTORY_WINDOW, tenant=tenant_scope()
+        )
+
+    async def _visible(self, tree: str, command_id: str):
+        """The command's record if the caller may see it: a tenant its own commands, a
+        compute node those it takes part in; NOT_FOUND (as for no command) otherwise."""
+        own, node = tenant_scope(), _node_name()
+        if own is None and node is None:
+            return await self._store.require_command(tree, command_id)
+        record = await self._store.command(tree, command_id, settle=False)
+        if (
+            record is None
+            or (own is not None and record.spec.tenant != own)
+            or (node is not None and node not in record.spec.participants)
+        ):
+            raise NotFound("command", command_id, hint=f"no such command in tree {tree}")
+        return await self._store.settle(record)
 
     @staticmethod
     def _participants(topo: Topology, names: list[str]) -> list[str]:
@@ -154,6 +212,9 @@ class AggSwitchServicer(agg_switch_pb2_grpc.AggSwitchServicer):
 
     async def StartCommand(self, request: pb.StartCommandRequest, context) -> pb.AggCommand:
         tree = self._tree(request.tree_id)
+        # The tenant comes from the credential; it is part of the request's digest,
+        # so another tenant's command of the same id is never handed back as a retry.
+        request.tenant = require_tenant_field(request.tenant)
         req = convert.command_request(request)
         topo = await self._topology(tree)
         loads = await self._store.loads(tree) if req.ta_strategy is TaStrategy.LEAST_LOAD else {}
@@ -177,6 +238,12 @@ class AggSwitchServicer(agg_switch_pb2_grpc.AggSwitchServicer):
                     reason="MODEL_MISMATCH",
                 )
         spec, created = await self._store.start_command(spec, convert.request_digest(request, tree))
+        own = tenant_scope()
+        if own is not None and spec.tenant != own:  # the digest covers the tenant: defensive
+            raise PermissionDenied(
+                f"command id {spec.command_id!r} is taken by another tenant; choose another",
+                reason="COMMAND_ID_TAKEN",
+            )
         annotate(
             tree=tree,
             command_id=spec.command_id,
@@ -204,7 +271,7 @@ class AggSwitchServicer(agg_switch_pb2_grpc.AggSwitchServicer):
         if not is_valid_id(request.command_id):
             raise InvalidArgument("command_id", ID_RULE)
         annotate(tree=tree, command_id=request.command_id)
-        record = await self._store.require_command(tree, request.command_id)
+        record = await self._visible(tree, request.command_id)
         return convert.command_to_pb(record.spec, await self._store.topology(tree), record)
 
     async def ListCommands(
@@ -213,11 +280,13 @@ class AggSwitchServicer(agg_switch_pb2_grpc.AggSwitchServicer):
         tree = self._tree(request.tree_id)
         size = paging.page_size(request.page_size, default=50)
         offset = paging.token_int(request.page_token) or 0
-        records, more = await self._store.list_commands(tree, offset, size)
+        records, following = await self._store.list_commands(
+            tree, offset, size, tenant=tenant_scope()
+        )
         topo = await self._store.topology(tree)
         return pb.ListCommandsResponse(
             commands=[convert.command_to_pb(r.spec, topo, r) for r in records],
-            next_page_token=paging.page_token(offset + size) if more else "",
+            next_page_token=paging.page_token(following) if following is not None else "",
         )
 
     async def ChooseTimeoutAggregator(
@@ -293,7 +362,7 @@ class AggSwitchServicer(agg_switch_pb2_grpc.AggSwitchServicer):
             raise InvalidArgument("limit", f"must be at most {MAX_PAGE}")
         topo = await self._store.topology(tree)
         out = pb.AggHistory()
-        for cid, at, lateness in await self._store.history(tree, limit):
+        for cid, at, lateness in await self._store.history(tree, limit, tenant=tenant_scope()):
             entry = out.entries.add(command_id=cid)
             entry.finished_at.FromNanoseconds(int(at * 1e9))
             for node in sorted(lateness, key=lambda n: topo.position.get(n, 0) if topo else 0):
@@ -305,6 +374,8 @@ class AggSwitchServicer(agg_switch_pb2_grpc.AggSwitchServicer):
         tree = self._tree(request.tree_id)
         if not is_valid_id(request.node_id):
             raise InvalidArgument("node_id", ID_RULE)
+        _own_node("node_id", request.node_id)  # a node reports its own load,
+        require_service_scope("agg_switch", request.node_id, "node")  # a switch its own
         if not (np.isfinite(request.bytes_per_s) and request.bytes_per_s >= 0):
             raise InvalidArgument("bytes_per_s", "must be a finite number >= 0")
         topo = await self._topology(tree)
@@ -404,6 +475,7 @@ class AggSwitchServicer(agg_switch_pb2_grpc.AggSwitchServicer):
         if not is_valid_id(request.command_id):
             raise InvalidArgument("command_id", ID_RULE)
         annotate(command_id=request.command_id, node=request.node_id)
+        _own_node("node_id", request.node_id)
         join, failure = await self._join(tree, request.command_id)
         spec, topo = join.spec, join.topology
         if request.node_id not in spec.participants:
@@ -473,9 +545,10 @@ class AggSwitchServicer(agg_switch_pb2_grpc.AggSwitchServicer):
         accepted = duplicates = 0
         plane = self._plane
         seen: tuple[str, str] | None = None
+        principal = caller()
         try:
             async for raw in request_iterator:
-                seen, eff_dup = await self._contribution(raw, seen is None)
+                seen, eff_dup = await self._contribution(raw, seen is None, principal)
                 if eff_dup is None:
                     continue  # a RELEASE
                 if eff_dup:
@@ -490,19 +563,24 @@ class AggSwitchServicer(agg_switch_pb2_grpc.AggSwitchServicer):
         annotate(chunks_accepted=accepted, chunks_duplicate=duplicates)
         return pb.ContributeSummary(accepted=accepted, duplicates=duplicates)
 
-    async def _contribution(self, raw: bytes, first: bool) -> tuple[tuple[str, str], bool | None]:
+    async def _contribution(
+        self, raw: bytes, first: bool, principal: Principal | None
+    ) -> tuple[tuple[str, str], bool | None]:
         """One message of a Contribute stream: ((command, node), duplicate?), or
-        ((command, node), None) for a RELEASE."""
+        ((command, node), None) for a RELEASE. `principal`: the caller, whose own
+        chunks (`source`) these must be when it is a compute node."""
         plane = self._plane
         try:
             header, data = agg_wire.decode(raw)
         except agg_wire.WireError as exc:
             raise InvalidArgument("chunk", str(exc)) from None
+        node = header.source
+        if principal is not None and principal.kind == NODE and node != principal.name:
+            raise _mismatch(principal, "source", node)
         if not is_valid_id(header.command_id):
             raise InvalidArgument("command_id", ID_RULE)
         loaded = await plane.command(header.command_id)
         spec, topo = loaded.plan.spec, loaded.plan.topology
-        node = header.source
         if first:
             annotate(command_id=spec.command_id, node=node)
         self._check_attached(spec, topo, node, "source")
@@ -563,6 +641,7 @@ class AggSwitchServicer(agg_switch_pb2_grpc.AggSwitchServicer):
     ) -> AsyncIterator[bytes]:
         if not is_valid_id(request.command_id):
             raise InvalidArgument("command_id", ID_RULE)
+        _own_node("node_id", request.node_id)
         plane = self._plane
         loaded = await plane.command(request.command_id)
         spec, topo = loaded.plan.spec, loaded.plan.topology
@@ -601,6 +680,16 @@ class AggSwitchServicer(agg_switch_pb2_grpc.AggSwitchServicer):
         peer = metadata.get(agg_wire.FROM_METADATA, "")
         if not is_valid_id(peer):
             raise InvalidArgument(agg_wire.FROM_METADATA, "metadata must name the sending switch")
+        principal = caller()
+        if principal is not None and not (
+            principal.is_service("agg_switch") and principal.scope() == peer
+        ):
+            raise PermissionDenied(
+                f"{principal} may not relay as switch {peer!r} ({agg_wire.FROM_METADATA}): "
+                "a switch relays only as itself",
+                reason="SWITCH_MISMATCH",
+                metadata={"principal": str(principal), "field": agg_wire.FROM_METADATA},
+            )
         by_ref_ok = self._plane.verify(agg_wire.hello_from_metadata(invocation))
         annotate(peer=peer, shm=int(by_ref_ok))
         await context.send_initial_metadata(

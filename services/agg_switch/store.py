@@ -41,6 +41,8 @@ from services.common.keys import tree_key
 STALE_GRACE_S = 5.0
 FINISHED_TTL_S = 7 * 24 * 3600
 HISTORY_KEEP = 1000
+# How many ids a tenant's listing reads at a time while it skips other tenants' commands.
+LIST_SCAN = 64
 
 _START = """
 -- KEYS: cmd, running, topology, commands, model lock
@@ -216,7 +218,12 @@ class AggStore:
             reason="MODEL_BUSY",
         )
 
-    async def command(self, tree_id: str, command_id: str) -> CommandRecord | None:
+    async def command(
+        self, tree_id: str, command_id: str, *, settle: bool = True
+    ) -> CommandRecord | None:
+        """The command's record; `settle` (the default) first fails one that outlived its
+        deadline with no switch saying so. `settle=False` only reads (a caller may still
+        be refused it: `settle` the record once it may see it)."""
         key = self._cmd(tree_id, command_id)
         async with self.r.pipeline(transaction=False) as p:
             p.hgetall(key)
@@ -235,7 +242,12 @@ class AggStore:
             missing=sorted(missing),
             holds={k: json.loads(v) for k, v in holds.items()},
         )
+        return await self.settle(record) if settle else record
+
+    async def settle(self, record: CommandRecord) -> CommandRecord:
+        """Fail a RUNNING command that outlived its deadline with no switch saying so."""
         now = time.time()
+        spec = record.spec
         if record.state is CommandState.RUNNING and now > spec.deadline_at + STALE_GRACE_S:
             reason = "the deadline passed and no switch reported the command"
             await self.finish_command(spec, CommandState.FAILED, now, reason)
@@ -249,15 +261,50 @@ class AggStore:
         return record
 
     async def list_commands(
-        self, tree_id: str, offset: int, limit: int
-    ) -> tuple[list[CommandRecord], bool]:
-        ids = await self.r.zrevrange(tree_key(tree_id, "commands"), offset, offset + limit)
+        self, tree_id: str, offset: int, limit: int, *, tenant: str | None = None
+    ) -> tuple[list[CommandRecord], int | None]:
+        """Up to `limit` commands, newest first, from position `offset` of the tree's
+        listing, and the position the next page starts at (None: no more). `tenant`:
+        only that tenant's commands (the others are not read further, nor settled)."""
+        key = tree_key(tree_id, "commands")
+        if tenant is None:
+            ids = await self.r.zrevrange(key, offset, offset + limit)
+            out = []
+            for cid in ids[:limit]:
+                rec = await self.command(tree_id, cid)
+                if rec is not None:
+                    out.append(rec)
+            return out, offset + limit if len(ids) > limit else None
         out = []
-        for cid in ids[:limit]:
-            rec = await self.command(tree_id, cid)
-            if rec is not None:
-                out.append(rec)
-        return out, len(ids) > limit
+        pos, batch = offset, max(limit + 1, LIST_SCAN)
+        while True:
+            ids = await self.r.zrevrange(key, pos, pos + batch - 1)
+            owners = await self._tenants(tree_id, ids)
+            for i, cid in enumerate(ids):
+                if owners.get(cid) != tenant:
+                    continue
+                if len(out) == limit:
+                    return out, pos + i
+                rec = await self.command(tree_id, cid)
+                if rec is not None:
+                    out.append(rec)
+            if len(ids) < batch:
+                return out, None
+            pos += len(ids)
+
+    async def _tenants(self, tree_id: str, command_ids: Sequence[str]) -> dict[str, str]:
+        """The tenant of each command still stored."""
+        if not command_ids:
+            return {}
+        async with self.r.pipeline(transaction=False) as p:
+            for cid in command_ids:
+                p.hget(self._cmd(tree_id, cid), "spec")
+            specs = await p.execute()
+        return {
+            cid: json.loads(raw)["tenant"]
+            for cid, raw in zip(command_ids, specs, strict=True)
+            if raw is not None
+        }
 
     async def finish_command(
         self,
@@ -295,11 +342,30 @@ class AggStore:
                 p.zremrangebyrank(tree_key(t, "history"), 0, -HISTORY_KEEP - 1)
             await p.execute()
 
-    async def history(self, tree_id: str, limit: int) -> list[tuple[str, float, dict[str, float]]]:
-        """(command, finished at, node → lateness s), newest first."""
-        entries = await self.r.zrevrange(
-            tree_key(tree_id, "history"), 0, limit - 1, withscores=True
-        )
+    async def history(
+        self, tree_id: str, limit: int, *, tenant: str | None = None
+    ) -> list[tuple[str, float, dict[str, float]]]:
+        """(command, finished at, node → lateness s), newest first; `tenant`: the last
+        `limit` of that tenant's commands only."""
+        key = tree_key(tree_id, "history")
+        if tenant is None:
+            entries = await self.r.zrevrange(key, 0, limit - 1, withscores=True)
+            return await self._lateness(tree_id, entries)
+        out: list[tuple[str, float, dict[str, float]]] = []
+        pos, batch = 0, max(limit, LIST_SCAN)
+        while len(out) < limit:
+            entries = await self.r.zrevrange(key, pos, pos + batch - 1, withscores=True)
+            owners = await self._tenants(tree_id, [cid for cid, _ in entries])
+            mine = [(cid, at) for cid, at in entries if owners.get(cid) == tenant]
+            out += (await self._lateness(tree_id, mine))[: limit - len(out)]
+            if len(entries) < batch:
+                break
+            pos += len(entries)
+        return out
+
+    async def _lateness(
+        self, tree_id: str, entries: Sequence[tuple[str, float]]
+    ) -> list[tuple[str, float, dict[str, float]]]:
         async with self.r.pipeline(transaction=False) as p:
             for cid, _ in entries:
                 p.hgetall(tree_key(tree_id, "lateness", cid))

@@ -44,7 +44,7 @@ def _is_repeated(f: FieldDescriptor) -> bool:
     flag = getattr(f, "is_repeated", None)
     if flag is not None:
         return bool(flag)
-    return f.label == FieldDescriptor.LABEL_REPEATED
+    return getattr(f, "label", None) == FieldDescriptor.LABEL_REPEATED
 
 
 def _names_resource(f: FieldDescriptor) -> bool:

@@ -189,7 +189,7 @@ def require_service_scope(service: str, scope: str, what: str) -> None:
     if principal.is_service(service) and principal.scope() != scope:
         raise PermissionDenied(
             f"{principal} may not act for {what} {scope!r}: only for {principal.scope()!r}",
-            reason="WRONG_SCOPE",
+            reason="NOT_OWN_SCOPE",
             metadata={"principal": str(principal)},
         )
 

@@ -1,7 +1,10 @@
 """gRPC servicer of core_broker: authentication, protobuf <-> domain, and the
 calls into the broker (decisions, expiry, watch) and its store.
 
-Every method but GetInfo first establishes who calls (CB-2, `auth.py`); the
+Every call is authenticated and authorized by the server's Guard (the one
+mechanism of services.common.auth, with the broker's application and operator
+tokens as one of its verifiers, `auth.py`); every method but GetInfo then maps
+the caller to the broker's principal (CB-2) for its own checks. The
 reservation path lives in `broker.Broker` so other servicers (graph plans)
 can reserve through it too.
 """
@@ -24,6 +27,7 @@ from lightpath.errors import (
 from lightpath.graph.fold import plan_to_proto
 from lightpath.v1 import common_pb2, core_broker_pb2, core_broker_pb2_grpc, graph_pb2
 from services.common import paging
+from services.common.auth import caller
 from services.common.keys import is_valid_id, require_id
 from services.common.server import Runtime, ServiceDefinition
 from services.core_broker.auth import (
@@ -93,7 +97,9 @@ class CoreBrokerServicer(core_broker_pb2_grpc.CoreBrokerServicer):
         self._graph_metrics = graph_metrics
 
     async def _who(self, context) -> Principal:
-        principal = await self._auth.authenticate(context.invocation_metadata())
+        """The broker's principal of the caller the Guard admitted (an application
+        with its agreement, or the operator)."""
+        principal = await self._auth.principal(caller())
         _annotate(principal=principal.name)
         return principal
 
@@ -547,10 +553,21 @@ async def build(runtime: Runtime[CoreBrokerSettings]) -> list[ServiceDefinition]
     runtime.spawn(broker.reap_forever(), "core_broker.reap")
     runtime.spawn(broker.follow_forever(), "core_broker.follow")
     auth = Authenticator(store, s.operator_token, s.auth_cache_s)
+    runtime.guard.add_verifier(auth)
     if not s.operator_token:
-        runtime.log.warning(
-            "LIGHTPATH_CB_OPERATOR_TOKEN is empty: devices and applications cannot be registered"
-        )
+        if not s.plaintext and s.tls_client_auth == "require":
+            runtime.log.info(
+                "LIGHTPATH_CB_OPERATOR_TOKEN is empty: the operator registers devices and "
+                "applications with an operator certificate (spiffe://lightpath/operator/<name>) "
+                "or a Lightpath token issued to an operator"
+            )
+        else:
+            runtime.log.warning(
+                "LIGHTPATH_CB_OPERATOR_TOKEN is empty and callers present no client certificates "
+                "here: the operator can register devices and applications only with a Lightpath "
+                "token issued to an operator (`lightpath token create operator:NAME`); use an "
+                "operator certificate with LIGHTPATH_TLS_CLIENT_AUTH=require"
+            )
     graph_metrics = GraphMetricsStore(runtime.redis, runs_kept=s.graph_runs_kept)
     servicer = CoreBrokerServicer(runtime, store, broker, auth, graph_metrics)
     return [

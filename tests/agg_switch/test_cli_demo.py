@@ -14,7 +14,8 @@ from lightpath.demo import DemoContext
 from lightpath.demo import agg as agg_demo
 from lightpath.telemetry import configure_tracing
 from lightpath.v1 import agg_switch_pb2 as pb
-from tests.agg_switch.tree import agg_tree, stack_tree
+from tests.agg_switch.tree import agg_tree, node_credentials, stack_tree
+from tests.helpers import test_ca
 
 
 async def cli(capsys, *argv: str) -> tuple[int, str, str]:
@@ -57,7 +58,7 @@ async def test_cli_topology_start_status_history(redis_url, tmp_path, capsys):
         assert code == 0 and started["timeout_aggregator"] == "n2"
         assert started["state"] == "AGG_COMMAND_STATE_RUNNING"
         data = {f"n{i}": np.arange(8, dtype=np.int64) * i for i in range(1, 6)}
-        await aggregate_all(t.address(), "cli-1", data)
+        await aggregate_all(t.address(), "cli-1", data, credentials=node_credentials)
         await t.settled("cli-1")
         code, out, _ = await cli(capsys, "agg", "status", "cli-1", *addr)
         assert code == 0 and "completed" in out and "timed out: none" in out
@@ -78,7 +79,11 @@ async def test_cli_topology_start_status_history(redis_url, tmp_path, capsys):
         assert code == 1 and "NOT_FOUND" in err
 
 
-async def test_demo_step_runs_against_the_three_switches(redis_url, capsys):
+async def test_demo_step_runs_against_the_three_switches(redis_url, capsys, tmp_path, monkeypatch):
+    # The demo issues its compute nodes their certificates from the local stack's CA
+    # (<LIGHTPATH_STATE_DIR>/pki): here that is the test CA the switches trust.
+    (tmp_path / "pki").symlink_to(test_ca().dir, target_is_directory=True)
+    monkeypatch.setenv("LIGHTPATH_STATE_DIR", str(tmp_path))
     async with agg_tree(redis_url) as t:
         endpoints = {f"agg-{s}": t.address(s) for s in ("root", "sub-1", "sub-2")}
         ctx = DemoContext(endpoints, configure_tracing("demo-test", set_global=False))
@@ -88,5 +93,6 @@ async def test_demo_step_runs_against_the_three_switches(redis_url, capsys):
             await ctx.close()
     out = capsys.readouterr().out
     assert "timed out: n3" in out
+    assert "each present their own certificate" in out
     assert "verified" in out and "MISMATCH" not in out
     assert "bypass entries left: 0" in out

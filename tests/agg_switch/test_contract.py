@@ -15,10 +15,10 @@ import pytest
 from opentelemetry.trace import SpanKind
 
 from lightpath.agg import ComputeNode, aggregate_all
-from lightpath.client import channel, error_report
+from lightpath.client import error_report
 from lightpath.v1 import agg_switch_pb2 as pb
 from lightpath.v1 import common_pb2
-from tests.agg_switch.tree import CN, DN, SW, agg_tree, node, stack_tree
+from tests.agg_switch.tree import CN, DN, SW, agg_tree, node, node_credentials, stack_tree
 
 FIVE = ["n1", "n2", "n3", "n4", "n5"]
 TRANSPORTS = ["shm", "grpc"]
@@ -58,7 +58,9 @@ async def straggle(tree, node_id: str, switch: str, command_id: str, values, **k
         )
 
     await wait_for(entry)
-    async with ComputeNode(node_id, tree.address("root")) as cn:
+    async with ComputeNode(
+        node_id, tree.address("root"), credentials=node_credentials(node_id)
+    ) as cn:
         return await cn.aggregate(command_id, values, **kw)
 
 
@@ -182,7 +184,7 @@ async def test_rpc_spans_carry_the_command_for_operators(redis_url, spans_factor
     async with agg_tree(redis_url, tracer_provider=spans.provider) as t:
         await t.define(stack_tree())
         await t.start("traced", FIVE, 4, tenant="acme")
-        await aggregate_all(t.address(), "traced", vectors(4))
+        await aggregate_all(t.address(), "traced", vectors(4), credentials=node_credentials)
     by_name = {}
     for span in spans.finished():
         if span.kind is SpanKind.SERVER:
@@ -226,7 +228,12 @@ async def test_one_straggler_is_bypassed_to_a_compute_timeout_aggregator(tree):
     assert cmd.timeout_aggregator == "n4" and cmd.chunks == 4
     data = vectors(length)
     on_time = asyncio.ensure_future(
-        aggregate_all(tree.address(), "late-1", {n: data[n] for n in FIVE if n != "n3"})
+        aggregate_all(
+            tree.address(),
+            "late-1",
+            {n: data[n] for n in FIVE if n != "n3"},
+            credentials=node_credentials,
+        )
     )
     # While n3 is late: the entries are on sub-1 only, and sub-1 holds no slot.
     await wait_for(lambda: _entries(tree, "sub-1", 4))
@@ -278,10 +285,15 @@ async def test_predicted_straggler_tags_its_own_data(tree):
     data = vectors(4)
     late = asyncio.ensure_future(asyncio.sleep(0.5))  # n5 comes clearly last: history says so
     on_time = asyncio.ensure_future(
-        aggregate_all(tree.address(), "warm", {n: data[n] for n in FIVE if n != "n5"})
+        aggregate_all(
+            tree.address(),
+            "warm",
+            {n: data[n] for n in FIVE if n != "n5"},
+            credentials=node_credentials,
+        )
     )
     await late
-    async with ComputeNode("n5", tree.address()) as n5:
+    async with ComputeNode("n5", tree.address(), credentials=node_credentials("n5")) as n5:
         await n5.aggregate("warm", data["n5"])
     await on_time
     await tree.settled("warm")
@@ -301,7 +313,7 @@ async def test_predicted_straggler_tags_its_own_data(tree):
         timeout_aggregator=pb.TimeoutAggregatorSelection(node="n1"),
     )
     assert list(cmd.predicted_timeout_nodes) == ["n5"]
-    results = await aggregate_all(tree.address(), "predicted", data)
+    results = await aggregate_all(tree.address(), "predicted", data, credentials=node_credentials)
     assert all(r.values.tolist() == sum(data.values()).tolist() for r in results.values())
     assert results["n5"].predicted_timeout
     sub2 = await tree.state("sub-2")
@@ -321,7 +333,12 @@ async def test_late_timeout_aggregator_and_late_sub_switch(tree):
     assert cmd.timeout_aggregator == "n1"
     data = vectors(6)
     on_time = asyncio.ensure_future(
-        aggregate_all(tree.address(), "agg-late", {n: data[n] for n in FIVE if n != "n1"})
+        aggregate_all(
+            tree.address(),
+            "agg-late",
+            {n: data[n] for n in FIVE if n != "n1"},
+            credentials=node_credentials,
+        )
     )
     late = await straggle(tree, "n1", "sub-1", "agg-late", data["n1"])
     others = await on_time
@@ -341,7 +358,13 @@ async def test_node_that_never_arrives_fails_the_command_cleanly(tree):
     await tree.start("never", FIVE, 4, chunk_bytes=16, deadline_s=1.5)
     data = vectors(4)
     outcomes = await asyncio.gather(
-        *(ComputeNode(n, tree.address()).aggregate("never", data[n]) for n in FIVE if n != "n2"),
+        *(
+            ComputeNode(n, tree.address(), credentials=node_credentials(n)).aggregate(
+                "never", data[n]
+            )
+            for n in FIVE
+            if n != "n2"
+        ),
         return_exceptions=True,
     )
     for out in outcomes:
@@ -356,7 +379,7 @@ async def test_node_that_never_arrives_fails_the_command_cleanly(tree):
         assert st.slots_in_use == 0 and st.bypass_entries == [] and st.parked == 0
         assert not [c for c in st.commands if c.command_id == "never"]
     # Late arrivals after the failure are refused plainly.
-    async with ComputeNode("n2", tree.address()) as n2:
+    async with ComputeNode("n2", tree.address(), credentials=node_credentials("n2")) as n2:
         report = await expect_error(
             n2.aggregate("never", data["n2"]), grpc.StatusCode.FAILED_PRECONDITION
         )
@@ -371,13 +394,16 @@ async def test_bad_contributions_are_refused_and_duplicates_count_once(tree):
 
     await tree.define(stack_tree(sub_ms=5000, root_ms=5000))
     await tree.start("bad", FIVE, 4, chunk_bytes=16)
-    ch = channel(tree.address("sub-1"))
-    tree._channels.append(ch)
-    contribute = ch.stream_unary(
-        agg_wire.CONTRIBUTE,
-        request_serializer=agg_wire.identity,
-        response_deserializer=pb.ContributeSummary.FromString,
-    )
+
+    def contributor(node_id: str, switch: str = "sub-1"):
+        """Contribute on `switch` as compute node `node_id` (its own certificate)."""
+        return tree.channel(switch, as_=node_credentials(node_id)).stream_unary(
+            agg_wire.CONTRIBUTE,
+            request_serializer=agg_wire.identity,
+            response_deserializer=pb.ContributeSummary.FromString,
+        )
+
+    contribute = contributor("n1")
 
     def chunk(cid="bad", source="n1", dtype=pb.AGG_DTYPE_INT64, data=None, index=0):
         data = np.arange(2, dtype=np.int64) if data is None else data
@@ -392,17 +418,24 @@ async def test_bad_contributions_are_refused_and_duplicates_count_once(tree):
             data,
         )
 
-    async def send(*raws):
+    async def send(*raws, call=contribute):
         async def gen():
             for r in raws:
                 yield r
 
-        return await contribute(gen(), timeout=10)
+        return await call(gen(), timeout=10)
 
     await expect_error(send(chunk(cid="ghost")), grpc.StatusCode.NOT_FOUND)
-    r = await expect_error(send(chunk(source="n9")), grpc.StatusCode.INVALID_ARGUMENT)
+    # A node sends only its own chunks (tests/agg_switch/test_security.py has more).
+    r = await expect_error(send(chunk(source="n2")), grpc.StatusCode.PERMISSION_DENIED)
+    assert r.reason == "NODE_MISMATCH"
+    r = await expect_error(
+        send(chunk(source="n9"), call=contributor("n9")), grpc.StatusCode.INVALID_ARGUMENT
+    )
     assert r.field_violations[0][0] == "source" and r.reason == "NOT_A_PARTICIPANT"
-    r = await expect_error(send(chunk(source="n4")), grpc.StatusCode.INVALID_ARGUMENT)
+    r = await expect_error(
+        send(chunk(source="n4"), call=contributor("n4")), grpc.StatusCode.INVALID_ARGUMENT
+    )
     assert r.reason == "WRONG_SWITCH"
     r = await expect_error(
         send(chunk(data=np.arange(3, dtype=np.int64))), grpc.StatusCode.INVALID_ARGUMENT
@@ -421,13 +454,17 @@ async def test_bad_contributions_are_refused_and_duplicates_count_once(tree):
     assert (summary.accepted, summary.duplicates) == (2, 1)
     data = {n: np.arange(4, dtype=np.int64) * (i + 1) for i, n in enumerate(FIVE)}
     data["n1"] = np.array([0, 1, 5, 6])
-    results = await aggregate_all(tree.address(), "bad", data)  # n1 sends all again
+    results = await aggregate_all(
+        tree.address(), "bad", data, credentials=node_credentials
+    )  # n1 sends all again
     assert results["n1"].values.tolist() == sum(data.values()).tolist()
     await expect_error(
-        tree.stub().JoinCommand(pb.JoinCommandRequest(command_id="bad", node_id="n9")),
+        tree.stub(as_=node_credentials("n9")).JoinCommand(
+            pb.JoinCommandRequest(command_id="bad", node_id="n9")
+        ),
         grpc.StatusCode.INVALID_ARGUMENT,
     )
-    async with ComputeNode("n1", tree.address()) as n1:
+    async with ComputeNode("n1", tree.address(), credentials=node_credentials("n1")) as n1:
         with pytest.raises(Exception, match="values"):
             await n1.aggregate("bad", np.zeros(3, np.int64))
 
@@ -507,7 +544,12 @@ async def test_dedicated_timeout_aggregator_and_parameter_server(redis_url, tran
         )
         grads = {n: np.full(6, i + 1, np.float32) for i, n in enumerate(FIVE)}
         on_time = asyncio.ensure_future(
-            aggregate_all(t.address(), "ps-1", {n: grads[n] for n in FIVE if n != "n5"})
+            aggregate_all(
+                t.address(),
+                "ps-1",
+                {n: grads[n] for n in FIVE if n != "n5"},
+                credentials=node_credentials,
+            )
         )
         late = await straggle(t, "n5", "sub-2", "ps-1", grads["n5"])
         results = {**(await on_time), "n5": late}
@@ -557,7 +599,12 @@ async def test_exact_mode_gives_the_same_bits_whoever_is_late(tree):
             chunk_bytes=400,
         )
         on_time = asyncio.ensure_future(
-            aggregate_all(tree.address(), cid, {n: data[n] for n in FIVE if n != straggler})
+            aggregate_all(
+                tree.address(),
+                cid,
+                {n: data[n] for n in FIVE if n != straggler},
+                credentials=node_credentials,
+            )
         )
         late = await straggle(tree, straggler, switch, cid, data[straggler])
         outs.append([late.values, *(r.values for r in (await on_time).values())])
@@ -588,7 +635,8 @@ async def test_tenants_share_a_small_slot_pool_without_corrupting_each_other(red
             timeout_aggregator=pb.TimeoutAggregatorSelection(node="sub-2"),
         )
         ra, rb = await asyncio.gather(
-            aggregate_all(t.address(), "ta", data["a"]), aggregate_all(t.address(), "tb", data["b"])
+            aggregate_all(t.address(), "ta", data["a"], credentials=node_credentials),
+            aggregate_all(t.address(), "tb", data["b"], credentials=node_credentials),
         )
         assert all(r.values.tolist() == sum(data["a"].values()).tolist() for r in ra.values())
         assert all(r.values.tolist() == sum(data["b"].values()).tolist() for r in rb.values())

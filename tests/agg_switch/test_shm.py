@@ -26,7 +26,7 @@ from lightpath.v1 import agg_switch_pb2 as pb
 from lightpath.v1 import common_pb2
 from services.agg_switch.transport import Buffers
 from tests.agg_switch.test_contract import FIVE, expect_error, straggle, vectors, wait_for
-from tests.agg_switch.tree import agg_tree, stack_tree
+from tests.agg_switch.tree import agg_tree, node_credentials, stack_tree
 
 SWITCHES = ("root", "sub-1", "sub-2")
 
@@ -323,7 +323,10 @@ async def run_scenario(redis_url, transport: str, name: str, data) -> dict:
         late = sc.get("late")
         on_time = asyncio.ensure_future(
             aggregate_all(
-                t.address(), "same", {n: data[n] for n in FIVE if not late or n != late[0]}
+                t.address(),
+                "same",
+                {n: data[n] for n in FIVE if not late or n != late[0]},
+                credentials=node_credentials,
             )
         )
         results = {}
@@ -339,7 +342,9 @@ async def straggle_in(t, node_id, switch, tree_id, values):
         return any(e.timeout_node == node_id for e in state.bypass_entries)
 
     await wait_for(entry)
-    async with ComputeNode(node_id, t.address(), tree_id=tree_id) as cn:
+    async with ComputeNode(
+        node_id, t.address(), credentials=node_credentials(node_id), tree_id=tree_id
+    ) as cn:
         return await cn.aggregate("same", values)
 
 
@@ -383,7 +388,7 @@ async def test_nothing_is_left_in_shared_memory_after_commands_end_fail_or_never
             timeout_aggregator=pb.TimeoutAggregatorSelection(node="n4"),
         )
         data = vectors(2048, np.float64)
-        nodes = {n: ComputeNode(n, t.address()) for n in FIVE}
+        nodes = {n: ComputeNode(n, t.address(), credentials=node_credentials(n)) for n in FIVE}
         on_time = asyncio.gather(*(nodes[n].aggregate("done", data[n]) for n in FIVE if n != "n2"))
         late = await straggle(t, "n2", "sub-1", "done", data["n2"])
         assert late.shared_memory and all(r.shared_memory for r in await on_time)
@@ -411,7 +416,11 @@ async def test_nothing_is_left_in_shared_memory_after_commands_end_fail_or_never
         await t.start(
             "never", FIVE, 2048, dtype=pb.AGG_DTYPE_FLOAT64, chunk_bytes=4096, deadline_s=1.5
         )
-        nodes = {n: ComputeNode(n, t.address()) for n in FIVE if n != "n5"}
+        nodes = {
+            n: ComputeNode(n, t.address(), credentials=node_credentials(n))
+            for n in FIVE
+            if n != "n5"
+        }
         outcomes = await asyncio.gather(
             *(node.aggregate("never", data[n]) for n, node in nodes.items()),
             return_exceptions=True,
@@ -436,7 +445,7 @@ async def test_a_node_whose_probe_does_not_check_out_uses_the_bytes_path(redis_u
         await t.define(stack_tree(sub_ms=5000, root_ms=5000))
         await t.start("mixed", FIVE, 1000, dtype=pb.AGG_DTYPE_FLOAT32, chunk_bytes=1000)
         data = vectors(1000, np.float32)
-        nodes = {n: ComputeNode(n, t.address()) for n in FIVE}
+        nodes = {n: ComputeNode(n, t.address(), credentials=node_credentials(n)) for n in FIVE}
         try:
             stranger = nodes["n2"].shm
             assert stranger is not None
@@ -465,7 +474,7 @@ async def test_switches_fall_back_per_link(redis_url):
         await t.define(stack_tree(sub_ms=5000, root_ms=5000))
         await t.start("links", FIVE, 512, dtype=pb.AGG_DTYPE_FLOAT64, chunk_bytes=2048)
         data = vectors(512, np.float64)
-        results = await aggregate_all(t.address(), "links", data)
+        results = await aggregate_all(t.address(), "links", data, credentials=node_credentials)
         want = results["n1"].values.tobytes()
         assert all(r.values.tobytes() == want for r in results.values())
         assert [n for n, r in results.items() if r.shared_memory] == ["n4", "n5"]
@@ -479,7 +488,7 @@ async def test_references_are_refused_from_a_node_that_did_not_agree(redis_url):
     async with agg_tree(redis_url) as t:
         await t.define(stack_tree(sub_ms=5000, root_ms=5000))
         await t.start("refs", FIVE, 4, chunk_bytes=32)
-        ch = channel(t.address("sub-1"))
+        ch = channel(t.address("sub-1"), credentials=node_credentials("n1"))
         try:
             contribute = ch.stream_unary(
                 agg_wire.CONTRIBUTE,
@@ -512,7 +521,7 @@ async def test_a_vector_from_empty_is_handed_over_without_a_copy(redis_url):
     async with agg_tree(redis_url) as t:
         await t.define(stack_tree(sub_ms=5000, root_ms=5000))
         await t.start("zero", FIVE, 1 << 14, dtype=pb.AGG_DTYPE_FLOAT32, chunk_bytes=1 << 14)
-        nodes = {n: ComputeNode(n, t.address()) for n in FIVE}
+        nodes = {n: ComputeNode(n, t.address(), credentials=node_credentials(n)) for n in FIVE}
         try:
             vectors_ = {}
             for i, (n, node) in enumerate(nodes.items()):

@@ -12,10 +12,11 @@ import grpc
 from google.protobuf import duration_pb2
 
 from lightpath.client import channel
+from lightpath.security.credentials import Credentials
 from lightpath.v1 import agg_switch_pb2 as pb
 from lightpath.v1 import agg_switch_pb2_grpc
 from services.common.server import RunningService
-from tests.helpers import serve
+from tests.helpers import credentials, serve
 
 TREE = "tree-1"
 SW, CN, DN = pb.AGG_NODE_KIND_SWITCH, pb.AGG_NODE_KIND_COMPUTE, pb.AGG_NODE_KIND_DEDICATED
@@ -23,6 +24,18 @@ TRANSPORT_ENV = {
     "shm": {"LIGHTPATH_AGG_TRANSPORT": "auto", "LIGHTPATH_AGG_SHM_MIN_BYTES": "0"},
     "grpc": {"LIGHTPATH_AGG_TRANSPORT": "grpc"},
 }
+
+
+_NODE_CREDENTIALS: dict[str, Credentials] = {}
+
+
+def node_credentials(node_id: str) -> Credentials:
+    """A compute node's own credentials (`node:<id>` from the test CA): what the SDK
+    must present to join, contribute and read results as that node."""
+    creds = _NODE_CREDENTIALS.get(node_id)
+    if creds is None:
+        creds = _NODE_CREDENTIALS[node_id] = credentials(f"node:{node_id}")
+    return creds
 
 
 def node(id: str, kind: int, parent: str = "", threshold_ms: int = 0, **kw) -> pb.AggNode:
@@ -54,10 +67,17 @@ class Tree:
     def address(self, switch: str = "root") -> str:
         return self.switches[switch].address
 
-    def stub(self, switch: str = "root") -> agg_switch_pb2_grpc.AggSwitchStub:
-        ch = channel(self.address(switch))
+    def stub(
+        self, switch: str = "root", *, as_: str | Credentials | None = None
+    ) -> agg_switch_pb2_grpc.AggSwitchStub:
+        """A stub of `switch` as the operator, or `as_` (`tenant:acme`, `node:n1`, ...)."""
+        return agg_switch_pb2_grpc.AggSwitchStub(self.channel(switch, as_=as_))
+
+    def channel(self, switch: str = "root", *, as_: str | Credentials | None = None):
+        creds = credentials(as_) if isinstance(as_, str) else as_
+        ch = channel(self.address(switch), credentials=creds)
         self._channels.append(ch)
-        return agg_switch_pb2_grpc.AggSwitchStub(ch)
+        return ch
 
     async def define(self, nodes: Sequence[pb.AggNode], tree: str = TREE, **kw) -> pb.AggTopology:
         return await self.stub().DefineTopology(
@@ -70,7 +90,8 @@ class Tree:
         kw.setdefault("dtype", pb.AGG_DTYPE_INT64)
         kw.setdefault("op", pb.AGG_OP_SUM)
         deadline_s = kw.pop("deadline_s", 20.0)
-        return await self.stub(kw.pop("via", "root")).StartCommand(
+        stub = self.stub(kw.pop("via", "root"), as_=kw.pop("as_", None))
+        return await stub.StartCommand(
             pb.StartCommandRequest(
                 command_id=command_id,
                 participants=list(participants),

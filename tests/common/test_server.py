@@ -21,13 +21,16 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from lightpath import __version__
 from lightpath.client import channel, error_report, service_stub
 from lightpath.embedded_redis import free_port
+from lightpath.security.credentials import Credentials
+from lightpath.security.identity import service_principal
 from lightpath.stack import health_status
 from lightpath.v1 import common_pb2
 from services.common.errors import FailedPrecondition, InvalidArgument, NotFound
+from services.common.policy import RULES, read
 from services.common.server import ServiceDefinition, running
 from services.common.settings import CommonSettings, load
 from services.common.telemetry import JsonFormatter, TraceContextFilter
-from tests.helpers import SERVICES, serve
+from tests.helpers import SERVICES, serve, tls_env
 
 FULL_NAMES = {
     "cell_scheduler": "lightpath.v1.CellScheduler",
@@ -140,8 +143,20 @@ def _call(ch: grpc.aio.Channel, method: str):
 
 def _settings(redis_url: str) -> CommonSettings:
     return load(
-        CommonSettings, {"LIGHTPATH_REDIS_URL": redis_url, "LIGHTPATH_LISTEN": "127.0.0.1:0"}
+        CommonSettings,
+        {
+            "LIGHTPATH_REDIS_URL": redis_url,
+            "LIGHTPATH_LISTEN": "127.0.0.1:0",
+            **tls_env(service_principal("probe")),
+        },
     )
+
+
+@pytest.fixture(autouse=True)
+def probe_rules(monkeypatch):
+    """The probe's methods get rows in the policy (a method without one is refused)."""
+    for name in ("Invalid", "Missing", "Busy", "Boom", "Slow", "Stream"):
+        monkeypatch.setitem(RULES, f"/{PROBE}/{name}", read("operator"))
 
 
 async def _build_probe(log: list[str]):
@@ -331,6 +346,7 @@ def _run_service_process(
     port = free_port()
     env = {
         **os.environ,
+        **tls_env(service_principal("core_broker")),
         "LIGHTPATH_REDIS_URL": redis_url,
         "LIGHTPATH_LISTEN": f"127.0.0.1:{port}",
         **extra_env,
@@ -359,7 +375,9 @@ def test_rpc_metrics_are_exported_per_otel_metrics_exporter(redis_url):
 
         from lightpath.v1 import core_broker_pb2_grpc
 
-        with sync_grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+        creds = Credentials.default().channel_credentials()
+        assert creds is not None  # the tests' operator certificate (tests/conftest.py)
+        with sync_grpc.secure_channel(f"127.0.0.1:{port}", creds) as ch:
             core_broker_pb2_grpc.CoreBrokerStub(ch).GetInfo(common_pb2.GetInfoRequest(), timeout=5)
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=15)

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 import grpc
 
 from lightpath.client import channel
+from lightpath.security.identity import service_principal
 from lightpath.v1 import ocs_manager_pb2 as pb
 from lightpath.v1 import ocs_manager_pb2_grpc
 from services.common.server import running
@@ -19,6 +20,7 @@ from services.ocs_manager.fabric import Fabric
 from services.ocs_manager.server import build
 from services.ocs_manager.settings import OcsManagerSettings
 from services.ocs_manager.wiring import FabricChange
+from tests.helpers import tls_env
 from tests.ocs_manager.conftest import fabric_env, rpc_error, wire_request
 
 C = grpc.StatusCode
@@ -71,6 +73,7 @@ async def scripted_ocs(
             "LIGHTPATH_REDIS_URL": redis_url,
             "LIGHTPATH_LISTEN": "127.0.0.1:0",
             "LIGHTPATH_OCS_CHANGE_LEASE_S": str(lease_s),
+            **tls_env(service_principal("ocs_manager", "pod-1")),
             **fabric_env(**env),
         },
     )
