@@ -512,3 +512,59 @@ async def _rpc_error(awaitable):
     with pytest.raises(grpc.aio.AioRpcError) as info:
         await awaitable
     return error_report(info.value)
+
+
+def _foreign_identity_cert(tmp_path: Path, uri: str | None) -> Credentials:
+    """A certificate from the tests' CA whose URI SAN is not a Lightpath identity."""
+    import datetime as dt
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    ca = test_ca()
+    ca_cert = x509.load_pem_x509_certificate(ca.cert_path.read_bytes())
+    ca_key = serialization.load_pem_private_key(ca.key_path.read_bytes(), password=None)
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = dt.datetime.now(dt.UTC)
+    sans: list[x509.GeneralName] = [x509.DNSName("localhost")]
+    if uri:
+        sans.append(x509.UniformResourceIdentifier(uri))
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "someone")]))
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=1))
+        .not_valid_after(now + dt.timedelta(days=1))
+        .add_extension(x509.SubjectAlternativeName(sans), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    return Credentials(
+        ca.cert_path.read_bytes(),
+        cert.public_bytes(serialization.Encoding.PEM),
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        ),
+        tls=True,
+    )
+
+
+@pytest.mark.parametrize(
+    "uri", [None, "spiffe://other-domain/tenant/acme", "spiffe://lightpath/king/x"]
+)
+async def test_a_certificate_without_a_lightpath_identity_is_unauthenticated(
+    redis_url, tmp_path, uri
+):
+    async with (
+        serve("cell_scheduler", redis_url) as svc,
+        channel(svc.address, credentials=_foreign_identity_cert(tmp_path, uri)) as ch,
+    ):
+        err = await _call(ch, "/lightpath.v1.CellScheduler/ListJobs", _method("ListJobs"))
+        report = error_report(err)
+        assert report.code == grpc.StatusCode.UNAUTHENTICATED
+        assert report.reason == "UNKNOWN_IDENTITY" and "spiffe://lightpath/" in report.message

@@ -3,6 +3,7 @@ service, reports them healthy, and leaves no process behind when stopped."""
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import signal
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+import redis
 
 from lightpath.stack import default_topology
 
@@ -68,6 +70,13 @@ def _descendants(pid: int) -> list[psutil.Process]:
     return psutil.Process(pid).children(recursive=True)
 
 
+def _loopback(ip: str) -> bool:
+    """127.0.0.1, ::1, or gRPC's dual-stack form of 127.0.0.1 (::ffff:127.0.0.1)."""
+    addr = ipaddress.ip_address(ip)
+    mapped = getattr(addr, "ipv4_mapped", None)
+    return addr.is_loopback or (mapped is not None and mapped.is_loopback)
+
+
 def _assert_all_gone(procs: list[psutil.Process], timeout: float = 15) -> None:
     _, alive = psutil.wait_procs(procs, timeout=timeout)
     assert not alive, f"left behind: {[(p.pid, p.cmdline()) for p in alive]}"
@@ -81,9 +90,26 @@ def test_up_serves_every_service_and_ctrl_c_leaves_nothing_behind(tmp_path):
         code, status = _status(tmp_path)
         assert code == 0 and status["running"]
         assert {s["health"] for s in status["services"].values()} == {"SERVING"}
+        assert status["security"]["tls"] is True
         children = _descendants(proc.pid)
         names = " ".join(" ".join(c.cmdline()) for c in children)
         assert "redis-server" in names and names.count("services.") == len(default_topology())
+        # secure by default: everything listens on loopback only, Redis needs its
+        # password, and the password is in no process's arguments
+        listening = [
+            conn.laddr.ip
+            for c in children
+            for conn in c.net_connections(kind="tcp")
+            if conn.status == psutil.CONN_LISTEN
+        ]
+        assert len(listening) >= len(default_topology()) + 1
+        assert all(_loopback(ip) for ip in listening), listening
+        password = (tmp_path / "secrets" / "redis.password").read_text().strip()
+        assert password and password not in names
+        assert (tmp_path / "secrets" / "redis.password").stat().st_mode & 0o077 == 0
+        with pytest.raises(redis.exceptions.AuthenticationError):
+            redis.Redis.from_url(state["redis_url"]).get("x")
+        assert password not in json.dumps(state)
         proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate(timeout=60)
         assert proc.returncode == 0, out

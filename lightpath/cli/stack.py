@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from lightpath.cli._common import add_json_flag, print_json, table
+from lightpath.paths import pki_dir
 from lightpath.security.credentials import Credentials
 from lightpath.stack import (
     Stack,
@@ -104,12 +105,29 @@ def cmd_status(args: argparse.Namespace) -> int:
         name: {"endpoint": addr, "health": health_status(addr, credentials=creds)}
         for name, addr in stack.endpoints.items()
     }
+    security = {
+        "tls": stack.tls,
+        "client_auth": "certificates required" if stack.tls else "bearer tokens (plaintext)",
+        "pki_dir": str(pki_dir(args.state_dir)),
+        "audit_dir": str((args.state_dir or default_state_dir()) / "audit"),
+        "credentials": creds.source,
+    }
     if args.json:
         print_json(
-            {"running": True, "pid": stack.pid, "redis_url": stack.redis_url, "services": statuses}
+            {
+                "running": True,
+                "pid": stack.pid,
+                "redis_url": stack.redis_url,
+                "security": security,
+                "services": statuses,
+            }
         )
     else:
         print(f"stack pid {stack.pid}, redis {stack.redis_url}")
+        print(
+            ("TLS on, client certificates required" if stack.tls else "plaintext on loopback")
+            + f"; calling as {creds.source}; audit log in {security['audit_dir']}"
+        )
         print(
             table(
                 [(n, s["endpoint"], s["health"]) for n, s in statuses.items()],

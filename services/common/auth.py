@@ -99,20 +99,30 @@ class Guard:
                 "invalid credential: the bearer token is unknown, revoked or malformed",
                 reason="INVALID_CREDENTIAL",
             )
-        principal = self._peer(context)
-        if principal is not None:
-            return principal
+        auth = context.auth_context()
+        ids = auth.get("peer_spiffe_id")
+        if ids:
+            principal = self._peer(ids[0])
+            if principal is not None:
+                return principal
+            raise Unauthenticated(
+                f"the client certificate names {ids[0].decode(errors='replace')!r}, which is not a "
+                "Lightpath identity: expected spiffe://lightpath/<kind>/<name>",
+                reason="UNKNOWN_IDENTITY",
+            )
+        if auth.get("x509_common_name"):
+            raise Unauthenticated(
+                "the client certificate carries no spiffe://lightpath/<kind>/<name> URI: "
+                "issue it with the caller's identity (docs/security.md)",
+                reason="UNKNOWN_IDENTITY",
+            )
         raise Unauthenticated(
             "missing credential: present a client certificate issued by the cell's CA "
             "(spiffe://lightpath/<kind>/<name>) or send `authorization: Bearer <token>` metadata",
             reason="MISSING_CREDENTIAL",
         )
 
-    def _peer(self, context: grpc.aio.ServicerContext) -> Principal | None:
-        ids = context.auth_context().get("peer_spiffe_id")
-        if not ids:
-            return None
-        raw = ids[0]
+    def _peer(self, raw: bytes) -> Principal | None:
         if raw in self._peers:
             return self._peers[raw]
         principal = from_uri(raw.decode(errors="replace"))
