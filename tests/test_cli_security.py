@@ -114,8 +114,8 @@ def on_stack(stack: Stack, monkeypatch: pytest.MonkeyPatch) -> Stack:
 slow = pytest.mark.slow  # starts a whole stack (once for the module)
 
 
-def _submit(capsys, job_id: str, *extra: str) -> dict:
-    return run_json(capsys, *extra, "submit", job_id, "--shape", "4x4x4")
+def _submit(capsys, job_id: str, *global_args: str) -> dict:
+    return run_json(capsys, *global_args, "submit", job_id, "--shape", "4x4x4")
 
 
 @slow

@@ -35,7 +35,7 @@ who you are (every command that calls a service):
                          command it sets aside LIGHTPATH_TLS_* and LIGHTPATH_TOKEN*
   LIGHTPATH_STATE_DIR    the local stack's directory (default .lightpath); its pki/
                          holds the CA and the certificates `lightpath up` issued
-  LIGHTPATH_IDENTITY     as --as, for every command (when LIGHTPATH_TLS_CA is unset)
+  LIGHTPATH_IDENTITY     as --as, for every command (the local stack's certificate of it)
   LIGHTPATH_TLS_CA, LIGHTPATH_TLS_CERT, LIGHTPATH_TLS_KEY
                          your own PKI: the CA to trust, your certificate and its key
   LIGHTPATH_TOKEN, LIGHTPATH_TOKEN_FILE

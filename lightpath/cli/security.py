@@ -259,6 +259,17 @@ def _cert_not_after(path: Path) -> dt.datetime | None:
         return None
 
 
+def _cert_principal(path: Path) -> Principal | None:
+    """The `spiffe://lightpath/...` principal a certificate file names."""
+    from lightpath.security.credentials import Credentials
+
+    try:
+        who = presented_principal(Credentials(cert=path.read_bytes(), tls=True))
+    except OSError:
+        return None
+    return Principal.parse(who) if who else None
+
+
 def _token_id(token: str) -> str:
     """The id part of `lpt1.<id>.<secret>` ('' for anything else)."""
     parts = token.strip().split(".")
@@ -277,6 +288,13 @@ def cmd_tenant_create(args: argparse.Namespace) -> int:
         raise CliError(f"tenant {args.name!r}: {exc}", code=2) from None
     state_dir = _state_dir(args)
     ca = _local_ca(state_dir)
+    stack = running_stack(state_dir)
+    want_token = args.token or (stack is not None and not stack.tls)  # plaintext: tokens only
+    if want_token and stack is None:
+        raise CliError(
+            f"no stack running from {state_dir}: a token is registered in the stack's Redis; "
+            "start the stack with `lightpath up`, or leave --token out for the certificate alone"
+        )
     files = ca.paths(principal)
     before = files.cert.stat().st_mtime_ns if files.cert.exists() else None
     files = ca.issue(principal, force=args.renew)
@@ -290,9 +308,7 @@ def cmd_tenant_create(args: argparse.Namespace) -> int:
         "not_after": not_after.isoformat().replace("+00:00", "Z") if not_after else None,
         "issued": issued,
     }
-    stack = running_stack(state_dir)
-    plaintext = stack is not None and not stack.tls  # its tenants need a token
-    if args.token or plaintext:
+    if want_token:
         path = token_path(state_dir, principal)
         try:
             previous = _token_id(path.read_text())
@@ -325,7 +341,8 @@ def cmd_tenant_create(args: argparse.Namespace) -> int:
     )
     if "token" in out:
         print(
-            f"\nbearer token {out['token_id']} (shown once; also saved 0600 in {out['token_file']}):"
+            f"\nbearer token {out['token_id']} (saved 0600 in {out['token_file']}; "
+            "the stack keeps only its hash):"
         )
         print(out["token"])
         print(f"use it:      LIGHTPATH_TOKEN_FILE={out['token_file']} lightpath jobs")
@@ -346,7 +363,10 @@ def cmd_tenant_list(args: argparse.Namespace) -> int:
     prefix = f"{TENANT}-"
     if ca.dir.is_dir():
         for cert in sorted(ca.dir.glob(f"{prefix}*.crt")):
-            name = cert.stem.removeprefix(prefix)
+            who = _cert_principal(cert)
+            if who is None or who.kind != TENANT:
+                continue
+            name = who.name
             not_after = _cert_not_after(cert)
             tenants[name] = {
                 "tenant": name,

@@ -6,10 +6,11 @@
 
 `default()` looks, in order, at:
   1. LIGHTPATH_PLAINTEXT=true: no TLS (a token may still be sent);
-  2. LIGHTPATH_TLS_CA (+ LIGHTPATH_TLS_CERT / LIGHTPATH_TLS_KEY): your own PKI;
-  3. the local stack's certificates (`<state dir>/pki`, made by `lightpath up`):
-     the identity asked for, else LIGHTPATH_IDENTITY, else the operator;
-  4. nothing: plaintext, anonymous unless a token is set.
+  2. an identity asked for (or LIGHTPATH_IDENTITY): the local stack's
+     certificate of it (`<state dir>/pki`, made by `lightpath up`);
+  3. LIGHTPATH_TLS_CA (+ LIGHTPATH_TLS_CERT / LIGHTPATH_TLS_KEY): your own PKI;
+  4. the local stack's operator certificate;
+  5. nothing: plaintext, anonymous unless a token is set.
 A bearer token comes from LIGHTPATH_TOKEN_FILE (a file holding it) or
 LIGHTPATH_TOKEN, and is sent as `authorization: Bearer <token>` on every call.
 """
@@ -149,6 +150,7 @@ class Credentials:
         token = _token_from(env)
         if _truthy(env.get("LIGHTPATH_PLAINTEXT", "")):
             return cls(token=token, source="plaintext (LIGHTPATH_PLAINTEXT)")
+        identity = identity or env.get("LIGHTPATH_IDENTITY") or None
         if env.get("LIGHTPATH_TLS_CA") and identity is None:
             return cls.from_files(
                 env["LIGHTPATH_TLS_CA"],
@@ -157,7 +159,7 @@ class Credentials:
                 token=token,
                 source="LIGHTPATH_TLS_*",
             )
-        chosen = identity or env.get("LIGHTPATH_IDENTITY") or ""
+        chosen = identity or ""
         if chosen or (pki_dir(state_dir) / "ca.crt").exists():
             try:
                 principal = identity_of(chosen or OPERATOR)
