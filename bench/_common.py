@@ -1,6 +1,10 @@
-"""Shared by the benchmarks: percentiles, a private Redis, the one-JSON-line output.
+"""Shared by the benchmarks: percentiles, a private Redis, the services' certificates,
+a private stack, the one-JSON-line output.
 
 Benchmarks are not tests: they print what they measure and never assert a time.
+They run the services as users do: TLS with client certificates (mTLS), the bench
+calling as the operator with an explicit `Credentials` (never `Credentials.default()`,
+which would pick up whatever the environment or a running `lightpath up` offers).
 Run one with `python3 dev.py bench NAME`.
 """
 
@@ -13,10 +17,17 @@ import sys
 import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from lightpath.embedded_redis import EmbeddedRedis
+
+if TYPE_CHECKING:
+    from lightpath.security.credentials import Credentials
+    from lightpath.security.identity import Principal
+    from lightpath.security.pki import LocalCA
+    from lightpath.stack import ProcessSpec, Stack
 
 
 def percentile(samples: Sequence[float], q: float) -> float:
@@ -36,6 +47,58 @@ def private_redis() -> Iterator[str]:
         EmbeddedRedis(tmp, appendonly=False) as server,
     ):
         yield server.url
+
+
+def bench_ca(directory: str | Path) -> LocalCA:
+    """A local CA under `directory` for services a bench starts itself (made on first use)."""
+    from lightpath.security.pki import LocalCA
+
+    return LocalCA(Path(directory)).ensure()
+
+
+def service_tls_env(ca: LocalCA, principal: Principal) -> dict[str, str]:
+    """The LIGHTPATH_TLS_* variables of a service process whose identity is `principal`
+    (mTLS, client certificates required: the services' default)."""
+    files = ca.issue(principal)
+    return {
+        "LIGHTPATH_TLS_CERT": str(files.cert),
+        "LIGHTPATH_TLS_KEY": str(files.key),
+        "LIGHTPATH_TLS_CA": str(files.ca),
+        "LIGHTPATH_PLAINTEXT": "false",
+    }
+
+
+def operator_credentials(ca: LocalCA) -> Credentials:
+    """The operator's client certificate from `ca`: what the bench's channels present."""
+    from lightpath.security.credentials import Credentials
+    from lightpath.security.identity import OPERATOR, Principal
+
+    files = ca.issue(Principal(OPERATOR, OPERATOR))
+    return Credentials.from_files(files.ca, files.cert, files.key, source="bench operator")
+
+
+@contextlib.contextmanager
+def private_stack(specs: list[ProcessSpec], *, tls: bool) -> Iterator[Stack]:
+    """A started `Stack` of `specs` on its own private Redis and temporary state dir:
+    TLS with per-process certificates (`tls` True) or plaintext with bearer tokens.
+    Its operator's credentials are `stack.operator`, its Redis `stack.redis_url`."""
+    from lightpath.stack import Stack
+
+    with (
+        private_redis() as redis_url,
+        tempfile.TemporaryDirectory(prefix="lightpath-bench-") as tmp,
+    ):
+        stack = Stack(Path(tmp), specs=specs, redis_url=redis_url, tls=tls, log=lambda *_: None)
+        stack.start()
+        try:
+            yield stack
+        finally:
+            stack.stop()
+
+
+def tls_cost(with_tls: float, without_tls: float) -> float:
+    """The share of a throughput that TLS costs: 1 - with / without (negative: TLS was faster)."""
+    return 1.0 - with_tls / without_tls if without_tls else float("nan")
 
 
 def redis_pid(url: str) -> int | None:

@@ -1,19 +1,30 @@
 #!/usr/bin/env python3
 """Submissions + completions per second through the cell scheduler (two superpods,
-8 concurrent clients), beside the same load sent directly to one workload scheduler.
+8 concurrent clients), beside the same load sent directly to one workload scheduler,
+with TLS on (mTLS, as users run it) and, in the same run, off.
 
-    python3 dev.py bench cell_scheduler [--seconds 15] [--clients 8]
+    python3 dev.py bench cell_scheduler [--seconds 15] [--clients 8] [--rounds 5]
 
 Redis, the cell_scheduler and two superpods (an ocs_manager and a workload_scheduler
 each, 64 blocks of 4x4x4, registered with the cell and reporting to it) run as
 separate processes with their default settings, as deployed; the clients run here.
-Each client loops: submit a 2-block slice (8x4x4 chips; the call answers once the
-slice is RUNNING, wired by the pod's ocs_manager), then complete it. The same run
-measures the clients calling pod-1's workload scheduler directly (AdmitJob +
-CompleteJob) and the cell (SubmitJob + CompleteJob), in alternating rounds (a shared
-machine's changing load weighs on both alike), so the cell's cost shows as a ratio. Prints one JSON line: cell_per_s, cell_ms_p50, cell_ms_p99, direct_per_s,
-direct_ms_p50, direct_ms_p99, overhead_ratio_p50 (cell p50 / direct p50), plus the
-completion latencies, the jobs per pod and the counts.
+Two such stacks run side by side, each on its own Redis: one serving TLS with
+client certificates (every process and the bench's operator hold a certificate of
+the stack's local CA), one plaintext on loopback (bearer tokens). Each client loops:
+submit a 2-block slice (8x4x4 chips; the call answers once the slice is RUNNING,
+wired by the pod's ocs_manager), then complete it. The same run measures the
+clients calling pod-1's workload scheduler directly (AdmitJob + CompleteJob) and
+the cell (SubmitJob + CompleteJob), in alternating rounds (TLS direct, TLS cell,
+plaintext direct, plaintext cell, then plaintext first, ...: a shared machine's
+changing load weighs on all alike), so the cell's cost and TLS's cost show as ratios. Each client keeps one
+channel per stack and service for the whole run (handshakes are not timed).
+
+Prints one JSON line. With TLS, as the top-level keys: cell_per_s, cell_ms_p50,
+cell_ms_p99, direct_per_s, direct_ms_p50, direct_ms_p99, overhead_ratio_p50 (cell
+p50 / direct p50), the completion latencies, the jobs per pod, the counts and the
+CPU ms per pair of each process; "plaintext": the same keys without TLS;
+tls_cost_cell_throughput and tls_cost_direct_throughput (1 - with TLS / without);
+"tls": true.
 """
 
 from __future__ import annotations
@@ -21,15 +32,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
-import tempfile
+import contextlib
 import time
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 
-from _common import cpu_seconds, emit, percentile, private_redis, stack_pids
+from _common import cpu_seconds, emit, percentile, private_stack, stack_pids, tls_cost
 
 from lightpath.client import channel
 from lightpath.embedded_redis import free_port
+from lightpath.security.credentials import Credentials
 from lightpath.stack import ProcessSpec, Stack
 from lightpath.v1 import cell_scheduler_pb2 as cs
 from lightpath.v1 import cell_scheduler_pb2_grpc, workload_scheduler_pb2_grpc
@@ -64,18 +75,20 @@ def specs() -> list[ProcessSpec]:
 Submit = Callable[[object, str], Awaitable[str]]
 Complete = Callable[[object, str], Awaitable[None]]
 
+MODES = (("tls", True), ("plaintext", False))
+
 
 async def measure(
-    address: str,
-    make_stub: Callable,
+    stubs: list,
     submit: Submit,
     complete: Complete,
     *,
     seconds: float,
-    clients: int,
     tag: str,
     warmup: float = 1.0,
 ) -> dict:
+    """One client per stub (each on its own channel), `warmup` seconds unrecorded, then
+    `seconds` recorded."""
     submit_ms: list[float] = []
     complete_ms: list[float] = []
     pods: collections.Counter[str] = collections.Counter()
@@ -84,29 +97,27 @@ async def measure(
     counter = 0
     elapsed = 0.0
 
-    async def client(index: int, deadline: float, record: bool) -> None:
+    async def client(index: int, stub, deadline: float, record: bool) -> None:
         nonlocal pairs, all_pairs, counter
-        async with channel(address) as ch:
-            stub = make_stub(ch)
-            while time.perf_counter() < deadline:
-                counter += 1
-                job_id = f"{tag}-{index}-{counter}"
-                t0 = time.perf_counter()
-                pod = await submit(stub, job_id)
-                t1 = time.perf_counter()
-                await complete(stub, job_id)
-                t2 = time.perf_counter()
-                all_pairs += 1
-                if record:
-                    submit_ms.append((t1 - t0) * 1000)
-                    complete_ms.append((t2 - t1) * 1000)
-                    pods[pod] += 1
-                    pairs += 1
+        while time.perf_counter() < deadline:
+            counter += 1
+            job_id = f"{tag}-{index}-{counter}"
+            t0 = time.perf_counter()
+            pod = await submit(stub, job_id)
+            t1 = time.perf_counter()
+            await complete(stub, job_id)
+            t2 = time.perf_counter()
+            all_pairs += 1
+            if record:
+                submit_ms.append((t1 - t0) * 1000)
+                complete_ms.append((t2 - t1) * 1000)
+                pods[pod] += 1
+                pairs += 1
 
     warm = time.perf_counter() + warmup
-    await asyncio.gather(*(client(i, warm, False) for i in range(clients)))
+    await asyncio.gather(*(client(i, s, warm, False) for i, s in enumerate(stubs)))
     start = time.perf_counter()
-    await asyncio.gather(*(client(i, start + seconds, True) for i in range(clients)))
+    await asyncio.gather(*(client(i, s, start + seconds, True) for i, s in enumerate(stubs)))
     elapsed = time.perf_counter() - start
     return {
         "elapsed": elapsed,
@@ -163,8 +174,8 @@ async def cell_complete(stub, job_id: str) -> None:
     await stub.CompleteJob(cs.CompleteCellJobRequest(job_id=job_id))
 
 
-async def wait_registered(address: str) -> None:
-    async with channel(address) as ch:
+async def wait_registered(address: str, credentials: Credentials) -> None:
+    async with channel(address, credentials=credentials) as ch:
         cell = cell_scheduler_pb2_grpc.CellSchedulerStub(ch)
         for _ in range(300):
             pods = (await cell.ListPods(cs.ListPodsRequest())).pods
@@ -174,91 +185,135 @@ async def wait_registered(address: str) -> None:
     raise RuntimeError("the pods did not register with the cell")
 
 
+class Phases:
+    """The rounds and CPU seconds of one stack's direct and cell phases."""
+
+    def __init__(self) -> None:
+        self.direct_rounds: list[dict] = []
+        self.cell_rounds: list[dict] = []
+        self.direct_cpu: dict[str, float] = collections.defaultdict(float)
+        self.cell_cpu: dict[str, float] = collections.defaultdict(float)
+
+    def summary(self) -> dict:
+        direct, cell = merged(self.direct_rounds), merged(self.cell_rounds)
+        ms = 1000.0
+        return {
+            "cell_per_s": cell["per_s"],
+            "cell_ms_p50": cell["ms_p50"],
+            "cell_ms_p99": cell["ms_p99"],
+            "direct_per_s": direct["per_s"],
+            "direct_ms_p50": direct["ms_p50"],
+            "direct_ms_p99": direct["ms_p99"],
+            "overhead_ratio_p50": cell["ms_p50"] / direct["ms_p50"],
+            "cell_complete_ms_p50": cell["complete_ms_p50"],
+            "direct_complete_ms_p50": direct["complete_ms_p50"],
+            "cell_jobs_by_pod": cell["pods"],
+            "cell_pairs": cell["pairs"],
+            "direct_pairs": direct["pairs"],
+            # Where the time goes: CPU ms per submit+complete pair, per process (warm-ups included).
+            "direct_cpu_ms_per_pair": {
+                k: round(v * ms / max(1, direct["all_pairs"]), 2)
+                for k, v in self.direct_cpu.items()
+            },
+            "cell_cpu_ms_per_pair": {
+                k: round(v * ms / max(1, cell["all_pairs"]), 2) for k, v in self.cell_cpu.items()
+            },
+        }
+
+
 async def run(
-    endpoints: dict[str, str], seconds: float, clients: int, pids: dict[str, int], rounds: int
+    stacks: dict[str, Stack],
+    seconds: float,
+    clients: int,
+    pids: dict[str, dict[str, int]],
+    rounds: int,
 ) -> dict:
-    """Direct and through the cell in alternating rounds, so that a change in the load of
-    a shared machine weighs on both alike."""
-    await wait_registered(endpoints["cell"])
-    direct_rounds, cell_rounds = [], []
-    direct_cpu: dict[str, float] = collections.defaultdict(float)
-    cell_cpu: dict[str, float] = collections.defaultdict(float)
-    for r in range(rounds):
-        t0 = cpu_seconds(pids)
-        direct_rounds.append(
-            await measure(
-                endpoints["ws-pod-1"],
-                workload_scheduler_pb2_grpc.WorkloadSchedulerStub,
-                direct_submit,
-                direct_complete,
-                seconds=seconds / rounds,
-                clients=clients,
-                tag=f"d{r}",
+    """Per stack, direct and through the cell; the stacks and the phases in alternating
+    rounds, so that a change in the load of a shared machine weighs on all alike."""
+    for stack in stacks.values():
+        await wait_registered(stack.endpoints["cell"], stack.operator)
+    phases = {mode: Phases() for mode in stacks}
+    async with contextlib.AsyncExitStack() as channels:
+
+        async def open_stubs(stack: Stack, name: str, make_stub: Callable) -> list:
+            creds = stack.operator
+            return [
+                make_stub(
+                    await channels.enter_async_context(
+                        channel(stack.endpoints[name], credentials=creds)
+                    )
+                )
+                for _ in range(clients)
+            ]
+
+        direct_stubs, cell_stubs = {}, {}
+        for mode, stack in stacks.items():
+            direct_stubs[mode] = await open_stubs(
+                stack, "ws-pod-1", workload_scheduler_pb2_grpc.WorkloadSchedulerStub
             )
-        )
-        t1 = cpu_seconds(pids)
-        cell_rounds.append(
-            await measure(
-                endpoints["cell"],
-                cell_scheduler_pb2_grpc.CellSchedulerStub,
-                cell_submit,
-                cell_complete,
-                seconds=seconds / rounds,
-                clients=clients,
-                tag=f"c{r}",
+            cell_stubs[mode] = await open_stubs(
+                stack, "cell", cell_scheduler_pb2_grpc.CellSchedulerStub
             )
-        )
-        t2 = cpu_seconds(pids)
-        for k in t2:
-            direct_cpu[k] += t1[k] - t0[k]
-            cell_cpu[k] += t2[k] - t1[k]
-    direct, cell = merged(direct_rounds), merged(cell_rounds)
-    ms = 1000.0
+        for r in range(rounds):
+            # TLS, plaintext, plaintext, TLS, ...: neither goes first more often than the other.
+            for mode in list(stacks)[:: 1 if r % 2 == 0 else -1]:
+                ph = phases[mode]
+                t0 = cpu_seconds(pids[mode])
+                ph.direct_rounds.append(
+                    await measure(
+                        direct_stubs[mode],
+                        direct_submit,
+                        direct_complete,
+                        seconds=seconds / rounds,
+                        tag=f"{mode}-d{r}",
+                    )
+                )
+                t1 = cpu_seconds(pids[mode])
+                ph.cell_rounds.append(
+                    await measure(
+                        cell_stubs[mode],
+                        cell_submit,
+                        cell_complete,
+                        seconds=seconds / rounds,
+                        tag=f"{mode}-c{r}",
+                    )
+                )
+                t2 = cpu_seconds(pids[mode])
+                for k in t2:
+                    ph.direct_cpu[k] += t1[k] - t0[k]
+                    ph.cell_cpu[k] += t2[k] - t1[k]
+    common = {"clients": clients, "seconds": seconds, "rounds": rounds}
+    with_tls = {**phases["tls"].summary(), **common}
+    plaintext = {**phases["plaintext"].summary(), **common}
     return {
-        "cell_per_s": cell["per_s"],
-        "cell_ms_p50": cell["ms_p50"],
-        "cell_ms_p99": cell["ms_p99"],
-        "direct_per_s": direct["per_s"],
-        "direct_ms_p50": direct["ms_p50"],
-        "direct_ms_p99": direct["ms_p99"],
-        "overhead_ratio_p50": cell["ms_p50"] / direct["ms_p50"],
-        "cell_complete_ms_p50": cell["complete_ms_p50"],
-        "direct_complete_ms_p50": direct["complete_ms_p50"],
-        "cell_jobs_by_pod": cell["pods"],
-        "cell_pairs": cell["pairs"],
-        "direct_pairs": direct["pairs"],
-        "clients": clients,
-        "seconds": seconds,
-        "rounds": rounds,
-        # Where the time goes: CPU ms per submit+complete pair, per process (warm-ups included).
-        "direct_cpu_ms_per_pair": {
-            k: round(v * ms / max(1, direct["all_pairs"]), 2) for k, v in direct_cpu.items()
-        },
-        "cell_cpu_ms_per_pair": {
-            k: round(v * ms / max(1, cell["all_pairs"]), 2) for k, v in cell_cpu.items()
-        },
+        **with_tls,
+        "tls": True,
+        "plaintext": plaintext,
+        "tls_cost_cell_throughput": tls_cost(with_tls["cell_per_s"], plaintext["cell_per_s"]),
+        "tls_cost_direct_throughput": tls_cost(with_tls["direct_per_s"], plaintext["direct_per_s"]),
     }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seconds", type=float, default=15.0)
+    parser.add_argument(
+        "--seconds",
+        type=float,
+        default=15.0,
+        help="recorded seconds of each phase per stack, over all rounds",
+    )
     parser.add_argument("--clients", type=int, default=8)
-    parser.add_argument("--rounds", type=int, default=5, help="alternations of the two phases")
+    parser.add_argument(
+        "--rounds", type=int, default=5, help="alternations of the phases (and of TLS on/off)"
+    )
     args = parser.parse_args()
-    with (
-        private_redis() as redis_url,
-        tempfile.TemporaryDirectory(prefix="lightpath-bench-") as tmp,
-    ):
-        stack = Stack(Path(tmp), specs=specs(), redis_url=redis_url, log=lambda *_: None)
-        stack.start()
-        try:
-            pids = stack_pids(stack, redis_url)
-            result = asyncio.run(
-                run(stack.endpoints, args.seconds, args.clients, pids, args.rounds)
-            )
-        finally:
-            stack.stop()
+    with contextlib.ExitStack() as running:
+        # Two stacks of the same shape, each on fresh ports, its own Redis and state dir.
+        stacks = {
+            mode: running.enter_context(private_stack(specs(), tls=tls)) for mode, tls in MODES
+        }
+        pids = {mode: stack_pids(stack, stack.redis_url) for mode, stack in stacks.items()}
+        result = asyncio.run(run(stacks, args.seconds, args.clients, pids, args.rounds))
     emit(result)
 
 

@@ -5,6 +5,9 @@
 Two ocs_manager processes (`python -m services.ocs_manager`, as deployed) on one
 private redis-server: pod "bench-k1" with K = 1 and pod "bench-k2" with K = 2,
 both 64 blocks of 4x4x4, radix 136, default switch driver without settling delay.
+They serve TLS with client certificates required (the default): a local CA in the
+bench's temporary directory issues each its certificate, and the operator's, which
+the bench calls with.
 
 * full_pod_*: one slice of all 64 blocks as 4x4x4 blocks with wrap (3,072
   cross-connects), wired then released, `--runs` times; the default answer
@@ -23,13 +26,24 @@ import asyncio
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
-from _common import emit, percentile, private_redis
+from _common import (
+    bench_ca,
+    emit,
+    operator_credentials,
+    percentile,
+    private_redis,
+    service_tls_env,
+)
 
 from lightpath.client import channel
 from lightpath.embedded_redis import free_port
+from lightpath.security.credentials import Credentials
+from lightpath.security.identity import service_principal
+from lightpath.security.pki import LocalCA
 from lightpath.stack import health_status
 from lightpath.v1 import common_pb2, ocs_manager_pb2_grpc
 from lightpath.v1 import ocs_manager_pb2 as pb
@@ -53,10 +67,14 @@ def wire_request(job: str, grid, blocks, view=pb.WIRING_VIEW_UNSPECIFIED) -> pb.
     )
 
 
-def start_server(redis_url: str, pod: str, k: int) -> tuple[subprocess.Popen, str]:
+def start_server(
+    redis_url: str, pod: str, k: int, ca: LocalCA, creds: Credentials, workdir: Path
+) -> tuple[subprocess.Popen, str]:
     port = free_port()
     env = {
         **os.environ,
+        **service_tls_env(ca, service_principal("ocs_manager", pod)),
+        "LIGHTPATH_AUDIT_LOG": str(workdir / f"audit-{pod}.jsonl"),  # as the local stack does
         "LIGHTPATH_REDIS_URL": redis_url,
         "LIGHTPATH_LISTEN": f"127.0.0.1:{port}",
         "LIGHTPATH_POD_ID": pod,
@@ -75,7 +93,7 @@ def start_server(redis_url: str, pod: str, k: int) -> tuple[subprocess.Popen, st
     )
     address = f"127.0.0.1:{port}"
     deadline = time.monotonic() + 30
-    while health_status(address, timeout=0.5) != "SERVING":
+    while health_status(address, timeout=0.5, credentials=creds) != "SERVING":
         if proc.poll() is not None or time.monotonic() > deadline:
             proc.kill()
             raise SystemExit(f"ocs_manager for {pod} did not start")
@@ -137,14 +155,22 @@ async def replaces(stub, runs: int, view) -> tuple[float, float]:
 
 
 async def main(args: argparse.Namespace) -> None:
-    with private_redis() as redis_url:
+    with (
+        private_redis() as redis_url,
+        tempfile.TemporaryDirectory(prefix="lightpath-bench-") as tmp,
+    ):
+        ca = bench_ca(Path(tmp) / "pki")
+        creds = operator_credentials(ca)
         procs = []
         try:
-            p1, addr1 = start_server(redis_url, "bench-k1", 1)
+            p1, addr1 = start_server(redis_url, "bench-k1", 1, ca, creds, Path(tmp))
             procs.append(p1)
-            p2, addr2 = start_server(redis_url, "bench-k2", 2)
+            p2, addr2 = start_server(redis_url, "bench-k2", 2, ca, creds, Path(tmp))
             procs.append(p2)
-            async with channel(addr1) as ch1, channel(addr2) as ch2:
+            async with (
+                channel(addr1, credentials=creds) as ch1,
+                channel(addr2, credentials=creds) as ch2,
+            ):
                 k1, k2 = (
                     ocs_manager_pb2_grpc.OcsManagerStub(ch1),
                     ocs_manager_pb2_grpc.OcsManagerStub(ch2),
@@ -190,6 +216,7 @@ async def main(args: argparse.Namespace) -> None:
             "replace_ms_p99_counts": repc99,
             "runs": args.runs,
             "invariants_ok": check.ok and check2.ok,
+            "tls": True,  # mTLS, client certificates required (the services' default)
         }
     )
 

@@ -1,26 +1,37 @@
 #!/usr/bin/env python3
 """Admissions + completions per second through gRPC, with the real ocs_manager wiring
-every slice: 2-block slices (8x4x4 chips) on a 64-block pod, 8 concurrent clients.
+every slice: 2-block slices (8x4x4 chips) on a 64-block pod, 8 concurrent clients,
+with TLS on (mTLS, as users run it) and, in the same run, off.
 
-    python3 dev.py bench workload_scheduler [--seconds 15] [--clients 8]
+    python3 dev.py bench workload_scheduler [--seconds 15] [--clients 8] [--rounds 5]
 
 Redis, the ocs_manager and the workload_scheduler run as separate processes (as
-deployed, default settings: info logs, no trace export); the clients run here. Each client loops: AdmitJob (answers once the slice
-is RUNNING, i.e. wired by the ocs_manager) then CompleteJob (answers once it is
-unwired). Prints one JSON line: admit_complete_per_s, admit_ms_p50, admit_ms_p99,
-plus complete_ms_p50/p99, pairs, clients, seconds and cpu_ms_per_pair (CPU ms per
-pair of each process: the services, Redis, and this client).
+deployed, default settings: info logs, no trace export); the clients run here. Two
+such stacks run side by side, each on its own Redis: one serving TLS with client
+certificates (every process and the bench's operator hold a certificate of the
+stack's local CA), one plaintext on loopback (bearer tokens). Each client keeps one
+channel per stack for the whole run and loops: AdmitJob (answers once the slice is
+RUNNING, i.e. wired by the ocs_manager) then CompleteJob (answers once it is
+unwired). After a 2 s warm-up of each stack, the two are measured in alternating
+rounds (TLS, plaintext, plaintext, TLS, ...) so a shared machine's changing load
+weighs on both alike.
+
+Prints one JSON line. With TLS, as the top-level keys: admit_complete_per_s,
+admit_ms_p50, admit_ms_p99, plus complete_ms_p50/p99, pairs, clients, seconds
+(recorded) and cpu_ms_per_pair (CPU ms per pair of each process: the services,
+Redis, and this client); "plaintext": the same keys without TLS;
+tls_cost_throughput (1 - with TLS / without); rounds; "tls": true.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import tempfile
+import collections
+import contextlib
 import time
-from pathlib import Path
 
-from _common import cpu_ms_per, cpu_seconds, emit, percentile, private_redis, stack_pids
+from _common import cpu_seconds, emit, percentile, private_stack, stack_pids, tls_cost
 
 from lightpath.client import channel
 from lightpath.embedded_redis import free_port
@@ -28,6 +39,8 @@ from lightpath.stack import ProcessSpec, Stack
 from lightpath.v1 import common_pb2, workload_scheduler_pb2, workload_scheduler_pb2_grpc
 
 POD = "pod-bench"
+MODES = (("tls", True), ("plaintext", False))
+WARMUP_S = 2.0
 
 
 def specs() -> list[ProcessSpec]:
@@ -48,75 +61,122 @@ def specs() -> list[ProcessSpec]:
     ]
 
 
-async def measure(
-    address: str, seconds: float, clients: int, pids: dict[str, int]
-) -> dict[str, object]:
-    admit_ms: list[float] = []
-    complete_ms: list[float] = []
-    pairs = 0
-    counter = 0
+class Tally:
+    """What one stack's recorded rounds add up to."""
 
-    async def client(index: int, deadline: float, record: bool) -> None:
-        nonlocal pairs, counter
-        async with channel(address) as ch:
-            stub = workload_scheduler_pb2_grpc.WorkloadSchedulerStub(ch)
-            while time.perf_counter() < deadline:
-                counter += 1
-                job_id = f"b{index}-{counter}"
-                spec = workload_scheduler_pb2.JobSpec(
-                    job_id=job_id, shape=common_pb2.Shape(dims=[8, 4, 4])
-                )
-                t0 = time.perf_counter()
-                resp = await stub.AdmitJob(workload_scheduler_pb2.AdmitJobRequest(spec=spec))
-                t1 = time.perf_counter()
-                if resp.job.state != common_pb2.JOB_STATE_RUNNING:
-                    raise RuntimeError(f"{job_id} is {resp.job.state}: {resp.job.reason}")
-                await stub.CompleteJob(workload_scheduler_pb2.CompleteJobRequest(job_id=job_id))
-                t2 = time.perf_counter()
-                if record:
-                    admit_ms.append((t1 - t0) * 1000)
-                    complete_ms.append((t2 - t1) * 1000)
-                    pairs += 1
+    def __init__(self) -> None:
+        self.admit_ms: list[float] = []
+        self.complete_ms: list[float] = []
+        self.pairs = 0
+        self.elapsed = 0.0
+        self.cpu: dict[str, float] = collections.defaultdict(float)
+        self.counter = 0  # job ids, unique over the stack's whole run
 
-    warm = time.perf_counter() + 2.0
-    await asyncio.gather(*(client(i, warm, False) for i in range(clients)))
-    cpu0 = cpu_seconds(pids)
+    @property
+    def per_s(self) -> float:
+        return self.pairs / self.elapsed if self.elapsed else float("nan")
+
+    def summary(self, clients: int) -> dict[str, object]:
+        ms = 1000.0
+        return {
+            "admit_complete_per_s": self.per_s,
+            "admit_ms_p50": percentile(self.admit_ms, 50),
+            "admit_ms_p99": percentile(self.admit_ms, 99),
+            "complete_ms_p50": percentile(self.complete_ms, 50),
+            "complete_ms_p99": percentile(self.complete_ms, 99),
+            "pairs": self.pairs,
+            "clients": clients,
+            "seconds": self.elapsed,
+            # Where the time goes: CPU ms per admit+complete pair, per process ("client": this one).
+            "cpu_ms_per_pair": {
+                k: round(v * ms / max(1, self.pairs), 2) for k, v in self.cpu.items()
+            },
+        }
+
+
+async def drive(stubs: list, tally: Tally, seconds: float, record: bool) -> None:
+    """One client per stub for `seconds`; recorded into `tally` when `record`."""
+
+    async def client(index: int, stub, deadline: float) -> None:
+        while time.perf_counter() < deadline:
+            tally.counter += 1
+            job_id = f"b{index}-{tally.counter}"
+            spec = workload_scheduler_pb2.JobSpec(
+                job_id=job_id, shape=common_pb2.Shape(dims=[8, 4, 4])
+            )
+            t0 = time.perf_counter()
+            resp = await stub.AdmitJob(workload_scheduler_pb2.AdmitJobRequest(spec=spec))
+            t1 = time.perf_counter()
+            if resp.job.state != common_pb2.JOB_STATE_RUNNING:
+                raise RuntimeError(f"{job_id} is {resp.job.state}: {resp.job.reason}")
+            await stub.CompleteJob(workload_scheduler_pb2.CompleteJobRequest(job_id=job_id))
+            t2 = time.perf_counter()
+            if record:
+                tally.admit_ms.append((t1 - t0) * 1000)
+                tally.complete_ms.append((t2 - t1) * 1000)
+                tally.pairs += 1
+
     start = time.perf_counter()
-    await asyncio.gather(*(client(i, start + seconds, True) for i in range(clients)))
-    elapsed = time.perf_counter() - start
-    cpu1 = cpu_seconds(pids)
+    await asyncio.gather(*(client(i, s, start + seconds) for i, s in enumerate(stubs)))
+    if record:
+        tally.elapsed += time.perf_counter() - start
+
+
+async def run(
+    stacks: dict[str, Stack],
+    seconds: float,
+    clients: int,
+    pids: dict[str, dict[str, int]],
+    rounds: int,
+) -> dict[str, object]:
+    tallies = {mode: Tally() for mode in stacks}
+    async with contextlib.AsyncExitStack() as channels:
+        stubs = {}
+        for mode, stack in stacks.items():
+            creds = stack.operator
+            stubs[mode] = [
+                workload_scheduler_pb2_grpc.WorkloadSchedulerStub(
+                    await channels.enter_async_context(
+                        channel(stack.endpoints["ws-bench"], credentials=creds)
+                    )
+                )
+                for _ in range(clients)
+            ]
+        for mode in stacks:  # warm up: connections and handshakes, script loading
+            await drive(stubs[mode], tallies[mode], WARMUP_S, record=False)
+        for r in range(rounds):
+            for mode in list(stacks)[:: 1 if r % 2 == 0 else -1]:
+                cpu0 = cpu_seconds(pids[mode])
+                await drive(stubs[mode], tallies[mode], seconds / rounds, record=True)
+                cpu1 = cpu_seconds(pids[mode])
+                for k in cpu1:
+                    tallies[mode].cpu[k] += cpu1[k] - cpu0[k]
+    with_tls = tallies["tls"].summary(clients)
+    plaintext = tallies["plaintext"].summary(clients)
     return {
-        "admit_complete_per_s": pairs / elapsed,
-        "admit_ms_p50": percentile(admit_ms, 50),
-        "admit_ms_p99": percentile(admit_ms, 99),
-        "complete_ms_p50": percentile(complete_ms, 50),
-        "complete_ms_p99": percentile(complete_ms, 99),
-        "pairs": pairs,
-        "clients": clients,
-        "seconds": elapsed,
-        # Where the time goes: CPU ms per admit+complete pair, per process ("client": this one).
-        "cpu_ms_per_pair": cpu_ms_per(cpu0, cpu1, pairs),
+        **with_tls,
+        "tls": True,
+        "plaintext": plaintext,
+        "tls_cost_throughput": tls_cost(tallies["tls"].per_s, tallies["plaintext"].per_s),
+        "rounds": rounds,
     }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seconds", type=float, default=15.0)
+    parser.add_argument(
+        "--seconds", type=float, default=15.0, help="recorded seconds per stack, over all rounds"
+    )
     parser.add_argument("--clients", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=5, help="alternations of TLS on and off")
     args = parser.parse_args()
-    with (
-        private_redis() as redis_url,
-        tempfile.TemporaryDirectory(prefix="lightpath-bench-") as tmp,
-    ):
-        stack = Stack(Path(tmp), specs=specs(), redis_url=redis_url, log=lambda *_: None)
-        stack.start()
-        try:
-            pids = stack_pids(stack, redis_url)
-            result = asyncio.run(
-                measure(stack.endpoints["ws-bench"], args.seconds, args.clients, pids)
-            )
-        finally:
-            stack.stop()
+    with contextlib.ExitStack() as running:
+        # Two stacks of the same shape, each on fresh ports, its own Redis and state dir.
+        stacks = {
+            mode: running.enter_context(private_stack(specs(), tls=tls)) for mode, tls in MODES
+        }
+        pids = {mode: stack_pids(stack, stack.redis_url) for mode, stack in stacks.items()}
+        result = asyncio.run(run(stacks, args.seconds, args.clients, pids, args.rounds))
     emit(result)
 
 
