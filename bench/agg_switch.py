@@ -24,6 +24,10 @@ In one run, on this machine:
   completed aggregations per second over a window; tenant_ratio = timeout / wait.
 * exact_cost_ratio: wall time of the EXACT (fixed-point) path / the PRESET
   float path, the first measurement's set-up (also alternating).
+
+Everything runs as users do: mTLS with a certificate per process from a CA
+in a temporary directory, each switch as `service:agg_switch/<id>`, each
+compute node as `node:<id>`, the bench's own management calls as the operator.
 """
 
 from __future__ import annotations
@@ -37,13 +41,48 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
-from _common import emit, private_redis
+from _common import bench_ca, emit, operator_credentials, private_redis, service_tls_env
 
 ROOT = Path(__file__).resolve().parent.parent
 N_NODES = 8
+
+
+# -- identities ------------------------------------------------------------------
+
+
+class Pki:
+    """The bench's CA (in a temporary directory) and the identities it issues."""
+
+    def __init__(self, directory: str):
+        self.ca = bench_ca(directory)
+        self.operator = operator_credentials(self.ca)
+        self._nodes: dict[str, Any] = {}
+
+    def switch_env(self, switch_id: str) -> dict[str, str]:
+        from lightpath.security.identity import service_principal
+
+        return service_tls_env(self.ca, service_principal("agg_switch", switch_id))
+
+    def node_files(self, node_id: str) -> tuple[str, str, str]:
+        """(CA, certificate, key) of compute node `node_id`: for a node process to load."""
+        from lightpath.security.identity import NODE, Principal
+
+        files = self.ca.issue(Principal(NODE, node_id))
+        return str(files.ca), str(files.cert), str(files.key)
+
+    def node(self, node_id: str):
+        """Compute node `node_id`'s own credentials (what `aggregate_all` takes per node)."""
+        creds = self._nodes.get(node_id)
+        if creds is None:
+            from lightpath.security.credentials import Credentials
+
+            creds = self._nodes[node_id] = Credentials.from_files(*self.node_files(node_id))
+        return creds
 
 
 # -- processes -------------------------------------------------------------------
@@ -55,9 +94,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def spawn_switch(redis_url: str, switch_id: str, tree: str, port: int, **env: str):
+def spawn_switch(pki: Pki, redis_url: str, switch_id: str, tree: str, port: int, **env: str):
     full = {
         **os.environ,
+        **pki.switch_env(switch_id),
         "LIGHTPATH_REDIS_URL": redis_url,
         "LIGHTPATH_LISTEN": f"127.0.0.1:{port}",
         "LIGHTPATH_SWITCH_ID": switch_id,
@@ -76,15 +116,17 @@ def spawn_switch(redis_url: str, switch_id: str, tree: str, port: int, **env: st
 
 
 @contextlib.contextmanager
-def switches(redis_url: str, tree: str, ids: list[str], **env: str):
+def switches(pki: Pki, redis_url: str, tree: str, ids: list[str], **env: str):
     from lightpath.stack import health_status
 
     ports = {s: free_port() for s in ids}
-    procs = [spawn_switch(redis_url, s, tree, p, **env) for s, p in ports.items()]
+    procs = [spawn_switch(pki, redis_url, s, tree, p, **env) for s, p in ports.items()]
     try:
         deadline = time.monotonic() + 60
         for p in ports.values():
-            while health_status(f"127.0.0.1:{p}", timeout=0.5) != "SERVING":
+            while (
+                health_status(f"127.0.0.1:{p}", timeout=0.5, credentials=pki.operator) != "SERVING"
+            ):
                 if time.monotonic() > deadline:
                     raise RuntimeError("switches did not start")
                 time.sleep(0.05)
@@ -99,12 +141,12 @@ def switches(redis_url: str, tree: str, ids: list[str], **env: str):
                 p.kill()
 
 
-async def define(address: str, tree: str, nodes) -> None:
+async def define(pki: Pki, address: str, tree: str, nodes) -> None:
     from lightpath.client import channel
     from lightpath.v1 import agg_switch_pb2 as pb
     from lightpath.v1 import agg_switch_pb2_grpc
 
-    async with channel(address) as ch:
+    async with channel(address, credentials=pki.operator) as ch:
         stub = agg_switch_pb2_grpc.AggSwitchStub(ch)
         for _ in range(100):  # the switches register their addresses as they start
             topo = await stub.DefineTopology(
@@ -115,14 +157,16 @@ async def define(address: str, tree: str, nodes) -> None:
             await asyncio.sleep(0.1)
 
 
-async def start(address: str, tree: str, command_id: str, participants, length: int, **kw):
+async def start(
+    pki: Pki, address: str, tree: str, command_id: str, participants, length: int, **kw
+):
     from google.protobuf import duration_pb2
 
     from lightpath.client import channel
     from lightpath.v1 import agg_switch_pb2 as pb
     from lightpath.v1 import agg_switch_pb2_grpc
 
-    async with channel(address) as ch:
+    async with channel(address, credentials=pki.operator) as ch:
         return await agg_switch_pb2_grpc.AggSwitchStub(ch).StartCommand(
             pb.StartCommandRequest(
                 tree_id=tree,
@@ -137,12 +181,12 @@ async def start(address: str, tree: str, command_id: str, participants, length: 
         )
 
 
-async def command(address: str, tree: str, command_id: str):
+async def command(pki: Pki, address: str, tree: str, command_id: str):
     from lightpath.client import channel
     from lightpath.v1 import agg_switch_pb2 as pb
     from lightpath.v1 import agg_switch_pb2_grpc
 
-    async with channel(address) as ch:
+    async with channel(address, credentials=pki.operator) as ch:
         stub = agg_switch_pb2_grpc.AggSwitchStub(ch)
         for _ in range(200):
             cmd = await stub.GetCommand(pb.GetCommandRequest(tree_id=tree, command_id=command_id))
@@ -158,17 +202,29 @@ async def command(address: str, tree: str, command_id: str):
 
 
 def node_worker(
-    node_id: str, address: str, tree: str, elems: int, value: float, transport: str, conn
+    node_id: str,
+    address: str,
+    tree: str,
+    elems: int,
+    value: float,
+    transport: str,
+    files: tuple[str, str, str],
+    conn,
 ) -> None:
-    """One compute node process: aggregate each command id it is sent, report the time."""
+    """One compute node process: aggregate each command id it is sent, report the time.
+    `files`: its own (CA, certificate, key)."""
     import numpy as np
 
     from lightpath.agg import ComputeNode
+    from lightpath.security.credentials import Credentials
 
     out = np.empty(elems, np.float32)
+    creds = Credentials.from_files(*files, source=f"bench node {node_id}")
 
     async def serve() -> None:
-        async with ComputeNode(node_id, address, tree_id=tree, transport=transport) as node:
+        async with ComputeNode(
+            node_id, address, tree_id=tree, transport=transport, credentials=creds
+        ) as node:
             vector = node.empty(elems, np.float32)  # shared memory when the switch is local
             vector[:] = value
             loop = asyncio.get_running_loop()
@@ -187,13 +243,16 @@ def node_worker(
 class NodeProcesses:
     """8 compute-node processes that aggregate whatever command id they are sent."""
 
-    def __init__(self, address: str, tree: str, names: list[str], elems: int, transport: str):
+    def __init__(
+        self, pki: Pki, address: str, tree: str, names: list[str], elems: int, transport: str
+    ):
         ctx = mp.get_context("spawn")
         self.pipes, self.procs = [], []
         for i, n in enumerate(names):
             parent, child = ctx.Pipe()
             p = ctx.Process(
-                target=node_worker, args=(n, address, tree, elems, i + 1.0, transport, child)
+                target=node_worker,
+                args=(n, address, tree, elems, i + 1.0, transport, pki.node_files(n), child),
             )
             p.start()
             self.pipes.append(parent)
@@ -296,17 +355,20 @@ def stack_nodes(names: list[str], root_ms: int, sub_ms: int):
 class BenchTree:
     """Root + two sub-switches (processes) and 8 node processes, one transport."""
 
-    def __init__(self, redis_url: str, tree: str, elems: int, chunk_bytes: int, transport: str):
+    def __init__(
+        self, pki: Pki, redis_url: str, tree: str, elems: int, chunk_bytes: int, transport: str
+    ):
+        self.pki = pki
         self.tree, self.elems, self.chunk_bytes = tree, elems, chunk_bytes
         self.names = [f"n{i}" for i in range(N_NODES)]
         nodes_pb = stack_nodes(self.names, root_ms=5000, sub_ms=5000)
         self._switches = switches(
-            redis_url, tree, ["root", "sub-1", "sub-2"], LIGHTPATH_AGG_TRANSPORT=transport
+            pki, redis_url, tree, ["root", "sub-1", "sub-2"], LIGHTPATH_AGG_TRANSPORT=transport
         )
         self.addr = self._switches.__enter__()
         try:
-            asyncio.run(define(self.addr["root"], tree, nodes_pb))
-            self.nodes = NodeProcesses(self.addr["root"], tree, self.names, elems, transport)
+            asyncio.run(define(pki, self.addr["root"], tree, nodes_pb))
+            self.nodes = NodeProcesses(pki, self.addr["root"], tree, self.names, elems, transport)
         except BaseException:
             self._switches.__exit__(None, None, None)
             raise
@@ -314,6 +376,7 @@ class BenchTree:
     def run(self, command_id: str, **kw) -> float:
         asyncio.run(
             start(
+                self.pki,
                 self.addr["root"],
                 self.tree,
                 command_id,
@@ -333,7 +396,7 @@ class BenchTree:
 
 
 def side_by_side(
-    redis_url: str, mib: int, reps: int, chunk_bytes: int
+    pki: Pki, redis_url: str, mib: int, reps: int, chunk_bytes: int
 ) -> tuple[float, float, float | None, float]:
     """The tree (default transport and forced gRPC) and gloo, alternating rep by rep
     so all see the same machine load.
@@ -342,10 +405,10 @@ def side_by_side(
     from lightpath.v1 import agg_switch_pb2 as pb
 
     elems = mib * (1 << 20) // 4
-    default = BenchTree(redis_url, "bench", elems, chunk_bytes, "auto")
+    default = BenchTree(pki, redis_url, "bench", elems, chunk_bytes, "auto")
     grpc_path = base = None
     try:
-        grpc_path = BenchTree(redis_url, "bench-grpc", elems, chunk_bytes, "grpc")
+        grpc_path = BenchTree(pki, redis_url, "bench-grpc", elems, chunk_bytes, "grpc")
         base = GlooProcesses(elems) if gloo_available() else None
         default.run("warm-up")
         default.run("warm-up-exact", order_policy=pb.ORDER_POLICY_EXACT)  # its pools too
@@ -387,7 +450,9 @@ def side_by_side(
 # -- 2. slot hold with one straggler -----------------------------------------------------
 
 
-async def hold_times(addr: dict[str, str], tree: str, names: list[str]) -> tuple[float, float]:
+async def hold_times(
+    pki: Pki, addr: dict[str, str], tree: str, names: list[str]
+) -> tuple[float, float]:
     """The straggler sends 500 ms after the first data reached its switch."""
     import numpy as np
 
@@ -400,11 +465,12 @@ async def hold_times(addr: dict[str, str], tree: str, names: list[str]) -> tuple
     inputs = {n: np.full(elems, 1.0, np.float32) for n in names}
     straggler, on_time = names[0], {n: inputs[n] for n in names[1:]}
     out = []
-    async with channel(addr["sub-1"]) as ch:
+    async with channel(addr["sub-1"], credentials=pki.operator) as ch:
         sub1 = agg_switch_pb2_grpc.AggSwitchStub(ch)
         for wait_for_all in (False, True):
             cid = f"hold-{'wait' if wait_for_all else 'timeout'}"
             await start(
+                pki,
                 addr["root"],
                 tree,
                 cid,
@@ -413,30 +479,34 @@ async def hold_times(addr: dict[str, str], tree: str, names: list[str]) -> tuple
                 chunk_bytes=1 << 18,
                 wait_for_all=wait_for_all,
             )
-            others = asyncio.ensure_future(aggregate_all(addr["root"], cid, on_time))
+            others = asyncio.ensure_future(
+                aggregate_all(addr["root"], cid, on_time, credentials=pki.node)
+            )
             while True:  # the first arrival at the straggler's switch
                 state = await sub1.GetSwitchState(pb.GetSwitchStateRequest())
                 if state.slots_in_use or state.bypass_entries:
                     break
                 await asyncio.sleep(0.002)
             await asyncio.sleep(0.5)
-            async with ComputeNode(straggler, addr["root"], tree_id=tree) as node:
+            async with ComputeNode(
+                straggler, addr["root"], tree_id=tree, credentials=pki.node(straggler)
+            ) as node:
                 await node.aggregate(cid, inputs[straggler])
             await others
-            cmd = await command(addr["root"], tree, cid)
+            cmd = await command(pki, addr["root"], tree, cid)
             out.append(max(h.max_ms for h in cmd.slot_holds))
     return out[0], out[1]
 
 
-def holds(redis_url: str) -> tuple[float, float]:
+def holds(pki: Pki, redis_url: str) -> tuple[float, float]:
     tree = "hold"
     names = [f"h{i}" for i in range(N_NODES)]
     nodes_pb = stack_nodes(names, root_ms=100, sub_ms=50)
-    with switches(redis_url, tree, ["root", "sub-1", "sub-2"]) as addr:
+    with switches(pki, redis_url, tree, ["root", "sub-1", "sub-2"]) as addr:
 
         async def go():
-            await define(addr["root"], tree, nodes_pb)
-            return await hold_times(addr, tree, names)
+            await define(pki, addr["root"], tree, nodes_pb)
+            return await hold_times(pki, addr, tree, names)
 
         return asyncio.run(go())
 
@@ -444,7 +514,9 @@ def holds(redis_url: str) -> tuple[float, float]:
 # -- 3. tenants sharing a switch with too few slots --------------------------------------
 
 
-async def tenant_rate(address: str, tree: str, wait_for_all: bool, window_s: float) -> float:
+async def tenant_rate(
+    pki: Pki, address: str, tree: str, wait_for_all: bool, window_s: float
+) -> float:
     import numpy as np
 
     from lightpath.agg import aggregate_all
@@ -461,6 +533,7 @@ async def tenant_rate(address: str, tree: str, wait_for_all: bool, window_s: flo
             cid = f"t{t}-{'w' if wait_for_all else 't'}-{i}"
             i += 1
             await start(
+                pki,
                 address,
                 tree,
                 cid,
@@ -470,7 +543,13 @@ async def tenant_rate(address: str, tree: str, wait_for_all: bool, window_s: flo
                 tenant=f"tenant-{t}",
                 wait_for_all=wait_for_all,
             )
-            await aggregate_all(address, cid, inputs, delays={names[0]: 0.5} if t == 0 else None)
+            await aggregate_all(
+                address,
+                cid,
+                inputs,
+                delays={names[0]: 0.5} if t == 0 else None,
+                credentials=pki.node,
+            )
             if time.monotonic() <= stop:
                 done[t] += 1
 
@@ -478,7 +557,7 @@ async def tenant_rate(address: str, tree: str, wait_for_all: bool, window_s: flo
     return sum(done[1:]) / window_s
 
 
-def tenants(redis_url: str, window_s: float) -> tuple[float, float]:
+def tenants(pki: Pki, redis_url: str, window_s: float) -> tuple[float, float]:
     from lightpath.v1 import agg_switch_pb2 as pb
 
     tree = "tenants"
@@ -487,12 +566,12 @@ def tenants(redis_url: str, window_s: float) -> tuple[float, float]:
         for t in range(4)
         for x in "ab"
     ]
-    with switches(redis_url, tree, ["shared"], LIGHTPATH_AGG_SLOTS="4") as addr:
+    with switches(pki, redis_url, tree, ["shared"], LIGHTPATH_AGG_SLOTS="4") as addr:
 
         async def go():
-            await define(addr["shared"], tree, nodes_pb)
-            timeout = await tenant_rate(addr["shared"], tree, False, window_s)
-            wait = await tenant_rate(addr["shared"], tree, True, window_s)
+            await define(pki, addr["shared"], tree, nodes_pb)
+            timeout = await tenant_rate(pki, addr["shared"], tree, False, window_s)
+            wait = await tenant_rate(pki, addr["shared"], tree, True, window_s)
             return timeout, wait
 
         return asyncio.run(go())
@@ -505,12 +584,16 @@ def main() -> None:
     parser.add_argument("--chunk-bytes", type=int, default=4 << 20)
     parser.add_argument("--window-s", type=float, default=3.0)
     args = parser.parse_args()
-    with private_redis() as redis_url:
+    with (
+        private_redis() as redis_url,
+        tempfile.TemporaryDirectory(prefix="lightpath-bench-pki-") as pki_dir,
+    ):
+        pki = Pki(pki_dir)
         agg, agg_grpc, base, exact_ratio = side_by_side(
-            redis_url, args.mib, args.reps, args.chunk_bytes
+            pki, redis_url, args.mib, args.reps, args.chunk_bytes
         )
-        hold_t, hold_w = holds(redis_url)
-        rate_t, rate_w = tenants(redis_url, args.window_s)
+        hold_t, hold_w = holds(pki, redis_url)
+        rate_t, rate_w = tenants(pki, redis_url, args.window_s)
     emit(
         {
             "agg_bytes_per_s": agg,

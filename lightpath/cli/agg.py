@@ -3,12 +3,12 @@
 Any switch of the tree answers; the default is the local stack's root
 switch (or $LIGHTPATH_AGG_ADDR).
 
-Credentials are `Credentials.default()`'s: the operator on the local stack,
-or LIGHTPATH_IDENTITY=tenant:<name> (LIGHTPATH_TLS_* / LIGHTPATH_TOKEN*) to act
-for a tenant, who starts commands only for itself (`--tenant` may be left
-out) and sees only its own commands and history. Compute nodes do not use
-the CLI: they run the SDK (`lightpath.agg.ComputeNode`) with their own
-node certificates.
+Who you are is the CLI's global choice (`--as acme`, LIGHTPATH_IDENTITY,
+LIGHTPATH_TLS_*, LIGHTPATH_TOKEN*; the operator by default). A tenant starts
+commands only for itself (`--tenant` may be left out, another tenant's name
+is refused) and sees only its own commands and history; the operator sees
+all. Compute nodes do not use the CLI: they run the SDK
+(`lightpath.agg.ComputeNode`) with their own node certificates.
 """
 
 from __future__ import annotations

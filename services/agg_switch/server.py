@@ -238,12 +238,6 @@ class AggSwitchServicer(agg_switch_pb2_grpc.AggSwitchServicer):
                     reason="MODEL_MISMATCH",
                 )
         spec, created = await self._store.start_command(spec, convert.request_digest(request, tree))
-        own = tenant_scope()
-        if own is not None and spec.tenant != own:  # the digest covers the tenant: defensive
-            raise PermissionDenied(
-                f"command id {spec.command_id!r} is taken by another tenant; choose another",
-                reason="COMMAND_ID_TAKEN",
-            )
         annotate(
             tree=tree,
             command_id=spec.command_id,

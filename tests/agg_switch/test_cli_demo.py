@@ -15,7 +15,7 @@ from lightpath.demo import agg as agg_demo
 from lightpath.telemetry import configure_tracing
 from lightpath.v1 import agg_switch_pb2 as pb
 from tests.agg_switch.tree import agg_tree, node_credentials, stack_tree
-from tests.helpers import test_ca
+from tests.helpers import identity, test_ca
 
 
 async def cli(capsys, *argv: str) -> tuple[int, str, str]:
@@ -96,3 +96,26 @@ async def test_demo_step_runs_against_the_three_switches(redis_url, capsys, tmp_
     assert "each present their own certificate" in out
     assert "verified" in out and "MISMATCH" not in out
     assert "bypass entries left: 0" in out
+
+
+async def test_cli_as_a_tenant_starts_and_sees_only_its_own_commands(
+    redis_url, tmp_path, monkeypatch, capsys
+):
+    (tmp_path / "pki").symlink_to(test_ca().dir, target_is_directory=True)
+    identity("tenant:acme")  # what `lightpath tenant create acme` leaves in <state dir>/pki
+    monkeypatch.setenv("LIGHTPATH_STATE_DIR", str(tmp_path))
+    async with agg_tree(redis_url) as t:
+        await t.define(stack_tree())
+        await t.start("theirs", ["n1", "n2"], 8, tenant="beta")
+        addr = ["--addr", t.address("sub-1")]
+        start = ["agg", "start", "--participants", "n1,n2", "--length", "8", *addr]
+        code, out, _ = await cli(capsys, "--as", "acme", *start, "mine", "--json")
+        assert code == 0 and json.loads(out)["tenant"] == "acme"
+        code, _, err = await cli(capsys, *start, "other", "--tenant", "beta", "--as", "acme")
+        assert code == 1 and "PERMISSION_DENIED" in err and "'beta'" in err
+        code, out, _ = await cli(capsys, "agg", "status", "--json", "--as", "acme", *addr)
+        assert [c["command_id"] for c in json.loads(out)["commands"]] == ["mine"]
+        code, _, err = await cli(capsys, "agg", "status", "theirs", "--as", "acme", *addr)
+        assert code == 1 and "NOT_FOUND" in err
+        code, out, _ = await cli(capsys, "agg", "status", "--json", *addr)  # the operator
+        assert [c["command_id"] for c in json.loads(out)["commands"]] == ["mine", "theirs"]
