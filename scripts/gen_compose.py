@@ -26,6 +26,7 @@ def secret_name(spec, part: str) -> str:
 def secret_file(spec, part: str) -> str:
     return f"./secrets/{file_stem(spec.principal)}.{'crt' if part == 'cert' else 'key'}"
 
+
 out = [
     """# The local stack of `lightpath up`, in containers: Redis (AOF on a volume) and
 # the same processes, ports and settings (tests/test_compose.py keeps this file
