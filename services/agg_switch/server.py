@@ -230,6 +230,13 @@ class AggSwitchServicer(agg_switch_pb2_grpc.AggSwitchServicer):
             history=history,
         )
         if spec.ps_model:
+            own = tenant_scope()
+            owner = await self._store.model_owner(tree, spec.ps_model)
+            if own is not None and owner is not None and owner != own:
+                raise PermissionDenied(
+                    f"model {spec.ps_model!r} belongs to another tenant; choose another ps_model",
+                    reason="MODEL_OF_ANOTHER_TENANT",
+                )
             found = await self._store.parameters(tree, spec.ps_model, include_data=False)
             if found is not None and (found[0] is not spec.dtype or found[1] != spec.length):
                 raise FailedPrecondition(
@@ -389,7 +396,14 @@ class AggSwitchServicer(agg_switch_pb2_grpc.AggSwitchServicer):
             raise InvalidArgument("dtype", "parameters are float32 or float64")
         if not request.data or len(request.data) % dtype.numpy.itemsize:
             raise InvalidArgument("data", f"must hold a whole number (≥ 1) of {dtype} elements")
-        version = await self._store.set_parameters(tree, request.model_id, dtype, request.data)
+        version = await self._store.set_parameters(
+            tree, request.model_id, dtype, request.data, tenant=tenant_scope()
+        )
+        if version is None:
+            raise PermissionDenied(
+                f"model {request.model_id!r} belongs to another tenant; choose another model_id",
+                reason="MODEL_OF_ANOTHER_TENANT",
+            )
         return pb.ModelParameters(
             model_id=request.model_id,
             dtype=request.dtype,
@@ -401,6 +415,9 @@ class AggSwitchServicer(agg_switch_pb2_grpc.AggSwitchServicer):
         tree = self._tree(request.tree_id)
         if not is_valid_id(request.model_id):
             raise InvalidArgument("model_id", ID_RULE)
+        own = tenant_scope()
+        if own is not None and await self._store.model_owner(tree, request.model_id) != own:
+            raise NotFound("model", request.model_id)  # another tenant's is not there for it
         found = await self._store.parameters(tree, request.model_id, request.include_data)
         if found is None:
             raise NotFound("model", request.model_id)

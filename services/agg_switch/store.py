@@ -125,6 +125,17 @@ def report_json(report: CommandReport) -> dict[str, Any]:
     }
 
 
+# KEYS: model hash. ARGV: dtype, length, data, checked ("1": a tenant writes), tenant.
+_SET_MODEL = """
+local owner = redis.call('HGET', KEYS[1], 'tenant')
+local exists = redis.call('EXISTS', KEYS[1]) == 1
+if ARGV[4] == '1' and exists and (owner or '') ~= ARGV[5] then return -1 end
+if not exists then redis.call('HSET', KEYS[1], 'tenant', ARGV[5]) end
+redis.call('HSET', KEYS[1], 'dtype', ARGV[1], 'length', ARGV[2], 'data', ARGV[3])
+return redis.call('HINCRBY', KEYS[1], 'version', 1)
+"""
+
+
 class AggStore:
     def __init__(self, redis: aioredis.Redis, binary: aioredis.Redis | None = None):
         # Any: redis-py's annotations do not know decode_responses.
@@ -133,6 +144,7 @@ class AggStore:
         self._start = redis.register_script(_START)
         self._finish = redis.register_script(_FINISH)
         self._define = redis.register_script(_DEFINE)
+        self._set_model = self.b.register_script(_SET_MODEL)
 
     # -- topology (AG-1) ---------------------------------------------------------
 
@@ -386,20 +398,38 @@ class AggStore:
 
     # -- parameters (AG-12) --------------------------------------------------------
 
-    async def set_parameters(self, tree_id: str, model_id: str, dtype: DType, data: bytes) -> int:
-        key = tree_key(tree_id, "model", model_id)
-        async with self.b.pipeline(transaction=True) as p:
-            p.hset(
-                key,
-                mapping={
-                    "dtype": dtype.value,
-                    "length": len(data) // dtype.numpy.itemsize,
-                    "data": data,
-                },
-            )
-            p.hincrby(key, "version", 1)
-            _, version = await p.execute()
-        return int(version)
+    async def set_parameters(
+        self,
+        tree_id: str,
+        model_id: str,
+        dtype: DType,
+        data: bytes,
+        *,
+        tenant: str | None = None,
+        owner: str = "",
+    ) -> int | None:
+        """Store a model's parameters; the new version. The first writer's tenant (""
+        for operators) owns the model: a tenant writing another's model gets None and
+        nothing is written. `tenant` None: the caller is trusted (an operator, or a
+        command, whose tenant `owner` owns a model it creates)."""
+        version = await self._set_model(
+            keys=[tree_key(tree_id, "model", model_id)],
+            args=[
+                dtype.value,
+                len(data) // dtype.numpy.itemsize,
+                data,
+                "1" if tenant is not None else "0",
+                tenant if tenant is not None else owner,
+            ],
+        )
+        return None if int(version) < 0 else int(version)
+
+    async def model_owner(self, tree_id: str, model_id: str) -> str | None:
+        """The tenant that owns a model ("" for an operator's), None for no such model."""
+        raw = await self.b.hmget(tree_key(tree_id, "model", model_id), "dtype", "tenant")
+        if raw[0] is None:
+            return None
+        return (raw[1] or b"").decode()
 
     async def parameters(
         self, tree_id: str, model_id: str, include_data: bool = True
@@ -423,4 +453,8 @@ class AggStore:
         return np.frombuffer(found[3], dtype=found[0].numpy).copy()
 
     async def save_parameters(self, spec: CommandSpec, params: np.ndarray) -> int:
-        return await self.set_parameters(spec.tree_id, spec.ps_model, spec.dtype, params.tobytes())
+        version = await self.set_parameters(
+            spec.tree_id, spec.ps_model, spec.dtype, params.tobytes(), owner=spec.tenant
+        )
+        assert version is not None  # unchecked writes always land
+        return version

@@ -291,3 +291,46 @@ async def test_a_tenant_does_not_see_commands_started_without_a_tenant(tree):
         acme.GetCommand(pb.GetCommandRequest(command_id="x")), grpc.StatusCode.NOT_FOUND
     )
     assert list((await acme.ListCommands(pb.ListCommandsRequest())).commands) == []
+
+
+async def test_a_tenants_model_parameters_are_its_own(tree):
+    """The first writer's tenant owns a model: another tenant can neither overwrite nor
+    read it, nor name it as a parameter-server command's model; operators can."""
+    acme, beta, op = tree.stub(as_="tenant:acme"), tree.stub(as_="tenant:beta"), tree.stub()
+    data = np.arange(4, dtype=np.float32).tobytes()
+
+    def set_req(values: bytes) -> pb.SetParametersRequest:
+        return pb.SetParametersRequest(
+            tree_id=TREE, model_id="m-acme", dtype=pb.AGG_DTYPE_FLOAT32, data=values
+        )
+
+    first = await acme.SetParameters(set_req(data))
+    assert first.version == 1
+    r = await expect_error(
+        beta.SetParameters(set_req(np.ones(4, dtype=np.float32).tobytes())),
+        grpc.StatusCode.PERMISSION_DENIED,
+    )
+    assert r.reason == "MODEL_OF_ANOTHER_TENANT"
+    get = pb.GetParametersRequest(tree_id=TREE, model_id="m-acme", include_data=True)
+    await expect_error(beta.GetParameters(get), grpc.StatusCode.NOT_FOUND)
+    # nothing was written by the refused call
+    mine = await acme.GetParameters(get)
+    assert mine.version == 1 and mine.data == data
+    # the operator reads and writes any model; the owner stays acme
+    assert (await op.GetParameters(get)).data == data
+    assert (await op.SetParameters(set_req(data))).version == 2
+    assert (await acme.SetParameters(set_req(data))).version == 3
+    # beta cannot run a parameter-server command on acme's model
+    r = await expect_error(
+        tree.start(
+            "ps-b",
+            FIVE,
+            4,
+            as_="tenant:beta",
+            dtype=pb.AGG_DTYPE_FLOAT32,
+            parameter_server=pb.ParameterServerOptions(model_id="m-acme", learning_rate=0.1),
+        ),
+        grpc.StatusCode.PERMISSION_DENIED,
+    )
+    assert r.reason == "MODEL_OF_ANOTHER_TENANT"
+    await expect_error(tree.command("ps-b"), grpc.StatusCode.NOT_FOUND)
