@@ -9,7 +9,15 @@ three of ten "hot" devices that the live load keeps nearly full, so PARTIAL,
 DEFERRED and REJECTED (the searches over time) are part of the mix. Each call
 is one decision committed through the Lua check.
 
-    python3 dev.py bench core_broker [--calls N] [--clients N] [--replicas N]
+    python3 dev.py bench core_broker [--calls N] [--clients N] [--replicas N] [--auth token|certificate]
+
+As deployed: the broker serves TLS and requires client certificates (mTLS),
+with identities issued by a LocalCA in a temp dir and its audit log written to
+a file there. The operator calls with its certificate; each client presents
+its application's certificate plus the application's token (`--auth token`,
+the token names the caller and is verified against Redis, then cached) or the
+certificate alone (`--auth certificate`: the application's record is looked up,
+then cached).
 
 Prints one JSON line: decisions_per_s, decide_ms_p50, decide_ms_p99, devices,
 live_reservations (when measuring starts) and details, among them the broker's
@@ -25,8 +33,10 @@ import os
 import random
 import subprocess
 import sys
+import tempfile
 import time
 from collections import Counter
+from pathlib import Path
 
 from _common import emit, percentile, private_redis
 from google.protobuf.duration_pb2 import Duration
@@ -34,11 +44,13 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from lightpath.client import channel
 from lightpath.embedded_redis import free_port
+from lightpath.security.credentials import Credentials
+from lightpath.security.identity import Principal, service_principal
+from lightpath.security.pki import LocalCA
 from lightpath.stack import health_status
 from lightpath.v1 import common_pb2, core_broker_pb2_grpc
 from lightpath.v1 import core_broker_pb2 as pb
 
-OPERATOR = "bench-operator"
 KINDS = (pb.DEVICE_KIND_GPU, pb.DEVICE_KIND_TPU, pb.DEVICE_KIND_EDGE_TPU)
 TASKS = ("computer-vision", "video-analytics", "nlp", "inference", "training")
 POLICIES = (
@@ -94,10 +106,25 @@ def request(rid: str, rng: random.Random, now_ms: int, *, live: bool) -> pb.Rese
     )
 
 
-async def setup(address: str, devices: int, apps: int, live: int, rng: random.Random):
-    ch = channel(address, default_timeout=120)
+class Identities:
+    """Certificates from a LocalCA in `directory`: the broker's, the operator's, the applications'."""
+
+    def __init__(self, directory: Path):
+        self.ca = LocalCA(directory, common_name="Lightpath bench CA").ensure()
+        self.broker = self.ca.issue(service_principal("core_broker"))
+        self.operator = self.credentials(Principal("operator", "operator"))
+
+    def credentials(self, principal: Principal, token: str = "") -> Credentials:
+        files = self.ca.issue(principal)
+        return Credentials.from_files(files.ca, files.cert, files.key, token=token)
+
+
+async def setup(
+    address: str, operator: Credentials, devices: int, apps: int, live: int, rng: random.Random
+):
+    ch = channel(address, default_timeout=120, credentials=operator)
     stub = core_broker_pb2_grpc.CoreBrokerStub(ch)
-    op = [("authorization", f"Bearer {OPERATOR}")]
+    op: list[tuple[str, str]] = []  # the operator's certificate names the caller
     for i in range(devices):
         await stub.RegisterDevice(
             pb.RegisterDeviceRequest(
@@ -146,25 +173,35 @@ async def setup(address: str, devices: int, apps: int, live: int, rng: random.Ra
     return tokens, made
 
 
-async def client(address: str, token: str, cid: str, calls: int, rng: random.Random, out: dict):
-    ch = channel(address, default_timeout=30)
+async def client(
+    address: str, creds: Credentials, cid: str, calls: int, rng: random.Random, out: dict
+):
+    ch = channel(address, default_timeout=30, credentials=creds)
     stub = core_broker_pb2_grpc.CoreBrokerStub(ch)
-    md = [("authorization", f"Bearer {token}")]
     for i in range(calls):
         req = request(f"c{cid}-{i}", rng, int(time.time() * 1000), live=False)
         t = time.perf_counter()
-        resp = await stub.Reserve(pb.ReserveRequest(request=req), metadata=md)
+        resp = await stub.Reserve(pb.ReserveRequest(request=req))
         out["lat"].append((time.perf_counter() - t) * 1000)
         out["outcomes"][pb.Outcome.Name(resp.outcome).removeprefix("OUTCOME_")] += 1
     await ch.close()
 
 
-def start_broker(redis_url: str, port: int, name: str) -> subprocess.Popen:
+def start_broker(
+    redis_url: str, port: int, name: str, ids: Identities, audit: Path
+) -> subprocess.Popen:
     env = {
         **os.environ,
         "LIGHTPATH_REDIS_URL": redis_url,
         "LIGHTPATH_LISTEN": f"127.0.0.1:{port}",
-        "LIGHTPATH_CB_OPERATOR_TOKEN": OPERATOR,
+        "LIGHTPATH_PLAINTEXT": "false",
+        "LIGHTPATH_TLS_CERT": str(ids.broker.cert),
+        "LIGHTPATH_TLS_KEY": str(ids.broker.key),
+        "LIGHTPATH_TLS_CA": str(ids.broker.ca),
+        "LIGHTPATH_TLS_CLIENT_AUTH": "require",
+        "LIGHTPATH_CB_OPERATOR_TOKEN": "",
+        "LIGHTPATH_TOKEN_FILE": "",
+        "LIGHTPATH_AUDIT_LOG": str(audit / f"{name}.jsonl"),
         "LIGHTPATH_LOG_LEVEL": "warning",
         "LIGHTPATH_INSTANCE_ID": name,
     }
@@ -182,16 +219,18 @@ def cpu_seconds(proc: subprocess.Popen) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def wait_serving(address: str, proc: subprocess.Popen, timeout: float = 60) -> None:
+def wait_serving(
+    address: str, proc: subprocess.Popen, creds: Credentials, timeout: float = 60
+) -> None:
     deadline = time.monotonic() + timeout
-    while health_status(address, timeout=0.5) != "SERVING":
+    while health_status(address, timeout=0.5, credentials=creds) != "SERVING":
         if proc.poll() is not None or time.monotonic() > deadline:
             raise SystemExit(f"broker at {address} did not start")
         time.sleep(0.1)
 
 
 async def measure(
-    addresses: list[str], tokens: list[str], clients: int, calls: int, phase: str
+    addresses: list[str], creds: list[Credentials], clients: int, calls: int, phase: str
 ) -> dict:
     out: dict = {"lat": [], "outcomes": Counter()}
     per = calls // clients
@@ -200,7 +239,7 @@ async def measure(
         *(
             client(
                 addresses[c % len(addresses)],
-                tokens[c % len(tokens)],
+                creds[c % len(creds)],
                 f"{phase}{c}",
                 per,
                 random.Random(phase + str(c)),
@@ -220,22 +259,39 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--calls", type=int, default=4000)
     parser.add_argument("--replicas", type=int, default=1)
+    parser.add_argument(
+        "--auth",
+        choices=("token", "certificate"),
+        default="token",
+        help="how the clients name their application: its token (with its certificate) "
+        "or its certificate alone",
+    )
     args = parser.parse_args()
     rng = random.Random(7)
-    with private_redis() as url:
+    with private_redis() as url, tempfile.TemporaryDirectory(prefix="lightpath-bench-") as tmp:
+        ids = Identities(Path(tmp) / "pki")
+        audit = Path(tmp) / "audit"
+        audit.mkdir()
         ports = [free_port() for _ in range(args.replicas)]
-        procs = [start_broker(url, p, f"bench-broker-{i}") for i, p in enumerate(ports)]
+        procs = [start_broker(url, p, f"bench-broker-{i}", ids, audit) for i, p in enumerate(ports)]
         addresses = [f"127.0.0.1:{p}" for p in ports]
         try:
             for a, p in zip(addresses, procs, strict=True):
-                wait_serving(a, p)
+                wait_serving(a, p, ids.operator)
             tokens, live = asyncio.run(
-                setup(addresses[0], args.devices, args.clients, args.live, rng)
+                setup(addresses[0], ids.operator, args.devices, args.clients, args.live, rng)
             )
-            warm = asyncio.run(measure(addresses, tokens, args.clients, 200, "w"))
+            creds = [
+                ids.credentials(
+                    Principal("application", f"app-{a}"),
+                    token=tokens[a] if args.auth == "token" else "",
+                )
+                for a in range(len(tokens))
+            ]
+            warm = asyncio.run(measure(addresses, creds, args.clients, 200, "w"))
             cpu0 = [cpu_seconds(p) for p in procs]
             load0 = os.getloadavg()[0]
-            res = asyncio.run(measure(addresses, tokens, args.clients, args.calls, "m"))
+            res = asyncio.run(measure(addresses, creds, args.clients, args.calls, "m"))
             cpu = sum(cpu_seconds(p) for p in procs) - sum(cpu0)
             live += sum(v for k, v in warm["outcomes"].items() if k != "REJECTED")
         finally:
@@ -256,6 +312,8 @@ def main() -> None:
             + sum(v for k, v in res["outcomes"].items() if k != "REJECTED"),
             "clients": args.clients,
             "replicas": args.replicas,
+            "transport": "mtls",
+            "auth": args.auth,
             "calls": len(lat),
             "outcomes": dict(res["outcomes"]),
             # what the broker itself spent (less noisy than wall time on a shared machine)

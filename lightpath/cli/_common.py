@@ -119,22 +119,8 @@ def current_credentials() -> Credentials | None:
 
 def presented_principal(creds: Credentials | None) -> str:
     """`kind:name` of the client certificate in `creds`, '' without one."""
-    if creds is None or not creds.cert:
-        return ""
-    from cryptography import x509
-
-    from lightpath.security.identity import from_uri
-
-    try:
-        cert = x509.load_pem_x509_certificate(creds.cert)
-        sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-    except (ValueError, x509.ExtensionNotFound):
-        return ""
-    for uri in sans.get_values_for_type(x509.UniformResourceIdentifier):
-        principal = from_uri(uri)
-        if principal is not None:
-            return str(principal)
-    return ""
+    principal = creds.certificate_principal() if creds is not None else None
+    return str(principal) if principal is not None else ""
 
 
 def _token_source() -> str:

@@ -32,7 +32,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from lightpath.cli._common import add_json_flag, print_json, run_rpc, table, to_jsonable
 from lightpath.client import channel
 from lightpath.security.credentials import Credentials
-from lightpath.security.identity import OPERATOR, Principal, from_uri
+from lightpath.security.identity import OPERATOR
 from lightpath.stack import endpoint
 from lightpath.v1 import common_pb2, core_broker_pb2_grpc
 from lightpath.v1 import core_broker_pb2 as pb
@@ -42,30 +42,12 @@ ADDR_ENV = "LIGHTPATH_CORE_BROKER_ADDR"
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
 
 
-def certificate_principal(creds: Credentials) -> Principal | None:
-    """The `spiffe://lightpath/...` principal of the client certificate in `creds`."""
-    if not creds.cert:
-        return None
-    from cryptography import x509
-
-    try:
-        cert = x509.load_pem_x509_certificate(creds.cert)
-        sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-    except (ValueError, x509.ExtensionNotFound):
-        return None
-    for uri in sans.get_values_for_type(x509.UniformResourceIdentifier):
-        principal = from_uri(uri)
-        if principal is not None:
-            return principal
-    return None
-
-
 def operator_credentials(base: Credentials | None = None) -> Credentials:
     """The operator's credentials for the broker: `base` (default `Credentials.default()`)
     as it is when it holds an operator's certificate, else with $LIGHTPATH_CB_OPERATOR_TOKEN
     as its token if that is set, else as it is (the broker then says what it lacks)."""
     base = Credentials.default() if base is None else base
-    presented = certificate_principal(base)
+    presented = base.certificate_principal()
     if presented is not None and presented.kind == OPERATOR:
         return base
     token = os.environ.get("LIGHTPATH_CB_OPERATOR_TOKEN", "").strip()
@@ -543,7 +525,8 @@ def cmd_add_device(args: argparse.Namespace) -> int:
         if args.json:
             print_json(d)
         else:
-            print(f"device {d.device_id}: {args.kind} with {d.cores} cores")
+            kind = _short(pb.DeviceKind, d.kind, "DEVICE_KIND_")
+            print(f"device {d.device_id}: {kind} with {d.cores} cores")
         return 0
 
     return _call(args, body, operator=True)

@@ -25,7 +25,7 @@ from pathlib import Path
 import grpc
 
 from lightpath.paths import default_state_dir, pki_dir
-from lightpath.security.identity import OPERATOR, TENANT, IdentityError, Principal
+from lightpath.security.identity import OPERATOR, TENANT, IdentityError, Principal, from_uri
 from lightpath.security.pki import LocalCA, file_stem
 
 
@@ -62,6 +62,23 @@ class Credentials:
         return grpc.ssl_channel_credentials(
             root_certificates=self.ca, private_key=self.key, certificate_chain=self.cert
         )
+
+    def certificate_principal(self) -> Principal | None:
+        """The `spiffe://lightpath/...` principal of the client certificate, None without one."""
+        if not self.cert:
+            return None
+        from cryptography import x509
+
+        try:
+            cert = x509.load_pem_x509_certificate(self.cert)
+            sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        except (ValueError, x509.ExtensionNotFound):
+            return None
+        for uri in sans.get_values_for_type(x509.UniformResourceIdentifier):
+            principal = from_uri(uri)
+            if principal is not None:
+                return principal
+        return None
 
     def metadata(self) -> tuple[tuple[str, str], ...]:
         return (("authorization", f"Bearer {self.token}"),) if self.token else ()

@@ -30,17 +30,21 @@ if _version_not_supported:
 class CoreBrokerStub:
     """Rents accelerator cores by time-windowed prioritised reservations; places folded dataflow graphs (CB-1 … CB-9, GF-1 … GF-7).
 
-    Authentication (CB-2): every call but GetInfo carries a credential in the
-    `authorization` metadata entry, as `Bearer <token>`:
+    Authentication (CB-2): every call but GetInfo is authenticated by the
+    common mechanism of every Lightpath service (docs/security.md): the client
+    certificate (mTLS) or a bearer token in the `authorization` metadata entry,
+    as `Bearer <token>`. The broker's own tokens:
     * an application token, returned once by RegisterApplication
     ("<application_id>:<secret>"; the broker keeps only a salted hash), for
-    the capacity queries and the application's own reservations;
-    * the operator token (the service's LIGHTPATH_CB_OPERATOR_TOKEN) for
-    device, application and latency-table administration; it may also read,
-    watch and release any reservation, but not reserve.
+    the capacity queries and the application's own reservations (an
+    application's certificate, spiffe://lightpath/application/<id>, works too);
+    * the operator token (the service's LIGHTPATH_CB_OPERATOR_TOKEN, optional:
+    an operator certificate works without it) for device, application and
+    latency-table administration; the operator may also read, watch and
+    release any reservation, but not reserve.
     A missing or wrong credential is UNAUTHENTICATED; touching another
-    application's reservation, or an operator call with an application token,
-    is PERMISSION_DENIED.
+    application's reservation, or an operator call as an application, is
+    PERMISSION_DENIED.
     """
 
     def __init__(self, channel):
@@ -149,17 +153,21 @@ class CoreBrokerStub:
 class CoreBrokerServicer:
     """Rents accelerator cores by time-windowed prioritised reservations; places folded dataflow graphs (CB-1 … CB-9, GF-1 … GF-7).
 
-    Authentication (CB-2): every call but GetInfo carries a credential in the
-    `authorization` metadata entry, as `Bearer <token>`:
+    Authentication (CB-2): every call but GetInfo is authenticated by the
+    common mechanism of every Lightpath service (docs/security.md): the client
+    certificate (mTLS) or a bearer token in the `authorization` metadata entry,
+    as `Bearer <token>`. The broker's own tokens:
     * an application token, returned once by RegisterApplication
     ("<application_id>:<secret>"; the broker keeps only a salted hash), for
-    the capacity queries and the application's own reservations;
-    * the operator token (the service's LIGHTPATH_CB_OPERATOR_TOKEN) for
-    device, application and latency-table administration; it may also read,
-    watch and release any reservation, but not reserve.
+    the capacity queries and the application's own reservations (an
+    application's certificate, spiffe://lightpath/application/<id>, works too);
+    * the operator token (the service's LIGHTPATH_CB_OPERATOR_TOKEN, optional:
+    an operator certificate works without it) for device, application and
+    latency-table administration; the operator may also read, watch and
+    release any reservation, but not reserve.
     A missing or wrong credential is UNAUTHENTICATED; touching another
-    application's reservation, or an operator call with an application token,
-    is PERMISSION_DENIED.
+    application's reservation, or an operator call as an application, is
+    PERMISSION_DENIED.
     """
 
     def GetInfo(self, request, context):
@@ -428,17 +436,21 @@ def add_CoreBrokerServicer_to_server(servicer, server):
 class CoreBroker:
     """Rents accelerator cores by time-windowed prioritised reservations; places folded dataflow graphs (CB-1 … CB-9, GF-1 … GF-7).
 
-    Authentication (CB-2): every call but GetInfo carries a credential in the
-    `authorization` metadata entry, as `Bearer <token>`:
+    Authentication (CB-2): every call but GetInfo is authenticated by the
+    common mechanism of every Lightpath service (docs/security.md): the client
+    certificate (mTLS) or a bearer token in the `authorization` metadata entry,
+    as `Bearer <token>`. The broker's own tokens:
     * an application token, returned once by RegisterApplication
     ("<application_id>:<secret>"; the broker keeps only a salted hash), for
-    the capacity queries and the application's own reservations;
-    * the operator token (the service's LIGHTPATH_CB_OPERATOR_TOKEN) for
-    device, application and latency-table administration; it may also read,
-    watch and release any reservation, but not reserve.
+    the capacity queries and the application's own reservations (an
+    application's certificate, spiffe://lightpath/application/<id>, works too);
+    * the operator token (the service's LIGHTPATH_CB_OPERATOR_TOKEN, optional:
+    an operator certificate works without it) for device, application and
+    latency-table administration; the operator may also read, watch and
+    release any reservation, but not reserve.
     A missing or wrong credential is UNAUTHENTICATED; touching another
-    application's reservation, or an operator call with an application token,
-    is PERMISSION_DENIED.
+    application's reservation, or an operator call as an application, is
+    PERMISSION_DENIED.
     """
 
     @staticmethod

@@ -31,17 +31,21 @@ GRPC_VERSION: str
 class CoreBrokerStub:
     """Rents accelerator cores by time-windowed prioritised reservations; places folded dataflow graphs (CB-1 … CB-9, GF-1 … GF-7).
 
-    Authentication (CB-2): every call but GetInfo carries a credential in the
-    `authorization` metadata entry, as `Bearer <token>`:
+    Authentication (CB-2): every call but GetInfo is authenticated by the
+    common mechanism of every Lightpath service (docs/security.md): the client
+    certificate (mTLS) or a bearer token in the `authorization` metadata entry,
+    as `Bearer <token>`. The broker's own tokens:
       * an application token, returned once by RegisterApplication
         ("<application_id>:<secret>"; the broker keeps only a salted hash), for
-        the capacity queries and the application's own reservations;
-      * the operator token (the service's LIGHTPATH_CB_OPERATOR_TOKEN) for
-        device, application and latency-table administration; it may also read,
-        watch and release any reservation, but not reserve.
+        the capacity queries and the application's own reservations (an
+        application's certificate, spiffe://lightpath/application/<id>, works too);
+      * the operator token (the service's LIGHTPATH_CB_OPERATOR_TOKEN, optional:
+        an operator certificate works without it) for device, application and
+        latency-table administration; the operator may also read, watch and
+        release any reservation, but not reserve.
     A missing or wrong credential is UNAUTHENTICATED; touching another
-    application's reservation, or an operator call with an application token,
-    is PERMISSION_DENIED.
+    application's reservation, or an operator call as an application, is
+    PERMISSION_DENIED.
     """
 
     @_typing.overload
@@ -127,17 +131,21 @@ class CoreBrokerStub:
 class CoreBrokerAsyncStub(CoreBrokerStub):
     """Rents accelerator cores by time-windowed prioritised reservations; places folded dataflow graphs (CB-1 … CB-9, GF-1 … GF-7).
 
-    Authentication (CB-2): every call but GetInfo carries a credential in the
-    `authorization` metadata entry, as `Bearer <token>`:
+    Authentication (CB-2): every call but GetInfo is authenticated by the
+    common mechanism of every Lightpath service (docs/security.md): the client
+    certificate (mTLS) or a bearer token in the `authorization` metadata entry,
+    as `Bearer <token>`. The broker's own tokens:
       * an application token, returned once by RegisterApplication
         ("<application_id>:<secret>"; the broker keeps only a salted hash), for
-        the capacity queries and the application's own reservations;
-      * the operator token (the service's LIGHTPATH_CB_OPERATOR_TOKEN) for
-        device, application and latency-table administration; it may also read,
-        watch and release any reservation, but not reserve.
+        the capacity queries and the application's own reservations (an
+        application's certificate, spiffe://lightpath/application/<id>, works too);
+      * the operator token (the service's LIGHTPATH_CB_OPERATOR_TOKEN, optional:
+        an operator certificate works without it) for device, application and
+        latency-table administration; the operator may also read, watch and
+        release any reservation, but not reserve.
     A missing or wrong credential is UNAUTHENTICATED; touching another
-    application's reservation, or an operator call with an application token,
-    is PERMISSION_DENIED.
+    application's reservation, or an operator call as an application, is
+    PERMISSION_DENIED.
     """
 
     def __init__(self, channel: _aio.Channel) -> None: ...
@@ -219,17 +227,21 @@ class CoreBrokerAsyncStub(CoreBrokerStub):
 class CoreBrokerServicer(metaclass=_abc_1.ABCMeta):
     """Rents accelerator cores by time-windowed prioritised reservations; places folded dataflow graphs (CB-1 … CB-9, GF-1 … GF-7).
 
-    Authentication (CB-2): every call but GetInfo carries a credential in the
-    `authorization` metadata entry, as `Bearer <token>`:
+    Authentication (CB-2): every call but GetInfo is authenticated by the
+    common mechanism of every Lightpath service (docs/security.md): the client
+    certificate (mTLS) or a bearer token in the `authorization` metadata entry,
+    as `Bearer <token>`. The broker's own tokens:
       * an application token, returned once by RegisterApplication
         ("<application_id>:<secret>"; the broker keeps only a salted hash), for
-        the capacity queries and the application's own reservations;
-      * the operator token (the service's LIGHTPATH_CB_OPERATOR_TOKEN) for
-        device, application and latency-table administration; it may also read,
-        watch and release any reservation, but not reserve.
+        the capacity queries and the application's own reservations (an
+        application's certificate, spiffe://lightpath/application/<id>, works too);
+      * the operator token (the service's LIGHTPATH_CB_OPERATOR_TOKEN, optional:
+        an operator certificate works without it) for device, application and
+        latency-table administration; the operator may also read, watch and
+        release any reservation, but not reserve.
     A missing or wrong credential is UNAUTHENTICATED; touching another
-    application's reservation, or an operator call with an application token,
-    is PERMISSION_DENIED.
+    application's reservation, or an operator call as an application, is
+    PERMISSION_DENIED.
     """
 
     @_abc_1.abstractmethod

@@ -59,7 +59,8 @@ class CoreBrokerSettings(CommonSettings):
     operator_token: str = setting(
         "LIGHTPATH_CB_OPERATOR_TOKEN",
         "",
-        "bearer token of the operator API (devices, applications, latencies); empty: no operator",
+        "a bearer token that also names the operator (devices, applications, latencies); "
+        "empty: the operator calls with its certificate or a Lightpath token",
     )
     batch_window_ms: float = setting(
         "LIGHTPATH_CB_BATCH_WINDOW_MS",

@@ -8,8 +8,15 @@ import json
 import pytest
 
 from lightpath.cli import build_parser, main
-from lightpath.cli.cores import local_operator_token, parse_seconds, parse_time
+from lightpath.cli.cores import (
+    broker_credentials,
+    operator_metadata,
+    parse_seconds,
+    parse_time,
+)
+from lightpath.security.identity import Principal
 from tests.core_broker.conftest import OPERATOR_TOKEN, running_broker
+from tests.helpers import identity
 
 
 async def cli(capsys, *argv: str) -> tuple[int, str, str]:
@@ -26,24 +33,60 @@ def test_help_lists_the_cores_actions(capsys):
         assert action in out
 
 
-def test_durations_times_and_the_local_operator_token():
+def test_durations_and_times():
     assert parse_seconds("90") == 90 and parse_seconds("250ms") == 0.25
     assert parse_seconds("5m") == 300 and parse_seconds("1.5h") == 5400
     assert parse_time("2030-01-01T00:00:00Z") == 1893456000
-    assert local_operator_token() == "lightpath-local-operator"
     with pytest.raises(SystemExit):
         build_parser().parse_args(["cores", "devices", "--kind", "qpu"])
 
 
+def present(monkeypatch, who: str) -> None:
+    """Make `who`'s certificate the one Credentials.default() finds (LIGHTPATH_TLS_*)."""
+    files = identity(who)
+    monkeypatch.setenv("LIGHTPATH_TLS_CERT", str(files.cert))
+    monkeypatch.setenv("LIGHTPATH_TLS_KEY", str(files.key))
+
+
+def test_which_credential_the_cli_presents(monkeypatch):
+    for var in ("LIGHTPATH_CB_TOKEN", "LIGHTPATH_CB_OPERATOR_TOKEN", "LIGHTPATH_TOKEN"):
+        monkeypatch.delenv(var, raising=False)
+    # the operator's certificate (tests/conftest.py), nothing else
+    creds = broker_credentials()
+    assert creds.certificate_principal() == Principal("operator", "operator")
+    assert creds.token == "" and operator_metadata() == ()
+    # an application's token rides with the certificate (mTLS + token)
+    creds = broker_credentials("cam:s3cret")
+    assert creds.token == "cam:s3cret" and creds.tls and creds.cert
+    monkeypatch.setenv("LIGHTPATH_CB_TOKEN", "cam:env")
+    assert broker_credentials().token == "cam:env"
+    assert broker_credentials("cam:flag").token == "cam:flag"
+    # the operator's actions take no $LIGHTPATH_CB_TOKEN
+    assert broker_credentials(operator=True).token == ""
+    # the operator certificate wins over the operator token ...
+    monkeypatch.setenv("LIGHTPATH_CB_OPERATOR_TOKEN", "op-token")
+    assert broker_credentials(operator=True).token == ""
+    # ... which is used when the certificate is not an operator's
+    present(monkeypatch, "tenant:acme")
+    assert broker_credentials(operator=True).token == "op-token"
+    assert broker_credentials().token == "cam:env"
+    assert operator_metadata() == (("authorization", "Bearer op-token"),)
+    monkeypatch.delenv("LIGHTPATH_CB_OPERATOR_TOKEN")
+    creds = broker_credentials(operator=True)
+    assert creds.token == "" and creds.certificate_principal() == Principal("tenant", "acme")
+    assert operator_metadata() == ()
+
+
 async def test_reserve_list_devices_watch_release_through_the_cli(redis_url, capsys, monkeypatch):
-    async with running_broker(redis_url) as b:
+    # no operator token anywhere: the operator's certificate does the operator's actions
+    async with running_broker(redis_url, LIGHTPATH_CB_OPERATOR_TOKEN="") as b:
         monkeypatch.setenv("LIGHTPATH_CORE_BROKER_ADDR", b.address)
-        monkeypatch.setenv("LIGHTPATH_CB_OPERATOR_TOKEN", OPERATOR_TOKEN)
+        monkeypatch.delenv("LIGHTPATH_CB_OPERATOR_TOKEN", raising=False)
         monkeypatch.delenv("LIGHTPATH_CB_TOKEN", raising=False)
         code, out, _ = await cli(
             capsys, "cores", "add-device", "gpu-1", "--kind", "gpu", "--cores", "80"
         )
-        assert code == 0 and "gpu-1" in out
+        assert code == 0 and "device gpu-1: GPU with 80 cores" in out
         code, out, _ = await cli(capsys, "cores", "add-app", "cam", "--qos", "premium", "--json")
         token = json.loads(out)["token"]
         monkeypatch.setenv("LIGHTPATH_CB_TOKEN", token)
@@ -93,6 +136,45 @@ async def test_reserve_list_devices_watch_release_through_the_cli(redis_url, cap
             capsys, "cores", "reserve", "r-3", "--cores", "0", "--duration", "1m"
         )
         assert code == 1 and "INVALID_ARGUMENT" in err and "request.cores" in err
+        # the operator's actions ignore $LIGHTPATH_CB_TOKEN (an application's)
+        code, out, _ = await cli(capsys, "cores", "add-app", "cam-2", "--json")
+        assert code == 0 and json.loads(out)["token"].startswith("cam-2:")
+        # --token names the caller over any certificate
+        code, _, err = await cli(capsys, "cores", "add-app", "cam-3", "--token", token)
+        assert code == 1 and "PERMISSION_DENIED" in err and "needs the role operator" in err
         monkeypatch.setenv("LIGHTPATH_CB_TOKEN", "cam:wrong")
         code, _, err = await cli(capsys, "cores", "list")
         assert code == 1 and "UNAUTHENTICATED" in err
+
+
+async def test_the_operator_token_serves_a_caller_without_an_operator_certificate(
+    redis_url, capsys, monkeypatch
+):
+    async with running_broker(redis_url) as b:
+        monkeypatch.setenv("LIGHTPATH_CORE_BROKER_ADDR", b.address)
+        monkeypatch.delenv("LIGHTPATH_CB_TOKEN", raising=False)
+        monkeypatch.delenv("LIGHTPATH_CB_OPERATOR_TOKEN", raising=False)
+        present(monkeypatch, "tenant:acme")
+        argv = ("cores", "add-device", "gpu-1", "--kind", "gpu", "--cores", "8")
+        code, _, err = await cli(capsys, *argv)
+        assert code == 1 and "PERMISSION_DENIED" in err
+        assert "tenant:acme may not call RegisterDevice" in err
+        monkeypatch.setenv("LIGHTPATH_CB_OPERATOR_TOKEN", OPERATOR_TOKEN)
+        code, out, _ = await cli(capsys, *argv)
+        assert code == 0 and "gpu-1" in out
+        code, out, _ = await cli(capsys, "cores", "devices", "--json")
+        assert [d["device"]["device_id"] for d in json.loads(out)["devices"]] == ["gpu-1"]
+
+
+async def test_an_application_certificate_works_through_the_cli(redis_url, capsys, monkeypatch):
+    async with running_broker(redis_url) as b:
+        await b.device("gpu-1", 8)
+        await b.app("cam")
+        monkeypatch.setenv("LIGHTPATH_CORE_BROKER_ADDR", b.address)
+        monkeypatch.delenv("LIGHTPATH_CB_TOKEN", raising=False)
+        monkeypatch.delenv("LIGHTPATH_CB_OPERATOR_TOKEN", raising=False)
+        present(monkeypatch, "application:cam")
+        code, out, _ = await cli(
+            capsys, "cores", "reserve", "r-1", "--cores", "2", "--duration", "1m", "--json"
+        )
+        assert code == 0 and json.loads(out)["application_id"] == "cam"

@@ -5,6 +5,7 @@ expiry on the watch stream (CB-6)."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 
 import grpc
@@ -13,7 +14,15 @@ import pytest
 from lightpath.v1 import common_pb2
 from lightpath.v1 import core_broker_pb2 as pb
 from services.common.keys import tenant_key
-from tests.core_broker.conftest import OP, bearer, dur, fails, running_broker, ts
+from tests.core_broker.conftest import (
+    OP,
+    anonymous,
+    bearer,
+    dur,
+    fails,
+    running_broker,
+    ts,
+)
 
 C = grpc.StatusCode
 
@@ -52,24 +61,74 @@ EVERY_CALL = [
 
 
 @pytest.mark.parametrize(("method", "request_"), EVERY_CALL, ids=[m for m, _ in EVERY_CALL])
-async def test_every_call_without_a_valid_credential_is_unauthenticated(broker, method, request_):
-    call = getattr(broker.stub, method)
+async def test_every_call_without_a_valid_credential_is_unauthenticated(
+    open_broker, method, request_
+):
+    call = getattr(open_broker.as_(anonymous()), method)
     missing = await fails(call(request_), C.UNAUTHENTICATED)
     assert missing.reason == "MISSING_CREDENTIAL"
     wrong = await fails(call(request_, metadata=bearer("nobody:secret")), C.UNAUTHENTICATED)
     assert wrong.reason == "INVALID_CREDENTIAL"
-    await fails(call(request_, metadata=(("authorization", "Basic xyz"),)), C.UNAUTHENTICATED)
-
-
-async def test_the_watch_stream_needs_a_credential_too(broker):
-    await fails(
-        collect(broker.stub.WatchReservations(pb.WatchReservationsRequest()), set()),
-        C.UNAUTHENTICATED,
+    malformed = await fails(
+        call(request_, metadata=(("authorization", "Basic xyz"),)), C.UNAUTHENTICATED
     )
+    assert malformed.reason == "MALFORMED_CREDENTIAL"
 
 
-async def test_getinfo_answers_without_a_credential(broker):
-    info = await broker.stub.GetInfo(common_pb2.GetInfoRequest())
+async def test_the_watch_stream_needs_a_credential_too(open_broker):
+    stub = open_broker.as_(anonymous())
+    r = await fails(
+        collect(stub.WatchReservations(pb.WatchReservationsRequest()), set()), C.UNAUTHENTICATED
+    )
+    assert r.reason == "MISSING_CREDENTIAL"
+
+
+async def test_tokens_alone_work_where_no_certificate_is_asked_for(open_broker):
+    """The operator token and application tokens, with no client certificate (server-only TLS)."""
+    stub = open_broker.as_(anonymous())
+    await stub.RegisterDevice(
+        pb.RegisterDeviceRequest(
+            device=pb.Device(device_id="gpu-1", kind=pb.DEVICE_KIND_GPU, cores=8)
+        ),
+        metadata=OP,
+    )
+    resp = await stub.RegisterApplication(
+        pb.RegisterApplicationRequest(application_id="cam"), metadata=OP
+    )
+    r = await stub.Reserve(
+        pb.ReserveRequest(
+            request=pb.ReservationRequest(reservation_id="r", cores=2, duration=dur(5))
+        ),
+        metadata=bearer(resp.token),
+    )
+    assert (r.application_id, r.outcome) == ("cam", pb.OUTCOME_GRANTED)
+
+
+async def test_without_a_client_certificate_no_call_gets_through(broker):
+    """mTLS (the default): a caller with no certificate is refused at the handshake,
+    whatever token it sends."""
+    stub = broker.as_(anonymous())
+    r = await fails(stub.ListDevices(pb.ListDevicesRequest(), metadata=OP), C.UNAVAILABLE)
+    assert r.code == C.UNAVAILABLE
+
+
+async def test_a_wrong_token_is_unauthenticated_even_over_the_operators_certificate(broker):
+    """A token that fails is refused: the call does not fall back to the certificate."""
+    app = await broker.app("cam")
+    _, secret = app[0][1].removeprefix("Bearer ").split(":", 1)
+    for token in ("cam:wrong", f"ghost:{secret}", "lpt1.0123.abc", "no-colon", OP[0][1][7:] + "x"):
+        r = await fails(broker.free_now(bearer(token)), C.UNAUTHENTICATED)
+        assert r.reason == "INVALID_CREDENTIAL", token
+    # the same, over an application's certificate
+    cam = broker.as_("application:cam")
+    r = await fails(
+        cam.ListDevices(pb.ListDevicesRequest(), metadata=bearer("cam:wrong")), C.UNAUTHENTICATED
+    )
+    assert r.reason == "INVALID_CREDENTIAL"
+
+
+async def test_getinfo_answers_without_a_credential(open_broker):
+    info = await open_broker.as_(anonymous()).GetInfo(common_pb2.GetInfoRequest())
     assert info.service == "lightpath.v1.CoreBroker"
 
 
@@ -79,9 +138,199 @@ async def test_operator_calls_need_the_operator_and_reservations_an_application(
         broker.stub.RegisterDevice(pb.RegisterDeviceRequest(), metadata=app),
         C.PERMISSION_DENIED,
     )
-    assert r.reason == "OPERATOR_CREDENTIAL_REQUIRED"
+    # the Guard refuses by the policy table (services.common.policy, _BROKER)
+    assert r.reason == "ROLE_REQUIRED"
+    assert r.message == "application:cam may not call RegisterDevice: it needs the role operator"
     r = await fails(broker.reserve(OP, "r1", 1, 1), C.PERMISSION_DENIED)
-    assert r.reason == "APPLICATION_CREDENTIAL_REQUIRED"
+    assert r.reason == "ROLE_REQUIRED"
+    assert r.message == "operator:operator may not call Reserve: it needs the role application"
+
+
+async def test_the_operator_certificate_alone_is_the_operator(redis_url, caplog):
+    """No operator token at all: the operator's certificate registers devices and
+    applications, sets latencies and sees every reservation."""
+    caplog.set_level(logging.INFO, logger="lightpath.core_broker")
+    async with running_broker(redis_url, LIGHTPATH_CB_OPERATOR_TOKEN="") as b:
+        assert any(
+            "LIGHTPATH_CB_OPERATOR_TOKEN is empty" in rec.message
+            and "operator certificate" in rec.message
+            and rec.levelno == logging.INFO
+            for rec in caplog.records
+        )
+        s = b.stub  # the operator's certificate, no metadata
+        await s.RegisterDevice(
+            pb.RegisterDeviceRequest(
+                device=pb.Device(
+                    device_id="gpu-1",
+                    kind=pb.DEVICE_KIND_GPU,
+                    cores=8,
+                    location=pb.Location(site="edge-a"),
+                )
+            )
+        )
+        await s.SetLatencies(
+            pb.SetLatenciesRequest(
+                latencies=[pb.Latency(site="edge-a", device_id="gpu-1", latency_ms=2)]
+            )
+        )
+        resp = await s.RegisterApplication(pb.RegisterApplicationRequest(application_id="cam"))
+        await b.reserve(bearer(resp.token), "r-1", 3, 30)
+        every = await s.ListReservations(pb.ListReservationsRequest())
+        assert [r.application_id for r in every.reservations] == ["cam"]
+        cap = await s.QueryCapacity(pb.QueryCapacityRequest(include_schedule=True))
+        assert [row.reservation_id for row in cap.devices[0].schedule] == ["r-1"]
+        released = await s.ReleaseReservation(pb.ReleaseReservationRequest(reservation_id="r-1"))
+        assert released.state == pb.RESERVATION_STATE_RELEASED
+        # an operator certificate of another name is an operator too
+        alice = b.as_("operator:alice")
+        await alice.RemoveDevice(pb.RemoveDeviceRequest(device_id="gpu-1"))
+        # with no operator token set, the old one is just an unknown token
+        r = await fails(b.free_now(OP), C.UNAUTHENTICATED)
+        assert r.reason == "INVALID_CREDENTIAL"
+
+
+async def test_without_client_certificates_the_empty_operator_token_is_warned_about(
+    redis_url, caplog
+):
+    caplog.set_level(logging.INFO, logger="lightpath.core_broker")
+    async with running_broker(
+        redis_url, LIGHTPATH_CB_OPERATOR_TOKEN="", LIGHTPATH_TLS_CLIENT_AUTH="none"
+    ):
+        (warning,) = [
+            r for r in caplog.records if "LIGHTPATH_CB_OPERATOR_TOKEN is empty" in r.message
+        ]
+        assert warning.levelno == logging.WARNING
+        assert "operator certificate" in warning.message
+
+
+async def test_lightpath_tokens_of_operators_and_applications_work_on_the_broker(
+    broker, redis_client
+):
+    """Tokens from the cell's token registry (`lightpath token create KIND:NAME`) name
+    operators and applications here as certificates do."""
+    from lightpath.security.identity import Principal
+    from lightpath.security.tokens import TokenRegistry
+
+    registry = TokenRegistry(redis_client)
+    _, alice = await registry.issue(Principal("operator", "alice"))
+    _, cam = await registry.issue(Principal("application", "cam"))
+    _, acme = await registry.issue(Principal("tenant", "acme"))
+    tenant = broker.as_("tenant:acme")  # a certificate that alone may not call the broker
+    await tenant.RegisterDevice(
+        pb.RegisterDeviceRequest(
+            device=pb.Device(device_id="gpu-1", kind=pb.DEVICE_KIND_GPU, cores=4)
+        ),
+        metadata=bearer(alice),
+    )
+    # the application must be registered with the broker, whatever its credential
+    r = await fails(
+        tenant.ListDevices(pb.ListDevicesRequest(), metadata=bearer(cam)), C.UNAUTHENTICATED
+    )
+    assert r.reason == "UNKNOWN_APPLICATION"
+    await broker.app("cam")
+    got = await broker.reserve(bearer(cam), "r-1", 1, 5)
+    assert got.application_id == "cam"
+    r = await fails(broker.free_now(bearer(acme)), C.PERMISSION_DENIED)
+    assert r.reason == "ROLE_REQUIRED"
+
+
+async def test_an_application_certificate_is_that_application(broker):
+    await broker.device("gpu-1", 16)
+    await broker.stub.RegisterApplication(
+        pb.RegisterApplicationRequest(application_id="cam", qos_level=pb.QOS_LEVEL_STANDARD),
+        metadata=OP,
+    )
+    other = await broker.app("other")
+    cam = broker.as_("application:cam")  # no token: the certificate names it
+    r = await cam.Reserve(
+        pb.ReserveRequest(
+            request=pb.ReservationRequest(reservation_id="r-cam", cores=4, duration=dur(30))
+        )
+    )
+    assert (r.application_id, r.outcome) == ("cam", pb.OUTCOME_GRANTED)
+    # its agreement is the registered one
+    r = await fails(
+        cam.Reserve(
+            pb.ReserveRequest(
+                request=pb.ReservationRequest(
+                    reservation_id="r-2", cores=1, duration=dur(1), qos_level=pb.QOS_LEVEL_PREMIUM
+                )
+            )
+        ),
+        C.PERMISSION_DENIED,
+    )
+    assert r.reason == "QOS_ABOVE_AGREEMENT"
+    # the cross-application checks hold for certificates as for tokens
+    await broker.reserve(other, "r-other", 2, 30)
+    for call in (
+        cam.GetReservation(pb.GetReservationRequest(reservation_id="r-other")),
+        cam.ReleaseReservation(pb.ReleaseReservationRequest(reservation_id="r-other")),
+        cam.ListReservations(pb.ListReservationsRequest(application_id="other")),
+    ):
+        await fails(call, C.PERMISSION_DENIED)
+    mine = await cam.ListReservations(pb.ListReservationsRequest())
+    assert [x.reservation_id for x in mine.reservations] == ["r-cam"]
+    cap = await cam.QueryCapacity(pb.QueryCapacityRequest(include_schedule=True))
+    assert sorted(row.reservation_id for row in cap.devices[0].schedule) == ["", "r-cam"]
+    r = await fails(cam.RegisterDevice(pb.RegisterDeviceRequest()), C.PERMISSION_DENIED)
+    assert r.reason == "ROLE_REQUIRED"
+    # a token sent over the certificate names the caller
+    as_other = await cam.ListReservations(pb.ListReservationsRequest(), metadata=other)
+    assert [x.reservation_id for x in as_other.reservations] == ["r-other"]
+
+    # removed: the certificate no longer gets in; registered again (premium now): it does
+    await broker.stub.RemoveApplication(
+        pb.RemoveApplicationRequest(application_id="cam"), metadata=OP
+    )
+    r = await fails(cam.ListDevices(pb.ListDevicesRequest()), C.UNAUTHENTICATED)
+    assert r.reason == "UNKNOWN_APPLICATION" and '"cam" is not registered' in r.message
+    await broker.app("cam", qos=pb.QOS_LEVEL_PREMIUM)
+    r = await cam.Reserve(
+        pb.ReserveRequest(
+            request=pb.ReservationRequest(
+                reservation_id="r-3", cores=1, duration=dur(5), qos_level=pb.QOS_LEVEL_PREMIUM
+            )
+        )
+    )
+    assert r.outcome == pb.OUTCOME_GRANTED
+
+
+async def test_an_unregistered_applications_certificate_is_unauthenticated(broker):
+    ghost = broker.as_("application:ghost")
+    for call in (
+        ghost.ListDevices(pb.ListDevicesRequest()),
+        ghost.Reserve(pb.ReserveRequest()),
+        collect(ghost.WatchReservations(pb.WatchReservationsRequest()), set()),
+    ):
+        r = await fails(call, C.UNAUTHENTICATED)
+        assert r.reason == "UNKNOWN_APPLICATION"
+
+
+@pytest.mark.parametrize("who", ["tenant:acme", "node:n-1", "service:cell_scheduler"])
+async def test_tenant_node_and_service_certificates_are_refused(broker, who):
+    await broker.device("gpu-1", 8)
+    stub = broker.as_(who)
+    for method, request_ in [*EVERY_CALL, ("PlanGraph", pb.PlanGraphRequest())]:
+        r = await fails(getattr(stub, method)(request_), C.PERMISSION_DENIED)
+        assert r.reason == "ROLE_REQUIRED", method
+        assert r.message.startswith(f"{who} may not call {method}: it needs the role ")
+    r = await fails(
+        collect(stub.WatchReservations(pb.WatchReservationsRequest()), set()), C.PERMISSION_DENIED
+    )
+    assert r.reason == "ROLE_REQUIRED"
+    # GetInfo is public
+    assert (await stub.GetInfo(common_pb2.GetInfoRequest())).service == "lightpath.v1.CoreBroker"
+    # nothing was done on their behalf
+    assert await broker.free_now() == {"gpu-1": 8}
+    # an application's token sent over such a certificate is that application
+    app = await broker.app("cam")
+    r = await stub.Reserve(
+        pb.ReserveRequest(
+            request=pb.ReservationRequest(reservation_id="r", cores=2, duration=dur(5))
+        ),
+        metadata=app,
+    )
+    assert r.application_id == "cam"
 
 
 async def test_credentials_are_stored_hashed_and_rotation_revokes_the_old_one(broker, redis_client):

@@ -7,9 +7,15 @@ from lightpath.demo import cores as demo
 from lightpath.telemetry import configure_tracing
 from lightpath.v1 import core_broker_pb2 as pb
 from tests.core_broker.conftest import OP, OPERATOR_TOKEN, running_broker
+from tests.helpers import identity
 
 
 async def test_the_demo_shows_fig2_fig3_fig4_and_cleans_up(redis_url, capsys, monkeypatch):
+    # the operator by its token here (the channel presents a tenant's certificate, which
+    # alone may not call the broker); tests/graph/test_demo.py: by its certificate alone
+    files = identity("tenant:demo")
+    monkeypatch.setenv("LIGHTPATH_TLS_CERT", str(files.cert))
+    monkeypatch.setenv("LIGHTPATH_TLS_KEY", str(files.key))
     monkeypatch.setenv("LIGHTPATH_CB_OPERATOR_TOKEN", OPERATOR_TOKEN)
     # a wide window: the two concurrent requests of Fig. 3/4 surely share a batch
     async with running_broker(redis_url, LIGHTPATH_CB_BATCH_WINDOW_MS="200") as b:

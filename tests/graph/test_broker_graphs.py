@@ -15,7 +15,8 @@ from lightpath.graph.runner import run_graph
 from lightpath.graph.spec import to_proto
 from lightpath.v1 import core_broker_pb2 as pb
 from lightpath.v1 import graph_pb2
-from tests.core_broker.conftest import OP, dur, fails, running_broker
+from tests.core_broker.conftest import OP, anonymous, bearer, dur, fails, running_broker
+from tests.helpers import credentials
 
 C = grpc.StatusCode
 
@@ -80,7 +81,12 @@ async def test_plan_graph_refuses_a_bad_graph_naming_the_field(broker):
         ["graph.flows[14]"],
     )
     assert "closes a cycle 204A -> 204C -> 204D -> 204I -> 204J -> 204A" in report.message
-    await fails(broker.stub.PlanGraph(pb.PlanGraphRequest(graph=spec)), C.UNAUTHENTICATED)
+    # who calls is settled before the graph is looked at
+    report = await fails(
+        broker.stub.PlanGraph(pb.PlanGraphRequest(graph=spec), metadata=bearer("planner:wrong")),
+        C.UNAUTHENTICATED,
+    )
+    assert report.reason == "INVALID_CREDENTIAL"
 
 
 # -- ReserveGraph (GF-4) -----------------------------------------------------------------
@@ -165,7 +171,8 @@ async def test_reserve_graph_errors_name_the_field(broker):
         ["per_process.duration"],
     )
     report = await fails(reserve(broker, OP, spec, "g"), C.PERMISSION_DENIED)
-    assert report.reason == "APPLICATION_CREDENTIAL_REQUIRED"
+    assert report.reason == "ROLE_REQUIRED"
+    assert report.message.endswith("may not call ReserveGraph: it needs the role application")
     other = await broker.app("other")
     await reserve(broker, md, spec, "mine")
     report = await fails(reserve(broker, other, spec, "mine"), C.PERMISSION_DENIED)
@@ -311,6 +318,48 @@ GRAPH_CALLS = [
 
 
 @pytest.mark.parametrize(("method", "request_"), GRAPH_CALLS, ids=[m for m, _ in GRAPH_CALLS])
-async def test_every_graph_call_needs_a_credential(broker, method, request_):
-    report = await fails(getattr(broker.stub, method)(request_), C.UNAUTHENTICATED)
+async def test_every_graph_call_needs_a_credential(open_broker, method, request_):
+    call = getattr(open_broker.as_(anonymous()), method)
+    report = await fails(call(request_), C.UNAUTHENTICATED)
     assert report.reason == "MISSING_CREDENTIAL"
+    report = await fails(call(request_, metadata=bearer("etl:wrong")), C.UNAUTHENTICATED)
+    assert report.reason == "INVALID_CREDENTIAL"
+
+
+@pytest.mark.parametrize(("method", "request_"), GRAPH_CALLS, ids=[m for m, _ in GRAPH_CALLS])
+async def test_graph_calls_refuse_tenants_and_nodes(broker, method, request_):
+    for who in ("tenant:acme", "node:n-1"):
+        report = await fails(getattr(broker.as_(who), method)(request_), C.PERMISSION_DENIED)
+        assert report.reason == "ROLE_REQUIRED"
+
+
+async def test_the_sdk_reserves_reports_and_reads_with_mtls_and_the_application_token(
+    broker, two_runs
+):
+    """GraphBroker.connect: TLS with the caller's certificate (here a tenant's, which alone
+    may not call the broker) and the application's token on every call."""
+    await broker.device("npu-1", 4, kind=pb.DEVICE_KIND_NPU)
+    md = await broker.app("etl")
+    token = md[0][1].removeprefix("Bearer ")
+    spec = fig2a("in.tsv", "out")
+    async with GraphBroker.connect(
+        broker.address, token, credentials=credentials("tenant:acme")
+    ) as sdk:
+        assert (await sdk.plan(spec)).processes_after == 3
+        held = await sdk.reserve(spec, per_process("sdk-g"))
+        assert held.complete
+        assert {p.reservation.application_id for p in held.processes} == {"etl"}
+        assert (await sdk.report(two_runs[0].metrics)).runs == 1
+        assert (await sdk.metrics("fig-2a")).run_id == two_runs[0].metrics.run_id
+    # the token is what names the caller: the tenant's certificate alone is refused
+    async with GraphBroker.connect(
+        broker.address, "", credentials=credentials("tenant:acme")
+    ) as sdk:
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await sdk.plan(spec)
+        assert err.value.code() == C.PERMISSION_DENIED
+    # and with no certificate at all, mTLS refuses the connection
+    async with GraphBroker.connect(broker.address, token, credentials=anonymous()) as sdk:
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await sdk.plan(spec)
+        assert err.value.code() == C.UNAVAILABLE

@@ -6,13 +6,14 @@ from lightpath.demo import DemoContext
 from lightpath.demo import graph as demo
 from lightpath.telemetry import configure_tracing
 from lightpath.v1 import core_broker_pb2 as pb
-from tests.core_broker.conftest import OP, OPERATOR_TOKEN, running_broker
+from tests.core_broker.conftest import running_broker
 
 
 async def test_the_demo_folds_reserves_runs_and_reports_fig_2a(redis_url, capsys, monkeypatch):
-    monkeypatch.setenv("LIGHTPATH_CB_OPERATOR_TOKEN", OPERATOR_TOKEN)
+    # no operator token: the operator's certificate (tests/conftest.py) alone
+    monkeypatch.delenv("LIGHTPATH_CB_OPERATOR_TOKEN", raising=False)
     monkeypatch.setattr(demo, "RECORDS", 3000)
-    async with running_broker(redis_url) as b:
+    async with running_broker(redis_url, LIGHTPATH_CB_OPERATOR_TOKEN="") as b:
         ctx = DemoContext({"core-broker": b.address}, configure_tracing("t", set_global=False))
         try:
             await demo.run(ctx)
@@ -26,7 +27,7 @@ async def test_the_demo_folds_reserves_runs_and_reports_fig_2a(redis_url, capsys
         assert "3000 records" in run and "by 3 processes" in run
         for component in ("204A", "204H", "204J"):
             assert f"\n{component} " in run
-        devices = await b.stub.ListDevices(pb.ListDevicesRequest(), metadata=OP)
+        devices = await b.stub.ListDevices(pb.ListDevicesRequest())
         assert list(devices.devices) == []
-        listed = await b.stub.ListReservations(pb.ListReservationsRequest(), metadata=OP)
+        listed = await b.stub.ListReservations(pb.ListReservationsRequest())
         assert all(r.state == pb.RESERVATION_STATE_RELEASED for r in listed.reservations)
