@@ -8,16 +8,17 @@ with TLS on (mTLS, as users run it) and, in the same run, off.
 Redis, the cell_scheduler and two superpods (an ocs_manager and a workload_scheduler
 each, 64 blocks of 4x4x4, registered with the cell and reporting to it) run as
 separate processes with their default settings, as deployed; the clients run here.
-Two such stacks run side by side, each on its own Redis: one serving TLS with
-client certificates (every process and the bench's operator hold a certificate of
-the stack's local CA), one plaintext on loopback (bearer tokens). Each client loops:
+Such a stack runs four times, one at a time, each on its own Redis, in the order
+TLS, plaintext, plaintext, TLS (serving TLS with client certificates: every process
+and the bench's operator hold a certificate of the stack's local CA; or plaintext
+on loopback with bearer tokens). Each client loops:
 submit a 2-block slice (8x4x4 chips; the call answers once the slice is RUNNING,
 wired by the pod's ocs_manager), then complete it. The same run measures the
 clients calling pod-1's workload scheduler directly (AdmitJob + CompleteJob) and
-the cell (SubmitJob + CompleteJob), in alternating rounds (TLS direct, TLS cell,
-plaintext direct, plaintext cell, then plaintext first, ...: a shared machine's
-changing load weighs on all alike), so the cell's cost and TLS's cost show as ratios. Each client keeps one
-channel per stack and service for the whole run (handshakes are not timed).
+the cell (SubmitJob + CompleteJob), in alternating rounds within each stack's turn
+(a shared machine's changing load weighs on all alike), so the cell's cost and
+TLS's cost show as ratios. Each client keeps one channel per service for the
+stack's turn (handshakes are not timed).
 
 Prints one JSON line. With TLS, as the top-level keys: cell_per_s, cell_ms_p50,
 cell_ms_p99, direct_per_s, direct_ms_p50, direct_ms_p99, overhead_ratio_p50 (cell
@@ -221,21 +222,26 @@ class Phases:
         }
 
 
-async def run(
-    stacks: dict[str, Stack],
+# One stack lives at a time (an idle second stack's background work would weigh on
+# the measured one); TLS and plaintext in the order A B B A, so neither always goes first.
+ORDER = ("tls", "plaintext", "plaintext", "tls")
+
+
+async def segment(
+    stack: Stack,
+    ph: Phases,
+    pids: dict[str, int],
+    *,
     seconds: float,
     clients: int,
-    pids: dict[str, dict[str, int]],
     rounds: int,
-) -> dict:
-    """Per stack, direct and through the cell; the stacks and the phases in alternating
-    rounds, so that a change in the load of a shared machine weighs on all alike."""
-    for stack in stacks.values():
-        await wait_registered(stack.endpoints["cell"], stack.operator)
-    phases = {mode: Phases() for mode in stacks}
+    tag: str,
+) -> None:
+    """One stack's share: direct and through the cell in `rounds` alternations."""
+    await wait_registered(stack.endpoints["cell"], stack.operator)
     async with contextlib.AsyncExitStack() as channels:
 
-        async def open_stubs(stack: Stack, name: str, make_stub: Callable) -> list:
+        async def open_stubs(name: str, make_stub: Callable) -> list:
             creds = stack.operator
             return [
                 make_stub(
@@ -246,43 +252,56 @@ async def run(
                 for _ in range(clients)
             ]
 
-        direct_stubs, cell_stubs = {}, {}
-        for mode, stack in stacks.items():
-            direct_stubs[mode] = await open_stubs(
-                stack, "ws-pod-1", workload_scheduler_pb2_grpc.WorkloadSchedulerStub
-            )
-            cell_stubs[mode] = await open_stubs(
-                stack, "cell", cell_scheduler_pb2_grpc.CellSchedulerStub
-            )
+        direct_stubs = await open_stubs(
+            "ws-pod-1", workload_scheduler_pb2_grpc.WorkloadSchedulerStub
+        )
+        cell_stubs = await open_stubs("cell", cell_scheduler_pb2_grpc.CellSchedulerStub)
         for r in range(rounds):
-            # TLS, plaintext, plaintext, TLS, ...: neither goes first more often than the other.
-            for mode in list(stacks)[:: 1 if r % 2 == 0 else -1]:
-                ph = phases[mode]
-                t0 = cpu_seconds(pids[mode])
-                ph.direct_rounds.append(
-                    await measure(
-                        direct_stubs[mode],
-                        direct_submit,
-                        direct_complete,
-                        seconds=seconds / rounds,
-                        tag=f"{mode}-d{r}",
-                    )
+            t0 = cpu_seconds(pids)
+            ph.direct_rounds.append(
+                await measure(
+                    direct_stubs,
+                    direct_submit,
+                    direct_complete,
+                    seconds=seconds / rounds,
+                    tag=f"{tag}-d{r}",
                 )
-                t1 = cpu_seconds(pids[mode])
-                ph.cell_rounds.append(
-                    await measure(
-                        cell_stubs[mode],
-                        cell_submit,
-                        cell_complete,
-                        seconds=seconds / rounds,
-                        tag=f"{mode}-c{r}",
-                    )
+            )
+            t1 = cpu_seconds(pids)
+            ph.cell_rounds.append(
+                await measure(
+                    cell_stubs,
+                    cell_submit,
+                    cell_complete,
+                    seconds=seconds / rounds,
+                    tag=f"{tag}-c{r}",
                 )
-                t2 = cpu_seconds(pids[mode])
-                for k in t2:
-                    ph.direct_cpu[k] += t1[k] - t0[k]
-                    ph.cell_cpu[k] += t2[k] - t1[k]
-    common = {"clients": clients, "seconds": seconds, "rounds": rounds}
+            )
+            t2 = cpu_seconds(pids)
+            for k in t2:
+                ph.direct_cpu[k] += t1[k] - t0[k]
+                ph.cell_cpu[k] += t2[k] - t1[k]
+
+
+def run(seconds: float, clients: int, rounds: int) -> dict:
+    phases = {mode: Phases() for mode, _ in MODES}
+    tls_of = dict(MODES)
+    per_segment = seconds / ORDER.count("tls")
+    for i, mode in enumerate(ORDER):
+        with private_stack(specs(), tls=tls_of[mode]) as stack:
+            pids = stack_pids(stack, stack.redis_url)
+            asyncio.run(
+                segment(
+                    stack,
+                    phases[mode],
+                    pids,
+                    seconds=per_segment,
+                    clients=clients,
+                    rounds=rounds,
+                    tag=f"s{i}",
+                )
+            )
+    common = {"clients": clients, "seconds": seconds, "rounds": rounds * ORDER.count("tls")}
     with_tls = {**phases["tls"].summary(), **common}
     plaintext = {**phases["plaintext"].summary(), **common}
     return {
@@ -300,21 +319,14 @@ def main() -> None:
         "--seconds",
         type=float,
         default=15.0,
-        help="recorded seconds of each phase per stack, over all rounds",
+        help="recorded seconds of each phase (direct, cell) per mode (TLS on, off)",
     )
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument(
-        "--rounds", type=int, default=5, help="alternations of the phases (and of TLS on/off)"
+        "--rounds", type=int, default=3, help="alternations of direct and cell in each stack's turn"
     )
     args = parser.parse_args()
-    with contextlib.ExitStack() as running:
-        # Two stacks of the same shape, each on fresh ports, its own Redis and state dir.
-        stacks = {
-            mode: running.enter_context(private_stack(specs(), tls=tls)) for mode, tls in MODES
-        }
-        pids = {mode: stack_pids(stack, stack.redis_url) for mode, stack in stacks.items()}
-        result = asyncio.run(run(stacks, args.seconds, args.clients, pids, args.rounds))
-    emit(result)
+    emit(run(args.seconds, args.clients, args.rounds))
 
 
 if __name__ == "__main__":

@@ -3,24 +3,23 @@
 every slice: 2-block slices (8x4x4 chips) on a 64-block pod, 8 concurrent clients,
 with TLS on (mTLS, as users run it) and, in the same run, off.
 
-    python3 dev.py bench workload_scheduler [--seconds 15] [--clients 8] [--rounds 5]
+    python3 dev.py bench workload_scheduler [--seconds 15] [--clients 8]
 
 Redis, the ocs_manager and the workload_scheduler run as separate processes (as
-deployed, default settings: info logs, no trace export); the clients run here. Two
-such stacks run side by side, each on its own Redis: one serving TLS with client
-certificates (every process and the bench's operator hold a certificate of the
-stack's local CA), one plaintext on loopback (bearer tokens). Each client keeps one
-channel per stack for the whole run and loops: AdmitJob (answers once the slice is
-RUNNING, i.e. wired by the ocs_manager) then CompleteJob (answers once it is
-unwired). After a 2 s warm-up of each stack, the two are measured in alternating
-rounds (TLS, plaintext, plaintext, TLS, ...) so a shared machine's changing load
-weighs on both alike.
+deployed, default settings: info logs, no trace export); the clients run here. Such
+a stack runs four times, one at a time, each on its own Redis, in the order TLS,
+plaintext, plaintext, TLS (so a shared machine's changing load weighs on both
+alike): serving TLS with client certificates (every process and the bench's
+operator hold a certificate of the stack's local CA), or plaintext on loopback
+(bearer tokens). In each turn every client keeps one channel and loops, after a
+2 s warm-up: AdmitJob (answers once the slice is RUNNING, i.e. wired by the
+ocs_manager) then CompleteJob (answers once it is unwired).
 
 Prints one JSON line. With TLS, as the top-level keys: admit_complete_per_s,
 admit_ms_p50, admit_ms_p99, plus complete_ms_p50/p99, pairs, clients, seconds
 (recorded) and cpu_ms_per_pair (CPU ms per pair of each process: the services,
 Redis, and this client); "plaintext": the same keys without TLS;
-tls_cost_throughput (1 - with TLS / without); rounds; "tls": true.
+tls_cost_throughput (1 - with TLS / without); turns; "tls": true.
 """
 
 from __future__ import annotations
@@ -122,35 +121,41 @@ async def drive(stubs: list, tally: Tally, seconds: float, record: bool) -> None
         tally.elapsed += time.perf_counter() - start
 
 
-async def run(
-    stacks: dict[str, Stack],
-    seconds: float,
-    clients: int,
-    pids: dict[str, dict[str, int]],
-    rounds: int,
-) -> dict[str, object]:
-    tallies = {mode: Tally() for mode in stacks}
+# One stack lives at a time (an idle second stack's background work would weigh on
+# the measured one); TLS and plaintext in the order A B B A, so neither always goes first.
+ORDER = ("tls", "plaintext", "plaintext", "tls")
+
+
+async def segment(
+    stack: Stack, tally: Tally, pids: dict[str, int], seconds: float, clients: int
+) -> None:
     async with contextlib.AsyncExitStack() as channels:
-        stubs = {}
-        for mode, stack in stacks.items():
-            creds = stack.operator
-            stubs[mode] = [
-                workload_scheduler_pb2_grpc.WorkloadSchedulerStub(
-                    await channels.enter_async_context(
-                        channel(stack.endpoints["ws-bench"], credentials=creds)
-                    )
+        creds = stack.operator
+        stubs = [
+            workload_scheduler_pb2_grpc.WorkloadSchedulerStub(
+                await channels.enter_async_context(
+                    channel(stack.endpoints["ws-bench"], credentials=creds)
                 )
-                for _ in range(clients)
-            ]
-        for mode in stacks:  # warm up: connections and handshakes, script loading
-            await drive(stubs[mode], tallies[mode], WARMUP_S, record=False)
-        for r in range(rounds):
-            for mode in list(stacks)[:: 1 if r % 2 == 0 else -1]:
-                cpu0 = cpu_seconds(pids[mode])
-                await drive(stubs[mode], tallies[mode], seconds / rounds, record=True)
-                cpu1 = cpu_seconds(pids[mode])
-                for k in cpu1:
-                    tallies[mode].cpu[k] += cpu1[k] - cpu0[k]
+            )
+            for _ in range(clients)
+        ]
+        # warm up: connections and handshakes, script loading
+        await drive(stubs, tally, WARMUP_S, record=False)
+        cpu0 = cpu_seconds(pids)
+        await drive(stubs, tally, seconds, record=True)
+        cpu1 = cpu_seconds(pids)
+        for k in cpu1:
+            tally.cpu[k] += cpu1[k] - cpu0[k]
+
+
+def run(seconds: float, clients: int) -> dict[str, object]:
+    tallies = {mode: Tally() for mode, _ in MODES}
+    tls_of = dict(MODES)
+    per_segment = seconds / ORDER.count("tls")
+    for mode in ORDER:
+        with private_stack(specs(), tls=tls_of[mode]) as stack:
+            pids = stack_pids(stack, stack.redis_url)
+            asyncio.run(segment(stack, tallies[mode], pids, per_segment, clients))
     with_tls = tallies["tls"].summary(clients)
     plaintext = tallies["plaintext"].summary(clients)
     return {
@@ -158,26 +163,18 @@ async def run(
         "tls": True,
         "plaintext": plaintext,
         "tls_cost_throughput": tls_cost(tallies["tls"].per_s, tallies["plaintext"].per_s),
-        "rounds": rounds,
+        "turns": len(ORDER),
     }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--seconds", type=float, default=15.0, help="recorded seconds per stack, over all rounds"
+        "--seconds", type=float, default=15.0, help="recorded seconds per mode (TLS on, off)"
     )
     parser.add_argument("--clients", type=int, default=8)
-    parser.add_argument("--rounds", type=int, default=5, help="alternations of TLS on and off")
     args = parser.parse_args()
-    with contextlib.ExitStack() as running:
-        # Two stacks of the same shape, each on fresh ports, its own Redis and state dir.
-        stacks = {
-            mode: running.enter_context(private_stack(specs(), tls=tls)) for mode, tls in MODES
-        }
-        pids = {mode: stack_pids(stack, stack.redis_url) for mode, stack in stacks.items()}
-        result = asyncio.run(run(stacks, args.seconds, args.clients, pids, args.rounds))
-    emit(result)
+    emit(run(args.seconds, args.clients))
 
 
 if __name__ == "__main__":
