@@ -40,7 +40,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from lightpath.embedded_redis import EmbeddedRedis, die_with_parent, free_port
-from lightpath.paths import default_state_dir, pki_dir
+from lightpath.paths import default_state_dir, pki_dir, write_private
 from lightpath.security.credentials import Credentials, token_path
 from lightpath.security.identity import OPERATOR, Principal, service_principal
 from lightpath.security.pki import LocalCA
@@ -271,7 +271,7 @@ class Stack:
         except BaseException:
             self.stop()
             raise
-        _write_private(
+        write_private(
             self.state_file,
             json.dumps(
                 {
@@ -452,14 +452,6 @@ def endpoint(name: str, env_var: str, state_dir: Path | None = None) -> str:
     raise KeyError(name)
 
 
-def _write_private(path: Path, text: str) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
-
-
 def _secret_file(path: Path) -> str:
     """The secret kept in `path`, made (256 random bits, 0600) on first use."""
     import secrets
@@ -469,7 +461,7 @@ def _secret_file(path: Path) -> str:
     path.parent.mkdir(parents=True, exist_ok=True)
     os.chmod(path.parent, 0o700)
     value = secrets.token_urlsafe(32)
-    _write_private(path, value + "\n")
+    write_private(path, value + "\n")
     return value
 
 
@@ -486,7 +478,7 @@ async def issue_local_tokens(
         out = {}
         for p in principals:
             _, token = await registry.issue(p)
-            _write_private(token_path(state_dir, p), token + "\n")
+            write_private(token_path(state_dir, p), token + "\n")
             out[p] = token
         return out
     finally:

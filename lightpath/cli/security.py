@@ -38,7 +38,7 @@ from lightpath.cli._common import (
     print_json,
     table,
 )
-from lightpath.paths import default_state_dir, pki_dir
+from lightpath.paths import default_state_dir, pki_dir, write_private
 from lightpath.security.credentials import identity_of, token_path
 from lightpath.security.identity import TENANT, IdentityError, Principal
 from lightpath.security.pki import LocalCA
@@ -201,15 +201,6 @@ def _with_registry(state_dir: Path, action: Callable[[Any], Awaitable[T]]) -> T:
         ) from None
 
 
-def _write_private(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
-
-
 def _iso(seconds: float) -> str:
     return (
         dt.datetime.fromtimestamp(seconds, dt.UTC)
@@ -315,7 +306,7 @@ def cmd_tenant_create(args: argparse.Namespace) -> int:
         except OSError:
             previous = ""
         token_id, token = _with_registry(state_dir, lambda reg: reg.issue(principal))
-        _write_private(path, token + "\n")
+        write_private(path, token + "\n")
         out.update(token_id=token_id, token=token, token_file=str(path))
         if previous:
             out["previous_token_id"] = previous
@@ -421,7 +412,7 @@ def cmd_token_create(args: argparse.Namespace) -> int:
     state_dir = _state_dir(args)
     token_id, token = _with_registry(state_dir, lambda reg: reg.issue(principal))
     if args.file:
-        _write_private(args.file, token + "\n")
+        write_private(args.file, token + "\n")
     _record(state_dir, "CreateToken", {"principal": str(principal), "token_id": token_id})
     if args.json:
         out = {"principal": str(principal), "token_id": token_id, "token": token}

@@ -29,6 +29,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from lightpath.paths import write_private
 from lightpath.security.identity import Principal
 
 LOOPBACK_IPS = ("127.0.0.1", "::1")
@@ -46,15 +47,6 @@ class IssuedFiles:
 def file_stem(principal: Principal) -> str:
     """`tenant:acme` → `tenant-acme`, `service:ocs_manager/pod-1` → `service-ocs_manager-pod-1`."""
     return f"{principal.kind}-{principal.name.replace('/', '-')}"
-
-
-def _write_private(path: Path, data: bytes) -> None:
-    fd = os.open(
-        path.with_suffix(path.suffix + ".tmp"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600
-    )
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-    os.replace(path.with_suffix(path.suffix + ".tmp"), path)
 
 
 def _write_public(path: Path, data: bytes) -> None:
@@ -126,7 +118,7 @@ class LocalCA:
             )
             .sign(key, hashes.SHA256())
         )
-        _write_private(self.key_path, _key_pem(key))
+        write_private(self.key_path, _key_pem(key))
         _write_public(self.cert_path, cert.public_bytes(serialization.Encoding.PEM))
         return self
 
@@ -188,7 +180,7 @@ class LocalCA:
             )
             .sign(ca_key, hashes.SHA256())
         )
-        _write_private(files.key, _key_pem(key))
+        write_private(files.key, _key_pem(key))
         _write_public(files.cert, cert.public_bytes(serialization.Encoding.PEM))
         return files
 
