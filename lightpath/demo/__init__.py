@@ -46,12 +46,13 @@ Scenario = Callable[[DemoContext], Awaitable[None]]
 
 
 def scenarios() -> list[Scenario]:
-    from lightpath.demo import agg, cell, cores, foundation, graph, ocs, switched
+    from lightpath.demo import agg, cell, cores, foundation, graph, ocs, security, switched
 
     return [
         foundation.run,
         ocs.run,
         cell.run,
+        security.run,
         switched.run,
         cores.run,
         graph.run,
