@@ -6,9 +6,10 @@
 
 Every certificate it issues carries its principal as the URI SAN
 (`identity.Principal.uri`), the loopback addresses and `localhost` (plus any
-`hosts` asked for), and may serve and call (serverAuth + clientAuth), so one
-certificate is a service's server identity and its client identity on calls
-to its peers. Keys are ECDSA P-256 and written 0600; a certificate is issued
+`hosts` asked for). A service's may serve and call (serverAuth + clientAuth):
+one certificate is its server identity and its client identity on calls to its
+peers; everyone else's may only call (clientAuth), so a tenant's or a node's
+certificate cannot pose as a Lightpath server. Keys are ECDSA P-256 and written 0600; a certificate is issued
 again when it is missing, unreadable, signed by another CA, lacks a host asked
 for, or expires within 30 days.
 
@@ -30,7 +31,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from lightpath.paths import write_private
-from lightpath.security.identity import Principal
+from lightpath.security.identity import SERVICE, Principal
 
 LOOPBACK_IPS = ("127.0.0.1", "::1")
 VALID_DAYS = 365
@@ -168,12 +169,7 @@ class LocalCA:
             .not_valid_after(now + dt.timedelta(days=days))
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
             .add_extension(x509.SubjectAlternativeName(_dedupe(sans)), critical=False)
-            .add_extension(
-                x509.ExtendedKeyUsage(
-                    [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
-                ),
-                critical=False,
-            )
+            .add_extension(x509.ExtendedKeyUsage(_usages(principal)), critical=False)
             .add_extension(
                 x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()),
                 critical=False,
@@ -205,6 +201,14 @@ class LocalCA:
             str(ip) for ip in sans.get_values_for_type(x509.IPAddress)
         }
         return all(str(_normal_host(h)) in have for h in hosts)
+
+
+def _usages(principal: Principal) -> list[x509.ObjectIdentifier]:
+    """Services serve and call; everyone else only calls, so a tenant's or a node's
+    certificate can never pose as a Lightpath server."""
+    if principal.kind == SERVICE:
+        return [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
+    return [ExtendedKeyUsageOID.CLIENT_AUTH]
 
 
 def _normal_host(host: str) -> str:

@@ -21,6 +21,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from redis.exceptions import RedisError
+
+from lightpath.errors import Unavailable
 from lightpath.security.identity import IdentityError, Principal
 
 PREFIX = "lpt1"
@@ -92,7 +95,11 @@ class TokenRegistry:
         _, token_id, secret = [*token.split(".", 2), "", ""][:3]
         if not token_id or not secret or len(token_id) > 64:
             return None
-        raw = await self._redis.hget(KEY, token_id)
+        try:
+            raw = await self._redis.hget(KEY, token_id)
+        except RedisError as exc:
+            # An infrastructure fault, not the caller's: retryable, and says what failed.
+            raise Unavailable(f"cannot verify the bearer token now: Redis: {exc}") from exc
         if raw is None:
             return None
         rec = json.loads(raw)

@@ -134,3 +134,21 @@ async def test_a_plaintext_service_authenticates_by_token_only(redis_url):
             with pytest.raises(grpc.aio.AioRpcError) as err:
                 await cell_scheduler_pb2_grpc.CellSchedulerStub(ch).ListPods(cs.ListPodsRequest())
             assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+
+
+async def test_a_tenants_certificate_cannot_pose_as_a_server(redis_url, tmp_path):
+    """Only service certificates may serve: a client refuses a server that presents a
+    tenant's certificate, though the same CA issued it."""
+    ca = LocalCA(tmp_path / "ca").ensure()
+    tenant = ca.issue(Principal("tenant", "mallory"))
+    service = ca.issue(service_principal("cell_scheduler"))
+    client_files = ca.issue(Principal("operator", "operator"))
+    client = Credentials.from_files(client_files.ca, client_files.cert, client_files.key)
+    for files, expected in ((service, "SERVING"), (tenant, "UNAVAILABLE")):
+        env = {
+            "LIGHTPATH_TLS_CERT": str(files.cert),
+            "LIGHTPATH_TLS_KEY": str(files.key),
+            "LIGHTPATH_TLS_CA": str(ca.cert_path),
+        }
+        async with serve("cell_scheduler", redis_url, env) as svc:
+            assert await _health(svc.address, client) == expected
