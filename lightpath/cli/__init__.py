@@ -16,6 +16,7 @@ from lightpath import __version__
 COMMAND_MODULES = (
     "lightpath.cli.stack",
     "lightpath.cli.security",
+    "lightpath.cli.audit",
     "lightpath.cli.ocs",
     "lightpath.cli.pod",
     "lightpath.cli.agg",
