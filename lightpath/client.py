@@ -11,7 +11,14 @@
   it sets its own; streams have none by default.
 * UNAVAILABLE is retried by gRPC itself with exponential backoff (the
   channel's service config). Lightpath mutations are idempotent by
-  client-chosen ids (X-5), so a retry never does a thing twice.
+  client-chosen ids (X-5), so a retry never does a thing twice. A service
+  answers UNAVAILABLE when its Redis is unreachable, loading, read-only or its
+  connection pool is exhausted, with a google.rpc.RetryInfo delay
+  (`ErrorReport.retry_delay_s`).
+* RESOURCE_EXHAUSTED (no capacity now, a quota, load shedding) is NOT retried
+  by the channel: retrying at once would add to the load that caused it. The
+  caller decides, waiting at least `error_report(err).retry_delay_s` when the
+  server gave one.
 * Calls are traced (lightpath.telemetry) and carry the trace context.
 * Credentials (lightpath.security.credentials): TLS with the caller's
   certificate and/or a bearer token; by default whatever
@@ -35,6 +42,11 @@ from lightpath.telemetry import client_interceptors
 DEFAULT_TIMEOUT_S = 10.0
 
 
+# Only UNAVAILABLE: never RESOURCE_EXHAUSTED (see the module docstring), nor
+# ABORTED/INTERNAL, which a blind retry would only repeat.
+RETRYABLE_STATUS_CODES = ("UNAVAILABLE",)
+
+
 def retry_service_config(max_attempts: int = 5) -> str:
     return json.dumps(
         {
@@ -46,7 +58,7 @@ def retry_service_config(max_attempts: int = 5) -> str:
                         "initialBackoff": "0.05s",
                         "maxBackoff": "1s",
                         "backoffMultiplier": 2,
-                        "retryableStatusCodes": ["UNAVAILABLE"],
+                        "retryableStatusCodes": list(RETRYABLE_STATUS_CODES),
                     },
                 }
             ]
@@ -90,6 +102,7 @@ class ErrorReport:
     reason: str = ""
     field_violations: list[tuple[str, str]] = field(default_factory=list)
     precondition_violations: list[tuple[str, str]] = field(default_factory=list)
+    retry_delay_s: float | None = None  # google.rpc.RetryInfo: wait this long before a retry
 
     def __str__(self) -> str:
         return f"{self.code.name}: {self.message}"
@@ -117,6 +130,10 @@ def error_report(err: grpc.aio.AioRpcError | grpc.RpcError) -> ErrorReport:
                 report.precondition_violations = [
                     (v.subject, v.description) for v in pre.violations
                 ]
+            elif detail.Is(error_details_pb2.RetryInfo.DESCRIPTOR):
+                retry = error_details_pb2.RetryInfo()
+                detail.Unpack(retry)
+                report.retry_delay_s = retry.retry_delay.ToNanoseconds() / 1e9
     return report
 
 

@@ -98,7 +98,26 @@ class Aborted(LightpathError):
     reason = "ABORTED"
 
 
-class ResourceExhausted(LightpathError):
+class _Retryable(LightpathError):
+    """An error after which the same call may succeed later: `retry_delay_s`, when
+    given, is how long to wait first (google.rpc.RetryInfo)."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        retry_delay_s: float | None = None,
+        reason: str | None = None,
+        metadata: Mapping[str, str] | None = None,
+    ):
+        super().__init__(message, reason=reason, metadata=metadata)
+        self.retry_delay_s = retry_delay_s
+
+
+class ResourceExhausted(_Retryable):
+    """A quota or the server's capacity is used up (load shedding). Not retried blindly
+    by the SDK: the caller waits `retry_delay_s`, when given, before it tries again."""
+
     code = "RESOURCE_EXHAUSTED"
     reason = "RESOURCE_EXHAUSTED"
 
@@ -113,8 +132,9 @@ class PermissionDenied(LightpathError):
     reason = "PERMISSION_DENIED"
 
 
-class Unavailable(LightpathError):
-    """A dependency (a switch driver, a peer service) is down; retry later."""
+class Unavailable(_Retryable):
+    """A dependency (Redis, a switch driver, a peer service) is down; retry later
+    (after `retry_delay_s` when given)."""
 
     code = "UNAVAILABLE"
     reason = "UNAVAILABLE"

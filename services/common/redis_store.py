@@ -2,7 +2,10 @@
 
 `connect(url)` returns a `redis.asyncio.Redis` that retries connection errors
 with backoff, so a Redis restart costs a few slow calls rather than a crashed
-service. Keys come from services.common.keys; multi-key changes go through Lua
+service. Its pool is bounded (LIGHTPATH_REDIS_MAX_CONNECTIONS) and a call waits
+for a free connection at most LIGHTPATH_REDIS_POOL_TIMEOUT_S, then fails with a
+ConnectionError the server answers as UNAVAILABLE (services.common.errors).
+Keys come from services.common.keys; multi-key changes go through Lua
 (`client.register_script`, which re-loads a script a restarted Redis forgot) or
 MULTI/WATCH.
 """
@@ -55,11 +58,15 @@ def connect(
     *,
     decode_responses: bool = True,
     max_connections: int = 64,
+    pool_timeout_s: float = 2.0,
     password: str | None = None,
 ) -> aioredis.Redis:
-    """A client of `url`; `password` (from a file, not the URL) overrides the URL's."""
+    """A client of `url` with at most `max_connections` connections; a command that
+    finds them all busy waits up to `pool_timeout_s` for one (then ConnectionError
+    "No connection available."). `password` (from a file, not the URL) overrides
+    the URL's."""
     extra: dict[str, Any] = {"password": password} if password else {}
-    return aioredis.Redis.from_url(
+    pool = aioredis.BlockingConnectionPool.from_url(
         url,
         **extra,
         decode_responses=decode_responses,
@@ -68,7 +75,9 @@ def connect(
         socket_connect_timeout=2.0,
         health_check_interval=30,
         max_connections=max_connections,
+        timeout=pool_timeout_s,
     )
+    return aioredis.Redis.from_pool(pool)
 
 
 async def wait_ready(client: aioredis.Redis, timeout: float = 10.0) -> None:

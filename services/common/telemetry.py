@@ -5,8 +5,12 @@
   * records rpc.server.duration (OTel metrics, exported per OTEL_METRICS_EXPORTER);
   * asks the service's Guard who is calling and whether they may (UNAUTHENTICATED /
     PERMISSION_DENIED before the servicer runs), and writes the audit log;
-  * turns a LightpathError into its gRPC status with google.rpc details, and any
-    other exception into INTERNAL, logged with its trace id.
+  * turns a LightpathError into its gRPC status with google.rpc details, a Redis
+    failure into UNAVAILABLE with a retry delay (services.common.errors.from_redis),
+    and any other exception into INTERNAL, logged with its trace id;
+  * answers INVALID_ARGUMENT, naming the message type, for request bytes that do
+    not parse (the request deserializer runs before any handler, so the interceptor
+    wraps it: a DecodeError becomes a marker the call turns into the status).
 
 `configure_logging` makes logs structured (one JSON object per line) and stamps
 each record with the current trace and span ids.
@@ -19,18 +23,20 @@ import json
 import logging
 import sys
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterable, AsyncIterator, Callable
 from typing import Any
 
 import grpc
+from google.protobuf.message import DecodeError, Message
 from opentelemetry import metrics, propagate, trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import SpanKind, Status, StatusCode
+from redis.exceptions import RedisError
 
 from lightpath import __version__
 from lightpath.telemetry import TRACER_NAME, _rpc_attributes
 from services.common.auth import Guard
-from services.common.errors import LightpathError, to_status_proto
+from services.common.errors import InvalidArgument, LightpathError, from_redis, to_status_proto
 
 log = logging.getLogger("lightpath.rpc")
 
@@ -69,24 +75,28 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
 
     def _wrap(self, handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
         traced = not method.startswith(UNTRACED_PREFIXES)
+        deserializer = _tolerant(handler.request_deserializer)
+        # Only protobuf deserializers are wrapped: raw-bytes ones (agg_switch's data
+        # path) never raise and keep their speed.
+        checked = deserializer is not handler.request_deserializer
         kwargs = {
-            "request_deserializer": handler.request_deserializer,
+            "request_deserializer": deserializer,
             "response_serializer": handler.response_serializer,
         }
         if handler.unary_unary:
             return grpc.unary_unary_rpc_method_handler(
-                self._wrap_unary(handler.unary_unary, method, traced), **kwargs
+                self._wrap_unary(handler.unary_unary, method, traced, checked, False), **kwargs
             )
         if handler.stream_unary:
             return grpc.stream_unary_rpc_method_handler(
-                self._wrap_unary(handler.stream_unary, method, traced), **kwargs
+                self._wrap_unary(handler.stream_unary, method, traced, False, checked), **kwargs
             )
         if handler.unary_stream:
             return grpc.unary_stream_rpc_method_handler(
-                self._wrap_stream(handler.unary_stream, method, traced), **kwargs
+                self._wrap_stream(handler.unary_stream, method, traced, checked, False), **kwargs
             )
         return grpc.stream_stream_rpc_method_handler(
-            self._wrap_stream(handler.stream_stream, method, traced), **kwargs
+            self._wrap_stream(handler.stream_stream, method, traced, False, checked), **kwargs
         )
 
     def _span(self, method: str, context: grpc.aio.ServicerContext, traced: bool):
@@ -102,7 +112,9 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
             set_status_on_exception=False,
         )
 
-    def _wrap_unary(self, inner: Callable, method: str, traced: bool):
+    def _wrap_unary(
+        self, inner: Callable, method: str, traced: bool, check_one: bool, check_each: bool
+    ):
         async def behavior(request: Any, context: grpc.aio.ServicerContext) -> Any:
             start = time.perf_counter()
             code = grpc.StatusCode.OK
@@ -110,11 +122,14 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
                 gate = _Gate(self._guard, method)
                 try:
                     await gate.enter(context, span)
-                    result = inner(request, context)
+                    if check_one and type(request) is _Undecodable:
+                        raise request.error()
+                    result = inner(_checked(request) if check_each else request, context)
                     if inspect.isawaitable(result):
                         result = await result
                     return result
-                except Exception as exc:
+                except Exception as caught:
+                    exc = _mapped(caught)
                     code = _code_of(exc, context)
                     gate.message = getattr(exc, "message", "")
                     await _abort_for(exc, span, method, context)
@@ -124,7 +139,9 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
 
         return behavior
 
-    def _wrap_stream(self, inner: Callable, method: str, traced: bool):
+    def _wrap_stream(
+        self, inner: Callable, method: str, traced: bool, check_one: bool, check_each: bool
+    ):
         async def behavior(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
             start = time.perf_counter()
             code = grpc.StatusCode.OK
@@ -132,7 +149,9 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
                 gate = _Gate(self._guard, method)
                 try:
                     await gate.enter(context, span)
-                    result = inner(request, context)
+                    if check_one and type(request) is _Undecodable:
+                        raise request.error()
+                    result = inner(_checked(request) if check_each else request, context)
                     if inspect.isasyncgen(result):
                         async for item in result:
                             yield item
@@ -141,7 +160,8 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
                     else:
                         for item in result:
                             yield item
-                except Exception as exc:
+                except Exception as caught:
+                    exc = _mapped(caught)
                     code = _code_of(exc, context)
                     gate.message = getattr(exc, "message", "")
                     await _abort_for(exc, span, method, context)
@@ -159,6 +179,62 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
 
 
 _DENIED = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED)
+
+
+class _Undecodable:
+    """What a wrapped request deserializer gives for bytes that do not parse: the
+    call answers INVALID_ARGUMENT before the servicer sees it."""
+
+    __slots__ = ("detail", "type_name")
+
+    def __init__(self, type_name: str, detail: str):
+        self.type_name = type_name
+        self.detail = detail
+
+    def error(self, index: int | None = None) -> InvalidArgument:
+        return InvalidArgument(
+            "request" if index is None else f"request[{index}]",
+            f"the bytes do not parse as a {self.type_name} ({self.detail})",
+            reason="MALFORMED_REQUEST",
+        )
+
+
+def _tolerant(deserializer: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
+    """`deserializer` (a generated message class's FromString) returning an
+    _Undecodable instead of raising DecodeError; any other deserializer as it is."""
+    message_type = getattr(deserializer, "__self__", None)
+    if deserializer is None or not (
+        isinstance(message_type, type) and issubclass(message_type, Message)
+    ):
+        return deserializer
+    parse = deserializer
+    type_name = message_type.DESCRIPTOR.full_name
+
+    def deserialize(raw: bytes) -> Any:
+        try:
+            return parse(raw)
+        except DecodeError as exc:
+            # "Error parsing message with type 'X': Wire format was corrupt" -> the why
+            return _Undecodable(type_name, str(exc).rpartition(": ")[2] or "malformed")
+
+    return deserialize
+
+
+async def _checked(requests: AsyncIterable[Any]) -> AsyncIterator[Any]:
+    """A request stream that raises INVALID_ARGUMENT at the first message that did not parse."""
+    index = 0
+    async for request in requests:
+        if type(request) is _Undecodable:
+            raise request.error(index)
+        yield request
+        index += 1
+
+
+def _mapped(exc: Exception) -> Exception:
+    """`exc` as the domain error it means: a Redis failure is UNAVAILABLE (X-3)."""
+    if isinstance(exc, LightpathError | grpc.aio.AbortError):
+        return exc
+    return from_redis(exc) or exc
 
 
 class _Gate:
@@ -222,11 +298,15 @@ async def _abort_for(
         status = to_status_proto(exc)
         span.set_status(Status(StatusCode.ERROR, f"{exc.code}: {exc.message}"))
         span.set_attribute("rpc.grpc.status_code", grpc.StatusCode[exc.code].value[0])
-        log.info(
-            "%s -> %s: %s",
+        cause = exc.__cause__
+        infrastructure = isinstance(cause, RedisError)  # the operator's concern, not the caller's
+        log.log(
+            logging.WARNING if infrastructure else logging.INFO,
+            "%s -> %s: %s%s",
             method,
             exc.code,
             exc.message,
+            f" [{type(cause).__name__}: {cause}]" if infrastructure else "",
             extra={"rpc_method": method, "code": exc.code},
         )
         await context.abort(
