@@ -23,6 +23,7 @@ from services.agg_switch.command import (
 )
 from services.agg_switch.store import CommandRecord
 from services.agg_switch.topology import NodeKind, NodeSpec, Topology
+from services.common import validate
 
 OP_TO_PB = {
     Op.SUM: pb.AGG_OP_SUM,
@@ -144,9 +145,11 @@ def command_request(req: pb.StartCommandRequest) -> CommandRequest:
     for field, value, mapping, allowed in checks:
         if value not in mapping:
             bad.append(FieldViolation(field, f"must be one of {allowed}"))
-    deadline_s = req.deadline.seconds + req.deadline.nanos / 1e9
-    if deadline_s < 0:
-        bad.append(FieldViolation("deadline", "must not be negative"))
+    deadline_s = 0.0
+    try:
+        deadline_s = validate.duration(req.deadline, "deadline", min_s=0) or 0.0
+    except InvalidArgument as err:
+        bad.extend(err.violations)
     opts = req.predict_stragglers
     if opts.threshold_s < 0:
         bad.append(FieldViolation("predict_stragglers.threshold_s", "must be >= 0"))

@@ -28,6 +28,7 @@ from functools import cached_property
 from lightpath.errors import FieldViolation, InvalidArgument
 from lightpath.v1 import cell_scheduler_pb2, common_pb2, workload_scheduler_pb2
 from services.cell_scheduler.demand import DerivedShape, derive_shape
+from services.common import validate
 from services.common.keys import ID_RULE, is_valid_id
 from services.workload_scheduler.fabric import TYPE_NAME_RULE, PodFabric, parse_block_types
 from services.workload_scheduler.spec import normalize, priority_of
@@ -143,8 +144,15 @@ def check_request(
             out.append(FieldViolation(f, "must be a finite number >= 0"))
     if (d.flops > 0) == (d.chip_hours > 0):
         out.append(FieldViolation("demand", "give flops or chip_hours (exactly one, > 0)"))
-    if not d.HasField("deadline"):
-        out.append(FieldViolation("demand.deadline", "is required with a demand"))
+    try:
+        validate.timestamp(validate.present(d, "deadline"), "demand.deadline", required=True)
+    except InvalidArgument as err:
+        rule = err.violations[0].rule
+        out.append(
+            FieldViolation("demand.deadline", "is required with a demand")
+            if rule == "is required"
+            else err.violations[0]
+        )
     node_type = d.node_type or default_node_type(node_flops)
     if d.node_type:
         if not is_type_name(d.node_type):

@@ -14,7 +14,7 @@ import re
 from lightpath.errors import FieldViolation, InvalidArgument
 
 PREFIX = "lp"
-_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}\Z")  # \Z: "$" would let a trailing newline in
 ID_RULE = "must be 1-64 characters of A-Z a-z 0-9 . _ -"
 
 

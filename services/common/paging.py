@@ -9,12 +9,14 @@ INVALID_ARGUMENT naming `page_token`.
 from __future__ import annotations
 
 import base64
+import re
 
 from lightpath.errors import InvalidArgument
 from services.common.keys import is_valid_id
 
 MAX_PAGE = 1000
 _NOT_OURS = "is not a token this service returned"
+_POSITION = re.compile(r"[0-9]{1,18}")
 
 
 def page_size(requested: int, default: int = 100) -> int:
@@ -43,7 +45,9 @@ def token_int(token: str, *, maximum: int | None = None) -> int | None:
     text = token_text(token)
     if text is None:
         return None
-    if not text.isdigit() or (maximum is not None and int(text) > maximum):
+    # ASCII digits only (str.isdigit also takes "²", which int() refuses), and no
+    # longer than a position can be: the number goes to Redis as a 64-bit integer.
+    if not _POSITION.fullmatch(text) or (maximum is not None and int(text) > maximum):
         raise InvalidArgument("page_token", _NOT_OURS)
     return int(text)
 

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import base64
 import math
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from lightpath.errors import FieldViolation, InvalidArgument, PermissionDenied
 from lightpath.v1 import common_pb2, core_broker_pb2
+from services.common import validate
 from services.common.keys import ID_RULE, is_valid_id
 from services.core_broker.auth import Principal
 from services.core_broker.capacity import DEVICE_KINDS, Device
@@ -24,16 +26,22 @@ from services.core_broker.decisions import (
 
 pb = core_broker_pb2
 MAX_DEVICE_CORES = 1 << 20
-
-
-def ms_of(ts: Timestamp) -> int:
-    return ts.seconds * 1000 + ts.nanos // 1_000_000
+T = TypeVar("T")
 
 
 def timestamp(ms: int) -> Timestamp:
     ts = Timestamp()
     ts.FromMilliseconds(int(ms))
     return ts
+
+
+def _checked(bad: list[FieldViolation], check: Callable[..., T], *args: Any) -> T | None:
+    """`check(*args)`, or None with its violations added to `bad`."""
+    try:
+        return check(*args)
+    except InvalidArgument as err:
+        bad.extend(err.violations)
+        return None
 
 
 def kind_name(value: int) -> str:
@@ -67,13 +75,21 @@ def core_request(
 
     if not is_valid_id(m.reservation_id):
         bad.append(FieldViolation(f("reservation_id"), ID_RULE))
-    duration_ms = m.duration.seconds * 1000 + m.duration.nanos // 1_000_000
+    duration_ms = _checked(bad, validate.duration_ms, m.duration, f("duration")) or 0
     earliest = latest = None
     if m.HasField("window"):
-        if m.window.HasField("earliest_start"):
-            earliest = ms_of(m.window.earliest_start)
-        if m.window.HasField("latest_end"):
-            latest = ms_of(m.window.latest_end)
+        earliest = _checked(
+            bad,
+            validate.timestamp_ms,
+            validate.present(m.window, "earliest_start"),
+            f("window.earliest_start"),
+        )
+        latest = _checked(
+            bad,
+            validate.timestamp_ms,
+            validate.present(m.window, "latest_end"),
+            f("window.latest_end"),
+        )
         if earliest is not None and latest is not None and latest <= earliest:
             bad.append(FieldViolation(f("window.latest_end"), "must be after earliest_start"))
     if m.task_type and not is_valid_id(m.task_type):

@@ -37,7 +37,7 @@ from lightpath.v1 import core_broker_pb2 as pb
 from lightpath.v1 import graph_pb2
 from services.common.keys import ID_RULE, broker_key, is_valid_id
 
-GRAPH_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+GRAPH_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}\Z")
 GRAPH_ID_RULE = "must be 1-64 characters of A-Z a-z 0-9 . _ -"
 MAX_COMPONENTS_REPORTED = 10_000
 

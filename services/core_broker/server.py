@@ -26,7 +26,7 @@ from lightpath.errors import (
 )
 from lightpath.graph.fold import plan_to_proto
 from lightpath.v1 import common_pb2, core_broker_pb2, core_broker_pb2_grpc, graph_pb2
-from services.common import paging
+from services.common import paging, validate
 from services.common.auth import caller
 from services.common.keys import is_valid_id, require_id
 from services.common.server import Runtime, ServiceDefinition
@@ -45,7 +45,6 @@ from services.core_broker.convert import (
     device_in,
     device_out,
     kind_name,
-    ms_of,
     reservation_out,
     stored_request,
     timestamp,
@@ -227,8 +226,12 @@ class CoreBrokerServicer(core_broker_pb2_grpc.CoreBrokerServicer):
         principal = await self._who(context)
         kind = _kind_filter(request.kind, "kind")
         now = self._broker.now_ms()
-        start = ms_of(request.start) if request.HasField("start") else now
-        end = ms_of(request.end) if request.HasField("end") else start + 1
+        start = validate.timestamp_ms(validate.present(request, "start"), "start")
+        if start is None:
+            start = now
+        end = validate.timestamp_ms(validate.present(request, "end"), "end")
+        if end is None:
+            end = start + 1
         if end <= start:
             raise InvalidArgument("end", "must be after start")
         if end - start > MAX_SPAN_MS:
@@ -390,9 +393,10 @@ class CoreBrokerServicer(core_broker_pb2_grpc.CoreBrokerServicer):
     ) -> pb.Reservation:
         principal = await self._who(context)
         rid = require_id(request.reservation_id, "reservation_id")
-        if not request.HasField("new_end"):
-            raise InvalidArgument("new_end", "is required")
-        new_end = ms_of(request.new_end)
+        new_end = validate.timestamp_ms(
+            validate.present(request, "new_end"), "new_end", required=True
+        )
+        assert new_end is not None
         if new_end - self._broker.now_ms() > MAX_SPAN_MS // 2:
             raise InvalidArgument("new_end", "is too far in the future")
         _annotate(reservation_id=rid)
@@ -549,9 +553,9 @@ async def build(runtime: Runtime[CoreBrokerSettings]) -> list[ServiceDefinition]
             reaper_interval_s=s.reaper_interval_ms / 1000,
         ),
     )
-    runtime.spawn(broker.decide_forever(), "core_broker.decide")
-    runtime.spawn(broker.reap_forever(), "core_broker.reap")
-    runtime.spawn(broker.follow_forever(), "core_broker.follow")
+    runtime.supervise(broker.decide_forever, "core_broker.decide")
+    runtime.supervise(broker.reap_forever, "core_broker.reap")
+    runtime.supervise(broker.follow_forever, "core_broker.follow")
     auth = Authenticator(store, s.operator_token, s.auth_cache_s)
     runtime.guard.add_verifier(auth)
     if not s.operator_token:

@@ -170,8 +170,8 @@ class PortMapEntry:
     one_to_many: int | None  # 1xK switch index, None when cabled straight
 
 
-_OCS_ID = re.compile(r"^ocs-([a-z][0-9]*)-(\d+)-(\d+)$")
-_OTM_ID = re.compile(r"^otm-(\d+)-([a-z][0-9]*)-(\d+)$")
+_OCS_ID = re.compile(r"^ocs-([a-z][0-9]*)-([0-9]{1,9})-([0-9]{1,9})\Z")
+_OTM_ID = re.compile(r"^otm-([0-9]{1,9})-([a-z][0-9]*)-([0-9]{1,9})\Z")
 
 
 @dataclass(frozen=True)
