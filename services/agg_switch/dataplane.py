@@ -115,13 +115,19 @@ class PeerLink:
         self.peer = peer
         self.queue: asyncio.Queue[_Outgoing] = asyncio.Queue()
         self.task: asyncio.Task | None = None
+        # The packet being written: kept here, not in _run, so a restarted run sends it.
+        self.pending: _Outgoing | None = None
         self.sent = 0
         self.by_ref = False
 
     def send(self, item: _Outgoing) -> None:
         self.queue.put_nowait(item)
         if self.task is None or self.task.done():
-            self.task = self.plane.runtime.spawn(self._run(), f"relay to {self.peer}")
+            # Supervised, not needed: one peer's link failing leaves the switch serving
+            # the others; its packets wait in the queue for the restarted run.
+            self.task = self.plane.runtime.supervise(
+                self._run, f"relay to {self.peer}", needed=False, forever=True
+            )
 
     def _live(self, item: _Outgoing | None) -> _Outgoing | None:
         if item is not None and self.plane.core.ended(item.command_id):
@@ -136,7 +142,6 @@ class PeerLink:
         return self.plane.verify(peer)
 
     async def _run(self) -> None:
-        pending: _Outgoing | None = None
         backoff = 0.05
         while True:
             try:
@@ -149,12 +154,13 @@ class PeerLink:
                 )
                 self.by_ref = await self._handshake(call)
                 while True:
-                    if pending is None:
-                        pending = await self.queue.get()
-                    if pending.raw is None:
-                        pending.raw = self.plane.encode_for_link(pending, self.peer, self.by_ref)
-                    await call.write(pending.raw)
-                    pending = None
+                    if self.pending is None:
+                        self.pending = await self.queue.get()
+                    item = self.pending
+                    if item.raw is None:
+                        item.raw = self.plane.encode_for_link(item, self.peer, self.by_ref)
+                    await call.write(item.raw)
+                    self.pending = None
                     self.sent += 1
                     backoff = 0.05
             except (grpc.aio.AioRpcError, grpc.aio.UsageError, LightpathError, OSError) as exc:
@@ -167,7 +173,7 @@ class PeerLink:
                 )
                 await asyncio.sleep(backoff)
                 backoff = min(2.0, backoff * 2)
-                pending = self._live(pending)
+                self.pending = self._live(self.pending)
                 kept = [i for i in iter_queue(self.queue) if self._live(i)]
                 for kept_item in kept:
                     self.queue.put_nowait(kept_item)

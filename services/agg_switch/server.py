@@ -757,6 +757,8 @@ async def build(runtime: Runtime[AggSwitchSettings]) -> list[ServiceDefinition]:
     binary = redis_store.connect(
         settings.redis_url,
         decode_responses=False,
+        max_connections=settings.redis_max_connections,
+        pool_timeout_s=settings.redis_pool_timeout_s,
         password=redis_store.read_password(settings.redis_password_file),
     )
 
@@ -795,8 +797,12 @@ async def build(runtime: Runtime[AggSwitchSettings]) -> list[ServiceDefinition]:
             extra={"switch_id": settings.switch_id, "tree": settings.tree_id},
         )
 
-    runtime.spawn(register(), "register endpoint")
-    runtime.spawn(plane.janitor(min(5.0, settings.shm_idle_s)), "outbox janitor")
-    runtime.spawn(plane.publish_load(), "publish load")
+    # Registering is one-shot, retried until it is written (peers find the switch by it).
+    runtime.supervise(register, "register endpoint")
+    # Housekeeping: a failure is retried, but the switch serves meanwhile.
+    runtime.supervise(
+        lambda: plane.janitor(min(5.0, settings.shm_idle_s)), "outbox janitor", needed=False
+    )
+    runtime.supervise(plane.publish_load, "publish load", needed=False)
     servicer = AggSwitchServicer(runtime, store, plane)
     return [ServiceDefinition(SERVICE_NAME, servicer, _register)]

@@ -1078,15 +1078,11 @@ class CellScheduler:
     # == background work (CS-6) ==================================================
 
     async def run(self, interval_s: float) -> None:
-        """Every replica: silent pods, stuck forwards, maybe-placed jobs, the queue."""
+        """Every replica: silent pods, stuck forwards, maybe-placed jobs, the queue.
+        A supervised task: a failed round is logged and the loop restarted with backoff."""
         while True:
-            try:
-                await self.recovery.reconcile()
-                await self.dispatch()
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                self.log.exception("cell reconcile round failed")
+            await self.recovery.reconcile()
+            await self.dispatch()
             # (asyncio.wait, not wait_for: on Python 3.11 wait_for can swallow a cancellation)
             waiter = asyncio.ensure_future(self._kick.wait())
             try:

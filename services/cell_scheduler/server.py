@@ -15,7 +15,7 @@ from services.cell_scheduler.request import has_demand
 from services.cell_scheduler.settings import CellSchedulerSettings, node_flops
 from services.cell_scheduler.store import CellStore
 from services.cell_scheduler.watch import watch_job, watch_pod
-from services.common import paging
+from services.common import paging, validate
 from services.common.auth import require_service_scope, require_tenant_field, tenant_scope
 from services.common.enums import enum_name
 from services.common.keys import ID_RULE, is_valid_id, require_ids
@@ -64,17 +64,21 @@ def cell_job_pb(cell: CellScheduler, view: JobView) -> cell_scheduler_pb2.CellJo
     return out
 
 
-_STREAM_ID = re.compile(r"^\d{1,17}(-\d{1,10})?$")
+_STREAM_ID = re.compile(r"^[0-9]{1,17}(-[0-9]{1,10})?\Z")
 _STREAM_RULE = "must be a Redis stream id such as 1700000000000-0"
 
 
 def _check_report(request: cell_scheduler_pb2.ReportPodStatusRequest) -> None:
     """A pod's report names stream positions, jobs and states; refuse a malformed one whole."""
     bad: list[FieldViolation] = []
-    for field in ("events_after", "events_until"):
-        value = getattr(request, field)
+    for field, value in (
+        ("events_after", request.events_after),
+        ("events_until", request.events_until),
+        ("capacity.version", request.capacity.version),
+    ):
         if value and not _STREAM_ID.match(value):
             bad.append(FieldViolation(field, _STREAM_RULE))
+    _check_time(bad, validate.present(request.capacity, "at"), "capacity.at")
     for i, t in enumerate(request.transitions):
         at = f"transitions[{i}]"
         if not _STREAM_ID.match(t.stream_id):
@@ -87,11 +91,19 @@ def _check_report(request: cell_scheduler_pb2.ReportPodStatusRequest) -> None:
             bad.append(
                 FieldViolation(f"{at}.event.from_state", "must be a defined job state or unset")
             )
+        _check_time(bad, validate.present(t.event, "at"), f"{at}.event.at")
     if bad:
         raise InvalidArgument.of(bad)
 
 
 _STATES = frozenset(common_pb2.JobState.values())
+
+
+def _check_time(bad: list[FieldViolation], ts: Timestamp | None, field: str) -> None:
+    try:
+        validate.timestamp(ts, field)
+    except InvalidArgument as err:
+        bad.extend(err.violations)
 
 
 class CellSchedulerServicer(cell_scheduler_pb2_grpc.CellSchedulerServicer):
@@ -215,6 +227,8 @@ class CellSchedulerServicer(cell_scheduler_pb2_grpc.CellSchedulerServicer):
     async def RegisterPod(self, request, context) -> cell_scheduler_pb2.Pod:
         _note(pod_id=request.pod.pod_id)
         require_service_scope("workload_scheduler", request.pod.pod_id, "pod")
+        if request.pod.events_tip and not _STREAM_ID.match(request.pod.events_tip):
+            raise InvalidArgument("pod.events_tip", _STREAM_RULE)
         return await self._cell.register(request.pod)
 
     async def ReportPodStatus(self, request, context) -> cell_scheduler_pb2.ReportPodStatusResponse:
@@ -239,7 +253,7 @@ async def build(runtime: Runtime[CellSchedulerSettings]) -> list[ServiceDefiniti
         spawn=runtime.spawn,
         log=runtime.log,
     )
-    runtime.spawn(cell.run(settings.reconcile_s), "cell reconcile")
+    runtime.supervise(lambda: cell.run(settings.reconcile_s), "cell reconcile")
     servicer = CellSchedulerServicer(runtime, cell)
     return [
         ServiceDefinition(

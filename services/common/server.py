@@ -36,6 +36,7 @@ from services.common import redis_store, tls
 from services.common.audit import AuditLog
 from services.common.auth import Guard
 from services.common.settings import CommonSettings, SettingsError, load
+from services.common.supervisor import Factory, Supervisor
 from services.common.telemetry import ServerInterceptor, configure_logging
 
 S = TypeVar("S", bound=CommonSettings)
@@ -83,6 +84,17 @@ class Server:
 
     async def wait_for_termination(self) -> None:
         await self.grpc.wait_for_termination()
+
+    async def set_serving(self, serving: bool) -> None:
+        """Every name this server answers health for ("" too): SERVING or NOT_SERVING
+        (ignored once a graceful stop has begun)."""
+        status = (
+            health_pb2.HealthCheckResponse.SERVING
+            if serving
+            else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
+        for name in ["", *self.names]:
+            await self.health.set(name, status)
 
 
 def create_server(
@@ -135,13 +147,31 @@ class Runtime(Generic[S]):
     _tasks: set[asyncio.Task] = field(default_factory=set)
     _channels: list[grpc.aio.Channel] = field(default_factory=list)
     _on_stop: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
+    supervisor: Supervisor = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.supervisor = Supervisor(
+            self.log, backoff_max_s=getattr(self.settings, "task_backoff_max_s", 5.0)
+        )
 
     @property
     def log(self) -> logging.Logger:
         return logging.getLogger(f"lightpath.{self.service}")
 
+    def supervise(
+        self, factory: Factory, name: str, *, needed: bool = True, forever: bool = False
+    ) -> asyncio.Task:
+        """Run a long-lived background task (a loop: heartbeat, reconcile, watcher,
+        reaper) under the supervisor: restarted with backoff when it fails, and while a
+        `needed` one is down the service reports NOT_SERVING (services.common.supervisor)."""
+        task = self.supervisor.supervise(factory, name, needed=needed, forever=forever)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
     def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task:
-        """Run `coro` in the background until shutdown; a crash is logged, not swallowed silently."""
+        """Run the one-shot `coro` in the background until shutdown; a crash is logged,
+        not swallowed silently, and not retried (loops go under `supervise`)."""
         task = asyncio.create_task(coro, name=name)
         self._tasks.add(task)
 
@@ -243,7 +273,10 @@ async def running(
     credentials = tls.client_credentials(settings)
     own_redis = redis_client is None
     client = redis_client or redis_store.connect(
-        settings.redis_url, password=redis_store.read_password(settings.redis_password_file)
+        settings.redis_url,
+        max_connections=settings.redis_max_connections,
+        pool_timeout_s=settings.redis_pool_timeout_s,
+        password=redis_store.read_password(settings.redis_password_file),
     )
     await redis_store.wait_ready(client)
     audit = AuditLog(service, instance_id, settings.audit_log, settings.audit_level)
@@ -266,6 +299,8 @@ async def running(
         )
         runtime.port = port
         await server.start()
+        # A needed task may have failed already (during build): say so now.
+        await runtime.supervisor.attach_health(server.set_serving)
         host = settings.listen.rpartition(":")[0]
         security = (
             "plaintext, loopback only"

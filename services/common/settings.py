@@ -69,6 +69,13 @@ def parse_positive_float(raw: str) -> float:
     return value
 
 
+def parse_positive_int(raw: str) -> int:
+    value = int(raw.strip())
+    if value <= 0:
+        raise ValueError("must be an integer > 0")
+    return value
+
+
 def parse_non_negative_float(raw: str) -> float:
     value = float(raw)
     if value < 0:
@@ -166,6 +173,20 @@ class CommonSettings:
         "",
         "file holding the Redis password (AUTH / requirepass); overrides a password in the URL",
     )
+    redis_max_connections: int = setting(
+        "LIGHTPATH_REDIS_MAX_CONNECTIONS",
+        64,
+        "connections this process may open to Redis (per client); a call that finds them "
+        "all busy waits up to LIGHTPATH_REDIS_POOL_TIMEOUT_S",
+        parse=parse_positive_int,
+    )
+    redis_pool_timeout_s: float = setting(
+        "LIGHTPATH_REDIS_POOL_TIMEOUT_S",
+        2.0,
+        "seconds a call waits for a free Redis connection before it answers UNAVAILABLE "
+        "(retryable)",
+        parse=parse_positive_float,
+    )
     listen: str = setting(
         "LIGHTPATH_LISTEN",
         "127.0.0.1:0",
@@ -225,6 +246,12 @@ class CommonSettings:
         "LIGHTPATH_SHUTDOWN_GRACE_S",
         5.0,
         "seconds in-flight calls may finish after SIGTERM",
+        parse=parse_non_negative_float,
+    )
+    task_backoff_max_s: float = setting(
+        "LIGHTPATH_TASK_BACKOFF_MAX_S",
+        5.0,
+        "longest wait before a failed background task (heartbeat, reconcile, ...) restarts",
         parse=parse_non_negative_float,
     )
     instance_id: str = setting(

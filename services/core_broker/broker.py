@@ -596,15 +596,11 @@ class Broker:
     async def reap_forever(self) -> None:
         """Sweep when the next start or end falls due, and at least every
         `reaper_interval_s` (a reservation committed meanwhile may fall due
-        sooner than the sweep planned for)."""
+        sooner than the sweep planned for). A supervised task: a Redis error ends
+        this run, and the supervisor restarts it with backoff."""
         interval = self.config.reaper_interval_s
         while not cancel_requested():
-            try:
-                n, nxt = await self.store.reap(self.now_ms())
-            except RedisError as exc:
-                log.warning("reaper: Redis: %s", exc)
-                await asyncio.sleep(interval)
-                continue
+            n, nxt = await self.store.reap(self.now_ms())
             if n >= 256:
                 continue
             delay = interval
@@ -613,9 +609,7 @@ class Broker:
             await asyncio.sleep(delay)
 
     async def follow_forever(self) -> None:
+        """Keep the capacity view current (a supervised task, resumed from the view's
+        stream position after a failure)."""
         while not cancel_requested():
-            try:
-                await self.view.follow()
-            except RedisError as exc:
-                log.warning("change stream: Redis: %s", exc)
-                await asyncio.sleep(0.5)
+            await self.view.follow()

@@ -15,6 +15,10 @@ after anything changes in the pod (an entry in the pod's event stream):
 
 Every replica reports; the cell keeps the newest capacity (versioned by the
 event stream) and hears the pod as long as one replica does.
+
+`CellReporter.run` is a supervised task: when it fails (Redis restarting and
+answering LOADING, say) it is started again and goes on from the last
+transition the cell acknowledged, without registering again.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import grpc
 
 from lightpath.client import channel
 from lightpath.v1 import cell_scheduler_pb2, cell_scheduler_pb2_grpc, common_pb2
+from services.common import supervisor
 from services.common.server import Runtime
 from services.workload_scheduler.fabric import PodFabric
 from services.workload_scheduler.placement import PodState
@@ -118,6 +123,7 @@ class CellReporter:
         self._settings = runtime.settings
         self._channel: grpc.aio.Channel | None = None
         self._ack = "0-0"
+        self._registered = False
         self._failures = 0
         runtime.on_stop(self._close)
 
@@ -155,7 +161,8 @@ class CellReporter:
             await asyncio.sleep(0.05)
         stream = sched.store.keys.events
         redis = sched.store.redis
-        await self._register(sched)
+        if not self._registered:
+            await self._register(sched)
         seen = self._ack
         await self._report(sched)  # the cell plans with capacity: report it right away
         last = time.monotonic()
@@ -190,6 +197,7 @@ class CellReporter:
                 delay = min(5.0, delay * 2)
                 continue
             self._ack = tip
+            self._registered = True
             self._failures = 0
             self._rt.log.info(
                 "registered pod %s with the cell at %s as %s",
@@ -255,6 +263,7 @@ class CellReporter:
             self._rt.log.info("reporting to the cell again after %d failures", self._failures)
         self._failures = 0
         self._ack = resp.events_ack or after
+        supervisor.ready()  # the cell hears this pod again
         return self._ack != until or len(entries) == MAX_TRANSITIONS
 
 

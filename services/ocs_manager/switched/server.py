@@ -469,6 +469,8 @@ async def build_switched(runtime: Runtime[OcsManagerSettings]) -> list[ServiceDe
     client = redis_store.connect(
         s.redis_url,
         decode_responses=False,
+        max_connections=s.redis_max_connections,
+        pool_timeout_s=s.redis_pool_timeout_s,
         password=redis_store.read_password(s.redis_password_file),
     )
     runtime.on_stop(client.aclose)
