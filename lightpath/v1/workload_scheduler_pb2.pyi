@@ -70,6 +70,33 @@ ON_BLOCK_FAILURE_FAIL: OnBlockFailure.ValueType  # 2
 """FAILED."""
 Global___OnBlockFailure: _TypeAlias = OnBlockFailure  # noqa: Y015
 
+class _WiringDifferenceKind:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _WiringDifferenceKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_WiringDifferenceKind.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    WIRING_DIFFERENCE_KIND_UNSPECIFIED: _WiringDifferenceKind.ValueType  # 0
+    WIRING_DIFFERENCE_KIND_MISSING: _WiringDifferenceKind.ValueType  # 1
+    """A RUNNING job has no slice at the ocs_manager (released behind the scheduler's
+    back): reconcile wires it again on the same blocks (RUNNING -> WIRING -> RUNNING;
+    SUSPENDED, requeued, if that fails).
+    """
+    WIRING_DIFFERENCE_KIND_ORPHANED: _WiringDifferenceKind.ValueType  # 2
+    """The ocs_manager holds a slice of no wiring or running job: reconcile releases it."""
+
+class WiringDifferenceKind(_WiringDifferenceKind, metaclass=_WiringDifferenceKindEnumTypeWrapper): ...
+
+WIRING_DIFFERENCE_KIND_UNSPECIFIED: WiringDifferenceKind.ValueType  # 0
+WIRING_DIFFERENCE_KIND_MISSING: WiringDifferenceKind.ValueType  # 1
+"""A RUNNING job has no slice at the ocs_manager (released behind the scheduler's
+back): reconcile wires it again on the same blocks (RUNNING -> WIRING -> RUNNING;
+SUSPENDED, requeued, if that fails).
+"""
+WIRING_DIFFERENCE_KIND_ORPHANED: WiringDifferenceKind.ValueType  # 2
+"""The ocs_manager holds a slice of no wiring or running job: reconcile releases it."""
+Global___WiringDifferenceKind: _TypeAlias = WiringDifferenceKind  # noqa: Y015
+
 @_typing.final
 class JobSpec(_message.Message):
     """A slice request (WS-2). Stored as given; GetJob answers it back."""
@@ -928,6 +955,7 @@ class PodView(_message.Message):
     LIVE_JOBS_FIELD_NUMBER: _builtins.int
     FABRIC_KIND_FIELD_NUMBER: _builtins.int
     SWITCHED_FIELD_NUMBER: _builtins.int
+    WIRING_DIFFERENCES_FIELD_NUMBER: _builtins.int
     pod_id: _builtins.str
     block_count: _builtins.int
     ocs_per_axis: _builtins.int
@@ -954,6 +982,13 @@ class PodView(_message.Message):
     def switched(self) -> Global___SwitchedPodView:
         """SWITCHED pods: blocks are processor groups; this adds the rest."""
 
+    @_builtins.property
+    def wiring_differences(self) -> _containers.RepeatedCompositeFieldContainer[Global___WiringDifference]:
+        """Where the scheduler's RUNNING jobs and the ocs_manager's slices disagree, as the
+        last reconcile round found them; each is repaired once it has lasted a few seconds
+        (issue 14). Empty when both agree.
+        """
+
     def __init__(
         self,
         *,
@@ -967,14 +1002,46 @@ class PodView(_message.Message):
         live_jobs: _abc.Iterable[Global___JobSummary] | None = ...,
         fabric_kind: _common_pb2.FabricKind.ValueType = ...,
         switched: Global___SwitchedPodView | None = ...,
+        wiring_differences: _abc.Iterable[Global___WiringDifference] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["block_shape", b"block_shape", "switched", b"switched"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["block_count", b"block_count", "block_shape", b"block_shape", "blocks", b"blocks", "fabric_kind", b"fabric_kind", "jobs_by_state", b"jobs_by_state", "live_jobs", b"live_jobs", "ocs_per_axis", b"ocs_per_axis", "pod_id", b"pod_id", "switched", b"switched", "types", b"types"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["block_count", b"block_count", "block_shape", b"block_shape", "blocks", b"blocks", "fabric_kind", b"fabric_kind", "jobs_by_state", b"jobs_by_state", "live_jobs", b"live_jobs", "ocs_per_axis", b"ocs_per_axis", "pod_id", b"pod_id", "switched", b"switched", "types", b"types", "wiring_differences", b"wiring_differences"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___PodView: _TypeAlias = PodView  # noqa: Y015
+
+@_typing.final
+class WiringDifference(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    KIND_FIELD_NUMBER: _builtins.int
+    DETAIL_FIELD_NUMBER: _builtins.int
+    SINCE_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    kind: Global___WiringDifferenceKind.ValueType
+    detail: _builtins.str
+    @_builtins.property
+    def since(self) -> _timestamp_pb2.Timestamp:
+        """When a reconcile round first saw it."""
+
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        kind: Global___WiringDifferenceKind.ValueType = ...,
+        detail: _builtins.str = ...,
+        since: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["since", b"since"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["detail", b"detail", "job_id", b"job_id", "kind", b"kind", "since", b"since"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WiringDifference: _TypeAlias = WiringDifference  # noqa: Y015
 
 @_typing.final
 class SwitchedPodView(_message.Message):

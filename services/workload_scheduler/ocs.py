@@ -8,7 +8,11 @@ failed group (SwapGroup) — the scheduler itself does not tell them apart.
 
 gRPC errors become `OcsError` with `transient` telling the scheduler whether
 to retry later (the ocs_manager is down or busy) or to give up on that wiring
-(the ocs_manager refused it).
+(the ocs_manager refused it), and `busy` marking the expected race of two calls
+changing one slice (ABORTED, reason SLICE_BUSY: "... in progress in another call").
+
+Every call has a deadline, LIGHTPATH_WS_OCS_TIMEOUT_S by default (`timeout_s`);
+WireSlice may be given a longer one (see WorkloadScheduler._wire_at_ocs).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from dataclasses import dataclass
 
 import grpc
 
+from lightpath.client import error_report
 from lightpath.v1 import common_pb2, ocs_manager_pb2, ocs_manager_pb2_grpc
 from services.workload_scheduler.model import Grid, SliceJob, grid_positions
 
@@ -35,13 +40,31 @@ TRANSIENT = frozenset(
 )
 
 
+# The ocs_manager's default lease is 30 s and it bounds programming the switches by half
+# of it, and a rollback by as long again: a change ends within ~30 s, even on a slow switch.
+DEFAULT_TIMEOUT_S = 45.0
+
+
 class OcsError(Exception):
-    def __init__(self, call: str, code: grpc.StatusCode, detail: str):
+    def __init__(self, call: str, code: grpc.StatusCode, detail: str, reason: str = ""):
         self.call = call
         self.code = code
         self.detail = detail
+        self.reason = reason  # google.rpc.ErrorInfo reason, when the ocs_manager gave one
         self.transient = code in TRANSIENT
         super().__init__(f"ocs_manager {call}: {code.name}: {detail}")
+
+    @property
+    def busy(self) -> bool:
+        """Another call is changing the slice (a release or wiring in progress): an
+        expected race, resolved by asking again once it ended or by leaving it to that call."""
+        return self.code == grpc.StatusCode.ABORTED and (
+            self.reason == "SLICE_BUSY" or "in progress in another call" in self.detail
+        )
+
+    @property
+    def deadline(self) -> bool:
+        return self.code == grpc.StatusCode.DEADLINE_EXCEEDED
 
 
 @dataclass(frozen=True)
@@ -82,20 +105,22 @@ _OCS_ID = re.compile(r"^ocs-[a-z0-9]+-\d+-(\d+)$")
 
 
 class OcsManagerClient:
-    def __init__(self, channel: grpc.aio.Channel, *, timeout_s: float = 10.0):
+    def __init__(self, channel: grpc.aio.Channel, *, timeout_s: float = DEFAULT_TIMEOUT_S):
         self._stub = ocs_manager_pb2_grpc.OcsManagerStub(channel)
-        self._timeout = timeout_s
+        self.timeout_s = timeout_s
         self.kind = "OCS_TORUS"  # learnt by fabric()
 
     @property
     def switched(self) -> bool:
         return self.kind == "SWITCHED"
 
-    async def _call(self, name: str, request):
+    async def _call(self, name: str, request, *, timeout_s: float | None = None):
         try:
-            return await getattr(self._stub, name)(request, timeout=self._timeout)
+            return await getattr(self._stub, name)(request, timeout=timeout_s or self.timeout_s)
         except grpc.aio.AioRpcError as err:
-            raise OcsError(name, err.code(), err.details() or "") from None
+            raise OcsError(
+                name, err.code(), err.details() or "", error_report(err).reason
+            ) from None
 
     async def fabric(self) -> FabricInfo:
         info = await self._call("GetInfo", common_pb2.GetInfoRequest())
@@ -130,14 +155,17 @@ class OcsManagerClient:
                     groups[seg.block_id] = int(m.group(1)) if m else 0
         return FabricInfo(tuple(cfg.block_shape.dims), cfg.block_count, k, tuple(groups))
 
-    async def wire_job(self, job: SliceJob) -> Wiring:
+    async def wire_job(self, job: SliceJob, *, timeout_s: float | None = None) -> Wiring:
         """Wire the job's slice (OCS) or reserve its rings (SWITCHED) on its placement."""
         assert job.placement is not None
         if self.switched:
             return _rings_wiring(
-                await self._call("ReserveRings", _reserve_request(job)), job.placement
+                await self._call("ReserveRings", _reserve_request(job), timeout_s=timeout_s),
+                job.placement,
             )
-        return await self.wire(job.job_id, job.demand.grid, job.placement, job.demand.wrap)
+        return await self.wire(
+            job.job_id, job.demand.grid, job.placement, job.demand.wrap, timeout_s=timeout_s
+        )
 
     async def replace_job(self, job: SliceJob, failed: int, new: int) -> ReplaceResult:
         if self.switched:
@@ -187,7 +215,13 @@ class OcsManagerClient:
                 return out
 
     async def wire(
-        self, job_id: str, grid: Grid, blocks: Sequence[int], wrap: Sequence[bool]
+        self,
+        job_id: str,
+        grid: Grid,
+        blocks: Sequence[int],
+        wrap: Sequence[bool],
+        *,
+        timeout_s: float | None = None,
     ) -> Wiring:
         request = ocs_manager_pb2.WireSliceRequest(
             job_id=job_id,
@@ -199,7 +233,7 @@ class OcsManagerClient:
             wrap=list(wrap),
             view=ocs_manager_pb2.WIRING_VIEW_COUNTS,  # the count is all the scheduler needs
         )
-        return _wiring(await self._call("WireSlice", request))
+        return _wiring(await self._call("WireSlice", request, timeout_s=timeout_s))
 
     async def release(self, job_id: str) -> bool:
         """Release the job's slice (its rings on a SWITCHED pod); False when the
@@ -226,6 +260,29 @@ class OcsManagerClient:
             ),
         )
         return ReplaceResult(moved=len(resp.added), untouched=resp.untouched)
+
+    async def slices(self) -> dict[str, tuple[int, ...]]:
+        """Every slice the ocs_manager holds (its rings' groups on a SWITCHED pod), by job."""
+        out: dict[str, tuple[int, ...]] = {}
+        token = ""
+        while True:
+            if self.switched:
+                page = await self._call(
+                    "ListRingReservations",
+                    ocs_manager_pb2.ListRingReservationsRequest(page_size=1000, page_token=token),
+                )
+                for r in page.reservations:
+                    out[r.job_id] = tuple(sorted({t.group for t in r.tiles}))
+            else:
+                page = await self._call(
+                    "ListSlices",
+                    ocs_manager_pb2.ListSlicesRequest(page_size=1000, page_token=token),
+                )
+                for s in page.slices:
+                    out[s.job_id] = tuple(s.block_ids)
+            token = page.next_page_token
+            if not token:
+                return out
 
     async def wiring(self, job_id: str) -> Wiring | None:
         if self.switched:

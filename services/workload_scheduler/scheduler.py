@@ -12,7 +12,12 @@ Wiring marks (`block:wired`) make step 4 crash-safe: a block is marked with a
 job before WireSlice is called and unmarked only after ReleaseSlice, so a
 slice that may exist at the OCS is never forgotten. A reconcile loop on every
 replica releases leftover wiring of finished jobs, takes over wirings whose
-replica died, finishes interrupted replacements, and runs the queue.
+replica died, finishes interrupted replacements, compares RUNNING jobs with the
+ocs_manager's slices and repairs a difference (consistency.py), and runs the queue.
+
+A WireSlice past its deadline is followed through (GetSliceWiring: committed, or
+rolled back by the ocs_manager), never repeated blindly; a long wiring records
+progress events on the job (issue 14).
 
 Requirements: WS-1 (block state), WS-2 (admission), WS-4 (preemption), WS-5
 (failure and recovery), WS-6 (completion, cancel, queue), WS-7 (events).
@@ -30,8 +35,11 @@ from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
+import grpc
+
 from lightpath.errors import FailedPrecondition, NotFound, ResourceExhausted
 from lightpath.v1 import workload_scheduler_pb2
+from services.workload_scheduler.consistency import MISSING, ORPHANED, wiring_differences
 from services.workload_scheduler.fabric import PodFabric
 from services.workload_scheduler.model import (
     CANCELLED,
@@ -50,7 +58,7 @@ from services.workload_scheduler.model import (
     SliceJob,
     grid_positions,
 )
-from services.workload_scheduler.ocs import OcsError, OcsManagerClient, ReplaceResult
+from services.workload_scheduler.ocs import OcsError, OcsManagerClient, ReplaceResult, Wiring
 from services.workload_scheduler.placement import PodState, Unplaceable
 from services.workload_scheduler.planner import (
     Allocation,
@@ -76,6 +84,17 @@ RELEASE_CLAIM_MS = 30_000
 STALE_WIRING_GRACE_MS = 3_000
 # Records of jobs this replica set RUNNING, kept as a first guess for ending them.
 KNOWN_LIMIT = 4096
+# A wiring that lasts records a progress event on the job this often (and so pushes its
+# wiring deadline on: a slow switch is not a dead replica).
+WIRING_PROGRESS_S = 2.0
+# CompleteJob / CancelJob / ReportBlockHealth wait this long at most for another call
+# changing the slice to end before releasing it; past that the other call (or the
+# reconcile loop, which never waits: its next round asks again) releases it.
+FINISH_RELEASE_WAIT_S = 5.0
+
+
+class WiringRolledBack(OcsError):
+    """A WireSlice past its deadline that the ocs_manager rolled back: nothing is wired."""
 
 
 @dataclass(frozen=True)
@@ -131,6 +150,7 @@ class WorkloadScheduler:
         self.fabric = fabric
         self.pod_id = store.keys.pod_id
         self.wiring_timeout_ms = int(wiring_timeout_s * 1000)
+        self._progress_s = min(WIRING_PROGRESS_S, wiring_timeout_s / 3)
         self._clock = clock
         self._spawn = spawn or (lambda coro, name: asyncio.ensure_future(coro))
         self.log = log or logging.getLogger("lightpath.workload_scheduler")
@@ -552,11 +572,16 @@ class WorkloadScheduler:
                 self.log.info("job %s not wired: %s", job.job_id, c, extra={"job_id": job.job_id})
                 await self._requeue_if_wiring(job, f"could not wire: {c}")
                 return None
-        try:
-            wiring = await self.ocs.wire_job(job)
-        except OcsError as err:
-            await self._wiring_failed(job, err)
+        job, outcome = await self._wire_at_ocs(job)
+        if isinstance(outcome, OcsError):
+            await self._wiring_failed(
+                job,
+                outcome,
+                counted=outcome.deadline,
+                rolled_back=isinstance(outcome, WiringRolledBack),
+            )
             return None
+        wiring = outcome
         now = self.now_ms()
         running = job.with_(
             state=RUNNING, epoch=job.epoch + 1, wiring_deadline_ms=0, attempts=0, not_before_ms=0
@@ -579,7 +604,7 @@ class WorkloadScheduler:
         self.log.info(
             "job %s running on %d blocks",
             job.job_id,
-            len(job.placement),
+            len(job.placement or ()),
             extra={"job_id": job.job_id, "cross_connects": wiring.cross_connects},
         )
         # A block that failed while the slice was being wired is swapped by the
@@ -587,6 +612,114 @@ class WorkloadScheduler:
         if self._queue_waiting:
             self.schedule_soon()
         return record
+
+    async def _wire_at_ocs(self, job: SliceJob) -> tuple[SliceJob, Wiring | OcsError]:
+        """WireSlice (ReserveRings) for `job`, recording progress events while it lasts.
+        A call that outlives its deadline is followed through, not repeated: the
+        ocs_manager either committed the change or rolls it back (it undoes a change whose
+        caller went away), and GetSliceWiring says which. Answers the job as last
+        committed (a progress event moves its epoch on) and the wiring or the error; a
+        wiring rolled back after the deadline is a WiringRolledBack."""
+        # Each retry after a deadline gets twice as long (the job's attempts count them).
+        timeout = self.ocs.timeout_s * 2 ** min(job.attempts, MAX_WIRING_ATTEMPTS - 1)
+        started = time.monotonic()
+        call = asyncio.ensure_future(self.ocs.wire_job(job, timeout_s=timeout))
+        try:
+            job = await self._progress_until(call, job, started, "waiting for the ocs_manager")
+        finally:
+            call.cancel()  # only if we are cancelled ourselves: it is done otherwise
+        try:
+            return job, call.result()
+        except OcsError as err:
+            if not err.deadline:
+                return job, err
+        self.log.info(
+            "job %s: WireSlice got no answer within %g s; asking the ocs_manager how it ended",
+            job.job_id,
+            timeout,
+            extra={"job_id": job.job_id},
+        )
+        follow = asyncio.ensure_future(self._follow_through(job))
+        try:
+            job = await self._progress_until(
+                follow,
+                job,
+                started,
+                f"no answer within {timeout:g} s (LIGHTPATH_WS_OCS_TIMEOUT_S); waiting for the "
+                "ocs_manager to finish or roll back the wiring",
+            )
+        finally:
+            follow.cancel()
+        found = follow.result()
+        if found is None:
+            return job, WiringRolledBack(
+                "WireSlice",
+                grpc.StatusCode.DEADLINE_EXCEEDED,
+                f"WireSlice got no answer within {timeout:g} s (LIGHTPATH_WS_OCS_TIMEOUT_S) "
+                "and the ocs_manager rolled the wiring back",
+            )
+        return job, found
+
+    async def _follow_through(self, job: SliceJob) -> Wiring | OcsError | None:
+        """After a WireSlice deadline: the slice once the ocs_manager committed it, None
+        once it rolled it back (no slice), an OcsError if it did neither in time."""
+        limit = time.monotonic() + self.wiring_timeout_ms / 1000
+        delay = 0.05
+        while True:
+            try:
+                found = await self.ocs.wiring(job.job_id)
+            except OcsError as err:
+                if time.monotonic() > limit:
+                    return err
+            else:
+                if found is None:
+                    return None
+                if found.committed:
+                    if job.placement is None or found.blocks == tuple(job.placement):
+                        return found
+                    return OcsError(
+                        "GetSliceWiring",
+                        grpc.StatusCode.FAILED_PRECONDITION,
+                        f"slice {job.job_id} is wired on other blocks: "
+                        + ",".join(map(str, found.blocks)),
+                    )
+                if time.monotonic() > limit:
+                    return OcsError(
+                        "GetSliceWiring",
+                        grpc.StatusCode.DEADLINE_EXCEEDED,
+                        f"slice {job.job_id} is still being programmed "
+                        f"{self.wiring_timeout_ms / 1000:g} s after the deadline",
+                    )
+            await asyncio.sleep(delay)
+            delay = min(1.0, delay * 2)
+
+    async def _progress_until(
+        self, fut: asyncio.Future, job: SliceJob, started: float, what: str
+    ) -> SliceJob:
+        """Wait for `fut`, recording a progress event on the WIRING job every few seconds
+        (WatchJob / GetJob show it; it also pushes the wiring deadline on). Answers the
+        job as last committed."""
+        while True:
+            done, _ = await asyncio.wait({fut}, timeout=self._progress_s)
+            if done:
+                return job
+            now = self.now_ms()
+            newer = job.with_(epoch=job.epoch + 1, wiring_deadline_ms=now + self.wiring_timeout_ms)
+            txn = self.store.txn()
+            txn.expect_job(job.job_id, [WIRING], job.epoch)
+            txn.write_job(
+                newer,
+                old_state=WIRING,
+                reason=f"still wiring after {time.monotonic() - started:.0f} s: {what}",
+                now_ms=now,
+            )
+            try:
+                await self.store.commit(txn)
+            except Conflict:
+                # Cancelled or taken over: the wiring's own commit finds out and undoes it.
+                await asyncio.wait({fut})
+                return job
+            job = newer
 
     async def _wired_but_superseded(self, job: SliceJob) -> None:
         """Wired at the OCS, but the job changed meanwhile (cancelled, or taken over)."""
@@ -597,11 +730,33 @@ class WorkloadScheduler:
             and record.summary.placement == job.placement
         ):
             return  # another replica finished the same wiring
-        if record is None or record.state in FINAL_STATES:
-            await self._release(job.job_id)
-        else:
-            await self._release_claimed(job.job_id)
+        try:
+            if record is None or record.state in FINAL_STATES:
+                await self._release(job.job_id)
+            else:
+                await self._release_claimed(job.job_id)
+        except OcsError as err:
+            self._release_error(job.job_id, err)
         self.schedule_soon()
+
+    def _release_error(self, job_id: str, err: OcsError) -> None:
+        """A release that did not happen: its marks stay and the reconcile loop retries.
+        Another call changing the slice (ABORTED SLICE_BUSY) is an expected race: that
+        call owns it, so it is logged at debug."""
+        if err.busy:
+            self.log.debug(
+                "job %s: release left to the call changing the slice: %s",
+                job_id,
+                err,
+                extra={"job_id": job_id},
+            )
+        else:
+            self.log.warning(
+                "job %s: release failed, the reconcile loop retries: %s",
+                job_id,
+                err,
+                extra={"job_id": job_id},
+            )
 
     async def _requeue_if_wiring(self, job: SliceJob, reason: str) -> None:
         keys = self.store.keys
@@ -619,15 +774,23 @@ class WorkloadScheduler:
         with contextlib.suppress(Conflict):
             await self.store.commit(txn)
 
-    async def _wiring_failed(self, job: SliceJob, err: OcsError) -> None:
+    async def _wiring_failed(
+        self, job: SliceJob, err: OcsError, *, counted: bool = False, rolled_back: bool = False
+    ) -> None:
         """The blocks go back to the pool and the job says why (WS-2): back in the queue
-        when the ocs_manager may accept later, FAILED when it refused for good."""
+        when the ocs_manager may accept later, FAILED when it refused for good. A
+        `counted` failure (a wiring past its deadline) is retried MAX_WIRING_ATTEMPTS
+        times at most, each with twice the deadline, never in an endless loop; a
+        `rolled_back` one left nothing at the OCS."""
         keys = self.store.keys
         now = self.now_ms()
         attempts = job.attempts + 1
-        retry = err.transient or (
-            err.code.name == "FAILED_PRECONDITION" and attempts < MAX_WIRING_ATTEMPTS
-        )
+        if counted:
+            retry = attempts < MAX_WIRING_ATTEMPTS
+        else:
+            retry = err.transient or (
+                err.code.name == "FAILED_PRECONDITION" and attempts < MAX_WIRING_ATTEMPTS
+            )
         txn = self.store.txn()
         txn.expect_job(job.job_id, [WIRING], job.epoch)
         txn.hdel(keys.owner, job.held_keys())
@@ -644,27 +807,49 @@ class WorkloadScheduler:
         else:
             new = job.with_(state=FAILED, epoch=job.epoch + 1, placement=None, attempts=attempts)
             reason = f"wiring failed, blocks returned: {err}"
+            if counted:
+                reason += f" (gave up after {attempts} attempts)"
             if not err.transient:
                 txn.unwire(job.job_id)  # the ocs_manager refused: nothing of it is wired
+        if rolled_back:
+            txn.unwire(job.job_id)  # rolled back at the OCS: nothing of it is wired
         txn.write_job(new, old_state=WIRING, reason=reason, now_ms=now)
         try:
             await self.store.commit(txn)
         except Conflict:
             return
-        self.log.warning("job %s: %s", job.job_id, reason, extra={"job_id": job.job_id})
+        log = self.log.info if err.busy else self.log.warning
+        log("job %s: %s", job.job_id, reason, extra={"job_id": job.job_id})
         self.schedule_soon()
 
     def schedule_soon(self) -> None:
         self._spawn(self.schedule(), "schedule")
 
-    async def _release(self, job_id: str) -> None:
+    async def _release_at_ocs(self, job_id: str, *, wait_s: float | None = None) -> bool:
+        """ReleaseSlice (ReleaseRings); False when there was none. While another call is
+        changing the slice (ABORTED SLICE_BUSY: a release or wiring in progress) ask
+        again once it ended, for `wait_s` (the call deadline) at most; then that call
+        owns it."""
+        limit = time.monotonic() + (self.ocs.timeout_s if wait_s is None else wait_s)
+        delay = 0.05
+        while True:
+            try:
+                return await self.ocs.release(job_id)
+            except OcsError as err:
+                if not err.busy or time.monotonic() > limit:
+                    raise
+                self.log.debug("job %s: %s; asking again", job_id, err, extra={"job_id": job_id})
+            await asyncio.sleep(delay)
+            delay = min(1.0, delay * 2)
+
+    async def _release(self, job_id: str, *, wait_s: float | None = None) -> None:
         """ReleaseSlice for a job this caller owns (final, or WIRING by us), then unmark."""
-        await self.ocs.release(job_id)
+        await self._release_at_ocs(job_id, wait_s=wait_s)
         txn = self.store.txn()
         txn.unwire(job_id)
         await self.store.commit(txn)
 
-    async def _release_claimed(self, job_id: str) -> bool:
+    async def _release_claimed(self, job_id: str, *, wait_s: float | None = None) -> bool:
         """Release the leftover wiring of a job that is not wiring or running, holding a
         claim so that no replica places and wires that job meanwhile. False if it is live."""
         keys = self.store.keys
@@ -677,7 +862,7 @@ class WorkloadScheduler:
         except Conflict:
             return False  # live again: its own wiring step releases what is left
         try:
-            await self.ocs.release(job_id)
+            await self._release_at_ocs(job_id, wait_s=wait_s)
             txn = self.store.txn()
             txn.unwire(job_id)
             await self.store.commit(txn)
@@ -754,11 +939,9 @@ class WorkloadScheduler:
         self.log.info("job %s %s", job.job_id, reason, extra={"job_id": job.job_id})
         if record.state in HOLDING_STATES or job.job_id in await self.store.wired_jobs():
             try:
-                await self._release(job.job_id)
+                await self._release(job.job_id, wait_s=FINISH_RELEASE_WAIT_S)
             except OcsError as err:
-                self.log.warning(
-                    "job %s: release failed, the reconcile loop retries: %s", job.job_id, err
-                )
+                self._release_error(job.job_id, err)
         if waiting:
             await self.schedule()
         return ended
@@ -884,11 +1067,11 @@ class WorkloadScheduler:
         self.log.warning("job %s: %s", job.job_id, reason, extra={"job_id": job.job_id})
         try:
             if final:
-                await self._release(job.job_id)
+                await self._release(job.job_id, wait_s=FINISH_RELEASE_WAIT_S)
             else:
-                await self._release_claimed(job.job_id)
+                await self._release_claimed(job.job_id, wait_s=FINISH_RELEASE_WAIT_S)
         except OcsError as err:
-            self.log.warning("job %s: release failed, retried later: %s", job.job_id, err)
+            self._release_error(job.job_id, err)
         await self.schedule()
         return Outcome(
             action=f"job {job.job_id} {new.state.lower()}: {reason}", affected=[job.job_id]
@@ -1009,9 +1192,9 @@ class WorkloadScheduler:
                 if record is not None and now - record.updated_ms < STALE_WIRING_GRACE_MS:
                     continue  # just ended: the call that ended it is releasing it
                 try:
-                    await self._release_claimed(other)
+                    await self._release_claimed(other, wait_s=0)
                 except OcsError as err:
-                    self.log.warning("release of %s failed, retrying later: %s", other, err)
+                    self._release_error(other, err)
         for job in list(state.jobs.values()):
             if job.state == WIRING and job.wiring_deadline_ms and job.wiring_deadline_ms < now:
                 await self._take_over_wiring(job)
@@ -1019,8 +1202,90 @@ class WorkloadScheduler:
                 await self._take_over_replacement(job)
         for job, block in running_with_failed_blocks(state):
             await self.handle_failure(job.job_id, block)
+        await self._check_wiring()
         if state.queue():
             await self.schedule()
+
+    async def _check_wiring(self) -> None:
+        """Cross-service consistency (issue 14): compare RUNNING jobs with the
+        ocs_manager's slices (consistency.py), report the differences (GetPod) and
+        repair those that lasted STALE_WIRING_GRACE_MS: wire a RUNNING job whose slice
+        vanished again on its blocks, release a slice of no wiring or running job."""
+        state = await self.snapshot()
+        try:
+            slices = await self.ocs.slices()
+        except OcsError as err:
+            log = self.log.debug if err.transient else self.log.warning
+            log("cannot compare jobs with the ocs_manager's slices: %s", err)
+            return
+        now = self.now_ms()
+        confirmed = []
+        for diff in wiring_differences(state, slices):
+            # Read the job again: one that changed since the snapshot raced the listing.
+            record = await self.store.job(diff.job_id)
+            seen = state.jobs.get(diff.job_id)
+            if diff.kind == MISSING:
+                if record is None or seen is None or record.epoch != seen.epoch:
+                    continue
+            elif record is not None and (
+                record.state in HOLDING_STATES or now - record.updated_ms < STALE_WIRING_GRACE_MS
+            ):
+                continue  # placed meanwhile, or just ended: the call ending it releases it
+            confirmed.append((diff, record))
+        before = await self.store.wiring_report()
+        report = {
+            d.key: {
+                "job": d.job_id,
+                "kind": d.kind,
+                "detail": d.detail,
+                "since": before.get(d.key, {}).get("since", now),
+            }
+            for d, _ in confirmed
+        }
+        if report or before:
+            await self.store.save_wiring_report(report)
+        for diff, record in confirmed:
+            if now - report[diff.key]["since"] < STALE_WIRING_GRACE_MS:
+                continue
+            if diff.kind == MISSING and record is not None:
+                await self._rewire(record.summary)
+            elif diff.kind == ORPHANED:
+                self.log.warning("releasing a slice of no live job: %s", diff.detail)
+                try:
+                    await self._release_claimed(diff.job_id, wait_s=0)
+                except OcsError as err:
+                    self._release_error(diff.job_id, err)
+
+    async def _rewire(self, job: SliceJob) -> None:
+        """A RUNNING job whose slice vanished at the ocs_manager (an operator's
+        ReleaseSlice, say): WIRING again on the same blocks, then RUNNING; should that
+        fail it goes back to the queue SUSPENDED (FAILED if the ocs_manager refuses it
+        for good), like any wiring that fails."""
+        assert job.placement is not None
+        now = self.now_ms()
+        mine = job.with_(
+            state=WIRING,
+            epoch=job.epoch + 1,
+            wiring_deadline_ms=now + self.wiring_timeout_ms,
+            queued_as=SUSPENDED,
+            attempts=0,
+        )
+        reason = (
+            "its slice vanished at the ocs_manager (released behind the scheduler's back); "
+            "wiring it again on blocks " + ",".join(map(str, job.placement))
+        )
+        txn = self.store.txn()
+        txn.expect_job(job.job_id, [RUNNING], job.epoch)
+        for b in mine.held_keys():
+            txn.expect_wired_by(b, [job.job_id])
+        txn.hset(self.store.keys.wired, {b: job.job_id for b in mine.held_keys()})
+        txn.write_job(mine, old_state=RUNNING, reason=reason, now_ms=now)
+        try:
+            await self.store.commit(txn)
+        except Conflict:
+            return
+        self.log.warning("job %s: %s", job.job_id, reason, extra={"job_id": job.job_id})
+        self._track_wiring(job.job_id, self._wire(mine, marked=True))
 
     async def _take_over_wiring(self, job: SliceJob) -> None:
         """A wiring whose replica went away: finish it if the OCS has it, else requeue."""
@@ -1109,13 +1374,9 @@ class WorkloadScheduler:
         await self._swap_at_ocs(mine, position, Outcome())
 
     async def run_reconciler(self, interval_s: float) -> None:
+        """Reconcile rounds for ever (a supervised task: a failed round restarts it)."""
         while True:
-            try:
-                await self.reconcile()
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                self.log.exception("reconcile round failed")
+            await self.reconcile()
             await asyncio.sleep(interval_s)
 
     # == events (WS-7) ============================================================

@@ -52,6 +52,10 @@ from services.workload_scheduler.switched_view import add_switched_job, switched
 
 SERVICE_NAME = workload_scheduler_pb2.DESCRIPTOR.services_by_name["WorkloadScheduler"].full_name
 READY_WAIT_S = 5.0
+# PlanRings builds a ring through every chip of the shape it is given: bounded so that
+# a request cannot make it exhaust the process (64 blocks of 4x4x4 are 4096 chips).
+MAX_PLAN_CHIPS = 1 << 16
+MAX_PLAN_DIMS = 8
 
 
 class PodHandle:
@@ -133,7 +137,8 @@ class PodHandle:
         )
         self._rt.log.info("pod %s ready: %s", settings.pod_id, fabric.describe())
         self._ready.set()
-        self._rt.spawn(self.scheduler.run_reconciler(settings.reconcile_s), "reconcile")
+        scheduler = self.scheduler
+        self._rt.supervise(lambda: scheduler.run_reconciler(settings.reconcile_s), "reconcile")
 
     async def get(self) -> WorkloadScheduler:
         if self.scheduler is None and self._fatal is None:
@@ -441,6 +446,8 @@ class WorkloadSchedulerServicer(workload_scheduler_pb2_grpc.WorkloadSchedulerSer
         dims = list(request.shape.dims)
         if not dims:
             raise InvalidArgument("shape", "is required")
+        if len(dims) > MAX_PLAN_DIMS:
+            raise InvalidArgument("shape", f"may have at most {MAX_PLAN_DIMS} dimensions")
         pod = self._pod.scheduler
         if pod is not None and pod.fabric.switched is not None:
             raise FailedPrecondition(
@@ -461,6 +468,9 @@ class WorkloadSchedulerServicer(workload_scheduler_pb2_grpc.WorkloadSchedulerSer
             if bad:
                 raise InvalidArgument(f"shape.dims[{bad[0]}]", "must be >= 1")
             chips = tuple(dims)
+        if math.prod(chips) > MAX_PLAN_CHIPS:
+            # the plan visits every chip: an unbounded shape would exhaust the process
+            raise InvalidArgument("shape", f"may hold at most {MAX_PLAN_CHIPS} chips")
         wrap = tuple(request.wrap) if request.wrap else (True,) * len(chips)
         if len(wrap) != len(chips):
             raise InvalidArgument("wrap", f"must be empty (torus) or have {len(chips)} entries")
@@ -485,6 +495,17 @@ async def pod_view(sched: WorkloadScheduler) -> workload_scheduler_pb2.PodView:
     )
     if fabric.switched is not None:
         await switched_pod_view(sched, state, view.switched)
+    for diff in sorted((await sched.store.wiring_report()).values(), key=lambda d: d["since"]):
+        view.wiring_differences.append(
+            workload_scheduler_pb2.WiringDifference(
+                job_id=diff["job"],
+                kind=workload_scheduler_pb2.WiringDifferenceKind.Value(
+                    "WIRING_DIFFERENCE_KIND_" + diff["kind"]
+                ),
+                detail=diff["detail"],
+                since=_ts(diff["since"]),
+            )
+        )
     for node_type, c in state.counts_by_type().items():
         view.types.append(workload_scheduler_pb2.TypeCounts(node_type=node_type, **c))
     positions: dict[int, tuple[int, ...]] = {}
@@ -528,13 +549,17 @@ async def pod_view(sched: WorkloadScheduler) -> workload_scheduler_pb2.PodView:
 
 
 async def build(runtime: Runtime[WorkloadSchedulerSettings]) -> list[ServiceDefinition]:
-    ocs = OcsManagerClient(runtime.channel(runtime.settings.ocs_addr))
+    ocs = OcsManagerClient(
+        runtime.channel(runtime.settings.ocs_addr), timeout_s=runtime.settings.ocs_timeout_s
+    )
     pod = PodHandle(runtime, ocs)
-    runtime.spawn(pod.start(), "load fabric")
+    # Retried until the fabric is known (a Redis error while saving it is not the end).
+    runtime.supervise(pod.start, "load fabric")
     if runtime.settings.cell_addr:
         from services.workload_scheduler.cell_link import CellReporter
 
-        runtime.spawn(CellReporter(runtime, pod).run(), "cell registration and heartbeat")
+        reporter = CellReporter(runtime, pod)
+        runtime.supervise(reporter.run, "cell registration and heartbeat", forever=True)
     servicer = WorkloadSchedulerServicer(runtime, pod)
     return [
         ServiceDefinition(

@@ -74,6 +74,14 @@ class WorkloadSchedulerSettings(CommonSettings):
         "seconds a slice may stay WIRING before another replica takes the wiring over",
         parse=parse_positive_float,
     )
+    ocs_timeout_s: float = setting(
+        "LIGHTPATH_WS_OCS_TIMEOUT_S",
+        45.0,
+        "deadline of a call to the pod's ocs_manager, s; above a slow switch's worst case "
+        "(its change lease, 30 s by default, bounds programming plus rollback). A WireSlice "
+        "past it is followed through (finished or rolled back), and a retry gets twice as long",
+        parse=parse_positive_float,
+    )
     switched_small_groups: int = setting(
         "LIGHTPATH_SWITCHED_SMALL_GROUPS",
         2,

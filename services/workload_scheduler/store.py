@@ -16,6 +16,9 @@ and under `ws:` beside the ocs_manager's `ocs:` keys of the same pod):
     lp:{pod}:ws:events            stream job transitions and block health changes (WatchPod)
     lp:{pod}:ws:seq               string admission sequence
     lp:{pod}:ws:releasing:<id>    string claim (with expiry) while a queued job's old wiring is released
+    lp:{pod}:ws:wiring:diff       hash   "<kind>:<job>" -> JSON {job, kind, detail, since}: where
+                                         RUNNING jobs and the ocs_manager's slices disagree,
+                                         as the last reconcile round found (GetPod shows it)
 
 Every change goes through `commit(txn)`: one Lua script that first checks what
 the caller's decision assumed (a job's state and epoch, a block still free,
@@ -158,6 +161,7 @@ class PodKeys:
         self.state_counts = pod_key(pod_id, "ws", "state_counts")
         self.events = pod_key(pod_id, "ws", "events")
         self.seq = pod_key(pod_id, "ws", "seq")
+        self.wiring_diff = pod_key(pod_id, "ws", "wiring", "diff")
         self._job_prefix = pod_key(pod_id, "ws", "job") + ":"
 
     def job(self, job_id: str) -> str:
@@ -419,6 +423,21 @@ class PodStore:
         """Jobs whose OCS wiring may still exist (their marks)."""
         values: list[str] = await self.redis.hvals(self.keys.wired)  # type: ignore[assignment, misc]
         return set(values)
+
+    async def wiring_report(self) -> dict[str, dict[str, Any]]:
+        """The differences the last reconcile round found (see consistency.py), by key."""
+        raw: dict[str, str] = await self.redis.hgetall(self.keys.wiring_diff)  # type: ignore[assignment, misc]
+        return {k: json.loads(v) for k, v in raw.items()}
+
+    async def save_wiring_report(self, report: dict[str, dict[str, Any]]) -> None:
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.delete(self.keys.wiring_diff)
+            if report:
+                pipe.hset(
+                    self.keys.wiring_diff,
+                    mapping={k: json.dumps(v, separators=(",", ":")) for k, v in report.items()},
+                )
+            await pipe.execute()
 
     async def failed_info(self) -> dict[int, dict[str, Any]]:
         raw = await self.redis.hgetall(self.keys.failed)
