@@ -118,3 +118,37 @@ async def serve(
         service, settings, build, tracer_provider=tracer_provider, grace=grace
     ) as svc:
         yield svc
+
+
+async def one_of_each(
+    stack: contextlib.AsyncExitStack,
+    redis_url: str,
+    env: Mapping[str, Mapping[str, str]] | None = None,
+) -> dict[str, RunningService]:
+    """One of each service on one Redis, entered on `stack`: a cell with one OCS pod
+    (pod-1, 8 blocks, registered with the cell), a broker and a switch, keyed
+    cell / ws / ocs / broker / agg; `env` adds settings per key."""
+    extra = env or {}
+    cell = await stack.enter_async_context(serve("cell_scheduler", redis_url, extra.get("cell")))
+    ocs = await stack.enter_async_context(
+        serve(
+            "ocs_manager",
+            redis_url,
+            {"LIGHTPATH_POD_ID": "pod-1", "LIGHTPATH_FABRIC_BLOCKS": "8", **extra.get("ocs", {})},
+        )
+    )
+    ws = await stack.enter_async_context(
+        serve(
+            "workload_scheduler",
+            redis_url,
+            {
+                "LIGHTPATH_POD_ID": "pod-1",
+                "LIGHTPATH_OCS_ADDR": ocs.address,
+                "LIGHTPATH_CELL_ADDR": cell.address,
+                **extra.get("ws", {}),
+            },
+        )
+    )
+    broker = await stack.enter_async_context(serve("core_broker", redis_url, extra.get("broker")))
+    agg = await stack.enter_async_context(serve("agg_switch", redis_url, extra.get("agg")))
+    return {"cell": cell, "ws": ws, "ocs": ocs, "broker": broker, "agg": agg}

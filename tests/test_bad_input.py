@@ -28,7 +28,7 @@ from lightpath.v1 import (
     ocs_manager_pb2,
     workload_scheduler_pb2,
 )
-from tests.helpers import serve
+from tests.helpers import one_of_each
 
 OPERATOR = "bad-input-operator"
 EXAMPLES_PER_METHOD = 6
@@ -127,37 +127,11 @@ def fill(msg: Message, rng: random.Random, depth: int = 0) -> Message:
 async def whole_cell(redis_url: str) -> AsyncIterator[dict[str, grpc.aio.Channel]]:
     """One of each service on one Redis: a cell with one OCS pod, a broker, a switch."""
     async with contextlib.AsyncExitStack() as stack:
-        cell = await stack.enter_async_context(serve("cell_scheduler", redis_url))
-        ocs = await stack.enter_async_context(
-            serve(
-                "ocs_manager",
-                redis_url,
-                {"LIGHTPATH_POD_ID": "pod-1", "LIGHTPATH_FABRIC_BLOCKS": "8"},
-            )
+        services = await one_of_each(
+            stack, redis_url, {"broker": {"LIGHTPATH_CB_OPERATOR_TOKEN": OPERATOR}}
         )
-        ws = await stack.enter_async_context(
-            serve(
-                "workload_scheduler",
-                redis_url,
-                {
-                    "LIGHTPATH_POD_ID": "pod-1",
-                    "LIGHTPATH_OCS_ADDR": ocs.address,
-                    "LIGHTPATH_CELL_ADDR": cell.address,
-                },
-            )
-        )
-        broker = await stack.enter_async_context(
-            serve("core_broker", redis_url, {"LIGHTPATH_CB_OPERATOR_TOKEN": OPERATOR})
-        )
-        agg = await stack.enter_async_context(serve("agg_switch", redis_url))
         channels = {}
-        for name, svc in (
-            ("cell", cell),
-            ("ws", ws),
-            ("ocs", ocs),
-            ("broker", broker),
-            ("agg", agg),
-        ):
+        for name, svc in services.items():
             channels[name] = await stack.enter_async_context(channel(svc.address, max_attempts=1))
         yield channels
 

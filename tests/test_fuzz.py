@@ -45,7 +45,7 @@ from lightpath.v1 import (
     workload_scheduler_pb2,
 )
 from services.common import policy
-from tests.helpers import credentials, serve
+from tests.helpers import credentials, one_of_each
 
 TOTAL_EXAMPLES = int(os.environ.get("LIGHTPATH_FUZZ_EXAMPLES", "300"))
 MODULES = {
@@ -363,34 +363,7 @@ async def _whole_cell(redis_url: str):
     """One of each service on one Redis (as tests/test_bad_input.py runs them), and a
     channel to each for the operator and for every other caller a method needs."""
     async with contextlib.AsyncExitStack() as stack:
-        cell = await stack.enter_async_context(serve("cell_scheduler", redis_url))
-        ocs = await stack.enter_async_context(
-            serve(
-                "ocs_manager",
-                redis_url,
-                {"LIGHTPATH_POD_ID": "pod-1", "LIGHTPATH_FABRIC_BLOCKS": "8"},
-            )
-        )
-        ws = await stack.enter_async_context(
-            serve(
-                "workload_scheduler",
-                redis_url,
-                {
-                    "LIGHTPATH_POD_ID": "pod-1",
-                    "LIGHTPATH_OCS_ADDR": ocs.address,
-                    "LIGHTPATH_CELL_ADDR": cell.address,
-                },
-            )
-        )
-        broker = await stack.enter_async_context(serve("core_broker", redis_url))
-        agg = await stack.enter_async_context(serve("agg_switch", redis_url))
-        addresses = {
-            "cell": cell.address,
-            "ws": ws.address,
-            "ocs": ocs.address,
-            "broker": broker.address,
-            "agg": agg.address,
-        }
+        addresses = {k: svc.address for k, svc in (await one_of_each(stack, redis_url)).items()}
         channels: dict[tuple[str, str], grpc.aio.Channel] = {}
         for name, method in [(n, None) for n in addresses] + METHODS:
             who = (_caller(method) if method is not None else None) or OPERATOR
