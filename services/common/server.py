@@ -33,6 +33,7 @@ from lightpath.security.tokens import TokenRegistry
 from lightpath.telemetry import configure_metrics, configure_tracing
 from lightpath.v1 import common_pb2
 from services.common import redis_store, tls
+from services.common.admission import Admission
 from services.common.audit import AuditLog
 from services.common.auth import Guard
 from services.common.settings import CommonSettings, SettingsError, load
@@ -105,12 +106,15 @@ def create_server(
     interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
     credentials: grpc.ServerCredentials | None = None,
     guard: Guard | None = None,
+    admission: Admission | None = None,
 ) -> tuple[Server, int]:
     """Build (not start) a server for `services` on `address`; `127.0.0.1:0` binds an
     ephemeral port. With `credentials` it serves TLS; with a `guard` every call is
-    authenticated, authorized and audited (services.common.auth)."""
+    authenticated, authorized and audited (services.common.auth); with an `admission`
+    limiter outside callers' unary calls are queued or shed under overload
+    (services.common.admission)."""
     server = grpc.aio.server(
-        interceptors=[ServerInterceptor(tracer_provider, guard), *interceptors],
+        interceptors=[ServerInterceptor(tracer_provider, guard, admission), *interceptors],
         options=GRPC_OPTIONS,
     )
     for svc in services:
@@ -296,6 +300,12 @@ async def running(
             tracer_provider=provider,
             credentials=server_credentials,
             guard=guard,
+            admission=Admission(
+                settings.max_inflight,
+                settings.max_queued,
+                settings.queue_wait_s,
+                service=service,
+            ),
         )
         runtime.port = port
         await server.start()

@@ -76,6 +76,13 @@ def parse_positive_int(raw: str) -> int:
     return value
 
 
+def parse_non_negative_int(raw: str) -> int:
+    value = int(raw.strip())
+    if value < 0:
+        raise ValueError("must be an integer >= 0")
+    return value
+
+
 def parse_non_negative_float(raw: str) -> float:
     value = float(raw)
     if value < 0:
@@ -241,6 +248,28 @@ class CommonSettings:
         "json",
         "json (one object per line) or text",
         parse=choice("json", "text"),
+    )
+    max_inflight: int = setting(
+        "LIGHTPATH_MAX_INFLIGHT",
+        64,
+        "calls from outside callers this process serves at once (health, GetInfo, streams, "
+        "pods' heartbeats and calls between Lightpath services are not counted); more wait "
+        "in a queue",
+        parse=parse_positive_int,
+    )
+    max_queued: int = setting(
+        "LIGHTPATH_MAX_QUEUED",
+        128,
+        "calls that may wait for one of LIGHTPATH_MAX_INFLIGHT; a call finding the queue full "
+        "answers RESOURCE_EXHAUSTED (OVERLOADED) with a retry delay",
+        parse=parse_non_negative_int,
+    )
+    queue_wait_s: float = setting(
+        "LIGHTPATH_QUEUE_WAIT_S",
+        0.5,
+        "seconds a queued call waits for a slot before it answers RESOURCE_EXHAUSTED "
+        "(OVERLOADED) with a retry delay",
+        parse=parse_non_negative_float,
     )
     shutdown_grace_s: float = setting(
         "LIGHTPATH_SHUTDOWN_GRACE_S",

@@ -5,6 +5,9 @@
   * records rpc.server.duration (OTel metrics, exported per OTEL_METRICS_EXPORTER);
   * asks the service's Guard who is calling and whether they may (UNAUTHENTICATED /
     PERMISSION_DENIED before the servicer runs), and writes the audit log;
+  * admits the call through the service's Admission limiter, which queues it or
+    sheds it (RESOURCE_EXHAUSTED with a retry delay) when the service is overloaded
+    (services.common.admission says which calls are never shed);
   * turns a LightpathError into its gRPC status with google.rpc details, a Redis
     failure into UNAVAILABLE with a retry delay (services.common.errors.from_redis),
     and any other exception into INTERNAL, logged with its trace id;
@@ -35,6 +38,7 @@ from redis.exceptions import RedisError
 
 from lightpath import __version__
 from lightpath.telemetry import TRACER_NAME, _rpc_attributes
+from services.common.admission import OVERLOADED, Admission, exempt_principal, sheddable
 from services.common.auth import Guard
 from services.common.errors import InvalidArgument, LightpathError, from_redis, to_status_proto
 
@@ -50,8 +54,14 @@ def current_trace_id() -> str:
 
 
 class ServerInterceptor(grpc.aio.ServerInterceptor):
-    def __init__(self, tracer_provider: TracerProvider | None = None, guard: Guard | None = None):
+    def __init__(
+        self,
+        tracer_provider: TracerProvider | None = None,
+        guard: Guard | None = None,
+        admission: Admission | None = None,
+    ):
         self._guard = guard
+        self._admission = admission
         self._tracer = (tracer_provider or trace.get_tracer_provider()).get_tracer(
             TRACER_NAME, __version__
         )
@@ -75,6 +85,11 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
 
     def _wrap(self, handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
         traced = not method.startswith(UNTRACED_PREFIXES)
+        admission = (
+            self._admission
+            if self._admission is not None and sheddable(method, streaming=not handler.unary_unary)
+            else None
+        )
         deserializer = _tolerant(handler.request_deserializer)
         # Only protobuf deserializers are wrapped: raw-bytes ones (agg_switch's data
         # path) never raise and keep their speed.
@@ -85,7 +100,8 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
         }
         if handler.unary_unary:
             return grpc.unary_unary_rpc_method_handler(
-                self._wrap_unary(handler.unary_unary, method, traced, checked, False), **kwargs
+                self._wrap_unary(handler.unary_unary, method, traced, checked, False, admission),
+                **kwargs,
             )
         if handler.stream_unary:
             return grpc.stream_unary_rpc_method_handler(
@@ -113,15 +129,25 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
         )
 
     def _wrap_unary(
-        self, inner: Callable, method: str, traced: bool, check_one: bool, check_each: bool
+        self,
+        inner: Callable,
+        method: str,
+        traced: bool,
+        check_one: bool,
+        check_each: bool,
+        admission: Admission | None = None,
     ):
         async def behavior(request: Any, context: grpc.aio.ServicerContext) -> Any:
             start = time.perf_counter()
             code = grpc.StatusCode.OK
+            admitted: Admission | None = None
             with self._span(method, context, traced) as span:
                 gate = _Gate(self._guard, method)
                 try:
                     await gate.enter(context, span)
+                    if admission is not None and not exempt_principal(gate.principal):
+                        await admission.acquire()
+                        admitted = admission
                     if check_one and type(request) is _Undecodable:
                         raise request.error()
                     result = inner(_checked(request) if check_each else request, context)
@@ -134,6 +160,8 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
                     gate.message = getattr(exc, "message", "")
                     await _abort_for(exc, span, method, context)
                 finally:
+                    if admitted is not None:
+                        admitted.release()
                     gate.leave(code, request)
                     self._record(method, code, start)
 
@@ -300,8 +328,10 @@ async def _abort_for(
         span.set_attribute("rpc.grpc.status_code", grpc.StatusCode[exc.code].value[0])
         cause = exc.__cause__
         infrastructure = isinstance(cause, RedisError)  # the operator's concern, not the caller's
+        # Shed calls come by the hundred: the limiter logs a summary instead.
+        shed = exc.reason == OVERLOADED
         log.log(
-            logging.WARNING if infrastructure else logging.INFO,
+            logging.WARNING if infrastructure else logging.DEBUG if shed else logging.INFO,
             "%s -> %s: %s%s",
             method,
             exc.code,

@@ -1,0 +1,181 @@
+"""Admission control: shed or queue load instead of collapsing (issue 14).
+
+Every service's server keeps at most `max_inflight` sheddable calls in progress
+(LIGHTPATH_MAX_INFLIGHT). A call that finds them all busy waits in a bounded FIFO
+queue (LIGHTPATH_MAX_QUEUED places) for at most `queue_wait_s`
+(LIGHTPATH_QUEUE_WAIT_S). A call that finds the queue full, or does not get a
+slot in time, is refused at once with RESOURCE_EXHAUSTED, reason OVERLOADED, and
+a retry delay (google.rpc.RetryInfo), so the calls that are admitted keep their
+latency and the rest learn when to come back, instead of every call slowing
+down together until all of them time out.
+
+What is shed (`sheddable` per method, once; `exempt_principal` per call):
+  * unary calls from outside callers (tenants, operators, applications, nodes,
+    callers without a credential) to any method but those below;
+  * never health checks, reflection and GetInfo (probes must see an overloaded
+    service as alive), nor streams (watches and the aggregation data path are
+    long-lived: a slot held for a stream's life would starve unary calls), nor
+    the calls listed in EXEMPT_METHODS (the pods' registration and heartbeats, the
+    aggregation data path), which keep the system consistent;
+  * never calls from another Lightpath service: the front door already bounded
+    them, and a refusal between services would be read as a domain answer (the
+    cell reads a pod's RESOURCE_EXHAUSTED as "no room on this pod").
+
+The limiter is a counter and a deque of futures: acquiring a free slot costs no
+await, a released slot goes straight to the oldest waiter.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections import deque
+
+from lightpath.security.identity import SERVICE, Principal
+from services.common.errors import ResourceExhausted
+
+log = logging.getLogger("lightpath.admission")
+
+# Unary methods never shed, whoever calls them: what keeps the system consistent.
+EXEMPT_METHODS = frozenset(
+    {
+        "/lightpath.v1.CellScheduler/RegisterPod",
+        "/lightpath.v1.CellScheduler/ReportPodStatus",
+        "/lightpath.v1.AggSwitch/ReportLoad",
+        "/lightpath.v1.AggSwitch/JoinCommand",
+    }
+)
+EXEMPT_PREFIXES = ("/grpc.health.v1.", "/grpc.reflection.")
+
+OVERLOADED = "OVERLOADED"
+# How often, at most, shedding is logged (one warning with the count, not a line per call).
+LOG_EVERY_S = 10.0
+
+
+def sheddable(method: str, *, streaming: bool) -> bool:
+    """Whether calls of `method` go through admission at all (decided once per method)."""
+    return not (
+        streaming
+        or method.startswith(EXEMPT_PREFIXES)
+        or method.endswith("/GetInfo")
+        or method in EXEMPT_METHODS
+    )
+
+
+def exempt_principal(principal: Principal | None) -> bool:
+    """Calls from Lightpath services are never shed (see the module docstring)."""
+    return principal is not None and principal.kind == SERVICE
+
+
+class Admission:
+    """At most `max_inflight` admitted calls at once, `max_queued` more waiting up to
+    `queue_wait_s` each; beyond that `acquire` raises ResourceExhausted (OVERLOADED)
+    with a retry delay. Every successful `acquire` must be paired with one `release`."""
+
+    def __init__(
+        self,
+        max_inflight: int,
+        max_queued: int,
+        queue_wait_s: float,
+        *,
+        service: str = "service",
+    ):
+        if max_inflight < 1:
+            raise ValueError("max_inflight must be >= 1")
+        if max_queued < 0 or queue_wait_s < 0:
+            raise ValueError("max_queued and queue_wait_s must be >= 0")
+        self.max_inflight = max_inflight
+        self.max_queued = max_queued
+        self.queue_wait_s = queue_wait_s
+        self.service = service
+        self.inflight = 0
+        self.shed = 0  # calls refused since start
+        self._waiters: deque[asyncio.Future[None]] = deque()
+        self._logged_at = 0.0
+        self._shed_since_log = 0
+
+    @property
+    def queued(self) -> int:
+        return len(self._waiters)
+
+    async def acquire(self) -> None:
+        """Take a slot, waiting for one in the queue if need be; ResourceExhausted if
+        the queue is full or no slot came free within `queue_wait_s`."""
+        if self.inflight < self.max_inflight and not self._waiters:
+            self.inflight += 1
+            return
+        if len(self._waiters) >= self.max_queued or self.queue_wait_s == 0:
+            raise self._refusal("its wait queue is full")
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(fut)
+        try:
+            async with asyncio.timeout(self.queue_wait_s):
+                await fut
+        except TimeoutError:
+            if self._granted(fut):
+                return  # the slot came at the deadline: keep it
+            self._forget(fut)
+            raise self._refusal(f"no call finished within {self.queue_wait_s:g} s") from None
+        except BaseException:
+            # Cancelled (the caller went away, its deadline passed): give back what it got.
+            if self._granted(fut):
+                self.release()
+            else:
+                self._forget(fut)
+            raise
+
+    def release(self) -> None:
+        """Give a slot back: to the oldest waiter still waiting, else to the pool."""
+        while self._waiters:
+            fut = self._waiters.popleft()
+            if not fut.done():
+                fut.set_result(None)  # the slot passes on: inflight unchanged
+                return
+        self.inflight -= 1
+
+    @staticmethod
+    def _granted(fut: asyncio.Future[None]) -> bool:
+        return fut.done() and not fut.cancelled()
+
+    def _forget(self, fut: asyncio.Future[None]) -> None:
+        fut.cancel()
+        try:
+            self._waiters.remove(fut)
+        except ValueError:
+            pass
+
+    def retry_delay_s(self) -> float:
+        """When a refused caller should come back: about one queue wait (by then the
+        calls in progress and queued now have been served or refused), jittered by
+        up to +50 % so refused callers do not all return at the same instant."""
+        base = max(self.queue_wait_s, 0.1)
+        return round(base * (1.0 + 0.5 * random.random()), 3)
+
+    def _refusal(self, why: str) -> ResourceExhausted:
+        self.shed += 1
+        self._shed_since_log += 1
+        now = time.monotonic()
+        if now - self._logged_at >= LOG_EVERY_S:
+            log.warning(
+                "%s is overloaded: shed %d call(s) since the last such warning (%d in "
+                "progress, %d queued; LIGHTPATH_MAX_INFLIGHT=%d, LIGHTPATH_MAX_QUEUED=%d)",
+                self.service,
+                self._shed_since_log,
+                self.inflight,
+                len(self._waiters),
+                self.max_inflight,
+                self.max_queued,
+                extra={"shed": self._shed_since_log},
+            )
+            self._logged_at = now
+            self._shed_since_log = 0
+        delay = self.retry_delay_s()
+        return ResourceExhausted(
+            f"{self.service} is overloaded ({self.inflight} calls in progress, "
+            f"{len(self._waiters)} waiting; {why}); nothing was done, retry in {delay:g} s",
+            reason=OVERLOADED,
+            retry_delay_s=delay,
+            metadata={"service": self.service},
+        )

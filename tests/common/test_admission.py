@@ -1,0 +1,333 @@
+"""Admission control (issue 14): the limiter alone, then over real gRPC through the
+one server factory: a saturated service queues what it can, refuses the rest with
+RESOURCE_EXHAUSTED and a retry delay (never INTERNAL), and keeps answering health,
+GetInfo and other Lightpath services."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from lightpath.client import channel, error_report
+from lightpath.security.identity import Principal, service_principal
+from lightpath.v1 import common_pb2
+from services.common.admission import OVERLOADED, Admission, exempt_principal, sheddable
+from services.common.errors import ResourceExhausted
+from services.common.policy import RULES, read
+from services.common.server import ServiceDefinition, running
+from services.common.settings import CommonSettings, SettingsError, load
+from tests.helpers import credentials, tls_env
+
+# -- the limiter ---------------------------------------------------------------
+
+
+async def test_calls_within_the_limit_start_at_once_and_the_next_waits_its_turn():
+    limiter = Admission(2, 2, 5.0)
+    await limiter.acquire()
+    await limiter.acquire()
+    assert limiter.inflight == 2 and limiter.queued == 0
+
+    third = asyncio.create_task(limiter.acquire())
+    fourth = asyncio.create_task(limiter.acquire())
+    await asyncio.sleep(0.01)
+    assert not third.done() and not fourth.done() and limiter.queued == 2
+
+    limiter.release()  # goes to the oldest waiter, not back to the pool
+    await asyncio.sleep(0)
+    assert third.done() and not fourth.done()
+    assert limiter.inflight == 2 and limiter.queued == 1
+
+    limiter.release()
+    await fourth
+    for _ in range(2):
+        limiter.release()
+    assert limiter.inflight == 0 and limiter.queued == 0
+
+
+async def test_a_full_queue_refuses_at_once_with_a_retry_delay():
+    limiter = Admission(1, 1, 5.0, service="cell_scheduler")
+    await limiter.acquire()
+    waiting = asyncio.create_task(limiter.acquire())
+    await asyncio.sleep(0.01)
+
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    with pytest.raises(ResourceExhausted) as refused:
+        await limiter.acquire()
+    assert loop.time() - started < 0.05
+    err = refused.value
+    assert err.code == "RESOURCE_EXHAUSTED" and err.reason == OVERLOADED
+    assert 0.5 <= err.retry_delay_s <= 7.5
+    assert "cell_scheduler is overloaded" in err.message
+    assert f"retry in {err.retry_delay_s:g} s" in err.message
+    assert "queue is full" in err.message
+    assert limiter.shed == 1
+
+    limiter.release()
+    await waiting
+    limiter.release()
+    assert limiter.inflight == 0
+
+
+async def test_a_call_queued_longer_than_the_wait_is_refused_and_leaves_the_queue():
+    limiter = Admission(1, 4, 0.1)
+    await limiter.acquire()
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    with pytest.raises(ResourceExhausted) as refused:
+        await limiter.acquire()
+    assert 0.09 <= loop.time() - started < 1.0
+    assert "no call finished within 0.1 s" in refused.value.message
+    assert refused.value.retry_delay_s >= 0.1
+    assert limiter.queued == 0 and limiter.inflight == 1
+    limiter.release()
+    assert limiter.inflight == 0
+
+
+async def test_no_queue_sheds_instead_of_waiting():
+    for limiter in (Admission(1, 0, 1.0), Admission(1, 5, 0.0)):
+        await limiter.acquire()
+        with pytest.raises(ResourceExhausted):
+            await limiter.acquire()
+        limiter.release()
+        assert limiter.inflight == 0
+
+
+async def test_a_waiter_cancelled_in_the_queue_takes_nothing_with_it():
+    limiter = Admission(1, 2, 5.0)
+    await limiter.acquire()
+    gone = asyncio.create_task(limiter.acquire())
+    stays = asyncio.create_task(limiter.acquire())
+    await asyncio.sleep(0.01)
+    gone.cancel()
+    await asyncio.sleep(0)
+    assert limiter.queued == 1  # the cancelled one left the queue
+
+    limiter.release()  # to `stays`, not to the cancelled one
+    await stays
+    assert limiter.inflight == 1
+    limiter.release()
+    assert limiter.inflight == 0 and limiter.queued == 0
+
+
+async def test_a_waiter_cancelled_just_after_its_slot_came_gives_the_slot_back():
+    limiter = Admission(1, 2, 5.0)
+    await limiter.acquire()
+    unlucky = asyncio.create_task(limiter.acquire())
+    next_one = asyncio.create_task(limiter.acquire())
+    await asyncio.sleep(0.01)
+    limiter.release()  # the slot passes to `unlucky`...
+    unlucky.cancel()  # ...which is cancelled before it resumes
+    with pytest.raises(asyncio.CancelledError):
+        await unlucky
+    await asyncio.wait_for(next_one, 1.0)  # so the slot went on, not lost
+    assert limiter.inflight == 1
+    limiter.release()
+    assert limiter.inflight == 0
+
+
+def test_what_is_never_shed():
+    assert sheddable("/lightpath.v1.CellScheduler/SubmitJob", streaming=False)
+    assert sheddable("/lightpath.v1.WorkloadScheduler/AdmitJob", streaming=False)
+    assert sheddable("/lightpath.v1.CoreBroker/Reserve", streaming=False)
+    for method in (
+        "/grpc.health.v1.Health/Check",
+        "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
+        "/lightpath.v1.CellScheduler/GetInfo",
+        "/lightpath.v1.CellScheduler/ReportPodStatus",
+        "/lightpath.v1.CellScheduler/RegisterPod",
+        "/lightpath.v1.AggSwitch/ReportLoad",
+        "/lightpath.v1.AggSwitch/JoinCommand",
+    ):
+        assert not sheddable(method, streaming=False), method
+    assert not sheddable("/lightpath.v1.CellScheduler/WatchJob", streaming=True)
+    assert not sheddable("/lightpath.v1.AggSwitch/Contribute", streaming=True)
+
+    assert exempt_principal(service_principal("cell_scheduler"))
+    assert exempt_principal(service_principal("workload_scheduler", "pod-1"))
+    assert not exempt_principal(Principal("tenant", "acme"))
+    assert not exempt_principal(Principal("operator", "operator"))
+    assert not exempt_principal(None)
+
+
+def test_settings_defaults_and_bad_values():
+    s = load(CommonSettings, {})
+    assert (s.max_inflight, s.max_queued, s.queue_wait_s) == (64, 128, 0.5)
+    for env, raw in (
+        ("LIGHTPATH_MAX_INFLIGHT", "0"),
+        ("LIGHTPATH_MAX_QUEUED", "-1"),
+        ("LIGHTPATH_QUEUE_WAIT_S", "-0.5"),
+    ):
+        with pytest.raises(SettingsError, match=env):
+            load(CommonSettings, {env: raw})
+
+
+# -- over real gRPC ------------------------------------------------------------
+
+PROBE = "lightpath.test.Busy"
+
+
+class Probe:
+    """Handlers that hold until the test lets them go."""
+
+    def __init__(self) -> None:
+        self.go = asyncio.Event()
+        self.started = 0
+        self.finished = 0
+
+    async def hold(self, request, context):
+        self.started += 1
+        await self.go.wait()
+        self.finished += 1
+        return common_pb2.ServiceInfo(service="held")
+
+    async def boom(self, request, context):
+        raise RuntimeError("a bug")
+
+    async def get_info(self, request, context):
+        return common_pb2.ServiceInfo(service=PROBE)
+
+    def definition(self) -> ServiceDefinition:
+        def unary(fn):
+            return grpc.unary_unary_rpc_method_handler(
+                fn,
+                request_deserializer=common_pb2.GetInfoRequest.FromString,
+                response_serializer=common_pb2.ServiceInfo.SerializeToString,
+            )
+
+        generic = grpc.method_handlers_generic_handler(
+            PROBE,
+            {"Hold": unary(self.hold), "Boom": unary(self.boom), "GetInfo": unary(self.get_info)},
+        )
+        return ServiceDefinition(
+            PROBE, None, lambda _servicer, server: server.add_generic_rpc_handlers((generic,))
+        )
+
+
+@pytest.fixture(autouse=True)
+def busy_rules(monkeypatch):
+    for name in ("Hold", "Boom", "GetInfo"):
+        monkeypatch.setitem(RULES, f"/{PROBE}/{name}", read("operator", "service:cell_scheduler"))
+
+
+def _settings(redis_url: str, inflight: int, queued: int, wait_s: float) -> CommonSettings:
+    return load(
+        CommonSettings,
+        {
+            "LIGHTPATH_REDIS_URL": redis_url,
+            "LIGHTPATH_LISTEN": "127.0.0.1:0",
+            "LIGHTPATH_MAX_INFLIGHT": str(inflight),
+            "LIGHTPATH_MAX_QUEUED": str(queued),
+            "LIGHTPATH_QUEUE_WAIT_S": str(wait_s),
+            **tls_env(service_principal("probe")),
+        },
+    )
+
+
+def _call(ch: grpc.aio.Channel, method: str):
+    return ch.unary_unary(
+        f"/{PROBE}/{method}",
+        request_serializer=common_pb2.GetInfoRequest.SerializeToString,
+        response_deserializer=common_pb2.ServiceInfo.FromString,
+    )
+
+
+async def _until(predicate, timeout: float = 5.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not predicate():
+        assert loop.time() < deadline, "timed out waiting"
+        await asyncio.sleep(0.01)
+
+
+async def _outcome(call) -> common_pb2.ServiceInfo | grpc.aio.AioRpcError:
+    try:
+        return await call
+    except grpc.aio.AioRpcError as err:
+        return err
+
+
+async def test_a_saturated_service_queues_sheds_with_a_delay_and_still_answers_probes(redis_url):
+    probe = Probe()
+
+    async def build(runtime):
+        return [probe.definition()]
+
+    async with (
+        running("probe", _settings(redis_url, 2, 2, 10.0), build) as svc,
+        channel(svc.address) as ch,
+        channel(svc.address, credentials=credentials(service_principal("cell_scheduler"))) as peer,
+    ):
+        hold = _call(ch, "Hold")
+        calls = [asyncio.create_task(_outcome(hold(common_pb2.GetInfoRequest()))) for _ in range(8)]
+        await _until(lambda: probe.started == 2 and sum(c.done() for c in calls) == 4)
+        refused = [c.result() for c in calls if c.done()]
+        for err in refused:
+            assert isinstance(err, grpc.aio.AioRpcError)
+            report = error_report(err)
+            assert report.code == grpc.StatusCode.RESOURCE_EXHAUSTED, report
+            assert report.reason == OVERLOADED
+            assert report.retry_delay_s is not None and report.retry_delay_s >= 10.0
+            assert "probe is overloaded" in report.message
+            assert "retry in" in report.message and "queue is full" in report.message
+
+        # Saturated (2 in progress, 2 queued): health, GetInfo and a peer service still get in.
+        health = await health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest())
+        assert health.status == health_pb2.HealthCheckResponse.SERVING
+        info = await _call(ch, "GetInfo")(common_pb2.GetInfoRequest(), timeout=2)
+        assert info.service == PROBE
+        from_peer = asyncio.create_task(_outcome(_call(peer, "Hold")(common_pb2.GetInfoRequest())))
+        await _until(lambda: probe.started == 3)  # started beside the two, not queued
+
+        probe.go.set()
+        outcomes = await asyncio.gather(*calls, from_peer)
+        accepted = [o for o in outcomes if isinstance(o, common_pb2.ServiceInfo)]
+        assert len(accepted) == 5 and all(o.service == "held" for o in accepted)
+        assert sum(isinstance(o, grpc.aio.AioRpcError) for o in outcomes) == 4
+        assert probe.finished == 5
+
+
+async def test_a_call_queued_too_long_is_refused_and_errors_and_cancels_free_their_slot(
+    redis_url,
+):
+    probe = Probe()
+
+    async def build(runtime):
+        return [probe.definition()]
+
+    async with (
+        running("probe", _settings(redis_url, 1, 1, 0.2), build) as svc,
+        channel(svc.address, max_attempts=1) as ch,
+    ):
+        hold, boom = _call(ch, "Hold"), _call(ch, "Boom")
+        first = asyncio.create_task(_outcome(hold(common_pb2.GetInfoRequest())))
+        await _until(lambda: probe.started == 1)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        late = await _outcome(hold(common_pb2.GetInfoRequest()))
+        assert 0.15 <= loop.time() - started < 2.0
+        assert isinstance(late, grpc.aio.AioRpcError)
+        report = error_report(late)
+        assert report.code == grpc.StatusCode.RESOURCE_EXHAUSTED and report.retry_delay_s
+        assert "no call finished within 0.2 s" in report.message
+
+        # The caller of the held call gives up (deadline): its slot comes back.
+        first.cancel()
+        gone = asyncio.create_task(_outcome(hold(common_pb2.GetInfoRequest(), timeout=0.5)))
+        await _until(lambda: probe.started == 2)  # admitted: the cancelled call's slot was freed
+        gone = await gone
+        assert isinstance(gone, grpc.aio.AioRpcError)
+        assert gone.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+
+        # A handler that fails frees its slot too: with one slot, call after call gets in.
+        for _ in range(5):
+            failed = await _outcome(boom(common_pb2.GetInfoRequest()))
+            assert isinstance(failed, grpc.aio.AioRpcError)
+            assert failed.code() == grpc.StatusCode.INTERNAL  # a bug in the handler, not shedding
+
+        probe.go.set()
+        done = await hold(common_pb2.GetInfoRequest(), timeout=2)
+        assert done.service == "held"
