@@ -218,8 +218,11 @@ if after <= ack then
     -- tr = {stream id (padded), job, seq, from, to, at, reason}
     if tr[1] > ack then
       local jk = prefix .. "job:" .. tr[2]
-      local f = redis.call("HMGET", jk, "pod", "phase", "n")
-      if f[1] == pod and (f[2] == "PLACED" or f[2] == "FORWARDING") and tr[3] > tonumber(f[3] or "0") then
+      local f = redis.call("HMGET", jk, "pod", "phase", "n", "fwd_ms")
+      -- A transition older than this forward belongs to an earlier attempt on the pod
+      -- (one it refused and forgot, numbered from 1 again): never this attempt's state.
+      if f[1] == pod and (f[2] == "PLACED" or f[2] == "FORWARDING") and tr[3] > tonumber(f[3] or "0")
+          and tonumber(tr[6]) >= tonumber(f[4] or "0") then
         redis.call("HSET", jk, "pod_state", tr[5], "n", tr[3], "updated_ms", tr[6])
         if f[2] == "PLACED" then
           redis.call("HSET", jk, "reason", tr[7])
@@ -259,7 +262,8 @@ hset_all(jk, fields, {"seq", seq, "tenant", tenant, "state", "PENDING", "reason"
 redis.call("ZADD", prefix .. "jobs", seq, job)
 redis.call("ZADD", prefix .. "tenant:" .. tenant .. ":jobs", seq, job)
 if pod ~= "" then
-  redis.call("HSET", jk, "phase", "FORWARDING", "pod", pod, "token", token, "until", upto)
+  redis.call("HSET", jk, "phase", "FORWARDING", "pod", pod, "token", token, "until", upto,
+    "fwd_ms", now)
   take_hold(prefix, jk, pod, needs_json)
   redis.call("ZADD", prefix .. "forwarding", upto, job)
 else
@@ -283,7 +287,7 @@ if phase ~= "QUEUED" then return {0, phase or ""} end
 if check == "1" and not enough_free(prefix, pod, cjson.decode(needs_json)) then return {-1, "stale"} end
 redis.call("ZREM", prefix .. "queue", job)
 redis.call("HSET", jk, "phase", "FORWARDING", "pod", pod, "token", token, "until", upto,
-  "reason", reason, "updated_ms", now, "n", 0, "pod_state", "")
+  "reason", reason, "updated_ms", now, "n", 0, "pod_state", "", "fwd_ms", now)
 take_hold(prefix, jk, pod, needs_json)
 redis.call("ZADD", prefix .. "forwarding", upto, job)
 cell_event(prefix, job, "PENDING", "PENDING", reason, pod, now)
