@@ -1,0 +1,672 @@
+#!/usr/bin/env python3
+"""Chaos (issue 14): random operations from concurrent clients while the ocs_manager,
+a workload scheduler replica and Redis are killed with SIGKILL at random moments;
+then, once the stack has reconciled, the invariants and every acknowledged job.
+
+    python3 dev.py bench chaos [--seconds 30] [--clients 8] [--kills 6] [--seed 1] [--short]
+
+The stack runs on loopback as deployed (TLS, mTLS, separate processes) on its own
+redis-server (AOF on, `appendfsync always` set at every start, so a SIGKILLed
+Redis restarted on the same port keeps every acknowledged write): two cell_scheduler
+replicas, one superpod (pod-1: an ocs_manager with 64 blocks of 4x4x4) served by two
+workload_scheduler replicas, each reporting to one of the cell replicas. The clients
+call the cell replicas in turn with client-chosen job ids: submit (1 or 2 blocks),
+complete, cancel, get. UNAVAILABLE is retried by the SDK's channel; RESOURCE_EXHAUSTED
+(no capacity, load shedding) is counted as shed, not as an error.
+
+Killed processes are started again with the same spec after a short outage, by
+`Stack._spawn` (the Stack has no public restart) and with no `die_with_parent`
+pre-exec hook: Python in a child between fork and exec is not safe once gRPC's
+threads run (tests/test_redis_restart.py saw it crash). Those children are
+stopped by `Stack.stop()` in a `finally`; a SIGKILLed bench leaves them behind.
+
+After the chaos every process is up again; the bench waits (bounded) for the pod to
+report to the cell, for no job to show UNKNOWN or WIRING and for the scheduler and the
+ocs_manager to agree, then checks:
+
+* the ocs_manager's CheckInvariants is ok;
+* no block is in two live slices, every slice is WIRED with the blocks of a RUNNING
+  job (no half-wired slice), the pod view shows no wiring difference;
+* every acknowledged job is in the cell in a definite state consistent with what was
+  acknowledged (completed stays COMPLETED, cancelled stays CANCELLED) -- `lost` counts
+  the missing ones, `violations` the inconsistent ones (and the invariant breaches);
+* no call answered INTERNAL or UNKNOWN (`internal`, `unknown`);
+* no pod is SILENT or SUSPECT (`silent_pods`).
+
+Before the chaos, on the same stack without faults, a short closed-loop ramp (4, 8,
+16 clients doing submit + complete pairs) finds the peak pairs/s; then an open-loop
+load of 2x that rate runs (bounded in flight), and `goodput_ratio_at_2x` is the pairs
+completed per second under it / the peak, `p99_ms_at_2x` the p99 of the accepted
+submits. `--short` (the test suite's correctness run) shortens every phase.
+
+Prints one JSON line: ops, kills, kills_by_kind, violations, violation_details, lost,
+internal, unknown, shed, silent_pods, codes, acknowledged_jobs, reconcile_s, peak_pairs_per_s,
+goodput_ratio_at_2x, p99_ms_at_2x, seconds, clients, seed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import contextlib
+import random
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+from _common import emit, percentile
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from lightpath import embedded_redis
+from lightpath import stack as stack_module
+from lightpath.client import channel
+from lightpath.embedded_redis import EmbeddedRedis, free_port
+from lightpath.stack import ProcessSpec, Stack
+from lightpath.v1 import cell_scheduler_pb2 as cs
+from lightpath.v1 import cell_scheduler_pb2_grpc, ocs_manager_pb2_grpc, workload_scheduler_pb2_grpc
+from lightpath.v1 import common_pb2 as c
+from lightpath.v1 import ocs_manager_pb2 as om
+from lightpath.v1 import workload_scheduler_pb2 as ws
+
+POD = "pod-1"
+CELLS = ("cell-a", "cell-b")
+SCHEDULERS = ("ws-a", "ws-b")
+OCS = "ocs-pod-1"
+SHAPES = ([4, 4, 4], [8, 4, 4])
+TERMINAL = {c.JOB_STATE_COMPLETED, c.JOB_STATE_CANCELLED, c.JOB_STATE_FAILED}
+LIVE = {c.JOB_STATE_PENDING, c.JOB_STATE_WIRING, c.JOB_STATE_RUNNING, c.JOB_STATE_SUSPENDED}
+SHED = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+def specs() -> list[ProcessSpec]:
+    """Two cell replicas, pod-1's ocs_manager, two scheduler replicas of pod-1."""
+    cell_env = {"LIGHTPATH_CELL_POD_TIMEOUT_S": "3", "LIGHTPATH_CELL_FORWARD_TIMEOUT_S": "15"}
+    out = [ProcessSpec(name, "cell_scheduler", free_port(), cell_env) for name in CELLS]
+    out.append(
+        ProcessSpec(
+            OCS,
+            "ocs_manager",
+            free_port(),
+            {
+                "LIGHTPATH_POD_ID": POD,
+                "LIGHTPATH_FABRIC_BLOCK_SHAPE": "4x4x4",
+                "LIGHTPATH_FABRIC_BLOCKS": "64",
+                "LIGHTPATH_FABRIC_OCS_PER_AXIS": "1",
+                "LIGHTPATH_FABRIC_OCS_RADIX": "192",
+            },
+        )
+    )
+    for name, cell in zip(SCHEDULERS, CELLS, strict=True):
+        out.append(
+            ProcessSpec(
+                name,
+                "workload_scheduler",
+                free_port(),
+                {
+                    "LIGHTPATH_POD_ID": POD,
+                    "LIGHTPATH_CELL_HEARTBEAT_S": "0.5",
+                    "LIGHTPATH_WS_RECONCILE_S": "0.5",
+                    # a replica killed mid-wiring: the other takes the wiring over soon
+                    "LIGHTPATH_WS_WIRING_TIMEOUT_S": "3",
+                    "LIGHTPATH_WS_OCS_TIMEOUT_S": "5",
+                },
+                {
+                    "LIGHTPATH_OCS_ADDR": OCS,
+                    "LIGHTPATH_CELL_ADDR": cell,
+                    "LIGHTPATH_ADVERTISE_ADDR": name,
+                },
+            )
+        )
+    return out
+
+
+@contextlib.contextmanager
+def no_pdeathsig():
+    """Spawn children with no Python pre-exec hook (see the module docstring)."""
+    saved = (stack_module.die_with_parent, embedded_redis.die_with_parent)
+    stack_module.die_with_parent = None  # type: ignore[assignment]
+    embedded_redis.die_with_parent = None  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        stack_module.die_with_parent, embedded_redis.die_with_parent = saved
+
+
+def fsync_always(redis: EmbeddedRedis) -> None:
+    import redis as redis_py
+
+    with redis_py.Redis(port=redis.port) as r:
+        r.config_set("appendfsync", "always")
+
+
+@dataclass
+class Record:
+    """What the clients saw: every status code, every acknowledged job."""
+
+    codes: collections.Counter[str] = field(default_factory=collections.Counter)
+    # a few messages of each error code, for people
+    messages: dict[str, list[str]] = field(default_factory=dict)
+    # job id -> the state its last acknowledged call answered
+    acked: dict[str, int] = field(default_factory=dict)
+    ops: int = 0
+
+    def code(self, code: grpc.StatusCode) -> None:
+        self.codes[code.name] += 1
+
+
+class Chaos:
+    def __init__(self, stack: Stack, redis: EmbeddedRedis, rng: random.Random):
+        self.stack = stack
+        self.redis = redis
+        self.rng = rng
+        self.kills: collections.Counter[str] = collections.Counter()
+        self.last_restart = 0.0
+
+    async def kill(self, kind: str, down_s: float) -> None:
+        if kind == "redis":
+            proc = self.redis.process
+            assert proc is not None
+            proc.kill()
+            await asyncio.to_thread(proc.wait)
+            self.kills["redis"] += 1
+            await asyncio.sleep(down_s)
+            with no_pdeathsig():
+                await asyncio.to_thread(self.redis.start, 30.0)
+            await asyncio.to_thread(fsync_always, self.redis)
+        else:
+            name = OCS if kind == "ocs_manager" else self.rng.choice(SCHEDULERS)
+            proc = self.stack.procs[name]
+            proc.kill()
+            await asyncio.to_thread(proc.wait)
+            self.kills[kind] += 1
+            await asyncio.sleep(down_s)
+            self.respawn(name)
+        self.last_restart = time.time()
+
+    def respawn(self, name: str) -> None:
+        spec = next(s for s in self.stack.specs if s.name == name)
+        with no_pdeathsig():
+            self.stack._spawn(spec)
+
+    async def run(self, seconds: float, kills: int) -> None:
+        kinds = ["ocs_manager", "workload_scheduler", "redis"]
+        plan = [kinds[i % 3] for i in range(kills)]
+        self.rng.shuffle(plan)
+        # the moments: spread over the run, each after the previous outage ended
+        slot = seconds / max(1, kills)
+        start = time.monotonic()
+        for i, kind in enumerate(plan):
+            at = start + slot * i + self.rng.uniform(0.1, 0.6) * slot
+            await asyncio.sleep(max(0.0, at - time.monotonic()))
+            await self.kill(kind, self.rng.uniform(0.2, min(1.5, 0.3 * slot)))
+
+    async def all_up(self) -> None:
+        """Every process running again (one that died by itself is started again too)."""
+        for name in self.stack.dead_processes():
+            self.respawn(name)
+            self.last_restart = time.time()
+        for spec in self.stack.specs:
+            await wait_serving(self.stack, spec.name)
+
+
+async def wait_serving(stack: Stack, name: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    async with channel(stack.endpoints[name], credentials=stack.operator, max_attempts=1) as ch:
+        health = health_pb2_grpc.HealthStub(ch)
+        while time.monotonic() < deadline:
+            with contextlib.suppress(grpc.aio.AioRpcError):
+                resp = await health.Check(health_pb2.HealthCheckRequest(), timeout=1)
+                if resp.status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+            await asyncio.sleep(0.1)
+    raise RuntimeError(f"{name} not SERVING in {timeout} s")
+
+
+async def call(record: Record, coro):
+    """The call's answer, or None with its status code recorded."""
+    record.ops += 1
+    try:
+        out = await coro
+    except grpc.aio.AioRpcError as err:
+        record.code(err.code())
+        seen = record.messages.setdefault(err.code().name, [])
+        if len(seen) < 3:
+            seen.append(err.details() or "")
+        return None
+    record.code(grpc.StatusCode.OK)
+    return out
+
+
+async def chaos_client(
+    index: int, cells: list, record: Record, rng: random.Random, deadline: float
+) -> None:
+    mine: list[str] = []
+    n = 0
+    while time.monotonic() < deadline:
+        stub = cells[(index + n) % len(cells)]  # the replicas in turn
+        n += 1
+        op = rng.random()
+        if op < 0.4 or not mine:
+            job_id = f"chaos-{index}-{n}"
+            resp = await call(
+                record,
+                stub.SubmitJob(
+                    cs.SubmitJobRequest(
+                        spec=ws.JobSpec(job_id=job_id, shape=c.Shape(dims=rng.choice(SHAPES)))
+                    ),
+                    timeout=20,
+                ),
+            )
+            if resp is not None:
+                record.acked[job_id] = resp.job.state
+                mine.append(job_id)
+        elif op < 0.65:
+            job_id = rng.choice(mine)
+            resp = await call(
+                record, stub.CompleteJob(cs.CompleteCellJobRequest(job_id=job_id), timeout=20)
+            )
+            if resp is not None:
+                record.acked[job_id] = resp.state
+                mine.remove(job_id)
+        elif op < 0.85:
+            job_id = rng.choice(mine)
+            resp = await call(
+                record,
+                stub.CancelJob(cs.CancelCellJobRequest(job_id=job_id, reason="chaos"), timeout=20),
+            )
+            if resp is not None:
+                record.acked[job_id] = resp.state
+                mine.remove(job_id)
+        else:
+            await call(record, stub.GetJob(cs.GetCellJobRequest(job_id=rng.choice(mine))))
+        await asyncio.sleep(rng.uniform(0.0, 0.02))
+
+
+# -- goodput at 2x saturation ------------------------------------------------------
+
+
+async def pair(stub, job_id: str) -> tuple[str, float]:
+    """submit (no queueing) + complete: "ok" with the submit's ms, "shed", or the error code."""
+    t0 = time.perf_counter()
+    try:
+        resp = await stub.SubmitJob(
+            cs.SubmitJobRequest(
+                spec=ws.JobSpec(
+                    job_id=job_id,
+                    shape=c.Shape(dims=SHAPES[0]),
+                    when_no_capacity=ws.WHEN_NO_CAPACITY_FAIL,
+                )
+            )
+        )
+        ms = (time.perf_counter() - t0) * 1000
+        if resp.job.state != c.JOB_STATE_RUNNING:
+            return "not_running", ms
+        await stub.CompleteJob(cs.CompleteCellJobRequest(job_id=job_id))
+    except grpc.aio.AioRpcError as err:
+        return ("shed" if err.code() == SHED else err.code().name), 0.0
+    return "ok", ms
+
+
+async def closed_loop(cells: list, clients: int, seconds: float, tag: str) -> float:
+    """Pairs/s of `clients` clients looping submit + complete."""
+    done = 0
+    deadline = time.monotonic() + seconds
+
+    async def client(i: int) -> None:
+        nonlocal done
+        n = 0
+        while time.monotonic() < deadline:
+            n += 1
+            outcome, _ = await pair(cells[(i + n) % len(cells)], f"{tag}-{i}-{n}")
+            if outcome == "ok":
+                done += 1
+            elif outcome == "shed":
+                await asyncio.sleep(0.05)
+
+    start = time.monotonic()
+    await asyncio.gather(*(client(i) for i in range(clients)))
+    return done / (time.monotonic() - start)
+
+
+async def open_loop(cells: list, rate: float, seconds: float, max_in_flight: int) -> dict:
+    """Arrivals at `rate` pairs/s for `seconds` (Poisson), at most `max_in_flight` at once
+    (beyond it an arrival is dropped: it counts against goodput)."""
+    outcomes: collections.Counter[str] = collections.Counter()
+    accepted_ms: list[float] = []
+    in_flight: set[asyncio.Task] = set()
+    rng = random.Random(7)
+
+    async def one(job_id: str, stub) -> None:
+        outcome, ms = await pair(stub, job_id)
+        outcomes[outcome] += 1
+        if outcome == "ok":
+            accepted_ms.append(ms)
+
+    start = time.monotonic()
+    n = 0
+    while time.monotonic() - start < seconds:
+        n += 1
+        if len(in_flight) >= max_in_flight:
+            outcomes["dropped"] += 1
+        else:
+            task = asyncio.ensure_future(one(f"g2x-{n}", cells[n % len(cells)]))
+            in_flight.add(task)
+            task.add_done_callback(in_flight.discard)
+        await asyncio.sleep(rng.expovariate(rate))
+    if in_flight:
+        await asyncio.gather(*in_flight)
+    elapsed = time.monotonic() - start
+    return {
+        "per_s": outcomes["ok"] / elapsed,
+        "p99_ms": percentile(accepted_ms, 99),
+        "outcomes": dict(outcomes),
+    }
+
+
+async def goodput(cells: list, *, short: bool) -> dict:
+    steps = (4, 8) if short else (4, 8, 16)
+    step_s = 1.0 if short else 4.0
+    ramp = {n: await closed_loop(cells, n, step_s, f"ramp{n}") for n in steps}
+    peak = max(ramp.values())
+    overload = await open_loop(cells, 2 * peak, 2.0 if short else 6.0, max_in_flight=64)
+    return {
+        "peak_pairs_per_s": peak,
+        "ramp_pairs_per_s": {str(k): v for k, v in ramp.items()},
+        "goodput_ratio_at_2x": overload["per_s"] / peak if peak else float("nan"),
+        "p99_ms_at_2x": overload["p99_ms"],
+        "outcomes_at_2x": overload["outcomes"],
+    }
+
+
+# -- after the chaos ---------------------------------------------------------------
+
+
+async def list_cell_jobs(cell) -> dict[str, cs.CellJob]:
+    out: dict[str, cs.CellJob] = {}
+    token = ""
+    while True:
+        resp = await cell.ListJobs(cs.ListCellJobsRequest(page_size=500, page_token=token))
+        out.update((j.job_id, j) for j in resp.jobs)
+        token = resp.next_page_token
+        if not token:
+            return out
+
+
+async def settled(cell, sched, since: float) -> str:
+    """ "" when the pod reports again and no job is UNKNOWN or WIRING, else what is awaited."""
+    pods = (await cell.ListPods(cs.ListPodsRequest())).pods
+    pod = next((p for p in pods if p.registration.pod_id == POD), None)
+    if pod is None or pod.status != cs.POD_STATUS_READY:
+        return "pod not READY"
+    if pod.last_heartbeat.ToMilliseconds() / 1000 < since:
+        return "no heartbeat since the last restart"
+    jobs = await list_cell_jobs(cell)
+    waiting = [j for j in jobs.values() if j.state in (c.JOB_STATE_UNKNOWN, c.JOB_STATE_WIRING)]
+    if waiting:
+        return "jobs " + ", ".join(f"{j.job_id} {c.JobState.Name(j.state)}" for j in waiting[:3])
+    return ""
+
+
+async def pod_job_state(sched, job_id: str) -> str:
+    try:
+        job = await sched.GetJob(ws.GetJobRequest(job_id=job_id))
+    except grpc.aio.AioRpcError as err:
+        return err.code().name
+    return c.JobState.Name(job.state)
+
+
+async def disagreements(cell, sched, ocs) -> list[str]:
+    """Invariant breaches and disagreements between the cell, the pod and the ocs_manager."""
+    out: list[str] = []
+    report = await ocs.CheckInvariants(om.CheckInvariantsRequest())
+    out += [f"ocs {v.rule}: {v.detail}" for v in report.violations]
+    if not report.ok and not report.violations:
+        out.append("ocs CheckInvariants not ok")
+    view = await sched.GetPod(ws.GetPodRequest())
+    out += [
+        f"wiring difference {d.job_id}: {ws.WiringDifferenceKind.Name(d.kind)} {d.detail}"
+        for d in view.wiring_differences
+    ]
+    pod_state = {j.job_id: j.state for j in view.live_jobs}
+    slices = []
+    token = ""
+    while True:
+        resp = await ocs.ListSlices(om.ListSlicesRequest(page_size=500, page_token=token))
+        slices += resp.slices
+        token = resp.next_page_token
+        if not token:
+            break
+    jobs = await list_cell_jobs(cell)
+
+    def at_cell(job_id: str) -> str:
+        job = jobs.get(job_id)
+        return f"{c.JobState.Name(job.state)} ({job.reason})" if job else "absent"
+
+    owner: dict[int, str] = {}
+    for s in slices:
+        for b in s.block_ids:
+            if b in owner:
+                out.append(f"block {b} in slices {owner[b]} and {s.job_id}")
+            owner[b] = s.job_id
+        try:
+            wiring = await ocs.GetSliceWiring(om.GetSliceWiringRequest(job_id=s.job_id))
+        except grpc.aio.AioRpcError as err:
+            if err.code() == grpc.StatusCode.NOT_FOUND:  # released since the listing
+                continue
+            raise
+        if wiring.state != om.SLICE_STATE_WIRED:
+            out.append(f"slice {s.job_id} half-wired ({om.SliceState.Name(wiring.state)})")
+        if pod_state.get(s.job_id) != c.JOB_STATE_RUNNING or not at_cell(s.job_id).startswith(
+            "JOB_STATE_RUNNING"
+        ):
+            out.append(
+                f"slice {s.job_id} wired, its job {await pod_job_state(sched, s.job_id)} "
+                f"at the pod, {at_cell(s.job_id)} at the cell"
+            )
+    for job in jobs.values():
+        if job.state == c.JOB_STATE_RUNNING and pod_state.get(job.job_id) != job.state:
+            out.append(
+                f"{job.job_id} RUNNING at the cell, {await pod_job_state(sched, job.job_id)} "
+                "at the pod"
+            )
+    return out
+
+
+async def history(stub, request) -> list[str]:
+    """A job's transitions as one service tells them (WatchJob: history first)."""
+    out: list[str] = []
+    with contextlib.suppress(grpc.aio.AioRpcError, TimeoutError):
+        async with asyncio.timeout(1.0):
+            async for e in stub.WatchJob(request):
+                out.append(
+                    f"{c.JobState.Name(e.from_state)[10:]}->{c.JobState.Name(e.to_state)[10:]}"
+                    f" ({e.reason})"
+                )
+    return out
+
+
+async def histories(cell, sched, job_id: str) -> dict[str, list[str]]:
+    return {
+        "cell": await history(cell, cs.WatchCellJobRequest(job_id=job_id)),
+        "pod": await history(sched, ws.WatchJobRequest(job_id=job_id)),
+    }
+
+
+async def check(stack: Stack, record: Record, chaos: Chaos, *, reconcile_timeout: float) -> dict:
+    """Wait (bounded) for the stack to reconcile and agree, then count what is wrong."""
+    creds = stack.operator
+    async with contextlib.AsyncExitStack() as chans:
+
+        async def ch(name: str):
+            return await chans.enter_async_context(
+                channel(stack.endpoints[name], credentials=creds)
+            )
+
+        cell = cell_scheduler_pb2_grpc.CellSchedulerStub(await ch(CELLS[0]))
+        sched = workload_scheduler_pb2_grpc.WorkloadSchedulerStub(await ch(SCHEDULERS[0]))
+        ocs = ocs_manager_pb2_grpc.OcsManagerStub(await ch(OCS))
+
+        t0 = time.monotonic()
+        waiting = "not checked"
+        waits: list[str] = []  # what the wait was for, as it changed
+        found: list[str] = []
+        while time.monotonic() - t0 < reconcile_timeout:
+            try:
+                waiting = await settled(cell, sched, chaos.last_restart)
+                if not waiting:
+                    found = await disagreements(cell, sched, ocs)
+                    waiting = found[0] if found else ""
+            except grpc.aio.AioRpcError as err:
+                waiting = f"{err.code().name}: {err.details()}"
+            if not waiting:
+                break
+            if not waits or not waits[-1].endswith(waiting):
+                waits.append(f"{time.monotonic() - t0:.1f}s {waiting}")
+            await asyncio.sleep(0.25)
+        reconcile_s = time.monotonic() - t0
+
+        details: list[str] = []
+        if found:
+            details += found
+        elif waiting:
+            details.append(f"not reconciled in {reconcile_timeout} s: {waiting}")
+
+        jobs = await list_cell_jobs(cell)
+        lost = 0
+        for job_id, acked in record.acked.items():
+            job = jobs.get(job_id)
+            if job is None:
+                lost += 1
+                details.append(f"{job_id} acknowledged {c.JobState.Name(acked)}, not in the cell")
+                continue
+            if job.state in (c.JOB_STATE_UNKNOWN, c.JOB_STATE_UNSPECIFIED) or (
+                acked in TERMINAL and job.state != acked
+            ):
+                details.append(
+                    f"{job_id} acknowledged {c.JobState.Name(acked)}, "
+                    f"now {c.JobState.Name(job.state)}"
+                )
+
+        pods = (await cell.ListPods(cs.ListPodsRequest())).pods
+        silent = sum(1 for p in pods if p.status != cs.POD_STATUS_READY)
+        violations = len(details) - lost
+        # for people: what was acknowledged of each wrongly wired job, and its history
+        for line in list(details):
+            job_id = line.split()[1] if line.startswith("slice ") else ""
+            if job_id in record.acked:
+                details.append(f"{job_id} acknowledged {c.JobState.Name(record.acked[job_id])}")
+            if job_id and len(details) < 20:
+                details.append(f"{job_id} history: {await histories(cell, sched, job_id)}")
+        return {
+            "violations": violations,
+            "violation_details": details[:20],
+            "lost": lost,
+            "silent_pods": silent,
+            "reconcile_s": reconcile_s,
+            "reconcile_waits": waits[:10],
+        }
+
+
+async def drive(stack: Stack, redis: EmbeddedRedis, args) -> dict:
+    rng = random.Random(args.seed)
+    for name in CELLS:
+        await wait_registered(stack, name)
+    async with contextlib.AsyncExitStack() as chans:
+        cells = [
+            cell_scheduler_pb2_grpc.CellSchedulerStub(
+                await chans.enter_async_context(
+                    channel(stack.endpoints[name], credentials=stack.operator)
+                )
+            )
+            for name in CELLS
+        ]
+        measured = await goodput(cells, short=args.short)
+        # the goodput phase's jobs are all ended (or never recorded): start from a clean pod
+        record = Record()
+        chaos = Chaos(stack, redis, rng)
+        deadline = time.monotonic() + args.seconds
+        await asyncio.gather(
+            chaos.run(args.seconds, args.kills),
+            *(
+                chaos_client(i, cells, record, random.Random(rng.random()), deadline)
+                for i in range(args.clients)
+            ),
+        )
+    await chaos.all_up()
+    result = await check(stack, record, chaos, reconcile_timeout=30.0 if args.short else 60.0)
+    shed = record.codes.get(SHED.name, 0)
+    return {
+        "ops": record.ops,
+        "kills": sum(chaos.kills.values()),
+        "kills_by_kind": dict(chaos.kills),
+        **result,
+        "internal": record.codes.get("INTERNAL", 0),
+        "unknown": record.codes.get("UNKNOWN", 0),
+        "shed": shed,
+        "codes": dict(record.codes),
+        "error_samples": record.messages,
+        "acknowledged_jobs": len(record.acked),
+        **measured,
+        "seconds": args.seconds,
+        "clients": args.clients,
+        "seed": args.seed,
+    }
+
+
+async def wait_registered(stack: Stack, name: str, timeout: float = 30.0) -> None:
+    async with channel(stack.endpoints[name], credentials=stack.operator) as ch:
+        cell = cell_scheduler_pb2_grpc.CellSchedulerStub(ch)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            pods = (await cell.ListPods(cs.ListPodsRequest())).pods
+            if any(
+                p.registration.pod_id == POD
+                and p.capacity.types
+                and p.status == cs.POD_STATUS_READY
+                for p in pods
+            ):
+                return
+            await asyncio.sleep(0.1)
+    raise RuntimeError(f"{POD} did not register with {name}")
+
+
+def run(args) -> dict:
+    with tempfile.TemporaryDirectory(prefix="lightpath-chaos-") as tmp:
+        redis = EmbeddedRedis(Path(tmp) / "redis", port=free_port(), appendonly=True)
+        redis.start()
+        try:
+            fsync_always(redis)
+            stack = Stack(
+                Path(tmp) / "state", specs=specs(), redis_url=redis.url, log=lambda *_: None
+            )
+            stack.start()
+            try:
+                return asyncio.run(drive(stack, redis, args))
+            finally:
+                stack.stop()
+        finally:
+            redis.stop()
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=30.0, help="seconds of chaos")
+    parser.add_argument("--clients", type=int, default=8)
+    parser.add_argument("--kills", type=int, default=6, help="SIGKILLs over the run (>= 3)")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--short", action="store_true", help="the test suite's run: 10 s, 3 kills, short ramp"
+    )
+    args = parser.parse_args(argv)
+    if args.short:
+        args.seconds, args.kills, args.clients = 10.0, 3, min(args.clients, 6)
+    result = run(args)
+    emit(result)
+    return result
+
+
+if __name__ == "__main__":
+    main()
