@@ -10,7 +10,8 @@
      certificate of it (`<state dir>/pki`, made by `lightpath up`);
   3. LIGHTPATH_TLS_CA (+ LIGHTPATH_TLS_CERT / LIGHTPATH_TLS_KEY): your own PKI;
   4. the local stack's operator certificate;
-  5. nothing: plaintext, anonymous unless a token is set.
+  5. nothing: TLS trusting the system's roots, with no client certificate
+     (a token, if set, names the caller). Plaintext is never a fallback.
 A bearer token comes from LIGHTPATH_TOKEN_FILE (a file holding it) or
 LIGHTPATH_TOKEN, and is sent as `authorization: Bearer <token>` on every call.
 """
@@ -183,7 +184,9 @@ class Credentials:
             except IdentityError as exc:
                 raise CredentialsError(f"bad identity {chosen!r}: {exc}") from None
             return cls.local(principal, state_dir, token=token)
-        return cls(token=token, source="none")
+        # Nothing configured: still TLS (the system's roots, no client certificate);
+        # plaintext only ever by LIGHTPATH_PLAINTEXT.
+        return cls(token=token, source="none", tls=True)
 
 
 def token_path(state_dir: Path | None, principal: Principal) -> Path:
