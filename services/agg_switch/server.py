@@ -754,13 +754,7 @@ def _register(servicer: AggSwitchServicer, server: grpc.aio.Server) -> None:
 
 async def build(runtime: Runtime[AggSwitchSettings]) -> list[ServiceDefinition]:
     settings = runtime.settings
-    binary = redis_store.connect(
-        settings.redis_url,
-        decode_responses=False,
-        max_connections=settings.redis_max_connections,
-        pool_timeout_s=settings.redis_pool_timeout_s,
-        password=redis_store.read_password(settings.redis_password_file),
-    )
+    binary = redis_store.connect_with(settings, decode_responses=False)
 
     async def close_binary() -> None:
         await binary.aclose()

@@ -53,6 +53,18 @@ class _Retry(Retry):
         return await super().call_with_retry(do, fail, retryable, with_failure_count)
 
 
+def connect_with(settings: Any, *, decode_responses: bool = True) -> aioredis.Redis:
+    """A client of the Redis a service's settings (CommonSettings) name: its URL, pool
+    bounds and password file."""
+    return connect(
+        settings.redis_url,
+        decode_responses=decode_responses,
+        max_connections=settings.redis_max_connections,
+        pool_timeout_s=settings.redis_pool_timeout_s,
+        password=read_password(settings.redis_password_file),
+    )
+
+
 def connect(
     url: str,
     *,

@@ -276,12 +276,7 @@ async def running(
     server_credentials = tls.server_credentials(settings)
     credentials = tls.client_credentials(settings)
     own_redis = redis_client is None
-    client = redis_client or redis_store.connect(
-        settings.redis_url,
-        max_connections=settings.redis_max_connections,
-        pool_timeout_s=settings.redis_pool_timeout_s,
-        password=redis_store.read_password(settings.redis_password_file),
-    )
+    client = redis_client or redis_store.connect_with(settings)
     await redis_store.wait_ready(client)
     audit = AuditLog(service, instance_id, settings.audit_log, settings.audit_level)
     guard = Guard(

@@ -466,13 +466,7 @@ async def build_switched(runtime: Runtime[OcsManagerSettings]) -> list[ServiceDe
     reservations in Redis (binary client: the bitmaps are bytes)."""
     s = runtime.settings
     fabric = build_fabric(s.switched_config)
-    client = redis_store.connect(
-        s.redis_url,
-        decode_responses=False,
-        max_connections=s.redis_max_connections,
-        pool_timeout_s=s.redis_pool_timeout_s,
-        password=redis_store.read_password(s.redis_password_file),
-    )
+    client = redis_store.connect_with(s, decode_responses=False)
     runtime.on_stop(client.aclose)
     store = SwitchedStore(client, s.pod_id, fabric)
     status = await store.ensure_fabric()
