@@ -16,6 +16,9 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from lightpath.embedded_redis import EmbeddedRedis
 
+# Fixtures that several test modules share: `restartable_redis`.
+pytest_plugins = ["tests.restarts"]
+
 # Property tests run on a loaded 2-core CI machine: no per-example deadline
 # (timing is for bench/, not tests), and fixtures may be reused across examples.
 settings.register_profile(

@@ -254,6 +254,7 @@ async def build(runtime: Runtime[CellSchedulerSettings]) -> list[ServiceDefiniti
         log=runtime.log,
     )
     runtime.supervise(lambda: cell.run(settings.reconcile_s), "cell reconcile")
+    runtime.supervise(cell.events.run, "cell event stream reader", forever=True)
     servicer = CellSchedulerServicer(runtime, cell)
     return [
         ServiceDefinition(

@@ -23,6 +23,7 @@ import grpc
 from lightpath.v1 import common_pb2, workload_scheduler_pb2
 from services.cell_scheduler.podclient import classify, state_name
 from services.cell_scheduler.store import ENDED, FINAL, PLACED, CellStore
+from services.common.supervisor import ready
 from services.workload_scheduler.server import job_event_pb
 
 if TYPE_CHECKING:
@@ -31,21 +32,28 @@ if TYPE_CHECKING:
 
 class CellEventHub:
     """One reader of the cell's event stream per replica, fanned out to the watchers of
-    each job (a blocking read per watcher would hold a Redis connection each)."""
+    each job (a blocking read per watcher would hold a Redis connection each).
+
+    `run` is the reader, a long-lived task under the service's supervisor: it idles
+    while nobody watches, and its cursor lives here, so a run restarted after a
+    failure (Redis away) resumes where the last one stopped and no watcher misses an
+    event."""
 
     def __init__(self, store: CellStore, log: logging.Logger):
         self._store = store
         self._log = log
         self._subscribers: dict[str, set[asyncio.Queue]] = {}
-        self._task: asyncio.Task | None = None
+        self._cursor: str | None = None  # None: nobody watches
+        self._watched = asyncio.Event()
 
     @contextlib.asynccontextmanager
     async def subscribe(self, job_id: str, queue: asyncio.Queue) -> AsyncIterator[None]:
         """Put ("cell", event JSON) on `queue` for each of the job's cell events from
         about now on, while the block runs."""
+        if self._cursor is None:
+            self._cursor = await self._store.stream_tip()
         self._subscribers.setdefault(job_id, set()).add(queue)
-        if self._task is None or self._task.done():
-            self._task = asyncio.ensure_future(self._read(await self._store.stream_tip()))
+        self._watched.set()
         try:
             yield
         finally:
@@ -53,22 +61,24 @@ class CellEventHub:
             subs.discard(queue)
             if not subs:
                 self._subscribers.pop(job_id, None)
-            if not self._subscribers and self._task is not None:
-                self._task.cancel()
-                self._task = None
+            if not self._subscribers:
+                self._watched.clear()
+                self._cursor = None
 
-    async def _read(self, cursor: str) -> None:
+    async def run(self) -> None:
+        """Read the stream while anyone watches; a Redis fault ends the run (the
+        supervisor logs it and starts the next after a backoff)."""
         while True:
-            try:
-                entries = await self._store.tail(cursor)
-            except asyncio.CancelledError:
-                raise
-            except Exception as err:  # Redis away: the watchers wait, the reader retries
-                self._log.warning("reading the cell's event stream failed: %s", err)
-                await asyncio.sleep(1.0)
+            await self._watched.wait()
+            cursor = self._cursor
+            if cursor is None:
                 continue
+            entries = await self._store.tail(cursor)
+            if self._cursor != cursor:  # all watchers left during the read (maybe new ones came)
+                continue
+            ready()
             for eid, fields in entries:
-                cursor = eid
+                self._cursor = eid
                 for queue in self._subscribers.get(fields.get("job", ""), ()):
                     queue.put_nowait(("cell", fields["e"]))
 
