@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """Chaos (issue 14): random operations from concurrent clients while the ocs_manager,
-a workload scheduler replica and Redis are killed with SIGKILL at random moments;
-then, once the stack has reconciled, the invariants and every acknowledged job.
+a workload scheduler replica, the core_broker and Redis are killed with SIGKILL at
+random moments; then, once the stack has reconciled, the invariants and every
+acknowledged job and reservation.
 
-    python3 dev.py bench chaos [--seconds 30] [--clients 8] [--kills 6] [--seed 1] [--short]
+    python3 dev.py bench chaos [--seconds 30] [--clients 8] [--kills 8] [--seed 1] [--short]
 
 The stack runs on loopback as deployed (TLS, mTLS, separate processes) on its own
 redis-server (AOF on, `appendfsync always` set at every start, so a SIGKILLed
@@ -11,7 +12,8 @@ Redis restarted on the same port keeps every acknowledged write): two cell_sched
 replicas, one superpod (pod-1: an ocs_manager with 64 blocks of 4x4x4) served by two
 workload_scheduler replicas, each reporting to one of the cell replicas. The clients
 call the cell replicas in turn with client-chosen job ids: submit (1 or 2 blocks),
-complete, cancel, get. UNAVAILABLE is retried by the SDK's channel; RESOURCE_EXHAUSTED
+complete, cancel, get; half as many clients reserve, release and read cores of a
+core_broker (8 devices of 16 cores, bench/_chaos_broker.py). UNAVAILABLE is retried by the SDK's channel; RESOURCE_EXHAUSTED
 (no capacity, load shedding) is counted as shed, not as an error.
 
 Killed processes are started again with the same spec after a short outage, by
@@ -30,6 +32,9 @@ ocs_manager to agree, then checks:
 * every acknowledged job is in the cell in a definite state consistent with what was
   acknowledged (completed stays COMPLETED, cancelled stays CANCELLED) -- `lost` counts
   the missing ones, `violations` the inconsistent ones (and the invariant breaches);
+* every acknowledged reservation is in the broker with the allocations it was
+  granted (a released one RELEASED), and no device has more cores reserved at any
+  moment than it has (`lost_reservations` of `lost`, the rest in `violations`);
 * no call answered INTERNAL or UNKNOWN (`internal`, `unknown`);
 * no pod is SILENT or SUSPECT (`silent_pods`).
 
@@ -40,7 +45,8 @@ completed per second under it / the peak, `p99_ms_at_2x` the p99 of the accepted
 submits. `--short` (the test suite's correctness run) shortens every phase.
 
 Prints one JSON line: ops, kills, kills_by_kind, violations, violation_details, lost,
-internal, unknown, shed, silent_pods, codes, acknowledged_jobs, reconcile_s, peak_pairs_per_s,
+lost_reservations, internal, unknown, shed, silent_pods, codes, acknowledged_jobs,
+acknowledged_reservations, reconcile_s, peak_pairs_per_s,
 goodput_ratio_at_2x, p99_ms_at_2x, seconds, clients, seed.
 """
 
@@ -56,6 +62,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import _chaos_broker as broker_chaos
 import grpc
 from _common import emit, percentile
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -66,7 +73,12 @@ from lightpath.client import channel
 from lightpath.embedded_redis import EmbeddedRedis, free_port
 from lightpath.stack import ProcessSpec, Stack
 from lightpath.v1 import cell_scheduler_pb2 as cs
-from lightpath.v1 import cell_scheduler_pb2_grpc, ocs_manager_pb2_grpc, workload_scheduler_pb2_grpc
+from lightpath.v1 import (
+    cell_scheduler_pb2_grpc,
+    core_broker_pb2_grpc,
+    ocs_manager_pb2_grpc,
+    workload_scheduler_pb2_grpc,
+)
 from lightpath.v1 import common_pb2 as c
 from lightpath.v1 import ocs_manager_pb2 as om
 from lightpath.v1 import workload_scheduler_pb2 as ws
@@ -99,6 +111,7 @@ def specs() -> list[ProcessSpec]:
             },
         )
     )
+    out.append(ProcessSpec(broker_chaos.BROKER, "core_broker", free_port(), {}))
     for name, cell in zip(SCHEDULERS, CELLS, strict=True):
         out.append(
             ProcessSpec(
@@ -177,7 +190,9 @@ class Chaos:
                 await asyncio.to_thread(self.redis.start, 30.0)
             await asyncio.to_thread(fsync_always, self.redis)
         else:
-            name = OCS if kind == "ocs_manager" else self.rng.choice(SCHEDULERS)
+            name = {"ocs_manager": OCS, "core_broker": broker_chaos.BROKER}.get(kind) or (
+                self.rng.choice(SCHEDULERS)
+            )
             proc = self.stack.procs[name]
             proc.kill()
             await asyncio.to_thread(proc.wait)
@@ -192,8 +207,8 @@ class Chaos:
             self.stack._spawn(spec)
 
     async def run(self, seconds: float, kills: int) -> None:
-        kinds = ["ocs_manager", "workload_scheduler", "redis"]
-        plan = [kinds[i % 3] for i in range(kills)]
+        kinds = ["ocs_manager", "workload_scheduler", "redis", "core_broker"]
+        plan = [kinds[i % len(kinds)] for i in range(kills)]
         self.rng.shuffle(plan)
         # the moments: spread over the run, each after the previous outage ended
         slot = seconds / max(1, kills)
@@ -583,9 +598,16 @@ async def drive(stack: Stack, redis: EmbeddedRedis, args) -> dict:
             )
             for name in CELLS
         ]
+        broker = core_broker_pb2_grpc.CoreBrokerStub(
+            await chans.enter_async_context(
+                channel(stack.endpoints[broker_chaos.BROKER], credentials=stack.operator)
+            )
+        )
+        app_md = await broker_chaos.set_up(broker)
         measured = await goodput(cells, short=args.short)
         # the goodput phase's jobs are all ended (or never recorded): start from a clean pod
         record = Record()
+        reservations = broker_chaos.Reservations()
         chaos = Chaos(stack, redis, rng)
         deadline = time.monotonic() + args.seconds
         await asyncio.gather(
@@ -594,15 +616,34 @@ async def drive(stack: Stack, redis: EmbeddedRedis, args) -> dict:
                 chaos_client(i, cells, record, random.Random(rng.random()), deadline)
                 for i in range(args.clients)
             ),
+            *(
+                broker_chaos.client(
+                    i,
+                    broker,
+                    app_md,
+                    record,
+                    reservations,
+                    random.Random(rng.random()),
+                    deadline,
+                    call,
+                )
+                for i in range(max(1, args.clients // 2))
+            ),
         )
-    await chaos.all_up()
-    result = await check(stack, record, chaos, reconcile_timeout=30.0 if args.short else 60.0)
+        await chaos.all_up()
+        result = await check(stack, record, chaos, reconcile_timeout=30.0 if args.short else 60.0)
+        lost_reservations, problems = await broker_chaos.check(broker, app_md, reservations)
     shed = record.codes.get(SHED.name, 0)
     return {
         "ops": record.ops,
         "kills": sum(chaos.kills.values()),
         "kills_by_kind": dict(chaos.kills),
         **result,
+        "violations": result["violations"] + len(problems) - lost_reservations,
+        "violation_details": (result["violation_details"] + problems)[:20],
+        "lost": result["lost"] + lost_reservations,
+        "lost_reservations": lost_reservations,
+        "acknowledged_reservations": len(reservations.acked),
         "internal": record.codes.get("INTERNAL", 0),
         "unknown": record.codes.get("UNKNOWN", 0),
         "shed": shed,
@@ -655,14 +696,14 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=30.0, help="seconds of chaos")
     parser.add_argument("--clients", type=int, default=8)
-    parser.add_argument("--kills", type=int, default=6, help="SIGKILLs over the run (>= 3)")
+    parser.add_argument("--kills", type=int, default=8, help="SIGKILLs over the run (>= 4)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument(
-        "--short", action="store_true", help="the test suite's run: 10 s, 3 kills, short ramp"
+        "--short", action="store_true", help="the test suite's run: 10 s, 4 kills, short ramp"
     )
     args = parser.parse_args(argv)
     if args.short:
-        args.seconds, args.kills, args.clients = 10.0, 3, min(args.clients, 6)
+        args.seconds, args.kills, args.clients = 10.0, 4, min(args.clients, 6)
     result = run(args)
     emit(result)
     return result

@@ -1,6 +1,6 @@
 """bench/chaos.py --short as a correctness test (issue 14): SIGKILLs of the ocs_manager,
-a workload scheduler replica and Redis under concurrent clients lose no acknowledged
-job, break no invariant, answer no INTERNAL/UNKNOWN and leave no pod silent. No time
+a workload scheduler replica, the core_broker and Redis under concurrent clients lose
+no acknowledged job or reservation, double-book no core, break no invariant, answer no INTERNAL/UNKNOWN and leave no pod silent. No time
 is asserted (the bench's goodput figures are not checked here)."""
 
 from __future__ import annotations
@@ -42,6 +42,12 @@ def test_chaos_short_run_keeps_every_acknowledged_job_and_invariant(tmp_path):
     assert result["internal"] == 0, result["error_samples"]
     assert result["unknown"] == 0, result["error_samples"]
     assert result["silent_pods"] == 0
-    assert result["kills"] >= 3
-    assert set(result["kills_by_kind"]) == {"ocs_manager", "workload_scheduler", "redis"}
+    assert result["kills"] >= 4
+    assert set(result["kills_by_kind"]) == {
+        "ocs_manager",
+        "workload_scheduler",
+        "redis",
+        "core_broker",
+    }
     assert result["acknowledged_jobs"] > 0
+    assert result["acknowledged_reservations"] > 0
