@@ -29,6 +29,7 @@ from services.ocs_manager.invariants import FabricState
 from services.ocs_manager.lua import (
     encode_change,
     fabric_header,
+    legacy_keys,
     otm_keys,
     read_layout,
     script,
@@ -67,7 +68,7 @@ local xc_base, otm_base = 1, 1 + M * K
 local ch = H + 7
 
 -- disconnect: a pair that is connected goes dark (absolute: else nothing to do)
-for idx, t in pairs(expand(nums(ARGV[ch]), xc_base)) do
+for idx, t in pairs(expand(ARGV[ch], xc_base)) do
   local cur = hmget(KEYS[idx], t.f)
   local f = {}
   for i = 1, #t.f do
@@ -76,17 +77,15 @@ for idx, t in pairs(expand(nums(ARGV[ch]), xc_base)) do
   hdel(KEYS[idx], f)
 end
 
-apply_otm(expand_otm(nums(ARGV[ch + 2]), otm_base))
+apply_otm(expand_otm(ARGV[ch + 2], otm_base))
 
 -- connect: a port joins one peer, so an old peer of either port goes dark first
-for idx, t in pairs(expand(nums(ARGV[ch + 1]), xc_base)) do
+for idx, t in pairs(expand(ARGV[ch + 1], xc_base)) do
   local cur = hmget(KEYS[idx], t.f)
   local old = {}
   for i = 1, #t.f do
     local o = cur[i]
-    if o and o ~= t.p[i] then
-      old[#old + 1] = math.floor(tonumber(t.f[i]) / S) * S + tonumber(o)
-    end
+    if o and o ~= t.p[i] then old[#old + 1] = o end
   end
   hdel(KEYS[idx], old)
   hset(KEYS[idx], t.f, t.p)
@@ -96,7 +95,11 @@ return 1
     header_at=1,
 )
 
-_DEVICE_INIT = script("init_layout(1, 1 + M * K)\nreturn 1\n", header_at=1)
+# KEYS: as _DEVICE_APPLY, then the same hashes in layout 1 (moved over once, lua.py).
+_DEVICE_INIT = script(
+    "init_layout(1, 1 + M * K)\nreturn migrate_legacy(1 + M * K + M, 1, 1 + M * K)\n",
+    header_at=1,
+)
 
 
 class RedisSwitchDriver:
@@ -110,13 +113,14 @@ class RedisSwitchDriver:
         self._settle_s = settle_s
         prefix = pod_key(pod_id, "dev")
         self._keys = [*table_keys(fabric, prefix), *otm_keys(fabric, prefix)]
+        self._legacy_keys = legacy_keys(fabric, prefix)
         self._header = fabric_header(fabric)
         self._apply = redis.register_script(_DEVICE_APPLY)
         self._init = redis.register_script(_DEVICE_INIT)
 
     async def init(self) -> None:
-        """Lay out the switches' state hashes (idempotent; keeps what is set)."""
-        await self._init(keys=self._keys, args=self._header)
+        """Lay out the switches' state hashes (idempotent; keeps what is set, moves layout 1)."""
+        await self._init(keys=[*self._keys, *self._legacy_keys], args=self._header)
 
     async def apply(self, change: FabricChange) -> None:
         if change.empty:

@@ -3,21 +3,31 @@
 Shared by the store (the manager's committed state, `lp:{pod}:ocs:...`) and the
 default switch driver (the simulated switches' own state, `lp:{pod}:dev:...`).
 
-Layout. One hash per (dimension, k) holds the routing tables of every OCS of
-that dimension's axes with that k: field `axis * port_stride + port` (decimal,
-"5017" = axis 5, port 17) -> peer port; a dark port has no field. One hash per
-dimension holds the 1xK switches: field `block * axis_stride + axis` -> output;
-an idle switch has no field. Why grouped, and why each hash holds a `layout`
-field longer than 64 bytes describing its fields: Redis keeps a small hash (up
-to 512 fields of up to 64 bytes) as a ziplist, where every HSET / HMGET scans
-the list — 48 per-OCS tables of 128 ports cost a full-pod wire ~15 ms of Redis
-time, and a few 2-block slices on a ziplist table doubled Redis' CPU per wire.
-The long `layout` value makes every table a hash table from its creation, and
-keeps the key when the last cross-connect goes.
+Layout (2). A change is made of links (wiring.py): a link cross-connects the same
+two ports on the OCS of EVERY logical axis of its dimension, and sets the 1xK
+switches of every axis of its block alike. So the OCS of one (dimension, k)
+always hold the same table, whatever the axis, and the 1xK switches of one
+(block, dimension) the same output; the layout stores each once:
 
-Arguments. A change travels as links ("d k port_a port_b": the same two ports
-on every axis of d), so a full-pod slice is 192 links rather than 3,072
-cross-connects, and 1xK groups ("d block before after", -1 = idle).
+* one hash per (dimension, k), `xc2:<dim>:<k>`: field port -> peer port (both
+  directions), the routing table of each of that dimension's OCS with that k
+  (ocs-<dim>-<axis>-<k> for every axis); a dark port has no field;
+* one hash per dimension, `otm2:<dim>`: field block -> the output every 1xK
+  switch of that block along that dimension is set to; idle: no field.
+
+A full 1,024-block pod is then 6,144 fields written and checked per change, not
+the 98,304 of layout 1 (`xc:<dim>:<k>`, field axis * port_stride + port, one per
+OCS and port), which cost Redis ~1 µs each in Lua (issue 15). Layout 1 hashes
+are moved to layout 2 once, when a manager (`migrate_legacy`) or a driver starts.
+
+Why each hash holds a `layout` field longer than 64 bytes: Redis keeps a small
+hash (up to 512 fields of up to 64 bytes) as a ziplist, where every HSET / HMGET
+scans the list — a few 2-block slices on a ziplist table doubled Redis' CPU per
+wire. The long value makes every table a hash table from its creation, and keeps
+the key when the last cross-connect goes.
+
+Arguments. A change travels as links ("d k port_a port_b") and 1xK groups
+("d block before after", -1 = idle).
 """
 
 from __future__ import annotations
@@ -26,17 +36,27 @@ from dataclasses import dataclass
 
 from services.ocs_manager.fabric import Fabric, dim_name
 from services.ocs_manager.invariants import FabricState
-from services.ocs_manager.wiring import FabricChange, Link, link_ports
+from services.ocs_manager.wiring import FabricChange, Link
+
+LAYOUT = 2
 
 
 def table_keys(fabric: Fabric, prefix: str) -> list[str]:
     """The (dim, k) table hashes in the order scripts index them: d * K + k."""
-    return [f"{prefix}:xc:{dim_name(d)}:{k}" for d in range(fabric.dims) for k in range(fabric.k)]
+    return [f"{prefix}:xc2:{dim_name(d)}:{k}" for d in range(fabric.dims) for k in range(fabric.k)]
 
 
 def otm_keys(fabric: Fabric, prefix: str) -> list[str]:
     """The per-dimension 1xK hashes (index d)."""
-    return [f"{prefix}:otm:{dim_name(d)}" for d in range(fabric.dims)]
+    return [f"{prefix}:otm2:{dim_name(d)}" for d in range(fabric.dims)]
+
+
+def legacy_keys(fabric: Fabric, prefix: str) -> list[str]:
+    """Layout 1's table hashes (d * K + k) then 1xK hashes (d): what `migrate_legacy` reads."""
+    return [
+        *(f"{prefix}:xc:{dim_name(d)}:{k}" for d in range(fabric.dims) for k in range(fabric.k)),
+        *(f"{prefix}:otm:{dim_name(d)}" for d in range(fabric.dims)),
+    ]
 
 
 @dataclass(frozen=True)
@@ -49,10 +69,13 @@ class EncodedChange:
 
 
 def _links(fabric: Fabric, group: tuple[Link, ...]) -> str:
+    # link_ports, inlined: a full 1,024-block pod is 3,072 links, encoded for the driver
+    # and again for the commit
+    big_k, first_ends = fabric.k, fabric.first_ends
     parts: list[str] = []
     for lk in group:
-        k, pa, pb = link_ports(fabric, lk)
-        parts.append(f"{lk.dim} {k} {pa} {pb}")
+        k = lk.dst % big_k
+        parts.append(f"{lk.dim} {k} {first_ends[k] + lk.src} {lk.dst // big_k}")
     return " ".join(parts)
 
 
@@ -108,47 +131,51 @@ local function val(v)
   return tonumber(v)
 end
 
--- links "d k pa pb" over every axis of d -> {key index -> {f = fields, p = peers}}
--- (both directions); `touched` collects d * K + k of every link (all the OCS of d's
--- axes with that k). Fields and peers are strings, each number converted once: Redis
--- would convert a number argument on every call it is passed to.
-local function expand(flat, base, touched)
+-- links "d k pa pb" -> {key index -> {f = fields, p = peers}} (both directions, as the
+-- argument's own decimal strings); `touched` collects d * K + k of every link (all the
+-- OCS of d's axes with that k).
+local function expand(s, base, touched)
   local g = {}
-  for i = 1, #flat, 4 do
-    local d, k, pa, pb = flat[i], flat[i + 1], flat[i + 2], flat[i + 3]
+  local w = words(s)
+  for i = 1, #w, 4 do
+    local d, k, pa, pb = tonumber(w[i]), tonumber(w[i + 1]), w[i + 2], w[i + 3]
     local idx = base + d * K + k
     local t = g[idx]
-    if not t then t = {f = {}, p = {}}; g[idx] = t end
+    if not t then t = {f = {}, p = {}, d = d, k = k}; g[idx] = t end
     local f, p = t.f, t.p
-    local spa, spb = tostring(pa), tostring(pb)
-    for a = 0, axes[d + 1] - 1 do
-      local n = #f
-      f[n + 1] = tostring(a * S + pa); p[n + 1] = spb
-      f[n + 2] = tostring(a * S + pb); p[n + 2] = spa
-    end
+    local n = #f
+    f[n + 1] = pa; p[n + 1] = pb
+    f[n + 2] = pb; p[n + 2] = pa
     if touched then touched[d * K + k] = true end
   end
   return g
 end
 
--- 1xK groups "d block before after" -> {key index -> {f, before, after}} (-1 = idle)
-local function expand_otm(flat, base)
+-- where a table field is, for messages: "port 17 of ocs-x-{0..15}-0"
+local function port_of(t, field)
+  return 'port ' .. field .. ' of ocs-' .. names[t.d + 1] .. '-{0..' .. (axes[t.d + 1] - 1) ..
+    '}-' .. t.k
+end
+
+-- 1xK groups "d block before after" -> {key index -> {f, before, after, d}} (-1 = idle)
+local function expand_otm(s, base)
   local g = {}
-  for i = 1, #flat, 4 do
-    local d, b, before, after = flat[i], flat[i + 1], flat[i + 2], flat[i + 3]
+  local w = nums(s)
+  for i = 1, #w, 4 do
+    local d = w[i]
     local idx = base + d
     local t = g[idx]
-    if not t then t = {f = {}, before = {}, after = {}}; g[idx] = t end
-    for a = 0, axes[d + 1] - 1 do
-      local n = #t.f + 1
-      t.f[n] = b * A + a; t.before[n] = before; t.after[n] = after
-    end
+    if not t then t = {f = {}, before = {}, after = {}, d = d}; g[idx] = t end
+    local n = #t.f + 1
+    t.f[n] = w[i + 1]; t.before[n] = w[i + 2]; t.after[n] = w[i + 3]
   end
   return g
 end
 
 local CHUNK = 3000  -- stay well under Lua's unpack limit
 local function hmget(key, f)
+  if #f == 0 then return {} end
+  if #f <= CHUNK then return redis.call('HMGET', key, unpack(f)) end
   local out = {}
   for i = 1, #f, CHUNK do
     local part = redis.call('HMGET', key, unpack(f, i, math.min(#f, i + CHUNK - 1)))
@@ -186,34 +213,66 @@ end
 -- is a hash table from the start, however few cross-connects it holds.
 local function init_layout(xc_base, otm_base)
   for i = xc_base, xc_base + M * K - 1 do
-    redis.call('HSET', KEYS[i], 'layout', 'routing tables: field axis*' .. S ..
-      '+port -> peer port, both directions; a dark port has no field')
+    redis.call('HSET', KEYS[i], 'layout', 'routing tables of every axis: field port -> ' ..
+      'peer port, both directions; a dark port has no field')
   end
   if K > 1 then
     for d = 0, M - 1 do
-      redis.call('HSET', KEYS[otm_base + d], 'layout', '1xK switches: field block*' .. A ..
-        '+axis -> output it is set to; an idle switch has no field')
+      redis.call('HSET', KEYS[otm_base + d], 'layout', '1xK switches of every axis: field ' ..
+        'block -> output they are set to; an idle switch has no field')
     end
   end
+end
+
+-- Layout 1 -> layout 2: the tables at KEYS[old_base ..] (M * K, then M 1xK hashes) hold one
+-- field per (axis, port) / (block, axis); every axis holds the same (links span all axes),
+-- so axis 0's fields are the table. Copied into KEYS[xc_base ..] / KEYS[otm_base ..],
+-- then the old hashes go. Returns the number of fields moved.
+local function migrate_legacy(old_base, xc_base, otm_base)
+  local moved = 0
+  for i = 0, M * K + M - 1 do
+    local key = KEYS[old_base + i]
+    if redis.call('EXISTS', key) == 1 then
+      local raw = redis.call('HGETALL', key)
+      local otm = i >= M * K
+      local dest = otm and KEYS[otm_base + i - M * K] or KEYS[xc_base + i]
+      local kv = {}
+      for j = 1, #raw, 2 do
+        local f = tonumber(raw[j])
+        if f and otm and f % A == 0 then  -- block * A + axis
+          kv[#kv + 1] = tostring(f / A); kv[#kv + 1] = raw[j + 1]
+        elseif f and not otm and f < S then  -- axis * S + port
+          kv[#kv + 1] = raw[j]; kv[#kv + 1] = raw[j + 1]
+        end
+      end
+      for j = 1, #kv, 2 * CHUNK do
+        redis.call('HSET', dest, unpack(kv, j, math.min(#kv, j + 2 * CHUNK - 1)))
+      end
+      moved = moved + #kv / 2
+      redis.call('DEL', key)
+    end
+  end
+  return moved
 end
 """
 
 
 def read_layout(fabric: Fabric, replies: list[dict[str, str]]) -> FabricState:
-    """HGETALL of table_keys + otm_keys (in that order) -> the state they hold."""
+    """HGETALL of table_keys + otm_keys (in that order) -> the state they hold, per OCS / switch."""
     state = FabricState()
     n_tables = fabric.dims * fabric.k
     for i, raw in enumerate(replies[:n_tables]):
         d, k = divmod(i, fabric.k)
-        for field, peer in raw.items():
-            if field.isdigit():
-                a, port = divmod(int(field), fabric.port_stride)
-                state.tables.setdefault(fabric.ocs_index(d, a, k), {})[port] = int(peer)
+        table = {int(port): int(peer) for port, peer in raw.items() if port.isdigit()}
+        for a in range(fabric.axes[d]):
+            if table:
+                state.tables[fabric.ocs_index(d, a, k)] = dict(table)
     for d, raw in enumerate(replies[n_tables:]):
         for field, output in raw.items():
             if field.isdigit():
-                block, a = divmod(int(field), fabric.axis_stride)
-                state.one_to_many[fabric.one_to_many_index(block, d, a)] = int(output)
+                block = int(field)
+                for a in range(fabric.axes[d]):
+                    state.one_to_many[fabric.one_to_many_index(block, d, a)] = int(output)
     return state
 
 

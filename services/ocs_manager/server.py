@@ -361,6 +361,13 @@ async def build(
             _describe(status[1]),
             fabric.config.describe(),
         )
+    if status[0] == "MIGRATED":
+        runtime.log.warning(
+            "pod %s: its routing tables were moved to layout 2, one field per (dim, k, port) "
+            "(%s fields); a manager of the previous version now refuses changes to this pod",
+            s.pod_id,
+            status[2],
+        )
     if driver is None:
         default = RedisSwitchDriver(
             runtime.redis, s.pod_id, fabric, settle_s=s.driver_settle_ms / 1000

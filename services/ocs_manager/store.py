@@ -2,16 +2,18 @@
 
 Keys (all under the pod's hash tag, so one Lua script may touch any of them):
 
-    lp:{pod}:ocs:fabric          the FabricConfig this pod was wired with (canonical JSON)
+    lp:{pod}:ocs:fabric          the FabricConfig this pod was wired with and the table
+                                 layout (canonical JSON, `fabric_record`)
     lp:{pod}:ocs:owner           hash block -> job id (the blocks each slice holds or reserves)
     lp:{pod}:ocs:slices          zset of job ids (score 0: lexicographic pages)
     lp:{pod}:ocs:slice:<job>     hash: spec, state (wiring|wired), wired_at, the change in
                                  flight (op, op_token, op_deadline, op_failed, op_new), replaced
     lp:{pod}:ocs:ver             hash OCS id -> version, bumped by every committed change (and
                                  a `layout` field that keeps it a hash table)
-    lp:{pod}:ocs:xc:<dim>:<k>    hash axis*stride+port -> peer port (both directions): the
-                                 routing tables of that dimension's OCS with that k (lua.py)
-    lp:{pod}:ocs:otm:<dim>       hash block*stride+axis -> output of that 1xK switch
+    lp:{pod}:ocs:xc2:<dim>:<k>   hash port -> peer port (both directions): the routing table
+                                 of each of that dimension's OCS with that k, every axis
+                                 alike (lua.py)
+    lp:{pod}:ocs:otm2:<dim>      hash block -> output of that block's 1xK switches along dim
 
 Every change to a slice is assume / commit / undo (STYLE.md):
 
@@ -33,6 +35,7 @@ and rolled back by the next change to that slice.
 from __future__ import annotations
 
 import contextlib
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,8 +46,10 @@ from services.common.keys import pod_key
 from services.ocs_manager.fabric import Fabric, FabricConfig
 from services.ocs_manager.invariants import FabricState, StoredSlice
 from services.ocs_manager.lua import (
+    LAYOUT,
     encode_change,
     fabric_header,
+    legacy_keys,
     otm_keys,
     read_layout,
     script,
@@ -57,25 +62,35 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 """
 
-# KEYS: fabric, slices, owner, versions, table hashes (M*K), 1xK hashes (M), then the old
-# layout's keys.
-# ARGV: fabric json, the old fabric json this call expects to replace ("" = none), header (7).
+# KEYS: fabric, slices, owner, versions, table hashes (M*K), 1xK hashes (M), the same
+# fabric's layout-1 hashes (M*K + M), then the old fabric's keys.
+# ARGV: fabric record, the old record this call expects to replace ("" = none), header (7),
+# this fabric's record as layout 1 wrote it.
 _ENSURE_FABRIC = script(
     r"""
 local cur = redis.call('GET', KEYS[1])
 local status = 'SAME'
+local xc_base, otm_base, legacy_base = 5, 5 + M * K, 5 + M * K + M
 if not cur then
   redis.call('SET', KEYS[1], ARGV[1])
   status = 'NEW'
 elseif cur ~= ARGV[1] then
   if cur ~= ARGV[2] then return {'RETRY', cur} end
+  if cur == ARGV[H + 7] then
+    -- this fabric, stored by a manager of layout 1: move its tables over. A replica still
+    -- running that version now finds the record changed and refuses every change.
+    init_layout(xc_base, otm_base)
+    local moved = migrate_legacy(legacy_base, xc_base, otm_base)
+    redis.call('SET', KEYS[1], ARGV[1])
+    return {'MIGRATED', cur, tostring(moved)}
+  end
   local n = redis.call('ZCARD', KEYS[2])
   if n + redis.call('HLEN', KEYS[3]) > 0 then return {'IN_USE', cur, tostring(n)} end
-  for i = 5 + M * K + M, #KEYS do redis.call('DEL', KEYS[i]) end
+  for i = legacy_base + M * K + M, #KEYS do redis.call('DEL', KEYS[i]) end
   redis.call('SET', KEYS[1], ARGV[1])
   status = 'CHANGED'
 end
-init_layout(5, 5 + M * K)
+init_layout(xc_base, otm_base)
 -- A field longer than 64 bytes keeps the versions a hash table: as a ziplist every
 -- commit's read and write of its OCS' versions would scan the list once per OCS.
 redis.call('HSETNX', KEYS[4], 'layout', 'OCS id -> version of its routing table, + 1 on every committed change')
@@ -182,9 +197,9 @@ if redis.call('GET', KEYS[1]) ~= ARGV[1] then return {'FABRIC_CHANGED'} end
 if redis.call('HGET', KEYS[4], 'op_token') ~= ARGV[2] then return {'LOST'} end
 local xc_base, otm_base = 6, 6 + M * K
 local touched = {}
-local rem = expand(nums(ARGV[7]), xc_base, touched)
-local add = expand(nums(ARGV[8]), xc_base, touched)
-local otm = expand_otm(nums(ARGV[9]), otm_base)
+local rem = expand(ARGV[7], xc_base, touched)
+local add = expand(ARGV[8], xc_base, touched)
+local otm = expand_otm(ARGV[9], otm_base)
 
 -- re-check everything before writing anything
 local removing = {}
@@ -194,22 +209,28 @@ for idx, t in pairs(rem) do
   local set = {}
   for i = 1, #t.f do
     if cur[i] ~= t.p[i] then
-      return {'CONFLICT', KEYS[idx] .. ' ' .. t.f[i] .. ' is not cross-connected to port ' .. t.p[i]}
+      return {'CONFLICT', port_of(t, t.f[i]) .. ' is not cross-connected to port ' .. t.p[i]}
     end
     set[t.f[i]] = true
   end
   removing[idx] = set
-  n_rem = n_rem + #t.f / 2
+  n_rem = n_rem + #t.f / 2 * axes[t.d + 1]
 end
 for idx, t in pairs(add) do
   local cur = hmget(KEYS[idx], t.f)
   local set = removing[idx] or {}
+  local seen = {}
   for i = 1, #t.f do
-    if cur[i] and not set[t.f[i]] then
-      return {'CONFLICT', KEYS[idx] .. ' ' .. t.f[i] .. ' is already cross-connected to port ' .. cur[i]}
+    local f = t.f[i]
+    if cur[i] and not set[f] then
+      return {'CONFLICT', port_of(t, f) .. ' is already cross-connected to port ' .. cur[i]}
     end
+    if seen[f] then
+      return {'CONFLICT', port_of(t, f) .. ' is given two cross-connects by this change'}
+    end
+    seen[f] = true
   end
-  n_add = n_add + #t.f / 2
+  n_add = n_add + #t.f / 2 * axes[t.d + 1]
 end
 for idx, t in pairs(otm) do
   local cur = hmget(KEYS[idx], t.f)
@@ -217,7 +238,9 @@ for idx, t in pairs(otm) do
     local want = t.before[i]
     if want < 0 then want = nil end
     if val(cur[i]) ~= want then
-      return {'CONFLICT', KEYS[idx] .. ' ' .. t.f[i] .. ' is at ' .. tostring(cur[i])}
+      return {'CONFLICT', 'the 1xK switches of block ' .. t.f[i] .. ' along ' .. names[t.d + 1] ..
+        ' are at ' .. (cur[i] and ('output ' .. cur[i]) or 'idle') .. ', not ' ..
+        (want and ('output ' .. want) or 'idle')}
     end
   end
 end
@@ -293,7 +316,8 @@ class OcsStore:
         self._r: Any = redis  # decode_responses=True: replies are str
         self.pod_id = pod_id
         self.fabric = fabric
-        self._fp = fabric.config.to_json()
+        self._fp = fabric_record(fabric.config)
+        self._fp_layout1 = fabric.config.to_json()
         self._header = fabric_header(fabric)
         self.k_fabric = pod_key(pod_id, "ocs", "fabric")
         self.k_owner = pod_key(pod_id, "ocs", "owner")
@@ -317,15 +341,20 @@ class OcsStore:
         """Record this fabric for the pod, or check it is the recorded one; lay out its tables.
 
         ('NEW'|'SAME', '') or ('CHANGED', old json) when nothing was wired on the old
-        fabric (its tables are dropped), or ('IN_USE', old json, slices wired)."""
+        fabric (its tables are dropped), or ('IN_USE', old json, slices wired), or
+        ('MIGRATED', old json, fields moved) when this fabric's tables were in layout 1."""
+        prefix = pod_key(self.pod_id, "ocs")
         for _ in range(5):
             old = await self._r.get(self.k_fabric) or ""
             old_keys: list[str] = []
-            if old and old != self._fp:
+            if old and old not in (self._fp, self._fp_layout1):
                 with contextlib.suppress(ValueError, KeyError, TypeError, InvalidArgument):
                     before = Fabric.build(FabricConfig.from_json(old))
-                    prefix = pod_key(self.pod_id, "ocs")
-                    old_keys = [*table_keys(before, prefix), *otm_keys(before, prefix)]
+                    old_keys = [
+                        *table_keys(before, prefix),
+                        *otm_keys(before, prefix),
+                        *legacy_keys(before, prefix),
+                    ]
             reply = await self._ensure(
                 keys=[
                     self.k_fabric,
@@ -334,9 +363,10 @@ class OcsStore:
                     self.k_ver,
                     *self.k_tables,
                     *self.k_otm,
+                    *legacy_keys(self.fabric, prefix),
                     *old_keys,
                 ],
-                args=[self._fp, old, *self._header],
+                args=[self._fp, old, *self._header, self._fp_layout1],
             )
             if reply[0] != "RETRY":
                 return tuple(reply)
@@ -456,10 +486,10 @@ class OcsStore:
     async def routing_table(self, ocs: int) -> tuple[dict[int, int], int, dict[int, str]]:
         """(port -> peer, version, block -> job) read together."""
         f = self.fabric
-        d, a, k = f.ocs_of_index(ocs)
+        d, _axis, k = f.ocs_of_index(ocs)  # every axis of (d, k) alike
         ports = range(f.ports_cabled(k))
         async with self._r.pipeline(transaction=True) as pipe:
-            pipe.hmget(self.k_tables[d * f.k + k], [a * f.port_stride + p for p in ports])
+            pipe.hmget(self.k_tables[d * f.k + k], list(ports))  # the same on every axis a
             pipe.hget(self.k_ver, f.ocs_ids[ocs])
             pipe.hgetall(self.k_owner)
             peers, ver, owners = await pipe.execute()
@@ -490,16 +520,13 @@ class OcsStore:
         f = self.fabric
         async with self._r.pipeline(transaction=True) as pipe:
             for d in range(f.dims):
-                pipe.hmget(
-                    self.k_otm[d], [b * f.axis_stride + a for b in blocks for a in range(f.axes[d])]
-                )
+                pipe.hmget(self.k_otm[d], blocks)
             replies = await pipe.execute()
         out: dict[int, dict[tuple[int, int], int]] = {b: {} for b in blocks}
         for d, values in enumerate(replies):
-            fields = [(b, a) for b in blocks for a in range(f.axes[d])]
-            for (b, a), v in zip(fields, values, strict=True):
-                if v:
-                    out[b][(d, a)] = int(v)
+            for b, v in zip(blocks, values, strict=True):
+                if v:  # every axis of d alike (lua.py)
+                    out[b].update({(d, a): int(v) for a in range(f.axes[d])})
         return out
 
     async def snapshot(self) -> FabricState:
@@ -533,6 +560,13 @@ class OcsStore:
                 )
             return state
         raise Aborted("the slice set kept changing while taking a snapshot; retry")
+
+
+def fabric_record(config: FabricConfig) -> str:
+    """What lp:{pod}:ocs:fabric holds: the configuration and the table layout (lua.py)."""
+    record = json.loads(config.to_json())
+    record["layout"] = LAYOUT
+    return json.dumps(record, sort_keys=True, separators=(",", ":"))
 
 
 def _int_or_none(raw: str | None) -> int | None:

@@ -196,17 +196,20 @@ class Link:
 def links(placement: SlicePlacement) -> tuple[Link, ...]:
     """Every link of a slice, by dimension then position (OCS-2)."""
     out: list[Link] = []
-    size = len(placement.blocks)
+    blocks = placement.blocks
+    stride = 1  # positions are row-major, x fastest: one step along d is `stride` positions
     for d, extent in enumerate(placement.grid):
-        for i in range(size):
-            coords = list(placement.position(i))
-            if coords[d] + 1 < extent:
-                coords[d] += 1
-            elif placement.wrap[d]:
-                coords[d] = 0
+        wrap = placement.wrap[d]
+        for i in range(len(blocks)):
+            c = (i // stride) % extent
+            if c + 1 < extent:
+                j = i + stride
+            elif wrap:
+                j = i - c * stride
             else:
                 continue
-            out.append(Link(d, placement.blocks[i], placement.blocks[placement.index_of(coords)]))
+            out.append(Link(d, blocks[i], blocks[j]))
+        stride *= extent
     return tuple(out)
 
 

@@ -330,8 +330,9 @@ async def test_check_invariants_reports_a_tampered_table(ocs, redis_url):
     report = await ocs.CheckInvariants(pb.CheckInvariantsRequest(compare_switches=True))
     assert report.ok and report.slices_checked == 1 and report.cross_connects_checked == 96
     r = aioredis.Redis.from_url(redis_url, decode_responses=True)
-    # a cross-connect behind the manager's back: block 20 (free) looped on ocs-x-0-0
-    await r.hset(pod_key(POD, "ocs", "xc", "x", 0), mapping={"84": "20", "20": "84"})
+    # a cross-connect behind the manager's back: block 20 (free) looped on ocs-x-*-0
+    # (one table holds every axis' OCS of (x, k=0): second end 64 + 20, first end 20)
+    await r.hset(pod_key(POD, "ocs", "xc2", "x", 0), mapping={"84": "20", "20": "84"})
     await r.aclose()
     report = await ocs.CheckInvariants(pb.CheckInvariantsRequest(compare_switches=True))
     rules = {v.rule for v in report.violations}
@@ -348,8 +349,8 @@ async def test_every_table_hash_is_a_hash_table_from_the_start(ocs_k2, redis_url
         keys = [
             pod_key(POD, role, kind, *rest)
             for role in ("ocs", "dev")
-            for kind, rest in [("xc", (d, k)) for d in "xyz" for k in (0, 1)]
-            + [("otm", (d,)) for d in "xyz"]
+            for kind, rest in [("xc2", (d, k)) for d in "xyz" for k in (0, 1)]
+            + [("otm2", (d,)) for d in "xyz"]
         ] + [pod_key(POD, "ocs", "ver")]
         encodings = {key: await r.object("encoding", key) for key in keys}
     finally:
