@@ -5,11 +5,18 @@ Pure and I/O free. Times are integer milliseconds since the Unix epoch and
 every interval is half-open, [start, end): a reservation ending at t and one
 starting at t never overlap.
 
-The schedule is one table of allocation rows (device, start, end, cores) held
-in numpy arrays, so "how many cores are free on every device during
-[a, b)" is a handful of vector operations over the rows that overlap [a, b)
-(`free_over`), not a loop over devices. A row is keyed by its allocation key
-(`<reservation>:<part>`) so changes arriving from Redis apply idempotently.
+The schedule is kept twice, both updated at every change: a table of
+allocation rows (device, start, end, cores) keyed by allocation key
+(`<reservation>:<part>`, so changes arriving from Redis apply idempotently),
+which answers listings; and `skyline.Skyline`, each device's reserved cores
+as a step function of time, which answers every question a decision asks —
+"how many cores are free on these devices during [a, b)" (`free_over`) and
+"when do they first have n free for d" (`earliest_start`) — in
+O(k log m) for k devices of m breakpoints each, whatever the number of
+reservations elsewhere (issue 15).
+
+Decisions try allocations out with `assume` inside a `savepoint()` and
+`rollback()` to it afterwards: no copy of the schedule per decision.
 """
 
 from __future__ import annotations
@@ -19,12 +26,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from services.core_broker import skyline
+from services.core_broker.skyline import Skyline
+
 # Row fields of a dead (removed) allocation: never overlaps anything.
 _DEAD = -(1 << 62)
-# Sort keys pack (device index, time offset, end-before-start bit) into an int64.
-_TIME_BITS = 42  # offsets up to ~139 years in ms
-_DEV_SHIFT = _TIME_BITS + 1
-MAX_DEVICES = 1 << (63 - _DEV_SHIFT)
+_TIME_BITS = 42  # ranges up to ~139 years in ms
+MAX_DEVICES = skyline.MAX_ROWS
 MAX_SPAN_MS = (1 << _TIME_BITS) - 1
 
 DEVICE_KINDS = ("GPU", "TPU", "EDGE_TPU", "NPU", "FPGA")
@@ -83,8 +91,10 @@ class _Devices:
 class CapacityMap:
     """Devices plus the schedule of reserved cores (CB-1).
 
-    `copy()` gives a fork for trying decisions: it shares the devices and owns
-    a copy of the schedule, to which `assume` adds allocations without keys.
+    `assume` adds allocations without keys; `savepoint()` / `rollback(mark)`
+    take back what was assumed since the mark (a decision trying grants out on
+    the live map, then leaving it as it was). `copy()` gives a fork that shares
+    the devices and owns a copy of the schedule (O(n): for tests and tools).
     """
 
     def __init__(self) -> None:
@@ -99,6 +109,8 @@ class CapacityMap:
         self._rows: dict[str, int] | None = {}
         self._key_of: list[str | None] = []
         self._spare: list[int] = []
+        self._sky = Skyline()
+        self._assumed: list[int] = []  # rows added by assume(), in order
 
     # -- devices --------------------------------------------------------------
 
@@ -116,6 +128,7 @@ class CapacityMap:
             d.alive = np.append(d.alive, False)
             d.x = np.append(d.x, 0.0)
             d.y = np.append(d.y, 0.0)
+            self._sky.add_device(i)
             order = np.argsort(np.array(d.ids, dtype=object), kind="stable")
             d.rank = np.empty(len(d.ids), np.int64)
             d.rank[order] = np.arange(len(d.ids))
@@ -238,19 +251,34 @@ class CapacityMap:
         row = self._rows.pop(key, None)
         if row is None:
             return False
-        self._start[row] = _DEAD
-        self._end[row] = _DEAD
-        self._cores[row] = 0
+        self._kill(row)
         self._key_of[row] = None
-        self._spare.append(row)
-        if len(self._spare) > 4096 and len(self._spare) * 2 > self._n:
+        if len(self._spare) > 4096 and len(self._spare) * 2 > self._n and not self._assumed:
             self._compact()
         return True
 
+    def _kill(self, row: int) -> None:
+        self._sky.remove(
+            int(self._dev[row]), int(self._start[row]), int(self._end[row]), int(self._cores[row])
+        )
+        self._start[row] = _DEAD
+        self._end[row] = _DEAD
+        self._cores[row] = 0
+        self._spare.append(row)
+
     def assume(self, allocations: Iterable[Allocation]) -> None:
-        """Add allocations without keys (a fork trying out decisions)."""
+        """Add allocations without keys (a decision trying grants out)."""
         for a in allocations:
-            self._put(self._d.index[a.device_id], a.start, a.end, a.cores)
+            self._assumed.append(self._put(self._d.index[a.device_id], a.start, a.end, a.cores))
+
+    def savepoint(self) -> int:
+        """A mark to `rollback` to: what is assumed after it can be taken back."""
+        return len(self._assumed)
+
+    def rollback(self, mark: int) -> None:
+        """Take back every allocation assumed since `mark`, newest first."""
+        while len(self._assumed) > mark:
+            self._kill(self._assumed.pop())
 
     def __contains__(self, key: str) -> bool:
         return self._rows is not None and key in self._rows
@@ -262,9 +290,17 @@ class CapacityMap:
     def keys(self) -> Iterator[str]:
         return iter(self._rows or ())
 
+    def _sky_of(self) -> Skyline:
+        """The index, with a row for every device (a fork shares the devices of
+        its parent, which may have gained some since)."""
+        if len(self._d.ids) > self._sky.devices:
+            self._sky.add_device(len(self._d.ids) - 1)
+        return self._sky
+
     def _put(self, device_index: int, start: int, end: int, cores: int) -> int:
         if end <= start or cores <= 0:
             raise ValueError(f"empty allocation [{start}, {end}) x {cores}")
+        self._sky_of().add(device_index, start, end, cores)
         if self._spare:
             row = self._spare.pop()
         else:
@@ -322,61 +358,27 @@ class CapacityMap:
         fork._rows = None
         fork._key_of = []
         fork._spare = []
+        fork._sky = self._sky.copy()
+        fork._assumed = []
         return fork
 
     # -- queries ----------------------------------------------------------------
 
-    def _rows_of(self, devices: np.ndarray | None) -> np.ndarray | None:
-        """Row indices of the devices in mask `devices`, or None for "every row"
-        when restricting would not pay (most devices are in the mask)."""
-        if devices is None or np.count_nonzero(devices) * 2 > np.count_nonzero(self._d.alive):
-            return None
-        return np.flatnonzero(devices[self._dev[: self._n]])
-
     def peak_used(self, start: int, end: int, devices: np.ndarray | None = None) -> np.ndarray:
         """Most cores reserved at any instant of [start, end), per device index
-        (exact for the devices of mask `devices`, default all)."""
+        (for the devices of mask `devices`, default all; 0 for the others)."""
         if end <= start:
             raise ValueError("empty range")
         if end - start > MAX_SPAN_MS:
             raise ValueError("range too long")
-        return self._peak(start, end, self._rows_of(devices))
-
-    def _peak(self, start: int, end: int, rows: np.ndarray | None) -> np.ndarray:
         ndev = len(self._d.ids)
-        n = self._n
-        if rows is None:
-            s, e, dev, c = self._start[:n], self._end[:n], self._dev[:n], self._cores[:n]
+        if devices is None:
+            idx = np.arange(ndev)
         else:
-            s, e, dev, c = self._start[rows], self._end[rows], self._dev[rows], self._cores[rows]
-        # What holds cores at `start` (summed, no sort needed) ...
-        at_start = (s <= start) & (e > start)
-        used = np.bincount(dev[at_start], weights=c[at_start], minlength=ndev).astype(np.int64)
-        # ... then only the starts and ends strictly inside the range change it:
-        # sweep those per device, ends first at equal times (half-open).
-        starts = np.flatnonzero((s > start) & (s < end))
-        if starts.size == 0:
-            return used
-        ends = np.flatnonzero((e > start) & (e < end))
-        ev_dev = np.concatenate((dev[ends], dev[starts]))
-        keys = np.concatenate(
-            (
-                (dev[ends] << _DEV_SHIFT) | ((e[ends] - start) << 1),
-                (dev[starts] << _DEV_SHIFT) | ((s[starts] - start) << 1) | 1,
-            )
-        )
-        delta = np.concatenate((-c[ends], c[starts]))
-        order = np.argsort(keys)
-        ev_dev = ev_dev[order]
-        running = np.cumsum(delta[order])
-        # restart the running sum at each device's first event
-        first = np.flatnonzero(np.concatenate(([True], ev_dev[1:] != ev_dev[:-1])))
-        base = np.repeat(
-            running[first] - delta[order][first], np.diff(np.append(first, ev_dev.size))
-        )
-        level = used[ev_dev] + running - base
-        np.maximum.at(used, ev_dev, level)
-        return used
+            idx = np.flatnonzero(devices)
+        out = np.zeros(ndev, np.int64)
+        out[idx] = Skyline.peak(self._sky_of().groups(idx), idx.shape[0], start, end)
+        return out
 
     def free_over(self, start: int, end: int, devices: np.ndarray | None = None) -> np.ndarray:
         """Cores free during the whole of [start, end), per device index (0 for
@@ -401,37 +403,18 @@ class CapacityMap:
         the free cores per device then. None if there is no such t.
 
         Free cores over [t, t + duration) can only grow when t passes an
-        allocation's end, so t is one of those ends. Each candidate is first
-        bounded by the devices' total free cores at every instant of its
-        window (a range maximum over the summed schedule, for all candidates at
-        once); only candidates the bound admits get the exact per-device check.
-        """
-        n = self._n
-        rows = np.flatnonzero((self._end[:n] > after) & devices[self._dev[:n]])
-        if rows.size == 0:
+        allocation's end, so t is the first of those ends (on these devices)
+        that leaves room (`skyline.earliest_start`)."""
+        idx = np.flatnonzero(devices)
+        found = skyline.earliest_start(
+            self._sky_of(), self._d.cores, idx, need, duration, after, last_start
+        )
+        if found is None:
             return None
-        s, e, c = self._start[rows], self._end[rows], self._cores[rows]
-        cands = np.unique(e if last_start is None else e[e <= last_start])
-        if cands.size == 0:
-            return None
-        total = int(self._d.cores[devices].sum())
-        # the summed schedule of these devices: events by (time, ends first)
-        keys = np.concatenate((e << 1, (s << 1) | 1))
-        order = np.argsort(keys)
-        keys = keys[order]
-        used = np.cumsum(np.concatenate((-c, c))[order])
-        # used after the last event at or before t, and the peak before t + duration
-        lo = np.searchsorted(keys, (cands << 1) | 1, side="right") - 1
-        hi = np.searchsorted(keys, (cands + duration) << 1, side="left")
-        peak = _range_max(used, lo, hi)
-        for i in np.flatnonzero(total - peak >= need).tolist():
-            t = int(cands[i])
-            free = np.where(
-                devices, np.maximum(self._d.cores - self._peak(t, t + duration, rows), 0), 0
-            )
-            if int(free.sum()) >= need:
-                return t, free
-        return None
+        t, free_idx = found
+        free = np.zeros(len(self._d.ids), np.int64)
+        free[idx] = free_idx
+        return t, free
 
     def end_times(self, after: int, until: int | None, devices: np.ndarray) -> np.ndarray:
         """Sorted distinct ends in (after, until] of allocations on the devices of mask `devices`:
@@ -478,22 +461,3 @@ class CapacityMap:
             )
             for k, r in self._rows.items()
         ]
-
-
-def _range_max(values: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
-    """max(values[lo[i] : max(hi[i], lo[i] + 1)]) for every i (a sparse table)."""
-    hi = np.maximum(hi, lo + 1)
-    width = hi - lo
-    levels = [values]
-    span = 1
-    while span * 2 <= int(width.max()):
-        prev = levels[-1]
-        levels.append(np.maximum(prev[:-span], prev[span:]))
-        span *= 2
-    k = np.floor(np.log2(width)).astype(np.int64)
-    out = np.empty(lo.shape[0], values.dtype)
-    for level in np.unique(k).tolist():
-        sel = k == level
-        table = levels[level]
-        out[sel] = np.maximum(table[lo[sel]], table[hi[sel] - (1 << level)])
-    return out

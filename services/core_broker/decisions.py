@@ -286,9 +286,26 @@ def decide(
 ) -> list[tuple[Decision, ...]]:
     """Decide `groups` together (CB-5): in descending priority (an all-or-nothing
     group ranks by its highest member), ties in the order given. Returns the
-    decisions per group, in the order of its requests. `capacity` is not
-    changed; requests must have passed `validate_request`."""
-    work = capacity.copy()
+    decisions per group, in the order of its requests. `capacity` is left as
+    it was (grants are tried on it and taken back); requests must have passed
+    `validate_request`."""
+    # Grants are assumed into the map itself and taken back at the end (a
+    # savepoint, not a copy): deciding costs nothing per live reservation.
+    work = capacity
+    mark = work.savepoint()
+    try:
+        return _decide_all(work, groups, now, priority, default_placement)
+    finally:
+        work.rollback(mark)
+
+
+def _decide_all(
+    work: CapacityMap,
+    groups: Sequence[Group],
+    now: int,
+    priority: PriorityFunction,
+    default_placement: Placement,
+) -> list[tuple[Decision, ...]]:
     items: list[tuple[float, int, int, int | None]] = []
     prios = [[priority(r) for r in g.requests] for g in groups]
     for gi, g in enumerate(groups):
@@ -307,23 +324,23 @@ def decide(
                 work.assume(d.allocations)
             out[gi][ri] = d
             continue
-        # All or nothing: members in priority order on a trial fork, GRANTED only.
-        trial = work.copy()
+        # All or nothing: members in priority order, GRANTED only, taken back unless all are.
+        trial = work.savepoint()
         order = sorted(range(len(g.requests)), key=lambda i: -prios[gi][i].score)
         decided: dict[int, Decision] = {}
         for i in order:
             d = _decide_one(
-                trial, g.requests[i], prios[gi][i], now, default_placement, accept=frozenset()
+                work, g.requests[i], prios[gi][i], now, default_placement, accept=frozenset()
             )
             decided[i] = d
             if not d.granted:
                 break
-            trial.assume(d.allocations)
+            work.assume(d.allocations)
         if len(decided) == len(order) and all(d.granted for d in decided.values()):
-            work = trial
             for i, d in decided.items():
                 out[gi][i] = d
         else:
+            work.rollback(trial)
             failed = next(i for i in order if i in decided and not decided[i].granted)
             for i, r in enumerate(g.requests):
                 earliest = _earliest_full_start(work, r, now)
@@ -399,9 +416,12 @@ def _decide_one(
         return grant(Outcome.GRANTED, ranker.place(free0, need, t0, duration))
     if in_window and Outcome.PARTIAL in accept and have > 0:
         first = ranker.place(free0, have, t0, duration)
-        trial = work.copy()
-        trial.assume(first)
-        found = trial.earliest_start(need - have, duration, t0, last_start, eligible)
+        mark = work.savepoint()
+        work.assume(first)
+        try:
+            found = work.earliest_start(need - have, duration, t0, last_start, eligible)
+        finally:
+            work.rollback(mark)
         if found is not None:
             t1, free1 = found
             return grant(Outcome.PARTIAL, first + ranker.place(free1, need - have, t1, duration))

@@ -1,0 +1,403 @@
+"""The capacity-over-time index (services/core_broker/skyline.py, issue 15)
+answers exactly what the broker's search answered before it: the old search
+(tests/core_broker/capacity_oracle.py) is the oracle, on random schedules
+kept incrementally (adds, removals, assumed grants taken back), on the seed's
+Fig. 2-4 and ¶24 examples, and on near-saturated schedules at epoch times.
+"""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from services.core_broker.capacity import _DEAD, Allocation, CapacityMap, Device
+from services.core_broker.decisions import (
+    CoreRequest,
+    Group,
+    Outcome,
+    PriorityFunction,
+    decide,
+)
+from tests.core_broker.capacity_oracle import LegacySchedule
+
+S = 1000
+NOW = 1_700_000_000_000
+PRIORITY = PriorityFunction()
+
+
+def legacy(cap: CapacityMap) -> LegacySchedule:
+    """The old allocation table of every row `cap` holds now (keyed and assumed)."""
+    n = cap._n
+    live = np.flatnonzero(cap._start[:n] != _DEAD)
+    return LegacySchedule(
+        cap.cores.tolist(),
+        zip(
+            cap._dev[live].tolist(),
+            cap._start[live].tolist(),
+            cap._end[live].tolist(),
+            cap._cores[live].tolist(),
+            strict=True,
+        ),
+    )
+
+
+def over_committed(cap: CapacityMap) -> bool:
+    old = legacy(cap)
+    for t in np.unique(old.start).tolist():
+        if (old.peak(t, t + 1) > old.cores).any():
+            return True
+    return False
+
+
+class CheckedCapacityMap(CapacityMap):
+    """A capacity map that checks every answer a decision asks of it against the oracle."""
+
+    checks = 0
+
+    def free_over(self, start, end, devices=None):
+        got = super().free_over(start, end, devices)
+        want = self.cores - legacy(self).peak(start, end)
+        want[~self.alive] = 0
+        mask = self.alive if devices is None else devices
+        assert (got[mask] == want[mask]).all(), (start, end)
+        CheckedCapacityMap.checks += 1
+        return got
+
+    def earliest_start(self, need, duration, after, last_start, devices):
+        got = super().earliest_start(need, duration, after, last_start, devices)
+        old = legacy(self)
+        same(got, old.brute_earliest_start(need, duration, after, last_start, devices))
+        if not over_committed(self):
+            same(got, old.earliest_start(need, duration, after, last_start, devices))
+        CheckedCapacityMap.checks += 1
+        return got
+
+
+def same(got, want) -> None:
+    if want is None:
+        assert got is None
+        return
+    assert got is not None, f"expected a start at {want[0]}"
+    assert got[0] == want[0]
+    assert got[1].tolist() == want[1].tolist()
+
+
+def checked(*devices: Device) -> CheckedCapacityMap:
+    cap = CheckedCapacityMap()
+    for d in devices:
+        cap.upsert_device(d)
+    return cap
+
+
+# -- random schedules, kept incrementally ---------------------------------------
+
+CORES = (4, 6, 8, 5, 3)
+rows = st.tuples(
+    st.integers(0, len(CORES) - 1),  # device
+    st.integers(0, 80),  # start
+    st.integers(1, 30),  # length
+    st.integers(1, 5),  # cores (devices may be over-committed: the oracle does not care)
+)
+# dense: every instant is some allocation's end, so blocks of candidates get skipped
+dense_rows = st.tuples(st.integers(0, 2), st.integers(0, 30), st.integers(1, 8), st.integers(1, 4))
+
+
+def build(allocs, removed, assumed) -> CapacityMap:
+    cap = CapacityMap()
+    for i, c in enumerate(CORES):
+        cap.upsert_device(Device(f"d{i}", "GPU", c))
+    for k, (dev, start, length, cores) in enumerate(allocs):
+        cap.add(f"r{k}:0", f"d{dev}", start, start + length, cores)
+    for k in sorted(set(removed)):
+        cap.remove(f"r{k}:0")
+    mark = cap.savepoint()
+    cap.assume(Allocation(f"d{dev}", c, s, s + n) for dev, s, n, c in assumed)
+    cap.rollback(mark)  # what a decision tried and took back leaves no trace
+    cap.assume(Allocation(f"d{dev}", c, s, s + n) for dev, s, n, c in assumed[:2])
+    return cap
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(rows, max_size=60),
+    st.lists(st.integers(0, 59), max_size=20),
+    st.lists(rows, max_size=6),
+    st.integers(1, 30),  # need
+    st.integers(1, 25),  # duration
+    st.integers(-5, 90),  # after
+    st.one_of(st.none(), st.integers(0, 120)),  # last start
+    st.lists(st.booleans(), min_size=len(CORES), max_size=len(CORES)).filter(any),
+)
+def test_earliest_start_matches_the_old_search_on_random_schedules(
+    allocs, removed, assumed, need, duration, after, last, mask
+):
+    cap = build(allocs, removed, assumed)
+    devices = np.array(mask)
+    old = legacy(cap)
+    got = cap.earliest_start(need, duration, after, last, devices)
+    same(got, old.brute_earliest_start(need, duration, after, last, devices))
+    if not over_committed(cap):
+        # today's search (its bound over the summed schedule holds without over-commitment)
+        same(got, old.earliest_start(need, duration, after, last, devices))
+
+
+@settings(max_examples=1000, deadline=None)
+@given(
+    st.lists(dense_rows, min_size=5, max_size=40),
+    st.integers(1, 14),  # need
+    st.integers(1, 12),  # duration
+    st.integers(-2, 20),  # after
+    st.one_of(st.none(), st.integers(0, 40)),  # last start
+)
+def test_earliest_start_matches_the_old_search_on_dense_schedules(
+    allocs, need, duration, after, last
+):
+    cap = build(allocs, [], [])
+    devices = np.array([True, True, True, False, False])
+    old = legacy(cap)
+    same(
+        cap.earliest_start(need, duration, after, last, devices),
+        old.brute_earliest_start(need, duration, after, last, devices),
+    )
+
+
+def test_a_skipped_block_shares_no_more_than_every_window_in_it():
+    """The first candidate (1) fails; the next (2) fits just before a busy
+    stretch: the block after 1 may not be skipped for that stretch."""
+    cap = CapacityMap()
+    cap.upsert_device(Device("d0", "GPU", 4))
+    cap.add("a:0", "d0", 0, 2, 1)
+    cap.add("b:0", "d0", -3, 1, 2)
+    cap.add("busy:0", "d0", 7, 9, 4)
+    got = cap.earliest_start(4, 5, 0, None, np.array([True]))
+    assert got is not None and got[0] == 2
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(rows, max_size=60),
+    st.lists(st.integers(0, 59), max_size=20),
+    st.lists(rows, max_size=6),
+    st.integers(-5, 110),
+    st.integers(1, 40),
+)
+def test_peak_and_free_match_the_old_sweep(allocs, removed, assumed, start, length):
+    cap = build(allocs, removed, assumed)
+    old = legacy(cap)
+    assert cap.peak_used(start, start + length).tolist() == old.peak(start, start + length).tolist()
+    mask = np.array([True, False, True, False, True])
+    part = cap.free_over(start, start + length, mask)
+    want = old.cores - old.peak(start, start + length)
+    assert part[mask].tolist() == want[mask].tolist()
+
+
+def test_a_device_with_many_more_breakpoints_moves_to_wider_rows_and_back_to_the_same_answers():
+    rng = random.Random(3)
+    cap = CapacityMap()
+    for i in range(4):
+        cap.upsert_device(Device(f"d{i}", "GPU", 64))
+    keys = []
+    for k in range(300):  # 600 breakpoints on d0: rows of 16, 32, ..., 1024 columns
+        dev = 0 if k % 10 else rng.randrange(1, 4)
+        s = rng.randrange(0, 5000)
+        cap.add(f"r{k}:0", f"d{dev}", s, s + rng.randrange(1, 400), rng.randrange(1, 8))
+        keys.append(f"r{k}:0")
+    assert cap._sky.breakpoints(0) > 256
+    rng.shuffle(keys)
+    for step, key in enumerate(keys):
+        cap.remove(key)
+        if step % 25 == 0:
+            old = legacy(cap)
+            for _ in range(10):
+                t = rng.randrange(-10, 5500)
+                assert cap.peak_used(t, t + 300).tolist() == old.peak(t, t + 300).tolist()
+                m = np.array([rng.random() < 0.7 for _ in range(4)])
+                if not m.any():
+                    continue
+                args = (rng.randrange(1, 200), rng.randrange(1, 500), t, None, m)
+                same(cap.earliest_start(*args), old.brute_earliest_start(*args))
+    assert len(cap) == 0
+    assert all(cap._sky.breakpoints(i) == 0 for i in range(4))
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_near_saturated_schedules_at_epoch_times_match_the_old_search(seed):
+    """Devices tiled with reservations in lanes up to a ragged horizon, as the
+    scale bench builds them; requests from a few cores to more than is free."""
+    rng = random.Random(seed)
+    cap = CapacityMap()
+    ndev = 40
+    for i in range(ndev):
+        cap.upsert_device(Device(f"d{i:02d}", "GPU", rng.choice((16, 32, 64))))
+    k = 0
+    for i in range(ndev):
+        cores = int(cap.cores[i])
+        left = cores - rng.randrange(0, 3)
+        while left > 0:
+            lane = min(left, rng.randrange(2, 12))
+            left -= lane
+            t = NOW - rng.randrange(0, 600) * S
+            for _ in range(rng.randrange(2, 8)):
+                n = rng.randrange(60, 900) * S
+                cap.add(f"r{k}:0", f"d{i:02d}", t, t + n, lane)
+                k += 1
+                t += n + rng.choice((0, 0, 0, rng.randrange(1, 300) * S))
+    old = legacy(cap)
+    assert not over_committed(cap)
+    for _ in range(40):
+        m = np.array([rng.random() < 0.5 for _ in range(ndev)])
+        m[rng.randrange(ndev)] = True
+        need = rng.randrange(1, int(cap.cores[m].sum()) + 1)
+        duration = rng.randrange(10, 1200) * S
+        last = None if rng.random() < 0.5 else NOW + rng.randrange(0, 4000) * S
+        args = (need, duration, NOW, last, m)
+        got = cap.earliest_start(*args)
+        same(got, old.earliest_start(*args))
+
+
+# -- the seed's worked examples, every answer checked against the oracle ------------
+
+
+def high(rid: str, cores: int, seconds: float, **kw) -> CoreRequest:
+    return CoreRequest(
+        rid,
+        cores,
+        int(seconds * S),
+        task_type="computer-vision",
+        qos_level="PREMIUM",
+        billing_model="COMMITTED",
+        priority_hint=80,
+        **kw,
+    )
+
+
+def low(rid: str, cores: int, seconds: float, **kw) -> CoreRequest:
+    return CoreRequest(
+        rid,
+        cores,
+        int(seconds * S),
+        task_type="training",
+        qos_level="BEST_EFFORT",
+        billing_model="SPOT",
+        priority_hint=20,
+        **kw,
+    )
+
+
+def run(cap: CapacityMap, *requests: CoreRequest):
+    before = CheckedCapacityMap.checks
+    out = [ds[0] for ds in decide(cap, [Group((r,)) for r in requests], now=NOW, priority=PRIORITY)]
+    assert CheckedCapacityMap.checks > before
+    return out
+
+
+def test_fig2_on_the_index_matches_the_oracle():
+    cap = checked(Device("gpu-1", "GPU", 64))
+    r1 = CoreRequest("req-202-1", 25, 10 * S, earliest_start=NOW, latest_end=NOW + 10 * S)
+    r2 = CoreRequest("req-202-2", 21, 10 * S, earliest_start=NOW + 2 * S, latest_end=NOW + 12 * S)
+    r3 = CoreRequest("req-202-n", 10, 4 * S, earliest_start=NOW + 5 * S, latest_end=NOW + 9 * S)
+    ds = run(cap, r1, r2, r3)
+    assert [d.outcome for d in ds] == [Outcome.GRANTED] * 3
+    assert len(cap) == 0 and cap.savepoint() == 0
+
+
+def test_fig3_partial_on_the_index_matches_the_oracle():
+    cap = checked(Device("gpu-1", "GPU", 80))
+    d_low, d_high = run(
+        cap,
+        low("req-302-n", 50, 10, accept=frozenset({Outcome.PARTIAL})),
+        high("req-302-1", 50, 10),
+    )
+    assert d_high.outcome is Outcome.GRANTED
+    assert d_low.outcome is Outcome.PARTIAL
+    assert d_low.allocations == (
+        Allocation("gpu-1", 30, NOW, NOW + 10 * S),
+        Allocation("gpu-1", 20, NOW + 10 * S, NOW + 20 * S),
+    )
+
+
+def test_fig4_deferred_on_the_index_matches_the_oracle():
+    cap = checked(Device("gpu-1", "GPU", 80))
+    d_low, d_high = run(
+        cap,
+        low("req-302-n", 50, 10, accept=frozenset({Outcome.DEFERRED})),
+        high("req-302-1", 50, 10),
+    )
+    assert d_high.outcome is Outcome.GRANTED
+    assert d_low.outcome is Outcome.DEFERRED
+    assert d_low.allocations == (Allocation("gpu-1", 50, NOW + 10 * S, NOW + 20 * S),)
+
+
+def test_fig4_rejected_names_the_oracles_earliest_start():
+    cap = checked(Device("gpu-1", "GPU", 80))
+    d_low, _ = run(cap, low("req-302-n", 50, 10, accept=frozenset()), high("req-302-1", 50, 10))
+    assert d_low.outcome is Outcome.REJECTED
+    assert d_low.earliest_possible_start == NOW + 10 * S
+
+
+def test_para24_on_the_index_matches_the_oracle():
+    cap = checked(Device("gpu-1", "GPU", 100), Device("gpu-2", "GPU", 100))
+    cap.add("busy:0", "gpu-1", NOW - 60 * S, NOW + 15 * S, 70)
+    cap.add("busy:1", "gpu-2", NOW - 60 * S, NOW + 15 * S, 50)
+    (d,) = run(cap, CoreRequest("r200", 200, 600 * S))
+    assert d.outcome is Outcome.PARTIAL
+    assert d.summary.startswith("80 cores now, 120 more in 15 s")
+
+
+requests = st.lists(
+    st.tuples(
+        st.integers(1, 30),  # cores
+        st.integers(1, 20),  # duration (s)
+        st.integers(0, 15),  # delay (s)
+        st.one_of(st.none(), st.integers(0, 30)),  # slack (s)
+        st.sampled_from(
+            [
+                frozenset(),
+                frozenset({Outcome.PARTIAL}),
+                frozenset({Outcome.DEFERRED}),
+                frozenset({Outcome.PARTIAL, Outcome.DEFERRED}),
+            ]
+        ),
+        st.integers(1, 100),  # priority hint
+    ),
+    min_size=1,
+    max_size=12,
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(requests, st.booleans())
+def test_every_search_of_a_batch_of_decisions_matches_the_oracle(specs, together):
+    """Decisions in a batch on a busy map (the seed's 80-core device and two
+    more): every free_over and earliest_start they ask, in every assumed
+    state, is the oracle's answer; afterwards the map is as it was."""
+    cap = checked(
+        Device("gpu-1", "GPU", 80), Device("gpu-2", "GPU", 48), Device("tpu-1", "TPU", 32)
+    )
+    cap.add("busy:0", "gpu-1", NOW - 5 * S, NOW + 10 * S, 50)
+    cap.add("busy:1", "gpu-2", NOW, NOW + 25 * S, 40)
+    cap.add("busy:2", "tpu-1", NOW + 3 * S, NOW + 8 * S, 32)
+    reqs = [
+        CoreRequest(
+            f"r{i}",
+            cores,
+            seconds * S,
+            earliest_start=NOW + delay * S,
+            latest_end=None if slack is None else NOW + (delay + seconds + slack) * S,
+            priority_hint=hint,
+            accept=accept,
+        )
+        for i, (cores, seconds, delay, slack, accept, hint) in enumerate(specs)
+    ]
+    groups = [Group(tuple(reqs), all_or_nothing=True)] if together else [Group((r,)) for r in reqs]
+    before = legacy(cap)
+    decide(cap, groups, now=NOW, priority=PRIORITY)
+    after = legacy(cap)
+    assert len(cap) == 3 and cap.savepoint() == 0
+    assert sorted(zip(after.start.tolist(), after.end.tolist(), strict=True)) == sorted(
+        zip(before.start.tolist(), before.end.tolist(), strict=True)
+    )
