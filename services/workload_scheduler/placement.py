@@ -69,6 +69,13 @@ class PodState:
     include b (set before WireSlice, cleared after ReleaseSlice); `failed` the failed blocks.
     On a SWITCHED pod small jobs share groups: they hold processors ("t<g>.<i>.<j>",
     SliceJob.held_keys) in `tile_owner` / `tile_wired` instead.
+
+    A `partial` state (store.lean_snapshot, issue 15) holds only what placing on free
+    blocks needs: `free`, the healthy unowned blocks (then `owner` lists only what
+    planning assumed); `wired`, the marks on free blocks; `jobs`, the queue and the jobs
+    marking free blocks; `marked`, the jobs among those with a mark anywhere. It has no
+    running jobs, so it can never find victims: a planner that would need them must
+    take a full snapshot (plan_pass answers None).
     """
 
     fabric: PodFabric
@@ -78,6 +85,12 @@ class PodState:
     jobs: dict[str, SliceJob] = field(default_factory=dict)  # live jobs
     tile_owner: dict[str, str] = field(default_factory=dict)
     tile_wired: dict[str, str] = field(default_factory=dict)
+    free: set[int] | None = None
+    marked: frozenset[str] = frozenset()
+
+    @property
+    def partial(self) -> bool:
+        return self.free is not None
 
     def copy(self) -> PodState:
         return PodState(
@@ -88,6 +101,8 @@ class PodState:
             dict(self.jobs),
             dict(self.tile_owner),
             dict(self.tile_wired),
+            None if self.free is None else set(self.free),
+            self.marked,
         )
 
     # -- reading -----------------------------------------------------------------
@@ -103,13 +118,25 @@ class PodState:
     def allocatable(self, block: int, allow_wired: Iterable[str] = ()) -> bool:
         if block in self.failed or block in self.owner:
             return False
+        if self.free is not None and block not in self.free:
+            return False
         marked = self.wired.get(block)
         return marked is None or not self.live_wiring(block) or marked in allow_wired
+
+    def candidates(self) -> Iterable[int]:
+        """Blocks that may be allocatable, in id order: every block, or the free ones."""
+        if self.free is None:
+            return range(self.fabric.block_count)
+        return sorted(self.free)
+
+    def has_wiring(self, job_id: str) -> bool:
+        """True when some block still carries a wiring mark of `job_id`."""
+        return job_id in self.marked or job_id in self.wired.values()
 
     def free_counts(self) -> Counter[str]:
         """Healthy unallocated blocks per node type (blocks that only await a release count)."""
         types = self.fabric.node_types
-        return Counter(types[b] for b in range(self.fabric.block_count) if self.allocatable(b))
+        return Counter(types[b] for b in self.candidates() if self.allocatable(b))
 
     def queue(self) -> list[SliceJob]:
         """Jobs waiting for blocks, in queue order: priority, then age (WS-4)."""
@@ -144,8 +171,12 @@ class PodState:
                 self.tile_owner[b] = job.job_id
             else:
                 self.owner[b] = job.job_id
+                if self.free is not None:
+                    self.free.discard(b)
 
     def assume_released(self, job_id: str, blocks: Iterable[int | str]) -> None:
+        if self.free is not None:
+            raise ValueError("a partial snapshot knows no owners to release")
         for b in blocks:
             if isinstance(b, str):
                 if self.tile_owner.get(b) == job_id:
@@ -169,10 +200,9 @@ def place(
     shortfalls: list[Shortfall] = []
     for node_type in sorted(need):
         n = need[node_type]
+        types = fabric.node_types
         candidates = [
-            b
-            for b, t in enumerate(fabric.node_types)
-            if t == node_type and state.allocatable(b, allow)
+            b for b in state.candidates() if types[b] == node_type and state.allocatable(b, allow)
         ]
         if len(candidates) < n:
             of_type = [b for b, t in enumerate(fabric.node_types) if t == node_type]

@@ -62,7 +62,7 @@ class Replacement:
 
 def _release_first(state: PodState, job_id: str, blocks: tuple[int, ...], extra=()) -> tuple:
     ids = {state.wired[b] for b in blocks if b in state.wired} | set(extra)
-    if job_id in state.wired.values():
+    if state.has_wiring(job_id):
         ids.add(job_id)  # an earlier attempt of this job may still be wired
     return tuple(sorted(ids))
 
@@ -121,18 +121,24 @@ def apply_allocation(state: PodState, alloc: Allocation) -> None:
     )
 
 
-def plan_pass(state: PodState, now_ms: int = 0) -> list[Allocation]:
+def plan_pass(state: PodState, now_ms: int = 0) -> list[Allocation] | None:
     """Decisions for the whole queue, in queue order, each assuming the ones before it.
-    Jobs whose wiring failed wait until their `not_before_ms` (backoff)."""
+    Jobs whose wiring failed wait until their `not_before_ms` (backoff).
+
+    On a `partial` state (free blocks only, issue 15): None as soon as a job cannot be
+    placed on free blocks, since only a full snapshot can say whether preempting would
+    place it; otherwise exactly the decisions the full snapshot gives."""
     work = state.copy()
     decisions: list[Allocation] = []
     for job in work.queue():
         if job.not_before_ms > now_ms:
             continue
-        found = plan_admission(work, job)
+        found = plan_admission(work, job, preempt=not work.partial)
         if isinstance(found, Allocation):
             decisions.append(found)
             apply_allocation(work, found)
+        elif work.partial:
+            return None
     return decisions
 
 
@@ -146,13 +152,14 @@ def plan_replacement(state: PodState, job: SliceJob, failed: int) -> Replacement
         from services.workload_scheduler.switched import plan_switched_replacement
 
         return plan_switched_replacement(state, job, failed)
-    spares = [
-        b for b, t in enumerate(state.fabric.node_types) if t == node_type and state.allocatable(b)
-    ]
+    types = state.fabric.node_types
+    spares = [b for b in state.candidates() if types[b] == node_type and state.allocatable(b)]
     if spares:
         # Same first-end OCS group as the failed block keeps the slice's port spread (K >= 2).
         spare = min(spares, key=lambda b: (b in state.wired, groups[b] != groups[failed], b))
         return Replacement(job, failed, spare, position, (), _release_first_one(state, spare))
+    if state.partial:
+        return None  # victims need a full snapshot (the caller takes one)
     victims = choose_victims(
         state, Counter({node_type: 1}), job.priority, exclude=frozenset({job.job_id})
     )

@@ -127,6 +127,9 @@ class PodHandle:
                 "fabric_kind": fabric.kind,
             },
         )
+        # The indexes follow every commit; derive them once in case an older version
+        # (or a Redis that lost them) left none or stale ones.
+        await store.rebuild_indexes(fabric)
         self.scheduler = WorkloadScheduler(
             store=store,
             ocs=self._ocs,

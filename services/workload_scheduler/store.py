@@ -20,6 +20,17 @@ and under `ws:` beside the ocs_manager's `ocs:` keys of the same pod):
                                          RUNNING jobs and the ocs_manager's slices disagree,
                                          as the last reconcile round found (GetPod shows it)
 
+Indexes kept by the same commits, so a decision reads only what it needs (issue 15):
+
+    lp:{pod}:ws:block:free        string bitmap, bit b set: block b healthy and unowned
+    lp:{pod}:ws:block:freewired   hash   block id -> job id: the wiring marks on free blocks
+    lp:{pod}:ws:wired:count       hash   job id -> how many wiring marks it has
+    lp:{pod}:ws:queued            hash   job id -> SliceJob JSON, for PENDING / SUSPENDED jobs
+
+The commit script updates the first three for every block field it writes in the
+owner / failed / wired hashes (write_job keeps the queued hash); `rebuild_indexes`
+derives all four from the hashes above (at start, and whenever the bitmap is missing).
+
 Every change goes through `commit(txn)`: one Lua script that first checks what
 the caller's decision assumed (a job's state and epoch, a block still free,
 healthy, held by a given job, not wired to a live slice) and then applies all
@@ -39,7 +50,7 @@ import redis.asyncio as aioredis
 
 from services.common.keys import pod_key
 from services.workload_scheduler.fabric import PodFabric
-from services.workload_scheduler.model import FINAL_STATES, SliceJob
+from services.workload_scheduler.model import FINAL_STATES, QUEUED_STATES, SliceJob
 from services.workload_scheduler.placement import PodState
 
 EVENT_STREAM_MAXLEN = 10_000
@@ -62,8 +73,93 @@ return {redis.call("HGETALL", KEYS[1]), redis.call("HGETALL", KEYS[2]),
         redis.call("HGETALL", KEYS[3]), redis.call("HGETALL", KEYS[4]), extra}
 """
 
+# The lean snapshot of a decision that needs only free blocks (issue 15): the free
+# bitmap, the wiring marks on free blocks, the failed blocks, the queue, the live JSON of
+# the jobs marking free blocks and of the jobs named in ARGV[2..], and how many marks the
+# queued and named jobs have. KEYS: free, freewired, failed, queued, live, wired count,
+# and a seventh for ARGV[1] "seq" / "tip" as in _SNAPSHOT_LUA. {0} when the index is missing.
+_LEAN_LUA = r"""
+if redis.call("EXISTS", KEYS[1]) == 0 then return {0} end
+local extra = 0
+if ARGV[1] == "seq" then
+  extra = redis.call("INCR", KEYS[7])
+elseif ARGV[1] == "tip" then
+  local last = redis.call("XREVRANGE", KEYS[7], "+", "-", "COUNT", 1)
+  extra = last[1] and last[1][1] or "0-0"
+end
+local fw = redis.call("HGETALL", KEYS[2])
+local queued = redis.call("HGETALL", KEYS[4])
+local seen, named = {}, {}
+for i = 2, #fw, 2 do
+  if not seen[fw[i]] then seen[fw[i]] = true; named[#named + 1] = fw[i] end
+end
+for i = 2, #ARGV do
+  if not seen[ARGV[i]] then seen[ARGV[i]] = true; named[#named + 1] = ARGV[i] end
+end
+local jobs, marked = {}, {}
+for i = 1, #queued, 2 do
+  if redis.call("HEXISTS", KEYS[6], queued[i]) == 1 then marked[#marked + 1] = queued[i] end
+end
+for _, j in ipairs(named) do
+  local raw = redis.call("HGET", KEYS[5], j)
+  if raw then
+    jobs[#jobs + 1] = j; jobs[#jobs + 1] = raw
+    if redis.call("HEXISTS", KEYS[6], j) == 1 then marked[#marked + 1] = j end
+  end
+end
+-- hex: a client that decodes replies as UTF-8 cannot take the raw bitmap
+local hex = (string.gsub(redis.call("GET", KEYS[1]) or "", ".", function(c)
+  return string.format("%02x", string.byte(c))
+end))
+return {1, hex, fw, redis.call("HKEYS", KEYS[3]), queued, jobs, marked, extra}
+"""
+
+# Derive the indexes from the owner / failed / wired / live hashes (ARGV[1]: block count).
+# KEYS: owner, failed, wired, live, free, freewired, wired count, queued.
+_REBUILD_LUA = r"""
+local n = tonumber(ARGV[1])
+redis.call("DEL", KEYS[5], KEYS[6], KEYS[7], KEYS[8])
+redis.call("SETBIT", KEYS[5], math.max(n - 1, 0), 0)
+for b = 0, n - 1 do
+  local f = tostring(b)
+  if redis.call("HEXISTS", KEYS[1], f) == 0 and redis.call("HEXISTS", KEYS[2], f) == 0 then
+    redis.call("SETBIT", KEYS[5], b, 1)
+    local w = redis.call("HGET", KEYS[3], f)
+    if w then redis.call("HSET", KEYS[6], f, w) end
+  end
+end
+local wired = redis.call("HGETALL", KEYS[3])
+for i = 2, #wired, 2 do redis.call("HINCRBY", KEYS[7], wired[i], 1) end
+local live = redis.call("HGETALL", KEYS[4])
+for i = 1, #live, 2 do
+  local st = cjson.decode(live[i + 1])["st"]
+  if st == "PENDING" or st == "SUSPENDED" then redis.call("HSET", KEYS[8], live[i], live[i + 1]) end
+end
+return 1
+"""
+
+# The live job holding block ARGV[1] (KEYS: owner, live): its JSON, or false.
+_HOLDER_LUA = r"""
+local owner = redis.call("HGET", KEYS[1], ARGV[1])
+if not owner then return false end
+return redis.call("HGET", KEYS[2], owner)
+"""
+
 _TXN_LUA = r"""
 local tx = cjson.decode(ARGV[1])
+-- Indexes (issue 15): KEYS positions of owner, failed, wired, free, freewired, wired count.
+local ix = tx.ix
+local indexed = redis.call("EXISTS", KEYS[ix[4]]) == 1
+local touched = {}
+local function mark(field, job)
+  -- a wiring mark of `field` set to `job` (nil: removed): keep the per-job counts
+  local old = redis.call("HGET", KEYS[ix[3]], field)
+  if old == job then return end
+  if old and redis.call("HINCRBY", KEYS[ix[6]], old, -1) <= 0 then
+    redis.call("HDEL", KEYS[ix[6]], old)
+  end
+  if job then redis.call("HINCRBY", KEYS[ix[6]], job, 1) end
+end
 local function has(list, v)
   for _, x in ipairs(list) do if x == v then return true end end
   return false
@@ -103,8 +199,20 @@ local out = {}
 for _, o in ipairs(tx.o) do
   local t = o[1]
   if t == "hset" then
+    if indexed and o[2] == ix[3] then
+      for i = 3, #o, 2 do mark(o[i], o[i + 1]) end
+    end
+    if indexed and (o[2] == ix[1] or o[2] == ix[2] or o[2] == ix[3]) then
+      for i = 3, #o, 2 do touched[o[i]] = true end
+    end
     redis.call("HSET", KEYS[o[2]], unpack(o, 3))
   elseif t == "hdel" then
+    if indexed and o[2] == ix[3] then
+      for i = 3, #o do mark(o[i], nil) end
+    end
+    if indexed and (o[2] == ix[1] or o[2] == ix[2] or o[2] == ix[3]) then
+      for i = 3, #o do touched[o[i]] = true end
+    end
     redis.call("HDEL", KEYS[o[2]], unpack(o, 3))
   elseif t == "hincr" then
     redis.call("HINCRBY", KEYS[o[2]], o[3], o[4])
@@ -120,8 +228,12 @@ for _, o in ipairs(tx.o) do
     -- {"unwire", wired key, job}: drop every mark of that job
     local all = redis.call("HGETALL", KEYS[o[2]])
     for i = 1, #all, 2 do
-      if all[i + 1] == o[3] then redis.call("HDEL", KEYS[o[2]], all[i]) end
+      if all[i + 1] == o[3] then
+        redis.call("HDEL", KEYS[o[2]], all[i])
+        touched[all[i]] = true
+      end
     end
+    if indexed then redis.call("HDEL", KEYS[ix[6]], o[3]) end
   elseif t == "event" then
     -- {"event", job key, history key, stream key, maxlen, event JSON}
     local n = redis.call("HINCRBY", KEYS[o[2]], "nev", 1)
@@ -139,6 +251,18 @@ for _, o in ipairs(tx.o) do
   elseif t == "bevent" then
     -- {"bevent", stream key, maxlen, event JSON}
     redis.call("XADD", KEYS[o[2]], "MAXLEN", "~", o[3], "*", "kind", "block", "e", o[4])
+  end
+end
+if indexed then
+  for f, _ in pairs(touched) do
+    local b = tonumber(f)
+    if b then  -- a block (a SWITCHED pod's processors "t<g>.<i>.<j>" are not indexed)
+      local free = redis.call("HEXISTS", KEYS[ix[1]], f) == 0
+        and redis.call("HEXISTS", KEYS[ix[2]], f) == 0
+      redis.call("SETBIT", KEYS[ix[4]], b, free and 1 or 0)
+      local w = free and redis.call("HGET", KEYS[ix[3]], f)
+      if w then redis.call("HSET", KEYS[ix[5]], f, w) else redis.call("HDEL", KEYS[ix[5]], f) end
+    end
   end
 end
 return {1, "ok", out}
@@ -162,6 +286,10 @@ class PodKeys:
         self.events = pod_key(pod_id, "ws", "events")
         self.seq = pod_key(pod_id, "ws", "seq")
         self.wiring_diff = pod_key(pod_id, "ws", "wiring", "diff")
+        self.free = pod_key(pod_id, "ws", "block", "free")
+        self.freewired = pod_key(pod_id, "ws", "block", "freewired")
+        self.wired_count = pod_key(pod_id, "ws", "wired", "count")
+        self.queued = pod_key(pod_id, "ws", "queued")
         self._job_prefix = pod_key(pod_id, "ws", "job") + ":"
 
     def job(self, job_id: str) -> str:
@@ -292,6 +420,10 @@ class Txn:
             self.hdel(self.keys.live, [job.job_id])
         else:
             self.hset(self.keys.live, {job.job_id: summary})
+        if job.state in QUEUED_STATES:
+            self.hset(self.keys.queued, {job.job_id: summary})
+        elif old_state is None or old_state in QUEUED_STATES:
+            self.hdel(self.keys.queued, [job.job_id])
         if old_state != job.state:
             if old_state:
                 self.hincr(self.keys.state_counts, old_state, -1)
@@ -317,7 +449,10 @@ class Txn:
         )
 
     def payload(self) -> tuple[list[str], str]:
-        return list(self._keys), json.dumps({"c": self.checks, "o": self.ops})
+        k = self.keys
+        ix = [self.k(key) for key in (k.owner, k.failed, k.wired, k.free, k.freewired)]
+        ix.append(self.k(k.wired_count))
+        return list(self._keys), json.dumps({"c": self.checks, "o": self.ops, "ix": ix})
 
 
 @dataclass(frozen=True)
@@ -345,6 +480,9 @@ class PodStore:
         self.keys = PodKeys(pod_id)
         self._txn = redis.register_script(_TXN_LUA)
         self._snapshot = redis.register_script(_SNAPSHOT_LUA)
+        self._lean = redis.register_script(_LEAN_LUA)
+        self._rebuild = redis.register_script(_REBUILD_LUA)
+        self._holder = redis.register_script(_HOLDER_LUA)
         self._parsed: dict[str, SliceJob] = {}
 
     def slice_job(self, raw: str) -> SliceJob:
@@ -405,6 +543,53 @@ class PodStore:
             keys=[k.failed, k.owner, k.wired, k.live, k.events], args=["tip"]
         )
         return self._state(fabric, reply), str(reply[4])
+
+    async def holder(self, block: int) -> SliceJob | None:
+        """The live job holding `block`, in one read."""
+        raw = await self._holder(keys=[self.keys.owner, self.keys.live], args=[block])
+        return self.slice_job(raw) if raw else None
+
+    async def rebuild_indexes(self, fabric: PodFabric) -> None:
+        """Derive the free-block and queue indexes from the pod's hashes (one atomic
+        script, so safe beside other replicas' commits)."""
+        k = self.keys
+        await self._rebuild(
+            keys=[k.owner, k.failed, k.wired, k.live, k.free, k.freewired, k.wired_count, k.queued],
+            args=[fabric.block_count],
+        )
+
+    async def lean_snapshot(
+        self, fabric: PodFabric, *, jobs: Sequence[str] = (), extra: str = ""
+    ) -> tuple[PodState, Any]:
+        """What a decision that takes free blocks needs, independent of the number of
+        live jobs (issue 15): free blocks (healthy, unowned), the wiring marks on them
+        and their jobs, the failed blocks, the queue, and the jobs named in `jobs`. The
+        state is `partial` (PodState): a decision that needs more (preemption) takes a
+        full snapshot. With `extra` "seq" / "tip", also what snapshot_and_seq /
+        snapshot_and_tip add. OCS_TORUS pods only."""
+        k = self.keys
+        keys = [k.free, k.freewired, k.failed, k.queued, k.live, k.wired_count]
+        if extra:
+            keys.append(k.seq if extra == "seq" else k.events)
+        for _ in range(2):
+            reply = await self._lean(keys=keys, args=[extra, *jobs])
+            if int(reply[0]) == 1:
+                break
+            await self.rebuild_indexes(fabric)  # Redis lost it (or it was never built)
+        else:
+            raise Conflict("the free-block index is missing")
+        _, bitmap, fw, failed, queued, named, marked, tip = reply
+        live = {j: self.slice_job(raw) for j, raw in _pairs(named).items()}
+        live.update((j, self.slice_job(raw)) for j, raw in _pairs(queued).items())
+        state = PodState(
+            fabric,
+            failed={int(b) for b in failed},
+            wired={int(b): j for b, j in _pairs(fw).items()},
+            jobs=live,
+            free=_bits(bytes.fromhex(bitmap or ""), fabric.block_count),
+            marked=frozenset(marked),
+        )
+        return state, tip
 
     def _state(self, fabric: PodFabric, reply: list[Any]) -> PodState:
         failed, owner, wired, live = (_pairs(flat) for flat in reply[:4])
@@ -486,6 +671,19 @@ class PodStore:
             history=tuple(json.loads(h) for h in history),
             preempted=tuple(json.loads(row["preempted"])) if row.get("preempted") else (),
         )
+
+
+def _bits(bitmap: bytes, n: int) -> set[int]:
+    """The set bits of a Redis bitmap (bit 0 = the high bit of the first byte), below n."""
+    out: set[int] = set()
+    for i, byte in enumerate(bitmap):
+        if byte:
+            base = i * 8
+            out.update(base + o for o in _BYTE_BITS[byte] if base + o < n)
+    return out
+
+
+_BYTE_BITS = [tuple(o for o in range(8) if byte & (0x80 >> o)) for byte in range(256)]
 
 
 def _pairs(flat: list[str]) -> dict[str, str]:
