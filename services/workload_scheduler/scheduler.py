@@ -126,6 +126,41 @@ class Outcome:
     action: str = ""
 
 
+class _SwapRun:
+    """This replica swapping the failed blocks of one slice one after another; a report
+    of one of them waits here for its block's outcome (issue 15)."""
+
+    def __init__(self) -> None:
+        self.done: dict[int, Outcome] = {}
+        # The outcome that ended the slice (suspended, failed): the answer for the rest.
+        self.lost: Outcome | None = None
+        self.ended = False
+        self._changed = asyncio.Event()
+
+    def record(self, job_id: str, block: int, outcome: Outcome) -> None:
+        self.done[block] = outcome
+        if job_id in outcome.affected and outcome.replacement is None:
+            self.lost = outcome
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    def end(self) -> None:
+        self.ended = True
+        self._changed.set()
+
+    async def outcome_of(self, block: int) -> Outcome | None:
+        """The outcome of `block`'s swap, the slice's loss, or None when the run ended
+        without it (the caller then decides itself)."""
+        while True:
+            if block in self.done:
+                return self.done[block]
+            if self.lost is not None:
+                return self.lost
+            if self.ended:
+                return None
+            await self._changed.wait()
+
+
 def _b64(data: bytes) -> str:
     return base64.b64encode(data).decode()
 
@@ -163,6 +198,8 @@ class WorkloadScheduler:
         # it instead of reading the job. Only a guess: their commit checks state and epoch,
         # and on a conflict they read the job as it is.
         self._known: dict[str, JobRecord] = {}
+        # Slices of which this replica is swapping failed blocks, back to back (WS-5).
+        self._swap_runs: dict[str, _SwapRun] = {}
 
     def now_ms(self) -> int:
         return int(self._clock() * 1000)
@@ -294,6 +331,7 @@ class WorkloadScheduler:
         txn = self.store.txn()
         txn.expect_job(job.job_id, [PENDING], job.epoch)
         txn.hdel(keys.live, [job.job_id])
+        txn.hdel(keys.queued, [job.job_id])
         txn.hincr(keys.state_counts, PENDING, -1)
         txn.zrem(keys.jobs, job.job_id)
         # The transition reaches pod watchers; the job's keys go right after it.
@@ -331,7 +369,7 @@ class WorkloadScheduler:
         job = self._new_job(norm, seq=2**62)
         state.jobs[job.job_id] = job
         decision = next(
-            (d for d in plan_pass(state, self.now_ms()) if d.job.job_id == job.job_id), None
+            (d for d in plan_pass(state, self.now_ms()) or () if d.job.job_id == job.job_id), None
         )
         now = self.now_ms()
         if decision is not None:
@@ -377,21 +415,40 @@ class WorkloadScheduler:
         stores that new job: with its allocation when the pass places it, else PENDING;
         `admission.created` says how it went (None: the pass gave up first)."""
         started: list[asyncio.Task] = []
+        # First decide on the free blocks and the queue only (cost independent of the
+        # live jobs, issue 15); the whole pod when that cannot decide or after a conflict.
+        lean = self.fabric.switched is None
         for _ in range(MAX_COMMIT_ATTEMPTS):
             new: SliceJob | None = None
-            if admission is not None and admission.created is None:
+            creating = admission is not None and admission.created is None
+            if lean:
+                state, seq = await self.store.lean_snapshot(
+                    self.fabric,
+                    jobs=[admission.norm.job_id] if admission is not None and creating else (),
+                    extra="seq" if creating else "",
+                )
+            elif creating:
                 state, seq = await self.store.snapshot_and_seq(self.fabric)
+            else:
+                state = await self.snapshot()
+            if admission is not None and creating:
                 if admission.norm.job_id in state.jobs:  # admitted before: as the store says
                     admission.created = await self._create(
                         admission.spec_b64, admission.norm, admission.spec
                     )
                     continue
-                new = self._new_job(admission.norm, seq)
+                new = self._new_job(admission.norm, int(seq))
                 state.jobs[new.job_id] = new
-            else:
-                state = await self.snapshot()
             now = self.now_ms()
-            decisions = plan_pass(state, now)
+            found = plan_pass(state, now)
+            if found is None:  # a job needs more than free blocks: decide on the whole pod
+                lean = False
+                state = await self.snapshot()
+                if new is not None:
+                    state.jobs.setdefault(new.job_id, new)
+                found = plan_pass(state, now)
+            assert found is not None
+            decisions = found
             if not decisions and new is None:
                 self._queue_waiting = bool(state.queue())
                 return started
@@ -410,6 +467,7 @@ class WorkloadScheduler:
                     apply_allocation(work, alloc)
             except Conflict as c:
                 self.log.debug("pass conflicted (%s); deciding again", c)
+                lean = False
                 if new is not None and admission is not None and admission.created is None:
                     # The job may exist already (a retry, or another replica): as the
                     # store says; the next round of this pass then places it if it can.
@@ -989,17 +1047,22 @@ class WorkloadScheduler:
                 if changed
                 else "no change: block was healthy"
             )
-        state = await self.snapshot()
-        owner = state.owner.get(block)
-        job = state.jobs.get(owner) if owner else None
-        sharing = sorted(
-            (
-                j
-                for j in state.jobs.values()
-                if j.tile and j.tile[0] == block and j.state == RUNNING
-            ),
-            key=SliceJob.queue_key,
-        )
+        sharing: list[SliceJob] = []
+        if self.fabric.switched is None:
+            job = await self.store.holder(block)  # one read, whatever the live jobs
+            owner = job.job_id if job is not None else None
+        else:
+            state = await self.snapshot()
+            owner = state.owner.get(block)
+            job = state.jobs.get(owner) if owner else None
+            sharing = sorted(
+                (
+                    j
+                    for j in state.jobs.values()
+                    if j.tile and j.tile[0] == block and j.state == RUNNING
+                ),
+                key=SliceJob.queue_key,
+            )
         if sharing:  # small jobs of a SWITCHED pod's shared group (SW-2, SW-5)
             outcome = Outcome()
             for small in sharing:
@@ -1018,9 +1081,60 @@ class WorkloadScheduler:
         return await self.handle_failure(job.job_id, block)
 
     async def handle_failure(self, job_id: str, failed: int) -> Outcome:
-        """Keep a running slice alive through a failed block (Fig. 11, ¶126-132)."""
+        """Keep a running slice alive through a failed block (Fig. 11, ¶126-132).
+
+        Several failed blocks of one slice are swapped back to back (issue 15): while
+        this replica swaps one, a report of another waits for that swap run, which takes
+        the slice's next failed block as soon as the swap before is committed (it reads
+        the failed blocks again each time, so blocks reported through another replica
+        are included), instead of answering "already swapping" and leaving the block in
+        the slice until a reconcile round."""
+        while (run := self._swap_runs.get(job_id)) is not None:
+            outcome = await run.outcome_of(failed)
+            if outcome is not None:
+                return outcome
+        run = self._swap_runs[job_id] = _SwapRun()
+        try:
+            outcome = await self._handle_one(job_id, failed)
+        except BaseException:
+            self._end_swap_run(job_id, run)
+            raise
+        run.record(job_id, failed, outcome)
+        self._spawn(self._continue_swap_run(job_id, run), f"swap {job_id}")
+        return outcome
+
+    async def _continue_swap_run(self, job_id: str, run: _SwapRun) -> None:
+        """Swap the slice's other failed blocks, one after another, then end the run."""
+        try:
+            while True:
+                state = await self._decision_state([job_id])
+                job = state.jobs.get(job_id)
+                if job is None or job.state != RUNNING or job.replacing or not job.placement:
+                    return
+                following = next((b for b in job.placement if b in state.failed), None)
+                if following is None:
+                    return
+                run.record(job_id, following, await self._handle_one(job_id, following))
+        finally:
+            self._end_swap_run(job_id, run)
+
+    def _end_swap_run(self, job_id: str, run: _SwapRun) -> None:
+        if self._swap_runs.get(job_id) is run:
+            del self._swap_runs[job_id]
+        run.end()
+
+    async def _decision_state(self, jobs: list[str], *, full: bool = False) -> PodState:
+        """The lean snapshot naming `jobs` (issue 15), or the whole pod when asked or on
+        a SWITCHED pod (its small jobs' processors are not indexed)."""
+        if full or self.fabric.switched is not None:
+            return await self.snapshot()
+        state, _ = await self.store.lean_snapshot(self.fabric, jobs=jobs)
+        return state
+
+    async def _handle_one(self, job_id: str, failed: int) -> Outcome:
+        full = False
         for _ in range(MAX_COMMIT_ATTEMPTS):
-            state = await self.snapshot()
+            state = await self._decision_state([job_id], full=full)
             job = state.jobs.get(job_id)
             if (
                 job is None
@@ -1033,11 +1147,15 @@ class WorkloadScheduler:
             if job.replacing:
                 return Outcome(action=f"job {job_id} is already swapping a block")
             plan = plan_replacement(state, job, failed)
+            if plan is None and state.partial:
+                full = True  # no free spare: victims, or the slice's loss, need the whole pod
+                continue
             try:
                 if plan is None:
                     return await self._lose_slice(state, job, failed)
                 return await self._replace(state, plan)
             except Conflict:
+                full = True
                 continue
         return Outcome(action=f"job {job_id}: state kept changing; the reconcile loop retries")
 
