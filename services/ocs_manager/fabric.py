@@ -284,13 +284,13 @@ class Fabric:
 
     @cached_property
     def port_stride(self) -> int:
-        """Stored tables group all axes of one (dim, k): field = axis * port_stride + port,
-        a decimal shift so that "5017" reads "axis 5, port 17" (radix 136 -> 1000)."""
+        """Layout 1's tables (lua.py; read only to move them to layout 2) grouped all axes of
+        one (dim, k): field = axis * port_stride + port, "5017" = axis 5, port 17 (radix 136)."""
         return 10 ** len(str(max(self.config.ocs_radix - 1, 1)))
 
     @cached_property
     def axis_stride(self) -> int:
-        """1xK states group all blocks of one dim: field = block * axis_stride + axis."""
+        """Layout 1's 1xK states (read only to move them): field = block * axis_stride + axis."""
         return 10 ** len(str(max(max(self.axes) - 1, 1)))
 
     # -- names -------------------------------------------------------------------
