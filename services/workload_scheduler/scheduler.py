@@ -91,6 +91,11 @@ WIRING_PROGRESS_S = 2.0
 # changing the slice to end before releasing it; past that the other call (or the
 # reconcile loop, which never waits: its next round asks again) releases it.
 FINISH_RELEASE_WAIT_S = 5.0
+# A reconcile round that finds nothing changed does nothing; every this many rounds
+# (FULL_ROUND_MIN_S .. FULL_ROUND_MAX_S apart) one reads the whole pod anyway.
+FULL_ROUND_EVERY = 10
+FULL_ROUND_MIN_S = 1.0
+FULL_ROUND_MAX_S = 10.0
 
 
 class WiringRolledBack(OcsError):
@@ -198,6 +203,12 @@ class WorkloadScheduler:
         # it instead of reading the job. Only a guess: their commit checks state and epoch,
         # and on a conflict they read the job as it is.
         self._known: dict[str, JobRecord] = {}
+        # Reconcile rounds: the newest event when the last full round found nothing to
+        # do (None: it did something), and until when that holds.
+        self._quiet_tip: str | None = None
+        self._quiet_until_ms = 0
+        self._last_full_ms = 0
+        self.full_every_ms = int(FULL_ROUND_MAX_S * 1000)
         # Slices of which this replica is swapping failed blocks, back to back (WS-5).
         self._swap_runs: dict[str, _SwapRun] = {}
 
@@ -1298,44 +1309,80 @@ class WorkloadScheduler:
 
     # == reconcile loop ===========================================================
 
-    async def reconcile(self) -> None:
-        """One round of repairs any replica may do (idempotent, safe concurrently)."""
-        state = await self.snapshot()
+    async def reconcile(self, *, full: bool = False) -> None:
+        """One round of repairs any replica may do (idempotent, safe concurrently).
+
+        A round that finds the pod as the last one left it (the same newest event, no
+        deadline or backoff come due, no difference with the ocs_manager pending) does
+        nothing more than read that event id, so an idle pod costs the same with 1,000
+        live jobs as with none (issue 15). Every `full_every_ms` (and with `full`) a
+        round reads everything anyway: changes that append no event (a mark a dead
+        replica left, a slice released at the ocs_manager) are found that late at most."""
         now = self.now_ms()
+        tip = await self.store.tip()
+        if (
+            not full
+            and tip == self._quiet_tip
+            and now < self._quiet_until_ms
+            and now - self._last_full_ms < self.full_every_ms
+        ):
+            return
+        state = await self.snapshot()
+        due = now + self.full_every_ms  # when a time-based repair comes due, at the latest
+        busy = False
         # Leftover wiring of jobs that no longer wire or run.
         for other in sorted(set(state.wired.values())):
             job = state.jobs.get(other)
             if job is None or job.state not in HOLDING_STATES:
                 record = await self.store.job(other)
                 if record is not None and now - record.updated_ms < STALE_WIRING_GRACE_MS:
-                    continue  # just ended: the call that ended it is releasing it
+                    # just ended: the call that ended it is releasing it
+                    due = min(due, record.updated_ms + STALE_WIRING_GRACE_MS)
+                    continue
+                busy = True
                 try:
                     await self._release_claimed(other, wait_s=0)
                 except OcsError as err:
                     self._release_error(other, err)
         for job in list(state.jobs.values()):
-            if job.state == WIRING and job.wiring_deadline_ms and job.wiring_deadline_ms < now:
-                await self._take_over_wiring(job)
-            elif job.state == RUNNING and job.replacing and job.wiring_deadline_ms < now:
-                await self._take_over_replacement(job)
+            if job.state == WIRING and job.wiring_deadline_ms:
+                if job.wiring_deadline_ms < now:
+                    busy = True
+                    await self._take_over_wiring(job)
+                else:
+                    due = min(due, job.wiring_deadline_ms + 1)
+            elif job.state == RUNNING and job.replacing:
+                if job.wiring_deadline_ms < now:
+                    busy = True
+                    await self._take_over_replacement(job)
+                else:
+                    due = min(due, job.wiring_deadline_ms + 1)
+            elif job.not_before_ms > now:
+                due = min(due, job.not_before_ms)  # a queued job's backoff ends
         for job, block in running_with_failed_blocks(state):
+            busy = True
             await self.handle_failure(job.job_id, block)
-        await self._check_wiring()
+        if await self._check_wiring():
+            busy = True  # differences with the ocs_manager: look again next round
         if state.queue():
             await self.schedule()
+        self._last_full_ms = now
+        self._quiet_tip = None if busy else tip
+        self._quiet_until_ms = due
 
-    async def _check_wiring(self) -> None:
+    async def _check_wiring(self) -> bool:
         """Cross-service consistency (issue 14): compare RUNNING jobs with the
         ocs_manager's slices (consistency.py), report the differences (GetPod) and
         repair those that lasted STALE_WIRING_GRACE_MS: wire a RUNNING job whose slice
-        vanished again on its blocks, release a slice of no wiring or running job."""
+        vanished again on its blocks, release a slice of no wiring or running job.
+        True while differences (or an unanswered ocs_manager) call for another look."""
         state = await self.snapshot()
         try:
             slices = await self.ocs.slices()
         except OcsError as err:
             log = self.log.debug if err.transient else self.log.warning
             log("cannot compare jobs with the ocs_manager's slices: %s", err)
-            return
+            return True
         now = self.now_ms()
         confirmed = []
         for diff in wiring_differences(state, slices):
@@ -1373,6 +1420,7 @@ class WorkloadScheduler:
                     await self._release_claimed(diff.job_id, wait_s=0)
                 except OcsError as err:
                     self._release_error(diff.job_id, err)
+        return bool(report)
 
     async def _rewire(self, job: SliceJob) -> None:
         """A RUNNING job whose slice vanished at the ocs_manager (an operator's
@@ -1492,7 +1540,11 @@ class WorkloadScheduler:
         await self._swap_at_ocs(mine, position, Outcome())
 
     async def run_reconciler(self, interval_s: float) -> None:
-        """Reconcile rounds for ever (a supervised task: a failed round restarts it)."""
+        """Reconcile rounds for ever (a supervised task: a failed round restarts it).
+        A round reads everything every FULL_ROUND_EVERY rounds (1 to 10 s) at least."""
+        self.full_every_ms = int(
+            1000 * min(FULL_ROUND_MAX_S, max(FULL_ROUND_MIN_S, FULL_ROUND_EVERY * interval_s))
+        )
         while True:
             await self.reconcile()
             await asyncio.sleep(interval_s)

@@ -393,9 +393,12 @@ class WorkloadSchedulerServicer(workload_scheduler_pb2_grpc.WorkloadSchedulerSer
             request.block_id, request.health == common_pb2.BLOCK_HEALTH_HEALTHY, request.reason
         )
         rings = (outcome.replacement or {}).get("unit") == "rings"
-        view = await pod_view(sched)
+        if sched.fabric.switched is None:
+            block = await block_view(sched, request.block_id)  # whatever the live jobs
+        else:
+            block = (await pod_view(sched)).blocks[request.block_id]
         resp = workload_scheduler_pb2.ReportBlockHealthResponse(
-            block=view.blocks[request.block_id],
+            block=block,
             action=outcome.action,
             affected_jobs=outcome.affected,
         )
@@ -481,6 +484,24 @@ class WorkloadSchedulerServicer(workload_scheduler_pb2_grpc.WorkloadSchedulerSer
         if degrees is None:
             raise InvalidArgument("parallelism", "give at least one degree (data, pipeline, layer)")
         return ring_plan_pb(plan_rings(chips, wrap, degrees))
+
+
+async def block_view(sched: WorkloadScheduler, b: int) -> workload_scheduler_pb2.BlockView:
+    """One block of an OCS_TORUS pod as pod_view draws it, from one read (issue 15)."""
+    owner, failed, job = await sched.store.block(b)
+    position = None
+    if job is not None and job.placement and b in job.placement:
+        position = grid_positions(job.demand.grid)[job.placement.index(b)]
+    return workload_scheduler_pb2.BlockView(
+        block_id=b,
+        node_type=sched.fabric.node_types[b],
+        health=common_pb2.BLOCK_HEALTH_FAILED if failed else common_pb2.BLOCK_HEALTH_HEALTHY,
+        availability=common_pb2.BLOCK_AVAILABILITY_ALLOCATED
+        if owner
+        else common_pb2.BLOCK_AVAILABILITY_FREE,
+        job_id=owner,
+        position=common_pb2.Coordinate(coords=position) if position is not None else None,
+    )
 
 
 async def pod_view(sched: WorkloadScheduler) -> workload_scheduler_pb2.PodView:

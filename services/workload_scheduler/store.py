@@ -138,11 +138,12 @@ end
 return 1
 """
 
-# The live job holding block ARGV[1] (KEYS: owner, live): its JSON, or false.
-_HOLDER_LUA = r"""
+# Block ARGV[1] (KEYS: owner, live, failed): {owner or "", 1 if failed else 0, the
+# owner's live JSON or ""}.
+_BLOCK_LUA = r"""
 local owner = redis.call("HGET", KEYS[1], ARGV[1])
-if not owner then return false end
-return redis.call("HGET", KEYS[2], owner)
+local raw = owner and redis.call("HGET", KEYS[2], owner)
+return {owner or "", redis.call("HEXISTS", KEYS[3], ARGV[1]), raw or ""}
 """
 
 _TXN_LUA = r"""
@@ -482,7 +483,7 @@ class PodStore:
         self._snapshot = redis.register_script(_SNAPSHOT_LUA)
         self._lean = redis.register_script(_LEAN_LUA)
         self._rebuild = redis.register_script(_REBUILD_LUA)
-        self._holder = redis.register_script(_HOLDER_LUA)
+        self._block = redis.register_script(_BLOCK_LUA)
         self._parsed: dict[str, SliceJob] = {}
 
     def slice_job(self, raw: str) -> SliceJob:
@@ -544,10 +545,22 @@ class PodStore:
         )
         return self._state(fabric, reply), str(reply[4])
 
+    async def tip(self) -> str:
+        """The id of the newest event ("0-0" if none): it changes with every commit that
+        changes a job or a block's health."""
+        last = await self.redis.xrevrange(self.keys.events, count=1)
+        return str(last[0][0]) if last else "0-0"
+
+    async def block(self, block: int) -> tuple[str, bool, SliceJob | None]:
+        """One block in one read: who holds it ("" = nobody), whether it failed, and the
+        holder as a live job (None when it is not live)."""
+        k = self.keys
+        owner, failed, raw = await self._block(keys=[k.owner, k.live, k.failed], args=[block])
+        return owner, bool(int(failed)), self.slice_job(raw) if raw else None
+
     async def holder(self, block: int) -> SliceJob | None:
         """The live job holding `block`, in one read."""
-        raw = await self._holder(keys=[self.keys.owner, self.keys.live], args=[block])
-        return self.slice_job(raw) if raw else None
+        return (await self.block(block))[2]
 
     async def rebuild_indexes(self, fabric: PodFabric) -> None:
         """Derive the free-block and queue indexes from the pod's hashes (one atomic

@@ -62,3 +62,22 @@ async def test_failures_past_the_last_spare_suspend_the_slice_and_every_report_s
         assert (await pod.job("train")).state == SUSPENDED
         assert (await pod.job("peer")).state == RUNNING  # equal priority: never a victim
         await pod.assert_consistent()
+
+
+async def test_a_reports_block_view_is_the_pods(redis_url):
+    async with pod_stack(redis_url, ws_environ=NO_RECONCILE) as pod:
+        job = (await pod.admit("train", (8, 4, 4))).job
+        held = job.blocks[1].block_id
+        reply = await pod.fail(held)  # swapped: the block is failed and free now
+        view = await pod.pod()
+        assert reply.block == view.blocks[held]
+        new = reply.replacement.new_block_id
+        reply = await pod.fail(new)  # swapped again
+        assert reply.block == (await pod.pod()).blocks[new]
+        for b in (held, new):
+            reply = await pod.recover(b)
+            assert reply.block == (await pod.pod()).blocks[b]
+        other = next(b.block_id for b in (await pod.job("train")).blocks)
+        reply = await pod.recover(other)  # healthy already: nothing changes
+        assert reply.block == (await pod.pod()).blocks[other] and reply.block.job_id == "train"
+        assert reply.block.HasField("position")
