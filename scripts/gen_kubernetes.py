@@ -144,8 +144,9 @@ def calls(specs: list[ProcessSpec]) -> set[tuple[str, str]]:
 def probe_command(port: int, *, serving_only: bool) -> list[str]:
     """gRPC health over the pod's own mTLS (the service's certificate names 127.0.0.1).
 
-    The kubelet's native `grpc:` probe cannot be used: it speaks plaintext only,
-    and every Lightpath port requires TLS with a client certificate. Readiness
+    The kubelet's native `grpc:` probe cannot be used: it speaks plaintext (or, from
+    Kubernetes 1.37, unverified TLS) and never presents a client certificate, which
+    every Lightpath port requires. Readiness
     asks for SERVING; liveness and startup only for an answer, so a service
     that reports NOT_SERVING while Redis is away is taken out of its Service,
     not restarted (it recovers by itself, see services/common/supervisor.py)."""
@@ -486,10 +487,13 @@ def base_files() -> dict[str, str]:
         "base/settings.yaml": dump(
             [settings],
             '#\n# Settings every service reads (README "Configuration"). LIGHTPATH_REDIS_URL\n'
-            "# names the external Redis, one of (docs/operations.md):\n"
-            "#   redis://HOST:6379/0 or rediss://HOST:6380/0       one server (TLS: rediss)\n"
-            "#   redis+cluster://H1:P1,H2:P2                         Redis Cluster seed nodes\n"
-            "#   redis+sentinel://H1:P1,H2:P2/SERVICE_NAME[/DB]      Sentinel-managed master\n"
+            "# names the external Redis, in one of these forms (docs/operations.md):\n"
+            "#   one server (rediss:// with TLS):\n"
+            "#     rediss://redis.example.net:6380/0\n"
+            "#   a Redis Cluster, by some of its nodes (rediss+cluster:// with TLS):\n"
+            "#     redis+cluster://redis-0.redis.redis.svc:6379,redis-1.redis.redis.svc:6379\n"
+            "#   the master a set of Sentinels names, /SERVICE_NAME[/DB] (rediss+sentinel://):\n"
+            "#     redis+sentinel://sentinel-0.redis.redis.svc:26379,sentinel-1.redis.redis.svc:26379/mymaster/0\n"
             "# Its password is never here: Secret lightpath-redis, key password\n"
             "# (LIGHTPATH_REDIS_PASSWORD_FILE in each Deployment).\n",
         ),

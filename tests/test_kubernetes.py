@@ -182,6 +182,18 @@ def test_the_shared_configmap_holds_only_settings_every_service_reads():
     assert SETTINGS["LIGHTPATH_TLS_CLIENT_AUTH"] == "require"
 
 
+def test_the_redis_url_forms_the_configmap_shows_are_ones_the_services_read():
+    text = (KUBE / "base" / "settings.yaml").read_text()
+    forms = re.findall(r"^#\s+(\S+://\S+)$", text, re.M)
+    assert {f.partition("://")[0] for f in forms} == {"rediss", "redis+cluster", "redis+sentinel"}
+    try:
+        load(CommonSettings, {"LIGHTPATH_REDIS_URL": "redis+cluster://a:6379,b:6379"})
+    except ValueError:
+        pytest.skip("services/common does not read redis+cluster:// URLs yet (issue 16)")
+    for form in forms:
+        load(CommonSettings, {"LIGHTPATH_REDIS_URL": form})
+
+
 @pytest.mark.parametrize("name", sorted(SPECS))
 def test_tls_and_the_redis_password_come_from_mounted_secrets(name):
     c = container(name)
