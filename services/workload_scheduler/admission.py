@@ -1,0 +1,408 @@
+"""Admission and the queue (WS-2, WS-4, WS-6): a pass over the queue decides on a
+snapshot (the lean one first, issue 15) and commits each allocation with its checks."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+
+from lightpath.errors import FailedPrecondition, NotFound, ResourceExhausted
+from lightpath.v1 import workload_scheduler_pb2
+from services.workload_scheduler.core import (
+    MAX_COMMIT_ATTEMPTS,
+    AdmitResult,
+    _Admission,
+    _b64,
+    _victim_json,
+)
+from services.workload_scheduler.model import (
+    DELAY,
+    FAIL,
+    FAILED,
+    PENDING,
+    PREEMPTED,
+    RUNNING,
+    SUSPENDED,
+    TERMINATE,
+    WIRING,
+    SliceJob,
+)
+from services.workload_scheduler.placement import PodState, Unplaceable
+from services.workload_scheduler.planner import (
+    Allocation,
+    apply_allocation,
+    plan_admission,
+    plan_pass,
+)
+from services.workload_scheduler.spec import NormalizedSpec
+from services.workload_scheduler.store import Conflict, JobRecord, Txn
+from services.workload_scheduler.switched import job_degrees
+from services.workload_scheduler.wiring import WiringMixin
+
+
+class AdmissionMixin(WiringMixin):
+    # == admission (WS-2) ========================================================
+
+    async def admit(
+        self, spec: workload_scheduler_pb2.JobSpec, norm: NormalizedSpec, *, validate_only: bool
+    ) -> AdmitResult:
+        """Admit a job; answers once it is RUNNING, queued or refused (WS-2, WS-4)."""
+        spec_b64 = _b64(spec.SerializeToString(deterministic=True))
+        if validate_only:
+            return await self._dry_run(spec_b64, norm)
+        admission = _Admission(spec_b64, norm, spec)
+        async with self._pass_lock:
+            # A pass over the queue with the new job in it: the job's creation commits
+            # with its allocation when the pass places it (one snapshot, one commit).
+            self._pass_started += 1
+            generation = self._pass_started
+            try:
+                await self._pass(admission)
+            finally:
+                self._pass_done = generation
+        if admission.created is None:  # the pass gave up before the job was stored
+            admission.created = await self._create(spec_b64, norm, spec)
+            await self.schedule()
+        created = admission.created
+        record = await self._settled(norm.job_id)
+        if record.state == PENDING and norm.when_no_capacity == FAIL:
+            await self._refuse(record)
+            record = await self._settled(norm.job_id)
+        return AdmitResult(record, created, preempted=record.preempted)
+
+    def _new_job(self, norm: NormalizedSpec, seq: int) -> SliceJob:
+        return SliceJob(
+            job_id=norm.job_id,
+            state=PENDING,
+            epoch=1,
+            priority=norm.priority,
+            seq=seq,
+            demand=norm.demand,
+            preemption=norm.preemption,
+            shrink_to=norm.shrink_to,
+            on_block_failure=norm.on_block_failure,
+            when_no_capacity=norm.when_no_capacity,
+            degrees=job_degrees(norm) if self.fabric.switched is not None else None,
+        )
+
+    def _store_new(self, txn: Txn, job: SliceJob, admission: _Admission, now: int) -> None:
+        """Checks and writes that store a new job PENDING in the queue."""
+        txn.expect_no_job(job.job_id)
+        txn.hset(
+            self.store.keys.job(job.job_id),
+            {
+                "spec": admission.spec_b64,
+                "created_ms": now,
+                "seq": job.seq,
+                "labels": json.dumps(dict(admission.spec.labels)),
+            },
+        )
+        txn.zadd(self.store.keys.jobs, job.seq, job.job_id)
+        txn.write_job(
+            job, old_state=None, reason=f"admitted at priority {job.priority}", now_ms=now
+        )
+
+    def _log_admitted(self, job: SliceJob) -> None:
+        self.log.debug(
+            "job %s admitted: %s blocks, priority %d",
+            job.job_id,
+            "x".join(map(str, job.demand.grid)),
+            job.priority,
+            extra={"job_id": job.job_id},
+        )
+
+    async def _create(
+        self, spec_b64: str, norm: NormalizedSpec, spec: workload_scheduler_pb2.JobSpec
+    ) -> bool:
+        """Store the job PENDING in the queue; False if the same request was already admitted."""
+        seq = await self.store.next_seq()
+        now = self.now_ms()
+        job = self._new_job(norm, seq)
+        txn = self.store.txn()
+        self._store_new(txn, job, _Admission(spec_b64, norm, spec), now)
+        try:
+            await self.store.commit(txn)
+        except Conflict:
+            existing = await self.store.job(norm.job_id)
+            if existing is None:  # admitted and refused (WHEN_NO_CAPACITY_FAIL) meanwhile
+                return await self._create(spec_b64, norm, spec)
+            if existing.spec_b64 != spec_b64:
+                raise FailedPrecondition(
+                    f"job {norm.job_id}",
+                    "already exists with a different request; choose a new job id",
+                    reason="JOB_ID_REUSED",
+                ) from None
+            return False
+        self._log_admitted(job)
+        return True
+
+    async def _settled(self, job_id: str) -> JobRecord:
+        """The job once no wiring of it is in flight (bounded by the wiring timeout)."""
+        deadline = time.monotonic() + self.wiring_timeout_ms / 1000
+        while True:
+            task = self._wiring.get(job_id)
+            if task is not None:
+                with contextlib.suppress(Exception):
+                    done = await asyncio.shield(task)
+                    if isinstance(done, JobRecord) and done.job_id == job_id:
+                        return done  # as the RUNNING commit left it
+            record = await self.store.job(job_id, history=True)
+            if record is None:
+                raise NotFound("job", job_id)
+            if record.state != WIRING or time.monotonic() > deadline:
+                return record
+            await asyncio.sleep(0.02)
+
+    async def _refuse(self, record: JobRecord) -> None:
+        """WHEN_NO_CAPACITY_FAIL: the job could not be placed → forget it, RESOURCE_EXHAUSTED."""
+        state = await self.snapshot()
+        job = state.jobs.get(record.job_id)
+        if job is None or job.state != PENDING:
+            return
+        found = plan_admission(state, job)
+        reason = found.reason if isinstance(found, Unplaceable) else "the pod is busy"
+        keys = self.store.keys
+        txn = self.store.txn()
+        txn.expect_job(job.job_id, [PENDING], job.epoch)
+        txn.hdel(keys.live, [job.job_id])
+        txn.hdel(keys.queued, [job.job_id])
+        txn.hincr(keys.state_counts, PENDING, -1)
+        txn.zrem(keys.jobs, job.job_id)
+        # The transition reaches pod watchers; the job's keys go right after it.
+        txn.job_event(
+            {
+                "job": job.job_id,
+                "from": PENDING,
+                "to": FAILED,
+                "at": self.now_ms(),
+                "reason": f"refused (asked not to wait): {reason}",
+            }
+        )
+        txn.delete(keys.job(job.job_id))
+        txn.delete(keys.history(job.job_id))
+        try:
+            await self.store.commit(txn)
+        except Conflict:
+            return  # placed meanwhile by another pass
+        raise ResourceExhausted(
+            f"job {job.job_id} cannot be placed now and asked not to wait: {reason}",
+            reason="NO_CAPACITY",
+        )
+
+    async def _dry_run(self, spec_b64: str, norm: NormalizedSpec) -> AdmitResult:
+        existing = await self.store.job(norm.job_id)
+        if existing is not None:
+            if existing.spec_b64 != spec_b64:
+                raise FailedPrecondition(
+                    f"job {norm.job_id}",
+                    "already exists with a different request; choose a new job id",
+                    reason="JOB_ID_REUSED",
+                )
+            return AdmitResult(existing, False, f"already admitted: {existing.state}")
+        state = await self.snapshot()
+        job = self._new_job(norm, seq=2**62)
+        state.jobs[job.job_id] = job
+        decision = next(
+            (d for d in plan_pass(state, self.now_ms()) or () if d.job.job_id == job.job_id), None
+        )
+        now = self.now_ms()
+        if decision is not None:
+            placed = job.with_(state=WIRING, placement=decision.placement)
+            record = JobRecord(job.job_id, spec_b64, WIRING, 0, "", placed, now, now)
+            outcome = "placed on blocks " + ",".join(map(str, decision.placement))
+            if decision.victims:
+                outcome += " by preempting " + ", ".join(
+                    f"{v.job_id} ({v.action.lower()})" for v in decision.victims
+                )
+            preempted = tuple(_victim_json(v, state.jobs[v.job_id]) for v in decision.victims)
+            return AdmitResult(record, True, outcome, preempted)
+        found = plan_admission(state, job)
+        reason = found.reason if isinstance(found, Unplaceable) else "lower queue position"
+        if norm.when_no_capacity == FAIL:
+            raise ResourceExhausted(
+                f"job {job.job_id} cannot be placed now and asked not to wait: {reason}",
+                reason="NO_CAPACITY",
+            )
+        position = 1 + [j.job_id for j in state.queue()].index(job.job_id)
+        record = JobRecord(job.job_id, spec_b64, PENDING, 0, reason, job, now, now)
+        return AdmitResult(record, True, f"queued at position {position}: {reason}")
+
+    # == the queue (WS-4, WS-6) ===================================================
+
+    async def schedule(self) -> None:
+        """Run a pass over the queue that starts after this call (coalesced per replica).
+        Its allocations are committed when this returns; their wiring proceeds in the
+        background (an admission waits for its own job's, see `_settled`)."""
+        wanted = self._pass_started + 1
+        async with self._pass_lock:
+            if self._pass_done >= wanted:
+                return
+            self._pass_started += 1
+            generation = self._pass_started
+            try:
+                await self._pass()
+            finally:
+                self._pass_done = generation
+
+    async def _pass(self, admission: _Admission | None = None) -> list[asyncio.Task]:
+        """One pass over the queue (under the pass lock). With `admission`, the pass also
+        stores that new job: with its allocation when the pass places it, else PENDING;
+        `admission.created` says how it went (None: the pass gave up first)."""
+        started: list[asyncio.Task] = []
+        # First decide on the free blocks and the queue only (cost independent of the
+        # live jobs, issue 15); the whole pod when that cannot decide or after a conflict.
+        lean = self.fabric.switched is None
+        for _ in range(MAX_COMMIT_ATTEMPTS):
+            new: SliceJob | None = None
+            creating = admission is not None and admission.created is None
+            if lean:
+                state, seq = await self.store.lean_snapshot(
+                    self.fabric,
+                    jobs=[admission.norm.job_id] if admission is not None and creating else (),
+                    extra="seq" if creating else "",
+                )
+            elif creating:
+                state, seq = await self.store.snapshot_and_seq(self.fabric)
+            else:
+                state = await self.snapshot()
+            if admission is not None and creating:
+                if admission.norm.job_id in state.jobs:  # admitted before: as the store says
+                    admission.created = await self._create(
+                        admission.spec_b64, admission.norm, admission.spec
+                    )
+                    continue
+                new = self._new_job(admission.norm, int(seq))
+                state.jobs[new.job_id] = new
+            now = self.now_ms()
+            found = plan_pass(state, now)
+            if found is None:  # a job needs more than free blocks: decide on the whole pod
+                lean = False
+                state = await self.snapshot()
+                if new is not None:
+                    state.jobs.setdefault(new.job_id, new)
+                found = plan_pass(state, now)
+            assert found is not None
+            decisions = found
+            if not decisions and new is None:
+                self._queue_waiting = bool(state.queue())
+                return started
+            work = state.copy()
+            try:
+                if new is not None and all(d.job.job_id != new.job_id for d in decisions):
+                    assert admission is not None
+                    await self._commit_new(new, admission, now)  # waits in the queue
+                for alloc in decisions:
+                    creating = new is not None and alloc.job.job_id == new.job_id
+                    started.append(
+                        await self._commit_allocation(
+                            work, alloc, admission=admission if creating else None
+                        )
+                    )
+                    apply_allocation(work, alloc)
+            except Conflict as c:
+                self.log.debug("pass conflicted (%s); deciding again", c)
+                lean = False
+                if new is not None and admission is not None and admission.created is None:
+                    # The job may exist already (a retry, or another replica): as the
+                    # store says; the next round of this pass then places it if it can.
+                    admission.created = await self._create(
+                        admission.spec_b64, admission.norm, admission.spec
+                    )
+                continue
+            # Jobs left waiting may be placeable once the slices now wiring run (and so
+            # become preemptible): the wirings then ask for another pass.
+            self._queue_waiting = bool(work.queue())
+            return started
+        self.log.warning("scheduling pass gave up after %d conflicts", MAX_COMMIT_ATTEMPTS)
+        return started
+
+    async def _commit_new(self, job: SliceJob, admission: _Admission, now: int) -> None:
+        """Store a new job the pass leaves waiting: PENDING in the queue."""
+        txn = self.store.txn()
+        self._store_new(txn, job, admission, now)
+        await self.store.commit(txn)
+        admission.created = True
+        self._log_admitted(job)
+
+    def _victim_transitions(
+        self, txn: Txn, state: PodState, victims, preemptor: SliceJob, now: int
+    ) -> list[SliceJob]:
+        """Checks and writes for the victims of a preemption; the shrunk ones to rewire."""
+        shrunk = []
+        for v in victims:
+            vj = state.jobs[v.job_id]
+            txn.expect_job(v.job_id, [RUNNING], vj.epoch)
+            why = f"blocks taken by {preemptor.job_id} (priority {preemptor.priority} > {vj.priority})"
+            if v.action == TERMINATE:
+                new = vj.with_(state=PREEMPTED, epoch=vj.epoch + 1, placement=None)
+                reason = f"preempted: {why}"
+            elif v.action == DELAY:
+                new = vj.with_(state=SUSPENDED, epoch=vj.epoch + 1, placement=None, replacing=None)
+                reason = f"suspended and requeued: {why}"
+            else:
+                assert v.shrink_grid is not None
+                new = vj.with_(
+                    state=WIRING,
+                    epoch=vj.epoch + 1,
+                    demand=vj.demand.shrunk(v.shrink_grid),
+                    placement=v.kept_placement,
+                    wiring_deadline_ms=now + self.wiring_timeout_ms,
+                    queued_as=SUSPENDED,
+                    replacing=None,
+                )
+                reason = f"shrinking to {'x'.join(map(str, v.shrink_grid))} blocks: {why}"
+                shrunk.append(new)
+            txn.hdel(self.store.keys.owner, list(v.freed))
+            txn.write_job(new, old_state=RUNNING, reason=reason, now_ms=now)
+        return shrunk
+
+    async def _commit_allocation(
+        self, state: PodState, alloc: Allocation, *, admission: _Admission | None = None
+    ) -> asyncio.Task:
+        """Commit an allocation; with `admission`, alloc.job is new and is stored with it
+        (admitted PENDING, then placed: the same transitions as two commits)."""
+        job = alloc.job
+        now = self.now_ms()
+        keys = self.store.keys
+        txn = self.store.txn()
+        if admission is not None:
+            self._store_new(txn, job, admission, now)
+        else:
+            txn.expect_job(job.job_id, [job.state], job.epoch)
+        txn.expect_no_release_claim(job.job_id)
+        victim_ids = [v.job_id for v in alloc.victims]
+        new = job.with_(
+            state=WIRING,
+            epoch=job.epoch + 1,
+            placement=alloc.placement,
+            tile=alloc.tile,
+            wiring_deadline_ms=now + self.wiring_timeout_ms,
+            queued_as=job.state,
+        )
+        held = new.held_keys()  # the blocks, or a small job's processors (SWITCHED pods)
+        for b in alloc.placement:
+            txn.expect_health(b, "HEALTHY")
+        for b in held:
+            txn.expect_owner(b, ["", *victim_ids])
+            txn.expect_wired_by(b, alloc.release_first)
+        shrunk = self._victim_transitions(txn, state, alloc.victims, job, now)
+        txn.hset(keys.owner, {b: job.job_id for b in held})
+        if not alloc.release_first:
+            # Nothing to release first: mark the blocks as (about to be) wired right away.
+            txn.hset(keys.wired, {b: job.job_id for b in held})
+        preempted = [_victim_json(v, state.jobs[v.job_id]) for v in alloc.victims]
+        if preempted:
+            txn.hset(keys.job(job.job_id), {"preempted": json.dumps(preempted)})
+        reason = "placed on blocks " + ",".join(map(str, alloc.placement))
+        if alloc.victims:
+            reason += " after preempting " + ", ".join(victim_ids)
+        txn.write_job(new, old_state=job.state, reason=reason, now_ms=now)
+        await self.store.commit(txn)
+        if admission is not None:
+            admission.created = True
+            self._log_admitted(job)
+        log = self.log.info if alloc.victims else self.log.debug
+        log("job %s: %s", job.job_id, reason, extra={"job_id": job.job_id})
+        return self._track_wiring(job.job_id, self._wire_allocation(alloc, new, shrunk))

@@ -1,0 +1,194 @@
+"""What the parts of the workload scheduler share: settings of its loops, the results it
+answers, and `SchedulerCore`, the state one replica keeps (see scheduler.py for the
+shape of every change)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from lightpath.v1 import workload_scheduler_pb2
+from services.workload_scheduler.fabric import PodFabric
+from services.workload_scheduler.model import (
+    SliceJob,
+)
+from services.workload_scheduler.ocs import OcsError, OcsManagerClient
+from services.workload_scheduler.placement import PodState
+from services.workload_scheduler.preemption import VictimAction
+from services.workload_scheduler.spec import NormalizedSpec
+from services.workload_scheduler.store import JobRecord, PodStore
+
+MAX_COMMIT_ATTEMPTS = 20
+# A wiring refused because a block is still wired elsewhere may be a race with a
+# release in flight; after this many refusals the job fails.
+MAX_WIRING_ATTEMPTS = 3
+RETRY_BACKOFF_MS = 500
+RELEASE_CLAIM_MS = 30_000
+# Leftover wiring of a job that ended less than this ago is left to the call ending it.
+STALE_WIRING_GRACE_MS = 3_000
+# Records of jobs this replica set RUNNING, kept as a first guess for ending them.
+KNOWN_LIMIT = 4096
+# A wiring that lasts records a progress event on the job this often (and so pushes its
+# wiring deadline on: a slow switch is not a dead replica).
+WIRING_PROGRESS_S = 2.0
+# CompleteJob / CancelJob / ReportBlockHealth wait this long at most for another call
+# changing the slice to end before releasing it; past that the other call (or the
+# reconcile loop, which never waits: its next round asks again) releases it.
+FINISH_RELEASE_WAIT_S = 5.0
+# A reconcile round that finds nothing changed does nothing; every this many rounds
+# (FULL_ROUND_MIN_S .. FULL_ROUND_MAX_S apart) one reads the whole pod anyway.
+FULL_ROUND_EVERY = 10
+FULL_ROUND_MIN_S = 1.0
+FULL_ROUND_MAX_S = 10.0
+
+
+class WiringRolledBack(OcsError):
+    """A WireSlice past its deadline that the ocs_manager rolled back: nothing is wired."""
+
+
+@dataclass(frozen=True)
+class AdmitResult:
+    record: JobRecord
+    created: bool
+    outcome: str = ""
+    preempted: tuple[dict[str, Any], ...] = ()
+
+
+@dataclass
+class _Admission:
+    """A job being admitted, as its admission's pass stores it."""
+
+    spec_b64: str
+    norm: NormalizedSpec
+    spec: workload_scheduler_pb2.JobSpec
+    # True once this call stored the job, False if it existed already, None until known.
+    created: bool | None = None
+
+
+@dataclass
+class Outcome:
+    """What one admission, failure report or pass did, for responses and logs."""
+
+    preempted: list[dict[str, Any]] = field(default_factory=list)
+    replacement: dict[str, Any] | None = None
+    affected: list[str] = field(default_factory=list)
+    action: str = ""
+
+
+class _SwapRun:
+    """This replica swapping the failed blocks of one slice one after another; a report
+    of one of them waits here for its block's outcome (issue 15)."""
+
+    def __init__(self) -> None:
+        self.done: dict[int, Outcome] = {}
+        # The outcome that ended the slice (suspended, failed): the answer for the rest.
+        self.lost: Outcome | None = None
+        self.ended = False
+        self._changed = asyncio.Event()
+
+    def record(self, job_id: str, block: int, outcome: Outcome) -> None:
+        self.done[block] = outcome
+        if job_id in outcome.affected and outcome.replacement is None:
+            self.lost = outcome
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    def end(self) -> None:
+        self.ended = True
+        self._changed.set()
+
+    async def outcome_of(self, block: int) -> Outcome | None:
+        """The outcome of `block`'s swap, the slice's loss, or None when the run ended
+        without it (the caller then decides itself)."""
+        while True:
+            if block in self.done:
+                return self.done[block]
+            if self.lost is not None:
+                return self.lost
+            if self.ended:
+                return None
+            await self._changed.wait()
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+class SchedulerCore:
+    """One pod's scheduler state; the parts (wiring, admission, swap, reconcile) are
+    mixins over it, put together in scheduler.WorkloadScheduler."""
+
+    def __init__(
+        self,
+        *,
+        store: PodStore,
+        ocs: OcsManagerClient,
+        fabric: PodFabric,
+        wiring_timeout_s: float = 30.0,
+        clock: Callable[[], float] = time.time,
+        spawn: Callable[..., asyncio.Task] | None = None,
+        log: logging.Logger | None = None,
+    ):
+        self.store = store
+        self.ocs = ocs
+        self.fabric = fabric
+        self.pod_id = store.keys.pod_id
+        self.wiring_timeout_ms = int(wiring_timeout_s * 1000)
+        self._progress_s = min(WIRING_PROGRESS_S, wiring_timeout_s / 3)
+        self._clock = clock
+        self._spawn = spawn or (lambda coro, name: asyncio.ensure_future(coro))
+        self.log = log or logging.getLogger("lightpath.workload_scheduler")
+        self._pass_lock = asyncio.Lock()
+        self._pass_started = 0
+        self._pass_done = 0
+        self._wiring: dict[str, asyncio.Task] = {}
+        self._queue_waiting = False
+        # The record as this replica's RUNNING commit left it: complete / cancel start from
+        # it instead of reading the job. Only a guess: their commit checks state and epoch,
+        # and on a conflict they read the job as it is.
+        self._known: dict[str, JobRecord] = {}
+        # Reconcile rounds: the newest event when the last full round found nothing to
+        # do (None: it did something), and until when that holds.
+        self._quiet_tip: str | None = None
+        self._quiet_until_ms = 0
+        self._last_full_ms = 0
+        self.full_every_ms = int(FULL_ROUND_MAX_S * 1000)
+        # Slices of which this replica is swapping failed blocks, back to back (WS-5).
+        self._swap_runs: dict[str, _SwapRun] = {}
+
+    def now_ms(self) -> int:
+        return int(self._clock() * 1000)
+
+    async def snapshot(self) -> PodState:
+        return await self.store.snapshot(self.fabric)
+
+    def _remember(self, record: JobRecord) -> None:
+        if len(self._known) >= KNOWN_LIMIT:
+            del self._known[next(iter(self._known))]
+        self._known[record.job_id] = record
+
+    if TYPE_CHECKING:  # defined by AdmissionMixin (admission.py), used by every part
+
+        async def schedule(self) -> None: ...
+
+    def schedule_soon(self) -> None:
+        self._spawn(self.schedule(), "schedule")
+
+
+def _pos(position: tuple[int, ...]) -> str:
+    return "(" + ",".join(map(str, position)) + ")"
+
+
+def _victim_json(v: VictimAction, job: SliceJob) -> dict[str, Any]:
+    return {
+        "job": v.job_id,
+        "action": v.action,
+        "blocks": list(v.freed),
+        "grid": list(v.shrink_grid) if v.shrink_grid else [],
+        "priority": job.priority,
+    }

@@ -1,0 +1,328 @@
+"""Failure and recovery (WS-5): a failed block of a running slice swapped for a spare
+at the same logical position, several of one slice back to back (issue 15), or the
+slice suspended or failed when no block can be had."""
+
+from __future__ import annotations
+
+import json
+
+from lightpath.errors import NotFound
+from services.workload_scheduler.admission import AdmissionMixin
+from services.workload_scheduler.core import (
+    FINISH_RELEASE_WAIT_S,
+    MAX_COMMIT_ATTEMPTS,
+    Outcome,
+    _pos,
+    _SwapRun,
+    _victim_json,
+)
+from services.workload_scheduler.model import (
+    FAIL,
+    FAILED,
+    RUNNING,
+    SUSPENDED,
+    WIRING,
+    SliceJob,
+    grid_positions,
+)
+from services.workload_scheduler.ocs import OcsError, ReplaceResult
+from services.workload_scheduler.placement import PodState
+from services.workload_scheduler.planner import (
+    Replacement,
+    plan_replacement,
+)
+from services.workload_scheduler.store import Conflict
+
+
+class FailureMixin(AdmissionMixin):
+    # == failure and recovery (WS-5) ==============================================
+
+    async def report_health(self, block: int, healthy: bool, reason: str) -> Outcome:
+        if not 0 <= block < self.fabric.block_count:
+            raise NotFound(
+                "block", str(block), hint=f"this pod has blocks 0..{self.fabric.block_count - 1}"
+            )
+        keys = self.store.keys
+        now = self.now_ms()
+        txn = self.store.txn()
+        txn.expect_health(block, "FAILED" if healthy else "HEALTHY")
+        if healthy:
+            txn.hdel(keys.failed, [block])
+        else:
+            txn.hset(keys.failed, {block: json.dumps({"at": now, "reason": reason})})
+        txn.block_event(
+            {
+                "block": block,
+                "health": "HEALTHY" if healthy else "FAILED",
+                "at": now,
+                "reason": reason,
+            }
+        )
+        changed = True
+        try:
+            await self.store.commit(txn)
+        except Conflict:
+            changed = False  # already in that state: the report is idempotent
+        if changed:
+            self.log.info(
+                "block %d %s: %s",
+                block,
+                "recovered" if healthy else "failed",
+                reason,
+                extra={"block": block},
+            )
+        if healthy:
+            await self.schedule()
+            return Outcome(
+                action="block is healthy and back in the pool"
+                if changed
+                else "no change: block was healthy"
+            )
+        sharing: list[SliceJob] = []
+        if self.fabric.switched is None:
+            job = await self.store.holder(block)  # one read, whatever the live jobs
+            owner = job.job_id if job is not None else None
+        else:
+            state = await self.snapshot()
+            owner = state.owner.get(block)
+            job = state.jobs.get(owner) if owner else None
+            sharing = sorted(
+                (
+                    j
+                    for j in state.jobs.values()
+                    if j.tile and j.tile[0] == block and j.state == RUNNING
+                ),
+                key=SliceJob.queue_key,
+            )
+        if sharing:  # small jobs of a SWITCHED pod's shared group (SW-2, SW-5)
+            outcome = Outcome()
+            for small in sharing:
+                done = await self.handle_failure(small.job_id, block)
+                outcome.affected += done.affected
+                outcome.action = "; ".join(a for a in (outcome.action, done.action) if a)
+            return outcome
+        if job is None:
+            return Outcome(action="block marked failed; it held no slice")
+        if job.state == WIRING:
+            return Outcome(
+                action=f"block marked failed; job {owner} is being wired and will get a "
+                "replacement once it runs",
+                affected=[],
+            )
+        return await self.handle_failure(job.job_id, block)
+
+    async def handle_failure(self, job_id: str, failed: int) -> Outcome:
+        """Keep a running slice alive through a failed block (Fig. 11, ¶126-132).
+
+        Several failed blocks of one slice are swapped back to back (issue 15): while
+        this replica swaps one, a report of another waits for that swap run, which takes
+        the slice's next failed block as soon as the swap before is committed (it reads
+        the failed blocks again each time, so blocks reported through another replica
+        are included), instead of answering "already swapping" and leaving the block in
+        the slice until a reconcile round."""
+        while (run := self._swap_runs.get(job_id)) is not None:
+            outcome = await run.outcome_of(failed)
+            if outcome is not None:
+                return outcome
+        run = self._swap_runs[job_id] = _SwapRun()
+        try:
+            outcome = await self._handle_one(job_id, failed)
+        except BaseException:
+            self._end_swap_run(job_id, run)
+            raise
+        run.record(job_id, failed, outcome)
+        self._spawn(self._continue_swap_run(job_id, run), f"swap {job_id}")
+        return outcome
+
+    async def _continue_swap_run(self, job_id: str, run: _SwapRun) -> None:
+        """Swap the slice's other failed blocks, one after another, then end the run."""
+        try:
+            while True:
+                state = await self._decision_state([job_id])
+                job = state.jobs.get(job_id)
+                if job is None or job.state != RUNNING or job.replacing or not job.placement:
+                    return
+                following = next((b for b in job.placement if b in state.failed), None)
+                if following is None:
+                    return
+                run.record(job_id, following, await self._handle_one(job_id, following))
+        finally:
+            self._end_swap_run(job_id, run)
+
+    def _end_swap_run(self, job_id: str, run: _SwapRun) -> None:
+        if self._swap_runs.get(job_id) is run:
+            del self._swap_runs[job_id]
+        run.end()
+
+    async def _decision_state(self, jobs: list[str], *, full: bool = False) -> PodState:
+        """The lean snapshot naming `jobs` (issue 15), or the whole pod when asked or on
+        a SWITCHED pod (its small jobs' processors are not indexed)."""
+        if full or self.fabric.switched is not None:
+            return await self.snapshot()
+        state, _ = await self.store.lean_snapshot(self.fabric, jobs=jobs)
+        return state
+
+    async def _handle_one(self, job_id: str, failed: int) -> Outcome:
+        full = False
+        for _ in range(MAX_COMMIT_ATTEMPTS):
+            state = await self._decision_state([job_id], full=full)
+            job = state.jobs.get(job_id)
+            if (
+                job is None
+                or job.state != RUNNING
+                or not job.placement
+                or failed not in job.placement
+                or failed not in state.failed
+            ):
+                return Outcome(action=f"nothing to do for job {job_id}")
+            if job.replacing:
+                return Outcome(action=f"job {job_id} is already swapping a block")
+            plan = plan_replacement(state, job, failed)
+            if plan is None and state.partial:
+                full = True  # no free spare: victims, or the slice's loss, need the whole pod
+                continue
+            try:
+                if plan is None:
+                    return await self._lose_slice(state, job, failed)
+                return await self._replace(state, plan)
+            except Conflict:
+                full = True
+                continue
+        return Outcome(action=f"job {job_id}: state kept changing; the reconcile loop retries")
+
+    async def _lose_slice(self, state: PodState, job: SliceJob, failed: int) -> Outcome:
+        """No block to be had: SUSPENDED (requeued) or FAILED, as the job asked (WS-5)."""
+        node_type = self.fabric.node_types[failed]
+        final = job.on_block_failure == FAIL
+        new = job.with_(
+            state=FAILED if final else SUSPENDED,
+            epoch=job.epoch + 1,
+            placement=None,
+            replacing=None,
+        )
+        if job.tile is not None:
+            why = f"group {failed} failed under this small job; "
+        else:
+            why = (
+                f"block {failed} failed and no healthy {node_type} block is free or held by "
+                "lower-priority work; "
+            )
+        reason = why + ("failed as the job asked" if final else "suspended until blocks free")
+        txn = self.store.txn()
+        txn.expect_job(job.job_id, [RUNNING], job.epoch)
+        txn.hdel(self.store.keys.owner, job.held_keys())
+        txn.write_job(new, old_state=RUNNING, reason=reason, now_ms=self.now_ms())
+        await self.store.commit(txn)
+        self.log.warning("job %s: %s", job.job_id, reason, extra={"job_id": job.job_id})
+        try:
+            if final:
+                await self._release(job.job_id, wait_s=FINISH_RELEASE_WAIT_S)
+            else:
+                await self._release_claimed(job.job_id, wait_s=FINISH_RELEASE_WAIT_S)
+        except OcsError as err:
+            self._release_error(job.job_id, err)
+        await self.schedule()
+        return Outcome(
+            action=f"job {job.job_id} {new.state.lower()}: {reason}", affected=[job.job_id]
+        )
+
+    async def _replace(self, state: PodState, plan: Replacement) -> Outcome:
+        job = plan.job
+        assert job.placement is not None
+        now = self.now_ms()
+        keys = self.store.keys
+        placement = list(job.placement)
+        placement[plan.position_index] = plan.spare
+        position = grid_positions(job.demand.grid)[plan.position_index]
+        victim_ids = [v.job_id for v in plan.victims]
+        txn = self.store.txn()
+        txn.expect_job(job.job_id, [RUNNING], job.epoch)
+        txn.expect_owner(plan.failed, [job.job_id])
+        txn.expect_health(plan.failed, "FAILED")
+        txn.expect_owner(plan.spare, ["", *victim_ids])
+        txn.expect_health(plan.spare, "HEALTHY")
+        txn.expect_wired_by(plan.spare, plan.release_first)
+        shrunk = self._victim_transitions(txn, state, plan.victims, job, now)
+        swapping = job.with_(
+            epoch=job.epoch + 1,
+            placement=tuple(placement),
+            replacing=(plan.failed, plan.spare),
+            wiring_deadline_ms=now + self.wiring_timeout_ms,
+        )
+        txn.hdel(keys.owner, [plan.failed])
+        txn.hset(keys.owner, {plan.spare: job.job_id})
+        reason = (
+            f"block {plan.failed} failed; replacing it with block {plan.spare} at position "
+            f"{_pos(position)}" + (f" taken from {', '.join(victim_ids)}" if victim_ids else "")
+        )
+        txn.write_job(swapping, old_state=RUNNING, reason=reason, now_ms=now)
+        await self.store.commit(txn)
+        self.log.info("job %s: %s", job.job_id, reason, extra={"job_id": job.job_id})
+        outcome = Outcome(
+            preempted=[_victim_json(v, state.jobs[v.job_id]) for v in plan.victims],
+            affected=[job.job_id, *victim_ids],
+        )
+        err = await self._make_room(plan.release_first, set(), shrunk)
+        if err is not None:
+            return await self._replacement_failed(swapping, err, outcome)
+        return await self._swap_at_ocs(swapping, position, outcome)
+
+    async def _swap_at_ocs(
+        self, swapping: SliceJob, position: tuple[int, ...], outcome: Outcome
+    ) -> Outcome:
+        assert swapping.replacing is not None
+        failed, spare = swapping.replacing
+        keys = self.store.keys
+        txn = self.store.txn()
+        txn.expect_job(swapping.job_id, [RUNNING], swapping.epoch)
+        txn.expect_wired_by(spare, [swapping.job_id])
+        txn.hset(keys.wired, {spare: swapping.job_id})
+        try:
+            await self.store.commit(txn)
+        except Conflict as c:
+            return Outcome(action=f"replacement of block {failed} stopped: {c}")
+        try:
+            result: ReplaceResult = await self.ocs.replace_job(swapping, failed, spare)
+        except OcsError as err:
+            return await self._replacement_failed(swapping, err, outcome)
+        done = swapping.with_(epoch=swapping.epoch + 1, replacing=None, wiring_deadline_ms=0)
+        reason = (
+            f"block {failed} replaced by block {spare} at position {_pos(position)}: "
+            f"{result.moved} {result.unit} moved, {result.untouched} untouched"
+        )
+        txn = self.store.txn()
+        txn.expect_job(swapping.job_id, [RUNNING], swapping.epoch)
+        txn.hdel(keys.wired, [failed])
+        txn.write_job(done, old_state=RUNNING, reason=reason, now_ms=self.now_ms())
+        try:
+            await self.store.commit(txn)
+        except Conflict:
+            # Completed or cancelled meanwhile: its release removes the slice, and the
+            # failed block's mark with it.
+            return Outcome(action=f"block {failed} replaced, but the job ended meanwhile")
+        self.log.info("job %s: %s", swapping.job_id, reason, extra={"job_id": swapping.job_id})
+        outcome.action = reason
+        outcome.replacement = {
+            "job": swapping.job_id,
+            "failed": failed,
+            "new": spare,
+            "position": list(position),
+            "moved": result.moved,
+            "untouched": result.untouched,
+            "unit": result.unit,
+        }
+        return outcome
+
+    async def _replacement_failed(
+        self, swapping: SliceJob, err: OcsError, outcome: Outcome
+    ) -> Outcome:
+        """The OCS could not swap the block: the slice is lost like with no spare."""
+        state = await self.snapshot()
+        job = state.jobs.get(swapping.job_id)
+        if job is None or job.state != RUNNING or job.epoch != swapping.epoch:
+            return Outcome(action=f"replacement failed ({err}); the job changed meanwhile")
+        assert swapping.replacing is not None
+        res = await self._lose_slice(state, job, swapping.replacing[0])
+        res.action = f"replacement failed ({err}); " + res.action
+        res.preempted = outcome.preempted
+        return res
