@@ -97,7 +97,9 @@ class CapacityMap:
     the devices and owns a copy of the schedule (O(n): for tests and tools).
     """
 
-    def __init__(self) -> None:
+    def __init__(
+        self, *, grid_cell_ms: int = skyline.CELL_MS, grid_cells: int = skyline.CELLS
+    ) -> None:
         self._d = _Devices()
         self._latency: dict[str, dict[str, float]] = {}
         self._n = 0
@@ -109,7 +111,7 @@ class CapacityMap:
         self._rows: dict[str, int] | None = {}
         self._key_of: list[str | None] = []
         self._spare: list[int] = []
-        self._sky = Skyline()
+        self._sky = Skyline(grid_cell_ms, grid_cells)
         self._assumed: list[int] = []  # rows added by assume(), in order
 
     # -- devices --------------------------------------------------------------

@@ -41,6 +41,8 @@ MIN_TIME = _ORIGIN + 2
 MAX_TIME = _ORIGIN + _TMAX - 2
 MAX_ROWS = 1 << (63 - _TBITS)
 _MIN_WIDTH = 16
+CELL_MS = 60_000  # the coarse grid: one-minute cells ...
+CELLS = 1024  # ... about 17 hours of them
 
 
 def _tk(t: int) -> int:
@@ -71,6 +73,7 @@ class _Bucket:
         self.cnt = np.zeros(0, np.int64)
         self.spare: list[int] = []
         self.used = 0
+        self.dirty: set[int] = set()  # rows whose derived tables are stale
         self._views()
 
     def _views(self) -> None:
@@ -85,6 +88,7 @@ class _Bucket:
         b.key, b.sp, b.nend = self.key.copy(), self.sp.copy(), self.nend.copy()
         b.nref, b.nxt, b.cnt = self.nref.copy(), self.nxt.copy(), self.cnt.copy()
         b.spare = list(self.spare)
+        b.dirty = set(self.dirty)
         b._views()
         return b
 
@@ -130,6 +134,7 @@ class _Bucket:
         self._views()
 
     def _clear(self, r: int) -> None:
+        self.dirty.discard(r)
         self.key[r] = (r << _TBITS) | _TMAX
         self.key[r, 0] = r << _TBITS
         self.sp[:, r] = 0
@@ -188,18 +193,24 @@ class _Bucket:
             a[n - 1] = 0
         self.cnt[r] = n - 1
 
-    def rebuild(self, r: int) -> None:
-        """The row's sparse table of maxima and its next-end pointers."""
+    def rebuild(self) -> None:
+        """The sparse tables of maxima and the next-end pointers of the rows
+        changed since the last rebuild, all at once (one numpy pass per level)."""
+        if not self.dirty:
+            return
+        rows = np.fromiter(self.dirty, np.int64)
+        self.dirty.clear()
         w = self.w
-        sp = self.sp
+        prev = self.sp[0, rows]
         span = 1
         for lvl in range(1, self.levels):
-            prev, cur = sp[lvl - 1, r], sp[lvl, r]
-            cur[: w - span] = np.maximum(prev[: w - span], prev[span:])
-            cur[w - span :] = prev[w - span :]
+            cur = prev.copy()
+            np.maximum(prev[:, : w - span], prev[:, span:], out=cur[:, : w - span])
+            self.sp[lvl, rows] = cur
+            prev = cur
             span *= 2
-        idx = np.where(self.nend[r] > 0, np.arange(w), w - 1)
-        self.nxt[r] = np.minimum.accumulate(idx[::-1])[::-1]
+        idx = np.where(self.nend[rows] > 0, np.arange(w), w - 1)
+        self.nxt[rows] = np.minimum.accumulate(idx[:, ::-1], axis=1)[:, ::-1]
 
     def load_row(self, r: int, tks: np.ndarray, levels: np.ndarray, nend, nref) -> None:
         n = tks.shape[0]
@@ -209,7 +220,7 @@ class _Bucket:
         self.nend[r, 1 : n + 1] = nend
         self.nref[r, 1 : n + 1] = nref
         self.cnt[r] = n + 1
-        self.rebuild(r)
+        self.dirty.add(r)
 
     def row_data(self, r: int):
         n = int(self.cnt[r])
@@ -262,19 +273,58 @@ class Group:
     rows: np.ndarray
 
 
+class _Grid:
+    """Each device's most cores reserved in each cell of a coarse time grid
+    (cells of `cell` ms from `origin`; the first and the last cell reach to
+    minus and plus infinity). Kept with the rows: an allocation adds its cores
+    to the cells it covers whole and has the (at most two) cells it covers in
+    part re-read from its row. The grid slides forward with the searches
+    (`anchor`), re-reading only the cells that come into view."""
+
+    def __init__(self, cell: int, cells: int):
+        self.cell = cell
+        self.cells = cells
+        self.origin: int | None = None
+        self.m = np.zeros((0, cells), np.int64)
+        self.stale: list[int] = []  # device * cells + cell: partly covered by a change
+
+    def copy(self) -> _Grid:
+        g = _Grid(self.cell, self.cells)
+        g.origin = self.origin
+        g.m = self.m.copy()
+        g.stale = list(self.stale)
+        return g
+
+    def index(self, t: int) -> int:
+        assert self.origin is not None
+        return min(max((t - self.origin) // self.cell, 0), self.cells - 1)
+
+    def edges(self, j0: int, j1: int) -> tuple[np.ndarray, np.ndarray]:
+        """[lo, hi) of cells j0 .. j1-1 as key offsets (the end cells unbounded)."""
+        assert self.origin is not None
+        j = np.arange(j0, j1, dtype=np.int64)
+        lo = np.clip(self.origin + j * self.cell - _ORIGIN, 1, _TMAX - 1)
+        hi = np.clip(self.origin + (j + 1) * self.cell - _ORIGIN, 1, _TMAX - 1)
+        lo[j == 0] = 1
+        hi[j == self.cells - 1] = _TMAX - 1
+        return lo, hi
+
+
 class Skyline:
     """Every device's reserved cores over time (see the module docstring)."""
 
-    def __init__(self) -> None:
+    def __init__(self, cell: int = CELL_MS, cells: int = CELLS) -> None:
         self.buckets: dict[int, _Bucket] = {}
         self.bucket_of = np.zeros(0, np.int64)  # width of each device's bucket
         self.row_of = np.zeros(0, np.int64)
+        self.grid = _Grid(cell, cells)
 
     def copy(self) -> Skyline:
         s = Skyline.__new__(Skyline)
         s.buckets = {w: b.copy() for w, b in self.buckets.items()}
         s.bucket_of = self.bucket_of.copy()
         s.row_of = self.row_of.copy()
+        s.grid = self.grid.copy()
         return s
 
     @property
@@ -294,6 +344,91 @@ class Skyline:
             b = self._bucket(_MIN_WIDTH)
             self.bucket_of = np.append(self.bucket_of, _MIN_WIDTH)
             self.row_of = np.append(self.row_of, b.alloc())
+        g = self.grid
+        if g.m.shape[0] <= device:
+            grown = np.zeros((max(16, 2 * (device + 1)), g.cells), np.int64)
+            grown[: g.m.shape[0]] = g.m
+            g.m = grown
+
+    def _row(self, device: int) -> tuple[np.ndarray, np.ndarray]:
+        """Key offsets and levels of a device's breakpoints, the sentinel first."""
+        b = self.buckets[int(self.bucket_of[device])]
+        r = int(self.row_of[device])
+        n = int(b.cnt[r])
+        return b.key[r, :n] & _TMASK, b.sp[0, r, :n]
+
+    def _reread(self, device: int, j0: int, j1: int) -> None:
+        """Cells j0 .. j1-1 of a device's grid row, from its breakpoints."""
+        if j1 <= j0:
+            return
+        keys, levels = self._row(device)
+        lo, hi = self.grid.edges(j0, j1)
+        a = np.searchsorted(keys, lo, side="right") - 1
+        z = np.maximum(np.searchsorted(keys, hi, side="left"), a + 1)
+        if j1 - j0 <= 2:
+            out = [int(levels[x:y].max()) for x, y in zip(a.tolist(), z.tolist(), strict=True)]
+        else:
+            # max of levels[a:z] per cell: the cells' spans overlap by at most the one
+            # breakpoint z - 1 that also opens the next cell
+            ext = np.append(levels, 0)
+            seg = np.maximum.reduceat(ext, np.append(a, z[-1]))[:-1]
+            out = np.maximum(seg, ext[z - 1])
+        self.grid.m[device, j0:j1] = out
+
+    def _grid_change(self, device: int, start: int, end: int, cores: int) -> None:
+        g = self.grid
+        if g.origin is None:
+            return
+        jf, jl = g.index(start), g.index(end - 1)
+        whole0 = jf if jf > 0 and g.origin + jf * g.cell == start else jf + 1
+        whole1 = jl if jl < g.cells - 1 and g.origin + (jl + 1) * g.cell == end else jl - 1
+        if whole1 >= whole0:
+            g.m[device, whole0 : whole1 + 1] += cores
+        base = device * g.cells
+        if not whole0 <= jf <= whole1:
+            g.stale.append(base + jf)
+        if jl != jf and not whole0 <= jl <= whole1:
+            g.stale.append(base + jl)
+
+    def _grid_fresh(self) -> None:
+        """Re-read the cells that changes covered in part (all at once, from the
+        rows' range maxima)."""
+        g = self.grid
+        if not g.stale:
+            return
+        pairs = np.unique(np.array(g.stale, np.int64))
+        g.stale.clear()
+        devices, cells = np.divmod(pairs, g.cells)
+        assert g.origin is not None
+        lo = np.where(cells == 0, MIN_TIME - 1, g.origin + cells * g.cell)
+        hi = np.where(cells == g.cells - 1, MAX_TIME + 1, g.origin + (cells + 1) * g.cell)
+        g.m[devices, cells] = Skyline.peak(self.groups(devices), devices.shape[0], lo, hi)
+
+    def anchor(self, t: int) -> None:
+        """Slide the grid so that `t` lies in its first cells, if t has moved out
+        of its first quarter (time went on) or lies before it."""
+        g = self.grid
+        want = (t // g.cell) * g.cell - 2 * g.cell
+        if g.origin is not None and g.origin <= t < g.origin + (g.cells // 4) * g.cell:
+            return
+        n = self.devices
+        self._grid_fresh()
+        if g.origin is None or abs(want - g.origin) // g.cell >= g.cells // 2:
+            g.origin = want
+            for d in range(n):
+                self._reread(d, 0, g.cells)
+            return
+        shift = (want - g.origin) // g.cell
+        g.origin = want
+        if shift > 0:
+            g.m[:, 1 : g.cells - shift] = g.m[:, 1 + shift :].copy()
+            fresh = (0, g.cells - shift - 1, g.cells)
+        else:
+            g.m[:, 1 - shift :] = g.m[:, 1 : g.cells + shift].copy()
+            fresh = (0, 1, 1 - shift)
+        for d in range(n):
+            self._reread(d, 0, 1)
+            self._reread(d, fresh[1], fresh[2])
 
     # -- changes ------------------------------------------------------------------
 
@@ -303,7 +438,8 @@ class Skyline:
         js = b.insert(r, ks, end=False)
         je = b.insert(r, ke, end=True)
         b.sp[0, r, js:je] += cores
-        b.rebuild(r)
+        b.dirty.add(r)
+        self._grid_change(device, start, end, cores)
 
     def remove(self, device: int, start: int, end: int, cores: int) -> None:
         ks, ke = _tk(start), _tk(end)
@@ -313,7 +449,8 @@ class Skyline:
         b.sp[0, r, js:je] -= cores
         b.release(r, je, end=True)
         b.release(r, js, end=False)
-        b.rebuild(r)
+        b.dirty.add(r)
+        self._grid_change(device, start, end, -cores)
 
     def _room(self, device: int) -> tuple[_Bucket, int]:
         """The device's bucket and row, moved to a wider bucket if two more
@@ -335,7 +472,10 @@ class Skyline:
     # -- queries ------------------------------------------------------------------
 
     def groups(self, devices: np.ndarray) -> list[Group]:
-        """`devices` (device indices) split by bucket, for the queries below."""
+        """`devices` (device indices) split by bucket, for the queries below
+        (which see every change made before this call)."""
+        for bucket in self.buckets.values():
+            bucket.rebuild()
         widths = self.bucket_of[devices]
         if devices.shape[0] == 0:
             return []
@@ -372,6 +512,99 @@ class Skyline:
         return int(b.cnt[int(self.row_of[device])]) - 1
 
 
+def _offset(t: int) -> int:
+    """A query time as a key offset, clipped into (sentinel, padding)."""
+    return min(max(t - _ORIGIN, 1), _TMAX - 1)
+
+
+class _Probe:
+    """The devices of one search, split by bucket and sorted by row (so that the
+    keys of every query come sorted: numpy's binary search narrows from the
+    previous answer), with what every step reuses."""
+
+    def __init__(self, sky: Skyline, devices: np.ndarray, caps: np.ndarray):
+        self.n = devices.shape[0]
+        self.devices = devices
+        self.caps = caps
+        self.grid = sky.grid
+        self.parts = []
+        for g in sky.groups(devices):
+            order = np.argsort(g.rows)
+            rows, pos = g.rows[order], g.pos[order]
+            self.parts.append((g.bucket, pos, rows << _TBITS, rows * g.bucket.w, caps[pos]))
+
+    def next_end(self, t: int) -> int | None:
+        """The first instant after t at which an allocation on one of the devices ends."""
+        best = _TMAX
+        q = _offset(t)
+        for b, _, base, start, _ in self.parts:
+            pos = np.searchsorted(b.keyflat, base | q, side="right")
+            best = min(best, int((b.keyflat[start + b.nxtflat[pos]] & _TMASK).min()))
+        return None if best >= _TMAX else best + _ORIGIN
+
+    def free(self, a: list[int], b: list[int]) -> np.ndarray:
+        """Cores free during the whole of [a[i], b[i]) on each device: shape (len(a), n).
+        `a` and `b` must each be increasing."""
+        out = np.empty((len(a), self.n), np.int64)
+        qa = np.array([_offset(x) for x in a], np.int64)
+        qb = np.array([_offset(x) for x in b], np.int64)
+        for bk, pos, base, _, caps in self.parts:
+            col = base[:, None]
+            lo = np.searchsorted(bk.keyflat, (col | qa).ravel(), side="right") - 1
+            hi = np.searchsorted(bk.keyflat, (col | qb).ravel(), side="left")
+            np.maximum(hi, lo + 1, out=hi)
+            k = _LOG2[hi - lo]
+            off = k * bk.plane
+            peak = np.maximum(bk.spflat[off + lo], bk.spflat[off + hi - (1 << k)])
+            out[:, pos] = np.maximum(caps[:, None] - peak.reshape(-1, len(a)), 0).T
+        return out
+
+    # -- the coarse grid -----------------------------------------------------------
+
+    def coarse(self, duration: int, need: int) -> None:
+        """Prepare `first_open` for windows of `duration` (cells wholly inside
+        every window that starts in a cell: `width` of them)."""
+        self.need = need
+        self.width = duration // self.grid.cell - 1 if self.grid.origin is not None else 0
+        self.chunk_start = -1
+        self.chunk_open = np.zeros(0, bool)
+
+    def first_open(self, j: int) -> int:
+        """The first cell from j on whose candidates might leave `need` cores
+        free: a window starting in cell i holds cells i+1 .. i+width whole, so a
+        device offers at most its cores less its peak in those cells."""
+        g = self.grid
+        w = self.width
+        last = g.cells - 2 - w  # later cells would reach the open-ended last cell
+        while True:
+            if w < 1 or j <= 0 or j > last:
+                return j
+            k = j - self.chunk_start
+            if 0 <= k < self.chunk_open.shape[0]:
+                hit = np.flatnonzero(self.chunk_open[k:])
+                if hit.size:
+                    return j + int(hit[0])
+                j = self.chunk_start + self.chunk_open.shape[0]
+                continue
+            n = min(_CHUNK, last - j + 1)
+            cols = np.arange(j + 1, j + n + w)
+            lvl = g.m[np.ix_(self.devices, cols)]
+            span = 1
+            while span * 2 <= w:
+                lvl = np.maximum(lvl[:, :-span], lvl[:, span:])
+                span *= 2
+            peak = np.maximum(lvl[:, :n], lvl[:, w - span : w - span + n])
+            bound = np.maximum(self.caps[:, None] - peak, 0).sum(axis=0)
+            self.chunk_start = j
+            self.chunk_open = bound >= self.need
+
+
+_CHUNK = 96  # cells bounded at once by the coarse grid
+
+
+LOOKAHEAD = 6  # blocks bounded per step besides the exact check
+
+
 def earliest_start(
     sky: Skyline,
     cores: np.ndarray,
@@ -386,47 +619,53 @@ def earliest_start(
     with the free cores of each of `devices` (in their order) then.
 
     Free cores over [t, t + duration) grow only when t passes an allocation's
-    end, so the candidates are those ends, visited in order. Between two
-    exact checks the search skips a block (c, c + L] of candidates whenever
-    even the window every one of them shares, [c + L, c + duration + 1), leaves
-    too few cores free (an upper bound for each device); the block doubles
-    while that holds (up to the duration) and halves when it does not. Each
-    step is a handful of vectorised O(k log m) queries over the k devices.
+    end, so the candidates are those ends, visited in order. Each step takes
+    the next candidate c, checks it exactly, and bounds the blocks of
+    candidates after it, (c + i·h, c + (i+1)·h] for i < LOOKAHEAD: every
+    window starting in such a block contains [c + (i+1)·h, c + i·h + duration
+    + 1), so the cores each device has free during that shared stretch bound
+    what it can offer anywhere in the block. Blocks whose bound is short of
+    `need` are skipped; h doubles (up to the duration) while blocks are
+    skipped and halves when the first one cannot be. One step is one
+    vectorised query, O(k log m) per window for the k devices.
     """
     n = devices.shape[0]
     if n == 0:
         return None
-    groups = sky.groups(devices)
-    twice = sky.groups(np.concatenate((devices, devices)))
-    caps = cores[devices]
-    block = 1
+    sky.anchor(after)
+    sky._grid_fresh()
+    probe = _Probe(sky, devices, cores[devices])
+    probe.coarse(duration, need)
+    grid = sky.grid
+    h = max(1, duration // 8)
     t = after
     while True:
-        c = Skyline.next_end(groups, t)
+        c = probe.next_end(t)
         if c is None or (last_start is not None and c > last_start):
             return None
-        room = duration if last_start is None else min(duration, last_start - c)
-        step = min(block, room)
-        if step >= 1:
-            # the exact window at c and the window shared by (c, c + step], in one query
-            both = Skyline.peak(
-                twice,
-                2 * n,
-                np.repeat(np.array([c, c + step], np.int64), n),
-                np.repeat(np.array([c + duration, c + duration + 1], np.int64), n),
-            )
-            free = np.maximum(caps - both[:n], 0)
-            if int(free.sum()) >= need:
-                return c, free
-            bound = int(np.maximum(caps - both[n:], 0).sum())
-        else:
-            free = np.maximum(caps - Skyline.peak(groups, n, c, c + duration), 0)
-            if int(free.sum()) >= need:
-                return c, free
-            return None  # c is the last start allowed
-        if bound < need:
-            t = c + step
-            block = min(block * 2, max(duration, 1))
-        else:
+        j = grid.index(c)
+        jo = probe.first_open(j)
+        if jo > j:  # no candidate of cells j .. jo-1 can leave room
+            assert grid.origin is not None
+            t = grid.origin + jo * grid.cell - 1
+            continue
+        h = min(h, duration)
+        blocks = LOOKAHEAD
+        if last_start is not None:  # no block wholly after the last start allowed
+            blocks = min(blocks, -(-(last_start - c) // h))
+        a = [c] + [c + (i + 1) * h for i in range(blocks)]
+        b = [c + duration] + [c + i * h + duration + 1 for i in range(blocks)]
+        free = probe.free(a, b)
+        if int(free[0].sum()) >= need:
+            return c, free[0]
+        if blocks == 0:
+            return None  # c was the last start allowed
+        open_ = np.flatnonzero(free[1:].sum(axis=1) >= need)
+        if open_.size == 0:
+            t = c + blocks * h
+            h = min(h * 2, duration)
+        elif open_[0] == 0:
             t = c
-            block = max(1, block // 2)
+            h = max(1, h // 2)
+        else:
+            t = c + int(open_[0]) * h

@@ -106,8 +106,11 @@ rows = st.tuples(
 dense_rows = st.tuples(st.integers(0, 2), st.integers(0, 30), st.integers(1, 8), st.integers(1, 4))
 
 
-def build(allocs, removed, assumed) -> CapacityMap:
-    cap = CapacityMap()
+def build(allocs, removed, assumed, cell: int = 3) -> CapacityMap:
+    """A map of the allocations (those in `removed` taken out again, `assumed`
+    tried and taken back, then two of them assumed), its coarse grid in cells
+    of `cell` (so that the small times here use it)."""
+    cap = CapacityMap(grid_cell_ms=cell, grid_cells=24)
     for i, c in enumerate(CORES):
         cap.upsert_device(Device(f"d{i}", "GPU", c))
     for k, (dev, start, length, cores) in enumerate(allocs):
@@ -131,11 +134,12 @@ def build(allocs, removed, assumed) -> CapacityMap:
     st.integers(-5, 90),  # after
     st.one_of(st.none(), st.integers(0, 120)),  # last start
     st.lists(st.booleans(), min_size=len(CORES), max_size=len(CORES)).filter(any),
+    st.sampled_from([1, 2, 3, 5, 60_000]),  # grid cell (60 s: no grid at these times)
 )
 def test_earliest_start_matches_the_old_search_on_random_schedules(
-    allocs, removed, assumed, need, duration, after, last, mask
+    allocs, removed, assumed, need, duration, after, last, mask, cell
 ):
-    cap = build(allocs, removed, assumed)
+    cap = build(allocs, removed, assumed, cell)
     devices = np.array(mask)
     old = legacy(cap)
     got = cap.earliest_start(need, duration, after, last, devices)
@@ -152,11 +156,12 @@ def test_earliest_start_matches_the_old_search_on_random_schedules(
     st.integers(1, 12),  # duration
     st.integers(-2, 20),  # after
     st.one_of(st.none(), st.integers(0, 40)),  # last start
+    st.sampled_from([1, 2, 4, 60_000]),
 )
 def test_earliest_start_matches_the_old_search_on_dense_schedules(
-    allocs, need, duration, after, last
+    allocs, need, duration, after, last, cell
 ):
-    cap = build(allocs, [], [])
+    cap = build(allocs, [], [], cell)
     devices = np.array([True, True, True, False, False])
     old = legacy(cap)
     same(
@@ -195,9 +200,40 @@ def test_peak_and_free_match_the_old_sweep(allocs, removed, assumed, start, leng
     assert part[mask].tolist() == want[mask].tolist()
 
 
+def test_the_grid_slides_with_the_searches_and_keeps_their_answers():
+    """Searches from later and later instants (time going on), then an earlier
+    one, with changes in between: the coarse grid moves by a few cells, by more
+    than half of itself, and back, and never costs an answer."""
+    rng = random.Random(5)
+    cap = CapacityMap(grid_cell_ms=10, grid_cells=32)
+    for i in range(6):
+        cap.upsert_device(Device(f"d{i}", "GPU", 16))
+    k = 0
+    for i in range(6):
+        for _lane in range(3):
+            t = rng.randrange(0, 40)
+            while t < 2000:
+                n = rng.randrange(20, 200)
+                cap.add(f"r{k}:0", f"d{i}", t, t + n, 5)
+                k += 1
+                t += n + rng.choice((0, 0, rng.randrange(1, 60)))
+    mask = np.ones(6, bool)
+    for after in [*range(0, 1900, 37), 5, 1200, 3]:
+        if rng.random() < 0.5:
+            key = f"r{rng.randrange(k)}:0"
+            cap.remove(key)
+        old = legacy(cap)
+        for need in (1, 8, 30, 96):
+            for duration in (15, 60, 250):
+                args = (need, duration, after, None, mask)
+                same(cap.earliest_start(*args), old.brute_earliest_start(*args))
+        assert cap._sky.grid.origin is not None
+        assert cap._sky.grid.origin <= after
+
+
 def test_a_device_with_many_more_breakpoints_moves_to_wider_rows_and_back_to_the_same_answers():
     rng = random.Random(3)
-    cap = CapacityMap()
+    cap = CapacityMap(grid_cell_ms=50, grid_cells=64)
     for i in range(4):
         cap.upsert_device(Device(f"d{i}", "GPU", 64))
     keys = []
