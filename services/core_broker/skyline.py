@@ -287,13 +287,46 @@ class _Grid:
         self.origin: int | None = None
         self.m = np.zeros((0, cells), np.int64)
         self.stale: list[int] = []  # device * cells + cell: partly covered by a change
+        # lv[p][j, d]: the most of m[d, j : j + 2**p] (a sparse table over each
+        # device's cells, cells first: a search reads a run of cells of every
+        # device at once), rebuilt for the devices in `dirty` before a search
+        self.lv = np.zeros((cells.bit_length(), cells, 0), np.int32)
+        self.dirty: set[int] = set()
 
     def copy(self) -> _Grid:
         g = _Grid(self.cell, self.cells)
         g.origin = self.origin
         g.m = self.m.copy()
         g.stale = list(self.stale)
+        g.lv = self.lv.copy()
+        g.dirty = set(self.dirty)
         return g
+
+    def grow(self, devices: int) -> None:
+        if self.m.shape[0] >= devices:
+            return
+        n = max(16, 2 * devices)
+        m = np.zeros((n, self.cells), np.int64)
+        m[: self.m.shape[0]] = self.m
+        lv = np.zeros((self.lv.shape[0], self.cells, n), np.int32)
+        lv[:, :, : self.lv.shape[2]] = self.lv
+        self.m, self.lv = m, lv
+
+    def rebuild(self) -> None:
+        if not self.dirty:
+            return
+        rows = np.fromiter(self.dirty, np.int64)
+        self.dirty.clear()
+        c = self.cells
+        prev = self.m[rows].astype(np.int32)
+        self.lv[0][:, rows] = prev.T
+        span = 1
+        for p in range(1, self.lv.shape[0]):
+            cur = prev.copy()
+            np.maximum(prev[:, : c - span], prev[:, span:], out=cur[:, : c - span])
+            self.lv[p][:, rows] = cur.T
+            prev = cur
+            span *= 2
 
     def index(self, t: int) -> int:
         assert self.origin is not None
@@ -344,11 +377,7 @@ class Skyline:
             b = self._bucket(_MIN_WIDTH)
             self.bucket_of = np.append(self.bucket_of, _MIN_WIDTH)
             self.row_of = np.append(self.row_of, b.alloc())
-        g = self.grid
-        if g.m.shape[0] <= device:
-            grown = np.zeros((max(16, 2 * (device + 1)), g.cells), np.int64)
-            grown[: g.m.shape[0]] = g.m
-            g.m = grown
+        self.grid.grow(device + 1)
 
     def _row(self, device: int) -> tuple[np.ndarray, np.ndarray]:
         """Key offsets and levels of a device's breakpoints, the sentinel first."""
@@ -374,6 +403,7 @@ class Skyline:
             seg = np.maximum.reduceat(ext, np.append(a, z[-1]))[:-1]
             out = np.maximum(seg, ext[z - 1])
         self.grid.m[device, j0:j1] = out
+        self.grid.dirty.add(device)
 
     def _grid_change(self, device: int, start: int, end: int, cores: int) -> None:
         g = self.grid
@@ -384,6 +414,7 @@ class Skyline:
         whole1 = jl if jl < g.cells - 1 and g.origin + (jl + 1) * g.cell == end else jl - 1
         if whole1 >= whole0:
             g.m[device, whole0 : whole1 + 1] += cores
+            g.dirty.add(device)
         base = device * g.cells
         if not whole0 <= jf <= whole1:
             g.stale.append(base + jf)
@@ -403,6 +434,7 @@ class Skyline:
         lo = np.where(cells == 0, MIN_TIME - 1, g.origin + cells * g.cell)
         hi = np.where(cells == g.cells - 1, MAX_TIME + 1, g.origin + (cells + 1) * g.cell)
         g.m[devices, cells] = Skyline.peak(self.groups(devices), devices.shape[0], lo, hi)
+        g.dirty.update(devices.tolist())
 
     def anchor(self, t: int) -> None:
         """Slide the grid so that `t` lies in its first cells, if t has moved out
@@ -542,6 +574,27 @@ class _Probe:
             best = min(best, int((b.keyflat[start + b.nxtflat[pos]] & _TMASK).min()))
         return None if best >= _TMAX else best + _ORIGIN
 
+    def next_ends(self, t: int, k: int) -> list[int]:
+        """The first k distinct instants after t at which an allocation on one of
+        the devices ends (fewer if there are fewer)."""
+        if k == 1:
+            first = self.next_end(t)
+            return [] if first is None else [first]
+        q = _offset(t)
+        found = []
+        for b, _, base, start, _ in self.parts:
+            col = b.nxtflat[np.searchsorted(b.keyflat, base | q, side="right")]
+            last = b.w - 1
+            for _ in range(k):
+                found.append(b.keyflat[start + col] & _TMASK)
+                col = np.where(col < last, b.nxtflat[start + np.minimum(col + 1, last)], last)
+        # the k smallest distinct: none above the k-th smallest of the first round
+        round0 = np.unique(np.concatenate(found[::k]))
+        limit = round0[min(k, round0.shape[0]) - 1]
+        every = np.concatenate(found)
+        times = np.unique(every[every <= limit])
+        return (times[times < _TMAX][:k] + _ORIGIN).tolist()
+
     def free(self, a: list[int], b: list[int]) -> np.ndarray:
         """Cores free during the whole of [a[i], b[i]) on each device: shape (len(a), n).
         `a` and `b` must each be increasing."""
@@ -587,14 +640,11 @@ class _Probe:
                 j = self.chunk_start + self.chunk_open.shape[0]
                 continue
             n = min(_CHUNK, last - j + 1)
-            cols = np.arange(j + 1, j + n + w)
-            lvl = g.m[np.ix_(self.devices, cols)]
-            span = 1
-            while span * 2 <= w:
-                lvl = np.maximum(lvl[:, :-span], lvl[:, span:])
-                span *= 2
-            peak = np.maximum(lvl[:, :n], lvl[:, w - span : w - span + n])
-            bound = np.maximum(self.caps[:, None] - peak, 0).sum(axis=0)
+            p = w.bit_length() - 1
+            table = g.lv[p]
+            a = table[j + 1 : j + 1 + n][:, self.devices]
+            z = table[j + 1 + w - (1 << p) : j + 1 + n + w - (1 << p)][:, self.devices]
+            bound = np.maximum(self.caps - np.maximum(a, z), 0).sum(axis=1)
             self.chunk_start = j
             self.chunk_open = bound >= self.need
 
@@ -634,38 +684,47 @@ def earliest_start(
         return None
     sky.anchor(after)
     sky._grid_fresh()
+    sky.grid.rebuild()
     probe = _Probe(sky, devices, cores[devices])
     probe.coarse(duration, need)
     grid = sky.grid
     h = max(1, duration // 8)
+    k = 1  # candidates checked exactly per step: more while the blocks after them stay open
     t = after
     while True:
-        c = probe.next_end(t)
-        if c is None or (last_start is not None and c > last_start):
+        cands = probe.next_ends(t, k)
+        if not cands or (last_start is not None and cands[0] > last_start):
             return None
+        c = cands[0]
         j = grid.index(c)
         jo = probe.first_open(j)
         if jo > j:  # no candidate of cells j .. jo-1 can leave room
             assert grid.origin is not None
             t = grid.origin + jo * grid.cell - 1
             continue
+        if last_start is not None:
+            cands = [x for x in cands if x <= last_start]
+        cl = cands[-1]
         h = min(h, duration)
         blocks = LOOKAHEAD
         if last_start is not None:  # no block wholly after the last start allowed
-            blocks = min(blocks, -(-(last_start - c) // h))
-        a = [c] + [c + (i + 1) * h for i in range(blocks)]
-        b = [c + duration] + [c + i * h + duration + 1 for i in range(blocks)]
+            blocks = min(blocks, -(-(last_start - cl) // h))
+        a = [*cands, *(cl + (i + 1) * h for i in range(blocks))]
+        b = [*(x + duration for x in cands), *(cl + i * h + duration + 1 for i in range(blocks))]
         free = probe.free(a, b)
-        if int(free[0].sum()) >= need:
-            return c, free[0]
+        room = np.flatnonzero(free[: len(cands)].sum(axis=1) >= need)
+        if room.size:
+            return cands[int(room[0])], free[int(room[0])]
         if blocks == 0:
-            return None  # c was the last start allowed
-        open_ = np.flatnonzero(free[1:].sum(axis=1) >= need)
+            return None  # the last candidate checked was the last start allowed
+        open_ = np.flatnonzero(free[len(cands) :].sum(axis=1) >= need)
         if open_.size == 0:
-            t = c + blocks * h
+            t = cl + blocks * h
             h = min(h * 2, duration)
+            k = 1
         elif open_[0] == 0:
-            t = c
+            t = cl
             h = max(1, h // 2)
+            k = min(k * 2, 16)
         else:
-            t = c + int(open_[0]) * h
+            t = cl + int(open_[0]) * h
