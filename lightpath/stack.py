@@ -486,11 +486,12 @@ async def issue_local_tokens(
 
 
 def local_redis(redis_url: str, password_file: str):
-    """An async client of the local stack's Redis, with its password."""
-    import redis.asyncio as aioredis
+    """An async client of the local stack's Redis (one server, a cluster or a sentinel
+    set: lightpath.redis_url), with its password."""
+    from lightpath import redis_url as urls
 
     password = Path(password_file).read_text().strip() if password_file else None
-    return aioredis.Redis.from_url(redis_url, password=password, decode_responses=True)
+    return urls.client(redis_url, password=password)
 
 
 @contextlib.contextmanager

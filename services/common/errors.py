@@ -76,7 +76,18 @@ _REDIS_UNAVAILABLE: tuple[
         "Redis asked to try again (a cluster slot is moving)",
         0.2,
     ),
-    (redis_errors.ClusterDownError, "REDIS_UNAVAILABLE", "the Redis cluster is down", 1.0),
+    (
+        redis_errors.ClusterDownError,
+        "REDIS_UNAVAILABLE",
+        "the Redis cluster is down (or a master is failing over)",
+        1.0,
+    ),
+    (
+        redis_errors.SlotNotCoveredError,
+        "REDIS_UNAVAILABLE",
+        "no Redis Cluster node serves this state's slot yet (a failover is under way)",
+        1.0,
+    ),
     (redis_errors.TimeoutError, "REDIS_TIMEOUT", "Redis did not answer in time", 0.5),
     (redis_errors.ConnectionError, "REDIS_UNREACHABLE", "Redis cannot be reached", 0.5),
 )

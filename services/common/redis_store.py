@@ -27,6 +27,7 @@ from redis.exceptions import (
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from lightpath import redis_url
 from services.common.errors import Unavailable
 
 
@@ -73,23 +74,38 @@ def connect(
     pool_timeout_s: float = 2.0,
     password: str | None = None,
 ) -> aioredis.Redis:
-    """A client of `url` with at most `max_connections` connections; a command that
-    finds them all busy waits up to `pool_timeout_s` for one (then ConnectionError
-    "No connection available."). `password` (from a file, not the URL) overrides
+    """A client of `url` (one server, a Redis Cluster or the master a Sentinel names:
+    lightpath.redis_url) with at most `max_connections` connections (per node of a
+    cluster); a command that finds them all busy waits up to `pool_timeout_s` for one
+    (then ConnectionError "No connection available."; a cluster node's pool fails at
+    once with MaxConnectionsError). `password` (from a file, not the URL) overrides
     the URL's."""
-    extra: dict[str, Any] = {"password": password} if password else {}
-    pool = aioredis.BlockingConnectionPool.from_url(
+    return redis_url.client(
         url,
-        **extra,
         decode_responses=decode_responses,
+        password=password,
+        max_connections=max_connections,
+        pool_timeout_s=pool_timeout_s,
         retry=_Retry(ExponentialBackoff(cap=1.0, base=0.02), retries=6),
         retry_on_error=[RedisConnectionError, RedisTimeoutError],
         socket_connect_timeout=2.0,
         health_check_interval=30,
-        max_connections=max_connections,
-        timeout=pool_timeout_s,
     )
-    return aioredis.Redis.from_pool(pool)
+
+
+def describe(client: Any) -> str:
+    """Which Redis `client` talks to, for people."""
+    nodes = getattr(client, "startup_nodes", None)
+    if nodes:
+        return "the Redis Cluster at " + ",".join(
+            getattr(n, "name", str(n))
+            for n in (nodes.values() if isinstance(nodes, dict) else nodes)
+        )
+    pool = client.connection_pool
+    if getattr(pool, "service_name", ""):
+        return f"the master {pool.service_name!r} named by Redis Sentinel"
+    kw = pool.connection_kwargs
+    return str(kw.get("path") or f"{kw.get('host')}:{kw.get('port')}")
 
 
 async def wait_ready(client: aioredis.Redis, timeout: float = 10.0) -> None:
@@ -114,9 +130,7 @@ async def wait_ready(client: aioredis.Redis, timeout: float = 10.0) -> None:
             ) from exc
         except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
             if time.monotonic() >= deadline:
-                kw = client.connection_pool.connection_kwargs
-                where = kw.get("path") or f"{kw.get('host')}:{kw.get('port')}"
                 raise Unavailable(
-                    f"Redis at {where} did not answer within {timeout:.0f} s: {exc}"
+                    f"Redis at {describe(client)} did not answer within {timeout:.0f} s: {exc}"
                 ) from exc
             await asyncio.sleep(0.1)

@@ -18,6 +18,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from lightpath import redis_url
+
 T = TypeVar("T")
 
 
@@ -57,8 +59,7 @@ def parse_optional_address(raw: str) -> str:
 
 
 def parse_redis_url(raw: str) -> str:
-    if not raw.startswith(("redis://", "rediss://", "unix://")):
-        raise ValueError("must start with redis://, rediss:// or unix://")
+    redis_url.parse(raw)  # ValueError naming the rule
     return raw
 
 
@@ -172,7 +173,9 @@ class CommonSettings:
     redis_url: str = setting(
         "LIGHTPATH_REDIS_URL",
         "redis://127.0.0.1:6379/0",
-        "Redis holding all shared state",
+        "Redis holding all shared state: redis://, rediss://, unix://, "
+        "redis+cluster://h1:p1,h2:p2 (a Redis Cluster) or "
+        "redis+sentinel://h1:p1,h2:p2/service_name[/db] (the master Sentinel names)",
         parse=parse_redis_url,
     )
     redis_password_file: str = setting(

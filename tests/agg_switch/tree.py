@@ -157,11 +157,10 @@ async def agg_tree(
             )
         t = Tree(running)
         # Each switch registers its address as it starts.
-        import redis.asyncio as aioredis
-
+        from services.common import redis_store
         from services.common.keys import tree_key
 
-        r = aioredis.Redis.from_url(redis_url, decode_responses=True)
+        r = redis_store.connect(redis_url)  # one server, a cluster or a sentinel set
         try:
             for _ in range(500):
                 if len(await r.hgetall(tree_key(tree, "endpoints"))) >= len(switches):

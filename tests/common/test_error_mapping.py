@@ -47,6 +47,8 @@ REDIS_FAILURES: dict[str, tuple[Exception, str]] = {
     "PoolWait": (redis_errors.ConnectionError("No connection available."), "REDIS_POOL_EXHAUSTED"),
     "ClusterDown": (redis_errors.ClusterDownError("CLUSTERDOWN"), "REDIS_UNAVAILABLE"),
     "TryAgain": (redis_errors.TryAgainError("TRYAGAIN"), "REDIS_UNAVAILABLE"),
+    "SlotNotCovered": (redis_errors.SlotNotCoveredError("slot 42"), "REDIS_UNAVAILABLE"),
+    "MasterDown": (redis_errors.MasterDownError("MASTERDOWN"), "REDIS_UNAVAILABLE"),
     "WrongPassword": (
         redis_errors.AuthenticationError("invalid username-password pair"),
         "REDIS_AUTH_FAILED",
