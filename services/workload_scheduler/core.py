@@ -40,11 +40,11 @@ WIRING_PROGRESS_S = 2.0
 # changing the slice to end before releasing it; past that the other call (or the
 # reconcile loop, which never waits: its next round asks again) releases it.
 FINISH_RELEASE_WAIT_S = 5.0
-# A reconcile round that finds nothing changed does nothing; every this many rounds
-# (FULL_ROUND_MIN_S .. FULL_ROUND_MAX_S apart) one reads the whole pod anyway.
-FULL_ROUND_EVERY = 10
-FULL_ROUND_MIN_S = 1.0
-FULL_ROUND_MAX_S = 10.0
+# A reconcile round that finds nothing changed reads one page of this many wiring marks
+# and of the ocs_manager's slices (a sweep); a full round reads everything at least this
+# often anyway.
+SWEEP_PAGE = 50
+QUIET_HORIZON_MS = 600_000
 
 
 class WiringRolledBack(OcsError):
@@ -156,8 +156,13 @@ class SchedulerCore:
         # do (None: it did something), and until when that holds.
         self._quiet_tip: str | None = None
         self._quiet_until_ms = 0
-        self._last_full_ms = 0
-        self.full_every_ms = int(FULL_ROUND_MAX_S * 1000)
+        # Where the sweeps of quiet rounds go on: an HSCAN cursor over the wiring marks;
+        # ListSlices' next page token and the last job id before it.
+        self._marks_cursor = 0
+        # A sweep found a difference with the ocs_manager: compare every slice.
+        self._compare_all = True
+        self._slices_token = ""
+        self._slices_after = ""
         # Slices of which this replica is swapping failed blocks, back to back (WS-5).
         self._swap_runs: dict[str, _SwapRun] = {}
 

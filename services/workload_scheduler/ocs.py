@@ -284,6 +284,17 @@ class OcsManagerClient:
             if not token:
                 return out
 
+    async def slices_page(
+        self, page_token: str, page_size: int
+    ) -> tuple[dict[str, tuple[int, ...]], str]:
+        """One page of ListSlices (OCS_TORUS pods): slices by job, and the next token
+        ("" after the last page)."""
+        page = await self._call(
+            "ListSlices",
+            ocs_manager_pb2.ListSlicesRequest(page_size=page_size, page_token=page_token),
+        )
+        return {s.job_id: tuple(s.block_ids) for s in page.slices}, page.next_page_token
+
     async def wiring(self, job_id: str) -> Wiring | None:
         if self.switched:
             found = await self.rings(job_id)

@@ -8,10 +8,9 @@ import contextlib
 
 from services.workload_scheduler.consistency import MISSING, ORPHANED, wiring_differences
 from services.workload_scheduler.core import (
-    FULL_ROUND_EVERY,
-    FULL_ROUND_MAX_S,
-    FULL_ROUND_MIN_S,
+    QUIET_HORIZON_MS,
     STALE_WIRING_GRACE_MS,
+    SWEEP_PAGE,
     Outcome,
 )
 from services.workload_scheduler.model import (
@@ -23,6 +22,7 @@ from services.workload_scheduler.model import (
     grid_positions,
 )
 from services.workload_scheduler.ocs import OcsError
+from services.workload_scheduler.placement import PodState
 from services.workload_scheduler.planner import (
     running_with_failed_blocks,
 )
@@ -36,23 +36,28 @@ class ReconcileMixin(FailureMixin):
     async def reconcile(self, *, full: bool = False) -> None:
         """One round of repairs any replica may do (idempotent, safe concurrently).
 
-        A round that finds the pod as the last one left it (the same newest event, no
-        deadline or backoff come due, no difference with the ocs_manager pending) does
-        nothing more than read that event id, so an idle pod costs the same with 1,000
-        live jobs as with none (issue 15). Every `full_every_ms` (and with `full`) a
-        round reads everything anyway: changes that append no event (a mark a dead
-        replica left, a slice released at the ocs_manager) are found that late at most."""
+        Each round compares one page of the ocs_manager's slices with the jobs in the
+        same id range (a sweep, for a slice released or wired behind the scheduler's
+        back); on a difference, the rounds compare every slice, report and repair until
+        none is left. A round that finds the pod as the last full round left it (the
+        same newest event, no deadline or backoff come due) reads no more than that
+        event id and one page of a second sweep, over the wiring marks (for a mark left
+        without an event, by a replica that died, say); otherwise, or when that sweep
+        finds leftover wiring, it reads the whole pod. So an idle pod costs the same
+        with 1,000 live jobs as with 100 (issue 15)."""
         now = self.now_ms()
         tip = await self.store.tip()
-        if (
-            not full
-            and tip == self._quiet_tip
-            and now < self._quiet_until_ms
-            and now - self._last_full_ms < self.full_every_ms
-        ):
+        if full or self._compare_all:
+            # Every slice against every job: report and repair (issue 14).
+            self._compare_all = await self._check_wiring()
+        elif await self._sweep_slices():
+            self._compare_all = True  # a difference: the next round compares everything
+        if not full and tip == self._quiet_tip and now < self._quiet_until_ms:
+            if await self._sweep_marks():
+                self._quiet_tip = None  # leftover wiring: the next round looks at everything
             return
         state = await self.snapshot()
-        due = now + self.full_every_ms  # when a time-based repair comes due, at the latest
+        due = now + QUIET_HORIZON_MS  # when a time-based repair comes due, at the latest
         busy = False
         # Leftover wiring of jobs that no longer wire or run.
         for other in sorted(set(state.wired.values())):
@@ -86,13 +91,43 @@ class ReconcileMixin(FailureMixin):
         for job, block in running_with_failed_blocks(state):
             busy = True
             await self.handle_failure(job.job_id, block)
-        if await self._check_wiring():
-            busy = True  # differences with the ocs_manager: look again next round
         if state.queue():
             await self.schedule()
-        self._last_full_ms = now
         self._quiet_tip = None if busy else tip
         self._quiet_until_ms = due
+
+    async def _sweep_marks(self) -> bool:
+        """The next page of wiring marks: True if one is of a job no longer wiring or
+        running (leftover wiring to release)."""
+        cursor, marks, live = await self.store.marks_page(self._marks_cursor, SWEEP_PAGE)
+        self._marks_cursor = cursor
+        return any(
+            j not in live or live[j].state not in HOLDING_STATES for j in set(marks.values())
+        )
+
+    async def _sweep_slices(self) -> bool:
+        """The next page of the ocs_manager's slices (ListSlices pages in job id order)
+        against the RUNNING jobs in the same id range: True on a difference
+        (consistency.py), or when the pages are not in that order after all. On a
+        SWITCHED pod (ListRingReservations promises no order) every round compares
+        everything, as before."""
+        if self.fabric.switched is not None:
+            return await self._check_wiring()
+        after = self._slices_after
+        try:
+            page, token = await self.ocs.slices_page(self._slices_token, SWEEP_PAGE)
+        except OcsError as err:
+            log = self.log.debug if err.transient else self.log.warning
+            log("cannot compare jobs with the ocs_manager's slices: %s", err)
+            return False  # a full round would not get an answer either
+        ids = list(page)
+        if ids != sorted(ids) or (after and ids and ids[0] <= after):
+            self._slices_token, self._slices_after = "", ""
+            return True
+        upto = ids[-1] if token else None
+        jobs = await self.store.live_in_range(after, upto, also=ids)
+        self._slices_token, self._slices_after = (token, upto or "") if token else ("", "")
+        return bool(wiring_differences(PodState(self.fabric, jobs=jobs), page))
 
     async def _check_wiring(self) -> bool:
         """Cross-service consistency (issue 14): compare RUNNING jobs with the
@@ -264,11 +299,7 @@ class ReconcileMixin(FailureMixin):
         await self._swap_at_ocs(mine, position, Outcome())
 
     async def run_reconciler(self, interval_s: float) -> None:
-        """Reconcile rounds for ever (a supervised task: a failed round restarts it).
-        A round reads everything every FULL_ROUND_EVERY rounds (1 to 10 s) at least."""
-        self.full_every_ms = int(
-            1000 * min(FULL_ROUND_MAX_S, max(FULL_ROUND_MIN_S, FULL_ROUND_EVERY * interval_s))
-        )
+        """Reconcile rounds for ever (a supervised task: a failed round restarts it)."""
         while True:
             await self.reconcile()
             await asyncio.sleep(interval_s)

@@ -26,10 +26,12 @@ Indexes kept by the same commits, so a decision reads only what it needs (issue 
     lp:{pod}:ws:block:freewired   hash   block id -> job id: the wiring marks on free blocks
     lp:{pod}:ws:wired:count       hash   job id -> how many wiring marks it has
     lp:{pod}:ws:queued            hash   job id -> SliceJob JSON, for PENDING / SUSPENDED jobs
+    lp:{pod}:ws:running           zset   RUNNING job ids, all scored 0 (ranges by id: the
+                                         reconcile loop's sweep over the ocs_manager's slices)
 
 The commit script updates the first three for every block field it writes in the
-owner / failed / wired hashes (write_job keeps the queued hash); `rebuild_indexes`
-derives all four from the hashes above (at start, and whenever the bitmap is missing).
+owner / failed / wired hashes (write_job keeps the queued hash and the running set);
+`rebuild_indexes` derives them all from the hashes above (at start, and whenever the bitmap is missing).
 
 Every change goes through `commit(txn)`: one Lua script that first checks what
 the caller's decision assumed (a job's state and epoch, a block still free,
@@ -50,7 +52,7 @@ import redis.asyncio as aioredis
 
 from services.common.keys import pod_key
 from services.workload_scheduler.fabric import PodFabric
-from services.workload_scheduler.model import FINAL_STATES, QUEUED_STATES, SliceJob
+from services.workload_scheduler.model import FINAL_STATES, QUEUED_STATES, RUNNING, SliceJob
 from services.workload_scheduler.placement import PodState
 
 EVENT_STREAM_MAXLEN = 10_000
@@ -115,10 +117,10 @@ return {1, hex, fw, redis.call("HKEYS", KEYS[3]), queued, jobs, marked, extra}
 """
 
 # Derive the indexes from the owner / failed / wired / live hashes (ARGV[1]: block count).
-# KEYS: owner, failed, wired, live, free, freewired, wired count, queued.
+# KEYS: owner, failed, wired, live, free, freewired, wired count, queued, running.
 _REBUILD_LUA = r"""
 local n = tonumber(ARGV[1])
-redis.call("DEL", KEYS[5], KEYS[6], KEYS[7], KEYS[8])
+redis.call("DEL", KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9])
 redis.call("SETBIT", KEYS[5], math.max(n - 1, 0), 0)
 for b = 0, n - 1 do
   local f = tostring(b)
@@ -134,6 +136,7 @@ local live = redis.call("HGETALL", KEYS[4])
 for i = 1, #live, 2 do
   local st = cjson.decode(live[i + 1])["st"]
   if st == "PENDING" or st == "SUSPENDED" then redis.call("HSET", KEYS[8], live[i], live[i + 1]) end
+  if st == "RUNNING" then redis.call("ZADD", KEYS[9], 0, live[i]) end
 end
 return 1
 """
@@ -144,6 +147,37 @@ _BLOCK_LUA = r"""
 local owner = redis.call("HGET", KEYS[1], ARGV[1])
 local raw = owner and redis.call("HGET", KEYS[2], owner)
 return {owner or "", redis.call("HEXISTS", KEYS[3], ARGV[1]), raw or ""}
+"""
+
+# One page of the reconcile loop's sweep over the wiring marks (KEYS: wired, live;
+# ARGV: HSCAN cursor, count): {next cursor, block/job pairs, job/live JSON pairs}.
+_MARKS_LUA = r"""
+local got = redis.call("HSCAN", KEYS[1], ARGV[1], "COUNT", ARGV[2])
+local marks, jobs, seen = got[2], {}, {}
+for i = 2, #marks, 2 do
+  local j = marks[i]
+  if not seen[j] then
+    seen[j] = true
+    local raw = redis.call("HGET", KEYS[2], j)
+    if raw then jobs[#jobs + 1] = j; jobs[#jobs + 1] = raw end
+  end
+end
+return {got[1], marks, jobs}
+"""
+
+# The live JSON of the RUNNING jobs with ids in (ARGV[1], ARGV[2]] (KEYS: running, live;
+# ARGV[1] "" = from the first, ARGV[2] "" = to the last) and of the jobs ARGV[3..] name.
+_RANGE_LUA = r"""
+local lo = ARGV[1] == "" and "-" or "(" .. ARGV[1]
+local hi = ARGV[2] == "" and "+" or "[" .. ARGV[2]
+local ids = redis.call("ZRANGEBYLEX", KEYS[1], lo, hi)
+for i = 3, #ARGV do ids[#ids + 1] = ARGV[i] end
+local out = {}
+for _, j in ipairs(ids) do
+  local raw = redis.call("HGET", KEYS[2], j)
+  if raw then out[#out + 1] = j; out[#out + 1] = raw end
+end
+return out
 """
 
 _TXN_LUA = r"""
@@ -291,6 +325,7 @@ class PodKeys:
         self.freewired = pod_key(pod_id, "ws", "block", "freewired")
         self.wired_count = pod_key(pod_id, "ws", "wired", "count")
         self.queued = pod_key(pod_id, "ws", "queued")
+        self.running = pod_key(pod_id, "ws", "running")
         self._job_prefix = pod_key(pod_id, "ws", "job") + ":"
 
     def job(self, job_id: str) -> str:
@@ -425,6 +460,10 @@ class Txn:
             self.hset(self.keys.queued, {job.job_id: summary})
         elif old_state is None or old_state in QUEUED_STATES:
             self.hdel(self.keys.queued, [job.job_id])
+        if job.state == RUNNING:
+            self.zadd(self.keys.running, 0, job.job_id)
+        elif old_state == RUNNING:
+            self.zrem(self.keys.running, job.job_id)
         if old_state != job.state:
             if old_state:
                 self.hincr(self.keys.state_counts, old_state, -1)
@@ -484,6 +523,8 @@ class PodStore:
         self._lean = redis.register_script(_LEAN_LUA)
         self._rebuild = redis.register_script(_REBUILD_LUA)
         self._block = redis.register_script(_BLOCK_LUA)
+        self._marks = redis.register_script(_MARKS_LUA)
+        self._range = redis.register_script(_RANGE_LUA)
         self._parsed: dict[str, SliceJob] = {}
 
     def slice_job(self, raw: str) -> SliceJob:
@@ -558,6 +599,27 @@ class PodStore:
         owner, failed, raw = await self._block(keys=[k.owner, k.live, k.failed], args=[block])
         return owner, bool(int(failed)), self.slice_job(raw) if raw else None
 
+    async def marks_page(
+        self, cursor: int, count: int
+    ) -> tuple[int, dict[str, str], dict[str, SliceJob]]:
+        """A page of the wiring marks from an HSCAN `cursor` (0 = from the start; the
+        next one is 0 after the last page): the next cursor, the marks, and the live jobs
+        among those marking."""
+        nxt, marks, jobs = await self._marks(
+            keys=[self.keys.wired, self.keys.live], args=[cursor, count]
+        )
+        live = {j: self.slice_job(raw) for j, raw in _pairs(jobs).items()}
+        return int(nxt), _pairs(marks), live
+
+    async def live_in_range(
+        self, after: str, upto: str | None, also: Sequence[str] = ()
+    ) -> dict[str, SliceJob]:
+        """RUNNING jobs with ids in (after, upto] (None: to the last), and the live ones
+        of `also`."""
+        k = self.keys
+        flat = await self._range(keys=[k.running, k.live], args=[after, upto or "", *also])
+        return {j: self.slice_job(raw) for j, raw in _pairs(flat).items()}
+
     async def holder(self, block: int) -> SliceJob | None:
         """The live job holding `block`, in one read."""
         return (await self.block(block))[2]
@@ -567,7 +629,10 @@ class PodStore:
         script, so safe beside other replicas' commits)."""
         k = self.keys
         await self._rebuild(
-            keys=[k.owner, k.failed, k.wired, k.live, k.free, k.freewired, k.wired_count, k.queued],
+            keys=[
+                *(k.owner, k.failed, k.wired, k.live),
+                *(k.free, k.freewired, k.wired_count, k.queued, k.running),
+            ],
             args=[fabric.block_count],
         )
 
