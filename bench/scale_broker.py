@@ -89,10 +89,12 @@ def device_cores(rng: random.Random) -> list[int]:
     return [rng.choice((64, 96, 128)) for _ in range(DEVICES)]
 
 
-def tiling(cores: list[int], live: int, rng: random.Random, now: int):
-    """(device, cores, start, end) of `live` reservations tiling every device in lanes."""
+def tiling(cores: list[int], live: int, rng: random.Random, clock):
+    """(device, cores, start, end) of `live` reservations tiling every device in lanes,
+    each device's from a few seconds after `clock()` when its turn comes."""
     per = live // len(cores)
     for i, c in enumerate(cores):
+        now = clock()
         left = c - (rng.randrange(1, 9) if rng.random() < 0.05 else 0)
         lanes = []
         while left > 0:
@@ -103,7 +105,7 @@ def tiling(cores: list[int], live: int, rng: random.Random, now: int):
             lanes = [sum(lanes[k::per]) for k in range(per)]
         counts = [per // len(lanes) + (k < per % len(lanes)) for k in range(len(lanes))]
         for w, n in zip(lanes, counts, strict=True):
-            t = now + rng.randrange(5, 60) * S
+            t = now + rng.randrange(10, 60) * S
             for _ in range(n):
                 d = rng.randrange(300, 3600) * S if per > 1 else rng.randrange(3, 6) * 3600 * S
                 yield f"dev-{i:04d}", w, t, t + d
@@ -187,21 +189,27 @@ async def populate(address: str, operator: Credentials, app: Credentials, live: 
     await ch.close()
     ch = channel(address, default_timeout=600, credentials=app)
     stub = core_broker_pb2_grpc.CoreBrokerStub(ch)
-    reqs = [
-        exact(f"live-{k}", *row)
-        for k, row in enumerate(tiling(cores, live, rng, int(time.time() * 1000)))
-    ]
     t = time.perf_counter()
     outcomes: Counter[str] = Counter()
-    for k in range(0, len(reqs), 500):
-        resp = await stub.BatchReserve(pb.BatchReserveRequest(requests=reqs[k : k + 500]))
+    batch: list[pb.ReservationRequest] = []
+    rows = tiling(cores, live, rng, lambda: int(time.time() * 1000))
+    for k, row in enumerate(rows):
+        batch.append(exact(f"live-{k}", *row))
+        if len(batch) == 500:
+            resp = await stub.BatchReserve(pb.BatchReserveRequest(requests=batch))
+            outcomes.update(
+                pb.Outcome.Name(r.outcome).removeprefix("OUTCOME_") for r in resp.reservations
+            )
+            batch = []
+    if batch:
+        resp = await stub.BatchReserve(pb.BatchReserveRequest(requests=batch))
         outcomes.update(
             pb.Outcome.Name(r.outcome).removeprefix("OUTCOME_") for r in resp.reservations
         )
     await ch.close()
     return {
         "made": outcomes.get("GRANTED", 0),
-        "refused": len(reqs) - outcomes.get("GRANTED", 0),
+        "refused": sum(outcomes.values()) - outcomes.get("GRANTED", 0),
         "populate_s": time.perf_counter() - t,
         "total_cores": sum(cores),
     }

@@ -621,6 +621,7 @@ class _Probe:
         self.width = duration // self.grid.cell - 1 if self.grid.origin is not None else 0
         self.chunk_start = -1
         self.chunk_open = np.zeros(0, bool)
+        self.chunk_offer = np.zeros((0, self.n), np.int64)
 
     def first_open(self, j: int) -> int:
         """The first cell from j on whose candidates might leave `need` cores
@@ -644,15 +645,27 @@ class _Probe:
             table = g.lv[p]
             a = table[j + 1 : j + 1 + n][:, self.devices]
             z = table[j + 1 + w - (1 << p) : j + 1 + n + w - (1 << p)][:, self.devices]
-            bound = np.maximum(self.caps - np.maximum(a, z), 0).sum(axis=1)
+            offer = np.maximum(self.caps - np.maximum(a, z), 0)
             self.chunk_start = j
-            self.chunk_open = bound >= self.need
+            self.chunk_offer = offer
+            self.chunk_open = offer.sum(axis=1) >= self.need
+
+    def active(self, j0: int, j1: int) -> np.ndarray | None:
+        """Positions of the devices that might offer a core to a window starting
+        in cells j0 .. j1 (None: every device, the grid cannot tell)."""
+        k0, k1 = j0 - self.chunk_start, j1 - self.chunk_start
+        if self.width < 1 or j0 <= 0 or k0 < 0 or k1 >= self.chunk_open.shape[0]:
+            return None
+        return np.flatnonzero((self.chunk_offer[k0 : k1 + 1] > 0).any(axis=0))
+
+    def subset(self, sky: Skyline, pos: np.ndarray) -> _Probe:
+        return _Probe(sky, self.devices[pos], self.caps[pos])
 
 
 _CHUNK = 96  # cells bounded at once by the coarse grid
 
 
-LOOKAHEAD = 6  # blocks bounded per step besides the exact check
+LOOKAHEAD = 4  # blocks bounded per step besides the exact check
 
 
 def earliest_start(
@@ -711,10 +724,22 @@ def earliest_start(
             blocks = min(blocks, -(-(last_start - cl) // h))
         a = [*cands, *(cl + (i + 1) * h for i in range(blocks))]
         b = [*(x + duration for x in cands), *(cl + i * h + duration + 1 for i in range(blocks))]
-        free = probe.free(a, b)
+        # only the devices the grid says might offer cores to these windows: the
+        # others offer none, to the candidates or to the blocks
+        act = probe.active(j, grid.index(a[-1]))
+        if act is None:
+            free = probe.free(a, b)
+        elif act.size:
+            free = probe.subset(sky, act).free(a, b)
+        else:
+            free = np.zeros((len(a), 1), np.int64)
         room = np.flatnonzero(free[: len(cands)].sum(axis=1) >= need)
         if room.size:
-            return cands[int(room[0])], free[int(room[0])]
+            if act is None:
+                return cands[int(room[0])], free[int(room[0])]
+            whole = np.zeros(n, np.int64)
+            whole[act] = free[int(room[0])]
+            return cands[int(room[0])], whole
         if blocks == 0:
             return None  # the last candidate checked was the last start allowed
         open_ = np.flatnonzero(free[len(cands) :].sum(axis=1) >= need)
@@ -725,6 +750,6 @@ def earliest_start(
         elif open_[0] == 0:
             t = cl
             h = max(1, h // 2)
-            k = min(k * 2, 16)
+            k = min(k * 2, 8)
         else:
             t = cl + int(open_[0]) * h
