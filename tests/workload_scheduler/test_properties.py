@@ -16,7 +16,9 @@ from hypothesis import strategies as st
 
 from lightpath.v1 import common_pb2 as c
 from lightpath.v1 import workload_scheduler_pb2 as ws
-from tests.workload_scheduler.conftest import PodStack, pod_stack
+from services.workload_scheduler.store import PodStore
+from tests.workload_scheduler.conftest import POD, PodStack, pod_stack
+from tests.workload_scheduler.podfixtures import fabric
 
 BLOCKS = 8
 POLICIES = [
@@ -107,15 +109,38 @@ async def _no_priority_inversion(pod: PodStack, view: ws.PodView) -> None:
         )
 
 
+async def _indexes_as_rebuilt(r: aioredis.Redis) -> None:
+    """The indexes every commit keeps (issue 15) are what a rebuild derives."""
+    store = PodStore(r, POD)
+    k = store.keys
+
+    async def read():
+        return (
+            [await r.getbit(k.free, b) for b in range(BLOCKS)],
+            await r.hgetall(k.freewired),
+            await r.hgetall(k.wired_count),
+            await r.hgetall(k.queued),
+            await r.zrange(k.running, 0, -1),
+        )
+
+    kept = await read()
+    await store.rebuild_indexes(fabric(blocks=BLOCKS))
+    assert kept == await read()
+
+
 @settings(max_examples=10, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(ops=operations)
 async def test_random_sequences_keep_the_invariants(redis_url, ops):
     async with aioredis.Redis.from_url(redis_url) as r:
         await r.flushall()
-    async with pod_stack(redis_url, blocks=BLOCKS) as pod:
+    async with (
+        pod_stack(redis_url, blocks=BLOCKS) as pod,
+        aioredis.Redis.from_url(redis_url, decode_responses=True) as r,
+    ):
         jobs: list[str] = []
         for op in ops:
             await _apply(pod, op, jobs)
             await pod.settle()
             view = await pod.assert_consistent()
             await _no_priority_inversion(pod, view)
+            await _indexes_as_rebuilt(r)
