@@ -259,9 +259,13 @@ class CapacityMap:
             self._compact()
         return True
 
-    def _kill(self, row: int) -> None:
+    def _kill(self, row: int, *, assumed: bool = False) -> None:
         self._sky.remove(
-            int(self._dev[row]), int(self._start[row]), int(self._end[row]), int(self._cores[row])
+            int(self._dev[row]),
+            int(self._start[row]),
+            int(self._end[row]),
+            int(self._cores[row]),
+            assumed=assumed,
         )
         self._start[row] = _DEAD
         self._end[row] = _DEAD
@@ -271,7 +275,9 @@ class CapacityMap:
     def assume(self, allocations: Iterable[Allocation]) -> None:
         """Add allocations without keys (a decision trying grants out)."""
         for a in allocations:
-            self._assumed.append(self._put(self._d.index[a.device_id], a.start, a.end, a.cores))
+            self._assumed.append(
+                self._put(self._d.index[a.device_id], a.start, a.end, a.cores, assumed=True)
+            )
 
     def savepoint(self) -> int:
         """A mark to `rollback` to: what is assumed after it can be taken back."""
@@ -280,7 +286,7 @@ class CapacityMap:
     def rollback(self, mark: int) -> None:
         """Take back every allocation assumed since `mark`, newest first."""
         while len(self._assumed) > mark:
-            self._kill(self._assumed.pop())
+            self._kill(self._assumed.pop(), assumed=True)
 
     def __contains__(self, key: str) -> bool:
         return self._rows is not None and key in self._rows
@@ -299,10 +305,12 @@ class CapacityMap:
             self._sky.add_device(len(self._d.ids) - 1)
         return self._sky
 
-    def _put(self, device_index: int, start: int, end: int, cores: int) -> int:
+    def _put(
+        self, device_index: int, start: int, end: int, cores: int, *, assumed: bool = False
+    ) -> int:
         if end <= start or cores <= 0:
             raise ValueError(f"empty allocation [{start}, {end}) x {cores}")
-        self._sky_of().add(device_index, start, end, cores)
+        self._sky_of().add(device_index, start, end, cores, assumed=assumed)
         if self._spare:
             row = self._spare.pop()
         else:

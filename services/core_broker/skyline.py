@@ -285,48 +285,24 @@ class _Grid:
         self.cell = cell
         self.cells = cells
         self.origin: int | None = None
-        self.m = np.zeros((0, cells), np.int64)
+        # m[j, d]: the most cores device d has reserved in cell j (cells first: a
+        # search reads a run of cells of every device at once)
+        self.m = np.zeros((cells, 0), np.int64)
         self.stale: list[int] = []  # device * cells + cell: partly covered by a change
-        # lv[p][j, d]: the most of m[d, j : j + 2**p] (a sparse table over each
-        # device's cells, cells first: a search reads a run of cells of every
-        # device at once), rebuilt for the devices in `dirty` before a search
-        self.lv = np.zeros((cells.bit_length(), cells, 0), np.int32)
-        self.dirty: set[int] = set()
 
     def copy(self) -> _Grid:
         g = _Grid(self.cell, self.cells)
         g.origin = self.origin
         g.m = self.m.copy()
         g.stale = list(self.stale)
-        g.lv = self.lv.copy()
-        g.dirty = set(self.dirty)
         return g
 
     def grow(self, devices: int) -> None:
-        if self.m.shape[0] >= devices:
+        if self.m.shape[1] >= devices:
             return
-        n = max(16, 2 * devices)
-        m = np.zeros((n, self.cells), np.int64)
-        m[: self.m.shape[0]] = self.m
-        lv = np.zeros((self.lv.shape[0], self.cells, n), np.int32)
-        lv[:, :, : self.lv.shape[2]] = self.lv
-        self.m, self.lv = m, lv
-
-    def rebuild(self) -> None:
-        if not self.dirty:
-            return
-        rows = np.fromiter(self.dirty, np.int64)
-        self.dirty.clear()
-        c = self.cells
-        prev = self.m[rows].astype(np.int32)
-        self.lv[0][:, rows] = prev.T
-        span = 1
-        for p in range(1, self.lv.shape[0]):
-            cur = prev.copy()
-            np.maximum(prev[:, : c - span], prev[:, span:], out=cur[:, : c - span])
-            self.lv[p][:, rows] = cur.T
-            prev = cur
-            span *= 2
+        m = np.zeros((self.cells, max(16, 2 * devices)), np.int64)
+        m[:, : self.m.shape[1]] = self.m
+        self.m = m
 
     def index(self, t: int) -> int:
         assert self.origin is not None
@@ -351,6 +327,7 @@ class Skyline:
         self.bucket_of = np.zeros(0, np.int64)  # width of each device's bucket
         self.row_of = np.zeros(0, np.int64)
         self.grid = _Grid(cell, cells)
+        self.assumed = 0  # assumed allocations in the rows (not in the grid)
 
     def copy(self) -> Skyline:
         s = Skyline.__new__(Skyline)
@@ -358,6 +335,7 @@ class Skyline:
         s.bucket_of = self.bucket_of.copy()
         s.row_of = self.row_of.copy()
         s.grid = self.grid.copy()
+        s.assumed = self.assumed
         return s
 
     @property
@@ -402,10 +380,11 @@ class Skyline:
             ext = np.append(levels, 0)
             seg = np.maximum.reduceat(ext, np.append(a, z[-1]))[:-1]
             out = np.maximum(seg, ext[z - 1])
-        self.grid.m[device, j0:j1] = out
-        self.grid.dirty.add(device)
+        self.grid.m[j0:j1, device] = out
 
-    def _grid_change(self, device: int, start: int, end: int, cores: int) -> None:
+    def _grid_change(
+        self, device: int, start: int, end: int, cores: int, *, assumed: bool = False
+    ) -> None:
         g = self.grid
         if g.origin is None:
             return
@@ -413,19 +392,28 @@ class Skyline:
         whole0 = jf if jf > 0 and g.origin + jf * g.cell == start else jf + 1
         whole1 = jl if jl < g.cells - 1 and g.origin + (jl + 1) * g.cell == end else jl - 1
         if whole1 >= whole0:
-            g.m[device, whole0 : whole1 + 1] += cores
-            g.dirty.add(device)
+            g.m[whole0 : whole1 + 1, device] += cores
+        if assumed:
+            # taken back before long, by the same change negated: the cells it covers in
+            # part are left alone both ways (a lower bound), and never re-read meanwhile
+            return
         base = device * g.cells
-        if not whole0 <= jf <= whole1:
-            g.stale.append(base + jf)
-        if jl != jf and not whole0 <= jl <= whole1:
-            g.stale.append(base + jl)
+        for j in (jf,) if jl == jf else (jf, jl):
+            if whole0 <= j <= whole1:
+                continue
+            # a cell covered in part: its most can have grown by at most what was
+            # added and fallen by at most what was taken, so it stays a lower bound
+            # (unchanged after an add, less the cores after a removal) until re-read
+            if cores < 0:
+                g.m[j, device] = max(0, int(g.m[j, device]) + cores)
+            g.stale.append(base + j)
 
     def _grid_fresh(self) -> None:
         """Re-read the cells that changes covered in part (all at once, from the
-        rows' range maxima)."""
+        rows' range maxima); not while assumed allocations are in the rows (the
+        grid leaves them out)."""
         g = self.grid
-        if not g.stale:
+        if not g.stale or self.assumed:
             return
         pairs = np.unique(np.array(g.stale, np.int64))
         g.stale.clear()
@@ -433,8 +421,7 @@ class Skyline:
         assert g.origin is not None
         lo = np.where(cells == 0, MIN_TIME - 1, g.origin + cells * g.cell)
         hi = np.where(cells == g.cells - 1, MAX_TIME + 1, g.origin + (cells + 1) * g.cell)
-        g.m[devices, cells] = Skyline.peak(self.groups(devices), devices.shape[0], lo, hi)
-        g.dirty.update(devices.tolist())
+        g.m[cells, devices] = Skyline.peak(self.groups(devices), devices.shape[0], lo, hi)
 
     def anchor(self, t: int) -> None:
         """Slide the grid so that `t` lies in its first cells, if t has moved out
@@ -442,6 +429,8 @@ class Skyline:
         g = self.grid
         want = (t // g.cell) * g.cell - 2 * g.cell
         if g.origin is not None and g.origin <= t < g.origin + (g.cells // 4) * g.cell:
+            return
+        if self.assumed:  # the rows hold assumed allocations, which the grid leaves out
             return
         n = self.devices
         self._grid_fresh()
@@ -453,10 +442,10 @@ class Skyline:
         shift = (want - g.origin) // g.cell
         g.origin = want
         if shift > 0:
-            g.m[:, 1 : g.cells - shift] = g.m[:, 1 + shift :].copy()
+            g.m[1 : g.cells - shift] = g.m[1 + shift :].copy()
             fresh = (0, g.cells - shift - 1, g.cells)
         else:
-            g.m[:, 1 - shift :] = g.m[:, 1 : g.cells + shift].copy()
+            g.m[1 - shift :] = g.m[1 : g.cells + shift].copy()
             fresh = (0, 1, 1 - shift)
         for d in range(n):
             self._reread(d, 0, 1)
@@ -464,16 +453,23 @@ class Skyline:
 
     # -- changes ------------------------------------------------------------------
 
-    def add(self, device: int, start: int, end: int, cores: int) -> None:
+    def add(self, device: int, start: int, end: int, cores: int, *, assumed: bool = False) -> None:
+        """Add an allocation. An `assumed` one (a decision trying a grant out,
+        taken back before long by `remove(..., assumed=True)`) changes only the
+        grid cells it covers whole: the grid then holds a lower bound of the
+        cores reserved in each cell, which is all its bounds need."""
         ks, ke = _tk(start), _tk(end)
         b, r = self._room(device)
         js = b.insert(r, ks, end=False)
         je = b.insert(r, ke, end=True)
         b.sp[0, r, js:je] += cores
         b.dirty.add(r)
-        self._grid_change(device, start, end, cores)
+        self.assumed += assumed
+        self._grid_change(device, start, end, cores, assumed=assumed)
 
-    def remove(self, device: int, start: int, end: int, cores: int) -> None:
+    def remove(
+        self, device: int, start: int, end: int, cores: int, *, assumed: bool = False
+    ) -> None:
         ks, ke = _tk(start), _tk(end)
         b = self.buckets[int(self.bucket_of[device])]
         r = int(self.row_of[device])
@@ -482,7 +478,8 @@ class Skyline:
         b.release(r, je, end=True)
         b.release(r, js, end=False)
         b.dirty.add(r)
-        self._grid_change(device, start, end, -cores)
+        self.assumed -= assumed
+        self._grid_change(device, start, end, -cores, assumed=assumed)
 
     def _room(self, device: int) -> tuple[_Bucket, int]:
         """The device's bucket and row, moved to a wider bucket if two more
@@ -581,16 +578,23 @@ class _Probe:
             first = self.next_end(t)
             return [] if first is None else [first]
         q = _offset(t)
-        found = []
+        firsts = []
         for b, _, base, start, _ in self.parts:
             col = b.nxtflat[np.searchsorted(b.keyflat, base | q, side="right")]
-            last = b.w - 1
-            for _ in range(k):
-                found.append(b.keyflat[start + col] & _TMASK)
-                col = np.where(col < last, b.nxtflat[start + np.minimum(col + 1, last)], last)
-        # the k smallest distinct: none above the k-th smallest of the first round
-        round0 = np.unique(np.concatenate(found[::k]))
+            firsts.append((b, start, col, b.keyflat[start + col] & _TMASK))
+        # the k smallest distinct are none above the k-th smallest of the devices'
+        # next ends: only the devices with a next end up to there are followed further
+        round0 = np.unique(np.concatenate([f[3] for f in firsts]))
         limit = round0[min(k, round0.shape[0]) - 1]
+        found = []
+        for b, start, col, times in firsts:
+            near = times <= limit
+            col, where = col[near], start[near]
+            found.append(times[near])
+            last = b.w - 1
+            for _ in range(k - 1):
+                col = np.where(col < last, b.nxtflat[where + np.minimum(col + 1, last)], last)
+                found.append(b.keyflat[where + col] & _TMASK)
         every = np.concatenate(found)
         times = np.unique(every[every <= limit])
         return (times[times < _TMAX][:k] + _ORIGIN).tolist()
@@ -641,10 +645,12 @@ class _Probe:
                 j = self.chunk_start + self.chunk_open.shape[0]
                 continue
             n = min(_CHUNK, last - j + 1)
-            p = w.bit_length() - 1
-            table = g.lv[p]
-            a = table[j + 1 : j + 1 + n][:, self.devices]
-            z = table[j + 1 + w - (1 << p) : j + 1 + n + w - (1 << p)][:, self.devices]
+            lvl = g.m[j + 1 : j + n + w][:, self.devices]
+            span = 1  # lvl[i] becomes the most of cells j+1+i .. j+i+2*span
+            while span * 2 <= w:
+                lvl = np.maximum(lvl[:-span], lvl[span:])
+                span *= 2
+            a, z = lvl[:n], lvl[w - span : w - span + n]
             offer = np.maximum(self.caps - np.maximum(a, z), 0)
             self.chunk_start = j
             self.chunk_offer = offer
@@ -665,7 +671,10 @@ class _Probe:
 _CHUNK = 96  # cells bounded at once by the coarse grid
 
 
-LOOKAHEAD = 4  # blocks bounded per step besides the exact check
+LOOKAHEAD = 4  # blocks bounded per step besides the candidates checked exactly
+# candidates checked exactly per step: KMIN, KJUMP after the grid skipped ahead (a
+# cell that might fit: near a crossing its candidates come thick), doubling to KMAX
+KMIN, KJUMP, KMAX = 2, 8, 16
 
 
 def earliest_start(
@@ -697,23 +706,23 @@ def earliest_start(
         return None
     sky.anchor(after)
     sky._grid_fresh()
-    sky.grid.rebuild()
     probe = _Probe(sky, devices, cores[devices])
     probe.coarse(duration, need)
     grid = sky.grid
     h = max(1, duration // 8)
-    k = 1  # candidates checked exactly per step: more while the blocks after them stay open
+    k = KMIN  # candidates checked exactly per step: more while the blocks after them stay open
     t = after
     while True:
         cands = probe.next_ends(t, k)
         if not cands or (last_start is not None and cands[0] > last_start):
             return None
         c = cands[0]
-        j = grid.index(c)
+        j = grid.index(c) if grid.origin is not None else 0  # 0: the grid cannot tell
         jo = probe.first_open(j)
         if jo > j:  # no candidate of cells j .. jo-1 can leave room
             assert grid.origin is not None
             t = grid.origin + jo * grid.cell - 1
+            k = KJUMP  # a cell that might fit: its candidates come thick near a crossing
             continue
         if last_start is not None:
             cands = [x for x in cands if x <= last_start]
@@ -726,7 +735,7 @@ def earliest_start(
         b = [*(x + duration for x in cands), *(cl + i * h + duration + 1 for i in range(blocks))]
         # only the devices the grid says might offer cores to these windows: the
         # others offer none, to the candidates or to the blocks
-        act = probe.active(j, grid.index(a[-1]))
+        act = probe.active(j, grid.index(a[-1])) if grid.origin is not None else None
         if act is None:
             free = probe.free(a, b)
         elif act.size:
@@ -746,10 +755,10 @@ def earliest_start(
         if open_.size == 0:
             t = cl + blocks * h
             h = min(h * 2, duration)
-            k = 1
+            k = KMIN
         elif open_[0] == 0:
             t = cl
             h = max(1, h // 2)
-            k = min(k * 2, 8)
+            k = min(k * 2, KMAX)
         else:
             t = cl + int(open_[0]) * h

@@ -87,7 +87,9 @@ def same(got, want) -> None:
 
 
 def checked(*devices: Device) -> CheckedCapacityMap:
-    cap = CheckedCapacityMap()
+    """A checked map whose coarse grid has one-second cells (so searches of a few
+    seconds use it, with the grants a batch assumes)."""
+    cap = CheckedCapacityMap(grid_cell_ms=S, grid_cells=64)
     for d in devices:
         cap.upsert_device(d)
     return cap
@@ -168,6 +170,75 @@ def test_earliest_start_matches_the_old_search_on_dense_schedules(
         cap.earliest_start(need, duration, after, last, devices),
         old.brute_earliest_start(need, duration, after, last, devices),
     )
+
+
+steps = st.lists(
+    st.one_of(
+        st.tuples(st.just("add"), rows),
+        st.tuples(st.just("remove"), st.integers(0, 40)),
+        st.tuples(st.just("assume"), rows),
+        st.tuples(st.just("rollback"), st.integers(0, 3)),
+        st.tuples(
+            st.just("search"),
+            st.integers(1, 20),  # need
+            st.integers(1, 30),  # duration
+            st.integers(-5, 60),  # after
+            st.one_of(st.none(), st.integers(0, 100)),  # last start
+        ),
+    ),
+    max_size=40,
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(steps, st.sampled_from([1, 2, 4, 7]))
+def test_searches_between_changes_and_assumed_grants_match_the_old_search(sequence, cell):
+    """Changes, grants assumed and taken back, and searches, in any order: the
+    index and its coarse grid kept incrementally answer as the old search does
+    on the same rows (assumed grants included) at every step."""
+    cap = CapacityMap(grid_cell_ms=cell, grid_cells=24)
+    for i, c in enumerate(CORES):
+        cap.upsert_device(Device(f"d{i}", "GPU", c))
+    keys: list[str] = []
+    marks: list[int] = []
+    for k, step in enumerate(sequence):
+        if step[0] == "add" and not cap.savepoint():
+            dev, start, length, cores = step[1]
+            keys.append(f"r{k}:0")
+            cap.add(keys[-1], f"d{dev}", start, start + length, cores)
+        elif step[0] == "remove" and keys and not cap.savepoint():
+            cap.remove(keys.pop(step[1] % len(keys)))
+        elif step[0] == "assume":
+            dev, start, length, cores = step[1]
+            marks.append(cap.savepoint())
+            cap.assume([Allocation(f"d{dev}", cores, start, start + length)])
+        elif step[0] == "rollback" and marks:
+            cap.rollback(marks[max(0, len(marks) - 1 - step[1])])
+            del marks[max(0, len(marks) - 1 - step[1]) :]
+        elif step[0] == "search":
+            _, need, duration, after, last = step
+            devices = np.ones(len(CORES), bool)
+            same(
+                cap.earliest_start(need, duration, after, last, devices),
+                legacy(cap).brute_earliest_start(need, duration, after, last, devices),
+            )
+
+
+def test_the_grid_is_not_re_read_while_a_grant_is_assumed():
+    """A cell re-read with an assumed grant in it would keep that grant's cores
+    after it is taken back, and a later search would skip the cell wrongly."""
+    cap = CapacityMap(grid_cell_ms=10, grid_cells=32)
+    cap.upsert_device(Device("d0", "GPU", 10))
+    one = np.array([True])
+    cap.add("full:0", "d0", -10, 5, 10)
+    assert cap.earliest_start(1, 1, 0, None, one) == (5, np.array([10]))  # anchors the grid
+    cap.add("part:0", "d0", 15, 95, 3)  # covers the cell [10, 20) in part
+    mark = cap.savepoint()
+    cap.assume([Allocation("d0", 6, 12, 18)])
+    cap.earliest_start(10, 30, 0, None, one)
+    cap.rollback(mark)
+    got = cap.earliest_start(7, 30, 0, None, one)
+    assert got is not None and got[0] == 5
 
 
 def test_a_skipped_block_shares_no_more_than_every_window_in_it():
