@@ -1,25 +1,39 @@
-"""The capacity-over-time index of the broker (CB-1, CB-4, CB-9): each device's
-reserved cores as a step function of time (its "skyline"), kept incrementally.
+"""The capacity-over-time index of the broker (CB-1, CB-4, CB-9, issue 15): each
+device's reserved cores as a step function of time (its "skyline"), kept
+incrementally, and the search for the earliest start that uses it.
 
 Per device the index holds the breakpoints of the step function, sorted, with
 the level (cores reserved) from each breakpoint to the next, a sparse table of
 range maxima over those levels, and for each breakpoint the next one at which
 some allocation ends. Adding or removing an allocation touches one device's
-row: O(m log m) for the m breakpoints of that device, independent of the
-other devices' reservations. Every query asks about a set of devices at once,
-vectorised over them:
-
-* `peak(devices, a, b)` — the most cores reserved at any instant of [a, b)
-  on each device: two binary searches and a range maximum, O(k log m) for k
-  devices;
-* `next_end(devices, t)` — the first instant after t at which an allocation
-  on one of the devices ends (O(k log m)).
+row: O(m) for its m breakpoints (the sparse table is rebuilt, O(m log m), for
+all changed rows at once before the next query), whatever the reservations on
+other devices. Every query asks about a set of k devices at once, vectorised
+over them: `peak` (the most cores reserved during [a, b) on each, two binary
+searches and a range maximum: O(k log m)) and `next_end` / `next_ends`.
 
 Rows of similar length live together in one 2-D block (`_Bucket`, widths a
 power of two), so a device with many more reservations than the others does
 not widen every row. A row's keys carry the row number in their high bits, so
 each block flattened is one sorted array and one `np.searchsorted` finds a
 time on every row at once.
+
+Beside the rows, a coarse grid (`_Grid`: one-minute cells, about 17 hours,
+sliding forward with the searches) holds for each device and cell a lower
+bound of the most cores reserved in the cell, exact for committed
+allocations. It lets the search bound whole stretches of candidate starts in
+one pass over k x cells numbers (no per-reservation work) and skip those
+where no window of the duration can find the cores, and tells which devices
+could offer any core at all near a candidate.
+
+`earliest_start` visits the candidates (the ends of allocations, where free
+cores can grow) in order, skipping with the grid and with bounds over blocks
+of candidates, and checks the remaining ones exactly. Its answers are those of
+the brute-force search it replaced (tests/core_broker/test_capacity_oracle.py).
+The cost of one step is O(k log m) for the k devices; the number of steps is
+not bounded by a constant (a pathological schedule can make it walk many
+candidates), but on the schedules measured (bench/scale_broker.py) it is a
+handful.
 
 Times are integer milliseconds; intervals are half-open [start, end). A key
 packs a time relative to `_ORIGIN` into the low `_TBITS` bits; a breakpoint
@@ -287,7 +301,7 @@ class _Grid:
         self.origin: int | None = None
         # m[j, d]: the most cores device d has reserved in cell j (cells first: a
         # search reads a run of cells of every device at once)
-        self.m = np.zeros((cells, 0), np.int64)
+        self.m = np.zeros((cells, 0), np.int32)
         self.stale: list[int] = []  # device * cells + cell: partly covered by a change
 
     def copy(self) -> _Grid:
@@ -300,7 +314,7 @@ class _Grid:
     def grow(self, devices: int) -> None:
         if self.m.shape[1] >= devices:
             return
-        m = np.zeros((self.cells, max(16, 2 * devices)), np.int64)
+        m = np.zeros((self.cells, max(16, 2 * devices)), np.int32)
         m[:, : self.m.shape[1]] = self.m
         self.m = m
 
@@ -556,6 +570,15 @@ class _Probe:
         self.devices = devices
         self.caps = caps
         self.grid = sky.grid
+        # the devices' columns of the grid: a slice (a view, no copy) when they are
+        # evenly spaced, as every device or every device of a kind often is
+        self.columns: slice | np.ndarray = devices
+        if self.n > 1:
+            step = int(devices[1] - devices[0])
+            if step > 0 and (np.diff(devices) == step).all():
+                self.columns = slice(int(devices[0]), int(devices[-1]) + 1, step)
+        elif self.n == 1:
+            self.columns = slice(int(devices[0]), int(devices[0]) + 1)
         self.parts = []
         for g in sky.groups(devices):
             order = np.argsort(g.rows)
@@ -582,10 +605,12 @@ class _Probe:
         for b, _, base, start, _ in self.parts:
             col = b.nxtflat[np.searchsorted(b.keyflat, base | q, side="right")]
             firsts.append((b, start, col, b.keyflat[start + col] & _TMASK))
-        # the k smallest distinct are none above the k-th smallest of the devices'
-        # next ends: only the devices with a next end up to there are followed further
-        round0 = np.unique(np.concatenate([f[3] for f in firsts]))
-        limit = round0[min(k, round0.shape[0]) - 1]
+        # Only the devices whose next end is at most the k-th smallest of those next
+        # ends (`limit`) are followed further, k ends each: every instant returned
+        # below, at most `limit`, then has every earlier end before it.
+        round0 = np.concatenate([f[3] for f in firsts])
+        i = min(k, round0.shape[0]) - 1
+        limit = np.partition(round0, i)[i]
         found = []
         for b, start, col, times in firsts:
             near = times <= limit
@@ -645,7 +670,7 @@ class _Probe:
                 j = self.chunk_start + self.chunk_open.shape[0]
                 continue
             n = min(_CHUNK, last - j + 1)
-            lvl = g.m[j + 1 : j + n + w][:, self.devices]
+            lvl = g.m[j + 1 : j + n + w, self.columns]
             span = 1  # lvl[i] becomes the most of cells j+1+i .. j+i+2*span
             while span * 2 <= w:
                 lvl = np.maximum(lvl[:-span], lvl[span:])
@@ -691,15 +716,20 @@ def earliest_start(
     with the free cores of each of `devices` (in their order) then.
 
     Free cores over [t, t + duration) grow only when t passes an allocation's
-    end, so the candidates are those ends, visited in order. Each step takes
-    the next candidate c, checks it exactly, and bounds the blocks of
-    candidates after it, (c + i·h, c + (i+1)·h] for i < LOOKAHEAD: every
-    window starting in such a block contains [c + (i+1)·h, c + i·h + duration
-    + 1), so the cores each device has free during that shared stretch bound
-    what it can offer anywhere in the block. Blocks whose bound is short of
-    `need` are skipped; h doubles (up to the duration) while blocks are
-    skipped and halves when the first one cannot be. One step is one
-    vectorised query, O(k log m) per window for the k devices.
+    end, so the candidates are those ends, visited in order. Each step:
+
+    1. the coarse grid skips every grid cell in which no window can start
+       with `need` cores (`_Probe.first_open`);
+    2. the next few candidates c1 < ... < cK are checked exactly, and after cK
+       the blocks (cK + i·h, cK + (i+1)·h], i < LOOKAHEAD, are bounded: every
+       window starting in such a block contains [cK + (i+1)·h, cK + i·h +
+       duration + 1), so what each device has free during that shared stretch
+       bounds what it can offer anywhere in the block. Blocks short of `need`
+       are skipped; h doubles (up to the duration) while they are and halves
+       when the first one is not, and then more candidates are checked at once;
+    3. only the devices the grid says might offer a core take part.
+
+    One step is one vectorised query, O(k log m) per window for the k devices.
     """
     n = devices.shape[0]
     if n == 0:
