@@ -32,8 +32,8 @@ import time
 import numpy as np
 from _common import emit
 
-from services.workload_scheduler.fabric import PodFabric
-from services.workload_scheduler.model import SliceDemand
+from lightpath.domain.blocks import PodFabric
+from lightpath.domain.slices import SliceDemand
 from services.workload_scheduler.placement import PodState, capacity_for
 
 AVAILABILITY = {"99.0": 0.990, "99.5": 0.995, "99.9": 0.999}

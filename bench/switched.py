@@ -33,9 +33,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._common import emit
+from lightpath.domain.switched import FIG18_FABRIC, SwitchedFabric
+from lightpath.domain.switched_rings import Degrees, RingPlan, plan_rings, release, reserve
 from lightpath.errors import ResourceExhausted
-from services.ocs_manager.switched.fabric import FIG18_FABRIC, SwitchedFabric
-from services.ocs_manager.switched.rings import Degrees, RingPlan, plan_rings, release, reserve
 from services.workload_scheduler.switched_placement import (
     LARGE,
     SwitchedPodState,

@@ -25,13 +25,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
 
+from lightpath.domain.blocks import TYPE_NAME_RULE, PodFabric, parse_block_types
+from lightpath.domain.jobs import normalize, priority_of
 from lightpath.errors import FieldViolation, InvalidArgument
 from lightpath.v1 import cell_scheduler_pb2, common_pb2, workload_scheduler_pb2
 from services.cell_scheduler.demand import DerivedShape, derive_shape
 from services.common import validate
 from services.common.keys import ID_RULE, is_valid_id
-from services.workload_scheduler.fabric import TYPE_NAME_RULE, PodFabric, parse_block_types
-from services.workload_scheduler.spec import normalize, priority_of
 
 DEFAULT_TENANT = "default"
 TENANT_LABEL = "tenant"

@@ -23,8 +23,8 @@ import grpc
 from lightpath.v1 import common_pb2, workload_scheduler_pb2
 from services.cell_scheduler.podclient import classify, state_name
 from services.cell_scheduler.store import ENDED, FINAL, PLACED, CellStore
+from services.common.convert import job_event_pb
 from services.common.supervisor import ready
-from services.workload_scheduler.server import job_event_pb
 
 if TYPE_CHECKING:
     from services.cell_scheduler.cell import CellScheduler

@@ -9,37 +9,23 @@ touch any of them together.
 
 from __future__ import annotations
 
-import re
-
+from lightpath.domain.ids import ID_RULE, is_valid_id, validate_id
 from lightpath.errors import FieldViolation, InvalidArgument
 
 PREFIX = "lp"
-_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}\Z")  # \Z: "$" would let a trailing newline in
-ID_RULE = "must be 1-64 characters of A-Z a-z 0-9 . _ -"
-
-
-def validate_id(value: str, field: str = "id") -> str:
-    """Return `value` if it is a valid id (X-5), else raise ValueError naming the rule."""
-    if not _ID.match(value):
-        raise ValueError(f"{field} {value!r} {ID_RULE}")
-    return value
-
-
-def is_valid_id(value: str) -> bool:
-    return bool(_ID.match(value))
 
 
 def require_id(value: str, field: str) -> str:
     """`value` if it is a valid id, else INVALID_ARGUMENT naming `field`: ids name
     Redis keys, so a malformed one must be refused at the API, never reach a key (X-3)."""
-    if not _ID.match(value):
+    if not is_valid_id(value):
         raise InvalidArgument(field, ID_RULE)
     return value
 
 
 def require_ids(**fields: str) -> None:
     """`require_id` for several fields at once, every bad one named."""
-    bad = [FieldViolation(f, ID_RULE) for f, v in fields.items() if not _ID.match(v)]
+    bad = [FieldViolation(f, ID_RULE) for f, v in fields.items() if not is_valid_id(v)]
     if bad:
         raise InvalidArgument.of(bad)
 

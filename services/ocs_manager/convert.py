@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+from lightpath.domain.torus import FIRST, SECOND, Fabric, FabricConfig, dim_name
 from lightpath.errors import FieldViolation
 from lightpath.v1 import common_pb2
 from lightpath.v1 import ocs_manager_pb2 as pb
 from services.ocs_manager.encode import WiringEncoder
-from services.ocs_manager.fabric import FIRST, SECOND, Fabric, FabricConfig, dim_name
 from services.ocs_manager.store import SliceRecord
 from services.ocs_manager.wiring import (
     FabricChange,

@@ -23,8 +23,8 @@ from typing import Protocol
 
 import redis.asyncio as aioredis
 
+from lightpath.domain.torus import Fabric
 from services.common.keys import pod_key
-from services.ocs_manager.fabric import Fabric
 from services.ocs_manager.invariants import FabricState
 from services.ocs_manager.lua import (
     encode_change,

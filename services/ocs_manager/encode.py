@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from services.ocs_manager.fabric import FIRST, SECOND, Fabric
+from lightpath.domain.torus import FIRST, SECOND, Fabric
 from services.ocs_manager.wiring import Link, link_ports, one_to_many_settings
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from services.ocs_manager.fabric import SECOND, Fabric, dim_name
+from lightpath.domain.torus import SECOND, Fabric, dim_name
 from services.ocs_manager.wiring import SlicePlacement, cross_connects, links
 
 MAX_VIOLATIONS = 200

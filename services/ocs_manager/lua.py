@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from services.ocs_manager.fabric import Fabric, dim_name
+from lightpath.domain.torus import Fabric, dim_name
 from services.ocs_manager.invariants import FabricState
 from services.ocs_manager.wiring import FabricChange, Link
 

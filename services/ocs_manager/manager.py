@@ -26,9 +26,9 @@ import secrets
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from lightpath.domain.torus import Fabric
 from lightpath.errors import Aborted, FailedPrecondition, InvalidArgument, NotFound, Unavailable
 from services.ocs_manager.driver import SwitchDriver, SwitchDriverError
-from services.ocs_manager.fabric import Fabric
 from services.ocs_manager.store import BeginResult, OcsStore, SliceRecord
 from services.ocs_manager.wiring import (
     FabricChange,

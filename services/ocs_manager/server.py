@@ -1,7 +1,7 @@
 """gRPC servicer of ocs_manager: protobuf <-> domain, errors -> status (via the runtime).
 
-The seed's behaviour lives in fabric.py (port map), wiring.py (OCS-2/4/5),
-invariants.py (OCS-6); the steps of a change in manager.py; Redis in store.py;
+The seed's behaviour lives in lightpath/domain/torus.py (port map), wiring.py
+(OCS-2/4/5), invariants.py (OCS-6); the steps of a change in manager.py; Redis in store.py;
 the switches behind driver.py. This file only translates.
 """
 
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from opentelemetry import trace
 
+from lightpath.domain.torus import SECOND, Fabric, FabricConfig, validate_config
 from lightpath.errors import Aborted, FailedPrecondition, InvalidArgument, NotFound
 from lightpath.v1 import common_pb2, ocs_manager_pb2, ocs_manager_pb2_grpc
 from lightpath.v1 import ocs_manager_pb2 as pb
@@ -18,7 +19,6 @@ from services.common.server import Runtime, ServiceDefinition
 from services.ocs_manager import convert
 from services.ocs_manager.driver import RedisSwitchDriver, SwitchDriver
 from services.ocs_manager.encode import WiringEncoder
-from services.ocs_manager.fabric import SECOND, Fabric, FabricConfig, validate_config
 from services.ocs_manager.invariants import FabricState, Violation, check
 from services.ocs_manager.manager import FabricManager
 from services.ocs_manager.settings import OcsManagerSettings

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from lightpath.domain.switched import SwitchedFabricConfig
+from lightpath.domain.torus import FabricConfig, format_shape, parse_shape, validate_config
 from lightpath.errors import InvalidArgument
 from services.common.settings import (
     CommonSettings,
@@ -14,8 +16,6 @@ from services.common.settings import (
     parse_positive_float,
     setting,
 )
-from services.ocs_manager.fabric import FabricConfig, format_shape, parse_shape, validate_config
-from services.ocs_manager.switched.fabric import SwitchedFabricConfig
 
 FABRIC_KINDS = ("OCS_TORUS", "SWITCHED")
 

@@ -41,9 +41,9 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
+from lightpath.domain.torus import Fabric, FabricConfig
 from lightpath.errors import Aborted, InvalidArgument
 from services.common.keys import pod_key
-from services.ocs_manager.fabric import Fabric, FabricConfig
 from services.ocs_manager.invariants import FabricState, StoredSlice
 from services.ocs_manager.lua import (
     LAYOUT,

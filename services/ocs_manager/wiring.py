@@ -19,9 +19,9 @@ import math
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
+from lightpath.domain.torus import Fabric, format_shape
 from lightpath.errors import FieldViolation, InvalidArgument, NotFound
 from services.common.keys import ID_RULE, is_valid_id
-from services.ocs_manager.fabric import Fabric, format_shape
 
 
 @dataclass(frozen=True)

@@ -8,16 +8,8 @@ import contextlib
 import json
 import time
 
-from lightpath.errors import FailedPrecondition, NotFound, ResourceExhausted
-from lightpath.v1 import workload_scheduler_pb2
-from services.workload_scheduler.core import (
-    MAX_COMMIT_ATTEMPTS,
-    AdmitResult,
-    _Admission,
-    _b64,
-    _victim_json,
-)
-from services.workload_scheduler.model import (
+from lightpath.domain.jobs import NormalizedSpec, job_degrees
+from lightpath.domain.slices import (
     DELAY,
     FAIL,
     FAILED,
@@ -29,6 +21,15 @@ from services.workload_scheduler.model import (
     WIRING,
     SliceJob,
 )
+from lightpath.errors import FailedPrecondition, NotFound, ResourceExhausted
+from lightpath.v1 import workload_scheduler_pb2
+from services.workload_scheduler.core import (
+    MAX_COMMIT_ATTEMPTS,
+    AdmitResult,
+    _Admission,
+    _b64,
+    _victim_json,
+)
 from services.workload_scheduler.placement import PodState, Unplaceable
 from services.workload_scheduler.planner import (
     Allocation,
@@ -36,9 +37,7 @@ from services.workload_scheduler.planner import (
     plan_admission,
     plan_pass,
 )
-from services.workload_scheduler.spec import NormalizedSpec
 from services.workload_scheduler.store import Conflict, JobRecord, Txn
-from services.workload_scheduler.switched import job_degrees
 from services.workload_scheduler.wiring import WiringMixin
 
 

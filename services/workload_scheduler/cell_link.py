@@ -32,10 +32,11 @@ from typing import Any
 import grpc
 
 from lightpath.client import channel
+from lightpath.domain.blocks import PodFabric
 from lightpath.v1 import cell_scheduler_pb2, cell_scheduler_pb2_grpc, common_pb2
 from services.common import supervisor
+from services.common.convert import job_event_pb
 from services.common.server import Runtime
-from services.workload_scheduler.fabric import PodFabric
 from services.workload_scheduler.placement import PodState
 from services.workload_scheduler.preemption import max_freeable
 from services.workload_scheduler.settings import WorkloadSchedulerSettings
@@ -101,8 +102,6 @@ def capacity_pb(state: PodState, version: str) -> cell_scheduler_pb2.PodCapacity
 
 
 def transition_pb(entry_id: str, fields: dict[str, str], pod_id: str):
-    from services.workload_scheduler.server import job_event_pb
-
     event = json.loads(fields["e"])
     return cell_scheduler_pb2.PodJobTransition(
         event=job_event_pb(event, pod_id), seq=int(event.get("n", 0)), stream_id=entry_id

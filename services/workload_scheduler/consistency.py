@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from services.workload_scheduler.model import HOLDING_STATES, RUNNING
+from lightpath.domain.slices import HOLDING_STATES, RUNNING
 from services.workload_scheduler.placement import PodState
 
 MISSING = "MISSING"

@@ -12,15 +12,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from lightpath.v1 import workload_scheduler_pb2
-from services.workload_scheduler.fabric import PodFabric
-from services.workload_scheduler.model import (
+from lightpath.domain.blocks import PodFabric
+from lightpath.domain.jobs import NormalizedSpec
+from lightpath.domain.slices import (
     SliceJob,
 )
+from lightpath.v1 import workload_scheduler_pb2
 from services.workload_scheduler.ocs import OcsError, OcsManagerClient
 from services.workload_scheduler.placement import PodState
 from services.workload_scheduler.preemption import VictimAction
-from services.workload_scheduler.spec import NormalizedSpec
 from services.workload_scheduler.store import JobRecord, PodStore
 
 MAX_COMMIT_ATTEMPTS = 20

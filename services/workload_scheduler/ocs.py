@@ -24,8 +24,8 @@ from dataclasses import dataclass
 import grpc
 
 from lightpath.client import error_report
+from lightpath.domain.slices import Grid, SliceJob, grid_positions
 from lightpath.v1 import common_pb2, ocs_manager_pb2, ocs_manager_pb2_grpc
-from services.workload_scheduler.model import Grid, SliceJob, grid_positions
 
 TRANSIENT = frozenset(
     {

@@ -24,8 +24,8 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from services.workload_scheduler.fabric import PodFabric
-from services.workload_scheduler.model import HOLDING_STATES, QUEUED_STATES, SliceDemand, SliceJob
+from lightpath.domain.blocks import PodFabric
+from lightpath.domain.slices import HOLDING_STATES, QUEUED_STATES, SliceDemand, SliceJob
 
 
 @dataclass(frozen=True)

@@ -18,8 +18,10 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
+from itertools import islice
 
-from services.workload_scheduler.model import (
+from lightpath.domain.blocks import PodFabric
+from lightpath.domain.slices import (
     DELAY,
     RUNNING,
     SHRINK,
@@ -27,8 +29,12 @@ from services.workload_scheduler.model import (
     WIRING,
     SliceJob,
 )
+from lightpath.domain.switched import SwitchedFabric
+from lightpath.domain.switched_rings import Degrees, Tile, is_small, replacement_order
+from lightpath.errors import ResourceExhausted
 from services.workload_scheduler.placement import Placement, PodState, Unplaceable, place
 from services.workload_scheduler.preemption import VictimAction, choose_victims
+from services.workload_scheduler.switched_placement import SwitchedPodState, placements
 
 
 @dataclass(frozen=True)
@@ -90,8 +96,6 @@ def plan_admission(
 ) -> Allocation | Unplaceable:
     """Place one waiting job on free blocks, else by preemption (WS-2, WS-3, WS-4)."""
     if state.fabric.switched is not None:
-        from services.workload_scheduler.switched import plan_switched_admission
-
         return plan_switched_admission(state, job, preempt=preempt)
     found = place(state, job.demand)
     if isinstance(found, Placement):
@@ -149,8 +153,6 @@ def plan_replacement(state: PodState, job: SliceJob, failed: int) -> Replacement
     node_type = state.fabric.node_types[failed]
     groups = state.fabric.first_end_group
     if state.fabric.switched is not None:
-        from services.workload_scheduler.switched import plan_switched_replacement
-
         return plan_switched_replacement(state, job, failed)
     types = state.fabric.node_types
     spares = [b for b in state.candidates() if types[b] == node_type and state.allocatable(b)]
@@ -196,3 +198,123 @@ def running_with_failed_blocks(state: PodState) -> list[tuple[SliceJob, int]]:
         if job.state == RUNNING and job.placement and not job.replacing:
             out.extend((job, b) for b in job.placement if b in state.failed)
     return out
+
+
+# -- SWITCHED pods (seed 002, SW-2 … SW-5) ---------------------------------------
+#
+# Such a pod's "blocks" are its processor groups, so the scheduler's machinery
+# (queue, priorities, preemption of large jobs, events, completion, failure
+# handling, replicas) works unchanged; what differs is placement and replacement:
+# * placement is `switched_placement` (small jobs packed into groups reserved
+#   for them, large jobs in whole groups, locality under one tier-0 switch
+#   first): the n-th candidate after n failed ring reservations, so a job whose
+#   rings could not be routed tries the next-best groups;
+# * a failed group is replaced by a free one under the same tier-0 switch first;
+#   a small job on a failed group is requeued.
+# A job's degrees are normalised in lightpath.domain.jobs (`normalize_switched`);
+# the pod's ocs_manager reserves the rings (ReserveRings, see ocs.py).
+
+
+def _fabric(fabric: PodFabric) -> SwitchedFabric:
+    assert fabric.switched is not None
+    return fabric.switched
+
+
+def switched_state(state: PodState, node_type: str, allow_wired=()) -> SwitchedPodState:
+    """The snapshot as switched placement sees it: groups of other types, held
+    groups and groups whose rings may still be reserved count as taken."""
+    fabric = state.fabric
+    allow = set(allow_wired)
+    small = fabric.small_groups
+    failed = {
+        g
+        for g in range(fabric.block_count)
+        if g in state.failed or fabric.node_types[g] != node_type
+    }
+    large = {
+        g: state.owner.get(g) or state.wired.get(g, "")
+        for g in range(fabric.block_count)
+        if g not in small and g not in failed and not state.allocatable(g, allow)
+    }
+    tiles: dict[str, Tile] = {}
+    for n, key in enumerate({**state.tile_owner, **state.tile_wired}):
+        g, i, j = (int(x) for x in key[1:].split("."))
+        tiles[f"~{n}"] = Tile(g, i, j, 1, 1)
+    return SwitchedPodState(frozenset(small), frozenset(failed), large, tiles)
+
+
+def plan_switched_admission(
+    state: PodState, job: SliceJob, *, preempt: bool = True
+) -> Allocation | Unplaceable:
+    """SW-2/SW-3 placement; the `job.attempts`-th candidate after failed reservations."""
+    sf = _fabric(state.fabric)
+    assert job.degrees is not None, "a job of a SWITCHED pod carries its degrees"
+    degrees = Degrees(*job.degrees)
+    node_type = job.demand.node_types[0]
+    why = f"no {node_type} groups for {degrees.total} processors"
+    try:
+        found = list(
+            islice(
+                placements(sf, switched_state(state, node_type), job.job_id, degrees),
+                job.attempts + 1,
+            )
+        )
+    except ResourceExhausted as e:
+        found, why = [], e.message
+    if found:
+        chosen = found[job.attempts % len(found)]
+        if chosen.kind == "small":
+            (t,) = chosen.tiles
+            own = job.job_id in {*state.tile_wired.values(), *state.wired.values()}
+            return Allocation(
+                job,
+                (t.group,),
+                (),
+                (job.job_id,) if own else (),
+                (t.group, t.row, t.col, t.height, t.width),
+            )
+        groups = tuple(sorted(chosen.groups))
+        return Allocation(job, groups, (), _release_first(state, job.job_id, groups))
+    unplaceable = Unplaceable((), note=why)
+    if not preempt or is_small(sf, degrees):
+        return unplaceable
+    # Large jobs may take the groups of lower-priority large jobs (WS-4).
+    view = state.copy()
+    view.failed |= set(state.fabric.small_groups)
+    view.failed |= {g for g, t in enumerate(state.fabric.node_types) if t != node_type}
+    victims = choose_victims(view, Counter({node_type: job.demand.block_count}), job.priority)
+    if not victims:
+        return unplaceable
+    trial = state.copy()
+    apply_victims(trial, victims)
+    ids = [v.job_id for v in victims]
+    try:
+        chosen = next(placements(sf, switched_state(trial, node_type, ids), job.job_id, degrees))
+    except (ResourceExhausted, StopIteration):
+        return unplaceable  # freed enough groups, but not under reachable switches
+    groups = tuple(sorted(chosen.groups))
+    return Allocation(job, groups, tuple(victims), _release_first(state, job.job_id, groups, ids))
+
+
+def plan_switched_replacement(state: PodState, job: SliceJob, failed: int) -> Replacement | None:
+    """SW-5: a free group of the same type, under the failed group's tier-0 switch
+    when possible (¶57); a small job's group is not replaced (it is requeued)."""
+    if job.tile is not None:
+        return None
+    assert job.placement is not None
+    fabric = state.fabric
+    node_type = fabric.node_types[failed]
+    free = [
+        g
+        for g in range(fabric.block_count)
+        if fabric.node_types[g] == node_type
+        and g not in fabric.small_groups
+        and state.allocatable(g)
+    ]
+    order = replacement_order(_fabric(fabric), failed, free)
+    if not order:
+        return None
+    unwired = [g for g in order if g not in state.wired]
+    spare = (unwired or order)[0]
+    first = (state.wired[spare],) if spare in state.wired else ()
+    return Replacement(job, failed, spare, job.placement.index(failed), (), first)

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from services.workload_scheduler.model import (
+from lightpath.domain.slices import (
     DISRUPTION,
     SHRINK,
     Grid,

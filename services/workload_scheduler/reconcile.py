@@ -6,20 +6,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from services.workload_scheduler.consistency import MISSING, ORPHANED, wiring_differences
-from services.workload_scheduler.core import (
-    QUIET_HORIZON_MS,
-    STALE_WIRING_GRACE_MS,
-    SWEEP_PAGE,
-    Outcome,
-)
-from services.workload_scheduler.model import (
+from lightpath.domain.slices import (
     HOLDING_STATES,
     RUNNING,
     SUSPENDED,
     WIRING,
     SliceJob,
     grid_positions,
+)
+from services.workload_scheduler.consistency import MISSING, ORPHANED, wiring_differences
+from services.workload_scheduler.core import (
+    QUIET_HORIZON_MS,
+    STALE_WIRING_GRACE_MS,
+    SWEEP_PAGE,
+    Outcome,
 )
 from services.workload_scheduler.ocs import OcsError
 from services.workload_scheduler.placement import PodState

@@ -34,14 +34,7 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
-from lightpath.errors import FailedPrecondition, NotFound
-from services.workload_scheduler.core import (
-    FINISH_RELEASE_WAIT_S,
-    MAX_COMMIT_ATTEMPTS,
-    AdmitResult,
-    Outcome,
-)
-from services.workload_scheduler.model import (
+from lightpath.domain.slices import (
     CANCELLED,
     COMPLETED,
     FINAL_STATES,
@@ -49,6 +42,13 @@ from services.workload_scheduler.model import (
     PENDING,
     RUNNING,
     SUSPENDED,
+)
+from lightpath.errors import FailedPrecondition, NotFound
+from services.workload_scheduler.core import (
+    FINISH_RELEASE_WAIT_S,
+    MAX_COMMIT_ATTEMPTS,
+    AdmitResult,
+    Outcome,
 )
 from services.workload_scheduler.ocs import OcsError
 from services.workload_scheduler.reconcile import ReconcileMixin

@@ -17,35 +17,37 @@ from typing import Any
 
 from opentelemetry import trace
 
-from lightpath.errors import FailedPrecondition, InvalidArgument, LightpathError, Unavailable
-from lightpath.v1 import common_pb2, workload_scheduler_pb2, workload_scheduler_pb2_grpc
-from services.common import paging
-from services.common.enums import enum_name
-from services.common.keys import require_id
-from services.common.server import Runtime, ServiceDefinition
-from services.ocs_manager.switched.fabric import SwitchedFabricConfig, build_fabric
-from services.workload_scheduler.fabric import (
+from lightpath.domain.blocks import (
     PodFabric,
     block_types_for,
     parse_block_types,
 )
-from services.workload_scheduler.model import (
-    HOLDING_STATES,
-    QUEUED_STATES,
-    grid_positions,
-)
-from services.workload_scheduler.ocs import OcsError, OcsManagerClient
-from services.workload_scheduler.placement import PodState
-from services.workload_scheduler.rings import RingPlan, plan_rings
-from services.workload_scheduler.scheduler import Outcome, WorkloadScheduler
-from services.workload_scheduler.settings import WorkloadSchedulerSettings
-from services.workload_scheduler.spec import (
+from lightpath.domain.jobs import (
     POLICY_ENUM,
     chips_of,
     degrees_of,
     normalize,
     to_grid,
 )
+from lightpath.domain.rings import RingPlan, plan_rings
+from lightpath.domain.slices import (
+    HOLDING_STATES,
+    QUEUED_STATES,
+    grid_positions,
+)
+from lightpath.domain.switched import SwitchedFabricConfig, build_fabric
+from lightpath.errors import FailedPrecondition, InvalidArgument, LightpathError, Unavailable
+from lightpath.v1 import common_pb2, workload_scheduler_pb2, workload_scheduler_pb2_grpc
+from services.common import paging
+from services.common.convert import job_event_pb, timestamp
+from services.common.enums import enum_name
+from services.common.keys import require_id
+from services.common.server import Runtime, ServiceDefinition
+from services.workload_scheduler.cell_link import CellReporter
+from services.workload_scheduler.ocs import OcsError, OcsManagerClient
+from services.workload_scheduler.placement import PodState
+from services.workload_scheduler.scheduler import Outcome, WorkloadScheduler
+from services.workload_scheduler.settings import WorkloadSchedulerSettings
 from services.workload_scheduler.store import JobRecord, PodStore
 from services.workload_scheduler.switched_placement import reserved_small_groups
 from services.workload_scheduler.switched_view import add_switched_job, switched_pod_view
@@ -157,27 +159,6 @@ class PodHandle:
 # -- protobuf <-> domain ---------------------------------------------------------
 
 
-def _ts(ms: int):
-    from google.protobuf.timestamp_pb2 import Timestamp
-
-    t = Timestamp()
-    t.FromMilliseconds(int(ms))
-    return t
-
-
-def job_event_pb(event: dict[str, Any], pod_id: str) -> common_pb2.JobEvent:
-    return common_pb2.JobEvent(
-        job_id=event["job"],
-        from_state=common_pb2.JobState.Value("JOB_STATE_" + event["from"])
-        if event.get("from")
-        else common_pb2.JOB_STATE_UNSPECIFIED,
-        to_state=common_pb2.JobState.Value("JOB_STATE_" + event["to"]),
-        at=_ts(event["at"]),
-        reason=event.get("reason", ""),
-        pod_id=pod_id,
-    )
-
-
 def ring_plan_pb(plan: RingPlan) -> workload_scheduler_pb2.RingPlan:
     return workload_scheduler_pb2.RingPlan(
         chips=common_pb2.Shape(dims=plan.chips),
@@ -231,8 +212,8 @@ def job_pb(
         grid=common_pb2.Shape(dims=job.demand.grid),
         chips=common_pb2.Shape(dims=chips),
         wrap=list(job.demand.wrap),
-        created_at=_ts(record.created_ms),
-        updated_at=_ts(record.updated_ms),
+        created_at=timestamp(record.created_ms),
+        updated_at=timestamp(record.updated_ms),
         queue_position=queue_position,
     )
     if record.state in HOLDING_STATES and job.placement:
@@ -433,7 +414,7 @@ class WorkloadSchedulerServicer(workload_scheduler_pb2_grpc.WorkloadSchedulerSer
                     block=workload_scheduler_pb2.BlockEvent(
                         block_id=event["block"],
                         health=common_pb2.BlockHealth.Value("BLOCK_HEALTH_" + event["health"]),
-                        at=_ts(event["at"]),
+                        at=timestamp(event["at"]),
                         reason=event.get("reason", ""),
                         pod_id=sched.pod_id,
                     )
@@ -527,7 +508,7 @@ async def pod_view(sched: WorkloadScheduler) -> workload_scheduler_pb2.PodView:
                     "WIRING_DIFFERENCE_KIND_" + diff["kind"]
                 ),
                 detail=diff["detail"],
-                since=_ts(diff["since"]),
+                since=timestamp(diff["since"]),
             )
         )
     for node_type, c in state.counts_by_type().items():
@@ -580,8 +561,6 @@ async def build(runtime: Runtime[WorkloadSchedulerSettings]) -> list[ServiceDefi
     # Retried until the fabric is known (a Redis error while saving it is not the end).
     runtime.supervise(pod.start, "load fabric")
     if runtime.settings.cell_addr:
-        from services.workload_scheduler.cell_link import CellReporter
-
         reporter = CellReporter(runtime, pod)
         runtime.supervise(reporter.run, "cell registration and heartbeat", forever=True)
     servicer = WorkloadSchedulerServicer(runtime, pod)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from lightpath.domain.blocks import parse_block_types
 from services.common.settings import (
     CommonSettings,
     parse_address,
@@ -12,7 +13,6 @@ from services.common.settings import (
     parse_positive_float,
     setting,
 )
-from services.workload_scheduler.fabric import parse_block_types
 
 
 def parse_block_types_setting(raw: str) -> str:

@@ -50,9 +50,9 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
+from lightpath.domain.blocks import PodFabric
+from lightpath.domain.slices import FINAL_STATES, QUEUED_STATES, RUNNING, SliceJob
 from services.common.keys import pod_key
-from services.workload_scheduler.fabric import PodFabric
-from services.workload_scheduler.model import FINAL_STATES, QUEUED_STATES, RUNNING, SliceJob
 from services.workload_scheduler.placement import PodState
 
 EVENT_STREAM_MAXLEN = 10_000

@@ -6,6 +6,15 @@ from __future__ import annotations
 
 import json
 
+from lightpath.domain.slices import (
+    FAIL,
+    FAILED,
+    RUNNING,
+    SUSPENDED,
+    WIRING,
+    SliceJob,
+    grid_positions,
+)
 from lightpath.errors import NotFound
 from services.workload_scheduler.admission import AdmissionMixin
 from services.workload_scheduler.core import (
@@ -15,15 +24,6 @@ from services.workload_scheduler.core import (
     _pos,
     _SwapRun,
     _victim_json,
-)
-from services.workload_scheduler.model import (
-    FAIL,
-    FAILED,
-    RUNNING,
-    SUSPENDED,
-    WIRING,
-    SliceJob,
-    grid_positions,
 )
 from services.workload_scheduler.ocs import OcsError, ReplaceResult
 from services.workload_scheduler.placement import PodState

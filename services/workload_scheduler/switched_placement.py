@@ -21,9 +21,9 @@ import math
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
+from lightpath.domain.switched import SwitchedFabric
+from lightpath.domain.switched_rings import Degrees, Tile, is_small
 from lightpath.errors import InvalidArgument, ResourceExhausted
-from services.ocs_manager.switched.fabric import SwitchedFabric
-from services.ocs_manager.switched.rings import Degrees, Tile
 
 SMALL, LARGE = "small", "large"
 # Locality of a placement, best first.
@@ -78,10 +78,6 @@ def reserved_small_groups(fabric: SwitchedFabric, count: int) -> frozenset[int]:
     if not 0 <= count <= fabric.group_count:
         raise InvalidArgument("small_groups", f"must be 0..{fabric.group_count}, got {count}")
     return frozenset(range(fabric.group_count - count, fabric.group_count))
-
-
-def is_small(fabric: SwitchedFabric, degrees: Degrees) -> bool:
-    return degrees.total <= fabric.group_size
 
 
 def placements(

@@ -6,11 +6,11 @@ from __future__ import annotations
 import contextlib
 import math
 
+from lightpath.domain.blocks import PodFabric
+from lightpath.domain.slices import HOLDING_STATES, SliceJob
+from lightpath.domain.switched_rings import Tile
 from lightpath.v1 import common_pb2, workload_scheduler_pb2
-from services.ocs_manager.switched.rings import Tile
-from services.ocs_manager.switched.server import fabric_to_proto, tile_to_proto
-from services.workload_scheduler.fabric import PodFabric
-from services.workload_scheduler.model import HOLDING_STATES, SliceJob
+from services.common.convert import fabric_to_proto, tile_to_proto
 from services.workload_scheduler.ocs import OcsError
 from services.workload_scheduler.placement import PodState
 

@@ -11,14 +11,7 @@ from typing import Any
 
 import grpc
 
-from services.workload_scheduler.core import (
-    MAX_WIRING_ATTEMPTS,
-    RELEASE_CLAIM_MS,
-    RETRY_BACKOFF_MS,
-    SchedulerCore,
-    WiringRolledBack,
-)
-from services.workload_scheduler.model import (
+from lightpath.domain.slices import (
     FAILED,
     FINAL_STATES,
     HOLDING_STATES,
@@ -27,6 +20,13 @@ from services.workload_scheduler.model import (
     SUSPENDED,
     WIRING,
     SliceJob,
+)
+from services.workload_scheduler.core import (
+    MAX_WIRING_ATTEMPTS,
+    RELEASE_CLAIM_MS,
+    RETRY_BACKOFF_MS,
+    SchedulerCore,
+    WiringRolledBack,
 )
 from services.workload_scheduler.ocs import OcsError, Wiring
 from services.workload_scheduler.planner import (

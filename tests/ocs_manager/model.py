@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from services.ocs_manager.fabric import Fabric
+from lightpath.domain.torus import Fabric
 from services.ocs_manager.invariants import FabricState, StoredSlice
 from services.ocs_manager.wiring import (
     SlicePlacement,

@@ -10,13 +10,13 @@ from collections.abc import AsyncIterator
 import grpc
 
 from lightpath.client import channel
+from lightpath.domain.torus import Fabric
 from lightpath.security.identity import service_principal
 from lightpath.v1 import ocs_manager_pb2 as pb
 from lightpath.v1 import ocs_manager_pb2_grpc
 from services.common.server import running
 from services.common.settings import load
 from services.ocs_manager.driver import RedisSwitchDriver, SwitchDriverError
-from services.ocs_manager.fabric import Fabric
 from services.ocs_manager.server import build
 from services.ocs_manager.settings import OcsManagerSettings
 from services.ocs_manager.wiring import FabricChange

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from lightpath.errors import InvalidArgument
-from services.ocs_manager.fabric import (
+from lightpath.domain.torus import (
     FIRST,
     SECOND,
     Fabric,
@@ -13,6 +12,7 @@ from services.ocs_manager.fabric import (
     parse_shape,
     ports_needed,
 )
+from lightpath.errors import InvalidArgument
 
 # Fig. 12: building blocks 1211-1214 are blocks 0-3; OCS 1271 / 1272 are k = 0 / 1.
 B1211, B1212, B1213, B1214 = 0, 1, 2, 3

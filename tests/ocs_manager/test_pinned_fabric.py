@@ -7,7 +7,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.ocs_manager.fabric import FIRST, SECOND, Fabric, FabricConfig
+from lightpath.domain.torus import FIRST, SECOND, Fabric, FabricConfig
 from services.ocs_manager.invariants import check
 from tests.ocs_manager.model import placement, state_of
 

@@ -19,10 +19,10 @@ import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
+from lightpath.domain.torus import Fabric, FabricConfig
 from lightpath.errors import FailedPrecondition
 from services.common.redis_store import connect
 from services.ocs_manager.driver import RedisSwitchDriver
-from services.ocs_manager.fabric import Fabric, FabricConfig
 from services.ocs_manager.invariants import FabricState, check
 from services.ocs_manager.manager import FabricManager
 from services.ocs_manager.store import OcsStore

@@ -17,9 +17,9 @@ import grpc
 import pytest
 import redis.asyncio as aioredis
 
+from lightpath.domain.torus import Fabric, FabricConfig
 from lightpath.v1 import ocs_manager_pb2 as pb
 from services.common.keys import pod_key
-from services.ocs_manager.fabric import Fabric, FabricConfig
 from services.ocs_manager.lua import encode_change
 from services.ocs_manager.store import OcsStore
 from services.ocs_manager.wiring import (

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from lightpath.domain.torus import Fabric, FabricConfig
 from lightpath.errors import InvalidArgument, NotFound
-from services.ocs_manager.fabric import Fabric, FabricConfig
 from services.ocs_manager.invariants import check
 from services.ocs_manager.wiring import (
     Link,

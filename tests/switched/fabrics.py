@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from services.ocs_manager.switched.fabric import FIG18_FABRIC, SwitchedFabricConfig, build_fabric
+from lightpath.domain.switched import FIG18_FABRIC, SwitchedFabricConfig, build_fabric
 
 # Fig. 6: four groups of four processors (1-D) on one switch.
 FIG6 = SwitchedFabricConfig(

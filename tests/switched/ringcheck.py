@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable
 
-from services.ocs_manager.switched.fabric import SwitchedFabric
-from services.ocs_manager.switched.rings import RingPlan
+from lightpath.domain.switched import SwitchedFabric
+from lightpath.domain.switched_rings import RingPlan
 
 
 def expected_lines(plan: RingPlan) -> dict[tuple[str, tuple[int, int]], set[int]]:

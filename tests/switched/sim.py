@@ -5,9 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from lightpath.errors import ResourceExhausted
-from services.ocs_manager.switched.fabric import SwitchedFabric
-from services.ocs_manager.switched.rings import (
+from lightpath.domain.switched import SwitchedFabric
+from lightpath.domain.switched_rings import (
     Degrees,
     RingPlan,
     plan_rings,
@@ -15,6 +14,7 @@ from services.ocs_manager.switched.rings import (
     reserve,
     swap_group,
 )
+from lightpath.errors import ResourceExhausted
 from services.workload_scheduler.switched_placement import (
     LARGE,
     SwitchedPodState,

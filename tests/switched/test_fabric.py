@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from lightpath.errors import InvalidArgument
-from services.ocs_manager.switched.fabric import (
+from lightpath.domain.switched import (
     DOWN,
     PROCESSOR,
     UP,
     SwitchedFabric,
     SwitchedFabricConfig,
 )
+from lightpath.errors import InvalidArgument
 from tests.switched.fabrics import FIG6, FIG7, FIG11, FIG18, fabric
 
 

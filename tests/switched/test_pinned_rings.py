@@ -6,9 +6,9 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from lightpath.domain.switched import SwitchedFabricConfig, build_fabric
+from lightpath.domain.switched_rings import Degrees, Tile, plan_rings
 from lightpath.errors import ResourceExhausted
-from services.ocs_manager.switched.fabric import SwitchedFabricConfig, build_fabric
-from services.ocs_manager.switched.rings import Degrees, Tile, plan_rings
 from tests.switched.ringcheck import assert_valid
 
 # One 1-D group of four processors pr1-pr2-pr3-pr4; the chain ends hang off one switch.

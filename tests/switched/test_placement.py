@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from lightpath.domain.switched_rings import Degrees, Tile, channel_kinds, plan_rings
 from lightpath.errors import InvalidArgument, ResourceExhausted
-from services.ocs_manager.switched.rings import Degrees, Tile, channel_kinds, plan_rings
 from services.workload_scheduler.switched_placement import (
     SwitchedPodState,
     place,

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from lightpath.domain.switched_rings import Degrees
 from lightpath.errors import ResourceExhausted
-from services.ocs_manager.switched.rings import Degrees
 from services.workload_scheduler.switched_placement import LARGE, reserved_small_groups
 from tests.switched.fabrics import SMALL, fabric
 from tests.switched.ringcheck import assert_valid

@@ -6,9 +6,8 @@ import re
 
 import pytest
 
-from lightpath.errors import InvalidArgument, ResourceExhausted
-from services.ocs_manager.switched.fabric import SwitchedFabricConfig
-from services.ocs_manager.switched.rings import (
+from lightpath.domain.switched import SwitchedFabricConfig
+from lightpath.domain.switched_rings import (
     Degrees,
     RingPlan,
     Tile,
@@ -17,6 +16,7 @@ from services.ocs_manager.switched.rings import (
     release,
     reserve,
 )
+from lightpath.errors import InvalidArgument, ResourceExhausted
 from services.workload_scheduler.switched_placement import SwitchedPodState, place
 from tests.switched.fabrics import FIG6, FIG7, FIG11, FIG15, FIG18, fabric
 from tests.switched.ringcheck import assert_disjoint, assert_valid

@@ -11,13 +11,13 @@ from dataclasses import dataclass
 import grpc
 import pytest
 
+from lightpath.domain.blocks import PodFabric
+from lightpath.domain.slices import PENDING, SliceDemand, SliceJob
+from lightpath.domain.switched import SwitchedFabricConfig, build_fabric
+from lightpath.domain.switched_rings import Degrees
 from lightpath.v1 import common_pb2, ocs_manager_pb2_grpc, workload_scheduler_pb2_grpc
 from lightpath.v1 import ocs_manager_pb2 as ocs
 from lightpath.v1 import workload_scheduler_pb2 as ws
-from services.ocs_manager.switched.fabric import SwitchedFabricConfig, build_fabric
-from services.ocs_manager.switched.rings import Degrees
-from services.workload_scheduler.fabric import PodFabric
-from services.workload_scheduler.model import PENDING, SliceDemand, SliceJob
 from services.workload_scheduler.placement import PodState
 from services.workload_scheduler.planner import Allocation, plan_admission
 from tests.helpers import serve

@@ -11,10 +11,10 @@ import grpc
 import pytest
 
 from lightpath.client import channel
+from lightpath.domain.switched import SwitchedFabricConfig, build_fabric
+from lightpath.domain.switched_rings import RingPlan
 from lightpath.v1 import common_pb2, ocs_manager_pb2_grpc
 from lightpath.v1 import ocs_manager_pb2 as pb
-from services.ocs_manager.switched.fabric import SwitchedFabricConfig, build_fabric
-from services.ocs_manager.switched.rings import RingPlan
 from tests.helpers import serve
 from tests.ocs_manager.conftest import rpc_error
 from tests.switched.ringcheck import assert_valid
@@ -58,7 +58,7 @@ def degrees(d: int, p: int, l: int) -> common_pb2.ParallelismDegrees:  # noqa: E
 
 def plan_of(res: pb.RingReservation) -> RingPlan:
     """Rebuild the domain plan from the names and channel ids a client sees."""
-    from services.ocs_manager.switched.rings import Degrees, Hop, Ring, Tile
+    from lightpath.domain.switched_rings import Degrees, Hop, Ring, Tile
 
     f = build_fabric(SwitchedFabricConfig.parse(SPEC))
     node = {f.node_name(n): n for n in range(f.processor_count + f.switch_count)}

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import math
 
-from services.workload_scheduler.fabric import PodFabric, block_types_for, parse_block_types
-from services.workload_scheduler.model import (
+from lightpath.domain.blocks import PodFabric, block_types_for, parse_block_types
+from lightpath.domain.slices import (
     DELAY,
     PENDING,
     RUNNING,

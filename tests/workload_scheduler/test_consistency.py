@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from lightpath.domain.slices import SUSPENDED, WIRING
 from services.workload_scheduler.consistency import MISSING, ORPHANED, wiring_differences
-from services.workload_scheduler.model import SUSPENDED, WIRING
 from tests.workload_scheduler.podfixtures import job, pod, running
 
 

@@ -7,7 +7,7 @@ import redis.asyncio as aioredis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from services.workload_scheduler.model import (
+from lightpath.domain.slices import (
     COMPLETED,
     PENDING,
     QUEUED_STATES,

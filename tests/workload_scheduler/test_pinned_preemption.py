@@ -8,7 +8,7 @@ from collections import Counter
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.workload_scheduler.model import DELAY, TERMINATE
+from lightpath.domain.slices import DELAY, TERMINATE
 from services.workload_scheduler.preemption import choose_victims
 from tests.workload_scheduler.podfixtures import fabric, pod, running
 

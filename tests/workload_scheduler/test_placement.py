@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from services.workload_scheduler.fabric import block_types_for, parse_block_types
-from services.workload_scheduler.model import RUNNING, grid_positions
+from lightpath.domain.blocks import block_types_for, parse_block_types
+from lightpath.domain.slices import RUNNING, grid_positions
 from services.workload_scheduler.placement import (
     Placement,
     Unplaceable,

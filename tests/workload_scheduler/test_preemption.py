@@ -7,7 +7,7 @@ from collections import Counter
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.workload_scheduler.model import (
+from lightpath.domain.slices import (
     DELAY,
     PENDING,
     SHRINK,

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from lightpath.domain.rings import AXES, hamiltonian_cycle, neighbours, plan_rings
 from lightpath.errors import InvalidArgument
-from services.workload_scheduler.rings import AXES, hamiltonian_cycle, neighbours, plan_rings
 
 
 def slice_graph(chips, wrap) -> nx.Graph:

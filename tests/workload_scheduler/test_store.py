@@ -8,7 +8,7 @@ import json
 import pytest
 import redis.asyncio as aioredis
 
-from services.workload_scheduler.model import PENDING, RUNNING, WIRING
+from lightpath.domain.slices import PENDING, RUNNING, WIRING
 from services.workload_scheduler.placement import Placement, place
 from services.workload_scheduler.store import Conflict, PodStore
 from tests.workload_scheduler.podfixtures import fabric, job

@@ -9,8 +9,8 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from services.ocs_manager.switched.fabric import SwitchedFabric
-from services.ocs_manager.switched.rings import RingPlan, ring_members
+from lightpath.domain.switched import SwitchedFabric
+from lightpath.domain.switched_rings import RingPlan, ring_members
 
 
 @dataclass(frozen=True)

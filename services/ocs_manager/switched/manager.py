@@ -15,17 +15,8 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from lightpath.errors import (
-    Aborted,
-    FailedPrecondition,
-    InvalidArgument,
-    NotFound,
-    ResourceExhausted,
-)
-from services.common.keys import ID_RULE, is_valid_id
-from services.ocs_manager.switched.fabric import SwitchedFabric
-from services.ocs_manager.switched.queries import SwitchIndex, SwitchLinkUse
-from services.ocs_manager.switched.rings import (
+from lightpath.domain.switched import SwitchedFabric
+from lightpath.domain.switched_rings import (
     Degrees,
     RingPlan,
     SwapResult,
@@ -35,6 +26,15 @@ from services.ocs_manager.switched.rings import (
     replacement_order,
     swap_first,
 )
+from lightpath.errors import (
+    Aborted,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    ResourceExhausted,
+)
+from services.common.keys import ID_RULE, is_valid_id
+from services.ocs_manager.switched.queries import SwitchIndex, SwitchLinkUse
 from services.ocs_manager.switched.store import Snapshot, StoredPlan, SwitchedStore, conflict
 
 log = logging.getLogger("lightpath.ocs_manager.switched")

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from services.ocs_manager.switched.fabric import SwitchedFabric
-from services.ocs_manager.switched.rings import Ring
+from lightpath.domain.switched import SwitchedFabric
+from lightpath.domain.switched_rings import Ring
 
 
 @dataclass(frozen=True)

@@ -14,17 +14,18 @@ from collections.abc import Iterable
 from google.protobuf.timestamp_pb2 import Timestamp
 from opentelemetry import trace
 
+from lightpath.domain.switched import SwitchedFabric, build_fabric
+from lightpath.domain.switched_rings import Degrees, RingPlan, Tile, channel_kinds
 from lightpath.errors import Aborted, FailedPrecondition, InvalidArgument, NotFound
 from lightpath.v1 import common_pb2, ocs_manager_pb2, ocs_manager_pb2_grpc
 from lightpath.v1 import ocs_manager_pb2 as pb
 from services.common import paging, redis_store
+from services.common.convert import fabric_to_proto, tile_to_proto
 from services.common.server import Runtime, ServiceDefinition
 from services.ocs_manager.settings import OcsManagerSettings
-from services.ocs_manager.switched.fabric import SwitchedFabric, SwitchedFabricConfig, build_fabric
 from services.ocs_manager.switched.invariants import pod_violations
 from services.ocs_manager.switched.manager import SwitchedFabricManager, check_job_id
 from services.ocs_manager.switched.queries import SwitchLinkUse, ring_path
-from services.ocs_manager.switched.rings import Degrees, RingPlan, Tile, channel_kinds
 from services.ocs_manager.switched.store import SwitchedStore, unpack
 
 SERVICE = ocs_manager_pb2.DESCRIPTOR.services_by_name["OcsManager"]
@@ -77,50 +78,9 @@ def _annotate(**attributes: object) -> None:
         span.set_attribute(f"lightpath.{k}", v)  # type: ignore[arg-type]
 
 
-def config_to_proto(c: SwitchedFabricConfig) -> pb.SwitchedFabricConfig:
-    return pb.SwitchedFabricConfig(
-        group_shape=common_pb2.Shape(dims=list(c.group_shape)),
-        cluster_rows=c.cluster_rows,
-        cluster_cols=c.cluster_cols,
-        planes=c.planes,
-        tier0_down_ports=c.tier0_down_ports,
-        tier0_up_ports=c.tier0_up_ports,
-        tier1_switches=c.tier1_switches,
-        tier1_ports=c.tier1_ports,
-        tier0_mesh_links=c.tier0_mesh_links,
-        row_column_links=c.row_column_links,
-    )
-
-
-def fabric_to_proto(pod_id: str, f: SwitchedFabric) -> pb.SwitchedFabric:
-    d = f.describe()
-    return pb.SwitchedFabric(
-        pod_id=pod_id,
-        config=config_to_proto(f.config),
-        spec=f.config.spec(),
-        groups=d["groups"],
-        processors=d["processors"],
-        tier0_switches=d["tier0_switches"],
-        tier1_switches=d["tier1_switches"],
-        links=d["links"],
-        lanes=d["lanes"],
-    )
-
-
 def degrees_from_proto(d: common_pb2.ParallelismDegrees) -> Degrees:
     # Unset (0) means 1: an axis the job does not split.
     return Degrees(d.data or 1, d.pipeline or 1, d.layer or 1)
-
-
-def tile_to_proto(f: SwitchedFabric, t: Tile) -> pb.GroupTile:
-    return pb.GroupTile(
-        group=t.group,
-        row=t.row,
-        col=t.col,
-        height=t.height,
-        width=t.width,
-        group_name=f.group_name(t.group),
-    )
 
 
 def tile_from_proto(f: SwitchedFabric, t: pb.GroupTile, field: str) -> Tile:

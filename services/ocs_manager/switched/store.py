@@ -30,10 +30,10 @@ from dataclasses import dataclass
 import numpy as np
 import redis.asyncio as aioredis
 
+from lightpath.domain.switched import SwitchedFabric
+from lightpath.domain.switched_rings import Degrees, RingPlan, Tile
 from lightpath.errors import Aborted, FailedPrecondition
 from services.common.keys import pod_key
-from services.ocs_manager.switched.fabric import SwitchedFabric
-from services.ocs_manager.switched.rings import Degrees, RingPlan, Tile
 
 # KEYS: used, procs, jobs, tiles, ver, job, tmp, tmp2
 # ARGV: job, expect ("" = must not exist, "*" = any, else the job's version),

@@ -19,8 +19,8 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from lightpath.domain.switched import SwitchedFabric
 from lightpath.errors import FailedPrecondition
-from services.ocs_manager.switched.fabric import SwitchedFabric
 
 _TYPE_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,31}$")
 TYPE_NAME_RULE = "a node type is 1-32 characters of a-z 0-9 _ - starting with a letter"

@@ -5,6 +5,11 @@ shape not a multiple of the block shape, zero sizes, more blocks than the pod
 has (in all or of one type), unknown node type, priority out of range, shrink
 arrangements that are not smaller sub-boxes, parallelism degrees whose product
 is not the chip count or that cannot be mapped onto rings (WS-10).
+
+On a SWITCHED pod (seed 002) the parallelism degrees are the request and the
+shape, if given, must agree (`normalize_switched`). The workload scheduler
+normalises every JobSpec it is given; the cell scheduler normalises one against
+each pod it considers, so both refuse the same specs with the same words.
 """
 
 from __future__ import annotations
@@ -13,11 +18,10 @@ import math
 from collections import Counter
 from dataclasses import dataclass
 
-from lightpath.errors import FieldViolation, InvalidArgument
-from lightpath.v1 import common_pb2, workload_scheduler_pb2
-from services.common.keys import ID_RULE, is_valid_id
-from services.workload_scheduler.fabric import PodFabric
-from services.workload_scheduler.model import (
+from lightpath.domain.blocks import PodFabric
+from lightpath.domain.ids import ID_RULE, is_valid_id
+from lightpath.domain.rings import RingPlan, plan_rings
+from lightpath.domain.slices import (
     DELAY,
     FAIL,
     MAX_PRIORITY,
@@ -29,7 +33,10 @@ from services.workload_scheduler.model import (
     Grid,
     SliceDemand,
 )
-from services.workload_scheduler.rings import RingPlan, plan_rings
+from lightpath.domain.switched import SwitchedFabric
+from lightpath.domain.switched_rings import Degrees, is_small
+from lightpath.errors import FieldViolation, InvalidArgument
+from lightpath.v1 import common_pb2, workload_scheduler_pb2
 
 POLICY_NAMES = {
     common_pb2.PREEMPTION_POLICY_UNSPECIFIED: DELAY,
@@ -187,8 +194,6 @@ def _node_types(
 def normalize(spec: workload_scheduler_pb2.JobSpec, fabric: PodFabric) -> NormalizedSpec:
     """Validate `spec` against the pod (WS-2) and resolve its defaults."""
     if fabric.switched is not None:
-        from services.workload_scheduler.switched import normalize_switched
-
         return normalize_switched(spec, fabric)
     violations: list[FieldViolation] = []
     if not is_valid_id(spec.job_id):
@@ -295,3 +300,98 @@ def _shrink_grids(
             continue
         out.append(g)
     return tuple(out)
+
+
+def _fabric(fabric: PodFabric) -> SwitchedFabric:
+    assert fabric.switched is not None
+    return fabric.switched
+
+
+def normalize_switched(spec: workload_scheduler_pb2.JobSpec, fabric: PodFabric) -> NormalizedSpec:
+    """WS-2 on a SWITCHED pod: the degrees are the request; shape, if given, must agree."""
+    sf = _fabric(fabric)
+    violations: list[FieldViolation] = []
+    if not is_valid_id(spec.job_id):
+        violations.append(FieldViolation("spec.job_id", ID_RULE))
+    found = degrees_of(spec.parallelism) if spec.HasField("parallelism") else None
+    if found is None:
+        violations.append(
+            FieldViolation(
+                "spec.parallelism",
+                "is required on a SWITCHED pod: give the data, pipeline and layer degrees "
+                "(their product is the processor count)",
+            )
+        )
+        raise InvalidArgument.of(violations)
+    degrees = Degrees(found["data"], found["pipeline"], found["layer"])
+    n = degrees.total
+    small = is_small(sf, degrees)
+    groups = 1 if small else math.ceil(n / sf.group_size)
+    if spec.HasField("shape") and spec.shape.dims:
+        dims = list(spec.shape.dims)
+        if spec.unit == common_pb2.SHAPE_UNIT_BLOCKS:
+            if dims != [groups]:
+                violations.append(
+                    FieldViolation("spec.shape", f"in groups must be [{groups}] for {n} processors")
+                )
+        elif dims != [n]:
+            violations.append(
+                FieldViolation(
+                    "spec.shape",
+                    f"in processors must be [{n}] (data × pipeline × layer), or leave it empty",
+                )
+            )
+    if spec.wrap:
+        violations.append(FieldViolation("spec.wrap", "rings always close on a SWITCHED pod"))
+    priority = priority_of(spec, violations)
+    policy = POLICY_NAMES.get(spec.preemption_policy)
+    if policy is None:
+        violations.append(FieldViolation("spec.preemption_policy", "unknown policy"))
+    elif policy == SHRINK or spec.shrink_to:
+        violations.append(
+            FieldViolation("spec.preemption_policy", "SHRINK is not offered on a SWITCHED pod")
+        )
+    if spec.when_no_capacity not in (0, 1, 2):
+        violations.append(FieldViolation("spec.when_no_capacity", "must be QUEUE or FAIL"))
+    if spec.on_block_failure not in (0, 1, 2):
+        violations.append(FieldViolation("spec.on_block_failure", "must be SUSPEND or FAIL"))
+    types = _node_types(spec, groups, fabric, violations)
+    if types is not None and len(set(types)) > 1:
+        violations.append(
+            FieldViolation("spec.node_types", "a job on a SWITCHED pod runs on groups of one type")
+        )
+    if violations or types is None:
+        raise InvalidArgument.of(violations)
+    usable = [g for g in range(fabric.block_count) if fabric.node_types[g] == types[0]]
+    if small:
+        if not any(g in fabric.small_groups for g in usable):
+            raise InvalidArgument(
+                "spec.parallelism",
+                f"{n} processors fit in one group, and this pod reserves no {types[0]} group "
+                "for small jobs (LIGHTPATH_SWITCHED_SMALL_GROUPS)",
+                reason="NO_SMALL_JOB_GROUPS",
+            )
+    elif groups > len([g for g in usable if g not in fabric.small_groups]):
+        raise InvalidArgument(
+            "spec.parallelism",
+            f"needs {groups} groups of {sf.group_size} processors; the pod has "
+            f"{len(usable) - len(fabric.small_groups & set(usable))} {types[0]} groups for large jobs",
+            reason="MORE_BLOCKS_THAN_POD",
+        )
+    return NormalizedSpec(
+        job_id=spec.job_id,
+        demand=SliceDemand((groups,), types, ()),
+        chips=(n,),
+        priority=priority,
+        preemption=policy or "DELAY",
+        shrink_to=(),
+        on_block_failure=FAIL if spec.on_block_failure == 2 else SUSPEND,
+        when_no_capacity=FAIL if spec.when_no_capacity == 2 else QUEUE,
+        degrees=found,
+        rings=None,
+    )
+
+
+def job_degrees(norm: NormalizedSpec) -> tuple[int, int, int] | None:
+    d = norm.degrees
+    return (d["data"], d["pipeline"], d["layer"]) if d else None

@@ -9,7 +9,7 @@ one link between processor neighbours inside a group, or out through an edge
 port, a tier-0 switch (and tier-1 if need be) and back in (¶34-36, ¶47).
 
 The planner reserves, for its ring, the channel (the direction of a full-duplex
-link, see fabric.py) of every link a hop crosses, and no channel carries two
+link, see switched.py) of every link a hop crosses, and no channel carries two
 rings, so each ring gets full link bandwidth with no congestion (¶59-60).
 Routing follows NCCL's ring search (`src/graph/search.cc`, `followPath`):
 reserve along a path, and undo the reservations on backtrack. A job that
@@ -26,8 +26,8 @@ import functools
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
+from lightpath.domain.switched import COLUMN, LINK_KIND_NAMES, ROW, SwitchedFabric
 from lightpath.errors import Aborted, FailedPrecondition, InvalidArgument, ResourceExhausted
-from services.ocs_manager.switched.fabric import COLUMN, LINK_KIND_NAMES, ROW, SwitchedFabric
 
 AXES = ("data", "pipeline", "layer")
 
@@ -52,6 +52,11 @@ class Degrees:
 
     def as_tuple(self) -> tuple[int, int, int]:
         return (self.data, self.pipeline, self.layer)
+
+
+def is_small(fabric: SwitchedFabric, degrees: Degrees) -> bool:
+    """Seed 002 ¶56: a small job fits in one processor group; a large one spans groups."""
+    return degrees.total <= fabric.group_size
 
 
 @dataclass(frozen=True, order=True)
