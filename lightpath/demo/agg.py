@@ -17,7 +17,7 @@ import numpy as np
 
 from lightpath.agg import ComputeNode, local_node_credentials
 from lightpath.cli._common import table
-from lightpath.demo import DemoContext
+from lightpath.demo.context import DemoContext
 from lightpath.v1 import agg_switch_pb2 as pb
 from lightpath.v1 import agg_switch_pb2_grpc
 

@@ -22,7 +22,7 @@ from opentelemetry import trace
 
 from lightpath.cli.cell import describe_pods
 from lightpath.cli.pod import render_pod
-from lightpath.demo import DemoContext
+from lightpath.demo.context import DemoContext
 from lightpath.v1 import cell_scheduler_pb2 as cs
 from lightpath.v1 import cell_scheduler_pb2_grpc, ocs_manager_pb2, ocs_manager_pb2_grpc
 from lightpath.v1 import common_pb2 as c

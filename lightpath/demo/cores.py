@@ -21,7 +21,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from lightpath.cli._common import table
 from lightpath.cli.cores import operator_metadata
-from lightpath.demo import DemoContext
+from lightpath.demo.context import DemoContext
 from lightpath.v1 import common_pb2, core_broker_pb2_grpc
 from lightpath.v1 import core_broker_pb2 as pb
 

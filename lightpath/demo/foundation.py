@@ -7,7 +7,7 @@ from opentelemetry import trace
 
 from lightpath.cli._common import table
 from lightpath.client import service_stub
-from lightpath.demo import DemoContext
+from lightpath.demo.context import DemoContext
 from lightpath.stack import default_topology
 from lightpath.v1 import common_pb2
 

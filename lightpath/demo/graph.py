@@ -21,7 +21,7 @@ from google.protobuf.duration_pb2 import Duration
 from lightpath.cli._common import table
 from lightpath.cli.cores import operator_metadata
 from lightpath.cli.graph import PLAN_HEADERS, plan_rows
-from lightpath.demo import DemoContext
+from lightpath.demo.context import DemoContext
 from lightpath.graph.examples import fig2a, write_records
 from lightpath.graph.metrics import COMPONENT_HEADERS, component_rows
 from lightpath.graph.remote import GraphBroker

@@ -6,7 +6,7 @@ from __future__ import annotations
 import grpc
 
 from lightpath.cli._common import table
-from lightpath.demo import DemoContext
+from lightpath.demo.context import DemoContext
 from lightpath.v1 import common_pb2, ocs_manager_pb2_grpc
 from lightpath.v1 import ocs_manager_pb2 as pb
 

@@ -8,7 +8,7 @@ import grpc
 
 from lightpath.cli._common import table
 from lightpath.client import channel, error_report
-from lightpath.demo import DemoContext
+from lightpath.demo.context import DemoContext
 from lightpath.paths import default_state_dir, pki_dir
 from lightpath.security.credentials import Credentials
 from lightpath.security.identity import TENANT, Principal, service_principal

@@ -10,7 +10,7 @@ from collections import defaultdict
 
 from lightpath.cli.pod import JOB_SYMBOLS
 from lightpath.cli.switched_view import render_switched_pod
-from lightpath.demo import DemoContext
+from lightpath.demo.context import DemoContext
 from lightpath.v1 import common_pb2 as c
 from lightpath.v1 import ocs_manager_pb2 as ocs
 from lightpath.v1 import ocs_manager_pb2_grpc, workload_scheduler_pb2_grpc
