@@ -94,6 +94,7 @@ class _Bucket:
         self.keyflat = self.key.reshape(-1)
         self.spflat = self.sp.reshape(-1)
         self.nxtflat = self.nxt.reshape(-1)
+        self.nendflat = self.nend.reshape(-1)
         self.plane = self.cap * self.w  # offset of one sparse level in spflat
 
     def copy(self) -> _Bucket:
@@ -606,20 +607,24 @@ class _Probe:
             col = b.nxtflat[np.searchsorted(b.keyflat, base | q, side="right")]
             firsts.append((b, start, col, b.keyflat[start + col] & _TMASK))
         # Only the devices whose next end is at most the k-th smallest of those next
-        # ends (`limit`) are followed further, k ends each: every instant returned
-        # below, at most `limit`, then has every earlier end before it.
+        # ends (`limit`) can hold one of the first k: their next 2k breakpoints are
+        # read at once. Every instant returned is at most `limit` and at most the
+        # last breakpoint read of each of those devices, so every end before it
+        # has been seen.
         round0 = np.concatenate([f[3] for f in firsts])
         i = min(k, round0.shape[0]) - 1
-        limit = np.partition(round0, i)[i]
+        limit = int(np.partition(round0, i)[i])
+        span = np.arange(2 * k)
         found = []
         for b, start, col, times in firsts:
             near = times <= limit
-            col, where = col[near], start[near]
-            found.append(times[near])
-            last = b.w - 1
-            for _ in range(k - 1):
-                col = np.where(col < last, b.nxtflat[where + np.minimum(col + 1, last)], last)
-                found.append(b.keyflat[where + col] & _TMASK)
+            if not near.any():
+                continue
+            idx = (start[near] + np.minimum(col[near], b.w - 1))[:, None] + span
+            idx = np.minimum(idx, (start[near] + b.w - 1)[:, None])
+            keys = b.keyflat[idx] & _TMASK
+            limit = min(limit, int(keys[:, -1].min()))
+            found.append(keys[b.nendflat[idx] > 0])
         every = np.concatenate(found)
         times = np.unique(every[every <= limit])
         return (times[times < _TMAX][:k] + _ORIGIN).tolist()
