@@ -54,6 +54,7 @@ from services.cell_scheduler.choice import (
     PodCapacityView,
     plan_queue,
 )
+from services.cell_scheduler.metrics import CellMetrics
 from services.cell_scheduler.podclient import (
     PodCallError,
     PodClients,
@@ -131,8 +132,10 @@ class CellScheduler:
         clock: Callable[[], float] = time.time,
         spawn: Callable[..., asyncio.Task] | None = None,
         log: logging.Logger | None = None,
+        metrics: CellMetrics | None = None,
     ):
         self.store = store
+        self.metrics = metrics or CellMetrics.noop()
         self.pods = pods
         self.node_flops = dict(node_flops)
         self.instance_id = instance_id
@@ -301,6 +304,7 @@ class CellScheduler:
         )
         if not known:
             raise NotFound("pod", req.pod_id, hint="register it first (RegisterPod)")
+        self.metrics.reported(self, req.transitions)
         if req.endpoint:
             self._endpoints[req.pod_id] = req.endpoint
         if returned:
@@ -613,6 +617,7 @@ class CellScheduler:
                     timeout=self.forward_timeout_s,
                 )
             except PodRefused as err:
+                self.metrics.forwarded("refused")
                 self._assume(pod, r.needs, +1)
                 last = f"pod {pod} refused it: {err.report.message}"
                 version = views[pod].version if pod in views else ""
@@ -620,6 +625,7 @@ class CellScheduler:
                 self.log.info("job %s: %s", job_id, last, extra={"job_id": job_id})
                 continue
             except PodUnreachable as err:
+                self.metrics.forwarded("unreachable")
                 self._assume(pod, r.needs, +1)
                 last = f"pod {pod} did not answer ({err.code.name})"
                 await self.store.mark_suspect(pod, self.now_ms() + self.pod_timeout_ms)
@@ -629,6 +635,7 @@ class CellScheduler:
                 )
                 continue
             job = resp.job
+            self.metrics.forwarded("placed")
             placed = await self.store.placed(
                 job_id,
                 token=token,
@@ -689,9 +696,11 @@ class CellScheduler:
         *,
         uncertain: bool = False,
         version: str = "",
+        cause: str = "refused",
     ) -> None:
         """End a forward without a placement: refused (not tried again on that pod until
         its capacity `version` changes), or uncertain (the pod is checked when it answers)."""
+        self.metrics.requeued("unreachable" if uncertain else cause)
         await self.store.unbind(
             job_id,
             token=token,

@@ -75,7 +75,9 @@ class Recovery:
             )
         except PodRefused:
             # Past its deadline the request can no longer arrive: the pod does not have it.
-            await self.cell.back_to_queue(job_id, token, pod, f"the forward to pod {pod} was lost")
+            await self.cell.back_to_queue(
+                job_id, token, pod, f"the forward to pod {pod} was lost", cause="lost"
+            )
             self.cell.kick()
             return
         except PodUnreachable as err:

@@ -10,6 +10,7 @@ from opentelemetry import trace
 from lightpath.errors import FieldViolation, InvalidArgument, NotFound, PermissionDenied
 from lightpath.v1 import cell_scheduler_pb2, cell_scheduler_pb2_grpc, common_pb2
 from services.cell_scheduler.cell import CellScheduler, JobView
+from services.cell_scheduler.metrics import CellMetrics
 from services.cell_scheduler.podclient import PodClients
 from services.cell_scheduler.request import has_demand
 from services.cell_scheduler.settings import CellSchedulerSettings, node_flops
@@ -239,8 +240,11 @@ class CellSchedulerServicer(cell_scheduler_pb2_grpc.CellSchedulerServicer):
         return await self._cell.report(request)
 
 
-async def build(runtime: Runtime[CellSchedulerSettings]) -> list[ServiceDefinition]:
+async def build(
+    runtime: Runtime[CellSchedulerSettings], *, metrics: CellMetrics | None = None
+) -> list[ServiceDefinition]:
     settings = runtime.settings
+    metrics = metrics or CellMetrics()
     pods = PodClients(runtime.tracer_provider, runtime.credentials)
     runtime.on_stop(pods.close)
     cell = CellScheduler(
@@ -252,8 +256,10 @@ async def build(runtime: Runtime[CellSchedulerSettings]) -> list[ServiceDefiniti
         forward_timeout_s=settings.forward_timeout_s,
         spawn=runtime.spawn,
         log=runtime.log,
+        metrics=metrics,
     )
     runtime.supervise(lambda: cell.run(settings.reconcile_s), "cell reconcile")
+    runtime.supervise(lambda: metrics.run(cell), "cell metrics", needed=False)
     runtime.supervise(cell.events.run, "cell event stream reader", forever=True)
     servicer = CellSchedulerServicer(runtime, cell)
     return [

@@ -1,0 +1,180 @@
+"""The cell's domain metrics (issue 18): jobs by state and pod, the cell queue, pods by
+status, heartbeat age, forwards, requeues and submit-to-running latency.
+
+Names and attributes are those of services.common.metric_names. The gauges read a
+snapshot that `run` (a background loop of the service) refreshes every `refresh_s`:
+the registry and the queue in one pipelined read, and the state of each pod's live
+jobs (never the jobs that ended), so a scrape never touches Redis and never waits
+for the event loop. Counters and the histogram are recorded where the event happens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
+
+from opentelemetry import metrics
+from opentelemetry.metrics import CallbackOptions, Meter, NoOpMeterProvider, Observation
+
+from lightpath import __version__
+from lightpath.v1 import cell_scheduler_pb2, common_pb2
+
+if TYPE_CHECKING:
+    from services.cell_scheduler.cell import CellScheduler
+
+METER_NAME = "lightpath.cell_scheduler"
+REFRESH_S = 5.0
+_SEEN_LIMIT = 10_000  # jobs remembered as started (a retried report is not counted twice)
+_RUNNING = common_pb2.JOB_STATE_RUNNING
+_STATUS = {
+    cell_scheduler_pb2.POD_STATUS_READY: "ready",
+    cell_scheduler_pb2.POD_STATUS_SUSPECT: "suspect",
+    cell_scheduler_pb2.POD_STATUS_SILENT: "silent",
+}
+
+
+class CellMetrics:
+    """The cell's instruments and the cached state its gauges show."""
+
+    def __init__(self, meter: Meter | None = None, *, refresh_s: float = REFRESH_S):
+        meter = meter or metrics.get_meter(METER_NAME, __version__)
+        self.refresh_s = refresh_s
+        self._jobs: dict[tuple[str, str], int] = {}  # (state, pod) -> jobs
+        self._queue: int | None = None
+        self._pods: dict[str, int] = {}  # status -> pods
+        self._seen_ms: dict[str, int] = {}  # pod -> last heartbeat (ms since the epoch)
+        self._started: dict[str, None] = {}  # job ids already observed RUNNING
+        meter.create_observable_gauge(
+            "lightpath.cell.jobs", [self._observe_jobs], description="jobs by state and pod"
+        )
+        meter.create_observable_gauge(
+            "lightpath.cell.queue.depth",
+            [self._observe_queue],
+            description="jobs waiting in the cell queue",
+        )
+        meter.create_observable_gauge(
+            "lightpath.cell.pods", [self._observe_pods], description="pods by status"
+        )
+        meter.create_observable_gauge(
+            "lightpath.cell.heartbeat.age",
+            [self._observe_heartbeats],
+            unit="s",
+            description="seconds since a pod's last heartbeat",
+        )
+        self._submit_to_running = meter.create_histogram(
+            "lightpath.cell.submit_to_running.duration",
+            unit="s",
+            description="time from submit to running",
+        )
+        self._forwards = meter.create_counter(
+            "lightpath.cell.forwards", description="jobs forwarded to pods"
+        )
+        self._requeues = meter.create_counter(
+            "lightpath.cell.requeues", description="jobs requeued"
+        )
+
+    @classmethod
+    def noop(cls) -> CellMetrics:
+        return cls(NoOpMeterProvider().get_meter(METER_NAME))
+
+    # -- events --------------------------------------------------------------------
+
+    def forwarded(self, result: str) -> None:
+        """A forward to a pod ended: placed, refused or unreachable."""
+        self._forwards.add(1, {"result": result})
+
+    def requeued(self, reason: str) -> None:
+        """A job went back to the cell queue: refused, unreachable or lost (its forward)."""
+        self._requeues.add(1, {"reason": reason})
+
+    def reported(
+        self,
+        cell: CellScheduler,
+        transitions: Iterable[cell_scheduler_pb2.PodJobTransition],
+    ) -> None:
+        """A pod reported job transitions: time each job's first RUNNING since its submit
+        (the submit time is the cell's record, read in the background)."""
+        started = {
+            t.event.job_id: t.event.at.ToMilliseconds()
+            for t in transitions
+            if t.event.to_state == _RUNNING
+            and t.event.from_state != _RUNNING
+            and t.event.job_id not in self._started
+        }
+        if started:
+            cell._spawn(self._time_started(cell, started), "metrics: submit to running")
+
+    async def _time_started(self, cell: CellScheduler, started: dict[str, int]) -> None:
+        if len(self._started) > _SEEN_LIMIT:
+            self._started.clear()
+        ids = list(started)
+        async with cell.store.redis.pipeline(transaction=False) as pipe:
+            for job_id in ids:
+                pipe.hget(cell.store.job_key(job_id), "created_ms")
+            created = await pipe.execute()
+        for job_id, raw in zip(ids, created, strict=True):
+            if raw is None or job_id in self._started:
+                continue
+            self._started[job_id] = None
+            self._submit_to_running.record(max(0.0, (started[job_id] - int(raw)) / 1000))
+
+    # -- the gauges' snapshot ------------------------------------------------------
+
+    async def run(self, cell: CellScheduler) -> None:
+        """Refresh the snapshot every refresh_s (a supervised background task)."""
+        while True:
+            await self.refresh(cell)
+            await asyncio.sleep(self.refresh_s)
+
+    async def refresh(self, cell: CellScheduler) -> None:
+        snap = await cell.store.snapshot()
+        now = cell.now_ms()
+        pods = sorted(snap.registrations)
+        statuses = Counter(_STATUS.get(cell.status_of(snap, p, now)[0], "unknown") for p in pods)
+        async with cell.store.redis.pipeline(transaction=False) as pipe:
+            for p in pods:
+                pipe.smembers(cell.store.key("pod", p, "live"))
+            live = await pipe.execute()
+        owners = [(p, j) for p, jobs in zip(pods, live, strict=True) for j in sorted(jobs)]
+        async with cell.store.redis.pipeline(transaction=False) as pipe:
+            for _, job_id in owners:
+                pipe.hget(cell.store.job_key(job_id), "state")
+            states = await pipe.execute()
+        jobs: Counter[tuple[str, str]] = Counter()
+        for (pod, _), state in zip(owners, states, strict=True):
+            if state is not None:
+                jobs[(state, pod)] += 1
+        jobs[("PENDING", "")] = len(snap.queue)  # waiting in the cell queue, on no pod
+        # A state or pod seen once stays, at 0, so its series does not vanish.
+        self._jobs = {**dict.fromkeys(self._jobs, 0), **jobs}
+        self._pods = {**dict.fromkeys(self._pods, 0), **dict.fromkeys(_STATUS.values(), 0)}
+        self._pods.update(statuses)
+        self._queue = len(snap.queue)
+        self._seen_ms = {p: snap.seen.get(p, 0) for p in pods}
+
+    # -- callbacks (the reader's thread: cached values only) ----------------------
+
+    def _observe_jobs(self, options: CallbackOptions) -> Iterable[Observation]:
+        return [Observation(n, {"state": s, "pod": p}) for (s, p), n in self._jobs.items()]
+
+    def _observe_queue(self, options: CallbackOptions) -> Iterable[Observation]:
+        return [] if self._queue is None else [Observation(self._queue)]
+
+    def _observe_pods(self, options: CallbackOptions) -> Iterable[Observation]:
+        return [Observation(n, {"status": s}) for s, n in self._pods.items()]
+
+    def _observe_heartbeats(
+        self, options: CallbackOptions, clock: Callable[[], float] = time.time
+    ) -> Iterable[Observation]:
+        now_ms = clock() * 1000
+        return [
+            Observation(max(0.0, (now_ms - seen) / 1000), {"pod": p})
+            for p, seen in self._seen_ms.items()
+            if seen
+        ]
+
+
+__all__ = ["CellMetrics"]

@@ -1,0 +1,98 @@
+"""The cell's domain metrics move with what happens in the cell (issue 18): a real cell
+with two pods on a real Redis, read through an in-memory reader of its own provider."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+from lightpath.v1 import cell_scheduler_pb2 as cs
+from lightpath.v1 import common_pb2 as c
+from services.cell_scheduler import server as cell_server
+from services.cell_scheduler.metrics import CellMetrics
+from tests.cell_scheduler.conftest import cell_stack
+
+
+def points(reader: InMemoryMetricReader) -> dict[str, list]:
+    """Every data point collected now, by instrument name."""
+    out: dict[str, list] = {}
+    data = reader.get_metrics_data()
+    for rm in data.resource_metrics if data else ():
+        for sm in rm.scope_metrics:
+            for m in sm.metrics:
+                out.setdefault(m.name, []).extend(m.data.data_points)
+    return out
+
+
+def value(reader: InMemoryMetricReader, name: str, **attrs) -> float:
+    """The sum of the points of `name` whose attributes include `attrs` (a histogram: its count)."""
+    total = 0.0
+    for p in points(reader).get(name, []):
+        if all(p.attributes.get(k) == v for k, v in attrs.items()):
+            total += p.count if hasattr(p, "bucket_counts") else p.value
+    return total
+
+
+@pytest.fixture
+def reader(monkeypatch) -> InMemoryMetricReader:
+    reader = InMemoryMetricReader()
+    meter = MeterProvider(metric_readers=[reader]).get_meter("test")
+    monkeypatch.setattr(
+        cell_server,
+        "build",
+        functools.partial(cell_server.build, metrics=CellMetrics(meter, refresh_s=0.1)),
+    )
+    return reader
+
+
+async def test_a_job_through_the_cell_moves_jobs_queue_forwards_and_latency(redis_url, reader):
+    async with cell_stack(redis_url, pods=(("pod-a", 2, "tpu"),)) as cell:
+
+        async def pods_ready():
+            return value(reader, "lightpath.cell.pods", status="ready") == 1
+
+        await cell.wait_for(pods_ready, what="one pod ready in lightpath.cell.pods")
+        assert value(reader, "lightpath.cell.jobs", state="RUNNING") == 0
+        assert value(reader, "lightpath.cell.submit_to_running.duration") == 0
+        ages = points(reader)["lightpath.cell.heartbeat.age"]
+        assert [p.attributes["pod"] for p in ages] == ["pod-a"]
+
+        first = await cell.submit("m1", (4, 4, 8))  # both blocks
+        assert first.job.state == c.JOB_STATE_RUNNING
+        assert value(reader, "lightpath.cell.forwards", result="placed") == 1
+
+        async def running():
+            return (
+                value(reader, "lightpath.cell.jobs", state="RUNNING", pod="pod-a") == 1
+                and value(reader, "lightpath.cell.submit_to_running.duration") == 1
+            )
+
+        await cell.wait_for(running, what="m1 RUNNING on pod-a and its latency recorded")
+
+        # No room left: the second waits in the cell queue.
+        second = await cell.submit("m2", (4, 4, 8))
+        assert second.job.state == c.JOB_STATE_PENDING and not second.job.pod_id
+
+        async def queued():
+            return (
+                value(reader, "lightpath.cell.queue.depth") == 1
+                and value(reader, "lightpath.cell.jobs", state="PENDING", pod="") == 1
+            )
+
+        await cell.wait_for(queued, what="m2 in the cell queue")
+
+        await cell.cell.CompleteJob(cs.CompleteCellJobRequest(job_id="m1"))
+        await cell.wait_state("m2", c.JOB_STATE_RUNNING)
+
+        async def drained():
+            return (
+                value(reader, "lightpath.cell.queue.depth") == 0
+                and value(reader, "lightpath.cell.jobs", state="RUNNING", pod="pod-a") == 1
+                and value(reader, "lightpath.cell.submit_to_running.duration") == 2
+            )
+
+        await cell.wait_for(drained, what="m2 out of the queue and running")
+        assert value(reader, "lightpath.cell.forwards", result="placed") == 2
