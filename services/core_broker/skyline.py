@@ -10,7 +10,8 @@ row: O(m) for its m breakpoints (the sparse table is rebuilt, O(m log m), for
 all changed rows at once before the next query), whatever the reservations on
 other devices. Every query asks about a set of k devices at once, vectorised
 over them: `peak` (the most cores reserved during [a, b) on each, two binary
-searches and a range maximum: O(k log m)) and `next_end` / `next_ends`.
+searches and a range maximum: O(k log m)) and the next ends after an instant
+(`_Probe.next_ends`, O(k log m)).
 
 Rows of similar length live together in one 2-D block (`_Bucket`, widths a
 power of two), so a device with many more reservations than the others does
@@ -258,13 +259,6 @@ class _Bucket:
         k = _LOG2[hi - lo]
         off = k * self.plane
         return np.maximum(self.spflat[off + lo], self.spflat[off + hi - (1 << k)])
-
-    def next_end(self, rows: np.ndarray, t: int) -> np.ndarray:
-        """Key offset of the first end after `t` on each row (`_TMAX` where none)."""
-        pos = np.searchsorted(self.keyflat, (rows << _TBITS) | _clip(t), side="right")
-        start = rows * self.w
-        col = self.nxtflat[pos]
-        return self.keyflat[start + col] & _TMASK
 
 
 _LOG2 = np.zeros(2, np.int64)
@@ -541,14 +535,6 @@ class Skyline:
         for g in groups:
             out[g.pos] = g.bucket.peak(g.rows, va[g.pos], vb[g.pos])
         return out
-
-    @staticmethod
-    def next_end(groups: list[Group], t: int) -> int | None:
-        """The first instant after `t` at which an allocation on one of the devices ends."""
-        best = _TMAX
-        for g in groups:
-            best = min(best, int(g.bucket.next_end(g.rows, t).min()))
-        return None if best >= _TMAX else best + _ORIGIN
 
     def breakpoints(self, device: int) -> int:
         """Breakpoints of a device's step function (for tests and sizing)."""
