@@ -6,13 +6,19 @@ and carries its context in gRPC metadata (W3C traceparent, through the globally
 configured propagator); the server side (services.common.telemetry) continues
 that trace in a SERVER span. Exporters follow the standard OTEL_* variables:
 OTEL_TRACES_EXPORTER none (default) | console | otlp.
+
+Metrics (`configure_metrics`) go to OTEL_METRICS_EXPORTER and, when a service
+has LIGHTPATH_METRICS_LISTEN, to a Prometheus scrape endpoint (`serve_metrics`).
+The console exporters write one JSON object per line to stdout or to a file
+(`console_file`), never to stderr, where the JSON-lines logs go.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
-from typing import Any
+import sys
+from typing import IO, Any
 
 import grpc
 from opentelemetry import propagate, trace
@@ -26,17 +32,65 @@ from lightpath import __version__
 TRACER_NAME = "lightpath"
 
 
+# Bucket boundaries (seconds) of every histogram whose unit is `s`: from a fast Redis
+# command (~0.1 ms) to a slow queue wait (minutes). The OTel default boundaries
+# (0..10000) are meant for milliseconds.
+SECONDS_BUCKETS: tuple[float, ...] = (
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    120.0,
+    300.0,
+)
+
+_CONSOLE_FILES: dict[str, IO[str]] = {}
+
+
+def console_stream(path: str = "") -> IO[str]:
+    """Where console exporters write: `path` (appended, line-buffered), or stdout when
+    empty. Never stderr: that is the JSON-lines log stream (services.common.telemetry)."""
+    if not path or path == "-":
+        return sys.stdout
+    stream = _CONSOLE_FILES.get(path)
+    if stream is None:
+        stream = _CONSOLE_FILES[path] = open(path, "a", buffering=1, encoding="utf-8")
+    return stream
+
+
+def _one_line(item: Any) -> str:
+    """A span or a metrics export as one JSON object on one line (the SDK's default is
+    indented JSON across many lines, which no JSON-lines reader can take)."""
+    return item.to_json(indent=None) + "\n"
+
+
 def configure_tracing(
     service_name: str,
     *,
     exporter: str | None = None,
     instance_id: str = "",
     set_global: bool = True,
+    console_file: str = "",
 ) -> TracerProvider:
     """A TracerProvider for this process.
 
     Spans are always created (logs carry their trace ids); they are exported
-    only when `exporter` (default: $OTEL_TRACES_EXPORTER, else "none") says so.
+    only when `exporter` (default: $OTEL_TRACES_EXPORTER, else "none") says so;
+    the console exporter writes to `console_file` (default stdout), one span per line.
     """
     exporter = (exporter or os.environ.get("OTEL_TRACES_EXPORTER") or "none").lower()
     attrs: dict[str, Any] = {"service.name": service_name, "service.version": __version__}
@@ -44,7 +98,11 @@ def configure_tracing(
         attrs["service.instance.id"] = instance_id
     provider = TracerProvider(resource=Resource.create(attrs))
     if exporter == "console":
-        provider.add_span_processor(BatchSpanProcessor(ConsoleSpanExporter()))
+        provider.add_span_processor(
+            BatchSpanProcessor(
+                ConsoleSpanExporter(out=console_stream(console_file), formatter=_one_line)
+            )
+        )
     elif exporter == "otlp":
         try:
             from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
@@ -63,23 +121,38 @@ def configure_tracing(
 
 
 def configure_metrics(
-    service_name: str, *, exporter: str | None = None, instance_id: str = ""
+    service_name: str,
+    *,
+    exporter: str | None = None,
+    instance_id: str = "",
+    prometheus: bool = False,
+    console_file: str = "",
+    set_global: bool = True,
 ) -> Any:
-    """Install a global MeterProvider exporting per OTEL_METRICS_EXPORTER
-    (none by default: instruments then cost nothing). Returns the provider, to
-    be shut down (flushed) at exit, or None."""
+    """Install a global MeterProvider exporting per OTEL_METRICS_EXPORTER (console:
+    one JSON object per line to `console_file`, default stdout; otlp) and, with
+    `prometheus`, to prometheus_client's registry, which `serve_metrics` serves.
+    Neither: no provider (None), and instruments cost nothing. Returns the provider,
+    to be shut down (flushed) at exit."""
     exporter = (exporter or os.environ.get("OTEL_METRICS_EXPORTER") or "none").lower()
-    if exporter == "none":
+    if exporter == "none" and not prometheus:
         return None
     from opentelemetry import metrics
-    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics import Histogram, MeterProvider
     from opentelemetry.sdk.metrics.export import (
         ConsoleMetricExporter,
+        MetricReader,
         PeriodicExportingMetricReader,
     )
+    from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, View
 
+    readers: list[MetricReader] = []
     if exporter == "console":
-        metric_exporter: Any = ConsoleMetricExporter()
+        readers.append(
+            PeriodicExportingMetricReader(
+                ConsoleMetricExporter(out=console_stream(console_file), formatter=_one_line)
+            )
+        )
     elif exporter == "otlp":
         try:
             from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
@@ -87,20 +160,66 @@ def configure_metrics(
             raise RuntimeError(
                 "OTEL_METRICS_EXPORTER=otlp needs `pip install lightpath[otlp]`"
             ) from exc
-        metric_exporter = OTLPMetricExporter()
-    else:
+        readers.append(PeriodicExportingMetricReader(OTLPMetricExporter()))
+    elif exporter != "none":
         raise RuntimeError(
             f"OTEL_METRICS_EXPORTER={exporter!r} is invalid: must be none, console or otlp"
         )
+    if prometheus:
+        from opentelemetry.exporter.prometheus import PrometheusMetricReader
+
+        readers.append(PrometheusMetricReader())
     attrs: dict[str, Any] = {"service.name": service_name, "service.version": __version__}
     if instance_id:
         attrs["service.instance.id"] = instance_id
     provider = MeterProvider(
         resource=Resource.create(attrs),
-        metric_readers=[PeriodicExportingMetricReader(metric_exporter)],
+        metric_readers=readers,
+        # Histograms in seconds get boundaries from 0.1 ms to 5 min (the default
+        # boundaries, 0..10000, suit milliseconds: rpc.server.duration keeps them).
+        views=[
+            View(
+                instrument_type=Histogram,
+                instrument_unit="s",
+                aggregation=ExplicitBucketHistogramAggregation(list(SECONDS_BUCKETS)),
+            )
+        ],
     )
-    metrics.set_meter_provider(provider)
+    if set_global:
+        metrics.set_meter_provider(provider)
     return provider
+
+
+class MetricsEndpoint:
+    """A running Prometheus scrape endpoint (HTTP, GET /metrics) on its own thread."""
+
+    def __init__(self, host: str, port: int, server: Any, thread: Any):
+        self.host = host
+        self.port = port
+        self._server = server
+        self._thread = thread
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}/metrics"
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5)
+
+
+def serve_metrics(address: str) -> MetricsEndpoint:
+    """Serve prometheus_client's registry (where `configure_metrics(prometheus=True)`
+    puts the OTel metrics, besides the process's CPU, memory and GC metrics) on
+    `address` (host:port, [v6]:port; port 0 picks a free one)."""
+    from prometheus_client import start_http_server
+
+    host, _, port = address.rpartition(":")
+    host = host.strip("[]") or "127.0.0.1"
+    server, thread = start_http_server(int(port), addr=host)
+    return MetricsEndpoint(host, server.server_port, server, thread)
 
 
 def _method_parts(method: str) -> tuple[str, str]:

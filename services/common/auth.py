@@ -16,6 +16,10 @@ The server factory's interceptor asks the service's `Guard` before every call:
 Then the servicer runs with `caller()` set to the principal, for its own
 per-resource checks (helpers below). Every mutating call and every denied call
 is written to the audit log with its outcome.
+
+Every refusal (the Guard's, and a servicer's own per-resource checks) is counted
+in lightpath.auth.failures by reason (`count_failure`, called by the server
+interceptor, which sees them all).
 """
 
 from __future__ import annotations
@@ -25,7 +29,9 @@ from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
 
 import grpc
+from opentelemetry import metrics
 
+from lightpath import __version__
 from lightpath.errors import PermissionDenied, Unauthenticated
 from lightpath.security.identity import OPERATOR, SERVICE, TENANT, Principal, from_uri
 from lightpath.security.tokens import TokenRegistry
@@ -36,6 +42,25 @@ _CALLER: contextvars.ContextVar[Principal | None] = contextvars.ContextVar(
     "lightpath_caller", default=None
 )
 METADATA_KEY = "authorization"
+
+_failures = metrics.get_meter("lightpath.auth", __version__).create_counter(
+    "lightpath.auth.failures",
+    description="calls refused as UNAUTHENTICATED or PERMISSION_DENIED, by reason",
+)
+_REASONS: dict[str, dict[str, str]] = {}
+
+
+def count_failure(reason: str) -> None:
+    """Count one refused call (UNAUTHENTICATED or PERMISSION_DENIED) under `reason`
+    (MISSING_CREDENTIAL, INVALID_CREDENTIAL, ROLE_REQUIRED, WRONG_SCOPE, ...)."""
+    attrs = _REASONS.get(reason)
+    if attrs is None:
+        attrs = {"reason": reason}
+        if len(_REASONS) < 256:
+            _REASONS[reason] = attrs
+    _failures.add(1, attrs)
+
+
 _PEER_CACHE_LIMIT = 4096
 
 

@@ -8,6 +8,11 @@ ConnectionError the server answers as UNAVAILABLE (services.common.errors).
 Keys come from services.common.keys; multi-key changes go through Lua
 (`client.register_script`, which re-loads a script a restarted Redis forgot) or
 MULTI/WATCH.
+
+`instrument(client)` (done by `connect` when a MeterProvider is installed) times
+every command: lightpath.redis.command.duration (s, by command; a pipeline or
+MULTI is one, named PIPELINE or MULTI) and lightpath.redis.command.errors (by
+command and exception type). Without a provider the client is left as it is.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import time
 from typing import Any
 
 import redis.asyncio as aioredis
+from opentelemetry import metrics
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import (
@@ -27,8 +33,87 @@ from redis.exceptions import (
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from lightpath import redis_url
+from lightpath import __version__, redis_url
 from services.common.errors import Unavailable
+
+_meter = metrics.get_meter("lightpath.redis", __version__)
+_duration = _meter.create_histogram(
+    "lightpath.redis.command.duration",
+    unit="s",
+    description="time of one Redis command (a pipeline or MULTI counts as one), retries included",
+)
+_errors = _meter.create_counter(
+    "lightpath.redis.command.errors",
+    description="Redis commands that failed, by command and exception type",
+)
+# One attributes dict per command name, made once: the hot path allocates none.
+_ATTRS: dict[Any, dict[str, str]] = {}
+
+
+def _attrs(command: Any) -> dict[str, str]:
+    attrs = _ATTRS.get(command)
+    if attrs is None:
+        name = command.decode() if isinstance(command, bytes) else str(command)
+        attrs = {"command": name.split(" ", 1)[0].upper()}
+        if len(_ATTRS) < 512:  # command names are a small fixed set; never grow without bound
+            _ATTRS[command] = attrs
+    return attrs
+
+
+def metrics_enabled() -> bool:
+    """True when this process has a MeterProvider (an exporter or a scrape endpoint)."""
+    from opentelemetry.sdk.metrics import MeterProvider
+
+    return isinstance(metrics.get_meter_provider(), MeterProvider)
+
+
+def instrument(client: Any) -> Any:
+    """Time `client`'s commands and pipelines (see the module docstring); returns it."""
+    if getattr(client, "_lightpath_instrumented", False):
+        return client
+    execute = client.execute_command
+    clock = time.perf_counter
+
+    async def execute_command(*args: Any, **options: Any) -> Any:
+        start = clock()
+        try:
+            result = await execute(*args, **options)
+        except BaseException as exc:
+            _failed(args[0] if args else "", exc)
+            raise
+        _duration.record(clock() - start, _attrs(args[0]))
+        return result
+
+    make_pipeline = client.pipeline
+
+    def pipeline(*args: Any, **kwargs: Any) -> Any:
+        pipe = make_pipeline(*args, **kwargs)
+        run = pipe.execute
+
+        async def execute_pipeline(*a: Any, **kw: Any) -> Any:
+            name = "MULTI" if getattr(pipe, "is_transaction", False) else "PIPELINE"
+            start = clock()
+            try:
+                result = await run(*a, **kw)
+            except BaseException as exc:
+                _failed(name, exc)
+                raise
+            _duration.record(clock() - start, _attrs(name))
+            return result
+
+        pipe.execute = execute_pipeline
+        return pipe
+
+    client.execute_command = execute_command
+    client.pipeline = pipeline
+    client._lightpath_instrumented = True
+    return client
+
+
+def _failed(command: Any, exc: BaseException) -> None:
+    if isinstance(exc, asyncio.CancelledError | GeneratorExit):
+        return  # the caller gave up: not Redis's failure
+    _errors.add(1, {**_attrs(command), "error": type(exc).__name__})
 
 
 def read_password(path: str) -> str | None:
@@ -79,8 +164,8 @@ def connect(
     cluster); a command that finds them all busy waits up to `pool_timeout_s` for one
     (then ConnectionError "No connection available."; a cluster node's pool fails at
     once with MaxConnectionsError). `password` (from a file, not the URL) overrides
-    the URL's."""
-    return redis_url.client(
+    the URL's. With a MeterProvider installed its commands are timed (`instrument`)."""
+    client = redis_url.client(
         url,
         decode_responses=decode_responses,
         password=password,
@@ -91,6 +176,7 @@ def connect(
         socket_connect_timeout=2.0,
         health_check_interval=30,
     )
+    return instrument(client) if metrics_enabled() else client
 
 
 def describe(client: Any) -> str:

@@ -30,7 +30,7 @@ from lightpath import __version__
 from lightpath.client import channel as client_channel
 from lightpath.security.credentials import Credentials
 from lightpath.security.tokens import TokenRegistry
-from lightpath.telemetry import configure_metrics, configure_tracing
+from lightpath.telemetry import MetricsEndpoint, configure_metrics, configure_tracing, serve_metrics
 from lightpath.v1 import common_pb2
 from services.common import redis_store, tls
 from services.common.admission import Admission
@@ -249,6 +249,7 @@ class RunningService:
     port: int
     runtime: Runtime[Any]
     server: Server
+    metrics: MetricsEndpoint | None = None  # the scrape endpoint (LIGHTPATH_METRICS_LISTEN)
 
     @property
     def address(self) -> str:
@@ -287,7 +288,18 @@ async def running(
     )
     runtime = Runtime(service, settings, client, provider, instance_id, guard, credentials)
     server: Server | None = None
+    endpoint: MetricsEndpoint | None = None
     try:
+        if settings.metrics_listen:
+            # Before build: a service that cannot be scraped where it was told to be is
+            # misconfigured, and should say so at start.
+            endpoint = serve_metrics(settings.metrics_listen)
+            log.info(
+                "%s metrics on %s",
+                service,
+                endpoint.url,
+                extra={"metrics_url": endpoint.url},
+            )
         definitions = await build(runtime)
         server, port = create_server(
             settings.listen,
@@ -321,11 +333,13 @@ async def running(
             security,
             extra={"port": port, "bind": host, "security": security},
         )
-        yield RunningService(port, runtime, server)
+        yield RunningService(port, runtime, server, endpoint)
     finally:
         if server is not None:
             await server.stop(settings.shutdown_grace_s if grace is None else grace)
         await runtime.close()
+        if endpoint is not None:
+            endpoint.close()
         audit.close()
         if own_redis:
             await client.aclose()
@@ -354,13 +368,16 @@ def main(service: str, settings_cls: type[S], build: Build, argv: list[str] | No
             settings.otel_service_name or f"lightpath-{service}",
             exporter=settings.otel_traces_exporter,
             instance_id=instance_id,
+            console_file=settings.otel_console_file,
         )
         meter_provider = configure_metrics(
             settings.otel_service_name or f"lightpath-{service}",
             exporter=settings.otel_metrics_exporter,
             instance_id=instance_id,
+            prometheus=bool(settings.metrics_listen),
+            console_file=settings.otel_console_file,
         )
-    except RuntimeError as exc:
+    except (RuntimeError, OSError) as exc:
         print(f"lightpath {service}: bad configuration: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
     try:

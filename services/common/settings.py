@@ -58,6 +58,16 @@ def parse_optional_address(raw: str) -> str:
     return "" if not raw.strip() else parse_address(raw)
 
 
+def parse_metrics_listen(raw: str) -> str:
+    """Empty (off), a port (on loopback: 127.0.0.1:PORT), or host:port."""
+    raw = raw.strip()
+    if not raw:
+        return ""
+    if raw.isdigit():
+        raw = f"127.0.0.1:{raw}"
+    return parse_address(raw)
+
+
 def parse_redis_url(raw: str) -> str:
     redis_url.parse(raw)  # ValueError naming the rule
     return raw
@@ -298,8 +308,23 @@ class CommonSettings:
     otel_metrics_exporter: str = setting(
         "OTEL_METRICS_EXPORTER",
         "none",
-        "none, console or otlp: rpc.server.duration and service metrics",
+        "none, console or otlp: rpc.server.duration and service metrics "
+        "(deploy/monitoring/README.md lists them); LIGHTPATH_METRICS_LISTEN serves them too",
         parse=choice("none", "console", "otlp"),
+    )
+    metrics_listen: str = setting(
+        "LIGHTPATH_METRICS_LISTEN",
+        "",
+        "Prometheus scrape endpoint (HTTP GET /metrics, plaintext) of this process: host:port, "
+        "or a port alone for 127.0.0.1:PORT; empty: none. Bind a non-loopback host only where "
+        "the network is trusted (deploy/monitoring)",
+        parse=parse_metrics_listen,
+    )
+    otel_console_file: str = setting(
+        "LIGHTPATH_OTEL_CONSOLE_FILE",
+        "",
+        "file the console span and metric exporters append to (one JSON object per line); "
+        "empty: stdout (the logs go to stderr)",
     )
     otel_service_name: str = setting(
         "OTEL_SERVICE_NAME", "", "service.name of spans; default lightpath-<service>"

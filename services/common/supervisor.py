@@ -13,6 +13,9 @@ A `needed` task that fails takes the service's health to NOT_SERVING until its
 next run has lasted `healthy_after_s` or has called `ready()`; the service then
 reports SERVING again by itself. Whatever the coroutine keeps across runs must
 live outside it (on its object), so a restart resumes rather than starts over.
+
+Metrics: lightpath.task.restarts (counter, by task) counts every restart and
+lightpath.task.down (gauge, by task) is 1 while a task is failed or recovering.
 """
 
 from __future__ import annotations
@@ -24,6 +27,10 @@ import logging
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
+
+from opentelemetry import metrics
+
+from lightpath import __version__
 
 Factory = Callable[[], Coroutine[Any, Any, Any]]
 HealthHook = Callable[[bool], Awaitable[None]]
@@ -43,6 +50,19 @@ class TaskState(enum.Enum):
 
 
 DOWN = {TaskState.RECOVERING, TaskState.BACKOFF}
+
+_meter = metrics.get_meter("lightpath.supervisor", __version__)
+_restarts = _meter.create_counter(
+    "lightpath.task.restarts", description="restarts of a supervised background task"
+)
+_down = _meter.create_gauge(
+    "lightpath.task.down",
+    description="1 while a supervised background task is failed or recovering, else 0",
+)
+
+
+def _report(entry: SupervisedTask) -> None:
+    _down.set(1 if entry.state in DOWN else 0, {"task": entry.name})
 
 
 @dataclass
@@ -145,6 +165,7 @@ class Supervisor:
             raise ValueError(f"a background task named {name!r} is running already")
         entry = SupervisedTask(name, needed, forever)
         self.tasks[name] = entry
+        _report(entry)
         entry.task = asyncio.create_task(self._run(entry, factory), name=name)
         return entry.task
 
@@ -184,6 +205,7 @@ class Supervisor:
                     if loop.time() - started >= self.reset_after_s:
                         backoff = self.backoff_initial_s
                     entry.state = TaskState.BACKOFF
+                    _report(entry)
                     self.log.error(
                         "background task %s failed (%d failures, %d restarts); "
                         "restarting in %.2f s: %s",
@@ -199,6 +221,7 @@ class Supervisor:
                     await asyncio.sleep(backoff)
                     backoff = min(self.backoff_max_s, backoff * 2)
                     entry.restarts += 1
+                    _restarts.add(1, {"task": entry.name})
                     entry.state = TaskState.RECOVERING
                     self.log.info(
                         "background task %s restarting (run %d)",
@@ -219,6 +242,7 @@ class Supervisor:
                         extra=self._extra(entry),
                     )
                     entry.restarts += 1
+                    _restarts.add(1, {"task": entry.name})
                     await asyncio.sleep(backoff)
                     backoff = min(self.backoff_max_s, backoff * 2)
                     continue
@@ -228,6 +252,7 @@ class Supervisor:
         finally:
             if entry.state is not TaskState.DONE:
                 entry.state = TaskState.STOPPED
+            _report(entry)
 
     async def _until_healthy(self, entry: SupervisedTask) -> None:
         """Up again once the restarted run has lasted `healthy_after_s` or said ready()."""
@@ -238,6 +263,7 @@ class Supervisor:
             ready.cancel()
         if entry.state is TaskState.RECOVERING:
             entry.state = TaskState.RUNNING
+            _report(entry)
             self.log.info(
                 "background task %s runs again after %d failures",
                 entry.name,

@@ -2,7 +2,9 @@
 
 `ServerInterceptor` wraps every RPC of a service:
   * continues the caller's trace from gRPC metadata in a SERVER span;
-  * records rpc.server.duration (OTel metrics, exported per OTEL_METRICS_EXPORTER);
+  * records rpc.server.duration (OTel metrics, exported per OTEL_METRICS_EXPORTER and
+    on the scrape endpoint, LIGHTPATH_METRICS_LISTEN) and counts refused calls
+    (lightpath.auth.failures);
   * asks the service's Guard who is calling and whether they may (UNAUTHENTICATED /
     PERMISSION_DENIED before the servicer runs), and writes the audit log;
   * admits the call through the service's Admission limiter, which queues it or
@@ -39,7 +41,7 @@ from redis.exceptions import RedisError
 from lightpath import __version__
 from lightpath.telemetry import TRACER_NAME, _rpc_attributes
 from services.common.admission import OVERLOADED, Admission, exempt_principal, sheddable
-from services.common.auth import Guard
+from services.common.auth import Guard, count_failure
 from services.common.errors import InvalidArgument, LightpathError, from_redis, to_status_proto
 
 log = logging.getLogger("lightpath.rpc")
@@ -157,6 +159,8 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
                 except Exception as caught:
                     exc = _mapped(caught)
                     code = _code_of(exc, context)
+                    if code in _DENIED:
+                        count_failure(getattr(exc, "reason", "") or code.name)
                     gate.message = getattr(exc, "message", "")
                     await _abort_for(exc, span, method, context)
                 finally:
@@ -191,6 +195,8 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
                 except Exception as caught:
                     exc = _mapped(caught)
                     code = _code_of(exc, context)
+                    if code in _DENIED:
+                        count_failure(getattr(exc, "reason", "") or code.name)
                     gate.message = getattr(exc, "message", "")
                     await _abort_for(exc, span, method, context)
                 finally:
