@@ -18,6 +18,12 @@ requires client certificates, binds 127.0.0.1, and writes its audit log to
 `<state dir>/audit/<process>.jsonl`. `tls=False` (benchmarks' baseline) runs
 plaintext on loopback with a bearer token per process instead.
 
+Metrics: every process serves Prometheus metrics on 127.0.0.1:<gRPC port + 1000>
+(`ProcessSpec.metrics_port`, LIGHTPATH_METRICS_LISTEN; deploy/monitoring). `lightpath
+status` lists the URLs. A process's stdout (console OTel exporters, one JSON object a
+line) goes to `logs/<process>.otel.jsonl`, apart from its JSON-lines log on stderr
+(`logs/<process>.log`).
+
 Children run in their own session (Ctrl-C reaches only the supervisor, which
 stops them in reverse order) and get SIGTERM from the kernel if the supervisor
 dies, so no process is left behind.
@@ -33,7 +39,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import grpc
@@ -46,6 +52,7 @@ from lightpath.security.identity import OPERATOR, Principal, service_principal
 from lightpath.security.pki import LocalCA
 
 EMBEDDED_REDIS_PORT = 6390
+METRICS_PORT_OFFSET = 1000  # a process's metrics port in the default topology: gRPC port + this
 
 
 @dataclass(frozen=True)
@@ -59,6 +66,11 @@ class ProcessSpec:
     peers: Mapping[str, str] = field(
         default_factory=dict
     )  # env var -> name of the process it points at
+    metrics_port: int = 0  # Prometheus scrape endpoint on loopback; 0: none
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.metrics_port}/metrics" if self.metrics_port else ""
 
     @property
     def console_script(self) -> str:
@@ -158,11 +170,16 @@ def default_topology() -> list[ProcessSpec]:
                 peers={"LIGHTPATH_ADVERTISE_ADDR": f"agg-{switch}"},
             )
         )
-    return specs
+    return [replace(s, metrics_port=s.port + METRICS_PORT_OFFSET) for s in specs]
 
 
 def with_ephemeral_ports(specs: list[ProcessSpec]) -> list[ProcessSpec]:
-    return [ProcessSpec(s.name, s.service, free_port(), s.env, s.peers) for s in specs]
+    return [
+        ProcessSpec(
+            s.name, s.service, free_port(), s.env, s.peers, free_port() if s.metrics_port else 0
+        )
+        for s in specs
+    ]
 
 
 def process_env(
@@ -238,6 +255,11 @@ class Stack:
         return {s.name: f"127.0.0.1:{s.port}" for s in self.specs}
 
     @property
+    def metrics_endpoints(self) -> dict[str, str]:
+        """Each process's Prometheus scrape URL (processes without one are left out)."""
+        return {s.name: s.metrics_url for s in self.specs if s.metrics_port}
+
+    @property
     def state_file(self) -> Path:
         return self.state_dir / "stack.json"
 
@@ -280,6 +302,7 @@ class Stack:
                     "redis_password_file": self.redis_password_file,
                     "tls": self.tls,
                     "endpoints": self.endpoints,
+                    "metrics": self.metrics_endpoints,
                     "started_at": time.time(),
                 },
                 indent=2,
@@ -328,19 +351,25 @@ class Stack:
         }
         env.setdefault("LIGHTPATH_INSTANCE_ID", spec.name)
         env.setdefault("LIGHTPATH_LOG_FORMAT", "json")
-        logfile = open(self.state_dir / "logs" / f"{spec.name}.log", "ab")
+        if spec.metrics_port:
+            env["LIGHTPATH_METRICS_LISTEN"] = f"127.0.0.1:{spec.metrics_port}"
+        logs = self.state_dir / "logs"
+        # The JSON-lines log (stderr) apart from what console exporters print (stdout).
+        logfile = open(logs / f"{spec.name}.log", "ab")
+        otelfile = open(logs / f"{spec.name}.otel.jsonl", "ab")
         try:
             self.procs[spec.name] = subprocess.Popen(
                 [sys.executable, "-m", f"services.{spec.service}"],
                 env=env,
-                stdout=logfile,
-                stderr=subprocess.STDOUT,
+                stdout=otelfile,
+                stderr=logfile,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
                 preexec_fn=die_with_parent,
             )
         finally:
             logfile.close()
+            otelfile.close()
 
     def _wait_healthy(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -420,6 +449,7 @@ class StackInfo:
     endpoints: dict[str, str]
     redis_password_file: str = ""
     tls: bool = True
+    metrics: dict[str, str] = field(default_factory=dict)  # process -> scrape URL
 
 
 def running_stack(state_dir: Path | None = None) -> StackInfo | None:
@@ -436,6 +466,7 @@ def running_stack(state_dir: Path | None = None) -> StackInfo | None:
         dict(data["endpoints"]),
         data.get("redis_password_file", ""),
         bool(data.get("tls", True)),
+        dict(data.get("metrics", {})),
     )
 
 

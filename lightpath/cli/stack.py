@@ -74,8 +74,8 @@ def cmd_up(args: argparse.Namespace) -> int:
         return 1
     print(
         table(
-            [(s.name, s.service, f"127.0.0.1:{s.port}") for s in stack.specs],
-            ["process", "service", "endpoint"],
+            [(s.name, s.service, f"127.0.0.1:{s.port}", s.metrics_url or "-") for s in stack.specs],
+            ["process", "service", "endpoint", "metrics"],
         )
     )
     print(f"\nlogs in {state_dir / 'logs'}; all healthy; Ctrl-C stops everything", flush=True)
@@ -102,7 +102,11 @@ def cmd_status(args: argparse.Namespace) -> int:
         return 1
     creds = Credentials.default(state_dir=args.state_dir)
     statuses = {
-        name: {"endpoint": addr, "health": health_status(addr, credentials=creds)}
+        name: {
+            "endpoint": addr,
+            "health": health_status(addr, credentials=creds),
+            "metrics": stack.metrics.get(name, ""),
+        }
         for name, addr in stack.endpoints.items()
     }
     security = {
@@ -130,8 +134,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         )
         print(
             table(
-                [(n, s["endpoint"], s["health"]) for n, s in statuses.items()],
-                ["process", "endpoint", "health"],
+                [(n, s["endpoint"], s["health"], s["metrics"] or "-") for n, s in statuses.items()],
+                ["process", "endpoint", "health", "metrics"],
             )
         )
     return 0 if all(s["health"] == "SERVING" for s in statuses.values()) else 1
