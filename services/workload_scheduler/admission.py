@@ -51,6 +51,7 @@ class AdmissionMixin(WiringMixin):
         spec_b64 = _b64(spec.SerializeToString(deterministic=True))
         if validate_only:
             return await self._dry_run(spec_b64, norm)
+        started = time.monotonic()
         admission = _Admission(spec_b64, norm, spec)
         async with self._pass_lock:
             # A pass over the queue with the new job in it: the job's creation commits
@@ -69,6 +70,7 @@ class AdmissionMixin(WiringMixin):
         if record.state == PENDING and norm.when_no_capacity == FAIL:
             await self._refuse(record)
             record = await self._settled(norm.job_id)
+        self.metrics.admitted(self.pod_id, record.state, started)
         return AdmitResult(record, created, preempted=record.preempted)
 
     def _new_job(self, norm: NormalizedSpec, seq: int) -> SliceJob:
@@ -399,6 +401,7 @@ class AdmissionMixin(WiringMixin):
             reason += " after preempting " + ", ".join(victim_ids)
         txn.write_job(new, old_state=job.state, reason=reason, now_ms=now)
         await self.store.commit(txn)
+        self.metrics.preempted(self.pod_id, alloc.victims)
         if admission is not None:
             admission.created = True
             self._log_admitted(job)

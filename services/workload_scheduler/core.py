@@ -18,6 +18,7 @@ from lightpath.domain.slices import (
     SliceJob,
 )
 from lightpath.v1 import workload_scheduler_pb2
+from services.workload_scheduler.metrics import PodMetrics
 from services.workload_scheduler.ocs import OcsError, OcsManagerClient
 from services.workload_scheduler.placement import PodState
 from services.workload_scheduler.preemption import VictimAction
@@ -133,9 +134,11 @@ class SchedulerCore:
         clock: Callable[[], float] = time.time,
         spawn: Callable[..., asyncio.Task] | None = None,
         log: logging.Logger | None = None,
+        metrics: PodMetrics | None = None,
     ):
         self.store = store
         self.ocs = ocs
+        self.metrics = metrics or PodMetrics.noop()
         self.fabric = fabric
         self.pod_id = store.keys.pod_id
         self.wiring_timeout_ms = int(wiring_timeout_s * 1000)

@@ -44,6 +44,7 @@ from services.common.enums import enum_name
 from services.common.keys import require_id
 from services.common.server import Runtime, ServiceDefinition
 from services.workload_scheduler.cell_link import CellReporter
+from services.workload_scheduler.metrics import PodMetrics
 from services.workload_scheduler.ocs import OcsError, OcsManagerClient
 from services.workload_scheduler.placement import PodState
 from services.workload_scheduler.scheduler import Outcome, WorkloadScheduler
@@ -63,9 +64,15 @@ MAX_PLAN_DIMS = 8
 class PodHandle:
     """The scheduler of this pod once the fabric is known (see module doc)."""
 
-    def __init__(self, runtime: Runtime[WorkloadSchedulerSettings], ocs: OcsManagerClient):
+    def __init__(
+        self,
+        runtime: Runtime[WorkloadSchedulerSettings],
+        ocs: OcsManagerClient,
+        metrics: PodMetrics | None = None,
+    ):
         self._rt = runtime
         self._ocs = ocs
+        self.metrics = metrics
         self._ready = asyncio.Event()
         self.scheduler: WorkloadScheduler | None = None
         self.problem = f"waiting for the fabric from the ocs_manager at {runtime.settings.ocs_addr}"
@@ -139,6 +146,7 @@ class PodHandle:
             wiring_timeout_s=settings.wiring_timeout_s,
             spawn=self._rt.spawn,
             log=self._rt.log,
+            metrics=self.metrics,
         )
         self._rt.log.info("pod %s ready: %s", settings.pod_id, fabric.describe())
         self._ready.set()
@@ -553,11 +561,15 @@ async def pod_view(sched: WorkloadScheduler) -> workload_scheduler_pb2.PodView:
     return view
 
 
-async def build(runtime: Runtime[WorkloadSchedulerSettings]) -> list[ServiceDefinition]:
+async def build(
+    runtime: Runtime[WorkloadSchedulerSettings], *, metrics: PodMetrics | None = None
+) -> list[ServiceDefinition]:
     ocs = OcsManagerClient(
         runtime.channel(runtime.settings.ocs_addr), timeout_s=runtime.settings.ocs_timeout_s
     )
-    pod = PodHandle(runtime, ocs)
+    metrics = metrics or PodMetrics()
+    pod = PodHandle(runtime, ocs, metrics)
+    runtime.supervise(lambda: metrics.run(pod), "pod metrics", needed=False)
     # Retried until the fabric is known (a Redis error while saving it is not the end).
     runtime.supervise(pod.start, "load fabric")
     if runtime.settings.cell_addr:

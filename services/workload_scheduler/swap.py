@@ -163,6 +163,7 @@ class FailureMixin(AdmissionMixin):
         return state
 
     async def _handle_one(self, job_id: str, failed: int) -> Outcome:
+        started = self.metrics.clock()
         full = False
         for _ in range(MAX_COMMIT_ATTEMPTS):
             state = await self._decision_state([job_id], full=full)
@@ -183,8 +184,10 @@ class FailureMixin(AdmissionMixin):
                 continue
             try:
                 if plan is None:
-                    return await self._lose_slice(state, job, failed)
-                return await self._replace(state, plan)
+                    outcome = await self._lose_slice(state, job, failed)
+                else:
+                    outcome = await self._replace(state, plan)
+                return self.metrics.replaced(self.pod_id, outcome, started)
             except Conflict:
                 full = True
                 continue
@@ -257,6 +260,7 @@ class FailureMixin(AdmissionMixin):
         )
         txn.write_job(swapping, old_state=RUNNING, reason=reason, now_ms=now)
         await self.store.commit(txn)
+        self.metrics.preempted(self.pod_id, plan.victims)
         self.log.info("job %s: %s", job.job_id, reason, extra={"job_id": job.job_id})
         outcome = Outcome(
             preempted=[_victim_json(v, state.jobs[v.job_id]) for v in plan.victims],

@@ -95,7 +95,9 @@ class WiringMixin(SchedulerCore):
                 self.log.info("job %s not wired: %s", job.job_id, c, extra={"job_id": job.job_id})
                 await self._requeue_if_wiring(job, f"could not wire: {c}")
                 return None
+        started = time.monotonic()
         job, outcome = await self._wire_at_ocs(job)
+        self.metrics.wired(started)
         if isinstance(outcome, OcsError):
             await self._wiring_failed(
                 job,

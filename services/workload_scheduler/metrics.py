@@ -1,0 +1,155 @@
+"""A pod's domain metrics (issue 18): blocks by state and node type, jobs by state,
+the queue, admissions, preemptions, block replacements and wiring times.
+
+Names and attributes are those of services.common.metric_names. The gauges read a
+snapshot that `run` (a background loop of the service) refreshes every `refresh_s`
+(the pod snapshot planning reads, and the per-state job counts the store keeps), so
+a scrape never touches Redis and never waits for the event loop. Counters and
+histograms are recorded where the event happens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from opentelemetry import metrics
+from opentelemetry.metrics import CallbackOptions, Meter, NoOpMeterProvider, Observation
+
+from lightpath import __version__
+
+if TYPE_CHECKING:
+    from services.workload_scheduler.core import Outcome
+    from services.workload_scheduler.scheduler import WorkloadScheduler
+
+METER_NAME = "lightpath.workload_scheduler"
+REFRESH_S = 5.0
+_ADMITTED = {"RUNNING": "admitted", "WIRING": "admitted", "PENDING": "queued"}
+_BLOCK_STATES = ("free", "allocated", "failed")
+
+
+class PodMetrics:
+    """A pod's instruments and the cached state its gauges show."""
+
+    def __init__(self, meter: Meter | None = None, *, refresh_s: float = REFRESH_S):
+        meter = meter or metrics.get_meter(METER_NAME, __version__)
+        self.refresh_s = refresh_s
+        self._blocks: dict[tuple[str, str, str], int] = {}  # (pod, state, node type) -> blocks
+        self._jobs: dict[tuple[str, str], int] = {}  # (pod, state) -> jobs
+        self._queue: dict[str, int] = {}  # pod -> jobs waiting
+        meter.create_observable_gauge(
+            "lightpath.pod.blocks",
+            [self._observe_blocks],
+            description="building blocks by state (free, allocated, failed) and node type",
+        )
+        meter.create_observable_gauge(
+            "lightpath.pod.jobs", [self._observe_jobs], description="jobs by state"
+        )
+        meter.create_observable_gauge(
+            "lightpath.pod.queue.depth", [self._observe_queue], description="jobs queued in a pod"
+        )
+        self._attempts = meter.create_counter(
+            "lightpath.pod.admission.attempts", description="admission attempts by result"
+        )
+        self._admission = meter.create_histogram(
+            "lightpath.pod.admission.duration",
+            unit="s",
+            description="time of one admission attempt",
+        )
+        self._preemptions = meter.create_counter(
+            "lightpath.pod.preemptions",
+            description="preemptions by action (terminate, delay, shrink)",
+        )
+        self._replacements = meter.create_counter(
+            "lightpath.pod.block_replacements",
+            description="replacements of failed blocks by result",
+        )
+        self._replacement = meter.create_histogram(
+            "lightpath.pod.block_replacement.duration",
+            unit="s",
+            description="time to replace a failed block",
+        )
+        self._wiring = meter.create_histogram(
+            "lightpath.pod.wiring.duration", unit="s", description="time to wire a slice"
+        )
+
+    @classmethod
+    def noop(cls) -> PodMetrics:
+        return cls(NoOpMeterProvider().get_meter(METER_NAME))
+
+    @staticmethod
+    def clock() -> float:
+        return time.monotonic()
+
+    # -- events --------------------------------------------------------------------
+
+    def admitted(self, pod: str, state: str, started: float) -> None:
+        """An admission answered with the job in `state`: admitted, queued or refused."""
+        self._attempts.add(1, {"pod": pod, "result": _ADMITTED.get(state, "refused")})
+        self._admission.record(time.monotonic() - started)
+
+    def preempted(self, pod: str, victims: Iterable[Any]) -> None:
+        """Victims of a committed allocation (each with its action: TERMINATE, DELAY, SHRINK)."""
+        for v in victims:
+            self._preemptions.add(1, {"pod": pod, "action": v.action.lower()})
+
+    def replaced(self, pod: str, outcome: Outcome, started: float) -> Outcome:
+        """The end of a failed block's handling (WS-5): replaced, lost (the slice was
+        suspended or failed: no spare, or the OCS could not swap) or stopped (the job
+        changed meanwhile). Answers `outcome`, so a return statement can wrap it."""
+        if outcome.replacement is not None:
+            result = "replaced"
+            self._replacement.record(time.monotonic() - started)
+        elif outcome.affected:
+            result = "lost"
+        else:
+            result = "stopped"
+        self._replacements.add(1, {"pod": pod, "result": result})
+        return outcome
+
+    def wired(self, started: float) -> None:
+        """A WireSlice for a slice ended (followed through to its end after a deadline)."""
+        self._wiring.record(time.monotonic() - started)
+
+    # -- the gauges' snapshot ------------------------------------------------------
+
+    async def run(self, pod: Any) -> None:
+        """Refresh the snapshot every refresh_s once the pod's scheduler exists (a
+        supervised background task; `pod` is the server's PodHandle)."""
+        while True:
+            if pod.scheduler is not None:
+                await self.refresh(pod.scheduler)
+            await asyncio.sleep(self.refresh_s)
+
+    async def refresh(self, sched: WorkloadScheduler) -> None:
+        pod = sched.pod_id
+        state = await sched.snapshot()
+        counts = await sched.store.state_counts()
+        blocks = {
+            (pod, s, t): c[s] for t, c in state.counts_by_type().items() for s in _BLOCK_STATES
+        }
+        self._blocks = {**self._blocks, **blocks}
+        jobs: Counter[tuple[str, str]] = Counter({(pod, s): n for s, n in counts.items()})
+        # A state seen once stays, at 0, so its series does not vanish.
+        self._jobs = {**{k: 0 for k in self._jobs if k[0] == pod}, **jobs}
+        self._queue = {**self._queue, pod: len(state.queue())}
+
+    # -- callbacks (the reader's thread: cached values only) ----------------------
+
+    def _observe_blocks(self, options: CallbackOptions) -> Sequence[Observation]:
+        return [
+            Observation(n, {"pod": p, "state": s, "node_type": t})
+            for (p, s, t), n in self._blocks.items()
+        ]
+
+    def _observe_jobs(self, options: CallbackOptions) -> Sequence[Observation]:
+        return [Observation(n, {"pod": p, "state": s}) for (p, s), n in self._jobs.items()]
+
+    def _observe_queue(self, options: CallbackOptions) -> Sequence[Observation]:
+        return [Observation(n, {"pod": p}) for p, n in self._queue.items()]
+
+
+__all__ = ["PodMetrics"]
