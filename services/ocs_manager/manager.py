@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from lightpath.domain.torus import Fabric
 from lightpath.errors import Aborted, FailedPrecondition, InvalidArgument, NotFound, Unavailable
 from services.ocs_manager.driver import SwitchDriver, SwitchDriverError
+from services.ocs_manager.metrics import OcsMetrics, timed
 from services.ocs_manager.store import BeginResult, OcsStore, SliceRecord
 from services.ocs_manager.wiring import (
     FabricChange,
@@ -75,7 +76,9 @@ class FabricManager:
         driver: SwitchDriver,
         *,
         lease_s: float = 30.0,
+        metrics: OcsMetrics | None = None,
     ):
+        self.metrics = metrics or OcsMetrics.noop()
         self.fabric = fabric
         self.store = store
         self.driver = driver
@@ -84,6 +87,7 @@ class FabricManager:
 
     # -- WireSlice (OCS-2, OCS-3) ------------------------------------------------
 
+    @timed("wire")
     async def wire(self, placement: SlicePlacement) -> WireOutcome:
         job = placement.job_id
         token = _token()
@@ -113,6 +117,7 @@ class FabricManager:
 
     # -- ReleaseSlice (OCS-4) ----------------------------------------------------
 
+    @timed("release")
     async def release(self, job: str) -> ReleaseOutcome:
         token = _token()
         res = await self._begin_change(job, "release", token)
@@ -128,6 +133,7 @@ class FabricManager:
 
     # -- ReplaceBlock (OCS-5) ----------------------------------------------------
 
+    @timed("replace")
     async def replace(self, job: str, failed: int, new: int) -> ReplaceOutcome:
         if failed == new:
             raise InvalidArgument("new_block_id", "must differ from failed_block_id")

@@ -21,6 +21,7 @@ from services.ocs_manager.driver import RedisSwitchDriver, SwitchDriver
 from services.ocs_manager.encode import WiringEncoder
 from services.ocs_manager.invariants import FabricState, Violation, check
 from services.ocs_manager.manager import FabricManager
+from services.ocs_manager.metrics import OcsMetrics
 from services.ocs_manager.settings import OcsManagerSettings
 from services.ocs_manager.store import OcsStore
 from services.ocs_manager.switched.server import SWITCHED_RPCS, build_switched, refuse_calls
@@ -275,6 +276,7 @@ class OcsManagerServicer(
         violations = check(self._fabric, state)
         if request.compare_switches:
             violations += await self._compare_switches(state)
+        self._m.metrics.violations(self._pod, violations)
         _annotate(violations=len(violations), slices=len(state.slices))
         if violations:
             self._rt.log.error(
@@ -337,13 +339,17 @@ class OcsManagerServicer(
 
 
 async def build(
-    runtime: Runtime[OcsManagerSettings], *, driver: SwitchDriver | None = None
+    runtime: Runtime[OcsManagerSettings],
+    *,
+    driver: SwitchDriver | None = None,
+    metrics: OcsMetrics | None = None,
 ) -> list[ServiceDefinition]:
     """The servicer over this pod's fabric. `driver` replaces the default (Redis) switch driver.
     A pod of fabric kind SWITCHED gets the switched fabric manager (seed 002) instead."""
     s = runtime.settings
+    metrics = metrics or OcsMetrics()
     if s.fabric_kind == "SWITCHED":
-        return await build_switched(runtime)
+        return await build_switched(runtime, metrics=metrics)
     fabric = Fabric.build(s.fabric_config)
     store = OcsStore(runtime.redis, s.pod_id, fabric)
     status = await store.ensure_fabric()
@@ -374,7 +380,8 @@ async def build(
         )
         await default.init()
         driver = default
-    manager = FabricManager(fabric, store, driver, lease_s=s.change_lease_s)
+    manager = FabricManager(fabric, store, driver, lease_s=s.change_lease_s, metrics=metrics)
+    runtime.supervise(lambda: metrics.run(manager, runtime.redis), "fabric metrics", needed=False)
     runtime.log.info(
         "pod %s fabric: %s, %d OCS", s.pod_id, fabric.config.describe(), fabric.ocs_count
     )

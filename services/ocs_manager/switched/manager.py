@@ -34,6 +34,7 @@ from lightpath.errors import (
     ResourceExhausted,
 )
 from services.common.keys import ID_RULE, is_valid_id
+from services.ocs_manager.metrics import OcsMetrics, timed
 from services.ocs_manager.switched.queries import SwitchIndex, SwitchLinkUse
 from services.ocs_manager.switched.store import Snapshot, StoredPlan, SwitchedStore, conflict
 
@@ -59,7 +60,10 @@ class Reserved:
 
 
 class SwitchedFabricManager:
-    def __init__(self, fabric: SwitchedFabric, store: SwitchedStore):
+    def __init__(
+        self, fabric: SwitchedFabric, store: SwitchedStore, metrics: OcsMetrics | None = None
+    ):
+        self.metrics = metrics or OcsMetrics.noop()
         self.fabric = fabric
         self.store = store
         self.index = SwitchIndex(fabric)
@@ -90,6 +94,7 @@ class SwitchedFabricManager:
                     reason="PROCESSORS_IN_USE",
                 )
 
+    @timed("wire")
     async def reserve(self, job_id: str, degrees: Degrees, tiles: Sequence[Tile]) -> Reserved:
         """SW-4: plan and reserve the job's rings. Idempotent by job id: the same
         degrees and tiles again answer the stored plan."""
@@ -129,6 +134,7 @@ class SwitchedFabricManager:
             raise NotFound("job", job_id, hint="no rings are reserved for it on this pod")
         return stored
 
+    @timed("release")
     async def release(self, job_id: str) -> RingPlan:
         """Free exactly the job's channels and processors."""
         for _ in range(ATTEMPTS):
@@ -141,6 +147,7 @@ class SwitchedFabricManager:
         await self.get(job_id)  # NOT_FOUND when a concurrent release won
         raise Aborted(f"job {job_id} kept changing while being released; retry")
 
+    @timed("replace")
     async def swap(
         self,
         job_id: str,

@@ -22,6 +22,7 @@ from lightpath.v1 import ocs_manager_pb2 as pb
 from services.common import paging, redis_store
 from services.common.convert import fabric_to_proto, tile_to_proto
 from services.common.server import Runtime, ServiceDefinition
+from services.ocs_manager.metrics import OcsMetrics
 from services.ocs_manager.settings import OcsManagerSettings
 from services.ocs_manager.switched.invariants import pod_violations
 from services.ocs_manager.switched.manager import SwitchedFabricManager, check_job_id
@@ -213,6 +214,7 @@ class SwitchedOcsManagerServicer(
         violations = pod_violations(
             f, plans, unpack(used, f.channel_count), unpack(procs, f.processor_count)
         )
+        self._sw.metrics.violations(self._pod, violations)
         channels = sum(len(p.channels()) for p in plans.values())
         rings = sum(len(p.rings) for p in plans.values())
         _annotate(violations=len(violations), jobs=len(plans))
@@ -421,7 +423,9 @@ class SwitchedOcsManagerServicer(
         )
 
 
-async def build_switched(runtime: Runtime[OcsManagerSettings]) -> list[ServiceDefinition]:
+async def build_switched(
+    runtime: Runtime[OcsManagerSettings], *, metrics: OcsMetrics | None = None
+) -> list[ServiceDefinition]:
     """The servicer of a SWITCHED pod: the fabric from LIGHTPATH_SWITCHED_FABRIC, the
     reservations in Redis (binary client: the bitmaps are bytes)."""
     s = runtime.settings
@@ -436,7 +440,9 @@ async def build_switched(runtime: Runtime[OcsManagerSettings]) -> list[ServiceDe
             s.pod_id,
             fabric.config.spec(),
         )
-    manager = SwitchedFabricManager(fabric, store)
+    manager = SwitchedFabricManager(fabric, store, metrics)
+    if metrics is not None:
+        runtime.supervise(lambda: metrics.run_switched(store), "ring metrics", needed=False)
     runtime.log.info(
         "pod %s switched fabric: %s (%d groups, %d processors, %d links)",
         s.pod_id,
