@@ -1,10 +1,16 @@
 #!/usr/bin/env python3
-"""Write deploy/docker-compose.yml from the local stack's topology (lightpath/stack.py).
+"""Write deploy/docker-compose.yml from the local stack's topology (lightpath/stack.py),
+and the Prometheus side of it under deploy/monitoring/:
+
+    deploy/monitoring/prometheus.yml                  scrape config of the compose stack
+    deploy/monitoring/prometheus.local.yml            the same for `lightpath up` (loopback)
+    deploy/monitoring/docker-compose.monitoring.yml   Prometheus + Grafana beside the stack
 
     python scripts/gen_compose.py
 
-Run it after changing the topology; tests/test_compose.py checks the file
-against the code either way (commands, settings, ports, peers).
+Run it after changing the topology; tests/test_compose.py and
+tests/test_monitoring.py check the files against the code either way
+(commands, settings, ports, peers, scrape targets).
 """
 
 import sys
@@ -17,6 +23,7 @@ from lightpath.security.pki import file_stem  # noqa: E402
 from lightpath.stack import default_topology, process_env  # noqa: E402
 
 specs = default_topology()
+METRICS_PORT = 9464  # every service's scrape endpoint inside its container (the OTel default)
 
 
 def secret_name(spec, part: str) -> str:
@@ -75,6 +82,7 @@ for s in specs:
     env.setdefault("LIGHTPATH_INSTANCE_ID", s.name)
     env["LIGHTPATH_LOG_FORMAT"] = "json"
     env["OTEL_TRACES_EXPORTER"] = "none"
+    env["LIGHTPATH_METRICS_LISTEN"] = f"0.0.0.0:{METRICS_PORT}"  # the compose network only
     env["LIGHTPATH_REDIS_PASSWORD_FILE"] = "/run/secrets/redis_password"
     env["LIGHTPATH_TLS_CA"] = "/run/secrets/ca_cert"
     env["LIGHTPATH_TLS_CERT"] = f"/run/secrets/{secret_name(s, 'cert')}"
@@ -116,3 +124,105 @@ for s in specs:
 out.append("\n".join(secrets) + "\n")
 out.append("volumes:\n  redis-data:\n")
 (ROOT / "deploy" / "docker-compose.yml").open("w").write("\n".join(out))
+
+
+# -- deploy/monitoring ---------------------------------------------------------
+
+GENERATED = "# Written by scripts/gen_compose.py from lightpath/stack.py: do not edit.\n"
+
+
+def scrape_config(targets: list[tuple[str, str]], comment: str) -> str:
+    """A Prometheus configuration scraping `targets` ((address, process) pairs) as job
+    lightpath, each labelled with its process and service, and loading the alert rules."""
+    by_name = {s.name: s for s in specs}
+    lines = [
+        GENERATED + comment,
+        "global:",
+        "  scrape_interval: 15s",
+        "  evaluation_interval: 15s",
+        "rule_files:",
+        "  - alerts.yml",
+        "scrape_configs:",
+        "  - job_name: lightpath",
+        "    metrics_path: /metrics",
+        "    static_configs:",
+    ]
+    for address, name in targets:
+        lines += [
+            f'      - targets: ["{address}"]',
+            "        labels:",
+            f"          process: {name}",
+            f"          service: {by_name[name].service.replace('_', '-')}",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+monitoring = ROOT / "deploy" / "monitoring"
+monitoring.mkdir(exist_ok=True)
+(monitoring / "prometheus.yml").write_text(
+    scrape_config(
+        [(f"{s.name}:{METRICS_PORT}", s.name) for s in specs],
+        "# The compose stack's Prometheus (docker-compose.monitoring.yml): every service's\n"
+        "# LIGHTPATH_METRICS_LISTEN endpoint on the compose network.\n",
+    )
+)
+(monitoring / "prometheus.local.yml").write_text(
+    scrape_config(
+        [(f"127.0.0.1:{s.metrics_port}", s.name) for s in specs],
+        "# `lightpath up`'s processes (fixed ports: gRPC port + 1000, on loopback):\n"
+        "#   prometheus --config.file=deploy/monitoring/prometheus.local.yml\n",
+    )
+)
+service_names = [s.name for s in specs]
+compose_monitoring = [
+    GENERATED,
+    """# Prometheus (scraping every service, with the alert rules) and Grafana (the
+# dashboards) beside the compose stack:
+#
+#   docker compose -f deploy/docker-compose.yml \\
+#                  -f deploy/monitoring/docker-compose.monitoring.yml up --build
+#
+# Relative paths are the project directory's (deploy/, the first file's). Both
+# are published on the host's 127.0.0.1 only; Grafana's admin password comes
+# from deploy/secrets/grafana.password (make it, e.g. `openssl rand -hex 16`).
+services:
+  prometheus:
+    image: prom/prometheus:v2.53.2
+    command:
+      - --config.file=/etc/prometheus/prometheus.yml
+      - --storage.tsdb.retention.time=15d
+    volumes:
+      - ./monitoring/prometheus.yml:/etc/prometheus/prometheus.yml:ro
+      - ./monitoring/alerts.yml:/etc/prometheus/alerts.yml:ro
+      - prometheus-data:/prometheus
+    ports:
+      - "127.0.0.1:9090:9090"
+    restart: unless-stopped
+    depends_on:
+"""
+    + "".join(f"      - {n}\n" for n in service_names)
+    + """  grafana:
+    image: grafana/grafana:11.2.0
+    environment:
+      GF_SECURITY_ADMIN_PASSWORD__FILE: /run/secrets/grafana_password
+      GF_AUTH_ANONYMOUS_ENABLED: "false"
+    secrets:
+      - grafana_password
+    volumes:
+      - ./monitoring/grafana/provisioning:/etc/grafana/provisioning:ro
+      - ./monitoring/dashboards:/var/lib/grafana/dashboards:ro
+    ports:
+      - "127.0.0.1:3000:3000"
+    restart: unless-stopped
+    depends_on:
+      - prometheus
+
+secrets:
+  grafana_password:
+    file: ./secrets/grafana.password
+
+volumes:
+  prometheus-data:
+""",
+]
+(monitoring / "docker-compose.monitoring.yml").write_text("".join(compose_monitoring))

@@ -16,6 +16,11 @@ every object against the Kubernetes schemas and the code.
                        a default-deny NetworkPolicy, DNS and Redis egress
     overlays/stack/    the local stack's processes: per process a ServiceAccount,
                        Service, Deployment, PodDisruptionBudget and NetworkPolicy
+    monitoring/        for prometheus-operator: a metrics Service over every
+                       Lightpath pod, its ServiceMonitor, the alert rules as a
+                       PrometheusRule and the NetworkPolicy letting Prometheus in
+                       (`kubectl apply -k deploy/kubernetes/monitoring`; needs the
+                       operator's CRDs, so the overlay does not include it)
 
 No secret value is ever written: Deployments mount Secrets by name
 (docs/operations.md says how to make them).
@@ -96,7 +101,14 @@ COMMON_SETTINGS = {
     "LIGHTPATH_SHUTDOWN_GRACE_S": "5.0",
     "OTEL_TRACES_EXPORTER": "none",
     "OTEL_METRICS_EXPORTER": "none",
+    # Every pod serves Prometheus metrics here (deploy/monitoring; monitoring/ scrapes it).
+    "LIGHTPATH_METRICS_LISTEN": "0.0.0.0:9464",
 }
+METRICS_PORT = 9464
+# Where Prometheus runs (monitoring/network.yaml lets it in): the namespace of
+# kube-prometheus-stack's Prometheus by default.
+PROMETHEUS_NAMESPACE = "monitoring"
+PROMETHEUS_POD_LABELS = {"app.kubernetes.io/name": "prometheus"}
 
 HEADER = (
     "# Written by scripts/gen_kubernetes.py from lightpath/stack.py: do not edit;\n"
@@ -478,11 +490,9 @@ def base_files() -> dict[str, str]:
         "base/kustomization.yaml": dump(
             [kustomization],
             "#\n# Shared by every Lightpath deployment; overlays add the processes.\n"
-            "# Metrics are a later issue: its ServiceMonitor (prometheus-operator) goes\n"
-            "# here, selecting Services by app.kubernetes.io/part-of: lightpath:\n"
-            "#\n"
-            "#   resources:\n"
-            "#     - servicemonitor.yaml\n",
+            "# Every pod serves Prometheus metrics on port 9464 (LIGHTPATH_METRICS_LISTEN in\n"
+            "# settings.yaml); the ServiceMonitor and alert rules that scrape and watch them\n"
+            "# are in ../monitoring (prometheus-operator CRDs): kubectl apply -k that too.\n",
         ).replace("---\n", "", 1),
         "base/settings.yaml": dump(
             [settings],
@@ -548,6 +558,120 @@ def overlay_files(specs: list[ProcessSpec]) -> dict[str, str]:
     return files
 
 
+def monitoring_files() -> dict[str, str]:
+    """deploy/kubernetes/monitoring/: prometheus-operator objects scraping every pod."""
+    part_of = {"app.kubernetes.io/part-of": PART_OF}
+    metrics_labels = {**part_of, "lightpath.io/metrics": "true"}
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": "lightpath-metrics", "labels": metrics_labels},
+        "spec": {
+            # headless: one endpoint per pod, each scraped on its own
+            "clusterIP": "None",
+            "selector": part_of,
+            "ports": [
+                {
+                    "name": "metrics",
+                    "port": METRICS_PORT,
+                    "targetPort": METRICS_PORT,
+                    "protocol": "TCP",
+                }
+            ],
+        },
+    }
+    relabel = [
+        {
+            "sourceLabels": ["__meta_kubernetes_pod_label_lightpath_io_process"],
+            "targetLabel": "process",
+        },
+        {
+            "sourceLabels": ["__meta_kubernetes_pod_label_app_kubernetes_io_name"],
+            "targetLabel": "service",
+        },
+        {"sourceLabels": ["__meta_kubernetes_pod_name"], "targetLabel": "pod_name"},
+    ]
+    monitor = {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "ServiceMonitor",
+        "metadata": {"name": "lightpath", "labels": part_of},
+        "spec": {
+            "jobLabel": "app.kubernetes.io/part-of",
+            "selector": {"matchLabels": {"lightpath.io/metrics": "true"}},
+            "endpoints": [
+                {
+                    "port": "metrics",
+                    "path": "/metrics",
+                    "interval": "15s",
+                    "scheme": "http",
+                    # Lightpath's own `pod` label (the superpod) wins over the target's
+                    # (the Kubernetes pod, kept as pod_name below).
+                    "honorLabels": True,
+                    "relabelings": relabel,
+                }
+            ],
+        },
+    }
+    policy = {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"name": "lightpath-metrics-ingress", "labels": part_of},
+        "spec": {
+            "podSelector": {"matchLabels": part_of},
+            "policyTypes": ["Ingress"],
+            "ingress": [
+                {
+                    "from": [
+                        {
+                            "namespaceSelector": {
+                                "matchLabels": {"kubernetes.io/metadata.name": PROMETHEUS_NAMESPACE}
+                            },
+                            "podSelector": {"matchLabels": PROMETHEUS_POD_LABELS},
+                        }
+                    ],
+                    "ports": [{"protocol": "TCP", "port": METRICS_PORT}],
+                }
+            ],
+        },
+    }
+    alerts = yaml.safe_load((ROOT / "deploy" / "monitoring" / "alerts.yml").read_text())
+    rule = {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "PrometheusRule",
+        "metadata": {"name": "lightpath", "labels": part_of},
+        "spec": {"groups": alerts["groups"]},
+    }
+    kustomization = {
+        "apiVersion": "kustomize.config.k8s.io/v1beta1",
+        "kind": "Kustomization",
+        "namespace": NAMESPACE,
+        "resources": ["service.yaml", "servicemonitor.yaml", "network.yaml", "rules.yaml"],
+    }
+    return {
+        "monitoring/kustomization.yaml": dump(
+            [kustomization],
+            "#\n# Prometheus (prometheus-operator, e.g. kube-prometheus-stack) scraping every\n"
+            "# Lightpath pod on port 9464, and the alert rules of deploy/monitoring/alerts.yml:\n"
+            "#   kubectl apply -k deploy/kubernetes/monitoring\n"
+            "# Your Prometheus must select this ServiceMonitor and PrometheusRule (its\n"
+            "# serviceMonitorSelector / ruleSelector; kube-prometheus-stack wants a\n"
+            "# `release: <name>` label) and run in namespace monitoring (network.yaml).\n",
+        ).replace("---\n", "", 1),
+        "monitoring/service.yaml": dump([service]),
+        "monitoring/servicemonitor.yaml": dump([monitor]),
+        "monitoring/network.yaml": dump(
+            [policy],
+            "#\n# Lets Prometheus (namespace monitoring, app.kubernetes.io/name: prometheus) reach\n"
+            "# the metrics port of every Lightpath pod; the default deny (base) shuts out the rest.\n",
+        ),
+        "monitoring/rules.yaml": dump(
+            [rule],
+            "#\n# deploy/monitoring/alerts.yml as a PrometheusRule (docs/operations.md says what\n"
+            "# each alert means and what to check first).\n",
+        ),
+    }
+
+
 def _version() -> str:
     import tomllib
 
@@ -557,7 +681,7 @@ def _version() -> str:
 def files() -> dict[str, str]:
     """Every file under deploy/kubernetes/, relative path -> text."""
     specs = default_topology()
-    return {**base_files(), **overlay_files(specs)}
+    return {**base_files(), **overlay_files(specs), **monitoring_files()}
 
 
 # -- a Kustomize subset, for tests and machines without kubectl -----------------

@@ -359,8 +359,18 @@ DOMAIN: tuple[MetricName, ...] = (
 ALL: tuple[MetricName, ...] = COMMON + DOMAIN
 BY_OTEL: dict[str, MetricName] = {m.otel: m for m in ALL}
 
-# Series every endpoint shows besides the instruments.
-EXPOSITION_EXTRAS: tuple[str, ...] = ("target_info",)
+# Series every endpoint shows besides the instruments: the OTel resource, and what
+# prometheus_client's default registry adds about the process.
+EXPOSITION_EXTRAS: tuple[str, ...] = (
+    "target_info",
+    "process_cpu_seconds_total",
+    "process_resident_memory_bytes",
+    "process_virtual_memory_bytes",
+    "process_open_fds",
+    "process_max_fds",
+    "process_start_time_seconds",
+    "python_info",
+)
 
 
 def exported_series() -> set[str]:
