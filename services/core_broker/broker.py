@@ -51,6 +51,7 @@ from services.core_broker.decisions import (
     decide,
     validate_request,
 )
+from services.core_broker.metrics import BrokerMetrics
 from services.core_broker.store import (
     BrokerStore,
     Change,
@@ -258,7 +259,9 @@ class Broker:
         config: BrokerConfig,
         *,
         clock: Callable[[], float] = time.time,
+        metrics: BrokerMetrics | None = None,
     ):
+        self.metrics = metrics or BrokerMetrics.noop()
         self.store = store
         self.view = view
         self.config = config
@@ -301,10 +304,12 @@ class Broker:
             {r.reservation_id: p for r, p in zip(requests, field_prefixes, strict=True)},
             asyncio.get_running_loop().create_future(),
         )
+        started = time.monotonic()
         await self._queue.put(ticket)
         try:
             return await ticket.future
         finally:
+            self.metrics.answered(started)
             if on_decided is not None:
                 on_decided(ticket)
 
@@ -423,6 +428,7 @@ class Broker:
                         log.info("reservation conflict on %s; deciding again", s.split(":", 1)[1])
                         reopen.append(gi)
                         continue
+                self.metrics.decided(ds)
                 for d in ds:
                     if d.granted:
                         p = next(x for x in pend if x.reservation_id == d.request.reservation_id)

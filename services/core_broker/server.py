@@ -59,6 +59,7 @@ from services.core_broker.graphs import (
     plan_graph,
     process_requests,
 )
+from services.core_broker.metrics import BrokerMetrics
 from services.core_broker.settings import CoreBrokerSettings
 from services.core_broker.store import BrokerStore
 from services.core_broker.view import LiveView, device_doc
@@ -536,8 +537,11 @@ def _kind_filter(value: int, field: str) -> str:
         raise InvalidArgument(field, "unknown device kind") from None
 
 
-async def build(runtime: Runtime[CoreBrokerSettings]) -> list[ServiceDefinition]:
+async def build(
+    runtime: Runtime[CoreBrokerSettings], *, metrics: BrokerMetrics | None = None
+) -> list[ServiceDefinition]:
     s = runtime.settings
+    metrics = metrics or BrokerMetrics()
     store = BrokerStore(runtime.redis, retention_ms=int(s.retention_s * 1000))
     view = LiveView(store)
     await view.load()
@@ -552,7 +556,9 @@ async def build(runtime: Runtime[CoreBrokerSettings]) -> list[ServiceDefinition]
             max_duration_ms=int(s.max_duration_s * 1000),
             reaper_interval_s=s.reaper_interval_ms / 1000,
         ),
+        metrics=metrics,
     )
+    runtime.supervise(lambda: metrics.run(view), "core_broker.metrics", needed=False)
     runtime.supervise(broker.decide_forever, "core_broker.decide")
     runtime.supervise(broker.reap_forever, "core_broker.reap")
     runtime.supervise(broker.follow_forever, "core_broker.follow")

@@ -1,0 +1,109 @@
+"""The broker's metrics move with its reservations (issue 18): the real core_broker on
+a real Redis, read through an in-memory reader of the test's own provider."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+
+import pytest
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+from lightpath.v1 import core_broker_pb2 as pb
+from services.core_broker import server as broker_server
+from services.core_broker.metrics import BrokerMetrics
+from tests.core_broker.conftest import running_broker
+
+
+def points(reader: InMemoryMetricReader, name: str) -> list:
+    data = reader.get_metrics_data()
+    return [
+        p
+        for rm in (data.resource_metrics if data else ())
+        for sm in rm.scope_metrics
+        for m in sm.metrics
+        if m.name == name
+        for p in m.data.data_points
+    ]
+
+
+def value(reader: InMemoryMetricReader, name: str, **attrs) -> float:
+    """The sum of the points of `name` whose attributes include `attrs` (a histogram: its count)."""
+    return sum(
+        p.count if hasattr(p, "bucket_counts") else p.value
+        for p in points(reader, name)
+        if all(p.attributes.get(k) == v for k, v in attrs.items())
+    )
+
+
+async def until(check, what: str, timeout: float = 10.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not check():
+        assert loop.time() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.05)
+
+
+@pytest.fixture
+def reader(monkeypatch) -> InMemoryMetricReader:
+    reader = InMemoryMetricReader()
+    meter = MeterProvider(metric_readers=[reader]).get_meter("test")
+    monkeypatch.setattr(
+        broker_server,
+        "build",
+        functools.partial(broker_server.build, metrics=BrokerMetrics(meter, refresh_s=0.1)),
+    )
+    return reader
+
+
+async def test_reservations_move_decisions_reserved_cores_and_live_count(redis_url, reader):
+    async with running_broker(redis_url) as broker:
+        await broker.device("gpu-1", 8)
+        app = await broker.app("cam")
+        await until(
+            lambda: value(reader, "lightpath.broker.cores.total", device="gpu-1") == 8,
+            "gpu-1's 8 cores",
+        )
+        assert value(reader, "lightpath.broker.cores.reserved", device="gpu-1", window="now") == 0
+        assert value(reader, "lightpath.broker.reservations.live") == 0
+
+        got = await broker.reserve(app, "r-1", 3, 600)
+        assert got.outcome == pb.OUTCOME_GRANTED
+        assert value(reader, "lightpath.broker.decisions", outcome="granted") == 1
+        assert value(reader, "lightpath.broker.decision.duration") == 1
+        await until(
+            lambda: (
+                value(reader, "lightpath.broker.cores.reserved", device="gpu-1", window="now") == 3
+                and value(
+                    reader, "lightpath.broker.cores.reserved", device="gpu-1", window="next_hour"
+                )
+                == 3
+                and value(reader, "lightpath.broker.reservations.live") == 1
+            ),
+            "3 cores of gpu-1 reserved by one live reservation",
+        )
+
+        second = await broker.reserve(app, "r-2", 5, 600)  # the rest of gpu-1
+        assert second.outcome == pb.OUTCOME_GRANTED
+        assert value(reader, "lightpath.broker.decisions", outcome="granted") == 2
+        assert value(reader, "lightpath.broker.decision.duration") == 2
+
+        # gpu-1 is full: the next is answered by another outcome, counted under its name.
+        third = await broker.reserve(app, "r-3", 1, 600)
+        assert third.outcome != pb.OUTCOME_GRANTED
+        outcome = pb.Outcome.Name(third.outcome).removeprefix("OUTCOME_").lower()
+        assert value(reader, "lightpath.broker.decisions", outcome=outcome) == 1
+        assert value(reader, "lightpath.broker.decisions") == 3
+
+        await broker.stub.ReleaseReservation(
+            pb.ReleaseReservationRequest(reservation_id="r-1"), metadata=app
+        )
+        await until(
+            lambda: (
+                value(reader, "lightpath.broker.cores.reserved", device="gpu-1", window="now") == 5
+                and value(reader, "lightpath.broker.reservations.live")
+                == (1 if outcome == "rejected" else 2)
+            ),
+            "r-1 released",
+        )
