@@ -192,7 +192,7 @@ DOMAIN: tuple[MetricName, ...] = (
         "",
         ("pod", "result"),
         "workload_scheduler",
-        "admission attempts by result",
+        "admission attempts by result (admitted, queued, refused)",
     ),
     _m(
         "lightpath.pod.admission.duration",
@@ -216,7 +216,7 @@ DOMAIN: tuple[MetricName, ...] = (
         "",
         ("pod", "result"),
         "workload_scheduler",
-        "replacements of failed blocks by result",
+        "replacements of failed blocks by result (replaced, lost, stopped)",
     ),
     _m(
         "lightpath.pod.block_replacement.duration",
