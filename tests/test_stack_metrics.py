@@ -32,7 +32,14 @@ def scrape(url: str) -> dict:
 def stack(tmp_path_factory):
     specs = [s for s in with_ephemeral_ports(default_topology()) if s.name in ONE_OF_EACH]
     state_dir = tmp_path_factory.mktemp("stack")
-    st = Stack(state_dir, specs=specs, redis_port=0, log=lambda *_: None)
+    # Console span export on: its output must stay out of the log.
+    st = Stack(
+        state_dir,
+        specs=specs,
+        redis_port=0,
+        log=lambda *_: None,
+        extra_env={"OTEL_TRACES_EXPORTER": "console"},
+    )
     st.start(timeout=120)
     try:
         yield st
@@ -79,14 +86,23 @@ def test_redis_metrics_move_while_the_pods_report_to_the_cell(stack):
 
 
 def test_the_log_stream_holds_only_json_lines(stack):
-    """stderr (the log) and stdout (console exporters) go to different files."""
+    """stderr (the log) and stdout (the console span exporter, one span a line) go to
+    different files: the workload scheduler's calls to the cell make spans in both."""
     logs = Path(stack.state_dir) / "logs"
+    deadline = time.monotonic() + 30
+    for name in ("cell-scheduler", "ws-pod-1"):
+        spans = logs / f"{name}.otel.jsonl"
+        while not spans.read_text().strip():
+            assert time.monotonic() < deadline, f"{name} exported no span in 30 s"
+            time.sleep(0.5)
+        for line in spans.read_text().splitlines():
+            assert json.loads(line)["context"]["trace_id"]
     for name in ONE_OF_EACH:
         lines = (logs / f"{name}.log").read_text().splitlines()
         assert lines, name
         for line in lines:
-            json.loads(line)
-        assert (logs / f"{name}.otel.jsonl").exists()
+            record = json.loads(line)
+            assert "msg" in record and "context" not in record, (name, line)
 
 
 def test_status_lists_each_metrics_url(stack):
