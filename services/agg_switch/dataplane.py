@@ -37,6 +37,7 @@ from lightpath.aggregation import DType, Kind, Packet
 from lightpath.errors import DeadlineExceeded, FailedPrecondition, LightpathError
 from lightpath.v1 import agg_switch_pb2 as pb
 from services.agg_switch.command import CommandPlan, CommandState, plan_command
+from services.agg_switch.metrics import AggMetrics
 from services.agg_switch.store import AggStore
 from services.agg_switch.switch import CommandReport, Effects, Failure, SwitchCore, TimerKey
 from services.agg_switch.topology import Topology
@@ -207,7 +208,9 @@ class DataPlane:
         slots: int,
         domain: ShmDomain | None = None,
         shm_min_bytes: int = 0,
+        metrics: AggMetrics | None = None,
     ):
+        self.metrics = metrics or AggMetrics.noop()
         self.runtime = runtime
         self.store = store
         self.switch_id = switch_id
@@ -457,6 +460,7 @@ class DataPlane:
         return item
 
     def _apply(self, plan: CommandPlan, eff: Effects) -> None:
+        self.metrics.applied(self, plan, eff)
         results: dict[int, Packet] = {}  # id(original) → the packet to send
         passed: set[tuple[str, int]] = set()
         for to, pkt in eff.sends:

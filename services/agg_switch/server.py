@@ -59,6 +59,7 @@ from services.agg_switch.command import (
     predict_stragglers,
 )
 from services.agg_switch.dataplane import DataPlane
+from services.agg_switch.metrics import AggMetrics
 from services.agg_switch.settings import AggSwitchSettings
 from services.agg_switch.store import AggStore, report_json
 from services.agg_switch.topology import Topology, validate_topology
@@ -254,6 +255,7 @@ class AggSwitchServicer(agg_switch_pb2_grpc.AggSwitchServicer):
             created=int(created),
         )
         if created:
+            self._plane.metrics.started(spec.predicted)
             self._rt.log.info(
                 "command %s started: %d participants, %s %s × %d, timeout aggregation node %s%s",
                 spec.command_id,
@@ -752,8 +754,11 @@ def _register(servicer: AggSwitchServicer, server: grpc.aio.Server) -> None:
     server.add_registered_method_handlers(SERVICE_NAME, handlers)
 
 
-async def build(runtime: Runtime[AggSwitchSettings]) -> list[ServiceDefinition]:
+async def build(
+    runtime: Runtime[AggSwitchSettings], *, metrics: AggMetrics | None = None
+) -> list[ServiceDefinition]:
     settings = runtime.settings
+    metrics = metrics or AggMetrics()
     binary = redis_store.connect_with(settings, decode_responses=False)
 
     async def close_binary() -> None:
@@ -776,7 +781,9 @@ async def build(runtime: Runtime[AggSwitchSettings]) -> list[ServiceDefinition]:
         slots=settings.slots,
         domain=domain,
         shm_min_bytes=settings.shm_min_bytes,
+        metrics=metrics,
     )
+    runtime.supervise(lambda: metrics.run(plane), "switch metrics", needed=False)
 
     async def register() -> None:
         while runtime.port == 0:
