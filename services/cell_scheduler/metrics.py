@@ -29,7 +29,7 @@ METER_NAME = "lightpath.cell_scheduler"
 REFRESH_S = 5.0
 _SEEN_LIMIT = 10_000  # jobs remembered as started (a retried report is not counted twice)
 _RUNNING = common_pb2.JOB_STATE_RUNNING
-_STATUS = {
+_STATUS: dict[int, str] = {
     cell_scheduler_pb2.POD_STATUS_READY: "ready",
     cell_scheduler_pb2.POD_STATUS_SUSPECT: "suspect",
     cell_scheduler_pb2.POD_STATUS_SILENT: "silent",

@@ -16,10 +16,23 @@ from lightpath.agg import ComputeNode, aggregate_all
 from lightpath.v1 import agg_switch_pb2 as pb
 from services.agg_switch import server as agg_server
 from services.agg_switch.metrics import AggMetrics
+from services.common.metric_names import BY_OTEL
 from tests.agg_switch.test_contract import FIVE, straggle, vectors
 from tests.agg_switch.tree import agg_tree, node_credentials, stack_tree
 
 SWITCHES = ("root", "sub-1", "sub-2")
+
+
+def assert_listed(reader: InMemoryMetricReader) -> None:
+    """Every point collected is of an instrument services.common.metric_names lists,
+    with exactly its attributes (the dashboards and alert rules are written against it)."""
+    data = reader.get_metrics_data()
+    for rm in data.resource_metrics if data else ():
+        for sm in rm.scope_metrics:
+            for m in sm.metrics:
+                listed = BY_OTEL[m.name]
+                for p in m.data.data_points:
+                    assert sorted(p.attributes) == sorted(listed.labels), (m.name, p.attributes)
 
 
 def points(reader: InMemoryMetricReader, name: str) -> list:
@@ -148,3 +161,4 @@ async def test_aggregations_move_commands_bytes_timeouts_bypass_entries_and_pred
             ),
             "the entries matched and the command completed",
         )
+        assert_listed(reader)

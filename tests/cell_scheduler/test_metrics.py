@@ -13,7 +13,20 @@ from lightpath.v1 import cell_scheduler_pb2 as cs
 from lightpath.v1 import common_pb2 as c
 from services.cell_scheduler import server as cell_server
 from services.cell_scheduler.metrics import CellMetrics
+from services.common.metric_names import BY_OTEL
 from tests.cell_scheduler.conftest import cell_stack
+
+
+def assert_listed(reader: InMemoryMetricReader) -> None:
+    """Every point collected is of an instrument services.common.metric_names lists,
+    with exactly its attributes (the dashboards and alert rules are written against it)."""
+    data = reader.get_metrics_data()
+    for rm in data.resource_metrics if data else ():
+        for sm in rm.scope_metrics:
+            for m in sm.metrics:
+                listed = BY_OTEL[m.name]
+                for p in m.data.data_points:
+                    assert sorted(p.attributes) == sorted(listed.labels), (m.name, p.attributes)
 
 
 def points(reader: InMemoryMetricReader) -> dict[str, list]:
@@ -96,3 +109,4 @@ async def test_a_job_through_the_cell_moves_jobs_queue_forwards_and_latency(redi
 
         await cell.wait_for(drained, what="m2 out of the queue and running")
         assert value(reader, "lightpath.cell.forwards", result="placed") == 2
+        assert_listed(reader)

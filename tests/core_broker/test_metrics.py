@@ -11,9 +11,22 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from lightpath.v1 import core_broker_pb2 as pb
+from services.common.metric_names import BY_OTEL
 from services.core_broker import server as broker_server
 from services.core_broker.metrics import BrokerMetrics
 from tests.core_broker.conftest import running_broker
+
+
+def assert_listed(reader: InMemoryMetricReader) -> None:
+    """Every point collected is of an instrument services.common.metric_names lists,
+    with exactly its attributes (the dashboards and alert rules are written against it)."""
+    data = reader.get_metrics_data()
+    for rm in data.resource_metrics if data else ():
+        for sm in rm.scope_metrics:
+            for m in sm.metrics:
+                listed = BY_OTEL[m.name]
+                for p in m.data.data_points:
+                    assert sorted(p.attributes) == sorted(listed.labels), (m.name, p.attributes)
 
 
 def points(reader: InMemoryMetricReader, name: str) -> list:
@@ -107,3 +120,4 @@ async def test_reservations_move_decisions_reserved_cores_and_live_count(redis_u
             ),
             "r-1 released",
         )
+        assert_listed(reader)

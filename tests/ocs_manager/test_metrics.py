@@ -14,9 +14,22 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from lightpath.v1 import ocs_manager_pb2 as pb
 from services.common.keys import pod_key
+from services.common.metric_names import BY_OTEL
 from services.ocs_manager import server as ocs_server
 from services.ocs_manager.metrics import OcsMetrics
 from tests.ocs_manager.conftest import POD, ocs_stub, rpc_error, wire_request
+
+
+def assert_listed(reader: InMemoryMetricReader) -> None:
+    """Every point collected is of an instrument services.common.metric_names lists,
+    with exactly its attributes (the dashboards and alert rules are written against it)."""
+    data = reader.get_metrics_data()
+    for rm in data.resource_metrics if data else ():
+        for sm in rm.scope_metrics:
+            for m in sm.metrics:
+                listed = BY_OTEL[m.name]
+                for p in m.data.data_points:
+                    assert sorted(p.attributes) == sorted(listed.labels), (m.name, p.attributes)
 
 
 def points(reader: InMemoryMetricReader, name: str) -> list:
@@ -104,6 +117,7 @@ async def test_wire_and_release_move_cross_connects_ports_1xk_states_and_change_
             ),
             "no cross-connect left",
         )
+        assert_listed(reader)
 
 
 async def test_a_failed_invariant_check_counts_its_rules(redis_url, reader):
@@ -120,6 +134,7 @@ async def test_a_failed_invariant_check_counts_its_rules(redis_url, reader):
         assert value(reader, "lightpath.ocs.invariant_failures", pod=POD, rule=rule) == sum(
             1 for v in report.violations if v.rule == rule
         )
+        assert_listed(reader)
 
 
 async def test_a_switched_pod_counts_the_ring_channels_it_reserves(redis_url, reader):
@@ -153,3 +168,4 @@ async def test_a_switched_pod_counts_the_ring_channels_it_reserves(redis_url, re
             lambda: value(reader, "lightpath.ocs.ring_channels", pod=SW_POD) == 0,
             "the channels released",
         )
+        assert_listed(reader)

@@ -12,9 +12,22 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from lightpath.v1 import common_pb2 as c
+from services.common.metric_names import BY_OTEL
 from services.workload_scheduler import server as ws_server
 from services.workload_scheduler.metrics import PodMetrics
 from tests.workload_scheduler.conftest import POD, pod_stack
+
+
+def assert_listed(reader: InMemoryMetricReader) -> None:
+    """Every point collected is of an instrument services.common.metric_names lists,
+    with exactly its attributes (the dashboards and alert rules are written against it)."""
+    data = reader.get_metrics_data()
+    for rm in data.resource_metrics if data else ():
+        for sm in rm.scope_metrics:
+            for m in sm.metrics:
+                listed = BY_OTEL[m.name]
+                for p in m.data.data_points:
+                    assert sorted(p.attributes) == sorted(listed.labels), (m.name, p.attributes)
 
 
 def value(reader: InMemoryMetricReader, name: str, **attrs) -> float:
@@ -97,3 +110,4 @@ async def test_admission_preemption_and_a_failed_block_move_the_pod_metrics(redi
             lambda: blocks("failed") == 1 and blocks("free") + blocks("allocated") == 15,
             "the pod's blocks add up",
         )
+        assert_listed(reader)
