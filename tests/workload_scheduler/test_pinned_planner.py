@@ -287,3 +287,49 @@ def test_switched_replacement_none_when_no_group_is_free():
     del state.jobs["rest"]
     rep = plan_replacement(state, state.jobs["big"], 0)
     assert rep is not None and rep.release_first == ("rest",)
+
+
+def test_a_pass_at_time_zero_by_default():
+    state = pod(fabric(blocks=4))
+    state.jobs["soon"] = job("soon", (2, 1, 1)).with_(not_before_ms=1)
+    assert plan_pass(state) == []
+
+
+def test_a_replacement_takes_one_block_so_one_small_victim_is_enough():
+    j = running("hi", [0, 1], grid=(2, 1, 1), priority=80)
+    a = running("a", [2], priority=10, seq=1)
+    b = running("b", [3], priority=10, seq=2)
+    state = pod(fabric(blocks=4), failed={1}, jobs=[j, a, b])
+    rep = plan_replacement(state, j, 1)
+    assert rep is not None and len(rep.victims) == 1 and rep.spare in (2, 3)
+
+
+def test_a_replacement_from_a_mixed_victim_is_of_the_failed_blocks_type():
+    fab = fabric("gpu:1,tpu:3", blocks=4)  # block 0 is the gpu
+    j = running("hi", [1, 2], grid=(2, 1, 1), priority=80, types="tpu")
+    mixed = running("mixed", [0, 3], grid=(2, 1, 1), priority=10, types=("gpu", "tpu"))
+    state = pod(fab, failed={2}, jobs=[j, mixed])
+    rep = plan_replacement(state, j, 2)
+    assert rep is not None and rep.spare == 3  # not the victim's gpu block 0
+
+
+def test_a_victim_is_released_first_even_when_the_spare_carries_no_mark():
+    j = running("hi", [0, 1], grid=(2, 1, 1), priority=80)
+    low = running("low", [2, 3], grid=(2, 1, 1), priority=10)
+    state = pod(fabric(blocks=4), failed={1}, jobs=[j, low])
+    del state.wired[2], state.wired[3]
+    rep = plan_replacement(state, j, 1)
+    assert rep is not None and rep.release_first == ("low",)
+
+
+def test_a_small_job_fits_in_the_one_processor_other_small_jobs_left():
+    state = switched_pod()
+    for g in (6, 7):
+        for i in range(3):
+            for j in range(3):
+                if (g, i, j) != (7, 1, 0):
+                    state.tile_owner[f"t{g}.{i}.{j}"] = "others"
+    one = sjob("one", (1, 1, 1))
+    state.jobs["one"] = one
+    alloc = plan_admission(state, one)
+    assert isinstance(alloc, Allocation) and alloc.tile == (7, 1, 0, 1, 1)

@@ -149,3 +149,28 @@ def test_a_type_the_whole_victims_covered_asks_nothing_more_of_a_shrinking_one()
     victims = choose_victims(state, Counter(x=2, y=2), 80)
     assert [v.job_id for v in victims] == ["delay", "shrink"]
     assert victims[1].shrink_grid == (2, 1, 1) and victims[1].freed == (4, 5)
+
+
+def test_after_one_shrinking_victim_covers_a_type_the_next_is_not_asked_for_it():
+    """x1 y3 missing from two shrinking jobs (x x y y each): the first gives its most
+    (x y y), the second then only the last y (keeps 2x1x1, frees y y), not an x too."""
+
+    def shrinker(job_id, blocks, seq):
+        return running(
+            job_id,
+            blocks,
+            grid=(2, 2, 1),
+            priority=20,
+            seq=seq,
+            policy="SHRINK",
+            shrink_to=[(2, 1, 1), (1, 1, 1)],
+            types=("x", "x", "y", "y"),
+        )
+
+    fab = fabric("x:4,y:4", blocks=8)
+    state = pod(fab, jobs=[shrinker("a", [0, 1, 4, 5], 1), shrinker("b", [2, 3, 6, 7], 2)])
+    victims = choose_victims(state, Counter(x=1, y=3), 80)
+    assert [(v.job_id, v.shrink_grid, v.freed) for v in victims] == [
+        ("b", (1, 1, 1), (3, 6, 7)),
+        ("a", (2, 1, 1), (4, 5)),
+    ]
