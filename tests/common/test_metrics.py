@@ -260,10 +260,21 @@ def test_the_endpoint_serves_the_common_metrics_and_they_move(probe):
         with pytest.raises(grpc.RpcError) as err:
             stub.RemoveDevice(core_broker_pb2.RemoveDeviceRequest(), timeout=5)
         assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
-    after = scrape(url)
+    # The server records a call as it finishes, which may be just after the client has
+    # its answer: wait for the counts to move, then check they moved by exactly one.
+    failures = "lightpath_auth_failures_total"
+
+    def moved_by_one(f) -> bool:
+        return (
+            value(f, rpc, **get_info) >= value(before, rpc, **get_info) + 1
+            and value(f, rpc, **refused) >= value(before, rpc, **refused) + 1
+            and value(f, failures, reason="MISSING_CREDENTIAL")
+            >= value(before, failures, reason="MISSING_CREDENTIAL") + 1
+        )
+
+    after = wait_for(url, moved_by_one, timeout=5)
     assert value(after, rpc, **get_info) == value(before, rpc, **get_info) + 1
     assert value(after, rpc, **refused) == value(before, rpc, **refused) + 1
-    failures = "lightpath_auth_failures_total"
     assert value(after, failures, reason="MISSING_CREDENTIAL") == (
         value(before, failures, reason="MISSING_CREDENTIAL") + 1
     )
