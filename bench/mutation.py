@@ -82,6 +82,7 @@ MODULES: dict[str, tuple[str, ...]] = {
     ),
     "services.workload_scheduler.placement": (
         "tests/workload_scheduler/test_placement.py",
+        "tests/workload_scheduler/test_pinned_podstate.py",
         "tests/workload_scheduler/test_pinned_planner.py",
         "tests/workload_scheduler/test_preemption.py",
         "tests/workload_scheduler/test_pinned_preemption.py",
@@ -141,6 +142,16 @@ MODULES: dict[str, tuple[str, ...]] = {
 # Mutants judged equivalent (no observable behaviour changes), by
 # (module, line, mutation) as printed in `survived`, with the reason.
 EQUIVALENT: dict[tuple[str, int, str], str] = {
+    ("services.workload_scheduler.placement", 241, "< -> <= @30"): (
+        "_prefer may hand back one block more than n; place() takes exactly the demanded count"
+    ),
+    ("services.workload_scheduler.placement", 231, "<= -> < @9"): (
+        "K = 1 then takes the round-robin path over one OCS group: the same ordered[:n]"
+    ),
+    ("services.workload_scheduler.planner", 259, "1 -> 2 @31"): (
+        "one more candidate drawn: attempts % (attempts + 2) == attempts % (attempts + 1) "
+        "when that many exist, and the same candidates when fewer do"
+    ),
     ("services.workload_scheduler.preemption", 81, "> -> >= @66"): (
         "_useful: a term with n == 0 adds min(0, gained) = 0; deficits are never negative"
     ),

@@ -333,3 +333,38 @@ def test_a_small_job_fits_in_the_one_processor_other_small_jobs_left():
     state.jobs["one"] = one
     alloc = plan_admission(state, one)
     assert isinstance(alloc, Allocation) and alloc.tile == (7, 1, 0, 1, 1)
+
+
+def test_switched_admission_preempts_by_default_and_waits_without_victims():
+    from services.workload_scheduler.planner import plan_switched_admission
+
+    state = switched_pod()
+    hold(state, sjob("low", (2, 3, 3), priority=10, groups=[0, 1], state="RUNNING"))
+    hold(state, sjob("mid", (4, 3, 3), priority=60, groups=[2, 3, 4, 5], state="RUNNING"))
+    hi = sjob("hi", (2, 3, 3), priority=90)
+    alloc = plan_switched_admission(state, hi)
+    assert isinstance(alloc, Allocation) and [v.job_id for v in alloc.victims] == ["low"]
+    peer = sjob("peer", (2, 3, 3), priority=10)
+    assert isinstance(plan_switched_admission(state, peer), Unplaceable)
+
+
+def test_switched_admission_after_a_failed_reservation_takes_the_next_candidate():
+    state = switched_pod()
+    j = sjob("j", (2, 3, 3))
+    state.jobs["j"] = j
+    picks = [plan_admission(state, j.with_(attempts=a)).placement for a in range(3)]
+    assert picks[0] != picks[1]
+    assert picks[2] not in (picks[0], picks[1]) or len({*picks}) == 2
+
+
+def test_switched_replacement_is_the_first_of_the_replacement_order():
+    from lightpath.domain.switched_rings import replacement_order
+
+    state = switched_pod()
+    big = sjob("big", (2, 3, 3), groups=[0, 1], state="RUNNING")
+    hold(state, big)
+    state.failed.add(1)
+    free = [g for g in range(6) if g not in (0, 1)]
+    order = replacement_order(state.fabric.switched, 1, free)
+    rep = plan_replacement(state, big, 1)
+    assert rep is not None and rep.spare == order[0]
