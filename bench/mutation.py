@@ -95,6 +95,7 @@ MODULES: dict[str, tuple[str, ...]] = {
     ),
     "lightpath.domain.torus": (
         "tests/ocs_manager/test_pinned_fabric.py",
+        "tests/ocs_manager/test_pinned_config.py",
         "tests/ocs_manager/test_fabric.py",
         "tests/ocs_manager/test_invariants.py",
         "tests/ocs_manager/test_wiring.py",
