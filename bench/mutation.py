@@ -96,6 +96,7 @@ MODULES: dict[str, tuple[str, ...]] = {
     "lightpath.domain.torus": (
         "tests/ocs_manager/test_pinned_fabric.py",
         "tests/ocs_manager/test_pinned_config.py",
+        "tests/ocs_manager/test_pinned_ids.py",
         "tests/ocs_manager/test_fabric.py",
         "tests/ocs_manager/test_invariants.py",
         "tests/ocs_manager/test_wiring.py",
@@ -103,6 +104,7 @@ MODULES: dict[str, tuple[str, ...]] = {
     ),
     "lightpath.domain.switched_rings": (
         "tests/switched/test_pinned_rings.py",
+        "tests/switched/test_pinned_ring_edges.py",
         "tests/switched/test_rings.py",
         "tests/switched/test_placement.py",
         "tests/switched/test_properties.py",
