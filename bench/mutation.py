@@ -105,6 +105,7 @@ MODULES: dict[str, tuple[str, ...]] = {
     "lightpath.domain.switched_rings": (
         "tests/switched/test_pinned_rings.py",
         "tests/switched/test_pinned_ring_edges.py",
+        "tests/switched/test_pinned_layouts.py",
         "tests/switched/test_rings.py",
         "tests/switched/test_placement.py",
         "tests/switched/test_properties.py",
