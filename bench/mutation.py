@@ -106,6 +106,7 @@ MODULES: dict[str, tuple[str, ...]] = {
         "tests/switched/test_pinned_rings.py",
         "tests/switched/test_pinned_ring_edges.py",
         "tests/switched/test_pinned_layouts.py",
+        "tests/switched/test_pinned_routes.py",
         "tests/switched/test_rings.py",
         "tests/switched/test_placement.py",
         "tests/switched/test_properties.py",
