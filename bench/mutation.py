@@ -107,6 +107,7 @@ MODULES: dict[str, tuple[str, ...]] = {
         "tests/switched/test_pinned_ring_edges.py",
         "tests/switched/test_pinned_layouts.py",
         "tests/switched/test_pinned_routes.py",
+        "tests/switched/test_pinned_failures.py",
         "tests/switched/test_rings.py",
         "tests/switched/test_placement.py",
         "tests/switched/test_properties.py",
@@ -147,6 +148,24 @@ MODULES: dict[str, tuple[str, ...]] = {
 # Mutants judged equivalent (no observable behaviour changes), by
 # (module, line, mutation) as printed in `survived`, with the reason.
 EQUIVALENT: dict[tuple[str, int, str], str] = {
+    ("lightpath.domain.switched_rings", 602, "200000 -> 200001 @14"): (
+        "the size at which the per-fabric hop memo is cleared: a cache bound, not a result"
+    ),
+    ("lightpath.domain.switched_rings", 528, "> -> >= @25"): (
+        "the memo is cleared one entry earlier: a cache bound, not a result"
+    ),
+    ("lightpath.domain.switched_rings", 608, "is not -> is @33"): (
+        "a fresh memo per call instead of the fabric's: the same hops, searched again"
+    ),
+    ("lightpath.domain.switched_rings", 608, "0 -> 1 @30"): (
+        "entry[1] is never the fabric, so a fresh memo per call: the same hops, searched again"
+    ),
+    ("lightpath.domain.switched_rings", 609, "> -> >= @23"): (
+        "memos of other fabrics dropped one fabric earlier: a cache bound"
+    ),
+    ("lightpath.domain.switched_rings", 609, "8 -> 9 @25"): (
+        "memos of other fabrics dropped one fabric later: a cache bound"
+    ),
     ("services.workload_scheduler.placement", 241, "< -> <= @30"): (
         "_prefer may hand back one block more than n; place() takes exactly the demanded count"
     ),
