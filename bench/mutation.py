@@ -148,6 +148,13 @@ MODULES: dict[str, tuple[str, ...]] = {
 # Mutants judged equivalent (no observable behaviour changes), by
 # (module, line, mutation) as printed in `survived`, with the reason.
 EQUIVALENT: dict[tuple[str, int, str], str] = {
+    ("lightpath.aggregation", 111, "16 -> 17 @13"): (
+        "BLOCK is how many elements EXACT converts at a time; each element sees the same "
+        "operations whatever the block (the module says so), so only speed changes"
+    ),
+    ("lightpath.aggregation", 111, "1 -> 2 @8"): (
+        "BLOCK = 2 << 16 instead of 1 << 16: the conversion's block size, as above"
+    ),
     ("lightpath.domain.switched_rings", 602, "200000 -> 200001 @14"): (
         "the size at which the per-fabric hop memo is cleared: a cache bound, not a result"
     ),
@@ -696,6 +703,12 @@ def main(argv: list[str] | None = None) -> int:
         metavar="JSON",
         help="re-apply today's EQUIVALENT list to a run's JSON line (from a file) and print it",
     )
+    ap.add_argument(
+        "--survivors-of",
+        metavar="JSON",
+        help="run only the survivors of an earlier run (its JSON line, in a file) and print "
+        "that run's figures with those now killed moved to killed",
+    )
     args = ap.parse_args(argv)
     if args.rescore:
         print(json.dumps(rescore(json.loads(Path(args.rescore).read_text().splitlines()[-1]))))
@@ -714,6 +727,11 @@ def main(argv: list[str] | None = None) -> int:
     for m in modules:
         all_mutants.extend(mutants_of(m, module_path(ROOT, m).read_bytes()))
     chosen = [m for m in all_mutants if not args.match or re.search(args.match, _label(m))]
+    earlier = None
+    if args.survivors_of:
+        earlier = rescore(json.loads(Path(args.survivors_of).read_text().splitlines()[-1]))
+        wanted = {(r["module"], r["line"], r["mutation"]) for r in earlier["survived"]}
+        chosen = [m for m in chosen if m.key in wanted]
     if args.max_mutants and args.max_mutants < len(chosen):
         chosen = sorted(
             random.Random(args.seed).sample(chosen, args.max_mutants),
@@ -794,8 +812,41 @@ def main(argv: list[str] | None = None) -> int:
             if root != ROOT:
                 shutil.rmtree(root, ignore_errors=True)
 
-    print(json.dumps(summary(modules, all_mutants, results, time.monotonic() - t_start)))
+    seconds = time.monotonic() - t_start
+    if earlier is not None:
+        print(json.dumps(merge_survivors(earlier, results, seconds)))
+        return 0
+    print(json.dumps(summary(modules, all_mutants, results, seconds)))
     return 0
+
+
+def merge_survivors(earlier: dict, results: dict[Mutant, str], seconds: float) -> dict:
+    """An earlier run's figures after its survivors ran again: those now killed move over
+    (tests were added, none removed, so what was killed stays killed)."""
+    now_killed = {m.key for m, state in results.items() if state != "passed"}
+    out = dict(earlier)
+    out["survived"] = [
+        r for r in earlier["survived"] if (r["module"], r["line"], r["mutation"]) not in now_killed
+    ]
+    out["killed"] = earlier["killed"] + len(now_killed)
+    live = out["mutants"] - len(out["equivalent"])
+    out["kill_rate"] = round(out["killed"] / live, 4) if live else None
+    modules = {}
+    for mod, f in earlier["modules"].items():
+        n = sum(1 for k in now_killed if k[0] == mod)
+        g = {**f, "killed": f["killed"] + n, "survived": f["survived"] - n}
+        live = g["mutants"] - g["equivalent"]
+        g["kill_rate"] = round(g["killed"] / live, 4) if live else None
+        modules[mod] = g
+    out["modules"] = modules
+    out["survivors_rerun"] = {
+        "mutants": len(results),
+        "killed": len(now_killed),
+        "not_found": len(earlier["survived"]) - len(results),
+        "seconds": round(seconds, 1),
+    }
+    out["seconds"] = round(earlier["seconds"] + seconds, 1)
+    return out
 
 
 def _label(m: Mutant) -> str:
