@@ -148,6 +148,15 @@ MODULES: dict[str, tuple[str, ...]] = {
 # Mutants judged equivalent (no observable behaviour changes), by
 # (module, line, mutation) as printed in `survived`, with the reason.
 EQUIVALENT: dict[tuple[str, int, str], str] = {
+    ("lightpath.aggregation", 266, "False -> True @16"): (
+        "reference(): the first accumulate() takes its input as is and resets `owned`"
+    ),
+    ("lightpath.aggregation", 308, "False -> True @22"): (
+        "Fold: the first _take() finds no accumulator and resets `owned`"
+    ),
+    ("lightpath.aggregation", 403, "False -> True @18"): (
+        "_TaChunk: the first _take() finds no accumulator and resets `owned`"
+    ),
     ("lightpath.aggregation", 111, "16 -> 17 @13"): (
         "BLOCK is how many elements EXACT converts at a time; each element sees the same "
         "operations whatever the block (the module says so), so only speed changes"

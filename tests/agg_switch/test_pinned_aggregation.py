@@ -117,3 +117,59 @@ def test_the_timeout_aggregation_node_sends_final_to_the_root():
     assert final is not None
     assert (final.kind, final.source, final.destination) == (Kind.FINAL, "n1", "root")
     assert final.data.tolist() == [3, 4]
+
+
+def test_combine_into_a_given_array_and_accumulate_owns_from_the_second_input():
+    r = Reduction(DType.INT64, Op.SUM)
+    a, b, c = (np.array([v, v], np.int64) for v in (1, 2, 3))
+    made = []
+
+    def alloc(n, dt):
+        made.append(np.empty(n, dt))
+        return made[-1]
+
+    out = r.combine(a, False, b, alloc)
+    assert out is made[0] and out.tolist() == [3, 3] and a.tolist() == [1, 1]
+    acc, owned = r.accumulate(None, False, a)
+    assert acc is a and owned is False
+    acc, owned = r.accumulate(acc, owned, b, alloc)
+    assert owned is True and acc is made[1]
+    again, owned = r.accumulate(acc, owned, c, alloc)
+    assert again is acc and owned is True and acc.tolist() == [6, 6] and len(made) == 2
+    assert r.accumulate(acc, owned, None) == (acc, True)
+
+
+def test_arrival_order_holds_inputs_until_finish_unless_incremental():
+    from lightpath.aggregation import Fold
+
+    r = Reduction(DType.FLOAT32, Op.SUM, OrderPolicy.ARRIVAL)
+    held = Fold(r, ["a", "b"], incremental=False)
+    held.add("b", np.array([1.0], np.float32))
+    assert held.pending == 1
+    eager = Fold(r, ["a", "b"], incremental=True)
+    eager.add("b", np.array([1.0], np.float32))
+    assert eager.pending == 0
+    eager.add("a", np.array([2.0], np.float32))
+    assert eager.finish().tolist() == [3.0]
+
+
+def test_kinds_are_the_protos_chunk_kinds():
+    from lightpath.v1 import agg_switch_pb2 as pb
+
+    for k in Kind:
+        assert pb.AggChunkKind.Value(f"AGG_CHUNK_KIND_{k.name}") == k.value
+
+
+def test_packet_defaults_and_what_equality_ignores():
+    p = Packet("c", 0, Kind.RESULT, "s")
+    assert (p.data, p.destination, p.timeout_nodes) == (None, "", ())
+    assert (p.timeout_flag, p.fixed_point, p.parameters, p.raw, p.raw_ref) == (
+        False,
+        False,
+        False,
+        None,
+        None,
+    )
+    q = Packet("c", 0, Kind.RESULT, "s", raw=b"x", raw_ref=b"y")
+    assert p == q and "raw" not in repr(q)
+    assert q.but(chunk=1).raw is None and q.but(chunk=1).raw_ref is None
