@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+import grpc
 import pytest
 
 from lightpath.v1 import cell_scheduler_pb2 as cs
@@ -43,7 +44,11 @@ async def cell_works(cell: Cell, job_id: str) -> None:
 
 async def pod_reports_again(cell: Cell, since: float) -> None:
     async def fresh():
-        pod = (await cell.pods_view()).get("pod-a")
+        try:
+            pod = (await cell.pods_view()).get("pod-a")
+        except grpc.aio.AioRpcError as err:  # right after a failover: retryable
+            assert err.code() == grpc.StatusCode.UNAVAILABLE, err
+            return False
         return (
             pod is not None
             and pod.status == cs.POD_STATUS_READY
