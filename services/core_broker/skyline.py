@@ -48,6 +48,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from services.core_broker.endtimes import EndSet, EndSets
+
 _TBITS = 43
 _TMAX = (1 << _TBITS) - 1  # key of the padding after a row's last breakpoint
 _TMASK = _TMAX
@@ -337,6 +339,7 @@ class Skyline:
         self.row_of = np.zeros(0, np.int64)
         self.grid = _Grid(cell, cells)
         self.assumed = 0  # assumed allocations in the rows (not in the grid)
+        self.endsets = EndSets()  # the sorted ends of the device sets searched lately
 
     def copy(self) -> Skyline:
         s = Skyline.__new__(Skyline)
@@ -345,6 +348,7 @@ class Skyline:
         s.row_of = self.row_of.copy()
         s.grid = self.grid.copy()
         s.assumed = self.assumed
+        s.endsets = EndSets()
         return s
 
     @property
@@ -475,6 +479,7 @@ class Skyline:
         b.dirty.add(r)
         self.assumed += assumed
         self._grid_change(device, start, end, cores, assumed=assumed)
+        self.endsets.change(device, end, 1)
 
     def remove(
         self, device: int, start: int, end: int, cores: int, *, assumed: bool = False
@@ -489,6 +494,7 @@ class Skyline:
         b.dirty.add(r)
         self.assumed -= assumed
         self._grid_change(device, start, end, -cores, assumed=assumed)
+        self.endsets.change(device, end, -1)
 
     def _room(self, device: int) -> tuple[_Bucket, int]:
         """The device's bucket and row, moved to a wider bucket if two more
@@ -536,6 +542,29 @@ class Skyline:
             out[g.pos] = g.bucket.peak(g.rows, va[g.pos], vb[g.pos])
         return out
 
+    def end_set(self, devices: np.ndarray) -> EndSet:
+        """The distinct ends of the allocations on `devices` (kept up to date
+        with every later change while it stays cached)."""
+        key = devices.tobytes()
+        found = self.endsets.get(key)
+        if found is not None:
+            return found
+        times, weights = [], []
+        for g in self.groups(devices):
+            nend = g.bucket.nend[g.rows]
+            mask = nend > 0
+            times.append((g.bucket.key[g.rows][mask] & _TMASK) + _ORIGIN)
+            weights.append(nend[mask])
+        every = np.concatenate(times) if times else np.zeros(0, np.int64)
+        w = np.concatenate(weights) if weights else np.zeros(0, np.int32)
+        ends, inverse = np.unique(every, return_inverse=True)
+        counts = np.bincount(inverse.ravel(), weights=w, minlength=ends.shape[0]).astype(np.int64)
+        member = np.zeros(self.devices, bool)
+        member[devices] = True
+        made = EndSet(member, ends.astype(np.int64), counts)
+        self.endsets.put(key, made)
+        return made
+
     def breakpoints(self, device: int) -> int:
         """Breakpoints of a device's step function (for tests and sizing)."""
         b = self.buckets[int(self.bucket_of[device])]
@@ -557,6 +586,7 @@ class _Probe:
         self.devices = devices
         self.caps = caps
         self.grid = sky.grid
+        self.ends: EndSet | None = None
         # the devices' columns of the grid: a slice (a view, no copy) when they are
         # evenly spaced, as every device or every device of a kind often is
         self.columns: slice | np.ndarray = devices
@@ -572,6 +602,14 @@ class _Probe:
             rows, pos = g.rows[order], g.pos[order]
             self.parts.append((g.bucket, pos, rows << _TBITS, rows * g.bucket.w, caps[pos]))
 
+    def next_ends(self, t: int, k: int) -> list[int]:
+        """The first k distinct instants after t at which an allocation on one of
+        the devices ends (fewer if there are fewer): from the sorted ends of the
+        device set when the search has them, else from the rows."""
+        if self.ends is not None:
+            return self.ends.next_ends(t, k)
+        return self.next_ends_rows(t, k)
+
     def next_end(self, t: int) -> int | None:
         """The first instant after t at which an allocation on one of the devices ends."""
         best = _TMAX
@@ -581,9 +619,8 @@ class _Probe:
             best = min(best, int((b.keyflat[start + b.nxtflat[pos]] & _TMASK).min()))
         return None if best >= _TMAX else best + _ORIGIN
 
-    def next_ends(self, t: int, k: int) -> list[int]:
-        """The first k distinct instants after t at which an allocation on one of
-        the devices ends (fewer if there are fewer)."""
+    def next_ends_rows(self, t: int, k: int) -> list[int]:
+        """`next_ends` read from the devices' rows."""
         if k == 1:
             first = self.next_end(t)
             return [] if first is None else [first]
@@ -615,13 +652,22 @@ class _Probe:
         times = np.unique(every[every <= limit])
         return (times[times < _TMAX][:k] + _ORIGIN).tolist()
 
-    def free(self, a: list[int], b: list[int]) -> np.ndarray:
+    def free(self, a: list[int], b: list[int], only: np.ndarray | None = None) -> np.ndarray:
         """Cores free during the whole of [a[i], b[i]) on each device: shape (len(a), n).
-        `a` and `b` must each be increasing."""
-        out = np.empty((len(a), self.n), np.int64)
-        qa = np.array([_offset(x) for x in a], np.int64)
-        qb = np.array([_offset(x) for x in b], np.int64)
+        `a` and `b` must each be increasing. With `only` (a mask over the devices),
+        the other devices are left out (0)."""
+        m = len(a)
+        out = (
+            np.zeros((m, self.n), np.int64) if only is not None else np.empty((m, self.n), np.int64)
+        )
+        qa = np.clip(np.array(a, np.int64) - _ORIGIN, 1, _TMAX - 1)
+        qb = np.clip(np.array(b, np.int64) - _ORIGIN, 1, _TMAX - 1)
         for bk, pos, base, _, caps in self.parts:
+            if only is not None:
+                sel = only[pos]
+                pos, base, caps = pos[sel], base[sel], caps[sel]
+                if pos.shape[0] == 0:
+                    continue
             col = base[:, None]
             lo = np.searchsorted(bk.keyflat, (col | qa).ravel(), side="right") - 1
             hi = np.searchsorted(bk.keyflat, (col | qb).ravel(), side="left")
@@ -629,7 +675,7 @@ class _Probe:
             k = _LOG2[hi - lo]
             off = k * bk.plane
             peak = np.maximum(bk.spflat[off + lo], bk.spflat[off + hi - (1 << k)])
-            out[:, pos] = np.maximum(caps[:, None] - peak.reshape(-1, len(a)), 0).T
+            out[:, pos] = np.maximum(caps[:, None] - peak.reshape(-1, m), 0).T
         return out
 
     # -- the coarse grid -----------------------------------------------------------
@@ -673,15 +719,12 @@ class _Probe:
             self.chunk_open = offer.sum(axis=1) >= self.need
 
     def active(self, j0: int, j1: int) -> np.ndarray | None:
-        """Positions of the devices that might offer a core to a window starting
+        """A mask of the devices that might offer a core to a window starting
         in cells j0 .. j1 (None: every device, the grid cannot tell)."""
         k0, k1 = j0 - self.chunk_start, j1 - self.chunk_start
         if self.width < 1 or j0 <= 0 or k0 < 0 or k1 >= self.chunk_open.shape[0]:
             return None
-        return np.flatnonzero((self.chunk_offer[k0 : k1 + 1] > 0).any(axis=0))
-
-    def subset(self, sky: Skyline, pos: np.ndarray) -> _Probe:
-        return _Probe(sky, self.devices[pos], self.caps[pos])
+        return np.asarray((self.chunk_offer[k0 : k1 + 1] > 0).any(axis=0))
 
 
 _CHUNK = 96  # cells bounded at once by the coarse grid
@@ -728,6 +771,7 @@ def earliest_start(
     sky.anchor(after)
     sky._grid_fresh()
     probe = _Probe(sky, devices, cores[devices])
+    probe.ends = sky.end_set(devices)
     probe.coarse(duration, need)
     grid = sky.grid
     h = max(1, duration // 8)
@@ -757,19 +801,13 @@ def earliest_start(
         # only the devices the grid says might offer cores to these windows: the
         # others offer none, to the candidates or to the blocks
         act = probe.active(j, grid.index(a[-1])) if grid.origin is not None else None
-        if act is None:
-            free = probe.free(a, b)
-        elif act.size:
-            free = probe.subset(sky, act).free(a, b)
+        if act is None or act.any():
+            free = probe.free(a, b, act)
         else:
-            free = np.zeros((len(a), 1), np.int64)
+            free = np.zeros((len(a), n), np.int64)
         room = np.flatnonzero(free[: len(cands)].sum(axis=1) >= need)
         if room.size:
-            if act is None:
-                return cands[int(room[0])], free[int(room[0])]
-            whole = np.zeros(n, np.int64)
-            whole[act] = free[int(room[0])]
-            return cands[int(room[0])], whole
+            return cands[int(room[0])], free[int(room[0])]
         if blocks == 0:
             return None  # the last candidate checked was the last start allowed
         open_ = np.flatnonzero(free[len(cands) :].sum(axis=1) >= need)

@@ -1,0 +1,91 @@
+"""The distinct end times of the allocations on a set of devices, sorted, for
+the earliest-start search (issue 15): the candidates of `skyline.earliest_start`
+are these ends, visited in order, and asking the rows of every device for its
+next end after t costs O(k log m) per step; here it is one binary search.
+
+An `EndSet` holds, for one set of devices, a sorted array of end times with
+how many allocations on the set end at each (built from the rows once), plus
+the changes since (`side`: end time -> change of that count), which every
+allocation added to or removed from a member device updates in O(1), assumed
+or not. A query merges the two: the first k distinct times after t whose
+count is positive, O(log n + k + s) for the s pending changes; once there are
+many, the set is rebuilt from the rows.
+
+`EndSets` keeps the sets of the last few device sets searched (all devices,
+all of a kind, the named devices of a request), keyed by the device indices.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right, insort
+
+import numpy as np
+
+MAX_SIDE = 512  # pending changes before a set is rebuilt from the rows
+MAX_SETS = 8
+
+
+class EndSet:
+    def __init__(self, member: np.ndarray, ends: np.ndarray, counts: np.ndarray):
+        self.member = member  # bool per device index (devices added later: not members)
+        self.ends = ends  # sorted distinct end times (int64)
+        self.counts = counts  # allocations ending at each
+        self.side: dict[int, int] = {}  # end time -> change of its count since the build
+        self.side_keys: list[int] = []  # the keys of side, sorted
+        self.negative = 0  # entries of side below zero
+
+    def change(self, end: int, delta: int) -> None:
+        old = self.side.get(end)
+        if old is None:
+            self.side[end] = delta
+            insort(self.side_keys, end)
+            self.negative += delta < 0
+            return
+        new = old + delta
+        self.negative += (new < 0) - (old < 0)
+        if new == 0:
+            del self.side[end]
+            self.side_keys.pop(bisect_right(self.side_keys, end) - 1)
+        else:
+            self.side[end] = new
+
+    def next_ends(self, t: int, k: int) -> list[int]:
+        """The first k distinct times after t at which an allocation on the set ends."""
+        extra = k + self.negative
+        i = int(np.searchsorted(self.ends, t, side="right"))
+        base_t = self.ends[i : i + extra].tolist()
+        if not self.side:
+            return base_t[:k]
+        base = dict(zip(base_t, self.counts[i : i + extra].tolist(), strict=True))
+        j = bisect_right(self.side_keys, t)
+        cands = sorted(set(base_t).union(self.side_keys[j : j + extra]))
+        out = []
+        side = self.side
+        for c in cands:
+            if base.get(c, 0) + side.get(c, 0) > 0:
+                out.append(c)
+                if len(out) == k:
+                    break
+        return out
+
+
+class EndSets:
+    def __init__(self) -> None:
+        self.sets: dict[bytes, EndSet] = {}
+
+    def change(self, device: int, end: int, delta: int) -> None:
+        for s in self.sets.values():
+            if device < s.member.shape[0] and s.member[device]:
+                s.change(end, delta)
+
+    def get(self, key: bytes) -> EndSet | None:
+        s = self.sets.get(key)
+        if s is not None and len(s.side) > MAX_SIDE:
+            del self.sets[key]
+            return None
+        return s
+
+    def put(self, key: bytes, s: EndSet) -> None:
+        if len(self.sets) >= MAX_SETS:
+            del self.sets[next(iter(self.sets))]
+        self.sets[key] = s
