@@ -165,3 +165,16 @@ def test_an_earliest_start_at_most_half_the_time_span_ahead():
     assert violations(CoreRequest("r", 1, 1000, earliest_start=NOW + half + 1)) == [
         "window.earliest_start"
     ]
+
+
+def test_request_defaults_and_the_score_is_clamped():
+    r = CoreRequest("r", 1, 1000)
+    assert (r.priority_hint, r.qos_level, r.billing_model, r.placement) == (
+        50,
+        "STANDARD",
+        "ON_DEMAND",
+        None,
+    )
+    only_hint = PriorityFunction(mix={"hint": 1.0})
+    assert only_hint(CoreRequest("r", 1, 1000, priority_hint=250)) == Priority("HIGH", 1.0)
+    assert only_hint(CoreRequest("r", 1, 1000, priority_hint=-50)) == Priority("LOW", 0.0)
