@@ -14,7 +14,7 @@ import asyncio
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry import metrics
 from opentelemetry.metrics import CallbackOptions, Meter, NoOpMeterProvider, Observation
@@ -23,7 +23,7 @@ from lightpath import __version__
 from lightpath.v1 import cell_scheduler_pb2, common_pb2
 
 if TYPE_CHECKING:
-    from services.cell_scheduler.cell import CellScheduler
+    from services.cell_scheduler.pods import PodDirectory
 
 METER_NAME = "lightpath.cell_scheduler"
 REFRESH_S = 5.0
@@ -92,8 +92,9 @@ class CellMetrics:
 
     def reported(
         self,
-        cell: CellScheduler,
+        directory: PodDirectory,
         transitions: Iterable[cell_scheduler_pb2.PodJobTransition],
+        spawn: Callable[..., Any],
     ) -> None:
         """A pod reported job transitions: time each job's first RUNNING since its submit
         (the submit time is the cell's record, read in the background)."""
@@ -105,15 +106,15 @@ class CellMetrics:
             and t.event.job_id not in self._started
         }
         if started:
-            cell._spawn(self._time_started(cell, started), "metrics: submit to running")
+            spawn(self._time_started(directory, started), "metrics: submit to running")
 
-    async def _time_started(self, cell: CellScheduler, started: dict[str, int]) -> None:
+    async def _time_started(self, directory: PodDirectory, started: dict[str, int]) -> None:
         if len(self._started) > _SEEN_LIMIT:
             self._started.clear()
         ids = list(started)
-        async with cell.store.redis.pipeline(transaction=False) as pipe:
+        async with directory.store.redis.pipeline(transaction=False) as pipe:
             for job_id in ids:
-                pipe.hget(cell.store.job_key(job_id), "created_ms")
+                pipe.hget(directory.store.job_key(job_id), "created_ms")
             created = await pipe.execute()
         for job_id, raw in zip(ids, created, strict=True):
             if raw is None or job_id in self._started:
@@ -123,25 +124,27 @@ class CellMetrics:
 
     # -- the gauges' snapshot ------------------------------------------------------
 
-    async def run(self, cell: CellScheduler) -> None:
+    async def run(self, directory: PodDirectory) -> None:
         """Refresh the snapshot every refresh_s (a supervised background task)."""
         while True:
-            await self.refresh(cell)
+            await self.refresh(directory)
             await asyncio.sleep(self.refresh_s)
 
-    async def refresh(self, cell: CellScheduler) -> None:
-        snap = await cell.store.snapshot()
-        now = cell.now_ms()
+    async def refresh(self, directory: PodDirectory) -> None:
+        snap = await directory.store.snapshot()
+        now = directory.now_ms()
         pods = sorted(snap.registrations)
-        statuses = Counter(_STATUS.get(cell.status_of(snap, p, now)[0], "unknown") for p in pods)
-        async with cell.store.redis.pipeline(transaction=False) as pipe:
+        statuses = Counter(
+            _STATUS.get(directory.status_of(snap, p, now)[0], "unknown") for p in pods
+        )
+        async with directory.store.redis.pipeline(transaction=False) as pipe:
             for p in pods:
-                pipe.smembers(cell.store.key("pod", p, "live"))
+                pipe.smembers(directory.store.key("pod", p, "live"))
             live = await pipe.execute()
         owners = [(p, j) for p, jobs in zip(pods, live, strict=True) for j in sorted(jobs)]
-        async with cell.store.redis.pipeline(transaction=False) as pipe:
+        async with directory.store.redis.pipeline(transaction=False) as pipe:
             for _, job_id in owners:
-                pipe.hget(cell.store.job_key(job_id), "state")
+                pipe.hget(directory.store.job_key(job_id), "state")
             states = await pipe.execute()
         jobs: Counter[tuple[str, str]] = Counter()
         for (pod, _), state in zip(owners, states, strict=True):

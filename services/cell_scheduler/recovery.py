@@ -15,11 +15,12 @@ Runs on every replica, safe side by side (atomic scripts, a lease per pod):
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping
-from typing import TYPE_CHECKING
+import logging
+from collections.abc import Callable, Mapping
 
 from lightpath.v1 import workload_scheduler_pb2
 from services.cell_scheduler.choice import PodCapacityView
+from services.cell_scheduler.jobs import CellJobs
 from services.cell_scheduler.podclient import (
     PodCallError,
     PodRefused,
@@ -27,68 +28,73 @@ from services.cell_scheduler.podclient import (
     placed_fields,
     state_name,
 )
+from services.cell_scheduler.pods import PodDirectory
 from services.cell_scheduler.store import FINAL, FORWARDING, PLACED, QUEUED, unb64
-
-if TYPE_CHECKING:
-    from services.cell_scheduler.cell import CellScheduler
 
 
 class Recovery:
-    def __init__(self, cell: CellScheduler):
-        self.cell = cell
+    """Needs the pods (status, calls) and the cell's jobs (records, tokens, the
+    transitions), and a way to wake the dispatcher; not the cell itself."""
+
+    def __init__(
+        self, *, pods: PodDirectory, jobs: CellJobs, kick: Callable[[], None], log: logging.Logger
+    ):
+        self.pods = pods
+        self.jobs = jobs
+        self.store = pods.store
+        self._kick = kick
+        self.log = log
         self._reconciling: set[str] = set()
 
     async def reconcile(self) -> None:
-        now = self.cell.now_ms()
-        snap = await self.cell.store.snapshot(queue=False)
+        now = self.pods.now_ms()
+        snap = await self.store.snapshot(queue=False)
         for pod_id in sorted(snap.registrations):
             seen = snap.seen.get(pod_id, 0)
-            if pod_id not in snap.down and now - seen > self.cell.pod_timeout_ms:
-                count = await self.cell.store.mark_down(pod_id, now, self.cell.pod_timeout_ms)
+            if pod_id not in snap.down and now - seen > self.pods.pod_timeout_ms:
+                count = await self.store.mark_down(pod_id, now, self.pods.pod_timeout_ms)
                 if count >= 0:
-                    self.cell.log.warning(
+                    self.log.warning(
                         "pod %s silent for %.1f s: not chosen; %d job(s) now UNKNOWN",
                         pod_id,
                         (now - seen) / 1000,
                         count,
                         extra={"pod_id": pod_id},
                     )
-        for job_id in await self.cell.store.stuck_forwards(now):
+        for job_id in await self.store.stuck_forwards(now):
             await self._take_over(job_id)
-        views = self.cell.views_of(snap, now)
-        for job_id in await self.cell.store.maybe_jobs():
+        views = self.pods.views_of(snap, now)
+        for job_id in await self.store.maybe_jobs():
             await self._check_maybe(job_id, views)
 
     async def _take_over(self, job_id: str) -> None:
         """A forward whose replica went away: find out from the pod what became of it."""
-        token = self.cell.new_token()
-        now = self.cell.now_ms()
-        pod = await self.cell.store.take_over(
-            job_id, token, now + self.cell.forward_window_ms(), now
-        )
+        token = self.jobs.new_token()
+        now = self.pods.now_ms()
+        pod = await self.store.take_over(job_id, token, now + self.jobs.forward_window_ms(), now)
         if pod is None:
             return
-        self.cell.log.warning("job %s: taking over a forward to pod %s that timed out", job_id, pod)
+        self.log.warning("job %s: taking over a forward to pod %s that timed out", job_id, pod)
         try:
-            job = await self.cell.call(
+            job = await self.pods.call(
                 pod, "GetJob", workload_scheduler_pb2.GetJobRequest(job_id=job_id)
             )
         except PodRefused:
             # Past its deadline the request can no longer arrive: the pod does not have it.
-            await self.cell.back_to_queue(
+            await self.jobs.back_to_queue(
                 job_id, token, pod, f"the forward to pod {pod} was lost", cause="lost"
             )
-            self.cell.kick()
+            self._kick()
             return
         except PodUnreachable as err:
-            await self.cell.back_to_queue(
+            await self.jobs.back_to_queue(
                 job_id, token, pod, f"pod {pod} did not answer ({err.code.name})", uncertain=True
             )
-            self.cell.kick()
+            self._kick()
             return
-        record = await self.cell.job_record(job_id)
+        record = await self.jobs.job_record(job_id)
         spec = workload_scheduler_pb2.JobSpec.FromString(unb64(record.spec_b64))
-        await self.cell.store.placed(
+        await self.store.placed(
             job_id,
             token=token,
             pod=pod,
@@ -96,46 +102,46 @@ class Recovery:
             n=len(job.history),
             reason=job.reason,
             fields=placed_fields(job, spec),
-            now_ms=self.cell.now_ms(),
+            now_ms=self.pods.now_ms(),
         )
 
     async def _check_maybe(self, job_id: str, views: Mapping[str, PodCapacityView]) -> None:
         """A forward to these pods got no answer: does one of them have the job after all?"""
-        record = await self.cell.store.job(job_id)
+        record = await self.store.job(job_id)
         if record is None:
             return
         for pod in record.maybe:
             if pod not in views or not views[pod].usable:
                 continue
             try:
-                job = await self.cell.call(
+                job = await self.pods.call(
                     pod, "GetJob", workload_scheduler_pb2.GetJobRequest(job_id=job_id)
                 )
             except PodRefused:
-                await self.cell.store.forget_maybe(job_id, pod)
+                await self.store.forget_maybe(job_id, pod)
                 continue
             except PodUnreachable:
                 continue
-            record = await self.cell.job_record(job_id)
+            record = await self.jobs.job_record(job_id)
             if record.phase == FORWARDING:
                 continue  # decide once that forward is done
             if record.phase == QUEUED:
                 spec = job.spec
-                await self.cell.store.adopt(
+                await self.store.adopt(
                     job_id,
                     pod=pod,
                     state=state_name(job.state),
                     n=len(job.history),
                     reason=job.reason,
                     fields=placed_fields(job, spec),
-                    now_ms=self.cell.now_ms(),
+                    now_ms=self.pods.now_ms(),
                 )
-                self.cell.log.info("job %s found on pod %s after it answered again", job_id, pod)
+                self.log.info("job %s found on pod %s after it answered again", job_id, pod)
             elif not (record.phase == PLACED and record.pod == pod):
                 if state_name(job.state) not in FINAL:
                     where = f"pod {record.pod}" if record.pod else "the cell"
                     with contextlib.suppress(PodCallError):
-                        await self.cell.call(
+                        await self.pods.call(
                             pod,
                             "CancelJob",
                             workload_scheduler_pb2.CancelJobRequest(
@@ -143,13 +149,13 @@ class Recovery:
                                 reason=f"duplicate: the cell has this job on {where}",
                             ),
                         )
-                    self.cell.log.warning(
+                    self.log.warning(
                         "job %s: cancelled a duplicate on pod %s (the cell has it on %s)",
                         job_id,
                         pod,
                         where,
                     )
-            await self.cell.store.forget_maybe(job_id, pod)
+            await self.store.forget_maybe(job_id, pod)
 
     async def reconcile_pod(self, pod_id: str) -> None:
         """A pod answers again (or its event stream lost entries): ask it about each job
@@ -158,36 +164,36 @@ class Recovery:
             return
         self._reconciling.add(pod_id)
         lease = f"reconcile:{pod_id}"
-        owner = self.cell.new_token()
+        owner = self.jobs.new_token()
         try:
-            if not await self.cell.store.lease(lease, owner, 30_000):
+            if not await self.store.lease(lease, owner, 30_000):
                 return
             fixed = 0
-            for job_id in await self.cell.store.live_jobs(pod_id):
-                record = await self.cell.store.job(job_id)
+            for job_id in await self.store.live_jobs(pod_id):
+                record = await self.store.job(job_id)
                 if record is None or record.phase != PLACED or record.pod != pod_id:
                     continue
                 try:
-                    job = await self.cell.call(
+                    job = await self.pods.call(
                         pod_id, "GetJob", workload_scheduler_pb2.GetJobRequest(job_id=job_id)
                     )
                 except PodRefused:
-                    await self.cell.store.mirror(
+                    await self.store.mirror(
                         job_id,
                         pod=pod_id,
                         state="FAILED",
                         n=record.n + 1,
                         reason=f"pod {pod_id} no longer knows this job",
-                        now_ms=self.cell.now_ms(),
+                        now_ms=self.pods.now_ms(),
                     )
                     fixed += 1
                     continue
                 except PodUnreachable:
                     return
                 before = record.pod_state
-                await self.cell.follow(record, job)
+                await self.jobs.follow(record, job)
                 fixed += before != state_name(job.state)
-            self.cell.log.info(
+            self.log.info(
                 "pod %s reconciled: %d job state(s) corrected",
                 pod_id,
                 fixed,
@@ -195,4 +201,4 @@ class Recovery:
             )
         finally:
             self._reconciling.discard(pod_id)
-            await self.cell.store.release_lease(lease, owner)
+            await self.store.release_lease(lease, owner)

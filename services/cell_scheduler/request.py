@@ -32,6 +32,7 @@ from lightpath.v1 import cell_scheduler_pb2, common_pb2, workload_scheduler_pb2
 from services.cell_scheduler.demand import DerivedShape, derive_shape
 from services.common import validate
 from services.common.keys import ID_RULE, is_valid_id
+from services.common.settings import parse_address
 
 DEFAULT_TENANT = "default"
 TENANT_LABEL = "tenant"
@@ -313,3 +314,25 @@ def no_pod_can_host(bad: Mapping[str, InvalidArgument]) -> InvalidArgument:
         ]
     reason = next(iter(bad.values())).reason if len({e.reason for e in bad.values()}) == 1 else None
     return InvalidArgument.of(violations, reason=reason)
+
+
+def check_registration(reg: cell_scheduler_pb2.PodRegistration) -> None:
+    """A pod registration (CS-1): its id, endpoint, block shape and node types."""
+    bad: list[FieldViolation] = []
+    if not is_valid_id(reg.pod_id):
+        bad.append(FieldViolation("pod.pod_id", ID_RULE))
+    try:
+        parse_address(reg.endpoint)
+    except ValueError as err:
+        bad.append(FieldViolation("pod.endpoint", str(err)))
+    if not reg.block_shape.dims or any(d < 1 for d in reg.block_shape.dims):
+        bad.append(FieldViolation("pod.block_shape", "needs one extent >= 1 per dimension"))
+    if not reg.node_types:
+        bad.append(FieldViolation("pod.node_types", "name at least one node type"))
+    for i, t in enumerate(reg.node_types):
+        if not is_type_name(t.node_type):
+            bad.append(FieldViolation(f"pod.node_types[{i}].node_type", "is not a node type name"))
+        if t.blocks < 1:
+            bad.append(FieldViolation(f"pod.node_types[{i}].blocks", "must be >= 1"))
+    if bad:
+        raise InvalidArgument.of(bad)

@@ -9,7 +9,8 @@ from opentelemetry import trace
 
 from lightpath.errors import FieldViolation, InvalidArgument, NotFound, PermissionDenied
 from lightpath.v1 import cell_scheduler_pb2, cell_scheduler_pb2_grpc, common_pb2
-from services.cell_scheduler.cell import CellScheduler, JobView
+from services.cell_scheduler.cell import CellScheduler
+from services.cell_scheduler.jobs import JobView
 from services.cell_scheduler.metrics import CellMetrics
 from services.cell_scheduler.podclient import PodClients
 from services.cell_scheduler.request import has_demand
@@ -199,7 +200,7 @@ class CellSchedulerServicer(cell_scheduler_pb2_grpc.CellSchedulerServicer):
         require_ids(job_id=request.job_id)
         _note(job_id=request.job_id)
         await self._own_job(request.job_id)
-        async for event in watch_job(self._cell, request.job_id):
+        async for event in watch_job(self._cell.jobs, self._cell.events, request.job_id):
             yield event
 
     async def ReportBlockHealth(self, request, context):
@@ -222,7 +223,7 @@ class CellSchedulerServicer(cell_scheduler_pb2_grpc.CellSchedulerServicer):
     async def WatchPod(self, request, context):
         require_ids(pod_id=request.pod_id)
         _note(pod_id=request.pod_id)
-        async for event in watch_pod(self._cell, request.pod_id):
+        async for event in watch_pod(self._cell.pods, request.pod_id):
             yield event
 
     async def RegisterPod(self, request, context) -> cell_scheduler_pb2.Pod:
@@ -259,7 +260,7 @@ async def build(
         metrics=metrics,
     )
     runtime.supervise(lambda: cell.run(settings.reconcile_s), "cell reconcile")
-    runtime.supervise(lambda: metrics.run(cell), "cell metrics", needed=False)
+    runtime.supervise(lambda: metrics.run(cell.pods), "cell metrics", needed=False)
     runtime.supervise(cell.events.run, "cell event stream reader", forever=True)
     servicer = CellSchedulerServicer(runtime, cell)
     return [

@@ -16,18 +16,17 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import grpc
 
 from lightpath.v1 import common_pb2, workload_scheduler_pb2
+from services.cell_scheduler.jobs import CellJobs
 from services.cell_scheduler.podclient import classify, state_name
+from services.cell_scheduler.pods import PodDirectory
 from services.cell_scheduler.store import ENDED, FINAL, PLACED, CellStore
 from services.common.convert import job_event_pb
 from services.common.supervisor import ready
-
-if TYPE_CHECKING:
-    from services.cell_scheduler.cell import CellScheduler
 
 
 class CellEventHub:
@@ -88,23 +87,25 @@ def _cell_event_pb(e: Mapping[str, Any]) -> common_pb2.JobEvent:
     return job_event_pb(dict(e), e.get("pod", ""))
 
 
-async def watch_job(cell: CellScheduler, job_id: str) -> AsyncIterator[common_pb2.JobEvent]:
+async def watch_job(
+    jobs: CellJobs, events: CellEventHub, job_id: str
+) -> AsyncIterator[common_pb2.JobEvent]:
     """The cell's transitions of the job and, once it is on a pod, the pod's; live
     until the job ends. A pod that stops answering is followed again when it returns."""
     queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
-    async with cell.events.subscribe(job_id, queue):
-        async for event in _follow(cell, job_id, queue):
+    async with events.subscribe(job_id, queue):
+        async for event in _follow(jobs, job_id, queue):
             yield event
 
 
 async def _follow(
-    cell: CellScheduler, job_id: str, queue: asyncio.Queue[tuple[str, Any]]
+    jobs: CellJobs, job_id: str, queue: asyncio.Queue[tuple[str, Any]]
 ) -> AsyncIterator[common_pb2.JobEvent]:
     """History first, then the merged live events of the cell (from the hub) and of the
     job's pod (a relay task) on `queue`."""
-    record = await cell.job_record(job_id)
+    record = await jobs.job_record(job_id)
     cell_sent = 0
-    for e in await cell.store.history(job_id):
+    for e in await jobs.store.history(job_id):
         cell_sent = max(cell_sent, int(e.get("n", 0)))
         yield _cell_event_pb(e)
     if record.phase == ENDED:
@@ -112,8 +113,8 @@ async def _follow(
 
     async def relay(pod: str) -> None:
         try:
-            endpoint = await cell.endpoint(pod, fresh=True)
-            stub = cell.pods.stub(endpoint)
+            endpoint = await jobs.pods.endpoint(pod, fresh=True)
+            stub = jobs.pods.clients.stub(endpoint)
             async for ev in stub.WatchJob(workload_scheduler_pb2.WatchJobRequest(job_id=job_id)):
                 await queue.put(("pod", ev))
             await queue.put(("pod-end", None))
@@ -127,9 +128,9 @@ async def _follow(
     retry_at = 0.0
     try:
         while True:
-            record = await cell.job_record(job_id)
+            record = await jobs.job_record(job_id)
             if record.phase == ENDED:
-                for e in await cell.store.history(job_id, cell_sent):
+                for e in await jobs.store.history(job_id, cell_sent):
                     yield _cell_event_pb(e)
                 return
             wanted = record.phase == PLACED and record.state != "UNKNOWN"
@@ -168,12 +169,14 @@ async def _follow(
 
 
 async def watch_pod(
-    cell: CellScheduler, pod_id: str
+    pods: PodDirectory, pod_id: str
 ) -> AsyncIterator[workload_scheduler_pb2.PodEvent]:
-    await cell.registration(pod_id)
-    endpoint = await cell.endpoint(pod_id, fresh=True)
+    await pods.registration(pod_id)
+    endpoint = await pods.endpoint(pod_id, fresh=True)
     try:
-        async for ev in cell.pods.stub(endpoint).WatchPod(workload_scheduler_pb2.WatchPodRequest()):
+        async for ev in pods.clients.stub(endpoint).WatchPod(
+            workload_scheduler_pb2.WatchPodRequest()
+        ):
             yield ev
     except grpc.aio.AioRpcError as err:
         raise classify(pod_id, err).relayed() from None

@@ -1,0 +1,209 @@
+"""The submit decision (CS-2, CS-3, CS-4): which pods a job may go to, best first.
+
+`Admission` turns a checked request and a registry snapshot into a `Choice`:
+the request is resolved for every registered pod by that pod's own rules (a
+shape derived from a compute demand, CS-4; cached per request content and
+registration), and the pure planner (choice.plan_queue) orders the pods that
+fit now, then the pods that fit by preemption, with the jobs already waiting
+in the cell queue at the same or higher priority going first. It also plans
+the cell queue itself for the dispatcher (`queued`; a job no pod can host any
+more fails there) and answers validate_only submits (`dry_run`, confirmed by
+the pod's own dry run). It commits nothing: the claim is the caller's.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import replace
+
+from lightpath.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
+from lightpath.v1 import cell_scheduler_pb2, workload_scheduler_pb2
+from services.cell_scheduler.choice import Choice, JobDemand, PodCapacityView, plan_queue
+from services.cell_scheduler.jobs import SubmitResult, request_b64
+from services.cell_scheduler.podclient import PodCallError, state_name
+from services.cell_scheduler.pods import CACHE_LIMIT, PodDirectory
+from services.cell_scheduler.request import (
+    PodModel,
+    Resolved,
+    has_demand,
+    no_pod_can_host,
+    resolve_all,
+    tenant_of,
+)
+from services.cell_scheduler.store import QUEUED, CellJobRecord, RegistrySnapshot, b64, unb64
+
+FAIL = workload_scheduler_pb2.WHEN_NO_CAPACITY_FAIL
+
+
+class Admission:
+    def __init__(self, *, pods: PodDirectory, node_flops: Mapping[str, float], log: logging.Logger):
+        self.pods = pods
+        self.store = pods.store
+        self.node_flops = dict(node_flops)
+        self.log = log
+        self._requests: dict[tuple[str, str], cell_scheduler_pb2.SubmitJobRequest] = {}
+        self._resolved: dict[tuple[bytes, str, str], Resolved | InvalidArgument] = {}
+
+    async def plan(
+        self, req: cell_scheduler_pb2.SubmitJobRequest, snap: RegistrySnapshot, now: int
+    ) -> tuple[dict[str, Resolved], Choice, dict[str, PodCapacityView], int]:
+        models = self.pods.models_of(snap)
+        if not models:
+            raise FailedPrecondition(
+                "cell", "no superpod has registered with the cell yet", reason="NO_PODS"
+            )
+        job_id = req.spec.job_id
+        resolved, bad = self.resolve(job_id, req, models, snap.registrations, now)
+        if not resolved:
+            raise no_pod_can_host(bad)
+        priority = next(iter(resolved.values())).priority
+        views = self.pods.views_of(snap, now)
+        demand = JobDemand(job_id, priority, {p: r.needs for p, r in resolved.items()})
+        ahead: list[JobDemand] = []
+        if snap.queue:
+            queued, _ = await self.queued(snap, models, now)
+            ahead = [d for d in queued if d.priority >= priority]
+        _, choice = plan_queue([*ahead, demand], views.values())[-1]
+        return resolved, choice, views, priority
+
+    async def queued(
+        self, snap: RegistrySnapshot, models: Mapping[str, PodModel], now: int
+    ) -> tuple[list[JobDemand], dict[str, tuple[cell_scheduler_pb2.SubmitJobRequest, dict]]]:
+        """The cell queue in order as planning demands; jobs no pod can host any more
+        (a deadline that passed while waiting) fail."""
+        demands: list[JobDemand] = []
+        details: dict[str, tuple[cell_scheduler_pb2.SubmitJobRequest, dict]] = {}
+        for record in await self.store.jobs(snap.queue):
+            if record.phase != QUEUED:
+                continue
+            req = self.request_of(record)
+            resolved, bad = self.resolve(record.job_id, req, models, snap.registrations, now)
+            if not resolved:
+                err = no_pod_can_host(bad)
+                await self.store.end_queued(
+                    record.job_id, "FAILED", f"no pod can host it any more: {err.message}", now
+                )
+                self.log.warning("job %s failed in the cell queue: %s", record.job_id, err.message)
+                continue
+            demands.append(
+                JobDemand(
+                    record.job_id,
+                    record.priority,
+                    {p: r.needs for p, r in resolved.items()},
+                    record.refused,
+                )
+            )
+            details[record.job_id] = (req, resolved)
+        return demands, details
+
+    def request_of(self, record: CellJobRecord) -> cell_scheduler_pb2.SubmitJobRequest:
+        key = (record.job_id, record.request_b64)
+        req = self._requests.get(key)
+        if req is None:
+            req = cell_scheduler_pb2.SubmitJobRequest.FromString(unb64(record.request_b64))
+            if len(self._requests) > CACHE_LIMIT:
+                self._requests.clear()
+            self._requests[key] = req
+        return req
+
+    def resolve(
+        self,
+        job_id: str,
+        req: cell_scheduler_pb2.SubmitJobRequest,
+        models: Mapping[str, PodModel],
+        registrations: Mapping[str, str],
+        now: int,
+    ) -> tuple[dict[str, Resolved], dict[str, InvalidArgument]]:
+        """Per pod, what the job would be there. Requests that differ only in their job id
+        resolve alike: resolved once per request content and pod registration."""
+        if has_demand(req):  # depends on the time left: never cached
+            return resolve_all(req, models, now_ms=now, node_flops=self.node_flops)
+        template = cell_scheduler_pb2.SubmitJobRequest()
+        template.CopyFrom(req)
+        template.spec.job_id = "_"
+        content = template.SerializeToString(deterministic=True)
+        ok: dict[str, Resolved] = {}
+        bad: dict[str, InvalidArgument] = {}
+        for pod_id, model in models.items():
+            key = (content, pod_id, registrations[pod_id])
+            got = self._resolved.get(key)
+            if got is None:
+                one_ok, one_bad = resolve_all(
+                    template, {pod_id: model}, now_ms=now, node_flops=self.node_flops
+                )
+                got = one_ok.get(pod_id) or one_bad[pod_id]
+                if len(self._resolved) > CACHE_LIMIT:
+                    self._resolved.clear()
+                self._resolved[key] = got
+            if isinstance(got, InvalidArgument):
+                bad[pod_id] = got
+            else:
+                spec = workload_scheduler_pb2.JobSpec()
+                spec.CopyFrom(got.spec)
+                spec.job_id = job_id
+                ok[pod_id] = replace(got, spec=spec)
+        return ok, bad
+
+    async def dry_run(
+        self,
+        req: cell_scheduler_pb2.SubmitJobRequest,
+        resolved: Mapping[str, Resolved],
+        choice: Choice,
+        snap: RegistrySnapshot,
+    ) -> SubmitResult:
+        """validate_only: what would happen, confirmed by the pod's own dry run."""
+        now = self.pods.now_ms()
+        job_id = req.spec.job_id
+        record = CellJobRecord(
+            job_id=job_id,
+            request_b64=request_b64(req),
+            tenant=tenant_of(req),
+            priority=next(iter(resolved.values())).priority,
+            seq=0,
+            phase=QUEUED,
+            state="PENDING",
+            reason="",
+            pod="",
+            created_ms=now,
+            updated_ms=now,
+        )
+        for cand in choice.candidates:
+            r = resolved[cand.pod_id]
+            try:
+                resp = await self.pods.call(
+                    cand.pod_id,
+                    "AdmitJob",
+                    workload_scheduler_pb2.AdmitJobRequest(spec=r.spec, validate_only=True),
+                )
+            except PodCallError:
+                continue
+            record = replace(
+                record,
+                pod=cand.pod_id,
+                chips=r.chips,
+                block_count=r.block_count,
+                derived=r.derived is not None,
+                why=cand.reason,
+                spec_b64=b64(r.spec.SerializeToString(deterministic=True)),
+                state=state_name(resp.job.state),
+            )
+            return SubmitResult(
+                record,
+                True,
+                pod_job=resp.job,
+                preempted=list(resp.preempted),
+                outcome=f"would go to pod {cand.pod_id} ({cand.reason}): {resp.outcome}",
+            )
+        if req.spec.when_no_capacity == FAIL:
+            raise ResourceExhausted(
+                f"job {job_id} cannot be placed now and asked not to wait: {choice.why_waiting}",
+                reason="NO_CAPACITY",
+            )
+        ahead = sum(1 for j in await self.store.jobs(snap.queue) if j.priority >= record.priority)
+        return SubmitResult(
+            record,
+            True,
+            outcome=f"would wait in the cell queue at position {ahead + 1}: {choice.why_waiting}",
+            queue_position=ahead + 1,
+        )

@@ -1,0 +1,210 @@
+"""Forwarding claimed jobs to their pods (CS-3), and the dispatcher's pass over the cell queue.
+
+A job reaches `Forwarder.forward` already claimed (FORWARDING, bound to the
+first candidate with its blocks held). It is sent with AdmitJob
+(`when_no_capacity` FAIL: a pod only places or refuses); a refusal or a pod
+that does not answer sends it back to the cell queue and on to the next
+candidate (claimed again), and with none left it waits in the cell queue
+until a pod reports capacity. A placement is committed with the pod's
+answer. `dispatch` is one pass of the dispatcher: plan the cell queue,
+claim each job that has a pod now, and forward them side by side.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Mapping
+
+from lightpath.errors import ResourceExhausted
+from lightpath.v1 import cell_scheduler_pb2, workload_scheduler_pb2
+from services.cell_scheduler.admission import FAIL, Admission
+from services.cell_scheduler.choice import FITS, Candidate, PodCapacityView, plan_queue
+from services.cell_scheduler.jobs import CellJobs, SubmitResult, record_fields, request_b64
+from services.cell_scheduler.metrics import CellMetrics
+from services.cell_scheduler.podclient import PodRefused, PodUnreachable, state_name
+from services.cell_scheduler.request import Resolved
+from services.cell_scheduler.store import PLACED, QUEUED
+
+
+class Forwarder:
+    def __init__(
+        self,
+        *,
+        jobs: CellJobs,
+        admission: Admission,
+        forward_timeout_s: float,
+        kick: Callable[[], None],
+        log: logging.Logger,
+        metrics: CellMetrics,
+    ):
+        self.jobs = jobs
+        self.pods = jobs.pods
+        self.store = jobs.store
+        self.admission = admission
+        self.forward_timeout_s = forward_timeout_s
+        self._kick = kick
+        self.log = log
+        self.metrics = metrics
+        self._tasks: set[asyncio.Future] = set()  # forwards that outlive their caller
+
+    async def detached(self, coro):
+        """Run a claimed forward to its end even if the caller goes away (a client
+        deadline), so a retry finds the job settled rather than a stalled claim."""
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return await asyncio.shield(task)
+
+    async def forward(
+        self,
+        job_id: str,
+        req: cell_scheduler_pb2.SubmitJobRequest,
+        token: str,
+        candidates: tuple[Candidate, ...],
+        resolved: Mapping[str, Resolved],
+        views: Mapping[str, PodCapacityView],
+        *,
+        created: bool,
+    ) -> SubmitResult:
+        """Forward a job claimed for candidates[0] (token); on refusal try the next ones."""
+        last = ""
+        for i, cand in enumerate(candidates):
+            pod = cand.pod_id
+            r = resolved[pod]
+            if i > 0:
+                claimed = await self.jobs.claim_queued(
+                    job_id,
+                    r,
+                    cand,
+                    check_free=cand.how == FITS,
+                    reason=f"forwarding to pod {pod}: {cand.reason}",
+                )
+                if claimed is None:
+                    break  # a dispatcher took it meanwhile, or that pod's blocks went elsewhere
+                token = claimed
+            try:
+                resp = await self.pods.call(
+                    pod,
+                    "AdmitJob",
+                    workload_scheduler_pb2.AdmitJobRequest(spec=r.spec),
+                    timeout=self.forward_timeout_s,
+                )
+            except PodRefused as err:
+                self.metrics.forwarded("refused")
+                self.pods.assume(pod, r.needs, +1)
+                last = f"pod {pod} refused it: {err.report.message}"
+                version = views[pod].version if pod in views else ""
+                await self.jobs.back_to_queue(job_id, token, pod, last, version=version)
+                self.log.info("job %s: %s", job_id, last, extra={"job_id": job_id})
+                continue
+            except PodUnreachable as err:
+                self.metrics.forwarded("unreachable")
+                self.pods.assume(pod, r.needs, +1)
+                last = f"pod {pod} did not answer ({err.code.name})"
+                await self.store.mark_suspect(pod, self.pods.now_ms() + self.pods.pod_timeout_ms)
+                await self.jobs.back_to_queue(job_id, token, pod, last, uncertain=True)
+                self.log.warning(
+                    "job %s: %s; trying elsewhere", job_id, last, extra={"job_id": job_id}
+                )
+                continue
+            job = resp.job
+            self.metrics.forwarded("placed")
+            placed = await self.store.placed(
+                job_id,
+                token=token,
+                pod=pod,
+                state=state_name(job.state),
+                n=len(job.history),
+                reason=job.reason,
+                fields=record_fields(request_b64(req), r, cand, r.priority),
+                now_ms=self.pods.now_ms(),
+            )
+            record = placed or await self.jobs.job_record(job_id)
+            if record.phase == PLACED:
+                self.jobs.remember(record)
+            if placed:
+                # Routine placements at debug (the job's history keeps them); preemptions
+                # and jobs leaving the cell queue at info.
+                notable = bool(resp.preempted) or not created
+                (self.log.info if notable else self.log.debug)(
+                    "job %s placed on pod %s (%s): %s",
+                    job_id,
+                    pod,
+                    state_name(job.state),
+                    cand.reason,
+                    extra={"job_id": job_id, "pod_id": pod},
+                )
+            return SubmitResult(
+                record,
+                created,
+                pod_job=job,
+                preempted=list(resp.preempted),
+                outcome=f"placed on pod {pod}: {cand.reason}"
+                + (f" (derived {r.derived.describe()})" if r.derived else ""),
+            )
+        record = await self.jobs.job_record(job_id)
+        if record.phase == QUEUED and req.spec.when_no_capacity == FAIL:
+            await self.store.end_queued(
+                job_id,
+                "FAILED",
+                f"refused: {last} (asked not to wait)",
+                self.pods.now_ms(),
+                forget=True,
+            )
+            raise ResourceExhausted(
+                f"job {job_id} cannot be placed now and asked not to wait: {last}",
+                reason="NO_CAPACITY",
+            )
+        self._kick()
+        position = await self.store.queue_position(job_id)
+        return SubmitResult(
+            record,
+            created,
+            outcome=f"queued in the cell at position {position}: {last or record.reason}",
+            queue_position=position,
+        )
+
+    async def dispatch(self) -> int:
+        """One pass over the cell queue: forward every job that has a pod now (CS-3)."""
+        snap = await self.store.snapshot()
+        if not snap.queue:
+            return 0
+        models = self.pods.models_of(snap)
+        if not models:
+            return 0
+        now = self.pods.now_ms()
+        views = self.pods.views_of(snap, now)
+        demands, details = await self.admission.queued(snap, models, now)
+        forwards = []
+        for demand, choice in plan_queue(demands, views.values()):
+            if not choice.candidates:
+                continue
+            req, resolved = details[demand.job_id]
+            first = choice.candidates[0]
+            r = resolved[first.pod_id]
+            token = await self.jobs.claim_queued(
+                demand.job_id,
+                r,
+                first,
+                check_free=False,  # planned over the queue: the blocks are accounted for
+                reason=f"leaving the cell queue for pod {first.pod_id}: {first.reason}",
+                now_ms=now,
+            )
+            if token is None:
+                continue  # another replica took it
+            # The stored fields name the pod now; _forward stores them again when placed.
+            forwards.append(
+                self.forward(
+                    demand.job_id, req, token, choice.candidates, resolved, views, created=False
+                )
+            )
+        if not forwards:
+            return 0
+        results = await asyncio.gather(*forwards, return_exceptions=True)
+        for res in results:
+            if isinstance(res, BaseException) and not isinstance(res, ResourceExhausted):
+                self.log.error("forwarding from the cell queue failed", exc_info=res)
+        return sum(1 for res in results if isinstance(res, SubmitResult) and res.pod_job)
+
+    # == jobs (CS-5) ==============================================================

@@ -1,0 +1,422 @@
+"""The cell's jobs (CS-5): their records, their phase, and every change the cell makes to one.
+
+A job's phase in the cell (store.py keeps the atomic scripts that move it):
+
+    QUEUED ──claim──▶ FORWARDING ──placed──▶ PLACED ──mirror (pod reports)──▶ ended
+      ▲                   │
+      └──back_to_queue────┘   (refused, unreachable, or a forward that was lost)
+    QUEUED ──end_queued──▶ ended (cancelled or failed in the cell queue)
+
+A claim binds the job to one pod with a token and a deadline
+(`forward_window_ms`); only the holder of the token ends that forward, placed
+or back in the queue. Once PLACED, the job's state mirrors its pod's, each pod
+transition numbered so it applies once and in order (`follow`). `CellJobs`
+holds the cell-side part of that machine: reading a record and waiting out a
+forward in flight (`settled`), following a pod's answer (`follow`), ending a
+forward without a placement (`back_to_queue`), the answer to a retried submit
+(`existing`), and the job calls of the API: get, list, complete, cancel.
+The claims themselves are made by the submit path (cell.py) and the
+forwarder (forward.py), which hand the claimed job here once it is decided.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from lightpath.errors import Aborted, FailedPrecondition, NotFound
+from lightpath.v1 import cell_scheduler_pb2, workload_scheduler_pb2
+from services.cell_scheduler.choice import Candidate
+from services.cell_scheduler.metrics import CellMetrics
+from services.cell_scheduler.podclient import PodCallError, state_name
+from services.cell_scheduler.pods import CACHE_LIMIT, PodDirectory
+from services.cell_scheduler.request import Resolved
+from services.cell_scheduler.store import (
+    ENDED,
+    FORWARDING,
+    PLACED,
+    QUEUED,
+    CellJobRecord,
+    b64,
+)
+
+MAX_PLAN_ATTEMPTS = 4
+POLL_S = 0.02
+# Forwards get this long beyond their own deadline before another replica takes them over.
+FORWARD_GRACE_MS = 5_000
+
+
+def _shape(dims) -> str:
+    return "x".join(map(str, dims))
+
+
+@dataclass
+class SubmitResult:
+    record: CellJobRecord
+    created: bool
+    pod_job: workload_scheduler_pb2.Job | None = None
+    preempted: list[workload_scheduler_pb2.Preemption] = field(default_factory=list)
+    outcome: str = ""
+    queue_position: int = 0
+
+
+@dataclass
+class JobView:
+    record: CellJobRecord
+    pod_job: workload_scheduler_pb2.Job | None = None
+    queue_position: int = 0
+
+
+def request_b64(req: cell_scheduler_pb2.SubmitJobRequest) -> str:
+    return b64(req.SerializeToString(deterministic=True))
+
+
+def record_fields(request: str, r: Resolved, cand: Candidate, priority: int) -> dict[str, Any]:
+    """What a job's record says of where it goes: its request, the spec resolved for
+    the pod and the reason the pod was chosen."""
+    return {
+        "req": request,
+        "priority": priority,
+        "spec": b64(r.spec.SerializeToString(deterministic=True)),
+        "chips": _shape(r.chips),
+        "blocks": r.block_count,
+        "derived": "1" if r.derived else "0",
+        "why": cand.reason,
+    }
+
+
+class CellJobs:
+    def __init__(
+        self,
+        *,
+        pods: PodDirectory,
+        instance_id: str,
+        forward_timeout_s: float,
+        kick: Callable[[], None],
+        log: logging.Logger,
+        metrics: CellMetrics,
+    ):
+        self.pods = pods
+        self.store = pods.store
+        self.instance_id = instance_id
+        self.forward_timeout_s = forward_timeout_s
+        self._kick = kick
+        self.log = log
+        self.metrics = metrics
+        self._placed: dict[str, str] = {}  # job -> pod, for jobs this replica saw placed
+
+    def new_token(self) -> str:
+        """The token of a claim: whoever holds it ends that forward."""
+        return f"{self.instance_id}:{uuid.uuid4().hex[:12]}"
+
+    def forward_window_ms(self) -> int:
+        return int(self.forward_timeout_s * 1000) + FORWARD_GRACE_MS
+
+    # -- claims: a new job to QUEUED or FORWARDING, a queued one to FORWARDING ---------
+
+    async def queue_new(
+        self, job_id: str, request: str, tenant: str, priority: int, reason: str, now_ms: int
+    ) -> int:
+        """A new job straight into the cell queue: 1 done, 0 the id exists already."""
+        ok, _ = await self.store.claim_new(
+            job_id,
+            fields={"req": request, "priority": priority},
+            tenant=tenant,
+            pod="",
+            needs={},
+            token="",
+            until_ms=0,
+            now_ms=now_ms,
+            check_free=False,
+            reason=reason,
+        )
+        return ok
+
+    async def claim_new(
+        self,
+        job_id: str,
+        request: str,
+        tenant: str,
+        priority: int,
+        r: Resolved,
+        cand: Candidate,
+        *,
+        check_free: bool,
+        expect_empty_queue: bool,
+        now_ms: int,
+    ) -> tuple[int, str]:
+        """A new job bound to its first candidate, its blocks held: (1, token) claimed,
+        (0, "") the id exists already, (-1, "") the blocks went to others or jobs wait."""
+        token = self.new_token()
+        now = now_ms
+        ok, _ = await self.store.claim_new(
+            job_id,
+            fields=record_fields(request, r, cand, priority),
+            tenant=tenant,
+            pod=cand.pod_id,
+            needs=r.needs,
+            token=token,
+            until_ms=now + self.forward_window_ms(),
+            now_ms=now,
+            check_free=check_free,
+            reason=f"forwarding to pod {cand.pod_id}: {cand.reason}",
+            expect_empty_queue=expect_empty_queue,
+        )
+        if ok != 1:
+            return ok, ""
+        self.pods.assume(cand.pod_id, r.needs, -1)
+        return ok, token
+
+    async def claim_queued(
+        self,
+        job_id: str,
+        r: Resolved,
+        cand: Candidate,
+        *,
+        check_free: bool,
+        reason: str,
+        now_ms: int | None = None,
+    ) -> str | None:
+        """A job in the cell queue bound to a pod, its blocks held: the claim's token,
+        or None when another replica took it (or, with `check_free`, the blocks went)."""
+        token = self.new_token()
+        now = self.pods.now_ms() if now_ms is None else now_ms
+        ok, _ = await self.store.claim_queued(
+            job_id,
+            pod=cand.pod_id,
+            needs=r.needs,
+            token=token,
+            until_ms=now + self.forward_window_ms(),
+            now_ms=now,
+            check_free=check_free,
+            reason=reason,
+        )
+        if ok != 1:
+            return None
+        self.pods.assume(cand.pod_id, r.needs, -1)
+        return token
+
+    def remember(self, record: CellJobRecord) -> None:
+        """Where a placed job is (a job never leaves the pod it was placed on)."""
+        if len(self._placed) > CACHE_LIMIT:
+            self._placed.clear()
+        self._placed[record.job_id] = record.pod
+
+    # == the registry (CS-1) ======================================================
+
+    async def job_record(self, job_id: str) -> CellJobRecord:
+        record = await self.store.job(job_id)
+        if record is None:
+            raise NotFound("job", job_id)
+        return record
+
+    async def settled(self, record: CellJobRecord) -> CellJobRecord:
+        """The job once no forward of it is in flight (bounded by the forward's deadline)."""
+        while record.phase == FORWARDING and self.pods.now_ms() < record.until_ms:
+            await asyncio.sleep(POLL_S)
+            record = await self.job_record(record.job_id)
+        return record
+
+    async def follow(self, record: CellJobRecord, job: workload_scheduler_pb2.Job) -> CellJobRecord:
+        """Follow a pod's answer about one of its jobs (GetJob, reconcile)."""
+        n = len(job.history)
+        if n < record.n:
+            return record
+        _, _, after, _ = await self.store.mirror(
+            record.job_id,
+            pod=record.pod,
+            state=state_name(job.state),
+            n=n,
+            reason=job.reason,
+            now_ms=self.pods.now_ms(),
+        )
+        return after or record
+
+    async def back_to_queue(
+        self,
+        job_id: str,
+        token: str,
+        pod: str,
+        why: str,
+        *,
+        uncertain: bool = False,
+        version: str = "",
+        cause: str = "refused",
+    ) -> None:
+        """End a forward without a placement: refused (not tried again on that pod until
+        its capacity `version` changes), or uncertain (the pod is checked when it answers)."""
+        self.metrics.requeued("unreachable" if uncertain else cause)
+        await self.store.unbind(
+            job_id,
+            token=token,
+            pod=pod,
+            uncertain=uncertain,
+            version=version,
+            reason=f"{why}; back in the cell queue",
+            now_ms=self.pods.now_ms(),
+        )
+
+    async def existing(
+        self, record: CellJobRecord, request_b64: str, *, validate_only: bool = False
+    ) -> SubmitResult:
+        if record.request_b64 != request_b64:
+            raise FailedPrecondition(
+                f"job {record.job_id}",
+                "already exists with a different request; choose a new job id",
+                reason="JOB_ID_REUSED",
+            )
+        if not validate_only:
+            record = await self.settled(record)
+        view = await self.view(record, refresh=not validate_only)
+        return SubmitResult(
+            view.record,
+            False,
+            pod_job=view.pod_job,
+            outcome=f"already submitted: {view.record.state}"
+            + (f" on pod {view.record.pod}" if view.record.pod else ""),
+            queue_position=view.queue_position,
+        )
+
+    async def view(
+        self, record: CellJobRecord, *, refresh: bool = True, include_rings: bool = False
+    ) -> JobView:
+        """The job with its pod's view when the pod answers (the mirror follows it)."""
+        if record.phase == QUEUED:
+            return JobView(record, queue_position=await self.store.queue_position(record.job_id))
+        if record.phase != PLACED or not refresh:
+            return JobView(record)
+        try:
+            job = await self.pods.call(
+                record.pod,
+                "GetJob",
+                workload_scheduler_pb2.GetJobRequest(
+                    job_id=record.job_id, include_rings=include_rings
+                ),
+                timeout=5.0,
+            )
+        except PodCallError:
+            return JobView(record)
+        return JobView(await self.follow(record, job), job)
+
+    async def get(self, job_id: str, *, include_rings: bool = False) -> JobView:
+        return await self.view(await self.job_record(job_id), include_rings=include_rings)
+
+    async def list_jobs(
+        self,
+        *,
+        tenant: str = "",
+        states: set[str] | None = None,
+        pod_id: str = "",
+        page_size: int,
+        before_seq: int | None,
+    ) -> tuple[list[JobView], int | None]:
+        """Newest first, filtered; the sequence to continue before, or None on the last page."""
+        if tenant:
+            index = self.store.key("tenant", tenant, "jobs")
+        elif pod_id:
+            index = self.store.key("pod", pod_id, "jobs")
+        else:
+            index = self.store.key("jobs")
+        out: list[JobView] = []
+        before = before_seq
+        while len(out) < page_size:
+            ids = await self.store.page(index, before_seq=before, count=page_size)
+            if not ids:
+                return out, None
+            for record in await self.store.jobs(ids):
+                before = record.seq
+                if states and record.state not in states:
+                    continue
+                if tenant and record.tenant != tenant:
+                    continue
+                if pod_id and record.pod != pod_id:
+                    continue
+                out.append(JobView(record))
+                if len(out) == page_size:
+                    break
+            if len(ids) < page_size and len(out) < page_size:
+                return out, None
+        assert before is not None
+        more = await self.store.page(index, before_seq=before, count=1)
+        return out, before if more else None
+
+    async def complete(self, job_id: str) -> JobView:
+        pod = self._placed.get(job_id) or await self._placed_pod(job_id)
+        return await self._on_pod(
+            job_id, pod, "CompleteJob", workload_scheduler_pb2.CompleteJobRequest(job_id=job_id)
+        )
+
+    async def _placed_pod(self, job_id: str) -> str:
+        """The pod of a job that is on one, else why it cannot be completed."""
+        record = await self.settled(await self.job_record(job_id))
+        if record.phase == PLACED:
+            self.remember(record)
+            return record.pod
+        if record.phase == QUEUED:
+            raise FailedPrecondition(
+                f"job {job_id}",
+                "is PENDING in the cell queue; only a RUNNING job completes",
+                reason="JOB_NOT_RUNNING",
+            )
+        if record.phase == ENDED:
+            raise FailedPrecondition(
+                f"job {job_id}", f"already ended: {record.state}", reason="JOB_ENDED"
+            )
+        raise Aborted(f"job {job_id} is still being placed; retry", reason="BUSY")
+
+    async def cancel(self, job_id: str, reason: str) -> JobView:
+        request = workload_scheduler_pb2.CancelJobRequest(job_id=job_id, reason=reason)
+        pod = self._placed.get(job_id)
+        if pod:
+            return await self._on_pod(job_id, pod, "CancelJob", request)
+        for _ in range(MAX_PLAN_ATTEMPTS):
+            record = await self.settled(await self.job_record(job_id))
+            if record.phase == QUEUED:
+                ok, _ = await self.store.end_queued(
+                    job_id,
+                    "CANCELLED",
+                    "cancelled in the cell queue" + (f": {reason}" if reason else ""),
+                    self.pods.now_ms(),
+                )
+                if ok:
+                    self.log.info("job %s cancelled in the cell queue", job_id)
+                    return JobView(await self.job_record(job_id))
+                continue
+            if record.phase == ENDED:
+                if record.state == "CANCELLED":
+                    return JobView(record)
+                raise FailedPrecondition(
+                    f"job {job_id}", f"already ended: {record.state}", reason="JOB_ENDED"
+                )
+            if record.phase == PLACED:
+                self.remember(record)
+                return await self._on_pod(job_id, record.pod, "CancelJob", request)
+        raise Aborted(f"job {job_id} is still being placed; retry", reason="BUSY")
+
+    async def _on_pod(self, job_id: str, pod: str, method: str, request: Any) -> JobView:
+        """Complete or cancel on the job's pod; the cell follows the answer, and counts the
+        blocks the job held as free until the pod reports (then jobs waiting may go)."""
+        try:
+            job = await self.pods.call(pod, method, request)
+        except PodCallError as err:
+            raise err.relayed() from None
+        _, queued, record, freed = await self.store.mirror(
+            job_id,
+            pod=pod,
+            state=state_name(job.state),
+            n=len(job.history),
+            reason=job.reason,
+            now_ms=self.pods.now_ms(),
+            ended_here=True,
+        )
+        if record is None:
+            record = await self.job_record(job_id)
+        if freed:
+            self.pods.assume(pod, record.needs, +1)
+        if queued:
+            self._kick()  # blocks were freed and jobs wait in the cell queue
+        return JobView(record, job)
