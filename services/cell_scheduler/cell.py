@@ -20,7 +20,7 @@ A submission (CS-2 … CS-5) reads as one path:
 
 Who owns what: `pods` the registry as read and the calls to pods; `jobs` the
 job records, their phases and every later change (follow, requeue, complete,
-cancel); `admission` the decision; `forward` forwarding and the dispatcher's
+cancel; the servicer calls it directly for those); `admission` the decision; `forward` forwarding and the dispatcher's
 pass over the cell queue; `recovery` the repairs after a failure half-way;
 `watch` the streams. This module keeps the registry's writes (register, the
 heartbeat report, CS-1, CS-6), the pods API and `run`, the background loop of
@@ -50,7 +50,7 @@ from services.cell_scheduler.podclient import PodCallError, PodClients, state_na
 from services.cell_scheduler.pods import PodDirectory
 from services.cell_scheduler.recovery import Recovery
 from services.cell_scheduler.request import check_registration, check_request, tenant_of
-from services.cell_scheduler.store import CellJobRecord, CellStore, RegistrySnapshot, b64, unb64
+from services.cell_scheduler.store import CellStore, RegistrySnapshot, b64, unb64
 from services.cell_scheduler.watch import CellEventHub
 
 __all__ = ["CellScheduler", "JobView", "SubmitResult"]
@@ -205,37 +205,6 @@ class CellScheduler:
         raise Aborted(
             f"job {job_id}: the cell kept changing while placing it; retry", reason="BUSY"
         )
-
-    # == jobs (CS-5): jobs.py ======================================================
-
-    def request_of(self, record: CellJobRecord) -> cell_scheduler_pb2.SubmitJobRequest:
-        return self.admission.request_of(record)
-
-    async def get(self, job_id: str, *, include_rings: bool = False) -> JobView:
-        return await self.jobs.get(job_id, include_rings=include_rings)
-
-    async def list_jobs(
-        self,
-        *,
-        tenant: str = "",
-        states: set[str] | None = None,
-        pod_id: str = "",
-        page_size: int,
-        before_seq: int | None,
-    ) -> tuple[list[JobView], int | None]:
-        return await self.jobs.list_jobs(
-            tenant=tenant, states=states, pod_id=pod_id, page_size=page_size, before_seq=before_seq
-        )
-
-    async def complete(self, job_id: str) -> JobView:
-        return await self.jobs.complete(job_id)
-
-    async def cancel(self, job_id: str, reason: str) -> JobView:
-        return await self.jobs.cancel(job_id, reason)
-
-    async def dispatch(self) -> int:
-        """One pass over the cell queue (forward.py)."""
-        return await self.forwarder.dispatch()
 
     # == the registry (CS-1) ======================================================
 

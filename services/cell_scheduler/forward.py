@@ -110,15 +110,8 @@ class Forwarder:
                 continue
             job = resp.job
             self.metrics.forwarded("placed")
-            placed = await self.store.placed(
-                job_id,
-                token=token,
-                pod=pod,
-                state=state_name(job.state),
-                n=len(job.history),
-                reason=job.reason,
-                fields=record_fields(request_b64(req), r, cand, r.priority),
-                now_ms=self.pods.now_ms(),
+            placed = await self.jobs.placed(
+                job_id, token, pod, job, record_fields(request_b64(req), r, cand, r.priority)
             )
             record = placed or await self.jobs.job_record(job_id)
             if record.phase == PLACED:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -199,6 +199,28 @@ class CellJobs:
             return None
         self.pods.assume(cand.pod_id, r.needs, -1)
         return token
+
+    async def placed(
+        self,
+        job_id: str,
+        token: str,
+        pod: str,
+        job: workload_scheduler_pb2.Job,
+        fields: Mapping[str, Any],
+    ) -> CellJobRecord | None:
+        """FORWARDING → PLACED: the pod has the job (its answer to the forward, or to a
+        GetJob after a take-over); the record after, or None when the token no longer
+        holds the claim."""
+        return await self.store.placed(
+            job_id,
+            token=token,
+            pod=pod,
+            state=state_name(job.state),
+            n=len(job.history),
+            reason=job.reason,
+            fields=fields,
+            now_ms=self.pods.now_ms(),
+        )
 
     def remember(self, record: CellJobRecord) -> None:
         """Where a placed job is (a job never leaves the pod it was placed on)."""

@@ -94,16 +94,7 @@ class Recovery:
             return
         record = await self.jobs.job_record(job_id)
         spec = workload_scheduler_pb2.JobSpec.FromString(unb64(record.spec_b64))
-        await self.store.placed(
-            job_id,
-            token=token,
-            pod=pod,
-            state=state_name(job.state),
-            n=len(job.history),
-            reason=job.reason,
-            fields=placed_fields(job, spec),
-            now_ms=self.pods.now_ms(),
-        )
+        await self.jobs.placed(job_id, token, pod, job, placed_fields(job, spec))
 
     async def _check_maybe(self, job_id: str, views: Mapping[str, PodCapacityView]) -> None:
         """A forward to these pods got no answer: does one of them have the job after all?"""

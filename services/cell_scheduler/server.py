@@ -40,7 +40,7 @@ def _note(**attrs) -> None:
 
 def cell_job_pb(cell: CellScheduler, view: JobView) -> cell_scheduler_pb2.CellJob:
     r = view.record
-    req = cell.request_of(r)
+    req = cell.admission.request_of(r)
     out = cell_scheduler_pb2.CellJob(
         job_id=r.job_id,
         tenant=r.tenant,
@@ -158,7 +158,8 @@ class CellSchedulerServicer(cell_scheduler_pb2_grpc.CellSchedulerServicer):
         _note(job_id=request.job_id)
         await self._own_job(request.job_id)
         return cell_job_pb(
-            self._cell, await self._cell.get(request.job_id, include_rings=request.include_rings)
+            self._cell,
+            await self._cell.jobs.get(request.job_id, include_rings=request.include_rings),
         )
 
     async def ListJobs(self, request, context) -> cell_scheduler_pb2.ListCellJobsResponse:
@@ -172,7 +173,7 @@ class CellSchedulerServicer(cell_scheduler_pb2_grpc.CellSchedulerServicer):
             enum_name(common_pb2.JobState, s, f"states[{i}]", "JOB_STATE_")
             for i, s in enumerate(request.states)
         }
-        views, more = await self._cell.list_jobs(
+        views, more = await self._cell.jobs.list_jobs(
             tenant=tenant,
             states=states,
             pod_id=request.pod_id,
@@ -188,13 +189,13 @@ class CellSchedulerServicer(cell_scheduler_pb2_grpc.CellSchedulerServicer):
         require_ids(job_id=request.job_id)
         _note(job_id=request.job_id)
         await self._own_job(request.job_id)
-        return cell_job_pb(self._cell, await self._cell.complete(request.job_id))
+        return cell_job_pb(self._cell, await self._cell.jobs.complete(request.job_id))
 
     async def CancelJob(self, request, context) -> cell_scheduler_pb2.CellJob:
         require_ids(job_id=request.job_id)
         _note(job_id=request.job_id)
         await self._own_job(request.job_id)
-        return cell_job_pb(self._cell, await self._cell.cancel(request.job_id, request.reason))
+        return cell_job_pb(self._cell, await self._cell.jobs.cancel(request.job_id, request.reason))
 
     async def WatchJob(self, request, context):
         require_ids(job_id=request.job_id)
