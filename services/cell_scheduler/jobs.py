@@ -1,4 +1,4 @@
-"""The cell's jobs (CS-5): their records, their phase, and every change the cell makes to one.
+"""The cell's jobs (CS-5): their records, their phase, and the changes the cell makes to them.
 
 A job's phase in the cell (store.py keeps the atomic scripts that move it):
 
@@ -11,12 +11,18 @@ A claim binds the job to one pod with a token and a deadline
 (`forward_window_ms`); only the holder of the token ends that forward, placed
 or back in the queue. Once PLACED, the job's state mirrors its pod's, each pod
 transition numbered so it applies once and in order (`follow`). `CellJobs`
-holds the cell-side part of that machine: reading a record and waiting out a
-forward in flight (`settled`), following a pod's answer (`follow`), ending a
-forward without a placement (`back_to_queue`), the answer to a retried submit
-(`existing`), and the job calls of the API: get, list, complete, cancel.
-The claims themselves are made by the submit path (cell.py) and the
-forwarder (forward.py), which hand the claimed job here once it is decided.
+holds the cell-side part of that machine:
+the claims (`queue_new`, `claim_new`, `claim_queued`; called by the submit
+path in cell.py and by forward.py), the placement (`placed`), following a
+pod's answer (`follow`), ending a forward without a placement
+(`back_to_queue`), and the job calls of the API: get, list, complete, cancel
+(ending a job on its pod, or in the cell queue). It also reads records, waits
+out a forward in flight (`settled`) and answers a retried submit
+(`existing`). Elsewhere, each beside the reason it happens: the repairs after
+a failure (recovery.py: take-over, adoption, a job its pod no longer knows),
+a queued job that no pod can host any more (admission.py, while planning the
+queue) or that asked not to wait (forward.py), and the heartbeat's
+transitions (the store's report script).
 """
 
 from __future__ import annotations
