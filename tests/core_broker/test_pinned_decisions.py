@@ -178,3 +178,57 @@ def test_request_defaults_and_the_score_is_clamped():
     only_hint = PriorityFunction(mix={"hint": 1.0})
     assert only_hint(CoreRequest("r", 1, 1000, priority_hint=250)) == Priority("HIGH", 1.0)
     assert only_hint(CoreRequest("r", 1, 1000, priority_hint=-50)) == Priority("LOW", 0.0)
+
+
+S = 1000
+
+
+def one_gpu(cores: int = 10) -> CapacityMap:
+    c = CapacityMap()
+    c.upsert_device(Device("gpu-1", "GPU", cores))
+    return c
+
+
+def test_a_group_is_not_all_or_nothing_unless_asked():
+    from services.core_broker.decisions import Group, Outcome, decide
+
+    g = Group((CoreRequest("a", 6, S), CoreRequest("b", 6, S)))
+    assert g.all_or_nothing is False
+    ((da, db),) = decide(one_gpu(), [g], now=NOW, priority=PriorityFunction())
+    assert da.outcome is Outcome.GRANTED and db.outcome is not Outcome.GRANTED
+
+
+def test_a_one_request_all_or_nothing_group_may_take_a_lesser_outcome():
+    from services.core_broker.decisions import Group, Outcome, decide
+
+    busy = CoreRequest("busy", 10, 5 * S)
+    g = Group((CoreRequest("a", 6, S),), all_or_nothing=True)
+    (_, (d,)) = decide(one_gpu(), [Group((busy,)), g], now=NOW, priority=PriorityFunction())
+    assert d.outcome is Outcome.DEFERRED and d.start == NOW + 5 * S
+
+
+def test_higher_priority_first_whatever_the_order_given_and_ties_in_order():
+    from services.core_broker.decisions import Group, Outcome, decide
+
+    f = PriorityFunction()
+    lo = CoreRequest("lo", 6, S, priority_hint=10)
+    hi = CoreRequest("hi", 6, S, priority_hint=90)
+    ((dl,), (dh,)) = decide(one_gpu(), [Group((lo,)), Group((hi,))], now=NOW, priority=f)
+    assert dh.outcome is Outcome.GRANTED and dl.outcome is not Outcome.GRANTED
+    first, second = CoreRequest("first", 6, S), CoreRequest("second", 6, S)
+    ((d1,), (d2,)) = decide(one_gpu(), [Group((first,)), Group((second,))], now=NOW, priority=f)
+    assert d1.outcome is Outcome.GRANTED and d2.outcome is not Outcome.GRANTED
+
+
+def test_all_or_nothing_says_which_member_failed():
+    from services.core_broker.decisions import Group, Outcome, decide
+
+    g = Group(
+        (CoreRequest("a", 4, S, priority_hint=90), CoreRequest("b", 7, S, priority_hint=10)),
+        all_or_nothing=True,
+    )
+    ((da, db),) = decide(one_gpu(), [g], now=NOW, priority=PriorityFunction())
+    assert da.outcome is db.outcome is Outcome.REJECTED
+    assert da.summary == "all or nothing: b cannot be granted now"
+    assert not db.summary.startswith("all or nothing: b")
+    assert db.summary.startswith("all or nothing: ")
