@@ -678,6 +678,27 @@ class _Probe:
             out[:, pos] = np.maximum(caps[:, None] - peak.reshape(-1, m), 0).T
         return out
 
+    def free_where(self, a: list[int], b: list[int], sel: np.ndarray) -> np.ndarray:
+        """`free`, read only where `sel` (shape (len(a), n)) is set: 0 elsewhere."""
+        m = len(a)
+        out = np.zeros((m, self.n), np.int64)
+        qa = np.clip(np.array(a, np.int64) - _ORIGIN, 1, _TMAX - 1)
+        qb = np.clip(np.array(b, np.int64) - _ORIGIN, 1, _TMAX - 1)
+        for bk, pos, base, _, caps in self.parts:
+            # (device, window) pairs by row, then window: the keys come sorted
+            di, wi = np.nonzero(sel[:, pos].T)
+            if di.shape[0] == 0:
+                continue
+            rb = base[di]
+            lo = np.searchsorted(bk.keyflat, rb | qa[wi], side="right") - 1
+            hi = np.searchsorted(bk.keyflat, rb | qb[wi], side="left")
+            np.maximum(hi, lo + 1, out=hi)
+            k = _LOG2[hi - lo]
+            off = k * bk.plane
+            peak = np.maximum(bk.spflat[off + lo], bk.spflat[off + hi - (1 << k)])
+            out[wi, pos[di]] = np.maximum(caps[di] - peak, 0)
+        return out
+
     # -- the coarse grid -----------------------------------------------------------
 
     def coarse(self, duration: int, need: int) -> None:
@@ -706,25 +727,48 @@ class _Probe:
                     return j + int(hit[0])
                 j = self.chunk_start + self.chunk_open.shape[0]
                 continue
-            n = min(_CHUNK, last - j + 1)
-            lvl = g.m[j + 1 : j + n + w, self.columns]
-            span = 1  # lvl[i] becomes the most of cells j+1+i .. j+i+2*span
-            while span * 2 <= w:
-                lvl = np.maximum(lvl[:-span], lvl[span:])
-                span *= 2
-            a, z = lvl[:n], lvl[w - span : w - span + n]
-            offer = np.maximum(self.caps - np.maximum(a, z), 0)
-            self.chunk_start = j
-            self.chunk_offer = offer
-            self.chunk_open = offer.sum(axis=1) >= self.need
+            self._chunk(j, min(_CHUNK, last - j + 1))
 
-    def active(self, j0: int, j1: int) -> np.ndarray | None:
-        """A mask of the devices that might offer a core to a window starting
-        in cells j0 .. j1 (None: every device, the grid cannot tell)."""
-        k0, k1 = j0 - self.chunk_start, j1 - self.chunk_start
-        if self.width < 1 or j0 <= 0 or k0 < 0 or k1 >= self.chunk_open.shape[0]:
+    def _chunk(self, j: int, n: int) -> None:
+        """Bound cells j .. j+n-1 (each a start cell of windows of `width`)."""
+        w = self.width
+        lvl = self.grid.m[j + 1 : j + n + w, self.columns]
+        span = 1  # lvl[i] becomes the most of cells j+1+i .. j+i+2*span
+        while span * 2 <= w:
+            lvl = np.maximum(lvl[:-span], lvl[span:])
+            span *= 2
+        a, z = lvl[:n], lvl[w - span : w - span + n]
+        offer = np.maximum(self.caps - np.maximum(a, z), 0)
+        self.chunk_start = j
+        self.chunk_offer = offer
+        self.chunk_open = offer.sum(axis=1) >= self.need
+
+    def bounds(self, cells: list[tuple[int, int]], need: int) -> np.ndarray | None:
+        """For windows each starting somewhere in cells c0 .. c1 of `cells`: a mask
+        (len(cells), n) of the devices that might offer a core to it, empty for a
+        window to which all of them together cannot offer `need` (None: the grid
+        cannot tell)."""
+        if self.width < 1 or not cells:
             return None
-        return np.asarray((self.chunk_offer[k0 : k1 + 1] > 0).any(axis=0))
+        cs, rows = self.chunk_start, self.chunk_offer.shape[0]
+        lo = min(c0 for c0, _ in cells)
+        hi = max(c1 for _, c1 in cells)
+        if lo <= 0:
+            return None
+        if lo < cs or hi - cs >= rows:
+            last = self.grid.cells - 2 - self.width  # as in first_open
+            if hi > last:
+                return None
+            self._chunk(lo, max(hi - lo + 1, min(_CHUNK, last - lo + 1)))
+            cs = lo
+        bound = np.empty((len(cells), self.n), np.int64)
+        for i, (c0, c1) in enumerate(cells):
+            if c0 == c1:
+                bound[i] = self.chunk_offer[c0 - cs]
+            else:
+                bound[i] = self.chunk_offer[c0 - cs : c1 - cs + 1].max(axis=0)
+        bound[bound.sum(axis=1) < need] = 0
+        return bound > 0
 
 
 _CHUNK = 96  # cells bounded at once by the coarse grid
@@ -761,7 +805,13 @@ def earliest_start(
        bounds what it can offer anywhere in the block. Blocks short of `need`
        are skipped; h doubles (up to the duration) while they are and halves
        when the first one is not, and then more candidates are checked at once;
-    3. only the devices the grid says might offer a core take part.
+    3. each window (candidate or block) reads only the devices the grid says
+       might offer it a core, and none at all when those together cannot
+       offer `need` (`_Probe.bounds`, `_Probe.free_where`): a window's grid
+       bound is at least what each device has free in it, so the devices
+       left out have none and a window left out cannot hold `need`;
+    4. the candidates come from the device set's sorted end times
+       (`endtimes.EndSet`): one binary search, not a walk over every row.
 
     One step is one vectorised query, O(k log m) per window for the k devices.
     """
@@ -800,11 +850,16 @@ def earliest_start(
         b = [*(x + duration for x in cands), *(cl + i * h + duration + 1 for i in range(blocks))]
         # only the devices the grid says might offer cores to these windows: the
         # others offer none, to the candidates or to the blocks
-        act = probe.active(j, grid.index(a[-1])) if grid.origin is not None else None
-        if act is None or act.any():
-            free = probe.free(a, b, act)
-        else:
-            free = np.zeros((len(a), n), np.int64)
+        # only the devices the grid says might offer cores to each window (the
+        # others offer none), and none where together they cannot offer `need`
+        sel = None
+        if grid.origin is not None:
+            cells = [(grid.index(x), grid.index(x)) for x in cands]
+            cells += [
+                (grid.index(cl + i * h + 1), grid.index(cl + (i + 1) * h)) for i in range(blocks)
+            ]
+            sel = probe.bounds(cells, need)
+        free = probe.free(a, b) if sel is None else probe.free_where(a, b, sel)
         room = np.flatnonzero(free[: len(cands)].sum(axis=1) >= need)
         if room.size:
             return cands[int(room[0])], free[int(room[0])]

@@ -508,3 +508,49 @@ def test_every_search_of_a_batch_of_decisions_matches_the_oracle(specs, together
     assert sorted(zip(after.start.tolist(), after.end.tolist(), strict=True)) == sorted(
         zip(before.start.tolist(), before.end.tolist(), strict=True)
     )
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(rows, max_size=40),
+    st.integers(1, 24),  # need
+    st.integers(4, 40),  # duration
+    st.integers(0, 60),  # first start of the windows checked
+)
+def test_the_grid_bounds_of_a_window_leave_out_only_devices_with_nothing_free(
+    allocs, need, duration, first
+):
+    """`_Probe.bounds` may leave a device out of a window only if it has no core
+    free for any start in the window's cells, and a whole window only if its
+    devices together have fewer than `need`; `free_where` reads the rest exactly."""
+    from services.core_broker.skyline import _Probe
+
+    cap = build(allocs, [], [], cell=3)
+    sky = cap._sky_of()
+    sky.anchor(first)
+    sky._grid_fresh()
+    devices = np.arange(len(CORES))
+    probe = _Probe(sky, devices, cap.cores[devices])
+    probe.coarse(duration, need)
+    grid = sky.grid
+    assert grid.origin is not None
+    j = grid.index(first + 1)
+    probe.first_open(j)
+    cells = [(c, c) for c in range(j, j + 4)] + [(j, j + 2), (j + 1, j + 5)]
+    sel = probe.bounds(cells, need)
+    if sel is None:
+        return
+    old = legacy(cap)
+    for i, (c0, c1) in enumerate(cells):
+        lo, hi = grid.origin + c0 * grid.cell, grid.origin + (c1 + 1) * grid.cell
+        for t in range(lo, hi):
+            free = np.maximum(old.cores - old.peak(t, t + duration), 0)
+            if free.sum() >= need:
+                assert (sel[i] | (free == 0)).all(), (i, t)
+    starts = [grid.origin + c0 * grid.cell for c0, _ in cells]
+    order = np.argsort(starts, kind="stable")
+    a = [starts[k] for k in order]
+    b = [x + duration for x in a]
+    exact = probe.free(a, b)
+    where = probe.free_where(a, b, sel[order])
+    assert (where == np.where(sel[order], exact, 0)).all()
