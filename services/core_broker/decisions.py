@@ -316,11 +316,12 @@ def _decide_all(
                 items.append((prios[gi][j].score, len(items), gi, j))
     items.sort(key=lambda it: (-it[0], it[1]))
     out: list[list[Decision | None]] = [[None] * len(g.requests) for g in groups]
-    for _, _, gi, ri in items:
+    last = len(items) - 1
+    for n, (_, _, gi, ri) in enumerate(items):
         g = groups[gi]
         if ri is not None:
             d = _decide_one(work, g.requests[ri], prios[gi][ri], now, default_placement)
-            if d.granted:
+            if d.granted and n < last:  # the last grant: nothing decided after it to see it
                 work.assume(d.allocations)
             out[gi][ri] = d
             continue
