@@ -12,7 +12,8 @@ count is positive, O(log n + k + s) for the s pending changes; once there are
 many, the set is rebuilt from the rows.
 
 `EndSets` keeps the sets of the last few device sets searched (all devices,
-all of a kind, the named devices of a request), keyed by the device indices.
+all of a kind, the named devices of a request), keyed by the device indices,
+the least recently used evicted first.
 """
 
 from __future__ import annotations
@@ -79,10 +80,10 @@ class EndSets:
                 s.change(end, delta)
 
     def get(self, key: bytes) -> EndSet | None:
-        s = self.sets.get(key)
-        if s is not None and len(s.side) > MAX_SIDE:
-            del self.sets[key]
+        s = self.sets.pop(key, None)
+        if s is None or len(s.side) > MAX_SIDE:
             return None
+        self.sets[key] = s  # the most recently used last: evicted last
         return s
 
     def put(self, key: bytes, s: EndSet) -> None:

@@ -126,3 +126,16 @@ def test_only_the_last_few_sets_are_kept(sets):
         devices = np.arange(s % 12 + 1)
         assert sky.end_set(devices).next_ends(0, 20) == list(range(10, 10 + s % 12 + 1))
     assert len(sky.endsets.sets) <= endtimes.MAX_SETS
+
+
+def test_the_set_used_last_outlives_newer_ones():
+    cap = CapacityMap()
+    for d in range(12):
+        cap.upsert_device(Device(f"d{d}", "GPU", 4))
+        cap.add(f"a{d}", f"d{d}", 0, 10 + d, 1)
+    sky = cap._sky_of()
+    everyone = np.arange(12)
+    kept = sky.end_set(everyone)
+    for s in range(3 * endtimes.MAX_SETS):
+        sky.end_set(np.array([s % 12]))
+        assert sky.end_set(everyone) is kept  # used between the others: never evicted
