@@ -159,6 +159,36 @@ MODULES: dict[str, tuple[str, ...]] = {
 # Mutants judged equivalent (no observable behaviour changes), by
 # (module, line, mutation) as printed in `survived`, with the reason.
 EQUIVALENT: dict[tuple[str, int, str], str] = {
+    ("services.workload_scheduler.switched_placement", 119, "- -> + @21"): (
+        "tile shapes of one area: h + w and |h - w| both grow with how far h is from the "
+        "square root, so they sort the same"
+    ),
+    ("services.workload_scheduler.switched_placement", 144, "- -> + @18"): (
+        "the skip of groups with too few free processors is a shortcut: every tile is "
+        "checked against the taken processors anyway"
+    ),
+    ("services.workload_scheduler.switched_placement", 211, "1 -> 2 @28"): (
+        "the kind key of a column line (rows 0, columns 1 -> 2) only orders rows before "
+        "columns, which 2 still does"
+    ),
+    ("services.workload_scheduler.switched_placement", 261, "<= -> < @16"): (
+        "_fill with nothing left to pick goes on picking [] from the next rows: same result"
+    ),
+    ("services.workload_scheduler.switched_placement", 263, "<= -> < @19"): (
+        "a row with exactly as many groups as are left: all of them either way (the "
+        "result is sorted)"
+    ),
+    ("lightpath.domain.torus", 258, "1 -> 2 @39"): (
+        "ocs_of_index: the loop stops at d = -2 instead of -1, but always returns at d = 0 "
+        "(axis_offset[0] is 0)"
+    ),
+    ("lightpath.domain.torus", 278, "1 -> 2 @39"): (
+        "one_to_many_of_index: the same loop bound, returned from at d = 0 as above"
+    ),
+    ("services.workload_scheduler.planner", 235, "or -> and @30"): (
+        "switched_state's `large` maps a held group to its holder, but placement reads only "
+        "which groups it holds (SwitchedPodState.free_groups), never the holder"
+    ),
     ("lightpath.aggregation", 491, "<= -> < @60"): (
         "`carried` never equals `expected`: expected holds the node itself and a late "
         "switch never names itself among the nodes it carries, so subset == proper subset"

@@ -118,3 +118,9 @@ def test_several_broken_rules_at_once_with_the_prefix():
 def test_build_refuses_what_validate_refuses():
     with pytest.raises(InvalidArgument):
         Fabric.build(FabricConfig((1,), 4, 1, 7))
+
+
+def test_more_ocs_per_axis_than_blocks_at_the_ends_of_the_block_range():
+    assert fields(FabricConfig((1,), 1, 2, 4)) == ["ocs_per_axis"]
+    big = FabricConfig((1,), MAX_BLOCKS, MAX_BLOCKS + 1, MAX_RADIX)
+    assert fields(big) == ["ocs_per_axis", "ocs_per_axis"]  # K above 64, and above N

@@ -110,3 +110,29 @@ def test_reserved_small_groups_are_the_last_ones_and_bounded():
     for bad in (-1, 13):
         with pytest.raises(InvalidArgument):
             reserved_small_groups(G33, bad)
+
+
+def test_a_small_job_takes_the_last_free_processor_of_a_group():
+    taken = {f"t{i}": Tile(10, i // 3, i % 3, 1, 1) for i in range(9) if i != 4}
+    state = SwitchedPodState(frozenset({10}), frozenset(), {}, taken)
+    (only,) = list(placements(G33, state, "s", Degrees(1, 1, 1)))
+    assert only.tiles == (Tile(10, 1, 1, 1, 1),)
+    with pytest.raises(ResourceExhausted) as e:
+        list(placements(G33, state, "s", Degrees(2, 1, 1)))
+    assert e.value.reason == "SMALL_GROUPS_FULL" and "the emptiest has 1 free" in e.value.message
+
+
+def test_every_small_candidate_can_be_drawn_without_an_error():
+    got = list(placements(G33, small_state(), "s", Degrees(2, 2, 1)))
+    assert [p.tiles[0] for p in got] == [
+        Tile(11, 0, 1, 2, 2),
+        Tile(11, 1, 0, 2, 2),
+        Tile(11, 1, 1, 2, 2),
+    ]
+
+
+def test_2d_groups_without_tier1_join_rows_through_column_switches():
+    f = build_fabric(SwitchedFabricConfig.parse("group=2x2 cluster=2x2 planes=4 ports=4/0"))
+    state = SwitchedPodState(frozenset(), frozenset({1}), {}, {})
+    got = [(p.groups, p.locality) for p in placements(f, state, "j", Degrees(3, 2, 2))]
+    assert got == [((0, 2, 3), "tier0")]

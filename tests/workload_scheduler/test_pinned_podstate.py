@@ -19,9 +19,12 @@ def test_counts_by_type_total_free_allocated_failed():
 
 
 def test_a_group_hosting_small_jobs_counts_as_allocated():
-    state = pod(fabric(blocks=3))
+    state = pod(fabric("tpu:2,gpu:1", blocks=3))
     state.tile_owner["t2.0.1"] = "small"
-    assert state.counts_by_type() == {"tpu": {"total": 3, "free": 2, "allocated": 1, "failed": 0}}
+    assert state.counts_by_type() == {
+        "tpu": {"total": 2, "free": 2, "allocated": 0, "failed": 0},
+        "gpu": {"total": 1, "free": 0, "allocated": 1, "failed": 0},
+    }
 
 
 def test_a_partial_snapshot_allocates_only_its_free_blocks():
