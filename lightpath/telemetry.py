@@ -63,9 +63,12 @@ _CONSOLE_FILES: dict[str, IO[str]] = {}
 
 def console_stream(path: str = "") -> IO[str]:
     """Where console exporters write: `path` (appended, line-buffered), or stdout when
-    empty. Never stderr: that is the JSON-lines log stream (services.common.telemetry)."""
+    empty. A service never writes them to stderr: that is its JSON-lines log stream
+    (services.common.telemetry). The CLI, whose stdout is its output, names "stderr"."""
     if not path or path == "-":
         return sys.stdout
+    if path == "stderr":
+        return sys.stderr
     stream = _CONSOLE_FILES.get(path)
     if stream is None:
         stream = _CONSOLE_FILES[path] = open(path, "a", buffering=1, encoding="utf-8")

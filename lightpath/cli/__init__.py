@@ -57,6 +57,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"lightpath {__version__}")
     parser.add_argument("--as", dest="as_identity", metavar="IDENTITY", help=AS_HELP)
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="print the command's trace id on stderr (errors always print it): find its "
+        "spans and the services' log lines of it by that id",
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name in COMMAND_MODULES:
@@ -87,23 +94,37 @@ def _accept_as_everywhere(parser: argparse.ArgumentParser, seen: set[int]) -> No
 
 
 def main(argv: list[str] | None = None) -> int:
-    from lightpath.cli._common import (
-        CliError,
-        acting_as,
-        report_credentials_error,
-    )
+    """Run one command in its own trace (lightpath.cli.tracing); its exit code."""
+    from lightpath.cli.tracing import command_span, command_words, failed, print_trace_id
+
+    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    args = parser.parse_args(argv)
+    with command_span(command_words(parser, argv)) as span:
+        code = _run(args)
+        failed(span, code)
+        if args.verbose:
+            print_trace_id()
+        return code
+
+
+def _run(args: argparse.Namespace) -> int:
+    """The command's exit code; the CLI's own errors on stderr, with the trace id."""
+    from lightpath.cli._common import CliError, acting_as, report_credentials_error
+    from lightpath.cli.tracing import print_trace_id
     from lightpath.security.credentials import CredentialsError
     from lightpath.security.identity import IdentityError
 
-    args = build_parser().parse_args(argv)
     try:
         with acting_as(getattr(args, "as_identity", None)):
             return int(args.func(args) or 0)
     except CliError as exc:
         print(f"error: {exc.message}", file=sys.stderr)
+        print_trace_id()
         return exc.code
     except (CredentialsError, IdentityError) as exc:
         report_credentials_error(exc)
+        print_trace_id()
         return 2
 
 

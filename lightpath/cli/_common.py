@@ -88,6 +88,9 @@ def report_rpc_error(err: grpc.aio.AioRpcError | grpc.RpcError) -> None:
             print(f"  {subject}: {rule}", file=sys.stderr)
     for line in next_steps(report.code, report.message, report.reason, error_metadata(err)):
         print(f"next: {line}", file=sys.stderr)
+    from lightpath.cli.tracing import print_trace_id
+
+    print_trace_id()
 
 
 def error_metadata(err: grpc.aio.AioRpcError | grpc.RpcError) -> dict[str, str]:
