@@ -117,6 +117,7 @@ MODULES: dict[str, tuple[str, ...]] = {
         "tests/switched/test_pinned_rings.py",
         "tests/switched/test_pinned_ring_edges.py",
         "tests/switched/test_pinned_layouts.py",
+        "tests/switched/test_pinned_layout_table.py",
         "tests/switched/test_pinned_routes.py",
         "tests/switched/test_pinned_failures.py",
         "tests/switched/test_rings.py",
@@ -159,6 +160,10 @@ MODULES: dict[str, tuple[str, ...]] = {
 # Mutants judged equivalent (no observable behaviour changes), by
 # (module, line, mutation) as printed in `survived`, with the reason.
 EQUIVALENT: dict[tuple[str, int, str], str] = {
+    ("lightpath.domain.switched_rings", 292, "0 -> 1 @11"): (
+        "_layouts: `rank` only breaks ties between candidates in the order they were made; "
+        "starting it at 1 keeps that order"
+    ),
     ("services.workload_scheduler.switched_placement", 119, "- -> + @21"): (
         "tile shapes of one area: h + w and |h - w| both grow with how far h is from the "
         "square root, so they sort the same"
