@@ -64,7 +64,13 @@ def test_every_process_serves_its_metrics_on_loopback(stack):
         check = {"rpc_method": "/grpc.health.v1.Health/Check", "rpc_grpc_status_code": "OK"}
         rpc = "rpc_server_duration_milliseconds_count"
         assert health_status(spec_address(spec), credentials=creds) == "SERVING"
-        after = scrape(url)
+        # (a call is recorded as it finishes, maybe just after the client has its answer)
+        after = eventually(
+            url,
+            lambda f, b=before, r=rpc, k=check: value(f, r, **k) >= value(b, r, **k) + 1,
+            f"{spec.name}'s health call counted",
+            timeout=5,
+        )
         assert value(after, rpc, **check) == value(before, rpc, **check) + 1, spec.name
         # the supervisor reports its tasks (none down)
         down = [ls for (n, ls) in after if n == "lightpath_task_down"]
@@ -134,3 +140,181 @@ def test_status_lists_each_metrics_url(stack):
     ).stdout
     for url in stack.metrics_endpoints.values():
         assert url in text
+
+
+def eventually(url: str, check, what: str, timeout: float = 30.0) -> dict:
+    """A scrape of `url` once `check(scrape)` holds (gauges refresh every few seconds)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = scrape(url)
+        if check(found):
+            return found
+        assert time.monotonic() < deadline, f"not within {timeout} s: {what}"
+        time.sleep(0.25)
+
+
+def test_domain_metrics_move_with_the_work(stack):
+    """A job submitted and one of its blocks failed, a reservation made and an
+    aggregation run: each service's domain metrics on its endpoint say so."""
+    import asyncio
+
+    import numpy as np
+    from google.protobuf.duration_pb2 import Duration
+
+    from lightpath.agg import aggregate_all, local_node_credentials
+    from lightpath.client import channel
+    from lightpath.v1 import agg_switch_pb2 as agg
+    from lightpath.v1 import agg_switch_pb2_grpc, cell_scheduler_pb2_grpc, core_broker_pb2_grpc
+    from lightpath.v1 import cell_scheduler_pb2 as cs
+    from lightpath.v1 import common_pb2 as c
+    from lightpath.v1 import core_broker_pb2 as cb
+    from lightpath.v1 import workload_scheduler_pb2 as ws
+    from services.common.metric_names import prometheus_name
+
+    urls = stack.metrics_endpoints
+
+    def p(otel: str, unit: str = "") -> str:
+        return prometheus_name(otel, unit)
+
+    wires = p("lightpath.ocs.change.duration", "s") + "_count"
+    admitted = p("lightpath.pod.admission.attempts") + "_total"
+    before = {n: scrape(u) for n, u in urls.items()}
+
+    async def work() -> None:
+        creds = stack.operator
+        ep = stack.endpoints
+        async with (
+            channel(ep["cell-scheduler"], credentials=creds) as cell_ch,
+            channel(ep["core-broker"], credentials=creds) as broker_ch,
+            channel(ep["agg-root"], credentials=creds) as agg_ch,
+        ):
+            cell = cell_scheduler_pb2_grpc.CellSchedulerStub(cell_ch)
+            for _ in range(300):  # pod-1 registered and reporting its capacity
+                pods = (await cell.ListPods(cs.ListPodsRequest())).pods
+                if any(x.capacity.types and x.status == cs.POD_STATUS_READY for x in pods):
+                    break
+                await asyncio.sleep(0.1)
+            job = await cell.SubmitJob(
+                cs.SubmitJobRequest(
+                    spec=ws.JobSpec(job_id="metered", shape=c.Shape(dims=[8, 4, 4]))
+                )
+            )
+            assert job.job.state == c.JOB_STATE_RUNNING, job
+            await cell.ReportBlockHealth(
+                cs.ReportCellBlockHealthRequest(
+                    pod_id="pod-1",
+                    block_id=job.job.pod_job.blocks[0].block_id,
+                    health=c.BLOCK_HEALTH_FAILED,
+                    reason="metrics test",
+                )
+            )
+            broker = core_broker_pb2_grpc.CoreBrokerStub(broker_ch)
+            await broker.RegisterDevice(
+                cb.RegisterDeviceRequest(
+                    device=cb.Device(device_id="gpu-m", kind=cb.DEVICE_KIND_GPU, cores=8)
+                )
+            )
+            app = await broker.RegisterApplication(
+                cb.RegisterApplicationRequest(application_id="metered-app")
+            )
+            md = (("authorization", f"Bearer {app.token}"),)
+            d = Duration(seconds=3600)
+            r = await broker.Reserve(
+                cb.ReserveRequest(
+                    request=cb.ReservationRequest(reservation_id="r-m", cores=4, duration=d)
+                ),
+                metadata=md,
+            )
+            assert r.outcome == cb.OUTCOME_GRANTED, r
+            root = agg_switch_pb2_grpc.AggSwitchStub(agg_ch)
+            nodes = ["n1", "n2"]
+            await root.DefineTopology(
+                agg.DefineTopologyRequest(
+                    topology=agg.AggTopology(
+                        tree_id="tree-1",
+                        nodes=[
+                            agg.AggNode(
+                                id="root", kind=agg.AGG_NODE_KIND_SWITCH, threshold_ms=5000
+                            ),
+                            *(
+                                agg.AggNode(id=n, kind=agg.AGG_NODE_KIND_COMPUTE, parent="root")
+                                for n in nodes
+                            ),
+                        ],
+                    )
+                )
+            )
+            await root.StartCommand(
+                agg.StartCommandRequest(
+                    command_id="metered",
+                    participants=nodes,
+                    length=8,
+                    dtype=agg.AGG_DTYPE_INT64,
+                    op=agg.AGG_OP_SUM,
+                    deadline=Duration(seconds=20),
+                )
+            )
+            node_creds = await local_node_credentials(nodes, state_dir=Path(stack.state_dir))
+            out = await aggregate_all(
+                ep["agg-root"],
+                "metered",
+                {n: np.arange(8, dtype=np.int64) for n in nodes},
+                credentials=node_creds.get,
+            )
+            assert all(np.array_equal(v.values, np.arange(8) * 2) for v in out.values())
+
+    asyncio.run(work())
+
+    def more(service: str, name: str, by: float = 1, **labels: str):
+        return lambda f: value(f, name, **labels) >= value(before[service], name, **labels) + by
+
+    eventually(
+        urls["cell-scheduler"],
+        more("cell-scheduler", p("lightpath.cell.submit_to_running.duration", "s") + "_count"),
+        "the cell's submit-to-running histogram",
+    )
+    eventually(
+        urls["cell-scheduler"],
+        lambda f: (
+            value(f, p("lightpath.cell.jobs"), state="JOB_STATE_RUNNING") >= 1
+            or value(f, p("lightpath.cell.jobs"), state="RUNNING") >= 1
+        ),
+        "the cell's RUNNING job gauge",
+    )
+    eventually(urls["ws-pod-1"], more("ws-pod-1", admitted, result="admitted"), "an admission")
+    eventually(
+        urls["ws-pod-1"],
+        lambda f: value(f, p("lightpath.pod.blocks"), state="failed") >= 1,
+        "a failed block on the pod's block gauge",
+    )
+    eventually(
+        urls["ws-pod-1"],
+        more("ws-pod-1", p("lightpath.pod.block_replacements") + "_total"),
+        "the failed block's replacement",
+    )
+    eventually(urls["ocs-pod-1"], more("ocs-pod-1", wires, op="wire"), "a wiring")
+    eventually(
+        urls["ocs-pod-1"],
+        lambda f: value(f, p("lightpath.ocs.cross_connects")) > 0,
+        "cross-connects in use",
+    )
+    eventually(
+        urls["core-broker"],
+        more("core-broker", p("lightpath.broker.decisions") + "_total", outcome="granted"),
+        "a granted decision",
+    )
+    eventually(
+        urls["core-broker"],
+        lambda f: value(f, p("lightpath.broker.cores.reserved"), device="gpu-m", window="now") >= 4,
+        "the device's reserved cores",
+    )
+    eventually(
+        urls["agg-root"],
+        more("agg-root", p("lightpath.agg.commands") + "_total"),
+        "a finished aggregation",
+    )
+    eventually(
+        urls["agg-root"],
+        more("agg-root", p("lightpath.agg.bytes_aggregated", "By") + "_total", by=2 * 8 * 8),
+        "the bytes aggregated",
+    )
