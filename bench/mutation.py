@@ -160,6 +160,19 @@ MODULES: dict[str, tuple[str, ...]] = {
 # Mutants judged equivalent (no observable behaviour changes), by
 # (module, line, mutation) as printed in `survived`, with the reason.
 EQUIVALENT: dict[tuple[str, int, str], str] = {
+    ("lightpath.domain.switched_rings", 457, "1 -> 2 @30"): (
+        "a reserved channel marked 2 instead of 1 in the router's working copy: only its "
+        "truth is read (and the memo keys on it, which changes hits, not hops)"
+    ),
+    ("lightpath.domain.switched_rings", 471, "1 -> 2 @46"): (
+        "the same: channels marked 2 instead of 1 in the working copy"
+    ),
+    ("lightpath.domain.switched_rings", 464, "1 -> 2 @56"): (
+        "the 'no free channel' sentinel -1 -> -2: tested only as < 0"
+    ),
+    ("lightpath.domain.switched_rings", 469, "1 -> 2 @65"): (
+        "the 'no free channel' sentinel -1 -> -2: tested only as >= 0"
+    ),
     ("lightpath.domain.switched_rings", 292, "0 -> 1 @11"): (
         "_layouts: `rank` only breaks ties between candidates in the order they were made; "
         "starting it at 1 keeps that order"
