@@ -1,0 +1,105 @@
+#!/usr/bin/env python3
+"""What the Prometheus metrics cost (issue 18): the cell_scheduler bench's load (8
+clients, submit+complete pairs through the cell and directly to pod-1's workload
+scheduler, two superpods of 64 blocks, mTLS) with every process's scrape endpoint on
+(LIGHTPATH_METRICS_LISTEN, scraped once a second as Prometheus would) and off, in one
+run: stacks in the order on, off, off, on, so neither always goes first.
+
+    python3 dev.py bench metrics_cost [--seconds 16] [--clients 8] [--rounds 2]
+
+Prints one JSON line: cell_per_s, direct_per_s, their p50/p99 ms and CPU ms per pair
+with metrics on ("on") and off ("off"), and metrics_cost_cell_throughput,
+metrics_cost_direct_throughput (1 - on / off; the issue's goal is <= 0.05).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import threading
+import urllib.request
+from dataclasses import replace
+
+import cell_scheduler as cell_bench
+from _common import emit, private_stack, stack_pids
+
+from lightpath.embedded_redis import free_port
+
+ORDER = ("on", "off", "off", "on")
+
+
+def specs(metrics: bool):
+    out = cell_bench.specs()
+    return [replace(s, metrics_port=free_port()) for s in out] if metrics else out
+
+
+@contextlib.contextmanager
+def scraping(urls: list[str], every_s: float = 1.0):
+    """GET every endpoint once a second in a thread while the block runs."""
+    stop = threading.Event()
+
+    def loop() -> None:
+        while not stop.wait(every_s):
+            for url in urls:
+                with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=2) as r:
+                    r.read()
+
+    t = threading.Thread(target=loop, daemon=True)
+    t.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        t.join()
+
+
+def cost(on: float, off: float) -> float:
+    """The share of the throughput the metrics cost: 1 - on / off (negative: faster)."""
+    return 1.0 - on / off if off else float("nan")
+
+
+def run(seconds: float, clients: int, rounds: int) -> dict:
+    phases = {mode: cell_bench.Phases() for mode in ("on", "off")}
+    per_segment = seconds / ORDER.count("on")
+    for i, mode in enumerate(ORDER):
+        with private_stack(specs(mode == "on"), tls=True) as stack:
+            pids = stack_pids(stack, stack.redis_url)
+            with scraping(list(stack.metrics_endpoints.values())):
+                asyncio.run(
+                    cell_bench.segment(
+                        stack,
+                        phases[mode],
+                        pids,
+                        seconds=per_segment,
+                        clients=clients,
+                        rounds=rounds,
+                        tag=f"m{i}",
+                    )
+                )
+    common = {"clients": clients, "seconds": seconds, "rounds": rounds * ORDER.count("on")}
+    on = {**phases["on"].summary(), **common}
+    off = {**phases["off"].summary(), **common}
+    return {
+        "on": on,
+        "off": off,
+        "cell_per_s_on": on["cell_per_s"],
+        "cell_per_s_off": off["cell_per_s"],
+        "direct_per_s_on": on["direct_per_s"],
+        "direct_per_s_off": off["direct_per_s"],
+        "metrics_cost_cell_throughput": cost(on["cell_per_s"], off["cell_per_s"]),
+        "metrics_cost_direct_throughput": cost(on["direct_per_s"], off["direct_per_s"]),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=16.0, help="recorded s per mode")
+    parser.add_argument("--clients", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=2)
+    args = parser.parse_args()
+    emit(run(args.seconds, args.clients, args.rounds))
+
+
+if __name__ == "__main__":
+    main()
