@@ -8,6 +8,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -44,7 +45,27 @@ def redis_server_binary() -> str:
     return found
 
 
+# Ports a process is told to listen on, picked below the kernel's ephemeral range
+# (Linux: 32768-60999). A port picked here is free when picked and bound by the child a
+# moment later; in between, every outgoing connection on the machine takes a port from
+# the ephemeral range, so a pick from that range can be taken first (seen under the
+# parallel test suite: "Address already in use"). Below it, only another pick competes.
+_PICK_RANGE = (20000, 32767)
+
+
+_rng = random.SystemRandom()  # not the random module's state, which tests may seed alike
+
+
 def free_port() -> int:
+    """A loopback TCP port free now, for a process to listen on."""
+    for _ in range(100):
+        port = _rng.randint(*_PICK_RANGE)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
