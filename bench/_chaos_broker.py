@@ -3,7 +3,8 @@ cores from concurrent clients through the kills, then every acknowledged
 reservation checked and the schedule searched for a double-booked core.
 
 A reservation is acknowledged when Reserve answered (GRANTED, PARTIAL or DEFERRED:
-stored; REJECTED stores nothing), a release when ReleaseReservation answered.
+stored; REJECTED stores nothing), a release when ReleaseReservation answered; a
+release whose answer was lost to a kill may have happened or not, and either is right.
 After the chaos each acknowledged one must be there, with the allocations it was
 granted, in a definite state (a released one RELEASED); no device may have more
 cores in use at any moment than it has, counting every reservation the broker
@@ -35,6 +36,9 @@ LIVE_STATES = {
     cb.RESERVATION_STATE_ENDED,
 }
 DEFINITE = LIVE_STATES | {cb.RESERVATION_STATE_RELEASED}
+# A call that failed so: it may or may not have been carried out (the broker or Redis
+# was killed around it).
+OUTCOME_UNKNOWN = {"UNAVAILABLE", "DEADLINE_EXCEEDED", "UNKNOWN", "INTERNAL", "CANCELLED"}
 
 
 @dataclass
@@ -44,6 +48,8 @@ class Reservations:
     # reservation id -> the allocations (device, cores, start ms, end ms) it was granted
     acked: dict[str, list[tuple[str, int, int, int]]] = field(default_factory=dict)
     released: set[str] = field(default_factory=set)
+    # releases asked for whose answer was lost (a kill): released or not, both are right
+    release_unknown: set[str] = field(default_factory=set)
 
 
 def allocations(r: cb.Reservation) -> list[tuple[str, int, int, int]]:
@@ -114,6 +120,8 @@ async def client(index: int, broker, app_md, record, seen: Reservations, rng, de
             mine.remove(rid)
             if resp is not None:
                 seen.released.add(rid)
+            elif record.last_code in OUTCOME_UNKNOWN:  # (read before any other call ran)
+                seen.release_unknown.add(rid)
         else:
             await call(
                 record,
@@ -176,6 +184,8 @@ async def check(broker, app_md, seen: Reservations) -> tuple[int, list[str]]:
             problems.append(f"reservation {rid} is {cb.ReservationState.Name(r.state)}")
         if rid in seen.released and r.state != cb.RESERVATION_STATE_RELEASED:
             problems.append(f"reservation {rid} released, now {cb.ReservationState.Name(r.state)}")
+        if rid in seen.release_unknown and r.state == cb.RESERVATION_STATE_RELEASED:
+            continue
         if rid not in seen.released and allocations(r) != granted:
             problems.append(f"reservation {rid} granted {granted}, now {allocations(r)}")
     problems += double_booked(await list_all(broker))

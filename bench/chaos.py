@@ -166,8 +166,11 @@ class Record:
     acked: dict[str, int] = field(default_factory=dict)
     ops: int = 0
 
+    last_code: str = ""  # of the last call recorded
+
     def code(self, code: grpc.StatusCode) -> None:
         self.codes[code.name] += 1
+        self.last_code = code.name
 
 
 class Chaos:
