@@ -2,10 +2,11 @@
 """What the Prometheus metrics cost (issue 18): the cell_scheduler bench's load (8
 clients, submit+complete pairs through the cell and directly to pod-1's workload
 scheduler, two superpods of 64 blocks, mTLS) with every process's scrape endpoint on
-(LIGHTPATH_METRICS_LISTEN, scraped once a second as Prometheus would) and off, in one
-run: stacks in the order on, off, off, on, so neither always goes first.
+(LIGHTPATH_METRICS_LISTEN, scraped every --scrape-every s: 15 s, the interval
+deploy/monitoring's Prometheus configuration uses) and off, in one run: stacks in the
+order on, off, off, on, so neither always goes first.
 
-    python3 dev.py bench metrics_cost [--seconds 16] [--clients 8] [--rounds 2]
+    python3 dev.py bench metrics_cost [--seconds 60] [--clients 8] [--rounds 2] [--scrape-every 15]
 
 Prints one JSON line: cell_per_s, direct_per_s, their p50/p99 ms and CPU ms per pair
 with metrics on ("on") and off ("off"), and metrics_cost_cell_throughput,
@@ -59,13 +60,13 @@ def cost(on: float, off: float) -> float:
     return 1.0 - on / off if off else float("nan")
 
 
-def run(seconds: float, clients: int, rounds: int) -> dict:
+def run(seconds: float, clients: int, rounds: int, scrape_every: float) -> dict:
     phases = {mode: cell_bench.Phases() for mode in ("on", "off")}
     per_segment = seconds / ORDER.count("on")
     for i, mode in enumerate(ORDER):
         with private_stack(specs(mode == "on"), tls=True) as stack:
             pids = stack_pids(stack, stack.redis_url)
-            with scraping(list(stack.metrics_endpoints.values())):
+            with scraping(list(stack.metrics_endpoints.values()), scrape_every):
                 asyncio.run(
                     cell_bench.segment(
                         stack,
@@ -77,7 +78,12 @@ def run(seconds: float, clients: int, rounds: int) -> dict:
                         tag=f"m{i}",
                     )
                 )
-    common = {"clients": clients, "seconds": seconds, "rounds": rounds * ORDER.count("on")}
+    common = {
+        "clients": clients,
+        "seconds": seconds,
+        "rounds": rounds * ORDER.count("on"),
+        "scrape_every_s": scrape_every,
+    }
     on = {**phases["on"].summary(), **common}
     off = {**phases["off"].summary(), **common}
     return {
@@ -94,11 +100,14 @@ def run(seconds: float, clients: int, rounds: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seconds", type=float, default=16.0, help="recorded s per mode")
+    parser.add_argument("--seconds", type=float, default=60.0, help="recorded s per mode")
+    parser.add_argument(
+        "--scrape-every", type=float, default=15.0, help="seconds between scrapes of each endpoint"
+    )
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
-    emit(run(args.seconds, args.clients, args.rounds))
+    emit(run(args.seconds, args.clients, args.rounds, args.scrape_every))
 
 
 if __name__ == "__main__":
