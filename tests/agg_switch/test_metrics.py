@@ -6,73 +6,24 @@ this process, told apart by their `switch` attribute)."""
 from __future__ import annotations
 
 import asyncio
-import functools
 
 import pytest
-from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from lightpath.agg import ComputeNode, aggregate_all
 from lightpath.v1 import agg_switch_pb2 as pb
 from services.agg_switch import server as agg_server
 from services.agg_switch.metrics import AggMetrics
-from services.common.metric_names import BY_OTEL
 from tests.agg_switch.test_contract import FIVE, straggle, vectors
 from tests.agg_switch.tree import agg_tree, node_credentials, stack_tree
+from tests.metrics_reader import assert_listed, install, points, until, value
 
 SWITCHES = ("root", "sub-1", "sub-2")
 
 
-def assert_listed(reader: InMemoryMetricReader) -> None:
-    """Every point collected is of an instrument services.common.metric_names lists,
-    with exactly its attributes (the dashboards and alert rules are written against it)."""
-    data = reader.get_metrics_data()
-    for rm in data.resource_metrics if data else ():
-        for sm in rm.scope_metrics:
-            for m in sm.metrics:
-                listed = BY_OTEL[m.name]
-                for p in m.data.data_points:
-                    assert sorted(p.attributes) == sorted(listed.labels), (m.name, p.attributes)
-
-
-def points(reader: InMemoryMetricReader, name: str) -> list:
-    data = reader.get_metrics_data()
-    return [
-        p
-        for rm in (data.resource_metrics if data else ())
-        for sm in rm.scope_metrics
-        for m in sm.metrics
-        if m.name == name
-        for p in m.data.data_points
-    ]
-
-
-def value(reader: InMemoryMetricReader, name: str, **attrs) -> float:
-    return sum(
-        p.value
-        for p in points(reader, name)
-        if all(p.attributes.get(k) == v for k, v in attrs.items())
-    )
-
-
-async def until(check, what: str, timeout: float = 10.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not check():
-        assert loop.time() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.02)
-
-
 @pytest.fixture
 def reader(monkeypatch) -> InMemoryMetricReader:
-    reader = InMemoryMetricReader()
-    meter = MeterProvider(metric_readers=[reader]).get_meter("test")
-    monkeypatch.setattr(
-        agg_server,
-        "build",
-        functools.partial(agg_server.build, metrics=AggMetrics(meter, refresh_s=0.05)),
-    )
-    return reader
+    return install(monkeypatch, agg_server, AggMetrics, refresh_s=0.05)
 
 
 async def test_aggregations_move_commands_bytes_timeouts_bypass_entries_and_predictions(

@@ -3,62 +3,20 @@ with two pods on a real Redis, read through an in-memory reader of its own provi
 
 from __future__ import annotations
 
-import functools
-
 import pytest
-from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from lightpath.v1 import cell_scheduler_pb2 as cs
 from lightpath.v1 import common_pb2 as c
 from services.cell_scheduler import server as cell_server
 from services.cell_scheduler.metrics import CellMetrics
-from services.common.metric_names import BY_OTEL
 from tests.cell_scheduler.conftest import cell_stack
-
-
-def assert_listed(reader: InMemoryMetricReader) -> None:
-    """Every point collected is of an instrument services.common.metric_names lists,
-    with exactly its attributes (the dashboards and alert rules are written against it)."""
-    data = reader.get_metrics_data()
-    for rm in data.resource_metrics if data else ():
-        for sm in rm.scope_metrics:
-            for m in sm.metrics:
-                listed = BY_OTEL[m.name]
-                for p in m.data.data_points:
-                    assert sorted(p.attributes) == sorted(listed.labels), (m.name, p.attributes)
-
-
-def points(reader: InMemoryMetricReader) -> dict[str, list]:
-    """Every data point collected now, by instrument name."""
-    out: dict[str, list] = {}
-    data = reader.get_metrics_data()
-    for rm in data.resource_metrics if data else ():
-        for sm in rm.scope_metrics:
-            for m in sm.metrics:
-                out.setdefault(m.name, []).extend(m.data.data_points)
-    return out
-
-
-def value(reader: InMemoryMetricReader, name: str, **attrs) -> float:
-    """The sum of the points of `name` whose attributes include `attrs` (a histogram: its count)."""
-    total = 0.0
-    for p in points(reader).get(name, []):
-        if all(p.attributes.get(k) == v for k, v in attrs.items()):
-            total += p.count if hasattr(p, "bucket_counts") else p.value
-    return total
+from tests.metrics_reader import assert_listed, install, points, value
 
 
 @pytest.fixture
 def reader(monkeypatch) -> InMemoryMetricReader:
-    reader = InMemoryMetricReader()
-    meter = MeterProvider(metric_readers=[reader]).get_meter("test")
-    monkeypatch.setattr(
-        cell_server,
-        "build",
-        functools.partial(cell_server.build, metrics=CellMetrics(meter, refresh_s=0.1)),
-    )
-    return reader
+    return install(monkeypatch, cell_server, CellMetrics, refresh_s=0.1)
 
 
 async def test_a_job_through_the_cell_moves_jobs_queue_forwards_and_latency(redis_url, reader):
@@ -70,7 +28,7 @@ async def test_a_job_through_the_cell_moves_jobs_queue_forwards_and_latency(redi
         await cell.wait_for(pods_ready, what="one pod ready in lightpath.cell.pods")
         assert value(reader, "lightpath.cell.jobs", state="RUNNING") == 0
         assert value(reader, "lightpath.cell.submit_to_running.duration") == 0
-        ages = points(reader)["lightpath.cell.heartbeat.age"]
+        ages = points(reader, "lightpath.cell.heartbeat.age")
         assert [p.attributes["pod"] for p in ages] == ["pod-a"]
 
         first = await cell.submit("m1", (4, 4, 8))  # both blocks

@@ -3,71 +3,19 @@ a real Redis, read through an in-memory reader of the test's own provider."""
 
 from __future__ import annotations
 
-import asyncio
-import functools
-
 import pytest
-from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from lightpath.v1 import core_broker_pb2 as pb
-from services.common.metric_names import BY_OTEL
 from services.core_broker import server as broker_server
 from services.core_broker.metrics import BrokerMetrics
 from tests.core_broker.conftest import running_broker
-
-
-def assert_listed(reader: InMemoryMetricReader) -> None:
-    """Every point collected is of an instrument services.common.metric_names lists,
-    with exactly its attributes (the dashboards and alert rules are written against it)."""
-    data = reader.get_metrics_data()
-    for rm in data.resource_metrics if data else ():
-        for sm in rm.scope_metrics:
-            for m in sm.metrics:
-                listed = BY_OTEL[m.name]
-                for p in m.data.data_points:
-                    assert sorted(p.attributes) == sorted(listed.labels), (m.name, p.attributes)
-
-
-def points(reader: InMemoryMetricReader, name: str) -> list:
-    data = reader.get_metrics_data()
-    return [
-        p
-        for rm in (data.resource_metrics if data else ())
-        for sm in rm.scope_metrics
-        for m in sm.metrics
-        if m.name == name
-        for p in m.data.data_points
-    ]
-
-
-def value(reader: InMemoryMetricReader, name: str, **attrs) -> float:
-    """The sum of the points of `name` whose attributes include `attrs` (a histogram: its count)."""
-    return sum(
-        p.count if hasattr(p, "bucket_counts") else p.value
-        for p in points(reader, name)
-        if all(p.attributes.get(k) == v for k, v in attrs.items())
-    )
-
-
-async def until(check, what: str, timeout: float = 10.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not check():
-        assert loop.time() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.05)
+from tests.metrics_reader import assert_listed, install, until, value
 
 
 @pytest.fixture
 def reader(monkeypatch) -> InMemoryMetricReader:
-    reader = InMemoryMetricReader()
-    meter = MeterProvider(metric_readers=[reader]).get_meter("test")
-    monkeypatch.setattr(
-        broker_server,
-        "build",
-        functools.partial(broker_server.build, metrics=BrokerMetrics(meter, refresh_s=0.1)),
-    )
-    return reader
+    return install(monkeypatch, broker_server, BrokerMetrics, refresh_s=0.1)
 
 
 async def test_reservations_move_decisions_reserved_cores_and_live_count(redis_url, reader):

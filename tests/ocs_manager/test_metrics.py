@@ -3,74 +3,22 @@ Redis, read through an in-memory reader of the test's own provider."""
 
 from __future__ import annotations
 
-import asyncio
-import functools
-
 import grpc
 import pytest
 import redis.asyncio as aioredis
-from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from lightpath.v1 import ocs_manager_pb2 as pb
 from services.common.keys import pod_key
-from services.common.metric_names import BY_OTEL
 from services.ocs_manager import server as ocs_server
 from services.ocs_manager.metrics import OcsMetrics
+from tests.metrics_reader import assert_listed, install, points, until, value
 from tests.ocs_manager.conftest import POD, ocs_stub, rpc_error, wire_request
-
-
-def assert_listed(reader: InMemoryMetricReader) -> None:
-    """Every point collected is of an instrument services.common.metric_names lists,
-    with exactly its attributes (the dashboards and alert rules are written against it)."""
-    data = reader.get_metrics_data()
-    for rm in data.resource_metrics if data else ():
-        for sm in rm.scope_metrics:
-            for m in sm.metrics:
-                listed = BY_OTEL[m.name]
-                for p in m.data.data_points:
-                    assert sorted(p.attributes) == sorted(listed.labels), (m.name, p.attributes)
-
-
-def points(reader: InMemoryMetricReader, name: str) -> list:
-    data = reader.get_metrics_data()
-    return [
-        p
-        for rm in (data.resource_metrics if data else ())
-        for sm in rm.scope_metrics
-        for m in sm.metrics
-        if m.name == name
-        for p in m.data.data_points
-    ]
-
-
-def value(reader: InMemoryMetricReader, name: str, **attrs) -> float:
-    """The sum of the points of `name` whose attributes include `attrs` (a histogram: its count)."""
-    return sum(
-        p.count if hasattr(p, "bucket_counts") else p.value
-        for p in points(reader, name)
-        if all(p.attributes.get(k) == v for k, v in attrs.items())
-    )
-
-
-async def until(check, what: str, timeout: float = 10.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not check():
-        assert loop.time() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.05)
 
 
 @pytest.fixture
 def reader(monkeypatch) -> InMemoryMetricReader:
-    reader = InMemoryMetricReader()
-    meter = MeterProvider(metric_readers=[reader]).get_meter("test")
-    monkeypatch.setattr(
-        ocs_server,
-        "build",
-        functools.partial(ocs_server.build, metrics=OcsMetrics(meter, refresh_s=0.1)),
-    )
-    return reader
+    return install(monkeypatch, ocs_server, OcsMetrics, refresh_s=0.1)
 
 
 async def test_wire_and_release_move_cross_connects_ports_1xk_states_and_change_times(

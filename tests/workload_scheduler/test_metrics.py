@@ -4,65 +4,19 @@ the test's own provider."""
 
 from __future__ import annotations
 
-import asyncio
-import functools
-
 import pytest
-from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from lightpath.v1 import common_pb2 as c
-from services.common.metric_names import BY_OTEL
 from services.workload_scheduler import server as ws_server
 from services.workload_scheduler.metrics import PodMetrics
+from tests.metrics_reader import assert_listed, install, until, value
 from tests.workload_scheduler.conftest import POD, pod_stack
-
-
-def assert_listed(reader: InMemoryMetricReader) -> None:
-    """Every point collected is of an instrument services.common.metric_names lists,
-    with exactly its attributes (the dashboards and alert rules are written against it)."""
-    data = reader.get_metrics_data()
-    for rm in data.resource_metrics if data else ():
-        for sm in rm.scope_metrics:
-            for m in sm.metrics:
-                listed = BY_OTEL[m.name]
-                for p in m.data.data_points:
-                    assert sorted(p.attributes) == sorted(listed.labels), (m.name, p.attributes)
-
-
-def value(reader: InMemoryMetricReader, name: str, **attrs) -> float:
-    """The sum of the points of `name` whose attributes include `attrs` (a histogram: its count)."""
-    total = 0.0
-    data = reader.get_metrics_data()
-    for rm in data.resource_metrics if data else ():
-        for sm in rm.scope_metrics:
-            for m in sm.metrics:
-                if m.name != name:
-                    continue
-                for p in m.data.data_points:
-                    if all(p.attributes.get(k) == v for k, v in attrs.items()):
-                        total += p.count if hasattr(p, "bucket_counts") else p.value
-    return total
-
-
-async def until(check, what: str, timeout: float = 10.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not check():
-        assert loop.time() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.05)
 
 
 @pytest.fixture
 def reader(monkeypatch) -> InMemoryMetricReader:
-    reader = InMemoryMetricReader()
-    meter = MeterProvider(metric_readers=[reader]).get_meter("test")
-    monkeypatch.setattr(
-        ws_server,
-        "build",
-        functools.partial(ws_server.build, metrics=PodMetrics(meter, refresh_s=0.1)),
-    )
-    return reader
+    return install(monkeypatch, ws_server, PodMetrics, refresh_s=0.1)
 
 
 async def test_admission_preemption_and_a_failed_block_move_the_pod_metrics(redis_url, reader):
