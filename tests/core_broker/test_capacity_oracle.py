@@ -23,6 +23,7 @@ from services.core_broker.decisions import (
     decide,
 )
 from tests.core_broker.capacity_oracle import LegacySchedule
+from tests.core_broker.test_decisions import high, low
 
 S = 1000
 NOW = 1_700_000_000_000
@@ -367,32 +368,6 @@ def test_near_saturated_schedules_at_epoch_times_match_the_old_search(seed):
 
 
 # -- the seed's worked examples, every answer checked against the oracle ------------
-
-
-def high(rid: str, cores: int, seconds: float, **kw) -> CoreRequest:
-    return CoreRequest(
-        rid,
-        cores,
-        int(seconds * S),
-        task_type="computer-vision",
-        qos_level="PREMIUM",
-        billing_model="COMMITTED",
-        priority_hint=80,
-        **kw,
-    )
-
-
-def low(rid: str, cores: int, seconds: float, **kw) -> CoreRequest:
-    return CoreRequest(
-        rid,
-        cores,
-        int(seconds * S),
-        task_type="training",
-        qos_level="BEST_EFFORT",
-        billing_model="SPOT",
-        priority_hint=20,
-        **kw,
-    )
 
 
 def run(cap: CapacityMap, *requests: CoreRequest):
