@@ -35,7 +35,7 @@ import asyncio
 import collections
 import contextlib
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 
 from _common import cpu_seconds, emit, percentile, private_stack, stack_pids, tls_cost
 
@@ -52,10 +52,17 @@ PODS = ("pod-1", "pod-2")
 SHAPE = [8, 4, 4]
 
 
-def specs() -> list[ProcessSpec]:
+def specs(pods: Sequence[str] = PODS, blocks: int | None = None) -> list[ProcessSpec]:
+    """The cell and, for each of `pods`, its ocs_manager (`blocks` blocks, default 64)
+    and workload scheduler, registered with the cell."""
     out = [ProcessSpec("cell", "cell_scheduler", free_port())]
-    for pod in PODS:
-        out.append(ProcessSpec(f"ocs-{pod}", "ocs_manager", free_port(), {"LIGHTPATH_POD_ID": pod}))
+    fabric = {"LIGHTPATH_FABRIC_BLOCKS": str(blocks)} if blocks else {}
+    for pod in pods:
+        out.append(
+            ProcessSpec(
+                f"ocs-{pod}", "ocs_manager", free_port(), {"LIGHTPATH_POD_ID": pod, **fabric}
+            )
+        )
         out.append(
             ProcessSpec(
                 f"ws-{pod}",
@@ -175,12 +182,14 @@ async def cell_complete(stub, job_id: str) -> None:
     await stub.CompleteJob(cs.CompleteCellJobRequest(job_id=job_id))
 
 
-async def wait_registered(address: str, credentials: Credentials) -> None:
+async def wait_registered(
+    address: str, credentials: Credentials, pods: Sequence[str] = PODS
+) -> None:
     async with channel(address, credentials=credentials) as ch:
         cell = cell_scheduler_pb2_grpc.CellSchedulerStub(ch)
         for _ in range(300):
-            pods = (await cell.ListPods(cs.ListPodsRequest())).pods
-            if {p.registration.pod_id for p in pods if p.capacity.types} >= set(PODS):
+            listed = (await cell.ListPods(cs.ListPodsRequest())).pods
+            if {p.registration.pod_id for p in listed if p.capacity.types} >= set(pods):
                 return
             await asyncio.sleep(0.1)
     raise RuntimeError("the pods did not register with the cell")

@@ -29,11 +29,10 @@ import argparse
 import asyncio
 import time
 
+import cell_scheduler as cell_bench
 from _common import cpu_ms_per, cpu_seconds, emit, percentile, private_stack, stack_pids
 
 from lightpath.client import channel
-from lightpath.embedded_redis import free_port
-from lightpath.stack import ProcessSpec
 from lightpath.v1 import cell_scheduler_pb2 as cs
 from lightpath.v1 import cell_scheduler_pb2_grpc
 from lightpath.v1 import common_pb2 as c
@@ -42,45 +41,15 @@ from lightpath.v1 import workload_scheduler_pb2 as ws
 POD_COUNTS = (1, 2, 4, 8)
 
 
-def cell_specs(pods: int) -> list[ProcessSpec]:
-    out = [ProcessSpec("cell", "cell_scheduler", free_port())]
-    for i in range(1, pods + 1):
-        pod = f"pod-{i}"
-        out.append(
-            ProcessSpec(
-                f"ocs-{pod}",
-                "ocs_manager",
-                free_port(),
-                {"LIGHTPATH_POD_ID": pod, "LIGHTPATH_FABRIC_BLOCKS": "16"},
-            )
-        )
-        out.append(
-            ProcessSpec(
-                f"ws-{pod}",
-                "workload_scheduler",
-                free_port(),
-                {"LIGHTPATH_POD_ID": pod},
-                {
-                    "LIGHTPATH_OCS_ADDR": f"ocs-{pod}",
-                    "LIGHTPATH_CELL_ADDR": "cell",
-                    "LIGHTPATH_ADVERTISE_ADDR": f"ws-{pod}",
-                },
-            )
-        )
-    return out
+def pod_names(pods: int) -> list[str]:
+    return [f"pod-{i}" for i in range(1, pods + 1)]
 
 
 async def cell_point(stack, pods: int, pairs: int) -> dict:
     pids = stack_pids(stack, stack.redis_url)
+    await cell_bench.wait_registered(stack.endpoints["cell"], stack.operator, pod_names(pods))
     async with channel(stack.endpoints["cell"], credentials=stack.operator) as ch:
         cell = cell_scheduler_pb2_grpc.CellSchedulerStub(ch)
-        for _ in range(300):
-            listed = (await cell.ListPods(cs.ListPodsRequest())).pods
-            if sum(1 for p in listed if p.capacity.types) >= pods:
-                break
-            await asyncio.sleep(0.1)
-        else:
-            raise RuntimeError(f"{pods} pods did not register with the cell")
 
         async def pair(job_id: str) -> float:
             t0 = time.perf_counter()
@@ -111,7 +80,7 @@ async def cell_point(stack, pods: int, pairs: int) -> dict:
 def cell_curve(quick: bool) -> dict:
     points = []
     for pods in POD_COUNTS:
-        with private_stack(cell_specs(pods), tls=True) as stack:
+        with private_stack(cell_bench.specs(pod_names(pods), blocks=16), tls=True) as stack:
             points.append(asyncio.run(cell_point(stack, pods, 60 if quick else 300)))
     return {"points": points}
 
