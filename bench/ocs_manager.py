@@ -68,8 +68,18 @@ def wire_request(job: str, grid, blocks, view=pb.WIRING_VIEW_UNSPECIFIED) -> pb.
 
 
 def start_server(
-    redis_url: str, pod: str, k: int, ca: LocalCA, creds: Credentials, workdir: Path
+    redis_url: str,
+    pod: str,
+    k: int,
+    ca: LocalCA,
+    creds: Credentials,
+    workdir: Path,
+    *,
+    blocks: int = 64,
+    radix: int = 136,
 ) -> tuple[subprocess.Popen, str]:
+    """pod's ocs_manager (K = `k`, `blocks` blocks of 4x4x4) in a process of its own,
+    once it is SERVING; its log's tail in the error if it does not start."""
     port = free_port()
     env = {
         **os.environ,
@@ -79,24 +89,27 @@ def start_server(
         "LIGHTPATH_LISTEN": f"127.0.0.1:{port}",
         "LIGHTPATH_POD_ID": pod,
         "LIGHTPATH_FABRIC_BLOCK_SHAPE": "4x4x4",
-        "LIGHTPATH_FABRIC_BLOCKS": "64",
+        "LIGHTPATH_FABRIC_BLOCKS": str(blocks),
         "LIGHTPATH_FABRIC_OCS_PER_AXIS": str(k),
-        "LIGHTPATH_FABRIC_OCS_RADIX": "136",
+        "LIGHTPATH_FABRIC_OCS_RADIX": str(radix),
         "PYTHONPATH": str(ROOT),
     }
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "services.ocs_manager"],
-        env=env,
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    log = workdir / f"ocs_manager-{pod}.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "services.ocs_manager"],
+            env=env,
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=out,
+        )
     address = f"127.0.0.1:{port}"
     deadline = time.monotonic() + 30
     while health_status(address, timeout=0.5, credentials=creds) != "SERVING":
         if proc.poll() is not None or time.monotonic() > deadline:
             proc.kill()
-            raise SystemExit(f"ocs_manager for {pod} did not start")
+            tail = log.read_text(errors="replace")[-2000:]
+            raise SystemExit(f"ocs_manager for {pod} did not start:\n{tail}")
         time.sleep(0.1)
     return proc, address
 

@@ -23,9 +23,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -39,17 +36,12 @@ from _common import (
     percentile,
     private_redis,
     redis_pid,
-    service_tls_env,
 )
+from ocs_manager import start_server, wire_request
 
 from lightpath.client import channel
-from lightpath.embedded_redis import free_port
-from lightpath.security.credentials import Credentials
-from lightpath.security.identity import service_principal
-from lightpath.security.pki import LocalCA
-from lightpath.stack import health_status
-from lightpath.v1 import common_pb2, ocs_manager_pb2_grpc
 from lightpath.v1 import ocs_manager_pb2 as pb
+from lightpath.v1 import ocs_manager_pb2_grpc
 
 ROOT = Path(__file__).resolve().parent.parent
 GRIDS = {64: (4, 4, 4), 256: (8, 8, 4), 1024: (16, 8, 8)}
@@ -66,58 +58,6 @@ BASELINE = {
     "full_pod_wire_full_view_ms_p50_1024": 328.4,
     "cpu_ms_per_wire_release_1024": {"ocs_manager": 40.0, "redis": 413.5, "client": 2.0},
 }
-
-
-def wire_request(job: str, grid, blocks, view) -> pb.WireSliceRequest:
-    placements = []
-    for i, b in enumerate(blocks):
-        coords, rest = [], i
-        for e in grid:
-            rest, c = divmod(rest, e)
-            coords.append(c)
-        placements.append(
-            pb.BlockPlacement(position=common_pb2.Coordinate(coords=coords), block_id=b)
-        )
-    return pb.WireSliceRequest(
-        job_id=job, grid=common_pb2.Shape(dims=grid), blocks=placements, view=view
-    )
-
-
-def start_server(
-    redis_url: str, pod: str, blocks: int, ca: LocalCA, creds: Credentials, workdir: Path
-) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    env = {
-        **os.environ,
-        **service_tls_env(ca, service_principal("ocs_manager", pod)),
-        "LIGHTPATH_AUDIT_LOG": str(workdir / f"audit-{pod}.jsonl"),
-        "LIGHTPATH_REDIS_URL": redis_url,
-        "LIGHTPATH_LISTEN": f"127.0.0.1:{port}",
-        "LIGHTPATH_POD_ID": pod,
-        "LIGHTPATH_FABRIC_BLOCK_SHAPE": "4x4x4",
-        "LIGHTPATH_FABRIC_BLOCKS": str(blocks),
-        "LIGHTPATH_FABRIC_OCS_PER_AXIS": "1",
-        "LIGHTPATH_FABRIC_OCS_RADIX": str(2 * blocks),
-        "PYTHONPATH": str(ROOT),
-    }
-    log = workdir / f"ocs_manager-{pod}.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "services.ocs_manager"],
-            env=env,
-            cwd=ROOT,
-            stdout=subprocess.DEVNULL,
-            stderr=out,
-        )
-    address = f"127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while health_status(address, timeout=0.5, credentials=creds) != "SERVING":
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            tail = log.read_text(errors="replace")[-2000:]
-            raise SystemExit(f"ocs_manager for {pod} did not start:\n{tail}")
-        time.sleep(0.1)
-    return proc, address
 
 
 async def full_pod(stub, blocks: int, runs: int, view) -> tuple[list[float], list[float], int]:
@@ -167,7 +107,9 @@ async def run(runs: int) -> dict:
         rpid = redis_pid(redis_url)
         for blocks in GRIDS:
             pod = f"wire-{blocks}"
-            proc, address = start_server(redis_url, pod, blocks, ca, creds, Path(tmp))
+            proc, address = start_server(
+                redis_url, pod, 1, ca, creds, Path(tmp), blocks=blocks, radix=2 * blocks
+            )
             try:
                 pids = {"ocs_manager": proc.pid, **({"redis": rpid} if rpid else {})}
                 async with channel(address, credentials=creds) as ch:
