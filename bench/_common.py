@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator, Sequence
@@ -75,6 +76,57 @@ def operator_credentials(ca: LocalCA) -> Credentials:
 
     files = ca.issue(Principal(OPERATOR, OPERATOR))
     return Credentials.from_files(files.ca, files.cert, files.key, source="bench operator")
+
+
+def start_service(
+    service: str,
+    principal: Principal,
+    ca: LocalCA,
+    creds: Credentials,
+    workdir: Path,
+    env: dict[str, str],
+    *,
+    timeout: float = 60.0,
+) -> tuple[subprocess.Popen, str]:
+    """`python -m services.<service>` as deployed (mTLS as `principal`, its audit log and
+    stderr under `workdir`, `env` on top) on a free loopback port, once it is SERVING:
+    (process, address). If it does not start, the error ends with its log's tail."""
+    import os
+    import time
+
+    from lightpath.embedded_redis import free_port
+    from lightpath.stack import health_status
+
+    root = Path(__file__).resolve().parent.parent
+    port = free_port()
+    name = principal.name.replace("/", "-")  # a file name (service names hold a slash)
+    full_env = {
+        **os.environ,
+        **service_tls_env(ca, principal),
+        "LIGHTPATH_AUDIT_LOG": str(workdir / f"audit-{name}.jsonl"),  # as the local stack does
+        "LIGHTPATH_LISTEN": f"127.0.0.1:{port}",
+        "PYTHONPATH": str(root),
+        **env,
+    }
+    log = workdir / f"{service}-{name}.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", f"services.{service}"],
+            env=full_env,
+            cwd=root,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=out,
+        )
+    address = f"127.0.0.1:{port}"
+    deadline = time.monotonic() + timeout
+    while health_status(address, timeout=0.5, credentials=creds) != "SERVING":
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            tail = log.read_text(errors="replace")[-2000:]
+            raise SystemExit(f"{service} ({name}) did not start:\n{tail}")
+        time.sleep(0.1)
+    return proc, address
 
 
 @contextlib.contextmanager

@@ -23,9 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -36,15 +34,13 @@ from _common import (
     operator_credentials,
     percentile,
     private_redis,
-    service_tls_env,
+    start_service,
 )
 
 from lightpath.client import channel
-from lightpath.embedded_redis import free_port
 from lightpath.security.credentials import Credentials
 from lightpath.security.identity import service_principal
 from lightpath.security.pki import LocalCA
-from lightpath.stack import health_status
 from lightpath.v1 import common_pb2, ocs_manager_pb2_grpc
 from lightpath.v1 import ocs_manager_pb2 as pb
 
@@ -78,40 +74,22 @@ def start_server(
     blocks: int = 64,
     radix: int = 136,
 ) -> tuple[subprocess.Popen, str]:
-    """pod's ocs_manager (K = `k`, `blocks` blocks of 4x4x4) in a process of its own,
-    once it is SERVING; its log's tail in the error if it does not start."""
-    port = free_port()
-    env = {
-        **os.environ,
-        **service_tls_env(ca, service_principal("ocs_manager", pod)),
-        "LIGHTPATH_AUDIT_LOG": str(workdir / f"audit-{pod}.jsonl"),  # as the local stack does
-        "LIGHTPATH_REDIS_URL": redis_url,
-        "LIGHTPATH_LISTEN": f"127.0.0.1:{port}",
-        "LIGHTPATH_POD_ID": pod,
-        "LIGHTPATH_FABRIC_BLOCK_SHAPE": "4x4x4",
-        "LIGHTPATH_FABRIC_BLOCKS": str(blocks),
-        "LIGHTPATH_FABRIC_OCS_PER_AXIS": str(k),
-        "LIGHTPATH_FABRIC_OCS_RADIX": str(radix),
-        "PYTHONPATH": str(ROOT),
-    }
-    log = workdir / f"ocs_manager-{pod}.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "services.ocs_manager"],
-            env=env,
-            cwd=ROOT,
-            stdout=subprocess.DEVNULL,
-            stderr=out,
-        )
-    address = f"127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while health_status(address, timeout=0.5, credentials=creds) != "SERVING":
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            tail = log.read_text(errors="replace")[-2000:]
-            raise SystemExit(f"ocs_manager for {pod} did not start:\n{tail}")
-        time.sleep(0.1)
-    return proc, address
+    """pod's ocs_manager (K = `k`, `blocks` blocks of 4x4x4) in a process of its own."""
+    return start_service(
+        "ocs_manager",
+        service_principal("ocs_manager", pod),
+        ca,
+        creds,
+        workdir,
+        {
+            "LIGHTPATH_REDIS_URL": redis_url,
+            "LIGHTPATH_POD_ID": pod,
+            "LIGHTPATH_FABRIC_BLOCK_SHAPE": "4x4x4",
+            "LIGHTPATH_FABRIC_BLOCKS": str(blocks),
+            "LIGHTPATH_FABRIC_OCS_PER_AXIS": str(k),
+            "LIGHTPATH_FABRIC_OCS_RADIX": str(radix),
+        },
+    )
 
 
 async def full_pod(stub, runs: int, view) -> dict[str, float]:

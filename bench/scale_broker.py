@@ -37,7 +37,6 @@ import asyncio
 import os
 import random
 import subprocess
-import sys
 import tempfile
 import time
 from collections import Counter
@@ -52,17 +51,15 @@ from _common import (
     percentile,
     private_redis,
     redis_pid,
-    service_tls_env,
+    start_service,
 )
 from google.protobuf.duration_pb2 import Duration
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from lightpath.client import channel
-from lightpath.embedded_redis import free_port
 from lightpath.security.credentials import Credentials
 from lightpath.security.identity import Principal, service_principal
 from lightpath.security.pki import LocalCA
-from lightpath.stack import health_status
 from lightpath.v1 import common_pb2, core_broker_pb2_grpc
 from lightpath.v1 import core_broker_pb2 as pb
 
@@ -142,37 +139,20 @@ def mixed(rid: str, rng: random.Random, now: int) -> pb.ReservationRequest:
 
 
 def start_broker(redis_url: str, ca: LocalCA, creds: Credentials, workdir: Path):
-    port = free_port()
-    env = {
-        **os.environ,
-        **service_tls_env(ca, service_principal("core_broker")),
-        "LIGHTPATH_TLS_CLIENT_AUTH": "require",
-        "LIGHTPATH_REDIS_URL": redis_url,
-        "LIGHTPATH_LISTEN": f"127.0.0.1:{port}",
-        "LIGHTPATH_CB_OPERATOR_TOKEN": "",
-        "LIGHTPATH_TOKEN_FILE": "",
-        "LIGHTPATH_AUDIT_LOG": str(workdir / "audit-broker.jsonl"),
-        "LIGHTPATH_LOG_LEVEL": "warning",
-        "PYTHONPATH": str(ROOT),
-    }
-    log = workdir / "core_broker.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "services.core_broker"],
-            env=env,
-            cwd=ROOT,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=out,
-        )
-    address = f"127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while health_status(address, timeout=0.5, credentials=creds) != "SERVING":
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            raise SystemExit(f"core_broker did not start:\n{log.read_text()[-2000:]}")
-        time.sleep(0.1)
-    return proc, address
+    return start_service(
+        "core_broker",
+        service_principal("core_broker"),
+        ca,
+        creds,
+        workdir,
+        {
+            "LIGHTPATH_TLS_CLIENT_AUTH": "require",
+            "LIGHTPATH_REDIS_URL": redis_url,
+            "LIGHTPATH_CB_OPERATOR_TOKEN": "",
+            "LIGHTPATH_TOKEN_FILE": "",
+            "LIGHTPATH_LOG_LEVEL": "warning",
+        },
+    )
 
 
 async def populate(address: str, operator: Credentials, app: Credentials, live: int) -> dict:
