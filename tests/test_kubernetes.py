@@ -186,10 +186,6 @@ def test_the_redis_url_forms_the_configmap_shows_are_ones_the_services_read():
     text = (KUBE / "base" / "settings.yaml").read_text()
     forms = re.findall(r"^#\s+(\S+://\S+)$", text, re.M)
     assert {f.partition("://")[0] for f in forms} == {"rediss", "redis+cluster", "redis+sentinel"}
-    try:
-        load(CommonSettings, {"LIGHTPATH_REDIS_URL": "redis+cluster://a:6379,b:6379"})
-    except ValueError:
-        pytest.skip("services/common does not read redis+cluster:// URLs yet (issue 16)")
     for form in forms:
         load(CommonSettings, {"LIGHTPATH_REDIS_URL": form})
 
