@@ -484,6 +484,15 @@ class WorkloadSchedulerServicer(workload_scheduler_pb2_grpc.WorkloadSchedulerSer
         return ring_plan_pb(plan_rings(chips, wrap, degrees))
 
 
+def availability(held: bool, failed: bool) -> int:
+    """BlockAvailability: a failed block nobody holds is UNAVAILABLE, never FREE."""
+    if held:
+        return common_pb2.BLOCK_AVAILABILITY_ALLOCATED
+    if failed:
+        return common_pb2.BLOCK_AVAILABILITY_UNAVAILABLE
+    return common_pb2.BLOCK_AVAILABILITY_FREE
+
+
 async def block_view(sched: WorkloadScheduler, b: int) -> workload_scheduler_pb2.BlockView:
     """One block of an OCS_TORUS pod as pod_view draws it, from one read (issue 15)."""
     owner, failed, job = await sched.store.block(b)
@@ -494,9 +503,7 @@ async def block_view(sched: WorkloadScheduler, b: int) -> workload_scheduler_pb2
         block_id=b,
         node_type=sched.fabric.node_types[b],
         health=common_pb2.BLOCK_HEALTH_FAILED if failed else common_pb2.BLOCK_HEALTH_HEALTHY,
-        availability=common_pb2.BLOCK_AVAILABILITY_ALLOCATED
-        if owner
-        else common_pb2.BLOCK_AVAILABILITY_FREE,
+        availability=availability(bool(owner), failed),
         job_id=owner,
         position=common_pb2.Coordinate(coords=position) if position is not None else None,
     )
@@ -545,9 +552,7 @@ async def pod_view(sched: WorkloadScheduler) -> workload_scheduler_pb2.PodView:
                 health=common_pb2.BLOCK_HEALTH_FAILED
                 if b in state.failed
                 else common_pb2.BLOCK_HEALTH_HEALTHY,
-                availability=common_pb2.BLOCK_AVAILABILITY_ALLOCATED
-                if owner or b in shared
-                else common_pb2.BLOCK_AVAILABILITY_FREE,
+                availability=availability(bool(owner) or b in shared, b in state.failed),
                 job_id=owner,
                 position=common_pb2.Coordinate(coords=positions[b])
                 if owner in state.jobs and b in positions

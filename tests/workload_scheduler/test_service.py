@@ -398,6 +398,18 @@ async def test_plan_rings_refuses_a_shape_the_pod_cannot_host(pod16):
     assert list(plan.chips.dims) == [20, 4, 4]
 
 
+async def test_a_failed_block_is_never_shown_free(pod16):
+    """Issue 19: a FAILED block nobody holds showed availability FREE."""
+    resp = await pod16.fail(15)
+    assert resp.block.health == c.BLOCK_HEALTH_FAILED
+    assert resp.block.availability == c.BLOCK_AVAILABILITY_UNAVAILABLE
+    view = await pod16.assert_consistent()
+    assert view.blocks[15].availability == c.BLOCK_AVAILABILITY_UNAVAILABLE
+    assert view.blocks[14].availability == c.BLOCK_AVAILABILITY_FREE
+    recovered = await pod16.recover(15)
+    assert recovered.block.availability == c.BLOCK_AVAILABILITY_FREE
+
+
 async def test_list_jobs_pages_and_filters(pod16):
     for i in range(5):
         await pod16.admit(f"j{i}", (4, 4, 4))
