@@ -484,7 +484,7 @@ class WorkloadSchedulerServicer(workload_scheduler_pb2_grpc.WorkloadSchedulerSer
         return ring_plan_pb(plan_rings(chips, wrap, degrees))
 
 
-def availability(held: bool, failed: bool) -> int:
+def availability(held: bool, failed: bool) -> common_pb2.BlockAvailability.ValueType:
     """BlockAvailability: a failed block nobody holds is UNAVAILABLE, never FREE."""
     if held:
         return common_pb2.BLOCK_AVAILABILITY_ALLOCATED
