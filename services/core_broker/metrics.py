@@ -106,9 +106,8 @@ class BrokerMetrics:
                 total[d.device_id] = d.cores
                 reserved[(d.device_id, "now")] = int(used_now[i])
                 reserved[(d.device_id, "next_hour")] = int(used_hour[i])
-        # The map holds live and future allocations only (the reaper removes ended
-        # ones); an allocation's key is "<reservation id>:<part>...".
-        self._live = len({k.split(":", 1)[0] for k in cap.keys()})
+        # The map holds live and future allocations only (the reaper removes ended ones).
+        self._live = cap.reservations()
         self._reserved, self._total = reserved, total
 
     # -- callbacks (the reader's thread: cached values only) ----------------------
