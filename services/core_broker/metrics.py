@@ -62,6 +62,11 @@ class BrokerMetrics:
             "lightpath.broker.decisions",
             description="decisions by outcome (granted, partial, deferred, rejected)",
         )
+        self._commits = meter.create_counter(
+            "lightpath.broker.commits",
+            description="decision batches committed, by whether Redis re-checked capacity "
+            "(rechecked: the state changed between decision and commit, e.g. another replica)",
+        )
         self._duration = meter.create_histogram(
             "lightpath.broker.decision.duration", unit="s", description="time of one decision"
         )
@@ -76,6 +81,10 @@ class BrokerMetrics:
         """Committed decisions (each with its Outcome: GRANTED, PARTIAL, DEFERRED, REJECTED)."""
         for d in decisions:
             self._decisions.add(1, {"outcome": str(d.outcome).lower()})
+
+    def committed(self, *, rechecked: bool) -> None:
+        """A batch's commit reached Redis: decided on its current state, or re-checked."""
+        self._commits.add(1, {"rechecked": "true" if rechecked else "false"})
 
     def answered(self, started: float) -> None:
         """A Reserve call's requests were decided and committed (or failed): from the

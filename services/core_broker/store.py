@@ -93,7 +93,8 @@ local function fmt(n) return string.format("%d", n) end
 # ARGV: prefix, now, payload JSON, stream maxlen, seen version ("" = unknown), seen stream id
 # payload: [ticket, ...]; ticket: {ids: [id, ...], groups: [group, ...]}; group: [reservation, ...];
 # reservation: {id, app, data, created, due, parts: [[device, cores, start, end, member], ...]}
-# Returns {version written or 0, stream id, status per ticket, current version}; a ticket's status is
+# Returns {version written or 0, stream id, status per ticket, current version, 1 if re-checked
+# else 0}; a ticket's status is
 # "exists:<id>" (nothing of it written) or a list of "ok" / "conflict:<device>" per group.
 # When the store is still at the seen version and stream entry, the decisions were made on
 # exactly its state and the capacity re-check is skipped (compare-and-set on the version).
@@ -164,7 +165,7 @@ for ti, ticket in ipairs(tickets) do
   end
 end
 local sid = publish(ops, events, maxlen)
-return {version or 0, sid, out, tonumber(redis.call("GET", P .. "version") or "0")}
+return {version or 0, sid, out, tonumber(redis.call("GET", P .. "version") or "0"), current and 0 or 1}
 """
 )
 
@@ -510,6 +511,7 @@ class CommitResult:
     # per ticket: ("exists", id) or ("groups", ["ok" | "conflict:<device>", ...])
     tickets: list[tuple[str, Any]]
     current_version: int = 0  # the store's version after the call
+    rechecked: bool = True  # False: decided on the store's current state, not re-read
 
 
 @dataclass(frozen=True)
@@ -598,7 +600,7 @@ class BrokerStore:
                 tickets_out.append(("groups", [_text(s) for s in status[1:]]))
             else:
                 tickets_out.append(("exists", _text(status).split(":", 1)[1]))
-        return CommitResult(version, sid, tickets_out, int(raw[3]))
+        return CommitResult(version, sid, tickets_out, int(raw[3]), bool(int(raw[4])))
 
     async def release(self, reservation_id: str, app: str | None, now: int) -> ScriptResult:
         raw = await self._release(
