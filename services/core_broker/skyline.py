@@ -595,6 +595,7 @@ class _Probe:
         self.n = devices.shape[0]
         self.devices = devices
         self.caps = caps
+        self.caps32 = caps.astype(np.int32)  # as the grid's cells: offers without widening
         self.grid = sky.grid
         self.ends: EndSet | None = None
         # the devices' columns of the grid: a slice (a view, no copy) when they are
@@ -740,15 +741,24 @@ class _Probe:
             self._chunk(j, min(_CHUNK, last - j + 1))
 
     def _chunk(self, j: int, n: int) -> None:
-        """Bound cells j .. j+n-1 (each a start cell of windows of `width`)."""
+        """Bound cells j .. j+n-1 (each a start cell of windows of `width`).
+
+        A device offers a window starting in cell i at most its cores less its
+        most in any of cells i+1 .. i+width, and all of them together at most
+        `total` of any one of those cells (what they have free in it, summed). So
+        first the cells whose windows fall short of `need` by that cheap bound
+        (one sum per cell) are closed, their per-device offers left 0: whatever
+        they are, together they are short of `need`, so the windows of those
+        cells are never checked. The per-device bound is worked out from the
+        first cell that may be open."""
         w = self.width
-        lvl = self.grid.m[j + 1 : j + n + w, self.columns]
-        span = 1  # lvl[i] becomes the most of cells j+1+i .. j+i+2*span
-        while span * 2 <= w:
-            lvl = np.maximum(lvl[:-span], lvl[span:])
-            span *= 2
-        a, z = lvl[:n], lvl[w - span : w - span + n]
-        offer = np.maximum(self.caps - np.maximum(a, z), 0)
+        free = self.caps32 - self.grid.m[j + 1 : j + n + w, self.columns]
+        total = np.maximum(free, 0).sum(axis=1)
+        maybe = np.flatnonzero(_sliding_min(total, w, n) >= self.need)
+        offer = np.zeros((n, self.n), np.int64)
+        if maybe.size:
+            f = int(maybe[0])
+            offer[f:] = np.maximum(_sliding_min(free[f:], w, n - f), 0)
         self.chunk_start = j
         self.chunk_offer = offer
         self.chunk_open = offer.sum(axis=1) >= self.need
@@ -782,6 +792,16 @@ class _Probe:
 
 
 _CHUNK = 96  # cells bounded at once by the coarse grid
+
+
+def _sliding_min(x: np.ndarray, w: int, n: int) -> np.ndarray:
+    """min(x[i : i + w]) along the first axis, for i < n (x has n + w - 1 rows):
+    windows of doubling spans, then the two that cover each window."""
+    span = 1  # x[i] becomes the least of x[i .. i + 2 * span - 1]
+    while span * 2 <= w:
+        x = np.minimum(x[:-span], x[span:])
+        span *= 2
+    return np.minimum(x[:n], x[w - span : w - span + n])
 
 
 LOOKAHEAD = 4  # blocks bounded per step besides the candidates checked exactly
