@@ -460,16 +460,17 @@ class DataPlane:
         return item
 
     def _apply(self, plan: CommandPlan, eff: Effects) -> None:
-        self.metrics.applied(self, plan, eff)
+        def plan_of(command_id: str) -> CommandPlan:
+            # A freed slot may admit another command's waiting arrival: its own plan.
+            if command_id == plan.spec.command_id:
+                return plan
+            return self._commands[command_id].plan
+
+        self.metrics.applied(self.switch_id, eff, plan_of)
         results: dict[int, Packet] = {}  # id(original) → the packet to send
         passed: set[tuple[str, int]] = set()
         for to, pkt in eff.sends:
-            # A freed slot may admit another command's waiting arrival: its own dtype.
-            owner = (
-                plan
-                if pkt.command_id == plan.spec.command_id
-                else self._commands[pkt.command_id].plan
-            )
+            owner = plan_of(pkt.command_id)
             dtype = owner.spec.dtype
             is_result = pkt.kind is Kind.RESULT
             if is_result:

@@ -783,7 +783,7 @@ async def build(
         shm_min_bytes=settings.shm_min_bytes,
         metrics=metrics,
     )
-    runtime.supervise(lambda: metrics.run(plane), "switch metrics", needed=False)
+    runtime.supervise(lambda: metrics.run(plane.core), "switch metrics", needed=False)
 
     async def register() -> None:
         while runtime.port == 0:
