@@ -215,7 +215,7 @@ def node_worker(
     `files`: its own (CA, certificate, key)."""
     import numpy as np
 
-    from lightpath.agg import ComputeNode
+    from lightpath.aggregation.node import ComputeNode
     from lightpath.security.credentials import Credentials
 
     out = np.empty(elems, np.float32)
@@ -456,7 +456,7 @@ async def hold_times(
     """The straggler sends 500 ms after the first data reached its switch."""
     import numpy as np
 
-    from lightpath.agg import ComputeNode, aggregate_all
+    from lightpath.aggregation.node import ComputeNode, aggregate_all
     from lightpath.client import channel
     from lightpath.v1 import agg_switch_pb2 as pb
     from lightpath.v1 import agg_switch_pb2_grpc
@@ -519,7 +519,7 @@ async def tenant_rate(
 ) -> float:
     import numpy as np
 
-    from lightpath.agg import aggregate_all
+    from lightpath.aggregation.node import aggregate_all
 
     elems, chunk = 1 << 16, 1 << 14  # 4 chunks of 64 KiB per command, 4 slots on the switch
     done = [0] * 4

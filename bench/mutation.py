@@ -74,7 +74,7 @@ PLANNERS = (
     "services.workload_scheduler.switched_placement",
     "lightpath.domain.torus",
     "lightpath.domain.switched_rings",
-    "lightpath.aggregation",
+    "lightpath.aggregation.maths",
     "services.core_broker.decisions",
 )
 
@@ -124,7 +124,7 @@ MODULES: dict[str, tuple[str, ...]] = {
         "tests/switched/test_placement.py",
         "tests/switched/test_properties.py",
     ),
-    "lightpath.aggregation": (
+    "lightpath.aggregation.maths": (
         "tests/agg_switch/test_pinned_exact.py",
         "tests/agg_switch/test_pinned_aggregation.py",
         "tests/agg_switch/test_aggregation.py",
@@ -207,24 +207,24 @@ EQUIVALENT: dict[tuple[str, int, str], str] = {
         "switched_state's `large` maps a held group to its holder, but placement reads only "
         "which groups it holds (SwitchedPodState.free_groups), never the holder"
     ),
-    ("lightpath.aggregation", 491, "<= -> < @60"): (
+    ("lightpath.aggregation.maths", 491, "<= -> < @60"): (
         "`carried` never equals `expected`: expected holds the node itself and a late "
         "switch never names itself among the nodes it carries, so subset == proper subset"
     ),
-    ("lightpath.aggregation", 266, "False -> True @16"): (
+    ("lightpath.aggregation.maths", 266, "False -> True @16"): (
         "reference(): the first accumulate() takes its input as is and resets `owned`"
     ),
-    ("lightpath.aggregation", 308, "False -> True @22"): (
+    ("lightpath.aggregation.maths", 308, "False -> True @22"): (
         "Fold: the first _take() finds no accumulator and resets `owned`"
     ),
-    ("lightpath.aggregation", 403, "False -> True @18"): (
+    ("lightpath.aggregation.maths", 403, "False -> True @18"): (
         "_TaChunk: the first _take() finds no accumulator and resets `owned`"
     ),
-    ("lightpath.aggregation", 111, "16 -> 17 @13"): (
+    ("lightpath.aggregation.maths", 111, "16 -> 17 @13"): (
         "BLOCK is how many elements EXACT converts at a time; each element sees the same "
         "operations whatever the block (the module says so), so only speed changes"
     ),
-    ("lightpath.aggregation", 111, "1 -> 2 @8"): (
+    ("lightpath.aggregation.maths", 111, "1 -> 2 @8"): (
         "BLOCK = 2 << 16 instead of 1 << 16: the conversion's block size, as above"
     ),
     ("lightpath.domain.switched_rings", 602, "200000 -> 200001 @14"): (

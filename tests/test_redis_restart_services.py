@@ -18,7 +18,7 @@ import contextlib
 import grpc
 import numpy as np
 
-from lightpath.agg import aggregate_all
+from lightpath.aggregation.node import aggregate_all
 from lightpath.client import channel
 from lightpath.v1 import agg_switch_pb2 as agg
 from lightpath.v1 import agg_switch_pb2_grpc, core_broker_pb2_grpc, ocs_manager_pb2_grpc

@@ -161,7 +161,7 @@ def test_domain_metrics_move_with_the_work(stack):
     import numpy as np
     from google.protobuf.duration_pb2 import Duration
 
-    from lightpath.agg import aggregate_all, local_node_credentials
+    from lightpath.aggregation.node import aggregate_all, local_node_credentials
     from lightpath.client import channel
     from lightpath.v1 import agg_switch_pb2 as agg
     from lightpath.v1 import agg_switch_pb2_grpc, cell_scheduler_pb2_grpc, core_broker_pb2_grpc

@@ -8,7 +8,7 @@ LIGHTPATH_TLS_*, LIGHTPATH_TOKEN*; the operator by default). A tenant starts
 commands only for itself (`--tenant` may be left out, another tenant's name
 is refused) and sees only its own commands and history; the operator sees
 all. Compute nodes do not use the CLI: they run the SDK
-(`lightpath.agg.ComputeNode`) with their own node certificates.
+(`lightpath.aggregation.node.ComputeNode`) with their own node certificates.
 """
 
 from __future__ import annotations

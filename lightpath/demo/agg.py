@@ -15,7 +15,7 @@ import time
 
 import numpy as np
 
-from lightpath.agg import ComputeNode, local_node_credentials
+from lightpath.aggregation.node import ComputeNode, local_node_credentials
 from lightpath.cli._common import table
 from lightpath.demo.context import DemoContext
 from lightpath.v1 import agg_switch_pb2 as pb

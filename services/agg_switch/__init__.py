@@ -14,7 +14,7 @@
     server.py     the servicer (management and data path)
 
 The arithmetic (AG-8), the wire codec (AG-14) and the shared-memory domain
-live in lightpath.aggregation, lightpath.agg_wire and lightpath.agg_shm,
-shared with the compute-node SDK (lightpath.agg), since a compute node may be
+live in lightpath.aggregation (maths, wire and shm), shared with the
+compute-node SDK (lightpath.aggregation.node), since a compute node may be
 the timeout aggregation node.
 """

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
-from lightpath.aggregation import (
+from lightpath.aggregation.maths import (
     DEFAULT_FRACTION_BITS,
     DType,
     Op,

@@ -9,8 +9,8 @@ from typing import Any
 
 from google.protobuf import json_format
 
-from lightpath.agg_wire import DTYPE_TO_PB, PB_TO_DTYPE
-from lightpath.aggregation import DType, Op, OrderPolicy, Trigger
+from lightpath.aggregation.maths import DType, Op, OrderPolicy, Trigger
+from lightpath.aggregation.wire import DTYPE_TO_PB, PB_TO_DTYPE
 from lightpath.errors import FieldViolation, InvalidArgument
 from lightpath.v1 import agg_switch_pb2 as pb
 from services.agg_switch.command import (

@@ -11,7 +11,7 @@ asyncio timers and Redis-loaded commands (AG-3 … AG-7, AG-11, AG-13, AG-14).
 * Commands are loaded from Redis on their first packet and cached; reports
   (slot holds, lateness) and outcomes are written back in background tasks,
   never on the packet's path.
-* Shared memory (`lightpath.agg_shm`, `transport.Buffers`): partials are
+* Shared memory (`lightpath.aggregation.shm`, `transport.Buffers`): partials are
   computed into this switch's pooled shared buffers; to a peer that proved
   it shares the host's memory (the ShmHello handshake of a Relay stream or a
   Results call) a chunk goes as a reference to its buffer, to anyone else as
@@ -31,9 +31,9 @@ from typing import Any
 
 import grpc
 
-from lightpath import agg_wire
-from lightpath.agg_shm import DISCARD_AFTER_S, Hello, ShmDomain, ShmError
-from lightpath.aggregation import DType, Kind, Packet
+from lightpath.aggregation import wire
+from lightpath.aggregation.maths import DType, Kind, Packet
+from lightpath.aggregation.shm import DISCARD_AFTER_S, Hello, ShmDomain, ShmError
 from lightpath.errors import DeadlineExceeded, FailedPrecondition, LightpathError
 from lightpath.v1 import agg_switch_pb2 as pb
 from services.agg_switch.command import CommandPlan, CommandState, plan_command
@@ -139,7 +139,7 @@ class PeerLink:
     async def _handshake(self, call: Any) -> bool:
         if self.plane.domain is None:
             return False
-        peer = agg_wire.hello_from_metadata(await call.initial_metadata())
+        peer = wire.hello_from_metadata(await call.initial_metadata())
         return self.plane.verify(peer)
 
     async def _run(self) -> None:
@@ -149,8 +149,8 @@ class PeerLink:
                 address = await self.plane.address_of(self.peer)
                 call = self.plane.relay_stub(address)(
                     metadata=(
-                        (agg_wire.FROM_METADATA, self.plane.switch_id),
-                        *agg_wire.hello_metadata(self.plane.hello()),
+                        (wire.FROM_METADATA, self.plane.switch_id),
+                        *wire.hello_metadata(self.plane.hello()),
                     )
                 )
                 self.by_ref = await self._handshake(call)
@@ -329,9 +329,9 @@ class DataPlane:
     async def relayed(self, raw: bytes, hop_from: str, by_ref_ok: bool = False) -> None:
         """A packet from neighbouring switch `hop_from`; `by_ref_ok`: its stream's
         ShmHello was verified, so it may name shared buffers."""
-        header, data = agg_wire.decode(raw)
-        if header.kind == agg_wire.RELEASE:
-            self.released(header.command_id, agg_wire.released_chunks(header), hop_from)
+        header, data = wire.decode(raw)
+        if header.kind == wire.RELEASE:
+            self.released(header.command_id, wire.released_chunks(header), hop_from)
             return
         loaded = await self.command(header.command_id)
         spec = loaded.plan.spec
@@ -350,7 +350,7 @@ class DataPlane:
                 raise FailedPrecondition("data", "length does not match the chunk")
             self.transport_counters["chunks_in_shm" if by_ref else "chunks_in_bytes"] += 1
         self.bytes_in += len(raw) if not by_ref else header.shm.nbytes
-        pkt = agg_wire.to_packet(header, data, raw)
+        pkt = wire.to_packet(header, data, raw)
         eff = self.core.receive(pkt, hop_from, asyncio.get_running_loop().time())
         self._apply(loaded.plan, eff)  # parked relayed packets wait in the core, not here
         if by_ref and header.kind == pb.AGG_CHUNK_KIND_RESULT:
@@ -387,10 +387,10 @@ class DataPlane:
             found = self.domain.locate(pkt.data)
             if found is not None:
                 self.transport_counters["chunks_out_shm"] += 1
-                return agg_wire.encode_ref(pkt, dtype, found[0].name, found[1])
+                return wire.encode_ref(pkt, dtype, found[0].name, found[1])
         if pkt.data is not None:
             self.transport_counters["chunks_out_bytes"] += 1
-        return agg_wire.encode(pkt, dtype)
+        return wire.encode(pkt, dtype)
 
     def encode_for_link(self, item: _Outgoing, peer: str, by_ref: bool) -> bytes:
         """The bytes of a queued packet, now that its link's mode is known."""
@@ -427,7 +427,7 @@ class DataPlane:
 
     def _release_upstream(self, command_id: str, chunks: list[int], upstream: str) -> None:
         self.link(upstream).send(
-            _Outgoing(command_id, raw=agg_wire.encode_release(command_id, chunks, self.switch_id))
+            _Outgoing(command_id, raw=wire.encode_release(command_id, chunks, self.switch_id))
         )
 
     def _result_source(self, pkt: Packet) -> Packet:
@@ -460,16 +460,17 @@ class DataPlane:
         return item
 
     def _apply(self, plan: CommandPlan, eff: Effects) -> None:
-        self.metrics.applied(self, plan, eff)
+        def plan_of(command_id: str) -> CommandPlan:
+            # A freed slot may admit another command's waiting arrival: its own plan.
+            if command_id == plan.spec.command_id:
+                return plan
+            return self._commands[command_id].plan
+
+        self.metrics.applied(self.switch_id, eff, plan_of)
         results: dict[int, Packet] = {}  # id(original) → the packet to send
         passed: set[tuple[str, int]] = set()
         for to, pkt in eff.sends:
-            # A freed slot may admit another command's waiting arrival: its own dtype.
-            owner = (
-                plan
-                if pkt.command_id == plan.spec.command_id
-                else self._commands[pkt.command_id].plan
-            )
+            owner = plan_of(pkt.command_id)
             dtype = owner.spec.dtype
             is_result = pkt.kind is Kind.RESULT
             if is_result:
@@ -630,8 +631,8 @@ class DataPlane:
                 address, default_timeout=None, max_attempts=1
             )
         return ch.stream_unary(
-            agg_wire.RELAY,
-            request_serializer=agg_wire.identity,
+            wire.RELAY,
+            request_serializer=wire.identity,
             response_deserializer=pb.RelaySummary.FromString,
         )
 

@@ -12,7 +12,7 @@ command starts.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry import metrics
@@ -22,8 +22,7 @@ from lightpath import __version__
 
 if TYPE_CHECKING:
     from services.agg_switch.command import CommandPlan
-    from services.agg_switch.dataplane import DataPlane
-    from services.agg_switch.switch import Effects
+    from services.agg_switch.switch import Effects, SwitchCore
 
 METER_NAME = "lightpath.agg_switch"
 REFRESH_S = 5.0
@@ -76,35 +75,35 @@ class AggMetrics:
         if predicted:
             self._predicted.add(len(predicted))
 
-    def applied(self, plane: DataPlane, plan: CommandPlan, eff: Effects) -> None:
-        """What one packet or timer did at this switch: contributions folded (their
+    def applied(self, switch: str, eff: Effects, plan_of: Callable[[str], CommandPlan]) -> None:
+        """What one packet or timer did at `switch`: contributions folded (their
         bytes), chunks timed out (AG-4), commands that ended. A command is counted
-        once, by the root switch of its plan: completed or failed."""
-        switch = plane.switch_id
+        once, by the root switch of its plan: completed or failed. `plan_of` gives
+        the plan of a command the effects name (the data plane has loaded it)."""
         folded = 0
         for ev in eff.events:
             if ev.what == "aggregated":
-                spec = _plan_of(plane, plan, ev.command_id).spec
+                spec = plan_of(ev.command_id).spec
                 folded += spec.chunk_len(ev.chunk) * spec.dtype.numpy.itemsize
             elif ev.what == "timeout":
                 self._timeouts.add(1, {"switch": switch})
         if folded:
             self._bytes.add(folded)
         for report in eff.reports:
-            here = _plan_of(plane, plan, report.command_id).switch(switch)
+            here = plan_of(report.command_id).switch(switch)
             if here is not None and here.is_root:
                 self._commands.add(1, {"outcome": "failed" if report.failed else "completed"})
 
     # -- the gauges' snapshot ------------------------------------------------------
 
-    async def run(self, plane: DataPlane) -> None:
+    async def run(self, core: SwitchCore) -> None:
         """Copy the switch's state every refresh_s (a supervised background task)."""
         while True:
-            self.refresh(plane)
+            self.refresh(core)
             await asyncio.sleep(self.refresh_s)
 
-    def refresh(self, plane: DataPlane) -> None:
-        core, switch = plane.core, plane.switch_id
+    def refresh(self, core: SwitchCore) -> None:
+        switch = core.switch_id
         self._in_use[switch] = core.pool.in_use
         self._total[switch] = core.pool.capacity
         self._bypass[switch] = len(core.bypass_entries())
@@ -117,14 +116,6 @@ class AggMetrics:
             return [Observation(n, {"switch": s}) for s, n in list(values.items())]
 
         return observe
-
-
-def _plan_of(plane: DataPlane, plan: CommandPlan, command_id: str) -> CommandPlan:
-    """The plan of `command_id`: `plan`, or (a freed slot admitted another command's
-    waiting arrival) that command's, which the data plane has loaded."""
-    if command_id == plan.spec.command_id:
-        return plan
-    return plane._commands[command_id].plan
 
 
 __all__ = ["AggMetrics"]

@@ -3,8 +3,8 @@
 Management calls read and write Redis through `AggStore` and decide with the
 pure functions of `command` and `topology`; data-path calls hand packets to
 the process's `DataPlane`. The three data-path methods use the raw AggChunk
-codec of `lightpath.agg_wire` instead of protobuf objects (zero-copy views
-in, one copy out); everything else is plain protobuf. Results and Relay
+codec of `lightpath.aggregation.wire` instead of protobuf objects (zero-copy
+views in, one copy out); everything else is plain protobuf. Results and Relay
 begin with the shared-memory handshake (ShmHello in the request, the answer
 in the initial metadata); after it a peer on this host sends references to
 shared buffers instead of bytes.
@@ -34,9 +34,9 @@ import grpc
 import numpy as np
 from opentelemetry import trace
 
-from lightpath import agg_wire
-from lightpath.agg_shm import ShmDomain, ShmError
-from lightpath.aggregation import Kind
+from lightpath.aggregation import wire
+from lightpath.aggregation.maths import Kind
+from lightpath.aggregation.shm import ShmDomain, ShmError
 from lightpath.errors import (
     FailedPrecondition,
     FieldViolation,
@@ -430,7 +430,7 @@ class AggSwitchServicer(agg_switch_pb2_grpc.AggSwitchServicer):
         dtype, length, version, data = found
         return pb.ModelParameters(
             model_id=request.model_id,
-            dtype=agg_wire.DTYPE_TO_PB[dtype],
+            dtype=wire.DTYPE_TO_PB[dtype],
             length=length,
             version=version,
             data=data,
@@ -588,8 +588,8 @@ class AggSwitchServicer(agg_switch_pb2_grpc.AggSwitchServicer):
         chunks (`source`) these must be when it is a compute node."""
         plane = self._plane
         try:
-            header, data = agg_wire.decode(raw)
-        except agg_wire.WireError as exc:
+            header, data = wire.decode(raw)
+        except wire.WireError as exc:
             raise InvalidArgument("chunk", str(exc)) from None
         node = header.source
         if principal is not None and principal.kind == NODE and node != principal.name:
@@ -602,8 +602,8 @@ class AggSwitchServicer(agg_switch_pb2_grpc.AggSwitchServicer):
             annotate(command_id=spec.command_id, node=node)
         self._check_attached(spec, topo, node, "source")
         seen = (spec.command_id, node)
-        if header.kind == agg_wire.RELEASE:
-            plane.released(spec.command_id, agg_wire.released_chunks(header), node)
+        if header.kind == wire.RELEASE:
+            plane.released(spec.command_id, wire.released_chunks(header), node)
             return seen, None
         by_ref = header.HasField("shm")
         if by_ref:
@@ -626,7 +626,7 @@ class AggSwitchServicer(agg_switch_pb2_grpc.AggSwitchServicer):
             kind = None  # type: ignore[assignment]
         if kind not in CONTRIBUTE_KINDS:
             raise InvalidArgument("kind", "a compute node sends CONTRIBUTION, LATE or FINAL")
-        if header.dtype != agg_wire.DTYPE_TO_PB[spec.dtype]:
+        if header.dtype != wire.DTYPE_TO_PB[spec.dtype]:
             raise InvalidArgument(
                 "dtype", f"must be {spec.dtype}, the dtype of command {spec.command_id}"
             )
@@ -641,7 +641,7 @@ class AggSwitchServicer(agg_switch_pb2_grpc.AggSwitchServicer):
                 f"chunk {header.index} must hold {spec.chunk_len(header.index)} "
                 f"{spec.dtype} elements ({want} bytes); got {0 if data is None else len(data)} bytes",
             )
-        pkt = agg_wire.to_packet(header, data, raw)
+        pkt = wire.to_packet(header, data, raw)
         if kind is not Kind.FINAL:
             assert pkt.data is not None
             if rule := spec.reduction.check_input(pkt.data):
@@ -675,11 +675,11 @@ class AggSwitchServicer(agg_switch_pb2_grpc.AggSwitchServicer):
             plane.check_running(loaded)
         box = plane.outbox(spec.command_id, node)
         # The shared-memory handshake: answer with our offer when the node's checks out.
-        offer = agg_wire.hello_from_pb(request.shm) if request.HasField("shm") else None
+        offer = wire.hello_from_pb(request.shm) if request.HasField("shm") else None
         box.by_ref = plane.verify(offer)
         annotate(shm=int(box.by_ref))
         await context.send_initial_metadata(
-            agg_wire.hello_metadata(plane.hello() if box.by_ref else None)
+            wire.hello_metadata(plane.hello() if box.by_ref else None)
         )
         try:
             async for raw in box.drain():
@@ -694,23 +694,23 @@ class AggSwitchServicer(agg_switch_pb2_grpc.AggSwitchServicer):
     ) -> pb.RelaySummary:
         invocation = context.invocation_metadata() or ()
         metadata = dict(invocation)
-        peer = metadata.get(agg_wire.FROM_METADATA, "")
+        peer = metadata.get(wire.FROM_METADATA, "")
         if not is_valid_id(peer):
-            raise InvalidArgument(agg_wire.FROM_METADATA, "metadata must name the sending switch")
+            raise InvalidArgument(wire.FROM_METADATA, "metadata must name the sending switch")
         principal = caller()
         if principal is not None and not (
             principal.is_service("agg_switch") and principal.scope() == peer
         ):
             raise PermissionDenied(
-                f"{principal} may not relay as switch {peer!r} ({agg_wire.FROM_METADATA}): "
+                f"{principal} may not relay as switch {peer!r} ({wire.FROM_METADATA}): "
                 "a switch relays only as itself",
                 reason="SWITCH_MISMATCH",
-                metadata={"principal": str(principal), "field": agg_wire.FROM_METADATA},
+                metadata={"principal": str(principal), "field": wire.FROM_METADATA},
             )
-        by_ref_ok = self._plane.verify(agg_wire.hello_from_metadata(invocation))
+        by_ref_ok = self._plane.verify(wire.hello_from_metadata(invocation))
         annotate(peer=peer, shm=int(by_ref_ok))
         await context.send_initial_metadata(
-            agg_wire.hello_metadata(self._plane.hello() if by_ref_ok else None)
+            wire.hello_metadata(self._plane.hello() if by_ref_ok else None)
         )
         count = 0
         async for raw in request_iterator:
@@ -741,17 +741,17 @@ def _register(servicer: AggSwitchServicer, server: grpc.aio.Server) -> None:
     handlers = Capture.handlers
     handlers["Contribute"] = grpc.stream_unary_rpc_method_handler(
         servicer.Contribute,
-        request_deserializer=agg_wire.identity,
+        request_deserializer=wire.identity,
         response_serializer=pb.ContributeSummary.SerializeToString,
     )
     handlers["Results"] = grpc.unary_stream_rpc_method_handler(
         servicer.Results,
         request_deserializer=pb.ResultsRequest.FromString,
-        response_serializer=agg_wire.identity,
+        response_serializer=wire.identity,
     )
     handlers["Relay"] = grpc.stream_unary_rpc_method_handler(
         servicer.Relay,
-        request_deserializer=agg_wire.identity,
+        request_deserializer=wire.identity,
         response_serializer=pb.RelaySummary.SerializeToString,
     )
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
@@ -787,7 +787,7 @@ async def build(
         shm_min_bytes=settings.shm_min_bytes,
         metrics=metrics,
     )
-    runtime.supervise(lambda: metrics.run(plane), "switch metrics", needed=False)
+    runtime.supervise(lambda: metrics.run(plane.core), "switch metrics", needed=False)
 
     async def register() -> None:
         while runtime.port == 0:

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import redis.asyncio as aioredis
 
-from lightpath.aggregation import DType
+from lightpath.aggregation.maths import DType
 from lightpath.errors import Aborted, FailedPrecondition, NotFound
 from services.agg_switch.command import CommandSpec, CommandState
 from services.agg_switch.switch import CommandReport

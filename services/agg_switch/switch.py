@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from lightpath.aggregation import (
+from lightpath.aggregation.maths import (
     Alloc,
     ChunkAlloc,
     Fold,

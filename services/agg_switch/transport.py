@@ -1,5 +1,5 @@
 """Which shared-memory buffers one switch holds for which command, and when they
-go back (the SHM transport of the data path; see lightpath.agg_shm).
+go back (the SHM transport of the data path; see lightpath.aggregation.shm).
 
 The invariant: no reader ever reads a buffer after it was reused. Buffers are
 reused only when every reader said it is done, or — when that can no longer
@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from lightpath.agg_shm import Lease, ShmDomain
+from lightpath.aggregation.shm import Lease, ShmDomain
 
 
 @dataclass

@@ -26,7 +26,8 @@ from lightpath import __version__
 from lightpath.errors import LightpathError
 
 if TYPE_CHECKING:
-    from services.ocs_manager.manager import FabricManager
+    from lightpath.domain.torus import Fabric
+    from services.ocs_manager.store import OcsStore
 
 METER_NAME = "lightpath.ocs_manager"
 REFRESH_S = 5.0
@@ -91,14 +92,13 @@ class OcsMetrics:
 
     # -- the gauges' snapshot ------------------------------------------------------
 
-    async def run(self, manager: FabricManager, redis: Any) -> None:
+    async def run(self, store: OcsStore, f: Fabric, redis: Any) -> None:
         """Refresh the fabric's gauges every refresh_s (a supervised background task)."""
         while True:
-            await self.refresh(manager, redis)
+            await self.refresh(store, f, redis)
             await asyncio.sleep(self.refresh_s)
 
-    async def refresh(self, manager: FabricManager, redis: Any) -> None:
-        store, f = manager.store, manager.fabric
+    async def refresh(self, store: OcsStore, f: Fabric, redis: Any) -> None:
         pod = store.pod_id
         versions = await redis.hmget(store.k_ver, f.ocs_ids)
         if versions == self._versions:

@@ -381,7 +381,9 @@ async def build(
         await default.init()
         driver = default
     manager = FabricManager(fabric, store, driver, lease_s=s.change_lease_s, metrics=metrics)
-    runtime.supervise(lambda: metrics.run(manager, runtime.redis), "fabric metrics", needed=False)
+    runtime.supervise(
+        lambda: metrics.run(store, fabric, runtime.redis), "fabric metrics", needed=False
+    )
     runtime.log.info(
         "pod %s fabric: %s, %d OCS", s.pod_id, fabric.config.describe(), fabric.ocs_count
     )

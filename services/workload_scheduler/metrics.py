@@ -14,7 +14,7 @@ import asyncio
 import time
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from opentelemetry import metrics
 from opentelemetry.metrics import CallbackOptions, Meter, NoOpMeterProvider, Observation
@@ -22,13 +22,27 @@ from opentelemetry.metrics import CallbackOptions, Meter, NoOpMeterProvider, Obs
 from lightpath import __version__
 
 if TYPE_CHECKING:
-    from services.workload_scheduler.core import Outcome
-    from services.workload_scheduler.scheduler import WorkloadScheduler
+    from lightpath.domain.blocks import PodFabric
+    from services.workload_scheduler.store import PodStore
 
 METER_NAME = "lightpath.workload_scheduler"
 REFRESH_S = 5.0
 _ADMITTED = {"RUNNING": "admitted", "WIRING": "admitted", "PENDING": "queued"}
 _BLOCK_STATES = ("free", "allocated", "failed")
+
+
+class BlockOutcome(Protocol):
+    """What `PodMetrics.replaced` reads of how a failed block's handling ended
+    (core.Outcome is one)."""
+
+    @property
+    def replacement(self) -> dict[str, Any] | None: ...
+
+    @property
+    def affected(self) -> Sequence[str]: ...
+
+
+Ended = TypeVar("Ended", bound=BlockOutcome)
 
 
 class PodMetrics:
@@ -96,7 +110,7 @@ class PodMetrics:
         for v in victims:
             self._preemptions.add(1, {"pod": pod, "action": v.action.lower()})
 
-    def replaced(self, pod: str, outcome: Outcome, started: float) -> Outcome:
+    def replaced(self, pod: str, outcome: Ended, started: float) -> Ended:
         """The end of a failed block's handling (WS-5): replaced, lost (the slice was
         suspended or failed: no spare, or the OCS could not swap) or stopped (the job
         changed meanwhile). Answers `outcome`, so a return statement can wrap it."""
@@ -120,14 +134,17 @@ class PodMetrics:
         """Refresh the snapshot every refresh_s once the pod's scheduler exists (a
         supervised background task; `pod` is the server's PodHandle)."""
         while True:
-            if pod.scheduler is not None:
-                await self.refresh(pod.scheduler)
+            sched = pod.scheduler
+            if sched is not None:
+                await self.refresh(sched.store, sched.fabric)
             await asyncio.sleep(self.refresh_s)
 
-    async def refresh(self, sched: WorkloadScheduler) -> None:
-        pod = sched.pod_id
-        state = await sched.snapshot()
-        counts = await sched.store.state_counts()
+    async def refresh(self, store: PodStore, fabric: PodFabric) -> None:
+        """Read the pod as its scheduler plans on it (the snapshot of `store` over
+        `fabric`) and the per-state job counts the store keeps."""
+        pod = store.keys.pod_id
+        state = await store.snapshot(fabric)
+        counts = await store.state_counts()
         blocks = {
             (pod, s, t): c[s] for t, c in state.counts_by_type().items() for s in _BLOCK_STATES
         }

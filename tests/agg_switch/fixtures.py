@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from lightpath.aggregation import DType, Op, OrderPolicy, Trigger
+from lightpath.aggregation.maths import DType, Op, OrderPolicy, Trigger
 from services.agg_switch.command import (
     CommandRequest,
     CommandSpec,

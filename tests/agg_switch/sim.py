@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from lightpath import agg_wire
-from lightpath.aggregation import Kind, NodeCommand, Packet, chunk_bounds
+from lightpath.aggregation import wire
+from lightpath.aggregation.maths import Kind, NodeCommand, Packet, chunk_bounds
 from services.agg_switch.command import CommandPlan, CommandSpec, plan_command
 from services.agg_switch.switch import CommandReport, Effects, Event, Failure, SwitchCore
 from services.agg_switch.topology import NodeKind, Topology
@@ -179,9 +179,9 @@ class Simulation:
             )
         )
         if self.wire:
-            raw = agg_wire.encode(pkt, spec.dtype)
-            header, data = agg_wire.decode(raw)
-            pkt = agg_wire.to_packet(header, data, raw)
+            raw = wire.encode(pkt, spec.dtype)
+            header, data = wire.decode(raw)
+            pkt = wire.to_packet(header, data, raw)
         self._at(self.now + self._delay(frm, to), lambda: self._deliver(frm, to, pkt))
 
     def _deliver(self, frm: str, to: str, pkt: Packet) -> None:

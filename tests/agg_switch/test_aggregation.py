@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lightpath import agg_wire
-from lightpath.aggregation import (
+from lightpath.aggregation import wire
+from lightpath.aggregation.maths import (
     DType,
     Fold,
     Kind,
@@ -174,9 +174,9 @@ def test_chunks_round_trip_zero_copy_and_read_as_plain_protobuf(dtype):
         timeout_nodes=("a", "b"),
         timeout_flag=True,
     )
-    raw = agg_wire.encode(pkt, dtype)
-    header, view = agg_wire.decode(raw)
-    back = agg_wire.to_packet(header, view, raw)
+    raw = wire.encode(pkt, dtype)
+    header, view = wire.decode(raw)
+    back = wire.to_packet(header, view, raw)
     assert (back.command_id, back.chunk, back.kind, back.source, back.destination) == (
         "cmd",
         3,
@@ -190,13 +190,13 @@ def test_chunks_round_trip_zero_copy_and_read_as_plain_protobuf(dtype):
     plain = pb.AggChunk.FromString(raw)
     assert plain.data == data.tobytes() and plain.source == "n7"
     # and the other way: a plain protobuf encoder's bytes decode the same
-    header2, view2 = agg_wire.decode(plain.SerializeToString())
+    header2, view2 = wire.decode(plain.SerializeToString())
     assert bytes(view2) == data.tobytes() and header2.index == 3
 
 
 def test_garbage_is_not_a_chunk():
-    with pytest.raises(agg_wire.WireError):
-        agg_wire.decode(b"\xff\xff\xff")
+    with pytest.raises(wire.WireError):
+        wire.decode(b"\xff\xff\xff")
 
 
 # -- topology (AG-1) and management (AG-9, AG-10) -------------------------------------

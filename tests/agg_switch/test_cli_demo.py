@@ -8,7 +8,7 @@ import json
 import numpy as np
 from google.protobuf import json_format
 
-from lightpath.agg import aggregate_all
+from lightpath.aggregation.node import aggregate_all
 from lightpath.cli import main
 from lightpath.demo import DemoContext
 from lightpath.demo import agg as agg_demo

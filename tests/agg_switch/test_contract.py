@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from opentelemetry.trace import SpanKind
 
-from lightpath.agg import ComputeNode, aggregate_all
+from lightpath.aggregation.node import ComputeNode, aggregate_all
 from lightpath.client import error_report
 from lightpath.v1 import agg_switch_pb2 as pb
 from lightpath.v1 import common_pb2
@@ -457,7 +457,7 @@ async def test_node_that_never_arrives_fails_the_command_cleanly(tree):
 
 
 async def test_bad_contributions_are_refused_and_duplicates_count_once(tree):
-    from lightpath import agg_wire
+    from lightpath.aggregation import wire
 
     await tree.define(stack_tree(sub_ms=5000, root_ms=5000))
     await tree.start("bad", FIVE, 4, chunk_bytes=16)
@@ -465,8 +465,8 @@ async def test_bad_contributions_are_refused_and_duplicates_count_once(tree):
     def contributor(node_id: str, switch: str = "sub-1"):
         """Contribute on `switch` as compute node `node_id` (its own certificate)."""
         return tree.channel(switch, as_=node_credentials(node_id)).stream_unary(
-            agg_wire.CONTRIBUTE,
-            request_serializer=agg_wire.identity,
+            wire.CONTRIBUTE,
+            request_serializer=wire.identity,
             response_deserializer=pb.ContributeSummary.FromString,
         )
 
@@ -474,7 +474,7 @@ async def test_bad_contributions_are_refused_and_duplicates_count_once(tree):
 
     def chunk(cid="bad", source="n1", dtype=pb.AGG_DTYPE_INT64, data=None, index=0):
         data = np.arange(2, dtype=np.int64) if data is None else data
-        return agg_wire.encode_header(
+        return wire.encode_header(
             pb.AggChunk(
                 command_id=cid,
                 index=index,

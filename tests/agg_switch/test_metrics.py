@@ -10,7 +10,7 @@ import asyncio
 import pytest
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-from lightpath.agg import ComputeNode, aggregate_all
+from lightpath.aggregation.node import ComputeNode, aggregate_all
 from lightpath.v1 import agg_switch_pb2 as pb
 from services.agg_switch import server as agg_server
 from services.agg_switch.metrics import AggMetrics

@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from lightpath.aggregation import (
+from lightpath.aggregation.maths import (
     DEFAULT_FRACTION_BITS,
     MAX_FRACTION_BITS,
     DType,
@@ -140,7 +140,7 @@ def test_combine_into_a_given_array_and_accumulate_owns_from_the_second_input():
 
 
 def test_arrival_order_holds_inputs_until_finish_unless_incremental():
-    from lightpath.aggregation import Fold
+    from lightpath.aggregation.maths import Fold
 
     r = Reduction(DType.FLOAT32, Op.SUM, OrderPolicy.ARRIVAL)
     held = Fold(r, ["a", "b"], incremental=False)
@@ -176,7 +176,7 @@ def test_packet_defaults_and_what_equality_ignores():
 
 
 def ta_of(incremental: bool, alloc=None):
-    from lightpath.aggregation import TimeoutAggregator
+    from lightpath.aggregation.maths import TimeoutAggregator
 
     r = Reduction(DType.INT64, Op.SUM)
     return TimeoutAggregator(r, {"a": 1, "b": 2, "c": 3}, incremental, alloc)

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lightpath.aggregation import BLOCK, DType, Op, OrderPolicy, Reduction
+from lightpath.aggregation.maths import BLOCK, DType, Op, OrderPolicy, Reduction
 
 
 def fixed(x: float, f: int) -> int:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 from hypothesis import given, settings
 
-from lightpath.aggregation import Kind, Packet
+from lightpath.aggregation.maths import Kind, Packet
 from services.agg_switch.command import SlotPolicy, plan_command
 from services.agg_switch.switch import SwitchCore
 from tests.agg_switch.fixtures import command, two_switch_cluster

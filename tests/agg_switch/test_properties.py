@@ -16,7 +16,7 @@ import numpy as np
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from lightpath.aggregation import DType, Op, OrderPolicy, Reduction, Trigger
+from lightpath.aggregation.maths import DType, Op, OrderPolicy, Reduction, Trigger
 from services.agg_switch.command import CommandPlan, CommandSpec, SlotPolicy, plan_command
 from services.agg_switch.topology import NodeSpec, Topology, validate_topology
 from tests.agg_switch.fixtures import C, D, S, command

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import redis.asyncio as aioredis
 
-from lightpath import agg_wire
-from lightpath.agg import aggregate_all
-from lightpath.aggregation import DType, Kind, Packet
+from lightpath.aggregation import wire
+from lightpath.aggregation.maths import DType, Kind, Packet
+from lightpath.aggregation.node import aggregate_all
 from lightpath.client import error_report
 from lightpath.v1 import agg_switch_pb2 as pb
 from services.common.keys import tree_key
@@ -33,7 +33,7 @@ async def expect_error(coro, code: grpc.StatusCode):
 
 
 def chunk(source: str, command_id: str, index: int, data: np.ndarray) -> bytes:
-    return agg_wire.encode_header(
+    return wire.encode_header(
         pb.AggChunk(
             command_id=command_id,
             index=index,
@@ -64,8 +64,8 @@ async def test_a_node_contributes_reads_and_reports_only_as_itself(tree, redis_u
     await tree.start("mine", FIVE, 4, chunk_bytes=16)  # two chunks of two int64
     n1 = tree.channel("sub-1", as_=node_credentials("n1"))
     contribute = n1.stream_unary(
-        agg_wire.CONTRIBUTE,
-        request_serializer=agg_wire.identity,
+        wire.CONTRIBUTE,
+        request_serializer=wire.identity,
         response_deserializer=pb.ContributeSummary.FromString,
     )
     forged = np.array([1000, 1000], dtype=np.int64)
@@ -90,9 +90,9 @@ async def test_a_node_contributes_reads_and_reports_only_as_itself(tree, redis_u
 
     # n1 opens n2's results: refused.
     results = n1.unary_stream(
-        agg_wire.RESULTS,
+        wire.RESULTS,
         request_serializer=pb.ResultsRequest.SerializeToString,
-        response_deserializer=agg_wire.identity,
+        response_deserializer=wire.identity,
     )
 
     async def read(request):
@@ -175,27 +175,27 @@ async def test_a_switch_relays_only_as_itself(tree):
     # sub-1's own certificate, claiming to be sub-2: sends root a forged partial of sub-2's nodes.
     ch = tree.channel("root", as_="service:agg_switch/sub-1")
     relay = ch.stream_unary(
-        agg_wire.RELAY,
-        request_serializer=agg_wire.identity,
+        wire.RELAY,
+        request_serializer=wire.identity,
         response_deserializer=pb.RelaySummary.FromString,
     )
-    forged = agg_wire.encode(
+    forged = wire.encode(
         Packet("relayed", 0, Kind.PARTIAL, "sub-2", np.full(4, 10**6, np.int64)), DType.INT64
     )
     r = await expect_error(
-        stream(relay, forged, metadata=((agg_wire.FROM_METADATA, "sub-2"),)),
+        stream(relay, forged, metadata=((wire.FROM_METADATA, "sub-2"),)),
         grpc.StatusCode.PERMISSION_DENIED,
     )
     assert r.reason == "SWITCH_MISMATCH" and "sub-2" in r.message
     # A compute node may not relay at all, not even in its leaf's name.
     node_ch = tree.channel("root", as_=node_credentials("n1"))
     node_relay = node_ch.stream_unary(
-        agg_wire.RELAY,
-        request_serializer=agg_wire.identity,
+        wire.RELAY,
+        request_serializer=wire.identity,
         response_deserializer=pb.RelaySummary.FromString,
     )
     await expect_error(
-        stream(node_relay, forged, metadata=((agg_wire.FROM_METADATA, "sub-1"),)),
+        stream(node_relay, forged, metadata=((wire.FROM_METADATA, "sub-1"),)),
         grpc.StatusCode.PERMISSION_DENIED,
     )
     # The root took nothing from the forgery: the real sum comes out.
@@ -203,7 +203,7 @@ async def test_a_switch_relays_only_as_itself(tree):
     done = await aggregate_all(tree.address(), "relayed", data, credentials=node_credentials)
     assert done["n5"].values.tolist() == sum(data.values()).tolist()
     # In its own name the same certificate may relay.
-    ok = await stream(relay, metadata=((agg_wire.FROM_METADATA, "sub-1"),))
+    ok = await stream(relay, metadata=((wire.FROM_METADATA, "sub-1"),))
     assert ok.chunks == 0
 
 

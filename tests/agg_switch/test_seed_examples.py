@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from lightpath.aggregation import Kind
+from lightpath.aggregation.maths import Kind
 from services.agg_switch.command import plan_command, predict_stragglers
 from tests.agg_switch.fixtures import (
     HISTORY_LATENESS,
@@ -264,7 +264,7 @@ def test_regrouping_around_a_late_node_changes_preset_bits_but_not_exact():
     """AG-8: a float32 partial regrouped around a late node changes part of the
     sums compared with the normal path (the issue measures about a quarter of
     1M elements); PRESET makes that reproducible, EXACT makes it vanish."""
-    from lightpath.aggregation import DType, OrderPolicy
+    from lightpath.aggregation.maths import DType, OrderPolicy
 
     topo = two_switch_cluster(sub_ms=100, root_ms=300)
     rng = np.random.default_rng(11)
@@ -303,7 +303,7 @@ def test_regrouping_around_a_late_node_changes_preset_bits_but_not_exact():
 def test_several_late_nodes_combine_incrementally_or_after_all():
     """S305, conditions one and two: with two timeout nodes the timeout
     aggregation node either waits for both, or folds each as it comes."""
-    from lightpath.aggregation import Trigger
+    from lightpath.aggregation.maths import Trigger
 
     topo = two_switch_cluster(sub_ms=100, root_ms=300)
     for trigger in (Trigger.INCREMENTAL, Trigger.ALL_OR_THRESHOLD):

@@ -17,10 +17,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lightpath import agg_wire
-from lightpath.agg import ComputeNode, aggregate_all
-from lightpath.agg_shm import SHM_DIR, Hello, ShmDomain, ShmError, sweep
-from lightpath.aggregation import DType, Fold, Op, OrderPolicy, Reduction
+from lightpath.aggregation import wire
+from lightpath.aggregation.maths import DType, Fold, Op, OrderPolicy, Reduction
+from lightpath.aggregation.node import ComputeNode, aggregate_all
+from lightpath.aggregation.shm import SHM_DIR, Hello, ShmDomain, ShmError, sweep
 from lightpath.client import channel
 from lightpath.v1 import agg_switch_pb2 as pb
 from lightpath.v1 import common_pb2
@@ -140,7 +140,7 @@ def test_a_crashed_process_leaves_nothing_after_the_next_sweep(domain):
     script = textwrap.dedent(
         """
         import sys, time
-        from lightpath.agg_shm import ShmDomain
+        from lightpath.aggregation.shm import ShmDomain
         d = ShmDomain.create()
         d.lease(1 << 16); d.buffer(1 << 12)
         print(d.prefix, flush=True)
@@ -491,8 +491,8 @@ async def test_references_are_refused_from_a_node_that_did_not_agree(redis_url):
         ch = channel(t.address("sub-1"), credentials=node_credentials("n1"))
         try:
             contribute = ch.stream_unary(
-                agg_wire.CONTRIBUTE,
-                request_serializer=agg_wire.identity,
+                wire.CONTRIBUTE,
+                request_serializer=wire.identity,
                 response_deserializer=pb.ContributeSummary.FromString,
             )
             header = pb.AggChunk(

@@ -10,7 +10,7 @@ The data-path methods use these as their gRPC (de)serializers, so the
 switches and the SDK pass bytes straight to grpc and can send one encoded
 result to many receivers.
 
-Between peers that share memory (`lightpath.agg_shm`) the same header goes
+Between peers that share memory (`lightpath.aggregation.shm`) the same header goes
 with `shm` (a ShmRef: where the elements are) instead of `data`
 (`encode_ref`); RELEASE messages (`encode_release`) hand such buffers back.
 The peers' offers (ShmHello) travel in ResultsRequest.shm and in the
@@ -23,8 +23,8 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from lightpath.agg_shm import Hello
-from lightpath.aggregation import DType, Kind, Packet
+from lightpath.aggregation.maths import DType, Kind, Packet
+from lightpath.aggregation.shm import Hello
 from lightpath.v1 import agg_switch_pb2 as pb
 
 SERVICE = "lightpath.v1.AggSwitch"

@@ -53,9 +53,8 @@ import grpc
 import numpy as np
 from opentelemetry.sdk.trace import TracerProvider
 
-from lightpath import agg_wire
-from lightpath.agg_shm import READ_MARGIN_S, Lease, Segment, ShmDomain
-from lightpath.aggregation import (
+from lightpath.aggregation import wire
+from lightpath.aggregation.maths import (
     Kind,
     NodeCommand,
     Op,
@@ -64,6 +63,7 @@ from lightpath.aggregation import (
     Reduction,
     chunk_bounds,
 )
+from lightpath.aggregation.shm import READ_MARGIN_S, Lease, Segment, ShmDomain
 from lightpath.client import channel as lp_channel
 from lightpath.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument
 from lightpath.security.credentials import Credentials
@@ -111,7 +111,7 @@ class AggregationResult:
 def reduction_of(cmd: pb.AggCommand) -> Reduction:
     """What the command computes, from its protobuf form."""
     return Reduction(
-        agg_wire.PB_TO_DTYPE[cmd.dtype],
+        wire.PB_TO_DTYPE[cmd.dtype],
         Op(_OP[cmd.op]),
         OrderPolicy(_ORDER[cmd.order_policy]),
         cmd.exact_fraction_bits,
@@ -266,15 +266,15 @@ class ComputeNode:
         ch = self._channel(a.leaf_endpoint)
         request = pb.ResultsRequest(command_id=command_id, node_id=self.node_id)
         if shm is not None:
-            request.shm.CopyFrom(agg_wire.hello_to_pb(shm.hello()))
+            request.shm.CopyFrom(wire.hello_to_pb(shm.hello()))
         results = ch.unary_stream(
-            agg_wire.RESULTS,
+            wire.RESULTS,
             request_serializer=pb.ResultsRequest.SerializeToString,
-            response_deserializer=agg_wire.identity,
+            response_deserializer=wire.identity,
         )(request, timeout=timeout)
         contribute = ch.stream_unary(
-            agg_wire.CONTRIBUTE,
-            request_serializer=agg_wire.identity,
+            wire.CONTRIBUTE,
+            request_serializer=wire.identity,
             response_deserializer=pb.ContributeSummary.FromString,
         )
         min_bytes = await self._handshake(results) if shm is not None else None
@@ -313,16 +313,16 @@ class ComputeNode:
             if by_ref and shm is not None and pkt.data is not None:
                 found = shm.locate(pkt.data)
                 if found is not None and pkt.data.nbytes >= max(1, min_bytes or 0):
-                    return agg_wire.encode_ref(pkt, reduction.dtype, found[0].name, found[1])
-            return agg_wire.encode(pkt, reduction.dtype)
+                    return wire.encode_ref(pkt, reduction.dtype, found[0].name, found[1])
+            return wire.encode(pkt, reduction.dtype)
 
         async def receive() -> None:
             final_call: Any = None
             async for raw in results:
-                header, data = agg_wire.decode(raw)
+                header, data = wire.decode(raw)
                 if header.HasField("shm"):
                     data = self._read_shared(header, by_ref, deadline_at)
-                pkt = agg_wire.to_packet(header, data, raw)
+                pkt = wire.to_packet(header, data, raw)
                 out = state.accept(pkt)
                 if pkt.kind is Kind.RESULT:
                     for lease in leases.pop(pkt.chunk, ()):  # read by the root before this
@@ -376,7 +376,7 @@ class ComputeNode:
             metadata = await asyncio.wait_for(results.initial_metadata(), HANDSHAKE_S)
         except (TimeoutError, grpc.aio.AioRpcError):
             return None  # the call's own error, if any, surfaces on reading the results
-        peer = agg_wire.hello_from_metadata(metadata)
+        peer = wire.hello_from_metadata(metadata)
         shm = self.shm
         if peer is None or shm is None or not shm.verify(peer):
             return None
@@ -424,7 +424,7 @@ class ComputeNode:
                 )
                 yield header.SerializeToString()
             else:
-                yield agg_wire.encode_header(header, values[lo:hi])
+                yield wire.encode_header(header, values[lo:hi])
 
 
 NodeCredentials = Callable[[str], "Credentials | None"]
