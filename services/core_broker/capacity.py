@@ -86,6 +86,77 @@ class _Devices:
     y: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float64))
     rank: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     cache: dict[tuple, np.ndarray] = field(default_factory=dict)
+    generation: int = 0  # bumped by every change of a device's record
+
+
+@dataclass(frozen=True)
+class _Found:
+    """An earliest-start search's answer, kept as a lower bound for later searches."""
+
+    devices: bytes  # the device indices searched, as bytes
+    mask: np.ndarray  # the same, as a mask over the device indices then
+    need: int
+    duration: int
+    after: int
+    start: int
+    depth: int  # allocations assumed when it was found
+    generation: int
+
+    def covers(self, devices: bytes, idx: np.ndarray) -> bool:
+        """Searched every one of the devices `idx` (and maybe more)."""
+        if devices == self.devices:
+            return True
+        return idx.shape[0] > 0 and int(idx[-1]) < self.mask.shape[0] and bool(self.mask[idx].all())
+
+
+class _Floors:
+    """Lower bounds for earliest-start searches from the answers of earlier ones.
+
+    A search that found `start` for `need` cores over `duration` after `after`, on a
+    schedule where `after` itself was no start, says that no instant in (after,
+    start) is one. Each later search on the same devices (or some of them) that
+    asks for at least as many cores, for at least as long, from no earlier, on a
+    schedule holding at least the same allocations, has no start before `start`
+    either: a start of it would be one of the earlier search (its window is longer
+    and fuller, on fewer devices, and free cores over a window grow only where an
+    allocation ends, so the last end before it, or `after`, would have been). So
+    the later search begins at `start`.
+
+    The bounds hold while allocations are only added: a removal (or a rollback
+    past what was assumed when one was found, or a device's record changing)
+    drops them."""
+
+    LIMIT = 32
+
+    def __init__(self) -> None:
+        self.found: list[_Found] = []
+
+    def floor(
+        self, devices: bytes, idx: np.ndarray, need: int, duration: int, after: int, generation: int
+    ) -> int:
+        best = after
+        for f in self.found:
+            if (
+                f.start > best
+                and f.need <= need
+                and f.duration <= duration
+                and f.after <= after
+                and f.generation == generation
+                and f.covers(devices, idx)
+            ):
+                best = f.start
+        return best
+
+    def note(self, found: _Found) -> None:
+        if len(self.found) >= self.LIMIT:
+            del self.found[0]
+        self.found.append(found)
+
+    def rolled_back(self, depth: int) -> None:
+        self.found = [f for f in self.found if f.depth <= depth]
+
+    def clear(self) -> None:
+        self.found.clear()
 
 
 class CapacityMap:
@@ -114,6 +185,7 @@ class CapacityMap:
         self._spare: list[int] = []
         self._sky = Skyline(grid_cell_ms, grid_cells)
         self._assumed: list[int] = []  # rows added by assume(), in order
+        self._floors = _Floors()
 
     # -- devices --------------------------------------------------------------
 
@@ -141,6 +213,7 @@ class CapacityMap:
         d.x[i] = device.x_km
         d.y[i] = device.y_km
         d.cache.clear()
+        d.generation += 1
 
     def remove_device(self, device_id: str) -> None:
         d = self._d
@@ -151,6 +224,7 @@ class CapacityMap:
         d.cores[i] = 0
         d.alive[i] = False
         d.cache.clear()
+        d.generation += 1
 
     def device(self, device_id: str) -> Device | None:
         i = self._d.index.get(device_id)
@@ -258,6 +332,7 @@ class CapacityMap:
             return False
         self._kill(row)
         self._key_of[row] = None
+        self._floors.clear()
         rid = key.split(":", 1)[0]
         left = self._parts[rid] - 1
         if left:
@@ -294,6 +369,8 @@ class CapacityMap:
 
     def rollback(self, mark: int) -> None:
         """Take back every allocation assumed since `mark`, newest first."""
+        if len(self._assumed) > mark:
+            self._floors.rolled_back(mark)
         while len(self._assumed) > mark:
             self._kill(self._assumed.pop(), assumed=True)
 
@@ -381,6 +458,7 @@ class CapacityMap:
         fork._rows = None
         fork._key_of = []
         fork._parts = {}
+        fork._floors = _Floors()
         fork._spare = []
         fork._sky = self._sky.copy()
         fork._assumed = []
@@ -428,14 +506,35 @@ class CapacityMap:
 
         Free cores over [t, t + duration) can only grow when t passes an
         allocation's end, so t is the first of those ends (on these devices)
-        that leaves room (`skyline.earliest_start`)."""
+        that leaves room (`skyline.earliest_start`). The search begins at the
+        answer of an earlier one it cannot precede (`_Floors`)."""
         idx = np.flatnonzero(devices)
+        key = idx.tobytes()
+        generation = self._d.generation
+        floor = self._floors.floor(key, idx, need, duration, after, generation)
+        if last_start is not None and floor > last_start:
+            return None
         found = skyline.earliest_start(
-            self._sky_of(), self._d.cores, idx, need, duration, after, last_start
+            self._sky_of(),
+            self._d.cores,
+            idx,
+            need,
+            duration,
+            after,
+            last_start,
+            floor=floor - 1 if floor > after else None,
         )
         if found is None:
             return None
         t, free_idx = found
+        if floor > after or int(self.free_over(after, after + duration, devices).sum()) < need:
+            # `after` is no start (checked, or inside a floor's span of none): the
+            # answer bounds later searches
+            self._floors.note(
+                _Found(
+                    key, devices.copy(), need, duration, after, t, len(self._assumed), generation
+                )
+            )
         free = np.zeros(len(self._d.ids), np.int64)
         free[idx] = free_idx
         return t, free

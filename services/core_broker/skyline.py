@@ -818,6 +818,8 @@ def earliest_start(
     duration: int,
     after: int,
     last_start: int | None,
+    *,
+    floor: int | None = None,
 ) -> tuple[int, np.ndarray] | None:
     """Earliest end time t of an allocation on `devices` with after < t <= last_start
     at which the devices have `need` cores free, in all, for [t, t + duration);
@@ -856,7 +858,7 @@ def earliest_start(
     grid = sky.grid
     h = max(1, duration // 8)
     k = KMIN  # candidates checked exactly per step: more while the blocks after them stay open
-    t = after
+    t = after if floor is None else max(after, floor)  # floor: known to hold no start up to it
     while True:
         cands = probe.next_ends(t, k)
         if not cands or (last_start is not None and cands[0] > last_start):

@@ -529,3 +529,39 @@ def test_the_grid_bounds_of_a_window_leave_out_only_devices_with_nothing_free(
     exact = probe.free(a, b)
     where = probe.free_where(a, b, sel[order])
     assert (where == np.where(sel[order], exact, 0)).all()
+
+
+def test_earlier_answers_bound_later_searches_only_while_allocations_are_only_added():
+    """CapacityMap.earliest_start begins where an earlier search on the same devices,
+    for no more cores and no longer, found its answer (issue 15). Each answer below
+    is compared with a fork (which has no such bounds): a bound kept past a
+    removal, a rollback or a device's new cores would give a later start."""
+    cap = CapacityMap(grid_cell_ms=5, grid_cells=64)
+    for dev in ("d0", "d1"):
+        cap.upsert_device(Device(dev, "GPU", 8))
+    both = np.ones(2, bool)
+    cap.add("a1", "d0", 0, 10, 8)
+    cap.add("a2", "d1", 0, 20, 8)
+    cap.add("a3", "d0", 10, 30, 8)
+
+    def earliest(need: int, devices: np.ndarray = both) -> int:
+        found = cap.earliest_start(need, 5, 0, None, devices)
+        fresh = cap.copy().earliest_start(need, 5, 0, None, devices)
+        assert found is not None and fresh is not None
+        assert found[0] == fresh[0] and found[1].tolist() == fresh[1].tolist()
+        return found[0]
+
+    assert earliest(8) == 20  # d1 once a2 ends
+    assert earliest(8, np.array([False, True])) == 20  # d1 alone: bounded by both's answer
+    cap.add("a4", "d1", 20, 40, 8)
+    assert earliest(8) == 30  # begun at 20: d0 once a3 ends
+    cap.remove("a3")
+    assert earliest(8) == 10  # d0 once a1 ends: before the bound, dropped by the removal
+    mark = cap.savepoint()
+    cap.assume([Allocation("d0", 8, 10, 50)])
+    assert earliest(8) == 40
+    cap.rollback(mark)
+    assert earliest(8) == 10  # the bound found while assumed went with the rollback
+    assert earliest(16) == 40  # both devices whole: once a4 ends
+    cap.upsert_device(Device("d1", "GPU", 16))
+    assert earliest(16) == 10  # d1's 8 more cores: before the bound
