@@ -53,17 +53,29 @@ class InvalidArgument(LightpathError):
         *,
         reason: str | None = None,
         more: Iterable[FieldViolation] = (),
+        message: str | None = None,
+        metadata: Mapping[str, str] | None = None,
     ):
         self.violations = [FieldViolation(field, rule), *more]
-        message = "; ".join(f"{v.field}: {v.rule}" for v in self.violations)
-        super().__init__(message, reason=reason)
+        if message is None:
+            message = "; ".join(f"{v.field}: {v.rule}" for v in self.violations)
+        super().__init__(message, reason=reason, metadata=metadata)
 
     @classmethod
     def of(
-        cls, violations: Iterable[FieldViolation], *, reason: str | None = None
+        cls,
+        violations: Iterable[FieldViolation],
+        *,
+        reason: str | None = None,
+        message: str | None = None,
+        metadata: Mapping[str, str] | None = None,
     ) -> InvalidArgument:
+        """`message`, when given, replaces the violations joined (it must still name
+        each field and rule)."""
         first, *rest = list(violations)
-        return cls(first.field, first.rule, reason=reason, more=rest)
+        return cls(
+            first.field, first.rule, reason=reason, more=rest, message=message, metadata=metadata
+        )
 
 
 class NotFound(LightpathError):

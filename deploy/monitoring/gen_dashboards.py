@@ -341,6 +341,14 @@ def broker() -> Board:
         (p(0.99, "lightpath_broker_decision_duration_seconds"), "p99"),
         unit="s",
     )
+    b.panel(
+        "Commits re-checked by Redis (replica contention)",
+        (
+            'sum(rate(lightpath_broker_commits_total{rechecked="true"}[5m])) / sum(rate(lightpath_broker_commits_total[5m]))',
+            "re-checked",
+        ),
+        unit="percentunit",
+    )
     b.panel("Live reservations", ("max(lightpath_broker_reservations_live)", "live"))
     b.row("Capacity")
     b.panel(

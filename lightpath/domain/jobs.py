@@ -307,6 +307,49 @@ def _fabric(fabric: PodFabric) -> SwitchedFabric:
     return fabric.switched
 
 
+def switched_spec_rules(
+    spec: workload_scheduler_pb2.JobSpec,
+    processors: int,
+    groups: int,
+    violations: list[FieldViolation],
+) -> tuple[int, str | None]:
+    """The rules of a JobSpec on a SWITCHED pod that need only its processor and group
+    counts (the cell checks them too, knowing only the group size): the shape, if
+    given, agrees with the degrees; no wrap, no SHRINK. Returns (priority, policy)."""
+    if spec.HasField("shape") and spec.shape.dims:
+        dims = list(spec.shape.dims)
+        if spec.unit == common_pb2.SHAPE_UNIT_BLOCKS:
+            if dims != [groups]:
+                violations.append(
+                    FieldViolation(
+                        "spec.shape", f"in groups must be [{groups}] for {processors} processors"
+                    )
+                )
+        elif dims != [processors]:
+            violations.append(
+                FieldViolation(
+                    "spec.shape",
+                    f"in processors must be [{processors}] (data × pipeline × layer), "
+                    "or leave it empty",
+                )
+            )
+    if spec.wrap:
+        violations.append(FieldViolation("spec.wrap", "rings always close on a SWITCHED pod"))
+    priority = priority_of(spec, violations)
+    policy = POLICY_NAMES.get(spec.preemption_policy)
+    if policy is None:
+        violations.append(FieldViolation("spec.preemption_policy", "unknown policy"))
+    elif policy == SHRINK or spec.shrink_to:
+        violations.append(
+            FieldViolation("spec.preemption_policy", "SHRINK is not offered on a SWITCHED pod")
+        )
+    if spec.when_no_capacity not in (0, 1, 2):
+        violations.append(FieldViolation("spec.when_no_capacity", "must be QUEUE or FAIL"))
+    if spec.on_block_failure not in (0, 1, 2):
+        violations.append(FieldViolation("spec.on_block_failure", "must be SUSPEND or FAIL"))
+    return priority, policy
+
+
 def normalize_switched(spec: workload_scheduler_pb2.JobSpec, fabric: PodFabric) -> NormalizedSpec:
     """WS-2 on a SWITCHED pod: the degrees are the request; shape, if given, must agree."""
     sf = _fabric(fabric)
@@ -327,34 +370,7 @@ def normalize_switched(spec: workload_scheduler_pb2.JobSpec, fabric: PodFabric) 
     n = degrees.total
     small = is_small(sf, degrees)
     groups = 1 if small else math.ceil(n / sf.group_size)
-    if spec.HasField("shape") and spec.shape.dims:
-        dims = list(spec.shape.dims)
-        if spec.unit == common_pb2.SHAPE_UNIT_BLOCKS:
-            if dims != [groups]:
-                violations.append(
-                    FieldViolation("spec.shape", f"in groups must be [{groups}] for {n} processors")
-                )
-        elif dims != [n]:
-            violations.append(
-                FieldViolation(
-                    "spec.shape",
-                    f"in processors must be [{n}] (data × pipeline × layer), or leave it empty",
-                )
-            )
-    if spec.wrap:
-        violations.append(FieldViolation("spec.wrap", "rings always close on a SWITCHED pod"))
-    priority = priority_of(spec, violations)
-    policy = POLICY_NAMES.get(spec.preemption_policy)
-    if policy is None:
-        violations.append(FieldViolation("spec.preemption_policy", "unknown policy"))
-    elif policy == SHRINK or spec.shrink_to:
-        violations.append(
-            FieldViolation("spec.preemption_policy", "SHRINK is not offered on a SWITCHED pod")
-        )
-    if spec.when_no_capacity not in (0, 1, 2):
-        violations.append(FieldViolation("spec.when_no_capacity", "must be QUEUE or FAIL"))
-    if spec.on_block_failure not in (0, 1, 2):
-        violations.append(FieldViolation("spec.on_block_failure", "must be SUSPEND or FAIL"))
+    priority, policy = switched_spec_rules(spec, n, groups, violations)
     types = _node_types(spec, groups, fabric, violations)
     if types is not None and len(set(types)) > 1:
         violations.append(

@@ -1149,7 +1149,9 @@ class StragglerPrediction(_message.Message):
     def nodes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
     def lateness(self) -> _containers.RepeatedCompositeFieldContainer[Global___NodeLateness]:
-        """Each node's worst lateness in the window."""
+        """Each node's worst lateness in the window: every participant the window's
+        commands saw (0 when never late), predicted or not, in topology order.
+        """
 
     @_builtins.property
     def bitmaps(self) -> _containers.RepeatedCompositeFieldContainer[Global___SwitchBitmap]: ...
@@ -1705,7 +1707,10 @@ class AggChunk(_message.Message):
     RESULT), the timeout aggregation node (FINAL).
     """
     destination: _builtins.str
-    """Routed kinds: the node this goes to."""
+    """Routed kinds: the node this goes to. FINAL: the root switch (Assignment.
+    root_switch); empty means the root, any other node is INVALID_ARGUMENT
+    naming `destination`, and the refused chunk may be sent again corrected.
+    """
     timeout_flag: _builtins.bool
     """AG-5: this is a timeout node's data (the node is `source`)."""
     dtype: Global___AggDType.ValueType

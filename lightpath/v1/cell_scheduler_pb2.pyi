@@ -184,11 +184,13 @@ class CellJob(_message.Message):
     POD_JOB_FIELD_NUMBER: _builtins.int
     CREATED_AT_FIELD_NUMBER: _builtins.int
     UPDATED_AT_FIELD_NUMBER: _builtins.int
+    LAST_KNOWN_STATE_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     tenant: _builtins.str
     state: _common_pb2.JobState.ValueType
     """The pod's state; PENDING while in the cell queue; UNKNOWN while its pod is
-    silent (CS-6).
+    silent (CS-6): then GetJob answers at once from what the cell knows, without
+    asking the pod, and `last_known_state` keeps the state the pod last reported.
     """
     reason: _builtins.str
     pod_id: _builtins.str
@@ -198,9 +200,16 @@ class CellJob(_message.Message):
     shape_derived: _builtins.bool
     """True when `chips` was derived from the demand (CS-4)."""
     cell_queue_position: _builtins.int
-    """PENDING in the cell queue: 1-based place (priority, then age)."""
+    """PENDING in the cell queue: 1-based place (priority, then age), in every
+    answer (GetJob, ListJobs, SubmitJob); 0 when the job is not in the cell
+    queue (on a pod, being forwarded to one, or ended).
+    """
     placement_reason: _builtins.str
     """Why this pod was chosen (CS-2, CS-3)."""
+    last_known_state: _common_pb2.JobState.ValueType
+    """While `state` is UNKNOWN: the last state the job's pod reported (e.g.
+    RUNNING); UNSPECIFIED otherwise.
+    """
     @_builtins.property
     def spec(self) -> _workload_scheduler_pb2.JobSpec:
         """The request as given, and the shape the cell derived from its demand (CS-4)."""
@@ -240,10 +249,11 @@ class CellJob(_message.Message):
         pod_job: _workload_scheduler_pb2.Job | None = ...,
         created_at: _timestamp_pb2.Timestamp | None = ...,
         updated_at: _timestamp_pb2.Timestamp | None = ...,
+        last_known_state: _common_pb2.JobState.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["chips", b"chips", "created_at", b"created_at", "demand", b"demand", "pod_job", b"pod_job", "spec", b"spec", "updated_at", b"updated_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["block_count", b"block_count", "cell_queue_position", b"cell_queue_position", "chips", b"chips", "created_at", b"created_at", "demand", b"demand", "job_id", b"job_id", "placement_reason", b"placement_reason", "pod_id", b"pod_id", "pod_job", b"pod_job", "priority", b"priority", "reason", b"reason", "shape_derived", b"shape_derived", "spec", b"spec", "state", b"state", "tenant", b"tenant", "updated_at", b"updated_at"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["block_count", b"block_count", "cell_queue_position", b"cell_queue_position", "chips", b"chips", "created_at", b"created_at", "demand", b"demand", "job_id", b"job_id", "last_known_state", b"last_known_state", "placement_reason", b"placement_reason", "pod_id", b"pod_id", "pod_job", b"pod_job", "priority", b"priority", "reason", b"reason", "shape_derived", b"shape_derived", "spec", b"spec", "state", b"state", "tenant", b"tenant", "updated_at", b"updated_at"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

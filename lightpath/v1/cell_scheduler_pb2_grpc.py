@@ -134,15 +134,19 @@ class CellSchedulerServicer:
     def SubmitJob(self, request, context):
         """CS-2, CS-3, CS-4: place a job on a superpod, or keep it in the cell queue.
         Answers once the pod runs it (or queued it), or refuses: INVALID_ARGUMENT
-        when no pod of the cell could ever host it, RESOURCE_EXHAUSTED when it
-        cannot be placed now and asked not to wait (nothing is kept).
+        when no pod of the cell could ever host it (the reasons of the pods it
+        applies to, grouped by pod; one BadRequest violation per field; the pods'
+        own ErrorInfo reason when they agree, else NO_POD_CAN_HOST with each pod's
+        reason in the metadata), RESOURCE_EXHAUSTED when it cannot be placed now
+        and asked not to wait (nothing is kept).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def GetJob(self, request, context):
-        """CS-5: the job as the cell knows it, with its pod's view when the pod answers.
+        """CS-5: the job as the cell knows it, with its pod's view when the pod answers;
+        a job on a silent pod is answered at once, UNKNOWN, without asking the pod.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

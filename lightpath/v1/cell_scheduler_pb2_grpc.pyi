@@ -49,11 +49,16 @@ class CellSchedulerStub:
     SubmitJob: _grpc.UnaryUnaryMultiCallable[_cell_scheduler_pb2.SubmitJobRequest, _cell_scheduler_pb2.SubmitJobResponse]
     """CS-2, CS-3, CS-4: place a job on a superpod, or keep it in the cell queue.
     Answers once the pod runs it (or queued it), or refuses: INVALID_ARGUMENT
-    when no pod of the cell could ever host it, RESOURCE_EXHAUSTED when it
-    cannot be placed now and asked not to wait (nothing is kept).
+    when no pod of the cell could ever host it (the reasons of the pods it
+    applies to, grouped by pod; one BadRequest violation per field; the pods'
+    own ErrorInfo reason when they agree, else NO_POD_CAN_HOST with each pod's
+    reason in the metadata), RESOURCE_EXHAUSTED when it cannot be placed now
+    and asked not to wait (nothing is kept).
     """
     GetJob: _grpc.UnaryUnaryMultiCallable[_cell_scheduler_pb2.GetCellJobRequest, _cell_scheduler_pb2.CellJob]
-    """CS-5: the job as the cell knows it, with its pod's view when the pod answers."""
+    """CS-5: the job as the cell knows it, with its pod's view when the pod answers;
+    a job on a silent pod is answered at once, UNKNOWN, without asking the pod.
+    """
     ListJobs: _grpc.UnaryUnaryMultiCallable[_cell_scheduler_pb2.ListCellJobsRequest, _cell_scheduler_pb2.ListCellJobsResponse]
     """CS-5: jobs newest first, by tenant, state and pod, paginated (from the cell's
     own records: no pod is asked).
@@ -103,11 +108,16 @@ class CellSchedulerAsyncStub(CellSchedulerStub):
     SubmitJob: _aio.UnaryUnaryMultiCallable[_cell_scheduler_pb2.SubmitJobRequest, _cell_scheduler_pb2.SubmitJobResponse]  # type: ignore[assignment]
     """CS-2, CS-3, CS-4: place a job on a superpod, or keep it in the cell queue.
     Answers once the pod runs it (or queued it), or refuses: INVALID_ARGUMENT
-    when no pod of the cell could ever host it, RESOURCE_EXHAUSTED when it
-    cannot be placed now and asked not to wait (nothing is kept).
+    when no pod of the cell could ever host it (the reasons of the pods it
+    applies to, grouped by pod; one BadRequest violation per field; the pods'
+    own ErrorInfo reason when they agree, else NO_POD_CAN_HOST with each pod's
+    reason in the metadata), RESOURCE_EXHAUSTED when it cannot be placed now
+    and asked not to wait (nothing is kept).
     """
     GetJob: _aio.UnaryUnaryMultiCallable[_cell_scheduler_pb2.GetCellJobRequest, _cell_scheduler_pb2.CellJob]  # type: ignore[assignment]
-    """CS-5: the job as the cell knows it, with its pod's view when the pod answers."""
+    """CS-5: the job as the cell knows it, with its pod's view when the pod answers;
+    a job on a silent pod is answered at once, UNKNOWN, without asking the pod.
+    """
     ListJobs: _aio.UnaryUnaryMultiCallable[_cell_scheduler_pb2.ListCellJobsRequest, _cell_scheduler_pb2.ListCellJobsResponse]  # type: ignore[assignment]
     """CS-5: jobs newest first, by tenant, state and pod, paginated (from the cell's
     own records: no pod is asked).
@@ -166,8 +176,11 @@ class CellSchedulerServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_cell_scheduler_pb2.SubmitJobResponse, _abc.Awaitable[_cell_scheduler_pb2.SubmitJobResponse]]:
         """CS-2, CS-3, CS-4: place a job on a superpod, or keep it in the cell queue.
         Answers once the pod runs it (or queued it), or refuses: INVALID_ARGUMENT
-        when no pod of the cell could ever host it, RESOURCE_EXHAUSTED when it
-        cannot be placed now and asked not to wait (nothing is kept).
+        when no pod of the cell could ever host it (the reasons of the pods it
+        applies to, grouped by pod; one BadRequest violation per field; the pods'
+        own ErrorInfo reason when they agree, else NO_POD_CAN_HOST with each pod's
+        reason in the metadata), RESOURCE_EXHAUSTED when it cannot be placed now
+        and asked not to wait (nothing is kept).
         """
 
     @_abc_1.abstractmethod
@@ -176,7 +189,9 @@ class CellSchedulerServicer(metaclass=_abc_1.ABCMeta):
         request: _cell_scheduler_pb2.GetCellJobRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_cell_scheduler_pb2.CellJob, _abc.Awaitable[_cell_scheduler_pb2.CellJob]]:
-        """CS-5: the job as the cell knows it, with its pod's view when the pod answers."""
+        """CS-5: the job as the cell knows it, with its pod's view when the pod answers;
+        a job on a silent pod is answered at once, UNKNOWN, without asking the pod.
+        """
 
     @_abc_1.abstractmethod
     def ListJobs(

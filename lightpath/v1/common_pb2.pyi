@@ -17,7 +17,9 @@ Conventions every service follows (Google AIP where it fits):
     - google.rpc.BadRequest  one FieldViolation per bad field (INVALID_ARGUMENT)
     - google.rpc.PreconditionFailure  (FAILED_PRECONDITION)
     - google.rpc.ResourceInfo         (NOT_FOUND)
-  and the status message names the field and the rule in plain words, so a
+    - google.rpc.RetryInfo            (UNAVAILABLE, RESOURCE_EXHAUSTED: when to retry)
+  (those messages are defined in protos/google/rpc/status.proto and
+  error_details.proto, shipped with these protos), and the status message names the field and the rule in plain words, so a
   client without the detail protos still reads what went wrong.
 """
 
@@ -123,13 +125,25 @@ class _BlockAvailabilityEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Blo
     DESCRIPTOR: _descriptor.EnumDescriptor
     BLOCK_AVAILABILITY_UNSPECIFIED: _BlockAvailability.ValueType  # 0
     BLOCK_AVAILABILITY_FREE: _BlockAvailability.ValueType  # 1
+    """Healthy and held by no job."""
     BLOCK_AVAILABILITY_ALLOCATED: _BlockAvailability.ValueType  # 2
+    """Held by a job (`job_id`), or by a SWITCHED pod's small jobs."""
+    BLOCK_AVAILABILITY_UNAVAILABLE: _BlockAvailability.ValueType  # 3
+    """Failed and held by no job: not placeable until it recovers."""
 
-class BlockAvailability(_BlockAvailability, metaclass=_BlockAvailabilityEnumTypeWrapper): ...
+class BlockAvailability(_BlockAvailability, metaclass=_BlockAvailabilityEnumTypeWrapper):
+    """Whether a block can be given to a job now. A FAILED block held by a job is
+    ALLOCATED (the job keeps it until it is replaced or ends); a FAILED block held
+    by none is UNAVAILABLE, never FREE, until it recovers.
+    """
 
 BLOCK_AVAILABILITY_UNSPECIFIED: BlockAvailability.ValueType  # 0
 BLOCK_AVAILABILITY_FREE: BlockAvailability.ValueType  # 1
+"""Healthy and held by no job."""
 BLOCK_AVAILABILITY_ALLOCATED: BlockAvailability.ValueType  # 2
+"""Held by a job (`job_id`), or by a SWITCHED pod's small jobs."""
+BLOCK_AVAILABILITY_UNAVAILABLE: BlockAvailability.ValueType  # 3
+"""Failed and held by no job: not placeable until it recovers."""
 Global___BlockAvailability: _TypeAlias = BlockAvailability  # noqa: Y015
 
 class _JobState:

@@ -17,7 +17,9 @@ Conventions every service follows (Google AIP where it fits):
     - google.rpc.BadRequest  one FieldViolation per bad field (INVALID_ARGUMENT)
     - google.rpc.PreconditionFailure  (FAILED_PRECONDITION)
     - google.rpc.ResourceInfo         (NOT_FOUND)
-  and the status message names the field and the rule in plain words, so a
+    - google.rpc.RetryInfo            (UNAVAILABLE, RESOURCE_EXHAUSTED: when to retry)
+  (those messages are defined in protos/google/rpc/status.proto and
+  error_details.proto, shipped with these protos), and the status message names the field and the rule in plain words, so a
   client without the detail protos still reads what went wrong.
 """
 

@@ -1269,7 +1269,10 @@ class ReserveRingsRequest(_message.Message):
     view: Global___RingView.ValueType
     @_builtins.property
     def degrees(self) -> _common_pb2.ParallelismDegrees:
-        """Their product is the number of processors; tiles must hold at least that many."""
+        """Their product is the number of processors; tiles must hold at least that many.
+        All three are required, each >= 1 (an unset degree is INVALID_ARGUMENT here,
+        not taken as 1).
+        """
 
     @_builtins.property
     def tiles(self) -> _containers.RepeatedCompositeFieldContainer[Global___GroupTile]: ...

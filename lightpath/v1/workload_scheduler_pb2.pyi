@@ -1113,7 +1113,9 @@ class PlanRingsRequest(_message.Message):
     unit: _common_pb2.ShapeUnit.ValueType
     @_builtins.property
     def shape(self) -> _common_pb2.Shape:
-        """Slice shape, in `unit` (CHIPS by default)."""
+        """Slice shape, in `unit` (CHIPS by default): one extent per fabric dimension,
+        in chips a multiple of the block's, at most the pod's block count in all.
+        """
 
     @_builtins.property
     def wrap(self) -> _containers.RepeatedScalarFieldContainer[_builtins.bool]: ...

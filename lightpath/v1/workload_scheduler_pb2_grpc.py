@@ -201,6 +201,9 @@ class WorkloadSchedulerServicer:
 
     def PlanRings(self, request, context):
         """WS-10: rings for a slice shape and parallelism degrees, without admitting anything.
+        Only a slice this pod could host is planned: a shape that is not whole blocks
+        or needs more blocks than the pod has is INVALID_ARGUMENT naming `shape`, as
+        admission says it (WS-2). A SWITCHED pod answers FAILED_PRECONDITION.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -77,7 +77,11 @@ class WorkloadSchedulerStub:
     GetPod: _grpc.UnaryUnaryMultiCallable[_workload_scheduler_pb2.GetPodRequest, _workload_scheduler_pb2.PodView]
     """WS-9: counts by state and type, and the block map (seed Fig. 2)."""
     PlanRings: _grpc.UnaryUnaryMultiCallable[_workload_scheduler_pb2.PlanRingsRequest, _workload_scheduler_pb2.RingPlan]
-    """WS-10: rings for a slice shape and parallelism degrees, without admitting anything."""
+    """WS-10: rings for a slice shape and parallelism degrees, without admitting anything.
+    Only a slice this pod could host is planned: a shape that is not whole blocks
+    or needs more blocks than the pod has is INVALID_ARGUMENT naming `shape`, as
+    admission says it (WS-2). A SWITCHED pod answers FAILED_PRECONDITION.
+    """
 
 @_typing.type_check_only
 class WorkloadSchedulerAsyncStub(WorkloadSchedulerStub):
@@ -127,7 +131,11 @@ class WorkloadSchedulerAsyncStub(WorkloadSchedulerStub):
     GetPod: _aio.UnaryUnaryMultiCallable[_workload_scheduler_pb2.GetPodRequest, _workload_scheduler_pb2.PodView]  # type: ignore[assignment]
     """WS-9: counts by state and type, and the block map (seed Fig. 2)."""
     PlanRings: _aio.UnaryUnaryMultiCallable[_workload_scheduler_pb2.PlanRingsRequest, _workload_scheduler_pb2.RingPlan]  # type: ignore[assignment]
-    """WS-10: rings for a slice shape and parallelism degrees, without admitting anything."""
+    """WS-10: rings for a slice shape and parallelism degrees, without admitting anything.
+    Only a slice this pod could host is planned: a shape that is not whole blocks
+    or needs more blocks than the pod has is INVALID_ARGUMENT naming `shape`, as
+    admission says it (WS-2). A SWITCHED pod answers FAILED_PRECONDITION.
+    """
 
 class WorkloadSchedulerServicer(metaclass=_abc_1.ABCMeta):
     """One per superpod: places slices on healthy free building blocks, preempts,
@@ -240,6 +248,10 @@ class WorkloadSchedulerServicer(metaclass=_abc_1.ABCMeta):
         request: _workload_scheduler_pb2.PlanRingsRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_workload_scheduler_pb2.RingPlan, _abc.Awaitable[_workload_scheduler_pb2.RingPlan]]:
-        """WS-10: rings for a slice shape and parallelism degrees, without admitting anything."""
+        """WS-10: rings for a slice shape and parallelism degrees, without admitting anything.
+        Only a slice this pod could host is planned: a shape that is not whole blocks
+        or needs more blocks than the pod has is INVALID_ARGUMENT naming `shape`, as
+        admission says it (WS-2). A SWITCHED pod answers FAILED_PRECONDITION.
+        """
 
 def add_WorkloadSchedulerServicer_to_server(servicer: WorkloadSchedulerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -57,6 +57,7 @@ from services.agg_switch.command import (
     new_command,
     participation_bitmaps,
     predict_stragglers,
+    worst_lateness,
 )
 from services.agg_switch.dataplane import DataPlane
 from services.agg_switch.metrics import AggMetrics
@@ -348,9 +349,12 @@ class AggSwitchServicer(agg_switch_pb2_grpc.AggSwitchServicer):
         )
         names = [n for n, _ in predicted]
         out = pb.StragglerPrediction(nodes=names, commands=[c for c, _, _ in entries])
-        for node, late in predicted:
+        # Every participant the window saw, predicted or not (the proto's "each node's
+        # worst lateness"), in topology order.
+        worst = worst_lateness(window)
+        for node in sorted(worst, key=lambda n: (topo.position.get(n, 0), n)):
             out.lateness.append(
-                pb.NodeLateness(node=node, switch_id=topo.leaf_switch(node), lateness_s=late)
+                pb.NodeLateness(node=node, switch_id=topo.leaf_switch(node), lateness_s=worst[node])
             )
         if len(names) < len(participants):
             out.bitmaps.extend(

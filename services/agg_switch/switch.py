@@ -453,14 +453,8 @@ class SwitchCore:
 
     def _routed(self, cmd: _Command, pkt: Packet, hop_from: str, now: float, eff: Effects) -> None:
         topo = cmd.cplan.topology
-        if pkt.kind is Kind.FINAL and (
-            pkt.source != cmd.spec.timeout_aggregator
-            or pkt.destination != topo.root
-            or (topo.is_compute(hop_from) and hop_from != pkt.source)
-        ):
-            raise InvalidArgument(
-                "source", "only the timeout aggregation node sends FINAL chunks, to the root"
-            )
+        if pkt.kind is Kind.FINAL:
+            pkt = self._check_final(cmd, pkt, hop_from)
         if pkt.destination != self.switch_id:
             hop = topo.next_hop(self.switch_id, pkt.destination)
             eff.sends.append((hop, pkt))
@@ -474,6 +468,28 @@ class SwitchCore:
             cmd.finals[pkt.chunk] = 1
             assert pkt.data is not None
             self._broadcast(cmd, pkt.chunk, pkt.data, eff)
+
+    def _check_final(self, cmd: _Command, pkt: Packet, hop_from: str) -> Packet:
+        """A FINAL comes from the timeout aggregation node and goes to the root; an
+        empty `destination` means the root (it can go nowhere else). A refused FINAL
+        changes nothing here: the same chunk, corrected, is taken afterwards."""
+        topo = cmd.cplan.topology
+        ta = cmd.spec.timeout_aggregator
+        if pkt.source != ta or (topo.is_compute(hop_from) and hop_from != pkt.source):
+            raise InvalidArgument(
+                "source",
+                f"only the timeout aggregation node ({ta!r}) sends FINAL chunks "
+                f"of command {cmd.spec.command_id}; got {pkt.source!r}",
+            )
+        if not pkt.destination:
+            return pkt.but(destination=topo.root)
+        if pkt.destination != topo.root:
+            raise InvalidArgument(
+                "destination",
+                f"a FINAL chunk goes to the root switch {topo.root!r} (or leave it empty); "
+                f"got {pkt.destination!r}",
+            )
+        return pkt
 
     # -- aggregation ---------------------------------------------------------------
 

@@ -16,14 +16,14 @@ import asyncio
 import logging
 from collections.abc import Callable, Mapping
 
-from lightpath.errors import ResourceExhausted
+from lightpath.errors import InvalidArgument, ResourceExhausted
 from lightpath.v1 import cell_scheduler_pb2, workload_scheduler_pb2
 from services.cell_scheduler.admission import FAIL, Admission
 from services.cell_scheduler.choice import FITS, Candidate, PodCapacityView, plan_queue
 from services.cell_scheduler.jobs import CellJobs, SubmitResult, record_fields, request_b64
 from services.cell_scheduler.metrics import CellMetrics
 from services.cell_scheduler.podclient import PodRefused, PodUnreachable, state_name
-from services.cell_scheduler.request import Resolved
+from services.cell_scheduler.request import Resolved, grouped
 from services.cell_scheduler.store import PLACED, QUEUED
 
 
@@ -67,8 +67,13 @@ class Forwarder:
         *,
         created: bool,
     ) -> SubmitResult:
-        """Forward a job claimed for candidates[0] (token); on refusal try the next ones."""
+        """Forward a job claimed for candidates[0] (token); on refusal try the next ones.
+        When every pod that could host it by the cell's check refuses it as
+        INVALID_ARGUMENT (their own rules go further than the cell's), no pod can: it is
+        refused (at submit: INVALID_ARGUMENT with the pods' reasons, nothing kept) or,
+        from the cell queue, FAILED — never left waiting."""
         last = ""
+        invalid: dict[str, InvalidArgument] = {}
         for i, cand in enumerate(candidates):
             pod = cand.pod_id
             r = resolved[pod]
@@ -94,6 +99,9 @@ class Forwarder:
                 self.metrics.forwarded("refused")
                 self.pods.assume(pod, r.needs, +1)
                 last = f"pod {pod} refused it: {err.report.message}"
+                relayed = err.relayed()
+                if isinstance(relayed, InvalidArgument):
+                    invalid[pod] = relayed
                 version = views[pod].version if pod in views else ""
                 await self.jobs.back_to_queue(job_id, token, pod, last, version=version)
                 self.log.info("job %s: %s", job_id, last, extra={"job_id": job_id})
@@ -137,6 +145,26 @@ class Forwarder:
                 + (f" (derived {r.derived.describe()})" if r.derived else ""),
             )
         record = await self.jobs.job_record(job_id)
+        if record.phase == QUEUED and invalid and set(resolved) <= set(invalid):
+            refusal = grouped(invalid)
+            ended, _ = await self.store.end_queued(
+                job_id,
+                "FAILED",
+                f"no pod can host it: {refusal.message}",
+                self.pods.now_ms(),
+                forget=created,
+            )
+            if ended:
+                self.log.info(
+                    "job %s: every pod refused it as invalid: %s",
+                    job_id,
+                    refusal.message,
+                    extra={"job_id": job_id},
+                )
+                if created:
+                    raise refusal
+                return SubmitResult(await self.jobs.job_record(job_id), created, outcome=last)
+            record = await self.jobs.job_record(job_id)
         if record.phase == QUEUED and req.spec.when_no_capacity == FAIL:
             await self.store.end_queued(
                 job_id,
@@ -149,8 +177,10 @@ class Forwarder:
                 f"job {job_id} cannot be placed now and asked not to wait: {last}",
                 reason="NO_CAPACITY",
             )
-        self._kick()
         position = await self.store.queue_position(job_id)
+        if position == 0:  # another replica's dispatcher took it meanwhile
+            record = await self.jobs.job_record(job_id)
+        self._kick()
         return SubmitResult(
             record,
             created,

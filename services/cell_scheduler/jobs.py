@@ -43,6 +43,7 @@ from services.cell_scheduler.pods import CACHE_LIMIT, PodDirectory
 from services.cell_scheduler.request import Resolved
 from services.cell_scheduler.store import (
     ENDED,
+    FINAL,
     FORWARDING,
     PLACED,
     QUEUED,
@@ -317,6 +318,25 @@ class CellJobs:
             return JobView(record, queue_position=await self.store.queue_position(record.job_id))
         if record.phase != PLACED or not refresh:
             return JobView(record)
+        if record.state == "UNKNOWN":
+            return JobView(record)  # its pod is marked silent (CS-6): answer at once
+        silent = await self.pods.silent_for(record.pod)
+        if silent is not None:  # a silent pod is not asked: the cell answers what it knows
+            if record.state in FINAL:
+                return JobView(record)
+            # Silent past the pod timeout, not marked yet: mark it now, as the cell's
+            # own pass would (CS-6): its live jobs UNKNOWN, their last state kept.
+            now = self.pods.now_ms()
+            count = await self.store.mark_down(record.pod, now, self.pods.pod_timeout_ms)
+            if count >= 0:
+                self.log.warning(
+                    "pod %s silent for %.1f s: not chosen; %d job(s) now UNKNOWN",
+                    record.pod,
+                    silent,
+                    count,
+                    extra={"pod_id": record.pod},
+                )
+            return JobView(await self.job_record(record.job_id))
         try:
             job = await self.pods.call(
                 record.pod,
@@ -367,10 +387,23 @@ class CellJobs:
                 if len(out) == page_size:
                     break
             if len(ids) < page_size and len(out) < page_size:
-                return out, None
+                return await self._with_positions(out), None
         assert before is not None
         more = await self.store.page(index, before_seq=before, count=1)
-        return out, before if more else None
+        return await self._with_positions(out), before if more else None
+
+    async def _with_positions(self, views: list[JobView]) -> list[JobView]:
+        """Jobs in the cell queue with their 1-based place in it (CellJob.cell_queue_position)."""
+        queued = [v.record.job_id for v in views if v.record.phase == QUEUED]
+        if not queued:
+            return views
+        places = await self.store.queue_positions(queued)
+        return [
+            JobView(v.record, v.pod_job, places.get(v.record.job_id, 0))
+            if v.record.phase == QUEUED
+            else v
+            for v in views
+        ]
 
     async def complete(self, job_id: str) -> JobView:
         pod = self._placed.get(job_id) or await self._placed_pod(job_id)

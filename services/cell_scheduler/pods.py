@@ -92,6 +92,15 @@ class PodDirectory:
         self._endpoints.update(snap.endpoint)
         return {p: self.model(r) for p, r in sorted(snap.registrations.items())}
 
+    async def silent_for(self, pod_id: str) -> float | None:
+        """Seconds since a pod's last heartbeat when it is silent (marked so, or past the
+        pod timeout, as ListPods says SILENT); None when it is not."""
+        seen, down = await self.store.heard_from(pod_id)
+        now = self.now_ms()
+        if down or now - seen > self.pod_timeout_ms:
+            return max(0.0, (now - seen) / 1000)
+        return None
+
     def status_of(self, snap: RegistrySnapshot, pod_id: str, now: int) -> tuple[int, str]:
         """(PodStatus, why) of a registered pod."""
         seen = snap.seen.get(pod_id, 0)

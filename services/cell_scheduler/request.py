@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from lightpath.domain.blocks import TYPE_NAME_RULE, PodFabric, parse_block_types
-from lightpath.domain.jobs import normalize, priority_of
+from lightpath.domain.jobs import normalize, switched_spec_rules
 from lightpath.errors import FieldViolation, InvalidArgument
 from lightpath.v1 import cell_scheduler_pb2, common_pb2, workload_scheduler_pb2
 from services.cell_scheduler.demand import DerivedShape, derive_shape
@@ -36,6 +36,16 @@ from services.common.settings import parse_address
 
 DEFAULT_TENANT = "default"
 TENANT_LABEL = "tenant"
+
+# Refusals that say a pod is not for this kind of request (a SWITCHED pod asked for a
+# shape, an OCS_TORUS pod for degrees alone, a pod without the node type named): when
+# another pod does apply, its reasons are the answer and these are left out.
+TORUS_NEEDS_SHAPE = "TORUS_NEEDS_SHAPE"
+SWITCHED_NEEDS_DEGREES = "SWITCHED_NEEDS_DEGREES"
+NO_SUCH_NODE_TYPE = "NO_SUCH_NODE_TYPE"
+NOT_APPLICABLE = frozenset({TORUS_NEEDS_SHAPE, SWITCHED_NEEDS_DEGREES, NO_SUCH_NODE_TYPE})
+GENERIC_REASON = "INVALID_ARGUMENT"
+NO_POD_CAN_HOST = "NO_POD_CAN_HOST"
 
 
 @dataclass(frozen=True)
@@ -92,6 +102,15 @@ def has_demand(req: cell_scheduler_pb2.SubmitJobRequest) -> bool:
     return bool(d.flops or d.chip_hours or d.node_type or d.HasField("deadline"))
 
 
+def has_degrees(spec: workload_scheduler_pb2.JobSpec) -> bool:
+    p = spec.parallelism
+    return bool(p.data or p.pipeline or p.layer)
+
+
+def has_shape(spec: workload_scheduler_pb2.JobSpec) -> bool:
+    return spec.HasField("shape") and bool(spec.shape.dims)
+
+
 def tenant_of(req: cell_scheduler_pb2.SubmitJobRequest) -> str:
     return req.tenant or DEFAULT_TENANT
 
@@ -115,9 +134,13 @@ def check_request(
             )
         )
     if not has_demand(req):
-        if not spec.HasField("shape") or not spec.shape.dims:
+        if (not spec.HasField("shape") or not spec.shape.dims) and not has_degrees(spec):
             out.append(
-                FieldViolation("spec.shape", "is required (or give a demand: flops or chip_hours)")
+                FieldViolation(
+                    "spec.shape",
+                    "is required (or give parallelism degrees for a SWITCHED pod, "
+                    "or a demand: flops or chip_hours)",
+                )
             )
         return out
     d = req.demand
@@ -196,8 +219,16 @@ def resolve(
     spec.labels[TENANT_LABEL] = tenant_of(req)
     # The cell keeps the job when no pod can place it now: a pod only places or refuses.
     spec.when_no_capacity = workload_scheduler_pb2.WHEN_NO_CAPACITY_FAIL
+    _check_node_types(spec, pod)
     if pod.fabric_kind == common_pb2.FABRIC_KIND_SWITCHED:
         return _resolve_switched(req, pod, spec)
+    if not has_demand(req) and not has_shape(spec):
+        raise InvalidArgument(
+            "spec.shape",
+            f"is required on OCS_TORUS pod {pod.pod_id} (parallelism degrees alone are a "
+            "request for a SWITCHED pod)",
+            reason=TORUS_NEEDS_SHAPE,
+        )
     derived: DerivedShape | None = None
     if has_demand(req):
         d = req.demand
@@ -207,7 +238,7 @@ def resolve(
             raise InvalidArgument(
                 "demand.node_type",
                 f"pod {pod.pod_id} has no {node_type} blocks",
-                reason="NO_SUCH_NODE_TYPE",
+                reason=NO_SUCH_NODE_TYPE,
             )
         seconds = (d.deadline.ToMilliseconds() - now_ms) / 1000.0
         try:
@@ -254,23 +285,25 @@ def _resolve_switched(
         raise InvalidArgument(
             "demand",
             f"pod {pod.pod_id} is SWITCHED: give parallelism degrees instead of a demand",
-            reason="SWITCHED_NEEDS_DEGREES",
+            reason=SWITCHED_NEEDS_DEGREES,
         )
     p = spec.parallelism
-    if not (p.data or p.pipeline or p.layer):
+    if not has_degrees(spec):
         raise InvalidArgument(
             "spec.parallelism",
             f"is required on SWITCHED pod {pod.pod_id}: the data, pipeline and layer degrees "
             "(their product is the processor count)",
-            reason="SWITCHED_NEEDS_DEGREES",
+            reason=SWITCHED_NEEDS_DEGREES,
         )
-    violations: list[FieldViolation] = []
-    priority = priority_of(spec, violations)
-    if violations:
-        raise InvalidArgument.of(violations)
     processors = (p.data or 1) * (p.pipeline or 1) * (p.layer or 1)
     size = math.prod(pod.block_shape)
     groups = max(1, math.ceil(processors / size))
+    # The pod's own rules that need only the group size (a shape that disagrees
+    # with the degrees, wrap, SHRINK), as the pod says them (WS-2).
+    violations: list[FieldViolation] = []
+    priority, _ = switched_spec_rules(spec, processors, groups, violations)
+    if violations:
+        raise InvalidArgument.of(violations)
     if groups > pod.block_count:
         raise InvalidArgument(
             "spec.parallelism",
@@ -299,21 +332,72 @@ def resolve_all(
     return ok, bad
 
 
+def _check_node_types(spec: workload_scheduler_pb2.JobSpec, pod: PodModel) -> None:
+    """A request naming node types `pod` has none of: that pod does not apply to it."""
+    have = sorted({t for t, _ in pod.node_types})
+    rule = "unknown node type {!r}; this pod has " + ", ".join(have)
+    bad = [
+        FieldViolation(f"spec.node_types[{i}]", rule.format(t))
+        for i, t in enumerate(spec.node_types)
+        if t not in have
+    ]
+    bad += [
+        FieldViolation(f"spec.node_type_counts[{t}]", rule.format(t))
+        for t in sorted(spec.node_type_counts)
+        if t not in have
+    ]
+    if bad:
+        raise InvalidArgument.of(bad, reason=NO_SUCH_NODE_TYPE)
+
+
 def no_pod_can_host(bad: Mapping[str, InvalidArgument]) -> InvalidArgument:
-    """One INVALID_ARGUMENT for a request every pod refused: the pods' own violations,
-    said once when they agree, else each with its pod."""
-    per_pod = {p: tuple(e.violations) for p, e in bad.items()}
-    distinct = set(per_pod.values())
-    if len(distinct) == 1:
-        violations = list(next(iter(distinct)))
-    else:
-        violations = [
-            FieldViolation(v.field, f"{v.rule} (pod {p})")
-            for p, vs in sorted(per_pod.items())
-            for v in vs
-        ]
-    reason = next(iter(bad.values())).reason if len({e.reason for e in bad.values()}) == 1 else None
-    return InvalidArgument.of(violations, reason=reason)
+    """One INVALID_ARGUMENT for a request every pod refused, from the pods it applies
+    to (all of them when none does): see `grouped`."""
+    applicable = {p: e for p, e in bad.items() if e.reason not in NOT_APPLICABLE}
+    return grouped(applicable or bad)
+
+
+def _pods(pods: list[str]) -> str:
+    return ("pod " if len(pods) == 1 else "pods ") + ", ".join(pods)
+
+
+def grouped(per_pod: Mapping[str, InvalidArgument]) -> InvalidArgument:
+    """The pods' refusals as one error: said once when every pod refused alike, else the
+    message grouped by pod; one field violation per field (each rule once, with the
+    pods that gave it); the pods' own ErrorInfo reason when they agree or only one is
+    specific (else NO_POD_CAN_HOST), each pod's in the metadata."""
+    pods = sorted(per_pod)
+    own = {p: list(dict.fromkeys(per_pod[p].violations)) for p in pods}
+    rules: dict[str, dict[str, list[str]]] = {}
+    for p in pods:
+        for v in own[p]:
+            rules.setdefault(v.field, {}).setdefault(v.rule, []).append(p)
+    alike = len({tuple(vs) for vs in own.values()}) == 1
+    violations = [
+        FieldViolation(
+            field,
+            next(iter(by_rule))
+            if alike
+            else "; ".join(f"{rule} ({_pods(ps)})" for rule, ps in by_rule.items()),
+        )
+        for field, by_rule in rules.items()
+    ]
+    reasons = {per_pod[p].reason for p in pods}
+    specific = reasons - {GENERIC_REASON}
+    reason = (
+        reasons.pop()
+        if len(reasons) == 1
+        else specific.pop()
+        if len(specific) == 1
+        else NO_POD_CAN_HOST
+    )
+    message = None
+    if not alike:
+        message = "no pod can host it: " + " | ".join(
+            f"pod {p}: " + "; ".join(f"{v.field}: {v.rule}" for v in own[p]) for p in pods
+        )
+    metadata = {p: per_pod[p].reason for p in pods} if len(pods) > 1 else None
+    return InvalidArgument.of(violations, reason=reason, message=message, metadata=metadata)
 
 
 def check_registration(reg: cell_scheduler_pb2.PodRegistration) -> None:

@@ -57,6 +57,8 @@ def cell_job_pb(cell: CellScheduler, view: JobView) -> cell_scheduler_pb2.CellJo
         created_at=_ts(r.created_ms),
         updated_at=_ts(r.updated_ms),
     )
+    if r.state == "UNKNOWN" and r.pod_state and r.pod_state != "UNKNOWN":
+        out.last_known_state = common_pb2.JobState.Value("JOB_STATE_" + r.pod_state)
     if not r.chips and req.spec.unit != common_pb2.SHAPE_UNIT_BLOCKS:
         out.chips.dims.extend(req.spec.shape.dims)  # waiting in the cell: the shape asked for
     if has_demand(req):

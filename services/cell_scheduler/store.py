@@ -668,6 +668,14 @@ class CellStore:
             existing or None,
         )
 
+    async def heard_from(self, pod_id: str) -> tuple[int, bool]:
+        """(last heartbeat in ms, 0 if never; marked silent) of one pod, in one round trip."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.zscore(self.key("seen"), pod_id)
+            pipe.sismember(self.key("down"), pod_id)
+            seen, down = await pipe.execute()
+        return int(seen or 0), bool(down)
+
     async def mark_suspect(self, pod_id: str, until_ms: int) -> None:
         await self.redis.hset(self.key("suspect"), pod_id, until_ms)
 
@@ -890,8 +898,19 @@ class CellStore:
         return [json.loads(e) for e in raw]
 
     async def queue_position(self, job_id: str) -> int:
+        """1-based place in the cell queue; 0 when the job is not in it."""
         rank = await self.redis.zrank(self.key("queue"), job_id)
         return int(rank) + 1 if rank is not None else 0
+
+    async def queue_positions(self, job_ids: Sequence[str]) -> dict[str, int]:
+        """`queue_position` of several jobs in one round trip."""
+        if not job_ids:
+            return {}
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for job_id in job_ids:
+                pipe.zrank(self.key("queue"), job_id)
+            ranks = await pipe.execute()
+        return {j: int(r) + 1 if r is not None else 0 for j, r in zip(job_ids, ranks, strict=True)}
 
     async def page(self, index: str, *, before_seq: int | None, count: int) -> list[str]:
         hi = f"({before_seq}" if before_seq is not None else "+inf"

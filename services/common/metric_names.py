@@ -304,6 +304,15 @@ DOMAIN: tuple[MetricName, ...] = (
         "decisions by outcome (granted, partial, deferred, rejected)",
     ),
     _m(
+        "lightpath.broker.commits",
+        COUNTER,
+        "",
+        ("rechecked",),
+        "core_broker",
+        "decision batches committed, by whether Redis re-checked capacity (true: the state "
+        "changed between decision and commit, e.g. another replica's commit)",
+    ),
+    _m(
         "lightpath.broker.decision.duration",
         HISTOGRAM,
         "s",

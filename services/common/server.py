@@ -2,7 +2,8 @@
 
     server, port = create_server("[::]:0", [definition], tracer_provider=tp)
 
-gives a grpc.aio server with health checking (grpc.health.v1), reflection,
+gives a grpc.aio server with health checking (grpc.health.v1), reflection (v1
+and v1alpha, services.common.reflection),
 tracing and error mapping. `running(...)` wraps the whole life of a service —
 Redis, build, serve, graceful stop — and is what `__main__` (through `main`)
 and the contract tests both use, so the tests run the real thing.
@@ -23,7 +24,6 @@ from typing import Any, Generic, TypeVar
 import grpc
 import redis.asyncio as aioredis
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
 from opentelemetry.sdk.trace import TracerProvider
 
 from lightpath import __version__
@@ -32,7 +32,7 @@ from lightpath.security.credentials import Credentials
 from lightpath.security.tokens import TokenRegistry
 from lightpath.telemetry import MetricsEndpoint, configure_metrics, configure_tracing, serve_metrics
 from lightpath.v1 import common_pb2
-from services.common import redis_store, tls
+from services.common import redis_store, reflection, tls
 from services.common.admission import Admission
 from services.common.audit import AuditLog
 from services.common.auth import Guard
@@ -122,9 +122,7 @@ def create_server(
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     names = [svc.name for svc in services]
-    reflection.enable_server_reflection(
-        [*names, health.SERVICE_NAME, reflection.SERVICE_NAME], server
-    )
+    reflection.enable([*names, health.SERVICE_NAME], server)
     if credentials is None:
         port = server.add_insecure_port(address)
     else:

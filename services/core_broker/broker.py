@@ -400,8 +400,10 @@ class Broker:
                     groups.append(pend)
             plans.append(plan)
             payload.append((t.ids(t.open), groups))
-        seen = self.view.version  # Redis is at least here, unless it lost its state
-        result = await self.store.commit(payload, now)
+        # the state decided on: Redis is at least here, unless it lost its state
+        seen = self.view.version
+        result = await self.store.commit(payload, now, (seen, self.view.stream_id))
+        self.metrics.committed(rechecked=result.rechecked)
         if result.version:
             self.view.note_commit(self._change_of(result, payload))
         elif result.current_version < seen:

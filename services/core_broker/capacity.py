@@ -110,6 +110,7 @@ class CapacityMap:
         self._cores = np.zeros(cap, np.int64)
         self._rows: dict[str, int] | None = {}
         self._key_of: list[str | None] = []
+        self._parts: dict[str, int] = {}  # allocations held per reservation id (keyed rows)
         self._spare: list[int] = []
         self._sky = Skyline(grid_cell_ms, grid_cells)
         self._assumed: list[int] = []  # rows added by assume(), in order
@@ -245,6 +246,8 @@ class CapacityMap:
             raise KeyError(device_id)
         row = self._rows[key] = self._put(i, start, end, cores)
         self._key_of[row] = key
+        rid = key.split(":", 1)[0]
+        self._parts[rid] = self._parts.get(rid, 0) + 1
         return True
 
     def remove(self, key: str) -> bool:
@@ -255,6 +258,12 @@ class CapacityMap:
             return False
         self._kill(row)
         self._key_of[row] = None
+        rid = key.split(":", 1)[0]
+        left = self._parts[rid] - 1
+        if left:
+            self._parts[rid] = left
+        else:
+            del self._parts[rid]
         if len(self._spare) > 4096 and len(self._spare) * 2 > self._n and not self._assumed:
             self._compact()
         return True
@@ -297,6 +306,10 @@ class CapacityMap:
 
     def keys(self) -> Iterator[str]:
         return iter(self._rows or ())
+
+    def reservations(self) -> int:
+        """Reservations with an allocation held (keys `<reservation id>:...`; 0 for a fork)."""
+        return len(self._parts)
 
     def _sky_of(self) -> Skyline:
         """The index, with a row for every device (a fork shares the devices of
@@ -367,6 +380,7 @@ class CapacityMap:
         fork._n = n
         fork._rows = None
         fork._key_of = []
+        fork._parts = {}
         fork._spare = []
         fork._sky = self._sky.copy()
         fork._assumed = []

@@ -62,6 +62,11 @@ class BrokerMetrics:
             "lightpath.broker.decisions",
             description="decisions by outcome (granted, partial, deferred, rejected)",
         )
+        self._commits = meter.create_counter(
+            "lightpath.broker.commits",
+            description="decision batches committed, by whether Redis re-checked capacity "
+            "(rechecked: the state changed between decision and commit, e.g. another replica)",
+        )
         self._duration = meter.create_histogram(
             "lightpath.broker.decision.duration", unit="s", description="time of one decision"
         )
@@ -76,6 +81,10 @@ class BrokerMetrics:
         """Committed decisions (each with its Outcome: GRANTED, PARTIAL, DEFERRED, REJECTED)."""
         for d in decisions:
             self._decisions.add(1, {"outcome": str(d.outcome).lower()})
+
+    def committed(self, *, rechecked: bool) -> None:
+        """A batch's commit reached Redis: decided on its current state, or re-checked."""
+        self._commits.add(1, {"rechecked": "true" if rechecked else "false"})
 
     def answered(self, started: float) -> None:
         """A Reserve call's requests were decided and committed (or failed): from the
@@ -106,9 +115,8 @@ class BrokerMetrics:
                 total[d.device_id] = d.cores
                 reserved[(d.device_id, "now")] = int(used_now[i])
                 reserved[(d.device_id, "next_hour")] = int(used_hour[i])
-        # The map holds live and future allocations only (the reaper removes ended
-        # ones); an allocation's key is "<reservation id>:<part>...".
-        self._live = len({k.split(":", 1)[0] for k in cap.keys()})
+        # The map holds live and future allocations only (the reaper removes ended ones).
+        self._live = cap.reservations()
         self._reserved, self._total = reserved, total
 
     # -- callbacks (the reader's thread: cached values only) ----------------------

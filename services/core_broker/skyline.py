@@ -13,8 +13,9 @@ over them: `peak` (the most cores reserved during [a, b) on each, two binary
 searches and a range maximum: O(k log m)) and the next ends after an instant
 (`_Probe.next_ends`, O(k log m)).
 
-Rows of similar length live together in one 2-D block (`_Bucket`, widths a
-power of two), so a device with many more reservations than the others does
+Rows of similar length live together in one 2-D block (`_Bucket`, widths 64,
+256, 1,024, ...: few widths, so a query over many devices meets few blocks, each
+one numpy pass), so a device with many more reservations than the others does
 not widen every row. A row's keys carry the row number in their high bits, so
 each block flattened is one sorted array and one `np.searchsorted` finds a
 time on every row at once.
@@ -57,7 +58,8 @@ _ORIGIN = -(1 << 41)
 MIN_TIME = _ORIGIN + 2
 MAX_TIME = _ORIGIN + _TMAX - 2
 MAX_ROWS = 1 << (63 - _TBITS)
-_MIN_WIDTH = 16
+_MIN_WIDTH = 64
+_GROWTH = 4  # a full row moves to a block this many times wider
 CELL_MS = 60_000  # the coarse grid: one-minute cells ...
 CELLS = 1024  # ... about 17 hours of them
 
@@ -68,9 +70,13 @@ def _tk(t: int) -> int:
     return t - _ORIGIN
 
 
-def _clip(t: np.ndarray | int) -> np.ndarray:
-    """Query times as key offsets, clipped into (sentinel, padding)."""
-    return np.clip(np.asarray(t, np.int64) - _ORIGIN, 1, _TMAX - 1)
+def _clip(t: np.ndarray | int) -> np.ndarray | int:
+    """Query times as key offsets, clipped into (sentinel, padding): an int for an
+    int (no array made), an array for an array (np.minimum/np.maximum: np.clip
+    costs several times more per call)."""
+    if isinstance(t, int):
+        return min(max(t - _ORIGIN, 1), _TMAX - 1)
+    return np.minimum(np.maximum(np.asarray(t, np.int64) - _ORIGIN, 1), _TMAX - 1)
 
 
 class _Bucket:
@@ -323,8 +329,8 @@ class _Grid:
         """[lo, hi) of cells j0 .. j1-1 as key offsets (the end cells unbounded)."""
         assert self.origin is not None
         j = np.arange(j0, j1, dtype=np.int64)
-        lo = np.clip(self.origin + j * self.cell - _ORIGIN, 1, _TMAX - 1)
-        hi = np.clip(self.origin + (j + 1) * self.cell - _ORIGIN, 1, _TMAX - 1)
+        lo = _clip(self.origin + j * self.cell)
+        hi = _clip(self.origin + (j + 1) * self.cell)
         lo[j == 0] = 1
         hi[j == self.cells - 1] = _TMAX - 1
         return lo, hi
@@ -506,10 +512,10 @@ class Skyline:
             return b, r
         data = b.row_data(r)
         b.free(r)
-        nb = self._bucket(w * 2)
+        nb = self._bucket(w * _GROWTH)
         nr = nb.alloc()
         nb.load_row(nr, *data)
-        self.bucket_of[device] = w * 2
+        self.bucket_of[device] = w * _GROWTH
         self.row_of[device] = nr
         return nb, nr
 
@@ -527,9 +533,10 @@ class Skyline:
         if (widths == first).all():
             return [Group(self.buckets[first], np.arange(devices.shape[0]), self.row_of[devices])]
         out = []
-        for w in np.unique(widths).tolist():
+        for w in sorted(self.buckets):  # a handful of widths: no sort of the devices
             pos = np.flatnonzero(widths == w)
-            out.append(Group(self.buckets[w], pos, self.row_of[devices[pos]]))
+            if pos.shape[0]:
+                out.append(Group(self.buckets[w], pos, self.row_of[devices[pos]]))
         return out
 
     @staticmethod
@@ -537,6 +544,10 @@ class Skyline:
         """Most cores reserved during [a, b) on each of the n devices of `groups`
         (a and b scalars, or arrays of n)."""
         out = np.empty(n, np.int64)
+        if np.ndim(a) == 0 and np.ndim(b) == 0:  # one range for every device
+            for g in groups:
+                out[g.pos] = g.bucket.peak(g.rows, a, b)
+            return out
         va, vb = np.broadcast_to(a, (n,)), np.broadcast_to(b, (n,))
         for g in groups:
             out[g.pos] = g.bucket.peak(g.rows, va[g.pos], vb[g.pos])
@@ -660,8 +671,8 @@ class _Probe:
         out = (
             np.zeros((m, self.n), np.int64) if only is not None else np.empty((m, self.n), np.int64)
         )
-        qa = np.clip(np.array(a, np.int64) - _ORIGIN, 1, _TMAX - 1)
-        qb = np.clip(np.array(b, np.int64) - _ORIGIN, 1, _TMAX - 1)
+        qa = _clip(np.array(a, np.int64))
+        qb = _clip(np.array(b, np.int64))
         for bk, pos, base, _, caps in self.parts:
             if only is not None:
                 sel = only[pos]
@@ -682,8 +693,8 @@ class _Probe:
         """`free`, read only where `sel` (shape (len(a), n)) is set: 0 elsewhere."""
         m = len(a)
         out = np.zeros((m, self.n), np.int64)
-        qa = np.clip(np.array(a, np.int64) - _ORIGIN, 1, _TMAX - 1)
-        qb = np.clip(np.array(b, np.int64) - _ORIGIN, 1, _TMAX - 1)
+        qa = _clip(np.array(a, np.int64))
+        qb = _clip(np.array(b, np.int64))
         for bk, pos, base, _, caps in self.parts:
             # (device, window) pairs by row, then window: the keys come sorted
             di, wi = np.nonzero(sel[:, pos].T)

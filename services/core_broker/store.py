@@ -90,11 +90,14 @@ end
 local function fmt(n) return string.format("%d", n) end
 """
 
-# ARGV: prefix, now, payload JSON, stream maxlen
+# ARGV: prefix, now, payload JSON, stream maxlen, seen version ("" = unknown), seen stream id
 # payload: [ticket, ...]; ticket: {ids: [id, ...], groups: [group, ...]}; group: [reservation, ...];
 # reservation: {id, app, data, created, due, parts: [[device, cores, start, end, member], ...]}
-# Returns {version written or 0, stream id, status per ticket, current version}; a ticket's status is
+# Returns {version written or 0, stream id, status per ticket, current version, 1 if re-checked
+# else 0}; a ticket's status is
 # "exists:<id>" (nothing of it written) or a list of "ok" / "conflict:<device>" per group.
+# When the store is still at the seen version and stream entry, the decisions were made on
+# exactly its state and the capacity re-check is skipped (compare-and-set on the version).
 _COMMIT = (
     _LUA_LIB
     + r"""
@@ -102,6 +105,11 @@ local now = tonumber(ARGV[2])
 local tickets = cjson.decode(ARGV[3])
 local maxlen = ARGV[4]
 local ops, events, out = {}, {}, {}
+local current = false
+if ARGV[5] ~= "" and (redis.call("GET", P .. "version") or "0") == ARGV[5] then
+  local last = redis.call("XREVRANGE", KEYS[1], "+", "-", "COUNT", 1)
+  current = (last[1] and last[1][1] or "0-0") == ARGV[6]
+end
 for ti, ticket in ipairs(tickets) do
   local taken = nil
   for _, id in ipairs(ticket.ids) do
@@ -120,7 +128,7 @@ for ti, ticket in ipairs(tickets) do
         end
       end
       local status = "ok"
-      for _, dev in ipairs(order) do
+      for _, dev in ipairs(current and {} or order) do
         local parts = bydev[dev]
         local cores = tonumber(redis.call("HGET", P .. "cores", dev))
         if not cores then status = "conflict:" .. dev; break end
@@ -157,7 +165,7 @@ for ti, ticket in ipairs(tickets) do
   end
 end
 local sid = publish(ops, events, maxlen)
-return {version or 0, sid, out, tonumber(redis.call("GET", P .. "version") or "0")}
+return {version or 0, sid, out, tonumber(redis.call("GET", P .. "version") or "0"), current and 0 or 1}
 """
 )
 
@@ -503,6 +511,7 @@ class CommitResult:
     # per ticket: ("exists", id) or ("groups", ["ok" | "conflict:<device>", ...])
     tickets: list[tuple[str, Any]]
     current_version: int = 0  # the store's version after the call
+    rechecked: bool = True  # False: decided on the store's current state, not re-read
 
 
 @dataclass(frozen=True)
@@ -558,18 +567,31 @@ class BrokerStore:
         self,
         tickets: Sequence[tuple[Sequence[str], Sequence[Sequence[PendingReservation]]]],
         now: int,
+        seen: tuple[int, str] | None = None,
     ) -> CommitResult:
         """Write decided reservations, re-checking capacity (CB-9). A ticket is
         one caller's share of a batch, (ids, groups): if any of `ids` exists
         already nothing of it is written; otherwise each group (all-or-nothing)
-        is written whole or refused on a device that would over-commit."""
+        is written whole or refused on a device that would over-commit.
+
+        `seen` is the (version, stream id) of the view the groups were decided
+        on. If the store is still there, nothing has changed since, so the
+        decisions hold as they are and the re-check (a read of every touched
+        device's schedule) is skipped; otherwise every group is checked."""
         payload = [
             {"ids": list(ids), "groups": [[r.payload() for r in g] for g in groups]}
             for ids, groups in tickets
         ]
         raw = await self._commit(
             keys=[self.changes_key],
-            args=[PREFIX, now, json.dumps(payload, separators=(",", ":")), self.maxlen],
+            args=[
+                PREFIX,
+                now,
+                json.dumps(payload, separators=(",", ":")),
+                self.maxlen,
+                "" if seen is None else seen[0],
+                "" if seen is None else seen[1],
+            ],
         )
         version, sid, out = int(raw[0]), _text(raw[1]), raw[2]
         tickets_out: list[tuple[str, Any]] = []
@@ -578,7 +600,7 @@ class BrokerStore:
                 tickets_out.append(("groups", [_text(s) for s in status[1:]]))
             else:
                 tickets_out.append(("exists", _text(status).split(":", 1)[1]))
-        return CommitResult(version, sid, tickets_out, int(raw[3]))
+        return CommitResult(version, sid, tickets_out, int(raw[3]), bool(int(raw[4])))
 
     async def release(self, reservation_id: str, app: str | None, now: int) -> ScriptResult:
         raw = await self._release(

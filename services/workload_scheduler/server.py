@@ -443,29 +443,38 @@ class WorkloadSchedulerServicer(workload_scheduler_pb2_grpc.WorkloadSchedulerSer
             raise InvalidArgument("shape", "is required")
         if len(dims) > MAX_PLAN_DIMS:
             raise InvalidArgument("shape", f"may have at most {MAX_PLAN_DIMS} dimensions")
-        pod = self._pod.scheduler
-        if pod is not None and pod.fabric.switched is not None:
+        if request.unit not in (common_pb2.SHAPE_UNIT_CHIPS, common_pb2.SHAPE_UNIT_BLOCKS, 0):
+            raise InvalidArgument("unit", "must be CHIPS or BLOCKS")
+        if request.unit != common_pb2.SHAPE_UNIT_BLOCKS:
+            bad = [d for d, n in enumerate(dims) if n < 1]
+            if bad:
+                raise InvalidArgument(f"shape.dims[{bad[0]}]", "must be >= 1")
+            if math.prod(dims) > MAX_PLAN_CHIPS:
+                # the plan visits every chip: an unbounded shape would exhaust the process
+                raise InvalidArgument("shape", f"may hold at most {MAX_PLAN_CHIPS} chips")
+        sched = await self._pod.get()
+        fabric = sched.fabric
+        if fabric.switched is not None:
             raise FailedPrecondition(
-                f"pod {pod.pod_id}",
+                f"pod {sched.pod_id}",
                 "is SWITCHED: its rings are reserved per job by the fabric manager; admit the "
                 "job with parallelism degrees and read them with GetJob(include_rings)",
                 reason="FABRIC_KIND",
             )
-        if request.unit == common_pb2.SHAPE_UNIT_BLOCKS:
-            sched = await self._pod.get()
-            violations: list = []
-            grid = to_grid("shape", dims, request.unit, sched.fabric, violations)
-            if grid is None:
-                raise InvalidArgument.of(violations)
-            chips = chips_of(grid, sched.fabric)
-        else:
-            bad = [d for d, n in enumerate(dims) if n < 1]
-            if bad:
-                raise InvalidArgument(f"shape.dims[{bad[0]}]", "must be >= 1")
-            chips = tuple(dims)
-        if math.prod(chips) > MAX_PLAN_CHIPS:
-            # the plan visits every chip: an unbounded shape would exhaust the process
-            raise InvalidArgument("shape", f"may hold at most {MAX_PLAN_CHIPS} chips")
+        # Only a slice this pod could host is planned: whole blocks, no more than it has
+        # (the rules and words of admission, WS-2).
+        violations: list = []
+        grid = to_grid("shape", dims, request.unit, fabric, violations)
+        if grid is None:
+            raise InvalidArgument.of(violations)
+        if math.prod(grid) > fabric.block_count:
+            raise InvalidArgument(
+                "shape",
+                f"needs {math.prod(grid)} blocks of {'x'.join(map(str, fabric.block_shape))} "
+                f"chips; pod {sched.pod_id} has {fabric.block_count}",
+                reason="MORE_BLOCKS_THAN_POD",
+            )
+        chips = chips_of(grid, fabric)
         wrap = tuple(request.wrap) if request.wrap else (True,) * len(chips)
         if len(wrap) != len(chips):
             raise InvalidArgument("wrap", f"must be empty (torus) or have {len(chips)} entries")
@@ -473,6 +482,15 @@ class WorkloadSchedulerServicer(workload_scheduler_pb2_grpc.WorkloadSchedulerSer
         if degrees is None:
             raise InvalidArgument("parallelism", "give at least one degree (data, pipeline, layer)")
         return ring_plan_pb(plan_rings(chips, wrap, degrees))
+
+
+def availability(held: bool, failed: bool) -> common_pb2.BlockAvailability.ValueType:
+    """BlockAvailability: a failed block nobody holds is UNAVAILABLE, never FREE."""
+    if held:
+        return common_pb2.BLOCK_AVAILABILITY_ALLOCATED
+    if failed:
+        return common_pb2.BLOCK_AVAILABILITY_UNAVAILABLE
+    return common_pb2.BLOCK_AVAILABILITY_FREE
 
 
 async def block_view(sched: WorkloadScheduler, b: int) -> workload_scheduler_pb2.BlockView:
@@ -485,9 +503,7 @@ async def block_view(sched: WorkloadScheduler, b: int) -> workload_scheduler_pb2
         block_id=b,
         node_type=sched.fabric.node_types[b],
         health=common_pb2.BLOCK_HEALTH_FAILED if failed else common_pb2.BLOCK_HEALTH_HEALTHY,
-        availability=common_pb2.BLOCK_AVAILABILITY_ALLOCATED
-        if owner
-        else common_pb2.BLOCK_AVAILABILITY_FREE,
+        availability=availability(bool(owner), failed),
         job_id=owner,
         position=common_pb2.Coordinate(coords=position) if position is not None else None,
     )
@@ -536,9 +552,7 @@ async def pod_view(sched: WorkloadScheduler) -> workload_scheduler_pb2.PodView:
                 health=common_pb2.BLOCK_HEALTH_FAILED
                 if b in state.failed
                 else common_pb2.BLOCK_HEALTH_HEALTHY,
-                availability=common_pb2.BLOCK_AVAILABILITY_ALLOCATED
-                if owner or b in shared
-                else common_pb2.BLOCK_AVAILABILITY_FREE,
+                availability=availability(bool(owner) or b in shared, b in state.failed),
                 job_id=owner,
                 position=common_pb2.Coordinate(coords=positions[b])
                 if owner in state.jobs and b in positions

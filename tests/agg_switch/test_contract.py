@@ -273,6 +273,68 @@ async def test_one_straggler_is_bypassed_to_a_compute_timeout_aggregator(tree):
     assert lateness["n3"].lateness_s == max(x.lateness_s for x in lateness.values()) > 0
 
 
+class _TaClient(ComputeNode):
+    """A compute node whose client addresses its FINAL chunks to `root` (as a client
+    written from the protos might: "" when it leaves `destination` unset)."""
+
+    def __init__(self, *args, root: str, **kw):
+        super().__init__(*args, **kw)
+        self._final_to = root
+
+    async def join(self, command_id: str) -> pb.Assignment:
+        a = await super().join(command_id)
+        a.root_switch = self._final_to  # NodeCommand addresses FINAL there
+        return a
+
+
+async def test_a_final_without_destination_goes_to_the_root_and_a_wrong_one_is_named(tree):
+    """Issue 19: a FINAL with `destination` unset was refused blaming `source`, and the
+    command then waited for its deadline. Unset now means the root; another node is
+    refused naming `destination`, and the refusal changes nothing, so the command
+    still completes."""
+    from lightpath import agg_wire
+    from lightpath.aggregation import DType, Kind, Packet
+    from lightpath.client import channel
+
+    await tree.define(stack_tree(sub_ms=1000, root_ms=5000))
+    await tree.start(
+        "final-1", FIVE, 8, timeout_aggregator=pb.TimeoutAggregatorSelection(node="n4")
+    )
+    # The timeout aggregation node n4, at its leaf sub-2: a FINAL to sub-1 is refused.
+    async with channel(tree.address("sub-2"), credentials=node_credentials("n4")) as ch:
+        contribute = ch.stream_unary(
+            agg_wire.CONTRIBUTE,
+            request_serializer=agg_wire.identity,
+            response_deserializer=pb.ContributeSummary.FromString,
+        )
+        wrong = Packet("final-1", 0, Kind.FINAL, "n4", np.zeros(8, np.int64), destination="sub-1")
+        err = await expect_error(
+            contribute(iter([agg_wire.encode(wrong, DType.INT64)])),
+            grpc.StatusCode.INVALID_ARGUMENT,
+        )
+    assert [f for f, _ in err.field_violations] == ["destination"], err
+    assert "root switch 'root'" in err.message and "source" not in err.message
+    # The whole command, n3 late so that n4 combines, n4 leaving `destination` unset.
+    data = vectors(8)
+    on_time = asyncio.ensure_future(
+        aggregate_all(
+            tree.address(),
+            "final-1",
+            {n: data[n] for n in ("n1", "n2", "n5")},
+            credentials=node_credentials,
+        )
+    )
+    async with _TaClient("n4", tree.address(), root="", credentials=node_credentials("n4")) as n4:
+        ta = asyncio.ensure_future(n4.aggregate("final-1", data["n4"]))
+        late = await straggle(tree, "n3", "sub-1", "final-1", data["n3"])
+        results = {**(await on_time), "n3": late, "n4": await ta}
+    expected = sum(data.values())
+    assert results["n4"].timeout_aggregator
+    for n, r in results.items():
+        assert r.values.tolist() == expected.tolist(), n
+    assert (await tree.settled("final-1")).state == pb.AGG_COMMAND_STATE_COMPLETED
+
+
 async def _entries(tree, switch: str, count: int) -> bool:
     return len((await tree.state(switch)).bypass_entries) >= count
 
@@ -301,6 +363,11 @@ async def test_predicted_straggler_tags_its_own_data(tree):
         pb.PredictStragglersRequest(options=pb.StragglerPredictionOptions(top_k=1))
     )
     assert list(preview.nodes) == ["n5"] and list(preview.commands) == ["warm"]
+    # Issue 19: every node's worst lateness, not only the predicted node's.
+    worst = {x.node: x for x in preview.lateness}
+    assert set(worst) == set(FIVE)
+    assert worst["n5"].lateness_s == max(x.lateness_s for x in worst.values()) > 0
+    assert worst["n4"].switch_id == "sub-2" and worst["n1"].switch_id == "sub-1"
     bitmap = {
         b.switch_id: dict(zip(b.children, b.participates, strict=True)) for b in preview.bitmaps
     }

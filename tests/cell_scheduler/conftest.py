@@ -178,6 +178,18 @@ def pod_env(pod_id: str, blocks: int, k: int = 1) -> dict[str, str]:
     }
 
 
+# A SWITCHED pod (seed 002) as `lightpath up` has pod-3: 2x4 groups of 3x3 processors.
+SWITCHED_FABRIC = "group=3x3 cluster=2x4 planes=9 ports=48/16 tier1=2x64"
+
+
+def switched_env(pod_id: str) -> dict[str, str]:
+    return {
+        "LIGHTPATH_POD_ID": pod_id,
+        "LIGHTPATH_FABRIC_KIND": "SWITCHED",
+        "LIGHTPATH_SWITCHED_FABRIC": SWITCHED_FABRIC,
+    }
+
+
 @contextlib.asynccontextmanager
 async def cell_stack(
     redis_url: str,
@@ -187,7 +199,12 @@ async def cell_stack(
     cell_env: dict[str, str] | None = None,
     tracer_providers: dict[str, Any] | None = None,
     wait: bool = True,
+    switched: tuple[str, ...] = (),
+    switched_small: int = 2,
 ) -> AsyncIterator[Cell]:
+    """`switched`: ids of `pods` served as SWITCHED pods (their block count is the
+    fabric's, SWITCHED_FABRIC, and their node type must be one name), with
+    `switched_small` groups reserved for small jobs."""
     providers = tracer_providers or {}
     async with contextlib.AsyncExitStack() as stack:
         cells, addresses = [], []
@@ -216,7 +233,7 @@ async def cell_stack(
                 serve(
                     "ocs_manager",
                     redis_url,
-                    pod_env(pod_id, blocks),
+                    switched_env(pod_id) if pod_id in switched else pod_env(pod_id, blocks),
                     tracer_provider=providers.get("ocs_manager"),
                 )
             )
@@ -231,6 +248,8 @@ async def cell_stack(
                 "LIGHTPATH_WS_RECONCILE_S": "0.2",
                 "LIGHTPATH_INSTANCE_ID": f"ws-{pod_id}",
             }
+            if pod_id in switched:
+                env["LIGHTPATH_SWITCHED_SMALL_GROUPS"] = str(switched_small)
             cell.pods[pod_id] = Pod(
                 pod_id,
                 ocs_manager_pb2_grpc.OcsManagerStub(ocs_ch),

@@ -48,6 +48,19 @@ async def reflect(ch: grpc.aio.Channel, request: reflection_pb2.ServerReflection
     raise AssertionError("no reflection answer")
 
 
+async def reflect_v1(ch: grpc.aio.Channel, request: reflection_pb2.ServerReflectionRequest):
+    """grpc.reflection.v1, as grpcurl and newer tools ask first (its messages are
+    v1alpha's, field for field, under another package)."""
+    call = ch.stream_stream(
+        "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
+        request_serializer=reflection_pb2.ServerReflectionRequest.SerializeToString,
+        response_deserializer=reflection_pb2.ServerReflectionResponse.FromString,
+    )
+    async for resp in call(iter([request])):
+        return resp
+    raise AssertionError("no reflection answer")
+
+
 @pytest.mark.parametrize("service", SERVICES)
 async def test_service_contract_smoke(service, redis_url):
     env = {"LIGHTPATH_POD_ID": "pod-7"} if service in {"ocs_manager", "workload_scheduler"} else {}
@@ -71,6 +84,27 @@ async def test_service_contract_smoke(service, redis_url):
         assert any(
             s.name == FULL_NAMES[service].rsplit(".", 1)[1] for f in files for s in f.service
         )
+
+        # Issue 19: reflection v1 is served besides v1alpha, and describes itself.
+        listed = await reflect_v1(ch, reflection_pb2.ServerReflectionRequest(list_services=""))
+        names = {s.name for s in listed.list_services_response.service}
+        assert {
+            FULL_NAMES[service],
+            "grpc.reflection.v1.ServerReflection",
+            "grpc.reflection.v1alpha.ServerReflection",
+        } <= names
+        for symbol, package in (
+            (FULL_NAMES[service], "lightpath.v1"),
+            ("grpc.reflection.v1.ServerReflection", "grpc.reflection.v1"),
+        ):
+            by_symbol = await reflect_v1(
+                ch, reflection_pb2.ServerReflectionRequest(file_containing_symbol=symbol)
+            )
+            files = [
+                descriptor_pb2.FileDescriptorProto.FromString(b)
+                for b in by_symbol.file_descriptor_response.file_descriptor_proto
+            ]
+            assert any(f.package == package and f.service for f in files), symbol
 
         info = await service_stub(service, ch).GetInfo(common_pb2.GetInfoRequest())
         assert info.service == FULL_NAMES[service]

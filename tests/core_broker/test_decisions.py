@@ -337,3 +337,21 @@ def test_an_unknown_device_id_is_not_found():
         validate_request(
             cap, CoreRequest("r", 1, S, device_ids=("nope",)), now=NOW, max_duration_ms=S
         )
+
+
+def test_the_map_counts_reservations_not_their_parts():
+    cap = CapacityMap()
+    cap.upsert_device(Device("d0", "GPU", 8))
+    cap.upsert_device(Device("d1", "GPU", 8))
+    cap.add("r1:0:20:4", "d0", 0, 20, 4)
+    cap.add("r1:1:30:4", "d1", 10, 30, 4)  # a second part of r1
+    cap.add("r2:0:20:2", "d1", 0, 20, 2)
+    cap.add("r2:0:20:2", "d1", 0, 20, 2)  # the same row again: not added
+    assert cap.reservations() == 2
+    cap.remove("r1:0:20:4")
+    assert cap.reservations() == 2  # r1 still holds its second part
+    cap.remove("r1:1:30:4")
+    cap.remove("r1:1:30:4")  # gone already: no change
+    assert cap.reservations() == 1
+    cap.assume([Allocation("d0", 1, 0, 5)])  # assumed: no reservation of its own
+    assert cap.reservations() == 1

@@ -69,3 +69,21 @@ async def test_reservations_move_decisions_reserved_cores_and_live_count(redis_u
             "r-1 released",
         )
         assert_listed(reader)
+
+
+async def test_commits_decided_on_the_current_state_are_counted_as_not_re_checked(
+    redis_url, reader
+):
+    """A broker alone on its Redis decides on the store's current state, so Redis
+    writes its batches without re-reading schedules: counted rechecked="false".
+    (The re-check itself, for a decision on an older state, is tested on the store
+    in test_store.py; two replicas under load never over-commit, test_replicas.py.)"""
+    async with running_broker(redis_url) as broker:
+        await broker.device("gpu-1", 8)
+        app = await broker.app("cam")
+        for i in range(3):
+            assert (await broker.reserve(app, f"r-{i}", 2, 600)).outcome == pb.OUTCOME_GRANTED
+        # the fourth asks for more than is left: PARTIAL, committed like the rest
+        assert (await broker.reserve(app, "r-3", 4, 600)).outcome == pb.OUTCOME_PARTIAL
+        assert value(reader, "lightpath.broker.commits", rechecked="false") == 4
+        assert value(reader, "lightpath.broker.commits", rechecked="true") == 0

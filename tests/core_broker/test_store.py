@@ -1,5 +1,6 @@
 """The Redis store is the arbiter (CB-9): hypothesis drives the real Lua scripts
-with reservations decided on two views that are deliberately left stale, plus
+with reservations decided on two views that are deliberately left stale (the
+commit told, or not, which state each was decided on), plus
 releases, extensions and expiry sweeps at arbitrary times. Whatever the
 interleaving, no device is ever over its cores at any instant of the stored
 history, every grant lies in its window, and a view that catches up equals
@@ -31,6 +32,7 @@ ops = st.one_of(
         st.integers(1, 20),  # duration
         st.integers(0, 10),  # delay of the window's start
         st.sampled_from([frozenset(), frozenset({Outcome.PARTIAL, Outcome.DEFERRED})]),
+        st.booleans(),  # say which state it was decided on (as the broker does)
     ),
     st.tuples(st.just("sync"), st.integers(0, 1)),
     st.tuples(st.just("release"), st.integers(0, 40)),
@@ -56,13 +58,14 @@ async def run(redis_url: str, sequence) -> None:
         prio = PriorityFunction()
         for n, op in enumerate(sequence):
             if op[0] == "reserve":
-                _, vi, cores, duration, delay, accept = op
+                _, vi, cores, duration, delay, accept, say_seen = op
                 rid = f"r{n}"
                 req = CoreRequest(rid, cores, duration, earliest_start=now + delay, accept=accept)
                 ((d,),) = decide(views[vi].capacity, [Group((req,))], now=now, priority=prio)
+                seen = (views[vi].version, views[vi].stream_id) if say_seen else None
                 if d.granted:
                     p = pending_reservation(d, "app", "", now)
-                    result = await store.commit([([rid], [[p]])], now)
+                    result = await store.commit([([rid], [[p]])], now, seen)
                     _, statuses = result.tickets[0]
                     if statuses == ["ok"]:
                         made.append(rid)
@@ -131,6 +134,49 @@ def test_a_decision_on_a_stale_view_is_refused_as_a_conflict(redis_url):
         ((again,),) = decide(b.capacity, [Group((reqs[1],))], now=T0, priority=prio)
         # decided again on fresh state: the 2 cores left now, the rest when x0 ends
         assert again.outcome is Outcome.PARTIAL and again.cores_at_start == 2
+        await r.aclose()
+
+    asyncio.run(body())
+
+
+def test_a_commit_decided_on_the_current_state_skips_the_recheck_and_a_stale_one_does_not(
+    redis_url,
+):
+    """The re-check reads every touched device's schedule (ZRANGEBYSCORE inside the
+    script, counted by Redis's command stats); a commit that says it was decided on
+    the store's current version and stream entry needs none, one decided on an
+    older state is checked and refused where it would over-commit."""
+
+    async def reads(r) -> int:
+        stats = await r.info("commandstats")
+        return int(stats.get("cmdstat_zrangebyscore", {}).get("calls", 0))
+
+    async def body():
+        r = redis_store.connect(redis_url)
+        await r.flushall()
+        store = BrokerStore(r, retention_ms=60_000)
+        await store.upsert_device("d0", device_doc(Device("d0", "GPU", 8)))
+        a, b = LiveView(store), LiveView(store)
+        await a.load()
+        await b.load()
+        prio = PriorityFunction()
+        reqs = [CoreRequest(f"x{i}", 6, 100, earliest_start=T0) for i in range(2)]
+        (da,), (db,) = (
+            decide(v.capacity, [Group((q,))], now=T0, priority=prio)[0]
+            for v, q in zip((a, b), reqs, strict=True)
+        )
+        before = await reads(r)
+        first = await store.commit(
+            [(["x0"], [[pending_reservation(da, "app", "", T0)]])], T0, (a.version, a.stream_id)
+        )
+        assert first.tickets == [("groups", ["ok"])]
+        assert await reads(r) == before  # decided on the current state: not re-read
+        # b decided on the same state, which x0 has since changed: checked, refused
+        second = await store.commit(
+            [(["x1"], [[pending_reservation(db, "app", "", T0)]])], T0, (b.version, b.stream_id)
+        )
+        assert second.tickets == [("groups", ["conflict:d0"])]
+        assert await reads(r) == before + 1
         await r.aclose()
 
     asyncio.run(body())

@@ -189,6 +189,32 @@ async def test_swap_reroutes_only_the_failed_groups_rings(sw):
     assert (await sw.CheckInvariants(pb.CheckInvariantsRequest())).ok
 
 
+async def test_degrees_below_one_are_refused_and_nothing_is_stored(sw):
+    """Issue 19: 0/0/0 used to be read as 1/1/1 and stored a reservation the
+    workload scheduler did not know, which then kept a valid job off the pod."""
+    for given, fields in (
+        (degrees(0, 0, 0), ["degrees.data", "degrees.pipeline", "degrees.layer"]),
+        (degrees(4, 0, 3), ["degrees.pipeline"]),
+        (common_pb2.ParallelismDegrees(), ["degrees.data", "degrees.pipeline", "degrees.layer"]),
+    ):
+        err = await rpc_error(
+            sw.ReserveRings(pb.ReserveRingsRequest(job_id="zero", degrees=given, tiles=tiles(0)))
+        )
+        assert err.code == grpc.StatusCode.INVALID_ARGUMENT, err
+        assert [f for f, _ in err.field_violations] == fields, err
+        assert all("must be at least 1" in rule for _, rule in err.field_violations), err
+    listed = await sw.ListRingReservations(pb.ListRingReservationsRequest())
+    assert not listed.reservations
+    assert (await rpc_error(sw.GetRings(pb.GetRingsRequest(job_id="zero")))).code == (
+        grpc.StatusCode.NOT_FOUND
+    )
+    # The pod is not held: the tile is free for a real job.
+    ok = await sw.ReserveRings(
+        pb.ReserveRingsRequest(job_id="real", degrees=degrees(1, 3, 3), tiles=tiles(0))
+    )
+    assert ok.job_id == "real" and not ok.replayed
+
+
 async def test_bad_requests_name_the_field(sw):
     cases = [
         (

@@ -356,11 +356,11 @@ async def test_ring_plan_with_the_job_and_alone(pod16):
     assert again.rings == r.job.rings
     plan = await pod16.ws.PlanRings(
         ws.PlanRingsRequest(
-            shape=c.Shape(dims=[3, 3, 4]),
-            parallelism=c.ParallelismDegrees(data=4, pipeline=3, layer=3),
+            shape=c.Shape(dims=[12, 4, 4]),
+            parallelism=c.ParallelismDegrees(data=12, pipeline=4, layer=4),
         )
     )
-    assert [len(a.rings) for a in plan.axes] == [9, 12, 12]
+    assert [len(a.rings) for a in plan.axes] == [16, 48, 48]
     err = await rpc_error(
         pod16.ws.PlanRings(
             ws.PlanRingsRequest(
@@ -371,6 +371,43 @@ async def test_ring_plan_with_the_job_and_alone(pod16):
         )
     )
     assert err.code == grpc.StatusCode.INVALID_ARGUMENT and "is a path, not a ring" in err.message
+
+
+async def test_plan_rings_refuses_a_shape_the_pod_cannot_host(pod16):
+    """Issue 19: PlanRings planned any chip shape, whatever the pod (16 blocks of 4x4x4)."""
+    one = c.ParallelismDegrees(data=1)
+    cases = [
+        (c.Shape(dims=[20, 20, 4]), 0, "shape", "needs 25 blocks of 4x4x4 chips; pod pod-w has 16"),
+        (c.Shape(dims=[5, 4, 1]), c.SHAPE_UNIT_BLOCKS, "shape", "needs 20 blocks"),
+        (c.Shape(dims=[3, 3, 4]), 0, "shape.dims[0]", "not a multiple of the block's 4"),
+        (c.Shape(dims=[20, 4]), 0, "shape.dims", "must have 3 extents"),
+    ]
+    for shape, unit, field, rule in cases:
+        err = await rpc_error(
+            pod16.ws.PlanRings(ws.PlanRingsRequest(shape=shape, unit=unit, parallelism=one))
+        )
+        assert err.code == grpc.StatusCode.INVALID_ARGUMENT, (shape, err)
+        assert any(f == field and rule in r for f, r in err.field_violations), (shape, err)
+    # 20x4x4 chips is five whole blocks: this pod can host it, so it is planned.
+    plan = await pod16.ws.PlanRings(
+        ws.PlanRingsRequest(
+            shape=c.Shape(dims=[20, 4, 4]),
+            parallelism=c.ParallelismDegrees(data=20, pipeline=4, layer=4),
+        )
+    )
+    assert list(plan.chips.dims) == [20, 4, 4]
+
+
+async def test_a_failed_block_is_never_shown_free(pod16):
+    """Issue 19: a FAILED block nobody holds showed availability FREE."""
+    resp = await pod16.fail(15)
+    assert resp.block.health == c.BLOCK_HEALTH_FAILED
+    assert resp.block.availability == c.BLOCK_AVAILABILITY_UNAVAILABLE
+    view = await pod16.assert_consistent()
+    assert view.blocks[15].availability == c.BLOCK_AVAILABILITY_UNAVAILABLE
+    assert view.blocks[14].availability == c.BLOCK_AVAILABILITY_FREE
+    recovered = await pod16.recover(15)
+    assert recovered.block.availability == c.BLOCK_AVAILABILITY_FREE
 
 
 async def test_list_jobs_pages_and_filters(pod16):

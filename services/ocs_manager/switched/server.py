@@ -15,8 +15,8 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from opentelemetry import trace
 
 from lightpath.domain.switched import SwitchedFabric, build_fabric
-from lightpath.domain.switched_rings import Degrees, RingPlan, Tile, channel_kinds
-from lightpath.errors import Aborted, FailedPrecondition, InvalidArgument, NotFound
+from lightpath.domain.switched_rings import AXES, Degrees, RingPlan, Tile, channel_kinds
+from lightpath.errors import Aborted, FailedPrecondition, FieldViolation, InvalidArgument, NotFound
 from lightpath.v1 import common_pb2, ocs_manager_pb2, ocs_manager_pb2_grpc
 from lightpath.v1 import ocs_manager_pb2 as pb
 from services.common import paging, redis_store
@@ -79,9 +79,18 @@ def _annotate(**attributes: object) -> None:
         span.set_attribute(f"lightpath.{k}", v)  # type: ignore[arg-type]
 
 
-def degrees_from_proto(d: common_pb2.ParallelismDegrees) -> Degrees:
-    # Unset (0) means 1: an axis the job does not split.
-    return Degrees(d.data or 1, d.pipeline or 1, d.layer or 1)
+def reserve_degrees(d: common_pb2.ParallelismDegrees) -> Degrees:
+    """ReserveRings' degrees as given, each at least 1. Unlike a JobSpec's parallelism,
+    an unset degree is not taken as 1: the workload scheduler always sends all three,
+    and reading 0/0/0 as 1/1/1 stored a one-processor reservation nobody asked for."""
+    bad = [
+        FieldViolation(f"degrees.{axis}", "must be at least 1 (set all three degrees)")
+        for axis in AXES
+        if getattr(d, axis) < 1
+    ]
+    if bad:
+        raise InvalidArgument.of(bad)
+    return Degrees(d.data, d.pipeline, d.layer)
 
 
 def tile_from_proto(f: SwitchedFabric, t: pb.GroupTile, field: str) -> Tile:
@@ -241,7 +250,7 @@ class SwitchedOcsManagerServicer(
     async def ReserveRings(self, request: pb.ReserveRingsRequest, context) -> pb.RingReservation:
         f = self._sw.fabric
         check_job_id(request.job_id)
-        degrees = degrees_from_proto(request.degrees)
+        degrees = reserve_degrees(request.degrees)
         tiles = [tile_from_proto(f, t, f"tiles[{n}]") for n, t in enumerate(request.tiles)]
         _annotate(job_id=request.job_id, processors=degrees.total, groups=len(tiles))
         done = await self._sw.reserve(request.job_id, degrees, tiles)
