@@ -472,14 +472,25 @@ def running_stack(state_dir: Path | None = None) -> StackInfo | None:
 
 def endpoint(name: str, env_var: str, state_dir: Path | None = None) -> str:
     """Where to reach `name`: $env_var, else the running local stack, else the default port."""
+    return located(name, env_var, state_dir)[0]
+
+
+def located(name: str, env_var: str, state_dir: Path | None = None) -> tuple[str, str]:
+    """`endpoint`'s answer and where it came from, for messages: "LIGHTPATH_CELL_ADDR",
+    "the local stack in .lightpath" or "the local stack's default port (none is running)"."""
     if os.environ.get(env_var):
-        return os.environ[env_var]
+        return os.environ[env_var], env_var
+    directory = state_dir or default_state_dir()
     stack = running_stack(state_dir)
     if stack and name in stack.endpoints:
-        return stack.endpoints[name]
+        return stack.endpoints[name], f"the local stack in {directory}"
     for spec in default_topology():
         if spec.name == name:
-            return f"127.0.0.1:{spec.port}"
+            return (
+                f"127.0.0.1:{spec.port}",
+                f"the local stack's default port (no stack is running in {directory}; "
+                f"{env_var} is unset)",
+            )
     raise KeyError(name)
 
 

@@ -1,0 +1,75 @@
+"""The SDK's core broker client against a real broker (TLS, real Redis)."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+
+import pytest
+
+from lightpath.sdk import AsyncCores, Cores, InvalidArgument, ResourceExhausted, Unauthenticated
+from lightpath.v1 import core_broker_pb2 as pb
+from tests.core_broker.conftest import running_broker
+
+
+async def test_reserve_extend_list_watch_release(redis_url, monkeypatch):
+    monkeypatch.delenv("LIGHTPATH_CB_TOKEN", raising=False)
+    async with running_broker(redis_url, LIGHTPATH_CB_OPERATOR_TOKEN="") as b:
+        async with AsyncCores(b.address, operator=True) as op:
+            await op.register_device(
+                pb.Device(device_id="gpu-1", kind=pb.DEVICE_KIND_GPU, cores=80)
+            )
+            token = (await op.register_application("cam", qos="premium")).token
+
+        async with AsyncCores(b.address, token=token) as cores:
+            r = await cores.reserve("r-1", cores=50, duration=600)
+            assert r.outcome == pb.OUTCOME_GRANTED and r.allocations[0].cores == 50
+            again = await cores.reserve("r-1", cores=50, duration=600)  # the id is the key
+            assert again.reservation_id == "r-1" and again.version == r.version
+            partial = await cores.reserve("r-2", 50, timedelta(minutes=1), accept=["partial"])
+            assert partial.outcome == pb.OUTCOME_PARTIAL
+
+            longer = await cores.extend("r-1", by=60)
+            assert longer.end.ToMilliseconds() - r.end.ToMilliseconds() == 60_000
+            ids = [x.reservation_id async for x in cores.list_reservations(page_size=1)]
+            assert ids == ["r-2", "r-1"]
+            first = await cores.list_reservations_page(page_size=1)
+            assert [x.reservation_id for x in first.reservations] == ["r-2"]
+            assert first.next_page_token
+
+            async for event in cores.watch("r-1"):
+                assert event.type == pb.RESERVATION_EVENT_TYPE_CURRENT
+                break
+            free = await cores.devices(kind="gpu")
+            assert free.devices[0].reserved_cores == 80
+
+            with pytest.raises(InvalidArgument) as bad:
+                await cores.reserve("r-3", cores=0, duration=60)
+            assert any(v.field == "request.cores" for v in bad.value.violations)
+            with pytest.raises(ResourceExhausted) as full:  # gpu-1 is full after r-1's end
+                await cores.extend("r-2", by=3600)
+            assert "extend to at most" in str(full.value)
+            released = await cores.release("r-1")
+            assert released.state == pb.RESERVATION_STATE_RELEASED
+
+        async with AsyncCores(b.address, token="cam:wrong") as stranger:
+            with pytest.raises(Unauthenticated):
+                await stranger.get("r-1")
+
+
+async def test_the_blocking_client(redis_url, monkeypatch):
+    monkeypatch.delenv("LIGHTPATH_CB_TOKEN", raising=False)
+    async with running_broker(redis_url) as b:
+
+        def app() -> list[str]:
+            with Cores(b.address, operator=True) as op:
+                op.register_device(pb.Device(device_id="tpu-1", kind=pb.DEVICE_KIND_TPU, cores=8))
+                token = op.register_application("sync-app").token
+            with Cores(b.address, token=token) as cores:
+                out = [cores.reserve("s-1", 4, 30, kind="tpu").summary]
+                out += [r.reservation_id for r in cores.list_reservations()]
+                out.append(pb.ReservationState.Name(cores.release("s-1").state))
+                return out
+
+        summary, listed, state = await asyncio.to_thread(app)
+        assert summary and listed == "s-1" and state == "RESERVATION_STATE_RELEASED"
