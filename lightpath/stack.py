@@ -477,7 +477,7 @@ def endpoint(name: str, env_var: str, state_dir: Path | None = None) -> str:
 
 def located(name: str, env_var: str, state_dir: Path | None = None) -> tuple[str, str]:
     """`endpoint`'s answer and where it came from, for messages: "LIGHTPATH_CELL_ADDR",
-    "the local stack in .lightpath" or "the local stack's default port (none is running)"."""
+    "the local stack in .lightpath" or "the local stack's default port: no stack ..." """
     if os.environ.get(env_var):
         return os.environ[env_var], env_var
     directory = state_dir or default_state_dir()
@@ -488,8 +488,8 @@ def located(name: str, env_var: str, state_dir: Path | None = None) -> tuple[str
         if spec.name == name:
             return (
                 f"127.0.0.1:{spec.port}",
-                f"the local stack's default port (no stack is running in {directory}; "
-                f"{env_var} is unset)",
+                f"the local stack's default port: no stack is running in {directory} "
+                f"and {env_var} is unset",
             )
     raise KeyError(name)
 

@@ -51,3 +51,34 @@ def test_help_names_the_identity_settings(capsys):
         assert name in out
     for command in ("tenant", "token", "audit", "whoami"):
         assert command in out
+
+
+def test_with_nothing_listening_the_error_names_the_address_its_setting_and_lightpath_up(
+    monkeypatch, capsys
+):
+    from lightpath.embedded_redis import free_port
+
+    address = f"127.0.0.1:{free_port()}"
+    monkeypatch.setenv("LIGHTPATH_CELL_ADDR", address)
+    assert main(["jobs"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("error: UNAVAILABLE") == 1
+    assert f"next: nothing answers at {address}, taken from LIGHTPATH_CELL_ADDR\n" in err
+    assert "next: start a local stack with `lightpath up`" in err
+
+
+def test_the_default_address_says_where_it_came_from(tmp_path, monkeypatch):
+    from lightpath.stack import located
+
+    monkeypatch.delenv("LIGHTPATH_CELL_ADDR", raising=False)
+    address, source = located("cell-scheduler", "LIGHTPATH_CELL_ADDR", tmp_path)
+    assert address == "127.0.0.1:50051"
+    assert source == (
+        f"the local stack's default port: no stack is running in {tmp_path} "
+        "and LIGHTPATH_CELL_ADDR is unset"
+    )
+    monkeypatch.setenv("LIGHTPATH_CELL_ADDR", "cell.example:443")
+    assert located("cell-scheduler", "LIGHTPATH_CELL_ADDR", tmp_path) == (
+        "cell.example:443",
+        "LIGHTPATH_CELL_ADDR",
+    )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from lightpath import __version__
@@ -100,31 +101,58 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
-    with command_span(command_words(parser, argv)) as span:
-        code = _run(args)
-        failed(span, code)
-        if args.verbose:
-            print_trace_id()
-        return code
+    try:
+        with command_span(command_words(parser, argv)) as span:
+            code = _run(args)
+            failed(span, code)
+            if args.verbose:
+                print_trace_id()
+            return code
+    except BrokenPipeError:
+        return _stdout_closed()
+
+
+def _stdout_closed() -> int:
+    """The reader of stdout went away (`lightpath jobs --json | head`): stop quietly.
+    stdout now points at /dev/null, so the interpreter's last flush cannot fail again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # stdout is no real file (captured in tests)
+        pass
+    finally:
+        os.close(devnull)
+    return 0
 
 
 def _run(args: argparse.Namespace) -> int:
-    """The command's exit code; the CLI's own errors on stderr, with the trace id."""
-    from lightpath.cli._common import CliError, acting_as, report_credentials_error
+    """The command's exit code; the CLI's own errors on stderr, with the trace id (one
+    JSON object on stderr when the command prints JSON)."""
+    from lightpath.cli._common import (
+        OUTPUT,
+        CliError,
+        acting_as,
+        print_error,
+        report_credentials_error,
+        wants_json,
+    )
     from lightpath.cli.tracing import print_trace_id
     from lightpath.security.credentials import CredentialsError
     from lightpath.security.identity import IdentityError
 
+    OUTPUT.json = wants_json(args)
     try:
         with acting_as(getattr(args, "as_identity", None)):
             return int(args.func(args) or 0)
     except CliError as exc:
-        print(f"error: {exc.message}", file=sys.stderr)
-        print_trace_id()
+        print_error("CLI", exc.message)
+        if not OUTPUT.json:
+            print_trace_id()
         return exc.code
     except (CredentialsError, IdentityError) as exc:
         report_credentials_error(exc)
-        print_trace_id()
+        if not OUTPUT.json:
+            print_trace_id()
         return 2
 
 
