@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+import argparse
+import re
+
 import pytest
 
 from lightpath.cli import build_parser, main
@@ -82,3 +85,34 @@ def test_the_default_address_says_where_it_came_from(tmp_path, monkeypatch):
         "cell.example:443",
         "LIGHTPATH_CELL_ADDR",
     )
+
+
+# Requirement ids and the seed's figures and paragraphs stay in code comments and docs.
+PATENT_REFERENCE = re.compile(
+    r"Fig\.|¶|\bseed\b|\b(?:CS|WS|CB|AG|OCS|GF|SW|X)-\d+\b|\bprocess 400\b"
+)
+
+
+def _arguments(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()):
+    """(command path, what, help text) of every command and argument, at every depth."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for choice in action._choices_actions:
+                yield (*path, choice.dest), "command", choice.help
+            for name, child in action.choices.items():
+                yield from _arguments(child, (*path, name))
+        elif not isinstance(action, (argparse._HelpAction, argparse._VersionAction)):
+            yield path, "/".join(action.option_strings) or action.dest, action.help
+
+
+def test_every_argument_has_help_and_no_help_cites_the_patents():
+    seen = list(_arguments(build_parser()))
+    assert len(seen) > 200  # every command of every topic was walked
+    missing = [(" ".join(p), what) for p, what, text in seen if not text]
+    assert missing == []
+    cited = [
+        (" ".join(p), what, text)
+        for p, what, text in seen
+        if text and text != argparse.SUPPRESS and PATENT_REFERENCE.search(text)
+    ]
+    assert cited == []

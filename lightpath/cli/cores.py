@@ -159,12 +159,14 @@ def _common(p: argparse.ArgumentParser, *, json: bool = True) -> None:
 
 def add_request_arguments(p: argparse.ArgumentParser) -> None:
     """What a ReservationRequest holds besides its id (`build_request` reads them back)."""
-    p.add_argument("--cores", type=int, required=True)
+    p.add_argument("--cores", type=int, required=True, help="how many cores")
     p.add_argument("--duration", type=parse_seconds, required=True, help="e.g. 90s, 10m")
     p.add_argument("--start", type=parse_time, help="earliest start (+30s, ISO); default now")
     p.add_argument("--latest-end", type=parse_time, help="latest end; default no limit")
     p.add_argument("--within", type=parse_seconds, help="latest end = start + this")
-    p.add_argument("--task-type", default="")
+    p.add_argument(
+        "--task-type", default="", help="what runs (affinity placement prefers devices for it)"
+    )
     p.add_argument("--priority", type=int, default=0, help="priority hint 1..100")
     p.add_argument("--qos", type=QOS, default=0, help="best_effort, standard, premium")
     p.add_argument("--billing", type=BILLING, default=0, help="spot, on_demand, committed")
@@ -200,19 +202,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = cs.add_parser("capacity", help="free cores over a time range, per device and kind")
     p.add_argument("--from", dest="start", type=parse_time, help="start (+30s, ISO); now")
     p.add_argument("--to", dest="end", type=parse_time, help="end; default an instant")
-    p.add_argument("--kind", type=KIND, default=0)
+    p.add_argument("--kind", type=KIND, default=0, help="only this device kind")
     p.add_argument("--schedule", action="store_true", help="list each device's reservations")
     _common(p)
     p.set_defaults(func=cmd_capacity)
 
     p = cs.add_parser("reserve", help="ask for cores; prints the decision")
-    p.add_argument("reservation_id")
+    p.add_argument("reservation_id", help="your id for it, unique; asking again is safe")
     add_request_arguments(p)
     _common(p)
     p.set_defaults(func=cmd_reserve)
 
     p = cs.add_parser("get", help="one reservation")
-    p.add_argument("reservation_id")
+    p.add_argument("reservation_id", help="the reservation's id")
     _common(p)
     p.set_defaults(func=cmd_get)
 
@@ -226,12 +228,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_list)
 
     p = cs.add_parser("release", help="release a reservation early")
-    p.add_argument("reservation_id")
+    p.add_argument("reservation_id", help="the reservation's id")
     _common(p)
     p.set_defaults(func=cmd_release)
 
     p = cs.add_parser("extend", help="make a reservation end later, if the cores are free")
-    p.add_argument("reservation_id")
+    p.add_argument("reservation_id", help="the reservation's id")
     g = p.add_mutually_exclusive_group(required=True)
     g.add_argument("--by", type=parse_seconds, help="e.g. 5m")
     g.add_argument("--until", type=parse_time, help="new end (+10m, ISO)")
@@ -239,24 +241,26 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_extend)
 
     p = cs.add_parser("watch", help="stream starts, changes and ends of reservations")
-    p.add_argument("reservation_id", nargs="?", default="")
+    p.add_argument(
+        "reservation_id", nargs="?", default="", help="only this one (default: all of yours)"
+    )
     p.add_argument("--count", type=int, default=0, help="stop after this many events")
     _common(p)
     p.set_defaults(func=cmd_watch)
 
     p = cs.add_parser("add-device", help="operator: register or update a device")
-    p.add_argument("device_id")
+    p.add_argument("device_id", help="the device's id")
     p.add_argument("--kind", type=KIND, required=True, help="gpu, tpu, edge_tpu, npu, fpga")
-    p.add_argument("--cores", type=int, required=True)
-    p.add_argument("--site", default="")
-    p.add_argument("--x", type=float, default=0.0)
-    p.add_argument("--y", type=float, default=0.0)
+    p.add_argument("--cores", type=int, required=True, help="its cores")
+    p.add_argument("--site", default="", help="where it is (lowest-latency placement)")
+    p.add_argument("--x", type=float, default=0.0, help="its x in km (nearest placement)")
+    p.add_argument("--y", type=float, default=0.0, help="its y in km")
     p.add_argument("--affinity", action="append", default=[], help="task type it suits")
     _common(p)
     p.set_defaults(func=cmd_add_device)
 
     p = cs.add_parser("add-app", help="operator: register an application; prints its token")
-    p.add_argument("application_id")
+    p.add_argument("application_id", help="the application's id (again: a new token)")
     p.add_argument("--qos", type=QOS, default=0, help="best_effort, standard (default), premium")
     p.add_argument(
         "--billing", type=BILLING, default=0, help="spot, on_demand (default), committed"

@@ -37,7 +37,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     verbs.required = True
 
     plan = verbs.add_parser(
-        "plan", help="fold a graph into sets of components that share a process (process 400)"
+        "plan", help="fold a graph into sets of components that share a process"
     )
     plan.add_argument("spec", type=Path, help="graph spec: lightpath.v1.GraphSpec as JSON")
     plan.add_argument(
@@ -63,7 +63,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     reserve.set_defaults(func=cmd_reserve)
 
     metrics = verbs.add_parser("metrics", help="per-component usage of a run, from the broker")
-    metrics.add_argument("graph_id")
+    metrics.add_argument("graph_id", help="the graph's id (graph_id in its spec)")
     metrics.add_argument("--run", default="", help="run id (default: the latest reported)")
     metrics.add_argument(
         "--component", action="append", default=[], help="only these components (repeatable)"
@@ -74,7 +74,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     run = verbs.add_parser("run", help="run a graph here, one OS process per folded set instance")
     run.add_argument("spec", type=Path, help="graph spec: lightpath.v1.GraphSpec as JSON")
     run.add_argument(
-        "--unfolded", action="store_true", help="one process per component (the seed's baseline)"
+        "--unfolded", action="store_true", help="one process per component (no folding)"
     )
     run.add_argument(
         "--run-dir",
@@ -101,11 +101,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     run.set_defaults(func=cmd_run)
 
     example = verbs.add_parser(
-        "example", help="write one of the seed's example graphs and its input data to a directory"
+        "example", help="write an example graph and its input data to a directory"
     )
-    example.add_argument("name", choices=["fig-2a", "fig-3a"])
-    example.add_argument("directory", type=Path)
-    example.add_argument("--records", type=int, default=10000)
+    example.add_argument(
+        "name",
+        choices=["fig-2a", "fig-3a"],
+        help="fig-2a: ten components from one input to three outputs; fig-3a: a partitioned "
+        "input through three parallel components",
+    )
+    example.add_argument("directory", type=Path, help="where the spec, input and output go")
+    example.add_argument("--records", type=int, default=10000, help="input records to write")
     example.add_argument("--degree", type=int, default=4, help="fig-3a: ways of parallelism")
     example.set_defaults(func=cmd_example)
 

@@ -34,7 +34,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     command("fabric", "the fabric: block shape, K, ports per OCS, counts", cmd_fabric)
     p = command("plan", "what a configuration would give (refused if impossible)", cmd_plan)
     p.add_argument("--shape", default="4x4x4", help="block shape, e.g. 4x4x4")
-    p.add_argument("--blocks", type=int, default=64)
+    p.add_argument("--blocks", type=int, default=64, help="number of blocks")
     p.add_argument("--k", type=int, default=1, help="OCS per logical axis")
     p.add_argument("--radix", type=int, default=136, help="ports per OCS")
     command("switches", "every OCS with its port use and table version", cmd_switches)
@@ -42,15 +42,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("ocs_id", help="e.g. ocs-x-5-0")
     command("slices", "the wired slices", cmd_slices)
     p = command("slice", "one slice's placement and wiring", cmd_slice)
-    p.add_argument("job_id")
+    p.add_argument("job_id", help="the slice's job id")
     p.add_argument(
         "--cross-connects", action="store_true", help="list every cross-connect and 1xK setting"
     )
     p = command("otm", "1xK switch states (set ones; --all for idle too)", cmd_otm)
-    p.add_argument("--block", type=int)
-    p.add_argument("--job")
-    p.add_argument("--all", action="store_true")
-    p = command("check", "check the OCS-6 invariants (exit 1 on a violation)", cmd_check)
+    p.add_argument("--block", type=int, help="only this block's switches")
+    p.add_argument("--job", help="only the switches of this job's slice")
+    p.add_argument("--all", action="store_true", help="idle switches too")
+    p = command("check", "check the wiring invariants (exit 1 on a violation)", cmd_check)
     p.add_argument(
         "--compare-switches", action="store_true", help="also compare the switches' own state"
     )

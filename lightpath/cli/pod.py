@@ -30,7 +30,7 @@ JOB_SYMBOLS = string.ascii_uppercase + string.ascii_lowercase + string.digits
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    pod = sub.add_parser("pod", help="a superpod's block map, counts and jobs (seed Fig. 2)")
+    pod = sub.add_parser("pod", help="a superpod's block map, counts and jobs")
     pod.add_argument("pod_id", help="e.g. pod-1")
     pod.add_argument("--cell", help="cell scheduler host:port (default: the local stack's)")
     pod.add_argument(
@@ -44,12 +44,22 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     rings = sub.add_parser("rings", help="ring plan of data/pipeline/layer parallelism on a slice")
     rings.add_argument("shape", help="slice shape in chips, e.g. 8x8x4")
-    rings.add_argument("--data", type=int, default=1)
-    rings.add_argument("--pipeline", type=int, default=1)
-    rings.add_argument("--layer", type=int, default=1)
+    for degree in ("data", "pipeline", "layer"):
+        rings.add_argument(
+            f"--{degree}",
+            type=int,
+            default=1,
+            metavar="N",
+            help=f"{degree}-parallelism degree; the three multiply to the chip count",
+        )
     rings.add_argument("--no-wrap", action="store_true", help="a mesh: no wraparound links")
     rings.add_argument("--pod", default="pod-1", help="whose workload scheduler plans it")
-    rings.add_argument("--addr")
+    rings.add_argument(
+        "--addr",
+        metavar="HOST:PORT",
+        help="the workload scheduler to ask (default: $LIGHTPATH_WS_ADDR, else --pod's in the "
+        "local stack)",
+    )
     add_json_flag(rings)
     rings.set_defaults(func=cmd_rings)
 

@@ -82,7 +82,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_json_flag(p)
     p.set_defaults(func=cmd_token_list)
     p = verbs.add_parser("revoke", help="revoke a token by its id (or the token itself)")
-    p.add_argument("token_id")
+    p.add_argument("token_id", help="the token's id (`lightpath token list`), or the token")
     state_dir_flag(p)
     add_json_flag(p)
     p.set_defaults(func=cmd_token_revoke)

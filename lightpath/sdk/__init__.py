@@ -1,5 +1,6 @@
 """The Lightpath SDK for job systems: typed clients of the cell scheduler and the
-core broker, each async (`AsyncCell`, `AsyncCores`) and blocking (`Cell`, `Cores`).
+core broker and the aggregation switches, each async (`AsyncCell`, `AsyncCores`,
+`AsyncAggregation`) and blocking (`Cell`, `Cores`, `Aggregation`).
 
     from lightpath.sdk import Cell, NotFound
 
@@ -31,6 +32,7 @@ from lightpath.errors import (
     Unavailable,
     Unimplemented,
 )
+from lightpath.sdk.aggregation import Aggregation, AsyncAggregation
 from lightpath.sdk.cell import ENDED_STATES, AsyncCell, Cell, JobEnded, WaitTimeout, state_name
 from lightpath.sdk.cores import AsyncCores, Cores
 from lightpath.security.credentials import Credentials
@@ -38,7 +40,9 @@ from lightpath.security.credentials import Credentials
 __all__ = [
     "ENDED_STATES",
     "Aborted",
+    "Aggregation",
     "AlreadyExists",
+    "AsyncAggregation",
     "AsyncCell",
     "AsyncCores",
     "Cancelled",

@@ -1,0 +1,59 @@
+"""The SDK's aggregation client against real switches (a root and two subs over TLS)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from lightpath.aggregation.node import aggregate_all
+from lightpath.sdk import Aggregation, AsyncAggregation, InvalidArgument, NotFound
+from lightpath.v1 import agg_switch_pb2 as pb
+from tests.agg_switch.tree import TREE, agg_tree, node_credentials, stack_tree
+
+
+async def test_start_wait_list_and_history(redis_url):
+    async with agg_tree(redis_url) as t:
+        async with AsyncAggregation(t.address("sub-2")) as agg:
+            await agg.stub.DefineTopology(
+                pb.DefineTopologyRequest(topology=pb.AggTopology(tree_id=TREE, nodes=stack_tree()))
+            )
+            nodes = [f"n{i}" for i in range(1, 6)]
+            started = await agg.start("sdk-1", nodes, 8, dtype="int64", timeout_aggregator="n2")
+            assert started.state == pb.AGG_COMMAND_STATE_RUNNING
+            assert started.timeout_aggregator == "n2" and started.dtype == pb.AGG_DTYPE_INT64
+            again = await agg.start("sdk-1", nodes, 8, dtype="int64", timeout_aggregator="n2")
+            assert again.command_id == "sdk-1"
+
+            with pytest.raises(TimeoutError):  # nobody contributed yet
+                await agg.wait("sdk-1", timeout=0.2)
+            data = {n: np.arange(8, dtype=np.int64) * i for i, n in enumerate(nodes, 1)}
+            waiter = asyncio.create_task(agg.wait("sdk-1", timeout=30))
+            await aggregate_all(t.address(), "sdk-1", data, credentials=node_credentials)
+            done = await waiter
+            assert done.state == pb.AGG_COMMAND_STATE_COMPLETED
+
+            await agg.start("sdk-2", nodes[:2], 4)
+            assert [c.command_id async for c in agg.list_commands(page_size=1)] == [
+                "sdk-2",
+                "sdk-1",
+            ]
+            assert [c.command_id async for c in agg.list_commands(limit=1)] == ["sdk-2"]
+            await t.settled("sdk-1")
+            history = await agg.history()
+            assert [e.command_id for e in history.entries] == ["sdk-1"]
+
+            with pytest.raises(InvalidArgument) as bad:
+                await agg.start("sdk-3", ["n1", "zz"], 0)
+            assert any(v.field.startswith("participants[1]") for v in bad.value.violations)
+            with pytest.raises(NotFound):
+                await agg.get("ghost")
+            with pytest.raises(ValueError, match="unknown op 'avg'"):
+                await agg.start("sdk-4", nodes, 8, op="avg")
+
+        def blocking() -> str:
+            with Aggregation(t.address("root")) as agg:
+                return pb.AggCommandState.Name(agg.get("sdk-1").state)
+
+        assert await asyncio.to_thread(blocking) == "AGG_COMMAND_STATE_COMPLETED"
