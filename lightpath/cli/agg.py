@@ -157,7 +157,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     status.add_argument(
         "command_id", nargs="?", help="the command (default: list the latest commands)"
     )
-    status.add_argument("--limit", type=int, default=20, help="how many latest commands")
+    status.add_argument("--limit", type=int, default=20, help="how many latest commands (one page)")
+    status.add_argument("--all", action="store_true", help="every command, page after page")
+    status.add_argument("--page-token", default="", help="the next page, from a previous listing")
     status.set_defaults(func=cmd_status)
 
     history = topics.add_parser(
@@ -337,7 +339,16 @@ def cmd_status(args: argparse.Namespace) -> int:
             else:
                 _print_command(one)
             return 0
-        listed = [c async for c in agg.list_commands(tree=args.tree, limit=args.limit)]
+        if args.all:
+            listed = [
+                c async for c in agg.list_commands(tree=args.tree, page_token=args.page_token)
+            ]
+            token = ""
+        else:
+            page = await agg.list_commands_page(
+                tree=args.tree, page_size=args.limit, page_token=args.page_token
+            )
+            listed, token = list(page.commands), page.next_page_token
 
         def columns(wide: bool) -> tuple[list[str], list]:
             rows = [
@@ -363,7 +374,7 @@ def cmd_status(args: argparse.Namespace) -> int:
             ]
             return headers, rows
 
-        print_list(args, "commands", listed, columns, lambda c: c.command_id)
+        print_list(args, "commands", listed, columns, lambda c: c.command_id, next_page_token=token)
         return 0
 
     return _with_client(args, body)

@@ -152,15 +152,33 @@ class AsyncAggregation(AsyncClient):
             "GetCommand", pb.GetCommandRequest(tree_id=tree, command_id=command_id)
         )
 
+    async def list_commands_page(
+        self, *, tree: str = "", page_size: int = 50, page_token: str = ""
+    ) -> pb.ListCommandsResponse:
+        """One page of commands, newest first; `next_page_token` asks for the next."""
+        return await self._call(  # type: ignore[no-any-return]
+            "ListCommands",
+            pb.ListCommandsRequest(tree_id=tree, page_size=page_size, page_token=page_token),
+        )
+
     async def list_commands(
-        self, *, tree: str = "", limit: int | None = None, page_size: int = 100
+        self,
+        *,
+        tree: str = "",
+        limit: int | None = None,
+        page_size: int = 100,
+        page_token: str = "",
     ) -> AsyncIterator[pb.AggCommand]:
         """Commands newest first (at most `limit`), fetching pages as the loop goes."""
+        first = page_token
 
         def make(token: str) -> pb.ListCommandsRequest:
-            return pb.ListCommandsRequest(tree_id=tree, page_size=page_size, page_token=token)
+            return pb.ListCommandsRequest(
+                tree_id=tree, page_size=page_size, page_token=token or first
+            )
 
         async for command in self._pages("ListCommands", make, lambda p: p.commands, limit):
+            first = ""
             yield command
 
     async def wait(
@@ -194,6 +212,7 @@ class Aggregation(SyncClient[AsyncAggregation]):
 
     start = blocking(AsyncAggregation.start)
     get = blocking(AsyncAggregation.get)
+    list_commands_page = blocking(AsyncAggregation.list_commands_page)
     list_commands = blocking_iter(AsyncAggregation.list_commands)
     wait = blocking(AsyncAggregation.wait)
     history = blocking(AsyncAggregation.history)

@@ -8,12 +8,13 @@ import numpy as np
 import pytest
 
 from lightpath.aggregation.node import aggregate_all
+from lightpath.cli import main
 from lightpath.sdk import Aggregation, AsyncAggregation, InvalidArgument, NotFound
 from lightpath.v1 import agg_switch_pb2 as pb
 from tests.agg_switch.tree import TREE, agg_tree, node_credentials, stack_tree
 
 
-async def test_start_wait_list_and_history(redis_url):
+async def test_start_wait_list_and_history(redis_url, capsys):
     async with agg_tree(redis_url) as t:
         async with AsyncAggregation(t.address("sub-2")) as agg:
             await agg.stub.DefineTopology(
@@ -51,6 +52,15 @@ async def test_start_wait_list_and_history(redis_url):
                 await agg.get("ghost")
             with pytest.raises(ValueError, match="unknown op 'avg'"):
                 await agg.start("sdk-4", nodes, 8, op="avg")
+
+        # the CLI's `agg status` pages on the same client
+        addr = ["--addr", t.address("sub-1")]
+        code = await asyncio.to_thread(main, ["agg", "status", "--limit", "1", *addr])
+        out, err = capsys.readouterr()
+        assert code == 0 and "sdk-2" in out and "sdk-1" not in out
+        assert "more commands: --all lists every one, --page-token " in err
+        code = await asyncio.to_thread(main, ["agg", "status", "--all", "-o", "name", *addr])
+        assert code == 0 and capsys.readouterr().out.split() == ["sdk-2", "sdk-1"]
 
         def blocking() -> str:
             with Aggregation(t.address("root")) as agg:
