@@ -3,7 +3,8 @@
 
 While redis-server is away a call is UNAVAILABLE (retryable), never INTERNAL or
 UNKNOWN; afterwards every service is back to full function by itself: what was
-acknowledged before is still there (AOF on), new work is decided, wired and
+acknowledged before is still there (AOF on), a write answered otherwise is
+retried as a client would and then succeeds, new work is decided, wired and
 aggregated, health says SERVING. The broker's needed loops (decide, reap, follow
 the stream) go down with Redis and its health says NOT_SERVING until they run
 again. Twice: stopped for longer than the clients retry, and restarted over a
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Awaitable, Callable
 
 import grpc
 import numpy as np
@@ -75,6 +77,11 @@ class Services:
         self.slices: set[str] = set()
         self.commands = 0
         self.away = 0
+        # writes answered otherwise than OK while Redis was away: their outcome is not
+        # known (a retryable answer may come after the write went through, or the
+        # caller may stop waiting first), so each is retried once Redis is back, as a
+        # client would; the retry must then be answered OK.
+        self.unsettled: dict[str, Callable[[], Awaitable[None]]] = {}
 
     # -- one unit of each service's work -------------------------------------------
 
@@ -104,7 +111,13 @@ class Services:
 
     # -- what must hold after a restart --------------------------------------------
 
+    async def settle(self) -> None:
+        for retry in self.unsettled.values():
+            await retry()
+        self.unsettled.clear()
+
     async def everything_acknowledged_is_there(self) -> None:
+        await self.settle()
         for rid in self.reservations:
             r = await self.broker.stub.GetReservation(
                 cb.GetReservationRequest(reservation_id=rid), metadata=self.app_md
@@ -143,8 +156,13 @@ class Services:
         )
         if codes[0] == grpc.StatusCode.OK:
             self.reservations.append(rid)
+        else:
+            self.unsettled[rid] = lambda: self.reserve(rid)
         if codes[1] == grpc.StatusCode.OK:
             self.slices.add("job-away")
+            self.unsettled.pop("job-away", None)
+        elif "job-away" not in self.slices:
+            self.unsettled["job-away"] = lambda: self.wire("job-away", [6, 7])
         return list(codes)
 
 

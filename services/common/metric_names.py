@@ -309,8 +309,8 @@ DOMAIN: tuple[MetricName, ...] = (
         "",
         ("rechecked",),
         "core_broker",
-        "decision batches committed, by whether Redis re-checked capacity (true: the state "
-        "changed between decision and commit, e.g. another replica's commit)",
+        "decision batches committed, by whether Redis re-read a device's schedule (true: "
+        "another writer, e.g. a replica, reserved on it meanwhile)",
     ),
     _m(
         "lightpath.broker.decision.duration",

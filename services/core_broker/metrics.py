@@ -64,8 +64,8 @@ class BrokerMetrics:
         )
         self._commits = meter.create_counter(
             "lightpath.broker.commits",
-            description="decision batches committed, by whether Redis re-checked capacity "
-            "(rechecked: the state changed between decision and commit, e.g. another replica)",
+            description="decision batches committed, by whether Redis re-read a device's "
+            "schedule (true: another writer, e.g. a replica, reserved on it meanwhile)",
         )
         self._duration = meter.create_histogram(
             "lightpath.broker.decision.duration", unit="s", description="time of one decision"
@@ -83,7 +83,7 @@ class BrokerMetrics:
             self._decisions.add(1, {"outcome": str(d.outcome).lower()})
 
     def committed(self, *, rechecked: bool) -> None:
-        """A batch's commit reached Redis: decided on its current state, or re-checked."""
+        """A batch's commit reached Redis: written as decided, or re-checked on some device."""
         self._commits.add(1, {"rechecked": "true" if rechecked else "false"})
 
     def answered(self, started: float) -> None:

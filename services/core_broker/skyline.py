@@ -70,12 +70,9 @@ def _tk(t: int) -> int:
     return t - _ORIGIN
 
 
-def _clip(t: np.ndarray | int) -> np.ndarray | int:
-    """Query times as key offsets, clipped into (sentinel, padding): an int for an
-    int (no array made), an array for an array (np.minimum/np.maximum: np.clip
-    costs several times more per call)."""
-    if isinstance(t, int):
-        return min(max(t - _ORIGIN, 1), _TMAX - 1)
+def _clip(t: np.ndarray) -> np.ndarray:
+    """Query times as key offsets, clipped into (sentinel, padding) (np.minimum and
+    np.maximum: np.clip costs several times more per call; `_offset` for one int)."""
     return np.minimum(np.maximum(np.asarray(t, np.int64) - _ORIGIN, 1), _TMAX - 1)
 
 
@@ -257,12 +254,14 @@ class _Bucket:
 
     # -- many rows at once ------------------------------------------------------
 
-    def peak(self, rows: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    def peak(self, rows: np.ndarray, a: np.ndarray | int, b: np.ndarray | int) -> np.ndarray:
         """Most cores reserved at any instant of [a, b) on each row (a < b after clipping,
         or both clipped alike: then the level there)."""
         base = rows << _TBITS
-        lo = np.searchsorted(self.keyflat, base | _clip(a), side="right") - 1
-        hi = np.searchsorted(self.keyflat, base | _clip(b), side="left")
+        qa = _offset(a) if isinstance(a, int) else _clip(a)
+        qb = _offset(b) if isinstance(b, int) else _clip(b)
+        lo = np.searchsorted(self.keyflat, base | qa, side="right") - 1
+        hi = np.searchsorted(self.keyflat, base | qb, side="left")
         hi = np.maximum(hi, lo + 1)
         k = _LOG2[hi - lo]
         off = k * self.plane
@@ -596,6 +595,7 @@ class _Probe:
         self.n = devices.shape[0]
         self.devices = devices
         self.caps = caps
+        self.caps32 = caps.astype(np.int32)  # as the grid's cells: offers without widening
         self.grid = sky.grid
         self.ends: EndSet | None = None
         # the devices' columns of the grid: a slice (a view, no copy) when they are
@@ -741,15 +741,24 @@ class _Probe:
             self._chunk(j, min(_CHUNK, last - j + 1))
 
     def _chunk(self, j: int, n: int) -> None:
-        """Bound cells j .. j+n-1 (each a start cell of windows of `width`)."""
+        """Bound cells j .. j+n-1 (each a start cell of windows of `width`).
+
+        A device offers a window starting in cell i at most its cores less its
+        most in any of cells i+1 .. i+width, and all of them together at most
+        `total` of any one of those cells (what they have free in it, summed). So
+        first the cells whose windows fall short of `need` by that cheap bound
+        (one sum per cell) are closed, their per-device offers left 0: whatever
+        they are, together they are short of `need`, so the windows of those
+        cells are never checked. The per-device bound is worked out from the
+        first cell that may be open."""
         w = self.width
-        lvl = self.grid.m[j + 1 : j + n + w, self.columns]
-        span = 1  # lvl[i] becomes the most of cells j+1+i .. j+i+2*span
-        while span * 2 <= w:
-            lvl = np.maximum(lvl[:-span], lvl[span:])
-            span *= 2
-        a, z = lvl[:n], lvl[w - span : w - span + n]
-        offer = np.maximum(self.caps - np.maximum(a, z), 0)
+        free = self.caps32 - self.grid.m[j + 1 : j + n + w, self.columns]
+        total = np.maximum(free, 0).sum(axis=1)
+        maybe = np.flatnonzero(_sliding_min(total, w, n) >= self.need)
+        offer = np.zeros((n, self.n), np.int64)
+        if maybe.size:
+            f = int(maybe[0])
+            offer[f:] = np.maximum(_sliding_min(free[f:], w, n - f), 0)
         self.chunk_start = j
         self.chunk_offer = offer
         self.chunk_open = offer.sum(axis=1) >= self.need
@@ -783,6 +792,16 @@ class _Probe:
 
 
 _CHUNK = 96  # cells bounded at once by the coarse grid
+
+
+def _sliding_min(x: np.ndarray, w: int, n: int) -> np.ndarray:
+    """min(x[i : i + w]) along the first axis, for i < n (x has n + w - 1 rows):
+    windows of doubling spans, then the two that cover each window."""
+    span = 1  # x[i] becomes the least of x[i .. i + 2 * span - 1]
+    while span * 2 <= w:
+        x = np.minimum(x[:-span], x[span:])
+        span *= 2
+    return np.minimum(x[:n], x[w - span : w - span + n])
 
 
 LOOKAHEAD = 4  # blocks bounded per step besides the candidates checked exactly

@@ -96,8 +96,11 @@ local function fmt(n) return string.format("%d", n) end
 # Returns {version written or 0, stream id, status per ticket, current version, 1 if re-checked
 # else 0}; a ticket's status is
 # "exists:<id>" (nothing of it written) or a list of "ok" / "conflict:<device>" per group.
-# When the store is still at the seen version and stream entry, the decisions were made on
-# exactly its state and the capacity re-check is skipped (compare-and-set on the version).
+# The decisions were made on the seen version; only devices whose schedules may have filled
+# since are re-checked: none when the store is still at that version and stream entry
+# (compare-and-set), else those that the stream's entries since then add to (a removal only
+# frees cores). Every device is re-checked when those entries cannot be read whole (more than
+# MAX_UNSEEN of them, trimmed, or not consecutive) or one changes a device's record.
 _COMMIT = (
     _LUA_LIB
     + r"""
@@ -105,11 +108,32 @@ local now = tonumber(ARGV[2])
 local tickets = cjson.decode(ARGV[3])
 local maxlen = ARGV[4]
 local ops, events, out = {}, {}, {}
-local current = false
-if ARGV[5] ~= "" and (redis.call("GET", P .. "version") or "0") == ARGV[5] then
-  local last = redis.call("XREVRANGE", KEYS[1], "+", "-", "COUNT", 1)
-  current = (last[1] and last[1][1] or "0-0") == ARGV[6]
+local MAX_UNSEEN = 64
+local filled = nil -- devices to re-check (a set); nil: every device
+if ARGV[5] ~= "" then
+  local seen = tonumber(ARGV[5])
+  local cur = tonumber(redis.call("GET", P .. "version") or "0")
+  if cur == seen then
+    local last = redis.call("XREVRANGE", KEYS[1], "+", "-", "COUNT", 1)
+    if (last[1] and last[1][1] or "0-0") == ARGV[6] then filled = {} end
+  elseif cur > seen and cur - seen <= MAX_UNSEEN then
+    local entries = redis.call("XRANGE", KEYS[1], "(" .. ARGV[6], "+", "COUNT", cur - seen)
+    if #entries == cur - seen then
+      filled = {}
+      for i, e in ipairs(entries) do
+        local f = {}
+        for j = 1, #e[2], 2 do f[e[2][j]] = e[2][j + 1] end
+        if tonumber(f.v) ~= seen + i then filled = nil; break end
+        for _, op in ipairs(cjson.decode(f.ops)) do
+          if op[1] == "+" then filled[op[2]] = true
+          elseif op[1] == "d" or op[1] == "D" then filled = nil; break end
+        end
+        if not filled then break end
+      end
+    end
+  end
 end
+local rechecked = false
 for ti, ticket in ipairs(tickets) do
   local taken = nil
   for _, id in ipairs(ticket.ids) do
@@ -128,21 +152,24 @@ for ti, ticket in ipairs(tickets) do
         end
       end
       local status = "ok"
-      for _, dev in ipairs(current and {} or order) do
-        local parts = bydev[dev]
-        local cores = tonumber(redis.call("HGET", P .. "cores", dev))
-        if not cores then status = "conflict:" .. dev; break end
-        local lo, hi = parts[1][3], parts[1][4]
-        for _, p in ipairs(parts) do
-          if p[3] < lo then lo = p[3] end
-          if p[4] > hi then hi = p[4] end
+      for _, dev in ipairs(order) do
+        if not filled or filled[dev] then
+          rechecked = true
+          local parts = bydev[dev]
+          local cores = tonumber(redis.call("HGET", P .. "cores", dev))
+          if not cores then status = "conflict:" .. dev; break end
+          local lo, hi = parts[1][3], parts[1][4]
+          for _, p in ipairs(parts) do
+            if p[3] < lo then lo = p[3] end
+            if p[4] > hi then hi = p[4] end
+          end
+          local ivs = existing(dev, lo, hi)
+          for _, p in ipairs(parts) do ivs[#ivs + 1] = {p[3], p[4], p[2]} end
+          for _, p in ipairs(parts) do
+            if peak(ivs, p[3], p[4]) > cores then status = "conflict:" .. dev; break end
+          end
+          if status ~= "ok" then break end
         end
-        local ivs = existing(dev, lo, hi)
-        for _, p in ipairs(parts) do ivs[#ivs + 1] = {p[3], p[4], p[2]} end
-        for _, p in ipairs(parts) do
-          if peak(ivs, p[3], p[4]) > cores then status = "conflict:" .. dev; break end
-        end
-        if status ~= "ok" then break end
       end
       if status == "ok" then
         local v = bump()
@@ -165,7 +192,7 @@ for ti, ticket in ipairs(tickets) do
   end
 end
 local sid = publish(ops, events, maxlen)
-return {version or 0, sid, out, tonumber(redis.call("GET", P .. "version") or "0"), current and 0 or 1}
+return {version or 0, sid, out, tonumber(redis.call("GET", P .. "version") or "0"), rechecked and 1 or 0}
 """
 )
 

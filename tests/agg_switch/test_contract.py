@@ -292,8 +292,8 @@ async def test_a_final_without_destination_goes_to_the_root_and_a_wrong_one_is_n
     command then waited for its deadline. Unset now means the root; another node is
     refused naming `destination`, and the refusal changes nothing, so the command
     still completes."""
-    from lightpath import agg_wire
-    from lightpath.aggregation import DType, Kind, Packet
+    from lightpath.aggregation import wire
+    from lightpath.aggregation.maths import DType, Kind, Packet
     from lightpath.client import channel
 
     await tree.define(stack_tree(sub_ms=1000, root_ms=5000))
@@ -303,13 +303,13 @@ async def test_a_final_without_destination_goes_to_the_root_and_a_wrong_one_is_n
     # The timeout aggregation node n4, at its leaf sub-2: a FINAL to sub-1 is refused.
     async with channel(tree.address("sub-2"), credentials=node_credentials("n4")) as ch:
         contribute = ch.stream_unary(
-            agg_wire.CONTRIBUTE,
-            request_serializer=agg_wire.identity,
+            wire.CONTRIBUTE,
+            request_serializer=wire.identity,
             response_deserializer=pb.ContributeSummary.FromString,
         )
         wrong = Packet("final-1", 0, Kind.FINAL, "n4", np.zeros(8, np.int64), destination="sub-1")
         err = await expect_error(
-            contribute(iter([agg_wire.encode(wrong, DType.INT64)])),
+            contribute(iter([wire.encode(wrong, DType.INT64)])),
             grpc.StatusCode.INVALID_ARGUMENT,
         )
     assert [f for f, _ in err.field_violations] == ["destination"], err

@@ -139,13 +139,13 @@ def test_a_decision_on_a_stale_view_is_refused_as_a_conflict(redis_url):
     asyncio.run(body())
 
 
-def test_a_commit_decided_on_the_current_state_skips_the_recheck_and_a_stale_one_does_not(
-    redis_url,
-):
-    """The re-check reads every touched device's schedule (ZRANGEBYSCORE inside the
-    script, counted by Redis's command stats); a commit that says it was decided on
-    the store's current version and stream entry needs none, one decided on an
-    older state is checked and refused where it would over-commit."""
+def test_a_commit_re_reads_only_the_devices_others_added_to_since_its_decision(redis_url):
+    """The re-check reads a device's schedule (ZRANGEBYSCORE inside the script,
+    counted by Redis's command stats). A commit says which state it was decided
+    on: decided on the store's current state it reads none; after other writes it
+    reads the devices they added to (and refuses an over-commit there), not the
+    devices they only freed cores on or did not touch; after a change of a device's
+    record it reads every device it grants on."""
 
     async def reads(r) -> int:
         stats = await r.info("commandstats")
@@ -155,28 +155,44 @@ def test_a_commit_decided_on_the_current_state_skips_the_recheck_and_a_stale_one
         r = redis_store.connect(redis_url)
         await r.flushall()
         store = BrokerStore(r, retention_ms=60_000)
-        await store.upsert_device("d0", device_doc(Device("d0", "GPU", 8)))
+        for dev in ("d0", "d1"):
+            await store.upsert_device(dev, device_doc(Device(dev, "GPU", 8)))
         a, b = LiveView(store), LiveView(store)
+        prio = PriorityFunction()
+
+        async def commit(view: LiveView, rid: str, cores: int, device: str):
+            req = CoreRequest(rid, cores, 100, earliest_start=T0, device_ids=(device,))
+            ((d,),) = decide(view.capacity, [Group((req,))], now=T0, priority=prio)
+            assert d.granted
+            p = pending_reservation(d, "app", "", T0)
+            return await store.commit([([rid], [[p]])], T0, (view.version, view.stream_id))
+
         await a.load()
         await b.load()
-        prio = PriorityFunction()
-        reqs = [CoreRequest(f"x{i}", 6, 100, earliest_start=T0) for i in range(2)]
-        (da,), (db,) = (
-            decide(v.capacity, [Group((q,))], now=T0, priority=prio)[0]
-            for v, q in zip((a, b), reqs, strict=True)
-        )
         before = await reads(r)
-        first = await store.commit(
-            [(["x0"], [[pending_reservation(da, "app", "", T0)]])], T0, (a.version, a.stream_id)
-        )
-        assert first.tickets == [("groups", ["ok"])]
-        assert await reads(r) == before  # decided on the current state: not re-read
-        # b decided on the same state, which x0 has since changed: checked, refused
-        second = await store.commit(
-            [(["x1"], [[pending_reservation(db, "app", "", T0)]])], T0, (b.version, b.stream_id)
-        )
-        assert second.tickets == [("groups", ["conflict:d0"])]
+        first = await commit(a, "x0", 6, "d0")
+        assert (first.tickets, first.rechecked) == ([("groups", ["ok"])], False)
+        assert await reads(r) == before  # decided on the current state: nothing read
+        # b has not seen x0: a grant on d1 (untouched since) is not re-read ...
+        on_d1 = await commit(b, "y0", 4, "d1")
+        assert (on_d1.tickets, on_d1.rechecked) == ([("groups", ["ok"])], False)
+        assert await reads(r) == before
+        # ... one on d0, which x0 added to, is: and refused, 6 + 6 > 8
+        on_d0 = await commit(b, "y1", 6, "d0")
+        assert (on_d0.tickets, on_d0.rechecked) == ([("groups", ["conflict:d0"])], True)
         assert await reads(r) == before + 1
+        # a release only frees cores: a view that missed it is not re-read for it
+        await a.catch_up()
+        await store.release("y0", "app", T0)
+        after_release = await commit(a, "x1", 2, "d1")
+        assert (after_release.tickets, after_release.rechecked) == ([("groups", ["ok"])], False)
+        assert await reads(r) == before + 1
+        # a device's record changed (its cores may be fewer): every device is re-read
+        await a.catch_up()
+        await store.upsert_device("d1", device_doc(Device("d1", "GPU", 4)))
+        after_upsert = await commit(a, "x2", 2, "d0")
+        assert after_upsert.rechecked and after_upsert.tickets == [("groups", ["ok"])]
+        assert await reads(r) == before + 2
         await r.aclose()
 
     asyncio.run(body())
