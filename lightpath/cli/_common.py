@@ -20,7 +20,7 @@ import contextlib
 import json
 import os
 import sys
-from collections.abc import Callable, Coroutine, Iterator, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
 from typing import Any
 
 import grpc
@@ -194,16 +194,17 @@ def print_list(
         )
 
 
-def run_rpc(fn: Callable[[], Coroutine[Any, Any, int | None]]) -> int:
+def run_rpc(
+    fn: Callable[[], Coroutine[Any, Any, int | None]], *, hints: Mapping[str, str] | None = None
+) -> int:
     """Run an async CLI action; a failed call becomes a readable message (with what to do
-    next) on stderr and exit code 1; a credential the CLI cannot find, exit code 2."""
+    next, and `hints[code]` when the command has one for that status code) on stderr and
+    exit code 1; a credential the CLI cannot find, exit code 2."""
     try:
         return int(asyncio.run(fn()) or 0)
-    except grpc.aio.AioRpcError as err:
-        report_error(rpc_error(err))
-        return 1
-    except LightpathError as exc:
-        report_error(exc)
+    except (grpc.aio.AioRpcError, LightpathError) as err:
+        exc = rpc_error(err) if isinstance(err, grpc.aio.AioRpcError) else err
+        report_error(exc, [hints[exc.code]] if hints and exc.code in hints else [])
         return 1
     except CredentialsError as exc:
         report_credentials_error(exc)
@@ -225,12 +226,12 @@ def print_error(code: str, message: str, **more: Any) -> None:
         print(f"error: {message}", file=sys.stderr)
 
 
-def report_error(exc: LightpathError) -> None:
-    """`error: CODE: message`, the field violations, then `next: ...` lines; with JSON
-    output the same as one JSON object on stderr."""
+def report_error(exc: LightpathError, hints: Sequence[str] = ()) -> None:
+    """`error: CODE: message`, the field violations, then `next: ...` lines (the command's
+    own `hints` first); with JSON output the same as one JSON object on stderr."""
     from lightpath.cli.tracing import print_trace_id
 
-    steps = next_steps(exc)
+    steps = [*hints, *next_steps(exc)]
     if OUTPUT.json:
         print_error(
             exc.code,

@@ -227,7 +227,11 @@ def cmd_topology(args: argparse.Namespace) -> int:
         )
         return 0
 
-    return run_rpc(go)
+    hint = (
+        "a fresh tree has no topology yet: define one with `lightpath agg topology "
+        "--define FILE` (an AggTopology as JSON, see `lightpath agg topology --help`)"
+    )
+    return run_rpc(go, hints={"NOT_FOUND": hint})
 
 
 def _start_request(args: argparse.Namespace) -> pb.StartCommandRequest:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import argparse
 import re
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime
 
 from google.protobuf.timestamp_pb2 import Timestamp
@@ -125,17 +125,25 @@ def _client(
     body: Callable[[AsyncCores], Awaitable[int | None]],
     *,
     operator: bool = False,
+    hints: Mapping[str, str] | None = None,
 ) -> int:
-    """Run `body(client)` with the SDK's broker client and the command's credentials."""
+    """Run `body(client)` with the SDK's broker client and the command's credentials
+    (`hints`: what to do next, by status code, for run_rpc)."""
 
     async def run() -> int | None:
         async with AsyncCores(args.addr or None, token=args.token or "", operator=operator) as b:
             return await body(b)
 
-    return run_rpc(run)
+    return run_rpc(run, hints=hints)
 
 
-def _call(args: argparse.Namespace, body, *, operator: bool = False) -> int:
+def _call(
+    args: argparse.Namespace,
+    body,
+    *,
+    operator: bool = False,
+    hints: Mapping[str, str] | None = None,
+) -> int:
     """Run `body(stub, metadata)` on the broker's generated stub (for the RPCs the SDK
     does not wrap: graphs), with the command's credentials on the channel (`metadata`
     is empty, for calls that add their own)."""
@@ -143,7 +151,7 @@ def _call(args: argparse.Namespace, body, *, operator: bool = False) -> int:
     async def on_stub(client: AsyncCores) -> int | None:
         return await body(client.stub, ())  # type: ignore[no-any-return]
 
-    return _client(args, on_stub, operator=operator)
+    return _client(args, on_stub, operator=operator, hints=hints)
 
 
 def _common(p: argparse.ArgumentParser, *, json: bool = True) -> None:

@@ -241,7 +241,11 @@ def cmd_metrics(args: argparse.Namespace) -> int:
         print_metrics(m)
         return 0
 
-    return _call(args, body)
+    hint = (
+        f"a run's metrics reach the broker with `lightpath graph run SPEC --report` "
+        f"(SPEC the graph {args.graph_id}'s spec)"
+    )
+    return _call(args, body, hints={"NOT_FOUND": hint})
 
 
 def cmd_run(args: argparse.Namespace) -> int:

@@ -16,6 +16,11 @@ from tests.agg_switch.tree import TREE, agg_tree, node_credentials, stack_tree
 
 async def test_start_wait_list_and_history(redis_url, capsys):
     async with agg_tree(redis_url) as t:
+        # a fresh tree: the CLI says how to define its topology
+        code = await asyncio.to_thread(main, ["agg", "topology", "--addr", t.address()])
+        err = capsys.readouterr().err
+        assert code == 1 and "NOT_FOUND" in err
+        assert "next: a fresh tree has no topology yet: define one with `lightpath agg" in err
         async with AsyncAggregation(t.address("sub-2")) as agg:
             await agg.stub.DefineTopology(
                 pb.DefineTopologyRequest(topology=pb.AggTopology(tree_id=TREE, nodes=stack_tree()))

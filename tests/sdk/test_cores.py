@@ -7,12 +7,13 @@ from datetime import timedelta
 
 import pytest
 
+from lightpath.cli import main
 from lightpath.sdk import AsyncCores, Cores, InvalidArgument, ResourceExhausted, Unauthenticated
 from lightpath.v1 import core_broker_pb2 as pb
 from tests.core_broker.conftest import running_broker
 
 
-async def test_reserve_extend_list_watch_release(redis_url, monkeypatch):
+async def test_reserve_extend_list_watch_release(redis_url, monkeypatch, capsys):
     monkeypatch.delenv("LIGHTPATH_CB_TOKEN", raising=False)
     async with running_broker(redis_url, LIGHTPATH_CB_OPERATOR_TOKEN="") as b:
         async with AsyncCores(b.address, operator=True) as op:
@@ -51,6 +52,15 @@ async def test_reserve_extend_list_watch_release(redis_url, monkeypatch):
             assert "extend to at most" in str(full.value)
             released = await cores.release("r-1")
             assert released.state == pb.RESERVATION_STATE_RELEASED
+
+        # the CLI's graph commands ride on the same client; a graph without metrics
+        # says how metrics get there
+        code = await asyncio.to_thread(main, ["graph", "metrics", "g-1", "--addr", b.address])
+        err = capsys.readouterr().err
+        assert code == 1 and "NOT_FOUND" in err
+        assert (
+            "next: a run's metrics reach the broker with `lightpath graph run SPEC --report`" in err
+        )
 
         async with AsyncCores(b.address, token="cam:wrong") as stranger:
             with pytest.raises(Unauthenticated):
