@@ -204,7 +204,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     p = cs.add_parser("devices", help="devices with total, reserved and free cores now")
     p.add_argument("--kind", type=KIND, default=0, help="gpu, tpu, edge_tpu, npu, fpga")
-    _common(p)
+    _common(p, json=False)
+    add_list_output(p)
     p.set_defaults(func=cmd_devices)
 
     p = cs.add_parser("capacity", help="free cores over a time range, per device and kind")
@@ -305,23 +306,24 @@ def _print_reservation(args: argparse.Namespace, r: pb.Reservation) -> None:
 
 def cmd_devices(args: argparse.Namespace) -> int:
     async def body(cores: AsyncCores) -> int:
-        resp = await cores.devices(args.kind)
-        if args.json:
-            print_json(resp)
-            return 0
-        rows = [
-            (
-                d.device.device_id,
-                _short(pb.DeviceKind, d.device.kind, "DEVICE_KIND_"),
-                d.device.cores,
-                d.reserved_cores,
-                d.free_cores,
-                d.device.location.site or "-",
-                ",".join(d.device.task_affinities) or "-",
-            )
-            for d in resp.devices
-        ]
-        print(table(rows, ["device", "kind", "cores", "reserved", "free", "site", "affinity"]))
+        devices = list((await cores.devices(args.kind)).devices)
+
+        def columns(wide: bool) -> tuple[list[str], list]:
+            rows = [
+                (
+                    d.device.device_id,
+                    _short(pb.DeviceKind, d.device.kind, "DEVICE_KIND_"),
+                    d.device.cores,
+                    d.reserved_cores,
+                    d.free_cores,
+                    d.device.location.site or "-",
+                    ",".join(d.device.task_affinities) or "-",
+                )
+                for d in devices
+            ]
+            return ["device", "kind", "cores", "reserved", "free", "site", "affinity"], rows
+
+        print_list(args, "devices", devices, columns, lambda d: d.device.device_id)
         return 0
 
     return _client(args, body)
