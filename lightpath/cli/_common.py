@@ -167,19 +167,27 @@ def table(
 def print_list(
     args: argparse.Namespace,
     key: str,
-    items: Sequence[Message],
+    items: Sequence[Any],
     columns: Callable[[bool], tuple[list[str], list[Sequence[Any]]]],
     name: Callable[[Any], str],
     *,
     next_page_token: str = "",
+    data: Any = None,
 ) -> None:
     """A list answer in the command's output format: `{key: [...], "next_page_token"}`
-    as JSON/YAML; a table (`columns(wide)` gives headers and rows); or names. A page
-    with more after it says so on stderr, with the flags that fetch the rest."""
+    (or `data`, when the command's JSON has another shape) as JSON/YAML; a table
+    (`columns(wide)` gives headers and rows); or names. A page with more after it says
+    so on stderr, with the flags that fetch the rest."""
     fmt = output_format(args)
     if fmt in ("json", "yaml"):
-        data = {key: to_jsonable(list(items)), "next_page_token": next_page_token}
-        print(json.dumps(data, indent=2, sort_keys=True) if fmt == "json" else to_yaml(data))
+        if data is None:
+            data = {key: list(items), "next_page_token": next_page_token}
+        data = to_jsonable(data)
+        print(
+            json.dumps(data, indent=2, sort_keys=True, ensure_ascii=False)
+            if fmt == "json"
+            else to_yaml(data)
+        )
     elif fmt == "name":
         for item in items:
             print(name(item))
