@@ -82,6 +82,18 @@ def add_list_output(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_parallelism_flags(parser: argparse.ArgumentParser, *, default: int, note: str = "") -> None:
+    """--data, --pipeline and --layer: the degrees of the three kinds of parallelism."""
+    for degree in ("data", "pipeline", "layer"):
+        parser.add_argument(
+            f"--{degree}",
+            type=int,
+            default=default,
+            metavar="N",
+            help=f"{degree}-parallelism degree; the three multiply to the chip count{note}",
+        )
+
+
 def output_format(args: argparse.Namespace) -> str:
     if getattr(args, "json", False):
         return "json"

@@ -27,6 +27,7 @@ from lightpath.cli._common import (
     CliError,
     add_json_flag,
     add_list_output,
+    add_parallelism_flags,
     clip,
     print_json,
     print_json_line,
@@ -103,15 +104,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="with --policy shrink: a smaller shape it accepts (repeatable)",
     )
     p.add_argument("--no-wrap", action="store_true", help="a mesh: no wraparound links")
-    for degree in ("data", "pipeline", "layer"):
-        p.add_argument(
-            f"--{degree}",
-            type=int,
-            default=0,
-            metavar="N",
-            help=f"{degree}-parallelism degree; the three multiply to the chip count "
-            "(a SWITCHED pod's job needs them)",
-        )
+    add_parallelism_flags(p, default=0, note=" (a SWITCHED pod's job needs them)")
     p.add_argument("--tenant", default="", help='whose job it is (default "default")')
     p.add_argument(
         "--label", action="append", default=[], metavar="KEY=VALUE", help="kept with the job"

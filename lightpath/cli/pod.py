@@ -20,7 +20,7 @@ import math
 import string
 import sys
 
-from lightpath.cli._common import add_json_flag, print_json, run_rpc
+from lightpath.cli._common import add_json_flag, add_parallelism_flags, print_json, run_rpc
 from lightpath.cli.switched_view import render_switched_pod
 from lightpath.client import channel
 from lightpath.v1 import common_pb2, workload_scheduler_pb2, workload_scheduler_pb2_grpc
@@ -44,14 +44,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     rings = sub.add_parser("rings", help="ring plan of data/pipeline/layer parallelism on a slice")
     rings.add_argument("shape", help="slice shape in chips, e.g. 8x8x4")
-    for degree in ("data", "pipeline", "layer"):
-        rings.add_argument(
-            f"--{degree}",
-            type=int,
-            default=1,
-            metavar="N",
-            help=f"{degree}-parallelism degree; the three multiply to the chip count",
-        )
+    add_parallelism_flags(rings, default=1)
     rings.add_argument("--no-wrap", action="store_true", help="a mesh: no wraparound links")
     rings.add_argument("--pod", default="pod-1", help="whose workload scheduler plans it")
     rings.add_argument(
