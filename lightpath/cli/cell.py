@@ -38,6 +38,7 @@ from lightpath.sdk.cell import (
     PREEMPTION_POLICIES,
     PRIORITY_CLASSES,
     AsyncCell,
+    fill_degrees,
     job_state,
     parse_shape,
     state_name,
@@ -104,7 +105,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="with --policy shrink: a smaller shape it accepts (repeatable)",
     )
     p.add_argument("--no-wrap", action="store_true", help="a mesh: no wraparound links")
-    add_parallelism_flags(p, default=0, note=" (a SWITCHED pod's job needs them)")
+    add_parallelism_flags(
+        p,
+        default=0,
+        note=" (a SWITCHED pod's job needs them; those not given: what makes the product, then 1)",
+    )
     p.add_argument("--tenant", default="", help='whose job it is (default "default")')
     p.add_argument(
         "--label", action="append", default=[], metavar="KEY=VALUE", help="kept with the job"
@@ -202,7 +207,7 @@ def submit_options(args: argparse.Namespace) -> dict:
         "preemption": args.policy,
         "shrink_to": shrink_to,
         "wrap": not args.no_wrap,
-        "parallelism": tuple(d or 1 for d in degrees) if any(degrees) else None,
+        "parallelism": _degrees(shape, args.blocks, degrees) if any(degrees) else None,
         "labels": dict(kv.partition("=")[::2] for kv in args.label),
         "tenant": args.tenant,
         "wait": not args.no_wait,
@@ -211,6 +216,15 @@ def submit_options(args: argparse.Namespace) -> dict:
         "deadline": parse_deadline(args.deadline) if args.deadline else None,
         "validate_only": args.validate_only,
     }
+
+
+def _degrees(
+    shape: list[int] | None, blocks: bool, degrees: tuple[int, int, int]
+) -> tuple[int, int, int]:
+    """The degrees given, those not given filled in for a chip shape (`fill_degrees`)."""
+    if shape is None or blocks:
+        return fill_degrees(0, *degrees)
+    return fill_degrees(math.prod(shape), *degrees)
 
 
 def _state(s: int) -> str:

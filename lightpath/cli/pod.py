@@ -44,7 +44,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     rings = sub.add_parser("rings", help="ring plan of data/pipeline/layer parallelism on a slice")
     rings.add_argument("shape", help="slice shape in chips, e.g. 8x8x4")
-    add_parallelism_flags(rings, default=1)
+    add_parallelism_flags(
+        rings, default=0, note=" (those not given: what makes the product, then 1)"
+    )
     rings.add_argument("--no-wrap", action="store_true", help="a mesh: no wraparound links")
     rings.add_argument("--pod", default="pod-1", help="whose workload scheduler plans it")
     rings.add_argument(
@@ -238,8 +240,11 @@ def parse_shape(raw: str) -> list[int]:
 
 
 def cmd_rings(args: argparse.Namespace) -> int:
+    from lightpath.sdk.cell import fill_degrees
+
     address = scheduler_address(args.pod, args.addr)
     dims = parse_shape(args.shape)
+    data, pipeline, layer = fill_degrees(math.prod(dims), args.data, args.pipeline, args.layer)
 
     async def run() -> int:
         async with channel(address) as ch:
@@ -249,7 +254,7 @@ def cmd_rings(args: argparse.Namespace) -> int:
                     shape=common_pb2.Shape(dims=dims),
                     wrap=[not args.no_wrap] * len(dims),
                     parallelism=common_pb2.ParallelismDegrees(
-                        data=args.data, pipeline=args.pipeline, layer=args.layer
+                        data=data, pipeline=pipeline, layer=layer
                     ),
                 )
             )

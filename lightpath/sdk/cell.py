@@ -76,6 +76,21 @@ def parse_shape(shape: Shape) -> list[int]:
     return [int(d) for d in shape]
 
 
+def fill_degrees(
+    chips: int, data: int = 0, pipeline: int = 0, layer: int = 0
+) -> tuple[int, int, int]:
+    """(data, pipeline, layer) with the degrees not given (0) filled in: the first of
+    them takes what makes the product the chip count (when that divides), the others 1.
+    `fill_degrees(256)` → (256, 1, 1); `fill_degrees(256, data=8, layer=4)` → (8, 8, 4)."""
+    given = [data, pipeline, layer]
+    known = prod(d for d in given if d)
+    missing = [i for i, d in enumerate(given) if not d]
+    if missing and known and chips % known == 0:
+        given[missing[0]] = chips // known
+    data, pipeline, layer = (d or 1 for d in given)
+    return data, pipeline, layer
+
+
 def _choice(table: Mapping[str, int], value: str | int, what: str) -> int:
     if isinstance(value, int):
         return value
