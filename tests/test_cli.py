@@ -1,11 +1,11 @@
 from __future__ import annotations
 
 import argparse
-import re
 
 import pytest
 
 from lightpath.cli import build_parser, main
+from tests.helpers import PATENT_REFERENCE
 
 
 def test_help_lists_the_stack_commands(capsys):
@@ -87,12 +87,6 @@ def test_the_default_address_says_where_it_came_from(tmp_path, monkeypatch):
     )
 
 
-# Requirement ids and the seed's figures and paragraphs stay in code comments and docs.
-PATENT_REFERENCE = re.compile(
-    r"Fig\.|¶|\bseed\b|\b(?:CS|WS|CB|AG|OCS|GF|SW|X)-\d+\b|\bprocess 400\b"
-)
-
-
 def _arguments(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()):
     """(command path, what, help text) of every command and argument, at every depth."""
     for action in parser._actions:
@@ -116,3 +110,25 @@ def test_every_argument_has_help_and_no_help_cites_the_patents():
         if text and text != argparse.SUPPRESS and PATENT_REFERENCE.search(text)
     ]
     assert cited == []
+
+
+def test_completion_follows_the_parser(capsys):
+    assert main(["completion", "bash"]) == 0
+    script = capsys.readouterr().out
+    assert "complete -o default -F _lightpath_complete lightpath" in script
+    assert "lightpath __complete" in script
+    assert main(["completion", "zsh"]) == 0
+    assert capsys.readouterr().out.startswith("autoload -U +X bashcompinit")
+
+    def complete(*words: str) -> list[str]:
+        assert main(["__complete", *words]) == 0
+        return capsys.readouterr().out.splitlines()
+
+    top = complete()
+    assert {"submit", "jobs", "cores", "agg", "completion", "--as"} <= set(top)
+    assert "__complete" not in top
+    assert {"reserve", "extend", "release", "list"} <= set(complete("cores"))
+    assert {"--all", "--page-token", "--output", "--no-headers", "--state"} <= set(complete("jobs"))
+    assert complete("submit", "j1", "--class") == ["high", "low", "medium"]
+    assert complete("jobs", "-o") == ["table", "wide", "json", "yaml", "name"]
+    assert {"--all", "--page-token"} <= set(complete("--as", "acme", "cores", "list"))

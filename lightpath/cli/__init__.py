@@ -24,6 +24,7 @@ COMMAND_MODULES = (
     "lightpath.cli.cores",
     "lightpath.cli.graph",
     "lightpath.cli.cell",
+    "lightpath.cli.completion",
 )
 
 AS_HELP = (
@@ -100,6 +101,10 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["__complete"]:
+        from lightpath.cli.completion import complete
+
+        return complete(parser, argv[1:])
     args = parser.parse_args(argv)
     try:
         with command_span(command_words(parser, argv)) as span:
