@@ -471,15 +471,21 @@ def running_stack(state_dir: Path | None = None) -> StackInfo | None:
 
 
 def endpoint(name: str, env_var: str, state_dir: Path | None = None) -> str:
-    """Where to reach `name`: $env_var, else the running local stack, else the default port."""
+    """Where to reach `name`: $env_var, else the context in use (lightpath.config), else the
+    running local stack, else the default port."""
     return located(name, env_var, state_dir)[0]
 
 
 def located(name: str, env_var: str, state_dir: Path | None = None) -> tuple[str, str]:
     """`endpoint`'s answer and where it came from, for messages: "LIGHTPATH_CELL_ADDR",
     "the local stack in .lightpath" or "the local stack's default port: no stack ..." """
+    from lightpath.config import current_context
+
     if os.environ.get(env_var):
         return os.environ[env_var], env_var
+    context = current_context()
+    if context is not None and name in context.addresses:
+        return context.addresses[name], f"context {context.name} in {context.path}"
     directory = state_dir or default_state_dir()
     stack = running_stack(state_dir)
     if stack and name in stack.endpoints:

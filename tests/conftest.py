@@ -53,6 +53,21 @@ def operator_credentials() -> Iterator[None]:
 _TLS_ENV = ("LIGHTPATH_TLS_CA", "LIGHTPATH_TLS_CERT", "LIGHTPATH_TLS_KEY")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def no_user_config(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """No config file of the machine's user (its contexts) reaches a test: LIGHTPATH_CONFIG
+    names a file that does not exist, unless a test sets another."""
+    saved = {k: os.environ.get(k) for k in ("LIGHTPATH_CONFIG", "LIGHTPATH_CONTEXT")}
+    os.environ["LIGHTPATH_CONFIG"] = str(tmp_path_factory.mktemp("config") / "none.toml")
+    os.environ.pop("LIGHTPATH_CONTEXT", None)
+    yield
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
 @pytest.fixture(scope="session")
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedRedis]:
     server = EmbeddedRedis(tmp_path_factory.mktemp("redis"), appendonly=False)

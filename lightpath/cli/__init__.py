@@ -25,6 +25,7 @@ COMMAND_MODULES = (
     "lightpath.cli.graph",
     "lightpath.cli.cell",
     "lightpath.cli.completion",
+    "lightpath.cli.contexts",
 )
 
 AS_HELP = (
@@ -46,6 +47,9 @@ who you are (every command that calls a service):
                          the principal it names is the caller, certificate or not
   LIGHTPATH_PLAINTEXT=true
                          no TLS (a plaintext deployment)
+  LIGHTPATH_CONFIG, LIGHTPATH_CONTEXT
+                         contexts: remote stacks' addresses and credentials in a config
+                         file (default ~/.config/lightpath/config.toml), and the one to use
 `lightpath whoami` shows what a command presents; `lightpath audit` shows who did what.
 """
 
@@ -59,6 +63,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"lightpath {__version__}")
     parser.add_argument("--as", dest="as_identity", metavar="IDENTITY", help=AS_HELP)
+    parser.add_argument(
+        "--context",
+        metavar="NAME",
+        help="use the context NAME of the config file (addresses and credentials of a remote "
+        "stack; `lightpath contexts` lists them); default $LIGHTPATH_CONTEXT, else the "
+        "file's current_context",
+    )
     parser.add_argument(
         "-v",
         "--verbose",
@@ -142,13 +153,20 @@ def _run(args: argparse.Namespace) -> int:
         wants_json,
     )
     from lightpath.cli.tracing import print_trace_id
+    from lightpath.config import ConfigError
     from lightpath.security.credentials import CredentialsError
     from lightpath.security.identity import IdentityError
 
     OUTPUT.json = wants_json(args)
+    saved_context = os.environ.get("LIGHTPATH_CONTEXT")
+    if args.context:
+        os.environ["LIGHTPATH_CONTEXT"] = args.context
     try:
         with acting_as(getattr(args, "as_identity", None)):
             return int(args.func(args) or 0)
+    except ConfigError as exc:
+        print_error("CONFIG", str(exc))
+        return 2
     except CliError as exc:
         print_error("CLI", exc.message)
         if not OUTPUT.json:
@@ -159,6 +177,11 @@ def _run(args: argparse.Namespace) -> int:
         if not OUTPUT.json:
             print_trace_id()
         return 2
+    finally:
+        if saved_context is None:
+            os.environ.pop("LIGHTPATH_CONTEXT", None)
+        else:
+            os.environ["LIGHTPATH_CONTEXT"] = saved_context
 
 
 if __name__ == "__main__":

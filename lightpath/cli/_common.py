@@ -313,6 +313,9 @@ def describe_credentials(creds: Credentials | None) -> str:
             if creds.cert
             else "LIGHTPATH_TLS_CA is set but LIGHTPATH_TLS_CERT is not"
         )
+    if creds.source.startswith("context "):
+        who = presented_principal(creds)
+        return f"the credentials of {creds.source}" + (f" ({who})" if who else "")
     if creds.source.startswith("local"):
         who = presented_principal(creds) or creds.source.removeprefix("local ")
         return f"the local stack's certificate of {who}, in {pki_dir()}"
