@@ -132,3 +132,27 @@ def test_completion_follows_the_parser(capsys):
     assert complete("submit", "j1", "--class") == ["high", "low", "medium"]
     assert complete("jobs", "-o") == ["table", "wide", "json", "yaml", "name"]
     assert {"--all", "--page-token"} <= set(complete("--as", "acme", "cores", "list"))
+
+
+def test_up_on_a_taken_port_fails_at_once_naming_the_port_and_its_holder(tmp_path, capsys):
+    import os
+    import socket
+
+    from lightpath.stack import ProcessSpec, Stack, StackError
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        stack = Stack(
+            tmp_path,
+            specs=[ProcessSpec("cell-scheduler", "cell_scheduler", port)],
+            redis_port=0,
+            log=lambda *_: None,
+        )
+        with pytest.raises(StackError) as err:
+            stack.start()
+    message = str(err.value)
+    assert f"port {port} (cell-scheduler) is held by pid {os.getpid()} (" in message
+    assert "`lightpath up --ephemeral-ports`" in message
+    assert not (tmp_path / "logs").exists()  # nothing was started
