@@ -21,14 +21,14 @@ from pathlib import Path
 
 from lightpath.cli._common import print_json, table
 from lightpath.cli.cores import (
-    _call,
+    _client,
     _common,
     add_request_arguments,
     build_request,
     reservation_lines,
 )
 from lightpath.errors import InvalidArgument
-from lightpath.v1 import core_broker_pb2 as pb
+from lightpath.sdk.cores import AsyncCores
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -154,7 +154,6 @@ def print_plan(plan) -> None:
 def cmd_plan(args: argparse.Namespace) -> int:
     from lightpath.graph.expand import expand
     from lightpath.graph.fold import fold, plan_from_proto, plan_to_proto, unfold
-    from lightpath.graph.spec import to_proto
 
     def show(plan) -> int:
         if args.json:
@@ -171,30 +170,26 @@ def cmd_plan(args: argparse.Namespace) -> int:
     except InvalidArgument as err:
         return _refused(err)
 
-    async def body(stub, md):
-        request = pb.PlanGraphRequest(graph=to_proto(spec), unfolded=args.unfolded)
-        return show(plan_from_proto(await stub.PlanGraph(request, metadata=md)))
+    async def body(cores: AsyncCores) -> int:
+        return show(plan_from_proto(await cores.plan_graph(spec, unfolded=args.unfolded)))
 
-    return _call(args, body)
+    return _client(args, body)
 
 
 def cmd_reserve(args: argparse.Namespace) -> int:
-    from lightpath.graph.spec import to_proto
 
     try:
         spec = _load(args.spec)
     except InvalidArgument as err:
         return _refused(err)
 
-    async def body(stub, md):
-        held = await stub.ReserveGraph(
-            pb.ReserveGraphRequest(
-                graph=to_proto(spec),
-                per_process=build_request(args),
-                allow_partial=args.allow_partial,
-                unfolded=args.unfolded,
-            ),
-            metadata=md,
+    async def body(cores: AsyncCores) -> int:
+        held = await cores.reserve_graph(
+            spec,
+            args.reservation_id,
+            per_process=build_request(args),
+            allow_partial=args.allow_partial,
+            unfolded=args.unfolded,
         )
         if args.json:
             print_json(held)
@@ -208,7 +203,7 @@ def cmd_reserve(args: argparse.Namespace) -> int:
         print(f"\n{held.reservation_id}: {len(held.processes)} processes; {state}")
         return 0 if held.complete else 1
 
-    return _call(args, body)
+    return _client(args, body)
 
 
 def print_metrics(m) -> None:
@@ -223,13 +218,8 @@ def print_metrics(m) -> None:
 def cmd_metrics(args: argparse.Namespace) -> int:
     from lightpath.graph.metrics import from_proto
 
-    async def body(stub, md):
-        reply = await stub.GetGraphMetrics(
-            pb.GetGraphMetricsRequest(
-                graph_id=args.graph_id, run_id=args.run, components=args.component
-            ),
-            metadata=md,
-        )
+    async def body(cores: AsyncCores) -> int:
+        reply = await cores.graph_metrics(args.graph_id, run_id=args.run, components=args.component)
         if args.json:
             print_json(reply)
             return 0
@@ -245,7 +235,7 @@ def cmd_metrics(args: argparse.Namespace) -> int:
         f"a run's metrics reach the broker with `lightpath graph run SPEC --report` "
         f"(SPEC the graph {args.graph_id}'s spec)"
     )
-    return _call(args, body, hints={"NOT_FOUND": hint})
+    return _client(args, body, hints={"NOT_FOUND": hint})
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -288,12 +278,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace, metrics) -> int:
-    from lightpath.graph.metrics import to_proto
 
-    async def body(stub, md):
-        reply = await stub.ReportGraphMetrics(
-            pb.ReportGraphMetricsRequest(metrics=to_proto(metrics)), metadata=md
-        )
+    async def body(cores: AsyncCores) -> int:
+        reply = await cores.report_graph_metrics(metrics)
         print(
             f"reported run {reply.run_id} of {reply.graph_id} to the core broker "
             f"({reply.runs} runs kept)",
@@ -301,7 +288,7 @@ def _report(args: argparse.Namespace, metrics) -> int:
         )
         return 0
 
-    return _call(args, body)
+    return _client(args, body)
 
 
 def cmd_example(args: argparse.Namespace) -> int:

@@ -19,7 +19,7 @@ import os
 import time
 from collections.abc import AsyncIterator, Iterable
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from google.protobuf.duration_pb2 import Duration
 from google.protobuf.timestamp_pb2 import Timestamp
@@ -28,8 +28,12 @@ from lightpath.client import DEFAULT_TIMEOUT_S
 from lightpath.sdk._base import AsyncClient, SyncClient, blocking, blocking_iter
 from lightpath.security.credentials import Credentials
 from lightpath.security.identity import OPERATOR
-from lightpath.v1 import common_pb2, core_broker_pb2_grpc
+from lightpath.v1 import common_pb2, core_broker_pb2_grpc, graph_pb2
 from lightpath.v1 import core_broker_pb2 as pb
+
+if TYPE_CHECKING:
+    from lightpath.graph.metrics import RunMetrics
+    from lightpath.graph.spec import GraphSpec
 
 Seconds = float | timedelta
 When = float | datetime | timedelta  # seconds since the epoch, a time, or from now
@@ -91,6 +95,14 @@ def _enum(enum: Any, prefix: str, value: str | int) -> int:
     except ValueError:
         names = [n.removeprefix(prefix).lower() for n in enum.keys()[1:]]
         raise ValueError(f"{value!r} is not one of {', '.join(names)}") from None
+
+
+def _graph_proto(graph: GraphSpec | graph_pb2.GraphSpec) -> graph_pb2.GraphSpec:
+    if isinstance(graph, graph_pb2.GraphSpec):
+        return graph
+    from lightpath.graph.spec import to_proto
+
+    return to_proto(graph)
 
 
 def reservation_request(
@@ -291,6 +303,70 @@ class AsyncCores(AsyncClient):
             req.end.CopyFrom(timestamp(end))
         return await self._call("QueryCapacity", req)  # type: ignore[no-any-return]
 
+    # -- folded dataflow graphs ---------------------------------------------------------
+    # A graph is a lightpath.graph.spec.GraphSpec (load_spec reads one from JSON) or its
+    # proto; it runs here with lightpath.graph.runner.run_graph, whose metrics
+    # report_graph_metrics sends to the broker.
+
+    async def plan_graph(
+        self, graph: GraphSpec | graph_pb2.GraphSpec, *, unfolded: bool = False
+    ) -> graph_pb2.GraphPlan:
+        """The broker's folded plan of `graph` (which components share a process);
+        `unfolded`: one process per component instance."""
+        return await self._call(  # type: ignore[no-any-return]
+            "PlanGraph", pb.PlanGraphRequest(graph=_graph_proto(graph), unfolded=unfolded)
+        )
+
+    async def reserve_graph(
+        self,
+        graph: GraphSpec | graph_pb2.GraphSpec,
+        reservation_id: str,
+        cores: int = 0,
+        duration: Seconds = 0.0,
+        *,
+        allow_partial: bool = False,
+        unfolded: bool = False,
+        per_process: pb.ReservationRequest | None = None,
+        **options: Any,
+    ) -> pb.GraphReservation:
+        """Cores for every process of the graph's plan, all or nothing (`allow_partial`:
+        each on its own); each process asks what `reserve` would (`cores`, `duration`,
+        the same options) under "<reservation_id>.<set>.<instance>". Check `complete`."""
+        if per_process is None:
+            per_process = reservation_request(reservation_id, cores, duration, **options)
+        return await self._call(  # type: ignore[no-any-return]
+            "ReserveGraph",
+            pb.ReserveGraphRequest(
+                graph=_graph_proto(graph),
+                per_process=per_process,
+                allow_partial=allow_partial,
+                unfolded=unfolded,
+            ),
+        )
+
+    async def report_graph_metrics(
+        self, metrics: RunMetrics | graph_pb2.GraphRunMetrics
+    ) -> pb.ReportGraphMetricsResponse:
+        """Send a run's metrics (run_graph's `result.metrics`) to the broker."""
+        if not isinstance(metrics, graph_pb2.GraphRunMetrics):
+            from lightpath.graph.metrics import to_proto
+
+            metrics = to_proto(metrics)
+        return await self._call(  # type: ignore[no-any-return]
+            "ReportGraphMetrics", pb.ReportGraphMetricsRequest(metrics=metrics)
+        )
+
+    async def graph_metrics(
+        self, graph_id: str, *, run_id: str = "", components: Iterable[str] = ()
+    ) -> graph_pb2.GraphRunMetrics:
+        """A reported run's metrics (default the latest); NotFound before any report."""
+        return await self._call(  # type: ignore[no-any-return]
+            "GetGraphMetrics",
+            pb.GetGraphMetricsRequest(
+                graph_id=graph_id, run_id=run_id, components=list(components)
+            ),
+        )
+
     async def register_device(self, device: pb.Device) -> pb.Device:
         """Operator: register or update a device."""
         return await self._call(  # type: ignore[no-any-return]
@@ -326,5 +402,9 @@ class Cores(SyncClient[AsyncCores]):
     watch = blocking_iter(AsyncCores.watch)
     devices = blocking(AsyncCores.devices)
     capacity = blocking(AsyncCores.capacity)
+    plan_graph = blocking(AsyncCores.plan_graph)
+    reserve_graph = blocking(AsyncCores.reserve_graph)
+    report_graph_metrics = blocking(AsyncCores.report_graph_metrics)
+    graph_metrics = blocking(AsyncCores.graph_metrics)
     register_device = blocking(AsyncCores.register_device)
     register_application = blocking(AsyncCores.register_application)

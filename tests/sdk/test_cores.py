@@ -83,3 +83,27 @@ async def test_the_blocking_client(redis_url, monkeypatch):
 
         summary, listed, state = await asyncio.to_thread(app)
         assert summary and listed == "s-1" and state == "RESERVATION_STATE_RELEASED"
+
+
+async def test_graphs_plan_and_reserve(redis_url, tmp_path):
+    from lightpath.graph.examples import fig2a, write_records
+    from lightpath.sdk import NotFound
+
+    write_records(tmp_path / "202.tsv", 10)
+    spec = fig2a(tmp_path / "202.tsv", tmp_path / "out")
+    async with running_broker(redis_url) as b:
+        await b.device("npu-1", 4, kind=pb.DEVICE_KIND_NPU)
+        app = await b.app("etl")
+        token = app[0][1].removeprefix("Bearer ")
+        async with AsyncCores(b.address, token=token) as cores:
+            plan = await cores.plan_graph(spec)
+            assert (plan.processes_before, plan.processes_after) == (10, 3)
+            assert (await cores.plan_graph(spec, unfolded=True)).processes_after == 10
+            held = await cores.reserve_graph(spec, "g-1", cores=1, duration=600)
+            assert held.complete and [p.reservation.reservation_id for p in held.processes] == [
+                "g-1.set-0.0",
+                "g-1.set-1.0",
+                "g-1.set-2.0",
+            ]
+            with pytest.raises(NotFound):
+                await cores.graph_metrics("fig-2a")
