@@ -42,6 +42,9 @@ async def test_json_has_every_field_and_errors_are_json(cell2, capsys, monkeypat
     assert code == 1 and error["code"] == "INVALID_ARGUMENT"
     assert any(v["field"] == "spec.shape.dims[0]" for v in error["field_violations"])
 
+    code, _, err = await run(capsys, "submit", "bad", "--shape", "6x4x4")
+    assert code == 1 and err.count("spec.shape.dims[0]") == 1  # said once, not again below
+
     code, _, err = await run(capsys, "jobs", "--state", "runing", "--json")
     error = json.loads(err)["error"]
     assert code == 1 and "pending, wiring, running" in error["message"]
