@@ -148,6 +148,7 @@ def _run(args: argparse.Namespace) -> int:
         OUTPUT,
         CliError,
         acting_as,
+        environ_restored,
         print_error,
         report_credentials_error,
         wants_json,
@@ -158,11 +159,10 @@ def _run(args: argparse.Namespace) -> int:
     from lightpath.security.identity import IdentityError
 
     OUTPUT.json = wants_json(args)
-    saved_context = os.environ.get("LIGHTPATH_CONTEXT")
-    if args.context:
-        os.environ["LIGHTPATH_CONTEXT"] = args.context
     try:
-        with acting_as(getattr(args, "as_identity", None)):
+        with environ_restored(["LIGHTPATH_CONTEXT"]), acting_as(getattr(args, "as_identity", None)):
+            if args.context:
+                os.environ["LIGHTPATH_CONTEXT"] = args.context
             return int(args.func(args) or 0)
     except ConfigError as exc:
         print_error("CONFIG", str(exc))
@@ -177,11 +177,6 @@ def _run(args: argparse.Namespace) -> int:
         if not OUTPUT.json:
             print_trace_id()
         return 2
-    finally:
-        if saved_context is None:
-            os.environ.pop("LIGHTPATH_CONTEXT", None)
-        else:
-            os.environ["LIGHTPATH_CONTEXT"] = saved_context
 
 
 if __name__ == "__main__":

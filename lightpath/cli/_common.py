@@ -451,11 +451,18 @@ def acting_as(identity: str | None) -> Iterator[None]:
         identity_of(identity)
     except IdentityError as exc:
         raise CredentialsError(f"--as {identity}: {exc}") from None
-    keys = (*_SET_ASIDE_BY_AS, "LIGHTPATH_IDENTITY")
+    with environ_restored((*_SET_ASIDE_BY_AS, "LIGHTPATH_IDENTITY")):
+        for k in _SET_ASIDE_BY_AS:
+            os.environ.pop(k, None)
+        os.environ["LIGHTPATH_IDENTITY"] = identity
+        yield
+
+
+@contextlib.contextmanager
+def environ_restored(keys: Sequence[str]) -> Iterator[None]:
+    """The environment variables `keys` as they were before the block, after it (the CLI
+    runs in-process in tests and scripts: a command's settings must not outlive it)."""
     saved = {k: os.environ.get(k) for k in keys}
-    for k in _SET_ASIDE_BY_AS:
-        os.environ.pop(k, None)
-    os.environ["LIGHTPATH_IDENTITY"] = identity
     try:
         yield
     finally:
