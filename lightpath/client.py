@@ -19,6 +19,9 @@
   by the channel: retrying at once would add to the load that caused it. The
   caller decides, waiting at least `error_report(err).retry_delay_s` when the
   server gave one.
+* `rpc_error(err)` turns a failed call into the lightpath.errors class of its
+  code (NotFound, InvalidArgument, ...) with the details decoded; the SDK
+  (lightpath.sdk) raises those.
 * Calls are traced (lightpath.telemetry) and carry the trace context.
 * Credentials (lightpath.security.credentials): TLS with the caller's
   certificate and/or a bearer token; by default whatever
@@ -36,6 +39,7 @@ import grpc
 from google.rpc import error_details_pb2, status_pb2
 from opentelemetry.sdk.trace import TracerProvider
 
+from lightpath.errors import LightpathError, error_from_status
 from lightpath.security.credentials import Credentials
 from lightpath.telemetry import client_interceptors
 
@@ -103,6 +107,8 @@ class ErrorReport:
     field_violations: list[tuple[str, str]] = field(default_factory=list)
     precondition_violations: list[tuple[str, str]] = field(default_factory=list)
     retry_delay_s: float | None = None  # google.rpc.RetryInfo: wait this long before a retry
+    metadata: dict[str, str] = field(default_factory=dict)  # google.rpc.ErrorInfo.metadata
+    resource: tuple[str, str] | None = None  # google.rpc.ResourceInfo: (type, name)
 
     def __str__(self) -> str:
         return f"{self.code.name}: {self.message}"
@@ -114,12 +120,16 @@ def error_report(err: grpc.aio.AioRpcError | grpc.RpcError) -> ErrorReport:
     for key, value in trailers:
         if key != "grpc-status-details-bin":
             continue
-        status = status_pb2.Status.FromString(value)
+        try:
+            status = status_pb2.Status.FromString(value)
+        except Exception:  # not a google.rpc.Status: the code and message are all there is
+            continue
         for detail in status.details:
             if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
                 info = error_details_pb2.ErrorInfo()
                 detail.Unpack(info)
                 report.reason = info.reason
+                report.metadata = dict(info.metadata)
             elif detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
                 bad = error_details_pb2.BadRequest()
                 detail.Unpack(bad)
@@ -134,7 +144,27 @@ def error_report(err: grpc.aio.AioRpcError | grpc.RpcError) -> ErrorReport:
                 retry = error_details_pb2.RetryInfo()
                 detail.Unpack(retry)
                 report.retry_delay_s = retry.retry_delay.ToNanoseconds() / 1e9
+            elif detail.Is(error_details_pb2.ResourceInfo.DESCRIPTOR):
+                res = error_details_pb2.ResourceInfo()
+                detail.Unpack(res)
+                report.resource = (res.resource_type, res.resource_name)
     return report
+
+
+def rpc_error(err: grpc.aio.AioRpcError | grpc.RpcError) -> LightpathError:
+    """The lightpath.errors exception of a failed call (NotFound, InvalidArgument, ...:
+    one class per status code), with its details decoded; `raise rpc_error(err) from err`."""
+    report = error_report(err)
+    return error_from_status(
+        report.code.name,
+        report.message,
+        reason=report.reason,
+        metadata=report.metadata,
+        field_violations=report.field_violations,
+        precondition_violations=report.precondition_violations,
+        retry_delay_s=report.retry_delay_s,
+        resource=report.resource,
+    )
 
 
 def service_stub(service: str, ch: grpc.aio.Channel) -> Any:

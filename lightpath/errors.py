@@ -4,6 +4,11 @@ Pure code (services' domain modules, the SDK's graph planner) raises these and
 never imports grpc. On a server, services.common.errors.to_status_proto turns
 one into a gRPC status whose message names the field and the rule, with
 google.rpc details; anything else escaping a servicer is a bug (INTERNAL).
+
+On a client the same classes come back: `lightpath.client.rpc_error` turns a
+failed call into the class of its status code (`error_from_status`), carrying
+the decoded details (`violations`, `precondition_violations`, `reason`,
+`metadata`, `retry_delay_s`), so `except NotFound` reads the same on both sides.
 """
 
 from __future__ import annotations
@@ -29,6 +34,15 @@ class LightpathError(Exception):
 
     code = "UNKNOWN"
     reason = "LIGHTPATH_ERROR"
+    # Decoded from a failed call's google.rpc details (error_from_status); a
+    # server-side error sets those it has (InvalidArgument: violations).
+    violations: list[FieldViolation] = []  # noqa: RUF012 - read-only default
+    precondition_violations: list[FieldViolation] = []  # noqa: RUF012 - (subject, rule)
+    retry_delay_s: float | None = None
+    # Set by the SDK on a client: the address it called and where that came from
+    # (a setting, the local stack), for messages like "no cell at ... (from ...)".
+    address: str = ""
+    address_source: str = ""
 
     def __init__(
         self, message: str, *, reason: str | None = None, metadata: Mapping[str, str] | None = None
@@ -155,3 +169,83 @@ class Unavailable(_Retryable):
 class DeadlineExceeded(LightpathError):
     code = "DEADLINE_EXCEEDED"
     reason = "DEADLINE_EXCEEDED"
+
+
+class AlreadyExists(LightpathError):
+    code = "ALREADY_EXISTS"
+    reason = "ALREADY_EXISTS"
+
+
+class OutOfRange(LightpathError):
+    code = "OUT_OF_RANGE"
+    reason = "OUT_OF_RANGE"
+
+
+class Cancelled(LightpathError):
+    """The call was cancelled (by the caller, or the server going away mid-call)."""
+
+    code = "CANCELLED"
+    reason = "CANCELLED"
+
+
+class Unimplemented(LightpathError):
+    code = "UNIMPLEMENTED"
+    reason = "UNIMPLEMENTED"
+
+
+class Internal(LightpathError):
+    """A bug on the server; its log has the details (by the call's trace id)."""
+
+    code = "INTERNAL"
+    reason = "INTERNAL"
+
+
+ERRORS_BY_CODE: dict[str, type[LightpathError]] = {
+    cls.code: cls
+    for cls in (
+        InvalidArgument,
+        NotFound,
+        FailedPrecondition,
+        Aborted,
+        ResourceExhausted,
+        Unauthenticated,
+        PermissionDenied,
+        Unavailable,
+        DeadlineExceeded,
+        AlreadyExists,
+        OutOfRange,
+        Cancelled,
+        Unimplemented,
+        Internal,
+    )
+}
+
+
+def error_from_status(
+    code: str,
+    message: str,
+    *,
+    reason: str = "",
+    metadata: Mapping[str, str] | None = None,
+    field_violations: Iterable[tuple[str, str]] = (),
+    precondition_violations: Iterable[tuple[str, str]] = (),
+    retry_delay_s: float | None = None,
+    resource: tuple[str, str] | None = None,
+) -> LightpathError:
+    """The error of status `code` (a grpc.StatusCode name) as its class in ERRORS_BY_CODE
+    (LightpathError for the others, with `code` kept), with what the details said.
+    Built without the class's own constructor: the message is the server's, as sent."""
+    cls = ERRORS_BY_CODE.get(code, LightpathError)
+    err = cls.__new__(cls)
+    LightpathError.__init__(err, message, reason=reason or None, metadata=metadata)
+    if cls is LightpathError:
+        err.code = code
+    err.violations = [FieldViolation(f, r) for f, r in field_violations]
+    err.precondition_violations = [FieldViolation(s, r) for s, r in precondition_violations]
+    err.retry_delay_s = retry_delay_s
+    if isinstance(err, FailedPrecondition):
+        first = err.precondition_violations[:1]
+        err.subject, err.rule = (first[0].field, first[0].rule) if first else ("", message)
+    if isinstance(err, NotFound):
+        err.resource_type, err.name = resource or ("", "")
+    return err

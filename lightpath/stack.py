@@ -222,6 +222,52 @@ class StackError(RuntimeError):
     pass
 
 
+def busy_ports(ports: Mapping[int, str], host: str = "127.0.0.1") -> list[str]:
+    """For each port of `ports` (port -> what wants it) that something already listens on:
+    "port 50051 (cell-scheduler) is held by pid 123 (python -m lightpath up)"."""
+    import socket
+
+    out = []
+    for port, what in sorted(ports.items()):
+        if not port:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT is no holder
+            try:
+                s.bind((host, port))
+            except OSError:
+                out.append(f"port {port} ({what}) is held by {port_holder(port)}")
+    return out
+
+
+def port_holder(port: int) -> str:
+    """Who listens on TCP `port` on this host: "pid 123 (its command line)", from /proc;
+    "another process" when that cannot be seen (another user's, or no /proc)."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if (
+                len(fields) > 9
+                and fields[3] == "0A"
+                and int(fields[1].rsplit(":", 1)[1], 16) == port
+            ):
+                inodes.add(f"socket:[{fields[9]}]")
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            for fd in (proc / "fd").iterdir():
+                if os.readlink(fd) in inodes:
+                    cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+                    return f"pid {proc.name} ({cmdline.strip()[:120]})"
+        except OSError:
+            continue
+    return "another process"
+
+
 class Stack:
     """Redis + the topology's processes. `start()`, `stop()`, or use as a context manager."""
 
@@ -273,6 +319,19 @@ class Stack:
         return Credentials.local(Principal(OPERATOR, OPERATOR), self.state_dir, tls=self.tls)
 
     def start(self, timeout: float = 60.0) -> None:
+        """Start everything; StackError at once when a port it needs is taken (a second
+        stack's health probes would otherwise reach the first one's services)."""
+        wanted = {s.port: s.name for s in self.specs}
+        wanted.update({s.metrics_port: f"{s.name} metrics" for s in self.specs if s.metrics_port})
+        if not self.redis_url:
+            wanted[self.redis_port] = "embedded redis"
+        taken = busy_ports(wanted)
+        if taken:
+            raise StackError(
+                "; ".join(taken)
+                + ": stop that (`lightpath status` in its directory shows a running stack), "
+                "or start this one with `lightpath up --ephemeral-ports`"
+            )
         self.state_dir.mkdir(parents=True, exist_ok=True)
         (self.state_dir / "logs").mkdir(exist_ok=True)
         try:
@@ -471,15 +530,32 @@ def running_stack(state_dir: Path | None = None) -> StackInfo | None:
 
 
 def endpoint(name: str, env_var: str, state_dir: Path | None = None) -> str:
-    """Where to reach `name`: $env_var, else the running local stack, else the default port."""
+    """Where to reach `name`: $env_var, else the context in use (lightpath.config), else the
+    running local stack, else the default port."""
+    return located(name, env_var, state_dir)[0]
+
+
+def located(name: str, env_var: str, state_dir: Path | None = None) -> tuple[str, str]:
+    """`endpoint`'s answer and where it came from, for messages: "LIGHTPATH_CELL_ADDR",
+    "the local stack in .lightpath" or "the local stack's default port: no stack ..." """
+    from lightpath.config import current_context
+
     if os.environ.get(env_var):
-        return os.environ[env_var]
+        return os.environ[env_var], env_var
+    context = current_context()
+    if context is not None and name in context.addresses:
+        return context.addresses[name], f"context {context.name} in {context.path}"
+    directory = state_dir or default_state_dir()
     stack = running_stack(state_dir)
     if stack and name in stack.endpoints:
-        return stack.endpoints[name]
+        return stack.endpoints[name], f"the local stack in {directory}"
     for spec in default_topology():
         if spec.name == name:
-            return f"127.0.0.1:{spec.port}"
+            return (
+                f"127.0.0.1:{spec.port}",
+                f"the local stack's default port: no stack is running in {directory} "
+                f"and {env_var} is unset",
+            )
     raise KeyError(name)
 
 

@@ -14,6 +14,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from lightpath.cli._common import environ_restored
 from lightpath.embedded_redis import EmbeddedRedis
 
 # Fixtures that several test modules share: `restartable_redis`.
@@ -34,23 +35,28 @@ def operator_credentials() -> Iterator[None]:
     from tests.helpers import identity
 
     files = identity("operator:operator")
-    saved = {k: os.environ.get(k) for k in _TLS_ENV}
-    os.environ.update(
-        {
-            "LIGHTPATH_TLS_CA": str(files.ca),
-            "LIGHTPATH_TLS_CERT": str(files.cert),
-            "LIGHTPATH_TLS_KEY": str(files.key),
-        }
-    )
-    yield
-    for k, v in saved.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
+    with environ_restored(_TLS_ENV):
+        os.environ.update(
+            {
+                "LIGHTPATH_TLS_CA": str(files.ca),
+                "LIGHTPATH_TLS_CERT": str(files.cert),
+                "LIGHTPATH_TLS_KEY": str(files.key),
+            }
+        )
+        yield
 
 
 _TLS_ENV = ("LIGHTPATH_TLS_CA", "LIGHTPATH_TLS_CERT", "LIGHTPATH_TLS_KEY")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_user_config(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """No config file of the machine's user (its contexts) reaches a test: LIGHTPATH_CONFIG
+    names a file that does not exist, unless a test sets another."""
+    with environ_restored(("LIGHTPATH_CONFIG", "LIGHTPATH_CONTEXT")):
+        os.environ["LIGHTPATH_CONFIG"] = str(tmp_path_factory.mktemp("config") / "none.toml")
+        os.environ.pop("LIGHTPATH_CONTEXT", None)
+        yield
 
 
 @pytest.fixture(scope="session")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -152,3 +153,10 @@ async def one_of_each(
     broker = await stack.enter_async_context(serve("core_broker", redis_url, extra.get("broker")))
     agg = await stack.enter_async_context(serve("agg_switch", redis_url, extra.get("agg")))
     return {"cell": cell, "ws": ws, "ocs": ocs, "broker": broker, "agg": agg}
+
+
+# The seed's figures, paragraphs and requirement ids: in code comments and docs, never
+# in what a user reads (help, command and demo output).
+PATENT_REFERENCE = re.compile(
+    r"Fig\.|¶|\bseed\b|\b(?:CS|WS|CB|AG|OCS|GF|SW|X)-\d+\b|\bprocess 400\b"
+)

@@ -1,8 +1,11 @@
 from __future__ import annotations
 
+import argparse
+
 import pytest
 
 from lightpath.cli import build_parser, main
+from tests.helpers import PATENT_REFERENCE
 
 
 def test_help_lists_the_stack_commands(capsys):
@@ -51,3 +54,105 @@ def test_help_names_the_identity_settings(capsys):
         assert name in out
     for command in ("tenant", "token", "audit", "whoami"):
         assert command in out
+
+
+def test_with_nothing_listening_the_error_names_the_address_its_setting_and_lightpath_up(
+    monkeypatch, capsys
+):
+    from lightpath.embedded_redis import free_port
+
+    address = f"127.0.0.1:{free_port()}"
+    monkeypatch.setenv("LIGHTPATH_CELL_ADDR", address)
+    assert main(["jobs"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("error: UNAVAILABLE") == 1
+    assert f"next: nothing answers at {address}, taken from LIGHTPATH_CELL_ADDR\n" in err
+    assert "next: start a local stack with `lightpath up`" in err
+
+
+def test_the_default_address_says_where_it_came_from(tmp_path, monkeypatch):
+    from lightpath.stack import located
+
+    monkeypatch.delenv("LIGHTPATH_CELL_ADDR", raising=False)
+    address, source = located("cell-scheduler", "LIGHTPATH_CELL_ADDR", tmp_path)
+    assert address == "127.0.0.1:50051"
+    assert source == (
+        f"the local stack's default port: no stack is running in {tmp_path} "
+        "and LIGHTPATH_CELL_ADDR is unset"
+    )
+    monkeypatch.setenv("LIGHTPATH_CELL_ADDR", "cell.example:443")
+    assert located("cell-scheduler", "LIGHTPATH_CELL_ADDR", tmp_path) == (
+        "cell.example:443",
+        "LIGHTPATH_CELL_ADDR",
+    )
+
+
+def _arguments(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()):
+    """(command path, what, help text) of every command and argument, at every depth."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for choice in action._choices_actions:
+                yield (*path, choice.dest), "command", choice.help
+            for name, child in action.choices.items():
+                yield from _arguments(child, (*path, name))
+        elif not isinstance(action, (argparse._HelpAction, argparse._VersionAction)):
+            yield path, "/".join(action.option_strings) or action.dest, action.help
+
+
+def test_every_argument_has_help_and_no_help_cites_the_patents():
+    seen = list(_arguments(build_parser()))
+    assert len(seen) > 200  # every command of every topic was walked
+    missing = [(" ".join(p), what) for p, what, text in seen if not text]
+    assert missing == []
+    cited = [
+        (" ".join(p), what, text)
+        for p, what, text in seen
+        if text and text != argparse.SUPPRESS and PATENT_REFERENCE.search(text)
+    ]
+    assert cited == []
+
+
+def test_completion_follows_the_parser(capsys):
+    assert main(["completion", "bash"]) == 0
+    script = capsys.readouterr().out
+    assert "complete -o default -F _lightpath_complete lightpath" in script
+    assert "lightpath __complete" in script
+    assert main(["completion", "zsh"]) == 0
+    assert capsys.readouterr().out.startswith("autoload -U +X bashcompinit")
+
+    def complete(*words: str) -> list[str]:
+        assert main(["__complete", *words]) == 0
+        return capsys.readouterr().out.splitlines()
+
+    top = complete()
+    assert {"submit", "jobs", "cores", "agg", "completion", "--as"} <= set(top)
+    assert "__complete" not in top
+    assert {"reserve", "extend", "release", "list"} <= set(complete("cores"))
+    assert {"--all", "--page-token", "--output", "--no-headers", "--state"} <= set(complete("jobs"))
+    assert complete("submit", "j1", "--class") == ["high", "low", "medium"]
+    assert complete("jobs", "-o") == ["table", "wide", "json", "yaml", "name"]
+    assert {"--all", "--page-token"} <= set(complete("--as", "acme", "cores", "list"))
+
+
+def test_up_on_a_taken_port_fails_at_once_naming_the_port_and_its_holder(tmp_path, capsys):
+    import os
+    import socket
+
+    from lightpath.stack import ProcessSpec, Stack, StackError
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        stack = Stack(
+            tmp_path,
+            specs=[ProcessSpec("cell-scheduler", "cell_scheduler", port)],
+            redis_port=0,
+            log=lambda *_: None,
+        )
+        with pytest.raises(StackError) as err:
+            stack.start()
+    message = str(err.value)
+    assert f"port {port} (cell-scheduler) is held by pid {os.getpid()} (" in message
+    assert "`lightpath up --ephemeral-ports`" in message
+    assert not (tmp_path / "logs").exists()  # nothing was started

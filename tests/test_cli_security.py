@@ -207,6 +207,10 @@ def test_a_token_names_the_caller_where_it_is_accepted(on_stack, capsys, monkeyp
     listed = run_json(capsys, "token", "list", "--principal", "beta")
     assert [t["token_id"] for t in listed] == [made["token_id"]]
     assert "token" not in listed[0]  # never the secret
+    code, out, _ = run(capsys, "token", "list", "--principal", "beta", "-o", "name")
+    assert code == 0 and out.split() == [made["token_id"]]
+    code, out, _ = run(capsys, "token", "list", "--principal", "beta", "--no-headers")
+    assert out.split()[:2] == [made["token_id"], "tenant:beta"]
 
     # the CLI still presents the operator's certificate; the token names the principal
     monkeypatch.setenv("LIGHTPATH_TOKEN", made["token"])
@@ -246,6 +250,7 @@ def test_tenant_create_with_a_token(on_stack, capsys):
     listed = run_json(capsys, "tenant", "list")
     assert listed["tokens_known"]
     gamma = next(t for t in listed["tenants"] if t["tenant"] == "gamma")
+    assert "gamma" in run(capsys, "tenant", "list", "-o", "name")[1].split()
     assert gamma["certificate"] and gamma["tokens"][0]["token_id"] == made["token_id"]
 
     again = run_json(capsys, "tenant", "create", "gamma", "--token")
@@ -261,7 +266,16 @@ def test_audit_shows_who_did_what(on_stack, capsys):
     _submit(capsys, "audited-1", "--as", "audited")
     assert run(capsys, "--as", "audited", "pods")[0] == 1
 
-    entries = run_json(capsys, "audit", "--principal", "tenant:audited")
+    # A refused call's audit line is written as the call ends on the server, which may
+    # be just after the caller has its answer: read until it is there.
+    deadline = time.monotonic() + 15
+    while True:
+        entries = run_json(capsys, "audit", "--principal", "tenant:audited")
+        if any(e["method"].endswith("/ListPods") for e in entries):
+            break
+        if time.monotonic() > deadline:
+            break  # the assertions below say what is missing
+        time.sleep(0.1)
     submits = [e for e in entries if e["method"].endswith("CellScheduler/SubmitJob")]
     assert submits and submits[0]["code"] == "OK"
     assert submits[0]["resources"]["spec.job_id"] == "audited-1"
@@ -270,6 +284,10 @@ def test_audit_shows_who_did_what(on_stack, capsys):
     assert denied and denied[0]["code"] == "PERMISSION_DENIED"
     assert "needs the role operator" in denied[0]["message"]
     assert entries == sorted(entries, key=lambda e: e["ts"])
+    code, out, _ = run(capsys, "audit", "--principal", "audited", "-o", "yaml", "--denied")
+    assert code == 0 and '"code": "PERMISSION_DENIED"' in out
+    code, out, _ = run(capsys, "audit", "--principal", "audited", "--no-headers")
+    assert code == 0 and not out.startswith("time") and "SubmitJob" in out
     # a tenant's bare name is the same principal
     assert run_json(capsys, "audit", "--principal", "audited") == entries
 

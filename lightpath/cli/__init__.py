@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from lightpath import __version__
@@ -23,6 +24,8 @@ COMMAND_MODULES = (
     "lightpath.cli.cores",
     "lightpath.cli.graph",
     "lightpath.cli.cell",
+    "lightpath.cli.completion",
+    "lightpath.cli.contexts",
 )
 
 AS_HELP = (
@@ -44,6 +47,9 @@ who you are (every command that calls a service):
                          the principal it names is the caller, certificate or not
   LIGHTPATH_PLAINTEXT=true
                          no TLS (a plaintext deployment)
+  LIGHTPATH_CONFIG, LIGHTPATH_CONTEXT
+                         contexts: remote stacks' addresses and credentials in a config
+                         file (default ~/.config/lightpath/config.toml), and the one to use
 `lightpath whoami` shows what a command presents; `lightpath audit` shows who did what.
 """
 
@@ -57,6 +63,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"lightpath {__version__}")
     parser.add_argument("--as", dest="as_identity", metavar="IDENTITY", help=AS_HELP)
+    parser.add_argument(
+        "--context",
+        metavar="NAME",
+        help="use the context NAME of the config file (addresses and credentials of a remote "
+        "stack; `lightpath contexts` lists them); default $LIGHTPATH_CONTEXT, else the "
+        "file's current_context",
+    )
     parser.add_argument(
         "-v",
         "--verbose",
@@ -99,32 +112,70 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["__complete"]:
+        from lightpath.cli.completion import complete
+
+        return complete(parser, argv[1:])
     args = parser.parse_args(argv)
-    with command_span(command_words(parser, argv)) as span:
-        code = _run(args)
-        failed(span, code)
-        if args.verbose:
-            print_trace_id()
-        return code
+    try:
+        with command_span(command_words(parser, argv)) as span:
+            code = _run(args)
+            failed(span, code)
+            if args.verbose:
+                print_trace_id()
+            return code
+    except BrokenPipeError:
+        return _stdout_closed()
+
+
+def _stdout_closed() -> int:
+    """The reader of stdout went away (`lightpath jobs --json | head`): stop quietly.
+    stdout now points at /dev/null, so the interpreter's last flush cannot fail again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # stdout is no real file (captured in tests)
+        pass
+    finally:
+        os.close(devnull)
+    return 0
 
 
 def _run(args: argparse.Namespace) -> int:
-    """The command's exit code; the CLI's own errors on stderr, with the trace id."""
-    from lightpath.cli._common import CliError, acting_as, report_credentials_error
+    """The command's exit code; the CLI's own errors on stderr, with the trace id (one
+    JSON object on stderr when the command prints JSON)."""
+    from lightpath.cli._common import (
+        OUTPUT,
+        CliError,
+        acting_as,
+        environ_restored,
+        print_error,
+        report_credentials_error,
+        wants_json,
+    )
     from lightpath.cli.tracing import print_trace_id
+    from lightpath.config import ConfigError
     from lightpath.security.credentials import CredentialsError
     from lightpath.security.identity import IdentityError
 
+    OUTPUT.json = wants_json(args)
     try:
-        with acting_as(getattr(args, "as_identity", None)):
+        with environ_restored(["LIGHTPATH_CONTEXT"]), acting_as(getattr(args, "as_identity", None)):
+            if args.context:
+                os.environ["LIGHTPATH_CONTEXT"] = args.context
             return int(args.func(args) or 0)
+    except ConfigError as exc:
+        print_error("CONFIG", str(exc))
+        return 2
     except CliError as exc:
-        print(f"error: {exc.message}", file=sys.stderr)
-        print_trace_id()
+        print_error("CLI", exc.message)
+        if not OUTPUT.json:
+            print_trace_id()
         return exc.code
     except (CredentialsError, IdentityError) as exc:
         report_credentials_error(exc)
-        print_trace_id()
+        if not OUTPUT.json:
+            print_trace_id()
         return 2
 
 

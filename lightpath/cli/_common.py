@@ -1,8 +1,15 @@
-"""Helpers shared by the CLI topics: --json output, tables, readable errors.
+"""Helpers shared by the CLI topics: output (--json, -o, tables), readable errors.
+
+Output: `--json` prints every field of the answer, zeros included, numbers as
+numbers (`to_jsonable`); streams print one compact object a line. List commands
+take `-o table|wide|json|yaml|name` and `--no-headers` (`add_list_output`,
+`print_list`). With JSON output an error is one JSON object on stderr
+(`{"error": {...}}`) and the exit code is not 0.
 
 Errors a person reads say what went wrong and what to do next (run `lightpath up`,
-`lightpath tenant create acme`, `--as operator`, ...); `report_rpc_error` does it
-for gRPC errors, `report_credentials_error` for a credential the CLI cannot find.
+`lightpath tenant create acme`, `--as operator`, ...); `report_error` does it
+for a failed call (a lightpath.errors class, as the SDK raises them),
+`report_credentials_error` for a credential the CLI cannot find.
 """
 
 from __future__ import annotations
@@ -13,15 +20,18 @@ import contextlib
 import json
 import os
 import sys
-from collections.abc import Callable, Coroutine, Iterator, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
 from typing import Any
 
 import grpc
 from google.protobuf import json_format
 from google.protobuf.message import Message
 
-from lightpath.client import error_report
+from lightpath.client import rpc_error
+from lightpath.errors import LightpathError
 from lightpath.security.credentials import Credentials, CredentialsError
+
+OUTPUT_FORMATS = ("table", "wide", "json", "yaml", "name")
 
 
 class CliError(Exception):
@@ -34,13 +44,72 @@ class CliError(Exception):
         self.code = code
 
 
+class _Output:
+    """How this command prints errors: `json` True with --json / -o json|yaml."""
+
+    json = False
+
+
+OUTPUT = _Output()
+
+
+def wants_json(args: argparse.Namespace) -> bool:
+    return bool(getattr(args, "json", False)) or getattr(args, "output", None) in ("json", "yaml")
+
+
 def add_json_flag(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="print machine-readable JSON: every field, zeros included; errors as one JSON "
+        "object on stderr",
+    )
+
+
+def add_list_output(parser: argparse.ArgumentParser) -> None:
+    """--json, -o/--output and --no-headers of a list command."""
+    add_json_flag(parser)
+    parser.add_argument(
+        "-o",
+        "--output",
+        choices=OUTPUT_FORMATS,
+        default=None,
+        help="table (default), wide (every column, nothing shortened), json (= --json), "
+        "yaml, or name (one id a line)",
+    )
+    parser.add_argument(
+        "--no-headers", action="store_true", help="tables without the header lines (scripts)"
+    )
+
+
+def add_parallelism_flags(parser: argparse.ArgumentParser, *, default: int, note: str = "") -> None:
+    """--data, --pipeline and --layer: the degrees of the three kinds of parallelism."""
+    for degree in ("data", "pipeline", "layer"):
+        parser.add_argument(
+            f"--{degree}",
+            type=int,
+            default=default,
+            metavar="N",
+            help=f"{degree}-parallelism degree; the three multiply to the chip count{note}",
+        )
+
+
+def output_format(args: argparse.Namespace) -> str:
+    if getattr(args, "json", False):
+        return "json"
+    return getattr(args, "output", None) or "table"
 
 
 def to_jsonable(value: Any) -> Any:
+    """A protobuf message as JSON data with every field (zeros and empty lists too), the
+    proto's field names, int64 as numbers; dicts and lists of them likewise."""
     if isinstance(value, Message):
-        return json_format.MessageToDict(value, preserving_proto_field_name=True)
+        return json_format.MessageToDict(
+            value,
+            preserving_proto_field_name=True,
+            always_print_fields_with_no_presence=True,
+            unquote_int64_if_possible=True,
+        )
     if isinstance(value, dict):
         return {k: to_jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
@@ -52,21 +121,110 @@ def print_json(value: Any) -> None:
     print(json.dumps(to_jsonable(value), indent=2, sort_keys=True))
 
 
-def table(rows: Sequence[Sequence[Any]], headers: Sequence[str]) -> str:
+def print_json_line(value: Any) -> None:
+    """One compact JSON object on one line, flushed (streams: `watch --json`)."""
+    print(json.dumps(to_jsonable(value), sort_keys=True, separators=(",", ":")), flush=True)
+
+
+def to_yaml(value: Any, indent: int = 0) -> str:
+    """JSON data as block-style YAML (strings quoted as JSON, which YAML reads)."""
+    pad = " " * indent
+    if isinstance(value, dict):
+        if not value:
+            return pad + "{}"
+        lines = []
+        for k in sorted(value):
+            v = value[k]
+            key = json.dumps(str(k))
+            if isinstance(v, (dict, list)) and v:
+                lines.append(f"{pad}{key}:\n{to_yaml(v, indent + 2)}")
+            else:
+                lines.append(f"{pad}{key}: {to_yaml(v).strip()}")
+        return "\n".join(lines)
+    if isinstance(value, list):
+        if not value:
+            return pad + "[]"
+        lines = []
+        for v in value:
+            if isinstance(v, (dict, list)) and v:
+                inner = to_yaml(v, indent + 2)
+                lines.append(f"{pad}- {inner.lstrip()}")
+            else:
+                lines.append(f"{pad}- {to_yaml(v).strip()}")
+        return "\n".join(lines)
+    return pad + json.dumps(value)
+
+
+def print_yaml(value: Any) -> None:
+    print(to_yaml(to_jsonable(value)))
+
+
+def clip(text: str, width: int) -> str:
+    """`text` cut to `width` characters, with an ellipsis when it was longer."""
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def table(
+    rows: Sequence[Sequence[Any]], headers: Sequence[str], *, show_headers: bool = True
+) -> str:
     cells = [list(map(str, headers)), *[[str(c) for c in r] for r in rows]]
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells]
+    if not show_headers:
+        return "\n".join(lines[1:])
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
 
 
-def run_rpc(fn: Callable[[], Coroutine[Any, Any, int | None]]) -> int:
-    """Run an async CLI action; a gRPC error becomes a readable message (with what to do
-    next) on stderr and exit code 1; a credential the CLI cannot find, exit code 2."""
+def print_list(
+    args: argparse.Namespace,
+    key: str,
+    items: Sequence[Any],
+    columns: Callable[[bool], tuple[list[str], list[Sequence[Any]]]],
+    name: Callable[[Any], str],
+    *,
+    next_page_token: str = "",
+    data: Any = None,
+) -> None:
+    """A list answer in the command's output format: `{key: [...], "next_page_token"}`
+    (or `data`, when the command's JSON has another shape) as JSON/YAML; a table
+    (`columns(wide)` gives headers and rows); or names. A page with more after it says
+    so on stderr, with the flags that fetch the rest."""
+    fmt = output_format(args)
+    if fmt in ("json", "yaml"):
+        if data is None:
+            data = {key: list(items), "next_page_token": next_page_token}
+        data = to_jsonable(data)
+        print(
+            json.dumps(data, indent=2, sort_keys=True, ensure_ascii=False)
+            if fmt == "json"
+            else to_yaml(data)
+        )
+    elif fmt == "name":
+        for item in items:
+            print(name(item))
+    else:
+        headers, rows = columns(fmt == "wide")
+        if rows or not args.no_headers:
+            print(table(rows, headers, show_headers=not args.no_headers))
+    if next_page_token and fmt not in ("json", "yaml"):
+        print(
+            f"more {key}: --all lists every one, --page-token {next_page_token} the next page",
+            file=sys.stderr,
+        )
+
+
+def run_rpc(
+    fn: Callable[[], Coroutine[Any, Any, int | None]], *, hints: Mapping[str, str] | None = None
+) -> int:
+    """Run an async CLI action; a failed call becomes a readable message (with what to do
+    next, and `hints[code]` when the command has one for that status code) on stderr and
+    exit code 1; a credential the CLI cannot find, exit code 2."""
     try:
         return int(asyncio.run(fn()) or 0)
-    except grpc.aio.AioRpcError as err:
-        report_rpc_error(err)
+    except (grpc.aio.AioRpcError, LightpathError) as err:
+        exc = rpc_error(err) if isinstance(err, grpc.aio.AioRpcError) else err
+        report_error(exc, [hints[exc.code]] if hints and exc.code in hints else [])
         return 1
     except CredentialsError as exc:
         report_credentials_error(exc)
@@ -74,42 +232,51 @@ def run_rpc(fn: Callable[[], Coroutine[Any, Any, int | None]]) -> int:
 
 
 def report_credentials_error(exc: Exception) -> None:
-    print(f"error: {exc}", file=sys.stderr)
+    print_error("CREDENTIALS", str(exc))
 
 
-def report_rpc_error(err: grpc.aio.AioRpcError | grpc.RpcError) -> None:
-    """`error: CODE: message`, the field violations, then `next: ...` lines."""
-    report = error_report(err)
-    print(f"error: {report}", file=sys.stderr)
-    for field, rule in report.field_violations:
-        print(f"  {field}: {rule}", file=sys.stderr)
-    for subject, rule in report.precondition_violations:
-        if rule not in report.message:
-            print(f"  {subject}: {rule}", file=sys.stderr)
-    for line in next_steps(report.code, report.message, report.reason, error_metadata(err)):
-        print(f"next: {line}", file=sys.stderr)
+def print_error(code: str, message: str, **more: Any) -> None:
+    """`error: message` on stderr; with JSON output one object `{"error": {...}}`."""
+    from lightpath.cli.tracing import trace_id
+
+    if OUTPUT.json:
+        body = {"code": code, "message": message, **more, "trace_id": trace_id()}
+        print(json.dumps({"error": body}, sort_keys=True), file=sys.stderr)
+    else:
+        print(f"error: {message}", file=sys.stderr)
+
+
+def report_error(exc: LightpathError, hints: Sequence[str] = ()) -> None:
+    """`error: CODE: message`, the field violations, then `next: ...` lines (the command's
+    own `hints` first); with JSON output the same as one JSON object on stderr."""
     from lightpath.cli.tracing import print_trace_id
 
+    steps = [*hints, *next_steps(exc)]
+    if OUTPUT.json:
+        print_error(
+            exc.code,
+            exc.message,
+            reason=exc.reason,
+            field_violations=[{"field": v.field, "description": v.rule} for v in exc.violations],
+            precondition_violations=[
+                {"subject": v.field, "description": v.rule} for v in exc.precondition_violations
+            ],
+            retry_delay_s=exc.retry_delay_s,
+            metadata=exc.metadata,
+            address=exc.address,
+            next=steps,
+        )
+        return
+    print(f"error: {exc.code}: {exc.message}", file=sys.stderr)
+    for v in exc.violations:
+        if f"{v.field}: {v.rule}" not in exc.message:
+            print(f"  {v.field}: {v.rule}", file=sys.stderr)
+    for v in exc.precondition_violations:
+        if v.rule not in exc.message:
+            print(f"  {v.field}: {v.rule}", file=sys.stderr)
+    for line in steps:
+        print(f"next: {line}", file=sys.stderr)
     print_trace_id()
-
-
-def error_metadata(err: grpc.aio.AioRpcError | grpc.RpcError) -> dict[str, str]:
-    """google.rpc.ErrorInfo.metadata of a failed call ({} when it has none)."""
-    from google.rpc import error_details_pb2, status_pb2
-
-    for key, value in err.trailing_metadata() or ():  # type: ignore[attr-defined]
-        if key != "grpc-status-details-bin":
-            continue
-        try:
-            status = status_pb2.Status.FromString(value)
-        except Exception:
-            return {}
-        for detail in status.details:
-            if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
-                info = error_details_pb2.ErrorInfo()
-                detail.Unpack(info)
-                return dict(info.metadata)
-    return {}
 
 
 def current_credentials() -> Credentials | None:
@@ -146,16 +313,19 @@ def describe_credentials(creds: Credentials | None) -> str:
             if creds.cert
             else "LIGHTPATH_TLS_CA is set but LIGHTPATH_TLS_CERT is not"
         )
+    if creds.source.startswith("context "):
+        who = presented_principal(creds)
+        return f"the credentials of {creds.source}" + (f" ({who})" if who else "")
     if creds.source.startswith("local"):
         who = presented_principal(creds) or creds.source.removeprefix("local ")
         return f"the local stack's certificate of {who}, in {pki_dir()}"
     return f"LIGHTPATH_TLS_* are unset and {pki_dir()} has no local stack's certificates"
 
 
-def next_steps(
-    code: grpc.StatusCode, message: str, reason: str, metadata: dict[str, str]
-) -> list[str]:
+def next_steps(exc: LightpathError) -> list[str]:
     """What a person can do about a failed call, in the CLI's words."""
+    code = grpc.StatusCode[exc.code] if exc.code in grpc.StatusCode.__members__ else None
+    message, reason, metadata = exc.message, exc.reason, exc.metadata
     creds = current_credentials()
     if code == grpc.StatusCode.UNAUTHENTICATED:
         if reason == "INVALID_CREDENTIAL":
@@ -201,7 +371,7 @@ def next_steps(
             ]
         return []
     if code == grpc.StatusCode.UNAVAILABLE:
-        return _unavailable_steps(message, creds)
+        return _unavailable_steps(message, creds, exc)
     if code == grpc.StatusCode.NOT_FOUND:
         who = presented_principal(creds)
         if who.startswith("tenant:") and not (creds and creds.token):
@@ -212,7 +382,7 @@ def next_steps(
     return []
 
 
-def _unavailable_steps(message: str, creds: Credentials | None) -> list[str]:
+def _unavailable_steps(message: str, creds: Credentials | None, exc: LightpathError) -> list[str]:
     text = message.lower()
     presented = describe_credentials(creds)
     local = (
@@ -243,9 +413,13 @@ def _unavailable_steps(message: str, creds: Credentials | None) -> list[str]:
             f"{local}; with your own PKI check LIGHTPATH_TLS_CA",
         ]
     if "connection refused" in text or "failed to connect" in text:
+        tried = f"nothing answers at {exc.address}" if exc.address else "nothing answers"
+        if exc.address_source:
+            tried += f", taken from {exc.address_source}"
         return [
-            "is the service running? `lightpath status` shows the local stack, "
-            "`lightpath up` starts it"
+            tried,
+            "start a local stack with `lightpath up` (`lightpath status` shows it), "
+            "or give the address of a running service",
         ]
     return []
 
@@ -277,11 +451,18 @@ def acting_as(identity: str | None) -> Iterator[None]:
         identity_of(identity)
     except IdentityError as exc:
         raise CredentialsError(f"--as {identity}: {exc}") from None
-    keys = (*_SET_ASIDE_BY_AS, "LIGHTPATH_IDENTITY")
+    with environ_restored((*_SET_ASIDE_BY_AS, "LIGHTPATH_IDENTITY")):
+        for k in _SET_ASIDE_BY_AS:
+            os.environ.pop(k, None)
+        os.environ["LIGHTPATH_IDENTITY"] = identity
+        yield
+
+
+@contextlib.contextmanager
+def environ_restored(keys: Sequence[str]) -> Iterator[None]:
+    """The environment variables `keys` as they were before the block, after it (the CLI
+    runs in-process in tests and scripts: a command's settings must not outlive it)."""
     saved = {k: os.environ.get(k) for k in keys}
-    for k in _SET_ASIDE_BY_AS:
-        os.environ.pop(k, None)
-    os.environ["LIGHTPATH_IDENTITY"] = identity
     try:
         yield
     finally:

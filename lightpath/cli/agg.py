@@ -14,46 +14,33 @@ all. Compute nodes do not use the CLI: they run the SDK
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
-from google.protobuf import duration_pb2, json_format
+from google.protobuf import json_format
 
-from lightpath.cli._common import add_json_flag, print_json, run_rpc, table
+from lightpath.cli._common import (
+    add_json_flag,
+    add_list_output,
+    print_json,
+    print_list,
+    run_rpc,
+    table,
+    to_jsonable,
+)
 from lightpath.client import channel
+from lightpath.sdk.aggregation import (
+    DTYPES,
+    OPS,
+    ORDERS,
+    SLOTS,
+    STRATEGIES,
+    TRIGGERS,
+    AsyncAggregation,
+    command_request,
+)
 from lightpath.v1 import agg_switch_pb2 as pb
 from lightpath.v1 import agg_switch_pb2_grpc
-
-DTYPES = {
-    "int32": pb.AGG_DTYPE_INT32,
-    "int64": pb.AGG_DTYPE_INT64,
-    "float32": pb.AGG_DTYPE_FLOAT32,
-    "float64": pb.AGG_DTYPE_FLOAT64,
-    "bool": pb.AGG_DTYPE_BOOL,
-}
-OPS = {
-    "sum": pb.AGG_OP_SUM,
-    "min": pb.AGG_OP_MIN,
-    "max": pb.AGG_OP_MAX,
-    "prod": pb.AGG_OP_PROD,
-    "and": pb.AGG_OP_AND,
-    "or": pb.AGG_OP_OR,
-}
-ORDERS = {
-    "arrival": pb.ORDER_POLICY_ARRIVAL,
-    "preset": pb.ORDER_POLICY_PRESET,
-    "exact": pb.ORDER_POLICY_EXACT,
-}
-TRIGGERS = {"all": pb.TRIGGER_MODE_ALL_OR_THRESHOLD, "incremental": pb.TRIGGER_MODE_INCREMENTAL}
-SLOTS = {"wait": pb.SLOT_POLICY_WAIT, "fallback": pb.SLOT_POLICY_FALLBACK}
-STRATEGIES = {
-    "fixed": pb.TA_STRATEGY_FIXED,
-    "random-by-id": pb.TA_STRATEGY_RANDOM_BY_ID,
-    "least-load": pb.TA_STRATEGY_LEAST_LOAD,
-    "fewest-hops": pb.TA_STRATEGY_FEWEST_HOPS,
-    "lowest-link-cost": pb.TA_STRATEGY_LOWEST_LINK_COST,
-}
 
 
 def _csv(raw: str) -> list[str]:
@@ -68,10 +55,11 @@ def _address(args: argparse.Namespace) -> str:
     return endpoint("agg-root", "LIGHTPATH_AGG_ADDR")
 
 
-def _common(p: argparse.ArgumentParser) -> None:
+def _common(p: argparse.ArgumentParser, *, json: bool = True) -> None:
     p.add_argument("--addr", help="host:port of any switch (default: the stack's agg-root)")
     p.add_argument("--tree", default="", help="tree id (default: the switch's own tree)")
-    add_json_flag(p)
+    if json:
+        add_json_flag(p)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -90,46 +78,104 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     topo.set_defaults(func=cmd_topology)
 
-    start = topics.add_parser("start", help="start an aggregation command (AG-2)")
+    start = topics.add_parser("start", help="start an aggregation command")
     _common(start)
-    start.add_argument("command_id")
+    start.add_argument("command_id", help="your id for the command (submitting it again is safe)")
     start.add_argument("--participants", type=_csv, required=True, help="n1,n2,…")
     start.add_argument("--length", type=int, required=True, help="elements per vector")
-    start.add_argument("--dtype", choices=DTYPES, default="float32")
-    start.add_argument("--op", choices=OPS, default="sum")
-    start.add_argument("--order", choices=ORDERS, default="preset")
-    start.add_argument("--trigger", choices=TRIGGERS, default="all")
+    start.add_argument("--dtype", choices=DTYPES, default="float32", help="element type")
+    start.add_argument(
+        "--op", choices=OPS, default="sum", help="how elements combine (and, or: bool only)"
+    )
+    start.add_argument(
+        "--order",
+        choices=ORDERS,
+        default="preset",
+        help="float sum/product order: arrival (fastest), preset (same bits for the same "
+        "late nodes), exact (same bits always, fixed point)",
+    )
+    start.add_argument(
+        "--trigger",
+        choices=TRIGGERS,
+        default="all",
+        help="when a switch combines: all (every child, or its threshold passed) or on "
+        "every arrival",
+    )
     start.add_argument("--deadline-s", type=float, default=0.0, help="0 = 30 s")
     start.add_argument(
         "--tenant",
         default="",
         help="whose command (default: a tenant credential's own tenant; else `default`)",
     )
-    start.add_argument("--slot-policy", choices=SLOTS, default="wait")
+    start.add_argument(
+        "--slot-policy",
+        choices=SLOTS,
+        default="wait",
+        help="with no free aggregation slot: wait for one, or fall back (the chunk bypasses "
+        "the switch)",
+    )
     start.add_argument("--wait-for-all", action="store_true", help="timeouts off")
-    start.add_argument("--chunk-bytes", type=int, default=0)
+    start.add_argument(
+        "--chunk-bytes",
+        type=int,
+        default=0,
+        help="bytes per chunk, a multiple of the element size (0: the switch default)",
+    )
     start.add_argument("--ta", default="", help="the timeout aggregation node (strategy fixed)")
-    start.add_argument("--ta-strategy", choices=STRATEGIES, default="fixed")
-    start.add_argument("--ta-candidates", type=_csv, default=[])
+    start.add_argument(
+        "--ta-strategy",
+        choices=STRATEGIES,
+        default="fixed",
+        help="how the timeout aggregation node is chosen among --ta-candidates",
+    )
+    start.add_argument(
+        "--ta-candidates", type=_csv, default=[], help="nodes --ta-strategy chooses from: n1,n2,…"
+    )
     start.add_argument("--predicted", type=_csv, default=[], help="timeout nodes named up front")
-    start.add_argument("--predict-top-k", type=int, default=0)
-    start.add_argument("--predict-threshold-s", type=float, default=0.0)
-    start.add_argument("--exact-fraction-bits", type=int)
+    start.add_argument(
+        "--predict-top-k",
+        type=int,
+        default=0,
+        help="predict the k latest nodes of recent commands as stragglers",
+    )
+    start.add_argument(
+        "--predict-threshold-s",
+        type=float,
+        default=0.0,
+        help="predict every node later than this many seconds as a straggler",
+    )
+    start.add_argument(
+        "--exact-fraction-bits",
+        type=int,
+        help="with --order exact: fraction bits of the fixed point (default 32)",
+    )
     start.set_defaults(func=cmd_start)
 
     status = topics.add_parser("status", help="one command in detail, or the latest commands")
-    _common(status)
-    status.add_argument("command_id", nargs="?")
-    status.add_argument("--limit", type=int, default=20)
+    _common(status, json=False)
+    add_list_output(status)
+    status.add_argument(
+        "command_id", nargs="?", help="the command (default: list the latest commands)"
+    )
+    status.add_argument("--limit", type=int, default=20, help="how many latest commands (one page)")
+    status.add_argument("--all", action="store_true", help="every command, page after page")
+    status.add_argument("--page-token", default="", help="the next page, from a previous listing")
     status.set_defaults(func=cmd_status)
 
     history = topics.add_parser(
-        "history", help="lateness of each node per finished command, and who it predicts (AG-9)"
+        "history", help="lateness of each node per finished command, and who it predicts"
     )
     _common(history)
-    history.add_argument("--limit", type=int, default=10)
-    history.add_argument("--predict-top-k", type=int, default=0)
-    history.add_argument("--predict-threshold-s", type=float, default=0.0)
+    history.add_argument("--limit", type=int, default=10, help="how many latest commands")
+    history.add_argument(
+        "--predict-top-k", type=int, default=0, help="show the k latest nodes it would predict"
+    )
+    history.add_argument(
+        "--predict-threshold-s",
+        type=float,
+        default=0.0,
+        help="show the nodes later than this many seconds it would predict",
+    )
     history.set_defaults(func=cmd_history)
 
 
@@ -181,40 +227,36 @@ def cmd_topology(args: argparse.Namespace) -> int:
         )
         return 0
 
-    return run_rpc(go)
+    hint = (
+        "a fresh tree has no topology yet: define one with `lightpath agg topology "
+        "--define FILE` (an AggTopology as JSON, see `lightpath agg topology --help`)"
+    )
+    return run_rpc(go, hints={"NOT_FOUND": hint})
 
 
 def _start_request(args: argparse.Namespace) -> pb.StartCommandRequest:
-    req = pb.StartCommandRequest(
-        tree_id=args.tree,
-        command_id=args.command_id,
-        participants=args.participants,
-        dtype=DTYPES[args.dtype],
-        op=OPS[args.op],
-        length=args.length,
-        order_policy=ORDERS[args.order],
-        trigger=TRIGGERS[args.trigger],
+    return command_request(
+        args.command_id,
+        args.participants,
+        args.length,
+        tree=args.tree,
+        dtype=args.dtype,
+        op=args.op,
+        order=args.order,
+        trigger=args.trigger,
+        deadline=args.deadline_s,
         tenant=args.tenant,
-        slot_policy=SLOTS[args.slot_policy],
+        slot_policy=args.slot_policy,
         wait_for_all=args.wait_for_all,
         chunk_bytes=args.chunk_bytes,
-        timeout_aggregator=pb.TimeoutAggregatorSelection(
-            strategy=STRATEGIES[args.ta_strategy], node=args.ta, candidates=args.ta_candidates
-        ),
-        predicted_timeout_nodes=args.predicted,
-        predict_stragglers=pb.StragglerPredictionOptions(
-            top_k=args.predict_top_k, threshold_s=args.predict_threshold_s
-        ),
+        timeout_aggregator=args.ta,
+        ta_strategy=args.ta_strategy,
+        ta_candidates=args.ta_candidates,
+        predicted=args.predicted,
+        predict_top_k=args.predict_top_k,
+        predict_threshold_s=args.predict_threshold_s,
+        exact_fraction_bits=args.exact_fraction_bits,
     )
-    if args.deadline_s:
-        req.deadline.CopyFrom(
-            duration_pb2.Duration(
-                nanos=int(args.deadline_s % 1 * 1e9), seconds=int(args.deadline_s)
-            )
-        )
-    if args.exact_fraction_bits is not None:
-        req.exact_fraction_bits = args.exact_fraction_bits
-    return req
 
 
 def _print_command(c: pb.AggCommand) -> None:
@@ -270,67 +312,76 @@ def _print_command(c: pb.AggCommand) -> None:
         )
 
 
-def cmd_start(args: argparse.Namespace) -> int:
+def _with_client(args: argparse.Namespace, body) -> int:
     async def go() -> int:
-        ch, stub = _stub(_address(args))
-        async with ch:
-            out = await stub.StartCommand(_start_request(args))
+        async with AsyncAggregation(args.addr or None) as agg:
+            return int(await body(agg) or 0)
+
+    return run_rpc(go)
+
+
+def cmd_start(args: argparse.Namespace) -> int:
+    request = _start_request(args)
+
+    async def body(agg: AsyncAggregation) -> int:
+        out = await agg.start(args.command_id, request=request)
         if args.json:
             print_json(out)
         else:
             _print_command(out)
         return 0
 
-    return run_rpc(go)
+    return _with_client(args, body)
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    async def go() -> int:
-        ch, stub = _stub(_address(args))
-        async with ch:
-            if args.command_id:
-                one = await stub.GetCommand(
-                    pb.GetCommandRequest(tree_id=args.tree, command_id=args.command_id)
-                )
-                if args.json:
-                    print_json(one)
-                else:
-                    _print_command(one)
-                return 0
-            listed = await stub.ListCommands(
-                pb.ListCommandsRequest(tree_id=args.tree, page_size=args.limit)
-            )
-        if args.json:
-            print_json(listed)
+    async def body(agg: AsyncAggregation) -> int:
+        if args.command_id:
+            one = await agg.get(args.command_id, tree=args.tree)
+            if args.json or args.output in ("json", "yaml"):
+                print_json(one)
+            else:
+                _print_command(one)
             return 0
-        print(
-            table(
-                [
-                    (
-                        c.command_id,
-                        _enum(c.state, pb.AggCommandState),
-                        c.tenant,
-                        len(c.participants),
-                        c.timeout_aggregator,
-                        ", ".join(c.timeout_nodes) or "-",
-                        f"{max((h.max_ms for h in c.slot_holds), default=0):.1f}",
-                    )
-                    for c in listed.commands
-                ],
-                [
-                    "command",
-                    "state",
-                    "tenant",
-                    "nodes",
-                    "timeout agg node",
-                    "timed out",
-                    "max hold ms",
-                ],
+        if args.all:
+            listed = [
+                c async for c in agg.list_commands(tree=args.tree, page_token=args.page_token)
+            ]
+            token = ""
+        else:
+            page = await agg.list_commands_page(
+                tree=args.tree, page_size=args.limit, page_token=args.page_token
             )
-        )
+            listed, token = list(page.commands), page.next_page_token
+
+        def columns(wide: bool) -> tuple[list[str], list]:
+            rows = [
+                (
+                    c.command_id,
+                    _enum(c.state, pb.AggCommandState),
+                    c.tenant,
+                    len(c.participants),
+                    c.timeout_aggregator,
+                    ", ".join(c.timeout_nodes) or "-",
+                    f"{max((h.max_ms for h in c.slot_holds), default=0):.1f}",
+                )
+                for c in listed
+            ]
+            headers = [
+                "command",
+                "state",
+                "tenant",
+                "nodes",
+                "timeout agg node",
+                "timed out",
+                "max hold ms",
+            ]
+            return headers, rows
+
+        print_list(args, "commands", listed, columns, lambda c: c.command_id, next_page_token=token)
         return 0
 
-    return run_rpc(go)
+    return _with_client(args, body)
 
 
 def cmd_history(args: argparse.Namespace) -> int:
@@ -353,11 +404,9 @@ def cmd_history(args: argparse.Namespace) -> int:
                     )
                 )
         if args.json:
-            out = json.loads(json_format.MessageToJson(history, preserving_proto_field_name=True))
+            out = to_jsonable(history)
             if prediction is not None:
-                out["prediction"] = json_format.MessageToDict(
-                    prediction, preserving_proto_field_name=True
-                )
+                out["prediction"] = to_jsonable(prediction)
             print_json(out)
             return 0
         rows = [

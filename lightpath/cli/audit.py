@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from lightpath.cli._common import CliError, table
+from lightpath.cli._common import CliError, add_list_output, clip, output_format, print_list
 from lightpath.cli.security import state_dir_flag, state_dir_of
 from lightpath.security.credentials import identity_of
 from lightpath.security.identity import IdentityError
@@ -72,7 +72,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="read these audit files instead of the stack's (repeatable)",
     )
     state_dir_flag(p)
-    p.add_argument("--json", action="store_true", help="one JSON array of the complete entries")
+    add_list_output(p)
     p.set_defaults(func=cmd_audit)
 
 
@@ -217,36 +217,35 @@ def cmd_audit(args: argparse.Namespace) -> int:
     files = _audit_files(args)
     entries, bad = read_audit(files)
     matched = filter_audit(entries, args)
-    limit = args.limit if args.limit is not None else (0 if args.json else DEFAULT_TABLE_LIMIT)
+    structured = output_format(args) in ("json", "yaml", "name")
+    limit = args.limit if args.limit is not None else (0 if structured else DEFAULT_TABLE_LIMIT)
     shown = matched[-limit:] if limit else matched
     if bad:
         print(f"warning: {bad} line(s) of the audit log are not entries; skipped", file=sys.stderr)
-    if args.json:
-        print(json.dumps(shown, indent=2, sort_keys=True, ensure_ascii=False))
-        return 0
-    if not shown:
+    if not shown and not structured:
         print(f"no audit entries match ({len(entries)} read from {len(files)} file(s))")
         return 0
-    rows = [
-        (
-            str(e.get("ts", "")),
-            str(e.get("instance") or e.get("service", "")),
-            str(e.get("principal", "")) or "-",
-            str(e.get("method", "")).rsplit("/", 1)[-1],
-            _resources(e.get("resources")),
-            str(e.get("code", "")),
-            _cut(str(e.get("message", "")), 70),
-        )
-        for e in shown
-    ]
-    print(table(rows, ["time", "process", "principal", "method", "resources", "code", "message"]))
+
+    def columns(wide: bool) -> tuple[list[str], list]:
+        rows = [
+            (
+                str(e.get("ts", "")),
+                str(e.get("instance") or e.get("service", "")),
+                str(e.get("principal", "")) or "-",
+                str(e.get("method", "")).rsplit("/", 1)[-1],
+                _resources(e.get("resources")),
+                str(e.get("code", "")),
+                str(e.get("message", "")) if wide else clip(str(e.get("message", "")), 70),
+            )
+            for e in shown
+        ]
+        return ["time", "process", "principal", "method", "resources", "code", "message"], rows
+
+    # the complete entries as one JSON array (-o name: each entry's trace id)
+    print_list(args, "entries", shown, columns, lambda e: str(e.get("trace_id", "")), data=shown)
     if len(shown) < len(matched):
         print(
             f"(the last {len(shown)} of {len(matched)} matching entries; --limit 0 shows all)",
             file=sys.stderr,
         )
     return 0
-
-
-def _cut(text: str, width: int) -> str:
-    return text if len(text) <= width else text[: width - 1] + "…"

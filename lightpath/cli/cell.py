@@ -1,14 +1,17 @@
-"""The job system's daily commands, all through the cell scheduler (CS-5, X-6).
+"""The job system's daily commands, all through the cell scheduler (CS-5, X-6), built on
+the SDK's cell client (lightpath.sdk.AsyncCell).
 
     lightpath submit JOB --shape 8x8x4 [--priority 80 | --class high] [--tenant T] ...
     lightpath submit JOB --flops 2e20 --deadline 2h [--type tpu]     # shape derived (CS-4)
-    lightpath jobs [--tenant T] [--state running] [--pod pod-1] [--limit 50]
+    lightpath submit JOB --shape 8x8x4 --data 8 --pipeline 4 --layer 8   # SWITCHED pod
+    lightpath jobs [--tenant T] [--state running] [--pod pod-1] [--limit 50 | --all]
     lightpath job JOB            lightpath watch JOB
     lightpath cancel JOB         lightpath complete JOB
     lightpath pods               lightpath block POD BLOCK --failed | --healthy
 
-Each with --json. The cell is the local stack's `cell-scheduler`, or --cell /
-$LIGHTPATH_CELL_ADDR; no command needs a pod's address.
+Each with --json (`watch --json`: one object a line); `jobs` and `pods` also with
+-o table|wide|json|yaml|name and --no-headers. The cell is the local stack's
+`cell-scheduler`, or --cell / $LIGHTPATH_CELL_ADDR; no command needs a pod's address.
 """
 
 from __future__ import annotations
@@ -17,31 +20,38 @@ import argparse
 import math
 import re
 import time
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
-from math import prod
 
-from lightpath.cli._common import add_json_flag, print_json, run_rpc, table
-from lightpath.client import channel
+from lightpath.cli._common import (
+    CliError,
+    add_json_flag,
+    add_list_output,
+    add_parallelism_flags,
+    clip,
+    print_json,
+    print_json_line,
+    print_list,
+    run_rpc,
+)
+from lightpath.sdk.cell import (
+    PREEMPTION_POLICIES,
+    PRIORITY_CLASSES,
+    AsyncCell,
+    fill_degrees,
+    job_state,
+    parse_shape,
+    state_name,
+)
 from lightpath.v1 import cell_scheduler_pb2 as cs
-from lightpath.v1 import cell_scheduler_pb2_grpc
 from lightpath.v1 import common_pb2 as c
-from lightpath.v1 import workload_scheduler_pb2 as ws
 
-POLICIES = {
-    "terminate": c.PREEMPTION_POLICY_TERMINATE,
-    "delay": c.PREEMPTION_POLICY_DELAY,
-    "shrink": c.PREEMPTION_POLICY_SHRINK,
-}
-CLASSES = {
-    "low": c.PRIORITY_CLASS_LOW,
-    "medium": c.PRIORITY_CLASS_MEDIUM,
-    "high": c.PRIORITY_CLASS_HIGH,
-}
 STATUS = {
     cs.POD_STATUS_READY: "ready",
     cs.POD_STATUS_SUSPECT: "suspect",
     cs.POD_STATUS_SILENT: "silent",
 }
+REASON_WIDTH = 60  # the reason column of `jobs`; -o wide shows it whole
 
 
 def cell_address(addr: str | None) -> str:
@@ -50,39 +60,84 @@ def cell_address(addr: str | None) -> str:
     return addr or endpoint("cell-scheduler", "LIGHTPATH_CELL_ADDR")
 
 
-def _cell_flag(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--cell", help="cell scheduler host:port (default: the local stack's)")
-    add_json_flag(p)
+def _cell_flag(p: argparse.ArgumentParser, *, listing: bool = False) -> None:
+    p.add_argument(
+        "--cell",
+        metavar="HOST:PORT",
+        help="cell scheduler address (default: $LIGHTPATH_CELL_ADDR, else the local stack's)",
+    )
+    if listing:
+        add_list_output(p)
+    else:
+        add_json_flag(p)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("submit", help="submit a job to the cell (it picks the superpod)")
-    p.add_argument("job_id")
+    p.add_argument(
+        "job_id", help="your id for the job, unique in the cell; submitting it again is safe"
+    )
     p.add_argument("--shape", help="slice shape in chips, e.g. 8x8x4 (or in blocks with --blocks)")
     p.add_argument("--blocks", action="store_true", help="--shape counts blocks, not chips")
-    p.add_argument("--type", dest="node_type", help="node type of every block (default: the pod's)")
+    p.add_argument(
+        "--type",
+        dest="node_type",
+        help="node type of every block, e.g. gpu (default: the pod's first type)",
+    )
     p.add_argument("--types", help='blocks per node type, e.g. "tpu:2,gpu:2"')
     p.add_argument("--priority", type=int, default=0, help="1..100, higher wins")
-    p.add_argument("--class", dest="priority_class", choices=sorted(CLASSES))
-    p.add_argument("--policy", choices=sorted(POLICIES), help="when preempted (default delay)")
-    p.add_argument("--shrink-to", action="append", default=[], help="with --policy shrink")
+    p.add_argument(
+        "--class",
+        dest="priority_class",
+        choices=sorted(PRIORITY_CLASSES),
+        help="priority by class (low 20, medium 50, high 80) when --priority is not given",
+    )
+    p.add_argument(
+        "--policy",
+        choices=sorted(PREEMPTION_POLICIES),
+        help="what the job accepts when preempted (default delay: suspended, then resumed)",
+    )
+    p.add_argument(
+        "--shrink-to",
+        action="append",
+        default=[],
+        metavar="SHAPE",
+        help="with --policy shrink: a smaller shape it accepts (repeatable)",
+    )
     p.add_argument("--no-wrap", action="store_true", help="a mesh: no wraparound links")
-    p.add_argument("--tenant", default="")
-    p.add_argument("--label", action="append", default=[], help="key=value, kept with the job")
+    add_parallelism_flags(
+        p,
+        default=0,
+        note=" (a SWITCHED pod's job needs them; those not given: what makes the product, then 1)",
+    )
+    p.add_argument("--tenant", default="", help='whose job it is (default "default")')
+    p.add_argument(
+        "--label", action="append", default=[], metavar="KEY=VALUE", help="kept with the job"
+    )
     p.add_argument("--no-wait", action="store_true", help="refuse rather than queue")
-    p.add_argument("--flops", type=float, default=0.0, help="compute demand in FLOPs (CS-4)")
+    p.add_argument("--flops", type=float, default=0.0, help="compute demand in FLOPs")
     p.add_argument("--chip-hours", type=float, default=0.0, help="... or in chip-hours")
     p.add_argument("--deadline", help="with a demand: 2h, 90m, 3600s or an ISO time")
-    p.add_argument("--validate-only", action="store_true", help="say what would happen")
+    p.add_argument(
+        "--validate-only", action="store_true", help="say what would happen; submit nothing"
+    )
     _cell_flag(p)
     p.set_defaults(func=cmd_submit)
 
+    valid = ", ".join(state_name(v).lower() for v in c.JobState.values() if v)
     p = sub.add_parser("jobs", help="jobs in the cell, newest first")
-    p.add_argument("--tenant", default="")
-    p.add_argument("--state", action="append", default=[], help="e.g. running (repeatable)")
-    p.add_argument("--pod", default="")
-    p.add_argument("--limit", type=int, default=50)
-    _cell_flag(p)
+    p.add_argument("--tenant", default="", help="only this tenant's")
+    p.add_argument(
+        "--state",
+        action="append",
+        default=[],
+        help=f"only jobs in this state (repeatable): {valid}",
+    )
+    p.add_argument("--pod", default="", help="only jobs on this pod")
+    p.add_argument("--limit", type=int, default=50, help="at most this many (one page)")
+    p.add_argument("--all", action="store_true", help="every job, page after page")
+    p.add_argument("--page-token", default="", help="the next page, from a previous listing")
+    _cell_flag(p, listing=True)
     p.set_defaults(func=cmd_jobs)
 
     for name, helptext, func in (
@@ -92,32 +147,25 @@ def register(sub: argparse._SubParsersAction) -> None:
         ("watch", "follow a job's transitions until it ends", cmd_watch),
     ):
         p = sub.add_parser(name, help=helptext)
-        p.add_argument("job_id")
+        p.add_argument("job_id", help="the job's id")
         if name == "cancel":
-            p.add_argument("--reason", default="")
+            p.add_argument("--reason", default="", help="why, kept with the job")
         _cell_flag(p)
         p.set_defaults(func=func)
 
     p = sub.add_parser("pods", help="the cell's superpods: status, capacity, jobs")
-    _cell_flag(p)
+    _cell_flag(p, listing=True)
     p.set_defaults(func=cmd_pods)
 
     p = sub.add_parser("block", help="report a block of a pod FAILED or recovered (HEALTHY)")
-    p.add_argument("pod_id")
-    p.add_argument("block_id", type=int)
+    p.add_argument("pod_id", help="the pod, e.g. pod-1")
+    p.add_argument("block_id", type=int, help="the block's id in the pod")
     health = p.add_mutually_exclusive_group(required=True)
-    health.add_argument("--failed", action="store_true")
-    health.add_argument("--healthy", action="store_true")
-    p.add_argument("--reason", default="")
+    health.add_argument("--failed", action="store_true", help="the block failed")
+    health.add_argument("--healthy", action="store_true", help="the block recovered")
+    p.add_argument("--reason", default="", help="why, kept with the event")
     _cell_flag(p)
     p.set_defaults(func=cmd_block)
-
-
-def _dims(raw: str) -> list[int]:
-    try:
-        return [int(p) for p in raw.lower().split("x")]
-    except ValueError:
-        raise SystemExit(f"shape {raw!r} must look like 8x8x4") from None
 
 
 def parse_deadline(raw: str, now: float | None = None) -> datetime:
@@ -136,45 +184,51 @@ def parse_deadline(raw: str, now: float | None = None) -> datetime:
     return when if when.tzinfo else when.replace(tzinfo=UTC)
 
 
-def submit_request(args: argparse.Namespace) -> cs.SubmitJobRequest:
-    spec = ws.JobSpec(job_id=args.job_id, priority=args.priority)
-    if args.shape:
-        dims = _dims(args.shape)
-        spec.shape.CopyFrom(c.Shape(dims=dims))
-        if args.blocks:
-            spec.unit = c.SHAPE_UNIT_BLOCKS
-        if args.no_wrap:
-            spec.wrap.extend([False] * len(dims))
-    if args.priority_class:
-        spec.priority_class = CLASSES[args.priority_class]
-    if args.policy:
-        spec.preemption_policy = POLICIES[args.policy]
-    for s in args.shrink_to:
-        spec.shrink_to.add(dims=_dims(s))
+def submit_options(args: argparse.Namespace) -> dict:
+    """AsyncCell.submit's keyword arguments from the command line."""
+    try:
+        shrink_to = [parse_shape(s) for s in args.shrink_to]
+        shape = parse_shape(args.shape) if args.shape else None
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    types: dict[str, int] = {}
     if args.types:
         for part in args.types.split(","):
             name, _, n = part.partition(":")
-            spec.node_type_counts[name.strip()] = int(n or 1)
-    elif args.node_type and args.shape and args.blocks:
-        spec.node_type_counts[args.node_type] = prod(_dims(args.shape))
-    for kv in args.label:
-        k, _, v = kv.partition("=")
-        spec.labels[k] = v
-    if args.no_wait:
-        spec.when_no_capacity = ws.WHEN_NO_CAPACITY_FAIL
-    req = cs.SubmitJobRequest(spec=spec, tenant=args.tenant, validate_only=args.validate_only)
-    if args.flops or args.chip_hours or args.deadline:
-        req.demand.flops = args.flops
-        req.demand.chip_hours = args.chip_hours
-        if args.node_type:
-            req.demand.node_type = args.node_type
-        if args.deadline:
-            req.demand.deadline.FromDatetime(parse_deadline(args.deadline))
-    return req
+            types[name.strip()] = int(n or 1)
+    degrees = (args.data, args.pipeline, args.layer)
+    return {
+        "shape": shape,
+        "blocks": args.blocks,
+        "node_type": None if args.types else args.node_type,
+        "node_types": types,
+        "priority": args.priority,
+        "priority_class": args.priority_class,
+        "preemption": args.policy,
+        "shrink_to": shrink_to,
+        "wrap": not args.no_wrap,
+        "parallelism": _degrees(shape, args.blocks, degrees) if any(degrees) else None,
+        "labels": dict(kv.partition("=")[::2] for kv in args.label),
+        "tenant": args.tenant,
+        "wait": not args.no_wait,
+        "flops": args.flops,
+        "chip_hours": args.chip_hours,
+        "deadline": parse_deadline(args.deadline) if args.deadline else None,
+        "validate_only": args.validate_only,
+    }
+
+
+def _degrees(
+    shape: list[int] | None, blocks: bool, degrees: tuple[int, int, int]
+) -> tuple[int, int, int]:
+    """The degrees given, those not given filled in for a chip shape (`fill_degrees`)."""
+    if shape is None or blocks:
+        return fill_degrees(0, *degrees)
+    return fill_degrees(math.prod(shape), *degrees)
 
 
 def _state(s: int) -> str:
-    return c.JobState.Name(s).removeprefix("JOB_STATE_")  # type: ignore[arg-type]
+    return state_name(s)
 
 
 def describe_job(job: cs.CellJob) -> str:
@@ -205,12 +259,12 @@ def describe_job(job: cs.CellJob) -> str:
     return "\n".join(line for line in lines if line)
 
 
-def _run(args: argparse.Namespace, action, *, stream: bool = False) -> int:
-    address = cell_address(args.cell)
+def _run(args: argparse.Namespace, action: Callable[[AsyncCell], Awaitable[int]]) -> int:
+    """Run `action` with the SDK's cell client; a failed call is reported (_common)."""
 
     async def run() -> int:
-        async with channel(address, default_timeout=None if stream else 60.0) as ch:
-            return await action(cell_scheduler_pb2_grpc.CellSchedulerStub(ch))
+        async with AsyncCell(args.cell or None, timeout=60.0) as cell:
+            return await action(cell)
 
     try:
         return run_rpc(run)
@@ -218,36 +272,16 @@ def _run(args: argparse.Namespace, action, *, stream: bool = False) -> int:
         return 0
 
 
-async def _blocks_of_type(cell, req: cs.SubmitJobRequest, node_type: str) -> None:
-    """--type with a shape in chips: the block count from the block shape of the pods
-    that have that type (they must agree)."""
-    pods = (await cell.ListPods(cs.ListPodsRequest())).pods
-    shapes = {
-        tuple(p.registration.block_shape.dims)
-        for p in pods
-        if any(t.node_type == node_type for t in p.registration.node_types)
-    }
-    if len(shapes) != 1:
-        raise SystemExit(
-            f"no single block shape for node type {node_type!r} in the cell ({len(shapes)} found);"
-            " give --shape in blocks with --blocks"
-        )
-    (block,) = shapes
-    dims = list(req.spec.shape.dims)
-    if len(dims) != len(block) or any(d % b for d, b in zip(dims, block, strict=True)):
-        raise SystemExit(f"--shape must be a multiple of the {node_type} block {block}")
-    req.spec.node_type_counts[node_type] = prod(d // b for d, b in zip(dims, block, strict=True))
-
-
 def cmd_submit(args: argparse.Namespace) -> int:
-    req = submit_request(args)
+    options = submit_options(args)
 
-    async def act(cell) -> int:
-        if args.node_type and args.shape and not args.blocks and not args.types:
-            await _blocks_of_type(cell, req, args.node_type)
-        resp = await cell.SubmitJob(req)
+    async def act(cell: AsyncCell) -> int:
+        resp = await cell.submit(args.job_id, **options)
         if args.json:
             print_json(resp)
+            return 0
+        if args.validate_only:
+            print(f"nothing submitted (--validate-only): {resp.outcome}")
             return 0
         print(describe_job(resp.job))
         print(f"  {resp.outcome}")
@@ -259,45 +293,67 @@ def cmd_submit(args: argparse.Namespace) -> int:
     return _run(args, act)
 
 
-def cmd_jobs(args: argparse.Namespace) -> int:
-    states = []
-    for s in args.state:
-        name = "JOB_STATE_" + s.upper()
-        if name not in c.JobState.keys():
-            raise SystemExit(f"unknown state {s!r}")
-        states.append(c.JobState.Value(name))
-
-    async def act(cell) -> int:
-        resp = await cell.ListJobs(
-            cs.ListCellJobsRequest(
-                tenant=args.tenant, states=states, pod_id=args.pod, page_size=args.limit
-            )
-        )
-        if args.json:
-            print_json(resp)
-            return 0
-        rows = [
-            (
+def _job_columns(jobs: list[cs.CellJob]) -> Callable[[bool], tuple[list[str], list]]:
+    def columns(wide: bool) -> tuple[list[str], list]:
+        headers = ["job", "tenant", "state", "pod", "priority", "chips", "reason"]
+        if wide:
+            headers[-1:-1] = ["blocks", "queue", "created"]
+        rows = []
+        for j in jobs:
+            row = [
                 j.job_id,
                 j.tenant,
                 _state(j.state),
                 j.pod_id or "(cell queue)",
                 j.priority,
                 "x".join(map(str, j.chips.dims)) or "-",
-                j.reason[:60],
+            ]
+            if wide:
+                row += [
+                    j.block_count,
+                    j.cell_queue_position or "-",
+                    j.created_at.ToJsonString() if j.HasField("created_at") else "-",
+                    j.reason,
+                ]
+            else:
+                row.append(clip(j.reason, REASON_WIDTH))
+            rows.append(row)
+        return headers, rows
+
+    return columns
+
+
+def cmd_jobs(args: argparse.Namespace) -> int:
+    try:
+        states = [job_state(s) for s in args.state]
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+
+    async def act(cell: AsyncCell) -> int:
+        filters = {"tenant": args.tenant, "states": states, "pod": args.pod}
+        if args.all:
+            jobs = [j async for j in cell.list_jobs(page_token=args.page_token, **filters)]
+            token = ""
+        else:
+            page = await cell.list_jobs_page(
+                page_size=args.limit, page_token=args.page_token, **filters
             )
-            for j in resp.jobs
-        ]
-        print(table(rows, ["job", "tenant", "state", "pod", "priority", "chips", "reason"]))
+            jobs, token = list(page.jobs), page.next_page_token
+        print_list(
+            args, "jobs", jobs, _job_columns(jobs), lambda j: j.job_id, next_page_token=token
+        )
         return 0
 
     return _run(args, act)
 
 
-def _one(method: str, make):
+def _one(method: str) -> Callable[[argparse.Namespace], int]:
     def cmd(args: argparse.Namespace) -> int:
-        async def act(cell) -> int:
-            job = await getattr(cell, method)(make(args))
+        async def act(cell: AsyncCell) -> int:
+            if method == "cancel":
+                job = await cell.cancel(args.job_id, args.reason)
+            else:
+                job = await getattr(cell, method)(args.job_id)
             if args.json:
                 print_json(job)
             else:
@@ -309,16 +365,16 @@ def _one(method: str, make):
     return cmd
 
 
-cmd_job = _one("GetJob", lambda a: cs.GetCellJobRequest(job_id=a.job_id))
-cmd_cancel = _one("CancelJob", lambda a: cs.CancelCellJobRequest(job_id=a.job_id, reason=a.reason))
-cmd_complete = _one("CompleteJob", lambda a: cs.CompleteCellJobRequest(job_id=a.job_id))
+cmd_job = _one("get")
+cmd_cancel = _one("cancel")
+cmd_complete = _one("complete")
 
 
 def cmd_watch(args: argparse.Namespace) -> int:
-    async def act(cell) -> int:
-        async for e in cell.WatchJob(cs.WatchCellJobRequest(job_id=args.job_id)):
+    async def act(cell: AsyncCell) -> int:
+        async for e in cell.watch(args.job_id):
             if args.json:
-                print_json(e)
+                print_json_line(e)
             else:
                 where = e.pod_id or "cell"
                 print(
@@ -329,24 +385,24 @@ def cmd_watch(args: argparse.Namespace) -> int:
                 )
         return 0
 
-    return _run(args, act, stream=True)
+    return _run(args, act)
 
 
-def describe_pods(pods: list[cs.Pod]) -> str:
-    rows = []
-    for p in pods:
-        r = p.registration
-        kind = c.FabricKind.Name(r.fabric_kind).removeprefix("FABRIC_KIND_").lower()  # type: ignore[arg-type]
-        blocks = ", ".join(f"{t.blocks} {t.node_type}" for t in r.node_types)
-        free = ", ".join(f"{t.free}/{t.total} {t.node_type}" for t in p.capacity.types)
-        failed = sum(t.failed for t in p.capacity.types)
-        beat = p.last_heartbeat.ToDatetime(tzinfo=UTC) if p.HasField("last_heartbeat") else None
-        age = f"{(datetime.now(UTC) - beat).total_seconds():.1f}s ago" if beat else "-"
-        status = STATUS.get(p.status, "?")
-        if p.status_reason:
-            status += f" ({p.status_reason})"
-        rows.append(
-            (
+def _pod_columns(pods: list[cs.Pod]) -> Callable[[bool], tuple[list[str], list]]:
+    def columns(wide: bool) -> tuple[list[str], list]:
+        rows = []
+        for p in pods:
+            r = p.registration
+            kind = c.FabricKind.Name(r.fabric_kind).removeprefix("FABRIC_KIND_").lower()  # type: ignore[arg-type]
+            blocks = ", ".join(f"{t.blocks} {t.node_type}" for t in r.node_types)
+            free = ", ".join(f"{t.free}/{t.total} {t.node_type}" for t in p.capacity.types)
+            failed = sum(t.failed for t in p.capacity.types)
+            beat = p.last_heartbeat.ToDatetime(tzinfo=UTC) if p.HasField("last_heartbeat") else None
+            age = f"{(datetime.now(UTC) - beat).total_seconds():.1f}s ago" if beat else "-"
+            status = STATUS.get(p.status, "?")
+            if p.status_reason:
+                status += f" ({p.status_reason if wide else clip(p.status_reason, REASON_WIDTH)})"
+            row = [
                 r.pod_id,
                 status,
                 kind,
@@ -358,11 +414,11 @@ def describe_pods(pods: list[cs.Pod]) -> str:
                 p.cell_jobs,
                 age,
                 r.endpoint,
-            )
-        )
-    return table(
-        rows,
-        [
+            ]
+            if wide:
+                row += [p.capacity.queued_jobs, ",".join(p.endpoints) or "-"]
+            rows.append(row)
+        headers = [
             "pod",
             "status",
             "fabric",
@@ -374,30 +430,34 @@ def describe_pods(pods: list[cs.Pod]) -> str:
             "cell jobs",
             "heartbeat",
             "scheduler",
-        ],
-    )
+        ]
+        if wide:
+            headers += ["queued", "replicas"]
+        return headers, rows
+
+    return columns
+
+
+def describe_pods(pods: list[cs.Pod]) -> str:
+    from lightpath.cli._common import table
+
+    headers, rows = _pod_columns(pods)(False)
+    return table(rows, headers)
 
 
 def cmd_pods(args: argparse.Namespace) -> int:
-    async def act(cell) -> int:
-        resp = await cell.ListPods(cs.ListPodsRequest())
-        if args.json:
-            print_json(resp)
-        else:
-            print(describe_pods(list(resp.pods)))
+    async def act(cell: AsyncCell) -> int:
+        pods = await cell.pods()
+        print_list(args, "pods", pods, _pod_columns(pods), lambda p: p.registration.pod_id)
         return 0
 
     return _run(args, act)
 
 
 def cmd_block(args: argparse.Namespace) -> int:
-    health = c.BLOCK_HEALTH_FAILED if args.failed else c.BLOCK_HEALTH_HEALTHY
-
-    async def act(cell) -> int:
-        resp = await cell.ReportBlockHealth(
-            cs.ReportCellBlockHealthRequest(
-                pod_id=args.pod_id, block_id=args.block_id, health=health, reason=args.reason
-            )
+    async def act(cell: AsyncCell) -> int:
+        resp = await cell.report_block_health(
+            args.pod_id, args.block_id, failed=args.failed, reason=args.reason
         )
         if args.json:
             print_json(resp)

@@ -19,58 +19,41 @@ $LIGHTPATH_CORE_BROKER_ADDR, else the running local stack.
 from __future__ import annotations
 
 import argparse
-import asyncio
-import json
-import os
 import re
 import time
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime
 
-from google.protobuf.duration_pb2 import Duration
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from lightpath.cli._common import add_json_flag, print_json, run_rpc, table, to_jsonable
-from lightpath.client import channel
-from lightpath.security.credentials import Credentials
-from lightpath.security.identity import OPERATOR
-from lightpath.stack import endpoint
-from lightpath.v1 import common_pb2, core_broker_pb2_grpc
+from lightpath.cli._common import (
+    add_json_flag,
+    add_list_output,
+    clip,
+    print_json,
+    print_json_line,
+    print_list,
+    run_rpc,
+    table,
+)
+from lightpath.sdk.cores import (
+    AsyncCores,
+    broker_credentials,
+    operator_credentials,
+    operator_metadata,
+    reservation_request,
+)
+from lightpath.v1 import common_pb2
 from lightpath.v1 import core_broker_pb2 as pb
 
-PROCESS = "core-broker"
-ADDR_ENV = "LIGHTPATH_CORE_BROKER_ADDR"
+__all__ = [
+    "broker_credentials",
+    "operator_credentials",
+    "operator_metadata",
+]
+
+ADDR_ENV = AsyncCores.ADDR_ENV
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
-
-
-def operator_credentials(base: Credentials | None = None) -> Credentials:
-    """The operator's credentials for the broker: `base` (default `Credentials.default()`)
-    as it is when it holds an operator's certificate, else with $LIGHTPATH_CB_OPERATOR_TOKEN
-    as its token if that is set, else as it is (the broker then says what it lacks)."""
-    base = Credentials.default() if base is None else base
-    presented = base.certificate_principal()
-    if presented is not None and presented.kind == OPERATOR:
-        return base
-    token = os.environ.get("LIGHTPATH_CB_OPERATOR_TOKEN", "").strip()
-    return base.with_token(token) if token else base
-
-
-def operator_metadata(base: Credentials | None = None) -> tuple[tuple[str, str], ...]:
-    """Per-call metadata that makes a call on a channel of `base` (default
-    `Credentials.default()`, what `lightpath.client.channel` uses) the operator's:
-    nothing when the channel already presents the operator's certificate."""
-    base = Credentials.default() if base is None else base
-    creds = operator_credentials(base)
-    return creds.metadata() if creds.token != base.token else ()
-
-
-def broker_credentials(token: str = "", *, operator: bool = False) -> Credentials:
-    """What a command presents to the broker: an application's `token` (else
-    $LIGHTPATH_CB_TOKEN, unless `operator`) with your certificate, else the operator's."""
-    base = Credentials.default()
-    token = token or ("" if operator else os.environ.get("LIGHTPATH_CB_TOKEN", "").strip())
-    if token:
-        return base.with_token(token)
-    return operator_credentials(base)
 
 
 def parse_seconds(raw: str) -> float:
@@ -137,19 +120,38 @@ def _short(enum, value: int, prefix: str) -> str:
     return enum.Name(value).removeprefix(prefix)
 
 
-def _call(args: argparse.Namespace, body, *, operator: bool = False) -> int:
-    """Run `body(stub, metadata)` against the broker with the command's credentials
-    (they ride on the channel: `metadata` is empty, for calls that add their own)."""
+def _client(
+    args: argparse.Namespace,
+    body: Callable[[AsyncCores], Awaitable[int | None]],
+    *,
+    operator: bool = False,
+    hints: Mapping[str, str] | None = None,
+) -> int:
+    """Run `body(client)` with the SDK's broker client and the command's credentials
+    (`hints`: what to do next, by status code, for run_rpc)."""
 
     async def run() -> int | None:
-        creds = broker_credentials(args.token or "", operator=operator)
-        ch = channel(args.addr or endpoint(PROCESS, ADDR_ENV), credentials=creds)
-        try:
-            return await body(core_broker_pb2_grpc.CoreBrokerStub(ch), ())
-        finally:
-            await ch.close()
+        async with AsyncCores(args.addr or None, token=args.token or "", operator=operator) as b:
+            return await body(b)
 
-    return run_rpc(run)
+    return run_rpc(run, hints=hints)
+
+
+def _call(
+    args: argparse.Namespace,
+    body,
+    *,
+    operator: bool = False,
+    hints: Mapping[str, str] | None = None,
+) -> int:
+    """Run `body(stub, metadata)` on the broker's generated stub (for the RPCs the SDK
+    does not wrap: graphs), with the command's credentials on the channel (`metadata`
+    is empty, for calls that add their own)."""
+
+    async def on_stub(client: AsyncCores) -> int | None:
+        return await body(client.stub, ())  # type: ignore[no-any-return]
+
+    return _client(args, on_stub, operator=operator, hints=hints)
 
 
 def _common(p: argparse.ArgumentParser, *, json: bool = True) -> None:
@@ -165,12 +167,14 @@ def _common(p: argparse.ArgumentParser, *, json: bool = True) -> None:
 
 def add_request_arguments(p: argparse.ArgumentParser) -> None:
     """What a ReservationRequest holds besides its id (`build_request` reads them back)."""
-    p.add_argument("--cores", type=int, required=True)
+    p.add_argument("--cores", type=int, required=True, help="how many cores")
     p.add_argument("--duration", type=parse_seconds, required=True, help="e.g. 90s, 10m")
     p.add_argument("--start", type=parse_time, help="earliest start (+30s, ISO); default now")
     p.add_argument("--latest-end", type=parse_time, help="latest end; default no limit")
     p.add_argument("--within", type=parse_seconds, help="latest end = start + this")
-    p.add_argument("--task-type", default="")
+    p.add_argument(
+        "--task-type", default="", help="what runs (affinity placement prefers devices for it)"
+    )
     p.add_argument("--priority", type=int, default=0, help="priority hint 1..100")
     p.add_argument("--qos", type=QOS, default=0, help="best_effort, standard, premium")
     p.add_argument("--billing", type=BILLING, default=0, help="spot, on_demand, committed")
@@ -200,41 +204,45 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     p = cs.add_parser("devices", help="devices with total, reserved and free cores now")
     p.add_argument("--kind", type=KIND, default=0, help="gpu, tpu, edge_tpu, npu, fpga")
-    _common(p)
+    _common(p, json=False)
+    add_list_output(p)
     p.set_defaults(func=cmd_devices)
 
     p = cs.add_parser("capacity", help="free cores over a time range, per device and kind")
     p.add_argument("--from", dest="start", type=parse_time, help="start (+30s, ISO); now")
     p.add_argument("--to", dest="end", type=parse_time, help="end; default an instant")
-    p.add_argument("--kind", type=KIND, default=0)
+    p.add_argument("--kind", type=KIND, default=0, help="only this device kind")
     p.add_argument("--schedule", action="store_true", help="list each device's reservations")
     _common(p)
     p.set_defaults(func=cmd_capacity)
 
     p = cs.add_parser("reserve", help="ask for cores; prints the decision")
-    p.add_argument("reservation_id")
+    p.add_argument("reservation_id", help="your id for it, unique; asking again is safe")
     add_request_arguments(p)
     _common(p)
     p.set_defaults(func=cmd_reserve)
 
     p = cs.add_parser("get", help="one reservation")
-    p.add_argument("reservation_id")
+    p.add_argument("reservation_id", help="the reservation's id")
     _common(p)
     p.set_defaults(func=cmd_get)
 
     p = cs.add_parser("list", help="your reservations (the operator: everyone's)")
     p.add_argument("--app", default="", help="operator: one application's")
-    p.add_argument("--limit", type=int, default=50)
-    _common(p)
+    p.add_argument("--limit", type=int, default=50, help="at most this many (one page)")
+    p.add_argument("--all", action="store_true", help="every reservation, page after page")
+    p.add_argument("--page-token", default="", help="the next page, from a previous listing")
+    _common(p, json=False)
+    add_list_output(p)
     p.set_defaults(func=cmd_list)
 
     p = cs.add_parser("release", help="release a reservation early")
-    p.add_argument("reservation_id")
+    p.add_argument("reservation_id", help="the reservation's id")
     _common(p)
     p.set_defaults(func=cmd_release)
 
     p = cs.add_parser("extend", help="make a reservation end later, if the cores are free")
-    p.add_argument("reservation_id")
+    p.add_argument("reservation_id", help="the reservation's id")
     g = p.add_mutually_exclusive_group(required=True)
     g.add_argument("--by", type=parse_seconds, help="e.g. 5m")
     g.add_argument("--until", type=parse_time, help="new end (+10m, ISO)")
@@ -242,24 +250,26 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_extend)
 
     p = cs.add_parser("watch", help="stream starts, changes and ends of reservations")
-    p.add_argument("reservation_id", nargs="?", default="")
+    p.add_argument(
+        "reservation_id", nargs="?", default="", help="only this one (default: all of yours)"
+    )
     p.add_argument("--count", type=int, default=0, help="stop after this many events")
     _common(p)
     p.set_defaults(func=cmd_watch)
 
     p = cs.add_parser("add-device", help="operator: register or update a device")
-    p.add_argument("device_id")
+    p.add_argument("device_id", help="the device's id")
     p.add_argument("--kind", type=KIND, required=True, help="gpu, tpu, edge_tpu, npu, fpga")
-    p.add_argument("--cores", type=int, required=True)
-    p.add_argument("--site", default="")
-    p.add_argument("--x", type=float, default=0.0)
-    p.add_argument("--y", type=float, default=0.0)
+    p.add_argument("--cores", type=int, required=True, help="its cores")
+    p.add_argument("--site", default="", help="where it is (lowest-latency placement)")
+    p.add_argument("--x", type=float, default=0.0, help="its x in km (nearest placement)")
+    p.add_argument("--y", type=float, default=0.0, help="its y in km")
     p.add_argument("--affinity", action="append", default=[], help="task type it suits")
     _common(p)
     p.set_defaults(func=cmd_add_device)
 
     p = cs.add_parser("add-app", help="operator: register an application; prints its token")
-    p.add_argument("application_id")
+    p.add_argument("application_id", help="the application's id (again: a new token)")
     p.add_argument("--qos", type=QOS, default=0, help="best_effort, standard (default), premium")
     p.add_argument(
         "--billing", type=BILLING, default=0, help="spot, on_demand (default), committed"
@@ -295,37 +305,35 @@ def _print_reservation(args: argparse.Namespace, r: pb.Reservation) -> None:
 
 
 def cmd_devices(args: argparse.Namespace) -> int:
-    async def body(stub, md):
-        resp = await stub.ListDevices(pb.ListDevicesRequest(kind=args.kind), metadata=md)
-        if args.json:
-            print_json(resp)
-            return 0
-        rows = [
-            (
-                d.device.device_id,
-                _short(pb.DeviceKind, d.device.kind, "DEVICE_KIND_"),
-                d.device.cores,
-                d.reserved_cores,
-                d.free_cores,
-                d.device.location.site or "-",
-                ",".join(d.device.task_affinities) or "-",
-            )
-            for d in resp.devices
-        ]
-        print(table(rows, ["device", "kind", "cores", "reserved", "free", "site", "affinity"]))
+    async def body(cores: AsyncCores) -> int:
+        devices = list((await cores.devices(args.kind)).devices)
+
+        def columns(wide: bool) -> tuple[list[str], list]:
+            rows = [
+                (
+                    d.device.device_id,
+                    _short(pb.DeviceKind, d.device.kind, "DEVICE_KIND_"),
+                    d.device.cores,
+                    d.reserved_cores,
+                    d.free_cores,
+                    d.device.location.site or "-",
+                    ",".join(d.device.task_affinities) or "-",
+                )
+                for d in devices
+            ]
+            return ["device", "kind", "cores", "reserved", "free", "site", "affinity"], rows
+
+        print_list(args, "devices", devices, columns, lambda d: d.device.device_id)
         return 0
 
-    return _call(args, body)
+    return _client(args, body)
 
 
 def cmd_capacity(args: argparse.Namespace) -> int:
-    async def body(stub, md):
-        req = pb.QueryCapacityRequest(include_schedule=args.schedule, kind=args.kind)
-        if args.start is not None:
-            req.start.CopyFrom(_ts(args.start))
-        if args.end is not None:
-            req.end.CopyFrom(_ts(args.end))
-        resp = await stub.QueryCapacity(req, metadata=md)
+    async def body(cores: AsyncCores) -> int:
+        resp = await cores.capacity(
+            start=args.start, end=args.end, kind=args.kind, include_schedule=args.schedule
+        )
         if args.json:
             print_json(resp)
             return 0
@@ -353,82 +361,65 @@ def cmd_capacity(args: argparse.Namespace) -> int:
                 )
         return 0
 
-    return _call(args, body)
+    return _client(args, body)
 
 
 def build_request(args: argparse.Namespace) -> pb.ReservationRequest:
-    d = Duration()
-    d.FromMilliseconds(int(args.duration * 1000))
-    req = pb.ReservationRequest(
-        reservation_id=args.reservation_id,
-        cores=args.cores,
-        duration=d,
+    """The ReservationRequest of `add_request_arguments`' flags."""
+    return reservation_request(
+        args.reservation_id,
+        args.cores,
+        args.duration,
+        start=args.start,
+        latest_end=args.latest_end,
+        within=args.within,
         task_type=args.task_type,
-        priority_hint=args.priority,
-        device_ids=args.device,
-        qos_level=args.qos,
-        billing_model=args.billing,
+        priority=args.priority,
+        qos=args.qos,
+        billing=args.billing,
         placement=args.policy,
         accept=args.accept,
-        device_kind=args.kind,
+        kind=args.kind,
+        devices=args.device,
+        site=args.site,
+        x_km=args.x,
+        y_km=args.y,
     )
-    if args.start is not None or args.latest_end is not None or args.within is not None:
-        window = common_pb2.TimeWindow()
-        start = args.start if args.start is not None else time.time()
-        if args.start is not None:
-            window.earliest_start.CopyFrom(_ts(args.start))
-        if args.latest_end is not None:
-            window.latest_end.CopyFrom(_ts(args.latest_end))
-        elif args.within is not None:
-            window.latest_end.CopyFrom(_ts(start + args.within))
-        req.window.CopyFrom(window)
-    if args.site or args.x or args.y:
-        req.client_location.CopyFrom(pb.Location(site=args.site, x_km=args.x, y_km=args.y))
-    return req
+
+
+def _one(args: argparse.Namespace, call: Callable[[AsyncCores], Awaitable[pb.Reservation]]) -> int:
+    """Make one call that answers a Reservation, and print it."""
+
+    async def body(cores: AsyncCores) -> int:
+        _print_reservation(args, await call(cores))
+        return 0
+
+    return _client(args, body)
 
 
 def cmd_reserve(args: argparse.Namespace) -> int:
-    return _one(args, "Reserve", pb.ReserveRequest(request=build_request(args)))
-
-
-def _one(args: argparse.Namespace, method: str, request) -> int:
-    """Call one RPC that answers a Reservation, and print it."""
-
-    async def body(stub, md):
-        _print_reservation(args, await getattr(stub, method)(request, metadata=md))
-        return 0
-
-    return _call(args, body)
+    request = build_request(args)
+    return _one(args, lambda cores: cores.reserve(args.reservation_id, request=request))
 
 
 def cmd_get(args: argparse.Namespace) -> int:
-    return _one(
-        args, "GetReservation", pb.GetReservationRequest(reservation_id=args.reservation_id)
-    )
+    return _one(args, lambda cores: cores.get(args.reservation_id))
 
 
-def cmd_list(args: argparse.Namespace) -> int:
-    async def body(stub, md):
-        out: list[pb.Reservation] = []
-        token = ""
-        while len(out) < args.limit:
-            page = await stub.ListReservations(
-                pb.ListReservationsRequest(
-                    page_size=min(args.limit - len(out), 1000),
-                    page_token=token,
-                    application_id=args.app,
-                ),
-                metadata=md,
-            )
-            out += page.reservations
-            token = page.next_page_token
-            if not token:
-                break
-        if args.json:
-            print_json({"reservations": out})
-            return 0
-        rows = [
-            (
+def cmd_release(args: argparse.Namespace) -> int:
+    return _one(args, lambda cores: cores.release(args.reservation_id))
+
+
+def cmd_extend(args: argparse.Namespace) -> int:
+    return _one(args, lambda cores: cores.extend(args.reservation_id, until=args.until, by=args.by))
+
+
+def _reservation_columns(out: list[pb.Reservation]):
+    def columns(wide: bool) -> tuple[list[str], list]:
+        headers = ["id", "app", "outcome", "state", "cores", "start", "end", "summary"]
+        rows = []
+        for r in out:
+            row = [
                 r.reservation_id,
                 r.application_id,
                 _short(pb.Outcome, r.outcome, "OUTCOME_"),
@@ -436,91 +427,82 @@ def cmd_list(args: argparse.Namespace) -> int:
                 sum(a.cores for a in r.allocations if a.start == r.start),
                 _when(r.start),
                 _when(r.end),
-                r.summary,
-            )
-            for r in out
-        ]
-        print(table(rows, ["id", "app", "outcome", "state", "cores", "start", "end", "summary"]))
-        return 0
+                r.summary if wide else clip(r.summary, 60),
+            ]
+            if wide:
+                row[-1:-1] = [len(r.allocations), r.request.task_type or "-"]
+            rows.append(row)
+        if wide:
+            headers[-1:-1] = ["parts", "task"]
+        return headers, rows
 
-    return _call(args, body)
-
-
-def cmd_release(args: argparse.Namespace) -> int:
-    return _one(
-        args,
-        "ReleaseReservation",
-        pb.ReleaseReservationRequest(reservation_id=args.reservation_id),
-    )
+    return columns
 
 
-def cmd_extend(args: argparse.Namespace) -> int:
-    async def body(stub, md):
-        if args.until is not None:
-            new_end = _ts(args.until)
+def cmd_list(args: argparse.Namespace) -> int:
+    async def body(cores: AsyncCores) -> int:
+        if args.all:
+            out = [
+                r
+                async for r in cores.list_reservations(
+                    application=args.app, page_token=args.page_token
+                )
+            ]
+            token = ""
         else:
-            cur = await stub.GetReservation(
-                pb.GetReservationRequest(reservation_id=args.reservation_id), metadata=md
+            page = await cores.list_reservations_page(
+                application=args.app, page_size=args.limit, page_token=args.page_token
             )
-            new_end = Timestamp()
-            new_end.FromMilliseconds(cur.end.ToMilliseconds() + int(args.by * 1000))
-        r = await stub.ExtendReservation(
-            pb.ExtendReservationRequest(reservation_id=args.reservation_id, new_end=new_end),
-            metadata=md,
+            out, token = list(page.reservations), page.next_page_token
+        print_list(
+            args,
+            "reservations",
+            out,
+            _reservation_columns(out),
+            lambda r: r.reservation_id,
+            next_page_token=token,
         )
-        _print_reservation(args, r)
         return 0
 
-    return _call(args, body)
+    return _client(args, body)
 
 
 def cmd_watch(args: argparse.Namespace) -> int:
-    async def body(stub, md):
+    async def body(cores: AsyncCores) -> int:
         n = 0
-        stream = stub.WatchReservations(
-            pb.WatchReservationsRequest(reservation_id=args.reservation_id), metadata=md
-        )
-        try:
-            async for ev in stream:
-                if args.json:
-                    print(json.dumps(to_jsonable(ev), sort_keys=True), flush=True)
-                else:
-                    r = ev.reservation
-                    print(
-                        f"{_when(ev.at)}  {_short(pb.ReservationEventType, ev.type, 'RESERVATION_EVENT_TYPE_'):<12}"
-                        f" {r.reservation_id:<16} "
-                        f"{_short(pb.ReservationState, r.state, 'RESERVATION_STATE_'):<9}"
-                        f" {r.summary}",
-                        flush=True,
-                    )
-                n += 1
-                if args.count and n >= args.count:
-                    break
-        except asyncio.CancelledError:
-            pass
-        finally:
-            stream.cancel()
+        async for ev in cores.watch(args.reservation_id):
+            if args.json:
+                print_json_line(ev)
+            else:
+                r = ev.reservation
+                print(
+                    f"{_when(ev.at)}  {_short(pb.ReservationEventType, ev.type, 'RESERVATION_EVENT_TYPE_'):<12}"
+                    f" {r.reservation_id:<16} "
+                    f"{_short(pb.ReservationState, r.state, 'RESERVATION_STATE_'):<9}"
+                    f" {r.summary}",
+                    flush=True,
+                )
+            n += 1
+            if args.count and n >= args.count:
+                break
         return 0
 
     try:
-        return _call(args, body)
+        return _client(args, body)
     except KeyboardInterrupt:
         return 0
 
 
 def cmd_add_device(args: argparse.Namespace) -> int:
-    async def body(stub, md):
-        d = await stub.RegisterDevice(
-            pb.RegisterDeviceRequest(
-                device=pb.Device(
-                    device_id=args.device_id,
-                    kind=args.kind,
-                    cores=args.cores,
-                    location=pb.Location(site=args.site, x_km=args.x, y_km=args.y),
-                    task_affinities=args.affinity,
-                )
-            ),
-            metadata=md,
+    async def body(cores: AsyncCores) -> int:
+        d = await cores.register_device(
+            pb.Device(
+                device_id=args.device_id,
+                kind=args.kind,
+                cores=args.cores,
+                location=pb.Location(site=args.site, x_km=args.x, y_km=args.y),
+                task_affinities=args.affinity,
+            )
         )
         if args.json:
             print_json(d)
@@ -529,18 +511,13 @@ def cmd_add_device(args: argparse.Namespace) -> int:
             print(f"device {d.device_id}: {kind} with {d.cores} cores")
         return 0
 
-    return _call(args, body, operator=True)
+    return _client(args, body, operator=True)
 
 
 def cmd_add_app(args: argparse.Namespace) -> int:
-    async def body(stub, md):
-        r = await stub.RegisterApplication(
-            pb.RegisterApplicationRequest(
-                application_id=args.application_id,
-                qos_level=args.qos,
-                billing_model=args.billing,
-            ),
-            metadata=md,
+    async def body(cores: AsyncCores) -> int:
+        r = await cores.register_application(
+            args.application_id, qos=args.qos, billing=args.billing
         )
         if args.json:
             print_json(r)
@@ -551,4 +528,4 @@ def cmd_add_app(args: argparse.Namespace) -> int:
             )
         return 0
 
-    return _call(args, body, operator=True)
+    return _client(args, body, operator=True)

@@ -21,14 +21,14 @@ from pathlib import Path
 
 from lightpath.cli._common import print_json, table
 from lightpath.cli.cores import (
-    _call,
+    _client,
     _common,
     add_request_arguments,
     build_request,
     reservation_lines,
 )
 from lightpath.errors import InvalidArgument
-from lightpath.v1 import core_broker_pb2 as pb
+from lightpath.sdk.cores import AsyncCores
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -37,7 +37,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     verbs.required = True
 
     plan = verbs.add_parser(
-        "plan", help="fold a graph into sets of components that share a process (process 400)"
+        "plan", help="fold a graph into sets of components that share a process"
     )
     plan.add_argument("spec", type=Path, help="graph spec: lightpath.v1.GraphSpec as JSON")
     plan.add_argument(
@@ -63,7 +63,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     reserve.set_defaults(func=cmd_reserve)
 
     metrics = verbs.add_parser("metrics", help="per-component usage of a run, from the broker")
-    metrics.add_argument("graph_id")
+    metrics.add_argument("graph_id", help="the graph's id (graph_id in its spec)")
     metrics.add_argument("--run", default="", help="run id (default: the latest reported)")
     metrics.add_argument(
         "--component", action="append", default=[], help="only these components (repeatable)"
@@ -74,7 +74,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     run = verbs.add_parser("run", help="run a graph here, one OS process per folded set instance")
     run.add_argument("spec", type=Path, help="graph spec: lightpath.v1.GraphSpec as JSON")
     run.add_argument(
-        "--unfolded", action="store_true", help="one process per component (the seed's baseline)"
+        "--unfolded", action="store_true", help="one process per component (no folding)"
     )
     run.add_argument(
         "--run-dir",
@@ -101,11 +101,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     run.set_defaults(func=cmd_run)
 
     example = verbs.add_parser(
-        "example", help="write one of the seed's example graphs and its input data to a directory"
+        "example", help="write an example graph and its input data to a directory"
     )
-    example.add_argument("name", choices=["fig-2a", "fig-3a"])
-    example.add_argument("directory", type=Path)
-    example.add_argument("--records", type=int, default=10000)
+    example.add_argument(
+        "name",
+        choices=["fig-2a", "fig-3a"],
+        help="fig-2a: ten components from one input to three outputs; fig-3a: a partitioned "
+        "input through three parallel components",
+    )
+    example.add_argument("directory", type=Path, help="where the spec, input and output go")
+    example.add_argument("--records", type=int, default=10000, help="input records to write")
     example.add_argument("--degree", type=int, default=4, help="fig-3a: ways of parallelism")
     example.set_defaults(func=cmd_example)
 
@@ -149,7 +154,6 @@ def print_plan(plan) -> None:
 def cmd_plan(args: argparse.Namespace) -> int:
     from lightpath.graph.expand import expand
     from lightpath.graph.fold import fold, plan_from_proto, plan_to_proto, unfold
-    from lightpath.graph.spec import to_proto
 
     def show(plan) -> int:
         if args.json:
@@ -166,30 +170,26 @@ def cmd_plan(args: argparse.Namespace) -> int:
     except InvalidArgument as err:
         return _refused(err)
 
-    async def body(stub, md):
-        request = pb.PlanGraphRequest(graph=to_proto(spec), unfolded=args.unfolded)
-        return show(plan_from_proto(await stub.PlanGraph(request, metadata=md)))
+    async def body(cores: AsyncCores) -> int:
+        return show(plan_from_proto(await cores.plan_graph(spec, unfolded=args.unfolded)))
 
-    return _call(args, body)
+    return _client(args, body)
 
 
 def cmd_reserve(args: argparse.Namespace) -> int:
-    from lightpath.graph.spec import to_proto
 
     try:
         spec = _load(args.spec)
     except InvalidArgument as err:
         return _refused(err)
 
-    async def body(stub, md):
-        held = await stub.ReserveGraph(
-            pb.ReserveGraphRequest(
-                graph=to_proto(spec),
-                per_process=build_request(args),
-                allow_partial=args.allow_partial,
-                unfolded=args.unfolded,
-            ),
-            metadata=md,
+    async def body(cores: AsyncCores) -> int:
+        held = await cores.reserve_graph(
+            spec,
+            args.reservation_id,
+            per_process=build_request(args),
+            allow_partial=args.allow_partial,
+            unfolded=args.unfolded,
         )
         if args.json:
             print_json(held)
@@ -203,7 +203,7 @@ def cmd_reserve(args: argparse.Namespace) -> int:
         print(f"\n{held.reservation_id}: {len(held.processes)} processes; {state}")
         return 0 if held.complete else 1
 
-    return _call(args, body)
+    return _client(args, body)
 
 
 def print_metrics(m) -> None:
@@ -218,13 +218,8 @@ def print_metrics(m) -> None:
 def cmd_metrics(args: argparse.Namespace) -> int:
     from lightpath.graph.metrics import from_proto
 
-    async def body(stub, md):
-        reply = await stub.GetGraphMetrics(
-            pb.GetGraphMetricsRequest(
-                graph_id=args.graph_id, run_id=args.run, components=args.component
-            ),
-            metadata=md,
-        )
+    async def body(cores: AsyncCores) -> int:
+        reply = await cores.graph_metrics(args.graph_id, run_id=args.run, components=args.component)
         if args.json:
             print_json(reply)
             return 0
@@ -236,7 +231,11 @@ def cmd_metrics(args: argparse.Namespace) -> int:
         print_metrics(m)
         return 0
 
-    return _call(args, body)
+    hint = (
+        f"a run's metrics reach the broker with `lightpath graph run SPEC --report` "
+        f"(SPEC the graph {args.graph_id}'s spec)"
+    )
+    return _client(args, body, hints={"NOT_FOUND": hint})
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -279,12 +278,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace, metrics) -> int:
-    from lightpath.graph.metrics import to_proto
 
-    async def body(stub, md):
-        reply = await stub.ReportGraphMetrics(
-            pb.ReportGraphMetricsRequest(metrics=to_proto(metrics)), metadata=md
-        )
+    async def body(cores: AsyncCores) -> int:
+        reply = await cores.report_graph_metrics(metrics)
         print(
             f"reported run {reply.run_id} of {reply.graph_id} to the core broker "
             f"({reply.runs} runs kept)",
@@ -292,7 +288,7 @@ def _report(args: argparse.Namespace, metrics) -> int:
         )
         return 0
 
-    return _call(args, body)
+    return _client(args, body)
 
 
 def cmd_example(args: argparse.Namespace) -> int:

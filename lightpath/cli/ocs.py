@@ -6,7 +6,14 @@ from __future__ import annotations
 import argparse
 import sys
 
-from lightpath.cli._common import add_json_flag, print_json, run_rpc, table
+from lightpath.cli._common import (
+    add_json_flag,
+    add_list_output,
+    print_json,
+    print_list,
+    run_rpc,
+    table,
+)
 from lightpath.client import channel
 from lightpath.stack import endpoint
 from lightpath.v1 import common_pb2, ocs_manager_pb2_grpc
@@ -22,11 +29,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     cmds = ocs.add_subparsers(dest="ocs_command", metavar="COMMAND")
     cmds.required = True
 
-    def command(name: str, help: str, func, json: bool = True) -> argparse.ArgumentParser:
+    def command(
+        name: str, help: str, func, json: bool = True, listing: bool = False
+    ) -> argparse.ArgumentParser:
         p = cmds.add_parser(name, help=help)
         p.add_argument("--pod", default="pod-1", help="superpod (default pod-1)")
         p.add_argument("--addr", help="host:port of its ocs_manager (default: from the stack)")
-        if json:
+        if listing:
+            add_list_output(p)
+        elif json:
             add_json_flag(p)
         p.set_defaults(func=lambda args: run_rpc(lambda: func(args)))
         return p
@@ -34,23 +45,23 @@ def register(sub: argparse._SubParsersAction) -> None:
     command("fabric", "the fabric: block shape, K, ports per OCS, counts", cmd_fabric)
     p = command("plan", "what a configuration would give (refused if impossible)", cmd_plan)
     p.add_argument("--shape", default="4x4x4", help="block shape, e.g. 4x4x4")
-    p.add_argument("--blocks", type=int, default=64)
+    p.add_argument("--blocks", type=int, default=64, help="number of blocks")
     p.add_argument("--k", type=int, default=1, help="OCS per logical axis")
     p.add_argument("--radix", type=int, default=136, help="ports per OCS")
-    command("switches", "every OCS with its port use and table version", cmd_switches)
+    command("switches", "every OCS with its port use and table version", cmd_switches, listing=True)
     p = command("table", "one OCS's routing table", cmd_table)
     p.add_argument("ocs_id", help="e.g. ocs-x-5-0")
-    command("slices", "the wired slices", cmd_slices)
+    command("slices", "the wired slices", cmd_slices, listing=True)
     p = command("slice", "one slice's placement and wiring", cmd_slice)
-    p.add_argument("job_id")
+    p.add_argument("job_id", help="the slice's job id")
     p.add_argument(
         "--cross-connects", action="store_true", help="list every cross-connect and 1xK setting"
     )
     p = command("otm", "1xK switch states (set ones; --all for idle too)", cmd_otm)
-    p.add_argument("--block", type=int)
-    p.add_argument("--job")
-    p.add_argument("--all", action="store_true")
-    p = command("check", "check the OCS-6 invariants (exit 1 on a violation)", cmd_check)
+    p.add_argument("--block", type=int, help="only this block's switches")
+    p.add_argument("--job", help="only the switches of this job's slice")
+    p.add_argument("--all", action="store_true", help="idle switches too")
+    p = command("check", "check the wiring invariants (exit 1 on a violation)", cmd_check)
     p.add_argument(
         "--compare-switches", action="store_true", help="also compare the switches' own state"
     )
@@ -120,13 +131,15 @@ async def cmd_switches(args: argparse.Namespace) -> int:
     ch, stub = _stub(args)
     async with ch:
         switches = await _all_pages(stub.ListSwitches, pb.ListSwitchesRequest, "switches")
-    if args.json:
-        print_json({"switches": switches})
-        return 0
-    rows = [
-        (s.ocs_id, s.k, f"{s.ports_in_use}/{s.ports_cabled}/{s.radix}", s.version) for s in switches
-    ]
-    print(table(rows, ["ocs", "k", "ports in use/cabled/radix", "version"]))
+
+    def columns(wide: bool) -> tuple[list[str], list]:
+        rows = [
+            (s.ocs_id, s.k, f"{s.ports_in_use}/{s.ports_cabled}/{s.radix}", s.version)
+            for s in switches
+        ]
+        return ["ocs", "k", "ports in use/cabled/radix", "version"], rows
+
+    print_list(args, "switches", switches, columns, lambda s: s.ocs_id)
     return 0
 
 
@@ -156,14 +169,15 @@ async def cmd_slices(args: argparse.Namespace) -> int:
     ch, stub = _stub(args)
     async with ch:
         slices = await _all_pages(stub.ListSlices, pb.ListSlicesRequest, "slices")
-    if args.json:
-        print_json({"slices": slices})
-        return 0
-    rows = [
-        (s.job_id, _shape(s.grid.dims), " ".join(map(str, s.block_ids)), s.cross_connects)
-        for s in slices
-    ]
-    print(table(rows, ["slice", "grid", "blocks", "cross-connects"]) if rows else "no slices")
+
+    def columns(wide: bool) -> tuple[list[str], list]:
+        rows = [
+            (s.job_id, _shape(s.grid.dims), " ".join(map(str, s.block_ids)), s.cross_connects)
+            for s in slices
+        ]
+        return ["slice", "grid", "blocks", "cross-connects"], rows
+
+    print_list(args, "slices", slices, columns, lambda s: s.job_id)
     return 0
 
 

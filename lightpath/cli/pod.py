@@ -20,7 +20,7 @@ import math
 import string
 import sys
 
-from lightpath.cli._common import add_json_flag, print_json, run_rpc
+from lightpath.cli._common import add_json_flag, add_parallelism_flags, print_json, run_rpc
 from lightpath.cli.switched_view import render_switched_pod
 from lightpath.client import channel
 from lightpath.v1 import common_pb2, workload_scheduler_pb2, workload_scheduler_pb2_grpc
@@ -30,7 +30,7 @@ JOB_SYMBOLS = string.ascii_uppercase + string.ascii_lowercase + string.digits
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    pod = sub.add_parser("pod", help="a superpod's block map, counts and jobs (seed Fig. 2)")
+    pod = sub.add_parser("pod", help="a superpod's block map, counts and jobs")
     pod.add_argument("pod_id", help="e.g. pod-1")
     pod.add_argument("--cell", help="cell scheduler host:port (default: the local stack's)")
     pod.add_argument(
@@ -44,12 +44,17 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     rings = sub.add_parser("rings", help="ring plan of data/pipeline/layer parallelism on a slice")
     rings.add_argument("shape", help="slice shape in chips, e.g. 8x8x4")
-    rings.add_argument("--data", type=int, default=1)
-    rings.add_argument("--pipeline", type=int, default=1)
-    rings.add_argument("--layer", type=int, default=1)
+    add_parallelism_flags(
+        rings, default=0, note=" (those not given: what makes the product, then 1)"
+    )
     rings.add_argument("--no-wrap", action="store_true", help="a mesh: no wraparound links")
     rings.add_argument("--pod", default="pod-1", help="whose workload scheduler plans it")
-    rings.add_argument("--addr")
+    rings.add_argument(
+        "--addr",
+        metavar="HOST:PORT",
+        help="the workload scheduler to ask (default: $LIGHTPATH_WS_ADDR, else --pod's in the "
+        "local stack)",
+    )
     add_json_flag(rings)
     rings.set_defaults(func=cmd_rings)
 
@@ -235,8 +240,11 @@ def parse_shape(raw: str) -> list[int]:
 
 
 def cmd_rings(args: argparse.Namespace) -> int:
+    from lightpath.sdk.cell import fill_degrees
+
     address = scheduler_address(args.pod, args.addr)
     dims = parse_shape(args.shape)
+    data, pipeline, layer = fill_degrees(math.prod(dims), args.data, args.pipeline, args.layer)
 
     async def run() -> int:
         async with channel(address) as ch:
@@ -246,7 +254,7 @@ def cmd_rings(args: argparse.Namespace) -> int:
                     shape=common_pb2.Shape(dims=dims),
                     wrap=[not args.no_wrap] * len(dims),
                     parallelism=common_pb2.ParallelismDegrees(
-                        data=args.data, pipeline=args.pipeline, layer=args.layer
+                        data=data, pipeline=pipeline, layer=layer
                     ),
                 )
             )

@@ -29,10 +29,12 @@ from typing import Any, TypeVar
 from lightpath.cli._common import (
     CliError,
     add_json_flag,
+    add_list_output,
     describe_credentials,
+    output_format,
     presented_principal,
     print_json,
-    table,
+    print_list,
 )
 from lightpath.paths import default_state_dir, pki_dir, write_private
 from lightpath.security.credentials import identity_of, token_path
@@ -62,7 +64,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_tenant_create)
     p = verbs.add_parser("list", help="tenants with a certificate or a token")
     state_dir_flag(p)
-    add_json_flag(p)
+    add_list_output(p)
     p.set_defaults(func=cmd_tenant_list)
 
     token = sub.add_parser("token", help="bearer tokens of the local stack (in its Redis)")
@@ -79,10 +81,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = verbs.add_parser("list", help="token ids and whom they were issued to (never the secret)")
     p.add_argument("--principal", help="only this kind:name")
     state_dir_flag(p)
-    add_json_flag(p)
+    add_list_output(p)
     p.set_defaults(func=cmd_token_list)
     p = verbs.add_parser("revoke", help="revoke a token by its id (or the token itself)")
-    p.add_argument("token_id")
+    p.add_argument("token_id", help="the token's id (`lightpath token list`), or the token")
     state_dir_flag(p)
     add_json_flag(p)
     p.set_defaults(func=cmd_token_revoke)
@@ -323,14 +325,15 @@ def cmd_tenant_list(args: argparse.Namespace) -> int:
             )
             entry["tokens"].append({"token_id": rec["token_id"], "created": _iso(rec["created"])})
     rows = sorted(tenants.values(), key=lambda t: t["tenant"])
-    if args.json:
-        print_json({"tenants": rows, "tokens_known": tokens_known})
-        return 0
-    if not rows:
+    if not rows and output_format(args) in ("table", "wide"):
         print("no tenants yet: `lightpath tenant create NAME` issues one's credential")
     else:
-        print(
-            table(
+        print_list(
+            args,
+            "tenants",
+            rows,
+            lambda wide: (
+                ["tenant", "certificate", "tokens"],
                 [
                     (
                         t["tenant"],
@@ -340,8 +343,9 @@ def cmd_tenant_list(args: argparse.Namespace) -> int:
                     )
                     for t in rows
                 ],
-                ["tenant", "certificate", "tokens"],
-            )
+            ),
+            lambda t: t["tenant"],
+            data={"tenants": rows, "tokens_known": tokens_known},
         )
     if not tokens_known:
         print("(tokens not shown: no stack running; they live in its Redis)", file=sys.stderr)
@@ -385,17 +389,19 @@ def cmd_token_list(args: argparse.Namespace) -> int:
             raise CliError(f"--principal {args.principal!r}: {exc}", code=2) from None
         records = [r for r in records if r["principal"] == wanted]
     rows = [{**r, "created": _iso(r["created"])} for r in records]
-    if args.json:
-        print_json(rows)
-        return 0
-    if not rows:
+    if not rows and output_format(args) in ("table", "wide"):
         print("no tokens: `lightpath token create KIND:NAME` issues one")
         return 0
-    print(
-        table(
-            [(r["token_id"], r["principal"], r["created"]) for r in rows],
+    print_list(
+        args,
+        "tokens",
+        rows,
+        lambda wide: (
             ["token", "principal", "created"],
-        )
+            [(r["token_id"], r["principal"], r["created"]) for r in rows],
+        ),
+        lambda r: r["token_id"],
+        data=rows,
     )
     return 0
 

@@ -36,14 +36,22 @@ def register(sub: argparse._SubParsersAction) -> None:
     up.set_defaults(func=cmd_up)
 
     status = sub.add_parser("status", help="health of each service of the running stack")
-    status.add_argument("--state-dir", type=Path)
+    status.add_argument(
+        "--state-dir",
+        type=Path,
+        help="the stack's directory (default $LIGHTPATH_STATE_DIR or .lightpath)",
+    )
     add_json_flag(status)
     status.set_defaults(func=cmd_status)
 
     demo = sub.add_parser(
         "demo", help="run a scenario exercising every service (starts a stack if none runs)"
     )
-    demo.add_argument("--state-dir", type=Path)
+    demo.add_argument(
+        "--state-dir",
+        type=Path,
+        help="the stack's directory (default $LIGHTPATH_STATE_DIR or .lightpath)",
+    )
     demo.set_defaults(func=cmd_demo)
 
 

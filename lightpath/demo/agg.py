@@ -44,7 +44,7 @@ def _topology() -> pb.AggTopology:
 
 
 async def run(ctx: DemoContext) -> None:
-    ctx.section("agg_switch: a straggler is bypassed, not waited for (AG-1 … AG-14)")
+    ctx.section("agg_switch: a straggler is bypassed, not waited for")
     root = agg_switch_pb2_grpc.AggSwitchStub(ctx.channel("agg-root"))
     sub1 = agg_switch_pb2_grpc.AggSwitchStub(ctx.channel("agg-sub-1"))
     topo = await root.DefineTopology(pb.DefineTopologyRequest(topology=_topology()))

@@ -148,7 +148,7 @@ async def run(ctx: DemoContext) -> None:
             print(f"      {v.job_id} (p{v.victim_priority}) gave way: {_policy(v.action)}{extra}")
         return resp
 
-    print("\njobs of several shapes and priorities; the cell picks the pod (¶52-54):")
+    print("\njobs of several shapes and priorities; the cell picks the pod:")
     await submit(
         "train",
         (16, 16, 8),
@@ -171,12 +171,12 @@ async def run(ctx: DemoContext) -> None:
     derived = await submit("finetune", demand=demand)
     print(
         f"      {derived.job.job_id}: 256 TPU v4 chips' worth of work due in 2 h -> "
-        f"shape derived: {'x'.join(map(str, derived.job.chips.dims))} chips (CS-4)"
+        f"shape derived: {'x'.join(map(str, derived.job.chips.dims))} chips"
     )
 
     ocs1 = ocs_manager_pb2_grpc.OcsManagerStub(ctx.channel("ocs-pod-1"))
     view = (await cell.GetPod(cs.GetCellPodRequest(pod_id="pod-1", include_view=True))).view
-    print("\nbefore (seed Fig. 2):", render_pod(view))
+    print("\nbefore:", render_pod(view))
     use, versions = await _port_use(ocs1)
     print(f"ocs-pod-1: {use}")
 
@@ -192,12 +192,12 @@ async def run(ctx: DemoContext) -> None:
 
     await _wait(reported)
     print("\na HIGH-priority 16x16x12 job (48 blocks): no pod has room; on pod-1 lower-priority")
-    print("work can make room, each by its own policy (CS-3, ¶104-105):")
+    print("work can make room, each by its own policy:")
     with ctx.tracer.start_as_current_span("demo: submit urgent") as span:
         urgent = await submit("urgent", (16, 16, 12), priority_class=c.PRIORITY_CLASS_HIGH)
         trace_id = trace.format_trace_id(span.get_span_context().trace_id)
 
-    print("\nFig. 11: a block of prod (pod-2) fails; the job keeps running on a spare block")
+    print("\na block of prod (pod-2) fails; the job keeps running on a spare block")
     failed = prod.job.pod_job.blocks[7]
     rep = await cell.ReportBlockHealth(
         cs.ReportCellBlockHealthRequest(

@@ -96,7 +96,7 @@ async def run(ctx: DemoContext) -> None:
         return app_id, apps[app_id]
 
     try:
-        ctx.section("core_broker: seed 001 Fig. 2 — three requests, all granted")
+        ctx.section("core_broker: three requests, all granted")
         gpu = await device("gpu-104", 64)
         t0 = int(time.time() * 1000) + 2000
         rows = []
@@ -126,7 +126,7 @@ async def run(ctx: DemoContext) -> None:
 
         for fig, lower_accepts in (("Fig. 3", pb.OUTCOME_PARTIAL), ("Fig. 4", pb.OUTCOME_DEFERRED)):
             what = "partially now, the rest later" if fig == "Fig. 3" else "deferred"
-            ctx.section(f"core_broker: seed 001 {fig} — conflicting requests, the lower {what}")
+            ctx.section(f"core_broker: conflicting requests, the lower {what}")
             gpu = await device(f"gpu-{fig[-1]}", 80)
             cam_id, cam = await app(f"camera-{fig[-1]}", pb.QOS_LEVEL_PREMIUM)
             train_id, trainer = await app(f"trainer-{fig[-1]}", pb.QOS_LEVEL_BEST_EFFORT)
@@ -158,7 +158,7 @@ async def run(ctx: DemoContext) -> None:
             made += [(cam_id, high.reservation_id), (train_id, low.reservation_id)]
             print(f"{gpu}: 80 cores; both ask for 50 for 2 s")
             print(table(_rows([(cam_id, high), (train_id, low)], t0), HEADERS))
-            print(f"watching {low.reservation_id} (CB-6):")
+            print(f"watching {low.reservation_id}:")
             # what happened before the watch began arrives as its CURRENT state
             watch = stub.WatchReservations(
                 pb.WatchReservationsRequest(reservation_id=low.reservation_id), metadata=trainer

@@ -59,7 +59,7 @@ async def run(ctx: DemoContext) -> None:
         with tempfile.TemporaryDirectory(prefix="lightpath-demo-graph-") as tmp:
             spec = fig2a(Path(tmp) / "202.tsv", Path(tmp) / "out")
 
-            ctx.section("graph plans: seed 004 Fig. 2A folded by the core broker (Fig. 2B)")
+            ctx.section("graph plans: a ten-component graph folded by the core broker")
             plan = await broker.plan(spec)
             print(table(plan_rows(plan), PLAN_HEADERS))
             print(
@@ -91,7 +91,7 @@ async def run(ctx: DemoContext) -> None:
             ]
             print(table(rows, ["process", "reservation", "decision", "cores"]))
 
-            ctx.section(f"graph plans: Fig. 2A run folded here over {RECORDS} records (GF-5, GF-6)")
+            ctx.section(f"graph plans: the graph run folded here over {RECORDS} records")
             write_records(Path(tmp) / "202.tsv", RECORDS)
             result = await asyncio.to_thread(
                 run_graph, spec, run_dir=Path(tmp) / "run", run_id=f"demo-{tag}"

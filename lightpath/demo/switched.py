@@ -34,7 +34,7 @@ def describe_ring(ring: ocs.SwitchedRing) -> str:
 
 
 async def run(ctx: DemoContext) -> None:
-    ctx.section(f"switched superpod {POD}: Hamiltonian rings with reserved links (seed 002)")
+    ctx.section(f"switched superpod {POD}: Hamiltonian rings with reserved links")
     stub = workload_scheduler_pb2_grpc.WorkloadSchedulerStub(ctx.channel(f"ws-{POD}"))
     fm = ocs_manager_pb2_grpc.OcsManagerStub(ctx.channel(f"ocs-{POD}"))
     fabric = await fm.GetSwitchedFabric(ocs.GetSwitchedFabricRequest())
@@ -71,23 +71,21 @@ async def run(ctx: DemoContext) -> None:
     for axis, what in (
         (
             "layer",
-            "layers down a column of each group, closed through its column switch (Fig. 10 1001)",
+            "layers down a column of each group, closed through its column switch",
         ),
-        ("pipeline", "stages along a row, closed through the row switch (Fig. 10 1002)"),
-        ("data", "the same processor of the four model instances a-d (Fig. 10 1003)"),
+        ("pipeline", "stages along a row, closed through the row switch"),
+        ("data", "the same processor of the four model instances a-d"),
     ):
         print(f"\n  {axis} rings: {what}")
         for r in by_axis[axis]:
             print("    " + describe_ring(r))
     one = next(r for r in rings.rings if r.axis == "data")
-    print(f"\n  the path of {one.name}, hop by hop (SW-6):")
+    print(f"\n  the path of {one.name}, hop by hop:")
     for hop in one.hops:
         print("    " + " ; ".join(hop.channels))
 
     failed = job.switched.tiles[1]
-    print(
-        f"\n¶57: group {failed.group_name} fails; a free group takes its place, its rings re-routed"
-    )
+    print(f"\ngroup {failed.group_name} fails; a free group takes its place, its rings re-routed")
     health = await stub.ReportBlockHealth(
         ws.ReportBlockHealthRequest(
             block_id=failed.group, health=c.BLOCK_HEALTH_FAILED, reason="demo: link errors"

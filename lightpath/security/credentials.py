@@ -9,8 +9,10 @@
   2. an identity asked for (or LIGHTPATH_IDENTITY): the local stack's
      certificate of it (`<state dir>/pki`, made by `lightpath up`);
   3. LIGHTPATH_TLS_CA (+ LIGHTPATH_TLS_CERT / LIGHTPATH_TLS_KEY): your own PKI;
-  4. the local stack's operator certificate;
-  5. nothing: TLS trusting the system's roots, with no client certificate
+  4. the context in use (lightpath.config: `--context`, LIGHTPATH_CONTEXT, the config
+     file's current_context), when it names credentials: its tls_* and token_file;
+  5. the local stack's operator certificate;
+  6. nothing: TLS trusting the system's roots, with no client certificate
      (a token, if set, names the caller). Plaintext is never a fallback.
 A bearer token comes from LIGHTPATH_TOKEN_FILE (a file holding it) or
 LIGHTPATH_TOKEN, and is sent as `authorization: Bearer <token>` on every call.
@@ -177,6 +179,10 @@ class Credentials:
                 token=token,
                 source="LIGHTPATH_TLS_*",
             )
+        if identity is None:
+            from_context = cls._from_context(env, token)
+            if from_context is not None:
+                return from_context
         chosen = identity or ""
         if chosen or (pki_dir(state_dir) / "ca.crt").exists():
             try:
@@ -187,6 +193,33 @@ class Credentials:
         # Nothing configured: still TLS (the system's roots, no client certificate);
         # plaintext only ever by LIGHTPATH_PLAINTEXT.
         return cls(token=token, source="none", tls=True)
+
+    @classmethod
+    def _from_context(cls, env: Mapping[str, str], token: str) -> Credentials | None:
+        from lightpath.config import ConfigError, current_context
+
+        try:
+            context = current_context(env)
+        except ConfigError as exc:
+            raise CredentialsError(str(exc)) from None
+        if context is None or not context.has_credentials:
+            return None
+        if not token and context.token_file:
+            try:
+                token = Path(context.token_file).read_text().strip()
+            except OSError as exc:
+                raise CredentialsError(
+                    f"cannot read context {context.name}'s token_file {context.token_file}: "
+                    f"{exc.strerror}"
+                ) from None
+        creds = cls.from_files(
+            context.tls_ca or None,
+            context.tls_cert or None,
+            context.tls_key or None,
+            token=token,
+            source=f"context {context.name}",
+        )
+        return creds
 
 
 def token_path(state_dir: Path | None, principal: Principal) -> Path:

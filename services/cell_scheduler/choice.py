@@ -158,8 +158,7 @@ def choose(job: JobDemand, pods: Iterable[PodCapacityView]) -> Choice:
             Candidate(
                 pod.pod_id,
                 PREEMPTS,
-                f"no pod fits now; lower-priority work there can give up {_blocks(short)} "
-                "block(s) (CS-3)",
+                f"no pod fits now; lower-priority work there can give up {_blocks(short)} block(s)",
             )
         )
     return Choice(tuple(out), not_now)

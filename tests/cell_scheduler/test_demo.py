@@ -8,6 +8,7 @@ from lightpath.demo import DemoContext
 from lightpath.demo import cell as demo
 from lightpath.v1 import cell_scheduler_pb2 as cs
 from tests.cell_scheduler.conftest import cell_stack
+from tests.helpers import PATENT_REFERENCE
 
 
 async def test_demo_step_places_preempts_replaces_queues_and_cleans_up(
@@ -28,6 +29,7 @@ async def test_demo_step_places_preempts_replaces_queues_and_cleans_up(
         out = capsys.readouterr().out
         with contextlib.suppress(Exception):
             print(out)
+        assert not PATENT_REFERENCE.search(out)  # figures and paragraphs stay in the docs
         lines = {
             line.split()[0]: line
             for line in out.splitlines()

@@ -113,9 +113,13 @@ async def test_reserve_list_devices_watch_release_through_the_cli(redis_url, cap
 
         code, out, _ = await cli(capsys, "cores", "devices", "--json")
         (d,) = json.loads(out)["devices"]
-        assert (d["reserved_cores"], d.get("free_cores", 0)) == (80, 0)
+        assert (d["reserved_cores"], d["free_cores"]) == (80, 0)  # zeros are printed too
         code, out, _ = await cli(capsys, "cores", "devices")
         assert "gpu-1" in out and "GPU" in out
+        code, out, _ = await cli(capsys, "cores", "devices", "-o", "name")
+        assert out.split() == ["gpu-1"]
+        code, out, _ = await cli(capsys, "cores", "devices", "--no-headers", "-o", "wide")
+        assert out.startswith("gpu-1")
 
         code, out, _ = await cli(capsys, "cores", "list", "--json")
         assert [x["reservation_id"] for x in json.loads(out)["reservations"]] == ["r-2", "r-1"]

@@ -7,6 +7,7 @@ from lightpath.demo import graph as demo
 from lightpath.telemetry import configure_tracing
 from lightpath.v1 import core_broker_pb2 as pb
 from tests.core_broker.conftest import running_broker
+from tests.helpers import PATENT_REFERENCE
 
 
 async def test_the_demo_folds_reserves_runs_and_reports_fig_2a(redis_url, capsys, monkeypatch):
@@ -20,6 +21,7 @@ async def test_the_demo_folds_reserves_runs_and_reports_fig_2a(redis_url, capsys
         finally:
             await ctx.close()
         out = capsys.readouterr().out
+        assert not PATENT_REFERENCE.search(out)  # figures and paragraphs stay in the docs
         plan, run = out.split("run folded here")
         assert "204A 204B 204E 204F 204G 204C 204D" in plan and "204I 204J" in plan
         assert "10 one per component -> 3 folded" in plan

@@ -38,6 +38,10 @@ async def test_ocs_cli_reads_everything(redis_url, capsys):
         assert len(switches) == 96 and {s["ocs_id"] for s in switches} >= {"ocs-x-0-1"}
         code, out, _ = await run(capsys, "ocs", "switches", *addr)
         assert "ocs-z-15-1" in out
+        code, out, _ = await run(capsys, "ocs", "switches", *addr, "-o", "name")
+        assert len(out.split()) == 96 and "ocs-x-0-1" in out.split()
+        code, out, _ = await run(capsys, "ocs", "switches", *addr, "--no-headers")
+        assert len(out.strip().splitlines()) == 96 and out.startswith("ocs-")
 
         code, out, _ = await run(capsys, "ocs", "table", "ocs-x-0-1", *addr)
         assert code == 0 and "ring" in out and "block 0 second end" in out
@@ -46,6 +50,8 @@ async def test_ocs_cli_reads_everything(redis_url, capsys):
 
         code, out, _ = await run(capsys, "ocs", "slices", *addr, "--json")
         assert [s["job_id"] for s in json.loads(out)["slices"]] == ["ring"]
+        code, out, _ = await run(capsys, "ocs", "slices", *addr, "-o", "name")
+        assert out.split() == ["ring"]
         code, out, _ = await run(capsys, "ocs", "slice", "ring", *addr, "--cross-connects")
         assert "96 cross-connects" in out and "otm-0-x-0" in out
         code, out, _ = await run(capsys, "ocs", "slice", "ring", *addr, "--json")

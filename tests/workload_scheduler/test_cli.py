@@ -83,7 +83,17 @@ def test_pod_and_rings_commands_parse():
     args = build_parser().parse_args(["pod", "pod-2", "--json"])
     assert args.pod_id == "pod-2" and args.json
     args = build_parser().parse_args(["rings", "8x8x4", "--data", "8", "--layer", "4"])
-    assert (args.data, args.pipeline, args.layer) == (8, 1, 4)
+    assert (args.data, args.pipeline, args.layer) == (8, 0, 4)  # 0: not given
+
+
+def test_degrees_not_given_make_up_the_chip_count():
+    from lightpath.sdk.cell import fill_degrees
+
+    assert fill_degrees(256) == (256, 1, 1)
+    assert fill_degrees(256, data=8, layer=4) == (8, 8, 4)
+    assert fill_degrees(256, pipeline=4) == (64, 4, 1)
+    assert fill_degrees(256, 8, 4, 8) == (8, 4, 8)
+    assert fill_degrees(256, data=3) == (3, 1, 1)  # no fit: the pod says why
 
 
 async def test_pod_command_against_the_real_scheduler(pod16, capsys):
@@ -124,3 +134,6 @@ async def test_pod_command_against_the_real_scheduler(pod16, capsys):
         ],
     )
     assert code == 0 and "pipeline degree 4" in capsys.readouterr().out
+    # with no degrees given, the defaults make a plan (all data parallelism)
+    code = await asyncio.to_thread(main, ["rings", "8x8x4", "--pod", "pod-w", "--addr", addr])
+    assert code == 0 and "data     degree 256" in capsys.readouterr().out
