@@ -499,10 +499,14 @@ class CapacityMap:
         after: int,
         last_start: int | None,
         devices: np.ndarray,
+        *,
+        no_start_at_after: bool = False,
     ) -> tuple[int, np.ndarray] | None:
         """Earliest start t in (after, last_start] at which the devices of mask
         `devices` have `need` cores free, in all, for [t, t + duration); with
         the free cores per device then. None if there is no such t.
+        `no_start_at_after`: the caller knows that `after` itself is no such
+        start (else it is checked, for the answer to bound later searches).
 
         Free cores over [t, t + duration) can only grow when t passes an
         allocation's end, so t is the first of those ends (on these devices)
@@ -527,7 +531,12 @@ class CapacityMap:
         if found is None:
             return None
         t, free_idx = found
-        if floor > after or int(self.free_over(after, after + duration, devices).sum()) < need:
+        if (
+            no_start_at_after
+            or floor > after
+            or int(np.maximum(self.free_over(after, after + duration, devices), 0)[devices].sum())
+            < need
+        ):
             # `after` is no start (checked, or inside a floor's span of none): the
             # answer bounds later searches
             self._floors.note(

@@ -383,7 +383,7 @@ def _earliest_full_start(work: CapacityMap, r: CoreRequest, now: int) -> int:
     t0 = max(now, r.earliest_start or now)
     if int(_free(work, eligible, t0, r.duration_ms).sum()) >= r.cores:
         return t0
-    found = work.earliest_start(r.cores, r.duration_ms, t0, None, eligible)
+    found = work.earliest_start(r.cores, r.duration_ms, t0, None, eligible, no_start_at_after=True)
     assert found is not None, "a validated request fits once every reservation has ended"
     return found[0]
 
@@ -420,7 +420,10 @@ def _decide_one(
         mark = work.savepoint()
         work.assume(first)
         try:
-            found = work.earliest_start(need - have, duration, t0, last_start, eligible)
+            # every core free at t0 is in `first`: t0 is no start of the rest
+            found = work.earliest_start(
+                need - have, duration, t0, last_start, eligible, no_start_at_after=True
+            )
         finally:
             work.rollback(mark)
         if found is not None:
@@ -430,7 +433,7 @@ def _decide_one(
     if have >= need:
         full = t0
     else:
-        found = work.earliest_start(need, duration, t0, None, eligible)
+        found = work.earliest_start(need, duration, t0, None, eligible, no_start_at_after=True)
         assert found is not None, "a validated request fits once every reservation has ended"
         full, free_full = found
         fits = last_start is None or full <= last_start

@@ -345,6 +345,8 @@ class Skyline:
         self.grid = _Grid(cell, cells)
         self.assumed = 0  # assumed allocations in the rows (not in the grid)
         self.endsets = EndSets()  # the sorted ends of the device sets searched lately
+        self.moves = 0  # devices given or moved to a row so far
+        self._layouts: dict[bytes, tuple] = {}  # see `layout`
 
     def copy(self) -> Skyline:
         s = Skyline.__new__(Skyline)
@@ -354,6 +356,8 @@ class Skyline:
         s.grid = self.grid.copy()
         s.assumed = self.assumed
         s.endsets = EndSets()
+        s.moves = 0
+        s._layouts = {}
         return s
 
     @property
@@ -373,6 +377,7 @@ class Skyline:
             b = self._bucket(_MIN_WIDTH)
             self.bucket_of = np.append(self.bucket_of, _MIN_WIDTH)
             self.row_of = np.append(self.row_of, b.alloc())
+            self.moves += 1
         self.grid.grow(device + 1)
 
     def _row(self, device: int) -> tuple[np.ndarray, np.ndarray]:
@@ -516,6 +521,7 @@ class Skyline:
         nb.load_row(nr, *data)
         self.bucket_of[device] = w * _GROWTH
         self.row_of[device] = nr
+        self.moves += 1
         return nb, nr
 
     # -- queries ------------------------------------------------------------------
@@ -551,6 +557,37 @@ class Skyline:
         for g in groups:
             out[g.pos] = g.bucket.peak(g.rows, va[g.pos], vb[g.pos])
         return out
+
+    def layout(self, devices: np.ndarray) -> tuple[slice | np.ndarray, list[tuple]]:
+        """What a search over `devices` reads where: their columns of the grid (a slice,
+        a view, when they are evenly spaced, as every device or every device of a kind
+        often is) and per bucket (bucket, positions, row keys, row starts) sorted by
+        row (so the keys of every query come sorted: numpy's binary search narrows
+        from the previous answer). Kept for the last few device sets until a device
+        changes rows (which sees every change made before this call, as `groups`)."""
+        key = devices.tobytes()
+        hit = self._layouts.get(key)
+        if hit is not None and hit[0] == self.moves:
+            for bucket in self.buckets.values():
+                bucket.rebuild()
+            return hit[1], hit[2]
+        n = devices.shape[0]
+        columns: slice | np.ndarray = devices
+        if n > 1:
+            step = int(devices[1] - devices[0])
+            if step > 0 and (np.diff(devices) == step).all():
+                columns = slice(int(devices[0]), int(devices[-1]) + 1, step)
+        elif n == 1:
+            columns = slice(int(devices[0]), int(devices[0]) + 1)
+        parts = []
+        for g in self.groups(devices):
+            order = np.argsort(g.rows)
+            rows, pos = g.rows[order], g.pos[order]
+            parts.append((g.bucket, pos, rows << _TBITS, rows * g.bucket.w))
+        if len(self._layouts) >= 8:
+            del self._layouts[next(iter(self._layouts))]
+        self._layouts[key] = (self.moves, columns, parts)
+        return columns, parts
 
     def end_set(self, devices: np.ndarray) -> EndSet:
         """The distinct ends of the allocations on `devices` (kept up to date
@@ -598,20 +635,8 @@ class _Probe:
         self.caps32 = caps.astype(np.int32)  # as the grid's cells: offers without widening
         self.grid = sky.grid
         self.ends: EndSet | None = None
-        # the devices' columns of the grid: a slice (a view, no copy) when they are
-        # evenly spaced, as every device or every device of a kind often is
-        self.columns: slice | np.ndarray = devices
-        if self.n > 1:
-            step = int(devices[1] - devices[0])
-            if step > 0 and (np.diff(devices) == step).all():
-                self.columns = slice(int(devices[0]), int(devices[-1]) + 1, step)
-        elif self.n == 1:
-            self.columns = slice(int(devices[0]), int(devices[0]) + 1)
-        self.parts = []
-        for g in sky.groups(devices):
-            order = np.argsort(g.rows)
-            rows, pos = g.rows[order], g.pos[order]
-            self.parts.append((g.bucket, pos, rows << _TBITS, rows * g.bucket.w, caps[pos]))
+        self.columns, layout = sky.layout(devices)
+        self.parts = [(b, pos, base, start, caps[pos]) for b, pos, base, start in layout]
 
     def next_ends(self, t: int, k: int) -> list[int]:
         """The first k distinct instants after t at which an allocation on one of
