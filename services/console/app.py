@@ -57,6 +57,7 @@ CSP = (
     "connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'"
 )
 CORES_HOURS = 6.0  # the core broker's timeline: now .. now + this
+SETTLE_S = 0.25  # a view is read again this long after a change was announced
 
 
 class BadParameter(LightpathError):
@@ -239,22 +240,28 @@ def build_app(console: Console) -> Starlette:
     async def events(request: Request) -> Response:
         viewer = console.viewer(request)
         name = request.path_params["view"]
+        before = dict(console.hub.versions)  # taken before the read: no change falls between
         body, topics = await console.view(name, request, viewer)  # a bad request fails here
 
         async def stream() -> AsyncIterator[str]:
-            nonlocal body, topics
+            nonlocal body, topics, before
             last = ""
+            settle = False
             yield "retry: 2000\n\n"
             while True:
-                seen = console.hub.version(topics)
+                seen = tuple(before.get(t, 0) for t in topics)
                 text = json.dumps(body, separators=(",", ":"))
                 if text != last:
                     yield f"event: view\ndata: {text}\n\n"
                     last = text
                 else:
                     yield ": still here\n\n"
-                await console.hub.wait(topics, seen, console.hub.poll_s * 5)
+                # After a change, read once more shortly after: a service's view may trail
+                # the event that announced it by a few milliseconds.
+                timeout = SETTLE_S if settle else console.hub.poll_s * 5
+                settle = await console.hub.wait(topics, seen, timeout)
                 try:
+                    before = dict(console.hub.versions)
                     body, topics = await console.view(name, request, viewer)
                 except LightpathError as exc:
                     console.forget_if_revoked(exc, viewer)

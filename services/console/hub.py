@@ -42,8 +42,8 @@ class Hub:
     def version(self, topics: Iterable[str]) -> tuple[int, ...]:
         return tuple(self.versions.get(t, 0) for t in topics)
 
-    async def wait(self, topics: Iterable[str], seen: tuple[int, ...], timeout: float) -> None:
-        """Until a topic of `topics` moves past `seen`, or `timeout` seconds."""
+    async def wait(self, topics: Iterable[str], seen: tuple[int, ...], timeout: float) -> bool:
+        """Until a topic of `topics` moves past `seen` (True), or `timeout` seconds (False)."""
         wanted = list(topics)
 
         async def moved() -> None:
@@ -53,7 +53,8 @@ class Hub:
         try:
             await asyncio.wait_for(moved(), timeout)
         except TimeoutError:
-            pass
+            return False
+        return True
 
     # -- background tasks ------------------------------------------------------------
 

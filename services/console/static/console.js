@@ -395,13 +395,13 @@ function renderCores(main, d) {
     main.replaceChildren(h("h1", {}, "Core broker"), h("p", { class: "muted" }, "No devices registered (`lightpath cores devices` lists them; `lightpath demo` registers some)."));
     return;
   }
-  const left = 150, W = 1100, rowH = 34, span = d.end - d.start;
+  const left = 150, W = 1100, rowH = 44, span = d.end - d.start;
   const X = (t) => left + ((t - d.start) / span) * (W - left - 10);
   const svg = s("svg", { viewBox: `0 0 ${W} ${d.devices.length * (rowH + 14) + 30}`, width: "100%", role: "group", "aria-label": "reservations per device over the next hours" });
   for (let hr = 0; hr <= span / 3600; hr++) {
     const x = X(d.start + hr * 3600);
     svg.append(s("line", { x1: x, y1: 14, x2: x, y2: d.devices.length * (rowH + 14) + 20, stroke: "#d0d7de" }),
-      s("text", { x: x + 2, y: 11, fill: "#57606a" }, hr === 0 ? "now" : `+${hr} h`));
+      s("text", { x: x + (hr === 0 ? 2 : -2), y: 11, fill: "#57606a", "text-anchor": hr === 0 ? "start" : "end" }, hr === 0 ? "now" : `+${hr} h`));
   }
   d.devices.forEach((dev, i) => {
     const y0 = 20 + i * (rowH + 14);
@@ -413,21 +413,23 @@ function renderCores(main, d) {
       const x = X(t), y = y0 + rowH - (free / dev.cores) * rowH, nx = k + 1 < dev.free.length ? X(dev.free[k + 1][0]) : X(d.end);
       path += `${k ? "L" : "M"}${x},${y} L${nx},${y} `;
     });
-    // bars stacked by start order, each as tall as its share of the cores
-    let stack = 0;
+    // reservations stack from the bottom: a bar sits on the bars before it that overlap it
+    const placed = [];
     dev.bars.forEach((b) => {
-      const hgt = Math.max(3, (b.cores / dev.cores) * rowH);
+      const hgt = (b.cores / dev.cores) * rowH;
+      const below = placed.filter((p) => p.start < b.end && b.start < p.end).reduce((n, p) => n + p.hgt, 0);
+      placed.push({ ...b, hgt });
       const g = s("g", { class: "resv", tabindex: 0, "aria-label": `${b.reservation_id}: ${b.cores} cores ${when(b.start)}–${when(b.end)}` });
-      g.append(s("rect", { x: X(b.start), y: y0 + (stack % rowH), width: Math.max(2, X(b.end) - X(b.start)), height: Math.min(hgt, rowH - (stack % rowH)), fill: colourOf(b.reservation_id), stroke: "#fff", "stroke-width": 0.5 }));
+      g.append(s("rect", { x: X(b.start), y: y0 + rowH - below - hgt, width: Math.max(2, X(b.end) - X(b.start)), height: Math.max(2, hgt), fill: colourOf(b.reservation_id), stroke: "#fff", "stroke-width": 0.5 }));
+      if (X(b.end) - X(b.start) > 60 && hgt >= 12) g.append(s("text", { x: X(b.start) + 3, y: y0 + rowH - below - hgt / 2 + 4, fill: "#fff", "font-size": 10 }, `${b.reservation_id} · ${b.cores}`));
       g.addEventListener("mousemove", (ev) => showTip(ev, `${b.reservation_id}: ${b.cores} cores, ${when(b.start)} – ${when(b.end)}`));
       g.addEventListener("mouseleave", hideTip);
       svg.append(g);
-      stack += hgt;
     });
     svg.append(s("path", { d: path, fill: "none", stroke: "#116329", "stroke-width": 2, "stroke-dasharray": "5 3" }));
   });
   main.replaceChildren(h("h1", {}, "Core broker"),
-    h("p", { class: "muted" }, `Reservations per device from now to +${Math.round(span / 3600)} h; the dashed green line is free cores (top: all free).`),
+    h("p", { class: "muted" }, `Reservations per device from now to +${Math.round(span / 3600)} h, stacked from the bottom (height: cores); the dashed green line is the free cores (at the top: all free).`),
     svg, h("h2", {}, "Devices now"),
     table(["device", "kind", "cores", "free in window", "peak reserved"], d.devices.map((x) => [x.device_id, x.kind, x.cores, x.free_cores, x.peak_reserved]), [2, 3, 4]));
 }
