@@ -163,9 +163,9 @@ class Console:
             return views.cores_view(capacity, start, end), ["cores", "tick"]
         if name == "agg":
             topology = await b.agg_topology(viewer)
-            states = await b.switch_states(viewer)
+            switch_states = await b.switch_states(viewer)
             commands = await b.commands(viewer)
-            return views.agg_view(b.agg_tree, topology, states, commands, now), ["tick"]
+            return views.agg_view(b.agg_tree, topology, switch_states, commands, now), ["tick"]
         raise BadParameter(
             f"view {name!r} is not one of cell, job, pod, block, ocs, slice, cores, agg"
         )

@@ -14,6 +14,7 @@ Every stream runs under the supervisor (restarted with backoff, logged, and the 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Iterable
 
@@ -74,7 +75,9 @@ class Hub:
                 if pod not in self.pods:
                     self.pods.append(pod)
                     self.supervisor.supervise(
-                        lambda pod=pod: self._watch_pod(pod), f"console: watch {pod}", forever=True
+                        functools.partial(self._watch_pod, pod),
+                        f"console: watch {pod}",
+                        forever=True,
                     )
             await asyncio.sleep(self.poll_s * 10)
 

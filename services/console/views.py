@@ -373,7 +373,7 @@ def agg_view(
                     "threshold_ms": n.threshold_ms,
                 }
             )
-    switches = {}
+    switches: dict[str, dict[str, Any]] = {}
     for name, st in states.items():
         if isinstance(st, str):
             switches[name] = {"error": st}
