@@ -266,3 +266,18 @@ def test_a_tenant_cannot_see_another_tenants_job(page: Page, console_stack, jobs
     assert "not found" in alert.inner_text()
     # the failed read is shown on the page; the browser logs the 404 of that read only
     assert all("404" in e for e in page.errors), page.errors
+
+
+def test_without_a_browser_the_tests_say_why(monkeypatch, tmp_path):
+    """On a machine without /usr/bin/chromium the browser tests skip with the reason, and
+    the note dev.py left about its install attempt."""
+    import tests.console.test_browser as me
+
+    monkeypatch.setattr(me, "CHROMIUM", tmp_path / "chromium")
+    monkeypatch.setattr(me, "APT_NOTE", tmp_path / "note")
+    assert f"{tmp_path / 'chromium'} is missing" in me.why_no_browser()
+    assert "apt-get" in me.why_no_browser()
+    (tmp_path / "note").write_text("`apt-get install chromium` failed (exit 100): no network\n")
+    assert "no network" in me.why_no_browser()
+    (tmp_path / "chromium").touch()
+    assert me.why_no_browser() == ""
