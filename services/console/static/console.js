@@ -188,7 +188,7 @@ function route() {
 // -- Cell -------------------------------------------------------------------------------
 function renderCell(main, d) {
   const pods = d.pods_error
-    ? h("p", { class: "muted" }, `Superpods: ${d.pods_error}`)
+    ? h("p", { class: "muted" }, "Superpods, their blocks and switches are the operators' view: this sign-in shows its own jobs. ", h("span", { class: "mono" }, `(${d.pods_error})`))
     : h("div", { class: "cards" }, d.pods.map((p) => h("div", { class: "card" },
       h("h3", {}, link(`#/pod/${p.pod_id}`, p.pod_id), " ", stateTag(p.status)),
       h("div", { class: "muted" }, `${p.fabric_kind}, blocks of ${p.block_shape}`, p.ocs_per_axis > 1 ? `, K = ${p.ocs_per_axis}` : ""),
