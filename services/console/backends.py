@@ -178,15 +178,6 @@ class Backends:
             if not token:
                 return out
 
-    async def routing_table(
-        self, viewer: Viewer, pod_id: str, ocs_id: str
-    ) -> ocs_manager_pb2.RoutingTable:
-        return await self._call(
-            self._ocs(pod_id).GetRoutingTable,
-            ocs_manager_pb2.GetRoutingTableRequest(ocs_id=ocs_id),
-            viewer,
-        )
-
     async def slice_wiring(
         self, viewer: Viewer, pod_id: str, job_id: str, *, full: bool = True
     ) -> ocs_manager_pb2.SliceWiring:
