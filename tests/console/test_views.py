@@ -85,3 +85,27 @@ def test_viewers_without_sign_in_see_the_read_only_view_only_on_loopback_by_defa
 
 def test_the_default_listen_address_is_loopback():
     assert is_loopback(load(ConsoleSettings, {}).listen)
+
+
+def test_the_console_never_reads_redis():
+    """No module of the console imports Redis or the services' Redis layers: it is a client
+    of the gRPC API only."""
+    import ast
+    from pathlib import Path
+
+    forbidden = (
+        "redis",
+        "services.common.redis_store",
+        "services.common.keys",
+        "lightpath.embedded_redis",
+    )
+    console = Path(__file__).resolve().parents[2] / "services" / "console"
+    for path in console.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            for name in names:
+                assert not name.startswith(forbidden), f"{path.name} imports {name}"
