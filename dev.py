@@ -9,6 +9,11 @@ Other verbs: `up` (the local stack), `lint` (ruff + mypy), `bench NAME`,
 
 The virtual environment is (re)installed whenever pyproject.toml changes, so a
 pull that adds a dependency needs no manual step.
+
+`test` also sets up what some tests drive from the system, once: Debian's `chromium`
+(the web console's browser tests) and `prometheus` (promtool, for the alert rules), with
+apt-get when they are missing and this runs as root. When that cannot be done, the
+tests that need them skip and say why (the note is kept in .venv/.lightpath-apt).
 """
 
 from __future__ import annotations
@@ -25,6 +30,8 @@ VENV = ROOT / ".venv"
 BIN = VENV / ("Scripts" if os.name == "nt" else "bin")
 PY = BIN / "python"
 STAMP = VENV / ".lightpath-installed"
+APT_NOTE = VENV / ".lightpath-apt"  # what the one attempt to install system packages said
+SYSTEM_TOOLS = {"chromium": "/usr/bin/chromium", "prometheus": "/usr/bin/promtool"}
 
 
 def _fingerprint() -> str:
@@ -46,6 +53,37 @@ def ensure_venv() -> None:
     STAMP.write_text(_fingerprint())
 
 
+def ensure_system_tools() -> None:
+    """Debian's chromium and prometheus (promtool) for the tests, installed once, quietly,
+    when missing and this is root on a machine with apt-get; else a note says why not."""
+    import shutil
+
+    missing = [pkg for pkg, path in SYSTEM_TOOLS.items() if not Path(path).exists()]
+    if not missing or APT_NOTE.exists():
+        return
+    if os.name != "posix" or os.geteuid() != 0 or not shutil.which("apt-get"):
+        APT_NOTE.write_text(
+            f"{' and '.join(missing)} not installed: dev.py installs them with apt-get when "
+            "run as root on Debian or Ubuntu; otherwise `apt-get install "
+            f"{' '.join(missing)}` (as root) does\n"
+        )
+        return
+    print(f"dev.py: installing {' '.join(missing)} with apt-get (once)", flush=True)
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.PIPE, "env": env, "text": True}
+    done = subprocess.run(["apt-get", "update", "-qq"], **quiet)
+    if done.returncode == 0:
+        done = subprocess.run(["apt-get", "install", "-y", "-qq", *missing], **quiet)
+    if done.returncode != 0:
+        why = (done.stderr or "").strip().splitlines()[-1:] or ["no message"]
+        APT_NOTE.write_text(
+            f"`apt-get install {' '.join(missing)}` failed (exit {done.returncode}): {why[0]}\n"
+        )
+        print(f"dev.py: {APT_NOTE.read_text().strip()}; the tests needing them skip", flush=True)
+        return
+    APT_NOTE.write_text(f"installed {' '.join(missing)} with apt-get\n")
+
+
 def run(argv: list[str]) -> int:
     os.chdir(ROOT)
     return subprocess.call(argv)
@@ -58,6 +96,7 @@ def main(args: list[str]) -> int:
     verb, rest = args[0], args[1:]
     ensure_venv()
     if verb == "test":
+        ensure_system_tools()
         # pytest exits 5 when no test ran: that is a failure here, as it should be.
         return run([str(PY), "-m", "pytest", "-n", "auto", "--dist", "loadgroup", *rest])
     if verb == "demo":

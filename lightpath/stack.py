@@ -10,6 +10,11 @@ and deploy/docker-compose.yml (a test checks the compose file against it):
     ws-pod-3 / ocs-pod-3            :50065 / :50066   superpod pod-3 (SWITCHED, seed 002)
     core-broker                     :50081
     agg-root / agg-sub-1 / agg-sub-2 :50091 / :50092 / :50093
+    console (web, HTTPS; `lightpath up` only) :8443
+
+The console (services/console, issue 21) is not a gRPC service and not part of the
+topology list: `console_env` gives its settings from the topology, and a Stack starts it
+when given a `console_port` (as `lightpath up` does), after every service is healthy.
 
 Security (docs/security.md): on first use the stack makes a local CA and a
 certificate per process and for the operator under `<state dir>/pki`, and a
@@ -48,11 +53,18 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from lightpath.embedded_redis import EmbeddedRedis, die_with_parent, free_port
 from lightpath.paths import default_state_dir, pki_dir, write_private
 from lightpath.security.credentials import Credentials, token_path
-from lightpath.security.identity import OPERATOR, Principal, service_principal
+from lightpath.security.identity import (
+    OPERATOR,
+    Principal,
+    console_principal,
+    service_principal,
+)
 from lightpath.security.pki import LocalCA
 
 EMBEDDED_REDIS_PORT = 6390
 METRICS_PORT_OFFSET = 1000  # a process's metrics port in the default topology: gRPC port + this
+CONSOLE_PORT = 8443  # the web console's HTTPS port under `lightpath up`
+CONSOLE_NAME = "console"
 
 
 @dataclass(frozen=True)
@@ -194,6 +206,58 @@ def process_env(
     return env
 
 
+def console_env(specs: list[ProcessSpec], port: int, host: str = "127.0.0.1") -> dict[str, str]:
+    """The console's settings for this topology: where it listens and where every service it
+    shows is (host "compose": by service name, listening on every interface)."""
+
+    def at(spec: ProcessSpec) -> str:
+        return f"{spec.name if host == 'compose' else host}:{spec.port}"
+
+    by_service: dict[str, list[ProcessSpec]] = {}
+    for s in specs:
+        by_service.setdefault(s.service, []).append(s)
+    bind = "0.0.0.0" if host == "compose" else "127.0.0.1"
+    env = {
+        "LIGHTPATH_CONSOLE_LISTEN": f"{bind}:{port}",
+        "LIGHTPATH_CELL_ADDR": at(by_service["cell_scheduler"][0]),
+        "LIGHTPATH_CONSOLE_OCS_ADDRS": ",".join(
+            f"{s.env['LIGHTPATH_POD_ID']}={at(s)}" for s in by_service.get("ocs_manager", [])
+        ),
+        "LIGHTPATH_CONSOLE_AGG_ADDRS": ",".join(
+            f"{s.env['LIGHTPATH_SWITCH_ID']}={at(s)}" for s in by_service.get("agg_switch", [])
+        ),
+    }
+    if by_service.get("core_broker"):
+        env["LIGHTPATH_CORE_BROKER_ADDR"] = at(by_service["core_broker"][0])
+    trees = {s.env.get("LIGHTPATH_AGG_TREE", "") for s in by_service.get("agg_switch", [])}
+    if len(trees) == 1 and "" not in trees:
+        env["LIGHTPATH_AGG_TREE"] = trees.pop()
+    return env
+
+
+def console_health(url: str, ca_file: str | Path, timeout: float = 2.0) -> str:
+    """SERVING / NOT_SERVING / UNREACHABLE of the console at `url` (its /healthz, over
+    HTTPS trusting `ca_file`)."""
+    import http.client
+    import ssl
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    try:
+        context = ssl.create_default_context(cafile=str(ca_file))
+        conn = http.client.HTTPSConnection(
+            parts.hostname or "127.0.0.1", parts.port or 443, timeout=timeout, context=context
+        )
+        try:
+            conn.request("GET", "/healthz")
+            status = conn.getresponse().status
+        finally:
+            conn.close()
+    except (OSError, ssl.SSLError, http.client.HTTPException):
+        return "UNREACHABLE"
+    return "SERVING" if status == 200 else "NOT_SERVING"
+
+
 def health_status(
     address: str,
     service: str = "",
@@ -280,9 +344,11 @@ class Stack:
         redis_port: int = EMBEDDED_REDIS_PORT,
         extra_env: Mapping[str, str] | None = None,
         tls: bool = True,
+        console_port: int | None = None,
         log=print,
     ):
         self.state_dir = state_dir or default_state_dir()
+        self.console_port = console_port  # None: no web console
         self.specs = specs or default_topology()
         self.redis_url = redis_url or os.environ.get("LIGHTPATH_REDIS_URL", "")
         self.redis_password_file = (
@@ -306,6 +372,10 @@ class Stack:
         return {s.name: s.metrics_url for s in self.specs if s.metrics_port}
 
     @property
+    def console_url(self) -> str:
+        return f"https://127.0.0.1:{self.console_port}/" if self.console_port else ""
+
+    @property
     def state_file(self) -> Path:
         return self.state_dir / "stack.json"
 
@@ -325,6 +395,10 @@ class Stack:
         wanted.update({s.metrics_port: f"{s.name} metrics" for s in self.specs if s.metrics_port})
         if not self.redis_url:
             wanted[self.redis_port] = "embedded redis"
+        if self.console_port:
+            if not self.tls:
+                raise StackError("the web console serves HTTPS only: start it on a TLS stack")
+            wanted[self.console_port] = "web console"
         taken = busy_ports(wanted)
         if taken:
             raise StackError(
@@ -349,6 +423,9 @@ class Stack:
             for spec in self.specs:
                 self._spawn(spec)
             self._wait_healthy(timeout)
+            if self.console_port:
+                self._spawn_console()
+                self._wait_console(timeout)
         except BaseException:
             self.stop()
             raise
@@ -362,6 +439,7 @@ class Stack:
                     "tls": self.tls,
                     "endpoints": self.endpoints,
                     "metrics": self.metrics_endpoints,
+                    "console": self.console_url,
                     "started_at": time.time(),
                 },
                 indent=2,
@@ -371,6 +449,8 @@ class Stack:
     def _issue_identities(self) -> None:
         """Certificates (TLS) or bearer tokens (plaintext) for every process and the operator."""
         principals = [Principal(OPERATOR, OPERATOR), *(s.principal for s in self.specs)]
+        if self.console_port:
+            principals.append(console_principal())
         self.ca.ensure()
         if self.tls:
             for p in principals:
@@ -408,17 +488,48 @@ class Stack:
             **process_env(spec, self.specs, self.redis_url),
             **self._security_env(spec),
         }
-        env.setdefault("LIGHTPATH_INSTANCE_ID", spec.name)
-        env.setdefault("LIGHTPATH_LOG_FORMAT", "json")
         if spec.metrics_port:
             env["LIGHTPATH_METRICS_LISTEN"] = f"127.0.0.1:{spec.metrics_port}"
+        self._popen(spec.name, spec.service, env)
+
+    def _spawn_console(self) -> None:
+        """The web console: its own certificate, the services' addresses, no Redis (it is a
+        client of their gRPC API only)."""
+        assert self.console_port
+        files = self.ca.paths(console_principal())
+        env = {
+            k: v
+            for k, v in {**os.environ, **self.extra_env}.items()
+            if not k.startswith(("LIGHTPATH_REDIS", "LIGHTPATH_TOKEN"))
+        }
+        env.update(console_env(self.specs, self.console_port))
+        env.update(
+            LIGHTPATH_TLS_CERT=str(files.cert),
+            LIGHTPATH_TLS_KEY=str(files.key),
+            LIGHTPATH_TLS_CA=str(files.ca),
+        )
+        self._popen(CONSOLE_NAME, "console", env)
+
+    def _wait_console(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while console_health(self.console_url, self.ca.cert_path, 0.5) != "SERVING":
+            self._check_alive(CONSOLE_NAME)
+            if time.monotonic() > deadline:
+                raise StackError(
+                    "the web console is not healthy in time" + self._log_tails([CONSOLE_NAME])
+                )
+            time.sleep(0.1)
+
+    def _popen(self, name: str, service: str, env: dict[str, str]) -> None:
+        env.setdefault("LIGHTPATH_INSTANCE_ID", name)
+        env.setdefault("LIGHTPATH_LOG_FORMAT", "json")
         logs = self.state_dir / "logs"
         # The JSON-lines log (stderr) apart from what console exporters print (stdout).
-        logfile = open(logs / f"{spec.name}.log", "ab")
-        otelfile = open(logs / f"{spec.name}.otel.jsonl", "ab")
+        logfile = open(logs / f"{name}.log", "ab")
+        otelfile = open(logs / f"{name}.otel.jsonl", "ab")
         try:
-            self.procs[spec.name] = subprocess.Popen(
-                [sys.executable, "-m", f"services.{spec.service}"],
+            self.procs[name] = subprocess.Popen(
+                [sys.executable, "-m", f"services.{service}"],
                 env=env,
                 stdout=otelfile,
                 stderr=logfile,
@@ -509,6 +620,7 @@ class StackInfo:
     redis_password_file: str = ""
     tls: bool = True
     metrics: dict[str, str] = field(default_factory=dict)  # process -> scrape URL
+    console: str = ""  # the web console's URL ("" when it was not started)
 
 
 def running_stack(state_dir: Path | None = None) -> StackInfo | None:
@@ -526,6 +638,7 @@ def running_stack(state_dir: Path | None = None) -> StackInfo | None:
         data.get("redis_password_file", ""),
         bool(data.get("tls", True)),
         dict(data.get("metrics", {})),
+        str(data.get("console", "")),
     )
 
 

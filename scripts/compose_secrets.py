@@ -6,7 +6,8 @@
 A CA (ca.crt, ca.key), one certificate + key per process of the local stack's
 topology with the process's compose name as its DNS name (peers reach each
 other by it) and its Lightpath identity (spiffe://lightpath/service/...), the
-operator's certificate for the CLI, and a random Redis password. Existing files
+operator's certificate for the CLI, the web console's certificate, and a random Redis
+password. Existing files
 are kept (run again after the topology changes: only what is missing is made).
 With your own CA, put your files under the same names instead.
 
@@ -25,7 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from lightpath.security.identity import OPERATOR, Principal  # noqa: E402
+from lightpath.security.identity import OPERATOR, Principal, console_principal  # noqa: E402
 from lightpath.security.pki import LocalCA  # noqa: E402
 from lightpath.stack import default_topology  # noqa: E402
 
@@ -41,6 +42,7 @@ def main(argv: list[str]) -> int:
     keys = [ca.issue(Principal(OPERATOR, OPERATOR)).key]
     for spec in default_topology():
         keys.append(ca.issue(spec.principal, hosts=(spec.name,)).key)
+    keys.append(ca.issue(console_principal(), hosts=("console",)).key)  # the web console
     password = directory / "redis.password"
     if not password.exists():
         password.write_text(secrets.token_urlsafe(32) + "\n")

@@ -19,8 +19,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from lightpath.security.identity import console_principal  # noqa: E402
 from lightpath.security.pki import file_stem  # noqa: E402
-from lightpath.stack import default_topology, process_env  # noqa: E402
+from lightpath.stack import CONSOLE_PORT, console_env, default_topology, process_env  # noqa: E402
 
 specs = default_topology()
 METRICS_PORT = 9464  # every service's scrape endpoint inside its container (the OTel default)
@@ -111,6 +112,55 @@ for s in specs:
         "      retries: 10",
     ]
     out.append("\n".join(lines) + "\n")
+# The web console (issue 21): HTTPS with its own certificate, a client of the services'
+# gRPC API only (no Redis), published on the host's 127.0.0.1 only, where viewers who have
+# not signed in get its read-only view (LIGHTPATH_CONSOLE_ANONYMOUS=read; set none to
+# require a sign-in).
+console = {
+    **console_env(specs, CONSOLE_PORT, host="compose"),
+    "LIGHTPATH_CONSOLE_ANONYMOUS": "read",
+    "LIGHTPATH_INSTANCE_ID": "console",
+    "LIGHTPATH_LOG_FORMAT": "json",
+    "LIGHTPATH_TLS_CA": "/run/secrets/ca_cert",
+    "LIGHTPATH_TLS_CERT": "/run/secrets/console_cert",
+    "LIGHTPATH_TLS_KEY": "/run/secrets/console_key",
+}
+shown = [
+    s.name
+    for s in specs
+    if s.service in ("cell_scheduler", "ocs_manager", "core_broker", "agg_switch")
+]
+lines = [
+    "  console:",
+    "    <<: *lightpath",
+    '    command: ["lightpath-console"]',
+    "    depends_on:",
+]
+for dep in shown:
+    lines += [f"      {dep}:", "        condition: service_healthy"]
+lines += [
+    "    secrets:",
+    "      - ca_cert",
+    "      - console_cert",
+    "      - console_key",
+    "    environment:",
+]
+lines += [f'      {k}: "{v}"' for k, v in console.items()]
+lines += [
+    "    ports:",
+    f'      - "127.0.0.1:{CONSOLE_PORT}:{CONSOLE_PORT}"',
+    "    healthcheck:",
+    "      test:",
+    "        - CMD",
+    "        - python",
+    "        - -c",
+    "        - import sys; from lightpath.stack import console_health; "
+    f"sys.exit(console_health('https://127.0.0.1:{CONSOLE_PORT}/', '/run/secrets/ca_cert') != 'SERVING')",
+    "      interval: 5s",
+    "      timeout: 3s",
+    "      retries: 10",
+]
+out.append("\n".join(lines) + "\n")
 secrets = [
     "secrets:",
     "  redis_password:",
@@ -121,6 +171,8 @@ secrets = [
 for s in specs:
     for part in ("cert", "key"):
         secrets += [f"  {secret_name(s, part)}:", f"    file: {secret_file(s, part)}"]
+for part, ext in (("cert", "crt"), ("key", "key")):
+    secrets += [f"  console_{part}:", f"    file: ./secrets/{file_stem(console_principal())}.{ext}"]
 out.append("\n".join(secrets) + "\n")
 out.append("volumes:\n  redis-data:\n")
 (ROOT / "deploy" / "docker-compose.yml").open("w").write("\n".join(out))

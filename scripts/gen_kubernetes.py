@@ -15,7 +15,9 @@ every object against the Kubernetes schemas and the code.
     base/              what every Lightpath deployment shares: the settings ConfigMap,
                        a default-deny NetworkPolicy, DNS and Redis egress
     overlays/stack/    the local stack's processes: per process a ServiceAccount,
-                       Service, Deployment, PodDisruptionBudget and NetworkPolicy
+                       Service, Deployment, PodDisruptionBudget and NetworkPolicy;
+                       and the web console (console.yaml: HTTPS, a client of the
+                       services' gRPC API only, no Redis, sign-in required)
     monitoring/        for prometheus-operator: a metrics Service over every
                        Lightpath pod, its ServiceMonitor, the alert rules as a
                        PrometheusRule and the NetworkPolicy letting Prometheus in
@@ -39,7 +41,15 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from lightpath.stack import ProcessSpec, default_topology, process_env  # noqa: E402
+from lightpath.security.identity import console_principal  # noqa: E402
+from lightpath.stack import (  # noqa: E402
+    CONSOLE_NAME,
+    CONSOLE_PORT,
+    ProcessSpec,
+    console_env,
+    default_topology,
+    process_env,
+)
 
 OUT = ROOT / "deploy" / "kubernetes"
 LOCK = ROOT / "deploy" / "requirements.lock"
@@ -88,6 +98,20 @@ RESOURCES = {
 CLIENT_LABEL = "lightpath.io/client"
 OPERATOR_LABEL = "lightpath.io/operator"
 FRONT_DOORS = {"cell_scheduler", "core_broker", "agg_switch"}
+
+# The web console (services/console, issue 21) reads these services over gRPC. Its pod is
+# not `part-of: lightpath` (no Redis egress, no metrics scrape: it has neither); its own
+# NetworkPolicy opens DNS, the services it reads, and its HTTPS port to operators' pods
+# and pods labelled lightpath.io/client=console (`kubectl port-forward` reaches it too).
+CONSOLE_READS = {"cell_scheduler", "ocs_manager", "core_broker", "agg_switch"}
+CONSOLE_SELECTOR = {"lightpath.io/process": CONSOLE_NAME}
+CONSOLE_LABELS = {
+    "app.kubernetes.io/name": "console",
+    "app.kubernetes.io/instance": CONSOLE_NAME,
+    "app.kubernetes.io/component": "web-console",
+    **CONSOLE_SELECTOR,
+}
+CONSOLE_RESOURCES = ("100m", "128Mi", "1", "384Mi")
 
 # What every service reads from the shared ConfigMap (CommonSettings only).
 COMMON_SETTINGS = {
@@ -395,6 +419,8 @@ def network_policy(spec: ProcessSpec, specs: list[ProcessSpec]) -> dict[str, Any
     sources.append(
         {"namespaceSelector": {}, "podSelector": {"matchLabels": {OPERATOR_LABEL: "true"}}}
     )
+    if spec.service in CONSOLE_READS:
+        sources.append({"podSelector": {"matchLabels": CONSOLE_SELECTOR}})
     if spec.service in FRONT_DOORS:
         sources.append(
             {
@@ -516,6 +542,218 @@ def base_files() -> dict[str, str]:
     }
 
 
+def console_objects(specs: list[ProcessSpec]) -> list[dict[str, Any]]:
+    """The web console: ServiceAccount, Service, Deployment, PodDisruptionBudget and its
+    NetworkPolicy. One replica: sign-ins live in its memory (a restart signs viewers out).
+    LIGHTPATH_CONSOLE_ANONYMOUS stays `auto`, which, listening beyond loopback, means a
+    viewer must sign in with a bearer token (docs/console.md)."""
+    env = console_env(specs, CONSOLE_PORT, host="compose")
+    env.update(
+        LIGHTPATH_TLS_CERT=f"{CREDENTIALS_DIR}/tls.crt",
+        LIGHTPATH_TLS_KEY=f"{CREDENTIALS_DIR}/tls.key",
+        LIGHTPATH_TLS_CA=f"{CREDENTIALS_DIR}/ca.crt",
+        LIGHTPATH_LOG_FORMAT="json",
+    )
+    container_env = [{"name": k, "value": v} for k, v in env.items()]
+    container_env.append(
+        {"name": "LIGHTPATH_INSTANCE_ID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}
+    )
+    url = f"https://127.0.0.1:{CONSOLE_PORT}/"
+
+    def probe(serving_only: bool) -> list[str]:
+        wrong = "!= 'SERVING'" if serving_only else "== 'UNREACHABLE'"
+        return [
+            "python",
+            "-c",
+            "import sys; from lightpath.stack import console_health; "
+            f"sys.exit(console_health('{url}', '{CREDENTIALS_DIR}/ca.crt') {wrong})",
+        ]
+
+    cpu_req, mem_req, cpu_lim, mem_lim = CONSOLE_RESOURCES
+    meta = {"name": CONSOLE_NAME, "labels": CONSOLE_LABELS}
+    shown = sorted(s.name for s in specs if s.service in CONSOLE_READS)
+    by_name = {s.name: s for s in specs}
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": meta,
+        "spec": {
+            "replicas": 1,
+            "revisionHistoryLimit": 5,
+            "strategy": {
+                "type": "RollingUpdate",
+                "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1},
+            },
+            "selector": {"matchLabels": CONSOLE_SELECTOR},
+            "template": {
+                "metadata": {"labels": CONSOLE_LABELS},
+                "spec": {
+                    "serviceAccountName": CONSOLE_NAME,
+                    "automountServiceAccountToken": False,
+                    "enableServiceLinks": False,
+                    "terminationGracePeriodSeconds": 10,
+                    "securityContext": {
+                        "runAsNonRoot": True,
+                        "runAsUser": 10001,
+                        "runAsGroup": 10001,
+                        "fsGroup": 10001,
+                        "seccompProfile": {"type": "RuntimeDefault"},
+                    },
+                    "containers": [
+                        {
+                            "name": "console",
+                            "image": f"{IMAGE}:latest",
+                            "imagePullPolicy": "IfNotPresent",
+                            "command": ["lightpath-console"],
+                            "ports": [
+                                {"name": "https", "containerPort": CONSOLE_PORT, "protocol": "TCP"}
+                            ],
+                            "env": container_env,
+                            "resources": {
+                                "requests": {"cpu": cpu_req, "memory": mem_req},
+                                "limits": {"cpu": cpu_lim, "memory": mem_lim},
+                            },
+                            "startupProbe": {
+                                "exec": {"command": probe(False)},
+                                "periodSeconds": 5,
+                                "failureThreshold": 24,
+                                "timeoutSeconds": 5,
+                            },
+                            "readinessProbe": {
+                                "exec": {"command": probe(True)},
+                                "periodSeconds": 10,
+                                "failureThreshold": 2,
+                                "timeoutSeconds": 5,
+                            },
+                            "livenessProbe": {
+                                "exec": {"command": probe(False)},
+                                "periodSeconds": 20,
+                                "failureThreshold": 3,
+                                "timeoutSeconds": 5,
+                            },
+                            "securityContext": {
+                                "allowPrivilegeEscalation": False,
+                                "readOnlyRootFilesystem": True,
+                                "capabilities": {"drop": ["ALL"]},
+                            },
+                            "volumeMounts": [
+                                {
+                                    "name": "credentials",
+                                    "mountPath": CREDENTIALS_DIR,
+                                    "readOnly": True,
+                                },
+                                {"name": "tmp", "mountPath": "/tmp"},
+                            ],
+                        }
+                    ],
+                    "volumes": [
+                        {
+                            "name": "credentials",
+                            "projected": {
+                                "defaultMode": 0o440,
+                                "sources": [
+                                    {
+                                        "secret": {
+                                            "name": f"{CONSOLE_NAME}-tls",
+                                            "items": [
+                                                {"key": "tls.crt", "path": "tls.crt"},
+                                                {"key": "tls.key", "path": "tls.key"},
+                                            ],
+                                        }
+                                    },
+                                    {
+                                        "secret": {
+                                            "name": CA_SECRET,
+                                            "items": [{"key": "ca.crt", "path": "ca.crt"}],
+                                        }
+                                    },
+                                ],
+                            },
+                        },
+                        {"name": "tmp", "emptyDir": {"sizeLimit": "16Mi"}},
+                    ],
+                },
+            },
+        },
+    }
+    policy = {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": meta,
+        "spec": {
+            "podSelector": {"matchLabels": CONSOLE_SELECTOR},
+            "policyTypes": ["Ingress", "Egress"],
+            "ingress": [
+                {
+                    "from": [
+                        {
+                            "namespaceSelector": {},
+                            "podSelector": {"matchLabels": {OPERATOR_LABEL: "true"}},
+                        },
+                        {
+                            "namespaceSelector": {},
+                            "podSelector": {"matchLabels": {CLIENT_LABEL: "console"}},
+                        },
+                    ],
+                    "ports": [{"protocol": "TCP", "port": CONSOLE_PORT}],
+                }
+            ],
+            "egress": [
+                {
+                    "to": [
+                        {
+                            "namespaceSelector": {},
+                            "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}},
+                        }
+                    ],
+                    "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}],
+                },
+                *(
+                    {
+                        "to": [{"podSelector": {"matchLabels": selector(by_name[n])}}],
+                        "ports": [{"protocol": "TCP", "port": by_name[n].port}],
+                    }
+                    for n in shown
+                ),
+            ],
+        },
+    }
+    return [
+        {
+            "apiVersion": "v1",
+            "kind": "ServiceAccount",
+            "metadata": meta,
+            "automountServiceAccountToken": False,
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": meta,
+            "spec": {
+                "type": "ClusterIP",
+                "selector": CONSOLE_SELECTOR,
+                "ports": [
+                    {
+                        "name": "https",
+                        "port": CONSOLE_PORT,
+                        "targetPort": "https",
+                        "protocol": "TCP",
+                        "appProtocol": "https",
+                    }
+                ],
+            },
+        },
+        deployment,
+        {
+            "apiVersion": "policy/v1",
+            "kind": "PodDisruptionBudget",
+            "metadata": meta,
+            "spec": {"maxUnavailable": 1, "selector": {"matchLabels": CONSOLE_SELECTOR}},
+        },
+        policy,
+    ]
+
+
 def overlay_files(specs: list[ProcessSpec]) -> dict[str, str]:
     files: dict[str, str] = {}
     namespace = {
@@ -542,11 +780,24 @@ def overlay_files(specs: list[ProcessSpec]) -> dict[str, str]:
             f"#\n# {s.name}: {s.service}, port {s.port}; its certificate: Secret "
             f"{tls_secret(s)} (tls.crt, tls.key)\n# naming {s.name} and {s.principal.uri}.\n",
         )
+    files[f"overlays/stack/{CONSOLE_NAME}.yaml"] = dump(
+        console_objects(specs),
+        f"#\n# The web console (issue 21, docs/console.md): HTTPS on {CONSOLE_PORT}, its "
+        f"certificate: Secret {CONSOLE_NAME}-tls\n# naming {console_principal().uri}. "
+        f"Open it with `kubectl -n {NAMESPACE} port-forward svc/{CONSOLE_NAME} "
+        f"{CONSOLE_PORT}` and\n# https://127.0.0.1:{CONSOLE_PORT}/; viewers sign in with "
+        "a bearer token.\n",
+    )
     kustomization = {
         "apiVersion": "kustomize.config.k8s.io/v1beta1",
         "kind": "Kustomization",
         "namespace": NAMESPACE,
-        "resources": ["../../base", "namespace.yaml", *(f"{s.name}.yaml" for s in specs)],
+        "resources": [
+            "../../base",
+            "namespace.yaml",
+            *(f"{s.name}.yaml" for s in specs),
+            f"{CONSOLE_NAME}.yaml",
+        ],
         "images": [{"name": IMAGE, "newTag": _version()}],
     }
     files["overlays/stack/kustomization.yaml"] = dump(
@@ -778,6 +1029,8 @@ def secret_commands(directory: str) -> str:
     for s in default_topology():
         stem = f"{directory}/{file_stem(s.principal)}"
         lines.append(f"{ns} tls {tls_secret(s)} --cert={stem}.crt --key={stem}.key")
+    stem = f"{directory}/{file_stem(console_principal())}"
+    lines.append(f"{ns} tls {CONSOLE_NAME}-tls --cert={stem}.crt --key={stem}.key")
     return "\n".join(lines) + "\n"
 
 

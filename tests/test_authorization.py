@@ -72,6 +72,7 @@ PRINCIPALS = [
     "service:ocs_manager/pod-1",
     "service:core_broker",
     "service:agg_switch/sub-1",
+    "service:console",
 ]
 # What the guard says when it refuses; a servicer's own refusals use other reasons.
 GUARD_REASONS = {
@@ -145,6 +146,18 @@ def test_every_method_of_every_service_has_a_row():
         # core broker: as before, operators manage, applications reserve
         ("CoreBroker/RegisterDevice", ["operator:operator"], ["application:cam", "tenant:acme"]),
         ("CoreBroker/Reserve", ["application:cam"], ["operator:operator", "tenant:acme"]),
+        # the web console (issue 21): a read-only operator, of every pod, writing nothing
+        ("CellScheduler/ListPods", ["service:console"], ["node:n1"]),
+        ("CellScheduler/WatchPod", ["service:console"], ["tenant:acme"]),
+        ("OcsManager/ListSwitches", ["service:console"], ["service:workload_scheduler/pod-2"]),
+        ("CoreBroker/QueryCapacity", ["service:console"], ["tenant:acme"]),
+        ("AggSwitch/GetSwitchState", ["service:console"], ["tenant:acme"]),
+        ("CellScheduler/SubmitJob", [], ["service:console"]),
+        ("CellScheduler/ReportBlockHealth", [], ["service:console"]),
+        ("OcsManager/WireSlice", [], ["service:console"]),
+        ("CoreBroker/RegisterDevice", [], ["service:console"]),
+        ("CoreBroker/ReleaseReservation", [], ["service:console"]),
+        ("AggSwitch/DefineTopology", [], ["service:console"]),
     ],
 )
 def test_the_roles_the_issue_names(method, allowed, denied):
@@ -163,7 +176,12 @@ def _allowed(path: str, principal: Principal) -> bool:
     )
     if role not in rule.roles:
         return False
-    return not (rule.same_scope and principal.kind == "service" and principal.scope() != "pod-1")
+    return not (
+        rule.same_scope
+        and principal.kind == "service"
+        and principal.scope() != "pod-1"
+        and role != "service:console"  # the console reads every pod
+    )
 
 
 async def _call(ch: grpc.aio.Channel, path: str, method) -> grpc.aio.AioRpcError | None:
@@ -568,3 +586,13 @@ async def test_a_certificate_without_a_lightpath_identity_is_unauthenticated(
         report = error_report(err)
         assert report.code == grpc.StatusCode.UNAUTHENTICATED
         assert report.reason == "UNKNOWN_IDENTITY" and "spiffe://lightpath/" in report.message
+
+
+def test_the_console_may_only_read():
+    """Every row naming the console is a read (never audited as a change), and no
+    mutating method of any service names it: its identity cannot change anything."""
+    console_rows = [p for p, rule in RULES.items() if "service:console" in rule.roles]
+    assert console_rows
+    assert all(not RULES[p].audit for p in console_rows), "the console holds a write row"
+    names = {p.rsplit("/", 1)[1] for p in console_rows}
+    assert all(n.startswith(("Get", "List", "Watch", "Query", "Check", "Plan")) for n in names)

@@ -22,7 +22,39 @@ SPECS = {s.name: s for s in default_topology()}
 
 
 def test_compose_runs_exactly_the_local_stack_plus_redis():
-    assert set(COMPOSE["services"]) == set(SPECS) | {"redis"}
+    assert set(COMPOSE["services"]) == set(SPECS) | {"redis", "console"}
+
+
+def test_the_console_is_a_client_of_the_services_with_its_own_certificate():
+    """The web console (issue 21): its settings are the console's own, it reaches every
+    service it shows by its compose name, holds no Redis setting, serves HTTPS with its own
+    certificate and is published on the host's loopback only."""
+    from lightpath.stack import CONSOLE_PORT, console_env
+    from services.console.settings import ConsoleSettings
+
+    svc = COMPOSE["services"]["console"]
+    env = {k: str(v) for k, v in svc["environment"].items()}
+    known = {d.env for d in describe(ConsoleSettings)} | {"LIGHTPATH_INSTANCE_ID"}
+    assert set(env) <= known, set(env) - known
+    settings = load(ConsoleSettings, env)
+    assert not any(k.startswith("LIGHTPATH_REDIS") for k in env)
+    assert env.items() >= console_env(default_topology(), CONSOLE_PORT, host="compose").items()
+    assert dict(settings.ocs_addrs) == {
+        s.env["LIGHTPATH_POD_ID"]: f"{s.name}:{s.port}"
+        for s in SPECS.values()
+        if s.service == "ocs_manager"
+    }
+    for var, secret in (
+        ("LIGHTPATH_TLS_CERT", "console_cert"),
+        ("LIGHTPATH_TLS_KEY", "console_key"),
+        ("LIGHTPATH_TLS_CA", "ca_cert"),
+    ):
+        assert env[var] == f"/run/secrets/{secret}" and secret in svc["secrets"]
+    assert svc["ports"] == [f"127.0.0.1:{CONSOLE_PORT}:{CONSOLE_PORT}"]
+    assert settings.anonymous == "read"  # said outright: the host's loopback only sees it
+    assert svc["command"] == ["lightpath-console"]
+    assert SCRIPTS["lightpath-console"] == "services.console.__main__:main"
+    assert "console_health" in svc["healthcheck"]["test"][-1]
 
 
 def test_redis_persists_with_aof_on_a_volume():
@@ -108,6 +140,14 @@ def test_compose_secrets_script_makes_every_secret_the_file_names(tmp_path):
     )
     for secret in COMPOSE["secrets"].values():
         assert (tmp_path / secret["file"]).exists(), secret["file"]
+    from lightpath.security.identity import console_principal
+
+    cert = x509.load_pem_x509_certificate(
+        (tmp_path / COMPOSE["secrets"]["console_cert"]["file"]).read_bytes()
+    )
+    sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert console_principal().uri in sans.get_values_for_type(x509.UniformResourceIdentifier)
+    assert "console" in sans.get_values_for_type(x509.DNSName)
     for name, spec in SPECS.items():
         path = COMPOSE["secrets"][f"{name}_cert"]["file"]
         cert = x509.load_pem_x509_certificate((tmp_path / path).read_bytes())

@@ -111,11 +111,12 @@ def test_python_renderer_agrees_with_kubectl_kustomize():
 
 def test_overlay_runs_exactly_the_local_stack_in_one_namespace():
     for kind in ("Deployment", "Service", "ServiceAccount", "PodDisruptionBudget"):
-        assert set(objects(kind)) == set(SPECS), kind
+        assert set(objects(kind)) == set(SPECS) | {"console"}, kind
     assert set(objects("NetworkPolicy")) - set(SPECS) == {
         "lightpath-default-deny",
         "lightpath-dns-egress",
         "lightpath-redis-egress",
+        "console",
     }
     (namespace,) = objects("Namespace")
     assert {o["metadata"].get("namespace") for o in OBJECTS if o["kind"] != "Namespace"} == {
@@ -470,3 +471,59 @@ def test_secret_commands_make_every_secret_the_pods_mount(tmp_path):
                 mounted.add(source["secret"]["name"])
     assert made == mounted
     assert files and all(Path(f).is_file() for f in files), files
+
+
+def test_the_console_reads_the_services_and_nothing_else():
+    """The web console (issue 21): the console's own settings only (no Redis, not the shared
+    ConfigMap), its certificate and the CA from Secrets, HTTPS probes, restricted; its
+    policy opens DNS and exactly the services it reads, and those admit it; it is not
+    part of the pods every Lightpath policy and the metrics scrape select."""
+    from services.console.settings import ConsoleSettings
+
+    c = container("console")
+    assert c["command"] == ["lightpath-console"] and "envFrom" not in c
+    env = {e["name"]: e["value"] for e in c["env"] if "value" in e}
+    known = {d.env for d in describe(ConsoleSettings)}
+    assert set(env) <= known and "LIGHTPATH_INSTANCE_ID" in known
+    settings = load(ConsoleSettings, env)
+    assert not settings.anonymous_reads()  # beyond loopback: viewers sign in
+    assert not any("REDIS" in k for k in env)
+    pod = DEPLOYMENTS["console"]["spec"]["template"]
+    secrets = {
+        src["secret"]["name"]
+        for v in pod["spec"]["volumes"]
+        for src in v.get("projected", {}).get("sources", [])
+    }
+    assert secrets == {"console-tls", "lightpath-ca"}
+    assert "app.kubernetes.io/part-of" not in pod["metadata"]["labels"]
+    assert pod["spec"]["securityContext"]["runAsNonRoot"] is True
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True
+    assert "console_health" in " ".join(c["readinessProbe"]["exec"]["command"])
+    read = {n for n, s in SPECS.items() if s.service in gen.CONSOLE_READS}
+    assert read == {n for n in SPECS if not n.startswith("ws-")}
+    assert dict(settings.ocs_addrs) == {
+        SPECS[n].env["LIGHTPATH_POD_ID"]: f"{n}:{SPECS[n].port}"
+        for n in read
+        if n.startswith("ocs-")
+    }
+    policies = objects("NetworkPolicy")
+    egress = policies["console"]["spec"]["egress"]
+    reached = {
+        n
+        for rule in egress
+        for peer in rule["to"]
+        for n in SPECS
+        if "namespaceSelector" not in peer and _selected(peer, pod_labels(n))
+    }
+    assert reached == read
+    console_labels = pod["metadata"]["labels"]
+    for name in SPECS:
+        (rule,) = policies[name]["spec"]["ingress"]
+        admits = any(
+            "namespaceSelector" not in peer and _selected(peer, console_labels)
+            for peer in rule["from"]
+        )
+        assert admits == (name in read), name
+    (ingress,) = policies["console"]["spec"]["ingress"]
+    assert ingress["ports"] == [{"protocol": "TCP", "port": 8443}]
+    assert all("namespaceSelector" in peer for peer in ingress["from"])

@@ -29,3 +29,12 @@ def test_every_setting_is_in_the_configuration_table(service):
         assert f"`{doc.env}`" in README, (
             f"{doc.env} ({service}) is missing from the README's configuration table"
         )
+
+
+def test_every_console_setting_is_in_the_configuration_table():
+    from services.console.settings import ConsoleSettings
+
+    for doc in describe(ConsoleSettings):
+        assert f"`{doc.env}`" in README, (
+            f"{doc.env} (console) is missing from the README's configuration table"
+        )

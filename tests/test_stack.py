@@ -93,7 +93,12 @@ def test_up_serves_every_service_and_ctrl_c_leaves_nothing_behind(tmp_path):
         assert status["security"]["tls"] is True
         children = _descendants(proc.pid)
         names = " ".join(" ".join(c.cmdline()) for c in children)
-        assert "redis-server" in names and names.count("services.") == len(default_topology())
+        # every service, and the web console (issue 21), each its own process
+        assert "redis-server" in names and names.count("services.") == len(default_topology()) + 1
+        assert "services.console" in names
+        assert status["console"]["url"] == state["console"]
+        assert state["console"].startswith("https://127.0.0.1:")
+        assert status["console"]["health"] == "SERVING"
         # secure by default: everything listens on loopback only, Redis needs its
         # password, and the password is in no process's arguments
         listening = [
@@ -131,7 +136,7 @@ def test_a_killed_supervisor_takes_its_children_with_it(tmp_path):
     try:
         _wait_for_stack(proc, tmp_path)
         children = _descendants(proc.pid)
-        assert len(children) == len(default_topology()) + 1
+        assert len(children) == len(default_topology()) + 2  # redis, services, console
         proc.kill()  # SIGKILL: no chance to clean up; the kernel's parent-death signal must
         proc.wait()
         _assert_all_gone(children)

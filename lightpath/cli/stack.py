@@ -9,11 +9,14 @@ import time
 from pathlib import Path
 
 from lightpath.cli._common import add_json_flag, print_json, table
+from lightpath.embedded_redis import free_port
 from lightpath.paths import pki_dir
 from lightpath.security.credentials import Credentials
 from lightpath.stack import (
+    CONSOLE_PORT,
     Stack,
     StackError,
+    console_health,
     default_state_dir,
     default_topology,
     ensure_stack,
@@ -32,6 +35,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     up.add_argument(
         "--ephemeral-ports", action="store_true", help="free ports instead of the fixed 500xx ones"
+    )
+    up.add_argument(
+        "--no-console",
+        action="store_true",
+        help="do not start the web console (by default on https://127.0.0.1:8443/)",
     )
     up.set_defaults(func=cmd_up)
 
@@ -66,7 +74,15 @@ def cmd_up(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 1
-    stack = Stack(state_dir, specs=specs, redis_port=0 if args.ephemeral_ports else 6390)
+    console_port = (
+        None if args.no_console else (free_port() if args.ephemeral_ports else CONSOLE_PORT)
+    )
+    stack = Stack(
+        state_dir,
+        specs=specs,
+        redis_port=0 if args.ephemeral_ports else 6390,
+        console_port=console_port,
+    )
     stopping = False
 
     def on_signal(signum, frame):
@@ -86,6 +102,11 @@ def cmd_up(args: argparse.Namespace) -> int:
             ["process", "service", "endpoint", "metrics"],
         )
     )
+    if stack.console_url:
+        print(
+            f"\nweb console: {stack.console_url}  (read-only; your browser must trust the "
+            f"local CA {stack.ca.cert_path}, or accept its warning once)"
+        )
     print(f"\nlogs in {state_dir / 'logs'}; all healthy; Ctrl-C stops everything", flush=True)
     code = 0
     while not stopping:
@@ -117,6 +138,12 @@ def cmd_status(args: argparse.Namespace) -> int:
         }
         for name, addr in stack.endpoints.items()
     }
+    console = {
+        "url": stack.console,
+        "health": console_health(stack.console, pki_dir(args.state_dir) / "ca.crt")
+        if stack.console
+        else "",
+    }
     security = {
         "tls": stack.tls,
         "client_auth": "certificates required" if stack.tls else "bearer tokens (plaintext)",
@@ -132,6 +159,7 @@ def cmd_status(args: argparse.Namespace) -> int:
                 "redis_url": stack.redis_url,
                 "security": security,
                 "services": statuses,
+                "console": console,
             }
         )
     else:
@@ -146,7 +174,12 @@ def cmd_status(args: argparse.Namespace) -> int:
                 ["process", "endpoint", "health", "metrics"],
             )
         )
-    return 0 if all(s["health"] == "SERVING" for s in statuses.values()) else 1
+        if stack.console:
+            print(f"\nweb console: {stack.console}  {console['health']}")
+        else:
+            print("\nno web console (started without it: `lightpath up --no-console`)")
+    healthy = all(s["health"] == "SERVING" for s in statuses.values())
+    return 0 if healthy and console["health"] in ("", "SERVING") else 1
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

@@ -9,7 +9,8 @@ Kinds:
   service    one Lightpath process; the name is the service and, for services
              that serve one superpod or one switch, its scope:
              `workload_scheduler/pod-1`, `ocs_manager/pod-1`, `agg_switch/root`,
-             `cell_scheduler`, `core_broker`.
+             `cell_scheduler`, `core_broker`; `console` is the web console,
+             which may only read (a read-only operator).
   operator   a person or tool that runs the cell (`operator`, `alice`, ...).
   tenant     a job system acting for one tenant; the name is the tenant.
   application  a core_broker application (its id).
@@ -95,3 +96,13 @@ def from_uri(uri: str) -> Principal | None:
 
 def service_principal(service: str, scope: str = "") -> Principal:
     return Principal(SERVICE, f"{service}/{scope}" if scope else service)
+
+
+# The web console (services/console, issue 21): a service identity, because it serves
+# HTTPS with its certificate, whose policy rows are reads only (services.common.policy):
+# a read-only operator. A viewer who signs in has their own token forwarded instead.
+CONSOLE_SERVICE = "console"
+
+
+def console_principal() -> Principal:
+    return service_principal(CONSOLE_SERVICE)

@@ -33,7 +33,7 @@ import random
 import time
 from collections import deque
 
-from lightpath.security.identity import SERVICE, Principal
+from lightpath.security.identity import CONSOLE_SERVICE, SERVICE, Principal
 from services.common.errors import ResourceExhausted
 
 log = logging.getLogger("lightpath.admission")
@@ -65,8 +65,13 @@ def sheddable(method: str, *, streaming: bool) -> bool:
 
 
 def exempt_principal(principal: Principal | None) -> bool:
-    """Calls from Lightpath services are never shed (see the module docstring)."""
-    return principal is not None and principal.kind == SERVICE
+    """Calls from Lightpath services are never shed (see the module docstring), but for the
+    web console's: it reads for people at browsers, like any outside caller."""
+    return (
+        principal is not None
+        and principal.kind == SERVICE
+        and not principal.is_service(CONSOLE_SERVICE)
+    )
 
 
 class Admission:

@@ -36,7 +36,7 @@ from lightpath.errors import PermissionDenied, Unauthenticated
 from lightpath.security.identity import OPERATOR, SERVICE, TENANT, Principal, from_uri
 from lightpath.security.tokens import TokenRegistry
 from services.common.audit import AuditLog
-from services.common.policy import Rule, rule_for
+from services.common.policy import UNSCOPED_ROLES, Rule, rule_for
 
 _CALLER: contextvars.ContextVar[Principal | None] = contextvars.ContextVar(
     "lightpath_caller", default=None
@@ -164,7 +164,12 @@ class Guard:
                 reason="ROLE_REQUIRED",
                 metadata={"principal": str(principal), "roles": rule.describe_roles()},
             )
-        if rule.same_scope and principal.kind == SERVICE and principal.scope() != self.scope:
+        if (
+            rule.same_scope
+            and principal.kind == SERVICE
+            and principal.scope() != self.scope
+            and not role_of(principal) & UNSCOPED_ROLES
+        ):
             raise PermissionDenied(
                 f"{principal} serves {principal.scope() or 'no pod'}, this {self.service} serves "
                 f"{self.scope}: only its own {principal.name.split('/')[0]} may call "

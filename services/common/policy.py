@@ -8,6 +8,10 @@ so a new RPC cannot be served until it has its row.
 Roles:
   operator, tenant, application, node   a principal of that kind
   service:<name>                        a process of that Lightpath service
+  service:console                       the web console's own identity (issue 21): it is
+                                        named in read rows only, so it is a read-only
+                                        operator; `same_scope` rows take it from any scope
+                                        (it shows every pod)
 Rows marked `same_scope` take a scoped service caller only from the same
 scope as this server: only the workload_scheduler of pod P reaches pod P's
 ocs_manager. Per-resource checks (a tenant's own jobs, a pod's own
@@ -28,6 +32,9 @@ from lightpath.security.identity import APPLICATION, NODE, OPERATOR, TENANT
 CELL = "service:cell_scheduler"
 WS = "service:workload_scheduler"
 AGG = "service:agg_switch"
+CONSOLE = "service:console"
+# Roles a `same_scope` row takes whatever their scope (they serve no pod or switch).
+UNSCOPED_ROLES = frozenset({CONSOLE})
 
 
 @dataclass(frozen=True)
@@ -55,15 +62,15 @@ def write(*roles: str, same_scope: bool = False, audit: bool = True) -> Rule:
 _CELL = {
     "GetInfo": PUBLIC,
     "SubmitJob": write(TENANT, OPERATOR),
-    "GetJob": read(TENANT, OPERATOR),
-    "ListJobs": read(TENANT, OPERATOR),
+    "GetJob": read(TENANT, OPERATOR, CONSOLE),
+    "ListJobs": read(TENANT, OPERATOR, CONSOLE),
     "CompleteJob": write(TENANT, OPERATOR),
     "CancelJob": write(TENANT, OPERATOR),
-    "WatchJob": read(TENANT, OPERATOR),
+    "WatchJob": read(TENANT, OPERATOR, CONSOLE),
     "ReportBlockHealth": write(OPERATOR),
-    "ListPods": read(OPERATOR),
-    "GetPod": read(OPERATOR),
-    "WatchPod": read(OPERATOR),
+    "ListPods": read(OPERATOR, CONSOLE),
+    "GetPod": read(OPERATOR, CONSOLE),
+    "WatchPod": read(OPERATOR, CONSOLE),
     "RegisterPod": write(WS, OPERATOR),
     "ReportPodStatus": write(WS, OPERATOR, audit=False),
 }
@@ -108,7 +115,7 @@ _OCS_WRITES = (
 )
 _OCS = {
     "GetInfo": PUBLIC,
-    **{m: read(WS, OPERATOR, same_scope=True) for m in _OCS_READS},
+    **{m: read(WS, OPERATOR, CONSOLE, same_scope=True) for m in _OCS_READS},
     **{m: write(WS, OPERATOR, same_scope=True) for m in _OCS_WRITES},
 }
 
@@ -119,35 +126,35 @@ _BROKER = {
     "RegisterApplication": write(OPERATOR),
     "RemoveApplication": write(OPERATOR),
     "SetLatencies": write(OPERATOR),
-    "ListDevices": read(APPLICATION, OPERATOR),
-    "QueryCapacity": read(APPLICATION, OPERATOR),
+    "ListDevices": read(APPLICATION, OPERATOR, CONSOLE),
+    "QueryCapacity": read(APPLICATION, OPERATOR, CONSOLE),
     "Reserve": write(APPLICATION),
     "BatchReserve": write(APPLICATION),
-    "GetReservation": read(APPLICATION, OPERATOR),
-    "ListReservations": read(APPLICATION, OPERATOR),
+    "GetReservation": read(APPLICATION, OPERATOR, CONSOLE),
+    "ListReservations": read(APPLICATION, OPERATOR, CONSOLE),
     "ReleaseReservation": write(APPLICATION, OPERATOR),
     "ExtendReservation": write(APPLICATION, OPERATOR),
-    "WatchReservations": read(APPLICATION, OPERATOR),
+    "WatchReservations": read(APPLICATION, OPERATOR, CONSOLE),
     "PlanGraph": read(APPLICATION, OPERATOR),
     "ReserveGraph": write(APPLICATION),
     "ReportGraphMetrics": write(APPLICATION),
-    "GetGraphMetrics": read(APPLICATION, OPERATOR),
+    "GetGraphMetrics": read(APPLICATION, OPERATOR, CONSOLE),
 }
 
 _AGG = {
     "GetInfo": PUBLIC,
     "DefineTopology": write(OPERATOR),
-    "GetTopology": read(OPERATOR, TENANT, NODE, AGG),
+    "GetTopology": read(OPERATOR, TENANT, NODE, AGG, CONSOLE),
     "StartCommand": write(OPERATOR, TENANT),
-    "GetCommand": read(OPERATOR, TENANT, NODE),
-    "ListCommands": read(OPERATOR, TENANT),
+    "GetCommand": read(OPERATOR, TENANT, NODE, CONSOLE),
+    "ListCommands": read(OPERATOR, TENANT, CONSOLE),
     "ChooseTimeoutAggregator": read(OPERATOR, TENANT),
     "PredictStragglers": read(OPERATOR, TENANT),
-    "GetHistory": read(OPERATOR, TENANT),
+    "GetHistory": read(OPERATOR, TENANT, CONSOLE),
     "ReportLoad": write(NODE, AGG, OPERATOR, audit=False),
     "SetParameters": write(OPERATOR, TENANT),
     "GetParameters": read(OPERATOR, TENANT, NODE),
-    "GetSwitchState": read(OPERATOR, AGG),
+    "GetSwitchState": read(OPERATOR, AGG, CONSOLE),
     "JoinCommand": read(NODE),
     "Contribute": read(NODE),
     "Results": read(NODE),

@@ -1,0 +1,490 @@
+// Lightpath console: a read-only, live view of the cell. Plain JS, no build step, no
+// third-party code. Each view is a URL fragment (#/cell, #/pod/pod-1, ...) whose data
+// comes from /events/<view> (server-sent events, sent again whenever it changes).
+"use strict";
+
+const SVG = "http://www.w3.org/2000/svg";
+// Colour-blind-safe palette (Okabe-Ito, then Tol's muted) for jobs; never the only cue:
+// each block also carries its job's short label and a pattern marks failures.
+const PALETTE = ["#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00",
+  "#332288", "#117733", "#882255", "#44AA99", "#999933", "#AA4499"];
+const state = { source: null, route: null, session: null, updates: 0, selected: null };
+
+// -- DOM helpers (text only: nothing from the services is ever parsed as HTML) ----------
+function h(tag, attrs, ...kids) {
+  const el = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (v === null || v === undefined || v === false) continue;
+    if (k.startsWith("on")) el.addEventListener(k.slice(2), v);
+    else el.setAttribute(k, v === true ? "" : String(v));
+  }
+  for (const kid of kids.flat(Infinity)) {
+    if (kid === null || kid === undefined || kid === false) continue;
+    el.append(kid instanceof Node ? kid : document.createTextNode(String(kid)));
+  }
+  return el;
+}
+function s(tag, attrs, ...kids) {
+  const el = document.createElementNS(SVG, tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (v === null || v === undefined) continue;
+    if (k.startsWith("on")) el.addEventListener(k.slice(2), v);
+    else el.setAttribute(k, String(v));
+  }
+  for (const kid of kids.flat(Infinity)) {
+    if (kid === null || kid === undefined) continue;
+    el.append(kid instanceof Node ? kid : document.createTextNode(String(kid)));
+  }
+  return el;
+}
+const link = (href, text) => h("a", { href }, text);
+const stateTag = (st) => h("span", { class: `state ${st}` }, st);
+function ago(sec) {
+  if (sec === null || sec === undefined) return "—";
+  if (sec < 60) return `${sec.toFixed(1)} s`;
+  if (sec < 3600) return `${Math.floor(sec / 60)} min`;
+  return `${(sec / 3600).toFixed(1)} h`;
+}
+function when(unix) { return unix ? new Date(unix * 1000).toLocaleTimeString() : "—"; }
+function colourOf(jobId) {
+  let x = 0;
+  for (const c of jobId) x = (x * 31 + c.charCodeAt(0)) >>> 0;
+  return PALETTE[x % PALETTE.length];
+}
+function table(headers, rows, numeric = []) {
+  return h("table", {},
+    h("thead", {}, h("tr", {}, headers.map((t, i) => h("th", { class: numeric.includes(i) ? "num" : null, scope: "col" }, t)))),
+    h("tbody", {}, rows.map((r) => h("tr", {}, r.map((c, i) => h("td", { class: numeric.includes(i) ? "num" : null }, c))))));
+}
+function usebar(used, total, label) {
+  const pct = total ? Math.round((100 * used) / total) : 0;
+  const inner = h("span", {});
+  inner.style.width = `${pct}%`;
+  return h("span", {}, h("span", { class: "bar", role: "img", "aria-label": `${label}: ${pct}%` }, inner), ` ${used}/${total}`);
+}
+
+// -- tooltip ----------------------------------------------------------------------------
+const tip = h("div", { class: "tip", role: "tooltip", hidden: true });
+function showTip(ev, text) {
+  tip.textContent = text; tip.hidden = false;
+  tip.style.left = `${Math.min(ev.clientX + 12, window.innerWidth - 330)}px`;
+  tip.style.top = `${ev.clientY + 12}px`;
+}
+function hideTip() { tip.hidden = true; }
+
+// -- session ----------------------------------------------------------------------------
+async function loadSession() {
+  const r = await fetch("/api/session", { credentials: "same-origin" });
+  state.session = await r.json();
+  renderWho(); renderNav();
+}
+function renderWho() {
+  const who = document.getElementById("who");
+  const sess = state.session;
+  who.replaceChildren();
+  if (sess.signed_in) {
+    who.append(h("span", {}, `signed in: ${sess.name}`), h("button", { onclick: signOut, type: "button" }, "Sign out"));
+  } else {
+    who.append(h("span", {}, sess.anonymous_reads ? "console's read-only view" : "not signed in"),
+      h("a", { href: "#/signin" }, "Sign in"));
+  }
+}
+async function signOut() {
+  await fetch("/api/logout", { method: "POST", credentials: "same-origin" });
+  await loadSession(); route();
+}
+function viewSignIn(main) {
+  const input = h("input", { type: "password", id: "token", autocomplete: "off", "aria-describedby": "token-help", placeholder: "lpt1.…" });
+  const out = h("p", { "aria-live": "polite" });
+  const form = h("form", { class: "signin", onsubmit: async (ev) => {
+    ev.preventDefault();
+    const r = await fetch("/api/login", { method: "POST", credentials: "same-origin",
+      headers: { "Content-Type": "application/json" }, body: JSON.stringify({ token: input.value }) });
+    const body = await r.json();
+    if (!r.ok) { out.className = "error"; out.textContent = body.error.message; return; }
+    input.value = ""; await loadSession(); location.hash = "#/cell";
+  } },
+  h("label", { for: "token" }, "Your bearer token"), input,
+  h("p", { id: "token-help", class: "muted" },
+    "A tenant sees only its own jobs. Get a token with `lightpath tenant create NAME --token`. It stays on the console's server; your browser keeps only a session cookie."),
+  h("button", { type: "submit" }, "Sign in"), out);
+  main.replaceChildren(h("h1", {}, "Sign in"), form);
+  live("");
+}
+
+// -- navigation -------------------------------------------------------------------------
+function renderNav() {
+  const nav = document.getElementById("nav");
+  const items = [["#/cell", "Cell"]];
+  for (const pod of state.session.pods) items.push([`#/pod/${pod}`, `Superpod ${pod}`]);
+  if (state.session.pods.length) items.push([`#/ocs/${state.session.pods[0]}`, "OCS"]);
+  if (state.session.cores) items.push(["#/cores", "Core broker"]);
+  if (state.session.agg) items.push(["#/agg", "Aggregation"]);
+  nav.replaceChildren(...items.map(([href, text]) => h("a", { href }, text)));
+  markNav();
+}
+function markNav() {
+  const here = (location.hash || "#/cell").split("?")[0];
+  for (const a of document.querySelectorAll("#nav a")) {
+    const href = a.getAttribute("href");
+    const on = here === href || (href.startsWith("#/ocs/") && here.startsWith("#/ocs/")) ;
+    if (on) a.setAttribute("aria-current", "page"); else a.removeAttribute("aria-current");
+  }
+}
+
+// -- live data --------------------------------------------------------------------------
+function live(text) { document.getElementById("live").textContent = text || "not connected"; }
+function follow(url, render) {
+  if (state.source) state.source.close();
+  const src = new EventSource(url);
+  state.source = src;
+  src.addEventListener("view", (ev) => {
+    const data = JSON.parse(ev.data);
+    state.updates += 1;
+    document.body.dataset.updates = String(state.updates);
+    live(`live · updated ${new Date().toLocaleTimeString()}`);
+    render(data);
+  });
+  src.addEventListener("failure", (ev) => {
+    const err = JSON.parse(ev.data);
+    showError(err);
+  });
+  src.onerror = async () => {
+    if (src.readyState === EventSource.CLOSED || !state.updates) {
+      // the first answer failed: ask once as a plain request to show why
+      const r = await fetch(url.replace("/events/", "/api/view/"), { credentials: "same-origin" });
+      if (!r.ok) { src.close(); showError((await r.json()).error); return; }
+    }
+    live("reconnecting…");
+  };
+}
+function showError(err) {
+  const main = document.getElementById("view");
+  const hint = err.code === "UNAUTHENTICATED" ? " — sign in to see this."
+    : err.code === "PERMISSION_DENIED" ? " — your sign-in may not see this view." : "";
+  main.replaceChildren(h("h1", {}, "Not available"), h("p", { class: "error", role: "alert" }, `${err.message}${hint}`),
+    h("p", {}, link("#/cell", "Back to the cell")));
+  live("stopped");
+}
+
+function route() {
+  const parts = (location.hash || "#/cell").split("?")[0].slice(2).split("/").map(decodeURIComponent);
+  const main = document.getElementById("view");
+  markNav(); hideTip();
+  if (state.source) { state.source.close(); state.source = null; }
+  const [view, a, b] = parts;
+  const q = (o) => new URLSearchParams(o).toString();
+  main.replaceChildren(h("p", { class: "muted" }, "Loading…"));
+  if (view === "signin") return viewSignIn(main);
+  if (view === "job") return follow(`/events/job?${q({ id: a })}`, (d) => renderJob(main, d));
+  if (view === "pod") return follow(`/events/pod?${q({ id: a })}`, (d) => renderPod(main, d));
+  if (view === "ocs") return follow(`/events/ocs?${q({ pod: a })}`, (d) => renderOcs(main, d));
+  if (view === "slice") return follow(`/events/slice?${q({ pod: a, job: b })}`, (d) => renderSlice(main, d));
+  if (view === "cores") return follow("/events/cores", (d) => renderCores(main, d));
+  if (view === "agg") return follow("/events/agg", (d) => renderAgg(main, d));
+  return follow("/events/cell", (d) => renderCell(main, d));
+}
+
+// -- Cell -------------------------------------------------------------------------------
+function renderCell(main, d) {
+  const pods = d.pods_error
+    ? h("p", { class: "muted" }, "Superpods, their blocks and switches are the operators' view: this sign-in shows its own jobs. ", h("span", { class: "mono" }, `(${d.pods_error})`))
+    : h("div", { class: "cards" }, d.pods.map((p) => h("div", { class: "card" },
+      h("h3", {}, link(`#/pod/${p.pod_id}`, p.pod_id), " ", stateTag(p.status)),
+      h("div", { class: "muted" }, `${p.fabric_kind}, blocks of ${p.block_shape}`, p.ocs_per_axis > 1 ? `, K = ${p.ocs_per_axis}` : ""),
+      h("div", {}, `heartbeat ${ago(p.heartbeat_age_s)} ago · queue ${p.queued_jobs} · running ${p.running_jobs}`),
+      p.capacity.map((c) => h("div", {}, `${c.node_type}: `, usebar(c.allocated, c.total, `${c.node_type} blocks in use`),
+        c.failed ? h("span", { class: "state FAILED" }, `${c.failed} failed`) : "")),
+      h("div", {}, link(`#/ocs/${p.pod_id}`, "OCS use →")))));
+  const jobs = d.jobs.length ? table(["job", "tenant", "state", "pod", "shape (chips)", "blocks", "priority", "age"],
+    d.jobs.map((j) => [link(`#/job/${encodeURIComponent(j.job_id)}`, j.job_id), j.tenant, stateTag(j.state),
+      j.pod_id ? link(`#/pod/${j.pod_id}`, j.pod_id) : (j.queue_position ? `cell queue #${j.queue_position}` : "—"),
+      j.shape, j.blocks, j.priority, ago(j.age_s)]), [5, 6]) : h("p", { class: "muted" }, "No jobs yet.");
+  main.replaceChildren(h("h1", {}, "Cell"), h("h2", {}, "Superpods"), pods, h("h2", {}, `Jobs (${d.jobs.length})`), jobs);
+}
+
+// -- Job --------------------------------------------------------------------------------
+function renderJob(main, d) {
+  const dl = (pairs) => h("dl", {}, pairs.flatMap(([k, v]) => [h("dt", {}, k), h("dd", {}, v)]));
+  const wiring = d.wiring ? `${d.wiring.state}: ${d.wiring.cross_connects} cross-connects, ${d.wiring.one_to_many} 1×K settings, grid ${d.wiring.grid}`
+    : (d.wiring_error || "not wired");
+  main.replaceChildren(
+    h("h1", {}, `Job ${d.job_id} `, stateTag(d.state)),
+    h("div", { class: "grid2" },
+      h("div", { class: "detail" }, dl([
+        ["tenant", d.tenant], ["pod", d.pod_id ? link(`#/pod/${d.pod_id}`, d.pod_id) : "—"],
+        ["shape", `${d.shape} chips = ${d.grid || "?"} blocks`], ["priority", d.priority], ["age", ago(d.age_s)],
+        ["reason", d.reason || "—"], ["placement", d.placement_reason || "—"],
+        ["wiring", d.wiring && d.pod_id ? link(`#/slice/${d.pod_id}/${encodeURIComponent(d.job_id)}`, wiring) : wiring],
+        ["trace id", h("span", { class: "mono" }, d.trace_id || "—")],
+      ]), h("p", { class: "muted" }, "The trace id is this page's read of the job: the services' logs and spans of that read carry it.")),
+      h("div", {}, h("h2", {}, `Blocks (${d.block_list.length})`),
+        d.block_list.length ? table(["block", "type", "position"], d.block_list.map((b) => [
+          d.pod_id ? link(`#/pod/${d.pod_id}?block=${b.block_id}`, `block ${b.block_id}`) : b.block_id, b.node_type, b.position.join(",")]))
+          : h("p", { class: "muted" }, "none held"))),
+    h("h2", {}, "History"),
+    table(["at", "from", "to", "pod", "reason"], d.history.map((e) => [when(e.at), e.from, stateTag(e.to), e.pod_id, e.reason])));
+}
+
+// -- Superpod block map -----------------------------------------------------------------
+function mapLayout(d) {
+  if (d.switched) {
+    const cfg = d.switched.fabric.config || {};
+    return { cols: cfg.cluster_cols || 4, cell: 120 };
+  }
+  const n = d.blocks.length;
+  return { cols: Math.max(1, Math.ceil(Math.sqrt(n))), cell: 62 };
+}
+function defs() {
+  return s("defs", {},
+    s("pattern", { id: "failed-hatch", width: 8, height: 8, patternUnits: "userSpaceOnUse", patternTransform: "rotate(45)" },
+      s("rect", { width: 8, height: 8, fill: "#f8d7da" }), s("line", { x1: 0, y1: 0, x2: 0, y2: 8, stroke: "#a40e26", "stroke-width": 4 })),
+    s("pattern", { id: "free-dots", width: 6, height: 6, patternUnits: "userSpaceOnUse" },
+      s("rect", { width: 6, height: 6, fill: "#f6f8fa" }), s("circle", { cx: 3, cy: 3, r: 0.8, fill: "#8c959f" })));
+}
+const TYPE_MARK = { tpu: "", gpu: "◆", npu: "" };
+function blockGlyph(b, x, y, size, label) {
+  const failed = b.health === "FAILED";
+  const fill = failed ? "url(#failed-hatch)" : b.job_id ? colourOf(b.job_id) : "url(#free-dots)";
+  const g = s("g", { class: "block", tabindex: 0, role: "button", "data-block": b.block_id,
+    "data-job": b.job_id || "", "data-health": b.health, "data-type": b.node_type,
+    "aria-label": `block ${b.block_id}, ${b.node_type}, ${failed ? "failed" : b.job_id ? `job ${b.job_id}` : "free"}` });
+  const rx = b.node_type === "gpu" ? size / 3 : 3;  // other node types: rounder corners, and a mark
+  g.append(s("rect", { class: "cell", x, y, width: size, height: size, rx, fill, stroke: "#57606a", "stroke-width": 1 }));
+  const dark = !failed && b.job_id;
+  g.append(s("text", { x: x + 4, y: y + 13, fill: dark ? "#fff" : "#1b1f24", "font-weight": 600 }, String(b.block_id)));
+  if (TYPE_MARK[b.node_type]) g.append(s("text", { x: x + size - 14, y: y + 13, fill: dark ? "#fff" : "#1b1f24" }, TYPE_MARK[b.node_type]));
+  if (failed) g.append(s("text", { x: x + size / 2, y: y + size / 2 + size * 0.18, "font-size": size * 0.5, "text-anchor": "middle", fill: "#a40e26", "font-weight": 700 }, "✕"));
+  else if (b.job_id) g.append(s("text", { x: x + 4, y: y + size - 6, fill: "#fff", "font-size": 10 }, label(b.job_id)));
+  return g;
+}
+function renderPod(main, d) {
+  const { cols, cell } = mapLayout(d);
+  const gap = 6;
+  const rows = Math.ceil(d.blocks.length / cols);
+  const W = cols * (cell + gap) + gap, H = rows * (cell + gap) + gap;
+  const svg = s("svg", { class: "blockmap", viewBox: `0 0 ${W} ${H}`, role: "group", "aria-label": `block map of ${d.pod_id}` }, defs());
+  const short = (id) => (id.length > 9 ? `${id.slice(0, 8)}…` : id);
+  const detail = h("div", { class: "detail", id: "block-detail" }, h("p", { class: "muted" }, "Hover a block for its job; click it for its segments and cross-connects."));
+  for (const b of d.blocks) {
+    const i = b.block_id, x = gap + (i % cols) * (cell + gap), y = gap + Math.floor(i / cols) * (cell + gap);
+    const g = blockGlyph(b, x, y, cell, short);
+    if (d.switched) {  // a group: its processors as small squares
+      const dims = (d.switched.fabric.config.group_shape || {}).dims || [3, 3];
+      const pr = dims[0], pc = dims[1] || 1, ps = Math.floor((cell - 24) / Math.max(pr, pc));
+      for (let r = 0; r < pr; r++) for (let c = 0; c < pc; c++)
+        g.append(s("rect", { x: x + 10 + c * ps, y: y + 18 + r * ps, width: ps - 3, height: ps - 3, fill: "none", stroke: b.job_id ? "#fff" : "#8c959f" }));
+      if (d.switched.small_groups.includes(i)) g.append(s("text", { x: x + cell - 40, y: y + 13, fill: b.job_id ? "#fff" : "#1b1f24" }, "small"));
+    }
+    const text = `block ${i} (${b.node_type}) — ${b.health === "FAILED" ? "FAILED" : b.job_id ? `job ${b.job_id}` : "free"}`;
+    g.addEventListener("mousemove", (ev) => showTip(ev, text));
+    g.addEventListener("mouseleave", hideTip);
+    const pick = () => { state.selected = i; selectBlock(svg, d, i, detail); };
+    g.addEventListener("click", pick);
+    g.addEventListener("keydown", (ev) => { if (ev.key === "Enter" || ev.key === " ") { ev.preventDefault(); pick(); } });
+    svg.append(g);
+  }
+  const types = [...new Set(d.blocks.map((b) => b.node_type))];
+  const swatch = (fill, extra, rx = 2) => s("svg", { width: 18, height: 18, "aria-hidden": "true" }, defs(), s("rect", { x: 1, y: 1, width: 16, height: 16, rx, fill, stroke: "#57606a" }), extra || null);
+  const legend = h("div", { class: "legend" },
+    h("span", {}, swatch("url(#free-dots)"), " free"),
+    h("span", {}, swatch("url(#failed-hatch)", s("text", { x: 4, y: 14, fill: "#a40e26", "font-size": 13 }, "✕")), " failed (hatched, ✕)"),
+    h("span", {}, swatch(PALETTE[0]), " held by a job (colour per job, job id written in the block)"),
+    types.length > 1 ? types.map((t) => h("span", {}, swatch("#fff", TYPE_MARK[t] ? s("text", { x: 4, y: 14, "font-size": 11 }, TYPE_MARK[t]) : null, t === "gpu" ? 6 : 2), ` ${t} block`)) : h("span", { class: "muted" }, `all blocks ${types[0] || ""}`));
+  const jobs = d.live_jobs.length ? table(["", "job", "state", "blocks", "grid", "priority"], d.live_jobs.map((j) => [
+    s("svg", { width: 14, height: 14, "aria-hidden": "true" }, s("rect", { width: 14, height: 14, fill: colourOf(j.job_id) })),
+    link(`#/job/${encodeURIComponent(j.job_id)}`, j.job_id), stateTag(j.state), j.blocks, j.grid, j.priority]), [3, 5])
+    : h("p", { class: "muted" }, "No live jobs.");
+  const caps = d.capacity.map((c) => h("div", {}, `${c.node_type}: `, usebar(c.allocated, c.total, `${c.node_type} in use`), ` · ${c.free} free · ${c.failed} failed`));
+  const side = [h("div", { class: "detail" }, h("div", {}, stateTag(d.status), ` heartbeat ${ago(d.heartbeat_age_s)} ago · queue ${d.queued_jobs}`), caps,
+    h("div", {}, link(`#/ocs/${d.pod_id}`, "OCS use of this pod →"))), detail, h("h2", {}, "Live jobs"), jobs];
+  if (d.switched) side.push(switchedPanel(d));
+  if (d.wiring_differences.length) side.push(h("p", { class: "error" }, `${d.wiring_differences.length} wiring difference(s) being repaired`));
+  main.replaceChildren(h("h1", {}, `Superpod ${d.pod_id}`, h("span", { class: "muted" }, ` · ${d.fabric_kind} · ${d.block_count} ${d.switched ? "groups" : "blocks"} of ${d.block_shape}`)),
+    h("div", { class: "grid2" }, h("div", {}, svg, legend), h("div", {}, side)));
+  const wanted = new URLSearchParams(location.hash.split("?")[1] || "").get("block");
+  const sel = state.selected !== null && state.route === location.hash ? state.selected : (wanted !== null ? Number(wanted) : null);
+  state.route = location.hash;
+  if (sel !== null && d.blocks[sel]) selectBlock(svg, d, sel, detail);
+}
+async function selectBlock(svg, d, id, detail) {
+  for (const g of svg.querySelectorAll(".block")) g.classList.toggle("selected", Number(g.dataset.block) === id);
+  state.selected = id;
+  const r = await fetch(`/api/view/block?${new URLSearchParams({ pod: d.pod_id, id })}`, { credentials: "same-origin" });
+  const b = await r.json();
+  if (!r.ok) { detail.replaceChildren(h("p", { class: "error" }, b.error.message)); return; }
+  detail.replaceChildren(h("h2", {}, `Block ${b.block_id}`),
+    h("dl", {}, h("dt", {}, "type"), h("dd", {}, b.node_type), h("dt", {}, "health"), h("dd", {}, stateTag(b.health === "FAILED" ? "FAILED" : "READY"), " ", b.health),
+      h("dt", {}, "job"), h("dd", {}, b.job_id ? link(`#/job/${encodeURIComponent(b.job_id)}`, b.job_id) : "free"),
+      h("dt", {}, "wiring"), h("dd", {}, b.job_id ? link(`#/slice/${d.pod_id}/${encodeURIComponent(b.job_id)}`, "its slice's cross-connects →") : "—")),
+    b.segments.length ? h("div", { class: "scroll" }, table(["dim", "axis", "end", "OCS port(s)", "1×K"], b.segments.map((g) => [g.dim, g.axis, g.end, g.ports.join(" "), g.one_to_many || "—"])))
+      : h("p", { class: "muted" }, d.switched ? "A processor group: its links are ring reservations (below)." : "No segments reported."),
+    b.cross_connects.length ? h("p", {}, `${b.cross_connects.length} cross-connects of its slice touch it.`) : null);
+}
+function switchedPanel(d) {
+  const sw = d.switched;
+  const busy = sw.switches.filter((x) => (x.down_in_use || 0) + (x.up_in_use || 0) > 0);
+  return h("div", {}, h("h2", {}, "Groups and ring reservations"),
+    h("p", {}, `${sw.fabric.groups} groups of ${((sw.fabric.config.group_shape || {}).dims || []).join("x")} processors, ${sw.fabric.tier0_switches} tier-0 and ${sw.fabric.tier1_switches} tier-1 switches; groups ${sw.small_groups.join(", ")} kept for small jobs.`),
+    sw.rings.length ? table(["job", "tiles", "rings", "channels"], sw.rings.map((r) => [link(`#/job/${encodeURIComponent(r.job_id)}`, r.job_id),
+      (r.tiles || []).map((t) => t.group_name || `g${t.group}`).join(" "), r.rings, r.channel_count]), [2, 3])
+      : h("p", { class: "muted" }, "No ring reservations."),
+    h("p", {}, `${busy.length} of ${sw.switches.length} switches carry a ring.`));
+}
+
+// -- OCS --------------------------------------------------------------------------------
+function heatColour(u) {  // light to dark blue (sequential, readable in greyscale)
+  const stops = [[247, 251, 255], [198, 219, 239], [107, 174, 214], [33, 113, 181], [8, 48, 107]];
+  const t = Math.max(0, Math.min(1, u)) * (stops.length - 1), i = Math.min(stops.length - 2, Math.floor(t)), f = t - i;
+  const c = stops[i].map((v, k) => Math.round(v + (stops[i + 1][k] - v) * f));
+  return `rgb(${c.join(",")})`;
+}
+function renderOcs(main, d) {
+  const pods = state.session.pods;
+  const pick = h("p", {}, "Pod: ", pods.map((p) => [p === d.pod_id ? h("strong", {}, p) : link(`#/ocs/${p}`, p), " "]));
+  if (!d.switches.length) {
+    main.replaceChildren(h("h1", {}, `OCS of ${d.pod_id}`), pick, h("p", { class: "muted" }, "This pod has no optical circuit switches (a SWITCHED pod: see its ring reservations on the superpod view)."), link(`#/pod/${d.pod_id}`, "Superpod view →"));
+    return;
+  }
+  const dims = [...new Set(d.switches.map((x) => x.dim))].sort((a, b) => a - b);
+  const perDim = Math.max(...dims.map((dm) => d.switches.filter((x) => x.dim === dm).length));
+  const cw = Math.max(22, Math.min(44, Math.floor(1000 / perDim))), ch = 34, left = 60;
+  const svg = s("svg", { class: "heat", viewBox: `0 0 ${left + perDim * cw + 10} ${dims.length * (ch + 8) + 30}`, width: "100%", role: "group", "aria-label": "port use per switch" });
+  dims.forEach((dm, row) => {
+    svg.append(s("text", { x: 4, y: 24 + row * (ch + 8) + ch / 2 }, `dim ${dm}`));
+    d.switches.filter((x) => x.dim === dm).forEach((x, col) => {
+      const g = s("g", { class: "switch", "data-ocs": x.ocs_id, tabindex: 0, "aria-label": `${x.ocs_id}: ${x.ports_in_use} of ${x.ports_cabled} ports in use` });
+      g.append(s("rect", { x: left + col * cw, y: 14 + row * (ch + 8), width: cw - 2, height: ch, fill: heatColour(x.use), stroke: "#57606a", "stroke-width": 0.5 }));
+      if (x.ports_in_use) g.append(s("text", { x: left + col * cw + 3, y: 14 + row * (ch + 8) + ch - 6, "font-size": 9, fill: x.use > 0.5 ? "#fff" : "#1b1f24" }, String(x.ports_in_use)));
+      g.addEventListener("mousemove", (ev) => showTip(ev, `${x.ocs_id} (dim ${x.dim}, axis ${x.axis}, k ${x.k}): ${x.ports_in_use}/${x.ports_cabled} ports in use, radix ${x.radix}`));
+      g.addEventListener("mouseleave", hideTip);
+      svg.append(g);
+    });
+  });
+  const scale = h("div", { class: "legend" }, "port use: ", [0, 0.25, 0.5, 0.75, 1].map((u) => h("span", {},
+    s("svg", { width: 18, height: 14, "aria-hidden": "true" }, s("rect", { width: 18, height: 14, fill: heatColour(u), stroke: "#57606a" })), ` ${u * 100}%`)),
+    h("span", { class: "muted" }, "(number in a cell: ports in use)"));
+  const top = [...d.switches].sort((a, b) => b.use - a.use).slice(0, 8).filter((x) => x.ports_in_use);
+  const oneK = d.one_to_many.length ? h("div", { class: "scroll" }, table(["1×K switch", "block", "dim", "axis", "selected output", "job"],
+    d.one_to_many.slice(0, 300).map((o) => [o.switch_id, link(`#/pod/${d.pod_id}?block=${o.block_id}`, o.block_id), o.dim, o.axis,
+      o.selected >= 0 ? `${o.selected} → ${o.outputs[o.selected] || "?"}` : "idle", o.job_id ? link(`#/job/${encodeURIComponent(o.job_id)}`, o.job_id) : "—"])))
+    : h("p", { class: "muted" }, "No 1×K switches (K = 1: every segment is cabled straight to its OCS).");
+  main.replaceChildren(h("h1", {}, `OCS of ${d.pod_id}`), pick,
+    h("p", { class: "muted" }, `${d.switches.length} switches; rows: logical dimension, columns: axis and K index.`),
+    svg, scale,
+    h("div", { class: "grid2" },
+      h("div", {}, h("h2", {}, "1×K switch states"), oneK),
+      h("div", {}, h("h2", {}, "Busiest switches"), top.length ? table(["OCS", "in use", "cabled"], top.map((x) => [x.ocs_id, x.ports_in_use, x.ports_cabled]), [1, 2]) : h("p", { class: "muted" }, "No port in use."),
+        h("p", {}, link(`#/pod/${d.pod_id}`, "Block map of this pod →")))));
+}
+function renderSlice(main, d) {
+  const byOcs = {};
+  for (const c of d.cross_connects) (byOcs[c.ocs_id] = byOcs[c.ocs_id] || []).push(c);
+  main.replaceChildren(h("h1", {}, `Slice of ${d.job_id} `, stateTag(d.state)),
+    h("p", {}, `Grid ${d.grid} of blocks on `, link(`#/pod/${d.pod_id}`, d.pod_id), ` · ${d.cross_connects.length} cross-connects on ${Object.keys(byOcs).length} switches · ${d.one_to_many.length} 1×K settings · `,
+      link(`#/job/${encodeURIComponent(d.job_id)}`, "job →"), " ", link(`#/ocs/${d.pod_id}`, "OCS heat map →")),
+    h("h2", {}, "Blocks"), h("p", {}, d.blocks.map((b) => [link(`#/pod/${d.pod_id}?block=${b.block_id}`, `block ${b.block_id}`), ` at (${b.position.join(",")})  `])),
+    h("h2", {}, "Cross-connects"),
+    h("div", { class: "scroll" }, table(["OCS", "port a", "port b", "from (block, dim, axis)", "to (block, dim, axis)"],
+      d.cross_connects.slice(0, 1000).map((c) => [c.ocs_id, c.port_a, c.port_b, c.a.join(", "), c.b.join(", ")]), [1, 2])));
+}
+
+// -- Core broker ------------------------------------------------------------------------
+function renderCores(main, d) {
+  if (!d.devices.length) {
+    main.replaceChildren(h("h1", {}, "Core broker"), h("p", { class: "muted" }, "No devices registered (`lightpath cores devices` lists them; `lightpath demo` registers some)."));
+    return;
+  }
+  const left = 150, W = 1100, rowH = 44, span = d.end - d.start;
+  const X = (t) => left + ((t - d.start) / span) * (W - left - 10);
+  const svg = s("svg", { viewBox: `0 0 ${W} ${d.devices.length * (rowH + 14) + 30}`, width: "100%", role: "group", "aria-label": "reservations per device over the next hours" });
+  for (let hr = 0; hr <= span / 3600; hr++) {
+    const x = X(d.start + hr * 3600);
+    svg.append(s("line", { x1: x, y1: 14, x2: x, y2: d.devices.length * (rowH + 14) + 20, stroke: "#d0d7de" }),
+      s("text", { x: x + (hr === 0 ? 2 : -2), y: 11, fill: "#57606a", "text-anchor": hr === 0 ? "start" : "end" }, hr === 0 ? "now" : `+${hr} h`));
+  }
+  d.devices.forEach((dev, i) => {
+    const y0 = 20 + i * (rowH + 14);
+    svg.append(s("text", { x: 4, y: y0 + 14, "font-weight": 600 }, dev.device_id), s("text", { x: 4, y: y0 + 28, fill: "#57606a" }, `${dev.kind}, ${dev.cores} cores`));
+    svg.append(s("rect", { x: left, y: y0, width: W - left - 10, height: rowH, fill: "#f6f8fa", stroke: "#d0d7de" }));
+    // free capacity: a step line, full height = every core free
+    let path = "";
+    dev.free.forEach(([t, free], k) => {
+      const x = X(t), y = y0 + rowH - (free / dev.cores) * rowH, nx = k + 1 < dev.free.length ? X(dev.free[k + 1][0]) : X(d.end);
+      path += `${k ? "L" : "M"}${x},${y} L${nx},${y} `;
+    });
+    // reservations stack from the bottom: a bar sits on the bars before it that overlap it
+    const placed = [];
+    dev.bars.forEach((b) => {
+      const hgt = (b.cores / dev.cores) * rowH;
+      const below = placed.filter((p) => p.start < b.end && b.start < p.end).reduce((n, p) => n + p.hgt, 0);
+      placed.push({ ...b, hgt });
+      const g = s("g", { class: "resv", tabindex: 0, "aria-label": `${b.reservation_id}: ${b.cores} cores ${when(b.start)}–${when(b.end)}` });
+      g.append(s("rect", { x: X(b.start), y: y0 + rowH - below - hgt, width: Math.max(2, X(b.end) - X(b.start)), height: Math.max(2, hgt), fill: colourOf(b.reservation_id), stroke: "#fff", "stroke-width": 0.5 }));
+      if (X(b.end) - X(b.start) > 60 && hgt >= 12) g.append(s("text", { x: X(b.start) + 3, y: y0 + rowH - below - hgt / 2 + 4, fill: "#fff", "font-size": 10 }, `${b.reservation_id} · ${b.cores}`));
+      g.addEventListener("mousemove", (ev) => showTip(ev, `${b.reservation_id}: ${b.cores} cores, ${when(b.start)} – ${when(b.end)}`));
+      g.addEventListener("mouseleave", hideTip);
+      svg.append(g);
+    });
+    svg.append(s("path", { d: path, fill: "none", stroke: "#116329", "stroke-width": 2, "stroke-dasharray": "5 3" }));
+  });
+  main.replaceChildren(h("h1", {}, "Core broker"),
+    h("p", { class: "muted" }, `Reservations per device from now to +${Math.round(span / 3600)} h, stacked from the bottom (height: cores); the dashed green line is the free cores (at the top: all free).`),
+    svg, h("h2", {}, "Devices now"),
+    table(["device", "kind", "cores", "free in window", "peak reserved"], d.devices.map((x) => [x.device_id, x.kind, x.cores, x.free_cores, x.peak_reserved]), [2, 3, 4]));
+}
+
+// -- Aggregation ------------------------------------------------------------------------
+function renderAgg(main, d) {
+  if (!d.nodes.length) {
+    main.replaceChildren(h("h1", {}, `Aggregation tree ${d.tree_id}`), h("p", { class: "muted" }, "No topology defined yet (`lightpath agg topology` defines one; `lightpath demo` does)."),
+      switchTable(d));
+    return;
+  }
+  const children = {};
+  for (const n of d.nodes) (children[n.parent] = children[n.parent] || []).push(n);
+  const levels = [];
+  const walk = (id, depth) => { (levels[depth] = levels[depth] || []).push(id); for (const c of children[id] || []) walk(c.id, depth + 1); };
+  for (const r of children[""] || []) walk(r.id, 0);
+  const W = 1100, lh = 90, pos = {};
+  levels.forEach((ids, depth) => ids.forEach((id, i) => { pos[id] = [((i + 0.5) * W) / ids.length, 30 + depth * lh]; }));
+  const svg = s("svg", { viewBox: `0 0 ${W} ${levels.length * lh + 20}`, width: "100%", role: "group", "aria-label": "aggregation tree" });
+  for (const n of d.nodes) if (n.parent && pos[n.parent]) svg.append(s("line", { x1: pos[n.id][0], y1: pos[n.id][1], x2: pos[n.parent][0], y2: pos[n.parent][1] + 24, stroke: "#8c959f" }));
+  for (const n of d.nodes) {
+    const [x, y] = pos[n.id] || [0, 0];
+    const st = d.switches[n.id];
+    const isSwitch = n.kind.includes("SWITCH");
+    const g = s("g", { class: "aggnode", "data-node": n.id });
+    if (isSwitch) {
+      const used = st && !st.error ? st.slots_in_use : 0, total = st && !st.error ? st.slots_total : 0;
+      g.append(s("rect", { x: x - 70, y: y - 4, width: 140, height: 44, rx: 4, fill: "#fff", stroke: "#0b5394", "stroke-width": 2 }),
+        s("text", { x: x - 64, y: y + 10, "font-weight": 600 }, `${n.id} (switch)`),
+        s("rect", { x: x - 64, y: y + 16, width: 128, height: 8, fill: "#d0d7de" }),
+        s("rect", { x: x - 64, y: y + 16, width: total ? (128 * used) / total : 0, height: 8, fill: "#0b5394" }),
+        s("text", { x: x - 64, y: y + 36, "font-size": 10 }, st && st.error ? "unreachable" : `slots ${used}/${total}${st && st.bypass.length ? ` · ${st.bypass.length} bypass` : ""}`));
+    } else {
+      g.append(s("circle", { cx: x, cy: y + 10, r: 8, fill: n.id === d.timeout_aggregator ? "#E69F00" : "#f6f8fa", stroke: "#57606a" }),
+        s("text", { x: x - 20, y: y + 34, "font-size": 10 }, n.id + (n.id === d.timeout_aggregator ? " (TA)" : "")));
+    }
+    svg.append(g);
+  }
+  main.replaceChildren(h("h1", {}, `Aggregation tree ${d.tree_id}`), svg, switchTable(d),
+    h("h2", {}, "Recent commands"),
+    d.commands.length ? table(["command", "tenant", "state", "participants", "chunks", "timed out", "age"],
+      d.commands.map((c) => [c.command_id, c.tenant, stateTag(c.state), c.participants, c.chunks, c.timeout_nodes.join(" ") || "—", ago(c.age_s)]), [3, 4])
+      : h("p", { class: "muted" }, "No commands yet."));
+}
+function switchTable(d) {
+  const rows = Object.entries(d.switches).map(([id, st]) => st.error ? [id, h("span", { class: "state FAILED" }, "unreachable"), st.error, "", ""]
+    : [id, usebar(st.slots_in_use, st.slots_total, `${id} slots in use`), st.parked, st.bypass.length,
+      st.bypass.slice(0, 5).map((b) => `${b.command_id}#${b.chunk} → ${b.timeout_node}`).join(", ") || "—"]);
+  return h("div", {}, h("h2", {}, "Switches"), table(["switch", "slots in use", "parked", "bypass entries", "live bypass (command#chunk → timeout node)"], rows, [2, 3]));
+}
+
+// -- start ------------------------------------------------------------------------------
+window.addEventListener("hashchange", () => { state.selected = null; route(); });
+document.addEventListener("DOMContentLoaded", async () => {
+  document.body.append(tip);
+  await loadSession();
+  route();
+});

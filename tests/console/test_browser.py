@@ -1,0 +1,283 @@
+"""The console in a real browser (issue 21): headless Chromium (Debian's `chromium`, which
+`python3 dev.py test` installs when it can) driven by Playwright's Python API against a real
+local stack. Each view loads without a console error and is saved as a screenshot under
+artefacts/console/; a job submitted and a block failed through the API change the open
+block map without a reload; a tenant signed in cannot see another tenant's job.
+
+Without a browser these tests skip and say why; the HTTP-level tests (test_http.py) still run.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+
+from lightpath.security.identity import console_principal
+from tests.console.conftest import ConsoleStack
+
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("console")]
+
+ROOT = Path(__file__).resolve().parents[2]
+CHROMIUM = Path("/usr/bin/chromium")
+ARTEFACTS = ROOT / "artefacts" / "console"
+APT_NOTE = ROOT / ".venv" / ".lightpath-apt"  # what dev.py's install attempt said
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+
+def why_no_browser() -> str:
+    """Why the browser tests cannot run here ("" when they can)."""
+    if not CHROMIUM.exists():
+        note = APT_NOTE.read_text().strip() if APT_NOTE.exists() else ""
+        return f"no browser: {CHROMIUM} is missing ({note or 'python3 dev.py test installs it with apt-get when run as root'})"
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError as exc:
+        return f"no browser driver: the playwright package does not import ({exc})"
+    return ""
+
+
+def spki_hash(cert_path: Path) -> str:
+    """base64 SHA-256 of a certificate's public key: Chromium trusts exactly that key."""
+    cert = x509.load_pem_x509_certificate(cert_path.read_bytes())
+    der = cert.public_key().public_bytes(
+        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+    return base64.b64encode(hashlib.sha256(der).digest()).decode()
+
+
+@pytest.fixture(scope="module")
+def browser(console_stack: ConsoleStack) -> Iterator:
+    reason = why_no_browser()
+    if reason:
+        pytest.skip(reason)
+    from playwright.sync_api import Error, sync_playwright
+
+    cert = console_stack.stack.ca.paths(console_principal()).cert
+    with sync_playwright() as p:
+        try:
+            b = p.chromium.launch(
+                executable_path=str(CHROMIUM),
+                args=[*FLAGS, f"--ignore-certificate-errors-spki-list={spki_hash(cert)}"],
+            )
+        except Error as exc:
+            pytest.skip(f"no browser: {CHROMIUM} did not start under Playwright: {exc}")
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+class Page:
+    """A page of the console with every console error and page error it logs."""
+
+    def __init__(self, browser, url: str):
+        self.context = browser.new_context(viewport={"width": 1366, "height": 768})
+        self.page = self.context.new_page()
+        self.url = url
+        self.errors: list[str] = []
+        self.page.on("console", lambda m: self.errors.append(m.text) if m.type == "error" else None)
+        self.page.on("pageerror", lambda e: self.errors.append(str(e)))
+
+    def open(self, fragment: str) -> None:
+        self.page.goto(self.url + "#/" + fragment)
+
+    def wait_live(self) -> None:
+        """Until the view has drawn data from its event stream. (A selector, not a
+        predicate: the console's Content-Security-Policy forbids the eval that Playwright's
+        wait_for_function needs, and the tests run under the console's real policy.)"""
+        self.page.wait_for_selector("body[data-updates]", state="attached", timeout=30_000)
+
+    def shot(self, name: str) -> Path:
+        ARTEFACTS.mkdir(parents=True, exist_ok=True)
+        path = ARTEFACTS / f"{name}.png"
+        self.page.screenshot(path=str(path))
+        return path
+
+    def close(self) -> None:
+        self.context.close()
+
+
+@pytest.fixture
+def page(browser, console_stack: ConsoleStack) -> Iterator[Page]:
+    p = Page(browser, console_stack.url)
+    try:
+        yield p
+    finally:
+        p.close()
+
+
+@pytest.fixture(scope="module")
+def jobs(console_stack: ConsoleStack) -> dict[str, str]:
+    """A job on each kind of pod, one of them a tenant's."""
+    out = {}
+    with console_stack.cell() as cell:
+        out["torus"] = cell.submit(f"big-{uuid.uuid4().hex[:4]}", (8, 8, 8)).job.job_id
+        out["gpu"] = cell.submit(
+            f"gpu-{uuid.uuid4().hex[:4]}", (4, 4, 8), node_type="gpu"
+        ).job.job_id
+        out["switched"] = cell.submit(
+            f"sw-{uuid.uuid4().hex[:4]}", (36,), parallelism=(4, 9, 1)
+        ).job.job_id
+    with console_stack.cell("acme") as cell:
+        out["acme"] = cell.submit(f"acme-{uuid.uuid4().hex[:4]}", (4, 4, 4)).job.job_id
+    return out
+
+
+def _pods(console_stack: ConsoleStack, jobs: dict[str, str]) -> dict[str, str]:
+    with console_stack.cell() as cell:
+        return {k: cell.get(j).pod_id for k, j in jobs.items()}
+
+
+@pytest.mark.parametrize(
+    "view",
+    ["cell", "job", "pod-torus", "pod-gpu", "pod-switched", "ocs", "slice", "cores", "agg"],
+)
+def test_each_view_loads_without_console_errors(page: Page, console_stack, jobs, view):
+    pods = _pods(console_stack, jobs)
+    fragment = {
+        "cell": "cell",
+        "job": f"job/{jobs['torus']}",
+        "pod-torus": f"pod/{pods['torus']}",
+        "pod-gpu": f"pod/{pods['gpu']}",
+        "pod-switched": f"pod/{pods['switched']}",
+        "ocs": f"ocs/{pods['gpu']}",
+        "slice": f"slice/{pods['torus']}/{jobs['torus']}",
+        "cores": "cores",
+        "agg": "agg",
+    }[view]
+    page.open(fragment)
+    page.wait_live()
+    main = page.page.locator("main")
+    assert "Not available" not in main.inner_text()
+    expected = {
+        "cell": jobs["acme"],
+        "job": "History",
+        "pod-torus": jobs["torus"],
+        "pod-gpu": jobs["gpu"],
+        "pod-switched": "Groups and ring reservations",
+        "ocs": "1×K switch states",
+        "slice": "Cross-connects",
+        "cores": "edge-0",
+        "agg": "sub-2",
+    }[view]
+    assert expected in main.inner_text()
+    page.shot(view)
+    assert page.errors == []
+
+
+def test_the_block_map_follows_a_submit_and_a_failure_without_a_reload(
+    browser, console_stack: ConsoleStack
+):
+    """Both torus pods' maps are open before the submit (the cell picks the pod)."""
+    from playwright.sync_api import expect
+
+    job = f"live-{uuid.uuid4().hex[:6]}"
+    pages = {pod: Page(browser, console_stack.url) for pod in ("pod-1", "pod-2")}
+    try:
+        for pod, p in pages.items():
+            p.open(f"pod/{pod}")
+            p.wait_live()
+            p.page.evaluate("window.__sameDocument = true")
+        with console_stack.cell() as cell:
+            cell.submit(job, (8, 8, 4), node_type="tpu")
+            started = time.monotonic()
+            pod = cell.get(job).pod_id
+            page = pages[pod]
+            page.page.wait_for_selector(f'g.block[data-job="{job}"]', timeout=30_000)
+            shown_job = time.monotonic() - started
+            victim = int(
+                page.page.locator(f'g.block[data-job="{job}"]').first.get_attribute("data-block")
+            )
+            cell.report_block_health(pod, victim, failed=True, reason="browser test")
+            started = time.monotonic()
+            page.page.wait_for_selector(
+                f'g.block[data-block="{victim}"][data-health="FAILED"]', timeout=30_000
+            )
+            shown_failure = time.monotonic() - started
+            # the running job was given another block in its place, and the map shows it
+            expect(page.page.locator(f'g.block[data-job="{job}"]')).to_have_count(4, timeout=30_000)
+            cross = page.page.locator(f'g.block[data-block="{victim}"] text', has_text="✕")
+            assert cross.count() == 1
+            assert page.page.evaluate("window.__sameDocument") is True  # never reloaded
+            page.shot("pod-after-failure")
+            cell.report_block_health(pod, victim, failed=False, reason="browser test")
+        # measured, not asserted (bench/console.py measures it): kept beside the screenshots
+        (ARTEFACTS / "block-map-latency.txt").write_text(
+            f"job shown {shown_job:.3f} s after submit returned; "
+            f"failure shown {shown_failure:.3f} s after the report\n"
+        )
+        assert [e for p in pages.values() for e in p.errors] == []
+    finally:
+        for p in pages.values():
+            p.close()
+
+
+def test_a_block_shows_its_job_and_segments(page: Page, console_stack, jobs):
+    pod = _pods(console_stack, jobs)["torus"]
+    page.open(f"pod/{pod}")
+    page.wait_live()
+    block = page.page.locator(f'g.block[data-job="{jobs["torus"]}"]').first
+    block.hover()
+    assert jobs["torus"] in page.page.locator(".tip").inner_text()
+    block.click()
+    detail = page.page.locator("#block-detail")
+    detail.get_by_text("OCS port(s)").wait_for(timeout=30_000)
+    text = detail.inner_text()
+    assert jobs["torus"] in text and "ocs-" in text
+    # job -> pod -> blocks -> OCS: the links are there
+    detail.get_by_role("link", name="its slice's cross-connects →").click()
+    page.page.get_by_role("heading", name="Cross-connects").wait_for(timeout=30_000)
+    assert page.errors == []
+
+
+def test_a_tenant_cannot_see_another_tenants_job(page: Page, console_stack, jobs):
+    with console_stack.cell("globex") as cell:
+        theirs = cell.submit(f"globex-{uuid.uuid4().hex[:4]}", (4, 4, 4)).job.job_id
+    page.open("signin")
+    page.page.fill("#token", console_stack.tokens["acme"])
+    page.page.get_by_role("button", name="Sign in").click()
+    page.page.get_by_text("signed in: token").wait_for(timeout=30_000)
+    page.wait_live()
+    table = page.page.locator("main table")
+    table.get_by_role("link", name=jobs["acme"]).wait_for(timeout=30_000)
+    assert theirs not in page.page.locator("main").inner_text()
+    assert "globex" not in page.page.locator("main").inner_text()
+    page.shot("cell-as-tenant")
+    page.open(f"job/{theirs}")
+    alert = page.page.get_by_role("alert")
+    alert.wait_for(timeout=30_000)
+    assert "not found" in alert.inner_text()
+    # the failed read is shown on the page; the browser logs the 404 of that read only
+    assert all("404" in e for e in page.errors), page.errors
+
+
+def test_without_a_browser_the_tests_say_why(monkeypatch, tmp_path):
+    """On a machine without /usr/bin/chromium the browser tests skip with the reason, and
+    the note dev.py left about its install attempt."""
+    import tests.console.test_browser as me
+
+    monkeypatch.setattr(me, "CHROMIUM", tmp_path / "chromium")
+    monkeypatch.setattr(me, "APT_NOTE", tmp_path / "note")
+    assert f"{tmp_path / 'chromium'} is missing" in me.why_no_browser()
+    assert "apt-get" in me.why_no_browser()
+    (tmp_path / "note").write_text("`apt-get install chromium` failed (exit 100): no network\n")
+    assert "no network" in me.why_no_browser()
+    (tmp_path / "chromium").touch()
+    assert me.why_no_browser() == ""
