@@ -292,7 +292,7 @@ class CellJobs:
     async def existing(
         self, record: CellJobRecord, request_b64: str, *, validate_only: bool = False
     ) -> SubmitResult:
-        if record.request_b64 != request_b64:
+        if record.submitted_b64 != request_b64:
             raise FailedPrecondition(
                 f"job {record.job_id}",
                 "already exists with a different request; choose a new job id",
