@@ -136,8 +136,8 @@ class WorkloadScheduler(ReconcileMixin):
                 continue
             current = workload_scheduler_pb2.JobSpec.FromString(base64.b64decode(record.spec_b64))
             upd = plan.apply(current)
-            if not upd.changes:
-                return record
+            if not upd.changes:  # nothing to change: the job as it is, history and all
+                return await self.store.job(job_id, history=True) or record
             now = self.now_ms()
             new = job.with_(priority=upd.priority, epoch=record.epoch + 1)
             txn = self.store.txn()
@@ -160,8 +160,10 @@ class WorkloadScheduler(ReconcileMixin):
                     ) from None
                 continue
             self.log.info("job %s %s", job_id, upd.describe(), extra={"job_id": job_id})
-            if record.state in QUEUED_STATES and upd.priority != job.priority:
-                self.schedule_soon()  # its new place may let it start (or preempt) now
+            if upd.priority != job.priority:
+                # queued, its new place may let it start (or preempt) now; running, the
+                # jobs waiting may now be allowed to take its blocks, or no longer
+                self.schedule_soon()
             return updated  # type: ignore[no-any-return]
 
     async def _record(self, job_id: str, *, guess: bool = False) -> JobRecord:
