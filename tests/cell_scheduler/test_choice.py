@@ -238,9 +238,7 @@ def test_a_preference_only_reorders_the_candidates(frees, which, n):
     preferred = f"p{which}"
     plain = choose(job("j", on_all(pods, {"tpu": n})), pods)
     asked = choose(job("j", on_all(pods, {"tpu": n}), preferred=preferred), pods)
-    assert sorted(x.pod_id for x in asked.candidates) == sorted(
-        x.pod_id for x in plain.candidates
-    )
+    assert sorted(x.pod_id for x in asked.candidates) == sorted(x.pod_id for x in plain.candidates)
     ids = [x.pod_id for x in asked.candidates]
     if preferred in ids:
         assert ids[0] == preferred
