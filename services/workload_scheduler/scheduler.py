@@ -44,7 +44,6 @@ from lightpath.domain.slices import (
     FINAL_STATES,
     HOLDING_STATES,
     PENDING,
-    QUEUED_STATES,
     RUNNING,
     SUSPENDED,
     WIRING,
