@@ -187,7 +187,7 @@ class CellSchedulerServicer:
         INVALID_ARGUMENT names the path or field, NOT_FOUND for an unknown job (or
         another tenant's), FAILED_PRECONDITION (JOB_ENDED) for an ended one, ABORTED
         (BUSY) while it is being placed or wired (retry), UNAVAILABLE when its pod does
-        not answer (nothing changed).
+        not answer (the same update again is safe).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -75,7 +75,7 @@ class CellSchedulerStub:
     INVALID_ARGUMENT names the path or field, NOT_FOUND for an unknown job (or
     another tenant's), FAILED_PRECONDITION (JOB_ENDED) for an ended one, ABORTED
     (BUSY) while it is being placed or wired (retry), UNAVAILABLE when its pod does
-    not answer (nothing changed).
+    not answer (the same update again is safe).
     """
     WatchJob: _grpc.UnaryStreamMultiCallable[_cell_scheduler_pb2.WatchCellJobRequest, _common_pb2.JobEvent]
     """CS-5: one job's transitions, history first, then live until it ends:
@@ -144,7 +144,7 @@ class CellSchedulerAsyncStub(CellSchedulerStub):
     INVALID_ARGUMENT names the path or field, NOT_FOUND for an unknown job (or
     another tenant's), FAILED_PRECONDITION (JOB_ENDED) for an ended one, ABORTED
     (BUSY) while it is being placed or wired (retry), UNAVAILABLE when its pod does
-    not answer (nothing changed).
+    not answer (the same update again is safe).
     """
     WatchJob: _aio.UnaryStreamMultiCallable[_cell_scheduler_pb2.WatchCellJobRequest, _common_pb2.JobEvent]  # type: ignore[assignment]
     """CS-5: one job's transitions, history first, then live until it ends:
@@ -252,7 +252,7 @@ class CellSchedulerServicer(metaclass=_abc_1.ABCMeta):
         INVALID_ARGUMENT names the path or field, NOT_FOUND for an unknown job (or
         another tenant's), FAILED_PRECONDITION (JOB_ENDED) for an ended one, ABORTED
         (BUSY) while it is being placed or wired (retry), UNAVAILABLE when its pod does
-        not answer (nothing changed).
+        not answer (the same update again is safe).
         """
 
     @_abc_1.abstractmethod

@@ -9,7 +9,8 @@ words as the pod's UpdateJob), then by where the job is:
 * on a pod: the pod applies it first (its queue order, or for a running job
   the priority later preemption decisions see, with an event in the job's
   history); then the cell's record follows the pod's answer. A pod that does
-  not answer leaves everything as it was (UNAVAILABLE);
+  not answer is UNAVAILABLE; the same update again is safe (an update that
+  changes nothing is answered as the job is, and the cell's record follows);
 * being forwarded: waited for (as cancel does), else ABORTED;
 * ended: FAILED_PRECONDITION.
 
@@ -115,7 +116,10 @@ class Updates:
         request = workload_scheduler_pb2.UpdateJobRequest(spec=forwarded)
         request.update_mask.paths.extend(paths)
         try:
-            job = await self.pods.call(record.pod, "UpdateJob", request)
+            # as long as a forward: the pod waits out a wiring of the job in flight
+            job = await self.pods.call(
+                record.pod, "UpdateJob", request, timeout=self.jobs.forward_timeout_s
+            )
         except PodCallError as err:
             raise err.relayed() from None
         after = await self.store.update(
