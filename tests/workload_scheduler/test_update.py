@@ -4,6 +4,7 @@ ocs_manager over gRPC on a real Redis."""
 from __future__ import annotations
 
 import base64
+import json
 
 import grpc
 import redis.asyncio as aioredis
@@ -14,6 +15,15 @@ from services.common.keys import pod_key
 from tests.workload_scheduler.conftest import POD, rpc_error
 
 RUNNING, PENDING = c.JOB_STATE_RUNNING, c.JOB_STATE_PENDING
+
+
+async def _field(redis_url: str, job_id: str, name: str) -> str:
+    """One field of the job's record in the pod's Redis."""
+    r = aioredis.from_url(redis_url, decode_responses=True)
+    try:
+        return await r.hget(pod_key(POD, "ws", "job", job_id), name)
+    finally:
+        await r.aclose()
 
 
 def _update(job_id: str, paths: list[str], **spec) -> ws.UpdateJobRequest:
@@ -82,10 +92,7 @@ async def test_labels_change_one_by_one_or_all_at_once(pod16, redis_url):
     n = len(up.history)
     same = await pod16.ws.UpdateJob(_update("lab", ["labels.a"], labels={"a": "1"}))
     assert len(same.history) == n and same.state == RUNNING
-    stored = await aioredis.from_url(redis_url, decode_responses=True).hget(
-        pod_key(POD, "ws", "job", "lab"), "labels"
-    )
-    assert stored == '{"a": "1", "b": "2"}'
+    assert json.loads(await _field(redis_url, "lab", "labels")) == {"a": "1", "b": "2"}
 
 
 async def test_admitting_the_first_request_again_answers_the_updated_job(pod16, redis_url):
@@ -95,9 +102,7 @@ async def test_admitting_the_first_request_again_answers_the_updated_job(pod16, 
     assert not again.created and again.job.priority == 60
     assert {b.block_id for b in again.job.blocks} == {b.block_id for b in first.job.blocks}
     # the spec as admitted is kept apart from the one in use
-    raw = await aioredis.from_url(redis_url, decode_responses=True).hget(
-        pod_key(POD, "ws", "job", "idem"), "admitted"
-    )
+    raw = await _field(redis_url, "idem", "admitted")
     assert ws.JobSpec.FromString(base64.b64decode(raw)).priority == 40
 
 
