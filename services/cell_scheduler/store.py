@@ -280,12 +280,15 @@ return {1, tostring(seq)}
 _CLAIM_QUEUED = (
     _PRELUDE
     + r"""
--- ARGV: prefix, job, pod, needs JSON, token, until, now, check free (0/1), event reason
+-- ARGV: prefix, job, pod, needs JSON, token, until, now, check free (0/1), event reason,
+--       the request the decision was made for ("" = any)
 local prefix, job, pod, needs_json, token, upto, now, check, reason =
   ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARGV[9]
 local jk = prefix .. "job:" .. job
 local phase = redis.call("HGET", jk, "phase")
 if phase ~= "QUEUED" then return {0, phase or ""} end
+-- an update (UpdateJob) changed the request since the decision: decide again with it
+if ARGV[10] ~= "" and redis.call("HGET", jk, "req") ~= ARGV[10] then return {-1, "changed"} end
 if check == "1" and not enough_free(prefix, pod, cjson.decode(needs_json)) then return {-1, "stale"} end
 redis.call("ZREM", prefix .. "queue", job)
 redis.call("HSET", jk, "phase", "FORWARDING", "pod", pod, "token", token, "until", upto,
@@ -780,7 +783,11 @@ class CellStore:
         now_ms: int,
         check_free: bool,
         reason: str,
+        request: str = "",
     ) -> tuple[int, str]:
+        """A queued job bound to `pod`: (1, "") claimed; (0, phase) no longer queued; (-1,
+        why) its blocks went ("stale") or, with `request`, its request is no longer the
+        one the decision was made for ("changed": updated meanwhile)."""
         ok, detail = await self._run(
             self._claim_queued,
             job_id,
@@ -791,6 +798,7 @@ class CellStore:
             now_ms,
             "1" if check_free else "0",
             reason,
+            request,
         )
         return int(ok), detail
 
