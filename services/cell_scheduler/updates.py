@@ -89,7 +89,8 @@ class Updates:
                 self.log.info(
                     "job %s in the cell queue %s", job_id, upd.describe(), extra={"job_id": job_id}
                 )
-                self._kick()  # its new place may let it go now
+                if upd.priority > record.priority:
+                    self._kick()  # a higher place (or preemption) may let it go now
                 return await self.jobs.view(after)
             if record.phase == PLACED:
                 return await self._on_pod(record, plan.paths, patch, new_req)
