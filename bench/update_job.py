@@ -6,15 +6,17 @@ the cell queue, and of a job on a pod (the pod's commit, then the cell's record)
 
 Redis, the cell_scheduler and two superpods (64 blocks each) run as separate
 processes with TLS (mTLS, as users run them); the clients run here. Every block of
-both pods is taken by jobs at priority 100 (nothing can preempt them); `--clients`
-jobs then wait in the cell queue. Each client then changes, back to back, the
-priority of one running job (on a pod) and of one waiting job (in the cell queue),
-alternating between two values so every update changes something, for the stack's
-`--updates` updates of each kind in all.
+both pods is taken by 32 running jobs of 4 blocks at priority 100 (nothing can
+preempt them); 16 more jobs wait in the cell queue. The clients then change the
+priorities of the running jobs (on a pod), then of the waiting ones (in the cell
+queue), going round the jobs and alternating between two values so every update
+changes something, for `--updates` updates of each kind in all. (Each update adds
+an event to its job's history, which the answer carries: going round many jobs
+keeps the histories short, as they are in use.)
 
-Prints one JSON line: queued_ms_p50 / p99 and placed_ms_p50 / p99 (milliseconds per
-UpdateJob), their counts, updates_per_s over both kinds, and the CPU ms per update of
-each process.
+Prints one JSON line, per kind (placed: on a pod; queued: in the cell queue), the
+milliseconds per UpdateJob at p50 and p99, updates per second, and the CPU ms per
+update of each process (the two kinds run one after the other).
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ from lightpath.v1 import cell_scheduler_pb2_grpc
 from lightpath.v1 import common_pb2 as c
 from lightpath.v1 import workload_scheduler_pb2 as ws
 
-FULL_POD = [16, 16, 16]  # 64 blocks of 4x4x4
+RUNNING_JOBS, WAITING_JOBS = 32, 16
+SLICE = [8, 8, 4]  # 4 blocks of 4x4x4: 16 such jobs fill a 64-block pod
 
 
 def _update(job_id: str, priority: int) -> cs.UpdateCellJobRequest:
@@ -46,47 +49,54 @@ async def bench(
 ) -> dict:
     async with channel(address, credentials=operator) as ch:
         cell = cell_scheduler_pb2_grpc.CellSchedulerStub(ch)
-        for i in range(2):  # every block of both pods, at a priority nothing preempts
+        for i in range(RUNNING_JOBS):  # every block of both pods, at a priority nothing preempts
             await cell.SubmitJob(
                 cs.SubmitJobRequest(
-                    spec=ws.JobSpec(job_id=f"full-{i}", shape=c.Shape(dims=FULL_POD), priority=100)
+                    spec=ws.JobSpec(job_id=f"run-{i}", shape=c.Shape(dims=SLICE), priority=100)
                 )
             )
-        for i in range(clients):
+        for i in range(WAITING_JOBS):
             waiting = await cell.SubmitJob(
                 cs.SubmitJobRequest(
-                    spec=ws.JobSpec(job_id=f"wait-{i}", shape=c.Shape(dims=[4, 4, 4]), priority=10)
+                    spec=ws.JobSpec(job_id=f"wait-{i}", shape=c.Shape(dims=SLICE), priority=10)
                 )
             )
             assert waiting.job.pod_id == "", "the pods should be full"
-        placed_ms: list[float] = []
-        queued_ms: list[float] = []
-
-        async def client(i: int, n: int) -> None:
-            for k in range(n):
-                priority = 100 if k % 2 else 99  # full-N stays above anything waiting
-                t = time.perf_counter()
-                await cell.UpdateJob(_update(f"full-{i % 2}", priority))
-                placed_ms.append((time.perf_counter() - t) * 1000)
-                t = time.perf_counter()
-                await cell.UpdateJob(_update(f"wait-{i}", 10 + k % 2))
-                queued_ms.append((time.perf_counter() - t) * 1000)
-
         per_client = max(1, updates // clients)
-        before = cpu_seconds(pids)  # the set-up (wiring two whole pods) is not counted
-        started = time.perf_counter()
-        await asyncio.gather(*(client(i, per_client) for i in range(clients)))
-        elapsed = time.perf_counter() - started
-        cpu = cpu_ms_per(before, cpu_seconds(pids), len(placed_ms) + len(queued_ms))
+
+        async def phase(kind: str) -> tuple[list[float], dict[str, float], float]:
+            """Every client's `per_client` updates of one kind; latencies, CPU, seconds."""
+            ms: list[float] = []
+
+            async def client(i: int) -> None:
+                for k in range(per_client):
+                    j = i + k * clients  # each job in turn
+                    if kind == "placed":  # above anything waiting either way
+                        req = _update(f"run-{j % RUNNING_JOBS}", 99 + (j // RUNNING_JOBS) % 2)
+                    else:
+                        req = _update(f"wait-{j % WAITING_JOBS}", 11 - (j // WAITING_JOBS) % 2)
+                    t = time.perf_counter()
+                    await cell.UpdateJob(req)
+                    ms.append((time.perf_counter() - t) * 1000)
+
+            before = cpu_seconds(pids)  # the set-up (wiring two whole pods) is not counted
+            started = time.perf_counter()
+            await asyncio.gather(*(client(i) for i in range(clients)))
+            elapsed = time.perf_counter() - started
+            return ms, cpu_ms_per(before, cpu_seconds(pids), len(ms)), elapsed
+
+        placed_ms, placed_cpu, placed_s = await phase("placed")
+        queued_ms, queued_cpu, queued_s = await phase("queued")
     return {
-        "cpu_ms_per_update": cpu,
         "placed_ms_p50": percentile(placed_ms, 50),
         "placed_ms_p99": percentile(placed_ms, 99),
+        "placed_per_s": len(placed_ms) / placed_s,
+        "placed_cpu_ms_per_update": placed_cpu,
         "queued_ms_p50": percentile(queued_ms, 50),
         "queued_ms_p99": percentile(queued_ms, 99),
-        "placed_updates": len(placed_ms),
-        "queued_updates": len(queued_ms),
-        "updates_per_s": (len(placed_ms) + len(queued_ms)) / elapsed,
+        "queued_per_s": len(queued_ms) / queued_s,
+        "queued_cpu_ms_per_update": queued_cpu,
+        "updates": len(placed_ms) + len(queued_ms),
     }
 
 
