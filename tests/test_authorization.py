@@ -113,6 +113,16 @@ def test_every_method_of_every_service_has_a_row():
         # tenants: their jobs through the cell, nothing of pods, blocks or switches
         ("CellScheduler/SubmitJob", ["tenant:acme", "operator:operator"], ["node:n1"]),
         (
+            "CellScheduler/UpdateJob",
+            ["tenant:acme", "operator:operator"],
+            ["node:n1", "service:workload_scheduler/pod-1"],
+        ),
+        (
+            "WorkloadScheduler/UpdateJob",
+            ["service:cell_scheduler", "operator:operator"],
+            ["tenant:acme", "service:workload_scheduler/pod-1"],
+        ),
+        (
             "CellScheduler/ReportBlockHealth",
             ["operator:operator"],
             ["tenant:acme", "service:workload_scheduler/pod-1"],
@@ -453,9 +463,12 @@ async def test_tenants_see_and_touch_only_their_own_jobs(redis_url):
             )
             assert err.code == grpc.StatusCode.PERMISSION_DENIED and "tenant" in err.message
             assert (await _rpc_error(cell.job("acme-2"))).code == grpc.StatusCode.NOT_FOUND
-            # another tenant cannot read, watch, cancel or complete it
+            # another tenant cannot read, watch, update, cancel or complete it
+            bump = cs.UpdateCellJobRequest(spec=ws.JobSpec(job_id="acme-1", priority=90))
+            bump.update_mask.paths.append("priority")
             for call in (
                 beta.GetJob(cs.GetCellJobRequest(job_id="acme-1")),
+                beta.UpdateJob(bump),
                 beta.CancelJob(cs.CancelCellJobRequest(job_id="acme-1")),
                 beta.CompleteJob(cs.CompleteCellJobRequest(job_id="acme-1")),
             ):
@@ -483,7 +496,9 @@ async def test_tenants_see_and_touch_only_their_own_jobs(redis_url):
             ).code == grpc.StatusCode.PERMISSION_DENIED
             everyone = await cell.cell.ListJobs(cs.ListCellJobsRequest())
             assert {j.job_id for j in everyone.jobs} == {"acme-1", "beta-1"}
-            # the owner may cancel its own
+            # the owner may update and cancel its own (beta's attempt changed nothing)
+            assert (await cell.job("acme-1")).priority == 50
+            assert (await acme.UpdateJob(bump)).priority == 90
             done = await acme.CancelJob(cs.CancelCellJobRequest(job_id="acme-1"))
             assert done.job_id == "acme-1"
 

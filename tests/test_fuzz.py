@@ -421,8 +421,18 @@ async def _seed(channels: dict[str, grpc.aio.Channel]) -> None:
         await broker.RegisterApplication(
             core_broker_pb2.RegisterApplicationRequest(application_id="app-1"), timeout=5
         )
-    from lightpath.v1 import agg_switch_pb2_grpc
+    from lightpath.v1 import agg_switch_pb2_grpc, common_pb2, workload_scheduler_pb2_grpc
 
+    # a job for UpdateJob (and the other job calls) to find
+    with contextlib.suppress(grpc.aio.AioRpcError):
+        await workload_scheduler_pb2_grpc.WorkloadSchedulerStub(channels["ws"]).AdmitJob(
+            workload_scheduler_pb2.AdmitJobRequest(
+                spec=workload_scheduler_pb2.JobSpec(
+                    job_id="job-1", shape=common_pb2.Shape(dims=[4, 4, 4])
+                )
+            ),
+            timeout=10,
+        )
     with contextlib.suppress(grpc.aio.AioRpcError):
         await agg_switch_pb2_grpc.AggSwitchStub(channels["agg"]).DefineTopology(
             agg_switch_pb2.DefineTopologyRequest(topology=_topology()), timeout=5
@@ -454,6 +464,8 @@ def _topology() -> agg_switch_pb2.AggTopology:
 def _seed_requests() -> dict[str, Message]:
     """Valid requests of the methods whose random requests rarely pass validation,
     for `mutated` to start from (keyed "Service.Method")."""
+    from google.protobuf.field_mask_pb2 import FieldMask
+
     from lightpath.v1 import common_pb2
 
     cell_pb, ws_pb, broker_pb, agg_pb = (
@@ -482,6 +494,14 @@ def _seed_requests() -> dict[str, Message]:
             events_until="1-0",
         ),
         "WorkloadScheduler.AdmitJob": ws_pb.AdmitJobRequest(spec=spec, validate_only=True),
+        "CellScheduler.UpdateJob": cell_pb.UpdateCellJobRequest(
+            spec=ws_pb.JobSpec(job_id="job-1", priority=70, labels={"team": "ml"}),
+            update_mask=FieldMask(paths=["priority", "labels.team"]),
+        ),
+        "WorkloadScheduler.UpdateJob": ws_pb.UpdateJobRequest(
+            spec=ws_pb.JobSpec(job_id="job-1", priority_class=common_pb2.PRIORITY_CLASS_HIGH),
+            update_mask=FieldMask(paths=["priority_class", "labels"]),
+        ),
         "CoreBroker.Reserve": broker_pb.ReserveRequest(request=reservation),
         "CoreBroker.BatchReserve": broker_pb.BatchReserveRequest(requests=[reservation]),
         "CoreBroker.QueryCapacity": broker_pb.QueryCapacityRequest(

@@ -119,10 +119,47 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--chip-hours", type=float, default=0.0, help="... or in chip-hours")
     p.add_argument("--deadline", help="with a demand: 2h, 90m, 3600s or an ISO time")
     p.add_argument(
+        "--pod",
+        default="",
+        metavar="NAME",
+        help="put it on this pod when that pod can host it (else on another, as usual)",
+    )
+    p.add_argument(
+        "--require-pod",
+        action="store_true",
+        help="with --pod: that pod only; the job waits in the cell queue for it",
+    )
+    p.add_argument(
         "--validate-only", action="store_true", help="say what would happen; submit nothing"
     )
     _cell_flag(p)
     p.set_defaults(func=cmd_submit)
+
+    p = sub.add_parser(
+        "update", help="change a submitted job's priority or labels (no resubmit needed)"
+    )
+    p.add_argument("job_id", help="the job's id")
+    p.add_argument("--priority", type=int, help="new priority 1..100, higher wins")
+    p.add_argument(
+        "--class",
+        dest="priority_class",
+        choices=sorted(PRIORITY_CLASSES),
+        help="new priority by class (low 20, medium 50, high 80)",
+    )
+    p.add_argument(
+        "--label",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE|KEY-",
+        help="set a label, or remove it with KEY- (repeatable)",
+    )
+    p.add_argument(
+        "--replace-labels",
+        action="store_true",
+        help="the --label ones become all the job's labels (none given: remove every label)",
+    )
+    _cell_flag(p)
+    p.set_defaults(func=cmd_update)
 
     valid = ", ".join(state_name(v).lower() for v in c.JobState.values() if v)
     p = sub.add_parser("jobs", help="jobs in the cell, newest first")
@@ -215,7 +252,23 @@ def submit_options(args: argparse.Namespace) -> dict:
         "chip_hours": args.chip_hours,
         "deadline": parse_deadline(args.deadline) if args.deadline else None,
         "validate_only": args.validate_only,
+        "pod": args.pod,
+        "require_pod": args.require_pod,
     }
+
+
+def label_changes(raw: list[str]) -> dict[str, str | None]:
+    """`--label` arguments: KEY=VALUE sets, KEY- removes (None)."""
+    out: dict[str, str | None] = {}
+    for item in raw:
+        key, eq, value = item.partition("=")
+        if eq:
+            out[key] = value
+        elif item.endswith("-") and len(item) > 1:
+            out[item[:-1]] = None
+        else:
+            raise CliError(f"--label {item!r}: give KEY=VALUE to set a label or KEY- to remove it")
+    return out
 
 
 def _degrees(
@@ -288,6 +341,31 @@ def cmd_submit(args: argparse.Namespace) -> int:
         for v in resp.preempted:
             action = c.PreemptionPolicy.Name(v.action).removeprefix("PREEMPTION_POLICY_").lower()
             print(f"  preempted {v.job_id} (priority {v.victim_priority}): {action}")
+        return 0
+
+    return _run(args, act)
+
+
+def cmd_update(args: argparse.Namespace) -> int:
+    labels = label_changes(args.label)
+    if args.priority is None and args.priority_class is None and not labels:
+        if not args.replace_labels:
+            raise CliError("nothing to change: give --priority, --class or --label")
+
+    async def act(cell: AsyncCell) -> int:
+        job = await cell.update(
+            args.job_id,
+            priority=args.priority,
+            priority_class=args.priority_class,
+            labels=labels,
+            replace_labels=args.replace_labels,
+        )
+        if args.json:
+            print_json(job)
+            return 0
+        print(describe_job(job))
+        shown = ", ".join(f"{k}={v}" for k, v in sorted(job.spec.labels.items()))
+        print(f"  labels: {shown or '(none)'}")
         return 0
 
     return _run(args, act)

@@ -211,6 +211,8 @@ class AsyncCell(AsyncClient):
         deadline: datetime | timedelta | float | None = None,
         validate_only: bool = False,
         spec: ws.JobSpec | None = None,
+        pod: str = "",
+        require_pod: bool = False,
     ) -> cs.SubmitJobResponse:
         """Submit job `job_id` (the idempotency key: submitting it again answers the job
         there is, `created` False). The cell picks the pod, or queues it.
@@ -225,6 +227,8 @@ class AsyncCell(AsyncClient):
         wrap False: a mesh; parallelism (data, pipeline, layer): a SWITCHED pod's job;
         wait False: refused (ResourceExhausted) rather than queued when nothing is free.
         spec: a complete JobSpec instead of all these (job_id and shape taken from it).
+        pod: the pod to place it on when that pod can host it (else another, as usual);
+          with `require_pod`, that pod only (the job waits in the cell queue for it).
         """
         if spec is None:
             counts = dict(node_types or {})
@@ -247,7 +251,13 @@ class AsyncCell(AsyncClient):
                 labels=labels,
                 wait=wait,
             )
-        req = cs.SubmitJobRequest(spec=spec, tenant=tenant, validate_only=validate_only)
+        req = cs.SubmitJobRequest(
+            spec=spec,
+            tenant=tenant,
+            validate_only=validate_only,
+            preferred_pod=pod,
+            require_preferred_pod=require_pod,
+        )
         if flops or chip_hours or deadline is not None:
             req.demand.flops = flops
             req.demand.chip_hours = chip_hours
@@ -386,6 +396,50 @@ class AsyncCell(AsyncClient):
             "CompleteJob", cs.CompleteCellJobRequest(job_id=job_id)
         )
 
+    async def update(
+        self,
+        job_id: str,
+        *,
+        priority: int | None = None,
+        priority_class: str | int | None = None,
+        labels: Mapping[str, str | None] | None = None,
+        replace_labels: bool = False,
+    ) -> cs.CellJob:
+        """Change a submitted job's priority or labels without resubmitting it (an update
+        with a field mask: only what is given changes). In the cell queue or a pod's queue
+        the job takes its new place at once; a running job keeps its blocks and later
+        preemption decisions see the new priority.
+
+        priority 1..100, or priority_class "low" | "medium" | "high" (each replaces the
+        other); labels {"team": "ml", "old": None}: set each, remove those given None;
+        with `replace_labels`, `labels` becomes the whole set.
+        InvalidArgument (naming the field) for a bad value, NotFound, FailedPrecondition
+        for an ended job, Aborted while the job is being placed or wired (retry)."""
+        spec = ws.JobSpec(job_id=job_id)
+        paths: list[str] = []
+        if priority is not None:
+            spec.priority = priority
+            paths.append("priority")
+        if priority_class is not None:
+            spec.priority_class = _choice(PRIORITY_CLASSES, priority_class, "priority class")  # type: ignore[assignment]
+            paths.append("priority_class")
+        if replace_labels:
+            paths.append("labels")
+        for k, v in (labels or {}).items():
+            if v is not None:
+                spec.labels[k] = v
+            elif replace_labels:
+                continue
+            if not replace_labels:
+                paths.append(f"labels.{k}")
+        if not paths:
+            raise InvalidArgument(
+                "update_mask", "give priority, priority_class or labels to change"
+            )
+        req = cs.UpdateCellJobRequest(spec=spec)
+        req.update_mask.paths.extend(paths)
+        return await self._call("UpdateJob", req)  # type: ignore[no-any-return]
+
     async def pods(self) -> list[cs.Pod]:
         """The cell's superpods: registration, capacity, status."""
         return list((await self._call("ListPods", cs.ListPodsRequest())).pods)
@@ -425,6 +479,7 @@ class Cell(SyncClient[AsyncCell]):
     wait_ended = blocking(AsyncCell.wait_ended)
     cancel = blocking(AsyncCell.cancel)
     complete = blocking(AsyncCell.complete)
+    update = blocking(AsyncCell.update)
     pods = blocking(AsyncCell.pods)
     pod = blocking(AsyncCell.pod)
     report_block_health = blocking(AsyncCell.report_block_health)

@@ -22,12 +22,13 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from google.protobuf import field_mask_pb2 as google_dot_protobuf_dot_field__mask__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 from lightpath.v1 import common_pb2 as lightpath_dot_v1_dot_common__pb2
 from lightpath.v1 import workload_scheduler_pb2 as lightpath_dot_v1_dot_workload__scheduler__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!lightpath/v1/cell_scheduler.proto\x12\x0clightpath.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x19lightpath/v1/common.proto\x1a%lightpath/v1/workload_scheduler.proto\"s\n\rComputeDemand\x12\r\n\x05\x66lops\x18\x01 \x01(\x01\x12\x12\n\nchip_hours\x18\x02 \x01(\x01\x12,\n\x08\x64\x65\x61\x64line\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x11\n\tnode_type\x18\x04 \x01(\t\"\x8b\x01\n\x10SubmitJobRequest\x12#\n\x04spec\x18\x01 \x01(\x0b\x32\x15.lightpath.v1.JobSpec\x12+\n\x06\x64\x65mand\x18\x02 \x01(\x0b\x32\x1b.lightpath.v1.ComputeDemand\x12\x0e\n\x06tenant\x18\x03 \x01(\t\x12\x15\n\rvalidate_only\x18\x04 \x01(\x08\"\x86\x01\n\x11SubmitJobResponse\x12\"\n\x03job\x18\x01 \x01(\x0b\x32\x15.lightpath.v1.CellJob\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\x12+\n\tpreempted\x18\x03 \x03(\x0b\x32\x18.lightpath.v1.Preemption\x12\x0f\n\x07outcome\x18\x04 \x01(\t\"\x91\x04\n\x07\x43\x65llJob\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12%\n\x05state\x18\x03 \x01(\x0e\x32\x16.lightpath.v1.JobState\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12\x0e\n\x06pod_id\x18\x05 \x01(\t\x12\x10\n\x08priority\x18\x06 \x01(\r\x12#\n\x04spec\x18\x07 \x01(\x0b\x32\x15.lightpath.v1.JobSpec\x12+\n\x06\x64\x65mand\x18\x08 \x01(\x0b\x32\x1b.lightpath.v1.ComputeDemand\x12\"\n\x05\x63hips\x18\t \x01(\x0b\x32\x13.lightpath.v1.Shape\x12\x13\n\x0b\x62lock_count\x18\n \x01(\r\x12\x15\n\rshape_derived\x18\x0b \x01(\x08\x12\x1b\n\x13\x63\x65ll_queue_position\x18\x0c \x01(\r\x12\x18\n\x10placement_reason\x18\r \x01(\t\x12\"\n\x07pod_job\x18\x0e \x01(\x0b\x32\x11.lightpath.v1.Job\x12.\n\ncreated_at\x18\x0f \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nupdated_at\x18\x10 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x30\n\x10last_known_state\x18\x11 \x01(\x0e\x32\x16.lightpath.v1.JobState\":\n\x11GetCellJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x15\n\rinclude_rings\x18\x02 \x01(\x08\"\x84\x01\n\x13ListCellJobsRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12&\n\x06states\x18\x02 \x03(\x0e\x32\x16.lightpath.v1.JobState\x12\x0e\n\x06pod_id\x18\x03 \x01(\t\x12\x11\n\tpage_size\x18\x04 \x01(\x05\x12\x12\n\npage_token\x18\x05 \x01(\t\"T\n\x14ListCellJobsResponse\x12#\n\x04jobs\x18\x01 \x03(\x0b\x32\x15.lightpath.v1.CellJob\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"(\n\x16\x43ompleteCellJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"6\n\x14\x43\x61ncelCellJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"%\n\x13WatchCellJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"{\n\x1cReportCellBlockHealthRequest\x12\x0e\n\x06pod_id\x18\x01 \x01(\t\x12\x10\n\x08\x62lock_id\x18\x02 \x01(\r\x12)\n\x06health\x18\x03 \x01(\x0e\x32\x19.lightpath.v1.BlockHealth\x12\x0e\n\x06reason\x18\x04 \x01(\t\"3\n\x0eNodeTypeBlocks\x12\x11\n\tnode_type\x18\x01 \x01(\t\x12\x0e\n\x06\x62locks\x18\x02 \x01(\r\"\xfd\x01\n\x0fPodRegistration\x12\x0e\n\x06pod_id\x18\x01 \x01(\t\x12\x10\n\x08\x65ndpoint\x18\x02 \x01(\t\x12-\n\x0b\x66\x61\x62ric_kind\x18\x03 \x01(\x0e\x32\x18.lightpath.v1.FabricKind\x12(\n\x0b\x62lock_shape\x18\x04 \x01(\x0b\x32\x13.lightpath.v1.Shape\x12\x30\n\nnode_types\x18\x05 \x03(\x0b\x32\x1c.lightpath.v1.NodeTypeBlocks\x12\x14\n\x0cocs_per_axis\x18\x06 \x01(\r\x12\x13\n\x0binstance_id\x18\x07 \x01(\t\x12\x12\n\nevents_tip\x18\x08 \x01(\t\"\xff\x01\n\x10NodeTypeCapacity\x12\x11\n\tnode_type\x18\x01 \x01(\t\x12\r\n\x05total\x18\x02 \x01(\r\x12\x0c\n\x04\x66ree\x18\x03 \x01(\r\x12\x11\n\tallocated\x18\x04 \x01(\r\x12\x0e\n\x06\x66\x61iled\x18\x05 \x01(\r\x12Z\n\x17preemptible_by_priority\x18\x06 \x03(\x0b\x32\x39.lightpath.v1.NodeTypeCapacity.PreemptibleByPriorityEntry\x1a<\n\x1aPreemptibleByPriorityEntry\x12\x0b\n\x03key\x18\x01 \x01(\r\x12\r\n\x05value\x18\x02 \x01(\r:\x02\x38\x01\"\xa0\x01\n\x0bPodCapacity\x12-\n\x05types\x18\x01 \x03(\x0b\x32\x1e.lightpath.v1.NodeTypeCapacity\x12\x13\n\x0bqueued_jobs\x18\x02 \x01(\r\x12\x14\n\x0crunning_jobs\x18\x03 \x01(\r\x12\x0f\n\x07version\x18\x04 \x01(\t\x12&\n\x02\x61t\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"Y\n\x10PodJobTransition\x12%\n\x05\x65vent\x18\x01 \x01(\x0b\x32\x16.lightpath.v1.JobEvent\x12\x0b\n\x03seq\x18\x02 \x01(\r\x12\x11\n\tstream_id\x18\x03 \x01(\t\"\xed\x01\n\x16ReportPodStatusRequest\x12\x0e\n\x06pod_id\x18\x01 \x01(\t\x12\x13\n\x0binstance_id\x18\x02 \x01(\t\x12\x10\n\x08\x65ndpoint\x18\x03 \x01(\t\x12+\n\x08\x63\x61pacity\x18\x04 \x01(\x0b\x32\x19.lightpath.v1.PodCapacity\x12\x33\n\x0btransitions\x18\x05 \x03(\x0b\x32\x1e.lightpath.v1.PodJobTransition\x12\x14\n\x0c\x65vents_after\x18\x06 \x01(\t\x12\x14\n\x0c\x65vents_until\x18\x07 \x01(\t\x12\x0e\n\x06resync\x18\x08 \x01(\x08\"V\n\x17ReportPodStatusResponse\x12\x12\n\nevents_ack\x18\x01 \x01(\t\x12\'\n\x06status\x18\x02 \x01(\x0e\x32\x17.lightpath.v1.PodStatus\"\xa6\x02\n\x03Pod\x12\x33\n\x0cregistration\x18\x01 \x01(\x0b\x32\x1d.lightpath.v1.PodRegistration\x12+\n\x08\x63\x61pacity\x18\x02 \x01(\x0b\x32\x19.lightpath.v1.PodCapacity\x12\'\n\x06status\x18\x03 \x01(\x0e\x32\x17.lightpath.v1.PodStatus\x12\x15\n\rstatus_reason\x18\x04 \x01(\t\x12\x32\n\x0elast_heartbeat\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x11\n\tcell_jobs\x18\x06 \x01(\r\x12\x11\n\tendpoints\x18\x07 \x03(\t\x12#\n\x04view\x18\x08 \x01(\x0b\x32\x15.lightpath.v1.PodView\"\x11\n\x0fListPodsRequest\"3\n\x10ListPodsResponse\x12\x1f\n\x04pods\x18\x01 \x03(\x0b\x32\x11.lightpath.v1.Pod\"9\n\x11GetCellPodRequest\x12\x0e\n\x06pod_id\x18\x01 \x01(\t\x12\x14\n\x0cinclude_view\x18\x02 \x01(\x08\"%\n\x13WatchCellPodRequest\x12\x0e\n\x06pod_id\x18\x01 \x01(\t\"@\n\x12RegisterPodRequest\x12*\n\x03pod\x18\x01 \x01(\x0b\x32\x1d.lightpath.v1.PodRegistration*l\n\tPodStatus\x12\x1a\n\x16POD_STATUS_UNSPECIFIED\x10\x00\x12\x14\n\x10POD_STATUS_READY\x10\x01\x12\x16\n\x12POD_STATUS_SUSPECT\x10\x02\x12\x15\n\x11POD_STATUS_SILENT\x10\x03\x32\xf3\x07\n\rCellScheduler\x12\x42\n\x07GetInfo\x12\x1c.lightpath.v1.GetInfoRequest\x1a\x19.lightpath.v1.ServiceInfo\x12L\n\tSubmitJob\x12\x1e.lightpath.v1.SubmitJobRequest\x1a\x1f.lightpath.v1.SubmitJobResponse\x12@\n\x06GetJob\x12\x1f.lightpath.v1.GetCellJobRequest\x1a\x15.lightpath.v1.CellJob\x12Q\n\x08ListJobs\x12!.lightpath.v1.ListCellJobsRequest\x1a\".lightpath.v1.ListCellJobsResponse\x12J\n\x0b\x43ompleteJob\x12$.lightpath.v1.CompleteCellJobRequest\x1a\x15.lightpath.v1.CellJob\x12\x46\n\tCancelJob\x12\".lightpath.v1.CancelCellJobRequest\x1a\x15.lightpath.v1.CellJob\x12G\n\x08WatchJob\x12!.lightpath.v1.WatchCellJobRequest\x1a\x16.lightpath.v1.JobEvent0\x01\x12h\n\x11ReportBlockHealth\x12*.lightpath.v1.ReportCellBlockHealthRequest\x1a\'.lightpath.v1.ReportBlockHealthResponse\x12I\n\x08ListPods\x12\x1d.lightpath.v1.ListPodsRequest\x1a\x1e.lightpath.v1.ListPodsResponse\x12<\n\x06GetPod\x12\x1f.lightpath.v1.GetCellPodRequest\x1a\x11.lightpath.v1.Pod\x12G\n\x08WatchPod\x12!.lightpath.v1.WatchCellPodRequest\x1a\x16.lightpath.v1.PodEvent0\x01\x12\x42\n\x0bRegisterPod\x12 .lightpath.v1.RegisterPodRequest\x1a\x11.lightpath.v1.Pod\x12^\n\x0fReportPodStatus\x12$.lightpath.v1.ReportPodStatusRequest\x1a%.lightpath.v1.ReportPodStatusResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!lightpath/v1/cell_scheduler.proto\x12\x0clightpath.v1\x1a google/protobuf/field_mask.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x19lightpath/v1/common.proto\x1a%lightpath/v1/workload_scheduler.proto\"s\n\rComputeDemand\x12\r\n\x05\x66lops\x18\x01 \x01(\x01\x12\x12\n\nchip_hours\x18\x02 \x01(\x01\x12,\n\x08\x64\x65\x61\x64line\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x11\n\tnode_type\x18\x04 \x01(\t\"\xc1\x01\n\x10SubmitJobRequest\x12#\n\x04spec\x18\x01 \x01(\x0b\x32\x15.lightpath.v1.JobSpec\x12+\n\x06\x64\x65mand\x18\x02 \x01(\x0b\x32\x1b.lightpath.v1.ComputeDemand\x12\x0e\n\x06tenant\x18\x03 \x01(\t\x12\x15\n\rvalidate_only\x18\x04 \x01(\x08\x12\x15\n\rpreferred_pod\x18\x05 \x01(\t\x12\x1d\n\x15require_preferred_pod\x18\x06 \x01(\x08\"\x86\x01\n\x11SubmitJobResponse\x12\"\n\x03job\x18\x01 \x01(\x0b\x32\x15.lightpath.v1.CellJob\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\x12+\n\tpreempted\x18\x03 \x03(\x0b\x32\x18.lightpath.v1.Preemption\x12\x0f\n\x07outcome\x18\x04 \x01(\t\"\x91\x04\n\x07\x43\x65llJob\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12%\n\x05state\x18\x03 \x01(\x0e\x32\x16.lightpath.v1.JobState\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12\x0e\n\x06pod_id\x18\x05 \x01(\t\x12\x10\n\x08priority\x18\x06 \x01(\r\x12#\n\x04spec\x18\x07 \x01(\x0b\x32\x15.lightpath.v1.JobSpec\x12+\n\x06\x64\x65mand\x18\x08 \x01(\x0b\x32\x1b.lightpath.v1.ComputeDemand\x12\"\n\x05\x63hips\x18\t \x01(\x0b\x32\x13.lightpath.v1.Shape\x12\x13\n\x0b\x62lock_count\x18\n \x01(\r\x12\x15\n\rshape_derived\x18\x0b \x01(\x08\x12\x1b\n\x13\x63\x65ll_queue_position\x18\x0c \x01(\r\x12\x18\n\x10placement_reason\x18\r \x01(\t\x12\"\n\x07pod_job\x18\x0e \x01(\x0b\x32\x11.lightpath.v1.Job\x12.\n\ncreated_at\x18\x0f \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nupdated_at\x18\x10 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x30\n\x10last_known_state\x18\x11 \x01(\x0e\x32\x16.lightpath.v1.JobState\":\n\x11GetCellJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x15\n\rinclude_rings\x18\x02 \x01(\x08\"\x84\x01\n\x13ListCellJobsRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12&\n\x06states\x18\x02 \x03(\x0e\x32\x16.lightpath.v1.JobState\x12\x0e\n\x06pod_id\x18\x03 \x01(\t\x12\x11\n\tpage_size\x18\x04 \x01(\x05\x12\x12\n\npage_token\x18\x05 \x01(\t\"T\n\x14ListCellJobsResponse\x12#\n\x04jobs\x18\x01 \x03(\x0b\x32\x15.lightpath.v1.CellJob\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"(\n\x16\x43ompleteCellJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"6\n\x14\x43\x61ncelCellJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"l\n\x14UpdateCellJobRequest\x12#\n\x04spec\x18\x01 \x01(\x0b\x32\x15.lightpath.v1.JobSpec\x12/\n\x0bupdate_mask\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.FieldMask\"%\n\x13WatchCellJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"{\n\x1cReportCellBlockHealthRequest\x12\x0e\n\x06pod_id\x18\x01 \x01(\t\x12\x10\n\x08\x62lock_id\x18\x02 \x01(\r\x12)\n\x06health\x18\x03 \x01(\x0e\x32\x19.lightpath.v1.BlockHealth\x12\x0e\n\x06reason\x18\x04 \x01(\t\"3\n\x0eNodeTypeBlocks\x12\x11\n\tnode_type\x18\x01 \x01(\t\x12\x0e\n\x06\x62locks\x18\x02 \x01(\r\"\xfd\x01\n\x0fPodRegistration\x12\x0e\n\x06pod_id\x18\x01 \x01(\t\x12\x10\n\x08\x65ndpoint\x18\x02 \x01(\t\x12-\n\x0b\x66\x61\x62ric_kind\x18\x03 \x01(\x0e\x32\x18.lightpath.v1.FabricKind\x12(\n\x0b\x62lock_shape\x18\x04 \x01(\x0b\x32\x13.lightpath.v1.Shape\x12\x30\n\nnode_types\x18\x05 \x03(\x0b\x32\x1c.lightpath.v1.NodeTypeBlocks\x12\x14\n\x0cocs_per_axis\x18\x06 \x01(\r\x12\x13\n\x0binstance_id\x18\x07 \x01(\t\x12\x12\n\nevents_tip\x18\x08 \x01(\t\"\xff\x01\n\x10NodeTypeCapacity\x12\x11\n\tnode_type\x18\x01 \x01(\t\x12\r\n\x05total\x18\x02 \x01(\r\x12\x0c\n\x04\x66ree\x18\x03 \x01(\r\x12\x11\n\tallocated\x18\x04 \x01(\r\x12\x0e\n\x06\x66\x61iled\x18\x05 \x01(\r\x12Z\n\x17preemptible_by_priority\x18\x06 \x03(\x0b\x32\x39.lightpath.v1.NodeTypeCapacity.PreemptibleByPriorityEntry\x1a<\n\x1aPreemptibleByPriorityEntry\x12\x0b\n\x03key\x18\x01 \x01(\r\x12\r\n\x05value\x18\x02 \x01(\r:\x02\x38\x01\"\xa0\x01\n\x0bPodCapacity\x12-\n\x05types\x18\x01 \x03(\x0b\x32\x1e.lightpath.v1.NodeTypeCapacity\x12\x13\n\x0bqueued_jobs\x18\x02 \x01(\r\x12\x14\n\x0crunning_jobs\x18\x03 \x01(\r\x12\x0f\n\x07version\x18\x04 \x01(\t\x12&\n\x02\x61t\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"Y\n\x10PodJobTransition\x12%\n\x05\x65vent\x18\x01 \x01(\x0b\x32\x16.lightpath.v1.JobEvent\x12\x0b\n\x03seq\x18\x02 \x01(\r\x12\x11\n\tstream_id\x18\x03 \x01(\t\"\xed\x01\n\x16ReportPodStatusRequest\x12\x0e\n\x06pod_id\x18\x01 \x01(\t\x12\x13\n\x0binstance_id\x18\x02 \x01(\t\x12\x10\n\x08\x65ndpoint\x18\x03 \x01(\t\x12+\n\x08\x63\x61pacity\x18\x04 \x01(\x0b\x32\x19.lightpath.v1.PodCapacity\x12\x33\n\x0btransitions\x18\x05 \x03(\x0b\x32\x1e.lightpath.v1.PodJobTransition\x12\x14\n\x0c\x65vents_after\x18\x06 \x01(\t\x12\x14\n\x0c\x65vents_until\x18\x07 \x01(\t\x12\x0e\n\x06resync\x18\x08 \x01(\x08\"V\n\x17ReportPodStatusResponse\x12\x12\n\nevents_ack\x18\x01 \x01(\t\x12\'\n\x06status\x18\x02 \x01(\x0e\x32\x17.lightpath.v1.PodStatus\"\xa6\x02\n\x03Pod\x12\x33\n\x0cregistration\x18\x01 \x01(\x0b\x32\x1d.lightpath.v1.PodRegistration\x12+\n\x08\x63\x61pacity\x18\x02 \x01(\x0b\x32\x19.lightpath.v1.PodCapacity\x12\'\n\x06status\x18\x03 \x01(\x0e\x32\x17.lightpath.v1.PodStatus\x12\x15\n\rstatus_reason\x18\x04 \x01(\t\x12\x32\n\x0elast_heartbeat\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x11\n\tcell_jobs\x18\x06 \x01(\r\x12\x11\n\tendpoints\x18\x07 \x03(\t\x12#\n\x04view\x18\x08 \x01(\x0b\x32\x15.lightpath.v1.PodView\"\x11\n\x0fListPodsRequest\"3\n\x10ListPodsResponse\x12\x1f\n\x04pods\x18\x01 \x03(\x0b\x32\x11.lightpath.v1.Pod\"9\n\x11GetCellPodRequest\x12\x0e\n\x06pod_id\x18\x01 \x01(\t\x12\x14\n\x0cinclude_view\x18\x02 \x01(\x08\"%\n\x13WatchCellPodRequest\x12\x0e\n\x06pod_id\x18\x01 \x01(\t\"@\n\x12RegisterPodRequest\x12*\n\x03pod\x18\x01 \x01(\x0b\x32\x1d.lightpath.v1.PodRegistration*l\n\tPodStatus\x12\x1a\n\x16POD_STATUS_UNSPECIFIED\x10\x00\x12\x14\n\x10POD_STATUS_READY\x10\x01\x12\x16\n\x12POD_STATUS_SUSPECT\x10\x02\x12\x15\n\x11POD_STATUS_SILENT\x10\x03\x32\xbb\x08\n\rCellScheduler\x12\x42\n\x07GetInfo\x12\x1c.lightpath.v1.GetInfoRequest\x1a\x19.lightpath.v1.ServiceInfo\x12L\n\tSubmitJob\x12\x1e.lightpath.v1.SubmitJobRequest\x1a\x1f.lightpath.v1.SubmitJobResponse\x12@\n\x06GetJob\x12\x1f.lightpath.v1.GetCellJobRequest\x1a\x15.lightpath.v1.CellJob\x12Q\n\x08ListJobs\x12!.lightpath.v1.ListCellJobsRequest\x1a\".lightpath.v1.ListCellJobsResponse\x12J\n\x0b\x43ompleteJob\x12$.lightpath.v1.CompleteCellJobRequest\x1a\x15.lightpath.v1.CellJob\x12\x46\n\tCancelJob\x12\".lightpath.v1.CancelCellJobRequest\x1a\x15.lightpath.v1.CellJob\x12\x46\n\tUpdateJob\x12\".lightpath.v1.UpdateCellJobRequest\x1a\x15.lightpath.v1.CellJob\x12G\n\x08WatchJob\x12!.lightpath.v1.WatchCellJobRequest\x1a\x16.lightpath.v1.JobEvent0\x01\x12h\n\x11ReportBlockHealth\x12*.lightpath.v1.ReportCellBlockHealthRequest\x1a\'.lightpath.v1.ReportBlockHealthResponse\x12I\n\x08ListPods\x12\x1d.lightpath.v1.ListPodsRequest\x1a\x1e.lightpath.v1.ListPodsResponse\x12<\n\x06GetPod\x12\x1f.lightpath.v1.GetCellPodRequest\x1a\x11.lightpath.v1.Pod\x12G\n\x08WatchPod\x12!.lightpath.v1.WatchCellPodRequest\x1a\x16.lightpath.v1.PodEvent0\x01\x12\x42\n\x0bRegisterPod\x12 .lightpath.v1.RegisterPodRequest\x1a\x11.lightpath.v1.Pod\x12^\n\x0fReportPodStatus\x12$.lightpath.v1.ReportPodStatusRequest\x1a%.lightpath.v1.ReportPodStatusResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,58 +37,60 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_NODETYPECAPACITY_PREEMPTIBLEBYPRIORITYENTRY']._loaded_options = None
   _globals['_NODETYPECAPACITY_PREEMPTIBLEBYPRIORITYENTRY']._serialized_options = b'8\001'
-  _globals['_PODSTATUS']._serialized_start=3303
-  _globals['_PODSTATUS']._serialized_end=3411
-  _globals['_COMPUTEDEMAND']._serialized_start=150
-  _globals['_COMPUTEDEMAND']._serialized_end=265
-  _globals['_SUBMITJOBREQUEST']._serialized_start=268
-  _globals['_SUBMITJOBREQUEST']._serialized_end=407
-  _globals['_SUBMITJOBRESPONSE']._serialized_start=410
-  _globals['_SUBMITJOBRESPONSE']._serialized_end=544
-  _globals['_CELLJOB']._serialized_start=547
-  _globals['_CELLJOB']._serialized_end=1076
-  _globals['_GETCELLJOBREQUEST']._serialized_start=1078
-  _globals['_GETCELLJOBREQUEST']._serialized_end=1136
-  _globals['_LISTCELLJOBSREQUEST']._serialized_start=1139
-  _globals['_LISTCELLJOBSREQUEST']._serialized_end=1271
-  _globals['_LISTCELLJOBSRESPONSE']._serialized_start=1273
-  _globals['_LISTCELLJOBSRESPONSE']._serialized_end=1357
-  _globals['_COMPLETECELLJOBREQUEST']._serialized_start=1359
-  _globals['_COMPLETECELLJOBREQUEST']._serialized_end=1399
-  _globals['_CANCELCELLJOBREQUEST']._serialized_start=1401
-  _globals['_CANCELCELLJOBREQUEST']._serialized_end=1455
-  _globals['_WATCHCELLJOBREQUEST']._serialized_start=1457
-  _globals['_WATCHCELLJOBREQUEST']._serialized_end=1494
-  _globals['_REPORTCELLBLOCKHEALTHREQUEST']._serialized_start=1496
-  _globals['_REPORTCELLBLOCKHEALTHREQUEST']._serialized_end=1619
-  _globals['_NODETYPEBLOCKS']._serialized_start=1621
-  _globals['_NODETYPEBLOCKS']._serialized_end=1672
-  _globals['_PODREGISTRATION']._serialized_start=1675
-  _globals['_PODREGISTRATION']._serialized_end=1928
-  _globals['_NODETYPECAPACITY']._serialized_start=1931
-  _globals['_NODETYPECAPACITY']._serialized_end=2186
-  _globals['_NODETYPECAPACITY_PREEMPTIBLEBYPRIORITYENTRY']._serialized_start=2126
-  _globals['_NODETYPECAPACITY_PREEMPTIBLEBYPRIORITYENTRY']._serialized_end=2186
-  _globals['_PODCAPACITY']._serialized_start=2189
-  _globals['_PODCAPACITY']._serialized_end=2349
-  _globals['_PODJOBTRANSITION']._serialized_start=2351
-  _globals['_PODJOBTRANSITION']._serialized_end=2440
-  _globals['_REPORTPODSTATUSREQUEST']._serialized_start=2443
-  _globals['_REPORTPODSTATUSREQUEST']._serialized_end=2680
-  _globals['_REPORTPODSTATUSRESPONSE']._serialized_start=2682
-  _globals['_REPORTPODSTATUSRESPONSE']._serialized_end=2768
-  _globals['_POD']._serialized_start=2771
-  _globals['_POD']._serialized_end=3065
-  _globals['_LISTPODSREQUEST']._serialized_start=3067
-  _globals['_LISTPODSREQUEST']._serialized_end=3084
-  _globals['_LISTPODSRESPONSE']._serialized_start=3086
-  _globals['_LISTPODSRESPONSE']._serialized_end=3137
-  _globals['_GETCELLPODREQUEST']._serialized_start=3139
-  _globals['_GETCELLPODREQUEST']._serialized_end=3196
-  _globals['_WATCHCELLPODREQUEST']._serialized_start=3198
-  _globals['_WATCHCELLPODREQUEST']._serialized_end=3235
-  _globals['_REGISTERPODREQUEST']._serialized_start=3237
-  _globals['_REGISTERPODREQUEST']._serialized_end=3301
-  _globals['_CELLSCHEDULER']._serialized_start=3414
-  _globals['_CELLSCHEDULER']._serialized_end=4425
+  _globals['_PODSTATUS']._serialized_start=3501
+  _globals['_PODSTATUS']._serialized_end=3609
+  _globals['_COMPUTEDEMAND']._serialized_start=184
+  _globals['_COMPUTEDEMAND']._serialized_end=299
+  _globals['_SUBMITJOBREQUEST']._serialized_start=302
+  _globals['_SUBMITJOBREQUEST']._serialized_end=495
+  _globals['_SUBMITJOBRESPONSE']._serialized_start=498
+  _globals['_SUBMITJOBRESPONSE']._serialized_end=632
+  _globals['_CELLJOB']._serialized_start=635
+  _globals['_CELLJOB']._serialized_end=1164
+  _globals['_GETCELLJOBREQUEST']._serialized_start=1166
+  _globals['_GETCELLJOBREQUEST']._serialized_end=1224
+  _globals['_LISTCELLJOBSREQUEST']._serialized_start=1227
+  _globals['_LISTCELLJOBSREQUEST']._serialized_end=1359
+  _globals['_LISTCELLJOBSRESPONSE']._serialized_start=1361
+  _globals['_LISTCELLJOBSRESPONSE']._serialized_end=1445
+  _globals['_COMPLETECELLJOBREQUEST']._serialized_start=1447
+  _globals['_COMPLETECELLJOBREQUEST']._serialized_end=1487
+  _globals['_CANCELCELLJOBREQUEST']._serialized_start=1489
+  _globals['_CANCELCELLJOBREQUEST']._serialized_end=1543
+  _globals['_UPDATECELLJOBREQUEST']._serialized_start=1545
+  _globals['_UPDATECELLJOBREQUEST']._serialized_end=1653
+  _globals['_WATCHCELLJOBREQUEST']._serialized_start=1655
+  _globals['_WATCHCELLJOBREQUEST']._serialized_end=1692
+  _globals['_REPORTCELLBLOCKHEALTHREQUEST']._serialized_start=1694
+  _globals['_REPORTCELLBLOCKHEALTHREQUEST']._serialized_end=1817
+  _globals['_NODETYPEBLOCKS']._serialized_start=1819
+  _globals['_NODETYPEBLOCKS']._serialized_end=1870
+  _globals['_PODREGISTRATION']._serialized_start=1873
+  _globals['_PODREGISTRATION']._serialized_end=2126
+  _globals['_NODETYPECAPACITY']._serialized_start=2129
+  _globals['_NODETYPECAPACITY']._serialized_end=2384
+  _globals['_NODETYPECAPACITY_PREEMPTIBLEBYPRIORITYENTRY']._serialized_start=2324
+  _globals['_NODETYPECAPACITY_PREEMPTIBLEBYPRIORITYENTRY']._serialized_end=2384
+  _globals['_PODCAPACITY']._serialized_start=2387
+  _globals['_PODCAPACITY']._serialized_end=2547
+  _globals['_PODJOBTRANSITION']._serialized_start=2549
+  _globals['_PODJOBTRANSITION']._serialized_end=2638
+  _globals['_REPORTPODSTATUSREQUEST']._serialized_start=2641
+  _globals['_REPORTPODSTATUSREQUEST']._serialized_end=2878
+  _globals['_REPORTPODSTATUSRESPONSE']._serialized_start=2880
+  _globals['_REPORTPODSTATUSRESPONSE']._serialized_end=2966
+  _globals['_POD']._serialized_start=2969
+  _globals['_POD']._serialized_end=3263
+  _globals['_LISTPODSREQUEST']._serialized_start=3265
+  _globals['_LISTPODSREQUEST']._serialized_end=3282
+  _globals['_LISTPODSRESPONSE']._serialized_start=3284
+  _globals['_LISTPODSRESPONSE']._serialized_end=3335
+  _globals['_GETCELLPODREQUEST']._serialized_start=3337
+  _globals['_GETCELLPODREQUEST']._serialized_end=3394
+  _globals['_WATCHCELLPODREQUEST']._serialized_start=3396
+  _globals['_WATCHCELLPODREQUEST']._serialized_end=3433
+  _globals['_REGISTERPODREQUEST']._serialized_start=3435
+  _globals['_REGISTERPODREQUEST']._serialized_end=3499
+  _globals['_CELLSCHEDULER']._serialized_start=3612
+  _globals['_CELLSCHEDULER']._serialized_end=4695
 # @@protoc_insertion_point(module_scope)

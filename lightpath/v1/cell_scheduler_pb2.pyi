@@ -5,6 +5,7 @@ isort:skip_file
 
 from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
+from google.protobuf import field_mask_pb2 as _field_mask_pb2
 from google.protobuf import message as _message
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
@@ -96,12 +97,25 @@ class SubmitJobRequest(_message.Message):
     DEMAND_FIELD_NUMBER: _builtins.int
     TENANT_FIELD_NUMBER: _builtins.int
     VALIDATE_ONLY_FIELD_NUMBER: _builtins.int
+    PREFERRED_POD_FIELD_NUMBER: _builtins.int
+    REQUIRE_PREFERRED_POD_FIELD_NUMBER: _builtins.int
     tenant: _builtins.str
     """Whose job it is ([A-Za-z0-9._-]{1,64}; "" = "default"). Kept with the job
     and given to the pod as the label "tenant".
     """
     validate_only: _builtins.bool
     """Decide, say what would happen, change nothing (AIP-163)."""
+    preferred_pod: _builtins.str
+    """A registered pod to place the job on when that pod can host it: it goes first
+    among the pods that fit now (or, if none does, among those that fit by
+    preemption); otherwise the job goes elsewhere as usual. An unknown pod is
+    INVALID_ARGUMENT naming `preferred_pod`.
+    """
+    require_preferred_pod: _builtins.bool
+    """Only `preferred_pod` will do: the job waits in the cell queue for that pod
+    rather than go to another, and is INVALID_ARGUMENT when that pod could never
+    host it.
+    """
     @_builtins.property
     def spec(self) -> _workload_scheduler_pb2.JobSpec:
         """What the pod's workload scheduler takes (shape, node types, priority,
@@ -119,10 +133,12 @@ class SubmitJobRequest(_message.Message):
         demand: Global___ComputeDemand | None = ...,
         tenant: _builtins.str = ...,
         validate_only: _builtins.bool = ...,
+        preferred_pod: _builtins.str = ...,
+        require_preferred_pod: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["demand", b"demand", "spec", b"spec"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["demand", b"demand", "spec", b"spec", "tenant", b"tenant", "validate_only", b"validate_only"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["demand", b"demand", "preferred_pod", b"preferred_pod", "require_preferred_pod", b"require_preferred_pod", "spec", b"spec", "tenant", b"tenant", "validate_only", b"validate_only"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -380,6 +396,36 @@ class CancelCellJobRequest(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___CancelCellJobRequest: _TypeAlias = CancelCellJobRequest  # noqa: Y015
+
+@_typing.final
+class UpdateCellJobRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SPEC_FIELD_NUMBER: _builtins.int
+    UPDATE_MASK_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def spec(self) -> _workload_scheduler_pb2.JobSpec:
+        """`spec.job_id` names the job; the fields `update_mask` names are taken from `spec`."""
+
+    @_builtins.property
+    def update_mask(self) -> _field_mask_pb2.FieldMask:
+        """Required: "priority", "priority_class", "labels", "labels.<key>" (see
+        WorkloadScheduler's UpdateJobRequest).
+        """
+
+    def __init__(
+        self,
+        *,
+        spec: _workload_scheduler_pb2.JobSpec | None = ...,
+        update_mask: _field_mask_pb2.FieldMask | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["spec", b"spec", "update_mask", b"update_mask"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["spec", b"spec", "update_mask", b"update_mask"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UpdateCellJobRequest: _TypeAlias = UpdateCellJobRequest  # noqa: Y015
 
 @_typing.final
 class WatchCellJobRequest(_message.Message):

@@ -75,6 +75,11 @@ class CellSchedulerStub:
                 request_serializer=lightpath_dot_v1_dot_cell__scheduler__pb2.CancelCellJobRequest.SerializeToString,
                 response_deserializer=lightpath_dot_v1_dot_cell__scheduler__pb2.CellJob.FromString,
                 _registered_method=True)
+        self.UpdateJob = channel.unary_unary(
+                '/lightpath.v1.CellScheduler/UpdateJob',
+                request_serializer=lightpath_dot_v1_dot_cell__scheduler__pb2.UpdateCellJobRequest.SerializeToString,
+                response_deserializer=lightpath_dot_v1_dot_cell__scheduler__pb2.CellJob.FromString,
+                _registered_method=True)
         self.WatchJob = channel.unary_stream(
                 '/lightpath.v1.CellScheduler/WatchJob',
                 request_serializer=lightpath_dot_v1_dot_cell__scheduler__pb2.WatchCellJobRequest.SerializeToString,
@@ -174,6 +179,20 @@ class CellSchedulerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def UpdateJob(self, request, context):
+        """Change a job's priority or labels without resubmitting (AIP-134; the paths and
+        rules of WorkloadScheduler.UpdateJob). In the cell queue it takes its new place
+        at once; on a pod, the pod's queue order (or, running, later preemption
+        decisions) follows. The `tenant` label is the job's tenant and cannot change.
+        INVALID_ARGUMENT names the path or field, NOT_FOUND for an unknown job (or
+        another tenant's), FAILED_PRECONDITION (JOB_ENDED) for an ended one, ABORTED
+        (BUSY) while it is being placed or wired (retry), UNAVAILABLE when its pod does
+        not answer (the same update again is safe).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def WatchJob(self, request, context):
         """CS-5: one job's transitions, history first, then live until it ends:
         the cell's own (queued, placed, UNKNOWN while its pod is silent) and its pod's.
@@ -258,6 +277,11 @@ def add_CellSchedulerServicer_to_server(servicer, server):
             'CancelJob': grpc.unary_unary_rpc_method_handler(
                     servicer.CancelJob,
                     request_deserializer=lightpath_dot_v1_dot_cell__scheduler__pb2.CancelCellJobRequest.FromString,
+                    response_serializer=lightpath_dot_v1_dot_cell__scheduler__pb2.CellJob.SerializeToString,
+            ),
+            'UpdateJob': grpc.unary_unary_rpc_method_handler(
+                    servicer.UpdateJob,
+                    request_deserializer=lightpath_dot_v1_dot_cell__scheduler__pb2.UpdateCellJobRequest.FromString,
                     response_serializer=lightpath_dot_v1_dot_cell__scheduler__pb2.CellJob.SerializeToString,
             ),
             'WatchJob': grpc.unary_stream_rpc_method_handler(
@@ -466,6 +490,33 @@ class CellScheduler:
             target,
             '/lightpath.v1.CellScheduler/CancelJob',
             lightpath_dot_v1_dot_cell__scheduler__pb2.CancelCellJobRequest.SerializeToString,
+            lightpath_dot_v1_dot_cell__scheduler__pb2.CellJob.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UpdateJob(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lightpath.v1.CellScheduler/UpdateJob',
+            lightpath_dot_v1_dot_cell__scheduler__pb2.UpdateCellJobRequest.SerializeToString,
             lightpath_dot_v1_dot_cell__scheduler__pb2.CellJob.FromString,
             options,
             channel_credentials,

@@ -67,6 +67,16 @@ class CellSchedulerStub:
     """CS-5: the job system reports that the workload finished (forwarded to its pod)."""
     CancelJob: _grpc.UnaryUnaryMultiCallable[_cell_scheduler_pb2.CancelCellJobRequest, _cell_scheduler_pb2.CellJob]
     """CS-5: cancel a job, in the cell queue or on its pod."""
+    UpdateJob: _grpc.UnaryUnaryMultiCallable[_cell_scheduler_pb2.UpdateCellJobRequest, _cell_scheduler_pb2.CellJob]
+    """Change a job's priority or labels without resubmitting (AIP-134; the paths and
+    rules of WorkloadScheduler.UpdateJob). In the cell queue it takes its new place
+    at once; on a pod, the pod's queue order (or, running, later preemption
+    decisions) follows. The `tenant` label is the job's tenant and cannot change.
+    INVALID_ARGUMENT names the path or field, NOT_FOUND for an unknown job (or
+    another tenant's), FAILED_PRECONDITION (JOB_ENDED) for an ended one, ABORTED
+    (BUSY) while it is being placed or wired (retry), UNAVAILABLE when its pod does
+    not answer (the same update again is safe).
+    """
     WatchJob: _grpc.UnaryStreamMultiCallable[_cell_scheduler_pb2.WatchCellJobRequest, _common_pb2.JobEvent]
     """CS-5: one job's transitions, history first, then live until it ends:
     the cell's own (queued, placed, UNKNOWN while its pod is silent) and its pod's.
@@ -126,6 +136,16 @@ class CellSchedulerAsyncStub(CellSchedulerStub):
     """CS-5: the job system reports that the workload finished (forwarded to its pod)."""
     CancelJob: _aio.UnaryUnaryMultiCallable[_cell_scheduler_pb2.CancelCellJobRequest, _cell_scheduler_pb2.CellJob]  # type: ignore[assignment]
     """CS-5: cancel a job, in the cell queue or on its pod."""
+    UpdateJob: _aio.UnaryUnaryMultiCallable[_cell_scheduler_pb2.UpdateCellJobRequest, _cell_scheduler_pb2.CellJob]  # type: ignore[assignment]
+    """Change a job's priority or labels without resubmitting (AIP-134; the paths and
+    rules of WorkloadScheduler.UpdateJob). In the cell queue it takes its new place
+    at once; on a pod, the pod's queue order (or, running, later preemption
+    decisions) follows. The `tenant` label is the job's tenant and cannot change.
+    INVALID_ARGUMENT names the path or field, NOT_FOUND for an unknown job (or
+    another tenant's), FAILED_PRECONDITION (JOB_ENDED) for an ended one, ABORTED
+    (BUSY) while it is being placed or wired (retry), UNAVAILABLE when its pod does
+    not answer (the same update again is safe).
+    """
     WatchJob: _aio.UnaryStreamMultiCallable[_cell_scheduler_pb2.WatchCellJobRequest, _common_pb2.JobEvent]  # type: ignore[assignment]
     """CS-5: one job's transitions, history first, then live until it ends:
     the cell's own (queued, placed, UNKNOWN while its pod is silent) and its pod's.
@@ -218,6 +238,22 @@ class CellSchedulerServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_cell_scheduler_pb2.CellJob, _abc.Awaitable[_cell_scheduler_pb2.CellJob]]:
         """CS-5: cancel a job, in the cell queue or on its pod."""
+
+    @_abc_1.abstractmethod
+    def UpdateJob(
+        self,
+        request: _cell_scheduler_pb2.UpdateCellJobRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_cell_scheduler_pb2.CellJob, _abc.Awaitable[_cell_scheduler_pb2.CellJob]]:
+        """Change a job's priority or labels without resubmitting (AIP-134; the paths and
+        rules of WorkloadScheduler.UpdateJob). In the cell queue it takes its new place
+        at once; on a pod, the pod's queue order (or, running, later preemption
+        decisions) follows. The `tenant` label is the job's tenant and cannot change.
+        INVALID_ARGUMENT names the path or field, NOT_FOUND for an unknown job (or
+        another tenant's), FAILED_PRECONDITION (JOB_ENDED) for an ended one, ABORTED
+        (BUSY) while it is being placed or wired (retry), UNAVAILABLE when its pod does
+        not answer (the same update again is safe).
+        """
 
     @_abc_1.abstractmethod
     def WatchJob(

@@ -906,7 +906,9 @@ class Reservation(_message.Message):
     cores_at_start: _builtins.int
     """Cores from the first start on (GRANTED: all; PARTIAL: those free then)."""
     summary: _builtins.str
-    """For people: "30 cores now, 20 more in 15 s"."""
+    """For people: "30 cores now, 20 more in 15 s", relative to the decision and
+    derived from the allocations as they are (an extension shows its new window).
+    """
     version: _builtins.int
     """Broker-wide change counter at this reservation's last change."""
     @_builtins.property

@@ -5,6 +5,7 @@ isort:skip_file
 
 from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
+from google.protobuf import field_mask_pb2 as _field_mask_pb2
 from google.protobuf import message as _message
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
@@ -601,6 +602,41 @@ class CancelJobRequest(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___CancelJobRequest: _TypeAlias = CancelJobRequest  # noqa: Y015
+
+@_typing.final
+class UpdateJobRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SPEC_FIELD_NUMBER: _builtins.int
+    UPDATE_MASK_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def spec(self) -> Global___JobSpec:
+        """`spec.job_id` names the job; the fields `update_mask` names are taken from `spec`."""
+
+    @_builtins.property
+    def update_mask(self) -> _field_mask_pb2.FieldMask:
+        """Required; paths within JobSpec:
+          "priority"        1..100 (replaces a priority_class),
+          "priority_class"  LOW, MEDIUM or HIGH (replaces a priority),
+          "labels"          the whole map, replaced by spec.labels,
+          "labels.<key>"    one label: set to spec.labels[<key>], removed when absent there.
+        Label keys are 1-63 characters of A-Z a-z 0-9 . _ / - starting and ending with a
+        letter or digit; values at most 256 characters; at most 64 labels.
+        """
+
+    def __init__(
+        self,
+        *,
+        spec: Global___JobSpec | None = ...,
+        update_mask: _field_mask_pb2.FieldMask | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["spec", b"spec", "update_mask", b"update_mask"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["spec", b"spec", "update_mask", b"update_mask"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UpdateJobRequest: _TypeAlias = UpdateJobRequest  # noqa: Y015
 
 @_typing.final
 class ReportBlockHealthRequest(_message.Message):

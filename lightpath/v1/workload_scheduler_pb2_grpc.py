@@ -80,6 +80,11 @@ class WorkloadSchedulerStub:
                 request_serializer=lightpath_dot_v1_dot_workload__scheduler__pb2.CancelJobRequest.SerializeToString,
                 response_deserializer=lightpath_dot_v1_dot_workload__scheduler__pb2.Job.FromString,
                 _registered_method=True)
+        self.UpdateJob = channel.unary_unary(
+                '/lightpath.v1.WorkloadScheduler/UpdateJob',
+                request_serializer=lightpath_dot_v1_dot_workload__scheduler__pb2.UpdateJobRequest.SerializeToString,
+                response_deserializer=lightpath_dot_v1_dot_workload__scheduler__pb2.Job.FromString,
+                _registered_method=True)
         self.ReportBlockHealth = channel.unary_unary(
                 '/lightpath.v1.WorkloadScheduler/ReportBlockHealth',
                 request_serializer=lightpath_dot_v1_dot_workload__scheduler__pb2.ReportBlockHealthRequest.SerializeToString,
@@ -171,6 +176,19 @@ class WorkloadSchedulerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def UpdateJob(self, request, context):
+        """Change a job's priority or labels without admitting it again (AIP-134). A
+        PENDING or SUSPENDED job takes its new place in the queue at once; a running
+        one keeps its blocks and is judged at its new priority by later preemption
+        decisions. The job's history records what changed. INVALID_ARGUMENT for a bad
+        mask or value (naming the path or field), NOT_FOUND for an unknown job,
+        FAILED_PRECONDITION (JOB_ENDED) for an ended one, ABORTED (BUSY) while a
+        wiring or block swap of the job is in flight (retry).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ReportBlockHealth(self, request, context):
         """WS-5: a block FAILED or RECOVERED (e.g. from a monitoring component, ¶128).
         """
@@ -240,6 +258,11 @@ def add_WorkloadSchedulerServicer_to_server(servicer, server):
             'CancelJob': grpc.unary_unary_rpc_method_handler(
                     servicer.CancelJob,
                     request_deserializer=lightpath_dot_v1_dot_workload__scheduler__pb2.CancelJobRequest.FromString,
+                    response_serializer=lightpath_dot_v1_dot_workload__scheduler__pb2.Job.SerializeToString,
+            ),
+            'UpdateJob': grpc.unary_unary_rpc_method_handler(
+                    servicer.UpdateJob,
+                    request_deserializer=lightpath_dot_v1_dot_workload__scheduler__pb2.UpdateJobRequest.FromString,
                     response_serializer=lightpath_dot_v1_dot_workload__scheduler__pb2.Job.SerializeToString,
             ),
             'ReportBlockHealth': grpc.unary_unary_rpc_method_handler(
@@ -444,6 +467,33 @@ class WorkloadScheduler:
             target,
             '/lightpath.v1.WorkloadScheduler/CancelJob',
             lightpath_dot_v1_dot_workload__scheduler__pb2.CancelJobRequest.SerializeToString,
+            lightpath_dot_v1_dot_workload__scheduler__pb2.Job.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UpdateJob(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lightpath.v1.WorkloadScheduler/UpdateJob',
+            lightpath_dot_v1_dot_workload__scheduler__pb2.UpdateJobRequest.SerializeToString,
             lightpath_dot_v1_dot_workload__scheduler__pb2.Job.FromString,
             options,
             channel_credentials,

@@ -68,6 +68,15 @@ class WorkloadSchedulerStub:
     """WS-6: cancel a job in any non-final state. Cancelling a CANCELLED job
     again answers it; another final state is FAILED_PRECONDITION.
     """
+    UpdateJob: _grpc.UnaryUnaryMultiCallable[_workload_scheduler_pb2.UpdateJobRequest, _workload_scheduler_pb2.Job]
+    """Change a job's priority or labels without admitting it again (AIP-134). A
+    PENDING or SUSPENDED job takes its new place in the queue at once; a running
+    one keeps its blocks and is judged at its new priority by later preemption
+    decisions. The job's history records what changed. INVALID_ARGUMENT for a bad
+    mask or value (naming the path or field), NOT_FOUND for an unknown job,
+    FAILED_PRECONDITION (JOB_ENDED) for an ended one, ABORTED (BUSY) while a
+    wiring or block swap of the job is in flight (retry).
+    """
     ReportBlockHealth: _grpc.UnaryUnaryMultiCallable[_workload_scheduler_pb2.ReportBlockHealthRequest, _workload_scheduler_pb2.ReportBlockHealthResponse]
     """WS-5: a block FAILED or RECOVERED (e.g. from a monitoring component, ¶128)."""
     WatchJob: _grpc.UnaryStreamMultiCallable[_workload_scheduler_pb2.WatchJobRequest, _common_pb2.JobEvent]
@@ -121,6 +130,15 @@ class WorkloadSchedulerAsyncStub(WorkloadSchedulerStub):
     CancelJob: _aio.UnaryUnaryMultiCallable[_workload_scheduler_pb2.CancelJobRequest, _workload_scheduler_pb2.Job]  # type: ignore[assignment]
     """WS-6: cancel a job in any non-final state. Cancelling a CANCELLED job
     again answers it; another final state is FAILED_PRECONDITION.
+    """
+    UpdateJob: _aio.UnaryUnaryMultiCallable[_workload_scheduler_pb2.UpdateJobRequest, _workload_scheduler_pb2.Job]  # type: ignore[assignment]
+    """Change a job's priority or labels without admitting it again (AIP-134). A
+    PENDING or SUSPENDED job takes its new place in the queue at once; a running
+    one keeps its blocks and is judged at its new priority by later preemption
+    decisions. The job's history records what changed. INVALID_ARGUMENT for a bad
+    mask or value (naming the path or field), NOT_FOUND for an unknown job,
+    FAILED_PRECONDITION (JOB_ENDED) for an ended one, ABORTED (BUSY) while a
+    wiring or block swap of the job is in flight (retry).
     """
     ReportBlockHealth: _aio.UnaryUnaryMultiCallable[_workload_scheduler_pb2.ReportBlockHealthRequest, _workload_scheduler_pb2.ReportBlockHealthResponse]  # type: ignore[assignment]
     """WS-5: a block FAILED or RECOVERED (e.g. from a monitoring component, ¶128)."""
@@ -208,6 +226,21 @@ class WorkloadSchedulerServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_workload_scheduler_pb2.Job, _abc.Awaitable[_workload_scheduler_pb2.Job]]:
         """WS-6: cancel a job in any non-final state. Cancelling a CANCELLED job
         again answers it; another final state is FAILED_PRECONDITION.
+        """
+
+    @_abc_1.abstractmethod
+    def UpdateJob(
+        self,
+        request: _workload_scheduler_pb2.UpdateJobRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_workload_scheduler_pb2.Job, _abc.Awaitable[_workload_scheduler_pb2.Job]]:
+        """Change a job's priority or labels without admitting it again (AIP-134). A
+        PENDING or SUSPENDED job takes its new place in the queue at once; a running
+        one keeps its blocks and is judged at its new priority by later preemption
+        decisions. The job's history records what changed. INVALID_ARGUMENT for a bad
+        mask or value (naming the path or field), NOT_FOUND for an unknown job,
+        FAILED_PRECONDITION (JOB_ENDED) for an ended one, ABORTED (BUSY) while a
+        wiring or block swap of the job is in flight (retry).
         """
 
     @_abc_1.abstractmethod

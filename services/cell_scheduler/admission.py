@@ -54,12 +54,25 @@ class Admission:
                 "cell", "no superpod has registered with the cell yet", reason="NO_PODS"
             )
         job_id = req.spec.job_id
+        if req.preferred_pod and req.preferred_pod not in models:
+            raise InvalidArgument(
+                "preferred_pod",
+                f"no pod {req.preferred_pod!r} is registered; the cell has "
+                + ", ".join(sorted(models)),
+                reason="UNKNOWN_POD",
+            )
         resolved, bad = self.resolve(job_id, req, models, snap.registrations, now)
+        resolved, bad = only_preferred(req, resolved, bad)
         if not resolved:
             raise no_pod_can_host(bad)
         priority = next(iter(resolved.values())).priority
         views = self.pods.views_of(snap, now)
-        demand = JobDemand(job_id, priority, {p: r.needs for p, r in resolved.items()})
+        demand = JobDemand(
+            job_id,
+            priority,
+            {p: r.needs for p, r in resolved.items()},
+            preferred=req.preferred_pod,
+        )
         ahead: list[JobDemand] = []
         if snap.queue:
             queued, _ = await self.queued(snap, models, now)
@@ -79,8 +92,9 @@ class Admission:
                 continue
             req = self.request_of(record)
             resolved, bad = self.resolve(record.job_id, req, models, snap.registrations, now)
+            resolved, bad = only_preferred(req, resolved, bad)
             if not resolved:
-                err = no_pod_can_host(bad)
+                err = no_pod_can_host(bad) if bad else _gone(req.preferred_pod)
                 await self.store.end_queued(
                     record.job_id, "FAILED", f"no pod can host it any more: {err.message}", now
                 )
@@ -92,6 +106,7 @@ class Admission:
                     record.priority,
                     {p: r.needs for p, r in resolved.items()},
                     record.refused,
+                    preferred=req.preferred_pod,
                 )
             )
             details[record.job_id] = (req, resolved)
@@ -207,3 +222,25 @@ class Admission:
             outcome=f"would wait in the cell queue at position {ahead + 1}: {choice.why_waiting}",
             queue_position=ahead + 1,
         )
+
+
+def only_preferred(
+    req: cell_scheduler_pb2.SubmitJobRequest,
+    resolved: dict[str, Resolved],
+    bad: dict[str, InvalidArgument],
+) -> tuple[dict[str, Resolved], dict[str, InvalidArgument]]:
+    """With `require_preferred_pod`, the preferred pod alone (resolved, or why it could
+    never host the job); otherwise every pod."""
+    if not req.require_preferred_pod:
+        return resolved, bad
+    pod = req.preferred_pod
+    return (
+        {p: r for p, r in resolved.items() if p == pod},
+        {p: e for p, e in bad.items() if p == pod},
+    )
+
+
+def _gone(pod: str) -> InvalidArgument:
+    return InvalidArgument(
+        "preferred_pod", f"pod {pod!r}, which the job requires, is no longer registered"
+    )

@@ -22,7 +22,7 @@ Who owns what: `pods` the registry as read and the calls to pods; `jobs` the
 job records, their phases and every later change (follow, requeue, complete,
 cancel; the servicer calls it directly for those); `admission` the decision; `forward` forwarding and the dispatcher's
 pass over the cell queue; `recovery` the repairs after a failure half-way;
-`watch` the streams. This module keeps the registry's writes (register, the
+`watch` the streams; `updates` a job's priority or labels changed in place. This module keeps the registry's writes (register, the
 heartbeat report, CS-1, CS-6), the pods API and `run`, the background loop of
 every replica: the repairs of `recovery` and a pass over the cell queue.
 """
@@ -51,6 +51,7 @@ from services.cell_scheduler.pods import PodDirectory
 from services.cell_scheduler.recovery import Recovery
 from services.cell_scheduler.request import check_registration, check_request, tenant_of
 from services.cell_scheduler.store import CellStore, RegistrySnapshot, b64, unb64
+from services.cell_scheduler.updates import Updates
 from services.cell_scheduler.watch import CellEventHub
 
 __all__ = ["CellScheduler", "JobView", "SubmitResult"]
@@ -101,6 +102,9 @@ class CellScheduler:
             metrics=self.metrics,
         )
         self.recovery = Recovery(pods=self.pods, jobs=self.jobs, kick=self.kick, log=self.log)
+        self.updates = Updates(
+            jobs=self.jobs, request_of=self.admission.request_of, kick=self.kick, log=self.log
+        )
         self.events = CellEventHub(store, self.log)
 
     def kick(self) -> None:

@@ -11,10 +11,12 @@ For one job, every registered pod is in one of these classes:
 
 1. **fits now** — enough healthy free blocks of each node type it needs.
    Ordered by the most healthy free blocks of the job's node types, then the
-   most healthy free blocks in all, then pod id.
+   most healthy free blocks in all, then pod id; the pod the submitter prefers
+   (`preferred_pod`), when it fits, goes first.
 2. **fits by preemption** (CS-3) — free blocks plus the blocks that running
    jobs of *lower* priority would give up under their own policy cover the
-   need. Ordered by the fewest blocks to take from others, then as in 1.
+   need. Ordered by the fewest blocks to take from others, then as in 1 (the
+   preferred pod first among them too).
 3. **not now** — with the reason (silent, short of blocks, cannot host it).
 
 The pods of class 1, then of class 2, are the candidates, tried in that order:
@@ -81,6 +83,9 @@ class JobDemand:
     # Pods that refused it, with the capacity version they refused it at: not
     # tried again until their capacity changes.
     refused: Mapping[str, str] = field(default_factory=dict)
+    # The pod the submitter prefers (SubmitJobRequest.preferred_pod): first among the
+    # pods of its class (fits now, or fits by preemption) when it is one of them.
+    preferred: str = ""
 
 
 @dataclass(frozen=True)
@@ -124,12 +129,17 @@ def choose(job: JobDemand, pods: Iterable[PodCapacityView]) -> Choice:
             not_now[pod.pod_id] = "refused it; waiting for its capacity to change"
             continue
         free_of_type = sum(pod.free[t] for t in need)
-        balance = (-free_of_type, -sum(pod.free.values()), pod.pod_id)
+        balance = (
+            pod.pod_id != job.preferred,
+            -free_of_type,
+            -sum(pod.free.values()),
+            pod.pod_id,
+        )
         short = Counter({t: n - pod.free[t] for t, n in need.items() if pod.free[t] < n})
         if not short:
             fits.append((balance, pod, need))
         elif all(pod.takeable(t, job.priority) >= n for t, n in short.items()):
-            preempts.append(((sum(short.values()), *balance), pod, short))
+            preempts.append(((balance[0], sum(short.values()), *balance[1:]), pod, short))
         else:
             not_now[pod.pod_id] = "needs " + "; ".join(
                 f"{n} {t} blocks: {pod.free[t]} free, "
@@ -142,23 +152,26 @@ def choose(job: JobDemand, pods: Iterable[PodCapacityView]) -> Choice:
     out: list[Candidate] = []
     for _, pod, need in fits:
         types = "/".join(sorted(need))
-        out.append(
-            Candidate(
-                pod.pod_id,
-                FITS,
-                f"most free healthy {types} blocks ({sum(pod.free[t] for t in need)}) "
-                f"of {len(fits)} pod{'s' if len(fits) != 1 else ''} that fit now"
-                if len(fits) > 1
-                else f"the one pod with enough free healthy {types} blocks "
-                f"({sum(pod.free[t] for t in need)})",
+        free = sum(pod.free[t] for t in need)
+        if pod.pod_id == job.preferred:
+            reason = f"the pod asked for, with enough free healthy {types} blocks ({free})"
+        elif len(fits) > 1:
+            reason = f"most free healthy {types} blocks ({free}) of {len(fits)} pods that fit now"
+        else:
+            reason = f"the one pod with enough free healthy {types} blocks ({free})"
+        if job.preferred and pod.pod_id != job.preferred:
+            reason += f"; {job.preferred}, the pod asked for, " + (
+                "cannot host it" if job.preferred not in job.needs else "does not fit now"
             )
-        )
+        out.append(Candidate(pod.pod_id, FITS, reason))
     for _, pod, short in preempts:
+        asked = "the pod asked for; " if pod.pod_id == job.preferred else ""
         out.append(
             Candidate(
                 pod.pod_id,
                 PREEMPTS,
-                f"no pod fits now; lower-priority work there can give up {_blocks(short)} block(s)",
+                f"{asked}no pod fits now; lower-priority work there can give up "
+                f"{_blocks(short)} block(s)",
             )
         )
     return Choice(tuple(out), not_now)

@@ -84,6 +84,7 @@ class Forwarder:
                     cand,
                     check_free=cand.how == FITS,
                     reason=f"forwarding to pod {pod}: {cand.reason}",
+                    request=request_b64(req),
                 )
                 if claimed is None:
                     break  # a dispatcher took it meanwhile, or that pod's blocks went elsewhere
@@ -213,9 +214,10 @@ class Forwarder:
                 check_free=False,  # planned over the queue: the blocks are accounted for
                 reason=f"leaving the cell queue for pod {first.pod_id}: {first.reason}",
                 now_ms=now,
+                request=request_b64(req),
             )
             if token is None:
-                continue  # another replica took it
+                continue  # another replica took it, or an update changed it (next pass)
             # The stored fields name the pod now; _forward stores them again when placed.
             forwards.append(
                 self.forward(

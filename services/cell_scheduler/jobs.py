@@ -187,9 +187,11 @@ class CellJobs:
         check_free: bool,
         reason: str,
         now_ms: int | None = None,
+        request: str = "",
     ) -> str | None:
         """A job in the cell queue bound to a pod, its blocks held: the claim's token,
-        or None when another replica took it (or, with `check_free`, the blocks went)."""
+        or None when another replica took it (or, with `check_free`, the blocks went;
+        with `request`, an update changed the request the decision was made for)."""
         token = self.new_token()
         now = self.pods.now_ms() if now_ms is None else now_ms
         ok, _ = await self.store.claim_queued(
@@ -201,6 +203,7 @@ class CellJobs:
             now_ms=now,
             check_free=check_free,
             reason=reason,
+            request=request,
         )
         if ok != 1:
             return None
@@ -292,7 +295,7 @@ class CellJobs:
     async def existing(
         self, record: CellJobRecord, request_b64: str, *, validate_only: bool = False
     ) -> SubmitResult:
-        if record.request_b64 != request_b64:
+        if record.submitted_b64 != request_b64:
             raise FailedPrecondition(
                 f"job {record.job_id}",
                 "already exists with a different request; choose a new job id",

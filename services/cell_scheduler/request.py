@@ -125,6 +125,12 @@ def check_request(
         out.append(FieldViolation("spec.job_id", ID_RULE))
     if req.tenant and not is_valid_id(req.tenant):
         out.append(FieldViolation("tenant", ID_RULE))
+    if req.preferred_pod and not is_valid_id(req.preferred_pod):
+        out.append(FieldViolation("preferred_pod", ID_RULE))
+    if req.require_preferred_pod and not req.preferred_pod:
+        out.append(
+            FieldViolation("require_preferred_pod", "needs preferred_pod (the pod to require)")
+        )
     label = spec.labels.get(TENANT_LABEL)
     if label is not None and label != tenant_of(req):
         out.append(

@@ -199,6 +199,13 @@ class CellSchedulerServicer(cell_scheduler_pb2_grpc.CellSchedulerServicer):
         await self._own_job(request.job_id)
         return cell_job_pb(self._cell, await self._cell.jobs.cancel(request.job_id, request.reason))
 
+    async def UpdateJob(self, request, context) -> cell_scheduler_pb2.CellJob:
+        require_ids(**{"spec.job_id": request.spec.job_id})
+        _note(job_id=request.spec.job_id)
+        await self._own_job(request.spec.job_id)
+        view = await self._cell.updates.update(request.spec, list(request.update_mask.paths))
+        return cell_job_pb(self._cell, view)
+
     async def WatchJob(self, request, context):
         require_ids(job_id=request.job_id)
         _note(job_id=request.job_id)

@@ -21,7 +21,8 @@ Registry (CS-1):
 
 Jobs (CS-5):
 
-    lp:{cell}:job:<id>            hash  the job: request, tenant, phase, pod, state, ...
+    lp:{cell}:job:<id>            hash  the job: request (as updated; req0 as first submitted),
+                                        tenant, phase, pod, state, ...
     lp:{cell}:job:<id>:events     list  the cell's own transitions of the job (JSON)
     lp:{cell}:jobs                zset  every job by submission sequence
     lp:{cell}:tenant:<t>:jobs     zset  a tenant's jobs by sequence
@@ -108,11 +109,12 @@ RECORD_FIELDS = (
     "refused",
     "maybe",
     "needs",
+    "req0",
 )
 
 _PRELUDE = r"""
 local FINAL = {COMPLETED=true, CANCELLED=true, PREEMPTED=true, FAILED=true}
-local RECORD_FIELDS = {"req", "tenant", "priority", "seq", "phase", "state", "reason", "pod", "created_ms", "updated_ms", "pod_state", "n", "token", "until", "spec", "chips", "blocks", "derived", "why", "refused", "maybe", "needs"}
+local RECORD_FIELDS = {"req", "tenant", "priority", "seq", "phase", "state", "reason", "pod", "created_ms", "updated_ms", "pod_state", "n", "token", "until", "spec", "chips", "blocks", "derived", "why", "refused", "maybe", "needs", "req0"}
 local function record(jk) return redis.call("HMGET", jk, unpack(RECORD_FIELDS)) end
 -- One HSET of a decoded JSON object's fields plus `more` (a flat field, value list).
 local function hset_all(jk, fields, more)
@@ -278,12 +280,15 @@ return {1, tostring(seq)}
 _CLAIM_QUEUED = (
     _PRELUDE
     + r"""
--- ARGV: prefix, job, pod, needs JSON, token, until, now, check free (0/1), event reason
+-- ARGV: prefix, job, pod, needs JSON, token, until, now, check free (0/1), event reason,
+--       the request the decision was made for ("" = any)
 local prefix, job, pod, needs_json, token, upto, now, check, reason =
   ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARGV[9]
 local jk = prefix .. "job:" .. job
 local phase = redis.call("HGET", jk, "phase")
 if phase ~= "QUEUED" then return {0, phase or ""} end
+-- an update (UpdateJob) changed the request since the decision: decide again with it
+if ARGV[10] ~= "" and redis.call("HGET", jk, "req") ~= ARGV[10] then return {-1, "changed"} end
 if check == "1" and not enough_free(prefix, pod, cjson.decode(needs_json)) then return {-1, "stale"} end
 redis.call("ZREM", prefix .. "queue", job)
 redis.call("HSET", jk, "phase", "FORWARDING", "pod", pod, "token", token, "until", upto,
@@ -405,6 +410,28 @@ return {1, redis.call("ZCARD", prefix .. "queue"), record(jk), freed}
 """
 )
 
+_UPDATE = (
+    _PRELUDE
+    + r"""
+-- ARGV: prefix, job, phase (QUEUED | PLACED), pod, request, priority, pod spec ("" = keep),
+--       event reason ("" = none), now: a job's priority or labels changed (UpdateJob)
+local prefix, job, phase, pod, req, priority, spec, reason, now =
+  ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARGV[9]
+local jk = prefix .. "job:" .. job
+local f = redis.call("HMGET", jk, "phase", "pod", "req")
+if f[1] ~= phase or (phase == "PLACED" and f[2] ~= pod) then return {0, f[1] or ""} end
+-- the request as submitted stays the idempotency key of SubmitJob
+redis.call("HSETNX", jk, "req0", f[3])
+redis.call("HSET", jk, "req", req, "priority", priority, "updated_ms", now)
+if spec ~= "" then redis.call("HSET", jk, "spec", spec) end
+if phase == "QUEUED" then
+  queue_again(prefix, jk, job)  -- its new place: priority, then age
+  cell_event(prefix, job, "PENDING", "PENDING", reason, "", now)
+end
+return {1, record(jk)}
+"""
+)
+
 _MARK_DOWN = (
     _PRELUDE
     + r"""
@@ -505,6 +532,13 @@ class CellJobRecord:
     refused: dict[str, str] = field(default_factory=dict)
     maybe: tuple[str, ...] = ()
     needs: dict[str, int] = field(default_factory=dict)  # blocks per node type on its pod
+    # The request as submitted, once an update changed `request_b64` (SubmitJob's
+    # idempotency key stays the first request).
+    first_request_b64: str = ""
+
+    @property
+    def submitted_b64(self) -> str:
+        return self.first_request_b64 or self.request_b64
 
     @classmethod
     def of(cls, job_id: str, row: Mapping[str, str]) -> CellJobRecord | None:
@@ -534,6 +568,7 @@ class CellJobRecord:
             refused=json.loads(row["refused"]) if row.get("refused") else {},
             maybe=tuple(json.loads(row["maybe"])) if row.get("maybe") else (),
             needs=json.loads(row["needs"]) if row.get("needs") else {},
+            first_request_b64=row.get("req0", ""),
         )
 
 
@@ -582,6 +617,7 @@ class CellStore:
         self._take_over = redis.register_script(_TAKE_OVER)
         self._adopt = redis.register_script(_ADOPT)
         self._forget_maybe = redis.register_script(_FORGET_MAYBE)
+        self._update = redis.register_script(_UPDATE)
 
     def key(self, *parts: object) -> str:
         return cell_key(*parts)
@@ -747,7 +783,11 @@ class CellStore:
         now_ms: int,
         check_free: bool,
         reason: str,
+        request: str = "",
     ) -> tuple[int, str]:
+        """A queued job bound to `pod`: (1, "") claimed; (0, phase) no longer queued; (-1,
+        why) its blocks went ("stale") or, with `request`, its request is no longer the
+        one the decision was made for ("changed": updated meanwhile)."""
         ok, detail = await self._run(
             self._claim_queued,
             job_id,
@@ -758,6 +798,7 @@ class CellStore:
             now_ms,
             "1" if check_free else "0",
             reason,
+            request,
         )
         return int(ok), detail
 
@@ -841,6 +882,28 @@ class CellStore:
         )
         record = CellJobRecord.of(job_id, _row(row))
         return int(ok) == 1, int(queued), record, bool(int(freed))
+
+    async def update(
+        self,
+        job_id: str,
+        *,
+        phase: str,
+        pod: str,
+        request: str,
+        priority: int,
+        spec: str,
+        reason: str,
+        now_ms: int,
+    ) -> CellJobRecord | None:
+        """A job's new request and priority (UpdateJob), if it is still in `phase` (and on
+        `pod`): in the cell queue it takes its new place, with an event; the record
+        after, or None when the job moved on meanwhile."""
+        ok, row = await self._run(
+            self._update, job_id, phase, pod, request, priority, spec, reason, now_ms
+        )
+        if int(ok) != 1:
+            return None
+        return CellJobRecord.of(job_id, _row(row))
 
     async def take_over(self, job_id: str, token: str, until_ms: int, now_ms: int) -> str | None:
         """Take a forward whose deadline passed; the pod it was bound to, or None."""

@@ -15,13 +15,14 @@ from lightpath.v1 import common_pb2, core_broker_pb2
 from services.common import validate
 from services.common.keys import ID_RULE, is_valid_id
 from services.core_broker.auth import Principal
-from services.core_broker.capacity import DEVICE_KINDS, Device
+from services.core_broker.capacity import DEVICE_KINDS, Allocation, Device
 from services.core_broker.decisions import (
     LESSER_OUTCOMES,
     QOS_LEVELS,
     CoreRequest,
     Outcome,
     Placement,
+    summary_of,
 )
 
 pb = core_broker_pb2
@@ -265,7 +266,7 @@ def reservation_out(
             level=common_pb2.PriorityClass.Value("PRIORITY_CLASS_" + record["priority"]["level"]),  # type: ignore[arg-type]
             score=float(record["priority"]["score"]),
         ),
-        summary=record.get("summary", ""),
+        summary=_summary(record, parts),
         created_at=timestamp(record["created"]),
         version=version,
     )
@@ -281,6 +282,18 @@ def reservation_out(
     elif record.get("request"):
         out.request.ParseFromString(base64.b64decode(record["request"]))
     return out
+
+
+def _summary(record: dict[str, Any], parts: list[dict[str, Any]]) -> str:
+    """A granted reservation's summary from its parts as they are now, as of its decision
+    (an extension or an early release changes them after the decision's text was
+    written); a rejection's, or one with no part left, as decided."""
+    if record["outcome"] == "REJECTED" or not parts:
+        return record.get("summary", "")
+    return summary_of(
+        [Allocation(p["dev"], int(p["cores"]), int(p["start"]), int(p["end"])) for p in parts],
+        int(record["created"]),
+    )
 
 
 EVENT_TYPES = {

@@ -409,9 +409,7 @@ def _decide_one(
     have = int(free0.sum())
 
     def grant(outcome: Outcome, parts: list[Allocation]) -> Decision:
-        return Decision(
-            r, prio, outcome, now, tuple(parts), summary=_summary(outcome, parts, now, need)
-        )
+        return Decision(r, prio, outcome, now, tuple(parts), summary=summary_of(parts, now))
 
     if in_window and have >= need:
         return grant(Outcome.GRANTED, ranker.place(free0, need, t0, duration))
@@ -545,16 +543,20 @@ def _span(ms: int) -> str:
     return f"{s / 3600:.3g} h"
 
 
-def _summary(outcome: Outcome, parts: list[Allocation], now: int, need: int) -> str:
+def summary_of(parts: Sequence[Allocation], at: int) -> str:
+    """For people: the cores of `parts` and when, relative to `at` (the decision's time):
+    "30 cores now, 20 more in 15 s (on 2 devices, 60 s each)". Derived from the parts as
+    they are, so an extended or released reservation reads as it now is (issue 19)."""
     by_start: dict[int, int] = {}
     for a in parts:
         by_start[a.start] = by_start.get(a.start, 0) + a.cores
     starts = sorted(by_start)
     devices = len({a.device_id for a in parts})
     where = f"on {devices} device{'s' if devices != 1 else ''}"
-    duration = _span(parts[0].end - parts[0].start)
-    if outcome is Outcome.PARTIAL:
+    spans = sorted({a.end - a.start for a in parts})
+    duration = _span(spans[0]) if len(spans) == 1 else f"{_span(spans[0])} to {_span(spans[-1])}"
+    if len(starts) > 1:
         first = by_start[starts[0]]
-        later = ", ".join(f"{by_start[t]} more {_when(t, now)}" for t in starts[1:])
-        return f"{first} cores {_when(starts[0], now)}, {later} ({where}, {duration} each)"
-    return f"{need} cores {_when(starts[0], now)} for {duration} ({where})"
+        later = ", ".join(f"{by_start[t]} more {_when(t, at)}" for t in starts[1:])
+        return f"{first} cores {_when(starts[0], at)}, {later} ({where}, {duration} each)"
+    return f"{by_start[starts[0]]} cores {_when(starts[0], at)} for {duration} ({where})"

@@ -129,7 +129,7 @@ class AdmissionMixin(WiringMixin):
             existing = await self.store.job(norm.job_id)
             if existing is None:  # admitted and refused (WHEN_NO_CAPACITY_FAIL) meanwhile
                 return await self._create(spec_b64, norm, spec)
-            if existing.spec_b64 != spec_b64:
+            if existing.submitted_b64 != spec_b64:
                 raise FailedPrecondition(
                     f"job {norm.job_id}",
                     "already exists with a different request; choose a new job id",
@@ -195,7 +195,7 @@ class AdmissionMixin(WiringMixin):
     async def _dry_run(self, spec_b64: str, norm: NormalizedSpec) -> AdmitResult:
         existing = await self.store.job(norm.job_id)
         if existing is not None:
-            if existing.spec_b64 != spec_b64:
+            if existing.submitted_b64 != spec_b64:
                 raise FailedPrecondition(
                     f"job {norm.job_id}",
                     "already exists with a different request; choose a new job id",

@@ -30,10 +30,14 @@ swaps), reconcile.py (the repair loop); here: completion, cancel and the event s
 
 from __future__ import annotations
 
+import asyncio
+import base64
 import json
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+from lightpath.domain.job_update import UpdatePlan
 from lightpath.domain.slices import (
     CANCELLED,
     COMPLETED,
@@ -42,8 +46,10 @@ from lightpath.domain.slices import (
     PENDING,
     RUNNING,
     SUSPENDED,
+    WIRING,
 )
-from lightpath.errors import FailedPrecondition, NotFound
+from lightpath.errors import Aborted, FailedPrecondition, NotFound
+from lightpath.v1 import workload_scheduler_pb2
 from services.workload_scheduler.core import (
     FINISH_RELEASE_WAIT_S,
     MAX_COMMIT_ATTEMPTS,
@@ -55,6 +61,9 @@ from services.workload_scheduler.reconcile import ReconcileMixin
 from services.workload_scheduler.store import Conflict, JobRecord
 
 __all__ = ["AdmitResult", "Outcome", "WorkloadScheduler"]
+
+# An update waits for a wiring in flight, looking again this often.
+UPDATE_POLL_S = 0.02
 
 
 class WorkloadScheduler(ReconcileMixin):
@@ -96,6 +105,65 @@ class WorkloadScheduler(ReconcileMixin):
             except Conflict:
                 continue
         raise FailedPrecondition(f"job {job_id}", "kept changing; retry", reason="BUSY")
+
+    # == updates (issue 19: priority and labels without admitting again) ===========
+
+    async def update(self, plan: UpdatePlan, job_id: str) -> JobRecord:
+        """Apply a checked update to the job: its spec, its priority in the live set and
+        the queue index (so a queued job takes its new place, and later preemption
+        decisions judge a running one at its new priority), and an event saying what
+        changed. The epoch moves on, so a decision taken on the old priority conflicts
+        and is taken again. A wiring or block swap in flight owns the job's next commit:
+        the update waits for it to end (at most the wiring timeout; then ABORTED)."""
+        deadline = time.monotonic() + self.wiring_timeout_ms / 1000
+        attempts = 0
+        while True:
+            record = await self._record(job_id)
+            job = record.summary
+            if record.state in FINAL_STATES:
+                raise FailedPrecondition(
+                    f"job {job_id}",
+                    f"already ended: {record.state}; an ended job does not change",
+                    reason="JOB_ENDED",
+                )
+            if record.state == WIRING or job.replacing is not None:
+                if time.monotonic() > deadline:
+                    raise Aborted(
+                        f"job {job_id} is still being wired; retry the update", reason="BUSY"
+                    )
+                await asyncio.sleep(UPDATE_POLL_S)
+                continue
+            current = workload_scheduler_pb2.JobSpec.FromString(base64.b64decode(record.spec_b64))
+            upd = plan.apply(current)
+            if not upd.changes:  # nothing to change: the job as it is, history and all
+                return await self.store.job(job_id, history=True) or record
+            now = self.now_ms()
+            new = job.with_(priority=upd.priority, epoch=record.epoch + 1)
+            txn = self.store.txn()
+            txn.expect_job(job_id, [record.state], record.epoch)
+            fields = {
+                "spec": base64.b64encode(upd.spec.SerializeToString(deterministic=True)).decode(),
+                "labels": json.dumps(dict(upd.spec.labels)),
+                "admitted": record.submitted_b64,
+            }
+            txn.hset(self.store.keys.job(job_id), fields)
+            txn.write_job(new, old_state=record.state, reason=upd.describe(), now_ms=now)
+            txn.read_job(job_id)
+            try:
+                (updated,) = await self.store.commit(txn)
+            except Conflict:
+                attempts += 1
+                if attempts >= MAX_COMMIT_ATTEMPTS:
+                    raise Aborted(
+                        f"job {job_id} kept changing; retry the update", reason="BUSY"
+                    ) from None
+                continue
+            self.log.info("job %s %s", job_id, upd.describe(), extra={"job_id": job_id})
+            if upd.priority != job.priority:
+                # queued, its new place may let it start (or preempt) now; running, the
+                # jobs waiting may now be allowed to take its blocks, or no longer
+                self.schedule_soon()
+            return updated  # type: ignore[no-any-return]
 
     async def _record(self, job_id: str, *, guess: bool = False) -> JobRecord:
         """The job as stored; with `guess`, as this replica last set it RUNNING if it did

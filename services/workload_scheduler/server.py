@@ -22,6 +22,7 @@ from lightpath.domain.blocks import (
     block_types_for,
     parse_block_types,
 )
+from lightpath.domain.job_update import parse_update
 from lightpath.domain.jobs import (
     POLICY_ENUM,
     chips_of,
@@ -369,6 +370,15 @@ class WorkloadSchedulerServicer(workload_scheduler_pb2_grpc.WorkloadSchedulerSer
         sched = await self._pod.get()
         _note(job_id=require_id(request.job_id, "job_id"))
         record = await sched.cancel(request.job_id, request.reason)
+        return await self._job_pb(sched, record)
+
+    async def UpdateJob(
+        self, request: workload_scheduler_pb2.UpdateJobRequest, context
+    ) -> workload_scheduler_pb2.Job:
+        _note(job_id=require_id(request.spec.job_id, "spec.job_id"))
+        plan = parse_update(request.spec, list(request.update_mask.paths))
+        sched = await self._pod.get()
+        record = await sched.update(plan, request.spec.job_id)
         return await self._job_pb(sched, record)
 
     async def ReportBlockHealth(

@@ -9,7 +9,8 @@ and under `ws:` beside the ocs_manager's `ocs:` keys of the same pod):
                                          SWITCHED pods also "t<g>.<i>.<j>" -> small job
     lp:{pod}:ws:block:wired       hash   block id -> job id whose OCS slice may still include it
     lp:{pod}:ws:live              hash   job id -> SliceJob JSON, for every non-final job
-    lp:{pod}:ws:job:<id>          hash   spec (base64 JobSpec), state, epoch, summary, reason, ...
+    lp:{pod}:ws:job:<id>          hash   spec (base64 JobSpec, as updated), admitted (as admitted,
+                                         once an update changed spec), state, epoch, summary, ...
     lp:{pod}:ws:job:<id>:events   list   the job's transitions (JSON), oldest first
     lp:{pod}:ws:jobs              zset   every job id by admission sequence (ListJobs)
     lp:{pod}:ws:state_counts      hash   job state -> number of jobs in it
@@ -510,6 +511,14 @@ class JobRecord:
     history: tuple[dict[str, Any], ...] = ()
     # Victims of the preemption that placed it (WS-4), as stored at allocation.
     preempted: tuple[dict[str, Any], ...] = ()
+    # The spec as admitted, when an update (UpdateJob) changed `spec_b64` since: a
+    # retried AdmitJob of the same request is compared with this one.
+    admitted_b64: str = ""
+
+    @property
+    def submitted_b64(self) -> str:
+        """The spec as admitted (the idempotency key of AdmitJob)."""
+        return self.admitted_b64 or self.spec_b64
 
 
 class PodStore:
@@ -748,6 +757,7 @@ class PodStore:
             updated_ms=int(row.get("updated_ms", 0)),
             history=tuple(json.loads(h) for h in history),
             preempted=tuple(json.loads(row["preempted"])) if row.get("preempted") else (),
+            admitted_b64=row.get("admitted", ""),
         )
 
 

@@ -203,3 +203,45 @@ def test_planning_never_gives_out_more_than_a_pod_has(cell):
         most = {t: p.free[t] + sum(p.preemptible.get(t, {}).values()) for t in ("tpu", "gpu")}
         for t in ("tpu", "gpu"):
             assert given_all[p.pod_id][t] <= most[t]
+
+
+def test_the_preferred_pod_goes_first_within_its_class_and_only_there():
+    pods = [pod("a", {"tpu": 8}), pod("b", {"tpu": 2}), pod("c", {"tpu": 0}, {"tpu": {10: 4}})]
+    need = on_all(pods, {"tpu": 2})
+    # b fits now with fewer free blocks than a: preferred, it goes first
+    choice = choose(job("j", need, preferred="b"), pods)
+    assert [x.pod_id for x in choice.candidates] == ["b", "a", "c"]
+    assert choice.candidates[0].reason.startswith("the pod asked for")
+    # c fits only by preemption: the pods that fit now still go first (no one preempted
+    # for a preference), and c leads the preemption candidates
+    choice = choose(job("j", need, preferred="c"), pods)
+    assert [(x.pod_id, x.how) for x in choice.candidates] == [
+        ("a", FITS),
+        ("b", FITS),
+        ("c", PREEMPTS),
+    ]
+    assert "c, the pod asked for, does not fit now" in choice.candidates[0].reason
+    # a preferred pod that cannot host the job at all changes nothing but the reason
+    only_ab = {"a": {"tpu": 2}, "b": {"tpu": 2}}
+    choice = choose(job("j", only_ab, preferred="c"), pods)
+    assert [x.pod_id for x in choice.candidates] == ["a", "b"]
+    assert "c, the pod asked for, cannot host it" in choice.candidates[0].reason
+
+
+@given(
+    st.lists(st.integers(0, 8), min_size=1, max_size=5),
+    st.integers(0, 4),
+    st.integers(1, 8),
+)
+def test_a_preference_only_reorders_the_candidates(frees, which, n):
+    pods = [pod(f"p{i}", {"tpu": f}) for i, f in enumerate(frees)]
+    preferred = f"p{which}"
+    plain = choose(job("j", on_all(pods, {"tpu": n})), pods)
+    asked = choose(job("j", on_all(pods, {"tpu": n}), preferred=preferred), pods)
+    assert sorted(x.pod_id for x in asked.candidates) == sorted(x.pod_id for x in plain.candidates)
+    ids = [x.pod_id for x in asked.candidates]
+    if preferred in ids:
+        assert ids[0] == preferred
+        assert ids[1:] == [x.pod_id for x in plain.candidates if x.pod_id != preferred]
+    else:
+        assert ids == [x.pod_id for x in plain.candidates]

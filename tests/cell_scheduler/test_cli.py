@@ -67,6 +67,26 @@ async def test_daily_commands_through_the_cell(cell2, capsys, monkeypatch):
     assert "[pod-a] - -> PENDING  forwarding to pod pod-a" in out
     assert "[pod-a] RUNNING -> CANCELLED  cancelled: done testing" in out
 
+    # a pod preference; then priority and labels changed without resubmitting
+    code, out = await run(capsys, "submit", "cli-4", "--shape", "4x4x4", "--pod", "pod-b")
+    assert code == 0 and "RUNNING on pod-b" in out and "the pod asked for" in out, out
+    code, out = await run(
+        capsys, "update", "cli-4", "--priority", "77", "--label", "team=ml", "--label", "x=1"
+    )
+    assert code == 0 and "priority 77" in out and "labels: team=ml, x=1" in out, out
+    code, out = await run(capsys, "update", "cli-4", "--label", "x-", "--json")
+    job = json.loads(out)
+    assert job["priority"] == 77 and job["spec"]["labels"] == {"team": "ml"}
+    assert job["pod_job"]["history"][-1]["reason"] == "updated: labels removed x"
+    code, out = await run(capsys, "update", "cli-4", "--priority", "0")
+    assert code == 1 and "spec.priority" in out and "1..100" in out
+    code, out = await run(capsys, "update", "cli-4")
+    assert code != 0 and "nothing to change" in out
+    code, out = await run(capsys, "update", "cli-4", "--label", "oops")
+    assert code != 0 and "KEY=VALUE" in out
+    code, out = await run(capsys, "submit", "cli-5", "--shape", "4x4x4", "--pod", "pod-9")
+    assert code == 1 and "preferred_pod" in out and "pod-a, pod-b" in out
+
     code, out = await run(capsys, "job", "nope")
     assert code == 1 and "NOT_FOUND" in out
     code, out = await run(capsys, "submit", "bad", "--shape", "6x4x4")

@@ -173,3 +173,58 @@ async def test_a_silent_pod_s_jobs_show_unknown_and_come_back_when_it_reports(st
     assert known and returned and rec.state == "SUSPENDED"
     history = [(e["from"], e["to"]) for e in await store.history("live")]
     assert ("RUNNING", "UNKNOWN") in history and ("UNKNOWN", "RUNNING") in history
+
+
+async def _queue(store: CellStore, job: str, priority: int, now_ms: int) -> None:
+    ok, _ = await store.claim_new(
+        job,
+        fields={"req": f"req-{job}", "priority": priority},
+        tenant="t",
+        pod="",
+        needs={},
+        token="",
+        until_ms=0,
+        now_ms=now_ms,
+        check_free=False,
+        reason="queued",
+    )
+    assert ok == 1
+
+
+async def test_an_update_reorders_the_cell_queue_and_a_decision_on_the_old_request_fails(
+    store,
+):
+    await _queue(store, "a", 50, 1)
+    await _queue(store, "b", 40, 2)
+    assert [await store.queue_position(j) for j in ("a", "b")] == [1, 2]
+    after = await store.update(
+        "b",
+        phase="QUEUED",
+        pod="",
+        request="req-b2",
+        priority=60,
+        spec="",
+        reason="updated: priority 40 → 60",
+        now_ms=3,
+    )
+    assert after is not None and after.priority == 60 and after.request_b64 == "req-b2"
+    assert after.submitted_b64 == "req-b" and after.first_request_b64 == "req-b"
+    assert [await store.queue_position(j) for j in ("b", "a")] == [1, 2]
+    events = await store.history("b")
+    assert events[-1]["reason"] == "updated: priority 40 → 60" and events[-1]["to"] == "PENDING"
+    # a second update keeps the first request as the submit's idempotency key
+    again = await store.update(
+        "b", phase="QUEUED", pod="", request="req-b3", priority=61, spec="", reason="r", now_ms=4
+    )
+    assert again is not None and again.submitted_b64 == "req-b"
+    # a claim decided on the request before the update is refused; on the new one it holds
+    claim = dict(pod=POD, needs={}, token="t1", until_ms=9, now_ms=5, check_free=False, reason="x")
+    assert await store.claim_queued("b", request="req-b2", **claim) == (-1, "changed")
+    assert (await store.claim_queued("b", request="req-b3", **claim))[0] == 1
+    # placed (or forwarding) jobs are not changed as queued ones
+    assert (
+        await store.update(
+            "b", phase="QUEUED", pod="", request="z", priority=1, spec="", reason="", now_ms=6
+        )
+        is None
+    )

@@ -131,7 +131,11 @@ async def test_reserve_list_devices_watch_release_through_the_cli(redis_url, cap
         assert ev["type"] == "RESERVATION_EVENT_TYPE_CURRENT"
 
         code, out, _ = await cli(capsys, "cores", "extend", "r-1", "--by", "1m", "--json")
-        assert code == 0
+        assert code == 0 and "for 11 min" in json.loads(out)["summary"]
+        # the text says the window as it is after the extension, not as first decided
+        code, out, _ = await cli(capsys, "cores", "extend", "r-1", "--by", "1m")
+        assert code == 0 and "50 cores now for 12 min (on 1 device)" in out, out
+        assert "for 10 min" not in out
         code, out, _ = await cli(capsys, "cores", "release", "r-1", "--json")
         assert json.loads(out)["state"] == "RESERVATION_STATE_RELEASED"
 

@@ -776,6 +776,9 @@ async def test_extension_when_free_and_resource_exhausted_when_not(broker):
         pb.ExtendReservationRequest(reservation_id="r", new_end=ts(end + 3000)), metadata=app
     )
     assert longer.end.ToMilliseconds() == end + 3000
+    # the summary says the window as it is now (it was written at the decision)
+    assert r.summary == "10 cores now for 10 s (on 1 device)"
+    assert longer.summary == "10 cores now for 13 s (on 1 device)"
     assert longer.state in (pb.RESERVATION_STATE_SCHEDULED, pb.RESERVATION_STATE_ACTIVE)
     same = await ext(
         pb.ExtendReservationRequest(reservation_id="r", new_end=ts(end + 3000)), metadata=app

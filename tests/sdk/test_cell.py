@@ -141,3 +141,34 @@ async def test_the_blocking_client_does_the_same_from_a_thread(redis_url):
 
         state, listed, missing = await asyncio.to_thread(job_system)
         assert (state, listed, missing) == ("RUNNING", ["sync-1"], "NOT_FOUND")
+
+
+async def test_update_priority_and_labels_and_prefer_a_pod(cell2):
+    async with AsyncCell(cell2.cell_addresses[0]) as cell:
+        resp = await cell.submit("sdk-u", "4x4x4", labels={"team": "ml", "env": "dev"}, pod="pod-b")
+        assert resp.job.pod_id == "pod-b"  # preferred (the tie would go to pod-a)
+        job = await cell.update("sdk-u", priority=70, labels={"env": "prod", "team": None})
+        assert job.priority == 70 and dict(job.spec.labels) == {"env": "prod"}
+        job = await cell.update("sdk-u", priority_class="low")
+        assert job.priority == 20 and job.spec.priority == 0
+        job = await cell.update("sdk-u", labels={"only": "this"}, replace_labels=True)
+        assert dict(job.spec.labels) == {"only": "this"}
+        with pytest.raises(InvalidArgument) as bad:
+            await cell.update("sdk-u", priority=0)
+        assert [v.field for v in bad.value.violations] == ["spec.priority"]
+        with pytest.raises(InvalidArgument) as nothing:
+            await cell.update("sdk-u")
+        assert nothing.value.violations[0].field == "update_mask"
+        with pytest.raises(InvalidArgument) as unknown:
+            await cell.submit("sdk-v", "4x4x4", pod="pod-z", require_pod=True)
+        assert unknown.value.violations[0].field == "preferred_pod"
+        with pytest.raises(NotFound):
+            await cell.update("sdk-missing", priority=5)
+    # the blocking form wraps the same
+    blocking = await asyncio.to_thread(_blocking_update, cell2.cell_addresses[0])
+    assert blocking == 33
+
+
+def _blocking_update(address: str) -> int:
+    with Cell(address) as cell:
+        return cell.update("sdk-u", priority=33).priority
