@@ -142,6 +142,12 @@ def test_every_method_of_every_service_has_a_row():
         ("AggSwitch/Contribute", ["node:n1"], ["tenant:acme", "operator:operator"]),
         ("AggSwitch/Relay", ["service:agg_switch/sub-1"], ["node:n1", "operator:operator"]),
         ("AggSwitch/DefineTopology", ["operator:operator"], ["tenant:acme", "node:n1"]),
+        # a command's owner, an operator or a participant may fail it across the tree
+        (
+            "AggSwitch/AbortCommand",
+            ["operator:operator", "tenant:acme", "node:n1"],
+            ["service:agg_switch/sub-1", "application:cam"],
+        ),
         # core broker: as before, operators manage, applications reserve
         ("CoreBroker/RegisterDevice", ["operator:operator"], ["application:cam", "tenant:acme"]),
         ("CoreBroker/Reserve", ["application:cam"], ["operator:operator", "tenant:acme"]),

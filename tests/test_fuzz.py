@@ -513,6 +513,9 @@ def _seed_requests() -> dict[str, Message]:
             length=4,
             deadline=_d(20),
         ),
+        "AggSwitch.AbortCommand": agg_pb.AbortCommandRequest(
+            tree_id="tree-1", command_id="c-1", reason="fuzz"
+        ),
     }
 
 

@@ -140,6 +140,7 @@ _AGG = {
     "GetTopology": read(OPERATOR, TENANT, NODE, AGG),
     "StartCommand": write(OPERATOR, TENANT),
     "GetCommand": read(OPERATOR, TENANT, NODE),
+    "AbortCommand": write(OPERATOR, TENANT, NODE),
     "ListCommands": read(OPERATOR, TENANT),
     "ChooseTimeoutAggregator": read(OPERATOR, TENANT),
     "PredictStragglers": read(OPERATOR, TENANT),
