@@ -292,9 +292,7 @@ class AggSwitchServicer(agg_switch_pb2_grpc.AggSwitchServicer):
         reason = request.reason.strip()
         if not reason or len(reason) > MAX_REASON or not reason.isprintable():
             bad.append(
-                FieldViolation(
-                    "reason", f"must say why, in 1..{MAX_REASON} printable characters"
-                )
+                FieldViolation("reason", f"must say why, in 1..{MAX_REASON} printable characters")
             )
         if bad:
             raise InvalidArgument.of(bad)
@@ -700,7 +698,10 @@ class AggSwitchServicer(agg_switch_pb2_grpc.AggSwitchServicer):
             )
         if bad is not None:
             plane.refused(
-                wire.to_packet(header, None, raw), node, bad.message, self._settings.correction_grace_s
+                wire.to_packet(header, None, raw),
+                node,
+                bad.message,
+                self._settings.correction_grace_s,
             )
             raise bad
         pkt = wire.to_packet(header, data, raw)

@@ -386,9 +386,7 @@ class SwitchCore:
     def _correction_key(self, cmd: _Command, node: str, chunk: int) -> int:
         return cmd.cplan.position[node] * cmd.chunks + chunk
 
-    def refused(
-        self, pkt: Packet, hop_from: str, why: str, now: float, grace_s: float
-    ) -> Effects:
+    def refused(self, pkt: Packet, hop_from: str, why: str, now: float, grace_s: float) -> Effects:
         """This switch refused `pkt` from compute node `hop_from` (`why`). When the
         node still owes that chunk — its data not yet taken, or, as the command's
         timeout aggregation node, its FINAL — nothing can complete without it, so a
@@ -419,9 +417,7 @@ class SwitchCore:
         if key not in cmd.corrections:
             cmd.corrections[key] = (hop_from, pkt.chunk, why)
             eff.timers.append((("correct", cmd.spec.command_id, key), now + grace_s))
-            eff.events.append(
-                Event("refused_owed", cmd.spec.command_id, pkt.chunk, hop_from, why)
-            )
+            eff.events.append(Event("refused_owed", cmd.spec.command_id, pkt.chunk, hop_from, why))
         return eff
 
     def _corrected(self, cmd: _Command, node: str, chunk: int, eff: Effects) -> None:
