@@ -132,6 +132,9 @@ _BROKER = {
     "ReserveGraph": write(APPLICATION),
     "ReportGraphMetrics": write(APPLICATION),
     "GetGraphMetrics": read(APPLICATION, OPERATOR),
+    "RunGraph": write(APPLICATION),
+    "GetGraphRun": read(APPLICATION, OPERATOR),
+    "CancelGraphRun": write(APPLICATION, OPERATOR),
 }
 
 _AGG = {
