@@ -151,6 +151,14 @@ def test_every_method_of_every_service_has_a_row():
         # core broker: as before, operators manage, applications reserve
         ("CoreBroker/RegisterDevice", ["operator:operator"], ["application:cam", "tenant:acme"]),
         ("CoreBroker/Reserve", ["application:cam"], ["operator:operator", "tenant:acme"]),
+        # graph runs: an application runs its reserved graphs; operators watch and stop them
+        ("CoreBroker/RunGraph", ["application:cam"], ["operator:operator", "tenant:acme"]),
+        (
+            "CoreBroker/CancelGraphRun",
+            ["application:cam", "operator:operator"],
+            ["tenant:acme", "node:n1"],
+        ),
+        ("CoreBroker/GetGraphRun", ["application:cam", "operator:operator"], ["tenant:acme"]),
     ],
 )
 def test_the_roles_the_issue_names(method, allowed, denied):

@@ -86,8 +86,12 @@ STATES = {
 def _inside(raw: str, data_dir: Path, field: str, bad: list[FieldViolation]) -> str:
     if not raw:
         return raw
-    path = Path(raw) if os.path.isabs(raw) else data_dir / raw
-    resolved = path.resolve()
+    try:
+        path = Path(raw) if os.path.isabs(raw) else data_dir / raw
+        resolved = path.resolve()
+    except (ValueError, OSError, RuntimeError) as exc:  # a NUL byte, a loop, too long
+        bad.append(FieldViolation(field, f"{raw!r} is not a usable path ({exc})"))
+        return raw
     if not resolved.is_relative_to(data_dir.resolve()):
         bad.append(
             FieldViolation(

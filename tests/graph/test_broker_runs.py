@@ -10,6 +10,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from lightpath.errors import InvalidArgument
 from lightpath.graph.examples import fig2a, fig3a, read_records, write_records
 from lightpath.graph.runner import run_graph
 from lightpath.graph.spec import to_proto
@@ -199,3 +200,27 @@ async def test_cancel_stops_the_workers_and_ends_the_run_cancelled(broker, tmp_p
     # An operator sees every application's runs; cancelling an ended run answers it.
     again = await broker.stub.CancelGraphRun(pb.CancelGraphRunRequest(run_id="run-3"), metadata=OP)
     assert again.state == pb.GRAPH_RUN_STATE_CANCELLED
+
+
+def test_confine_takes_relative_paths_into_the_data_directory_and_refuses_the_rest(tmp_path):
+    from services.core_broker.graph_runs import confine
+
+    spec = to_proto(fig3a("in.{part}", "sub/out.{part}", DEGREE))
+    out = confine(spec, tmp_path)
+    assert [d.path for d in out.datasets] == [
+        str(tmp_path / "in.{part}"),
+        str(tmp_path / "sub" / "out.{part}"),
+    ]
+    assert [d.path for d in spec.datasets] == ["in.{part}", "sub/out.{part}"]  # a copy
+    for bad in ("/etc/passwd", "../x", "a/../../x", "bad\0path", str(tmp_path) + "-twin/x"):
+        spec.datasets[0].path = bad
+        with pytest.raises(InvalidArgument) as err:
+            confine(spec, tmp_path)
+        assert [v.field for v in err.value.violations] == ["graph.datasets[0].path"], bad
+    # User code and outside access only where the broker allows any code.
+    spec.datasets[0].path = "in.{part}"
+    spec.components[0].kind = "mypkg.mod:Thing"
+    with pytest.raises(InvalidArgument) as err:
+        confine(spec, tmp_path)
+    assert [v.field for v in err.value.violations] == ["graph.components[0].kind"]
+    assert confine(spec, tmp_path, any_code=True).components[0].kind == "mypkg.mod:Thing"
