@@ -351,7 +351,8 @@ class GraphRunner:
                 env=worker_env(),
             )
         )
-        state, component, failure = "failed", "", ""
+        # What the record says if this task is cancelled mid-run (the broker stopping).
+        state, component, failure = "failed", "", "the broker stopped while it ran; run it again"
         try:
             while True:
                 done, _ = await asyncio.wait({work}, timeout=HEARTBEAT_S)
@@ -378,14 +379,17 @@ class GraphRunner:
             else:
                 metrics = metrics_to_proto(result.metrics)
                 await self._save_metrics(rec.app, metrics)
-                state = "succeeded"
+                state, failure = "succeeded", ""
         finally:
             self._cancels.pop(run_id, None)
             if not work.done():
                 cancel.set()
                 with contextlib.suppress(BaseException):
                     await asyncio.shield(work)
-            await self.store.finish(run_id, state, self._now_ms(), component, failure)
+            try:
+                await self.store.finish(run_id, state, self._now_ms(), component, failure)
+            except Exception:  # Redis away: the run reads FAILED once its heartbeat is old
+                log.exception("graph run %s: could not record its end (%s)", run_id, state)
             log.info(
                 "graph run %s of %s %s%s",
                 run_id,
