@@ -377,9 +377,12 @@ class GraphRunner:
                 log.exception("graph run %s crashed", run_id)
                 failure = f"the run could not go on: {exc}"
             else:
-                metrics = metrics_to_proto(result.metrics)
-                await self._save_metrics(rec.app, metrics)
                 state, failure = "succeeded", ""
+                try:
+                    await self._save_metrics(rec.app, metrics_to_proto(result.metrics))
+                except Exception as exc:  # the run itself succeeded
+                    log.warning("graph run %s: its metrics were not kept: %s", run_id, exc)
+                    failure = f"it ran, but its metrics were not kept: {exc}"
         finally:
             self._cancels.pop(run_id, None)
             if not work.done():

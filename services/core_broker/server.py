@@ -576,6 +576,13 @@ class CoreBrokerServicer(core_broker_pb2_grpc.CoreBrokerServicer):
             return await self._run_out(existing)
         spec = confine(request.graph, runner.config.data_dir, any_code=runner.config.any_code)
         plan = plan_graph(spec, unfolded=request.unfolded)
+        owner = await self._graph_metrics.owner(plan.graph_id)
+        if owner is not None and owner != app:
+            raise PermissionDenied(
+                f'graph "{plan.graph_id}" belongs to application "{owner}"; choose another '
+                "graph_id",
+                reason="GRAPH_OF_ANOTHER_APPLICATION",
+            )
         now = self._broker.now_ms()
         for rid in process_reservation_ids(request.reservation_id, plan):
             record, _ = await self._broker.get(rid, app)

@@ -15,6 +15,7 @@ from lightpath.graph.examples import fig2a, fig3a, read_records, write_records
 from lightpath.graph.runner import run_graph
 from lightpath.graph.spec import to_proto
 from lightpath.v1 import core_broker_pb2 as pb
+from lightpath.v1 import graph_pb2
 from tests.core_broker.conftest import OP, dur, fails, running_broker
 
 C = grpc.StatusCode
@@ -144,8 +145,18 @@ async def test_run_graph_refuses_what_may_not_run_here_naming_the_field(broker, 
     )
     report = await fails(run(ok), C.FAILED_PRECONDITION)
     assert report.reason == "RESERVATION_NOT_HELD" and "g.set-0.1" in report.message
-    # Another application's reservation is not this one's to run on.
+    # Another application's reservation is not this one's to run on, nor its graph id.
     other = await broker.app("other")
+    await broker.stub.ReportGraphMetrics(
+        pb.ReportGraphMetricsRequest(
+            metrics=graph_pb2.GraphRunMetrics(graph_id="owned", run_id="x")
+        ),
+        metadata=other,
+    )
+    report = await fails(
+        run(fig3a("in.{part}", "out.{part}", DEGREE, graph_id="owned")), C.PERMISSION_DENIED
+    )
+    assert report.reason == "GRAPH_OF_ANOTHER_APPLICATION"
     await _reserve(broker, other, ok, "theirs")
     await fails(run(ok, reservation_id="theirs"), C.PERMISSION_DENIED)
     await fails(
