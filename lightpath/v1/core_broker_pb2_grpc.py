@@ -347,7 +347,9 @@ class CoreBrokerServicer:
         the plan holds its reservation (ReserveGraph's "<id>.<set>.<instance>"),
         one worker process per folded-set instance runs it, as the SDK's
         run_graph does. Answers at once with the run RUNNING; GetGraphRun follows
-        it, and its metrics are kept as ReportGraphMetrics would (GF-6).
+        it, and its metrics are kept as ReportGraphMetrics would (GF-6). A run
+        whose reservations stop holding their cores (ended, released) is stopped:
+        FAILED, naming the reservation.
         Idempotent by run_id. By default only the component library's kinds
         without outside access run (no user code, interface or kv_lookup; the
         broker's LIGHTPATH_CB_GRAPH_CODE=any allows them), and every file lies in

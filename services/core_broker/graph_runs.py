@@ -315,11 +315,20 @@ class GraphRunner:
             )
 
     def start(
-        self, rec: RunRecord, spec: graph_pb2.GraphSpec, *, unfolded: bool, checkpoint_every: int
+        self,
+        rec: RunRecord,
+        spec: graph_pb2.GraphSpec,
+        *,
+        unfolded: bool,
+        checkpoint_every: int,
+        still_held: Callable[[], Awaitable[str]],
     ) -> None:
+        """Run it in the background; `still_held()` says why the run may not go on
+        ("" while every process's reservation holds its cores), asked every beat."""
         cancel = self._cancels[rec.run_id] = threading.Event()
         self._spawn(
-            self._run(rec, spec, unfolded, checkpoint_every, cancel), f"graph run {rec.run_id}"
+            self._run(rec, spec, unfolded, checkpoint_every, cancel, still_held),
+            f"graph run {rec.run_id}",
         )
 
     def cancel_here(self, run_id: str) -> bool:
@@ -336,8 +345,10 @@ class GraphRunner:
         unfolded: bool,
         checkpoint_every: int,
         cancel: threading.Event,
+        still_held: Callable[[], Awaitable[str]],
     ) -> None:
         run_id = rec.run_id
+        stopped = ""  # why the broker stopped it (its reservation no longer held)
         graph = from_proto(spec)
         work = asyncio.ensure_future(
             asyncio.to_thread(
@@ -362,13 +373,16 @@ class GraphRunner:
                     who = await self.store.beat(run_id, self._now_ms())
                     if who:
                         cancel.set()
+                    elif not stopped and (stopped := await still_held()):
+                        cancel.set()
             try:
                 result = work.result()
             except GraphRunCancelled:
-                state = "cancelled"
-                failure = (
-                    f"cancelled by {(await self.store.get(run_id) or rec).cancel or 'the broker'}"
-                )
+                if stopped:
+                    failure = f"stopped by the broker: {stopped}"
+                else:
+                    who = (await self.store.get(run_id) or rec).cancel or "the broker"
+                    state, failure = "cancelled", f"cancelled by {who}"
             except GraphRunError as exc:
                 component, failure = exc.component, exc.message
                 if exc.process:

@@ -585,7 +585,7 @@ class CoreBrokerServicer(core_broker_pb2_grpc.CoreBrokerServicer):
             )
         now = self._broker.now_ms()
         for rid in process_reservation_ids(request.reservation_id, plan):
-            record, _ = await self._broker.get(rid, app)
+            record, _ = await self._broker.get(rid, app)  # NotFound, PermissionDenied
             if why := holds_now(record, now):
                 raise FailedPrecondition(
                     f'reservation "{rid}"',
@@ -600,8 +600,25 @@ class CoreBrokerServicer(core_broker_pb2_grpc.CoreBrokerServicer):
             assert raced is not None
             same_request(raced, request, app)
             return await self._run_out(raced)
+        rids = process_reservation_ids(request.reservation_id, plan)
+
+        async def still_held() -> str:
+            now_ms = self._broker.now_ms()
+            for rid in rids:
+                try:
+                    record, _ = await self._broker.get(rid, app)
+                except NotFound:
+                    return f'reservation "{rid}" is gone'
+                if why := holds_now(record, now_ms):
+                    return f'reservation "{rid}" {why}'
+            return ""
+
         runner.start(
-            rec, spec, unfolded=request.unfolded, checkpoint_every=request.checkpoint_every
+            rec,
+            spec,
+            unfolded=request.unfolded,
+            checkpoint_every=request.checkpoint_every,
+            still_held=still_held,
         )
         _annotate(graph_id=plan.graph_id, processes=plan.processes_after)
         self._rt.log.info(

@@ -235,3 +235,27 @@ def test_confine_takes_relative_paths_into_the_data_directory_and_refuses_the_re
         confine(spec, tmp_path)
     assert [v.field for v in err.value.violations] == ["graph.components[0].kind"]
     assert confine(spec, tmp_path, any_code=True).components[0].kind == "mypkg.mod:Thing"
+
+
+async def test_a_run_whose_reservation_is_released_is_stopped_naming_it(broker, tmp_path):
+    await broker.device("npu-1", 8, kind=pb.DEVICE_KIND_NPU)
+    md = await broker.app("etl")
+    for part in range(DEGREE):
+        os.mkfifo(broker.data / f"fifo.{part}")
+    spec = fig3a("fifo.{part}", "out.{part}", DEGREE)
+    await _reserve(broker, md, spec, "g4")
+    await broker.stub.RunGraph(
+        pb.RunGraphRequest(graph=to_proto(spec), run_id="run-4", reservation_id="g4"), metadata=md
+    )
+    run_dir = tmp_path / "runs" / "run-4"
+    for _ in range(3000):
+        if len(_workers_of(run_dir)) == DEGREE:
+            break
+        await asyncio.sleep(0.02)
+    await broker.stub.ReleaseReservation(
+        pb.ReleaseReservationRequest(reservation_id="g4.set-0.1"), metadata=md
+    )
+    run = await _ended(broker, md, "run-4")
+    assert run.state == pb.GRAPH_RUN_STATE_FAILED
+    assert 'reservation "g4.set-0.1" is released' in run.failure
+    assert _workers_of(run_dir) == []
