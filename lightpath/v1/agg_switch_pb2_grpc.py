@@ -173,7 +173,9 @@ class AggSwitchServicer:
         Contribute ends ABORTED with the reason, instead of waiting for the
         deadline. The command's owner (its tenant), an operator, or one of its
         participants may abort it. Idempotent: aborting a failed command again
-        answers it as it is; a completed one is FAILED_PRECONDITION.
+        answers it as it is; a completed one is FAILED_PRECONDITION. Later calls
+        about an aborted command (JoinCommand, Contribute, Results) end ABORTED
+        with the same reason (one failed at its deadline: FAILED_PRECONDITION).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

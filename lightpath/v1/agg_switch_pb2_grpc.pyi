@@ -77,7 +77,9 @@ class AggSwitchStub:
     Contribute ends ABORTED with the reason, instead of waiting for the
     deadline. The command's owner (its tenant), an operator, or one of its
     participants may abort it. Idempotent: aborting a failed command again
-    answers it as it is; a completed one is FAILED_PRECONDITION.
+    answers it as it is; a completed one is FAILED_PRECONDITION. Later calls
+    about an aborted command (JoinCommand, Contribute, Results) end ABORTED
+    with the same reason (one failed at its deadline: FAILED_PRECONDITION).
     """
     ListCommands: _grpc.UnaryUnaryMultiCallable[_agg_switch_pb2.ListCommandsRequest, _agg_switch_pb2.ListCommandsResponse]
     ChooseTimeoutAggregator: _grpc.UnaryUnaryMultiCallable[_agg_switch_pb2.ChooseTimeoutAggregatorRequest, _agg_switch_pb2.TimeoutAggregatorChoice]
@@ -152,7 +154,9 @@ class AggSwitchAsyncStub(AggSwitchStub):
     Contribute ends ABORTED with the reason, instead of waiting for the
     deadline. The command's owner (its tenant), an operator, or one of its
     participants may abort it. Idempotent: aborting a failed command again
-    answers it as it is; a completed one is FAILED_PRECONDITION.
+    answers it as it is; a completed one is FAILED_PRECONDITION. Later calls
+    about an aborted command (JoinCommand, Contribute, Results) end ABORTED
+    with the same reason (one failed at its deadline: FAILED_PRECONDITION).
     """
     ListCommands: _aio.UnaryUnaryMultiCallable[_agg_switch_pb2.ListCommandsRequest, _agg_switch_pb2.ListCommandsResponse]  # type: ignore[assignment]
     ChooseTimeoutAggregator: _aio.UnaryUnaryMultiCallable[_agg_switch_pb2.ChooseTimeoutAggregatorRequest, _agg_switch_pb2.TimeoutAggregatorChoice]  # type: ignore[assignment]
@@ -260,7 +264,9 @@ class AggSwitchServicer(metaclass=_abc_1.ABCMeta):
         Contribute ends ABORTED with the reason, instead of waiting for the
         deadline. The command's owner (its tenant), an operator, or one of its
         participants may abort it. Idempotent: aborting a failed command again
-        answers it as it is; a completed one is FAILED_PRECONDITION.
+        answers it as it is; a completed one is FAILED_PRECONDITION. Later calls
+        about an aborted command (JoinCommand, Contribute, Results) end ABORTED
+        with the same reason (one failed at its deadline: FAILED_PRECONDITION).
         """
 
     @_abc_1.abstractmethod

@@ -34,7 +34,7 @@ import grpc
 from lightpath.aggregation import wire
 from lightpath.aggregation.maths import DType, Kind, Packet
 from lightpath.aggregation.shm import DISCARD_AFTER_S, Hello, ShmDomain, ShmError
-from lightpath.errors import FailedPrecondition, LightpathError
+from lightpath.errors import Aborted, FailedPrecondition, LightpathError
 from lightpath.v1 import agg_switch_pb2 as pb
 from services.agg_switch.command import CommandPlan, CommandState, plan_command
 from services.agg_switch.metrics import AggMetrics
@@ -57,6 +57,21 @@ _END = object()
 OUTBOX_LINGER_S = 60.0
 RECENT_REPORTS = 64
 FAILURE_GATHER_S = 2.0
+
+
+def command_failed(command_id: str, failure: str, code: str) -> LightpathError:
+    """The error of a call about a command that failed: ABORTED with its reason code
+    when it failed before its deadline (AbortCommand, a chunk not corrected), else
+    FAILED_PRECONDITION."""
+    if code and code != DEADLINE:
+        return Aborted(
+            f"command {command_id} failed: {failure}",
+            reason=code,
+            metadata={"command_id": command_id},
+        )
+    return FailedPrecondition(
+        f"command {command_id}", f"failed: {failure}", reason="COMMAND_FAILED"
+    )
 
 
 class Outbox:
@@ -203,6 +218,8 @@ class _Loaded:
     state: CommandState = CommandState.RUNNING
     failure: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+    # How it failed (AggCommand.failure_reason): DEADLINE_EXCEEDED, ABORTED, ...
+    failure_code: str = ""
 
 
 class DataPlane:
@@ -293,7 +310,9 @@ class DataPlane:
         plan = plan_command(topo, spec)
         loop = asyncio.get_running_loop()
         deadline_loop = loop.time() + (spec.deadline_at - time.time())
-        loaded = _Loaded(plan, deadline_loop, record.state, record.failure)
+        loaded = _Loaded(
+            plan, deadline_loop, record.state, record.failure, failure_code=record.failure_reason
+        )
         if record.state is CommandState.RUNNING:
             if (
                 spec.ps_model
@@ -309,13 +328,14 @@ class DataPlane:
         return loaded
 
     def check_running(self, loaded: _Loaded) -> None:
+        """Raise what a call about a failed command gets: ABORTED (with the reason)
+        when it failed before its deadline, as its waiting nodes were told, else
+        FAILED_PRECONDITION."""
         cid = loaded.plan.spec.command_id
         ended = self.core.ended(cid)
         failure = loaded.failure or (ended or "")
         if loaded.state is CommandState.FAILED or ended:
-            raise FailedPrecondition(
-                f"command {cid}", f"failed: {failure}", reason="COMMAND_FAILED"
-            )
+            raise command_failed(cid, failure, loaded.failure_code)
 
     # -- packets -----------------------------------------------------------------
 
@@ -532,6 +552,7 @@ class DataPlane:
             loaded = self._commands.get(failure.command_id)
             if loaded is not None:
                 loaded.state, loaded.failure = CommandState.FAILED, failure.reason
+                loaded.failure_code = failure.code
                 self.runtime.spawn(self._failed(loaded, failure, now), f"fail {failure.command_id}")
         for report in eff.reports:
             loaded = self._commands.get(report.command_id)
@@ -620,6 +641,7 @@ class DataPlane:
         loaded = self._commands.get(command_id)
         if loaded is not None and loaded.state is CommandState.RUNNING:
             loaded.state, loaded.failure = CommandState.FAILED, reason
+            loaded.failure_code = code
         eff = self.core.abort(command_id, reason, asyncio.get_running_loop().time(), code=code)
         for failure in eff.failures:
             failure.spread = False  # heard from the stream: it is written already

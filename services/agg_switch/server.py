@@ -60,7 +60,7 @@ from services.agg_switch.command import (
     predict_stragglers,
     worst_lateness,
 )
-from services.agg_switch.dataplane import DataPlane
+from services.agg_switch.dataplane import DataPlane, command_failed
 from services.agg_switch.metrics import AggMetrics
 from services.agg_switch.settings import AggSwitchSettings
 from services.agg_switch.store import AggStore, report_json
@@ -556,9 +556,7 @@ class AggSwitchServicer(agg_switch_pb2_grpc.AggSwitchServicer):
                 reason="NOT_A_PARTICIPANT",
             )
         if failure is not None:
-            raise FailedPrecondition(
-                f"command {spec.command_id}", f"failed: {failure}", reason="COMMAND_FAILED"
-            )
+            raise command_failed(spec.command_id, *failure)
         leaf = topo.leaf_switch(request.node_id)
         address = topo.by_id[leaf].endpoint or join.endpoints.get(leaf, "")
         if not address:
@@ -575,8 +573,8 @@ class AggSwitchServicer(agg_switch_pb2_grpc.AggSwitchServicer):
             root_switch=topo.root,
         )
 
-    async def _join(self, tree: str, command_id: str) -> tuple[_Join, str | None]:
-        """What JoinCommand answers from, and the failure if the command failed.
+    async def _join(self, tree: str, command_id: str) -> tuple[_Join, tuple[str, str] | None]:
+        """What JoinCommand answers from, and (failure, reason code) if the command failed.
 
         Every participant asks about a command at once, so a running command of
         this switch's tree is read from Redis once and kept until its deadline: a
@@ -608,7 +606,8 @@ class AggSwitchServicer(agg_switch_pb2_grpc.AggSwitchServicer):
             self._joins[key] = join
             while len(self._joins) > MAX_JOINS:
                 self._joins.popitem(last=False)
-        return join, record.failure if record.state is CommandState.FAILED else None
+        failed = record.state is CommandState.FAILED
+        return join, (record.failure, record.failure_reason) if failed else None
 
     async def Contribute(  # type: ignore[override]
         self, request_iterator: AsyncIterator[bytes], context

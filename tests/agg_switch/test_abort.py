@@ -18,7 +18,7 @@ import pytest
 from lightpath.aggregation import wire
 from lightpath.aggregation.maths import DType, Kind, Packet
 from lightpath.aggregation.node import ComputeNode, aggregate_all
-from lightpath.client import channel
+from lightpath.client import channel, error_report
 from lightpath.errors import Aborted, InvalidArgument
 from lightpath.v1 import agg_switch_pb2 as pb
 from services.agg_switch.command import plan_command
@@ -182,11 +182,10 @@ async def test_a_final_to_a_wrong_destination_never_resent_fails_the_command_eve
     for switch in ("root", "sub-1", "sub-2"):
         state = await tree.state(switch)
         assert state.slots_in_use == 0 and not state.bypass_entries, switch
-    # Late comers are told at once, too.
+    # Late comers are told at once, the same way.
     async with ComputeNode("n3", tree.address(), credentials=node_credentials("n3")) as n3:
-        await expect_error(
-            n3.aggregate("wrong-final", data["n3"]), grpc.StatusCode.FAILED_PRECONDITION
-        )
+        late = await expect_error(n3.aggregate("wrong-final", data["n3"]), grpc.StatusCode.ABORTED)
+    assert late.reason == "CHUNK_NOT_CORRECTED" and "n4" in late.message
 
 
 async def test_a_contribution_of_the_wrong_size_corrected_in_time_completes(tree):
@@ -230,6 +229,11 @@ async def test_abort_command_fails_it_for_every_waiting_node_with_the_reason(tre
     assert "input file is corrupt" in out.failure and "node:n2" in out.failure
     error = await _aborted(waiting)
     assert "input file is corrupt" in error.details()
+    assert error_report(error).reason == "ABORTED"
+    # A node that comes after the abort hears it too, from any switch.
+    async with ComputeNode("n4", tree.address("sub-1"), credentials=node_credentials("n4")) as n4:
+        late = await expect_error(n4.aggregate("stop-me", data["n4"]), grpc.StatusCode.ABORTED)
+    assert "input file is corrupt" in late.message
     # Idempotent: the same answer again.
     again = await tree.stub().AbortCommand(
         pb.AbortCommandRequest(command_id="stop-me", reason="again")
