@@ -409,6 +409,8 @@ class Stack:
             **self._security_env(spec),
         }
         env.setdefault("LIGHTPATH_INSTANCE_ID", spec.name)
+        # Where a service keeps files of its own (the core broker's graph data and runs).
+        env.setdefault("LIGHTPATH_STATE_DIR", str(self.state_dir))
         env.setdefault("LIGHTPATH_LOG_FORMAT", "json")
         if spec.metrics_port:
             env["LIGHTPATH_METRICS_LISTEN"] = f"127.0.0.1:{spec.metrics_port}"
