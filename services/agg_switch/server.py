@@ -18,7 +18,9 @@ per-resource checks, all made before anything is written):
     `lightpath-from` metadata) and reports only its own load;
   * a tenant starts commands only for itself (the `tenant` field, filled from
     the credential when empty) and sees only its own commands and their
-    history (another tenant's command is NOT_FOUND to it); operators see all.
+    history (another tenant's command is NOT_FOUND to it); operators see all;
+  * AbortCommand: the command's tenant, an operator, or a compute node that
+    takes part in it (anyone else: NOT_FOUND, as for a command it cannot see).
 """
 
 from __future__ import annotations
