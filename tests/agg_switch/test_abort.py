@@ -14,6 +14,8 @@ import asyncio
 import grpc
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from lightpath.aggregation import wire
 from lightpath.aggregation.maths import DType, Kind, Packet
@@ -315,3 +317,41 @@ async def test_combine_at_switch_moves_a_compute_nodes_role_to_its_leaf_switch(t
         assert (await tree.settled(cid)).timeout_nodes == ["n3"]
     for n in FIVE:
         assert results["by-switch"][n].values.tobytes() == results["by-node"][n].values.tobytes()
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["n1", "n2", "n3"]), st.integers(0, 1), st.booleans()),
+        max_size=12,
+    )
+)
+def test_a_timer_is_armed_exactly_for_the_refused_chunks_still_owed(steps):
+    """Whatever the order of refusals and accepted chunks, the armed correction timers
+    are those of the (node, chunk) pairs refused while owed and not taken since; firing
+    one fails the command, a disarmed one does nothing."""
+    core, _ = _core("sw1", ta="root")
+    owed_refused: set[tuple[str, int]] = set()
+    taken: set[tuple[str, int]] = set()
+    armed: dict[tuple[str, int], tuple] = {}
+    for node, chunk, accept in steps:
+        data = np.ones(2, np.int64)
+        if accept:
+            eff = core.receive(Packet("X", chunk, Kind.CONTRIBUTION, node, data), node, 1.0)
+            taken.add((node, chunk))
+            owed_refused.discard((node, chunk))
+            for key in eff.cancels:
+                armed = {k: v for k, v in armed.items() if v != key}
+        else:
+            bad = Packet("X", chunk, Kind.CONTRIBUTION, node, np.ones(3, np.int64))
+            eff = core.refused(bad, node, "data: length", 1.0, GRACE_S)
+            if (node, chunk) not in taken:
+                owed_refused.add((node, chunk))
+            for key, _ in eff.timers:
+                armed[(node, chunk)] = key
+        if not core.knows("X"):
+            return  # every chunk came: the command completed (no timer may fail it)
+    assert set(armed) == owed_refused
+    if armed:
+        [failure] = core.fire(next(iter(armed.values())), 2.0).failures
+        assert failure.code == NOT_CORRECTED and failure.spread
