@@ -488,6 +488,8 @@ class Stack:
             **process_env(spec, self.specs, self.redis_url),
             **self._security_env(spec),
         }
+        # Where a service keeps files of its own (the core broker's graph data and runs).
+        env.setdefault("LIGHTPATH_STATE_DIR", str(self.state_dir))
         if spec.metrics_port:
             env["LIGHTPATH_METRICS_LISTEN"] = f"127.0.0.1:{spec.metrics_port}"
         self._popen(spec.name, spec.service, env)

@@ -153,6 +153,12 @@ def test_every_method_of_every_service_has_a_row():
         ("AggSwitch/Contribute", ["node:n1"], ["tenant:acme", "operator:operator"]),
         ("AggSwitch/Relay", ["service:agg_switch/sub-1"], ["node:n1", "operator:operator"]),
         ("AggSwitch/DefineTopology", ["operator:operator"], ["tenant:acme", "node:n1"]),
+        # a command's owner, an operator or a participant may fail it across the tree
+        (
+            "AggSwitch/AbortCommand",
+            ["operator:operator", "tenant:acme", "node:n1"],
+            ["service:agg_switch/sub-1", "application:cam"],
+        ),
         # core broker: as before, operators manage, applications reserve
         ("CoreBroker/RegisterDevice", ["operator:operator"], ["application:cam", "tenant:acme"]),
         ("CoreBroker/Reserve", ["application:cam"], ["operator:operator", "tenant:acme"]),
@@ -168,6 +174,14 @@ def test_every_method_of_every_service_has_a_row():
         ("CoreBroker/RegisterDevice", [], ["service:console"]),
         ("CoreBroker/ReleaseReservation", [], ["service:console"]),
         ("AggSwitch/DefineTopology", [], ["service:console"]),
+        # graph runs: an application runs its reserved graphs; operators watch and stop them
+        ("CoreBroker/RunGraph", ["application:cam"], ["operator:operator", "tenant:acme"]),
+        (
+            "CoreBroker/CancelGraphRun",
+            ["application:cam", "operator:operator"],
+            ["tenant:acme", "node:n1"],
+        ),
+        ("CoreBroker/GetGraphRun", ["application:cam", "operator:operator"], ["tenant:acme"]),
     ],
 )
 def test_the_roles_the_issue_names(method, allowed, denied):

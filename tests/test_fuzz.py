@@ -533,7 +533,20 @@ def _seed_requests() -> dict[str, Message]:
             length=4,
             deadline=_d(20),
         ),
+        "CoreBroker.RunGraph": broker_pb.RunGraphRequest(
+            graph=_graph_spec(), run_id="run-1", reservation_id="r-1"
+        ),
+        "AggSwitch.AbortCommand": agg_pb.AbortCommandRequest(
+            tree_id="tree-1", command_id="c-1", reason="fuzz"
+        ),
     }
+
+
+def _graph_spec():
+    from lightpath.graph.examples import fig3a
+    from lightpath.graph.spec import to_proto
+
+    return to_proto(fig3a("in.{part}", "out.{part}", 2))
 
 
 def _is_server_error(err: grpc.aio.AioRpcError | None) -> bool:

@@ -12,7 +12,9 @@ command's timeout aggregation node it also combines the root's partial with
 the late data arriving on that stream and sends the final chunks up (AG-7).
 
 Failures are gRPC errors: DEADLINE_EXCEEDED when the command's deadline
-failed it (every waiting node hears it), INVALID_ARGUMENT for a vector of the
+failed it (every waiting node hears it), ABORTED with the reason when it
+failed earlier (AbortCommand; a node's refused chunk not sent again in time),
+INVALID_ARGUMENT for a vector of the
 wrong dtype or length, NOT_FOUND for an unknown command, PERMISSION_DENIED
 for a credential that is not this node's.
 

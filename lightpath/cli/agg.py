@@ -1,4 +1,4 @@
-"""`lightpath agg topology | start | status | history`: in-network aggregation (AG-1 … AG-14).
+"""`lightpath agg topology | start | status | abort | history`: in-network aggregation (AG-1 … AG-14).
 
 Any switch of the tree answers; the default is the local stack's root
 switch (or $LIGHTPATH_AGG_ADDR).
@@ -131,6 +131,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     start.add_argument(
         "--ta-candidates", type=_csv, default=[], help="nodes --ta-strategy chooses from: n1,n2,…"
     )
+    start.add_argument(
+        "--combine-at-switch",
+        action="store_true",
+        help="when a compute node is chosen to combine the late data, its switch does it "
+        "instead (for nodes whose client cannot)",
+    )
     start.add_argument("--predicted", type=_csv, default=[], help="timeout nodes named up front")
     start.add_argument(
         "--predict-top-k",
@@ -161,6 +167,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     status.add_argument("--all", action="store_true", help="every command, page after page")
     status.add_argument("--page-token", default="", help="the next page, from a previous listing")
     status.set_defaults(func=cmd_status)
+
+    abort = topics.add_parser(
+        "abort", help="stop a running command now: every waiting node is told why"
+    )
+    _common(abort)
+    abort.add_argument("command_id", help="the running command")
+    abort.add_argument(
+        "--reason", required=True, help="why, in your words (every waiting node sees it)"
+    )
+    abort.set_defaults(func=cmd_abort)
 
     history = topics.add_parser(
         "history", help="lateness of each node per finished command, and who it predicts"
@@ -252,6 +268,7 @@ def _start_request(args: argparse.Namespace) -> pb.StartCommandRequest:
         timeout_aggregator=args.ta,
         ta_strategy=args.ta_strategy,
         ta_candidates=args.ta_candidates,
+        combine_at_switch=args.combine_at_switch,
         predicted=args.predicted,
         predict_top_k=args.predict_top_k,
         predict_threshold_s=args.predict_threshold_s,
@@ -266,14 +283,16 @@ def _print_command(c: pb.AggCommand) -> None:
         f"{_enum(c.op, pb.AggOp)} × {c.length} in {c.chunks} chunks, "
         f"order {_enum(c.order_policy, pb.OrderPolicy)}"
     )
+    combined = f", combining for {c.combined_for}" if c.combined_for else ""
     print(
-        f"timeout aggregation node {c.timeout_aggregator} "
+        f"timeout aggregation node {c.timeout_aggregator}{combined} "
         f"({_enum(c.ta_strategy, pb.TaStrategy).replace('_', '-')}); "
         f"predicted late: {', '.join(c.predicted_timeout_nodes) or 'none'}; "
         f"timed out: {', '.join(c.timeout_nodes) or 'none'}"
     )
     if c.failure:
-        print(f"failed: {c.failure}; missing: {', '.join(c.missing_nodes) or '?'}")
+        how = f" ({c.failure_reason.lower().replace('_', ' ')})" if c.failure_reason else ""
+        print(f"failed{how}: {c.failure}; missing: {', '.join(c.missing_nodes) or '?'}")
     cleared = [
         f"{b.switch_id}:{k}"
         for b in c.bitmaps
@@ -325,6 +344,18 @@ def cmd_start(args: argparse.Namespace) -> int:
 
     async def body(agg: AsyncAggregation) -> int:
         out = await agg.start(args.command_id, request=request)
+        if args.json:
+            print_json(out)
+        else:
+            _print_command(out)
+        return 0
+
+    return _with_client(args, body)
+
+
+def cmd_abort(args: argparse.Namespace) -> int:
+    async def body(agg: AsyncAggregation) -> int:
+        out = await agg.abort(args.command_id, args.reason, tree=args.tree)
         if args.json:
             print_json(out)
         else:

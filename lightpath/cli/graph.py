@@ -4,6 +4,9 @@
     lightpath graph plan DIR/fig-2a.json          # folded sets, here (--broker: the broker's)
     lightpath graph reserve DIR/fig-2a.json g-1 --cores 1 --duration 10m   # a reservation per process
     lightpath graph run DIR/fig-2a.json --report  # run here; per-component metrics to the broker
+    lightpath graph run DIR/fig-3a.json --broker --reservation g-1 --wait   # run on the broker
+    lightpath graph status RUN                    # a broker run: state, failure, metrics
+    lightpath graph cancel RUN                    # stop a broker run
     lightpath graph metrics fig-2a                # the latest run's metrics, from the broker
 
 Credentials and the broker's address as for `lightpath cores`: an application's
@@ -97,8 +100,34 @@ def register(sub: argparse._SubParsersAction) -> None:
     run.add_argument(
         "--report", action="store_true", help="send the run's metrics to the core broker"
     )
+    run.add_argument(
+        "--broker",
+        action="store_true",
+        help="run it on the core broker's host instead (needs --reservation; library "
+        "components only, files in the broker's graph data directory)",
+    )
+    run.add_argument(
+        "--reservation",
+        default="",
+        metavar="ID",
+        help="with --broker: the id you gave `lightpath graph reserve` for this graph",
+    )
+    run.add_argument(
+        "--wait", action="store_true", help="with --broker: wait until the run has ended"
+    )
     _common(run)
     run.set_defaults(func=cmd_run)
+
+    status = verbs.add_parser("status", help="a run on the core broker: state, failure, metrics")
+    status.add_argument("run_id", help="the run's id (`graph run --broker` prints it)")
+    status.add_argument("--wait", action="store_true", help="wait until the run has ended")
+    _common(status)
+    status.set_defaults(func=cmd_status)
+
+    cancel = verbs.add_parser("cancel", help="stop a run on the core broker")
+    cancel.add_argument("run_id", help="the run's id")
+    _common(cancel)
+    cancel.set_defaults(func=cmd_cancel)
 
     example = verbs.add_parser(
         "example", help="write an example graph and its input data to a directory"
@@ -233,15 +262,96 @@ def cmd_metrics(args: argparse.Namespace) -> int:
 
     hint = (
         f"a run's metrics reach the broker with `lightpath graph run SPEC --report` "
+        f"or `lightpath graph run SPEC --broker --reservation ID` "
         f"(SPEC the graph {args.graph_id}'s spec)"
     )
     return _client(args, body, hints={"NOT_FOUND": hint})
+
+
+RUN_STATES = {1: "running", 2: "succeeded", 3: "failed", 4: "cancelled"}
+
+
+def print_run(run) -> int:
+    """A broker run in words; the exit code it deserves (0: running or succeeded)."""
+    from lightpath.graph.metrics import from_proto
+
+    state = RUN_STATES.get(run.state, "unknown")
+    print(
+        f"run {run.run_id} of graph {run.graph_id} for {run.application_id}: {state} "
+        f"({run.plan.processes_after} processes, reservation {run.reservation_id})"
+    )
+    if run.failure:
+        where = f"component {run.failed_component}: " if run.failed_component else ""
+        print(f"  {where}{run.failure}")
+    if run.HasField("metrics"):
+        m = from_proto(run.metrics)
+        print(f"  {m.records_read} records in {m.wall_seconds:.2f} s")
+        print_metrics(m)
+    elif state == "running":
+        print(f"  follow it with `lightpath graph status {run.run_id} --wait`")
+    return 0 if state in ("running", "succeeded") else 1
+
+
+def _show_run(args: argparse.Namespace, run) -> int:
+    if args.json:
+        print_json(run)
+        return 0 if run.state in (1, 2) else 1
+    return print_run(run)
+
+
+def _run_on_broker(args: argparse.Namespace) -> int:
+    import uuid
+
+    if not args.reservation:
+        print(
+            "error: --broker needs --reservation ID: reserve the graph's cores first with "
+            "`lightpath graph reserve SPEC ID --cores N --duration 10m`",
+            file=sys.stderr,
+        )
+        return 1
+    try:
+        spec = _load(args.spec)
+    except InvalidArgument as err:
+        return _refused(err)
+    run_id = args.run_id or uuid.uuid4().hex[:12]
+
+    async def body(cores: AsyncCores) -> int:
+        run = await cores.run_graph(
+            spec,
+            run_id,
+            args.reservation,
+            unfolded=args.unfolded,
+            checkpoint_every=args.checkpoint_every,
+        )
+        if args.wait:
+            run = await cores.wait_graph_run(run.run_id)
+        return _show_run(args, run)
+
+    return _client(args, body)
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    async def body(cores: AsyncCores) -> int:
+        run = await (cores.wait_graph_run if args.wait else cores.graph_run)(args.run_id)
+        return _show_run(args, run)
+
+    hint = "a run on the broker starts with `lightpath graph run SPEC --broker --reservation ID`"
+    return _client(args, body, hints={"NOT_FOUND": hint})
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    async def body(cores: AsyncCores) -> int:
+        return _show_run(args, await cores.cancel_graph_run(args.run_id))
+
+    return _client(args, body)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     from lightpath.graph.metrics import COMPONENT_HEADERS, component_rows, to_proto
     from lightpath.graph.runner import GraphRunError, run_graph
 
+    if args.broker:
+        return _run_on_broker(args)
     try:
         result = run_graph(
             _load(args.spec),

@@ -25,9 +25,10 @@ import selectors
 import shutil
 import subprocess
 import sys
+import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -39,6 +40,10 @@ from lightpath.graph.metrics import RunMetrics, aggregate
 from lightpath.graph.spec import GraphSpec, to_proto
 
 PIPE_SIZE = 1 << 20
+
+
+class GraphRunCancelled(Exception):
+    """`cancel` was set: every worker process was killed."""
 
 
 class GraphRunError(Exception):
@@ -106,8 +111,14 @@ def run_graph(
     channel_batch: int = 1024,
     python: str = sys.executable,
     keep_checkpoints: bool = False,
+    cancel: threading.Event | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> RunResult:
-    """Plan and run `spec` to completion; RunMetrics per component and flow (GF-5, GF-6)."""
+    """Plan and run `spec` to completion; RunMetrics per component and flow (GF-5, GF-6).
+
+    `cancel`: set from another thread, it kills every worker and raises
+    GraphRunCancelled. `env`: the workers' environment (default: this
+    process's), to which PYTHONPATH is added."""
     graph = expand(spec)
     plan = fold(graph) if folded else unfold(graph)
     run_id = run_id or uuid.uuid4().hex[:12]
@@ -126,6 +137,8 @@ def run_graph(
     resumed: dict[int, int] = {}
     wall = startup = 0.0
     for phase in plan.phases:
+        if cancel is not None and cancel.is_set():
+            raise GraphRunCancelled(f"cancelled before phase {phase}")
         marker = base / f"phase-{phase}.done"
         if resume and marker.exists():
             reports.extend(
@@ -147,6 +160,8 @@ def run_graph(
             sample_interval=sample_interval,
             channel_batch=channel_batch,
             python=python,
+            cancel=cancel,
+            env=env,
         )
         marker.write_text(json.dumps({"reports": [r.to_dict() for r in phase_reports]}))
         reports.extend(phase_reports)
@@ -188,6 +203,8 @@ def _run_phase(
     sample_interval: float,
     channel_batch: int,
     python: str,
+    cancel: threading.Event | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> tuple[list[ExecutorReport], float, float]:
     phase = sets[0].phase
     workers: dict[tuple[str, int], _Worker] = {}
@@ -245,8 +262,8 @@ def _run_phase(
                     else:
                         workers[(dst.id, j)].job["spill_in"].append([f.index, path, i])
         started = time.perf_counter()
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+        worker_env = dict(os.environ if env is None else env)
+        worker_env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
         for w in workers.values():
             r, wfd = os.pipe()
             parent_fds.append(r)
@@ -261,7 +278,7 @@ def _run_phase(
                     stdin=subprocess.DEVNULL,
                     stdout=log,
                     stderr=subprocess.STDOUT,
-                    env=env,
+                    env=worker_env,
                 )
             os.close(wfd)
             w.control = os.fdopen(r, "r")
@@ -270,7 +287,11 @@ def _run_phase(
         for fd in parent_fds:
             os.close(fd)
         parent_fds = []
-        _watch(workers, on_complete=lambda k: _drop_checkpoints_before(base, sets, k))
+        _watch(
+            workers,
+            on_complete=lambda k: _drop_checkpoints_before(base, sets, k),
+            cancel=cancel,
+        )
     finally:
         for fd in parent_fds:
             with contextlib.suppress(OSError):
@@ -297,13 +318,18 @@ def _drop_checkpoints_before(base: Path, sets: list[FoldedSet], complete: int) -
                     store.path(k).unlink(missing_ok=True)
 
 
+CANCEL_POLL_S = 0.1
+
+
 def _watch(
     workers: dict[tuple[str, int], _Worker],
     on_complete: Callable[[int], None] = lambda k: None,
+    cancel: threading.Event | None = None,
 ) -> None:
     """Read every worker's control lines until all exit; on an error stop them all.
 
-    `on_complete(k)` runs once every worker has reported checkpoint k.
+    `on_complete(k)` runs once every worker has reported checkpoint k; `cancel`,
+    once set, stops them all (GraphRunCancelled).
     """
     saved: dict[int, int] = {}
     sel = selectors.DefaultSelector()
@@ -320,7 +346,13 @@ def _watch(
                 # A broken channel is a consequence; give the cause a moment to report.
                 deadline = time.perf_counter() + SECONDARY_GRACE_S
             timeout = None if deadline is None else max(0.0, deadline - time.perf_counter())
+            if cancel is not None:
+                if cancel.is_set():
+                    break
+                timeout = CANCEL_POLL_S if timeout is None else min(timeout, CANCEL_POLL_S)
             events = sel.select(timeout)
+            if not events and cancel is not None and deadline is None:
+                continue
             if not events and deadline is not None:
                 break
             for key, _ in events:
@@ -358,6 +390,14 @@ def _watch(
                         failure = _first_cause(failure, w)
     finally:
         sel.close()
+    if cancel is not None and cancel.is_set():
+        for w in workers.values():
+            if w.proc is not None and w.proc.poll() is None:
+                w.proc.kill()
+        for w in workers.values():
+            if w.proc is not None:
+                w.proc.wait()
+        raise GraphRunCancelled("cancelled")
     if failure is not None:
         for w in workers.values():
             if w.proc is not None and w.proc.poll() is None:

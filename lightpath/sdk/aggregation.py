@@ -80,6 +80,7 @@ def command_request(
     timeout_aggregator: str = "",
     ta_strategy: str = "fixed",
     ta_candidates: Iterable[str] = (),
+    combine_at_switch: bool = False,
     predicted: Iterable[str] = (),
     predict_top_k: int = 0,
     predict_threshold_s: float = 0.0,
@@ -103,6 +104,7 @@ def command_request(
             strategy=_pick(STRATEGIES, ta_strategy, "strategy"),  # type: ignore[arg-type]
             node=timeout_aggregator,
             candidates=list(ta_candidates),
+            combine_at_switch=combine_at_switch,
         ),
         predicted_timeout_nodes=list(predicted),
         predict_stragglers=pb.StragglerPredictionOptions(
@@ -141,7 +143,9 @@ class AsyncAggregation(AsyncClient):
         "max" | "prod" | "and" | "or", order "arrival" | "preset" | "exact", trigger "all"
         | "incremental", deadline (seconds or timedelta; 0: 30 s), tenant, slot_policy
         "wait" | "fallback", wait_for_all, chunk_bytes, timeout_aggregator, ta_strategy,
-        ta_candidates, predicted, predict_top_k, predict_threshold_s,
+        ta_candidates, combine_at_switch (a compute node chosen as timeout aggregation
+        node hands the combine to its leaf switch: for nodes whose client does not
+        implement it), predicted, predict_top_k, predict_threshold_s,
         exact_fraction_bits. Or a complete `request`."""
         if request is None:
             request = command_request(command_id, participants, length, **options)  # type: ignore[arg-type]
@@ -150,6 +154,16 @@ class AsyncAggregation(AsyncClient):
     async def get(self, command_id: str, *, tree: str = "") -> pb.AggCommand:
         return await self._call(  # type: ignore[no-any-return]
             "GetCommand", pb.GetCommandRequest(tree_id=tree, command_id=command_id)
+        )
+
+    async def abort(self, command_id: str, reason: str, *, tree: str = "") -> pb.AggCommand:
+        """Fail a running command across the tree now: every node waiting for it ends
+        ABORTED with `reason` (its owner, an operator or a participant may). Aborting
+        a failed command again answers it as it is; a completed one raises
+        FailedPrecondition."""
+        return await self._call(  # type: ignore[no-any-return]
+            "AbortCommand",
+            pb.AbortCommandRequest(tree_id=tree, command_id=command_id, reason=reason),
         )
 
     async def list_commands_page(
@@ -212,6 +226,7 @@ class Aggregation(SyncClient[AsyncAggregation]):
 
     start = blocking(AsyncAggregation.start)
     get = blocking(AsyncAggregation.get)
+    abort = blocking(AsyncAggregation.abort)
     list_commands_page = blocking(AsyncAggregation.list_commands_page)
     list_commands = blocking_iter(AsyncAggregation.list_commands)
     wait = blocking(AsyncAggregation.wait)

@@ -15,6 +15,7 @@ else the local stack's. Answers are lightpath.v1.core_broker_pb2 messages.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from collections.abc import AsyncIterator, Iterable
@@ -306,7 +307,7 @@ class AsyncCores(AsyncClient):
     # -- folded dataflow graphs ---------------------------------------------------------
     # A graph is a lightpath.graph.spec.GraphSpec (load_spec reads one from JSON) or its
     # proto; it runs here with lightpath.graph.runner.run_graph, whose metrics
-    # report_graph_metrics sends to the broker.
+    # report_graph_metrics sends to the broker, or on the broker's host with run_graph.
 
     async def plan_graph(
         self, graph: GraphSpec | graph_pb2.GraphSpec, *, unfolded: bool = False
@@ -367,6 +368,57 @@ class AsyncCores(AsyncClient):
             ),
         )
 
+    async def run_graph(
+        self,
+        graph: GraphSpec | graph_pb2.GraphSpec,
+        run_id: str,
+        reservation_id: str,
+        *,
+        unfolded: bool = False,
+        checkpoint_every: int = 0,
+    ) -> pb.GraphRun:
+        """Run the graph on the broker's host while its `reserve_graph` reservation
+        (`reservation_id`, same `unfolded`) holds the cores; answers at once, RUNNING.
+        `run_id` is the idempotency key. Component library kinds only (no user code,
+        interface or kv_lookup, unless the broker allows them), files in the broker's
+        graph data directory. Follow it with `graph_run` or `wait_graph_run`."""
+        return await self._call(  # type: ignore[no-any-return]
+            "RunGraph",
+            pb.RunGraphRequest(
+                graph=_graph_proto(graph),
+                run_id=run_id,
+                reservation_id=reservation_id,
+                unfolded=unfolded,
+                checkpoint_every=checkpoint_every,
+            ),
+        )
+
+    async def graph_run(self, run_id: str) -> pb.GraphRun:
+        """A broker run: state, and its metrics once SUCCEEDED or `failure` once not."""
+        return await self._call(  # type: ignore[no-any-return]
+            "GetGraphRun", pb.GetGraphRunRequest(run_id=run_id)
+        )
+
+    async def cancel_graph_run(self, run_id: str) -> pb.GraphRun:
+        """Stop a broker run (its processes are killed; it ends CANCELLED)."""
+        return await self._call(  # type: ignore[no-any-return]
+            "CancelGraphRun", pb.CancelGraphRunRequest(run_id=run_id)
+        )
+
+    async def wait_graph_run(self, run_id: str, *, timeout: float | None = None) -> pb.GraphRun:
+        """The run once it is no longer RUNNING (SUCCEEDED, FAILED or CANCELLED: check
+        `state`), asking every 0.05 s growing to 1 s. TimeoutError after `timeout` s."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        pause = 0.05
+        while True:
+            run = await self.graph_run(run_id)
+            if run.state != pb.GRAPH_RUN_STATE_RUNNING:
+                return run
+            if deadline is not None and time.monotonic() + pause > deadline:
+                raise TimeoutError(f"graph run {run_id} still RUNNING after {timeout:g} s")
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 1.0)
+
     async def register_device(self, device: pb.Device) -> pb.Device:
         """Operator: register or update a device."""
         return await self._call(  # type: ignore[no-any-return]
@@ -406,5 +458,9 @@ class Cores(SyncClient[AsyncCores]):
     reserve_graph = blocking(AsyncCores.reserve_graph)
     report_graph_metrics = blocking(AsyncCores.report_graph_metrics)
     graph_metrics = blocking(AsyncCores.graph_metrics)
+    run_graph = blocking(AsyncCores.run_graph)
+    graph_run = blocking(AsyncCores.graph_run)
+    cancel_graph_run = blocking(AsyncCores.cancel_graph_run)
+    wait_graph_run = blocking(AsyncCores.wait_graph_run)
     register_device = blocking(AsyncCores.register_device)
     register_application = blocking(AsyncCores.register_application)

@@ -531,9 +531,17 @@ class TimeoutAggregatorSelection(_message.Message):
     STRATEGY_FIELD_NUMBER: _builtins.int
     NODE_FIELD_NUMBER: _builtins.int
     CANDIDATES_FIELD_NUMBER: _builtins.int
+    COMBINE_AT_SWITCH_FIELD_NUMBER: _builtins.int
     strategy: Global___TaStrategy.ValueType
     node: _builtins.str
     """FIXED: the node; "" = the topology's default."""
+    combine_at_switch: _builtins.bool
+    """When the node chosen is a compute node, its leaf switch takes the role:
+    the switch combines the root's partial with the late data in the preset
+    order and sends the final chunks, and the node only contributes and reads
+    its result like any other participant. For clients that do not implement
+    the combine. A switch or dedicated node chosen is kept as it is.
+    """
     @_builtins.property
     def candidates(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Candidates named by management (the root picks one by the strategy);
@@ -547,10 +555,11 @@ class TimeoutAggregatorSelection(_message.Message):
         strategy: Global___TaStrategy.ValueType = ...,
         node: _builtins.str = ...,
         candidates: _abc.Iterable[_builtins.str] | None = ...,
+        combine_at_switch: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["candidates", b"candidates", "node", b"node", "strategy", b"strategy"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["candidates", b"candidates", "combine_at_switch", b"combine_at_switch", "node", b"node", "strategy", b"strategy"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -825,6 +834,8 @@ class AggCommand(_message.Message):
     TOPOLOGY_VERSION_FIELD_NUMBER: _builtins.int
     EXACT_FRACTION_BITS_FIELD_NUMBER: _builtins.int
     PRESET_ORDER_FIELD_NUMBER: _builtins.int
+    COMBINED_FOR_FIELD_NUMBER: _builtins.int
+    FAILURE_REASON_FIELD_NUMBER: _builtins.int
     tree_id: _builtins.str
     command_id: _builtins.str
     state: Global___AggCommandState.ValueType
@@ -844,6 +855,15 @@ class AggCommand(_message.Message):
     """FAILED: why, and which nodes never arrived."""
     topology_version: _builtins.int
     exact_fraction_bits: _builtins.int
+    combined_for: _builtins.str
+    """Set when combine_at_switch moved the role from the compute node the
+    strategy chose (this node) to its leaf switch (timeout_aggregator).
+    """
+    failure_reason: _builtins.str
+    """FAILED: how it failed (ErrorInfo-style reason): DEADLINE_EXCEEDED,
+    ABORTED (AbortCommand), CHUNK_NOT_CORRECTED (a node's refused chunk was
+    not sent again correctly within the switch's correction grace).
+    """
     @_builtins.property
     def participants(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
@@ -904,14 +924,44 @@ class AggCommand(_message.Message):
         topology_version: _builtins.int = ...,
         exact_fraction_bits: _builtins.int = ...,
         preset_order: _abc.Iterable[_builtins.str] | None = ...,
+        combined_for: _builtins.str = ...,
+        failure_reason: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "deadline", b"deadline", "finished_at", b"finished_at", "parameter_server", b"parameter_server"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["bitmaps", b"bitmaps", "chunk_elems", b"chunk_elems", "chunks", b"chunks", "command_id", b"command_id", "created_at", b"created_at", "deadline", b"deadline", "dtype", b"dtype", "exact_fraction_bits", b"exact_fraction_bits", "failure", b"failure", "finished_at", b"finished_at", "length", b"length", "missing_nodes", b"missing_nodes", "op", b"op", "order_policy", b"order_policy", "parameter_server", b"parameter_server", "participants", b"participants", "predicted_timeout_nodes", b"predicted_timeout_nodes", "preset_order", b"preset_order", "slot_holds", b"slot_holds", "slot_policy", b"slot_policy", "state", b"state", "ta_strategy", b"ta_strategy", "tenant", b"tenant", "timeout_aggregator", b"timeout_aggregator", "timeout_nodes", b"timeout_nodes", "topology_version", b"topology_version", "tree_id", b"tree_id", "trigger", b"trigger", "wait_for_all", b"wait_for_all"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bitmaps", b"bitmaps", "chunk_elems", b"chunk_elems", "chunks", b"chunks", "combined_for", b"combined_for", "command_id", b"command_id", "created_at", b"created_at", "deadline", b"deadline", "dtype", b"dtype", "exact_fraction_bits", b"exact_fraction_bits", "failure", b"failure", "failure_reason", b"failure_reason", "finished_at", b"finished_at", "length", b"length", "missing_nodes", b"missing_nodes", "op", b"op", "order_policy", b"order_policy", "parameter_server", b"parameter_server", "participants", b"participants", "predicted_timeout_nodes", b"predicted_timeout_nodes", "preset_order", b"preset_order", "slot_holds", b"slot_holds", "slot_policy", b"slot_policy", "state", b"state", "ta_strategy", b"ta_strategy", "tenant", b"tenant", "timeout_aggregator", b"timeout_aggregator", "timeout_nodes", b"timeout_nodes", "topology_version", b"topology_version", "tree_id", b"tree_id", "trigger", b"trigger", "wait_for_all", b"wait_for_all"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___AggCommand: _TypeAlias = AggCommand  # noqa: Y015
+
+@_typing.final
+class AbortCommandRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TREE_ID_FIELD_NUMBER: _builtins.int
+    COMMAND_ID_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    tree_id: _builtins.str
+    command_id: _builtins.str
+    reason: _builtins.str
+    """Why; shown to every waiting node and kept in AggCommand.failure.
+    Required, at most 500 characters.
+    """
+    def __init__(
+        self,
+        *,
+        tree_id: _builtins.str = ...,
+        command_id: _builtins.str = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["command_id", b"command_id", "reason", b"reason", "tree_id", b"tree_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AbortCommandRequest: _TypeAlias = AbortCommandRequest  # noqa: Y015
 
 @_typing.final
 class GetCommandRequest(_message.Message):
@@ -1063,8 +1113,13 @@ class TimeoutAggregatorChoice(_message.Message):
     NODE_FIELD_NUMBER: _builtins.int
     STRATEGY_FIELD_NUMBER: _builtins.int
     CANDIDATES_FIELD_NUMBER: _builtins.int
+    COMBINED_FOR_FIELD_NUMBER: _builtins.int
     node: _builtins.str
     strategy: Global___TaStrategy.ValueType
+    combined_for: _builtins.str
+    """Set when combine_at_switch moved the role from this compute node to its
+    leaf switch (`node`).
+    """
     @_builtins.property
     def candidates(self) -> _containers.RepeatedCompositeFieldContainer[Global___TimeoutAggregatorCandidate]: ...
     def __init__(
@@ -1073,10 +1128,11 @@ class TimeoutAggregatorChoice(_message.Message):
         node: _builtins.str = ...,
         strategy: Global___TaStrategy.ValueType = ...,
         candidates: _abc.Iterable[Global___TimeoutAggregatorCandidate] | None = ...,
+        combined_for: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["candidates", b"candidates", "node", b"node", "strategy", b"strategy"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["candidates", b"candidates", "combined_for", b"combined_for", "node", b"node", "strategy", b"strategy"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1709,7 +1765,11 @@ class AggChunk(_message.Message):
     destination: _builtins.str
     """Routed kinds: the node this goes to. FINAL: the root switch (Assignment.
     root_switch); empty means the root, any other node is INVALID_ARGUMENT
-    naming `destination`, and the refused chunk may be sent again corrected.
+    naming `destination`, and the refused chunk may be sent again corrected
+    (on a new Contribute stream) within the switch's correction grace
+    (LIGHTPATH_AGG_CORRECTION_GRACE_S); after it the command fails across
+    the tree (failure_reason CHUNK_NOT_CORRECTED). The same holds for a
+    participant's refused CONTRIBUTION or LATE chunk it still owes.
     """
     timeout_flag: _builtins.bool
     """AG-5: this is a timeout node's data (the node is `source`)."""

@@ -60,6 +60,11 @@ class AggSwitchStub:
                 request_serializer=lightpath_dot_v1_dot_agg__switch__pb2.GetCommandRequest.SerializeToString,
                 response_deserializer=lightpath_dot_v1_dot_agg__switch__pb2.AggCommand.FromString,
                 _registered_method=True)
+        self.AbortCommand = channel.unary_unary(
+                '/lightpath.v1.AggSwitch/AbortCommand',
+                request_serializer=lightpath_dot_v1_dot_agg__switch__pb2.AbortCommandRequest.SerializeToString,
+                response_deserializer=lightpath_dot_v1_dot_agg__switch__pb2.AggCommand.FromString,
+                _registered_method=True)
         self.ListCommands = channel.unary_unary(
                 '/lightpath.v1.AggSwitch/ListCommands',
                 request_serializer=lightpath_dot_v1_dot_agg__switch__pb2.ListCommandsRequest.SerializeToString,
@@ -162,6 +167,20 @@ class AggSwitchServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AbortCommand(self, request, context):
+        """Fail a running command across the tree now, with `reason`: every switch
+        frees what it holds for it, and every node waiting on Results or
+        Contribute ends ABORTED with the reason, instead of waiting for the
+        deadline. The command's owner (its tenant), an operator, or one of its
+        participants may abort it. Idempotent: aborting a failed command again
+        answers it as it is; a completed one is FAILED_PRECONDITION. Later calls
+        about an aborted command (JoinCommand, Contribute, Results) end ABORTED
+        with the same reason (one failed at its deadline: FAILED_PRECONDITION).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ListCommands(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -246,7 +265,9 @@ class AggSwitchServicer:
         """The final result (or new parameters, AG-12), chunk by chunk; when the
         node is the timeout aggregation node, also the root's partial and the
         flagged late data it must combine (AG-7). Ends OK after the last chunk;
-        ends DEADLINE_EXCEEDED when the command's deadline fails it (AG-11).
+        ends DEADLINE_EXCEEDED when the command's deadline fails it (AG-11), and
+        ABORTED, with the reason, when it failed earlier (AbortCommand, or a
+        refused chunk its node did not correct in time).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -286,6 +307,11 @@ def add_AggSwitchServicer_to_server(servicer, server):
             'GetCommand': grpc.unary_unary_rpc_method_handler(
                     servicer.GetCommand,
                     request_deserializer=lightpath_dot_v1_dot_agg__switch__pb2.GetCommandRequest.FromString,
+                    response_serializer=lightpath_dot_v1_dot_agg__switch__pb2.AggCommand.SerializeToString,
+            ),
+            'AbortCommand': grpc.unary_unary_rpc_method_handler(
+                    servicer.AbortCommand,
+                    request_deserializer=lightpath_dot_v1_dot_agg__switch__pb2.AbortCommandRequest.FromString,
                     response_serializer=lightpath_dot_v1_dot_agg__switch__pb2.AggCommand.SerializeToString,
             ),
             'ListCommands': grpc.unary_unary_rpc_method_handler(
@@ -483,6 +509,33 @@ class AggSwitch:
             target,
             '/lightpath.v1.AggSwitch/GetCommand',
             lightpath_dot_v1_dot_agg__switch__pb2.GetCommandRequest.SerializeToString,
+            lightpath_dot_v1_dot_agg__switch__pb2.AggCommand.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AbortCommand(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lightpath.v1.AggSwitch/AbortCommand',
+            lightpath_dot_v1_dot_agg__switch__pb2.AbortCommandRequest.SerializeToString,
             lightpath_dot_v1_dot_agg__switch__pb2.AggCommand.FromString,
             options,
             channel_credentials,

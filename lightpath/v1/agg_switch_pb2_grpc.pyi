@@ -71,6 +71,16 @@ class AggSwitchStub:
     same request again returns the same command.
     """
     GetCommand: _grpc.UnaryUnaryMultiCallable[_agg_switch_pb2.GetCommandRequest, _agg_switch_pb2.AggCommand]
+    AbortCommand: _grpc.UnaryUnaryMultiCallable[_agg_switch_pb2.AbortCommandRequest, _agg_switch_pb2.AggCommand]
+    """Fail a running command across the tree now, with `reason`: every switch
+    frees what it holds for it, and every node waiting on Results or
+    Contribute ends ABORTED with the reason, instead of waiting for the
+    deadline. The command's owner (its tenant), an operator, or one of its
+    participants may abort it. Idempotent: aborting a failed command again
+    answers it as it is; a completed one is FAILED_PRECONDITION. Later calls
+    about an aborted command (JoinCommand, Contribute, Results) end ABORTED
+    with the same reason (one failed at its deadline: FAILED_PRECONDITION).
+    """
     ListCommands: _grpc.UnaryUnaryMultiCallable[_agg_switch_pb2.ListCommandsRequest, _agg_switch_pb2.ListCommandsResponse]
     ChooseTimeoutAggregator: _grpc.UnaryUnaryMultiCallable[_agg_switch_pb2.ChooseTimeoutAggregatorRequest, _agg_switch_pb2.TimeoutAggregatorChoice]
     """Which node would be the timeout aggregation node, by one of the AG-10
@@ -112,7 +122,9 @@ class AggSwitchStub:
     """The final result (or new parameters, AG-12), chunk by chunk; when the
     node is the timeout aggregation node, also the root's partial and the
     flagged late data it must combine (AG-7). Ends OK after the last chunk;
-    ends DEADLINE_EXCEEDED when the command's deadline fails it (AG-11).
+    ends DEADLINE_EXCEEDED when the command's deadline fails it (AG-11), and
+    ABORTED, with the reason, when it failed earlier (AbortCommand, or a
+    refused chunk its node did not correct in time).
     """
     Relay: _grpc.StreamUnaryMultiCallable[_agg_switch_pb2.AggChunk, _agg_switch_pb2.RelaySummary]
     """One switch to a neighbouring switch (metadata `lightpath-from` names the
@@ -136,6 +148,16 @@ class AggSwitchAsyncStub(AggSwitchStub):
     same request again returns the same command.
     """
     GetCommand: _aio.UnaryUnaryMultiCallable[_agg_switch_pb2.GetCommandRequest, _agg_switch_pb2.AggCommand]  # type: ignore[assignment]
+    AbortCommand: _aio.UnaryUnaryMultiCallable[_agg_switch_pb2.AbortCommandRequest, _agg_switch_pb2.AggCommand]  # type: ignore[assignment]
+    """Fail a running command across the tree now, with `reason`: every switch
+    frees what it holds for it, and every node waiting on Results or
+    Contribute ends ABORTED with the reason, instead of waiting for the
+    deadline. The command's owner (its tenant), an operator, or one of its
+    participants may abort it. Idempotent: aborting a failed command again
+    answers it as it is; a completed one is FAILED_PRECONDITION. Later calls
+    about an aborted command (JoinCommand, Contribute, Results) end ABORTED
+    with the same reason (one failed at its deadline: FAILED_PRECONDITION).
+    """
     ListCommands: _aio.UnaryUnaryMultiCallable[_agg_switch_pb2.ListCommandsRequest, _agg_switch_pb2.ListCommandsResponse]  # type: ignore[assignment]
     ChooseTimeoutAggregator: _aio.UnaryUnaryMultiCallable[_agg_switch_pb2.ChooseTimeoutAggregatorRequest, _agg_switch_pb2.TimeoutAggregatorChoice]  # type: ignore[assignment]
     """Which node would be the timeout aggregation node, by one of the AG-10
@@ -177,7 +199,9 @@ class AggSwitchAsyncStub(AggSwitchStub):
     """The final result (or new parameters, AG-12), chunk by chunk; when the
     node is the timeout aggregation node, also the root's partial and the
     flagged late data it must combine (AG-7). Ends OK after the last chunk;
-    ends DEADLINE_EXCEEDED when the command's deadline fails it (AG-11).
+    ends DEADLINE_EXCEEDED when the command's deadline fails it (AG-11), and
+    ABORTED, with the reason, when it failed earlier (AbortCommand, or a
+    refused chunk its node did not correct in time).
     """
     Relay: _aio.StreamUnaryMultiCallable[_agg_switch_pb2.AggChunk, _agg_switch_pb2.RelaySummary]  # type: ignore[assignment]
     """One switch to a neighbouring switch (metadata `lightpath-from` names the
@@ -228,6 +252,22 @@ class AggSwitchServicer(metaclass=_abc_1.ABCMeta):
         request: _agg_switch_pb2.GetCommandRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_agg_switch_pb2.AggCommand, _abc.Awaitable[_agg_switch_pb2.AggCommand]]: ...
+
+    @_abc_1.abstractmethod
+    def AbortCommand(
+        self,
+        request: _agg_switch_pb2.AbortCommandRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_agg_switch_pb2.AggCommand, _abc.Awaitable[_agg_switch_pb2.AggCommand]]:
+        """Fail a running command across the tree now, with `reason`: every switch
+        frees what it holds for it, and every node waiting on Results or
+        Contribute ends ABORTED with the reason, instead of waiting for the
+        deadline. The command's owner (its tenant), an operator, or one of its
+        participants may abort it. Idempotent: aborting a failed command again
+        answers it as it is; a completed one is FAILED_PRECONDITION. Later calls
+        about an aborted command (JoinCommand, Contribute, Results) end ABORTED
+        with the same reason (one failed at its deadline: FAILED_PRECONDITION).
+        """
 
     @_abc_1.abstractmethod
     def ListCommands(
@@ -335,7 +375,9 @@ class AggSwitchServicer(metaclass=_abc_1.ABCMeta):
         """The final result (or new parameters, AG-12), chunk by chunk; when the
         node is the timeout aggregation node, also the root's partial and the
         flagged late data it must combine (AG-7). Ends OK after the last chunk;
-        ends DEADLINE_EXCEEDED when the command's deadline fails it (AG-11).
+        ends DEADLINE_EXCEEDED when the command's deadline fails it (AG-11), and
+        ABORTED, with the reason, when it failed earlier (AbortCommand, or a
+        refused chunk its node did not correct in time).
         """
 
     @_abc_1.abstractmethod

@@ -240,6 +240,27 @@ RESERVATION_EVENT_TYPE_PART_ENDED: ReservationEventType.ValueType  # 8
 """an earlier part's cores returned (PARTIAL)"""
 Global___ReservationEventType: _TypeAlias = ReservationEventType  # noqa: Y015
 
+class _GraphRunState:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _GraphRunStateEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_GraphRunState.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    GRAPH_RUN_STATE_UNSPECIFIED: _GraphRunState.ValueType  # 0
+    GRAPH_RUN_STATE_RUNNING: _GraphRunState.ValueType  # 1
+    GRAPH_RUN_STATE_SUCCEEDED: _GraphRunState.ValueType  # 2
+    GRAPH_RUN_STATE_FAILED: _GraphRunState.ValueType  # 3
+    GRAPH_RUN_STATE_CANCELLED: _GraphRunState.ValueType  # 4
+
+class GraphRunState(_GraphRunState, metaclass=_GraphRunStateEnumTypeWrapper): ...
+
+GRAPH_RUN_STATE_UNSPECIFIED: GraphRunState.ValueType  # 0
+GRAPH_RUN_STATE_RUNNING: GraphRunState.ValueType  # 1
+GRAPH_RUN_STATE_SUCCEEDED: GraphRunState.ValueType  # 2
+GRAPH_RUN_STATE_FAILED: GraphRunState.ValueType  # 3
+GRAPH_RUN_STATE_CANCELLED: GraphRunState.ValueType  # 4
+Global___GraphRunState: _TypeAlias = GraphRunState  # noqa: Y015
+
 @_typing.final
 class Location(_message.Message):
     """Where a device or a client is: a site name (the latency table's key) and
@@ -1387,3 +1408,146 @@ class GetGraphMetricsRequest(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GetGraphMetricsRequest: _TypeAlias = GetGraphMetricsRequest  # noqa: Y015
+
+@_typing.final
+class RunGraphRequest(_message.Message):
+    """-- graph runs -------------------------------------------------------------------"""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GRAPH_FIELD_NUMBER: _builtins.int
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    RESERVATION_ID_FIELD_NUMBER: _builtins.int
+    UNFOLDED_FIELD_NUMBER: _builtins.int
+    CHECKPOINT_EVERY_FIELD_NUMBER: _builtins.int
+    run_id: _builtins.str
+    """Client-chosen id of the run ([A-Za-z0-9_-]{1,64}): running the same
+    request again answers the same run; another request with this id is
+    FAILED_PRECONDITION.
+    """
+    reservation_id: _builtins.str
+    """ReserveGraph's reservation_id for this graph (and the same `unfolded`):
+    each process's reservation must hold its cores now.
+    """
+    unfolded: _builtins.bool
+    """The baseline: one process per component instance."""
+    checkpoint_every: _builtins.int
+    """Every input dataset reader sends a checkpoint blip each this many
+    records (0: none).
+    """
+    @_builtins.property
+    def graph(self) -> _graph_pb2.GraphSpec: ...
+    def __init__(
+        self,
+        *,
+        graph: _graph_pb2.GraphSpec | None = ...,
+        run_id: _builtins.str = ...,
+        reservation_id: _builtins.str = ...,
+        unfolded: _builtins.bool = ...,
+        checkpoint_every: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["graph", b"graph"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_every", b"checkpoint_every", "graph", b"graph", "reservation_id", b"reservation_id", "run_id", b"run_id", "unfolded", b"unfolded"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RunGraphRequest: _TypeAlias = RunGraphRequest  # noqa: Y015
+
+@_typing.final
+class GraphRun(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    GRAPH_ID_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    APPLICATION_ID_FIELD_NUMBER: _builtins.int
+    RESERVATION_ID_FIELD_NUMBER: _builtins.int
+    PLAN_FIELD_NUMBER: _builtins.int
+    METRICS_FIELD_NUMBER: _builtins.int
+    FAILED_COMPONENT_FIELD_NUMBER: _builtins.int
+    FAILURE_FIELD_NUMBER: _builtins.int
+    STARTED_AT_FIELD_NUMBER: _builtins.int
+    FINISHED_AT_FIELD_NUMBER: _builtins.int
+    run_id: _builtins.str
+    graph_id: _builtins.str
+    state: Global___GraphRunState.ValueType
+    application_id: _builtins.str
+    reservation_id: _builtins.str
+    failed_component: _builtins.str
+    """FAILED: the component that answered ERROR ("" when a process died or the
+    run could not start) and what went wrong; CANCELLED: who cancelled it.
+    """
+    failure: _builtins.str
+    @_builtins.property
+    def plan(self) -> _graph_pb2.GraphPlan: ...
+    @_builtins.property
+    def metrics(self) -> _graph_pb2.GraphRunMetrics:
+        """SUCCEEDED: per-component and per-flow metrics of the run (also what
+        GetGraphMetrics answers for it while the broker keeps it).
+        """
+
+    @_builtins.property
+    def started_at(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def finished_at(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        run_id: _builtins.str = ...,
+        graph_id: _builtins.str = ...,
+        state: Global___GraphRunState.ValueType = ...,
+        application_id: _builtins.str = ...,
+        reservation_id: _builtins.str = ...,
+        plan: _graph_pb2.GraphPlan | None = ...,
+        metrics: _graph_pb2.GraphRunMetrics | None = ...,
+        failed_component: _builtins.str = ...,
+        failure: _builtins.str = ...,
+        started_at: _timestamp_pb2.Timestamp | None = ...,
+        finished_at: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["finished_at", b"finished_at", "metrics", b"metrics", "plan", b"plan", "started_at", b"started_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["application_id", b"application_id", "failed_component", b"failed_component", "failure", b"failure", "finished_at", b"finished_at", "graph_id", b"graph_id", "metrics", b"metrics", "plan", b"plan", "reservation_id", b"reservation_id", "run_id", b"run_id", "started_at", b"started_at", "state", b"state"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GraphRun: _TypeAlias = GraphRun  # noqa: Y015
+
+@_typing.final
+class GetGraphRunRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    run_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        run_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["run_id", b"run_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetGraphRunRequest: _TypeAlias = GetGraphRunRequest  # noqa: Y015
+
+@_typing.final
+class CancelGraphRunRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    run_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        run_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["run_id", b"run_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CancelGraphRunRequest: _TypeAlias = CancelGraphRunRequest  # noqa: Y015

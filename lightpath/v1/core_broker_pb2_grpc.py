@@ -148,6 +148,21 @@ class CoreBrokerStub:
                 request_serializer=lightpath_dot_v1_dot_core__broker__pb2.GetGraphMetricsRequest.SerializeToString,
                 response_deserializer=lightpath_dot_v1_dot_graph__pb2.GraphRunMetrics.FromString,
                 _registered_method=True)
+        self.RunGraph = channel.unary_unary(
+                '/lightpath.v1.CoreBroker/RunGraph',
+                request_serializer=lightpath_dot_v1_dot_core__broker__pb2.RunGraphRequest.SerializeToString,
+                response_deserializer=lightpath_dot_v1_dot_core__broker__pb2.GraphRun.FromString,
+                _registered_method=True)
+        self.GetGraphRun = channel.unary_unary(
+                '/lightpath.v1.CoreBroker/GetGraphRun',
+                request_serializer=lightpath_dot_v1_dot_core__broker__pb2.GetGraphRunRequest.SerializeToString,
+                response_deserializer=lightpath_dot_v1_dot_core__broker__pb2.GraphRun.FromString,
+                _registered_method=True)
+        self.CancelGraphRun = channel.unary_unary(
+                '/lightpath.v1.CoreBroker/CancelGraphRun',
+                request_serializer=lightpath_dot_v1_dot_core__broker__pb2.CancelGraphRunRequest.SerializeToString,
+                response_deserializer=lightpath_dot_v1_dot_core__broker__pb2.GraphRun.FromString,
+                _registered_method=True)
 
 
 class CoreBrokerServicer:
@@ -327,6 +342,40 @@ class CoreBrokerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RunGraph(self, request, context):
+        """Run a reserved graph on the broker's host (GF-5): while every process of
+        the plan holds its reservation (ReserveGraph's "<id>.<set>.<instance>"),
+        one worker process per folded-set instance runs it, as the SDK's
+        run_graph does. Answers at once with the run RUNNING; GetGraphRun follows
+        it, and its metrics are kept as ReportGraphMetrics would (GF-6). A run
+        whose reservations stop holding their cores (ended, released) is stopped:
+        FAILED, naming the reservation.
+        Idempotent by run_id. By default only the component library's kinds
+        without outside access run (no user code, interface or kv_lookup; the
+        broker's LIGHTPATH_CB_GRAPH_CODE=any allows them), and every file lies in
+        the broker's graph data directory: a dataset's or file component's
+        relative path is taken there, an absolute one must be inside it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetGraphRun(self, request, context):
+        """A run: RUNNING, SUCCEEDED with its metrics, FAILED naming the component,
+        or CANCELLED. An application sees its own runs, an operator all.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CancelGraphRun(self, request, context):
+        """Stop a running run: its worker processes are killed, the run ends
+        CANCELLED. A run that already ended is answered as it is.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CoreBrokerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -424,6 +473,21 @@ def add_CoreBrokerServicer_to_server(servicer, server):
                     servicer.GetGraphMetrics,
                     request_deserializer=lightpath_dot_v1_dot_core__broker__pb2.GetGraphMetricsRequest.FromString,
                     response_serializer=lightpath_dot_v1_dot_graph__pb2.GraphRunMetrics.SerializeToString,
+            ),
+            'RunGraph': grpc.unary_unary_rpc_method_handler(
+                    servicer.RunGraph,
+                    request_deserializer=lightpath_dot_v1_dot_core__broker__pb2.RunGraphRequest.FromString,
+                    response_serializer=lightpath_dot_v1_dot_core__broker__pb2.GraphRun.SerializeToString,
+            ),
+            'GetGraphRun': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetGraphRun,
+                    request_deserializer=lightpath_dot_v1_dot_core__broker__pb2.GetGraphRunRequest.FromString,
+                    response_serializer=lightpath_dot_v1_dot_core__broker__pb2.GraphRun.SerializeToString,
+            ),
+            'CancelGraphRun': grpc.unary_unary_rpc_method_handler(
+                    servicer.CancelGraphRun,
+                    request_deserializer=lightpath_dot_v1_dot_core__broker__pb2.CancelGraphRunRequest.FromString,
+                    response_serializer=lightpath_dot_v1_dot_core__broker__pb2.GraphRun.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -956,6 +1020,87 @@ class CoreBroker:
             '/lightpath.v1.CoreBroker/GetGraphMetrics',
             lightpath_dot_v1_dot_core__broker__pb2.GetGraphMetricsRequest.SerializeToString,
             lightpath_dot_v1_dot_graph__pb2.GraphRunMetrics.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RunGraph(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lightpath.v1.CoreBroker/RunGraph',
+            lightpath_dot_v1_dot_core__broker__pb2.RunGraphRequest.SerializeToString,
+            lightpath_dot_v1_dot_core__broker__pb2.GraphRun.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetGraphRun(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lightpath.v1.CoreBroker/GetGraphRun',
+            lightpath_dot_v1_dot_core__broker__pb2.GetGraphRunRequest.SerializeToString,
+            lightpath_dot_v1_dot_core__broker__pb2.GraphRun.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CancelGraphRun(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lightpath.v1.CoreBroker/CancelGraphRun',
+            lightpath_dot_v1_dot_core__broker__pb2.CancelGraphRunRequest.SerializeToString,
+            lightpath_dot_v1_dot_core__broker__pb2.GraphRun.FromString,
             options,
             channel_credentials,
             insecure,

@@ -126,6 +126,28 @@ class CoreBrokerStub:
     """The metrics of one run (default: the graph's latest), of every component
     or of the ones asked for, with the flows into and out of them (GF-6).
     """
+    RunGraph: _grpc.UnaryUnaryMultiCallable[_core_broker_pb2.RunGraphRequest, _core_broker_pb2.GraphRun]
+    """Run a reserved graph on the broker's host (GF-5): while every process of
+    the plan holds its reservation (ReserveGraph's "<id>.<set>.<instance>"),
+    one worker process per folded-set instance runs it, as the SDK's
+    run_graph does. Answers at once with the run RUNNING; GetGraphRun follows
+    it, and its metrics are kept as ReportGraphMetrics would (GF-6). A run
+    whose reservations stop holding their cores (ended, released) is stopped:
+    FAILED, naming the reservation.
+    Idempotent by run_id. By default only the component library's kinds
+    without outside access run (no user code, interface or kv_lookup; the
+    broker's LIGHTPATH_CB_GRAPH_CODE=any allows them), and every file lies in
+    the broker's graph data directory: a dataset's or file component's
+    relative path is taken there, an absolute one must be inside it.
+    """
+    GetGraphRun: _grpc.UnaryUnaryMultiCallable[_core_broker_pb2.GetGraphRunRequest, _core_broker_pb2.GraphRun]
+    """A run: RUNNING, SUCCEEDED with its metrics, FAILED naming the component,
+    or CANCELLED. An application sees its own runs, an operator all.
+    """
+    CancelGraphRun: _grpc.UnaryUnaryMultiCallable[_core_broker_pb2.CancelGraphRunRequest, _core_broker_pb2.GraphRun]
+    """Stop a running run: its worker processes are killed, the run ends
+    CANCELLED. A run that already ended is answered as it is.
+    """
 
 @_typing.type_check_only
 class CoreBrokerAsyncStub(CoreBrokerStub):
@@ -222,6 +244,28 @@ class CoreBrokerAsyncStub(CoreBrokerStub):
     GetGraphMetrics: _aio.UnaryUnaryMultiCallable[_core_broker_pb2.GetGraphMetricsRequest, _graph_pb2.GraphRunMetrics]  # type: ignore[assignment]
     """The metrics of one run (default: the graph's latest), of every component
     or of the ones asked for, with the flows into and out of them (GF-6).
+    """
+    RunGraph: _aio.UnaryUnaryMultiCallable[_core_broker_pb2.RunGraphRequest, _core_broker_pb2.GraphRun]  # type: ignore[assignment]
+    """Run a reserved graph on the broker's host (GF-5): while every process of
+    the plan holds its reservation (ReserveGraph's "<id>.<set>.<instance>"),
+    one worker process per folded-set instance runs it, as the SDK's
+    run_graph does. Answers at once with the run RUNNING; GetGraphRun follows
+    it, and its metrics are kept as ReportGraphMetrics would (GF-6). A run
+    whose reservations stop holding their cores (ended, released) is stopped:
+    FAILED, naming the reservation.
+    Idempotent by run_id. By default only the component library's kinds
+    without outside access run (no user code, interface or kv_lookup; the
+    broker's LIGHTPATH_CB_GRAPH_CODE=any allows them), and every file lies in
+    the broker's graph data directory: a dataset's or file component's
+    relative path is taken there, an absolute one must be inside it.
+    """
+    GetGraphRun: _aio.UnaryUnaryMultiCallable[_core_broker_pb2.GetGraphRunRequest, _core_broker_pb2.GraphRun]  # type: ignore[assignment]
+    """A run: RUNNING, SUCCEEDED with its metrics, FAILED naming the component,
+    or CANCELLED. An application sees its own runs, an operator all.
+    """
+    CancelGraphRun: _aio.UnaryUnaryMultiCallable[_core_broker_pb2.CancelGraphRunRequest, _core_broker_pb2.GraphRun]  # type: ignore[assignment]
+    """Stop a running run: its worker processes are killed, the run ends
+    CANCELLED. A run that already ended is answered as it is.
     """
 
 class CoreBrokerServicer(metaclass=_abc_1.ABCMeta):
@@ -430,6 +474,46 @@ class CoreBrokerServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_graph_pb2.GraphRunMetrics, _abc.Awaitable[_graph_pb2.GraphRunMetrics]]:
         """The metrics of one run (default: the graph's latest), of every component
         or of the ones asked for, with the flows into and out of them (GF-6).
+        """
+
+    @_abc_1.abstractmethod
+    def RunGraph(
+        self,
+        request: _core_broker_pb2.RunGraphRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_core_broker_pb2.GraphRun, _abc.Awaitable[_core_broker_pb2.GraphRun]]:
+        """Run a reserved graph on the broker's host (GF-5): while every process of
+        the plan holds its reservation (ReserveGraph's "<id>.<set>.<instance>"),
+        one worker process per folded-set instance runs it, as the SDK's
+        run_graph does. Answers at once with the run RUNNING; GetGraphRun follows
+        it, and its metrics are kept as ReportGraphMetrics would (GF-6). A run
+        whose reservations stop holding their cores (ended, released) is stopped:
+        FAILED, naming the reservation.
+        Idempotent by run_id. By default only the component library's kinds
+        without outside access run (no user code, interface or kv_lookup; the
+        broker's LIGHTPATH_CB_GRAPH_CODE=any allows them), and every file lies in
+        the broker's graph data directory: a dataset's or file component's
+        relative path is taken there, an absolute one must be inside it.
+        """
+
+    @_abc_1.abstractmethod
+    def GetGraphRun(
+        self,
+        request: _core_broker_pb2.GetGraphRunRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_core_broker_pb2.GraphRun, _abc.Awaitable[_core_broker_pb2.GraphRun]]:
+        """A run: RUNNING, SUCCEEDED with its metrics, FAILED naming the component,
+        or CANCELLED. An application sees its own runs, an operator all.
+        """
+
+    @_abc_1.abstractmethod
+    def CancelGraphRun(
+        self,
+        request: _core_broker_pb2.CancelGraphRunRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_core_broker_pb2.GraphRun, _abc.Awaitable[_core_broker_pb2.GraphRun]]:
+        """Stop a running run: its worker processes are killed, the run ends
+        CANCELLED. A run that already ended is answered as it is.
         """
 
 def add_CoreBrokerServicer_to_server(servicer: CoreBrokerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

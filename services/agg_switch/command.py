@@ -84,6 +84,9 @@ class CommandSpec:
     topology_version: int = 0
     ps_model: str = ""
     ps_learning_rate: float = 0.0
+    # The compute node the strategy chose when its leaf switch took the role
+    # (combine_at_switch); "" otherwise.
+    ta_combined_for: str = ""
 
     @property
     def reduction(self) -> Reduction:
@@ -133,6 +136,7 @@ class CommandSpec:
             topology_version=int(data["topology_version"]),
             ps_model=data.get("ps_model", ""),
             ps_learning_rate=float(data.get("ps_learning_rate", 0.0)),
+            ta_combined_for=data.get("ta_combined_for", ""),
         )
 
 
@@ -339,6 +343,19 @@ def choose_timeout_aggregator(
     return best.node, scored
 
 
+def combine_at_switch(topology: Topology, node: str) -> tuple[str, str]:
+    """(the node that combines, the compute node it combines for or "").
+
+    A compute node chosen as timeout aggregation node hands the role to its
+    leaf switch: the late data reaches that switch on its way to the node
+    anyway, and the switch's combine is the same preset-order code as the
+    SDK's (`TimeoutAggregator`), so the bits do not change. A client that does
+    not implement the combine then never has the role."""
+    if topology.is_compute(node):
+        return topology.leaf_switch(node), node
+    return node, ""
+
+
 # -- predicted stragglers (AG-9) -------------------------------------------------
 
 
@@ -401,6 +418,7 @@ class CommandRequest:
     ta_strategy: TaStrategy = TaStrategy.FIXED
     ta_node: str = ""
     ta_candidates: Sequence[str] = ()
+    ta_combine_at_switch: bool = False
     predicted: Sequence[str] = ()
     predict_top_k: int = 0
     predict_threshold_s: float = 0.0
@@ -522,6 +540,9 @@ def new_command(
         command_id=req.command_id,
         loads=loads,
     )
+    combined_for = ""
+    if req.ta_combine_at_switch:
+        ta, combined_for = combine_at_switch(topology, ta)
     deadline_s = req.deadline_s or DEFAULT_DEADLINE_S
     return CommandSpec(
         tree_id=topology.tree_id,
@@ -545,6 +566,7 @@ def new_command(
         topology_version=topology.version,
         ps_model=req.ps_model,
         ps_learning_rate=req.ps_learning_rate,
+        ta_combined_for=combined_for,
     )
 
 

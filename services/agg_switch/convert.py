@@ -173,6 +173,7 @@ def command_request(req: pb.StartCommandRequest) -> CommandRequest:
         ta_strategy=PB_TO_STRATEGY[req.timeout_aggregator.strategy],
         ta_node=req.timeout_aggregator.node,
         ta_candidates=list(req.timeout_aggregator.candidates),
+        ta_combine_at_switch=req.timeout_aggregator.combine_at_switch,
         predicted=list(req.predicted_timeout_nodes),
         predict_top_k=opts.top_k,
         predict_threshold_s=opts.threshold_s,
@@ -237,6 +238,7 @@ def command_to_pb(
         chunk_elems=spec.chunk_elems,
         chunks=spec.chunks,
         timeout_aggregator=spec.timeout_aggregator,
+        combined_for=spec.ta_combined_for,
         ta_strategy=STRATEGY_TO_PB[spec.ta_strategy],
         predicted_timeout_nodes=list(spec.predicted),
         topology_version=spec.topology_version,
@@ -254,6 +256,7 @@ def command_to_pb(
     if record is not None:
         _ts(out.finished_at, record.finished_at)
         out.failure = record.failure
+        out.failure_reason = record.failure_reason
         out.missing_nodes.extend(record.missing)
         timeouts: set[str] = set()
         pos = topology.position if topology else {}

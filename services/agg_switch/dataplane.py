@@ -34,12 +34,20 @@ import grpc
 from lightpath.aggregation import wire
 from lightpath.aggregation.maths import DType, Kind, Packet
 from lightpath.aggregation.shm import DISCARD_AFTER_S, Hello, ShmDomain, ShmError
-from lightpath.errors import DeadlineExceeded, FailedPrecondition, LightpathError
+from lightpath.errors import Aborted, FailedPrecondition, LightpathError
 from lightpath.v1 import agg_switch_pb2 as pb
 from services.agg_switch.command import CommandPlan, CommandState, plan_command
 from services.agg_switch.metrics import AggMetrics
 from services.agg_switch.store import AggStore
-from services.agg_switch.switch import CommandReport, Effects, Failure, SwitchCore, TimerKey
+from services.agg_switch.switch import (
+    ABORTED,
+    DEADLINE,
+    CommandReport,
+    Effects,
+    Failure,
+    SwitchCore,
+    TimerKey,
+)
 from services.agg_switch.topology import Topology
 from services.agg_switch.transport import Buffers
 
@@ -49,6 +57,21 @@ _END = object()
 OUTBOX_LINGER_S = 60.0
 RECENT_REPORTS = 64
 FAILURE_GATHER_S = 2.0
+
+
+def command_failed(command_id: str, failure: str, code: str) -> LightpathError:
+    """The error of a call about a command that failed: ABORTED with its reason code
+    when it failed before its deadline (AbortCommand, a chunk not corrected), else
+    FAILED_PRECONDITION."""
+    if code and code != DEADLINE:
+        return Aborted(
+            f"command {command_id} failed: {failure}",
+            reason=code,
+            metadata={"command_id": command_id},
+        )
+    return FailedPrecondition(
+        f"command {command_id}", f"failed: {failure}", reason="COMMAND_FAILED"
+    )
 
 
 class Outbox:
@@ -195,6 +218,8 @@ class _Loaded:
     state: CommandState = CommandState.RUNNING
     failure: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+    # How it failed (AggCommand.failure_reason): DEADLINE_EXCEEDED, ABORTED, ...
+    failure_code: str = ""
 
 
 class DataPlane:
@@ -230,6 +255,7 @@ class DataPlane:
         self._waiters: dict[int, asyncio.Future[None]] = {}
         self._channels: dict[str, Any] = {}
         self.recent: deque[tuple[str, CommandReport]] = deque(maxlen=RECENT_REPORTS)
+        self._aborts_after: str | None = None  # the last aborts-stream entry applied
         self.bytes_in = 0
         self.transport_counters: dict[str, int] = {
             "chunks_in_shm": 0,
@@ -284,7 +310,9 @@ class DataPlane:
         plan = plan_command(topo, spec)
         loop = asyncio.get_running_loop()
         deadline_loop = loop.time() + (spec.deadline_at - time.time())
-        loaded = _Loaded(plan, deadline_loop, record.state, record.failure)
+        loaded = _Loaded(
+            plan, deadline_loop, record.state, record.failure, failure_code=record.failure_reason
+        )
         if record.state is CommandState.RUNNING:
             if (
                 spec.ps_model
@@ -300,13 +328,14 @@ class DataPlane:
         return loaded
 
     def check_running(self, loaded: _Loaded) -> None:
+        """Raise what a call about a failed command gets: ABORTED (with the reason)
+        when it failed before its deadline, as its waiting nodes were told, else
+        FAILED_PRECONDITION."""
         cid = loaded.plan.spec.command_id
         ended = self.core.ended(cid)
         failure = loaded.failure or (ended or "")
         if loaded.state is CommandState.FAILED or ended:
-            raise FailedPrecondition(
-                f"command {cid}", f"failed: {failure}", reason="COMMAND_FAILED"
-            )
+            raise command_failed(cid, failure, loaded.failure_code)
 
     # -- packets -----------------------------------------------------------------
 
@@ -523,6 +552,7 @@ class DataPlane:
             loaded = self._commands.get(failure.command_id)
             if loaded is not None:
                 loaded.state, loaded.failure = CommandState.FAILED, failure.reason
+                loaded.failure_code = failure.code
                 self.runtime.spawn(self._failed(loaded, failure, now), f"fail {failure.command_id}")
         for report in eff.reports:
             loaded = self._commands.get(report.command_id)
@@ -555,18 +585,28 @@ class DataPlane:
             asyncio.get_running_loop().call_later(delay, self.buffers.drop, cid)
 
     async def _failed(self, loaded: _Loaded, failure: Failure, now: float) -> None:
-        """AG-11: record the failure, then tell this switch's waiting compute nodes
-        who never arrived. Every switch fails at the same deadline and names its own
-        missing children in Redis; a switch that knows of none (its own children
-        all came) waits up to FAILURE_GATHER_S for another to name them."""
+        """AG-11: record the failure, then tell this switch's waiting compute nodes.
+
+        At the deadline every switch fails at once and names its own missing
+        children in Redis; a switch that knows of none (its own children all
+        came) waits up to FAILURE_GATHER_S for another to name them. A failure
+        before the deadline (`spread`) is written together with an entry on the
+        tree's aborts stream, which every other switch follows (`follow_aborts`)."""
         spec = loaded.plan.spec
         missing = set(failure.missing)
         try:
             await self.store.finish_command(
-                spec, CommandState.FAILED, now, failure.reason, failure.missing
+                spec,
+                CommandState.FAILED,
+                now,
+                failure.reason,
+                failure.missing,
+                failure_reason=failure.code,
+                spread=failure.spread,
+                origin=self.switch_id,
             )
             loop = asyncio.get_running_loop()
-            until = loop.time() + FAILURE_GATHER_S
+            until = loop.time() + (FAILURE_GATHER_S if failure.code == DEADLINE else 0.0)
             while True:  # until some switch named who is missing (this one may not know)
                 record = await self.store.command(spec.tree_id, spec.command_id)
                 if record is not None:
@@ -575,13 +615,60 @@ class DataPlane:
                     break
                 await asyncio.sleep(0.05)
         finally:
-            error = DeadlineExceeded(
-                f"command {spec.command_id} failed: {failure.reason}"
-                + (f" (missing: {', '.join(sorted(missing))})" if missing else "")
-            )
+            error = failure.error(missing)
             sp = loaded.plan.switch(self.switch_id)
             for node in sp.compute_members if sp else ():
                 self.outbox(spec.command_id, node).fail(error)
+
+    # -- failing a command across the tree ---------------------------------------------
+
+    def refused(self, pkt: Packet, hop_from: str, why: str, grace_s: float) -> None:
+        """This switch refused `pkt` of compute node `hop_from`: when the node owes
+        that chunk it has `grace_s` to send it again before the command fails."""
+        loaded = self._commands.get(pkt.command_id)
+        if loaded is None:
+            return
+        eff = self.core.refused(pkt, hop_from, why, asyncio.get_running_loop().time(), grace_s)
+        self._apply(loaded.plan, eff)
+
+    async def abort(self, command_id: str, reason: str, code: str) -> None:
+        """Fail `command_id` here now, as another switch (or AbortCommand) did."""
+        pending = self._loading.get(command_id)
+        if pending is not None:
+            # Loaded while the abort was written: let the load admit it, then fail it.
+            with contextlib.suppress(Exception):
+                await pending
+        loaded = self._commands.get(command_id)
+        if loaded is not None and loaded.state is CommandState.RUNNING:
+            loaded.state, loaded.failure = CommandState.FAILED, reason
+            loaded.failure_code = code
+        eff = self.core.abort(command_id, reason, asyncio.get_running_loop().time(), code=code)
+        for failure in eff.failures:
+            failure.spread = False  # heard from the stream: it is written already
+        if loaded is not None:
+            self._apply(loaded.plan, eff)
+
+    async def follow_aborts(self, block_ms: int = 1000) -> None:
+        """Apply every failure another switch spread (supervised; restarts resume
+        from the last entry read, so none is missed across a Redis blip)."""
+        if self._aborts_after is None:
+            self._aborts_after = await self.store.aborts_tail(self.tree_id)
+        while True:
+            got = await self.store.read_aborts(self.tree_id, self._aborts_after, block_ms)
+            for entry_id, fields in got:
+                self._aborts_after = entry_id
+                log.info(
+                    "command %s failed across the tree (from %s): %s",
+                    fields.get("command", ""),
+                    fields.get("origin", ""),
+                    fields.get("reason", ""),
+                    extra={"command_id": fields.get("command", ""), "event": "aborted"},
+                )
+                await self.abort(
+                    fields.get("command", ""),
+                    fields.get("reason", ""),
+                    fields.get("code", ABORTED),
+                )
 
     async def _completed(self, command_id: str) -> None:
         loaded = self._commands.get(command_id)

@@ -18,7 +18,9 @@ per-resource checks, all made before anything is written):
     `lightpath-from` metadata) and reports only its own load;
   * a tenant starts commands only for itself (the `tenant` field, filled from
     the credential when empty) and sees only its own commands and their
-    history (another tenant's command is NOT_FOUND to it); operators see all.
+    history (another tenant's command is NOT_FOUND to it); operators see all;
+  * AbortCommand: the command's tenant, an operator, or a compute node that
+    takes part in it (anyone else: NOT_FOUND, as for a command it cannot see).
 """
 
 from __future__ import annotations
@@ -54,15 +56,17 @@ from services.agg_switch.command import (
     CommandState,
     TaStrategy,
     choose_timeout_aggregator,
+    combine_at_switch,
     new_command,
     participation_bitmaps,
     predict_stragglers,
     worst_lateness,
 )
-from services.agg_switch.dataplane import DataPlane
+from services.agg_switch.dataplane import DataPlane, command_failed
 from services.agg_switch.metrics import AggMetrics
 from services.agg_switch.settings import AggSwitchSettings
 from services.agg_switch.store import AggStore, report_json
+from services.agg_switch.switch import ABORTED
 from services.agg_switch.topology import Topology, validate_topology
 from services.common import paging, redis_store
 from services.common.auth import caller, require_service_scope, require_tenant_field, tenant_scope
@@ -82,6 +86,7 @@ def annotate(**attributes: str | int) -> None:
 MAX_PAGE = paging.MAX_PAGE
 CONTRIBUTE_KINDS = {Kind.CONTRIBUTION, Kind.LATE, Kind.FINAL}
 MAX_JOINS = 256
+MAX_REASON = 500
 
 
 def _mismatch(principal: Principal, field: str, value: str) -> PermissionDenied:
@@ -278,6 +283,53 @@ class AggSwitchServicer(agg_switch_pb2_grpc.AggSwitchServicer):
         record = await self._visible(tree, request.command_id)
         return convert.command_to_pb(record.spec, await self._store.topology(tree), record)
 
+    async def AbortCommand(self, request: pb.AbortCommandRequest, context) -> pb.AggCommand:
+        """Fail a running command across the tree now (see the proto). Its tenant, an
+        operator or one of its participants may; anyone else gets NOT_FOUND, as for
+        a command it may not see."""
+        tree = self._tree(request.tree_id)
+        bad = []
+        if not is_valid_id(request.command_id):
+            bad.append(FieldViolation("command_id", ID_RULE))
+        reason = request.reason.strip()
+        if not reason or len(reason) > MAX_REASON or not reason.isprintable():
+            bad.append(
+                FieldViolation("reason", f"must say why, in 1..{MAX_REASON} printable characters")
+            )
+        if bad:
+            raise InvalidArgument.of(bad)
+        annotate(tree=tree, command_id=request.command_id)
+        record = await self._visible(tree, request.command_id)
+        if record.state is CommandState.COMPLETED:
+            raise FailedPrecondition(
+                f"command {request.command_id}",
+                "completed already; there is nothing to abort",
+                reason="COMMAND_COMPLETED",
+            )
+        if record.state is CommandState.RUNNING:
+            principal = caller()
+            text = f"aborted by {principal or 'an unauthenticated caller'}: {reason}"
+            moved = await self._store.finish_command(
+                record.spec,
+                CommandState.FAILED,
+                time.time(),
+                text,
+                failure_reason=ABORTED,
+                spread=True,
+                origin=self._settings.switch_id,
+            )
+            if moved:
+                self._rt.log.info(
+                    "command %s %s",
+                    request.command_id,
+                    text,
+                    extra={"command_id": request.command_id, "tree": tree, "event": "aborted"},
+                )
+                if tree == self._settings.tree_id:
+                    await self._plane.abort(request.command_id, text, ABORTED)
+            record = await self._store.require_command(tree, request.command_id)
+        return convert.command_to_pb(record.spec, await self._store.topology(tree), record)
+
     async def ListCommands(
         self, request: pb.ListCommandsRequest, context
     ) -> pb.ListCommandsResponse:
@@ -315,8 +367,12 @@ class AggSwitchServicer(agg_switch_pb2_grpc.AggSwitchServicer):
             command_id=request.command_id,
             loads=await self._store.loads(tree),
         )
+        combined_for = ""
+        if sel.combine_at_switch:
+            node, combined_for = combine_at_switch(topo, node)
         return pb.TimeoutAggregatorChoice(
             node=node,
+            combined_for=combined_for,
             strategy=convert.STRATEGY_TO_PB[strategy],
             candidates=[
                 pb.TimeoutAggregatorCandidate(
@@ -502,9 +558,7 @@ class AggSwitchServicer(agg_switch_pb2_grpc.AggSwitchServicer):
                 reason="NOT_A_PARTICIPANT",
             )
         if failure is not None:
-            raise FailedPrecondition(
-                f"command {spec.command_id}", f"failed: {failure}", reason="COMMAND_FAILED"
-            )
+            raise command_failed(spec.command_id, *failure)
         leaf = topo.leaf_switch(request.node_id)
         address = topo.by_id[leaf].endpoint or join.endpoints.get(leaf, "")
         if not address:
@@ -521,8 +575,8 @@ class AggSwitchServicer(agg_switch_pb2_grpc.AggSwitchServicer):
             root_switch=topo.root,
         )
 
-    async def _join(self, tree: str, command_id: str) -> tuple[_Join, str | None]:
-        """What JoinCommand answers from, and the failure if the command failed.
+    async def _join(self, tree: str, command_id: str) -> tuple[_Join, tuple[str, str] | None]:
+        """What JoinCommand answers from, and (failure, reason code) if the command failed.
 
         Every participant asks about a command at once, so a running command of
         this switch's tree is read from Redis once and kept until its deadline: a
@@ -554,7 +608,8 @@ class AggSwitchServicer(agg_switch_pb2_grpc.AggSwitchServicer):
             self._joins[key] = join
             while len(self._joins) > MAX_JOINS:
                 self._joins.popitem(last=False)
-        return join, record.failure if record.state is CommandState.FAILED else None
+        failed = record.state is CommandState.FAILED
+        return join, (record.failure, record.failure_reason) if failed else None
 
     async def Contribute(  # type: ignore[override]
         self, request_iterator: AsyncIterator[bytes], context
@@ -626,31 +681,46 @@ class AggSwitchServicer(agg_switch_pb2_grpc.AggSwitchServicer):
             kind = None  # type: ignore[assignment]
         if kind not in CONTRIBUTE_KINDS:
             raise InvalidArgument("kind", "a compute node sends CONTRIBUTION, LATE or FINAL")
-        if header.dtype != wire.DTYPE_TO_PB[spec.dtype]:
-            raise InvalidArgument(
-                "dtype", f"must be {spec.dtype}, the dtype of command {spec.command_id}"
-            )
-        if header.fixed_point:
-            raise InvalidArgument("fixed_point", "compute nodes send plain elements")
         if header.index >= spec.chunks:
             raise InvalidArgument("index", f"must be within 0..{spec.chunks - 1}")
         want = spec.chunk_len(header.index) * spec.reduction.itemsize
-        if data is None or header.empty or len(data) != want:
-            raise InvalidArgument(
+        bad: InvalidArgument | None = None
+        if header.dtype != wire.DTYPE_TO_PB[spec.dtype]:
+            bad = InvalidArgument(
+                "dtype", f"must be {spec.dtype}, the dtype of command {spec.command_id}"
+            )
+        elif header.fixed_point:
+            bad = InvalidArgument("fixed_point", "compute nodes send plain elements")
+        elif data is None or header.empty or len(data) != want:
+            bad = InvalidArgument(
                 "shm" if by_ref else "data",
                 f"chunk {header.index} must hold {spec.chunk_len(header.index)} "
                 f"{spec.dtype} elements ({want} bytes); got {0 if data is None else len(data)} bytes",
             )
+        if bad is not None:
+            plane.refused(
+                wire.to_packet(header, None, raw),
+                node,
+                bad.message,
+                self._settings.correction_grace_s,
+            )
+            raise bad
         pkt = wire.to_packet(header, data, raw)
-        if kind is not Kind.FINAL:
-            assert pkt.data is not None
-            if rule := spec.reduction.check_input(pkt.data):
-                raise InvalidArgument("data", rule, reason="OUT_OF_EXACT_RANGE")
-        if plane.core.ended(spec.command_id) != "":
-            plane.check_running(loaded)
-        plane.bytes_in += want
-        plane.transport_counters["chunks_in_shm" if by_ref else "chunks_in_bytes"] += 1
-        eff = await plane.deliver(pkt, node)
+        try:
+            if kind is not Kind.FINAL:
+                assert pkt.data is not None
+                if rule := spec.reduction.check_input(pkt.data):
+                    raise InvalidArgument("data", rule, reason="OUT_OF_EXACT_RANGE")
+            if plane.core.ended(spec.command_id) != "":
+                plane.check_running(loaded)
+            plane.bytes_in += want
+            plane.transport_counters["chunks_in_shm" if by_ref else "chunks_in_bytes"] += 1
+            eff = await plane.deliver(pkt, node)
+        except InvalidArgument as exc:
+            # The node may send it again corrected; if it owes the chunk and does not
+            # within the grace, the command fails across the tree.
+            plane.refused(pkt, node, exc.message, self._settings.correction_grace_s)
+            raise
         return seen, eff.duplicate
 
     async def Results(  # type: ignore[override]
@@ -809,5 +879,8 @@ async def build(
         lambda: plane.janitor(min(5.0, settings.shm_idle_s)), "outbox janitor", needed=False
     )
     runtime.supervise(plane.publish_load, "publish load", needed=False)
+    # Needed: without it this switch would keep a command another switch failed
+    # until the deadline, and its nodes would wait that long.
+    runtime.supervise(plane.follow_aborts, "follow aborts")
     servicer = AggSwitchServicer(runtime, store, plane)
     return [ServiceDefinition(SERVICE_NAME, servicer, _register)]

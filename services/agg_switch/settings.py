@@ -99,3 +99,10 @@ class AggSwitchSettings(CommonSettings):
         "seconds a free shared-memory buffer stays pooled before it is unlinked",
         parse=_parse_idle_s,
     )
+    correction_grace_s: float = setting(
+        "LIGHTPATH_AGG_CORRECTION_GRACE_S",
+        5.0,
+        "seconds a node has to send a refused chunk again correctly before the command "
+        "fails across the tree (a FINAL to a wrong destination, a chunk of the wrong size)",
+        parse=_parse_idle_s,
+    )

@@ -7,6 +7,9 @@ scripts below may touch them together.
     cmd:<id>            hash  spec, digest, state, created_at, finished_at, failure
     cmd:<id>:holds      hash  switch → slot-hold report (JSON)   (AG-13)
     cmd:<id>:missing    set   nodes that never arrived (FAILED)
+    aborts              stream command, reason, code, origin: failures every
+                        switch of the tree applies at once (AbortCommand, a
+                        refused chunk not corrected), not at the deadline
     commands            zset  id by creation time (listing)
     running             zset  id by deadline (no topology change while > 0)
     lateness:<id>       hash  compute node → seconds late at its switch (AG-9)
@@ -66,21 +69,27 @@ return {'created'}
 """
 
 _FINISH = """
--- KEYS: cmd, running, model lock, missing
--- ARGV: id, state, now, failure, ttl s, missing...
+-- KEYS: cmd, running, model lock, missing, aborts stream
+-- ARGV: id, state, now, failure, ttl s, failure reason, spread ("1": tell every
+--       switch through the aborts stream), origin, missing...
 local state = redis.call('HGET', KEYS[1], 'state')
 if not state then return 0 end
 local moved = 0
 if state == 'running' then
-  redis.call('HSET', KEYS[1], 'state', ARGV[2], 'finished_at', ARGV[3], 'failure', ARGV[4])
+  redis.call('HSET', KEYS[1], 'state', ARGV[2], 'finished_at', ARGV[3], 'failure', ARGV[4],
+             'failure_reason', ARGV[6])
   redis.call('ZREM', KEYS[2], ARGV[1])
   if redis.call('GET', KEYS[3]) == ARGV[1] then redis.call('DEL', KEYS[3]) end
   redis.call('EXPIRE', KEYS[1], ARGV[5])
   state = ARGV[2]
   moved = 1
+  if ARGV[7] == '1' then
+    redis.call('XADD', KEYS[5], 'MAXLEN', '~', '1000', '*', 'command', ARGV[1],
+               'reason', ARGV[4], 'code', ARGV[6], 'origin', ARGV[8])
+  end
 end
-if state == 'failed' and #ARGV > 5 then
-  for i = 6, #ARGV do redis.call('SADD', KEYS[4], ARGV[i]) end
+if state == 'failed' and #ARGV > 8 then
+  for i = 9, #ARGV do redis.call('SADD', KEYS[4], ARGV[i]) end
   redis.call('EXPIRE', KEYS[4], ARGV[5])
 end
 return moved
@@ -106,6 +115,8 @@ class CommandRecord:
     finished_at: float = 0.0
     failure: str = ""
     missing: list[str] = field(default_factory=list)
+    # How it failed: DEADLINE_EXCEEDED, ABORTED, CHUNK_NOT_CORRECTED.
+    failure_reason: str = ""
     holds: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
@@ -251,6 +262,7 @@ class AggStore:
             digest=data.get("digest", ""),
             finished_at=float(data.get("finished_at") or 0.0),
             failure=data.get("failure", ""),
+            failure_reason=data.get("failure_reason", ""),
             missing=sorted(missing),
             holds={k: json.loads(v) for k, v in holds.items()},
         )
@@ -262,8 +274,11 @@ class AggStore:
         spec = record.spec
         if record.state is CommandState.RUNNING and now > spec.deadline_at + STALE_GRACE_S:
             reason = "the deadline passed and no switch reported the command"
-            await self.finish_command(spec, CommandState.FAILED, now, reason)
+            await self.finish_command(
+                spec, CommandState.FAILED, now, reason, failure_reason="DEADLINE_EXCEEDED"
+            )
             record.state, record.failure, record.finished_at = CommandState.FAILED, reason, now
+            record.failure_reason = "DEADLINE_EXCEEDED"
         return record
 
     async def require_command(self, tree_id: str, command_id: str) -> CommandRecord:
@@ -325,8 +340,14 @@ class AggStore:
         now: float,
         failure: str = "",
         missing: Sequence[str] = (),
+        *,
+        failure_reason: str = "",
+        spread: bool = False,
+        origin: str = "",
     ) -> bool:
-        """RUNNING → COMPLETED / FAILED, once (compare-and-set); frees the model lock."""
+        """RUNNING → COMPLETED / FAILED, once (compare-and-set); frees the model lock.
+        `spread`: the failure also goes on the tree's aborts stream, in the same
+        step, so every switch applies it now (`follow_aborts`)."""
         t = spec.tree_id
         moved = await self._finish(
             keys=[
@@ -334,10 +355,37 @@ class AggStore:
                 tree_key(t, "running"),
                 tree_key(t, "model", spec.ps_model or "-", "lock"),
                 self._cmd(t, spec.command_id, "missing"),
+                self.aborts_key(t),
             ],
-            args=[spec.command_id, state.value, now, failure, FINISHED_TTL_S, *missing],
+            args=[
+                spec.command_id,
+                state.value,
+                now,
+                failure,
+                FINISHED_TTL_S,
+                failure_reason,
+                "1" if spread else "0",
+                origin,
+                *missing,
+            ],
         )
         return bool(moved)
+
+    @staticmethod
+    def aborts_key(tree_id: str) -> str:
+        return tree_key(tree_id, "aborts")
+
+    async def aborts_tail(self, tree_id: str) -> str:
+        """The id of the last entry of the tree's aborts stream ("0-0": none)."""
+        last = await self.r.xrevrange(self.aborts_key(tree_id), count=1)
+        return last[0][0] if last else "0-0"
+
+    async def read_aborts(
+        self, tree_id: str, after: str, block_ms: int
+    ) -> list[tuple[str, dict[str, str]]]:
+        """Failures spread after `after`: (entry id, {command, reason, code, origin})."""
+        got = await self.r.xread({self.aborts_key(tree_id): after}, block=block_ms, count=100)
+        return [(entry_id, fields) for _, entries in got for entry_id, fields in entries]
 
     async def add_report(self, spec: CommandSpec, report: CommandReport, now: float) -> None:
         """One switch's slot holds (AG-13) and its compute nodes' lateness (AG-9)."""

@@ -24,6 +24,12 @@ Per command and chunk (AG-14: a slot per chunk):
   data passing through is forwarded, never aggregated (AG-5).
 * The deadline fails the command here: slots freed, entries dropped,
   waiting arrivals refused, nothing left (AG-11).
+* A failure before the deadline does the same (`abort`): AbortCommand, or a
+  chunk this switch refused that its node owes and did not send again
+  correctly within the correction grace (`refused` arms that timer; the
+  chunk accepted disarms it). Such a failure is marked `spread`: the data
+  plane tells every other switch of the tree, so nothing waits for the
+  deadline.
 
 Where partials are computed is injected (`alloc`: the data plane hands out
 shared-memory buffers per command and chunk so they can travel by reference);
@@ -33,7 +39,7 @@ the arithmetic and its bits do not depend on it.
 from __future__ import annotations
 
 from collections import OrderedDict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -48,10 +54,22 @@ from lightpath.aggregation.maths import (
     TimeoutAggregator,
     chunk_bounds,
 )
-from lightpath.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument, NotFound
+from lightpath.errors import (
+    Aborted,
+    DeadlineExceeded,
+    FailedPrecondition,
+    InvalidArgument,
+    LightpathError,
+    NotFound,
+)
 from services.agg_switch.command import CommandPlan, CommandSpec, SlotPolicy, SwitchPlan
 
-TimerKey = tuple[str, str, int]  # ("chunk", command, index) or ("deadline", command, -1)
+# ("chunk", command, index), ("deadline", command, -1) or ("correct", command, n): n
+# numbers a (node, chunk) pair, node position × chunks + chunk.
+TimerKey = tuple[str, str, int]
+DEADLINE = "DEADLINE_EXCEEDED"
+ABORTED = "ABORTED"
+NOT_CORRECTED = "CHUNK_NOT_CORRECTED"
 # (command, chunk, elements, dtype) → a new array for a partial of that chunk.
 CommandAlloc = Callable[[str, int, int, np.dtype], np.ndarray]
 
@@ -82,6 +100,20 @@ class Failure:
     command_id: str
     reason: str
     missing: list[str]
+    # DEADLINE_EXCEEDED, ABORTED or CHUNK_NOT_CORRECTED (AggCommand.failure_reason).
+    code: str = DEADLINE
+    # Every other switch must hear of it now (it did not fail at the shared deadline).
+    spread: bool = False
+
+    def error(self, missing: Iterable[str] = ()) -> LightpathError:
+        """What every node waiting on the command is told."""
+        names = sorted({*self.missing, *missing})
+        message = f"command {self.command_id} failed: {self.reason}" + (
+            f" (missing: {', '.join(names)})" if names else ""
+        )
+        if self.code == DEADLINE:
+            return DeadlineExceeded(message)
+        return Aborted(message, reason=self.code, metadata={"command_id": self.command_id})
 
 
 @dataclass
@@ -215,6 +247,10 @@ class _Command:
         self.arrival0: dict[str, float] = {}
         self.report = CommandReport(cplan.spec.command_id, cplan.spec.tenant, switch_id)
         self.released = 0
+        # FINAL chunks of a compute-node timeout aggregation node taken here.
+        self.finals_in = bytearray(n)
+        # Refused chunks a node still owes: timer number → (node, chunk, why refused).
+        self.corrections: dict[int, tuple[str, int, str]] = {}
 
     @property
     def chunks(self) -> int:
@@ -345,6 +381,66 @@ class SwitchCore:
             raise InvalidArgument("kind", "must be a known AggChunkKind")
         return eff
 
+    # -- failing before the deadline ---------------------------------------------
+
+    def _correction_key(self, cmd: _Command, node: str, chunk: int) -> int:
+        return cmd.cplan.position[node] * cmd.chunks + chunk
+
+    def refused(self, pkt: Packet, hop_from: str, why: str, now: float, grace_s: float) -> Effects:
+        """This switch refused `pkt` from compute node `hop_from` (`why`). When the
+        node still owes that chunk — its data not yet taken, or, as the command's
+        timeout aggregation node, its FINAL — nothing can complete without it, so a
+        timer gives the node `grace_s` to send it again correctly (on a new stream)
+        before the command fails across the tree. A chunk the node does not owe (a
+        repeat, a FINAL from a node that is not the timeout aggregation node) only
+        gets its refusal."""
+        eff = Effects()
+        cmd = self._commands.get(pkt.command_id)
+        plan = cmd.plan if cmd is not None else None
+        if (
+            cmd is None
+            or plan is None
+            or hop_from not in plan.compute_members
+            or pkt.source != hop_from
+            or not 0 <= pkt.chunk < cmd.chunks
+        ):
+            return eff
+        if pkt.kind is Kind.FINAL:
+            owed = hop_from == cmd.spec.timeout_aggregator and not cmd.finals_in[pkt.chunk]
+        elif pkt.kind in (Kind.CONTRIBUTION, Kind.LATE):
+            owed = not cmd.received[hop_from][pkt.chunk]
+        else:
+            owed = False
+        if not owed:
+            return eff
+        key = self._correction_key(cmd, hop_from, pkt.chunk)
+        if key not in cmd.corrections:
+            cmd.corrections[key] = (hop_from, pkt.chunk, why)
+            eff.timers.append((("correct", cmd.spec.command_id, key), now + grace_s))
+            eff.events.append(Event("refused_owed", cmd.spec.command_id, pkt.chunk, hop_from, why))
+        return eff
+
+    def _corrected(self, cmd: _Command, node: str, chunk: int, eff: Effects) -> None:
+        if not cmd.corrections:
+            return
+        key = self._correction_key(cmd, node, chunk)
+        if cmd.corrections.pop(key, None) is not None:
+            eff.cancels.append(("correct", cmd.spec.command_id, key))
+            eff.events.append(Event("corrected", cmd.spec.command_id, chunk, node))
+
+    def abort(self, command_id: str, reason: str, now: float, *, code: str = ABORTED) -> Effects:
+        """Fail the command here now (AbortCommand, or another switch's failure heard
+        through the tree's aborts stream). A command this switch has not seen yet is
+        remembered as failed, so its packets are refused from now on."""
+        eff = Effects()
+        cmd = self._commands.get(command_id)
+        if cmd is None:
+            if command_id not in self._ended:
+                self._forget(command_id, reason)
+            return eff
+        self._fail(cmd, reason, now, eff, code=code)
+        return eff
+
     def _member(self, cmd: _Command, child: str, what: str) -> SwitchPlan:
         plan = cmd.plan
         if plan is None or child not in plan.members:
@@ -367,6 +463,7 @@ class SwitchCore:
         seen[chunk] = 1
         if chunk == 0:
             cmd.arrival0.setdefault(child, now)
+        self._corrected(cmd, child, chunk, eff)
         return True
 
     def _contribution(
@@ -455,6 +552,9 @@ class SwitchCore:
         topo = cmd.cplan.topology
         if pkt.kind is Kind.FINAL:
             pkt = self._check_final(cmd, pkt, hop_from)
+            if topo.is_compute(hop_from):
+                cmd.finals_in[pkt.chunk] = 1
+                self._corrected(cmd, hop_from, pkt.chunk, eff)
         if pkt.destination != self.switch_id:
             hop = topo.next_hop(self.switch_id, pkt.destination)
             eff.sends.append((hop, pkt))
@@ -822,6 +922,21 @@ class SwitchCore:
                 return eff
             self._fail(cmd, "the deadline passed before every contribution arrived", now, eff)
             return eff
+        if what == "correct":
+            owed = cmd.corrections.pop(chunk, None)
+            if owed is not None:
+                node, index, why = owed
+                self._fail(
+                    cmd,
+                    f"node {node} did not send chunk {index} again correctly after it was "
+                    f"refused ({why})",
+                    now,
+                    eff,
+                    code=NOT_CORRECTED,
+                    spread=True,
+                    blame=(node,),
+                )
+            return eff
         slot = cmd.slots.get(chunk)
         if slot is None:
             return eff  # completed before the timer fired
@@ -835,8 +950,19 @@ class SwitchCore:
         self._complete(cmd, chunk, missing, now, eff)
         return eff
 
-    def _fail(self, cmd: _Command, reason: str, now: float, eff: Effects) -> None:
-        """AG-11: free every slot, drop every bypass entry and waiting arrival."""
+    def _fail(
+        self,
+        cmd: _Command,
+        reason: str,
+        now: float,
+        eff: Effects,
+        *,
+        code: str = DEADLINE,
+        spread: bool = False,
+        blame: Iterable[str] = (),
+    ) -> None:
+        """AG-11: free every slot, drop every bypass entry and waiting arrival.
+        `blame`: the nodes the failure is down to, named as missing whatever else."""
         cid = cmd.spec.command_id
         missing: set[str] = set()
         plan = cmd.plan
@@ -854,7 +980,9 @@ class SwitchCore:
                 missing.update(cmd.ta.outstanding(chunk))
         if plan is not None:
             missing.update(c for c in plan.compute_members if not all(cmd.received[c]))
-        error = DeadlineExceeded(f"command {cid} failed: {reason}")
+        missing.update(blame)
+        failure = Failure(cid, reason, sorted(missing), code, spread)
+        error = failure.error()
         keep: deque[_Parked] = deque()
         for p in self._parked:
             if p.packet.command_id == cid:
@@ -864,7 +992,10 @@ class SwitchCore:
         self._parked = keep
         cmd.report.failed = reason
         eff.events.append(Event("failed", cid, detail=reason))
-        eff.failures.append(Failure(cid, reason, sorted(missing)))
+        for key in cmd.corrections:
+            eff.cancels.append(("correct", cid, key))
+        cmd.corrections.clear()
+        eff.failures.append(failure)
         eff.reports.append(cmd.report)
         self._forget(cid, reason)
         self._serve_parked(now, eff)

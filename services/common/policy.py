@@ -141,6 +141,9 @@ _BROKER = {
     "ReserveGraph": write(APPLICATION),
     "ReportGraphMetrics": write(APPLICATION),
     "GetGraphMetrics": read(APPLICATION, OPERATOR, CONSOLE),
+    "RunGraph": write(APPLICATION),
+    "GetGraphRun": read(APPLICATION, OPERATOR),
+    "CancelGraphRun": write(APPLICATION, OPERATOR),
 }
 
 _AGG = {
@@ -149,6 +152,7 @@ _AGG = {
     "GetTopology": read(OPERATOR, TENANT, NODE, AGG, CONSOLE),
     "StartCommand": write(OPERATOR, TENANT),
     "GetCommand": read(OPERATOR, TENANT, NODE, CONSOLE),
+    "AbortCommand": write(OPERATOR, TENANT, NODE),
     "ListCommands": read(OPERATOR, TENANT, CONSOLE),
     "ChooseTimeoutAggregator": read(OPERATOR, TENANT),
     "PredictStragglers": read(OPERATOR, TENANT),

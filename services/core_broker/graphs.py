@@ -221,6 +221,11 @@ class GraphMetricsStore:
             )
         return int(detail)
 
+    async def owner(self, graph_id: str) -> str | None:
+        """The application whose runs of `graph_id` the broker keeps (None: nobody's yet)."""
+        owner: Any = await self._redis.get(self._key(graph_id, "owner"))
+        return None if owner is None else str(owner)
+
     async def get(self, graph_id: str, run_id: str = "") -> tuple[str, graph_pb2.GraphRunMetrics]:
         """(application, metrics) of a run, the latest if `run_id` is empty; NotFound otherwise."""
         if not run_id:

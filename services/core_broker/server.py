@@ -11,6 +11,7 @@ can reserve through it too.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import AsyncIterator
 from typing import Any
@@ -28,7 +29,7 @@ from lightpath.graph.fold import plan_to_proto
 from lightpath.v1 import common_pb2, core_broker_pb2, core_broker_pb2_grpc, graph_pb2
 from services.common import paging, validate
 from services.common.auth import caller
-from services.common.keys import is_valid_id, require_id
+from services.common.keys import ID_RULE, is_valid_id, require_id
 from services.common.server import Runtime, ServiceDefinition
 from services.core_broker.auth import (
     Authenticator,
@@ -48,6 +49,19 @@ from services.core_broker.convert import (
     reservation_out,
     stored_request,
     timestamp,
+)
+from services.core_broker.graph_runs import (
+    GraphRunner,
+    GraphRunStore,
+    RunnerConfig,
+    RunRecord,
+    confine,
+    holds_now,
+    new_record,
+    process_reservation_ids,
+    run_out,
+    same_request,
+    settle,
 )
 from services.core_broker.graphs import (
     GRAPH_ID,
@@ -89,12 +103,14 @@ class CoreBrokerServicer(core_broker_pb2_grpc.CoreBrokerServicer):
         broker: Broker,
         auth: Authenticator,
         graph_metrics: GraphMetricsStore,
+        graph_runs: GraphRunner | None = None,
     ):
         self._rt = runtime
         self._store = store
         self._broker = broker
         self._auth = auth
         self._graph_metrics = graph_metrics
+        self._runs = graph_runs
 
     async def _who(self, context) -> Principal:
         """The broker's principal of the caller the Guard admitted (an application
@@ -529,6 +545,128 @@ class CoreBrokerServicer(core_broker_pb2_grpc.CoreBrokerServicer):
         _annotate(graph_id=request.graph_id, run_id=metrics.run_id)
         return only_components(metrics, request.components)
 
+    # -- graph runs (GF-5, GF-6) ---------------------------------------------------------
+
+    def _runner(self) -> GraphRunner:
+        if self._runs is None:  # pragma: no cover - build always makes one
+            raise FailedPrecondition("this broker", "runs no graphs", reason="NO_GRAPH_RUNNER")
+        return self._runs
+
+    async def RunGraph(self, request: pb.RunGraphRequest, context) -> pb.GraphRun:
+        principal = await self._who(context)
+        app = require_application(principal)
+        runner = self._runner()
+        bad: list[FieldViolation] = []
+        if not is_valid_id(request.run_id):
+            bad.append(FieldViolation("run_id", ID_RULE))
+        if not request.reservation_id:
+            bad.append(
+                FieldViolation(
+                    "reservation_id", "is required: the ReserveGraph reservation the run uses"
+                )
+            )
+        elif not is_valid_id(request.reservation_id):
+            bad.append(FieldViolation("reservation_id", ID_RULE))
+        if bad:
+            raise InvalidArgument.of(bad)
+        _annotate(run_id=request.run_id)
+        existing = await runner.store.get(request.run_id)
+        if existing is not None:
+            same_request(existing, request, app)
+            return await self._run_out(existing)
+        spec = confine(request.graph, runner.config.data_dir, any_code=runner.config.any_code)
+        plan = plan_graph(spec, unfolded=request.unfolded)
+        owner = await self._graph_metrics.owner(plan.graph_id)
+        if owner is not None and owner != app:
+            raise PermissionDenied(
+                f'graph "{plan.graph_id}" belongs to application "{owner}"; choose another '
+                "graph_id",
+                reason="GRAPH_OF_ANOTHER_APPLICATION",
+            )
+        now = self._broker.now_ms()
+        for rid in process_reservation_ids(request.reservation_id, plan):
+            record, _ = await self._broker.get(rid, app)  # NotFound, PermissionDenied
+            if why := holds_now(record, now):
+                raise FailedPrecondition(
+                    f'reservation "{rid}"',
+                    f"{why}; a graph runs while every process's reservation holds its cores "
+                    "(ReserveGraph with the same graph and unfolded)",
+                    reason="RESERVATION_NOT_HELD",
+                )
+        runner.check_capacity()
+        rec = new_record(request, app, plan, now)
+        if not await runner.store.create(rec):
+            raced = await runner.store.get(request.run_id)
+            assert raced is not None
+            same_request(raced, request, app)
+            return await self._run_out(raced)
+        rids = process_reservation_ids(request.reservation_id, plan)
+
+        async def still_held() -> str:
+            now_ms = self._broker.now_ms()
+            for rid in rids:
+                try:
+                    record, _ = await self._broker.get(rid, app)
+                except NotFound:
+                    return f'reservation "{rid}" is gone'
+                if why := holds_now(record, now_ms):
+                    return f'reservation "{rid}" {why}'
+            return ""
+
+        runner.start(
+            rec,
+            spec,
+            unfolded=request.unfolded,
+            checkpoint_every=request.checkpoint_every,
+            still_held=still_held,
+        )
+        _annotate(graph_id=plan.graph_id, processes=plan.processes_after)
+        self._rt.log.info(
+            "graph run %s of %s started for %s: %d processes",
+            rec.run_id,
+            plan.graph_id,
+            app,
+            plan.processes_after,
+            extra={"run_id": rec.run_id, "graph_id": plan.graph_id, "application_id": app},
+        )
+        return run_out(rec, None)
+
+    async def _visible_run(self, run_id: str, context) -> tuple[Principal, RunRecord]:
+        principal = await self._who(context)
+        rid = require_id(run_id, "run_id")
+        _annotate(run_id=rid)
+        rec = await self._runner().store.get(rid)
+        if rec is None or (not principal.is_operator and rec.app != principal.application_id):
+            raise NotFound("graph run", rid)  # another application's is not there for it
+        return principal, rec
+
+    async def _run_out(self, rec: RunRecord) -> pb.GraphRun:
+        rec = await settle(self._runner().store, rec, self._broker.now_ms())
+        metrics = None
+        if rec.state == "succeeded":
+            with contextlib.suppress(NotFound):  # no longer kept: the run stays readable
+                _, metrics = await self._graph_metrics.get(rec.graph_id, rec.run_id)
+        return run_out(rec, metrics)
+
+    async def GetGraphRun(self, request: pb.GetGraphRunRequest, context) -> pb.GraphRun:
+        _, rec = await self._visible_run(request.run_id, context)
+        return await self._run_out(rec)
+
+    async def CancelGraphRun(self, request: pb.CancelGraphRunRequest, context) -> pb.GraphRun:
+        principal, rec = await self._visible_run(request.run_id, context)
+        runner = self._runner()
+        if rec.state == "running":
+            await runner.store.request_cancel(rec.run_id, str(principal.name))
+            runner.cancel_here(rec.run_id)  # else the replica running it reads the flag
+            self._rt.log.info(
+                "graph run %s: cancel asked by %s",
+                rec.run_id,
+                principal.name,
+                extra={"run_id": rec.run_id},
+            )
+            rec = await runner.store.get(rec.run_id) or rec
+        return await self._run_out(rec)
+
 
 def _kind_filter(value: int, field: str) -> str:
     try:
@@ -579,7 +717,23 @@ async def build(
                 "operator certificate with LIGHTPATH_TLS_CLIENT_AUTH=require"
             )
     graph_metrics = GraphMetricsStore(runtime.redis, runs_kept=s.graph_runs_kept)
-    servicer = CoreBrokerServicer(runtime, store, broker, auth, graph_metrics)
+
+    async def save_metrics(app: str, m: graph_pb2.GraphRunMetrics) -> None:
+        await graph_metrics.put(app, m, broker.now_ms())
+
+    runner = GraphRunner(
+        GraphRunStore(runtime.redis),
+        RunnerConfig(
+            data_dir=s.graph_data_path,
+            run_dir=s.graph_run_path,
+            max_runs=s.graph_max_runs,
+            any_code=s.graph_code == "any",
+        ),
+        spawn=runtime.spawn,  # type: ignore[arg-type]
+        save_metrics=save_metrics,
+        now_ms=broker.now_ms,
+    )
+    servicer = CoreBrokerServicer(runtime, store, broker, auth, graph_metrics, runner)
     return [
         ServiceDefinition(
             SERVICE_NAME, servicer, core_broker_pb2_grpc.add_CoreBrokerServicer_to_server

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
+from lightpath.paths import default_state_dir
 from services.common.settings import (
     CommonSettings,
     choice,
@@ -132,6 +134,45 @@ class CoreBrokerSettings(CommonSettings):
         "runs of each graph whose per-component metrics are kept (GF-6)",
         parse=_positive_int,
     )
+
+    graph_data_dir: str = setting(
+        "LIGHTPATH_CB_GRAPH_DATA_DIR",
+        "",
+        "the only directory RunGraph's files may be in (relative paths are taken there); "
+        "default <state dir>/graph-data",
+    )
+    graph_run_dir: str = setting(
+        "LIGHTPATH_CB_GRAPH_RUN_DIR",
+        "",
+        "where RunGraph keeps each run's logs, spill files and checkpoints; "
+        "default <state dir>/graph-runs",
+    )
+    graph_max_runs: int = setting(
+        "LIGHTPATH_CB_GRAPH_MAX_RUNS",
+        2,
+        "graph runs this broker process runs at once (more: RESOURCE_EXHAUSTED)",
+        parse=_positive_int,
+    )
+    graph_code: str = setting(
+        "LIGHTPATH_CB_GRAPH_CODE",
+        "library",
+        "what RunGraph runs: library (the component library's kinds without outside "
+        "access) or any (also user code, interface and kv_lookup, with the broker's "
+        "privileges: only where every application is trusted)",
+        parse=choice("library", "any"),
+    )
+
+    @property
+    def graph_data_path(self) -> Path:
+        return (
+            Path(self.graph_data_dir) if self.graph_data_dir else default_state_dir() / "graph-data"
+        )
+
+    @property
+    def graph_run_path(self) -> Path:
+        return (
+            Path(self.graph_run_dir) if self.graph_run_dir else default_state_dir() / "graph-runs"
+        )
 
     def priority_function(self) -> PriorityFunction:
         return PriorityFunction(

@@ -6,6 +6,7 @@ import asyncio
 import json
 
 import numpy as np
+import pytest
 from google.protobuf import json_format
 
 from lightpath.aggregation.node import aggregate_all
@@ -77,6 +78,30 @@ async def test_cli_topology_start_status_history(redis_url, tmp_path, capsys):
         assert code == 1 and "INVALID_ARGUMENT" in err and "participants[1]" in err
         code, _, err = await cli(capsys, "agg", "status", "ghost", *addr)
         assert code == 1 and "NOT_FOUND" in err
+
+
+async def test_cli_abort_and_combine_at_switch(redis_url, capsys):
+    """`agg start --combine-at-switch` hands n4's role to sub-2; `agg abort` fails the
+    command with the reason, and says so in `agg status`."""
+    async with agg_tree(redis_url) as t:
+        await t.define(stack_tree())
+        addr = ["--addr", t.address("sub-1")]
+        start = ["agg", "start", "cli-3", "--participants", "n1,n4", "--length", "8"]
+        code, out, _ = await cli(
+            capsys, *start, "--ta", "n4", "--combine-at-switch", "--deadline-s", "120", *addr
+        )
+        assert code == 0 and "timeout aggregation node sub-2, combining for n4" in out
+        with pytest.raises(SystemExit) as exited:  # --reason is required
+            await cli(capsys, "agg", "abort", "cli-3", *addr)
+        assert exited.value.code == 2 and "--reason" in capsys.readouterr().err
+        code, out, _ = await cli(
+            capsys, "agg", "abort", "cli-3", "--reason", "wrong input", "--json", *addr
+        )
+        shown = json.loads(out)
+        assert code == 0 and shown["state"] == "AGG_COMMAND_STATE_FAILED"
+        assert shown["failure_reason"] == "ABORTED" and "wrong input" in shown["failure"]
+        code, out, _ = await cli(capsys, "agg", "status", "cli-3", *addr)
+        assert code == 0 and "failed (aborted): aborted by operator" in out
 
 
 async def test_demo_step_runs_against_the_three_switches(redis_url, capsys, tmp_path, monkeypatch):

@@ -64,9 +64,18 @@ async def straggle(tree, node_id: str, switch: str, command_id: str, values, **k
         return await cn.aggregate(command_id, values, **kw)
 
 
+# A refused chunk gets a minute to be sent again here (the tests that refuse one go on
+# to complete the command); tests/agg_switch/test_abort.py covers the grace running out.
+PATIENT = {"LIGHTPATH_AGG_CORRECTION_GRACE_S": "60"}
+
+
 @pytest.fixture(params=TRANSPORTS)
 async def tree(redis_url, request):
-    async with agg_tree(redis_url, transport=request.param) as t:
+    async with agg_tree(
+        redis_url,
+        transport=request.param,
+        env={s: PATIENT for s in ("root", "sub-1", "sub-2")},
+    ) as t:
         yield t
 
 

@@ -118,3 +118,45 @@ async def test_plan_reserve_run_report_and_metrics_through_the_broker(
         assert code == 0 and "204F.out -> 204H.in" in out and "set-2" in out
         code, _, err = await cli(capsys, "graph", "metrics", "nope")
         assert code == 1 and "NOT_FOUND" in err.upper()
+
+
+async def test_run_on_the_broker_then_status_and_cancel(redis_url, tmp_path, capsys, monkeypatch):
+    """`graph run --broker --reservation ID --wait`: the graph runs on the broker's host
+    (the example's absolute paths lie in the broker's data directory)."""
+    async with running_broker(redis_url, LIGHTPATH_CB_GRAPH_DATA_DIR=str(tmp_path)) as b:
+        await b.device("npu-1", 4, kind=pb.DEVICE_KIND_NPU)
+        app = await b.app("etl")
+        monkeypatch.setenv("LIGHTPATH_CORE_BROKER_ADDR", b.address)
+        monkeypatch.setenv("LIGHTPATH_CB_TOKEN", app[0][1].removeprefix("Bearer "))
+        code, out, _ = await cli(
+            capsys, "graph", "example", "fig-3a", str(tmp_path), "--records", "300", "--degree", "2"
+        )
+        spec = out.strip()
+        code, _, err = await cli(capsys, "graph", "run", spec, "--broker")
+        assert code == 1 and "--reservation" in err and "lightpath graph reserve" in err
+        code, _, _ = await cli(
+            capsys, "graph", "reserve", spec, "g-1", "--cores", "1", "--duration", "10m"
+        )
+        assert code == 0
+        code, out, _ = await cli(
+            capsys,
+            "graph",
+            "run",
+            spec,
+            "--broker",
+            "--reservation",
+            "g-1",
+            "--run-id",
+            "cli-run",
+            "--wait",
+        )
+        assert code == 0, out
+        assert "run cli-run of graph fig-3a for etl: succeeded" in out
+        assert "300 records" in out and "304B" in out
+        assert (tmp_path / "out" / "306.0.tsv").exists()
+        code, out, _ = await cli(capsys, "graph", "status", "cli-run", "--json")
+        assert code == 0 and json.loads(out)["state"] == "GRAPH_RUN_STATE_SUCCEEDED"
+        code, out, _ = await cli(capsys, "graph", "cancel", "cli-run")
+        assert code == 0 and "succeeded" in out  # an ended run is answered as it is
+        code, _, err = await cli(capsys, "graph", "status", "nope")
+        assert code == 1 and "--broker --reservation" in err

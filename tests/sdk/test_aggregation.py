@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+import grpc
 import numpy as np
 import pytest
 
@@ -72,3 +73,47 @@ async def test_start_wait_list_and_history(redis_url, capsys):
                 return pb.AggCommandState.Name(agg.get("sdk-1").state)
 
         assert await asyncio.to_thread(blocking) == "AGG_COMMAND_STATE_COMPLETED"
+
+
+async def test_abort_and_combine_at_switch_through_the_blocking_client(redis_url):
+    from lightpath.sdk import Aborted, FailedPrecondition
+
+    async with agg_tree(redis_url) as t:
+        await t.define(stack_tree())
+
+        def blocking() -> tuple[pb.AggCommand, pb.AggCommand]:
+            with Aggregation(t.address("sub-2")) as agg:
+                started = agg.start(
+                    "sdk-abort", ["n1", "n4"], 8, timeout_aggregator="n4", combine_at_switch=True
+                )
+                return started, agg.abort("sdk-abort", "operator says stop")
+
+        started, aborted = await asyncio.to_thread(blocking)
+        assert (started.timeout_aggregator, started.combined_for) == ("sub-2", "n4")
+        assert aborted.state == pb.AGG_COMMAND_STATE_FAILED
+        assert aborted.failure_reason == "ABORTED" and "operator says stop" in aborted.failure
+        # A node of the aborted command hears it as a typed error through the SDK's decoding.
+        from lightpath.client import rpc_error
+
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await aggregate_all(
+                t.address(),
+                "sdk-abort",
+                {"n1": np.zeros(8, np.float32)},
+                credentials=node_credentials,
+            )
+        decoded = rpc_error(err.value)
+        assert isinstance(decoded, Aborted) and decoded.reason == "ABORTED"
+        done = pb.AggCommand()
+        async with AsyncAggregation(t.address()) as agg:
+            await agg.start("sdk-done", ["n1"], 4, dtype="int64")
+            await aggregate_all(
+                t.address(),
+                "sdk-done",
+                {"n1": np.arange(4, dtype=np.int64)},
+                credentials=node_credentials,
+            )
+            done = await agg.wait("sdk-done", timeout=30)
+            with pytest.raises(FailedPrecondition):
+                await agg.abort("sdk-done", "too late")
+        assert done.state == pb.AGG_COMMAND_STATE_COMPLETED

@@ -107,3 +107,33 @@ async def test_graphs_plan_and_reserve(redis_url, tmp_path):
             ]
             with pytest.raises(NotFound):
                 await cores.graph_metrics("fig-2a")
+
+
+async def test_a_graph_run_on_the_broker_through_the_blocking_client(redis_url, tmp_path):
+    from lightpath.graph.examples import fig3a, write_records
+    from lightpath.sdk import FailedPrecondition, NotFound
+
+    for part in range(2):
+        write_records(tmp_path / f"in.{part}", 50, seed=part)
+    spec = fig3a("in.{part}", "out.{part}", 2)
+    async with running_broker(redis_url, LIGHTPATH_CB_GRAPH_DATA_DIR=str(tmp_path)) as b:
+        await b.device("npu-1", 4, kind=pb.DEVICE_KIND_NPU)
+        token = (await b.app("etl"))[0][1].removeprefix("Bearer ")
+
+        def blocking() -> tuple[pb.GraphRun, pb.GraphRun]:
+            with Cores(b.address, token=token) as cores:
+                with pytest.raises(NotFound):  # nothing reserved yet
+                    cores.run_graph(spec, "sdk-run", "g-1")
+                cores.reserve_graph(spec, "g-1", cores=1, duration=600)
+                started = cores.run_graph(spec, "sdk-run", "g-1")
+                done = cores.wait_graph_run("sdk-run", timeout=120)
+                assert cores.cancel_graph_run("sdk-run") == done  # ended: as it is
+                with pytest.raises(FailedPrecondition):  # the id names another request
+                    cores.run_graph(spec, "sdk-run", "g-1", checkpoint_every=5)
+                return started, done
+
+        started, done = await asyncio.to_thread(blocking)
+    assert started.state == pb.GRAPH_RUN_STATE_RUNNING
+    assert done.state == pb.GRAPH_RUN_STATE_SUCCEEDED, done.failure
+    assert done.metrics.records_read == 100
+    assert (tmp_path / "out.0").exists() and (tmp_path / "out.1").exists()
