@@ -216,15 +216,16 @@ class SimulatedSwitch:
             if (expect_boot_id and expect_boot_id != boot) or (
                 expect_version is not None and expect_version != self.version
             ):
-                raise FailedPrecondition(
+                stale = FailedPrecondition(
                     f"switch {self.id}",
                     f"is at boot {boot} version {self.version}, not the expected boot "
                     f"{expect_boot_id or '(any)'} version "
                     f"{'(any)' if expect_version is None else expect_version}: "
                     "read its state again",
                     reason="VERSION_MISMATCH",
-                    metadata=self._meta(Progress()),
                 )
+                stale.metadata = self._meta(Progress())
+                raise stale
             if self.faults.reject_batches > 0:
                 self.faults.reject_batches -= 1
                 raise Aborted(

@@ -1,0 +1,221 @@
+"""A switch driver that speaks the open southbound (optical_switch.proto) to switch agents.
+
+`AgentSwitchDriver` turns a `FabricChange` into one `ApplyBatch` per switch it
+touches (an OCS's disconnects and connects; a block's bank of 1xK switches'
+output selections) and sends them all at once (asyncio.gather): the switches of
+one change are programmed in parallel, so a full pod takes about one settling
+time. Within a switch the order is the protocol's: disconnects, outputs, connects.
+
+When some switches fail, `SwitchDriverError.applied` is a `ScopedChange`: the
+change narrowed to the switches that may hold part of it (those that succeeded,
+those whose error says something took effect, and those whose answer was lost:
+unknown counts as touched). Switches whose error says nothing took effect are
+left out, so the manager's rollback (the inverse, through this driver again)
+never needs a switch that is down and untouched. Absolute semantics make the
+inverse of a whole per-switch batch safe after any part of it.
+
+docs/ocs_southbound.md is the contract; services/switch_agent the reference agent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import grpc
+
+from lightpath.client import error_report
+from lightpath.domain.southbound import OCS, SouthboundDevice, bank_id, devices
+from lightpath.domain.torus import Fabric
+from lightpath.v1 import optical_switch_pb2 as pb
+from lightpath.v1 import optical_switch_pb2_grpc
+from services.ocs_manager.driver import SwitchDriverError
+from services.ocs_manager.invariants import FabricState
+from services.ocs_manager.wiring import FabricChange
+
+# Codes after which the same change may succeed later.
+_TRANSIENT = {
+    grpc.StatusCode.UNAVAILABLE,
+    grpc.StatusCode.DEADLINE_EXCEEDED,
+    grpc.StatusCode.RESOURCE_EXHAUSTED,
+    grpc.StatusCode.CANCELLED,
+    grpc.StatusCode.UNKNOWN,
+}
+
+
+@dataclass(frozen=True)
+class ScopedChange(FabricChange):
+    """A `FabricChange` on some switches only: OCS indices `ocs` and the 1xK banks of
+    blocks `banks`. What this driver reports as `applied`; its inverse keeps the scope."""
+
+    ocs: frozenset[int] = field(default_factory=frozenset)
+    banks: frozenset[int] = field(default_factory=frozenset)
+
+    def inverse(self) -> ScopedChange:
+        base = FabricChange.inverse(self)
+        return ScopedChange(base.disconnect, base.connect, base.one_to_many, self.ocs, self.banks)
+
+    @property
+    def empty(self) -> bool:
+        return not (self.ocs or self.banks) or FabricChange.empty.fget(self)  # type: ignore[attr-defined]
+
+
+@dataclass(frozen=True)
+class SwitchFailure:
+    device: SouthboundDevice
+    code: grpc.StatusCode
+    message: str
+    touched: bool  # something may have taken effect (known, or not known)
+
+
+def batches(fabric: Fabric, change: FabricChange) -> dict[str, pb.ApplyBatchRequest]:
+    """One ApplyBatchRequest (without batch_id) per switch `change` touches, by switch id."""
+    scope = change if isinstance(change, ScopedChange) else None
+    out: dict[str, pb.ApplyBatchRequest] = {}
+    for ocs, (disc, conn) in change.ocs_ops(fabric).items():
+        if scope is not None and ocs not in scope.ocs:
+            continue
+        sid = fabric.ocs_ids[ocs]
+        req = out.setdefault(sid, pb.ApplyBatchRequest(switch_id=sid))
+        req.disconnect.extend(pb.PortPair(port_a=p, port_b=q) for p, q in disc)
+        req.connect.extend(pb.PortPair(port_a=p, port_b=q) for p, q in conn)
+    total = fabric.total_axes
+    for index, output in change.one_to_many_ops(fabric):
+        block, inp = divmod(index, total)
+        if scope is not None and block not in scope.banks:
+            continue
+        sid = bank_id(block)
+        req = out.setdefault(sid, pb.ApplyBatchRequest(switch_id=sid))
+        sel = req.set_outputs.add(input=inp)
+        if output is not None:
+            sel.output = output
+    return out
+
+
+class AgentSwitchDriver:
+    """Switches behind switch agents (or vendors' adapters) speaking optical_switch.proto."""
+
+    def __init__(
+        self,
+        fabric: Fabric,
+        stubs: Mapping[str, optical_switch_pb2_grpc.OpticalSwitchStub],
+        *,
+        timeout_s: float = 5.0,
+    ):
+        self.fabric = fabric
+        self.devices = {d.id: d for d in devices(fabric)}
+        missing = [d for d in self.devices if d not in stubs]
+        if missing:
+            raise ValueError(f"no switch agent for {len(missing)} switches, e.g. {missing[0]}")
+        self._stubs = dict(stubs)
+        self.timeout_s = timeout_s
+        self.apply_calls = 0  # ApplyBatch calls sent (metrics, tests)
+
+    # -- programming ------------------------------------------------------------------
+
+    async def apply(self, change: FabricChange) -> None:
+        if change.empty:
+            return
+        reqs = batches(self.fabric, change)
+        token = secrets.token_hex(8)
+        ids = list(reqs)
+        results = await asyncio.gather(
+            *(self._send(sid, reqs[sid], f"{token}:{sid}") for sid in ids)
+        )
+        failures = [r for r in results if r is not None]
+        if not failures:
+            return
+        failed_untouched = {f.device.id for f in failures if not f.touched}
+        touched = [self.devices[sid] for sid in ids if sid not in failed_untouched]
+        applied = ScopedChange(
+            change.disconnect,
+            change.connect,
+            change.one_to_many,
+            frozenset(d.index for d in touched if d.kind == OCS),
+            frozenset(d.index for d in touched if d.kind != OCS),
+        )
+        first = failures[0]
+        more = f" (and {len(failures) - 1} more switches)" if len(failures) > 1 else ""
+        raise SwitchDriverError(
+            f"switch {first.device.id}: {first.code.name}: {first.message}{more}",
+            applied=applied,
+            transient=all(f.code in _TRANSIENT for f in failures),
+        )
+
+    async def _send(
+        self, sid: str, req: pb.ApplyBatchRequest, batch_id: str
+    ) -> SwitchFailure | None:
+        req.batch_id = batch_id
+        self.apply_calls += 1
+        try:
+            await self._stubs[sid].ApplyBatch(req, timeout=self.timeout_s)
+            return None
+        except grpc.aio.AioRpcError as err:
+            report = error_report(err)
+            meta = report.metadata
+            if "applied_disconnects" in meta:
+                touched = any(
+                    int(meta.get(k, "0") or 0) > 0
+                    for k in ("applied_disconnects", "applied_outputs", "applied_connects")
+                )
+            else:
+                touched = True  # the answer was lost: the switch may have applied any of it
+            return SwitchFailure(self.devices[sid], report.code, report.message, touched)
+
+    async def apply_batch(self, sid: str, req: pb.ApplyBatchRequest) -> pb.ApplyBatchResponse:
+        """One batch on one switch (the reconcile loop's repairs); raises AioRpcError."""
+        self.apply_calls += 1
+        req.switch_id = sid
+        if not req.batch_id:
+            req.batch_id = f"{secrets.token_hex(8)}:{sid}"
+        return await self._stubs[sid].ApplyBatch(req, timeout=self.timeout_s)
+
+    # -- reading ------------------------------------------------------------------------
+
+    async def read_switch(self, sid: str) -> pb.OpticalSwitchState:
+        return await self._stubs[sid].GetCrossConnects(
+            pb.GetCrossConnectsRequest(switch_id=sid), timeout=self.timeout_s
+        )
+
+    async def read_all(self) -> dict[str, pb.OpticalSwitchState | grpc.aio.AioRpcError]:
+        ids = list(self.devices)
+
+        async def one(sid: str) -> pb.OpticalSwitchState | grpc.aio.AioRpcError:
+            try:
+                return await self.read_switch(sid)
+            except grpc.aio.AioRpcError as err:
+                return err
+
+        return dict(zip(ids, await asyncio.gather(*(one(s) for s in ids)), strict=True))
+
+    async def read(self) -> FabricState | None:
+        states = await self.read_all()
+        if any(isinstance(s, grpc.aio.AioRpcError) for s in states.values()):
+            return None
+        return to_fabric_state(self.fabric, self.devices, states)  # type: ignore[arg-type]
+
+
+def to_fabric_state(
+    fabric: Fabric,
+    by_id: Mapping[str, SouthboundDevice],
+    states: Mapping[str, pb.OpticalSwitchState],
+) -> FabricState:
+    """Switch states -> the tables and 1xK settings of a FabricState (as the store keeps them)."""
+    out = FabricState()
+    total = fabric.total_axes
+    for sid, st in states.items():
+        d = by_id[sid]
+        if d.kind == OCS:
+            table: dict[int, int] = {}
+            for xc in st.cross_connects:
+                table[xc.port_a] = xc.port_b
+                table[xc.port_b] = xc.port_a
+            if table:
+                out.tables[d.index] = table
+        else:
+            for sel in st.outputs:
+                if sel.HasField("output"):
+                    out.one_to_many[d.index * total + sel.input] = sel.output
+    return out
