@@ -23,6 +23,7 @@ Errors are LightpathErrors whose metadata says what took effect
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import secrets
 from collections import OrderedDict
@@ -109,6 +110,7 @@ class SimulatedSwitch:
     settling: set[int] = field(default_factory=set)
     keys_kept: int = 1024
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    _reboot: asyncio.Event = field(default_factory=asyncio.Event)  # set when this boot ends
     _keys: OrderedDict[str, tuple[str, asyncio.Future[Applied]]] = field(
         default_factory=OrderedDict
     )
@@ -139,6 +141,8 @@ class SimulatedSwitch:
     def restart_empty(self) -> None:
         """Power cycle: empty tables, version 0, a new boot id, every kept batch id forgotten.
         A batch settling now fails (SWITCH_RESTARTED) when its settling ends."""
+        self._reboot.set()
+        self._reboot = asyncio.Event()
         self.boot_id = new_boot_id()
         self.version = 0
         self.table.clear()
@@ -212,7 +216,7 @@ class SimulatedSwitch:
         expect_version: int | None,
     ) -> Applied:
         async with self._lock:
-            boot = self.boot_id
+            boot, reboot = self.boot_id, self._reboot
             if (expect_boot_id and expect_boot_id != boot) or (
                 expect_version is not None and expect_version != self.version
             ):
@@ -246,7 +250,9 @@ class SimulatedSwitch:
             await persist()
             delay = settle_s + self.faults.extra_delay_s
             if delay > 0 and progress.total:
-                await asyncio.sleep(delay)
+                # mirrors moving; a restart (power cycle) ends it at once
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(reboot.wait(), delay)
             if self.boot_id != boot:
                 raise Unavailable(
                     f"switch {self.id} restarted with empty tables while the batch settled; "
