@@ -142,6 +142,7 @@ class SwitchReconciler:
         self.boots: dict[str, str] = {}
         self.passes = 0
         self.last: ReconcileReport | None = None
+        self._down: set[str] = set()
 
     async def run(self) -> None:
         """Reconcile every interval_s (a supervised background task: a pass that raises, e.g.
@@ -222,10 +223,18 @@ class SwitchReconciler:
     def _done(self, report: ReconcileReport) -> None:
         self.passes += 1
         self.last = report
+        if report.skipped:
+            return
         self.metrics.switches_unreachable(self.store.pod_id, len(report.unreachable))
-        if report.unreachable:
-            log.warning(
-                "%d switches unreachable, e.g. %s",
-                len(report.unreachable),
-                report.unreachable[0],
-            )
+        down = set(report.unreachable)
+        if down != self._down:  # said once per change, not every pass
+            if down:
+                log.warning(
+                    "%d switches unreachable, e.g. %s; their state is checked again every %.1f s",
+                    len(down),
+                    sorted(down)[0],
+                    self.interval_s,
+                )
+            else:
+                log.info("every switch answers again")
+            self._down = down

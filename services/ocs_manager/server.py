@@ -47,8 +47,14 @@ class OcsManagerServicer(
     refuse_calls(SWITCHED_RPCS, "OCS_TORUS"),  # type: ignore[misc]
     ocs_manager_pb2_grpc.OcsManagerServicer,
 ):
-    def __init__(self, runtime: Runtime[OcsManagerSettings], manager: FabricManager):
+    def __init__(
+        self,
+        runtime: Runtime[OcsManagerSettings],
+        manager: FabricManager,
+        reconciler: SwitchReconciler | None = None,
+    ):
         self._rt = runtime
+        self._reconciler = reconciler
         self._pod = runtime.settings.pod_id
         self._m = manager
         self._fabric = manager.fabric
@@ -57,6 +63,13 @@ class OcsManagerServicer(
 
     async def GetInfo(self, request: common_pb2.GetInfoRequest, context) -> common_pb2.ServiceInfo:
         c = self._fabric.config
+        more = {}
+        r = self._reconciler
+        if r is not None:
+            more = {
+                "switch_reconcile_passes": str(r.passes),
+                "switches_unreachable": str(len(r.last.unreachable) if r.last else 0),
+            }
         return self._rt.info(
             SERVICE_NAME,
             pod_id=self._pod,
@@ -64,6 +77,7 @@ class OcsManagerServicer(
             fabric=c.describe(),
             ocs=str(self._fabric.ocs_count),
             switch_driver="agents" if isinstance(self._m.driver, AgentSwitchDriver) else "redis",
+            **more,
         )
 
     # -- fabric (OCS-1) ----------------------------------------------------------
@@ -407,7 +421,7 @@ async def build(
     runtime.log.info(
         "pod %s fabric: %s, %d OCS", s.pod_id, fabric.config.describe(), fabric.ocs_count
     )
-    servicer = OcsManagerServicer(runtime, manager)
+    servicer = OcsManagerServicer(runtime, manager, reconciler)
     return [
         ServiceDefinition(
             SERVICE_NAME, servicer, ocs_manager_pb2_grpc.add_OcsManagerServicer_to_server

@@ -33,8 +33,11 @@ def fabric(blocks: int = 8, k: int = 1) -> dict[str, str]:
     }
 
 
-class AgentProcess:
-    """One switch agent process on a fixed port (so it can be killed and started again)."""
+class ServiceProcess:
+    """`python -m services.<service>` on a fixed port (so it can be killed and started again),
+    with its own certificate from the test CA."""
+
+    service = "switch_agent"
 
     def __init__(self, redis_url: str, workdir: Path, env: dict[str, str]):
         self.port = free_port()
@@ -42,7 +45,7 @@ class AgentProcess:
         self.workdir = workdir
         self.env = {
             **os.environ,
-            **tls_env(service_principal("switch_agent", env.get("LIGHTPATH_POD_ID", POD))),
+            **tls_env(service_principal(self.service, env.get("LIGHTPATH_POD_ID", POD))),
             "LIGHTPATH_REDIS_URL": redis_url,
             "LIGHTPATH_LISTEN": self.address,
             "LIGHTPATH_AUDIT_LOG": "",
@@ -52,12 +55,12 @@ class AgentProcess:
             **env,
         }
         self.proc: subprocess.Popen | None = None
-        self.log = workdir / f"agent-{self.port}.log"
+        self.log = workdir / f"{self.service}-{self.port}.log"
 
     def start(self, timeout: float = 30.0) -> None:
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "services.switch_agent"],
+                [sys.executable, "-m", f"services.{self.service}"],
                 env=self.env,
                 cwd=ROOT,
                 stdin=subprocess.DEVNULL,
@@ -68,7 +71,9 @@ class AgentProcess:
         while health_status(self.address, timeout=0.5) != "SERVING":
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 self.proc.kill()
-                raise RuntimeError("switch agent did not start:\n" + self.log.read_text()[-3000:])
+                raise RuntimeError(
+                    f"{self.service} did not start:\n" + self.log.read_text()[-3000:]
+                )
             time.sleep(0.05)
 
     def kill(self) -> None:
@@ -83,6 +88,14 @@ class AgentProcess:
                 self.proc.wait(10)
             except subprocess.TimeoutExpired:
                 self.kill()
+
+
+class AgentProcess(ServiceProcess):
+    service = "switch_agent"
+
+
+class ManagerProcess(ServiceProcess):
+    service = "ocs_manager"
 
 
 @contextlib.contextmanager
