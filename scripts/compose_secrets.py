@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 
 from lightpath.security.identity import OPERATOR, Principal  # noqa: E402
 from lightpath.security.pki import LocalCA  # noqa: E402
-from lightpath.stack import default_topology  # noqa: E402
+from lightpath.stack import deployed_topology  # noqa: E402
 
 CONTAINER_UID = 10001
 
@@ -39,7 +39,7 @@ def main(argv: list[str]) -> int:
     directory = Path(argv[0]).resolve()
     ca = LocalCA(directory, common_name="Lightpath compose CA").ensure()
     keys = [ca.issue(Principal(OPERATOR, OPERATOR)).key]
-    for spec in default_topology():
+    for spec in deployed_topology():
         keys.append(ca.issue(spec.principal, hosts=(spec.name,)).key)
     password = directory / "redis.password"
     if not password.exists():

@@ -20,9 +20,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from lightpath.security.pki import file_stem  # noqa: E402
-from lightpath.stack import default_topology, process_env  # noqa: E402
+from lightpath.stack import default_topology, deployed_topology, process_env  # noqa: E402
 
-specs = default_topology()
+specs = deployed_topology()  # with switch agents
 METRICS_PORT = 9464  # every service's scrape endpoint inside its container (the OTel default)
 
 
@@ -168,7 +168,7 @@ monitoring.mkdir(exist_ok=True)
 )
 (monitoring / "prometheus.local.yml").write_text(
     scrape_config(
-        [(f"127.0.0.1:{s.metrics_port}", s.name) for s in specs],
+        [(f"127.0.0.1:{s.metrics_port}", s.name) for s in default_topology()],
         "# `lightpath up`'s processes (fixed ports: gRPC port + 1000, on loopback):\n"
         "#   prometheus --config.file=deploy/monitoring/prometheus.local.yml\n",
     )
