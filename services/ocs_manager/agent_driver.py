@@ -33,7 +33,7 @@ from lightpath.v1 import optical_switch_pb2 as pb
 from lightpath.v1 import optical_switch_pb2_grpc
 from services.ocs_manager.driver import SwitchDriverError
 from services.ocs_manager.invariants import FabricState
-from services.ocs_manager.wiring import FabricChange
+from services.ocs_manager.wiring import FabricChange, link_ports
 
 # Codes after which the same change may succeed later.
 _TRANSIENT = {
@@ -71,16 +71,31 @@ class SwitchFailure:
 
 
 def batches(fabric: Fabric, change: FabricChange) -> dict[str, pb.ApplyBatchRequest]:
-    """One ApplyBatchRequest (without batch_id) per switch `change` touches, by switch id."""
+    """One ApplyBatchRequest (without batch_id) per switch `change` touches, by switch id.
+
+    A link's two ports are the same on every logical axis of its dimension (wiring.py), so
+    the port pairs are gathered once per (dim, k) and each OCS's request is a copy of that
+    template: a full pod is 6 templates, not 3,072 cross-connects built one by one."""
     scope = change if isinstance(change, ScopedChange) else None
+    groups: dict[tuple[int, int], tuple[list[tuple[int, int]], list[tuple[int, int]]]] = {}
+    for which, wiring in ((0, change.disconnect), (1, change.connect)):
+        for link in wiring:
+            k, pa, pb_ = link_ports(fabric, link)
+            groups.setdefault((link.dim, k), ([], []))[which].append((pa, pb_))
     out: dict[str, pb.ApplyBatchRequest] = {}
-    for ocs, (disc, conn) in change.ocs_ops(fabric).items():
-        if scope is not None and ocs not in scope.ocs:
-            continue
-        sid = fabric.ocs_ids[ocs]
-        req = out.setdefault(sid, pb.ApplyBatchRequest(switch_id=sid))
-        req.disconnect.extend(pb.PortPair(port_a=p, port_b=q) for p, q in disc)
-        req.connect.extend(pb.PortPair(port_a=p, port_b=q) for p, q in conn)
+    for (d, k), (disc, conn) in sorted(groups.items()):
+        template = pb.ApplyBatchRequest(
+            disconnect=[pb.PortPair(port_a=p, port_b=q) for p, q in disc],
+            connect=[pb.PortPair(port_a=p, port_b=q) for p, q in conn],
+        )
+        for a in range(fabric.axes[d]):
+            ocs = fabric.ocs_index(d, a, k)
+            if scope is not None and ocs not in scope.ocs:
+                continue
+            req = pb.ApplyBatchRequest()
+            req.CopyFrom(template)
+            req.switch_id = fabric.ocs_ids[ocs]
+            out[req.switch_id] = req
     total = fabric.total_axes
     for index, output in change.one_to_many_ops(fabric):
         block, inp = divmod(index, total)
