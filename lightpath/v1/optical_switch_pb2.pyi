@@ -9,6 +9,7 @@ from google.protobuf import duration_pb2 as _duration_pb2
 from google.protobuf import message as _message
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.rpc import status_pb2 as _status_pb2
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -369,6 +370,76 @@ class ApplyBatchResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ApplyBatchResponse: _TypeAlias = ApplyBatchResponse  # noqa: Y015
+
+@_typing.final
+class ApplyBatchesRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BATCHES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def batches(self) -> _containers.RepeatedCompositeFieldContainer[Global___ApplyBatchRequest]:
+        """At most 4096, each naming a different switch."""
+
+    def __init__(
+        self,
+        *,
+        batches: _abc.Iterable[Global___ApplyBatchRequest] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batches", b"batches"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ApplyBatchesRequest: _TypeAlias = ApplyBatchesRequest  # noqa: Y015
+
+@_typing.final
+class ApplyBatchResult(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    APPLIED_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def applied(self) -> Global___ApplyBatchResponse: ...
+    @_builtins.property
+    def error(self) -> _status_pb2.Status: ...
+    def __init__(
+        self,
+        *,
+        applied: Global___ApplyBatchResponse | None = ...,
+        error: _status_pb2.Status | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["applied", b"applied", "error", b"error", "outcome", b"outcome"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["applied", b"applied", "error", b"error", "outcome", b"outcome"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_outcome: _TypeAlias = _typing.Literal["applied", "error"]  # noqa: Y015
+    _WhichOneofArgType_outcome: _TypeAlias = _typing.Literal["outcome", b"outcome"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_outcome) -> _WhichOneofReturnType_outcome | None: ...
+
+Global___ApplyBatchResult: _TypeAlias = ApplyBatchResult  # noqa: Y015
+
+@_typing.final
+class ApplyBatchesResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESULTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def results(self) -> _containers.RepeatedCompositeFieldContainer[Global___ApplyBatchResult]:
+        """One per batch, in the order of the request."""
+
+    def __init__(
+        self,
+        *,
+        results: _abc.Iterable[Global___ApplyBatchResult] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["results", b"results"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ApplyBatchesResponse: _TypeAlias = ApplyBatchesResponse  # noqa: Y015
 
 @_typing.final
 class GetPortStatusRequest(_message.Message):

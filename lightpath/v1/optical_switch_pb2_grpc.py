@@ -70,6 +70,11 @@ class OpticalSwitchStub:
                 request_serializer=lightpath_dot_v1_dot_optical__switch__pb2.ApplyBatchRequest.SerializeToString,
                 response_deserializer=lightpath_dot_v1_dot_optical__switch__pb2.ApplyBatchResponse.FromString,
                 _registered_method=True)
+        self.ApplyBatches = channel.unary_unary(
+                '/lightpath.v1.OpticalSwitch/ApplyBatches',
+                request_serializer=lightpath_dot_v1_dot_optical__switch__pb2.ApplyBatchesRequest.SerializeToString,
+                response_deserializer=lightpath_dot_v1_dot_optical__switch__pb2.ApplyBatchesResponse.FromString,
+                _registered_method=True)
         self.GetPortStatus = channel.unary_unary(
                 '/lightpath.v1.OpticalSwitch/GetPortStatus',
                 request_serializer=lightpath_dot_v1_dot_optical__switch__pb2.GetPortStatusRequest.SerializeToString,
@@ -127,6 +132,19 @@ class OpticalSwitchServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ApplyBatches(self, request, context):
+        """Several switches' batches in one call, for an endpoint fronting many
+        switches: each batch exactly as ApplyBatch applies it, all switches at
+        once; answers when every batch has its outcome, results in request order.
+        A batch's failure is its result's `error` (the google.rpc.Status ApplyBatch
+        would have answered, ErrorInfo metadata included); the call itself fails
+        only when it cannot be read (no batches, a switch named twice). Optional:
+        an endpoint without it answers UNIMPLEMENTED and clients use ApplyBatch.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def GetPortStatus(self, request, context):
         """Per port (OCS) or per input (1xK bank): dark, connected, settling, faulty.
         """
@@ -151,6 +169,11 @@ def add_OpticalSwitchServicer_to_server(servicer, server):
                     servicer.ApplyBatch,
                     request_deserializer=lightpath_dot_v1_dot_optical__switch__pb2.ApplyBatchRequest.FromString,
                     response_serializer=lightpath_dot_v1_dot_optical__switch__pb2.ApplyBatchResponse.SerializeToString,
+            ),
+            'ApplyBatches': grpc.unary_unary_rpc_method_handler(
+                    servicer.ApplyBatches,
+                    request_deserializer=lightpath_dot_v1_dot_optical__switch__pb2.ApplyBatchesRequest.FromString,
+                    response_serializer=lightpath_dot_v1_dot_optical__switch__pb2.ApplyBatchesResponse.SerializeToString,
             ),
             'GetPortStatus': grpc.unary_unary_rpc_method_handler(
                     servicer.GetPortStatus,
@@ -260,6 +283,33 @@ class OpticalSwitch:
             '/lightpath.v1.OpticalSwitch/ApplyBatch',
             lightpath_dot_v1_dot_optical__switch__pb2.ApplyBatchRequest.SerializeToString,
             lightpath_dot_v1_dot_optical__switch__pb2.ApplyBatchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ApplyBatches(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lightpath.v1.OpticalSwitch/ApplyBatches',
+            lightpath_dot_v1_dot_optical__switch__pb2.ApplyBatchesRequest.SerializeToString,
+            lightpath_dot_v1_dot_optical__switch__pb2.ApplyBatchesResponse.FromString,
             options,
             channel_credentials,
             insecure,

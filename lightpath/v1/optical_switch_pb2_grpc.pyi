@@ -67,6 +67,15 @@ class OpticalSwitchStub:
     (google.rpc.ErrorInfo metadata `applied_disconnects`, `applied_outputs`,
     `applied_connects`; see ApplyBatchRequest).
     """
+    ApplyBatches: _grpc.UnaryUnaryMultiCallable[_optical_switch_pb2.ApplyBatchesRequest, _optical_switch_pb2.ApplyBatchesResponse]
+    """Several switches' batches in one call, for an endpoint fronting many
+    switches: each batch exactly as ApplyBatch applies it, all switches at
+    once; answers when every batch has its outcome, results in request order.
+    A batch's failure is its result's `error` (the google.rpc.Status ApplyBatch
+    would have answered, ErrorInfo metadata included); the call itself fails
+    only when it cannot be read (no batches, a switch named twice). Optional:
+    an endpoint without it answers UNIMPLEMENTED and clients use ApplyBatch.
+    """
     GetPortStatus: _grpc.UnaryUnaryMultiCallable[_optical_switch_pb2.GetPortStatusRequest, _optical_switch_pb2.PortStatusList]
     """Per port (OCS) or per input (1xK bank): dark, connected, settling, faulty."""
 
@@ -108,6 +117,15 @@ class OpticalSwitchAsyncStub(OpticalSwitchStub):
     Idempotent by `batch_id`. On failure the status says what took effect
     (google.rpc.ErrorInfo metadata `applied_disconnects`, `applied_outputs`,
     `applied_connects`; see ApplyBatchRequest).
+    """
+    ApplyBatches: _aio.UnaryUnaryMultiCallable[_optical_switch_pb2.ApplyBatchesRequest, _optical_switch_pb2.ApplyBatchesResponse]  # type: ignore[assignment]
+    """Several switches' batches in one call, for an endpoint fronting many
+    switches: each batch exactly as ApplyBatch applies it, all switches at
+    once; answers when every batch has its outcome, results in request order.
+    A batch's failure is its result's `error` (the google.rpc.Status ApplyBatch
+    would have answered, ErrorInfo metadata included); the call itself fails
+    only when it cannot be read (no batches, a switch named twice). Optional:
+    an endpoint without it answers UNIMPLEMENTED and clients use ApplyBatch.
     """
     GetPortStatus: _aio.UnaryUnaryMultiCallable[_optical_switch_pb2.GetPortStatusRequest, _optical_switch_pb2.PortStatusList]  # type: ignore[assignment]
     """Per port (OCS) or per input (1xK bank): dark, connected, settling, faulty."""
@@ -165,6 +183,21 @@ class OpticalSwitchServicer(metaclass=_abc_1.ABCMeta):
         Idempotent by `batch_id`. On failure the status says what took effect
         (google.rpc.ErrorInfo metadata `applied_disconnects`, `applied_outputs`,
         `applied_connects`; see ApplyBatchRequest).
+        """
+
+    @_abc_1.abstractmethod
+    def ApplyBatches(
+        self,
+        request: _optical_switch_pb2.ApplyBatchesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_optical_switch_pb2.ApplyBatchesResponse, _abc.Awaitable[_optical_switch_pb2.ApplyBatchesResponse]]:
+        """Several switches' batches in one call, for an endpoint fronting many
+        switches: each batch exactly as ApplyBatch applies it, all switches at
+        once; answers when every batch has its outcome, results in request order.
+        A batch's failure is its result's `error` (the google.rpc.Status ApplyBatch
+        would have answered, ErrorInfo metadata included); the call itself fails
+        only when it cannot be read (no batches, a switch named twice). Optional:
+        an endpoint without it answers UNIMPLEMENTED and clients use ApplyBatch.
         """
 
     @_abc_1.abstractmethod

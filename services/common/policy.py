@@ -163,6 +163,7 @@ _SOUTHBOUND = {
     "GetCrossConnects": read(OCS, OPERATOR, same_scope=True),
     "GetPortStatus": read(OCS, OPERATOR, same_scope=True),
     "ApplyBatch": write(OCS, same_scope=True),
+    "ApplyBatches": write(OCS, same_scope=True),
 }
 _SOUTHBOUND_ADMIN = {
     "InjectFault": write(OPERATOR),

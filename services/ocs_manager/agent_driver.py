@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import grpc
+from google.rpc import error_details_pb2, status_pb2
 
 from lightpath.client import error_report
 from lightpath.domain.southbound import OCS, SouthboundDevice, bank_id, devices
@@ -126,7 +127,8 @@ class AgentSwitchDriver:
             raise ValueError(f"no switch agent for {len(missing)} switches, e.g. {missing[0]}")
         self._stubs = dict(stubs)
         self.timeout_s = timeout_s
-        self.apply_calls = 0  # ApplyBatch calls sent (metrics, tests)
+        self.apply_calls = 0  # ApplyBatch / ApplyBatches calls sent
+        self._single_only: set[int] = set()  # endpoints (stubs) without ApplyBatches
 
     # -- programming ------------------------------------------------------------------
 
@@ -136,10 +138,15 @@ class AgentSwitchDriver:
         reqs = batches(self.fabric, change)
         token = secrets.token_hex(8)
         ids = list(reqs)
+        for sid in ids:
+            reqs[sid].batch_id = f"{token}:{sid}"
+        by_endpoint: dict[int, list[str]] = {}
+        for sid in ids:
+            by_endpoint.setdefault(id(self._stubs[sid]), []).append(sid)
         results = await asyncio.gather(
-            *(self._send(sid, reqs[sid], f"{token}:{sid}") for sid in ids)
+            *(self._send_endpoint([reqs[sid] for sid in group]) for group in by_endpoint.values())
         )
-        failures = [r for r in results if r is not None]
+        failures = [f for group in results for f in group if f is not None]
         if not failures:
             return
         failed_untouched = {f.device.id for f in failures if not f.touched}
@@ -159,25 +166,60 @@ class AgentSwitchDriver:
             transient=all(f.code in _TRANSIENT for f in failures),
         )
 
-    async def _send(
-        self, sid: str, req: pb.ApplyBatchRequest, batch_id: str
-    ) -> SwitchFailure | None:
-        req.batch_id = batch_id
+    async def _send_endpoint(self, reqs: list[pb.ApplyBatchRequest]) -> list[SwitchFailure | None]:
+        """The batches of switches behind one endpoint: one ApplyBatches call (the gRPC cost
+        of one call, not one per switch), or ApplyBatch per switch where it has no
+        ApplyBatches (UNIMPLEMENTED: remembered)."""
+        stub = self._stubs[reqs[0].switch_id]
+        if len(reqs) == 1 or id(stub) in self._single_only:
+            return list(await asyncio.gather(*(self._send(r) for r in reqs)))
+        self.apply_calls += 1
+        try:
+            reply = await stub.ApplyBatches(
+                pb.ApplyBatchesRequest(batches=reqs), timeout=self.timeout_s
+            )
+        except grpc.aio.AioRpcError as err:
+            if err.code() == grpc.StatusCode.UNIMPLEMENTED:
+                self._single_only.add(id(stub))
+                return list(await asyncio.gather(*(self._send(r) for r in reqs)))
+            report = error_report(err)  # lost or refused whole: each switch may hold any of it
+            return [
+                SwitchFailure(self.devices[r.switch_id], report.code, report.message, True)
+                for r in reqs
+            ]
+        if len(reply.results) != len(reqs):
+            return [
+                SwitchFailure(
+                    self.devices[r.switch_id],
+                    grpc.StatusCode.UNKNOWN,
+                    f"ApplyBatches answered {len(reply.results)} results for {len(reqs)} batches",
+                    True,
+                )
+                for r in reqs
+            ]
+        out: list[SwitchFailure | None] = []
+        for r, res in zip(reqs, reply.results, strict=True):
+            if res.HasField("applied"):
+                out.append(None)
+                continue
+            code = _CODES.get(res.error.code, grpc.StatusCode.UNKNOWN)
+            meta = _error_metadata(res.error)
+            out.append(
+                SwitchFailure(self.devices[r.switch_id], code, res.error.message, _touched(meta))
+            )
+        return out
+
+    async def _send(self, req: pb.ApplyBatchRequest) -> SwitchFailure | None:
+        sid = req.switch_id
         self.apply_calls += 1
         try:
             await self._stubs[sid].ApplyBatch(req, timeout=self.timeout_s)
             return None
         except grpc.aio.AioRpcError as err:
             report = error_report(err)
-            meta = report.metadata
-            if "applied_disconnects" in meta:
-                touched = any(
-                    int(meta.get(k, "0") or 0) > 0
-                    for k in ("applied_disconnects", "applied_outputs", "applied_connects")
-                )
-            else:
-                touched = True  # the answer was lost: the switch may have applied any of it
-            return SwitchFailure(self.devices[sid], report.code, report.message, touched)
+            return SwitchFailure(
+                self.devices[sid], report.code, report.message, _touched(report.metadata)
+            )
 
     async def apply_batch(self, sid: str, req: pb.ApplyBatchRequest) -> pb.ApplyBatchResponse:
         """One batch on one switch (the reconcile loop's repairs); raises AioRpcError."""
@@ -210,6 +252,29 @@ class AgentSwitchDriver:
         if any(isinstance(s, grpc.aio.AioRpcError) for s in states.values()):
             return None
         return to_fabric_state(self.fabric, self.devices, states)  # type: ignore[arg-type]
+
+
+_CODES = {c.value[0]: c for c in grpc.StatusCode}
+
+
+def _touched(meta: Mapping[str, str]) -> bool:
+    """Whether a failed batch may have left something on its switch: what its ErrorInfo
+    counts say; without them (the answer was lost) it may have applied any of it."""
+    if "applied_disconnects" not in meta:
+        return True
+    return any(
+        int(meta.get(k, "0") or 0) > 0
+        for k in ("applied_disconnects", "applied_outputs", "applied_connects")
+    )
+
+
+def _error_metadata(status: status_pb2.Status) -> dict[str, str]:
+    for detail in status.details:
+        if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
+            info = error_details_pb2.ErrorInfo()
+            detail.Unpack(info)
+            return dict(info.metadata)
+    return {}
 
 
 def to_fabric_state(

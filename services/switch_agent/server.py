@@ -3,15 +3,17 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 from google.protobuf import duration_pb2
 
 from lightpath.domain.southbound import devices, select
 from lightpath.domain.torus import Fabric
-from lightpath.errors import InvalidArgument
+from lightpath.errors import InvalidArgument, LightpathError
 from lightpath.v1 import optical_switch_pb2 as pb
 from lightpath.v1 import optical_switch_pb2_grpc
+from services.common.errors import to_status_proto
 from services.common.server import Runtime, ServiceDefinition
 from services.switch_agent.agent import Agent
 from services.switch_agent.faults import Faults
@@ -20,6 +22,7 @@ from services.switch_agent.switches import Batch, SimulatedSwitch
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["OpticalSwitch"].full_name
 ADMIN_SERVICE_NAME = pb.DESCRIPTOR.services_by_name["OpticalSwitchAdmin"].full_name
+MAX_BATCHES = 4096
 _KIND = {"OCS": pb.SWITCH_KIND_OCS, "ONE_TO_K": pb.SWITCH_KIND_ONE_TO_K}
 
 
@@ -67,6 +70,35 @@ class OpticalSwitchServicer(optical_switch_pb2_grpc.OpticalSwitchServicer):
         return out
 
     async def ApplyBatch(self, request: pb.ApplyBatchRequest, context) -> pb.ApplyBatchResponse:
+        return await self._apply(request)
+
+    async def ApplyBatches(
+        self, request: pb.ApplyBatchesRequest, context
+    ) -> pb.ApplyBatchesResponse:
+        reqs = request.batches
+        if not reqs:
+            raise InvalidArgument("batches", "give at least one batch")
+        if len(reqs) > MAX_BATCHES:
+            raise InvalidArgument("batches", f"at most {MAX_BATCHES} batches in one call")
+        first: dict[str, int] = {}
+        for i, r in enumerate(reqs):
+            if r.switch_id in first:
+                raise InvalidArgument(
+                    f"batches[{i}].switch_id",
+                    f"{r.switch_id} is also in batches[{first[r.switch_id]}]: one batch per "
+                    "switch per call (their order would be undefined)",
+                )
+            first[r.switch_id] = i
+
+        async def one(r: pb.ApplyBatchRequest) -> pb.ApplyBatchResult:
+            try:
+                return pb.ApplyBatchResult(applied=await self._apply(r))
+            except LightpathError as err:
+                return pb.ApplyBatchResult(error=to_status_proto(err))
+
+        return pb.ApplyBatchesResponse(results=await asyncio.gather(*(one(r) for r in reqs)))
+
+    async def _apply(self, request: pb.ApplyBatchRequest) -> pb.ApplyBatchResponse:
         sw = self._agent.switch(request.switch_id)
         batch = Batch(
             tuple((c.port_a, c.port_b) for c in request.disconnect),

@@ -360,3 +360,51 @@ def test_any_batches_keep_a_pairing_and_a_partial_one_is_a_prefix(steps):
             assert all(sw.table[q] == p and p != q for p, q in sw.table.items())
 
     asyncio.run(run())
+
+
+async def test_apply_batches_answers_each_switch_as_apply_batch_would(redis_url, tmp_path):
+    with agent_process(redis_url, tmp_path, **fabric()) as ag:
+        async with as_manager(ag.address) as s:
+            await inject(ag.address, "ocs-y-0-0", reject_batches=1)
+            reply = await s.ApplyBatches(
+                sb.ApplyBatchesRequest(
+                    batches=[
+                        sb.ApplyBatchRequest(switch_id=X, batch_id="m1", connect=pairs((8, 0))),
+                        sb.ApplyBatchRequest(
+                            switch_id="ocs-y-0-0", batch_id="m1", connect=pairs((8, 0))
+                        ),
+                        sb.ApplyBatchRequest(switch_id="nope", batch_id="m1"),
+                    ]
+                )
+            )
+            ok, rejected, unknown = reply.results
+            assert ok.applied.applied.connects == 1 and ok.applied.switch_id == X
+            assert rejected.error.code == C.ABORTED.value[0]
+            assert "refused" in rejected.error.message
+            assert unknown.error.code == C.NOT_FOUND.value[0]
+            assert await table(s) == {(0, 8)} and await table(s, "ocs-y-0-0") == set()
+            # the same keys again: the first outcomes, replayed
+            again = await s.ApplyBatches(
+                sb.ApplyBatchesRequest(
+                    batches=[
+                        sb.ApplyBatchRequest(switch_id=X, batch_id="m1", connect=pairs((8, 0)))
+                    ]
+                )
+            )
+            assert again.results[0].applied.replayed
+            # a switch twice in one call is the client's mistake, and nothing is applied
+            err = await failure(
+                s.ApplyBatches(
+                    sb.ApplyBatchesRequest(
+                        batches=[
+                            sb.ApplyBatchRequest(switch_id=X, batch_id="m2", connect=pairs((9, 1))),
+                            sb.ApplyBatchRequest(switch_id=X, batch_id="m3", connect=pairs((9, 2))),
+                        ]
+                    )
+                )
+            )
+            assert (
+                err.code == C.INVALID_ARGUMENT
+                and ("batches[1].switch_id", err.field_violations[0][1]) == err.field_violations[0]
+            )
+            assert await table(s) == {(0, 8)}
