@@ -3,6 +3,7 @@
 import grpc
 import warnings
 
+from lightpath.v1 import common_pb2 as lightpath_dot_v1_dot_common__pb2
 from lightpath.v1 import optical_switch_pb2 as lightpath_dot_v1_dot_optical__switch__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
@@ -359,6 +360,11 @@ class OpticalSwitchAdminStub:
         Args:
             channel: A grpc.Channel.
         """
+        self.GetInfo = channel.unary_unary(
+                '/lightpath.v1.OpticalSwitchAdmin/GetInfo',
+                request_serializer=lightpath_dot_v1_dot_common__pb2.GetInfoRequest.SerializeToString,
+                response_deserializer=lightpath_dot_v1_dot_common__pb2.ServiceInfo.FromString,
+                _registered_method=True)
         self.InjectFault = channel.unary_unary(
                 '/lightpath.v1.OpticalSwitchAdmin/InjectFault',
                 request_serializer=lightpath_dot_v1_dot_optical__switch__pb2.InjectFaultRequest.SerializeToString,
@@ -380,6 +386,13 @@ class OpticalSwitchAdminServicer:
     """Fault injection on Lightpath's reference agent (services/switch_agent), for
     tests and drills: an operator's tool, never part of a vendor's switch.
     """
+
+    def GetInfo(self, request, context):
+        """Identity and version of this agent process (as every Lightpath service answers).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
 
     def InjectFault(self, request, context):
         """Set (replace) the faults of one switch, or of every switch the agent
@@ -407,6 +420,11 @@ class OpticalSwitchAdminServicer:
 
 def add_OpticalSwitchAdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
+            'GetInfo': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetInfo,
+                    request_deserializer=lightpath_dot_v1_dot_common__pb2.GetInfoRequest.FromString,
+                    response_serializer=lightpath_dot_v1_dot_common__pb2.ServiceInfo.SerializeToString,
+            ),
             'InjectFault': grpc.unary_unary_rpc_method_handler(
                     servicer.InjectFault,
                     request_deserializer=lightpath_dot_v1_dot_optical__switch__pb2.InjectFaultRequest.FromString,
@@ -434,6 +452,33 @@ class OpticalSwitchAdmin:
     """Fault injection on Lightpath's reference agent (services/switch_agent), for
     tests and drills: an operator's tool, never part of a vendor's switch.
     """
+
+    @staticmethod
+    def GetInfo(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lightpath.v1.OpticalSwitchAdmin/GetInfo',
+            lightpath_dot_v1_dot_common__pb2.GetInfoRequest.SerializeToString,
+            lightpath_dot_v1_dot_common__pb2.ServiceInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
 
     @staticmethod
     def InjectFault(request,

@@ -5,6 +5,7 @@ isort:skip_file
 
 from collections import abc as _abc
 from grpc import aio as _aio
+from lightpath.v1 import common_pb2 as _common_pb2
 from lightpath.v1 import optical_switch_pb2 as _optical_switch_pb2
 import abc as _abc_1
 import grpc as _grpc
@@ -219,6 +220,8 @@ class OpticalSwitchAdminStub:
     def __new__(cls, channel: _grpc.Channel) -> _Self: ...
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> OpticalSwitchAdminAsyncStub: ...
+    GetInfo: _grpc.UnaryUnaryMultiCallable[_common_pb2.GetInfoRequest, _common_pb2.ServiceInfo]
+    """Identity and version of this agent process (as every Lightpath service answers)."""
     InjectFault: _grpc.UnaryUnaryMultiCallable[_optical_switch_pb2.InjectFaultRequest, _optical_switch_pb2.InjectFaultResponse]
     """Set (replace) the faults of one switch, or of every switch the agent
     serves with switch_id "*". All fields unset clears them.
@@ -237,6 +240,8 @@ class OpticalSwitchAdminAsyncStub(OpticalSwitchAdminStub):
     """
 
     def __init__(self, channel: _aio.Channel) -> None: ...
+    GetInfo: _aio.UnaryUnaryMultiCallable[_common_pb2.GetInfoRequest, _common_pb2.ServiceInfo]  # type: ignore[assignment]
+    """Identity and version of this agent process (as every Lightpath service answers)."""
     InjectFault: _aio.UnaryUnaryMultiCallable[_optical_switch_pb2.InjectFaultRequest, _optical_switch_pb2.InjectFaultResponse]  # type: ignore[assignment]
     """Set (replace) the faults of one switch, or of every switch the agent
     serves with switch_id "*". All fields unset clears them.
@@ -252,6 +257,14 @@ class OpticalSwitchAdminServicer(metaclass=_abc_1.ABCMeta):
     """Fault injection on Lightpath's reference agent (services/switch_agent), for
     tests and drills: an operator's tool, never part of a vendor's switch.
     """
+
+    @_abc_1.abstractmethod
+    def GetInfo(
+        self,
+        request: _common_pb2.GetInfoRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_common_pb2.ServiceInfo, _abc.Awaitable[_common_pb2.ServiceInfo]]:
+        """Identity and version of this agent process (as every Lightpath service answers)."""
 
     @_abc_1.abstractmethod
     def InjectFault(

@@ -166,6 +166,7 @@ _SOUTHBOUND = {
     "ApplyBatches": write(OCS, same_scope=True),
 }
 _SOUTHBOUND_ADMIN = {
+    "GetInfo": PUBLIC,
     "InjectFault": write(OPERATOR),
     "RestartSwitch": write(OPERATOR),
     "GetSwitchStats": read(OPERATOR),

@@ -11,8 +11,8 @@ from google.protobuf import duration_pb2
 from lightpath.domain.southbound import devices, select
 from lightpath.domain.torus import Fabric
 from lightpath.errors import InvalidArgument, LightpathError
+from lightpath.v1 import common_pb2, optical_switch_pb2_grpc
 from lightpath.v1 import optical_switch_pb2 as pb
-from lightpath.v1 import optical_switch_pb2_grpc
 from services.common.errors import to_status_proto
 from services.common.server import Runtime, ServiceDefinition
 from services.switch_agent.agent import Agent
@@ -149,6 +149,16 @@ class OpticalSwitchAdminServicer(optical_switch_pb2_grpc.OpticalSwitchAdminServi
     def __init__(self, runtime: Runtime[SwitchAgentSettings], agent: Agent):
         self._rt = runtime
         self._agent = agent
+
+    async def GetInfo(self, request: common_pb2.GetInfoRequest, context) -> common_pb2.ServiceInfo:
+        s = self._rt.settings
+        return self._rt.info(
+            ADMIN_SERVICE_NAME,
+            pod_id=s.pod_id,
+            switches=str(len(self._agent.switches)),
+            settle_ms=f"{s.settle_ms:g}",
+            state=s.state_file or "memory",
+        )
 
     async def InjectFault(self, request: pb.InjectFaultRequest, context) -> pb.InjectFaultResponse:
         f = request.faults
