@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from lightpath.domain.torus import FabricConfig, format_shape, parse_shape, validate_config
+from lightpath.domain.southbound import devices, select
+from lightpath.domain.torus import Fabric, FabricConfig, format_shape, parse_shape, validate_config
 from lightpath.errors import InvalidArgument
 from services.common.settings import (
     CommonSettings,
@@ -114,6 +115,12 @@ class SwitchAgentSettings(CommonSettings):
             raise SettingsError(
                 "; ".join(f"{_ENV[v.field]}: {v.rule}" for v in exc.violations)
             ) from None
+        fabric = Fabric(self.fabric_config)
+        if not select(devices(fabric), self.switches):
+            raise SettingsError(
+                f"LIGHTPATH_AGENT_SWITCHES={self.switches!r} matches none of the pod's switches "
+                f"(ids like {fabric.ocs_ids[0]}" + (", otm-0)" if fabric.k > 1 else ")")
+            )
 
     @property
     def fabric_config(self) -> FabricConfig:
