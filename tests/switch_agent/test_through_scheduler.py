@@ -48,10 +48,10 @@ async def test_a_job_whose_wiring_failed_is_not_running(redis_url, tmp_path):
                 wiring = await pod.wiring("hit")  # at most a wiring in flight, never wired
                 assert wiring is None or wiring.state != pb.SLICE_STATE_WIRED, wiring.state
                 await asyncio.sleep(0.1)
-            await pod.settle()
-            await pod.assert_consistent()
+            # (the scheduler keeps retrying meanwhile, so the pod never settles: its views
+            # are compared once the switch is back; the switches can be compared only then too)
             report = await pod.ocs.CheckInvariants(pb.CheckInvariantsRequest())
-            assert report.ok
+            assert report.ok, list(report.violations)
             await inject(ag.address, "ocs-x-0-0")  # the switch is back: the job runs
             await wait_state(pod, "hit", {RUNNING})
             await pod.settle()
