@@ -39,11 +39,13 @@ async def test_unreachable_switches_and_repairs_are_counted(redis_url, tmp_path,
                     value(reader, "lightpath.ocs.switch_repairs", pod=POD, reason="restarted") == 1
                 ),
                 "the restarted switch repaired",
+                timeout=30,
             )
             await inject(ag.address, "ocs-z-1-0", unreachable=True)
             await until(
                 lambda: value(reader, "lightpath.ocs.switches_unreachable", pod=POD) == 1,
                 "one switch unreachable",
+                timeout=30,
             )
             info = await ocs.GetInfo(common_pb2.GetInfoRequest())
             assert info.attributes["switches_unreachable"] == "1"
@@ -51,11 +53,13 @@ async def test_unreachable_switches_and_repairs_are_counted(redis_url, tmp_path,
             await until(
                 lambda: value(reader, "lightpath.ocs.switches_unreachable", pod=POD) == 0,
                 "every switch answers",
+                timeout=30,
             )
             ag.kill()  # the whole agent: all 12 switches gone
             await until(
                 lambda: value(reader, "lightpath.ocs.switches_unreachable", pod=POD) == 12,
                 "every switch unreachable",
+                timeout=30,
             )
             health = await health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest())
             assert health.status == health_pb2.HealthCheckResponse.SERVING
