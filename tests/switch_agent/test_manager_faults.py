@@ -120,11 +120,11 @@ async def test_a_switch_slower_than_the_deadline_is_rolled_back_when_the_lease_e
     redis_url, tmp_path, op
 ):
     with agent_process(redis_url, tmp_path, **fabric()) as ag:
-        async with manager(redis_url, ag, LIGHTPATH_OCS_SWITCH_TIMEOUT_S="0.5") as ocs:
+        async with manager(redis_url, ag) as ocs:  # a call to a switch: 2 s at most
             await ocs.WireSlice(wire_request("beside", [2, 1, 1], [6, 7]))
             if op != "wire":
                 await ocs.WireSlice(wire_request("job", [2, 1, 1], [0, 1]))
-            await inject(ag.address, SW, extra_delay={"nanos": 800_000_000})
+            await inject(ag.address, SW, extra_delay={"seconds": 5})
             if op == "wire":
                 call = ocs.WireSlice(wire_request("job", [2, 1, 1], [0, 1]))
             elif op == "release":
