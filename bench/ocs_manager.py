@@ -17,6 +17,11 @@ the bench calls with.
 * replace_ms_*: a 2x2x2 slice of 8 blocks on the K = 1 pod whose block moves
   back and forth to a free block (default answer: the 8-block wiring, the
   removed and added cross-connects).
+* agent_full_pod_*_settle10 / _settle100: the full-pod wire and release (counts
+  view) of a K = 1 pod whose 48 OCS sit behind a switch agent process
+  (`python -m services.switch_agent`, the open southbound) with 10 ms and 100 ms
+  of settling per batch: the manager sends one ApplyBatch per OCS, all 48 at once,
+  each over mTLS, checked and audited by the agent. Goal: p50 <= settle + 50 ms.
 """
 
 from __future__ import annotations
@@ -92,6 +97,38 @@ def start_server(
     )
 
 
+def start_agent_pod(
+    redis_url: str, pod: str, settle_ms: int, ca: LocalCA, creds: Credentials, workdir: Path
+) -> tuple[list[subprocess.Popen], str]:
+    """A K = 1 pod (64 blocks of 4x4x4) whose switches are a switch agent process settling
+    `settle_ms` per batch, and its ocs_manager driving them: (processes, manager address)."""
+    fabric = {
+        "LIGHTPATH_REDIS_URL": redis_url,
+        "LIGHTPATH_POD_ID": pod,
+        "LIGHTPATH_FABRIC_BLOCK_SHAPE": "4x4x4",
+        "LIGHTPATH_FABRIC_BLOCKS": "64",
+        "LIGHTPATH_FABRIC_OCS_PER_AXIS": "1",
+        "LIGHTPATH_FABRIC_OCS_RADIX": "136",
+    }
+    agent, agent_addr = start_service(
+        "switch_agent",
+        service_principal("switch_agent", pod),
+        ca,
+        creds,
+        workdir,
+        {**fabric, "LIGHTPATH_AGENT_SETTLE_MS": str(settle_ms)},
+    )
+    ocs, addr = start_service(
+        "ocs_manager",
+        service_principal("ocs_manager", pod),
+        ca,
+        creds,
+        workdir,
+        {**fabric, "LIGHTPATH_OCS_SWITCH_AGENTS": agent_addr},
+    )
+    return [ocs, agent], addr
+
+
 async def full_pod(stub, runs: int, view) -> dict[str, float]:
     wire, release, count = [], [], 0
     req = wire_request("full-pod", [4, 4, 4], list(range(64)), view)
@@ -158,6 +195,13 @@ async def main(args: argparse.Namespace) -> None:
             procs.append(p1)
             p2, addr2 = start_server(redis_url, "bench-k2", 2, ca, creds, Path(tmp))
             procs.append(p2)
+            agents = {}
+            for settle in (10, 100):
+                ps, addr = start_agent_pod(
+                    redis_url, f"bench-agents-{settle}", settle, ca, creds, Path(tmp)
+                )
+                procs += ps
+                agents[settle] = addr
             async with (
                 channel(addr1, credentials=creds) as ch1,
                 channel(addr2, credentials=creds) as ch2,
@@ -179,6 +223,16 @@ async def main(args: argparse.Namespace) -> None:
                 repc50, repc99 = await replaces(k1, max(100, args.runs), COUNTS)
                 check = await k1.CheckInvariants(pb.CheckInvariantsRequest(compare_switches=True))
                 check2 = await k2.CheckInvariants(pb.CheckInvariantsRequest(compare_switches=True))
+                agent_runs, agents_ok = {}, True
+                for settle, addr in agents.items():
+                    async with channel(addr, credentials=creds) as ch:
+                        stub = ocs_manager_pb2_grpc.OcsManagerStub(ch)
+                        await full_pod(stub, 2, COUNTS)  # warm up
+                        agent_runs[settle] = await full_pod(stub, args.runs, COUNTS)
+                        report = await stub.CheckInvariants(
+                            pb.CheckInvariantsRequest(compare_switches=True)
+                        )
+                        agents_ok = agents_ok and report.ok
         finally:
             for p in procs:
                 p.terminate()
@@ -205,8 +259,15 @@ async def main(args: argparse.Namespace) -> None:
             "replace_ms_p99": rep99,
             "replace_ms_p50_counts": repc50,
             "replace_ms_p99_counts": repc99,
+            **{
+                f"agent_full_pod_{what}_ms_{q}_settle{settle}": r[f"{what}_{q}"]
+                for settle, r in agent_runs.items()
+                for what in ("wire", "release")
+                for q in ("p50", "p99")
+            },
+            "agent_full_pod_cross_connects": agent_runs[10]["count"],
             "runs": args.runs,
-            "invariants_ok": check.ok and check2.ok,
+            "invariants_ok": check.ok and check2.ok and agents_ok,
             "tls": True,  # mTLS, client certificates required (the services' default)
         }
     )

@@ -167,9 +167,17 @@ def rpc_error(err: grpc.aio.AioRpcError | grpc.RpcError) -> LightpathError:
     )
 
 
+# Services whose proto is not named after them: package name -> (proto module, service).
+_STUBS = {"switch_agent": ("optical_switch", "OpticalSwitchAdmin")}
+
+
 def service_stub(service: str, ch: grpc.aio.Channel) -> Any:
-    """The generated stub of a service by its package name ("ocs_manager" → OcsManagerStub)."""
+    """The generated stub of a service by its package name ("ocs_manager" → OcsManagerStub;
+    "switch_agent" → OpticalSwitchAdminStub, where its GetInfo is)."""
     import importlib
 
-    module = importlib.import_module(f"lightpath.v1.{service}_pb2_grpc")
-    return getattr(module, "".join(p.capitalize() for p in service.split("_")) + "Stub")(ch)
+    module_name, name = _STUBS.get(
+        service, (service, "".join(p.capitalize() for p in service.split("_")))
+    )
+    module = importlib.import_module(f"lightpath.v1.{module_name}_pb2_grpc")
+    return getattr(module, name + "Stub")(ch)

@@ -6,7 +6,9 @@ and deploy/docker-compose.yml (a test checks the compose file against it):
 
     cell-scheduler                  :50051
     ws-pod-1 / ocs-pod-1            :50061 / :50062   superpod pod-1
+    (switches-pod-1)                :50063            its switches, with switch agents
     ws-pod-2 / ocs-pod-2            :50071 / :50072   superpod pod-2
+    (switches-pod-2)                :50073
     ws-pod-3 / ocs-pod-3            :50065 / :50066   superpod pod-3 (SWITCHED, seed 002)
     core-broker                     :50081
     agg-root / agg-sub-1 / agg-sub-2 :50091 / :50092 / :50093
@@ -99,9 +101,17 @@ class ProcessSpec:
         return service_principal(self.service, scope)
 
 
-def default_topology() -> list[ProcessSpec]:
+AGENT_SETTLE_MS = "10"  # the stack's simulated MEMS settling time with switch agents
+
+
+def default_topology(*, switch_agents: bool = False) -> list[ProcessSpec]:
     """Start order: a process comes after every process it points at, except
-    the workload schedulers' cell registration, which retries until the cell answers."""
+    the workload schedulers' cell registration, which retries until the cell answers.
+
+    `switch_agents`: the OCS pods' switches run as a switch_agent process per pod
+    (the open southbound, docs/ocs_southbound.md) which the pod's ocs_manager
+    programs, instead of the ocs_manager's simulation in Redis (faster: the demo's
+    default). Compose and Kubernetes run with them (`deployed_topology`)."""
     specs = [ProcessSpec("cell-scheduler", "cell_scheduler", 50051)]
     # pod-1: one OCS per logical axis (seed Fig. 8/9); pod-2: two, behind 1x2 switches (Fig. 12),
     # and mixed node types like seed ¶47 (60 tpu blocks + 4 gpu blocks).
@@ -112,9 +122,28 @@ def default_topology() -> list[ProcessSpec]:
             "LIGHTPATH_FABRIC_OCS_PER_AXIS": str(k),
             "LIGHTPATH_FABRIC_OCS_RADIX": "136",
         }
+        peers = {}
+        if switch_agents:
+            specs.append(
+                ProcessSpec(
+                    f"switches-{pod}",
+                    "switch_agent",
+                    base + 2,
+                    env={
+                        "LIGHTPATH_POD_ID": pod,
+                        **fabric,
+                        "LIGHTPATH_AGENT_SETTLE_MS": AGENT_SETTLE_MS,
+                    },
+                )
+            )
+            peers = {"LIGHTPATH_OCS_SWITCH_AGENTS": f"switches-{pod}"}
         specs.append(
             ProcessSpec(
-                f"ocs-{pod}", "ocs_manager", base + 1, env={"LIGHTPATH_POD_ID": pod, **fabric}
+                f"ocs-{pod}",
+                "ocs_manager",
+                base + 1,
+                env={"LIGHTPATH_POD_ID": pod, **fabric},
+                peers=peers,
             )
         )
         specs.append(
@@ -183,6 +212,11 @@ def default_topology() -> list[ProcessSpec]:
             )
         )
     return [replace(s, metrics_port=s.port + METRICS_PORT_OFFSET) for s in specs]
+
+
+def deployed_topology() -> list[ProcessSpec]:
+    """What deploy/ (compose, Kubernetes) runs: the local stack with switch agents."""
+    return default_topology(switch_agents=True)
 
 
 def with_ephemeral_ports(specs: list[ProcessSpec]) -> list[ProcessSpec]:

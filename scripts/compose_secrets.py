@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 from lightpath.security.identity import OPERATOR, Principal, console_principal  # noqa: E402
 from lightpath.security.pki import LocalCA  # noqa: E402
-from lightpath.stack import default_topology  # noqa: E402
+from lightpath.stack import deployed_topology  # noqa: E402
 
 CONTAINER_UID = 10001
 
@@ -40,7 +40,7 @@ def main(argv: list[str]) -> int:
     directory = Path(argv[0]).resolve()
     ca = LocalCA(directory, common_name="Lightpath compose CA").ensure()
     keys = [ca.issue(Principal(OPERATOR, OPERATOR)).key]
-    for spec in default_topology():
+    for spec in deployed_topology():
         keys.append(ca.issue(spec.principal, hosts=(spec.name,)).key)
     keys.append(ca.issue(console_principal(), hosts=("console",)).key)  # the web console
     password = directory / "redis.password"

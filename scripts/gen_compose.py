@@ -21,9 +21,15 @@ sys.path.insert(0, str(ROOT))
 
 from lightpath.security.identity import console_principal  # noqa: E402
 from lightpath.security.pki import file_stem  # noqa: E402
-from lightpath.stack import CONSOLE_PORT, console_env, default_topology, process_env  # noqa: E402
+from lightpath.stack import (  # noqa: E402
+    CONSOLE_PORT,
+    console_env,
+    default_topology,
+    deployed_topology,
+    process_env,
+)
 
-specs = default_topology()
+specs = deployed_topology()  # with switch agents
 METRICS_PORT = 9464  # every service's scrape endpoint inside its container (the OTel default)
 
 
@@ -220,7 +226,7 @@ monitoring.mkdir(exist_ok=True)
 )
 (monitoring / "prometheus.local.yml").write_text(
     scrape_config(
-        [(f"127.0.0.1:{s.metrics_port}", s.name) for s in specs],
+        [(f"127.0.0.1:{s.metrics_port}", s.name) for s in default_topology()],
         "# `lightpath up`'s processes (fixed ports: gRPC port + 1000, on loopback):\n"
         "#   prometheus --config.file=deploy/monitoring/prometheus.local.yml\n",
     )

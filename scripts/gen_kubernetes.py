@@ -6,7 +6,8 @@
     python scripts/gen_kubernetes.py --lock     # write deploy/requirements.lock from .venv
     python scripts/gen_kubernetes.py --secret-commands deploy/secrets   # kubectl create secret ...
 
-The same `default_topology()` and `process_env()` that `lightpath up` runs and
+The same topology (`deployed_topology()`: the local stack with switch agents) and
+`process_env()` that `lightpath up` runs and
 scripts/gen_compose.py writes into deploy/docker-compose.yml make every object
 here, so the three cannot drift; tests/test_kubernetes.py fails when the
 committed YAML is not what this script writes, renders the overlay and checks
@@ -47,7 +48,7 @@ from lightpath.stack import (  # noqa: E402
     CONSOLE_PORT,
     ProcessSpec,
     console_env,
-    default_topology,
+    deployed_topology,
     process_env,
 )
 
@@ -80,6 +81,7 @@ REPLICAS = {
     "ocs_manager": 2,
     "core_broker": 2,
     "agg_switch": 1,
+    "switch_agent": 1,  # it is the pod's switches (their tables in its memory): never doubled
 }
 
 # Idle resident memory of each process is 75-90 MiB (`lightpath up`, 2026-11-25);
@@ -91,6 +93,7 @@ RESOURCES = {
     "ocs_manager": ("250m", "192Mi", "1", "768Mi"),
     "core_broker": ("500m", "256Mi", "2", "1Gi"),
     "agg_switch": ("500m", "256Mi", "2", "1Gi"),
+    "switch_agent": ("100m", "128Mi", "1", "256Mi"),
 }
 
 # Who outside the stack may call (besides every pod labelled as an operator):
@@ -931,7 +934,7 @@ def _version() -> str:
 
 def files() -> dict[str, str]:
     """Every file under deploy/kubernetes/, relative path -> text."""
-    specs = default_topology()
+    specs = deployed_topology()
     return {**base_files(), **overlay_files(specs), **monitoring_files()}
 
 
@@ -1026,7 +1029,7 @@ def secret_commands(directory: str) -> str:
         f"{ns} generic {CA_SECRET} --from-file=ca.crt={directory}/ca.crt",
         f"{ns} generic {REDIS_SECRET} --from-file=password={directory}/redis.password",
     ]
-    for s in default_topology():
+    for s in deployed_topology():
         stem = f"{directory}/{file_stem(s.principal)}"
         lines.append(f"{ns} tls {tls_secret(s)} --cert={stem}.crt --key={stem}.key")
     stem = f"{directory}/{file_stem(console_principal())}"

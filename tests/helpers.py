@@ -15,7 +15,14 @@ from lightpath.security.pki import IssuedFiles, LocalCA
 from services.common.server import RunningService, running
 from services.common.settings import CommonSettings, load
 
-SERVICES = ("cell_scheduler", "workload_scheduler", "ocs_manager", "core_broker", "agg_switch")
+SERVICES = (
+    "cell_scheduler",
+    "workload_scheduler",
+    "ocs_manager",
+    "core_broker",
+    "agg_switch",
+    "switch_agent",
+)
 
 
 def settings_class(service: str) -> type[CommonSettings]:
@@ -76,7 +83,7 @@ def credentials(principal: Principal | str, *, token: str = ""):
 
 def service_identity(service: str, env: Mapping[str, str]) -> Principal:
     """The principal a service process of the local stack has: scoped by its pod or switch."""
-    if service in ("workload_scheduler", "ocs_manager"):
+    if service in ("workload_scheduler", "ocs_manager", "switch_agent"):
         return service_principal(service, env.get("LIGHTPATH_POD_ID", "pod-1"))
     if service == "agg_switch":
         return service_principal(service, env.get("LIGHTPATH_SWITCH_ID", "root"))

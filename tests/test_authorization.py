@@ -38,6 +38,7 @@ from lightpath.v1 import (
     common_pb2,
     core_broker_pb2,
     ocs_manager_pb2,
+    optical_switch_pb2,
     workload_scheduler_pb2,
 )
 from lightpath.v1 import cell_scheduler_pb2 as cs
@@ -52,13 +53,15 @@ MODULES = {
     "ocs_manager": ocs_manager_pb2,
     "core_broker": core_broker_pb2,
     "agg_switch": agg_switch_pb2,
+    "switch_agent": optical_switch_pb2,
 }
 SERVICE_NAMES = {
-    "cell_scheduler": "CellScheduler",
-    "workload_scheduler": "WorkloadScheduler",
-    "ocs_manager": "OcsManager",
-    "core_broker": "CoreBroker",
-    "agg_switch": "AggSwitch",
+    "cell_scheduler": ("CellScheduler",),
+    "workload_scheduler": ("WorkloadScheduler",),
+    "ocs_manager": ("OcsManager",),
+    "core_broker": ("CoreBroker",),
+    "agg_switch": ("AggSwitch",),
+    "switch_agent": ("OpticalSwitch", "OpticalSwitchAdmin"),
 }
 # One of each kind, and services of right and wrong scopes.
 PRINCIPALS = [
@@ -70,6 +73,7 @@ PRINCIPALS = [
     "service:workload_scheduler/pod-1",
     "service:workload_scheduler/pod-2",
     "service:ocs_manager/pod-1",
+    "service:ocs_manager/pod-2",
     "service:core_broker",
     "service:agg_switch/sub-1",
     "service:console",
@@ -88,9 +92,10 @@ GUARD_REASONS = {
 def _methods() -> list[tuple[str, str, object]]:
     out = []
     for service, module in MODULES.items():
-        desc = module.DESCRIPTOR.services_by_name[SERVICE_NAMES[service]]
-        for m in desc.methods:
-            out.append((service, f"/{desc.full_name}/{m.name}", m))
+        for name in SERVICE_NAMES[service]:
+            desc = module.DESCRIPTOR.services_by_name[name]
+            for m in desc.methods:
+                out.append((service, f"/{desc.full_name}/{m.name}", m))
     return out
 
 
@@ -105,6 +110,10 @@ def test_every_method_of_every_service_has_a_row():
     # GetInfo is the only public method (health and reflection are public by prefix)
     public = sorted(p for _, p, _ in METHODS if rule_for(p).public)
     assert public == sorted(p for _, p, _ in METHODS if p.endswith("/GetInfo"))
+    # the southbound itself has no public method (a switch answers its own controller)
+    assert not [
+        p for p in RULES if p.startswith("/lightpath.v1.OpticalSwitch/") and RULES[p].public
+    ]
 
 
 @pytest.mark.parametrize(
@@ -158,6 +167,23 @@ def test_every_method_of_every_service_has_a_row():
             "AggSwitch/AbortCommand",
             ["operator:operator", "tenant:acme", "node:n1"],
             ["service:agg_switch/sub-1", "application:cam"],
+        ),
+        # the southbound: only the pod's own ocs_manager programs its switches; an operator
+        # may look and inject faults, nobody else
+        (
+            "OpticalSwitch/ApplyBatch",
+            ["service:ocs_manager/pod-1"],
+            ["service:ocs_manager/pod-2", "operator:operator", "service:workload_scheduler/pod-1"],
+        ),
+        (
+            "OpticalSwitch/GetCrossConnects",
+            ["service:ocs_manager/pod-1", "operator:operator"],
+            ["service:ocs_manager/pod-2", "tenant:acme"],
+        ),
+        (
+            "OpticalSwitchAdmin/InjectFault",
+            ["operator:operator"],
+            ["service:ocs_manager/pod-1", "tenant:acme"],
         ),
         # core broker: as before, operators manage, applications reserve
         ("CoreBroker/RegisterDevice", ["operator:operator"], ["application:cam", "tenant:acme"]),
@@ -282,6 +308,14 @@ async def _token_mode_services(redis_url: str, tmp: Path) -> AsyncIterator[dict[
         for service in ("cell_scheduler", "core_broker", "agg_switch"):
             svc = await stack.enter_async_context(serve(service, redis_url, base))
             others[service] = svc.address
+        agent = await stack.enter_async_context(
+            serve(
+                "switch_agent",
+                redis_url,
+                {**base, "LIGHTPATH_POD_ID": "pod-1", "LIGHTPATH_FABRIC_BLOCKS": "8"},
+            )
+        )
+        others["switch_agent"] = agent.address
         try:
             yield {
                 "ocs_manager": ocs.address,

@@ -11,14 +11,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lightpath.stack import default_topology, process_env
+from lightpath.stack import deployed_topology, process_env
 from services.common.settings import describe, load
 from tests.helpers import settings_class
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = yaml.safe_load((ROOT / "deploy" / "docker-compose.yml").read_text())
 SCRIPTS = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
-SPECS = {s.name: s for s in default_topology()}
+SPECS = {s.name: s for s in deployed_topology()}
 
 
 def test_compose_runs_exactly_the_local_stack_plus_redis():
@@ -38,7 +38,7 @@ def test_the_console_is_a_client_of_the_services_with_its_own_certificate():
     assert set(env) <= known, set(env) - known
     settings = load(ConsoleSettings, env)
     assert not any(k.startswith("LIGHTPATH_REDIS") for k in env)
-    assert env.items() >= console_env(default_topology(), CONSOLE_PORT, host="compose").items()
+    assert env.items() >= console_env(deployed_topology(), CONSOLE_PORT, host="compose").items()
     assert dict(settings.ocs_addrs) == {
         s.env["LIGHTPATH_POD_ID"]: f"{s.name}:{s.port}"
         for s in SPECS.values()
@@ -77,7 +77,7 @@ def test_service_matches_code(name):
     assert set(env) <= known, f"{name} sets variables its settings do not read: {set(env) - known}"
     load(settings_class(spec.service), env)
     # the same ports, peers and service settings as `lightpath up`
-    expected = process_env(spec, default_topology(), "redis://redis:6379/0", host="compose")
+    expected = process_env(spec, deployed_topology(), "redis://redis:6379/0", host="compose")
     for var, value in expected.items():
         assert env.get(var) == value, (
             f"{name}: {var} is {env.get(var)!r}, the local stack uses {value!r}"

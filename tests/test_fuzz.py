@@ -42,10 +42,11 @@ from lightpath.v1 import (
     cell_scheduler_pb2,
     core_broker_pb2,
     ocs_manager_pb2,
+    optical_switch_pb2,
     workload_scheduler_pb2,
 )
 from services.common import policy
-from tests.helpers import credentials, one_of_each
+from tests.helpers import credentials, one_of_each, serve
 
 TOTAL_EXAMPLES = int(os.environ.get("LIGHTPATH_FUZZ_EXAMPLES", "300"))
 MODULES = {
@@ -54,6 +55,7 @@ MODULES = {
     "ocs": ocs_manager_pb2,
     "broker": core_broker_pb2,
     "agg": agg_switch_pb2,
+    "agent": optical_switch_pb2,  # a switch agent of pod-1 (the southbound and its admin)
 }
 METHODS = [
     (name, method)
@@ -355,6 +357,8 @@ def _caller(method: descriptor.MethodDescriptor):
         return "node:n1"
     if policy.AGG in rule.roles:
         return service_principal("agg_switch", "root")
+    if policy.OCS in rule.roles:
+        return service_principal("ocs_manager", "pod-1")
     raise AssertionError(f"no caller for {method.full_name}: {rule.roles}")
 
 
@@ -364,6 +368,18 @@ async def _whole_cell(redis_url: str):
     channel to each for the operator and for every other caller a method needs."""
     async with contextlib.AsyncExitStack() as stack:
         addresses = {k: svc.address for k, svc in (await one_of_each(stack, redis_url)).items()}
+        agent = await stack.enter_async_context(
+            serve(
+                "switch_agent",
+                redis_url,
+                {
+                    "LIGHTPATH_POD_ID": "pod-1",
+                    "LIGHTPATH_FABRIC_BLOCKS": "8",
+                    "LIGHTPATH_AGENT_SETTLE_MS": "0",
+                },
+            )
+        )
+        addresses["agent"] = agent.address
         channels: dict[tuple[str, str], grpc.aio.Channel] = {}
         for name, method in [(n, None) for n in addresses] + METHODS:
             who = (_caller(method) if method is not None else None) or OPERATOR
@@ -522,6 +538,14 @@ def _seed_requests() -> dict[str, Message]:
                 )
                 for i in range(2)
             ],
+        ),
+        "OpticalSwitch.ApplyBatch": optical_switch_pb2.ApplyBatchRequest(
+            switch_id="ocs-x-0-0",
+            batch_id="b-1",
+            connect=[optical_switch_pb2.PortPair(port_a=8, port_b=0)],
+        ),
+        "OpticalSwitchAdmin.InjectFault": optical_switch_pb2.InjectFaultRequest(
+            switch_id="ocs-x-0-0", faults=optical_switch_pb2.SwitchFaults(reject_batches=1)
         ),
         "AggSwitch.DefineTopology": agg_pb.DefineTopologyRequest(topology=_topology()),
         "AggSwitch.StartCommand": agg_pb.StartCommandRequest(

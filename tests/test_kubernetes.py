@@ -24,7 +24,7 @@ from kubernetes_validate import utils as kv
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from lightpath.stack import default_topology, process_env
+from lightpath.stack import deployed_topology, process_env
 from services.common.settings import CommonSettings, describe, load
 from tests.helpers import serve, service_identity, settings_class, tls_env
 
@@ -33,7 +33,7 @@ KUBE = ROOT / "deploy" / "kubernetes"
 OVERLAY = KUBE / "overlays" / "stack"
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 SCRIPTS = PYPROJECT["project"]["scripts"]
-SPECS = {s.name: s for s in default_topology()}
+SPECS = {s.name: s for s in deployed_topology()}
 
 _spec = importlib.util.spec_from_file_location(
     "gen_kubernetes", ROOT / "scripts" / "gen_kubernetes.py"
@@ -149,7 +149,7 @@ def test_process_matches_code(name):
     # the same ports, peers and service settings as `lightpath up`; listening on every
     # interface inside the pod only, said explicitly
     expected = process_env(
-        spec, default_topology(), SETTINGS["LIGHTPATH_REDIS_URL"], host="compose"
+        spec, deployed_topology(), SETTINGS["LIGHTPATH_REDIS_URL"], host="compose"
     )
     for var, value in expected.items():
         assert env.get(var) == value, f"{name}: {var} is {env.get(var)!r}, the stack uses {value!r}"
@@ -248,11 +248,12 @@ def test_pods_run_restricted(name):
 @pytest.mark.parametrize("name", sorted(SPECS))
 def test_replicas_and_disruption_budgets_follow_the_design(name):
     """Replicas where the services coordinate through Redis; one agg_switch per switch id
-    (its chunks in flight are in its memory), replaced rather than doubled."""
+    (its chunks in flight are in its memory) and one switch agent per pod (it is the
+    pod's switches), replaced rather than doubled."""
     spec, d = SPECS[name], DEPLOYMENTS[name]
     pdb = objects("PodDisruptionBudget")[name]["spec"]
     assert pdb["selector"]["matchLabels"].items() <= pod_labels(name).items()
-    if spec.service == "agg_switch":
+    if spec.service in ("agg_switch", "switch_agent"):
         assert d["spec"]["replicas"] == 1 and d["spec"]["strategy"]["type"] == "Recreate"
         assert pdb == {**pdb, "maxUnavailable": 1}
     else:
@@ -267,14 +268,19 @@ def _selected(peer: dict, labels: dict[str, str]) -> bool:
 
 def test_network_policies_allow_exactly_the_calls_the_services_make():
     """cell -> each workload scheduler; a workload scheduler -> the cell and its own
-    ocs_manager; switches of one tree -> each other; nothing else between processes."""
+    ocs_manager; an ocs_manager -> its pod's switch agent; switches of one tree -> each
+    other; nothing else between processes."""
     expected = set()
     for s in SPECS.values():
         if s.service == "workload_scheduler":
-            env = process_env(s, default_topology(), "redis://x", host="compose")
+            env = process_env(s, deployed_topology(), "redis://x", host="compose")
             ocs = env["LIGHTPATH_OCS_ADDR"].partition(":")[0]
             assert SPECS[ocs].env["LIGHTPATH_POD_ID"] == s.env["LIGHTPATH_POD_ID"]
             expected |= {(s.name, ocs), (s.name, "cell-scheduler"), ("cell-scheduler", s.name)}
+        if s.service == "ocs_manager" and "LIGHTPATH_OCS_SWITCH_AGENTS" in s.peers:
+            agent = s.peers["LIGHTPATH_OCS_SWITCH_AGENTS"]
+            assert SPECS[agent].env["LIGHTPATH_POD_ID"] == s.env["LIGHTPATH_POD_ID"]
+            expected.add((s.name, agent))  # an ocs_manager programs its own pod's switches
     switches = [s.name for s in SPECS.values() if s.service == "agg_switch"]
     expected |= {(a, b) for a in switches for b in switches if a != b}
 
@@ -299,7 +305,7 @@ def test_network_policies_allow_exactly_the_calls_the_services_make():
                         allowed_out.add((callee, n))
     assert allowed_in == expected
     assert allowed_out == expected
-    assert gen.calls(default_topology()) == expected
+    assert gen.calls(deployed_topology()) == expected
 
 
 def test_base_policies_deny_by_default_and_open_dns_and_redis_only():

@@ -17,7 +17,7 @@ import kubernetes_validate as kv
 import pytest
 import yaml
 
-from lightpath.stack import default_topology
+from lightpath.stack import default_topology, deployed_topology
 from services.common.metric_names import exported_series
 from services.common.settings import CommonSettings, load
 
@@ -26,7 +26,8 @@ MONITORING = ROOT / "deploy" / "monitoring"
 KUBE_MONITORING = ROOT / "deploy" / "kubernetes" / "monitoring"
 ALERTS = yaml.safe_load((MONITORING / "alerts.yml").read_text())
 RULES = [r for g in ALERTS["groups"] for r in g["rules"]]
-SPECS = default_topology()
+SPECS = deployed_topology()  # compose and Kubernetes: with switch agents
+LOCAL = default_topology()  # `lightpath up`
 PROMTOOL = shutil.which("promtool")
 needs_promtool = pytest.mark.skipif(
     PROMTOOL is None,
@@ -278,7 +279,7 @@ def test_the_compose_scrape_config_scrapes_every_process():
 
 def test_the_local_scrape_config_scrapes_lightpath_up():
     assert _targets("prometheus.local.yml") == {
-        s.name: f"127.0.0.1:{s.metrics_port}" for s in SPECS
+        s.name: f"127.0.0.1:{s.metrics_port}" for s in LOCAL
     }
     ports = [s.metrics_port for s in SPECS] + [s.port for s in SPECS]
     assert len(ports) == len(set(ports)) and all(s.metrics_port for s in SPECS)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import time
@@ -41,6 +42,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="do not start the web console (by default on https://127.0.0.1:8443/)",
     )
+    up.add_argument(
+        "--switch-agents",
+        action="store_true",
+        default=None,
+        help="run each OCS pod's optical switches as a switch agent process that its "
+        "ocs_manager programs over the open southbound (default $LIGHTPATH_SWITCH_AGENTS, "
+        "else the ocs_manager's own simulation)",
+    )
     up.set_defaults(func=cmd_up)
 
     status = sub.add_parser("status", help="health of each service of the running stack")
@@ -64,7 +73,17 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
-    specs = default_topology()
+    agents = args.switch_agents
+    if agents is None:
+        raw = os.environ.get("LIGHTPATH_SWITCH_AGENTS", "").strip().lower()
+        agents = raw in {"1", "true", "yes", "on"}
+        if not agents and raw not in {"", "0", "false", "no", "off"}:
+            print(
+                f"LIGHTPATH_SWITCH_AGENTS={raw!r} is not a yes or no: set it to 1 or 0",
+                file=sys.stderr,
+            )
+            return 2
+    specs = default_topology(switch_agents=agents)
     if args.ephemeral_ports:
         specs = with_ephemeral_ports(specs)
     state_dir = args.state_dir or default_state_dir()

@@ -14,7 +14,7 @@ from lightpath.v1 import common_pb2
 
 async def run(ctx: DemoContext) -> None:
     ctx.section("every service: health and one traced GetInfo")
-    services = {s.name: s.service for s in default_topology()}
+    services = {s.name: s.service for s in default_topology(switch_agents=True)}
     rows = []
     for name in ctx.endpoints:
         ch = ctx.channel(name)

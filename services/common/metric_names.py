@@ -287,6 +287,22 @@ DOMAIN: tuple[MetricName, ...] = (
         "invariant checks that failed, by rule",
     ),
     _m(
+        "lightpath.ocs.switches_unreachable",
+        GAUGE,
+        "",
+        ("pod",),
+        "ocs_manager",
+        "switches the last reconcile pass could not read (switch agents)",
+    ),
+    _m(
+        "lightpath.ocs.switch_repairs",
+        COUNTER,
+        "",
+        ("pod", "reason"),
+        "ocs_manager",
+        "batches the reconcile loop sent to make a switch match the committed tables, by reason",
+    ),
+    _m(
         "lightpath.ocs.ring_channels",
         GAUGE,
         "",

@@ -32,6 +32,7 @@ from lightpath.security.identity import APPLICATION, NODE, OPERATOR, TENANT
 CELL = "service:cell_scheduler"
 WS = "service:workload_scheduler"
 AGG = "service:agg_switch"
+OCS = "service:ocs_manager"
 CONSOLE = "service:console"
 # Roles a `same_scope` row takes whatever their scope (they serve no pod or switch).
 UNSCOPED_ROLES = frozenset({CONSOLE})
@@ -167,6 +168,23 @@ _AGG = {
     "Relay": read(AGG),
 }
 
+# The southbound of a pod's optical switches (optical_switch.proto): only that pod's
+# ocs_manager programs them (an operator may look); fault injection on the reference
+# agent is an operator's drill.
+_SOUTHBOUND = {
+    "Describe": read(OCS, OPERATOR, same_scope=True),
+    "GetCrossConnects": read(OCS, OPERATOR, same_scope=True),
+    "GetPortStatus": read(OCS, OPERATOR, same_scope=True),
+    "ApplyBatch": write(OCS, same_scope=True),
+    "ApplyBatches": write(OCS, same_scope=True),
+}
+_SOUTHBOUND_ADMIN = {
+    "GetInfo": PUBLIC,
+    "InjectFault": write(OPERATOR),
+    "RestartSwitch": write(OPERATOR),
+    "GetSwitchStats": read(OPERATOR),
+}
+
 RULES: dict[str, Rule] = {
     f"/lightpath.v1.{service}/{method}": rule
     for service, table in (
@@ -175,6 +193,8 @@ RULES: dict[str, Rule] = {
         ("OcsManager", _OCS),
         ("CoreBroker", _BROKER),
         ("AggSwitch", _AGG),
+        ("OpticalSwitch", _SOUTHBOUND),
+        ("OpticalSwitchAdmin", _SOUTHBOUND_ADMIN),
     )
     for method, rule in table.items()
 }

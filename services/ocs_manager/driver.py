@@ -5,15 +5,29 @@ The manager never touches a switch itself: it hands a `FabricChange` to a
 disconnect of a pair that is not connected is a no-op; a connect makes the
 two ports each other's only peer; a 1xK move sets the output), so the manager
 can always undo a failed or interrupted change by applying its inverse.
+On each switch the order is disconnects, then 1xK moves, then connects; across
+switches a driver may program in any order or all at once (each cross-connect
+lives on one switch, and nothing carries traffic before the change is committed).
 
 On failure a driver raises `SwitchDriverError`, saying what it had applied if
 it knows (`applied`), and whether retrying later may help (`transient`: the
-manager answers UNAVAILABLE, else ABORTED).
+manager answers UNAVAILABLE, else ABORTED). `applied` is a `FabricChange`
+covering at least everything that took effect (None: unknown, the manager undoes
+all of it); the manager applies `applied.inverse()` through the same driver, so a
+driver may answer a subclass that narrows the change to the switches it touched
+(agent_driver.ScopedChange) and honour that narrowing when it gets the inverse.
 
-`RedisSwitchDriver`, the default, simulates the switches: each OCS's own
-cross-connects and each block's 1xK outputs live in Redis under
-`lp:{pod}:dev:...`, apart from the manager's committed tables, and an optional
-settling delay mimics MEMS mirrors moving (OCS_DRIVER_SETTLE_MS).
+Two drivers:
+
+* `RedisSwitchDriver`, the default, simulates the switches: each OCS's own
+  cross-connects and each block's 1xK outputs live in Redis under
+  `lp:{pod}:dev:...`, apart from the manager's committed tables, and an optional
+  settling delay mimics MEMS mirrors moving (OCS_DRIVER_SETTLE_MS). One Lua
+  script applies a whole change: it never fails half-way.
+* `agent_driver.AgentSwitchDriver` (LIGHTPATH_OCS_SWITCH_AGENTS) speaks the
+  open southbound, protos/lightpath/v1/optical_switch.proto, to switch agents
+  (services/switch_agent, or a vendor's adapter): one batch per switch, all
+  switches in parallel; reconcile.py keeps the switches as committed.
 """
 
 from __future__ import annotations

@@ -45,6 +45,7 @@ class OcsMetrics:
         self._utilization: dict[tuple[str, str], float] = {}  # (pod, ocs) -> ports used / cabled
         self._one_to_many: dict[tuple[str, str], int] = {}  # (pod, output) -> 1xK switches
         self._ring_channels: dict[str, int] = {}  # pod -> channels reserved
+        self._unreachable: dict[str, int] = {}  # pod -> switches its reconcile could not read
         self._versions: list[Any] | None = None
         meter.create_observable_gauge(
             "lightpath.ocs.cross_connects",
@@ -66,6 +67,16 @@ class OcsMetrics:
             "lightpath.ocs.ring_channels",
             [self._observe_ring_channels],
             description="ring channels reserved (switched pods)",
+        )
+        meter.create_observable_gauge(
+            "lightpath.ocs.switches_unreachable",
+            [self._observe_unreachable],
+            description="switches the last reconcile pass could not read (switch agents)",
+        )
+        self._repairs = meter.create_counter(
+            "lightpath.ocs.switch_repairs",
+            description="batches the reconcile loop sent to make a switch match the committed "
+            "tables, by reason (restarted, drifted)",
         )
         self._change = meter.create_histogram(
             "lightpath.ocs.change.duration",
@@ -89,6 +100,12 @@ class OcsMetrics:
         """An invariant check (OCS-6) found these violations (each with its rule)."""
         for rule, n in Counter(v.rule for v in found).items():
             self._invariants.add(n, {"pod": pod, "rule": rule})
+
+    def switch_repaired(self, pod: str, reason: str) -> None:
+        self._repairs.add(1, {"pod": pod, "reason": reason})
+
+    def switches_unreachable(self, pod: str, n: int) -> None:
+        self._unreachable[pod] = n
 
     # -- the gauges' snapshot ------------------------------------------------------
 
@@ -139,6 +156,9 @@ class OcsMetrics:
         return [
             Observation(n, {"pod": p, "output": out}) for (p, out), n in self._one_to_many.items()
         ]
+
+    def _observe_unreachable(self, options: CallbackOptions) -> Sequence[Observation]:
+        return [Observation(n, {"pod": p}) for p, n in self._unreachable.items()]
 
     def _observe_ring_channels(self, options: CallbackOptions) -> Sequence[Observation]:
         return [Observation(n, {"pod": p}) for p, n in self._ring_channels.items()]

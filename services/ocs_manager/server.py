@@ -9,19 +9,22 @@ from __future__ import annotations
 
 from opentelemetry import trace
 
+from lightpath.domain.southbound import devices, endpoint_of
 from lightpath.domain.torus import SECOND, Fabric, FabricConfig, validate_config
 from lightpath.errors import Aborted, FailedPrecondition, InvalidArgument, NotFound
-from lightpath.v1 import common_pb2, ocs_manager_pb2, ocs_manager_pb2_grpc
+from lightpath.v1 import common_pb2, ocs_manager_pb2, ocs_manager_pb2_grpc, optical_switch_pb2_grpc
 from lightpath.v1 import ocs_manager_pb2 as pb
 from services.common import paging
 from services.common.keys import require_id
 from services.common.server import Runtime, ServiceDefinition
 from services.ocs_manager import convert
+from services.ocs_manager.agent_driver import AgentSwitchDriver
 from services.ocs_manager.driver import RedisSwitchDriver, SwitchDriver
 from services.ocs_manager.encode import WiringEncoder
 from services.ocs_manager.invariants import FabricState, Violation, check
 from services.ocs_manager.manager import FabricManager
 from services.ocs_manager.metrics import OcsMetrics
+from services.ocs_manager.reconcile import SwitchReconciler
 from services.ocs_manager.settings import OcsManagerSettings
 from services.ocs_manager.store import OcsStore
 from services.ocs_manager.switched.server import SWITCHED_RPCS, build_switched, refuse_calls
@@ -44,8 +47,14 @@ class OcsManagerServicer(
     refuse_calls(SWITCHED_RPCS, "OCS_TORUS"),  # type: ignore[misc]
     ocs_manager_pb2_grpc.OcsManagerServicer,
 ):
-    def __init__(self, runtime: Runtime[OcsManagerSettings], manager: FabricManager):
+    def __init__(
+        self,
+        runtime: Runtime[OcsManagerSettings],
+        manager: FabricManager,
+        reconciler: SwitchReconciler | None = None,
+    ):
         self._rt = runtime
+        self._reconciler = reconciler
         self._pod = runtime.settings.pod_id
         self._m = manager
         self._fabric = manager.fabric
@@ -54,12 +63,21 @@ class OcsManagerServicer(
 
     async def GetInfo(self, request: common_pb2.GetInfoRequest, context) -> common_pb2.ServiceInfo:
         c = self._fabric.config
+        more = {}
+        r = self._reconciler
+        if r is not None:
+            more = {
+                "switch_reconcile_passes": str(r.passes),
+                "switches_unreachable": str(len(r.last.unreachable) if r.last else 0),
+            }
         return self._rt.info(
             SERVICE_NAME,
             pod_id=self._pod,
             fabric_kind="OCS_TORUS",
             fabric=c.describe(),
             ocs=str(self._fabric.ocs_count),
+            switch_driver="agents" if isinstance(self._m.driver, AgentSwitchDriver) else "redis",
+            **more,
         )
 
     # -- fabric (OCS-1) ----------------------------------------------------------
@@ -374,25 +392,59 @@ async def build(
             s.pod_id,
             status[2],
         )
-    if driver is None:
+    reconciler: SwitchReconciler | None = None
+    if driver is None and s.switch_agents:
+        agents = agent_driver(runtime, fabric)
+        reconciler = SwitchReconciler(
+            fabric, store, agents, interval_s=s.reconcile_s, metrics=metrics
+        )
+        driver = agents
+    elif driver is None:
         default = RedisSwitchDriver(
             runtime.redis, s.pod_id, fabric, settle_s=s.driver_settle_ms / 1000
         )
         await default.init()
         driver = default
     manager = FabricManager(fabric, store, driver, lease_s=s.change_lease_s, metrics=metrics)
+    if reconciler is not None:
+        # Fail-static: adopt what the switches hold, put back what a restarted one lost.
+        runtime.supervise(reconciler.run, "switch reconcile")
+        runtime.log.info(
+            "pod %s: switches behind agents (%s), reconciled every %.1f s",
+            s.pod_id,
+            s.switch_agents,
+            s.reconcile_s,
+        )
     runtime.supervise(
         lambda: metrics.run(store, fabric, runtime.redis), "fabric metrics", needed=False
     )
     runtime.log.info(
         "pod %s fabric: %s, %d OCS", s.pod_id, fabric.config.describe(), fabric.ocs_count
     )
-    servicer = OcsManagerServicer(runtime, manager)
+    servicer = OcsManagerServicer(runtime, manager, reconciler)
     return [
         ServiceDefinition(
             SERVICE_NAME, servicer, ocs_manager_pb2_grpc.add_OcsManagerServicer_to_server
         )
     ]
+
+
+def agent_driver(runtime: Runtime[OcsManagerSettings], fabric: Fabric) -> AgentSwitchDriver:
+    """The driver of switches behind agents: one channel per agent address (this service's
+    own credentials), a stub per switch by LIGHTPATH_OCS_SWITCH_AGENTS."""
+    s = runtime.settings
+    endpoints = s.switch_endpoints
+    channels: dict[str, optical_switch_pb2_grpc.OpticalSwitchStub] = {}
+    stubs = {}
+    for d in devices(fabric):
+        address = endpoint_of(endpoints, d.id)
+        assert address is not None  # settings checked every switch has one
+        if address not in channels:
+            channels[address] = optical_switch_pb2_grpc.OpticalSwitchStub(
+                runtime.channel(address, max_attempts=1, default_timeout=s.switch_timeout_s)
+            )
+        stubs[d.id] = channels[address]
+    return AgentSwitchDriver(fabric, stubs, timeout_s=s.switch_timeout_s)
 
 
 def _describe(raw: str) -> str:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from lightpath.domain.southbound import devices, endpoint_of, parse_endpoint_map
 from lightpath.domain.switched import SwitchedFabricConfig
-from lightpath.domain.torus import FabricConfig, format_shape, parse_shape, validate_config
+from lightpath.domain.torus import Fabric, FabricConfig, format_shape, parse_shape, validate_config
 from lightpath.errors import InvalidArgument
 from services.common.settings import (
     CommonSettings,
@@ -41,6 +42,11 @@ _ENV = {
     "ocs_per_axis": "LIGHTPATH_FABRIC_OCS_PER_AXIS",
     "ocs_radix": "LIGHTPATH_FABRIC_OCS_RADIX",
 }
+
+
+def _endpoints(raw: str) -> str:
+    parse_endpoint_map(raw)  # ValueError naming the rule
+    return raw.strip()
 
 
 def _shape(raw: str) -> str:
@@ -95,6 +101,29 @@ class OcsManagerSettings(CommonSettings):
         "settling delay the simulated switches add to every change (MEMS mirrors), ms",
         parse=parse_non_negative_float,
     )
+    switch_agents: str = setting(
+        "LIGHTPATH_OCS_SWITCH_AGENTS",
+        "",
+        "where the switches are: empty for the simulation in Redis (the default driver); "
+        "host:port of one switch agent serving all of them; or glob=host:port,... by switch "
+        "id (ocs-x-*=10.0.0.5:50063,otm-*=10.0.0.6:50063; first match wins). "
+        "docs/ocs_southbound.md",
+        parse=_endpoints,
+    )
+    switch_timeout_s: float = setting(
+        "LIGHTPATH_OCS_SWITCH_TIMEOUT_S",
+        5.0,
+        "deadline of one call to a switch agent, s (above its settling time; below half the "
+        "change lease)",
+        parse=parse_positive_float,
+    )
+    reconcile_s: float = setting(
+        "LIGHTPATH_OCS_RECONCILE_S",
+        5.0,
+        "with switch agents: how often the switches are read and put back to the committed "
+        "tables (a switch restarted empty, a port changed behind the manager), s",
+        parse=parse_positive_float,
+    )
     change_lease_s: float = setting(
         "LIGHTPATH_OCS_CHANGE_LEASE_S",
         30.0,
@@ -130,6 +159,24 @@ class OcsManagerSettings(CommonSettings):
             raise SettingsError(
                 "; ".join(f"{_ENV[v.field]}: {v.rule}" for v in exc.violations)
             ) from None
+        if self.switch_agents and self.fabric_kind == "OCS_TORUS":
+            if self.switch_timeout_s >= self.change_lease_s / 2:
+                raise SettingsError(
+                    f"LIGHTPATH_OCS_SWITCH_TIMEOUT_S={self.switch_timeout_s:g} must be below half "
+                    f"of LIGHTPATH_OCS_CHANGE_LEASE_S={self.change_lease_s:g}: a change and its "
+                    "rollback must both fit in the lease"
+                )
+            endpoints = parse_endpoint_map(self.switch_agents)
+            for d in devices(Fabric(self.fabric_config)):
+                if endpoint_of(endpoints, d.id) is None:
+                    raise SettingsError(
+                        f"LIGHTPATH_OCS_SWITCH_AGENTS={self.switch_agents!r} names no agent for "
+                        f"switch {d.id}: add an entry matching it (or * for the rest)"
+                    )
+
+    @property
+    def switch_endpoints(self) -> tuple[tuple[str, str], ...]:
+        return parse_endpoint_map(self.switch_agents)
 
     @property
     def fabric_config(self) -> FabricConfig:

@@ -38,6 +38,7 @@ FULL_NAMES = {
     "ocs_manager": "lightpath.v1.OcsManager",
     "core_broker": "lightpath.v1.CoreBroker",
     "agg_switch": "lightpath.v1.AggSwitch",
+    "switch_agent": "lightpath.v1.OpticalSwitchAdmin",  # its GetInfo; OpticalSwitch beside it
 }
 
 
@@ -63,7 +64,8 @@ async def reflect_v1(ch: grpc.aio.Channel, request: reflection_pb2.ServerReflect
 
 @pytest.mark.parametrize("service", SERVICES)
 async def test_service_contract_smoke(service, redis_url):
-    env = {"LIGHTPATH_POD_ID": "pod-7"} if service in {"ocs_manager", "workload_scheduler"} else {}
+    scoped = {"ocs_manager", "workload_scheduler", "switch_agent"}
+    env = {"LIGHTPATH_POD_ID": "pod-7"} if service in scoped else {}
     async with serve(service, redis_url, env) as svc, channel(svc.address) as ch:
         health = health_pb2_grpc.HealthStub(ch)
         for name in ("", FULL_NAMES[service]):

@@ -72,7 +72,7 @@ def test_every_service_has_its_own_default_port_and_common_settings(service):
     envs = {d.env for d in describe(cls)}
     assert {"LIGHTPATH_REDIS_URL", "LIGHTPATH_LISTEN", "LIGHTPATH_LOG_LEVEL"} <= envs
     assert load(cls, {}).listen.endswith(
-        tuple(f":{p}" for p in (50051, 50061, 50062, 50081, 50091))
+        tuple(f":{p}" for p in (50051, 50061, 50062, 50063, 50081, 50091))
     )
 
 

@@ -1,0 +1,301 @@
+"""A switch driver that speaks the open southbound (optical_switch.proto) to switch agents.
+
+`AgentSwitchDriver` turns a `FabricChange` into one `ApplyBatch` per switch it
+touches (an OCS's disconnects and connects; a block's bank of 1xK switches'
+output selections) and sends them all at once (asyncio.gather): the switches of
+one change are programmed in parallel, so a full pod takes about one settling
+time. Within a switch the order is the protocol's: disconnects, outputs, connects.
+
+When some switches fail, `SwitchDriverError.applied` is a `ScopedChange`: the
+change narrowed to the switches that may hold part of it (those that succeeded,
+those whose error says something took effect, and those whose answer was lost:
+unknown counts as touched). Switches whose error says nothing took effect are
+left out, so the manager's rollback (the inverse, through this driver again)
+never needs a switch that is down and untouched. Absolute semantics make the
+inverse of a whole per-switch batch safe after any part of it.
+
+docs/ocs_southbound.md is the contract; services/switch_agent the reference agent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import grpc
+from google.rpc import error_details_pb2, status_pb2
+
+from lightpath.client import error_report
+from lightpath.domain.southbound import OCS, SouthboundDevice, bank_id, devices
+from lightpath.domain.torus import Fabric
+from lightpath.v1 import optical_switch_pb2 as pb
+from lightpath.v1 import optical_switch_pb2_grpc
+from services.ocs_manager.driver import SwitchDriverError
+from services.ocs_manager.invariants import FabricState
+from services.ocs_manager.wiring import FabricChange, link_ports
+
+# Codes after which the same change may succeed later.
+_TRANSIENT = {
+    grpc.StatusCode.UNAVAILABLE,
+    grpc.StatusCode.DEADLINE_EXCEEDED,
+    grpc.StatusCode.RESOURCE_EXHAUSTED,
+    grpc.StatusCode.CANCELLED,
+    grpc.StatusCode.UNKNOWN,
+}
+
+
+@dataclass(frozen=True)
+class ScopedChange(FabricChange):
+    """A `FabricChange` on some switches only: OCS indices `ocs` and the 1xK banks of
+    blocks `banks`. What this driver reports as `applied`; its inverse keeps the scope."""
+
+    ocs: frozenset[int] = field(default_factory=frozenset)
+    banks: frozenset[int] = field(default_factory=frozenset)
+
+    def inverse(self) -> ScopedChange:
+        base = FabricChange.inverse(self)
+        return ScopedChange(base.disconnect, base.connect, base.one_to_many, self.ocs, self.banks)
+
+    @property
+    def empty(self) -> bool:
+        return not (self.ocs or self.banks) or FabricChange.empty.fget(self)  # type: ignore[attr-defined]
+
+
+@dataclass(frozen=True)
+class SwitchFailure:
+    device: SouthboundDevice
+    code: grpc.StatusCode
+    message: str
+    touched: bool  # something may have taken effect (known, or not known)
+
+
+def batches(fabric: Fabric, change: FabricChange) -> dict[str, pb.ApplyBatchRequest]:
+    """One ApplyBatchRequest (without batch_id) per switch `change` touches, by switch id.
+
+    A link's two ports are the same on every logical axis of its dimension (wiring.py), so
+    the port pairs are gathered once per (dim, k) and each OCS's request is a copy of that
+    template: a full pod is 6 templates, not 3,072 cross-connects built one by one."""
+    scope = change if isinstance(change, ScopedChange) else None
+    groups: dict[tuple[int, int], tuple[list[tuple[int, int]], list[tuple[int, int]]]] = {}
+    for which, wiring in ((0, change.disconnect), (1, change.connect)):
+        for link in wiring:
+            k, pa, pb_ = link_ports(fabric, link)
+            groups.setdefault((link.dim, k), ([], []))[which].append((pa, pb_))
+    out: dict[str, pb.ApplyBatchRequest] = {}
+    for (d, k), (disc, conn) in sorted(groups.items()):
+        template = pb.ApplyBatchRequest(
+            disconnect=[pb.PortPair(port_a=p, port_b=q) for p, q in disc],
+            connect=[pb.PortPair(port_a=p, port_b=q) for p, q in conn],
+        )
+        for a in range(fabric.axes[d]):
+            ocs = fabric.ocs_index(d, a, k)
+            if scope is not None and ocs not in scope.ocs:
+                continue
+            req = pb.ApplyBatchRequest()
+            req.CopyFrom(template)
+            req.switch_id = fabric.ocs_ids[ocs]
+            out[req.switch_id] = req
+    total = fabric.total_axes
+    for index, output in change.one_to_many_ops(fabric):
+        block, inp = divmod(index, total)
+        if scope is not None and block not in scope.banks:
+            continue
+        sid = bank_id(block)
+        req = out.setdefault(sid, pb.ApplyBatchRequest(switch_id=sid))
+        sel = req.set_outputs.add(input=inp)
+        if output is not None:
+            sel.output = output
+    return out
+
+
+class AgentSwitchDriver:
+    """Switches behind switch agents (or vendors' adapters) speaking optical_switch.proto."""
+
+    def __init__(
+        self,
+        fabric: Fabric,
+        stubs: Mapping[str, optical_switch_pb2_grpc.OpticalSwitchStub],
+        *,
+        timeout_s: float = 5.0,
+    ):
+        self.fabric = fabric
+        self.devices = {d.id: d for d in devices(fabric)}
+        missing = [d for d in self.devices if d not in stubs]
+        if missing:
+            raise ValueError(f"no switch agent for {len(missing)} switches, e.g. {missing[0]}")
+        self._stubs = dict(stubs)
+        self.timeout_s = timeout_s
+        self.apply_calls = 0  # ApplyBatch / ApplyBatches calls sent
+        self._single_only: set[int] = set()  # endpoints (stubs) without ApplyBatches
+
+    # -- programming ------------------------------------------------------------------
+
+    async def apply(self, change: FabricChange) -> None:
+        if change.empty:
+            return
+        reqs = batches(self.fabric, change)
+        token = secrets.token_hex(8)
+        ids = list(reqs)
+        for sid in ids:
+            reqs[sid].batch_id = f"{token}:{sid}"
+        by_endpoint: dict[int, list[str]] = {}
+        for sid in ids:
+            by_endpoint.setdefault(id(self._stubs[sid]), []).append(sid)
+        results = await asyncio.gather(
+            *(self._send_endpoint([reqs[sid] for sid in group]) for group in by_endpoint.values())
+        )
+        failures = [f for group in results for f in group if f is not None]
+        if not failures:
+            return
+        failed_untouched = {f.device.id for f in failures if not f.touched}
+        touched = [self.devices[sid] for sid in ids if sid not in failed_untouched]
+        applied = ScopedChange(
+            change.disconnect,
+            change.connect,
+            change.one_to_many,
+            frozenset(d.index for d in touched if d.kind == OCS),
+            frozenset(d.index for d in touched if d.kind != OCS),
+        )
+        first = failures[0]
+        more = f" (and {len(failures) - 1} more switches)" if len(failures) > 1 else ""
+        raise SwitchDriverError(
+            f"switch {first.device.id}: {first.code.name}: {first.message}{more}",
+            applied=applied,
+            transient=all(f.code in _TRANSIENT for f in failures),
+        )
+
+    async def _send_endpoint(self, reqs: list[pb.ApplyBatchRequest]) -> list[SwitchFailure | None]:
+        """The batches of switches behind one endpoint: one ApplyBatches call (the gRPC cost
+        of one call, not one per switch), or ApplyBatch per switch where it has no
+        ApplyBatches (UNIMPLEMENTED: remembered)."""
+        stub = self._stubs[reqs[0].switch_id]
+        if len(reqs) == 1 or id(stub) in self._single_only:
+            return list(await asyncio.gather(*(self._send(r) for r in reqs)))
+        self.apply_calls += 1
+        try:
+            reply = await stub.ApplyBatches(
+                pb.ApplyBatchesRequest(batches=reqs), timeout=self.timeout_s
+            )
+        except grpc.aio.AioRpcError as err:
+            if err.code() == grpc.StatusCode.UNIMPLEMENTED:
+                self._single_only.add(id(stub))
+                return list(await asyncio.gather(*(self._send(r) for r in reqs)))
+            report = error_report(err)  # lost or refused whole: each switch may hold any of it
+            return [
+                SwitchFailure(self.devices[r.switch_id], report.code, report.message, True)
+                for r in reqs
+            ]
+        if len(reply.results) != len(reqs):
+            return [
+                SwitchFailure(
+                    self.devices[r.switch_id],
+                    grpc.StatusCode.UNKNOWN,
+                    f"ApplyBatches answered {len(reply.results)} results for {len(reqs)} batches",
+                    True,
+                )
+                for r in reqs
+            ]
+        out: list[SwitchFailure | None] = []
+        for r, res in zip(reqs, reply.results, strict=True):
+            if res.HasField("applied"):
+                out.append(None)
+                continue
+            code = _CODES.get(res.error.code, grpc.StatusCode.UNKNOWN)
+            meta = _error_metadata(res.error)
+            out.append(
+                SwitchFailure(self.devices[r.switch_id], code, res.error.message, _touched(meta))
+            )
+        return out
+
+    async def _send(self, req: pb.ApplyBatchRequest) -> SwitchFailure | None:
+        sid = req.switch_id
+        self.apply_calls += 1
+        try:
+            await self._stubs[sid].ApplyBatch(req, timeout=self.timeout_s)
+            return None
+        except grpc.aio.AioRpcError as err:
+            report = error_report(err)
+            return SwitchFailure(
+                self.devices[sid], report.code, report.message, _touched(report.metadata)
+            )
+
+    async def apply_batch(self, sid: str, req: pb.ApplyBatchRequest) -> pb.ApplyBatchResponse:
+        """One batch on one switch (the reconcile loop's repairs); raises AioRpcError."""
+        self.apply_calls += 1
+        req.switch_id = sid
+        if not req.batch_id:
+            req.batch_id = f"{secrets.token_hex(8)}:{sid}"
+        return await self._stubs[sid].ApplyBatch(req, timeout=self.timeout_s)
+
+    # -- reading ------------------------------------------------------------------------
+
+    async def read_switch(self, sid: str) -> pb.OpticalSwitchState:
+        return await self._stubs[sid].GetCrossConnects(
+            pb.GetCrossConnectsRequest(switch_id=sid), timeout=self.timeout_s
+        )
+
+    async def read_all(self) -> dict[str, pb.OpticalSwitchState | grpc.aio.AioRpcError]:
+        ids = list(self.devices)
+
+        async def one(sid: str) -> pb.OpticalSwitchState | grpc.aio.AioRpcError:
+            try:
+                return await self.read_switch(sid)
+            except grpc.aio.AioRpcError as err:
+                return err
+
+        return dict(zip(ids, await asyncio.gather(*(one(s) for s in ids)), strict=True))
+
+    async def read(self) -> FabricState | None:
+        states = await self.read_all()
+        if any(isinstance(s, grpc.aio.AioRpcError) for s in states.values()):
+            return None
+        return to_fabric_state(self.fabric, self.devices, states)  # type: ignore[arg-type]
+
+
+_CODES = {c.value[0]: c for c in grpc.StatusCode}
+
+
+def _touched(meta: Mapping[str, str]) -> bool:
+    """Whether a failed batch may have left something on its switch: what its ErrorInfo
+    counts say; without them (the answer was lost) it may have applied any of it."""
+    if "applied_disconnects" not in meta:
+        return True
+    return any(
+        int(meta.get(k, "0") or 0) > 0
+        for k in ("applied_disconnects", "applied_outputs", "applied_connects")
+    )
+
+
+def _error_metadata(status: status_pb2.Status) -> dict[str, str]:
+    for detail in status.details:
+        if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
+            info = error_details_pb2.ErrorInfo()
+            detail.Unpack(info)
+            return dict(info.metadata)
+    return {}
+
+
+def to_fabric_state(
+    fabric: Fabric,
+    by_id: Mapping[str, SouthboundDevice],
+    states: Mapping[str, pb.OpticalSwitchState],
+) -> FabricState:
+    """Switch states -> the tables and 1xK settings of a FabricState (as the store keeps them)."""
+    out = FabricState()
+    total = fabric.total_axes
+    for sid, st in states.items():
+        d = by_id[sid]
+        if d.kind == OCS:
+            table: dict[int, int] = {}
+            for xc in st.cross_connects:
+                table[xc.port_a] = xc.port_b
+                table[xc.port_b] = xc.port_a
+            if table:
+                out.tables[d.index] = table
+        else:
+            for sel in st.outputs:
+                if sel.HasField("output"):
+                    out.one_to_many[d.index * total + sel.input] = sel.output
+    return out

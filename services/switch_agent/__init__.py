@@ -1,0 +1,1 @@
+"""Reference agent of the optical-switch southbound (issue 20): simulated switches."""

@@ -1,0 +1,132 @@
+"""Settings of switch_agent, from environment variables.
+
+The agent serves the switches of one pod's optical fabric, derived from the same
+LIGHTPATH_FABRIC_* settings the pod's ocs_manager reads (lightpath.domain.southbound),
+narrowed by LIGHTPATH_AGENT_SWITCHES.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from lightpath.domain.southbound import devices, select
+from lightpath.domain.torus import Fabric, FabricConfig, format_shape, parse_shape, validate_config
+from lightpath.errors import InvalidArgument
+from services.common.settings import (
+    CommonSettings,
+    SettingsError,
+    parse_address,
+    parse_id,
+    parse_non_negative_float,
+    parse_positive_int,
+    setting,
+)
+from services.switch_agent.faults import parse_fault_spec
+
+_ENV = {
+    "block_shape": "LIGHTPATH_FABRIC_BLOCK_SHAPE",
+    "block_count": "LIGHTPATH_FABRIC_BLOCKS",
+    "ocs_per_axis": "LIGHTPATH_FABRIC_OCS_PER_AXIS",
+    "ocs_radix": "LIGHTPATH_FABRIC_OCS_RADIX",
+}
+
+
+def _shape(raw: str) -> str:
+    return format_shape(parse_shape(raw))
+
+
+def _faults(raw: str) -> str:
+    parse_fault_spec(raw)  # ValueError naming the rule
+    return raw.strip()
+
+
+def _globs(raw: str) -> str:
+    if not any(p.strip() for p in raw.split(",")):
+        raise ValueError("give at least one switch id or glob, e.g. * or ocs-x-*,otm-*")
+    return raw.strip()
+
+
+@dataclass(frozen=True)
+class SwitchAgentSettings(CommonSettings):
+    listen: str = setting(
+        "LIGHTPATH_LISTEN", "127.0.0.1:50063", "gRPC listen address", parse=parse_address
+    )
+    pod_id: str = setting(
+        "LIGHTPATH_POD_ID",
+        "pod-1",
+        "the pod whose switches this agent serves: only that pod's ocs_manager may program them",
+        parse=parse_id,
+    )
+    fabric_block_shape: str = setting(
+        "LIGHTPATH_FABRIC_BLOCK_SHAPE",
+        "4x4x4",
+        "the pod's fabric, as its ocs_manager has it: chips per block along each dimension",
+        parse=_shape,
+    )
+    fabric_blocks: int = setting(
+        "LIGHTPATH_FABRIC_BLOCKS", 64, "the pod's building blocks", parse=parse_positive_int
+    )
+    fabric_ocs_per_axis: int = setting(
+        "LIGHTPATH_FABRIC_OCS_PER_AXIS",
+        1,
+        "K, OCS per logical axis (K >= 2 adds a bank of 1xK switches per block, otm-<block>)",
+        parse=parse_positive_int,
+    )
+    fabric_ocs_radix: int = setting(
+        "LIGHTPATH_FABRIC_OCS_RADIX", 136, "ports of one OCS", parse=parse_positive_int
+    )
+    switches: str = setting(
+        "LIGHTPATH_AGENT_SWITCHES",
+        "*",
+        "which of the pod's switches this agent serves: comma-separated ids or globs "
+        "(ocs-x-*, otm-*, ocs-y-3-0)",
+        parse=_globs,
+    )
+    settle_ms: float = setting(
+        "LIGHTPATH_AGENT_SETTLE_MS",
+        10.0,
+        "settling time of every batch (MEMS mirrors moving), ms; ApplyBatch answers after it",
+        parse=parse_non_negative_float,
+    )
+    state_file: str = setting(
+        "LIGHTPATH_AGENT_STATE_FILE",
+        "",
+        "file keeping the switches' tables across agent restarts (JSON, written before a "
+        "batch is answered); empty: in memory, so a restarted agent's switches come up empty",
+    )
+    faults: str = setting(
+        "LIGHTPATH_AGENT_FAULTS",
+        "",
+        "faults injected at start: glob=fault[+fault],... with fault unreachable, slow:<ms>, "
+        "reject:<n> or partial:<n> (e.g. ocs-x-3-0=unreachable,otm-*=slow:200)",
+        parse=_faults,
+    )
+    idempotency_keys: int = setting(
+        "LIGHTPATH_AGENT_IDEMPOTENCY_KEYS",
+        1024,
+        "batch ids whose outcome each switch remembers (a repeated one is answered, not re-applied)",
+        parse=parse_positive_int,
+    )
+
+    def __post_init__(self) -> None:
+        try:
+            validate_config(self.fabric_config)
+        except InvalidArgument as exc:
+            raise SettingsError(
+                "; ".join(f"{_ENV[v.field]}: {v.rule}" for v in exc.violations)
+            ) from None
+        fabric = Fabric(self.fabric_config)
+        if not select(devices(fabric), self.switches):
+            raise SettingsError(
+                f"LIGHTPATH_AGENT_SWITCHES={self.switches!r} matches none of the pod's switches "
+                f"(ids like {fabric.ocs_ids[0]}" + (", otm-0)" if fabric.k > 1 else ")")
+            )
+
+    @property
+    def fabric_config(self) -> FabricConfig:
+        return FabricConfig(
+            parse_shape(self.fabric_block_shape),
+            self.fabric_blocks,
+            self.fabric_ocs_per_axis,
+            self.fabric_ocs_radix,
+        )
