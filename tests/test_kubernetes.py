@@ -506,7 +506,7 @@ def test_the_console_reads_the_services_and_nothing_else():
     assert c["securityContext"]["readOnlyRootFilesystem"] is True
     assert "console_health" in " ".join(c["readinessProbe"]["exec"]["command"])
     read = {n for n, s in SPECS.items() if s.service in gen.CONSOLE_READS}
-    assert read == {n for n in SPECS if not n.startswith("ws-")}
+    assert read == {n for n in SPECS if not n.startswith(("ws-", "switches-"))}
     assert dict(settings.ocs_addrs) == {
         SPECS[n].env["LIGHTPATH_POD_ID"]: f"{n}:{SPECS[n].port}"
         for n in read
