@@ -446,6 +446,25 @@ class Skyline:
         hi = np.where(cells == g.cells - 1, MAX_TIME + 1, g.origin + (cells + 1) * g.cell)
         g.m[cells, devices] = Skyline.peak(self.groups(devices), devices.shape[0], lo, hi)
 
+    def saturated(
+        self, devices: np.ndarray, cores: np.ndarray, start: int, end: int
+    ) -> np.ndarray | None:
+        """Which of `devices` (with `cores` each) the grid shows with every core
+        reserved in some cell wholly inside [start, end): those have none free
+        during it (the grid's cells are lower bounds). None: no such cell."""
+        g = self.grid
+        if g.origin is None:
+            return None
+        j0 = max(1, -((g.origin - start) // g.cell))  # the first cell starting at or after start
+        j1 = min(g.cells - 2, (end - g.origin) // g.cell - 1)  # the last ending by end
+        if j1 < j0:
+            return None
+        if j1 == j0:
+            most = g.m[j0, devices]
+        else:
+            most = g.m[j0 : j1 + 1].max(axis=0)[devices]
+        return most >= cores
+
     def anchor(self, t: int) -> None:
         """Slide the grid so that `t` lies in its first cells, if t has moved out
         of its first quarter (time went on) or lies before it."""
@@ -637,6 +656,8 @@ class _Probe:
         self.ends: EndSet | None = None
         self.columns, layout = sky.layout(devices)
         self.parts = [(b, pos, base, start, caps[pos]) for b, pos, base, start in layout]
+        # one part, its rows in the devices' order: masks by device need no reordering
+        self.in_order = len(layout) == 1 and bool((layout[0][1] == np.arange(self.n)).all())
 
     def next_ends(self, t: int, k: int) -> list[int]:
         """The first k distinct instants after t at which an allocation on one of
@@ -715,14 +736,15 @@ class _Probe:
         return out
 
     def free_where(self, a: list[int], b: list[int], sel: np.ndarray) -> np.ndarray:
-        """`free`, read only where `sel` (shape (len(a), n)) is set: 0 elsewhere."""
+        """`free`, read only where `sel` (shape (n, len(a)): device, then window) is
+        set: 0 elsewhere."""
         m = len(a)
         out = np.zeros((m, self.n), np.int64)
         qa = _clip(np.array(a, np.int64))
         qb = _clip(np.array(b, np.int64))
         for bk, pos, base, _, caps in self.parts:
             # (device, window) pairs by row, then window: the keys come sorted
-            di, wi = np.nonzero(sel[:, pos].T)
+            di, wi = np.nonzero(sel if self.in_order else sel[pos])
             if di.shape[0] == 0:
                 continue
             rb = base[di]
@@ -790,7 +812,7 @@ class _Probe:
 
     def bounds(self, cells: list[tuple[int, int]], need: int) -> np.ndarray | None:
         """For windows each starting somewhere in cells c0 .. c1 of `cells`: a mask
-        (len(cells), n) of the devices that might offer a core to it, empty for a
+        (n, len(cells)) of the devices that might offer a core to each, empty for a
         window to which all of them together cannot offer `need` (None: the grid
         cannot tell)."""
         if self.width < 1 or not cells:
@@ -806,14 +828,15 @@ class _Probe:
                 return None
             self._chunk(lo, max(hi - lo + 1, min(_CHUNK, last - lo + 1)))
             cs = lo
-        bound = np.empty((len(cells), self.n), np.int64)
+        first = np.array([c0 for c0, _ in cells], np.int64) - cs
+        bound = self.chunk_offer[first]  # windows starting in one cell: that cell's offers
         for i, (c0, c1) in enumerate(cells):
-            if c0 == c1:
-                bound[i] = self.chunk_offer[c0 - cs]
-            else:
+            if c1 > c0:
                 bound[i] = self.chunk_offer[c0 - cs : c1 - cs + 1].max(axis=0)
-        bound[bound.sum(axis=1) < need] = 0
-        return bound > 0
+        # by device, then window (C order): what `free_where` reads
+        out = np.greater(bound.T, 0, order="C")
+        out &= bound.sum(axis=1) >= need
+        return out
 
 
 _CHUNK = 96  # cells bounded at once by the coarse grid

@@ -68,6 +68,14 @@ class CheckedCapacityMap(CapacityMap):
         CheckedCapacityMap.checks += 1
         return got
 
+    def offers(self, start, end, devices):
+        got = super().offers(start, end, devices)
+        want = np.maximum(self.cores - legacy(self).peak(start, end), 0)
+        want[~(self.alive & devices)] = 0
+        assert got.tolist() == want.tolist(), (start, end)
+        CheckedCapacityMap.checks += 1
+        return got
+
     def earliest_start(self, need, duration, after, last_start, devices, **kw):
         old = legacy(self)
         if kw.get("no_start_at_after"):  # the caller's word, checked
@@ -274,6 +282,36 @@ def test_peak_and_free_match_the_old_sweep(allocs, removed, assumed, start, leng
     part = cap.free_over(start, start + length, mask)
     want = old.cores - old.peak(start, start + length)
     assert part[mask].tolist() == want[mask].tolist()
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(rows, max_size=60),
+    st.lists(st.integers(0, 59), max_size=20),
+    st.lists(rows, max_size=6),
+    st.integers(-5, 110),
+    st.integers(1, 40),
+    st.integers(-10, 100),  # where the coarse grid is anchored
+    st.sampled_from([1, 2, 3, 60_000]),  # its cells (60 s: none inside these windows)
+    st.lists(st.booleans(), min_size=len(CORES), max_size=len(CORES)),
+)
+def test_offers_match_the_old_sweep_whatever_the_grid_holds(
+    allocs, removed, assumed, start, length, anchor, cell, mask
+):
+    """`offers` leaves out, unsearched, the devices the grid shows full in a cell
+    inside the window: exact all the same, with removals, grants tried and taken
+    back and grants still assumed in the grid's cells, and over-committed devices."""
+    cap = build(allocs, removed, [], cell)
+    cap._sky_of().anchor(anchor)
+    mark = cap.savepoint()
+    cap.assume(Allocation(f"d{dev}", c, s, s + n) for dev, s, n, c in assumed)
+    cap.rollback(mark)
+    cap.assume(Allocation(f"d{dev}", c, s, s + n) for dev, s, n, c in assumed[:3])
+    devices = np.array(mask)
+    old = legacy(cap)
+    want = np.maximum(old.cores - old.peak(start, start + length), 0)
+    want[~devices] = 0
+    assert cap.offers(start, start + length, devices).tolist() == want.tolist()
 
 
 def test_the_grid_slides_with_the_searches_and_keeps_their_answers():
@@ -525,14 +563,14 @@ def test_the_grid_bounds_of_a_window_leave_out_only_devices_with_nothing_free(
         for t in range(lo, hi):
             free = np.maximum(old.cores - old.peak(t, t + duration), 0)
             if free.sum() >= need:
-                assert (sel[i] | (free == 0)).all(), (i, t)
+                assert (sel[:, i] | (free == 0)).all(), (i, t)
     starts = [grid.origin + c0 * grid.cell for c0, _ in cells]
     order = np.argsort(starts, kind="stable")
     a = [starts[k] for k in order]
     b = [x + duration for x in a]
     exact = probe.free(a, b)
-    where = probe.free_where(a, b, sel[order])
-    assert (where == np.where(sel[order], exact, 0)).all()
+    where = probe.free_where(a, b, sel[:, order])
+    assert (where == np.where(sel[:, order].T, exact, 0)).all()
 
 
 def test_earlier_answers_bound_later_searches_only_while_allocations_are_only_added():
