@@ -22,6 +22,7 @@ from services.core_broker.decisions import (
     PriorityFunction,
     decide,
 )
+from services.core_broker.skyline import _TMAX
 from tests.core_broker.capacity_oracle import LegacySchedule
 from tests.core_broker.test_decisions import high, low
 
@@ -607,3 +608,59 @@ def test_earlier_answers_bound_later_searches_only_while_allocations_are_only_ad
     assert earliest(16) == 40  # both devices whole: once a4 ends
     cap.upsert_device(Device("d1", "GPU", 16))
     assert earliest(16) == 10  # d1's 8 more cores: before the bound
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.one_of(
+            st.tuples(st.just("add"), st.integers(0, 1), st.integers(0, 12), st.integers(1, 6)),
+            st.tuples(st.just("remove"), st.integers(0, 50)),
+            st.tuples(st.just("query"), st.integers(-2, 20), st.integers(1, 10)),
+        ),
+        max_size=60,
+    )
+)
+def test_a_row_kept_through_adds_and_removals_on_shared_instants_stays_whole(steps):
+    """Allocations starting and ending on the same few instants (so a change
+    finds its breakpoints there already, or leaves them to others): after every
+    change each row holds exactly the breakpoints still used, sorted, with the
+    padding after them, and every range maximum (rebuilt for the columns in use
+    only) is the brute-force one."""
+    cap = CapacityMap(grid_cell_ms=3, grid_cells=16)
+    for i in range(2):
+        cap.upsert_device(Device(f"d{i}", "GPU", 64))
+    live: list[tuple[str, int, int, int, int]] = []
+    for k, step in enumerate(steps):
+        if step[0] == "add":
+            _, dev, start, length = step
+            cores = 1 + k % 3
+            live.append((f"r{k}:0", dev, start, start + length, cores))
+            cap.add(live[-1][0], f"d{dev}", start, start + length, cores)
+        elif step[0] == "remove" and live:
+            cap.remove(live.pop(step[1] % len(live))[0])
+        elif step[0] == "query":
+            _, t, length = step
+            want = [
+                max(
+                    (
+                        sum(c for _, d, s, e, c in live if d == dev and s <= u < e)
+                        for u in range(t, t + length)
+                    ),
+                    default=0,
+                )
+                for dev in range(2)
+            ]
+            assert cap.peak_used(t, t + length).tolist() == want
+        for dev in range(2):
+            sky = cap._sky
+            b = sky.buckets[int(sky.bucket_of[dev])]
+            r = int(sky.row_of[dev])
+            n = int(b.cnt[r])
+            times = {s for _, d, s, _, _ in live if d == dev} | {
+                e for _, d, _, e, _ in live if d == dev
+            }
+            keys = (b.key[r, 1:n] & _TMAX).tolist()
+            assert keys == sorted(keys) and len(keys) == len(times)
+            assert (b.nref[r, 1:n] > 0).all() and (b.nref[r, n:] == 0).all()
+            assert (b.key[r, n:] & _TMAX == _TMAX).all()
