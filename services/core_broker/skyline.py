@@ -795,7 +795,7 @@ class _Probe:
         self.width = duration // self.grid.cell - 1 if self.grid.origin is not None else 0
         self.chunk_start = -1
         self.chunk_open = np.zeros(0, bool)
-        self.chunk_offer = np.zeros((0, self.n), np.int64)
+        self.chunk_offer = np.zeros((0, self.n), np.int32)
 
     def first_open(self, j: int) -> int:
         """The first cell from j on whose candidates might leave `need` cores
@@ -831,7 +831,7 @@ class _Probe:
         free = self.caps32 - self.grid.m[j + 1 : j + n + w, self.columns]
         total = np.maximum(free, 0).sum(axis=1)
         maybe = np.flatnonzero(_sliding_min(total, w, n) >= self.need)
-        offer = np.zeros((n, self.n), np.int64)
+        offer = np.zeros((n, self.n), np.int32)
         if maybe.size:
             f = int(maybe[0])
             offer[f:] = np.maximum(_sliding_min(free[f:], w, n - f), 0)
@@ -868,7 +868,7 @@ class _Probe:
         return out
 
 
-_CHUNK = 96  # cells bounded at once by the coarse grid
+_CHUNK = 32  # cells bounded at once by the coarse grid (more cost more than they save)
 
 
 def _sliding_min(x: np.ndarray, w: int, n: int) -> np.ndarray:
@@ -881,7 +881,7 @@ def _sliding_min(x: np.ndarray, w: int, n: int) -> np.ndarray:
     return np.minimum(x[:n], x[w - span : w - span + n])
 
 
-LOOKAHEAD = 4  # blocks bounded per step besides the candidates checked exactly
+LOOKAHEAD = 2  # blocks bounded per step besides the candidates checked exactly
 # candidates checked exactly per step: KMIN, KJUMP after the grid skipped ahead (a
 # cell that might fit: near a crossing its candidates come thick), doubling to KMAX
 KMIN, KJUMP, KMAX = 2, 8, 16
