@@ -489,6 +489,30 @@ class CapacityMap:
         free[~self._d.alive] = 0
         return free
 
+    def offers(self, start: int, end: int, devices: np.ndarray) -> np.ndarray:
+        """Cores free during the whole of [start, end) on each device of mask `devices`,
+        never below 0 (0 for the other devices): what a decision can place there.
+
+        Equal to `max(free_over(...), 0)` on the mask, but a device whose cores the
+        coarse grid shows all reserved in some cell wholly inside [start, end) offers
+        0 without a search of its row (the grid holds a lower bound of each cell's
+        most reserved), so near saturation only the few others are searched."""
+        if end <= start:
+            raise ValueError("empty range")
+        if end - start > MAX_SPAN_MS:
+            raise ValueError("range too long")
+        d = self._d
+        out = np.zeros(len(d.ids), np.int64)
+        idx = np.flatnonzero(devices & d.alive)
+        sky = self._sky_of()
+        full = sky.saturated(idx, d.cores[idx], start, end)
+        if full is not None:
+            idx = idx[~full]
+        if idx.shape[0]:
+            peak = Skyline.peak(sky.groups(idx), idx.shape[0], start, end)
+            out[idx] = np.maximum(d.cores[idx] - peak, 0)
+        return out
+
     def used_at(self, t: int) -> np.ndarray:
         return self.peak_used(t, t + 1)
 
@@ -534,8 +558,7 @@ class CapacityMap:
         if (
             no_start_at_after
             or floor > after
-            or int(np.maximum(self.free_over(after, after + duration, devices), 0)[devices].sum())
-            < need
+            or int(self.offers(after, after + duration, devices).sum()) < need
         ):
             # `after` is no start (checked, or inside a floor's span of none): the
             # answer bounds later searches

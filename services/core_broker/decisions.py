@@ -374,8 +374,7 @@ def decide_one(
 
 
 def _free(work: CapacityMap, eligible: np.ndarray, start: int, duration: int) -> np.ndarray:
-    free = work.free_over(start, start + duration, eligible)
-    return np.where(eligible, np.maximum(free, 0), 0)
+    return work.offers(start, start + duration, eligible)
 
 
 def _earliest_full_start(work: CapacityMap, r: CoreRequest, now: int) -> int:

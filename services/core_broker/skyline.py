@@ -166,53 +166,83 @@ class _Bucket:
 
     # -- one row ---------------------------------------------------------------
 
-    def find(self, r: int, tk: int) -> int:
-        """Column of the breakpoint at key offset `tk` (which must exist)."""
+    def insert_span(self, r: int, ks: int, ke: int, cores: int) -> None:
+        """Add `cores` over [ks, ke) (key offsets, ks < ke): `insert` of the start and
+        of the end, and the level between them raised, with one search and one
+        shift of each array."""
         n = int(self.cnt[r])
-        j = int(np.searchsorted(self.key[r, :n], (r << _TBITS) | tk))
-        assert j < n and int(self.key[r, j]) & _TMASK == tk, "no such breakpoint"
-        return j
-
-    def insert(self, r: int, tk: int, end: bool) -> int:
-        """Count one start (or end) at `tk`, adding the breakpoint if new; its column."""
-        n = int(self.cnt[r])
-        k = (r << _TBITS) | tk
+        base = r << _TBITS
         row = self.key[r]
-        j = int(np.searchsorted(row[:n], k))
-        if j >= n or int(row[j]) != k:
-            assert n + 1 < self.w, "row full"
-            row[j + 1 : n + 1] = row[j:n]
-            row[j] = k
-            lv = self.sp[0, r]
-            lv[j + 1 : n + 1] = lv[j:n]
-            lv[j] = lv[j - 1]
-            for a in (self.nend[r], self.nref[r]):
-                a[j + 1 : n + 1] = a[j:n]
-                a[j] = 0
-            self.cnt[r] = n + 1
-        self.nref[r, j] += 1
-        if end:
-            self.nend[r, j] += 1
-        return j
+        js, je = row[:n].searchsorted(np.array((base | ks, base | ke), np.int64)).tolist()
+        new_s = js >= n or int(row[js]) != base | ks
+        new_e = je >= n or int(row[je]) != base | ke
+        lv, nd, nr = self.sp[0, r], self.nend[r], self.nref[r]
+        if new_s or new_e:
+            assert n + new_s + new_e < self.w, "row full"
+            arrays = (row, lv, nd, nr)
+            if new_s and new_e:  # the start goes to js, the end to je + 1
+                for a in arrays:
+                    a[je + 2 : n + 2] = a[je:n]
+                    a[js + 1 : je + 1] = a[js:je]
+                row[js], row[je + 1] = base | ks, base | ke
+                nd[js] = nr[js] = nd[je + 1] = nr[je + 1] = 0
+                lv[js] = lv[js - 1]
+                lv[je + 1] = lv[je]  # the level just before the end: the column before it
+                je += 1
+            elif new_s:
+                for a in arrays:
+                    a[js + 1 : n + 1] = a[js:n]
+                row[js] = base | ks
+                nd[js] = nr[js] = 0
+                lv[js] = lv[js - 1]
+                je += 1
+            else:
+                for a in arrays:
+                    a[je + 1 : n + 1] = a[je:n]
+                row[je] = base | ke
+                nd[je] = nr[je] = 0
+                lv[je] = lv[je - 1]
+            self.cnt[r] = n + new_s + new_e
+        nr[js] += 1
+        nr[je] += 1
+        nd[je] += 1
+        lv[js:je] += cores
+        self.dirty.add(r)
 
-    def release(self, r: int, j: int, end: bool) -> None:
-        """Uncount one start (or end) at column j, dropping the breakpoint when unused."""
-        self.nref[r, j] -= 1
-        if end:
-            self.nend[r, j] -= 1
-        if self.nref[r, j] > 0:
+    def release_span(self, r: int, ks: int, ke: int, cores: int) -> None:
+        """Take back `insert_span(r, ks, ke, cores)`: the level between the two
+        breakpoints lowered, each uncounted and dropped when unused (one search,
+        one shift of each array)."""
+        n = int(self.cnt[r])
+        base = r << _TBITS
+        row = self.key[r]
+        js, je = row[:n].searchsorted(np.array((base | ks, base | ke), np.int64)).tolist()
+        assert je < n and int(row[js]) == base | ks and int(row[je]) == base | ke, "no such span"
+        lv, nd, nr = self.sp[0, r], self.nend[r], self.nref[r]
+        lv[js:je] -= cores
+        nr[js] -= 1
+        nr[je] -= 1
+        nd[je] -= 1
+        drop_s, drop_e = bool(nr[js] == 0), bool(nr[je] == 0)
+        if not (drop_s or drop_e):
+            self.dirty.add(r)
             return
-        n = int(self.cnt[r])
-        row = self.key[r]
-        row[j : n - 1] = row[j + 1 : n]
-        row[n - 1] = (r << _TBITS) | _TMAX
-        lv = self.sp[0, r]
-        lv[j : n - 1] = lv[j + 1 : n]
-        lv[n - 1] = 0
-        for a in (self.nend[r], self.nref[r]):
-            a[j : n - 1] = a[j + 1 : n]
-            a[n - 1] = 0
-        self.cnt[r] = n - 1
+        arrays = (row, lv, nd, nr)
+        if drop_s and drop_e:
+            for a in arrays:
+                a[js : je - 1] = a[js + 1 : je]
+                a[je - 1 : n - 2] = a[je + 1 : n]
+        else:
+            j = js if drop_s else je
+            for a in arrays:
+                a[j : n - 1] = a[j + 1 : n]
+        m = n - drop_s - drop_e
+        row[m:n] = base | _TMAX
+        lv[m:n] = 0
+        nd[m:n] = 0
+        nr[m:n] = 0
+        self.cnt[r] = m
+        self.dirty.add(r)
 
     def rebuild(self) -> None:
         """The sparse tables of maxima and the next-end pointers of the rows
@@ -222,16 +252,22 @@ class _Bucket:
         rows = np.fromiter(self.dirty, np.int64)
         self.dirty.clear()
         w = self.w
-        prev = self.sp[0, rows]
+        # A query reads a row's range [lo, hi) with hi at most its column count, so
+        # only its first `top` columns and the levels of spans up to `top` (and the
+        # next-end pointer of its first padding column) are ever read: the rest
+        # is left as it was.
+        top = int(self.cnt[rows].max())
+        wc = min(w, top + 1)
+        prev = self.sp[0, rows, :wc]
         span = 1
-        for lvl in range(1, self.levels):
+        for lvl in range(1, top.bit_length()):
             cur = prev.copy()
-            np.maximum(prev[:, : w - span], prev[:, span:], out=cur[:, : w - span])
-            self.sp[lvl, rows] = cur
+            np.maximum(prev[:, : wc - span], prev[:, span:], out=cur[:, : wc - span])
+            self.sp[lvl, rows, :wc] = cur
             prev = cur
             span *= 2
-        idx = np.where(self.nend[rows] > 0, np.arange(w), w - 1)
-        self.nxt[rows] = np.minimum.accumulate(idx[:, ::-1], axis=1)[:, ::-1]
+        idx = np.where(self.nend[rows, :wc] > 0, np.arange(wc), w - 1)
+        self.nxt[rows, :wc] = np.minimum.accumulate(idx[:, ::-1], axis=1)[:, ::-1]
 
     def load_row(self, r: int, tks: np.ndarray, levels: np.ndarray, nend, nref) -> None:
         n = tks.shape[0]
@@ -446,6 +482,25 @@ class Skyline:
         hi = np.where(cells == g.cells - 1, MAX_TIME + 1, g.origin + (cells + 1) * g.cell)
         g.m[cells, devices] = Skyline.peak(self.groups(devices), devices.shape[0], lo, hi)
 
+    def saturated(
+        self, devices: np.ndarray, cores: np.ndarray, start: int, end: int
+    ) -> np.ndarray | None:
+        """Which of `devices` (with `cores` each) the grid shows with every core
+        reserved in some cell wholly inside [start, end): those have none free
+        during it (the grid's cells are lower bounds). None: no such cell."""
+        g = self.grid
+        if g.origin is None:
+            return None
+        j0 = max(1, -((g.origin - start) // g.cell))  # the first cell starting at or after start
+        j1 = min(g.cells - 2, (end - g.origin) // g.cell - 1)  # the last ending by end
+        if j1 < j0:
+            return None
+        if j1 == j0:
+            most = g.m[j0, devices]
+        else:
+            most = g.m[j0 : j1 + 1].max(axis=0)[devices]
+        return most >= cores
+
     def anchor(self, t: int) -> None:
         """Slide the grid so that `t` lies in its first cells, if t has moved out
         of its first quarter (time went on) or lies before it."""
@@ -483,10 +538,7 @@ class Skyline:
         cores reserved in each cell, which is all its bounds need."""
         ks, ke = _tk(start), _tk(end)
         b, r = self._room(device)
-        js = b.insert(r, ks, end=False)
-        je = b.insert(r, ke, end=True)
-        b.sp[0, r, js:je] += cores
-        b.dirty.add(r)
+        b.insert_span(r, ks, ke, cores)
         self.assumed += assumed
         self._grid_change(device, start, end, cores, assumed=assumed)
         self.endsets.change(device, end, 1)
@@ -497,11 +549,7 @@ class Skyline:
         ks, ke = _tk(start), _tk(end)
         b = self.buckets[int(self.bucket_of[device])]
         r = int(self.row_of[device])
-        js, je = b.find(r, ks), b.find(r, ke)
-        b.sp[0, r, js:je] -= cores
-        b.release(r, je, end=True)
-        b.release(r, js, end=False)
-        b.dirty.add(r)
+        b.release_span(r, ks, ke, cores)
         self.assumed -= assumed
         self._grid_change(device, start, end, -cores, assumed=assumed)
         self.endsets.change(device, end, -1)
@@ -637,6 +685,8 @@ class _Probe:
         self.ends: EndSet | None = None
         self.columns, layout = sky.layout(devices)
         self.parts = [(b, pos, base, start, caps[pos]) for b, pos, base, start in layout]
+        # one part, its rows in the devices' order: masks by device need no reordering
+        self.in_order = len(layout) == 1 and bool((layout[0][1] == np.arange(self.n)).all())
 
     def next_ends(self, t: int, k: int) -> list[int]:
         """The first k distinct instants after t at which an allocation on one of
@@ -715,14 +765,15 @@ class _Probe:
         return out
 
     def free_where(self, a: list[int], b: list[int], sel: np.ndarray) -> np.ndarray:
-        """`free`, read only where `sel` (shape (len(a), n)) is set: 0 elsewhere."""
+        """`free`, read only where `sel` (shape (n, len(a)): device, then window) is
+        set: 0 elsewhere."""
         m = len(a)
         out = np.zeros((m, self.n), np.int64)
         qa = _clip(np.array(a, np.int64))
         qb = _clip(np.array(b, np.int64))
         for bk, pos, base, _, caps in self.parts:
             # (device, window) pairs by row, then window: the keys come sorted
-            di, wi = np.nonzero(sel[:, pos].T)
+            di, wi = np.nonzero(sel if self.in_order else sel[pos])
             if di.shape[0] == 0:
                 continue
             rb = base[di]
@@ -744,7 +795,7 @@ class _Probe:
         self.width = duration // self.grid.cell - 1 if self.grid.origin is not None else 0
         self.chunk_start = -1
         self.chunk_open = np.zeros(0, bool)
-        self.chunk_offer = np.zeros((0, self.n), np.int64)
+        self.chunk_offer = np.zeros((0, self.n), np.int32)
 
     def first_open(self, j: int) -> int:
         """The first cell from j on whose candidates might leave `need` cores
@@ -780,7 +831,7 @@ class _Probe:
         free = self.caps32 - self.grid.m[j + 1 : j + n + w, self.columns]
         total = np.maximum(free, 0).sum(axis=1)
         maybe = np.flatnonzero(_sliding_min(total, w, n) >= self.need)
-        offer = np.zeros((n, self.n), np.int64)
+        offer = np.zeros((n, self.n), np.int32)
         if maybe.size:
             f = int(maybe[0])
             offer[f:] = np.maximum(_sliding_min(free[f:], w, n - f), 0)
@@ -790,7 +841,7 @@ class _Probe:
 
     def bounds(self, cells: list[tuple[int, int]], need: int) -> np.ndarray | None:
         """For windows each starting somewhere in cells c0 .. c1 of `cells`: a mask
-        (len(cells), n) of the devices that might offer a core to it, empty for a
+        (n, len(cells)) of the devices that might offer a core to each, empty for a
         window to which all of them together cannot offer `need` (None: the grid
         cannot tell)."""
         if self.width < 1 or not cells:
@@ -806,17 +857,18 @@ class _Probe:
                 return None
             self._chunk(lo, max(hi - lo + 1, min(_CHUNK, last - lo + 1)))
             cs = lo
-        bound = np.empty((len(cells), self.n), np.int64)
+        first = np.array([c0 for c0, _ in cells], np.int64) - cs
+        bound = self.chunk_offer[first]  # windows starting in one cell: that cell's offers
         for i, (c0, c1) in enumerate(cells):
-            if c0 == c1:
-                bound[i] = self.chunk_offer[c0 - cs]
-            else:
+            if c1 > c0:
                 bound[i] = self.chunk_offer[c0 - cs : c1 - cs + 1].max(axis=0)
-        bound[bound.sum(axis=1) < need] = 0
-        return bound > 0
+        # by device, then window (C order): what `free_where` reads
+        out = np.greater(bound.T, 0, order="C")
+        out &= bound.sum(axis=1) >= need
+        return out
 
 
-_CHUNK = 96  # cells bounded at once by the coarse grid
+_CHUNK = 32  # cells bounded at once by the coarse grid (more cost more than they save)
 
 
 def _sliding_min(x: np.ndarray, w: int, n: int) -> np.ndarray:
@@ -829,7 +881,7 @@ def _sliding_min(x: np.ndarray, w: int, n: int) -> np.ndarray:
     return np.minimum(x[:n], x[w - span : w - span + n])
 
 
-LOOKAHEAD = 4  # blocks bounded per step besides the candidates checked exactly
+LOOKAHEAD = 2  # blocks bounded per step besides the candidates checked exactly
 # candidates checked exactly per step: KMIN, KJUMP after the grid skipped ahead (a
 # cell that might fit: near a crossing its candidates come thick), doubling to KMAX
 KMIN, KJUMP, KMAX = 2, 8, 16

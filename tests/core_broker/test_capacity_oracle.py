@@ -22,6 +22,7 @@ from services.core_broker.decisions import (
     PriorityFunction,
     decide,
 )
+from services.core_broker.skyline import _TMAX
 from tests.core_broker.capacity_oracle import LegacySchedule
 from tests.core_broker.test_decisions import high, low
 
@@ -65,6 +66,14 @@ class CheckedCapacityMap(CapacityMap):
         want[~self.alive] = 0
         mask = self.alive if devices is None else devices
         assert (got[mask] == want[mask]).all(), (start, end)
+        CheckedCapacityMap.checks += 1
+        return got
+
+    def offers(self, start, end, devices):
+        got = super().offers(start, end, devices)
+        want = np.maximum(self.cores - legacy(self).peak(start, end), 0)
+        want[~(self.alive & devices)] = 0
+        assert got.tolist() == want.tolist(), (start, end)
         CheckedCapacityMap.checks += 1
         return got
 
@@ -274,6 +283,36 @@ def test_peak_and_free_match_the_old_sweep(allocs, removed, assumed, start, leng
     part = cap.free_over(start, start + length, mask)
     want = old.cores - old.peak(start, start + length)
     assert part[mask].tolist() == want[mask].tolist()
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(rows, max_size=60),
+    st.lists(st.integers(0, 59), max_size=20),
+    st.lists(rows, max_size=6),
+    st.integers(-5, 110),
+    st.integers(1, 40),
+    st.integers(-10, 100),  # where the coarse grid is anchored
+    st.sampled_from([1, 2, 3, 60_000]),  # its cells (60 s: none inside these windows)
+    st.lists(st.booleans(), min_size=len(CORES), max_size=len(CORES)),
+)
+def test_offers_match_the_old_sweep_whatever_the_grid_holds(
+    allocs, removed, assumed, start, length, anchor, cell, mask
+):
+    """`offers` leaves out, unsearched, the devices the grid shows full in a cell
+    inside the window: exact all the same, with removals, grants tried and taken
+    back and grants still assumed in the grid's cells, and over-committed devices."""
+    cap = build(allocs, removed, [], cell)
+    cap._sky_of().anchor(anchor)
+    mark = cap.savepoint()
+    cap.assume(Allocation(f"d{dev}", c, s, s + n) for dev, s, n, c in assumed)
+    cap.rollback(mark)
+    cap.assume(Allocation(f"d{dev}", c, s, s + n) for dev, s, n, c in assumed[:3])
+    devices = np.array(mask)
+    old = legacy(cap)
+    want = np.maximum(old.cores - old.peak(start, start + length), 0)
+    want[~devices] = 0
+    assert cap.offers(start, start + length, devices).tolist() == want.tolist()
 
 
 def test_the_grid_slides_with_the_searches_and_keeps_their_answers():
@@ -525,14 +564,14 @@ def test_the_grid_bounds_of_a_window_leave_out_only_devices_with_nothing_free(
         for t in range(lo, hi):
             free = np.maximum(old.cores - old.peak(t, t + duration), 0)
             if free.sum() >= need:
-                assert (sel[i] | (free == 0)).all(), (i, t)
+                assert (sel[:, i] | (free == 0)).all(), (i, t)
     starts = [grid.origin + c0 * grid.cell for c0, _ in cells]
     order = np.argsort(starts, kind="stable")
     a = [starts[k] for k in order]
     b = [x + duration for x in a]
     exact = probe.free(a, b)
-    where = probe.free_where(a, b, sel[order])
-    assert (where == np.where(sel[order], exact, 0)).all()
+    where = probe.free_where(a, b, sel[:, order])
+    assert (where == np.where(sel[:, order].T, exact, 0)).all()
 
 
 def test_earlier_answers_bound_later_searches_only_while_allocations_are_only_added():
@@ -569,3 +608,59 @@ def test_earlier_answers_bound_later_searches_only_while_allocations_are_only_ad
     assert earliest(16) == 40  # both devices whole: once a4 ends
     cap.upsert_device(Device("d1", "GPU", 16))
     assert earliest(16) == 10  # d1's 8 more cores: before the bound
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.one_of(
+            st.tuples(st.just("add"), st.integers(0, 1), st.integers(0, 12), st.integers(1, 6)),
+            st.tuples(st.just("remove"), st.integers(0, 50)),
+            st.tuples(st.just("query"), st.integers(-2, 20), st.integers(1, 10)),
+        ),
+        max_size=60,
+    )
+)
+def test_a_row_kept_through_adds_and_removals_on_shared_instants_stays_whole(steps):
+    """Allocations starting and ending on the same few instants (so a change
+    finds its breakpoints there already, or leaves them to others): after every
+    change each row holds exactly the breakpoints still used, sorted, with the
+    padding after them, and every range maximum (rebuilt for the columns in use
+    only) is the brute-force one."""
+    cap = CapacityMap(grid_cell_ms=3, grid_cells=16)
+    for i in range(2):
+        cap.upsert_device(Device(f"d{i}", "GPU", 64))
+    live: list[tuple[str, int, int, int, int]] = []
+    for k, step in enumerate(steps):
+        if step[0] == "add":
+            _, dev, start, length = step
+            cores = 1 + k % 3
+            live.append((f"r{k}:0", dev, start, start + length, cores))
+            cap.add(live[-1][0], f"d{dev}", start, start + length, cores)
+        elif step[0] == "remove" and live:
+            cap.remove(live.pop(step[1] % len(live))[0])
+        elif step[0] == "query":
+            _, t, length = step
+            want = [
+                max(
+                    (
+                        sum(c for _, d, s, e, c in live if d == dev and s <= u < e)
+                        for u in range(t, t + length)
+                    ),
+                    default=0,
+                )
+                for dev in range(2)
+            ]
+            assert cap.peak_used(t, t + length).tolist() == want
+        for dev in range(2):
+            sky = cap._sky
+            b = sky.buckets[int(sky.bucket_of[dev])]
+            r = int(sky.row_of[dev])
+            n = int(b.cnt[r])
+            times = {s for _, d, s, _, _ in live if d == dev} | {
+                e for _, d, _, e, _ in live if d == dev
+            }
+            keys = (b.key[r, 1:n] & _TMAX).tolist()
+            assert keys == sorted(keys) and len(keys) == len(times)
+            assert (b.nref[r, 1:n] > 0).all() and (b.nref[r, n:] == 0).all()
+            assert (b.key[r, n:] & _TMAX == _TMAX).all()
