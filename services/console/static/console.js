@@ -300,18 +300,25 @@ function renderPod(main, d) {
     h("div", {}, link(`#/ocs/${d.pod_id}`, "OCS use of this pod →"))), detail, h("h2", {}, "Live jobs"), jobs];
   if (d.switched) side.push(switchedPanel(d));
   if (d.wiring_differences.length) side.push(h("p", { class: "error" }, `${d.wiring_differences.length} wiring difference(s) being repaired`));
+  const wanted = new URLSearchParams(location.hash.split("?")[1] || "").get("block");
+  const kept = state.selected !== null && state.route === location.hash;
+  const sel = kept ? state.selected : (wanted !== null ? Number(wanted) : null);
+  state.route = location.hash;
+  // A live redraw keeps the selected block's detail on screen until its new reading is in.
+  const shown = kept ? document.getElementById("block-detail") : null;
+  if (shown) detail.replaceChildren(...shown.childNodes);
   main.replaceChildren(h("h1", {}, `Superpod ${d.pod_id}`, h("span", { class: "muted" }, ` · ${d.fabric_kind} · ${d.block_count} ${d.switched ? "groups" : "blocks"} of ${d.block_shape}`)),
     h("div", { class: "grid2" }, h("div", {}, svg, legend), h("div", {}, side)));
-  const wanted = new URLSearchParams(location.hash.split("?")[1] || "").get("block");
-  const sel = state.selected !== null && state.route === location.hash ? state.selected : (wanted !== null ? Number(wanted) : null);
-  state.route = location.hash;
   if (sel !== null && d.blocks[sel]) selectBlock(svg, d, sel, detail);
 }
+let blockReads = 0;  // the newest block read wins: an older answer arriving late is dropped
 async function selectBlock(svg, d, id, detail) {
   for (const g of svg.querySelectorAll(".block")) g.classList.toggle("selected", Number(g.dataset.block) === id);
   state.selected = id;
+  const mine = ++blockReads;
   const r = await fetch(`/api/view/block?${new URLSearchParams({ pod: d.pod_id, id })}`, { credentials: "same-origin" });
   const b = await r.json();
+  if (mine !== blockReads) return;
   if (!r.ok) { detail.replaceChildren(h("p", { class: "error" }, b.error.message)); return; }
   detail.replaceChildren(h("h2", {}, `Block ${b.block_id}`),
     h("dl", {}, h("dt", {}, "type"), h("dd", {}, b.node_type), h("dt", {}, "health"), h("dd", {}, stateTag(b.health === "FAILED" ? "FAILED" : "READY"), " ", b.health),
