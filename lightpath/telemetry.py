@@ -123,6 +123,16 @@ def configure_tracing(
     return provider
 
 
+_PROMETHEUS_ONLY = False
+
+
+def prometheus_only() -> bool:
+    """True when `configure_metrics` installed this process's MeterProvider for its
+    Prometheus endpoint alone (no OTel exporter): services.common.instruments then
+    keeps the synchronous instruments itself, at a fraction of the SDK's cost."""
+    return _PROMETHEUS_ONLY
+
+
 def configure_metrics(
     service_name: str,
     *,
@@ -137,6 +147,7 @@ def configure_metrics(
     `prometheus`, to prometheus_client's registry, which `serve_metrics` serves.
     Neither: no provider (None), and instruments cost nothing. Returns the provider,
     to be shut down (flushed) at exit."""
+    global _PROMETHEUS_ONLY
     exporter = (exporter or os.environ.get("OTEL_METRICS_EXPORTER") or "none").lower()
     if exporter == "none" and not prometheus:
         return None
@@ -190,6 +201,7 @@ def configure_metrics(
     )
     if set_global:
         metrics.set_meter_provider(provider)
+        _PROMETHEUS_ONLY = exporter == "none"
     return provider
 
 

@@ -15,10 +15,10 @@ import asyncio
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from opentelemetry import metrics
 from opentelemetry.metrics import CallbackOptions, Meter, NoOpMeterProvider, Observation
 
 from lightpath import __version__
+from services.common import instruments
 
 if TYPE_CHECKING:
     from services.agg_switch.command import CommandPlan
@@ -33,7 +33,7 @@ class AggMetrics:
     several switches served by one process share one recorder)."""
 
     def __init__(self, meter: Meter | None = None, *, refresh_s: float = REFRESH_S):
-        meter = meter or metrics.get_meter(METER_NAME, __version__)
+        meter = meter or instruments.get_meter(METER_NAME, __version__)
         self.refresh_s = refresh_s
         self._in_use: dict[str, int] = {}
         self._total: dict[str, int] = {}

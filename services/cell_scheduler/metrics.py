@@ -16,11 +16,11 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
-from opentelemetry import metrics
 from opentelemetry.metrics import CallbackOptions, Meter, NoOpMeterProvider, Observation
 
 from lightpath import __version__
 from lightpath.v1 import cell_scheduler_pb2, common_pb2
+from services.common import instruments
 
 if TYPE_CHECKING:
     from services.cell_scheduler.pods import PodDirectory
@@ -40,7 +40,7 @@ class CellMetrics:
     """The cell's instruments and the cached state its gauges show."""
 
     def __init__(self, meter: Meter | None = None, *, refresh_s: float = REFRESH_S):
-        meter = meter or metrics.get_meter(METER_NAME, __version__)
+        meter = meter or instruments.get_meter(METER_NAME, __version__)
         self.refresh_s = refresh_s
         self._jobs: dict[tuple[str, str], int] = {}  # (state, pod) -> jobs
         self._queue: int | None = None

@@ -33,13 +33,14 @@ from typing import Any
 
 import grpc
 from google.protobuf.message import DecodeError, Message
-from opentelemetry import metrics, propagate, trace
+from opentelemetry import propagate, trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from redis.exceptions import RedisError
 
 from lightpath import __version__
 from lightpath.telemetry import TRACER_NAME, _rpc_attributes
+from services.common import instruments
 from services.common.admission import OVERLOADED, Admission, exempt_principal, sheddable
 from services.common.auth import Guard, count_failure
 from services.common.errors import InvalidArgument, LightpathError, from_redis, to_status_proto
@@ -68,7 +69,9 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
             TRACER_NAME, __version__
         )
         self._wrapped: dict[str, grpc.RpcMethodHandler] = {}
-        self._duration = metrics.get_meter(TRACER_NAME, __version__).create_histogram(
+        # services.common.instruments: ~0.3 µs a record instead of the SDK's ~10 µs
+        # when the metrics go to the Prometheus endpoint alone.
+        self._duration = instruments.get_meter(TRACER_NAME, __version__).create_histogram(
             "rpc.server.duration", unit="ms", description="time to serve one RPC"
         )
 

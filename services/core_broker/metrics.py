@@ -16,10 +16,10 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from opentelemetry import metrics
 from opentelemetry.metrics import CallbackOptions, Meter, NoOpMeterProvider, Observation
 
 from lightpath import __version__
+from services.common import instruments
 
 if TYPE_CHECKING:
     from services.core_broker.view import LiveView
@@ -39,7 +39,7 @@ class BrokerMetrics:
         refresh_s: float = REFRESH_S,
         clock: Any = time.time,
     ):
-        meter = meter or metrics.get_meter(METER_NAME, __version__)
+        meter = meter or instruments.get_meter(METER_NAME, __version__)
         self.refresh_s = refresh_s
         self._clock = clock
         self._reserved: dict[tuple[str, str], int] = {}  # (device, window) -> cores

@@ -19,11 +19,11 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from opentelemetry import metrics
 from opentelemetry.metrics import CallbackOptions, Meter, NoOpMeterProvider, Observation
 
 from lightpath import __version__
 from lightpath.errors import LightpathError
+from services.common import instruments
 
 if TYPE_CHECKING:
     from lightpath.domain.torus import Fabric
@@ -39,7 +39,7 @@ class OcsMetrics:
     """A pod's fabric instruments and the cached state its gauges show."""
 
     def __init__(self, meter: Meter | None = None, *, refresh_s: float = REFRESH_S):
-        meter = meter or metrics.get_meter(METER_NAME, __version__)
+        meter = meter or instruments.get_meter(METER_NAME, __version__)
         self.refresh_s = refresh_s
         self._cross_connects: dict[tuple[str, str], int] = {}  # (pod, ocs) -> cross-connects
         self._utilization: dict[tuple[str, str], float] = {}  # (pod, ocs) -> ports used / cabled

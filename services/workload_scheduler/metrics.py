@@ -16,10 +16,10 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from opentelemetry import metrics
 from opentelemetry.metrics import CallbackOptions, Meter, NoOpMeterProvider, Observation
 
 from lightpath import __version__
+from services.common import instruments
 
 if TYPE_CHECKING:
     from lightpath.domain.blocks import PodFabric
@@ -49,7 +49,7 @@ class PodMetrics:
     """A pod's instruments and the cached state its gauges show."""
 
     def __init__(self, meter: Meter | None = None, *, refresh_s: float = REFRESH_S):
-        meter = meter or metrics.get_meter(METER_NAME, __version__)
+        meter = meter or instruments.get_meter(METER_NAME, __version__)
         self.refresh_s = refresh_s
         self._blocks: dict[tuple[str, str, str], int] = {}  # (pod, state, node type) -> blocks
         self._jobs: dict[tuple[str, str], int] = {}  # (pod, state) -> jobs
