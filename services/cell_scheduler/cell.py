@@ -257,6 +257,7 @@ class CellScheduler:
             after=req.events_after,
             until=req.events_until,
             transitions=transitions,
+            assume_ms=self.pods.pod_timeout_ms,
         )
         if not known:
             raise NotFound("pod", req.pod_id, hint="register it first (RegisterPod)")

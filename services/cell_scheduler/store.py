@@ -15,6 +15,9 @@ Registry (CS-1):
     lp:{cell}:capver              hash  pod -> version of that report (padded stream id)
     lp:{cell}:free                hash  "<pod>|<type>" -> healthy free blocks (reported, minus placed since)
     lp:{cell}:held                hash  "<pod>|<type>" -> blocks of forwards in flight to that pod
+    lp:{cell}:pod:<p>:assumed     set   jobs whose blocks the cell counts as taken (a forward, a
+                                        placement) or freed (an end through the cell) before a
+                                        capacity report of the pod shows it (see _REPORT)
     lp:{cell}:ack                 hash  pod -> last job transition applied (padded stream id)
     lp:{cell}:suspect             hash  pod -> until (ms): a forward failed to reach it
     lp:{cell}:down                set   pods marked silent (their jobs show UNKNOWN, CS-6)
@@ -146,11 +149,28 @@ local function enough_free(prefix, pod, needs)
   end
   return true
 end
-local function take_hold(prefix, jk, pod, needs_json)
+-- Assumptions (pod:<p>:assumed, and on the job: "asm" = hold | take | free, "asm_n" = the
+-- blocks, "tk_at" / "end_at" = the pod's event that took / freed them, once reported):
+-- what the cell assumes about a pod's blocks before a capacity report shows it. A report is
+-- versioned by the pod's event stream tip read with its state, so it shows an assumption
+-- exactly when its version is at or past that event; until then the report's free blocks
+-- are corrected by it (a report read before a placement never gives the blocks back).
+local function assume(prefix, jk, job, pod, kind, needs_json, now)
+  redis.call("SADD", prefix .. "pod:" .. pod .. ":assumed", job)
+  redis.call("HSET", jk, "asm", kind, "asm_n", needs_json, "asm_ms", now)
+end
+local function unassume(prefix, jk, job, pod)
+  redis.call("SREM", prefix .. "pod:" .. pod .. ":assumed", job)
+  redis.call("HDEL", jk, "asm", "asm_n", "asm_ms")
+end
+local function shown(at, version) return at ~= nil and at ~= false and at ~= "" and at <= version end
+local function take_hold(prefix, jk, pod, needs_json, job, now)
   for t, n in pairs(cjson.decode(needs_json)) do
     redis.call("HINCRBY", prefix .. "held", pod .. "|" .. t, n)
   end
   redis.call("HSET", jk, "hold", needs_json)
+  redis.call("HDEL", jk, "tk_at", "end_at")
+  assume(prefix, jk, job, pod, "hold", needs_json, now)
 end
 -- A pod was heard from: it is no longer suspect, and if it was marked silent its
 -- jobs show their last known state again (CS-6). Returns 1 if it was silent.
@@ -196,23 +216,15 @@ return alive(prefix, pod, endpoint, now)
 _REPORT = (
     _PRELUDE
     + r"""
--- ARGV: prefix, pod, endpoint, now, capacity, version, free JSON, after, until, transitions JSON
+-- ARGV: prefix, pod, endpoint, now, capacity, version, free JSON, after, until, transitions JSON,
+--       how long (ms) an assumption no report shows may stand
 local prefix, pod, endpoint, now = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local cap, version, free_json, after, upto, trs = ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARGV[9], ARGV[10]
+local assume_ms = tonumber(ARGV[11])
 if redis.call("HEXISTS", prefix .. "pods", pod) == 0 then return {-1, "", 0, 0} end
 local returned = alive(prefix, pod, endpoint, now)
 local wake = 0
-local old = redis.call("HGET", prefix .. "capver", pod) or ""
-if version >= old then
-  local changed = redis.call("HGET", prefix .. "capacity", pod) ~= cap
-  redis.call("HSET", prefix .. "capacity", pod, cap)
-  redis.call("HSET", prefix .. "capver", pod, version)
-  for t, n in pairs(cjson.decode(free_json)) do
-    redis.call("HSET", prefix .. "free", pod .. "|" .. t, n)
-  end
-  -- New capacity and jobs waiting in the cell queue: time for a dispatch pass.
-  if changed and redis.call("ZCARD", prefix .. "queue") > 0 then wake = 1 end
-end
+local assumed = prefix .. "pod:" .. pod .. ":assumed"
 local ack = redis.call("HGET", prefix .. "ack", pod) or ""
 local down = redis.call("SISMEMBER", prefix .. "down", pod) == 1
 if after <= ack then
@@ -220,16 +232,25 @@ if after <= ack then
     -- tr = {stream id (padded), job, seq, from, to, at, reason}
     if tr[1] > ack then
       local jk = prefix .. "job:" .. tr[2]
-      local f = redis.call("HMGET", jk, "pod", "phase", "n", "fwd_ms")
+      local f = redis.call("HMGET", jk, "pod", "phase", "n", "fwd_ms", "asm", "tk_at", "end_at")
       -- A transition older than this forward belongs to an earlier attempt on the pod
       -- (one it refused and forgot, numbered from 1 again): never this attempt's state.
-      if f[1] == pod and (f[2] == "PLACED" or f[2] == "FORWARDING") and tr[3] > tonumber(f[3] or "0")
+      if f[1] == pod and (f[2] == "PLACED" or f[2] == "FORWARDING")
           and tonumber(tr[6]) >= tonumber(f[4] or "0") then
-        redis.call("HSET", jk, "pod_state", tr[5], "n", tr[3], "updated_ms", tr[6])
-        if f[2] == "PLACED" then
-          redis.call("HSET", jk, "reason", tr[7])
-          if not down then redis.call("HSET", jk, "state", tr[5]) end
-          if FINAL[tr[5]] then redis.call("SREM", prefix .. "pod:" .. pod .. ":live", tr[2]) end
+        if tr[3] > tonumber(f[3] or "0") then
+          redis.call("HSET", jk, "pod_state", tr[5], "n", tr[3], "updated_ms", tr[6])
+          if f[2] == "PLACED" then
+            redis.call("HSET", jk, "reason", tr[7])
+            if not down then redis.call("HSET", jk, "state", tr[5]) end
+            if FINAL[tr[5]] then redis.call("SREM", prefix .. "pod:" .. pod .. ":live", tr[2]) end
+          end
+        end
+        -- The events that took and freed the blocks of an assumption: a report at or
+        -- past them shows it.
+        if f[5] and not f[6] and (tr[5] == "WIRING" or tr[5] == "RUNNING") then
+          redis.call("HSET", jk, "tk_at", tr[1])
+        elseif f[5] == "free" and not f[7] and FINAL[tr[5]] then
+          redis.call("HSET", jk, "end_at", tr[1])
         end
       end
     end
@@ -238,6 +259,44 @@ if after <= ack then
     ack = upto
     redis.call("HSET", prefix .. "ack", pod, ack)
   end
+end
+local old = redis.call("HGET", prefix .. "capver", pod) or ""
+if version >= old then
+  local changed = redis.call("HGET", prefix .. "capacity", pod) ~= cap
+  redis.call("HSET", prefix .. "capacity", pod, cap)
+  redis.call("HSET", prefix .. "capver", pod, version)
+  local free = cjson.decode(free_json)
+  -- The report's free blocks, corrected by what the cell assumes that it does not show.
+  for _, job in ipairs(redis.call("SMEMBERS", assumed)) do
+    local jk = prefix .. "job:" .. job
+    local a = redis.call("HMGET", jk, "asm", "asm_n", "tk_at", "end_at", "asm_ms")
+    local sign, done = 0, false
+    if a[1] == "hold" then
+      -- In flight, counted in `held`; once the pod shows the blocks taken, not twice.
+      if shown(a[3], version) then sign = 1 end
+    elseif a[1] == "take" then
+      if shown(a[3], version) then done = true else sign = -1 end
+    elseif a[1] == "free" then
+      -- Freed through the cell: a report that shows the blocks taken but not freed.
+      if shown(a[4], version) then done = true elseif shown(a[3], version) then sign = 1 end
+    else
+      done = true  -- the job is gone
+    end
+    if done or (a[1] ~= "hold" and tonumber(now) - tonumber(a[5] or "0") > assume_ms) then
+      unassume(prefix, jk, job, pod)  -- shown (or past its time: the report is the truth)
+      sign = 0
+    end
+    if sign ~= 0 then
+      for t, n in pairs(cjson.decode(a[2])) do
+        if free[t] ~= nil then free[t] = free[t] + sign * n end
+      end
+    end
+  end
+  for t, n in pairs(free) do
+    redis.call("HSET", prefix .. "free", pod .. "|" .. t, math.max(0, n))
+  end
+  -- New capacity and jobs waiting in the cell queue: time for a dispatch pass.
+  if changed and redis.call("ZCARD", prefix .. "queue") > 0 then wake = 1 end
 end
 return {1, ack, returned, wake}
 """
@@ -266,7 +325,7 @@ redis.call("ZADD", prefix .. "tenant:" .. tenant .. ":jobs", seq, job)
 if pod ~= "" then
   redis.call("HSET", jk, "phase", "FORWARDING", "pod", pod, "token", token, "until", upto,
     "fwd_ms", now)
-  take_hold(prefix, jk, pod, needs_json)
+  take_hold(prefix, jk, pod, needs_json, job, now)
   redis.call("ZADD", prefix .. "forwarding", upto, job)
 else
   redis.call("HSET", jk, "phase", "QUEUED", "pod", "")
@@ -293,7 +352,7 @@ if check == "1" and not enough_free(prefix, pod, cjson.decode(needs_json)) then 
 redis.call("ZREM", prefix .. "queue", job)
 redis.call("HSET", jk, "phase", "FORWARDING", "pod", pod, "token", token, "until", upto,
   "reason", reason, "updated_ms", now, "n", 0, "pod_state", "", "fwd_ms", now)
-take_hold(prefix, jk, pod, needs_json)
+take_hold(prefix, jk, pod, needs_json, job, now)
 redis.call("ZADD", prefix .. "forwarding", upto, job)
 cell_event(prefix, job, "PENDING", "PENDING", reason, pod, now)
 return {1, ""}
@@ -310,9 +369,15 @@ local jk = prefix .. "job:" .. job
 local f = redis.call("HMGET", jk, "phase", "token", "n", "seq")
 if f[1] ~= "FORWARDING" or f[2] ~= token then return {0, f[1] or ""} end
 local hold = release_hold(prefix, jk, pod)
+unassume(prefix, jk, job, pod)
 if hold and (state == "WIRING" or state == "RUNNING") then
-  -- Assume the blocks are gone until the pod's next report says how many are free.
+  -- The blocks are gone: counted so until a report of the pod shows them taken (a report
+  -- that shows them already counted them, and held them in flight: net the same).
   for t, k in pairs(cjson.decode(hold)) do redis.call("HINCRBY", prefix .. "free", pod .. "|" .. t, -k) end
+  local version = redis.call("HGET", prefix .. "capver", pod) or ""
+  if not shown(redis.call("HGET", jk, "tk_at"), version) then
+    assume(prefix, jk, job, pod, "take", hold, now)
+  end
 end
 if hold then redis.call("HSET", jk, "needs", hold) end
 redis.call("ZREM", prefix .. "forwarding", job)
@@ -339,7 +404,14 @@ local prefix, job, token, pod, kind, version, reason, now =
 local jk = prefix .. "job:" .. job
 local f = redis.call("HMGET", jk, "phase", "token", "refused", "maybe")
 if f[1] ~= "FORWARDING" or f[2] ~= token then return {0, f[1] or ""} end
-release_hold(prefix, jk, pod)
+local hold = release_hold(prefix, jk, pod)
+-- A report showed the blocks taken (the pod may have the job after all) and counted them
+-- in flight too: they stay counted as taken until the next report.
+if hold and redis.call("HGET", jk, "asm") == "hold"
+    and shown(redis.call("HGET", jk, "tk_at"), redis.call("HGET", prefix .. "capver", pod) or "") then
+  for t, k in pairs(cjson.decode(hold)) do redis.call("HINCRBY", prefix .. "free", pod .. "|" .. t, -k) end
+end
+unassume(prefix, jk, job, pod)
 redis.call("ZREM", prefix .. "forwarding", job)
 if kind == "refused" then
   local refused = (f[3] and f[3] ~= "") and cjson.decode(f[3]) or {}
@@ -401,8 +473,9 @@ local freed = 0
 if final then
   redis.call("SREM", prefix .. "pod:" .. pod .. ":live", job)
   if ended == "1" and (f[4] == "RUNNING" or f[4] == "WIRING") and f[5] then
-    -- Assume its blocks are free until the pod's next report says how many are.
+    -- Its blocks are free: counted so until a report of the pod shows them freed.
     for t, k in pairs(cjson.decode(f[5])) do redis.call("HINCRBY", prefix .. "free", pod .. "|" .. t, k) end
+    assume(prefix, jk, job, pod, "free", f[5], now)
     freed = 1
   end
 end
@@ -653,9 +726,12 @@ class CellStore:
         after: str,
         until: str,
         transitions: Sequence[Sequence[Any]],
+        assume_ms: int,
     ) -> tuple[bool, str, bool, bool]:
         """Apply a heartbeat: (known pod, ack, came back from silent, the cell queue should
-        be looked at again)."""
+        be looked at again). The reported free blocks are corrected by the placements and
+        ends through the cell that the report does not show yet (its version predates the
+        pod's event of them), each for at most `assume_ms`."""
         ok, ack, returned, wake = await self._run(
             self._report,
             pod_id,
@@ -667,6 +743,7 @@ class CellStore:
             pad_id(after),
             pad_id(until),
             json.dumps([[pad_id(t[0]), *t[1:]] for t in transitions]),
+            assume_ms,
         )
         return int(ok) == 1, unpad_id(ack), bool(int(returned)), bool(int(wake))
 

@@ -20,17 +20,28 @@ def tr(stream_id: str, job: str, seq: int, to: str, frm: str = "") -> list:
     return [stream_id, job, seq, frm, to, 1000 + seq, f"{frm}->{to}"]
 
 
-async def report(store: CellStore, *, after="0-0", until="0-0", trs=(), free=8, version="5-0"):
+async def report(
+    store: CellStore,
+    *,
+    after="0-0",
+    until="0-0",
+    trs=(),
+    free=8,
+    version="5-0",
+    now_ms=10_000,
+    assume_ms=60_000,
+):
     return await store.report(
         POD,
         endpoint="127.0.0.1:1",
-        now_ms=10_000,
+        now_ms=now_ms,
         capacity_b64="cap-" + version,
         version=version,
         free={"tpu": free},
         after=after,
         until=until,
         transitions=list(trs),
+        assume_ms=assume_ms,
     )
 
 
@@ -154,6 +165,100 @@ async def test_holds_count_forwards_in_flight_and_go_when_they_end(store):
     # An older answer never overwrites a newer state.
     applied, *_ = await store.mirror("b", pod=POD, state="RUNNING", n=3, reason="old", now_ms=6)
     assert not applied and (await store.job("b")).state == "COMPLETED"
+
+
+async def free_now(store: CellStore) -> int:
+    """Free blocks of POD as a claim counts them: reported (corrected), minus in flight."""
+    snap = await store.snapshot()
+    return snap.free[f"{POD}|tpu"] - snap.held.get(f"{POD}|tpu", 0)
+
+
+async def test_a_report_read_before_a_placement_never_gives_its_blocks_back(store):
+    # The pod's heartbeat reads its state (version 5-0: 8 free) just before it admits a
+    # job; the cell records the placement (6 free) and only then gets that heartbeat.
+    await store.register(POD, "reg", "127.0.0.1:1", 5, "0-0")
+    await report(store, free=8, version="5-0")
+    await place(store, "j")
+    assert await free_now(store) == 6
+    await report(store, free=8, version="5-0")  # the same state again, sent late
+    assert await free_now(store) == 6
+    await report(store, free=8, version="6-0")  # newer, but from before the admission
+    assert await free_now(store) == 6
+    # The report that carries the admission (its WIRING event, 7-0) and a state at or past
+    # it shows the blocks taken: from then on the pod's word is the truth.
+    await report(store, free=6, version="7-0", until="7-0", trs=[tr("7-0", "j", 2, "WIRING")])
+    assert await free_now(store) == 6
+    await report(store, free=7, version="8-0", after="7-0", until="7-0")
+    assert await free_now(store) == 7
+
+
+async def test_a_report_that_shows_a_forward_in_flight_does_not_count_it_twice(store):
+    await store.register(POD, "reg", "127.0.0.1:1", 5, "0-0")
+    await report(store, free=8, version="5-0")
+    claim = dict(
+        fields={"req": "r", "priority": 50},
+        tenant="t",
+        pod=POD,
+        until_ms=99_999,
+        now_ms=1,
+        check_free=True,
+        reason="forwarding",
+    )
+    assert (await store.claim_new("a", token="ta", needs={"tpu": 2}, **claim))[0] == 1
+    assert await free_now(store) == 6
+    # The pod admitted it and reported before the cell heard the answer: 6 free there,
+    # and the forward still held by the cell. Six blocks are free, not four.
+    await report(store, free=6, version="7-0", until="7-0", trs=[tr("7-0", "a", 2, "WIRING")])
+    assert await free_now(store) == 6
+    assert (await store.claim_new("b", token="tb", needs={"tpu": 6}, **claim))[0] == 1
+    assert await free_now(store) == 0
+    placed = await store.placed(
+        "a", token="ta", pod=POD, state="RUNNING", n=3, reason="wired", fields={}, now_ms=2
+    )
+    assert placed is not None and await free_now(store) == 0
+    # Refused after all: its blocks are free again, and a later report needs no correction.
+    assert await store.unbind(
+        "b", token="tb", pod=POD, uncertain=False, version="7-0", reason="refused", now_ms=3
+    )
+    assert await free_now(store) == 6
+    await report(store, free=6, version="8-0", after="7-0", until="7-0")
+    assert await free_now(store) == 6
+
+
+async def test_an_end_through_the_cell_stands_until_a_report_shows_it(store):
+    await store.register(POD, "reg", "127.0.0.1:1", 5, "0-0")
+    await report(store, free=8, version="5-0")
+    await place(store, "j")
+    await report(store, free=6, version="7-0", until="7-0", trs=[tr("7-0", "j", 2, "WIRING")])
+    applied, _, _, freed = await store.mirror(
+        "j", pod=POD, state="COMPLETED", n=4, reason="done", now_ms=5, ended_here=True
+    )
+    assert applied and freed and await free_now(store) == 8
+    # A heartbeat read while the job still ran, arriving after the end: still 8 free.
+    await report(store, free=6, version="8-0", after="7-0", until="7-0")
+    assert await free_now(store) == 8
+    await report(
+        store,
+        free=8,
+        version="9-0",
+        after="7-0",
+        until="9-0",
+        trs=[tr("9-0", "j", 4, "COMPLETED", "RUNNING")],
+    )
+    assert await free_now(store) == 8
+    await report(store, free=5, version="10-0", after="9-0", until="9-0")
+    assert await free_now(store) == 5  # nothing assumed any more: the report is the truth
+
+
+async def test_an_assumption_no_report_shows_lasts_only_its_time(store):
+    # (The pod lost the events that would show it, say: the report is the truth again.)
+    await store.register(POD, "reg", "127.0.0.1:1", 5, "0-0")
+    await report(store, free=8, version="5-0", now_ms=3)
+    await place(store, "j")
+    await report(store, free=8, version="6-0", now_ms=1_000, assume_ms=1_000)
+    assert await free_now(store) == 6
+    await report(store, free=8, version="7-0", now_ms=1_003, assume_ms=1_000)
+    assert await free_now(store) == 8
 
 
 async def test_a_silent_pod_s_jobs_show_unknown_and_come_back_when_it_reports(store):
