@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from lightpath import redis_url
+from lightpath.domain.torus import FabricConfig, format_shape, parse_shape, validate_config
+from lightpath.errors import InvalidArgument
 
 T = TypeVar("T")
 
@@ -333,3 +335,65 @@ class CommonSettings:
     @property
     def resolved_instance_id(self) -> str:
         return self.instance_id or _default_instance_id()
+
+
+# The OCS torus fabric of one pod (OCS-1), which its ocs_manager and its switch agents
+# both read: the agents serve the switches the manager derives from the same settings.
+_FABRIC_ENV = {
+    "block_shape": "LIGHTPATH_FABRIC_BLOCK_SHAPE",
+    "block_count": "LIGHTPATH_FABRIC_BLOCKS",
+    "ocs_per_axis": "LIGHTPATH_FABRIC_OCS_PER_AXIS",
+    "ocs_radix": "LIGHTPATH_FABRIC_OCS_RADIX",
+}
+
+
+def _fabric_shape(raw: str) -> str:
+    return format_shape(parse_shape(raw))
+
+
+@dataclass(frozen=True)
+class TorusFabricSettings(CommonSettings):
+    """A pod's OCS torus fabric; `check_fabric` refuses an impossible one at start."""
+
+    fabric_block_shape: str = setting(
+        "LIGHTPATH_FABRIC_BLOCK_SHAPE",
+        "4x4x4",
+        "chips per building block along each dimension (its length is the number of dimensions)",
+        parse=_fabric_shape,
+    )
+    fabric_blocks: int = setting(
+        "LIGHTPATH_FABRIC_BLOCKS",
+        64,
+        "building blocks in the pod (ids 0..N-1)",
+        parse=parse_positive_int,
+    )
+    fabric_ocs_per_axis: int = setting(
+        "LIGHTPATH_FABRIC_OCS_PER_AXIS",
+        1,
+        "K, OCS per logical axis; K >= 2 puts a 1xK switch on every segment's second end",
+        parse=parse_positive_int,
+    )
+    fabric_ocs_radix: int = setting(
+        "LIGHTPATH_FABRIC_OCS_RADIX",
+        136,
+        "ports of one OCS; must be >= ceil(N/K) + N",
+        parse=parse_positive_int,
+    )
+
+    @property
+    def fabric_config(self) -> FabricConfig:
+        return FabricConfig(
+            parse_shape(self.fabric_block_shape),
+            self.fabric_blocks,
+            self.fabric_ocs_per_axis,
+            self.fabric_ocs_radix,
+        )
+
+    def check_fabric(self) -> None:
+        """OCS-1: an impossible fabric is a SettingsError naming the variables and the need."""
+        try:
+            validate_config(self.fabric_config)
+        except InvalidArgument as exc:
+            raise SettingsError(
+                "; ".join(f"{_FABRIC_ENV[v.field]}: {v.rule}" for v in exc.violations)
+            ) from None

@@ -6,11 +6,11 @@ from dataclasses import dataclass
 
 from lightpath.domain.southbound import devices, endpoint_of, parse_endpoint_map
 from lightpath.domain.switched import SwitchedFabricConfig
-from lightpath.domain.torus import Fabric, FabricConfig, format_shape, parse_shape, validate_config
+from lightpath.domain.torus import Fabric
 from lightpath.errors import InvalidArgument
 from services.common.settings import (
-    CommonSettings,
     SettingsError,
+    TorusFabricSettings,
     parse_address,
     parse_id,
     parse_non_negative_float,
@@ -36,32 +36,13 @@ def _switched_fabric(raw: str) -> str:
         raise ValueError("; ".join(f"{v.field}: {v.rule}" for v in exc.violations)) from None
 
 
-_ENV = {
-    "block_shape": "LIGHTPATH_FABRIC_BLOCK_SHAPE",
-    "block_count": "LIGHTPATH_FABRIC_BLOCKS",
-    "ocs_per_axis": "LIGHTPATH_FABRIC_OCS_PER_AXIS",
-    "ocs_radix": "LIGHTPATH_FABRIC_OCS_RADIX",
-}
-
-
 def _endpoints(raw: str) -> str:
     parse_endpoint_map(raw)  # ValueError naming the rule
     return raw.strip()
 
 
-def _shape(raw: str) -> str:
-    return format_shape(parse_shape(raw))
-
-
-def _positive_int(raw: str) -> int:
-    value = int(raw.strip())
-    if value < 1:
-        raise ValueError("must be an integer >= 1")
-    return value
-
-
 @dataclass(frozen=True)
-class OcsManagerSettings(CommonSettings):
+class OcsManagerSettings(TorusFabricSettings):
     listen: str = setting(
         "LIGHTPATH_LISTEN", "127.0.0.1:50062", "gRPC listen address", parse=parse_address
     )
@@ -70,30 +51,6 @@ class OcsManagerSettings(CommonSettings):
         "pod-1",
         "the superpod whose optical fabric this manager programs",
         parse=parse_id,
-    )
-    fabric_block_shape: str = setting(
-        "LIGHTPATH_FABRIC_BLOCK_SHAPE",
-        "4x4x4",
-        "chips per building block along each dimension (its length is the number of dimensions)",
-        parse=_shape,
-    )
-    fabric_blocks: int = setting(
-        "LIGHTPATH_FABRIC_BLOCKS",
-        64,
-        "building blocks in the pod (ids 0..N-1)",
-        parse=_positive_int,
-    )
-    fabric_ocs_per_axis: int = setting(
-        "LIGHTPATH_FABRIC_OCS_PER_AXIS",
-        1,
-        "K, OCS per logical axis; K >= 2 puts a 1xK switch on every segment's second end",
-        parse=_positive_int,
-    )
-    fabric_ocs_radix: int = setting(
-        "LIGHTPATH_FABRIC_OCS_RADIX",
-        136,
-        "ports of one OCS; must be >= ceil(N/K) + N",
-        parse=_positive_int,
     )
     driver_settle_ms: float = setting(
         "LIGHTPATH_OCS_DRIVER_SETTLE_MS",
@@ -152,13 +109,7 @@ class OcsManagerSettings(CommonSettings):
         return SwitchedFabricConfig.parse(self.switched_fabric)
 
     def __post_init__(self) -> None:
-        # OCS-1: refuse an impossible fabric at start, naming the variable and the need.
-        try:
-            validate_config(self.fabric_config)
-        except InvalidArgument as exc:
-            raise SettingsError(
-                "; ".join(f"{_ENV[v.field]}: {v.rule}" for v in exc.violations)
-            ) from None
+        self.check_fabric()
         if self.switch_agents and self.fabric_kind == "OCS_TORUS":
             if self.switch_timeout_s >= self.change_lease_s / 2:
                 raise SettingsError(
@@ -177,12 +128,3 @@ class OcsManagerSettings(CommonSettings):
     @property
     def switch_endpoints(self) -> tuple[tuple[str, str], ...]:
         return parse_endpoint_map(self.switch_agents)
-
-    @property
-    def fabric_config(self) -> FabricConfig:
-        return FabricConfig(
-            parse_shape(self.fabric_block_shape),
-            self.fabric_blocks,
-            self.fabric_ocs_per_axis,
-            self.fabric_ocs_radix,
-        )

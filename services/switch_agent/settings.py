@@ -10,11 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from lightpath.domain.southbound import devices, select
-from lightpath.domain.torus import Fabric, FabricConfig, format_shape, parse_shape, validate_config
-from lightpath.errors import InvalidArgument
+from lightpath.domain.torus import Fabric
 from services.common.settings import (
-    CommonSettings,
     SettingsError,
+    TorusFabricSettings,
     parse_address,
     parse_id,
     parse_non_negative_float,
@@ -22,17 +21,6 @@ from services.common.settings import (
     setting,
 )
 from services.switch_agent.faults import parse_fault_spec
-
-_ENV = {
-    "block_shape": "LIGHTPATH_FABRIC_BLOCK_SHAPE",
-    "block_count": "LIGHTPATH_FABRIC_BLOCKS",
-    "ocs_per_axis": "LIGHTPATH_FABRIC_OCS_PER_AXIS",
-    "ocs_radix": "LIGHTPATH_FABRIC_OCS_RADIX",
-}
-
-
-def _shape(raw: str) -> str:
-    return format_shape(parse_shape(raw))
 
 
 def _faults(raw: str) -> str:
@@ -47,7 +35,7 @@ def _globs(raw: str) -> str:
 
 
 @dataclass(frozen=True)
-class SwitchAgentSettings(CommonSettings):
+class SwitchAgentSettings(TorusFabricSettings):
     listen: str = setting(
         "LIGHTPATH_LISTEN", "127.0.0.1:50063", "gRPC listen address", parse=parse_address
     )
@@ -56,24 +44,6 @@ class SwitchAgentSettings(CommonSettings):
         "pod-1",
         "the pod whose switches this agent serves: only that pod's ocs_manager may program them",
         parse=parse_id,
-    )
-    fabric_block_shape: str = setting(
-        "LIGHTPATH_FABRIC_BLOCK_SHAPE",
-        "4x4x4",
-        "the pod's fabric, as its ocs_manager has it: chips per block along each dimension",
-        parse=_shape,
-    )
-    fabric_blocks: int = setting(
-        "LIGHTPATH_FABRIC_BLOCKS", 64, "the pod's building blocks", parse=parse_positive_int
-    )
-    fabric_ocs_per_axis: int = setting(
-        "LIGHTPATH_FABRIC_OCS_PER_AXIS",
-        1,
-        "K, OCS per logical axis (K >= 2 adds a bank of 1xK switches per block, otm-<block>)",
-        parse=parse_positive_int,
-    )
-    fabric_ocs_radix: int = setting(
-        "LIGHTPATH_FABRIC_OCS_RADIX", 136, "ports of one OCS", parse=parse_positive_int
     )
     switches: str = setting(
         "LIGHTPATH_AGENT_SWITCHES",
@@ -109,24 +79,10 @@ class SwitchAgentSettings(CommonSettings):
     )
 
     def __post_init__(self) -> None:
-        try:
-            validate_config(self.fabric_config)
-        except InvalidArgument as exc:
-            raise SettingsError(
-                "; ".join(f"{_ENV[v.field]}: {v.rule}" for v in exc.violations)
-            ) from None
+        self.check_fabric()
         fabric = Fabric(self.fabric_config)
         if not select(devices(fabric), self.switches):
             raise SettingsError(
                 f"LIGHTPATH_AGENT_SWITCHES={self.switches!r} matches none of the pod's switches "
                 f"(ids like {fabric.ocs_ids[0]}" + (", otm-0)" if fabric.k > 1 else ")")
             )
-
-    @property
-    def fabric_config(self) -> FabricConfig:
-        return FabricConfig(
-            parse_shape(self.fabric_block_shape),
-            self.fabric_blocks,
-            self.fabric_ocs_per_axis,
-            self.fabric_ocs_radix,
-        )
