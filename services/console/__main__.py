@@ -17,11 +17,12 @@ from lightpath.telemetry import configure_tracing
 from services.common.settings import SettingsError, describe, load
 from services.common.supervisor import Supervisor
 from services.common.telemetry import configure_logging
+from services.common.tls import is_loopback
 from services.console.app import Console, build_app
 from services.console.backends import Backends
 from services.console.hub import Hub
 from services.console.sessions import Sessions
-from services.console.settings import ConsoleSettings, is_loopback
+from services.console.settings import ConsoleSettings
 
 log = logging.getLogger("lightpath.console")
 

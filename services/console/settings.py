@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ipaddress
 from dataclasses import dataclass
 
 from services.common.settings import (
@@ -12,6 +11,7 @@ from services.common.settings import (
     parse_positive_float,
     setting,
 )
+from services.common.tls import is_loopback
 
 
 def parse_named_addresses(raw: str) -> tuple[tuple[str, str], ...]:
@@ -26,16 +26,6 @@ def parse_named_addresses(raw: str) -> tuple[tuple[str, str], ...]:
             raise ValueError(f"{item!r} must look like name=host:port, e.g. pod-1=127.0.0.1:50062")
         out[name.strip()] = parse_address(address)
     return tuple(out.items())
-
-
-def is_loopback(address: str) -> bool:
-    host = address.rpartition(":")[0].strip("[]")
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from services.common.settings import SettingsError, load
-from services.console.settings import ConsoleSettings, is_loopback, parse_named_addresses
+from services.common.tls import is_loopback
+from services.console.settings import ConsoleSettings, parse_named_addresses
 from services.console.views import free_steps
 
 
