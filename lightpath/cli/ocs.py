@@ -259,7 +259,8 @@ async def cmd_check(args: argparse.Namespace) -> int:
     elif r.ok:
         print(
             f"ok: {r.slices_checked} slices, {r.cross_connects_checked} cross-connects, "
-            "every OCS-6 invariant holds"
+            "every wiring invariant holds (no port in two cross-connects, slices apart, 1xK "
+            "settings agree, tables match the slices)"
         )
     else:
         print(f"{len(r.violations)} violations:", file=sys.stderr)
