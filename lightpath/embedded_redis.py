@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -56,15 +57,33 @@ _PICK_RANGE = (20000, 32767)
 _rng = random.SystemRandom()  # not the random module's state, which tests may seed alike
 
 
+# Ports this process handed out lately: a pick is free when picked but bound only later,
+# so a stack's ~25 picks (or two stacks' in one test process) could otherwise get the same
+# port twice (25 picks from 12,768 ports collide in about 1 stack start of 40: "Failed
+# to bind to address", seen under the full suite).
+_HANDED_OUT_S = 300.0
+_handed_out: dict[int, float] = {}
+_handed_out_lock = threading.Lock()
+
+
 def free_port() -> int:
-    """A loopback TCP port free now, for a process to listen on."""
-    for _ in range(100):
-        port = _rng.randint(*_PICK_RANGE)
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
+    """A loopback TCP port free now, for a process to listen on, and not handed out by
+    this process in the last few minutes."""
+    with _handed_out_lock:
+        now = time.monotonic()
+        for port, at in list(_handed_out.items()):
+            if now - at > _HANDED_OUT_S:
+                del _handed_out[port]
+        for _ in range(100):
+            port = _rng.randint(*_PICK_RANGE)
+            if port in _handed_out:
                 continue
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+            _handed_out[port] = now
             return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))

@@ -143,3 +143,16 @@ def test_a_killed_supervisor_takes_its_children_with_it(tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_ephemeral_ports_of_one_process_are_never_handed_out_twice():
+    """A pick is bound by its process only later, so picks must differ among themselves: a
+    stack's ~25 picks from the range below the kernel's once collided ("Failed to bind")."""
+    from lightpath.embedded_redis import free_port
+    from lightpath.stack import with_ephemeral_ports
+
+    picks = [free_port() for _ in range(400)]
+    assert len(set(picks)) == len(picks)
+    specs = with_ephemeral_ports(default_topology(switch_agents=True))
+    ports = [p for s in specs for p in (s.port, s.metrics_port) if p]
+    assert len(set(ports)) == len(ports) and not set(ports) & set(picks)
