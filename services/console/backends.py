@@ -11,6 +11,7 @@ rows are reads only.
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -102,6 +103,27 @@ class Backends:
         except grpc.aio.AioRpcError as err:
             raise rpc_error(err) from err
 
+    @classmethod
+    async def _all(
+        cls,
+        method: Any,
+        make: Any,
+        items: str,
+        viewer: Viewer,
+        limit: int,
+    ) -> list[Any]:
+        """The items (field `items`) of a paged list, page after page (`make(page_token)`
+        builds the request), until no page follows or `limit` items are in."""
+        out: list[Any] = []
+        token = ""
+        while len(out) < limit:
+            resp = await cls._call(method, make(token), viewer)
+            out.extend(getattr(resp, items))
+            token = resp.next_page_token
+            if not token:
+                break
+        return out
+
     def _ocs(self, pod_id: str) -> Any:
         stub = self.ocs.get(pod_id)
         if stub is None:
@@ -126,20 +148,15 @@ class Backends:
         )
 
     async def list_jobs(self, viewer: Viewer, pod_id: str = "") -> list[cell_scheduler_pb2.CellJob]:
-        jobs: list[cell_scheduler_pb2.CellJob] = []
-        token = ""
-        while len(jobs) < MAX_JOBS:
-            resp = await self._call(
-                self.cell.ListJobs,
-                cell_scheduler_pb2.ListCellJobsRequest(
-                    pod_id=pod_id, page_size=200, page_token=token
-                ),
-                viewer,
-            )
-            jobs.extend(resp.jobs)
-            token = resp.next_page_token
-            if not token:
-                break
+        jobs = await self._all(
+            self.cell.ListJobs,
+            lambda token: cell_scheduler_pb2.ListCellJobsRequest(
+                pod_id=pod_id, page_size=200, page_token=token
+            ),
+            "jobs",
+            viewer,
+            MAX_JOBS,
+        )
         return jobs[:MAX_JOBS]
 
     async def list_jobs_probe(self, viewer: Viewer) -> None:
@@ -165,18 +182,13 @@ class Backends:
     # -- a pod's fabric ----------------------------------------------------------
 
     async def switches(self, viewer: Viewer, pod_id: str) -> list[ocs_manager_pb2.SwitchUse]:
-        out: list[ocs_manager_pb2.SwitchUse] = []
-        token = ""
-        while True:
-            resp = await self._call(
-                self._ocs(pod_id).ListSwitches,
-                ocs_manager_pb2.ListSwitchesRequest(page_size=500, page_token=token),
-                viewer,
-            )
-            out.extend(resp.switches)
-            token = resp.next_page_token
-            if not token:
-                return out
+        return await self._all(
+            self._ocs(pod_id).ListSwitches,
+            lambda token: ocs_manager_pb2.ListSwitchesRequest(page_size=500, page_token=token),
+            "switches",
+            viewer,
+            sys.maxsize,
+        )
 
     async def slice_wiring(
         self, viewer: Viewer, pod_id: str, job_id: str, *, full: bool = True
@@ -211,18 +223,15 @@ class Backends:
     async def ring_reservations(
         self, viewer: Viewer, pod_id: str
     ) -> list[ocs_manager_pb2.RingReservationSummary]:
-        out: list[ocs_manager_pb2.RingReservationSummary] = []
-        token = ""
-        while True:
-            resp = await self._call(
-                self._ocs(pod_id).ListRingReservations,
-                ocs_manager_pb2.ListRingReservationsRequest(page_size=200, page_token=token),
-                viewer,
-            )
-            out.extend(resp.reservations)
-            token = resp.next_page_token
-            if not token or len(out) >= MAX_JOBS:
-                return out
+        return await self._all(
+            self._ocs(pod_id).ListRingReservations,
+            lambda token: ocs_manager_pb2.ListRingReservationsRequest(
+                page_size=200, page_token=token
+            ),
+            "reservations",
+            viewer,
+            MAX_JOBS,
+        )
 
     # -- core broker -------------------------------------------------------------
 
@@ -244,19 +253,13 @@ class Backends:
         )
 
     async def reservations(self, viewer: Viewer) -> list[core_broker_pb2.Reservation]:
-        out: list[core_broker_pb2.Reservation] = []
-        token = ""
-        while len(out) < MAX_RESERVATIONS:
-            resp = await self._call(
-                self._broker().ListReservations,
-                core_broker_pb2.ListReservationsRequest(page_size=500, page_token=token),
-                viewer,
-            )
-            out.extend(resp.reservations)
-            token = resp.next_page_token
-            if not token:
-                break
-        return out
+        return await self._all(
+            self._broker().ListReservations,
+            lambda token: core_broker_pb2.ListReservationsRequest(page_size=500, page_token=token),
+            "reservations",
+            viewer,
+            MAX_RESERVATIONS,
+        )
 
     def watch_reservations(self) -> Any:
         return self._broker().WatchReservations(core_broker_pb2.WatchReservationsRequest())
