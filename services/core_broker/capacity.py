@@ -542,6 +542,12 @@ class CapacityMap:
         floor = self._floors.floor(key, idx, need, duration, after, generation)
         if last_start is not None and floor > last_start:
             return None
+        # Known that no instant up to the search's first candidate but `after` is a start
+        # (a floor's span) and `after` is none: then the answer is an instant at which the
+        # reserved cores of a device fall (`skyline.earliest_start`'s `drops`).
+        after_is_none = no_start_at_after or floor > after + 1
+        if not after_is_none:
+            after_is_none = int(self.offers(after, after + duration, devices).sum()) < need
         found = skyline.earliest_start(
             self._sky_of(),
             self._d.cores,
@@ -551,15 +557,12 @@ class CapacityMap:
             after,
             last_start,
             floor=floor - 1 if floor > after else None,
+            drops=after_is_none,
         )
         if found is None:
             return None
         t, free_idx = found
-        if (
-            no_start_at_after
-            or floor > after
-            or int(self.offers(after, after + duration, devices).sum()) < need
-        ):
+        if after_is_none or floor > after:
             # `after` is no start (checked, or inside a floor's span of none): the
             # answer bounds later searches
             self._floors.note(

@@ -1,15 +1,19 @@
-"""The distinct end times of the allocations on a set of devices, sorted, for
-the earliest-start search (issue 15): the candidates of `skyline.earliest_start`
-are these ends, visited in order, and asking the rows of every device for its
-next end after t costs O(k log m) per step; here it is one binary search.
+"""The instants at which the reserved cores of a set of devices fall, sorted, for
+the earliest-start search (issue 15): free cores over a window can only grow
+as its start passes such an instant (an allocation ends there and fewer cores
+start again: the end of one reservation where a back-to-back one of as many
+cores begins is none), so the candidates of `skyline.earliest_start` are
+these, visited in order. Asking the rows of every device for its next end
+after t costs O(k log m) per step; here it is one binary search.
 
-An `EndSet` holds, for one set of devices, a sorted array of end times with
-how many allocations on the set end at each (built from the rows once), plus
-the changes since (`side`: end time -> change of that count), which every
+An `EndSet` holds, for one set of devices, a sorted array of those instants
+with how many of the devices fall at each (built from the rows once), plus the
+changes since (`side`: instant -> change of that count), which every
 allocation added to or removed from a member device updates in O(1), assumed
-or not. A query merges the two: the first k distinct times after t whose
-count is positive, O(log n + k + s) for the s pending changes; once there are
-many, the set is rebuilt from the rows.
+or not (`skyline._Bucket.insert_span` says where a device's falls changed). A
+query merges the two: the first k distinct instants after t whose count is
+positive, O(log n + k + s) for the s pending changes; once there are many, the
+set is rebuilt from the rows.
 
 `EndSets` keeps the sets of the last few device sets searched (all devices,
 all of a kind, the named devices of a request), keyed by the device indices,

@@ -28,9 +28,10 @@ one pass over k x cells numbers (no per-reservation work) and skip those
 where no window of the duration can find the cores, and tells which devices
 could offer any core at all near a candidate.
 
-`earliest_start` visits the candidates (the ends of allocations, where free
-cores can grow) in order, skipping with the grid and with bounds over blocks
-of candidates, and checks the remaining ones exactly. Its answers are those of
+`earliest_start` visits the candidates (the ends of allocations where a
+device's reserved cores fall: only there can free cores grow) in order,
+skipping with the grid and with bounds over blocks of candidates, and checks
+the remaining ones exactly. Its answers are those of
 the brute-force search it replaced (tests/core_broker/test_capacity_oracle.py).
 The cost of one step is O(k log m) for the k devices; the number of steps is
 not bounded by a constant (a pathological schedule can make it walk many
@@ -166,10 +167,11 @@ class _Bucket:
 
     # -- one row ---------------------------------------------------------------
 
-    def insert_span(self, r: int, ks: int, ke: int, cores: int) -> None:
+    def insert_span(self, r: int, ks: int, ke: int, cores: int) -> tuple[int, int]:
         """Add `cores` over [ks, ke) (key offsets, ks < ke): `insert` of the start and
         of the end, and the level between them raised, with one search and one
-        shift of each array."""
+        shift of each array. Returns how the row's drops (breakpoints where the
+        level falls) changed at the start and at the end: -1, 0 or +1 each."""
         n = int(self.cnt[r])
         base = r << _TBITS
         row = self.key[r]
@@ -177,6 +179,18 @@ class _Bucket:
         new_s = js >= n or int(row[js]) != base | ks
         new_e = je >= n or int(row[je]) != base | ke
         lv, nd, nr = self.sp[0, r], self.nend[r], self.nref[r]
+        # the start: a drop before iff its level is below the one before it; raised by
+        # `cores` it may stop being one (a new breakpoint is none, before or after)
+        ds = 0
+        if not new_s:
+            at, before = int(lv[js]), int(lv[js - 1])
+            ds = -(at < before <= at + cores)
+        # the end: the level before it rises by `cores`, so it may become a drop
+        if new_e:
+            de = 1
+        else:
+            at, before = int(lv[je]), int(lv[je - 1])
+            de = int(before <= at < before + cores)
         if new_s or new_e:
             assert n + new_s + new_e < self.w, "row full"
             arrays = (row, lv, nd, nr)
@@ -208,17 +222,25 @@ class _Bucket:
         nd[je] += 1
         lv[js:je] += cores
         self.dirty.add(r)
+        return ds, de
 
-    def release_span(self, r: int, ks: int, ke: int, cores: int) -> None:
+    def release_span(self, r: int, ks: int, ke: int, cores: int) -> tuple[int, int]:
         """Take back `insert_span(r, ks, ke, cores)`: the level between the two
         breakpoints lowered, each uncounted and dropped when unused (one search,
-        one shift of each array)."""
+        one shift of each array). Returns the change of drops at the start and at
+        the end, as `insert_span`."""
         n = int(self.cnt[r])
         base = r << _TBITS
         row = self.key[r]
         js, je = row[:n].searchsorted(np.array((base | ks, base | ke), np.int64)).tolist()
         assert je < n and int(row[js]) == base | ks and int(row[je]) == base | ke, "no such span"
         lv, nd, nr = self.sp[0, r], self.nend[r], self.nref[r]
+        # the level from the start lowered: it may become a drop; the level before
+        # the end lowered: it may stop being one (a breakpoint left unused is none)
+        at, before = int(lv[js]), int(lv[js - 1])
+        ds = int(at - cores < before <= at)
+        at, before = int(lv[je]), int(lv[je - 1])
+        de = -(at < before <= at + cores)
         lv[js:je] -= cores
         nr[js] -= 1
         nr[je] -= 1
@@ -226,7 +248,7 @@ class _Bucket:
         drop_s, drop_e = bool(nr[js] == 0), bool(nr[je] == 0)
         if not (drop_s or drop_e):
             self.dirty.add(r)
-            return
+            return ds, de
         arrays = (row, lv, nd, nr)
         if drop_s and drop_e:
             for a in arrays:
@@ -243,6 +265,7 @@ class _Bucket:
         nr[m:n] = 0
         self.cnt[r] = m
         self.dirty.add(r)
+        return ds, de
 
     def rebuild(self) -> None:
         """The sparse tables of maxima and the next-end pointers of the rows
@@ -538,10 +561,13 @@ class Skyline:
         cores reserved in each cell, which is all its bounds need."""
         ks, ke = _tk(start), _tk(end)
         b, r = self._room(device)
-        b.insert_span(r, ks, ke, cores)
+        ds, de = b.insert_span(r, ks, ke, cores)
         self.assumed += assumed
         self._grid_change(device, start, end, cores, assumed=assumed)
-        self.endsets.change(device, end, 1)
+        if ds:
+            self.endsets.change(device, start, ds)
+        if de:
+            self.endsets.change(device, end, de)
 
     def remove(
         self, device: int, start: int, end: int, cores: int, *, assumed: bool = False
@@ -549,10 +575,13 @@ class Skyline:
         ks, ke = _tk(start), _tk(end)
         b = self.buckets[int(self.bucket_of[device])]
         r = int(self.row_of[device])
-        b.release_span(r, ks, ke, cores)
+        ds, de = b.release_span(r, ks, ke, cores)
         self.assumed -= assumed
         self._grid_change(device, start, end, -cores, assumed=assumed)
-        self.endsets.change(device, end, -1)
+        if ds:
+            self.endsets.change(device, start, ds)
+        if de:
+            self.endsets.change(device, end, de)
 
     def _room(self, device: int) -> tuple[_Bucket, int]:
         """The device's bucket and row, moved to a wider bucket if two more
@@ -638,25 +667,25 @@ class Skyline:
         return columns, parts
 
     def end_set(self, devices: np.ndarray) -> EndSet:
-        """The distinct ends of the allocations on `devices` (kept up to date
-        with every later change while it stays cached)."""
+        """The instants at which the reserved cores of one of `devices` fall (an
+        allocation ends there and fewer start), with how many of the devices each:
+        the only instants after which free cores can grow (kept up to date with
+        every later change while it stays cached)."""
         key = devices.tobytes()
         found = self.endsets.get(key)
         if found is not None:
             return found
-        times, weights = [], []
+        times = []
         for g in self.groups(devices):
-            nend = g.bucket.nend[g.rows]
-            mask = nend > 0
-            times.append((g.bucket.key[g.rows][mask] & _TMASK) + _ORIGIN)
-            weights.append(nend[mask])
+            lv = g.bucket.sp[0][g.rows]
+            drop = np.zeros(lv.shape, bool)
+            drop[:, 1:] = lv[:, 1:] < lv[:, :-1]  # the padding after a row's last breakpoint: 0, 0
+            times.append((g.bucket.key[g.rows][drop] & _TMASK) + _ORIGIN)
         every = np.concatenate(times) if times else np.zeros(0, np.int64)
-        w = np.concatenate(weights) if weights else np.zeros(0, np.int32)
-        ends, inverse = np.unique(every, return_inverse=True)
-        counts = np.bincount(inverse.ravel(), weights=w, minlength=ends.shape[0]).astype(np.int64)
+        ends, counts = np.unique(every, return_counts=True)
         member = np.zeros(self.devices, bool)
         member[devices] = True
-        made = EndSet(member, ends.astype(np.int64), counts)
+        made = EndSet(member, ends.astype(np.int64), counts.astype(np.int64))
         self.endsets.put(key, made)
         return made
 
@@ -839,16 +868,17 @@ class _Probe:
         self.chunk_offer = offer
         self.chunk_open = offer.sum(axis=1) >= self.need
 
-    def bounds(self, cells: list[tuple[int, int]], need: int) -> np.ndarray | None:
-        """For windows each starting somewhere in cells c0 .. c1 of `cells`: a mask
+    def bounds(self, cells: list[int], ends: list[int], need: int) -> np.ndarray | None:
+        """For windows each starting in cell `cells[i]` (the candidates) or somewhere in
+        cells `cells[i]` .. `ends[i - c]` (the blocks after the c candidates): a mask
         (n, len(cells)) of the devices that might offer a core to each, empty for a
         window to which all of them together cannot offer `need` (None: the grid
         cannot tell)."""
         if self.width < 1 or not cells:
             return None
         cs, rows = self.chunk_start, self.chunk_offer.shape[0]
-        lo = min(c0 for c0, _ in cells)
-        hi = max(c1 for _, c1 in cells)
+        lo = min(cells)
+        hi = max(max(cells), max(ends)) if ends else max(cells)
         if lo <= 0:
             return None
         if lo < cs or hi - cs >= rows:
@@ -857,11 +887,11 @@ class _Probe:
                 return None
             self._chunk(lo, max(hi - lo + 1, min(_CHUNK, last - lo + 1)))
             cs = lo
-        first = np.array([c0 for c0, _ in cells], np.int64) - cs
-        bound = self.chunk_offer[first]  # windows starting in one cell: that cell's offers
-        for i, (c0, c1) in enumerate(cells):
-            if c1 > c0:
-                bound[i] = self.chunk_offer[c0 - cs : c1 - cs + 1].max(axis=0)
+        bound = self.chunk_offer[np.array(cells, np.int64) - cs]  # a window in one cell: its offers
+        c = len(cells) - len(ends)
+        for i, c1 in enumerate(ends):
+            if c1 > cells[c + i]:
+                bound[c + i] = self.chunk_offer[cells[c + i] - cs : c1 - cs + 1].max(axis=0)
         # by device, then window (C order): what `free_where` reads
         out = np.greater(bound.T, 0, order="C")
         out &= bound.sum(axis=1) >= need
@@ -897,13 +927,22 @@ def earliest_start(
     last_start: int | None,
     *,
     floor: int | None = None,
+    drops: bool = False,
 ) -> tuple[int, np.ndarray] | None:
     """Earliest end time t of an allocation on `devices` with after < t <= last_start
     at which the devices have `need` cores free, in all, for [t, t + duration);
     with the free cores of each of `devices` (in their order) then.
 
     Free cores over [t, t + duration) grow only when t passes an allocation's
-    end, so the candidates are those ends, visited in order. Each step:
+    end, so the candidates are those ends, visited in order. With `drops` (the
+    caller knows that no instant in (after, floor] is a start, or `after`
+    itself when there is no floor) only the ends at which a device's reserved
+    cores fall are visited: the end of one allocation where another of as many
+    cores starts (back-to-back reservations) changes nothing, and at an
+    instant t where no device's cores fall, a window starting at t - 1 has at
+    least as many free (it gains [t - 1, t), no fuller than t, and loses its
+    last instant), so by induction back to the last fall, or to `after`, t is
+    no earliest start. Each step:
 
     1. the coarse grid skips every grid cell in which no window can start
        with `need` cores (`_Probe.first_open`);
@@ -919,8 +958,9 @@ def earliest_start(
        offer `need` (`_Probe.bounds`, `_Probe.free_where`): a window's grid
        bound is at least what each device has free in it, so the devices
        left out have none and a window left out cannot hold `need`;
-    4. the candidates come from the device set's sorted end times
-       (`endtimes.EndSet`): one binary search, not a walk over every row.
+    4. the candidates come from the device set's sorted instants of falling
+       cores (`endtimes.EndSet`, with `drops`): one binary search, not a walk
+       over every row.
 
     One step is one vectorised query, O(k log m) per window for the k devices.
     """
@@ -930,7 +970,7 @@ def earliest_start(
     sky.anchor(after)
     sky._grid_fresh()
     probe = _Probe(sky, devices, cores[devices])
-    probe.ends = sky.end_set(devices)
+    probe.ends = sky.end_set(devices) if drops else None  # None: every end, from the rows
     probe.coarse(duration, need)
     grid = sky.grid
     h = max(1, duration // 8)
@@ -963,11 +1003,12 @@ def earliest_start(
         # others offer none), and none where together they cannot offer `need`
         sel = None
         if grid.origin is not None:
-            cells = [(grid.index(x), grid.index(x)) for x in cands]
-            cells += [
-                (grid.index(cl + i * h + 1), grid.index(cl + (i + 1) * h)) for i in range(blocks)
-            ]
-            sel = probe.bounds(cells, need)
+            o, w, top = grid.origin, grid.cell, grid.cells - 1
+            # a candidate's window starts in its cell; a block's somewhere in (cl + i·h, cl + (i+1)·h]
+            cells = [min(max((x - o) // w, 0), top) for x in cands]
+            cells += [min(max((cl + i * h + 1 - o) // w, 0), top) for i in range(blocks)]
+            ends = [min(max((cl + (i + 1) * h - o) // w, 0), top) for i in range(blocks)]
+            sel = probe.bounds(cells, ends, need)
         free = probe.free(a, b) if sel is None else probe.free_where(a, b, sel)
         room = np.flatnonzero(free[: len(cands)].sum(axis=1) >= need)
         if room.size:

@@ -555,7 +555,7 @@ def test_the_grid_bounds_of_a_window_leave_out_only_devices_with_nothing_free(
     j = grid.index(first + 1)
     probe.first_open(j)
     cells = [(c, c) for c in range(j, j + 4)] + [(j, j + 2), (j + 1, j + 5)]
-    sel = probe.bounds(cells, need)
+    sel = probe.bounds([c0 for c0, _ in cells], [c1 for _, c1 in cells[4:]], need)
     if sel is None:
         return
     old = legacy(cap)
