@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from redis.exceptions import RedisError
 
@@ -251,6 +251,17 @@ class WatchHub:
                 sub.broken = sub.broken or "the broker reloaded its state; watch again"
 
 
+class _Committed(NamedTuple):
+    """What one commit of a round stored: the store's answer, the change stream
+    entry it wrote (None: it stored nothing) and each ticket's groups with their
+    decisions and what was sent for them."""
+
+    result: Any
+    change: Change | None
+    plans: list[list[tuple[int, tuple[Decision, ...], list[PendingReservation]]]]
+    seen: int  # the view's version decided on
+
+
 class Broker:
     def __init__(
         self,
@@ -378,13 +389,34 @@ class Broker:
         if not live:
             return []
         flat = [t.groups[gi] for t in live for gi in t.open]
+        # The grants stay assumed in the map until the commit answers: those it stored
+        # become its rows there and then (`settle`), the others are taken back. (Meanwhile,
+        # one Redis round trip, a read of this replica's capacity counts them already.)
+        mark = cap.savepoint()
         decided = decide(
             cap,
             flat,
             now=now,
             priority=self.config.priority,
             default_placement=self.config.default_placement,
+            keep=True,
         )
+        stored: list[tuple[str, str, int, int, int]] = []
+        try:
+            done = await self._commit(live, decided, now)
+            if done.change is not None:
+                stored = [
+                    (op[2], op[1], op[3], op[4], op[5]) for op in done.change.ops if op[0] == "+"
+                ]
+        finally:
+            # on the map decided on (the view may have been reloaded meanwhile)
+            cap.settle(mark, stored)
+        return await self._finish(live, done, now)
+
+    async def _commit(
+        self, live: list[Ticket], decided: list[tuple[Decision, ...]], now: int
+    ) -> _Committed:
+        """Store the grants of `decided` in one Lua call (which re-checks capacity)."""
         payload: list[tuple[list[str], list[list[PendingReservation]]]] = []
         plans: list[list[tuple[int, tuple[Decision, ...], list[PendingReservation]]]] = []
         k = 0
@@ -403,19 +435,25 @@ class Broker:
         # the state decided on: Redis is at least here, unless it lost its state
         seen = self.view.version
         result = await self.store.commit(payload, now, (seen, self.view.stream_id))
+        change = self._change_of(result, payload) if result.version else None
+        return _Committed(result, change, plans, seen)
+
+    async def _finish(self, live: list[Ticket], done: _Committed, now: int) -> list[Ticket]:
+        """Answer what the commit settled; the tickets left open (conflicts)."""
+        result = done.result
         self.metrics.committed(rechecked=result.rechecked)
-        if result.version:
-            self.view.note_commit(self._change_of(result, payload))
-        elif result.current_version < seen:
+        if done.change is not None:
+            self.view.note_commit(done.change)
+        elif result.current_version < done.seen:
             log.warning(
                 "the store is at version %d, behind this view's %d (Redis lost its state?); "
                 "reloading",
                 result.current_version,
-                seen,
+                done.seen,
             )
             await self.view.load()
         still_open: list[Ticket] = []
-        for t, plan, (kind, status) in zip(live, plans, result.tickets, strict=True):
+        for t, plan, (kind, status) in zip(live, done.plans, result.tickets, strict=True):
             if kind == "exists":
                 if await self._resolve_existing(t):
                     still_open.append(t)

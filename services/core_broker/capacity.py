@@ -16,7 +16,10 @@ O(k log m) for k devices of m breakpoints each, whatever the number of
 reservations elsewhere (issue 15).
 
 Decisions try allocations out with `assume` inside a `savepoint()` and
-`rollback()` to it afterwards: no copy of the schedule per decision.
+`rollback()` to it afterwards: no copy of the schedule per decision. A round
+that commits what it decided keeps its grants assumed until the commit
+answers and then `settle`s: the stored ones become keyed rows where they are,
+the rest are taken back.
 """
 
 from __future__ import annotations
@@ -373,6 +376,41 @@ class CapacityMap:
             self._floors.rolled_back(mark)
         while len(self._assumed) > mark:
             self._kill(self._assumed.pop(), assumed=True)
+
+    def settle(self, mark: int, stored: Iterable[tuple[str, str, int, int, int]]) -> int:
+        """After a commit of allocations assumed since `mark`: those it stored become
+        keyed rows, as `add` with their keys would have made them (without taking
+        them out and putting them back), and the rest are taken back. `stored`:
+        (key, device id, start, end, cores) of each allocation stored; one with no
+        such assumed allocation, or whose key is held already (the change stream
+        brought it first), is left to `add`. Returns how many became keyed."""
+        rows = self._rows
+        if rows is None:
+            raise TypeError("a fork tracks no keys")
+        want: dict[tuple[int, int, int, int], list[str]] = {}
+        for key, device_id, start, end, cores in stored:
+            i = self._d.index.get(device_id)
+            if i is not None and key not in rows:
+                want.setdefault((i, int(start), int(end), int(cores)), []).append(key)
+        if len(self._assumed) > mark:
+            self._floors.rolled_back(mark)
+        kept = 0
+        while len(self._assumed) > mark:
+            row = self._assumed.pop()
+            dev, start, end = int(self._dev[row]), int(self._start[row]), int(self._end[row])
+            cores = int(self._cores[row])
+            keys = want.get((dev, start, end, cores))
+            if not keys:
+                self._kill(row, assumed=True)
+                continue
+            key = keys.pop()
+            rows[key] = row
+            self._key_of[row] = key
+            rid = key.split(":", 1)[0]
+            self._parts[rid] = self._parts.get(rid, 0) + 1
+            self._sky.settle(dev, start, end, cores)
+            kept += 1
+        return kept
 
     def __contains__(self, key: str) -> bool:
         return self._rows is not None and key in self._rows

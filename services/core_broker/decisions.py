@@ -283,20 +283,27 @@ def decide(
     now: int,
     priority: PriorityFunction,
     default_placement: Placement = Placement.SPREAD,
+    keep: bool = False,
 ) -> list[tuple[Decision, ...]]:
     """Decide `groups` together (CB-5): in descending priority (an all-or-nothing
     group ranks by its highest member), ties in the order given. Returns the
     decisions per group, in the order of its requests. `capacity` is left as
-    it was (grants are tried on it and taken back); requests must have passed
-    `validate_request`."""
+    it was (grants are tried on it and taken back) unless `keep`: then every
+    grant stays assumed in it, for the caller to settle once it knows which
+    were stored (`CapacityMap.settle` to the savepoint taken before). Requests
+    must have passed `validate_request`."""
     # Grants are assumed into the map itself and taken back at the end (a
     # savepoint, not a copy): deciding costs nothing per live reservation.
     work = capacity
     mark = work.savepoint()
     try:
-        return _decide_all(work, groups, now, priority, default_placement)
-    finally:
+        out = _decide_all(work, groups, now, priority, default_placement, keep)
+    except BaseException:
         work.rollback(mark)
+        raise
+    if not keep:
+        work.rollback(mark)
+    return out
 
 
 def _decide_all(
@@ -305,6 +312,7 @@ def _decide_all(
     now: int,
     priority: PriorityFunction,
     default_placement: Placement,
+    keep: bool,
 ) -> list[tuple[Decision, ...]]:
     items: list[tuple[float, int, int, int | None]] = []
     prios = [[priority(r) for r in g.requests] for g in groups]
@@ -321,7 +329,8 @@ def _decide_all(
         g = groups[gi]
         if ri is not None:
             d = _decide_one(work, g.requests[ri], prios[gi][ri], now, default_placement)
-            if d.granted and n < last:  # the last grant: nothing decided after it to see it
+            # the last grant: nothing decided after it sees it (unless it is kept)
+            if d.granted and (keep or n < last):
                 work.assume(d.allocations)
             out[gi][ri] = d
             continue

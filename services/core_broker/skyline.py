@@ -465,15 +465,25 @@ class Skyline:
         self.grid.m[j0:j1, device] = out
 
     def _grid_change(
-        self, device: int, start: int, end: int, cores: int, *, assumed: bool = False
+        self,
+        device: int,
+        start: int,
+        end: int,
+        cores: int,
+        *,
+        assumed: bool = False,
+        whole: bool = True,
     ) -> None:
+        """`cores` more (or fewer) on a device over [start, end) in the grid: added to
+        the cells it covers whole (unless not `whole`: they hold it already) and,
+        unless `assumed`, the cells it covers in part marked for a re-read."""
         g = self.grid
         if g.origin is None:
             return
         jf, jl = g.index(start), g.index(end - 1)
         whole0 = jf if jf > 0 and g.origin + jf * g.cell == start else jf + 1
         whole1 = jl if jl < g.cells - 1 and g.origin + (jl + 1) * g.cell == end else jl - 1
-        if whole1 >= whole0:
+        if whole and whole1 >= whole0:
             g.m[whole0 : whole1 + 1, device] += cores
         if assumed:
             # taken back before long, by the same change negated: the cells it covers in
@@ -582,6 +592,12 @@ class Skyline:
             self.endsets.change(device, start, ds)
         if de:
             self.endsets.change(device, end, de)
+
+    def settle(self, device: int, start: int, end: int, cores: int) -> None:
+        """An assumed allocation stays, as if `add`ed: its row and its whole grid cells
+        hold it already; the cells it covers in part are marked for a re-read."""
+        self.assumed -= 1
+        self._grid_change(device, start, end, cores, whole=False)
 
     def _room(self, device: int) -> tuple[_Bucket, int]:
         """The device's bucket and row, moved to a wider bucket if two more
