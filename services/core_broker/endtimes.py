@@ -33,21 +33,18 @@ MAX_SETS = 8
 class EndSet:
     def __init__(self, member: np.ndarray, ends: np.ndarray, counts: np.ndarray):
         self.member = member  # bool per device index (devices added later: not members)
-        self.ends = ends  # sorted distinct end times (int64)
-        self.counts = counts  # allocations ending at each
-        self.side: dict[int, int] = {}  # end time -> change of its count since the build
+        self.ends = ends  # sorted distinct instants (int64)
+        self.counts = counts  # devices of the set falling at each
+        self.side: dict[int, int] = {}  # instant -> change of its count since the build
         self.side_keys: list[int] = []  # the keys of side, sorted
-        self.negative = 0  # entries of side below zero
 
     def change(self, end: int, delta: int) -> None:
         old = self.side.get(end)
         if old is None:
             self.side[end] = delta
             insort(self.side_keys, end)
-            self.negative += delta < 0
             return
         new = old + delta
-        self.negative += (new < 0) - (old < 0)
         if new == 0:
             del self.side[end]
             self.side_keys.pop(bisect_right(self.side_keys, end) - 1)
@@ -55,23 +52,31 @@ class EndSet:
             self.side[end] = new
 
     def next_ends(self, t: int, k: int) -> list[int]:
-        """The first k distinct times after t at which an allocation on the set ends."""
-        extra = k + self.negative
+        """The first k distinct times after t at which some device of the set falls."""
         i = int(np.searchsorted(self.ends, t, side="right"))
-        base_t = self.ends[i : i + extra].tolist()
         if not self.side:
-            return base_t[:k]
-        base = dict(zip(base_t, self.counts[i : i + extra].tolist(), strict=True))
-        j = bisect_right(self.side_keys, t)
-        cands = sorted(set(base_t).union(self.side_keys[j : j + extra]))
-        out = []
-        side = self.side
-        for c in cands:
-            if base.get(c, 0) + side.get(c, 0) > 0:
-                out.append(c)
-                if len(out) == k:
-                    break
-        return out
+            return self.ends[i : i + k].tolist()
+        side, keys = self.side, self.side_keys
+        j = bisect_right(keys, t)
+        n = k
+        while True:
+            # every instant up to the last of the next n built ones is among those and
+            # the changes up to it: enough if k of them count, else look twice as far
+            base_t = self.ends[i : i + n].tolist()
+            more = len(base_t) == n
+            changed = keys[j : bisect_right(keys, base_t[-1]) if more else len(keys)]
+            if not changed:
+                return base_t[:k]
+            base = dict(zip(base_t, self.counts[i : i + n].tolist(), strict=True))
+            out = []
+            for c in sorted(base.keys() | set(changed)):
+                if base.get(c, 0) + side.get(c, 0) > 0:
+                    out.append(c)
+                    if len(out) == k:
+                        return out
+            if not more:
+                return out
+            n *= 2
 
 
 class EndSets:
