@@ -105,11 +105,59 @@ class _Found:
     depth: int  # allocations assumed when it was found
     generation: int
 
-    def covers(self, devices: bytes, idx: np.ndarray) -> bool:
+
+_FIELDS = ("need", "duration", "after", "start", "depth", "generation")
+
+
+class _FloorSet:
+    """The bounds found on one device set, as columns (one numpy pass answers)."""
+
+    def __init__(self, mask: np.ndarray) -> None:
+        self.mask = mask
+        self.n = 0
+        self.cols = np.zeros((len(_FIELDS), 16), np.int64)
+
+    def covers(self, devices: bytes, key: bytes, idx: np.ndarray) -> bool:
         """Searched every one of the devices `idx` (and maybe more)."""
-        if devices == self.devices:
+        if devices == key:
             return True
         return idx.shape[0] > 0 and int(idx[-1]) < self.mask.shape[0] and bool(self.mask[idx].all())
+
+    def best(self, need: int, duration: int, after: int, generation: int) -> int | None:
+        need_, dur, aft, start, _, gen = self.cols[:, : self.n]
+        ok = (need_ <= need) & (dur <= duration) & (aft <= after) & (gen == generation)
+        return int(start[ok].max()) if ok.any() else None
+
+    def note(self, f: _Found, limit: int) -> None:
+        new = np.array([getattr(f, name) for name in _FIELDS], np.int64)
+        need_, dur, aft, start, depth, gen = self.cols[:, : self.n]
+        same = gen == f.generation
+        # one already here that bounds every search this one bounds, as far, as long
+        if (
+            same & (need_ <= f.need) & (dur <= f.duration) & (aft <= f.after) & (start >= f.start)
+            & (depth <= f.depth)
+        ).any():
+            return
+        # keep only those this one does not outdo (and none of a past generation)
+        keep = same & ~(
+            (need_ >= f.need) & (dur >= f.duration) & (aft >= f.after) & (start <= f.start)
+            & (depth >= f.depth)
+        )
+        kept = self.cols[:, : self.n][:, keep]
+        if kept.shape[1] >= limit:
+            kept = kept[:, 1:]  # the oldest goes first
+        n = kept.shape[1]
+        if n + 1 > self.cols.shape[1]:
+            self.cols = np.zeros((len(_FIELDS), 2 * (n + 1)), np.int64)
+        self.cols[:, :n] = kept
+        self.cols[:, n] = new
+        self.n = n + 1
+
+    def rolled_back(self, depth: int) -> None:
+        keep = self.cols[4, : self.n] <= depth
+        kept = self.cols[:, : self.n][:, keep]
+        self.n = kept.shape[1]
+        self.cols[:, : self.n] = kept
 
 
 class _Floors:
@@ -127,36 +175,38 @@ class _Floors:
 
     The bounds hold while allocations are only added: a removal (or a rollback
     past what was assumed when one was found, or a device's record changing)
-    drops them."""
+    drops them.
 
-    LIMIT = 32
+    Kept per device set, without the ones another makes useless (one that applies
+    to every search this one applies to, bounds them at least as far, and lasts
+    as long): a batch of searches on a few device sets with a few sizes keeps a
+    bound for nearly every search, not only for those like the last few."""
+
+    LIMIT = 256  # per device set; the oldest goes first
 
     def __init__(self) -> None:
-        self.found: list[_Found] = []
+        self.found: dict[bytes, _FloorSet] = {}
 
     def floor(
         self, devices: bytes, idx: np.ndarray, need: int, duration: int, after: int, generation: int
     ) -> int:
         best = after
-        for f in self.found:
-            if (
-                f.start > best
-                and f.need <= need
-                and f.duration <= duration
-                and f.after <= after
-                and f.generation == generation
-                and f.covers(devices, idx)
-            ):
-                best = f.start
+        for key, found in self.found.items():
+            if found.n and found.covers(devices, key, idx):
+                b = found.best(need, duration, after, generation)
+                if b is not None and b > best:
+                    best = b
         return best
 
     def note(self, found: _Found) -> None:
-        if len(self.found) >= self.LIMIT:
-            del self.found[0]
-        self.found.append(found)
+        kept = self.found.get(found.devices)
+        if kept is None:
+            kept = self.found[found.devices] = _FloorSet(found.mask)
+        kept.note(found, self.LIMIT)
 
     def rolled_back(self, depth: int) -> None:
-        self.found = [f for f in self.found if f.depth <= depth]
+        for found in self.found.values():
+            found.rolled_back(depth)
 
     def clear(self) -> None:
         self.found.clear()

@@ -664,3 +664,69 @@ def test_a_row_kept_through_adds_and_removals_on_shared_instants_stays_whole(ste
             assert keys == sorted(keys) and len(keys) == len(times)
             assert (b.nref[r, 1:n] > 0).all() and (b.nref[r, n:] == 0).all()
             assert (b.key[r, n:] & _TMAX == _TMAX).all()
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.one_of(
+            st.tuples(
+                st.just("note"),
+                st.sampled_from([0, 1]),  # device set: all four devices, or the first two
+                st.integers(1, 6),  # need
+                st.integers(1, 6),  # duration
+                st.integers(0, 3),  # after
+                st.integers(0, 12),  # start
+                st.integers(0, 3),  # generation
+            ),
+            st.tuples(st.just("rollback"), st.integers(0, 6)),
+            st.tuples(
+                st.just("floor"),
+                st.sampled_from([0, 1, 2]),  # all, the first two, the first one
+                st.integers(1, 6),
+                st.integers(1, 6),
+                st.integers(0, 3),
+                st.integers(0, 3),
+            ),
+        ),
+        max_size=60,
+    )
+)
+def test_the_kept_bounds_answer_as_every_bound_found_would(ops):
+    """`_Floors` keeps per device set only the bounds no other one outdoes: every
+    answer is the best of all the bounds found (and not rolled back) that apply."""
+    from services.core_broker.capacity import _Floors, _Found
+
+    sets = [np.arange(4), np.arange(2), np.arange(1)]
+    floors, every = _Floors(), []
+    depth = 0
+    for op in ops:
+        if op[0] == "note":
+            _, which, need, duration, after, start, gen = op
+            idx = sets[which]
+            mask = np.zeros(4, bool)
+            mask[idx] = True
+            f = _Found(idx.tobytes(), mask, need, duration, after, after + start, depth, gen)
+            floors.note(f)
+            every.append((which, f))
+            depth += 1
+        elif op[0] == "rollback":
+            depth = max(0, depth - op[1])
+            floors.rolled_back(depth)
+            every = [(w, f) for w, f in every if f.depth <= depth]
+        else:
+            _, which, need, duration, after, gen = op
+            idx = sets[which]
+            want = max(
+                [after]
+                + [
+                    f.start
+                    for w, f in every
+                    if w <= which  # a bound of the same devices or more
+                    and f.need <= need
+                    and f.duration <= duration
+                    and f.after <= after
+                    and f.generation == gen
+                ]
+            )
+            assert floors.floor(idx.tobytes(), idx, need, duration, after, gen) == want
