@@ -19,6 +19,7 @@ COMMAND_MODULES = (
     "lightpath.cli.security",
     "lightpath.cli.audit",
     "lightpath.cli.ocs",
+    "lightpath.cli.switches",
     "lightpath.cli.pod",
     "lightpath.cli.agg",
     "lightpath.cli.cores",

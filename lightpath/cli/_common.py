@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import sys
 from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
 from typing import Any
@@ -92,6 +93,17 @@ def add_parallelism_flags(parser: argparse.ArgumentParser, *, default: int, note
             metavar="N",
             help=f"{degree}-parallelism degree; the three multiply to the chip count{note}",
         )
+
+
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
+
+
+def parse_seconds(raw: str) -> float:
+    """`90`, `90s`, `250ms`, `5m`, `1.5h` → seconds."""
+    m = re.fullmatch(r"\s*(-?[0-9]*\.?[0-9]+)\s*(ms|s|m|min|h)?\s*", raw)
+    if not m:
+        raise argparse.ArgumentTypeError(f"{raw!r} is not a duration like 90s, 5m, 250ms")
+    return float(m.group(1)) * _UNITS[m.group(2) or "s"]
 
 
 def output_format(args: argparse.Namespace) -> str:

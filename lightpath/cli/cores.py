@@ -19,7 +19,6 @@ $LIGHTPATH_CORE_BROKER_ADDR, else the running local stack.
 from __future__ import annotations
 
 import argparse
-import re
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime
@@ -30,6 +29,7 @@ from lightpath.cli._common import (
     add_json_flag,
     add_list_output,
     clip,
+    parse_seconds,
     print_json,
     print_json_line,
     print_list,
@@ -53,15 +53,6 @@ __all__ = [
 ]
 
 ADDR_ENV = AsyncCores.ADDR_ENV
-_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
-
-
-def parse_seconds(raw: str) -> float:
-    """`90`, `90s`, `250ms`, `5m`, `1.5h` → seconds."""
-    m = re.fullmatch(r"\s*(-?[0-9]*\.?[0-9]+)\s*(ms|s|m|min|h)?\s*", raw)
-    if not m:
-        raise argparse.ArgumentTypeError(f"{raw!r} is not a duration like 90s, 5m, 250ms")
-    return float(m.group(1)) * _UNITS[m.group(2) or "s"]
 
 
 def parse_time(raw: str) -> float:
