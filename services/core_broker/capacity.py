@@ -134,13 +134,20 @@ class _FloorSet:
         same = gen == f.generation
         # one already here that bounds every search this one bounds, as far, as long
         if (
-            same & (need_ <= f.need) & (dur <= f.duration) & (aft <= f.after) & (start >= f.start)
+            same
+            & (need_ <= f.need)
+            & (dur <= f.duration)
+            & (aft <= f.after)
+            & (start >= f.start)
             & (depth <= f.depth)
         ).any():
             return
         # keep only those this one does not outdo (and none of a past generation)
         keep = same & ~(
-            (need_ >= f.need) & (dur >= f.duration) & (aft >= f.after) & (start <= f.start)
+            (need_ >= f.need)
+            & (dur >= f.duration)
+            & (aft >= f.after)
+            & (start <= f.start)
             & (depth >= f.depth)
         )
         kept = self.cols[:, : self.n][:, keep]
