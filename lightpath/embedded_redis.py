@@ -5,6 +5,7 @@ set, and by the test suite's session fixture.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import os
@@ -14,8 +15,10 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 
@@ -57,26 +60,61 @@ _PICK_RANGE = (20000, 32767)
 _rng = random.SystemRandom()  # not the random module's state, which tests may seed alike
 
 
-# Ports this process handed out lately: a pick is free when picked but bound only later,
-# so a stack's ~25 picks (or two stacks' in one test process) could otherwise get the same
-# port twice (25 picks from 12,768 ports collide in about 1 stack start of 40: "Failed
-# to bind to address", seen under the full suite).
+# Ports handed out lately: a pick is free when picked but bound only later, so a stack's
+# ~25 picks (or two stacks' in one test process) could otherwise get the same port twice
+# (25 picks from 12,768 ports collide in about 1 stack start of 40: "Failed to bind to
+# address", seen under the full suite). Kept in this process and, for the other
+# processes of this user on the machine (the test suite's parallel workers, two stacks
+# started side by side), as claim files in a shared directory, read and written under
+# an exclusive lock (without one, as where the directory cannot be made, this
+# process's own record still holds).
 _HANDED_OUT_S = 300.0
 _handed_out: dict[int, float] = {}
 _handed_out_lock = threading.Lock()
+_CLAIMS_DIR = Path(tempfile.gettempdir()) / f"lightpath-ports-{os.getuid()}"
+
+
+@contextlib.contextmanager
+def _machine_claims() -> Iterator[Path | None]:
+    """The claims directory, locked for this process (None: no shared claims here)."""
+    try:
+        import fcntl
+
+        _CLAIMS_DIR.mkdir(mode=0o700, exist_ok=True)
+        lock = os.open(_CLAIMS_DIR / ".lock", os.O_CREAT | os.O_RDWR, 0o600)
+    except (ImportError, OSError):
+        yield None
+        return
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield _CLAIMS_DIR
+    finally:
+        os.close(lock)  # releases the lock
+
+
+def _claimed_lately(claims: Path, port: int) -> bool:
+    try:
+        return time.time() - (claims / str(port)).stat().st_mtime < _HANDED_OUT_S
+    except OSError:
+        return False
+
+
+def _claim(claims: Path, port: int) -> None:
+    with contextlib.suppress(OSError):
+        (claims / str(port)).write_bytes(b"")  # made, or its time set to now
 
 
 def free_port() -> int:
-    """A loopback TCP port free now, for a process to listen on, and not handed out by
-    this process in the last few minutes."""
-    with _handed_out_lock:
+    """A loopback TCP port free now, for a process to listen on, and not handed out in
+    the last few minutes by this process or (on Linux and macOS) by another of this user's."""
+    with _handed_out_lock, _machine_claims() as claims:
         now = time.monotonic()
         for port, at in list(_handed_out.items()):
             if now - at > _HANDED_OUT_S:
                 del _handed_out[port]
         for _ in range(100):
             port = _rng.randint(*_PICK_RANGE)
-            if port in _handed_out:
+            if port in _handed_out or (claims is not None and _claimed_lately(claims, port)):
                 continue
             with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
                 try:
@@ -84,6 +122,8 @@ def free_port() -> int:
                 except OSError:
                     continue
             _handed_out[port] = now
+            if claims is not None:
+                _claim(claims, port)
             return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))

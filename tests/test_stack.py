@@ -145,6 +145,37 @@ def test_a_killed_supervisor_takes_its_children_with_it(tmp_path):
             proc.kill()
 
 
+def test_ephemeral_ports_are_never_handed_out_twice_across_processes(tmp_path):
+    """Two processes picking at once (the suite's parallel workers, two stacks started side
+    by side) never get the same port: each pick is claimed where both look, under a lock.
+    From a range of 60 ports, 25 picks each would collide almost surely otherwise."""
+    import random
+
+    code = (
+        "import json, sys\n"
+        "from pathlib import Path\n"
+        "from lightpath import embedded_redis as er\n"
+        "er._CLAIMS_DIR = Path(sys.argv[1])\n"
+        "er._PICK_RANGE = (int(sys.argv[2]), int(sys.argv[2]) + 59)\n"
+        "sys.stdin.read()\n"  # both start picking together
+        "print(json.dumps([er.free_port() for _ in range(25)]))\n"
+    )
+    base = random.SystemRandom().randrange(20000, 32000, 100)
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code, str(tmp_path / "claims"), str(base)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
+    outs = [p.communicate("go", timeout=60)[0] for p in procs]
+    a, b = (json.loads(o) for o in outs)
+    assert len(set(a)) == len(set(b)) == 25
+    assert not set(a) & set(b)
+
+
 def test_ephemeral_ports_of_one_process_are_never_handed_out_twice():
     """A pick is bound by its process only later, so picks must differ among themselves: a
     stack's ~25 picks from the range below the kernel's once collided ("Failed to bind")."""
