@@ -137,7 +137,8 @@ def _print_description(d: sb.SwitchDescription) -> None:
         f"{d.ports} ports" if d.kind == sb.SWITCH_KIND_OCS else f"{d.ports} inputs of 1x{d.outputs}"
     )
     print(f"{d.switch_id}: {kind}, {what}, version {d.version}, boot {d.boot_id}")
-    print(f"  settles in {_seconds(d.settling_time)}; {d.vendor} {d.model}".rstrip())
+    made = " ".join(x for x in (d.vendor, d.model) if x)
+    print(f"  settles in {_seconds(d.settling_time)}" + (f"; {made}" if made else ""))
 
 
 async def cmd_describe(args: argparse.Namespace) -> int:
@@ -213,6 +214,13 @@ async def cmd_stats(args: argparse.Namespace) -> int:
 
 
 async def cmd_fault(args: argparse.Namespace) -> int:
+    for flag, value in (
+        ("--delay", args.delay),
+        ("--reject", args.reject),
+        ("--partial", args.partial),
+    ):
+        if value < 0:
+            raise CliError(f"{flag} must not be negative (0: none)")
     faults = sb.SwitchFaults()
     if not args.clear:
         faults.unreachable = args.unreachable

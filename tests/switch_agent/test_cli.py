@@ -42,7 +42,10 @@ async def test_switches_cli_reads_a_switch_and_drills_faults(redis_url, tmp_path
             )
 
         code, out, _ = await run(capsys, "switches", "describe", X, *addr)
-        assert code == 0 and f"{X}: OCS, 24 ports, version 1" in out and "7 ms" in out
+        assert code == 0 and f"{X}: OCS, 24 ports, version 1" in out
+        assert out.splitlines()[1].strip() == (
+            "settles in 7 ms; Lightpath reference agent (simulated MEMS)"
+        )
         code, out, _ = await run(capsys, "switches", "describe", "otm-5", *addr, "--json")
         bank = json.loads(out)
         assert bank["kind"] == "SWITCH_KIND_ONE_TO_K" and bank["outputs"] == 2
@@ -103,6 +106,8 @@ async def test_switches_cli_reads_a_switch_and_drills_faults(redis_url, tmp_path
         # the client's mistakes, in words
         code, _, err = await run(capsys, "switches", "describe", "otm-99", *addr)
         assert code != 0 and "NOT_FOUND" in err
+        code, _, err = await run(capsys, "switches", "fault", X, *addr, "--reject", "-1")
+        assert code != 0 and "--reject must not be negative" in err
         with pytest.raises(SystemExit) as exit_:
             await run(capsys, "switches", "fault", X, *addr, "--delay", "soon")
         assert exit_.value.code == 2 and "not a duration" in capsys.readouterr().err
