@@ -11,8 +11,11 @@ switches`: ocs-x-5-0 ...; the 1xK banks are otm-<block>).
 from __future__ import annotations
 
 import argparse
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from google.protobuf.duration_pb2 import Duration
+from google.protobuf.message import Message
 
 from lightpath.cli._common import (
     CliError,
@@ -126,6 +129,18 @@ def _stubs(args: argparse.Namespace):
     )
 
 
+async def _ask(args: argparse.Namespace, call: Callable[[Any, Any], Awaitable[Message]]):
+    """The agent's answer to `call(switch stub, admin stub)`; with --json printed whole
+    (and None returned: nothing more to print)."""
+    ch, stub, admin = _stubs(args)
+    async with ch:
+        answer = await call(stub, admin)
+    if args.json:
+        print_json(answer)
+        return None
+    return answer
+
+
 def _seconds(d: Duration) -> str:
     ms = d.seconds * 1000 + d.nanos / 1e6
     return f"{ms / 1000:g} s" if ms >= 1000 else f"{ms:g} ms"
@@ -142,12 +157,10 @@ def _print_description(d: sb.SwitchDescription) -> None:
 
 
 async def cmd_describe(args: argparse.Namespace) -> int:
-    ch, stub, _ = _stubs(args)
-    async with ch:
-        d = await stub.Describe(sb.DescribeSwitchRequest(switch_id=args.switch_id))
-    if args.json:
-        print_json(d)
-    else:
+    d = await _ask(
+        args, lambda s, _: s.Describe(sb.DescribeSwitchRequest(switch_id=args.switch_id))
+    )
+    if d is not None:
         _print_description(d)
     return 0
 
@@ -194,11 +207,10 @@ async def cmd_ports(args: argparse.Namespace) -> int:
 
 
 async def cmd_stats(args: argparse.Namespace) -> int:
-    ch, _, admin = _stubs(args)
-    async with ch:
-        s = await admin.GetSwitchStats(sb.GetSwitchStatsRequest(switch_id=args.switch_id))
-    if args.json:
-        print_json(s)
+    s = await _ask(
+        args, lambda _, a: a.GetSwitchStats(sb.GetSwitchStatsRequest(switch_id=args.switch_id))
+    )
+    if s is None:
         return 0
     rows = [
         ("ApplyBatch calls", s.apply_calls),
@@ -228,18 +240,16 @@ async def cmd_fault(args: argparse.Namespace) -> int:
         faults.partial_batches = args.partial
         if args.delay:
             faults.extra_delay.FromMilliseconds(round(args.delay * 1000))
-    ch, _, admin = _stubs(args)
-    async with ch:
-        r = await admin.InjectFault(sb.InjectFaultRequest(switch_id=args.switch_id, faults=faults))
-    if args.json:
-        print_json(r)
+    request = sb.InjectFaultRequest(switch_id=args.switch_id, faults=faults)
+    r = await _ask(args, lambda _, a: a.InjectFault(request))
+    if r is None:
         return 0
     f = r.faults
     said = [
         "unreachable" if f.unreachable else "",
         f"{_seconds(f.extra_delay)} more settling" if f.HasField("extra_delay") else "",
-        f"the next {f.reject_batches} batches refused" if f.reject_batches else "",
-        f"the next {f.partial_batches} batches half applied" if f.partial_batches else "",
+        f"{_next_batches(f.reject_batches)} refused" if f.reject_batches else "",
+        f"{_next_batches(f.partial_batches)} half applied" if f.partial_batches else "",
     ]
     said = [s for s in said if s]
     who = "1 switch" if len(r.switch_ids) == 1 else f"{len(r.switch_ids)} switches"
@@ -252,12 +262,15 @@ async def cmd_fault(args: argparse.Namespace) -> int:
     return 0
 
 
+def _next_batches(n: int) -> str:
+    return "the next batch" if n == 1 else f"the next {n} batches"
+
+
 async def cmd_restart(args: argparse.Namespace) -> int:
-    ch, _, admin = _stubs(args)
-    async with ch:
-        d = await admin.RestartSwitch(sb.RestartSwitchRequest(switch_id=args.switch_id))
-    if args.json:
-        print_json(d)
+    d = await _ask(
+        args, lambda _, a: a.RestartSwitch(sb.RestartSwitchRequest(switch_id=args.switch_id))
+    )
+    if d is None:
         return 0
     print(f"{d.switch_id} restarted with empty tables (boot {d.boot_id})")
     print(
