@@ -190,6 +190,7 @@ class _Floors:
     bound for nearly every search, not only for those like the last few."""
 
     LIMIT = 256  # per device set; the oldest goes first
+    SETS = 16  # device sets; the one noted least lately goes first
 
     def __init__(self) -> None:
         self.found: dict[bytes, _FloorSet] = {}
@@ -206,9 +207,12 @@ class _Floors:
         return best
 
     def note(self, found: _Found) -> None:
-        kept = self.found.get(found.devices)
+        kept = self.found.pop(found.devices, None)
         if kept is None:
-            kept = self.found[found.devices] = _FloorSet(found.mask)
+            if len(self.found) >= self.SETS:
+                del self.found[next(iter(self.found))]
+            kept = _FloorSet(found.mask)
+        self.found[found.devices] = kept  # the most lately noted last
         kept.note(found, self.LIMIT)
 
     def rolled_back(self, depth: int) -> None:

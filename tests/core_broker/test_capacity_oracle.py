@@ -735,3 +735,18 @@ def test_the_kept_bounds_answer_as_every_bound_found_would(ops):
                 ]
             )
             assert floors.floor(idx.tobytes(), idx, need, duration, after, gen) == want
+
+
+def test_bounds_are_kept_for_the_few_device_sets_searched_lately():
+    """Requests naming their devices make a device set each: only the last few are kept."""
+    from services.core_broker.capacity import _Floors, _Found
+
+    floors = _Floors()
+    sets = [np.array([d]) for d in range(_Floors.SETS + 5)]
+    for idx in sets:
+        mask = np.zeros(len(sets), bool)
+        mask[idx] = True
+        floors.note(_Found(idx.tobytes(), mask, 1, 1, 0, 10, 0, 0))
+    assert len(floors.found) == _Floors.SETS
+    assert floors.floor(sets[0].tobytes(), sets[0], 1, 1, 0, 0) == 0  # the oldest: gone
+    assert floors.floor(sets[-1].tobytes(), sets[-1], 1, 1, 0, 0) == 10
