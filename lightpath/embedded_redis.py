@@ -71,7 +71,7 @@ _rng = random.SystemRandom()  # not the random module's state, which tests may s
 _HANDED_OUT_S = 300.0
 _handed_out: dict[int, float] = {}
 _handed_out_lock = threading.Lock()
-_CLAIMS_DIR = Path(tempfile.gettempdir()) / f"lightpath-ports-{os.getuid()}"
+_CLAIMS_DIR = Path(tempfile.gettempdir()) / f"lightpath-ports-{getattr(os, 'getuid', lambda: 0)()}"
 
 
 @contextlib.contextmanager
