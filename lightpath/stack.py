@@ -91,10 +91,6 @@ class ProcessSpec:
         return "lightpath-" + self.service.replace("_", "-")
 
     @property
-    def grpc_service(self) -> str:
-        return "lightpath.v1." + "".join(p.capitalize() for p in self.service.split("_"))
-
-    @property
     def principal(self) -> Principal:
         """Its identity: the service, scoped by the pod or switch it serves."""
         scope = self.env.get("LIGHTPATH_POD_ID") or self.env.get("LIGHTPATH_SWITCH_ID") or ""
