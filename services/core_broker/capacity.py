@@ -382,11 +382,16 @@ class CapacityMap:
         i = self._d.index.get(device_id)
         if i is None:
             raise KeyError(device_id)
-        row = self._rows[key] = self._put(i, start, end, cores)
+        self._keyed(self._put(i, start, end, cores), key)
+        return True
+
+    def _keyed(self, row: int, key: str) -> None:
+        """Row `row` is the allocation `key` (`<reservation>:<part>`)."""
+        assert self._rows is not None
+        self._rows[key] = row
         self._key_of[row] = key
         rid = key.split(":", 1)[0]
         self._parts[rid] = self._parts.get(rid, 0) + 1
-        return True
 
     def remove(self, key: str) -> bool:
         if self._rows is None:
@@ -464,11 +469,7 @@ class CapacityMap:
             if not keys:
                 self._kill(row, assumed=True)
                 continue
-            key = keys.pop()
-            rows[key] = row
-            self._key_of[row] = key
-            rid = key.split(":", 1)[0]
-            self._parts[rid] = self._parts.get(rid, 0) + 1
+            self._keyed(row, keys.pop())
             self._sky.settle(dev, start, end, cores)
             kept += 1
         return kept
