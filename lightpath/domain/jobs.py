@@ -35,6 +35,7 @@ from lightpath.domain.slices import (
 )
 from lightpath.domain.switched import SwitchedFabric
 from lightpath.domain.switched_rings import Degrees, is_small
+from lightpath.domain.twist import twist_violation
 from lightpath.errors import FieldViolation, InvalidArgument
 from lightpath.v1 import common_pb2, workload_scheduler_pb2
 
@@ -66,6 +67,27 @@ def chips_of(grid: Grid, fabric: PodFabric) -> tuple[int, ...]:
     return tuple(g * b for g, b in zip(grid, fabric.block_shape, strict=True))
 
 
+def is_sub_block(dims: list[int] | tuple[int, ...], unit: int, block: tuple[int, ...]) -> bool:
+    """A shape in chips that fits inside one block and is smaller than it (issue 28)."""
+    return (
+        unit != common_pb2.SHAPE_UNIT_BLOCKS
+        and len(dims) == len(block)
+        and all(1 <= n <= b for n, b in zip(dims, block, strict=True))
+        and tuple(dims) != tuple(block)
+    )
+
+
+def nearest_whole_blocks(dims: list[int], block: tuple[int, ...]) -> list[str]:
+    """The shapes of whole blocks nearest to `dims` in chips: each extent rounded up,
+    and each rounded down where that leaves at least one block."""
+    up = [-(-n // b) * b for n, b in zip(dims, block, strict=True)]
+    down = [max(b, n // b * b) for n, b in zip(dims, block, strict=True)]
+    out = ["x".join(map(str, up))]
+    if down != up:
+        out.append("x".join(map(str, down)))
+    return out
+
+
 def to_grid(
     field: str, dims: list[int], unit: int, fabric: PodFabric, violations: list[FieldViolation]
 ) -> Grid | None:
@@ -89,6 +111,7 @@ def to_grid(
     grid: list[int] = []
     ok = True
     shape = "x".join(map(str, block))
+    nearest = " or ".join(nearest_whole_blocks(dims, block)) if all(n >= 1 for n in dims) else ""
     for d, n in enumerate(dims):
         if n < 1:
             violations.append(FieldViolation(f"{field}.dims[{d}]", "must be >= 1"))
@@ -100,7 +123,9 @@ def to_grid(
                 FieldViolation(
                     f"{field}.dims[{d}]",
                     f"{n} chips is not a multiple of the block's {block[d]} "
-                    f"(blocks are {shape} chips)",
+                    f"(blocks are {shape} chips): a slice larger than a block is whole "
+                    f"blocks, the nearest being {nearest}; one that fits inside a block "
+                    f"(every extent <= {shape}) is packed at chip granularity",
                 )
             )
             ok = False
@@ -201,6 +226,8 @@ def normalize(spec: workload_scheduler_pb2.JobSpec, fabric: PodFabric) -> Normal
     if not spec.HasField("shape") or not spec.shape.dims:
         violations.append(FieldViolation("spec.shape", "is required"))
         raise InvalidArgument.of(violations)
+    if is_sub_block(list(spec.shape.dims), spec.unit, fabric.block_shape):
+        return normalize_sub_block(spec, fabric, violations)
     grid = to_grid("spec.shape", list(spec.shape.dims), spec.unit, fabric, violations)
     priority = priority_of(spec, violations)
     dims = fabric.dims
@@ -238,14 +265,16 @@ def normalize(spec: workload_scheduler_pb2.JobSpec, fabric: PodFabric) -> Normal
         violations.append(FieldViolation("spec.when_no_capacity", "must be QUEUE or FAIL"))
     if spec.on_block_failure not in (0, 1, 2):
         violations.append(FieldViolation("spec.on_block_failure", "must be SUSPEND or FAIL"))
+    chips = chips_of(grid, fabric)
+    if spec.twisted and (why := twist_violation(chips, fabric.block_shape, wrap)):
+        violations.append(FieldViolation("spec.twisted", why))
     if violations:
         raise InvalidArgument.of(violations)
-    chips = chips_of(grid, fabric)
     degrees = degrees_of(spec.parallelism) if spec.HasField("parallelism") else None
     rings = plan_rings(chips, wrap, degrees, field="spec.parallelism") if degrees else None
     return NormalizedSpec(
         job_id=spec.job_id,
-        demand=SliceDemand(grid, types, wrap),
+        demand=SliceDemand(grid, types, wrap, twisted=spec.twisted),
         chips=chips,
         priority=priority,
         preemption=policy,
@@ -255,6 +284,104 @@ def normalize(spec: workload_scheduler_pb2.JobSpec, fabric: PodFabric) -> Normal
         degrees=degrees,
         rings=rings,
     )
+
+
+def normalize_sub_block(
+    spec: workload_scheduler_pb2.JobSpec, fabric: PodFabric, violations: list[FieldViolation]
+) -> NormalizedSpec:
+    """WS-2 for a slice smaller than a block (issue 28): a box of chips inside one block,
+    a mesh (its links are the block's electrical ones), of one node type."""
+    box = tuple(spec.shape.dims)
+    dims = fabric.dims
+    shape = "x".join(map(str, box))
+    if spec.wrap and any(spec.wrap):
+        violations.append(
+            FieldViolation(
+                "spec.wrap",
+                f"{shape} fits inside one block, whose links are electrical: a sub-block "
+                "slice is a mesh (leave wrap empty or all false)",
+            )
+        )
+    elif spec.wrap and len(spec.wrap) != dims:
+        violations.append(
+            FieldViolation("spec.wrap", f"must be empty (torus) or have {dims} entries")
+        )
+    if spec.twisted:
+        violations.append(
+            FieldViolation("spec.twisted", f"{shape} cannot be twisted: it fits inside one block")
+        )
+    priority = priority_of(spec, violations)
+    types = _node_types(spec, 1, fabric, violations)
+    policy = POLICY_NAMES.get(spec.preemption_policy)
+    if policy is None:
+        violations.append(FieldViolation("spec.preemption_policy", "unknown policy"))
+        policy = DELAY
+    shrink = _shrink_boxes(spec, box, policy, violations)
+    if spec.when_no_capacity not in (0, 1, 2):
+        violations.append(FieldViolation("spec.when_no_capacity", "must be QUEUE or FAIL"))
+    if spec.on_block_failure not in (0, 1, 2):
+        violations.append(FieldViolation("spec.on_block_failure", "must be SUSPEND or FAIL"))
+    if violations or types is None:
+        raise InvalidArgument.of(violations)
+    wrap = (False,) * dims
+    degrees = degrees_of(spec.parallelism) if spec.HasField("parallelism") else None
+    rings = plan_rings(box, wrap, degrees, field="spec.parallelism") if degrees else None
+    return NormalizedSpec(
+        job_id=spec.job_id,
+        demand=SliceDemand((1,) * dims, types, wrap, box=box),
+        chips=box,
+        priority=priority,
+        preemption=policy,
+        shrink_to=shrink,
+        on_block_failure=FAIL if spec.on_block_failure == 2 else SUSPEND,
+        when_no_capacity=FAIL if spec.when_no_capacity == 2 else QUEUE,
+        degrees=degrees,
+        rings=rings,
+    )
+
+
+def _shrink_boxes(
+    spec: workload_scheduler_pb2.JobSpec,
+    box: Grid,
+    policy: str,
+    violations: list[FieldViolation],
+) -> tuple[Grid, ...]:
+    """SHRINK of a sub-block slice: smaller boxes in chips, each a sub-box of `box`."""
+    if policy != SHRINK:
+        if spec.shrink_to:
+            violations.append(
+                FieldViolation("spec.shrink_to", "is only used with preemption_policy SHRINK")
+            )
+        return ()
+    if not spec.shrink_to:
+        violations.append(
+            FieldViolation(
+                "spec.shrink_to", "preemption_policy SHRINK needs at least one smaller arrangement"
+            )
+        )
+        return ()
+    out: list[Grid] = []
+    for i, shape in enumerate(spec.shrink_to):
+        g = tuple(shape.dims)
+        if spec.unit == common_pb2.SHAPE_UNIT_BLOCKS:
+            violations.append(
+                FieldViolation(f"spec.shrink_to[{i}]", "a sub-block slice shrinks to boxes in chips")
+            )
+        elif (
+            len(g) != len(box)
+            or any(not 1 <= a <= b for a, b in zip(g, box, strict=True))
+            or math.prod(g) >= math.prod(box)
+        ):
+            violations.append(
+                FieldViolation(
+                    f"spec.shrink_to[{i}]",
+                    "must be a sub-box of the shape in chips (every extent 1..that of the "
+                    "shape) with fewer chips",
+                )
+            )
+        else:
+            out.append(g)
+    return tuple(out)
 
 
 def degrees_of(p: common_pb2.ParallelismDegrees) -> dict[str, int] | None:
@@ -335,6 +462,10 @@ def switched_spec_rules(
             )
     if spec.wrap:
         violations.append(FieldViolation("spec.wrap", "rings always close on a SWITCHED pod"))
+    if spec.twisted:
+        violations.append(
+            FieldViolation("spec.twisted", "a SWITCHED pod has rings, not a torus to twist")
+        )
     priority = priority_of(spec, violations)
     policy = POLICY_NAMES.get(spec.preemption_policy)
     if policy is None:

@@ -69,11 +69,21 @@ def position_index(position: Position, grid: Grid) -> int:
 
 @dataclass(frozen=True)
 class SliceDemand:
-    """What a slice needs: a block grid, the node type at each position, wrap per dimension."""
+    """What a slice needs: a block grid, the node type at each position, wrap per dimension.
+
+    A sub-block slice (issue 28) has `box`, its extents in chips, and a 1x1x1 grid of
+    one position: it takes a box of chips inside one block. A `twisted` slice is wired
+    as a twisted torus (lightpath.domain.twist)."""
 
     grid: Grid
     node_types: tuple[str, ...]  # one per position, row-major x fastest
     wrap: tuple[bool, ...]
+    box: Grid | None = None
+    twisted: bool = False
+
+    @property
+    def sub_block(self) -> bool:
+        return self.box is not None
 
     @property
     def block_count(self) -> int:
@@ -84,7 +94,10 @@ class SliceDemand:
 
     def shrunk(self, grid: Grid) -> SliceDemand:
         """The demand of the sub-box `grid` at the origin (a declared shrink arrangement, WS-4)."""
+        if self.box is not None:  # a sub-block slice shrinks to a smaller box of chips
+            return replace(self, box=grid)
         types = [self.node_types[position_index(p, self.grid)] for p in grid_positions(grid)]
+        # A shrunk slice is a sub-box: twisted wiring needs the full k x k x 2k shape.
         return SliceDemand(grid, tuple(types), self.wrap)
 
 
@@ -122,6 +135,9 @@ class SliceJob:
     # rectangle (group, row, col, height, width) inside its shared group.
     degrees: tuple[int, int, int] | None = None
     tile: tuple[int, int, int, int, int] | None = None
+    # A sub-block slice while it holds chips: the chip coordinates of its box's first
+    # chip inside its one block (placement[0]).
+    offset: tuple[int, ...] | None = None
 
     def queue_key(self) -> tuple[int, int]:
         """Queue order (WS-4): higher priority first, then older first."""
@@ -130,6 +146,7 @@ class SliceJob:
     def with_(self, **changes: Any) -> SliceJob:
         if "placement" in changes and changes["placement"] is None:
             changes.setdefault("tile", None)  # a small job's rectangle goes with its group
+            changes.setdefault("offset", None)  # and a sub-block slice's box with its block
         return replace(self, **changes)
 
     def held_keys(self) -> list[Any]:
@@ -139,6 +156,8 @@ class SliceJob:
         if self.tile is not None:
             g, r0, c0, h, w = self.tile
             return [f"t{g}.{r0 + i}.{c0 + j}" for i in range(h) for j in range(w)]
+        if self.offset is not None and self.placement and self.demand.box is not None:
+            return list(chip_keys(self.placement[0], self.offset, self.demand.box))
         return list(self.placement or ())
 
     def to_json(self) -> str:
@@ -147,6 +166,12 @@ class SliceJob:
             extra["deg"] = list(self.degrees)
         if self.tile is not None:
             extra["tile"] = list(self.tile)
+        if self.demand.box is not None:
+            extra["box"] = list(self.demand.box)
+        if self.demand.twisted:
+            extra["tw"] = 1
+        if self.offset is not None:
+            extra["off"] = list(self.offset)
         return json.dumps(
             {
                 "id": self.job_id,
@@ -182,7 +207,13 @@ class SliceJob:
             epoch=int(d["ep"]),
             priority=int(d["pr"]),
             seq=int(d["seq"]),
-            demand=SliceDemand(grid, _expand(d["types"]), tuple(bool(w) for w in d["wrap"])),
+            demand=SliceDemand(
+                grid,
+                _expand(d["types"]),
+                tuple(bool(w) for w in d["wrap"]),
+                tuple(d["box"]) if d.get("box") else None,
+                bool(d.get("tw")),
+            ),
             placement=tuple(d["pl"]) if d["pl"] is not None else None,
             preemption=d["pol"],
             shrink_to=tuple(tuple(g) for g in d["shr"]),
@@ -195,7 +226,35 @@ class SliceJob:
             not_before_ms=int(d.get("nb", 0)),
             degrees=tuple(d["deg"]) if d.get("deg") else None,  # type: ignore[arg-type]
             tile=tuple(d["tile"]) if d.get("tile") else None,  # type: ignore[arg-type]
+            offset=tuple(d["off"]) if d.get("off") is not None else None,
         )
+
+
+# A block given over to sub-block slices holds this in the pod's owner hash instead
+# of a job id (job ids cannot contain "~"), so block placement and the free-block
+# index see it as taken; its chips are held one field each (chip_keys).
+SUB_BLOCK_OWNER = "~sub"
+
+
+def chip_index(coords: Position, block_shape: Grid) -> int:
+    """Index of a chip inside its block, row-major with x fastest."""
+    return position_index(coords, block_shape)
+
+
+def box_chips(offset: Position, box: Grid) -> list[Position]:
+    """The chip coordinates (inside the block) of the box `box` at `offset`."""
+    return [tuple(o + p for o, p in zip(offset, pos, strict=True)) for pos in grid_positions(box)]
+
+
+def chip_keys(block: int, offset: Position, box: Grid) -> list[str]:
+    """The owner-hash fields of a box's chips: "c<block>.<x>.<y>.<z>"."""
+    return [f"c{block}." + ".".join(map(str, c)) for c in box_chips(offset, box)]
+
+
+def parse_chip_key(key: str) -> tuple[int, Position]:
+    """"c7.1.0.3" -> (7, (1, 0, 3))."""
+    block, *coords = key[1:].split(".")
+    return int(block), tuple(int(c) for c in coords)
 
 
 def _compress(types: tuple[str, ...]) -> list[Any]:

@@ -454,11 +454,14 @@ class ReportCellBlockHealthRequest(_message.Message):
     BLOCK_ID_FIELD_NUMBER: _builtins.int
     HEALTH_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
+    HOST_FIELD_NUMBER: _builtins.int
     pod_id: _builtins.str
     block_id: _builtins.int
     health: _common_pb2.BlockHealth.ValueType
     """HEALTHY (= recovered) or FAILED."""
     reason: _builtins.str
+    host: _builtins.int
+    """One host of the block instead of the whole block (ReportBlockHealthRequest.host)."""
     def __init__(
         self,
         *,
@@ -466,12 +469,15 @@ class ReportCellBlockHealthRequest(_message.Message):
         block_id: _builtins.int = ...,
         health: _common_pb2.BlockHealth.ValueType = ...,
         reason: _builtins.str = ...,
+        host: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_host", b"_host", "host", b"host"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["block_id", b"block_id", "health", b"health", "pod_id", b"pod_id", "reason", b"reason"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_host", b"_host", "block_id", b"block_id", "health", b"health", "host", b"host", "pod_id", b"pod_id", "reason", b"reason"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__host: _TypeAlias = _typing.Literal["host"]  # noqa: Y015
+    _WhichOneofArgType__host: _TypeAlias = _typing.Literal["_host", b"_host"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__host) -> _WhichOneofReturnType__host | None: ...
 
 Global___ReportCellBlockHealthRequest: _TypeAlias = ReportCellBlockHealthRequest  # noqa: Y015
 
@@ -581,12 +587,24 @@ class NodeTypeCapacity(_message.Message):
     ALLOCATED_FIELD_NUMBER: _builtins.int
     FAILED_FIELD_NUMBER: _builtins.int
     PREEMPTIBLE_BY_PRIORITY_FIELD_NUMBER: _builtins.int
+    CHIPS_TOTAL_FIELD_NUMBER: _builtins.int
+    CHIPS_FREE_FIELD_NUMBER: _builtins.int
+    LARGEST_FREE_BOX_FIELD_NUMBER: _builtins.int
     node_type: _builtins.str
     total: _builtins.int
     free: _builtins.int
     """Healthy, unallocated and not wired to a live slice: usable now."""
     allocated: _builtins.int
     failed: _builtins.int
+    chips_total: _builtins.int
+    """Chips: in all, and able to take a sub-block slice now (free blocks' chips plus
+    the free chips on healthy hosts of blocks that host sub-block slices).
+    """
+    chips_free: _builtins.int
+    largest_free_box: _builtins.int
+    """The largest box of chips (its chip count) a sub-block slice can get now
+    without preempting anything: a sub-block demand larger than this waits.
+    """
     @_builtins.property
     def preemptible_by_priority(self) -> _containers.ScalarMap[_builtins.int, _builtins.int]:
         """Blocks running jobs of each priority would give up at most under their own
@@ -602,10 +620,13 @@ class NodeTypeCapacity(_message.Message):
         allocated: _builtins.int = ...,
         failed: _builtins.int = ...,
         preemptible_by_priority: _abc.Mapping[_builtins.int, _builtins.int] | None = ...,
+        chips_total: _builtins.int = ...,
+        chips_free: _builtins.int = ...,
+        largest_free_box: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocated", b"allocated", "failed", b"failed", "free", b"free", "node_type", b"node_type", "preemptible_by_priority", b"preemptible_by_priority", "total", b"total"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocated", b"allocated", "chips_free", b"chips_free", "chips_total", b"chips_total", "failed", b"failed", "free", b"free", "largest_free_box", b"largest_free_box", "node_type", b"node_type", "preemptible_by_priority", b"preemptible_by_priority", "total", b"total"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -476,9 +476,16 @@ class WireSliceRequest(_message.Message):
     WRAP_FIELD_NUMBER: _builtins.int
     VIEW_FIELD_NUMBER: _builtins.int
     EXPECT_FABRIC_FIELD_NUMBER: _builtins.int
+    TWISTED_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     """Client-chosen id of the slice (the job id); the idempotency key."""
     view: Global___WiringView.ValueType
+    twisted: _builtins.bool
+    """Wire a twisted torus (JobSpec.twisted): the grid, in blocks, must be
+    k x k x 2k or k x 2k x 2k in any axis order with a wrap in every dimension;
+    the wraparound of each short dimension lands k blocks further along each long
+    one, on the same logical axis. A replacement keeps the twist.
+    """
     @_builtins.property
     def grid(self) -> _common_pb2.Shape:
         """Blocks per dimension (b1 x … x bm); m must equal the fabric's dimensions."""
@@ -506,10 +513,11 @@ class WireSliceRequest(_message.Message):
         wrap: _abc.Iterable[_builtins.bool] | None = ...,
         view: Global___WiringView.ValueType = ...,
         expect_fabric: Global___FabricConfig | None = ...,
+        twisted: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["expect_fabric", b"expect_fabric", "grid", b"grid"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["blocks", b"blocks", "expect_fabric", b"expect_fabric", "grid", b"grid", "job_id", b"job_id", "view", b"view", "wrap", b"wrap"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["blocks", b"blocks", "expect_fabric", b"expect_fabric", "grid", b"grid", "job_id", b"job_id", "twisted", b"twisted", "view", b"view", "wrap", b"wrap"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -530,6 +538,7 @@ class SliceWiring(_message.Message):
     ONE_TO_MANY_COUNT_FIELD_NUMBER: _builtins.int
     STATE_FIELD_NUMBER: _builtins.int
     REPLAYED_FIELD_NUMBER: _builtins.int
+    TWISTED_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     cross_connect_count: _builtins.int
     """Always filled, whatever the view."""
@@ -539,6 +548,8 @@ class SliceWiring(_message.Message):
     """WireSlice / ReplaceBlock: true when the call found the change already
     made (an idempotent retry) and changed nothing.
     """
+    twisted: _builtins.bool
+    """Wired as a twisted torus (WireSliceRequest.twisted)."""
     @_builtins.property
     def grid(self) -> _common_pb2.Shape: ...
     @_builtins.property
@@ -565,10 +576,11 @@ class SliceWiring(_message.Message):
         one_to_many_count: _builtins.int = ...,
         state: Global___SliceState.ValueType = ...,
         replayed: _builtins.bool = ...,
+        twisted: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["grid", b"grid", "wired_at", b"wired_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["blocks", b"blocks", "cross_connect_count", b"cross_connect_count", "cross_connects", b"cross_connects", "grid", b"grid", "job_id", b"job_id", "one_to_many", b"one_to_many", "one_to_many_count", b"one_to_many_count", "replayed", b"replayed", "state", b"state", "wired_at", b"wired_at", "wrap", b"wrap"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["blocks", b"blocks", "cross_connect_count", b"cross_connect_count", "cross_connects", b"cross_connects", "grid", b"grid", "job_id", b"job_id", "one_to_many", b"one_to_many", "one_to_many_count", b"one_to_many_count", "replayed", b"replayed", "state", b"state", "twisted", b"twisted", "wired_at", b"wired_at", "wrap", b"wrap"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -735,8 +747,10 @@ class SliceSummary(_message.Message):
     GRID_FIELD_NUMBER: _builtins.int
     BLOCK_IDS_FIELD_NUMBER: _builtins.int
     CROSS_CONNECTS_FIELD_NUMBER: _builtins.int
+    TWISTED_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     cross_connects: _builtins.int
+    twisted: _builtins.bool
     @_builtins.property
     def grid(self) -> _common_pb2.Shape: ...
     @_builtins.property
@@ -748,10 +762,11 @@ class SliceSummary(_message.Message):
         grid: _common_pb2.Shape | None = ...,
         block_ids: _abc.Iterable[_builtins.int] | None = ...,
         cross_connects: _builtins.int = ...,
+        twisted: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["grid", b"grid"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["block_ids", b"block_ids", "cross_connects", b"cross_connects", "grid", b"grid", "job_id", b"job_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["block_ids", b"block_ids", "cross_connects", b"cross_connects", "grid", b"grid", "job_id", b"job_id", "twisted", b"twisted"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -158,11 +158,18 @@ class JobSpec(_message.Message):
     ON_BLOCK_FAILURE_FIELD_NUMBER: _builtins.int
     PARALLELISM_FIELD_NUMBER: _builtins.int
     LABELS_FIELD_NUMBER: _builtins.int
+    TWISTED_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     """Client-chosen id (X-5), the idempotency key: [A-Za-z0-9._-]{1,64}."""
     unit: _common_pb2.ShapeUnit.ValueType
     """CHIPS (the default): each extent a multiple of the block's (8x8x4 with
-    4x4x4 blocks = 2x2x1 blocks). BLOCKS: extents in blocks.
+    4x4x4 blocks = 2x2x1 blocks), or a box that fits inside one block (every
+    extent <= the block's: 1x1x1 ... 4x4x2 with 4x4x4 blocks), a sub-block slice.
+    A sub-block slice is packed with others into a block at chip granularity
+    (Job.box says where), needs no OCS change (the links inside a block are
+    electrical) and is a mesh: `wrap` must be empty or all false, and it takes
+    no shrink_to. BLOCKS: extents in blocks. A shape larger than a block that is
+    not whole blocks (6x8x8) is INVALID_ARGUMENT naming the nearest that fit.
     """
     priority: _builtins.int
     """1..100, higher wins (¶100). 0: priority_class, else MEDIUM (50)."""
@@ -174,6 +181,17 @@ class JobSpec(_message.Message):
     """
     when_no_capacity: Global___WhenNoCapacity.ValueType
     on_block_failure: Global___OnBlockFailure.ValueType
+    twisted: _builtins.bool
+    """A twisted torus instead of the regular one (Cámara et al., "Twisted Torus
+    Topologies for Enhanced Interconnection Networks", IEEE TPDS 2010; the TPU v4
+    paper's "twisted" slices). Offered for shapes k x k x 2k and k x 2k x 2k in
+    chips, in any axis order, with k a multiple of the block edge (4x4x8, 4x8x8,
+    8x8x16, 8x16x16 with 4x4x4 blocks) and a torus in every dimension: the
+    wraparound of each short dimension lands k chips further along each long one.
+    Only optical wiring can make it; it has a lower diameter and average distance
+    than the regular torus of the same shape. Any other shape is INVALID_ARGUMENT
+    naming spec.twisted.
+    """
     @_builtins.property
     def shape(self) -> _common_pb2.Shape:
         """Target arrangement; one extent per fabric dimension, each >= 1."""
@@ -226,10 +244,11 @@ class JobSpec(_message.Message):
         on_block_failure: Global___OnBlockFailure.ValueType = ...,
         parallelism: _common_pb2.ParallelismDegrees | None = ...,
         labels: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        twisted: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["parallelism", b"parallelism", "shape", b"shape"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "labels", b"labels", "node_type_counts", b"node_type_counts", "node_types", b"node_types", "on_block_failure", b"on_block_failure", "parallelism", b"parallelism", "preemption_policy", b"preemption_policy", "priority", b"priority", "priority_class", b"priority_class", "shape", b"shape", "shrink_to", b"shrink_to", "unit", b"unit", "when_no_capacity", b"when_no_capacity", "wrap", b"wrap"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "labels", b"labels", "node_type_counts", b"node_type_counts", "node_types", b"node_types", "on_block_failure", b"on_block_failure", "parallelism", b"parallelism", "preemption_policy", b"preemption_policy", "priority", b"priority", "priority_class", b"priority_class", "shape", b"shape", "shrink_to", b"shrink_to", "twisted", b"twisted", "unit", b"unit", "when_no_capacity", b"when_no_capacity", "wrap", b"wrap"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -380,6 +399,7 @@ class Job(_message.Message):
     RINGS_FIELD_NUMBER: _builtins.int
     HISTORY_FIELD_NUMBER: _builtins.int
     SWITCHED_FIELD_NUMBER: _builtins.int
+    BOX_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     pod_id: _builtins.str
     state: _common_pb2.JobState.ValueType
@@ -419,6 +439,12 @@ class Job(_message.Message):
     def switched(self) -> Global___SwitchedJob:
         """SWITCHED pods: the job's parallelism, groups and rings."""
 
+    @_builtins.property
+    def box(self) -> Global___ChipBox:
+        """A sub-block slice while it holds chips (WIRING, RUNNING): its box of chips
+        inside one block. `grid` is then 1x1x1 and `blocks` names that block.
+        """
+
     def __init__(
         self,
         *,
@@ -438,14 +464,80 @@ class Job(_message.Message):
         rings: Global___RingPlan | None = ...,
         history: _abc.Iterable[_common_pb2.JobEvent] | None = ...,
         switched: Global___SwitchedJob | None = ...,
+        box: Global___ChipBox | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["chips", b"chips", "created_at", b"created_at", "grid", b"grid", "rings", b"rings", "spec", b"spec", "switched", b"switched", "updated_at", b"updated_at"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["box", b"box", "chips", b"chips", "created_at", b"created_at", "grid", b"grid", "rings", b"rings", "spec", b"spec", "switched", b"switched", "updated_at", b"updated_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["blocks", b"blocks", "chips", b"chips", "created_at", b"created_at", "grid", b"grid", "history", b"history", "job_id", b"job_id", "pod_id", b"pod_id", "priority", b"priority", "queue_position", b"queue_position", "reason", b"reason", "rings", b"rings", "spec", b"spec", "state", b"state", "switched", b"switched", "updated_at", b"updated_at", "wrap", b"wrap"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["blocks", b"blocks", "box", b"box", "chips", b"chips", "created_at", b"created_at", "grid", b"grid", "history", b"history", "job_id", b"job_id", "pod_id", b"pod_id", "priority", b"priority", "queue_position", b"queue_position", "reason", b"reason", "rings", b"rings", "spec", b"spec", "state", b"state", "switched", b"switched", "updated_at", b"updated_at", "wrap", b"wrap"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Job: _TypeAlias = Job  # noqa: Y015
+
+@_typing.final
+class ChipBox(_message.Message):
+    """A box of chips inside one block, held by a sub-block slice."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BLOCK_ID_FIELD_NUMBER: _builtins.int
+    OFFSET_FIELD_NUMBER: _builtins.int
+    CHIPS_FIELD_NUMBER: _builtins.int
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    block_id: _builtins.int
+    job_id: _builtins.str
+    """The sub-block slice holding it (in BlockView.boxes)."""
+    @_builtins.property
+    def offset(self) -> _common_pb2.Coordinate:
+        """Chip coordinates inside the block of the box's first chip; each is a
+        multiple of the box's extent along that dimension (aligned).
+        """
+
+    @_builtins.property
+    def chips(self) -> _common_pb2.Shape:
+        """The box's extents in chips (the job's shape)."""
+
+    def __init__(
+        self,
+        *,
+        block_id: _builtins.int = ...,
+        offset: _common_pb2.Coordinate | None = ...,
+        chips: _common_pb2.Shape | None = ...,
+        job_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["chips", b"chips", "offset", b"offset"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["block_id", b"block_id", "chips", b"chips", "job_id", b"job_id", "offset", b"offset"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ChipBox: _TypeAlias = ChipBox  # noqa: Y015
+
+@_typing.final
+class ChipBoxMove(_message.Message):
+    """A sub-block slice moved to healthy chips when a host under it failed."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    FROM_FIELD_NUMBER: _builtins.int
+    TO_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    @_builtins.property
+    def to(self) -> Global___ChipBox: ...
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        to: Global___ChipBox | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["from", b"from", "to", b"to"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["from", b"from", "job_id", b"job_id", "to", b"to"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ChipBoxMove: _TypeAlias = ChipBoxMove  # noqa: Y015
 
 @_typing.final
 class SwitchedJob(_message.Message):
@@ -645,22 +737,35 @@ class ReportBlockHealthRequest(_message.Message):
     BLOCK_ID_FIELD_NUMBER: _builtins.int
     HEALTH_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
+    HOST_FIELD_NUMBER: _builtins.int
     block_id: _builtins.int
     health: _common_pb2.BlockHealth.ValueType
     """HEALTHY (= recovered) or FAILED."""
     reason: _builtins.str
+    host: _builtins.int
+    """One host of the block instead of the whole block: 0..hosts-1, row-major with
+    x fastest over the block's grid of hosts (a 4x4x4 block of 2x2x1-chip hosts
+    has 2x2x4 = 16 hosts; the host shape is the pod's LIGHTPATH_HOST_SHAPE). A
+    failed host takes its chips out: sub-block slices on it move to healthy chips
+    (or follow on_block_failure), a block slice holding the block swaps it as for
+    a failed block, and the block's healthy hosts keep serving sub-block slices.
+    A block-level report covers every host (HEALTHY clears the hosts' reports).
+    """
     def __init__(
         self,
         *,
         block_id: _builtins.int = ...,
         health: _common_pb2.BlockHealth.ValueType = ...,
         reason: _builtins.str = ...,
+        host: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_host", b"_host", "host", b"host"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["block_id", b"block_id", "health", b"health", "reason", b"reason"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_host", b"_host", "block_id", b"block_id", "health", b"health", "host", b"host", "reason", b"reason"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__host: _TypeAlias = _typing.Literal["host"]  # noqa: Y015
+    _WhichOneofArgType__host: _TypeAlias = _typing.Literal["_host", b"_host"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__host) -> _WhichOneofReturnType__host | None: ...
 
 Global___ReportBlockHealthRequest: _TypeAlias = ReportBlockHealthRequest  # noqa: Y015
 
@@ -723,6 +828,7 @@ class ReportBlockHealthResponse(_message.Message):
     ACTION_FIELD_NUMBER: _builtins.int
     REPLACEMENT_FIELD_NUMBER: _builtins.int
     AFFECTED_JOBS_FIELD_NUMBER: _builtins.int
+    MOVED_FIELD_NUMBER: _builtins.int
     action: _builtins.str
     """What the scheduler did about it, for people ("replaced ...", "job-3 suspended: ...")."""
     @_builtins.property
@@ -735,6 +841,10 @@ class ReportBlockHealthResponse(_message.Message):
     def affected_jobs(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Jobs the report moved to another state (suspended or failed slices, preempted victims)."""
 
+    @_builtins.property
+    def moved(self) -> _containers.RepeatedCompositeFieldContainer[Global___ChipBoxMove]:
+        """A host report: sub-block slices moved off the failed host's chips."""
+
     def __init__(
         self,
         *,
@@ -742,10 +852,11 @@ class ReportBlockHealthResponse(_message.Message):
         action: _builtins.str = ...,
         replacement: Global___BlockReplacement | None = ...,
         affected_jobs: _abc.Iterable[_builtins.str] | None = ...,
+        moved: _abc.Iterable[Global___ChipBoxMove] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["block", b"block", "replacement", b"replacement"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "affected_jobs", b"affected_jobs", "block", b"block", "replacement", b"replacement"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "affected_jobs", b"affected_jobs", "block", b"block", "moved", b"moved", "replacement", b"replacement"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -794,10 +905,13 @@ class BlockEvent(_message.Message):
     AT_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
     POD_ID_FIELD_NUMBER: _builtins.int
+    HOST_FIELD_NUMBER: _builtins.int
     block_id: _builtins.int
     health: _common_pb2.BlockHealth.ValueType
     reason: _builtins.str
     pod_id: _builtins.str
+    host: _builtins.int
+    """Set when the report was about one host of the block."""
     @_builtins.property
     def at(self) -> _timestamp_pb2.Timestamp: ...
     def __init__(
@@ -808,12 +922,15 @@ class BlockEvent(_message.Message):
         at: _timestamp_pb2.Timestamp | None = ...,
         reason: _builtins.str = ...,
         pod_id: _builtins.str = ...,
+        host: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["at", b"at"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_host", b"_host", "at", b"at", "host", b"host"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["at", b"at", "block_id", b"block_id", "health", b"health", "pod_id", b"pod_id", "reason", b"reason"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_host", b"_host", "at", b"at", "block_id", b"block_id", "health", b"health", "host", b"host", "pod_id", b"pod_id", "reason", b"reason"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__host: _TypeAlias = _typing.Literal["host"]  # noqa: Y015
+    _WhichOneofArgType__host: _TypeAlias = _typing.Literal["_host", b"_host"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__host) -> _WhichOneofReturnType__host | None: ...
 
 Global___BlockEvent: _TypeAlias = BlockEvent  # noqa: Y015
 
@@ -868,14 +985,31 @@ class BlockView(_message.Message):
     AVAILABILITY_FIELD_NUMBER: _builtins.int
     JOB_ID_FIELD_NUMBER: _builtins.int
     POSITION_FIELD_NUMBER: _builtins.int
+    BOXES_FIELD_NUMBER: _builtins.int
+    FAILED_HOSTS_FIELD_NUMBER: _builtins.int
+    CHIPS_FREE_FIELD_NUMBER: _builtins.int
     block_id: _builtins.int
     node_type: _builtins.str
     health: _common_pb2.BlockHealth.ValueType
     availability: _common_pb2.BlockAvailability.ValueType
     job_id: _builtins.str
     """The job holding it, and the block's logical position in that job's slice."""
+    chips_free: _builtins.int
+    """Chips that can take a sub-block slice now: healthy hosts, held by no slice."""
     @_builtins.property
     def position(self) -> _common_pb2.Coordinate: ...
+    @_builtins.property
+    def boxes(self) -> _containers.RepeatedCompositeFieldContainer[Global___ChipBox]:
+        """A block given over to sub-block slices (ALLOCATED with no job_id): the
+        boxes of chips each holds.
+        """
+
+    @_builtins.property
+    def failed_hosts(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Its hosts reported failed (host indices, see ReportBlockHealthRequest.host).
+        Such a block takes no block slice; its other hosts serve sub-block slices.
+        """
+
     def __init__(
         self,
         *,
@@ -885,10 +1019,13 @@ class BlockView(_message.Message):
         availability: _common_pb2.BlockAvailability.ValueType = ...,
         job_id: _builtins.str = ...,
         position: _common_pb2.Coordinate | None = ...,
+        boxes: _abc.Iterable[Global___ChipBox] | None = ...,
+        failed_hosts: _abc.Iterable[_builtins.int] | None = ...,
+        chips_free: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["position", b"position"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["availability", b"availability", "block_id", b"block_id", "health", b"health", "job_id", b"job_id", "node_type", b"node_type", "position", b"position"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["availability", b"availability", "block_id", b"block_id", "boxes", b"boxes", "chips_free", b"chips_free", "failed_hosts", b"failed_hosts", "health", b"health", "job_id", b"job_id", "node_type", b"node_type", "position", b"position"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -903,11 +1040,25 @@ class TypeCounts(_message.Message):
     FREE_FIELD_NUMBER: _builtins.int
     ALLOCATED_FIELD_NUMBER: _builtins.int
     FAILED_FIELD_NUMBER: _builtins.int
+    CHIPS_TOTAL_FIELD_NUMBER: _builtins.int
+    CHIPS_USED_FIELD_NUMBER: _builtins.int
+    CHIPS_FAILED_FIELD_NUMBER: _builtins.int
+    CHIPS_FREE_FIELD_NUMBER: _builtins.int
     node_type: _builtins.str
     total: _builtins.int
+    """Blocks: a block with a failed host counts as failed, one hosting sub-block
+    slices as allocated.
+    """
     free: _builtins.int
     allocated: _builtins.int
     failed: _builtins.int
+    chips_total: _builtins.int
+    """Chips: held by slices (block or sub-block), on failed blocks or hosts, and the
+    rest (free). chips_total = chips_used + chips_failed + chips_free.
+    """
+    chips_used: _builtins.int
+    chips_failed: _builtins.int
+    chips_free: _builtins.int
     def __init__(
         self,
         *,
@@ -916,10 +1067,14 @@ class TypeCounts(_message.Message):
         free: _builtins.int = ...,
         allocated: _builtins.int = ...,
         failed: _builtins.int = ...,
+        chips_total: _builtins.int = ...,
+        chips_used: _builtins.int = ...,
+        chips_failed: _builtins.int = ...,
+        chips_free: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocated", b"allocated", "failed", b"failed", "free", b"free", "node_type", b"node_type", "total", b"total"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocated", b"allocated", "chips_failed", b"chips_failed", "chips_free", b"chips_free", "chips_total", b"chips_total", "chips_used", b"chips_used", "failed", b"failed", "free", b"free", "node_type", b"node_type", "total", b"total"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -982,6 +1137,7 @@ class PodView(_message.Message):
         def WhichOneof(self, oneof_group: _Never) -> None: ...
 
     POD_ID_FIELD_NUMBER: _builtins.int
+    HOST_SHAPE_FIELD_NUMBER: _builtins.int
     BLOCK_SHAPE_FIELD_NUMBER: _builtins.int
     BLOCK_COUNT_FIELD_NUMBER: _builtins.int
     OCS_PER_AXIS_FIELD_NUMBER: _builtins.int
@@ -996,6 +1152,10 @@ class PodView(_message.Message):
     block_count: _builtins.int
     ocs_per_axis: _builtins.int
     fabric_kind: _common_pb2.FabricKind.ValueType
+    @_builtins.property
+    def host_shape(self) -> _common_pb2.Shape:
+        """The hosts of a block (LIGHTPATH_HOST_SHAPE): chips per host along each dimension."""
+
     @_builtins.property
     def block_shape(self) -> _common_pb2.Shape:
         """From the ocs_manager (GetFabric): block shape in chips, block count, K."""
@@ -1029,6 +1189,7 @@ class PodView(_message.Message):
         self,
         *,
         pod_id: _builtins.str = ...,
+        host_shape: _common_pb2.Shape | None = ...,
         block_shape: _common_pb2.Shape | None = ...,
         block_count: _builtins.int = ...,
         ocs_per_axis: _builtins.int = ...,
@@ -1040,9 +1201,9 @@ class PodView(_message.Message):
         switched: Global___SwitchedPodView | None = ...,
         wiring_differences: _abc.Iterable[Global___WiringDifference] | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["block_shape", b"block_shape", "switched", b"switched"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["block_shape", b"block_shape", "host_shape", b"host_shape", "switched", b"switched"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["block_count", b"block_count", "block_shape", b"block_shape", "blocks", b"blocks", "fabric_kind", b"fabric_kind", "jobs_by_state", b"jobs_by_state", "live_jobs", b"live_jobs", "ocs_per_axis", b"ocs_per_axis", "pod_id", b"pod_id", "switched", b"switched", "types", b"types", "wiring_differences", b"wiring_differences"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["block_count", b"block_count", "block_shape", b"block_shape", "blocks", b"blocks", "fabric_kind", b"fabric_kind", "host_shape", b"host_shape", "jobs_by_state", b"jobs_by_state", "live_jobs", b"live_jobs", "ocs_per_axis", b"ocs_per_axis", "pod_id", b"pod_id", "switched", b"switched", "types", b"types", "wiring_differences", b"wiring_differences"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
