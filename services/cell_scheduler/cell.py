@@ -31,13 +31,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Callable, Mapping
 
 from lightpath.errors import Aborted, InvalidArgument, NotFound, ResourceExhausted
 from lightpath.v1 import cell_scheduler_pb2, common_pb2, workload_scheduler_pb2
 from services.cell_scheduler.admission import FAIL, Admission
-from services.cell_scheduler.choice import FITS
+from services.cell_scheduler.choice import FITS, PodCapacityView, chips_key
 from services.cell_scheduler.forward import Forwarder
 from services.cell_scheduler.jobs import (
     MAX_PLAN_ATTEMPTS,
@@ -47,7 +48,7 @@ from services.cell_scheduler.jobs import (
 )
 from services.cell_scheduler.metrics import CellMetrics
 from services.cell_scheduler.podclient import PodCallError, PodClients, state_name
-from services.cell_scheduler.pods import PodDirectory
+from services.cell_scheduler.pods import PodDirectory, capacity_view, reported_chips
 from services.cell_scheduler.recovery import Recovery
 from services.cell_scheduler.request import check_registration, check_request, tenant_of
 from services.cell_scheduler.store import CellStore, RegistrySnapshot, b64, unb64
@@ -234,7 +235,11 @@ class CellScheduler:
         self, req: cell_scheduler_pb2.ReportPodStatusRequest
     ) -> cell_scheduler_pb2.ReportPodStatusResponse:
         """A heartbeat: capacity, liveness and job transitions of one pod (CS-1, CS-6)."""
-        free = {t.node_type: t.free for t in req.capacity.types}
+        free: dict[str, int] = {t.node_type: t.free for t in req.capacity.types}
+        # Chips for sub-block slices (issue 28), counted apart from blocks (choice.chips_key).
+        block_chips = await self.pods.block_chips(req.pod_id)
+        for t in req.capacity.types:
+            free[chips_key(t.node_type)] = reported_chips(t, block_chips)[0]
         transitions = [
             [
                 t.stream_id,
@@ -281,19 +286,20 @@ class CellScheduler:
         self._spawn(self.recovery.reconcile_pod(pod_id), f"reconcile {pod_id}")
 
     async def report_block_health(
-        self, pod_id: str, block_id: int, health: int, reason: str
+        self, pod_id: str, block_id: int, health: int, reason: str, host: int | None = None
     ) -> workload_scheduler_pb2.ReportBlockHealthResponse:
+        """A block's health, or one host's (`host`, issue 28), relayed to its pod: the pod
+        checks the host id against its block (INVALID_ARGUMENT naming `host`)."""
         await self.pods.registration(pod_id)
+        request = workload_scheduler_pb2.ReportBlockHealthRequest(
+            block_id=block_id,
+            health=health,  # type: ignore[arg-type]
+            reason=reason,
+        )
+        if host is not None:
+            request.host = host
         try:
-            resp = await self.pods.call(
-                pod_id,
-                "ReportBlockHealth",
-                workload_scheduler_pb2.ReportBlockHealthRequest(
-                    block_id=block_id,
-                    health=health,  # type: ignore[arg-type]
-                    reason=reason,
-                ),
-            )
+            resp = await self.pods.call(pod_id, "ReportBlockHealth", request)
         except PodCallError as err:
             raise err.relayed() from None
         if health == common_pb2.BLOCK_HEALTH_HEALTHY:
@@ -335,7 +341,12 @@ class CellScheduler:
         )
         if pod_id in snap.capacities:
             pod.capacity.CopyFrom(self.pods.capacity(snap.capacities[pod_id]))
+            view = PodCapacityView(pod_id, block_chips=math.prod(reg.block_shape.dims))
             for t in pod.capacity.types:  # what the cell counts now (placements since the report)
+                if t.chips_total:
+                    capacity_view(view, t, snap)
+                    t.chips_free = view.chips_free[t.node_type]
+                    t.largest_free_box = min(t.largest_free_box, t.chips_free)
                 t.free = max(0, snap.free.get(f"{pod_id}|{t.node_type}", t.free))
         if pod_id in snap.seen:
             pod.last_heartbeat.FromMilliseconds(snap.seen[pod_id])

@@ -19,6 +19,20 @@ For one job, every registered pod is in one of these classes:
    preferred pod first among them too).
 3. **not now** — with the reason (silent, short of blocks, cannot host it).
 
+A sub-block slice (issue 28: a box of c chips inside one block) is counted in
+chips, never as a block: its need is `{chips_key(type): c}`. A pod fits it now
+when the largest box of that type's chips it can give without preempting
+anything (the report's `largest_free_box`) holds c chips, and the pods that fit
+are ordered by their free chips of the type (`chips_free`: free blocks' chips
+plus free chips on healthy hosts of partly used blocks), most first, as block
+demands are by free blocks. It fits by preemption when lower-priority work
+would give up a block (whose chips hold any sub-block box). Block demands keep
+counting blocks. Planning a sub-block placement takes its chips from
+`chips_free`, caps `largest_free_box` by what is left, and leaves no more free
+blocks than the chips left could make (it may have started a free block); a
+block placement takes its blocks' chips too. A report is recent, not exact, and
+the pod's own admission confirms, as for blocks.
+
 The pods of class 1, then of class 2, are the candidates, tried in that order:
 the registry is a recent report, not the truth, so the pod's own admission
 confirms (a pod that refuses is skipped and the next one tried). No
@@ -39,6 +53,26 @@ from dataclasses import dataclass, field
 
 FITS = "fits"
 PREEMPTS = "preempts"
+# A need keyed `<type>#chips` counts chips of that type (a sub-block slice), not blocks;
+# node type names never hold a '#' (lightpath.domain.blocks.TYPE_NAME_RULE).
+CHIPS_SUFFIX = "#chips"
+
+
+def chips_key(node_type: str) -> str:
+    """The need (and registry) key of `node_type`'s chips: what sub-block slices take."""
+    return node_type + CHIPS_SUFFIX
+
+
+def split_need(need: Mapping[str, int]) -> tuple[dict[str, int], dict[str, int]]:
+    """(blocks per node type, chips per node type) of one job's need on one pod."""
+    blocks: dict[str, int] = {}
+    chips: dict[str, int] = {}
+    for key, n in need.items():
+        if key.endswith(CHIPS_SUFFIX):
+            chips[key.removesuffix(CHIPS_SUFFIX)] = n
+        else:
+            blocks[key] = n
+    return blocks, chips
 
 
 @dataclass
@@ -55,6 +89,12 @@ class PodCapacityView:
     why_not: str = ""
     # Version of the capacity report (a refusal at this version is not retried).
     version: str = ""
+    # Per node type: chips able to take a sub-block slice now, and the largest box of
+    # them (in chips) one slice can get without preempting anything (issue 28).
+    chips_free: Counter[str] = field(default_factory=Counter)
+    largest_box: Counter[str] = field(default_factory=Counter)
+    # Chips in one block of the pod.
+    block_chips: int = 0
 
     def copy(self) -> PodCapacityView:
         return PodCapacityView(
@@ -64,6 +104,9 @@ class PodCapacityView:
             self.usable,
             self.why_not,
             self.version,
+            Counter(self.chips_free),
+            Counter(self.largest_box),
+            self.block_chips,
         )
 
     def takeable(self, node_type: str, priority: int) -> int:
@@ -112,11 +155,15 @@ def _blocks(c: Mapping[str, int]) -> str:
     return ", ".join(f"{n} {t}" for t, n in sorted(c.items()))
 
 
+def _chips(c: Mapping[str, int]) -> str:
+    return ", ".join(f"{n} {t} chips" for t, n in sorted(c.items()))
+
+
 def choose(job: JobDemand, pods: Iterable[PodCapacityView]) -> Choice:
     """The pods that can place `job` now, best first (CS-2), then those that can by
     preempting lower-priority work (CS-3)."""
-    fits: list[tuple[tuple, PodCapacityView, Counter[str]]] = []
-    preempts: list[tuple[tuple, PodCapacityView, Counter[str]]] = []
+    fits: list[tuple[tuple, PodCapacityView, Mapping[str, int]]] = []
+    preempts: list[tuple[tuple, PodCapacityView, Mapping[str, int]]] = []
     not_now: dict[str, str] = {}
     for pod in pods:
         need = job.needs.get(pod.pod_id)
@@ -128,61 +175,101 @@ def choose(job: JobDemand, pods: Iterable[PodCapacityView]) -> Choice:
         if pod.pod_id in job.refused and job.refused[pod.pod_id] == pod.version:
             not_now[pod.pod_id] = "refused it; waiting for its capacity to change"
             continue
-        free_of_type = sum(pod.free[t] for t in need)
-        balance = (
-            pod.pod_id != job.preferred,
-            -free_of_type,
-            -sum(pod.free.values()),
-            pod.pod_id,
-        )
-        short = Counter({t: n - pod.free[t] for t, n in need.items() if pod.free[t] < n})
+        blocks, chips = split_need(need)
+        if chips:  # a sub-block slice: chips free of its types, then in all
+            balance: tuple = (
+                pod.pod_id != job.preferred,
+                -sum(pod.chips_free[t] for t in chips),
+                -sum(pod.chips_free.values()),
+                pod.pod_id,
+            )
+        else:
+            balance = (
+                pod.pod_id != job.preferred,
+                -sum(pod.free[t] for t in blocks),
+                -sum(pod.free.values()),
+                pod.pod_id,
+            )
+        short: dict[str, int] = {t: n - pod.free[t] for t, n in blocks.items() if pod.free[t] < n}
+        # A box that no free chips can take needs a block given up by lower priorities.
+        short |= {chips_key(t): 1 for t, n in chips.items() if pod.largest_box[t] < n}
         if not short:
             fits.append((balance, pod, need))
-        elif all(pod.takeable(t, job.priority) >= n for t, n in short.items()):
+        elif all(
+            pod.takeable(t.removesuffix(CHIPS_SUFFIX), job.priority) >= n for t, n in short.items()
+        ):
             preempts.append(((balance[0], sum(short.values()), *balance[1:]), pod, short))
         else:
             not_now[pod.pod_id] = "needs " + "; ".join(
-                f"{n} {t} blocks: {pod.free[t]} free, "
-                f"{pod.takeable(t, job.priority)} held by lower-priority work"
-                for t, n in sorted(need.items())
-                if t in short
+                [
+                    f"{n} {t} blocks: {pod.free[t]} free, "
+                    f"{pod.takeable(t, job.priority)} held by lower-priority work"
+                    for t, n in sorted(blocks.items())
+                    if t in short
+                ]
+                + [
+                    f"a box of {n} {t} chips: the largest free holds {pod.largest_box[t]} "
+                    f"({pod.chips_free[t]} chips free), "
+                    f"{pod.takeable(t, job.priority)} blocks held by lower-priority work"
+                    for t, n in sorted(chips.items())
+                    if chips_key(t) in short
+                ]
             )
     fits.sort(key=lambda e: e[0])
     preempts.sort(key=lambda e: e[0])
     out: list[Candidate] = []
-    for _, pod, need in fits:
-        types = "/".join(sorted(need))
-        free = sum(pod.free[t] for t in need)
-        if pod.pod_id == job.preferred:
-            reason = f"the pod asked for, with enough free healthy {types} blocks ({free})"
-        elif len(fits) > 1:
-            reason = f"most free healthy {types} blocks ({free}) of {len(fits)} pods that fit now"
+    for _, pod, fit in fits:
+        blocks, chips = split_need(fit)
+        types = "/".join(sorted(chips or blocks))
+        if chips:
+            free = sum(pod.chips_free[t] for t in chips)
+            unit = "chips"
+            enough = (
+                f"room for a box of {_chips(chips)} ({free} free, "
+                f"the largest free box {max(pod.largest_box[t] for t in chips)})"
+            )
         else:
-            reason = f"the one pod with enough free healthy {types} blocks ({free})"
+            free = sum(pod.free[t] for t in blocks)
+            unit = "blocks"
+            enough = f"enough free healthy {types} blocks ({free})"
+        if pod.pod_id == job.preferred:
+            reason = f"the pod asked for, with {enough}"
+        elif len(fits) > 1:
+            reason = f"most free healthy {types} {unit} ({free}) of {len(fits)} pods that fit now"
+        else:
+            reason = f"the one pod with {enough}"
         if job.preferred and pod.pod_id != job.preferred:
             reason += f"; {job.preferred}, the pod asked for, " + (
                 "cannot host it" if job.preferred not in job.needs else "does not fit now"
             )
         out.append(Candidate(pod.pod_id, FITS, reason))
-    for _, pod, short in preempts:
+    for _, pod, gap in preempts:
         asked = "the pod asked for; " if pod.pod_id == job.preferred else ""
         out.append(
             Candidate(
                 pod.pod_id,
                 PREEMPTS,
                 f"{asked}no pod fits now; lower-priority work there can give up "
-                f"{_blocks(short)} block(s)",
+                f"{_blocks({t.removesuffix(CHIPS_SUFFIX): n for t, n in gap.items()})} "
+                "block(s)",
             )
         )
     return Choice(tuple(out), not_now)
 
 
 def assume_placed(pod: PodCapacityView, need: Mapping[str, int], priority: int) -> None:
-    """Planning only: the job took its blocks on `pod` — free ones first, then those of
-    the lowest-priority work below its own."""
-    for t, n in need.items():
+    """Planning only: the job took its blocks (or its box of chips) on `pod` — free ones
+    first, then those of the lowest-priority work below its own."""
+    blocks, chips = split_need(need)
+    for t, c in chips.items():
+        if pod.largest_box[t] >= c:
+            take_chips(pod, t, c)
+        else:  # by preemption: a lower-priority block gives up its chips
+            blocks[t] = blocks.get(t, 0) + 1
+    for t, n in blocks.items():
         use = min(n, pod.free[t])
         pod.free[t] -= use
+        take_chips(pod, t, use * pod.block_chips)
         rest = n - use
         levels = pod.preemptible.get(t, {})
         for p in sorted(levels):
@@ -191,6 +278,16 @@ def assume_placed(pod: PodCapacityView, need: Mapping[str, int], priority: int) 
             take = min(rest, levels[p])
             levels[p] -= take
             rest -= take
+
+
+def take_chips(pod: PodCapacityView, node_type: str, chips: int) -> None:
+    """`chips` of `node_type` are no longer free on `pod`: the largest free box holds at
+    most what is left, and no more blocks are free than the chips left make."""
+    left = max(0, pod.chips_free[node_type] - chips)
+    pod.chips_free[node_type] = left
+    pod.largest_box[node_type] = min(pod.largest_box[node_type], left)
+    if pod.block_chips:
+        pod.free[node_type] = min(pod.free[node_type], left // pod.block_chips)
 
 
 def plan_queue(

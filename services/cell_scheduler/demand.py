@@ -10,6 +10,15 @@ slice so the work is done by then:
     blocks = ceil(chips / chips per block)                 (at least one block)
     grid   = the most compact arrangement of exactly `blocks` blocks
 
+unless fewer chips than a block's are needed (issue 28): then the slice is a box of
+chips inside one block (a sub-block slice, packed with others into a block at chip
+granularity) — the smallest box with at least `chips` chips whose every extent
+divides the block's (so such boxes tile a block at aligned offsets and waste none of
+it: 3 chips get 1x2x2 of a 4x4x4 block, not 1x1x3), the most compact of those
+(smallest largest extent, then smallest sum), extents ascending where the block
+allows it (1x1x2, 1x2x2, 2x2x4, as published slice shapes are written). A box as
+large as the block is the whole block.
+
 The time left is read when the job is placed (a job that waited gets a larger
 slice). `flops_per_chip` is the node type's throughput, an operator setting
 (LIGHTPATH_CELL_NODE_FLOPS: what one chip sustains on such work, not a
@@ -23,6 +32,7 @@ with extents ascending (1x2x2, as published slice shapes are written).
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -36,21 +46,26 @@ MAX_DERIVED_BLOCKS = 1 << 20
 class DerivedShape:
     """The slice derived for one pod's block shape (CS-4)."""
 
-    grid: Grid  # in blocks
+    grid: Grid  # in blocks (1x1x1 for a sub-block slice)
     chips: tuple[int, ...]  # the slice in chips
     chips_needed: int  # what the demand asks for; chips >= chips_needed
     node_type: str
+    # A box of chips inside one block (issue 28), not whole blocks.
+    sub_block: bool = False
 
     @property
     def blocks(self) -> int:
-        return math.prod(self.grid)
+        """Whole blocks the slice takes (0 for a sub-block slice)."""
+        return 0 if self.sub_block else math.prod(self.grid)
 
     def describe(self) -> str:
         shape = "x".join(map(str, self.chips))
-        return (
-            f"{shape} {self.node_type} chips ({self.blocks} block{'s' if self.blocks != 1 else ''})"
-            f" for {self.chips_needed} chips of demand"
+        held = (
+            "a box inside one block"
+            if self.sub_block
+            else f"{self.blocks} block{'s' if self.blocks != 1 else ''}"
         )
+        return f"{shape} {self.node_type} chips ({held}) for {self.chips_needed} chips of demand"
 
 
 def chips_needed(
@@ -107,6 +122,27 @@ def _factorizations(n: int, dims: int, least: int):
         f += 1
 
 
+def sub_block_box(chips: int, block_shape: tuple[int, ...]) -> Grid | None:
+    """The box of a sub-block slice for `chips` chips on blocks of `block_shape` (see the
+    module's rule), or None when it would be the whole block (or more)."""
+    per_block = math.prod(block_shape)
+    if chips >= per_block:
+        return None
+    best: tuple[tuple, Grid] | None = None
+    for box in itertools.product(*(_divisors(b) for b in block_shape)):
+        n = math.prod(box)
+        if n < chips or n >= per_block:
+            continue
+        key = (n, max(box), sum(box), box)
+        if best is None or key < best[0]:
+            best = (key, box)
+    return None if best is None else best[1]
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
 def derive_shape(
     *,
     flops: float,
@@ -120,6 +156,9 @@ def derive_shape(
     needed = chips_needed(
         flops=flops, chip_hours=chip_hours, seconds=seconds, flops_per_chip=flops_per_chip
     )
+    box = sub_block_box(needed, block_shape)
+    if box is not None:
+        return DerivedShape((1,) * len(block_shape), box, needed, node_type, sub_block=True)
     per_block = math.prod(block_shape)
     blocks = max(1, math.ceil(needed / per_block))
     grid = compact_grid(blocks, len(block_shape))

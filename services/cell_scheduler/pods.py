@@ -12,6 +12,7 @@ report) are the cell's (cell.py); job state is jobs.py's.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -20,7 +21,7 @@ import grpc
 
 from lightpath.errors import NotFound
 from lightpath.v1 import cell_scheduler_pb2
-from services.cell_scheduler.choice import PodCapacityView
+from services.cell_scheduler.choice import PodCapacityView, chips_key
 from services.cell_scheduler.podclient import PodClients, PodRefused, classify
 from services.cell_scheduler.request import PodModel
 from services.cell_scheduler.store import CellStore, RegistrySnapshot, unb64
@@ -117,8 +118,8 @@ class PodDirectory:
         return cell_scheduler_pb2.POD_STATUS_READY, ""
 
     def views_of(self, snap: RegistrySnapshot, now: int) -> dict[str, PodCapacityView]:
-        """What planning knows about each pod: free blocks (minus forwards in flight),
-        what lower priorities would give up, and whether it may be chosen."""
+        """What planning knows about each pod: free blocks and chips (minus forwards in
+        flight), what lower priorities would give up, and whether it may be chosen."""
         out: dict[str, PodCapacityView] = {}
         for pod_id in sorted(snap.registrations):
             status, why = self.status_of(snap, pod_id, now)
@@ -127,19 +128,24 @@ class PodDirectory:
                 usable=status == cell_scheduler_pb2.POD_STATUS_READY,
                 why_not=why,
                 version=snap.versions.get(pod_id, ""),
+                block_chips=math.prod(self.model(snap.registrations[pod_id]).block_shape),
             )
             raw = snap.capacities.get(pod_id)
             if raw is None:
                 view.usable, view.why_not = False, "has not reported its capacity yet"
             else:
                 for t in self.capacity(raw).types:
-                    key = f"{pod_id}|{t.node_type}"
-                    view.free[t.node_type] = max(
-                        0, snap.free.get(key, t.free) - snap.held.get(key, 0)
-                    )
-                    view.preemptible[t.node_type] = dict(t.preemptible_by_priority)
+                    capacity_view(view, t, snap)
             out[pod_id] = view
         return out
+
+    async def block_chips(self, pod_id: str) -> int:
+        """Chips in one block of a registered pod (0 when it is not registered)."""
+        snap = self._snap
+        raw = snap.registrations.get(pod_id) if snap is not None else None
+        if raw is None:
+            raw = await self.store.registration(pod_id)
+        return math.prod(self.model(raw).block_shape) if raw is not None else 0
 
     def heard_from(self, pod_id: str, endpoint: str) -> None:
         """The replica of a pod that reported last: where calls go."""
@@ -175,3 +181,39 @@ class PodDirectory:
         if raw is None:
             raise NotFound("pod", pod_id, hint="no workload scheduler registered it")
         return raw
+
+
+def reported_chips(t: cell_scheduler_pb2.NodeTypeCapacity, block_chips: int) -> tuple[int, int]:
+    """(chips_free, largest_free_box) of one node type as reported; a report without chip
+    figures (a workload scheduler from before issue 28) counts its free blocks' chips."""
+    if t.chips_total:
+        return t.chips_free, t.largest_free_box
+    return t.free * block_chips, block_chips if t.free else 0
+
+
+def capacity_view(
+    view: PodCapacityView, t: cell_scheduler_pb2.NodeTypeCapacity, snap: RegistrySnapshot
+) -> None:
+    """One node type's report in `view`, corrected by what the cell assumes since it
+    (placements and ends through the cell, forwards in flight).
+
+    Blocks and chips are assumed apart (a block slice's need is blocks, a sub-block
+    slice's chips): the blocks taken since the report take their chips too, a
+    sub-block box may have started a free block (no more blocks are free than the
+    chips left make), and the largest free box holds at most the chips left."""
+    key = f"{view.pod_id}|{t.node_type}"
+    ckey = f"{view.pod_id}|{chips_key(t.node_type)}"
+    per_block = view.block_chips
+    free = snap.free.get(key, t.free) - snap.held.get(key, 0)
+    reported, largest = reported_chips(t, per_block)
+    taken = t.free - free  # blocks taken since the report (< 0: freed)
+    chips = snap.free.get(ckey, reported) - snap.held.get(ckey, 0) - taken * per_block
+    chips = max(0, chips)
+    free = max(0, min(free, chips // per_block) if per_block else free)
+    largest = min(largest, chips)
+    if free and largest < per_block:  # a block freed since: any box fits in it
+        largest = per_block
+    view.free[t.node_type] = free
+    view.chips_free[t.node_type] = chips
+    view.largest_box[t.node_type] = largest
+    view.preemptible[t.node_type] = dict(t.preemptible_by_priority)

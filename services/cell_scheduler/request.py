@@ -15,6 +15,12 @@ With a compute demand instead of a shape (CS-4) the shape is derived per pod
 (pods may have different blocks) from the time left until the deadline, at
 the moment the job is placed: a job that waited in the cell queue gets a
 larger slice if the deadline came closer.
+
+A shape in chips that fits inside one block (issue 28: 2x2x1 of a 4x4x4 block) is
+a sub-block slice: the pod packs it with others into a block at chip granularity.
+The cell counts it as chips of its node type (`choice.chips_key`), never as a
+block; a twisted torus (`spec.twisted`) is checked by the same `normalize` and
+takes its blocks like any block slice.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from lightpath.domain.blocks import TYPE_NAME_RULE, PodFabric, parse_block_types
 from lightpath.domain.jobs import normalize, switched_spec_rules
 from lightpath.errors import FieldViolation, InvalidArgument
 from lightpath.v1 import cell_scheduler_pb2, common_pb2, workload_scheduler_pb2
+from services.cell_scheduler.choice import chips_key
 from services.cell_scheduler.demand import DerivedShape, derive_shape
 from services.common import validate
 from services.common.keys import ID_RULE, is_valid_id
@@ -86,15 +93,18 @@ class Resolved:
     """A submission as one pod would get it."""
 
     spec: workload_scheduler_pb2.JobSpec  # what is forwarded
-    needs: Counter[str]  # blocks per node type
+    # Blocks per node type; a sub-block slice: chips of its node type (`chips_key`).
+    needs: Counter[str]
     grid: tuple[int, ...]
     chips: tuple[int, ...]
     priority: int
     derived: DerivedShape | None = None
+    # A box of chips inside one block (issue 28): it holds no whole block.
+    sub_block: bool = False
 
     @property
     def block_count(self) -> int:
-        return math.prod(self.grid)
+        return 0 if self.sub_block else math.prod(self.grid)
 
 
 def has_demand(req: cell_scheduler_pb2.SubmitJobRequest) -> bool:
@@ -266,18 +276,22 @@ def resolve(
                 f"({derived.chips_needed} chips); pod {pod.pod_id} has {have}",
                 reason="DEMAND_UNMET",
             )
-        spec.shape.CopyFrom(common_pb2.Shape(dims=list(derived.grid)))
-        spec.unit = common_pb2.SHAPE_UNIT_BLOCKS
-        spec.node_type_counts[node_type] = derived.blocks
+        if derived.sub_block:  # a box of chips inside one block (issue 28)
+            spec.shape.CopyFrom(common_pb2.Shape(dims=list(derived.chips)))
+            spec.unit = common_pb2.SHAPE_UNIT_CHIPS
+            spec.node_type_counts[node_type] = 1
+        else:
+            spec.shape.CopyFrom(common_pb2.Shape(dims=list(derived.grid)))
+            spec.unit = common_pb2.SHAPE_UNIT_BLOCKS
+            spec.node_type_counts[node_type] = derived.blocks
     norm = normalize(spec, pod.fabric)
-    return Resolved(
-        spec,
-        norm.demand.type_counts(),
-        norm.demand.grid,
-        norm.chips,
-        norm.priority,
-        derived,
-    )
+    demand = norm.demand
+    if demand.box is not None:
+        # A sub-block slice takes chips, not a block: counted as chips of its node type.
+        (node_type,) = set(demand.node_types)
+        needs = Counter({chips_key(node_type): math.prod(demand.box)})
+        return Resolved(spec, needs, demand.grid, norm.chips, norm.priority, derived, True)
+    return Resolved(spec, demand.type_counts(), demand.grid, norm.chips, norm.priority, derived)
 
 
 def _resolve_switched(

@@ -217,9 +217,12 @@ class CellSchedulerServicer(cell_scheduler_pb2_grpc.CellSchedulerServicer):
         if request.health not in (common_pb2.BLOCK_HEALTH_HEALTHY, common_pb2.BLOCK_HEALTH_FAILED):
             raise InvalidArgument("health", "must be HEALTHY (recovered) or FAILED")
         require_ids(pod_id=request.pod_id)
+        host = request.host if request.HasField("host") else None
         _note(pod_id=request.pod_id, block=request.block_id)
+        if host is not None:
+            _note(host=host)
         return await self._cell.report_block_health(
-            request.pod_id, request.block_id, request.health, request.reason
+            request.pod_id, request.block_id, request.health, request.reason, host
         )
 
     async def ListPods(self, request, context) -> cell_scheduler_pb2.ListPodsResponse:

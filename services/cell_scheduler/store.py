@@ -13,8 +13,10 @@ Registry (CS-1):
     lp:{cell}:endpoint            hash  pod -> the replica heard from last (where calls go)
     lp:{cell}:capacity            hash  pod -> last capacity report (PodCapacity, base64)
     lp:{cell}:capver              hash  pod -> version of that report (padded stream id)
-    lp:{cell}:free                hash  "<pod>|<type>" -> healthy free blocks (reported, minus placed since)
+    lp:{cell}:free                hash  "<pod>|<type>" -> healthy free blocks (reported, minus placed since);
+                                        "<pod>|<type>#chips" -> chips free for sub-block slices (same)
     lp:{cell}:held                hash  "<pod>|<type>" -> blocks of forwards in flight to that pod
+                                        ("<pod>|<type>#chips": chips of sub-block slices in flight)
     lp:{cell}:pod:<p>:assumed     set   jobs whose blocks the cell counts as taken (a forward, a
                                         placement) or freed (an end through the cell) before a
                                         capacity report of the pod shows it (see _REPORT)

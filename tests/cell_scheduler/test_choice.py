@@ -12,6 +12,7 @@ from services.cell_scheduler.choice import (
     PREEMPTS,
     JobDemand,
     PodCapacityView,
+    chips_key,
     choose,
     plan_queue,
 )
@@ -245,3 +246,72 @@ def test_a_preference_only_reorders_the_candidates(frees, which, n):
         assert ids[1:] == [x.pod_id for x in plain.candidates if x.pod_id != preferred]
     else:
         assert ids == [x.pod_id for x in plain.candidates]
+
+
+# -- sub-block slices (issue 28): counted in chips ------------------------------------
+
+
+def chip_pod(
+    pod_id: str, free_blocks: int, chips_free: int, largest: int, preemptible=None, **kw
+) -> PodCapacityView:
+    return PodCapacityView(
+        pod_id,
+        Counter({"tpu": free_blocks}),
+        preemptible or {},
+        chips_free=Counter({"tpu": chips_free}),
+        largest_box=Counter({"tpu": largest}),
+        block_chips=64,
+        **kw,
+    )
+
+
+def box(chips: int) -> dict[str, int]:
+    return {chips_key("tpu"): chips}
+
+
+def test_a_sub_block_demand_fits_where_the_largest_free_box_holds_it_most_free_chips_first():
+    pods = [
+        chip_pod("full", 0, 0, 0),
+        chip_pod("scattered", 0, 40, 4),  # 40 chips free, none in a box of 8
+        chip_pod("some", 0, 24, 16),
+        chip_pod("roomy", 2, 140, 64),
+    ]
+    choice = choose(job("s", on_all(pods, box(8))), pods)
+    assert [c.pod_id for c in choice.candidates] == ["roomy", "some"]
+    assert "most free healthy tpu chips (140) of 2 pods" in choice.candidates[0].reason
+    assert "largest free holds 4 (40 chips free)" in choice.not_now["scattered"]
+    # A pod with no free block still fits a small box: blocks do not count for it.
+    one = choose(job("t", {"some": box(2)}), pods).candidates
+    assert [c.pod_id for c in one] == ["some"] and "room for a box of 2 tpu chips" in one[0].reason
+
+
+def test_a_sub_block_demand_preempts_only_a_lower_priority_block_when_no_box_is_free():
+    p = chip_pod("p", 0, 0, 0, {"tpu": {20: 1}})
+    assert choose(job("hi", {"p": box(4)}, priority=80), [p]).candidates[0].how == PREEMPTS
+    assert not choose(job("lo", {"p": box(4)}, priority=20), [p]).candidates
+
+
+def test_planning_takes_chips_for_sub_block_slices_and_blocks_take_their_chips_too():
+    # One free block (64 chips) and a partly used one with 16 chips free in a box of 16.
+    p = chip_pod("p", 1, 80, 64)
+    queue = [job(f"s{i}", {"p": box(16)}) for i in range(5)] + [job("b", {"p": {"tpu": 1}})]
+    plan = {j.job_id: bool(c.candidates) for j, c in plan_queue(queue, [p])}
+    # 80 chips hold five boxes of 16; after them, no block is free for `b`.
+    assert plan == {"s0": True, "s1": True, "s2": True, "s3": True, "s4": True, "b": False}
+    # A block slice first: its 64 chips go, the boxes of 16 left fit one slice.
+    queue = [job("b", {"p": {"tpu": 1}})] + [job(f"s{i}", {"p": box(16)}) for i in range(2)]
+    plan = {j.job_id: bool(c.candidates) for j, c in plan_queue(queue, [p])}
+    assert plan == {"b": True, "s0": True, "s1": False}
+
+
+@given(
+    boxes=st.lists(st.sampled_from([1, 2, 4, 8, 16, 32]), max_size=30),
+    free_blocks=st.integers(0, 4),
+    partial=st.integers(0, 63),
+)
+def test_planning_never_gives_out_more_chips_than_a_pod_has(boxes, free_blocks, partial):
+    chips = free_blocks * 64 + partial
+    p = chip_pod("p", free_blocks, chips, 64 if free_blocks else partial)
+    queue = [job(f"j{i}", {"p": box(n)}) for i, n in enumerate(boxes)]
+    placed = sum(n for n, (_, c) in zip(boxes, plan_queue(queue, [p]), strict=True) if c.candidates)
+    assert placed <= chips

@@ -8,7 +8,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from services.cell_scheduler.demand import chips_needed, compact_grid, derive_shape
+from services.cell_scheduler.demand import (
+    chips_needed,
+    compact_grid,
+    derive_shape,
+    sub_block_box,
+)
 
 TPU_V4_FLOPS = 275e12  # bf16 peak of one TPU v4 chip
 HOUR = 3600.0
@@ -120,4 +125,47 @@ def test_a_derived_slice_always_has_the_chips_the_demand_needs(chips, hours, blo
     assert math.prod(d.chips) >= d.chips_needed >= 1
     assert d.chips_needed == chips
     assert math.prod(d.chips) - d.chips_needed < per_block  # never a whole block more
-    assert all(c % b == 0 for c, b in zip(d.chips, block, strict=True))
+    if d.sub_block:  # fewer chips than a block: a box whose extents divide the block's
+        assert chips < per_block and math.prod(d.chips) < per_block and d.blocks == 0
+        assert all(b % c == 0 for c, b in zip(d.chips, block, strict=True))
+        assert d.grid == (1,) * len(block)
+    else:
+        assert all(c % b == 0 for c, b in zip(d.chips, block, strict=True))
+        assert d.blocks == math.prod(d.grid) >= 1
+
+
+@pytest.mark.parametrize(
+    ("chips", "box"),
+    [
+        (1, (1, 1, 1)),
+        (2, (1, 1, 2)),
+        (3, (1, 2, 2)),  # extents that divide the block's: 1x1x3 would strand a chip per row
+        (4, (1, 2, 2)),
+        (5, (2, 2, 2)),
+        (9, (2, 2, 4)),
+        (17, (2, 4, 4)),
+        (32, (2, 4, 4)),
+        (33, None),  # more than the largest box smaller than the block: the whole block
+        (64, None),
+    ],
+)
+def test_a_small_demand_gets_a_box_inside_one_block_not_a_whole_block(chips, box):
+    # Issue 28: a 3-chip demand would hold 64 chips if rounded up to a block.
+    assert sub_block_box(chips, (4, 4, 4)) == box
+    d = derive_shape(
+        flops=0,
+        chip_hours=chips,
+        seconds=HOUR,
+        node_type="tpu",
+        flops_per_chip=None,
+        block_shape=(4, 4, 4),
+    )
+    if box is None:
+        assert not d.sub_block and d.grid == (1, 1, 1) and d.chips == (4, 4, 4)
+    else:
+        assert d.sub_block and d.chips == box and d.blocks == 0
+        assert "a box inside one block" in d.describe()
+
+
+def test_a_box_is_ascending_only_where_the_block_allows_it():
+    assert sub_block_box(100, (8, 8, 4)) == (4, 8, 4)  # 4x4x8 does not fit a z of 4

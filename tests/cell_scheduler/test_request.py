@@ -8,6 +8,7 @@ from lightpath.errors import InvalidArgument
 from lightpath.v1 import cell_scheduler_pb2 as cs
 from lightpath.v1 import common_pb2 as c
 from lightpath.v1 import workload_scheduler_pb2 as ws
+from services.cell_scheduler.choice import chips_key
 from services.cell_scheduler.request import (
     PodModel,
     check_request,
@@ -121,3 +122,44 @@ def test_a_switched_pod_counts_processor_groups_from_the_degrees():
         node_flops={},
     )
     assert set(ok) == {"pod-s"} and bad["pod-2"].violations[0].field == "spec.shape"
+
+
+def test_a_shape_inside_one_block_is_a_sub_block_slice_counted_in_chips():
+    # Issue 28: 2x2x1 chips of a 4x4x4 block is not refused as "not a multiple of the
+    # block"; the cell counts it as 4 tpu chips, never as a block.
+    r = resolve(req(shape=c.Shape(dims=[2, 2, 1])), TORUS, now_ms=0, node_flops=FLOPS)
+    assert r.sub_block and dict(r.needs) == {chips_key("tpu"): 4}
+    assert r.chips == (2, 2, 1) and r.block_count == 0
+    assert list(r.spec.shape.dims) == [2, 2, 1]  # forwarded as asked
+    gpu = resolve(
+        req(shape=c.Shape(dims=[1, 1, 1]), node_types=["gpu"]), TORUS, now_ms=0, node_flops=FLOPS
+    )
+    assert dict(gpu.needs) == {chips_key("gpu"): 1}
+
+
+def test_a_sub_block_slice_that_asks_for_a_twist_or_wraparound_is_refused_naming_the_field():
+    ok, bad = resolve_all(
+        req(shape=c.Shape(dims=[2, 2, 1]), twisted=True), {"pod-1": TORUS}, now_ms=0, node_flops={}
+    )
+    assert not ok
+    err = no_pod_can_host(bad)
+    assert [v.field for v in err.violations] == ["spec.twisted"]
+    assert "fits inside one block" in err.violations[0].rule
+
+
+def test_a_twisted_torus_goes_through_and_takes_its_blocks():
+    r = resolve(req(shape=c.Shape(dims=[4, 4, 8]), twisted=True), TORUS, now_ms=0, node_flops=FLOPS)
+    assert r.spec.twisted and dict(r.needs) == {"tpu": 2} and not r.sub_block
+    with pytest.raises(InvalidArgument) as err:
+        resolve(req(shape=c.Shape(dims=[4, 8, 12]), twisted=True), TORUS, now_ms=0, node_flops={})
+    assert err.value.violations[0].field == "spec.twisted"
+
+
+def test_a_small_demand_is_sized_to_a_box_of_chips_not_a_whole_block():
+    # 3 chip-hours due in an hour: 3 chips -> a 1x2x2 box (extents dividing the block's).
+    d = cs.ComputeDemand(chip_hours=3, node_type="tpu")
+    d.deadline.FromMilliseconds(3_600_000)
+    r = resolve(req(demand=d), TORUS, now_ms=0, node_flops=FLOPS)
+    assert r.derived is not None and r.derived.sub_block and r.sub_block
+    assert list(r.spec.shape.dims) == [1, 2, 2] and r.spec.unit == c.SHAPE_UNIT_CHIPS
+    assert dict(r.needs) == {chips_key("tpu"): 4} and r.block_count == 0
