@@ -110,6 +110,7 @@ def slice_wiring(
         one_to_many_count=count if fabric.k > 1 else 0,
         state=pb.SLICE_STATE_WIRED if record.wired else pb.SLICE_STATE_WIRING,
         replayed=replayed,
+        twisted=p.twisted,
     )
     if record.wired_at_ms:
         msg.wired_at.FromMilliseconds(record.wired_at_ms)

@@ -198,7 +198,7 @@ class FabricManager:
         if s == "DIFFERENT":
             raise FailedPrecondition(
                 f"slice {job}",
-                "is already wired with a different placement (grid, blocks or wrap); "
+                "is already wired with a different placement (grid, blocks, wrap or twist); "
                 "release it first or use another job id",
                 reason="SLICE_EXISTS",
             )

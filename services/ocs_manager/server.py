@@ -124,13 +124,14 @@ class OcsManagerServicer(
     # -- changes (OCS-2 … OCS-5) ---------------------------------------------------
 
     async def WireSlice(self, request: pb.WireSliceRequest, context) -> pb.SliceWiring:
-        _annotate(job_id=request.job_id, blocks=len(request.blocks))
+        _annotate(job_id=request.job_id, blocks=len(request.blocks), twisted=request.twisted)
         placement = validate_placement(
             self._fabric,
             request.job_id,
             list(request.grid.dims),
             [(list(b.position.coords), b.block_id) for b in request.blocks],
             list(request.wrap),
+            request.twisted,
         )
         if request.HasField("expect_fabric"):
             bad = convert.check_expected_fabric(self._fabric, request.expect_fabric)
@@ -146,10 +147,11 @@ class OcsManagerServicer(
         )
         _annotate(cross_connects=msg.cross_connect_count, replayed=outcome.replayed)
         self._rt.log.info(
-            "slice %s %s: %d blocks, %d cross-connects",
+            "slice %s %s: %d blocks%s, %d cross-connects",
             placement.job_id,
             "already wired" if outcome.replayed else "wired",
             len(placement.blocks),
+            " (twisted torus)" if placement.twisted else "",
             msg.cross_connect_count,
         )
         return msg
@@ -213,6 +215,7 @@ class OcsManagerServicer(
                 grid=common_pb2.Shape(dims=r.placement.grid),
                 block_ids=r.placement.blocks,
                 cross_connects=cross_connect_count(self._fabric, links(r.placement)),
+                twisted=r.placement.twisted,
             )
         if more and records:
             out.next_page_token = paging.page_token(records[-1].placement.job_id)

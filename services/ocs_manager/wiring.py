@@ -10,6 +10,11 @@ lands", and with K >= 2 "P's 1xK switch of (d, a) set to that OCS" (OCS-2,
 ¶141-149, ¶169). The ports are the same on every axis of d, so a full 64-block
 pod (3,072 cross-connects) is 192 links; the store, the driver and the
 responses expand links only where they must.
+
+A twisted slice (issue 28, lightpath/domain/twist.py) differs only in its
+wraparounds: along a short dimension the last block links to the first one
+shifted k blocks along each long dimension. Still one link per block and
+dimension, on the same logical axes, so everything downstream is unchanged.
 """
 
 from __future__ import annotations
@@ -17,9 +22,10 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from lightpath.domain.torus import Fabric, format_shape
+from lightpath.domain.twist import Skews, skews
 from lightpath.errors import FieldViolation, InvalidArgument, NotFound
 from services.common.keys import ID_RULE, is_valid_id
 
@@ -29,13 +35,15 @@ class SlicePlacement:
     """A slice (workload cluster): which block sits at which logical position (WS-8, ¶106-107).
 
     `blocks[i]` is the block at grid position i, positions in row-major order
-    with x fastest. `wrap[d]` closes dimension d into a ring.
+    with x fastest. `wrap[d]` closes dimension d into a ring. `twisted`: the
+    wraparounds of the short dimensions are twisted (`twist_skews`).
     """
 
     job_id: str
     grid: tuple[int, ...]
     blocks: tuple[int, ...]
     wrap: tuple[bool, ...]
+    twisted: bool = False
 
     def position(self, index: int) -> tuple[int, ...]:
         out = []
@@ -59,23 +67,69 @@ class SlicePlacement:
     def with_block(self, index: int, block: int) -> SlicePlacement:
         blocks = list(self.blocks)
         blocks[index] = block
-        return SlicePlacement(self.job_id, self.grid, tuple(blocks), self.wrap)
+        return replace(self, blocks=tuple(blocks))  # keeps wrap and twist
 
     def spec(self) -> str:
-        """Canonical JSON of grid, blocks and wrap: equal placements give equal strings."""
-        return json.dumps(
-            {
-                "grid": list(self.grid),
-                "blocks": list(self.blocks),
-                "wrap": [int(w) for w in self.wrap],
-            },
-            separators=(",", ":"),
-        )
+        """Canonical JSON of grid, blocks, wrap (and the twist, only when twisted, so a
+        spec stored before twists existed reads the same): equal placements give equal
+        strings."""
+        d: dict[str, object] = {
+            "grid": list(self.grid),
+            "blocks": list(self.blocks),
+            "wrap": [int(w) for w in self.wrap],
+        }
+        if self.twisted:
+            d["twisted"] = 1
+        return json.dumps(d, separators=(",", ":"))
 
     @classmethod
     def from_spec(cls, job_id: str, spec: str) -> SlicePlacement:
         d = json.loads(spec)
-        return cls(job_id, tuple(d["grid"]), tuple(d["blocks"]), tuple(bool(w) for w in d["wrap"]))
+        return cls(
+            job_id,
+            tuple(d["grid"]),
+            tuple(d["blocks"]),
+            tuple(bool(w) for w in d["wrap"]),
+            bool(d.get("twisted", 0)),
+        )
+
+
+def twist_skews(grid: Sequence[int]) -> Skews:
+    """{short dimension: {long dimension: shift in blocks}} of a twisted `grid`.
+
+    The grid must be twistable (`validate_placement` checked it)."""
+    found = skews(grid)
+    if found is None:
+        raise ValueError(f"a {format_shape(tuple(grid))} grid cannot be twisted")
+    return found
+
+
+def twist_refusal(
+    grid: Sequence[int], block_shape: Sequence[int], wrap: Sequence[bool]
+) -> str | None:
+    """Why a slice of `grid` blocks cannot be wired twisted, or None when it can.
+
+    The twist is whole blocks: the grid must be k x k x 2k or k x 2k x 2k blocks, and
+    in chips (grid x block shape) the same shape twisted by the same amount, which it
+    is whenever the blocks are cubes (4x4x4)."""
+    grid_s = format_shape(tuple(grid))
+    chips = tuple(g * b for g, b in zip(grid, block_shape, strict=True))
+    twist = skews(grid)
+    if twist is None:
+        return (
+            f"a {grid_s} grid of blocks ({format_shape(chips)} chips) cannot be twisted: a "
+            "twisted torus needs k x k x 2k or k x 2k x 2k blocks, in any axis order "
+            "(e.g. 1x1x2, 1x2x2, 2x2x4)"
+        )
+    in_chips = {s: {e: n * block_shape[e] for e, n in longs.items()} for s, longs in twist.items()}
+    if skews(chips) != in_chips:
+        return (
+            f"a {grid_s} grid of {format_shape(tuple(block_shape))} blocks is "
+            f"{format_shape(chips)} chips, whose twisted torus is not made of whole blocks"
+        )
+    if wrap and not all(wrap):
+        return "a twisted torus wraps in every dimension: leave wrap empty or all true"
+    return None
 
 
 def validate_placement(
@@ -84,12 +138,14 @@ def validate_placement(
     grid: Sequence[int],
     blocks: Sequence[tuple[Sequence[int], int]],
     wrap: Sequence[bool],
+    twisted: bool = False,
 ) -> SlicePlacement:
     """Check a WireSlice request (X-3) and return its placement.
 
     INVALID_ARGUMENT for a bad id, a dimension mismatch, a logical arrangement
     that is not a full grid (a position missing, given twice or outside), a
-    block given twice; NOT_FOUND for a block id the pod does not have.
+    block given twice, a twist the grid or wrap does not allow (`twist_refusal`);
+    NOT_FOUND for a block id the pod does not have.
     """
     bad: list[FieldViolation] = []
     if not is_valid_id(job_id):
@@ -121,6 +177,10 @@ def validate_placement(
         bad.append(
             FieldViolation("wrap", f"give one flag per dimension ({m}) or none for a full torus")
         )
+    if twisted and grid_ok:
+        why = twist_refusal(grid, fabric.config.block_shape, wrap)
+        if why:
+            bad.append(FieldViolation("twisted", why))
     if grid_ok:
         size = math.prod(grid)
         if len(blocks) != size:
@@ -180,7 +240,9 @@ def validate_placement(
             hint=f"pod has blocks 0..{fabric.block_count - 1}",
         )
     ordered = tuple(by_index[i] for i in range(len(by_index)))
-    return SlicePlacement(job_id, tuple(grid), ordered, tuple(wrap) if wrap else tuple([True] * m))
+    return SlicePlacement(
+        job_id, tuple(grid), ordered, tuple(wrap) if wrap else tuple([True] * m), twisted
+    )
 
 
 @dataclass(frozen=True, order=True, slots=True)
@@ -194,22 +256,34 @@ class Link:
 
 
 def links(placement: SlicePlacement) -> tuple[Link, ...]:
-    """Every link of a slice, by dimension then position (OCS-2)."""
+    """Every link of a slice, by dimension then position (OCS-2).
+
+    Twisted: the wraparound of a short dimension d from position p lands on the
+    position at 0 along d with each long dimension e moved on by the shift
+    (`twist_skews`), modulo its extent. A block keeps exactly one outgoing and one
+    incoming link per dimension: the shift maps the last face along d onto the first
+    one by a bijection. With a short extent of 1 (1x1x2 blocks) that replaces the
+    regular torus' self-loop by a link to the other block."""
     out: list[Link] = []
-    blocks = placement.blocks
-    stride = 1  # positions are row-major, x fastest: one step along d is `stride` positions
-    for d, extent in enumerate(placement.grid):
+    grid, blocks = placement.grid, placement.blocks
+    twist = twist_skews(grid) if placement.twisted else {}
+    strides = [math.prod(grid[:d]) for d in range(len(grid))]
+    for d, extent in enumerate(grid):
         wrap = placement.wrap[d]
+        stride = strides[d]  # positions are row-major, x fastest: one step along d
+        shifts = twist.get(d, {})
         for i in range(len(blocks)):
             c = (i // stride) % extent
             if c + 1 < extent:
                 j = i + stride
             elif wrap:
                 j = i - c * stride
+                for e, shift in shifts.items():
+                    ce = (j // strides[e]) % grid[e]
+                    j += ((ce + shift) % grid[e] - ce) * strides[e]
             else:
                 continue
             out.append(Link(d, blocks[i], blocks[j]))
-        stride *= extent
     return tuple(out)
 
 
