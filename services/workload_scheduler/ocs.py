@@ -88,9 +88,12 @@ class Wiring:
     committed: bool = True
     # SWITCHED pods: what was reserved, for the job's history.
     detail: str = ""
+    # Wired as a twisted torus (WireSliceRequest.twisted).
+    twisted: bool = False
 
     def describe(self) -> str:
-        return self.detail or f"{self.cross_connects} cross-connects"
+        twist = ", twisted torus" if self.twisted else ""
+        return self.detail or f"{self.cross_connects} cross-connects{twist}"
 
 
 @dataclass(frozen=True)
@@ -163,8 +166,14 @@ class OcsManagerClient:
                 await self._call("ReserveRings", _reserve_request(job), timeout_s=timeout_s),
                 job.placement,
             )
+        # A shrunk slice's demand is no longer twisted (SliceDemand.shrunk): wired regular.
         return await self.wire(
-            job.job_id, job.demand.grid, job.placement, job.demand.wrap, timeout_s=timeout_s
+            job.job_id,
+            job.demand.grid,
+            job.placement,
+            job.demand.wrap,
+            twisted=job.demand.twisted,
+            timeout_s=timeout_s,
         )
 
     async def replace_job(self, job: SliceJob, failed: int, new: int) -> ReplaceResult:
@@ -221,8 +230,11 @@ class OcsManagerClient:
         blocks: Sequence[int],
         wrap: Sequence[bool],
         *,
+        twisted: bool = False,
         timeout_s: float | None = None,
     ) -> Wiring:
+        """WireSlice; `twisted` asks for the twisted torus (the ocs_manager checks the grid).
+        A ReplaceBlock needs nothing more: the ocs_manager keeps the slice's twist."""
         request = ocs_manager_pb2.WireSliceRequest(
             job_id=job_id,
             grid=common_pb2.Shape(dims=grid),
@@ -232,6 +244,7 @@ class OcsManagerClient:
             ],
             wrap=list(wrap),
             view=ocs_manager_pb2.WIRING_VIEW_COUNTS,  # the count is all the scheduler needs
+            twisted=twisted,
         )
         return _wiring(await self._call("WireSlice", request, timeout_s=timeout_s))
 
@@ -323,6 +336,7 @@ def _wiring(w: ocs_manager_pb2.SliceWiring) -> Wiring:
         blocks,
         w.cross_connect_count or len(w.cross_connects),
         w.state != ocs_manager_pb2.SLICE_STATE_WIRING,
+        twisted=w.twisted,
     )
 
 
