@@ -751,6 +751,7 @@ class SliceSummary(_message.Message):
     job_id: _builtins.str
     cross_connects: _builtins.int
     twisted: _builtins.bool
+    """Wired as a twisted torus (WireSliceRequest.twisted)."""
     @_builtins.property
     def grid(self) -> _common_pb2.Shape: ...
     @_builtins.property
