@@ -60,6 +60,18 @@ def parse_block_types(raw: str) -> tuple[BlockTypeEntry, ...]:
     return tuple(entries)
 
 
+def host_shape_error(host_shape: Sequence[int], block_shape: Sequence[int]) -> str | None:
+    """Why hosts of `host_shape` cannot tile blocks of `block_shape`, or None."""
+    if len(host_shape) != len(block_shape):
+        return f"has {len(host_shape)} extents; the blocks have {len(block_shape)}"
+    if any(h < 1 or b % h for h, b in zip(host_shape, block_shape, strict=True)):
+        return (
+            "every extent must divide the block's "
+            f"({'x'.join(map(str, block_shape))}): the hosts tile the block"
+        )
+    return None
+
+
 def block_types_for(entries: Sequence[BlockTypeEntry], block_count: int) -> tuple[str, ...]:
     """The node type of each block 0..block_count-1; FailedPrecondition when the counts do not fit."""
     named = sum(e.count or 0 for e in entries)
@@ -94,11 +106,16 @@ class PodFabric:
     # these groups are reserved for small jobs (SW-2).
     switched: SwitchedFabric | None = field(default=None, compare=False, repr=False)
     small_groups: frozenset[int] = frozenset()
+    # The chips of one host (issue 28: hosts are reported failed one by one); the
+    # block's hosts tile it, row-major with x fastest. Empty: one host per block.
+    host_shape: tuple[int, ...] = ()
     _type_counts: Counter[str] = field(default_factory=Counter, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if not self.first_end_group:
             object.__setattr__(self, "first_end_group", (0,) * len(self.node_types))
+        if not self.host_shape:
+            object.__setattr__(self, "host_shape", tuple(self.block_shape))
         self._type_counts.update(self.node_types)
 
     @property
@@ -117,6 +134,23 @@ class PodFabric:
     @property
     def chips_per_block(self) -> int:
         return math.prod(self.block_shape)
+
+    @property
+    def host_grid(self) -> tuple[int, ...]:
+        """Hosts per block along each dimension (4x4x4 blocks of 2x2x1 hosts: 2x2x4)."""
+        return tuple(b // h for b, h in zip(self.block_shape, self.host_shape, strict=True))
+
+    @property
+    def hosts_per_block(self) -> int:
+        return math.prod(self.host_grid)
+
+    def host_of(self, chip: Sequence[int]) -> int:
+        """The host (index, row-major x fastest) of a chip given by its coordinates in its block."""
+        index, stride = 0, 1
+        for c, h, g in zip(chip, self.host_shape, self.host_grid, strict=True):
+            index += (c // h) * stride
+            stride *= g
+        return index
 
     @property
     def type_counts(self) -> Counter[str]:

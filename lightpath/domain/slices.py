@@ -251,8 +251,17 @@ def chip_keys(block: int, offset: Position, box: Grid) -> list[str]:
     return [f"c{block}." + ".".join(map(str, c)) for c in box_chips(offset, box)]
 
 
+def describe_box(job: SliceJob) -> str:
+    """ "chips 2x2x1 at (0,2,0) of block 17" for a sub-block slice holding chips."""
+    assert job.demand.box is not None and job.offset is not None and job.placement
+    return (
+        f"chips {'x'.join(map(str, job.demand.box))} at "
+        f"({','.join(map(str, job.offset))}) of block {job.placement[0]}"
+    )
+
+
 def parse_chip_key(key: str) -> tuple[int, Position]:
-    """"c7.1.0.3" -> (7, (1, 0, 3))."""
+    """ "c7.1.0.3" -> (7, (1, 0, 3))."""
     block, *coords = key[1:].split(".")
     return int(block), tuple(int(c) for c in coords)
 

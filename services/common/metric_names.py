@@ -192,6 +192,14 @@ DOMAIN: tuple[MetricName, ...] = (
         "workload_scheduler",
         "building blocks by state (free, allocated, failed) and node type",
     ),
+    _m(
+        "lightpath.pod.chips",
+        GAUGE,
+        "",
+        ("pod", "state", "node_type"),
+        "workload_scheduler",
+        "chips by state (used by block or sub-block slices, failed, free) and node type",
+    ),
     _m("lightpath.pod.jobs", GAUGE, "", ("pod", "state"), "workload_scheduler", "jobs by state"),
     _m(
         "lightpath.pod.admission.attempts",

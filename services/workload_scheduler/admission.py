@@ -16,10 +16,13 @@ from lightpath.domain.slices import (
     PENDING,
     PREEMPTED,
     RUNNING,
+    SUB_BLOCK_OWNER,
     SUSPENDED,
     TERMINATE,
     WIRING,
     SliceJob,
+    box_chips,
+    describe_box,
 )
 from lightpath.errors import FailedPrecondition, NotFound, ResourceExhausted
 from lightpath.v1 import workload_scheduler_pb2
@@ -359,6 +362,20 @@ class AdmissionMixin(WiringMixin):
             txn.write_job(new, old_state=RUNNING, reason=reason, now_ms=now)
         return shrunk
 
+    def _box_checks(
+        self, txn: Txn, job: SliceJob, victim_ids: list[str], release_first: tuple[str, ...]
+    ) -> None:
+        """What placing a sub-block slice's box assumed: its block not failed as a whole
+        and given over to sub-block slices (or free, or a victim's), unwired unless by a
+        victim about to be released, and every host under the box healthy."""
+        assert job.placement is not None and job.offset is not None and job.demand.box
+        block = job.placement[0]
+        txn.expect_not_whole_failed(block)
+        txn.expect_owner(block, ["", SUB_BLOCK_OWNER, *victim_ids])
+        txn.expect_wired_by(block, release_first)
+        for host in sorted({self.fabric.host_of(c) for c in box_chips(job.offset, job.demand.box)}):
+            txn.expect_host_health(block, host, "HEALTHY")
+
     async def _commit_allocation(
         self, state: PodState, alloc: Allocation, *, admission: _Admission | None = None
     ) -> asyncio.Task:
@@ -379,24 +396,35 @@ class AdmissionMixin(WiringMixin):
             epoch=job.epoch + 1,
             placement=alloc.placement,
             tile=alloc.tile,
+            offset=alloc.offset,
             wiring_deadline_ms=now + self.wiring_timeout_ms,
             queued_as=job.state,
         )
-        held = new.held_keys()  # the blocks, or a small job's processors (SWITCHED pods)
-        for b in alloc.placement:
-            txn.expect_health(b, "HEALTHY")
+        # the blocks, a small job's processors (SWITCHED pods) or a sub-block slice's chips
+        held = new.held_keys()
+        if new.offset is not None:
+            self._box_checks(txn, new, victim_ids, alloc.release_first)
+        else:
+            for b in alloc.placement:
+                txn.expect_health(b, "HEALTHY")
         for b in held:
             txn.expect_owner(b, ["", *victim_ids])
-            txn.expect_wired_by(b, alloc.release_first)
+            if new.offset is None:
+                txn.expect_wired_by(b, alloc.release_first)
         shrunk = self._victim_transitions(txn, state, alloc.victims, job, now)
+        if new.offset is not None:
+            txn.hset(keys.owner, {alloc.placement[0]: SUB_BLOCK_OWNER})
         txn.hset(keys.owner, {b: job.job_id for b in held})
-        if not alloc.release_first:
+        if not alloc.release_first and new.offset is None:
             # Nothing to release first: mark the blocks as (about to be) wired right away.
             txn.hset(keys.wired, {b: job.job_id for b in held})
         preempted = [_victim_json(v, state.jobs[v.job_id]) for v in alloc.victims]
         if preempted:
             txn.hset(keys.job(job.job_id), {"preempted": json.dumps(preempted)})
-        reason = "placed on blocks " + ",".join(map(str, alloc.placement))
+        if new.offset is not None:
+            reason = "placed on " + describe_box(new)
+        else:
+            reason = "placed on blocks " + ",".join(map(str, alloc.placement))
         if alloc.victims:
             reason += " after preempting " + ", ".join(victim_ids)
         txn.write_job(new, old_state=job.state, reason=reason, now_ms=now)

@@ -37,6 +37,7 @@ from lightpath.v1 import cell_scheduler_pb2, cell_scheduler_pb2_grpc, common_pb2
 from services.common import supervisor
 from services.common.convert import job_event_pb
 from services.common.server import Runtime
+from services.workload_scheduler.box_placement import largest_free_box
 from services.workload_scheduler.placement import PodState
 from services.workload_scheduler.preemption import max_freeable
 from services.workload_scheduler.settings import WorkloadSchedulerSettings
@@ -82,7 +83,7 @@ def capacity_pb(state: PodState, version: str) -> cell_scheduler_pb2.PodCapacity
     preemptible: dict[str, dict[int, int]] = defaultdict(lambda: defaultdict(int))
     running = state.running()
     for job in running:
-        if job.placement:
+        if job.placement and job.offset is None:  # a sub-block slice frees chips, not blocks
             for t, n in max_freeable(state, job).items():
                 preemptible[t][job.priority] += n
     cap = cell_scheduler_pb2.PodCapacity(
@@ -96,6 +97,9 @@ def capacity_pb(state: PodState, version: str) -> cell_scheduler_pb2.PodCapacity
             allocated=c["allocated"],
             failed=c["failed"],
             preemptible_by_priority=dict(preemptible.get(t, {})),
+            chips_total=c["chips_total"],
+            chips_free=c["chips_free"],
+            largest_free_box=largest_free_box(state, t) if state.fabric.switched is None else 0,
         )
     cap.at.GetCurrentTime()
     return cap

@@ -44,7 +44,13 @@ def wiring_differences(
     (job id -> blocks or groups), running jobs first by admission order."""
     out: list[WiringDifference] = []
     for job in sorted(state.jobs.values(), key=lambda j: j.seq):
-        if job.state == RUNNING and not job.replacing and job.job_id not in slices:
+        # a sub-block slice has no slice at the ocs_manager (it needs no OCS change)
+        if (
+            job.state == RUNNING
+            and not job.replacing
+            and job.offset is None
+            and job.job_id not in slices
+        ):
             out.append(
                 WiringDifference(
                     job.job_id,

@@ -79,6 +79,8 @@ class Outcome:
     replacement: dict[str, Any] | None = None
     affected: list[str] = field(default_factory=list)
     action: str = ""
+    # Sub-block slices moved off failed chips: (before, after) (issue 28).
+    moved: list[tuple[SliceJob, SliceJob]] = field(default_factory=list)
 
 
 class _SwapRun:
@@ -196,7 +198,8 @@ def _victim_json(v: VictimAction, job: SliceJob) -> dict[str, Any]:
     return {
         "job": v.job_id,
         "action": v.action,
-        "blocks": list(v.freed),
+        # Blocks taken; a sub-block victim gives up chips of one block: that block.
+        "blocks": sorted({b if isinstance(b, int) else int(b[1:].split(".")[0]) for b in v.freed}),
         "grid": list(v.shrink_grid) if v.shrink_grid else [],
         "priority": job.priority,
     }

@@ -52,12 +52,19 @@ class PodMetrics:
         meter = meter or instruments.get_meter(METER_NAME, __version__)
         self.refresh_s = refresh_s
         self._blocks: dict[tuple[str, str, str], int] = {}  # (pod, state, node type) -> blocks
+        self._chips: dict[tuple[str, str, str], int] = {}  # (pod, state, node type) -> chips
         self._jobs: dict[tuple[str, str], int] = {}  # (pod, state) -> jobs
         self._queue: dict[str, int] = {}  # pod -> jobs waiting
         meter.create_observable_gauge(
             "lightpath.pod.blocks",
             [self._observe_blocks],
             description="building blocks by state (free, allocated, failed) and node type",
+        )
+        meter.create_observable_gauge(
+            "lightpath.pod.chips",
+            [self._observe_chips],
+            description="chips by state (used by block or sub-block slices, failed, free) "
+            "and node type",
         )
         meter.create_observable_gauge(
             "lightpath.pod.jobs", [self._observe_jobs], description="jobs by state"
@@ -149,6 +156,14 @@ class PodMetrics:
             (pod, s, t): c[s] for t, c in state.counts_by_type().items() for s in _BLOCK_STATES
         }
         self._blocks = {**self._blocks, **blocks}
+        self._chips = {
+            **self._chips,
+            **{
+                (pod, s, t): c["chips_" + s]
+                for t, c in state.counts_by_type().items()
+                for s in ("used", "failed", "free")
+            },
+        }
         jobs: Counter[tuple[str, str]] = Counter({(pod, s): n for s, n in counts.items()})
         # A state seen once stays, at 0, so its series does not vanish.
         self._jobs = {**{k: 0 for k in self._jobs if k[0] == pod}, **jobs}
@@ -160,6 +175,12 @@ class PodMetrics:
         return [
             Observation(n, {"pod": p, "state": s, "node_type": t})
             for (p, s, t), n in self._blocks.items()
+        ]
+
+    def _observe_chips(self, options: CallbackOptions) -> Sequence[Observation]:
+        return [
+            Observation(n, {"pod": p, "state": s, "node_type": t})
+            for (p, s, t), n in self._chips.items()
         ]
 
     def _observe_jobs(self, options: CallbackOptions) -> Sequence[Observation]:

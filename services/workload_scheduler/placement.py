@@ -25,7 +25,16 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from lightpath.domain.blocks import PodFabric
-from lightpath.domain.slices import HOLDING_STATES, QUEUED_STATES, SliceDemand, SliceJob
+from lightpath.domain.slices import (
+    HOLDING_STATES,
+    QUEUED_STATES,
+    SUB_BLOCK_OWNER,
+    Position,
+    SliceDemand,
+    SliceJob,
+    grid_positions,
+    parse_chip_key,
+)
 
 
 @dataclass(frozen=True)
@@ -70,6 +79,11 @@ class PodState:
     On a SWITCHED pod small jobs share groups: they hold processors ("t<g>.<i>.<j>",
     SliceJob.held_keys) in `tile_owner` / `tile_wired` instead.
 
+    Sub-block slices (issue 28) hold chips ("c<b>.<x>.<y>.<z>", SliceJob.held_keys) in
+    `tile_owner` too, and their block is held by SUB_BLOCK_OWNER in `owner`. A block with
+    failed hosts is in `failed` (no block slice may use it) and in `failed_hosts` with
+    those hosts: its other hosts' chips still take sub-block slices.
+
     A `partial` state (store.lean_snapshot, issue 15) holds only what placing on free
     blocks needs: `free`, the healthy unowned blocks (then `owner` lists only what
     planning assumed); `wired`, the marks on free blocks; `jobs`, the queue and the jobs
@@ -87,6 +101,7 @@ class PodState:
     tile_wired: dict[str, str] = field(default_factory=dict)
     free: set[int] | None = None
     marked: frozenset[str] = frozenset()
+    failed_hosts: dict[int, frozenset[int]] = field(default_factory=dict)
 
     @property
     def partial(self) -> bool:
@@ -103,6 +118,7 @@ class PodState:
             dict(self.tile_wired),
             None if self.free is None else set(self.free),
             self.marked,
+            dict(self.failed_hosts),
         )
 
     # -- reading -----------------------------------------------------------------
@@ -147,25 +163,69 @@ class PodState:
     def running(self) -> list[SliceJob]:
         return [j for j in self.jobs.values() if j.state == "RUNNING"]
 
+    def whole_failed(self, block: int) -> bool:
+        """Failed as a block (not only some of its hosts)."""
+        return block in self.failed and block not in self.failed_hosts
+
+    def chips_held(self) -> dict[int, dict[Position, str]]:
+        """Per block hosting sub-block slices: chip coordinates -> the slice holding it."""
+        out: dict[int, dict[Position, str]] = {}
+        for key, job in self.tile_owner.items():
+            if key[0] == "c":
+                block, chip = parse_chip_key(key)
+                out.setdefault(block, {})[chip] = job
+        return out
+
     def counts_by_type(self) -> dict[str, dict[str, int]]:
-        """Per node type: total, free (healthy, unallocated), allocated, failed (WS-9)."""
+        """Per node type (WS-9): blocks total, free (healthy, unallocated), allocated,
+        failed (a block with a failed host counts as failed); and chips: total, used (by
+        block or sub-block slices), failed (of failed blocks or hosts), free."""
         out: dict[str, dict[str, int]] = {}
-        shared = {int(k[1:].split(".")[0]) for k in self.tile_owner}  # groups hosting small jobs
-        for b, t in enumerate(self.fabric.node_types):
-            c = out.setdefault(t, {"total": 0, "free": 0, "allocated": 0, "failed": 0})
+        fabric = self.fabric
+        shared = {int(k[1:].split(".")[0]) for k in self.tile_owner if k[0] == "t"}
+        held = self.chips_held()
+        per_block = fabric.chips_per_block
+        chips = grid_positions(fabric.block_shape) if self.failed_hosts or held else []
+        names = ("total", "free", "allocated", "failed")
+        for b, t in enumerate(fabric.node_types):
+            c = out.setdefault(t, {**dict.fromkeys(names, 0), **dict.fromkeys(_CHIP_COUNTS, 0)})
             c["total"] += 1
+            c["chips_total"] += per_block
             if b in self.failed:
                 c["failed"] += 1
             elif b in self.owner or b in shared:
                 c["allocated"] += 1
             else:
                 c["free"] += 1
+            if self.whole_failed(b):
+                c["chips_failed"] += per_block
+                continue
+            owner = self.owner.get(b)
+            bad = self.failed_hosts.get(b, frozenset())
+            if not bad and owner is None and b not in shared:
+                c["chips_free"] += per_block
+            elif not bad and ((owner is not None and owner != SUB_BLOCK_OWNER) or b in shared):
+                c["chips_used"] += per_block  # a block slice's, or a SWITCHED shared group
+            else:
+                mine = held.get(b, {})
+                whole_job = owner is not None and owner != SUB_BLOCK_OWNER
+                for chip in chips:
+                    if fabric.host_of(chip) in bad:
+                        c["chips_failed"] += 1
+                    elif whole_job or chip in mine:
+                        c["chips_used"] += 1
+                    else:
+                        c["chips_free"] += 1
         return out
 
     # -- assuming (planning only) -------------------------------------------------
 
     def assume_allocated(self, job: SliceJob) -> None:
         self.jobs[job.job_id] = job
+        if job.offset is not None and job.placement:
+            self.owner[job.placement[0]] = SUB_BLOCK_OWNER
+            if self.free is not None:
+                self.free.discard(job.placement[0])
         for b in job.held_keys():
             if isinstance(b, str):
                 self.tile_owner[b] = job.job_id
@@ -177,12 +237,21 @@ class PodState:
     def assume_released(self, job_id: str, blocks: Iterable[int | str]) -> None:
         if self.free is not None:
             raise ValueError("a partial snapshot knows no owners to release")
+        emptied: set[int] = set()
         for b in blocks:
             if isinstance(b, str):
                 if self.tile_owner.get(b) == job_id:
                     del self.tile_owner[b]
+                    if b[0] == "c":
+                        emptied.add(parse_chip_key(b)[0])
             elif self.owner.get(b) == job_id:
                 del self.owner[b]
+        for block in emptied - set(self.chips_held()):
+            if self.owner.get(block) == SUB_BLOCK_OWNER:
+                del self.owner[block]
+
+
+_CHIP_COUNTS = ("chips_total", "chips_used", "chips_failed", "chips_free")
 
 
 def place(

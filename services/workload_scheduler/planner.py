@@ -28,10 +28,12 @@ from lightpath.domain.slices import (
     SUSPENDED,
     WIRING,
     SliceJob,
+    box_chips,
 )
 from lightpath.domain.switched import SwitchedFabric
 from lightpath.domain.switched_rings import Degrees, Tile, is_small, replacement_order
 from lightpath.errors import ResourceExhausted
+from services.workload_scheduler.box_placement import BoxPlacement, choose_box_victims, place_box
 from services.workload_scheduler.placement import Placement, PodState, Unplaceable, place
 from services.workload_scheduler.preemption import VictimAction, choose_victims
 from services.workload_scheduler.switched_placement import SwitchedPodState, placements
@@ -52,6 +54,8 @@ class Allocation:
     release_first: tuple[str, ...] = ()
     # SWITCHED pods: a small job's rectangle in its (shared) group, SW-2.
     tile: tuple[int, int, int, int, int] | None = None
+    # A sub-block slice (issue 28): its box's chip offset inside placement[0].
+    offset: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -97,6 +101,8 @@ def plan_admission(
     """Place one waiting job on free blocks, else by preemption (WS-2, WS-3, WS-4)."""
     if state.fabric.switched is not None:
         return plan_switched_admission(state, job, preempt=preempt)
+    if job.demand.sub_block:
+        return plan_box_admission(state, job, preempt=preempt)
     found = place(state, job.demand)
     if isinstance(found, Placement):
         return Allocation(job, found.blocks, (), _release_first(state, job.job_id, found.blocks))
@@ -118,10 +124,61 @@ def plan_admission(
     )
 
 
+def plan_box_admission(
+    state: PodState, job: SliceJob, *, preempt: bool = True
+) -> Allocation | Unplaceable:
+    """A sub-block slice (issue 28): a box of free chips (box_placement), else room made
+    by lower-priority sub-block slices in a block given over to them, else a whole block
+    freed by lower-priority block slices. On a partial snapshot, which does not show
+    the chips held, the caller takes a full one."""
+    if state.partial:
+        return Unplaceable((), note="a sub-block slice is placed on a full snapshot")
+    found = place_box(state, job)
+    if isinstance(found, BoxPlacement):
+        return Allocation(job, (found.block,), offset=found.offset)
+    if not preempt:
+        return found
+    inside = choose_box_victims(state, job)
+    if inside is not None:
+        return Allocation(
+            job, (inside.placement.block,), inside.victims, (), offset=inside.placement.offset
+        )
+    assert job.demand.box is not None
+    victims = choose_victims(state, Counter({job.demand.node_types[0]: 1}), job.priority)
+    if not victims:
+        return found
+    trial = state.copy()
+    apply_victims(trial, victims)
+    ids = [v.job_id for v in victims]
+    placed = place_box(trial, job, allow_wired=ids)
+    if not isinstance(placed, BoxPlacement):
+        return found
+    return Allocation(
+        job,
+        (placed.block,),
+        tuple(victims),
+        _release_first(state, job.job_id, (placed.block,), ids),
+        offset=placed.offset,
+    )
+
+
+def plan_box_move(state: PodState, job: SliceJob) -> BoxPlacement | None:
+    """Healthy chips for a running sub-block slice whose chips failed (issue 28): its
+    own block first when it has room, else where place_box puts a new one. None when
+    no chips can be had without preempting."""
+    trial = state.copy()
+    trial.assume_released(job.job_id, job.held_keys())
+    trial.jobs.pop(job.job_id, None)
+    found = place_box(trial, job)
+    return found if isinstance(found, BoxPlacement) else None
+
+
 def apply_allocation(state: PodState, alloc: Allocation) -> None:
     apply_victims(state, alloc.victims)
     state.assume_allocated(
-        alloc.job.with_(state=WIRING, placement=alloc.placement, tile=alloc.tile)
+        alloc.job.with_(
+            state=WIRING, placement=alloc.placement, tile=alloc.tile, offset=alloc.offset
+        )
     )
 
 
@@ -174,7 +231,9 @@ def plan_replacement(state: PodState, job: SliceJob, failed: int) -> Replacement
         b
         for v in victims
         for b in v.freed
-        if state.fabric.node_types[b] == node_type and trial.allocatable(b, victim_ids)
+        if isinstance(b, int)  # block victims only: choose_victims skips sub-block slices
+        and state.fabric.node_types[b] == node_type
+        and trial.allocatable(b, victim_ids)
     ]
     spare = min(freed, key=lambda b: (groups[b] != groups[failed], b))
     return Replacement(
@@ -192,11 +251,33 @@ def _release_first_one(state: PodState, block: int) -> tuple[str, ...]:
 
 
 def running_with_failed_blocks(state: PodState) -> list[tuple[SliceJob, int]]:
-    """Running slices that still hold a failed block (a missed or interrupted replacement)."""
+    """Running slices that still hold a failed block (a missed or interrupted replacement).
+    A block with a failed host is a failed block to a block slice; a sub-block slice
+    is judged by its own chips (boxes_on_failed_chips)."""
     out: list[tuple[SliceJob, int]] = []
     for job in sorted(state.jobs.values(), key=SliceJob.queue_key):
-        if job.state == RUNNING and job.placement and not job.replacing:
+        if job.state == RUNNING and job.placement and not job.replacing and job.offset is None:
             out.extend((job, b) for b in job.placement if b in state.failed)
+    return out
+
+
+def boxes_on_failed_chips(state: PodState, block: int | None = None) -> list[SliceJob]:
+    """Running sub-block slices (on `block`, or anywhere) with a chip on a failed host
+    or on a failed block, in queue order."""
+    fabric = state.fabric
+    out = []
+    for job in sorted(state.jobs.values(), key=SliceJob.queue_key):
+        if job.state != RUNNING or job.offset is None or not job.placement:
+            continue
+        b = job.placement[0]
+        if block is not None and b != block:
+            continue
+        assert job.demand.box is not None
+        bad = state.failed_hosts.get(b, frozenset())
+        if state.whole_failed(b) or any(
+            fabric.host_of(c) in bad for c in box_chips(job.offset, job.demand.box)
+        ):
+            out.append(job)
     return out
 
 

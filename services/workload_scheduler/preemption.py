@@ -39,7 +39,8 @@ class VictimAction:
 
     job_id: str
     action: str
-    freed: tuple[int, ...]
+    # Blocks, or a sub-block victim's chips ("c<b>.<x>.<y>.<z>", SliceJob.held_keys).
+    freed: tuple[int | str, ...]
     shrink_grid: Grid | None = None
     kept_placement: tuple[int, ...] | None = None
 
@@ -98,11 +99,13 @@ def choose_victims(
     pool = [
         j
         for j in state.running()
-        # small jobs of a SWITCHED pod share their groups: never victims
+        # small jobs of a SWITCHED pod share their groups: never victims; sub-block
+        # slices give up chips, not blocks (box_placement.choose_box_victims)
         if j.priority < priority
         and j.job_id not in exclude
         and j.placement is not None
         and j.tile is None
+        and j.offset is None
     ]
     freeable = {j.job_id: max_freeable(state, j) for j in pool}
     pool = [j for j in pool if _useful(deficit, freeable[j.job_id]) > 0]

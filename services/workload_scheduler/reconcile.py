@@ -24,6 +24,7 @@ from services.workload_scheduler.core import (
 from services.workload_scheduler.ocs import OcsError
 from services.workload_scheduler.placement import PodState
 from services.workload_scheduler.planner import (
+    boxes_on_failed_chips,
     running_with_failed_blocks,
 )
 from services.workload_scheduler.store import Conflict
@@ -91,6 +92,9 @@ class ReconcileMixin(FailureMixin):
         for job, block in running_with_failed_blocks(state):
             busy = True
             await self.handle_failure(job.job_id, block)
+        for job in boxes_on_failed_chips(state):  # a move missed or interrupted
+            busy = True
+            await self.move_box(job.job_id)
         if state.queue():
             await self.schedule()
         self._quiet_tip = None if busy else tip
@@ -227,6 +231,9 @@ class ReconcileMixin(FailureMixin):
         except Conflict:
             return
         self.log.warning("job %s: taking over a wiring that timed out", job.job_id)
+        if mine.offset is not None:  # a sub-block slice: nothing at the OCS to look at
+            self._track_wiring(job.job_id, self._wire(mine))
+            return
         try:
             found = await self.ocs.wiring(job.job_id)
             if found is not None and found.blocks != mine.placement:

@@ -181,9 +181,8 @@ class WorkloadScheduler(ReconcileMixin):
         job = record.summary
         txn = self.store.txn()
         txn.expect_job(job.job_id, [record.state], record.epoch)
-        held = job.held_keys() if record.state in HOLDING_STATES else []
-        if held:
-            txn.hdel(self.store.keys.owner, held)
+        if record.state in HOLDING_STATES:
+            txn.release_held(job, self.fabric.block_shape)
         new = job.with_(state=final, epoch=record.epoch + 1)
         txn.write_job(new, old_state=record.state, reason=reason, now_ms=self.now_ms())
         txn.read_back(self.store.keys.state_counts, [PENDING, SUSPENDED])
@@ -191,7 +190,9 @@ class WorkloadScheduler(ReconcileMixin):
         counts, ended = await self.store.commit(txn)
         waiting = sum(int(n or 0) for n in counts)
         self.log.info("job %s %s", job.job_id, reason, extra={"job_id": job.job_id})
-        if record.state in HOLDING_STATES or job.job_id in await self.store.wired_jobs():
+        if job.offset is not None:
+            pass  # a sub-block slice has no wiring at the ocs_manager
+        elif record.state in HOLDING_STATES or job.job_id in await self.store.wired_jobs():
             try:
                 await self._release(job.job_id, wait_s=FINISH_RELEASE_WAIT_S)
             except OcsError as err:

@@ -20,6 +20,7 @@ from opentelemetry import trace
 from lightpath.domain.blocks import (
     PodFabric,
     block_types_for,
+    host_shape_error,
     parse_block_types,
 )
 from lightpath.domain.job_update import parse_update
@@ -34,6 +35,8 @@ from lightpath.domain.rings import RingPlan, plan_rings
 from lightpath.domain.slices import (
     HOLDING_STATES,
     QUEUED_STATES,
+    SUB_BLOCK_OWNER,
+    SliceJob,
     grid_positions,
 )
 from lightpath.domain.switched import SwitchedFabricConfig, build_fabric
@@ -118,6 +121,15 @@ class PodHandle:
                 self._rt.log.critical("bad configuration: %s", self.problem)
                 self._ready.set()
                 return
+        host_shape = settings.host_shape
+        if switched is not None or len(host_shape) != len(info.block_shape):
+            host_shape = tuple(info.block_shape)  # one host per block
+        elif why := host_shape_error(host_shape, info.block_shape):
+            self._fatal = FailedPrecondition("LIGHTPATH_HOST_SHAPE", why, reason="BAD_HOST_SHAPE")
+            self.problem = self._fatal.message
+            self._rt.log.critical("bad configuration: %s", self.problem)
+            self._ready.set()
+            return
         fabric = PodFabric(
             settings.pod_id,
             info.block_shape,
@@ -126,6 +138,7 @@ class PodHandle:
             info.first_end_group,
             switched=switched,
             small_groups=small,
+            host_shape=host_shape,
         )
         store = PodStore(self._rt.redis, settings.pod_id)
         await store.save_fabric(
@@ -210,7 +223,12 @@ def job_pb(
     job = record.summary
     spec = workload_scheduler_pb2.JobSpec.FromString(base64.b64decode(record.spec_b64))
     switched = fabric.switched is not None
-    chips = (math.prod(job.degrees or (1,)),) if switched else chips_of(job.demand.grid, fabric)
+    if switched:
+        chips: tuple[int, ...] = (math.prod(job.degrees or (1,)),)
+    elif job.demand.box is not None:
+        chips = job.demand.box
+    else:
+        chips = chips_of(job.demand.grid, fabric)
     out = workload_scheduler_pb2.Job(
         job_id=record.job_id,
         pod_id=fabric.pod_id,
@@ -234,6 +252,8 @@ def job_pb(
                     position=common_pb2.Coordinate(coords=pos), block_id=block, node_type=node_type
                 )
             )
+        if job.offset is not None and job.demand.box is not None:
+            out.box.CopyFrom(chip_box_pb(job.job_id, job.placement[0], job.offset, job.demand.box))
     if with_history:
         out.history.extend(job_event_pb(e, fabric.pod_id) for e in record.history)
     if switched:  # its rings come from the fabric manager (see _job_pb)
@@ -244,6 +264,17 @@ def job_pb(
         with contextlib.suppress(InvalidArgument):  # a shrunk slice no longer fits its degrees
             out.rings.CopyFrom(ring_plan_pb(plan_rings(chips, job.demand.wrap, degrees)))
     return out
+
+
+def chip_box_pb(
+    job_id: str, block: int, offset: tuple[int, ...], box: tuple[int, ...]
+) -> workload_scheduler_pb2.ChipBox:
+    return workload_scheduler_pb2.ChipBox(
+        block_id=block,
+        offset=common_pb2.Coordinate(coords=offset),
+        chips=common_pb2.Shape(dims=box),
+        job_id=job_id,
+    )
 
 
 def queue_position(state: PodState, job_id: str) -> int:
@@ -389,7 +420,10 @@ class WorkloadSchedulerServicer(workload_scheduler_pb2_grpc.WorkloadSchedulerSer
             raise InvalidArgument("health", "must be HEALTHY (recovered) or FAILED")
         _note(block=request.block_id, health=common_pb2.BlockHealth.Name(request.health))
         outcome: Outcome = await sched.report_health(
-            request.block_id, request.health == common_pb2.BLOCK_HEALTH_HEALTHY, request.reason
+            request.block_id,
+            request.health == common_pb2.BLOCK_HEALTH_HEALTHY,
+            request.reason,
+            host=request.host if request.HasField("host") else None,
         )
         rings = (outcome.replacement or {}).get("unit") == "rings"
         if sched.fabric.switched is None:
@@ -401,6 +435,22 @@ class WorkloadSchedulerServicer(workload_scheduler_pb2_grpc.WorkloadSchedulerSer
             action=outcome.action,
             affected_jobs=outcome.affected,
         )
+        for before, after in outcome.moved:
+            assert before.placement and after.placement and before.offset and after.offset
+            assert before.demand.box and after.demand.box
+            resp.moved.append(
+                workload_scheduler_pb2.ChipBoxMove(
+                    job_id=before.job_id,
+                    to=chip_box_pb(
+                        after.job_id, after.placement[0], after.offset, after.demand.box
+                    ),
+                    **{
+                        "from": chip_box_pb(
+                            before.job_id, before.placement[0], before.offset, before.demand.box
+                        )
+                    },
+                )
+            )
         if outcome.replacement:
             r = outcome.replacement
             resp.replacement.CopyFrom(
@@ -435,6 +485,7 @@ class WorkloadSchedulerServicer(workload_scheduler_pb2_grpc.WorkloadSchedulerSer
                         at=timestamp(event["at"]),
                         reason=event.get("reason", ""),
                         pod_id=sched.pod_id,
+                        host=event.get("host"),
                     )
                 )
             else:
@@ -504,8 +555,12 @@ def availability(held: bool, failed: bool) -> common_pb2.BlockAvailability.Value
 
 
 async def block_view(sched: WorkloadScheduler, b: int) -> workload_scheduler_pb2.BlockView:
-    """One block of an OCS_TORUS pod as pod_view draws it, from one read (issue 15)."""
+    """One block of an OCS_TORUS pod as pod_view draws it, from one read (issue 15); a
+    block hosting sub-block slices or with failed hosts from a snapshot."""
     owner, failed, job = await sched.store.block(b)
+    if owner == SUB_BLOCK_OWNER or failed:
+        state = await sched.snapshot()
+        return _block_pb(state, b, {}, state.chips_held(), {})
     position = None
     if job is not None and job.placement and b in job.placement:
         position = grid_positions(job.demand.grid)[job.placement.index(b)]
@@ -516,7 +571,56 @@ async def block_view(sched: WorkloadScheduler, b: int) -> workload_scheduler_pb2
         availability=availability(bool(owner), failed),
         job_id=owner,
         position=common_pb2.Coordinate(coords=position) if position is not None else None,
+        chips_free=0 if owner else sched.fabric.chips_per_block,
     )
+
+
+def _block_pb(
+    state: PodState,
+    b: int,
+    positions: dict[int, tuple[int, ...]],
+    held: dict[int, dict[tuple[int, ...], str]],
+    boxes: dict[int, list[SliceJob]],
+) -> workload_scheduler_pb2.BlockView:
+    """One block of the block map (WS-9), with its sub-block boxes and failed hosts."""
+    fabric = state.fabric
+    owner = state.owner.get(b, "")
+    shared = {int(k[1:].split(".")[0]) for k in state.tile_owner if k[0] == "t"}
+    bad = state.failed_hosts.get(b, frozenset())
+    out = workload_scheduler_pb2.BlockView(
+        block_id=b,
+        node_type=fabric.node_types[b],
+        health=common_pb2.BLOCK_HEALTH_FAILED
+        if b in state.failed
+        else common_pb2.BLOCK_HEALTH_HEALTHY,
+        availability=availability(bool(owner) or b in shared, b in state.failed),
+        job_id="" if owner == SUB_BLOCK_OWNER else owner,
+        position=common_pb2.Coordinate(coords=positions[b])
+        if owner in state.jobs and b in positions
+        else None,
+        failed_hosts=sorted(bad),
+    )
+    if fabric.switched is None and not state.whole_failed(b):
+        if owner and owner != SUB_BLOCK_OWNER:
+            out.chips_free = 0
+        else:
+            mine = held.get(b, {})
+            out.chips_free = sum(
+                1
+                for c in grid_positions(fabric.block_shape)
+                if c not in mine and fabric.host_of(c) not in bad
+            )
+    jobs = boxes.get(b)
+    if jobs is None and owner == SUB_BLOCK_OWNER:
+        jobs = [
+            j
+            for j in state.jobs.values()
+            if j.offset is not None and j.placement and j.placement[0] == b
+        ]
+    for job in sorted(jobs or (), key=lambda j: j.offset or ()):
+        assert job.offset is not None and job.demand.box is not None
+        out.boxes.append(chip_box_pb(job.job_id, b, job.offset, job.demand.box))
+    return out
 
 
 async def pod_view(sched: WorkloadScheduler) -> workload_scheduler_pb2.PodView:
@@ -547,28 +651,18 @@ async def pod_view(sched: WorkloadScheduler) -> workload_scheduler_pb2.PodView:
         )
     for node_type, c in state.counts_by_type().items():
         view.types.append(workload_scheduler_pb2.TypeCounts(node_type=node_type, **c))
+    view.host_shape.dims.extend(fabric.host_shape)
     positions: dict[int, tuple[int, ...]] = {}
+    boxes: dict[int, list[SliceJob]] = {}
     for job in state.jobs.values():
-        if job.placement:
+        if job.offset is not None and job.placement and job.state in HOLDING_STATES:
+            boxes.setdefault(job.placement[0], []).append(job)
+        elif job.placement:
             for pos, b in zip(grid_positions(job.demand.grid), job.placement, strict=True):
                 positions[b] = pos
-    shared = {int(k[1:].split(".")[0]) for k in state.tile_owner}  # small jobs' groups
-    for b, node_type in enumerate(fabric.node_types):
-        owner = state.owner.get(b, "")
-        view.blocks.append(
-            workload_scheduler_pb2.BlockView(
-                block_id=b,
-                node_type=node_type,
-                health=common_pb2.BLOCK_HEALTH_FAILED
-                if b in state.failed
-                else common_pb2.BLOCK_HEALTH_HEALTHY,
-                availability=availability(bool(owner) or b in shared, b in state.failed),
-                job_id=owner,
-                position=common_pb2.Coordinate(coords=positions[b])
-                if owner in state.jobs and b in positions
-                else None,
-            )
-        )
+    held = state.chips_held()
+    for b in range(fabric.block_count):
+        view.blocks.append(_block_pb(state, b, positions, held, boxes))
     holding = sorted(
         (j for j in state.jobs.values() if j.state in HOLDING_STATES), key=lambda j: j.seq
     )

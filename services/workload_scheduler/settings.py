@@ -21,6 +21,14 @@ def parse_block_types_setting(raw: str) -> str:
     return raw.strip()
 
 
+def parse_host_shape(raw: str) -> tuple[int, ...]:
+    """LIGHTPATH_HOST_SHAPE: chips per host, like 2x2x1 (checked against the blocks at start)."""
+    parts = raw.strip().lower().split("x")
+    if not raw.strip() or not all(p.strip().isdigit() and int(p) >= 1 for p in parts):
+        raise ValueError("must look like 2x2x1 (extents >= 1 joined by x)")
+    return tuple(int(p) for p in parts)
+
+
 def _non_negative_int(raw: str) -> int:
     value = int(raw.strip())
     if value < 0:
@@ -67,6 +75,14 @@ class WorkloadSchedulerSettings(CommonSettings):
         'node type of each block, in block-id order: "tpu" (all), "tpu:60,gpu:4", '
         '"tpu:60,gpu" (gpu takes the rest)',
         parse=parse_block_types_setting,
+    )
+    host_shape: tuple[int, ...] = setting(
+        "LIGHTPATH_HOST_SHAPE",
+        (2, 2, 1),
+        "chips of one host, like 2x2x1 (TPU v4: 4 chips a host, 16 hosts a 4x4x4 block); "
+        "hosts are reported failed one by one. Must tile the block; on a pod whose blocks "
+        "have other dimensions, or on a SWITCHED pod, one host per block is used",
+        parse=parse_host_shape,
     )
     wiring_timeout_s: float = setting(
         "LIGHTPATH_WS_WIRING_TIMEOUT_S",

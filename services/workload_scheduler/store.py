@@ -4,8 +4,12 @@ Keys (all under the pod's hash tag, so one pod's state is one Redis Cluster slot
 and under `ws:` beside the ocs_manager's `ocs:` keys of the same pod):
 
     lp:{pod}:ws:fabric            hash   block types and fabric facts, for people and peers
-    lp:{pod}:ws:block:failed      hash   block id -> JSON {at, reason}   (absent = healthy)
+    lp:{pod}:ws:block:failed      hash   block id -> JSON {at, reason}   (absent = healthy);
+                                         {at, reason, hosts: 1} when only hosts failed, each
+                                         one then "h<b>.<host>" -> JSON {at, reason}
     lp:{pod}:ws:block:owner       hash   block id -> job id               (absent = free);
+                                         "~sub" for a block given over to sub-block slices,
+                                         whose chips are "c<b>.<x>.<y>.<z>" -> job id;
                                          SWITCHED pods also "t<g>.<i>.<j>" -> small job
     lp:{pod}:ws:block:wired       hash   block id -> job id whose OCS slice may still include it
     lp:{pod}:ws:live              hash   job id -> SliceJob JSON, for every non-final job
@@ -52,7 +56,7 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from lightpath.domain.blocks import PodFabric
-from lightpath.domain.slices import FINAL_STATES, QUEUED_STATES, RUNNING, SliceJob
+from lightpath.domain.slices import FINAL_STATES, QUEUED_STATES, RUNNING, SliceJob, chip_keys
 from services.common.keys import pod_key
 from services.workload_scheduler.placement import PodState
 
@@ -229,6 +233,10 @@ for _, c in ipairs(tx.c) do
     -- {"wired", wired key, block, {allowed jobs}}: unmarked, or marked by an allowed job
     local w = redis.call("HGET", KEYS[c[2]], c[3])
     if w and not has(c[4], w) then return {0, "block " .. c[3] .. " is still wired to " .. w} end
+  elseif t == "notwhole" then
+    -- {"notwhole", failed key, block}: healthy, or failed only in some hosts
+    local f = redis.call("HGET", KEYS[c[2]], c[3])
+    if f and not cjson.decode(f)["hosts"] then return {0, "block " .. c[3] .. " failed"} end
   end
 end
 local out = {}
@@ -287,6 +295,17 @@ for _, o in ipairs(tx.o) do
   elseif t == "bevent" then
     -- {"bevent", stream key, maxlen, event JSON}
     redis.call("XADD", KEYS[o[2]], "MAXLEN", "~", o[3], "*", "kind", "block", "e", o[4])
+  elseif t == "subfree" then
+    -- {"subfree", owner key, block, chip fields...}: the block leaves sub-block use once
+    -- none of its chips is held (the last sub-block slice on it left)
+    local held = false
+    for i = 4, #o do
+      if redis.call("HEXISTS", KEYS[o[2]], o[i]) == 1 then held = true; break end
+    end
+    if not held and redis.call("HGET", KEYS[o[2]], o[3]) == "~sub" then
+      redis.call("HDEL", KEYS[o[2]], o[3])
+      if indexed then touched[o[3]] = true end
+    end
   end
 end
 if indexed then
@@ -377,6 +396,13 @@ class Txn:
     def expect_wired_by(self, block: int | str, allowed: Iterable[str]) -> None:
         self.checks.append(["wired", self.k(self.keys.wired), str(block), list(allowed)])
 
+    def expect_not_whole_failed(self, block: int) -> None:
+        """Block healthy, or failed only in some of its hosts (issue 28)."""
+        self.checks.append(["notwhole", self.k(self.keys.failed), str(block)])
+
+    def expect_host_health(self, block: int, host: int, health: str) -> None:
+        self.expect_health(f"h{block}.{host}", health)  # type: ignore[arg-type]
+
     def expect_no_release_claim(self, job_id: str) -> None:
         self.checks.append(
             ["nokey", self.k(self.keys.releasing(job_id)), f"job {job_id} is being released"]
@@ -409,6 +435,17 @@ class Txn:
 
     def set_px(self, key: str, value: str, ttl_ms: int) -> None:
         self.ops.append(["setpx", self.k(key), value, ttl_ms])
+
+    def release_held(self, job: SliceJob, block_shape: Sequence[int]) -> None:
+        """Give up what `job` holds: its blocks, or a sub-block slice's chips (then its
+        block leaves sub-block use if no other slice holds chips there)."""
+        self.hdel(self.keys.owner, job.held_keys())
+        if job.offset is not None and job.placement:
+            self.leave_block_if_empty(job.placement[0], block_shape)
+
+    def leave_block_if_empty(self, block: int, block_shape: Sequence[int]) -> None:
+        every = chip_keys(block, (0,) * len(block_shape), tuple(block_shape))
+        self.ops.append(["subfree", self.k(self.keys.owner), str(block), *every])
 
     def unwire(self, job_id: str) -> None:
         self.ops.append(["unwire", self.k(self.keys.wired), job_id])
@@ -670,7 +707,7 @@ class PodStore:
         live.update((j, self.slice_job(raw)) for j, raw in _pairs(queued).items())
         state = PodState(
             fabric,
-            failed={int(b) for b in failed},
+            failed={int(b) for b in failed if b[0] != "h"},
             wired={int(b): j for b, j in _pairs(fw).items()},
             jobs=live,
             free=_bits(bytes.fromhex(bitmap or ""), fabric.block_count),
@@ -680,15 +717,27 @@ class PodStore:
 
     def _state(self, fabric: PodFabric, reply: list[Any]) -> PodState:
         failed, owner, wired, live = (_pairs(flat) for flat in reply[:4])
-        # Small jobs of a SWITCHED pod hold processors ("t<g>.<i>.<j>"), not blocks.
+        # Small jobs of a SWITCHED pod hold processors ("t<g>.<i>.<j>"), sub-block slices
+        # chips ("c<b>.<x>.<y>.<z>"), not blocks; failed hosts are "h<b>.<host>".
+        hosts: dict[int, set[int]] = {}
+        for f in failed:
+            if f[0] == "h":
+                b, h = f[1:].split(".")
+                hosts.setdefault(int(b), set()).add(int(h))
+        only_hosts = {
+            b: frozenset(hosts.get(b, ()))
+            for b, raw in ((int(f), raw) for f, raw in failed.items() if f[0] != "h")
+            if '"hosts"' in raw and json.loads(raw).get("hosts")
+        }
         return PodState(
             fabric,
-            failed={int(b) for b in failed},
-            owner={int(b): j for b, j in owner.items() if b[0] != "t"},
+            failed={int(b) for b in failed if b[0] != "h"},
+            owner={int(b): j for b, j in owner.items() if b[0] not in "tc"},
             wired={int(b): j for b, j in wired.items() if b[0] != "t"},
             jobs={j: self.slice_job(s) for j, s in live.items()},
-            tile_owner={b: j for b, j in owner.items() if b[0] == "t"},
+            tile_owner={b: j for b, j in owner.items() if b[0] in "tc"},
             tile_wired={b: j for b, j in wired.items() if b[0] == "t"},
+            failed_hosts=only_hosts,
         )
 
     async def wired_jobs(self) -> set[str]:
@@ -712,8 +761,14 @@ class PodStore:
             await pipe.execute()
 
     async def failed_info(self) -> dict[int, dict[str, Any]]:
+        """Failed blocks -> {at, reason[, hosts: 1 when only some hosts failed]}."""
         raw = await self.redis.hgetall(self.keys.failed)
-        return {int(b): json.loads(v) for b, v in raw.items()}
+        return {int(b): json.loads(v) for b, v in raw.items() if not str(b).startswith("h")}
+
+    async def failed_entry(self, block: int) -> dict[str, Any] | None:
+        """A block's failure record ({at, reason[, hosts]}), None when it is healthy."""
+        raw = await self.redis.hget(self.keys.failed, str(block))
+        return json.loads(raw) if raw else None
 
     async def job(self, job_id: str, *, history: bool = False) -> JobRecord | None:
         async with self.redis.pipeline(transaction=False) as pipe:

@@ -10,12 +10,14 @@ from lightpath.domain.slices import (
     FAIL,
     FAILED,
     RUNNING,
+    SUB_BLOCK_OWNER,
     SUSPENDED,
     WIRING,
     SliceJob,
+    describe_box,
     grid_positions,
 )
-from lightpath.errors import NotFound
+from lightpath.errors import InvalidArgument, NotFound
 from services.workload_scheduler.admission import AdmissionMixin
 from services.workload_scheduler.core import (
     FINISH_RELEASE_WAIT_S,
@@ -29,6 +31,8 @@ from services.workload_scheduler.ocs import OcsError, ReplaceResult
 from services.workload_scheduler.placement import PodState
 from services.workload_scheduler.planner import (
     Replacement,
+    boxes_on_failed_chips,
+    plan_box_move,
     plan_replacement,
 )
 from services.workload_scheduler.store import Conflict
@@ -37,18 +41,29 @@ from services.workload_scheduler.store import Conflict
 class FailureMixin(AdmissionMixin):
     # == failure and recovery (WS-5) ==============================================
 
-    async def report_health(self, block: int, healthy: bool, reason: str) -> Outcome:
+    async def report_health(
+        self, block: int, healthy: bool, reason: str, host: int | None = None
+    ) -> Outcome:
         if not 0 <= block < self.fabric.block_count:
             raise NotFound(
                 "block", str(block), hint=f"this pod has blocks 0..{self.fabric.block_count - 1}"
             )
+        if host is not None:
+            return await self.report_host_health(block, host, healthy, reason)
         keys = self.store.keys
         now = self.now_ms()
+        entry = await self.store.failed_entry(block)
+        only_hosts = entry is not None and bool(entry.get("hosts"))
         txn = self.store.txn()
-        txn.expect_health(block, "FAILED" if healthy else "HEALTHY")
         if healthy:
-            txn.hdel(keys.failed, [block])
+            # A block-level report covers every host: their reports go with it.
+            txn.expect_health(block, "FAILED")
+            txn.hdel(keys.failed, [block, *self._host_fields(block)])
         else:
+            if only_hosts:  # failed in some hosts so far: now as a whole
+                txn.expect_not_whole_failed(block)
+            else:
+                txn.expect_health(block, "HEALTHY")
             txn.hset(keys.failed, {block: json.dumps({"at": now, "reason": reason})})
         txn.block_event(
             {
@@ -80,7 +95,9 @@ class FailureMixin(AdmissionMixin):
             )
         sharing: list[SliceJob] = []
         if self.fabric.switched is None:
-            job = await self.store.holder(block)  # one read, whatever the live jobs
+            holder, _, job = await self.store.block(block)  # one read, whatever the live jobs
+            if holder == SUB_BLOCK_OWNER:
+                return await self._move_boxes(block)
             owner = job.job_id if job is not None else None
         else:
             state = await self.snapshot()
@@ -110,6 +127,174 @@ class FailureMixin(AdmissionMixin):
                 affected=[],
             )
         return await self.handle_failure(job.job_id, block)
+
+    # == hosts and sub-block slices (issue 28) =====================================
+
+    def _host_fields(self, block: int) -> list[str]:
+        return [f"h{block}.{h}" for h in range(self.fabric.hosts_per_block)]
+
+    async def report_host_health(
+        self, block: int, host: int, healthy: bool, reason: str
+    ) -> Outcome:
+        """One host of a block FAILED or RECOVERED. A failed host takes its chips out:
+        the block takes no block slice (a block slice holding it swaps it, as for a
+        failed block) and the sub-block slices on its chips move to healthy chips (or
+        follow on_block_failure); its other hosts keep serving sub-block slices."""
+        fabric = self.fabric
+        n = fabric.hosts_per_block
+        if not 0 <= host < n:
+            grid = "x".join(map(str, fabric.host_grid))
+            shape = "x".join(map(str, fabric.host_shape))
+            raise InvalidArgument(
+                "host",
+                f"block {block} has hosts 0..{n - 1} ({grid} hosts of {shape} chips, "
+                "LIGHTPATH_HOST_SHAPE)",
+                reason="HOST_OUT_OF_RANGE",
+            )
+        keys = self.store.keys
+        now = self.now_ms()
+        entry = await self.store.failed_entry(block)
+        whole = entry is not None and not entry.get("hosts")
+        field = f"h{block}.{host}"
+        txn = self.store.txn()
+        if healthy:
+            txn.expect_host_health(block, host, "FAILED")
+            txn.hdel(keys.failed, [field])
+            if not whole:
+                # The block is healthy again once its last failed host recovered: the
+                # other hosts' checks keep a report racing in through another replica.
+                others = await self.store.redis.hmget(keys.failed, self._host_fields(block))
+                if not any(v for h, v in enumerate(others) if h != host):
+                    for h in range(n):
+                        if h != host:
+                            txn.expect_host_health(block, h, "HEALTHY")
+                    txn.expect_not_whole_failed(block)
+                    txn.hdel(keys.failed, [block])
+        else:
+            txn.expect_host_health(block, host, "HEALTHY")
+            txn.hset(keys.failed, {field: json.dumps({"at": now, "reason": reason})})
+            if not whole:
+                txn.expect_not_whole_failed(block)
+                txn.hset(
+                    keys.failed,
+                    {
+                        block: json.dumps(
+                            {"at": now, "reason": f"host {host} failed: {reason}", "hosts": 1}
+                        )
+                    },
+                )
+        txn.block_event(
+            {
+                "block": block,
+                "host": host,
+                "health": "HEALTHY" if healthy else "FAILED",
+                "at": now,
+                "reason": reason,
+            }
+        )
+        try:
+            await self.store.commit(txn)
+        except Conflict:
+            what = "healthy" if healthy else "failed"
+            return Outcome(action=f"no change: host {host} of block {block} was {what}")
+        self.log.info(
+            "host %d of block %d %s: %s",
+            host,
+            block,
+            "recovered" if healthy else "failed",
+            reason,
+            extra={"block": block},
+        )
+        if healthy:
+            await self.schedule()
+            return Outcome(action=f"host {host} of block {block} is healthy and back in the pool")
+        holder, _, job = await self.store.block(block)
+        if holder == SUB_BLOCK_OWNER:
+            return await self._move_boxes(block)
+        if job is None:
+            return Outcome(
+                action=f"host {host} of block {block} marked failed; the block takes no block "
+                "slice until it recovers, its other hosts serve sub-block slices"
+            )
+        if job.state == WIRING:
+            return Outcome(
+                action=f"host {host} of block {block} marked failed; job {job.job_id} is being "
+                "wired and will get a replacement block once it runs"
+            )
+        return await self.handle_failure(job.job_id, block)
+
+    async def _move_boxes(self, block: int) -> Outcome:
+        """Move every sub-block slice on failed chips of `block` (issue 28)."""
+        state = await self.snapshot()
+        outcome = Outcome()
+        for job in boxes_on_failed_chips(state, block):
+            done = await self.move_box(job.job_id)
+            outcome.affected += done.affected
+            outcome.moved += done.moved
+            outcome.action = "; ".join(a for a in (outcome.action, done.action) if a)
+        if not outcome.action:
+            outcome.action = f"block {block}: no sub-block slice was on the failed chips"
+        return outcome
+
+    async def move_box(self, job_id: str) -> Outcome:
+        """A running sub-block slice with a chip on a failed host or block: to healthy
+        chips (no OCS change), or SUSPENDED / FAILED as its on_block_failure says."""
+        for _ in range(MAX_COMMIT_ATTEMPTS):
+            state = await self.snapshot()
+            job = state.jobs.get(job_id)
+            if job is None or job not in boxes_on_failed_chips(state):
+                return Outcome(action=f"nothing to do for job {job_id}")
+            target = plan_box_move(state, job)
+            try:
+                if target is None:
+                    return await self._lose_box(job)
+                return await self._commit_box_move(job, target.block, target.offset)
+            except Conflict:
+                continue
+        return Outcome(action=f"job {job_id}: state kept changing; the reconcile loop retries")
+
+    async def _commit_box_move(self, job: SliceJob, block: int, offset: tuple[int, ...]) -> Outcome:
+        assert job.placement is not None
+        keys = self.store.keys
+        moved = job.with_(epoch=job.epoch + 1, placement=(block,), offset=offset)
+        old, new = set(job.held_keys()), moved.held_keys()
+        txn = self.store.txn()
+        txn.expect_job(job.job_id, [RUNNING], job.epoch)
+        self._box_checks(txn, moved, [], ())
+        for k in new:
+            txn.expect_owner(k, ["", job.job_id])
+        txn.hdel(keys.owner, sorted(old - set(new)))
+        txn.hset(keys.owner, {block: SUB_BLOCK_OWNER})
+        txn.hset(keys.owner, {k: job.job_id for k in new})
+        if job.placement[0] != block:
+            txn.leave_block_if_empty(job.placement[0], self.fabric.block_shape)
+        reason = (
+            f"moved off failed chips from {describe_box(job)} to {describe_box(moved)} "
+            "(no OCS change)"
+        )
+        txn.write_job(moved, old_state=RUNNING, reason=reason, now_ms=self.now_ms())
+        await self.store.commit(txn)
+        self.log.info("job %s %s", job.job_id, reason, extra={"job_id": job.job_id})
+        return Outcome(
+            action=f"job {job.job_id} {reason}", affected=[job.job_id], moved=[(job, moved)]
+        )
+
+    async def _lose_box(self, job: SliceJob) -> Outcome:
+        final = job.on_block_failure == FAIL
+        new = job.with_(state=FAILED if final else SUSPENDED, epoch=job.epoch + 1, placement=None)
+        reason = f"chips of {describe_box(job)} failed and no healthy chips are free; " + (
+            "failed as the job asked" if final else "suspended until chips free"
+        )
+        txn = self.store.txn()
+        txn.expect_job(job.job_id, [RUNNING], job.epoch)
+        txn.release_held(job, self.fabric.block_shape)
+        txn.write_job(new, old_state=RUNNING, reason=reason, now_ms=self.now_ms())
+        await self.store.commit(txn)
+        self.log.warning("job %s: %s", job.job_id, reason, extra={"job_id": job.job_id})
+        await self.schedule()
+        return Outcome(
+            action=f"job {job.job_id} {new.state.lower()}: {reason}", affected=[job.job_id]
+        )
 
     async def handle_failure(self, job_id: str, failed: int) -> Outcome:
         """Keep a running slice alive through a failed block (Fig. 11, ¶126-132).
@@ -213,7 +398,7 @@ class FailureMixin(AdmissionMixin):
         reason = why + ("failed as the job asked" if final else "suspended until blocks free")
         txn = self.store.txn()
         txn.expect_job(job.job_id, [RUNNING], job.epoch)
-        txn.hdel(self.store.keys.owner, job.held_keys())
+        txn.release_held(job, self.fabric.block_shape)
         txn.write_job(new, old_state=RUNNING, reason=reason, now_ms=self.now_ms())
         await self.store.commit(txn)
         self.log.warning("job %s: %s", job.job_id, reason, extra={"job_id": job.job_id})

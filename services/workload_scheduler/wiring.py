@@ -20,6 +20,7 @@ from lightpath.domain.slices import (
     SUSPENDED,
     WIRING,
     SliceJob,
+    describe_box,
 )
 from services.workload_scheduler.core import (
     MAX_WIRING_ATTEMPTS,
@@ -82,6 +83,8 @@ class WiringMixin(SchedulerCore):
     async def _wire(self, job: SliceJob, *, marked: bool = False) -> JobRecord | None:
         """Mark, wire at the OCS, commit RUNNING (job is WIRING at job.epoch, owned by us)."""
         assert job.placement is not None
+        if job.offset is not None:
+            return await self._run_box(job)
         keys = self.store.keys
         if not marked:
             txn = self.store.txn()
@@ -134,6 +137,34 @@ class WiringMixin(SchedulerCore):
         )
         # A block that failed while the slice was being wired is swapped by the
         # reconcile loop (running_with_failed_blocks), like any missed replacement.
+        if self._queue_waiting:
+            self.schedule_soon()
+        return record
+
+    async def _run_box(self, job: SliceJob) -> JobRecord | None:
+        """A sub-block slice runs on its block's electrical links: RUNNING with no OCS
+        change (issue 28)."""
+        txn = self.store.txn()
+        txn.expect_job(job.job_id, [WIRING], job.epoch)
+        running = job.with_(
+            state=RUNNING, epoch=job.epoch + 1, wiring_deadline_ms=0, attempts=0, not_before_ms=0
+        )
+        txn.write_job(
+            running,
+            old_state=WIRING,
+            reason=f"running on {describe_box(job)}: a mesh on the block's own links, "
+            "no OCS change",
+            now_ms=self.now_ms(),
+        )
+        txn.read_job(job.job_id)
+        try:
+            (record,) = await self.store.commit(txn)
+        except Conflict:
+            return None  # cancelled or changed meanwhile: its own path freed the chips
+        self._remember(record)
+        self.log.info(
+            "job %s running on %s", job.job_id, describe_box(job), extra={"job_id": job.job_id}
+        )
         if self._queue_waiting:
             self.schedule_soon()
         return record
@@ -284,7 +315,6 @@ class WiringMixin(SchedulerCore):
             )
 
     async def _requeue_if_wiring(self, job: SliceJob, reason: str) -> None:
-        keys = self.store.keys
         txn = self.store.txn()
         txn.expect_job(job.job_id, [WIRING], job.epoch)
         back = job.with_(
@@ -294,7 +324,7 @@ class WiringMixin(SchedulerCore):
             wiring_deadline_ms=0,
             not_before_ms=self.now_ms() + RETRY_BACKOFF_MS,
         )
-        txn.hdel(keys.owner, job.held_keys())
+        txn.release_held(job, self.fabric.block_shape)
         txn.write_job(back, old_state=WIRING, reason=reason, now_ms=self.now_ms())
         with contextlib.suppress(Conflict):
             await self.store.commit(txn)
@@ -307,7 +337,6 @@ class WiringMixin(SchedulerCore):
         `counted` failure (a wiring past its deadline) is retried MAX_WIRING_ATTEMPTS
         times at most, each with twice the deadline, never in an endless loop; a
         `rolled_back` one left nothing at the OCS."""
-        keys = self.store.keys
         now = self.now_ms()
         attempts = job.attempts + 1
         if counted:
@@ -318,7 +347,7 @@ class WiringMixin(SchedulerCore):
             )
         txn = self.store.txn()
         txn.expect_job(job.job_id, [WIRING], job.epoch)
-        txn.hdel(keys.owner, job.held_keys())
+        txn.release_held(job, self.fabric.block_shape)
         if retry:
             new = job.with_(
                 state=job.queued_as,

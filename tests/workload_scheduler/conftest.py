@@ -59,6 +59,12 @@ class PodStack:
             ws.ReportBlockHealthRequest(block_id=block, health=common_pb2.BLOCK_HEALTH_HEALTHY)
         )
 
+    async def host(self, block: int, host: int, *, failed: bool = True, reason: str = "test"):
+        health = common_pb2.BLOCK_HEALTH_FAILED if failed else common_pb2.BLOCK_HEALTH_HEALTHY
+        return await self.ws.ReportBlockHealth(
+            ws.ReportBlockHealthRequest(block_id=block, health=health, reason=reason, host=host)
+        )
+
     async def wiring(self, job_id: str) -> ocs_manager_pb2.SliceWiring | None:
         try:
             return await self.ocs.GetSliceWiring(
@@ -92,9 +98,24 @@ class PodStack:
         wired exactly as the ocs_manager reports (and nothing else wired), OCS-6 holds."""
         view = await self.pod()
         holders: dict[int, str] = {}
+        chips: dict[tuple[int, ...], str] = {}  # (block, x, y, z) of sub-block slices
         running = {}
         for summary in view.live_jobs:
             job = await self.job(summary.job_id)
+            if job.HasField("box"):  # a sub-block slice: chips of a block, no OCS slice
+                box = job.box
+                bv = view.blocks[box.block_id]
+                assert not bv.job_id and box in bv.boxes, (job.job_id, bv)
+                for dx in range(box.chips.dims[0]):
+                    for dy in range(box.chips.dims[1]):
+                        for dz in range(box.chips.dims[2]):
+                            at = tuple(
+                                o + d for o, d in zip(box.offset.coords, (dx, dy, dz), strict=True)
+                            )
+                            key = (box.block_id, *at)
+                            assert key not in chips, (key, chips.get(key), job.job_id)
+                            chips[key] = job.job_id
+                continue
             if job.state in (common_pb2.JOB_STATE_RUNNING, common_pb2.JOB_STATE_WIRING):
                 for b in job.blocks:
                     assert b.block_id not in holders, (b.block_id, holders[b.block_id], job.job_id)
@@ -105,6 +126,8 @@ class PodStack:
             assert (b.job_id or None) == holders.get(b.block_id), b
             if b.health == common_pb2.BLOCK_HEALTH_FAILED:
                 assert not b.job_id, f"failed block {b.block_id} hosts {b.job_id}"
+            if b.boxes:
+                assert not b.job_id and b.availability == common_pb2.BLOCK_AVAILABILITY_ALLOCATED
         slices = await self.ocs.ListSlices(ocs_manager_pb2.ListSlicesRequest(page_size=1000))
         assert {s.job_id for s in slices.slices} == set(running)
         for job_id, job in running.items():

@@ -15,10 +15,12 @@ from lightpath.domain.slices import (
 from services.workload_scheduler.placement import PodState
 
 
-def fabric(types: str = "tpu", blocks: int = 64, k: int = 1, shape=(4, 4, 4)) -> PodFabric:
+def fabric(
+    types: str = "tpu", blocks: int = 64, k: int = 1, shape=(4, 4, 4), hosts=()
+) -> PodFabric:
     node_types = block_types_for(parse_block_types(types), blocks)
     groups = tuple(b % k for b in range(blocks)) if k > 1 else ()
-    return PodFabric("pod-t", shape, node_types, k, groups)
+    return PodFabric("pod-t", shape, node_types, k, groups, host_shape=tuple(hosts))
 
 
 def demand(grid, types: str | tuple[str, ...] = "tpu", wrap=None) -> SliceDemand:

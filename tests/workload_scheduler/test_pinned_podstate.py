@@ -12,18 +12,25 @@ def test_counts_by_type_total_free_allocated_failed():
     state = pod(
         fab, failed={1, 5}, jobs=[running("a", [0, 2], priority=20), running("g", [4], types="gpu")]
     )
+    chips = {"tpu": (4 * 64, 2 * 64, 64, 64), "gpu": (2 * 64, 64, 64, 0)}
     assert state.counts_by_type() == {
-        "tpu": {"total": 4, "free": 1, "allocated": 2, "failed": 1},
-        "gpu": {"total": 2, "free": 0, "allocated": 1, "failed": 1},
+        "tpu": {"total": 4, "free": 1, "allocated": 2, "failed": 1, **_chips(chips["tpu"])},
+        "gpu": {"total": 2, "free": 0, "allocated": 1, "failed": 1, **_chips(chips["gpu"])},
     }
+
+
+def _chips(counts: tuple[int, int, int, int]) -> dict[str, int]:
+    return dict(
+        zip(("chips_total", "chips_used", "chips_failed", "chips_free"), counts, strict=True)
+    )
 
 
 def test_a_group_hosting_small_jobs_counts_as_allocated():
     state = pod(fabric("tpu:2,gpu:1", blocks=3))
     state.tile_owner["t2.0.1"] = "small"
     assert state.counts_by_type() == {
-        "tpu": {"total": 2, "free": 2, "allocated": 0, "failed": 0},
-        "gpu": {"total": 1, "free": 0, "allocated": 1, "failed": 0},
+        "tpu": {"total": 2, "free": 2, "allocated": 0, "failed": 0, **_chips((128, 0, 0, 128))},
+        "gpu": {"total": 1, "free": 0, "allocated": 1, "failed": 0, **_chips((64, 64, 0, 0))},
     }
 
 
