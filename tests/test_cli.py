@@ -156,3 +156,147 @@ def test_up_on_a_taken_port_fails_at_once_naming_the_port_and_its_holder(tmp_pat
     assert f"port {port} (cell-scheduler) is held by pid {os.getpid()} (" in message
     assert "`lightpath up --ephemeral-ports`" in message
     assert not (tmp_path / "logs").exists()  # nothing was started
+
+
+# -- issue 28: sub-block slices, twisted tori, host health --------------------------------
+
+
+def _shared_view():
+    from lightpath.v1 import common_pb2 as c
+    from lightpath.v1 import workload_scheduler_pb2 as w
+
+    view = w.PodView(
+        pod_id="pod-1",
+        block_shape=c.Shape(dims=[4, 4, 4]),
+        host_shape=c.Shape(dims=[2, 2, 1]),
+        block_count=8,
+        ocs_per_axis=1,
+    )
+
+    def box(job: str, block: int, at: list[int], chips: list[int]) -> w.ChipBox:
+        return w.ChipBox(
+            block_id=block, offset=c.Coordinate(coords=at), chips=c.Shape(dims=chips), job_id=job
+        )
+
+    alloc = c.BLOCK_AVAILABILITY_ALLOCATED
+    for b in range(8):
+        view.blocks.append(w.BlockView(block_id=b, node_type="tpu", chips_free=64))
+    view.blocks[0].job_id = view.blocks[1].job_id = "big"
+    view.blocks[0].availability = view.blocks[1].availability = alloc
+    view.blocks[5].availability = alloc
+    view.blocks[5].boxes.extend(
+        [box("small", 5, [0, 2, 0], [2, 2, 1]), box("one", 5, [2, 0, 0], [1, 1, 1])]
+    )
+    view.blocks[5].chips_free = 59
+    view.blocks[6].failed_hosts.append(3)
+    view.blocks[6].chips_free = 60
+    view.live_jobs.extend(
+        [
+            w.JobSummary(
+                job_id="big", state=c.JOB_STATE_RUNNING, priority=50, grid=c.Shape(dims=[1, 1, 2])
+            ),
+            w.JobSummary(
+                job_id="small", state=c.JOB_STATE_RUNNING, priority=50, grid=c.Shape(dims=[1, 1, 1])
+            ),
+            w.JobSummary(
+                job_id="one", state=c.JOB_STATE_RUNNING, priority=20, grid=c.Shape(dims=[1, 1, 1])
+            ),
+        ]
+    )
+    view.types.append(
+        w.TypeCounts(
+            node_type="tpu",
+            total=8,
+            free=4,
+            allocated=3,
+            failed=1,
+            chips_total=512,
+            chips_used=133,
+            chips_failed=4,
+            chips_free=375,
+        )
+    )
+    return view
+
+
+def test_the_block_map_shows_shared_blocks_their_boxes_and_failed_hosts():
+    from lightpath.cli.pod import render_pod
+
+    out = render_pod(_shared_view())
+    row = out.splitlines()[3].split()
+    assert row[1:] == ["A", "A", ".", ".", ".", "+", "!", "."]
+    assert "+ shared by sub-block slices   ! a host failed" in out
+    assert "B  small  RUNNING  priority 50  chips 2x2x1 at (0,2,0) of block 5, a mesh" in out
+    assert "C  one  RUNNING  priority 20  chips 1x1x1 at (2,0,0) of block 5, a mesh" in out
+    assert "A  big  RUNNING  priority 50  1x1x2 blocks" in out
+    assert "sub-block blocks (hosts of 2x2x1 chips):" in out
+    assert "  block 5: 59 chips free; B(0,2,0)2x2x1 C(2,0,0)1x1x1" in out
+    assert "  block 6: 60 chips free, hosts 3 failed" in out
+    assert "chips:  tpu 512 (375 free, 133 used, 4 failed)" in out
+
+
+def test_a_job_says_where_its_box_is_or_that_it_is_a_twisted_torus():
+    from lightpath.cli.cell import describe_job
+    from lightpath.v1 import cell_scheduler_pb2 as cs
+    from lightpath.v1 import common_pb2 as c
+    from lightpath.v1 import workload_scheduler_pb2 as w
+
+    small = cs.CellJob(
+        job_id="small",
+        tenant="default",
+        state=c.JOB_STATE_RUNNING,
+        pod_id="pod-1",
+        priority=50,
+        chips=c.Shape(dims=[2, 2, 1]),
+    )
+    small.pod_job.box.CopyFrom(
+        w.ChipBox(block_id=17, offset=c.Coordinate(coords=[0, 2, 0]), chips=c.Shape(dims=[2, 2, 1]))
+    )
+    out = describe_job(small)
+    assert "RUNNING on pod-1, priority 50, 2x2x1 chips (a box inside one block)" in out
+    assert "  box:    chips 2x2x1 at (0,2,0) of block 17, a mesh, no OCS change" in out
+    twisted = cs.CellJob(
+        job_id="tw",
+        tenant="default",
+        state=c.JOB_STATE_RUNNING,
+        pod_id="pod-1",
+        chips=c.Shape(dims=[4, 4, 8]),
+        block_count=2,
+        spec=w.JobSpec(job_id="tw", twisted=True),
+    )
+    assert "4x4x8 chips (2 blocks), a twisted torus" in describe_job(twisted)
+    queued = cs.CellJob(job_id="q", state=c.JOB_STATE_PENDING, chips=c.Shape(dims=[2, 2, 1]))
+    assert describe_job(queued).endswith("priority 0, 2x2x1 chips")
+
+
+def test_submit_and_block_take_the_new_flags_and_refuse_a_bad_host_naming_the_flag(capsys):
+    from lightpath.cli.cell import submit_options
+
+    args = build_parser().parse_args(["submit", "j", "--shape", "4x4x8", "--twisted"])
+    assert submit_options(args)["twisted"] is True and submit_options(args)["shape"] == [4, 4, 8]
+    args = build_parser().parse_args(["submit", "j", "--shape", "2x2x1"])
+    assert submit_options(args)["shape"] == [2, 2, 1] and submit_options(args)["twisted"] is False
+    args = build_parser().parse_args(["block", "pod-1", "7", "--failed", "--host", "3"])
+    assert (args.host, args.failed) == (3, True)
+    assert build_parser().parse_args(["block", "pod-1", "7", "--healthy"]).host is None
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["block", "pod-1", "7", "--failed", "--host", "-1"])
+    assert "argument --host: '-1' is not a host index" in capsys.readouterr().err
+
+
+def test_a_refused_field_is_named_with_the_flag_that_sets_it(capsys):
+    from lightpath.cli._common import report_error
+    from lightpath.cli.cell import SUBMIT_FLAGS
+    from lightpath.errors import FieldViolation, InvalidArgument
+
+    err = InvalidArgument.of(
+        [
+            FieldViolation("spec.twisted", "4x8x12 cannot be twisted"),
+            FieldViolation("spec.shape.dims[0]", "must be >= 1"),
+        ]
+    )
+    report_error(err, flags=SUBMIT_FLAGS)
+    out = capsys.readouterr().err
+    assert "--twisted (spec.twisted): 4x8x12 cannot be twisted" in out
+    assert "--shape (spec.shape.dims[0]): must be >= 1" in out
+    assert out.count("4x8x12 cannot be twisted") == 1

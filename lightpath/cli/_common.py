@@ -227,16 +227,21 @@ def print_list(
 
 
 def run_rpc(
-    fn: Callable[[], Coroutine[Any, Any, int | None]], *, hints: Mapping[str, str] | None = None
+    fn: Callable[[], Coroutine[Any, Any, int | None]],
+    *,
+    hints: Mapping[str, str] | None = None,
+    flags: Mapping[str, str] | None = None,
 ) -> int:
     """Run an async CLI action; a failed call becomes a readable message (with what to do
     next, and `hints[code]` when the command has one for that status code) on stderr and
-    exit code 1; a credential the CLI cannot find, exit code 2."""
+    exit code 1; a credential the CLI cannot find, exit code 2. `flags` names the
+    command-line flag that sets a request field ({"spec.twisted": "--twisted"}): a field
+    violation of that field (or one under it) names the flag too."""
     try:
         return int(asyncio.run(fn()) or 0)
     except (grpc.aio.AioRpcError, LightpathError) as err:
         exc = rpc_error(err) if isinstance(err, grpc.aio.AioRpcError) else err
-        report_error(exc, [hints[exc.code]] if hints and exc.code in hints else [])
+        report_error(exc, [hints[exc.code]] if hints and exc.code in hints else [], flags)
         return 1
     except CredentialsError as exc:
         report_credentials_error(exc)
@@ -258,9 +263,21 @@ def print_error(code: str, message: str, **more: Any) -> None:
         print(f"error: {message}", file=sys.stderr)
 
 
-def report_error(exc: LightpathError, hints: Sequence[str] = ()) -> None:
+def flag_of(field: str, flags: Mapping[str, str] | None) -> str:
+    """The flag that sets `field` or the field it is under ("spec.shape.dims[0]" is set
+    by --shape), "" when the command has none for it."""
+    for name, flag in (flags or {}).items():
+        if field == name or field.startswith((name + ".", name + "[")):
+            return flag
+    return ""
+
+
+def report_error(
+    exc: LightpathError, hints: Sequence[str] = (), flags: Mapping[str, str] | None = None
+) -> None:
     """`error: CODE: message`, the field violations, then `next: ...` lines (the command's
-    own `hints` first); with JSON output the same as one JSON object on stderr."""
+    own `hints` first); with JSON output the same as one JSON object on stderr. A field a
+    flag of the command sets is named with it: `--twisted (spec.twisted): ...`."""
     from lightpath.cli.tracing import print_trace_id
 
     steps = [*hints, *next_steps(exc)]
@@ -269,7 +286,11 @@ def report_error(exc: LightpathError, hints: Sequence[str] = ()) -> None:
             exc.code,
             exc.message,
             reason=exc.reason,
-            field_violations=[{"field": v.field, "description": v.rule} for v in exc.violations],
+            field_violations=[
+                {"field": v.field, "description": v.rule}
+                | ({"flag": flag} if (flag := flag_of(v.field, flags)) else {})
+                for v in exc.violations
+            ],
             precondition_violations=[
                 {"subject": v.field, "description": v.rule} for v in exc.precondition_violations
             ],
@@ -279,10 +300,16 @@ def report_error(exc: LightpathError, hints: Sequence[str] = ()) -> None:
             next=steps,
         )
         return
-    print(f"error: {exc.code}: {exc.message}", file=sys.stderr)
+    message = exc.message
+    named = {
+        v.field: f"{flag} ({v.field})" for v in exc.violations if (flag := flag_of(v.field, flags))
+    }
+    for field, with_flag in named.items():
+        message = message.replace(f"{field}: ", f"{with_flag}: ")
+    print(f"error: {exc.code}: {message}", file=sys.stderr)
     for v in exc.violations:
         if f"{v.field}: {v.rule}" not in exc.message:
-            print(f"  {v.field}: {v.rule}", file=sys.stderr)
+            print(f"  {named.get(v.field, v.field)}: {v.rule}", file=sys.stderr)
     for v in exc.precondition_violations:
         if v.rule not in exc.message:
             print(f"  {v.field}: {v.rule}", file=sys.stderr)

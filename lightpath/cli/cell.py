@@ -2,12 +2,14 @@
 the SDK's cell client (lightpath.sdk.AsyncCell).
 
     lightpath submit JOB --shape 8x8x4 [--priority 80 | --class high] [--tenant T] ...
+    lightpath submit JOB --shape 2x2x1                 # a box inside one block (issue 28)
+    lightpath submit JOB --shape 4x4x8 --twisted       # a twisted torus
     lightpath submit JOB --flops 2e20 --deadline 2h [--type tpu]     # shape derived (CS-4)
     lightpath submit JOB --shape 8x8x4 --data 8 --pipeline 4 --layer 8   # SWITCHED pod
     lightpath jobs [--tenant T] [--state running] [--pod pod-1] [--limit 50 | --all]
     lightpath job JOB            lightpath watch JOB
     lightpath cancel JOB         lightpath complete JOB
-    lightpath pods               lightpath block POD BLOCK --failed | --healthy
+    lightpath pods               lightpath block POD BLOCK --failed | --healthy [--host H]
 
 Each with --json (`watch --json`: one object a line); `jobs` and `pods` also with
 -o table|wide|json|yaml|name and --no-headers. The cell is the local stack's
@@ -20,7 +22,7 @@ import argparse
 import math
 import re
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime
 
 from lightpath.cli._common import (
@@ -45,6 +47,7 @@ from lightpath.sdk.cell import (
 )
 from lightpath.v1 import cell_scheduler_pb2 as cs
 from lightpath.v1 import common_pb2 as c
+from lightpath.v1 import workload_scheduler_pb2 as ws
 
 STATUS = {
     cs.POD_STATUS_READY: "ready",
@@ -52,6 +55,32 @@ STATUS = {
     cs.POD_STATUS_SILENT: "silent",
 }
 REASON_WIDTH = 60  # the reason column of `jobs`; -o wide shows it whole
+# The flag that sets each request field: a refusal naming the field names the flag too.
+SUBMIT_FLAGS = {
+    "spec.shape": "--shape",
+    "spec.unit": "--blocks",
+    "spec.twisted": "--twisted",
+    "spec.wrap": "--no-wrap",
+    "spec.shrink_to": "--shrink-to",
+    "spec.priority": "--priority",
+    "spec.priority_class": "--class",
+    "spec.preemption_policy": "--policy",
+    "spec.node_types": "--type",
+    "spec.node_type_counts": "--types",
+    "spec.parallelism": "--data/--pipeline/--layer",
+    "spec.labels": "--label",
+    "spec.job_id": "JOB_ID",
+    "tenant": "--tenant",
+    "preferred_pod": "--pod",
+    "require_preferred_pod": "--require-pod",
+    "demand.flops": "--flops",
+    "demand.chip_hours": "--chip-hours",
+    "demand.deadline": "--deadline",
+    "demand.node_type": "--type",
+    "node_type": "--type",
+    "shape": "--shape",
+}
+BLOCK_FLAGS = {"host": "--host", "health": "--failed/--healthy", "pod_id": "POD"}
 
 
 def cell_address(addr: str | None) -> str:
@@ -77,7 +106,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "job_id", help="your id for the job, unique in the cell; submitting it again is safe"
     )
-    p.add_argument("--shape", help="slice shape in chips, e.g. 8x8x4 (or in blocks with --blocks)")
+    p.add_argument(
+        "--shape",
+        help="slice shape in chips, e.g. 8x8x4 (or in blocks with --blocks); a box inside "
+        "one block, e.g. 2x2x1, shares a block with other small slices",
+    )
     p.add_argument("--blocks", action="store_true", help="--shape counts blocks, not chips")
     p.add_argument(
         "--type",
@@ -105,6 +138,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="with --policy shrink: a smaller shape it accepts (repeatable)",
     )
     p.add_argument("--no-wrap", action="store_true", help="a mesh: no wraparound links")
+    p.add_argument(
+        "--twisted",
+        action="store_true",
+        help="a twisted torus: shapes k x k x 2k or k x 2k x 2k in chips, k a multiple of "
+        "the block edge, any axis order (4x4x8, 4x8x8 with 4x4x4 blocks)",
+    )
     add_parallelism_flags(
         p,
         default=0,
@@ -194,15 +233,36 @@ def register(sub: argparse._SubParsersAction) -> None:
     _cell_flag(p, listing=True)
     p.set_defaults(func=cmd_pods)
 
-    p = sub.add_parser("block", help="report a block of a pod FAILED or recovered (HEALTHY)")
+    p = sub.add_parser(
+        "block", help="report a block (or one host of it) of a pod FAILED or recovered (HEALTHY)"
+    )
     p.add_argument("pod_id", help="the pod, e.g. pod-1")
     p.add_argument("block_id", type=int, help="the block's id in the pod")
     health = p.add_mutually_exclusive_group(required=True)
-    health.add_argument("--failed", action="store_true", help="the block failed")
-    health.add_argument("--healthy", action="store_true", help="the block recovered")
+    health.add_argument("--failed", action="store_true", help="the block (or host) failed")
+    health.add_argument("--healthy", action="store_true", help="the block (or host) recovered")
+    p.add_argument(
+        "--host",
+        type=_host_index,
+        metavar="H",
+        help="one host of the block only: 0..hosts-1, x fastest over the block's hosts "
+        "(16 hosts of 2x2x1 chips in a 4x4x4 block)",
+    )
     p.add_argument("--reason", default="", help="why, kept with the event")
     _cell_flag(p)
     p.set_defaults(func=cmd_block)
+
+
+def _host_index(raw: str) -> int:
+    try:
+        host = int(raw)
+    except ValueError:
+        host = -1
+    if host < 0:
+        raise argparse.ArgumentTypeError(
+            f"{raw!r} is not a host index (a whole number >= 0, x fastest over the block's hosts)"
+        )
+    return host
 
 
 def parse_deadline(raw: str, now: float | None = None) -> datetime:
@@ -254,6 +314,7 @@ def submit_options(args: argparse.Namespace) -> dict:
         "validate_only": args.validate_only,
         "pod": args.pod,
         "require_pod": args.require_pod,
+        "twisted": args.twisted,
     }
 
 
@@ -284,19 +345,44 @@ def _state(s: int) -> str:
     return state_name(s)
 
 
+def _coords(values) -> str:
+    return "(" + ",".join(map(str, values)) + ")"
+
+
+def describe_box(box) -> str:
+    """A sub-block slice's box: "chips 2x2x1 at (0,2,0) of block 17, a mesh, no OCS change"."""
+    return (
+        f"chips {'x'.join(map(str, box.chips.dims))} at {_coords(box.offset.coords)} "
+        f"of block {box.block_id}, a mesh, no OCS change"
+    )
+
+
+def _held(job: cs.CellJob) -> str:
+    """What the slice holds, for the job's first line ("" in the cell queue)."""
+    if job.block_count:
+        return f" ({job.block_count} blocks)"
+    if job.pod_job.HasField("box") or job.pod_id:  # on a pod with no whole block: a box
+        return " (a box inside one block)"
+    return ""
+
+
 def describe_job(job: cs.CellJob) -> str:
     where = f"on {job.pod_id}" if job.pod_id else "in the cell queue"
     if job.state == c.JOB_STATE_PENDING and job.cell_queue_position:
         where += f" at position {job.cell_queue_position}"
     shape = "x".join(map(str, job.chips.dims))
+    twisted = job.spec.twisted or job.pod_job.spec.twisted
     lines = [
         f"job {job.job_id} ({job.tenant}): {_state(job.state)} {where}, priority {job.priority}"
-        + (f", {shape} chips ({job.block_count} blocks)" if shape else "")
+        + (f", {shape} chips{_held(job)}" if shape else "")
+        + (", a twisted torus" if twisted else "")
         + (" derived from its demand" if job.shape_derived else ""),
         f"  reason: {job.reason}" if job.reason else "",
         f"  placed: {job.placement_reason}" if job.placement_reason and job.pod_id else "",
     ]
-    if job.pod_job.blocks:
+    if job.pod_job.HasField("box"):
+        lines.append(f"  box:    {describe_box(job.pod_job.box)}")
+    elif job.pod_job.blocks:
         lines.append(
             "  blocks: "
             + " ".join(
@@ -312,15 +398,20 @@ def describe_job(job: cs.CellJob) -> str:
     return "\n".join(line for line in lines if line)
 
 
-def _run(args: argparse.Namespace, action: Callable[[AsyncCell], Awaitable[int]]) -> int:
-    """Run `action` with the SDK's cell client; a failed call is reported (_common)."""
+def _run(
+    args: argparse.Namespace,
+    action: Callable[[AsyncCell], Awaitable[int]],
+    flags: Mapping[str, str] | None = None,
+) -> int:
+    """Run `action` with the SDK's cell client; a failed call is reported (_common), a
+    field one of `flags` sets named with its flag."""
 
     async def run() -> int:
         async with AsyncCell(args.cell or None, timeout=60.0) as cell:
             return await action(cell)
 
     try:
-        return run_rpc(run)
+        return run_rpc(run, flags=flags)
     except KeyboardInterrupt:
         return 0
 
@@ -343,7 +434,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
             print(f"  preempted {v.job_id} (priority {v.victim_priority}): {action}")
         return 0
 
-    return _run(args, act)
+    return _run(args, act, SUBMIT_FLAGS)
 
 
 def cmd_update(args: argparse.Namespace) -> int:
@@ -474,6 +565,12 @@ def _pod_columns(pods: list[cs.Pod]) -> Callable[[bool], tuple[list[str], list]]
             kind = c.FabricKind.Name(r.fabric_kind).removeprefix("FABRIC_KIND_").lower()  # type: ignore[arg-type]
             blocks = ", ".join(f"{t.blocks} {t.node_type}" for t in r.node_types)
             free = ", ".join(f"{t.free}/{t.total} {t.node_type}" for t in p.capacity.types)
+            # Chips free for sub-block slices, and the largest box one can get (issue 28).
+            chips = ", ".join(
+                f"{t.chips_free}/{t.chips_total} (box {t.largest_free_box})"
+                for t in p.capacity.types
+                if t.chips_total
+            )
             failed = sum(t.failed for t in p.capacity.types)
             beat = p.last_heartbeat.ToDatetime(tzinfo=UTC) if p.HasField("last_heartbeat") else None
             age = f"{(datetime.now(UTC) - beat).total_seconds():.1f}s ago" if beat else "-"
@@ -487,6 +584,7 @@ def _pod_columns(pods: list[cs.Pod]) -> Callable[[bool], tuple[list[str], list]]
                 "x".join(map(str, r.block_shape.dims)),
                 blocks,
                 free or "-",
+                chips or "-",
                 failed,
                 p.capacity.running_jobs,
                 p.cell_jobs,
@@ -503,6 +601,7 @@ def _pod_columns(pods: list[cs.Pod]) -> Callable[[bool], tuple[list[str], list]]
             "block",
             "blocks",
             "free",
+            "chips free",
             "failed",
             "running",
             "cell jobs",
@@ -532,15 +631,37 @@ def cmd_pods(args: argparse.Namespace) -> int:
     return _run(args, act)
 
 
+def describe_block_report(
+    pod_id: str, block_id: int, host: int | None, resp: ws.ReportBlockHealthResponse
+) -> str:
+    """A block (or host) report's outcome: the pod's action, the slices it moved."""
+    what = f"pod {pod_id} block {block_id}" + (f" host {host}" if host is not None else "")
+    lines = [f"{what}: {resp.action}"]
+    for m in resp.moved:
+        lines.append(
+            f"  moved {m.job_id}: {describe_box(getattr(m, 'from'))} -> "
+            f"{_coords(m.to.offset.coords)} of block {m.to.block_id}"
+        )
+    b = resp.block
+    if b.failed_hosts:
+        lines.append(
+            f"  block {b.block_id}: hosts {', '.join(map(str, b.failed_hosts))} failed, "
+            f"{b.chips_free} chips free for sub-block slices"
+        )
+    if resp.affected_jobs:
+        lines.append(f"  affected: {', '.join(resp.affected_jobs)}")
+    return "\n".join(lines)
+
+
 def cmd_block(args: argparse.Namespace) -> int:
     async def act(cell: AsyncCell) -> int:
         resp = await cell.report_block_health(
-            args.pod_id, args.block_id, failed=args.failed, reason=args.reason
+            args.pod_id, args.block_id, failed=args.failed, reason=args.reason, host=args.host
         )
         if args.json:
             print_json(resp)
         else:
-            print(f"pod {args.pod_id} block {args.block_id}: {resp.action}")
+            print(describe_block_report(args.pod_id, args.block_id, args.host, resp))
         return 0
 
-    return _run(args, act)
+    return _run(args, act, BLOCK_FLAGS)

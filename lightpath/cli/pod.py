@@ -26,6 +26,9 @@ from lightpath.client import channel
 from lightpath.v1 import common_pb2, workload_scheduler_pb2, workload_scheduler_pb2_grpc
 
 FREE, FAILED = ".", "X"
+# Issue 28: a block given over to sub-block slices (boxes of chips), and one with a
+# failed host (it takes no block slice; its other hosts serve sub-block slices).
+SHARED, HOST_FAILED = "+", "!"
 JOB_SYMBOLS = string.ascii_uppercase + string.ascii_lowercase + string.digits
 
 
@@ -155,7 +158,8 @@ def describe_event(event: workload_scheduler_pb2.PodEvent) -> str:
     if event.HasField("block"):
         b = event.block
         health = common_pb2.BlockHealth.Name(b.health).removeprefix("BLOCK_HEALTH_")
-        return f"{b.at.ToJsonString()}  block {b.block_id} {health}  {b.reason}"
+        host = f" host {b.host}" if b.HasField("host") else ""
+        return f"{b.at.ToJsonString()}  block {b.block_id}{host} {health}  {b.reason}"
     j = event.job
     return (
         f"{j.at.ToJsonString()}  {j.job_id}: {_state(j.from_state) if j.from_state else '-'}"
@@ -163,12 +167,25 @@ def describe_event(event: workload_scheduler_pb2.PodEvent) -> str:
     )
 
 
+def _coords(values) -> str:
+    return "(" + ",".join(map(str, values)) + ")"
+
+
+def _shared(b: workload_scheduler_pb2.BlockView) -> bool:
+    """A block given over to sub-block slices (boxes of chips)."""
+    return bool(b.boxes) or (
+        b.availability == common_pb2.BLOCK_AVAILABILITY_ALLOCATED and not b.job_id
+    )
+
+
 def render_pod(view: workload_scheduler_pb2.PodView) -> str:
-    """The block map of seed Fig. 2 for people: '.' free, 'X' failed, a letter per slice."""
+    """The block map of seed Fig. 2 for people: '.' free, 'X' failed, a letter per slice,
+    '+' a block shared by sub-block slices, '!' a block with a failed host (issue 28)."""
     n = view.block_count
     width = 8 if n % 8 == 0 else max(1, math.ceil(math.sqrt(n)))
     symbols: dict[str, str] = {}
-    holding = {b.job_id for b in view.blocks if b.job_id}
+    boxes = {x.job_id: x for b in view.blocks for x in b.boxes}
+    holding = {b.job_id for b in view.blocks if b.job_id} | set(boxes)
     order = [j.job_id for j in view.live_jobs] + sorted(holding)
     for job_id in order:
         if job_id in holding and job_id not in symbols:
@@ -188,21 +205,54 @@ def render_pod(view: workload_scheduler_pb2.PodView) -> str:
                 cell = FAILED
             elif b.job_id:
                 cell = symbols[b.job_id]
+            elif b.failed_hosts:
+                cell = HOST_FAILED
+            elif _shared(b):
+                cell = SHARED
             else:
                 cell = FREE
             # A block of another node type than the pod's first is marked with a '
             cells.append(f"{cell}{chr(39) if b.node_type != primary else ' '}")
         lines.append(f"{row:>5}  " + " ".join(cells).rstrip())
     lines.append("")
-    lines.append(f"legend: {FREE} free   {FAILED} failed   ' not {primary}")
+    legend = f"legend: {FREE} free   {FAILED} failed   ' not {primary}"
+    if any(_shared(b) or b.failed_hosts for b in view.blocks):
+        legend += f"   {SHARED} shared by sub-block slices   {HOST_FAILED} a host failed"
+    lines.append(legend)
     live = {j.job_id: j for j in view.live_jobs}
     for job_id, sym in symbols.items():
         j = live.get(job_id)
+        held = ""
+        if job_id in boxes:
+            x = boxes[job_id]
+            held = (
+                f"chips {'x'.join(map(str, x.chips.dims))} at {_coords(x.offset.coords)} "
+                f"of block {x.block_id}, a mesh"
+            )
         if j is None:
-            lines.append(f"  {sym}  {job_id}")
+            lines.append(f"  {sym}  {job_id}" + (f"  {held}" if held else ""))
             continue
-        grid = "x".join(map(str, j.grid.dims))
-        lines.append(f"  {sym}  {job_id}  {_state(j.state)}  priority {j.priority}  {grid} blocks")
+        held = held or f"{'x'.join(map(str, j.grid.dims))} blocks"
+        lines.append(f"  {sym}  {job_id}  {_state(j.state)}  priority {j.priority}  {held}")
+    shared = [b for b in view.blocks if _shared(b) or b.failed_hosts]
+    if shared:
+        host = "x".join(map(str, view.host_shape.dims)) or "?"
+        lines.append("")
+        lines.append(f"sub-block blocks (hosts of {host} chips):")
+        for b in shared:
+            inside = " ".join(
+                f"{symbols[x.job_id]}{_coords(x.offset.coords)}{'x'.join(map(str, x.chips.dims))}"
+                for x in b.boxes
+            )
+            lines.append(
+                f"  block {b.block_id}: {b.chips_free} chips free"
+                + (
+                    f", hosts {', '.join(map(str, b.failed_hosts))} failed"
+                    if b.failed_hosts
+                    else ""
+                )
+                + (f"; {inside}" if inside else "")
+            )
     lines.append("")
     lines.append(
         "blocks: "
@@ -211,6 +261,16 @@ def render_pod(view: workload_scheduler_pb2.PodView) -> str:
             for t in view.types
         )
     )
+    if any(t.chips_total for t in view.types):
+        lines.append(
+            "chips:  "
+            + "; ".join(
+                f"{t.node_type} {t.chips_total} ({t.chips_free} free, {t.chips_used} used, "
+                f"{t.chips_failed} failed)"
+                for t in view.types
+                if t.chips_total
+            )
+        )
     if view.jobs_by_state:
         lines.append(
             "jobs:   " + ", ".join(f"{k} {v}" for k, v in sorted(view.jobs_by_state.items()))

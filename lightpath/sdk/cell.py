@@ -114,9 +114,10 @@ def job_spec(
     parallelism: tuple[int, int, int] | None = None,
     labels: Mapping[str, str] | None = None,
     wait: bool = True,
+    twisted: bool = False,
 ) -> ws.JobSpec:
     """The JobSpec of `AsyncCell.submit`'s arguments (see there)."""
-    spec = ws.JobSpec(job_id=job_id, priority=priority)
+    spec = ws.JobSpec(job_id=job_id, priority=priority, twisted=twisted)
     if shape is not None:
         dims = parse_shape(shape)
         spec.shape.dims.extend(dims)
@@ -213,13 +214,20 @@ class AsyncCell(AsyncClient):
         spec: ws.JobSpec | None = None,
         pod: str = "",
         require_pod: bool = False,
+        twisted: bool = False,
     ) -> cs.SubmitJobResponse:
         """Submit job `job_id` (the idempotency key: submitting it again answers the job
         there is, `created` False). The cell picks the pod, or queues it.
 
-        shape: "8x8x4" or (8, 8, 4), in chips (in blocks with `blocks=True`); or, instead
-          of a shape, a demand: `flops` or `chip_hours` by `deadline` (a datetime, a
-          timedelta from now, or seconds since the epoch), sized by the cell.
+        shape: "8x8x4" or (8, 8, 4), in chips (in blocks with `blocks=True`): whole blocks,
+          or a box inside one block ("2x2x1" of 4x4x4 blocks: a sub-block slice, packed with
+          others into a block, a mesh, no OCS change; `job.pod_job.box` says where); or,
+          instead of a shape, a demand: `flops` or `chip_hours` by `deadline` (a datetime, a
+          timedelta from now, or seconds since the epoch), sized by the cell (a small one
+          as a box inside one block).
+        twisted: a twisted torus (shapes k x k x 2k and k x 2k x 2k in chips, k a multiple
+          of the block edge, in any axis order: 4x4x8, 4x8x8 with 4x4x4 blocks); any other
+          shape is InvalidArgument naming spec.twisted.
         node_type: every block of this type (with a chip shape, the block count comes
           from the cell's pods of that type); node_types: blocks per type {"tpu": 2}.
         priority 1..100, or priority_class "low" | "medium" | "high";
@@ -250,6 +258,7 @@ class AsyncCell(AsyncClient):
                 parallelism=parallelism,
                 labels=labels,
                 wait=wait,
+                twisted=twisted,
             )
         req = cs.SubmitJobRequest(
             spec=spec,
@@ -269,7 +278,8 @@ class AsyncCell(AsyncClient):
 
     async def blocks_of_type(self, node_type: str, chips: Sequence[int]) -> int:
         """Blocks of `node_type` a slice of `chips` takes: from the block shape of the cell's
-        pods that have that type (they must agree). InvalidArgument otherwise."""
+        pods that have that type (they must agree); 1 for a box inside one block (a
+        sub-block slice: its node type is that block's). InvalidArgument otherwise."""
         shapes = {
             tuple(p.registration.block_shape.dims)
             for p in await self.pods()
@@ -282,9 +292,14 @@ class AsyncCell(AsyncClient):
                 f"({len(shapes)} found): give the shape in blocks",
             )
         (block,) = shapes
+        if len(chips) == len(block) and all(1 <= d <= b for d, b in zip(chips, block, strict=True)):
+            return 1
         if len(chips) != len(block) or any(d % b for d, b in zip(chips, block, strict=True)):
+            shape = "x".join(map(str, block))
             raise InvalidArgument(
-                "shape", f"must be a multiple of the {node_type} block {'x'.join(map(str, block))}"
+                "shape",
+                f"must be a multiple of the {node_type} block {shape}, or fit inside one "
+                f"(every extent <= {shape})",
             )
         return prod(d // b for d, b in zip(chips, block, strict=True))
 
@@ -451,16 +466,27 @@ class AsyncCell(AsyncClient):
         )
 
     async def report_block_health(
-        self, pod_id: str, block_id: int, *, failed: bool, reason: str = ""
+        self,
+        pod_id: str,
+        block_id: int,
+        *,
+        failed: bool,
+        reason: str = "",
+        host: int | None = None,
     ) -> ws.ReportBlockHealthResponse:
-        """Report a block of a pod FAILED (`failed=True`) or recovered."""
+        """Report a block of a pod FAILED (`failed=True`) or recovered; with `host`, one
+        host of the block only (0..hosts-1, x fastest over the block's grid of hosts: 16
+        hosts of 2x2x1 chips in a 4x4x4 block). A failed host takes its chips out:
+        sub-block slices on it move to healthy chips (`moved`), the block takes no block
+        slice until it is healthy again, its other hosts keep serving sub-block slices.
+        A host the block does not have is InvalidArgument naming `host`."""
         health = c.BLOCK_HEALTH_FAILED if failed else c.BLOCK_HEALTH_HEALTHY
-        return await self._call(  # type: ignore[no-any-return]
-            "ReportBlockHealth",
-            cs.ReportCellBlockHealthRequest(
-                pod_id=pod_id, block_id=block_id, health=health, reason=reason
-            ),
+        req = cs.ReportCellBlockHealthRequest(
+            pod_id=pod_id, block_id=block_id, health=health, reason=reason
         )
+        if host is not None:
+            req.host = host
+        return await self._call("ReportBlockHealth", req)  # type: ignore[no-any-return]
 
 
 class Cell(SyncClient[AsyncCell]):
