@@ -85,6 +85,8 @@ def nearest_whole_blocks(dims: list[int], block: tuple[int, ...]) -> list[str]:
     out = ["x".join(map(str, up))]
     if down != up:
         out.append("x".join(map(str, down)))
+    if math.prod(dims) <= math.prod(block):  # a ring of 62 chips folds into one block
+        out.insert(0, "x".join(map(str, block)) + " (one block)")
     return out
 
 

@@ -22,6 +22,7 @@ from lightpath.domain.slices import (
     WIRING,
     SliceJob,
     box_chips,
+    chip_keys,
     describe_box,
 )
 from lightpath.errors import FailedPrecondition, NotFound, ResourceExhausted
@@ -407,10 +408,16 @@ class AdmissionMixin(WiringMixin):
         else:
             for b in alloc.placement:
                 txn.expect_health(b, "HEALTHY")
+        # Blocks whose sub-block slices are all victims (preemption.py): every chip of
+        # them free or a victim's, so no slice placed there meanwhile is run over.
+        split = {b for b in alloc.placement if state.owner.get(b) == SUB_BLOCK_OWNER}
         for b in held:
-            txn.expect_owner(b, ["", *victim_ids])
+            txn.expect_owner(b, ["", *victim_ids, *([SUB_BLOCK_OWNER] if b in split else [])])
             if new.offset is None:
                 txn.expect_wired_by(b, alloc.release_first)
+        for b in sorted(split) if new.offset is None else ():
+            for chip in chip_keys(b, (0,) * self.fabric.dims, self.fabric.block_shape):
+                txn.expect_owner(chip, ["", *victim_ids])
         shrunk = self._victim_transitions(txn, state, alloc.victims, job, now)
         if new.offset is not None:
             txn.hset(keys.owner, {alloc.placement[0]: SUB_BLOCK_OWNER})

@@ -15,6 +15,13 @@ them. Victims are chosen to disturb least, lexicographically:
 
 A job never preempts one of equal or higher priority; only RUNNING slices are
 victims (a slice being wired is in flight and is left alone).
+
+Sub-block slices (issue 28) give up a block together: the sub-block slices of one
+block count as one candidate victim worth that block, at the highest priority
+among them (all must be lower than the preemptor's), as disruptive as the most
+disruptive of their policies, as young as the youngest. Chosen, each of them is
+delayed or terminated by its own policy (one that would shrink is delayed: the
+whole block is needed).
 """
 
 from __future__ import annotations
@@ -23,8 +30,12 @@ from collections import Counter
 from dataclasses import dataclass
 
 from lightpath.domain.slices import (
+    DELAY,
     DISRUPTION,
+    RUNNING,
     SHRINK,
+    SUB_BLOCK_OWNER,
+    TERMINATE,
     Grid,
     SliceJob,
     sub_box_indices,
@@ -108,6 +119,10 @@ def choose_victims(
         and j.offset is None
     ]
     freeable = {j.job_id: max_freeable(state, j) for j in pool}
+    groups = _box_groups(state, priority, exclude)
+    for group, members in groups.items():
+        pool.append(group)
+        freeable[group.job_id] = Counter({state.fabric.node_types[members[0].placement[0]]: 1})  # type: ignore[index]
     pool = [j for j in pool if _useful(deficit, freeable[j.job_id]) > 0]
     for level in sorted({j.priority for j in pool}):
         candidates = [j for j in pool if j.priority <= level]
@@ -117,8 +132,42 @@ def choose_victims(
         if not _covered(deficit, total):
             continue
         chosen = _greedy(candidates, freeable, deficit)
-        return _actions(state, chosen, freeable, deficit)
+        return _actions(state, chosen, freeable, deficit, groups)
     return None
+
+
+def _box_groups(
+    state: PodState, priority: int, exclude: frozenset[str]
+) -> dict[SliceJob, list[SliceJob]]:
+    """Per block given over to sub-block slices whose slices are all RUNNING and of lower
+    priority: a stand-in victim for the whole block, and its members."""
+    members: dict[int, list[SliceJob]] = {}
+    for j in state.jobs.values():
+        if j.offset is not None and j.placement and j.state != "SUSPENDED":
+            members.setdefault(j.placement[0], []).append(j)
+    out: dict[SliceJob, list[SliceJob]] = {}
+    for block, jobs in sorted(members.items()):
+        if (
+            state.owner.get(block) != SUB_BLOCK_OWNER
+            or block in state.failed
+            or any(
+                j.state != RUNNING or j.priority >= priority or j.job_id in exclude for j in jobs
+            )
+        ):
+            continue
+        worst = max(jobs, key=lambda j: DISRUPTION[j.preemption])
+        stand_in = SliceJob(
+            job_id=f"~block-{block}",
+            state=RUNNING,
+            epoch=0,
+            priority=max(j.priority for j in jobs),
+            seq=max(j.seq for j in jobs),
+            demand=jobs[0].demand,
+            placement=(block,),
+            preemption=TERMINATE if worst.preemption == TERMINATE else DELAY,
+        )
+        out[stand_in] = jobs
+    return out
 
 
 def _tiebreak(job: SliceJob) -> tuple[int, int, int, str]:
@@ -154,12 +203,20 @@ def _actions(
     chosen: list[SliceJob],
     freeable: dict[str, Counter[str]],
     deficit: Counter[str],
+    groups: dict[SliceJob, list[SliceJob]] | None = None,
 ) -> list[VictimAction]:
     remaining = Counter(deficit)
     actions: list[VictimAction] = []
     # Whole victims first; shrinking ones then give only what is still missing.
     for job in sorted(chosen, key=lambda j: (j.preemption == SHRINK, _tiebreak(j))):
         assert job.placement is not None
+        if groups and job in groups:  # a block's sub-block slices, each by its own policy
+            for member in sorted(groups[job], key=_tiebreak):
+                action = TERMINATE if member.preemption == TERMINATE else DELAY
+                actions.append(VictimAction(member.job_id, action, tuple(member.held_keys())))
+            for t in list(remaining):
+                remaining[t] = max(0, remaining[t] - freeable[job.job_id][t])
+            continue
         if job.preemption != SHRINK:
             actions.append(VictimAction(job.job_id, job.preemption, tuple(job.placement)))
             for t in list(remaining):

@@ -295,3 +295,21 @@ def test_bad_sub_block_and_twisted_specs_name_the_field_and_rule(spec, field, wo
 def test_twisted_shapes_are_accepted_in_any_axis_order():
     for dims in ([4, 4, 8], [8, 4, 4], [4, 8, 8], [16, 8, 16]):
         assert normalize(_spec(dims, twisted=True), fabric()).demand.twisted
+
+
+def test_a_block_slice_takes_a_block_whose_sub_block_slices_are_all_lower_priority():
+    state = PodState(fabric(blocks=2))
+    state.assume_allocated(job("held", (1, 1, 1), priority=90, state=RUNNING, placement=[0]))
+    hosted(state, box_job("a", (2, 2, 2), priority=10, policy=TERMINATE), 1, (0, 0, 0))
+    hosted(state, box_job("b", (2, 2, 2), priority=30), 1, (2, 0, 0))
+    urgent = job("urgent", (1, 1, 1), priority=60)
+    state.jobs["urgent"] = urgent
+    alloc = plan_admission(state, urgent)
+    assert isinstance(alloc, Allocation) and alloc.placement == (1,)
+    assert {(v.job_id, v.action) for v in alloc.victims} == {("a", TERMINATE), ("b", DELAY)}
+    trial = state.copy()
+    apply_allocation(trial, alloc)
+    assert trial.owner[1] == "urgent" and not trial.chips_held()
+    # One of them at the preemptor's priority protects the whole block.
+    state.jobs["b"] = state.jobs["b"].with_(priority=60)
+    assert not isinstance(plan_admission(state, urgent), Allocation)

@@ -123,3 +123,22 @@ async def test_a_host_outside_the_block_is_refused_naming_host(redis_url):
         assert not slices.slices
         view = await pod.pod()
         assert not view.blocks[0].failed_hosts
+
+
+async def test_a_block_slice_preempts_the_lower_priority_sub_block_slices_of_a_block(redis_url):
+    async with pod_stack(redis_url, blocks=1, ws_environ=NO_RECONCILE) as pod:
+        await pod.admit("a", (2, 2, 2), priority=10)
+        await pod.admit(
+            "b", (2, 2, 2), priority=20, preemption_policy=c.PREEMPTION_POLICY_TERMINATE
+        )
+        reply = await pod.admit("whole", (4, 4, 4), priority=70)
+        assert reply.job.state == c.JOB_STATE_RUNNING, reply.job.reason
+        assert {p.job_id: p.action for p in reply.preempted} == {
+            "a": c.PREEMPTION_POLICY_DELAY,
+            "b": c.PREEMPTION_POLICY_TERMINATE,
+        }
+        assert {p.job_id: list(p.blocks_taken) for p in reply.preempted} == {"a": [0], "b": [0]}
+        assert (await pod.job("a")).state == c.JOB_STATE_SUSPENDED
+        assert (await pod.job("b")).state == c.JOB_STATE_PREEMPTED
+        view = await pod.assert_consistent()
+        assert view.blocks[0].job_id == "whole" and not view.blocks[0].boxes
