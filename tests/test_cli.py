@@ -188,7 +188,9 @@ def _shared_view():
         [box("small", 5, [0, 2, 0], [2, 2, 1]), box("one", 5, [2, 0, 0], [1, 1, 1])]
     )
     view.blocks[5].chips_free = 59
-    view.blocks[6].failed_hosts.append(3)
+    view.blocks[6].failed_hosts.append(3)  # a failed host: the block counts as failed too
+    view.blocks[6].health = c.BLOCK_HEALTH_FAILED
+    view.blocks[7].health = c.BLOCK_HEALTH_FAILED  # failed as a whole block
     view.blocks[6].chips_free = 60
     view.live_jobs.extend(
         [
@@ -224,7 +226,7 @@ def test_the_block_map_shows_shared_blocks_their_boxes_and_failed_hosts():
 
     out = render_pod(_shared_view())
     row = out.splitlines()[3].split()
-    assert row[1:] == ["A", "A", ".", ".", ".", "+", "!", "."]
+    assert row[1:] == ["A", "A", ".", ".", ".", "+", "!", "X"]
     assert "+ shared by sub-block slices   ! a host failed" in out
     assert "B  small  RUNNING  priority 50  chips 2x2x1 at (0,2,0) of block 5, a mesh" in out
     assert "C  one  RUNNING  priority 20  chips 1x1x1 at (2,0,0) of block 5, a mesh" in out

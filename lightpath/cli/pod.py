@@ -201,12 +201,12 @@ def render_pod(view: workload_scheduler_pb2.PodView) -> str:
     for row in range(0, n, width):
         cells = []
         for b in view.blocks[row : row + width]:
-            if b.health == common_pb2.BLOCK_HEALTH_FAILED:
+            if b.failed_hosts:  # (its health is FAILED too: it takes no block slice)
+                cell = HOST_FAILED
+            elif b.health == common_pb2.BLOCK_HEALTH_FAILED:
                 cell = FAILED
             elif b.job_id:
                 cell = symbols[b.job_id]
-            elif b.failed_hosts:
-                cell = HOST_FAILED
             elif _shared(b):
                 cell = SHARED
             else:

@@ -33,6 +33,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from lightpath.errors import LightpathError, PermissionDenied, Unauthenticated
+from lightpath.v1 import common_pb2
 from services.common.supervisor import Supervisor
 from services.console import views
 from services.console.backends import CONSOLE, Backends, Viewer
@@ -58,6 +59,7 @@ CSP = (
 )
 CORES_HOURS = 6.0  # the core broker's timeline: now .. now + this
 SETTLE_S = 0.25  # a view is read again this long after a change was announced
+HOLDING = (common_pb2.JOB_STATE_WIRING, common_pb2.JOB_STATE_RUNNING)  # jobs holding blocks
 
 
 class BadParameter(LightpathError):
@@ -130,7 +132,10 @@ class Console:
             rings = []
             if pod.view.HasField("switched") and pod_id in b.ocs:
                 rings = await b.ring_reservations(viewer, pod_id)
-            return views.pod_view(pod, now, rings), [f"pod:{pod_id}", "tick"]
+            # Twisted tori are marked on their blocks: the cell's jobs holding blocks say which.
+            holding = await b.list_jobs(viewer, pod_id, states=HOLDING)
+            twisted = {j.job_id for j in holding if j.spec.twisted}
+            return views.pod_view(pod, now, rings, twisted), [f"pod:{pod_id}", "tick"]
         if name == "block":
             pod_id, block_id = _param(request, "pod"), _int_param(request, "id")
             pod = await b.get_pod(viewer, pod_id)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -147,11 +147,16 @@ class Backends:
             viewer,
         )
 
-    async def list_jobs(self, viewer: Viewer, pod_id: str = "") -> list[cell_scheduler_pb2.CellJob]:
+    async def list_jobs(
+        self, viewer: Viewer, pod_id: str = "", states: Sequence[int] = ()
+    ) -> list[cell_scheduler_pb2.CellJob]:
         jobs = await self._all(
             self.cell.ListJobs,
             lambda token: cell_scheduler_pb2.ListCellJobsRequest(
-                pod_id=pod_id, page_size=200, page_token=token
+                pod_id=pod_id,
+                states=states,  # type: ignore[arg-type]
+                page_size=200,
+                page_token=token,
             ),
             "jobs",
             viewer,

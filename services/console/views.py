@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 from google.protobuf import json_format
@@ -69,9 +69,23 @@ def pod_row(pod: cell_scheduler_pb2.Pod, now: float) -> dict[str, Any]:
                 "free": t.free,
                 "allocated": t.allocated,
                 "failed": t.failed,
+                # Chips for sub-block slices (issue 28): free, and the largest box one gets.
+                "chips_total": t.chips_total,
+                "chips_free": t.chips_free,
+                "largest_free_box": t.largest_free_box,
             }
             for t in cap.types
         ],
+    }
+
+
+def box_of(box: Any) -> dict[str, Any]:
+    """A ChipBox: a sub-block slice's box of chips inside one block (issue 28)."""
+    return {
+        "job_id": box.job_id,
+        "block_id": box.block_id,
+        "offset": list(box.offset.coords),
+        "chips": list(box.chips.dims),
     }
 
 
@@ -87,6 +101,8 @@ def job_row(job: cell_scheduler_pb2.CellJob, now: float) -> dict[str, Any]:
         "blocks": job.block_count,
         "age_s": age(job.created_at, now),
         "queue_position": job.cell_queue_position,
+        "twisted": job.spec.twisted or job.pod_job.spec.twisted,
+        "box": box_of(job.pod_job.box) if job.pod_job.HasField("box") else None,
     }
 
 
@@ -153,11 +169,19 @@ def pod_view(
     pod: cell_scheduler_pb2.Pod,
     now: float,
     rings: Sequence[ocs_manager_pb2.RingReservationSummary] = (),
+    twisted: Collection[str] = (),
 ) -> dict[str, Any]:
+    """The superpod view. Issue 28: a block given over to sub-block slices (`shared`) lists
+    the box of chips each holds, its failed hosts and its free chips; `block_dims` and
+    `host_shape` let the page draw it split into chips and hosts; the jobs in `twisted`
+    (twisted tori, from the cell's jobs) are marked on their blocks and in the job list."""
     view = pod.view
     out = pod_row(pod, now)
+    boxes = {x.job_id: box_of(x) for b in view.blocks for x in b.boxes}
     out.update(
         block_count=view.block_count,
+        block_dims=list(view.block_shape.dims),
+        host_shape=list(view.host_shape.dims),
         blocks=[
             {
                 "block_id": b.block_id,
@@ -168,6 +192,12 @@ def pod_view(
                 ),
                 "job_id": b.job_id,
                 "position": list(b.position.coords),
+                "boxes": [box_of(x) for x in b.boxes],
+                "failed_hosts": list(b.failed_hosts),
+                "chips_free": b.chips_free,
+                "shared": bool(b.boxes)
+                or (b.availability == common_pb2.BLOCK_AVAILABILITY_ALLOCATED and not b.job_id),
+                "twisted": bool(b.job_id) and b.job_id in twisted,
             }
             for b in view.blocks
         ],
@@ -178,8 +208,21 @@ def pod_view(
                 "priority": j.priority,
                 "grid": shape_text(j.grid.dims),
                 "blocks": j.block_count,
+                "box": boxes.get(j.job_id),
+                "twisted": j.job_id in twisted,
             }
             for j in view.live_jobs
+        ],
+        chips=[
+            {
+                "node_type": t.node_type,
+                "total": t.chips_total,
+                "used": t.chips_used,
+                "failed": t.chips_failed,
+                "free": t.chips_free,
+            }
+            for t in view.types
+            if t.chips_total
         ],
         jobs_by_state=dict(view.jobs_by_state),
         wiring_differences=[as_dict(d) for d in view.wiring_differences],

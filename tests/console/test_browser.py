@@ -247,6 +247,47 @@ def test_a_block_shows_its_job_and_segments(page: Page, console_stack, jobs):
     assert page.errors == []
 
 
+def test_sub_block_boxes_failed_hosts_and_twisted_slices_show_on_the_block_map(
+    page: Page, console_stack
+):
+    """Issue 28: a block shared by sub-block slices is drawn as its chips, each job's box
+    in its colour, a failed host's chips hatched; a twisted torus is marked."""
+    tag = uuid.uuid4().hex[:4]
+    box, one, tw = f"box-{tag}", f"one-{tag}", f"tw-{tag}"
+    with console_stack.cell() as cell:
+        small = cell.submit(box, "2x2x1", pod="pod-1", require_pod=True).job
+        cell.submit(one, "1x1x1", pod="pod-1", require_pod=True)
+        cell.submit(tw, "4x4x8", twisted=True, pod="pod-1", require_pod=True)
+        block = small.pod_job.box.block_id
+        cell.report_block_health("pod-1", block, failed=True, host=15, reason="browser test")
+        try:
+            page.open("pod/pod-1")
+            page.wait_live()
+            shared = page.page.locator(f'g.block[data-block="{block}"]')
+            shared.locator(f'rect.chip[data-job="{box}"]').first.wait_for(timeout=30_000)
+            assert shared.locator(f'rect.chip[data-job="{box}"]').count() == 4
+            assert page.page.locator(f'rect.chip[data-job="{one}"]').count() == 1
+            assert shared.locator("rect.chip-failed").count() == 4  # host 15: 2x2x1 chips
+            assert shared.get_attribute("data-failed-hosts") == "15"
+            assert page.page.locator(f'g.block[data-job="{tw}"][data-twisted="true"]').count() == 2
+            row = page.page.locator("main table tr", has_text=tw)
+            assert "↻ twisted" in row.inner_text()
+            assert "chips 2x2x1 at" in page.page.locator("main table tr", has_text=box).inner_text()
+            shared.hover()
+            tip = page.page.locator(".tip").inner_text()
+            assert "shared by sub-block slices" in tip and "hosts 15 failed" in tip
+            page.shot("pod-sub-block")
+            page.open(f"job/{tw}")
+            page.page.get_by_text("a twisted torus").first.wait_for(timeout=30_000)
+            page.open(f"job/{box}")
+            page.page.get_by_text("a box inside one block").wait_for(timeout=30_000)
+            assert page.errors == []
+        finally:
+            cell.report_block_health("pod-1", block, failed=False, host=15, reason="browser test")
+            for job in (box, one, tw):
+                cell.complete(job)
+
+
 def test_a_tenant_cannot_see_another_tenants_job(page: Page, console_stack, jobs):
     with console_stack.cell("globex") as cell:
         theirs = cell.submit(f"globex-{uuid.uuid4().hex[:4]}", (4, 4, 4)).job.job_id

@@ -110,3 +110,88 @@ def test_the_console_never_reads_redis():
                 names = [node.module]
             for name in names:
                 assert not name.startswith(forbidden), f"{path.name} imports {name}"
+
+
+def _shared_pod():
+    """A hand-made pod (issue 28): block 0-1 a twisted slice, block 5 shared by two
+    sub-block slices, block 6 with a failed host."""
+    from lightpath.v1 import cell_scheduler_pb2 as cs
+    from lightpath.v1 import common_pb2 as c
+    from lightpath.v1 import workload_scheduler_pb2 as w
+
+    pod = cs.Pod(
+        registration=cs.PodRegistration(pod_id="pod-1", block_shape=c.Shape(dims=[4, 4, 4]))
+    )
+    pod.capacity.types.append(
+        cs.NodeTypeCapacity(
+            node_type="tpu", total=8, free=4, chips_total=512, chips_free=375, largest_free_box=64
+        )
+    )
+    v = pod.view
+    v.pod_id, v.block_count = "pod-1", 8
+    v.block_shape.dims.extend([4, 4, 4])
+    v.host_shape.dims.extend([2, 2, 1])
+    alloc = c.BLOCK_AVAILABILITY_ALLOCATED
+    for b in range(8):
+        v.blocks.append(w.BlockView(block_id=b, node_type="tpu", chips_free=64))
+    for b in (0, 1):
+        v.blocks[b].job_id, v.blocks[b].availability = "tw", alloc
+    v.blocks[5].availability = alloc
+    v.blocks[5].chips_free = 59
+    v.blocks[5].boxes.add(
+        block_id=5,
+        offset=c.Coordinate(coords=[0, 2, 0]),
+        chips=c.Shape(dims=[2, 2, 1]),
+        job_id="small",
+    )
+    v.blocks[5].boxes.add(
+        block_id=5,
+        offset=c.Coordinate(coords=[2, 0, 0]),
+        chips=c.Shape(dims=[1, 1, 1]),
+        job_id="one",
+    )
+    v.blocks[6].failed_hosts.append(3)
+    v.blocks[6].health = c.BLOCK_HEALTH_FAILED  # a failed host: no block slice may use it
+    v.blocks[6].chips_free = 60
+    for j in ("tw", "small", "one"):
+        v.live_jobs.add(job_id=j, state=c.JOB_STATE_RUNNING, priority=50)
+    v.types.add(
+        node_type="tpu", total=8, chips_total=512, chips_used=133, chips_failed=4, chips_free=375
+    )
+    return pod
+
+
+def test_the_superpod_view_gives_each_jobs_box_failed_hosts_and_twisted_slices():
+    from services.console.views import pod_view
+
+    d = pod_view(_shared_pod(), 0.0, twisted={"tw"})
+    assert d["block_dims"] == [4, 4, 4] and d["host_shape"] == [2, 2, 1]
+    b5, b6 = d["blocks"][5], d["blocks"][6]
+    assert b5["shared"] and b5["chips_free"] == 59 and not b5["job_id"]
+    assert b5["boxes"] == [
+        {"job_id": "small", "block_id": 5, "offset": [0, 2, 0], "chips": [2, 2, 1]},
+        {"job_id": "one", "block_id": 5, "offset": [2, 0, 0], "chips": [1, 1, 1]},
+    ]
+    assert b6["failed_hosts"] == [3] and not b6["shared"] and b6["chips_free"] == 60
+    assert [b["twisted"] for b in d["blocks"][:3]] == [True, True, False]
+    jobs = {j["job_id"]: j for j in d["live_jobs"]}
+    assert jobs["tw"]["twisted"] and jobs["tw"]["box"] is None
+    assert jobs["small"]["box"]["offset"] == [0, 2, 0] and not jobs["small"]["twisted"]
+    assert d["chips"] == [{"node_type": "tpu", "total": 512, "used": 133, "failed": 4, "free": 375}]
+    assert d["capacity"][0]["largest_free_box"] == 64 and d["capacity"][0]["chips_free"] == 375
+
+
+def test_a_job_row_says_twisted_and_where_its_box_is():
+    from lightpath.v1 import cell_scheduler_pb2 as cs
+    from lightpath.v1 import common_pb2 as c
+    from services.console.views import job_row
+
+    job = cs.CellJob(job_id="small", chips=c.Shape(dims=[2, 2, 1]))
+    job.pod_job.box.block_id = 5
+    job.pod_job.box.chips.dims.extend([2, 2, 1])
+    job.pod_job.box.offset.coords.extend([0, 2, 0])
+    row = job_row(job, 0.0)
+    assert row["box"] == {"job_id": "", "block_id": 5, "offset": [0, 2, 0], "chips": [2, 2, 1]}
+    assert row["twisted"] is False
+    job.spec.twisted = True
+    assert job_row(cs.CellJob(spec=job.spec), 0.0)["twisted"] is True

@@ -205,15 +205,17 @@ function renderCell(main, d) {
 
 // -- Job --------------------------------------------------------------------------------
 function renderJob(main, d) {
-  const dl = (pairs) => h("dl", {}, pairs.flatMap(([k, v]) => [h("dt", {}, k), h("dd", {}, v)]));
+  const dl = (pairs) => h("dl", {}, pairs.filter(Boolean).flatMap(([k, v]) => [h("dt", {}, k), h("dd", {}, v)]));
   const wiring = d.wiring ? `${d.wiring.state}: ${d.wiring.cross_connects} cross-connects, ${d.wiring.one_to_many} 1×K settings, grid ${d.wiring.grid}`
     : (d.wiring_error || "not wired");
   main.replaceChildren(
-    h("h1", {}, `Job ${d.job_id} `, stateTag(d.state)),
+    h("h1", {}, `Job ${d.job_id} `, stateTag(d.state), d.twisted ? h("span", { class: "badge twisted", title: "a twisted torus" }, "↻ twisted") : null),
     h("div", { class: "grid2" },
       h("div", { class: "detail" }, dl([
         ["tenant", d.tenant], ["pod", d.pod_id ? link(`#/pod/${d.pod_id}`, d.pod_id) : "—"],
-        ["shape", `${d.shape} chips = ${d.grid || "?"} blocks`], ["priority", d.priority], ["age", ago(d.age_s)],
+        ["shape", d.box ? `${d.shape} chips: a box inside one block, a mesh (no OCS change)` : `${d.shape} chips = ${d.grid || "?"} blocks${d.twisted ? ", a twisted torus" : ""}`],
+        d.box ? ["box", `chips ${d.box.chips.join("x")} at ${coords(d.box.offset)} of block ${d.box.block_id}`] : null,
+        ["priority", d.priority], ["age", ago(d.age_s)],
         ["reason", d.reason || "—"], ["placement", d.placement_reason || "—"],
         ["wiring", d.wiring && d.pod_id ? link(`#/slice/${d.pod_id}/${encodeURIComponent(d.job_id)}`, wiring) : wiring],
         ["trace id", h("span", { class: "mono" }, d.trace_id || "—")],
@@ -233,7 +235,9 @@ function mapLayout(d) {
     return { cols: cfg.cluster_cols || 4, cell: 120 };
   }
   const n = d.blocks.length;
-  return { cols: Math.max(1, Math.ceil(Math.sqrt(n))), cell: 62 };
+  // Blocks shared by sub-block slices are drawn split into their chips: larger cells.
+  const chips = d.blocks.some((b) => b.shared || b.failed_hosts.length);
+  return { cols: Math.max(1, Math.ceil(Math.sqrt(n))), cell: chips ? 92 : 62 };
 }
 function defs() {
   return s("defs", {},
@@ -243,12 +247,54 @@ function defs() {
       s("rect", { width: 6, height: 6, fill: "#f6f8fa" }), s("circle", { cx: 3, cy: 3, r: 0.8, fill: "#8c959f" })));
 }
 const TYPE_MARK = { tpu: "", gpu: "◆", npu: "" };
+const coords = (c) => `(${c.join(",")})`;
+const boxText = (x) => `${x.job_id} ${x.chips.join("x")} at ${coords(x.offset)}`;
+// Failed as a whole block; one with failed hosts only (also health FAILED: it takes no
+// block slice) keeps serving sub-block slices on its other hosts.
+const wholeFailed = (b) => b.health === "FAILED" && !b.failed_hosts.length;
+function blockSummary(b) {  // what a block holds, in words (tooltip, aria-label)
+  if (wholeFailed(b)) return "failed";
+  const hosts = b.failed_hosts.length ? `; hosts ${b.failed_hosts.join(", ")} failed` : "";
+  if (b.job_id) return `job ${b.job_id}${b.twisted ? " (twisted torus)" : ""}${hosts}`;
+  if (b.shared) return `shared by sub-block slices: ${b.boxes.map(boxText).join(", ") || "none now"}; ${b.chips_free} chips free${hosts}`;
+  return b.failed_hosts.length ? `${b.chips_free} chips free${hosts}` : "free";
+}
+// A block of sub-block slices (issue 28) split into its chips: its z layers side by side,
+// each chip in the colour of the job whose box holds it, a failed host's chips hatched,
+// each host outlined.
+function chipGrid(g, b, d, x, y, size) {
+  const [X, Y, Z] = [...d.block_dims, 1, 1, 1].slice(0, 3);
+  const [hx, hy] = [...(d.host_shape.length ? d.host_shape : [X, Y, Z]), 1, 1, 1].slice(0, 3);
+  const hz = (d.host_shape[2] || 1);
+  const lc = Math.ceil(Math.sqrt(Z)), lr = Math.ceil(Z / lc), lgap = 3;
+  const cs = Math.max(2, Math.floor(Math.min((size - 6 - (lc - 1) * lgap) / (lc * X), (size - 20 - (lr - 1) * lgap) / (lr * Y))));
+  const owner = new Map();
+  for (const box of b.boxes)
+    for (let i = 0; i < box.chips[0]; i++) for (let j = 0; j < (box.chips[1] || 1); j++) for (let k = 0; k < (box.chips[2] || 1); k++)
+      owner.set(`${box.offset[0] + i},${(box.offset[1] || 0) + j},${(box.offset[2] || 0) + k}`, box.job_id);
+  const hostsX = Math.max(1, Math.floor(X / hx)), hostsY = Math.max(1, Math.floor(Y / hy));
+  const hostOf = (cx, cy, cz) => Math.floor(cx / hx) + hostsX * (Math.floor(cy / hy) + hostsY * Math.floor(cz / hz));
+  const failed = new Set(b.failed_hosts);
+  for (let z = 0; z < Z; z++) {
+    const ox = x + 3 + (z % lc) * (X * cs + lgap), oy = y + 17 + Math.floor(z / lc) * (Y * cs + lgap);
+    for (let cy = 0; cy < Y; cy++) for (let cx = 0; cx < X; cx++) {
+      const job = owner.get(`${cx},${cy},${z}`) || "", host = hostOf(cx, cy, z), down = failed.has(host);
+      g.append(s("rect", { class: down ? "chip chip-failed" : "chip", x: ox + cx * cs, y: oy + cy * cs, width: cs, height: cs,
+        fill: down ? "url(#failed-hatch)" : job ? colourOf(job) : "#f6f8fa", stroke: "#d0d7de", "stroke-width": 0.5,
+        "data-chip": `${cx},${cy},${z}`, "data-host": host, "data-job": job }));
+    }
+    for (let h0 = 0; h0 < Y; h0 += hy) for (let w0 = 0; w0 < X; w0 += hx)  // the hosts of this layer
+      g.append(s("rect", { class: "host", x: ox + w0 * cs, y: oy + h0 * cs, width: hx * cs, height: hy * cs, fill: "none", stroke: "#57606a", "stroke-width": 0.8 }));
+  }
+}
 function blockGlyph(b, x, y, size, label) {
-  const failed = b.health === "FAILED";
-  const fill = failed ? "url(#failed-hatch)" : b.job_id ? colourOf(b.job_id) : "url(#free-dots)";
-  const g = s("g", { class: "block", tabindex: 0, role: "button", "data-block": b.block_id,
+  const failed = wholeFailed(b);
+  const split = !failed && !b.job_id && (b.shared || b.failed_hosts.length);
+  const fill = failed ? "url(#failed-hatch)" : b.job_id ? colourOf(b.job_id) : split ? "#ffffff" : "url(#free-dots)";
+  const g = s("g", { class: b.shared ? "block shared" : "block", tabindex: 0, role: "button", "data-block": b.block_id,
     "data-job": b.job_id || "", "data-health": b.health, "data-type": b.node_type,
-    "aria-label": `block ${b.block_id}, ${b.node_type}, ${failed ? "failed" : b.job_id ? `job ${b.job_id}` : "free"}` });
+    "data-twisted": b.twisted ? "true" : null, "data-failed-hosts": b.failed_hosts.join(",") || null,
+    "aria-label": `block ${b.block_id}, ${b.node_type}, ${blockSummary(b)}` });
   const rx = b.node_type === "gpu" ? size / 3 : 3;  // other node types: rounder corners, and a mark
   g.append(s("rect", { class: "cell", x, y, width: size, height: size, rx, fill, stroke: "#57606a", "stroke-width": 1 }));
   const dark = !failed && b.job_id;
@@ -256,6 +302,11 @@ function blockGlyph(b, x, y, size, label) {
   if (TYPE_MARK[b.node_type]) g.append(s("text", { x: x + size - 14, y: y + 13, fill: dark ? "#fff" : "#1b1f24" }, TYPE_MARK[b.node_type]));
   if (failed) g.append(s("text", { x: x + size / 2, y: y + size / 2 + size * 0.18, "font-size": size * 0.5, "text-anchor": "middle", fill: "#a40e26", "font-weight": 700 }, "✕"));
   else if (b.job_id) g.append(s("text", { x: x + 4, y: y + size - 6, fill: "#fff", "font-size": 10 }, label(b.job_id)));
+  if (b.twisted) g.append(s("text", { class: "twist", x: x + size - 4, y: y + 13, "text-anchor": "end", fill: "#fff", "font-weight": 700 }, "↻"));
+  if (split) {
+    g.append(s("text", { x: x + size - 4, y: y + 13, "text-anchor": "end", fill: "#1b1f24", "font-size": 10 }, `${b.chips_free} free`));
+    g.append(s("title", {}, `block ${b.block_id}: ${blockSummary(b)}`));
+  }
   return g;
 }
 function renderPod(main, d) {
@@ -269,6 +320,7 @@ function renderPod(main, d) {
   for (const b of d.blocks) {
     const i = b.block_id, x = gap + (i % cols) * (cell + gap), y = gap + Math.floor(i / cols) * (cell + gap);
     const g = blockGlyph(b, x, y, cell, short);
+    if (!d.switched && !wholeFailed(b) && !b.job_id && (b.shared || b.failed_hosts.length)) chipGrid(g, b, d, x, y, cell);
     if (d.switched) {  // a group: its processors as small squares
       const dims = (d.switched.fabric.config.group_shape || {}).dims || [3, 3];
       const pr = dims[0], pc = dims[1] || 1, ps = Math.floor((cell - 24) / Math.max(pr, pc));
@@ -276,7 +328,7 @@ function renderPod(main, d) {
         g.append(s("rect", { x: x + 10 + c * ps, y: y + 18 + r * ps, width: ps - 3, height: ps - 3, fill: "none", stroke: b.job_id ? "#fff" : "#8c959f" }));
       if (d.switched.small_groups.includes(i)) g.append(s("text", { x: x + cell - 40, y: y + 13, fill: b.job_id ? "#fff" : "#1b1f24" }, "small"));
     }
-    const text = `block ${i} (${b.node_type}) — ${b.health === "FAILED" ? "FAILED" : b.job_id ? `job ${b.job_id}` : "free"}`;
+    const text = `block ${i} (${b.node_type}) — ${wholeFailed(b) ? "FAILED" : blockSummary(b)}`;
     g.addEventListener("mousemove", (ev) => showTip(ev, text));
     g.addEventListener("mouseleave", hideTip);
     const pick = () => { state.selected = i; selectBlock(svg, d, i, detail); };
@@ -290,12 +342,17 @@ function renderPod(main, d) {
     h("span", {}, swatch("url(#free-dots)"), " free"),
     h("span", {}, swatch("url(#failed-hatch)", s("text", { x: 4, y: 14, fill: "#a40e26", "font-size": 13 }, "✕")), " failed (hatched, ✕)"),
     h("span", {}, swatch(PALETTE[0]), " held by a job (colour per job, job id written in the block)"),
+    d.blocks.some((b) => b.shared || b.failed_hosts.length) ? h("span", {}, swatch("#ffffff", s("rect", { x: 4, y: 4, width: 5, height: 5, fill: PALETTE[1] })), ` shared by sub-block slices: drawn as its chips (z layers side by side, hosts of ${d.host_shape.join("x") || "?"} outlined), each job's box in its colour, a failed host hatched`) : null,
+    d.blocks.some((b) => b.twisted) ? h("span", {}, "↻ twisted torus") : null,
     types.length > 1 ? types.map((t) => h("span", {}, swatch("#fff", TYPE_MARK[t] ? s("text", { x: 4, y: 14, "font-size": 11 }, TYPE_MARK[t]) : null, t === "gpu" ? 6 : 2), ` ${t} block`)) : h("span", { class: "muted" }, `all blocks ${types[0] || ""}`));
-  const jobs = d.live_jobs.length ? table(["", "job", "state", "blocks", "grid", "priority"], d.live_jobs.map((j) => [
+  const holds = (j) => j.box ? `chips ${j.box.chips.join("x")} at ${coords(j.box.offset)} of block ${j.box.block_id}` : `${j.grid} blocks`;
+  const jobs = d.live_jobs.length ? table(["", "job", "state", "holds", "priority"], d.live_jobs.map((j) => [
     s("svg", { width: 14, height: 14, "aria-hidden": "true" }, s("rect", { width: 14, height: 14, fill: colourOf(j.job_id) })),
-    link(`#/job/${encodeURIComponent(j.job_id)}`, j.job_id), stateTag(j.state), j.blocks, j.grid, j.priority]), [3, 5])
+    h("span", {}, link(`#/job/${encodeURIComponent(j.job_id)}`, j.job_id), j.twisted ? h("span", { class: "badge twisted", title: "a twisted torus" }, "↻ twisted") : null),
+    stateTag(j.state), holds(j), j.priority]), [4])
     : h("p", { class: "muted" }, "No live jobs.");
   const caps = d.capacity.map((c) => h("div", {}, `${c.node_type}: `, usebar(c.allocated, c.total, `${c.node_type} in use`), ` · ${c.free} free · ${c.failed} failed`));
+  for (const c of d.chips || []) caps.push(h("div", { class: "chips" }, `${c.node_type} chips: `, usebar(c.used, c.total, `${c.node_type} chips in use`), ` · ${c.free} free · ${c.failed} failed`));
   const side = [h("div", { class: "detail" }, h("div", {}, stateTag(d.status), ` heartbeat ${ago(d.heartbeat_age_s)} ago · queue ${d.queued_jobs}`), caps,
     h("div", {}, link(`#/ocs/${d.pod_id}`, "OCS use of this pod →"))), detail, h("h2", {}, "Live jobs"), jobs];
   if (d.switched) side.push(switchedPanel(d));
@@ -323,7 +380,10 @@ async function selectBlock(svg, d, id, detail) {
   detail.replaceChildren(h("h2", {}, `Block ${b.block_id}`),
     h("dl", {}, h("dt", {}, "type"), h("dd", {}, b.node_type), h("dt", {}, "health"), h("dd", {}, stateTag(b.health === "FAILED" ? "FAILED" : "READY"), " ", b.health),
       h("dt", {}, "job"), h("dd", {}, b.job_id ? link(`#/job/${encodeURIComponent(b.job_id)}`, b.job_id) : "free"),
-      h("dt", {}, "wiring"), h("dd", {}, b.job_id ? link(`#/slice/${d.pod_id}/${encodeURIComponent(b.job_id)}`, "its slice's cross-connects →") : "—")),
+      h("dt", {}, "wiring"), h("dd", {}, b.job_id ? link(`#/slice/${d.pod_id}/${encodeURIComponent(b.job_id)}`, "its slice's cross-connects →") : b.shared ? "none: sub-block slices use the block's own links" : "—"),
+      (b.failed_hosts || []).length ? [h("dt", {}, "failed hosts"), h("dd", {}, b.failed_hosts.join(", "))] : null,
+      b.shared || (b.failed_hosts || []).length ? [h("dt", {}, "chips free"), h("dd", {}, String(b.chips_free))] : null),
+    (b.boxes || []).length ? table(["job", "box (chips)", "at"], b.boxes.map((x) => [link(`#/job/${encodeURIComponent(x.job_id)}`, x.job_id), x.chips.join("x"), coords(x.offset)])) : null,
     b.segments.length ? h("div", { class: "scroll" }, table(["dim", "axis", "end", "OCS port(s)", "1×K"], b.segments.map((g) => [g.dim, g.axis, g.end, g.ports.join(" "), g.one_to_many || "—"])))
       : h("p", { class: "muted" }, d.switched ? "A processor group: its links are ring reservations (below)." : "No segments reported."),
     b.cross_connects.length ? h("p", {}, `${b.cross_connects.length} cross-connects of its slice touch it.`) : null);
