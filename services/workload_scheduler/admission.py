@@ -214,9 +214,12 @@ class AdmissionMixin(WiringMixin):
         )
         now = self.now_ms()
         if decision is not None:
-            placed = job.with_(state=WIRING, placement=decision.placement)
+            placed = job.with_(state=WIRING, placement=decision.placement, offset=decision.offset)
             record = JobRecord(job.job_id, spec_b64, WIRING, 0, "", placed, now, now)
-            outcome = "placed on blocks " + ",".join(map(str, decision.placement))
+            if placed.offset is not None:
+                outcome = "placed on " + describe_box(placed)
+            else:
+                outcome = "placed on blocks " + ",".join(map(str, decision.placement))
             if decision.victims:
                 outcome += " by preempting " + ", ".join(
                     f"{v.job_id} ({v.action.lower()})" for v in decision.victims

@@ -142,3 +142,27 @@ async def test_a_block_slice_preempts_the_lower_priority_sub_block_slices_of_a_b
         assert (await pod.job("b")).state == c.JOB_STATE_PREEMPTED
         view = await pod.assert_consistent()
         assert view.blocks[0].job_id == "whole" and not view.blocks[0].boxes
+
+
+async def test_cancel_update_and_a_dry_run_work_for_sub_block_slices(redis_url):
+    async with pod_stack(redis_url, blocks=1, ws_environ=NO_RECONCILE) as pod:
+        dry = await pod.ws.AdmitJob(
+            ws.AdmitJobRequest(
+                spec=ws.JobSpec(job_id="x", shape=c.Shape(dims=[1, 2, 2])), validate_only=True
+            )
+        )
+        assert dry.outcome == "placed on chips 1x2x2 at (0,0,0) of block 0", dry.outcome
+        assert (await pod.pod()).blocks[0].chips_free == 64  # nothing kept
+        await pod.admit("x", (1, 2, 2), priority=30)
+        updated = await pod.ws.UpdateJob(
+            ws.UpdateJobRequest(
+                spec=ws.JobSpec(job_id="x", priority=90),
+                update_mask={"paths": ["priority"]},
+            )
+        )
+        assert updated.priority == 90 and updated.state == c.JOB_STATE_RUNNING
+        assert updated.HasField("box")
+        cancelled = await pod.ws.CancelJob(ws.CancelJobRequest(job_id="x", reason="done early"))
+        assert cancelled.state == c.JOB_STATE_CANCELLED and not cancelled.HasField("box")
+        view = await pod.assert_consistent()
+        assert view.blocks[0].availability == c.BLOCK_AVAILABILITY_FREE
