@@ -100,3 +100,37 @@ def test_deadlines_read_as_durations_or_times():
     assert parse_deadline("2024-05-01T12:00:00", now) == datetime(2024, 5, 1, 12, tzinfo=UTC)
     with pytest.raises(SystemExit):
         parse_deadline("soon", now)
+
+
+async def test_sub_block_twisted_and_host_commands_through_the_cell(cell2, capsys, monkeypatch):
+    # Issue 28, as a user types it.
+    monkeypatch.setenv("LIGHTPATH_CELL_ADDR", cell2.cell_addresses[0])
+    code, out = await run(capsys, "submit", "small-1", "--shape", "2x2x1")
+    assert code == 0, out
+    assert "small-1 (default): RUNNING on pod-a, priority 50, 2x2x1 chips (a box inside" in out
+    assert "  box:    chips 2x2x1 at (0,0,0) of block " in out
+    assert ", a mesh, no OCS change" in out
+
+    code, out = await run(capsys, "job", "small-1", "--json")
+    box = json.loads(out)["pod_job"]["box"]
+    assert code == 0 and box["chips"]["dims"] == [2, 2, 1] and box["job_id"] == "small-1"
+    block = box["block_id"]
+
+    code, out = await run(capsys, "submit", "tw-1", "--shape", "4x4x8", "--twisted")
+    assert code == 0 and "4x4x8 chips (2 blocks), a twisted torus" in out, out
+    code, out = await run(capsys, "submit", "tw-2", "--shape", "4x8x12", "--twisted")
+    assert code == 1 and "--twisted (spec.twisted): " in out, out
+
+    code, out = await run(capsys, "block", "pod-a", str(block), "--failed", "--host", "15")
+    assert code == 0 and out.startswith(f"pod pod-a block {block} host 15: "), out
+    assert f"block {block}: hosts 15 failed, " in out
+    code, out = await run(capsys, "pod", "pod-a")
+    assert code == 0 and "sub-block blocks (hosts of 2x2x1 chips):" in out, out
+    assert "chips 2x2x1 at (0,0,0) of block" in out and "hosts 15 failed" in out
+    code, out = await run(capsys, "block", "pod-a", str(block), "--healthy", "--host", "15")
+    assert code == 0 and "host 15: " in out
+    code, out = await run(capsys, "block", "pod-a", str(block), "--failed", "--host", "16")
+    assert code == 1 and "--host (host): " in out, out
+
+    code, out = await run(capsys, "pods")
+    assert code == 0 and "chips free" in out and "/512 (box " in out

@@ -172,3 +172,29 @@ async def test_update_priority_and_labels_and_prefer_a_pod(cell2):
 def _blocking_update(address: str) -> int:
     with Cell(address) as cell:
         return cell.update("sdk-u", priority=33).priority
+
+
+async def test_sub_block_slices_twisted_tori_and_host_reports(cell2):
+    # Issue 28: a box inside one block, a twisted torus, one host of a block.
+    async with AsyncCell(cell2.cell_addresses[0]) as cell:
+        small = (await cell.submit("sdk-box", "2x2x1", node_type="tpu")).job
+        assert state_name(small.state) == "RUNNING" and small.block_count == 0
+        assert list(small.spec.node_type_counts.items()) == [("tpu", 1)]
+        box = small.pod_job.box
+        assert list(box.chips.dims) == [2, 2, 1] and box.job_id == "sdk-box"
+
+        twisted = (await cell.submit("sdk-tw", "4x4x8", twisted=True)).job
+        assert twisted.spec.twisted and state_name(twisted.state) == "RUNNING"
+        with pytest.raises(InvalidArgument) as bad:
+            await cell.submit("sdk-tw-bad", "4x8x12", twisted=True)
+        assert [v.field for v in bad.value.violations] == ["spec.twisted"]
+
+        failed = await cell.report_block_health(
+            small.pod_id, box.block_id, failed=True, host=15, reason="PSU"
+        )
+        assert list(failed.block.failed_hosts) == [15]
+        healthy = await cell.report_block_health(small.pod_id, box.block_id, failed=False, host=15)
+        assert not healthy.block.failed_hosts
+        with pytest.raises(InvalidArgument) as bad:
+            await cell.report_block_health(small.pod_id, box.block_id, failed=True, host=99)
+        assert [v.field for v in bad.value.violations] == ["host"]
