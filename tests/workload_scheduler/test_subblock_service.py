@@ -166,3 +166,28 @@ async def test_cancel_update_and_a_dry_run_work_for_sub_block_slices(redis_url):
         assert cancelled.state == c.JOB_STATE_CANCELLED and not cancelled.HasField("box")
         view = await pod.assert_consistent()
         assert view.blocks[0].availability == c.BLOCK_AVAILABILITY_FREE
+
+
+async def test_two_replicas_packing_and_freeing_at_once_never_share_a_chip(redis_url):
+    """Replicas race to place, complete and move sub-block slices on the same blocks:
+    each commit re-checks the chips, the block's owner and the hosts it assumed."""
+    import asyncio
+    import random
+
+    rng = random.Random(7)
+    shapes = [(1, 1, 1), (1, 1, 2), (1, 2, 2), (2, 2, 2), (2, 2, 4), (2, 4, 4)]
+    async with pod_stack(redis_url, blocks=4, replicas=2) as pod:
+
+        async def one(i: int) -> None:
+            name = f"s{i}"
+            reply = await pod.admit(name, rng.choice(shapes), replica=i % 2)
+            if reply.job.state == c.JOB_STATE_RUNNING and i % 3 == 0:
+                await pod.schedulers[(i + 1) % 2].CompleteJob(ws.CompleteJobRequest(job_id=name))
+
+        await asyncio.gather(*(one(i) for i in range(40)))
+        await pod.host(3, 0)
+        await pod.settle()
+        view = await pod.assert_consistent()  # chips disjoint, boxes where the jobs say
+        held = sum(b.chips_free for b in view.blocks)
+        (tpu,) = view.types
+        assert tpu.chips_free == held and tpu.chips_used + tpu.chips_free + tpu.chips_failed == 256
