@@ -25,9 +25,15 @@ checker that finds nothing cannot pass unnoticed.
 from __future__ import annotations
 
 import ast
+import functools
 import itertools
 from dataclasses import dataclass
 from pathlib import Path
+
+import pytest
+
+# The tree is read once per worker (read_imports is cached): keep these tests together.
+pytestmark = pytest.mark.xdist_group("architecture")
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("lightpath", "services")
@@ -72,8 +78,10 @@ def _type_checking_nodes(tree: ast.AST) -> set[int]:
     return inside
 
 
+@functools.lru_cache(maxsize=4)
 def read_imports(root: Path) -> tuple[dict[str, tuple[Path, bool]], list[Import]]:
-    """Every import statement of every module under `root`'s packages."""
+    """Every import statement of every module under `root`'s packages (read once per
+    root: the callers only read what it answers)."""
     modules = _modules(root)
     imports: list[Import] = []
     for name, (path, is_pkg) in modules.items():
