@@ -302,3 +302,26 @@ def test_a_refused_field_is_named_with_the_flag_that_sets_it(capsys):
     assert "--twisted (spec.twisted): 4x8x12 cannot be twisted" in out
     assert "--shape (spec.shape.dims[0]): must be >= 1" in out
     assert out.count("4x8x12 cannot be twisted") == 1
+
+
+def test_a_host_report_says_which_sub_block_slices_moved():
+    from lightpath.cli.cell import describe_block_report
+    from lightpath.v1 import common_pb2 as c
+    from lightpath.v1 import workload_scheduler_pb2 as w
+
+    def box(at: list[int]) -> w.ChipBox:
+        return w.ChipBox(
+            block_id=63, offset=c.Coordinate(coords=at), chips=c.Shape(dims=[2, 2, 1]), job_id="s"
+        )
+
+    resp = w.ReportBlockHealthResponse(action="job s moved off failed chips", affected_jobs=["s"])
+    resp.moved.add(job_id="s", to=box([0, 2, 0]))
+    getattr(resp.moved[0], "from").CopyFrom(box([0, 0, 0]))
+    resp.block.block_id, resp.block.chips_free = 63, 54
+    resp.block.failed_hosts.append(0)
+    assert describe_block_report("pod-1", 63, 0, resp).splitlines() == [
+        "pod pod-1 block 63 host 0: job s moved off failed chips",
+        "  moved s: chips 2x2x1 at (0,0,0) of block 63 -> (0,2,0) of block 63",
+        "  block 63: hosts 0 failed, 54 chips free for sub-block slices",
+        "  affected: s",
+    ]

@@ -638,8 +638,10 @@ def describe_block_report(
     what = f"pod {pod_id} block {block_id}" + (f" host {host}" if host is not None else "")
     lines = [f"{what}: {resp.action}"]
     for m in resp.moved:
+        was = getattr(m, "from")  # (a Python keyword)
         lines.append(
-            f"  moved {m.job_id}: {describe_box(getattr(m, 'from'))} -> "
+            f"  moved {m.job_id}: chips {'x'.join(map(str, was.chips.dims))} at "
+            f"{_coords(was.offset.coords)} of block {was.block_id} -> "
             f"{_coords(m.to.offset.coords)} of block {m.to.block_id}"
         )
     b = resp.block
