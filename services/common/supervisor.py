@@ -107,8 +107,14 @@ class Supervisor:
         backoff_max_s: float = BACKOFF_MAX_S,
         healthy_after_s: float = HEALTHY_AFTER_S,
         reset_after_s: float = RESET_AFTER_S,
+        clock: Callable[[], float] | None = None,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ):
+        """`clock` (seconds, default the event loop's) and `sleep` time the backoff and
+        the healthy-again wait; tests pass a manual clock and advance it."""
         self.log = log
+        self._clock = clock
+        self._sleep = sleep
         self.backoff_initial_s = backoff_initial_s
         self.backoff_max_s = max(backoff_max_s, backoff_initial_s)
         self.healthy_after_s = healthy_after_s
@@ -182,11 +188,11 @@ class Supervisor:
         _current.set(entry)
         me = asyncio.current_task()
         assert me is not None
-        loop = asyncio.get_running_loop()
+        now = self._clock or asyncio.get_running_loop().time
         backoff = self.backoff_initial_s
         try:
             while True:
-                started = loop.time()
+                started = now()
                 entry._ready.clear()
                 watch = (
                     asyncio.create_task(self._until_healthy(entry), name=f"{entry.name} (health)")
@@ -202,7 +208,7 @@ class Supervisor:
                         return  # stopping: the failure is the cancellation's doing
                     entry.failures += 1
                     entry.last_error = f"{type(exc).__name__}: {exc}"
-                    if loop.time() - started >= self.reset_after_s:
+                    if now() - started >= self.reset_after_s:
                         backoff = self.backoff_initial_s
                     entry.state = TaskState.BACKOFF
                     _report(entry)
@@ -218,7 +224,7 @@ class Supervisor:
                         extra=self._extra(entry),
                     )
                     await self._publish()
-                    await asyncio.sleep(backoff)
+                    await self._sleep(backoff)
                     backoff = min(self.backoff_max_s, backoff * 2)
                     entry.restarts += 1
                     _restarts.add(1, {"task": entry.name})
@@ -243,7 +249,7 @@ class Supervisor:
                     )
                     entry.restarts += 1
                     _restarts.add(1, {"task": entry.name})
-                    await asyncio.sleep(backoff)
+                    await self._sleep(backoff)
                     backoff = min(self.backoff_max_s, backoff * 2)
                     continue
                 entry.state = TaskState.DONE
@@ -257,10 +263,12 @@ class Supervisor:
     async def _until_healthy(self, entry: SupervisedTask) -> None:
         """Up again once the restarted run has lasted `healthy_after_s` or said ready()."""
         ready = asyncio.ensure_future(entry._ready.wait())
+        timer = asyncio.ensure_future(self._sleep(self.healthy_after_s))
         try:
-            await asyncio.wait({ready}, timeout=self.healthy_after_s)
+            await asyncio.wait({ready, timer}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             ready.cancel()
+            timer.cancel()
         if entry.state is TaskState.RECOVERING:
             entry.state = TaskState.RUNNING
             _report(entry)

@@ -40,6 +40,42 @@ async def wait_until(predicate, timeout: float = 5.0, what: str = "condition") -
         await asyncio.sleep(0.005)
 
 
+class ManualClock:
+    """Time that moves only when the test says: `sleep` waits for `advance`."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+        self._sleepers: list[tuple[float, asyncio.Future]] = []
+
+    def now(self) -> float:
+        return self.t
+
+    async def sleep(self, seconds: float) -> None:
+        fut = asyncio.get_running_loop().create_future()
+        self._sleepers.append((self.t + seconds, fut))
+        await fut
+
+    async def next_wake(self) -> float:
+        """Move time to the earliest sleeper's wake-up and wake every one due."""
+        await _yield()
+        live = [(t, f) for t, f in self._sleepers if not f.done()]
+        assert live, "nobody is sleeping"
+        self.t = max(self.t, min(t for t, _ in live))
+        self._sleepers = []
+        for t, f in live:
+            if t <= self.t:
+                f.set_result(None)
+            else:
+                self._sleepers.append((t, f))
+        await _yield()
+        return self.t
+
+
+async def _yield() -> None:
+    for _ in range(20):  # let the woken tasks run to their next wait
+        await asyncio.sleep(0)
+
+
 async def stop(task: asyncio.Task) -> None:
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
@@ -47,27 +83,33 @@ async def stop(task: asyncio.Task) -> None:
 
 
 async def test_a_failing_task_restarts_with_capped_exponential_backoff(caplog):
-    sup = Supervisor(log, backoff_initial_s=0.05, backoff_max_s=0.2, healthy_after_s=10)
+    clock = ManualClock()
+    sup = Supervisor(
+        log,
+        backoff_initial_s=0.05,
+        backoff_max_s=0.2,
+        healthy_after_s=10,
+        clock=clock.now,
+        sleep=clock.sleep,
+    )
     starts: list[float] = []
-    loop = asyncio.get_running_loop()
 
     async def flaky() -> None:
-        starts.append(loop.time())
+        starts.append(clock.now())
         if len(starts) < 6:
             raise RuntimeError(f"boom {len(starts)}")
         await asyncio.sleep(3600)
 
     with caplog.at_level(logging.INFO, logger="test.supervisor"):
         task = sup.supervise(flaky, "flaky")
-        await wait_until(lambda: len(starts) == 6, what="six runs")
+        while len(starts) < 6:
+            await clock.next_wake()
     entry = sup.tasks["flaky"]
     assert (entry.failures, entry.restarts) == (5, 5)
     assert entry.state is TaskState.RECOVERING
     assert sup.counts()["flaky"] == {"state": "recovering", "failures": 5, "restarts": 5}
-    gaps = [b - a for a, b in itertools.pairwise(starts)]
-    # 0.05, 0.1, 0.2, then capped at 0.2, not 0.4, 0.8 (timers run late, never early)
-    for gap, wanted in zip(gaps, [0.05, 0.1, 0.2, 0.2, 0.2], strict=True):
-        assert wanted <= gap < wanted + 0.15, gaps
+    gaps = [round(b - a, 9) for a, b in itertools.pairwise(starts)]
+    assert gaps == [0.05, 0.1, 0.2, 0.2, 0.2]  # doubling, then capped at 0.2
     failed = [r for r in caplog.records if "failed" in r.getMessage()]
     assert len(failed) == 5
     assert all(r.levelno == logging.ERROR and r.exc_info for r in failed)
@@ -78,26 +120,33 @@ async def test_a_failing_task_restarts_with_capped_exponential_backoff(caplog):
 
 
 async def test_backoff_starts_again_after_a_healthy_run():
+    clock = ManualClock()
     sup = Supervisor(
-        log, backoff_initial_s=0.05, backoff_max_s=1.0, healthy_after_s=0.01, reset_after_s=0.05
+        log,
+        backoff_initial_s=0.05,
+        backoff_max_s=1.0,
+        healthy_after_s=0.01,
+        reset_after_s=0.05,
+        clock=clock.now,
+        sleep=clock.sleep,
     )
     starts: list[float] = []
-    loop = asyncio.get_running_loop()
 
     async def fails_late_once() -> None:
-        starts.append(loop.time())
+        starts.append(clock.now())
         if len(starts) <= 3:
             raise RuntimeError("early")
         if len(starts) == 4:
-            await asyncio.sleep(0.1)  # longer than reset_after_s
+            await clock.sleep(0.1)  # longer than reset_after_s
             raise RuntimeError("late")
         await asyncio.sleep(3600)
 
     task = sup.supervise(fails_late_once, "t")
-    await wait_until(lambda: len(starts) == 5)
+    while len(starts) < 5:
+        await clock.next_wake()
     # waits 0.05, 0.1, 0.2 (growing), then after the long run 0.05 again, not 0.4
-    assert starts[3] - starts[2] >= 0.2
-    assert 0.1 + 0.05 <= starts[4] - starts[3] < 0.1 + 0.3
+    gaps = [round(b - a, 9) for a, b in itertools.pairwise(starts)]
+    assert gaps == [0.05, 0.1, 0.2, 0.15]  # the 0.1 s run, then 0.05 again
     await stop(task)
 
 
