@@ -49,7 +49,6 @@ async def test_the_cell_and_pod_recover_from_redis_restarts_by_themselves(
     restartable_redis, caplog
 ):
     server = restartable_redis
-    started = time.monotonic()
     async with cell_stack(server.url, pods=(("pod-a", 8, "tpu"),)) as cell:
         pod = cell.pods["pod-a"]
         first = await cell.submit("before-restart", (4, 4, 4))
@@ -104,7 +103,6 @@ async def test_the_cell_and_pod_recover_from_redis_restarts_by_themselves(
         await cell.cell.CompleteJob(cs.CompleteCellJobRequest(job_id="after-loading"))
         await asyncio.wait_for(watcher, 10)
         assert events[-1] == c.JOB_STATE_COMPLETED, events
-    assert time.monotonic() - started < 60
 
 
 async def _async(value):

@@ -342,9 +342,10 @@ async def test_grace_period_bounds_the_wait(redis_url):
         call = asyncio.ensure_future(_call(ch, "Slow")(common_pb2.GetInfoRequest()))
         while "slow started" not in log:
             await asyncio.sleep(0.01)
-        started = time.monotonic()
         await stop()
-        assert time.monotonic() - started < 0.5
+        # Stopped within the grace period, not after the 0.6 s call: the call was cut
+        # short (no wall-clock assertion: what happened to the call says it).
+        assert "slow finished" not in log
         with pytest.raises(grpc.aio.AioRpcError):
             await call
         assert "slow finished" not in log
@@ -472,8 +473,7 @@ async def test_shutdown_does_not_hang_on_a_task_that_swallows_a_cancellation(red
         runtime.spawn(stubborn_loop(), "stubborn")
         return [_probe_definition([])]
 
-    started = time.monotonic()
     async with running("probe", _settings(redis_url), build):
         await asyncio.sleep(0.05)
+    # Stopped although it swallowed a cancellation (a hang would meet the test timeout).
     assert swallowed == ["once"] and stopped.is_set()
-    assert time.monotonic() - started < 3
