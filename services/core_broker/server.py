@@ -18,6 +18,7 @@ from typing import Any
 
 from opentelemetry import trace
 
+from lightpath import limits
 from lightpath.errors import (
     FailedPrecondition,
     FieldViolation,
@@ -80,7 +81,7 @@ from services.core_broker.view import LiveView, device_doc
 
 SERVICE_NAME = core_broker_pb2.DESCRIPTOR.services_by_name["CoreBroker"].full_name
 pb = core_broker_pb2
-MAX_BATCH_REQUESTS = 1000
+MAX_BATCH_REQUESTS = limits.FIELDS["BatchReserveRequest.requests"]
 DEFAULT_PAGE = 50
 MAX_PAGE = paging.MAX_PAGE
 
