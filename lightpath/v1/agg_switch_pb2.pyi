@@ -653,7 +653,9 @@ class StartCommandRequest(_message.Message):
     order_policy: Global___OrderPolicy.ValueType
     trigger: Global___TriggerMode.ValueType
     tenant: _builtins.str
-    """Who the command runs for ("" = "default")."""
+    """Who the command runs for ("" = "default", the reserved name of what has no
+    tenant: the operators').
+    """
     slot_policy: Global___SlotPolicy.ValueType
     wait_for_all: _builtins.bool
     """Timeouts off: every switch waits for all of its children (the baseline

@@ -100,8 +100,9 @@ class SubmitJobRequest(_message.Message):
     PREFERRED_POD_FIELD_NUMBER: _builtins.int
     REQUIRE_PREFERRED_POD_FIELD_NUMBER: _builtins.int
     tenant: _builtins.str
-    """Whose job it is ([A-Za-z0-9._-]{1,64}; "" = "default"). Kept with the job
-    and given to the pod as the label "tenant".
+    """Whose job it is ([A-Za-z0-9._-]{1,64}; "" = "default", the reserved name of
+    what has no tenant: the operators', which no tenant credential can carry).
+    Kept with the job and given to the pod as the label "tenant".
     """
     validate_only: _builtins.bool
     """Decide, say what would happen, change nothing (AIP-163)."""
