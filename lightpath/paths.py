@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import BinaryIO
 
 
 def default_state_dir() -> Path:
@@ -23,3 +24,11 @@ def write_private(path: Path, data: bytes | str) -> None:
     with os.fdopen(fd, "wb") as f:
         f.write(data.encode() if isinstance(data, str) else data)
     os.replace(tmp, path)
+
+
+def open_private_append(path: Path) -> BinaryIO:
+    """`path` opened to append bytes, readable by its owner only (0600), also when it
+    existed with wider permissions (a log kept from an older release)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.fchmod(fd, 0o600)
+    return os.fdopen(fd, "ab")

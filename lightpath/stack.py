@@ -53,7 +53,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from lightpath.embedded_redis import EmbeddedRedis, die_with_parent, free_port
-from lightpath.paths import default_state_dir, pki_dir, write_private
+from lightpath.paths import default_state_dir, open_private_append, pki_dir, write_private
 from lightpath.security.credentials import Credentials, token_path
 from lightpath.security.identity import (
     OPERATOR,
@@ -557,8 +557,9 @@ class Stack:
         env.setdefault("LIGHTPATH_LOG_FORMAT", "json")
         logs = self.state_dir / "logs"
         # The JSON-lines log (stderr) apart from what console exporters print (stdout).
-        logfile = open(logs / f"{name}.log", "ab")
-        otelfile = open(logs / f"{name}.otel.jsonl", "ab")
+        # Owner-only, as the audit logs: they name callers, jobs and errors (issue 30).
+        logfile = open_private_append(logs / f"{name}.log")
+        otelfile = open_private_append(logs / f"{name}.otel.jsonl")
         try:
             self.procs[name] = subprocess.Popen(
                 [sys.executable, "-m", f"services.{service}"],

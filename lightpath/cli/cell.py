@@ -149,7 +149,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=0,
         note=" (a SWITCHED pod's job needs them; those not given: what makes the product, then 1)",
     )
-    p.add_argument("--tenant", default="", help='whose job it is (default "default")')
+    p.add_argument(
+        "--tenant",
+        default="",
+        help='whose job it is (default: none, the operators\' reserved tenant "default")',
+    )
     p.add_argument(
         "--label", action="append", default=[], metavar="KEY=VALUE", help="kept with the job"
     )

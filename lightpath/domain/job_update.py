@@ -21,6 +21,7 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from lightpath import limits
 from lightpath.domain.jobs import priority_of
 from lightpath.domain.slices import MAX_PRIORITY, MIN_PRIORITY
 from lightpath.errors import FieldViolation, InvalidArgument
@@ -33,8 +34,8 @@ LABEL_KEY_RULE = (
     "a label key is 1-63 characters of A-Z a-z 0-9 . _ / - starting and ending "
     "with a letter or digit"
 )
-MAX_LABELS = 64
-MAX_LABEL_VALUE = 256
+MAX_LABELS = limits.LABELS
+MAX_LABEL_VALUE = limits.LABEL_VALUE
 _CLASS_NAMES = {
     int(v): common_pb2.PriorityClass.Name(v).removeprefix("PRIORITY_CLASS_")
     for v in common_pb2.PriorityClass.values()

@@ -12,7 +12,8 @@ Kinds:
              `cell_scheduler`, `core_broker`; `console` is the web console,
              which may only read (a read-only operator).
   operator   a person or tool that runs the cell (`operator`, `alice`, ...).
-  tenant     a job system acting for one tenant; the name is the tenant.
+  tenant     a job system acting for one tenant; the name is the tenant, never one
+             of RESERVED_TENANTS (`default` is what has no tenant: the operators').
   application  a core_broker application (its id).
   node       a compute node of an aggregation tree (its node id).
 """
@@ -35,6 +36,36 @@ KINDS = (SERVICE, OPERATOR, TENANT, APPLICATION, NODE)
 # principal's name can be a tenant, pod, node or application id as it is.
 _SEGMENT = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 
+# The tenant of what is submitted without one (a job, an aggregation command): it
+# belongs to the operators, so no tenant may ever be called that.
+NO_TENANT = "default"
+# Tenant names no credential can carry (compared without regard to case): the name
+# of what has no tenant, and names that read as the system's own. A certificate
+# or token for one of them authenticates nobody, and none can be issued.
+RESERVED_TENANTS = frozenset(
+    {
+        NO_TENANT,
+        "admin",
+        "all",
+        "anonymous",
+        "any",
+        "cell",
+        "console",
+        "lightpath",
+        "none",
+        "operator",
+        "operators",
+        "root",
+        "service",
+        "system",
+        "unknown",
+    }
+)
+
+
+def is_reserved_tenant(name: str) -> bool:
+    return name.lower() in RESERVED_TENANTS
+
 
 class IdentityError(ValueError):
     """A kind or name that cannot be an identity; the message says the rule."""
@@ -53,6 +84,11 @@ class Principal:
             raise IdentityError(
                 f"name {self.name!r} must be one or two `/`-separated ids "
                 "(1-64 characters of A-Z a-z 0-9 . _ - each)"
+            )
+        if self.kind == TENANT and is_reserved_tenant(self.name):
+            raise IdentityError(
+                f"tenant name {self.name!r} is reserved (what is submitted without a tenant "
+                f"is the operators'; reserved: {', '.join(sorted(RESERVED_TENANTS))})"
             )
 
     @property

@@ -458,13 +458,16 @@ class AggTopology(_message.Message):
     def nodes(self) -> _containers.RepeatedCompositeFieldContainer[Global___AggNode]:
         """Children of a switch are ordered as listed here: the preset order in
         which float sums and products combine (AG-8).
+        At most 10,000 entries (lightpath.limits).
         """
 
     @_builtins.property
     def defined_at(self) -> _timestamp_pb2.Timestamp: ...
     @_builtins.property
     def endpoints(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
-        """Output only: where each switch / dedicated node is reached."""
+        """Output only: where each switch / dedicated node is reached.
+        At most 10,000 entries (lightpath.limits).
+        """
 
     def __init__(
         self,
@@ -547,6 +550,7 @@ class TimeoutAggregatorSelection(_message.Message):
         """Candidates named by management (the root picks one by the strategy);
         empty = every eligible node: the participants, the switches above them
         and the dedicated nodes.
+        At most 10,000 entries (lightpath.limits).
         """
 
     def __init__(
@@ -649,7 +653,9 @@ class StartCommandRequest(_message.Message):
     order_policy: Global___OrderPolicy.ValueType
     trigger: Global___TriggerMode.ValueType
     tenant: _builtins.str
-    """Who the command runs for ("" = "default")."""
+    """Who the command runs for ("" = "default", the reserved name of what has no
+    tenant: the operators').
+    """
     slot_policy: Global___SlotPolicy.ValueType
     wait_for_all: _builtins.bool
     """Timeouts off: every switch waits for all of its children (the baseline
@@ -661,7 +667,9 @@ class StartCommandRequest(_message.Message):
     """EXACT only; unset = 32."""
     @_builtins.property
     def participants(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
-        """Compute nodes of the topology."""
+        """Compute nodes of the topology.
+        At most 10,000 entries (lightpath.limits).
+        """
 
     @_builtins.property
     def deadline(self) -> _duration_pb2.Duration:
@@ -677,7 +685,9 @@ class StartCommandRequest(_message.Message):
 
     @_builtins.property
     def predicted_timeout_nodes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
-        """Or name them."""
+        """Or name them.
+        At most 10,000 entries (lightpath.limits).
+        """
 
     @_builtins.property
     def parameter_server(self) -> Global___ParameterServerOptions: ...
@@ -947,6 +957,7 @@ class AbortCommandRequest(_message.Message):
     reason: _builtins.str
     """Why; shown to every waiting node and kept in AggCommand.failure.
     Required, at most 500 characters.
+    At most 1,024 characters (lightpath.limits).
     """
     def __init__(
         self,
@@ -1051,7 +1062,9 @@ class ChooseTimeoutAggregatorRequest(_message.Message):
     """Seeds RANDOM_BY_ID (the same id always picks the same node)."""
     @_builtins.property
     def participants(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
-        """The command's participants (eligibility of compute nodes); empty = all."""
+        """The command's participants (eligibility of compute nodes); empty = all.
+        At most 10,000 entries (lightpath.limits).
+        """
 
     @_builtins.property
     def selection(self) -> Global___TimeoutAggregatorSelection: ...
@@ -1150,7 +1163,9 @@ class PredictStragglersRequest(_message.Message):
     def options(self) -> Global___StragglerPredictionOptions: ...
     @_builtins.property
     def participants(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
-        """Bitmaps for these participants; empty = every compute node."""
+        """Bitmaps for these participants; empty = every compute node.
+        At most 10,000 entries (lightpath.limits).
+        """
 
     def __init__(
         self,
@@ -1358,7 +1373,9 @@ class SetParametersRequest(_message.Message):
     dtype: Global___AggDType.ValueType
     """float32 or float64."""
     data: _builtins.bytes
-    """Little-endian elements."""
+    """Little-endian elements.
+    At most 16,777,216 bytes (lightpath.limits).
+    """
     def __init__(
         self,
         *,
@@ -1782,10 +1799,14 @@ class AggChunk(_message.Message):
     parameters: _builtins.bool
     """RESULT carries new parameters (AG-12) rather than the aggregate."""
     data: _builtins.bytes
-    """Little-endian elements of this chunk."""
+    """Little-endian elements of this chunk.
+    At most 16,777,216 bytes (lightpath.limits).
+    """
     @_builtins.property
     def timeout_nodes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
-        """AG-4: the late nodes this aggregate lacks."""
+        """AG-4: the late nodes this aggregate lacks.
+        At most 10,000 entries (lightpath.limits).
+        """
 
     @_builtins.property
     def shm(self) -> Global___ShmRef:
@@ -1793,7 +1814,9 @@ class AggChunk(_message.Message):
 
     @_builtins.property
     def released(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
-        """RELEASE only: the chunks released, when more than `index`."""
+        """RELEASE only: the chunks released, when more than `index`.
+        At most 10,000 entries (lightpath.limits).
+        """
 
     def __init__(
         self,

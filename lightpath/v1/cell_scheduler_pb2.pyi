@@ -100,8 +100,9 @@ class SubmitJobRequest(_message.Message):
     PREFERRED_POD_FIELD_NUMBER: _builtins.int
     REQUIRE_PREFERRED_POD_FIELD_NUMBER: _builtins.int
     tenant: _builtins.str
-    """Whose job it is ([A-Za-z0-9._-]{1,64}; "" = "default"). Kept with the job
-    and given to the pod as the label "tenant".
+    """Whose job it is ([A-Za-z0-9._-]{1,64}; "" = "default", the reserved name of
+    what has no tenant: the operators', which no tenant credential can carry).
+    Kept with the job and given to the pod as the label "tenant".
     """
     validate_only: _builtins.bool
     """Decide, say what would happen, change nothing (AIP-163)."""
@@ -313,7 +314,9 @@ class ListCellJobsRequest(_message.Message):
     page_size: _builtins.int
     page_token: _builtins.str
     @_builtins.property
-    def states(self) -> _containers.RepeatedScalarFieldContainer[_common_pb2.JobState.ValueType]: ...
+    def states(self) -> _containers.RepeatedScalarFieldContainer[_common_pb2.JobState.ValueType]:
+        """At most 16 entries (lightpath.limits)."""
+
     def __init__(
         self,
         *,
@@ -383,6 +386,7 @@ class CancelCellJobRequest(_message.Message):
     REASON_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     reason: _builtins.str
+    """At most 1,024 characters (lightpath.limits)."""
     def __init__(
         self,
         *,
@@ -460,6 +464,7 @@ class ReportCellBlockHealthRequest(_message.Message):
     health: _common_pb2.BlockHealth.ValueType
     """HEALTHY (= recovered) or FAILED."""
     reason: _builtins.str
+    """At most 1,024 characters (lightpath.limits)."""
     host: _builtins.int
     """One host of the block instead of the whole block (ReportBlockHealthRequest.host)."""
     def __init__(
@@ -535,7 +540,9 @@ class PodRegistration(_message.Message):
 
     @_builtins.property
     def node_types(self) -> _containers.RepeatedCompositeFieldContainer[Global___NodeTypeBlocks]:
-        """Blocks per node type, in block-id order."""
+        """Blocks per node type, in block-id order.
+        At most 64 entries (lightpath.limits).
+        """
 
     def __init__(
         self,
@@ -609,6 +616,7 @@ class NodeTypeCapacity(_message.Message):
     def preemptible_by_priority(self) -> _containers.ScalarMap[_builtins.int, _builtins.int]:
         """Blocks running jobs of each priority would give up at most under their own
         preemption policy (CS-3: what a higher priority may take).
+        At most 128 entries (lightpath.limits).
         """
 
     def __init__(
@@ -649,7 +657,9 @@ class PodCapacity(_message.Message):
     taken: an older report never overwrites a newer one.
     """
     @_builtins.property
-    def types(self) -> _containers.RepeatedCompositeFieldContainer[Global___NodeTypeCapacity]: ...
+    def types(self) -> _containers.RepeatedCompositeFieldContainer[Global___NodeTypeCapacity]:
+        """At most 64 entries (lightpath.limits)."""
+
     @_builtins.property
     def at(self) -> _timestamp_pb2.Timestamp: ...
     def __init__(
@@ -728,6 +738,7 @@ class ReportPodStatusRequest(_message.Message):
     def transitions(self) -> _containers.RepeatedCompositeFieldContainer[Global___PodJobTransition]:
         """Job transitions with stream ids in (events_after, events_until], oldest
         first. events_after is the id the cell acknowledged last.
+        At most 500 entries (lightpath.limits).
         """
 
     def __init__(

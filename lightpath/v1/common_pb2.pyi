@@ -11,6 +11,16 @@ Conventions every service follows (Google AIP where it fits):
 * List calls take `page_size` (0 = the service default, capped at 1000) and
   an opaque `page_token`, and return `next_page_token` ("" on the last page).
 * Times are google.protobuf.Timestamp, spans of time google.protobuf.Duration.
+* Every field of a request is bounded (lightpath/limits.py, one table every
+  service checks before any work): a string at most 256 characters (a field
+  named `id` or `*_id` at most 128), bytes at most 1,024, a repeated field at
+  most 1,024 entries of at most 128 characters each, a map at most 64 entries
+  with keys and string values of at most 256 characters — unless the field's
+  own comment says "At most ...". A field over its limit is INVALID_ARGUMENT
+  (reason FIELD_TOO_LARGE) naming the field path and the limit. A request
+  larger than its service takes at all (4-20 MiB, per service) is refused by
+  gRPC before it is read (RESOURCE_EXHAUSTED). Error messages and details are
+  cut to a few hundred characters whatever the request held.
 * Errors (X-3) carry a google.rpc.Status in the `grpc-status-details-bin`
   trailer, with:
     - google.rpc.ErrorInfo   {reason: UPPER_SNAKE rule id, domain: "lightpath.dev"}
@@ -289,7 +299,9 @@ class Shape(_message.Message):
 
     DIMS_FIELD_NUMBER: _builtins.int
     @_builtins.property
-    def dims(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    def dims(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """At most 8 entries (lightpath.limits)."""
+
     def __init__(
         self,
         *,
@@ -311,7 +323,9 @@ class Coordinate(_message.Message):
 
     COORDS_FIELD_NUMBER: _builtins.int
     @_builtins.property
-    def coords(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    def coords(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """At most 8 entries (lightpath.limits)."""
+
     def __init__(
         self,
         *,
@@ -370,6 +384,7 @@ class JobEvent(_message.Message):
     from_state: Global___JobState.ValueType
     to_state: Global___JobState.ValueType
     reason: _builtins.str
+    """At most 2,048 characters (lightpath.limits)."""
     pod_id: _builtins.str
     @_builtins.property
     def at(self) -> _timestamp_pb2.Timestamp: ...

@@ -11,6 +11,16 @@ Conventions every service follows (Google AIP where it fits):
 * List calls take `page_size` (0 = the service default, capped at 1000) and
   an opaque `page_token`, and return `next_page_token` ("" on the last page).
 * Times are google.protobuf.Timestamp, spans of time google.protobuf.Duration.
+* Every field of a request is bounded (lightpath/limits.py, one table every
+  service checks before any work): a string at most 256 characters (a field
+  named `id` or `*_id` at most 128), bytes at most 1,024, a repeated field at
+  most 1,024 entries of at most 128 characters each, a map at most 64 entries
+  with keys and string values of at most 256 characters — unless the field's
+  own comment says "At most ...". A field over its limit is INVALID_ARGUMENT
+  (reason FIELD_TOO_LARGE) naming the field path and the limit. A request
+  larger than its service takes at all (4-20 MiB, per service) is refused by
+  gRPC before it is read (RESOURCE_EXHAUSTED). Error messages and details are
+  cut to a few hundred characters whatever the request held.
 * Errors (X-3) carry a google.rpc.Status in the `grpc-status-details-bin`
   trailer, with:
     - google.rpc.ErrorInfo   {reason: UPPER_SNAKE rule id, domain: "lightpath.dev"}

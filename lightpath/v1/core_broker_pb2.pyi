@@ -506,7 +506,9 @@ class QueryCapacityRequest(_message.Message):
     def end(self) -> _timestamp_pb2.Timestamp: ...
     @_builtins.property
     def device_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
-        """empty: every device"""
+        """At most 10,000 entries (lightpath.limits).
+        empty: every device
+        """
 
     def __init__(
         self,
@@ -741,7 +743,9 @@ class SetLatenciesRequest(_message.Message):
 
     LATENCIES_FIELD_NUMBER: _builtins.int
     @_builtins.property
-    def latencies(self) -> _containers.RepeatedCompositeFieldContainer[Global___Latency]: ...
+    def latencies(self) -> _containers.RepeatedCompositeFieldContainer[Global___Latency]:
+        """At most 4,096 entries (lightpath.limits)."""
+
     def __init__(
         self,
         *,
@@ -819,7 +823,9 @@ class ReservationRequest(_message.Message):
 
     @_builtins.property
     def device_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
-        """empty: any device"""
+        """At most 1,024 entries (lightpath.limits).
+        empty: any device
+        """
 
     def __init__(
         self,
@@ -1006,7 +1012,9 @@ class BatchReserveRequest(_message.Message):
     ALL_OR_NOTHING_FIELD_NUMBER: _builtins.int
     all_or_nothing: _builtins.bool
     @_builtins.property
-    def requests(self) -> _containers.RepeatedCompositeFieldContainer[Global___ReservationRequest]: ...
+    def requests(self) -> _containers.RepeatedCompositeFieldContainer[Global___ReservationRequest]:
+        """At most 1,000 entries (lightpath.limits)."""
+
     def __init__(
         self,
         *,
@@ -1340,7 +1348,9 @@ class ReportGraphMetricsRequest(_message.Message):
 
     METRICS_FIELD_NUMBER: _builtins.int
     @_builtins.property
-    def metrics(self) -> _graph_pb2.GraphRunMetrics: ...
+    def metrics(self) -> _graph_pb2.GraphRunMetrics:
+        """At most 1 characters (lightpath.limits)."""
+
     def __init__(
         self,
         *,
@@ -1392,7 +1402,9 @@ class GetGraphMetricsRequest(_message.Message):
     """Empty: the latest run reported."""
     @_builtins.property
     def components(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
-        """Empty: every component."""
+        """Empty: every component.
+        At most 10,000 entries (lightpath.limits).
+        """
 
     def __init__(
         self,

@@ -187,6 +187,7 @@ class Dataset(_message.Message):
     PARTITIONS_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     path: _builtins.str
+    """At most 1,024 characters (lightpath.limits)."""
     partitions: _builtins.int
     """0 or 1: a serial file; N: an N-way multifile (seed Fig. 3A, 302 and 306)."""
     def __init__(
@@ -311,7 +312,9 @@ class Component(_message.Message):
     """Execution phase: phase p+1 starts when phase p has finished."""
     @_builtins.property
     def params(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
-        """Parameters of the kind (a filter's `where`, a sort's `key`, ...)."""
+        """Parameters of the kind (a filter's `where`, a sort's `key`, ...).
+        At most 64 entries; values at most 1,024 characters (lightpath.limits).
+        """
 
     @_builtins.property
     def input_ports(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
@@ -381,7 +384,9 @@ class GraphSpec(_message.Message):
     @_builtins.property
     def components(self) -> _containers.RepeatedCompositeFieldContainer[Global___Component]: ...
     @_builtins.property
-    def flows(self) -> _containers.RepeatedCompositeFieldContainer[Global___Flow]: ...
+    def flows(self) -> _containers.RepeatedCompositeFieldContainer[Global___Flow]:
+        """At most 4,096 entries (lightpath.limits)."""
+
     @_builtins.property
     def datasets(self) -> _containers.RepeatedCompositeFieldContainer[Global___Dataset]: ...
     @_builtins.property
@@ -652,11 +657,17 @@ class GraphRunMetrics(_message.Message):
     startup_seconds: _builtins.float
     records_read: _builtins.int
     @_builtins.property
-    def components(self) -> _containers.RepeatedCompositeFieldContainer[Global___ComponentMetrics]: ...
+    def components(self) -> _containers.RepeatedCompositeFieldContainer[Global___ComponentMetrics]:
+        """At most 10,000 entries (lightpath.limits)."""
+
     @_builtins.property
-    def flows(self) -> _containers.RepeatedCompositeFieldContainer[Global___FlowMetrics]: ...
+    def flows(self) -> _containers.RepeatedCompositeFieldContainer[Global___FlowMetrics]:
+        """At most 10,000 entries (lightpath.limits)."""
+
     @_builtins.property
-    def processes(self) -> _containers.RepeatedCompositeFieldContainer[Global___ProcessMetrics]: ...
+    def processes(self) -> _containers.RepeatedCompositeFieldContainer[Global___ProcessMetrics]:
+        """At most 10,000 entries (lightpath.limits)."""
+
     def __init__(
         self,
         *,

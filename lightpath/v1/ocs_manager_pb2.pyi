@@ -492,11 +492,15 @@ class WireSliceRequest(_message.Message):
 
     @_builtins.property
     def blocks(self) -> _containers.RepeatedCompositeFieldContainer[Global___BlockPlacement]:
-        """Exactly one block per grid position."""
+        """Exactly one block per grid position.
+        At most 65,536 entries (lightpath.limits).
+        """
 
     @_builtins.property
     def wrap(self) -> _containers.RepeatedScalarFieldContainer[_builtins.bool]:
-        """Wrap-around per dimension; empty means a torus in every dimension."""
+        """Wrap-around per dimension; empty means a torus in every dimension.
+        At most 8 entries (lightpath.limits).
+        """
 
     @_builtins.property
     def expect_fabric(self) -> Global___FabricConfig:
@@ -1521,6 +1525,7 @@ class SwapGroupRequest(_message.Message):
     def free_groups(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """Free groups the caller may give (the replacement order is the manager's:
         same cluster row, then same column, then nearest) ...
+        At most 65,536 entries (lightpath.limits).
         """
 
     @_builtins.property

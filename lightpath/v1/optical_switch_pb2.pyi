@@ -281,11 +281,17 @@ class ApplyBatchRequest(_message.Message):
     """
     expect_version: _builtins.int
     @_builtins.property
-    def disconnect(self) -> _containers.RepeatedCompositeFieldContainer[Global___PortPair]: ...
+    def disconnect(self) -> _containers.RepeatedCompositeFieldContainer[Global___PortPair]:
+        """At most 4,096 entries (lightpath.limits)."""
+
     @_builtins.property
-    def set_outputs(self) -> _containers.RepeatedCompositeFieldContainer[Global___OutputSelection]: ...
+    def set_outputs(self) -> _containers.RepeatedCompositeFieldContainer[Global___OutputSelection]:
+        """At most 4,096 entries (lightpath.limits)."""
+
     @_builtins.property
-    def connect(self) -> _containers.RepeatedCompositeFieldContainer[Global___PortPair]: ...
+    def connect(self) -> _containers.RepeatedCompositeFieldContainer[Global___PortPair]:
+        """At most 4,096 entries (lightpath.limits)."""
+
     def __init__(
         self,
         *,
@@ -378,7 +384,9 @@ class ApplyBatchesRequest(_message.Message):
     BATCHES_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def batches(self) -> _containers.RepeatedCompositeFieldContainer[Global___ApplyBatchRequest]:
-        """At most 4096, each naming a different switch."""
+        """At most 4096, each naming a different switch.
+        At most 1,024 entries (lightpath.limits).
+        """
 
     def __init__(
         self,

@@ -198,23 +198,29 @@ class JobSpec(_message.Message):
 
     @_builtins.property
     def node_types(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
-        """Node type per logical position (¶103), or ..."""
+        """Node type per logical position (¶103), or ...
+        At most 64 entries (lightpath.limits).
+        """
 
     @_builtins.property
     def node_type_counts(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
         """... blocks per node type (positions filled row-major, types by name).
         Neither: every block of the pod's primary type (the first in LIGHTPATH_BLOCK_TYPES).
+        At most 64 entries (lightpath.limits).
         """
 
     @_builtins.property
     def wrap(self) -> _containers.RepeatedScalarFieldContainer[_builtins.bool]:
-        """Wraparound per dimension; empty = a torus in every dimension."""
+        """Wraparound per dimension; empty = a torus in every dimension.
+        At most 8 entries (lightpath.limits).
+        """
 
     @_builtins.property
     def shrink_to(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.Shape]:
         """SHRINK: the smaller arrangements this job accepts, in `unit`, each a
         sub-box of `shape` (every extent <=, fewer blocks). The blocks of the
         sub-box at the origin keep their positions; the others are given up.
+        At most 16 entries (lightpath.limits).
         """
 
     @_builtins.property
@@ -225,7 +231,9 @@ class JobSpec(_message.Message):
 
     @_builtins.property
     def labels(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
-        """Free-form labels (tenant, user, ...), kept with the job."""
+        """Free-form labels (tenant, user, ...), kept with the job.
+        At most 64 entries; keys at most 63 characters; values at most 256 characters (lightpath.limits).
+        """
 
     def __init__(
         self,
@@ -612,7 +620,9 @@ class ListJobsRequest(_message.Message):
     page_token: _builtins.str
     @_builtins.property
     def states(self) -> _containers.RepeatedScalarFieldContainer[_common_pb2.JobState.ValueType]:
-        """Filter; empty = every state."""
+        """Filter; empty = every state.
+        At most 16 entries (lightpath.limits).
+        """
 
     def __init__(
         self,
@@ -681,6 +691,7 @@ class CancelJobRequest(_message.Message):
     REASON_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     reason: _builtins.str
+    """At most 1,024 characters (lightpath.limits)."""
     def __init__(
         self,
         *,
@@ -742,6 +753,7 @@ class ReportBlockHealthRequest(_message.Message):
     health: _common_pb2.BlockHealth.ValueType
     """HEALTHY (= recovered) or FAILED."""
     reason: _builtins.str
+    """At most 1,024 characters (lightpath.limits)."""
     host: _builtins.int
     """One host of the block instead of the whole block: 0..hosts-1, row-major with
     x fastest over the block's grid of hosts (a 4x4x4 block of 2x2x1-chip hosts

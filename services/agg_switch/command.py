@@ -26,6 +26,7 @@ from lightpath.aggregation.maths import (
     split_chunks,
 )
 from lightpath.errors import FailedPrecondition, FieldViolation, InvalidArgument
+from lightpath.security.identity import NO_TENANT
 from services.agg_switch.topology import NodeKind, Topology
 from services.common.keys import ID_RULE, is_valid_id
 
@@ -73,7 +74,7 @@ class CommandSpec:
     order: OrderPolicy = OrderPolicy.PRESET
     trigger: Trigger = Trigger.ALL_OR_THRESHOLD
     fraction_bits: int = DEFAULT_FRACTION_BITS
-    tenant: str = "default"
+    tenant: str = NO_TENANT
     slot_policy: SlotPolicy = SlotPolicy.WAIT
     wait_for_all: bool = False
     timeout_aggregator: str = ""
@@ -465,7 +466,7 @@ def new_command(
         bad.append(FieldViolation("length", f"must be within 1..{MAX_LENGTH} elements"))
     if not (0 <= req.deadline_s <= MAX_DEADLINE_S and math.isfinite(req.deadline_s)):
         bad.append(FieldViolation("deadline", f"must be within 0..{MAX_DEADLINE_S:.0f} s"))
-    tenant = req.tenant or "default"
+    tenant = req.tenant or NO_TENANT
     if not is_valid_id(tenant):
         bad.append(FieldViolation("tenant", ID_RULE))
     if req.ps_model and not is_valid_id(req.ps_model):

@@ -34,6 +34,7 @@ from functools import cached_property
 from lightpath.domain.blocks import TYPE_NAME_RULE, PodFabric, parse_block_types
 from lightpath.domain.jobs import normalize, switched_spec_rules
 from lightpath.errors import FieldViolation, InvalidArgument
+from lightpath.security.identity import NO_TENANT
 from lightpath.v1 import cell_scheduler_pb2, common_pb2, workload_scheduler_pb2
 from services.cell_scheduler.choice import chips_key
 from services.cell_scheduler.demand import DerivedShape, derive_shape
@@ -41,7 +42,7 @@ from services.common import validate
 from services.common.keys import ID_RULE, is_valid_id
 from services.common.settings import parse_address
 
-DEFAULT_TENANT = "default"
+DEFAULT_TENANT = NO_TENANT  # reserved: no tenant credential can carry it
 TENANT_LABEL = "tenant"
 
 # Refusals that say a pod is not for this kind of request (a SWITCHED pod asked for a

@@ -8,6 +8,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from opentelemetry import trace
 
 from lightpath.errors import FieldViolation, InvalidArgument, NotFound, PermissionDenied
+from lightpath.security.identity import NO_TENANT
 from lightpath.v1 import cell_scheduler_pb2, cell_scheduler_pb2_grpc, common_pb2
 from services.cell_scheduler.cell import CellScheduler
 from services.cell_scheduler.jobs import JobView
@@ -143,7 +144,7 @@ class CellSchedulerServicer(cell_scheduler_pb2_grpc.CellSchedulerServicer):
                         f"job id {request.spec.job_id!r} is taken by another tenant; choose another",
                         reason="JOB_ID_TAKEN",
                     )
-        _note(job_id=request.spec.job_id, tenant=request.tenant or "default")
+        _note(job_id=request.spec.job_id, tenant=request.tenant or NO_TENANT)
         result = await self._cell.submit(request)
         _note(pod_id=result.record.pod, state=result.record.state, created=result.created)
         return cell_scheduler_pb2.SubmitJobResponse(

@@ -143,21 +143,40 @@ def from_redis(exc: BaseException) -> Unavailable | ResourceExhausted | None:
     return err
 
 
+# An error is a few hundred bytes whatever the request held (issue 30): a message,
+# each detail string and the number of violations are cut to these.
+MAX_MESSAGE = 1024
+MAX_DETAIL = 256
+MAX_VIOLATIONS = 16
+MAX_METADATA = 16
+
+
+def short(text: str, limit: int = MAX_DETAIL) -> str:
+    """`text`, cut to `limit` characters with an ellipsis when longer."""
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 def to_status_proto(err: LightpathError):  # -> google.rpc.status_pb2.Status
-    """The google.rpc.Status carried in the trailers for `err`."""
+    """The google.rpc.Status carried in the trailers for `err` (every string in it
+    cut to MAX_MESSAGE or MAX_DETAIL characters)."""
     import grpc
     from google.protobuf import any_pb2, duration_pb2
     from google.rpc import code_pb2, error_details_pb2, status_pb2
 
+    metadata = {short(k, 64): short(str(v)) for k, v in list(err.metadata.items())[:MAX_METADATA]}
     details = [
-        error_details_pb2.ErrorInfo(reason=err.reason, domain=ERROR_DOMAIN, metadata=err.metadata),
+        error_details_pb2.ErrorInfo(
+            reason=short(err.reason, 64), domain=ERROR_DOMAIN, metadata=metadata
+        ),
     ]
     if isinstance(err, InvalidArgument):
         details.append(
             error_details_pb2.BadRequest(
                 field_violations=[
-                    error_details_pb2.BadRequest.FieldViolation(field=v.field, description=v.rule)
-                    for v in err.violations
+                    error_details_pb2.BadRequest.FieldViolation(
+                        field=short(v.field), description=short(v.rule)
+                    )
+                    for v in err.violations[:MAX_VIOLATIONS]
                 ]
             )
         )
@@ -166,14 +185,18 @@ def to_status_proto(err: LightpathError):  # -> google.rpc.status_pb2.Status
             error_details_pb2.PreconditionFailure(
                 violations=[
                     error_details_pb2.PreconditionFailure.Violation(
-                        type=err.reason, subject=err.subject, description=err.rule
+                        type=short(err.reason, 64),
+                        subject=short(err.subject),
+                        description=short(err.rule),
                     )
                 ]
             )
         )
     elif isinstance(err, NotFound):
         details.append(
-            error_details_pb2.ResourceInfo(resource_type=err.resource_type, resource_name=err.name)
+            error_details_pb2.ResourceInfo(
+                resource_type=short(err.resource_type), resource_name=short(err.name)
+            )
         )
     retry_delay_s = getattr(err, "retry_delay_s", None)
     if retry_delay_s is not None:
@@ -187,5 +210,7 @@ def to_status_proto(err: LightpathError):  # -> google.rpc.status_pb2.Status
         packed.append(a)
     code = grpc.StatusCode[err.code]
     return status_pb2.Status(
-        code=getattr(code_pb2, err.code, code.value[0]), message=err.message, details=packed
+        code=getattr(code_pb2, err.code, code.value[0]),
+        message=short(err.message, MAX_MESSAGE),
+        details=packed,
     )

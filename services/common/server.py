@@ -26,7 +26,7 @@ import redis.asyncio as aioredis
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from opentelemetry.sdk.trace import TracerProvider
 
-from lightpath import __version__
+from lightpath import __version__, limits
 from lightpath.client import channel as client_channel
 from lightpath.security.credentials import Credentials
 from lightpath.security.tokens import TokenRegistry
@@ -43,10 +43,10 @@ from services.common.telemetry import ServerInterceptor, configure_logging
 S = TypeVar("S", bound=CommonSettings)
 log = logging.getLogger("lightpath.server")
 
-# Generous message size: aggregation chunks and full-pod wirings are large.
+# Answers may be large (a full pod's wiring, a page of jobs); what a service takes
+# in is bounded by lightpath.limits.MAX_REQUEST_BYTES, per service.
 GRPC_OPTIONS = [
     ("grpc.max_send_message_length", 64 * 1024 * 1024),
-    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
     ("grpc.so_reuseport", 0),
 ]
 
@@ -107,15 +107,17 @@ def create_server(
     credentials: grpc.ServerCredentials | None = None,
     guard: Guard | None = None,
     admission: Admission | None = None,
+    max_request_bytes: int = limits.DEFAULT_REQUEST_BYTES,
 ) -> tuple[Server, int]:
     """Build (not start) a server for `services` on `address`; `127.0.0.1:0` binds an
     ephemeral port. With `credentials` it serves TLS; with a `guard` every call is
     authenticated, authorized and audited (services.common.auth); with an `admission`
     limiter outside callers' unary calls are queued or shed under overload
-    (services.common.admission)."""
+    (services.common.admission). gRPC refuses a request larger than
+    `max_request_bytes` before it is parsed (RESOURCE_EXHAUSTED)."""
     server = grpc.aio.server(
         interceptors=[ServerInterceptor(tracer_provider, guard, admission), *interceptors],
-        options=GRPC_OPTIONS,
+        options=[*GRPC_OPTIONS, ("grpc.max_receive_message_length", max_request_bytes)],
     )
     for svc in services:
         svc.register(svc.servicer, server)
@@ -311,6 +313,7 @@ async def running(
                 settings.queue_wait_s,
                 service=service,
             ),
+            max_request_bytes=limits.request_bytes(service),
         )
         runtime.port = port
         await server.start()

@@ -14,8 +14,10 @@
     failure into UNAVAILABLE with a retry delay (services.common.errors.from_redis),
     and any other exception into INTERNAL, logged with its trace id;
   * answers INVALID_ARGUMENT, naming the message type, for request bytes that do
-    not parse (the request deserializer runs before any handler, so the interceptor
-    wraps it: a DecodeError becomes a marker the call turns into the status).
+    not parse, and naming the field and its limit for a request with a field over
+    its limit (lightpath.limits): the request deserializer runs before any handler,
+    so the interceptor wraps it, and either becomes a marker the call turns into
+    the status once the caller is authenticated.
 
 `configure_logging` makes logs structured (one JSON object per line) and stamps
 each record with the current trace and span ids.
@@ -38,12 +40,19 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from redis.exceptions import RedisError
 
-from lightpath import __version__
+from lightpath import __version__, limits
 from lightpath.telemetry import TRACER_NAME, _rpc_attributes
 from services.common import instruments
 from services.common.admission import OVERLOADED, Admission, exempt_principal, sheddable
 from services.common.auth import Guard, count_failure
-from services.common.errors import InvalidArgument, LightpathError, from_redis, to_status_proto
+from services.common.errors import (
+    MAX_MESSAGE,
+    InvalidArgument,
+    LightpathError,
+    from_redis,
+    short,
+    to_status_proto,
+)
 
 log = logging.getLogger("lightpath.rpc")
 
@@ -150,11 +159,11 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
                 gate = _Gate(self._guard, method)
                 try:
                     await gate.enter(context, span)
+                    if check_one and type(request) is _Undecodable:
+                        raise request.error()  # before admission: it costs no slot
                     if admission is not None and not exempt_principal(gate.principal):
                         await admission.acquire()
                         admitted = admission
-                    if check_one and type(request) is _Undecodable:
-                        raise request.error()
                     result = inner(_checked(request) if check_each else request, context)
                     if inspect.isawaitable(result):
                         result = await result
@@ -164,7 +173,7 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
                     code = _code_of(exc, context)
                     if code in _DENIED:
                         count_failure(getattr(exc, "reason", "") or code.name)
-                    gate.message = getattr(exc, "message", "")
+                    gate.message = short(getattr(exc, "message", ""), MAX_MESSAGE)
                     await _abort_for(exc, span, method, context)
                 finally:
                     if admitted is not None:
@@ -200,7 +209,7 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
                     code = _code_of(exc, context)
                     if code in _DENIED:
                         count_failure(getattr(exc, "reason", "") or code.name)
-                    gate.message = getattr(exc, "message", "")
+                    gate.message = short(getattr(exc, "message", ""), MAX_MESSAGE)
                     await _abort_for(exc, span, method, context)
                 finally:
                     gate.leave(code, request)
@@ -219,16 +228,25 @@ _DENIED = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED)
 
 
 class _Undecodable:
-    """What a wrapped request deserializer gives for bytes that do not parse: the
-    call answers INVALID_ARGUMENT before the servicer sees it."""
+    """What a wrapped request deserializer gives for bytes that do not parse, or
+    for a request with a field over its limit (lightpath.limits): the call answers
+    INVALID_ARGUMENT before the servicer sees it."""
 
-    __slots__ = ("detail", "type_name")
+    __slots__ = ("detail", "too_large", "type_name")
 
-    def __init__(self, type_name: str, detail: str):
+    def __init__(self, type_name: str, detail: str, too_large: InvalidArgument | None = None):
         self.type_name = type_name
         self.detail = detail
+        self.too_large = too_large
 
     def error(self, index: int | None = None) -> InvalidArgument:
+        if self.too_large is not None:
+            if index is None:
+                return self.too_large
+            (v,) = self.too_large.violations[:1]
+            return InvalidArgument(
+                f"request[{index}].{v.field}", v.rule, reason=self.too_large.reason
+            )
         return InvalidArgument(
             "request" if index is None else f"request[{index}]",
             f"the bytes do not parse as a {self.type_name} ({self.detail})",
@@ -238,7 +256,8 @@ class _Undecodable:
 
 def _tolerant(deserializer: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
     """`deserializer` (a generated message class's FromString) returning an
-    _Undecodable instead of raising DecodeError; any other deserializer as it is."""
+    _Undecodable instead of raising DecodeError or for a field over its limit
+    (lightpath.limits.check); any other deserializer as it is."""
     message_type = getattr(deserializer, "__self__", None)
     if deserializer is None or not (
         isinstance(message_type, type) and issubclass(message_type, Message)
@@ -249,10 +268,15 @@ def _tolerant(deserializer: Callable[[bytes], Any] | None) -> Callable[[bytes], 
 
     def deserialize(raw: bytes) -> Any:
         try:
-            return parse(raw)
+            request = parse(raw)
         except DecodeError as exc:
             # "Error parsing message with type 'X': Wire format was corrupt" -> the why
             return _Undecodable(type_name, str(exc).rpartition(": ")[2] or "malformed")
+        try:
+            limits.check(request)
+        except InvalidArgument as exc:
+            return _Undecodable(type_name, "", exc)
+        return request
 
     return deserialize
 
@@ -344,13 +368,13 @@ async def _abort_for(
             "%s -> %s: %s%s",
             method,
             exc.code,
-            exc.message,
+            status.message,
             f" [{type(cause).__name__}: {cause}]" if infrastructure else "",
             extra={"rpc_method": method, "code": exc.code},
         )
         await context.abort(
             grpc.StatusCode[exc.code],
-            exc.message,
+            status.message,
             trailing_metadata=(("grpc-status-details-bin", status.SerializeToString()),),
         )
     trace_id = current_trace_id()

@@ -15,7 +15,10 @@ What may run here (decided before anything starts, `confine`):
   broker's privileges;
 * every file inside the broker's graph data directory
   (LIGHTPATH_CB_GRAPH_DATA_DIR): a relative path is taken there, an absolute
-  one must resolve inside it;
+  one must resolve inside it — with `{part}` filled in as each number it will be,
+  through any symbolic links — and the workers check each again as they open it
+  (lightpath.graph.confine), so a link that leads out is refused whenever it was
+  made; errors name paths relative to the directory;
 * workers get a bare environment (PATH, locale, TMPDIR, HOME): none of the
   broker's credentials, Redis URL or settings.
 
@@ -53,6 +56,7 @@ from lightpath.errors import (
     InvalidArgument,
     ResourceExhausted,
 )
+from lightpath.graph import confine as graph_confine
 from lightpath.graph.fold import GraphPlan, plan_to_proto
 from lightpath.graph.kinds import GRAPH_KIND, LIBRARY
 from lightpath.graph.metrics import to_proto as metrics_to_proto
@@ -83,39 +87,62 @@ STATES = {
 # -- what may run (pure) -----------------------------------------------------------------
 
 
-def _inside(raw: str, data_dir: Path, field: str, bad: list[FieldViolation]) -> str:
+PART = "{part}"
+
+
+def _inside(raw: str, data_dir: Path, field: str, bad: list[FieldViolation], parts: int = 1) -> str:
+    """`raw` absolute inside `data_dir`, checked with every substitution the run will
+    make (`{part}` as each of 0..parts-1), each resolved through any symbolic links;
+    a violation naming the path relative to the data directory otherwise."""
     if not raw:
         return raw
+    root = data_dir.resolve()
     try:
-        path = Path(raw) if os.path.isabs(raw) else data_dir / raw
-        resolved = path.resolve()
+        path = Path(raw) if os.path.isabs(raw) else root / raw
+        for concrete in _filled(str(path), parts):
+            resolved = Path(os.path.realpath(concrete))
+            if not resolved.is_relative_to(root):
+                shown = graph_confine.shown(concrete, str(root))
+                bad.append(
+                    FieldViolation(
+                        field,
+                        f"{shown!r} leads outside the broker's graph data directory (a "
+                        "symbolic link, `..` or an absolute path elsewhere); use a path "
+                        "inside it (a relative path is taken there)",
+                    )
+                )
+                return raw
     except (ValueError, OSError, RuntimeError) as exc:  # a NUL byte, a loop, too long
-        bad.append(FieldViolation(field, f"{raw!r} is not a usable path ({exc})"))
+        bad.append(FieldViolation(field, f"is not a usable path ({type(exc).__name__})"))
         return raw
-    if not resolved.is_relative_to(data_dir.resolve()):
-        bad.append(
-            FieldViolation(
-                field,
-                f"{raw!r} is outside the broker's graph data directory {data_dir}; "
-                "use a path inside it (a relative path is taken there)",
-            )
-        )
-    return str(resolved)
+    # The workers resolve each path again when they open it (lightpath.graph.confine),
+    # with `{part}` filled in, so a link made since this check is caught too.
+    return os.path.realpath(path) if PART not in str(path) else os.path.normpath(path)
+
+
+def _filled(template: str, parts: int) -> list[str]:
+    if PART not in template:
+        return [template]
+    return [template.replace(PART, str(i)) for i in range(max(parts, 1))]
 
 
 def confine(
-    spec: graph_pb2.GraphSpec, data_dir: Path, *, any_code: bool = False
+    spec: graph_pb2.GraphSpec, data_dir: Path, *, any_code: bool = False, parts: int = 1
 ) -> graph_pb2.GraphSpec:
     """A copy of `spec` with every file path absolute inside `data_dir`; raises
     InvalidArgument naming each path outside it and, unless `any_code`, each
-    component of a kind that could reach beyond it."""
+    component of a kind that could reach beyond it. `parts`: the most instances any
+    component runs as (the plan's largest degree), so `{part}` in a component's path
+    is checked as each number it will be; a dataset's as each of its partitions."""
     out = graph_pb2.GraphSpec()
     out.CopyFrom(spec)
     bad: list[FieldViolation] = []
 
     def walk(g: graph_pb2.GraphSpec, prefix: str) -> None:
         for i, d in enumerate(g.datasets):
-            d.path = _inside(d.path, data_dir, f"{prefix}.datasets[{i}].path", bad)
+            d.path = _inside(
+                d.path, data_dir, f"{prefix}.datasets[{i}].path", bad, max(d.partitions, parts)
+            )
         for i, c in enumerate(g.components):
             where = f"{prefix}.components[{i}]"
             if c.kind == GRAPH_KIND:
@@ -132,7 +159,9 @@ def confine(
                     )
                 )
             if c.kind in FILE_KINDS and "path" in c.params:
-                c.params["path"] = _inside(c.params["path"], data_dir, f"{where}.params.path", bad)
+                c.params["path"] = _inside(
+                    c.params["path"], data_dir, f"{where}.params.path", bad, parts
+                )
 
     walk(out, "graph")
     if bad:
@@ -166,9 +195,12 @@ def request_digest(request: pb.RunGraphRequest) -> str:
     return hashlib.sha256(request.SerializeToString(deterministic=True)).hexdigest()
 
 
-def worker_env() -> dict[str, str]:
-    """The workers' environment: enough to run Python, nothing of the broker's."""
-    return {k: os.environ[k] for k in WORKER_ENV if k in os.environ}
+def worker_env(data_dir: Path) -> dict[str, str]:
+    """The workers' environment: enough to run Python, nothing of the broker's, and
+    the data directory every file they open must resolve inside."""
+    env = {k: os.environ[k] for k in WORKER_ENV if k in os.environ}
+    env[graph_confine.ROOT_ENV] = str(data_dir.resolve())
+    return env
 
 
 # -- records ---------------------------------------------------------------------------------
@@ -331,6 +363,13 @@ class GraphRunner:
             f"graph run {rec.run_id}",
         )
 
+    def _relative(self, text: str) -> str:
+        """`text` with the broker's own directories left out: paths relative to them."""
+        for directory in {self.config.data_dir.resolve(), self.config.data_dir}:
+            text = text.replace(f"{directory}{os.sep}", "").replace(str(directory), ".")
+        run_dir = self.config.run_dir
+        return text.replace(f"{run_dir}{os.sep}", "").replace(str(run_dir), "<runs>")
+
     def cancel_here(self, run_id: str) -> bool:
         event = self._cancels.get(run_id)
         if event is None:
@@ -359,7 +398,7 @@ class GraphRunner:
                 run_id=run_id,
                 checkpoint_every=checkpoint_every,
                 cancel=cancel,
-                env=worker_env(),
+                env=worker_env(self.config.data_dir),
             )
         )
         # What the record says if this task is cancelled mid-run (the broker stopping).
@@ -384,12 +423,15 @@ class GraphRunner:
                     who = (await self.store.get(run_id) or rec).cancel or "the broker"
                     state, failure = "cancelled", f"cancelled by {who}"
             except GraphRunError as exc:
-                component, failure = exc.component, exc.message
+                component, failure = exc.component, self._relative(exc.message)
                 if exc.process:
-                    failure += f" (process {exc.process}; its log: {self.config.run_dir / run_id / 'logs'})"
+                    failure += (
+                        f" (process {exc.process}; its log is in {run_id}/logs under the "
+                        "broker's graph run directory)"
+                    )
             except Exception as exc:
                 log.exception("graph run %s crashed", run_id)
-                failure = f"the run could not go on: {exc}"
+                failure = self._relative(f"the run could not go on: {exc}")
             else:
                 state, failure = "succeeded", ""
                 try:

@@ -18,6 +18,7 @@ from typing import Any
 
 from opentelemetry import trace
 
+from lightpath import limits
 from lightpath.errors import (
     FailedPrecondition,
     FieldViolation,
@@ -80,7 +81,7 @@ from services.core_broker.view import LiveView, device_doc
 
 SERVICE_NAME = core_broker_pb2.DESCRIPTOR.services_by_name["CoreBroker"].full_name
 pb = core_broker_pb2
-MAX_BATCH_REQUESTS = 1000
+MAX_BATCH_REQUESTS = limits.FIELDS["BatchReserveRequest.requests"]
 DEFAULT_PAGE = 50
 MAX_PAGE = paging.MAX_PAGE
 
@@ -574,7 +575,14 @@ class CoreBrokerServicer(core_broker_pb2_grpc.CoreBrokerServicer):
         if existing is not None:
             same_request(existing, request, app)
             return await self._run_out(existing)
-        spec = confine(request.graph, runner.config.data_dir, any_code=runner.config.any_code)
+        # Planned first: `{part}` in a path is checked as each instance the plan runs.
+        degree = max(
+            (s.degree for s in plan_graph(request.graph, unfolded=request.unfolded).folded_sets),
+            default=1,
+        )
+        spec = confine(
+            request.graph, runner.config.data_dir, any_code=runner.config.any_code, parts=degree
+        )
         plan = plan_graph(spec, unfolded=request.unfolded)
         owner = await self._graph_metrics.owner(plan.graph_id)
         if owner is not None and owner != app:

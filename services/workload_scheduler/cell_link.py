@@ -31,6 +31,7 @@ from typing import Any
 
 import grpc
 
+from lightpath import limits
 from lightpath.client import channel
 from lightpath.domain.blocks import PodFabric
 from lightpath.v1 import cell_scheduler_pb2, cell_scheduler_pb2_grpc, common_pb2
@@ -48,7 +49,7 @@ from services.workload_scheduler.settings import WorkloadSchedulerSettings
 REPORT_DEBOUNCE_S = 0.02
 REPORT_MIN_GAP_S = 0.25
 # Transitions per report at most; a backlog is sent in several reports back to back.
-MAX_TRANSITIONS = 500
+MAX_TRANSITIONS = limits.FIELDS["ReportPodStatusRequest.transitions"]
 CALL_TIMEOUT_S = 5.0
 
 
@@ -107,8 +108,10 @@ def capacity_pb(state: PodState, version: str) -> cell_scheduler_pb2.PodCapacity
 
 def transition_pb(entry_id: str, fields: dict[str, str], pod_id: str):
     event = json.loads(fields["e"])
+    pb = job_event_pb(event, pod_id)
+    pb.reason = limits.clip(pb.reason, "JobEvent.reason")  # what the cell takes
     return cell_scheduler_pb2.PodJobTransition(
-        event=job_event_pb(event, pod_id), seq=int(event.get("n", 0)), stream_id=entry_id
+        event=pb, seq=int(event.get("n", 0)), stream_id=entry_id
     )
 
 

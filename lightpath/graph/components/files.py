@@ -13,6 +13,7 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from lightpath.graph import confine
 from lightpath.graph.components.base import (
     BATCH,
     Blip,
@@ -25,6 +26,14 @@ from lightpath.graph.components.base import (
     first_bad_line,
     record_parser,
 )
+
+
+def _opener(root: str | None) -> Callable[[str, int], int] | None:
+    """In a confined run, open without following a symbolic link in the last step (the
+    path was resolved just before: a link put there since is refused, not followed)."""
+    if root is None or not hasattr(os, "O_NOFOLLOW"):
+        return None
+    return lambda path, flags: os.open(path, flags | os.O_NOFOLLOW, 0o666)
 
 
 class FileReader(Source):
@@ -68,10 +77,15 @@ class FileReader(Source):
         self._restored = False
 
     def _open(self) -> None:
+        root = confine.data_root()
         try:
-            self._file = open(self.path, "rb")
+            self._file = open(confine.resolve(self.path, root), "rb", opener=_opener(root))
+        except confine.PathOutside as exc:
+            raise ComponentError(f"cannot read: {exc}") from None
         except OSError as exc:
-            raise ComponentError(f"cannot read {self.path}: {exc.strerror}") from exc
+            raise ComponentError(
+                f"cannot read {confine.shown(self.path, root)}: {exc.strerror}"
+            ) from exc
         header = self._file.readline()
         if not header:
             self._fields = ()
@@ -187,13 +201,21 @@ class FileWriter:
         self._truncate_at: int | None = None
 
     def _open(self) -> None:
-        parent = os.path.dirname(self.path)
-        if parent:
-            os.makedirs(parent, exist_ok=True)
-        if self._truncate_at is None:
-            self._file = open(self.path, "wb")
-        else:
-            self._file = open(self.path, "r+b")
+        root = confine.data_root()
+        try:
+            path = confine.resolve(self.path, root)
+            parent = os.path.dirname(path)
+            if parent:
+                os.makedirs(parent, exist_ok=True)
+            mode = "wb" if self._truncate_at is None else "r+b"
+            self._file = open(confine.resolve(path, root), mode, opener=_opener(root))
+        except confine.PathOutside as exc:
+            raise ComponentError(f"cannot write: {exc}") from None
+        except OSError as exc:
+            raise ComponentError(
+                f"cannot write {confine.shown(self.path, root)}: {exc.strerror}"
+            ) from exc
+        if self._truncate_at is not None:
             self._file.truncate(self._truncate_at)
             self._file.seek(self._truncate_at)
 

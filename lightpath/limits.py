@@ -1,0 +1,265 @@
+"""How large any field of any request may be: the one table every service checks (issue 30).
+
+A request is bounded before it costs anything: gRPC refuses one larger than its
+service's `MAX_REQUEST_BYTES` before parsing it (RESOURCE_EXHAUSTED, gRPC's own
+short message), and every parsed request goes through `check` before it is
+authorized work, so a field over its limit is INVALID_ARGUMENT naming the field
+path and the limit (`transitions: at most 1000 entries (got 200000)`) — a short
+error whatever was sent, never an echo of the value.
+
+Defaults, by kind of field (proto comments say where a field differs):
+
+* a string: at most `STRING` (256) characters; an id (a field named `id` or
+  `*_id`) at most `ID` (128);
+* bytes: at most `BYTES` (1024);
+* a repeated field: at most `REPEATED` (1024) entries; each string in one (ids,
+  names, ports, mask paths) at most `ID` (128) characters;
+* a map: at most `MAP` (64) entries, keys at most 256 characters, string values
+  at most 256 characters.
+
+`FIELDS` overrides a field by its full name without the `lightpath.v1.` prefix
+(`JobSpec.labels`); a map's keys and string values are `<field>.key` and
+`<field>.value`. Ids are checked more strictly where they are used (1-64 of
+A-Z a-z 0-9 . _ -, lightpath.domain.ids). Pure: no gRPC, no Redis.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from google.protobuf.descriptor import FieldDescriptor
+from google.protobuf.message import Message
+
+from lightpath.errors import InvalidArgument
+
+STRING = 256
+ID = 128  # ids are 1-64 characters (lightpath.domain.ids), a switch batch id up to 128
+BYTES = 1024
+REPEATED = 1024
+MAP = 64
+
+REASON = 1024  # free text a caller gives (cancel and abort reasons, block health notes)
+PATH = 1024  # a file path or path template under a data directory
+BLOCKS = 65_536  # blocks of the largest pod (lightpath.domain.torus.MAX_BLOCKS)
+AGG_NODES = 10_000  # nodes of the largest aggregation tree (services.agg_switch.topology)
+DIMS = 8  # dimensions of a shape, grid or position
+CHUNK_BYTES = 16 << 20  # an aggregation chunk (services.agg_switch.command.MAX_CHUNK_BYTES)
+LABELS = 64
+LABEL_KEY = 63
+LABEL_VALUE = 256
+
+FIELDS: Mapping[str, int] = {
+    # -- jobs (workload scheduler and cell)
+    "JobSpec.labels": LABELS,
+    "JobSpec.labels.key": LABEL_KEY,
+    "JobSpec.labels.value": LABEL_VALUE,
+    "JobSpec.node_types": 64,
+    "JobSpec.node_type_counts": 64,
+    "JobSpec.wrap": DIMS,
+    "JobSpec.shrink_to": 16,
+    "Shape.dims": DIMS,
+    "Coordinate.coords": DIMS,
+    "CancelJobRequest.reason": REASON,
+    "CancelCellJobRequest.reason": REASON,
+    "ReportBlockHealthRequest.reason": REASON,
+    "ReportCellBlockHealthRequest.reason": REASON,
+    # what a pod reports: a reason it was given, with its own words around it
+    "JobEvent.reason": 2 * REASON,
+    "ListJobsRequest.states": 16,
+    "ListCellJobsRequest.states": 16,
+    "google.protobuf.FieldMask.paths": 2 * LABELS,
+    # -- the cell's registry (what workload schedulers report)
+    "PodRegistration.node_types": 64,
+    "PodCapacity.types": 64,
+    "NodeTypeCapacity.preemptible_by_priority": 128,
+    "ReportPodStatusRequest.transitions": 500,
+    # -- the OCS manager and switch agents
+    "WireSliceRequest.blocks": BLOCKS,
+    "WireSliceRequest.wrap": DIMS,
+    "SwapGroupRequest.free_groups": BLOCKS,
+    "ApplyBatchRequest.disconnect": 4096,
+    "ApplyBatchRequest.set_outputs": 4096,
+    "ApplyBatchRequest.connect": 4096,
+    "ApplyBatchesRequest.batches": 1024,
+    # -- the core broker
+    "SetLatenciesRequest.latencies": 4096,
+    "QueryCapacityRequest.device_ids": 10_000,
+    "BatchReserveRequest.requests": 1000,
+    "ReservationRequest.device_ids": 1024,
+    "Dataset.path": PATH,
+    "Component.params.value": PATH,
+    "GraphSpec.flows": 4096,
+    "ReportGraphMetricsRequest.metrics": 1,
+    "GraphRunMetrics.components": 10_000,
+    "GraphRunMetrics.flows": 10_000,
+    "GraphRunMetrics.processes": 10_000,
+    "GetGraphMetricsRequest.components": 10_000,
+    # -- aggregation switches
+    "AggTopology.nodes": AGG_NODES,
+    "AggTopology.endpoints": AGG_NODES,
+    "StartCommandRequest.participants": AGG_NODES,
+    "StartCommandRequest.predicted_timeout_nodes": AGG_NODES,
+    "ChooseTimeoutAggregatorRequest.participants": AGG_NODES,
+    "PredictStragglersRequest.participants": AGG_NODES,
+    "TimeoutAggregatorSelection.candidates": AGG_NODES,
+    "AggChunk.timeout_nodes": AGG_NODES,
+    "AggChunk.released": AGG_NODES,
+    "AggChunk.data": CHUNK_BYTES,
+    "AbortCommandRequest.reason": REASON,
+    "SetParametersRequest.data": CHUNK_BYTES,
+}
+
+# gRPC's max receive size per service: its largest legal request with room to
+# spare (the limits above times their entries, in whole MiB). A few requests
+# nest repeated fields so deep that the product of their limits would be far
+# larger (BatchReserve, graphs, ApplyBatches): for those this size is the
+# aggregate limit, and it is still many times what a real one needs.
+MiB = 1 << 20
+MAX_REQUEST_BYTES: Mapping[str, int] = {
+    "cell_scheduler": 8 * MiB,
+    "workload_scheduler": 4 * MiB,
+    "ocs_manager": 8 * MiB,
+    "core_broker": 8 * MiB,
+    "agg_switch": CHUNK_BYTES + 4 * MiB,
+    "switch_agent": 16 * MiB,
+}
+DEFAULT_REQUEST_BYTES = 4 * MiB
+
+_PREFIX = "lightpath.v1."
+_STRING, _BYTES = FieldDescriptor.TYPE_STRING, FieldDescriptor.TYPE_BYTES
+_MESSAGE = FieldDescriptor.TYPE_MESSAGE
+
+
+def _name(field: FieldDescriptor) -> str:
+    return field.full_name.removeprefix(_PREFIX)
+
+
+def limit_of(name: str, default: int) -> int:
+    """The limit of the field called `name` (`JobSpec.labels`, `JobSpec.labels.key`)."""
+    return FIELDS.get(name, default)
+
+
+@dataclass(frozen=True)
+class _Rule:
+    """What to check of one field: its kind, its limit, and what its items are."""
+
+    name: str
+    kind: str  # "str" "bytes" "msg" "rep" "rep_str" "rep_bytes" "rep_msg" "map"
+    limit: int = 0  # characters, bytes or entries
+    item: int = 0  # characters or bytes of each item of a repeated field
+    key: int = 0  # a map's key characters (string keys)
+    value: int = 0  # a map's string or bytes values
+    value_msg: bool = False
+
+
+_RULES: dict[str, dict[str, _Rule]] = {}
+
+
+def _rule(field: FieldDescriptor) -> _Rule | None:
+    name = _name(field)
+    if field.message_type is not None and field.message_type.GetOptions().map_entry:
+        key_f = field.message_type.fields_by_name["key"]
+        value_f = field.message_type.fields_by_name["value"]
+        return _Rule(
+            name,
+            "map",
+            limit_of(name, MAP),
+            key=limit_of(f"{name}.key", STRING) if key_f.type == _STRING else 0,
+            value=limit_of(f"{name}.value", STRING if value_f.type == _STRING else BYTES)
+            if value_f.type in (_STRING, _BYTES)
+            else 0,
+            value_msg=value_f.type == _MESSAGE,
+        )
+    if field.is_repeated:
+        if field.type == _STRING:
+            return _Rule(name, "rep_str", limit_of(name, REPEATED), item=ID)
+        if field.type == _BYTES:
+            return _Rule(name, "rep_bytes", limit_of(name, REPEATED), item=BYTES)
+        if field.type == _MESSAGE:
+            return _Rule(name, "rep_msg", limit_of(name, REPEATED))
+        return _Rule(name, "rep", limit_of(name, REPEATED))
+    if field.type == _STRING:
+        is_id = field.name == "id" or field.name.endswith("_id")
+        return _Rule(name, "str", limit_of(name, ID if is_id else STRING))
+    if field.type == _BYTES:
+        return _Rule(name, "bytes", limit_of(name, BYTES))
+    if field.type == _MESSAGE:
+        return _Rule(name, "msg")
+    return None  # numbers, bools and enums are bounded by their encoding
+
+
+def _rules(descriptor: Any) -> dict[str, _Rule]:
+    rules = _RULES.get(descriptor.full_name)
+    if rules is None:
+        rules = {}
+        for field in descriptor.fields:
+            rule = _rule(field)
+            if rule is not None:
+                rules[field.name] = rule
+        _RULES[descriptor.full_name] = rules
+    return rules
+
+
+def _too_long(path: str, n: int, limit: int, unit: str) -> InvalidArgument:
+    return InvalidArgument(path, f"at most {limit:,} {unit} (got {n:,})", reason="FIELD_TOO_LARGE")
+
+
+def check(msg: Message, prefix: str = "") -> None:
+    """Raise InvalidArgument naming the first field of `msg` over its limit (cost:
+    one look at each field that is set, bounded by the service's receive size)."""
+    rules = _rules(msg.DESCRIPTOR)
+    for field, value in msg.ListFields():
+        rule = rules.get(field.name)
+        if rule is None:
+            continue
+        path = f"{prefix}{field.name}"
+        kind = rule.kind
+        if kind == "str" or kind == "bytes":
+            if len(value) > rule.limit:
+                raise _too_long(path, len(value), rule.limit, _unit(kind))
+        elif kind == "msg":
+            check(value, path + ".")
+        else:
+            n = len(value)
+            if n > rule.limit:
+                raise _too_long(path, n, rule.limit, "entries")
+            if kind == "rep_msg":
+                for i, item in enumerate(value):
+                    check(item, f"{path}[{i}].")
+            elif kind in ("rep_str", "rep_bytes"):
+                for i, item in enumerate(value):
+                    if len(item) > rule.item:
+                        raise _too_long(f"{path}[{i}]", len(item), rule.item, _unit(kind))
+            elif kind == "map":
+                _check_map(value, rule, path)
+
+
+def _check_map(value: Mapping, rule: _Rule, path: str) -> None:
+    for key in value:
+        if rule.key and len(key) > rule.key:
+            raise _too_long(f"{path} (a key)", len(key), rule.key, "characters")
+        item = value[key]
+        where = f"{path}[{key}]" if isinstance(key, str) else f"{path}[{key!r}]"
+        if rule.value_msg:
+            check(item, where + ".")
+        elif rule.value and len(item) > rule.value:
+            unit = "characters" if isinstance(item, str) else "bytes"
+            raise _too_long(where, len(item), rule.value, unit)
+
+
+def _unit(kind: str) -> str:
+    return "bytes" if "bytes" in kind else "characters"
+
+
+def clip(text: str, name: str) -> str:
+    """`text` cut to the limit of the string field `name` (what a service sends on
+    must fit what the next one takes)."""
+    limit = limit_of(name, STRING)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def request_bytes(service: str) -> int:
+    """gRPC's max receive message size for `service`."""
+    return MAX_REQUEST_BYTES.get(service, DEFAULT_REQUEST_BYTES)
