@@ -592,6 +592,7 @@ async def build(
         runtime.channel(runtime.settings.ocs_addr), timeout_s=runtime.settings.ocs_timeout_s
     )
     metrics = metrics or PodMetrics()
+    metrics.serving(runtime.settings.pod_id)
     pod = PodHandle(runtime, ocs, metrics)
     runtime.supervise(lambda: metrics.run(pod), "pod metrics", needed=False)
     # Retried until the fabric is known (a Redis error while saving it is not the end).
