@@ -22,7 +22,7 @@ from lightpath.domain.blocks import (
     block_types_for,
     parse_block_types,
 )
-from lightpath.domain.job_update import parse_update
+from lightpath.domain.job_update import RESERVED_LABELS, parse_update
 from lightpath.domain.jobs import (
     POLICY_ENUM,
     chips_of,
@@ -376,7 +376,8 @@ class WorkloadSchedulerServicer(workload_scheduler_pb2_grpc.WorkloadSchedulerSer
         self, request: workload_scheduler_pb2.UpdateJobRequest, context
     ) -> workload_scheduler_pb2.Job:
         _note(job_id=require_id(request.spec.job_id, "spec.job_id"))
-        plan = parse_update(request.spec, list(request.update_mask.paths))
+        # The same rules as at the cell: the tenant label is the cell's (issue 33).
+        plan = parse_update(request.spec, list(request.update_mask.paths), reserved=RESERVED_LABELS)
         sched = await self._pod.get()
         record = await sched.update(plan, request.spec.job_id)
         return await self._job_pb(sched, record)
