@@ -45,7 +45,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -67,6 +67,10 @@ EMBEDDED_REDIS_PORT = 6390
 METRICS_PORT_OFFSET = 1000  # a process's metrics port in the default topology: gRPC port + this
 CONSOLE_PORT = 8443  # the web console's HTTPS port under `lightpath up`
 CONSOLE_NAME = "console"
+# The web console's Prometheus endpoint under `lightpath up` (its HTTPS port + 1000).
+CONSOLE_METRICS_PORT = CONSOLE_PORT + METRICS_PORT_OFFSET
+# The alert rules, beside the scrape configs in a source checkout (not in a wheel).
+ALERT_RULES = Path(__file__).resolve().parent.parent / "deploy" / "monitoring" / "alerts.yml"
 
 
 @dataclass(frozen=True)
@@ -265,6 +269,35 @@ def console_env(specs: list[ProcessSpec], port: int, host: str = "127.0.0.1") ->
     return env
 
 
+def prometheus_config(
+    targets: Sequence[tuple[str, str, str]], *, rule_files: Sequence[str], header: str = ""
+) -> str:
+    """A Prometheus configuration scraping `targets` ((address, process, service) triples)
+    as job lightpath, each labelled with its process and service (what the alert rules and
+    dashboards group by), loading `rule_files`. deploy/monitoring's scrape configs and the
+    one `lightpath up` writes for the ports it took are made here."""
+    lines = [
+        header,
+        "global:",
+        "  scrape_interval: 15s",
+        "  evaluation_interval: 15s",
+        "rule_files:" if rule_files else "rule_files: []",
+        *(f"  - {json.dumps(str(f))}" if "/" in str(f) else f"  - {f}" for f in rule_files),
+        "scrape_configs:",
+        "  - job_name: lightpath",
+        "    metrics_path: /metrics",
+        "    static_configs:",
+    ]
+    for address, process, service in targets:
+        lines += [
+            f'      - targets: ["{address}"]',
+            "        labels:",
+            f"          process: {process}",
+            f"          service: {service.replace('_', '-')}",
+        ]
+    return "\n".join(line for line in lines if line) + "\n"
+
+
 def console_health(url: str, ca_file: str | Path, timeout: float = 2.0) -> str:
     """SERVING / NOT_SERVING / UNREACHABLE of the console at `url` (its /healthz, over
     HTTPS trusting `ca_file`)."""
@@ -375,10 +408,18 @@ class Stack:
         extra_env: Mapping[str, str] | None = None,
         tls: bool = True,
         console_port: int | None = None,
+        console_metrics_port: int | None = None,
         log=print,
     ):
         self.state_dir = state_dir or default_state_dir()
         self.console_port = console_port  # None: no web console
+        # The console's Prometheus endpoint: CONSOLE_METRICS_PORT beside the fixed console
+        # port, else a free port (0: none).
+        if console_metrics_port is None and console_port:
+            console_metrics_port = (
+                CONSOLE_METRICS_PORT if console_port == CONSOLE_PORT else free_port()
+            )
+        self.console_metrics_port = (console_metrics_port or 0) if console_port else 0
         self.specs = specs or default_topology()
         self.redis_url = redis_url or os.environ.get("LIGHTPATH_REDIS_URL", "")
         self.redis_password_file = (
@@ -398,8 +439,30 @@ class Stack:
 
     @property
     def metrics_endpoints(self) -> dict[str, str]:
-        """Each process's Prometheus scrape URL (processes without one are left out)."""
-        return {s.name: s.metrics_url for s in self.specs if s.metrics_port}
+        """Each process's Prometheus scrape URL (processes without one are left out), the
+        web console's included."""
+        out = {s.name: s.metrics_url for s in self.specs if s.metrics_port}
+        if self.console_metrics_port:
+            out[CONSOLE_NAME] = f"http://127.0.0.1:{self.console_metrics_port}/metrics"
+        return out
+
+    @property
+    def prometheus_file(self) -> Path:
+        return self.state_dir / "prometheus.yml"
+
+    def prometheus_config(self) -> str:
+        """A Prometheus configuration for this stack's ports, whichever it took (written to
+        `prometheus_file` at start), with the alert rules of the source checkout."""
+        targets = [(f"127.0.0.1:{s.metrics_port}", s.name, s.service) for s in self.specs]
+        targets = [t for t, s in zip(targets, self.specs, strict=True) if s.metrics_port]
+        if self.console_metrics_port:
+            targets.append((f"127.0.0.1:{self.console_metrics_port}", CONSOLE_NAME, "console"))
+        return prometheus_config(
+            targets,
+            rule_files=[str(ALERT_RULES)] if ALERT_RULES.exists() else [],
+            header=f"# Written by `lightpath up` for the stack in {self.state_dir}:\n"
+            f"#   prometheus --config.file={self.prometheus_file}\n",
+        )
 
     @property
     def console_url(self) -> str:
@@ -429,6 +492,8 @@ class Stack:
             if not self.tls:
                 raise StackError("the web console serves HTTPS only: start it on a TLS stack")
             wanted[self.console_port] = "web console"
+            if self.console_metrics_port:
+                wanted[self.console_metrics_port] = "web console metrics"
         taken = busy_ports(wanted)
         if taken:
             raise StackError(
@@ -459,6 +524,7 @@ class Stack:
         except BaseException:
             self.stop()
             raise
+        self.prometheus_file.write_text(self.prometheus_config())
         write_private(
             self.state_file,
             json.dumps(
@@ -470,6 +536,7 @@ class Stack:
                     "endpoints": self.endpoints,
                     "metrics": self.metrics_endpoints,
                     "console": self.console_url,
+                    "prometheus_config": str(self.prometheus_file),
                     "started_at": time.time(),
                 },
                 indent=2,
@@ -535,6 +602,8 @@ class Stack:
             if not k.startswith(("LIGHTPATH_REDIS", "LIGHTPATH_TOKEN"))
         }
         env.update(console_env(self.specs, self.console_port))
+        if self.console_metrics_port:
+            env["LIGHTPATH_METRICS_LISTEN"] = f"127.0.0.1:{self.console_metrics_port}"
         env.update(
             LIGHTPATH_TLS_CERT=str(files.cert),
             LIGHTPATH_TLS_KEY=str(files.key),
@@ -654,6 +723,7 @@ class StackInfo:
     tls: bool = True
     metrics: dict[str, str] = field(default_factory=dict)  # process -> scrape URL
     console: str = ""  # the web console's URL ("" when it was not started)
+    prometheus_config: str = ""  # a Prometheus configuration for the ports it took
 
 
 def running_stack(state_dir: Path | None = None) -> StackInfo | None:
@@ -672,6 +742,7 @@ def running_stack(state_dir: Path | None = None) -> StackInfo | None:
         bool(data.get("tls", True)),
         dict(data.get("metrics", {})),
         str(data.get("console", "")),
+        str(data.get("prometheus_config", "")),
     )
 
 

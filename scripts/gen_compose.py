@@ -22,11 +22,14 @@ sys.path.insert(0, str(ROOT))
 from lightpath.security.identity import console_principal  # noqa: E402
 from lightpath.security.pki import file_stem  # noqa: E402
 from lightpath.stack import (  # noqa: E402
+    CONSOLE_METRICS_PORT,
+    CONSOLE_NAME,
     CONSOLE_PORT,
     console_env,
     default_topology,
     deployed_topology,
     process_env,
+    prometheus_config,
 )
 
 specs = deployed_topology()  # with switch agents
@@ -130,6 +133,7 @@ console = {
     "LIGHTPATH_TLS_CA": "/run/secrets/ca_cert",
     "LIGHTPATH_TLS_CERT": "/run/secrets/console_cert",
     "LIGHTPATH_TLS_KEY": "/run/secrets/console_key",
+    "LIGHTPATH_METRICS_LISTEN": f"0.0.0.0:{METRICS_PORT}",
 }
 shown = [
     s.name
@@ -192,43 +196,33 @@ GENERATED = "# Written by scripts/gen_compose.py from lightpath/stack.py: do not
 def scrape_config(targets: list[tuple[str, str]], comment: str) -> str:
     """A Prometheus configuration scraping `targets` ((address, process) pairs) as job
     lightpath, each labelled with its process and service, and loading the alert rules."""
-    by_name = {s.name: s for s in specs}
-    lines = [
-        GENERATED + comment,
-        "global:",
-        "  scrape_interval: 15s",
-        "  evaluation_interval: 15s",
-        "rule_files:",
-        "  - alerts.yml",
-        "scrape_configs:",
-        "  - job_name: lightpath",
-        "    metrics_path: /metrics",
-        "    static_configs:",
-    ]
-    for address, name in targets:
-        lines += [
-            f'      - targets: ["{address}"]',
-            "        labels:",
-            f"          process: {name}",
-            f"          service: {by_name[name].service.replace('_', '-')}",
-        ]
-    return "\n".join(lines) + "\n"
+    service = {s.name: s.service for s in specs} | {CONSOLE_NAME: "console"}
+    return prometheus_config(
+        [(address, name, service[name]) for address, name in targets],
+        rule_files=["alerts.yml"],
+        header=GENERATED + comment,
+    )
 
 
 monitoring = ROOT / "deploy" / "monitoring"
 monitoring.mkdir(exist_ok=True)
 (monitoring / "prometheus.yml").write_text(
     scrape_config(
-        [(f"{s.name}:{METRICS_PORT}", s.name) for s in specs],
+        [(f"{s.name}:{METRICS_PORT}", s.name) for s in specs]
+        + [(f"{CONSOLE_NAME}:{METRICS_PORT}", CONSOLE_NAME)],
         "# The compose stack's Prometheus (docker-compose.monitoring.yml): every service's\n"
         "# LIGHTPATH_METRICS_LISTEN endpoint on the compose network.\n",
     )
 )
 (monitoring / "prometheus.local.yml").write_text(
     scrape_config(
-        [(f"127.0.0.1:{s.metrics_port}", s.name) for s in default_topology()],
-        "# `lightpath up`'s processes (fixed ports: gRPC port + 1000, on loopback):\n"
-        "#   prometheus --config.file=deploy/monitoring/prometheus.local.yml\n",
+        [(f"127.0.0.1:{s.metrics_port}", s.name) for s in default_topology()]
+        + [(f"127.0.0.1:{CONSOLE_METRICS_PORT}", CONSOLE_NAME)],
+        "# `lightpath up`'s processes (fixed ports: gRPC port + 1000, on loopback; the web\n"
+        "# console's HTTPS port + 1000):\n"
+        "#   prometheus --config.file=deploy/monitoring/prometheus.local.yml\n"
+        "# `lightpath up --ephemeral-ports` writes <state dir>/prometheus.yml for the ports\n"
+        "# it took (`lightpath status` names it).\n",
     )
 )
 service_names = [s.name for s in specs]

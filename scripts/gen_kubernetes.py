@@ -525,7 +525,7 @@ def base_files() -> dict[str, str]:
         ).replace("---\n", "", 1),
         "base/settings.yaml": dump(
             [settings],
-            '#\n# Settings every service reads (README "Configuration"). LIGHTPATH_REDIS_URL\n'
+            "#\n# Settings every service reads (docs/configuration.md). LIGHTPATH_REDIS_URL\n"
             "# names the external Redis, in one of these forms (docs/operations.md):\n"
             "#   one server (rediss:// with TLS):\n"
             "#     rediss://redis.example.net:6380/0\n"

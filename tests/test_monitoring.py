@@ -17,7 +17,12 @@ import kubernetes_validate as kv
 import pytest
 import yaml
 
-from lightpath.stack import default_topology, deployed_topology
+from lightpath.stack import (
+    CONSOLE_METRICS_PORT,
+    CONSOLE_NAME,
+    default_topology,
+    deployed_topology,
+)
 from services.common.metric_names import exported_series
 from services.common.settings import CommonSettings, load
 
@@ -65,6 +70,7 @@ def metrics_in(expr: str) -> set[str]:
         r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", " ", e
     )  # label lists
     e = re.sub(r"\[[^\]]*\]", "", e)  # ranges and subqueries
+    e = re.sub(r"\boffset\s+-?[0-9a-z]+", " ", e)  # offset 5m
     e = re.sub(r"\$\{?\w+\}?", "", e)  # Grafana variables
     out = set()
     for m in re.finditer(r"[a-zA-Z_:][a-zA-Z0-9_:]*", e):
@@ -87,6 +93,7 @@ def test_the_metric_name_extraction_can_fail():
         "d",
     }
     assert metrics_in('up{job="lightpath", process=~"$process"} == 0') == {"up"}
+    assert metrics_in("a unless a offset 5m") == {"a"}
 
 
 KNOWN = exported_series() | PROMETHEUS_SERIES
@@ -111,6 +118,11 @@ def test_the_required_alerts_exist_and_each_has_a_severity_a_summary_and_a_unit_
         "LightpathRedisErrors",
         "LightpathBackgroundTaskRestarting",
         "LightpathReservationCapacityExhausted",
+        "LightpathSubmitToRunningSlow",
+        "LightpathSwitchesUnreachable",
+        "LightpathSwitchDrifted",
+        "LightpathConsoleDown",
+        "LightpathConsoleStale",
     } <= names
     tests = yaml.safe_load((MONITORING / "alerts.test.yml").read_text())
     fired = {
@@ -129,6 +141,37 @@ def test_operations_doc_explains_every_alert():
     doc = (ROOT / "docs" / "operations.md").read_text()
     for rule in RULES:
         assert f"`{rule['alert']}`" in doc, f"docs/operations.md does not explain {rule['alert']}"
+
+
+def github_anchors(markdown: str) -> set[str]:
+    """The anchors GitHub makes of a document's headings: lower case, punctuation other
+    than `-` and `_` dropped, spaces to `-`, a repeat numbered."""
+    out: set[str] = set()
+    for heading in re.findall(r"^#{1,6}\s+(.+?)\s*$", markdown, re.MULTILINE):
+        slug = re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
+        anchor, n = slug, 0
+        while anchor in out:
+            n += 1
+            anchor = f"{slug}-{n}"
+        out.add(anchor)
+    return out
+
+
+def test_every_alert_has_a_runbook_url_to_a_section_that_exists():
+    anchors = github_anchors((ROOT / "docs" / "operations.md").read_text())
+    for rule in RULES:
+        url = rule["annotations"].get("runbook_url", "")
+        path, _, anchor = url.partition("#")
+        assert path == "docs/operations.md", f"{rule['alert']}: runbook_url {url!r}"
+        assert anchor in anchors, f"{rule['alert']}: docs/operations.md has no #{anchor}"
+
+
+def test_github_anchors_are_made_as_github_makes_them():
+    assert github_anchors("## Alerts\n### `LightpathPodSilent`\n## Alerts\n") == {
+        "alerts",
+        "lightpathpodsilent",
+        "alerts-1",
+    }
 
 
 @needs_promtool
@@ -175,6 +218,30 @@ def test_promtool_unit_tests_can_fail(tmp_path):
         timeout=120,
     )
     assert out.returncode != 0 and "LightpathPodSilent" in out.stdout + out.stderr
+
+
+@needs_promtool
+def test_promtool_unit_tests_catch_a_counter_born_with_its_first_event(tmp_path):
+    """Issue 33: had the replacements counter appeared only with the first swap (as the
+    services exported it before), increase() would see no swap and the alert would fire
+    though the block was replaced: the unit tests, whose series start absent as a real
+    scrape's do, say so."""
+    tests = (MONITORING / "alerts.test.yml").read_text()
+    born = 'result="replaced"}\'\n        values: "_ _ _ 1 1 1 1 1 1 1"'
+    exported = 'result="replaced"}\'\n        values: "_ 0 0 1 1 1 1 1 1 1"'
+    assert exported in tests
+    (tmp_path / "alerts.test.yml").write_text(tests.replace(exported, born))
+    shutil.copy(MONITORING / "alerts.yml", tmp_path)
+    out = subprocess.run(
+        [PROMTOOL, "test", "rules", "alerts.test.yml"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode != 0
+    assert 'pod="pod-2"' in out.stdout + out.stderr
+    assert "LightpathFailedBlockNotReplaced" in out.stdout + out.stderr
 
 
 @needs_promtool
@@ -262,6 +329,9 @@ def _targets(config: str) -> dict[str, str]:
     for group in job["static_configs"]:
         (target,) = group["targets"]
         out[group["labels"]["process"]] = target
+        if group["labels"]["process"] == CONSOLE_NAME:
+            assert group["labels"]["service"] == "console"
+            continue
         spec = next(s for s in SPECS if s.name == group["labels"]["process"])
         assert group["labels"]["service"] == spec.service.replace("_", "-")
     return out
@@ -269,7 +339,12 @@ def _targets(config: str) -> dict[str, str]:
 
 def test_the_compose_scrape_config_scrapes_every_process():
     compose = yaml.safe_load((ROOT / "deploy" / "docker-compose.yml").read_text())
-    assert _targets("prometheus.yml") == {s.name: f"{s.name}:9464" for s in SPECS}
+    assert _targets("prometheus.yml") == {s.name: f"{s.name}:9464" for s in SPECS} | {
+        CONSOLE_NAME: f"{CONSOLE_NAME}:9464"
+    }
+    assert compose["services"][CONSOLE_NAME]["environment"]["LIGHTPATH_METRICS_LISTEN"] == (
+        "0.0.0.0:9464"
+    )
     for s in SPECS:
         svc = compose["services"][s.name]
         listen = svc["environment"]["LIGHTPATH_METRICS_LISTEN"]
@@ -280,7 +355,7 @@ def test_the_compose_scrape_config_scrapes_every_process():
 def test_the_local_scrape_config_scrapes_lightpath_up():
     assert _targets("prometheus.local.yml") == {
         s.name: f"127.0.0.1:{s.metrics_port}" for s in LOCAL
-    }
+    } | {CONSOLE_NAME: f"127.0.0.1:{CONSOLE_METRICS_PORT}"}
     ports = [s.metrics_port for s in SPECS] + [s.port for s in SPECS]
     assert len(ports) == len(set(ports)) and all(s.metrics_port for s in SPECS)
 

@@ -1,10 +1,15 @@
 """The local stack with metrics on (issue 18): one process of each service, every
 scrape endpoint answers over HTTP with its service's common metrics, they move, and
-`lightpath status` (and its --json) lists each process's metrics URL."""
+`lightpath status` (and its --json) lists each process's metrics URL. Issue 33: every
+counter series an alert rule reads is on the endpoint from the start (an increase()
+over a series born with its first event misses that event), and the stack writes a
+Prometheus configuration for the ports it took."""
 
 from __future__ import annotations
 
 import json
+import re
+import shutil
 import subprocess
 import sys
 import time
@@ -12,8 +17,17 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+import yaml
 
-from lightpath.stack import Stack, default_topology, health_status, with_ephemeral_ports
+from lightpath.embedded_redis import free_port
+from lightpath.stack import (
+    CONSOLE_NAME,
+    Stack,
+    default_topology,
+    health_status,
+    with_ephemeral_ports,
+)
+from services.common.metric_names import ALL
 from tests.common.test_metrics import samples, value
 
 pytestmark = pytest.mark.slow
@@ -39,6 +53,7 @@ def stack(tmp_path_factory):
         redis_port=0,
         log=lambda *_: None,
         extra_env={"OTEL_TRACES_EXPORTER": "console"},
+        console_port=free_port(),
     )
     st.start(timeout=120)
     try:
@@ -48,7 +63,7 @@ def stack(tmp_path_factory):
 
 
 def test_every_process_serves_its_metrics_on_loopback(stack):
-    assert set(stack.metrics_endpoints) == set(ONE_OF_EACH)
+    assert set(stack.metrics_endpoints) == {*ONE_OF_EACH, CONSOLE_NAME}
     creds = stack.operator
     for spec in stack.specs:
         url = stack.metrics_endpoints[spec.name]
@@ -130,7 +145,8 @@ def test_status_lists_each_metrics_url(stack):
     )
     status = json.loads(out.stdout)
     assert status["running"], out.stderr
-    assert {n: s["metrics"] for n, s in status["services"].items()} == stack.metrics_endpoints
+    services = {n: u for n, u in stack.metrics_endpoints.items() if n != CONSOLE_NAME}
+    assert {n: s["metrics"] for n, s in status["services"].items()} == services
     text = subprocess.run(
         [sys.executable, "-m", "lightpath", "status", "--state-dir", str(stack.state_dir)],
         capture_output=True,
@@ -318,3 +334,126 @@ def test_domain_metrics_move_with_the_work(stack):
         more("agg-root", p("lightpath.agg.bytes_aggregated", "By") + "_total", by=2 * 8 * 8),
         "the bytes aggregated",
     )
+
+
+# -- issue 33: the series the alert rules read exist before their first event ----------
+
+ROOT = Path(__file__).resolve().parent.parent
+RULES = [
+    r
+    for g in yaml.safe_load((ROOT / "deploy/monitoring/alerts.yml").read_text())["groups"]
+    for r in g["rules"]
+]
+# Counters whose label values cannot all be known at start; their rules do not need them:
+BORN_WITH_AN_EVENT = {
+    # a rate sustained for minutes: a series born mid-burst still fires
+    "lightpath_redis_command_errors_total",
+    "lightpath_auth_failures_total",
+    # the rule also fires on a series that appears (`unless ... offset 5m`)
+    "rpc_server_duration_milliseconds_count",
+}
+_COUNTED = re.compile(r"(?:increase|rate)\(\s*([a-z_:]+_(?:total|count))(\{[^}]*\})?\[")
+
+
+def counters_the_rules_count() -> dict[str, list[dict[str, str]]]:
+    """Counter sample name -> the label matchers (label="value") each rule selects it by."""
+    out: dict[str, list[dict[str, str]]] = {}
+    for rule in RULES:
+        for name, matchers in _COUNTED.findall(rule["expr"]):
+            exact = dict(re.findall(r'(\w+)="([^"]*)"', matchers))
+            out.setdefault(name, []).append(exact)
+    return out
+
+
+def test_the_rules_count_counters_this_test_can_see():
+    found = counters_the_rules_count()
+    assert "lightpath_pod_block_replacements_total" in found
+    assert {"result": "replaced"} in found["lightpath_pod_block_replacements_total"]
+    assert "lightpath_ocs_invariant_failures_total" in found
+
+
+def test_every_counter_an_alert_counts_is_exported_from_the_start(stack):
+    """Each counter an alert's increase()/rate() reads is on the endpoint of every process
+    of the service that exports it, for the label values the rule selects, and, per pod,
+    for that process's pod: present before its first event (at 0; a test of this module
+    may have moved some since), so the first event is seen (issue 33, item 1)."""
+    service_of = {s: m.service for m in ALL for s in m.series}
+    by_name = {s.name: s for s in stack.specs}
+    agents = any(s.service == "switch_agent" for s in stack.specs)
+    checked = 0
+    for name, selections in counters_the_rules_count().items():
+        if name in BORN_WITH_AN_EVENT:
+            continue
+        if name == "lightpath_ocs_switch_repairs_total" and not agents:
+            continue  # exported by ocs_managers behind switch agents only
+        service = service_of[name]
+        procs = [
+            s for s in stack.specs if service == "common" or s.service == service.replace("-", "_")
+        ]
+        assert procs, f"no process of this stack exports {name}"
+        for spec in procs:
+            found = scrape(stack.metrics_endpoints[spec.name])
+            pod = by_name[spec.name].env.get("LIGHTPATH_POD_ID")
+            for exact in selections:
+                want = {**exact, **({"pod": pod} if pod and "pod" in _labels(name) else {})}
+                present = [ls for (n, ls) in found if n == name and set(want.items()) <= ls]
+                assert present, (
+                    f"{spec.name} does not export {name}{want} before its first event: "
+                    "an alert's increase() over it would miss that event"
+                )
+                checked += 1
+    assert checked >= 4
+
+
+def _labels(sample: str) -> tuple[str, ...]:
+    return next(m.labels for m in ALL if sample in m.series)
+
+
+def test_the_stack_writes_a_prometheus_config_for_the_ports_it_took(stack):
+    path = Path(stack.state_dir) / "prometheus.yml"
+    config = yaml.safe_load(path.read_text())
+    (job,) = config["scrape_configs"]
+    targets = {g["labels"]["process"]: g["targets"] for g in job["static_configs"]}
+    assert targets == {
+        name: [url.removeprefix("http://").removesuffix("/metrics")]
+        for name, url in stack.metrics_endpoints.items()
+    }
+    (rules,) = config["rule_files"]
+    assert Path(rules) == ROOT / "deploy/monitoring/alerts.yml"
+    status = json.loads(
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "lightpath",
+                "status",
+                "--json",
+                "--state-dir",
+                str(stack.state_dir),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        ).stdout
+    )
+    assert status["prometheus_config"] == str(path)
+    promtool = shutil.which("promtool")
+    if promtool:
+        out = subprocess.run(
+            [promtool, "check", "config", str(path)], capture_output=True, text=True, timeout=60
+        )
+        assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_the_console_serves_the_state_of_its_watches(stack):
+    """What LightpathConsoleDown / LightpathConsoleStale read: the console is scraped, and
+    its supervised watches report lightpath_task_down (0: none failing)."""
+    found = eventually(
+        stack.metrics_endpoints[CONSOLE_NAME],
+        lambda f: any(n == "lightpath_task_down" for (n, _) in f),
+        "the console's tasks reported",
+    )
+    (info,) = [dict(ls) for (n, ls) in found if n == "target_info"]
+    assert info["service_name"] == "lightpath-console"
+    down = {dict(ls)["task"]: v for (n, ls), v in found.items() if n == "lightpath_task_down"}
+    assert down and not any(down.values()), down

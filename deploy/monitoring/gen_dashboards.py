@@ -176,7 +176,14 @@ def cell() -> Board:
         "Submit to running",
         (p(0.5, "lightpath_cell_submit_to_running_duration_seconds"), "p50"),
         (p(0.95, "lightpath_cell_submit_to_running_duration_seconds"), "p95"),
+        (
+            "histogram_quantile(0.5, sum by (le) "
+            "(rate(lightpath_cell_submit_to_running_duration_seconds_bucket[30m])))",
+            "p50 over 30 min (alert above 60 s)",
+        ),
         unit="s",
+        description="LightpathSubmitToRunningSlow fires when the 30-minute median stays above "
+        "1 min for 15 min",
     )
     b.panel(
         "Forwards to pods",
@@ -313,6 +320,22 @@ def pod() -> Board:
         description="LightpathInvariantCheckFailing fires on any",
     )
     b.panel("Ring channels reserved", (f"max(lightpath_ocs_ring_channels{where})", "channels"))
+    b.row("Switch agents")
+    b.panel(
+        "Switches unreachable",
+        (f"max(lightpath_ocs_switches_unreachable{where})", "unreachable"),
+        description="switches the last reconcile pass could not read; "
+        "LightpathSwitchesUnreachable fires on any for 2 min",
+    )
+    b.panel(
+        "Switch repairs",
+        (
+            f"sum by (reason) (increase(lightpath_ocs_switch_repairs_total{where}[15m]))",
+            "{{reason}}",
+        ),
+        description="batches the reconcile loop sent to put a switch back: restarted (came "
+        "back empty) or drifted (LightpathSwitchDrifted fires on any)",
+    )
     return b
 
 
@@ -506,6 +529,14 @@ def services() -> Board:
             "{{process}} {{reason}}",
         ),
         unit="ops",
+    )
+    b.row("Web console")
+    b.panel("Console up", ('up{job="lightpath", service="console"}', "{{process}}"), kind="stat")
+    b.panel(
+        "Console watches down",
+        ('max by (task) (lightpath_task_down{service="console"})', "{{task}}"),
+        description="1 while a watch or poll of the console fails: the view it feeds is stale "
+        "(LightpathConsoleStale after 5 min)",
     )
     b.row("Process")
     b.panel(

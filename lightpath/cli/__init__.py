@@ -27,6 +27,7 @@ COMMAND_MODULES = (
     "lightpath.cli.cell",
     "lightpath.cli.completion",
     "lightpath.cli.contexts",
+    "lightpath.cli.lifecycle",
 )
 
 AS_HELP = (
@@ -111,8 +112,13 @@ def main(argv: list[str] | None = None) -> int:
     """Run one command in its own trace (lightpath.cli.tracing); its exit code."""
     from lightpath.cli.tracing import command_span, command_words, failed, print_trace_id
 
-    parser = build_parser()
     argv = sys.argv[1:] if argv is None else argv
+    if not {"-v", "--verbose"} & set(argv):
+        # gRPC's C core logs handshake details on stderr ("ssl_transport_security.cc ...
+        # Handshake failed"); the CLI's own error says what failed and what to do. -v, or
+        # GRPC_VERBOSITY set by the user, keeps them. (Set before any channel exists.)
+        os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+    parser = build_parser()
     if argv[:1] == ["__complete"]:
         from lightpath.cli.completion import complete
 

@@ -14,6 +14,7 @@ from lightpath.embedded_redis import free_port
 from lightpath.paths import pki_dir
 from lightpath.security.credentials import Credentials
 from lightpath.stack import (
+    CONSOLE_NAME,
     CONSOLE_PORT,
     Stack,
     StackError,
@@ -126,6 +127,10 @@ def cmd_up(args: argparse.Namespace) -> int:
             f"\nweb console: {stack.console_url}  (read-only; your browser must trust the "
             f"local CA {stack.ca.cert_path}, or accept its warning once)"
         )
+    print(
+        f"\nPrometheus: prometheus --config.file={stack.prometheus_file}  (these ports, "
+        "the alert rules)"
+    )
     print(f"\nlogs in {state_dir / 'logs'}; all healthy; Ctrl-C stops everything", flush=True)
     code = 0
     while not stopping:
@@ -162,6 +167,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         "health": console_health(stack.console, pki_dir(args.state_dir) / "ca.crt")
         if stack.console
         else "",
+        "metrics": stack.metrics.get(CONSOLE_NAME, ""),
     }
     security = {
         "tls": stack.tls,
@@ -179,6 +185,7 @@ def cmd_status(args: argparse.Namespace) -> int:
                 "security": security,
                 "services": statuses,
                 "console": console,
+                "prometheus_config": stack.prometheus_config,
             }
         )
     else:
@@ -194,9 +201,12 @@ def cmd_status(args: argparse.Namespace) -> int:
             )
         )
         if stack.console:
-            print(f"\nweb console: {stack.console}  {console['health']}")
+            metrics = f"  metrics {console['metrics']}" if console["metrics"] else ""
+            print(f"\nweb console: {stack.console}  {console['health']}{metrics}")
         else:
             print("\nno web console (started without it: `lightpath up --no-console`)")
+        if stack.prometheus_config:
+            print(f"Prometheus: prometheus --config.file={stack.prometheus_config}")
     healthy = all(s["health"] == "SERVING" for s in statuses.values())
     return 0 if healthy and console["health"] in ("", "SERVING") else 1
 

@@ -12,7 +12,11 @@ from it, so both check it here with the same words:
 `parse_update` checks the mask and the values on their own (INVALID_ARGUMENT
 naming `update_mask.paths[i]` or the `spec.` field); `UpdatePlan.apply` makes
 the new spec from the job's current one and says, for people, what changed.
-Pure: no gRPC, no Redis.
+Nothing asked for is dropped: a path named twice, or `priority` with
+`priority_class` (a job has one or the other), is refused, not merged. The
+`tenant` label (RESERVED_LABELS) is the cell's: `labels.tenant` is refused and a
+whole-map update keeps it (one naming another tenant is refused), at the cell
+and at a pod alike (issue 33). Pure: no gRPC, no Redis.
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ from lightpath.errors import FieldViolation, InvalidArgument
 from lightpath.v1 import common_pb2, workload_scheduler_pb2
 
 PRIORITY, PRIORITY_CLASS, LABELS = "priority", "priority_class", "labels"
+TENANT_LABEL = "tenant"  # set by the cell from the caller's credential; never by an update
+RESERVED_LABELS = (TENANT_LABEL,)
 UPDATABLE = f"{PRIORITY}, {PRIORITY_CLASS}, {LABELS}, {LABELS}.<key>"
 LABEL_KEY = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._/-]{0,61}[A-Za-z0-9])?\Z")
 LABEL_KEY_RULE = (
@@ -99,8 +105,15 @@ class UpdatePlan:
         old = dict(current.labels)
         new = dict(old)
         if self.all_labels:
+            for key in sorted(self.reserved & set(self.patch.labels)):
+                if self.patch.labels[key] != old.get(key, ""):
+                    raise InvalidArgument(
+                        f"spec.labels[{key}]",
+                        f"{self.patch.labels[key]!r} is not the job's {key} "
+                        f"{old.get(key, '')!r}; the {key} label cannot change",
+                    )
             new = {k: v for k, v in old.items() if k in self.reserved}
-            new.update(self.patch.labels)
+            new.update({k: v for k, v in self.patch.labels.items() if k not in self.reserved})
         for key in self.label_keys:
             if key in self.patch.labels:
                 new[key] = self.patch.labels[key]
@@ -143,7 +156,12 @@ def parse_update(
     for i, path in enumerate(paths):
         at = f"update_mask.paths[{i}]"
         if path in seen:
-            continue  # the same path twice asks for the same change
+            bad.append(
+                FieldViolation(
+                    at, f"{path!r} is named twice (also update_mask.paths[{seen[path]}])"
+                )
+            )
+            continue
         seen[path] = i
         if path in flags:
             flags[path] = True
@@ -166,6 +184,15 @@ def parse_update(
                     + f"; updatable: {UPDATABLE}",
                 )
             )
+    if flags[PRIORITY] and flags[PRIORITY_CLASS]:
+        later = max(seen[PRIORITY], seen[PRIORITY_CLASS])
+        bad.append(
+            FieldViolation(
+                f"update_mask.paths[{later}]",
+                f"{PRIORITY!r} and {PRIORITY_CLASS!r} conflict: a job has a priority or a "
+                "priority class; name one",
+            )
+        )
     if flags[LABELS] and keys:
         i = seen[f"{LABELS}.{keys[0]}"]
         bad.append(

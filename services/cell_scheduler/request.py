@@ -31,6 +31,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
 
+from lightpath.domain import job_update
 from lightpath.domain.blocks import TYPE_NAME_RULE, PodFabric, parse_block_types
 from lightpath.domain.jobs import normalize, switched_spec_rules
 from lightpath.errors import FieldViolation, InvalidArgument
@@ -43,7 +44,7 @@ from services.common.keys import ID_RULE, is_valid_id
 from services.common.settings import parse_address
 
 DEFAULT_TENANT = NO_TENANT  # reserved: no tenant credential can carry it
-TENANT_LABEL = "tenant"
+TENANT_LABEL = job_update.TENANT_LABEL  # one spelling, the domain's
 
 # Refusals that say a pod is not for this kind of request (a SWITCHED pod asked for a
 # shape, an OCS_TORUS pod for degrees alone, a pod without the node type named): when

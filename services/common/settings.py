@@ -4,7 +4,7 @@ A settings class is a frozen dataclass whose fields are declared with
 `setting(ENV_VAR, default, doc)`. `load(cls)` reads the environment, parses
 each value by the field's type (or its own parser), and fails at start with a
 message naming the variable when a value is bad. `describe(cls)` lists the
-variables with their defaults and docs (the README table, the compose-file
+variables with their defaults and docs (docs/configuration.md, the compose-file
 check).
 """
 

@@ -172,6 +172,7 @@ class Supervisor:
         entry = SupervisedTask(name, needed, forever)
         self.tasks[name] = entry
         _report(entry)
+        _restarts.add(0, {"task": name})  # at 0 until the first restart: increase() sees it
         entry.task = asyncio.create_task(self._run(entry, factory), name=name)
         return entry.task
 

@@ -13,7 +13,7 @@ import sys
 import uvicorn
 
 from lightpath.security.credentials import Credentials, CredentialsError
-from lightpath.telemetry import configure_tracing
+from lightpath.telemetry import configure_metrics, configure_tracing, serve_metrics
 from services.common.settings import SettingsError, describe, load
 from services.common.supervisor import Supervisor
 from services.common.telemetry import configure_logging
@@ -70,6 +70,12 @@ def build(settings: ConsoleSettings) -> tuple[Console, uvicorn.Config]:
 
 async def serve(settings: ConsoleSettings) -> None:
     console, config = build(settings)
+    if settings.metrics_listen:
+        # Its supervised watches (lightpath.task.down / restarts) and the process: what
+        # LightpathConsoleDown and LightpathConsoleStale read.
+        endpoint = serve_metrics(settings.metrics_listen)
+        configure_metrics("lightpath-console", instance_id=settings.instance_id, prometheus=True)
+        log.info("console metrics on %s", endpoint.url, extra={"metrics_url": endpoint.url})
     server = uvicorn.Server(config)
     log.info(
         "console serving https://%s (viewers without sign-in: %s)",

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from services.common.settings import (
     choice,
     parse_address,
+    parse_metrics_listen,
     parse_optional_address,
     parse_positive_float,
     setting,
@@ -104,6 +105,14 @@ class ConsoleSettings:
         "LIGHTPATH_LOG_FORMAT", "json", "json or text", parse=choice("json", "text")
     )
     instance_id: str = setting("LIGHTPATH_INSTANCE_ID", "console", "unique name of this process")
+    metrics_listen: str = setting(
+        "LIGHTPATH_METRICS_LISTEN",
+        "",
+        "Prometheus scrape endpoint (HTTP GET /metrics, plaintext) of the console: host:port, "
+        "or a port alone for 127.0.0.1:PORT; empty: none. Its watches' state is "
+        "lightpath_task_down (deploy/monitoring: LightpathConsoleStale)",
+        parse=parse_metrics_listen,
+    )
 
     def anonymous_reads(self) -> bool:
         """Whether viewers who have not signed in see the console's read-only view."""

@@ -77,6 +77,14 @@ class BrokerMetrics:
 
     # -- events --------------------------------------------------------------------
 
+    def serving(self) -> None:
+        """Export the decision counter at 0 for every outcome before the first decision
+        (an alert's rate() or increase() then sees the first one)."""
+        from services.core_broker.decisions import Outcome
+
+        for outcome in Outcome:
+            self._decisions.add(0, {"outcome": str(outcome).lower()})
+
     def decided(self, decisions: Iterable[Any]) -> None:
         """Committed decisions (each with its Outcome: GRANTED, PARTIAL, DEFERRED, REJECTED)."""
         for d in decisions:

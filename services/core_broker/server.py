@@ -688,6 +688,7 @@ async def build(
 ) -> list[ServiceDefinition]:
     s = runtime.settings
     metrics = metrics or BrokerMetrics()
+    metrics.serving()
     store = BrokerStore(runtime.redis, retention_ms=int(s.retention_s * 1000))
     view = LiveView(store)
     await view.load()

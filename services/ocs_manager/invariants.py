@@ -27,6 +27,20 @@ from services.ocs_manager.wiring import SlicePlacement, cross_connects, links
 
 MAX_VIOLATIONS = 200
 
+# Every rule a check of this pod kind can report (CheckInvariants with compare_switches
+# adds SWITCH_STATE_DISAGREES). OcsMetrics exports each at 0 from the start, so an alert's
+# increase() sees the first failure (tests/ocs_manager/test_metrics.py checks the list).
+RULES: tuple[str, ...] = (
+    "PORT_IN_TWO_CROSS_CONNECTS",
+    "AXIS_MISMATCH",
+    "SLICES_JOINED",
+    "ONE_TO_MANY_DISAGREES",
+    "UNWIRED_BLOCK_CONNECTED",
+    "SLICE_WIRING_MISMATCH",
+    "OWNER_MISMATCH",
+    "SWITCH_STATE_DISAGREES",
+)
+
 
 @dataclass(frozen=True)
 class StoredSlice:

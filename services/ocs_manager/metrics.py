@@ -91,6 +91,20 @@ class OcsMetrics:
     def noop(cls) -> OcsMetrics:
         return cls(NoOpMeterProvider().get_meter(METER_NAME))
 
+    # -- series at 0 from the start ------------------------------------------------
+
+    def serving(self, pod: str, rules: Iterable[str], *, repairs: Iterable[str] = ()) -> None:
+        """Export, at 0, every series the alert rules read of this pod before its first
+        event: invariant failures by rule and, behind switch agents, switch repairs by
+        reason and the unreachable switches. An `increase()` over a counter that appears
+        with its first event sees nothing, so a first failure would go unseen (issue 33)."""
+        for rule in rules:
+            self._invariants.add(0, {"pod": pod, "rule": rule})
+        for reason in repairs:
+            self._repairs.add(0, {"pod": pod, "reason": reason})
+        if repairs:
+            self._unreachable.setdefault(pod, 0)
+
     # -- events --------------------------------------------------------------------
 
     def changed(self, pod: str, op: str, outcome: str, started: float) -> None:

@@ -38,6 +38,11 @@ from services.ocs_manager.store import OcsStore
 
 log = logging.getLogger("lightpath.ocs_manager")
 
+# Why a switch was repaired (lightpath.ocs.switch_repairs' `reason`): it came back with
+# empty tables (a new boot id), or its tables differ from the committed ones.
+RESTARTED, DRIFTED = "restarted", "drifted"
+REPAIR_REASONS = (RESTARTED, DRIFTED)
+
 Pair = tuple[int, int]
 
 
@@ -194,7 +199,7 @@ class SwitchReconciler:
                 sel = req.set_outputs.add(input=i)
                 if o is not None:
                     sel.output = o
-            repairs.append((sid, req, "restarted" if restarted else "drifted"))
+            repairs.append((sid, req, RESTARTED if restarted else DRIFTED))
         results = await asyncio.gather(
             *(self.driver.apply_batch(sid, req) for sid, req, _ in repairs), return_exceptions=True
         )
@@ -210,9 +215,7 @@ class SwitchReconciler:
                 log.warning(
                     "switch %s %s: repaired %d disconnects, %d 1xK outputs, %d connects",
                     sid,
-                    "after a restart"
-                    if why == "restarted"
-                    else "differed from the committed tables",
+                    "after a restart" if why == RESTARTED else "differed from the committed tables",
                     len(req.disconnect),
                     len(req.set_outputs),
                     len(req.connect),

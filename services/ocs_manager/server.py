@@ -21,10 +21,10 @@ from services.ocs_manager import convert
 from services.ocs_manager.agent_driver import AgentSwitchDriver
 from services.ocs_manager.driver import RedisSwitchDriver, SwitchDriver
 from services.ocs_manager.encode import WiringEncoder
-from services.ocs_manager.invariants import FabricState, Violation, check
+from services.ocs_manager.invariants import RULES, FabricState, Violation, check
 from services.ocs_manager.manager import FabricManager
 from services.ocs_manager.metrics import OcsMetrics
-from services.ocs_manager.reconcile import SwitchReconciler
+from services.ocs_manager.reconcile import REPAIR_REASONS, SwitchReconciler
 from services.ocs_manager.settings import OcsManagerSettings
 from services.ocs_manager.store import OcsStore
 from services.ocs_manager.switched.server import SWITCHED_RPCS, build_switched, refuse_calls
@@ -409,6 +409,7 @@ async def build(
         await default.init()
         driver = default
     manager = FabricManager(fabric, store, driver, lease_s=s.change_lease_s, metrics=metrics)
+    metrics.serving(s.pod_id, RULES, repairs=REPAIR_REASONS if reconciler else ())
     if reconciler is not None:
         # Fail-static: adopt what the switches hold, put back what a restarted one lost.
         runtime.supervise(reconciler.run, "switch reconcile")

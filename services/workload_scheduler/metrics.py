@@ -29,6 +29,9 @@ METER_NAME = "lightpath.workload_scheduler"
 REFRESH_S = 5.0
 _ADMITTED = {"RUNNING": "admitted", "WIRING": "admitted", "PENDING": "queued"}
 _BLOCK_STATES = ("free", "allocated", "failed")
+REPLACEMENT_RESULTS = ("replaced", "lost", "stopped")
+ADMISSION_RESULTS = ("admitted", "queued", "refused")
+PREEMPTION_ACTIONS = ("terminate", "delay", "shrink")
 
 
 class BlockOutcome(Protocol):
@@ -104,6 +107,19 @@ class PodMetrics:
     @staticmethod
     def clock() -> float:
         return time.monotonic()
+
+    # -- series at 0 from the start ------------------------------------------------
+
+    def serving(self, pod: str) -> None:
+        """Export this pod's counters at 0 for every label set, before the first event:
+        an alert's `increase()` over a counter that appears with its first event sees
+        nothing, so the first block replacement of a run would look like none (issue 33)."""
+        for result in REPLACEMENT_RESULTS:
+            self._replacements.add(0, {"pod": pod, "result": result})
+        for result in ADMISSION_RESULTS:
+            self._attempts.add(0, {"pod": pod, "result": result})
+        for action in PREEMPTION_ACTIONS:
+            self._preemptions.add(0, {"pod": pod, "action": action})
 
     # -- events --------------------------------------------------------------------
 

@@ -23,7 +23,7 @@ from lightpath.domain.blocks import (
     host_shape_error,
     parse_block_types,
 )
-from lightpath.domain.job_update import parse_update
+from lightpath.domain.job_update import RESERVED_LABELS, parse_update
 from lightpath.domain.jobs import (
     POLICY_ENUM,
     chips_of,
@@ -407,7 +407,8 @@ class WorkloadSchedulerServicer(workload_scheduler_pb2_grpc.WorkloadSchedulerSer
         self, request: workload_scheduler_pb2.UpdateJobRequest, context
     ) -> workload_scheduler_pb2.Job:
         _note(job_id=require_id(request.spec.job_id, "spec.job_id"))
-        plan = parse_update(request.spec, list(request.update_mask.paths))
+        # The same rules as at the cell: the tenant label is the cell's (issue 33).
+        plan = parse_update(request.spec, list(request.update_mask.paths), reserved=RESERVED_LABELS)
         sched = await self._pod.get()
         record = await sched.update(plan, request.spec.job_id)
         return await self._job_pb(sched, record)
@@ -686,6 +687,7 @@ async def build(
         runtime.channel(runtime.settings.ocs_addr), timeout_s=runtime.settings.ocs_timeout_s
     )
     metrics = metrics or PodMetrics()
+    metrics.serving(runtime.settings.pod_id)
     pod = PodHandle(runtime, ocs, metrics)
     runtime.supervise(lambda: metrics.run(pod), "pod metrics", needed=False)
     # Retried until the fabric is known (a Redis error while saving it is not the end).

@@ -91,7 +91,11 @@ def test_status_json_shows_the_console_url(console_stack: ConsoleStack):
         timeout=60,
     )
     status = json.loads(out.stdout)
-    assert status["console"] == {"url": console_stack.url, "health": "SERVING"}
+    assert status["console"] == {
+        "url": console_stack.url,
+        "health": "SERVING",
+        "metrics": console_stack.stack.metrics_endpoints["console"],
+    }
     assert out.returncode == 0
 
 

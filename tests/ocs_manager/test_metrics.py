@@ -117,3 +117,23 @@ async def test_a_switched_pod_counts_the_ring_channels_it_reserves(redis_url, re
             "the channels released",
         )
         assert_listed(reader)
+
+
+def test_the_rules_exported_at_0_are_every_rule_a_check_reports():
+    """OcsMetrics.serving exports invariant failures at 0 for each rule of RULES, so an
+    alert's increase() sees a rule's first failure (issue 33): RULES must name every
+    rule the checks can report."""
+    import re
+    from pathlib import Path
+
+    from services.ocs_manager import invariants
+    from services.ocs_manager.switched import invariants as switched
+
+    here = Path(invariants.__file__).parent
+    rule = re.compile(r'(?:bad\(|Violation\()\s*"([A-Z_]+)"')
+    torus = {
+        r for f in (here / "invariants.py", here / "server.py") for r in rule.findall(f.read_text())
+    }
+    rings = set(rule.findall((here / "switched" / "invariants.py").read_text()))
+    assert torus == set(invariants.RULES)
+    assert rings == set(switched.RULES)

@@ -32,12 +32,13 @@ def test_priority_replaces_a_class_and_the_class_replaces_a_priority():
         c.PRIORITY_CLASS_LOW,
         20,
     )
-    both = parse_update(
-        _spec(priority=70, priority_class=c.PRIORITY_CLASS_HIGH), ["priority", "priority_class"]
-    )
+    # both at once: refused, not one of them taken and the other dropped (issue 33)
     with pytest.raises(InvalidArgument) as info:
-        both.apply(current)
-    assert "spec.priority_class" in _fields(info.value)
+        parse_update(
+            _spec(priority=70, priority_class=c.PRIORITY_CLASS_HIGH),
+            ["priority", "priority_class"],
+        )
+    assert "conflict" in _fields(info.value)["update_mask.paths[1]"]
 
 
 def test_labels_one_by_one_or_the_whole_map():
@@ -90,9 +91,26 @@ def test_bad_masks_and_values_name_the_path_or_field(patch, paths, field, words)
     assert field in rules and words in rules[field], rules
 
 
-def test_a_repeated_path_is_one_change():
-    plan = parse_update(_spec(priority=60), ["priority", "priority"])
-    assert plan.paths == ["priority"]
+def test_a_repeated_path_is_refused():
+    """Issue 33: a path named twice is a mistake to report, not a change to merge."""
+    with pytest.raises(InvalidArgument) as info:
+        parse_update(_spec(priority=60), ["priority", "priority"])
+    assert "named twice" in _fields(info.value)["update_mask.paths[1]"]
+
+
+def test_the_tenant_label_is_kept_by_a_whole_map_update_and_never_changed():
+    current = _spec(labels={"team": "ml", "tenant": "acme"})
+    plan = parse_update(_spec(labels={"a": "1"}), ["labels"], reserved=["tenant"])
+    assert dict(plan.apply(current).spec.labels) == {"a": "1", "tenant": "acme"}
+    same = parse_update(_spec(labels={"a": "1", "tenant": "acme"}), ["labels"], reserved=["tenant"])
+    assert dict(same.apply(current).spec.labels) == {"a": "1", "tenant": "acme"}
+    other = parse_update(_spec(labels={"tenant": "beta"}), ["labels"], reserved=["tenant"])
+    with pytest.raises(InvalidArgument) as info:
+        other.apply(current)
+    assert "cannot change" in _fields(info.value)["spec.labels[tenant]"]
+    # a job without a tenant does not get one by an update
+    with pytest.raises(InvalidArgument):
+        other.apply(_spec(labels={"team": "ml"}))
 
 
 _keys = st.from_regex(LABEL_KEY, fullmatch=True)

@@ -128,3 +128,36 @@ async def test_refusals_name_the_field_and_change_nothing(pod16):
     await pod16.ws.CompleteJob(ws.CompleteJobRequest(job_id="r1"))
     err = await rpc_error(pod16.ws.UpdateJob(_update("r1", ["priority"], priority=5)))
     assert err.code == grpc.StatusCode.FAILED_PRECONDITION and err.reason == "JOB_ENDED"
+
+
+async def test_the_pod_refuses_what_the_cell_refuses_and_drops_nothing(pod16):
+    """Issue 33: UpdateJob at the workload scheduler follows the cell's rules: a path
+    named twice or priority with priority_class refused, labels.tenant refused, and a
+    whole-map update keeps the tenant label (naming another tenant is refused)."""
+    await pod16.admit("acme-1", (16, 8, 4), priority=40, labels={"tenant": "acme", "team": "ml"})
+    cases = [
+        (["priority", "priority"], {"priority": 60}, "update_mask.paths[1]", "named twice"),
+        (
+            ["priority", "priority_class"],
+            {"priority": 60, "priority_class": c.PRIORITY_CLASS_HIGH},
+            "update_mask.paths[1]",
+            "conflict",
+        ),
+        (
+            ["labels.tenant"],
+            {"labels": {"tenant": "beta"}},
+            "update_mask.paths[0]",
+            "cannot change",
+        ),
+        (["labels"], {"labels": {"tenant": "beta"}}, "spec.labels[tenant]", "cannot change"),
+    ]
+    for paths, spec, field, words in cases:
+        err = await rpc_error(pod16.ws.UpdateJob(_update("acme-1", paths, **spec)))
+        assert err.code == grpc.StatusCode.INVALID_ARGUMENT, (paths, err)
+        rules = dict(err.field_violations)
+        assert field in rules and words in rules[field], (paths, rules)
+    job = await pod16.job("acme-1")
+    assert job.priority == 40 and dict(job.spec.labels) == {"tenant": "acme", "team": "ml"}
+    up = await pod16.ws.UpdateJob(_update("acme-1", ["labels"], labels={"env": "prod"}))
+    assert dict(up.spec.labels) == {"tenant": "acme", "env": "prod"}
+    assert dict((await pod16.job("acme-1")).spec.labels) == {"tenant": "acme", "env": "prod"}

@@ -19,6 +19,23 @@ class Violation:
     detail: str
 
 
+# Every rule a check of a switched pod can report; OcsMetrics exports each at 0 from the
+# start (tests/ocs_manager/test_metrics.py checks the list against this module).
+RULES: tuple[str, ...] = (
+    "RING_SET_MISMATCH",
+    "RING_NOT_HAMILTONIAN",
+    "RING_NOT_CLOSED",
+    "HOP_ENDS",
+    "HOP_NOT_A_LINK",
+    "HOP_LEAVES_JOB",
+    "HOP_CROSSES_JOB",
+    "CHANNEL_IN_TWO_RINGS",
+    "CHANNEL_IN_TWO_JOBS",
+    "PROCESSOR_IN_TWO_JOBS",
+    "BITMAP_DISAGREES",
+)
+
+
 def ring_violations(
     fabric: SwitchedFabric, plan: RingPlan, forbidden: Iterable[int] = ()
 ) -> list[Violation]:

@@ -24,7 +24,7 @@ from services.common.convert import fabric_to_proto, tile_to_proto
 from services.common.server import Runtime, ServiceDefinition
 from services.ocs_manager.metrics import OcsMetrics
 from services.ocs_manager.settings import OcsManagerSettings
-from services.ocs_manager.switched.invariants import pod_violations
+from services.ocs_manager.switched.invariants import RULES, pod_violations
 from services.ocs_manager.switched.manager import SwitchedFabricManager, check_job_id
 from services.ocs_manager.switched.queries import SwitchLinkUse, ring_path
 from services.ocs_manager.switched.store import SwitchedStore, unpack
@@ -451,6 +451,7 @@ async def build_switched(
         )
     manager = SwitchedFabricManager(fabric, store, metrics)
     if metrics is not None:
+        metrics.serving(s.pod_id, RULES)
         runtime.supervise(lambda: metrics.run_switched(store), "ring metrics", needed=False)
     runtime.log.info(
         "pod %s switched fabric: %s (%d groups, %d processors, %d links)",
