@@ -35,6 +35,8 @@ from dataclasses import dataclass
 from urllib.parse import parse_qs, unquote, urlsplit
 
 import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 from redis.exceptions import RedisError, WatchError
 
 from lightpath.domain.southbound import SouthboundDevice
@@ -130,6 +132,10 @@ class SonicSwitch(DeviceSwitch):
                 decode_responses=True,
                 socket_connect_timeout=connect_timeout_s,
                 socket_timeout=connect_timeout_s,
+                # one immediate retry (a pooled connection the switch's Redis dropped when
+                # it restarted), no backoff: a switch that does not answer is answered at
+                # once (the manager rolls back, the reconcile loop tries again)
+                retry=Retry(NoBackoff(), 1),
             )
 
         self.config = client(self.addr.config_db)

@@ -63,6 +63,7 @@ async def sonic_lab(
     timing: SwitchTiming | None = None,
     only: set[str] | None = None,
     spare_ports: int = 2,
+    short: set[str] = frozenset(),  # type: ignore[assignment]
 ) -> AsyncIterator[SonicLab]:
     """A SONiC OCS per OCS of `fabric` (or of `only`), each with the ports the fabric
     cables plus `spare_ports` on each side."""
@@ -72,12 +73,12 @@ async def sonic_lab(
             if d.kind != OCS or (only is not None and d.id not in only):
                 continue
             sides = PortSides.of(fabric, d)
-            server = EmbeddedRedis(workdir / f"sonic-{d.id}", appendonly=False)
+            server = EmbeddedRedis(workdir / f"sonic-{d.id}", port=free_port(), appendonly=False)
             server.start()
             orch = OrchagentEmulator(
                 f"redis://127.0.0.1:{server.port}",
                 sides.first_ends + spare_ports,
-                sides.second_ends + spare_ports,
+                sides.second_ends + (-1 if d.id in short else spare_ports),
                 timing=timing or SwitchTiming.fixed(1.0),
             )
             lab.switches[d.id] = SonicSwitchLab(d.id, server, orch)
@@ -101,6 +102,7 @@ class NetconfLab:
     known_hosts: Path
     password_file: Path
     log: Path
+    host_key: Path
 
     def url(self, switch_id: str) -> str:
         return f"netconf://admin@127.0.0.1:{self.addresses[switch_id]}"
@@ -133,20 +135,29 @@ def start_netconf(
     *,
     timing: str = "fixed:1",
     reuse: NetconfLab | None = None,
+    keys_from: NetconfLab | None = None,
 ) -> NetconfLab:
     """The NETCONF server process for switches `ids` (N x N, N = `ports`), on fresh ports
-    (or `reuse`'s, to bring the same switches back empty after a kill)."""
+    (or `reuse`'s, to bring the same switches back empty after a kill; `keys_from`: with
+    that lab's host key, known_hosts and password)."""
     workdir.mkdir(parents=True, exist_ok=True)
     key = workdir / "host_key"
     known = workdir / "known_hosts"
     secret = workdir / "password"
-    if reuse is None:
+    if reuse is not None:
+        key, known, secret = reuse.host_key, reuse.known_hosts, reuse.password_file
+        addresses = reuse.addresses
+    elif keys_from is not None:
+        key, known, secret = keys_from.host_key, keys_from.known_hosts, keys_from.password_file
+        public = known.read_text().splitlines()[0].split(maxsplit=1)[1]
+        addresses = {sid: free_port() for sid in ids}
+        with known.open("a") as f:
+            f.write("".join(f"[127.0.0.1]:{port} {public}\n" for port in addresses.values()))
+    else:
         public = write_host_key(key)
         addresses = {sid: free_port() for sid in ids}
         known.write_text("".join(f"[127.0.0.1]:{port} {public}\n" for port in addresses.values()))
         secret.write_text("s3cret-" + os.urandom(4).hex())
-    else:
-        addresses = reuse.addresses
     log = workdir / "polatis.log"
     args = [sys.executable, "-m", "services.switch_emulators.polatis", "--ports", str(ports)]
     args += ["--host-key", str(key), "--timing", timing]
@@ -162,7 +173,7 @@ def start_netconf(
     if b"ready" not in line:
         proc.kill()
         raise RuntimeError("the NETCONF server did not start:\n" + log.read_text()[-3000:])
-    return NetconfLab(proc, addresses, ports, known, secret, log)
+    return NetconfLab(proc, addresses, ports, known, secret, log, key)
 
 
 @contextlib.contextmanager
