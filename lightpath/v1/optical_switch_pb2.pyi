@@ -475,25 +475,37 @@ class PortStatus(_message.Message):
     PORT_FIELD_NUMBER: _builtins.int
     STATE_FIELD_NUMBER: _builtins.int
     PEER_FIELD_NUMBER: _builtins.int
+    POWER_DBM_FIELD_NUMBER: _builtins.int
     port: _builtins.int
     """OCS port, or 1xK input"""
     state: Global___PortState.ValueType
     peer: _builtins.int
     """OCS: the peer port; ONE_TO_K: the selected output."""
+    power_dbm: _builtins.float
+    """What the port's optical power monitor reads, dBm, where the switch has one: the
+    launch power less the path's insertion loss when connected and settled; the
+    monitor's floor (about -60) when dark or while the mirror moves.
+    """
     def __init__(
         self,
         *,
         port: _builtins.int = ...,
         state: Global___PortState.ValueType = ...,
         peer: _builtins.int | None = ...,
+        power_dbm: _builtins.float | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_peer", b"_peer", "peer", b"peer"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_peer", b"_peer", "_power_dbm", b"_power_dbm", "peer", b"peer", "power_dbm", b"power_dbm"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_peer", b"_peer", "peer", b"peer", "port", b"port", "state", b"state"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_peer", b"_peer", "_power_dbm", b"_power_dbm", "peer", b"peer", "port", b"port", "power_dbm", b"power_dbm", "state", b"state"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__peer: _TypeAlias = _typing.Literal["peer"]  # noqa: Y015
     _WhichOneofArgType__peer: _TypeAlias = _typing.Literal["_peer", b"_peer"]  # noqa: Y015
+    _WhichOneofReturnType__power_dbm: _TypeAlias = _typing.Literal["power_dbm"]  # noqa: Y015
+    _WhichOneofArgType__power_dbm: _TypeAlias = _typing.Literal["_power_dbm", b"_power_dbm"]  # noqa: Y015
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__peer) -> _WhichOneofReturnType__peer | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__power_dbm) -> _WhichOneofReturnType__power_dbm | None: ...
 
 Global___PortStatus: _TypeAlias = PortStatus  # noqa: Y015
 

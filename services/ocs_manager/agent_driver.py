@@ -20,6 +20,7 @@ docs/ocs_southbound.md is the contract; services/switch_agent the reference agen
 from __future__ import annotations
 
 import asyncio
+import logging
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -35,6 +36,8 @@ from lightpath.v1 import optical_switch_pb2_grpc
 from services.ocs_manager.driver import SwitchDriverError
 from services.ocs_manager.invariants import FabricState
 from services.ocs_manager.wiring import FabricChange, link_ports
+
+log = logging.getLogger("lightpath.ocs_manager")
 
 # Codes after which the same change may succeed later.
 _TRANSIENT = {
@@ -129,6 +132,65 @@ class AgentSwitchDriver:
         self.timeout_s = timeout_s
         self.apply_calls = 0  # ApplyBatch / ApplyBatches calls sent
         self._single_only: set[int] = set()  # endpoints (stubs) without ApplyBatches
+        # switches whose Describe does not match the fabric: id -> why (never programmed)
+        self.mismatched: dict[str, str] = {}
+
+    @property
+    def kinds(self) -> str:
+        """What drives the switches: "agents", or e.g. "SONiC+agents" (GetInfo)."""
+        names = sorted({getattr(s, "driver_name", "agents") for s in self._stubs.values()})
+        return "+".join(names)
+
+    # -- inventory (issue 34) ---------------------------------------------------------
+
+    def expected(self, d: SouthboundDevice) -> tuple[int, int, int]:
+        """(kind, ports needed, outputs) a switch must describe to serve device `d`."""
+        if d.kind == OCS:
+            k = self.fabric.ocs_of_index(d.index)[2]
+            return pb.SWITCH_KIND_OCS, self.fabric.ports_cabled(k), 0
+        return pb.SWITCH_KIND_ONE_TO_K, self.fabric.total_axes, self.fabric.k
+
+    async def check_inventory(self, ids: list[str] | None = None) -> dict[str, str]:
+        """Describe the switches (all, or `ids`) and keep those that do not match the fabric
+        in `mismatched` (a wrong kind, too few ports, another K). A switch that does not
+        answer, or has no Describe, is not judged (checked again after it comes back).
+        Answers the mismatches found now."""
+        targets = [self.devices[i] for i in (ids or list(self.devices))]
+
+        async def one(d: SouthboundDevice) -> tuple[str, str | None]:
+            try:
+                desc = await self._stubs[d.id].Describe(
+                    pb.DescribeSwitchRequest(switch_id=d.id), timeout=self.timeout_s
+                )
+            except grpc.aio.AioRpcError:
+                return d.id, None
+            kind, ports, outputs = self.expected(d)
+            if desc.kind != kind:
+                want = pb.SwitchKind.Name(kind)  # type: ignore[arg-type]
+                return d.id, f"it is {pb.SwitchKind.Name(desc.kind)}, the fabric needs {want}"
+            if desc.ports < ports:
+                return d.id, f"it has {desc.ports} ports, the fabric cables {ports}"
+            if outputs and desc.outputs != outputs:
+                return d.id, f"its 1xK switches have {desc.outputs} outputs, the fabric K={outputs}"
+            return d.id, ""
+
+        found = {}
+        for sid, why in await asyncio.gather(*(one(d) for d in targets)):
+            if why is None:
+                continue
+            if why:
+                if self.mismatched.get(sid) != why:
+                    log.error("switch %s does not match the fabric: %s; not programmed", sid, why)
+                self.mismatched[sid] = why
+                found[sid] = why
+            elif self.mismatched.pop(sid, None) is not None:
+                log.info("switch %s matches the fabric again", sid)
+        return found
+
+    def reconnected(self, sid: str) -> None:
+        """A switch came back (restarted or reachable again): a feature it lacked before
+        (ApplyBatches) is tried again."""
+        self._single_only.discard(id(self._stubs[sid]))
 
     # -- programming ------------------------------------------------------------------
 
@@ -136,6 +198,15 @@ class AgentSwitchDriver:
         if change.empty:
             return
         reqs = batches(self.fabric, change)
+        bad = sorted(sid for sid in reqs if sid in self.mismatched)
+        if bad:
+            raise SwitchDriverError(
+                f"switch {bad[0]} does not match the fabric ({self.mismatched[bad[0]]}); "
+                "nothing was programmed"
+                + (f" (and {len(bad) - 1} more switches)" if len(bad) > 1 else ""),
+                applied=ScopedChange(change.disconnect, change.connect, change.one_to_many),
+                transient=False,
+            )
         token = secrets.token_hex(8)
         ids = list(reqs)
         for sid in ids:

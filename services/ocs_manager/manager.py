@@ -262,7 +262,7 @@ class FabricManager:
                 exc,
             )
             raise Unavailable(
-                f"switch driver failed and so did the rollback for slice {job}; "
+                f"switch driver failed and so did the rollback for slice {job} ({exc}); "
                 "it is rolled back when the lease ends (retry later)",
                 reason="SWITCH_DRIVER_FAILED",
             ) from exc

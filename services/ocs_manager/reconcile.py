@@ -171,6 +171,7 @@ class SwitchReconciler:
             return report
         busy = busy_blocks(before) | busy_blocks(after)
         repairs: list[tuple[str, pb.ApplyBatchRequest, str]] = []
+        rechecks: list[str] = []
         for sid, st in states.items():
             if isinstance(st, grpc.aio.AioRpcError):
                 report.unreachable.append(sid)
@@ -178,6 +179,11 @@ class SwitchReconciler:
             prev = self.boots.get(sid)
             self.boots[sid] = st.boot_id
             restarted = prev is not None and prev != st.boot_id
+            if restarted or sid in self._down:  # back: Describe it and retry what it lacked
+                self.driver.reconnected(sid)
+                rechecks.append(sid)
+            if sid in self.driver.mismatched:
+                continue  # never programmed (health says why)
             if restarted:
                 report.restarted.append(sid)
                 log.warning(
@@ -200,6 +206,9 @@ class SwitchReconciler:
                 if o is not None:
                     sel.output = o
             repairs.append((sid, req, RESTARTED if restarted else DRIFTED))
+        if rechecks:
+            await self.driver.check_inventory(rechecks)
+            repairs = [r for r in repairs if r[0] not in self.driver.mismatched]
         results = await asyncio.gather(
             *(self.driver.apply_batch(sid, req) for sid, req, _ in repairs), return_exceptions=True
         )

@@ -9,10 +9,9 @@ from __future__ import annotations
 
 from opentelemetry import trace
 
-from lightpath.domain.southbound import devices, endpoint_of
 from lightpath.domain.torus import SECOND, Fabric, FabricConfig, validate_config
 from lightpath.errors import Aborted, FailedPrecondition, InvalidArgument, NotFound
-from lightpath.v1 import common_pb2, ocs_manager_pb2, ocs_manager_pb2_grpc, optical_switch_pb2_grpc
+from lightpath.v1 import common_pb2, ocs_manager_pb2, ocs_manager_pb2_grpc
 from lightpath.v1 import ocs_manager_pb2 as pb
 from services.common import paging
 from services.common.keys import require_id
@@ -27,6 +26,7 @@ from services.ocs_manager.metrics import OcsMetrics
 from services.ocs_manager.reconcile import REPAIR_REASONS, SwitchReconciler
 from services.ocs_manager.settings import OcsManagerSettings
 from services.ocs_manager.store import OcsStore
+from services.ocs_manager.switch_drivers import switch_driver
 from services.ocs_manager.switched.server import SWITCHED_RPCS, build_switched, refuse_calls
 from services.ocs_manager.wiring import cross_connect_count, links, validate_placement
 
@@ -69,6 +69,9 @@ class OcsManagerServicer(
             more = {
                 "switch_reconcile_passes": str(r.passes),
                 "switches_unreachable": str(len(r.last.unreachable) if r.last else 0),
+                "switches_mismatched": ", ".join(
+                    f"{sid} ({why})" for sid, why in sorted(r.driver.mismatched.items())
+                ),
             }
         return self._rt.info(
             SERVICE_NAME,
@@ -76,7 +79,9 @@ class OcsManagerServicer(
             fabric_kind="OCS_TORUS",
             fabric=c.describe(),
             ocs=str(self._fabric.ocs_count),
-            switch_driver="agents" if isinstance(self._m.driver, AgentSwitchDriver) else "redis",
+            switch_driver=(
+                self._m.driver.kinds if isinstance(self._m.driver, AgentSwitchDriver) else "redis"
+            ),
             **more,
         )
 
@@ -396,8 +401,9 @@ async def build(
             status[2],
         )
     reconciler: SwitchReconciler | None = None
-    if driver is None and s.switch_agents:
+    if driver is None and (s.switch_agents or s.switches):
         agents = agent_driver(runtime, fabric)
+        await agents.check_inventory()
         reconciler = SwitchReconciler(
             fabric, store, agents, interval_s=s.reconcile_s, metrics=metrics
         )
@@ -434,21 +440,9 @@ async def build(
 
 
 def agent_driver(runtime: Runtime[OcsManagerSettings], fabric: Fabric) -> AgentSwitchDriver:
-    """The driver of switches behind agents: one channel per agent address (this service's
-    own credentials), a stub per switch by LIGHTPATH_OCS_SWITCH_AGENTS."""
-    s = runtime.settings
-    endpoints = s.switch_endpoints
-    channels: dict[str, optical_switch_pb2_grpc.OpticalSwitchStub] = {}
-    stubs = {}
-    for d in devices(fabric):
-        address = endpoint_of(endpoints, d.id)
-        assert address is not None  # settings checked every switch has one
-        if address not in channels:
-            channels[address] = optical_switch_pb2_grpc.OpticalSwitchStub(
-                runtime.channel(address, max_attempts=1, default_timeout=s.switch_timeout_s)
-            )
-        stubs[d.id] = channels[address]
-    return AgentSwitchDriver(fabric, stubs, timeout_s=s.switch_timeout_s)
+    """The driver of switches behind agents or their own management interfaces
+    (LIGHTPATH_OCS_SWITCHES / _SWITCH_AGENTS; switch_drivers.py)."""
+    return switch_driver(runtime, fabric)
 
 
 def _describe(raw: str) -> str:

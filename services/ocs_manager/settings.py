@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from lightpath.domain.southbound import devices, endpoint_of, parse_endpoint_map
+from lightpath.domain.southbound import devices, parse_endpoint_map
 from lightpath.domain.switched import SwitchedFabricConfig
 from lightpath.domain.torus import Fabric
 from lightpath.errors import InvalidArgument
@@ -17,6 +17,7 @@ from services.common.settings import (
     parse_positive_float,
     setting,
 )
+from services.ocs_manager.switch_map import combined, entry_of, parse_switch_map
 
 FABRIC_KINDS = ("OCS_TORUS", "SWITCHED")
 
@@ -34,6 +35,11 @@ def _switched_fabric(raw: str) -> str:
         return SwitchedFabricConfig.parse(raw).validate().spec()
     except InvalidArgument as exc:
         raise ValueError("; ".join(f"{v.field}: {v.rule}" for v in exc.violations)) from None
+
+
+def _switch_map(raw: str) -> str:
+    parse_switch_map(raw)  # ValueError naming the rule
+    return raw.strip()
 
 
 def _endpoints(raw: str) -> str:
@@ -66,6 +72,32 @@ class OcsManagerSettings(TorusFabricSettings):
         "id (ocs-x-*=10.0.0.5:50063,otm-*=10.0.0.6:50063; first match wins). "
         "docs/ocs_southbound.md",
         parse=_endpoints,
+    )
+    switches: str = setting(
+        "LIGHTPATH_OCS_SWITCHES",
+        "",
+        "the driver of each switch, glob=address by switch id (first match wins; {id} is the "
+        "switch's id): agent://host:port (a switch agent), sonic://[:password@]host[:port] "
+        "(a SONiC OCS's own Redis: CONFIG_DB/STATE_DB), netconf://user@host[:port] "
+        "(a Polatis-style NETCONF server). Read before LIGHTPATH_OCS_SWITCH_AGENTS. "
+        "docs/ocs_southbound.md",
+        parse=_switch_map,
+    )
+    netconf_password_file: str = setting(
+        "LIGHTPATH_OCS_NETCONF_PASSWORD_FILE",
+        "",
+        "file holding the NETCONF switches' SSH password (or use a key file)",
+    )
+    netconf_key_file: str = setting(
+        "LIGHTPATH_OCS_NETCONF_KEY_FILE",
+        "",
+        "private key for the NETCONF switches' SSH login",
+    )
+    netconf_known_hosts: str = setting(
+        "LIGHTPATH_OCS_NETCONF_KNOWN_HOSTS",
+        "",
+        "OpenSSH known_hosts file pinning the NETCONF switches' host keys ([host]:port key); "
+        "empty: ~/.ssh/known_hosts",
     )
     switch_timeout_s: float = setting(
         "LIGHTPATH_OCS_SWITCH_TIMEOUT_S",
@@ -110,20 +142,31 @@ class OcsManagerSettings(TorusFabricSettings):
 
     def __post_init__(self) -> None:
         self.check_fabric()
-        if self.switch_agents and self.fabric_kind == "OCS_TORUS":
+        if (self.switch_agents or self.switches) and self.fabric_kind == "OCS_TORUS":
             if self.switch_timeout_s >= self.change_lease_s / 2:
                 raise SettingsError(
                     f"LIGHTPATH_OCS_SWITCH_TIMEOUT_S={self.switch_timeout_s:g} must be below half "
                     f"of LIGHTPATH_OCS_CHANGE_LEASE_S={self.change_lease_s:g}: a change and its "
                     "rollback must both fit in the lease"
                 )
-            endpoints = parse_endpoint_map(self.switch_agents)
+            entries = self.switch_entries
             for d in devices(Fabric(self.fabric_config)):
-                if endpoint_of(endpoints, d.id) is None:
+                e = entry_of(entries, d.id)
+                if e is None:
                     raise SettingsError(
-                        f"LIGHTPATH_OCS_SWITCH_AGENTS={self.switch_agents!r} names no agent for "
-                        f"switch {d.id}: add an entry matching it (or * for the rest)"
+                        f"LIGHTPATH_OCS_SWITCHES={self.switches!r} / LIGHTPATH_OCS_SWITCH_AGENTS="
+                        f"{self.switch_agents!r} names no agent for switch {d.id} (nor a device "
+                        "driver): add an entry matching it (or * for the rest)"
                     )
+                if d.kind != "OCS" and e.scheme != "agent":
+                    raise SettingsError(
+                        f"switch {d.id} is a bank of 1xK switches: only a switch agent "
+                        f"drives one, not {e.scheme} (LIGHTPATH_OCS_SWITCHES entry {e.glob})"
+                    )
+
+    @property
+    def switch_entries(self):
+        return combined(self.switches, self.switch_agents)
 
     @property
     def switch_endpoints(self) -> tuple[tuple[str, str], ...]:

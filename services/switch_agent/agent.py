@@ -17,7 +17,7 @@ from pathlib import Path
 from lightpath.domain.southbound import SouthboundDevice
 from lightpath.errors import InvalidArgument, NotFound
 from services.switch_agent.faults import Faults, faults_for, parse_fault_spec
-from services.switch_agent.switches import SimulatedSwitch
+from services.switch_agent.switches import SimulatedSwitch, SwitchTiming
 
 log = logging.getLogger("lightpath.switch_agent")
 
@@ -67,12 +67,14 @@ class Agent:
         devices: tuple[SouthboundDevice, ...],
         *,
         settle_s: float,
+        timing: SwitchTiming | None = None,
         state_file: Path | None = None,
         faults: str = "",
         keys_kept: int = 1024,
     ):
         spec = parse_fault_spec(faults)
-        self.settle_s = settle_s
+        self.timing = timing or SwitchTiming.fixed(settle_s * 1000)
+        self.settle_s = self.timing.full_ms / 1000  # Describe's settling_time: a full set
         self.switches = {
             d.id: SimulatedSwitch(d, faults=faults_for(spec, d.id), keys_kept=keys_kept)
             for d in devices

@@ -18,7 +18,7 @@ from services.common.server import Runtime, ServiceDefinition
 from services.switch_agent.agent import Agent
 from services.switch_agent.faults import Faults
 from services.switch_agent.settings import SwitchAgentSettings
-from services.switch_agent.switches import Batch, SimulatedSwitch
+from services.switch_agent.switches import Batch, SimulatedSwitch, power_dbm
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["OpticalSwitch"].full_name
 ADMIN_SERVICE_NAME = pb.DESCRIPTOR.services_by_name["OpticalSwitchAdmin"].full_name
@@ -110,7 +110,7 @@ class OpticalSwitchServicer(optical_switch_pb2_grpc.OpticalSwitchServicer):
         outcome, replayed = await sw.apply(
             request.batch_id,
             batch,
-            settle_s=self._agent.settle_s,
+            settle_s=self._agent.timing,
             persist=self._agent.persist,
             expect_boot_id=request.expect_boot_id,
             expect_version=request.expect_version if request.HasField("expect_version") else None,
@@ -142,6 +142,8 @@ class OpticalSwitchServicer(optical_switch_pb2_grpc.OpticalSwitchServicer):
             entry = out.ports.add(port=port, state=st)
             if peer is not None:
                 entry.peer = peer
+            if sw.is_ocs:
+                entry.power_dbm = power_dbm(sw.id, port, peer, port in sw.settling)
         return out
 
 
@@ -205,16 +207,17 @@ async def build(runtime: Runtime[SwitchAgentSettings]) -> list[ServiceDefinition
     agent = Agent(
         served,
         settle_s=s.settle_ms / 1000,
+        timing=s.switch_timing,
         state_file=Path(s.state_file) if s.state_file else None,
         faults=s.faults,
         keys_kept=s.idempotency_keys,
     )
     runtime.log.info(
-        "pod %s: serving %d switches (%s), settling %.0f ms, state %s%s",
+        "pod %s: serving %d switches (%s), settling %s, state %s%s",
         s.pod_id,
         len(served),
         s.switches,
-        s.settle_ms,
+        agent.timing.describe(),
         s.state_file or "in memory",
         f", faults {s.faults}" if s.faults else "",
     )

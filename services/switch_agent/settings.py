@@ -21,10 +21,17 @@ from services.common.settings import (
     setting,
 )
 from services.switch_agent.faults import parse_fault_spec
+from services.switch_agent.switches import SwitchTiming
 
 
 def _faults(raw: str) -> str:
     parse_fault_spec(raw)  # ValueError naming the rule
+    return raw.strip()
+
+
+def _timing(raw: str) -> str:
+    if raw.strip():
+        SwitchTiming.parse(raw)  # ValueError naming the forms
     return raw.strip()
 
 
@@ -58,6 +65,15 @@ class SwitchAgentSettings(TorusFabricSettings):
         "settling time of every batch (MEMS mirrors moving), ms; ApplyBatch answers after it",
         parse=parse_non_negative_float,
     )
+    timing: str = setting(
+        "LIGHTPATH_AGENT_TIMING",
+        "",
+        "settling that depends on the ports a batch moves: calient-s320 (25 ms for one pair, "
+        "200 ms for every port, 500 ms when the switch resolves conflicts), "
+        "ports:<min>/<full>/<conflict> (ms) or fixed:<ms>; empty: LIGHTPATH_AGENT_SETTLE_MS "
+        "for every batch",
+        parse=_timing,
+    )
     state_file: str = setting(
         "LIGHTPATH_AGENT_STATE_FILE",
         "",
@@ -77,6 +93,12 @@ class SwitchAgentSettings(TorusFabricSettings):
         "batch ids whose outcome each switch remembers (a repeated one is answered, not re-applied)",
         parse=parse_positive_int,
     )
+
+    @property
+    def switch_timing(self) -> SwitchTiming:
+        if self.timing:
+            return SwitchTiming.parse(self.timing)
+        return SwitchTiming.fixed(self.settle_ms)
 
     def __post_init__(self) -> None:
         self.check_fabric()

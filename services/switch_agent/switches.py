@@ -13,7 +13,11 @@ took effect, and a boot id that changes when it restarts with empty tables.
   settling time (mirrors moving) and after the state file has the change;
 * a batch runs to its end even if its caller goes away (its outcome is kept
   for a retry under the same id);
-* faults: unreachable, slow, reject, apply part, restart empty.
+* faults: unreachable, slow, reject, apply part, restart empty;
+* timing (`SwitchTiming`, issue 34): how long a batch settles depends on how many
+  ports it moves, and a batch that connects a port still connected elsewhere (adds
+  before deletes) costs the switch a conflict resolution; ports read SETTLING
+  meanwhile, and `power_dbm` is what a port's power monitor would read.
 
 Errors are LightpathErrors whose metadata says what took effect
 (`applied_disconnects`, `applied_outputs`, `applied_connects`, `version`,
@@ -50,6 +54,98 @@ MAX_BATCH_ID = 128
 
 def new_boot_id() -> str:
     return secrets.token_hex(8)
+
+
+@dataclass(frozen=True)
+class SwitchTiming:
+    """How long a MEMS OCS takes to settle a batch (issue 34).
+
+    settle = min_ms + (full_ms - min_ms) * moved / ports
+                    + (conflict_ms - full_ms) * min(1, 2 * conflicts / ports)
+
+    `moved`: ports whose mirror moves (both ends of every cross-connect made or undone);
+    `conflicts`: connects that found a port still in another cross-connect, which the
+    switch must resolve itself (the batch added before it deleted). Defaults from
+    Calient's S320 data sheet: a full set reconfigured in <= 200 ms when the controller
+    sends deletes before adds, up to 500 ms when the switch resolves the conflicts; a
+    single pair in about 25 ms. `fixed(ms)` is the old constant settling time."""
+
+    min_ms: float = 25.0
+    full_ms: float = 200.0
+    conflict_ms: float = 500.0
+
+    @classmethod
+    def fixed(cls, ms: float) -> SwitchTiming:
+        return cls(ms, ms, ms)
+
+    @classmethod
+    def parse(cls, raw: str) -> SwitchTiming:
+        """`calient-s320` (the defaults), `fixed:<ms>`, or `ports:<min>/<full>/<conflict>`
+        (ms). ValueError naming the form."""
+        text = raw.strip().lower()
+        try:
+            if text in ("", "calient-s320", "ports"):
+                return cls()
+            if text.startswith("fixed:"):
+                return cls.fixed(_ms(text.removeprefix("fixed:")))
+            if text.startswith("ports:"):
+                parts = [_ms(v) for v in text.removeprefix("ports:").split("/")]
+                if len(parts) == 3 and parts[0] <= parts[1] <= parts[2]:
+                    return cls(*parts)
+        except ValueError:
+            pass
+        raise ValueError(
+            f"{raw!r}: give calient-s320, fixed:<ms> or ports:<min>/<full>/<conflict> "
+            "(ms, min <= full <= conflict; e.g. ports:25/200/500)"
+        )
+
+    @property
+    def is_fixed(self) -> bool:
+        return self.min_ms == self.full_ms == self.conflict_ms
+
+    def settle_s(self, moved: int, ports: int, conflicts: int = 0) -> float:
+        """Seconds a batch moving `moved` of `ports` ports settles (fixed: always the same;
+        else 0 if nothing moves)."""
+        if self.is_fixed:
+            return self.full_ms / 1000
+        if moved <= 0:
+            return 0.0
+        share = min(1.0, moved / max(1, ports))
+        ms = self.min_ms + (self.full_ms - self.min_ms) * share
+        if conflicts:
+            ms += (self.conflict_ms - self.full_ms) * min(1.0, 2 * conflicts / max(1, ports))
+        return ms / 1000
+
+    def describe(self) -> str:
+        if self.is_fixed:
+            return f"fixed {self.full_ms:g} ms"
+        return (
+            f"{self.min_ms:g} ms (one pair) to {self.full_ms:g} ms (every port), "
+            f"{self.conflict_ms:g} ms resolving conflicts"
+        )
+
+
+def _ms(raw: str) -> float:
+    v = float(raw)
+    if not v >= 0 or v == float("inf"):
+        raise ValueError(raw)
+    return v
+
+
+LAUNCH_DBM = 0.0  # what the transceivers put in
+DARK_DBM = -60.0  # a power monitor's floor: no light
+
+
+def power_dbm(switch_id: str, port: int, peer: int | None, settling: bool) -> float:
+    """What port `port`'s power monitor reads: the launch power less the path's insertion
+    loss (1.0-2.5 dB, fixed per path like a factory table) when connected and settled;
+    its floor when dark or while the mirror moves."""
+    if peer is None or settling:
+        return DARK_DBM
+    a, b = min(port, peer), max(port, peer)
+    h = hashlib.sha256(f"{switch_id}:{a}:{b}".encode()).digest()
+    loss = 1.0 + 1.5 * (h[0] / 255)
+    return round(LAUNCH_DBM - loss, 2)
 
 
 @dataclass(frozen=True)
@@ -108,6 +204,8 @@ class SimulatedSwitch:
     faults: Faults = field(default_factory=Faults)
     stats: Stats = field(default_factory=Stats)
     settling: set[int] = field(default_factory=set)
+    conflicts: int = 0  # of the batch being applied (SwitchTiming)
+    last_settle_s: float = 0.0  # what the last batch's settling took (without faults)
     keys_kept: int = 1024
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     _reboot: asyncio.Event = field(default_factory=asyncio.Event)  # set when this boot ends
@@ -158,7 +256,7 @@ class SimulatedSwitch:
         batch_id: str,
         batch: Batch,
         *,
-        settle_s: float,
+        settle_s: float | SwitchTiming,
         persist: Callable[[], Awaitable[None]],
         expect_boot_id: str = "",
         expect_version: int | None = None,
@@ -210,7 +308,7 @@ class SimulatedSwitch:
     async def _run(
         self,
         batch: Batch,
-        settle_s: float,
+        settle_s: float | SwitchTiming,
         persist: Callable[[], Awaitable[None]],
         expect_boot_id: str,
         expect_version: int | None,
@@ -248,7 +346,15 @@ class SimulatedSwitch:
                 self.stats.batches_applied += 1
                 self.stats.operations_applied += progress.total
             await persist()
-            delay = settle_s + self.faults.extra_delay_s
+            timing = (
+                settle_s
+                if isinstance(settle_s, SwitchTiming)
+                else SwitchTiming.fixed(settle_s * 1000)
+            )
+            moved = len(self.settling)
+            delay = timing.settle_s(moved, self.device.ports, self.conflicts)
+            self.last_settle_s = delay
+            delay += self.faults.extra_delay_s
             if delay > 0 and progress.total:
                 # mirrors moving; a restart (power cycle) ends it at once
                 with contextlib.suppress(TimeoutError):
@@ -271,6 +377,7 @@ class SimulatedSwitch:
             return Applied(progress, self.version, boot)
 
     def _apply_ops(self, batch: Batch, limit: int) -> Progress:
+        self.conflicts = 0
         done = [0, 0, 0]
         budget = limit
         for p, q in batch.disconnect:
@@ -300,6 +407,7 @@ class SimulatedSwitch:
                 if old is not None and old not in (p, q):
                     self.table.pop(old, None)
                     self.settling.add(old)
+                    self.conflicts += 1  # still connected: the switch resolves it
             self.table[p] = q
             self.table[q] = p
             self.settling.update((p, q))

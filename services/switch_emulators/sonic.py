@@ -1,0 +1,209 @@
+"""An emulator of SONiC's OCS orchagent on a real redis-server (issue 34; tests and bench).
+
+Plays what sonic-net/SONiC doc/ocs/ocs_hld.md has orchagent and the OCS module do,
+on the Redis of one emulated switch:
+
+* at start: `DEVICE_METADATA|localhost` with `switch_type` `ocs`; every simplex port
+  (`1A` .. `<a>A`, `1B` .. `<b>B`) in CONFIG_DB `OCS_PORT` (`state` `normal`) and in
+  STATE_DB `OCS_PORT` (`status` `blocked`, connector fields);
+* on every CONFIG_DB change (keyspace notifications, as orchagent subscribes): the
+  whole `OCS_CROSS_CONNECT` table against what the module holds, applied at once (the
+  HLD's bulk apply): the ports that move read `tuning` at once, then, after the
+  settling time of the switch model (services.switch_agent.switches.SwitchTiming:
+  by ports moved, with the conflict penalty when a new cross-connect finds a port
+  still held), `tuned` with `target_simplex_port_id`, or `blocked` when dark; STATE_DB
+  `OCS_CROSS_CONNECT` follows. A cross-connect on a `force_blocked` port stays
+  `blocked`; ports in `fail_ports` read `failed` (a fault drill).
+
+One reconfiguration at a time: changes arriving while the mirrors move are applied
+next, together.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass, field
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from services.switch_agent.switches import SwitchTiming
+
+log = logging.getLogger("lightpath.switch_emulators")
+
+CONFIG_DB, STATE_DB = 4, 6
+XC, PORT, METADATA = "OCS_CROSS_CONNECT", "OCS_PORT", "DEVICE_METADATA|localhost"
+
+
+@dataclass
+class OrchagentEmulator:
+    """orchagent and the OCS module of one SONiC OCS whose Redis is at `url`."""
+
+    url: str  # redis://host:port (the switch's Redis server)
+    a_ports: int
+    b_ports: int
+    timing: SwitchTiming = field(default_factory=SwitchTiming)
+    hwsku: str = "Lightpath-OCS-emulator"
+    platform: str = "x86_64-lightpath_emulator-r0"
+    config_db: int = CONFIG_DB
+    state_db: int = STATE_DB
+    fail_ports: set[str] = field(default_factory=set)
+    settles: list[float] = field(default_factory=list)  # seconds each reconfiguration took
+    applied: dict[str, tuple[str, str]] = field(default_factory=dict)  # key -> (a, b)
+    _task: asyncio.Task[None] | None = None
+    _changed: asyncio.Event = field(default_factory=asyncio.Event)
+    _idle: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def ports(self) -> list[str]:
+        return [f"{i}A" for i in range(1, self.a_ports + 1)] + [
+            f"{i}B" for i in range(1, self.b_ports + 1)
+        ]
+
+    async def start(self) -> None:
+        self.config = aioredis.Redis.from_url(self.url, db=self.config_db, decode_responses=True)
+        self.state = aioredis.Redis.from_url(self.url, db=self.state_db, decode_responses=True)
+        await self.config.config_set("notify-keyspace-events", "KA")
+        async with self.config.pipeline(transaction=True) as pipe:
+            pipe.hset(
+                METADATA,
+                mapping={"switch_type": "ocs", "hwsku": self.hwsku, "platform": self.platform},
+            )
+            for n in self.ports:
+                pipe.hsetnx(f"{PORT}|{n}", "state", "normal")
+            await pipe.execute()
+        async with self.state.pipeline(transaction=True) as pipe:
+            for n in self.ports:
+                pipe.hset(
+                    f"{PORT}|{n}",
+                    mapping={
+                        "connector_type": "LC UPC",
+                        "connector_pin": "2" if n.endswith("A") else "1",
+                        "status": "blocked",
+                        "target_simplex_port_id": "",
+                    },
+                )
+            await pipe.execute()
+        self.applied = {}
+        self._pubsub = self.config.pubsub()
+        await self._pubsub.psubscribe(f"__keyspace@{self.config_db}__:OCS_*")
+        self._changed.set()  # apply what CONFIG_DB already holds (a warm start)
+        self._task = asyncio.create_task(self._run(), name=f"orchagent {self.url}")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, RedisError):
+                await self._task
+            self._task = None
+        with contextlib.suppress(RedisError, RuntimeError):
+            await self._pubsub.aclose()
+        for client in (self.config, self.state):
+            with contextlib.suppress(RedisError, RuntimeError):
+                await client.aclose()
+
+    async def wait_idle(self) -> None:
+        """Until every change seen so far is applied (tests)."""
+        while self._changed.is_set() or not self._idle.is_set():
+            await asyncio.sleep(0.005)
+
+    async def _run(self) -> None:
+        listener = asyncio.create_task(self._listen())
+        try:
+            while True:
+                self._idle.set()
+                await self._changed.wait()
+                self._idle.clear()
+                self._changed.clear()
+                await self._apply()
+        finally:
+            listener.cancel()
+
+    async def _listen(self) -> None:
+        async for msg in self._pubsub.listen():
+            if msg.get("type") == "pmessage":
+                self._changed.set()
+
+    async def _apply(self) -> None:
+        keys = [k async for k in self.config.scan_iter(f"{XC}|*", count=512)]
+        async with self.config.pipeline(transaction=False) as pipe:
+            for k in keys:
+                pipe.hmget(k, "a_side", "b_side")
+            for n in self.ports:
+                pipe.hget(f"{PORT}|{n}", "state")
+            rows = await pipe.execute()
+        wanted = {
+            k.partition("|")[2]: (a, b)
+            for k, (a, b) in zip(keys, rows[: len(keys)], strict=True)
+            if a and b
+        }
+        forced = {
+            n for n, st in zip(self.ports, rows[len(keys) :], strict=True) if st == "force_blocked"
+        }
+        removed = {k: v for k, v in self.applied.items() if k not in wanted}
+        added = {k: v for k, v in wanted.items() if k not in self.applied}
+        if not removed and not added and not forced:
+            return
+        # a new cross-connect whose port another one still holds: the module resolves it
+        # (the newer wins), at the conflict penalty
+        holder = {p: k for k, pair in self.applied.items() if k not in removed for p in pair}
+        conflicts = 0
+        for k, pair in sorted(added.items()):
+            for p in pair:
+                old = holder.get(p)
+                if old is not None and old not in removed:
+                    removed[old] = self.applied[old]
+                    conflicts += 1
+            for p in pair:
+                holder[p] = k
+        moved = sorted({p for pair in (*removed.values(), *added.values()) for p in pair})
+        delay = self.timing.settle_s(len(moved), len(self.ports), conflicts)
+        async with self.state.pipeline(transaction=True) as pipe:
+            for p in moved:
+                pipe.hset(f"{PORT}|{p}", "status", "tuning")
+            await pipe.execute()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        self.settles.append(delay)
+        for k in removed:
+            self.applied.pop(k, None)
+        self.applied.update(added)
+        peer: dict[str, str] = {}
+        for a, b in self.applied.values():
+            peer[a], peer[b] = b, a
+        async with self.state.pipeline(transaction=True) as pipe:
+            for k in removed:
+                pipe.delete(f"{XC}|{k}")
+            for k, (a, b) in self.applied.items():
+                sa, sb = self._status(a, forced), self._status(b, forced)
+                if k in added or a in forced or b in forced:
+                    pipe.hset(
+                        f"{XC}|{k}",
+                        mapping={
+                            "a_side": a,
+                            "b_side": b,
+                            "a_side_status": sa,
+                            "b_side_status": sb,
+                        },
+                    )
+            for p in {*moved, *forced}:
+                if p in peer:
+                    status = self._status(p, forced)
+                    pipe.hset(
+                        f"{PORT}|{p}",
+                        mapping={"status": status, "target_simplex_port_id": peer[p]},
+                    )
+                else:
+                    pipe.hset(
+                        f"{PORT}|{p}", mapping={"status": "blocked", "target_simplex_port_id": ""}
+                    )
+            await pipe.execute()
+
+    def _status(self, port: str, forced: set[str]) -> str:
+        if port in self.fail_ports:
+            return "failed"
+        if port in forced:
+            return "blocked"
+        return "tuned"

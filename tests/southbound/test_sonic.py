@@ -1,0 +1,137 @@
+"""The SONiC OCS driver against a real redis-server playing the switch's CONFIG_DB and
+STATE_DB, with the orchagent emulator moving ports through `tuning` (issue 34)."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+import redis.asyncio as aioredis
+
+from lightpath.client import error_report
+from lightpath.domain.southbound import devices
+from lightpath.domain.torus import Fabric, FabricConfig
+from lightpath.v1 import optical_switch_pb2 as pb
+from services.ocs_manager.sonic_driver import SonicSwitch
+from services.switch_agent.switches import SwitchTiming
+from tests.southbound.labs import sonic_lab
+
+FABRIC = Fabric.build(
+    FabricConfig(block_shape=(2, 2, 2), block_count=4, ocs_per_axis=1, ocs_radix=12)
+)
+SID = "ocs-x-0-0"
+DEVICE = next(d for d in devices(FABRIC) if d.id == SID)
+
+
+def batch(key: str, connect=(), disconnect=()) -> pb.ApplyBatchRequest:
+    return pb.ApplyBatchRequest(
+        switch_id=SID,
+        batch_id=key,
+        connect=[pb.PortPair(port_a=p, port_b=q) for p, q in connect],
+        disconnect=[pb.PortPair(port_a=p, port_b=q) for p, q in disconnect],
+    )
+
+
+async def config_db(lab) -> dict[str, dict[str, str]]:
+    r = aioredis.Redis(port=lab[SID].server.port, db=4, decode_responses=True)
+    try:
+        return {k: await r.hgetall(k) async for k in r.scan_iter("OCS_CROSS_CONNECT|*")}
+    finally:
+        await r.aclose()
+
+
+@pytest.fixture
+async def lab(tmp_path):
+    async with sonic_lab(FABRIC, tmp_path, timing=SwitchTiming(1.0, 4.0, 10.0), only={SID}) as lab:
+        yield lab
+
+
+@pytest.fixture
+async def switch(lab):
+    sw = SonicSwitch(FABRIC, DEVICE, lab[SID].url, settle_timeout_s=5)
+    yield sw
+    await sw.close()
+
+
+async def test_batches_write_the_hld_tables_and_wait_for_tuned(lab, switch):
+    # first ends 0..3 are A-side 1A..4A, second ends 4..7 are B-side 1B..4B
+    reply = await switch.ApplyBatch(batch("k1", connect=[(4, 1), (5, 0)]), timeout=5)
+    assert reply.applied.connects == 2
+    assert await config_db(lab) == {
+        "OCS_CROSS_CONNECT|2A-1B": {"a_side": "2A", "b_side": "1B"},
+        "OCS_CROSS_CONNECT|1A-2B": {"a_side": "1A", "b_side": "2B"},
+    }
+    state = await switch.GetPortStatus(pb.GetPortStatusRequest(switch_id=SID))
+    by_port = {p.port: p for p in state.ports}
+    assert by_port[4].state == pb.PORT_STATE_CONNECTED and by_port[4].peer == 1
+    assert by_port[2].state == pb.PORT_STATE_DARK
+    st = await switch.GetCrossConnects(pb.GetCrossConnectsRequest(switch_id=SID))
+    assert {(x.port_a, x.port_b) for x in st.cross_connects} == {(1, 4), (0, 5)}
+    assert st.version == reply.version and st.boot_id == reply.boot_id
+    r = aioredis.Redis(port=lab[SID].server.port, db=4, decode_responses=True)
+    assert (await r.hget("OCS_PORT|2A", "label")).startswith("lightpath ocs-x-0-0 block 1")
+    await r.aclose()
+
+    # re-patch: the driver deletes before it adds, in one transaction: no conflict to resolve
+    orch = lab[SID].orchagent
+    before = len(orch.settles)
+    await switch.ApplyBatch(batch("k2", connect=[(4, 0)]), timeout=5)
+    assert await config_db(lab) == {"OCS_CROSS_CONNECT|1A-1B": {"a_side": "1A", "b_side": "1B"}}
+    assert orch.settles[before:] == [pytest.approx(orch.timing.settle_s(4, 12, conflicts=0))]
+
+    # absolute and idempotent: the same key answers the same, a repeat changes nothing
+    again = await switch.ApplyBatch(batch("k2", connect=[(4, 0)]), timeout=5)
+    assert again.replayed
+    assert (await switch.ApplyBatch(batch("k3", disconnect=[(5, 1)]), timeout=5)).applied
+    assert len(await config_db(lab)) == 1
+
+
+async def test_device_rules_and_errors_map_to_the_contract(lab, switch):
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await switch.ApplyBatch(batch("a", connect=[(0, 1)]), timeout=5)  # A to A
+    rep = error_report(err.value)
+    assert rep.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert "A side" in str(rep.field_violations)
+
+    r = aioredis.Redis(port=lab[SID].server.port, db=4, decode_responses=True)
+    await r.hset("OCS_PORT|3A", "state", "force_blocked")
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await switch.ApplyBatch(batch("b", connect=[(6, 2)]), timeout=5)
+    rep = error_report(err.value)
+    assert (rep.code, rep.reason) == (grpc.StatusCode.ABORTED, "BATCH_REJECTED")
+    assert "3A" in rep.message and rep.metadata["applied_connects"] == "0"
+    assert await config_db(lab) == {}
+    await r.hset("OCS_PORT|3A", "state", "normal")
+    await r.aclose()
+
+    lab[SID].orchagent.fail_ports.add("4B")
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await switch.ApplyBatch(batch("c", connect=[(7, 3)]), timeout=5)
+    rep = error_report(err.value)
+    assert (rep.code, rep.reason) == (grpc.StatusCode.UNAVAILABLE, "PARTIALLY_APPLIED")
+    assert "applied_connects" not in rep.metadata  # committed: counts as touched
+
+    # a stale writer is refused
+    st = await switch.GetCrossConnects(pb.GetCrossConnectsRequest(switch_id=SID))
+    stale = batch("d", connect=[(4, 0)])
+    stale.expect_version = st.version + 1
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await switch.ApplyBatch(stale, timeout=5)
+    assert error_report(err.value).reason == "VERSION_MISMATCH"
+
+    lab[SID].server.stop()  # the switch's Redis goes away
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await switch.ApplyBatch(batch("e", connect=[(4, 0)]), timeout=5)
+    rep = error_report(err.value)
+    assert (rep.code, rep.reason) == (grpc.StatusCode.UNAVAILABLE, "SWITCH_UNREACHABLE")
+    assert rep.metadata["applied_connects"] == "0"
+
+
+async def test_describe_reads_the_inventory(lab, switch):
+    d = await switch.Describe(pb.DescribeSwitchRequest(switch_id=SID))
+    assert d.kind == pb.SWITCH_KIND_OCS and d.ports == 8  # 4 first ends + 4 second ends
+    assert d.model == "Lightpath-OCS-emulator"
+    r = aioredis.Redis(port=lab[SID].server.port, db=4, decode_responses=True)
+    await r.hset("DEVICE_METADATA|localhost", "switch_type", "fabric")
+    await r.aclose()
+    d = await switch.Describe(pb.DescribeSwitchRequest(switch_id=SID))
+    assert d.kind == pb.SWITCH_KIND_UNSPECIFIED
