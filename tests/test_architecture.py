@@ -1,7 +1,7 @@
 """The import rules of the code base, read from the source with `ast` (issue 17).
 
 Every import counts: module level and inside functions or classes, absolute and
-relative. Three rules:
+relative. Four rules:
 
 (a) No module under services/<a>/ imports from services/<b>/ for a ≠ b;
     services/common is shared by all and may be imported by any service.
@@ -17,6 +17,9 @@ relative. Three rules:
     ocs_manager and workload_scheduler once closed such cycles by naming the
     orchestrator they read in annotations; they now take the plain data they
     read (a switch's core, a pod's store and fabric) or a small Protocol.
+(d) Of lightpath/, only the simulator (lightpath/sim, issue 29) imports services,
+    and only their pure decision modules (SIM_MAY_IMPORT): it makes its decisions
+    with the services' own code, never with their servers, stores or clients.
 
 Each rule's check is also run over a small planted tree that breaks it, so a
 checker that finds nothing cannot pass unnoticed.
@@ -147,6 +150,32 @@ def impure_domain_imports(root: Path) -> list[str]:
     return list(dict.fromkeys(bad))
 
 
+SIM = "lightpath.sim"
+# The pure decision modules of the services: functions of a snapshot, no I/O.
+SIM_MAY_IMPORT = frozenset(
+    {
+        "services.workload_scheduler.planner",
+        "services.workload_scheduler.placement",
+        "services.workload_scheduler.box_placement",
+        "services.workload_scheduler.preemption",
+        "services.cell_scheduler.choice",
+    }
+)
+
+
+def lightpath_service_imports(root: Path) -> list[str]:
+    """Imports of services/ from lightpath/ that rule (d) refuses."""
+    _, imports = read_imports(root)
+    bad = []
+    for imp in imports:
+        if imp.importer.split(".")[0] != "lightpath" or imp.target.split(".")[0] != "services":
+            continue
+        in_sim = imp.importer == SIM or imp.importer.startswith(SIM + ".")
+        if not (in_sim and imp.target in SIM_MAY_IMPORT):
+            bad.append(str(imp))
+    return list(dict.fromkeys(bad))
+
+
 def import_cycles(root: Path, *, type_checking: bool = False) -> list[str]:
     """One cycle per strongly connected component of the runtime import graph
     (with `type_checking`, of the graph that also has the imports under
@@ -239,6 +268,16 @@ def test_domain_package_is_pure():
     assert impure_domain_imports(ROOT) == []
 
 
+def test_only_the_simulator_imports_services_and_only_their_decisions():
+    assert lightpath_service_imports(ROOT) == []
+    _, imports = read_imports(ROOT)
+    # the rule is live: the simulator does import the planner
+    assert any(
+        i.importer.startswith(SIM) and i.target == "services.workload_scheduler.planner"
+        for i in imports
+    )
+
+
 def test_no_import_cycles():
     cycles = import_cycles(ROOT)
     assert not cycles, "import cycles:\n" + "\n".join(cycles)
@@ -308,6 +347,11 @@ PLANTED = {
         "from lightpath.v1 import common_pb2\nfrom . import ok2\n"
     ),
     "lightpath/domain/ok2.py": "",
+    "lightpath/sim/__init__.py": "",
+    "lightpath/sim/run.py": (
+        "from services.alpha import cycle_b\n"  # allowed only if a decision module
+    ),
+    "lightpath/tool.py": "from services.alpha.server import build\n",
     "lightpath/domain/bad.py": (
         "import asyncio\n"
         "def f():\n    import redis.asyncio\n"
@@ -336,6 +380,15 @@ def test_checker_finds_planted_impure_domain_imports(tmp_path):
         "lightpath/domain/bad.py:5 imports grpc",
         "lightpath/domain/bad.py:6 imports services.common.keys",
         "lightpath/domain/bad.py:7 imports lightpath.client",
+    ]
+
+
+def test_checker_finds_planted_service_imports_from_lightpath(tmp_path):
+    _plant(tmp_path, PLANTED)
+    assert sorted(lightpath_service_imports(tmp_path)) == [
+        "lightpath/domain/bad.py:6 imports services.common.keys",
+        "lightpath/sim/run.py:1 imports services.alpha.cycle_b",
+        "lightpath/tool.py:1 imports services.alpha.server",
     ]
 
 

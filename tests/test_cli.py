@@ -224,13 +224,13 @@ def _shared_view():
 def test_the_block_map_shows_shared_blocks_their_boxes_and_failed_hosts():
     from lightpath.cli.pod import render_pod
 
-    out = render_pod(_shared_view())
+    out = render_pod(_shared_view(), twisted={"big"})
     row = out.splitlines()[3].split()
     assert row[1:] == ["A", "A", ".", ".", ".", "+", "!", "X"]
     assert "+ shared by sub-block slices   ! a host failed" in out
     assert "B  small  RUNNING  priority 50  chips 2x2x1 at (0,2,0) of block 5, a mesh" in out
     assert "C  one  RUNNING  priority 20  chips 1x1x1 at (2,0,0) of block 5, a mesh" in out
-    assert "A  big  RUNNING  priority 50  1x1x2 blocks" in out
+    assert "A  big  RUNNING  priority 50  1x1x2 blocks, a twisted torus" in out
     assert "sub-block blocks (hosts of 2x2x1 chips):" in out
     assert "  block 5: 59 chips free; B(0,2,0)2x2x1 C(2,0,0)1x1x1" in out
     assert "  block 6: 60 chips free, hosts 3 failed" in out

@@ -19,6 +19,7 @@ import argparse
 import math
 import string
 import sys
+from collections.abc import Collection
 
 from lightpath.cli._common import add_json_flag, add_parallelism_flags, print_json, run_rpc
 from lightpath.cli.switched_view import render_switched_pod
@@ -100,7 +101,15 @@ def cmd_pod(args: argparse.Namespace) -> int:
             if args.json:
                 print_json(pod)
                 return 0
-            print(render_pod(pod.view))
+            # Twisted tori are marked: the cell's jobs holding blocks there say which.
+            holding = await cell.ListJobs(
+                cell_scheduler_pb2.ListCellJobsRequest(
+                    pod_id=args.pod_id,
+                    states=[common_pb2.JOB_STATE_WIRING, common_pb2.JOB_STATE_RUNNING],
+                    page_size=1000,
+                )
+            )
+            print(render_pod(pod.view, twisted={j.job_id for j in holding.jobs if j.spec.twisted}))
             status = STATUS.get(pod.status, "?")
             print(
                 f"cell:   {status}{f' ({pod.status_reason})' if pod.status_reason else ''}, "
@@ -178,9 +187,10 @@ def _shared(b: workload_scheduler_pb2.BlockView) -> bool:
     )
 
 
-def render_pod(view: workload_scheduler_pb2.PodView) -> str:
+def render_pod(view: workload_scheduler_pb2.PodView, twisted: Collection[str] = ()) -> str:
     """The block map of seed Fig. 2 for people: '.' free, 'X' failed, a letter per slice,
-    '+' a block shared by sub-block slices, '!' a block with a failed host (issue 28)."""
+    '+' a block shared by sub-block slices, '!' a block with a failed host (issue 28);
+    the jobs in `twisted` are said to be twisted tori."""
     n = view.block_count
     width = 8 if n % 8 == 0 else max(1, math.ceil(math.sqrt(n)))
     symbols: dict[str, str] = {}
@@ -233,6 +243,8 @@ def render_pod(view: workload_scheduler_pb2.PodView) -> str:
             lines.append(f"  {sym}  {job_id}" + (f"  {held}" if held else ""))
             continue
         held = held or f"{'x'.join(map(str, j.grid.dims))} blocks"
+        if job_id in twisted:
+            held += ", a twisted torus"
         lines.append(f"  {sym}  {job_id}  {_state(j.state)}  priority {j.priority}  {held}")
     shared = [b for b in view.blocks if _shared(b) or b.failed_hosts]
     if shared:

@@ -116,7 +116,9 @@ async def test_sub_block_twisted_and_host_commands_through_the_cell(cell2, capsy
     assert code == 0 and box["chips"]["dims"] == [2, 2, 1] and box["job_id"] == "small-1"
     block = box["block_id"]
 
-    code, out = await run(capsys, "submit", "tw-1", "--shape", "4x4x8", "--twisted")
+    code, out = await run(
+        capsys, "submit", "tw-1", "--shape", "4x4x8", "--twisted", "--pod", "pod-a"
+    )
     assert code == 0 and "4x4x8 chips (2 blocks), a twisted torus" in out, out
     code, out = await run(capsys, "submit", "tw-2", "--shape", "4x8x12", "--twisted")
     assert code == 1 and "--twisted (spec.twisted): " in out, out
@@ -127,6 +129,7 @@ async def test_sub_block_twisted_and_host_commands_through_the_cell(cell2, capsy
     code, out = await run(capsys, "pod", "pod-a")
     assert code == 0 and "sub-block blocks (hosts of 2x2x1 chips):" in out, out
     assert "chips 2x2x1 at (0,0,0) of block" in out and "hosts 15 failed" in out
+    assert "  tw-1  RUNNING  priority 50  1x1x2 blocks, a twisted torus" in out
     code, out = await run(capsys, "block", "pod-a", str(block), "--healthy", "--host", "15")
     assert code == 0 and "host 15: " in out
     code, out = await run(capsys, "block", "pod-a", str(block), "--failed", "--host", "16")

@@ -1,0 +1,1032 @@
+"""The discrete-event simulator (issue 29): a virtual clock over one pod or a cell of
+pods, every decision made by the services' own pure decision code.
+
+Events, in time order (ties in the order they were made): a job arrives, a slice's
+wiring ends (WIRING -> RUNNING after `reconfig_s`), a job's work ends, a host goes
+down or comes back. After each, the affected pod runs a scheduling pass, as the
+workload scheduler does after a submission, a completion, a failure that freed or
+took blocks, or a recovery.
+
+What decides (the same functions the services call):
+
+* admission, placement, preemption: services.workload_scheduler.planner
+  (`plan_admission` per queued job in queue order, `apply_allocation` to commit
+  it, exactly as `plan_pass` walks the queue; the "priority" policy is plan_pass's
+  decisions, tests/sim checks it against plan_pass itself);
+* sub-block packing: box_placement via the planner;
+* a failed host under a block slice: `plan_replacement` (a spare, or one taken
+  from lower-priority work), else the slice is suspended or failed as it asked
+  (`on_block_failure`), as swap.py does; under sub-block slices:
+  `boxes_on_failed_chips` and `plan_box_move`, else suspended or failed;
+* a cell of pods: the cell scheduler's `choose` over capacity views built as the
+  pods report them (cell_link.capacity_pb: free blocks, what lower priorities would
+  give up, free chips and the largest free box).
+
+The policies differ only in which of those decisions they take (see Policy). The
+static torus baseline (static.py) has no blocks: it packs contiguous boxes.
+
+Work and its cost: a job needs `chips x duration` chip-seconds of work, done at
+the rate of the chips it holds while RUNNING. A job interrupted and resumed
+(suspended by preemption or a failure, its block swapped, its box moved, shrunk)
+pays `restart_s` seconds of its slice's work again (restoring from the last
+checkpoint and redoing the work since): goodput lost. A job terminated by
+preemption, or failed by a failure, loses all its work done.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+import math
+import random
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+from lightpath.domain.blocks import PodFabric
+from lightpath.domain.slices import (
+    DELAY,
+    FAIL,
+    PENDING,
+    RUNNING,
+    SUB_BLOCK_OWNER,
+    SUSPENDED,
+    TERMINATE,
+    WIRING,
+    SliceJob,
+)
+from lightpath.sim.fast_state import IndexedPodState
+from lightpath.sim.static import Torus, fitting_shape
+from lightpath.sim.workload import TraceJob
+from services.cell_scheduler.choice import JobDemand, PodCapacityView, chips_key, choose
+from services.workload_scheduler.box_placement import (
+    BoxPlacement,
+    largest_free_box,
+    place_box,
+)
+from services.workload_scheduler.placement import Unplaceable
+from services.workload_scheduler.planner import (
+    Allocation,
+    apply_allocation,
+    apply_victims,
+    boxes_on_failed_chips,
+    plan_admission,
+    plan_box_move,
+    plan_replacement,
+)
+from services.workload_scheduler.preemption import VictimAction, max_freeable
+
+BLOCK = (4, 4, 4)
+HOST = (2, 2, 1)
+BLOCKS = 64
+EDGE = 16
+
+# sim job states
+QUEUED = "QUEUED"  # in a pod's queue (PENDING or SUSPENDED there)
+AT_CELL = "AT_CELL"  # waiting in the cell's queue for a pod
+DONE = "COMPLETED"
+PREEMPTED = "PREEMPTED"
+FAILED = "FAILED"
+ENDED = frozenset({DONE, PREEMPTED, FAILED})
+
+
+@dataclass(frozen=True)
+class Policy:
+    """How the queue is served.
+
+    `backfill`: "none" (strict queue order: the first job that cannot start stops the
+    pass), "greedy" (any later job that fits starts: today's workload scheduler) or
+    "easy" (later jobs start only when they do not delay the first waiting job's
+    reservation, computed from the running jobs' estimated ends: EASY backfill).
+    `preempt`: higher priorities take lower priorities' blocks (WS-4).
+    `defrag`: when the first waiting block slice lacks whole blocks, move sub-block
+    slices out of the emptiest shared blocks into room in other shared blocks (each
+    move a checkpoint-restart), if that frees enough blocks for it.
+    `static`: the static-torus baseline (contiguous boxes, no swaps)."""
+
+    name: str
+    backfill: str = "greedy"
+    preempt: bool = True
+    defrag: bool = False
+    static: bool = False
+
+
+POLICIES = {
+    "static": Policy("static", backfill="greedy", preempt=False, static=True),
+    "fifo": Policy("fifo", backfill="none", preempt=False),
+    "priority": Policy("priority", backfill="greedy", preempt=True),
+    "easy": Policy("easy", backfill="easy", preempt=True),
+    "defrag": Policy("defrag", backfill="easy", preempt=True, defrag=True),
+}
+DEFAULT_POLICY = "easy"
+
+
+@dataclass(frozen=True)
+class Failures:
+    """Hosts go down and come back: each host alternates up (exponential, mean
+    `mtbf_s`) and down (exponential, mean `mttr_s`). From an availability a:
+    mtbf = mttr x a / (1 - a)."""
+
+    mtbf_s: float
+    mttr_s: float
+
+    @classmethod
+    def from_availability(cls, availability: float, mttr_s: float) -> Failures:
+        if not 0 < availability < 1:
+            raise ValueError("availability must be between 0 and 1 (e.g. 0.995)")
+        return cls(mttr_s * availability / (1 - availability), mttr_s)
+
+    @property
+    def availability(self) -> float:
+        return self.mtbf_s / (self.mtbf_s + self.mttr_s)
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    policy: Policy = POLICIES[DEFAULT_POLICY]
+    pods: int = 1
+    restart_s: float = 300.0  # checkpoint-restart cost of an interrupted slice
+    reconfig_s: float = 0.0  # OCS wiring time of a block slice (WIRING -> RUNNING)
+    failures: Failures | None = None
+    seed: int = 1  # of the failure draws (the workload has its own)
+    series_points: int = 2000  # utilisation samples kept for plots
+
+
+@dataclass
+class JobRun:
+    """What happened to one job."""
+
+    trace: TraceJob
+    seq: int
+    state: str = PENDING
+    pod: int = -1
+    work: float = 0.0  # chip-seconds left
+    rate: int = 0  # chips working now
+    since: float = 0.0  # RUNNING since
+    epoch: int = 0
+    first_start: float | None = None
+    end: float | None = None
+    preemptions: int = 0
+    suspensions: int = 0  # by failures
+    swaps: int = 0
+    moves: int = 0
+    lost_preemption: float = 0.0  # chip-seconds
+    lost_failure: float = 0.0
+    lost_defrag: float = 0.0
+    done_work: float = 0.0  # chip-seconds done so far (all attempts)
+
+    @property
+    def chips(self) -> int:
+        return self.trace.chip_count
+
+    def est_end(self, now: float) -> float:
+        """When its work ends by the user's estimate (EASY reservations)."""
+        rate = self.rate or self.chips
+        left = self.work / rate
+        if self.state == RUNNING:
+            left -= now - self.since
+        scale = self.trace.estimate / self.trace.duration_s
+        return now + left * scale
+
+
+class Result:
+    def __init__(self, jobs: list[JobRun], stats: dict, series: list[tuple[float, int, int]]):
+        self.jobs = jobs
+        self.stats = stats
+        self.series = series  # (t, chips busy, chips healthy) at each change
+
+
+# -- the pods --------------------------------------------------------------------------
+
+
+class _Queue:
+    """A pod's (or the cell's) waiting jobs in queue order: priority, then age."""
+
+    def __init__(self) -> None:
+        self.keys: list[tuple[int, int, str]] = []
+
+    def add(self, priority: int, seq: int, job_id: str) -> None:
+        bisect.insort(self.keys, (-priority, seq, job_id))
+
+    def remove(self, priority: int, seq: int, job_id: str) -> None:
+        i = bisect.bisect_left(self.keys, (-priority, seq, job_id))
+        assert self.keys[i][2] == job_id
+        del self.keys[i]
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def ids(self) -> list[str]:
+        return [k[2] for k in self.keys]
+
+
+def pod_fabric(pod_id: str) -> PodFabric:
+    return PodFabric(pod_id, BLOCK, ("tpu",) * BLOCKS, host_shape=HOST)
+
+
+class Sim:
+    """One run: a workload through one policy on `config.pods` pods."""
+
+    def __init__(self, jobs: list[TraceJob], config: SimConfig):
+        self.config = config
+        self.policy = config.policy
+        self.runs = [JobRun(j, i + 1) for i, j in enumerate(jobs)]
+        self.by_id = {r.trace.job_id: r for r in self.runs}
+        self.now = 0.0
+        self._heap: list[tuple[float, int, str, Any]] = []
+        self._n = 0
+        self.ended = 0
+        self.fabrics = [pod_fabric(f"pod-{i}") for i in range(config.pods)]
+        self.chips_total = config.pods * BLOCKS * math.prod(BLOCK)
+        self.busy = 0
+        self.down_hosts = 0
+        self.counters: Counter[str] = Counter()
+        # time integrals
+        self._t = 0.0
+        self.busy_area = 0.0
+        self.healthy_area = 0.0
+        self.frag_area = 0.0
+        self.idle_waiting = 0  # free healthy chips while jobs wait (set after passes)
+        self.series: list[tuple[float, int, int]] = []
+        self.window: tuple[float, float] = (
+            (jobs[0].arrival_s, jobs[-1].arrival_s) if jobs else (0.0, 0.0)
+        )
+        self.window_areas = [0.0, 0.0, 0.0]  # busy, healthy, frag inside the window
+        if self.policy.static:
+            self.model: _Model = StaticModel(self)
+        else:
+            self.model = OcsModel(self)
+
+    # -- the clock -------------------------------------------------------------------
+
+    def at(self, t: float, kind: str, what: Any) -> None:
+        self._n += 1
+        heapq.heappush(self._heap, (t, self._n, kind, what))
+
+    def _advance(self, t: float) -> None:
+        dt = t - self._t
+        if dt > 0:
+            healthy = self.chips_total - self.down_hosts * math.prod(HOST)
+            self.busy_area += self.busy * dt
+            self.healthy_area += healthy * dt
+            self.frag_area += self.idle_waiting * dt
+            lo, hi = self.window
+            a, b = max(self._t, lo), min(t, hi)
+            if b > a:
+                self.window_areas[0] += self.busy * (b - a)
+                self.window_areas[1] += healthy * (b - a)
+                self.window_areas[2] += self.idle_waiting * (b - a)
+        self._t = t
+        self.now = t
+
+    def _record(self) -> None:
+        healthy = self.chips_total - self.down_hosts * math.prod(HOST)
+        if self.series and self.series[-1][0] == self.now:
+            self.series[-1] = (self.now, self.busy, healthy)
+        else:
+            self.series.append((self.now, self.busy, healthy))
+
+    def run(self) -> Result:
+        for r in self.runs:
+            r.work = r.chips * r.trace.duration_s
+            self.at(r.trace.arrival_s, "arrive", r)
+        if self.config.failures is not None:
+            self._start_failures()
+        total = len(self.runs)
+        while self._heap and self.ended < total:
+            t, _, kind, what = heapq.heappop(self._heap)
+            self._advance(t)
+            if kind == "arrive":
+                self.model.arrive(what)
+            elif kind == "done":
+                run, epoch = what
+                if run.epoch == epoch and run.state == RUNNING:
+                    self.model.complete(run)
+            elif kind == "wired":
+                run, epoch = what
+                if run.epoch == epoch and run.state == WIRING:
+                    self.model.wired(run)
+            elif kind == "host":
+                pod, block, host, down = what
+                self._host_event(pod, block, host, down)
+            self._record()
+        return Result(self.runs, self._stats(), self.series)
+
+    # -- failures --------------------------------------------------------------------
+
+    def _start_failures(self) -> None:
+        f = self.config.failures
+        assert f is not None
+        self._frng = random.Random(f"failures-{self.config.seed}")
+        hosts = BLOCKS * math.prod(b // h for b, h in zip(BLOCK, HOST, strict=True))
+        for pod in range(self.config.pods):
+            for h in range(hosts):
+                block, host = divmod(h, hosts // BLOCKS)
+                self.at(self._frng.expovariate(1 / f.mtbf_s), "host", (pod, block, host, True))
+
+    def _host_event(self, pod: int, block: int, host: int, down: bool) -> None:
+        f = self.config.failures
+        assert f is not None
+        mean = f.mttr_s if down else f.mtbf_s
+        self.at(self.now + self._frng.expovariate(1 / mean), "host", (pod, block, host, not down))
+        self.down_hosts += 1 if down else -1
+        self.counters["host_failures" if down else "host_recoveries"] += 1
+        self.model.host(pod, block, host, down)
+
+    # -- a job's life ------------------------------------------------------------------
+
+    def start(self, run: JobRun, chips: int) -> None:
+        """RUNNING on `chips` chips from now."""
+        run.state = RUNNING
+        run.rate = chips
+        run.since = self.now
+        run.epoch += 1
+        if run.first_start is None:
+            run.first_start = self.now
+        self.busy += chips
+        self.at(self.now + run.work / chips, "done", (run, run.epoch))
+
+    def stop(self, run: JobRun) -> None:
+        """Stops working (its work so far is counted)."""
+        if run.state == RUNNING:
+            did = (self.now - run.since) * run.rate
+            run.work = max(0.0, run.work - did)
+            run.done_work += did
+            self.busy -= run.rate
+        run.epoch += 1
+
+    def interrupt(self, run: JobRun, why: str) -> None:
+        """Stopped and to restart from its checkpoint: pays restart_s of its slice."""
+        was_running = run.state == RUNNING
+        self.stop(run)
+        if not was_running:
+            return  # never ran since it was placed: nothing to restore
+        cost = self.config.restart_s * run.chips
+        run.work += cost
+        if why == "failure":
+            run.lost_failure += cost
+        elif why == "defrag":
+            run.lost_defrag += cost
+        else:
+            run.lost_preemption += cost
+
+    def end(self, run: JobRun, state: str) -> None:
+        if state != DONE:
+            lost = run.done_work + (
+                (self.now - run.since) * run.rate if run.state == RUNNING else 0.0
+            )
+            if state == PREEMPTED:
+                run.lost_preemption += lost
+            else:
+                run.lost_failure += lost
+        self.stop(run)
+        run.state = state
+        run.end = self.now
+        self.ended += 1
+        self.counters[state.lower()] += 1
+
+    # -- the summary --------------------------------------------------------------------
+
+    def _stats(self) -> dict:
+        lo, hi = self.window
+        busy_w, healthy_w, frag_w = self.window_areas
+        span = max(hi - lo, 1e-9)
+        return {
+            "utilisation_healthy": busy_w / healthy_w if healthy_w else 0.0,
+            "utilisation_all": busy_w / (self.chips_total * span) if hi > lo else 0.0,
+            "utilisation_healthy_whole_run": (
+                self.busy_area / self.healthy_area if self.healthy_area else 0.0
+            ),
+            "fragmentation": frag_w / healthy_w if healthy_w else 0.0,
+            "makespan_s": self.now,
+            "window_s": [lo, hi],
+            "counters": dict(self.counters),
+        }
+
+
+class _Model:
+    def arrive(self, run: JobRun) -> None: ...
+    def complete(self, run: JobRun) -> None: ...
+    def wired(self, run: JobRun) -> None: ...
+    def host(self, pod: int, block: int, host: int, down: bool) -> None: ...
+
+
+# -- OCS pods: the workload scheduler's planner ------------------------------------------
+
+
+class OcsPod:
+    def __init__(self, index: int, fabric: PodFabric):
+        self.index = index
+        self.state = IndexedPodState(fabric)
+        self.queue = _Queue()
+        self.waiting: dict[str, SliceJob] = {}
+        self.version = 0  # of the capacity the cell sees
+        self._view: tuple[int, PodCapacityView] | None = None
+
+    def enqueue(self, job: SliceJob) -> None:
+        self.waiting[job.job_id] = job
+        self.queue.add(job.priority, job.seq, job.job_id)
+
+    def dequeue(self, job_id: str) -> SliceJob:
+        job = self.waiting.pop(job_id)
+        self.queue.remove(job.priority, job.seq, job_id)
+        return job
+
+    def view(self) -> PodCapacityView:
+        """What the pod reports to the cell (cell_link.capacity_pb, pods.capacity_view)."""
+        if self._view is not None and self._view[0] == self.version:
+            return self._view[1]
+        state = self.state
+        fabric = state.fabric
+        view = PodCapacityView(fabric.pod_id, block_chips=fabric.chips_per_block)
+        preemptible: dict[str, dict[int, int]] = {}
+        for job in state.jobs.values():
+            if job.state == RUNNING and job.placement and job.offset is None:
+                for t, n in max_freeable(state, job).items():
+                    levels = preemptible.setdefault(t, {})
+                    levels[job.priority] = levels.get(job.priority, 0) + n
+        free = state.free_counts()
+        for t, c in state.counts_by_type().items():
+            view.free[t] = free[t]
+            view.chips_free[t] = c["chips_free"]
+            view.largest_box[t] = largest_free_box(state, t)
+            view.preemptible[t] = preemptible.get(t, {})
+        self._view = (self.version, view)
+        return view
+
+
+class OcsModel(_Model):
+    def __init__(self, sim: Sim):
+        self.sim = sim
+        self.pods = [OcsPod(i, f) for i, f in enumerate(sim.fabrics)]
+        self.cell_queue = _Queue()
+        self.jobs: dict[str, SliceJob] = {}  # the planner's view of every live job
+
+    # -- arrivals and the cell -------------------------------------------------------
+
+    def _slice_job(self, run: JobRun) -> SliceJob:
+        n = run.trace.norm
+        return SliceJob(
+            job_id=run.trace.job_id,
+            state=PENDING,
+            epoch=1,
+            priority=n.priority,
+            seq=run.seq,
+            demand=n.demand,
+            preemption=n.preemption,
+            shrink_to=n.shrink_to,
+            on_block_failure=n.on_block_failure,
+            when_no_capacity=n.when_no_capacity,
+        )
+
+    def arrive(self, run: JobRun) -> None:
+        job = self._slice_job(run)
+        if len(self.pods) == 1:
+            self._submit(self.pods[0], run, job)
+            return
+        run.state = AT_CELL
+        self.jobs[job.job_id] = job
+        self.cell_queue.add(job.priority, job.seq, job.job_id)
+        self._cell_pass()
+
+    def _need(self, job: SliceJob) -> Counter[str]:
+        d = job.demand
+        if d.box is not None:
+            return Counter({chips_key(d.node_types[0]): math.prod(d.box)})
+        return d.type_counts()
+
+    def _cell_pass(self) -> None:
+        """The cell's queue in order: each job to its first candidate pod (choice.choose
+        over the pods' capacity as they report it), else it waits (backfill)."""
+        if not len(self.cell_queue):
+            return
+        for job_id in self.cell_queue.ids():
+            job = self.jobs[job_id]
+            need = self._need(job)
+            views = [p.view() for p in self.pods]
+            demand = JobDemand(job_id, job.priority, {v.pod_id: need for v in views})
+            choice = choose(demand, views)
+            if not choice.candidates:
+                continue
+            pod = next(p for p in self.pods if p.state.fabric.pod_id == choice.candidates[0].pod_id)
+            self.cell_queue.remove(job.priority, job.seq, job_id)
+            del self.jobs[job_id]
+            self._submit(pod, self.sim.by_id[job_id], job)
+
+    def _submit(self, pod: OcsPod, run: JobRun, job: SliceJob) -> None:
+        run.pod = pod.index
+        run.state = QUEUED
+        pod.enqueue(job)
+        self.schedule(pod)
+
+    # -- scheduling passes -----------------------------------------------------------
+
+    def schedule(self, pod: OcsPod) -> None:
+        """Passes until one changes nothing that a further pass could use (as the
+        service's passes, and the pass its wirings ask for, do)."""
+        for _ in range(100):
+            again = self._pass(pod)
+            if not again:
+                break
+        self._note_idle()
+
+    def _pass(self, pod: OcsPod) -> bool:
+        sim = self.sim
+        policy = sim.policy
+        state = pod.state
+        started: list[Allocation] = []
+        failed_at: dict[tuple, int] = {}
+        failed_blocks: dict[int, int] = {}  # priority -> fewest blocks that failed
+        victims_applied = 0
+        reservation: list[float] | None = None  # [shadow time, spare blocks]
+        blocked = False
+        rerun = False
+        for job_id in pod.queue.ids():
+            job = pod.waiting[job_id]
+            # Skipped without asking the planner when its answer is known: the same demand,
+            # or (a block slice of one node type) as many blocks or more at the same or a
+            # lower priority, failed since the last preemption (the pod only fills up
+            # within a pass; a preemption may free more than its preemptor takes).
+            key = (job.demand, job.priority)
+            if failed_at.get(key) == victims_applied:
+                continue
+            one_type = job.demand.box is None and len(set(job.demand.node_types)) == 1
+            n = job.demand.block_count
+            if one_type and any(p >= job.priority and m <= n for p, m in failed_blocks.items()):
+                continue
+            found = plan_admission(state, job, preempt=policy.preempt)
+            if isinstance(found, Unplaceable):
+                failed_at[key] = victims_applied
+                if one_type:
+                    failed_blocks[job.priority] = min(failed_blocks.get(job.priority, n), n)
+                if not blocked:
+                    blocked = True
+                    if policy.backfill == "none":
+                        break
+                    if policy.backfill == "easy":
+                        reservation = self._reservation(pod, job)
+                continue
+            if reservation is not None and not found.victims:
+                taken = self._blocks_taken(state, found)
+                run = sim.by_id[job_id]
+                ends = (
+                    sim.now
+                    + sim.config.reconfig_s
+                    + run.work / run.chips * (run.trace.estimate / run.trace.duration_s)
+                )
+                if ends > reservation[0]:
+                    if taken > reservation[1]:
+                        continue  # would delay the first waiting job's reservation
+                    reservation[1] -= taken
+            pod.dequeue(job_id)
+            apply_allocation(state, found)
+            if found.victims:
+                victims_applied += 1
+                failed_blocks.clear()
+            started.append(found)
+            self._commit(pod, found)
+            if any(v.action != TERMINATE for v in found.victims):
+                rerun = True
+        if blocked and policy.defrag and self._defrag(pod):
+            rerun = True
+        # The slices placed run (after their wiring): a waiting job of higher priority
+        # may now preempt one of them, which it could not while they were WIRING.
+        top = -pod.queue.keys[0][0] if len(pod.queue) else 0
+        for alloc in started:
+            self._placed(pod, alloc)
+            if policy.preempt and sim.config.reconfig_s == 0 and top > alloc.job.priority:
+                rerun = True
+        return rerun
+
+    def _blocks_taken(self, state: IndexedPodState, alloc: Allocation) -> int:
+        if alloc.offset is not None:
+            return 0 if state.owner.get(alloc.placement[0]) == SUB_BLOCK_OWNER else 1
+        return len(alloc.placement)
+
+    def _reservation(self, pod: OcsPod, head: SliceJob) -> list[float] | None:
+        """EASY: when `head` can start if nothing else starts (the running jobs' estimated
+        ends free their blocks), and how many blocks are spare then. None when it could
+        not start even on an empty pod."""
+        state = pod.state
+        sim = self.sim
+        need = 1 if head.demand.box is not None else head.demand.block_count
+        healthy = BLOCKS - len(state.failed)
+        if need > healthy:
+            return None
+        free = sum(state.free_counts().values())
+        if free >= need:  # blocks enough, but not usable now (a box on no aligned place)
+            return [sim.now, free - need]
+        ends: dict[int, float] = {}
+        for job in state.jobs.values():
+            if job.placement is None:
+                continue
+            t = sim.by_id[job.job_id].est_end(sim.now)
+            if job.state == WIRING:
+                t += sim.config.reconfig_s
+            for b in job.placement:
+                if b not in state.failed:
+                    ends[b] = max(ends.get(b, 0.0), t)
+        got = free
+        for t in sorted(ends.values()):
+            got += 1
+            if got >= need:
+                return [t, got - need]
+        return None
+
+    def _commit(self, pod: OcsPod, alloc: Allocation) -> None:
+        """The victims' side of a committed allocation (the state already has it)."""
+        state = pod.state
+        for v in alloc.victims:
+            self._victim(pod, v)
+        if alloc.offset is None:
+            for b in alloc.placement:
+                state.wired[b] = alloc.job.job_id
+        pod.version += 1
+
+    def _victim(self, pod: OcsPod, v: VictimAction) -> None:
+        sim = self.sim
+        state = pod.state
+        run = sim.by_id[v.job_id]
+        sim.counters["preemptions"] += 1
+        run.preemptions += 1
+        self._unwire(state, v.job_id, v.freed)
+        if v.action == TERMINATE:
+            sim.end(run, PREEMPTED)
+            return
+        sim.interrupt(run, "preemption")
+        job = state.jobs[v.job_id]
+        if v.action == DELAY:
+            del state.jobs[v.job_id]
+            run.state = QUEUED
+            pod.enqueue(job)
+            return
+        # SHRINK: rewired to the kept part, then runs on fewer chips
+        run.state = WIRING
+        sim.counters["reconfigurations"] += 1
+        self._run_after_wiring(pod, job)
+
+    def _unwire(self, state: IndexedPodState, job_id: str, keys) -> None:
+        for b in keys:
+            if isinstance(b, int) and state.wired.get(b) == job_id:
+                del state.wired[b]
+
+    def _chips(self, job: SliceJob) -> int:
+        d = job.demand
+        return math.prod(d.box) if d.box is not None else d.block_count * math.prod(BLOCK)
+
+    def _placed(self, pod: OcsPod, alloc: Allocation) -> None:
+        run = self.sim.by_id[alloc.job.job_id]
+        run.state = WIRING
+        run.pod = pod.index
+        job = pod.state.jobs[alloc.job.job_id]
+        if alloc.offset is None:
+            self.sim.counters["reconfigurations"] += 1
+            self._run_after_wiring(pod, job)
+        else:
+            self._running(pod, job)  # a box needs no OCS change
+
+    def _run_after_wiring(self, pod: OcsPod, job: SliceJob) -> None:
+        if self.sim.config.reconfig_s > 0:
+            run = self.sim.by_id[job.job_id]
+            run.epoch += 1
+            self.sim.at(self.sim.now + self.sim.config.reconfig_s, "wired", (run, run.epoch))
+        else:
+            self._running(pod, job)
+
+    def _running(self, pod: OcsPod, job: SliceJob) -> None:
+        pod.state.jobs[job.job_id] = job.with_(state=RUNNING)
+        pod.version += 1
+        self.sim.start(self.sim.by_id[job.job_id], self._chips(job))
+
+    def wired(self, run: JobRun) -> None:
+        pod = self.pods[run.pod]
+        job = pod.state.jobs[run.trace.job_id]
+        self._running(pod, job)
+        # blocks that failed while it was wired are swapped now (the reconcile loop)
+        for b in list(job.placement or ()):
+            if b in pod.state.failed and job.offset is None:
+                if self._block_failed(pod, pod.state.jobs[job.job_id], b):
+                    break
+        if job.offset is not None and job in boxes_on_failed_chips(pod.state):
+            self._box_failed(pod, pod.state.jobs[job.job_id])
+        if len(pod.queue):
+            self.schedule(pod)
+
+    # -- completion ------------------------------------------------------------------
+
+    def complete(self, run: JobRun) -> None:
+        pod = self.pods[run.pod]
+        state = pod.state
+        self._release(pod, state.jobs[run.trace.job_id])
+        self.sim.end(run, DONE)
+        if len(pod.queue):
+            self.schedule(pod)
+        else:
+            self._note_idle()
+        self._cell_pass()
+
+    def _release(self, pod: OcsPod, job: SliceJob) -> None:
+        state = pod.state
+        keys = job.held_keys()
+        state.assume_released(job.job_id, keys)
+        self._unwire(state, job.job_id, keys)
+        state.jobs.pop(job.job_id, None)
+        pod.version += 1
+
+    # -- failures (swap.py) ------------------------------------------------------------
+
+    def host(self, pod_i: int, block: int, host: int, down: bool) -> None:
+        pod = self.pods[pod_i]
+        state = pod.state
+        pod.version += 1
+        if not down:
+            hosts = set(state.failed_hosts.get(block, frozenset())) - {host}
+            if hosts:
+                state.failed_hosts[block] = frozenset(hosts)
+            else:
+                state.failed_hosts.pop(block, None)
+                state.failed.discard(block)
+            if len(pod.queue):
+                self.schedule(pod)
+            self._cell_pass()
+            return
+        state.failed.add(block)
+        state.failed_hosts[block] = frozenset({*state.failed_hosts.get(block, ()), host})
+        holder = state.owner.get(block)
+        if holder == SUB_BLOCK_OWNER:
+            for job in boxes_on_failed_chips(state, block):
+                self._box_failed(pod, job)
+        elif holder is not None:
+            job = state.jobs[holder]
+            if job.state == RUNNING:
+                self._block_failed(pod, job, block)
+        if len(pod.queue):
+            self.schedule(pod)
+        else:
+            self._note_idle()
+
+    def _box_failed(self, pod: OcsPod, job: SliceJob) -> None:
+        sim = self.sim
+        state = pod.state
+        run = sim.by_id[job.job_id]
+        target = plan_box_move(state, job)
+        if target is not None:
+            state.assume_released(job.job_id, job.held_keys())
+            moved = job.with_(placement=(target.block,), offset=target.offset, epoch=job.epoch + 1)
+            state.assume_allocated(moved)
+            sim.counters["moves"] += 1
+            run.moves += 1
+            sim.interrupt(run, "failure")
+            sim.start(run, self._chips(moved))
+            return
+        self._lose(pod, job)
+
+    def _block_failed(self, pod: OcsPod, job: SliceJob, failed: int) -> bool:
+        """A swap (plan_replacement), else the slice is lost; True when it was lost."""
+        sim = self.sim
+        state = pod.state
+        run = sim.by_id[job.job_id]
+        plan = plan_replacement(state, job, failed)
+        if plan is None:
+            self._lose(pod, job)
+            return True
+        apply_victims(state, plan.victims)
+        for v in plan.victims:
+            self._victim(pod, v)
+        assert job.placement is not None
+        placement = list(job.placement)
+        placement[plan.position_index] = plan.spare
+        if state.owner.get(failed) == job.job_id:
+            del state.owner[failed]
+        state.owner[plan.spare] = job.job_id
+        state.wired.pop(failed, None)
+        state.wired[plan.spare] = job.job_id
+        state.jobs[job.job_id] = job.with_(placement=tuple(placement), epoch=job.epoch + 1)
+        sim.counters["swaps"] += 1
+        sim.counters["reconfigurations"] += 1
+        run.swaps += 1
+        sim.interrupt(run, "failure")
+        sim.start(run, self._chips(job))
+        return False
+
+    def _lose(self, pod: OcsPod, job: SliceJob) -> None:
+        """No healthy place: SUSPENDED (requeued) or FAILED as the job asked (WS-5)."""
+        sim = self.sim
+        run = sim.by_id[job.job_id]
+        self._release(pod, job)
+        if job.on_block_failure == FAIL:
+            sim.end(run, FAILED)
+            return
+        sim.counters["suspensions"] += 1
+        run.suspensions += 1
+        sim.interrupt(run, "failure")
+        run.state = QUEUED
+        pod.enqueue(job.with_(state=SUSPENDED, placement=None, epoch=job.epoch + 1))
+
+    # -- defragmentation -----------------------------------------------------------------
+
+    def _defrag(self, pod: OcsPod) -> bool:
+        """Free whole blocks for the first waiting block slice by moving sub-block slices
+        out of the emptiest shared blocks into room in other shared blocks (place_box),
+        only when that frees enough for it."""
+        state = pod.state
+        head = next(
+            (pod.waiting[j] for j in pod.queue.ids() if pod.waiting[j].demand.box is None),
+            None,
+        )
+        if head is None:
+            return False
+        need = head.demand.block_count - sum(state.free_counts().values())
+        if need <= 0:
+            return False
+        held = state.chips_held()
+        shared = sorted(
+            (b for b, o in state.owner.items() if o == SUB_BLOCK_OWNER and b not in state.failed),
+            key=lambda b: (len(held.get(b, {})), b),
+        )
+        if len(shared) < need + 1:
+            return False
+        trial = state.copy()
+        moves: list[tuple[SliceJob, SliceJob]] = []
+        emptied = 0
+        for src in shared:
+            if emptied >= need:
+                break
+            members = sorted(
+                {trial.jobs[j] for j in trial.chips_held().get(src, {}).values()},
+                key=lambda j: -math.prod(j.demand.box or (1,)),
+            )
+            if any(j.state != RUNNING for j in members):
+                continue
+            attempt = trial.copy()
+            attempt.failed.add(src)  # no box goes back into the block being emptied
+            ok: list[tuple[SliceJob, SliceJob]] = []
+            for job in members:
+                attempt.assume_released(job.job_id, job.held_keys())
+                attempt.jobs.pop(job.job_id, None)
+                spot = place_box(attempt, job)
+                if not isinstance(spot, BoxPlacement) or (
+                    attempt.owner.get(spot.block) != SUB_BLOCK_OWNER
+                ):
+                    ok = []
+                    break
+                moved = job.with_(placement=(spot.block,), offset=spot.offset, epoch=job.epoch + 1)
+                attempt.assume_allocated(moved)
+                ok.append((job, moved))
+            if not ok:
+                continue
+            attempt.failed.discard(src)
+            trial = attempt
+            moves += ok
+            emptied += 1
+        if emptied < need:
+            return False
+        sim = self.sim
+        for job, moved in moves:
+            state.assume_released(job.job_id, job.held_keys())
+            state.assume_allocated(moved)
+            run = sim.by_id[job.job_id]
+            sim.counters["defrag_moves"] += 1
+            run.moves += 1
+            sim.interrupt(run, "defrag")
+            sim.start(run, self._chips(moved))
+        pod.version += 1
+        return True
+
+    # -- idle chips ------------------------------------------------------------------------
+
+    def _note_idle(self) -> None:
+        """Free healthy chips while jobs wait (after a pass: none of them could take them,
+        or a reservation keeps them)."""
+        sim = self.sim
+        idle = 0
+        waiting = bool(len(self.cell_queue))
+        for pod in self.pods:
+            if len(pod.queue):
+                waiting = True
+        if waiting:
+            free = 0
+            for pod in self.pods:
+                if len(pod.queue) or len(self.cell_queue):
+                    free += _free_chips(pod.state)
+            idle = free
+        sim.idle_waiting = idle
+
+
+def _free_chips(state: IndexedPodState) -> int:
+    fabric = state.fabric
+    per_block = fabric.chips_per_block
+    per_host = math.prod(fabric.host_shape)
+    free = 0
+    held = state.chips_held()
+    for b in range(fabric.block_count):
+        owner = state.owner.get(b)
+        if owner is not None and owner != SUB_BLOCK_OWNER:
+            continue
+        if state.whole_failed(b):
+            continue
+        bad = len(state.failed_hosts.get(b, ()))
+        free += per_block - bad * per_host - len(held.get(b, {}))
+    return free
+
+
+# -- the static torus ------------------------------------------------------------------
+
+
+class StaticModel(_Model):
+    """Pods as statically cabled 16x16x16 tori; one queue for all, greedy backfill in
+    queue order (the utilisation-friendliest order a static machine has), no swaps: a
+    down host under a slice suspends it (or fails it, as it asked)."""
+
+    def __init__(self, sim: Sim):
+        self.sim = sim
+        self.tori = [Torus(EDGE) for _ in range(sim.config.pods)]
+        self.queue = _Queue()
+        self.where: dict[str, int] = {}
+        self.shape: dict[str, tuple[int, int, int]] = {}
+
+    def arrive(self, run: JobRun) -> None:
+        run.state = QUEUED
+        self.queue.add(run.trace.priority, run.seq, run.trace.job_id)
+        self.shape[run.trace.job_id] = fitting_shape(run.trace.chips, EDGE)
+        self.schedule()
+
+    def schedule(self) -> None:
+        sim = self.sim
+        failed: set[tuple[int, int, int]] = set()
+        for job_id in self.queue.ids():
+            shape = self.shape[job_id]
+            if shape in failed:
+                continue
+            run = sim.by_id[job_id]
+            spot = None
+            for i in sorted(range(len(self.tori)), key=lambda i: -self.tori[i].free_chips):
+                got = self.tori[i].place(shape)
+                if got is not None:
+                    spot = (i, got)
+                    break
+            if spot is None:
+                failed.add(shape)
+                if sim.policy.backfill == "none":
+                    break
+                continue
+            i, (offset, box) = spot
+            self.tori[i].take(job_id, offset, box)
+            self.queue.remove(run.trace.priority, run.seq, job_id)
+            self.where[job_id] = i
+            run.pod = i
+            sim.counters["placements"] += 1
+            sim.start(run, run.chips)
+        self._note_idle()
+
+    def _note_idle(self) -> None:
+        sim = self.sim
+        sim.idle_waiting = sum(t.free_chips for t in self.tori) if len(self.queue) else 0
+
+    def complete(self, run: JobRun) -> None:
+        self.tori[self.where.pop(run.trace.job_id)].release(run.trace.job_id)
+        self.sim.end(run, DONE)
+        self.schedule()
+
+    def wired(self, run: JobRun) -> None:  # pragma: no cover - no wiring in a static torus
+        pass
+
+    def host(self, pod: int, block: int, host: int, down: bool) -> None:
+        torus = self.tori[pod]
+        bx, by, bz = block % 4, (block // 4) % 4, block // 16
+        hg = tuple(b // h for b, h in zip(BLOCK, HOST, strict=True))
+        hx, hy, hz = host % hg[0], (host // hg[0]) % hg[1], host // (hg[0] * hg[1])
+        offset = (bx * 4 + hx * HOST[0], by * 4 + hy * HOST[1], bz * 4 + hz * HOST[2])
+        if down:
+            sim = self.sim
+            for job_id in sorted(torus.holders_of(offset, HOST)):
+                run = sim.by_id[job_id]
+                torus.release(job_id)
+                del self.where[job_id]
+                if run.trace.norm.on_block_failure == FAIL:
+                    sim.end(run, FAILED)
+                    continue
+                sim.counters["suspensions"] += 1
+                run.suspensions += 1
+                sim.interrupt(run, "failure")
+                run.state = QUEUED
+                self.queue.add(run.trace.priority, run.seq, job_id)
+        torus.set_down(offset, HOST, down)
+        self.schedule()
+
+
+def simulate(jobs: list[TraceJob], config: SimConfig) -> Result:
+    return Sim(jobs, config).run()
+
+
+__all__ = [
+    "DEFAULT_POLICY",
+    "POLICIES",
+    "Failures",
+    "JobRun",
+    "Policy",
+    "Result",
+    "Sim",
+    "SimConfig",
+    "simulate",
+]
