@@ -16,6 +16,7 @@ import asyncio
 import logging
 from collections.abc import Callable, Mapping
 
+from lightpath.client import wrong_peer
 from lightpath.errors import InvalidArgument, ResourceExhausted
 from lightpath.v1 import cell_scheduler_pb2, workload_scheduler_pb2
 from services.cell_scheduler.admission import FAIL, Admission
@@ -111,8 +112,13 @@ class Forwarder:
                 self.metrics.forwarded("unreachable")
                 self.pods.assume(pod, r.needs, +1)
                 last = f"pod {pod} did not answer ({err.code.name})"
+                # Refused in the handshake (the endpoint is not the pod that registered):
+                # nothing was sent, so the pod cannot hold it; the reason says whom it found.
+                refused = wrong_peer(err.error)
+                if refused:
+                    last = f"pod {pod} was not reached: {err.report.message}"
                 await self.store.mark_suspect(pod, self.pods.now_ms() + self.pods.pod_timeout_ms)
-                await self.jobs.back_to_queue(job_id, token, pod, last, uncertain=True)
+                await self.jobs.back_to_queue(job_id, token, pod, last, uncertain=not refused)
                 self.log.warning(
                     "job %s: %s; trying elsewhere", job_id, last, extra={"job_id": job_id}
                 )

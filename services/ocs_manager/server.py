@@ -12,6 +12,7 @@ from opentelemetry import trace
 from lightpath.domain.southbound import devices, endpoint_of
 from lightpath.domain.torus import SECOND, Fabric, FabricConfig, validate_config
 from lightpath.errors import Aborted, FailedPrecondition, InvalidArgument, NotFound
+from lightpath.security.identity import service_principal
 from lightpath.v1 import common_pb2, ocs_manager_pb2, ocs_manager_pb2_grpc, optical_switch_pb2_grpc
 from lightpath.v1 import ocs_manager_pb2 as pb
 from services.common import paging
@@ -441,7 +442,13 @@ def agent_driver(runtime: Runtime[OcsManagerSettings], fabric: Fabric) -> AgentS
         assert address is not None  # settings checked every switch has one
         if address not in channels:
             channels[address] = optical_switch_pb2_grpc.OpticalSwitchStub(
-                runtime.channel(address, max_attempts=1, default_timeout=s.switch_timeout_s)
+                runtime.channel(
+                    address,
+                    max_attempts=1,
+                    default_timeout=s.switch_timeout_s,
+                    # Only this pod's switch agent may be read and programmed.
+                    expect=service_principal("switch_agent", s.pod_id),
+                )
             )
         stubs[d.id] = channels[address]
     return AgentSwitchDriver(fabric, stubs, timeout_s=s.switch_timeout_s)
