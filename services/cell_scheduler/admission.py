@@ -14,6 +14,7 @@ the pod's own dry run). It commits nothing: the claim is the caller's.
 from __future__ import annotations
 
 import logging
+import random
 from collections.abc import Mapping
 from dataclasses import replace
 
@@ -34,6 +35,14 @@ from services.cell_scheduler.request import (
 from services.cell_scheduler.store import QUEUED, CellJobRecord, RegistrySnapshot, b64, unb64
 
 FAIL = workload_scheduler_pb2.WHEN_NO_CAPACITY_FAIL
+# When a submit that asked not to wait may try again (google.rpc.RetryInfo): about the
+# time a running job takes to end and a pod to report it, jittered so refused callers
+# do not all come back at once.
+NO_CAPACITY_RETRY_S = 0.25
+
+
+def no_capacity_delay() -> float:
+    return round(NO_CAPACITY_RETRY_S * (1.0 + 0.5 * random.random()), 3)
 
 
 class Admission:
@@ -214,6 +223,7 @@ class Admission:
             raise ResourceExhausted(
                 f"job {job_id} cannot be placed now and asked not to wait: {choice.why_waiting}",
                 reason="NO_CAPACITY",
+                retry_delay_s=no_capacity_delay(),
             )
         ahead = sum(1 for j in await self.store.jobs(snap.queue) if j.priority >= record.priority)
         return SubmitResult(

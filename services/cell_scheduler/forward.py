@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from lightpath.client import wrong_peer
 from lightpath.errors import InvalidArgument, ResourceExhausted
 from lightpath.v1 import cell_scheduler_pb2, workload_scheduler_pb2
-from services.cell_scheduler.admission import FAIL, Admission
+from services.cell_scheduler.admission import FAIL, Admission, no_capacity_delay
 from services.cell_scheduler.choice import FITS, Candidate, PodCapacityView, plan_queue
 from services.cell_scheduler.jobs import CellJobs, SubmitResult, record_fields, request_b64
 from services.cell_scheduler.metrics import CellMetrics
@@ -183,6 +183,7 @@ class Forwarder:
             raise ResourceExhausted(
                 f"job {job_id} cannot be placed now and asked not to wait: {last}",
                 reason="NO_CAPACITY",
+                retry_delay_s=no_capacity_delay(),
             )
         position = await self.store.queue_position(job_id)
         if position == 0:  # another replica's dispatcher took it meanwhile

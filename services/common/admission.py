@@ -21,6 +21,16 @@ What is shed (`sheddable` per method, once; `exempt_principal` per call):
     them, and a refusal between services would be read as a domain answer (the
     cell reads a pod's RESOURCE_EXHAUSTED as "no room on this pod").
 
+Two lanes (issue 30, as Kubernetes' API priority and fairness gives requests that
+manage capacity their own level): calls that end or shrink work (FREEING_METHODS:
+CompleteJob, CancelJob, ReleaseSlice, ReleaseRings, ReleaseReservation,
+AbortCommand, CancelGraphRun) have slots of their own (`freeing_slots`, by default
+a quarter of LIGHTPATH_MAX_INFLIGHT, at least 4) and a queue of their own, beside
+the new work's. A flood of submits fills only the new-work lane: the calls that
+would free the capacity those submits wait for are never queued behind them nor
+shed because of them. A freeing call takes a free new-work slot when there is one
+(none is waiting for it), else one of its own.
+
 The limiter is a counter and a deque of futures: acquiring a free slot costs no
 await, a released slot goes straight to the oldest waiter.
 """
@@ -49,6 +59,19 @@ EXEMPT_METHODS = frozenset(
 )
 EXEMPT_PREFIXES = ("/grpc.health.v1.", "/grpc.reflection.")
 
+# Unary methods (by name, in any service) that end or shrink work: the freeing lane.
+FREEING_METHODS = frozenset(
+    {
+        "CompleteJob",
+        "CancelJob",
+        "ReleaseSlice",
+        "ReleaseRings",
+        "ReleaseReservation",
+        "AbortCommand",
+        "CancelGraphRun",
+    }
+)
+
 OVERLOADED = "OVERLOADED"
 # How often, at most, shedding is logged (one warning with the count, not a line per call).
 LOG_EVERY_S = 10.0
@@ -62,6 +85,11 @@ def sheddable(method: str, *, streaming: bool) -> bool:
         or method.endswith("/GetInfo")
         or method in EXEMPT_METHODS
     )
+
+
+def frees_capacity(method: str) -> bool:
+    """Whether `method` (`/package.Service/Method`) ends or shrinks work."""
+    return method.rpartition("/")[2] in FREEING_METHODS
 
 
 def exempt_principal(principal: Principal | None) -> bool:
@@ -86,6 +114,7 @@ class Admission:
         queue_wait_s: float,
         *,
         service: str = "service",
+        freeing_slots: int | None = None,
     ):
         if max_inflight < 1:
             raise ValueError("max_inflight must be >= 1")
@@ -100,6 +129,20 @@ class Admission:
         self._waiters: deque[asyncio.Future[None]] = deque()
         self._logged_at = 0.0
         self._shed_since_log = 0
+        if freeing_slots is None:
+            freeing_slots = max(4, max_inflight // 4)
+        # The freeing lane (module doc); 0: none (every call in this one).
+        self.freeing: FreeingLane | None = (
+            FreeingLane(self, freeing_slots, max_queued, queue_wait_s, service=service)
+            if freeing_slots > 0
+            else None
+        )
+
+    def lane(self, method: str) -> Admission:
+        """The limiter calls of `method` go through."""
+        if self.freeing is not None and frees_capacity(method):
+            return self.freeing
+        return self
 
     @property
     def queued(self) -> int:
@@ -126,7 +169,7 @@ class Admission:
         except BaseException:
             # Cancelled (the caller went away, its deadline passed): give back what it got.
             if self._granted(fut):
-                self.release()
+                Admission.release(self)  # this lane's own slot (a subclass counts its own)
             else:
                 self._forget(fut)
             raise
@@ -184,3 +227,37 @@ class Admission:
             retry_delay_s=delay,
             metadata={"service": self.service},
         )
+
+
+class FreeingLane(Admission):
+    """The freeing calls' own slots and queue (module doc). A call takes a free slot of
+    the new-work lane first (when nobody waits for one), so with no load the lanes
+    together serve as many calls as before; `release` gives each slot back to the lane
+    it came from."""
+
+    def __init__(
+        self, general: Admission, slots: int, max_queued: int, queue_wait_s: float, *, service: str
+    ):
+        super().__init__(slots, max_queued, queue_wait_s, service=service, freeing_slots=0)
+        self.general = general
+        self.borrowed = 0  # calls in progress on a slot of the new-work lane
+
+    async def acquire(self) -> None:
+        g = self.general
+        if g.inflight < g.max_inflight and not g._waiters:
+            g.inflight += 1
+            self.borrowed += 1
+            return
+        await super().acquire()
+
+    def release(self) -> None:
+        # Which slot a finished call held does not matter, only how many of each are
+        # held: a borrowed one goes back first (new work may be waiting for it).
+        if self.borrowed:
+            self.borrowed -= 1
+            self.general.release()
+        else:
+            super().release()
+
+    def _refusal(self, why: str) -> ResourceExhausted:
+        return super()._refusal(f"calls that end or release work: {why}")
