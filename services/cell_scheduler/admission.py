@@ -14,7 +14,6 @@ the pod's own dry run). It commits nothing: the claim is the caller's.
 from __future__ import annotations
 
 import logging
-import random
 from collections.abc import Mapping
 from dataclasses import replace
 
@@ -33,16 +32,20 @@ from services.cell_scheduler.request import (
     tenant_of,
 )
 from services.cell_scheduler.store import QUEUED, CellJobRecord, RegistrySnapshot, b64, unb64
+from services.common.admission import RefusalRate
 
 FAIL = workload_scheduler_pb2.WHEN_NO_CAPACITY_FAIL
 # When a submit that asked not to wait may try again (google.rpc.RetryInfo): about the
 # time a running job takes to end and a pod to report it, jittered so refused callers
-# do not all come back at once.
+# do not all come back at once, and longer the more recent submits found no room (so
+# their retries never become most of what the cell serves).
 NO_CAPACITY_RETRY_S = 0.25
+SUBMITS = RefusalRate()
 
 
 def no_capacity_delay() -> float:
-    return round(NO_CAPACITY_RETRY_S * (1.0 + 0.5 * random.random()), 3)
+    SUBMITS.record(True)
+    return SUBMITS.delay(NO_CAPACITY_RETRY_S)
 
 
 class Admission:

@@ -10,6 +10,7 @@ from opentelemetry import trace
 from lightpath.errors import FieldViolation, InvalidArgument, NotFound, PermissionDenied
 from lightpath.security.identity import NO_TENANT
 from lightpath.v1 import cell_scheduler_pb2, cell_scheduler_pb2_grpc, common_pb2
+from services.cell_scheduler.admission import SUBMITS
 from services.cell_scheduler.cell import CellScheduler
 from services.cell_scheduler.jobs import JobView
 from services.cell_scheduler.metrics import CellMetrics
@@ -148,6 +149,7 @@ class CellSchedulerServicer(cell_scheduler_pb2_grpc.CellSchedulerServicer):
                     )
         _note(job_id=request.spec.job_id, tenant=request.tenant or NO_TENANT)
         result = await self._cell.submit(request)
+        SUBMITS.record(False)  # (refusals are counted where they are made)
         _note(pod_id=result.record.pod, state=result.record.state, created=result.created)
         return cell_scheduler_pb2.SubmitJobResponse(
             job=cell_job_pb(

@@ -42,6 +42,7 @@ import logging
 import random
 import time
 from collections import deque
+from collections.abc import Callable
 
 from lightpath.security.identity import CONSOLE_SERVICE, SERVICE, Principal
 from services.common.errors import ResourceExhausted
@@ -102,6 +103,41 @@ def exempt_principal(principal: Principal | None) -> bool:
     )
 
 
+class RefusalRate:
+    """The share of recent calls refused (about the last `window_s`: two buckets of half
+    of it), for retry delays that grow with it: a caller refused while most are
+    comes back later, so retries never become most of the load (issue 30)."""
+
+    def __init__(self, window_s: float = 2.0, clock: Callable[[], float] = time.monotonic):
+        self.half = window_s / 2
+        self._clock = clock
+        self._start = clock()
+        self._now = [0, 0]  # admitted, refused in the current bucket
+        self._before = [0, 0]  # ... in the one before
+
+    def _roll(self) -> None:
+        now = self._clock()
+        if now - self._start >= self.half:
+            self._before = self._now if now - self._start < 2 * self.half else [0, 0]
+            self._now = [0, 0]
+            self._start = now
+
+    def record(self, refused: bool) -> None:
+        self._roll()
+        self._now[1 if refused else 0] += 1
+
+    def fraction(self) -> float:
+        self._roll()
+        admitted = self._now[0] + self._before[0]
+        refused = self._now[1] + self._before[1]
+        return refused / (admitted + refused) if admitted + refused else 0.0
+
+    def delay(self, base: float, cap: float = 10.0) -> float:
+        """`base` jittered by up to +50 %, divided by the share admitted (at least 5 %)."""
+        share = max(0.05, 1.0 - self.fraction())
+        return round(min(cap, base * (1.0 + 0.5 * random.random()) / share), 3)
+
+
 class Admission:
     """At most `max_inflight` admitted calls at once, `max_queued` more waiting up to
     `queue_wait_s` each; beyond that `acquire` raises ResourceExhausted (OVERLOADED)
@@ -129,6 +165,7 @@ class Admission:
         self._waiters: deque[asyncio.Future[None]] = deque()
         self._logged_at = 0.0
         self._shed_since_log = 0
+        self.rate = RefusalRate()
         if freeing_slots is None:
             freeing_slots = max(4, max_inflight // 4)
         # The freeing lane (module doc); 0: none (every call in this one).
@@ -153,6 +190,7 @@ class Admission:
         the queue is full or no slot came free within `queue_wait_s`."""
         if self.inflight < self.max_inflight and not self._waiters:
             self.inflight += 1
+            self.rate.record(False)
             return
         if len(self._waiters) >= self.max_queued or self.queue_wait_s == 0:
             raise self._refusal("its wait queue is full")
@@ -163,6 +201,7 @@ class Admission:
                 await fut
         except TimeoutError:
             if self._granted(fut):
+                self.rate.record(False)
                 return  # the slot came at the deadline: keep it
             self._forget(fut)
             raise self._refusal(f"no call finished within {self.queue_wait_s:g} s") from None
@@ -173,6 +212,7 @@ class Admission:
             else:
                 self._forget(fut)
             raise
+        self.rate.record(False)
 
     def release(self) -> None:
         """Give a slot back: to the oldest waiter still waiting, else to the pool."""
@@ -197,11 +237,12 @@ class Admission:
     def retry_delay_s(self) -> float:
         """When a refused caller should come back: about one queue wait (by then the
         calls in progress and queued now have been served or refused), jittered by
-        up to +50 % so refused callers do not all return at the same instant."""
-        base = max(self.queue_wait_s, 0.1)
-        return round(base * (1.0 + 0.5 * random.random()), 3)
+        up to +50 % so refused callers do not all return at the same instant, and
+        longer the more of the recent calls were refused (RefusalRate)."""
+        return self.rate.delay(max(self.queue_wait_s, 0.1))
 
     def _refusal(self, why: str) -> ResourceExhausted:
+        self.rate.record(True)
         self.shed += 1
         self._shed_since_log += 1
         now = time.monotonic()

@@ -60,7 +60,7 @@ async def test_a_full_queue_refuses_at_once_with_a_retry_delay():
     assert loop.time() - started < 0.05
     err = refused.value
     assert err.code == "RESOURCE_EXHAUSTED" and err.reason == OVERLOADED
-    assert 0.5 <= err.retry_delay_s <= 7.5
+    assert 5.0 <= err.retry_delay_s <= 10.0  # half the recent calls refused: longer, capped
     assert "cell_scheduler is overloaded" in err.message
     assert f"retry in {err.retry_delay_s:g} s" in err.message
     assert "queue is full" in err.message
@@ -410,3 +410,24 @@ async def test_a_service_flooded_with_new_work_still_serves_the_calls_that_end_w
         outcomes = await asyncio.gather(*ends)
         assert all(isinstance(o, common_pb2.ServiceInfo) for o in outcomes), outcomes
         await asyncio.gather(*calls)
+
+
+def test_retry_delays_grow_with_the_share_of_recent_calls_refused():
+    from services.common.admission import RefusalRate
+
+    now = [0.0]
+    rate = RefusalRate(window_s=2.0, clock=lambda: now[0])
+    assert rate.fraction() == 0.0
+    assert 1.0 <= rate.delay(1.0) <= 1.5  # nothing refused: the base, jittered
+    for _ in range(3):
+        rate.record(True)
+    rate.record(False)
+    assert rate.fraction() == 0.75
+    assert 4.0 <= rate.delay(1.0) <= 6.0  # a quarter admitted: four times as long
+    for _ in range(100):
+        rate.record(True)
+    assert rate.delay(1.0) == 10.0  # capped
+    now[0] += 1.5  # a bucket later the old counts still weigh
+    assert rate.fraction() > 0.9
+    now[0] += 3.0  # past the window: forgotten
+    assert rate.fraction() == 0.0
