@@ -365,7 +365,9 @@ def _shrink_boxes(
         g = tuple(shape.dims)
         if spec.unit == common_pb2.SHAPE_UNIT_BLOCKS:
             violations.append(
-                FieldViolation(f"spec.shrink_to[{i}]", "a sub-block slice shrinks to boxes in chips")
+                FieldViolation(
+                    f"spec.shrink_to[{i}]", "a sub-block slice shrinks to boxes in chips"
+                )
             )
         elif (
             len(g) != len(box)

@@ -252,7 +252,7 @@ def chip_keys(block: int, offset: Position, box: Grid) -> list[str]:
 
 
 def parse_chip_key(key: str) -> tuple[int, Position]:
-    """"c7.1.0.3" -> (7, (1, 0, 3))."""
+    """ "c7.1.0.3" -> (7, (1, 0, 3))."""
     block, *coords = key[1:].split(".")
     return int(block), tuple(int(c) for c in coords)
 
