@@ -56,6 +56,7 @@ import argparse
 import asyncio
 import collections
 import contextlib
+import os
 import random
 import tempfile
 import time
@@ -401,6 +402,179 @@ async def goodput(cells: list, *, short: bool) -> dict:
     }
 
 
+# -- overload: 1x, 2x, 4x the sustainable rate, then back to 1x (issue 30) ---------------
+
+# Block counts of the overload phase's jobs (4x4x4 blocks): SHAPES[1] is 2 blocks.
+OVERLOAD_SHAPES = {2: SHAPES[1], 1: SHAPES[0]}
+GIVE_UP_S = 5.0  # a client abandons a submit still refused after this long (never a complete)
+
+
+@dataclass
+class Offered:
+    """What the clients of one load level saw: completions (time), latencies of the
+    calls the stack accepted, refusals, give-ups."""
+
+    done_at: list[float] = field(default_factory=list)
+    accepted_ms: list[float] = field(default_factory=list)
+    outcomes: collections.Counter[str] = field(default_factory=collections.Counter)
+
+
+def _retry_delay(err: grpc.aio.AioRpcError) -> float:
+    from lightpath.client import error_report
+
+    delay = error_report(err).retry_delay_s
+    return 0.1 if delay is None else delay
+
+
+async def lifecycle(stub, job_id: str, shape: list[int], stats: Offered) -> None:
+    """One job as a well-behaved client runs it: submit (asking not to wait), retried as
+    the retry delay says until accepted or GIVE_UP_S passed; once RUNNING, complete,
+    retried as told until done (what the stack acknowledged is always ended)."""
+    start = time.monotonic()
+    while True:
+        t0 = time.perf_counter()
+        try:
+            resp = await stub.SubmitJob(
+                cs.SubmitJobRequest(
+                    spec=ws.JobSpec(
+                        job_id=job_id,
+                        shape=c.Shape(dims=shape),
+                        when_no_capacity=ws.WHEN_NO_CAPACITY_FAIL,
+                    )
+                )
+            )
+        except grpc.aio.AioRpcError as err:
+            if err.code() != SHED:
+                stats.outcomes[f"submit_{err.code().name}"] += 1
+                return
+            stats.outcomes["submit_refused"] += 1
+            delay = _retry_delay(err)
+            if time.monotonic() + delay - start > GIVE_UP_S:
+                stats.outcomes["gave_up"] += 1
+                return
+            await asyncio.sleep(delay)
+            continue
+        stats.accepted_ms.append((time.perf_counter() - t0) * 1000)
+        if resp.job.state != c.JOB_STATE_RUNNING:
+            stats.outcomes["not_running"] += 1  # (it holds nothing: ended below anyway)
+        break
+    while True:
+        t0 = time.perf_counter()
+        try:
+            await stub.CompleteJob(cs.CompleteCellJobRequest(job_id=job_id))
+        except grpc.aio.AioRpcError as err:
+            if err.code() == SHED:
+                stats.outcomes["complete_refused"] += 1
+                await asyncio.sleep(_retry_delay(err))
+                continue
+            stats.outcomes[f"complete_{err.code().name}"] += 1
+            return
+        stats.accepted_ms.append((time.perf_counter() - t0) * 1000)
+        stats.done_at.append(time.monotonic())
+        stats.outcomes["ok"] += 1
+        return
+
+
+async def offer(
+    cells: list, rate: float, seconds: float, shape: list[int], tag: str, stats: Offered
+) -> list[asyncio.Task]:
+    """Poisson arrivals of `lifecycle` clients at `rate`/s for `seconds`; the clients
+    still running at the end are returned (they keep going)."""
+    rng = random.Random(hash(tag) & 0xFFFF)
+    tasks: list[asyncio.Task] = []
+    start = time.monotonic()
+    n = 0
+    while time.monotonic() - start < seconds:
+        n += 1
+        stub = cells[n % len(cells)]
+        tasks.append(asyncio.ensure_future(lifecycle(stub, f"{tag}-{n}", shape, stats)))
+        await asyncio.sleep(rng.expovariate(rate))
+    return [t for t in tasks if not t.done()]
+
+
+def _rate(stats: Offered, since: float, until: float) -> float:
+    return sum(since <= t < until for t in stats.done_at) / max(until - since, 1e-9)
+
+
+async def overload(cells: list, blocks: int, *, short: bool) -> dict:
+    """Goodput (jobs completed per second) at 1x, 2x and 4x the sustainable rate of
+    `blocks`-block jobs through both cell replicas, p99 of the accepted calls, and how
+    long after the overload the stack is back at 1x goodput (`recovery_s`)."""
+    shape = OVERLOAD_SHAPES[blocks]
+    tag = f"ov{blocks}"
+    step_s = 1.5 if short else 6.0
+    # The sustainable rate: the best of a closed-loop ramp of clients running jobs back
+    # to back (the stack's capacity for this job size, latency included).
+    ramp: dict[int, float] = {}
+    for n in (4, 8) if short else (4, 8, 16):
+        stats = Offered()
+        deadline = time.monotonic() + step_s
+
+        async def loop(
+            i: int, n: int = n, stats: Offered = stats, deadline: float = deadline
+        ) -> None:
+            k = 0
+            while time.monotonic() < deadline:
+                k += 1
+                await lifecycle(cells[(i + k) % len(cells)], f"{tag}-r{n}-{i}-{k}", shape, stats)
+
+        t0 = time.monotonic()
+        await asyncio.gather(*(loop(i) for i in range(n)))
+        ramp[n] = len(stats.done_at) / (time.monotonic() - t0)
+    rate = max(ramp.values())
+    seconds = 3.0 if short else 10.0
+    out: dict = {"sustainable_jobs_per_s": round(rate, 2), "ramp": ramp}
+    goodput: dict[int, float] = {}
+    for k in (1, 2, 4):
+        stats = Offered()
+        t0 = time.monotonic()
+        rest = await offer(cells, k * rate, seconds, shape, f"{tag}-x{k}", stats)
+        t1 = time.monotonic()
+        if k < 4:
+            await asyncio.gather(*rest)
+            goodput[k] = _rate(stats, t0, t1)
+        else:
+            # Back to 1x at once, the 4x clients still retrying: recovery is the first
+            # 1 s window (after the overload ends) with goodput >= 0.9 of 1x.
+            after = Offered()
+            back = asyncio.ensure_future(
+                offer(cells, rate, 4.0 if short else 12.0, shape, f"{tag}-back", after)
+            )
+            goodput[k] = _rate(stats, t0, t1)
+            more = await back
+            await asyncio.gather(*rest, *more)
+            recovery = float("nan")
+            w = 0.0
+            while t1 + w + 1.0 <= time.monotonic():
+                if _rate(after, t1 + w, t1 + w + 1.0) >= 0.9 * goodput[1]:
+                    recovery = w
+                    break
+                w += 0.25
+            out["recovery_s"] = recovery
+        out[f"p99_ms_{k}x"] = percentile(stats.accepted_ms, 99)
+        out[f"outcomes_{k}x"] = dict(stats.outcomes)
+        out[f"goodput_{k}x"] = round(goodput[k], 2)
+    out["goodput_ratio_2x"] = goodput[2] / goodput[1] if goodput[1] else float("nan")
+    out["goodput_ratio_4x"] = goodput[4] / goodput[1] if goodput[1] else float("nan")
+    return out
+
+
+async def overloads(cells: list, *, short: bool) -> dict:
+    """The overload shape with 2-block jobs (the named keys) and with 1-block jobs."""
+    two = await overload(cells, 2, short=short)
+    one = await overload(cells, 1, short=short)
+    return {
+        "goodput_ratio_2x": two["goodput_ratio_2x"],
+        "goodput_ratio_4x": two["goodput_ratio_4x"],
+        "recovery_s": two["recovery_s"],
+        "p99_ms_2x": two["p99_ms_2x"],
+        "p99_ms_4x": two["p99_ms_4x"],
+        "overload_2_blocks": two,
+        "overload_1_block": one,
+        "load_average": list(os.getloadavg()),
+    }
+
+
 # -- after the chaos ---------------------------------------------------------------
 
 
@@ -610,6 +784,10 @@ async def drive(stack: Stack, redis: EmbeddedRedis, args) -> dict:
         )
         app_md = await broker_chaos.set_up(broker)
         measured = await goodput(cells, short=args.short)
+        if args.overload:
+            measured.update(await overloads(cells, short=args.short))
+        if args.overload_only:
+            return measured
         # the goodput phase's jobs are all ended (or never recorded): start from a clean pod
         record = Record()
         reservations = broker_chaos.Reservations()
@@ -705,6 +883,15 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument(
         "--short", action="store_true", help="the test suite's run: 10 s, 4 kills, short ramp"
+    )
+    parser.add_argument(
+        "--overload",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="run the overload shape (1x, 2x, 4x, then back to 1x) before the chaos",
+    )
+    parser.add_argument(
+        "--overload-only", action="store_true", help="only the goodput and overload phases"
     )
     args = parser.parse_args(argv)
     if args.short:

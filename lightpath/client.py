@@ -23,6 +23,11 @@
   code (NotFound, InvalidArgument, ...) with the details decoded; the SDK
   (lightpath.sdk) raises those.
 * Calls are traced (lightpath.telemetry) and carry the trace context.
+* Whom it reached: `expect=<principal>` makes the TLS handshake check the server's
+  certificate against that identity (`identity.dns_name`, a DNS SAN every
+  certificate of the local CA carries), so a server holding another identity's
+  certificate, even one from the same CA, is refused before any request is sent;
+  the call fails UNAVAILABLE naming the identity expected and the one found.
 * Credentials (lightpath.security.credentials): TLS with the caller's
   certificate and/or a bearer token; by default whatever
   `Credentials.default()` finds (the local stack's operator certificate, or
@@ -31,6 +36,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,6 +48,7 @@ from opentelemetry.sdk.trace import TracerProvider
 
 from lightpath.errors import LightpathError, error_from_status
 from lightpath.security.credentials import Credentials
+from lightpath.security.identity import Principal, dns_name, from_uri
 from lightpath.telemetry import client_interceptors
 
 DEFAULT_TIMEOUT_S = 10.0
@@ -77,9 +85,11 @@ def channel(
     default_timeout: float | None = DEFAULT_TIMEOUT_S,
     max_attempts: int = 5,
     credentials: Credentials | None = None,
+    expect: Principal | None = None,
 ) -> grpc.aio.Channel:
     """An aio channel to a Lightpath service on `address` (host:port), over TLS when
-    `credentials` (default: `Credentials.default()`) have a CA."""
+    `credentials` (default: `Credentials.default()`) have a CA; with `expect`, only to
+    a server whose certificate is that identity's (see the module doc)."""
     creds = Credentials.default() if credentials is None else credentials
     options: list[tuple[str, Any]] = [
         ("grpc.enable_retries", 1 if max_attempts > 1 else 0),
@@ -88,13 +98,104 @@ def channel(
     ]
     if max_attempts > 1:
         options.append(("grpc.service_config", retry_service_config(max_attempts)))
-    interceptors = client_interceptors(tracer_provider, default_timeout, creds.metadata())
+    interceptors: list[grpc.aio.ClientInterceptor] = client_interceptors(
+        tracer_provider, default_timeout, creds.metadata()
+    )
     channel_creds = creds.channel_credentials()
+    if channel_creds is not None and expect is not None:
+        options.append(("grpc.ssl_target_name_override", dns_name(expect)))
+        interceptors.insert(0, _PeerCheck(address, expect, creds.ca))
     if channel_creds is None:
         return grpc.aio.insecure_channel(address, options=options, interceptors=interceptors)
     return grpc.aio.secure_channel(
         address, channel_creds, options=options, interceptors=interceptors
     )
+
+
+# What gRPC says when the server's certificate does not carry the name checked.
+_NAME_MISMATCH = ("Hostname Verification Check failed", "not in peer certificate")
+
+
+# What a call refused that way says (after _PeerCheck): nothing reached the server.
+REFUSED_IN_HANDSHAKE = "refused in the TLS handshake, nothing was sent"
+
+
+def wrong_peer(err: grpc.RpcError) -> bool:
+    """The call failed because the server is not the identity the channel expects (so
+    the request never left this process)."""
+    code = err.code() if hasattr(err, "code") else None
+    details = (err.details() if hasattr(err, "details") else "") or ""
+    return code == grpc.StatusCode.UNAVAILABLE and any(
+        m in details for m in (*_NAME_MISMATCH, REFUSED_IN_HANDSHAKE)
+    )
+
+
+async def presented_identity(address: str, ca: bytes | None, timeout: float = 1.0) -> str:
+    """Who the server at `address` says it is: the principal of its certificate's URI
+    SAN ("unknown" when it cannot be read within `timeout`). One TLS handshake, made
+    only after a call was refused for the server's identity."""
+    import ssl
+
+    from cryptography import x509
+
+    host, _, port = address.rpartition(":")
+    host = host.removeprefix("ipv4:").removeprefix("dns:").strip("[]/")
+    try:
+        ctx = ssl.create_default_context(cadata=ca.decode() if ca else None)
+        ctx.check_hostname = False
+        ctx.set_alpn_protocols(["h2"])
+        _reader, writer = await asyncio.wait_for(
+            asyncio.open_connection(host, int(port), ssl=ctx, server_hostname=""), timeout
+        )
+    except (OSError, ValueError, TimeoutError, ssl.SSLError):
+        return "unknown"
+    try:
+        ssl_object = writer.get_extra_info("ssl_object")
+        der = ssl_object.getpeercert(binary_form=True) if ssl_object else None
+        if not der:
+            return "unknown"
+        cert = x509.load_der_x509_certificate(der)
+        sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        for uri in sans.get_values_for_type(x509.UniformResourceIdentifier):
+            principal = from_uri(uri)
+            if principal is not None:
+                return str(principal)
+        return "no Lightpath identity"
+    except (ValueError, x509.ExtensionNotFound):
+        return "no Lightpath identity"
+    finally:
+        writer.close()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(writer.wait_closed(), timeout)
+
+
+class _PeerCheck(grpc.aio.UnaryUnaryClientInterceptor):
+    """A unary call refused for the server's identity fails UNAVAILABLE naming the
+    identity expected and the one found (nothing was sent: the handshake failed)."""
+
+    def __init__(self, address: str, expect: Principal, ca: bytes | None):
+        self.address = address
+        self.expect = expect
+        self.ca = ca
+
+    async def intercept_unary_unary(self, continuation, client_call_details, request):
+        try:
+            call = await continuation(client_call_details, request)
+            await call
+        except grpc.aio.AioRpcError as err:
+            if not wrong_peer(err) or REFUSED_IN_HANDSHAKE in (err.details() or ""):
+                raise
+            found = await presented_identity(self.address, self.ca)
+            raise grpc.aio.AioRpcError(
+                grpc.StatusCode.UNAVAILABLE,
+                grpc.aio.Metadata(),
+                grpc.aio.Metadata(),
+                details=(
+                    f"{self.address} is not {self.expect}: its certificate names {found} "
+                    f"({REFUSED_IN_HANDSHAKE})"
+                ),
+            ) from None
+        return call
 
 
 @dataclass

@@ -136,7 +136,11 @@ def _domain_may_import(target: str) -> bool:
         return True
     if target.startswith("lightpath.v1"):
         return target.endswith("_pb2")
-    return target == "lightpath.errors" or target.split(".")[:2] == ["lightpath", "domain"]
+    # lightpath.limits: the table of request limits (pure: protobuf descriptors and errors)
+    return target in {"lightpath.errors", "lightpath.limits"} or target.split(".")[:2] == [
+        "lightpath",
+        "domain",
+    ]
 
 
 def impure_domain_imports(root: Path) -> list[str]:

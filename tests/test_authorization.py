@@ -531,6 +531,8 @@ async def test_tenants_see_and_touch_only_their_own_jobs(redis_url):
                 beta.SubmitJob(cs.SubmitJobRequest(spec=ws.JobSpec(job_id="acme-1", shape=shape)))
             )
             assert err.code == grpc.StatusCode.PERMISSION_DENIED
+            # and the refusal says only that the id cannot be used, not whose it is
+            assert err.reason == "ID_UNAVAILABLE" and "tenant" not in err.message, err
             job = await cell.job("acme-1")  # the operator's view
             assert job.tenant == "acme" and job.state == common_pb2.JOB_STATE_RUNNING
             # lists are scoped: beta sees nothing of acme's, acme sees its own

@@ -140,7 +140,7 @@ def test_compose_secrets_script_makes_every_secret_the_file_names(tmp_path):
     )
     for secret in COMPOSE["secrets"].values():
         assert (tmp_path / secret["file"]).exists(), secret["file"]
-    from lightpath.security.identity import console_principal
+    from lightpath.security.identity import console_principal, dns_name
 
     cert = x509.load_pem_x509_certificate(
         (tmp_path / COMPOSE["secrets"]["console_cert"]["file"]).read_bytes()
@@ -153,6 +153,8 @@ def test_compose_secrets_script_makes_every_secret_the_file_names(tmp_path):
         cert = x509.load_pem_x509_certificate((tmp_path / path).read_bytes())
         sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
         assert name in sans.get_values_for_type(x509.DNSName)
+        # and the name its peers check it by (issue 30)
+        assert dns_name(spec.principal) in sans.get_values_for_type(x509.DNSName)
         assert spec.principal.uri in sans.get_values_for_type(x509.UniformResourceIdentifier)
 
 

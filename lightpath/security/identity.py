@@ -20,6 +20,8 @@ Kinds:
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import re
 from dataclasses import dataclass
 
@@ -128,6 +130,25 @@ def from_uri(uri: str) -> Principal | None:
         return Principal(kind, name)
     except IdentityError:
         return None
+
+
+def dns_name(principal: Principal) -> str:
+    """The DNS name a certificate of `principal` carries besides its URI SAN, and the
+    name a client checks the server's certificate against (gRPC verifies DNS SANs, not
+    URIs): `service:ocs_manager/pod-1` → `ocs-manager.pod-1.<h>.service.lightpath`.
+
+    Readable labels (lowercase, `_` and `.` as `-`) and `<h>`, 10 characters of the
+    SHA-256 of the exact principal, so that names a DNS comparison would confuse
+    (`Pod-1` and `pod-1`, `a_b` and `a-b`) never share one."""
+    digest = hashlib.sha256(str(principal).encode()).digest()
+    h = base64.b32encode(digest[:10]).decode().lower().rstrip("=")[:10]
+    labels = [_dns_label(p) for p in principal.name.split("/")]
+    return ".".join([*labels, h, principal.kind, TRUST_DOMAIN])
+
+
+def _dns_label(segment: str) -> str:
+    label = re.sub(r"[^a-z0-9-]", "-", segment.lower()).strip("-")[:63].strip("-")
+    return label or "x"
 
 
 def service_principal(service: str, scope: str = "") -> Principal:

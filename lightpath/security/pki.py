@@ -5,8 +5,10 @@
     files = ca.issue(Principal("tenant", "acme")) # tenant-acme.crt/.key
 
 Every certificate it issues carries its principal as the URI SAN
-(`identity.Principal.uri`), the loopback addresses and `localhost` (plus any
-`hosts` asked for). A service's may serve and call (serverAuth + clientAuth):
+(`identity.Principal.uri`) and as a DNS SAN (`identity.dns_name`: the name a
+Lightpath client checks its server against, so a certificate of another identity
+fails the handshake), the loopback addresses and `localhost` (plus any `hosts`
+asked for). A service's may serve and call (serverAuth + clientAuth):
 one certificate is its server identity and its client identity on calls to its
 peers; everyone else's may only call (clientAuth), so a tenant's or a node's
 certificate cannot pose as a Lightpath server. Keys are ECDSA P-256 and written 0600; a certificate is issued
@@ -31,7 +33,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from lightpath.paths import write_private
-from lightpath.security.identity import SERVICE, Principal
+from lightpath.security.identity import SERVICE, Principal, dns_name
 
 LOOPBACK_IPS = ("127.0.0.1", "::1")
 VALID_DAYS = 365
@@ -151,6 +153,7 @@ class LocalCA:
         now = dt.datetime.now(dt.UTC)
         sans: list[x509.GeneralName] = [
             x509.UniformResourceIdentifier(principal.uri),
+            x509.DNSName(dns_name(principal)),
             x509.DNSName("localhost"),
         ]
         for host in hosts:
@@ -200,7 +203,8 @@ class LocalCA:
         have = set(sans.get_values_for_type(x509.DNSName)) | {
             str(ip) for ip in sans.get_values_for_type(x509.IPAddress)
         }
-        return all(str(_normal_host(h)) in have for h in hosts)
+        # Certificates issued before identity DNS names (issue 30) are issued again.
+        return all(str(_normal_host(h)) in have for h in (dns_name(principal), *hosts))
 
 
 def _usages(principal: Principal) -> list[x509.ObjectIdentifier]:

@@ -35,6 +35,7 @@ from lightpath.aggregation import wire
 from lightpath.aggregation.maths import DType, Kind, Packet
 from lightpath.aggregation.shm import DISCARD_AFTER_S, Hello, ShmDomain, ShmError
 from lightpath.errors import Aborted, FailedPrecondition, LightpathError
+from lightpath.security.identity import service_principal
 from lightpath.v1 import agg_switch_pb2 as pb
 from services.agg_switch.command import CommandPlan, CommandState, plan_command
 from services.agg_switch.metrics import AggMetrics
@@ -170,7 +171,7 @@ class PeerLink:
         while True:
             try:
                 address = await self.plane.address_of(self.peer)
-                call = self.plane.relay_stub(address)(
+                call = self.plane.relay_stub(address, self.peer)(
                     metadata=(
                         (wire.FROM_METADATA, self.plane.switch_id),
                         *wire.hello_metadata(self.plane.hello()),
@@ -253,7 +254,7 @@ class DataPlane:
         self._outboxes: dict[tuple[str, str], Outbox] = {}
         self._timers: dict[TimerKey, asyncio.TimerHandle] = {}
         self._waiters: dict[int, asyncio.Future[None]] = {}
-        self._channels: dict[str, Any] = {}
+        self._channels: dict[tuple[str, str], Any] = {}
         self.recent: deque[tuple[str, CommandReport]] = deque(maxlen=RECENT_REPORTS)
         self._aborts_after: str | None = None  # the last aborts-stream entry applied
         self.bytes_in = 0
@@ -711,11 +712,16 @@ class DataPlane:
             )
         return endpoints[node]
 
-    def relay_stub(self, address: str):
-        ch = self._channels.get(address)
+    def relay_stub(self, address: str, peer: str):
+        """The Relay call to switch `peer` at `address`: the handshake refuses a server
+        that is not `service:agg_switch/<peer>`."""
+        ch = self._channels.get((address, peer))
         if ch is None:
-            ch = self._channels[address] = self.runtime.channel(
-                address, default_timeout=None, max_attempts=1
+            ch = self._channels[(address, peer)] = self.runtime.channel(
+                address,
+                default_timeout=None,
+                max_attempts=1,
+                expect=service_principal("agg_switch", peer),
             )
         return ch.stream_unary(
             wire.RELAY,

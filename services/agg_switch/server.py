@@ -241,8 +241,8 @@ class AggSwitchServicer(agg_switch_pb2_grpc.AggSwitchServicer):
             owner = await self._store.model_owner(tree, spec.ps_model)
             if own is not None and owner is not None and owner != own:
                 raise PermissionDenied(
-                    f"model {spec.ps_model!r} belongs to another tenant; choose another ps_model",
-                    reason="MODEL_OF_ANOTHER_TENANT",
+                    f"model id {spec.ps_model!r} cannot be used; choose another ps_model",
+                    reason="ID_UNAVAILABLE",
                 )
             found = await self._store.parameters(tree, spec.ps_model, include_data=False)
             if found is not None and (found[0] is not spec.dtype or found[1] != spec.length):
@@ -463,8 +463,8 @@ class AggSwitchServicer(agg_switch_pb2_grpc.AggSwitchServicer):
         )
         if version is None:
             raise PermissionDenied(
-                f"model {request.model_id!r} belongs to another tenant; choose another model_id",
-                reason="MODEL_OF_ANOTHER_TENANT",
+                f"model id {request.model_id!r} cannot be used; choose another model_id",
+                reason="ID_UNAVAILABLE",
             )
         return pb.ModelParameters(
             model_id=request.model_id,

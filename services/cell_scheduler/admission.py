@@ -32,8 +32,20 @@ from services.cell_scheduler.request import (
     tenant_of,
 )
 from services.cell_scheduler.store import QUEUED, CellJobRecord, RegistrySnapshot, b64, unb64
+from services.common.admission import RefusalRate
 
 FAIL = workload_scheduler_pb2.WHEN_NO_CAPACITY_FAIL
+# When a submit that asked not to wait may try again (google.rpc.RetryInfo): about the
+# time a running job takes to end and a pod to report it, jittered so refused callers
+# do not all come back at once, and longer the more recent submits found no room (so
+# their retries never become most of what the cell serves).
+NO_CAPACITY_RETRY_S = 0.25
+SUBMITS = RefusalRate()
+
+
+def no_capacity_delay() -> float:
+    SUBMITS.record(True)
+    return SUBMITS.delay(NO_CAPACITY_RETRY_S)
 
 
 class Admission:
@@ -214,6 +226,7 @@ class Admission:
             raise ResourceExhausted(
                 f"job {job_id} cannot be placed now and asked not to wait: {choice.why_waiting}",
                 reason="NO_CAPACITY",
+                retry_delay_s=no_capacity_delay(),
             )
         ahead = sum(1 for j in await self.store.jobs(snap.queue) if j.priority >= record.priority)
         return SubmitResult(

@@ -37,7 +37,7 @@ from collections.abc import Callable, Mapping
 
 from lightpath.errors import Aborted, InvalidArgument, NotFound, ResourceExhausted
 from lightpath.v1 import cell_scheduler_pb2, common_pb2, workload_scheduler_pb2
-from services.cell_scheduler.admission import FAIL, Admission
+from services.cell_scheduler.admission import FAIL, Admission, no_capacity_delay
 from services.cell_scheduler.choice import FITS, PodCapacityView, chips_key
 from services.cell_scheduler.forward import Forwarder
 from services.cell_scheduler.jobs import (
@@ -155,6 +155,7 @@ class CellScheduler:
                         f"job {job_id} cannot be placed now and asked not to wait: "
                         f"{choice.why_waiting}",
                         reason="NO_CAPACITY",
+                        retry_delay_s=no_capacity_delay(),
                     )
                 ok = await self.jobs.queue_new(
                     job_id,

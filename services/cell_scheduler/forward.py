@@ -16,9 +16,10 @@ import asyncio
 import logging
 from collections.abc import Callable, Mapping
 
+from lightpath.client import wrong_peer
 from lightpath.errors import InvalidArgument, ResourceExhausted
 from lightpath.v1 import cell_scheduler_pb2, workload_scheduler_pb2
-from services.cell_scheduler.admission import FAIL, Admission
+from services.cell_scheduler.admission import FAIL, Admission, no_capacity_delay
 from services.cell_scheduler.choice import FITS, Candidate, PodCapacityView, plan_queue
 from services.cell_scheduler.jobs import CellJobs, SubmitResult, record_fields, request_b64
 from services.cell_scheduler.metrics import CellMetrics
@@ -111,8 +112,13 @@ class Forwarder:
                 self.metrics.forwarded("unreachable")
                 self.pods.assume(pod, r.needs, +1)
                 last = f"pod {pod} did not answer ({err.code.name})"
+                # Refused in the handshake (the endpoint is not the pod that registered):
+                # nothing was sent, so the pod cannot hold it; the reason says whom it found.
+                refused = wrong_peer(err.error)
+                if refused:
+                    last = f"pod {pod} was not reached: {err.report.message}"
                 await self.store.mark_suspect(pod, self.pods.now_ms() + self.pods.pod_timeout_ms)
-                await self.jobs.back_to_queue(job_id, token, pod, last, uncertain=True)
+                await self.jobs.back_to_queue(job_id, token, pod, last, uncertain=not refused)
                 self.log.warning(
                     "job %s: %s; trying elsewhere", job_id, last, extra={"job_id": job_id}
                 )
@@ -177,6 +183,7 @@ class Forwarder:
             raise ResourceExhausted(
                 f"job {job_id} cannot be placed now and asked not to wait: {last}",
                 reason="NO_CAPACITY",
+                retry_delay_s=no_capacity_delay(),
             )
         position = await self.store.queue_position(job_id)
         if position == 0:  # another replica's dispatcher took it meanwhile

@@ -28,10 +28,11 @@ transitions (the store's report script).
 from __future__ import annotations
 
 import asyncio
+import datetime as _dt
 import logging
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from lightpath.errors import Aborted, FailedPrecondition, NotFound
@@ -350,8 +351,8 @@ class CellJobs:
                 timeout=5.0,
             )
         except PodCallError:
-            return JobView(record)
-        return JobView(await self.follow(record, job), job)
+            return JobView(as_of(record, "its pod did not answer"))
+        return JobView(fresh(await self.follow(record, job), job), job)
 
     async def get(self, job_id: str, *, include_rings: bool = False) -> JobView:
         return await self.view(await self.job_record(job_id), include_rings=include_rings)
@@ -483,4 +484,25 @@ class CellJobs:
             self.pods.assume(pod, record.needs, +1)
         if queued:
             self._kick()  # blocks were freed and jobs wait in the cell queue
-        return JobView(record, job)
+        return JobView(fresh(record, job), job)
+
+
+def fresh(record: CellJobRecord, job: workload_scheduler_pb2.Job) -> CellJobRecord:
+    """What to answer about a placed job its pod has just described: the pod's state,
+    even where the cell's record did not follow it (the record was ahead by its count of
+    events, or its pod is marked down): the pod's answer is the newest there is, and the
+    record catches up with the pod's next report (issue 30: an acknowledgement through
+    the other cell replica answered RUNNING for a job the pod had ended)."""
+    state = state_name(job.state)
+    if record.phase != PLACED or record.state == state or not state:
+        return record
+    return replace(record, state=state, pod_state=state, reason=job.reason or record.reason)
+
+
+def as_of(record: CellJobRecord, why: str) -> CellJobRecord:
+    """A placed job answered from the cell's record alone: the reason says as of when."""
+    if record.phase != PLACED:
+        return record
+    at = _dt.datetime.fromtimestamp(record.updated_ms / 1000, _dt.UTC)
+    note = f"{why}: state as of {at.isoformat(timespec='milliseconds').replace('+00:00', 'Z')}"
+    return replace(record, reason=f"{record.reason} ({note})" if record.reason else note)

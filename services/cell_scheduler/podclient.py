@@ -30,6 +30,7 @@ from lightpath.errors import (
     Unavailable,
 )
 from lightpath.security.credentials import Credentials
+from lightpath.security.identity import service_principal
 from lightpath.v1 import common_pb2, workload_scheduler_pb2, workload_scheduler_pb2_grpc
 
 REFUSALS = frozenset(
@@ -101,7 +102,8 @@ def classify(pod_id: str, err: grpc.aio.AioRpcError) -> PodCallError:
 
 
 class PodClients:
-    """One channel per workload scheduler endpoint, closed with the cell."""
+    """One channel per workload scheduler endpoint and the pod registered there,
+    closed with the cell."""
 
     def __init__(
         self,
@@ -113,28 +115,33 @@ class PodClients:
         self._tracer_provider = tracer_provider
         self._credentials = credentials
         self._max_attempts = max_attempts
-        self._channels: dict[str, grpc.aio.Channel] = {}
-        self._stubs: dict[str, workload_scheduler_pb2_grpc.WorkloadSchedulerStub] = {}
+        self._channels: dict[tuple[str, str], grpc.aio.Channel] = {}
+        self._stubs: dict[tuple[str, str], workload_scheduler_pb2_grpc.WorkloadSchedulerStub] = {}
 
-    def stub(self, endpoint: str) -> workload_scheduler_pb2_grpc.WorkloadSchedulerStub:
-        stub = self._stubs.get(endpoint)
+    def stub(self, endpoint: str, pod_id: str) -> workload_scheduler_pb2_grpc.WorkloadSchedulerStub:
+        """The stub of `pod_id`'s workload scheduler at `endpoint`: the handshake refuses
+        a server that is not `service:workload_scheduler/<pod_id>` (the pod that
+        registered there), so nothing meant for one pod reaches another process."""
+        key = (endpoint, pod_id)
+        stub = self._stubs.get(key)
         if stub is None:
             ch = channel(
                 endpoint,
                 tracer_provider=self._tracer_provider,
                 max_attempts=self._max_attempts,
                 credentials=self._credentials,
+                expect=service_principal("workload_scheduler", pod_id),
             )
-            self._channels[endpoint] = ch
-            stub = self._stubs[endpoint] = workload_scheduler_pb2_grpc.WorkloadSchedulerStub(ch)
+            self._channels[key] = ch
+            stub = self._stubs[key] = workload_scheduler_pb2_grpc.WorkloadSchedulerStub(ch)
         return stub
 
     async def reset(self, endpoint: str) -> None:
-        """Forget a channel (its reconnect backoff may have grown while the pod was away)."""
-        self._stubs.pop(endpoint, None)
-        ch = self._channels.pop(endpoint, None)
-        if ch is not None:
-            await ch.close()
+        """Forget the channels to `endpoint` (their reconnect backoff may have grown
+        while the pod was away)."""
+        for key in [k for k in self._channels if k[0] == endpoint]:
+            self._stubs.pop(key, None)
+            await self._channels.pop(key).close()
 
     async def close(self) -> None:
         for ch in self._channels.values():

@@ -167,7 +167,8 @@ class PodDirectory:
         for attempt in range(2):
             endpoint = await self.endpoint(pod_id, fresh=attempt > 0)
             try:
-                return await getattr(self.clients.stub(endpoint), method)(request, timeout=timeout)
+                stub = self.clients.stub(endpoint, pod_id)
+                return await getattr(stub, method)(request, timeout=timeout)
             except grpc.aio.AioRpcError as err:
                 failure = classify(pod_id, err)
                 if isinstance(failure, PodRefused) or attempt:

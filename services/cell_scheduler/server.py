@@ -10,6 +10,7 @@ from opentelemetry import trace
 from lightpath.errors import FieldViolation, InvalidArgument, NotFound, PermissionDenied
 from lightpath.security.identity import NO_TENANT
 from lightpath.v1 import cell_scheduler_pb2, cell_scheduler_pb2_grpc, common_pb2
+from services.cell_scheduler.admission import SUBMITS
 from services.cell_scheduler.cell import CellScheduler
 from services.cell_scheduler.jobs import JobView
 from services.cell_scheduler.metrics import CellMetrics
@@ -140,12 +141,15 @@ class CellSchedulerServicer(cell_scheduler_pb2_grpc.CellSchedulerServicer):
             if request.spec.job_id and is_valid_id(request.spec.job_id):
                 existing = await self._cell.store.job(request.spec.job_id)
                 if existing is not None and existing.tenant != own:
+                    # Ids are the cell's, not a tenant's: the id cannot be used, and the
+                    # answer says no more (not whose it is, nor what it is: issue 30).
                     raise PermissionDenied(
-                        f"job id {request.spec.job_id!r} is taken by another tenant; choose another",
-                        reason="JOB_ID_TAKEN",
+                        f"job id {request.spec.job_id!r} cannot be used; choose another",
+                        reason="ID_UNAVAILABLE",
                     )
         _note(job_id=request.spec.job_id, tenant=request.tenant or NO_TENANT)
         result = await self._cell.submit(request)
+        SUBMITS.record(False)  # (refusals are counted where they are made)
         _note(pod_id=result.record.pod, state=result.record.state, created=result.created)
         return cell_scheduler_pb2.SubmitJobResponse(
             job=cell_job_pb(

@@ -114,7 +114,7 @@ async def _follow(
     async def relay(pod: str) -> None:
         try:
             endpoint = await jobs.pods.endpoint(pod, fresh=True)
-            stub = jobs.pods.clients.stub(endpoint)
+            stub = jobs.pods.clients.stub(endpoint, pod)
             async for ev in stub.WatchJob(workload_scheduler_pb2.WatchJobRequest(job_id=job_id)):
                 await queue.put(("pod", ev))
             await queue.put(("pod-end", None))
@@ -174,7 +174,7 @@ async def watch_pod(
     await pods.registration(pod_id)
     endpoint = await pods.endpoint(pod_id, fresh=True)
     try:
-        async for ev in pods.clients.stub(endpoint).WatchPod(
+        async for ev in pods.clients.stub(endpoint, pod_id).WatchPod(
             workload_scheduler_pb2.WatchPodRequest()
         ):
             yield ev

@@ -21,6 +21,16 @@ What is shed (`sheddable` per method, once; `exempt_principal` per call):
     them, and a refusal between services would be read as a domain answer (the
     cell reads a pod's RESOURCE_EXHAUSTED as "no room on this pod").
 
+Two lanes (issue 30, as Kubernetes' API priority and fairness gives requests that
+manage capacity their own level): calls that end or shrink work (FREEING_METHODS:
+CompleteJob, CancelJob, ReleaseSlice, ReleaseRings, ReleaseReservation,
+AbortCommand, CancelGraphRun) have slots of their own (`freeing_slots`, by default
+a quarter of LIGHTPATH_MAX_INFLIGHT, at least 4) and a queue of their own, beside
+the new work's. A flood of submits fills only the new-work lane: the calls that
+would free the capacity those submits wait for are never queued behind them nor
+shed because of them. A freeing call takes a free new-work slot when there is one
+(none is waiting for it), else one of its own.
+
 The limiter is a counter and a deque of futures: acquiring a free slot costs no
 await, a released slot goes straight to the oldest waiter.
 """
@@ -32,6 +42,7 @@ import logging
 import random
 import time
 from collections import deque
+from collections.abc import Callable
 
 from lightpath.security.identity import CONSOLE_SERVICE, SERVICE, Principal
 from services.common.errors import ResourceExhausted
@@ -49,6 +60,19 @@ EXEMPT_METHODS = frozenset(
 )
 EXEMPT_PREFIXES = ("/grpc.health.v1.", "/grpc.reflection.")
 
+# Unary methods (by name, in any service) that end or shrink work: the freeing lane.
+FREEING_METHODS = frozenset(
+    {
+        "CompleteJob",
+        "CancelJob",
+        "ReleaseSlice",
+        "ReleaseRings",
+        "ReleaseReservation",
+        "AbortCommand",
+        "CancelGraphRun",
+    }
+)
+
 OVERLOADED = "OVERLOADED"
 # How often, at most, shedding is logged (one warning with the count, not a line per call).
 LOG_EVERY_S = 10.0
@@ -64,6 +88,11 @@ def sheddable(method: str, *, streaming: bool) -> bool:
     )
 
 
+def frees_capacity(method: str) -> bool:
+    """Whether `method` (`/package.Service/Method`) ends or shrinks work."""
+    return method.rpartition("/")[2] in FREEING_METHODS
+
+
 def exempt_principal(principal: Principal | None) -> bool:
     """Calls from Lightpath services are never shed (see the module docstring), but for the
     web console's: it reads for people at browsers, like any outside caller."""
@@ -72,6 +101,41 @@ def exempt_principal(principal: Principal | None) -> bool:
         and principal.kind == SERVICE
         and not principal.is_service(CONSOLE_SERVICE)
     )
+
+
+class RefusalRate:
+    """The share of recent calls refused (about the last `window_s`: two buckets of half
+    of it), for retry delays that grow with it: a caller refused while most are
+    comes back later, so retries never become most of the load (issue 30)."""
+
+    def __init__(self, window_s: float = 2.0, clock: Callable[[], float] = time.monotonic):
+        self.half = window_s / 2
+        self._clock = clock
+        self._start = clock()
+        self._now = [0, 0]  # admitted, refused in the current bucket
+        self._before = [0, 0]  # ... in the one before
+
+    def _roll(self) -> None:
+        now = self._clock()
+        if now - self._start >= self.half:
+            self._before = self._now if now - self._start < 2 * self.half else [0, 0]
+            self._now = [0, 0]
+            self._start = now
+
+    def record(self, refused: bool) -> None:
+        self._roll()
+        self._now[1 if refused else 0] += 1
+
+    def fraction(self) -> float:
+        self._roll()
+        admitted = self._now[0] + self._before[0]
+        refused = self._now[1] + self._before[1]
+        return refused / (admitted + refused) if admitted + refused else 0.0
+
+    def delay(self, base: float, cap: float = 10.0) -> float:
+        """`base` jittered by up to +50 %, divided by the share admitted (at least 5 %)."""
+        share = max(0.05, 1.0 - self.fraction())
+        return round(min(cap, base * (1.0 + 0.5 * random.random()) / share), 3)
 
 
 class Admission:
@@ -86,6 +150,7 @@ class Admission:
         queue_wait_s: float,
         *,
         service: str = "service",
+        freeing_slots: int | None = None,
     ):
         if max_inflight < 1:
             raise ValueError("max_inflight must be >= 1")
@@ -100,6 +165,21 @@ class Admission:
         self._waiters: deque[asyncio.Future[None]] = deque()
         self._logged_at = 0.0
         self._shed_since_log = 0
+        self.rate = RefusalRate()
+        if freeing_slots is None:
+            freeing_slots = max(4, max_inflight // 4)
+        # The freeing lane (module doc); 0: none (every call in this one).
+        self.freeing: FreeingLane | None = (
+            FreeingLane(self, freeing_slots, max_queued, queue_wait_s, service=service)
+            if freeing_slots > 0
+            else None
+        )
+
+    def lane(self, method: str) -> Admission:
+        """The limiter calls of `method` go through."""
+        if self.freeing is not None and frees_capacity(method):
+            return self.freeing
+        return self
 
     @property
     def queued(self) -> int:
@@ -110,6 +190,7 @@ class Admission:
         the queue is full or no slot came free within `queue_wait_s`."""
         if self.inflight < self.max_inflight and not self._waiters:
             self.inflight += 1
+            self.rate.record(False)
             return
         if len(self._waiters) >= self.max_queued or self.queue_wait_s == 0:
             raise self._refusal("its wait queue is full")
@@ -120,16 +201,18 @@ class Admission:
                 await fut
         except TimeoutError:
             if self._granted(fut):
+                self.rate.record(False)
                 return  # the slot came at the deadline: keep it
             self._forget(fut)
             raise self._refusal(f"no call finished within {self.queue_wait_s:g} s") from None
         except BaseException:
             # Cancelled (the caller went away, its deadline passed): give back what it got.
             if self._granted(fut):
-                self.release()
+                Admission.release(self)  # this lane's own slot (a subclass counts its own)
             else:
                 self._forget(fut)
             raise
+        self.rate.record(False)
 
     def release(self) -> None:
         """Give a slot back: to the oldest waiter still waiting, else to the pool."""
@@ -154,11 +237,12 @@ class Admission:
     def retry_delay_s(self) -> float:
         """When a refused caller should come back: about one queue wait (by then the
         calls in progress and queued now have been served or refused), jittered by
-        up to +50 % so refused callers do not all return at the same instant."""
-        base = max(self.queue_wait_s, 0.1)
-        return round(base * (1.0 + 0.5 * random.random()), 3)
+        up to +50 % so refused callers do not all return at the same instant, and
+        longer the more of the recent calls were refused (RefusalRate)."""
+        return self.rate.delay(max(self.queue_wait_s, 0.1))
 
     def _refusal(self, why: str) -> ResourceExhausted:
+        self.rate.record(True)
         self.shed += 1
         self._shed_since_log += 1
         now = time.monotonic()
@@ -184,3 +268,37 @@ class Admission:
             retry_delay_s=delay,
             metadata={"service": self.service},
         )
+
+
+class FreeingLane(Admission):
+    """The freeing calls' own slots and queue (module doc). A call takes a free slot of
+    the new-work lane first (when nobody waits for one), so with no load the lanes
+    together serve as many calls as before; `release` gives each slot back to the lane
+    it came from."""
+
+    def __init__(
+        self, general: Admission, slots: int, max_queued: int, queue_wait_s: float, *, service: str
+    ):
+        super().__init__(slots, max_queued, queue_wait_s, service=service, freeing_slots=0)
+        self.general = general
+        self.borrowed = 0  # calls in progress on a slot of the new-work lane
+
+    async def acquire(self) -> None:
+        g = self.general
+        if g.inflight < g.max_inflight and not g._waiters:
+            g.inflight += 1
+            self.borrowed += 1
+            return
+        await super().acquire()
+
+    def release(self) -> None:
+        # Which slot a finished call held does not matter, only how many of each are
+        # held: a borrowed one goes back first (new work may be waiting for it).
+        if self.borrowed:
+            self.borrowed -= 1
+            self.general.release()
+        else:
+            super().release()
+
+    def _refusal(self, why: str) -> ResourceExhausted:
+        return super()._refusal(f"calls that end or release work: {why}")

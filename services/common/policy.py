@@ -18,8 +18,10 @@ ocs_manager. Per-resource checks (a tenant's own jobs, a pod's own
 registration, a node's own chunks) are the servicers', through
 `services.common.auth.caller()`.
 
-`audit`: written to the audit log at Metadata level (every mutating call but
-the pods' heartbeats, which come every second and would drown the rest).
+`audit`: written to the audit log at Metadata level: every mutating call but the
+pods' heartbeats (ReportPodStatus) and nodes' load reports (ReportLoad), which
+come every second, and the aggregation data path (Contribute, Relay: chunks,
+thousands a second), which would drown the rest (docs/security.md lists them).
 Denied calls are always written.
 """
 
@@ -162,10 +164,13 @@ _AGG = {
     "SetParameters": write(OPERATOR, TENANT),
     "GetParameters": read(OPERATOR, TENANT, NODE),
     "GetSwitchState": read(OPERATOR, AGG, CONSOLE),
-    "JoinCommand": read(NODE),
-    "Contribute": read(NODE),
+    # A node joining a command: once per node and command, audited.
+    "JoinCommand": write(NODE),
+    # The data path (chunks, thousands a second per stream): not audited when allowed
+    # (docs/security.md says so); what it does shows in the command's outcome.
+    "Contribute": write(NODE, audit=False),
     "Results": read(NODE),
-    "Relay": read(AGG),
+    "Relay": write(AGG, audit=False),
 }
 
 # The southbound of a pod's optical switches (optical_switch.proto): only that pod's

@@ -100,7 +100,7 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
     def _wrap(self, handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
         traced = not method.startswith(UNTRACED_PREFIXES)
         admission = (
-            self._admission
+            self._admission.lane(method)
             if self._admission is not None and sheddable(method, streaming=not handler.unary_unary)
             else None
         )

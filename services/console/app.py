@@ -18,10 +18,11 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import re
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from starlette.applications import Starlette
@@ -38,7 +39,7 @@ from services.common.supervisor import Supervisor
 from services.console import views
 from services.console.backends import CONSOLE, Backends, Viewer
 from services.console.hub import Hub
-from services.console.sessions import COOKIE, Sessions, display_name
+from services.console.sessions import COOKIE, Sessions, SignInThrottle, display_name
 
 log = logging.getLogger("lightpath.console")
 STATIC = Path(__file__).parent / "static"
@@ -91,6 +92,7 @@ class Console:
     supervisor: Supervisor
     anonymous_reads: bool
     clock: Callable[[], float] = time.time
+    throttle: SignInThrottle = field(default_factory=SignInThrottle)
 
     # -- who is looking --------------------------------------------------------------
 
@@ -218,8 +220,29 @@ def build_app(console: Console) -> Starlette:
         token = body.get("token", "") if isinstance(body, dict) else ""
         if not isinstance(token, str) or not token.strip():
             raise BadParameter("field 'token' must be your bearer token (lpt1....)")
-        viewer = Viewer(token.strip(), display_name(token.strip()))
-        await console.backends.list_jobs_probe(viewer)  # UNAUTHENTICATED for a bad token
+        token = token.strip()
+        client = request.client.host if request.client else "unknown"
+        wait = console.throttle.wait_s(client, token)
+        if wait > 0:
+            log.warning("sign-in throttled", extra={"client": client})
+            retry = max(1, math.ceil(wait))
+            return JSONResponse(
+                {
+                    "error": {
+                        "code": "RESOURCE_EXHAUSTED",
+                        "reason": "SIGN_IN_THROTTLED",
+                        "message": f"too many failed sign-ins; try again in {retry} s",
+                    }
+                },
+                status_code=429,
+                headers={"Retry-After": str(retry)},
+            )
+        viewer = Viewer(token, display_name(token))
+        try:
+            await console.backends.list_jobs_probe(viewer)  # UNAUTHENTICATED for a bad token
+        except Unauthenticated:
+            console.throttle.failed(client, token)
+            raise
         sid = console.sessions.create(viewer)
         log.info("viewer signed in", extra={"viewer": viewer.name})
         response = JSONResponse({"signed_in": True, "name": viewer.name})

@@ -23,6 +23,7 @@ from opentelemetry import trace
 from lightpath.client import channel, rpc_error
 from lightpath.errors import LightpathError, NotFound, Unavailable
 from lightpath.security.credentials import Credentials
+from lightpath.security.identity import Principal, service_principal
 from lightpath.v1 import (
     agg_switch_pb2,
     agg_switch_pb2_grpc,
@@ -74,22 +75,39 @@ class Backends:
     ):
         self._creds = credentials
         self._channels: dict[str, grpc.aio.Channel] = {}
-        self.cell = cell_scheduler_pb2_grpc.CellSchedulerStub(self._channel(cell))
+        # Each channel expects the identity of what it shows: a server holding another
+        # service's certificate fails the handshake (lightpath.client `expect`).
+        self.cell = cell_scheduler_pb2_grpc.CellSchedulerStub(
+            self._channel(cell, service_principal("cell_scheduler"))
+        )
         self.ocs = {
-            pod: ocs_manager_pb2_grpc.OcsManagerStub(self._channel(a)) for pod, a in ocs.items()
+            pod: ocs_manager_pb2_grpc.OcsManagerStub(
+                self._channel(a, service_principal("ocs_manager", pod))
+            )
+            for pod, a in ocs.items()
         }
         self.broker = (
-            core_broker_pb2_grpc.CoreBrokerStub(self._channel(core_broker)) if core_broker else None
+            core_broker_pb2_grpc.CoreBrokerStub(
+                self._channel(core_broker, service_principal("core_broker"))
+            )
+            if core_broker
+            else None
         )
         self.agg = {
-            s: agg_switch_pb2_grpc.AggSwitchStub(self._channel(a)) for s, a in (agg or {}).items()
+            s: agg_switch_pb2_grpc.AggSwitchStub(
+                self._channel(a, service_principal("agg_switch", s))
+            )
+            for s, a in (agg or {}).items()
         }
         self.agg_tree = agg_tree
 
-    def _channel(self, address: str) -> grpc.aio.Channel:
-        if address not in self._channels:
-            self._channels[address] = channel(address, credentials=self._creds, max_attempts=3)
-        return self._channels[address]
+    def _channel(self, address: str, expect: Principal) -> grpc.aio.Channel:
+        key = f"{address} {expect}"
+        if key not in self._channels:
+            self._channels[key] = channel(
+                address, credentials=self._creds, max_attempts=3, expect=expect
+            )
+        return self._channels[key]
 
     async def close(self) -> None:
         for ch in self._channels.values():

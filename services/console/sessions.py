@@ -64,3 +64,65 @@ def display_name(token: str) -> str:
     never the secret."""
     parts = token.split(".")
     return f"token {parts[1][:12]}" if len(parts) == 3 and parts[0] == "lpt1" else "token"
+
+
+# Sign-in attempts that failed (a token no service accepts), per client address and
+# per token prefix, within WINDOW_S; past MAX_FAILURES, further attempts of that client
+# or prefix are refused (HTTP 429 with Retry-After) until the oldest failure is older
+# than the window. Guessing tokens from one address, or one token's secret from many,
+# gets MAX_FAILURES tries a window (issue 30).
+MAX_FAILURES = 5
+WINDOW_S = 60.0
+MAX_KEYS = 10_000  # addresses and prefixes remembered at once (the oldest go first)
+
+
+def token_prefix(token: str) -> str:
+    """What a token is throttled under: its public id for a Lightpath token, else its
+    first 12 characters (never the secret)."""
+    parts = token.split(".")
+    if len(parts) == 3 and parts[0] == "lpt1":
+        return "lpt1." + parts[1][:32]
+    return token[:12]
+
+
+class SignInThrottle:
+    def __init__(
+        self,
+        max_failures: int = MAX_FAILURES,
+        window_s: float = WINDOW_S,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self.max_failures = max_failures
+        self.window_s = window_s
+        self._clock = clock
+        self._failures: dict[str, list[float]] = {}
+
+    def _recent(self, key: str, now: float) -> list[float]:
+        times = [t for t in self._failures.get(key, ()) if t > now - self.window_s]
+        if times:
+            self._failures[key] = times
+        else:
+            self._failures.pop(key, None)
+        return times
+
+    def wait_s(self, client: str, token: str) -> float:
+        """0 if an attempt by `client` with `token` may go ahead, else the seconds until
+        one may."""
+        now = self._clock()
+        wait = 0.0
+        for key in (f"client {client}", f"prefix {token_prefix(token)}"):
+            times = self._recent(key, now)
+            if len(times) >= self.max_failures:
+                wait = max(wait, times[-self.max_failures] + self.window_s - now)
+        return wait
+
+    def failed(self, client: str, token: str) -> None:
+        now = self._clock()
+        if len(self._failures) >= MAX_KEYS:
+            oldest = sorted(self._failures, key=lambda k: self._failures[k][-1])
+            for key in oldest[: MAX_KEYS // 10]:
+                del self._failures[key]
+        for key in (f"client {client}", f"prefix {token_prefix(token)}"):
+            times = self._recent(key, now)
+            times.append(now)
+            self._failures[key] = times[-self.max_failures :]

@@ -531,10 +531,11 @@ class Broker:
                 continue
             data = rec[0]
             if data.get("app") != t.application_id:
+                # Not whose it is (issue 30): only that the id cannot be used.
                 t.fail(
                     PermissionDenied(
-                        f'reservation "{rid}" belongs to another application',
-                        reason="RESERVATION_OF_ANOTHER_APPLICATION",
+                        f'reservation id "{rid}" cannot be used; choose another',
+                        reason="ID_UNAVAILABLE",
                     )
                 )
                 return False
@@ -582,19 +583,14 @@ class Broker:
     @staticmethod
     def _check_owner(data: dict[str, Any], rid: str, application_id: str | None) -> None:
         if application_id is not None and data.get("app") != application_id:
-            raise PermissionDenied(
-                f'reservation "{rid}" belongs to another application',
-                reason="RESERVATION_OF_ANOTHER_APPLICATION",
-            )
+            # Another application's reservation is not there for this one (issue 30).
+            raise NotFound("reservation", rid)
 
     def _script_error(self, rid: str, status: str) -> LightpathError:
         if status == "missing":
             return NotFound("reservation", rid)
-        if status == "denied":
-            return PermissionDenied(
-                f'reservation "{rid}" belongs to another application',
-                reason="RESERVATION_OF_ANOTHER_APPLICATION",
-            )
+        if status == "denied":  # another application's: not there for this one
+            return NotFound("reservation", rid)
         return FailedPrecondition(f'reservation "{rid}"', status)
 
     async def release(self, reservation_id: str, application_id: str | None) -> Record:

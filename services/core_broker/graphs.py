@@ -215,9 +215,10 @@ class GraphMetricsStore:
             ],
         )
         if status == "denied":
+            # Not whose it is (issue 30): only that the id cannot be used.
             raise PermissionDenied(
-                f'graph "{gid}" belongs to application "{detail}"',
-                reason="GRAPH_OF_ANOTHER_APPLICATION",
+                f'graph id "{gid}" cannot be used; choose another graph_id',
+                reason="ID_UNAVAILABLE",
             )
         return int(detail)
 

@@ -539,10 +539,8 @@ class CoreBrokerServicer(core_broker_pb2_grpc.CoreBrokerServicer):
             require_id(request.run_id, "run_id")
         owner, metrics = await self._graph_metrics.get(request.graph_id, request.run_id)
         if not principal.is_operator and owner != principal.application_id:
-            raise PermissionDenied(
-                f'graph "{request.graph_id}" belongs to another application',
-                reason="GRAPH_OF_ANOTHER_APPLICATION",
-            )
+            # Another application's graph is not there for this one (issue 30).
+            raise NotFound("graph", request.graph_id)
         _annotate(graph_id=request.graph_id, run_id=metrics.run_id)
         return only_components(metrics, request.components)
 
@@ -587,9 +585,8 @@ class CoreBrokerServicer(core_broker_pb2_grpc.CoreBrokerServicer):
         owner = await self._graph_metrics.owner(plan.graph_id)
         if owner is not None and owner != app:
             raise PermissionDenied(
-                f'graph "{plan.graph_id}" belongs to application "{owner}"; choose another '
-                "graph_id",
-                reason="GRAPH_OF_ANOTHER_APPLICATION",
+                f'graph id "{plan.graph_id}" cannot be used; choose another graph_id',
+                reason="ID_UNAVAILABLE",
             )
         now = self._broker.now_ms()
         for rid in process_reservation_ids(request.reservation_id, plan):

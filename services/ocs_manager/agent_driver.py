@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import grpc
 from google.rpc import error_details_pb2, status_pb2
 
-from lightpath.client import error_report
+from lightpath.client import error_report, wrong_peer
 from lightpath.domain.southbound import OCS, SouthboundDevice, bank_id, devices
 from lightpath.domain.torus import Fabric
 from lightpath.v1 import optical_switch_pb2 as pb
@@ -253,9 +253,12 @@ class AgentSwitchDriver:
             if err.code() == grpc.StatusCode.UNIMPLEMENTED:
                 self._single_only.add(id(stub))
                 return list(await asyncio.gather(*(self._send(r) for r in reqs)))
-            report = error_report(err)  # lost or refused whole: each switch may hold any of it
+            # Lost or refused whole: each switch may hold any of it, unless the agent was
+            # refused in the handshake (not this pod's agent): then nothing was sent.
+            report = error_report(err)
+            touched = not wrong_peer(err)
             return [
-                SwitchFailure(self.devices[r.switch_id], report.code, report.message, True)
+                SwitchFailure(self.devices[r.switch_id], report.code, report.message, touched)
                 for r in reqs
             ]
         if len(reply.results) != len(reqs):
@@ -288,9 +291,8 @@ class AgentSwitchDriver:
             return None
         except grpc.aio.AioRpcError as err:
             report = error_report(err)
-            return SwitchFailure(
-                self.devices[sid], report.code, report.message, _touched(report.metadata)
-            )
+            touched = not wrong_peer(err) and _touched(report.metadata)
+            return SwitchFailure(self.devices[sid], report.code, report.message, touched)
 
     async def apply_batch(self, sid: str, req: pb.ApplyBatchRequest) -> pb.ApplyBatchResponse:
         """One batch on one switch (the reconcile loop's repairs); raises AioRpcError."""

@@ -16,6 +16,7 @@ from typing import Any
 
 from lightpath.domain.southbound import devices
 from lightpath.domain.torus import Fabric
+from lightpath.security.identity import service_principal
 from lightpath.v1 import optical_switch_pb2_grpc
 from services.common.server import Runtime
 from services.ocs_manager.agent_driver import AgentSwitchDriver
@@ -48,7 +49,13 @@ def switch_driver(runtime: Runtime[OcsManagerSettings], fabric: Fabric) -> Agent
         if e.scheme == "agent":
             if e.address not in channels:
                 channels[e.address] = optical_switch_pb2_grpc.OpticalSwitchStub(
-                    runtime.channel(e.address, max_attempts=1, default_timeout=s.switch_timeout_s)
+                    runtime.channel(
+                        e.address,
+                        max_attempts=1,
+                        default_timeout=s.switch_timeout_s,
+                        # Only this pod's switch agent may be read and programmed.
+                        expect=service_principal("switch_agent", s.pod_id),
+                    )
                 )
             stubs[d.id] = channels[e.address]
             continue

@@ -34,6 +34,7 @@ import grpc
 from lightpath import limits
 from lightpath.client import channel
 from lightpath.domain.blocks import PodFabric
+from lightpath.security.identity import service_principal
 from lightpath.v1 import cell_scheduler_pb2, cell_scheduler_pb2_grpc, common_pb2
 from services.common import supervisor
 from services.common.convert import job_event_pb
@@ -144,6 +145,7 @@ class CellReporter:
                 tracer_provider=self._rt.tracer_provider,
                 max_attempts=1,
                 credentials=self._rt.credentials,
+                expect=service_principal("cell_scheduler"),
             )
         return cell_scheduler_pb2_grpc.CellSchedulerStub(self._channel)
 

@@ -41,6 +41,7 @@ from lightpath.domain.slices import (
 )
 from lightpath.domain.switched import SwitchedFabricConfig, build_fabric
 from lightpath.errors import FailedPrecondition, InvalidArgument, LightpathError, Unavailable
+from lightpath.security.identity import service_principal
 from lightpath.v1 import common_pb2, workload_scheduler_pb2, workload_scheduler_pb2_grpc
 from services.common import paging
 from services.common.convert import job_event_pb, timestamp
@@ -684,7 +685,12 @@ async def build(
     runtime: Runtime[WorkloadSchedulerSettings], *, metrics: PodMetrics | None = None
 ) -> list[ServiceDefinition]:
     ocs = OcsManagerClient(
-        runtime.channel(runtime.settings.ocs_addr), timeout_s=runtime.settings.ocs_timeout_s
+        runtime.channel(
+            runtime.settings.ocs_addr,
+            # Only this pod's ocs_manager wires its slices.
+            expect=service_principal("ocs_manager", runtime.settings.pod_id),
+        ),
+        timeout_s=runtime.settings.ocs_timeout_s,
     )
     metrics = metrics or PodMetrics()
     metrics.serving(runtime.settings.pod_id)

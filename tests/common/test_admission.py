@@ -60,7 +60,7 @@ async def test_a_full_queue_refuses_at_once_with_a_retry_delay():
     assert loop.time() - started < 0.05
     err = refused.value
     assert err.code == "RESOURCE_EXHAUSTED" and err.reason == OVERLOADED
-    assert 0.5 <= err.retry_delay_s <= 7.5
+    assert 5.0 <= err.retry_delay_s <= 10.0  # half the recent calls refused: longer, capped
     assert "cell_scheduler is overloaded" in err.message
     assert f"retry in {err.retry_delay_s:g} s" in err.message
     assert "queue is full" in err.message
@@ -200,7 +200,13 @@ class Probe:
 
         generic = grpc.method_handlers_generic_handler(
             PROBE,
-            {"Hold": unary(self.hold), "Boom": unary(self.boom), "GetInfo": unary(self.get_info)},
+            {
+                "Hold": unary(self.hold),
+                "Boom": unary(self.boom),
+                "GetInfo": unary(self.get_info),
+                # named as a call that ends work: the freeing lane (issue 30)
+                "CompleteJob": unary(self.hold),
+            },
         )
         return ServiceDefinition(
             PROBE, None, lambda _servicer, server: server.add_generic_rpc_handlers((generic,))
@@ -209,7 +215,7 @@ class Probe:
 
 @pytest.fixture(autouse=True)
 def busy_rules(monkeypatch):
-    for name in ("Hold", "Boom", "GetInfo"):
+    for name in ("Hold", "Boom", "GetInfo", "CompleteJob"):
         monkeypatch.setitem(RULES, f"/{PROBE}/{name}", read("operator", "service:cell_scheduler"))
 
 
@@ -331,3 +337,97 @@ async def test_a_call_queued_too_long_is_refused_and_errors_and_cancels_free_the
         probe.go.set()
         done = await hold(common_pb2.GetInfoRequest(), timeout=2)
         assert done.service == "held"
+
+
+# -- the freeing lane (issue 30) ------------------------------------------------------
+
+
+async def test_calls_that_end_work_have_a_lane_new_work_cannot_fill():
+    a = Admission(2, 1, 10.0, service="svc", freeing_slots=2)
+    assert a.lane("/lightpath.v1.CellScheduler/SubmitJob") is a
+    freeing = a.lane("/lightpath.v1.CellScheduler/CompleteJob")
+    assert freeing is a.freeing
+    for m in ("CancelJob", "ReleaseSlice", "ReleaseRings", "ReleaseReservation", "AbortCommand"):
+        assert a.lane(f"/lightpath.v1.X/{m}") is freeing
+    # new work fills its slots and its queue: the next is shed
+    await a.acquire()
+    await a.acquire()
+    queued = asyncio.create_task(a.acquire())
+    await asyncio.sleep(0)
+    with pytest.raises(ResourceExhausted):
+        await a.acquire()
+    # ... and calls that end work still get in at once, on slots of their own
+    await asyncio.wait_for(freeing.acquire(), 0.5)
+    await asyncio.wait_for(freeing.acquire(), 0.5)
+    assert freeing.inflight == 2 and a.inflight == 2
+    freeing.release()
+    freeing.release()
+    a.release()
+    await queued
+    a.release()
+    a.release()
+    assert (a.inflight, freeing.inflight, freeing.borrowed) == (0, 0, 0)
+
+
+async def test_with_no_load_a_freeing_call_takes_a_free_slot_of_new_work_first():
+    a = Admission(2, 0, 0.0, service="svc", freeing_slots=1)
+    freeing = a.freeing
+    assert freeing is not None
+    await freeing.acquire()
+    await freeing.acquire()  # the two new-work slots were free
+    assert (a.inflight, freeing.borrowed, freeing.inflight) == (2, 2, 0)
+    await freeing.acquire()  # then its own
+    assert freeing.inflight == 1
+    with pytest.raises(ResourceExhausted) as info:
+        await freeing.acquire()
+    assert "calls that end or release work" in info.value.message
+    for _ in range(3):
+        freeing.release()
+    assert (a.inflight, freeing.borrowed, freeing.inflight) == (0, 0, 0)
+
+
+async def test_a_service_flooded_with_new_work_still_serves_the_calls_that_end_work(redis_url):
+    probe = Probe()
+
+    async def build(runtime):
+        return [probe.definition()]
+
+    async with (
+        running("probe", _settings(redis_url, 2, 2, 10.0), build) as svc,
+        channel(svc.address, max_attempts=1) as ch,
+    ):
+        hold = _call(ch, "Hold")
+        calls = [asyncio.create_task(_outcome(hold(common_pb2.GetInfoRequest()))) for _ in range(8)]
+        await _until(lambda: probe.started == 2 and sum(c.done() for c in calls) == 4)
+        # new work: 2 in progress, 2 queued, 4 shed; the calls that end work are not
+        # queued behind it, nor shed
+        complete = _call(ch, "CompleteJob")
+        ends = [
+            asyncio.create_task(_outcome(complete(common_pb2.GetInfoRequest()))) for _ in range(4)
+        ]
+        await _until(lambda: probe.started == 6)
+        probe.go.set()
+        outcomes = await asyncio.gather(*ends)
+        assert all(isinstance(o, common_pb2.ServiceInfo) for o in outcomes), outcomes
+        await asyncio.gather(*calls)
+
+
+def test_retry_delays_grow_with_the_share_of_recent_calls_refused():
+    from services.common.admission import RefusalRate
+
+    now = [0.0]
+    rate = RefusalRate(window_s=2.0, clock=lambda: now[0])
+    assert rate.fraction() == 0.0
+    assert 1.0 <= rate.delay(1.0) <= 1.5  # nothing refused: the base, jittered
+    for _ in range(3):
+        rate.record(True)
+    rate.record(False)
+    assert rate.fraction() == 0.75
+    assert 4.0 <= rate.delay(1.0) <= 6.0  # a quarter admitted: four times as long
+    for _ in range(100):
+        rate.record(True)
+    assert rate.delay(1.0) == 10.0  # capped
+    now[0] += 1.5  # a bucket later the old counts still weigh
+    assert rate.fraction() > 0.9
+    now[0] += 3.0  # past the window: forgotten
+    assert rate.fraction() == 0.0

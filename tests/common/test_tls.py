@@ -152,3 +152,29 @@ async def test_a_tenants_certificate_cannot_pose_as_a_server(redis_url, tmp_path
         }
         async with serve("cell_scheduler", redis_url, env) as svc:
             assert await _health(svc.address, client) == expected
+
+
+async def test_getinfo_is_open_to_any_certificate_of_the_ca_but_not_to_none(redis_url):
+    """docs/security.md (issue 30): GetInfo needs no role, but under the default
+    LIGHTPATH_TLS_CLIENT_AUTH=require a caller without a certificate never gets past the
+    handshake; with `none`, it is answered."""
+    from lightpath.v1 import cell_scheduler_pb2_grpc, common_pb2
+
+    ca = test_ca().cert_path.read_bytes()
+    nobody = Credentials(ca=ca, tls=True)
+
+    async def info(address: str, creds: Credentials) -> str:
+        async with channel(address, credentials=creds, max_attempts=1) as ch:
+            try:
+                got = await cell_scheduler_pb2_grpc.CellSchedulerStub(ch).GetInfo(
+                    common_pb2.GetInfoRequest(), timeout=3
+                )
+            except grpc.aio.AioRpcError as err:
+                return err.code().name
+            return got.service
+
+    async with serve("cell_scheduler", redis_url) as svc:
+        assert await info(svc.address, nobody) == "UNAVAILABLE"
+        assert await info(svc.address, credentials("node:n1")) == "lightpath.v1.CellScheduler"
+    async with serve("cell_scheduler", redis_url, {"LIGHTPATH_TLS_CLIENT_AUTH": "none"}) as svc:
+        assert await info(svc.address, nobody) == "lightpath.v1.CellScheduler"

@@ -262,12 +262,15 @@ async def test_an_application_certificate_is_that_application(broker):
     assert r.reason == "QOS_ABOVE_AGREEMENT"
     # the cross-application checks hold for certificates as for tokens
     await broker.reserve(other, "r-other", 2, 30)
-    for call in (
+    for call in (  # another application's: not there for cam (issue 30)
         cam.GetReservation(pb.GetReservationRequest(reservation_id="r-other")),
         cam.ReleaseReservation(pb.ReleaseReservationRequest(reservation_id="r-other")),
-        cam.ListReservations(pb.ListReservationsRequest(application_id="other")),
     ):
-        await fails(call, C.PERMISSION_DENIED)
+        await fails(call, C.NOT_FOUND)
+    await fails(
+        cam.ListReservations(pb.ListReservationsRequest(application_id="other")),
+        C.PERMISSION_DENIED,
+    )
     mine = await cam.ListReservations(pb.ListReservationsRequest())
     assert [x.reservation_id for x in mine.reservations] == ["r-cam"]
     cap = await cam.QueryCapacity(pb.QueryCapacityRequest(include_schedule=True))
@@ -367,21 +370,33 @@ async def test_an_application_cannot_touch_another_applications_reservation(brok
     a, b = await broker.app("a"), await broker.app("b")
     await broker.reserve(a, "r-a", 4, 30)
     s = broker.stub
-    for call in (
-        s.GetReservation(pb.GetReservationRequest(reservation_id="r-a"), metadata=b),
-        s.ReleaseReservation(pb.ReleaseReservationRequest(reservation_id="r-a"), metadata=b),
-        s.ExtendReservation(
-            pb.ExtendReservationRequest(reservation_id="r-a", new_end=ts(now_ms() + 60_000)),
-            metadata=b,
-        ),
-        collect(
-            s.WatchReservations(pb.WatchReservationsRequest(reservation_id="r-a"), metadata=b),
-            set(),
-        ),
+
+    def touching(rid: str) -> list:
+        return [
+            s.GetReservation(pb.GetReservationRequest(reservation_id=rid), metadata=b),
+            s.ReleaseReservation(pb.ReleaseReservationRequest(reservation_id=rid), metadata=b),
+            s.ExtendReservation(
+                pb.ExtendReservationRequest(reservation_id=rid, new_end=ts(now_ms() + 60_000)),
+                metadata=b,
+            ),
+            collect(
+                s.WatchReservations(pb.WatchReservationsRequest(reservation_id=rid), metadata=b),
+                set(),
+            ),
+        ]
+
+    # another application's reservation is not there for b: the same answer as one that
+    # does not exist, so no call tells b what exists (issue 30)
+    for call, none in zip(touching("r-a"), touching("r-none"), strict=True):
+        theirs = await fails(call, C.NOT_FOUND)
+        missing = await fails(none, C.NOT_FOUND)
+        assert theirs.message.replace("r-a", "X") == missing.message.replace("r-none", "X")
+    await fails(
         s.ListReservations(pb.ListReservationsRequest(application_id="a"), metadata=b),
-        broker.reserve(b, "r-a", 4, 30),  # an id another application holds
-    ):
-        await fails(call, C.PERMISSION_DENIED)
+        C.PERMISSION_DENIED,
+    )
+    taken = await fails(broker.reserve(b, "r-a", 4, 30), C.PERMISSION_DENIED)  # a's id
+    assert taken.reason == "ID_UNAVAILABLE" and "application" not in taken.message
     # b sees nothing of a's; the operator sees everything
     mine = await s.ListReservations(pb.ListReservationsRequest(), metadata=b)
     assert list(mine.reservations) == []

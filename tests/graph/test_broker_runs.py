@@ -156,9 +156,9 @@ async def test_run_graph_refuses_what_may_not_run_here_naming_the_field(broker, 
     report = await fails(
         run(fig3a("in.{part}", "out.{part}", DEGREE, graph_id="owned")), C.PERMISSION_DENIED
     )
-    assert report.reason == "GRAPH_OF_ANOTHER_APPLICATION"
+    assert report.reason == "ID_UNAVAILABLE"
     await _reserve(broker, other, ok, "theirs")
-    await fails(run(ok, reservation_id="theirs"), C.PERMISSION_DENIED)
+    await fails(run(ok, reservation_id="theirs"), C.NOT_FOUND)  # not there for it (issue 30)
     await fails(
         broker.stub.GetGraphRun(pb.GetGraphRunRequest(run_id="r"), metadata=md), C.NOT_FOUND
     )
