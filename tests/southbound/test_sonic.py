@@ -34,7 +34,7 @@ def batch(key: str, connect=(), disconnect=()) -> pb.ApplyBatchRequest:
 async def config_db(lab) -> dict[str, dict[str, str]]:
     r = aioredis.Redis(port=lab[SID].server.port, db=4, decode_responses=True)
     try:
-        return {k: await r.hgetall(k) async for k in r.scan_iter("OCS_CROSS_CONNECT|*")}
+        return {k: await r.hgetall(k) async for k in r.scan_iter("OCS_CROSS_CONNECT|*")}  # type: ignore[misc]
     finally:
         await r.aclose()
 
