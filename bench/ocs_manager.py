@@ -246,7 +246,7 @@ async def device_pod(
 def modelled_settle_ms() -> float:
     """What the Calient model gives a full-pod wire on one OCS: 64 cross-connects made,
     128 of its 136 ports moved, no conflict."""
-    from services.switch_agent.switches import SwitchTiming
+    from lightpath.domain.switch_timing import SwitchTiming
 
     return SwitchTiming().settle_s(128, 136) * 1000
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from services.switch_agent.switches import SwitchTiming
+from lightpath.domain.switch_timing import SwitchTiming
 
 log = logging.getLogger("lightpath.switch_emulators")
 
