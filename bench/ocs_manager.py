@@ -22,13 +22,25 @@ the bench calls with.
   (`python -m services.switch_agent`, the open southbound) with 10 ms and 100 ms
   of settling per batch: the manager sends one ApplyBatch per OCS, all 48 at once,
   each over mTLS, checked and audited by the agent. Goal: p50 <= settle + 50 ms.
+* sonic_full_pod_wire_ms_p50 / netconf_full_pod_wire_ms_p50 (issue 34): the same
+  full-pod wire (counts view) of a K = 1 pod whose 48 OCS are real switches' own
+  interfaces at realistic settling (the Calient S320 model: 25 ms for one pair,
+  200 ms for every port): SONiC OCS, each a redis-server with the orchagent emulator
+  (CONFIG_DB batch in one MULTI/EXEC, settled when STATE_DB reads `tuned`), and
+  Polatis-style NETCONF switches (one emulator process, an SSH server per switch,
+  ncclient sessions from the manager). `sonic_settle_ms` / `netconf_settle_ms` is the
+  settling the switches modelled for that wire. Goal: p50 <= settle * 1.1 + 20 ms.
+  `load_avg_1m` is the machine's load when the line was printed.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import os
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -129,6 +141,116 @@ def start_agent_pod(
     return [ocs, agent], addr
 
 
+DEVICE_FABRIC = {
+    "LIGHTPATH_FABRIC_BLOCK_SHAPE": "4x4x4",
+    "LIGHTPATH_FABRIC_BLOCKS": "64",
+    "LIGHTPATH_FABRIC_OCS_PER_AXIS": "1",
+    "LIGHTPATH_FABRIC_OCS_RADIX": "136",
+}
+
+
+@contextlib.contextmanager
+def sonic_switches(workdir: Path):
+    """48 SONiC OCS (68 A x 68 B ports): an emulator process starting a redis-server each
+    and playing orchagent on it at the Calient timing. Yields LIGHTPATH_OCS_SWITCHES."""
+    from lightpath.domain.torus import Fabric, FabricConfig
+
+    fabric = Fabric.build(FabricConfig((4, 4, 4), 64, 1, 136))
+    args = [sys.executable, "-m", "services.switch_emulators.sonic", "--a-ports", "68"]
+    args += ["--b-ports", "68", "--dir", str(workdir), "--timing", "calient-s320"]
+    for sid in fabric.ocs_ids:
+        args += ["--switch", sid]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(
+        args, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
+    )
+    try:
+        assert proc.stdout is not None and b"ready" in proc.stdout.readline()
+        entries = [proc.stdout.readline().decode().strip() for _ in fabric.ocs_ids]
+        yield ",".join(entries)
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+@contextlib.contextmanager
+def netconf_switches(workdir: Path):
+    """48 Polatis-style 68x68 switches: one emulator process, an SSH server each, at the
+    Calient timing. Yields the manager's settings for them."""
+    from lightpath.domain.torus import Fabric, FabricConfig
+    from lightpath.embedded_redis import free_port
+    from services.switch_emulators.polatis import write_host_key
+
+    fabric = Fabric.build(FabricConfig((4, 4, 4), 64, 1, 136))
+    workdir.mkdir(parents=True, exist_ok=True)
+    key, known, secret = workdir / "host_key", workdir / "known_hosts", workdir / "password"
+    public = write_host_key(key)
+    ports = {sid: free_port() for sid in fabric.ocs_ids}
+    known.write_text("".join(f"[127.0.0.1]:{p} {public}\n" for p in ports.values()))
+    secret.write_text(os.urandom(8).hex())
+    args = [sys.executable, "-m", "services.switch_emulators.polatis", "--ports", "68"]
+    args += ["--host-key", str(key), "--timing", "calient-s320"]
+    for sid, port in ports.items():
+        args += ["--switch", f"{sid}=127.0.0.1:{port}"]
+    env = {**os.environ, "POLATIS_PASSWORD": secret.read_text(), "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(
+        args, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
+    )
+    try:
+        assert proc.stdout is not None and b"ready" in proc.stdout.readline()
+        yield {
+            "LIGHTPATH_OCS_SWITCHES": ",".join(
+                f"{sid}=netconf://admin@127.0.0.1:{p}" for sid, p in ports.items()
+            ),
+            "LIGHTPATH_OCS_NETCONF_PASSWORD_FILE": str(secret),
+            "LIGHTPATH_OCS_NETCONF_KNOWN_HOSTS": str(known),
+        }
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+async def device_pod(
+    redis_url: str, pod: str, env: dict[str, str], ca, creds, workdir: Path, runs: int
+) -> tuple[dict[str, float], bool]:
+    """The full-pod wire through a manager process whose switches are `env`'s devices."""
+    proc, addr = start_service(
+        "ocs_manager",
+        service_principal("ocs_manager", pod),
+        ca,
+        creds,
+        workdir,
+        {
+            "LIGHTPATH_REDIS_URL": redis_url,
+            "LIGHTPATH_POD_ID": pod,
+            **DEVICE_FABRIC,
+            # the emulators of 48 switches share this machine's cores with everything else
+            "LIGHTPATH_OCS_SWITCH_TIMEOUT_S": "29",
+            "LIGHTPATH_OCS_CHANGE_LEASE_S": "60",
+            **env,
+        },
+        timeout=120.0,
+    )
+    try:
+        async with channel(addr, credentials=creds, default_timeout=120.0) as ch:
+            stub = ocs_manager_pb2_grpc.OcsManagerStub(ch)
+            await full_pod(stub, 2, COUNTS)  # warm up: sessions, connections
+            result = await full_pod(stub, runs, COUNTS)
+            report = await stub.CheckInvariants(pb.CheckInvariantsRequest(compare_switches=True))
+            return result, report.ok
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def modelled_settle_ms() -> float:
+    """What the Calient model gives a full-pod wire on one OCS: 64 cross-connects made,
+    128 of its 136 ports moved, no conflict."""
+    from lightpath.domain.switch_timing import SwitchTiming
+
+    return SwitchTiming().settle_s(128, 136) * 1000
+
+
 async def full_pod(stub, runs: int, view) -> dict[str, float]:
     wire, release, count = [], [], 0
     req = wire_request("full-pod", [4, 4, 4], list(range(64)), view)
@@ -182,7 +304,49 @@ async def replaces(stub, runs: int, view) -> tuple[float, float]:
     return percentile(samples, 50), percentile(samples, 99)
 
 
+async def devices_only(args: argparse.Namespace) -> None:
+    """--devices-only: just the SONiC and NETCONF full-pod wires (issue 34)."""
+    with (
+        private_redis() as redis_url,
+        tempfile.TemporaryDirectory(prefix="lightpath-bench-") as tmp,
+    ):
+        ca = bench_ca(Path(tmp) / "pki")
+        creds = operator_credentials(ca)
+        with sonic_switches(Path(tmp) / "sonic") as switch_map:
+            sonic, sonic_ok = await device_pod(
+                redis_url,
+                "bench-sonic",
+                {"LIGHTPATH_OCS_SWITCHES": switch_map},
+                ca,
+                creds,
+                Path(tmp),
+                args.runs,
+            )
+        with netconf_switches(Path(tmp) / "netconf") as env:
+            netconf, netconf_ok = await device_pod(
+                redis_url, "bench-netconf", env, ca, creds, Path(tmp), args.runs
+            )
+    emit(
+        {
+            "sonic_full_pod_wire_ms_p50": sonic["wire_p50"],
+            "sonic_full_pod_wire_ms_p99": sonic["wire_p99"],
+            "sonic_full_pod_release_ms_p50": sonic["release_p50"],
+            "sonic_settle_ms": modelled_settle_ms(),
+            "netconf_full_pod_wire_ms_p50": netconf["wire_p50"],
+            "netconf_full_pod_wire_ms_p99": netconf["wire_p99"],
+            "netconf_full_pod_release_ms_p50": netconf["release_p50"],
+            "netconf_settle_ms": modelled_settle_ms(),
+            "load_avg_1m": os.getloadavg()[0],
+            "runs": args.runs,
+            "invariants_ok": sonic_ok and netconf_ok,
+        }
+    )
+
+
 async def main(args: argparse.Namespace) -> None:
+    if args.devices_only:
+        await devices_only(args)
+        return
     with (
         private_redis() as redis_url,
         tempfile.TemporaryDirectory(prefix="lightpath-bench-") as tmp,
@@ -233,6 +397,20 @@ async def main(args: argparse.Namespace) -> None:
                             pb.CheckInvariantsRequest(compare_switches=True)
                         )
                         agents_ok = agents_ok and report.ok
+            with sonic_switches(Path(tmp) / "sonic") as switch_map:
+                sonic, sonic_ok = await device_pod(
+                    redis_url,
+                    "bench-sonic",
+                    {"LIGHTPATH_OCS_SWITCHES": switch_map},
+                    ca,
+                    creds,
+                    Path(tmp),
+                    args.runs,
+                )
+            with netconf_switches(Path(tmp) / "netconf") as env:
+                netconf, netconf_ok = await device_pod(
+                    redis_url, "bench-netconf", env, ca, creds, Path(tmp), args.runs
+                )
         finally:
             for p in procs:
                 p.terminate()
@@ -266,8 +444,17 @@ async def main(args: argparse.Namespace) -> None:
                 for q in ("p50", "p99")
             },
             "agent_full_pod_cross_connects": agent_runs[10]["count"],
+            "sonic_full_pod_wire_ms_p50": sonic["wire_p50"],
+            "sonic_full_pod_wire_ms_p99": sonic["wire_p99"],
+            "sonic_full_pod_release_ms_p50": sonic["release_p50"],
+            "sonic_settle_ms": modelled_settle_ms(),
+            "netconf_full_pod_wire_ms_p50": netconf["wire_p50"],
+            "netconf_full_pod_wire_ms_p99": netconf["wire_p99"],
+            "netconf_full_pod_release_ms_p50": netconf["release_p50"],
+            "netconf_settle_ms": modelled_settle_ms(),
+            "load_avg_1m": os.getloadavg()[0],
             "runs": args.runs,
-            "invariants_ok": check.ok and check2.ok and agents_ok,
+            "invariants_ok": check.ok and check2.ok and agents_ok and sonic_ok and netconf_ok,
             "tls": True,  # mTLS, client certificates required (the services' default)
         }
     )
@@ -277,4 +464,9 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument(
+        "--devices-only",
+        action="store_true",
+        help="only the SONiC and NETCONF full-pod wires (sonic_*, netconf_*)",
+    )
     asyncio.run(main(parser.parse_args()))

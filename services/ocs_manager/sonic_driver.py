@@ -312,12 +312,19 @@ class SonicSwitch(DeviceSwitch):
         failed: list[str] = []
         delay, cap = self.poll_s
         while pending:
-            names = list(pending)
+            # one port first (orchagent moves a batch's ports together), then all of them
+            probe = next(iter(pending))
+            names = [probe]
             try:
-                async with self.state.pipeline(transaction=False) as pipe:
-                    for n in names:
-                        pipe.hmget(f"{PORT}|{n}", "status", "target_simplex_port_id")
-                    rows = await pipe.execute()
+                row = await self.state.hmget(f"{PORT}|{probe}", "status", "target_simplex_port_id")
+                if row[0] == "failed" or (row[0], row[1] or "") == pending[probe]:
+                    names = list(pending)
+                    async with self.state.pipeline(transaction=False) as pipe:
+                        for n in names:
+                            pipe.hmget(f"{PORT}|{n}", "status", "target_simplex_port_id")
+                        rows = await pipe.execute()
+                else:
+                    rows = [row]
             except RedisError as exc:
                 failure = unreachable(self.id, str(self.addr), exc)
                 failure.progress = None

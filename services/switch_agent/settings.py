@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from lightpath.domain.southbound import devices, select
+from lightpath.domain.switch_timing import SwitchTiming
 from lightpath.domain.torus import Fabric
 from services.common.settings import (
     SettingsError,
@@ -21,7 +22,6 @@ from services.common.settings import (
     setting,
 )
 from services.switch_agent.faults import parse_fault_spec
-from services.switch_agent.switches import SwitchTiming
 
 
 def _faults(raw: str) -> str:

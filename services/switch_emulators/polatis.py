@@ -37,7 +37,7 @@ from pathlib import Path
 import asyncssh
 from lxml import etree
 
-from services.switch_agent.switches import DARK_DBM, SwitchTiming, power_dbm
+from lightpath.domain.switch_timing import DARK_DBM, SwitchTiming, power_dbm
 
 log = logging.getLogger("lightpath.switch_emulators")
 

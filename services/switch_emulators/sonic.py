@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from services.switch_agent.switches import SwitchTiming
+from lightpath.domain.switch_timing import SwitchTiming
 
 log = logging.getLogger("lightpath.switch_emulators")
 
@@ -88,7 +88,9 @@ class OrchagentEmulator:
             await pipe.execute()
         self.applied = {}
         self._pubsub = self.config.pubsub()
-        await self._pubsub.psubscribe(f"__keyspace@{self.config_db}__:OCS_*")
+        await self._pubsub.psubscribe(
+            f"__keyspace@{self.config_db}__:{XC}|*", f"__keyspace@{self.config_db}__:{PORT}|*"
+        )
         self._changed.set()  # apply what CONFIG_DB already holds (a warm start)
         self._task = asyncio.create_task(self._run(), name=f"orchagent {self.url}")
 
@@ -116,6 +118,7 @@ class OrchagentEmulator:
                 self._idle.set()
                 await self._changed.wait()
                 self._idle.clear()
+                await asyncio.sleep(0.001)  # the rest of the transaction's notifications
                 self._changed.clear()
                 await self._apply()
         finally:
@@ -207,3 +210,59 @@ class OrchagentEmulator:
         if port in forced:
             return "blocked"
         return "tuned"
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m services.switch_emulators.sonic --switch ID ... --dir DIR`: a redis-server
+    per switch (loopback, under DIR) with orchagent emulated on it, in this process.
+    Prints `ready` and then one `ID=sonic://127.0.0.1:PORT` line per switch."""
+    import argparse
+    import sys
+    from pathlib import Path
+
+    from lightpath.embedded_redis import EmbeddedRedis
+
+    ap = argparse.ArgumentParser(prog="python -m services.switch_emulators.sonic")
+    ap.add_argument("--switch", action="append", required=True, help="a switch id")
+    ap.add_argument("--a-ports", type=int, required=True)
+    ap.add_argument("--b-ports", type=int, required=True)
+    ap.add_argument("--dir", type=Path, required=True)
+    ap.add_argument("--timing", default="calient-s320", help="see LIGHTPATH_AGENT_TIMING")
+    args = ap.parse_args(argv)
+    timing = SwitchTiming.parse(args.timing)
+
+    async def run() -> None:
+        servers, orchs = [], []
+        try:
+            for sid in args.switch:
+                srv = EmbeddedRedis(args.dir / sid, appendonly=False)
+                srv.start()
+                servers.append((sid, srv))
+                orch = OrchagentEmulator(
+                    f"redis://127.0.0.1:{srv.port}", args.a_ports, args.b_ports, timing
+                )
+                await orch.start()
+                orchs.append(orch)
+            print("ready", flush=True)
+            for sid, srv in servers:
+                print(f"{sid}=sonic://127.0.0.1:{srv.port}", flush=True)
+            await asyncio.Event().wait()
+        finally:
+            for orch in orchs:
+                with contextlib.suppress(Exception):
+                    await orch.stop()
+            for _, srv in servers:
+                srv.stop()
+
+    import signal
+
+    loop = asyncio.new_event_loop()
+    task = loop.create_task(run())
+    loop.add_signal_handler(signal.SIGTERM, task.cancel)
+    with contextlib.suppress(asyncio.CancelledError, KeyboardInterrupt):
+        loop.run_until_complete(task)
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()

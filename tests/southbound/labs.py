@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from lightpath.domain.southbound import OCS, devices
+from lightpath.domain.switch_timing import SwitchTiming
 from lightpath.domain.torus import Fabric
 from lightpath.embedded_redis import EmbeddedRedis, free_port
 from services.ocs_manager.device_switch import PortSides
-from services.switch_agent.switches import SwitchTiming
 from services.switch_emulators.polatis import write_host_key
 from services.switch_emulators.sonic import OrchagentEmulator
 

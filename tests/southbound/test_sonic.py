@@ -9,10 +9,10 @@ import redis.asyncio as aioredis
 
 from lightpath.client import error_report
 from lightpath.domain.southbound import devices
+from lightpath.domain.switch_timing import SwitchTiming
 from lightpath.domain.torus import Fabric, FabricConfig
 from lightpath.v1 import optical_switch_pb2 as pb
 from services.ocs_manager.sonic_driver import SonicSwitch
-from services.switch_agent.switches import SwitchTiming
 from tests.southbound.labs import sonic_lab
 
 FABRIC = Fabric.build(
@@ -34,7 +34,7 @@ def batch(key: str, connect=(), disconnect=()) -> pb.ApplyBatchRequest:
 async def config_db(lab) -> dict[str, dict[str, str]]:
     r = aioredis.Redis(port=lab[SID].server.port, db=4, decode_responses=True)
     try:
-        return {k: await r.hgetall(k) async for k in r.scan_iter("OCS_CROSS_CONNECT|*")}
+        return {k: await r.hgetall(k) async for k in r.scan_iter("OCS_CROSS_CONNECT|*")}  # type: ignore[misc]
     finally:
         await r.aclose()
 
