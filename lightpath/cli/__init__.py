@@ -27,6 +27,7 @@ COMMAND_MODULES = (
     "lightpath.cli.cell",
     "lightpath.cli.completion",
     "lightpath.cli.contexts",
+    "lightpath.cli.sim",
 )
 
 AS_HELP = (
