@@ -28,6 +28,7 @@ COMMAND_MODULES = (
     "lightpath.cli.completion",
     "lightpath.cli.contexts",
     "lightpath.cli.lifecycle",
+    "lightpath.cli.sim",
 )
 
 AS_HELP = (

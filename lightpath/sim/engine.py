@@ -40,6 +40,7 @@ import heapq
 import math
 import random
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -460,7 +461,9 @@ class OcsModel(_Model):
         self.sim = sim
         self.pods = [OcsPod(i, f) for i, f in enumerate(sim.fabrics)]
         self.cell_queue = _Queue()
-        self.jobs: dict[str, SliceJob] = {}  # the planner's view of every live job
+        self.jobs: dict[str, SliceJob] = {}  # jobs waiting at the cell
+        # Tests: called with each allocation before it is applied.
+        self.on_decision: Callable[[OcsPod, Allocation], None] | None = None
 
     # -- arrivals and the cell -------------------------------------------------------
 
@@ -579,6 +582,8 @@ class OcsModel(_Model):
                         continue  # would delay the first waiting job's reservation
                     reservation[1] -= taken
             pod.dequeue(job_id)
+            if self.on_decision is not None:
+                self.on_decision(pod, found)
             apply_allocation(state, found)
             if found.victims:
                 victims_applied += 1

@@ -235,6 +235,10 @@ def plan_replacement(state: PodState, job: SliceJob, failed: int) -> Replacement
         and state.fabric.node_types[b] == node_type
         and trial.allocatable(b, victim_ids)
     ]
+    if not freed:
+        # The victims chosen were a block's sub-block slices (preemption._box_groups):
+        # they free chips, not a block this swap can take; the slice is lost as with none.
+        return None
     spare = min(freed, key=lambda b: (groups[b] != groups[failed], b))
     return Replacement(
         job,

@@ -34,6 +34,7 @@ from services.workload_scheduler.planner import (
     plan_admission,
     plan_box_move,
     plan_pass,
+    plan_replacement,
     running_with_failed_blocks,
 )
 from tests.workload_scheduler.podfixtures import fabric as _fabric
@@ -313,3 +314,15 @@ def test_a_block_slice_takes_a_block_whose_sub_block_slices_are_all_lower_priori
     # One of them at the preemptor's priority protects the whole block.
     state.jobs["b"] = state.jobs["b"].with_(priority=60)
     assert not isinstance(plan_admission(state, urgent), Allocation)
+
+
+def test_a_swap_whose_only_victims_are_a_blocks_sub_block_slices_is_no_swap():
+    """Found by the simulator (issue 29): choose_victims may offer a block of lower-priority
+    sub-block slices; they free chips, not a block plan_replacement can take, so the slice
+    is lost as when no victim exists (it used to raise on an empty choice)."""
+    state = PodState(fabric(blocks=2))
+    held = job("held", (1, 1, 1), priority=90, state=RUNNING, placement=[0])
+    state.assume_allocated(held)
+    hosted(state, box_job("a", (2, 2, 2), priority=10), 1, (0, 0, 0))
+    state.failed.add(0)
+    assert plan_replacement(state, state.jobs["held"], 0) is None

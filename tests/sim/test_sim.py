@@ -1,0 +1,284 @@
+"""The simulator (issue 29): its invariants, its fidelity to plan_pass, bad traces, the
+static baseline and a small compare through the CLI."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from lightpath.cli import main as cli_main
+from lightpath.domain.slices import HOLDING_STATES, SliceJob
+from lightpath.sim import engine
+from lightpath.sim.engine import (
+    ENDED,
+    POLICIES,
+    Failures,
+    OcsModel,
+    Sim,
+    SimConfig,
+    pod_fabric,
+    simulate,
+)
+from lightpath.sim.report import summary
+from lightpath.sim.static import Torus, fitting_shape
+from lightpath.sim.workload import Generator, TraceError, parse_trace
+from services.workload_scheduler.placement import PodState
+from services.workload_scheduler.planner import plan_pass
+
+FABRIC = pod_fabric("pod-0")
+# Short repairs and a low availability: many failures in a short run.
+FAILURES = Failures.from_availability(0.995, 3600)
+
+
+def workload(n: int = 250, load: float = 0.95, seed: int = 3, priorities=None):
+    gen = Generator(load=load, jobs=n, seed=seed, max_duration_s=6 * 3600)
+    if priorities:
+        gen = replace(gen, priorities=priorities)
+    return gen.generate(FABRIC)
+
+
+def check_pod(state) -> None:
+    """No chip or block in two jobs; the chip index is what PodState would compute."""
+    taken: dict[object, str] = {}
+    for job in state.jobs.values():
+        assert job.state in HOLDING_STATES, job
+        for key in job.held_keys():
+            assert key not in taken, f"{key} held by {taken[key]} and {job.job_id}"
+            taken[key] = job.job_id
+            if isinstance(key, int):
+                assert state.owner.get(key) == job.job_id
+                assert key not in state.failed or job.replacing is None
+            else:
+                assert state.tile_owner.get(key) == job.job_id
+    assert state.chips_held() == PodState.chips_held(state)
+
+
+class Checked(Sim):
+    """A Sim that checks the invariants after every event."""
+
+    def _record(self) -> None:
+        super()._record()
+        assert 0 <= self.busy <= self.chips_total - self.down_hosts * 4
+        if isinstance(self.model, OcsModel):
+            for pod in self.model.pods:
+                check_pod(pod.state)
+        else:
+            held = sum(t.used.sum() for t in self.model.tori)
+            assert held == self.busy
+
+
+@pytest.mark.parametrize("policy", ["fifo", "priority", "easy", "defrag", "static"])
+def test_invariants_hold_with_failures_and_preemption(policy):
+    jobs = workload(priorities=((30, 0.6), (70, 0.4)))
+    config = SimConfig(policy=POLICIES[policy], failures=FAILURES, seed=5)
+    res = Checked(jobs, config).run()
+    assert len(res.jobs) == len(jobs)
+    assert all(r.state in ENDED for r in res.jobs), "every job is accounted for"
+    assert sum(
+        res.stats["counters"].get(s, 0) for s in ("completed", "preempted", "failed")
+    ) == len(jobs)
+    assert 0 < res.stats["utilisation_healthy"] <= 1
+    assert 0 < res.stats["utilisation_all"] <= res.stats["utilisation_healthy"]
+    s = summary(res, config)
+    assert s["host_failures"] > 0
+    if policy != "static":
+        assert s["swaps"] + s["moves"] + s["suspensions_by_failure"] > 0
+    if policy in ("priority", "easy", "defrag"):
+        assert s["preemptions"] > 0
+
+
+def test_a_cell_of_pods_uses_them_all_and_keeps_the_invariants():
+    jobs = workload(n=300, load=0.9)
+    res = Checked(jobs, SimConfig(pods=3, failures=FAILURES)).run()
+    assert all(r.state in ENDED for r in res.jobs)
+    assert {r.pod for r in res.jobs} == {0, 1, 2}
+
+
+def test_same_seed_same_run_different_seed_different_failures():
+    jobs = workload(n=150)
+    config = SimConfig(failures=FAILURES, seed=9)
+
+    def rows(cfg):
+        res = simulate(jobs, cfg)
+        return [(r.trace.job_id, r.first_start, r.end, r.state, r.pod, r.swaps) for r in res.jobs]
+
+    assert rows(config) == rows(config)
+    assert rows(config) != rows(replace(config, seed=10))
+
+
+def test_the_priority_policy_decides_as_plan_pass(monkeypatch):
+    """Every pass of the 'priority' policy gives plan_pass's decisions on that snapshot."""
+    jobs = workload(n=200, priorities=((20, 0.5), (80, 0.5)))
+    compared = 0
+    original = OcsModel._pass
+
+    def checked(self, pod):
+        snap = PodState(
+            **{f: getattr(pod.state.copy(), f) for f in engine_fields()},
+        )
+        for job in pod.waiting.values():
+            snap.jobs[job.job_id] = job
+        expected = [(a.job.job_id, a.placement, a.offset, a.victims) for a in plan_pass(snap, 0)]
+        got: list = []
+        self.on_decision = lambda _pod, a: got.append(
+            (a.job.job_id, a.placement, a.offset, a.victims)
+        )
+        again = original(self, pod)
+        self.on_decision = None
+        assert got == expected
+        nonlocal compared
+        compared += 1
+        return again
+
+    monkeypatch.setattr(OcsModel, "_pass", checked)
+    simulate(jobs, SimConfig(policy=POLICIES["priority"], failures=FAILURES))
+    assert compared > 100
+
+
+def engine_fields():
+    from lightpath.sim.fast_state import _FIELDS
+
+    return _FIELDS
+
+
+def test_easy_reserves_for_the_largest_slices():
+    jobs = workload(n=400, load=1.0)
+    greedy = summary(simulate(jobs, SimConfig(policy=POLICIES["priority"])), SimConfig())
+    easy = summary(simulate(jobs, SimConfig(policy=POLICIES["easy"])), SimConfig())
+    assert easy["largest_wait_s"]["mean"] <= greedy["largest_wait_s"]["mean"]
+
+
+# -- traces ----------------------------------------------------------------------------
+
+
+TRACE = """arrival,tenant,shape,twisted,duration,priority,preemption
+0,acme,4x4x8,true,3600,50,delay
+10,acme,3x5x7,false,60,50,delay
+20,beta,2x2x1,false,-5,50,delay
+30,beta,1x1x1,false,60,500,delay
+40,beta,8x8x8,maybe,60,50,delay
+50,beta,4x4x4,false,60,50,kill
+60,beta,1x2x2,false,60,,
+"""
+
+
+def test_bad_trace_rows_are_reported_by_line_and_skipped():
+    jobs, bad = parse_trace(TRACE, FABRIC)
+    assert [j.job_id for j in jobs] == ["j2", "j8"]
+    assert [b.line for b in bad] == [3, 4, 5, 6, 7]
+    why = {b.line: b.why for b in bad}
+    assert "multiple" in why[3] or "block" in why[3]
+    assert "duration -5" in why[4]
+    assert "priority" in why[5]
+    assert "twisted" in why[6]
+    assert "preemption" in why[7]
+
+
+def test_a_strict_trace_is_refused_whole():
+    with pytest.raises(TraceError) as err:
+        parse_trace(TRACE, FABRIC, strict=True)
+    assert [b.line for b in err.value.problems] == [3, 4, 5, 6, 7]
+
+
+def test_json_lines_unknown_fields_and_broken_lines():
+    text = (
+        '{"arrival": 0, "shape": [4, 4, 4], "duration": 60}\n'
+        '{"arrival": 1, "shape": "4x4x4", "duration": 60, "colour": "red"}\n'
+        "{not json\n"
+        '{"arrival": 2, "shape": "4x4x4"}\n'
+    )
+    jobs, bad = parse_trace(text, FABRIC, name="t.jsonl")
+    assert len(jobs) == 1
+    assert [(b.line, b.why.split()[0]) for b in bad] == [(2, "unknown"), (3, "not"), (4, "missing")]
+
+
+def test_the_cli_reports_bad_rows_without_a_traceback(tmp_path, capsys):
+    trace = tmp_path / "t.csv"
+    trace.write_text(TRACE)
+    assert cli_main(["sim", "run", "--trace", str(trace), "--json"]) == 0
+    out = capsys.readouterr()
+    assert "line 3:" in out.err and "(skipped)" in out.err
+    assert json.loads(out.out)["runs"][0]["jobs"] == 2
+    with pytest.raises(SystemExit) as exit_:
+        cli_main(["sim", "run", "--trace", str(trace), "--strict"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "refused" in err and "line 7:" in err
+
+
+# -- the static baseline ---------------------------------------------------------------
+
+
+def test_static_shapes_that_do_not_fit_the_torus_run_as_compact_boxes():
+    assert fitting_shape((4, 4, 8), 16) == (4, 4, 8)
+    assert fitting_shape((4, 4, 32), 16) == (8, 8, 8)
+    assert fitting_shape((4, 4, 192), 16) == (12, 16, 16)
+
+
+def test_static_torus_packs_contiguous_boxes_and_avoids_down_hosts():
+    torus = Torus(16)
+    spot = torus.place((16, 16, 16))
+    assert spot == ((0, 0, 0), (16, 16, 16))
+    torus.set_down((0, 0, 0), (2, 2, 1), True)
+    assert torus.place((16, 16, 16)) is None
+    assert torus.place((8, 16, 16)) is not None  # the half without the down host
+    placed = 0
+    while (got := torus.place((4, 4, 4))) is not None:
+        torus.take(f"j{placed}", *got)
+        placed += 1
+    assert placed == 63  # every aligned 4x4x4 but the one with the down host
+    assert torus.free_chips == 64 - 4
+
+
+def test_static_suspends_a_slice_on_a_down_host():
+    jobs = workload(n=120)
+    res = simulate(jobs, SimConfig(policy=POLICIES["static"], failures=FAILURES))
+    s = summary(res, SimConfig(policy=POLICIES["static"], failures=FAILURES))
+    assert s["swaps"] == 0 and s["suspensions_by_failure"] > 0
+
+
+# -- compare ----------------------------------------------------------------------------
+
+
+def test_a_small_compare_writes_its_summary_csv_and_plots(tmp_path, capsys):
+    out = tmp_path / "out"
+    code = cli_main(
+        [
+            "sim",
+            "compare",
+            "--jobs",
+            "120",
+            "--load",
+            "0.9",
+            "--availability",
+            "0.99",
+            "--policies",
+            "static,priority,easy",
+            "--out",
+            str(out),
+        ]
+    )
+    assert code == 0
+    text = capsys.readouterr().out
+    assert "static" in text and "easy" in text
+    data = json.loads((out / "summary.json").read_text())
+    assert [r["policy"] for r in data["runs"]] == ["static", "priority", "easy"]
+    for r in data["runs"]:
+        assert 0 < r["utilisation_healthy"] <= 1
+        assert r["jobs"] == 120
+    for name in ("utilisation.png", "wait_jct_cdf.png", "policies.png", "jobs-easy.csv"):
+        assert (out / name).stat().st_size > 0
+    rows = (out / "jobs-easy.csv").read_text().splitlines()
+    assert len(rows) == 121
+
+
+def test_sim_help_explains_the_model(capsys):
+    with pytest.raises(SystemExit):
+        cli_main(["sim", "--help"])
+    text = capsys.readouterr().out
+    assert "the model" in text and "what it leaves out" in text
+
+
+_ = (SliceJob, engine)
