@@ -93,7 +93,7 @@ def test_the_benchmark_table_names_real_benches():
     table = table[: table.index("\n## ")]
     assert "| bench | what | target | measured |" in table
     rows = [line for line in table.splitlines() if line.startswith("| ") and "---" not in line]
-    names = [row.split("|")[1].strip().rstrip("*†°‡") for row in rows[1:]]
+    names = [row.split("|")[1].strip().rstrip("*†°‡§") for row in rows[1:]]
     assert names
     for name in names:
         if name:  # a continuation row of the bench above
