@@ -18,7 +18,8 @@ def test_help_lists_the_stack_commands(capsys):
 
 def test_status_without_a_stack_says_so(tmp_path, capsys):
     assert main(["status", "--state-dir", str(tmp_path)]) == 1
-    assert "no stack running" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert f"no stack at {tmp_path} (--state-dir); start one with `lightpath up`" in out
 
 
 @pytest.mark.parametrize(
