@@ -786,7 +786,8 @@ def located(
     if stack and name in stack.endpoints:
         return stack.endpoints[name], f"the local stack in {directory}"
     where = f"{directory} ({source})" if source else str(directory)
-    if stack is None and not default_port:
+    known = {spec.name for spec in default_topology()}
+    if stack is None and not default_port and name in known:
         raise NoStack(
             f"no stack at {where}; start one with `lightpath up`, or name another with "
             f"--context / --state-dir (or give {env_var})"

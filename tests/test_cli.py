@@ -131,7 +131,10 @@ def test_completion_follows_the_parser(capsys):
     assert {"reserve", "extend", "release", "list"} <= set(complete("cores"))
     assert {"--all", "--page-token", "--output", "--no-headers", "--state"} <= set(complete("jobs"))
     assert complete("submit", "j1", "--class") == ["high", "low", "medium"]
-    assert complete("jobs", "-o") == ["table", "wide", "json", "yaml", "name"]
+    assert complete("jobs", "-o") == ["table", "wide", "json", "yaml", "name", "jsonpath="]
+    assert complete("-o", "yaml", "job", "-o") == complete("jobs", "-o")
+    assert main(["completion", "fish"]) == 0
+    assert "complete -c lightpath -f -a '(__lightpath_complete)'" in capsys.readouterr().out
     assert {"--all", "--page-token"} <= set(complete("--as", "acme", "cores", "list"))
 
 

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from lightpath import __version__
-from lightpath.cli._common import OUTPUT_FORMATS, add_json_flag
+from lightpath.cli._common import OUTPUT_FORMATS, add_json_flag, output_type
 
 COMMAND_MODULES = (
     "lightpath.cli.stack",
@@ -87,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "-o",
         "--output",
-        choices=OUTPUT_FORMATS,
+        type=output_type,
         metavar="FORMAT",
         default=None,
         help="output format of the command (" + ", ".join(OUTPUT_FORMATS) + ")",
@@ -188,8 +188,10 @@ def _run(args: argparse.Namespace) -> int:
         CliError,
         acting_as,
         environ_restored,
+        output_format,
         print_error,
         report_credentials_error,
+        structured,
         wants_json,
     )
     from lightpath.cli.tracing import print_trace_id
@@ -200,6 +202,9 @@ def _run(args: argparse.Namespace) -> int:
     from lightpath.stack import DEFAULT_PORT_FALLBACK, NoStack
 
     OUTPUT.json = wants_json(args)
+    OUTPUT.format = output_format(args)
+    if structured(OUTPUT.format):
+        args.json = True  # the command prints its answer's data (print_json renders it)
     try:
         with (
             environ_restored(["LIGHTPATH_CONTEXT", "LIGHTPATH_STATE_DIR"]),

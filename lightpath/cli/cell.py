@@ -5,12 +5,14 @@ the SDK's cell client (lightpath.sdk.AsyncCell).
     lightpath submit JOB --flops 2e20 --deadline 2h [--type tpu]     # shape derived (CS-4)
     lightpath submit JOB --shape 8x8x4 --data 8 --pipeline 4 --layer 8   # SWITCHED pod
     lightpath jobs [--tenant T] [--state running] [--pod pod-1] [--limit 50 | --all]
+    lightpath jobs -l team=ml --sort-by .priority -w     # labels, order, then changes
     lightpath job JOB            lightpath watch JOB
     lightpath cancel JOB         lightpath complete JOB
     lightpath pods               lightpath block POD BLOCK --failed | --healthy
 
-Each with --json (`watch --json`: one object a line); `jobs` and `pods` also with
--o table|wide|json|yaml|name and --no-headers. The cell is the local stack's
+Each with --json (`watch --json`: one object a line) and -o
+table|wide|json|yaml|name|jsonpath=TEMPLATE; `jobs` and `pods` also with --no-headers
+and --sort-by. The cell is the local stack's
 `cell-scheduler`, or --cell / $LIGHTPATH_CELL_ADDR; no command needs a pod's address.
 """
 
@@ -20,7 +22,7 @@ import argparse
 import math
 import re
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime
 
 from lightpath.cli._common import (
@@ -28,11 +30,15 @@ from lightpath.cli._common import (
     add_json_flag,
     add_list_output,
     add_parallelism_flags,
+    age_of,
     clip,
+    output_format,
     print_json,
     print_json_line,
     print_list,
     run_rpc,
+    structured,
+    table,
 )
 from lightpath.sdk.cell import (
     PREEMPTION_POLICIES,
@@ -174,6 +180,21 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--limit", type=int, default=50, help="at most this many (one page)")
     p.add_argument("--all", action="store_true", help="every job, page after page")
     p.add_argument("--page-token", default="", help="the next page, from a previous listing")
+    p.add_argument(
+        "-l",
+        "--selector",
+        action="append",
+        default=[],
+        metavar="SELECTOR",
+        help="only jobs whose labels match (kubectl's): team=ml, team!=ml, team, !team; "
+        "comma-separated or repeated, all must hold (looks at every job, not one page)",
+    )
+    p.add_argument(
+        "-w",
+        "--watch",
+        action="store_true",
+        help="after the list, print each job again when it changes (Ctrl-C ends)",
+    )
     _cell_flag(p, listing=True)
     p.set_defaults(func=cmd_jobs)
 
@@ -373,9 +394,9 @@ def cmd_update(args: argparse.Namespace) -> int:
 
 def _job_columns(jobs: list[cs.CellJob]) -> Callable[[bool], tuple[list[str], list]]:
     def columns(wide: bool) -> tuple[list[str], list]:
-        headers = ["job", "tenant", "state", "pod", "priority", "chips", "reason"]
+        headers = ["job", "tenant", "state", "pod", "priority", "chips", "reason", "age"]
         if wide:
-            headers[-1:-1] = ["blocks", "queue", "created"]
+            headers[-2:-2] = ["blocks", "queue", "created"]
         rows = []
         for j in jobs:
             row = [
@@ -395,6 +416,7 @@ def _job_columns(jobs: list[cs.CellJob]) -> Callable[[bool], tuple[list[str], li
                 ]
             else:
                 row.append(clip(j.reason, REASON_WIDTH))
+            row.append(age_of(j.created_at))
             rows.append(row)
         return headers, rows
 
@@ -407,11 +429,17 @@ def cmd_jobs(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise CliError(str(exc)) from None
 
+    selector = parse_selector(args.selector)
+
     async def act(cell: AsyncCell) -> int:
         filters = {"tenant": args.tenant, "states": states, "pod": args.pod}
-        if args.all:
+
+        async def every() -> list[cs.CellJob]:
             jobs = [j async for j in cell.list_jobs(page_token=args.page_token, **filters)]
-            token = ""
+            return [j for j in jobs if selector_matches(selector, j.spec.labels)]
+
+        if args.all or selector or args.watch:
+            jobs, token = await every(), ""
         else:
             page = await cell.list_jobs_page(
                 page_size=args.limit, page_token=args.page_token, **filters
@@ -420,9 +448,81 @@ def cmd_jobs(args: argparse.Namespace) -> int:
         print_list(
             args, "jobs", jobs, _job_columns(jobs), lambda j: j.job_id, next_page_token=token
         )
+        if args.watch:
+            await _watch_jobs(args, jobs, every)
         return 0
 
     return _run(args, act)
+
+
+def parse_selector(raw: list[str]) -> list[tuple[str, str, str]]:
+    """`-l` arguments as (key, op, value) with op =, != , exists or !exists."""
+    out = []
+    for part in (p.strip() for item in raw for p in item.split(",")):
+        if not part:
+            continue
+        m = re.fullmatch(r"(!?)([A-Za-z0-9_./-]+)(?:\s*(==|=|!=)\s*([A-Za-z0-9_./-]*))?", part)
+        if not m or (m.group(1) and m.group(3)):
+            raise CliError(
+                f"-l {part!r}: give key=value, key!=value, key (has it) or !key (has it not), "
+                "e.g. -l team=ml"
+            )
+        bang, key, op, value = m.groups()
+        if op:
+            out.append((key, "!=" if op == "!=" else "=", value or ""))
+        else:
+            out.append((key, "!exists" if bang else "exists", ""))
+    return out
+
+
+def selector_matches(selector: list[tuple[str, str, str]], labels: Mapping[str, str]) -> bool:
+    for key, op, value in selector:
+        have = labels.get(key)
+        if (
+            (op == "=" and have != value)
+            or (op == "!=" and have == value)
+            or (op == "exists" and have is None)
+            or (op == "!exists" and have is not None)
+        ):
+            return False
+    return True
+
+
+WATCH_POLL_S = 1.0  # how often `jobs -w` lists the jobs again
+
+
+async def _watch_jobs(
+    args: argparse.Namespace,
+    jobs: list[cs.CellJob],
+    every: Callable[[], Awaitable[list[cs.CellJob]]],
+) -> None:
+    """`jobs -w`: each job again, one row (or one JSON line, or its name) a change."""
+    import asyncio
+
+    def seen(j: cs.CellJob) -> bytes:
+        copy = cs.CellJob()
+        copy.CopyFrom(j)
+        copy.ClearField("updated_at")
+        copy.ClearField("pod_job")
+        return copy.SerializeToString(deterministic=True)
+
+    last = {j.job_id: seen(j) for j in jobs}
+    fmt = output_format(args)
+    while True:
+        await asyncio.sleep(WATCH_POLL_S)
+        changed = []
+        for j in await every():
+            if last.get(j.job_id) != seen(j):
+                last[j.job_id] = seen(j)
+                changed.append(j)
+        for j in reversed(changed):  # oldest change first
+            if fmt == "name":
+                print(j.job_id, flush=True)
+            elif structured(fmt):
+                print_json_line(j)
+            else:
+                headers, rows = _job_columns([j])(fmt == "wide")
+                print(table(rows, headers, show_headers=False), flush=True)
 
 
 def _one(method: str) -> Callable[[argparse.Namespace], int]:
