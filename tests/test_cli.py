@@ -160,3 +160,25 @@ def test_up_on_a_taken_port_fails_at_once_naming_the_port_and_its_holder(tmp_pat
     assert f"port {port} (cell-scheduler) is held by pid {os.getpid()} (" in message
     assert "`lightpath up --ephemeral-ports`" in message
     assert not (tmp_path / "logs").exists()  # nothing was started
+
+
+def test_one_spelling_per_value_in_the_cli_and_the_console():
+    """Issue 33: a value reads the same in a table, a message and the console (the enum's
+    name without its prefix), and the aggregation commands no longer say state_running."""
+    from lightpath.cli._common import short_name
+    from lightpath.sdk.cell import job_state, state_name
+    from lightpath.v1 import agg_switch_pb2, cell_scheduler_pb2, common_pb2
+    from services.console.views import enum_name
+
+    for enum, prefix in (
+        (common_pb2.JobState, "JOB_STATE_"),
+        (common_pb2.FabricKind, "FABRIC_KIND_"),
+        (cell_scheduler_pb2.PodStatus, "POD_STATUS_"),
+        (agg_switch_pb2.AggNodeKind, "AGG_NODE_KIND_"),
+        (agg_switch_pb2.AggCommandState, "AGG_COMMAND_STATE_"),
+    ):
+        for value in enum.values():
+            assert short_name(enum, value) == enum_name(enum, value, prefix)
+    assert short_name(agg_switch_pb2.AggNodeKind, agg_switch_pb2.AGG_NODE_KIND_SWITCH) == "SWITCH"
+    assert state_name(common_pb2.JOB_STATE_RUNNING) == "RUNNING"
+    assert job_state("running") == job_state("RUNNING") == common_pb2.JOB_STATE_RUNNING

@@ -63,6 +63,16 @@ def wants_json(args: argparse.Namespace) -> bool:
     return bool(getattr(args, "json", False)) or getattr(args, "output", None) in ("json", "yaml")
 
 
+def short_name(enum: Any, value: int) -> str:
+    """How a person reads an enum value, in every table, filter, message and the console:
+    its name without the enum's prefix, in capitals (AGG_NODE_KIND_SWITCH → SWITCH,
+    JOB_STATE_RUNNING → RUNNING). JSON keeps the API's whole name (docs/usage.md)."""
+    name = str(enum.Name(value))
+    zero = str(enum.Name(0)) if 0 in enum.values() else ""
+    prefix = zero.removesuffix("UNSPECIFIED") if zero.endswith("_UNSPECIFIED") else ""
+    return name.removeprefix(prefix) if prefix else name
+
+
 def output_type(raw: str) -> str:
     """An -o value: one of OUTPUT_FORMATS, jsonpath with a template that parses."""
     if raw in _PLAIN_FORMATS:

@@ -37,6 +37,7 @@ from lightpath.cli._common import (
     print_json_line,
     print_list,
     run_rpc,
+    short_name,
     structured,
     table,
 )
@@ -53,9 +54,9 @@ from lightpath.v1 import cell_scheduler_pb2 as cs
 from lightpath.v1 import common_pb2 as c
 
 STATUS = {
-    cs.POD_STATUS_READY: "ready",
-    cs.POD_STATUS_SUSPECT: "suspect",
-    cs.POD_STATUS_SILENT: "silent",
+    cs.POD_STATUS_READY: "READY",
+    cs.POD_STATUS_SUSPECT: "SUSPECT",
+    cs.POD_STATUS_SILENT: "SILENT",
 }
 REASON_WIDTH = 60  # the reason column of `jobs`; -o wide shows it whole
 
@@ -95,11 +96,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--class",
         dest="priority_class",
+        type=str.lower,
         choices=sorted(PRIORITY_CLASSES),
         help="priority by class (low 20, medium 50, high 80) when --priority is not given",
     )
     p.add_argument(
         "--policy",
+        type=str.lower,
         choices=sorted(PREEMPTION_POLICIES),
         help="what the job accepts when preempted (default delay: suspended, then resumed)",
     )
@@ -149,6 +152,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--class",
         dest="priority_class",
+        type=str.lower,
         choices=sorted(PRIORITY_CLASSES),
         help="new priority by class (low 20, medium 50, high 80)",
     )
@@ -167,14 +171,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     _cell_flag(p)
     p.set_defaults(func=cmd_update)
 
-    valid = ", ".join(state_name(v).lower() for v in c.JobState.values() if v)
+    valid = ", ".join(state_name(v) for v in c.JobState.values() if v)
     p = sub.add_parser("jobs", help="jobs in the cell, newest first")
     p.add_argument("--tenant", default="", help="only this tenant's")
     p.add_argument(
         "--state",
         action="append",
         default=[],
-        help=f"only jobs in this state (repeatable): {valid}",
+        help=f"only jobs in this state (repeatable; any case): {valid}",
     )
     p.add_argument("--pod", default="", help="only jobs on this pod")
     p.add_argument("--limit", type=int, default=50, help="at most this many (one page)")
@@ -360,7 +364,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
         print(describe_job(resp.job))
         print(f"  {resp.outcome}")
         for v in resp.preempted:
-            action = c.PreemptionPolicy.Name(v.action).removeprefix("PREEMPTION_POLICY_").lower()
+            action = short_name(c.PreemptionPolicy, v.action)
             print(f"  preempted {v.job_id} (priority {v.victim_priority}): {action}")
         return 0
 
@@ -571,7 +575,7 @@ def _pod_columns(pods: list[cs.Pod]) -> Callable[[bool], tuple[list[str], list]]
         rows = []
         for p in pods:
             r = p.registration
-            kind = c.FabricKind.Name(r.fabric_kind).removeprefix("FABRIC_KIND_").lower()  # type: ignore[arg-type]
+            kind = short_name(c.FabricKind, r.fabric_kind)
             blocks = ", ".join(f"{t.blocks} {t.node_type}" for t in r.node_types)
             free = ", ".join(f"{t.free}/{t.total} {t.node_type}" for t in p.capacity.types)
             failed = sum(t.failed for t in p.capacity.types)
