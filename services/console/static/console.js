@@ -187,6 +187,9 @@ function route() {
   return follow("/events/cell", (d) => renderCell(main, d));
 }
 
+// A pod's name, linked to its view when this sign-in may read it (a tenant's may not).
+function podLink(pod) { return state.session.pods.includes(pod) ? link(`#/pod/${pod}`, pod) : pod; }
+
 // -- Cell -------------------------------------------------------------------------------
 function renderCell(main, d) {
   const pods = d.pods_error
@@ -200,7 +203,7 @@ function renderCell(main, d) {
       h("div", {}, link(`#/ocs/${p.pod_id}`, "OCS use →")))));
   const jobs = d.jobs.length ? table(["job", "tenant", "state", "pod", "shape (chips)", "blocks", "priority", "age"],
     d.jobs.map((j) => [link(`#/job/${encodeURIComponent(j.job_id)}`, j.job_id), j.tenant, stateTag(j.state),
-      j.pod_id ? link(`#/pod/${j.pod_id}`, j.pod_id) : (j.queue_position ? `cell queue #${j.queue_position}` : "—"),
+      j.pod_id ? podLink(j.pod_id) : (j.queue_position ? `cell queue #${j.queue_position}` : "—"),
       j.shape, j.blocks, j.priority, ago(j.age_s)]), [5, 6]) : h("p", { class: "muted" }, "No jobs yet.");
   main.replaceChildren(h("h1", {}, "Cell"), h("h2", {}, "Superpods"), pods, h("h2", {}, `Jobs (${d.jobs.length})`), jobs);
 }
