@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import subprocess
 import sys
 import time
@@ -116,11 +117,20 @@ def test_logs_follow_prints_new_lines(up):
         stderr=subprocess.PIPE,
         text=True,
     )
+    printed: queue.Queue[str] = queue.Queue()
+    Thread(target=lambda: [printed.put(line) for line in follow.stdout], daemon=True).start()
     try:
-        time.sleep(1.0)  # it has read what was there
-        with log.open("a") as f:
-            f.write(json.dumps({"ts": "9999", "level": "info", "msg": "written meanwhile"}) + "\n")
-        line = follow.stdout.readline()
+        # A line is written, again, until `logs -f` prints one: on a loaded machine it may
+        # start after the first write, which --tail 0 then rightly skips.
+        for _ in range(120):
+            with log.open("a") as f:
+                f.write(json.dumps({"ts": "9999", "level": "info", "msg": "written meanwhile"}))
+                f.write("\n")
+            try:
+                line = printed.get(timeout=1.0)
+                break
+            except queue.Empty:
+                assert follow.poll() is None, follow.stderr.read()
         assert "written meanwhile" in line
     finally:
         follow.terminate()

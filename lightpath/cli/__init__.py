@@ -14,7 +14,6 @@ import sys
 from pathlib import Path
 
 from lightpath import __version__
-from lightpath.cli._common import OUTPUT_FORMATS, add_json_flag, output_type
 
 COMMAND_MODULES = (
     "lightpath.cli.stack",
@@ -62,6 +61,10 @@ who you are (every command that calls a service):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    # imported here, not at the top: grpc (which _common imports) must not load before
+    # main() has set GRPC_VERBOSITY
+    from lightpath.cli._common import OUTPUT_FORMATS, add_json_flag, output_type
+
     parser = argparse.ArgumentParser(
         prog="lightpath",
         description="Lightpath control plane CLI",
