@@ -746,31 +746,58 @@ def running_stack(state_dir: Path | None = None) -> StackInfo | None:
     )
 
 
-def endpoint(name: str, env_var: str, state_dir: Path | None = None) -> str:
+class NoStack(LookupError):
+    """No address setting, no context address and no running local stack for a process:
+    the message names the stack directory tried and where that came from."""
+
+
+# Whether `located` falls back to the stack's default port when it finds no stack (the
+# SDK's documented behaviour); the CLI turns it off for its commands, which then say which
+# stack they looked for (NoStack) rather than dial a port another user's stack may hold.
+DEFAULT_PORT_FALLBACK = [True]
+
+
+def endpoint(
+    name: str, env_var: str, state_dir: Path | None = None, *, default_port: bool | None = None
+) -> str:
     """Where to reach `name`: $env_var, else the context in use (lightpath.config), else the
-    running local stack, else the default port."""
-    return located(name, env_var, state_dir)[0]
+    running local stack, else the default port (`default_port` False: NoStack instead)."""
+    return located(name, env_var, state_dir, default_port=default_port)[0]
 
 
-def located(name: str, env_var: str, state_dir: Path | None = None) -> tuple[str, str]:
+def located(
+    name: str, env_var: str, state_dir: Path | None = None, *, default_port: bool | None = None
+) -> tuple[str, str]:
     """`endpoint`'s answer and where it came from, for messages: "LIGHTPATH_CELL_ADDR",
-    "the local stack in .lightpath" or "the local stack's default port: no stack ..." """
+    "the local stack in .lightpath" or "the local stack's default port: no stack ..."
+    `default_port` None: DEFAULT_PORT_FALLBACK."""
     from lightpath.config import current_context
+    from lightpath.paths import state_dir_and_source
+
+    if default_port is None:
+        default_port = DEFAULT_PORT_FALLBACK[-1]
 
     if os.environ.get(env_var):
         return os.environ[env_var], env_var
     context = current_context()
     if context is not None and name in context.addresses:
         return context.addresses[name], f"context {context.name} in {context.path}"
-    directory = state_dir or default_state_dir()
-    stack = running_stack(state_dir)
+    directory, source = (state_dir, "") if state_dir else state_dir_and_source()
+    stack = running_stack(directory)
     if stack and name in stack.endpoints:
         return stack.endpoints[name], f"the local stack in {directory}"
-    for spec in default_topology():
+    where = f"{directory} ({source})" if source else str(directory)
+    known = {spec.name for spec in default_topology()}
+    if stack is None and not default_port and name in known:
+        raise NoStack(
+            f"no stack at {where}; start one with `lightpath up`, or name another with "
+            f"--context / --state-dir (or give {env_var})"
+        )
+    for spec in default_topology() if default_port else ():
         if spec.name == name:
             return (
                 f"127.0.0.1:{spec.port}",
-                f"the local stack's default port: no stack is running in {directory} "
+                f"the local stack's default port: no stack is running in {where} "
                 f"and {env_var} is unset",
             )
     raise KeyError(name)

@@ -59,6 +59,17 @@ def no_user_config(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
         yield
 
 
+@pytest.fixture(autouse=True)
+def own_user_config(
+    no_user_config: None, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[None]:
+    """Each test its own (absent) config file: a `lightpath up` in one test records its stack
+    as the current context there, which no other test then sees."""
+    with environ_restored(("LIGHTPATH_CONFIG",)):
+        os.environ["LIGHTPATH_CONFIG"] = str(tmp_path_factory.mktemp("config") / "config.toml")
+        yield
+
+
 @pytest.fixture(scope="session")
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedRedis]:
     server = EmbeddedRedis(tmp_path_factory.mktemp("redis"), appendonly=False)

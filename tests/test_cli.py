@@ -18,7 +18,8 @@ def test_help_lists_the_stack_commands(capsys):
 
 def test_status_without_a_stack_says_so(tmp_path, capsys):
     assert main(["status", "--state-dir", str(tmp_path)]) == 1
-    assert "no stack running" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert f"no stack at {tmp_path} (--state-dir); start one with `lightpath up`" in out
 
 
 @pytest.mark.parametrize(
@@ -130,7 +131,10 @@ def test_completion_follows_the_parser(capsys):
     assert {"reserve", "extend", "release", "list"} <= set(complete("cores"))
     assert {"--all", "--page-token", "--output", "--no-headers", "--state"} <= set(complete("jobs"))
     assert complete("submit", "j1", "--class") == ["high", "low", "medium"]
-    assert complete("jobs", "-o") == ["table", "wide", "json", "yaml", "name"]
+    assert complete("jobs", "-o") == ["table", "wide", "json", "yaml", "name", "jsonpath="]
+    assert complete("-o", "yaml", "job", "-o") == complete("jobs", "-o")
+    assert main(["completion", "fish"]) == 0
+    assert "complete -c lightpath -f -a '(__lightpath_complete)'" in capsys.readouterr().out
     assert {"--all", "--page-token"} <= set(complete("--as", "acme", "cores", "list"))
 
 
@@ -325,3 +329,25 @@ def test_a_host_report_says_which_sub_block_slices_moved():
         "  block 63: hosts 0 failed, 54 chips free for sub-block slices",
         "  affected: s",
     ]
+
+
+def test_one_spelling_per_value_in_the_cli_and_the_console():
+    """Issue 33: a value reads the same in a table, a message and the console (the enum's
+    name without its prefix), and the aggregation commands no longer say state_running."""
+    from lightpath.cli._common import short_name
+    from lightpath.sdk.cell import job_state, state_name
+    from lightpath.v1 import agg_switch_pb2, cell_scheduler_pb2, common_pb2
+    from services.console.views import enum_name
+
+    for enum, prefix in (
+        (common_pb2.JobState, "JOB_STATE_"),
+        (common_pb2.FabricKind, "FABRIC_KIND_"),
+        (cell_scheduler_pb2.PodStatus, "POD_STATUS_"),
+        (agg_switch_pb2.AggNodeKind, "AGG_NODE_KIND_"),
+        (agg_switch_pb2.AggCommandState, "AGG_COMMAND_STATE_"),
+    ):
+        for value in enum.values():
+            assert short_name(enum, value) == enum_name(enum, value, prefix)
+    assert short_name(agg_switch_pb2.AggNodeKind, agg_switch_pb2.AGG_NODE_KIND_SWITCH) == "SWITCH"
+    assert state_name(common_pb2.JOB_STATE_RUNNING) == "RUNNING"
+    assert job_state("running") == job_state("RUNNING") == common_pb2.JOB_STATE_RUNNING

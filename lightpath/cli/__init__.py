@@ -11,6 +11,7 @@ import argparse
 import importlib
 import os
 import sys
+from pathlib import Path
 
 from lightpath import __version__
 
@@ -40,8 +41,11 @@ EPILOG = """\
 who you are (every command that calls a service):
   --as IDENTITY          the local stack's certificate of IDENTITY (see above); for the
                          command it sets aside LIGHTPATH_TLS_* and LIGHTPATH_TOKEN*
-  LIGHTPATH_STATE_DIR    the local stack's directory (default .lightpath); its pki/
-                         holds the CA and the certificates `lightpath up` issued
+  --state-dir DIR, LIGHTPATH_STATE_DIR
+                         the local stack's directory; its pki/ holds the CA and the
+                         certificates `lightpath up` issued. Default: the current
+                         context's (`lightpath up` makes its stack the current context,
+                         so commands find it from any directory), else ./.lightpath
   LIGHTPATH_IDENTITY     as --as, for every command (the local stack's certificate of it)
   LIGHTPATH_TLS_CA, LIGHTPATH_TLS_CERT, LIGHTPATH_TLS_KEY
                          your own PKI: the CA to trust, your certificate and its key
@@ -58,6 +62,10 @@ who you are (every command that calls a service):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    # imported here, not at the top: grpc (which _common imports) must not load before
+    # main() has set GRPC_VERBOSITY
+    from lightpath.cli._common import OUTPUT_FORMATS, add_json_flag, output_type
+
     parser = argparse.ArgumentParser(
         prog="lightpath",
         description="Lightpath control plane CLI",
@@ -69,10 +77,26 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--context",
         metavar="NAME",
-        help="use the context NAME of the config file (addresses and credentials of a remote "
-        "stack; `lightpath contexts` lists them); default $LIGHTPATH_CONTEXT, else the "
-        "file's current_context",
+        help="use the context NAME of the config file (a local stack's directory, or a remote "
+        "stack's addresses and credentials; `lightpath contexts` lists them); default "
+        "$LIGHTPATH_CONTEXT, else the file's current_context (set by `lightpath up`)",
     )
+    parser.add_argument(
+        "--state-dir",
+        type=Path,
+        metavar="DIR",
+        help="the local stack's directory (default $LIGHTPATH_STATE_DIR, else the current "
+        "context's, else ./.lightpath)",
+    )
+    parser.add_argument(
+        "-o",
+        "--output",
+        type=output_type,
+        metavar="FORMAT",
+        default=None,
+        help="output format of the command (" + ", ".join(OUTPUT_FORMATS) + ")",
+    )
+    add_json_flag(parser)
     parser.add_argument(
         "-v",
         "--verbose",
@@ -84,13 +108,24 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(sub)
-    _accept_as_everywhere(parser, set())
+    _accept_global_flags(parser, set())
     return parser
 
 
-def _accept_as_everywhere(parser: argparse.ArgumentParser, seen: set[int]) -> None:
-    """`--as` after the command too (`lightpath submit j1 --as acme`), at every level.
-    SUPPRESS: a subcommand that is not given it leaves the global value alone."""
+# Accepted after the command too (`lightpath submit j1 --as acme --state-dir X`).
+_EVERYWHERE: dict[str, dict] = {
+    "--as": {"dest": "as_identity", "metavar": "IDENTITY", "help": "act as IDENTITY"},
+    "--context": {"metavar": "NAME", "help": "use the config file's context NAME"},
+    "--state-dir": {"type": Path, "metavar": "DIR", "help": "the local stack's directory"},
+}
+# The global flags whose value a subcommand's own flag of the same name must not reset.
+GLOBAL_FLAGS = (*_EVERYWHERE, "-o", "--json", "-v")
+
+
+def _accept_global_flags(parser: argparse.ArgumentParser, seen: set[int]) -> None:
+    """The global flags after the command too, at every level; a subcommand's own flag of
+    the same name (`jobs -o wide`) defaults to SUPPRESS, so a subcommand that is not given
+    it leaves the value given before the command alone."""
     for action in parser._actions:
         if not isinstance(action, argparse._SubParsersAction):
             continue
@@ -98,15 +133,15 @@ def _accept_as_everywhere(parser: argparse.ArgumentParser, seen: set[int]) -> No
             if id(child) in seen:
                 continue
             seen.add(id(child))
-            if "--as" not in child._option_string_actions:
-                child.add_argument(
-                    "--as",
-                    dest="as_identity",
-                    metavar="IDENTITY",
-                    default=argparse.SUPPRESS,
-                    help="act as IDENTITY (see `lightpath --help`)",
-                )
-            _accept_as_everywhere(child, seen)
+            for flag in GLOBAL_FLAGS:
+                own = child._option_string_actions.get(flag)
+                if own is not None:
+                    own.default = argparse.SUPPRESS
+                elif flag in _EVERYWHERE:
+                    spec = dict(_EVERYWHERE[flag])
+                    spec["help"] += " (see `lightpath --help`)"
+                    child.add_argument(flag, default=argparse.SUPPRESS, **spec)
+            _accept_global_flags(child, seen)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -157,24 +192,47 @@ def _run(args: argparse.Namespace) -> int:
         CliError,
         acting_as,
         environ_restored,
+        output_format,
         print_error,
         report_credentials_error,
+        structured,
         wants_json,
     )
     from lightpath.cli.tracing import print_trace_id
     from lightpath.config import ConfigError
+    from lightpath.paths import STATE_DIR_FLAG
     from lightpath.security.credentials import CredentialsError
     from lightpath.security.identity import IdentityError
+    from lightpath.stack import DEFAULT_PORT_FALLBACK, NoStack
 
     OUTPUT.json = wants_json(args)
+    OUTPUT.format = output_format(args)
+    if structured(OUTPUT.format):
+        args.json = True  # the command prints its answer's data (print_json renders it)
     try:
-        with environ_restored(["LIGHTPATH_CONTEXT"]), acting_as(getattr(args, "as_identity", None)):
+        with (
+            environ_restored(["LIGHTPATH_CONTEXT", "LIGHTPATH_STATE_DIR"]),
+            acting_as(getattr(args, "as_identity", None)),
+        ):
             if args.context:
                 os.environ["LIGHTPATH_CONTEXT"] = args.context
-            return int(args.func(args) or 0)
+                if not args.state_dir:  # the context named on the command line wins
+                    os.environ.pop("LIGHTPATH_STATE_DIR", None)
+            if args.state_dir:
+                os.environ["LIGHTPATH_STATE_DIR"] = str(args.state_dir.resolve())
+                STATE_DIR_FLAG.append("--state-dir")
+            DEFAULT_PORT_FALLBACK.append(False)
+            try:
+                return int(args.func(args) or 0)
+            finally:
+                STATE_DIR_FLAG.clear()
+                DEFAULT_PORT_FALLBACK.pop()
     except ConfigError as exc:
         print_error("CONFIG", str(exc))
         return 2
+    except NoStack as exc:
+        print_error("NO_STACK", str(exc))
+        return 1
     except CliError as exc:
         print_error("CLI", exc.message)
         if not OUTPUT.json:

@@ -1,10 +1,12 @@
 """Helpers shared by the CLI topics: output (--json, -o, tables), readable errors.
 
 Output: `--json` prints every field of the answer, zeros included, numbers as
-numbers (`to_jsonable`); streams print one compact object a line. List commands
-take `-o table|wide|json|yaml|name` and `--no-headers` (`add_list_output`,
-`print_list`). With JSON output an error is one JSON object on stderr
-(`{"error": {...}}`) and the exit code is not 0.
+numbers (`to_jsonable`); streams print one compact object a line. Every command with
+`--json` takes `-o table|wide|json|yaml|name|jsonpath=TEMPLATE` too (`render` prints
+the answer in the format asked; jsonpath as kubectl's: `{.state}`,
+`{range .jobs[*]}{.job_id}{"\n"}{end}`); list commands also `--no-headers` and
+`--sort-by PATH` (`add_list_output`, `print_list`). With JSON or YAML output an error
+is one JSON object on stderr (`{"error": {...}}`) and the exit code is not 0.
 
 Errors a person reads say what went wrong and what to do next (run `lightpath up`,
 `lightpath tenant create acme`, `--as operator`, ...); `report_error` does it
@@ -32,7 +34,8 @@ from lightpath.client import rpc_error
 from lightpath.errors import LightpathError
 from lightpath.security.credentials import Credentials, CredentialsError
 
-OUTPUT_FORMATS = ("table", "wide", "json", "yaml", "name")
+OUTPUT_FORMATS = ("table", "wide", "json", "yaml", "name", "jsonpath=TEMPLATE")
+_PLAIN_FORMATS = OUTPUT_FORMATS[:-1]
 
 
 class CliError(Exception):
@@ -46,9 +49,11 @@ class CliError(Exception):
 
 
 class _Output:
-    """How this command prints errors: `json` True with --json / -o json|yaml."""
+    """How this command prints: `json` True with --json / -o json|yaml (errors as JSON);
+    `format` the -o asked for (json with --json, table without either)."""
 
     json = False
+    format = "table"
 
 
 OUTPUT = _Output()
@@ -58,28 +63,72 @@ def wants_json(args: argparse.Namespace) -> bool:
     return bool(getattr(args, "json", False)) or getattr(args, "output", None) in ("json", "yaml")
 
 
-def add_json_flag(parser: argparse.ArgumentParser) -> None:
+def short_name(enum: Any, value: int) -> str:
+    """How a person reads an enum value, in every table, filter, message and the console:
+    its name without the enum's prefix, in capitals (AGG_NODE_KIND_SWITCH → SWITCH,
+    JOB_STATE_RUNNING → RUNNING). JSON keeps the API's whole name (docs/usage.md)."""
+    name = str(enum.Name(value))
+    zero = str(enum.Name(0)) if 0 in enum.values() else ""
+    prefix = zero.removesuffix("UNSPECIFIED") if zero.endswith("_UNSPECIFIED") else ""
+    return name.removeprefix(prefix) if prefix else name
+
+
+def output_type(raw: str) -> str:
+    """An -o value: one of OUTPUT_FORMATS, jsonpath with a template that parses."""
+    if raw in _PLAIN_FORMATS:
+        return raw
+    if raw.startswith("jsonpath="):
+        from lightpath.cli.jsonpath import JsonPathError, parse
+
+        try:
+            parse(raw.removeprefix("jsonpath="))
+        except JsonPathError as exc:
+            raise argparse.ArgumentTypeError(f"{raw}: {exc}") from None
+        return raw
+    raise argparse.ArgumentTypeError(
+        f"{raw!r} is no output format: give one of {', '.join(_PLAIN_FORMATS)} or "
+        "jsonpath=TEMPLATE (e.g. -o jsonpath={.state})"
+    )
+
+
+def add_json_flag(parser: argparse.ArgumentParser, *, listing: bool = False) -> None:
+    """--json and -o/--output of a command (a list command: `add_list_output`)."""
     parser.add_argument(
         "--json",
         action="store_true",
         help="print machine-readable JSON: every field, zeros included; errors as one JSON "
         "object on stderr",
     )
+    add_output_flag(parser, listing=listing)
 
 
-def add_list_output(parser: argparse.ArgumentParser) -> None:
-    """--json, -o/--output and --no-headers of a list command."""
-    add_json_flag(parser)
+def add_output_flag(parser: argparse.ArgumentParser, *, listing: bool = False) -> None:
+    if "-o" in parser._option_string_actions:
+        return
     parser.add_argument(
         "-o",
         "--output",
-        choices=OUTPUT_FORMATS,
+        type=output_type,
+        metavar="FORMAT",
         default=None,
         help="table (default), wide (every column, nothing shortened), json (= --json), "
-        "yaml, or name (one id a line)",
+        "yaml, name ("
+        + ("one id a line" if listing else "its id")
+        + "), or jsonpath=TEMPLATE (kubectl's: -o jsonpath={.state})",
     )
+
+
+def add_list_output(parser: argparse.ArgumentParser) -> None:
+    """--json, -o/--output, --no-headers and --sort-by of a list command."""
+    add_json_flag(parser, listing=True)
     parser.add_argument(
         "--no-headers", action="store_true", help="tables without the header lines (scripts)"
+    )
+    parser.add_argument(
+        "--sort-by",
+        metavar="PATH",
+        help="sort by this field of each item's JSON, e.g. --sort-by .priority or "
+        "--sort-by created_at",
     )
 
 
@@ -107,9 +156,104 @@ def parse_seconds(raw: str) -> float:
 
 
 def output_format(args: argparse.Namespace) -> str:
-    if getattr(args, "json", False):
-        return "json"
-    return getattr(args, "output", None) or "table"
+    """The -o asked for; json with --json alone; table without either."""
+    fmt = getattr(args, "output", None)
+    if fmt:
+        return str(fmt)
+    return "json" if getattr(args, "json", False) else "table"
+
+
+def structured(fmt: str) -> bool:
+    """Whether `fmt` prints the answer's data (json, yaml, name, jsonpath), not a table."""
+    return fmt not in ("table", "wide")
+
+
+def render(data: Any, fmt: str | None = None, *, name: Callable[[Any], str] | None = None) -> str:
+    """JSON data (`to_jsonable`) in the output format `fmt` (default: the command's)."""
+    fmt = fmt or OUTPUT.format
+    if fmt == "yaml":
+        return to_yaml(data)
+    if fmt.startswith("jsonpath="):
+        from lightpath.cli.jsonpath import evaluate
+
+        return evaluate(fmt.removeprefix("jsonpath="), data)
+    if fmt == "name":
+        found = name(data) if name else name_of(data)
+        if not found:
+            raise CliError("-o name: this answer names nothing; use -o json or -o yaml")
+        return found
+    return json.dumps(data, indent=2, sort_keys=True)
+
+
+_NAME_KEYS = ("job_id", "pod_id", "name", "id", "tenant", "principal")
+
+
+def name_of(data: Any) -> str:
+    """The id of one answer (`-o name`): its job_id, pod_id, name, ..., or that of the one
+    object it wraps (`{"job": {...}}`, `registration`)."""
+    if not isinstance(data, dict):
+        return ""
+    for key in _NAME_KEYS:
+        if isinstance(data.get(key), str) and data[key]:
+            return str(data[key])
+    for value in data.values():
+        if isinstance(value, dict):
+            found = name_of(value)
+            if found:
+                return found
+    return ""
+
+
+def sort_items(items: Sequence[Any], path: str) -> list[Any]:
+    """`items` ordered by the field `path` of their JSON (`--sort-by`); numbers as numbers,
+    items without it first."""
+    from lightpath.cli.jsonpath import JsonPathError, values
+
+    expr = path.strip().removeprefix("{").removesuffix("}")
+    if not expr.startswith((".", "$", "[")):
+        expr = "." + expr
+
+    def key(item: Any) -> tuple:
+        try:
+            found = values(expr, to_jsonable(item))
+        except JsonPathError as exc:
+            raise CliError(f"--sort-by {path}: {exc}") from None
+        if not found or found[0] is None:
+            return (0, 0, "")
+        v = found[0]
+        if isinstance(v, bool | int | float):
+            return (1, float(v), "")
+        return (2, 0, json.dumps(v, sort_keys=True) if not isinstance(v, str) else v)
+
+    return sorted(items, key=key)
+
+
+def age(seconds: float) -> str:
+    """kubectl's AGE: 42s, 5m, 3h, 2d (1m30s under 10 minutes, 3h5m under 10 hours)."""
+    s = max(0, int(seconds))
+    if s < 60:
+        return f"{s}s"
+    m, s = divmod(s, 60)
+    if m < 10:
+        return f"{m}m{s}s" if s else f"{m}m"
+    if m < 60:
+        return f"{m}m"
+    h, m = divmod(m, 60)
+    if h < 10:
+        return f"{h}h{m}m" if m else f"{h}h"
+    if h < 48:
+        return f"{h}h"
+    return f"{h // 24}d"
+
+
+def age_of(timestamp: Any, now: float | None = None) -> str:
+    """The AGE of a protobuf Timestamp field ("-" when unset)."""
+    import time
+
+    if not getattr(timestamp, "seconds", 0):
+        return "-"
+    now = time.time() if now is None else now
+    return age(now - (timestamp.seconds + timestamp.nanos / 1e9))
 
 
 def to_jsonable(value: Any) -> Any:
@@ -130,7 +274,9 @@ def to_jsonable(value: Any) -> Any:
 
 
 def print_json(value: Any) -> None:
-    print(json.dumps(to_jsonable(value), indent=2, sort_keys=True))
+    """The answer in the command's structured output format (json, yaml, name, jsonpath)."""
+    fmt = OUTPUT.format if structured(OUTPUT.format) else "json"
+    print(render(to_jsonable(value), fmt))
 
 
 def print_json_line(value: Any) -> None:
@@ -138,8 +284,21 @@ def print_json_line(value: Any) -> None:
     print(json.dumps(to_jsonable(value), sort_keys=True, separators=(",", ":")), flush=True)
 
 
+_PLAIN = re.compile(r"[A-Za-z_][A-Za-z0-9_./()+,=-]*(?: [A-Za-z0-9_./()+,=-]+)*")
+_YAML_WORDS = {"y", "n", "yes", "no", "on", "off", "true", "false", "null", "nan", "inf"}
+
+
+def _yaml_string(text: str) -> str:
+    """A key or string value plain when YAML reads it back as that string, else quoted
+    as JSON (which YAML reads)."""
+    if _PLAIN.fullmatch(text) and text.lower() not in _YAML_WORDS:
+        return text
+    return json.dumps(text, ensure_ascii=False)
+
+
 def to_yaml(value: Any, indent: int = 0) -> str:
-    """JSON data as block-style YAML (strings quoted as JSON, which YAML reads)."""
+    """JSON data as block-style YAML: keys and strings plain where YAML reads them back
+    as the same string (`state: JOB_STATE_RUNNING`), quoted as JSON otherwise."""
     pad = " " * indent
     if isinstance(value, dict):
         if not value:
@@ -147,7 +306,7 @@ def to_yaml(value: Any, indent: int = 0) -> str:
         lines = []
         for k in sorted(value):
             v = value[k]
-            key = json.dumps(str(k))
+            key = _yaml_string(str(k))
             if isinstance(v, (dict, list)) and v:
                 lines.append(f"{pad}{key}:\n{to_yaml(v, indent + 2)}")
             else:
@@ -164,6 +323,8 @@ def to_yaml(value: Any, indent: int = 0) -> str:
             else:
                 lines.append(f"{pad}- {to_yaml(v).strip()}")
         return "\n".join(lines)
+    if isinstance(value, str):
+        return pad + _yaml_string(value)
     return pad + json.dumps(value)
 
 
@@ -203,14 +364,18 @@ def print_list(
     (`columns(wide)` gives headers and rows); or names. A page with more after it says
     so on stderr, with the flags that fetch the rest."""
     fmt = output_format(args)
-    if fmt in ("json", "yaml"):
+    if getattr(args, "sort_by", None):
+        items = sort_items(items, args.sort_by)
+        if data is not None and isinstance(data, dict) and key in data:
+            data = {**data, key: items}
+    if fmt in ("json", "yaml") or fmt.startswith("jsonpath="):
         if data is None:
             data = {key: list(items), "next_page_token": next_page_token}
         data = to_jsonable(data)
         print(
             json.dumps(data, indent=2, sort_keys=True, ensure_ascii=False)
             if fmt == "json"
-            else to_yaml(data)
+            else render(data, fmt)
         )
     elif fmt == "name":
         for item in items:
@@ -219,7 +384,7 @@ def print_list(
         headers, rows = columns(fmt == "wide")
         if rows or not args.no_headers:
             print(table(rows, headers, show_headers=not args.no_headers))
-    if next_page_token and fmt not in ("json", "yaml"):
+    if next_page_token and fmt in ("table", "wide", "name"):
         print(
             f"more {key}: --all lists every one, --page-token {next_page_token} the next page",
             file=sys.stderr,

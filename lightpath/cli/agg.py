@@ -25,6 +25,7 @@ from lightpath.cli._common import (
     print_json,
     print_list,
     run_rpc,
+    short_name,
     table,
     to_jsonable,
 )
@@ -201,7 +202,7 @@ def _stub(address: str):
 
 
 def _enum(value: int, enum) -> str:
-    return enum.Name(value).split("_", 2)[-1].lower()
+    return short_name(enum, value)
 
 
 def cmd_topology(args: argparse.Namespace) -> int:
@@ -286,7 +287,7 @@ def _print_command(c: pb.AggCommand) -> None:
     combined = f", combining for {c.combined_for}" if c.combined_for else ""
     print(
         f"timeout aggregation node {c.timeout_aggregator}{combined} "
-        f"({_enum(c.ta_strategy, pb.TaStrategy).replace('_', '-')}); "
+        f"({_enum(c.ta_strategy, pb.TaStrategy)}); "
         f"predicted late: {', '.join(c.predicted_timeout_nodes) or 'none'}; "
         f"timed out: {', '.join(c.timeout_nodes) or 'none'}"
     )

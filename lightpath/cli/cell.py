@@ -7,12 +7,14 @@ the SDK's cell client (lightpath.sdk.AsyncCell).
     lightpath submit JOB --flops 2e20 --deadline 2h [--type tpu]     # shape derived (CS-4)
     lightpath submit JOB --shape 8x8x4 --data 8 --pipeline 4 --layer 8   # SWITCHED pod
     lightpath jobs [--tenant T] [--state running] [--pod pod-1] [--limit 50 | --all]
+    lightpath jobs -l team=ml --sort-by .priority -w     # labels, order, then changes
     lightpath job JOB            lightpath watch JOB
     lightpath cancel JOB         lightpath complete JOB
     lightpath pods               lightpath block POD BLOCK --failed | --healthy [--host H]
 
-Each with --json (`watch --json`: one object a line); `jobs` and `pods` also with
--o table|wide|json|yaml|name and --no-headers. The cell is the local stack's
+Each with --json (`watch --json`: one object a line) and -o
+table|wide|json|yaml|name|jsonpath=TEMPLATE; `jobs` and `pods` also with --no-headers
+and --sort-by. The cell is the local stack's
 `cell-scheduler`, or --cell / $LIGHTPATH_CELL_ADDR; no command needs a pod's address.
 """
 
@@ -30,11 +32,16 @@ from lightpath.cli._common import (
     add_json_flag,
     add_list_output,
     add_parallelism_flags,
+    age_of,
     clip,
+    output_format,
     print_json,
     print_json_line,
     print_list,
     run_rpc,
+    short_name,
+    structured,
+    table,
 )
 from lightpath.sdk.cell import (
     PREEMPTION_POLICIES,
@@ -50,9 +57,9 @@ from lightpath.v1 import common_pb2 as c
 from lightpath.v1 import workload_scheduler_pb2 as ws
 
 STATUS = {
-    cs.POD_STATUS_READY: "ready",
-    cs.POD_STATUS_SUSPECT: "suspect",
-    cs.POD_STATUS_SILENT: "silent",
+    cs.POD_STATUS_READY: "READY",
+    cs.POD_STATUS_SUSPECT: "SUSPECT",
+    cs.POD_STATUS_SILENT: "SILENT",
 }
 REASON_WIDTH = 60  # the reason column of `jobs`; -o wide shows it whole
 # The flag that sets each request field: a refusal naming the field names the flag too.
@@ -122,11 +129,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--class",
         dest="priority_class",
+        type=str.lower,
         choices=sorted(PRIORITY_CLASSES),
         help="priority by class (low 20, medium 50, high 80) when --priority is not given",
     )
     p.add_argument(
         "--policy",
+        type=str.lower,
         choices=sorted(PREEMPTION_POLICIES),
         help="what the job accepts when preempted (default delay: suspended, then resumed)",
     )
@@ -186,6 +195,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--class",
         dest="priority_class",
+        type=str.lower,
         choices=sorted(PRIORITY_CLASSES),
         help="new priority by class (low 20, medium 50, high 80)",
     )
@@ -204,19 +214,34 @@ def register(sub: argparse._SubParsersAction) -> None:
     _cell_flag(p)
     p.set_defaults(func=cmd_update)
 
-    valid = ", ".join(state_name(v).lower() for v in c.JobState.values() if v)
+    valid = ", ".join(state_name(v) for v in c.JobState.values() if v)
     p = sub.add_parser("jobs", help="jobs in the cell, newest first")
     p.add_argument("--tenant", default="", help="only this tenant's")
     p.add_argument(
         "--state",
         action="append",
         default=[],
-        help=f"only jobs in this state (repeatable): {valid}",
+        help=f"only jobs in this state (repeatable; any case): {valid}",
     )
     p.add_argument("--pod", default="", help="only jobs on this pod")
     p.add_argument("--limit", type=int, default=50, help="at most this many (one page)")
     p.add_argument("--all", action="store_true", help="every job, page after page")
     p.add_argument("--page-token", default="", help="the next page, from a previous listing")
+    p.add_argument(
+        "-l",
+        "--selector",
+        action="append",
+        default=[],
+        metavar="SELECTOR",
+        help="only jobs whose labels match (kubectl's): team=ml, team!=ml, team, !team; "
+        "comma-separated or repeated, all must hold (looks at every job, not one page)",
+    )
+    p.add_argument(
+        "-w",
+        "--watch",
+        action="store_true",
+        help="after the list, print each job again when it changes (Ctrl-C ends)",
+    )
     _cell_flag(p, listing=True)
     p.set_defaults(func=cmd_jobs)
 
@@ -434,7 +459,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
         print(describe_job(resp.job))
         print(f"  {resp.outcome}")
         for v in resp.preempted:
-            action = c.PreemptionPolicy.Name(v.action).removeprefix("PREEMPTION_POLICY_").lower()
+            action = short_name(c.PreemptionPolicy, v.action)
             print(f"  preempted {v.job_id} (priority {v.victim_priority}): {action}")
         return 0
 
@@ -468,9 +493,9 @@ def cmd_update(args: argparse.Namespace) -> int:
 
 def _job_columns(jobs: list[cs.CellJob]) -> Callable[[bool], tuple[list[str], list]]:
     def columns(wide: bool) -> tuple[list[str], list]:
-        headers = ["job", "tenant", "state", "pod", "priority", "chips", "reason"]
+        headers = ["job", "tenant", "state", "pod", "priority", "chips", "reason", "age"]
         if wide:
-            headers[-1:-1] = ["blocks", "queue", "created"]
+            headers[-2:-2] = ["blocks", "queue", "created"]
         rows = []
         for j in jobs:
             row = [
@@ -490,6 +515,7 @@ def _job_columns(jobs: list[cs.CellJob]) -> Callable[[bool], tuple[list[str], li
                 ]
             else:
                 row.append(clip(j.reason, REASON_WIDTH))
+            row.append(age_of(j.created_at))
             rows.append(row)
         return headers, rows
 
@@ -502,11 +528,17 @@ def cmd_jobs(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise CliError(str(exc)) from None
 
+    selector = parse_selector(args.selector)
+
     async def act(cell: AsyncCell) -> int:
         filters = {"tenant": args.tenant, "states": states, "pod": args.pod}
-        if args.all:
+
+        async def every() -> list[cs.CellJob]:
             jobs = [j async for j in cell.list_jobs(page_token=args.page_token, **filters)]
-            token = ""
+            return [j for j in jobs if selector_matches(selector, j.spec.labels)]
+
+        if args.all or selector or args.watch:
+            jobs, token = await every(), ""
         else:
             page = await cell.list_jobs_page(
                 page_size=args.limit, page_token=args.page_token, **filters
@@ -515,9 +547,81 @@ def cmd_jobs(args: argparse.Namespace) -> int:
         print_list(
             args, "jobs", jobs, _job_columns(jobs), lambda j: j.job_id, next_page_token=token
         )
+        if args.watch:
+            await _watch_jobs(args, jobs, every)
         return 0
 
     return _run(args, act)
+
+
+def parse_selector(raw: list[str]) -> list[tuple[str, str, str]]:
+    """`-l` arguments as (key, op, value) with op =, != , exists or !exists."""
+    out = []
+    for part in (p.strip() for item in raw for p in item.split(",")):
+        if not part:
+            continue
+        m = re.fullmatch(r"(!?)([A-Za-z0-9_./-]+)(?:\s*(==|=|!=)\s*([A-Za-z0-9_./-]*))?", part)
+        if not m or (m.group(1) and m.group(3)):
+            raise CliError(
+                f"-l {part!r}: give key=value, key!=value, key (has it) or !key (has it not), "
+                "e.g. -l team=ml"
+            )
+        bang, key, op, value = m.groups()
+        if op:
+            out.append((key, "!=" if op == "!=" else "=", value or ""))
+        else:
+            out.append((key, "!exists" if bang else "exists", ""))
+    return out
+
+
+def selector_matches(selector: list[tuple[str, str, str]], labels: Mapping[str, str]) -> bool:
+    for key, op, value in selector:
+        have = labels.get(key)
+        if (
+            (op == "=" and have != value)
+            or (op == "!=" and have == value)
+            or (op == "exists" and have is None)
+            or (op == "!exists" and have is not None)
+        ):
+            return False
+    return True
+
+
+WATCH_POLL_S = 1.0  # how often `jobs -w` lists the jobs again
+
+
+async def _watch_jobs(
+    args: argparse.Namespace,
+    jobs: list[cs.CellJob],
+    every: Callable[[], Awaitable[list[cs.CellJob]]],
+) -> None:
+    """`jobs -w`: each job again, one row (or one JSON line, or its name) a change."""
+    import asyncio
+
+    def seen(j: cs.CellJob) -> bytes:
+        copy = cs.CellJob()
+        copy.CopyFrom(j)
+        copy.ClearField("updated_at")
+        copy.ClearField("pod_job")
+        return copy.SerializeToString(deterministic=True)
+
+    last = {j.job_id: seen(j) for j in jobs}
+    fmt = output_format(args)
+    while True:
+        await asyncio.sleep(WATCH_POLL_S)
+        changed = []
+        for j in await every():
+            if last.get(j.job_id) != seen(j):
+                last[j.job_id] = seen(j)
+                changed.append(j)
+        for j in reversed(changed):  # oldest change first
+            if fmt == "name":
+                print(j.job_id, flush=True)
+            elif structured(fmt):
+                print_json_line(j)
+            else:
+                headers, rows = _job_columns([j])(fmt == "wide")
+                print(table(rows, headers, show_headers=False), flush=True)
 
 
 def _one(method: str) -> Callable[[argparse.Namespace], int]:
@@ -566,7 +670,7 @@ def _pod_columns(pods: list[cs.Pod]) -> Callable[[bool], tuple[list[str], list]]
         rows = []
         for p in pods:
             r = p.registration
-            kind = c.FabricKind.Name(r.fabric_kind).removeprefix("FABRIC_KIND_").lower()  # type: ignore[arg-type]
+            kind = short_name(c.FabricKind, r.fabric_kind)
             blocks = ", ".join(f"{t.blocks} {t.node_type}" for t in r.node_types)
             free = ", ".join(f"{t.free}/{t.total} {t.node_type}" for t in p.capacity.types)
             # Chips free for sub-block slices, and the largest box one can get (issue 28).

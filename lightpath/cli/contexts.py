@@ -13,7 +13,9 @@ from lightpath.cli._common import add_list_output, print_list
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
-        "contexts", help="the config file's contexts (remote stacks), the one in use marked"
+        "contexts",
+        help="the config file's contexts (local stacks `lightpath up` recorded, remote stacks), "
+        "the one in use marked",
     )
     add_list_output(p)
     p.set_defaults(func=cmd_contexts)
@@ -35,6 +37,7 @@ def cmd_contexts(args: argparse.Namespace) -> int:
             {
                 "name": c.name,
                 "addresses": c.addresses,
+                "state_dir": c.state_dir,
                 "tls_ca": c.tls_ca,
                 "tls_cert": c.tls_cert,
                 "tls_key": c.tls_key,
@@ -45,11 +48,11 @@ def cmd_contexts(args: argparse.Namespace) -> int:
     }
 
     def columns(wide: bool) -> tuple[list[str], list]:
-        return ["current", "name", "addresses", "certificate", "token file"], [
+        return ["current", "name", "stack", "certificate", "token file"], [
             (
                 "*" if in_use and c.name == in_use.name else "",
                 c.name,
-                " ".join(f"{k}={v}" for k, v in sorted(c.addresses.items())) or "-",
+                " ".join(f"{k}={v}" for k, v in sorted(c.addresses.items())) or c.state_dir or "-",
                 c.tls_cert or "-",
                 c.token_file or "-",
             )

@@ -89,8 +89,10 @@ def enum_arg(enum, prefix: str):
         try:
             return enum.Value(prefix + raw.strip().upper().replace("-", "_"))
         except ValueError:
-            names = [n.removeprefix(prefix).lower() for n in enum.keys()[1:]]
-            raise argparse.ArgumentTypeError(f"{raw!r} is not one of {', '.join(names)}") from None
+            names = [n.removeprefix(prefix) for n in enum.keys()[1:]]
+            raise argparse.ArgumentTypeError(
+                f"{raw!r} is not one of {', '.join(names)} (any case)"
+            ) from None
 
     parse.__name__ = prefix.lower().strip("_")
     return parse

@@ -12,6 +12,7 @@ from lightpath.cli._common import (
     print_json,
     print_list,
     run_rpc,
+    short_name,
     table,
 )
 from lightpath.client import channel
@@ -192,7 +193,7 @@ async def cmd_slice(args: argparse.Namespace) -> int:
     wrap = "".join("w" if x else "-" for x in w.wrap)
     print(
         f"slice {w.job_id}: grid {_shape(w.grid.dims)} (wrap {wrap}), "
-        f"{pb.SliceState.Name(w.state).removeprefix('SLICE_STATE_').lower()}, "
+        f"{short_name(pb.SliceState, w.state)}, "
         f"{w.cross_connect_count} cross-connects, {w.one_to_many_count} 1xK settings"
     )
     print(

@@ -10,8 +10,15 @@ import time
 from pathlib import Path
 
 from lightpath.cli._common import add_json_flag, print_json, table
+from lightpath.config import (
+    LOCAL_CONTEXT,
+    ConfigError,
+    config_path,
+    load_contexts,
+    save_local_context,
+)
 from lightpath.embedded_redis import free_port
-from lightpath.paths import pki_dir
+from lightpath.paths import local_state_dir, pki_dir, state_dir_and_source
 from lightpath.security.credentials import Credentials
 from lightpath.stack import (
     CONSOLE_NAME,
@@ -87,7 +94,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     specs = default_topology(switch_agents=agents)
     if args.ephemeral_ports:
         specs = with_ephemeral_ports(specs)
-    state_dir = args.state_dir or default_state_dir()
+    state_dir = _up_state_dir(args)
     if running_stack(state_dir):
         print(
             f"a stack is already running from {state_dir}; `lightpath status` shows it",
@@ -131,6 +138,19 @@ def cmd_up(args: argparse.Namespace) -> int:
         f"\nPrometheus: prometheus --config.file={stack.prometheus_file}  (these ports, "
         "the alert rules)"
     )
+    context = args.context or LOCAL_CONTEXT
+    try:
+        config = save_local_context(context, state_dir)
+        print(
+            f"\ncurrent context: {context} (in {config}): commands from any directory use "
+            "this stack"
+        )
+    except (OSError, ConfigError) as exc:
+        print(
+            f"\ncould not record the context {context} ({exc}): other directories reach "
+            f"this stack with --state-dir {state_dir}",
+            file=sys.stderr,
+        )
     print(f"\nlogs in {state_dir / 'logs'}; all healthy; Ctrl-C stops everything", flush=True)
     code = 0
     while not stopping:
@@ -145,13 +165,41 @@ def cmd_up(args: argparse.Namespace) -> int:
     return code
 
 
+def _up_state_dir(args: argparse.Namespace) -> Path:
+    """Where `up` starts its stack: --state-dir / LIGHTPATH_STATE_DIR, else the directory
+    of the context named by --context (when it has one), else ./.lightpath."""
+    if args.context and not os.environ.get("LIGHTPATH_STATE_DIR"):
+        _, contexts = load_contexts(config_path())
+        known = contexts.get(args.context)
+        if known is not None and known.state_dir:
+            return Path(known.state_dir)
+    return local_state_dir()
+
+
+def no_stack_message() -> str:
+    """ "no stack at <dir> (<where that came from>); start one with `lightpath up`"."""
+    directory, source = state_dir_and_source()
+    return (
+        f"no stack at {directory} ({source}); start one with `lightpath up`, or name "
+        "another with --context / --state-dir"
+    )
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     stack = running_stack(args.state_dir)
     if stack is None:
         if args.json:
-            print_json({"running": False, "services": {}})
+            directory, source = state_dir_and_source()
+            print_json(
+                {
+                    "running": False,
+                    "services": {},
+                    "state_dir": str(directory),
+                    "state_dir_source": source,
+                }
+            )
         else:
-            print("no stack running (start one with `lightpath up`)")
+            print(no_stack_message())
         return 1
     creds = Credentials.default(state_dir=args.state_dir)
     statuses = {

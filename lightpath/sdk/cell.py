@@ -62,7 +62,7 @@ def job_state(state: State) -> int:
     try:
         return c.JobState.Value("JOB_STATE_" + name)
     except ValueError:
-        valid = ", ".join(state_name(v).lower() for v in c.JobState.values() if v)
+        valid = ", ".join(state_name(v) for v in c.JobState.values() if v)
         raise ValueError(f"unknown job state {state!r}: one of {valid}") from None
 
 

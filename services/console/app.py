@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import math
@@ -205,7 +206,11 @@ def build_app(console: Console) -> Starlette:
                 "signed_in": viewer is not None,
                 "name": viewer.name if viewer else "",
                 "anonymous_reads": console.anonymous_reads,
-                "pods": sorted(console.backends.ocs) or console.hub.pods,
+                # Superpods and their switches are the operators' view: a tenant gets no
+                # tab that would only answer "Not available" (issue 33).
+                "pods": []
+                if viewer is not None and not viewer.sees_pods
+                else sorted(console.backends.ocs) or console.hub.pods,
                 "cores": console.backends.broker is not None,
                 "agg": bool(console.backends.agg),
             }
@@ -243,6 +248,10 @@ def build_app(console: Console) -> Starlette:
         except Unauthenticated:
             console.throttle.failed(client, token)
             raise
+        try:
+            await console.backends.list_pods(viewer)
+        except PermissionDenied:
+            viewer = dataclasses.replace(viewer, sees_pods=False)
         sid = console.sessions.create(viewer)
         log.info("viewer signed in", extra={"viewer": viewer.name})
         response = JSONResponse({"signed_in": True, "name": viewer.name})

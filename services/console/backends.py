@@ -46,6 +46,7 @@ class Viewer:
 
     token: str = ""
     name: str = ""  # what the page shows: "tenant:acme", or "" for the console's own view
+    sees_pods: bool = True  # False: the superpods are not its to read (a tenant's token)
 
     def metadata(self) -> tuple[tuple[str, str], ...]:
         return (("authorization", f"Bearer {self.token}"),) if self.token else ()

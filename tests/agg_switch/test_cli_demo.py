@@ -62,7 +62,7 @@ async def test_cli_topology_start_status_history(redis_url, tmp_path, capsys):
         await aggregate_all(t.address(), "cli-1", data, credentials=node_credentials)
         await t.settled("cli-1")
         code, out, _ = await cli(capsys, "agg", "status", "cli-1", *addr)
-        assert code == 0 and "completed" in out and "timed out: none" in out
+        assert code == 0 and "COMPLETED" in out and "timed out: none" in out
         code, out, _ = await cli(capsys, "agg", "status", "--json", *addr)
         assert [c["command_id"] for c in json.loads(out)["commands"]] == ["cli-1"]
         code, out, _ = await cli(capsys, "agg", "history", "--json", "--predict-top-k", "1", *addr)

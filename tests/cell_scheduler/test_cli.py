@@ -46,13 +46,13 @@ async def test_daily_commands_through_the_cell(cell2, capsys, monkeypatch):
     assert "blocks: " in out and "WIRING -> RUNNING" in out
 
     code, out = await run(capsys, "pods")
-    assert "pod-a" in out and "ready" in out and "ocs_torus" in out
+    assert "pod-a" in out and "READY" in out and "OCS_TORUS" in out
     code, out = await run(capsys, "pods", "--json")
     assert {p["registration"]["pod_id"] for p in json.loads(out)["pods"]} == {"pod-a", "pod-b"}
 
     code, out = await run(capsys, "pod", "pod-a")
     assert code == 0 and out.startswith("pod pod-a: 8 blocks of 4x4x4 chips, K=1")
-    assert "cli-1  RUNNING  priority 80" in out and "cell:   ready" in out
+    assert "cli-1  RUNNING  priority 80" in out and "cell:   READY" in out
     code, out = await run(capsys, "pod", "pod-a", "--json")
     assert json.loads(out)["view"]["pod_id"] == "pod-a"
 

@@ -1,15 +1,22 @@
-"""The CLI for scripts (issue 19): complete --json, errors as JSON, line-delimited
-streams, pipe-safe output, -o formats, --no-headers, --all / --page-token."""
+"""Every read command scriptable (issue 33, item 3): `-o json|yaml|name|jsonpath=…` on
+single objects (`job X -o yaml`, `pod pod-a -o json`), `-l` label selectors, `--sort-by`,
+the AGE column and `jobs -w`; completion offers the cell's job and pod names. Against a
+real cell over gRPC."""
 
 from __future__ import annotations
 
 import asyncio
-import io
 import json
+import os
+import sys
+from pathlib import Path
 
 import yaml
 
 from lightpath.cli import main
+
+_SCRIPT = Path(sys.executable).parent / "lightpath"
+LIGHTPATH = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "lightpath"]
 
 
 async def run(capsys, *argv: str) -> tuple[int, str, str]:
@@ -19,132 +26,96 @@ async def run(capsys, *argv: str) -> tuple[int, str, str]:
     return code, out.out, out.err
 
 
-async def test_json_has_every_field_and_errors_are_json(cell2, capsys, monkeypatch):
+async def test_every_read_command_takes_every_output_format(cell2, capsys, monkeypatch):
     monkeypatch.setenv("LIGHTPATH_CELL_ADDR", cell2.cell_addresses[0])
-    code, out, _ = await run(capsys, "submit", "j-1", "--shape", "4x4x4", "--json")
-    assert code == 0
-    job = json.loads(out)["job"]
-    # zeros and empty values are there: a job on a pod is at queue position 0
-    assert job["cell_queue_position"] == 0 and job["shape_derived"] is False
-    assert job["spec"]["priority"] == 0 and job["spec"]["wrap"] == []
-    assert job["last_known_state"] == "JOB_STATE_UNSPECIFIED"
-    assert job["pod_job"]["blocks"][0]["position"]["coords"] == [0, 0, 0]
+    for job_id, prio, team in (("o-1", 30, "ml"), ("o-2", 90, "infra"), ("o-3", 60, "ml")):
+        code, _, err = await run(
+            capsys, "submit", job_id, "--shape", "1x1x1", "--blocks", "--priority", str(prio),
+            "--label", f"team={team}",
+        )  # fmt: skip
+        assert code == 0, err
 
-    code, out, err = await run(capsys, "job", "nope", "--json")
-    assert code == 1 and out == ""
-    (line,) = err.strip().splitlines()
-    error = json.loads(line)["error"]
-    assert error["code"] == "NOT_FOUND" and "nope" in error["message"]
-    assert error["trace_id"] and error["address"] == cell2.cell_addresses[0]
-
-    code, _, err = await run(capsys, "submit", "bad", "--shape", "6x4x4", "--json")
-    error = json.loads(err)["error"]
-    assert code == 1 and error["code"] == "INVALID_ARGUMENT"
-    assert any(v["field"] == "spec.shape.dims[0]" for v in error["field_violations"])
-
-    code, _, err = await run(capsys, "submit", "bad", "--shape", "6x4x4")
-    assert code == 1 and err.count("spec.shape.dims[0]") == 1  # said once, not again below
-
-    code, _, err = await run(capsys, "jobs", "--state", "runing", "--json")
-    error = json.loads(err)["error"]
-    assert code == 1 and "pending, wiring, running" in error["message"]
-    code, _, err = await run(capsys, "jobs", "--state", "runing")
-    assert code == 1 and "unknown job state 'runing': one of pending" in err
-
-
-async def test_watch_json_is_one_object_a_line(cell2, capsys, monkeypatch):
-    monkeypatch.setenv("LIGHTPATH_CELL_ADDR", cell2.cell_addresses[0])
-    await run(capsys, "submit", "w-1", "--shape", "4x4x4")
-    await run(capsys, "complete", "w-1")
-    code, out, _ = await run(capsys, "watch", "w-1", "--json")
-    lines = out.strip().splitlines()
-    events = [json.loads(line) for line in lines]
-    assert code == 0 and len(events) >= 3
-    assert events[0]["from_state"] == "JOB_STATE_UNSPECIFIED"  # zero enums are printed too
-    assert events[-1]["to_state"] == "JOB_STATE_COMPLETED"
-
-
-async def test_list_formats_headers_and_pages(cell2, capsys, monkeypatch):
-    monkeypatch.setenv("LIGHTPATH_CELL_ADDR", cell2.cell_addresses[0])
-    for i in range(5):
-        await run(capsys, "submit", f"l-{i}", "--shape", "1x1x1", "--blocks", "--tenant", "t")
-    long_reason = "r" * 80
-    await run(capsys, "cancel", "l-0", "--reason", long_reason)
-
-    code, out, err = await run(capsys, "jobs", "--tenant", "t", "--limit", "2")
-    lines = out.strip().splitlines()
-    assert code == 0 and lines[0].split()[:3] == ["job", "tenant", "state"]
-    assert [line.split()[0] for line in lines[2:]] == ["l-4", "l-3"]
-    assert "more jobs: --all lists every one, --page-token " in err
-    token = err.split("--page-token ")[1].split()[0]
-    code, out, _ = await run(capsys, "jobs", "--tenant", "t", "--limit", "2", "--page-token", token)
-    assert [line.split()[0] for line in out.strip().splitlines()[2:]] == ["l-2", "l-1"]
-
-    code, out, err = await run(capsys, "jobs", "--tenant", "t", "--all", "-o", "name")
-    assert out.split() == ["l-4", "l-3", "l-2", "l-1", "l-0"] and "more jobs" not in err
-    code, out, _ = await run(capsys, "jobs", "--tenant", "t", "--all", "--no-headers")
-    assert [line.split()[0] for line in out.strip().splitlines()] == [
-        "l-4",
-        "l-3",
-        "l-2",
-        "l-1",
-        "l-0",
-    ]
-    cancelled = next(line for line in out.splitlines() if line.startswith("l-0"))
-    assert cancelled.rstrip().endswith("…") and long_reason not in cancelled
-    code, out, _ = await run(capsys, "jobs", "--tenant", "t", "-o", "wide")
-    assert long_reason in out and "blocks" in out.splitlines()[0]
-
-    code, out, _ = await run(capsys, "jobs", "--tenant", "t", "--limit", "2", "-o", "json")
-    page = json.loads(out)
-    assert [j["job_id"] for j in page["jobs"]] == ["l-4", "l-3"] and page["next_page_token"]
-    code, out, _ = await run(capsys, "jobs", "--tenant", "t", "--all", "-o", "yaml")
-    data = yaml.safe_load(out)
-    assert [j["job_id"] for j in data["jobs"]] == ["l-4", "l-3", "l-2", "l-1", "l-0"]
-    assert data["jobs"][0]["cell_queue_position"] == 0
-
-    code, out, _ = await run(capsys, "pods", "-o", "name")
-    assert sorted(out.split()) == ["pod-a", "pod-b"]
-    code, out, _ = await run(capsys, "pods", "--no-headers")
-    assert out.splitlines()[0].startswith("pod-")
-
-
-async def test_submit_with_parallelism_and_validate_only(cell2, capsys, monkeypatch):
-    monkeypatch.setenv("LIGHTPATH_CELL_ADDR", cell2.cell_addresses[0])
-    code, out, _ = await run(capsys, "submit", "v-1", "--shape", "4x4x4", "--validate-only")
-    assert code == 0 and out.startswith("nothing submitted (--validate-only): ")
-    code, out, err = await run(
-        capsys,
-        "submit",
-        "par-1",
-        "--shape",
-        "4x4x4",
-        "--data",
-        "4",
-        "--pipeline",
-        "4",
-        "--layer",
-        "4",
-        "--json",
-    )
+    code, out, err = await run(capsys, "job", "o-1", "-o", "yaml")
     assert code == 0, err
-    spec = json.loads(out)["job"]["spec"]
-    assert spec["parallelism"] == {"data": 4, "pipeline": 4, "layer": 4}
+    assert "job_id: o-1\n" in out and "state: JOB_STATE_RUNNING" in out and '"job_id"' not in out
+    assert 'created_at: "20' in out  # a string YAML would read as a time stays quoted
+    as_yaml = out
+    code, out, _ = await run(capsys, "-o", "json", "job", "o-1")
+    assert json.loads(out)["spec"]["labels"] == {"team": "ml"}
+    as_json = json.loads(out)
+    for volatile in ("updated_at", "pod_job"):
+        as_json.pop(volatile)
+    read_back = yaml.safe_load(as_yaml)
+    assert {k: v for k, v in read_back.items() if k not in ("updated_at", "pod_job")} == as_json
+    code, out, _ = await run(capsys, "job", "o-1", "-o", "name")
+    assert out == "o-1\n"
+    code, out, _ = await run(capsys, "job", "o-1", "-o", "jsonpath={.priority} {.pod_id}")
+    assert out == "30 pod-a\n"
+    code, out, _ = await run(capsys, "pod", "pod-a", "-o", "json")
+    assert code == 0 and json.loads(out)["view"]["pod_id"] == "pod-a"
+    code, out, _ = await run(capsys, "pod", "pod-a", "-o", "jsonpath={.registration.pod_id}")
+    assert out == "pod-a\n"
+    code, out, _ = await run(capsys, "pods", "-o", "jsonpath={.pods[*].registration.pod_id}")
+    assert out == "pod-a pod-b\n"
+    template = '{range .jobs[*]}{.job_id}={.priority}{"\\n"}{end}'
+    code, out, _ = await run(capsys, "jobs", "-o", f"jsonpath={template}", "--sort-by", "priority")
+    assert out == "o-1=30\no-3=60\no-2=90\n\n"
+
+    code, out, _ = await run(capsys, "jobs", "-l", "team=ml", "-o", "name")
+    assert out.split() == ["o-3", "o-1"]
+    code, out, _ = await run(capsys, "jobs", "-l", "team!=ml", "-o", "name")
+    assert out.split() == ["o-2"]
+    code, out, _ = await run(capsys, "jobs", "-l", "team", "-l", "!nothing", "-o", "name")
+    assert sorted(out.split()) == ["o-1", "o-2", "o-3"]
+    code, out, _ = await run(
+        capsys, "jobs", "-l", "team=ml", "--sort-by", ".priority", "-o", "name"
+    )
+    assert out.split() == ["o-1", "o-3"]
+    code, _, err = await run(capsys, "jobs", "-l", "team=ml=x")
+    assert code != 0 and "-l 'team=ml=x': give key=value" in err
+
+    code, out, _ = await run(capsys, "jobs")
+    header, _, first = out.splitlines()[:3]
+    assert header.split()[-1] == "age" and first.split()[-1].endswith("s")
 
 
-async def test_a_closed_pipe_ends_the_command_quietly(cell2, capsys, monkeypatch):
-    """`lightpath jobs --json | head`: the reader goes away; no BrokenPipeError escapes."""
+async def test_jobs_watch_prints_each_change(cell2):
+    proc = await asyncio.create_subprocess_exec(
+        *LIGHTPATH,
+        "jobs",
+        "-w",
+        "--no-headers",
+        env={**os.environ, "LIGHTPATH_CELL_ADDR": cell2.cell_addresses[0]},
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    assert proc.stdout is not None
+    try:
+        await asyncio.sleep(1.0)
+        await cell2.submit("w-1", (4, 4, 4))
+        lines: list[str] = []
+        while not any(line.startswith("w-1 ") for line in lines):
+            line = await asyncio.wait_for(proc.stdout.readline(), 30)
+            assert line, "jobs -w ended"
+            lines.append(line.decode())
+        assert "RUNNING" in lines[-1] or "PENDING" in lines[-1] or "WIRING" in lines[-1]
+    finally:
+        proc.terminate()
+        await proc.wait()
+
+
+async def test_completion_offers_job_and_pod_names(cell2, capsys, monkeypatch):
     monkeypatch.setenv("LIGHTPATH_CELL_ADDR", cell2.cell_addresses[0])
-    await run(capsys, "submit", "pipe-1", "--shape", "4x4x4")
-    writes: list[str] = []
+    await cell2.submit("c-job", (4, 4, 4))
 
-    class ClosedPipe(io.StringIO):
-        def write(self, s: str) -> int:
-            writes.append(s)
-            raise BrokenPipeError(32, "Broken pipe")
+    def complete(*words: str) -> list[str]:
+        assert main(["__complete", *words]) == 0
+        return capsys.readouterr().out.splitlines()
 
-    monkeypatch.setattr("sys.stdout", ClosedPipe())
-    for argv in (["jobs", "--json"], ["watch", "pipe-1", "--json"], ["jobs"]):
-        writes.clear()
-        assert await asyncio.to_thread(main, argv) == 0
-        assert writes  # it did write, and the closed pipe did not crash it
+    assert "c-job" in await asyncio.to_thread(complete, "job")
+    assert "c-job" in await asyncio.to_thread(complete, "cancel")
+    assert "c-job" not in await asyncio.to_thread(complete, "job", "c-job")
+    assert {"pod-a", "pod-b"} <= set(await asyncio.to_thread(complete, "pod"))
+    assert {"pod-a", "pod-b"} <= set(await asyncio.to_thread(complete, "jobs", "--pod"))
+    assert {"pod-a", "pod-b"} <= set(await asyncio.to_thread(complete, "block"))
+    assert "pod-a" not in await asyncio.to_thread(complete, "block", "pod-a")

@@ -300,6 +300,9 @@ def test_a_tenant_cannot_see_another_tenants_job(page: Page, console_stack, jobs
     table.get_by_role("link", name=jobs["acme"]).wait_for(timeout=30_000)
     assert theirs not in page.page.locator("main").inner_text()
     assert "globex" not in page.page.locator("main").inner_text()
+    nav = page.page.locator("#nav").inner_text()  # no tab that answers "Not available"
+    assert "Superpod" not in nav and "OCS" not in nav and "Cell" in nav, nav
+    assert table.get_by_role("link", name="pod-", exact=False).count() == 0
     page.shot("cell-as-tenant")
     page.open(f"job/{theirs}")
     alert = page.page.get_by_role("alert")

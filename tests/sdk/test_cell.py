@@ -111,7 +111,7 @@ async def test_failures_are_typed_errors_with_their_details(cell2):
         assert any(v.field == "spec.shape.dims[0]" for v in bad.value.violations)
         assert all(isinstance(v, FieldViolation) for v in bad.value.violations)
         assert bad.value.reason and bad.value.reason != "LIGHTPATH_ERROR"
-        with pytest.raises(ValueError, match="one of pending, wiring, running"):
+        with pytest.raises(ValueError, match="one of PENDING, WIRING, RUNNING"):
             job_state("runing")
 
 

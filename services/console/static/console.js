@@ -56,11 +56,13 @@ function table(headers, rows, numeric = []) {
     h("thead", {}, h("tr", {}, headers.map((t, i) => h("th", { class: numeric.includes(i) ? "num" : null, scope: "col" }, t)))),
     h("tbody", {}, rows.map((r) => h("tr", {}, r.map((c, i) => h("td", { class: numeric.includes(i) ? "num" : null }, c))))));
 }
-function usebar(used, total, label) {
+// Capacity reads the same everywhere (docs/usage.md): "free/total free", as `lightpath pods`;
+// the bar shows the part in use.
+function usebar(used, total, label, free = total - used) {
   const pct = total ? Math.round((100 * used) / total) : 0;
   const inner = h("span", {});
   inner.style.width = `${pct}%`;
-  return h("span", {}, h("span", { class: "bar", role: "img", "aria-label": `${label}: ${pct}%` }, inner), ` ${used}/${total}`);
+  return h("span", {}, h("span", { class: "bar", role: "img", "aria-label": `${label}: ${pct}%` }, inner), ` ${free}/${total} free`);
 }
 
 // -- tooltip ----------------------------------------------------------------------------
@@ -185,6 +187,9 @@ function route() {
   return follow("/events/cell", (d) => renderCell(main, d));
 }
 
+// A pod's name, linked to its view when this sign-in may read it (a tenant's may not).
+function podLink(pod) { return state.session.pods.includes(pod) ? link(`#/pod/${pod}`, pod) : pod; }
+
 // -- Cell -------------------------------------------------------------------------------
 function renderCell(main, d) {
   const pods = d.pods_error
@@ -193,12 +198,12 @@ function renderCell(main, d) {
       h("h3", {}, link(`#/pod/${p.pod_id}`, p.pod_id), " ", stateTag(p.status)),
       h("div", { class: "muted" }, `${p.fabric_kind}, blocks of ${p.block_shape}`, p.ocs_per_axis > 1 ? `, K = ${p.ocs_per_axis}` : ""),
       h("div", {}, `heartbeat ${ago(p.heartbeat_age_s)} ago · queue ${p.queued_jobs} · running ${p.running_jobs}`),
-      p.capacity.map((c) => h("div", {}, `${c.node_type}: `, usebar(c.allocated, c.total, `${c.node_type} blocks in use`),
+      p.capacity.map((c) => h("div", {}, `${c.node_type}: `, usebar(c.allocated, c.total, `${c.node_type} blocks in use`, c.free),
         c.failed ? h("span", { class: "state FAILED" }, `${c.failed} failed`) : "")),
       h("div", {}, link(`#/ocs/${p.pod_id}`, "OCS use →")))));
   const jobs = d.jobs.length ? table(["job", "tenant", "state", "pod", "shape (chips)", "blocks", "priority", "age"],
     d.jobs.map((j) => [link(`#/job/${encodeURIComponent(j.job_id)}`, j.job_id), j.tenant, stateTag(j.state),
-      j.pod_id ? link(`#/pod/${j.pod_id}`, j.pod_id) : (j.queue_position ? `cell queue #${j.queue_position}` : "—"),
+      j.pod_id ? podLink(j.pod_id) : (j.queue_position ? `cell queue #${j.queue_position}` : "—"),
       j.shape, j.blocks, j.priority, ago(j.age_s)]), [5, 6]) : h("p", { class: "muted" }, "No jobs yet.");
   main.replaceChildren(h("h1", {}, "Cell"), h("h2", {}, "Superpods"), pods, h("h2", {}, `Jobs (${d.jobs.length})`), jobs);
 }
@@ -351,8 +356,8 @@ function renderPod(main, d) {
     h("span", {}, link(`#/job/${encodeURIComponent(j.job_id)}`, j.job_id), j.twisted ? h("span", { class: "badge twisted", title: "a twisted torus" }, "↻ twisted") : null),
     stateTag(j.state), holds(j), j.priority]), [4])
     : h("p", { class: "muted" }, "No live jobs.");
-  const caps = d.capacity.map((c) => h("div", {}, `${c.node_type}: `, usebar(c.allocated, c.total, `${c.node_type} in use`), ` · ${c.free} free · ${c.failed} failed`));
-  for (const c of d.chips || []) caps.push(h("div", { class: "chips" }, `${c.node_type} chips: `, usebar(c.used, c.total, `${c.node_type} chips in use`), ` · ${c.free} free · ${c.failed} failed`));
+  const caps = d.capacity.map((c) => h("div", {}, `${c.node_type}: `, usebar(c.allocated, c.total, `${c.node_type} in use`, c.free), ` · ${c.failed} failed`));
+  for (const c of d.chips || []) caps.push(h("div", { class: "chips" }, `${c.node_type} chips: `, usebar(c.used, c.total, `${c.node_type} chips in use`, c.free), ` · ${c.failed} failed`));
   const side = [h("div", { class: "detail" }, h("div", {}, stateTag(d.status), ` heartbeat ${ago(d.heartbeat_age_s)} ago · queue ${d.queued_jobs}`), caps,
     h("div", {}, link(`#/ocs/${d.pod_id}`, "OCS use of this pod →"))), detail, h("h2", {}, "Live jobs"), jobs];
   if (d.switched) side.push(switchedPanel(d));
@@ -545,7 +550,7 @@ function switchTable(d) {
   const rows = Object.entries(d.switches).map(([id, st]) => st.error ? [id, h("span", { class: "state FAILED" }, "unreachable"), st.error, "", ""]
     : [id, usebar(st.slots_in_use, st.slots_total, `${id} slots in use`), st.parked, st.bypass.length,
       st.bypass.slice(0, 5).map((b) => `${b.command_id}#${b.chunk} → ${b.timeout_node}`).join(", ") || "—"]);
-  return h("div", {}, h("h2", {}, "Switches"), table(["switch", "slots in use", "parked", "bypass entries", "live bypass (command#chunk → timeout node)"], rows, [2, 3]));
+  return h("div", {}, h("h2", {}, "Switches"), table(["switch", "slots", "parked", "bypass entries", "live bypass (command#chunk → timeout node)"], rows, [2, 3]));
 }
 
 // -- start ------------------------------------------------------------------------------
