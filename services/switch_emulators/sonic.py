@@ -36,6 +36,48 @@ log = logging.getLogger("lightpath.switch_emulators")
 CONFIG_DB, STATE_DB = 4, 6
 XC, PORT, METADATA = "OCS_CROSS_CONNECT", "OCS_PORT", "DEVICE_METADATA|localhost"
 
+# orchagent's reads and writes, each one command (the emulator of 48 switches shares one
+# Python process and the machine's cores with the manager it serves)
+READ_LUA = """
+local xcs, states = {}, {}
+for _, k in ipairs(redis.call('KEYS', ARGV[1])) do
+  local row = redis.call('HMGET', k, 'a_side', 'b_side')
+  xcs[#xcs + 1] = k
+  xcs[#xcs + 1] = row[1]
+  xcs[#xcs + 1] = row[2]
+end
+for _, k in ipairs(KEYS) do states[#states + 1] = redis.call('HGET', k, 'state') end
+return {xcs, states}
+"""
+# KEYS[1..ARGV[1]] deleted; then per further key: ARGV m, then m field / value pairs
+WRITE_LUA = """
+local ndel, j = tonumber(ARGV[1]), 2
+for i, k in ipairs(KEYS) do
+  if i <= ndel then
+    redis.call('DEL', k)
+  else
+    local m = tonumber(ARGV[j])
+    redis.call('HSET', k, unpack(ARGV, j + 1, j + 2 * m))
+    j = j + 1 + 2 * m
+  end
+end
+return #KEYS
+"""
+
+
+async def _write(
+    script, client: aioredis.Redis, deletes: list[str], sets: list[tuple[str, dict[str, str]]]
+) -> None:
+    """Delete `deletes`, then HSET each (key, fields) of `sets`: one atomic command."""
+    if not deletes and not sets:
+        return
+    args: list[str | int] = [len(deletes)]
+    for _, fields in sets:
+        args.append(len(fields))
+        for f, v in fields.items():
+            args += [f, v]
+    await script(keys=[*deletes, *(k for k, _ in sets)], args=args, client=client)
+
 
 @dataclass
 class OrchagentEmulator:
@@ -65,6 +107,8 @@ class OrchagentEmulator:
     async def start(self) -> None:
         self.config = aioredis.Redis.from_url(self.url, db=self.config_db, decode_responses=True)
         self.state = aioredis.Redis.from_url(self.url, db=self.state_db, decode_responses=True)
+        self._read = self.config.register_script(READ_LUA)
+        self._write = self.config.register_script(WRITE_LUA)
         await self.config.config_set("notify-keyspace-events", "KA")
         async with self.config.pipeline(transaction=True) as pipe:
             pipe.hset(
@@ -130,21 +174,13 @@ class OrchagentEmulator:
                 self._changed.set()
 
     async def _apply(self) -> None:
-        keys = [k async for k in self.config.scan_iter(f"{XC}|*", count=512)]
-        async with self.config.pipeline(transaction=False) as pipe:
-            for k in keys:
-                pipe.hmget(k, "a_side", "b_side")
-            for n in self.ports:
-                pipe.hget(f"{PORT}|{n}", "state")
-            rows = await pipe.execute()
+        xcs, states = await self._read(keys=[f"{PORT}|{n}" for n in self.ports], args=[f"{XC}|*"])
         wanted = {
             k.partition("|")[2]: (a, b)
-            for k, (a, b) in zip(keys, rows[: len(keys)], strict=True)
+            for k, a, b in zip(xcs[::3], xcs[1::3], xcs[2::3], strict=True)
             if a and b
         }
-        forced = {
-            n for n, st in zip(self.ports, rows[len(keys) :], strict=True) if st == "force_blocked"
-        }
+        forced = {n for n, st in zip(self.ports, states, strict=True) if st == "force_blocked"}
         removed = {k: v for k, v in self.applied.items() if k not in wanted}
         added = {k: v for k, v in wanted.items() if k not in self.applied}
         if not removed and not added and not forced:
@@ -163,10 +199,9 @@ class OrchagentEmulator:
                 holder[p] = k
         moved = sorted({p for pair in (*removed.values(), *added.values()) for p in pair})
         delay = self.timing.settle_s(len(moved), len(self.ports), conflicts)
-        async with self.state.pipeline(transaction=True) as pipe:
-            for p in moved:
-                pipe.hset(f"{PORT}|{p}", "status", "tuning")
-            await pipe.execute()
+        await _write(
+            self._write, self.state, [], [(f"{PORT}|{p}", {"status": "tuning"}) for p in moved]
+        )
         if delay > 0:
             await asyncio.sleep(delay)
         self.settles.append(delay)
@@ -176,33 +211,20 @@ class OrchagentEmulator:
         peer: dict[str, str] = {}
         for a, b in self.applied.values():
             peer[a], peer[b] = b, a
-        async with self.state.pipeline(transaction=True) as pipe:
-            for k in removed:
-                pipe.delete(f"{XC}|{k}")
-            for k, (a, b) in self.applied.items():
-                sa, sb = self._status(a, forced), self._status(b, forced)
-                if k in added or a in forced or b in forced:
-                    pipe.hset(
-                        f"{XC}|{k}",
-                        mapping={
-                            "a_side": a,
-                            "b_side": b,
-                            "a_side_status": sa,
-                            "b_side_status": sb,
-                        },
-                    )
-            for p in {*moved, *forced}:
-                if p in peer:
-                    status = self._status(p, forced)
-                    pipe.hset(
-                        f"{PORT}|{p}",
-                        mapping={"status": status, "target_simplex_port_id": peer[p]},
-                    )
-                else:
-                    pipe.hset(
-                        f"{PORT}|{p}", mapping={"status": "blocked", "target_simplex_port_id": ""}
-                    )
-            await pipe.execute()
+        sets: list[tuple[str, dict[str, str]]] = []
+        for k, (a, b) in self.applied.items():
+            if k in added or a in forced or b in forced:
+                fields = {"a_side": a, "b_side": b}
+                fields["a_side_status"] = self._status(a, forced)
+                fields["b_side_status"] = self._status(b, forced)
+                sets.append((f"{XC}|{k}", fields))
+        for p in sorted({*moved, *forced}):
+            if p in peer:
+                fields = {"status": self._status(p, forced), "target_simplex_port_id": peer[p]}
+            else:
+                fields = {"status": "blocked", "target_simplex_port_id": ""}
+            sets.append((f"{PORT}|{p}", fields))
+        await _write(self._write, self.state, [f"{XC}|{k}" for k in removed], sets)
 
     def _status(self, port: str, forced: set[str]) -> str:
         if port in self.fail_ports:
