@@ -266,6 +266,7 @@ class ApplyBatchRequest(_message.Message):
     CONNECT_FIELD_NUMBER: _builtins.int
     EXPECT_BOOT_ID_FIELD_NUMBER: _builtins.int
     EXPECT_VERSION_FIELD_NUMBER: _builtins.int
+    TIMEOUT_FIELD_NUMBER: _builtins.int
     switch_id: _builtins.str
     batch_id: _builtins.str
     """Client-chosen idempotency key (1-128 of A-Z a-z 0-9 . _ : -). The
@@ -286,6 +287,17 @@ class ApplyBatchRequest(_message.Message):
     def set_outputs(self) -> _containers.RepeatedCompositeFieldContainer[Global___OutputSelection]: ...
     @_builtins.property
     def connect(self) -> _containers.RepeatedCompositeFieldContainer[Global___PortPair]: ...
+    @_builtins.property
+    def timeout(self) -> _duration_pb2.Duration:
+        """This switch's own deadline inside an ApplyBatches call (issue 34): a batch
+        not applied by then answers, in its result, DEADLINE_EXCEEDED without
+        `applied_*` (the batch goes on; ask again with the same batch_id), while the
+        call's other batches answer their own outcomes. Unset, or beyond the call's
+        deadline: the call's deadline less what the answer needs to travel, so an
+        ApplyBatches call never fails whole because one of its switches is slow.
+        ApplyBatch ignores it (the call's deadline is the batch's).
+        """
+
     def __init__(
         self,
         *,
@@ -296,10 +308,11 @@ class ApplyBatchRequest(_message.Message):
         connect: _abc.Iterable[Global___PortPair] | None = ...,
         expect_boot_id: _builtins.str = ...,
         expect_version: _builtins.int | None = ...,
+        timeout: _duration_pb2.Duration | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_expect_version", b"_expect_version", "expect_version", b"expect_version"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_expect_version", b"_expect_version", "expect_version", b"expect_version", "timeout", b"timeout"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_expect_version", b"_expect_version", "batch_id", b"batch_id", "connect", b"connect", "disconnect", b"disconnect", "expect_boot_id", b"expect_boot_id", "expect_version", b"expect_version", "set_outputs", b"set_outputs", "switch_id", b"switch_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_expect_version", b"_expect_version", "batch_id", b"batch_id", "connect", b"connect", "disconnect", b"disconnect", "expect_boot_id", b"expect_boot_id", "expect_version", b"expect_version", "set_outputs", b"set_outputs", "switch_id", b"switch_id", "timeout", b"timeout"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__expect_version: _TypeAlias = _typing.Literal["expect_version"]  # noqa: Y015
     _WhichOneofArgType__expect_version: _TypeAlias = _typing.Literal["_expect_version", b"_expect_version"]  # noqa: Y015

@@ -521,6 +521,7 @@ def _without_id(req: pb.ApplyBatchRequest) -> bytes:
     body.CopyFrom(req)
     body.batch_id = ""
     body.switch_id = ""
+    body.ClearField("timeout")  # how long a caller waits is not the batch
     return body.SerializeToString(deterministic=True)
 
 
