@@ -249,12 +249,14 @@ class ApplyBatchRequest(_message.Message):
     sets the input's output (none: dark). So applying a batch twice, or its
     inverse after a part of it, always leaves a known state.
 
-    "Applied" means in the switch's table and settled. When ApplyBatch fails
-    after validation, the status carries google.rpc.ErrorInfo metadata
-    `applied_disconnects`, `applied_outputs`, `applied_connects`: how many of
-    each list, from its start, took effect (0 0 0: none), and `version`,
-    `boot_id`. A failure without that metadata (a transport error, a deadline)
-    means the client does not know.
+    "Applied" means in the switch's table and settled. Every error the switch
+    answers for a batch (refusals included: INVALID_ARGUMENT, BATCH_REJECTED,
+    VERSION_MISMATCH, SWITCH_UNREACHABLE with 0 0 0) is a google.rpc.Status whose
+    code repeats the call's, with one google.rpc.ErrorInfo (domain
+    "lightpath.dev", the reason) whose metadata `applied_disconnects`,
+    `applied_outputs`, `applied_connects` say how many of each list, from its
+    start, took effect, with `switch_id`, `version`, `boot_id`. A failure without
+    that metadata (a transport error, a deadline) means the client does not know.
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -270,10 +272,14 @@ class ApplyBatchRequest(_message.Message):
     switch_id: _builtins.str
     batch_id: _builtins.str
     """Client-chosen idempotency key (1-128 of A-Z a-z 0-9 . _ : -). The
-    switch keeps the outcome of at least its last 1024 keys: the same key
-    again answers that outcome (`replayed`) without moving a mirror, and waits
-    for it if the first call is still settling. The same key with another
-    batch is INVALID_ARGUMENT. A restart with empty tables forgets the keys.
+    switch keeps the outcome of every accepted batch (success or failure) for
+    at least its last 1024 keys: the same key again answers that outcome
+    (`replayed`) without moving a mirror, and waits for it if the first call is
+    still settling. Refusals before acceptance (INVALID_ARGUMENT; UNAVAILABLE
+    SWITCH_UNREACHABLE with nothing sent) are not kept: the same key again is a
+    new attempt. The same key with another batch (other operations or
+    preconditions) is INVALID_ARGUMENT. A restart with empty tables forgets the
+    keys.
     """
     expect_boot_id: _builtins.str
     """Preconditions (optimistic concurrency): when set and the switch's boot_id
