@@ -6,10 +6,11 @@ on the Redis of one emulated switch:
 * at start: `DEVICE_METADATA|localhost` with `switch_type` `ocs`; every simplex port
   (`1A` .. `<a>A`, `1B` .. `<b>B`) in CONFIG_DB `OCS_PORT` (`state` `normal`) and in
   STATE_DB `OCS_PORT` (`status` `blocked`, connector fields);
-* on every CONFIG_DB change (keyspace notifications, as orchagent subscribes): the
+* on every CONFIG_DB change (keyspace notifications, as orchagent subscribes; read
+  as raw bytes, each burst one "something changed"): the
   whole `OCS_CROSS_CONNECT` table against what the module holds, applied at once (the
   HLD's bulk apply): the ports that move read `tuning` at once, then, after the
-  settling time of the switch model (services.switch_agent.switches.SwitchTiming:
+  settling time of the switch model (lightpath.domain.switch_timing.SwitchTiming:
   by ports moved, with the conflict penalty when a new cross-connect finds a port
   still held), `tuned` with `target_simplex_port_id`, or `blocked` when dark; STATE_DB
   `OCS_CROSS_CONNECT` follows. A cross-connect on a `force_blocked` port stays
@@ -25,6 +26,7 @@ import asyncio
 import contextlib
 import logging
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
@@ -95,6 +97,8 @@ class OrchagentEmulator:
     settles: list[float] = field(default_factory=list)  # seconds each reconfiguration took
     applied: dict[str, tuple[str, str]] = field(default_factory=dict)  # key -> (a, b)
     _task: asyncio.Task[None] | None = None
+    _notes: asyncio.StreamWriter | None = None
+    _reader: asyncio.StreamReader | None = None
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
     _idle: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -131,10 +135,7 @@ class OrchagentEmulator:
                 )
             await pipe.execute()
         self.applied = {}
-        self._pubsub = self.config.pubsub()
-        await self._pubsub.psubscribe(
-            f"__keyspace@{self.config_db}__:{XC}|*", f"__keyspace@{self.config_db}__:{PORT}|*"
-        )
+        await self._subscribe()
         self._changed.set()  # apply what CONFIG_DB already holds (a warm start)
         self._task = asyncio.create_task(self._run(), name=f"orchagent {self.url}")
 
@@ -144,8 +145,11 @@ class OrchagentEmulator:
             with contextlib.suppress(asyncio.CancelledError, RedisError):
                 await self._task
             self._task = None
-        with contextlib.suppress(RedisError, RuntimeError):
-            await self._pubsub.aclose()
+        if self._notes is not None:
+            self._notes.close()
+            with contextlib.suppress(OSError, RuntimeError):
+                await self._notes.wait_closed()
+            self._notes = None
         for client in (self.config, self.state):
             with contextlib.suppress(RedisError, RuntimeError):
                 await client.aclose()
@@ -168,10 +172,29 @@ class OrchagentEmulator:
         finally:
             listener.cancel()
 
+    async def _subscribe(self) -> None:
+        """Keyspace notifications of CONFIG_DB's OCS tables on a raw connection: any bytes
+        arriving mean "something changed" (orchagent then reads the tables whole), so a
+        batch of 64 cross-connects costs one read, not 64 parsed messages."""
+        u = urlsplit(self.url)
+        reader, writer = await asyncio.open_connection(u.hostname or "127.0.0.1", u.port or 6379)
+        patterns = [f"__keyspace@{self.config_db}__:{t}|*" for t in (XC, PORT)]
+        cmd = [b"PSUBSCRIBE", *(p.encode() for p in patterns)]
+        writer.write(b"*%d\r\n" % len(cmd) + b"".join(b"$%d\r\n%s\r\n" % (len(a), a) for a in cmd))
+        await writer.drain()
+        seen = b""
+        while seen.count(b"psubscribe") < len(patterns):  # both confirmed: listening
+            chunk = await reader.read(4096)
+            if not chunk:
+                raise ConnectionError(f"{self.url} closed the notification connection")
+            seen += chunk
+        self._reader, self._notes = reader, writer
+
     async def _listen(self) -> None:
-        async for msg in self._pubsub.listen():
-            if msg.get("type") == "pmessage":
-                self._changed.set()
+        reader = self._reader
+        assert reader is not None  # subscribed in start()
+        while await reader.read(1 << 16):
+            self._changed.set()
 
     async def _apply(self) -> None:
         xcs, states = await self._read(keys=[f"{PORT}|{n}" for n in self.ports], args=[f"{XC}|*"])
