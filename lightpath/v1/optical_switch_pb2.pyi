@@ -249,12 +249,14 @@ class ApplyBatchRequest(_message.Message):
     sets the input's output (none: dark). So applying a batch twice, or its
     inverse after a part of it, always leaves a known state.
 
-    "Applied" means in the switch's table and settled. When ApplyBatch fails
-    after validation, the status carries google.rpc.ErrorInfo metadata
-    `applied_disconnects`, `applied_outputs`, `applied_connects`: how many of
-    each list, from its start, took effect (0 0 0: none), and `version`,
-    `boot_id`. A failure without that metadata (a transport error, a deadline)
-    means the client does not know.
+    "Applied" means in the switch's table and settled. Every error the switch
+    answers for a batch (refusals included: INVALID_ARGUMENT, BATCH_REJECTED,
+    VERSION_MISMATCH, SWITCH_UNREACHABLE with 0 0 0) is a google.rpc.Status whose
+    code repeats the call's, with one google.rpc.ErrorInfo (domain
+    "lightpath.dev", the reason) whose metadata `applied_disconnects`,
+    `applied_outputs`, `applied_connects` say how many of each list, from its
+    start, took effect, with `switch_id`, `version`, `boot_id`. A failure without
+    that metadata (a transport error, a deadline) means the client does not know.
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -266,13 +268,18 @@ class ApplyBatchRequest(_message.Message):
     CONNECT_FIELD_NUMBER: _builtins.int
     EXPECT_BOOT_ID_FIELD_NUMBER: _builtins.int
     EXPECT_VERSION_FIELD_NUMBER: _builtins.int
+    TIMEOUT_FIELD_NUMBER: _builtins.int
     switch_id: _builtins.str
     batch_id: _builtins.str
     """Client-chosen idempotency key (1-128 of A-Z a-z 0-9 . _ : -). The
-    switch keeps the outcome of at least its last 1024 keys: the same key
-    again answers that outcome (`replayed`) without moving a mirror, and waits
-    for it if the first call is still settling. The same key with another
-    batch is INVALID_ARGUMENT. A restart with empty tables forgets the keys.
+    switch keeps the outcome of every accepted batch (success or failure) for
+    at least its last 1024 keys: the same key again answers that outcome
+    (`replayed`) without moving a mirror, and waits for it if the first call is
+    still settling. Refusals before acceptance (INVALID_ARGUMENT; UNAVAILABLE
+    SWITCH_UNREACHABLE with nothing sent) are not kept: the same key again is a
+    new attempt. The same key with another batch (other operations or
+    preconditions) is INVALID_ARGUMENT. A restart with empty tables forgets the
+    keys.
     """
     expect_boot_id: _builtins.str
     """Preconditions (optimistic concurrency): when set and the switch's boot_id
@@ -292,6 +299,17 @@ class ApplyBatchRequest(_message.Message):
     def connect(self) -> _containers.RepeatedCompositeFieldContainer[Global___PortPair]:
         """At most 4,096 entries (lightpath.limits)."""
 
+    @_builtins.property
+    def timeout(self) -> _duration_pb2.Duration:
+        """This switch's own deadline inside an ApplyBatches call (issue 34): a batch
+        not applied by then answers, in its result, DEADLINE_EXCEEDED without
+        `applied_*` (the batch goes on; ask again with the same batch_id), while the
+        call's other batches answer their own outcomes. Unset, or beyond the call's
+        deadline: the call's deadline less what the answer needs to travel, so an
+        ApplyBatches call never fails whole because one of its switches is slow.
+        ApplyBatch ignores it (the call's deadline is the batch's).
+        """
+
     def __init__(
         self,
         *,
@@ -302,10 +320,11 @@ class ApplyBatchRequest(_message.Message):
         connect: _abc.Iterable[Global___PortPair] | None = ...,
         expect_boot_id: _builtins.str = ...,
         expect_version: _builtins.int | None = ...,
+        timeout: _duration_pb2.Duration | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_expect_version", b"_expect_version", "expect_version", b"expect_version"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_expect_version", b"_expect_version", "expect_version", b"expect_version", "timeout", b"timeout"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_expect_version", b"_expect_version", "batch_id", b"batch_id", "connect", b"connect", "disconnect", b"disconnect", "expect_boot_id", b"expect_boot_id", "expect_version", b"expect_version", "set_outputs", b"set_outputs", "switch_id", b"switch_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_expect_version", b"_expect_version", "batch_id", b"batch_id", "connect", b"connect", "disconnect", b"disconnect", "expect_boot_id", b"expect_boot_id", "expect_version", b"expect_version", "set_outputs", b"set_outputs", "switch_id", b"switch_id", "timeout", b"timeout"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__expect_version: _TypeAlias = _typing.Literal["expect_version"]  # noqa: Y015
     _WhichOneofArgType__expect_version: _TypeAlias = _typing.Literal["_expect_version", b"_expect_version"]  # noqa: Y015

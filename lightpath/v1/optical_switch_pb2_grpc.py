@@ -44,10 +44,16 @@ class OpticalSwitchStub:
     0..ports-1), each sending its input to one of `outputs` outputs (0..K-1)
     or to none (dark).
 
-    State has a `version` (bumped by every batch that took effect) and a
-    `boot_id` (new whenever the switch lost its state: a power cycle, a
-    controller reset with empty tables). A client that sees a new boot_id knows
-    the switch forgot what it was told and must tell it again.
+    State has a `version` (opaque, compared for equality only: within one boot_id
+    the same version means the same table, and a batch that changed the table
+    answers a version different from the one before it; a counter of accepted
+    batches or a digest of the table both qualify) and a `boot_id` (new whenever
+    the switch lost its state: a power cycle, a controller reset with empty
+    tables). A client that sees a new boot_id knows the switch forgot what it was
+    told and must tell it again. docs/ocs_southbound.md "Terms" defines the
+    fabric's terms (logical axis, first / second end, F_k, axis_offset, the 1xK
+    bank `otm-<block>` whose input axis_offset[dim] + axis is GetPortMap's
+    `otm-<block>-<dim>-<axis>`).
     """
 
     def __init__(self, channel):
@@ -101,10 +107,16 @@ class OpticalSwitchServicer:
     0..ports-1), each sending its input to one of `outputs` outputs (0..K-1)
     or to none (dark).
 
-    State has a `version` (bumped by every batch that took effect) and a
-    `boot_id` (new whenever the switch lost its state: a power cycle, a
-    controller reset with empty tables). A client that sees a new boot_id knows
-    the switch forgot what it was told and must tell it again.
+    State has a `version` (opaque, compared for equality only: within one boot_id
+    the same version means the same table, and a batch that changed the table
+    answers a version different from the one before it; a counter of accepted
+    batches or a digest of the table both qualify) and a `boot_id` (new whenever
+    the switch lost its state: a power cycle, a controller reset with empty
+    tables). A client that sees a new boot_id knows the switch forgot what it was
+    told and must tell it again. docs/ocs_southbound.md "Terms" defines the
+    fabric's terms (logical axis, first / second end, F_k, axis_offset, the 1xK
+    bank `otm-<block>` whose input axis_offset[dim] + axis is GetPortMap's
+    `otm-<block>-<dim>-<axis>`).
     """
 
     def Describe(self, request, context):
@@ -116,7 +128,8 @@ class OpticalSwitchServicer:
 
     def GetCrossConnects(self, request, context):
         """Its cross-connects (OCS) or selected outputs (1xK bank), with the version
-        and boot id they were read at.
+        and boot id they were read at: every accepted batch included, settled or
+        not (GetPortStatus says which ports are still settling).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -136,7 +149,8 @@ class OpticalSwitchServicer:
     def ApplyBatches(self, request, context):
         """Several switches' batches in one call, for an endpoint fronting many
         switches: each batch exactly as ApplyBatch applies it, all switches at
-        once; answers when every batch has its outcome, results in request order.
+        once; answers when every batch has its outcome or passed its own deadline
+        (ApplyBatchRequest.timeout), results in request order.
         A batch's failure is its result's `error` (the google.rpc.Status ApplyBatch
         would have answered, ErrorInfo metadata included); the call itself fails
         only when it cannot be read (no batches, a switch named twice). Optional:
@@ -207,10 +221,16 @@ class OpticalSwitch:
     0..ports-1), each sending its input to one of `outputs` outputs (0..K-1)
     or to none (dark).
 
-    State has a `version` (bumped by every batch that took effect) and a
-    `boot_id` (new whenever the switch lost its state: a power cycle, a
-    controller reset with empty tables). A client that sees a new boot_id knows
-    the switch forgot what it was told and must tell it again.
+    State has a `version` (opaque, compared for equality only: within one boot_id
+    the same version means the same table, and a batch that changed the table
+    answers a version different from the one before it; a counter of accepted
+    batches or a digest of the table both qualify) and a `boot_id` (new whenever
+    the switch lost its state: a power cycle, a controller reset with empty
+    tables). A client that sees a new boot_id knows the switch forgot what it was
+    told and must tell it again. docs/ocs_southbound.md "Terms" defines the
+    fabric's terms (logical axis, first / second end, F_k, axis_offset, the 1xK
+    bank `otm-<block>` whose input axis_offset[dim] + axis is GetPortMap's
+    `otm-<block>-<dim>-<axis>`).
     """
 
     @staticmethod

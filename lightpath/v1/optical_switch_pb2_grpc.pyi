@@ -45,10 +45,16 @@ class OpticalSwitchStub:
        0..ports-1), each sending its input to one of `outputs` outputs (0..K-1)
        or to none (dark).
 
-    State has a `version` (bumped by every batch that took effect) and a
-    `boot_id` (new whenever the switch lost its state: a power cycle, a
-    controller reset with empty tables). A client that sees a new boot_id knows
-    the switch forgot what it was told and must tell it again.
+    State has a `version` (opaque, compared for equality only: within one boot_id
+    the same version means the same table, and a batch that changed the table
+    answers a version different from the one before it; a counter of accepted
+    batches or a digest of the table both qualify) and a `boot_id` (new whenever
+    the switch lost its state: a power cycle, a controller reset with empty
+    tables). A client that sees a new boot_id knows the switch forgot what it was
+    told and must tell it again. docs/ocs_southbound.md "Terms" defines the
+    fabric's terms (logical axis, first / second end, F_k, axis_offset, the 1xK
+    bank `otm-<block>` whose input axis_offset[dim] + axis is GetPortMap's
+    `otm-<block>-<dim>-<axis>`).
     """
 
     @_typing.overload
@@ -59,7 +65,8 @@ class OpticalSwitchStub:
     """What the switch is: kind, ports, boot id, version, its settling time."""
     GetCrossConnects: _grpc.UnaryUnaryMultiCallable[_optical_switch_pb2.GetCrossConnectsRequest, _optical_switch_pb2.OpticalSwitchState]
     """Its cross-connects (OCS) or selected outputs (1xK bank), with the version
-    and boot id they were read at.
+    and boot id they were read at: every accepted batch included, settled or
+    not (GetPortStatus says which ports are still settling).
     """
     ApplyBatch: _grpc.UnaryUnaryMultiCallable[_optical_switch_pb2.ApplyBatchRequest, _optical_switch_pb2.ApplyBatchResponse]
     """Apply one batch with absolute semantics, in this order: disconnects, then
@@ -71,7 +78,8 @@ class OpticalSwitchStub:
     ApplyBatches: _grpc.UnaryUnaryMultiCallable[_optical_switch_pb2.ApplyBatchesRequest, _optical_switch_pb2.ApplyBatchesResponse]
     """Several switches' batches in one call, for an endpoint fronting many
     switches: each batch exactly as ApplyBatch applies it, all switches at
-    once; answers when every batch has its outcome, results in request order.
+    once; answers when every batch has its outcome or passed its own deadline
+    (ApplyBatchRequest.timeout), results in request order.
     A batch's failure is its result's `error` (the google.rpc.Status ApplyBatch
     would have answered, ErrorInfo metadata included); the call itself fails
     only when it cannot be read (no batches, a switch named twice). Optional:
@@ -99,10 +107,16 @@ class OpticalSwitchAsyncStub(OpticalSwitchStub):
        0..ports-1), each sending its input to one of `outputs` outputs (0..K-1)
        or to none (dark).
 
-    State has a `version` (bumped by every batch that took effect) and a
-    `boot_id` (new whenever the switch lost its state: a power cycle, a
-    controller reset with empty tables). A client that sees a new boot_id knows
-    the switch forgot what it was told and must tell it again.
+    State has a `version` (opaque, compared for equality only: within one boot_id
+    the same version means the same table, and a batch that changed the table
+    answers a version different from the one before it; a counter of accepted
+    batches or a digest of the table both qualify) and a `boot_id` (new whenever
+    the switch lost its state: a power cycle, a controller reset with empty
+    tables). A client that sees a new boot_id knows the switch forgot what it was
+    told and must tell it again. docs/ocs_southbound.md "Terms" defines the
+    fabric's terms (logical axis, first / second end, F_k, axis_offset, the 1xK
+    bank `otm-<block>` whose input axis_offset[dim] + axis is GetPortMap's
+    `otm-<block>-<dim>-<axis>`).
     """
 
     def __init__(self, channel: _aio.Channel) -> None: ...
@@ -110,7 +124,8 @@ class OpticalSwitchAsyncStub(OpticalSwitchStub):
     """What the switch is: kind, ports, boot id, version, its settling time."""
     GetCrossConnects: _aio.UnaryUnaryMultiCallable[_optical_switch_pb2.GetCrossConnectsRequest, _optical_switch_pb2.OpticalSwitchState]  # type: ignore[assignment]
     """Its cross-connects (OCS) or selected outputs (1xK bank), with the version
-    and boot id they were read at.
+    and boot id they were read at: every accepted batch included, settled or
+    not (GetPortStatus says which ports are still settling).
     """
     ApplyBatch: _aio.UnaryUnaryMultiCallable[_optical_switch_pb2.ApplyBatchRequest, _optical_switch_pb2.ApplyBatchResponse]  # type: ignore[assignment]
     """Apply one batch with absolute semantics, in this order: disconnects, then
@@ -122,7 +137,8 @@ class OpticalSwitchAsyncStub(OpticalSwitchStub):
     ApplyBatches: _aio.UnaryUnaryMultiCallable[_optical_switch_pb2.ApplyBatchesRequest, _optical_switch_pb2.ApplyBatchesResponse]  # type: ignore[assignment]
     """Several switches' batches in one call, for an endpoint fronting many
     switches: each batch exactly as ApplyBatch applies it, all switches at
-    once; answers when every batch has its outcome, results in request order.
+    once; answers when every batch has its outcome or passed its own deadline
+    (ApplyBatchRequest.timeout), results in request order.
     A batch's failure is its result's `error` (the google.rpc.Status ApplyBatch
     would have answered, ErrorInfo metadata included); the call itself fails
     only when it cannot be read (no batches, a switch named twice). Optional:
@@ -149,10 +165,16 @@ class OpticalSwitchServicer(metaclass=_abc_1.ABCMeta):
        0..ports-1), each sending its input to one of `outputs` outputs (0..K-1)
        or to none (dark).
 
-    State has a `version` (bumped by every batch that took effect) and a
-    `boot_id` (new whenever the switch lost its state: a power cycle, a
-    controller reset with empty tables). A client that sees a new boot_id knows
-    the switch forgot what it was told and must tell it again.
+    State has a `version` (opaque, compared for equality only: within one boot_id
+    the same version means the same table, and a batch that changed the table
+    answers a version different from the one before it; a counter of accepted
+    batches or a digest of the table both qualify) and a `boot_id` (new whenever
+    the switch lost its state: a power cycle, a controller reset with empty
+    tables). A client that sees a new boot_id knows the switch forgot what it was
+    told and must tell it again. docs/ocs_southbound.md "Terms" defines the
+    fabric's terms (logical axis, first / second end, F_k, axis_offset, the 1xK
+    bank `otm-<block>` whose input axis_offset[dim] + axis is GetPortMap's
+    `otm-<block>-<dim>-<axis>`).
     """
 
     @_abc_1.abstractmethod
@@ -170,7 +192,8 @@ class OpticalSwitchServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_optical_switch_pb2.OpticalSwitchState, _abc.Awaitable[_optical_switch_pb2.OpticalSwitchState]]:
         """Its cross-connects (OCS) or selected outputs (1xK bank), with the version
-        and boot id they were read at.
+        and boot id they were read at: every accepted batch included, settled or
+        not (GetPortStatus says which ports are still settling).
         """
 
     @_abc_1.abstractmethod
@@ -194,7 +217,8 @@ class OpticalSwitchServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_optical_switch_pb2.ApplyBatchesResponse, _abc.Awaitable[_optical_switch_pb2.ApplyBatchesResponse]]:
         """Several switches' batches in one call, for an endpoint fronting many
         switches: each batch exactly as ApplyBatch applies it, all switches at
-        once; answers when every batch has its outcome, results in request order.
+        once; answers when every batch has its outcome or passed its own deadline
+        (ApplyBatchRequest.timeout), results in request order.
         A batch's failure is its result's `error` (the google.rpc.Status ApplyBatch
         would have answered, ErrorInfo metadata included); the call itself fails
         only when it cannot be read (no batches, a switch named twice). Optional:

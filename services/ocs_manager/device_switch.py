@@ -22,9 +22,10 @@ What this base class does for every device:
   of a pair that is not connected is nothing, a connect first removes either port's
   old cross-connect, in one edit whose deletes come before its adds (the devices'
   rule: one cross-connect per port, re-patching is remove then create);
-* idempotency: the outcome of the last `keys_kept` batch ids, success or failure; a
-  repeat answers it (waiting if the first is still settling); a batch runs to its end
-  even if its caller goes away;
+* idempotency: the outcome of the last `keys_kept` accepted batch ids, success or
+  failure (a bad batch, or a device out of reach before anything was sent, is not
+  kept); a repeat answers it (waiting if the first is still settling); a batch runs
+  to its end even if its caller goes away;
 * one batch at a time per switch; errors as the agent's (google.rpc.ErrorInfo with
   `applied_*`, `version`, `boot_id`), raised as grpc.aio.AioRpcError.
 
@@ -419,6 +420,12 @@ class DeviceSwitch(ABC):
                         version = digest_version(edit.after)
                         self.stats.batches_applied += 1
             except DeviceFailure as failure:
+                if failure.error.reason == "SWITCH_UNREACHABLE" and failure.progress == (0, 0):
+                    # out of reach before anything was sent: not accepted, so not kept (the
+                    # same key later is a new attempt; docs/ocs_southbound.md, Idempotency)
+                    kept = self._keys.get(request.batch_id)
+                    if kept is not None and not kept.future.done():
+                        del self._keys[request.batch_id]
                 raise _rpc_error(failure.error, self._meta(failure.progress, boot, None)) from None
             except TimeoutError:
                 late = DeadlineExceeded(
@@ -521,6 +528,7 @@ def _without_id(req: pb.ApplyBatchRequest) -> bytes:
     body.CopyFrom(req)
     body.batch_id = ""
     body.switch_id = ""
+    body.ClearField("timeout")  # how long a caller waits is not the batch
     return body.SerializeToString(deterministic=True)
 
 

@@ -39,6 +39,24 @@ def _annotate(**attributes: object) -> None:
         span.set_attribute(f"lightpath.{k}", v)  # type: ignore[arg-type]
 
 
+def switch_health(mismatched: dict[str, str], unreachable: list[str]) -> str:
+    """GetInfo `health` (issue 34): "ok", or why switches are not programmed, each named:
+    one that does not match the fabric (never programmed: changes needing it are refused)
+    and those that do not answer (changes needing them fail; the reconcile loop retries)."""
+    why = [
+        f"switch {sid} does not match the fabric ({reason}): never programmed, changes "
+        "needing it are refused"
+        for sid, reason in sorted(mismatched.items())
+    ]
+    if unreachable:
+        down = sorted(unreachable)
+        why.append(
+            f"switch {down[0]} does not answer"
+            + (f" (and {len(down) - 1} more: {', '.join(down[1:8])})" if len(down) > 1 else "")
+        )
+    return "degraded: " + "; ".join(why) if why else "ok"
+
+
 class FabricMismatchError(RuntimeError):
     """The pod's stored fabric differs from this instance's while slices are wired."""
 
@@ -67,6 +85,7 @@ class OcsManagerServicer(
         r = self._reconciler
         if r is not None:
             more = {
+                "health": switch_health(r.driver.mismatched, r.last.unreachable if r.last else []),
                 "switch_reconcile_passes": str(r.passes),
                 "switches_unreachable": str(len(r.last.unreachable) if r.last else 0),
                 "switches_mismatched": ", ".join(

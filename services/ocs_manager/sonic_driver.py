@@ -16,6 +16,9 @@ used exactly:
 A batch becomes one Redis transaction (MULTI/EXEC, as the HLD's batch commit):
 every delete, then every create, then the labels of the ports it connects, guarded
 by WATCH on the keys it reads (the ports' `state`, the cross-connects it replaces).
+Reads of many hashes (the table, the ports' `state`, STATE_DB while settling) are one
+read-only Lua script each, not a pipeline of HMGETs: a full pod is 48 switches x 130
+ports, and the client's encoding of a command each was most of its time.
 orchagent applies the difference to the module and moves the ports through
 `tuning`; the batch is applied when every port it moved reads `tuned` with its new
 peer (or `blocked` when it went dark) in STATE_DB. Device answers map to the
@@ -58,6 +61,27 @@ XC = "OCS_CROSS_CONNECT"
 PORT = "OCS_PORT"
 METADATA = "DEVICE_METADATA|localhost"
 _NAME = re.compile(r"^([1-9][0-9]*)([AB])$")
+
+# Reads of many hashes in one command (a pipeline of HMGETs costs the client a command's
+# encoding each: 48 switches x 130 ports is most of a full pod's work). Read only, so
+# as safe on a switch's Redis as the swss-common scripts SONiC runs there itself.
+HASHES_LUA = """
+local out = {}
+for _, k in ipairs(KEYS) do
+  local row = redis.call('HMGET', k, unpack(ARGV))
+  for i = 1, #ARGV do out[#out + 1] = row[i] end
+end
+return out
+"""
+TABLE_LUA = """
+local out = {}
+for _, k in ipairs(redis.call('KEYS', ARGV[1])) do
+  local row = redis.call('HMGET', k, 'a_side', 'b_side')
+  out[#out + 1] = row[1]
+  out[#out + 1] = row[2]
+end
+return out
+"""
 
 
 @dataclass(frozen=True)
@@ -140,7 +164,19 @@ class SonicSwitch(DeviceSwitch):
 
         self.config = client(self.addr.config_db)
         self.state = client(self.addr.state_db)
+        self._hashes_lua = self.config.register_script(HASHES_LUA)
+        self._table_lua = self.config.register_script(TABLE_LUA)
         self._boot = ""
+
+    async def _hashes(
+        self, client: aioredis.Redis, keys: list[str], *fields: str
+    ) -> list[tuple[str | None, ...]]:
+        """HMGET `fields` of every key in `keys`, in one round trip and one command."""
+        if not keys:
+            return []
+        flat = await self._hashes_lua(keys=keys, args=list(fields), client=client)
+        n = len(fields)
+        return [tuple(flat[i : i + n]) for i in range(0, len(flat), n)]
 
     # -- names -------------------------------------------------------------------------
 
@@ -182,15 +218,11 @@ class SonicSwitch(DeviceSwitch):
     async def read_table(self) -> tuple[dict[int, int], str]:
         try:
             boot = (await self.config.info("server"))["run_id"]
-            keys = [k async for k in self.config.scan_iter(f"{XC}|*", count=512)]
-            async with self.config.pipeline(transaction=False) as pipe:
-                for k in keys:
-                    pipe.hmget(k, "a_side", "b_side")
-                rows = await pipe.execute()
+            flat = await self._table_lua(args=[f"{XC}|*"])
         except RedisError as exc:
             raise unreachable(self.id, str(self.addr), exc) from exc
         table: dict[int, int] = {}
-        for a_name, b_name in rows:
+        for a_name, b_name in zip(flat[::2], flat[1::2], strict=True):
             a, b = self.port_of(a_name), self.port_of(b_name)
             if a is not None and b is not None:
                 table[a], table[b] = b, a
@@ -200,10 +232,12 @@ class SonicSwitch(DeviceSwitch):
     async def port_states(self) -> dict[int, tuple[int, int | None]]:
         ports = list(range(self.sides.used))
         try:
-            async with self.state.pipeline(transaction=False) as pipe:
-                for p in ports:
-                    pipe.hmget(f"{PORT}|{self.name(p)}", "status", "target_simplex_port_id")
-                rows = await pipe.execute()
+            rows = await self._hashes(
+                self.state,
+                [f"{PORT}|{self.name(p)}" for p in ports],
+                "status",
+                "target_simplex_port_id",
+            )
         except RedisError as exc:
             raise unreachable(self.id, str(self.addr), exc) from exc
         out: dict[int, tuple[int, int | None]] = {}
@@ -245,16 +279,19 @@ class SonicSwitch(DeviceSwitch):
                     watched += existing
                 if watched:
                     await pipe.watch(*watched)
+                # the reads in one command on another connection: WATCH guards the keys
+                # against every writer from here to EXEC, whoever reads them
                 if version is not None:
                     table: dict[int, int] = {}
-                    for k in existing:
-                        a_name, b_name = await pipe.hmget(k, "a_side", "b_side")
+                    for a_name, b_name in await self._hashes(
+                        self.config, existing, "a_side", "b_side"
+                    ):
                         a, b = self.port_of(str(a_name or "")), self.port_of(str(b_name or ""))
                         if a is not None and b is not None:
                             table[a], table[b] = b, a
                     if digest_version(table) != version:
                         raise DeviceFailure(self._moved())
-                config = [await pipe.hmget(k, "state", "label") for k in port_keys]
+                config = await self._hashes(self.config, port_keys, "state", "label")
                 blocked = [
                     n for n, (st, _) in zip(connected, config, strict=True) if st == "force_blocked"
                 ]
@@ -316,15 +353,19 @@ class SonicSwitch(DeviceSwitch):
             probe = next(iter(pending))
             names = [probe]
             try:
-                row = await self.state.hmget(f"{PORT}|{probe}", "status", "target_simplex_port_id")
+                row: list[str | None] = await self.state.hmget(  # type: ignore[assignment]
+                    f"{PORT}|{probe}", "status", "target_simplex_port_id"
+                )
                 if row[0] == "failed" or (row[0], row[1] or "") == pending[probe]:
                     names = list(pending)
-                    async with self.state.pipeline(transaction=False) as pipe:
-                        for n in names:
-                            pipe.hmget(f"{PORT}|{n}", "status", "target_simplex_port_id")
-                        rows = await pipe.execute()
+                    rows = await self._hashes(
+                        self.state,
+                        [f"{PORT}|{n}" for n in names],
+                        "status",
+                        "target_simplex_port_id",
+                    )
                 else:
-                    rows = [row]
+                    rows = [(row[0], row[1])]
             except RedisError as exc:
                 failure = unreachable(self.id, str(self.addr), exc)
                 failure.progress = None

@@ -10,7 +10,7 @@ from google.protobuf import duration_pb2
 
 from lightpath.domain.southbound import devices, select
 from lightpath.domain.torus import Fabric
-from lightpath.errors import InvalidArgument, LightpathError
+from lightpath.errors import DeadlineExceeded, InvalidArgument, LightpathError
 from lightpath.v1 import common_pb2, optical_switch_pb2_grpc
 from lightpath.v1 import optical_switch_pb2 as pb
 from services.common.errors import to_status_proto
@@ -24,6 +24,19 @@ SERVICE_NAME = pb.DESCRIPTOR.services_by_name["OpticalSwitch"].full_name
 ADMIN_SERVICE_NAME = pb.DESCRIPTOR.services_by_name["OpticalSwitchAdmin"].full_name
 MAX_BATCHES = 4096
 _KIND = {"OCS": pb.SWITCH_KIND_OCS, "ONE_TO_K": pb.SWITCH_KIND_ONE_TO_K}
+
+
+def batch_deadline_s(call_remaining_s: float | None, batch: pb.ApplyBatchRequest) -> float | None:
+    """How long one batch of an ApplyBatches call may take before its result answers
+    DEADLINE_EXCEEDED (issue 34): its own `timeout`, within the call's deadline less what
+    the answer needs to travel (5 %, at least 50 ms). None: no deadline at all."""
+    own = batch.timeout.ToNanoseconds() / 1e9 if batch.HasField("timeout") else None
+    call = None
+    if call_remaining_s is not None:
+        call = max(0.0, call_remaining_s - max(0.05, 0.05 * call_remaining_s))
+    if own is None or own <= 0:
+        return call
+    return own if call is None else min(own, call)
 
 
 def _duration(seconds: float) -> duration_pb2.Duration:
@@ -90,11 +103,24 @@ class OpticalSwitchServicer(optical_switch_pb2_grpc.OpticalSwitchServicer):
                 )
             first[r.switch_id] = i
 
+        remaining = context.time_remaining() if context is not None else None
+
         async def one(r: pb.ApplyBatchRequest) -> pb.ApplyBatchResult:
+            # each switch answers by its own deadline: a slow one never makes the call
+            # fail whole (the batch itself goes on: switches.py shields it)
+            limit = batch_deadline_s(remaining, r)
             try:
-                return pb.ApplyBatchResult(applied=await self._apply(r))
+                async with asyncio.timeout(limit):
+                    return pb.ApplyBatchResult(applied=await self._apply(r))
             except LightpathError as err:
                 return pb.ApplyBatchResult(error=to_status_proto(err))
+            except TimeoutError:
+                late = DeadlineExceeded(
+                    f"switch {r.switch_id} did not settle within {limit:g} s (the batch goes "
+                    "on; ask again with the same batch_id)",
+                    metadata={"switch_id": r.switch_id},
+                )
+                return pb.ApplyBatchResult(error=to_status_proto(late))
 
         return pb.ApplyBatchesResponse(results=await asyncio.gather(*(one(r) for r in reqs)))
 

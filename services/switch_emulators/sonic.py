@@ -6,10 +6,11 @@ on the Redis of one emulated switch:
 * at start: `DEVICE_METADATA|localhost` with `switch_type` `ocs`; every simplex port
   (`1A` .. `<a>A`, `1B` .. `<b>B`) in CONFIG_DB `OCS_PORT` (`state` `normal`) and in
   STATE_DB `OCS_PORT` (`status` `blocked`, connector fields);
-* on every CONFIG_DB change (keyspace notifications, as orchagent subscribes): the
+* on every CONFIG_DB change (keyspace notifications, as orchagent subscribes; read
+  as raw bytes, each burst one "something changed"): the
   whole `OCS_CROSS_CONNECT` table against what the module holds, applied at once (the
   HLD's bulk apply): the ports that move read `tuning` at once, then, after the
-  settling time of the switch model (services.switch_agent.switches.SwitchTiming:
+  settling time of the switch model (lightpath.domain.switch_timing.SwitchTiming:
   by ports moved, with the conflict penalty when a new cross-connect finds a port
   still held), `tuned` with `target_simplex_port_id`, or `blocked` when dark; STATE_DB
   `OCS_CROSS_CONNECT` follows. A cross-connect on a `force_blocked` port stays
@@ -25,6 +26,7 @@ import asyncio
 import contextlib
 import logging
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
@@ -35,6 +37,48 @@ log = logging.getLogger("lightpath.switch_emulators")
 
 CONFIG_DB, STATE_DB = 4, 6
 XC, PORT, METADATA = "OCS_CROSS_CONNECT", "OCS_PORT", "DEVICE_METADATA|localhost"
+
+# orchagent's reads and writes, each one command (the emulator of 48 switches shares one
+# Python process and the machine's cores with the manager it serves)
+READ_LUA = """
+local xcs, states = {}, {}
+for _, k in ipairs(redis.call('KEYS', ARGV[1])) do
+  local row = redis.call('HMGET', k, 'a_side', 'b_side')
+  xcs[#xcs + 1] = k
+  xcs[#xcs + 1] = row[1]
+  xcs[#xcs + 1] = row[2]
+end
+for _, k in ipairs(KEYS) do states[#states + 1] = redis.call('HGET', k, 'state') end
+return {xcs, states}
+"""
+# KEYS[1..ARGV[1]] deleted; then per further key: ARGV m, then m field / value pairs
+WRITE_LUA = """
+local ndel, j = tonumber(ARGV[1]), 2
+for i, k in ipairs(KEYS) do
+  if i <= ndel then
+    redis.call('DEL', k)
+  else
+    local m = tonumber(ARGV[j])
+    redis.call('HSET', k, unpack(ARGV, j + 1, j + 2 * m))
+    j = j + 1 + 2 * m
+  end
+end
+return #KEYS
+"""
+
+
+async def _write(
+    script, client: aioredis.Redis, deletes: list[str], sets: list[tuple[str, dict[str, str]]]
+) -> None:
+    """Delete `deletes`, then HSET each (key, fields) of `sets`: one atomic command."""
+    if not deletes and not sets:
+        return
+    args: list[str | int] = [len(deletes)]
+    for _, fields in sets:
+        args.append(len(fields))
+        for f, v in fields.items():
+            args += [f, v]
+    await script(keys=[*deletes, *(k for k, _ in sets)], args=args, client=client)
 
 
 @dataclass
@@ -53,6 +97,8 @@ class OrchagentEmulator:
     settles: list[float] = field(default_factory=list)  # seconds each reconfiguration took
     applied: dict[str, tuple[str, str]] = field(default_factory=dict)  # key -> (a, b)
     _task: asyncio.Task[None] | None = None
+    _notes: asyncio.StreamWriter | None = None
+    _reader: asyncio.StreamReader | None = None
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
     _idle: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -65,6 +111,8 @@ class OrchagentEmulator:
     async def start(self) -> None:
         self.config = aioredis.Redis.from_url(self.url, db=self.config_db, decode_responses=True)
         self.state = aioredis.Redis.from_url(self.url, db=self.state_db, decode_responses=True)
+        self._read = self.config.register_script(READ_LUA)
+        self._write = self.config.register_script(WRITE_LUA)
         await self.config.config_set("notify-keyspace-events", "KA")
         async with self.config.pipeline(transaction=True) as pipe:
             pipe.hset(
@@ -87,10 +135,7 @@ class OrchagentEmulator:
                 )
             await pipe.execute()
         self.applied = {}
-        self._pubsub = self.config.pubsub()
-        await self._pubsub.psubscribe(
-            f"__keyspace@{self.config_db}__:{XC}|*", f"__keyspace@{self.config_db}__:{PORT}|*"
-        )
+        await self._subscribe()
         self._changed.set()  # apply what CONFIG_DB already holds (a warm start)
         self._task = asyncio.create_task(self._run(), name=f"orchagent {self.url}")
 
@@ -100,8 +145,11 @@ class OrchagentEmulator:
             with contextlib.suppress(asyncio.CancelledError, RedisError):
                 await self._task
             self._task = None
-        with contextlib.suppress(RedisError, RuntimeError):
-            await self._pubsub.aclose()
+        if self._notes is not None:
+            self._notes.close()
+            with contextlib.suppress(OSError, RuntimeError):
+                await self._notes.wait_closed()
+            self._notes = None
         for client in (self.config, self.state):
             with contextlib.suppress(RedisError, RuntimeError):
                 await client.aclose()
@@ -124,27 +172,38 @@ class OrchagentEmulator:
         finally:
             listener.cancel()
 
+    async def _subscribe(self) -> None:
+        """Keyspace notifications of CONFIG_DB's OCS tables on a raw connection: any bytes
+        arriving mean "something changed" (orchagent then reads the tables whole), so a
+        batch of 64 cross-connects costs one read, not 64 parsed messages."""
+        u = urlsplit(self.url)
+        reader, writer = await asyncio.open_connection(u.hostname or "127.0.0.1", u.port or 6379)
+        patterns = [f"__keyspace@{self.config_db}__:{t}|*" for t in (XC, PORT)]
+        cmd = [b"PSUBSCRIBE", *(p.encode() for p in patterns)]
+        writer.write(b"*%d\r\n" % len(cmd) + b"".join(b"$%d\r\n%s\r\n" % (len(a), a) for a in cmd))
+        await writer.drain()
+        seen = b""
+        while seen.count(b"psubscribe") < len(patterns):  # both confirmed: listening
+            chunk = await reader.read(4096)
+            if not chunk:
+                raise ConnectionError(f"{self.url} closed the notification connection")
+            seen += chunk
+        self._reader, self._notes = reader, writer
+
     async def _listen(self) -> None:
-        async for msg in self._pubsub.listen():
-            if msg.get("type") == "pmessage":
-                self._changed.set()
+        reader = self._reader
+        assert reader is not None  # subscribed in start()
+        while await reader.read(1 << 16):
+            self._changed.set()
 
     async def _apply(self) -> None:
-        keys = [k async for k in self.config.scan_iter(f"{XC}|*", count=512)]
-        async with self.config.pipeline(transaction=False) as pipe:
-            for k in keys:
-                pipe.hmget(k, "a_side", "b_side")
-            for n in self.ports:
-                pipe.hget(f"{PORT}|{n}", "state")
-            rows = await pipe.execute()
+        xcs, states = await self._read(keys=[f"{PORT}|{n}" for n in self.ports], args=[f"{XC}|*"])
         wanted = {
             k.partition("|")[2]: (a, b)
-            for k, (a, b) in zip(keys, rows[: len(keys)], strict=True)
+            for k, a, b in zip(xcs[::3], xcs[1::3], xcs[2::3], strict=True)
             if a and b
         }
-        forced = {
-            n for n, st in zip(self.ports, rows[len(keys) :], strict=True) if st == "force_blocked"
-        }
+        forced = {n for n, st in zip(self.ports, states, strict=True) if st == "force_blocked"}
         removed = {k: v for k, v in self.applied.items() if k not in wanted}
         added = {k: v for k, v in wanted.items() if k not in self.applied}
         if not removed and not added and not forced:
@@ -163,10 +222,9 @@ class OrchagentEmulator:
                 holder[p] = k
         moved = sorted({p for pair in (*removed.values(), *added.values()) for p in pair})
         delay = self.timing.settle_s(len(moved), len(self.ports), conflicts)
-        async with self.state.pipeline(transaction=True) as pipe:
-            for p in moved:
-                pipe.hset(f"{PORT}|{p}", "status", "tuning")
-            await pipe.execute()
+        await _write(
+            self._write, self.state, [], [(f"{PORT}|{p}", {"status": "tuning"}) for p in moved]
+        )
         if delay > 0:
             await asyncio.sleep(delay)
         self.settles.append(delay)
@@ -176,33 +234,20 @@ class OrchagentEmulator:
         peer: dict[str, str] = {}
         for a, b in self.applied.values():
             peer[a], peer[b] = b, a
-        async with self.state.pipeline(transaction=True) as pipe:
-            for k in removed:
-                pipe.delete(f"{XC}|{k}")
-            for k, (a, b) in self.applied.items():
-                sa, sb = self._status(a, forced), self._status(b, forced)
-                if k in added or a in forced or b in forced:
-                    pipe.hset(
-                        f"{XC}|{k}",
-                        mapping={
-                            "a_side": a,
-                            "b_side": b,
-                            "a_side_status": sa,
-                            "b_side_status": sb,
-                        },
-                    )
-            for p in {*moved, *forced}:
-                if p in peer:
-                    status = self._status(p, forced)
-                    pipe.hset(
-                        f"{PORT}|{p}",
-                        mapping={"status": status, "target_simplex_port_id": peer[p]},
-                    )
-                else:
-                    pipe.hset(
-                        f"{PORT}|{p}", mapping={"status": "blocked", "target_simplex_port_id": ""}
-                    )
-            await pipe.execute()
+        sets: list[tuple[str, dict[str, str]]] = []
+        for k, (a, b) in self.applied.items():
+            if k in added or a in forced or b in forced:
+                fields = {"a_side": a, "b_side": b}
+                fields["a_side_status"] = self._status(a, forced)
+                fields["b_side_status"] = self._status(b, forced)
+                sets.append((f"{XC}|{k}", fields))
+        for p in sorted({*moved, *forced}):
+            if p in peer:
+                fields = {"status": self._status(p, forced), "target_simplex_port_id": peer[p]}
+            else:
+                fields = {"status": "blocked", "target_simplex_port_id": ""}
+            sets.append((f"{PORT}|{p}", fields))
+        await _write(self._write, self.state, [f"{XC}|{k}" for k in removed], sets)
 
     def _status(self, port: str, forced: set[str]) -> str:
         if port in self.fail_ports:

@@ -25,7 +25,7 @@ from lightpath.domain.slices import (
     chip_keys,
     describe_box,
 )
-from lightpath.errors import FailedPrecondition, NotFound, ResourceExhausted
+from lightpath.errors import FailedPrecondition, NotFound, ResourceExhausted, Unavailable
 from lightpath.v1 import workload_scheduler_pb2
 from services.workload_scheduler.core import (
     MAX_COMMIT_ATTEMPTS,
@@ -42,7 +42,7 @@ from services.workload_scheduler.planner import (
     plan_pass,
 )
 from services.workload_scheduler.store import Conflict, JobRecord, Txn
-from services.workload_scheduler.wiring import WiringMixin
+from services.workload_scheduler.wiring import WIRING_RETRY, WiringMixin
 
 
 class AdmissionMixin(WiringMixin):
@@ -161,13 +161,20 @@ class AdmissionMixin(WiringMixin):
             await asyncio.sleep(0.02)
 
     async def _refuse(self, record: JobRecord) -> None:
-        """WHEN_NO_CAPACITY_FAIL: the job could not be placed → forget it, RESOURCE_EXHAUSTED."""
+        """WHEN_NO_CAPACITY_FAIL: the job could not be placed → forget it, RESOURCE_EXHAUSTED;
+        it was placed but its wiring failed (a switch, the ocs_manager) → forget it,
+        UNAVAILABLE with what failed (retryable: the pod has the room)."""
         state = await self.snapshot()
         job = state.jobs.get(record.job_id)
         if job is None or job.state != PENDING:
             return
-        found = plan_admission(state, job)
-        reason = found.reason if isinstance(found, Unplaceable) else "the pod is busy"
+        wiring = record.reason.removeprefix(WIRING_RETRY) if job.attempts else ""
+        if wiring and wiring != record.reason:
+            reason = f"it was placed but its wiring failed: {wiring}"
+        else:
+            wiring = ""
+            found = plan_admission(state, job)
+            reason = found.reason if isinstance(found, Unplaceable) else "the pod is busy"
         keys = self.store.keys
         txn = self.store.txn()
         txn.expect_job(job.job_id, [PENDING], job.epoch)
@@ -191,6 +198,11 @@ class AdmissionMixin(WiringMixin):
             await self.store.commit(txn)
         except Conflict:
             return  # placed meanwhile by another pass
+        if wiring:
+            raise Unavailable(
+                f"job {job.job_id} was not wired and asked not to wait: {reason}",
+                reason="WIRING_FAILED",
+            )
         raise ResourceExhausted(
             f"job {job.job_id} cannot be placed now and asked not to wait: {reason}",
             reason="NO_CAPACITY",

@@ -35,6 +35,10 @@ from services.workload_scheduler.planner import (
 )
 from services.workload_scheduler.store import Conflict, JobRecord
 
+# The reason of a job back in the queue after its wiring failed at the switches (or the
+# ocs_manager): an admission that asked not to wait answers it as UNAVAILABLE.
+WIRING_RETRY = "wiring failed, blocks returned, will retry: "
+
 
 class WiringMixin(SchedulerCore):
     # == wiring (WS-2, WS-8) ======================================================
@@ -357,7 +361,7 @@ class WiringMixin(SchedulerCore):
                 attempts=attempts,
                 not_before_ms=now + RETRY_BACKOFF_MS * attempts,
             )
-            reason = f"wiring failed, blocks returned, will retry: {err}"
+            reason = f"{WIRING_RETRY}{err}"
         else:
             new = job.with_(state=FAILED, epoch=job.epoch + 1, placement=None, attempts=attempts)
             reason = f"wiring failed, blocks returned: {err}"

@@ -125,6 +125,7 @@ async def test_the_contract_holds_through_every_driver(redis_url, tmp_path, kind
             == {"agent": "agents", "sonic": "SONiC", "netconf": "NETCONF"}[kind]
         )
         assert info.attributes["switches_mismatched"] == ""
+        assert info.attributes["health"] == "ok"
         await ocs.WireSlice(wire_request("beside", [2, 1, 1], [6, 7]))
         await ocs.WireSlice(wire_request("job", [2, 2, 1], [0, 1, 2, 3]))
         await invariants_hold(ocs)  # the switches hold exactly the committed tables
@@ -157,6 +158,10 @@ async def test_a_switch_that_does_not_match_the_fabric_is_never_programmed(redis
             info = await ocs.GetInfo(common_pb2.GetInfoRequest())
             assert info.attributes["switches_mismatched"].startswith(
                 f"{SW} (it has 8 ports, the fabric cables 16)"  # its A side only: 7 B ports < 8
+            )
+            assert info.attributes["health"] == (
+                f"degraded: switch {SW} does not match the fabric (it has 8 ports, the fabric "
+                "cables 16): never programmed, changes needing it are refused"
             )
             with pytest.raises(grpc.aio.AioRpcError) as err:
                 await ocs.WireSlice(wire_request("job", [2, 1, 1], [0, 1]))

@@ -124,6 +124,11 @@ async def test_device_rules_and_errors_map_to_the_contract(lab, switch):
     rep = error_report(err.value)
     assert (rep.code, rep.reason) == (grpc.StatusCode.UNAVAILABLE, "SWITCH_UNREACHABLE")
     assert rep.metadata["applied_connects"] == "0"
+    # out of reach before anything was sent: not accepted, so the key was not kept and
+    # the same key is a new attempt once the switch is back (docs: Idempotency)
+    await lab[SID].restart_empty()
+    reply = await switch.ApplyBatch(batch("e", connect=[(4, 0)]), timeout=5)
+    assert reply.applied.connects == 1 and not reply.replayed
 
 
 async def test_describe_reads_the_inventory(lab, switch):

@@ -167,6 +167,38 @@ async def test_a_switch_slower_than_the_deadline_is_rolled_back_when_the_lease_e
             assert await slice_blocks(ocs, "job") == expect
 
 
+async def test_one_slow_switch_holds_back_none_of_the_others(redis_url, tmp_path):
+    """Issue 34: the batches of one ApplyBatches call each have their own deadline, so a
+    slow switch answers DEADLINE_EXCEEDED alone, the others answer at once, and the
+    rollback reaches every switch that applied (not the whole call lost)."""
+    with agent_process(redis_url, tmp_path, **fabric()) as ag:
+        async with manager(redis_url, ag) as ocs, as_manager(ag.address) as s:
+            await ocs.WireSlice(wire_request("beside", [2, 1, 1], [6, 7]))
+            others = ["ocs-x-1-0", "ocs-x-2-0", "ocs-x-3-0"]  # the slice's other x switches
+            before = {sid: await switch_table(ag.address, sid) for sid in others}
+            await inject(ag.address, SW, extra_delay={"seconds": 30})
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await ocs.WireSlice(wire_request("job", [2, 1, 1], [0, 1]))
+            report = error_report(err.value)
+            assert report.code == C.UNAVAILABLE
+            assert f"switch {SW}: DEADLINE_EXCEEDED" in report.message, report.message
+            assert "more switches" not in report.message, report.message  # it alone
+            # the others applied and were rolled back within the call
+            for sid in others:
+                assert await switch_table(ag.address, sid) == before[sid], sid
+            # inside one call: the slow switch's result, the others' outcomes
+            reqs = [
+                sb.ApplyBatchRequest(switch_id=sid, batch_id=f"direct-{sid}")
+                for sid in [SW, *others]
+            ]
+            for r in reqs:
+                r.timeout.FromMilliseconds(300)
+            reply = await s.ApplyBatches(sb.ApplyBatchesRequest(batches=reqs), timeout=10)
+            codes = [r.error.code if r.HasField("error") else 0 for r in reply.results]
+            assert codes == [C.DEADLINE_EXCEEDED.value[0], 0, 0, 0], codes
+            await inject(ag.address, SW)
+
+
 @pytest.mark.parametrize("op", ["wire", "release", "replace"])
 async def test_a_switch_restarting_empty_mid_change(redis_url, tmp_path, op):
     """The change fails (its batch on the restarted switch is gone), the others are rolled

@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import asyncio
 
+import grpc
+
 from lightpath.v1 import common_pb2
 from lightpath.v1 import ocs_manager_pb2 as pb
+from lightpath.v1 import workload_scheduler_pb2 as ws
 from tests.switch_agent.conftest import agent_process, inject
-from tests.workload_scheduler.conftest import POD, ocs_env, pod_stack
+from tests.workload_scheduler.conftest import POD, ocs_env, pod_stack, rpc_error
 
 RUNNING = common_pb2.JOB_STATE_RUNNING
 
@@ -39,6 +42,14 @@ async def test_a_job_whose_wiring_failed_is_not_running(redis_url, tmp_path):
             await wait_state(pod, "ok-1", {RUNNING})
             # one of the pod's 48 OCS stops answering: every wiring needs it
             await inject(ag.address, "ocs-x-0-0", unreachable=True)
+            # a job that asked not to wait hears what failed, retryable (issue 34): not
+            # "the pod is busy" (RESOURCE_EXHAUSTED), for the pod has the room
+            err = await rpc_error(
+                pod.admit("impatient", (4, 4, 4), when_no_capacity=ws.WHEN_NO_CAPACITY_FAIL)
+            )
+            assert err.code == grpc.StatusCode.UNAVAILABLE, err
+            assert err.reason == "WIRING_FAILED", err
+            assert "switch ocs-x-0-0" in err.message and "busy" not in err.message, err.message
             await pod.admit("hit", (4, 4, 4))
             loop = asyncio.get_running_loop()
             deadline = loop.time() + 3
