@@ -44,6 +44,9 @@ class FakeBackends:
         if viewer.token != self.good:
             raise Unauthenticated("unknown token")
 
+    async def list_pods(self, viewer) -> list:  # asked at sign-in: may it see pods?
+        return []
+
 
 def _app(clock: Clock) -> tuple[TestClient, FakeBackends]:
     backends = FakeBackends()
