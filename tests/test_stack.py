@@ -125,7 +125,8 @@ def test_up_serves_every_service_and_ctrl_c_leaves_nothing_behind(tmp_path):
             (tmp_path / "redis").glob("appendonly*")
         )
         code, status = _status(tmp_path)
-        assert code == 1 and status == {"running": False, "services": {}}
+        assert code == 1 and status["running"] is False and status["services"] == {}
+        assert status["state_dir"] == str(tmp_path) and status["state_dir_source"] == "--state-dir"
     finally:
         if proc.poll() is None:
             proc.kill()

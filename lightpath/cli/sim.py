@@ -92,7 +92,12 @@ def _generator_args(p: argparse.ArgumentParser) -> None:
         help="offered load: chip-seconds asked per second ÷ chips",
     )
     g.add_argument("--jobs", type=int, default=2000, help="how many jobs (default 2000)")
-    g.add_argument("--seed", type=int, default=1, help="random generator start value: the same value draws the same workload and failures")
+    g.add_argument(
+        "--seed",
+        type=int,
+        default=1,
+        help="random generator start value: the same value draws the same workload and failures",
+    )
     g.add_argument("--pods", type=int, default=1, help="pods in the cell (default 1: one superpod)")
     g.add_argument(
         "--estimate-error",
