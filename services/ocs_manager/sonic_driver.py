@@ -45,6 +45,7 @@ from redis.exceptions import RedisError, WatchError
 from lightpath.domain.southbound import SouthboundDevice
 from lightpath.domain.torus import FIRST, Fabric
 from lightpath.errors import FailedPrecondition, Unavailable
+from lightpath.redis_packing import fast_packing
 from lightpath.v1 import optical_switch_pb2 as pb
 from services.ocs_manager.device_switch import (
     DeviceFailure,
@@ -148,18 +149,20 @@ class SonicSwitch(DeviceSwitch):
         self._k = fabric.ocs_of_index(device.index)[2]
 
         def client(db: int) -> aioredis.Redis:
-            return aioredis.Redis(
-                host=self.addr.host,
-                port=self.addr.port,
-                db=db,
-                password=self.addr.password,
-                decode_responses=True,
-                socket_connect_timeout=connect_timeout_s,
-                socket_timeout=connect_timeout_s,
-                # one immediate retry (a pooled connection the switch's Redis dropped when
-                # it restarted), no backoff: a switch that does not answer is answered at
-                # once (the manager rolls back, the reconcile loop tries again)
-                retry=Retry(NoBackoff(), 1),
+            return fast_packing(
+                aioredis.Redis(
+                    host=self.addr.host,
+                    port=self.addr.port,
+                    db=db,
+                    password=self.addr.password,
+                    decode_responses=True,
+                    socket_connect_timeout=connect_timeout_s,
+                    socket_timeout=connect_timeout_s,
+                    # one immediate retry (a pooled connection the switch's Redis dropped when
+                    # it restarted), no backoff: a switch that does not answer is answered at
+                    # once (the manager rolls back, the reconcile loop tries again)
+                    retry=Retry(NoBackoff(), 1),
+                )
             )
 
         self.config = client(self.addr.config_db)

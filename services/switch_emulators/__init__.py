@@ -1,4 +1,4 @@
 """Emulators of real optical switches' management interfaces, for tests and benchmarks
 (issue 34): SONiC's OCS orchagent on a real redis-server (sonic.py) and a Polatis-style
 NETCONF server over SSH (polatis.py). Both settle batches with the reference agent's
-switch model (services.switch_agent.switches.SwitchTiming)."""
+switch model (lightpath.domain.switch_timing.SwitchTiming)."""

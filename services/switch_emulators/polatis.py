@@ -16,7 +16,7 @@ http://www.polatis.com/yang/optical-switch):
 Ports 1..N are ingress and N+1..2N egress (an N x N switch). An edit-config is
 validated whole (an egress another ingress holds, a DISABLED port, an unknown port:
 an rpc-error, nothing applied), then applied deletes first and answered once the
-mirrors settled (services.switch_agent.switches.SwitchTiming by ports moved; a merge
+mirrors settled (lightpath.domain.switch_timing.SwitchTiming by ports moved; a merge
 onto an ingress that is still connected is a conflict the switch resolves, at the
 penalty). NETCONF 1.0 framing (`]]>]]>`), password authentication; listens where
 told (loopback in the tests).

@@ -32,6 +32,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from lightpath.domain.switch_timing import SwitchTiming
+from lightpath.redis_packing import fast_packing
 
 log = logging.getLogger("lightpath.switch_emulators")
 
@@ -109,8 +110,12 @@ class OrchagentEmulator:
         ]
 
     async def start(self) -> None:
-        self.config = aioredis.Redis.from_url(self.url, db=self.config_db, decode_responses=True)
-        self.state = aioredis.Redis.from_url(self.url, db=self.state_db, decode_responses=True)
+        self.config = fast_packing(
+            aioredis.Redis.from_url(self.url, db=self.config_db, decode_responses=True)
+        )
+        self.state = fast_packing(
+            aioredis.Redis.from_url(self.url, db=self.state_db, decode_responses=True)
+        )
         self._read = self.config.register_script(READ_LUA)
         self._write = self.config.register_script(WRITE_LUA)
         await self.config.config_set("notify-keyspace-events", "KA")
