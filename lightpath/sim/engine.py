@@ -859,7 +859,7 @@ class OcsModel(_Model):
                 break
             members = sorted(
                 {trial.jobs[j] for j in trial.chips_held().get(src, {}).values()},
-                key=lambda j: -math.prod(j.demand.box or (1,)),
+                key=lambda j: (-math.prod(j.demand.box or (1,)), j.seq, j.job_id),
             )
             if any(j.state != RUNNING for j in members):
                 continue
