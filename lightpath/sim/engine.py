@@ -54,6 +54,7 @@ from lightpath.domain.slices import (
     SUSPENDED,
     TERMINATE,
     WIRING,
+    SliceDemand,
     SliceJob,
 )
 from lightpath.sim.fast_state import IndexedPodState
@@ -89,6 +90,8 @@ DONE = "COMPLETED"
 PREEMPTED = "PREEMPTED"
 FAILED = "FAILED"
 ENDED = frozenset({DONE, PREEMPTED, FAILED})
+# The planner's answer for a block slice that no free blocks and no victims can place.
+_NO_ROOM = Unplaceable((), note="too few free blocks and no lower priority to preempt")
 
 
 @dataclass(frozen=True)
@@ -219,6 +222,17 @@ class _Queue:
 
     def ids(self) -> list[str]:
         return [k[2] for k in self.keys]
+
+
+_DEMANDS: dict[SliceDemand, int] = {}
+
+
+def _demand_id(demand: SliceDemand) -> int:
+    """A small number per distinct demand (equal demands, equal numbers)."""
+    got = _DEMANDS.get(demand)
+    if got is None:
+        got = _DEMANDS[demand] = len(_DEMANDS)
+    return got
 
 
 def pod_fabric(pod_id: str) -> PodFabric:
@@ -421,16 +435,38 @@ class OcsPod:
         self.state = IndexedPodState(fabric)
         self.queue = _Queue()
         self.waiting: dict[str, SliceJob] = {}
+        # Per waiting job, what a pass asks of it each time: (its demand and priority as
+        # a key, a block slice of one node type?, blocks, that node type).
+        self.traits: dict[str, tuple[tuple[int, int], bool, int, str]] = {}
         self.version = 0  # of the capacity the cell sees
         self._view: tuple[int, PodCapacityView] | None = None
+        # The version at which the pod's last pass admitted nothing and changed nothing
+        # (a fixed point of the queue), or None: see OcsModel._submit.
+        self.quiet: int | None = None
+        self._free_chips: tuple[int, int] = (-1, 0)
+
+    def free_chips(self) -> int:
+        if self._free_chips[0] != self.version:
+            self._free_chips = (self.version, _free_chips(self.state))
+        return self._free_chips[1]
 
     def enqueue(self, job: SliceJob) -> None:
         self.waiting[job.job_id] = job
         self.queue.add(job.priority, job.seq, job.job_id)
+        d = job.demand
+        kinds = set(d.node_types)
+        one_type = d.box is None and len(kinds) == 1
+        self.traits[job.job_id] = (
+            (_demand_id(d), job.priority),
+            one_type,
+            d.block_count,
+            d.node_types[0] if one_type else "",
+        )
 
     def dequeue(self, job_id: str) -> SliceJob:
         job = self.waiting.pop(job_id)
         self.queue.remove(job.priority, job.seq, job_id)
+        del self.traits[job_id]
         return job
 
     def view(self) -> PodCapacityView:
@@ -447,9 +483,9 @@ class OcsPod:
                     levels = preemptible.setdefault(t, {})
                     levels[job.priority] = levels.get(job.priority, 0) + n
         free = state.free_counts()
-        for t, c in state.counts_by_type().items():
+        for t, chips_free in state.chips_free_by_type().items():
             view.free[t] = free[t]
-            view.chips_free[t] = c["chips_free"]
+            view.chips_free[t] = chips_free
             view.largest_box[t] = largest_free_box(state, t)
             view.preemptible[t] = preemptible.get(t, {})
         self._view = (self.version, view)
@@ -457,11 +493,19 @@ class OcsPod:
 
 
 class OcsModel(_Model):
+    # Answers known without asking (a pass that cannot change anything is skipped, a
+    # block slice that free blocks and victims cannot place is not planned, a demand no
+    # pod took at the same capacity versions is not offered to the pods again): they
+    # change no decision (tests/sim runs both ways and compares every job).
+    shortcuts = True
+
     def __init__(self, sim: Sim):
         self.sim = sim
         self.pods = [OcsPod(i, f) for i, f in enumerate(sim.fabrics)]
         self.cell_queue = _Queue()
         self.jobs: dict[str, SliceJob] = {}  # jobs waiting at the cell
+        self._no_pod: set[tuple[int, int]] = set()  # (demand, priority) no pod takes now
+        self._no_pod_at: tuple[int, ...] = ()  # at these pod versions
         # Tests: called with each allocation before it is applied.
         self.on_decision: Callable[[OcsPod, Allocation], None] | None = None
 
@@ -503,24 +547,85 @@ class OcsModel(_Model):
         over the pods' capacity as they report it), else it waits (backfill)."""
         if not len(self.cell_queue):
             return
+        # choose() is a function of the job's need and priority and of the pods' views,
+        # and a view changes only with its pod's version: a (need, priority) that found
+        # no pod at these versions finds none again (across passes too).
+        versions = tuple(p.version for p in self.pods)
+        if versions != self._no_pod_at:
+            self._no_pod.clear()
+            self._no_pod_at = versions
         for job_id in self.cell_queue.ids():
             job = self.jobs[job_id]
+            key = (_demand_id(job.demand), job.priority)
+            if self.shortcuts and key in self._no_pod:
+                self.sim.counters["cell_offers_skipped"] += 1
+                continue
             need = self._need(job)
             views = [p.view() for p in self.pods]
             demand = JobDemand(job_id, job.priority, {v.pod_id: need for v in views})
             choice = choose(demand, views)
             if not choice.candidates:
+                self._no_pod.add(key)
                 continue
             pod = next(p for p in self.pods if p.state.fabric.pod_id == choice.candidates[0].pod_id)
             self.cell_queue.remove(job.priority, job.seq, job_id)
             del self.jobs[job_id]
             self._submit(pod, self.sim.by_id[job_id], job)
+            versions = tuple(p.version for p in self.pods)
+            if versions != self._no_pod_at:
+                self._no_pod.clear()
+                self._no_pod_at = versions
 
     def _submit(self, pod: OcsPod, run: JobRun, job: SliceJob) -> None:
         run.pod = pod.index
         run.state = QUEUED
         pod.enqueue(job)
+        if self.shortcuts and pod.quiet == pod.version and self._still_quiet(pod, run, job):
+            self.sim.counters["passes_skipped"] += 1
+            self._note_idle()
+            return
         self.schedule(pod)
+
+    def _still_quiet(self, pod: OcsPod, run: JobRun, job: SliceJob) -> bool:
+        """True when a pass now would decide nothing: the pod's state has not changed
+        since a pass that admitted nothing, and the job that just joined the queue would
+        not start. The jobs waiting before it get the same answers from the planner on
+        the same state; the reservation EASY gives the head of the queue can only move
+        later by as much as the clock did (estimated ends are fixed, or move with the
+        clock), so a job it kept out stays out. A pass is still run when the new job
+        is the new head (under EASY its reservation replaces the old one; under defrag,
+        the first block slice, what defragmentation works for)."""
+        policy = self.sim.policy
+        first = pod.queue.keys[0][2]
+        if policy.backfill == "none" and first != job.job_id:
+            return True  # the pass stops at the head, blocked as before
+        if policy.backfill == "easy" and first == job.job_id:
+            return False
+        if policy.defrag and job.demand.box is None:
+            head = next(j for j in pod.queue.ids() if pod.waiting[j].demand.box is None)
+            if head == job.job_id:
+                return False
+        state = pod.state
+        found = plan_admission(state, job, preempt=policy.preempt)
+        if isinstance(found, Unplaceable):
+            return True
+        if found.victims or policy.backfill != "easy":
+            return False
+        reservation = self._reservation(pod, pod.waiting[first])
+        if reservation is None:
+            return False
+        return (
+            self._ends(run) > reservation[0] and self._blocks_taken(state, found) > (reservation[1])
+        )
+
+    def _ends(self, run: JobRun) -> float:
+        """When a waiting job started now would end by its estimate (EASY)."""
+        sim = self.sim
+        return (
+            sim.now
+            + sim.config.reconfig_s
+            + run.work / run.chips * (run.trace.estimate / run.trace.duration_s)
+        )
 
     # -- scheduling passes -----------------------------------------------------------
 
@@ -544,20 +649,42 @@ class OcsModel(_Model):
         reservation: list[float] | None = None  # [shadow time, spare blocks]
         blocked = False
         rerun = False
+        defragged = False
+        # What the planner would answer for a block slice of one node type, known
+        # without asking it: with fewer free blocks than it needs and no RUNNING slice
+        # of lower priority (the only victims, choose_victims / _box_groups), Unplaceable;
+        # with enough, an allocation on free blocks (which EASY's reservation may keep
+        # out). `low` is taken before the queue is walked: within a pass RUNNING slices
+        # only leave (victims), so the lowest priority among them can only rise.
+        free_blocks: Counter[str] | None = None
+        low = min((j.priority for j in state.jobs.values() if j.state == RUNNING), default=1 << 30)
+        traits = pod.traits
         for job_id in pod.queue.ids():
-            job = pod.waiting[job_id]
             # Skipped without asking the planner when its answer is known: the same demand,
             # or (a block slice of one node type) as many blocks or more at the same or a
             # lower priority, failed since the last preemption (the pod only fills up
             # within a pass; a preemption may free more than its preemptor takes).
-            key = (job.demand, job.priority)
+            key, one_type, n, node_type = traits[job_id]
             if failed_at.get(key) == victims_applied:
                 continue
-            one_type = job.demand.box is None and len(set(job.demand.node_types)) == 1
-            n = job.demand.block_count
+            job = pod.waiting[job_id]
             if one_type and any(p >= job.priority and m <= n for p, m in failed_blocks.items()):
                 continue
-            found = plan_admission(state, job, preempt=policy.preempt)
+            found: Allocation | Unplaceable | None = None
+            if one_type and self.shortcuts:
+                if free_blocks is None:
+                    free_blocks = state.free_counts()
+                if free_blocks[node_type] < n:
+                    if job.priority <= low:
+                        found = _NO_ROOM
+                elif (
+                    reservation is not None
+                    and self._ends(sim.by_id[job_id]) > reservation[0]
+                    and n > reservation[1]
+                ):
+                    continue  # would delay the first waiting job's reservation
+            if found is None:
+                found = plan_admission(state, job, preempt=policy.preempt)
             if isinstance(found, Unplaceable):
                 failed_at[key] = victims_applied
                 if one_type:
@@ -571,13 +698,7 @@ class OcsModel(_Model):
                 continue
             if reservation is not None and not found.victims:
                 taken = self._blocks_taken(state, found)
-                run = sim.by_id[job_id]
-                ends = (
-                    sim.now
-                    + sim.config.reconfig_s
-                    + run.work / run.chips * (run.trace.estimate / run.trace.duration_s)
-                )
-                if ends > reservation[0]:
+                if self._ends(sim.by_id[job_id]) > reservation[0]:
                     if taken > reservation[1]:
                         continue  # would delay the first waiting job's reservation
                     reservation[1] -= taken
@@ -585,6 +706,7 @@ class OcsModel(_Model):
             if self.on_decision is not None:
                 self.on_decision(pod, found)
             apply_allocation(state, found)
+            free_blocks = None
             if found.victims:
                 victims_applied += 1
                 failed_blocks.clear()
@@ -593,7 +715,7 @@ class OcsModel(_Model):
             if any(v.action != TERMINATE for v in found.victims):
                 rerun = True
         if blocked and policy.defrag and self._defrag(pod):
-            rerun = True
+            rerun = defragged = True
         # The slices placed run (after their wiring): a waiting job of higher priority
         # may now preempt one of them, which it could not while they were WIRING.
         top = -pod.queue.keys[0][0] if len(pod.queue) else 0
@@ -601,6 +723,7 @@ class OcsModel(_Model):
             self._placed(pod, alloc)
             if policy.preempt and sim.config.reconfig_s == 0 and top > alloc.job.priority:
                 rerun = True
+        pod.quiet = pod.version if not (started or defragged or rerun) else None
         return rerun
 
     def _blocks_taken(self, state: IndexedPodState, alloc: Allocation) -> int:
@@ -611,31 +734,50 @@ class OcsModel(_Model):
     def _reservation(self, pod: OcsPod, head: SliceJob) -> list[float] | None:
         """EASY: when `head` can start if nothing else starts (the running jobs' estimated
         ends free their blocks), and how many blocks are spare then. None when it could
-        not start even on an empty pod."""
+        not start even on an empty pod.
+
+        Blocks are counted one at a time in the order their holders end (a block shared
+        by sub-block slices when the last of them ends), so the block that completes the
+        head's need leaves none spare. One pass over the placed jobs: a block slice's
+        healthy blocks all end with it."""
         state = pod.state
         sim = self.sim
         need = 1 if head.demand.box is not None else head.demand.block_count
-        healthy = BLOCKS - len(state.failed)
-        if need > healthy:
+        failed = state.failed
+        if need > BLOCKS - len(failed):
             return None
         free = sum(state.free_counts().values())
         if free >= need:  # blocks enough, but not usable now (a box on no aligned place)
             return [sim.now, free - need]
-        ends: dict[int, float] = {}
+        now = sim.now
+        reconfig = sim.config.reconfig_s
+        by_id = sim.by_id
+        ends: list[tuple[float, int]] = []
+        shared: dict[int, float] = {}
         for job in state.jobs.values():
-            if job.placement is None:
+            placement = job.placement
+            if placement is None:
                 continue
-            t = sim.by_id[job.job_id].est_end(sim.now)
+            t = by_id[job.job_id].est_end(now)
             if job.state == WIRING:
-                t += sim.config.reconfig_s
-            for b in job.placement:
-                if b not in state.failed:
-                    ends[b] = max(ends.get(b, 0.0), t)
+                t += reconfig
+            if job.offset is not None:
+                b = placement[0]
+                if b not in failed and t > shared.get(b, 0.0):
+                    shared[b] = t
+            elif failed:
+                n = sum(1 for b in placement if b not in failed)
+                if n:
+                    ends.append((t, n))
+            else:
+                ends.append((t, len(placement)))
+        ends.extend((t, 1) for t in shared.values())
+        ends.sort()
         got = free
-        for t in sorted(ends.values()):
-            got += 1
+        for t, n in ends:
+            got += n
             if got >= need:
-                return [t, got - need]
+                return [t, 0.0]
         return None
 
     def _commit(self, pod: OcsPod, alloc: Allocation) -> None:
@@ -859,7 +1001,7 @@ class OcsModel(_Model):
                 break
             members = sorted(
                 {trial.jobs[j] for j in trial.chips_held().get(src, {}).values()},
-                key=lambda j: -math.prod(j.demand.box or (1,)),
+                key=lambda j: (-math.prod(j.demand.box or (1,)), j.seq, j.job_id),
             )
             if any(j.state != RUNNING for j in members):
                 continue
@@ -913,7 +1055,7 @@ class OcsModel(_Model):
             free = 0
             for pod in self.pods:
                 if len(pod.queue) or len(self.cell_queue):
-                    free += _free_chips(pod.state)
+                    free += pod.free_chips()
             idle = free
         sim.idle_waiting = idle
 

@@ -12,9 +12,18 @@ step of a run.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable
 
-from lightpath.domain.slices import Position, SliceJob, parse_chip_key
+from lightpath.domain.blocks import PodFabric
+from lightpath.domain.slices import (
+    HOLDING_STATES,
+    SUB_BLOCK_OWNER,
+    Position,
+    SliceJob,
+    grid_positions,
+    parse_chip_key,
+)
 from services.workload_scheduler.placement import PodState
 
 
@@ -29,6 +38,48 @@ class IndexedPodState(PodState):
 
     def chips_held(self) -> dict[int, dict[Position, str]]:
         return self._index()
+
+    def free_counts(self) -> Counter[str]:
+        """PodState.free_counts (healthy blocks no slice holds nor a live slice's wiring
+        marks, per node type) in one loop: the simulator asks it many times a pass."""
+        if self.free is not None:
+            return PodState.free_counts(self)
+        types = self.fabric.node_types
+        failed, owner, wired, jobs = self.failed, self.owner, self.wired, self.jobs
+        counts: dict[str, int] = {}
+        for b, t in enumerate(types):
+            if b in failed or b in owner:
+                continue
+            marked = wired.get(b)
+            if marked is not None and marked in jobs and jobs[marked].state in HOLDING_STATES:
+                continue
+            counts[t] = counts.get(t, 0) + 1
+        return Counter(counts)
+
+    def chips_free_by_type(self) -> dict[str, int]:
+        """PodState.counts_by_type()[t]["chips_free"] per node type t (what the pod
+        reports to the cell), without walking every chip of every block: chips on
+        healthy hosts of blocks no block slice holds, less those sub-block slices hold."""
+        fabric = self.fabric
+        per_block = fabric.chips_per_block
+        held = self._index()
+        owner, failed_hosts = self.owner, self.failed_hosts
+        out: dict[str, int] = {}
+        for b, t in enumerate(fabric.node_types):
+            n = out.setdefault(t, 0)
+            if self.whole_failed(b):
+                continue
+            holder = owner.get(b)
+            if holder is not None and holder != SUB_BLOCK_OWNER:
+                continue  # a block slice's chips (or failed ones)
+            bad = failed_hosts.get(b)
+            if not bad and holder is None:
+                out[t] = n + per_block
+                continue
+            usable = _healthy_chips(fabric, bad or frozenset())
+            mine = held.get(b, {})
+            out[t] = n + len(usable) - sum(1 for c in mine if c in usable)
+        return out
 
     def copy(self) -> IndexedPodState:
         base = PodState.copy(self)
@@ -70,3 +121,16 @@ _FIELDS = (
     "marked",
     "failed_hosts",
 )
+
+
+_HEALTHY: dict[tuple, frozenset[Position]] = {}
+
+
+def _healthy_chips(fabric: PodFabric, bad: frozenset[int]) -> frozenset[Position]:
+    key = (fabric.block_shape, fabric.host_shape, bad)
+    got = _HEALTHY.get(key)
+    if got is None:
+        got = _HEALTHY[key] = frozenset(
+            c for c in grid_positions(fabric.block_shape) if fabric.host_of(c) not in bad
+        )
+    return got

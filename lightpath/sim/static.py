@@ -8,6 +8,11 @@ the occupancy, numpy), prefers an offset aligned to the box's extents (a box at
 multiples of its size tiles the torus without leaving holes no later box fits,
 the buddy rule), then the first free offset in chip order.
 
+The windowed sums come from one summed-volume table of the occupancy per change
+of the torus (eight corner lookups per offset for any box), and a shape's answer
+is kept until the torus changes: a queue pass after an arrival asks again for the
+shapes that did not fit before.
+
 A shape with an extent larger than the torus (4x4x32: only an optical fabric
 can make it) runs as the most compact box of the same chip count that fits
 (8x8x8), and a twisted slice as a regular torus: the static machine gets the
@@ -84,15 +89,61 @@ class Torus:
         self.holder: dict[str, tuple[Box, Box]] = {}  # job -> (offset, box)
         self.free_chips = edge**3
         self.version = 0
+        self._table: tuple[int, np.ndarray] = (-1, np.zeros(0))
+        self._answers: dict[Box, tuple[Box, Box] | None] = {}
+        self._answers_at = 0
+
+    def _summed(self) -> np.ndarray:
+        """S[x, y, z] = chips taken in [0, x) x [0, y) x [0, z) of the torus tiled twice
+        less one along each axis (so every window, wraparound included, is a box of it)."""
+        if self._table[0] != self.version:
+            e = self.edge
+            table = np.zeros((2 * e,) * 3, dtype=np.int16 if e**3 < 1 << 15 else np.int32)
+            tiled = table[1:, 1:, 1:]
+            tiled[:e, :e, :e] = self.used | self.down
+            tiled[e:, :e, :e] = tiled[: e - 1, :e, :e]
+            tiled[:, e:, :e] = tiled[:, : e - 1, :e]
+            tiled[:, :, e:] = tiled[:, :, : e - 1]
+            for axis in range(3):
+                np.cumsum(tiled, axis=axis, out=tiled)
+            self._table = (self.version, table)
+        return self._table[1]
+
+    def taken_in(self, box: Box) -> np.ndarray:
+        """out[x, y, z] = chips taken (by a slice or a down host) in the box at (x, y, z).
+        The table's int16 arithmetic wraps, and the sum of the eight corners is exact
+        modulo 2^16: the true count, at most edge^3 (< 2^15), comes out right."""
+        s = self._summed()
+        n = self.edge
+        a, b, c = box
+        x0, x1 = slice(0, n), slice(a, a + n)
+        y0, y1 = slice(0, n), slice(b, b + n)
+        z0, z1 = slice(0, n), slice(c, c + n)
+        return (
+            s[x1, y1, z1]
+            - s[x0, y1, z1]
+            - s[x1, y0, z1]
+            - s[x1, y1, z0]
+            + s[x0, y0, z1]
+            + s[x0, y1, z0]
+            + s[x1, y0, z0]
+            - s[x0, y0, z0]
+        )
 
     def place(self, shape: Box) -> tuple[Box, Box] | None:
         """(offset, oriented box) for a slice of `shape`, or None."""
-        taken = self.used | self.down
+        if self._answers_at != self.version:
+            self._answers.clear()
+            self._answers_at = self.version
+        if shape not in self._answers:
+            self._answers[shape] = self._place(shape)
+        return self._answers[shape]
+
+    def _place(self, shape: Box) -> tuple[Box, Box] | None:
         for box in orientations(shape):
             if math.prod(box) > self.free_chips:
                 return None
-            bad = window_any(taken, box)
-            ok = ~bad
+            ok = self.taken_in(box) == 0
             aligned = np.flatnonzero(ok & _aligned_mask(self.edge, box))
             pick = aligned if aligned.size else np.flatnonzero(ok)
             if pick.size:

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from functools import cache
 
 from lightpath.domain.slices import (
     DISRUPTION,
@@ -60,15 +61,39 @@ class BoxPlacement:
 
 def aligned_offsets(block_shape: Grid, box: Grid) -> list[Position]:
     """Every aligned offset of `box` inside a block, in chip order (x fastest)."""
+    return list(_aligned_offsets(tuple(block_shape), tuple(box)))
+
+
+@cache
+def _aligned_offsets(block_shape: Grid, box: Grid) -> tuple[Position, ...]:
     counts = tuple(b // e for b, e in zip(block_shape, box, strict=True))
-    return [tuple(i * e for i, e in zip(pos, box, strict=True)) for pos in grid_positions(counts)]
+    return tuple(
+        tuple(i * e for i, e in zip(pos, box, strict=True)) for pos in grid_positions(counts)
+    )
 
 
-def _usable_chips(state: PodState, block: int) -> set[Position]:
+@cache
+def _box_cells(offset: Position, box: Grid) -> tuple[Position, ...]:
+    """box_chips, kept: placing one box tries the same few offsets again and again."""
+    return tuple(box_chips(offset, box))
+
+
+# (block shape, host shape, failed hosts) -> chips on healthy hosts: a handful of
+# distinct keys in a pod's life (one per set of failed hosts a block has had).
+_USABLE: dict[tuple, frozenset[Position]] = {}
+
+
+def _usable_chips(state: PodState, block: int) -> frozenset[Position]:
     """Chips of `block` on healthy hosts."""
     fabric = state.fabric
     bad = state.failed_hosts.get(block, frozenset())
-    return {c for c in grid_positions(fabric.block_shape) if fabric.host_of(c) not in bad}
+    key = (fabric.block_shape, fabric.host_shape, bad)
+    got = _USABLE.get(key)
+    if got is None:
+        got = _USABLE[key] = frozenset(
+            c for c in grid_positions(fabric.block_shape) if fabric.host_of(c) not in bad
+        )
+    return got
 
 
 def _split_blocks(state: PodState, node_type: str) -> list[int]:
@@ -112,12 +137,12 @@ def place_box(
     assert box is not None
     node_type = job.demand.node_types[0]
     held = state.chips_held()
-    offsets = aligned_offsets(state.fabric.block_shape, box)
+    offsets = _aligned_offsets(tuple(state.fabric.block_shape), tuple(box))
     best: tuple[int, int, Position] | None = None
     for b in _split_blocks(state, node_type):
-        free = _usable_chips(state, b) - set(held.get(b, {}))
+        free = _usable_chips(state, b).difference(held.get(b, ()))
         for off in offsets:
-            if all(c in free for c in box_chips(off, box)):
+            if all(c in free for c in _box_cells(off, box)):
                 fit = (len(free), b, off)
                 if best is None or fit < best:
                     best = fit
@@ -154,6 +179,21 @@ def _shrink_keep(victim: SliceJob, wanted: set[Position]) -> Grid | None:
     return None
 
 
+@cache
+def _box_shapes(block_shape: Grid) -> tuple[Grid, ...]:
+    """Every box shape inside a block, the most chips first."""
+    return tuple(
+        sorted(
+            {
+                tuple(pos[d] + 1 for d in range(len(block_shape)))
+                for pos in grid_positions(block_shape)
+            },
+            key=_chips,
+            reverse=True,
+        )
+    )
+
+
 def _chips(grid: Grid) -> int:
     n = 1
     for e in grid:
@@ -173,8 +213,8 @@ def choose_box_victims(state: PodState, job: SliceJob) -> BoxPreemption | None:
     for b in _split_blocks(state, node_type):
         usable = _usable_chips(state, b)
         owners = held.get(b, {})
-        for off in aligned_offsets(state.fabric.block_shape, box):
-            wanted = set(box_chips(off, box))
+        for off in _aligned_offsets(tuple(state.fabric.block_shape), tuple(box)):
+            wanted = set(_box_cells(off, box))
             if not wanted <= usable:
                 continue
             victims: dict[str, VictimAction] = {}
@@ -233,16 +273,9 @@ def largest_free_box(state: PodState, node_type: str) -> int:
         return fabric.chips_per_block
     held = state.chips_held()
     best = 0
-    shapes = sorted(
-        {
-            tuple(pos[d] + 1 for d in range(fabric.dims))
-            for pos in grid_positions(fabric.block_shape)
-        },
-        key=_chips,
-        reverse=True,
-    )
+    shapes = _box_shapes(tuple(fabric.block_shape))
     for b in _split_blocks(state, node_type):
-        free = _usable_chips(state, b) - set(held.get(b, {}))
+        free = _usable_chips(state, b).difference(held.get(b, ()))
         if len(free) <= best:
             continue
         for shape in shapes:
@@ -250,8 +283,8 @@ def largest_free_box(state: PodState, node_type: str) -> int:
             if n <= best or n > len(free):
                 continue
             if any(
-                all(c in free for c in box_chips(off, shape))
-                for off in aligned_offsets(fabric.block_shape, shape)
+                all(c in free for c in _box_cells(off, shape))
+                for off in _aligned_offsets(tuple(fabric.block_shape), shape)
             ):
                 best = n
                 break

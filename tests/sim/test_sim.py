@@ -53,6 +53,10 @@ def check_pod(state) -> None:
             else:
                 assert state.tile_owner.get(key) == job.job_id
     assert state.chips_held() == PodState.chips_held(state)
+    assert state.free_counts() == PodState.free_counts(state)
+    assert state.chips_free_by_type() == {
+        t: c["chips_free"] for t, c in PodState.counts_by_type(state).items()
+    }
 
 
 class Checked(Sim):
@@ -94,6 +98,35 @@ def test_a_cell_of_pods_uses_them_all_and_keeps_the_invariants():
     res = Checked(jobs, SimConfig(pods=3, failures=FAILURES)).run()
     assert all(r.state in ENDED for r in res.jobs)
     assert {r.pod for r in res.jobs} == {0, 1, 2}
+
+
+def outcomes(res):
+    return [
+        (r.trace.job_id, r.first_start, r.end, r.state, r.pod, r.swaps, r.moves, r.preemptions)
+        for r in res.jobs
+    ]
+
+
+@pytest.mark.parametrize(("policy", "pods"), [("easy", 1), ("defrag", 1), ("easy", 3)])
+def test_the_shortcuts_change_no_decision(policy, pods, monkeypatch):
+    """Skipped passes, block slices answered without the planner and the cell's memo of
+    demands no pod takes: every job's fate is what full passes give."""
+    gen = Generator(
+        load=1.0,
+        jobs=300,
+        seed=4,
+        chips=4096 * pods,
+        max_duration_s=6 * 3600,
+        priorities=((30, 0.6), (70, 0.4)),
+        estimate_error=0.5,
+    )
+    jobs = gen.generate(FABRIC)
+    config = SimConfig(policy=POLICIES[policy], pods=pods, failures=FAILURES, seed=2)
+    fast = Sim(jobs, config)
+    got = outcomes(fast.run())
+    assert fast.counters["passes_skipped"] + fast.counters["cell_offers_skipped"] > 0
+    monkeypatch.setattr(OcsModel, "shortcuts", False)
+    assert got == outcomes(Sim(jobs, config).run())
 
 
 def test_same_seed_same_run_different_seed_different_failures():
