@@ -101,15 +101,8 @@ def cmd_pod(args: argparse.Namespace) -> int:
             if args.json:
                 print_json(pod)
                 return 0
-            # Twisted tori are marked: the cell's jobs holding blocks there say which.
-            holding = await cell.ListJobs(
-                cell_scheduler_pb2.ListCellJobsRequest(
-                    pod_id=args.pod_id,
-                    states=[common_pb2.JOB_STATE_WIRING, common_pb2.JOB_STATE_RUNNING],
-                    page_size=1000,
-                )
-            )
-            print(render_pod(pod.view, twisted={j.job_id for j in holding.jobs if j.spec.twisted}))
+            twisted = {j.job_id for j in pod.view.live_jobs if j.twisted}
+            print(render_pod(pod.view, twisted=twisted))
             status = STATUS.get(pod.status, "?")
             print(
                 f"cell:   {status}{f' ({pod.status_reason})' if pod.status_reason else ''}, "

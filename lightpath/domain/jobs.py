@@ -342,6 +342,27 @@ def normalize_sub_block(
     )
 
 
+def _shrink_asked(
+    spec: workload_scheduler_pb2.JobSpec, policy: str, violations: list[FieldViolation]
+) -> bool:
+    """True when `spec.shrink_to` is to be read: policy SHRINK with arrangements given
+    (a violation when one goes without the other)."""
+    if policy != SHRINK:
+        if spec.shrink_to:
+            violations.append(
+                FieldViolation("spec.shrink_to", "is only used with preemption_policy SHRINK")
+            )
+        return False
+    if not spec.shrink_to:
+        violations.append(
+            FieldViolation(
+                "spec.shrink_to", "preemption_policy SHRINK needs at least one smaller arrangement"
+            )
+        )
+        return False
+    return True
+
+
 def _shrink_boxes(
     spec: workload_scheduler_pb2.JobSpec,
     box: Grid,
@@ -349,18 +370,7 @@ def _shrink_boxes(
     violations: list[FieldViolation],
 ) -> tuple[Grid, ...]:
     """SHRINK of a sub-block slice: smaller boxes in chips, each a sub-box of `box`."""
-    if policy != SHRINK:
-        if spec.shrink_to:
-            violations.append(
-                FieldViolation("spec.shrink_to", "is only used with preemption_policy SHRINK")
-            )
-        return ()
-    if not spec.shrink_to:
-        violations.append(
-            FieldViolation(
-                "spec.shrink_to", "preemption_policy SHRINK needs at least one smaller arrangement"
-            )
-        )
+    if not _shrink_asked(spec, policy, violations):
         return ()
     out: list[Grid] = []
     for i, shape in enumerate(spec.shrink_to):
@@ -402,18 +412,7 @@ def _shrink_grids(
     policy: str,
     violations: list[FieldViolation],
 ) -> tuple[Grid, ...]:
-    if policy != SHRINK:
-        if spec.shrink_to:
-            violations.append(
-                FieldViolation("spec.shrink_to", "is only used with preemption_policy SHRINK")
-            )
-        return ()
-    if not spec.shrink_to:
-        violations.append(
-            FieldViolation(
-                "spec.shrink_to", "preemption_policy SHRINK needs at least one smaller arrangement"
-            )
-        )
+    if not _shrink_asked(spec, policy, violations):
         return ()
     out: list[Grid] = []
     for i, shape in enumerate(spec.shrink_to):

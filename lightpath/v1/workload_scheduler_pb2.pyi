@@ -1101,12 +1101,20 @@ class JobSummary(_message.Message):
     PRIORITY_FIELD_NUMBER: _builtins.int
     GRID_FIELD_NUMBER: _builtins.int
     BLOCK_COUNT_FIELD_NUMBER: _builtins.int
+    TWISTED_FIELD_NUMBER: _builtins.int
+    BOX_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     state: _common_pb2.JobState.ValueType
     priority: _builtins.int
     block_count: _builtins.int
+    twisted: _builtins.bool
+    """Wired as a twisted torus (JobSpec.twisted)."""
     @_builtins.property
     def grid(self) -> _common_pb2.Shape: ...
+    @_builtins.property
+    def box(self) -> Global___ChipBox:
+        """A sub-block slice holding chips: its box."""
+
     def __init__(
         self,
         *,
@@ -1115,10 +1123,12 @@ class JobSummary(_message.Message):
         priority: _builtins.int = ...,
         grid: _common_pb2.Shape | None = ...,
         block_count: _builtins.int = ...,
+        twisted: _builtins.bool = ...,
+        box: Global___ChipBox | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["grid", b"grid"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["box", b"box", "grid", b"grid"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["block_count", b"block_count", "grid", b"grid", "job_id", b"job_id", "priority", b"priority", "state", b"state"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["block_count", b"block_count", "box", b"box", "grid", b"grid", "job_id", b"job_id", "priority", b"priority", "state", b"state", "twisted", b"twisted"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -135,9 +135,7 @@ class Console:
             rings = []
             if pod.view.HasField("switched") and pod_id in b.ocs:
                 rings = await b.ring_reservations(viewer, pod_id)
-            # Twisted tori are marked on their blocks: the cell's jobs holding blocks say which.
-            holding = await b.list_jobs(viewer, pod_id, states=HOLDING)
-            twisted = {j.job_id for j in holding if j.spec.twisted}
+            twisted = {j.job_id for j in pod.view.live_jobs if j.twisted}
             return views.pod_view(pod, now, rings, twisted), [f"pod:{pod_id}", "tick"]
         if name == "block":
             pod_id, block_id = _param(request, "pod"), _int_param(request, "id")

@@ -676,6 +676,10 @@ async def pod_view(sched: WorkloadScheduler) -> workload_scheduler_pb2.PodView:
                 priority=job.priority,
                 grid=common_pb2.Shape(dims=job.demand.grid),
                 block_count=job.demand.block_count,
+                twisted=job.demand.twisted,
+                box=chip_box_pb(job.job_id, job.placement[0], job.offset, job.demand.box)
+                if job.offset is not None and job.placement and job.demand.box is not None
+                else None,
             )
         )
     return view

@@ -98,7 +98,6 @@ class FailureMixin(AdmissionMixin):
             holder, _, job = await self.store.block(block)  # one read, whatever the live jobs
             if holder == SUB_BLOCK_OWNER:
                 return await self._move_boxes(block)
-            owner = job.job_id if job is not None else None
         else:
             state = await self.snapshot()
             owner = state.owner.get(block)
@@ -118,13 +117,19 @@ class FailureMixin(AdmissionMixin):
                 outcome.affected += done.affected
                 outcome.action = "; ".join(a for a in (outcome.action, done.action) if a)
             return outcome
+        return await self._failed_under(block, job, "block", "it held no slice")
+
+    async def _failed_under(
+        self, block: int, job: SliceJob | None, what: str, idle: str
+    ) -> Outcome:
+        """What a failed block (or host, `what` says which) does to the slice holding it:
+        swapped (WS-5), or swapped once its wiring ends; `idle` when it held none."""
         if job is None:
-            return Outcome(action="block marked failed; it held no slice")
+            return Outcome(action=f"{what} marked failed; {idle}")
         if job.state == WIRING:
             return Outcome(
-                action=f"block marked failed; job {owner} is being wired and will get a "
-                "replacement once it runs",
-                affected=[],
+                action=f"{what} marked failed; job {job.job_id} is being wired and will get "
+                "a replacement once it runs"
             )
         return await self.handle_failure(job.job_id, block)
 
@@ -211,17 +216,13 @@ class FailureMixin(AdmissionMixin):
         holder, _, job = await self.store.block(block)
         if holder == SUB_BLOCK_OWNER:
             return await self._move_boxes(block)
-        if job is None:
-            return Outcome(
-                action=f"host {host} of block {block} marked failed; the block takes no block "
-                "slice until it recovers, its other hosts serve sub-block slices"
-            )
-        if job.state == WIRING:
-            return Outcome(
-                action=f"host {host} of block {block} marked failed; job {job.job_id} is being "
-                "wired and will get a replacement block once it runs"
-            )
-        return await self.handle_failure(job.job_id, block)
+        return await self._failed_under(
+            block,
+            job,
+            f"host {host} of block {block}",
+            "the block takes no block slice until it recovers, its other hosts serve "
+            "sub-block slices",
+        )
 
     async def _move_boxes(self, block: int) -> Outcome:
         """Move every sub-block slice on failed chips of `block` (issue 28)."""

@@ -45,6 +45,9 @@ async def test_sub_block_slices_share_a_block_and_need_no_ocs_change(redis_url):
         view = await pod.assert_consistent()
         block = view.blocks[3]
         assert block.chips_free == 57 and not block.job_id
+        summaries = {j.job_id: j for j in view.live_jobs}
+        assert all(summaries[name].box == job.box for name, job in jobs.items())
+        assert not summaries["big"].HasField("box") and not summaries["big"].twisted
         assert {b.job_id for b in block.boxes} == set(jobs)
         (tpu,) = view.types
         assert (tpu.chips_total, tpu.chips_used, tpu.chips_free) == (256, 135, 121)

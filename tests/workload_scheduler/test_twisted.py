@@ -34,6 +34,8 @@ async def test_a_twisted_job_is_wired_twisted_and_a_swap_keeps_the_twist(pod16: 
     assert b not in new and len(new) == 1
     (c,) = new
     assert x_links(after) == {(a, c), (c, a)}
+    (summary,) = [j for j in (await pod16.pod()).live_jobs if j.job_id == "tw"]
+    assert summary.twisted and not summary.HasField("box")  # the block map can mark it
 
 
 async def test_the_client_wires_a_shrunk_twisted_slice_regular(redis_url):
