@@ -25,7 +25,7 @@ from lightpath.domain.slices import (
     chip_keys,
     describe_box,
 )
-from lightpath.errors import FailedPrecondition, NotFound, ResourceExhausted, Unavailable
+from lightpath.errors import FailedPrecondition, NotFound, ResourceExhausted
 from lightpath.v1 import workload_scheduler_pb2
 from services.workload_scheduler.core import (
     MAX_COMMIT_ATTEMPTS,
@@ -199,7 +199,10 @@ class AdmissionMixin(WiringMixin):
         except Conflict:
             return  # placed meanwhile by another pass
         if wiring:
-            raise Unavailable(
+            # RESOURCE_EXHAUSTED, not UNAVAILABLE: the pod has forgotten the job, and a
+            # caller (the cell) takes UNAVAILABLE as "it may still be held here" and asks
+            # again; the chaos test caught a job the cell failed while the pod ran it.
+            raise ResourceExhausted(
                 f"job {job.job_id} was not wired and asked not to wait: {reason}",
                 reason="WIRING_FAILED",
             )
