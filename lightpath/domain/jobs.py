@@ -258,34 +258,16 @@ def normalize(spec: workload_scheduler_pb2.JobSpec, fabric: PodFabric) -> Normal
                     f"needs {n} {t} blocks; the pod has {fabric.type_counts[t]}",
                 )
             )
-    policy = POLICY_NAMES.get(spec.preemption_policy)
-    if policy is None:
-        violations.append(FieldViolation("spec.preemption_policy", "unknown policy"))
-        policy = DELAY
+    policy = _policy(spec, violations)
     shrink = _shrink_grids(spec, grid, fabric, policy, violations)
-    if spec.when_no_capacity not in (0, 1, 2):
-        violations.append(FieldViolation("spec.when_no_capacity", "must be QUEUE or FAIL"))
-    if spec.on_block_failure not in (0, 1, 2):
-        violations.append(FieldViolation("spec.on_block_failure", "must be SUSPEND or FAIL"))
+    _wait_and_failure_rules(spec, violations)
     chips = chips_of(grid, fabric)
     if spec.twisted and (why := twist_violation(chips, fabric.block_shape, wrap)):
         violations.append(FieldViolation("spec.twisted", why))
     if violations:
         raise InvalidArgument.of(violations)
-    degrees = degrees_of(spec.parallelism) if spec.HasField("parallelism") else None
-    rings = plan_rings(chips, wrap, degrees, field="spec.parallelism") if degrees else None
-    return NormalizedSpec(
-        job_id=spec.job_id,
-        demand=SliceDemand(grid, types, wrap, twisted=spec.twisted),
-        chips=chips,
-        priority=priority,
-        preemption=policy,
-        shrink_to=shrink,
-        on_block_failure=FAIL if spec.on_block_failure == 2 else SUSPEND,
-        when_no_capacity=FAIL if spec.when_no_capacity == 2 else QUEUE,
-        degrees=degrees,
-        rings=rings,
-    )
+    demand = SliceDemand(grid, types, wrap, twisted=spec.twisted)
+    return _normalized(spec, demand, chips, priority, policy, shrink)
 
 
 def normalize_sub_block(
@@ -314,24 +296,49 @@ def normalize_sub_block(
         )
     priority = priority_of(spec, violations)
     types = _node_types(spec, 1, fabric, violations)
+    policy = _policy(spec, violations)
+    shrink = _shrink_boxes(spec, box, policy, violations)
+    _wait_and_failure_rules(spec, violations)
+    if violations or types is None:
+        raise InvalidArgument.of(violations)
+    demand = SliceDemand((1,) * dims, types, (False,) * dims, box=box)
+    return _normalized(spec, demand, box, priority, policy, shrink)
+
+
+def _policy(spec: workload_scheduler_pb2.JobSpec, violations: list[FieldViolation]) -> str:
+    """The preemption policy a job accepts as a victim (DELAY when unknown, with a violation)."""
     policy = POLICY_NAMES.get(spec.preemption_policy)
     if policy is None:
         violations.append(FieldViolation("spec.preemption_policy", "unknown policy"))
-        policy = DELAY
-    shrink = _shrink_boxes(spec, box, policy, violations)
+        return DELAY
+    return policy
+
+
+def _wait_and_failure_rules(
+    spec: workload_scheduler_pb2.JobSpec, violations: list[FieldViolation]
+) -> None:
     if spec.when_no_capacity not in (0, 1, 2):
         violations.append(FieldViolation("spec.when_no_capacity", "must be QUEUE or FAIL"))
     if spec.on_block_failure not in (0, 1, 2):
         violations.append(FieldViolation("spec.on_block_failure", "must be SUSPEND or FAIL"))
-    if violations or types is None:
-        raise InvalidArgument.of(violations)
-    wrap = (False,) * dims
+
+
+def _normalized(
+    spec: workload_scheduler_pb2.JobSpec,
+    demand: SliceDemand,
+    chips: tuple[int, ...],
+    priority: int,
+    policy: str,
+    shrink: tuple[Grid, ...],
+) -> NormalizedSpec:
+    """The request of a valid spec on an OCS_TORUS pod, with its ring plan if it names
+    parallelism degrees (WS-10)."""
     degrees = degrees_of(spec.parallelism) if spec.HasField("parallelism") else None
-    rings = plan_rings(box, wrap, degrees, field="spec.parallelism") if degrees else None
+    rings = plan_rings(chips, demand.wrap, degrees, field="spec.parallelism") if degrees else None
     return NormalizedSpec(
         job_id=spec.job_id,
-        demand=SliceDemand((1,) * dims, types, wrap, box=box),
-        chips=box,
+        demand=demand,
+        chips=chips,
         priority=priority,
         preemption=policy,
         shrink_to=shrink,
@@ -477,10 +484,7 @@ def switched_spec_rules(
         violations.append(
             FieldViolation("spec.preemption_policy", "SHRINK is not offered on a SWITCHED pod")
         )
-    if spec.when_no_capacity not in (0, 1, 2):
-        violations.append(FieldViolation("spec.when_no_capacity", "must be QUEUE or FAIL"))
-    if spec.on_block_failure not in (0, 1, 2):
-        violations.append(FieldViolation("spec.on_block_failure", "must be SUSPEND or FAIL"))
+    _wait_and_failure_rules(spec, violations)
     return priority, policy
 
 
