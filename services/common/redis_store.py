@@ -23,8 +23,6 @@ import time
 from typing import Any
 
 import redis.asyncio as aioredis
-from opentelemetry import metrics
-from opentelemetry.metrics import NoOpMeterProvider
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import (
@@ -35,9 +33,9 @@ from redis.exceptions import (
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from lightpath import __version__, redis_url
+from lightpath import __version__, redis_url, telemetry
+from services.common import instruments
 from services.common.errors import Unavailable
-from services.common.instruments import PrometheusMeter
 
 
 class _RedisMetrics:
@@ -48,7 +46,7 @@ class _RedisMetrics:
     per process."""
 
     def __init__(self) -> None:
-        meter = PrometheusMeter(NoOpMeterProvider().get_meter("lightpath.redis", __version__))
+        meter = instruments.get_meter("lightpath.redis", __version__)
         self.duration = meter.create_histogram(
             "lightpath.redis.command.duration",
             unit="s",
@@ -87,10 +85,8 @@ def _name(command: Any) -> str:
 
 
 def metrics_enabled() -> bool:
-    """True when this process has a MeterProvider (an exporter or a scrape endpoint)."""
-    from opentelemetry.sdk.metrics import MeterProvider
-
-    return isinstance(metrics.get_meter_provider(), MeterProvider)
+    """True when this process serves metrics (lightpath.telemetry.configure_metrics)."""
+    return telemetry.metrics_enabled()
 
 
 def instrument(client: Any) -> Any:
