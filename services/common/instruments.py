@@ -72,6 +72,7 @@ DEFAULT_BOUNDS: tuple[float, ...] = (
 # registry -> name -> its prometheus_client metric (made once: a metric made again is it)
 _made: WeakKeyDictionary[CollectorRegistry, dict[str, Any]] = WeakKeyDictionary()
 _made_lock = threading.Lock()
+_CHILDREN_CACHED = 8000  # attribute sets remembered per instrument (a small fixed set in practice)
 
 
 def get_meter(name: str, version: str = __version__) -> PrometheusMeter:
@@ -106,12 +107,24 @@ class _Instrument:
                     registry=meter.registry,
                 )
         self._metric = metric
+        # attributes as given -> child: prometheus_client's labels() checks and builds its
+        # key on every call (~10 us); a dict lookup here is the record path's only cost.
+        self._children: dict[Any, Any] = {}
 
     def child(self, attributes: Attributes) -> Any:
         if not self._keys:
             return self._metric
-        given = attributes or {}
-        return self._metric.labels(*[_text(given.get(k, "")) for k in self._keys])
+        try:
+            key: Any = tuple(attributes.items()) if attributes else ()
+            found = self._children.get(key)
+        except TypeError:  # an unhashable value (a list): not cached
+            key, found = None, None
+        if found is None:
+            given = attributes or {}
+            found = self._metric.labels(*[_text(given.get(k, "")) for k in self._keys])
+            if key is not None and len(self._children) < _CHILDREN_CACHED:
+                self._children[key] = found
+        return found
 
 
 class _Counter(_Instrument, Counter):
