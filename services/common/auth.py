@@ -29,12 +29,12 @@ from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
 
 import grpc
-from opentelemetry import metrics
 
 from lightpath import __version__
 from lightpath.errors import PermissionDenied, Unauthenticated
 from lightpath.security.identity import OPERATOR, SERVICE, TENANT, Principal, from_uri
 from lightpath.security.tokens import TokenRegistry
+from services.common import instruments
 from services.common.audit import AuditLog
 from services.common.policy import UNSCOPED_ROLES, Rule, rule_for
 
@@ -43,7 +43,7 @@ _CALLER: contextvars.ContextVar[Principal | None] = contextvars.ContextVar(
 )
 METADATA_KEY = "authorization"
 
-_failures = metrics.get_meter("lightpath.auth", __version__).create_counter(
+_failures = instruments.get_meter("lightpath.auth", __version__).create_counter(
     "lightpath.auth.failures",
     description="calls refused as UNAUTHENTICATED or PERMISSION_DENIED, by reason",
 )

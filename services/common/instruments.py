@@ -1,38 +1,29 @@
-"""Synchronous instruments that cost next to nothing on the request path (issue 18).
+"""The services' metrics, recorded straight into prometheus_client: one path per metric.
 
-A service's counters and histograms are recorded on every request (rpc.server.duration
-on each RPC; admissions, wirings, forwards, decisions...). Through the OpenTelemetry
-SDK one record costs ~10 µs (attributes cleaned and hashed, a Measurement built, an
-exemplar offered) and, with several per request in each process, that was most of what
-the metrics added to the workload_scheduler and cell benchmarks (bench/metrics_cost.py:
-the same load with the records made ten times over cost ten times as much more).
+Every metric is listed once in services.common.metric_names (its OpenTelemetry-style
+name, kind, unit and labels); `get_meter` gives a meter with the OpenTelemetry metrics
+API's shape (`create_counter(...).add(1, {"outcome": "ok"})`, observable gauges read by
+a callback) whose instruments are prometheus_client's own Counter, Gauge and Histogram
+under the metric's Prometheus name (`MetricName.prometheus`). prometheus_client does the
+naming of samples, the locking and the exposition that `serve_metrics` serves; an
+attribute set costs one `labels()` lookup per record. OpenTelemetry is for traces only.
 
-When a process's metrics go only to its Prometheus endpoint (`configure_metrics` with
-`prometheus` and no OTel exporter: the local stack, compose and Kubernetes),
-`get_meter` gives a meter whose synchronous instruments keep their values here, a
-dict lookup and a bucket increment (~0.3 µs a record), and this module's collector
-shows them on the endpoint exactly as opentelemetry-exporter-prometheus would (same
-family names, units, `_total`, buckets, `otel_scope_*` labels, the SDK's default
-histogram boundaries or SECONDS_BUCKETS for unit `s`, the same 2,000 attribute sets
-per instrument and overflow series). Observable instruments (read at scrape time)
-stay OpenTelemetry's. With an OTel exporter (OTLP or console) configured, `get_meter`
-is OpenTelemetry's meter and everything goes through the SDK as before, so OTLP users
-get every instrument. The two Redis command metrics are always kept here (they are on
-the Prometheus endpoint only: services.common.redis_store).
+Records count once `configure_metrics(prometheus=True)` has run in the process (a
+service with LIGHTPATH_METRICS_LISTEN); before that, and in processes that serve no
+metrics, they are dropped at the first line, and observable instruments are not
+registered. A meter given its own registry (a test's) always records.
 """
 
 from __future__ import annotations
 
-import bisect
-import math
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from json import dumps
 from typing import Any
+from weakref import WeakKeyDictionary
 
-from opentelemetry import metrics
-from opentelemetry.context import Context
 from opentelemetry.metrics import (
+    CallbackOptions,
     CallbackT,
     Counter,
     Histogram,
@@ -44,14 +35,22 @@ from opentelemetry.metrics import (
 )
 from opentelemetry.metrics import _Gauge as Gauge
 from opentelemetry.util.types import Attributes
+from prometheus_client import REGISTRY, CollectorRegistry, disable_created_metrics
+from prometheus_client import Counter as PromCounter
+from prometheus_client import Gauge as PromGauge
+from prometheus_client import Histogram as PromHistogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from lightpath import __version__
-from lightpath.telemetry import SECONDS_BUCKETS, prometheus_only
+from lightpath.telemetry import SECONDS_BUCKETS, metrics_enabled
+from services.common.metric_names import BY_OTEL, MetricName
 
-__all__ = ["COLLECTOR", "Collector", "FastHistogram", "PrometheusMeter", "get_meter"]
+__all__ = ["DEFAULT_BOUNDS", "PrometheusMeter", "get_meter"]
 
-# The OpenTelemetry SDK's default histogram boundaries (ExplicitBucketHistogramAggregation),
-# which configure_metrics keeps for every histogram whose unit is not `s`.
+disable_created_metrics()  # no `_created` series: the dashboards and rules never read them
+
+# Histogram boundaries for a unit other than seconds (rpc.server.duration, in ms): the
+# OpenTelemetry SDK's defaults, which the dashboards' queries were written against.
 DEFAULT_BOUNDS: tuple[float, ...] = (
     0.0,
     5.0,
@@ -69,269 +68,158 @@ DEFAULT_BOUNDS: tuple[float, ...] = (
     7500.0,
     10000.0,
 )
-CARDINALITY_LIMIT = 2000  # attribute sets per instrument, as the SDK's default
-_OVERFLOW = (("otel.metric.overflow", True),)
-_INF = math.inf
 
-COUNTER, GAUGE, HISTOGRAM = "counter", "gauge", "histogram"
-
-
-def get_meter(name: str, version: str = __version__) -> Meter:
-    """The meter a service's instruments come from: this module's (cheap) one when the
-    process's metrics go only to its Prometheus endpoint, else OpenTelemetry's."""
-    otel = metrics.get_meter(name, version)
-    return PrometheusMeter(otel) if prometheus_only() else otel
+# registry -> name -> its prometheus_client metric (made once: a metric made again is it)
+_made: WeakKeyDictionary[CollectorRegistry, dict[str, Any]] = WeakKeyDictionary()
+_made_lock = threading.Lock()
+_CHILDREN_CACHED = 8000  # attribute sets remembered per instrument (a small fixed set in practice)
 
 
-class _Stream:
-    """One instrument's points by attribute set. A counter's or gauge's point is
-    [value]; a histogram's is [sum, count in bucket 0, 1, ..., +Inf]."""
+def get_meter(name: str, version: str = __version__) -> PrometheusMeter:
+    """The meter a service's instruments come from (the process's default registry)."""
+    return PrometheusMeter(name, version)
 
-    __slots__ = ("bounds", "description", "kind", "lock", "name", "points", "raw", "scope", "unit")
 
-    def __init__(
-        self,
-        kind: str,
-        name: str,
-        unit: str,
-        description: str,
-        scope: tuple[str, str],
-        bounds: Sequence[float] = (),
-    ):
-        self.kind = kind
-        self.name = name
-        self.unit = unit
-        self.description = description
-        self.scope = scope
-        self.bounds = tuple(bounds)
-        self.lock = threading.Lock()
-        self.points: dict[tuple, list[float]] = {}  # sorted attributes -> point
-        self.raw: dict[Any, list[float]] = {}  # attributes as given -> the same point
+def _label_names(m: MetricName) -> list[str]:
+    return [k.replace(".", "_") for k in m.labels]
 
-    def point(self, attributes: Attributes) -> list[float]:
-        """The point of `attributes` (made on first use): the record path's one lookup."""
-        key: Any = tuple(attributes.items()) if attributes else ()
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else dumps(value, default=str)
+
+
+class _Instrument:
+    """One listed metric on a registry: `child(attributes)` is the prometheus_client
+    child of that attribute set (a missing attribute is an empty label)."""
+
+    def __init__(self, meter: PrometheusMeter, name: str, make: Callable[..., Any]):
+        self._listed = BY_OTEL[name]  # KeyError: list it in services.common.metric_names
+        self._keys = self._listed.labels
+        self._on = meter.recording
+        with _made_lock:
+            made = _made.setdefault(meter.registry, {})
+            metric = made.get(self._listed.prometheus)
+            if metric is None:
+                metric = made[self._listed.prometheus] = make(
+                    self._listed.prometheus,
+                    self._listed.description,
+                    _label_names(self._listed),
+                    registry=meter.registry,
+                )
+        self._metric = metric
+        # attributes as given -> child: prometheus_client's labels() checks and builds its
+        # key on every call (~10 us); a dict lookup here is the record path's only cost.
+        self._children: dict[Any, Any] = {}
+
+    def child(self, attributes: Attributes) -> Any:
+        if not self._keys:
+            return self._metric
         try:
-            found = self.raw.get(key)
-        except TypeError:  # an unhashable value (a list): keyed by its text
-            key = tuple((k, dumps(v, default=str)) for k, v in attributes.items())  # type: ignore[union-attr]
-            found = self.raw.get(key)
-        if found is not None:
-            return found
-        with self.lock:
-            canonical = tuple(sorted(key))
-            found = self.points.get(canonical)
-            if found is None:
-                if len(self.points) >= CARDINALITY_LIMIT:
-                    canonical = _OVERFLOW
-                    found = self.points.get(canonical)
-                if found is None:
-                    found = [0.0] * (len(self.bounds) + 2) if self.kind == HISTOGRAM else [0.0]
-                    self.points[canonical] = found
-            if len(self.raw) < 4 * CARDINALITY_LIMIT:
-                self.raw[key] = found
-            return found
-
-    def snapshot(self) -> list[tuple[tuple, list[float]]]:
-        with self.lock:
-            return [(k, list(p)) for k, p in self.points.items()]
+            key: Any = tuple(attributes.items()) if attributes else ()
+            found = self._children.get(key)
+        except TypeError:  # an unhashable value (a list): not cached
+            key, found = None, None
+        if found is None:
+            given = attributes or {}
+            found = self._metric.labels(*[_text(given.get(k, "")) for k in self._keys])
+            if key is not None and len(self._children) < _CHILDREN_CACHED:
+                self._children[key] = found
+        return found
 
 
-class _Counter(Counter):
-    def __init__(self, stream: _Stream):
-        self._stream = stream
-
-    def add(
-        self, amount: int | float, attributes: Attributes = None, context: Context | None = None
-    ) -> None:
-        if not 0 <= amount < _INF:
-            return  # a counter only goes up (the SDK drops such an amount too)
-        point = self._stream.point(attributes)
-        with self._stream.lock:
-            point[0] += amount
+class _Counter(_Instrument, Counter):
+    def add(self, amount: int | float, attributes: Attributes = None, context: Any = None) -> None:
+        if self._on() and amount >= 0:  # a counter only goes up
+            self.child(attributes).inc(amount)
 
 
-class _UpDownCounter(UpDownCounter):
-    def __init__(self, stream: _Stream):
-        self._stream = stream
-
-    def add(
-        self, amount: int | float, attributes: Attributes = None, context: Context | None = None
-    ) -> None:
-        point = self._stream.point(attributes)
-        with self._stream.lock:
-            point[0] += amount
+class _UpDownCounter(_Instrument, UpDownCounter):
+    def add(self, amount: int | float, attributes: Attributes = None, context: Any = None) -> None:
+        if self._on():
+            self.child(attributes).inc(amount)
 
 
-class _Gauge(Gauge):
-    def __init__(self, stream: _Stream):
-        self._stream = stream
-
-    def set(
-        self, amount: int | float, attributes: Attributes = None, context: Context | None = None
-    ) -> None:
-        self._stream.point(attributes)[0] = amount
+class _Gauge(_Instrument, Gauge):
+    def set(self, amount: int | float, attributes: Attributes = None, context: Any = None) -> None:
+        if self._on():
+            self.child(attributes).set(amount)
 
 
-class FastHistogram(Histogram):
-    def __init__(self, stream: _Stream):
-        self._stream = stream
-        self._bounds = stream.bounds
-
+class _Histogram(_Instrument, Histogram):
     def record(
-        self, amount: int | float, attributes: Attributes = None, context: Context | None = None
+        self, amount: int | float, attributes: Attributes = None, context: Any = None
     ) -> None:
-        if not 0 <= amount < _INF:
-            return  # negative, NaN or infinite: dropped, as the SDK does
-        point = self._stream.point(attributes)
-        index = bisect.bisect_left(self._bounds, amount) + 1  # upper bounds are inclusive
-        with self._stream.lock:
-            point[0] += amount
-            point[index] += 1
+        if self._on() and amount >= 0:
+            self.child(attributes).observe(amount)
 
     def bind(self, attributes: Attributes) -> Callable[[float], None]:
         """A recorder of one attribute set, for the hottest paths (a Redis command)."""
-        stream = self._stream
-        point = stream.point(attributes)
-        bounds = self._bounds
-        lock = stream.lock
-        locate = bisect.bisect_left
+        observe = self.child(attributes).observe
+        on = self._on
 
         def record(amount: float) -> None:
-            if not 0 <= amount < _INF:
-                return
-            index = locate(bounds, amount) + 1
-            with lock:
-                point[0] += amount
-                point[index] += 1
+            if on():
+                observe(amount)
 
         return record
 
 
-class Collector:
-    """prometheus_client's view of streams: `COLLECTOR` holds every stream of this
-    process and registers in prometheus_client's default registry, which
-    `serve_metrics` serves (a test can give its own `registry`)."""
+class _Observed:
+    """An observable instrument: a collector on the registry that calls its callbacks
+    at each scrape and shows their observations."""
 
-    def __init__(self, registry: Any = None) -> None:
-        self._streams: dict[tuple[str, str, str], _Stream] = {}
-        self._lock = threading.Lock()
-        self._registry = registry
-        self._registered = False
-
-    def stream(
-        self,
-        kind: str,
-        scope: tuple[str, str],
-        name: str,
-        unit: str,
-        description: str,
-        bounds: Sequence[float] = (),
-    ) -> _Stream:
-        """The stream of instrument `name` of meter `scope` (the same one when it is
-        made again, as the SDK does)."""
-        with self._lock:
-            if not self._registered:
-                from prometheus_client import REGISTRY
-
-                (self._registry or REGISTRY).register(self)
-                self._registered = True
-            key = (scope[0], scope[1], name)
-            found = self._streams.get(key)
-            if found is None or found.kind != kind:
-                found = self._streams[key] = _Stream(kind, name, unit, description, scope, bounds)
-            return found
+    def __init__(self, name: str, callbacks: Sequence[CallbackT] | None, counter: bool):
+        self._listed = BY_OTEL[name]
+        self._callbacks = list(callbacks or ())
+        self._counter = counter
 
     def describe(self) -> Iterable[Any]:
-        """Nothing: the registry need not collect (and so lock) to register this collector."""
-        return ()
+        return ()  # collected at scrape time only
 
     def collect(self) -> Iterable[Any]:
-        from opentelemetry.exporter.prometheus._mapping import (
-            map_unit,
-            sanitize_attribute,
-            sanitize_full_name,
+        m = self._listed
+        family = (CounterMetricFamily if self._counter else GaugeMetricFamily)(
+            m.prometheus, m.description, labels=_label_names(m)
         )
-        from prometheus_client.core import (
-            CounterMetricFamily,
-            GaugeMetricFamily,
-            HistogramMetricFamily,
-        )
-
-        with self._lock:
-            streams = list(self._streams.values())
-        families: dict[tuple[str, str, str, str], Any] = {}
-        rows: dict[tuple[str, str, str, str], list[tuple[dict[str, str], list[float]]]] = {}
-        for s in streams:
-            fid = (sanitize_full_name(s.name), s.description, map_unit(s.unit), s.kind)
-            scope = {
-                "otel_scope_name": s.scope[0],
-                "otel_scope_version": s.scope[1],
-                "otel_scope_schema_url": "",
-            }
-            for attributes, point in s.snapshot():
-                labels = dict(scope)
-                for k, v in attributes:
-                    labels[sanitize_attribute(k)] = (
-                        v if isinstance(v, str) else dumps(v, default=str)
-                    )
-                rows.setdefault(fid, []).append((labels, point))
-            families.setdefault(fid, s)
-        for fid, points in rows.items():
-            name, description, unit, kind = fid
-            keys = sorted({k for labels, _ in points for k in labels})
-            factory = {
-                COUNTER: CounterMetricFamily,
-                GAUGE: GaugeMetricFamily,
-                HISTOGRAM: HistogramMetricFamily,
-            }[kind]
-            family = factory(name=name, documentation=description, labels=keys, unit=unit)
-            bounds = families[fid].bounds
-            for labels, point in points:
-                values = [labels.get(k, "") for k in keys]
-                if kind == HISTOGRAM:
-                    family.add_metric(values, buckets=_buckets(point, bounds), sum_value=point[0])
-                else:
-                    family.add_metric(values, point[0])
-            yield family
+        for callback in self._callbacks:
+            for obs in callback(CallbackOptions()):  # type: ignore[operator]
+                given = obs.attributes or {}
+                family.add_metric([_text(given.get(k, "")) for k in m.labels], obs.value)
+        yield family
 
 
-def _buckets(point: list[float], bounds: Sequence[float]) -> list[tuple[str, float]]:
-    """Cumulative (le, count) pairs, as opentelemetry-exporter-prometheus writes them."""
-    out = []
-    total = 0.0
-    for upper, count in zip([*bounds, "+Inf"], point[1:], strict=True):
-        total += count
-        out.append((f"{upper}", total))
-    return out
+class _ObservableGauge(ObservableGauge, ObservableCounter, ObservableUpDownCounter):
+    """What create_observable_* return: nothing to call (the callbacks do the work)."""
 
-
-COLLECTOR = Collector()
+    def __init__(self, name: str, unit: str = "", description: str = "") -> None:
+        pass
 
 
 class PrometheusMeter(Meter):
-    """A meter whose synchronous instruments are this module's; observable ones are
-    the wrapped OpenTelemetry meter's (they are read at scrape time only)."""
+    """A meter whose instruments are prometheus_client metrics on `registry` (the
+    process's default one: recorded once `configure_metrics(prometheus=True)` ran;
+    another: always)."""
 
-    def __init__(self, otel: Meter, collector: Collector | None = None):
-        super().__init__(otel.name, otel.version, otel.schema_url)
-        self._otel = otel
-        self._scope = (otel.name, otel.version or "")
-        self._collector = collector or COLLECTOR
-
-    def _stream(self, kind: str, name: str, unit: str, description: str, bounds=()) -> _Stream:
-        return self._collector.stream(kind, self._scope, name, unit, description, bounds)
+    def __init__(
+        self,
+        name: str = "lightpath",
+        version: str = __version__,
+        registry: CollectorRegistry | None = None,
+    ):
+        super().__init__(name, version)
+        self.registry = registry or REGISTRY
+        self.recording: Callable[[], bool] = metrics_enabled if registry is None else (lambda: True)
 
     def create_counter(self, name: str, unit: str = "", description: str = "") -> Counter:
-        return _Counter(self._stream(COUNTER, name, unit, description))
+        return _Counter(self, name, PromCounter)
 
     def create_up_down_counter(
         self, name: str, unit: str = "", description: str = ""
     ) -> UpDownCounter:
-        return _UpDownCounter(self._stream(GAUGE, name, unit, description))
+        return _UpDownCounter(self, name, PromGauge)
 
     def create_gauge(self, name: str, unit: str = "", description: str = "") -> Gauge:  # type: ignore[override]
-        return _Gauge(self._stream(GAUGE, name, unit, description))
+        return _Gauge(self, name, PromGauge)
 
     def create_histogram(
         self,
@@ -340,14 +228,26 @@ class PrometheusMeter(Meter):
         description: str = "",
         *,
         explicit_bucket_boundaries_advisory: Sequence[float] | None = None,
-    ) -> FastHistogram:
-        # configure_metrics's view (unit s) wins over an advisory, as in the SDK
+    ) -> _Histogram:
         bounds = (
             SECONDS_BUCKETS
             if unit == "s"
             else tuple(explicit_bucket_boundaries_advisory or DEFAULT_BOUNDS)
         )
-        return FastHistogram(self._stream(HISTOGRAM, name, unit, description, bounds))
+
+        def make(name: str, documentation: str, labels: list[str], **kw: Any) -> PromHistogram:
+            return PromHistogram(name, documentation, labels, buckets=bounds, **kw)
+
+        return _Histogram(self, name, make)
+
+    def _observe(
+        self, name: str, callbacks: Sequence[CallbackT] | None, *, counter: bool = False
+    ) -> _ObservableGauge:
+        if self.recording():
+            self.registry.register(_Observed(name, callbacks, counter))  # type: ignore[arg-type]
+        else:
+            BY_OTEL[name]
+        return _ObservableGauge(name)
 
     def create_observable_counter(
         self,
@@ -356,7 +256,7 @@ class PrometheusMeter(Meter):
         unit: str = "",
         description: str = "",
     ) -> ObservableCounter:
-        return self._otel.create_observable_counter(name, callbacks, unit, description)
+        return self._observe(name, callbacks, counter=True)
 
     def create_observable_gauge(
         self,
@@ -365,7 +265,7 @@ class PrometheusMeter(Meter):
         unit: str = "",
         description: str = "",
     ) -> ObservableGauge:
-        return self._otel.create_observable_gauge(name, callbacks, unit, description)
+        return self._observe(name, callbacks)
 
     def create_observable_up_down_counter(
         self,
@@ -374,4 +274,4 @@ class PrometheusMeter(Meter):
         unit: str = "",
         description: str = "",
     ) -> ObservableUpDownCounter:
-        return self._otel.create_observable_up_down_counter(name, callbacks, unit, description)
+        return self._observe(name, callbacks)

@@ -1,41 +1,34 @@
 """Every metric a Lightpath service exports, in one list (issue 18).
 
-The instruments are OpenTelemetry instruments; a service's Prometheus endpoint
-(LIGHTPATH_METRICS_LISTEN) shows them under the names `prometheus_name` gives,
-which is what opentelemetry-exporter-prometheus does to them:
+Each is listed under an OpenTelemetry-style name, kind, unit and attributes;
+services.common.instruments makes it a prometheus_client metric under the name
+`prometheus_name` gives, which is what opentelemetry-exporter-prometheus made of it
+when the metrics went through that exporter (so queries keep working):
 
-  1. the OTel name is sanitized: every run of characters other than
-     [a-zA-Z0-9:] becomes one `_` (`lightpath.cell.queue.depth` ->
-     `lightpath_cell_queue_depth`);
+  1. the name is sanitized: every run of characters other than [a-zA-Z0-9:]
+     becomes one `_` (`lightpath.cell.queue.depth` -> `lightpath_cell_queue_depth`);
   2. the unit is mapped to a Prometheus word (`s` -> seconds, `ms` ->
      milliseconds, `By` -> bytes, `1` and `{annotation}` -> nothing) and
      appended as `_<unit>` unless the name already ends with it
      (`lightpath.redis.command.duration`, s -> `..._duration_seconds`);
-  3. a monotonic counter gets `_total`; a histogram is the series `_bucket`
-     (with `le`), `_sum` and `_count`; a gauge, an up-down counter and an
-     observable gauge are gauges, under the bare name.
+  3. a counter gets `_total`; a histogram is the series `_bucket` (with `le`),
+     `_sum` and `_count`; a gauge, an up-down counter and an observable gauge
+     are gauges, under the bare name.
 
 Attribute keys are sanitized the same way (`rpc.grpc.status_code` ->
-`rpc_grpc_status_code`), and every series also carries `otel_scope_name`,
-`otel_scope_version` and `otel_scope_schema_url`. `target_info` carries the
-resource (service.name, service.instance.id, service.version).
+`rpc_grpc_status_code`). `target_info` carries the process (service.name,
+service.instance.id, service.version).
 
-The services' own instruments (services/<name>/metrics.py) and the common ones
-(services.common.instruments) use these names and units; the dashboards and
-alert rules under deploy/monitoring may name only these metrics (a test checks).
-`rpc.server.duration` keeps its OpenTelemetry semantic-convention name (and
-unit, ms) for OTLP users; every other metric starts with `lightpath`.
-
-When a process's metrics go only to its Prometheus endpoint, its synchronous
-instruments are services.common.instruments' (a record costs ~0.3 µs instead of
-the SDK's ~10 µs), which shows them under exactly these names, labels and buckets
-(a test compares the two expositions line by line). The two Redis command metrics
-are always kept there (services.common.redis_store): they are on the scrape
-endpoint only, not in OTLP or console exports.
+The services' own instruments (services/<name>/metrics.py) and the common ones use
+these names and units; the dashboards and alert rules under deploy/monitoring may
+name only these metrics (a test checks). `rpc.server.duration` keeps its
+OpenTelemetry semantic-convention name (and unit, ms); every other metric starts
+with `lightpath`.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from lightpath.telemetry import SECONDS_BUCKETS
@@ -72,12 +65,15 @@ class MetricName:
         return (base,)
 
 
-def prometheus_name(otel: str, unit: str = "") -> str:
-    """`otel` as opentelemetry-exporter-prometheus names it (the family name)."""
-    from opentelemetry.exporter.prometheus._mapping import map_unit, sanitize_full_name
+# The Prometheus word for each unit the list uses ("" and "1": none).
+_UNIT_WORDS = {"": "", "1": "", "s": "seconds", "ms": "milliseconds", "By": "bytes"}
 
-    name = sanitize_full_name(otel)
-    suffix = map_unit(unit)
+
+def prometheus_name(otel: str, unit: str = "") -> str:
+    """`otel` as opentelemetry-exporter-prometheus named it (the family name): runs of
+    characters outside [a-zA-Z0-9:] become `_`, then the unit's word unless it ends so."""
+    name = re.sub(r"[^a-zA-Z0-9:]+", "_", otel)
+    suffix = _UNIT_WORDS[unit]  # KeyError: a unit the dashboards' names were not made for
     if suffix and not name.endswith("_" + suffix):
         name = f"{name}_{suffix}"
     return name

@@ -9,11 +9,11 @@ Keys come from services.common.keys; multi-key changes go through Lua
 (`client.register_script`, which re-loads a script a restarted Redis forgot) or
 MULTI/WATCH.
 
-`instrument(client)` (done by `connect` when a MeterProvider is installed) times
+`instrument(client)` (done by `connect` when the process serves metrics) times
 every command: lightpath.redis.command.duration (s, by command; a pipeline or
 MULTI is one, named PIPELINE or MULTI) and lightpath.redis.command.errors (by
-command and exception type), on the Prometheus endpoint (`_RedisMetrics` says why
-not through OTel). Without a provider the client is left as it is.
+command and exception type), on the Prometheus endpoint. Otherwise the client is
+left as it is.
 """
 
 from __future__ import annotations
@@ -23,8 +23,6 @@ import time
 from typing import Any
 
 import redis.asyncio as aioredis
-from opentelemetry import metrics
-from opentelemetry.metrics import NoOpMeterProvider
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import (
@@ -35,20 +33,18 @@ from redis.exceptions import (
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from lightpath import __version__, redis_url
+from lightpath import __version__, redis_url, telemetry
+from services.common import instruments
 from services.common.errors import Unavailable
-from services.common.instruments import PrometheusMeter
 
 
 class _RedisMetrics:
-    """lightpath.redis.command.duration and .errors, kept by services.common.instruments
-    whatever the exporter (a record there costs ~0.3 µs against ~10 µs through the OTel
-    SDK, and a busy service runs several Redis commands per request), so they are on the
-    Prometheus endpoint only, not in OTLP or console exports. Made on first use, once
-    per process."""
+    """lightpath.redis.command.duration and .errors (services.common.instruments). Made on
+    first use, once per process; a recorder bound per command name (a busy service runs
+    several Redis commands per request)."""
 
     def __init__(self) -> None:
-        meter = PrometheusMeter(NoOpMeterProvider().get_meter("lightpath.redis", __version__))
+        meter = instruments.get_meter("lightpath.redis", __version__)
         self.duration = meter.create_histogram(
             "lightpath.redis.command.duration",
             unit="s",
@@ -87,10 +83,8 @@ def _name(command: Any) -> str:
 
 
 def metrics_enabled() -> bool:
-    """True when this process has a MeterProvider (an exporter or a scrape endpoint)."""
-    from opentelemetry.sdk.metrics import MeterProvider
-
-    return isinstance(metrics.get_meter_provider(), MeterProvider)
+    """True when this process serves metrics (lightpath.telemetry.configure_metrics)."""
+    return telemetry.metrics_enabled()
 
 
 def instrument(client: Any) -> Any:
@@ -191,7 +185,7 @@ def connect(
     cluster); a command that finds them all busy waits up to `pool_timeout_s` for one
     (then ConnectionError "No connection available."; a cluster node's pool fails at
     once with MaxConnectionsError). `password` (from a file, not the URL) overrides
-    the URL's. With a MeterProvider installed its commands are timed (`instrument`)."""
+    the URL's. In a process serving metrics its commands are timed (`instrument`)."""
     client = redis_url.client(
         url,
         decode_responses=decode_responses,

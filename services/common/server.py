@@ -371,12 +371,11 @@ def main(service: str, settings_cls: type[S], build: Build, argv: list[str] | No
             instance_id=instance_id,
             console_file=settings.otel_console_file,
         )
-        meter_provider = configure_metrics(
+        configure_metrics(
             settings.otel_service_name or f"lightpath-{service}",
             exporter=settings.otel_metrics_exporter,
             instance_id=instance_id,
             prometheus=bool(settings.metrics_listen),
-            console_file=settings.otel_console_file,
         )
     except (RuntimeError, OSError) as exc:
         print(f"lightpath {service}: bad configuration: {exc}", file=sys.stderr)
@@ -398,8 +397,6 @@ def main(service: str, settings_cls: type[S], build: Build, argv: list[str] | No
                 "%s stopping: draining calls for up to %.1f s", service, settings.shutdown_grace_s
             )
         provider.shutdown()
-        if meter_provider is not None:
-            meter_provider.shutdown()
 
     try:
         asyncio.run(serve())

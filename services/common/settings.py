@@ -310,9 +310,9 @@ class CommonSettings:
     otel_metrics_exporter: str = setting(
         "OTEL_METRICS_EXPORTER",
         "none",
-        "none, console or otlp: rpc.server.duration and service metrics "
-        "(deploy/monitoring/README.md lists them); LIGHTPATH_METRICS_LISTEN serves them too",
-        parse=choice("none", "console", "otlp"),
+        "none: OpenTelemetry exports traces only; the metrics (rpc.server.duration and "
+        "the services' own, deploy/monitoring/README.md) are served on LIGHTPATH_METRICS_LISTEN",
+        parse=choice("none"),
     )
     metrics_listen: str = setting(
         "LIGHTPATH_METRICS_LISTEN",
@@ -325,7 +325,7 @@ class CommonSettings:
     otel_console_file: str = setting(
         "LIGHTPATH_OTEL_CONSOLE_FILE",
         "",
-        "file the console span and metric exporters append to (one JSON object per line); "
+        "file the console span exporter appends to (one JSON object per line); "
         "empty: stdout (the logs go to stderr)",
     )
     otel_service_name: str = setting(

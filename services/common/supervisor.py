@@ -28,9 +28,8 @@ from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
-from opentelemetry import metrics
-
 from lightpath import __version__
+from services.common import instruments
 
 Factory = Callable[[], Coroutine[Any, Any, Any]]
 HealthHook = Callable[[bool], Awaitable[None]]
@@ -51,7 +50,7 @@ class TaskState(enum.Enum):
 
 DOWN = {TaskState.RECOVERING, TaskState.BACKOFF}
 
-_meter = metrics.get_meter("lightpath.supervisor", __version__)
+_meter = instruments.get_meter("lightpath.supervisor", __version__)
 _restarts = _meter.create_counter(
     "lightpath.task.restarts", description="restarts of a supervised background task"
 )

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from prometheus_client import CollectorRegistry
 
 from lightpath.aggregation.node import ComputeNode, aggregate_all
 from lightpath.v1 import agg_switch_pb2 as pb
@@ -22,7 +22,7 @@ SWITCHES = ("root", "sub-1", "sub-2")
 
 
 @pytest.fixture
-def reader(monkeypatch) -> InMemoryMetricReader:
+def reader(monkeypatch) -> CollectorRegistry:
     return install(monkeypatch, agg_server, AggMetrics, refresh_s=0.05)
 
 

@@ -4,7 +4,7 @@ with two pods on a real Redis, read through an in-memory reader of its own provi
 from __future__ import annotations
 
 import pytest
-from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from prometheus_client import CollectorRegistry
 
 from lightpath.v1 import cell_scheduler_pb2 as cs
 from lightpath.v1 import common_pb2 as c
@@ -15,7 +15,7 @@ from tests.metrics_reader import assert_listed, install, points, value
 
 
 @pytest.fixture
-def reader(monkeypatch) -> InMemoryMetricReader:
+def reader(monkeypatch) -> CollectorRegistry:
     return install(monkeypatch, cell_server, CellMetrics, refresh_s=0.1)
 
 

@@ -15,14 +15,13 @@ from pathlib import Path
 import grpc
 import pytest
 import redis as sync_redis
-from opentelemetry.exporter.prometheus import PrometheusMetricReader
-from opentelemetry.sdk.metrics import MeterProvider
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from lightpath.telemetry import configure_metrics, configure_tracing
 from lightpath.v1 import common_pb2, core_broker_pb2, core_broker_pb2_grpc
 from services.common import metric_names, redis_store
+from services.common.instruments import PrometheusMeter
 from services.common.metric_names import COUNTER, GAUGE, HISTOGRAM
 from services.common.settings import CommonSettings, SettingsError, load
 from tests.metrics_probe import FAIL_KEY, TASK
@@ -52,8 +51,7 @@ def test_every_metric_name_is_what_the_prometheus_exporter_shows():
     """Each instrument of the list, made as the list says and recorded once, appears on a
     scrape under exactly the sample names `MetricName.series` gives, with its labels."""
     registry = CollectorRegistry()
-    provider = MeterProvider(metric_readers=[PrometheusMetricReader(registry=registry)])
-    meter = provider.get_meter("lightpath.test")
+    meter = PrometheusMeter("lightpath.test", registry=registry)
     for m in metric_names.ALL:
         attrs = {label: "x" for label in m.labels}
         if m.kind == COUNTER:
@@ -71,21 +69,14 @@ def test_every_metric_name_is_what_the_prometheus_exporter_shows():
             (labels,) = {ls for n, ls in found if n == series and ("le", "+Inf") in ls} or {
                 ls for n, ls in found if n == series
             }
-            keys = {k for k, _ in labels} - {
-                "le",
-                "otel_scope_name",
-                "otel_scope_version",
-                "otel_scope_schema_url",
-            }
+            keys = {k for k, _ in labels} - {"le"}
             assert keys == {label.replace(".", "_") for label in m.labels}, m.otel
-    assert "target_info" in names
-    provider.shutdown()
+    assert not {n for n in names if n.endswith("_created")}  # never read: not made
 
 
 def test_an_up_down_counter_or_observable_gauge_exports_as_a_gauge_under_the_bare_name():
     registry = CollectorRegistry()
-    provider = MeterProvider(metric_readers=[PrometheusMetricReader(registry=registry)])
-    meter = provider.get_meter("lightpath.test")
+    meter = PrometheusMeter("lightpath.test", registry=registry)
     meter.create_up_down_counter("lightpath.cell.queue.depth").add(3)
     from opentelemetry.metrics import Observation
 
@@ -97,7 +88,6 @@ def test_an_up_down_counter_or_observable_gauge_exports_as_a_gauge_under_the_bar
     }
     assert families["lightpath_cell_queue_depth"] == "gauge"
     assert families["lightpath_cell_heartbeat_age_seconds"] == "gauge"
-    provider.shutdown()
 
 
 def test_names_are_unique_and_prefixed():
@@ -139,27 +129,31 @@ def test_a_bad_metrics_listen_stops_the_service_naming_the_variable():
         load(CommonSettings, {"LIGHTPATH_METRICS_LISTEN": "localhost:http"})
 
 
-# -- the console exporters ----------------------------------------------------------
+# -- the console exporter; metrics are Prometheus's only ------------------------------
 
 
-def test_console_exporters_write_one_json_object_a_line_to_their_file(tmp_path, capsys):
+def test_the_console_span_exporter_writes_one_json_object_a_line_to_its_file(tmp_path, capsys):
     path = tmp_path / "otel.jsonl"
     tracer_provider = configure_tracing(
         "lightpath-test", exporter="console", console_file=str(path), set_global=False
     )
-    meter_provider = configure_metrics(
-        "lightpath-test", exporter="console", console_file=str(path), set_global=False
-    )
     with tracer_provider.get_tracer("t").start_as_current_span("one"):
-        meter_provider.get_meter("t").create_counter("lightpath.test.things").add(2)
+        pass
     tracer_provider.shutdown()
-    meter_provider.shutdown()
     lines = path.read_text().splitlines()
     objects = [json.loads(line) for line in lines]  # every line is one whole object
     assert any(o.get("name") == "one" for o in objects)
-    assert any("resource_metrics" in o for o in objects)
     captured = capsys.readouterr()
     assert captured.err == "" and captured.out == ""  # nothing on the log stream
+
+
+@pytest.mark.parametrize("exporter", ["console", "otlp"])
+def test_an_otel_metrics_exporter_is_refused_naming_the_variable(exporter):
+    """OpenTelemetry exports traces only; the metrics are on the Prometheus endpoint."""
+    with pytest.raises(SettingsError, match="OTEL_METRICS_EXPORTER"):
+        load(CommonSettings, {"OTEL_METRICS_EXPORTER": exporter})
+    with pytest.raises(RuntimeError, match=r"OTEL_METRICS_EXPORTER.*LIGHTPATH_METRICS_LISTEN"):
+        configure_metrics("lightpath-test", exporter=exporter)
 
 
 # -- Redis instrumentation ----------------------------------------------------------
@@ -167,7 +161,7 @@ def test_console_exporters_write_one_json_object_a_line_to_their_file(tmp_path, 
 
 async def test_an_instrumented_client_answers_as_before(redis_url):
     """Commands, pipelines, transactions and Lua scripts go through the timing wrapper
-    unchanged (without a MeterProvider `connect` leaves the client as it is: no cost)."""
+    unchanged (in a process serving no metrics `connect` leaves the client as it is: no cost)."""
     assert not redis_store.metrics_enabled()
     plain = redis_store.connect(redis_url)
     assert not getattr(plain, "_lightpath_instrumented", False)

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 
 import grpc
 import pytest
@@ -403,9 +404,18 @@ def _run_service_process(
     return proc, port
 
 
-def test_rpc_metrics_are_exported_per_otel_metrics_exporter(redis_url):
+def test_rpc_metrics_are_served_on_the_metrics_endpoint(redis_url):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from lightpath.embedded_redis import free_port
+
+    metrics_port = free_port()
     proc, port = _run_service_process(
-        redis_url, {"OTEL_METRICS_EXPORTER": "console", "LIGHTPATH_SHUTDOWN_GRACE_S": "1"}
+        redis_url,
+        {
+            "LIGHTPATH_METRICS_LISTEN": f"127.0.0.1:{metrics_port}",
+            "LIGHTPATH_SHUTDOWN_GRACE_S": "1",
+        },
     )
     try:
         import grpc as sync_grpc
@@ -416,23 +426,20 @@ def test_rpc_metrics_are_exported_per_otel_metrics_exporter(redis_url):
         assert creds is not None  # the tests' operator certificate (tests/conftest.py)
         with sync_grpc.secure_channel(f"127.0.0.1:{port}", creds) as ch:
             core_broker_pb2_grpc.CoreBrokerStub(ch).GetInfo(common_pb2.GetInfoRequest(), timeout=5)
-        proc.send_signal(signal.SIGTERM)
-        out, _ = proc.communicate(timeout=15)
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as r:
+            text = r.read().decode()
     finally:
-        if proc.poll() is None:
-            proc.kill()
-    exported = json.loads(out[out.index("{") :])  # the console exporter flushes at shutdown
-    points = [
-        (m["name"], p["attributes"])
-        for rm in exported["resource_metrics"]
-        for sm in rm["scope_metrics"]
-        for m in sm["metrics"]
-        for p in m["data"]["data_points"]
-    ]
-    assert (
-        "rpc.server.duration",
-        {"rpc.method": "/lightpath.v1.CoreBroker/GetInfo", "rpc.grpc.status_code": "OK"},
-    ) in points
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=15)
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+    labels = (("rpc_grpc_status_code", "OK"), ("rpc_method", "/lightpath.v1.CoreBroker/GetInfo"))
+    assert samples[("rpc_server_duration_milliseconds_count", labels)] == 1
+    info = [dict(k[1]) for k in samples if k[0] == "target_info"]
+    assert [i["service_name"] for i in info] == ["lightpath-core_broker"]
 
 
 def test_sigterm_stops_a_service_process_cleanly(redis_url):

@@ -4,7 +4,7 @@ a real Redis, read through an in-memory reader of the test's own provider."""
 from __future__ import annotations
 
 import pytest
-from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from prometheus_client import CollectorRegistry
 
 from lightpath.v1 import core_broker_pb2 as pb
 from services.core_broker import server as broker_server
@@ -14,7 +14,7 @@ from tests.metrics_reader import assert_listed, install, until, value
 
 
 @pytest.fixture
-def reader(monkeypatch) -> InMemoryMetricReader:
+def reader(monkeypatch) -> CollectorRegistry:
     return install(monkeypatch, broker_server, BrokerMetrics, refresh_s=0.1)
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import grpc
 import pytest
 import redis.asyncio as aioredis
-from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from prometheus_client import CollectorRegistry
 
 from lightpath.v1 import ocs_manager_pb2 as pb
 from services.common.keys import pod_key
@@ -17,7 +17,7 @@ from tests.ocs_manager.conftest import POD, ocs_stub, rpc_error, wire_request
 
 
 @pytest.fixture
-def reader(monkeypatch) -> InMemoryMetricReader:
+def reader(monkeypatch) -> CollectorRegistry:
     return install(monkeypatch, ocs_server, OcsMetrics, refresh_s=0.1)
 
 

@@ -8,7 +8,7 @@ import asyncio
 
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from prometheus_client import CollectorRegistry
 
 from lightpath.client import channel
 from lightpath.v1 import common_pb2, ocs_manager_pb2_grpc
@@ -22,7 +22,7 @@ from tests.switch_agent.conftest import POD, admin, agent_process, fabric, injec
 
 
 @pytest.fixture
-def reader(monkeypatch) -> InMemoryMetricReader:
+def reader(monkeypatch) -> CollectorRegistry:
     return install(monkeypatch, ocs_server, OcsMetrics, refresh_s=0.1)
 
 

@@ -5,7 +5,7 @@ the test's own provider."""
 from __future__ import annotations
 
 import pytest
-from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from prometheus_client import CollectorRegistry
 
 from lightpath.v1 import common_pb2 as c
 from services.workload_scheduler import server as ws_server
@@ -15,7 +15,7 @@ from tests.workload_scheduler.conftest import POD, pod_stack
 
 
 @pytest.fixture
-def reader(monkeypatch) -> InMemoryMetricReader:
+def reader(monkeypatch) -> CollectorRegistry:
     return install(monkeypatch, ws_server, PodMetrics, refresh_s=0.1)
 
 
