@@ -58,9 +58,11 @@ from lightpath.domain.slices import (
     SliceJob,
 )
 from lightpath.sim.fast_state import IndexedPodState
+from lightpath.sim.quotas import NODE_TYPE, SimQuotas
 from lightpath.sim.static import Torus, fitting_shape
 from lightpath.sim.workload import TraceJob
 from services.cell_scheduler.choice import JobDemand, PodCapacityView, chips_key, choose
+from services.cell_scheduler.quota import DEFAULT_HALF_LIFE_S, Quota, RunningJob, Waiting
 from services.workload_scheduler.box_placement import (
     BoxPlacement,
     largest_free_box,
@@ -154,6 +156,10 @@ class SimConfig:
     failures: Failures | None = None
     seed: int = 1  # of the failure draws (the workload has its own)
     series_points: int = 2000  # utilisation samples kept for plots
+    # Tenants' quotas (issue 35): every job then passes the cell's quota check and
+    # fair-share order (lightpath/sim/quotas.py); none: no quotas, priority order.
+    quotas: tuple[Quota, ...] = ()
+    half_life_s: float = DEFAULT_HALF_LIFE_S  # of the usage fair share orders by
 
 
 @dataclass
@@ -267,6 +273,11 @@ class Sim:
             (jobs[0].arrival_s, jobs[-1].arrival_s) if jobs else (0.0, 0.0)
         )
         self.window_areas = [0.0, 0.0, 0.0]  # busy, healthy, frag inside the window
+        self.quota = (
+            SimQuotas(config.quotas, self.chips_total, config.half_life_s)
+            if config.quotas and not config.policy.static
+            else None
+        )
         if self.policy.static:
             self.model: _Model = StaticModel(self)
         else:
@@ -291,6 +302,8 @@ class Sim:
                 self.window_areas[0] += self.busy * (b - a)
                 self.window_areas[1] += healthy * (b - a)
                 self.window_areas[2] += self.idle_waiting * (b - a)
+            if self.quota is not None:
+                self.quota.advance(self._t, t, self.window)
         self._t = t
         self.now = t
 
@@ -398,6 +411,8 @@ class Sim:
         run.state = state
         run.end = self.now
         self.ended += 1
+        if self.quota is not None:
+            self.quota.release(run.trace.job_id, self.now)
         self.counters[state.lower()] += 1
 
     # -- the summary --------------------------------------------------------------------
@@ -416,7 +431,15 @@ class Sim:
             "makespan_s": self.now,
             "window_s": [lo, hi],
             "counters": dict(self.counters),
-        }
+        } | ({"quotas": self._quota_stats()} if self.quota is not None else {})
+
+    def _quota_stats(self) -> dict:
+        assert self.quota is not None
+        waits: dict[str, list[float]] = {}
+        for r in self.runs:
+            if r.first_start is not None:
+                waits.setdefault(r.trace.tenant, []).append(r.first_start - r.trace.arrival_s)
+        return self.quota.summary(self.window, waits)
 
 
 class _Model:
@@ -528,8 +551,14 @@ class OcsModel(_Model):
 
     def arrive(self, run: JobRun) -> None:
         job = self._slice_job(run)
-        if len(self.pods) == 1:
+        if len(self.pods) == 1 and self.sim.quota is None:
             self._submit(self.pods[0], run, job)
+            return
+        if self.sim.quota is not None and self.sim.quota.book.never_fits(
+            run.trace.tenant, {NODE_TYPE: self._chips(job)}
+        ):
+            self.sim.counters["over_quota"] += 1
+            self.sim.end(run, FAILED)  # the cell refuses it: no quota can ever admit it
             return
         run.state = AT_CELL
         self.jobs[job.job_id] = job
@@ -546,6 +575,13 @@ class OcsModel(_Model):
         """The cell's queue in order: each job to its first candidate pod (choice.choose
         over the pods' capacity as they report it), else it waits (backfill)."""
         if not len(self.cell_queue):
+            return
+        if self.sim.quota is not None:
+            # a reclaim can free more than the owner's job takes: pass again, as the
+            # cell's dispatcher does when the pod reports the freed capacity
+            for _ in range(100):
+                if not self._quota_pass():
+                    break
             return
         # choose() is a function of the job's need and priority and of the pods' views,
         # and a view changes only with its pod's version: a (need, priority) that found
@@ -575,6 +611,118 @@ class OcsModel(_Model):
             if versions != self._no_pod_at:
                 self._no_pod.clear()
                 self._no_pod_at = versions
+
+    def _quota_pass(self) -> bool:
+        """The cell queue with quotas: in fair-share order, each job its tenant's quota
+        admits goes to the pod `choose` picks; one within its nominal quota that no
+        pod takes reclaims borrowed chips (QuotaBook.reclaim) on one pod and goes there.
+        True when it reclaimed (a further pass may use what was freed)."""
+        sim = self.sim
+        quota = sim.quota
+        assert quota is not None
+        waiting = [
+            Waiting(
+                j,
+                sim.by_id[j].trace.tenant,
+                self.jobs[j].priority,
+                self.jobs[j].seq,
+                {NODE_TYPE: self._chips(self.jobs[j])},
+            )
+            for j in self.cell_queue.ids()
+        ]
+        left: list[Waiting] = []
+        reclaimed = False
+        for w in quota.order(waiting):
+            job = self.jobs[w.job_id]
+            verdict = quota.book.check(w.tenant, w.chips)
+            if not verdict.ok:
+                left.append(w)
+                continue
+            need = self._need(job)
+            views = [p.view() for p in self.pods]
+            choice = choose(
+                JobDemand(w.job_id, job.priority, {v.pod_id: need for v in views}), views
+            )
+            if choice.candidates:
+                pod_id = choice.candidates[0].pod_id
+            else:
+                reclaim = None
+                if verdict.within_nominal:
+                    reclaim = quota.book.reclaim(
+                        w.tenant, w.chips, self._placed_jobs(), self._room(job, views)
+                    )
+                pod = None
+                if reclaim is not None:
+                    pod = next(p for p in self.pods if p.state.fabric.pod_id == reclaim.pod)
+                    if not self._fits_without(pod, job, [v.job_id for v in reclaim.victims]):
+                        pod = None  # the pod would refuse it: nothing is taken
+                if reclaim is None or pod is None:
+                    left.append(w)
+                    continue
+                pod_id = reclaim.pod
+                for v in reclaim.victims:
+                    self._reclaim(pod, v.job_id)
+                reclaimed = True
+            pod = next(p for p in self.pods if p.state.fabric.pod_id == pod_id)
+            self.cell_queue.remove(job.priority, job.seq, w.job_id)
+            del self.jobs[w.job_id]
+            quota.admit(w.job_id, w.tenant, w.chips[NODE_TYPE], sim.now)
+            self._submit(pod, sim.by_id[w.job_id], job)
+        quota.note_waiting([w for w in left if w.job_id in self.jobs])
+        return reclaimed
+
+    def _fits_without(self, pod: OcsPod, job: SliceJob, victims: list[str]) -> bool:
+        """Whether the pod's planner places `job` once `victims` leave (the pod's own
+        admission confirming a reclaim before anything is taken)."""
+        trial = pod.state.copy()
+        for v in victims:
+            gone = trial.jobs[v]
+            trial.assume_released(v, gone.held_keys())
+            trial.jobs.pop(v, None)
+        found = plan_admission(trial, job, preempt=False)
+        return not isinstance(found, Unplaceable)
+
+    def _placed_jobs(self) -> list[RunningJob]:
+        """Admitted jobs holding chips on a pod (WIRING or RUNNING): what reclaim frees."""
+        quota = self.sim.quota
+        assert quota is not None
+        pod_of: dict[str, str] = {}
+        order: dict[str, tuple[int, int]] = {}
+        for p in self.pods:
+            for j in p.state.jobs.values():
+                if j.job_id in quota.admitted:
+                    pod_of[j.job_id] = p.state.fabric.pod_id
+                    order[j.job_id] = (j.priority, j.seq)
+        return quota.running(pod_of, order)
+
+    def _room(self, job: SliceJob, views: list[PodCapacityView]) -> dict[str, dict[str, int]]:
+        """Chips a job could use per pod without preempting: whole free blocks for a
+        block slice, the largest free box for a sub-block slice."""
+        if job.demand.box is not None:
+            return {v.pod_id: {NODE_TYPE: v.largest_box[NODE_TYPE]} for v in views}
+        return {v.pod_id: {NODE_TYPE: v.free[NODE_TYPE] * v.block_chips} for v in views}
+
+    def _reclaim(self, pod: OcsPod, job_id: str) -> None:
+        """A borrower's job leaves the pod for an owner's: terminated, or (delay,
+        shrink) back to the cell queue to restart from its checkpoint."""
+        sim = self.sim
+        quota = sim.quota
+        assert quota is not None
+        job = pod.state.jobs[job_id]
+        run = sim.by_id[job_id]
+        quota.reclaimed += 1
+        sim.counters["reclaims"] += 1
+        run.preemptions += 1
+        self._release(pod, job)
+        if job.preemption == TERMINATE:
+            sim.end(run, PREEMPTED)
+            return
+        sim.interrupt(run, "preemption")
+        quota.release(job_id, sim.now)
+        again = self._slice_job(run)
+        run.state = AT_CELL
+        self.jobs[job_id] = again
+        self.cell_queue.add(again.priority, again.seq, job_id)
 
     def _submit(self, pod: OcsPod, run: JobRun, job: SliceJob) -> None:
         run.pod = pod.index

@@ -1,0 +1,110 @@
+"""Quotas and fair share in the simulator (issue 35): the cell's quota model decides
+admission, order and reclaim; the pods' invariants and the quota accounting hold."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from lightpath.sim import engine
+from lightpath.sim.engine import ENDED, Failures, SimConfig, pod_fabric, simulate
+from lightpath.sim.quotas import load_quotas
+from lightpath.sim.workload import Generator, parse_trace
+from services.cell_scheduler.quota import Quota
+from tests.sim.test_sim import check_pod
+
+FABRIC = pod_fabric("pod-0")
+LAB = (
+    Quota("acme", {"tpu": 3072}, cohort="lab"),
+    Quota("beta", {"tpu": 1024}, cohort="lab"),
+)
+
+# beta fills the idle pod by borrowing acme's quota; then acme asks for its own.
+BURST = """arrival,tenant,shape,twisted,duration,priority,preemption
+0,beta,8x8x16,false,36000,50,delay
+1,beta,8x8x16,false,36000,50,delay
+2,beta,8x8x16,false,36000,50,delay
+3,beta,8x8x16,false,36000,50,delay
+100,acme,8x16x16,false,3600,50,delay
+"""
+
+
+def test_idle_quota_is_lent_and_reclaimed_for_its_owner_at_once():
+    jobs, bad = parse_trace(BURST, FABRIC)
+    assert not bad
+    r = simulate(jobs, SimConfig(quotas=LAB, restart_s=300))
+    runs = {j.trace.job_id: j for j in r.jobs}
+    # beta borrowed: all four of its jobs started at once on the idle pod
+    assert [runs[f"j{i}"].first_start for i in (2, 3, 4, 5)] == [0, 1, 2, 3]
+    # acme's job, within its nominal, started the moment it arrived: the two youngest
+    # borrowed beta jobs were reclaimed (delayed, back to the cell queue)
+    assert runs["j6"].first_start == 100
+    assert [runs[f"j{i}"].preemptions for i in (2, 3, 4, 5)] == [0, 0, 1, 1]
+    assert r.stats["counters"]["reclaims"] == 2
+    # the reclaimed jobs paid their checkpoint-restart and ran again after acme's
+    assert runs["j5"].lost_preemption == pytest.approx(300 * 1024)
+    assert all(runs[j].state == "COMPLETED" for j in runs)
+    tenants = r.stats["quotas"]["tenants"]
+    assert tenants["acme"]["denied_within_nominal"] == 0
+    assert tenants["beta"]["nominal_chips"] == 1024
+
+
+def test_without_a_cohort_nothing_is_borrowed():
+    jobs, _ = parse_trace(BURST, FABRIC)
+    alone = (Quota("acme", {"tpu": 3072}), Quota("beta", {"tpu": 1024}))
+    r = simulate(jobs, SimConfig(quotas=alone))
+    runs = {j.trace.job_id: j for j in r.jobs}
+    # beta's second job waits for its first: 1024 chips is all it may hold
+    assert runs["j2"].first_start == 0
+    assert runs["j3"].first_start == pytest.approx(36000)
+    assert runs["j6"].first_start == 100
+    assert r.stats["counters"].get("reclaims", 0) == 0
+
+
+@pytest.mark.parametrize("pods", [1, 2])
+def test_quota_accounting_and_pod_invariants_hold_with_failures(pods, monkeypatch):
+    gen = Generator(load=0.95, jobs=100, seed=5, tenants=3, max_duration_s=6 * 3600)
+    jobs = gen.generate(FABRIC)
+    quotas = (
+        Quota("t1", {"tpu": 2048}, cohort="c"),
+        Quota("t2", {"tpu": 1024}, cohort="c", borrowing_limit={"tpu": 1024}),
+        Quota("t3", {"tpu": 1024}, cohort="c", lending_limit={"tpu": 256}),
+    )
+    seen: list[engine.Sim] = []
+    real_record = engine.Sim._record
+
+    def record(self):
+        real_record(self)
+        q = self.quota
+        for pod in self.model.pods:
+            check_pod(pod.state)
+        held: dict[str, int] = {}
+        for tenant, chips in q.admitted.values():
+            held[tenant] = held.get(tenant, 0) + chips
+        for tenant in ("t1", "t2", "t3"):
+            assert q.book.usage(tenant, "tpu") == held.get(tenant, 0)
+        # a borrowing limit is never passed
+        assert q.book.borrowed("t2", "tpu") <= 1024
+        seen.append(self)
+
+    monkeypatch.setattr(engine.Sim, "_record", record)
+    cfg = SimConfig(
+        quotas=quotas, pods=pods, failures=Failures.from_availability(0.995, 3600), seed=2
+    )
+    r = simulate(jobs, cfg)
+    assert seen and all(j.state in ENDED for j in r.jobs)
+    assert not seen[-1].quota.admitted  # every admitted job gave its quota back
+
+
+def test_quota_files_are_checked_with_the_entry_and_field(tmp_path):
+    good = tmp_path / "q.json"
+    good.write_text(json.dumps([{"tenant": "acme", "tpu_chips": 512, "cohort": "lab"}]))
+    assert load_quotas(good) == [Quota("acme", {"tpu": 512}, cohort="lab")]
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps([{"tenant": "acme", "tpu_chips": -1}]))
+    with pytest.raises(ValueError, match=r"entry 1 \(acme\): nominal\[tpu\]: must be 0 to"):
+        load_quotas(bad)
+    bad.write_text(json.dumps([{"tenant": "acme", "gpus": 1}]))
+    with pytest.raises(ValueError, match="unknown field"):
+        load_quotas(bad)
