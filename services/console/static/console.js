@@ -395,7 +395,8 @@ function renderPod(main, d) {
   const rows = Math.ceil(d.blocks.length / cols);
   const W = cols * (cell + gap) + gap, H = rows * (cell + gap) + gap;
   const svg = s("svg", { class: "blockmap", viewBox: `0 0 ${W} ${H}`, role: "group", "aria-label": `block map of ${d.pod_id}` }, defs());
-  const short = (id) => (id.length > 9 ? `${id.slice(0, 8)}…` : id);
+  // A long id keeps its head and its tail: jobs of one series differ at the end.
+  const short = (id) => (id.length > 9 ? `${id.slice(0, 4)}…${id.slice(-4)}` : id);
   const detail = h("div", { class: "detail", id: "block-detail" }, h("p", { class: "muted" }, d.switched ? "Hover a group for its jobs; click it for its detail." : "Hover a block for its job; click it for its segments and cross-connects."));
   for (const b of d.blocks) {
     const i = b.block_id, x = gap + (i % cols) * (cell + gap), y = gap + Math.floor(i / cols) * (cell + gap);
