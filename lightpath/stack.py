@@ -62,6 +62,7 @@ from lightpath.security.identity import (
     service_principal,
 )
 from lightpath.security.pki import LocalCA
+from lightpath.v1 import agg_switch_pb2, agg_switch_pb2_grpc
 
 EMBEDDED_REDIS_PORT = 6390
 METRICS_PORT_OFFSET = 1000  # a process's metrics port in the default topology: gRPC port + this
@@ -212,6 +213,48 @@ def default_topology(*, switch_agents: bool = False) -> list[ProcessSpec]:
             )
         )
     return [replace(s, metrics_port=s.port + METRICS_PORT_OFFSET) for s in specs]
+
+
+# The local stack's aggregation tree (seed 003's two-switch cluster): the root over sub-1
+# (compute nodes n1, n2, n3) and sub-2 (n4, n5). `lightpath up` defines it when its tree has
+# none, so `lightpath agg topology` answers on a fresh stack and `agg start` / `agg
+# contribute` have compute nodes to name; the demo and docs/agg_switch.md use it too.
+AGG_TREE = "tree-1"
+AGG_TREE_NODES = {"sub-1": ("n1", "n2", "n3"), "sub-2": ("n4", "n5")}
+AGG_THRESHOLDS_MS = {"root": 600, "sub-1": 200, "sub-2": 200}
+
+
+def default_agg_topology() -> agg_switch_pb2.AggTopology:
+    sw, cn = agg_switch_pb2.AGG_NODE_KIND_SWITCH, agg_switch_pb2.AGG_NODE_KIND_COMPUTE
+    nodes = [agg_switch_pb2.AggNode(id="root", kind=sw, threshold_ms=AGG_THRESHOLDS_MS["root"])]
+    for switch, computes in AGG_TREE_NODES.items():
+        nodes.append(
+            agg_switch_pb2.AggNode(
+                id=switch, kind=sw, parent="root", threshold_ms=AGG_THRESHOLDS_MS[switch]
+            )
+        )
+        nodes += [agg_switch_pb2.AggNode(id=n, kind=cn, parent=switch) for n in computes]
+    return agg_switch_pb2.AggTopology(tree_id=AGG_TREE, nodes=nodes)
+
+
+async def define_default_agg_tree(
+    address: str, credentials: Credentials, expect: Principal | None = None
+) -> bool:
+    """Define `default_agg_topology` through the switch at `address` unless its tree has a
+    topology already (one an operator defined is kept). True when it defined it."""
+    from lightpath.client import channel
+
+    async with channel(address, credentials=credentials, expect=expect) as ch:
+        stub = agg_switch_pb2_grpc.AggSwitchStub(ch)
+        try:
+            await stub.GetTopology(agg_switch_pb2.GetTopologyRequest(tree_id=AGG_TREE))
+            return False
+        except grpc.aio.AioRpcError as err:
+            if err.code() != grpc.StatusCode.NOT_FOUND:
+                raise
+        topology = default_agg_topology()
+        await stub.DefineTopology(agg_switch_pb2.DefineTopologyRequest(topology=topology))
+        return True
 
 
 def deployed_topology() -> list[ProcessSpec]:
@@ -518,6 +561,7 @@ class Stack:
             for spec in self.specs:
                 self._spawn(spec)
             self._wait_healthy(timeout)
+            self._define_agg_tree()
             if self.console_port:
                 self._spawn_console()
                 self._wait_console(timeout)
@@ -542,6 +586,27 @@ class Stack:
                 indent=2,
             ),
         )
+
+    def _define_agg_tree(self) -> None:
+        """The default aggregation tree, when this stack runs its switches and the tree has
+        no topology yet."""
+        switches = {
+            s.env.get("LIGHTPATH_SWITCH_ID"): s
+            for s in self.specs
+            if s.service == "agg_switch" and s.env.get("LIGHTPATH_AGG_TREE") == AGG_TREE
+        }
+        if not {"root", *AGG_TREE_NODES} <= set(switches):
+            return
+        import asyncio
+
+        address = f"127.0.0.1:{switches['root'].port}"
+        root = switches["root"]
+        if asyncio.run(define_default_agg_tree(address, self.operator, root.principal)):
+            self.log(
+                f"aggregation      tree {AGG_TREE} defined: root over sub-1 "
+                f"[{' '.join(AGG_TREE_NODES['sub-1'])}] and sub-2 "
+                f"[{' '.join(AGG_TREE_NODES['sub-2'])}] (`lightpath agg topology`)"
+            )
 
     def _issue_identities(self) -> None:
         """Certificates (TLS) or bearer tokens (plaintext) for every process and the operator."""

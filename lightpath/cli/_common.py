@@ -566,7 +566,12 @@ def next_steps(exc: LightpathError) -> list[str]:
                     "run it as a tenant: `--as TENANT` (after `lightpath tenant create TENANT`)"
                 ]
             if "application" in roles:
-                return ["call it with a core broker application's token (`--token`)"]
+                return [
+                    "call it as a core broker application: an operator registers one and "
+                    "gets its token (`lightpath cores add-app NAME`, or `export "
+                    "LIGHTPATH_CB_TOKEN=$(lightpath -o jsonpath='{.token}' cores add-app "
+                    "NAME)`); then $LIGHTPATH_CB_TOKEN or `--token` carries it"
+                ]
             return []
         if reason == "TENANT_MISMATCH":
             return [

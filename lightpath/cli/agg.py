@@ -7,8 +7,12 @@ Who you are is the CLI's global choice (`--as acme`, LIGHTPATH_IDENTITY,
 LIGHTPATH_TLS_*, LIGHTPATH_TOKEN*; the operator by default). A tenant starts
 commands only for itself (`--tenant` may be left out, another tenant's name
 is refused) and sees only its own commands and history; the operator sees
-all. Compute nodes do not use the CLI: they run the SDK
-(`lightpath.aggregation.node.ComputeNode`) with their own node certificates.
+all.
+
+Compute nodes act as themselves, each with its own node certificate: in a program,
+`lightpath.aggregation.node.ComputeNode` (examples/agg_compute_nodes.py); on the local
+stack, `lightpath agg contribute COMMAND` runs the command's compute nodes in this
+process, each with a certificate the stack's CA issues it, to try a tree on day one.
 """
 
 from __future__ import annotations
@@ -46,6 +50,17 @@ from lightpath.v1 import agg_switch_pb2_grpc
 
 def _csv(raw: str) -> list[str]:
     return [x for x in (s.strip() for s in raw.split(",")) if x]
+
+
+def _late(raw: str) -> dict[str, float]:
+    out = {}
+    for item in _csv(raw):
+        node, _, seconds = item.partition("=")
+        try:
+            out[node] = float(seconds)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{item!r}: give NODE=SECONDS, e.g. n3=0.8") from None
+    return out
 
 
 def _address(args: argparse.Namespace) -> str:
@@ -158,6 +173,33 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     start.set_defaults(func=cmd_start)
 
+    contribute = topics.add_parser(
+        "contribute",
+        help="be the command's compute nodes here (local stack): each contributes a vector "
+        "and gets the result",
+        description="Runs compute nodes of a started command in this process, each acting as "
+        "itself with a node certificate the local stack's CA issues it (a node elsewhere "
+        "runs lightpath.aggregation.node.ComputeNode with its own). Every node contributes "
+        "a vector of --value; with the sum, each element of the result is the sum of the "
+        "values of the nodes that took part.",
+    )
+    _common(contribute)
+    contribute.add_argument("command_id", help="a started command (`lightpath agg start`)")
+    contribute.add_argument(
+        "--nodes", type=_csv, default=[], help="n1,n2,… (default: every participant)"
+    )
+    contribute.add_argument(
+        "--value", type=float, default=1.0, help="every element of each node's vector"
+    )
+    contribute.add_argument(
+        "--late",
+        type=_late,
+        default={},
+        metavar="NODE=SECONDS,…",
+        help="nodes that send late, to watch a switch time them out (n3=0.8)",
+    )
+    contribute.set_defaults(func=cmd_contribute)
+
     status = topics.add_parser("status", help="one command in detail, or the latest commands")
     _common(status, json=False)
     add_list_output(status)
@@ -246,7 +288,8 @@ def cmd_topology(args: argparse.Namespace) -> int:
 
     hint = (
         "a fresh tree has no topology yet: define one with `lightpath agg topology "
-        "--define FILE` (an AggTopology as JSON, see `lightpath agg topology --help`)"
+        "--define FILE` (an AggTopology as JSON: `lightpath agg topology -o json` on a "
+        "local stack prints the tree `lightpath up` defines, to copy)"
     )
     return run_rpc(go, hints={"NOT_FOUND": hint})
 
@@ -349,6 +392,86 @@ def cmd_start(args: argparse.Namespace) -> int:
             print_json(out)
         else:
             _print_command(out)
+            _next_after_start(out)
+        return 0
+
+    return _with_client(args, body)
+
+
+def _next_after_start(c: pb.AggCommand) -> None:
+    deadline = c.deadline.seconds - c.created_at.seconds if c.deadline.seconds else 0
+    print(
+        f"next: its {len(c.participants)} compute nodes contribute "
+        + (f"within {deadline} s " if deadline > 0 else "")
+        + f"(`lightpath agg contribute {c.command_id}` runs them here on the local stack); "
+        f"`lightpath agg status {c.command_id}` follows it",
+        file=sys.stderr,
+    )
+
+
+def cmd_contribute(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from lightpath.aggregation import wire
+    from lightpath.aggregation.node import aggregate_all, local_node_credentials
+    from lightpath.security.credentials import CredentialsError
+
+    async def body(agg: AsyncAggregation) -> int:
+        cmd = await agg.get(args.command_id, tree=args.tree)
+        nodes = args.nodes or list(cmd.participants)
+        strangers = [n for n in nodes if n not in cmd.participants]
+        if strangers:
+            print(
+                f"error: --nodes: {', '.join(strangers)} not among the command's participants "
+                f"({', '.join(cmd.participants)})",
+                file=sys.stderr,
+            )
+            return 2
+        try:
+            creds = await local_node_credentials(nodes)
+        except CredentialsError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+        dtype = wire.PB_TO_DTYPE[cmd.dtype].numpy
+        inputs = {n: np.full(cmd.length, args.value, dtype=dtype) for n in nodes}
+        out = await aggregate_all(
+            args.addr or _address(args),
+            args.command_id,
+            inputs,
+            delays=args.late,
+            credentials=creds.get,
+        )
+        final = await agg.get(args.command_id, tree=args.tree)
+        if args.json:
+            print_json(
+                {
+                    "command": to_jsonable(final),
+                    "results": [
+                        {
+                            "node_id": r.node_id,
+                            "seconds": round(r.seconds, 4),
+                            "first_values": r.values[:4].tolist(),
+                            "shared_memory": r.shared_memory,
+                            "timeout_aggregator": r.timeout_aggregator,
+                            "predicted_timeout": r.predicted_timeout,
+                        }
+                        for r in out.values()
+                    ],
+                }
+            )
+            return 0
+        rows = [
+            (
+                r.node_id,
+                f"{r.seconds:.2f}",
+                " ".join(f"{v:g}" for v in r.values[:4].tolist()),
+                "shared memory" if r.shared_memory else "gRPC",
+                "yes" if r.timeout_aggregator else "",
+            )
+            for r in out.values()
+        ]
+        print(table(rows, ["node", "seconds", "result (first elements)", "chunks by", "combined"]))
+        _print_command(final)
         return 0
 
     return _with_client(args, body)

@@ -18,36 +18,21 @@ import numpy as np
 from lightpath.aggregation.node import ComputeNode, local_node_credentials
 from lightpath.cli._common import table
 from lightpath.demo.context import DemoContext
+from lightpath.stack import AGG_TREE_NODES, default_agg_topology
 from lightpath.v1 import agg_switch_pb2 as pb
 from lightpath.v1 import agg_switch_pb2_grpc
 
-SW, CN = pb.AGG_NODE_KIND_SWITCH, pb.AGG_NODE_KIND_COMPUTE
-NODES = {
-    "n1": "agg-sub-1",
-    "n2": "agg-sub-1",
-    "n3": "agg-sub-1",
-    "n4": "agg-sub-2",
-    "n5": "agg-sub-2",
-}
+# The local stack's tree (lightpath.stack.default_agg_topology): node -> its leaf switch.
+NODES = {n: f"agg-{switch}" for switch, nodes in AGG_TREE_NODES.items() for n in nodes}
 STRAGGLER, LATE_S = "n3", 0.8
 LENGTH, CHUNK_BYTES = 1 << 18, 1 << 18
-
-
-def _topology() -> pb.AggTopology:
-    nodes = [
-        pb.AggNode(id="root", kind=SW, threshold_ms=600),
-        pb.AggNode(id="sub-1", kind=SW, parent="root", threshold_ms=200),
-        pb.AggNode(id="sub-2", kind=SW, parent="root", threshold_ms=200),
-    ]
-    nodes += [pb.AggNode(id=n, kind=CN, parent=s.removeprefix("agg-")) for n, s in NODES.items()]
-    return pb.AggTopology(tree_id="tree-1", nodes=nodes)
 
 
 async def run(ctx: DemoContext) -> None:
     ctx.section("agg_switch: a straggler is bypassed, not waited for")
     root = agg_switch_pb2_grpc.AggSwitchStub(ctx.channel("agg-root"))
     sub1 = agg_switch_pb2_grpc.AggSwitchStub(ctx.channel("agg-sub-1"))
-    topo = await root.DefineTopology(pb.DefineTopologyRequest(topology=_topology()))
+    topo = await root.DefineTopology(pb.DefineTopologyRequest(topology=default_agg_topology()))
     print(
         f"tree {topo.tree_id} v{topo.version}: root (600 ms) over sub-1 [n1 n2 n3] and "
         "sub-2 [n4 n5] (200 ms each)"

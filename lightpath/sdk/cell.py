@@ -280,16 +280,25 @@ class AsyncCell(AsyncClient):
         """Blocks of `node_type` a slice of `chips` takes: from the block shape of the cell's
         pods that have that type (they must agree); 1 for a box inside one block (a
         sub-block slice: its node type is that block's). InvalidArgument otherwise."""
+        pods = await self.pods()
         shapes = {
             tuple(p.registration.block_shape.dims)
-            for p in await self.pods()
+            for p in pods
             if any(t.node_type == node_type for t in p.registration.node_types)
         }
+        if not shapes:
+            known = sorted({t.node_type for p in pods for t in p.registration.node_types})
+            raise InvalidArgument(
+                "node_type",
+                f"no pod of the cell has {node_type!r} blocks; the cell's node types: "
+                + (", ".join(known) or "none (no pod registered)"),
+            )
         if len(shapes) != 1:
             raise InvalidArgument(
                 "node_type",
-                f"no single block shape for node type {node_type!r} in the cell "
-                f"({len(shapes)} found): give the shape in blocks",
+                f"the pods with {node_type} blocks have different block shapes ("
+                + ", ".join(sorted("x".join(map(str, s)) for s in shapes))
+                + "): give the shape in blocks",
             )
         (block,) = shapes
         if len(chips) == len(block) and all(1 <= d <= b for d, b in zip(chips, block, strict=True)):

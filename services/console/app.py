@@ -22,7 +22,7 @@ import logging
 import math
 import re
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -38,7 +38,7 @@ from lightpath.errors import LightpathError, PermissionDenied, Unauthenticated
 from lightpath.v1 import common_pb2
 from services.common.supervisor import Supervisor
 from services.console import views
-from services.console.backends import CONSOLE, Backends, Viewer
+from services.console.backends import CONSOLE, MAX_RESERVATIONS, Backends, Viewer
 from services.console.hub import Hub
 from services.console.sessions import COOKIE, Sessions, SignInThrottle, display_name
 
@@ -59,7 +59,6 @@ CSP = (
     "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
     "connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'"
 )
-CORES_HOURS = 6.0  # the core broker's timeline: now .. now + this
 SETTLE_S = 0.25  # a view is read again this long after a change was announced
 HOLDING = (common_pb2.JOB_STATE_WIRING, common_pb2.JOB_STATE_RUNNING)  # jobs holding blocks
 
@@ -163,17 +162,44 @@ class Console:
             wiring = await b.slice_wiring(viewer, pod_id, job_id)
             return views.slice_view(pod_id, wiring), [f"pod:{pod_id}"]
         if name == "cores":
-            start = now
-            end = now + CORES_HOURS * 3600
-            capacity = await b.capacity(viewer, start, end)
-            return views.cores_view(capacity, start, end), ["cores", "tick"]
+            listed = await b.reservations(viewer)
+            live = views.live_reservations(listed, now)
+            end, tick = views.cores_window(live, now)
+            capacity = await b.capacity(viewer, now, end)
+            complete = len(listed) < MAX_RESERVATIONS
+            return views.cores_view(capacity, now, end, live, tick, complete), ["cores", "tick"]
         if name == "agg":
             topology = await b.agg_topology(viewer)
-            switch_states = await b.switch_states(viewer)
+            # A tenant reads its tree and commands, not the switches' slots.
+            switch_states = await b.switch_states(viewer) if viewer.sees_switches else {}
             commands = await b.commands(viewer)
-            return views.agg_view(b.agg_tree, topology, switch_states, commands, now), ["tick"]
+            out = views.agg_view(b.agg_tree, topology, switch_states, commands, now)
+            out["switches_shown"] = viewer.sees_switches
+            return out, ["tick"]
         raise BadParameter(
             f"view {name!r} is not one of cell, job, pod, block, ocs, slice, cores, agg"
+        )
+
+    async def what_it_sees(self, viewer: Viewer) -> Viewer:
+        """`viewer` with the operators' views it may not read turned off, so its page has no
+        tab that only answers "Not available" (issue 33). One read of each; a service
+        that does not answer leaves its view on (its page then says why)."""
+        b, now = self.backends, self.clock()
+
+        async def may(read: Callable[[], Awaitable[object]]) -> bool:
+            try:
+                await read()
+            except PermissionDenied:
+                return False
+            except LightpathError:
+                pass
+            return True
+
+        return dataclasses.replace(
+            viewer,
+            sees_pods=await may(lambda: b.list_pods(viewer)),
+            sees_cores=b.broker is None or await may(lambda: b.capacity(viewer, now, now + 1e-3)),
+            sees_switches=not b.agg or await may(lambda: b.switch_state(viewer, next(iter(b.agg)))),
         )
 
     def forget_if_revoked(self, exc: LightpathError, viewer: Viewer) -> None:
@@ -209,7 +235,8 @@ def build_app(console: Console) -> Starlette:
                 "pods": []
                 if viewer is not None and not viewer.sees_pods
                 else sorted(console.backends.ocs) or console.hub.pods,
-                "cores": console.backends.broker is not None,
+                "cores": console.backends.broker is not None
+                and (viewer is None or viewer.sees_cores),
                 "agg": bool(console.backends.agg),
             }
         )
@@ -246,10 +273,7 @@ def build_app(console: Console) -> Starlette:
         except Unauthenticated:
             console.throttle.failed(client, token)
             raise
-        try:
-            await console.backends.list_pods(viewer)
-        except PermissionDenied:
-            viewer = dataclasses.replace(viewer, sees_pods=False)
+        viewer = await console.what_it_sees(viewer)
         sid = console.sessions.create(viewer)
         log.info("viewer signed in", extra={"viewer": viewer.name})
         response = JSONResponse({"signed_in": True, "name": viewer.name})

@@ -46,7 +46,11 @@ class Viewer:
 
     token: str = ""
     name: str = ""  # what the page shows: "tenant:acme", or "" for the console's own view
-    sees_pods: bool = True  # False: the superpods are not its to read (a tenant's token)
+    # What of the operators' views it may read (probed at sign-in; a tenant's token may
+    # not): the superpods and their switches, the core broker, the aggregation switches.
+    sees_pods: bool = True
+    sees_cores: bool = True
+    sees_switches: bool = True
 
     def metadata(self) -> tuple[tuple[str, str], ...]:
         return (("authorization", f"Bearer {self.token}"),) if self.token else ()
@@ -301,14 +305,17 @@ class Backends:
                 )
         return None
 
+    async def switch_state(self, viewer: Viewer, name: str) -> agg_switch_pb2.SwitchState:
+        return await self._call(
+            self.agg[name].GetSwitchState, agg_switch_pb2.GetSwitchStateRequest(), viewer
+        )
+
     async def switch_states(self, viewer: Viewer) -> dict[str, agg_switch_pb2.SwitchState | str]:
         """Each switch's state, or the error that kept it from answering."""
         out: dict[str, agg_switch_pb2.SwitchState | str] = {}
-        for name, stub in self.agg.items():
+        for name in self.agg:
             try:
-                out[name] = await self._call(
-                    stub.GetSwitchState, agg_switch_pb2.GetSwitchStateRequest(), viewer
-                )
+                out[name] = await self.switch_state(viewer, name)
             except LightpathError as exc:
                 out[name] = str(exc)
         return out

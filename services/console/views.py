@@ -346,11 +346,65 @@ def slice_view(pod_id: str, wiring: ocs_manager_pb2.SliceWiring) -> dict[str, An
 # -- core broker -------------------------------------------------------------------------
 
 
+# The core broker's timeline reaches the end of the last live reservation, so a 10-minute
+# reservation is not a sliver on a fixed 6-hour axis: rounded up to a whole tick, ticks
+# from this list (about 4 to 8 of them), within [CORES_MIN_S, CORES_MAX_S].
+TICKS_S = (60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400)
+CORES_MIN_S, CORES_MAX_S = 600.0, 7 * 86400.0
+LIVE_RESERVATIONS = (
+    core_broker_pb2.RESERVATION_STATE_SCHEDULED,
+    core_broker_pb2.RESERVATION_STATE_ACTIVE,
+)
+
+
+def live_reservations(
+    reservations: Iterable[core_broker_pb2.Reservation], now: float
+) -> list[core_broker_pb2.Reservation]:
+    """Those granted and not yet over, by start."""
+    live = [r for r in reservations if r.state in LIVE_RESERVATIONS and seconds(r.end) > now]
+    return sorted(live, key=lambda r: (seconds(r.start), r.reservation_id))
+
+
+def cores_window(
+    reservations: Sequence[core_broker_pb2.Reservation], now: float
+) -> tuple[float, float]:
+    """(end, tick): the timeline from `now` to the last live reservation's end, in whole
+    ticks."""
+    last = max((seconds(r.end) for r in reservations), default=now)
+    span = min(CORES_MAX_S, max(CORES_MIN_S, last - now))
+    tick = next((t for t in TICKS_S if span / t <= 8), TICKS_S[-1])
+    return now + min(CORES_MAX_S, -(-span // tick) * tick), float(tick)
+
+
+def reservation_row(r: core_broker_pb2.Reservation, now: float) -> dict[str, Any]:
+    devices: dict[str, int] = {}
+    for a in r.allocations:
+        devices[a.device_id] = max(devices.get(a.device_id, 0), a.cores)
+    return {
+        "reservation_id": r.reservation_id,
+        "application_id": r.application_id,
+        "state": enum_name(core_broker_pb2.ReservationState, r.state, "RESERVATION_STATE_"),
+        "cores": r.request.cores or r.cores_at_start,
+        "devices": [{"device_id": d, "cores": c} for d, c in sorted(devices.items())],
+        "start": seconds(r.start),
+        "end": seconds(r.end),
+        "starts_in_s": round(seconds(r.start) - now, 1),
+        "ends_in_s": round(seconds(r.end) - now, 1),
+        "summary": r.summary,
+    }
+
+
 def cores_view(
-    capacity: core_broker_pb2.QueryCapacityResponse, start: float, end: float
+    capacity: core_broker_pb2.QueryCapacityResponse,
+    start: float,
+    end: float,
+    reservations: Sequence[core_broker_pb2.Reservation] = (),
+    tick: float = 3600.0,
+    listed_all: bool = True,
 ) -> dict[str, Any]:
     """Per device its reservations over [start, end) (the Gantt bars) and its free cores
-    as a step function: (time, free) at every instant the reserved sum changes."""
+    as a step function: (time, free) at every instant the reserved sum changes; the live
+    reservations as a table (`listed_all` False: the console read only the first ones)."""
     devices = []
     for d in sorted(capacity.devices, key=lambda d: d.device.device_id):
         total = d.device.cores
@@ -375,7 +429,14 @@ def cores_view(
                 "free": free_steps(total, bars, start),
             }
         )
-    return {"start": start, "end": end, "devices": devices}
+    return {
+        "start": start,
+        "end": end,
+        "tick": tick,
+        "devices": devices,
+        "reservations": [reservation_row(r, start) for r in reservations],
+        "reservations_complete": listed_all,
+    }
 
 
 def free_steps(total: int, bars: Sequence[Mapping[str, Any]], start: float) -> list[list[float]]:

@@ -93,6 +93,15 @@ async def test_daily_commands_through_the_cell(cell2, capsys, monkeypatch):
     assert code == 1 and "spec.shape.dims[0]" in out
 
 
+async def test_an_unknown_node_type_lists_the_known_ones(cell2, capsys, monkeypatch):
+    """Issue 33: `--type fpga` advised "give the shape in blocks"."""
+    monkeypatch.setenv("LIGHTPATH_CELL_ADDR", cell2.cell_addresses[0])
+    code, out = await run(capsys, "submit", "fp-1", "--shape", "8x8x4", "--type", "fpga")
+    assert code == 1 and "--type (node_type): " in out, out
+    assert "no pod of the cell has 'fpga' blocks; the cell's node types: tpu" in out, out
+    assert "give the shape in blocks" not in out
+
+
 def test_deadlines_read_as_durations_or_times():
     now = 1_700_000_000.25
     assert parse_deadline("2h", now).timestamp() == 1_700_000_002 + 7200

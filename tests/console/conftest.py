@@ -92,9 +92,10 @@ def _populate(cs: ConsoleStack) -> None:
         token = cores.register_application("console-test").token
     with Cores(broker, credentials=operator.with_token(token)) as app:
         now = time.time()
-        app.reserve("r-now", 6, 3600, devices=["edge-0"])
-        app.reserve("r-later", 10, 2 * 3600, devices=["edge-0"], start=now + 3600)
-        app.reserve("r-other", 4, 1800, devices=["edge-1"], start=now + 1800)
+        # minutes long, as the were: the timeline fits them (about half an hour)
+        app.reserve("r-now", 6, 600, devices=["edge-0"])
+        app.reserve("r-later", 10, 1200, devices=["edge-0"], start=now + 600)
+        app.reserve("r-other", 4, 900, devices=["edge-1"], start=now + 300)
 
     async def define_tree() -> None:
         sw, cn = agg.AGG_NODE_KIND_SWITCH, agg.AGG_NODE_KIND_COMPUTE

@@ -288,6 +288,139 @@ def test_sub_block_boxes_failed_hosts_and_twisted_slices_show_on_the_block_map(
                 cell.complete(job)
 
 
+def _fills(page: Page, selector: str, attr: str = "data-job") -> dict[str, set[str]]:
+    """Each job's fill colours among the elements `selector` matches."""
+    out: dict[str, set[str]] = {}
+    for el in page.page.locator(selector).all():
+        job = el.get_attribute(attr) or ""
+        fill = el.locator("rect").first.get_attribute("fill") if el.locator("rect").count() else ""
+        if job:
+            out.setdefault(job, set()).add(fill or el.get_attribute("fill") or "")
+    return out
+
+
+def test_every_live_job_on_a_pod_has_its_own_colour(page: Page, console_stack):
+    """Issue 33: colours came from a hash of the job id, and two jobs on pod-1 got the
+    same. Five jobs on pod-2 (with what other tests left there): one colour each."""
+    tag = uuid.uuid4().hex[:4]
+    mine = [f"col-{tag}-{i}" for i in range(5)]
+    with console_stack.cell() as cell:
+        for job in mine:
+            cell.submit(job, (4, 4, 4), pod="pod-2", require_pod=True, node_type="tpu")
+        try:
+            page.open("pod/pod-2")
+            page.wait_live()
+            for job in mine:
+                page.page.locator(f'g.block[data-job="{job}"]').first.wait_for(timeout=30_000)
+            fills = _fills(page, "g.block")
+            assert set(mine) <= set(fills)
+            assert all(len(f) == 1 for f in fills.values()), fills  # a job keeps one colour
+            colours = [next(iter(f)) for f in fills.values()]
+            assert len(set(colours)) == len(colours), fills
+            # the live jobs table's swatch is the job's colour on the map
+            for job in mine:
+                swatch = page.page.locator("main table tr", has_text=job).locator("svg rect")
+                assert swatch.get_attribute("fill") in fills[job]
+            page.shot("pod-colours")
+            assert page.errors == []
+        finally:
+            for job in mine:
+                cell.complete(job)
+
+
+# An SVG element's box on the page (Playwright's bounding_box answers None for SVG here).
+BOX = "(e) => { const r = e.getBoundingClientRect(); return {x: r.x, y: r.y, width: r.width, height: r.height}; }"
+
+
+def _boxes(locator) -> list[dict]:
+    return locator.evaluate_all(f"(es) => es.map({BOX})")
+
+
+def _boxes_overlap(a: dict, b: dict) -> bool:
+    return (
+        a["x"] < b["x"] + b["width"]
+        and b["x"] < a["x"] + a["width"]
+        and a["y"] < b["y"] + b["height"]
+        and b["y"] < a["y"] + a["height"]
+    )
+
+
+def test_the_switched_pod_names_its_groups_and_draws_small_jobs(page: Page, console_stack, jobs):
+    """Issue 33: on the SWITCHED pod job labels overlapped the processor grid and groups
+    read "4, 5" beside tiles "g1.0 g1.1". Groups carry the rings table's names, labels
+    sit clear of the processors, and a small job's tile is drawn on its processors."""
+    small = f"swsmall-{uuid.uuid4().hex[:4]}"
+    pod = _pods(console_stack, jobs)["switched"]
+    with console_stack.cell() as cell:
+        cell.submit(small, (4,), parallelism=(1, 4, 1), pod=pod, require_pod=True)
+        try:
+            page.open(f"pod/{pod}")
+            page.wait_live()
+            procs = page.page.locator(f'rect.proc[data-job="{small}"]')
+            procs.first.wait_for(timeout=30_000)
+            assert procs.count() == 4
+            group = page.page.locator(f'g.group[data-small-jobs*="{small}"]')
+            name = group.get_attribute("data-group")
+            row = page.page.locator("main table tr", has_text=small)
+            assert name and name in row.first.inner_text()  # the tiles column names it so
+            panel = page.page.get_by_text("kept for small jobs").inner_text()
+            assert name in panel and "groups g" in panel, panel
+            for g in page.page.locator("g.group").all():
+                texts, cells = _boxes(g.locator("text")), _boxes(g.locator("rect.proc"))
+                assert texts and cells
+                assert not any(_boxes_overlap(a, b) for a in texts for b in cells), (texts, cells)
+                labels = g.locator("text").all_text_contents()
+                assert g.get_attribute("data-group") in labels
+            big = page.page.locator(f'g.group[data-job="{jobs["switched"]}"]')
+            assert big.count() == 4 and jobs["switched"][-4:] in (big.first.text_content() or "")
+            page.shot("pod-switched-small")
+            assert page.errors == []
+        finally:
+            cell.complete(small)
+
+
+def test_the_core_broker_timeline_fits_its_reservations(page: Page, console_stack):
+    """Issue 33: a fixed 6-hour axis turned 10-minute reservations into slivers, and there
+    was no table of reservations. The fixture's reservations last 10 to 20 minutes."""
+    page.open("cores")
+    page.wait_live()
+    page.page.get_by_role("heading", name="Live reservations (3)").wait_for(timeout=30_000)
+    ticks = page.page.locator("svg text.tick").all_text_contents()
+    assert ticks[0] == "now" and all(t.endswith("min") for t in ticks[1:]), ticks
+    plot = _boxes(page.page.locator("main svg rect").nth(0))[0]
+    bar = _boxes(page.page.locator('g.resv[data-reservation="r-now"] rect'))[0]
+    assert bar["width"] > 0.15 * plot["width"], (bar, plot)  # 10 of about 30 minutes
+    table = page.page.locator("main table").first.inner_text()
+    for rid in ("r-now", "r-later", "r-other"):
+        assert rid in table
+    assert "edge-0 ×10" in table and "SCHEDULED" in table and "ACTIVE" in table
+    page.shot("cores-fitted")
+    assert page.errors == []
+
+
+def test_the_ocs_heat_map_labels_its_rows_and_columns(page: Page, console_stack):
+    """Issue 33: unlabelled columns and every cell reading the same number without a word
+    on why. Rows name the dimension, columns the axis (and k under it when K = 2)."""
+    for pod, k in (("pod-1", 1), ("pod-2", 2)):
+        page.open(f"ocs/{pod}")
+        page.wait_live()
+        switches = page.page.locator("g.switch")
+        switches.first.wait_for(timeout=30_000)
+        axes = {s.get_attribute("data-axis") for s in switches.all()}
+        labels = page.page.locator("text.axis-label").all_text_contents()
+        assert sorted(labels, key=int) == sorted(axes, key=int)
+        assert page.page.locator("text.dim-label").all_text_contents() == [
+            "x (dim 0)",
+            "y (dim 1)",
+            "z (dim 2)",
+        ]
+        assert ("k1" in (page.page.locator("svg.heat").text_content() or "")) == (k == 2)
+        summary = page.page.locator("#ocs-summary").inner_text()
+        assert "ports in use" in summary.lower() and "Unlike" not in summary, summary
+        page.shot(f"ocs-{pod}")
+    assert page.errors == []
+
+
 def test_a_tenant_cannot_see_another_tenants_job(page: Page, console_stack, jobs):
     with console_stack.cell("globex") as cell:
         theirs = cell.submit(f"globex-{uuid.uuid4().hex[:4]}", (4, 4, 4)).job.job_id
@@ -302,8 +435,13 @@ def test_a_tenant_cannot_see_another_tenants_job(page: Page, console_stack, jobs
     assert "globex" not in page.page.locator("main").inner_text()
     nav = page.page.locator("#nav").inner_text()  # no tab that answers "Not available"
     assert "Superpod" not in nav and "OCS" not in nav and "Cell" in nav, nav
+    assert "Core broker" not in nav and "Aggregation" in nav, nav  # QueryCapacity: not a tenant's
     assert table.get_by_role("link", name="pod-", exact=False).count() == 0
     page.shot("cell-as-tenant")
+    page.open("agg")  # its tree and commands; the switches' slots are the operators'
+    page.page.get_by_text("operators' view").wait_for(timeout=30_000)
+    assert "unreachable" not in page.page.locator("main").inner_text()
+    page.shot("agg-as-tenant")
     page.open(f"job/{theirs}")
     alert = page.page.get_by_role("alert")
     alert.wait_for(timeout=30_000)

@@ -259,6 +259,14 @@ def test_the_other_views_answer_from_the_services(console_stack: ConsoleStack):
         edge0 = devices["edge-0"]
         assert {b["reservation_id"] for b in edge0["bars"]} == {"r-now", "r-later"}
         assert edge0["free"][0][1] == 10  # 6 of 16 cores reserved from now
+        # the timeline ends at the last reservation's end, a whole tick later at most (the
+        # issue: a fixed 6-hour axis turned minutes-long reservations into slivers)
+        rows = {r["reservation_id"]: r for r in cores["reservations"]}
+        assert set(rows) == {"r-now", "r-later", "r-other"}
+        last = max(r["end"] for r in rows.values())
+        assert last <= cores["end"] < last + cores["tick"] and cores["tick"] <= 600
+        assert rows["r-later"]["devices"] == [{"device_id": "edge-0", "cores": 10}]
+        assert rows["r-now"]["state"] == "ACTIVE" and rows["r-later"]["state"] == "SCHEDULED"
         agg = client.get("/api/view/agg").json()
         assert {n["id"] for n in agg["nodes"]} >= {"root", "sub-1", "sub-2"}
         assert set(agg["switches"]) == {"root", "sub-1", "sub-2"}

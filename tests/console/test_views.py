@@ -12,7 +12,13 @@ from hypothesis import strategies as st
 from services.common.settings import SettingsError, load
 from services.common.tls import is_loopback
 from services.console.settings import ConsoleSettings, parse_named_addresses
-from services.console.views import free_steps
+from services.console.views import (
+    CORES_MAX_S,
+    CORES_MIN_S,
+    cores_window,
+    free_steps,
+    live_reservations,
+)
 
 
 @st.composite
@@ -195,3 +201,46 @@ def test_a_job_row_says_twisted_and_where_its_box_is():
     assert row["twisted"] is False
     job.spec.twisted = True
     assert job_row(cs.CellJob(spec=job.spec), 0.0)["twisted"] is True
+
+
+def _reservation(rid: str, start: float, end: float, state):
+    from google.protobuf.timestamp_pb2 import Timestamp
+
+    from lightpath.v1 import core_broker_pb2 as cb
+
+    a, b = Timestamp(), Timestamp()
+    a.FromNanoseconds(int(start * 1e9))
+    b.FromNanoseconds(int(end * 1e9))
+    return cb.Reservation(reservation_id=rid, state=state, start=a, end=b)
+
+
+@given(ends=st.lists(st.floats(1, 30 * 86400), max_size=6), now=st.floats(0, 1e9))
+def test_the_cores_timeline_reaches_the_last_reservation_in_whole_ticks(ends, now):
+    """Issue 33: the axis fits what is shown: it ends at the last live reservation's end
+    (within one tick), at least CORES_MIN_S and at most CORES_MAX_S from now, in 2 to 8
+    whole ticks."""
+    from lightpath.v1 import core_broker_pb2 as cb
+
+    live = [
+        _reservation(f"r{i}", now, now + e, cb.RESERVATION_STATE_ACTIVE) for i, e in enumerate(ends)
+    ]
+    end, tick = cores_window(live, now)
+    last = min(CORES_MAX_S, max([CORES_MIN_S, *ends]))
+    assert last <= end - now + 1e-3 <= CORES_MAX_S + 2e-3  # float seconds near 1e9
+    assert end - now < last + tick
+    assert 1 <= round((end - now) / tick) <= 8 or tick == 86400
+
+
+def test_only_granted_reservations_not_yet_over_are_live():
+    from lightpath.v1 import core_broker_pb2 as cb
+
+    now = 1000.0
+    rs = [
+        _reservation("later", 1500, 1800, cb.RESERVATION_STATE_SCHEDULED),
+        _reservation("now", 900, 1100, cb.RESERVATION_STATE_ACTIVE),
+        _reservation("over", 100, 200, cb.RESERVATION_STATE_ENDED),
+        _reservation("released", 900, 2000, cb.RESERVATION_STATE_RELEASED),
+        _reservation("refused", 900, 2000, cb.RESERVATION_STATE_REJECTED),
+    ]
+    assert [r.reservation_id for r in live_reservations(rs, now)] == ["now", "later"]
+    assert cores_window([], now) == (now + CORES_MIN_S, 120.0)

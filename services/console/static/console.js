@@ -46,11 +46,29 @@ function ago(sec) {
   return `${(sec / 3600).toFixed(1)} h`;
 }
 function when(unix) { return unix ? new Date(unix * 1000).toLocaleTimeString() : "—"; }
-function colourOf(jobId) {
-  let x = 0;
-  for (const c of jobId) x = (x * 31 + c.charCodeAt(0)) >>> 0;
-  return PALETTE[x % PALETTE.length];
+// Every live job (or reservation) on a view has a colour no other on it has, kept while
+// it lives: a new one takes the first colour free on that view (a hash of the id gave two
+// jobs of one pod the same colour). Past the palette, hues a golden angle apart.
+const colourMaps = new Map();
+let colours = new Map();
+function useColours(view, ids) {
+  const kept = colourMaps.get(view) || new Map();
+  const live = new Set(ids.filter(Boolean));
+  for (const id of [...kept.keys()]) if (!live.has(id)) kept.delete(id);
+  const taken = new Set(kept.values());
+  for (const id of live) {
+    if (kept.has(id)) continue;
+    let i = 0;
+    while (taken.has(i)) i++;
+    kept.set(id, i); taken.add(i);
+  }
+  colourMaps.set(view, kept);
+  colours = kept;
 }
+function colourAt(i) {
+  return i < PALETTE.length ? PALETTE[i] : `hsl(${Math.round((i - PALETTE.length) * 137.508 + 20) % 360}, 65%, 36%)`;
+}
+function colourOf(id) { return colours.has(id) ? colourAt(colours.get(id)) : "#8c959f"; }
 function table(headers, rows, numeric = []) {
   return h("table", {},
     h("thead", {}, h("tr", {}, headers.map((t, i) => h("th", { class: numeric.includes(i) ? "num" : null, scope: "col" }, t)))),
@@ -251,6 +269,7 @@ function defs() {
     s("pattern", { id: "free-dots", width: 6, height: 6, patternUnits: "userSpaceOnUse" },
       s("rect", { width: 6, height: 6, fill: "#f6f8fa" }), s("circle", { cx: 3, cy: 3, r: 0.8, fill: "#8c959f" })));
 }
+const DIM_NAMES = ["x", "y", "z", "w"];
 const TYPE_MARK = { tpu: "", gpu: "◆", npu: "" };
 const coords = (c) => `(${c.join(",")})`;
 const boxText = (x) => `${x.job_id} ${x.chips.join("x")} at ${coords(x.offset)}`;
@@ -314,26 +333,77 @@ function blockGlyph(b, x, y, size, label) {
   }
   return g;
 }
+// A SWITCHED pod's processor group (seed 002), named as the rings table names it
+// (g<cluster row>.<column>), its processors drawn in the colour of the job holding each:
+// a large job holds whole groups, small jobs rectangles of a group kept for them. The
+// name sits above the processors and the job below them, neither over them.
+function groupName(d, i) {
+  const cols = (d.switched.fabric.config || {}).cluster_cols || 1;
+  return `g${Math.floor(i / cols)}.${i % cols}`;
+}
+function groupTiles(d, i) {  // [job, tile] of the small jobs in group i
+  return Object.entries(d.switched.small_tiles).filter(([, t]) => (t.group || 0) === i);
+}
+const tileText = (t) => `rows ${t.row || 0}–${(t.row || 0) + t.height - 1}, columns ${t.col || 0}–${(t.col || 0) + t.width - 1}`;
+function groupSummary(b, d) {
+  const dims = (d.switched.fabric.config.group_shape || {}).dims || [3, 3];
+  const all = dims[0] * (dims[1] || 1);
+  const small = d.switched.small_groups.includes(b.block_id) ? ", kept for small jobs" : "";
+  if (wholeFailed(b)) return `failed${small}`;
+  if (b.job_id) return `job ${b.job_id}, all ${all} processors`;
+  const tiles = groupTiles(d, b.block_id);
+  const used = tiles.reduce((n, [, t]) => n + t.height * t.width, 0);
+  const jobs = tiles.map(([j, t]) => `${j} (${tileText(t)})`).join(", ");
+  return `${jobs ? `small jobs ${jobs}; ` : ""}${all - used} of ${all} processors free${small}`;
+}
+function groupGlyph(b, d, x, y, size, label) {
+  const dims = (d.switched.fabric.config.group_shape || {}).dims || [3, 3];
+  const pr = dims[0], pc = dims[1] || 1;
+  const failed = wholeFailed(b), small = d.switched.small_groups.includes(b.block_id);
+  const tiles = groupTiles(d, b.block_id);
+  const owner = new Map();
+  for (const [job, t] of tiles)
+    for (let i = 0; i < t.height; i++) for (let j = 0; j < t.width; j++) owner.set(`${(t.row || 0) + i},${(t.col || 0) + j}`, job);
+  const name = groupName(d, b.block_id);
+  const g = s("g", { class: "block group", tabindex: 0, role: "button", "data-block": b.block_id, "data-group": name,
+    "data-job": b.job_id || "", "data-health": b.health, "data-type": b.node_type,
+    "data-small-jobs": tiles.map(([j]) => j).join(",") || null,
+    "aria-label": `group ${name}, ${groupSummary(b, d)}` });
+  const fill = failed ? "url(#failed-hatch)" : b.job_id ? colourOf(b.job_id) : tiles.length ? "#ffffff" : "url(#free-dots)";
+  g.append(s("rect", { class: "cell", x, y, width: size, height: size, rx: 3, fill, stroke: "#57606a", "stroke-width": 1 }));
+  const ink = b.job_id && !failed ? "#fff" : "#1b1f24";
+  g.append(s("text", { x: x + 4, y: y + 13, fill: ink, "font-weight": 600 }, name));
+  if (small) g.append(s("text", { x: x + size - 4, y: y + 13, "text-anchor": "end", fill: ink, "font-size": 10 }, "small jobs"));
+  const top = 18, bottom = 16, ps = Math.floor(Math.min((size - top - bottom) / pr, (size - 8) / pc));
+  const ox = x + (size - pc * ps) / 2, oy = y + top + (size - top - bottom - pr * ps) / 2;
+  for (let r = 0; r < pr; r++) for (let c = 0; c < pc; c++) {
+    const job = owner.get(`${r},${c}`) || "";
+    g.append(s("rect", { class: "proc", x: ox + c * ps + 1.5, y: oy + r * ps + 1.5, width: ps - 3, height: ps - 3,
+      fill: job ? colourOf(job) : "none", stroke: b.job_id && !failed ? "#fff" : "#8c959f", "data-job": job || b.job_id || "" }));
+  }
+  if (failed) g.append(s("text", { x: x + size / 2, y: y + size / 2 + size * 0.18, "font-size": size * 0.5, "text-anchor": "middle", fill: "#a40e26", "font-weight": 700 }, "✕"));
+  const free = pr * pc - owner.size;
+  const foot = failed ? "" : b.job_id ? label(b.job_id) : tiles.length ? `${tiles.length} small · ${free} free` : "";
+  if (foot) g.append(s("text", { x: x + 4, y: y + size - 4, fill: ink, "font-size": 10 }, foot));
+  return g;
+}
 function renderPod(main, d) {
+  useColours(`pod:${d.pod_id}`, [...d.blocks.flatMap((b) => [b.job_id, ...b.boxes.map((x) => x.job_id)]),
+    ...Object.keys((d.switched || {}).small_tiles || {}), ...d.live_jobs.map((j) => j.job_id)]);
   const { cols, cell } = mapLayout(d);
   const gap = 6;
   const rows = Math.ceil(d.blocks.length / cols);
   const W = cols * (cell + gap) + gap, H = rows * (cell + gap) + gap;
   const svg = s("svg", { class: "blockmap", viewBox: `0 0 ${W} ${H}`, role: "group", "aria-label": `block map of ${d.pod_id}` }, defs());
-  const short = (id) => (id.length > 9 ? `${id.slice(0, 8)}…` : id);
-  const detail = h("div", { class: "detail", id: "block-detail" }, h("p", { class: "muted" }, "Hover a block for its job; click it for its segments and cross-connects."));
+  // A long id keeps its head and its tail: jobs of one series differ at the end.
+  const short = (id) => (id.length > 9 ? `${id.slice(0, 4)}…${id.slice(-4)}` : id);
+  const detail = h("div", { class: "detail", id: "block-detail" }, h("p", { class: "muted" }, d.switched ? "Hover a group for its jobs; click it for its detail." : "Hover a block for its job; click it for its segments and cross-connects."));
   for (const b of d.blocks) {
     const i = b.block_id, x = gap + (i % cols) * (cell + gap), y = gap + Math.floor(i / cols) * (cell + gap);
-    const g = blockGlyph(b, x, y, cell, short);
+    const g = d.switched ? groupGlyph(b, d, x, y, cell, short) : blockGlyph(b, x, y, cell, short);
     if (!d.switched && !wholeFailed(b) && !b.job_id && (b.shared || b.failed_hosts.length)) chipGrid(g, b, d, x, y, cell);
-    if (d.switched) {  // a group: its processors as small squares
-      const dims = (d.switched.fabric.config.group_shape || {}).dims || [3, 3];
-      const pr = dims[0], pc = dims[1] || 1, ps = Math.floor((cell - 24) / Math.max(pr, pc));
-      for (let r = 0; r < pr; r++) for (let c = 0; c < pc; c++)
-        g.append(s("rect", { x: x + 10 + c * ps, y: y + 18 + r * ps, width: ps - 3, height: ps - 3, fill: "none", stroke: b.job_id ? "#fff" : "#8c959f" }));
-      if (d.switched.small_groups.includes(i)) g.append(s("text", { x: x + cell - 40, y: y + 13, fill: b.job_id ? "#fff" : "#1b1f24" }, "small"));
-    }
-    const text = `block ${i} (${b.node_type}) — ${wholeFailed(b) ? "FAILED" : blockSummary(b)}`;
+    const text = d.switched ? `group ${groupName(d, i)} (index ${i}, ${b.node_type}) — ${groupSummary(b, d)}`
+      : `block ${i} (${b.node_type}) — ${wholeFailed(b) ? "FAILED" : blockSummary(b)}`;
     g.addEventListener("mousemove", (ev) => showTip(ev, text));
     g.addEventListener("mouseleave", hideTip);
     const pick = () => { state.selected = i; selectBlock(svg, d, i, detail); };
@@ -346,11 +416,15 @@ function renderPod(main, d) {
   const legend = h("div", { class: "legend" },
     h("span", {}, swatch("url(#free-dots)"), " free"),
     h("span", {}, swatch("url(#failed-hatch)", s("text", { x: 4, y: 14, fill: "#a40e26", "font-size": 13 }, "✕")), " failed (hatched, ✕)"),
-    h("span", {}, swatch(PALETTE[0]), " held by a job (colour per job, job id written in the block)"),
-    d.blocks.some((b) => b.shared || b.failed_hosts.length) ? h("span", {}, swatch("#ffffff", s("rect", { x: 4, y: 4, width: 5, height: 5, fill: PALETTE[1] })), ` shared by sub-block slices: drawn as its chips (z layers side by side, hosts of ${d.host_shape.join("x") || "?"} outlined), each job's box in its colour, a failed host hatched`) : null,
+    h("span", {}, swatch(PALETTE[0]), d.switched ? " held by a large job (whole groups; colour per job, job id written below)" : " held by a job (colour per job, job id written in the block)"),
+    d.switched && d.switched.small_groups.length ? h("span", {}, swatch("#ffffff", s("rect", { x: 4, y: 4, width: 5, height: 5, fill: PALETTE[1] })), " small jobs: a rectangle of processors in a group kept for them, in the job's colour") : null,
+    !d.switched && d.blocks.some((b) => b.shared || b.failed_hosts.length) ? h("span", {}, swatch("#ffffff", s("rect", { x: 4, y: 4, width: 5, height: 5, fill: PALETTE[1] })), ` shared by sub-block slices: drawn as its chips (z layers side by side, hosts of ${d.host_shape.join("x") || "?"} outlined), each job's box in its colour, a failed host hatched`) : null,
     d.blocks.some((b) => b.twisted) ? h("span", {}, "↻ twisted torus") : null,
     types.length > 1 ? types.map((t) => h("span", {}, swatch("#fff", TYPE_MARK[t] ? s("text", { x: 4, y: 14, "font-size": 11 }, TYPE_MARK[t]) : null, t === "gpu" ? 6 : 2), ` ${t} block`)) : h("span", { class: "muted" }, `all blocks ${types[0] || ""}`));
-  const holds = (j) => j.box ? `chips ${j.box.chips.join("x")} at ${coords(j.box.offset)} of block ${j.box.block_id}` : `${j.grid} blocks`;
+  const tile = (j) => ((d.switched || {}).small_tiles || {})[j.job_id];
+  const holds = (j) => j.box ? `chips ${j.box.chips.join("x")} at ${coords(j.box.offset)} of block ${j.box.block_id}`
+    : tile(j) ? `${tile(j).group_name} ${tileText(tile(j))}`
+    : d.switched ? `${j.blocks} group${j.blocks === 1 ? "" : "s"}` : `${j.grid} blocks`;
   const jobs = d.live_jobs.length ? table(["", "job", "state", "holds", "priority"], d.live_jobs.map((j) => [
     s("svg", { width: 14, height: 14, "aria-hidden": "true" }, s("rect", { width: 14, height: 14, fill: colourOf(j.job_id) })),
     h("span", {}, link(`#/job/${encodeURIComponent(j.job_id)}`, j.job_id), j.twisted ? h("span", { class: "badge twisted", title: "a twisted torus" }, "↻ twisted") : null),
@@ -382,7 +456,7 @@ async function selectBlock(svg, d, id, detail) {
   const b = await r.json();
   if (mine !== blockReads) return;
   if (!r.ok) { detail.replaceChildren(h("p", { class: "error" }, b.error.message)); return; }
-  detail.replaceChildren(h("h2", {}, `Block ${b.block_id}`),
+  detail.replaceChildren(h("h2", {}, d.switched ? `Group ${groupName(d, b.block_id)} (index ${b.block_id})` : `Block ${b.block_id}`),
     h("dl", {}, h("dt", {}, "type"), h("dd", {}, b.node_type), h("dt", {}, "health"), h("dd", {}, stateTag(b.health === "FAILED" ? "FAILED" : "READY"), " ", b.health),
       h("dt", {}, "job"), h("dd", {}, b.job_id ? link(`#/job/${encodeURIComponent(b.job_id)}`, b.job_id) : "free"),
       h("dt", {}, "wiring"), h("dd", {}, b.job_id ? link(`#/slice/${d.pod_id}/${encodeURIComponent(b.job_id)}`, "its slice's cross-connects →") : b.shared ? "none: sub-block slices use the block's own links" : "—"),
@@ -397,9 +471,9 @@ function switchedPanel(d) {
   const sw = d.switched;
   const busy = sw.switches.filter((x) => (x.down_in_use || 0) + (x.up_in_use || 0) > 0);
   return h("div", {}, h("h2", {}, "Groups and ring reservations"),
-    h("p", {}, `${sw.fabric.groups} groups of ${((sw.fabric.config.group_shape || {}).dims || []).join("x")} processors, ${sw.fabric.tier0_switches} tier-0 and ${sw.fabric.tier1_switches} tier-1 switches; groups ${sw.small_groups.join(", ")} kept for small jobs.`),
+    h("p", {}, `${sw.fabric.groups} groups of ${((sw.fabric.config.group_shape || {}).dims || []).join("x")} processors, ${sw.fabric.tier0_switches} tier-0 and ${sw.fabric.tier1_switches} tier-1 switches; ${sw.small_groups.length ? `groups ${sw.small_groups.map((i) => groupName(d, i)).join(", ")} kept for small jobs` : "no group kept for small jobs"}.`),
     sw.rings.length ? table(["job", "tiles", "rings", "channels"], sw.rings.map((r) => [link(`#/job/${encodeURIComponent(r.job_id)}`, r.job_id),
-      (r.tiles || []).map((t) => t.group_name || `g${t.group}`).join(" "), r.rings, r.channel_count]), [2, 3])
+      (r.tiles || []).map((t) => (t.group_name || groupName(d, t.group || 0)) + (sw.small_tiles[r.job_id] ? ` ${tileText(t)}` : "")).join(" "), r.rings, r.channel_count]), [2, 3])
       : h("p", { class: "muted" }, "No ring reservations."),
     h("p", {}, `${busy.length} of ${sw.switches.length} switches carry a ring.`));
 }
@@ -418,35 +492,63 @@ function renderOcs(main, d) {
     main.replaceChildren(h("h1", {}, `OCS of ${d.pod_id}`), pick, h("p", { class: "muted" }, "This pod has no optical circuit switches (a SWITCHED pod: see its ring reservations on the superpod view)."), link(`#/pod/${d.pod_id}`, "Superpod view →"));
     return;
   }
+  // Rows: the logical dimensions (x, y, z); columns: each dimension's axes (a face's
+  // segment positions), and under each axis its K switches when K > 1.
   const dims = [...new Set(d.switches.map((x) => x.dim))].sort((a, b) => a - b);
-  const perDim = Math.max(...dims.map((dm) => d.switches.filter((x) => x.dim === dm).length));
-  const cw = Math.max(22, Math.min(44, Math.floor(1000 / perDim))), ch = 34, left = 60;
-  const svg = s("svg", { class: "heat", viewBox: `0 0 ${left + perDim * cw + 10} ${dims.length * (ch + 8) + 30}`, width: "100%", role: "group", "aria-label": "port use per switch" });
+  const rowOf = (dm) => d.switches.filter((x) => x.dim === dm);
+  const widest = dims.map(rowOf).reduce((a, b) => (b.length > a.length ? b : a), []);
+  const perDim = widest.length, K = Math.max(...d.switches.map((x) => x.k)) + 1;
+  const cw = Math.max(22, Math.min(44, Math.floor(1000 / perDim))), ch = 34, left = 74, head = K > 1 ? 36 : 24;
+  const H = head + dims.length * (ch + 8) + 4;
+  const svg = s("svg", { class: "heat", viewBox: `0 0 ${left + perDim * cw + 10} ${H}`, width: "100%", role: "group", "aria-label": "port use per switch: rows dimensions, columns axes" });
+  svg.append(s("text", { x: 4, y: 14, fill: "#57606a", "font-size": 11 }, K > 1 ? "axis / k" : "axis"));
+  widest.forEach((x, col) => {
+    const cx = left + col * cw + (cw - 2) / 2;
+    if (x.k === 0) svg.append(s("text", { class: "axis-label", x: K > 1 ? left + col * cw + (K * cw - 2) / 2 : cx, y: 14, "text-anchor": "middle", "font-size": 11, fill: "#1b1f24" }, String(x.axis)));
+    if (K > 1) svg.append(s("text", { x: cx, y: 28, "text-anchor": "middle", "font-size": 9, fill: "#57606a" }, `k${x.k}`));
+  });
   dims.forEach((dm, row) => {
-    svg.append(s("text", { x: 4, y: 24 + row * (ch + 8) + ch / 2 }, `dim ${dm}`));
-    d.switches.filter((x) => x.dim === dm).forEach((x, col) => {
-      const g = s("g", { class: "switch", "data-ocs": x.ocs_id, tabindex: 0, "aria-label": `${x.ocs_id}: ${x.ports_in_use} of ${x.ports_cabled} ports in use` });
-      g.append(s("rect", { x: left + col * cw, y: 14 + row * (ch + 8), width: cw - 2, height: ch, fill: heatColour(x.use), stroke: "#57606a", "stroke-width": 0.5 }));
-      if (x.ports_in_use) g.append(s("text", { x: left + col * cw + 3, y: 14 + row * (ch + 8) + ch - 6, "font-size": 9, fill: x.use > 0.5 ? "#fff" : "#1b1f24" }, String(x.ports_in_use)));
+    const y0 = head + row * (ch + 8);
+    svg.append(s("text", { class: "dim-label", x: 4, y: y0 + ch / 2 + 4, "font-weight": 600 }, `${DIM_NAMES[dm] || dm} (dim ${dm})`));
+    rowOf(dm).forEach((x, col) => {
+      const g = s("g", { class: "switch", "data-ocs": x.ocs_id, "data-dim": x.dim, "data-axis": x.axis, "data-k": x.k, tabindex: 0, "aria-label": `${x.ocs_id}: dim ${x.dim}, axis ${x.axis}, k ${x.k}: ${x.ports_in_use} of ${x.ports_cabled} ports in use` });
+      g.append(s("rect", { x: left + col * cw, y: y0, width: cw - 2, height: ch, fill: heatColour(x.use), stroke: "#57606a", "stroke-width": 0.5 }));
+      g.append(s("text", { x: left + col * cw + (cw - 2) / 2, y: y0 + ch / 2 + 4, "text-anchor": "middle", "font-size": cw < 30 ? 9 : 11, fill: x.use > 0.5 ? "#fff" : "#1b1f24" }, String(x.ports_in_use)));
       g.addEventListener("mousemove", (ev) => showTip(ev, `${x.ocs_id} (dim ${x.dim}, axis ${x.axis}, k ${x.k}): ${x.ports_in_use}/${x.ports_cabled} ports in use, radix ${x.radix}`));
       g.addEventListener("mouseleave", hideTip);
       svg.append(g);
     });
   });
+  // Whole-block slices use every axis of each block they hold, so in a healthy pod every
+  // switch of a dimension reads the same: say so, and name the ones that differ.
+  const inUse = d.switches.map((x) => x.ports_in_use), lo = Math.min(...inUse), hi = Math.max(...inUse);
+  const cabled = [...new Set(d.switches.map((x) => x.ports_cabled))];
+  // (with K > 1 a dimension's k-th switches carry what their 1xK settings send them:
+  // alike among themselves, not with the other k)
+  const kinds = [...new Set(d.switches.map((x) => `${x.dim}/${x.k}`))];
+  const outliers = kinds.flatMap((kind) => {
+    const row = d.switches.filter((x) => `${x.dim}/${x.k}` === kind), counts = {};
+    for (const x of row) counts[x.ports_in_use] = (counts[x.ports_in_use] || 0) + 1;
+    const usual = Number(Object.entries(counts).sort((a, b) => b[1] - a[1])[0][0]);
+    return row.filter((x) => x.ports_in_use !== usual);
+  });
+  const even = lo === hi
+    ? `Every switch has ${lo} of ${cabled.join("/")} cabled ports in use: a slice of whole blocks uses every axis of its blocks in each dimension, so even use is what a healthy pod shows.`
+    : `Ports in use per switch: ${lo} to ${hi} (of ${cabled.join("/")} cabled)${K > 1 ? "; the switches of one dimension and k alike" : ""}.` + (outliers.length ? ` Unlike the rest of their dimension: ${outliers.slice(0, 12).map((x) => `${x.ocs_id} (${x.ports_in_use})`).join(", ")}${outliers.length > 12 ? ", …" : ""} — \`lightpath ocs check --compare-switches\` compares them with what the switches hold.` : "");
   const scale = h("div", { class: "legend" }, "port use: ", [0, 0.25, 0.5, 0.75, 1].map((u) => h("span", {},
     s("svg", { width: 18, height: 14, "aria-hidden": "true" }, s("rect", { width: 18, height: 14, fill: heatColour(u), stroke: "#57606a" })), ` ${u * 100}%`)),
-    h("span", { class: "muted" }, "(number in a cell: ports in use)"));
+    h("span", { class: "muted" }, "(the number in a cell: its ports in use)"));
   const top = [...d.switches].sort((a, b) => b.use - a.use).slice(0, 8).filter((x) => x.ports_in_use);
   const oneK = d.one_to_many.length ? h("div", { class: "scroll" }, table(["1×K switch", "block", "dim", "axis", "selected output", "job"],
     d.one_to_many.slice(0, 300).map((o) => [o.switch_id, link(`#/pod/${d.pod_id}?block=${o.block_id}`, o.block_id), o.dim, o.axis,
       o.selected >= 0 ? `${o.selected} → ${o.outputs[o.selected] || "?"}` : "idle", o.job_id ? link(`#/job/${encodeURIComponent(o.job_id)}`, o.job_id) : "—"])))
     : h("p", { class: "muted" }, "No 1×K switches (K = 1: every segment is cabled straight to its OCS).");
   main.replaceChildren(h("h1", {}, `OCS of ${d.pod_id}`), pick,
-    h("p", { class: "muted" }, `${d.switches.length} switches; rows: logical dimension, columns: axis and K index.`),
-    svg, scale,
+    h("p", { class: "muted" }, `${d.switches.length} switches; rows: logical dimension, columns: axis${K > 1 ? ` and, under each, its ${K} switches (k)` : ""}; the number: ports in use.`),
+    svg, scale, h("p", { id: "ocs-summary" }, even),
     h("div", { class: "grid2" },
       h("div", {}, h("h2", {}, "1×K switch states"), oneK),
-      h("div", {}, h("h2", {}, "Busiest switches"), top.length ? table(["OCS", "in use", "cabled"], top.map((x) => [x.ocs_id, x.ports_in_use, x.ports_cabled]), [1, 2]) : h("p", { class: "muted" }, "No port in use."),
+      h("div", {}, h("h2", {}, "Busiest switches"), lo === hi && hi ? h("p", { class: "muted" }, "All alike (above).") : top.length ? table(["OCS", "in use", "cabled"], top.map((x) => [x.ocs_id, x.ports_in_use, x.ports_cabled]), [1, 2]) : h("p", { class: "muted" }, "No port in use."),
         h("p", {}, link(`#/pod/${d.pod_id}`, "Block map of this pod →")))));
 }
 function renderSlice(main, d) {
@@ -467,16 +569,19 @@ function renderCores(main, d) {
     main.replaceChildren(h("h1", {}, "Core broker"), h("p", { class: "muted" }, "No devices registered (`lightpath cores devices` lists them; `lightpath demo` registers some)."));
     return;
   }
-  const left = 150, W = 1100, rowH = 44, span = d.end - d.start;
+  useColours("cores", d.devices.flatMap((dev) => dev.bars.map((b) => b.reservation_id)));
+  const left = 150, W = 1100, rowH = 44, span = d.end - d.start, top = 34;
   const X = (t) => left + ((t - d.start) / span) * (W - left - 10);
-  const svg = s("svg", { viewBox: `0 0 ${W} ${d.devices.length * (rowH + 14) + 30}`, width: "100%", role: "group", "aria-label": "reservations per device over the next hours" });
-  for (let hr = 0; hr <= span / 3600; hr++) {
-    const x = X(d.start + hr * 3600);
-    svg.append(s("line", { x1: x, y1: 14, x2: x, y2: d.devices.length * (rowH + 14) + 20, stroke: "#d0d7de" }),
-      s("text", { x: x + (hr === 0 ? 2 : -2), y: 11, fill: "#57606a", "text-anchor": hr === 0 ? "start" : "end" }, hr === 0 ? "now" : `+${hr} h`));
+  const svg = s("svg", { viewBox: `0 0 ${W} ${d.devices.length * (rowH + 14) + top + 16}`, width: "100%", role: "group", "aria-label": `reservations per device from now to ${offset(span)}` });
+  const bottom = d.devices.length * (rowH + 14) + top + 6;
+  for (let k = 0; k * d.tick <= span + 1e-6; k++) {  // a tick every d.tick s: "+10 min", "+1 h"
+    const x = X(d.start + k * d.tick), last = (k + 1) * d.tick > span + 1e-6;
+    svg.append(s("line", { x1: x, y1: top - 6, x2: x, y2: bottom, stroke: "#d0d7de" }),
+      s("text", { class: "tick", x: x + (k === 0 ? 2 : last ? -2 : 0), y: 11, fill: "#57606a", "text-anchor": k === 0 ? "start" : last ? "end" : "middle" }, k === 0 ? "now" : offset(k * d.tick)),
+      s("text", { x: x + (k === 0 ? 2 : last ? -2 : 0), y: 24, fill: "#8c959f", "font-size": 9, "text-anchor": k === 0 ? "start" : last ? "end" : "middle" }, k === 0 ? "" : clock(d.start + k * d.tick)));
   }
   d.devices.forEach((dev, i) => {
-    const y0 = 20 + i * (rowH + 14);
+    const y0 = top + i * (rowH + 14);
     svg.append(s("text", { x: 4, y: y0 + 14, "font-weight": 600 }, dev.device_id), s("text", { x: 4, y: y0 + 28, fill: "#57606a" }, `${dev.kind}, ${dev.cores} cores`));
     svg.append(s("rect", { x: left, y: y0, width: W - left - 10, height: rowH, fill: "#f6f8fa", stroke: "#d0d7de" }));
     // free capacity: a step line, full height = every core free
@@ -491,7 +596,7 @@ function renderCores(main, d) {
       const hgt = (b.cores / dev.cores) * rowH;
       const below = placed.filter((p) => p.start < b.end && b.start < p.end).reduce((n, p) => n + p.hgt, 0);
       placed.push({ ...b, hgt });
-      const g = s("g", { class: "resv", tabindex: 0, "aria-label": `${b.reservation_id}: ${b.cores} cores ${when(b.start)}–${when(b.end)}` });
+      const g = s("g", { class: "resv", tabindex: 0, "data-reservation": b.reservation_id, "aria-label": `${b.reservation_id}: ${b.cores} cores ${when(b.start)}–${when(b.end)}` });
       g.append(s("rect", { x: X(b.start), y: y0 + rowH - below - hgt, width: Math.max(2, X(b.end) - X(b.start)), height: Math.max(2, hgt), fill: colourOf(b.reservation_id), stroke: "#fff", "stroke-width": 0.5 }));
       if (X(b.end) - X(b.start) > 60 && hgt >= 12) g.append(s("text", { x: X(b.start) + 3, y: y0 + rowH - below - hgt / 2 + 4, fill: "#fff", "font-size": 10 }, `${b.reservation_id} · ${b.cores}`));
       g.addEventListener("mousemove", (ev) => showTip(ev, `${b.reservation_id}: ${b.cores} cores, ${when(b.start)} – ${when(b.end)}`));
@@ -500,11 +605,27 @@ function renderCores(main, d) {
     });
     svg.append(s("path", { d: path, fill: "none", stroke: "#116329", "stroke-width": 2, "stroke-dasharray": "5 3" }));
   });
+  const swatch = (id) => s("svg", { width: 12, height: 12, "aria-hidden": "true" }, s("rect", { width: 12, height: 12, fill: colourOf(id) }));
+  const resv = d.reservations.length ? h("div", { class: "scroll" }, table(["", "reservation", "application", "state", "cores", "devices", "starts", "ends", "lasts"],
+    d.reservations.slice(0, 500).map((r) => [swatch(r.reservation_id), r.reservation_id, r.application_id, stateTag(r.state), r.cores,
+      r.devices.map((x) => `${x.device_id} ×${x.cores}`).join(", "),
+      r.starts_in_s <= 0 ? `${when(r.start)} (started)` : `${when(r.start)} (in ${offset(r.starts_in_s).slice(1)})`,
+      `${when(r.end)} (in ${offset(r.ends_in_s).slice(1)})`, offset(r.end - r.start).slice(1)]), [4]))
+    : h("p", { class: "muted" }, "No live reservations (`lightpath cores reserve` makes one).");
+  const more = d.reservations.length > 500 || !d.reservations_complete ? h("p", { class: "muted" }, "Only the first reservations are shown; `lightpath cores list --all` lists every one.") : null;
   main.replaceChildren(h("h1", {}, "Core broker"),
-    h("p", { class: "muted" }, `Reservations per device from now to +${Math.round(span / 3600)} h, stacked from the bottom (height: cores); the dashed green line is the free cores (at the top: all free).`),
-    svg, h("h2", {}, "Devices now"),
+    h("p", { class: "muted" }, `Reservations per device from now to ${offset(span)} (${d.reservations.length ? "the last live reservation ends by then" : "no live reservation"}), stacked from the bottom (height: cores); the dashed green line is the free cores (at the top: all free).`),
+    svg, h("h2", {}, `Live reservations (${d.reservations.length})`), resv, ...(more ? [more] : []), h("h2", {}, "Devices now"),
     table(["device", "kind", "cores", "free in window", "peak reserved"], d.devices.map((x) => [x.device_id, x.kind, x.cores, x.free_cores, x.peak_reserved]), [2, 3, 4]));
 }
+// "+10 min", "+1 h 30 min", "+2 d": a time from now in the units a person reads.
+function offset(sec) {
+  const m = Math.round(sec / 60);
+  if (m < 60) return `+${m} min`;
+  if (m < 1440) return `+${Math.floor(m / 60)} h${m % 60 ? ` ${m % 60} min` : ""}`;
+  return `+${Math.floor(m / 1440)} d${Math.floor((m % 1440) / 60) ? ` ${Math.floor((m % 1440) / 60)} h` : ""}`;
+}
+function clock(unix) { return new Date(unix * 1000).toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" }); }
 
 // -- Aggregation ------------------------------------------------------------------------
 function renderAgg(main, d) {
@@ -527,7 +648,10 @@ function renderAgg(main, d) {
     const st = d.switches[n.id];
     const isSwitch = n.kind.includes("SWITCH");
     const g = s("g", { class: "aggnode", "data-node": n.id });
-    if (isSwitch) {
+    if (isSwitch && d.switches_shown === false) {  // a tenant: the tree, not the slots
+      g.append(s("rect", { x: x - 70, y: y - 4, width: 140, height: 30, rx: 4, fill: "#fff", stroke: "#0b5394", "stroke-width": 2 }),
+        s("text", { x: x - 64, y: y + 15, "font-weight": 600 }, `${n.id} (switch)`));
+    } else if (isSwitch) {
       const used = st && !st.error ? st.slots_in_use : 0, total = st && !st.error ? st.slots_total : 0;
       g.append(s("rect", { x: x - 70, y: y - 4, width: 140, height: 44, rx: 4, fill: "#fff", stroke: "#0b5394", "stroke-width": 2 }),
         s("text", { x: x - 64, y: y + 10, "font-weight": 600 }, `${n.id} (switch)`),
@@ -547,6 +671,7 @@ function renderAgg(main, d) {
       : h("p", { class: "muted" }, "No commands yet."));
 }
 function switchTable(d) {
+  if (d.switches_shown === false) return h("p", { class: "muted" }, "The switches' slots and bypass entries are the operators' view; this sign-in sees its tree and its own commands.");
   const rows = Object.entries(d.switches).map(([id, st]) => st.error ? [id, h("span", { class: "state FAILED" }, "unreachable"), st.error, "", ""]
     : [id, usebar(st.slots_in_use, st.slots_total, `${id} slots in use`), st.parked, st.bypass.length,
       st.bypass.slice(0, 5).map((b) => `${b.command_id}#${b.chunk} → ${b.timeout_node}`).join(", ") || "—"]);
