@@ -130,6 +130,19 @@ def _workload_args(p: argparse.ArgumentParser) -> None:
     f.add_argument(
         "--reconfig-s", type=float, default=0.0, help="OCS wiring time of a block slice (seconds)"
     )
+    q = p.add_argument_group("quotas and fair share (docs/sim.md)")
+    q.add_argument(
+        "--quotas",
+        type=Path,
+        help="a JSON list of tenants' quotas ({tenant, tpu_chips, cohort, borrowing_limit, "
+        "lending_limit, weight}): jobs pass the cell's quota check and fair-share order",
+    )
+    q.add_argument(
+        "--half-life-h",
+        type=float,
+        default=1.0,
+        help="half-life of the usage fair share orders tenants by (hours, default 1)",
+    )
     p.add_argument("--out", type=Path, help="write summary.json, jobs-*.csv and PNG plots here")
     add_json_flag(p)
 
@@ -180,7 +193,19 @@ def _config(args: argparse.Namespace):
         failures = Failures.from_availability(args.availability, args.mttr_h * 3600)
     if args.restart_s < 0 or args.reconfig_s < 0:
         raise SystemExit(_fail("--restart-s and --reconfig-s must be >= 0"))
+    quotas: tuple = ()
+    if getattr(args, "quotas", None) is not None:
+        from lightpath.sim.quotas import load_quotas
+
+        if args.half_life_h <= 0:
+            raise SystemExit(_fail("--half-life-h must be > 0"))
+        try:
+            quotas = tuple(load_quotas(args.quotas))
+        except ValueError as e:
+            raise SystemExit(_fail(f"--quotas {e}")) from None
     return SimConfig(
+        quotas=quotas,
+        half_life_s=getattr(args, "half_life_h", 1.0) * 3600,
         pods=args.pods,
         restart_s=args.restart_s,
         reconfig_s=args.reconfig_s,
@@ -219,6 +244,27 @@ def _report(args: argparse.Namespace, results, summaries, extra) -> int:
         f"host availability {100 * s['host_availability']:.2f} %; utilisation over the "
         "arrival window; 'largest wait' is the mean wait of the largest slices"
     )
+    for run in summaries:
+        tenants = (run.get("quotas") or {}).get("tenants")
+        if not tenants:
+            continue
+        print(f"\nquotas, {run['label']}: share of the cell's chips each tenant held")
+        print(
+            table(
+                [
+                    [
+                        t,
+                        f"{100 * v['nominal_share']:.1f} %",
+                        f"{100 * v['share_held']:.1f} %",
+                        f"{100 * v['asking_fraction']:.0f} %",
+                        f"{100 * v['denied_within_nominal']:.2f} %",
+                        f"{v['mean_wait_s'] / 3600:,.1f}",
+                    ]
+                    for t, v in tenants.items()
+                ],
+                ["TENANT", "NOMINAL", "HELD", "ASKING", "DENIED WITHIN QUOTA", "WAIT_H"],
+            )
+        )
     for p in written:
         print(f"wrote {p}")
     return 0

@@ -116,7 +116,7 @@ def summary(result: Result, config: SimConfig, label: str = "") -> dict[str, Any
         "host_failures": counters.get("host_failures", 0),
         "makespan_s": stats["makespan_s"],
         "window_s": [lo, hi],
-    }
+    } | ({"quotas": stats["quotas"]} if "quotas" in stats else {})
 
 
 CSV_FIELDS = (

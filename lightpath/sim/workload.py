@@ -39,7 +39,7 @@ import io
 import json
 import math
 import random
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -413,3 +413,27 @@ def _at_load(jobs: list[TraceJob], load: float, chips: int) -> list[TraceJob]:
     factor = asked / (load * chips * span)
     first = jobs[0].arrival_s
     return [replace(j, arrival_s=first + (j.arrival_s - first) * factor) for j in jobs]
+
+
+def bursty_tenants(
+    jobs: list[TraceJob],
+    tenants: Sequence[str],
+    *,
+    periods: int = 6,
+    burst: float = 4.0,
+    seed: int = 1,
+) -> list[TraceJob]:
+    """The same jobs spread over `tenants` in bursts: the arrival window is cut into
+    `periods` equal spans and in each one tenant in turn submits `burst` times as many
+    jobs as each of the others (quotas and fair share, docs/sim.md)."""
+    if not jobs or not tenants:
+        return jobs
+    rng = random.Random(f"bursts-{seed}")
+    first, last = jobs[0].arrival_s, jobs[-1].arrival_s
+    span = max(last - first, 1e-9)
+    out = []
+    for j in jobs:
+        period = min(periods - 1, int(periods * (j.arrival_s - first) / span))
+        weights = [burst if i == period % len(tenants) else 1.0 for i in range(len(tenants))]
+        out.append(replace(j, tenant=rng.choices(list(tenants), weights)[0]))
+    return out

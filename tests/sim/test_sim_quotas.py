@@ -108,3 +108,20 @@ def test_quota_files_are_checked_with_the_entry_and_field(tmp_path):
     bad.write_text(json.dumps([{"tenant": "acme", "gpus": 1}]))
     with pytest.raises(ValueError, match="unknown field"):
         load_quotas(bad)
+
+
+def test_the_cli_takes_quotas_and_names_a_bad_file(tmp_path, capsys):
+    from lightpath.cli import main as cli_main
+
+    good = tmp_path / "q.json"
+    good.write_text(json.dumps([{"tenant": "t1", "tpu_chips": 1024, "cohort": "c"}]))
+    code = cli_main(["sim", "run", "--jobs", "30", "--quotas", str(good), "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0
+    assert out["runs"][0]["quotas"]["tenants"]["t1"]["nominal_chips"] == 1024
+    bad = tmp_path / "bad.json"
+    bad.write_text("{")
+    with pytest.raises(SystemExit) as stop:
+        cli_main(["sim", "run", "--jobs", "5", "--quotas", str(bad)])
+    assert stop.value.code == 2
+    assert f"--quotas {bad}: Expecting property name" in capsys.readouterr().err

@@ -1,0 +1,87 @@
+"""Benchmark: what quotas and fair share do to one superpod (issue 35).
+
+    python3 dev.py bench fair_share [--jobs 1500] [--load 0.95] [--policy priority]
+
+Three tenants share one 4,096-chip superpod in one cohort with nominal quotas of
+50 / 31 / 19 % (examples/sim_quotas.json); the Table 2 mix at the offered load, each
+sixth of the arrival window a burst of one tenant (4x the others' rate). The same
+trace runs without quotas and with them, side by side:
+
+* `utilisation_no_quotas`, `utilisation_quotas` (healthy chips busy over the
+  arrival window) and `utilisation_gap_points` (the first minus the second, goal
+  <= 3); `utilisation_quotas_no_reclaim`: with quotas but no reclaim, to show what
+  reclaiming lent chips for owners costs;
+* per tenant: `nominal_share`, `share_held` (mean share of the pod's chips it held),
+  `denied_within_nominal` (of the time it had a job waiting, the share during which
+  a job of its that fits within its nominal quota waited: 0 = it got its nominal
+  share whenever it asked), mean wait in hours;
+* `reclaims`: borrowed jobs preempted for owners.
+
+`load_avg_1m` is the machine's load at the end. A benchmark, not a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from _common import emit
+
+from lightpath.sim.engine import POLICIES, SimConfig, pod_fabric, simulate
+from lightpath.sim.quotas import load_quotas
+from lightpath.sim.workload import Generator, bursty_tenants
+from services.cell_scheduler import quota as quota_model
+
+QUOTAS = Path(__file__).resolve().parent.parent / "examples" / "sim_quotas.json"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=1500)
+    parser.add_argument("--load", type=float, default=0.95)
+    parser.add_argument("--policy", default="priority", choices=sorted(POLICIES))
+    parser.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args()
+    quotas = tuple(load_quotas(QUOTAS))
+    jobs = Generator(load=args.load, jobs=args.jobs, seed=args.seed).generate(pod_fabric("pod-0"))
+    jobs = bursty_tenants(jobs, [q.tenant for q in quotas], seed=args.seed)
+    policy = POLICIES[args.policy]
+    plain = simulate(jobs, SimConfig(policy=policy)).stats
+    with_quotas = simulate(jobs, SimConfig(policy=policy, quotas=quotas)).stats
+    reclaim = quota_model.QuotaBook.reclaim
+    quota_model.QuotaBook.reclaim = lambda *a, **k: None  # type: ignore[method-assign]
+    try:
+        no_reclaim = simulate(jobs, SimConfig(policy=policy, quotas=quotas)).stats
+    finally:
+        quota_model.QuotaBook.reclaim = reclaim  # type: ignore[method-assign]
+    tenants = {
+        t: {
+            "nominal_share": round(v["nominal_share"], 4),
+            "share_held": round(v["share_held"], 4),
+            "denied_within_nominal": round(v["denied_within_nominal"], 5),
+            "mean_wait_h": round(v["mean_wait_s"] / 3600, 2),
+        }
+        for t, v in with_quotas["quotas"]["tenants"].items()
+    }
+    u0, u1 = plain["utilisation_healthy"], with_quotas["utilisation_healthy"]
+    emit(
+        {
+            "bench": "fair_share",
+            "jobs": args.jobs,
+            "offered_load": args.load,
+            "policy": args.policy,
+            "utilisation_no_quotas": round(u0, 4),
+            "utilisation_quotas": round(u1, 4),
+            "utilisation_gap_points": round(100 * (u0 - u1), 2),
+            "utilisation_quotas_no_reclaim": round(no_reclaim["utilisation_healthy"], 4),
+            "reclaims": with_quotas["counters"].get("reclaims", 0),
+            "tenants": tenants,
+            "load_avg_1m": round(os.getloadavg()[0], 2),
+        }
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
