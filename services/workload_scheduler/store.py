@@ -367,7 +367,10 @@ class PodStore:
         for key in (k.failed, k.owner, k.wired, k.live):
             t.read("HGETALL", key)
         if extra:
-            t.name(extra, k.seq if extra == "seq" else k.events)
+            if extra == "seq":
+                t.name("seq", k.seq)
+            else:
+                t.name("events", k.events)
             t.op("extra", extra)
         return (await self._script.commit(t)).reads
 
