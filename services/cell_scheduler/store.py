@@ -1,9 +1,11 @@
 """CS-1, CS-5, CS-6: the cell's state in Redis — the pod registry, the cell's jobs, the queue.
 
 Every key is under the `{cell}` hash tag (services.common.keys.cell_key), so
-all of them live in one Redis Cluster slot and one Lua script may change any
-of them together. Scripts that walk a set of jobs (a pod's live jobs, a
-report's transitions) build those jobs' keys from the same prefix.
+all of them live in one Redis Cluster slot and one commit may change any of
+them together. Every change is a CellTxn (services.common.txn) whose ops are
+store.lua's; it declares every key it touches, the jobs of a set it walks (a
+pod's live or assumed jobs) too, and a failed check raises Conflict with one of
+the reasons below.
 
 Registry (CS-1):
 
@@ -28,7 +30,8 @@ Jobs (CS-5):
 
     lp:{cell}:job:<id>            hash  the job: request (as updated; req0 as first submitted),
                                         tenant, phase, pod, state, ...
-    lp:{cell}:job:<id>:events     list  the cell's own transitions of the job (JSON)
+    lp:{cell}:job:<id>:events     list  the cell's own transitions of the job (JSON; an end's
+                                        reason is the record's, stored once)
     lp:{cell}:jobs                zset  every job by submission sequence
     lp:{cell}:tenant:<t>:jobs     zset  a tenant's jobs by sequence
     lp:{cell}:pod:<p>:jobs        zset  jobs placed on a pod by sequence
@@ -37,7 +40,8 @@ Jobs (CS-5):
     lp:{cell}:forwarding          zset  jobs being forwarded -> until (ms)
     lp:{cell}:maybe               set   jobs a forward may have reached on a pod that then went silent
     lp:{cell}:seq                 string submission sequence
-    lp:{cell}:events              stream the cell's job transitions (WatchJob)
+    lp:{cell}:events              stream the cell's job transitions (WatchJob): job id and the
+                                        event's number in its list
 
 A job's phase in the cell: QUEUED (in the cell queue, no pod) → FORWARDING
 (claimed by one replica, bound to one pod, with a token and a deadline) →
