@@ -15,3 +15,5 @@ OPS.tally = function(o)
 end
 -- {"sneak", key name}: a key built here, never declared
 OPS.sneak = function(o) call("SET", o[2], "1") end
+-- {"text"}: C.TEXT, as a read
+OPS.text = function(o) READS[#READS + 1] = C.TEXT end
