@@ -17,6 +17,10 @@ decide again) — then every op, answering a `Committed`.
   table `C`, made from the Python values (tests/common/test_txn.py checks that every `C.x`
   is defined). redis-py's Script runs it by EVALSHA and loads it again on NOSCRIPT.
 
+An extension defines its checks and ops as `if USES.x then OPS.x = function(o) ... end
+end` (txn.lua defines only what the Txn uses: each call runs the whole script again); a
+generic op is nil when the Txn does not use it, so wrap one only under its USES.
+
 API for stores built on this (say here when it changes): `Txn(families=...)`, `k`, `name`,
 `member(s)`, `include`, the `expect_*` checks, `check(name, ...)`, the write ops, `read`, `job_event`
 (its Lua twin `job_event(jk, hk, sk, maxlen, e, extra, brief)`), `op(name, ...)`;
