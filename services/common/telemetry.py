@@ -42,7 +42,7 @@ from redis.exceptions import RedisError
 
 from lightpath import __version__, limits
 from lightpath.telemetry import TRACER_NAME, _rpc_attributes
-from services.common import instruments
+from services.common import heap, instruments
 from services.common.admission import OVERLOADED, Admission, exempt_principal, sheddable
 from services.common.auth import Guard, count_failure
 from services.common.errors import (
@@ -270,13 +270,21 @@ def _tolerant(deserializer: Callable[[bytes], Any] | None) -> Callable[[bytes], 
         try:
             request = parse(raw)
         except DecodeError as exc:
+            if len(raw) >= heap.GIVE_BACK_ABOVE:
+                heap.give_back()
             # "Error parsing message with type 'X': Wire format was corrupt" -> the why
             return _Undecodable(type_name, str(exc).rpartition(": ")[2] or "malformed")
         try:
             limits.check(request)
         except InvalidArgument as exc:
-            return _Undecodable(type_name, "", exc)
-        return request
+            # Without its traceback: that holds this frame, and so the parsed request.
+            refused = exc.with_traceback(None)
+        else:
+            return request
+        del request
+        if len(raw) >= heap.GIVE_BACK_ABOVE:
+            heap.give_back()
+        return _Undecodable(type_name, "", refused)
 
     return deserialize
 
