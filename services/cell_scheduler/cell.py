@@ -200,7 +200,17 @@ class CellScheduler:
             if ok == 0:
                 return await self.jobs.existing(await self.jobs.job_record(job_id), request_b64)
             if ok != 1:
-                continue  # the blocks went to others, or jobs wait in the cell queue
+                # The blocks went to others, or jobs wait in the cell queue. A job that
+                # asked not to wait is answered now once a fresh look lost the race:
+                # planning again under load held such callers for seconds (issue 30).
+                if req.spec.when_no_capacity == FAIL and attempt > 0:
+                    raise ResourceExhausted(
+                        f"job {job_id} cannot be placed now and asked not to wait: the "
+                        "blocks it would take went to other jobs meanwhile",
+                        reason="NO_CAPACITY",
+                        retry_delay_s=no_capacity_delay(),
+                    )
+                continue
             # Claimed: the forward runs to its end even if this caller goes away (a client
             # deadline), so a retry finds the job settled rather than a stalled claim.
             return await self.forwarder.detached(

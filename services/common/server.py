@@ -312,6 +312,7 @@ async def running(
                 settings.max_queued,
                 settings.queue_wait_s,
                 service=service,
+                target_s=settings.target_latency_s,
             ),
             max_request_bytes=limits.request_bytes(service),
         )

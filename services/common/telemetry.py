@@ -177,6 +177,7 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
                     await _abort_for(exc, span, method, context)
                 finally:
                     if admitted is not None:
+                        admitted.observe(time.perf_counter() - start)
                         admitted.release()
                     gate.leave(code, request)
                     self._record(method, code, start)
