@@ -6,6 +6,8 @@ pass over the queue."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 
 import pytest
 import redis.asyncio as aioredis
@@ -53,7 +55,9 @@ def _spec(job_id: str, *, fail: bool = True) -> ws.JobSpec:
     )
 
 
-async def test_a_job_that_asked_not_to_wait_is_refused_at_once_when_the_pod_is_busy(redis_url):
+@contextlib.asynccontextmanager
+async def scheduler(redis_url: str) -> AsyncIterator[tuple[WorkloadScheduler, PodStore]]:
+    """One replica in this process (its pass lock at hand) over a 16-block pod."""
     async with (
         serve("ocs_manager", redis_url, ocs_env(16)) as ocs_svc,
         channel(ocs_svc.address, max_attempts=1) as ch,
@@ -62,7 +66,12 @@ async def test_a_job_that_asked_not_to_wait_is_refused_at_once_when_the_pod_is_b
         fab = fabric(blocks=16)
         store = PodStore(r, fab.pod_id)
         await store.rebuild_indexes(fab)
-        sched = WorkloadScheduler(store=store, ocs=OcsManagerClient(ch), fabric=fab)
+        yield WorkloadScheduler(store=store, ocs=OcsManagerClient(ch), fabric=fab), store
+
+
+async def test_a_job_that_asked_not_to_wait_is_refused_at_once_when_the_pod_is_busy(redis_url):
+    async with scheduler(redis_url) as (sched, store):
+        fab = sched.fabric
         first = _spec("first")
         assert (await sched.admit(first, normalize(first, fab), validate_only=False)).record
         # Passes have lately taken 1 s each, and one is running: a new job would wait ~1 s.
@@ -98,15 +107,8 @@ async def test_a_job_that_asked_not_to_wait_is_refused_at_once_when_the_pod_is_b
 
 
 async def test_completing_a_job_does_not_wait_for_the_pass_over_the_queue(redis_url):
-    async with (
-        serve("ocs_manager", redis_url, ocs_env(16)) as ocs_svc,
-        channel(ocs_svc.address, max_attempts=1) as ch,
-        aioredis.Redis.from_url(redis_url, decode_responses=True) as r,
-    ):
-        fab = fabric(blocks=16)
-        store = PodStore(r, fab.pod_id)
-        await store.rebuild_indexes(fab)
-        sched = WorkloadScheduler(store=store, ocs=OcsManagerClient(ch), fabric=fab)
+    async with scheduler(redis_url) as (sched, store):
+        fab = sched.fabric
         whole = ws.JobSpec(job_id="whole", shape=common_pb2.Shape(dims=[16, 16, 4]))
         assert (await sched.admit(whole, normalize(whole, fab), validate_only=False)).record
         queued = ws.JobSpec(job_id="queued", shape=common_pb2.Shape(dims=[4, 4, 4]))
