@@ -47,7 +47,11 @@ submits. `--short` (the test suite's correctness run) shortens every phase.
 Prints one JSON line: ops, kills, kills_by_kind, violations, violation_details, lost,
 lost_reservations, internal, unknown, shed, silent_pods, codes, acknowledged_jobs,
 acknowledged_reservations, reconcile_s, peak_pairs_per_s,
-goodput_ratio_at_2x, p99_ms_at_2x, seconds, clients, seed.
+goodput_ratio_at_2x, p99_ms_at_2x, seconds, clients, seed; with the overload shape
+(issue 30: 2-block jobs through the cell at 1x, 2x and 4x the sustainable rate, clients
+retrying as the retry delay says, then back to 1x) goodput_ratio_2x, goodput_ratio_4x,
+recovery_s and p99_ms_1x / p99_ms_2x / p99_ms_4x (the accepted submits and completes),
+each level's details under overload_2_blocks and the 1-block run under overload_1_block.
 """
 
 from __future__ import annotations
@@ -567,6 +571,7 @@ async def overloads(cells: list, *, short: bool) -> dict:
         "goodput_ratio_2x": two["goodput_ratio_2x"],
         "goodput_ratio_4x": two["goodput_ratio_4x"],
         "recovery_s": two["recovery_s"],
+        "p99_ms_1x": two["p99_ms_1x"],
         "p99_ms_2x": two["p99_ms_2x"],
         "p99_ms_4x": two["p99_ms_4x"],
         "overload_2_blocks": two,

@@ -3,18 +3,27 @@
 Every field of every request of every service has a limit, in one table; a request
 over one is INVALID_ARGUMENT naming the field path and the limit, in a short error,
 before the servicer runs; a request larger than its service takes at all is refused
-by gRPC before it is parsed. The services stay SERVING throughout.
+by gRPC before it is parsed. Sent to the services' real processes: none enters its
+handler for a refused request (a spy says, tests/spied_service.py), none keeps more
+than a few MB of RSS afterwards, and all stay SERVING throughout. No wall-clock time
+is asserted: that the handler never runs is what bounds the work.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import os
 import re
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import grpc
+import psutil
 import pytest
 from google.protobuf import descriptor_pool
 from google.protobuf.descriptor import Descriptor, FieldDescriptor, MethodDescriptor
@@ -24,6 +33,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from lightpath import limits
 from lightpath.client import channel
+from lightpath.embedded_redis import free_port
 from lightpath.errors import InvalidArgument
 from lightpath.security.identity import service_principal
 from lightpath.v1 import (
@@ -34,7 +44,7 @@ from lightpath.v1 import (
     optical_switch_pb2,
     workload_scheduler_pb2,
 )
-from tests.helpers import credentials, one_of_each, serve
+from tests.helpers import credentials, service_identity, tls_env
 
 SERVICES = {
     "cell": ("cell_scheduler", cell_scheduler_pb2),
@@ -62,6 +72,7 @@ DENIED = (
     grpc.StatusCode.PERMISSION_DENIED,
     grpc.StatusCode.UNAUTHENTICATED,
 )  # bytes of message plus google.rpc details
+MiB = 1 << 20
 pool = descriptor_pool.Default()
 
 
@@ -347,33 +358,131 @@ def _zero(f: FieldDescriptor) -> Any:
     return 0
 
 
+# The server processes: each as `python -m services.<service>` runs it, under a spy
+# that logs every call reaching the service's own handler (tests/spied_service.py).
+PROCESSES = {
+    "cell": ("cell_scheduler", {}),
+    "ocs": ("ocs_manager", {"LIGHTPATH_POD_ID": "pod-1", "LIGHTPATH_FABRIC_BLOCKS": "8"}),
+    "ws": ("workload_scheduler", {"LIGHTPATH_POD_ID": "pod-1"}),
+    "broker": ("core_broker", {}),
+    "agg": ("agg_switch", {}),
+    "agent": ("switch_agent", {"LIGHTPATH_POD_ID": "pod-1"}),
+}
+# What a refused request may leave a server holding, all cases together (bytes of
+# RSS once it is answered), and how far above that it may peak while parsing: the
+# parse is bounded by the service's receive size, never by what the request claims.
+RSS_GROWTH = 8 * MiB
+PEAK_PER_RECEIVE_BYTE = 16
+
+
+@dataclass
+class Server:
+    process: subprocess.Popen[bytes]
+    address: str
+    entered: Path  # the spy's log: one line per call that reached a handler
+
+    def handled(self) -> list[str]:
+        return self.entered.read_text().splitlines()
+
+    def memory(self) -> tuple[int, int]:
+        """(RSS now, peak RSS), bytes, from /proc/<pid>/status."""
+        status = psutil.Process(self.process.pid).memory_full_info()
+        peak = next(
+            int(line.split()[1]) * 1024
+            for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines()
+            if line.startswith("VmHWM:")
+        )
+        return status.rss, peak
+
+
 @contextlib.asynccontextmanager
-async def every_service(redis_url: str) -> AsyncIterator[dict[str, grpc.aio.Channel]]:
-    async with contextlib.AsyncExitStack() as stack:
-        services = await one_of_each(stack, redis_url)
-        agent = await stack.enter_async_context(
-            serve("switch_agent", redis_url, {"LIGHTPATH_POD_ID": "pod-1"})
-        )
-        channels = {
-            name: await stack.enter_async_context(channel(svc.address, max_attempts=1))
-            for name, svc in services.items()
+async def every_service(
+    redis_url: str, workdir: Path
+) -> AsyncIterator[tuple[dict[str, grpc.aio.Channel], dict[str, Server]]]:
+    ports = {key: free_port() for key in PROCESSES}
+    wiring = {
+        "ws": {
+            "LIGHTPATH_OCS_ADDR": f"127.0.0.1:{ports['ocs']}",
+            "LIGHTPATH_CELL_ADDR": f"127.0.0.1:{ports['cell']}",
         }
-        # The southbound writes take the pod's ocs_manager only.
-        channels["agent"] = await stack.enter_async_context(
-            channel(
-                agent.address,
-                max_attempts=1,
-                credentials=credentials(service_principal("ocs_manager", "pod-1")),
+    }
+    servers: dict[str, Server] = {}
+    try:
+        for key, (service, env) in PROCESSES.items():
+            entered = workdir / f"{key}.entered"
+            entered.touch()
+            full = {
+                **os.environ,
+                **tls_env(service_identity(service, env)),
+                "LIGHTPATH_REDIS_URL": redis_url,
+                "LIGHTPATH_LISTEN": f"127.0.0.1:{ports[key]}",
+                "LIGHTPATH_AUDIT_LOG": "",
+                "LIGHTPATH_SHUTDOWN_GRACE_S": "0.5",
+                "LIGHTPATH_TEST_ENTERED": str(entered),
+                **env,
+                **wiring.get(key, {}),
+            }
+            process = _spawn(service, full, workdir / f"{key}.log")
+            servers[key] = Server(process, f"127.0.0.1:{ports[key]}", entered)
+        for key, server in servers.items():
+            await _until_serving(server, workdir / f"{key}.log")
+        async with contextlib.AsyncExitStack() as stack:
+            channels = {
+                key: await stack.enter_async_context(channel(server.address, max_attempts=1))
+                for key, server in servers.items()
+                if key != "agent"
+            }
+            agent = servers["agent"].address
+            # The southbound writes take the pod's ocs_manager only.
+            channels["agent"] = await stack.enter_async_context(
+                channel(
+                    agent,
+                    max_attempts=1,
+                    credentials=credentials(service_principal("ocs_manager", "pod-1")),
+                )
             )
+            # The switch's admin calls are the operator's, the broker's reservations the
+            # applications', the aggregation data path the nodes'.
+            channels["agent+"] = await stack.enter_async_context(channel(agent, max_attempts=1))
+            for key, who in (("broker", "application:app-1"), ("agg", "node:n1")):
+                channels[f"{key}+"] = await stack.enter_async_context(
+                    channel(servers[key].address, max_attempts=1, credentials=credentials(who))
+                )
+            yield channels, servers
+    finally:
+        for server in servers.values():
+            server.process.terminate()
+        for server in servers.values():
+            try:
+                server.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                server.process.kill()
+                server.process.wait()
+
+
+def _spawn(service: str, env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    with log.open("wb") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "tests.spied_service", service],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
         )
-        # The switch's admin calls are the operator's, the broker's reservations the
-        # applications', the aggregation data path the nodes'.
-        channels["agent+"] = await stack.enter_async_context(channel(agent.address, max_attempts=1))
-        for key, who in (("broker", "application:app-1"), ("agg", "node:n1")):
-            channels[f"{key}+"] = await stack.enter_async_context(
-                channel(services[key].address, max_attempts=1, credentials=credentials(who))
-            )
-        yield channels
+
+
+def _tail(log: Path) -> str:
+    return log.read_text()[-3000:]
+
+
+async def _until_serving(server: Server, log: Path) -> None:
+    async with channel(server.address, max_attempts=1) as ch:
+        for _ in range(600):
+            assert server.process.poll() is None, _tail(log)
+            with contextlib.suppress(grpc.aio.AioRpcError):
+                if await _serving(ch):
+                    return
+            await asyncio.sleep(0.1)
+    raise AssertionError(f"{server.address} never served:\n{_tail(log)}")
 
 
 async def _unary(ch: grpc.aio.Channel, method: MethodDescriptor, request: Message) -> None:
@@ -420,67 +529,149 @@ async def _serving(ch: grpc.aio.Channel) -> bool:
     return reply.status == health_pb2.HealthCheckResponse.SERVING
 
 
-async def test_every_oversized_field_of_every_service_is_refused_short(redis_url):
+def heavy_cases() -> Iterator[tuple[str, Case]]:
+    """The floods that stalled services before (issue 30), each a few MB: refused as
+    any field over its limit is."""
+
+    def method(module: Any, service: str, name: str) -> MethodDescriptor:
+        return module.DESCRIPTOR.services_by_name[service].methods_by_name[name]
+
+    wire = ocs_manager_pb2.WireSliceRequest(job_id="j")
+    wire.blocks.extend([ocs_manager_pb2.BlockPlacement()] * 1_000_000)
+    yield "ocs", Case(method(ocs_manager_pb2, "OcsManager", "WireSlice"), wire, "blocks", 65_536)
+    latencies = core_broker_pb2.SetLatenciesRequest()
+    latencies.latencies.extend([core_broker_pb2.Latency()] * 1_000_000)
+    yield (
+        "broker",
+        Case(method(core_broker_pb2, "CoreBroker", "SetLatencies"), latencies, "latencies", 4096),
+    )
+    status = cell_scheduler_pb2.ReportPodStatusRequest(pod_id="pod-1")
+    status.transitions.extend([cell_scheduler_pb2.PodJobTransition()] * 200_000)
+    yield (
+        "cell",
+        Case(
+            method(cell_scheduler_pb2, "CellScheduler", "ReportPodStatus"),
+            status,
+            "transitions",
+            500,
+        ),
+    )
+    states = cell_scheduler_pb2.ListCellJobsRequest(states=[1] * 2_000_000)
+    yield (
+        "cell",
+        Case(method(cell_scheduler_pb2, "CellScheduler", "ListJobs"), states, "states", 16),
+    )
+
+
+def every_case() -> Iterator[tuple[str, Case]]:
+    for key, (_service, module) in SERVICES.items():
+        for svc in module.DESCRIPTOR.services_by_name.values():
+            for method in svc.methods:
+                if method.name not in RAW:
+                    for case in cases_for(method):
+                        yield key, case
+    yield from heavy_cases()
+
+
+def too_large_cases() -> Iterator[tuple[str, Case]]:
+    """Per service, one request just over the size it takes at all (a string field of
+    a unary method filled past it): gRPC refuses it before it is parsed."""
+    for key, (service, module) in SERVICES.items():
+        (svc, *_) = module.DESCRIPTOR.services_by_name.values()
+        method = next(
+            m
+            for m in svc.methods
+            if not m.client_streaming
+            and any(f.type == FieldDescriptor.TYPE_STRING for f in m.input_type.fields)
+        )
+        request = _pb_class(method.input_type)()
+        field = next(f for f in method.input_type.fields if f.type == FieldDescriptor.TYPE_STRING)
+        setattr(request, field.name, "x" * (limits.request_bytes(service) + 1))
+        yield key, Case(method, request, field.name, limits.request_bytes(service))
+
+
+async def _watch_health(
+    channels: dict[str, grpc.aio.Channel], seen: list[str], stop: asyncio.Event
+) -> None:
+    """Ask every service for its health over and over until `stop`; `seen` gets every
+    answer that was not SERVING (a stalled loop misses the 5 s deadline)."""
+    while not stop.is_set():
+        for key in SERVICES:
+            try:
+                if not await _serving(channels[key]):
+                    seen.append(f"{key}: NOT_SERVING")
+            except grpc.aio.AioRpcError as err:
+                seen.append(f"{key}: {err.code().name}")
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), 0.05)
+
+
+async def test_every_oversized_request_to_every_service_is_refused_short_and_costs_nothing(
+    redis_url, tmp_path
+):
+    """Each oversized case, to the real server process of its service: INVALID_ARGUMENT
+    naming the field and the limit in a short error (RESOURCE_EXHAUSTED from gRPC for one
+    larger than the service takes at all), the service's handler never entered (the
+    spy's log), its RSS back within a few MB, its peak bounded by its receive size, and
+    its health SERVING throughout and after."""
     wrong: list[str] = []
     denied: set[str] = set()
+    unhealthy: list[str] = []
     checked = 0
-    async with every_service(redis_url) as channels:
-        for key, (_service, module) in SERVICES.items():
-            for svc in module.DESCRIPTOR.services_by_name.values():
-                for method in svc.methods:
-                    if method.name in RAW:
-                        continue
-                    for case in cases_for(method):
-                        where = f"{svc.name}.{method.name} {case.field}"
-                        try:
-                            try:
-                                await _unary(channels[key], method, case.request)
-                            except grpc.aio.AioRpcError as err:
-                                if f"{key}+" not in channels or err.code() not in DENIED:
-                                    raise
-                                await _unary(channels[f"{key}+"], method, case.request)
-                        except grpc.aio.AioRpcError as err:
-                            if err.code() in DENIED:
-                                denied.add(f"{svc.name}.{method.name}")
-                                continue
-                            if err.code() != grpc.StatusCode.INVALID_ARGUMENT:
-                                wrong.append(f"{where}: {err.code().name} {err.details()[:200]}")
-                                continue
-                            found = _violation(err)
-                            if (
-                                found is None
-                                or found[0] != case.field
-                                or (f"at most {case.limit:,} " not in found[1])
-                            ):
-                                wrong.append(f"{where}: {found}")
-                            if _error_size(err) > SHORT_ERROR:
-                                wrong.append(f"{where}: error of {_error_size(err)} bytes")
-                            checked += 1
-                        else:
-                            wrong.append(f"{where}: answered OK")
+    async with every_service(redis_url, tmp_path) as (channels, servers):
+        before = {key: server.memory() for key, server in servers.items()}
+        stop = asyncio.Event()
+        watcher = asyncio.ensure_future(_watch_health(channels, unhealthy, stop))
+        expected = [(key, case, False) for key, case in every_case()]
+        expected += [(key, case, True) for key, case in too_large_cases()]
+        for key, case, too_large in expected:
+            method = case.method
+            where = f"{method.containing_service.name}.{method.name} {case.field}"
+            path = f"/{method.containing_service.full_name}/{method.name}"
+            handled = len(servers[key].handled())
+            try:
+                try:
+                    await _unary(channels[key], method, case.request)
+                except grpc.aio.AioRpcError as err:
+                    if f"{key}+" not in channels or err.code() not in DENIED:
+                        raise
+                    await _unary(channels[f"{key}+"], method, case.request)
+            except grpc.aio.AioRpcError as err:
+                if err.code() in DENIED:
+                    denied.add(f"{method.containing_service.name}.{method.name}")
+                    continue
+                if path in servers[key].handled()[handled:]:
+                    wrong.append(f"{where}: the handler was entered")
+                if _error_size(err) > SHORT_ERROR:
+                    wrong.append(f"{where}: error of {_error_size(err)} bytes")
+                if too_large:
+                    if err.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
+                        wrong.append(f"{where}: {err.code().name} for a request too large")
+                    continue
+                if err.code() != grpc.StatusCode.INVALID_ARGUMENT:
+                    wrong.append(f"{where}: {err.code().name} {err.details()[:200]}")
+                    continue
+                found = _violation(err)
+                if (
+                    found is None
+                    or found[0] != case.field
+                    or (f"at most {case.limit:,} " not in found[1])
+                ):
+                    wrong.append(f"{where}: {found}")
+                checked += 1
+            else:
+                wrong.append(f"{where}: answered OK")
+        stop.set()
+        await watcher
+        for key, server in servers.items():
             assert await _serving(channels[key]), key
+            (rss_before, peak_before), (rss, peak) = before[key], server.memory()
+            assert rss - rss_before <= RSS_GROWTH, (
+                f"{key} kept {(rss - rss_before) / MiB:.1f} MiB after the refused requests"
+            )
+            bound = rss_before + PEAK_PER_RECEIVE_BYTE * limits.request_bytes(SERVICES[key][0])
+            assert peak <= max(peak_before, bound), f"{key} peaked at {peak / MiB:.0f} MiB"
     assert checked > 200, checked
     assert not wrong, "\n".join(wrong[:40])
     assert not denied, denied
-
-
-async def test_a_request_larger_than_its_service_takes_is_refused_unparsed(redis_url):
-    async with every_service(redis_url) as channels:
-        for key, (service, module) in SERVICES.items():
-            (svc, *_) = module.DESCRIPTOR.services_by_name.values()
-            method = next(
-                m
-                for m in svc.methods
-                if not m.client_streaming
-                and any(f.type == FieldDescriptor.TYPE_STRING for f in m.input_type.fields)
-            )
-            request = _pb_class(method.input_type)()
-            field = next(
-                f for f in method.input_type.fields if f.type == FieldDescriptor.TYPE_STRING
-            )
-            setattr(request, field.name, "x" * (limits.request_bytes(service) + 1))
-            with pytest.raises(grpc.aio.AioRpcError) as caught:
-                await _unary(channels[key], method, request)
-            assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, key
-            assert _error_size(caught.value) < SHORT_ERROR
-            assert await _serving(channels[key]), key
+    assert not unhealthy, unhealthy[:20]

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 import grpc
+import numpy as np
 import pytest
 
 from lightpath.client import channel, error_report
@@ -274,4 +275,34 @@ async def test_the_console_reads_only_the_services_it_shows():
             assert_refused(info.value, service_principal("ocs_manager", "pod-1"), imp.principal)
         finally:
             await backends.close()
+        assert imp.calls == []
+
+
+async def test_a_switch_relays_only_to_the_switch_it_meant(redis_url):
+    """sub-1's parent is root; on root's address (the topology's endpoint) another
+    switch's server answers: sub-1's Relay is refused in the handshake, the impostor
+    gets no partial, and the command does not end with a result it never saw."""
+    from lightpath.aggregation.node import aggregate_all
+    from lightpath.v1 import agg_switch_pb2 as agg
+    from tests.agg_switch.tree import CN, SW, agg_tree, node, node_credentials
+
+    async with impostor("service:agg_switch/sub-2") as imp:
+        async with agg_tree(redis_url, switches=("root", "sub-1"), transport="grpc") as tree:
+            await tree.define(
+                [
+                    node("root", SW, "", 1000, endpoint=imp.address),
+                    node("sub-1", SW, "root", 1000),
+                    node("n1", CN, "sub-1"),
+                    node("n2", CN, "sub-1"),
+                ]
+            )
+            await tree.start("c1", ["n1", "n2"], 4, chunk_bytes=32, deadline_s=3.0)
+            data = {n: np.arange(4, dtype=np.int64) for n in ("n1", "n2")}
+            with contextlib.suppress(Exception):  # no result can come: root gets nothing
+                await asyncio.wait_for(
+                    aggregate_all(tree.address(), "c1", data, credentials=node_credentials), 20
+                )
+            await until(lambda: imp.connections >= 1)
+            command = await tree.command("c1")
+        assert command.state != agg.AGG_COMMAND_STATE_COMPLETED, command
         assert imp.calls == []

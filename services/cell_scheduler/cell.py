@@ -202,7 +202,17 @@ class CellScheduler:
             except Conflict as c:
                 if c.reason == EXISTS:
                     return await self.jobs.existing(await self.jobs.job_record(job_id), request_b64)
-                continue  # STALE: the blocks went to others; WAITING: jobs wait in the cell queue
+                # STALE: the blocks went to others; WAITING: jobs wait in the cell queue. A
+                # job that asked not to wait is answered now once a fresh look lost the
+                # race: planning again under load held such callers for seconds (issue 30).
+                if req.spec.when_no_capacity == FAIL and attempt > 0:
+                    raise ResourceExhausted(
+                        f"job {job_id} cannot be placed now and asked not to wait: the "
+                        "blocks it would take went to other jobs meanwhile",
+                        reason="NO_CAPACITY",
+                        retry_delay_s=no_capacity_delay(),
+                    ) from None
+                continue
             # Claimed: the forward runs to its end even if this caller goes away (a client
             # deadline), so a retry finds the job settled rather than a stalled claim.
             return await self.forwarder.detached(

@@ -31,6 +31,15 @@ would free the capacity those submits wait for are never queued behind them nor
 shed because of them. A freeing call takes a free new-work slot when there is one
 (none is waiting for it), else one of its own.
 
+The number of slots follows the latency of the calls served (issue 30, as in
+Envoy's adaptive concurrency and Netflix's concurrency limits): with `target_s`
+(LIGHTPATH_TARGET_LATENCY_S) a call that took longer than it lowers the limit by a
+quarter (at most once per `target_s`), a faster one raises it by 1/limit, between
+MIN_SLOTS and `max_inflight`; a call finding the queue as long as the limit is
+refused at once. Calls beyond what the service serves within the target are answered
+with a retry delay instead of being held: under overload the calls accepted stay
+fast, and the stack's goodput is that of the limit that keeps them so.
+
 The limiter is a counter and a deque of futures: acquiring a free slot costs no
 await, a released slot goes straight to the oldest waiter.
 """
@@ -74,6 +83,8 @@ FREEING_METHODS = frozenset(
 )
 
 OVERLOADED = "OVERLOADED"
+# The adaptive limit never goes below this many slots (module doc).
+MIN_SLOTS = 4
 # How often, at most, shedding is logged (one warning with the count, not a line per call).
 LOG_EVERY_S = 10.0
 
@@ -151,15 +162,21 @@ class Admission:
         *,
         service: str = "service",
         freeing_slots: int | None = None,
+        target_s: float = 0.0,
+        clock: Callable[[], float] = time.monotonic,
     ):
         if max_inflight < 1:
             raise ValueError("max_inflight must be >= 1")
-        if max_queued < 0 or queue_wait_s < 0:
-            raise ValueError("max_queued and queue_wait_s must be >= 0")
+        if max_queued < 0 or queue_wait_s < 0 or target_s < 0:
+            raise ValueError("max_queued, queue_wait_s and target_s must be >= 0")
         self.max_inflight = max_inflight
         self.max_queued = max_queued
         self.queue_wait_s = queue_wait_s
         self.service = service
+        self.target_s = target_s  # 0: a fixed limit of max_inflight
+        self._clock = clock
+        self.limit = float(max_inflight)
+        self._lowered_at = -float("inf")
         self.inflight = 0
         self.shed = 0  # calls refused since start
         self._waiters: deque[asyncio.Future[None]] = deque()
@@ -168,6 +185,7 @@ class Admission:
         self.rate = RefusalRate()
         if freeing_slots is None:
             freeing_slots = max(4, max_inflight // 4)
+        self.min_limit = float(min(max_inflight, MIN_SLOTS))
         # The freeing lane (module doc); 0: none (every call in this one).
         self.freeing: FreeingLane | None = (
             FreeingLane(self, freeing_slots, max_queued, queue_wait_s, service=service)
@@ -188,11 +206,11 @@ class Admission:
     async def acquire(self) -> None:
         """Take a slot, waiting for one in the queue if need be; ResourceExhausted if
         the queue is full or no slot came free within `queue_wait_s`."""
-        if self.inflight < self.max_inflight and not self._waiters:
+        if self.inflight < self.slots and not self._waiters:
             self.inflight += 1
             self.rate.record(False)
             return
-        if len(self._waiters) >= self.max_queued or self.queue_wait_s == 0:
+        if len(self._waiters) >= self.queue_places or self.queue_wait_s == 0:
             raise self._refusal("its wait queue is full")
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters.append(fut)
@@ -214,9 +232,33 @@ class Admission:
             raise
         self.rate.record(False)
 
+    @property
+    def slots(self) -> int:
+        """Calls served at once now: the adaptive limit (module doc)."""
+        return int(self.limit)
+
+    @property
+    def queue_places(self) -> int:
+        """Calls that may wait now: with an adaptive limit, no more than it serves at
+        once (a longer queue would hold its last call past the target)."""
+        return min(self.max_queued, self.slots) if self.target_s else self.max_queued
+
+    def observe(self, took_s: float) -> None:
+        """A call admitted here took `took_s` from arrival to answer: adapt the limit."""
+        if not self.target_s:
+            return
+        if took_s > self.target_s:
+            now = self._clock()
+            if now - self._lowered_at >= self.target_s:
+                self.limit = max(self.min_limit, self.limit * 0.75)
+                self._lowered_at = now
+        else:
+            self.limit = min(float(self.max_inflight), self.limit + 1.0 / self.limit)
+
     def release(self) -> None:
-        """Give a slot back: to the oldest waiter still waiting, else to the pool."""
-        while self._waiters:
+        """Give a slot back: to the oldest waiter still waiting (unless the limit fell
+        below the calls in progress), else to the pool."""
+        while self._waiters and self.inflight <= self.slots:
             fut = self._waiters.popleft()
             if not fut.done():
                 fut.set_result(None)  # the slot passes on: inflight unchanged
@@ -262,7 +304,8 @@ class Admission:
             self._shed_since_log = 0
         delay = self.retry_delay_s()
         return ResourceExhausted(
-            f"{self.service} is overloaded ({self.inflight} calls in progress, "
+            f"{self.service} is overloaded ({self.inflight} calls in progress of "
+            f"{self.slots}, "
             f"{len(self._waiters)} waiting; {why}); nothing was done, retry in {delay:g} s",
             reason=OVERLOADED,
             retry_delay_s=delay,
@@ -285,7 +328,7 @@ class FreeingLane(Admission):
 
     async def acquire(self) -> None:
         g = self.general
-        if g.inflight < g.max_inflight and not g._waiters:
+        if g.inflight < g.slots and not g._waiters:
             g.inflight += 1
             self.borrowed += 1
             return

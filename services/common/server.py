@@ -32,7 +32,7 @@ from lightpath.security.credentials import Credentials
 from lightpath.security.tokens import TokenRegistry
 from lightpath.telemetry import MetricsEndpoint, configure_metrics, configure_tracing, serve_metrics
 from lightpath.v1 import common_pb2
-from services.common import redis_store, reflection, tls
+from services.common import heap, redis_store, reflection, tls
 from services.common.admission import Admission
 from services.common.audit import AuditLog
 from services.common.auth import Guard
@@ -312,6 +312,7 @@ async def running(
                 settings.max_queued,
                 settings.queue_wait_s,
                 service=service,
+                target_s=settings.target_latency_s,
             ),
             max_request_bytes=limits.request_bytes(service),
         )
@@ -357,6 +358,7 @@ def main(service: str, settings_cls: type[S], build: Build, argv: list[str] | No
         for d in describe(settings_cls):
             print(f"  {d.env:<36} default {d.default:<28} {d.doc}")
         return
+    heap.bound_heap()
     try:
         settings = load(settings_cls)
     except SettingsError as exc:

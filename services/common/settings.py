@@ -286,6 +286,15 @@ class CommonSettings:
         "(OVERLOADED) with a retry delay",
         parse=parse_non_negative_float,
     )
+    target_latency_s: float = setting(
+        "LIGHTPATH_TARGET_LATENCY_S",
+        0.5,
+        "latency the calls served should keep: a call slower than it lowers the number "
+        "served at once (down to 4), faster ones raise it again (up to "
+        "LIGHTPATH_MAX_INFLIGHT); the rest answer RESOURCE_EXHAUSTED (OVERLOADED) with a "
+        "retry delay; 0 keeps LIGHTPATH_MAX_INFLIGHT fixed",
+        parse=parse_non_negative_float,
+    )
     shutdown_grace_s: float = setting(
         "LIGHTPATH_SHUTDOWN_GRACE_S",
         5.0,

@@ -41,7 +41,7 @@ from redis.exceptions import RedisError
 
 from lightpath import __version__, limits
 from lightpath.telemetry import TRACER_NAME, _rpc_attributes
-from services.common import instruments
+from services.common import heap, instruments
 from services.common.admission import OVERLOADED, Admission, exempt_principal, sheddable
 from services.common.auth import Guard, count_failure
 from services.common.errors import (
@@ -174,6 +174,7 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
                     await _abort_for(exc, span, method, context)
                 finally:
                     if admitted is not None:
+                        admitted.observe(time.perf_counter() - start)
                         admitted.release()
                     gate.leave(code, request)
                     self._record(method, code, start)
@@ -267,13 +268,21 @@ def _tolerant(deserializer: Callable[[bytes], Any] | None) -> Callable[[bytes], 
         try:
             request = parse(raw)
         except DecodeError as exc:
+            if len(raw) >= heap.GIVE_BACK_ABOVE:
+                heap.give_back()
             # "Error parsing message with type 'X': Wire format was corrupt" -> the why
             return _Undecodable(type_name, str(exc).rpartition(": ")[2] or "malformed")
         try:
             limits.check(request)
         except InvalidArgument as exc:
-            return _Undecodable(type_name, "", exc)
-        return request
+            # Without its traceback: that holds this frame, and so the parsed request.
+            refused = exc.with_traceback(None)
+        else:
+            return request
+        del request
+        if len(raw) >= heap.GIVE_BACK_ABOVE:
+            heap.give_back()
+        return _Undecodable(type_name, "", refused)
 
     return deserialize
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import random
 import time
 
 from lightpath.domain.jobs import NormalizedSpec, job_degrees
@@ -28,6 +29,7 @@ from lightpath.domain.slices import (
 from lightpath.errors import FailedPrecondition, NotFound, ResourceExhausted
 from lightpath.v1 import workload_scheduler_pb2
 from services.workload_scheduler.core import (
+    BUSY_WAIT_S,
     MAX_COMMIT_ATTEMPTS,
     AdmitResult,
     _Admission,
@@ -56,16 +58,26 @@ class AdmissionMixin(WiringMixin):
         if validate_only:
             return await self._dry_run(spec_b64, norm)
         started = time.monotonic()
+        if norm.when_no_capacity == FAIL:
+            await self._unless_busy(norm.job_id, started)
         admission = _Admission(spec_b64, norm, spec)
-        async with self._pass_lock:
+        self._passes.waiting += 1
+        try:
+            await self._pass_lock.acquire()
+        finally:
+            self._passes.waiting -= 1
+        try:
             # A pass over the queue with the new job in it: the job's creation commits
             # with its allocation when the pass places it (one snapshot, one commit).
             self._pass_started += 1
             generation = self._pass_started
-            try:
-                await self._pass(admission)
-            finally:
-                self._pass_done = generation
+            with self._passes.timed():
+                try:
+                    await self._pass(admission)
+                finally:
+                    self._pass_done = generation
+        finally:
+            self._pass_lock.release()
         if admission.created is None:  # the pass gave up before the job was stored
             admission.created = await self._create(spec_b64, norm, spec)
             await self.schedule()
@@ -159,6 +171,23 @@ class AdmissionMixin(WiringMixin):
             if record.state != WIRING or time.monotonic() > deadline:
                 return record
             await asyncio.sleep(0.02)
+
+    async def _unless_busy(self, job_id: str, started: float) -> None:
+        """A job that asked not to wait is refused at once, with nothing stored, when the
+        admissions ahead of it would hold its caller longer than BUSY_WAIT_S (issue 30:
+        a submit that cannot be placed soon is answered, not held; the calls accepted
+        stay fast). Not a job the pod has already: its admission answers as it stands."""
+        wait_s = self._passes.wait_s(self._pass_lock.locked())
+        if wait_s <= BUSY_WAIT_S or await self.store.job(job_id) is not None:
+            return
+        self.metrics.admitted(self.pod_id, "BUSY", started)  # counted as refused
+        raise ResourceExhausted(
+            f"job {job_id} was not admitted and asked not to wait: pod {self.pod_id} is "
+            f"busy ({self._passes.waiting} admissions ahead, about {wait_s:.1f} s); "
+            "nothing was kept",
+            reason="POD_BUSY",
+            retry_delay_s=round(wait_s * (1.0 + 0.5 * random.random()), 3),
+        )
 
     async def _refuse(self, record: JobRecord) -> None:
         """WHEN_NO_CAPACITY_FAIL: the job could not be placed → forget it, RESOURCE_EXHAUSTED;
@@ -264,10 +293,11 @@ class AdmissionMixin(WiringMixin):
                 return
             self._pass_started += 1
             generation = self._pass_started
-            try:
-                await self._pass()
-            finally:
-                self._pass_done = generation
+            with self._passes.timed():
+                try:
+                    await self._pass()
+                finally:
+                    self._pass_done = generation
 
     async def _pass(self, admission: _Admission | None = None) -> list[asyncio.Task]:
         """One pass over the queue (under the pass lock). With `admission`, the pass also

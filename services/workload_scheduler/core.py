@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -46,6 +47,33 @@ FINISH_RELEASE_WAIT_S = 5.0
 # often anyway.
 SWEEP_PAGE = 50
 QUIET_HORIZON_MS = 600_000
+# An admission that asked not to wait is refused at once (POD_BUSY, nothing kept) when
+# the passes ahead of it would take longer than this (issue 30).
+BUSY_WAIT_S = 0.25
+
+
+class PassTimes:
+    """How long a new admission would wait for this replica's pass lock: the passes
+    ahead of it (`waiting` admissions, one running) times a pass's recent duration
+    (an exponentially weighted mean, the clock injected)."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic, weight: float = 0.2):
+        self._clock = clock
+        self._weight = weight
+        self.waiting = 0  # admissions waiting for the lock
+        self.mean_s = 0.0
+
+    @contextlib.contextmanager
+    def timed(self) -> Iterator[None]:
+        start = self._clock()
+        try:
+            yield
+        finally:
+            took = self._clock() - start
+            self.mean_s += self._weight * (took - self.mean_s)
+
+    def wait_s(self, running: bool) -> float:
+        return (self.waiting + running) * self.mean_s
 
 
 class WiringRolledBack(OcsError):
@@ -151,6 +179,7 @@ class SchedulerCore:
         self._pass_lock = asyncio.Lock()
         self._pass_started = 0
         self._pass_done = 0
+        self._passes = PassTimes()
         self._wiring: dict[str, asyncio.Task] = {}
         self._queue_waiting = False
         # The record as this replica's RUNNING commit left it: complete / cancel start from

@@ -155,11 +155,12 @@ def test_what_is_never_shed():
 
 def test_settings_defaults_and_bad_values():
     s = load(CommonSettings, {})
-    assert (s.max_inflight, s.max_queued, s.queue_wait_s) == (64, 128, 0.5)
+    assert (s.max_inflight, s.max_queued, s.queue_wait_s, s.target_latency_s) == (64, 128, 0.5, 0.5)
     for env, raw in (
         ("LIGHTPATH_MAX_INFLIGHT", "0"),
         ("LIGHTPATH_MAX_QUEUED", "-1"),
         ("LIGHTPATH_QUEUE_WAIT_S", "-0.5"),
+        ("LIGHTPATH_TARGET_LATENCY_S", "-1"),
     ):
         with pytest.raises(SettingsError, match=env):
             load(CommonSettings, {env: raw})
@@ -431,3 +432,58 @@ def test_retry_delays_grow_with_the_share_of_recent_calls_refused():
     assert rate.fraction() > 0.9
     now[0] += 3.0  # past the window: forgotten
     assert rate.fraction() == 0.0
+
+
+def test_the_limit_follows_the_latency_of_the_calls_served():
+    """Issue 30: slower than the target lowers the slots by a quarter (once per target
+    interval, down to 4), faster raises them by 1/limit (up to max_inflight), and the
+    queue is never longer than the slots."""
+    now = [0.0]
+    a = Admission(64, 128, 0.5, target_s=0.5, clock=lambda: now[0])
+    assert (a.slots, a.queue_places) == (64, 64)
+    a.observe(2.0)
+    assert a.slots == 48
+    a.observe(2.0)  # the same interval: the calls it let in are still finishing
+    assert a.slots == 48
+    for _ in range(20):
+        now[0] += 0.5
+        a.observe(2.0)
+    assert a.slots == 4 and a.queue_places == 4
+    for _ in range(40):
+        a.observe(0.1)
+    assert 8 <= a.slots < 64
+    for _ in range(10_000):
+        a.observe(0.1)
+    assert a.slots == 64
+    fixed = Admission(64, 128, 0.5)
+    fixed.observe(10.0)
+    assert (fixed.slots, fixed.queue_places) == (64, 128)
+
+
+async def test_a_lowered_limit_refuses_beyond_it_and_passes_no_slot_on_above_it():
+    now = [0.0]
+    a = Admission(8, 8, 5.0, target_s=0.5, clock=lambda: now[0])
+    for _ in range(8):
+        await a.acquire()
+    waiter = asyncio.create_task(a.acquire())
+    await asyncio.sleep(0)
+    for _ in range(3):
+        now[0] += 1.0
+        a.observe(3.0)
+    assert a.slots == 4
+    a.release()  # 7 in progress, more than 4: the slot is not handed on
+    await asyncio.sleep(0)
+    assert not waiter.done() and a.inflight == 7
+    for _ in range(3):
+        a.release()
+    a.release()  # 3 in progress: now the waiter gets one
+    await waiter
+    assert a.inflight == 4
+    queued = [asyncio.create_task(a.acquire()) for _ in range(4)]  # as many as slots
+    await asyncio.sleep(0)
+    assert a.queued == 4
+    with pytest.raises(ResourceExhausted):
+        await a.acquire()  # the queue is as long as the limit: refused at once
+    for task in queued:
+        task.cancel()
+    await asyncio.gather(*queued, return_exceptions=True)

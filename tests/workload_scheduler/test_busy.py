@@ -1,0 +1,126 @@
+"""Issue 30: under overload the workload scheduler answers rather than holds. An
+admission that asked not to wait is refused at once (POD_BUSY, nothing stored) when
+the passes ahead of it would hold it too long; a call ending work never waits for a
+pass over the queue."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+import pytest
+import redis.asyncio as aioredis
+
+from lightpath.client import channel
+from lightpath.domain.jobs import normalize
+from lightpath.errors import ResourceExhausted
+from lightpath.v1 import common_pb2
+from lightpath.v1 import workload_scheduler_pb2 as ws
+from services.workload_scheduler.core import BUSY_WAIT_S, PassTimes
+from services.workload_scheduler.ocs import OcsManagerClient
+from services.workload_scheduler.scheduler import WorkloadScheduler
+from services.workload_scheduler.store import PodStore
+from tests.helpers import serve
+from tests.workload_scheduler.conftest import ocs_env
+from tests.workload_scheduler.podfixtures import fabric
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_the_wait_for_the_pass_lock_is_the_passes_ahead_times_a_recent_pass():
+    clock = Clock()
+    passes = PassTimes(clock, weight=0.5)
+    assert passes.wait_s(running=True) == 0.0  # nothing measured yet: never busy
+    for took in (1.0, 3.0):
+        with passes.timed():
+            clock.now += took
+    assert passes.mean_s == pytest.approx(0.5 * (0.5 * 1.0) + 0.5 * 3.0)
+    passes.waiting = 2
+    assert passes.wait_s(running=True) == pytest.approx(3 * passes.mean_s)
+    assert passes.wait_s(running=False) == pytest.approx(2 * passes.mean_s)
+
+
+def _spec(job_id: str, *, fail: bool = True) -> ws.JobSpec:
+    return ws.JobSpec(
+        job_id=job_id,
+        shape=common_pb2.Shape(dims=[4, 4, 4]),
+        when_no_capacity=ws.WHEN_NO_CAPACITY_FAIL if fail else ws.WHEN_NO_CAPACITY_QUEUE,
+    )
+
+
+@contextlib.asynccontextmanager
+async def scheduler(redis_url: str) -> AsyncIterator[tuple[WorkloadScheduler, PodStore]]:
+    """One replica in this process (its pass lock at hand) over a 16-block pod."""
+    async with (
+        serve("ocs_manager", redis_url, ocs_env(16)) as ocs_svc,
+        channel(ocs_svc.address, max_attempts=1) as ch,
+        aioredis.Redis.from_url(redis_url, decode_responses=True) as r,
+    ):
+        fab = fabric(blocks=16)
+        store = PodStore(r, fab.pod_id)
+        await store.rebuild_indexes(fab)
+        yield WorkloadScheduler(store=store, ocs=OcsManagerClient(ch), fabric=fab), store
+
+
+async def test_a_job_that_asked_not_to_wait_is_refused_at_once_when_the_pod_is_busy(redis_url):
+    async with scheduler(redis_url) as (sched, store):
+        fab = sched.fabric
+        first = _spec("first")
+        assert (await sched.admit(first, normalize(first, fab), validate_only=False)).record
+        # Passes have lately taken 1 s each, and one is running: a new job would wait ~1 s.
+        clock = Clock()
+        sched._passes = PassTimes(clock, weight=1.0)
+        with sched._passes.timed():
+            clock.now += 4 * BUSY_WAIT_S
+        await sched._pass_lock.acquire()
+        try:
+            late = _spec("late")
+            with pytest.raises(ResourceExhausted) as caught:
+                await sched.admit(late, normalize(late, fab), validate_only=False)
+            assert caught.value.reason == "POD_BUSY"
+            assert caught.value.retry_delay_s >= 4 * BUSY_WAIT_S
+            assert "nothing was kept" in caught.value.message
+            assert await store.job("late") is None
+            # A job the pod has already is answered as it stands, not refused as busy;
+            # nor is one that may wait (it waits its turn).
+            again = asyncio.ensure_future(
+                sched.admit(first, normalize(first, fab), validate_only=False)
+            )
+            patient = _spec("patient", fail=False)
+            waiting = asyncio.ensure_future(
+                sched.admit(patient, normalize(patient, fab), validate_only=False)
+            )
+            while sched._passes.waiting < 2:
+                await asyncio.sleep(0.01)
+            assert not again.done() and not waiting.done()
+        finally:
+            sched._pass_lock.release()
+        assert (await again).record.state == "RUNNING"
+        assert (await waiting).record.state == "RUNNING"
+
+
+async def test_completing_a_job_does_not_wait_for_the_pass_over_the_queue(redis_url):
+    async with scheduler(redis_url) as (sched, store):
+        fab = sched.fabric
+        whole = ws.JobSpec(job_id="whole", shape=common_pb2.Shape(dims=[16, 16, 4]))
+        assert (await sched.admit(whole, normalize(whole, fab), validate_only=False)).record
+        queued = ws.JobSpec(job_id="queued", shape=common_pb2.Shape(dims=[4, 4, 4]))
+        result = await sched.admit(queued, normalize(queued, fab), validate_only=False)
+        assert result.record.state == "PENDING"
+        await sched._pass_lock.acquire()  # a pass (another admission's) runs meanwhile
+        try:
+            # Before issue 30 the complete waited here until the pass lock came free.
+            ended = await asyncio.wait_for(sched.complete("whole"), timeout=30)
+            assert ended.state == "COMPLETED"
+        finally:
+            sched._pass_lock.release()
+        # The pass it asked for, in the background, starts the queued job.
+        while (await store.job("queued")).state != "RUNNING":
+            await asyncio.sleep(0.02)
