@@ -163,6 +163,7 @@ SIM_MAY_IMPORT = frozenset(
         "services.workload_scheduler.box_placement",
         "services.workload_scheduler.preemption",
         "services.cell_scheduler.choice",
+        "services.cell_scheduler.quota",
     }
 )
 
