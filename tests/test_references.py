@@ -10,6 +10,7 @@ The tree is read once; each failure names the reference and the files that cite 
 from __future__ import annotations
 
 import bisect
+import os
 import re
 from collections import defaultdict
 from pathlib import Path
@@ -82,16 +83,18 @@ SPEC_SECTIONS = re.compile(r"\bSPEC(?:\.md)?\s*(?:§\s?\d+(?:\.\d+)*(?:,\s*§\s?
 
 def _text_files() -> dict[str, str]:
     files: dict[str, str] = {}
-    for path in sorted(ROOT.rglob("*")):
-        rel = path.relative_to(ROOT)
-        if any(part in SKIP_DIRS or part.endswith(".egg-info") for part in rel.parts[:-1]):
-            continue
-        if not path.is_file() or path.suffix in SKIP_SUFFIXES or rel.as_posix() == THIS:
-            continue
-        try:
-            files[rel.as_posix()] = path.read_text(encoding="utf-8")
-        except (UnicodeDecodeError, OSError):
-            continue
+    for folder, dirs, names in os.walk(ROOT):
+        # pruned in place, so a virtualenv or a cache is never walked
+        dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS and not d.endswith(".egg-info"))
+        for name in sorted(names):
+            path = Path(folder, name)
+            rel = path.relative_to(ROOT).as_posix()
+            if path.suffix in SKIP_SUFFIXES or rel == THIS or name == ".git":
+                continue
+            try:
+                files[rel] = path.read_text(encoding="utf-8")
+            except (UnicodeDecodeError, OSError):
+                continue
     return files
 
 
@@ -193,15 +196,53 @@ def _missing(cited: dict[str, set[str]]) -> str:
     )
 
 
-def test_every_seed_reference_has_its_row_in_docs_sources():
+def lacking_source_rows(files: dict[str, str]) -> dict[str, set[str]]:
+    """ "seed 000 ¶43" -> the files citing it, for citations docs/sources.md lacks."""
     covered = _rows(SOURCES)
     lacking: dict[str, set[str]] = defaultdict(set)
-    for rel, text in FILES.items():
+    for rel, text in files.items():
         if rel == "docs/sources.md":
             continue  # the rows themselves, under their seeds' headings
         for seed, ref in seed_references(rel, text):
             if ref not in covered[seed]:
                 lacking[f"seed {seed} {ref}"].add(rel)
+    return lacking
+
+
+def lacking_requirement_entries(files: dict[str, str]) -> dict[str, set[str]]:
+    families = _families()
+    defined = set(re.findall(r"\*\*([A-Z]+-\d+)\*\*", REQUIREMENTS.read_text()))
+    lacking: dict[str, set[str]] = defaultdict(set)
+    for rel, text in files.items():
+        for rid in _requirement_ids(text, families) - defined:
+            lacking[rid].add(rel)
+    return lacking
+
+
+def lacking_history_rows(files: dict[str, str]) -> dict[str, set[str]]:
+    rows = set(re.findall(r"^\|\s*(\d+)\s*\|", HISTORY.read_text(), re.M))
+    lacking: dict[str, set[str]] = defaultdict(set)
+    for rel, text in files.items():
+        for m in ISSUE.finditer(text):
+            if m.group(1) not in rows:
+                lacking[f"issue {m.group(1)}"].add(rel)
+    return lacking
+
+
+def outside_references(files: dict[str, str]) -> dict[str, set[str]]:
+    """The pointer -> "file:line" for every pointer at a document a clone lacks."""
+    found: dict[str, set[str]] = defaultdict(set)
+    for rel, text in files.items():
+        if rel in CHECKERS:
+            continue
+        for number, line in enumerate(text.splitlines(), 1):
+            for m in OUTSIDE.finditer(line):
+                found[m.group()].add(f"{rel}:{number}")
+    return found
+
+
+def test_every_seed_reference_has_its_row_in_docs_sources():
+    lacking = lacking_source_rows(FILES)
     assert not lacking, (
         "these references to the source designs have no row in docs/sources.md "
         "(add one, in our own words, under the seed's heading):\n" + _missing(lacking)
@@ -209,25 +250,15 @@ def test_every_seed_reference_has_its_row_in_docs_sources():
 
 
 def test_every_requirement_id_has_its_entry_in_docs_requirements():
-    families = _families()
-    assert {"CS", "WS", "OCS", "SW", "CB", "GF", "AG", "X"} <= families
-    defined = set(re.findall(r"\*\*([A-Z]+-\d+)\*\*", REQUIREMENTS.read_text()))
-    lacking: dict[str, set[str]] = defaultdict(set)
-    for rel, text in FILES.items():
-        for rid in _requirement_ids(text, families) - defined:
-            lacking[rid].add(rel)
+    assert {"CS", "WS", "OCS", "SW", "CB", "GF", "AG", "X"} <= _families()
+    lacking = lacking_requirement_entries(FILES)
     assert not lacking, (
         "these requirement ids have no **ID** entry in docs/requirements.md:\n" + _missing(lacking)
     )
 
 
 def test_every_issue_number_has_its_row_in_docs_history():
-    rows = set(re.findall(r"^\|\s*(\d+)\s*\|", HISTORY.read_text(), re.M))
-    lacking: dict[str, set[str]] = defaultdict(set)
-    for rel, text in FILES.items():
-        for m in ISSUE.finditer(text):
-            if m.group(1) not in rows:
-                lacking[f"issue {m.group(1)}"].add(rel)
+    lacking = lacking_history_rows(FILES)
     assert not lacking, (
         "these project issues have no row in docs/history.md (number, title, what it "
         "asked, where it lives):\n" + _missing(lacking)
@@ -235,13 +266,7 @@ def test_every_issue_number_has_its_row_in_docs_history():
 
 
 def test_nothing_points_outside_the_repository():
-    found: dict[str, set[str]] = defaultdict(set)
-    for rel, text in FILES.items():
-        if rel in CHECKERS:
-            continue
-        for number, line in enumerate(text.splitlines(), 1):
-            for m in OUTSIDE.finditer(line):
-                found[m.group()].add(f"{rel}:{number}")
+    found = outside_references(FILES)
     assert not found, (
         "these point at documents a clone does not have (say it here, or cite "
         "docs/requirements.md / docs/sources.md):\n" + _missing(found)
@@ -282,9 +307,25 @@ def test_references_are_read_as_they_are_spelled(rel, text, expected):
     assert set(seed_references(rel, text)) == expected
 
 
-def test_a_reference_without_a_row_is_named_with_its_file():
-    covered = _rows(SOURCES)
-    refs = seed_references("services/new.py", "(seed 002 ¶9999)")
-    assert refs == [("002", "¶9999")] and "¶9999" not in covered["002"]
-    assert "issue 9999" in _missing({"issue 9999": {"services/new.py"}})
-    assert "services/new.py" in _missing({"issue 9999": {"services/new.py"}})
+def test_each_check_names_the_reference_and_the_file_that_lacks_a_row():
+    new = {
+        "services/new.py": "# seed 002 ¶9999 and Fig. 77; issue 9999; CS-999 … CS-1000\n",
+        "docs/new.md": "see ../shared/seeds and SPEC.md §3 (SPEC §7)\n",
+        "tests/ok.py": "# seed 000 ¶43, Fig. 2; issue 28; CS-4\n",
+    }
+    assert lacking_source_rows(new) == {
+        "seed 002 ¶9999": {"services/new.py"},
+        "seed 002 Fig. 77": {"services/new.py"},
+    }
+    assert lacking_history_rows(new) == {"issue 9999": {"services/new.py"}}
+    assert lacking_requirement_entries(new) == {
+        "CS-999": {"services/new.py"},
+        "CS-1000": {"services/new.py"},
+    }
+    assert outside_references(new) == {
+        "../shared": {"docs/new.md:1"},
+        "SPEC.md": {"docs/new.md:1"},
+        "SPEC §": {"docs/new.md:1"},
+    }
+    message = _missing(lacking_history_rows(new))
+    assert message == "  issue 9999: cited in services/new.py"
