@@ -41,7 +41,11 @@ THIS = Path(__file__).resolve().relative_to(ROOT).as_posix()
 # Files whose job is to look for the outside references (they spell them as strings).
 CHECKERS = {THIS, "tests/test_readme.py"}
 
-OUTSIDE = re.compile(r"\.\./shared|/work/shared|\bSPEC\.md\b|\bSPEC\s*§|\bSPEC\s+[A-Z]+-\d")
+# The sibling directory of the designs, by a relative or an absolute path, and the
+# specification they came with.
+OUTSIDE = re.compile(
+    r"\.\./shared\b|(?<![\w.])/\w+/shared\b|\bSPEC\.md\b|\bSPEC\s*§\s?\d*|\bSPEC\s+[A-Z]+-\d"
+)
 
 # Which design a bare "¶52" belongs to when its comment names none: the one the
 # file's subject comes from (first match of its path wins).
@@ -55,8 +59,6 @@ SEED_OF_PATH = [
     ("folding", "004"),
 ]
 DEFAULT_SEED = "000"
-# Files where that guess is wrong for every bare reference: the seed they cite.
-SEED_OF_FILE: dict[str, str] = {}
 # Single references that both guesses get wrong (a switched section far below the
 # seed 002 it names): (file, reference) -> seed.
 SEED_OF_REFERENCE = {
@@ -102,8 +104,6 @@ FILES = _text_files()
 
 
 def _default_seed(rel: str) -> str:
-    if rel in SEED_OF_FILE:
-        return SEED_OF_FILE[rel]
     return next((seed for part, seed in SEED_OF_PATH if part in rel), DEFAULT_SEED)
 
 
@@ -184,8 +184,8 @@ def _families() -> set[str]:
 def _requirement_ids(text: str, families: set[str]) -> set[str]:
     family = "|".join(sorted(families, key=len, reverse=True))
     ids = set(re.findall(rf"\b(?:{family})-\d+\b", text))
-    # "CS-1 … CS-6" cites the ids between as well
-    for m in re.finditer(rf"\b({family})-(\d+)\s*(?:…|\.\.\.)\s*\1-(\d+)\b", text):
+    # "CS-1 … CS-6" (or "WS-2…4") cites the ids between as well
+    for m in re.finditer(rf"\b({family})-(\d+)\s*(?:…|\.\.\.)\s*(?:\1-)?(\d+)\b", text):
         ids |= {f"{m.group(1)}-{n}" for n in range(int(m.group(2)), int(m.group(3)) + 1)}
     return ids
 
@@ -311,6 +311,7 @@ def test_each_check_names_the_reference_and_the_file_that_lacks_a_row():
     new = {
         "services/new.py": "# seed 002 ¶9999 and Fig. 77; issue 9999; CS-999 … CS-1000\n",
         "docs/new.md": "see ../shared/seeds and SPEC.md §3 (SPEC §7)\n",
+        "docs/abs.md": "the designs in /srv/shared/seeds; deploy/kubernetes/shared is ours\n",
         "tests/ok.py": "# seed 000 ¶43, Fig. 2; issue 28; CS-4\n",
     }
     assert lacking_source_rows(new) == {
@@ -324,8 +325,24 @@ def test_each_check_names_the_reference_and_the_file_that_lacks_a_row():
     }
     assert outside_references(new) == {
         "../shared": {"docs/new.md:1"},
+        "/srv/shared": {"docs/abs.md:1"},
         "SPEC.md": {"docs/new.md:1"},
-        "SPEC §": {"docs/new.md:1"},
+        "SPEC §7": {"docs/new.md:1"},
     }
     message = _missing(lacking_history_rows(new))
     assert message == "  issue 9999: cited in services/new.py"
+
+
+def test_requirement_ids_are_read_as_they_are_spelled():
+    families = _families()
+    assert _requirement_ids("WS-2…4, CS-1 … CS-3 and AG-14", families) == {
+        "WS-2",
+        "WS-3",
+        "WS-4",
+        "CS-1",
+        "CS-2",
+        "CS-3",
+        "AG-14",
+    }
+    # other dashes with numbers are not requirement ids
+    assert _requirement_ids("SHA-256, UTF-8, P-256, TLS-1", families) == set()
