@@ -107,8 +107,8 @@ def _default_seed(rel: str) -> str:
     return next((seed for part, seed in SEED_OF_PATH if part in rel), DEFAULT_SEED)
 
 
-def _spans(count: tuple[int, int | None]) -> list[int]:
-    first, last = count
+def _spans(first: int, last: int | None) -> list[int]:
+    """The numbers of "¶52-55" (a reversed or implausibly long range: its first only)."""
     if last is None or last < first or last - first > 60:
         return [first]
     return list(range(first, last + 1))
@@ -132,13 +132,13 @@ def seed_references(rel: str, text: str) -> list[tuple[str, str]]:
     found: list[tuple[str, str]] = []
     for m in PARAGRAPH.finditer(text):
         last = int(m.group(2)) if m.group(2) else None
-        for n in _spans((int(m.group(1)), last)):
+        for n in _spans(int(m.group(1)), last):
             found.append((seed_at(m.start()), f"¶{n}"))
     for m in FIGURE.finditer(text):
         seed = seed_at(m.start())
         found.append((seed, f"Fig. {m.group(1)}{m.group(2)}"))
         last = int(m.group(3)) if m.group(3) else None
-        for n in _spans((int(m.group(1)), last))[1:]:
+        for n in _spans(int(m.group(1)), last)[1:]:
             found.append((seed, f"Fig. {n}"))
         if m.group(4):
             found.append((seed, f"Fig. {m.group(4)}"))
@@ -197,7 +197,7 @@ def _missing(cited: dict[str, set[str]]) -> str:
 
 
 def lacking_source_rows(files: dict[str, str]) -> dict[str, set[str]]:
-    """ "seed 000 ¶43" -> the files citing it, for citations docs/sources.md lacks."""
+    """For each citation docs/sources.md lacks ("seed 000 ¶43"), the files citing it."""
     covered = _rows(SOURCES)
     lacking: dict[str, set[str]] = defaultdict(set)
     for rel, text in files.items():
