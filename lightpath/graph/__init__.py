@@ -1,4 +1,4 @@
-"""Dataflow graphs folded into few processes (SPEC §7, GF-1 … GF-7; seed 004).
+"""Dataflow graphs folded into few processes (GF-1 … GF-7; seed 004).
 
 The client SDK: describe a graph (`GraphSpec`, or JSON in the protobuf form),
 plan it (`expand` validates, `fold` is process 400), run it (`run_graph`,
