@@ -3,7 +3,7 @@
 Shared by the store (the manager's committed state, `lp:{pod}:ocs:...`) and the
 default switch driver (the simulated switches' own state, `lp:{pod}:dev:...`).
 
-Layout (2). A change is made of links (wiring.py): a link cross-connects the same
+Layout. A change is made of links (wiring.py): a link cross-connects the same
 two ports on the OCS of EVERY logical axis of its dimension, and sets the 1xK
 switches of every axis of its block alike. So the OCS of one (dimension, k)
 always hold the same table, whatever the axis, and the 1xK switches of one
@@ -16,9 +16,7 @@ always hold the same table, whatever the axis, and the 1xK switches of one
   switch of that block along that dimension is set to; idle: no field.
 
 A full 1,024-block pod is then 6,144 fields written and checked per change, not
-the 98,304 of layout 1 (`xc:<dim>:<k>`, field axis * port_stride + port, one per
-OCS and port), which cost Redis ~1 µs each in Lua (issue 15). Layout 1 hashes
-are moved to layout 2 once, when a manager (`migrate_legacy`) or a driver starts.
+the 98,304 of one field per OCS and port, which would cost Redis ~1 µs each in Lua.
 
 Why each hash holds a `layout` field longer than 64 bytes: Redis keeps a small
 hash (up to 512 fields of up to 64 bytes) as a ziplist, where every HSET / HMGET
@@ -38,8 +36,6 @@ from lightpath.domain.torus import Fabric, dim_name
 from services.ocs_manager.invariants import FabricState
 from services.ocs_manager.wiring import FabricChange, Link
 
-LAYOUT = 2
-
 
 def table_keys(fabric: Fabric, prefix: str) -> list[str]:
     """The (dim, k) table hashes in the order scripts index them: d * K + k."""
@@ -49,14 +45,6 @@ def table_keys(fabric: Fabric, prefix: str) -> list[str]:
 def otm_keys(fabric: Fabric, prefix: str) -> list[str]:
     """The per-dimension 1xK hashes (index d)."""
     return [f"{prefix}:otm2:{dim_name(d)}" for d in range(fabric.dims)]
-
-
-def legacy_keys(fabric: Fabric, prefix: str) -> list[str]:
-    """Layout 1's table hashes (d * K + k) then 1xK hashes (d): what `migrate_legacy` reads."""
-    return [
-        *(f"{prefix}:xc:{dim_name(d)}:{k}" for d in range(fabric.dims) for k in range(fabric.k)),
-        *(f"{prefix}:otm:{dim_name(d)}" for d in range(fabric.dims)),
-    ]
 
 
 @dataclass(frozen=True)
@@ -222,37 +210,6 @@ local function init_layout(xc_base, otm_base)
         'block -> output they are set to; an idle switch has no field')
     end
   end
-end
-
--- Layout 1 -> layout 2: the tables at KEYS[old_base ..] (M * K, then M 1xK hashes) hold one
--- field per (axis, port) / (block, axis); every axis holds the same (links span all axes),
--- so axis 0's fields are the table. Copied into KEYS[xc_base ..] / KEYS[otm_base ..],
--- then the old hashes go. Returns the number of fields moved.
-local function migrate_legacy(old_base, xc_base, otm_base)
-  local moved = 0
-  for i = 0, M * K + M - 1 do
-    local key = KEYS[old_base + i]
-    if redis.call('EXISTS', key) == 1 then
-      local raw = redis.call('HGETALL', key)
-      local otm = i >= M * K
-      local dest = otm and KEYS[otm_base + i - M * K] or KEYS[xc_base + i]
-      local kv = {}
-      for j = 1, #raw, 2 do
-        local f = tonumber(raw[j])
-        if f and otm and f % A == 0 then  -- block * A + axis
-          kv[#kv + 1] = tostring(f / A); kv[#kv + 1] = raw[j + 1]
-        elseif f and not otm and f < S then  -- axis * S + port
-          kv[#kv + 1] = raw[j]; kv[#kv + 1] = raw[j + 1]
-        end
-      end
-      for j = 1, #kv, 2 * CHUNK do
-        redis.call('HSET', dest, unpack(kv, j, math.min(#kv, j + 2 * CHUNK - 1)))
-      end
-      moved = moved + #kv / 2
-      redis.call('DEL', key)
-    end
-  end
-  return moved
 end
 """
 

@@ -412,13 +412,6 @@ async def build(
             _describe(status[1]),
             fabric.config.describe(),
         )
-    if status[0] == "MIGRATED":
-        runtime.log.warning(
-            "pod %s: its routing tables were moved to layout 2, one field per (dim, k, port) "
-            "(%s fields); a manager of the previous version now refuses changes to this pod",
-            s.pod_id,
-            status[2],
-        )
     reconciler: SwitchReconciler | None = None
     if driver is None and (s.switch_agents or s.switches):
         agents = agent_driver(runtime, fabric)

@@ -2,8 +2,7 @@
 
 Keys (all under the pod's hash tag, so one Lua script may touch any of them):
 
-    lp:{pod}:ocs:fabric          the FabricConfig this pod was wired with and the table
-                                 layout (canonical JSON, `fabric_record`)
+    lp:{pod}:ocs:fabric          the FabricConfig this pod was wired with (canonical JSON)
     lp:{pod}:ocs:owner           hash block -> job id (the blocks each slice holds or reserves)
     lp:{pod}:ocs:slices          zset of job ids (score 0: lexicographic pages)
     lp:{pod}:ocs:slice:<job>     hash: spec, state (wiring|wired), wired_at, the change in
@@ -35,7 +34,6 @@ and rolled back by the next change to that slice.
 from __future__ import annotations
 
 import contextlib
-import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,10 +44,8 @@ from lightpath.errors import Aborted, InvalidArgument
 from services.common.keys import pod_key
 from services.ocs_manager.invariants import FabricState, StoredSlice
 from services.ocs_manager.lua import (
-    LAYOUT,
     encode_change,
     fabric_header,
-    legacy_keys,
     otm_keys,
     read_layout,
     script,
@@ -62,31 +58,22 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 """
 
-# KEYS: fabric, slices, owner, versions, table hashes (M*K), 1xK hashes (M), the same
-# fabric's layout-1 hashes (M*K + M), then the old fabric's keys.
-# ARGV: fabric record, the old record this call expects to replace ("" = none), header (7),
-# this fabric's record as layout 1 wrote it.
+# KEYS: fabric, slices, owner, versions, table hashes (M*K), 1xK hashes (M), then the old
+# fabric's keys. ARGV: fabric record, the old record this call expects to replace ("" = none),
+# header (7).
 _ENSURE_FABRIC = script(
     r"""
 local cur = redis.call('GET', KEYS[1])
 local status = 'SAME'
-local xc_base, otm_base, legacy_base = 5, 5 + M * K, 5 + M * K + M
+local xc_base, otm_base = 5, 5 + M * K
 if not cur then
   redis.call('SET', KEYS[1], ARGV[1])
   status = 'NEW'
 elseif cur ~= ARGV[1] then
   if cur ~= ARGV[2] then return {'RETRY', cur} end
-  if cur == ARGV[H + 7] then
-    -- this fabric, stored by a manager of layout 1: move its tables over. A replica still
-    -- running that version now finds the record changed and refuses every change.
-    init_layout(xc_base, otm_base)
-    local moved = migrate_legacy(legacy_base, xc_base, otm_base)
-    redis.call('SET', KEYS[1], ARGV[1])
-    return {'MIGRATED', cur, tostring(moved)}
-  end
   local n = redis.call('ZCARD', KEYS[2])
   if n + redis.call('HLEN', KEYS[3]) > 0 then return {'IN_USE', cur, tostring(n)} end
-  for i = legacy_base + M * K + M, #KEYS do redis.call('DEL', KEYS[i]) end
+  for i = otm_base + M, #KEYS do redis.call('DEL', KEYS[i]) end
   redis.call('SET', KEYS[1], ARGV[1])
   status = 'CHANGED'
 end
@@ -316,8 +303,7 @@ class OcsStore:
         self._r: Any = redis  # decode_responses=True: replies are str
         self.pod_id = pod_id
         self.fabric = fabric
-        self._fp = fabric_record(fabric.config)
-        self._fp_layout1 = fabric.config.to_json()
+        self._fp = fabric.config.to_json()
         self._header = fabric_header(fabric)
         self.k_fabric = pod_key(pod_id, "ocs", "fabric")
         self.k_owner = pod_key(pod_id, "ocs", "owner")
@@ -341,19 +327,17 @@ class OcsStore:
         """Record this fabric for the pod, or check it is the recorded one; lay out its tables.
 
         ('NEW'|'SAME', '') or ('CHANGED', old json) when nothing was wired on the old
-        fabric (its tables are dropped), or ('IN_USE', old json, slices wired), or
-        ('MIGRATED', old json, fields moved) when this fabric's tables were in layout 1."""
+        fabric (its tables are dropped), or ('IN_USE', old json, slices wired)."""
         prefix = pod_key(self.pod_id, "ocs")
         for _ in range(5):
             old = await self._r.get(self.k_fabric) or ""
             old_keys: list[str] = []
-            if old and old not in (self._fp, self._fp_layout1):
+            if old and old != self._fp:
                 with contextlib.suppress(ValueError, KeyError, TypeError, InvalidArgument):
                     before = Fabric.build(FabricConfig.from_json(old))
                     old_keys = [
                         *table_keys(before, prefix),
                         *otm_keys(before, prefix),
-                        *legacy_keys(before, prefix),
                     ]
             reply = await self._ensure(
                 keys=[
@@ -363,10 +347,9 @@ class OcsStore:
                     self.k_ver,
                     *self.k_tables,
                     *self.k_otm,
-                    *legacy_keys(self.fabric, prefix),
                     *old_keys,
                 ],
-                args=[self._fp, old, *self._header, self._fp_layout1],
+                args=[self._fp, old, *self._header],
             )
             if reply[0] != "RETRY":
                 return tuple(reply)
@@ -560,13 +543,6 @@ class OcsStore:
                 )
             return state
         raise Aborted("the slice set kept changing while taking a snapshot; retry")
-
-
-def fabric_record(config: FabricConfig) -> str:
-    """What lp:{pod}:ocs:fabric holds: the configuration and the table layout (lua.py)."""
-    record = json.loads(config.to_json())
-    record["layout"] = LAYOUT
-    return json.dumps(record, sort_keys=True, separators=(",", ":"))
 
 
 def _int_or_none(raw: str | None) -> int | None:
