@@ -1,0 +1,289 @@
+"""The one transaction primitive of every Redis store: declared keys, named checks, typed
+answers.
+
+A store builds a `Txn`: checks (what its decision assumed) and ops (the writes, and reads
+answered after them). `Script.commit(txn)` runs it as one Lua script, atomically: every
+check first, and when one fails nothing is written and `Conflict(reason)` is raised (the
+caller takes a new snapshot and decides again); otherwise every op, and a `Committed`
+with what the reads returned.
+
+- Every key a script touches is declared in KEYS (Redis Cluster, proxies and ACL key
+  patterns refuse scripts that reach other keys): the Txn registers a key as an op or a
+  check names it, by name (`Txn.name`, the Lua's `key(name)`) or as a member of a family
+  (`Txn.member`, the Lua's `member(family, id)`: one job's hash among many). A script that
+  walks a set whose members it cannot know in advance checks that the caller declared
+  them (`expect_declared`); when it did not, `commit` declares what the set holds and
+  runs the Txn again (and remembers them for the next Txn of that set).
+- The script is services/common/txn.lua (generic checks and ops, the runner) followed by
+  the store's own extension file (its CHECKS, OPS and AFTER hooks: see txn.lua), with the
+  store's constants as the Lua table `C`, made from the Python values: no constant is
+  written twice (`Program.undefined` names a `C.x` the Lua uses that Python does not
+  define; tests/common/test_txn.py checks every program). redis-py's Script runs it by
+  EVALSHA and loads it again (SCRIPT LOAD) when Redis answers NOSCRIPT (a restart).
+
+API notes for stores built on this (keep them stable; say here when they change):
+`Txn(families={...})`, `k`, `name`, `member`, the `expect_*` checks, `check(name, ...)`,
+the write ops, `read`, `op(name, ...)`; `Program(package, file, constants)`,
+`program.bind(redis)` → `Script`, `await script.commit(txn)` → `Committed` (`reads`,
+`values` / `committed[name]`) or raises `Conflict` (`reason`, `value`, str = message).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any
+
+# Conflicts a Txn raised for a set's members it had not declared are retried this often.
+DECLARE_RETRIES = 4
+UNDECLARED = "undeclared"
+
+
+class Conflict(Exception):
+    """A check of a transaction failed (state changed since the snapshot): nothing was
+    written. `reason` names the check; `value` is what it found ("" when absent)."""
+
+    def __init__(self, reason: str, message: str = "", value: str = ""):
+        super().__init__(message or reason)
+        self.reason = reason
+        self.value = value
+
+
+@dataclass(frozen=True)
+class Committed:
+    """A transaction applied: the `read` ops' answers in order, and what the extension's
+    ops set by name."""
+
+    reads: list[Any]
+    values: dict[str, Any]
+
+    def __getitem__(self, name: str) -> Any:
+        return self.values[name]
+
+
+@dataclass
+class Txn:
+    """Checks and ops of one atomic commit; keys are registered (KEYS, 1-based) as they are
+    used. `families` makes a family member's key from its id (for `member` and for the
+    members `commit` declares after an "undeclared" conflict)."""
+
+    families: Mapping[str, Callable[[str], str]] = field(default_factory=dict)
+    keys: list[str] = field(default_factory=list)
+    checks: list[list[Any]] = field(default_factory=list)
+    ops: list[list[Any]] = field(default_factory=list)
+    _index: dict[str, int] = field(default_factory=dict)
+    _names: dict[str, int] = field(default_factory=dict)
+    _members: dict[str, dict[str, int]] = field(default_factory=dict)
+    # set key -> families, for the members commit declares on an "undeclared" conflict
+    _walked: dict[int, Sequence[str]] = field(default_factory=dict)
+
+    def k(self, key: str) -> int:
+        i = self._index.get(key)
+        if i is None:
+            self.keys.append(key)
+            i = self._index[key] = len(self.keys)
+        return i
+
+    def name(self, name: str, key: str) -> int:
+        """Declare `key` as the Lua's `key(name)`."""
+        i = self._names[name] = self.k(key)
+        return i
+
+    def member(self, family: str, member_id: str) -> int:
+        """Declare the key of `member_id` in `family` (the Lua's `member(family, id)`)."""
+        i = self._members.setdefault(family, {}).get(member_id)
+        if i is None:
+            i = self._members[family][member_id] = self.k(self.families[family](member_id))
+        return i
+
+    def members(self, family: str, ids: Iterable[str]) -> None:
+        for member_id in ids:
+            self.member(family, member_id)
+
+    # -- checks ---------------------------------------------------------------------
+
+    def expect(
+        self,
+        key: str,
+        f: str,
+        allowed: Iterable[str],
+        *,
+        reason: str,
+        message: str = "",
+        absent: str = "",
+    ) -> None:
+        """Field `f` of hash `key` is one of `allowed` ("" = absent). Else Conflict(reason)
+        with `message` ("{}" = the value found; `absent` when there is none)."""
+        self.checks.append(["is", self.k(key), f, list(allowed), reason, message, absent])
+
+    def expect_field(
+        self, key: str, f: str, present: bool, *, reason: str, message: str = ""
+    ) -> None:
+        self.checks.append(["has", self.k(key), f, int(present), reason, message])
+
+    def expect_no_key(self, key: str, *, reason: str, message: str = "") -> None:
+        """`key` does not exist (an empty set, zset, hash or list counts as absent)."""
+        self.checks.append(["nokey", self.k(key), reason, message])
+
+    def expect_number(
+        self, key: str, f: str, op: str, bound: float, *, reason: str, message: str = ""
+    ) -> None:
+        """Field `f` of hash `key` (absent: 0) `op` `bound`, op one of <= >= < >."""
+        if op not in ("<=", ">=", "<", ">"):
+            raise ValueError(f"no comparison {op!r}")
+        self.checks.append(["num", self.k(key), f, op, bound, reason, message])
+
+    def expect_declared(
+        self, set_key: str, families: Sequence[str], *, if_in: tuple[str, str] | None = None
+    ) -> None:
+        """Every member of set `set_key` has its key declared in each of `families` (only
+        checked when `if_in` = (set, member) holds, if given)."""
+        guard, who = (self.k(if_in[0]), if_in[1]) if if_in else (0, "")
+        i = self.k(set_key)
+        self._walked[i] = families
+        self.checks.append(["declared", i, list(families), guard, who])
+
+    def check(self, name: str, *args: Any) -> None:
+        """A check of the store's extension (its CHECKS[name]); keys as `k` indices."""
+        self.checks.append([name, *args])
+
+    # -- ops ------------------------------------------------------------------------
+
+    def hset(self, key: str, mapping: Mapping[Any, Any]) -> None:
+        if mapping:
+            flat: list[str] = []
+            for f, v in mapping.items():
+                flat += [str(f), str(v)]
+            self.ops.append(["hset", self.k(key), *flat])
+
+    def hdel(self, key: str, fields: Sequence[Any]) -> None:
+        if fields:
+            self.ops.append(["hdel", self.k(key), *map(str, fields)])
+
+    def hincr(self, key: str, f: str, delta: int) -> None:
+        self.ops.append(["hincr", self.k(key), f, delta])
+
+    def zadd(self, key: str, score: float, member: str) -> None:
+        self.ops.append(["zadd", self.k(key), score, member])
+
+    def zrem(self, key: str, member: str) -> None:
+        self.ops.append(["zrem", self.k(key), member])
+
+    def sadd(self, key: str, member: str) -> None:
+        self.ops.append(["sadd", self.k(key), member])
+
+    def srem(self, key: str, member: str) -> None:
+        self.ops.append(["srem", self.k(key), member])
+
+    def delete(self, key: str) -> None:
+        self.ops.append(["del", self.k(key)])
+
+    def set_px(self, key: str, value: str, ttl_ms: int) -> None:
+        self.ops.append(["setpx", self.k(key), value, ttl_ms])
+
+    def xadd(self, stream: str, maxlen: int, fields: Mapping[str, str]) -> None:
+        flat = [x for kv in fields.items() for x in kv]
+        self.ops.append(["xadd", self.k(stream), maxlen, *flat])
+
+    def job_event(
+        self,
+        job_key: str,
+        history_key: str,
+        stream: str,
+        maxlen: int,
+        event: Mapping[str, Any],
+        extra: Sequence[str] = (),
+    ) -> None:
+        """A job's transition: numbered ("n", from the job hash's "nev"), appended to its
+        history list and to `stream` (fields `extra`, then "e": the JSON)."""
+        self.ops.append(
+            [
+                "event",
+                self.k(job_key),
+                self.k(history_key),
+                self.k(stream),
+                maxlen,
+                json.dumps(event, separators=(",", ":")),
+                list(extra),
+            ]
+        )
+
+    def read(self, command: str, key: str, *args: Any) -> None:
+        """After the writes before it, `command` (HMGET, HGETALL, LRANGE, ...) on `key`:
+        its answer is the next of Committed.reads."""
+        self.ops.append(["read", command, self.k(key), *args])
+
+    def op(self, name: str, *args: Any) -> None:
+        """An op of the store's extension (its OPS[name]); keys as `k` indices."""
+        self.ops.append([name, *args])
+
+    def payload(self) -> tuple[list[str], str]:
+        body = {"c": self.checks, "o": self.ops, "n": self._names, "f": self._members}
+        return list(self.keys), json.dumps(body, separators=(",", ":"))
+
+
+_CONSTANT = re.compile(r"\bC\.([A-Za-z_]\w*)")
+
+
+class Program:
+    """txn.lua, then a store's extension file from its package, with `constants` as the
+    Lua table C (JSON-encodable values)."""
+
+    def __init__(self, package: str, extension: str, constants: Mapping[str, Any]):
+        self.package = package
+        self.extension = extension
+        self.constants = dict(constants)
+        core = resources.files(__package__).joinpath("txn.lua").read_text()
+        self.lua = core + resources.files(package).joinpath(extension).read_text()
+        consts = json.dumps(self.constants, separators=(",", ":"))
+        if "]==]" in consts:
+            raise ValueError("a constant contains ]==]")
+        self.source = f"local C = cjson.decode([==[{consts}]==])\n{self.lua}\nreturn run()\n"
+        PROGRAMS.append(self)
+
+    def undefined(self) -> set[str]:
+        """Constants the Lua uses (C.x) that Python does not define."""
+        return set(_CONSTANT.findall(self.lua)) - set(self.constants)
+
+    def unused(self) -> set[str]:
+        """Constants Python defines that the Lua never uses."""
+        return set(self.constants) - set(_CONSTANT.findall(self.lua))
+
+    def bind(self, redis: Any) -> Script:
+        return Script(redis.register_script(self.source))
+
+
+PROGRAMS: list[Program] = []
+
+
+class Script:
+    """A Program on one Redis client."""
+
+    def __init__(self, script: Any):
+        self._script = script
+        # set key -> its members at the last "undeclared" conflict: declared up front next time
+        self._known: dict[str, list[str]] = {}
+
+    async def commit(self, txn: Txn) -> Committed:
+        """Apply `txn` atomically, or raise Conflict naming the first failed check."""
+        for i, families in txn._walked.items():
+            for member_id in self._known.get(txn.keys[i - 1], ()):
+                for family in families:
+                    txn.member(family, member_id)
+        for _ in range(DECLARE_RETRIES):
+            keys, arg = txn.payload()
+            reply = await self._script(keys=keys, args=[arg])
+            if int(reply[0]) == 1:
+                reads, named = reply[1], reply[2]
+                return Committed(list(reads), dict(zip(named[::2], named[1::2], strict=True)))
+            _, reason, message, value = reply
+            if reason != UNDECLARED:
+                raise Conflict(reason, message, value)
+            ids, walked = json.loads(value), int(message)
+            for family in txn._walked[walked]:
+                txn.members(family, ids)
+            self._known[txn.keys[walked - 1]] = ids
+        raise Conflict(UNDECLARED, "a walked set kept changing", "")

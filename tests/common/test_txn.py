@@ -1,0 +1,175 @@
+"""The transaction primitive (services.common.txn) on a real Redis: checks before writes,
+nothing written when one fails, typed answers, every key declared, constants from Python."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+from redis.exceptions import ResponseError
+
+from services.common.txn import PROGRAMS, Conflict, Program, Txn
+
+PROGRAM = Program("tests.common", "txn_test.lua", {"STRIDE": 1 << 40})
+JOBS = "lp:{t}:jobs"
+# Every store built on the primitive.
+STORES = ("services.cell_scheduler.store", "services.workload_scheduler.store")
+
+
+def job_key(job_id: str) -> str:
+    return f"lp:{{t}}:job:{job_id}"
+
+
+def txn() -> Txn:
+    return Txn(families={"job": job_key})
+
+
+async def test_checks_hold_then_ops_apply_and_reads_answer_after_them(redis_client):
+    script = PROGRAM.bind(redis_client)
+    await redis_client.hset(job_key("a"), mapping={"state": "QUEUED", "n": 2})
+    t = txn()
+    t.expect(job_key("a"), "state", ["QUEUED"], reason="phase", message="job a is {}")
+    t.expect_number(job_key("a"), "n", ">=", 2, reason="stale")
+    t.check("even", t.k(job_key("a")), "n")
+    t.hset(job_key("a"), {"state": "PLACED"})
+    t.hincr(job_key("a"), "n", 3)
+    t.read("HMGET", job_key("a"), "state", "n")
+    t.job_event(
+        job_key("a"), job_key("a") + ":events", "lp:{t}:events", 100, {"to": "PLACED"}, ["job", "a"]
+    )
+    t.read("LRANGE", job_key("a") + ":events", 0, -1)
+    done = await script.commit(t)
+    assert done.reads[0] == ["PLACED", "5"]
+    assert done.reads[1] == ['{"to":"PLACED","n":1}']
+    (entry,) = await redis_client.xrange("lp:{t}:events")
+    assert entry[1] == {"job": "a", "e": '{"to":"PLACED","n":1}'}
+
+
+@pytest.mark.parametrize(
+    ("check", "reason", "message", "value"),
+    [
+        (
+            lambda t: t.expect(
+                job_key("a"), "state", ["PLACED"], reason="phase", message="job a is {}"
+            ),
+            "phase",
+            "job a is QUEUED",
+            "QUEUED",
+        ),
+        (
+            lambda t: t.expect(
+                job_key("b"),
+                "state",
+                ["QUEUED"],
+                reason="gone",
+                message="is {}",
+                absent="job b does not exist",
+            ),
+            "gone",
+            "job b does not exist",
+            "",
+        ),
+        (
+            lambda t: t.expect_field(job_key("a"), "hold", True, reason="free", message="no hold"),
+            "free",
+            "no hold",
+            "",
+        ),
+        (
+            lambda t: t.expect_no_key(job_key("a"), reason="exists", message="job a exists"),
+            "exists",
+            "job a exists",
+            "",
+        ),
+        (
+            lambda t: t.expect_number(job_key("a"), "n", "<", 3, reason="newer", message="n is {}"),
+            "newer",
+            "n is 3",
+            "3",
+        ),
+        (lambda t: t.check("even", t.k(job_key("a")), "n"), "odd", "n is odd", "3"),
+    ],
+)
+async def test_a_failed_check_writes_nothing_and_says_which(
+    redis_client, check, reason, message, value
+):
+    script = PROGRAM.bind(redis_client)
+    await redis_client.delete(job_key("a"), job_key("b"))
+    await redis_client.hset(job_key("a"), mapping={"state": "QUEUED", "n": 3})
+    t = txn()
+    t.hset(job_key("a"), {"state": "X"})  # an op before the failing check: still not applied
+    t.expect(job_key("a"), "n", ["3"], reason="first")
+    check(t)
+    with pytest.raises(Conflict) as err:
+        await script.commit(t)
+    assert (err.value.reason, str(err.value), err.value.value) == (reason, message, value)
+    assert await redis_client.hget(job_key("a"), "state") == "QUEUED"
+
+
+async def test_a_walked_set_is_declared_by_retrying_and_remembered(redis_client):
+    script = PROGRAM.bind(redis_client)
+    await redis_client.delete(JOBS)
+    for j, n in (("a", 1), ("b", 2)):
+        await redis_client.sadd(JOBS, j)
+        await redis_client.hset(job_key(j), "n", n)
+    calls = 0
+    real = script._script
+
+    async def counting(**kw):
+        nonlocal calls
+        calls += 1
+        return await real(**kw)
+
+    script._script = counting
+
+    def tally() -> Txn:
+        t = txn()
+        t.name("jobs", JOBS)
+        t.expect_declared(JOBS, ["job"])
+        t.op("tally")
+        return t
+
+    assert (await script.commit(tally()))["total"] == 3 << 40
+    assert calls == 2  # the first answered "undeclared" with the members
+    assert (await script.commit(tally()))["total"] == 3 << 40
+    assert calls == 3  # remembered: declared up front
+    # A guard that does not hold: the set is not walked, so it need not be declared.
+    t = txn()
+    t.expect_declared(JOBS, ["job"], if_in=("lp:{t}:down", "x"))
+    await script.commit(t)
+
+
+async def test_a_key_not_declared_is_refused_before_redis_touches_it(redis_client):
+    t = txn()
+    t.op("sneak", "lp:{t}:built-in-lua")
+    with pytest.raises(ResponseError, match="undeclared key lp:\\{t\\}:built-in-lua"):
+        await PROGRAM.bind(redis_client).commit(t)
+    assert not await redis_client.exists("lp:{t}:built-in-lua")
+
+
+async def test_the_script_is_loaded_again_after_redis_forgot_it(redis_client):
+    script = PROGRAM.bind(redis_client)
+    await redis_client.hset(job_key("a"), "n", 4)
+    t = txn()
+    t.read("HGET", job_key("a"), "n")
+    assert (await script.commit(t)).reads == ["4"]
+    await redis_client.script_flush()
+    assert (await script.commit(t)).reads == ["4"]
+
+
+def test_a_constant_the_lua_uses_but_python_lacks_is_found():
+    drifted = Program("tests.common", "txn_test.lua", {"STRIDES": 1 << 40})
+    PROGRAMS.remove(drifted)
+    assert drifted.undefined() == {"STRIDE"} and drifted.unused() == {"STRIDES"}
+
+
+def test_every_store_program_defines_the_constants_its_lua_uses():
+    for store in STORES:  # their programs are made as they are imported
+        importlib.import_module(store)
+
+    for program in PROGRAMS:
+        assert not program.undefined(), (program.extension, program.undefined())
+        assert not program.unused(), (program.extension, program.unused())
+        assert "redis.call" not in program.lua.split("local function key(name)", 1)[1], (
+            program.extension
+        )
