@@ -229,15 +229,19 @@ _CONSTANT = re.compile(r"\bC\.([A-Za-z_]\w*)")
 
 
 class Program:
-    """txn.lua, then a store's extension file from its package, with `constants` as the
-    Lua table C (JSON-encodable values)."""
+    """txn.lua, then a store's extension file from its package (or several, in order: helpers
+    it shares with other scripts first), with `constants` as the Lua table C (JSON-encodable
+    values)."""
 
-    def __init__(self, package: str, extension: str, constants: Mapping[str, Any]):
+    def __init__(
+        self, package: str, extension: str | Sequence[str], constants: Mapping[str, Any]
+    ):
+        files = [extension] if isinstance(extension, str) else list(extension)
         self.package = package
-        self.extension = extension
+        self.extension = " + ".join(files)
         self.constants = dict(constants)
         core = resources.files(__package__).joinpath("txn.lua").read_text()
-        self.lua = core + resources.files(package).joinpath(extension).read_text()
+        self.lua = core + "".join(resources.files(package).joinpath(f).read_text() for f in files)
         consts = json.dumps(self.constants, separators=(",", ":"))
         if "]==]" in consts:
             raise ValueError("a constant contains ]==]")
