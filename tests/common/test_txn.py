@@ -13,7 +13,11 @@ from services.common.txn import PROGRAMS, Conflict, Program, Txn
 PROGRAM = Program("tests.common", "txn_test.lua", {"STRIDE": 1 << 40})
 JOBS = "lp:{t}:jobs"
 # Every store built on the primitive.
-STORES = ("services.cell_scheduler.store", "services.workload_scheduler.store")
+STORES = (
+    "services.cell_scheduler.store",
+    "services.workload_scheduler.store",
+    "services.ocs_manager.store",
+)
 
 
 def job_key(job_id: str) -> str:

@@ -19,6 +19,7 @@ import redis.asyncio as aioredis
 from lightpath.domain.torus import Fabric, FabricConfig
 from lightpath.v1 import ocs_manager_pb2 as pb
 from services.common.keys import pod_key
+from services.common.txn import Conflict
 from services.ocs_manager.lua import encode_change
 from services.ocs_manager.store import OcsStore
 from services.ocs_manager.wiring import (
@@ -107,12 +108,15 @@ async def test_one_port_given_two_cross_connects_by_one_change_is_refused(redis_
     store = OcsStore(redis_client, POD, fabric)
     await store.ensure_fabric()
     placement = SlicePlacement("j", (3, 1, 1), (7, 8, 9), (False, False, False))
-    assert (await store.begin_wire(placement, "t", 30_000)).status == "OK"
+    await store.begin_wire(placement, "t", 30_000)
     # 7 -> 9 and 8 -> 9: both want block 9's first end
     bad = FabricChange(connect=(Link(0, 7, 9), Link(0, 8, 9)))
-    reply = await store.commit("j", "t", "wire", bad)
-    assert reply[0] == "CONFLICT"
-    assert reply[1] == "port 9 of ocs-x-{0..15}-0 is given two cross-connects by this change"
+    with pytest.raises(Conflict) as refused:
+        await store.commit("j", "t", "wire", bad)
+    assert refused.value.reason == "CONFLICT"
+    assert str(refused.value) == (
+        "port 9 of ocs-x-{0..15}-0 is given two cross-connects by this change"
+    )
     assert await fields(redis_client, key("ocs", "xc2", "x", 0)) == {}
     assert (await store.get_slice("j")).op is not None  # still locked: the caller aborts
 
