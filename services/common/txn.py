@@ -74,6 +74,8 @@ class Txn:
     keys: list[str] = field(default_factory=list)
     checks: list[list[Any]] = field(default_factory=list)
     ops: list[list[Any]] = field(default_factory=list)
+    # values that cannot travel in JSON (binary data): ARGV[2 ..], by `blob`'s index
+    blobs: list[bytes] = field(default_factory=list)
     _index: dict[str, int] = field(default_factory=dict)
     _names: dict[str, int] = field(default_factory=dict)
     _members: dict[str, dict[str, int]] = field(default_factory=dict)
@@ -220,6 +222,11 @@ class Txn:
         """An op of the store's extension (its OPS[name]); keys as `k` indices."""
         self.ops.append([name, *args])
 
+    def blob(self, data: bytes) -> int:
+        """Pass `data` beside the JSON; an op reads it as ARGV[the index returned]."""
+        self.blobs.append(data)
+        return len(self.blobs) + 1
+
     def payload(self) -> tuple[list[str], str]:
         body = {"c": self.checks, "o": self.ops, "n": self._names, "f": self._members}
         return list(self.keys), json.dumps(body, separators=(",", ":"))
@@ -279,7 +286,7 @@ class Script:
                     txn.member(family, member_id)
         for _ in range(DECLARE_RETRIES):
             keys, arg = txn.payload()
-            reply = await self._script(keys=keys, args=[arg])
+            reply = await self._script(keys=keys, args=[arg, *txn.blobs])
             if int(reply[0]) == 1:
                 reads, named = reply[1], reply[2]
                 return Committed(list(reads), dict(zip(named[::2], named[1::2], strict=True)))
