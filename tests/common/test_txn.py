@@ -17,6 +17,7 @@ STORES = (
     "services.cell_scheduler.store",
     "services.workload_scheduler.store",
     "services.ocs_manager.store",
+    "services.agg_switch.store",
 )
 
 
