@@ -240,9 +240,7 @@ class Program:
     it shares with other scripts first), with `constants` as the Lua table C (JSON-encodable
     values)."""
 
-    def __init__(
-        self, package: str, extension: str | Sequence[str], constants: Mapping[str, Any]
-    ):
+    def __init__(self, package: str, extension: str | Sequence[str], constants: Mapping[str, Any]):
         files = [extension] if isinstance(extension, str) else list(extension)
         self.package = package
         self.extension = " + ".join(files)

@@ -18,6 +18,7 @@ STORES = (
     "services.workload_scheduler.store",
     "services.ocs_manager.store",
     "services.agg_switch.store",
+    "services.core_broker.store",
 )
 
 
