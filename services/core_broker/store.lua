@@ -304,16 +304,20 @@ end
 -- {"reap", now, retention ms, ids...}: move the due reservations the caller read on (parts
 -- start and end, cores return, ended ones expire after the retention); one not due any
 -- more, or whose devices were not all declared, waits for the next sweep.
--- RESULT.next: when the next one falls due ("" = none).
+-- RESULT.next: when the next one falls due ("" = none); RESULT.undeclared: the ids skipped
+-- for devices not declared.
 OPS.reap = function(o)
   local now, retention = o[2], o[3]
+  RESULT.undeclared = {}
   for i = 4, #o do
     local id = o[i]
     local due_at = tonumber(call("ZSCORE", key("timers"), id))
     local rec = due_at and due_at <= now and load(id, "")
     if due_at and due_at <= now and not rec then
       call("ZREM", key("timers"), id)
-    elseif rec and declared(rec) then
+    elseif rec and not declared(rec) then
+      RESULT.undeclared[#RESULT.undeclared + 1] = id
+    elseif rec then
       local started_before, new_start, new_end = false, false, false
       for _, p in ipairs(rec.parts) do
         if p.started and not p.cancelled then started_before = true end

@@ -65,6 +65,12 @@ _NAMED = ("changes", "version", "cores", "devices", "timers", "all-res", "latenc
 _KEYS = {name: broker_key(name) for name in _NAMED}
 # Tries of a release / extend / snapshot whose devices moved while it read them first.
 _TRIES = 5
+# Reservations whose devices a store remembers (then it forgets them all and reads again).
+DEVICES_REMEMBERED = 100_000
+
+
+def _devices_of(record: str | None) -> list[str]:
+    return [part["dev"] for part in json.loads(record)["parts"]] if record else []
 
 
 def allocation_member(reservation_id: str, part: int, end: int, cores: int) -> str:
@@ -185,6 +191,9 @@ class BrokerStore:
         self.maxlen = maxlen
         self._script = PROGRAM.bind(redis)
         self.changes_key = broker_key("changes")
+        # reservation -> its devices (they never change): a release, extension or sweep
+        # declares their allocations without reading the record first
+        self._devices: dict[str, Sequence[str]] = {}
 
     @staticmethod
     def _txn(*names: str) -> Txn:
@@ -226,8 +235,7 @@ class BrokerStore:
                 for r in g:
                     member("res", r.reservation_id)
                     member("app", r.application_id)
-                    for part in r.parts:
-                        member("alloc", part[0])
+                    t.members("alloc", (part[0] for part in r.parts))
                     rows.append(r.payload())
                 out.append(rows)
             payload.append({"ids": list(ids), "groups": out})
@@ -240,9 +248,12 @@ class BrokerStore:
         )
         done = await self._run(t)
         tickets_out: list[tuple[str, Any]] = []
-        for status in done["tickets"]:
+        for (_, groups), status in zip(tickets, done["tickets"], strict=True):
             if isinstance(status, list):
                 tickets_out.append(("groups", status[1:]))
+                for g, written in zip(groups, status[1:], strict=True):
+                    for r in g if written == "ok" else ():
+                        self._remember(r.reservation_id, [part[0] for part in r.parts])
             else:
                 tickets_out.append(("exists", status.split(":", 1)[1]))
         return CommitResult(
@@ -254,23 +265,30 @@ class BrokerStore:
         )
 
     async def _on_record(self, reservation_id: str, op: str, *args: Any) -> ScriptResult:
-        """Run `op` on a reservation with its devices' allocations declared, as its record
-        read first names them (read again while they moved meanwhile)."""
+        """Run `op` on a reservation with its devices' allocations declared: as this store
+        committed it, else as its record read first says (read again if they moved)."""
+        devices = self._devices.get(reservation_id)
         for _ in range(_TRIES):
-            data = await self._r.hget(broker_key("res", reservation_id), "data")
+            if devices is None:
+                devices = _devices_of(await self._r.hget(broker_key("res", reservation_id), "data"))
             t = self._txn("changes", "version", "cores", "timers")
             t.member("res", reservation_id)
-            for part in json.loads(data)["parts"] if data else ():
-                t.member("alloc", part["dev"])
+            t.members("alloc", devices)
             t.op(op, *args)
             done = await self._run(t)
             status = done["status"]
             if status == UNDECLARED:
+                devices = None
                 continue
             if status in {"ok", "released", "ended"} and done["data"]:
                 return ScriptResult(status, json.loads(done["data"]), int(done["v"]))
             return ScriptResult(status, None, 0, tuple(done.values.get("detail", ())))
         raise Aborted(f"reservation {reservation_id} kept changing; retry")
+
+    def _remember(self, reservation_id: str, devices: Sequence[str]) -> None:
+        if len(self._devices) >= DEVICES_REMEMBERED:
+            self._devices.clear()
+        self._devices[reservation_id] = devices
 
     async def release(self, reservation_id: str, app: str | None, now: int) -> ScriptResult:
         return await self._on_record(
@@ -288,17 +306,22 @@ class BrokerStore:
         if not ids:
             nxt = await self._r.zrange(_KEYS["timers"], 0, 0, withscores=True)
             return 0, (int(nxt[0][1]) if nxt else None)
-        async with self._r.pipeline(transaction=False) as pipe:
-            for rid in ids:
-                pipe.hget(broker_key("res", rid), "data")
-            records = await pipe.execute()
+        unknown = [rid for rid in ids if rid not in self._devices]
+        if unknown:
+            async with self._r.pipeline(transaction=False) as pipe:
+                for rid in unknown:
+                    pipe.hget(broker_key("res", rid), "data")
+                for rid, data in zip(unknown, await pipe.execute(), strict=True):
+                    self._remember(rid, _devices_of(data))
         t = self._txn("changes", "version", "cores", "timers")
-        for rid, data in zip(ids, records, strict=True):
+        for rid in ids:
             t.member("res", rid)
-            for part in json.loads(data)["parts"] if data else ():
-                t.member("alloc", part["dev"])
+            t.members("alloc", self._devices.get(rid, ()))
         t.op("reap", now, self.retention_ms, *ids)
-        nxt = (await self._run(t))["next"]
+        done = await self._run(t)
+        for rid in done["undeclared"]:
+            self._devices.pop(rid, None)  # read again next sweep
+        nxt = done["next"]
         return len(ids), (int(float(nxt)) if nxt else None)
 
     async def get(self, reservation_id: str) -> tuple[dict[str, Any], int] | None:
