@@ -13,6 +13,7 @@ the pod's own dry run). It commits nothing: the claim is the caller's.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Mapping
 from dataclasses import replace
@@ -31,7 +32,14 @@ from services.cell_scheduler.request import (
     resolve_all,
     tenant_of,
 )
-from services.cell_scheduler.store import QUEUED, CellJobRecord, RegistrySnapshot, b64, unb64
+from services.cell_scheduler.store import (
+    QUEUED,
+    CellJobRecord,
+    Conflict,
+    RegistrySnapshot,
+    b64,
+    unb64,
+)
 from services.common.admission import RefusalRate
 
 FAIL = workload_scheduler_pb2.WHEN_NO_CAPACITY_FAIL
@@ -107,9 +115,10 @@ class Admission:
             resolved, bad = only_preferred(req, resolved, bad)
             if not resolved:
                 err = no_pod_can_host(bad) if bad else _gone(req.preferred_pod)
-                await self.store.end_queued(
-                    record.job_id, "FAILED", f"no pod can host it any more: {err.message}", now
-                )
+                with contextlib.suppress(Conflict):  # moved on meanwhile
+                    await self.store.end_queued(
+                        record.job_id, "FAILED", f"no pod can host it any more: {err.message}", now
+                    )
                 self.log.warning("job %s failed in the cell queue: %s", record.job_id, err.message)
                 continue
             demands.append(

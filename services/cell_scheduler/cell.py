@@ -51,7 +51,7 @@ from services.cell_scheduler.podclient import PodCallError, PodClients, state_na
 from services.cell_scheduler.pods import PodDirectory, capacity_view, reported_chips
 from services.cell_scheduler.recovery import Recovery
 from services.cell_scheduler.request import check_registration, check_request, tenant_of
-from services.cell_scheduler.store import CellStore, RegistrySnapshot, b64, unb64
+from services.cell_scheduler.store import EXISTS, CellStore, Conflict, RegistrySnapshot, b64, unb64
 from services.cell_scheduler.updates import Updates
 from services.cell_scheduler.watch import CellEventHub
 
@@ -157,15 +157,16 @@ class CellScheduler:
                         reason="NO_CAPACITY",
                         retry_delay_s=no_capacity_delay(),
                     )
-                ok = await self.jobs.queue_new(
-                    job_id,
-                    request_b64,
-                    tenant,
-                    priority,
-                    f"queued in the cell: {choice.why_waiting}",
-                    now,
-                )
-                if ok == 0:
+                try:
+                    await self.jobs.queue_new(
+                        job_id,
+                        request_b64,
+                        tenant,
+                        priority,
+                        f"queued in the cell: {choice.why_waiting}",
+                        now,
+                    )
+                except Conflict:  # EXISTS: the only check of a job queued at once
                     return await self.jobs.existing(await self.jobs.job_record(job_id), request_b64)
                 record = await self.jobs.job_record(job_id)
                 position = await self.store.queue_position(job_id)
@@ -184,23 +185,24 @@ class CellScheduler:
                 )
             first = choice.candidates[0]
             r = resolved[first.pod_id]
-            ok, token = await self.jobs.claim_new(
-                job_id,
-                request_b64,
-                tenant,
-                priority,
-                r,
-                first,
-                # The last attempt goes ahead even if others took the blocks meanwhile:
-                # the pod's own admission decides.
-                check_free=first.how == FITS and attempt < MAX_PLAN_ATTEMPTS - 1,
-                expect_empty_queue=not snap.queue,
-                now_ms=now,
-            )
-            if ok == 0:
-                return await self.jobs.existing(await self.jobs.job_record(job_id), request_b64)
-            if ok != 1:
-                continue  # the blocks went to others, or jobs wait in the cell queue
+            try:
+                token = await self.jobs.claim_new(
+                    job_id,
+                    request_b64,
+                    tenant,
+                    priority,
+                    r,
+                    first,
+                    # The last attempt goes ahead even if others took the blocks meanwhile:
+                    # the pod's own admission decides.
+                    check_free=first.how == FITS and attempt < MAX_PLAN_ATTEMPTS - 1,
+                    expect_empty_queue=not snap.queue,
+                    now_ms=now,
+                )
+            except Conflict as c:
+                if c.reason == EXISTS:
+                    return await self.jobs.existing(await self.jobs.job_record(job_id), request_b64)
+                continue  # STALE: the blocks went to others; WAITING: jobs wait in the cell queue
             # Claimed: the forward runs to its end even if this caller goes away (a client
             # deadline), so a retry finds the job settled rather than a stalled claim.
             return await self.forwarder.detached(
@@ -253,32 +255,33 @@ class CellScheduler:
             ]
             for t in req.transitions
         ]
-        known, ack, returned, wake = await self.store.report(
-            req.pod_id,
-            endpoint=req.endpoint,
-            now_ms=self.pods.now_ms(),
-            capacity_b64=b64(req.capacity.SerializeToString(deterministic=True)),
-            version=req.capacity.version,
-            free=free,
-            after=req.events_after,
-            until=req.events_until,
-            transitions=transitions,
-            assume_ms=self.pods.pod_timeout_ms,
-        )
-        if not known:
-            raise NotFound("pod", req.pod_id, hint="register it first (RegisterPod)")
+        try:
+            reported = await self.store.report(
+                req.pod_id,
+                endpoint=req.endpoint,
+                now_ms=self.pods.now_ms(),
+                capacity_b64=b64(req.capacity.SerializeToString(deterministic=True)),
+                version=req.capacity.version,
+                free=free,
+                after=req.events_after,
+                until=req.events_until,
+                transitions=transitions,
+                assume_ms=self.pods.pod_timeout_ms,
+            )
+        except Conflict:  # UNKNOWN_POD
+            raise NotFound("pod", req.pod_id, hint="register it first (RegisterPod)") from None
         self.metrics.reported(self.pods, req.transitions, self._spawn)
         if req.endpoint:
             self.pods.heard_from(req.pod_id, req.endpoint)
-        if returned:
+        if reported.returned:
             self.log.info("pod %s answers again", req.pod_id, extra={"pod_id": req.pod_id})
             await self._pod_returned(req.pod_id, req.endpoint)
         elif req.resync:
             self._spawn(self.recovery.reconcile_pod(req.pod_id), f"resync {req.pod_id}")
-        if wake or returned:
+        if reported.wake or reported.returned:
             self.kick()
         return cell_scheduler_pb2.ReportPodStatusResponse(
-            events_ack=ack, status=cell_scheduler_pb2.POD_STATUS_READY
+            events_ack=reported.ack, status=cell_scheduler_pb2.POD_STATUS_READY
         )
 
     async def _pod_returned(self, pod_id: str, endpoint: str) -> None:

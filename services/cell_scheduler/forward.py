@@ -13,6 +13,7 @@ claim each job that has a pod now, and forward them side by side.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable, Mapping
 
@@ -25,7 +26,7 @@ from services.cell_scheduler.jobs import CellJobs, SubmitResult, record_fields, 
 from services.cell_scheduler.metrics import CellMetrics
 from services.cell_scheduler.podclient import PodRefused, PodUnreachable, state_name
 from services.cell_scheduler.request import Resolved, grouped
-from services.cell_scheduler.store import PLACED, QUEUED
+from services.cell_scheduler.store import PLACED, QUEUED, Conflict
 
 
 class Forwarder:
@@ -154,13 +155,17 @@ class Forwarder:
         record = await self.jobs.job_record(job_id)
         if record.phase == QUEUED and invalid and set(resolved) <= set(invalid):
             refusal = grouped(invalid)
-            ended, _ = await self.store.end_queued(
-                job_id,
-                "FAILED",
-                f"no pod can host it: {refusal.message}",
-                self.pods.now_ms(),
-                forget=created,
-            )
+            try:
+                await self.store.end_queued(
+                    job_id,
+                    "FAILED",
+                    f"no pod can host it: {refusal.message}",
+                    self.pods.now_ms(),
+                    forget=created,
+                )
+                ended = True
+            except Conflict:  # MOVED on meanwhile
+                ended = False
             if ended:
                 self.log.info(
                     "job %s: every pod refused it as invalid: %s",
@@ -173,13 +178,14 @@ class Forwarder:
                 return SubmitResult(await self.jobs.job_record(job_id), created, outcome=last)
             record = await self.jobs.job_record(job_id)
         if record.phase == QUEUED and req.spec.when_no_capacity == FAIL:
-            await self.store.end_queued(
-                job_id,
-                "FAILED",
-                f"refused: {last} (asked not to wait)",
-                self.pods.now_ms(),
-                forget=True,
-            )
+            with contextlib.suppress(Conflict):
+                await self.store.end_queued(
+                    job_id,
+                    "FAILED",
+                    f"refused: {last} (asked not to wait)",
+                    self.pods.now_ms(),
+                    forget=True,
+                )
             raise ResourceExhausted(
                 f"job {job_id} cannot be placed now and asked not to wait: {last}",
                 reason="NO_CAPACITY",

@@ -49,6 +49,7 @@ from services.cell_scheduler.store import (
     PLACED,
     QUEUED,
     CellJobRecord,
+    Conflict,
     b64,
 )
 
@@ -128,9 +129,9 @@ class CellJobs:
 
     async def queue_new(
         self, job_id: str, request: str, tenant: str, priority: int, reason: str, now_ms: int
-    ) -> int:
-        """A new job straight into the cell queue: 1 done, 0 the id exists already."""
-        ok, _ = await self.store.claim_new(
+    ) -> None:
+        """A new job straight into the cell queue (Conflict EXISTS: the id exists already)."""
+        await self.store.claim_new(
             job_id,
             fields={"req": request, "priority": priority},
             tenant=tenant,
@@ -142,7 +143,6 @@ class CellJobs:
             check_free=False,
             reason=reason,
         )
-        return ok
 
     async def claim_new(
         self,
@@ -156,12 +156,12 @@ class CellJobs:
         check_free: bool,
         expect_empty_queue: bool,
         now_ms: int,
-    ) -> tuple[int, str]:
-        """A new job bound to its first candidate, its blocks held: (1, token) claimed,
-        (0, "") the id exists already, (-1, "") the blocks went to others or jobs wait."""
+    ) -> str:
+        """A new job bound to its first candidate, its blocks held: the claim's token.
+        Conflict (store.claim_new): EXISTS, STALE (the blocks went to others) or WAITING."""
         token = self.new_token()
         now = now_ms
-        ok, _ = await self.store.claim_new(
+        await self.store.claim_new(
             job_id,
             fields=record_fields(request, r, cand, priority),
             tenant=tenant,
@@ -174,10 +174,8 @@ class CellJobs:
             reason=f"forwarding to pod {cand.pod_id}: {cand.reason}",
             expect_empty_queue=expect_empty_queue,
         )
-        if ok != 1:
-            return ok, ""
         self.pods.assume(cand.pod_id, r.needs, -1)
-        return ok, token
+        return token
 
     async def claim_queued(
         self,
@@ -195,18 +193,19 @@ class CellJobs:
         with `request`, an update changed the request the decision was made for)."""
         token = self.new_token()
         now = self.pods.now_ms() if now_ms is None else now_ms
-        ok, _ = await self.store.claim_queued(
-            job_id,
-            pod=cand.pod_id,
-            needs=r.needs,
-            token=token,
-            until_ms=now + self.forward_window_ms(),
-            now_ms=now,
-            check_free=check_free,
-            reason=reason,
-            request=request,
-        )
-        if ok != 1:
+        try:
+            await self.store.claim_queued(
+                job_id,
+                pod=cand.pod_id,
+                needs=r.needs,
+                token=token,
+                until_ms=now + self.forward_window_ms(),
+                now_ms=now,
+                check_free=check_free,
+                reason=reason,
+                request=request,
+            )
+        except Conflict:  # MOVED, STALE or CHANGED
             return None
         self.pods.assume(cand.pod_id, r.needs, -1)
         return token
@@ -259,7 +258,7 @@ class CellJobs:
         n = len(job.history)
         if n < record.n:
             return record
-        _, _, after, _ = await self.store.mirror(
+        mirrored = await self.store.mirror(
             record.job_id,
             pod=record.pod,
             state=state_name(job.state),
@@ -267,7 +266,7 @@ class CellJobs:
             reason=job.reason,
             now_ms=self.pods.now_ms(),
         )
-        return after or record
+        return mirrored.record or record
 
     async def back_to_queue(
         self,
@@ -441,16 +440,17 @@ class CellJobs:
         for _ in range(MAX_PLAN_ATTEMPTS):
             record = await self.settled(await self.job_record(job_id))
             if record.phase == QUEUED:
-                ok, _ = await self.store.end_queued(
-                    job_id,
-                    "CANCELLED",
-                    "cancelled in the cell queue" + (f": {reason}" if reason else ""),
-                    self.pods.now_ms(),
-                )
-                if ok:
-                    self.log.info("job %s cancelled in the cell queue", job_id)
-                    return JobView(await self.job_record(job_id))
-                continue
+                try:
+                    await self.store.end_queued(
+                        job_id,
+                        "CANCELLED",
+                        "cancelled in the cell queue" + (f": {reason}" if reason else ""),
+                        self.pods.now_ms(),
+                    )
+                except Conflict:  # MOVED on meanwhile
+                    continue
+                self.log.info("job %s cancelled in the cell queue", job_id)
+                return JobView(await self.job_record(job_id))
             if record.phase == ENDED:
                 if record.state == "CANCELLED":
                     return JobView(record)
@@ -469,7 +469,7 @@ class CellJobs:
             job = await self.pods.call(pod, method, request)
         except PodCallError as err:
             raise err.relayed() from None
-        _, queued, record, freed = await self.store.mirror(
+        mirrored = await self.store.mirror(
             job_id,
             pod=pod,
             state=state_name(job.state),
@@ -478,11 +478,10 @@ class CellJobs:
             now_ms=self.pods.now_ms(),
             ended_here=True,
         )
-        if record is None:
-            record = await self.job_record(job_id)
-        if freed:
+        record = mirrored.record or await self.job_record(job_id)
+        if mirrored.freed:
             self.pods.assume(pod, record.needs, +1)
-        if queued:
+        if mirrored.queued:
             self._kick()  # blocks were freed and jobs wait in the cell queue
         return JobView(fresh(record, job), job)
 

@@ -1,9 +1,11 @@
 """CS-1, CS-5, CS-6: the cell's state in Redis — the pod registry, the cell's jobs, the queue.
 
 Every key is under the `{cell}` hash tag (services.common.keys.cell_key), so
-all of them live in one Redis Cluster slot and one Lua script may change any
-of them together. Scripts that walk a set of jobs (a pod's live jobs, a
-report's transitions) build those jobs' keys from the same prefix.
+all of them live in one Redis Cluster slot and one commit may change any of
+them together. Every change is a CellTxn (services.common.txn) whose ops are
+store.lua's; it declares every key it touches, the jobs of a set it walks (a
+pod's live or assumed jobs) too, and a failed check raises Conflict with one of
+the reasons below.
 
 Registry (CS-1):
 
@@ -28,7 +30,8 @@ Jobs (CS-5):
 
     lp:{cell}:job:<id>            hash  the job: request (as updated; req0 as first submitted),
                                         tenant, phase, pod, state, ...
-    lp:{cell}:job:<id>:events     list  the cell's own transitions of the job (JSON)
+    lp:{cell}:job:<id>:events     list  the cell's own transitions of the job (JSON; an end's
+                                        reason is the record's, stored once)
     lp:{cell}:jobs                zset  every job by submission sequence
     lp:{cell}:tenant:<t>:jobs     zset  a tenant's jobs by sequence
     lp:{cell}:pod:<p>:jobs        zset  jobs placed on a pod by sequence
@@ -37,7 +40,8 @@ Jobs (CS-5):
     lp:{cell}:forwarding          zset  jobs being forwarded -> until (ms)
     lp:{cell}:maybe               set   jobs a forward may have reached on a pod that then went silent
     lp:{cell}:seq                 string submission sequence
-    lp:{cell}:events              stream the cell's job transitions (WatchJob)
+    lp:{cell}:events              stream the cell's job transitions (WatchJob): job id and the
+                                        event's number in its list
 
 A job's phase in the cell: QUEUED (in the cell queue, no pod) → FORWARDING
 (claimed by one replica, bound to one pod, with a token and a deadline) →
@@ -58,13 +62,42 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
+from services.common import txn
 from services.common.keys import cell_key
+from services.common.txn import Conflict, Program
 
 QUEUED, FORWARDING, PLACED, ENDED = "QUEUED", "FORWARDING", "PLACED", "ENDED"
 FINAL = ("COMPLETED", "CANCELLED", "PREEMPTED", "FAILED")
 EVENT_STREAM_MAXLEN = 10_000
-# Queue score: (101 - priority) * 2^40 + sequence → priority first, then age.
+# Queue score: (PRIORITY_ABOVE - priority) * PRIORITY_STRIDE + sequence → priority first,
+# then age.
+PRIORITY_ABOVE = 101
 PRIORITY_STRIDE = 1 << 40
+
+# Conflict reasons: the job exists already; it is no longer in the phase (or on the pod,
+# or held by the token) the caller saw; the pod's free blocks (minus forwards in flight) no
+# longer cover it; jobs wait in the cell queue that the decision did not know of; an update
+# changed the request the decision was made for; the pod is not registered.
+EXISTS, MOVED, STALE, WAITING, CHANGED, UNKNOWN_POD = (
+    "exists",
+    "moved",
+    "stale",
+    "queue",
+    "changed",
+    "unknown pod",
+)
+
+# Every script of this store: services/common/txn.lua with store.lua's checks and ops.
+PROGRAM = Program(
+    __package__,
+    "store.lua",
+    {
+        "FINAL": list(FINAL),
+        "EVENT_STREAM_MAXLEN": EVENT_STREAM_MAXLEN,
+        "PRIORITY_ABOVE": PRIORITY_ABOVE,
+        "PRIORITY_STRIDE": PRIORITY_STRIDE,
+    },
+)
 
 
 def pad_id(stream_id: str) -> str:
@@ -90,7 +123,7 @@ def unb64(text: str) -> bytes:
     return base64.b64decode(text.encode())
 
 
-# The fields of a job record the service reads, in the order scripts return them.
+# The fields of a job record the service reads.
 RECORD_FIELDS = (
     "req",
     "tenant",
@@ -116,468 +149,6 @@ RECORD_FIELDS = (
     "needs",
     "req0",
 )
-
-_PRELUDE = r"""
-local FINAL = {COMPLETED=true, CANCELLED=true, PREEMPTED=true, FAILED=true}
-local RECORD_FIELDS = {"req", "tenant", "priority", "seq", "phase", "state", "reason", "pod", "created_ms", "updated_ms", "pod_state", "n", "token", "until", "spec", "chips", "blocks", "derived", "why", "refused", "maybe", "needs", "req0"}
-local function record(jk) return redis.call("HMGET", jk, unpack(RECORD_FIELDS)) end
--- One HSET of a decoded JSON object's fields plus `more` (a flat field, value list).
-local function hset_all(jk, fields, more)
-  for k, v in pairs(fields) do more[#more + 1] = k; more[#more + 1] = v end
-  redis.call("HSET", jk, unpack(more))
-end
-local function cell_event(prefix, job, from, to, reason, pod, now)
-  local jk = prefix .. "job:" .. job
-  local n = redis.call("HINCRBY", jk, "nev", 1)
-  local e = cjson.encode({job=job, from=from, to=to, reason=reason, pod=pod, at=tonumber(now), n=n})
-  redis.call("RPUSH", jk .. ":events", e)
-  redis.call("XADD", prefix .. "events", "MAXLEN", "~", 10000, "*", "job", job, "e", e)
-end
-local function release_hold(prefix, jk, pod)
-  local hold = redis.call("HGET", jk, "hold")
-  if hold and hold ~= "" then
-    for t, n in pairs(cjson.decode(hold)) do
-      redis.call("HINCRBY", prefix .. "held", pod .. "|" .. t, -n)
-    end
-  end
-  redis.call("HDEL", jk, "hold")
-  return hold
-end
-local function enough_free(prefix, pod, needs)
-  for t, n in pairs(needs) do
-    local free = tonumber(redis.call("HGET", prefix .. "free", pod .. "|" .. t) or "0")
-    local held = tonumber(redis.call("HGET", prefix .. "held", pod .. "|" .. t) or "0")
-    if free - held < n then return false end
-  end
-  return true
-end
--- Assumptions (pod:<p>:assumed, and on the job: "asm" = hold | take | free, "asm_n" = the
--- blocks, "tk_at" / "end_at" = the pod's event that took / freed them, once reported):
--- what the cell assumes about a pod's blocks before a capacity report shows it. A report is
--- versioned by the pod's event stream tip read with its state, so it shows an assumption
--- exactly when its version is at or past that event; until then the report's free blocks
--- are corrected by it (a report read before a placement never gives the blocks back).
-local function assume(prefix, jk, job, pod, kind, needs_json, now)
-  redis.call("SADD", prefix .. "pod:" .. pod .. ":assumed", job)
-  redis.call("HSET", jk, "asm", kind, "asm_n", needs_json, "asm_ms", now)
-end
-local function unassume(prefix, jk, job, pod)
-  redis.call("SREM", prefix .. "pod:" .. pod .. ":assumed", job)
-  redis.call("HDEL", jk, "asm", "asm_n", "asm_ms")
-end
-local function shown(at, version) return at ~= nil and at ~= false and at ~= "" and at <= version end
-local function take_hold(prefix, jk, pod, needs_json, job, now)
-  for t, n in pairs(cjson.decode(needs_json)) do
-    redis.call("HINCRBY", prefix .. "held", pod .. "|" .. t, n)
-  end
-  redis.call("HSET", jk, "hold", needs_json)
-  redis.call("HDEL", jk, "tk_at", "end_at")
-  assume(prefix, jk, job, pod, "hold", needs_json, now)
-end
--- A pod was heard from: it is no longer suspect, and if it was marked silent its
--- jobs show their last known state again (CS-6). Returns 1 if it was silent.
-local function alive(prefix, pod, endpoint, now)
-  redis.call("ZADD", prefix .. "seen", now, pod)
-  if endpoint ~= "" then
-    redis.call("HSET", prefix .. "endpoints:" .. pod, endpoint, now)
-    redis.call("HSET", prefix .. "endpoint", pod, endpoint)
-  end
-  redis.call("HDEL", prefix .. "suspect", pod)
-  if redis.call("SREM", prefix .. "down", pod) == 0 then return 0 end
-  for _, job in ipairs(redis.call("SMEMBERS", prefix .. "pod:" .. pod .. ":live")) do
-    local jk = prefix .. "job:" .. job
-    local f = redis.call("HMGET", jk, "state", "pod_state", "phase")
-    if f[1] == "UNKNOWN" and f[3] == "PLACED" then
-      local back = f[2] or "PENDING"
-      redis.call("HSET", jk, "state", back, "reason", "pod " .. pod .. " answers again", "updated_ms", now)
-      cell_event(prefix, job, "UNKNOWN", back, "pod " .. pod .. " answers again", pod, now)
-    end
-  end
-  return 1
-end
-local function queue_again(prefix, jk, job)
-  local f = redis.call("HMGET", jk, "priority", "seq")
-  local score = (101 - tonumber(f[1])) * 1099511627776 + tonumber(f[2])
-  redis.call("ZADD", prefix .. "queue", score, job)
-end
-"""
-
-_REGISTER = (
-    _PRELUDE
-    + r"""
--- ARGV: prefix, pod, registration, endpoint, now, events tip (padded)
-local prefix, pod, reg, endpoint, now, tip = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
-redis.call("HSET", prefix .. "pods", pod, reg)
-if redis.call("HEXISTS", prefix .. "ack", pod) == 0 then
-  redis.call("HSET", prefix .. "ack", pod, tip)
-end
-return alive(prefix, pod, endpoint, now)
-"""
-)
-
-_REPORT = (
-    _PRELUDE
-    + r"""
--- ARGV: prefix, pod, endpoint, now, capacity, version, free JSON, after, until, transitions JSON,
---       how long (ms) an assumption no report shows may stand
-local prefix, pod, endpoint, now = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
-local cap, version, free_json, after, upto, trs = ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARGV[9], ARGV[10]
-local assume_ms = tonumber(ARGV[11])
-if redis.call("HEXISTS", prefix .. "pods", pod) == 0 then return {-1, "", 0, 0} end
-local returned = alive(prefix, pod, endpoint, now)
-local wake = 0
-local assumed = prefix .. "pod:" .. pod .. ":assumed"
-local ack = redis.call("HGET", prefix .. "ack", pod) or ""
-local down = redis.call("SISMEMBER", prefix .. "down", pod) == 1
-if after <= ack then
-  for _, tr in ipairs(cjson.decode(trs)) do
-    -- tr = {stream id (padded), job, seq, from, to, at, reason}
-    if tr[1] > ack then
-      local jk = prefix .. "job:" .. tr[2]
-      local f = redis.call("HMGET", jk, "pod", "phase", "n", "fwd_ms", "asm", "tk_at", "end_at")
-      -- A transition older than this forward belongs to an earlier attempt on the pod
-      -- (one it refused and forgot, numbered from 1 again): never this attempt's state.
-      if f[1] == pod and (f[2] == "PLACED" or f[2] == "FORWARDING")
-          and tonumber(tr[6]) >= tonumber(f[4] or "0") then
-        if tr[3] > tonumber(f[3] or "0") then
-          redis.call("HSET", jk, "pod_state", tr[5], "n", tr[3], "updated_ms", tr[6])
-          if f[2] == "PLACED" then
-            redis.call("HSET", jk, "reason", tr[7])
-            if not down then redis.call("HSET", jk, "state", tr[5]) end
-            if FINAL[tr[5]] then redis.call("SREM", prefix .. "pod:" .. pod .. ":live", tr[2]) end
-          end
-        end
-        -- The events that took and freed the blocks of an assumption: a report at or
-        -- past them shows it.
-        if f[5] and not f[6] and (tr[5] == "WIRING" or tr[5] == "RUNNING") then
-          redis.call("HSET", jk, "tk_at", tr[1])
-        elseif f[5] == "free" and not f[7] and FINAL[tr[5]] then
-          redis.call("HSET", jk, "end_at", tr[1])
-        end
-      end
-    end
-  end
-  if upto > ack then
-    ack = upto
-    redis.call("HSET", prefix .. "ack", pod, ack)
-  end
-end
-local old = redis.call("HGET", prefix .. "capver", pod) or ""
-if version >= old then
-  local changed = redis.call("HGET", prefix .. "capacity", pod) ~= cap
-  redis.call("HSET", prefix .. "capacity", pod, cap)
-  redis.call("HSET", prefix .. "capver", pod, version)
-  local free = cjson.decode(free_json)
-  -- The report's free blocks, corrected by what the cell assumes that it does not show.
-  for _, job in ipairs(redis.call("SMEMBERS", assumed)) do
-    local jk = prefix .. "job:" .. job
-    local a = redis.call("HMGET", jk, "asm", "asm_n", "tk_at", "end_at", "asm_ms")
-    local sign, done = 0, false
-    if a[1] == "hold" then
-      -- In flight, counted in `held`; once the pod shows the blocks taken, not twice.
-      if shown(a[3], version) then sign = 1 end
-    elseif a[1] == "take" then
-      if shown(a[3], version) then done = true else sign = -1 end
-    elseif a[1] == "free" then
-      -- Freed through the cell: a report that shows the blocks taken but not freed.
-      if shown(a[4], version) then done = true elseif shown(a[3], version) then sign = 1 end
-    else
-      done = true  -- the job is gone
-    end
-    if done or (a[1] ~= "hold" and tonumber(now) - tonumber(a[5] or "0") > assume_ms) then
-      unassume(prefix, jk, job, pod)  -- shown (or past its time: the report is the truth)
-      sign = 0
-    end
-    if sign ~= 0 then
-      for t, n in pairs(cjson.decode(a[2])) do
-        if free[t] ~= nil then free[t] = free[t] + sign * n end
-      end
-    end
-  end
-  for t, n in pairs(free) do
-    redis.call("HSET", prefix .. "free", pod .. "|" .. t, math.max(0, n))
-  end
-  -- New capacity and jobs waiting in the cell queue: time for a dispatch pass.
-  if changed and redis.call("ZCARD", prefix .. "queue") > 0 then wake = 1 end
-end
-return {1, ack, returned, wake}
-"""
-)
-
-_CLAIM_NEW = (
-    _PRELUDE
-    + r"""
--- ARGV: prefix, job, fields JSON, tenant, pod ("" = queue), needs JSON, token, until, now,
---       check free (0/1), event reason, check the cell queue is empty (0/1)
-local prefix, job, fields, tenant, pod = ARGV[1], ARGV[2], cjson.decode(ARGV[3]), ARGV[4], ARGV[5]
-local needs_json, token, upto, now, check, reason = ARGV[6], ARGV[7], ARGV[8], ARGV[9], ARGV[10], ARGV[11]
-local jk = prefix .. "job:" .. job
-if redis.call("EXISTS", jk) == 1 then return {0, redis.call("HGET", jk, "phase") or ""} end
-if pod ~= "" and check == "1" and not enough_free(prefix, pod, cjson.decode(needs_json)) then
-  return {-1, "stale"}
-end
-if ARGV[12] == "1" and redis.call("ZCARD", prefix .. "queue") > 0 then
-  return {-1, "queue"}  -- decided as if nobody waited in the cell queue: decide again
-end
-local seq = redis.call("INCR", prefix .. "seq")
-hset_all(jk, fields, {"seq", seq, "tenant", tenant, "state", "PENDING", "reason", reason,
-  "created_ms", now, "updated_ms", now, "n", 0})
-redis.call("ZADD", prefix .. "jobs", seq, job)
-redis.call("ZADD", prefix .. "tenant:" .. tenant .. ":jobs", seq, job)
-if pod ~= "" then
-  redis.call("HSET", jk, "phase", "FORWARDING", "pod", pod, "token", token, "until", upto,
-    "fwd_ms", now)
-  take_hold(prefix, jk, pod, needs_json, job, now)
-  redis.call("ZADD", prefix .. "forwarding", upto, job)
-else
-  redis.call("HSET", jk, "phase", "QUEUED", "pod", "")
-  queue_again(prefix, jk, job)
-end
-cell_event(prefix, job, "", "PENDING", reason, pod, now)
-return {1, tostring(seq)}
-"""
-)
-
-_CLAIM_QUEUED = (
-    _PRELUDE
-    + r"""
--- ARGV: prefix, job, pod, needs JSON, token, until, now, check free (0/1), event reason,
---       the request the decision was made for ("" = any)
-local prefix, job, pod, needs_json, token, upto, now, check, reason =
-  ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARGV[9]
-local jk = prefix .. "job:" .. job
-local phase = redis.call("HGET", jk, "phase")
-if phase ~= "QUEUED" then return {0, phase or ""} end
--- an update (UpdateJob) changed the request since the decision: decide again with it
-if ARGV[10] ~= "" and redis.call("HGET", jk, "req") ~= ARGV[10] then return {-1, "changed"} end
-if check == "1" and not enough_free(prefix, pod, cjson.decode(needs_json)) then return {-1, "stale"} end
-redis.call("ZREM", prefix .. "queue", job)
-redis.call("HSET", jk, "phase", "FORWARDING", "pod", pod, "token", token, "until", upto,
-  "reason", reason, "updated_ms", now, "n", 0, "pod_state", "", "fwd_ms", now)
-take_hold(prefix, jk, pod, needs_json, job, now)
-redis.call("ZADD", prefix .. "forwarding", upto, job)
-cell_event(prefix, job, "PENDING", "PENDING", reason, pod, now)
-return {1, ""}
-"""
-)
-
-_PLACED = (
-    _PRELUDE
-    + r"""
--- ARGV: prefix, job, token, pod, state, n, reason, fields JSON, now
-local prefix, job, token, pod, state, n, reason, fields, now =
-  ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], tonumber(ARGV[6]), ARGV[7], cjson.decode(ARGV[8]), ARGV[9]
-local jk = prefix .. "job:" .. job
-local f = redis.call("HMGET", jk, "phase", "token", "n", "seq")
-if f[1] ~= "FORWARDING" or f[2] ~= token then return {0, f[1] or ""} end
-local hold = release_hold(prefix, jk, pod)
-unassume(prefix, jk, job, pod)
-if hold and (state == "WIRING" or state == "RUNNING") then
-  -- The blocks are gone: counted so until a report of the pod shows them taken (a report
-  -- that shows them already counted them, and held them in flight: net the same).
-  for t, k in pairs(cjson.decode(hold)) do redis.call("HINCRBY", prefix .. "free", pod .. "|" .. t, -k) end
-  local version = redis.call("HGET", prefix .. "capver", pod) or ""
-  if not shown(redis.call("HGET", jk, "tk_at"), version) then
-    assume(prefix, jk, job, pod, "take", hold, now)
-  end
-end
-if hold then redis.call("HSET", jk, "needs", hold) end
-redis.call("ZREM", prefix .. "forwarding", job)
-hset_all(jk, fields, {"phase", "PLACED", "token", "", "updated_ms", now})
-if n >= tonumber(f[3] or "0") then
-  redis.call("HSET", jk, "pod_state", state, "n", n, "reason", reason)
-else
-  state = redis.call("HGET", jk, "pod_state")
-end
-local down = redis.call("SISMEMBER", prefix .. "down", pod) == 1
-redis.call("HSET", jk, "state", down and "UNKNOWN" or state)
-redis.call("ZADD", prefix .. "pod:" .. pod .. ":jobs", f[4], job)
-if not FINAL[state] then redis.call("SADD", prefix .. "pod:" .. pod .. ":live", job) end
-return {1, record(jk)}
-"""
-)
-
-_UNBIND = (
-    _PRELUDE
-    + r"""
--- ARGV: prefix, job, token, pod, kind ("refused" | "uncertain"), capacity version, reason, now
-local prefix, job, token, pod, kind, version, reason, now =
-  ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8]
-local jk = prefix .. "job:" .. job
-local f = redis.call("HMGET", jk, "phase", "token", "refused", "maybe")
-if f[1] ~= "FORWARDING" or f[2] ~= token then return {0, f[1] or ""} end
-local hold = release_hold(prefix, jk, pod)
--- A report showed the blocks taken (the pod may have the job after all) and counted them
--- in flight too: they stay counted as taken until the next report.
-if hold and redis.call("HGET", jk, "asm") == "hold"
-    and shown(redis.call("HGET", jk, "tk_at"), redis.call("HGET", prefix .. "capver", pod) or "") then
-  for t, k in pairs(cjson.decode(hold)) do redis.call("HINCRBY", prefix .. "free", pod .. "|" .. t, -k) end
-end
-unassume(prefix, jk, job, pod)
-redis.call("ZREM", prefix .. "forwarding", job)
-if kind == "refused" then
-  local refused = (f[3] and f[3] ~= "") and cjson.decode(f[3]) or {}
-  refused[pod] = version
-  redis.call("HSET", jk, "refused", cjson.encode(refused))
-else
-  local maybe = (f[4] and f[4] ~= "") and cjson.decode(f[4]) or {}
-  local seen = false
-  for _, p in ipairs(maybe) do if p == pod then seen = true end end
-  if not seen then table.insert(maybe, pod) end
-  redis.call("HSET", jk, "maybe", cjson.encode(maybe))
-  redis.call("SADD", prefix .. "maybe", job)
-end
-redis.call("HSET", jk, "phase", "QUEUED", "pod", "", "token", "", "pod_state", "", "n", 0,
-  "reason", reason, "updated_ms", now)
-queue_again(prefix, jk, job)
-cell_event(prefix, job, "PENDING", "PENDING", reason, "", now)
-return {1, ""}
-"""
-)
-
-_END_QUEUED = (
-    _PRELUDE
-    + r"""
--- ARGV: prefix, job, final state, reason, now, forget (1: delete the job, when nothing may exist of it)
-local prefix, job, final, reason, now, forget = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
-local jk = prefix .. "job:" .. job
-local f = redis.call("HMGET", jk, "phase", "maybe", "tenant")
-if f[1] ~= "QUEUED" then return {0, f[1] or ""} end
-redis.call("ZREM", prefix .. "queue", job)
-if forget == "1" and (not f[2] or f[2] == "" or f[2] == "[]") then
-  redis.call("DEL", jk, jk .. ":events")
-  redis.call("ZREM", prefix .. "jobs", job)
-  redis.call("ZREM", prefix .. "tenant:" .. f[3] .. ":jobs", job)
-  return {1, "forgotten"}
-end
-redis.call("HSET", jk, "phase", "ENDED", "state", final, "reason", reason, "updated_ms", now)
-cell_event(prefix, job, "PENDING", final, reason, "", now)
-return {1, final}
-"""
-)
-
-_MIRROR = (
-    _PRELUDE
-    + r"""
--- ARGV: prefix, job, pod, state, n, reason, now, ended here (1: the pod's answer to a
--- complete/cancel through the cell: its blocks are free again)
-local prefix, job, pod, state, n, reason, now, ended =
-  ARGV[1], ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[5]), ARGV[6], ARGV[7], ARGV[8]
-local jk = prefix .. "job:" .. job
-local f = redis.call("HMGET", jk, "pod", "phase", "n", "pod_state", "needs")
-if f[1] ~= pod or f[2] ~= "PLACED" or n < tonumber(f[3] or "0") then
-  return {0, 0, record(jk), 0}
-end
-redis.call("HSET", jk, "pod_state", state, "n", n, "reason", reason, "updated_ms", now)
-if redis.call("SISMEMBER", prefix .. "down", pod) == 0 then redis.call("HSET", jk, "state", state) end
-local final = state == "COMPLETED" or state == "CANCELLED" or state == "PREEMPTED" or state == "FAILED"
-local freed = 0
-if final then
-  redis.call("SREM", prefix .. "pod:" .. pod .. ":live", job)
-  if ended == "1" and (f[4] == "RUNNING" or f[4] == "WIRING") and f[5] then
-    -- Its blocks are free: counted so until a report of the pod shows them freed.
-    for t, k in pairs(cjson.decode(f[5])) do redis.call("HINCRBY", prefix .. "free", pod .. "|" .. t, k) end
-    assume(prefix, jk, job, pod, "free", f[5], now)
-    freed = 1
-  end
-end
-return {1, redis.call("ZCARD", prefix .. "queue"), record(jk), freed}
-"""
-)
-
-_UPDATE = (
-    _PRELUDE
-    + r"""
--- ARGV: prefix, job, phase (QUEUED | PLACED), pod, request, priority, pod spec ("" = keep),
---       event reason ("" = none), now: a job's priority or labels changed (UpdateJob)
-local prefix, job, phase, pod, req, priority, spec, reason, now =
-  ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARGV[9]
-local jk = prefix .. "job:" .. job
-local f = redis.call("HMGET", jk, "phase", "pod", "req")
-if f[1] ~= phase or (phase == "PLACED" and f[2] ~= pod) then return {0, f[1] or ""} end
--- the request as submitted stays the idempotency key of SubmitJob
-redis.call("HSETNX", jk, "req0", f[3])
-redis.call("HSET", jk, "req", req, "priority", priority, "updated_ms", now)
-if spec ~= "" then redis.call("HSET", jk, "spec", spec) end
-if phase == "QUEUED" then
-  queue_again(prefix, jk, job)  -- its new place: priority, then age
-  cell_event(prefix, job, "PENDING", "PENDING", reason, "", now)
-end
-return {1, record(jk)}
-"""
-)
-
-_MARK_DOWN = (
-    _PRELUDE
-    + r"""
--- ARGV: prefix, pod, now, timeout ms
-local prefix, pod, now, timeout = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
-local seen = tonumber(redis.call("ZSCORE", prefix .. "seen", pod) or "0")
-if seen >= now - timeout or redis.call("SISMEMBER", prefix .. "down", pod) == 1 then return -1 end
-redis.call("SADD", prefix .. "down", pod)
-local count = 0
-local silent = math.floor((now - seen) / 1000)
-for _, job in ipairs(redis.call("SMEMBERS", prefix .. "pod:" .. pod .. ":live")) do
-  local jk = prefix .. "job:" .. job
-  local f = redis.call("HMGET", jk, "phase", "state")
-  if f[1] == "PLACED" and f[2] ~= "UNKNOWN" and not FINAL[f[2]] then
-    local why = "pod " .. pod .. " has not answered for " .. silent .. " s; last known: " .. f[2]
-    redis.call("HSET", jk, "state", "UNKNOWN", "reason", why, "updated_ms", now)
-    cell_event(prefix, job, f[2], "UNKNOWN", why, pod, now)
-    count = count + 1
-  end
-end
-return count
-"""
-)
-
-_TAKE_OVER = r"""
--- ARGV: prefix, job, new token, until, now: a forward whose deadline passed (its replica died)
-local prefix, job, token, upto, now = ARGV[1], ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[5])
-local jk = prefix .. "job:" .. job
-local f = redis.call("HMGET", jk, "phase", "until", "pod")
-if f[1] ~= "FORWARDING" or tonumber(f[2] or "0") >= now then return {0, ""} end
-redis.call("HSET", jk, "token", token, "until", upto)
-redis.call("ZADD", prefix .. "forwarding", upto, job)
-return {1, f[3]}
-"""
-
-_ADOPT = (
-    _PRELUDE
-    + r"""
--- ARGV: prefix, job, pod, state, n, reason, fields JSON, now: a queued job found on a pod
-local prefix, job, pod, state, n, reason, fields, now =
-  ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], cjson.decode(ARGV[7]), ARGV[8]
-local jk = prefix .. "job:" .. job
-local f = redis.call("HMGET", jk, "phase", "seq")
-if f[1] ~= "QUEUED" then return 0 end
-redis.call("ZREM", prefix .. "queue", job)
-hset_all(jk, fields, {"phase", "PLACED", "pod", pod, "pod_state", state, "n", n, "state", state,
-  "reason", reason, "updated_ms", now})
-redis.call("ZADD", prefix .. "pod:" .. pod .. ":jobs", f[2], job)
-if not FINAL[state] then redis.call("SADD", prefix .. "pod:" .. pod .. ":live", job) end
-cell_event(prefix, job, "PENDING", state, "found on pod " .. pod .. " after it answered again", pod, now)
-return 1
-"""
-)
-
-_FORGET_MAYBE = r"""
--- ARGV: prefix, job, pod: a pod that may have got the job does not have it (or it was dealt with)
-local prefix, job, pod = ARGV[1], ARGV[2], ARGV[3]
-local jk = prefix .. "job:" .. job
-local raw = redis.call("HGET", jk, "maybe")
-local left = {}
-if raw and raw ~= "" then
-  for _, p in ipairs(cjson.decode(raw)) do if p ~= pod then table.insert(left, p) end end
-end
-if #left == 0 then
-  redis.call("HDEL", jk, "maybe")
-  redis.call("SREM", prefix .. "maybe", job)
-else
-  redis.call("HSET", jk, "maybe", cjson.encode(left))
-end
-return #left
-"""
 
 
 @dataclass(frozen=True)
@@ -673,37 +244,110 @@ def _i(v: Any) -> int:
     return int(float(v)) if v not in (None, "") else 0
 
 
+@dataclass(frozen=True)
+class Reported:
+    """A heartbeat applied: the transitions acknowledged up to `ack`; whether the pod came
+    back from silent; whether the cell queue should be looked at again."""
+
+    ack: str
+    returned: bool
+    wake: bool
+
+
+@dataclass(frozen=True)
+class Mirrored:
+    """A pod's answer followed (`applied`, or not: the cell had a newer one): the record
+    after, how many jobs wait in the cell queue, and whether the job's blocks count as
+    free until the pod reports."""
+
+    applied: bool
+    record: CellJobRecord | None
+    queued: int = 0
+    freed: bool = False
+
+
+class CellTxn(txn.Txn):
+    """A commit of the cell's state about `pod` (and `tenant`): declares every key the
+    store's ops may name (services/cell_scheduler/store.lua), jobs as the families "job"
+    (the hash) and "ev" (its events)."""
+
+    def __init__(self, pod: str = "", tenant: str = "", jobs: Iterable[str] = ()):
+        super().__init__(families={"job": _job_key, "ev": _events_key})
+        for name in _CELL_KEYS:
+            self.name(name, cell_key(name))
+        if pod:
+            self.name("endpoints", cell_key("endpoints", pod))
+            for name, part in (("assumed", "assumed"), ("live", "live"), ("podjobs", "jobs")):
+                self.name(name, cell_key("pod", pod, part))
+        if tenant:
+            self.name("tenantjobs", cell_key("tenant", tenant, "jobs"))
+        for job_id in jobs:
+            self.job(job_id)
+
+    def job(self, job_id: str) -> str:
+        """Declare a job's hash and events; the hash's key."""
+        self.member("job", job_id)
+        self.member("ev", job_id)
+        return _job_key(job_id)
+
+    def expect_phase(self, job_id: str, phases: Iterable[str]) -> None:
+        self.expect(
+            _job_key(job_id),
+            "phase",
+            phases,
+            reason=MOVED,
+            message=f"job {job_id} is {{}}",
+            absent=f"job {job_id} does not exist",
+        )
+
+    def expect_value(self, job_id: str, f: str, value: str, *, reason: str = MOVED) -> None:
+        self.expect(
+            _job_key(job_id), f, [value], reason=reason, message=f"job {job_id}: {f} is {{}}"
+        )
+
+    def read_record(self, job_id: str) -> None:
+        self.read("HMGET", _job_key(job_id), *RECORD_FIELDS)
+
+
+# The cell's keys that are one per cell (store.lua names them as these).
+_CELL_KEYS = (
+    *("pods", "seen", "endpoint", "capacity", "capver", "free", "held", "ack", "suspect"),
+    *("down", "jobs", "queue", "forwarding", "maybe", "seq", "events"),
+)
+
+
+def _job_key(job_id: str) -> str:
+    return cell_key("job", job_id)
+
+
+def _events_key(job_id: str) -> str:
+    return cell_key("job", job_id, "events")
+
+
+def _fields(fields: Mapping[str, Any]) -> str:
+    return json.dumps({k: str(v) for k, v in fields.items()})
+
+
 class CellStore:
     """Redis persistence of the cell (CS-1, CS-5, CS-6)."""
 
     def __init__(self, redis: aioredis.Redis):
         # decode_responses=True: every reply is str (the stubs' bytes | str unions do not apply).
         self.redis: Any = redis
-        self.prefix = cell_key("x")[: -len("x")]  # "lp:{cell}:"
-        self._register = redis.register_script(_REGISTER)
-        self._report = redis.register_script(_REPORT)
-        self._claim_new = redis.register_script(_CLAIM_NEW)
-        self._claim_queued = redis.register_script(_CLAIM_QUEUED)
-        self._placed = redis.register_script(_PLACED)
-        self._unbind = redis.register_script(_UNBIND)
-        self._end_queued = redis.register_script(_END_QUEUED)
-        self._mirror = redis.register_script(_MIRROR)
-        self._mark_down = redis.register_script(_MARK_DOWN)
-        self._take_over = redis.register_script(_TAKE_OVER)
-        self._adopt = redis.register_script(_ADOPT)
-        self._forget_maybe = redis.register_script(_FORGET_MAYBE)
-        self._update = redis.register_script(_UPDATE)
+        self._script = PROGRAM.bind(redis)
 
     def key(self, *parts: object) -> str:
         return cell_key(*parts)
 
     def job_key(self, job_id: str) -> str:
-        return cell_key("job", job_id)
+        return _job_key(job_id)
 
-    async def _run(self, script, *args: Any) -> Any:
-        # Every key is derived from the prefix inside the scripts (one hash tag, one slot);
-        # the prefix is passed as the one declared key's sibling so the script's slot is known.
-        return await script(keys=[self.key("seq")], args=[self.prefix, *args])
+    async def _try(self, t: CellTxn) -> txn.Committed | None:
+        """The commit, or None when a check failed (the job moved on meanwhile)."""
+        try:
+            return await self._script.commit(t)
+        except Conflict:
+            return None
 
     # -- registry (CS-1) -----------------------------------------------------------
 
@@ -711,10 +355,11 @@ class CellStore:
         self, pod_id: str, registration_b64: str, endpoint: str, now_ms: int, tip: str
     ) -> bool:
         """Store a pod's registration; True if it had been marked silent."""
-        returned = await self._run(
-            self._register, pod_id, registration_b64, endpoint, now_ms, pad_id(tip)
-        )
-        return bool(int(returned))
+        t = CellTxn(pod_id)
+        live, down = cell_key("pod", pod_id, "live"), cell_key("down")
+        t.expect_declared(live, ["job", "ev"], if_in=(down, pod_id))
+        t.op("register", pod_id, registration_b64, endpoint, now_ms, pad_id(tip))
+        return bool(int((await self._script.commit(t))["returned"]))
 
     async def report(
         self,
@@ -729,13 +374,25 @@ class CellStore:
         until: str,
         transitions: Sequence[Sequence[Any]],
         assume_ms: int,
-    ) -> tuple[bool, str, bool, bool]:
-        """Apply a heartbeat: (known pod, ack, came back from silent, the cell queue should
-        be looked at again). The reported free blocks are corrected by the placements and
-        ends through the cell that the report does not show yet (its version predates the
-        pod's event of them), each for at most `assume_ms`."""
-        ok, ack, returned, wake = await self._run(
-            self._report,
+    ) -> Reported:
+        """Apply a heartbeat (Conflict UNKNOWN_POD when the pod is not registered). The
+        reported free blocks are corrected by the placements and ends through the cell
+        that the report does not show yet (its version predates the pod's event of them),
+        each for at most `assume_ms`."""
+        t = CellTxn(pod_id, jobs=sorted({str(tr[1]) for tr in transitions}))
+        t.expect_field(
+            cell_key("pods"),
+            pod_id,
+            True,
+            reason=UNKNOWN_POD,
+            message=f"pod {pod_id} is not registered",
+        )
+        t.expect_declared(
+            cell_key("pod", pod_id, "live"), ["job", "ev"], if_in=(cell_key("down"), pod_id)
+        )
+        t.expect_declared(cell_key("pod", pod_id, "assumed"), ["job"])
+        t.op(
+            "report",
             pod_id,
             endpoint,
             now_ms,
@@ -744,10 +401,11 @@ class CellStore:
             json.dumps(dict(free)),
             pad_id(after),
             pad_id(until),
-            json.dumps([[pad_id(t[0]), *t[1:]] for t in transitions]),
+            json.dumps([[pad_id(tr[0]), *tr[1:]] for tr in transitions]),
             assume_ms,
         )
-        return int(ok) == 1, unpad_id(ack), bool(int(returned)), bool(int(wake))
+        done = await self._script.commit(t)
+        return Reported(unpad_id(done["ack"]), bool(int(done["returned"])), bool(int(done["wake"])))
 
     async def snapshot(self, job_id: str | None = None, *, queue: bool = True) -> RegistrySnapshot:
         async with self.redis.pipeline(transaction=False) as pipe:
@@ -809,7 +467,10 @@ class CellStore:
 
     async def mark_down(self, pod_id: str, now_ms: int, timeout_ms: int) -> int:
         """Mark a silent pod down and its jobs UNKNOWN (CS-6); -1 if it is not (newly) silent."""
-        return int(await self._run(self._mark_down, pod_id, now_ms, timeout_ms))
+        t = CellTxn(pod_id)
+        t.expect_declared(cell_key("pod", pod_id, "live"), ["job", "ev"])
+        t.op("mark_down", pod_id, now_ms, timeout_ms)
+        return int((await self._script.commit(t))["count"])
 
     async def live_jobs(self, pod_id: str) -> list[str]:
         return sorted(await self.redis.smembers(self.key("pod", pod_id, "live")))
@@ -830,26 +491,32 @@ class CellStore:
         check_free: bool,
         reason: str,
         expect_empty_queue: bool = False,
-    ) -> tuple[int, str]:
-        """Create the job, bound to `pod` (or queued when pod is ""). (1, seq) when
-        created; (0, phase) when the id exists; (-1, why) when the pod's free blocks
-        (minus forwards in flight) no longer cover it, or jobs wait in the cell queue
-        that the decision did not know of."""
-        ok, detail = await self._run(
-            self._claim_new,
+    ) -> int:
+        """Create the job, bound to `pod` (or queued when pod is ""): its sequence. Conflict
+        EXISTS when the id exists; STALE when the pod's free blocks (minus forwards in
+        flight) no longer cover it; WAITING when jobs wait in the cell queue (with
+        `expect_empty_queue`: the decision did not know of them)."""
+        t = CellTxn(pod, tenant, [job_id])
+        t.expect_no_key(_job_key(job_id), reason=EXISTS, message=f"job {job_id} exists")
+        if pod and check_free:
+            t.check("enough", pod, json.dumps(dict(needs)))
+        if expect_empty_queue:
+            t.expect_no_key(
+                cell_key("queue"), reason=WAITING, message="jobs wait in the cell queue"
+            )
+        t.op(
+            "claim_new",
             job_id,
-            json.dumps({k: str(v) for k, v in fields.items()}),
+            _fields(fields),
             tenant,
             pod,
             json.dumps(dict(needs)),
             token,
             until_ms,
             now_ms,
-            "1" if check_free else "0",
             reason,
-            "1" if expect_empty_queue else "0",
         )
-        return int(ok), detail
+        return int((await self._script.commit(t))["seq"])
 
     async def claim_queued(
         self,
@@ -863,23 +530,24 @@ class CellStore:
         check_free: bool,
         reason: str,
         request: str = "",
-    ) -> tuple[int, str]:
-        """A queued job bound to `pod`: (1, "") claimed; (0, phase) no longer queued; (-1,
-        why) its blocks went ("stale") or, with `request`, its request is no longer the
-        one the decision was made for ("changed": updated meanwhile)."""
-        ok, detail = await self._run(
-            self._claim_queued,
-            job_id,
-            pod,
-            json.dumps(dict(needs)),
-            token,
-            until_ms,
-            now_ms,
-            "1" if check_free else "0",
-            reason,
-            request,
-        )
-        return int(ok), detail
+    ) -> None:
+        """A queued job bound to `pod`. Conflict MOVED when it is no longer queued; STALE
+        when its blocks went; with `request`, CHANGED when its request is no longer the
+        one the decision was made for (updated meanwhile)."""
+        t = CellTxn(pod, jobs=[job_id])
+        t.expect_phase(job_id, [QUEUED])
+        if request:
+            t.expect_value(job_id, "req", request, reason=CHANGED)
+        if check_free:
+            t.check("enough", pod, json.dumps(dict(needs)))
+        t.op("claim_queued", job_id, pod, json.dumps(dict(needs)), token, until_ms, now_ms, reason)
+        await self._script.commit(t)
+
+    def _forwarding(self, pod: str, job_id: str, token: str) -> CellTxn:
+        t = CellTxn(pod, jobs=[job_id])
+        t.expect_phase(job_id, [FORWARDING])
+        t.expect_value(job_id, "token", token)
+        return t
 
     async def placed(
         self,
@@ -895,20 +563,11 @@ class CellStore:
     ) -> CellJobRecord | None:
         """FORWARDING → PLACED on `pod`, the record as it is then; None if the token no
         longer holds the job."""
-        ok, detail = await self._run(
-            self._placed,
-            job_id,
-            token,
-            pod,
-            state,
-            n,
-            reason,
-            json.dumps({k: str(v) for k, v in fields.items()}),
-            now_ms,
-        )
-        if int(ok) != 1:
-            return None
-        return CellJobRecord.of(job_id, _row(detail))
+        t = self._forwarding(pod, job_id, token)
+        t.op("placed", job_id, pod, state, n, reason, _fields(fields), now_ms)
+        t.read_record(job_id)
+        done = await self._try(t)
+        return CellJobRecord.of(job_id, _row(done.reads[0])) if done else None
 
     async def unbind(
         self,
@@ -921,25 +580,26 @@ class CellStore:
         reason: str,
         now_ms: int,
     ) -> bool:
-        ok, _ = await self._run(
-            self._unbind,
-            job_id,
-            token,
-            pod,
-            "uncertain" if uncertain else "refused",
-            version,
-            reason,
-            now_ms,
-        )
-        return int(ok) == 1
+        """FORWARDING → QUEUED; False if the token no longer holds the job."""
+        t = self._forwarding(pod, job_id, token)
+        kind = "uncertain" if uncertain else "refused"
+        t.op("unbind", job_id, pod, kind, version, reason, now_ms)
+        return await self._try(t) is not None
 
     async def end_queued(
         self, job_id: str, final: str, reason: str, now_ms: int, *, forget: bool = False
-    ) -> tuple[bool, str]:
-        ok, detail = await self._run(
-            self._end_queued, job_id, final, reason, now_ms, "1" if forget else "0"
-        )
-        return int(ok) == 1, detail
+    ) -> str:
+        """End a job in the cell queue: its final state, or "forgotten" (with `forget`,
+        when no pod may have it: deleted). Conflict MOVED when it is no longer queued."""
+        tenant = ""
+        if forget:  # its tenant's index loses it: known before the commit, checked in it
+            tenant = await self.redis.hget(_job_key(job_id), "tenant") or ""
+        t = CellTxn(tenant=tenant, jobs=[job_id])
+        t.expect_phase(job_id, [QUEUED])
+        if forget:
+            t.expect_value(job_id, "tenant", tenant)
+        t.op("end_queued", job_id, final, reason, now_ms, int(forget))
+        return str((await self._script.commit(t))["outcome"])
 
     async def mirror(
         self,
@@ -951,16 +611,21 @@ class CellStore:
         reason: str,
         now_ms: int,
         ended_here: bool = False,
-    ) -> tuple[bool, int, CellJobRecord | None, bool]:
-        """Follow the pod's answer about a job (newer than what the cell has): (applied,
-        jobs in the cell queue, the record after, its blocks counted free). `ended_here`:
+    ) -> Mirrored:
+        """Follow the pod's answer about a job (newer than what the cell has). `ended_here`:
         the answer to a complete or cancel through the cell, whose freed blocks count as
         free until the pod reports."""
-        ok, queued, row, freed = await self._run(
-            self._mirror, job_id, pod, state, n, reason, now_ms, "1" if ended_here else "0"
-        )
-        record = CellJobRecord.of(job_id, _row(row))
-        return int(ok) == 1, int(queued), record, bool(int(freed))
+        t = CellTxn(pod, jobs=[job_id])
+        t.expect_value(job_id, "pod", pod)
+        t.expect_phase(job_id, [PLACED])
+        t.expect_number(_job_key(job_id), "n", "<=", n, reason=STALE)
+        t.op("mirror", job_id, pod, state, n, reason, now_ms, int(ended_here))
+        t.read_record(job_id)
+        done = await self._try(t)
+        if done is None:
+            return Mirrored(False, await self.job(job_id))
+        record = CellJobRecord.of(job_id, _row(done.reads[0]))
+        return Mirrored(True, record, int(done["queued"]), bool(int(done["freed"])))
 
     async def update(
         self,
@@ -977,17 +642,26 @@ class CellStore:
         """A job's new request and priority (UpdateJob), if it is still in `phase` (and on
         `pod`): in the cell queue it takes its new place, with an event; the record
         after, or None when the job moved on meanwhile."""
-        ok, row = await self._run(
-            self._update, job_id, phase, pod, request, priority, spec, reason, now_ms
-        )
-        if int(ok) != 1:
-            return None
-        return CellJobRecord.of(job_id, _row(row))
+        t = CellTxn(jobs=[job_id])
+        t.expect_phase(job_id, [phase])
+        if phase == PLACED:
+            t.expect_value(job_id, "pod", pod)
+        t.op("update", job_id, request, priority, spec, reason, now_ms)
+        t.read_record(job_id)
+        done = await self._try(t)
+        return CellJobRecord.of(job_id, _row(done.reads[0])) if done else None
 
     async def take_over(self, job_id: str, token: str, until_ms: int, now_ms: int) -> str | None:
         """Take a forward whose deadline passed; the pod it was bound to, or None."""
-        ok, pod = await self._run(self._take_over, job_id, token, until_ms, now_ms)
-        return pod if int(ok) == 1 else None
+        t = CellTxn()
+        k = _job_key(job_id)
+        t.expect_phase(job_id, [FORWARDING])
+        t.expect_number(k, "until", "<", now_ms, reason=MOVED)
+        t.hset(k, {"token": token, "until": until_ms})
+        t.zadd(cell_key("forwarding"), until_ms, job_id)
+        t.read("HGET", k, "pod")
+        done = await self._try(t)
+        return str(done.reads[0] or "") if done else None
 
     async def adopt(
         self,
@@ -1000,23 +674,17 @@ class CellStore:
         fields: Mapping[str, Any],
         now_ms: int,
     ) -> bool:
-        return bool(
-            int(
-                await self._run(
-                    self._adopt,
-                    job_id,
-                    pod,
-                    state,
-                    n,
-                    reason,
-                    json.dumps({k: str(v) for k, v in fields.items()}),
-                    now_ms,
-                )
-            )
-        )
+        """A queued job found on `pod` (it answered again) is placed there; False when it
+        is no longer queued."""
+        t = CellTxn(pod, jobs=[job_id])
+        t.expect_phase(job_id, [QUEUED])
+        t.op("adopt", job_id, pod, state, n, reason, _fields(fields), now_ms)
+        return await self._try(t) is not None
 
     async def forget_maybe(self, job_id: str, pod: str) -> None:
-        await self._run(self._forget_maybe, job_id, pod)
+        t = CellTxn(jobs=[job_id])
+        t.op("forget_maybe", job_id, pod)
+        await self._script.commit(t)
 
     async def job(self, job_id: str) -> CellJobRecord | None:
         return CellJobRecord.of(
@@ -1036,8 +704,18 @@ class CellStore:
         ]
 
     async def history(self, job_id: str, start: int = 0) -> list[dict[str, Any]]:
-        raw = await self.redis.lrange(self.key("job", job_id, "events"), start, -1)
-        return [json.loads(e) for e in raw]
+        """The cell's transitions of the job from the `start`-th (0-based). Free text is
+        stored once: an end's event takes its reason from the record (store.lua)."""
+        # (The record's reason is read after the events: an end's event is written with it.)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.lrange(_events_key(job_id), start, -1)
+            pipe.hget(_job_key(job_id), "reason")
+            raw, reason = await pipe.execute()
+        events = [json.loads(e) for e in raw]
+        for e in events:
+            if e.pop("reason_in", "") == "record":
+                e["reason"] = reason or ""
+        return events
 
     async def queue_position(self, job_id: str) -> int:
         """1-based place in the cell queue; 0 when the job is not in it."""
@@ -1084,5 +762,7 @@ class CellStore:
         return last[0][0] if last else "0-0"
 
     async def tail(self, after: str, block_ms: int = 1000) -> list[tuple[str, dict[str, str]]]:
+        """Entries of the cell's event stream after `after`: {"job": id, "n": the event's
+        number in the job's history}."""
         got = await self.redis.xread({self.key("events"): after}, block=block_ms, count=200)
         return [(eid, fields) for _stream, entries in got or [] for eid, fields in entries]

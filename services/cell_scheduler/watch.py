@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 from collections.abc import AsyncIterator, Mapping
@@ -79,7 +78,7 @@ class CellEventHub:
             for eid, fields in entries:
                 self._cursor = eid
                 for queue in self._subscribers.get(fields.get("job", ""), ()):
-                    queue.put_nowait(("cell", fields["e"]))
+                    queue.put_nowait(("cell", int(fields["n"])))
 
 
 def _cell_event_pb(e: Mapping[str, Any]) -> common_pb2.JobEvent:
@@ -148,10 +147,10 @@ async def _follow(
             kind, item = getter.result()
             getter = None
             if kind == "cell":
-                e = json.loads(item)
-                if int(e.get("n", 0)) > cell_sent:
-                    cell_sent = int(e["n"])
-                    yield _cell_event_pb(e)
+                if item > cell_sent:  # the event is stored once, in the job's history
+                    for e in await jobs.store.history(job_id, cell_sent):
+                        cell_sent = max(cell_sent, int(e.get("n", 0)))
+                        yield _cell_event_pb(e)
             elif kind == "pod":
                 relay_seen += 1
                 if relay_seen > pod_sent:

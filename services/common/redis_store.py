@@ -5,9 +5,9 @@ with backoff, so a Redis restart costs a few slow calls rather than a crashed
 service. Its pool is bounded (LIGHTPATH_REDIS_MAX_CONNECTIONS) and a call waits
 for a free connection at most LIGHTPATH_REDIS_POOL_TIMEOUT_S, then fails with a
 ConnectionError the server answers as UNAVAILABLE (services.common.errors).
-Keys come from services.common.keys; multi-key changes go through Lua
-(`client.register_script`, which re-loads a script a restarted Redis forgot) or
-MULTI/WATCH.
+Keys come from services.common.keys; multi-key changes go through the transaction
+primitive (services.common.txn: one Lua script per store, re-loaded when a restarted
+Redis forgot it) or MULTI/WATCH.
 
 `instrument(client)` (done by `connect` when a MeterProvider is installed) times
 every command: lightpath.redis.command.duration (s, by command; a pipeline or

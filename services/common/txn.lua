@@ -102,15 +102,16 @@ OPS.setpx = function(o) call("SET", KEYS[o[2]], o[3], "PX", o[4]) end
 OPS.xadd = function(o) call("XADD", KEYS[o[2]], "MAXLEN", "~", o[3], "*", unpack(o, 4)) end
 
 -- A job's transition: numbered by the job hash's "nev", appended to its history list and
--- to the stream with `extra` fields before "e" (the event's JSON, "n" added).
-local function job_event(jk, hk, sk, maxlen, e, extra)
+-- to the stream with `extra` fields before "e" (the event's JSON, "n" added) — or, when
+-- `brief`, before "n" only (the event is then stored once, in the history).
+local function job_event(jk, hk, sk, maxlen, e, extra, brief)
   e["n"] = call("HINCRBY", jk, "nev", 1)
   local s = cjson.encode(e)
   call("RPUSH", hk, s)
   local fields = {}
   for _, x in ipairs(extra) do fields[#fields + 1] = x end
-  fields[#fields + 1] = "e"
-  fields[#fields + 1] = s
+  fields[#fields + 1] = brief and "n" or "e"
+  fields[#fields + 1] = brief and e["n"] or s
   call("XADD", sk, "MAXLEN", "~", maxlen, "*", unpack(fields))
 end
 -- {"event", job key, history key, stream key, maxlen, event JSON, {extra stream fields}}

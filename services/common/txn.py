@@ -1,31 +1,27 @@
 """The one transaction primitive of every Redis store: declared keys, named checks, typed
 answers.
 
-A store builds a `Txn`: checks (what its decision assumed) and ops (the writes, and reads
-answered after them). `Script.commit(txn)` runs it as one Lua script, atomically: every
-check first, and when one fails nothing is written and `Conflict(reason)` is raised (the
-caller takes a new snapshot and decides again); otherwise every op, and a `Committed`
-with what the reads returned.
+A store builds a `Txn` of checks (what its decision assumed) and ops (writes, and reads
+answered after them); `Script.commit(txn)` runs it as one Lua script: every check first —
+when one fails nothing is written and `Conflict(reason)` is raised (take a new snapshot,
+decide again) — then every op, answering a `Committed`.
 
 - Every key a script touches is declared in KEYS (Redis Cluster, proxies and ACL key
-  patterns refuse scripts that reach other keys): the Txn registers a key as an op or a
-  check names it, by name (`Txn.name`, the Lua's `key(name)`) or as a member of a family
-  (`Txn.member`, the Lua's `member(family, id)`: one job's hash among many). A script that
-  walks a set whose members it cannot know in advance checks that the caller declared
-  them (`expect_declared`); when it did not, `commit` declares what the set holds and
-  runs the Txn again (and remembers them for the next Txn of that set).
-- The script is services/common/txn.lua (generic checks and ops, the runner) followed by
-  the store's own extension file (its CHECKS, OPS and AFTER hooks: see txn.lua), with the
-  store's constants as the Lua table `C`, made from the Python values: no constant is
-  written twice (`Program.undefined` names a `C.x` the Lua uses that Python does not
-  define; tests/common/test_txn.py checks every program). redis-py's Script runs it by
-  EVALSHA and loads it again (SCRIPT LOAD) when Redis answers NOSCRIPT (a restart).
+  patterns refuse scripts that reach others; txn.lua's `call` refuses them too): by KEYS
+  index, by name (`Txn.name`, the Lua's `key(name)`) or as a member of a family
+  (`Txn.member`, the Lua's `member(family, id)`). A script that walks a set checks that
+  its members were declared (`expect_declared`); when not, `commit` declares them, runs
+  again, and declares them up front the next time.
+- The script is txn.lua (generic checks and ops, the runner) followed by the store's own
+  extension file (its CHECKS, OPS and AFTER hooks), with the store's constants as the Lua
+  table `C`, made from the Python values (tests/common/test_txn.py checks that every `C.x`
+  is defined). redis-py's Script runs it by EVALSHA and loads it again on NOSCRIPT.
 
-API notes for stores built on this (keep them stable; say here when they change):
-`Txn(families={...})`, `k`, `name`, `member`, the `expect_*` checks, `check(name, ...)`,
-the write ops, `read`, `op(name, ...)`; `Program(package, file, constants)`,
-`program.bind(redis)` → `Script`, `await script.commit(txn)` → `Committed` (`reads`,
-`values` / `committed[name]`) or raises `Conflict` (`reason`, `value`, str = message).
+API for stores built on this (say here when it changes): `Txn(families=...)`, `k`, `name`,
+`member(s)`, the `expect_*` checks, `check(name, ...)`, the write ops, `read`, `job_event`
+(its Lua twin `job_event(jk, hk, sk, maxlen, e, extra, brief)`), `op(name, ...)`;
+`Program(package, file, constants).bind(redis)` → `Script`; `await script.commit(txn)` →
+`Committed` (`reads`, `committed[name]`) or `Conflict` (`reason`, `value`, str = message).
 """
 
 from __future__ import annotations

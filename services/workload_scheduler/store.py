@@ -50,14 +50,23 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import redis.asyncio as aioredis
 
 from lightpath.domain.blocks import PodFabric
-from lightpath.domain.slices import FINAL_STATES, QUEUED_STATES, RUNNING, SliceJob, chip_keys
+from lightpath.domain.slices import (
+    FINAL_STATES,
+    QUEUED_STATES,
+    RUNNING,
+    SUB_BLOCK_OWNER,
+    SliceJob,
+    chip_keys,
+)
+from services.common import txn
 from services.common.keys import pod_key
+from services.common.txn import Conflict, Program
 from services.workload_scheduler.placement import PodState
 
 EVENT_STREAM_MAXLEN = 10_000
@@ -65,267 +74,16 @@ EVENT_STREAM_MAXLEN = 10_000
 # transition, so a snapshot parses only what changed since the last one).
 PARSED_CACHE_LIMIT = 4096
 
-# The pod's snapshot in one atomic read: block health, owners, wiring marks, live jobs;
-# with a fifth key and ARGV[1], also the next admission sequence ("seq": INCR of the
-# key) or the id of the newest event ("tip": the event stream's last id, "0-0" if none).
-_SNAPSHOT_LUA = r"""
-local extra = 0
-if ARGV[1] == "seq" then
-  extra = redis.call("INCR", KEYS[5])
-elseif ARGV[1] == "tip" then
-  local last = redis.call("XREVRANGE", KEYS[5], "+", "-", "COUNT", 1)
-  extra = last[1] and last[1][1] or "0-0"
-end
-return {redis.call("HGETALL", KEYS[1]), redis.call("HGETALL", KEYS[2]),
-        redis.call("HGETALL", KEYS[3]), redis.call("HGETALL", KEYS[4]), extra}
-"""
-
-# The lean snapshot of a decision that needs only free blocks (issue 15): the free
-# bitmap, the wiring marks on free blocks, the failed blocks, the queue, the live JSON of
-# the jobs marking free blocks and of the jobs named in ARGV[2..], and how many marks the
-# queued and named jobs have. KEYS: free, freewired, failed, queued, live, wired count,
-# and a seventh for ARGV[1] "seq" / "tip" as in _SNAPSHOT_LUA. {0} when the index is missing.
-_LEAN_LUA = r"""
-if redis.call("EXISTS", KEYS[1]) == 0 then return {0} end
-local extra = 0
-if ARGV[1] == "seq" then
-  extra = redis.call("INCR", KEYS[7])
-elseif ARGV[1] == "tip" then
-  local last = redis.call("XREVRANGE", KEYS[7], "+", "-", "COUNT", 1)
-  extra = last[1] and last[1][1] or "0-0"
-end
-local fw = redis.call("HGETALL", KEYS[2])
-local queued = redis.call("HGETALL", KEYS[4])
-local seen, named = {}, {}
-for i = 2, #fw, 2 do
-  if not seen[fw[i]] then seen[fw[i]] = true; named[#named + 1] = fw[i] end
-end
-for i = 2, #ARGV do
-  if not seen[ARGV[i]] then seen[ARGV[i]] = true; named[#named + 1] = ARGV[i] end
-end
-local jobs, marked = {}, {}
-for i = 1, #queued, 2 do
-  if redis.call("HEXISTS", KEYS[6], queued[i]) == 1 then marked[#marked + 1] = queued[i] end
-end
-for _, j in ipairs(named) do
-  local raw = redis.call("HGET", KEYS[5], j)
-  if raw then
-    jobs[#jobs + 1] = j; jobs[#jobs + 1] = raw
-    if redis.call("HEXISTS", KEYS[6], j) == 1 then marked[#marked + 1] = j end
-  end
-end
--- hex: a client that decodes replies as UTF-8 cannot take the raw bitmap
-local hex = (string.gsub(redis.call("GET", KEYS[1]) or "", ".", function(c)
-  return string.format("%02x", string.byte(c))
-end))
-return {1, hex, fw, redis.call("HKEYS", KEYS[3]), queued, jobs, marked, extra}
-"""
-
-# Derive the indexes from the owner / failed / wired / live hashes (ARGV[1]: block count).
-# KEYS: owner, failed, wired, live, free, freewired, wired count, queued, running.
-_REBUILD_LUA = r"""
-local n = tonumber(ARGV[1])
-redis.call("DEL", KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9])
-redis.call("SETBIT", KEYS[5], math.max(n - 1, 0), 0)
-for b = 0, n - 1 do
-  local f = tostring(b)
-  if redis.call("HEXISTS", KEYS[1], f) == 0 and redis.call("HEXISTS", KEYS[2], f) == 0 then
-    redis.call("SETBIT", KEYS[5], b, 1)
-    local w = redis.call("HGET", KEYS[3], f)
-    if w then redis.call("HSET", KEYS[6], f, w) end
-  end
-end
-local wired = redis.call("HGETALL", KEYS[3])
-for i = 2, #wired, 2 do redis.call("HINCRBY", KEYS[7], wired[i], 1) end
-local live = redis.call("HGETALL", KEYS[4])
-for i = 1, #live, 2 do
-  local st = cjson.decode(live[i + 1])["st"]
-  if st == "PENDING" or st == "SUSPENDED" then redis.call("HSET", KEYS[8], live[i], live[i + 1]) end
-  if st == "RUNNING" then redis.call("ZADD", KEYS[9], 0, live[i]) end
-end
-return 1
-"""
-
-# Block ARGV[1] (KEYS: owner, live, failed): {owner or "", 1 if failed else 0, the
-# owner's live JSON or ""}.
-_BLOCK_LUA = r"""
-local owner = redis.call("HGET", KEYS[1], ARGV[1])
-local raw = owner and redis.call("HGET", KEYS[2], owner)
-return {owner or "", redis.call("HEXISTS", KEYS[3], ARGV[1]), raw or ""}
-"""
-
-# One page of the reconcile loop's sweep over the wiring marks (KEYS: wired, live;
-# ARGV: HSCAN cursor, count): {next cursor, block/job pairs, job/live JSON pairs}.
-_MARKS_LUA = r"""
-local got = redis.call("HSCAN", KEYS[1], ARGV[1], "COUNT", ARGV[2])
-local marks, jobs, seen = got[2], {}, {}
-for i = 2, #marks, 2 do
-  local j = marks[i]
-  if not seen[j] then
-    seen[j] = true
-    local raw = redis.call("HGET", KEYS[2], j)
-    if raw then jobs[#jobs + 1] = j; jobs[#jobs + 1] = raw end
-  end
-end
-return {got[1], marks, jobs}
-"""
-
-# The live JSON of the RUNNING jobs with ids in (ARGV[1], ARGV[2]] (KEYS: running, live;
-# ARGV[1] "" = from the first, ARGV[2] "" = to the last) and of the jobs ARGV[3..] name.
-_RANGE_LUA = r"""
-local lo = ARGV[1] == "" and "-" or "(" .. ARGV[1]
-local hi = ARGV[2] == "" and "+" or "[" .. ARGV[2]
-local ids = redis.call("ZRANGEBYLEX", KEYS[1], lo, hi)
-for i = 3, #ARGV do ids[#ids + 1] = ARGV[i] end
-local out = {}
-for _, j in ipairs(ids) do
-  local raw = redis.call("HGET", KEYS[2], j)
-  if raw then out[#out + 1] = j; out[#out + 1] = raw end
-end
-return out
-"""
-
-_TXN_LUA = r"""
-local tx = cjson.decode(ARGV[1])
--- Indexes (issue 15): KEYS positions of owner, failed, wired, free, freewired, wired count.
-local ix = tx.ix
-local indexed = redis.call("EXISTS", KEYS[ix[4]]) == 1
-local touched = {}
-local function mark(field, job)
-  -- a wiring mark of `field` set to `job` (nil: removed): keep the per-job counts
-  local old = redis.call("HGET", KEYS[ix[3]], field)
-  if old == job then return end
-  if old and redis.call("HINCRBY", KEYS[ix[6]], old, -1) <= 0 then
-    redis.call("HDEL", KEYS[ix[6]], old)
-  end
-  if job then redis.call("HINCRBY", KEYS[ix[6]], job, 1) end
-end
-local function has(list, v)
-  for _, x in ipairs(list) do if x == v then return true end end
-  return false
-end
-for _, c in ipairs(tx.c) do
-  local t = c[1]
-  if t == "state" then
-    -- {"state", job key, {allowed states; "" = absent}, epoch or -1, job id}
-    local st = redis.call("HGET", KEYS[c[2]], "state")
-    if not st then
-      if not has(c[3], "") then return {0, "job " .. c[5] .. " does not exist"} end
-    else
-      if not has(c[3], st) then return {0, "job " .. c[5] .. " is " .. st} end
-      if c[4] >= 0 then
-        local ep = tonumber(redis.call("HGET", KEYS[c[2]], "epoch"))
-        if ep ~= c[4] then return {0, "job " .. c[5] .. " changed (epoch " .. tostring(ep) .. ")"} end
-      end
-    end
-  elseif t == "owner" then
-    -- {"owner", owner key, block, {allowed owners; "" = free}}
-    local o = redis.call("HGET", KEYS[c[2]], c[3]) or ""
-    if not has(c[4], o) then return {0, "block " .. c[3] .. " is held by " .. (o == "" and "nobody" or o)} end
-  elseif t == "health" then
-    -- {"health", failed key, block, "HEALTHY" | "FAILED"}
-    local f = redis.call("HEXISTS", KEYS[c[2]], c[3]) == 1
-    if f ~= (c[4] == "FAILED") then return {0, "block " .. c[3] .. " is not " .. c[4]} end
-  elseif t == "nokey" then
-    -- {"nokey", key, what}
-    if redis.call("EXISTS", KEYS[c[2]]) == 1 then return {0, c[3]} end
-  elseif t == "wired" then
-    -- {"wired", wired key, block, {allowed jobs}}: unmarked, or marked by an allowed job
-    local w = redis.call("HGET", KEYS[c[2]], c[3])
-    if w and not has(c[4], w) then return {0, "block " .. c[3] .. " is still wired to " .. w} end
-  elseif t == "notwhole" then
-    -- {"notwhole", failed key, block}: healthy, or failed only in some hosts
-    local f = redis.call("HGET", KEYS[c[2]], c[3])
-    if f and not cjson.decode(f)["hosts"] then return {0, "block " .. c[3] .. " failed"} end
-  end
-end
-local out = {}
-for _, o in ipairs(tx.o) do
-  local t = o[1]
-  if t == "hset" then
-    if indexed and o[2] == ix[3] then
-      for i = 3, #o, 2 do mark(o[i], o[i + 1]) end
-    end
-    if indexed and (o[2] == ix[1] or o[2] == ix[2] or o[2] == ix[3]) then
-      for i = 3, #o, 2 do touched[o[i]] = true end
-    end
-    redis.call("HSET", KEYS[o[2]], unpack(o, 3))
-  elseif t == "hdel" then
-    if indexed and o[2] == ix[3] then
-      for i = 3, #o do mark(o[i], nil) end
-    end
-    if indexed and (o[2] == ix[1] or o[2] == ix[2] or o[2] == ix[3]) then
-      for i = 3, #o do touched[o[i]] = true end
-    end
-    redis.call("HDEL", KEYS[o[2]], unpack(o, 3))
-  elseif t == "hincr" then
-    redis.call("HINCRBY", KEYS[o[2]], o[3], o[4])
-  elseif t == "zadd" then
-    redis.call("ZADD", KEYS[o[2]], o[3], o[4])
-  elseif t == "zrem" then
-    redis.call("ZREM", KEYS[o[2]], o[3])
-  elseif t == "del" then
-    redis.call("DEL", KEYS[o[2]])
-  elseif t == "setpx" then
-    redis.call("SET", KEYS[o[2]], o[3], "PX", o[4])
-  elseif t == "unwire" then
-    -- {"unwire", wired key, job}: drop every mark of that job
-    local all = redis.call("HGETALL", KEYS[o[2]])
-    for i = 1, #all, 2 do
-      if all[i + 1] == o[3] then
-        redis.call("HDEL", KEYS[o[2]], all[i])
-        touched[all[i]] = true
-      end
-    end
-    if indexed then redis.call("HDEL", KEYS[ix[6]], o[3]) end
-  elseif t == "event" then
-    -- {"event", job key, history key, stream key, maxlen, event JSON}
-    local n = redis.call("HINCRBY", KEYS[o[2]], "nev", 1)
-    local e = cjson.decode(o[6])
-    e["n"] = n
-    local s = cjson.encode(e)
-    redis.call("RPUSH", KEYS[o[3]], s)
-    redis.call("XADD", KEYS[o[4]], "MAXLEN", "~", o[5], "*", "kind", "job", "job", e["job"], "e", s)
-  elseif t == "ret" then
-    -- {"ret", hash key, fields...}: return these fields' values after the writes
-    out[#out + 1] = redis.call("HMGET", KEYS[o[2]], unpack(o, 3))
-  elseif t == "retjob" then
-    -- {"retjob", job key, history key}: return the job's record after the writes
-    out[#out + 1] = {redis.call("HGETALL", KEYS[o[2]]), redis.call("LRANGE", KEYS[o[3]], 0, -1)}
-  elseif t == "bevent" then
-    -- {"bevent", stream key, maxlen, event JSON}
-    redis.call("XADD", KEYS[o[2]], "MAXLEN", "~", o[3], "*", "kind", "block", "e", o[4])
-  elseif t == "subfree" then
-    -- {"subfree", owner key, block, chip fields...}: the block leaves sub-block use once
-    -- none of its chips is held (the last sub-block slice on it left)
-    local held = false
-    for i = 4, #o do
-      if redis.call("HEXISTS", KEYS[o[2]], o[i]) == 1 then held = true; break end
-    end
-    if not held and redis.call("HGET", KEYS[o[2]], o[3]) == "~sub" then
-      redis.call("HDEL", KEYS[o[2]], o[3])
-      if indexed then touched[o[3]] = true end
-    end
-  end
-end
-if indexed then
-  for f, _ in pairs(touched) do
-    local b = tonumber(f)
-    if b then  -- a block (a SWITCHED pod's processors "t<g>.<i>.<j>" are not indexed)
-      local free = redis.call("HEXISTS", KEYS[ix[1]], f) == 0
-        and redis.call("HEXISTS", KEYS[ix[2]], f) == 0
-      redis.call("SETBIT", KEYS[ix[4]], b, free and 1 or 0)
-      local w = free and redis.call("HGET", KEYS[ix[3]], f)
-      if w then redis.call("HSET", KEYS[ix[5]], f, w) else redis.call("HDEL", KEYS[ix[5]], f) end
-    end
-  end
-end
-return {1, "ok", out}
-"""
-
-
-class Conflict(Exception):
-    """A check of a transaction failed: state changed since the snapshot. Decide again."""
+# Every script of this store: services/common/txn.lua with store.lua's checks and ops.
+PROGRAM = Program(
+    __package__,
+    "store.lua",
+    {
+        "SUB_BLOCK_OWNER": SUB_BLOCK_OWNER,
+        "QUEUED_STATES": sorted(QUEUED_STATES),
+        "RUNNING": RUNNING,
+    },
+)
 
 
 class PodKeys:
@@ -362,115 +120,114 @@ class PodKeys:
         return pod_key(self.pod_id, "ws", "releasing", job_id)
 
 
-@dataclass
-class Txn:
-    """Checks and writes for one atomic commit; keys are registered as they are used."""
+class Txn(txn.Txn):
+    """Checks and writes for one atomic commit of the pod's state (services.common.txn),
+    in the pod's terms."""
 
-    keys: PodKeys
-    _keys: list[str] = field(default_factory=list)
-    _index: dict[str, int] = field(default_factory=dict)
-    checks: list[list[Any]] = field(default_factory=list)
-    ops: list[list[Any]] = field(default_factory=list)
-
-    def k(self, key: str) -> int:
-        if key not in self._index:
-            self._keys.append(key)
-            self._index[key] = len(self._keys)  # Lua KEYS are 1-based
-        return self._index[key]
+    def __init__(self, keys: PodKeys):
+        super().__init__()
+        self.pod = keys
+        self._reads: list[str] = []  # "hmget" | "job" per read_back / read_job, in order
 
     # -- checks ----------------------------------------------------------------
 
     def expect_job(self, job_id: str, states: Iterable[str], epoch: int = -1) -> None:
-        self.checks.append(["state", self.k(self.keys.job(job_id)), list(states), epoch, job_id])
+        allowed = list(states)
+        k = self.pod.job(job_id)
+        self.expect(
+            k,
+            "state",
+            allowed,
+            reason="state",
+            message=f"job {job_id} is {{}}",
+            absent=f"job {job_id} does not exist",
+        )
+        if epoch >= 0:
+            ok = [str(epoch), *([""] if "" in allowed else [])]
+            self.expect(
+                k, "epoch", ok, reason="epoch", message=f"job {job_id} changed (epoch {{}})"
+            )
 
     def expect_no_job(self, job_id: str) -> None:
         self.expect_job(job_id, [""])
 
     def expect_owner(self, block: int | str, owners: Iterable[str]) -> None:
         """Block held by one of `owners` ("" = free)."""
-        self.checks.append(["owner", self.k(self.keys.owner), str(block), list(owners)])
+        self.expect(
+            self.pod.owner,
+            str(block),
+            owners,
+            reason="owner",
+            message=f"block {block} is held by {{}}",
+            absent=f"block {block} is held by nobody",
+        )
 
-    def expect_health(self, block: int, health: str) -> None:
-        self.checks.append(["health", self.k(self.keys.failed), str(block), health])
+    def expect_health(self, block: int | str, health: str) -> None:
+        self.expect_field(
+            self.pod.failed,
+            str(block),
+            health == "FAILED",
+            reason="health",
+            message=f"block {block} is not {health}",
+        )
 
     def expect_wired_by(self, block: int | str, allowed: Iterable[str]) -> None:
-        self.checks.append(["wired", self.k(self.keys.wired), str(block), list(allowed)])
+        """Block unmarked, or marked by one of `allowed`."""
+        self.expect(
+            self.pod.wired,
+            str(block),
+            ["", *allowed],
+            reason="wired",
+            message=f"block {block} is still wired to {{}}",
+        )
 
     def expect_not_whole_failed(self, block: int) -> None:
         """Block healthy, or failed only in some of its hosts (issue 28)."""
-        self.checks.append(["notwhole", self.k(self.keys.failed), str(block)])
+        self.check("notwhole", self.k(self.pod.failed), str(block))
 
     def expect_host_health(self, block: int, host: int, health: str) -> None:
-        self.expect_health(f"h{block}.{host}", health)  # type: ignore[arg-type]
+        self.expect_health(f"h{block}.{host}", health)
 
     def expect_no_release_claim(self, job_id: str) -> None:
-        self.checks.append(
-            ["nokey", self.k(self.keys.releasing(job_id)), f"job {job_id} is being released"]
+        self.expect_no_key(
+            self.pod.releasing(job_id),
+            reason="releasing",
+            message=f"job {job_id} is being released",
         )
 
     # -- writes ----------------------------------------------------------------
 
-    def hset(self, key: str, mapping: dict[Any, Any]) -> None:
-        if mapping:
-            flat: list[str] = []
-            for f, v in mapping.items():
-                flat += [str(f), str(v)]
-            self.ops.append(["hset", self.k(key), *flat])
-
-    def hdel(self, key: str, fields: Sequence[Any]) -> None:
-        if fields:
-            self.ops.append(["hdel", self.k(key), *map(str, fields)])
-
-    def hincr(self, key: str, f: str, delta: int) -> None:
-        self.ops.append(["hincr", self.k(key), f, delta])
-
-    def zadd(self, key: str, score: float, member: str) -> None:
-        self.ops.append(["zadd", self.k(key), score, member])
-
-    def zrem(self, key: str, member: str) -> None:
-        self.ops.append(["zrem", self.k(key), member])
-
-    def delete(self, key: str) -> None:
-        self.ops.append(["del", self.k(key)])
-
-    def set_px(self, key: str, value: str, ttl_ms: int) -> None:
-        self.ops.append(["setpx", self.k(key), value, ttl_ms])
-
     def release_held(self, job: SliceJob, block_shape: Sequence[int]) -> None:
         """Give up what `job` holds: its blocks, or a sub-block slice's chips (then its
         block leaves sub-block use if no other slice holds chips there)."""
-        self.hdel(self.keys.owner, job.held_keys())
+        self.hdel(self.pod.owner, job.held_keys())
         if job.offset is not None and job.placement:
             self.leave_block_if_empty(job.placement[0], block_shape)
 
     def leave_block_if_empty(self, block: int, block_shape: Sequence[int]) -> None:
         every = chip_keys(block, (0,) * len(block_shape), tuple(block_shape))
-        self.ops.append(["subfree", self.k(self.keys.owner), str(block), *every])
+        self.op("subfree", str(block), *every)
 
     def unwire(self, job_id: str) -> None:
-        self.ops.append(["unwire", self.k(self.keys.wired), job_id])
+        self.op("unwire", job_id)
 
-    def job_event(self, event: dict[str, Any]) -> None:
+    def job_event(self, event: dict[str, Any]) -> None:  # type: ignore[override]
         job_id = event["job"]
-        self.ops.append(
-            [
-                "event",
-                self.k(self.keys.job(job_id)),
-                self.k(self.keys.history(job_id)),
-                self.k(self.keys.events),
-                EVENT_STREAM_MAXLEN,
-                json.dumps(event, separators=(",", ":")),
-            ]
+        k = self.pod
+        super().job_event(
+            k.job(job_id),
+            k.history(job_id),
+            k.events,
+            EVENT_STREAM_MAXLEN,
+            event,
+            ["kind", "job", "job", job_id],
         )
 
     def block_event(self, event: dict[str, Any]) -> None:
-        self.ops.append(
-            [
-                "bevent",
-                self.k(self.keys.events),
-                EVENT_STREAM_MAXLEN,
-                json.dumps(event, separators=(",", ":")),
-            ]
+        self.xadd(
+            self.pod.events,
+            EVENT_STREAM_MAXLEN,
+            {"kind": "block", "e": json.dumps(event, separators=(",", ":"))},
         )
 
     # -- composite writes -----------------------------------------------------
@@ -478,7 +235,7 @@ class Txn:
     def write_job(self, job: SliceJob, *, old_state: str | None, reason: str, now_ms: int) -> None:
         """Store `job` (its state, epoch, summary), mirror it in the live set (or drop it
         there when final), count states, and record the transition as an event."""
-        k = self.keys.job(job.job_id)
+        k = self.pod.job(job.job_id)
         summary = job.to_json()
         self.hset(
             k,
@@ -491,21 +248,21 @@ class Txn:
             },
         )
         if job.state in FINAL_STATES:
-            self.hdel(self.keys.live, [job.job_id])
+            self.hdel(self.pod.live, [job.job_id])
         else:
-            self.hset(self.keys.live, {job.job_id: summary})
+            self.hset(self.pod.live, {job.job_id: summary})
         if job.state in QUEUED_STATES:
-            self.hset(self.keys.queued, {job.job_id: summary})
+            self.hset(self.pod.queued, {job.job_id: summary})
         elif old_state is None or old_state in QUEUED_STATES:
-            self.hdel(self.keys.queued, [job.job_id])
+            self.hdel(self.pod.queued, [job.job_id])
         if job.state == RUNNING:
-            self.zadd(self.keys.running, 0, job.job_id)
+            self.zadd(self.pod.running, 0, job.job_id)
         elif old_state == RUNNING:
-            self.zrem(self.keys.running, job.job_id)
+            self.zrem(self.pod.running, job.job_id)
         if old_state != job.state:
             if old_state:
-                self.hincr(self.keys.state_counts, old_state, -1)
-            self.hincr(self.keys.state_counts, job.state, 1)
+                self.hincr(self.pod.state_counts, old_state, -1)
+            self.hincr(self.pod.state_counts, job.state, 1)
         self.job_event(
             {
                 "job": job.job_id,
@@ -518,19 +275,20 @@ class Txn:
 
     def read_back(self, key: str, fields: Sequence[str]) -> None:
         """After the writes, return these fields of hash `key` from commit()."""
-        self.ops.append(["ret", self.k(key), *fields])
+        self.read("HMGET", key, *fields)
+        self._reads.append("hmget")
 
     def read_job(self, job_id: str) -> None:
         """After the writes, return the job's record (with history) from commit()."""
-        self.ops.append(
-            ["retjob", self.k(self.keys.job(job_id)), self.k(self.keys.history(job_id))]
-        )
+        self.read("HGETALL", self.pod.job(job_id))
+        self.read("LRANGE", self.pod.history(job_id), 0, -1)
+        self._reads.append("job")
 
     def payload(self) -> tuple[list[str], str]:
-        k = self.keys
-        ix = [self.k(key) for key in (k.owner, k.failed, k.wired, k.free, k.freewired)]
-        ix.append(self.k(k.wired_count))
-        return list(self._keys), json.dumps({"c": self.checks, "o": self.ops, "ix": ix})
+        k = self.pod
+        for name in ("owner", "failed", "wired", "free", "freewired", "wired_count"):
+            self.name(name, getattr(k, name))
+        return super().payload()
 
 
 @dataclass(frozen=True)
@@ -564,13 +322,7 @@ class PodStore:
     def __init__(self, redis: aioredis.Redis, pod_id: str):
         self.redis = redis
         self.keys = PodKeys(pod_id)
-        self._txn = redis.register_script(_TXN_LUA)
-        self._snapshot = redis.register_script(_SNAPSHOT_LUA)
-        self._lean = redis.register_script(_LEAN_LUA)
-        self._rebuild = redis.register_script(_REBUILD_LUA)
-        self._block = redis.register_script(_BLOCK_LUA)
-        self._marks = redis.register_script(_MARKS_LUA)
-        self._range = redis.register_script(_RANGE_LUA)
+        self._script = PROGRAM.bind(redis)
         self._parsed: dict[str, SliceJob] = {}
 
     def slice_job(self, raw: str) -> SliceJob:
@@ -588,20 +340,39 @@ class PodStore:
     async def commit(self, txn: Txn) -> list[Any]:
         """Apply `txn` atomically, or raise Conflict naming the first failed check.
         Returns what `read_back` / `read_job` asked for, in order (a JobRecord for read_job)."""
-        keys, arg = txn.payload()
-        ok, detail, *rest = await self._txn(keys=keys, args=[arg])
-        if int(ok) != 1:
-            raise Conflict(detail)
+        reads = iter((await self._script.commit(txn)).reads)
         out: list[Any] = []
-        for item in rest[0] if rest else []:
-            if isinstance(item, list) and len(item) == 2 and isinstance(item[0], list):
-                flat, history = item
-                row = dict(zip(flat[::2], flat[1::2], strict=True))
+        for shape in txn._reads:
+            if shape == "job":
+                row, history = _pairs(next(reads)), next(reads)
                 job_id = self.slice_job(row["summary"]).job_id if "summary" in row else ""
                 out.append(self._record(job_id, row, history))
             else:
-                out.append(item)
+                out.append(next(reads))
         return out
+
+    async def _read(self, names: Iterable[str], *ops: Sequence[Any]) -> list[Any]:
+        """Run the ops of store.lua that read (with the named keys of the pod declared)."""
+        t = txn.Txn()
+        for name in names:
+            t.name(name, getattr(self.keys, name))
+        for o in ops:
+            t.op(*o)
+        return (await self._script.commit(t)).reads
+
+    async def _snapshot(self, extra: str = "") -> list[Any]:
+        """Block health, owners, wiring marks and live jobs (and `extra`) in one read."""
+        t = txn.Txn()
+        k = self.keys
+        for key in (k.failed, k.owner, k.wired, k.live):
+            t.read("HGETALL", key)
+        if extra:
+            if extra == "seq":
+                t.name("seq", k.seq)
+            else:
+                t.name("events", k.events)
+            t.op("extra", extra)
+        return (await self._script.commit(t)).reads
 
     async def next_seq(self) -> int:
         return int(await self.redis.incr(self.keys.seq))
@@ -613,23 +384,18 @@ class PodStore:
     async def snapshot(self, fabric: PodFabric) -> PodState:
         """One round trip (one script, so one atomic read): block health, owners, wiring
         marks and live jobs."""
-        k = self.keys
-        return self._state(fabric, await self._snapshot(keys=[k.failed, k.owner, k.wired, k.live]))
+        return self._state(fabric, await self._snapshot())
 
     async def snapshot_and_seq(self, fabric: PodFabric) -> tuple[PodState, int]:
         """The snapshot and, in the same round trip, the next admission sequence (INCR)."""
-        k = self.keys
-        reply = await self._snapshot(keys=[k.failed, k.owner, k.wired, k.live, k.seq], args=["seq"])
+        reply = await self._snapshot("seq")
         return self._state(fabric, reply), int(reply[4])
 
     async def snapshot_and_tip(self, fabric: PodFabric) -> tuple[PodState, str]:
         """The snapshot and the id of the newest event in the same atomic read: every
         change to the state appends an event in its own commit, so the id versions
         exactly this state (a capacity report carries it; see cell_link)."""
-        k = self.keys
-        reply = await self._snapshot(
-            keys=[k.failed, k.owner, k.wired, k.live, k.events], args=["tip"]
-        )
+        reply = await self._snapshot("tip")
         return self._state(fabric, reply), str(reply[4])
 
     async def tip(self) -> str:
@@ -641,8 +407,9 @@ class PodStore:
     async def block(self, block: int) -> tuple[str, bool, SliceJob | None]:
         """One block in one read: who holds it ("" = nobody), whether it failed, and the
         holder as a live job (None when it is not live)."""
-        k = self.keys
-        owner, failed, raw = await self._block(keys=[k.owner, k.live, k.failed], args=[block])
+        ((owner, failed, raw),) = await self._read(
+            ("owner", "live", "failed"), ("block", str(block))
+        )
         return owner, bool(int(failed)), self.slice_job(raw) if raw else None
 
     async def marks_page(
@@ -651,9 +418,7 @@ class PodStore:
         """A page of the wiring marks from an HSCAN `cursor` (0 = from the start; the
         next one is 0 after the last page): the next cursor, the marks, and the live jobs
         among those marking."""
-        nxt, marks, jobs = await self._marks(
-            keys=[self.keys.wired, self.keys.live], args=[cursor, count]
-        )
+        ((nxt, marks, jobs),) = await self._read(("wired", "live"), ("marks", cursor, count))
         live = {j: self.slice_job(raw) for j, raw in _pairs(jobs).items()}
         return int(nxt), _pairs(marks), live
 
@@ -662,8 +427,7 @@ class PodStore:
     ) -> dict[str, SliceJob]:
         """RUNNING jobs with ids in (after, upto] (None: to the last), and the live ones
         of `also`."""
-        k = self.keys
-        flat = await self._range(keys=[k.running, k.live], args=[after, upto or "", *also])
+        (flat,) = await self._read(("running", "live"), ("range", after, upto or "", *also))
         return {j: self.slice_job(raw) for j, raw in _pairs(flat).items()}
 
     async def holder(self, block: int) -> SliceJob | None:
@@ -673,14 +437,8 @@ class PodStore:
     async def rebuild_indexes(self, fabric: PodFabric) -> None:
         """Derive the free-block and queue indexes from the pod's hashes (one atomic
         script, so safe beside other replicas' commits)."""
-        k = self.keys
-        await self._rebuild(
-            keys=[
-                *(k.owner, k.failed, k.wired, k.live),
-                *(k.free, k.freewired, k.wired_count, k.queued, k.running),
-            ],
-            args=[fabric.block_count],
-        )
+        names = ("owner", "failed", "wired", "live", "free", "freewired", "wired_count")
+        await self._read((*names, "queued", "running"), ("rebuild", fabric.block_count))
 
     async def lean_snapshot(
         self, fabric: PodFabric, *, jobs: Sequence[str] = (), extra: str = ""
@@ -691,17 +449,16 @@ class PodStore:
         state is `partial` (PodState): a decision that needs more (preemption) takes a
         full snapshot. With `extra` "seq" / "tip", also what snapshot_and_seq /
         snapshot_and_tip add. OCS_TORUS pods only."""
-        k = self.keys
-        keys = [k.free, k.freewired, k.failed, k.queued, k.live, k.wired_count]
+        names = ["free", "freewired", "failed", "queued", "live", "wired_count"]
         if extra:
-            keys.append(k.seq if extra == "seq" else k.events)
+            names.append("seq" if extra == "seq" else "events")
         for _ in range(2):
-            reply = await self._lean(keys=keys, args=[extra, *jobs])
+            (reply,) = await self._read(names, ("lean", extra, *jobs))
             if int(reply[0]) == 1:
                 break
             await self.rebuild_indexes(fabric)  # Redis lost it (or it was never built)
         else:
-            raise Conflict("the free-block index is missing")
+            raise Conflict("index", "the free-block index is missing")
         _, bitmap, fw, failed, queued, named, marked, tip = reply
         live = {j: self.slice_job(raw) for j, raw in _pairs(named).items()}
         live.update((j, self.slice_job(raw)) for j, raw in _pairs(queued).items())

@@ -6,7 +6,15 @@ from __future__ import annotations
 
 import pytest
 
-from services.cell_scheduler.store import CellStore, pad_id, unpad_id
+from services.cell_scheduler.store import (
+    CHANGED,
+    STALE,
+    UNKNOWN_POD,
+    CellStore,
+    Conflict,
+    pad_id,
+    unpad_id,
+)
 
 POD = "pod-s"
 
@@ -47,7 +55,7 @@ async def report(
 
 async def place(store: CellStore, job: str, pod: str = POD, needs=None) -> None:
     needs = needs or {"tpu": 2}
-    ok, _ = await store.claim_new(
+    await store.claim_new(
         job,
         fields={"req": "r", "priority": 50},
         tenant="t",
@@ -59,7 +67,6 @@ async def place(store: CellStore, job: str, pod: str = POD, needs=None) -> None:
         check_free=False,
         reason="forwarding",
     )
-    assert ok == 1
     placed = await store.placed(
         job, token="tok", pod=pod, state="RUNNING", n=3, reason="wired", fields={}, now_ms=2
     )
@@ -72,27 +79,27 @@ def test_stream_ids_compare_as_ids_once_padded():
 
 
 async def test_an_unknown_pod_must_register_first(store):
-    known, *_ = await report(store)
-    assert not known
+    with pytest.raises(Conflict) as err:
+        await report(store)
+    assert err.value.reason == UNKNOWN_POD
     await store.register(POD, "reg", "127.0.0.1:1", 5, "3-0")
-    known, ack, _, _ = await report(store, after="3-0")
-    assert known and ack == "3-0"  # registration set where transitions start
+    assert (
+        await report(store, after="3-0")
+    ).ack == "3-0"  # registration set where transitions start
 
 
 async def test_transitions_apply_once_in_order_and_a_gap_is_refused(store):
     await store.register(POD, "reg", "127.0.0.1:1", 5, "0-0")
     await place(store, "j")
     # A report that starts after what the cell acknowledged would skip transitions: refused.
-    _, ack, _, _ = await report(
-        store, after="7-0", until="9-0", trs=[tr("8-0", "j", 4, "COMPLETED")]
-    )
+    ack = (await report(store, after="7-0", until="9-0", trs=[tr("8-0", "j", 4, "COMPLETED")])).ack
     assert ack == "0-0" and (await store.job("j")).state == "RUNNING"
     # From the acknowledged id: applied; older or repeated numbers change nothing.
     trs = [tr("6-0", "j", 2, "WIRING"), tr("8-0", "j", 4, "SUSPENDED", "RUNNING")]
-    _, ack, _, _ = await report(store, after="0-0", until="8-0", trs=trs)
+    ack = (await report(store, after="0-0", until="8-0", trs=trs)).ack
     rec = await store.job("j")
     assert ack == "8-0" and (rec.state, rec.n) == ("SUSPENDED", 4)
-    _, ack, _, _ = await report(store, after="0-0", until="8-0", trs=[tr("6-0", "j", 2, "WIRING")])
+    ack = (await report(store, after="0-0", until="8-0", trs=[tr("6-0", "j", 2, "WIRING")])).ack
     assert ack == "8-0" and (await store.job("j")).state == "SUSPENDED"
     # The end of the job takes it off the pod's live set.
     await report(store, after="8-0", until="9-0", trs=[tr("9-0", "j", 5, "CANCELLED", "SUSPENDED")])
@@ -130,9 +137,11 @@ async def test_holds_count_forwards_in_flight_and_go_when_they_end(store):
         check_free=True,
         reason="forwarding",
     )
-    assert (await store.claim_new("a", token="ta", **claim))[0] == 1
+    assert await store.claim_new("a", token="ta", **claim) >= 1
     # 4 free, 3 held: a second 3-block forward to the same pod is refused as stale.
-    assert await store.claim_new("b", token="tb", **claim) == (-1, "stale")
+    with pytest.raises(Conflict) as err:
+        await store.claim_new("b", token="tb", **claim)
+    assert err.value.reason == STALE
     assert (await store.snapshot()).held[f"{POD}|tpu"] == 3
     assert await store.unbind(
         "a", token="ta", pod=POD, uncertain=False, version="5-0", reason="refused", now_ms=2
@@ -141,7 +150,7 @@ async def test_holds_count_forwards_in_flight_and_go_when_they_end(store):
     assert snap.held[f"{POD}|tpu"] == 0 and snap.queue == ["a"]
     rec = await store.job("a")
     assert rec.phase == "QUEUED" and rec.refused == {POD: "5-0"}
-    assert (await store.claim_new("b", token="tb", **claim))[0] == 1
+    assert await store.claim_new("b", token="tb", **claim) >= 1
     # Placing it: the hold goes, and the blocks count as taken until the pod reports.
     placed = await store.placed(
         "b", token="tb", pod=POD, state="RUNNING", n=3, reason="wired", fields={}, now_ms=3
@@ -157,14 +166,15 @@ async def test_holds_count_forwards_in_flight_and_go_when_they_end(store):
         is None
     )
     # Completed through the cell: its blocks count as free again at once.
-    applied, queued, rec, freed = await store.mirror(
+    m = await store.mirror(
         "b", pod=POD, state="COMPLETED", n=4, reason="done", now_ms=5, ended_here=True
     )
-    assert applied and freed and queued == 1 and rec.state == "COMPLETED"
+    assert m.applied and m.freed and m.queued == 1 and m.record.state == "COMPLETED"
     assert (await store.snapshot()).free[f"{POD}|tpu"] == 4
     # An older answer never overwrites a newer state.
-    applied, *_ = await store.mirror("b", pod=POD, state="RUNNING", n=3, reason="old", now_ms=6)
-    assert not applied and (await store.job("b")).state == "COMPLETED"
+    m = await store.mirror("b", pod=POD, state="RUNNING", n=3, reason="old", now_ms=6)
+    assert not m.applied and m.record.state == "COMPLETED"
+    assert (await store.job("b")).state == "COMPLETED"
 
 
 async def free_now(store: CellStore) -> int:
@@ -204,13 +214,13 @@ async def test_a_report_that_shows_a_forward_in_flight_does_not_count_it_twice(s
         check_free=True,
         reason="forwarding",
     )
-    assert (await store.claim_new("a", token="ta", needs={"tpu": 2}, **claim))[0] == 1
+    assert await store.claim_new("a", token="ta", needs={"tpu": 2}, **claim) >= 1
     assert await free_now(store) == 6
     # The pod admitted it and reported before the cell heard the answer: 6 free there,
     # and the forward still held by the cell. Six blocks are free, not four.
     await report(store, free=6, version="7-0", until="7-0", trs=[tr("7-0", "a", 2, "WIRING")])
     assert await free_now(store) == 6
-    assert (await store.claim_new("b", token="tb", needs={"tpu": 6}, **claim))[0] == 1
+    assert await store.claim_new("b", token="tb", needs={"tpu": 6}, **claim) >= 1
     assert await free_now(store) == 0
     placed = await store.placed(
         "a", token="ta", pod=POD, state="RUNNING", n=3, reason="wired", fields={}, now_ms=2
@@ -230,10 +240,10 @@ async def test_an_end_through_the_cell_stands_until_a_report_shows_it(store):
     await report(store, free=8, version="5-0")
     await place(store, "j")
     await report(store, free=6, version="7-0", until="7-0", trs=[tr("7-0", "j", 2, "WIRING")])
-    applied, _, _, freed = await store.mirror(
+    m = await store.mirror(
         "j", pod=POD, state="COMPLETED", n=4, reason="done", now_ms=5, ended_here=True
     )
-    assert applied and freed and await free_now(store) == 8
+    assert m.applied and m.freed and await free_now(store) == 8
     # A heartbeat read while the job still ran, arriving after the end: still 8 free.
     await report(store, free=6, version="8-0", after="7-0", until="7-0")
     assert await free_now(store) == 8
@@ -271,17 +281,15 @@ async def test_a_silent_pod_s_jobs_show_unknown_and_come_back_when_it_reports(st
     rec = await store.job("live")
     assert rec.state == "UNKNOWN" and "last known: RUNNING" in rec.reason
     # Heard again: its jobs show their state again, then the transitions it reports apply.
-    known, _, returned, _ = await report(
-        store, until="4-0", trs=[tr("4-0", "live", 4, "SUSPENDED")]
-    )
+    reported = await report(store, until="4-0", trs=[tr("4-0", "live", 4, "SUSPENDED")])
     rec = await store.job("live")
-    assert known and returned and rec.state == "SUSPENDED"
+    assert reported.returned and rec.state == "SUSPENDED"
     history = [(e["from"], e["to"]) for e in await store.history("live")]
     assert ("RUNNING", "UNKNOWN") in history and ("UNKNOWN", "RUNNING") in history
 
 
 async def _queue(store: CellStore, job: str, priority: int, now_ms: int) -> None:
-    ok, _ = await store.claim_new(
+    await store.claim_new(
         job,
         fields={"req": f"req-{job}", "priority": priority},
         tenant="t",
@@ -293,7 +301,6 @@ async def _queue(store: CellStore, job: str, priority: int, now_ms: int) -> None
         check_free=False,
         reason="queued",
     )
-    assert ok == 1
 
 
 async def test_an_update_reorders_the_cell_queue_and_a_decision_on_the_old_request_fails(
@@ -324,8 +331,10 @@ async def test_an_update_reorders_the_cell_queue_and_a_decision_on_the_old_reque
     assert again is not None and again.submitted_b64 == "req-b"
     # a claim decided on the request before the update is refused; on the new one it holds
     claim = dict(pod=POD, needs={}, token="t1", until_ms=9, now_ms=5, check_free=False, reason="x")
-    assert await store.claim_queued("b", request="req-b2", **claim) == (-1, "changed")
-    assert (await store.claim_queued("b", request="req-b3", **claim))[0] == 1
+    with pytest.raises(Conflict) as err:
+        await store.claim_queued("b", request="req-b2", **claim)
+    assert err.value.reason == CHANGED
+    await store.claim_queued("b", request="req-b3", **claim)
     # placed (or forwarding) jobs are not changed as queued ones
     assert (
         await store.update(
@@ -333,3 +342,35 @@ async def test_an_update_reorders_the_cell_queue_and_a_decision_on_the_old_reque
         )
         is None
     )
+
+
+async def _stored_copies(redis, text: str) -> int:
+    """How many times `text` is stored in any of the cell's keys."""
+    copies = 0
+    async for key in redis.scan_iter("lp:{cell}:*"):
+        kind = await redis.type(key)
+        if kind == "hash":
+            values = list((await redis.hgetall(key)).values())
+        elif kind == "list":
+            values = await redis.lrange(key, 0, -1)
+        elif kind == "stream":
+            values = [v for _, f in await redis.xrange(key) for v in f.values()]
+        elif kind == "string":
+            values = [await redis.get(key)]
+        else:
+            values = []
+        copies += sum(v.count(text) for v in values)
+    return copies
+
+
+async def test_a_cancel_reason_is_stored_once_and_read_back_everywhere(store, redis_client):
+    await _queue(store, "c", 50, 1)
+    text = "stop " + "x" * 900
+    assert await store.end_queued("c", "CANCELLED", text, 2) == "CANCELLED"
+    assert await _stored_copies(redis_client, text) == 1
+    assert (await store.job("c")).reason == text
+    assert (await store.history("c"))[-1]["reason"] == text
+    # The stream says which event of which job; the event itself is in the history.
+    entries = await store.tail("0-0", block_ms=1)
+    assert entries[-1][1] == {"job": "c", "n": "2"}
+    assert [e["n"] for e in await store.history("c", 1)] == [2]

@@ -143,3 +143,21 @@ async def test_replicas_allocating_concurrently_never_share_a_block(redis_url):
     assert len(held) == len(set(held)) == 15
     assert state.owner == {b: j.job_id for j in running for b in j.placement}
     assert conflicts > 0  # the race really happened and was refused
+
+
+async def test_a_snapshot_comes_with_the_next_sequence_or_the_newest_event(redis_client):
+    store = PodStore(redis_client, "pod-tip")
+    f = fabric()
+    _, first = await store.snapshot_and_seq(f)
+    _, second = await store.snapshot_and_seq(f)
+    assert second == first + 1
+    state, tip = await store.snapshot_and_tip(f)
+    assert tip == "0-0" and not state.jobs
+    await _create(store, job("j-tip", (1, 1, 1)))
+    state, tip = await store.snapshot_and_tip(f)
+    assert tip == await store.tip() != "0-0" and set(state.jobs) == {"j-tip"}
+    await store.rebuild_indexes(f)
+    lean, lean_tip = await store.lean_snapshot(f, extra="tip")
+    assert lean_tip == tip and set(lean.jobs) == {"j-tip"}
+    _, seq = await store.lean_snapshot(f, extra="seq")
+    assert seq == second + 1
