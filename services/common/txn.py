@@ -19,8 +19,9 @@ decide again) — then every op, answering a `Committed`.
 
 API for stores built on this (say here when it changes): `Txn(families=...)`, `k`, `name`,
 `member(s)`, the `expect_*` checks, `check(name, ...)`, the write ops, `read`, `job_event`
-(its Lua twin `job_event(jk, hk, sk, maxlen, e, extra, brief)`), `op(name, ...)`;
-`Program(package, file, constants).bind(redis)` → `Script`; `await script.commit(txn)` →
+(its Lua twin `job_event(jk, hk, sk, maxlen, e, extra, brief)`), `op(name, ...)`, `blob`
+(binary data as ARGV[i]); the Lua's `now_ms()` (Redis' clock);
+`Program(package, file or [files], constants).bind(redis)` → `Script`; `await script.commit(txn)` →
 `Committed` (`reads`, `committed[name]`) or `Conflict` (`reason`, `value`, str = message).
 """
 
