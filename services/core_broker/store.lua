@@ -35,6 +35,18 @@ local function peak(ivs, s, e)
   end
   return best
 end
+-- the first instant of [s, e) at which `ivs` need more than `cores`, or nil
+local function first_over(ivs, s, e, cores)
+  local pts = {s}
+  for _, v in ipairs(ivs) do if v[1] > s and v[1] < e then pts[#pts + 1] = v[1] end end
+  table.sort(pts)
+  for _, t in ipairs(pts) do
+    local sum = 0
+    for _, v in ipairs(ivs) do if v[1] <= t and t < v[2] then sum = sum + v[3] end end
+    if sum > cores then return t end
+  end
+  return nil
+end
 local function fmt(n) return string.format("%d", n) end
 local version = nil
 local deltas, events = {}, {}
@@ -268,18 +280,10 @@ OPS.extend = function(o)
     for _, v in ipairs(ivs) do all[#all + 1] = v end
     for _, v in ipairs(ext) do all[#all + 1] = v end
     for _, x in ipairs(ext) do
-      if peak(all, x[1], x[2]) > cores then
-        -- how far could this part go: the first instant its extension would over-commit
-        local pts = {x[1]}
-        for _, v in ipairs(all) do if v[1] > x[1] and v[1] < x[2] then pts[#pts + 1] = v[1] end end
-        table.sort(pts)
-        local limit = x[1]
-        for _, t in ipairs(pts) do
-          local sum = 0
-          for _, v in ipairs(all) do if v[1] <= t and t < v[2] then sum = sum + v[3] end end
-          if sum > cores then limit = t; break end
-        end
-        if not worst_limit or (limit - x[1]) < worst_limit then worst_limit = limit - x[1]; worst_dev = dev end
+      -- how far could this part go: the first instant its extension would over-commit
+      local limit = first_over(all, x[1], x[2], cores)
+      if limit and (not worst_limit or limit - x[1] < worst_limit) then
+        worst_limit, worst_dev = limit - x[1], dev
       end
     end
   end

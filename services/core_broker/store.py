@@ -173,10 +173,6 @@ def credential_digest(salt: str, secret: str) -> str:
     return hashlib.sha256((salt + ":" + secret).encode()).hexdigest()
 
 
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
 def _list(value: Any) -> list:
     """cjson writes an empty array as {}."""
     return value if isinstance(value, list) else []
@@ -399,7 +395,7 @@ class BrokerStore:
 
     async def device_allocations(self, device_id: str) -> list[tuple[str, int]]:
         raw = await self._r.zrange(broker_key("alloc", device_id), 0, -1, withscores=True)
-        return [(_text(m), int(s)) for m, s in raw]
+        return [(m, int(s)) for m, s in raw]
 
     # -- the change stream --------------------------------------------------------
 
@@ -435,7 +431,7 @@ class BrokerStore:
         out: list[Change] = []
         for _, entries in raw or []:
             for sid, fields in entries:
-                out.append(Change(_text(sid), int(fields["v"]), fields["ops"], fields["ev"]))
+                out.append(Change(sid, int(fields["v"]), fields["ops"], fields["ev"]))
         return out
 
     # -- applications (CB-2) ------------------------------------------------------
