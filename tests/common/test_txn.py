@@ -19,6 +19,7 @@ STORES = (
     "services.ocs_manager.store",
     "services.agg_switch.store",
     "services.core_broker.store",
+    "services.core_broker.graphs",
 )
 
 
