@@ -79,26 +79,26 @@ local function queue_again(jk, job)
 end
 
 -- {"enough", pod, needs JSON}: the pod's free blocks minus those held in flight cover it
-CHECKS.enough = function(c)
+if USES.enough then CHECKS.enough = function(c)
   for t, n in pairs(cjson.decode(c[3])) do
     local free = tonumber(call("HGET", key("free"), c[2] .. "|" .. t) or "0")
     local held = tonumber(call("HGET", key("held"), c[2] .. "|" .. t) or "0")
     if free - held < n then return fail("stale", "the blocks went to others", "") end
   end
   return nil
-end
+end end
 
 -- {"register", pod, registration, endpoint, now, events tip (padded)}
-OPS.register = function(o)
+if USES.register then OPS.register = function(o)
   local pod = o[2]
   call("HSET", key("pods"), pod, o[3])
   if call("HEXISTS", key("ack"), pod) == 0 then call("HSET", key("ack"), pod, o[6]) end
   RESULT.returned = alive(pod, o[4], o[5])
-end
+end end
 
 -- {"report", pod, endpoint, now, capacity, version, free JSON, after, until, transitions
 -- JSON, how long (ms) an assumption no report shows may stand}
-OPS.report = function(o)
+if USES.report then OPS.report = function(o)
   local pod, endpoint, now, cap, version, free_json, after, upto, trs =
     o[2], o[3], o[4], o[5], o[6], o[7], o[8], o[9], o[10]
   local assume_ms = tonumber(o[11])
@@ -175,11 +175,11 @@ OPS.report = function(o)
   for t, n in pairs(free) do call("HSET", key("free"), pod .. "|" .. t, math.max(0, n)) end
   -- New capacity and jobs waiting in the cell queue: time for a dispatch pass.
   if changed and call("ZCARD", key("queue")) > 0 then RESULT.wake = 1 end
-end
+end end
 
 -- {"claim_new", job, fields JSON, tenant, pod ("" = queue), needs JSON, token, until, now,
 -- event reason}
-OPS.claim_new = function(o)
+if USES.claim_new then OPS.claim_new = function(o)
   local job, fields, tenant, pod, needs_json, token, upto, now, reason =
     o[2], cjson.decode(o[3]), o[4], o[5], o[6], o[7], o[8], o[9], o[10]
   local jk = member("job", job)
@@ -198,10 +198,10 @@ OPS.claim_new = function(o)
   end
   cell_event(job, "", "PENDING", reason, pod, now)
   RESULT.seq = seq
-end
+end end
 
 -- {"claim_queued", job, pod, needs JSON, token, until, now, event reason}
-OPS.claim_queued = function(o)
+if USES.claim_queued then OPS.claim_queued = function(o)
   local job, pod, needs_json, token, upto, now, reason = o[2], o[3], o[4], o[5], o[6], o[7], o[8]
   local jk = member("job", job)
   call("ZREM", key("queue"), job)
@@ -210,10 +210,10 @@ OPS.claim_queued = function(o)
   take_hold(jk, pod, needs_json, job, now)
   call("ZADD", key("forwarding"), upto, job)
   cell_event(job, "PENDING", "PENDING", reason, pod, now)
-end
+end end
 
 -- {"placed", job, pod, state, n, reason, fields JSON, now}: FORWARDING -> PLACED
-OPS.placed = function(o)
+if USES.placed then OPS.placed = function(o)
   local job, pod, state, n, reason, fields, now = o[2], o[3], o[4], tonumber(o[5]), o[6], cjson.decode(o[7]), o[8]
   local jk = member("job", job)
   local f = call("HMGET", jk, "n", "seq")
@@ -239,10 +239,10 @@ OPS.placed = function(o)
   call("HSET", jk, "state", down and "UNKNOWN" or state)
   call("ZADD", key("podjobs"), f[2], job)
   if not FINAL[state] then call("SADD", key("live"), job) end
-end
+end end
 
 -- {"unbind", job, pod, "refused" | "uncertain", capacity version, reason, now}
-OPS.unbind = function(o)
+if USES.unbind then OPS.unbind = function(o)
   local job, pod, kind, version, reason, now = o[2], o[3], o[4], o[5], o[6], o[7]
   local jk = member("job", job)
   local f = call("HMGET", jk, "refused", "maybe")
@@ -269,11 +269,11 @@ OPS.unbind = function(o)
     "reason", reason, "updated_ms", now)
   queue_again(jk, job)
   cell_event(job, "PENDING", "PENDING", reason, "", now)
-end
+end end
 
 -- {"end_queued", job, final state, reason, now, forget (1: delete the job, when nothing may
 -- exist of it)}
-OPS.end_queued = function(o)
+if USES.end_queued then OPS.end_queued = function(o)
   local job, final, reason, now, forget = o[2], o[3], o[4], o[5], o[6]
   local jk = member("job", job)
   local maybe = call("HGET", jk, "maybe")
@@ -289,11 +289,11 @@ OPS.end_queued = function(o)
   call("HSET", jk, "phase", "ENDED", "state", final, "reason", reason, "updated_ms", now)
   cell_event(job, "PENDING", final, reason, "", now, true)
   RESULT.outcome = final
-end
+end end
 
 -- {"mirror", job, pod, state, n, reason, now, ended here (1: the pod's answer to a
 -- complete/cancel through the cell: its blocks are free again)}
-OPS.mirror = function(o)
+if USES.mirror then OPS.mirror = function(o)
   local job, pod, state, n, reason, now, ended = o[2], o[3], o[4], o[5], o[6], o[7], o[8]
   local jk = member("job", job)
   local f = call("HMGET", jk, "pod_state", "needs")
@@ -310,11 +310,11 @@ OPS.mirror = function(o)
     end
   end
   RESULT.queued = call("ZCARD", key("queue"))
-end
+end end
 
 -- {"update", job, request, priority, pod spec ("" = keep), event reason ("" = none: placed),
 -- now}: a job's priority or labels changed (UpdateJob)
-OPS.update = function(o)
+if USES.update then OPS.update = function(o)
   local job, req, priority, spec, reason, now = o[2], o[3], o[4], o[5], o[6], o[7]
   local jk = member("job", job)
   -- the request as submitted stays the idempotency key of SubmitJob
@@ -325,11 +325,11 @@ OPS.update = function(o)
     queue_again(jk, job)  -- its new place: priority, then age
     cell_event(job, "PENDING", "PENDING", reason, "", now)
   end
-end
+end end
 
 -- {"mark_down", pod, now, timeout ms}: a silent pod marked down, its jobs UNKNOWN (CS-6);
 -- the count of them, -1 if it is not (newly) silent
-OPS.mark_down = function(o)
+if USES.mark_down then OPS.mark_down = function(o)
   local pod, now, timeout = o[2], tonumber(o[3]), tonumber(o[4])
   local seen = tonumber(call("ZSCORE", key("seen"), pod) or "0")
   RESULT.count = -1
@@ -348,10 +348,10 @@ OPS.mark_down = function(o)
     end
   end
   RESULT.count = count
-end
+end end
 
 -- {"adopt", job, pod, state, n, reason, fields JSON, now}: a queued job found on a pod
-OPS.adopt = function(o)
+if USES.adopt then OPS.adopt = function(o)
   local job, pod, state, n, reason, fields, now = o[2], o[3], o[4], o[5], o[6], cjson.decode(o[7]), o[8]
   local jk = member("job", job)
   call("ZREM", key("queue"), job)
@@ -360,11 +360,11 @@ OPS.adopt = function(o)
   call("ZADD", key("podjobs"), call("HGET", jk, "seq"), job)
   if not FINAL[state] then call("SADD", key("live"), job) end
   cell_event(job, "PENDING", state, "found on pod " .. pod .. " after it answered again", pod, now)
-end
+end end
 
 -- {"forget_maybe", job, pod}: a pod that may have got the job does not have it (or it was
 -- dealt with)
-OPS.forget_maybe = function(o)
+if USES.forget_maybe then OPS.forget_maybe = function(o)
   local job, pod = o[2], o[3]
   local jk = member("job", job)
   local raw = call("HGET", jk, "maybe")
@@ -378,4 +378,4 @@ OPS.forget_maybe = function(o)
   else
     call("HSET", jk, "maybe", cjson.encode(left))
   end
-end
+end end

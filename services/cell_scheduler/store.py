@@ -55,6 +55,7 @@ no two replicas forward one job at once.
 from __future__ import annotations
 
 import base64
+import functools
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -272,15 +273,12 @@ class CellTxn(txn.Txn):
     (the hash) and "ev" (its events)."""
 
     def __init__(self, pod: str = "", tenant: str = "", jobs: Iterable[str] = ()):
-        super().__init__(families={"job": _job_key, "ev": _events_key})
-        for name in _CELL_KEYS:
-            self.name(name, cell_key(name))
-        if pod:
-            self.name("endpoints", cell_key("endpoints", pod))
-            for name, part in (("assumed", "assumed"), ("live", "live"), ("podjobs", "jobs")):
-                self.name(name, cell_key("pod", pod, part))
+        super().__init__(families=_FAMILIES)
+        self.include(_CELL_KEYS)
+        for name, key in _pod_keys(pod) if pod else ():
+            self.name(name, key)
         if tenant:
-            self.name("tenantjobs", cell_key("tenant", tenant, "jobs"))
+            self.name("tenantjobs", _tenant_jobs_key(tenant))
         for job_id in jobs:
             self.job(job_id)
 
@@ -309,19 +307,43 @@ class CellTxn(txn.Txn):
         self.read("HMGET", _job_key(job_id), *RECORD_FIELDS)
 
 
-# The cell's keys that are one per cell (store.lua names them as these).
-_CELL_KEYS = (
+# The cell's keys that are one per cell, by the names store.lua gives them.
+_CELL_KEYS = txn.Txn()
+for _name in (
     *("pods", "seen", "endpoint", "capacity", "capver", "free", "held", "ack", "suspect"),
     *("down", "jobs", "queue", "forwarding", "maybe", "seq", "events"),
-)
+):
+    _CELL_KEYS.name(_name, cell_key(_name))
 
 
+# Keys made once (cell_key checks every part each time), as every commit declares them.
+@functools.lru_cache(maxsize=256)
+def _pod_keys(pod: str) -> tuple[tuple[str, str], ...]:
+    return (
+        ("endpoints", cell_key("endpoints", pod)),
+        *((name, cell_key("pod", pod, part)) for name, part in _POD_KEYS),
+    )
+
+
+_POD_KEYS = (("assumed", "assumed"), ("live", "live"), ("podjobs", "jobs"))
+
+
+@functools.lru_cache(maxsize=256)
+def _tenant_jobs_key(tenant: str) -> str:
+    return cell_key("tenant", tenant, "jobs")
+
+
+@functools.lru_cache(maxsize=4096)
 def _job_key(job_id: str) -> str:
     return cell_key("job", job_id)
 
 
+@functools.lru_cache(maxsize=4096)
 def _events_key(job_id: str) -> str:
     return cell_key("job", job_id, "events")
+
+
+_FAMILIES = {"job": _job_key, "ev": _events_key}
 
 
 def _fields(fields: Mapping[str, Any]) -> str:

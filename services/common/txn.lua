@@ -10,6 +10,11 @@ local N, F = tx.n or {}, tx.f or {}
 local CHECKS, OPS, AFTER, RESULT, READS = {}, {}, {}, {}, {}
 local DECLARED = {}
 for _, k in ipairs(KEYS) do DECLARED[k] = true end
+-- The checks and ops this Txn uses: only they are defined ("if USES.x then ..."), as every
+-- call runs this whole file again and each definition costs a little.
+local USES = {}
+for _, c in ipairs(tx.c or {}) do USES[c[1]] = true end
+for _, o in ipairs(tx.o or {}) do USES[o[1]] = true end
 
 -- Every command goes through `call` (extensions too: never redis.call), which refuses a key
 -- that is not declared: tests run every script this way, so none builds a key name.
@@ -48,36 +53,36 @@ end
 
 -- Checks: nil when they hold, else fail(...).
 -- {"is", key, field, allowed values ("" = absent), reason, message, message when absent}
-CHECKS.is = function(c)
+if USES.is then CHECKS.is = function(c)
   local v = call("HGET", KEYS[c[2]], c[3]) or ""
   if has(c[4], v) then return nil end
   return fail(c[5], say(v == "" and c[7] ~= "" and c[7] or c[6], v), v)
-end
+end end
 -- {"has", key, field, 1 (present) | 0 (absent), reason, message}
-CHECKS.has = function(c)
+if USES.has then CHECKS.has = function(c)
   if call("HEXISTS", KEYS[c[2]], c[3]) == c[4] then return nil end
   return fail(c[5], c[6], "")
-end
+end end
 -- {"nokey", key, reason, message}: the key does not exist (an empty set, zset or hash)
-CHECKS.nokey = function(c)
+if USES.nokey then CHECKS.nokey = function(c)
   if call("EXISTS", KEYS[c[2]]) == 0 then return nil end
   return fail(c[3], c[4], "")
-end
+end end
 -- {"num", key, field, "<=" | ">=" | "<" | ">", bound, reason, message}: the field (absent:
 -- 0) compared with the bound
-CHECKS.num = function(c)
+if USES.num then CHECKS.num = function(c)
   local v = tonumber(call("HGET", KEYS[c[2]], c[3]) or "0") or 0
   local b, op, ok = tonumber(c[5]), c[4], false
   if op == "<=" then ok = v <= b elseif op == ">=" then ok = v >= b
   elseif op == "<" then ok = v < b elseif op == ">" then ok = v > b end
   if ok then return nil end
   return fail(c[6], say(c[7], tostring(v)), tostring(v))
-end
+end end
 -- {"declared", set key, {families}, guard set key or 0, guard member}: every member of the
 -- set has its key declared in each family (when the guard member is in the guard set, if
 -- one is given), else "undeclared" (message: the set's KEYS index) with its members: the
 -- caller declares them and retries.
-CHECKS.declared = function(c)
+if USES.declared then CHECKS.declared = function(c)
   if c[4] ~= 0 and call("SISMEMBER", KEYS[c[4]], c[5]) == 0 then return nil end
   local all = call("SMEMBERS", KEYS[c[2]])
   for _, m in ipairs(all) do
@@ -86,20 +91,20 @@ CHECKS.declared = function(c)
     end
   end
   return nil
-end
+end end
 
 -- Ops: writes, and reads whose answers come back in order (READS) or by name (RESULT).
-OPS.hset = function(o) call("HSET", KEYS[o[2]], unpack(o, 3)) end
-OPS.hdel = function(o) call("HDEL", KEYS[o[2]], unpack(o, 3)) end
-OPS.hincr = function(o) call("HINCRBY", KEYS[o[2]], o[3], o[4]) end
-OPS.zadd = function(o) call("ZADD", KEYS[o[2]], o[3], o[4]) end
-OPS.zrem = function(o) call("ZREM", KEYS[o[2]], o[3]) end
-OPS.sadd = function(o) call("SADD", KEYS[o[2]], o[3]) end
-OPS.srem = function(o) call("SREM", KEYS[o[2]], o[3]) end
-OPS.del = function(o) call("DEL", KEYS[o[2]]) end
-OPS.setpx = function(o) call("SET", KEYS[o[2]], o[3], "PX", o[4]) end
+if USES.hset then OPS.hset = function(o) call("HSET", KEYS[o[2]], unpack(o, 3)) end end
+if USES.hdel then OPS.hdel = function(o) call("HDEL", KEYS[o[2]], unpack(o, 3)) end end
+if USES.hincr then OPS.hincr = function(o) call("HINCRBY", KEYS[o[2]], o[3], o[4]) end end
+if USES.zadd then OPS.zadd = function(o) call("ZADD", KEYS[o[2]], o[3], o[4]) end end
+if USES.zrem then OPS.zrem = function(o) call("ZREM", KEYS[o[2]], o[3]) end end
+if USES.sadd then OPS.sadd = function(o) call("SADD", KEYS[o[2]], o[3]) end end
+if USES.srem then OPS.srem = function(o) call("SREM", KEYS[o[2]], o[3]) end end
+if USES.del then OPS.del = function(o) call("DEL", KEYS[o[2]]) end end
+if USES.setpx then OPS.setpx = function(o) call("SET", KEYS[o[2]], o[3], "PX", o[4]) end end
 -- {"xadd", stream key, maxlen, field, value, ...}
-OPS.xadd = function(o) call("XADD", KEYS[o[2]], "MAXLEN", "~", o[3], "*", unpack(o, 4)) end
+if USES.xadd then OPS.xadd = function(o) call("XADD", KEYS[o[2]], "MAXLEN", "~", o[3], "*", unpack(o, 4)) end end
 
 -- A job's transition: numbered by the job hash's "nev", appended to its history list and
 -- to the stream with `extra` fields before "e" (the event's JSON, "n" added) — or, when
@@ -115,15 +120,15 @@ local function job_event(jk, hk, sk, maxlen, e, extra, brief)
   call("XADD", sk, "MAXLEN", "~", maxlen, "*", unpack(fields))
 end
 -- {"event", job key, history key, stream key, maxlen, event JSON, {extra stream fields}}
-OPS.event = function(o) job_event(KEYS[o[2]], KEYS[o[3]], KEYS[o[4]], o[5], cjson.decode(o[6]), o[7]) end
+if USES.event then OPS.event = function(o) job_event(KEYS[o[2]], KEYS[o[3]], KEYS[o[4]], o[5], cjson.decode(o[6]), o[7]) end end
 
-local READABLE = {HMGET = true, HGETALL = true, HGET = true, LRANGE = true, ZCARD = true,
+local READABLE = USES.read and {HMGET = true, HGETALL = true, HGET = true, LRANGE = true, ZCARD = true,
   SCARD = true, SMEMBERS = true, INCR = true, GET = true, EXISTS = true}
 -- {"read", command, key, args...}: the command's answer, appended to the reads
-OPS.read = function(o)
+if USES.read then OPS.read = function(o)
   if not READABLE[o[2]] then error("txn: " .. o[2] .. " is not a read") end
   READS[#READS + 1] = call(o[2], KEYS[o[3]], unpack(o, 4))
-end
+end end
 
 local function run()
   for _, c in ipairs(tx.c or {}) do

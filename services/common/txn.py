@@ -17,10 +17,14 @@ decide again) — then every op, answering a `Committed`.
   table `C`, made from the Python values (tests/common/test_txn.py checks that every `C.x`
   is defined). redis-py's Script runs it by EVALSHA and loads it again on NOSCRIPT.
 
+An extension defines its checks and ops as `if USES.x then OPS.x = function(o) ... end
+end` (txn.lua defines only what the Txn uses: each call runs the whole script again); a
+generic op is nil when the Txn does not use it, so wrap one only under its USES.
+
 API for stores built on this (say here when it changes): `Txn(families=...)`, `k`, `name`,
-`member(s)`, the `expect_*` checks, `check(name, ...)`, the write ops, `read`, `job_event`
-(its Lua twin `job_event(jk, hk, sk, maxlen, e, extra, brief)`), `op(name, ...)`, `blob`
-(binary data as ARGV[i]); the Lua's `now_ms()` (Redis' clock);
+`member(s)`, `include`, the `expect_*` checks, `check(name, ...)`, the write ops, `read`,
+`job_event` (its Lua twin `job_event(jk, hk, sk, maxlen, e, extra, brief)`), `op(name, ...)`,
+`blob` (binary data as ARGV[i]); the Lua's `now_ms()` (Redis' clock);
 `Program(package, file or [files], constants).bind(redis)` → `Script`; `await script.commit(txn)` →
 `Committed` (`reads`, `committed[name]`) or `Conflict` (`reason`, `value`, str = message).
 """
@@ -101,6 +105,20 @@ class Txn:
     def members(self, family: str, ids: Iterable[str]) -> None:
         for member_id in ids:
             self.member(family, member_id)
+
+    def include(self, other: Txn) -> None:
+        """Declare the keys and names `other` declared (a store's fixed keys, made once)."""
+        if not self.keys:  # the usual case, and a copy is far cheaper than declaring each
+            self.keys, self._index, self._names = (
+                list(other.keys),
+                dict(other._index),
+                dict(other._names),
+            )
+            return
+        for name, i in other._names.items():
+            self.name(name, other.keys[i - 1])
+        for key in other.keys:
+            self.k(key)
 
     # -- checks ---------------------------------------------------------------------
 
@@ -234,8 +252,8 @@ _CONSTANT = re.compile(r"\bC\.([A-Za-z_]\w*)")
 
 class Program:
     """txn.lua, then a store's extension file from its package (or several, in order: helpers
-    it shares with other scripts first), with `constants` as the Lua table C (JSON-encodable
-    values)."""
+    it shares with other scripts first), with `constants` as the Lua table C (str, numbers,
+    bools, lists and str-keyed dicts of them)."""
 
     def __init__(self, package: str, extension: str | Sequence[str], constants: Mapping[str, Any]):
         files = [extension] if isinstance(extension, str) else list(extension)
@@ -244,10 +262,8 @@ class Program:
         self.constants = dict(constants)
         core = resources.files(__package__).joinpath("txn.lua").read_text()
         self.lua = core + "".join(resources.files(package).joinpath(f).read_text() for f in files)
-        consts = json.dumps(self.constants, separators=(",", ":"))
-        if "]==]" in consts:
-            raise ValueError("a constant contains ]==]")
-        self.source = f"local C = cjson.decode([==[{consts}]==])\n{self.lua}\nreturn run()\n"
+        # A table literal, not JSON decoded on every call (that costs a few µs each).
+        self.source = f"local C = {_lua(self.constants)}\n{self.lua}\nreturn run()\n"
         PROGRAMS.append(self)
 
     def undefined(self) -> set[str]:
@@ -263,6 +279,28 @@ class Program:
 
 
 PROGRAMS: list[Program] = []
+
+
+_LUA_ESCAPES = {
+    **{chr(i): f"\\{i:03d}" for i in (*range(32), 127)},
+    '"': '\\"',
+    "\\": "\\\\",
+}
+
+
+def _lua(value: Any) -> str:
+    """`value` (str, int, float, bool, list, dict with str keys) as a Lua literal."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, str):
+        return '"' + "".join(_LUA_ESCAPES.get(c, c) for c in value) + '"'
+    if isinstance(value, list | tuple):
+        return "{" + ", ".join(map(_lua, value)) + "}"
+    if isinstance(value, Mapping):
+        return "{" + ", ".join(f"[{_lua(str(k))}] = {_lua(v)}" for k, v in value.items()) + "}"
+    raise TypeError(f"no Lua literal for {type(value).__name__}")
 
 
 class Script:

@@ -21,7 +21,7 @@ local function block_hash(o)
 end
 
 local hset, hdel = OPS.hset, OPS.hdel
-OPS.hset = function(o)
+if USES.hset then OPS.hset = function(o)
   if indexed and o[2] == N.wired then
     for i = 3, #o, 2 do mark(o[i], o[i + 1]) end
   end
@@ -29,8 +29,8 @@ OPS.hset = function(o)
     for i = 3, #o, 2 do touched[o[i]] = true end
   end
   hset(o)
-end
-OPS.hdel = function(o)
+end end
+if USES.hdel then OPS.hdel = function(o)
   if indexed and o[2] == N.wired then
     for i = 3, #o do mark(o[i], nil) end
   end
@@ -38,17 +38,17 @@ OPS.hdel = function(o)
     for i = 3, #o do touched[o[i]] = true end
   end
   hdel(o)
-end
+end end
 
 -- {"notwhole", failed key, block}: healthy, or failed only in some hosts
-CHECKS.notwhole = function(c)
+if USES.notwhole then CHECKS.notwhole = function(c)
   local f = call("HGET", KEYS[c[2]], c[3])
   if f and not cjson.decode(f)["hosts"] then return fail("whole", "block " .. c[3] .. " failed", "") end
   return nil
-end
+end end
 
 -- {"unwire", job}: drop every wiring mark of that job
-OPS.unwire = function(o)
+if USES.unwire then OPS.unwire = function(o)
   local all = call("HGETALL", key("wired"))
   for i = 1, #all, 2 do
     if all[i + 1] == o[2] then
@@ -57,11 +57,11 @@ OPS.unwire = function(o)
     end
   end
   if indexed then call("HDEL", key("wired_count"), o[2]) end
-end
+end end
 
 -- {"subfree", block, chip fields...}: the block leaves sub-block use once none of its
 -- chips is held (the last sub-block slice on it left)
-OPS.subfree = function(o)
+if USES.subfree then OPS.subfree = function(o)
   for i = 3, #o do
     if call("HEXISTS", key("owner"), o[i]) == 1 then return end
   end
@@ -69,7 +69,7 @@ OPS.subfree = function(o)
     call("HDEL", key("owner"), o[2])
     touched[o[2]] = true
   end
-end
+end end
 
 -- After the writes: the free bitmap and the marks on free blocks follow every block
 -- field written in the owner / failed / wired hashes.
@@ -94,12 +94,10 @@ local function extra(what)
   local last = call("XREVRANGE", key("events"), "+", "-", "COUNT", 1)
   return last[1] and last[1][1] or "0-0"
 end
--- {"extra", "seq" | "tip"}: that, as the next read
-OPS.extra = function(o) READS[#READS + 1] = extra(o[2]) end
 
 -- {"lean", "seq" | "tip" | "", job ids...}: what a decision that takes free blocks needs
 -- (store.lean_snapshot), as one read; {0} when the index is missing
-OPS.lean = function(o)
+if USES.lean then OPS.lean = function(o)
   if call("EXISTS", key("free")) == 0 then READS[#READS + 1] = {0}; return end
   local more = extra(o[2])
   local fw = call("HGETALL", key("freewired"))
@@ -127,10 +125,10 @@ OPS.lean = function(o)
     return string.format("%02x", string.byte(c))
   end))
   READS[#READS + 1] = {1, hex, fw, call("HKEYS", key("failed")), queued, jobs, marked, more}
-end
+end end
 
 -- {"rebuild", block count}: derive the indexes from the owner / failed / wired / live hashes
-OPS.rebuild = function(o)
+if USES.rebuild then OPS.rebuild = function(o)
   local n = o[2]
   for _, name in ipairs({"free", "freewired", "wired_count", "queued", "running"}) do
     call("DEL", key(name))
@@ -153,17 +151,17 @@ OPS.rebuild = function(o)
     if st == C.RUNNING then call("ZADD", key("running"), 0, live[i]) end
   end
   indexed = false  -- written here in full: no hook to follow
-end
+end end
 
 -- {"block", block}: {owner or "", 1 if failed else 0, the owner's live JSON or ""}
-OPS.block = function(o)
+if USES.block then OPS.block = function(o)
   local owner = call("HGET", key("owner"), o[2])
   local raw = owner and call("HGET", key("live"), owner)
   READS[#READS + 1] = {owner or "", call("HEXISTS", key("failed"), o[2]), raw or ""}
-end
+end end
 
 -- {"marks", HSCAN cursor, count}: {next cursor, block/job pairs, job/live JSON pairs}
-OPS.marks = function(o)
+if USES.marks then OPS.marks = function(o)
   local got = call("HSCAN", key("wired"), o[2], "COUNT", o[3])
   local marks, jobs, seen = got[2], {}, {}
   for i = 2, #marks, 2 do
@@ -175,11 +173,11 @@ OPS.marks = function(o)
     end
   end
   READS[#READS + 1] = {got[1], marks, jobs}
-end
+end end
 
 -- {"range", after ("" = from the first), upto ("" = to the last), job ids...}: the live JSON
 -- of the RUNNING jobs with ids in (after, upto] and of the jobs named
-OPS.range = function(o)
+if USES.range then OPS.range = function(o)
   local lo = o[2] == "" and "-" or "(" .. o[2]
   local hi = o[3] == "" and "+" or "[" .. o[3]
   local ids = call("ZRANGEBYLEX", key("running"), lo, hi)
@@ -190,4 +188,4 @@ OPS.range = function(o)
     if raw then out[#out + 1] = j; out[#out + 1] = raw end
   end
   READS[#READS + 1] = out
-end
+end end

@@ -361,18 +361,21 @@ class PodStore:
         return (await self._script.commit(t)).reads
 
     async def _snapshot(self, extra: str = "") -> list[Any]:
-        """Block health, owners, wiring marks and live jobs (and `extra`) in one read."""
-        t = txn.Txn()
+        """Block health, owners, wiring marks and live jobs (and `extra`: the next
+        admission sequence, or the newest event's id) in one atomic read: MULTI, which
+        costs Redis less than a script for plain reads on this hottest path."""
         k = self.keys
-        for key in (k.failed, k.owner, k.wired, k.live):
-            t.read("HGETALL", key)
-        if extra:
+        async with self.redis.pipeline(transaction=True) as pipe:
+            for key in (k.failed, k.owner, k.wired, k.live):
+                pipe.hgetall(key)
             if extra == "seq":
-                t.name("seq", k.seq)
-            else:
-                t.name("events", k.events)
-            t.op("extra", extra)
-        return (await self._script.commit(t)).reads
+                pipe.incr(k.seq)
+            elif extra == "tip":
+                pipe.xrevrange(k.events, count=1)
+            got = await pipe.execute()
+        if extra == "tip":
+            got[4] = got[4][0][0] if got[4] else "0-0"
+        return got
 
     async def next_seq(self) -> int:
         return int(await self.redis.incr(self.keys.seq))
@@ -473,7 +476,7 @@ class PodStore:
         return state, tip
 
     def _state(self, fabric: PodFabric, reply: list[Any]) -> PodState:
-        failed, owner, wired, live = (_pairs(flat) for flat in reply[:4])
+        failed, owner, wired, live = reply[:4]  # dicts (HGETALL in MULTI)
         # Small jobs of a SWITCHED pod hold processors ("t<g>.<i>.<j>"), sub-block slices
         # chips ("c<b>.<x>.<y>.<z>"), not blocks; failed hosts are "h<b>.<host>".
         hosts: dict[int, set[int]] = {}

@@ -4,13 +4,15 @@ nothing written when one fails, typed answers, every key declared, constants fro
 from __future__ import annotations
 
 import importlib
+import json
 
 import pytest
 from redis.exceptions import ResponseError
 
 from services.common.txn import PROGRAMS, Conflict, Program, Txn
 
-PROGRAM = Program("tests.common", "txn_test.lua", {"STRIDE": 1 << 40})
+TEXT = 'a "quoted" \\ back\nslash\x00\x7f 5é ]==] \\0101'
+PROGRAM = Program("tests.common", "txn_test.lua", {"STRIDE": 1 << 40, "TEXT": TEXT})
 JOBS = "lp:{t}:jobs"
 # Every store built on the primitive.
 STORES = (
@@ -164,8 +166,14 @@ async def test_the_script_is_loaded_again_after_redis_forgot_it(redis_client):
     assert (await script.commit(t)).reads == ["4"]
 
 
+async def test_constants_reach_the_lua_as_python_has_them(redis_client):
+    t = txn()
+    t.op("text")
+    assert (await PROGRAM.bind(redis_client).commit(t)).reads == [TEXT]
+
+
 def test_a_constant_the_lua_uses_but_python_lacks_is_found():
-    drifted = Program("tests.common", "txn_test.lua", {"STRIDES": 1 << 40})
+    drifted = Program("tests.common", "txn_test.lua", {"STRIDES": 1 << 40, "TEXT": ""})
     PROGRAMS.remove(drifted)
     assert drifted.undefined() == {"STRIDE"} and drifted.unused() == {"STRIDES"}
 
@@ -180,3 +188,17 @@ def test_every_store_program_defines_the_constants_its_lua_uses():
         assert "redis.call" not in program.lua.split("local function key(name)", 1)[1], (
             program.extension
         )
+
+
+def test_a_txn_includes_the_keys_another_declared_under_their_names():
+    fixed = txn()
+    fixed.name("jobs", JOBS)
+    t = txn()
+    t.include(fixed)
+    assert t.keys == [JOBS] and json.loads(t.payload()[1])["n"] == {"jobs": 1}
+    later = txn()
+    later.k(job_key("a"))
+    later.include(fixed)
+    assert later.keys == [job_key("a"), JOBS] and json.loads(later.payload()[1])["n"] == {"jobs": 2}
+    fixed.name("down", "lp:{t}:down")  # the copy is its own
+    assert t.keys == [JOBS]
