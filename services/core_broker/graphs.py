@@ -198,7 +198,7 @@ class GraphMetricsStore:
         for _ in range(3):
             t = Txn(families={"run": lambda r: self._key(gid, "run", r)})
             t.check("owner", t.k(self._key(gid, "owner")), application_id)
-            t.check("declared", t.k(runs), self._runs_kept)
+            t.check("runs_declared", t.k(runs), self._runs_kept)
             t.members("run", old)
             t.op("setnx", t.k(self._key(gid, "owner")), application_id)
             t.hset(

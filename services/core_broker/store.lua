@@ -62,7 +62,7 @@ end
 
 -- {"publish", maxlen}: the stream entry of this change, if it changed anything.
 -- RESULT: version (0: nothing changed), sid (its entry), current (the store's version).
-OPS.publish = function(o)
+if USES.publish then OPS.publish = function(o)
   RESULT.version, RESULT.sid = version or 0, ""
   if version then
     local d = #deltas > 0 and cjson.encode(deltas) or "[]"
@@ -70,7 +70,7 @@ OPS.publish = function(o)
     RESULT.sid = call("XADD", key("changes"), "MAXLEN", "~", o[2], "*", "v", version, "ops", d, "ev", ev)
   end
   RESULT.current = tonumber(call("GET", key("version")) or "0")
-end
+end end
 
 -- {"reserve", now, tickets, seen version ("" = unknown), seen stream id}
 -- tickets: [{ids: [id, ...], groups: [[reservation, ...], ...]}, ...]; reservation: {id,
@@ -82,7 +82,7 @@ end
 -- (compare-and-set), else those that the stream's entries since then add to (a removal only
 -- frees cores). Every device is re-checked when those entries cannot be read whole (more
 -- than C.MAX_UNSEEN of them, trimmed, or not consecutive) or one changes a device's record.
-OPS.reserve = function(o)
+if USES.reserve then OPS.reserve = function(o)
   local tickets, out = o[3], {}
   local filled = nil -- devices to re-check (a set); nil: every device
   if o[4] ~= "" then
@@ -167,7 +167,7 @@ OPS.reserve = function(o)
     end
   end
   RESULT.tickets, RESULT.rechecked = out, rechecked
-end
+end end
 
 -- A reservation's record: nil and why ("missing", "denied": another application's), or
 -- the record and its stored fields {data, app, v}.
@@ -211,7 +211,7 @@ local function answer(status, data, v)
 end
 
 -- {"release", now, id, app ("" = operator), retention ms}
-OPS.release = function(o)
+if USES.release then OPS.release = function(o)
   local now, id, app, retention = o[2], o[3], o[4], o[5]
   local rec, h = load(id, app)
   if not rec then return answer(h) end
@@ -237,11 +237,11 @@ OPS.release = function(o)
   finish(id, retention)
   events[#events + 1] = {"RELEASED", id, rec.app, data}
   answer("ok", data, version)
-end
+end end
 
 -- {"extend", id, app, new end}: every unfinished part ends later by the same amount, if
 -- its device has the cores; else "full" and detail {device, the latest end it allows}
-OPS.extend = function(o)
+if USES.extend then OPS.extend = function(o)
   local id, app, new_end = o[2], o[3], o[4]
   local rec, h = load(id, app)
   if not rec then return answer(h) end
@@ -303,14 +303,14 @@ OPS.extend = function(o)
   if due then call("ZADD", key("timers"), fmt(due), id) end
   events[#events + 1] = {"EXTENDED", id, rec.app, data}
   answer("ok", data, version)
-end
+end end
 
 -- {"reap", now, retention ms, ids...}: move the due reservations the caller read on (parts
 -- start and end, cores return, ended ones expire after the retention); one not due any
 -- more, or whose devices were not all declared, waits for the next sweep.
 -- RESULT.next: when the next one falls due ("" = none); RESULT.undeclared: the ids skipped
 -- for devices not declared.
-OPS.reap = function(o)
+if USES.reap then OPS.reap = function(o)
   local now, retention = o[2], o[3]
   RESULT.undeclared = {}
   for i = 4, #o do
@@ -358,11 +358,11 @@ OPS.reap = function(o)
   end
   local nxt = call("ZRANGE", key("timers"), 0, 0, "WITHSCORES")
   RESULT.next = nxt[2] or ""
-end
+end end
 
 -- {"fits", device, cores}: the device's allocations never need more than `cores` at once
 -- (value: the most they need)
-CHECKS.fits = function(c)
+if USES.fits then CHECKS.fits = function(c)
   local raw = call("ZRANGE", member("alloc", c[2]), 0, -1, "WITHSCORES")
   local ivs = {}
   for i = 1, #raw, 2 do ivs[#ivs + 1] = parse(raw[i], raw[i + 1]) end
@@ -373,21 +373,21 @@ CHECKS.fits = function(c)
   end
   if most <= c[3] then return nil end
   return fail("busy", "more cores are reserved at some instant", tostring(most))
-end
+end end
 -- {"idle", device}: the device holds no allocation (value: how many it holds)
-CHECKS.idle = function(c)
+if USES.idle then CHECKS.idle = function(c)
   local n = call("ZCARD", member("alloc", c[2]))
   if n == 0 then return nil end
   return fail("busy", "the device holds allocations", tostring(n))
-end
+end end
 -- {"changed", delta}: a change to devices or latencies, for the stream
-OPS.changed = function(o)
+if USES.changed then OPS.changed = function(o)
   bump()
   for i = 2, #o do deltas[#deltas + 1] = o[i] end
-end
+end end
 -- {"latency", [[site, device, ms or -1], ...]}: set (or, for -1, drop) each entry.
 -- RESULT.entries: how many the table holds.
-OPS.latency = function(o)
+if USES.latency then OPS.latency = function(o)
   bump()
   for _, e in ipairs(o[2]) do
     local field = e[1] .. "|" .. e[2]
@@ -396,12 +396,12 @@ OPS.latency = function(o)
     deltas[#deltas + 1] = {"l", e[1], e[2], e[3]}
   end
   RESULT.entries = call("HLEN", key("latency"))
-end
+end end
 
 -- {"snapshot"}: the version, the stream's last entry, devices, latencies, and every declared
 -- device's allocations. RESULT.complete 0: a device the caller did not declare exists
 -- (it declares the devices again and retries).
-OPS.snapshot = function(o)
+if USES.snapshot then OPS.snapshot = function(o)
   RESULT.version = tonumber(call("GET", key("version")) or "0")
   local last = call("XREVRANGE", key("changes"), "+", "-", "COUNT", 1)
   RESULT.sid = #last > 0 and last[1][1] or "0-0"
@@ -415,4 +415,4 @@ OPS.snapshot = function(o)
     allocs[#allocs + 1] = call("ZRANGE", k, 0, -1, "WITHSCORES")
   end
   RESULT.devices, RESULT.latency, RESULT.allocations = devs, call("HGETALL", key("latency")), allocs
-end
+end end

@@ -2,26 +2,26 @@
 -- comes first). Keys are KEYS indices; `header` is lua.py's fabric_header.
 
 -- {"fabric", fabric key, record}: the pod is still wired with this fabric
-CHECKS.fabric = function(c)
+if USES.fabric then CHECKS.fabric = function(c)
   local cur = call('GET', KEYS[c[2]])
   if cur == c[3] then return nil end
   return fail('FABRIC_CHANGED', "the pod's stored fabric configuration differs", cur or '')
-end
+end end
 -- {"stored", fabric key, {records ("" = none)}}: the record read before is still there
-CHECKS.stored = function(c)
+if USES.stored then CHECKS.stored = function(c)
   local cur = call('GET', KEYS[c[2]]) or ''
   if has(c[3], cur) then return nil end
   return fail('FABRIC_MOVED', 'the fabric record changed meanwhile', cur)
-end
+end end
 -- {"unused", fabric key, record, slices, owner}: another fabric's record is replaced only
 -- while nothing is wired on it (value: how many slices are)
-CHECKS.unused = function(c)
+if USES.unused then CHECKS.unused = function(c)
   local cur = call('GET', KEYS[c[2]])
   if not cur or cur == c[3] then return nil end
   local n = call('ZCARD', KEYS[c[4]])
   if n + call('HLEN', KEYS[c[5]]) == 0 then return nil end
   return fail('IN_USE', 'slices are wired on the stored fabric', tostring(n))
-end
+end end
 
 -- a change in flight on a slice record: nil, or fail(BUSY, op) while its lease runs, or
 -- fail(STALE, token) once it ran out (the caller takes it over and rolls it back)
@@ -32,28 +32,28 @@ local function in_flight(r_op, r_token, r_deadline)
 end
 -- {"new_slice", record key, spec}: no such slice yet; else DIFFERENT (its spec), BUSY,
 -- STALE, or SAME (its state: wiring | wired)
-CHECKS.new_slice = function(c)
+if USES.new_slice then CHECKS.new_slice = function(c)
   if call('EXISTS', KEYS[c[2]]) == 0 then return nil end
   local r = call('HMGET', KEYS[c[2]], 'spec', 'state', 'op', 'op_token', 'op_deadline')
   if r[1] ~= c[3] then return fail('DIFFERENT', 'wired with another placement', r[1] or '') end
   return in_flight(r[3], r[4], r[5]) or fail('SAME', 'already wired so', r[2] or '')
-end
+end end
 -- {"idle", record key}: no change in flight (BUSY, STALE)
-CHECKS.idle = function(c)
+if USES.idle then CHECKS.idle = function(c)
   local r = call('HMGET', KEYS[c[2]], 'op', 'op_token', 'op_deadline')
   return in_flight(r[1], r[2], r[3])
-end
+end end
 -- {"free", owner key, blocks...}: no block is claimed (value: "<block> <owner>")
-CHECKS.free = function(c)
+if USES.free then CHECKS.free = function(c)
   for i = 3, #c do
     local o = call('HGET', KEYS[c[2]], c[i])
     if o then return fail('BLOCK_IN_USE', 'block ' .. c[i] .. ' is claimed', c[i] .. ' ' .. o) end
   end
   return nil
-end
+end end
 -- {"replace", owner key, record key, job, failed, new}: `failed` is the slice's and `new`
 -- free; REPLAYED (value: the spec) when this very replacement is done already
-CHECKS.replace = function(c)
+if USES.replace then CHECKS.replace = function(c)
   local owner, job, failed, new = KEYS[c[2]], c[4], c[5], c[6]
   if call('HGET', owner, failed) ~= job then
     local r = call('HMGET', KEYS[c[3]], 'spec', 'replaced')
@@ -65,20 +65,20 @@ CHECKS.replace = function(c)
   local on = call('HGET', owner, new)
   if on then return fail('BLOCK_IN_USE', 'block ' .. new .. ' is claimed', new .. ' ' .. on) end
   return nil
-end
+end end
 -- {"stale", record key, token}: the change `token` locked outlived its lease
-CHECKS.stale = function(c)
+if USES.stale then CHECKS.stale = function(c)
   local r = call('HMGET', KEYS[c[2]], 'op_token', 'op_deadline')
   if r[1] == c[3] and now_ms() >= tonumber(r[2]) then return nil end
   return fail('NOT_STALE', 'finished, or taken over', '')
-end
+end end
 
 -- What CHECKS.tables found, for OPS.tables to write (parsed once).
 local change = nil
 -- {"tables", xc base, otm base, header, disconnect, connect, otm}: every port to remove is
 -- cross-connected so, every port to add is free (or removed by this change, and given one
 -- peer), every 1xK switch is where the change expects it (CONFLICT, naming it)
-CHECKS.tables = function(c)
+if USES.tables then CHECKS.tables = function(c)
   set_fabric(c[4])
   local touched = {}
   local rem = expand(c[5], c[2], touched)
@@ -128,11 +128,11 @@ CHECKS.tables = function(c)
   end
   change = {rem = rem, add = add, otm = otm, touched = touched, n_rem = n_rem, n_add = n_add}
   return nil
-end
+end end
 
 -- {"tables", versions key}: write what CHECKS.tables checked; every touched OCS table's
 -- version + 1. RESULT: removed, added (cross-connect pairs, over every axis).
-OPS.tables = function(o)
+if USES.tables then OPS.tables = function(o)
   for idx, t in pairs(change.rem) do hdel(KEYS[idx], t.f) end
   for idx, t in pairs(change.add) do hset(KEYS[idx], t.f, t.p) end
   apply_otm(change.otm)
@@ -148,25 +148,25 @@ OPS.tables = function(o)
     hset(KEYS[o[2]], ids, v)
   end
   RESULT.removed, RESULT.added = change.n_rem, change.n_add
-end
+end end
 -- {"lock", record key, lease ms, field, value, ...}: the fields, and a lease from now
-OPS.lock = function(o)
+if USES.lock then OPS.lock = function(o)
   call('HSET', KEYS[o[2]], 'op_deadline', now_ms() + tonumber(o[3]), unpack(o, 4))
-end
+end end
 -- {"unclaim", owner key, job, blocks...}: drop the job's claims on these blocks
-OPS.unclaim = function(o)
+if USES.unclaim then OPS.unclaim = function(o)
   for i = 4, #o do
     if call('HGET', KEYS[o[2]], o[i]) == o[3] then call('HDEL', KEYS[o[2]], o[i]) end
   end
-end
+end end
 -- {"wired", record key}: the slice is wired, now
-OPS.wired = function(o)
+if USES.wired then OPS.wired = function(o)
   call('HSET', KEYS[o[2]], 'state', C.WIRED, 'wired_at', now_ms())
-end
+end end
 -- {"fabric", fabric key, record, versions key, xc base, otm base, header, old keys...}:
 -- record this fabric (dropping the old one's tables, CHECKS.unused allowing) and lay out
 -- its tables. RESULT: status NEW | SAME | CHANGED, old (the record replaced, or "").
-OPS.fabric = function(o)
+if USES.fabric then OPS.fabric = function(o)
   local cur = call('GET', KEYS[o[2]])
   RESULT.status, RESULT.old = 'SAME', cur or ''
   if not cur then
@@ -181,4 +181,4 @@ OPS.fabric = function(o)
   -- A field longer than 64 bytes keeps the versions a hash table: as a ziplist every
   -- commit's read and write of its OCS' versions would scan the list once per OCS.
   call('HSETNX', KEYS[o[4]], 'layout', 'OCS id -> version of its routing table, + 1 on every committed change')
-end
+end end
