@@ -1,6 +1,7 @@
 """Redis persistence of agg_switch (X-4): everything under one tree's hash tag
 ``lp:{agg:<tree>}:…``, so a tree's keys share a Cluster slot and the Lua
-scripts below may touch them together.
+transactions (services.common.txn, this store's checks and ops in store.lua) may touch
+them together.
 
     topology            hash  json, version, defined_at          (AG-1)
     endpoints           hash  node → host:port registered at start
@@ -38,6 +39,7 @@ from services.agg_switch.command import CommandSpec, CommandState
 from services.agg_switch.switch import CommandReport
 from services.agg_switch.topology import Topology
 from services.common.keys import tree_key
+from services.common.txn import Conflict, Program, Txn
 
 # A command is RUNNING until a switch says otherwise; one that outlived its
 # deadline by this much with nobody saying so (every switch gone) is failed on read.
@@ -47,64 +49,17 @@ HISTORY_KEEP = 1000
 # How many ids a tenant's listing reads at a time while it skips other tenants' commands.
 LIST_SCAN = 64
 
-_START = """
--- KEYS: cmd, running, topology, commands, model lock
--- ARGV: id, spec, digest, topology version, now, deadline, model ("" = none), lock ttl ms
-if redis.call('EXISTS', KEYS[1]) == 1 then
-  return {'exists', redis.call('HGET', KEYS[1], 'digest')}
-end
-local version = redis.call('HGET', KEYS[3], 'version')
-if not version then return {'no_topology'} end
-if version ~= ARGV[4] then return {'stale', version} end
-if ARGV[7] ~= '' then
-  local holder = redis.call('GET', KEYS[5])
-  if holder and holder ~= ARGV[1] then return {'model_busy', holder} end
-  redis.call('SET', KEYS[5], ARGV[1], 'PX', ARGV[8])
-end
-redis.call('HSET', KEYS[1], 'spec', ARGV[2], 'digest', ARGV[3], 'state', 'running',
-           'created_at', ARGV[5])
-redis.call('ZADD', KEYS[2], ARGV[6], ARGV[1])
-redis.call('ZADD', KEYS[4], ARGV[5], ARGV[1])
-return {'created'}
-"""
-
-_FINISH = """
--- KEYS: cmd, running, model lock, missing, aborts stream
--- ARGV: id, state, now, failure, ttl s, failure reason, spread ("1": tell every
---       switch through the aborts stream), origin, missing...
-local state = redis.call('HGET', KEYS[1], 'state')
-if not state then return 0 end
-local moved = 0
-if state == 'running' then
-  redis.call('HSET', KEYS[1], 'state', ARGV[2], 'finished_at', ARGV[3], 'failure', ARGV[4],
-             'failure_reason', ARGV[6])
-  redis.call('ZREM', KEYS[2], ARGV[1])
-  if redis.call('GET', KEYS[3]) == ARGV[1] then redis.call('DEL', KEYS[3]) end
-  redis.call('EXPIRE', KEYS[1], ARGV[5])
-  state = ARGV[2]
-  moved = 1
-  if ARGV[7] == '1' then
-    redis.call('XADD', KEYS[5], 'MAXLEN', '~', '1000', '*', 'command', ARGV[1],
-               'reason', ARGV[4], 'code', ARGV[6], 'origin', ARGV[8])
-  end
-end
-if state == 'failed' and #ARGV > 8 then
-  for i = 9, #ARGV do redis.call('SADD', KEYS[4], ARGV[i]) end
-  redis.call('EXPIRE', KEYS[4], ARGV[5])
-end
-return moved
-"""
-
-_DEFINE = """
--- KEYS: topology, running
--- ARGV: json, now, stale before
-redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', ARGV[3])
-local busy = redis.call('ZRANGE', KEYS[2], 0, 0)
-if #busy > 0 then return {'busy', busy[1]} end
-local version = redis.call('HINCRBY', KEYS[1], 'version', 1)
-redis.call('HSET', KEYS[1], 'json', ARGV[1], 'defined_at', ARGV[2])
-return {'ok', version}
-"""
+ABORTS_MAXLEN = 1000
+PROGRAM = Program(
+    "services.agg_switch",
+    "store.lua",
+    {
+        "RUNNING": CommandState.RUNNING.value,
+        "FAILED": CommandState.FAILED.value,
+        "FINISHED_TTL_S": FINISHED_TTL_S,
+        "ABORTS_MAXLEN": ABORTS_MAXLEN,
+    },
+)
 
 
 @dataclass
@@ -136,26 +91,12 @@ def report_json(report: CommandReport) -> dict[str, Any]:
     }
 
 
-# KEYS: model hash. ARGV: dtype, length, data, checked ("1": a tenant writes), tenant.
-_SET_MODEL = """
-local owner = redis.call('HGET', KEYS[1], 'tenant')
-local exists = redis.call('EXISTS', KEYS[1]) == 1
-if ARGV[4] == '1' and exists and (owner or '') ~= ARGV[5] then return -1 end
-if not exists then redis.call('HSET', KEYS[1], 'tenant', ARGV[5]) end
-redis.call('HSET', KEYS[1], 'dtype', ARGV[1], 'length', ARGV[2], 'data', ARGV[3])
-return redis.call('HINCRBY', KEYS[1], 'version', 1)
-"""
-
-
 class AggStore:
     def __init__(self, redis: aioredis.Redis, binary: aioredis.Redis | None = None):
         # Any: redis-py's annotations do not know decode_responses.
         self.r: Any = redis
         self.b: Any = binary or redis
-        self._start = redis.register_script(_START)
-        self._finish = redis.register_script(_FINISH)
-        self._define = redis.register_script(_DEFINE)
-        self._set_model = self.b.register_script(_SET_MODEL)
+        self._script = PROGRAM.bind(redis)
 
     # -- topology (AG-1) ---------------------------------------------------------
 
@@ -170,17 +111,26 @@ class AggStore:
 
     async def define_topology(self, topology: Topology, now: float) -> int:
         """Store `topology`; refused while a command of the tree runs. Returns the version."""
-        out = await self._define(
-            keys=[tree_key(topology.tree_id, "topology"), tree_key(topology.tree_id, "running")],
-            args=[json.dumps(topology.to_json()), now, now - STALE_GRACE_S],
+        topo, running = (
+            tree_key(topology.tree_id, "topology"),
+            tree_key(topology.tree_id, "running"),
         )
-        if out[0] == "busy":
+        stale = now - STALE_GRACE_S
+        t = Txn()
+        t.check("idle", t.k(running), stale)
+        t.op("stale", t.k(running), stale)
+        t.hincr(topo, "version", 1)
+        t.hset(topo, {"json": json.dumps(topology.to_json()), "defined_at": now})
+        t.read("HGET", topo, "version")
+        try:
+            done = await self._script.commit(t)
+        except Conflict as c:
             raise FailedPrecondition(
                 f"tree {topology.tree_id}",
-                f"command {out[1]} is running; the topology changes once no command runs",
-                reason="TREE_BUSY",
-            )
-        return int(out[1])
+                f"command {c.value} is running; the topology changes once no command runs",
+                reason=c.reason,
+            ) from None
+        return int(done.reads[0])
 
     async def register_endpoint(self, tree_id: str, node_id: str, address: str) -> None:
         await self.r.hset(tree_key(tree_id, "endpoints"), node_id, address)
@@ -198,29 +148,31 @@ class AggStore:
         t = spec.tree_id
         lock = tree_key(t, "model", spec.ps_model or "-", "lock")
         ttl_ms = max(1, int((spec.deadline_at - spec.created_at + STALE_GRACE_S) * 1000))
-        out = await self._start(
-            keys=[
-                self._cmd(t, spec.command_id),
-                tree_key(t, "running"),
-                tree_key(t, "topology"),
-                tree_key(t, "commands"),
-                lock,
-            ],
-            args=[
-                spec.command_id,
-                json.dumps(spec.to_json()),
-                digest,
-                spec.topology_version,
-                spec.created_at,
-                spec.deadline_at,
-                spec.ps_model,
-                ttl_ms,
-            ],
+        cmd = self._cmd(t, spec.command_id)
+        txn = Txn()
+        txn.expect(cmd, "digest", [""], reason="COMMAND_EXISTS")
+        txn.expect(tree_key(t, "topology"), "version", [str(spec.topology_version)], reason="STALE")
+        if spec.ps_model:
+            txn.check("lock", txn.k(lock), spec.command_id)
+            txn.set_px(lock, spec.command_id, ttl_ms)
+        txn.hset(
+            cmd,
+            {
+                "spec": json.dumps(spec.to_json()),
+                "digest": digest,
+                "state": CommandState.RUNNING.value,
+                "created_at": spec.created_at,
+            },
         )
-        if out[0] == "created":
+        txn.zadd(tree_key(t, "running"), spec.deadline_at, spec.command_id)
+        txn.zadd(tree_key(t, "commands"), spec.created_at, spec.command_id)
+        try:
+            await self._script.commit(txn)
             return spec, True
-        if out[0] == "exists":
-            if out[1] != digest:
+        except Conflict as c:
+            refused = c
+        if refused.reason == "COMMAND_EXISTS":
+            if refused.value != digest:
                 raise FailedPrecondition(
                     f"command {spec.command_id}",
                     "exists with different parameters; choose a new command id",
@@ -229,15 +181,15 @@ class AggStore:
             record = await self.command(t, spec.command_id)
             assert record is not None
             return record.spec, False
-        if out[0] == "no_topology":
+        if refused.reason == "STALE" and not refused.value:
             raise FailedPrecondition(
                 f"tree {t}", "has no topology; DefineTopology first", reason="NO_TOPOLOGY"
             )
-        if out[0] == "stale":
+        if refused.reason == "STALE":
             raise Aborted("the topology changed while the command was planned; retry")
         raise FailedPrecondition(
             f"model {spec.ps_model}",
-            f"command {out[1]} is updating it; one command updates a model at a time",
+            f"command {refused.value} is updating it; one command updates a model at a time",
             reason="MODEL_BUSY",
         )
 
@@ -349,27 +301,29 @@ class AggStore:
         `spread`: the failure also goes on the tree's aborts stream, in the same
         step, so every switch applies it now (`follow_aborts`)."""
         t = spec.tree_id
-        moved = await self._finish(
-            keys=[
-                self._cmd(t, spec.command_id),
-                tree_key(t, "running"),
-                tree_key(t, "model", spec.ps_model or "-", "lock"),
-                self._cmd(t, spec.command_id, "missing"),
-                self.aborts_key(t),
-            ],
-            args=[
-                spec.command_id,
-                state.value,
-                now,
-                failure,
-                FINISHED_TTL_S,
-                failure_reason,
-                "1" if spread else "0",
-                origin,
-                *missing,
-            ],
+        txn = Txn()
+        txn.op(
+            "finish",
+            *(
+                txn.k(key)
+                for key in (
+                    self._cmd(t, spec.command_id),
+                    tree_key(t, "running"),
+                    tree_key(t, "model", spec.ps_model or "-", "lock"),
+                    self._cmd(t, spec.command_id, "missing"),
+                    self.aborts_key(t),
+                )
+            ),
+            spec.command_id,
+            state.value,
+            now,
+            failure,
+            failure_reason,
+            int(spread),
+            origin,
+            list(missing),
         )
-        return bool(moved)
+        return bool((await self._script.commit(txn))["moved"])
 
     @staticmethod
     def aborts_key(tree_id: str) -> str:
@@ -460,17 +414,22 @@ class AggStore:
         for operators) owns the model: a tenant writing another's model gets None and
         nothing is written. `tenant` None: the caller is trusted (an operator, or a
         command, whose tenant `owner` owns a model it creates)."""
-        version = await self._set_model(
-            keys=[tree_key(tree_id, "model", model_id)],
-            args=[
-                dtype.value,
-                len(data) // dtype.numpy.itemsize,
-                data,
-                "1" if tenant is not None else "0",
-                tenant if tenant is not None else owner,
-            ],
+        key = tree_key(tree_id, "model", model_id)
+        t = Txn()
+        if tenant is not None:
+            t.check("owner", t.k(key), tenant)
+        t.op(
+            "model",
+            t.k(key),
+            dtype.value,
+            len(data) // dtype.numpy.itemsize,
+            t.blob(data),
+            tenant if tenant is not None else owner,
         )
-        return None if int(version) < 0 else int(version)
+        try:
+            return int((await self._script.commit(t))["version"])
+        except Conflict:
+            return None
 
     async def model_owner(self, tree_id: str, model_id: str) -> str | None:
         """The tenant that owns a model ("" for an operator's), None for no such model."""

@@ -23,6 +23,12 @@ local function call(command, k, ...)
   return redis.call(command, k, ...)
 end
 
+-- Redis' clock in ms: one clock for every replica (leases, deadlines).
+local function now_ms()
+  local t = redis.call("TIME")
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
 local function key(name)
   local i = N[name]
   if not i then error("txn: key " .. name .. " was not declared") end

@@ -22,9 +22,10 @@ end` (txn.lua defines only what the Txn uses: each call runs the whole script ag
 generic op is nil when the Txn does not use it, so wrap one only under its USES.
 
 API for stores built on this (say here when it changes): `Txn(families=...)`, `k`, `name`,
-`member(s)`, `include`, the `expect_*` checks, `check(name, ...)`, the write ops, `read`, `job_event`
-(its Lua twin `job_event(jk, hk, sk, maxlen, e, extra, brief)`), `op(name, ...)`;
-`Program(package, file, constants).bind(redis)` → `Script`; `await script.commit(txn)` →
+`member(s)`, `include`, the `expect_*` checks, `check(name, ...)`, the write ops, `read`,
+`job_event` (its Lua twin `job_event(jk, hk, sk, maxlen, e, extra, brief)`), `op(name, ...)`,
+`blob` (binary data as ARGV[i]); the Lua's `now_ms()` (Redis' clock);
+`Program(package, file or [files], constants).bind(redis)` → `Script`; `await script.commit(txn)` →
 `Committed` (`reads`, `committed[name]`) or `Conflict` (`reason`, `value`, str = message).
 """
 
@@ -74,6 +75,8 @@ class Txn:
     keys: list[str] = field(default_factory=list)
     checks: list[list[Any]] = field(default_factory=list)
     ops: list[list[Any]] = field(default_factory=list)
+    # values that cannot travel in JSON (binary data): ARGV[2 ..], by `blob`'s index
+    blobs: list[bytes] = field(default_factory=list)
     _index: dict[str, int] = field(default_factory=dict)
     _names: dict[str, int] = field(default_factory=dict)
     _members: dict[str, dict[str, int]] = field(default_factory=dict)
@@ -234,6 +237,11 @@ class Txn:
         """An op of the store's extension (its OPS[name]); keys as `k` indices."""
         self.ops.append([name, *args])
 
+    def blob(self, data: bytes) -> int:
+        """Pass `data` beside the JSON; an op reads it as ARGV[the index returned]."""
+        self.blobs.append(data)
+        return len(self.blobs) + 1
+
     def payload(self) -> tuple[list[str], str]:
         body = {"c": self.checks, "o": self.ops, "n": self._names, "f": self._members}
         return list(self.keys), json.dumps(body, separators=(",", ":"))
@@ -243,15 +251,17 @@ _CONSTANT = re.compile(r"\bC\.([A-Za-z_]\w*)")
 
 
 class Program:
-    """txn.lua, then a store's extension file from its package, with `constants` as the
-    Lua table C (str, numbers, bools, lists and str-keyed dicts of them)."""
+    """txn.lua, then a store's extension file from its package (or several, in order: helpers
+    it shares with other scripts first), with `constants` as the Lua table C (str, numbers,
+    bools, lists and str-keyed dicts of them)."""
 
-    def __init__(self, package: str, extension: str, constants: Mapping[str, Any]):
+    def __init__(self, package: str, extension: str | Sequence[str], constants: Mapping[str, Any]):
+        files = [extension] if isinstance(extension, str) else list(extension)
         self.package = package
-        self.extension = extension
+        self.extension = " + ".join(files)
         self.constants = dict(constants)
         core = resources.files(__package__).joinpath("txn.lua").read_text()
-        self.lua = core + resources.files(package).joinpath(extension).read_text()
+        self.lua = core + "".join(resources.files(package).joinpath(f).read_text() for f in files)
         # A table literal, not JSON decoded on every call (that costs a few µs each).
         self.source = f"local C = {_lua(self.constants)}\n{self.lua}\nreturn run()\n"
         PROGRAMS.append(self)
@@ -309,7 +319,7 @@ class Script:
                     txn.member(family, member_id)
         for _ in range(DECLARE_RETRIES):
             keys, arg = txn.payload()
-            reply = await self._script(keys=keys, args=[arg])
+            reply = await self._script(keys=keys, args=[arg, *txn.blobs])
             if int(reply[0]) == 1:
                 reads, named = reply[1], reply[2]
                 return Committed(list(reads), dict(zip(named[::2], named[1::2], strict=True)))

@@ -20,6 +20,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections.abc import Sequence
@@ -29,13 +30,20 @@ from typing import Any
 import redis.asyncio as aioredis
 from google.protobuf import json_format
 
-from lightpath.errors import FieldViolation, InvalidArgument, NotFound, PermissionDenied
+from lightpath.errors import (
+    Aborted,
+    FieldViolation,
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+)
 from lightpath.graph.expand import expand
 from lightpath.graph.fold import FoldedSet, GraphPlan, fold, plan_to_proto, unfold
 from lightpath.graph.spec import from_proto
 from lightpath.v1 import core_broker_pb2 as pb
 from lightpath.v1 import graph_pb2
 from services.common.keys import ID_RULE, broker_key, is_valid_id
+from services.common.txn import Conflict, Program, Txn
 
 GRAPH_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}\Z")
 GRAPH_ID_RULE = "must be 1-64 characters of A-Z a-z 0-9 . _ -"
@@ -164,28 +172,9 @@ def only_components(
 
 # ---------------------------------------------------------------- Redis
 
-_PUT_RUN = """
-local owner = redis.call('GET', KEYS[1])
-if owner and owner ~= ARGV[1] then
-  return {'denied', owner}
-end
-if not owner then
-  redis.call('SET', KEYS[1], ARGV[1])
-end
-redis.call('HSET', KEYS[3], 'app', ARGV[1], 'metrics', ARGV[3], 'at', ARGV[4])
-redis.call('ZADD', KEYS[2], ARGV[4], ARGV[2])
-local n = redis.call('ZCARD', KEYS[2])
-local keep = tonumber(ARGV[5])
-if n > keep then
-  local old = redis.call('ZRANGE', KEYS[2], 0, n - keep - 1)
-  for _, run in ipairs(old) do
-    redis.call('DEL', ARGV[6] .. run)
-  end
-  redis.call('ZREMRANGEBYRANK', KEYS[2], 0, n - keep - 1)
-  n = keep
-end
-return {'ok', tostring(n)}
-"""
+# A put whose trim would drop runs it did not declare (they came meanwhile): declared, retried.
+UNDECLARED = "undeclared-runs"
+PROGRAM = Program("services.core_broker", "graphs.lua", {"UNDECLARED": UNDECLARED})
 
 
 class GraphMetricsStore:
@@ -194,7 +183,7 @@ class GraphMetricsStore:
     def __init__(self, redis: aioredis.Redis, *, runs_kept: int = 100):
         self._redis = redis
         self._runs_kept = runs_kept
-        self._put = redis.register_script(_PUT_RUN)
+        self._script = PROGRAM.bind(redis)
 
     @staticmethod
     def _key(graph_id: str, *parts: str) -> str:
@@ -203,24 +192,36 @@ class GraphMetricsStore:
     async def put(self, application_id: str, metrics: graph_pb2.GraphRunMetrics, at_ms: int) -> int:
         """Store one run; the runs now kept. PermissionDenied if another application owns the graph."""
         gid, run = metrics.graph_id, metrics.run_id
-        status, detail = await self._put(
-            keys=[self._key(gid, "owner"), self._key(gid, "runs"), self._key(gid, "run", run)],
-            args=[
-                application_id,
-                run,
-                json_format.MessageToJson(metrics, indent=None),
-                at_ms,
-                self._runs_kept,
-                self._key(gid, "run", "_")[:-1],  # prefix of the runs' keys
-            ],
-        )
-        if status == "denied":
-            # Not whose it is (issue 30): only that the id cannot be used.
-            raise PermissionDenied(
-                f'graph id "{gid}" cannot be used; choose another graph_id',
-                reason="ID_UNAVAILABLE",
+        runs = self._key(gid, "runs")
+        # the runs the trim will drop once this one is in: declared up front
+        old: list[Any] = await self._redis.zrange(runs, 0, -self._runs_kept)
+        for _ in range(3):
+            t = Txn(families={"run": lambda r: self._key(gid, "run", r)})
+            t.check("owner", t.k(self._key(gid, "owner")), application_id)
+            t.check("runs_declared", t.k(runs), self._runs_kept)
+            t.members("run", old)
+            t.op("setnx", t.k(self._key(gid, "owner")), application_id)
+            t.hset(
+                self._key(gid, "run", run),
+                {
+                    "app": application_id,
+                    "metrics": json_format.MessageToJson(metrics, indent=None),
+                    "at": at_ms,
+                },
             )
-        return int(detail)
+            t.zadd(runs, at_ms, run)
+            t.op("trim", t.k(runs), self._runs_kept)
+            try:
+                return int((await self._script.commit(t))["kept"])
+            except Conflict as c:
+                if c.reason != UNDECLARED:
+                    # Not whose it is (issue 30): only that the id cannot be used.
+                    raise PermissionDenied(
+                        f'graph id "{gid}" cannot be used; choose another graph_id',
+                        reason="ID_UNAVAILABLE",
+                    ) from None
+                old = json.loads(c.value)
+        raise Aborted(f'graph "{gid}" kept getting runs; retry')
 
     async def owner(self, graph_id: str) -> str | None:
         """The application whose runs of `graph_id` the broker keeps (None: nobody's yet)."""

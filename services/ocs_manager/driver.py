@@ -43,7 +43,6 @@ from services.ocs_manager.invariants import FabricState
 from services.ocs_manager.lua import (
     encode_change,
     fabric_header,
-    legacy_keys,
     otm_keys,
     read_layout,
     script,
@@ -109,11 +108,8 @@ return 1
     header_at=1,
 )
 
-# KEYS: as _DEVICE_APPLY, then the same hashes in layout 1 (moved over once, lua.py).
-_DEVICE_INIT = script(
-    "init_layout(1, 1 + M * K)\nreturn migrate_legacy(1 + M * K + M, 1, 1 + M * K)\n",
-    header_at=1,
-)
+# KEYS: as _DEVICE_APPLY.
+_DEVICE_INIT = script("init_layout(1, 1 + M * K)\nreturn 1\n", header_at=1)
 
 
 class RedisSwitchDriver:
@@ -127,14 +123,13 @@ class RedisSwitchDriver:
         self._settle_s = settle_s
         prefix = pod_key(pod_id, "dev")
         self._keys = [*table_keys(fabric, prefix), *otm_keys(fabric, prefix)]
-        self._legacy_keys = legacy_keys(fabric, prefix)
         self._header = fabric_header(fabric)
         self._apply = redis.register_script(_DEVICE_APPLY)
         self._init = redis.register_script(_DEVICE_INIT)
 
     async def init(self) -> None:
-        """Lay out the switches' state hashes (idempotent; keeps what is set, moves layout 1)."""
-        await self._init(keys=[*self._keys, *self._legacy_keys], args=self._header)
+        """Lay out the switches' state hashes (idempotent; keeps what is set)."""
+        await self._init(keys=self._keys, args=self._header)
 
     async def apply(self, change: FabricChange) -> None:
         if change.empty:

@@ -28,9 +28,10 @@ from dataclasses import dataclass
 
 from lightpath.domain.torus import Fabric
 from lightpath.errors import Aborted, FailedPrecondition, InvalidArgument, NotFound, Unavailable
+from services.common.txn import Conflict
 from services.ocs_manager.driver import SwitchDriver, SwitchDriverError
 from services.ocs_manager.metrics import OcsMetrics, timed
-from services.ocs_manager.store import BeginResult, OcsStore, SliceRecord
+from services.ocs_manager.store import OcsStore, SliceRecord
 from services.ocs_manager.wiring import (
     FabricChange,
     Replacement,
@@ -92,18 +93,19 @@ class FabricManager:
         job = placement.job_id
         token = _token()
         for _ in range(_ATTEMPTS):
-            res = await self.store.begin_wire(placement, token, self._lease_ms)
-            if res.status == "OK":
+            try:
+                await self.store.begin_wire(placement, token, self._lease_ms)
                 break
-            if res.status == "SAME":
-                record = await self.store.get_slice(job)
-                if record is not None and record.wired and record.op is None:
-                    return WireOutcome(record, replayed=True)
-                continue  # changed under us: look again
-            if res.status == "STALE":
-                await self._recover(job, res.detail[1])
-                continue
-            self._refuse(job, res)
+            except Conflict as c:
+                if c.reason == "SAME":
+                    record = await self.store.get_slice(job)
+                    if record is not None and record.wired and record.op is None:
+                        return WireOutcome(record, replayed=True)
+                    continue  # changed under us: look again
+                if c.reason == "STALE":
+                    await self._recover(job, c.value)
+                    continue
+                self._refuse(job, c)
         else:
             raise Aborted(f"slice {job} kept changing under this call; retry")
         change = wire_change(self.fabric, placement)
@@ -120,8 +122,8 @@ class FabricManager:
     @timed("release")
     async def release(self, job: str) -> ReleaseOutcome:
         token = _token()
-        res = await self._begin_change(job, "release", token)
-        placement = SlicePlacement.from_spec(job, res.detail[0])
+        _, spec = await self._begin_change(job, "release", token)
+        placement = SlicePlacement.from_spec(job, spec)
         change = release_change(self.fabric, placement)
 
         async def abort() -> None:
@@ -145,9 +147,9 @@ class FabricManager:
                     hint=f"{field}: pod has blocks 0..{self.fabric.block_count - 1}",
                 )
         token = _token()
-        res = await self._begin_change(job, "replace", token, failed, new)
-        if res.status == "REPLAYED":
-            after = SlicePlacement.from_spec(job, res.detail[0])
+        replayed, spec = await self._begin_change(job, "replace", token, failed, new)
+        if replayed:
+            after = SlicePlacement.from_spec(job, spec)
             index = after.index_of_block(new)
             assert index is not None
             rep = replace_block(self.fabric, after.with_block(index, failed), failed, new)
@@ -155,7 +157,7 @@ class FabricManager:
             if record is None:
                 raise NotFound("slice", job)
             return ReplaceOutcome(rep, record, replayed=True)
-        placement = SlicePlacement.from_spec(job, res.detail[0])
+        placement = SlicePlacement.from_spec(job, spec)
         rep = replace_block(self.fabric, placement, failed, new)
 
         async def abort() -> None:
@@ -180,19 +182,24 @@ class FabricManager:
 
     async def _begin_change(
         self, job: str, kind: str, token: str, failed: int = -1, new: int = -1
-    ) -> BeginResult:
+    ) -> tuple[bool, str]:
+        """(replayed: this very change was done already, the slice's spec)."""
         for _ in range(_ATTEMPTS):
-            res = await self.store.begin_change(job, kind, token, self._lease_ms, failed, new)
-            if res.status in ("OK", "REPLAYED"):
-                return res
-            if res.status == "STALE":
-                await self._recover(job, res.detail[1])
-                continue
-            self._refuse(job, res, failed=failed, new=new)
+            try:
+                return False, await self.store.begin_change(
+                    job, kind, token, self._lease_ms, failed, new
+                )
+            except Conflict as c:
+                if c.reason == "REPLAYED":
+                    return True, c.value
+                if c.reason == "STALE":
+                    await self._recover(job, c.value)
+                    continue
+                self._refuse(job, c, failed=failed, new=new)
         raise Aborted(f"slice {job} kept changing under this call; retry")
 
-    def _refuse(self, job: str, res: BeginResult, *, failed: int = -1, new: int = -1) -> None:
-        s = res.status
+    def _refuse(self, job: str, c: Conflict, *, failed: int = -1, new: int = -1) -> None:
+        s = c.reason
         if s == "NOT_FOUND":
             raise NotFound("slice", job, hint="not wired, or already released")
         if s == "DIFFERENT":
@@ -204,11 +211,11 @@ class FabricManager:
             )
         if s == "BUSY":
             raise Aborted(
-                f"slice {job} has a {res.detail[0]} in progress in another call; retry",
+                f"slice {job} has a {c.value} in progress in another call; retry",
                 reason="SLICE_BUSY",
             )
         if s == "BLOCK_IN_USE":
-            block, owner = res.detail[0], res.detail[1]
+            block, owner = c.value.split(" ", 1)
             what = "already in this slice" if owner == job else f"wired to slice {owner}"
             raise FailedPrecondition(f"block {block}", f"is {what}", reason="BLOCK_IN_USE")
         if s == "NOT_IN_SLICE":
@@ -278,20 +285,21 @@ class FabricManager:
         **kwargs,
     ) -> int:
         """Commit; answers the slice's wired_at (ms)."""
-        reply = await self.store.commit(job, token, mode, change, **kwargs)
-        if reply[0] == "OK":
-            return int(reply[3] or 0)
-        if reply[0] == "LOST":
+        try:
+            return (await self.store.commit(job, token, mode, change, **kwargs)).wired_at_ms
+        except Conflict as c:
+            conflict = c
+        if conflict.reason == "LOST":
             # Our lease ran out and another call took the change over and rolled it back.
             raise Aborted(
                 f"the {mode} of slice {job} outlived its lease and was rolled back; retry",
                 reason="LEASE_LOST",
             )
-        log.error("commit of %s for slice %s refused: %s; rolling back", mode, job, reply)
+        log.error("commit of %s for slice %s refused: %s; rolling back", mode, job, conflict)
         await self._undo(job, change, abort)
-        if reply[0] == "FABRIC_CHANGED":
-            self._refuse(job, BeginResult("FABRIC_CHANGED"))
-        raise Aborted(f"the {mode} of slice {job} conflicted: {reply[1]}", reason="TABLE_CONFLICT")
+        if conflict.reason == "FABRIC_CHANGED":
+            self._refuse(job, conflict)
+        raise Aborted(f"the {mode} of slice {job} conflicted: {conflict}", reason="TABLE_CONFLICT")
 
     async def _recover(self, job: str, stale_token: str) -> None:
         """Take over a change whose lease ran out and roll it back (a crashed or stuck call)."""

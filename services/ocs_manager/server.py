@@ -398,26 +398,19 @@ async def build(
     fabric = Fabric.build(s.fabric_config)
     store = OcsStore(runtime.redis, s.pod_id, fabric)
     status = await store.ensure_fabric()
-    if status[0] == "IN_USE":
+    if status.status == "IN_USE":
         raise FabricMismatchError(
-            f"pod {s.pod_id} is wired with another fabric ({_describe(status[1])}) and "
-            f"{status[2]} slice(s) are wired on it; this instance is configured with "
+            f"pod {s.pod_id} is wired with another fabric ({_describe(status.old)}) and "
+            f"{status.slices} slice(s) are wired on it; this instance is configured with "
             f"{fabric.config.describe()}. Restore the pod's configuration, or release its "
             "slices before changing the fabric."
         )
-    if status[0] == "CHANGED":
+    if status.status == "CHANGED":
         runtime.log.warning(
             "pod %s fabric changed from %s to %s (no slice was wired)",
             s.pod_id,
-            _describe(status[1]),
+            _describe(status.old),
             fabric.config.describe(),
-        )
-    if status[0] == "MIGRATED":
-        runtime.log.warning(
-            "pod %s: its routing tables were moved to layout 2, one field per (dim, k, port) "
-            "(%s fields); a manager of the previous version now refuses changes to this pod",
-            s.pod_id,
-            status[2],
         )
     reconciler: SwitchReconciler | None = None
     if driver is None and (s.switch_agents or s.switches):

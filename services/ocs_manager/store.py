@@ -2,8 +2,7 @@
 
 Keys (all under the pod's hash tag, so one Lua script may touch any of them):
 
-    lp:{pod}:ocs:fabric          the FabricConfig this pod was wired with and the table
-                                 layout (canonical JSON, `fabric_record`)
+    lp:{pod}:ocs:fabric          the FabricConfig this pod was wired with (canonical JSON)
     lp:{pod}:ocs:owner           hash block -> job id (the blocks each slice holds or reserves)
     lp:{pod}:ocs:slices          zset of job ids (score 0: lexicographic pages)
     lp:{pod}:ocs:slice:<job>     hash: spec, state (wiring|wired), wired_at, the change in
@@ -17,25 +16,27 @@ Keys (all under the pod's hash tag, so one Lua script may touch any of them):
 
 Every change to a slice is assume / commit / undo (STYLE.md):
 
-1. `begin_*` (one script) claims what the change needs — the slice's blocks
+1. `begin_*` (one transaction) claims what the change needs — the slice's blocks
    for a wire, the new block for a replace — and locks the slice with a token
    and a lease, refusing what is taken;
 2. the caller programs the switch driver;
-3. `commit` (one script) re-checks the token, that every port to remove is
+3. `commit` (one transaction) re-checks the token, that every port to remove is
    there and every port to add is free, then writes the tables, 1xK settings,
-   versions, claims and the slice record together; or `abort` (one script)
+   versions, claims and the slice record together; or `abort` (one transaction)
    drops the claims after the caller has undone the driver.
 
 So the tables only ever hold committed wiring, and neither replicas racing on
 one Redis nor a crash between the steps can put a port in two cross-connects or
 leave a half-wired slice: a lock whose lease ran out is taken over (`steal`)
 and rolled back by the next change to that slice.
+
+Each step is a `Txn` of services.common.txn on this store's program (store.lua after
+tables.lua): a refusal is a `Conflict` whose reason the manager turns into an error.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,241 +45,20 @@ import redis.asyncio as aioredis
 from lightpath.domain.torus import Fabric, FabricConfig
 from lightpath.errors import Aborted, InvalidArgument
 from services.common.keys import pod_key
+from services.common.txn import Conflict, Program, Txn
 from services.ocs_manager.invariants import FabricState, StoredSlice
 from services.ocs_manager.lua import (
-    LAYOUT,
     encode_change,
     fabric_header,
-    legacy_keys,
     otm_keys,
     read_layout,
-    script,
     table_keys,
 )
 from services.ocs_manager.wiring import FabricChange, SlicePlacement
 
-_NOW = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-"""
-
-# KEYS: fabric, slices, owner, versions, table hashes (M*K), 1xK hashes (M), the same
-# fabric's layout-1 hashes (M*K + M), then the old fabric's keys.
-# ARGV: fabric record, the old record this call expects to replace ("" = none), header (7),
-# this fabric's record as layout 1 wrote it.
-_ENSURE_FABRIC = script(
-    r"""
-local cur = redis.call('GET', KEYS[1])
-local status = 'SAME'
-local xc_base, otm_base, legacy_base = 5, 5 + M * K, 5 + M * K + M
-if not cur then
-  redis.call('SET', KEYS[1], ARGV[1])
-  status = 'NEW'
-elseif cur ~= ARGV[1] then
-  if cur ~= ARGV[2] then return {'RETRY', cur} end
-  if cur == ARGV[H + 7] then
-    -- this fabric, stored by a manager of layout 1: move its tables over. A replica still
-    -- running that version now finds the record changed and refuses every change.
-    init_layout(xc_base, otm_base)
-    local moved = migrate_legacy(legacy_base, xc_base, otm_base)
-    redis.call('SET', KEYS[1], ARGV[1])
-    return {'MIGRATED', cur, tostring(moved)}
-  end
-  local n = redis.call('ZCARD', KEYS[2])
-  if n + redis.call('HLEN', KEYS[3]) > 0 then return {'IN_USE', cur, tostring(n)} end
-  for i = legacy_base + M * K + M, #KEYS do redis.call('DEL', KEYS[i]) end
-  redis.call('SET', KEYS[1], ARGV[1])
-  status = 'CHANGED'
-end
-init_layout(xc_base, otm_base)
--- A field longer than 64 bytes keeps the versions a hash table: as a ziplist every
--- commit's read and write of its OCS' versions would scan the list once per OCS.
-redis.call('HSETNX', KEYS[4], 'layout', 'OCS id -> version of its routing table, + 1 on every committed change')
-return {status, cur or ''}
-""",
-    header_at=3,
-)
-
-# KEYS: fabric, owner, slices, record. ARGV: fabric, job, spec, token, lease_ms, blocks...
-_BEGIN_WIRE = (
-    _NOW
-    + r"""
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return {'FABRIC_CHANGED'} end
-if redis.call('EXISTS', KEYS[4]) == 1 then
-  local r = redis.call('HMGET', KEYS[4], 'spec', 'state', 'op', 'op_token', 'op_deadline')
-  if r[1] ~= ARGV[3] then return {'DIFFERENT', r[1]} end
-  if r[3] then
-    if now < tonumber(r[5]) then return {'BUSY', r[3]} end
-    return {'STALE', r[3], r[4]}
-  end
-  return {'SAME', r[2]}
-end
-for i = 6, #ARGV do
-  local o = redis.call('HGET', KEYS[2], ARGV[i])
-  if o then return {'BLOCK_IN_USE', ARGV[i], o} end
-end
-for i = 6, #ARGV do redis.call('HSET', KEYS[2], ARGV[i], ARGV[2]) end
-redis.call('HSET', KEYS[4], 'spec', ARGV[3], 'state', 'wiring', 'op', 'wire',
-  'op_token', ARGV[4], 'op_deadline', now + tonumber(ARGV[5]))
-redis.call('ZADD', KEYS[3], 0, ARGV[2])
-return {'OK'}
-"""
-)
-
-# KEYS: fabric, owner, record. ARGV: fabric, job, token, lease_ms, kind, failed, new
-_BEGIN_CHANGE = (
-    _NOW
-    + r"""
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return {'FABRIC_CHANGED'} end
-if redis.call('EXISTS', KEYS[3]) == 0 then return {'NOT_FOUND'} end
-local r = redis.call('HMGET', KEYS[3], 'spec', 'op', 'op_token', 'op_deadline', 'replaced')
-if r[2] then
-  if now < tonumber(r[4]) then return {'BUSY', r[2]} end
-  return {'STALE', r[2], r[3]}
-end
-if ARGV[5] == 'replace' then
-  local of = redis.call('HGET', KEYS[2], ARGV[6])
-  if of ~= ARGV[2] then
-    if r[5] == ARGV[6] .. ':' .. ARGV[7] and redis.call('HGET', KEYS[2], ARGV[7]) == ARGV[2] then
-      return {'REPLAYED', r[1]}
-    end
-    return {'NOT_IN_SLICE', r[1]}
-  end
-  local on = redis.call('HGET', KEYS[2], ARGV[7])
-  if on then return {'BLOCK_IN_USE', ARGV[7], on} end
-  redis.call('HSET', KEYS[2], ARGV[7], ARGV[2])
-end
-redis.call('HSET', KEYS[3], 'op', ARGV[5], 'op_token', ARGV[3],
-  'op_deadline', now + tonumber(ARGV[4]), 'op_failed', ARGV[6], 'op_new', ARGV[7])
-return {'OK', r[1]}
-"""
-)
-
-# KEYS: record. ARGV: stale token, new token, lease_ms
-_STEAL = (
-    _NOW
-    + r"""
-local r = redis.call('HMGET', KEYS[1], 'op_token', 'op_deadline')
-if r[1] ~= ARGV[1] or now < tonumber(r[2]) then return 0 end
-redis.call('HSET', KEYS[1], 'op_token', ARGV[2], 'op_deadline', now + tonumber(ARGV[3]))
-return 1
-"""
-)
-
-_CLEAR_OP = "redis.call('HDEL', KEYS[3], 'op', 'op_token', 'op_deadline', 'op_failed', 'op_new')"
-
-# KEYS: owner, slices, record. ARGV: token, job, kind, new block, blocks of the slice...
-_ABORT = (
-    r"""
-if redis.call('HGET', KEYS[3], 'op_token') ~= ARGV[1] then return 0 end
-if ARGV[3] == 'wire' then
-  for i = 5, #ARGV do
-    if redis.call('HGET', KEYS[1], ARGV[i]) == ARGV[2] then redis.call('HDEL', KEYS[1], ARGV[i]) end
-  end
-  redis.call('DEL', KEYS[3])
-  redis.call('ZREM', KEYS[2], ARGV[2])
-  return 1
-end
-if ARGV[3] == 'replace' and redis.call('HGET', KEYS[1], ARGV[4]) == ARGV[2] then
-  redis.call('HDEL', KEYS[1], ARGV[4])
-end
-"""
-    + _CLEAR_OP
-    + "\nreturn 1\n"
-)
-
-# KEYS: fabric, owner, slices, record, ver, table hashes (M*K), 1xK hashes (M).
-# ARGV: fabric, token, job, mode (wire|replace|release), new spec, replaced,
-#       disconnect, connect, otm, header (7), blocks to unclaim...
-_COMMIT = script(
-    _NOW
-    + r"""
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return {'FABRIC_CHANGED'} end
-if redis.call('HGET', KEYS[4], 'op_token') ~= ARGV[2] then return {'LOST'} end
-local xc_base, otm_base = 6, 6 + M * K
-local touched = {}
-local rem = expand(ARGV[7], xc_base, touched)
-local add = expand(ARGV[8], xc_base, touched)
-local otm = expand_otm(ARGV[9], otm_base)
-
--- re-check everything before writing anything
-local removing = {}
-local n_rem, n_add = 0, 0
-for idx, t in pairs(rem) do
-  local cur = hmget(KEYS[idx], t.f)
-  local set = {}
-  for i = 1, #t.f do
-    if cur[i] ~= t.p[i] then
-      return {'CONFLICT', port_of(t, t.f[i]) .. ' is not cross-connected to port ' .. t.p[i]}
-    end
-    set[t.f[i]] = true
-  end
-  removing[idx] = set
-  n_rem = n_rem + #t.f / 2 * axes[t.d + 1]
-end
-for idx, t in pairs(add) do
-  local cur = hmget(KEYS[idx], t.f)
-  local set = removing[idx] or {}
-  local seen = {}
-  for i = 1, #t.f do
-    local f = t.f[i]
-    if cur[i] and not set[f] then
-      return {'CONFLICT', port_of(t, f) .. ' is already cross-connected to port ' .. cur[i]}
-    end
-    if seen[f] then
-      return {'CONFLICT', port_of(t, f) .. ' is given two cross-connects by this change'}
-    end
-    seen[f] = true
-  end
-  n_add = n_add + #t.f / 2 * axes[t.d + 1]
-end
-for idx, t in pairs(otm) do
-  local cur = hmget(KEYS[idx], t.f)
-  for i = 1, #t.f do
-    local want = t.before[i]
-    if want < 0 then want = nil end
-    if val(cur[i]) ~= want then
-      return {'CONFLICT', 'the 1xK switches of block ' .. t.f[i] .. ' along ' .. names[t.d + 1] ..
-        ' are at ' .. (cur[i] and ('output ' .. cur[i]) or 'idle') .. ', not ' ..
-        (want and ('output ' .. want) or 'idle')}
-    end
-  end
-end
-
--- write
-for idx, t in pairs(rem) do hdel(KEYS[idx], t.f) end
-for idx, t in pairs(add) do hset(KEYS[idx], t.f, t.p) end
-apply_otm(otm)
-local ids = {}
-for code in pairs(touched) do
-  local d, k = math.floor(code / K), code % K
-  local pre, suf = 'ocs-' .. names[d + 1] .. '-', '-' .. k
-  for a = 0, axes[d + 1] - 1 do ids[#ids + 1] = pre .. a .. suf end
-end
-if #ids > 0 then  -- every touched OCS table's version + 1
-  local v = hmget(KEYS[5], ids)
-  for i = 1, #ids do v[i] = (tonumber(v[i]) or 0) + 1 end
-  hset(KEYS[5], ids, v)
-end
-for i = H + 7, #ARGV do
-  if redis.call('HGET', KEYS[2], ARGV[i]) == ARGV[3] then redis.call('HDEL', KEYS[2], ARGV[i]) end
-end
-local mode = ARGV[4]
-if mode == 'release' then
-  redis.call('DEL', KEYS[4])
-  redis.call('ZREM', KEYS[3], ARGV[3])
-  return {'OK', tostring(n_rem), tostring(n_add), '0'}
-end
-if mode == 'wire' then
-  redis.call('HSET', KEYS[4], 'state', 'wired', 'wired_at', now)
-else
-  redis.call('HSET', KEYS[4], 'spec', ARGV[5], 'replaced', ARGV[6])
-end
-redis.call('HDEL', KEYS[4], 'op', 'op_token', 'op_deadline', 'op_failed', 'op_new')
-return {'OK', tostring(n_rem), tostring(n_add), redis.call('HGET', KEYS[4], 'wired_at')}
-""",
-    header_at=10,
-)
+WIRED, WIRING = "wired", "wiring"
+PROGRAM = Program("services.ocs_manager", ["tables.lua", "store.lua"], {"WIRED": WIRED})
+_OP_FIELDS = ("op", "op_token", "op_deadline", "op_failed", "op_new")
 
 
 @dataclass(frozen=True)
@@ -301,23 +81,37 @@ class SliceRecord:
 
 
 @dataclass(frozen=True)
-class BeginResult:
-    """status: OK, SAME, DIFFERENT, BUSY, STALE, BLOCK_IN_USE, NOT_FOUND, NOT_IN_SLICE,
-    REPLAYED, FABRIC_CHANGED; `spec` where the script returned it."""
+class FabricStatus:
+    """What `ensure_fabric` found: NEW, SAME, CHANGED from `old` (nothing was wired on it,
+    its tables are dropped), or IN_USE: `old` stays, with `slices` wired on it."""
 
     status: str
-    detail: tuple[str, ...] = ()
+    old: str = ""
+    slices: int = 0
+
+
+@dataclass(frozen=True)
+class Committed:
+    """A committed change: cross-connect pairs removed and added (over every axis), and the
+    slice's wired_at (ms; 0 once released)."""
+
+    removed: int
+    added: int
+    wired_at_ms: int
 
 
 class OcsStore:
-    """One pod's committed fabric state in Redis."""
+    """One pod's committed fabric state in Redis. Refusals raise `Conflict`: FABRIC_CHANGED,
+    DIFFERENT / SAME (the slice exists: value its spec / state), BUSY (value the op in
+    flight), STALE (value its token), BLOCK_IN_USE (value "<block> <owner>"), NOT_FOUND,
+    NOT_IN_SLICE, REPLAYED (value the spec), LOST (the lease was taken over), CONFLICT (the
+    tables are not as the change expects: the message names the port or switch)."""
 
     def __init__(self, redis: aioredis.Redis, pod_id: str, fabric: Fabric):
         self._r: Any = redis  # decode_responses=True: replies are str
         self.pod_id = pod_id
         self.fabric = fabric
-        self._fp = fabric_record(fabric.config)
-        self._fp_layout1 = fabric.config.to_json()
+        self._fp = fabric.config.to_json()
         self._header = fabric_header(fabric)
         self.k_fabric = pod_key(pod_id, "ocs", "fabric")
         self.k_owner = pod_key(pod_id, "ocs", "owner")
@@ -325,85 +119,141 @@ class OcsStore:
         self.k_ver = pod_key(pod_id, "ocs", "ver")
         self.k_tables = table_keys(fabric, pod_key(pod_id, "ocs"))
         self.k_otm = otm_keys(fabric, pod_key(pod_id, "ocs"))
-        self._ensure = redis.register_script(_ENSURE_FABRIC)
-        self._begin_wire = redis.register_script(_BEGIN_WIRE)
-        self._begin_change = redis.register_script(_BEGIN_CHANGE)
-        self._steal = redis.register_script(_STEAL)
-        self._abort = redis.register_script(_ABORT)
-        self._commit = redis.register_script(_COMMIT)
+        self._script = PROGRAM.bind(redis)
 
     def k_record(self, job: str) -> str:
         return pod_key(self.pod_id, "ocs", "slice", job)
 
+    def _layout(self, t: Txn) -> tuple[int, int]:
+        """Declare the tables then the 1xK hashes, in a row: (first table's, first 1xK's)."""
+        at = [t.k(key) for key in (*self.k_tables, *self.k_otm)]
+        assert at == list(range(at[0], at[0] + len(at))), "the layout must be declared in a row"
+        return at[0], at[0] + len(self.k_tables)
+
+    def _txn(self) -> Txn:
+        t = Txn()
+        t.check("fabric", t.k(self.k_fabric), self._fp)
+        return t
+
     # -- the fabric a pod was wired with -----------------------------------------
 
-    async def ensure_fabric(self) -> tuple[str, ...]:
-        """Record this fabric for the pod, or check it is the recorded one; lay out its tables.
-
-        ('NEW'|'SAME', '') or ('CHANGED', old json) when nothing was wired on the old
-        fabric (its tables are dropped), or ('IN_USE', old json, slices wired), or
-        ('MIGRATED', old json, fields moved) when this fabric's tables were in layout 1."""
+    async def ensure_fabric(self) -> FabricStatus:
+        """Record this fabric for the pod, or check it is the recorded one; lay out its tables."""
         prefix = pod_key(self.pod_id, "ocs")
         for _ in range(5):
             old = await self._r.get(self.k_fabric) or ""
-            old_keys: list[str] = []
-            if old and old not in (self._fp, self._fp_layout1):
+            t = Txn()
+            xc, otm = self._layout(t)
+            old_keys: list[int] = []
+            if old and old != self._fp:
                 with contextlib.suppress(ValueError, KeyError, TypeError, InvalidArgument):
                     before = Fabric.build(FabricConfig.from_json(old))
                     old_keys = [
-                        *table_keys(before, prefix),
-                        *otm_keys(before, prefix),
-                        *legacy_keys(before, prefix),
+                        t.k(k) for k in (*table_keys(before, prefix), *otm_keys(before, prefix))
                     ]
-            reply = await self._ensure(
-                keys=[
-                    self.k_fabric,
-                    self.k_slices,
-                    self.k_owner,
-                    self.k_ver,
-                    *self.k_tables,
-                    *self.k_otm,
-                    *legacy_keys(self.fabric, prefix),
-                    *old_keys,
-                ],
-                args=[self._fp, old, *self._header, self._fp_layout1],
-            )
-            if reply[0] != "RETRY":
-                return tuple(reply)
+            f = t.k(self.k_fabric)
+            t.check("stored", f, ["", self._fp, old])
+            t.check("unused", f, self._fp, t.k(self.k_slices), t.k(self.k_owner))
+            t.op("fabric", f, self._fp, t.k(self.k_ver), xc, otm, self._header, *old_keys)
+            try:
+                done = await self._script.commit(t)
+            except Conflict as c:
+                if c.reason == "IN_USE":
+                    return FabricStatus(c.reason, old, int(c.value))
+                if c.reason == "FABRIC_MOVED":
+                    continue
+                raise
+            return FabricStatus(done["status"], done["old"])
         raise Aborted("the pod's fabric configuration kept changing")
 
     # -- assume / commit / undo -------------------------------------------------
 
-    async def begin_wire(self, placement: SlicePlacement, token: str, lease_ms: int) -> BeginResult:
-        reply = await self._begin_wire(
-            keys=[self.k_fabric, self.k_owner, self.k_slices, self.k_record(placement.job_id)],
-            args=[self._fp, placement.job_id, placement.spec(), token, lease_ms, *placement.blocks],
+    async def begin_wire(self, placement: SlicePlacement, token: str, lease_ms: int) -> None:
+        """Claim the slice's blocks and lock it (Conflict: DIFFERENT, SAME, BUSY, STALE,
+        BLOCK_IN_USE, FABRIC_CHANGED)."""
+        job, rec = placement.job_id, self.k_record(placement.job_id)
+        spec = placement.spec()
+        t = self._txn()
+        t.check("new_slice", t.k(rec), spec)
+        t.check("free", t.k(self.k_owner), *map(str, placement.blocks))
+        t.hset(self.k_owner, dict.fromkeys(placement.blocks, job))
+        t.op(
+            "lock",
+            t.k(rec),
+            lease_ms,
+            "spec",
+            spec,
+            "state",
+            WIRING,
+            "op",
+            "wire",
+            "op_token",
+            token,
         )
-        return BeginResult(reply[0], tuple(str(x) for x in reply[1:] if x is not None))
+        t.zadd(self.k_slices, 0, job)
+        await self._script.commit(t)
 
     async def begin_change(
         self, job: str, kind: str, token: str, lease_ms: int, failed: int = -1, new: int = -1
-    ) -> BeginResult:
-        reply = await self._begin_change(
-            keys=[self.k_fabric, self.k_owner, self.k_record(job)],
-            args=[self._fp, job, token, lease_ms, kind, failed, new],
+    ) -> str:
+        """Lock the slice for a release or replace (claiming the new block); answers its spec
+        (Conflict: NOT_FOUND, BUSY, STALE, NOT_IN_SLICE, BLOCK_IN_USE, REPLAYED,
+        FABRIC_CHANGED)."""
+        rec = self.k_record(job)
+        t = self._txn()
+        t.expect_field(rec, "spec", True, reason="NOT_FOUND")
+        t.check("idle", t.k(rec))
+        if kind == "replace":
+            t.check("replace", t.k(self.k_owner), t.k(rec), job, str(failed), str(new))
+            t.hset(self.k_owner, {new: job})
+        t.op(
+            "lock",
+            t.k(rec),
+            lease_ms,
+            "op",
+            kind,
+            "op_token",
+            token,
+            "op_failed",
+            failed,
+            "op_new",
+            new,
         )
-        return BeginResult(reply[0], tuple(str(x) for x in reply[1:] if x is not None))
+        t.read("HGET", rec, "spec")
+        return str((await self._script.commit(t)).reads[0])
 
     async def steal(self, job: str, stale_token: str, token: str, lease_ms: int) -> bool:
-        return bool(
-            await self._steal(keys=[self.k_record(job)], args=[stale_token, token, lease_ms])
-        )
+        """Take over the change `stale_token` locked, once its lease ran out."""
+        rec = self.k_record(job)
+        t = Txn()
+        t.check("stale", t.k(rec), stale_token)
+        t.op("lock", t.k(rec), lease_ms, "op_token", token)
+        return await self._commits(t)
 
     async def abort(
         self, job: str, token: str, kind: str, blocks: tuple[int, ...] = (), new: int = -1
     ) -> bool:
-        return bool(
-            await self._abort(
-                keys=[self.k_owner, self.k_slices, self.k_record(job)],
-                args=[token, job, kind, new, *blocks],
-            )
-        )
+        """Drop what the change `token` claimed (a wire: the whole slice); False when the
+        change is no longer ours."""
+        rec = self.k_record(job)
+        t = Txn()
+        t.expect(rec, "op_token", [token], reason="LOST")
+        if kind == "wire":
+            t.op("unclaim", t.k(self.k_owner), job, *map(str, blocks))
+            t.delete(rec)
+            t.zrem(self.k_slices, job)
+        else:
+            if kind == "replace":
+                t.op("unclaim", t.k(self.k_owner), job, str(new))
+            t.hdel(rec, _OP_FIELDS)
+        return await self._commits(t)
+
+    async def _commits(self, t: Txn) -> bool:
+        try:
+            await self._script.commit(t)
+        except Conflict:
+            return False
+        return True
 
     async def commit(
         self,
@@ -415,33 +265,31 @@ class OcsStore:
         new_spec: str = "",
         replaced: str = "",
         unclaim: tuple[int, ...] = (),
-    ) -> tuple[str, ...]:
-        """('OK', pairs removed, pairs added, wired_at ms) | ('LOST',) | ('CONFLICT', why) |
-        ('FABRIC_CHANGED',)."""
+    ) -> Committed:
+        """Write the change `token` locked (mode wire | replace | release) after re-checking
+        the tables (Conflict: FABRIC_CHANGED, LOST, CONFLICT)."""
         enc = encode_change(self.fabric, change)
-        keys = [
-            self.k_fabric,
-            self.k_owner,
-            self.k_slices,
-            self.k_record(job),
-            self.k_ver,
-            *self.k_tables,
-            *self.k_otm,
-        ]
-        args: list[Any] = [
-            self._fp,
-            token,
-            job,
-            mode,
-            new_spec,
-            replaced,
-            enc.disconnect,
-            enc.connect,
-            enc.otm,
-            *self._header,
-            *unclaim,
-        ]
-        return tuple(await self._commit(keys=keys, args=args))
+        rec = self.k_record(job)
+        t = Txn()
+        xc, otm = self._layout(t)
+        t.check("fabric", t.k(self.k_fabric), self._fp)
+        t.expect(rec, "op_token", [token], reason="LOST")
+        t.check("tables", xc, otm, self._header, enc.disconnect, enc.connect, enc.otm)
+        t.op("tables", t.k(self.k_ver))
+        if unclaim:
+            t.op("unclaim", t.k(self.k_owner), job, *map(str, unclaim))
+        if mode == "release":
+            t.delete(rec)
+            t.zrem(self.k_slices, job)
+        else:
+            if mode == "wire":
+                t.op("wired", t.k(rec))
+            else:
+                t.hset(rec, {"spec": new_spec, "replaced": replaced})
+            t.hdel(rec, _OP_FIELDS)
+        t.read("HGET", rec, "wired_at")
+        done = await self._script.commit(t)
+        return Committed(int(done["removed"]), int(done["added"]), int(done.reads[0] or 0))
 
     # -- reads (OCS-7) -----------------------------------------------------------
 
@@ -458,7 +306,7 @@ class OcsStore:
             )
         return SliceRecord(
             SlicePlacement.from_spec(job, raw["spec"]),
-            raw.get("state") == "wired",
+            raw.get("state") == WIRED,
             int(raw.get("wired_at", 0)),
             op,
             raw.get("replaced", ""),
@@ -560,13 +408,6 @@ class OcsStore:
                 )
             return state
         raise Aborted("the slice set kept changing while taking a snapshot; retry")
-
-
-def fabric_record(config: FabricConfig) -> str:
-    """What lp:{pod}:ocs:fabric holds: the configuration and the table layout (lua.py)."""
-    record = json.loads(config.to_json())
-    record["layout"] = LAYOUT
-    return json.dumps(record, sort_keys=True, separators=(",", ":"))
 
 
 def _int_or_none(raw: str | None) -> int | None:

@@ -15,7 +15,14 @@ TEXT = 'a "quoted" \\ back\nslash\x00\x7f 5é ]==] \\0101'
 PROGRAM = Program("tests.common", "txn_test.lua", {"STRIDE": 1 << 40, "TEXT": TEXT})
 JOBS = "lp:{t}:jobs"
 # Every store built on the primitive.
-STORES = ("services.cell_scheduler.store", "services.workload_scheduler.store")
+STORES = (
+    "services.cell_scheduler.store",
+    "services.workload_scheduler.store",
+    "services.ocs_manager.store",
+    "services.agg_switch.store",
+    "services.core_broker.store",
+    "services.core_broker.graphs",
+)
 
 
 def job_key(job_id: str) -> str:

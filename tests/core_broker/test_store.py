@@ -227,3 +227,46 @@ def test_an_extension_into_taken_cores_is_refused_and_says_how_far_it_could_go(r
         await r.aclose()
 
     asyncio.run(body())
+
+
+def test_a_replica_that_did_not_commit_a_reservation_releases_extends_and_sweeps_it(redis_url):
+    """Every key a transaction touches is declared: a store declares a reservation's devices
+    as it committed them, or as the record it reads first says. Another replica (which
+    never saw the commit) and a store whose memory of the devices is wrong still release,
+    extend and sweep it, and leave the device's schedule as it should be."""
+
+    async def body():
+        r = redis_store.connect(redis_url)
+        await r.flushall()
+        mine, other = BrokerStore(r, retention_ms=60_000), BrokerStore(r, retention_ms=60_000)
+        for dev in ("d0", "d1"):
+            await mine.upsert_device(dev, device_doc(Device(dev, "GPU", 8)))
+        view = LiveView(mine)
+        await view.load()
+        prio = PriorityFunction()
+        made = []
+        for i, dev in enumerate(("d0", "d0", "d1")):
+            req = CoreRequest(f"x{i}", 4, 100, earliest_start=T0 + 10, device_ids=(dev,))
+            ((d,),) = decide(view.capacity, [Group((req,))], now=T0, priority=prio)
+            done = await mine.commit([([f"x{i}"], [[pending_reservation(d, "app", "", T0)]])], T0)
+            assert done.tickets == [("groups", ["ok"])]
+            await view.catch_up()
+            made.append(d.allocations[0].device_id)
+        assert made == ["d0", "d0", "d1"]
+        extended = await other.extend("x0", "app", T0 + 10 + 150_000, T0)
+        assert extended.status == "ok"
+        assert extended.data["parts"][0]["end"] == T0 + 10 + 150_000
+        mine._devices["x1"] = ["d1"]  # wrong: the transaction says so and it reads again
+        assert (await mine.release("x1", "app", T0)).status == "ok"
+        assert [m for m, _ in await mine.device_allocations("d0")] == [
+            f"x0:0:{T0 + 10 + 150_000}:4"
+        ]
+        mine._devices["x2"] = ["d0"]  # wrong again: the first sweep skips x2, the next ends it
+        assert (await mine.reap(T0 + 200_000))[0] == 2
+        assert await mine.device_allocations("d1") != []
+        await mine.reap(T0 + 200_000)
+        assert await mine.device_allocations("d1") == []
+        assert (await mine.get("x2"))[0]["state"] == "ENDED"
+        await r.aclose()
+
+    asyncio.run(body())

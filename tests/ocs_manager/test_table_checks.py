@@ -5,8 +5,7 @@ axis, so the commit checks 6,144 fields for a 1,024-block pod instead of 98,304
 (issue 15). These tests pin what the check must still refuse — a port already in
 a cross-connect, a cross-connect to remove that is not there, a 1xK switch not
 where the change expects it, one port given two cross-connects by one change —
-with the port named and no trace left, and that a pod stored in layout 1 is
-moved over intact.
+with the port named and no trace left.
 """
 
 from __future__ import annotations
@@ -20,6 +19,7 @@ import redis.asyncio as aioredis
 from lightpath.domain.torus import Fabric, FabricConfig
 from lightpath.v1 import ocs_manager_pb2 as pb
 from services.common.keys import pod_key
+from services.common.txn import Conflict
 from services.ocs_manager.lua import encode_change
 from services.ocs_manager.store import OcsStore
 from services.ocs_manager.wiring import (
@@ -31,7 +31,7 @@ from services.ocs_manager.wiring import (
     replace_block,
     wire_change,
 )
-from tests.ocs_manager.conftest import POD, ocs_stub, rpc_error, wire_request
+from tests.ocs_manager.conftest import POD, rpc_error, wire_request
 
 C = grpc.StatusCode
 COUNTS = pb.WIRING_VIEW_COUNTS
@@ -108,12 +108,15 @@ async def test_one_port_given_two_cross_connects_by_one_change_is_refused(redis_
     store = OcsStore(redis_client, POD, fabric)
     await store.ensure_fabric()
     placement = SlicePlacement("j", (3, 1, 1), (7, 8, 9), (False, False, False))
-    assert (await store.begin_wire(placement, "t", 30_000)).status == "OK"
+    await store.begin_wire(placement, "t", 30_000)
     # 7 -> 9 and 8 -> 9: both want block 9's first end
     bad = FabricChange(connect=(Link(0, 7, 9), Link(0, 8, 9)))
-    reply = await store.commit("j", "t", "wire", bad)
-    assert reply[0] == "CONFLICT"
-    assert reply[1] == "port 9 of ocs-x-{0..15}-0 is given two cross-connects by this change"
+    with pytest.raises(Conflict) as refused:
+        await store.commit("j", "t", "wire", bad)
+    assert refused.value.reason == "CONFLICT"
+    assert str(refused.value) == (
+        "port 9 of ocs-x-{0..15}-0 is given two cross-connects by this change"
+    )
     assert await fields(redis_client, key("ocs", "xc2", "x", 0)) == {}
     assert (await store.get_slice("j")).op is not None  # still locked: the caller aborts
 
@@ -163,63 +166,3 @@ def test_links_and_their_encoding_follow_the_port_map(seed):
                 for kk, pa, pb in [link_ports(fabric, lk)]
             ]
             assert text == " ".join(expected)
-
-
-# -- layout 1 -> layout 2 ------------------------------------------------------------------------
-
-
-async def _to_layout_1(r: aioredis.Redis, fabric: Fabric) -> None:
-    """Rewrite a pod's tables (committed and switches) as a manager of layout 1 kept them."""
-    s, a_stride = fabric.port_stride, fabric.axis_stride
-    names = "xyz"
-    for role in ("ocs", "dev"):
-        for d in range(fabric.dims):
-            for k in range(fabric.k):
-                table = await fields(r, key(role, "xc2", names[d], k))
-                old = {
-                    str(a * s + int(port)): peer
-                    for a in range(fabric.axes[d])
-                    for port, peer in table.items()
-                }
-                await r.delete(key(role, "xc2", names[d], k))
-                await r.hset(key(role, "xc", names[d], k), mapping={LAYOUT_FIELD: "x" * 80, **old})
-            otm = await fields(r, key(role, "otm2", names[d]))
-            old = {
-                str(int(b) * a_stride + a): out
-                for a in range(fabric.axes[d])
-                for b, out in otm.items()
-            }
-            await r.delete(key(role, "otm2", names[d]))
-            await r.hset(key(role, "otm", names[d]), mapping={LAYOUT_FIELD: "x" * 80, **old})
-    await r.set(key("ocs", "fabric"), fabric.config.to_json())
-
-
-async def test_a_pod_stored_in_layout_1_is_moved_over_intact(redis_url, redis_client):
-    fabric = Fabric.build(FabricConfig((4, 4, 4), 64, 2, 136))
-    async with ocs_stub(redis_url, k=2) as ocs:
-        await ocs.WireSlice(wire_request("a", [2, 2, 1], [3, 4, 5, 6], view=COUNTS))
-        await ocs.WireSlice(wire_request("b", [1, 1, 1], [10], view=COUNTS))
-        before = await ocs.CheckInvariants(pb.CheckInvariantsRequest(compare_switches=True))
-        tables = await ocs.GetRoutingTable(pb.GetRoutingTableRequest(ocs_id="ocs-y-7-1"))
-        states = await ocs.GetOneToManyStates(pb.GetOneToManyStatesRequest(job_id="a"))
-    assert before.ok and before.cross_connects_checked > 0
-    await _to_layout_1(redis_client, fabric)
-    async with ocs_stub(redis_url, k=2) as ocs:
-        after = await ocs.CheckInvariants(pb.CheckInvariantsRequest(compare_switches=True))
-        assert after.ok, after.violations
-        assert after.cross_connects_checked == before.cross_connects_checked
-        assert await ocs.GetRoutingTable(pb.GetRoutingTableRequest(ocs_id="ocs-y-7-1")) == tables
-        assert await ocs.GetOneToManyStates(pb.GetOneToManyStatesRequest(job_id="a")) == states
-        # a manager of layout 1 compares the record with its own and refuses every change
-        assert await redis_client.get(key("ocs", "fabric")) != fabric.config.to_json()
-        for role in ("ocs", "dev"):
-            assert not await redis_client.exists(
-                *(key(role, "xc", d, k) for d in "xyz" for k in (0, 1)),
-                *(key(role, "otm", d) for d in "xyz"),
-            )
-        await ocs.ReleaseSlice(pb.ReleaseSliceRequest(job_id="a"))
-        await ocs.ReplaceBlock(
-            pb.ReplaceBlockRequest(job_id="b", failed_block_id=10, new_block_id=11)
-        )
-        final = await ocs.CheckInvariants(pb.CheckInvariantsRequest(compare_switches=True))
-        assert final.ok and final.slices_checked == 1
