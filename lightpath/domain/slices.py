@@ -138,8 +138,8 @@ class SliceJob:
     # A sub-block slice while it holds chips: the chip coordinates of its box's first
     # chip inside its one block (placement[0]).
     offset: tuple[int, ...] | None = None
-    # When the pod admitted it (ms): its age, for the queue's reservation
-    # (planner.reserve). 0 for jobs stored before the field: counted as old.
+    # When the pod admitted it (ms): its age, for the queue's age bound
+    # (planner.waited_past). 0 for jobs stored before the field: counted as old.
     submitted_ms: int = 0
 
     def queue_key(self) -> tuple[int, int]:
