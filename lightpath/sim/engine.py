@@ -682,6 +682,7 @@ class OcsModel(_Model):
         # out). `low` is taken before the queue is walked: within a pass RUNNING slices
         # only leave (victims), so the lowest priority among them can only rise.
         free_blocks: Counter[str] | None = None
+        free_chips: int | None = None
         low = min((j.priority for j in state.jobs.values() if j.state == RUNNING), default=1 << 30)
         traits = pod.traits
         for job_id in pod.queue.ids():
@@ -690,13 +691,31 @@ class OcsModel(_Model):
             # lower priority, failed since the last preemption (the pod only fills up
             # within a pass; a preemption may free more than its preemptor takes).
             key, one_type, n, node_type = traits[job_id]
+            if self.shortcuts and aged and key[1] <= low:
+                # Nothing is free (no block, no chip on a healthy host) and neither this
+                # job nor any after it (no higher priority) has a lower priority to
+                # preempt, nor the age bound's turn: no later job can be placed.
+                if free_blocks is None:
+                    free_blocks = state.free_counts()
+                if not any(free_blocks.values()):
+                    if free_chips is None:
+                        free_chips = _free_chips(state)
+                    if free_chips == 0:
+                        blocked = True
+                        sim.counters["queue_walks_cut"] += 1
+                        break
+            known = failed_at.get(key) == victims_applied
+            if not known and one_type and failed_blocks:
+                priority = key[1]
+                for p, m in failed_blocks.items():
+                    if p >= priority and m <= n:
+                        known = True
+                        break
+            if known and aged:
+                continue
             job = pod.waiting[job_id]
             found: Allocation | Unplaceable | None = None
-            if failed_at.get(key) == victims_applied or (
-                one_type and any(p >= job.priority and m <= n for p, m in failed_blocks.items())
-            ):
-                if aged:
-                    continue
+            if known:
                 found = _NO_ROOM  # known: only its age-bound turn may place it
             elif one_type and self.shortcuts:
                 if free_blocks is None:
@@ -736,7 +755,7 @@ class OcsModel(_Model):
             if self.on_decision is not None:
                 self.on_decision(pod, found)
             apply_allocation(state, found)
-            free_blocks = None
+            free_blocks = free_chips = None
             if found.victims:
                 victims_applied += 1
                 failed_blocks.clear()
