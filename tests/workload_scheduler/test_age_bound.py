@@ -6,9 +6,13 @@ from __future__ import annotations
 
 from collections import Counter
 
+import pytest
+
 from lightpath.domain.slices import DELAY, PENDING, RUNNING, TERMINATE, SliceDemand
+from services.common.settings import SettingsError, load
 from services.workload_scheduler.planner import plan_pass, waited_past
 from services.workload_scheduler.preemption import choose_victims
+from services.workload_scheduler.settings import WorkloadSchedulerSettings
 from tests.workload_scheduler.podfixtures import fabric, job, pod, running
 
 HOUR = 3_600_000
@@ -130,3 +134,12 @@ def test_jobs_stored_without_an_admission_time_count_as_old():
     new = old.with_(submitted_ms=123)
     assert type(new).from_json(new.to_json()).submitted_ms == 123
     assert waited_past(old, HOUR, HOUR) and not waited_past(new, HOUR, HOUR)
+
+
+def test_the_setting_takes_seconds_or_off_and_names_itself_when_wrong():
+    assert load(WorkloadSchedulerSettings, {}).age_bound_s == 3600.0
+    assert load(WorkloadSchedulerSettings, {"LIGHTPATH_WS_AGE_BOUND_S": "off"}).age_bound_s is None
+    assert load(WorkloadSchedulerSettings, {"LIGHTPATH_WS_AGE_BOUND_S": "0"}).age_bound_s == 0
+    for bad in ("-1", "soon", "nan"):
+        with pytest.raises(SettingsError, match="LIGHTPATH_WS_AGE_BOUND_S"):
+            load(WorkloadSchedulerSettings, {"LIGHTPATH_WS_AGE_BOUND_S": bad})
