@@ -48,7 +48,7 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=100_000, help="jobs on one pod")
     parser.add_argument("--cell-jobs", type=int, default=100_000, help="jobs on the cell of 8")
     parser.add_argument(
-        "--headline-jobs", type=int, default=3000, help="jobs of the 0.95 compare (5 policies)"
+        "--headline-jobs", type=int, default=3000, help="jobs of the 0.95 compare (6 policies)"
     )
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args()
@@ -58,7 +58,7 @@ def main() -> None:
         pod_fabric("pod-0")
     )
     config = SimConfig(failures=Failures.from_availability(0.995, 4 * 3600), seed=args.seed)
-    _, summaries = run_many(work, config, ["static", "fifo", "priority", "easy", "defrag"])
+    _, summaries = run_many(work, config, ["static", "fifo", "priority", "aged", "easy", "defrag"])
     by = {s["policy"]: s for s in summaries}
     fifo_wait = by["fifo"]["wait_s"]["mean"]
     best = max(

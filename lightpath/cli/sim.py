@@ -32,7 +32,11 @@ the model (docs/sim.md):
 policies:
   static    static torus, contiguous boxes, queue order with greedy backfill
   fifo      OCS, queue order, no backfill, no preemption
-  priority  OCS, the workload scheduler today: priority order, preemption, greedy backfill
+  priority  OCS, the workload scheduler with its age bound off: priority order,
+            preemption of lower priorities, greedy backfill
+  aged      OCS, the workload scheduler as it ships: priority, and a job waiting past
+            the age bound (LIGHTPATH_WS_AGE_BOUND_S, 1 h) may preempt the younger jobs
+            of its priority that overtook it
   easy      OCS, priority + preemption, EASY backfill: later jobs may not delay the
             first waiting job's reservation (from duration estimates) [default]
   defrag    easy + moving sub-block slices out of shared blocks to free whole blocks
@@ -61,7 +65,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     _workload_args(run)
     run.add_argument(
-        "--policy", default="easy", help="static, fifo, priority, easy or defrag (default easy)"
+        "--policy",
+        default="easy",
+        help="static, fifo, priority, aged, easy or defrag (default easy)",
     )
     run.set_defaults(func=cmd_run)
     compare = verbs.add_parser(
@@ -73,8 +79,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     _workload_args(compare)
     compare.add_argument(
         "--policies",
-        default="static,fifo,priority,easy,defrag",
-        help="comma-separated (default static,fifo,priority,easy,defrag)",
+        default="static,fifo,priority,aged,easy,defrag",
+        help="comma-separated (default static,fifo,priority,aged,easy,defrag)",
     )
     compare.set_defaults(func=cmd_compare)
     gen = verbs.add_parser("generate", help="write a generated workload as a CSV trace")

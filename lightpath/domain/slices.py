@@ -138,6 +138,9 @@ class SliceJob:
     # A sub-block slice while it holds chips: the chip coordinates of its box's first
     # chip inside its one block (placement[0]).
     offset: tuple[int, ...] | None = None
+    # When the pod admitted it (ms): its age, for the queue's age bound
+    # (planner.waited_past). 0 for jobs stored before the field: counted as old.
+    submitted_ms: int = 0
 
     def queue_key(self) -> tuple[int, int]:
         """Queue order (WS-4): higher priority first, then older first."""
@@ -172,6 +175,8 @@ class SliceJob:
             extra["tw"] = 1
         if self.offset is not None:
             extra["off"] = list(self.offset)
+        if self.submitted_ms:
+            extra["sub"] = self.submitted_ms
         return json.dumps(
             {
                 "id": self.job_id,
@@ -227,6 +232,7 @@ class SliceJob:
             degrees=tuple(d["deg"]) if d.get("deg") else None,  # type: ignore[arg-type]
             tile=tuple(d["tile"]) if d.get("tile") else None,  # type: ignore[arg-type]
             offset=tuple(d["off"]) if d.get("off") is not None else None,
+            submitted_ms=int(d.get("sub", 0)),
         )
 
 

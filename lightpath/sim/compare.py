@@ -13,7 +13,7 @@ from lightpath.sim import report
 from lightpath.sim.engine import POLICIES, Result, SimConfig, simulate
 from lightpath.sim.workload import TraceJob
 
-COMPARE_DEFAULT = ("static", "fifo", "priority", "easy", "defrag")
+COMPARE_DEFAULT = ("static", "fifo", "priority", "aged", "easy", "defrag")
 
 
 def run_many(
@@ -73,6 +73,7 @@ def table(summaries: list[dict[str, Any]]) -> list[list[str]]:
             "wait p50 h",
             "wait p99 h",
             "largest wait h",
+            "largest max h",
             "JCT p99 h",
             "lost %",
             "frag %",
@@ -91,6 +92,7 @@ def table(summaries: list[dict[str, Any]]) -> list[list[str]]:
                 _h(s["wait_s"].get("p50")),
                 _h(s["wait_s"].get("p99")),
                 _h(s["largest_wait_s"].get("mean")),
+                _h(s["largest_wait_s"].get("max")),
                 _h(s["jct_s"].get("p99")),
                 f"{100 * lost:.2f}",
                 f"{100 * s['fragmentation']:.1f}",

@@ -70,6 +70,7 @@ from services.workload_scheduler.box_placement import (
 )
 from services.workload_scheduler.placement import Unplaceable
 from services.workload_scheduler.planner import (
+    DEFAULT_AGE_BOUND_S,
     Allocation,
     apply_allocation,
     apply_victims,
@@ -77,6 +78,7 @@ from services.workload_scheduler.planner import (
     plan_admission,
     plan_box_move,
     plan_replacement,
+    waited_past,
 )
 from services.workload_scheduler.preemption import VictimAction, max_freeable
 
@@ -101,9 +103,12 @@ class Policy:
     """How the queue is served.
 
     `backfill`: "none" (strict queue order: the first job that cannot start stops the
-    pass), "greedy" (any later job that fits starts: today's workload scheduler) or
-    "easy" (later jobs start only when they do not delay the first waiting job's
-    reservation, computed from the running jobs' estimated ends: EASY backfill).
+    pass), "greedy" (any later job that fits starts) or "easy" (later jobs start only
+    when they do not delay the first waiting job's reservation, computed from the
+    running jobs' estimated ends: EASY backfill).
+    `age_bound_s`: the workload scheduler's age bound (planner.plan_pass): the first
+    job that cannot start and has waited this long may preempt younger jobs of its
+    priority; None: no bound.
     `preempt`: higher priorities take lower priorities' blocks (WS-4).
     `defrag`: when the first waiting block slice lacks whole blocks, move sub-block
     slices out of the emptiest shared blocks into room in other shared blocks (each
@@ -115,12 +120,15 @@ class Policy:
     preempt: bool = True
     defrag: bool = False
     static: bool = False
+    age_bound_s: float | None = None
 
 
 POLICIES = {
     "static": Policy("static", backfill="greedy", preempt=False, static=True),
     "fifo": Policy("fifo", backfill="none", preempt=False),
     "priority": Policy("priority", backfill="greedy", preempt=True),
+    # the workload scheduler as it ships (LIGHTPATH_WS_AGE_BOUND_S at its default)
+    "aged": Policy("aged", backfill="greedy", preempt=True, age_bound_s=DEFAULT_AGE_BOUND_S),
     "easy": Policy("easy", backfill="easy", preempt=True),
     "defrag": Policy("defrag", backfill="easy", preempt=True, defrag=True),
 }
@@ -334,6 +342,8 @@ class Sim:
                 run, epoch = what
                 if run.epoch == epoch and run.state == WIRING:
                     self.model.wired(run)
+            elif kind == "aged":
+                self.model.aged(*what)
             elif kind == "host":
                 pod, block, host, down = what
                 self._host_event(pod, block, host, down)
@@ -446,6 +456,7 @@ class _Model:
     def arrive(self, run: JobRun) -> None: ...
     def complete(self, run: JobRun) -> None: ...
     def wired(self, run: JobRun) -> None: ...
+    def aged(self, pod: Any, job_id: str) -> None: ...
     def host(self, pod: int, block: int, host: int, down: bool) -> None: ...
 
 
@@ -466,6 +477,7 @@ class OcsPod:
         # The version at which the pod's last pass admitted nothing and changed nothing
         # (a fixed point of the queue), or None: see OcsModel._submit.
         self.quiet: int | None = None
+        self.quiet_ms = 0  # when that pass ran
         self._free_chips: tuple[int, int] = (-1, 0)
 
     def free_chips(self) -> int:
@@ -727,6 +739,10 @@ class OcsModel(_Model):
     def _submit(self, pod: OcsPod, run: JobRun, job: SliceJob) -> None:
         run.pod = pod.index
         run.state = QUEUED
+        job = job.with_(submitted_ms=_ms(self.sim.now))  # the pod admits it (_new_job)
+        bound = self.sim.policy.age_bound_s
+        if bound is not None:  # a pass when it reaches the age bound (reconcile's `due`)
+            self.sim.at(self.sim.now + bound, "aged", (pod, job.job_id))
         pod.enqueue(job)
         if self.shortcuts and pod.quiet == pod.version and self._still_quiet(pod, run, job):
             self.sim.counters["passes_skipped"] += 1
@@ -745,6 +761,11 @@ class OcsModel(_Model):
         the first block slice, what defragmentation works for)."""
         policy = self.sim.policy
         first = pod.queue.keys[0][2]
+        if policy.age_bound_s is not None:
+            # a job that reached the age bound since that pass may preempt now
+            bound, now_ms = _ms(policy.age_bound_s), _ms(self.sim.now)
+            if any(pod.quiet_ms < j.submitted_ms + bound <= now_ms for j in pod.waiting.values()):
+                return False
         if policy.backfill == "none" and first != job.job_id:
             return True  # the pass stops at the head, blocked as before
         if policy.backfill == "easy" and first == job.job_id:
@@ -795,6 +816,10 @@ class OcsModel(_Model):
         failed_blocks: dict[int, int] = {}  # priority -> fewest blocks that failed
         victims_applied = 0
         reservation: list[float] | None = None  # [shadow time, spare blocks]
+        # The age bound, as plan_pass applies it: the first blocked job past it asks again.
+        bound = None if policy.age_bound_s is None else _ms(policy.age_bound_s)
+        aged = bound is None
+        now_ms = _ms(sim.now)
         blocked = False
         rerun = False
         defragged = False
@@ -805,6 +830,7 @@ class OcsModel(_Model):
         # out). `low` is taken before the queue is walked: within a pass RUNNING slices
         # only leave (victims), so the lowest priority among them can only rise.
         free_blocks: Counter[str] | None = None
+        free_chips: int | None = None
         low = min((j.priority for j in state.jobs.values() if j.state == RUNNING), default=1 << 30)
         traits = pod.traits
         for job_id in pod.queue.ids():
@@ -813,13 +839,33 @@ class OcsModel(_Model):
             # lower priority, failed since the last preemption (the pod only fills up
             # within a pass; a preemption may free more than its preemptor takes).
             key, one_type, n, node_type = traits[job_id]
-            if failed_at.get(key) == victims_applied:
+            if self.shortcuts and aged and key[1] <= low:
+                # Nothing is free (no block, no chip on a healthy host) and neither this
+                # job nor any after it (no higher priority) has a lower priority to
+                # preempt, nor the age bound's turn: no later job can be placed.
+                if free_blocks is None:
+                    free_blocks = state.free_counts()
+                if not any(free_blocks.values()):
+                    if free_chips is None:
+                        free_chips = _free_chips(state)
+                    if free_chips == 0:
+                        blocked = True
+                        sim.counters["queue_walks_cut"] += 1
+                        break
+            known = failed_at.get(key) == victims_applied
+            if not known and one_type and failed_blocks:
+                priority = key[1]
+                for p, m in failed_blocks.items():
+                    if p >= priority and m <= n:
+                        known = True
+                        break
+            if known and aged:
                 continue
             job = pod.waiting[job_id]
-            if one_type and any(p >= job.priority and m <= n for p, m in failed_blocks.items()):
-                continue
             found: Allocation | Unplaceable | None = None
-            if one_type and self.shortcuts:
+            if known:
+                found = _NO_ROOM  # known: only its age-bound turn may place it
+            elif one_type and self.shortcuts:
                 if free_blocks is None:
                     free_blocks = state.free_counts()
                 if free_blocks[node_type] < n:
@@ -833,6 +879,9 @@ class OcsModel(_Model):
                     continue  # would delay the first waiting job's reservation
             if found is None:
                 found = plan_admission(state, job, preempt=policy.preempt)
+            if isinstance(found, Unplaceable) and not aged and waited_past(job, now_ms, bound):
+                aged = True
+                found = plan_admission(state, job, take_younger=True)
             if isinstance(found, Unplaceable):
                 failed_at[key] = victims_applied
                 if one_type:
@@ -854,7 +903,7 @@ class OcsModel(_Model):
             if self.on_decision is not None:
                 self.on_decision(pod, found)
             apply_allocation(state, found)
-            free_blocks = None
+            free_blocks = free_chips = None
             if found.victims:
                 victims_applied += 1
                 failed_blocks.clear()
@@ -872,6 +921,7 @@ class OcsModel(_Model):
             if policy.preempt and sim.config.reconfig_s == 0 and top > alloc.job.priority:
                 rerun = True
         pod.quiet = pod.version if not (started or defragged or rerun) else None
+        pod.quiet_ms = now_ms
         return rerun
 
     def _blocks_taken(self, state: IndexedPodState, alloc: Allocation) -> int:
@@ -992,6 +1042,11 @@ class OcsModel(_Model):
         pod.state.jobs[job.job_id] = job.with_(state=RUNNING)
         pod.version += 1
         self.sim.start(self.sim.by_id[job.job_id], self._chips(job))
+
+    def aged(self, pod: OcsPod, job_id: str) -> None:
+        """A waiting job reached the age bound: a pass (the service's reconcile round)."""
+        if job_id in pod.waiting:
+            self.schedule(pod)
 
     def wired(self, run: JobRun) -> None:
         pod = self.pods[run.pod]
@@ -1206,6 +1261,11 @@ class OcsModel(_Model):
                     free += pod.free_chips()
             idle = free
         sim.idle_waiting = idle
+
+
+def _ms(seconds: float) -> int:
+    """Virtual seconds as the service's clock reads them (SchedulerCore.now_ms)."""
+    return int(seconds * 1000)
 
 
 def _free_chips(state: IndexedPodState) -> int:

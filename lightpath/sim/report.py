@@ -52,6 +52,7 @@ def _stats(values: list[float]) -> dict[str, float]:
         "mean": sum(values) / len(values),
         "p50": percentile(values, 50),
         "p99": percentile(values, 99),
+        "max": max(values),
     }
 
 

@@ -102,6 +102,7 @@ class AdmissionMixin(WiringMixin):
             on_block_failure=norm.on_block_failure,
             when_no_capacity=norm.when_no_capacity,
             degrees=job_degrees(norm) if self.fabric.switched is not None else None,
+            submitted_ms=self.now_ms(),
         )
 
     def _store_new(self, txn: Txn, job: SliceJob, admission: _Admission, now: int) -> None:
@@ -254,7 +255,12 @@ class AdmissionMixin(WiringMixin):
         job = self._new_job(norm, seq=2**62)
         state.jobs[job.job_id] = job
         decision = next(
-            (d for d in plan_pass(state, self.now_ms()) or () if d.job.job_id == job.job_id), None
+            (
+                d
+                for d in plan_pass(state, self.now_ms(), self.age_bound_ms) or ()
+                if d.job.job_id == job.job_id
+            ),
+            None,
         )
         now = self.now_ms()
         if decision is not None:
@@ -329,13 +335,13 @@ class AdmissionMixin(WiringMixin):
                 new = self._new_job(admission.norm, int(seq))
                 state.jobs[new.job_id] = new
             now = self.now_ms()
-            found = plan_pass(state, now)
+            found = plan_pass(state, now, self.age_bound_ms)
             if found is None:  # a job needs more than free blocks: decide on the whole pod
                 lean = False
                 state = await self.snapshot()
                 if new is not None:
                     state.jobs.setdefault(new.job_id, new)
-                found = plan_pass(state, now)
+                found = plan_pass(state, now, self.age_bound_ms)
             assert found is not None
             decisions = found
             if not decisions and new is None:

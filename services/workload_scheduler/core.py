@@ -22,6 +22,7 @@ from lightpath.v1 import workload_scheduler_pb2
 from services.workload_scheduler.metrics import PodMetrics
 from services.workload_scheduler.ocs import OcsError, OcsManagerClient
 from services.workload_scheduler.placement import PodState
+from services.workload_scheduler.planner import DEFAULT_AGE_BOUND_S
 from services.workload_scheduler.preemption import VictimAction
 from services.workload_scheduler.store import JobRecord, PodStore
 
@@ -161,6 +162,7 @@ class SchedulerCore:
         ocs: OcsManagerClient,
         fabric: PodFabric,
         wiring_timeout_s: float = 30.0,
+        age_bound_s: float | None = DEFAULT_AGE_BOUND_S,
         clock: Callable[[], float] = time.time,
         spawn: Callable[..., asyncio.Task] | None = None,
         log: logging.Logger | None = None,
@@ -172,6 +174,8 @@ class SchedulerCore:
         self.fabric = fabric
         self.pod_id = store.keys.pod_id
         self.wiring_timeout_ms = int(wiring_timeout_s * 1000)
+        # The queue's age bound (planner.plan_pass), ms; None: no bound.
+        self.age_bound_ms = None if age_bound_s is None else int(age_bound_s * 1000)
         self._progress_s = min(WIRING_PROGRESS_S, wiring_timeout_s / 3)
         self._clock = clock
         self._spawn = spawn or (lambda coro, name: asyncio.ensure_future(coro))

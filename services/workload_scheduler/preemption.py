@@ -13,8 +13,10 @@ them. Victims are chosen to disturb least, lexicographically:
 4. a shrinking victim keeps the largest arrangement it declared acceptable that
    still covers what is missing.
 
-A job never preempts one of equal or higher priority; only RUNNING slices are
-victims (a slice being wired is in flight and is left alone).
+A job never preempts one of higher priority, nor one of equal priority unless it
+has waited past the queue's age bound and the victim is younger (`younger_than`,
+planner.plan_pass); only RUNNING slices are victims (a slice being wired is in
+flight and is left alone).
 
 Sub-block slices (issue 28) give up a block together: the sub-block slices of one
 block count as one candidate victim worth that block, at the highest priority
@@ -99,11 +101,25 @@ def shortfall(state: PodState, need: Counter[str]) -> Counter[str]:
     return Counter({t: n - free[t] for t, n in need.items() if n > free[t]})
 
 
+def _below(job: SliceJob, priority: int, younger_than: int | None) -> bool:
+    """May be preempted at `priority`: lower, or equal and admitted after `younger_than`."""
+    return job.priority < priority or (
+        younger_than is not None and job.priority == priority and job.seq > younger_than
+    )
+
+
 def choose_victims(
-    state: PodState, need: Counter[str], priority: int, *, exclude: frozenset[str] = frozenset()
+    state: PodState,
+    need: Counter[str],
+    priority: int,
+    *,
+    exclude: frozenset[str] = frozenset(),
+    younger_than: int | None = None,
 ) -> list[VictimAction] | None:
     """Victims that free enough blocks for `need` at `priority` ([] when none are
-    needed), or None when even every lower-priority slice would not be enough."""
+    needed), or None when even every lower-priority slice would not be enough. With
+    `younger_than` (a seq), slices of equal priority admitted after it count as lower
+    (the age bound): taken only after every lower priority."""
     deficit = shortfall(state, need)
     if not deficit:
         return []
@@ -112,14 +128,14 @@ def choose_victims(
         for j in state.running()
         # small jobs of a SWITCHED pod share their groups: never victims; sub-block
         # slices give up chips, not blocks (box_placement.choose_box_victims)
-        if j.priority < priority
+        if _below(j, priority, younger_than)
         and j.job_id not in exclude
         and j.placement is not None
         and j.tile is None
         and j.offset is None
     ]
     freeable = {j.job_id: max_freeable(state, j) for j in pool}
-    groups = _box_groups(state, priority, exclude)
+    groups = _box_groups(state, priority, exclude, younger_than)
     for group, members in groups.items():
         pool.append(group)
         freeable[group.job_id] = Counter({state.fabric.node_types[members[0].placement[0]]: 1})  # type: ignore[index]
@@ -137,10 +153,10 @@ def choose_victims(
 
 
 def _box_groups(
-    state: PodState, priority: int, exclude: frozenset[str]
+    state: PodState, priority: int, exclude: frozenset[str], younger_than: int | None = None
 ) -> dict[SliceJob, list[SliceJob]]:
     """Per block given over to sub-block slices whose slices are all RUNNING and of lower
-    priority: a stand-in victim for the whole block, and its members."""
+    priority (`_below`): a stand-in victim for the whole block, and its members."""
     members: dict[int, list[SliceJob]] = {}
     for j in state.jobs.values():
         if j.offset is not None and j.placement and j.state != "SUSPENDED":
@@ -151,7 +167,8 @@ def _box_groups(
             state.owner.get(block) != SUB_BLOCK_OWNER
             or block in state.failed
             or any(
-                j.state != RUNNING or j.priority >= priority or j.job_id in exclude for j in jobs
+                j.state != RUNNING or not _below(j, priority, younger_than) or j.job_id in exclude
+                for j in jobs
             )
         ):
             continue

@@ -8,6 +8,7 @@ import contextlib
 
 from lightpath.domain.slices import (
     HOLDING_STATES,
+    QUEUED_STATES,
     RUNNING,
     SUSPENDED,
     WIRING,
@@ -89,6 +90,12 @@ class ReconcileMixin(FailureMixin):
                     due = min(due, job.wiring_deadline_ms + 1)
             elif job.not_before_ms > now:
                 due = min(due, job.not_before_ms)  # a queued job's backoff ends
+            if (
+                self.age_bound_ms is not None
+                and job.state in QUEUED_STATES
+                and job.submitted_ms + self.age_bound_ms > now
+            ):
+                due = min(due, job.submitted_ms + self.age_bound_ms)  # it may preempt then
         for job, block in running_with_failed_blocks(state):
             busy = True
             await self.handle_failure(job.job_id, block)

@@ -159,6 +159,7 @@ class PodHandle:
             ocs=self._ocs,
             fabric=fabric,
             wiring_timeout_s=settings.wiring_timeout_s,
+            age_bound_s=settings.age_bound_s,
             spawn=self._rt.spawn,
             log=self._rt.log,
             metrics=self.metrics,

@@ -13,6 +13,7 @@ from services.common.settings import (
     parse_positive_float,
     setting,
 )
+from services.workload_scheduler.planner import DEFAULT_AGE_BOUND_S
 
 
 def parse_block_types_setting(raw: str) -> str:
@@ -33,6 +34,16 @@ def _non_negative_int(raw: str) -> int:
     value = int(raw.strip())
     if value < 0:
         raise ValueError("must be an integer >= 0")
+    return value
+
+
+def parse_age_bound(raw: str) -> float | None:
+    """LIGHTPATH_WS_AGE_BOUND_S: seconds >= 0, or "off"."""
+    if raw.strip().lower() == "off":
+        return None
+    value = float(raw)
+    if not value >= 0:
+        raise ValueError('must be seconds >= 0, or "off"')
     return value
 
 
@@ -104,6 +115,14 @@ class WorkloadSchedulerSettings(CommonSettings):
         "SWITCHED pods: how many groups (the last ones) are reserved for small jobs, those "
         "that fit in one group (SW-2)",
         parse=_non_negative_int,
+    )
+    age_bound_s: float | None = setting(
+        "LIGHTPATH_WS_AGE_BOUND_S",
+        DEFAULT_AGE_BOUND_S,
+        "seconds a job may wait unplaced before it may preempt the jobs of its own priority "
+        "admitted after it (each by its own preemption policy), so later jobs that fit "
+        'cannot starve a large one; "off": only lower priorities are ever preempted',
+        parse=parse_age_bound,
     )
     reconcile_s: float = setting(
         "LIGHTPATH_WS_RECONCILE_S",

@@ -455,7 +455,13 @@ class FailureMixin(AdmissionMixin):
         err = await self._make_room(plan.release_first, set(), shrunk)
         if err is not None:
             return await self._replacement_failed(swapping, err, outcome)
-        return await self._swap_at_ocs(swapping, position, outcome)
+        outcome = await self._swap_at_ocs(swapping, position, outcome)
+        if plan.victims:
+            # The victims gave up more than the spare (and a delayed one waits again): a
+            # pass now, not at the next event or reconcile round (the simulator's live
+            # fidelity test found the blocks left idle meanwhile).
+            await self.schedule()
+        return outcome
 
     async def _swap_at_ocs(
         self, swapping: SliceJob, position: tuple[int, ...], outcome: Outcome

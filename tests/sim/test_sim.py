@@ -73,7 +73,7 @@ class Checked(Sim):
             assert held == self.busy
 
 
-@pytest.mark.parametrize("policy", ["fifo", "priority", "easy", "defrag", "static"])
+@pytest.mark.parametrize("policy", ["fifo", "priority", "aged", "easy", "defrag", "static"])
 def test_invariants_hold_with_failures_and_preemption(policy):
     jobs = workload(priorities=((30, 0.6), (70, 0.4)))
     config = SimConfig(policy=POLICIES[policy], failures=FAILURES, seed=5)
@@ -89,7 +89,7 @@ def test_invariants_hold_with_failures_and_preemption(policy):
     assert s["host_failures"] > 0
     if policy != "static":
         assert s["swaps"] + s["moves"] + s["suspensions_by_failure"] > 0
-    if policy in ("priority", "easy", "defrag"):
+    if policy in ("priority", "aged", "easy", "defrag"):
         assert s["preemptions"] > 0
 
 
@@ -107,7 +107,9 @@ def outcomes(res):
     ]
 
 
-@pytest.mark.parametrize(("policy", "pods"), [("easy", 1), ("defrag", 1), ("easy", 3)])
+@pytest.mark.parametrize(
+    ("policy", "pods"), [("easy", 1), ("defrag", 1), ("easy", 3), ("aged", 1), ("aged", 3)]
+)
 def test_the_shortcuts_change_no_decision(policy, pods, monkeypatch):
     """Skipped passes, block slices answered without the planner and the cell's memo of
     demands no pod takes: every job's fate is what full passes give."""
@@ -121,7 +123,7 @@ def test_the_shortcuts_change_no_decision(policy, pods, monkeypatch):
         estimate_error=0.5,
     )
     jobs = gen.generate(FABRIC)
-    config = SimConfig(policy=POLICIES[policy], pods=pods, failures=FAILURES, seed=2)
+    config = SimConfig(policy=_short_bound(POLICIES[policy]), pods=pods, failures=FAILURES, seed=2)
     fast = Sim(jobs, config)
     got = outcomes(fast.run())
     assert fast.counters["passes_skipped"] + fast.counters["cell_offers_skipped"] > 0
@@ -141,10 +143,19 @@ def test_same_seed_same_run_different_seed_different_failures():
     assert rows(config) != rows(replace(config, seed=10))
 
 
-def test_the_priority_policy_decides_as_plan_pass(monkeypatch):
-    """Every pass of the 'priority' policy gives plan_pass's decisions on that snapshot."""
+def _short_bound(policy):
+    """An age bound short enough that a small test run reaches it often."""
+    return replace(policy, age_bound_s=600.0) if policy.age_bound_s is not None else policy
+
+
+@pytest.mark.parametrize("name", ["priority", "aged"])
+def test_the_service_policies_decide_as_plan_pass(name, monkeypatch):
+    """Every pass of the 'priority' policy (the service with its age bound off) and of
+    'aged' (the service as it ships) gives plan_pass's decisions on that snapshot."""
     jobs = workload(n=200, priorities=((20, 0.5), (80, 0.5)))
-    compared = 0
+    policy = _short_bound(POLICIES[name])
+    bound = None if policy.age_bound_s is None else int(policy.age_bound_s * 1000)
+    compared = same_priority = 0
     original = OcsModel._pass
 
     def checked(self, pod):
@@ -153,7 +164,12 @@ def test_the_priority_policy_decides_as_plan_pass(monkeypatch):
         )
         for job in pod.waiting.values():
             snap.jobs[job.job_id] = job
-        expected = [(a.job.job_id, a.placement, a.offset, a.victims) for a in plan_pass(snap, 0)]
+        decided = plan_pass(snap, int(self.sim.now * 1000), bound)
+        nonlocal same_priority
+        same_priority += sum(
+            snap.jobs[v.job_id].priority == a.job.priority for a in decided for v in a.victims
+        )
+        expected = [(a.job.job_id, a.placement, a.offset, a.victims) for a in decided]
         got: list = []
         self.on_decision = lambda _pod, a: got.append(
             (a.job.job_id, a.placement, a.offset, a.victims)
@@ -166,8 +182,10 @@ def test_the_priority_policy_decides_as_plan_pass(monkeypatch):
         return again
 
     monkeypatch.setattr(OcsModel, "_pass", checked)
-    simulate(jobs, SimConfig(policy=POLICIES["priority"], failures=FAILURES))
+    simulate(jobs, SimConfig(policy=policy, failures=FAILURES))
     assert compared > 100
+    # only the age bound lets a job preempt its own priority; the run reached it
+    assert (same_priority > 0) == (name == "aged")
 
 
 def engine_fields():

@@ -1,0 +1,145 @@
+"""The queue's age bound (planner.plan_pass): the first job that cannot be placed and
+has been in the pod `age_bound_ms` may preempt the jobs of its own priority admitted
+after it, so later jobs that fit cannot starve a large one."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from lightpath.domain.slices import DELAY, PENDING, RUNNING, TERMINATE, SliceDemand
+from services.common.settings import SettingsError, load
+from services.workload_scheduler.planner import plan_pass, waited_past
+from services.workload_scheduler.preemption import choose_victims
+from services.workload_scheduler.settings import WorkloadSchedulerSettings
+from tests.workload_scheduler.podfixtures import fabric, job, pod, running
+
+HOUR = 3_600_000
+
+
+def _waiting(job_id, grid, submitted_ms, **kw):
+    return job(job_id, grid, **kw).with_(submitted_ms=submitted_ms)
+
+
+def _starving(**big):
+    """16 blocks: `old` (admitted first, 4 blocks) and `young` (admitted after `big`,
+    12 blocks) run at big's priority; `big` (8 blocks, admitted at 0) waits."""
+    return pod(
+        fabric(blocks=16),
+        jobs=[
+            running("old", range(4), seq=1),
+            _waiting("big", (8, 1, 1), 0, seq=2, **big),
+            running("young", range(4, 16), seq=3),
+        ],
+    )
+
+
+def _placed(decisions):
+    return {
+        a.job.job_id: (a.placement, [(v.job_id, v.action) for v in a.victims]) for a in decisions
+    }
+
+
+def test_before_the_bound_a_job_never_preempts_its_own_priority():
+    state = _starving()
+    assert plan_pass(state, 10 * HOUR) == []  # no bound
+    assert plan_pass(state, 10 * HOUR, 11 * HOUR) == []  # not yet
+    assert not waited_past(state.jobs["big"], 10 * HOUR, 11 * HOUR)
+
+
+def test_past_the_bound_it_takes_the_blocks_of_younger_jobs_of_its_priority():
+    state = _starving()
+    for now in (HOUR, 10 * HOUR):  # at the bound and past it
+        (alloc,) = plan_pass(state, now, HOUR)
+        assert alloc.job.job_id == "big"
+        assert [(v.job_id, v.action) for v in alloc.victims] == [("young", DELAY)]
+        assert set(alloc.placement) <= set(range(4, 16))
+
+
+def test_never_older_jobs_nor_higher_priorities():
+    state = pod(
+        fabric(blocks=16),
+        jobs=[
+            running("old", range(8), seq=1),
+            running("high", range(8, 16), seq=3, priority=60),
+            _waiting("big", (8, 1, 1), 0, seq=2),
+        ],
+    )
+    assert plan_pass(state, 10 * HOUR, HOUR) == []
+
+
+def test_lower_priorities_go_first_then_the_youngest():
+    state = pod(
+        fabric(blocks=16),
+        jobs=[
+            running("old", range(4), seq=1),
+            _waiting("big", (8, 1, 1), 0, seq=2),
+            running("y1", range(4, 8), seq=3),
+            running("y2", range(8, 12), seq=4, policy=TERMINATE),
+            running("low", range(12, 16), seq=5, priority=10),
+        ],
+    )
+    (alloc,) = plan_pass(state, 10 * HOUR, HOUR)
+    # low (lower priority) covers 4, then one of its own priority: the less disruptive
+    assert [(v.job_id, v.action) for v in alloc.victims] == [("low", DELAY), ("y1", DELAY)]
+
+
+def test_only_the_first_blocked_job_past_the_bound_has_the_turn():
+    state = pod(
+        fabric(blocks=16),
+        jobs=[
+            running("old", range(12), seq=1),
+            _waiting("a", (16, 1, 1), 0, seq=2),  # first, but even the younger are too few
+            _waiting("b", (4, 1, 1), 0, seq=3),
+            running("young", range(12, 16), seq=4),
+        ],
+    )
+    assert plan_pass(state, 10 * HOUR, HOUR) == []  # b would have freed young's 4
+    state.jobs["a"] = state.jobs["a"].with_(submitted_ms=10 * HOUR)  # a is young now
+    assert _placed(plan_pass(state, 10 * HOUR, HOUR)) == {
+        "b": ((12, 13, 14, 15), [("young", DELAY)])
+    }
+
+
+def test_a_job_that_fits_is_placed_as_without_a_bound():
+    state = pod(
+        fabric(blocks=16),
+        jobs=[running("young", range(8), seq=5), _waiting("big", (8, 1, 1), 0, seq=2)],
+    )
+    assert _placed(plan_pass(state, 10 * HOUR, HOUR)) == _placed(plan_pass(state, 10 * HOUR))
+
+
+def test_sub_block_slices_of_a_block_count_as_younger_only_when_all_are():
+    fab = fabric(blocks=2, hosts=(2, 2, 1))
+    box = SliceDemand((1, 1, 1), ("tpu",), (False, False, False), (2, 2, 1))
+
+    def boxed(job_id, seq, offset):
+        return job(job_id, (1, 1, 1), state=RUNNING, placement=[1], seq=seq).with_(
+            demand=box, offset=offset
+        )
+
+    state = pod(fab, jobs=[running("old", [0], seq=1)])
+    state.assume_allocated(boxed("b1", 5, (0, 0, 0)))
+    state.assume_allocated(boxed("b2", 6, (2, 0, 0)))
+    assert choose_victims(state, Counter(tpu=1), 50, younger_than=2) is not None
+    assert choose_victims(state, Counter(tpu=1), 50, younger_than=5) is None  # b1 is not
+    assert choose_victims(state, Counter(tpu=1), 50) is None
+
+
+def test_jobs_stored_without_an_admission_time_count_as_old():
+    old = job("old", (2, 1, 1), state=PENDING)
+    assert old.submitted_ms == 0
+    assert type(old).from_json(old.to_json()).submitted_ms == 0
+    new = old.with_(submitted_ms=123)
+    assert type(new).from_json(new.to_json()).submitted_ms == 123
+    assert waited_past(old, HOUR, HOUR) and not waited_past(new, HOUR, HOUR)
+
+
+def test_the_setting_takes_seconds_or_off_and_names_itself_when_wrong():
+    assert load(WorkloadSchedulerSettings, {}).age_bound_s == 3600.0
+    assert load(WorkloadSchedulerSettings, {"LIGHTPATH_WS_AGE_BOUND_S": "off"}).age_bound_s is None
+    assert load(WorkloadSchedulerSettings, {"LIGHTPATH_WS_AGE_BOUND_S": "0"}).age_bound_s == 0
+    for bad in ("-1", "soon", "nan"):
+        with pytest.raises(SettingsError, match="LIGHTPATH_WS_AGE_BOUND_S"):
+            load(WorkloadSchedulerSettings, {"LIGHTPATH_WS_AGE_BOUND_S": bad})
