@@ -93,7 +93,17 @@ def engine(log: Path, timeout_s: float = 60) -> Iterator[None]:
         )
     with log.open("ab") as out:
         proc = subprocess.Popen(
-            [dockerd, "--storage-driver", "overlay2"],
+            # The host's firewall, forwarding and bridges stay as they were: no iptables
+            # rules (published ports go through the engine's userland proxy, which is
+            # all loopback publishing needs), no docker0 (compose makes its own network).
+            [
+                dockerd,
+                "--storage-driver",
+                "overlay2",
+                "--iptables=false",
+                "--ip-forward=false",
+                "--bridge=none",
+            ],
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
