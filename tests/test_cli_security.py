@@ -11,6 +11,7 @@ no stack.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import time
@@ -364,6 +365,46 @@ def no_stack(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         monkeypatch.delenv(key, raising=False)
     monkeypatch.setenv("LIGHTPATH_STATE_DIR", str(tmp_path))
     return tmp_path
+
+
+@pytest.fixture
+def accepts_and_closes() -> Iterator[str]:
+    """What a published port of a starting container looks like from the host: the
+    engine's port forwarder accepts each connection and closes it (nothing behind it)."""
+    import socket
+    import threading
+
+    server = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def serve() -> None:
+        server.settimeout(0.1)
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                conn, _ = server.accept()
+                conn.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield f"127.0.0.1:{server.getsockname()[1]}"
+    stop.set()
+    thread.join()
+    server.close()
+
+
+def test_a_cell_that_is_not_serving_yet_is_not_called_a_certificate_problem(
+    no_stack, capsys, monkeypatch, accepts_and_closes
+):
+    from tests.helpers import tls_env
+
+    for key, value in tls_env(Principal("operator", "operator")).items():
+        monkeypatch.setenv(key, value)
+    code, _, err = run(capsys, "jobs", "--cell", accepts_and_closes)
+    assert code == 1 and "UNAVAILABLE" in err
+    assert (
+        f"the cell is not serving yet: something accepts connections at {accepts_and_closes}" in err
+    )
+    assert "another CA" not in err
 
 
 @pytest.mark.parametrize(

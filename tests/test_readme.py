@@ -42,7 +42,7 @@ def test_readme_is_short_and_in_the_order_a_newcomer_reads():
 
 def test_readme_says_where_the_apt_step_happens():
     dev = (ROOT / "dev.py").read_text()
-    assert "apt-get install chromium prometheus" in README
+    assert "apt-get\ninstall chromium prometheus docker.io debootstrap" in README
     assert "ensure_system_tools" in README and "def ensure_system_tools" in dev
     assert '"apt-get", "install"' in dev
 

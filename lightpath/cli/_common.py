@@ -608,6 +608,16 @@ def _unavailable_steps(message: str, creds: Credentials | None, exc: LightpathEr
         else:
             steps.append(f"{local}; with your own PKI set LIGHTPATH_TLS_CERT and LIGHTPATH_TLS_KEY")
         return steps
+    if "socket closed" in text and exc.address and not speaks_tls(exc.address):
+        # A published port whose service has not started listening (a container's port
+        # forwarder accepts, then closes): not a certificate problem at all.
+        what = {"cell-scheduler": "cell"}.get(exc.process, exc.process or "service")
+        return [
+            f"the {what} is not serving yet: something accepts connections at {exc.address} "
+            "but closes them before any TLS (a service still starting behind a published "
+            "port, e.g. a compose stack coming up)",
+            "wait until it is healthy (`docker compose ps`, `lightpath status`) and try again",
+        ]
     if "socket closed" in text:
         return [
             "the service closed the connection in the TLS handshake: it probably does not "
@@ -631,6 +641,29 @@ def _unavailable_steps(message: str, creds: Credentials | None, exc: LightpathEr
             "or give the address of a running service",
         ]
     return []
+
+
+def speaks_tls(address: str, timeout: float = 2.0) -> bool:
+    """Whether whatever listens at `address` (host:port) answers a TLS ClientHello at
+    all, whatever it then thinks of the certificates: False when it accepts the
+    connection and closes it (or refuses, or stays silent) before sending a byte of TLS."""
+    import socket
+    import ssl
+
+    host, _, port = address.rpartition(":")
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE  # a probe: only whether TLS is spoken
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout) as raw:
+            with context.wrap_socket(raw) as tls:
+                tls.do_handshake()
+    except (ssl.SSLEOFError, ssl.SSLZeroReturnError, OSError, ValueError) as exc:
+        # a TLS alert (the server rejected this probe) is an SSLError, i.e. TLS spoken
+        return isinstance(exc, ssl.SSLError) and not isinstance(
+            exc, ssl.SSLEOFError | ssl.SSLZeroReturnError
+        )
+    return True
 
 
 # What `--as` sets aside for the command: your own PKI and bearer tokens, so the

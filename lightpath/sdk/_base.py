@@ -79,6 +79,7 @@ class AsyncClient:
     def _error(self, err: grpc.aio.AioRpcError) -> LightpathError:
         exc = rpc_error(err)
         exc.address, exc.address_source = self.address, self.address_source
+        exc.process = self.PROCESS
         return exc
 
     async def _call(self, method: str, request: Any, *, timeout: float | None = None) -> Any:
