@@ -6,6 +6,7 @@ from __future__ import annotations
 import grpc
 import pytest
 import redis.asyncio as aioredis
+from redis.exceptions import RedisError
 
 from lightpath.client import error_report
 from lightpath.domain.southbound import devices
@@ -140,3 +141,44 @@ async def test_describe_reads_the_inventory(lab, switch):
     await r.aclose()
     d = await switch.Describe(pb.DescribeSwitchRequest(switch_id=SID))
     assert d.kind == pb.SWITCH_KIND_UNSPECIFIED
+
+
+async def test_settling_is_heard_from_state_db_not_polled(tmp_path, monkeypatch):
+    # orchagent takes 60 ms: a driver polling every 1-10 ms would read STATE_DB a dozen
+    # times a batch; one hearing the keyspace notification of the batch's cross-connect in
+    # STATE_DB reads it once it is written (as SONiC's SubscriberStateTable does)
+    async with sonic_lab(FABRIC, tmp_path, timing=SwitchTiming.fixed(60.0), only={SID}) as lab:
+        sw = SonicSwitch(FABRIC, DEVICE, lab[SID].url, settle_timeout_s=5)
+        probes = 0
+        hmget = sw.state.hmget
+
+        async def counted(*args, **kwargs):
+            nonlocal probes
+            probes += 1
+            return await hmget(*args, **kwargs)
+
+        monkeypatch.setattr(sw.state, "hmget", counted)
+        try:
+            await sw.ApplyBatch(batch("n1", connect=[(4, 1)]), timeout=5)
+            probes = 0
+            await sw.ApplyBatch(batch("n2", connect=[(5, 0)]), timeout=5)
+            reply = await sw.ApplyBatch(batch("n3", disconnect=[(4, 1)]), timeout=5)
+            assert sw._notified and probes == 0
+            assert reply.applied.disconnects == 1
+            st = await sw.GetCrossConnects(pb.GetCrossConnectsRequest(switch_id=SID))
+            assert {(x.port_a, x.port_b) for x in st.cross_connects} == {(0, 5)}
+
+            # a switch whose notifications cannot be heard is polled: slower, as correct
+            def deaf():
+                raise RedisError("no pubsub here")
+
+            await sw._deafen()
+            sw._notified = False
+            monkeypatch.setattr(sw.state, "pubsub", deaf)
+            probes = 0
+            await sw.ApplyBatch(batch("n4", connect=[(6, 2)]), timeout=5)
+            assert probes > 3
+            ports = await sw.GetPortStatus(pb.GetPortStatusRequest(switch_id=SID))
+            assert {p.port: p.peer for p in ports.ports if p.HasField("peer")}[6] == 2
+        finally:
+            await sw.close()
