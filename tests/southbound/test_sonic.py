@@ -182,3 +182,35 @@ async def test_settling_is_heard_from_state_db_not_polled(tmp_path, monkeypatch)
             assert {p.port: p.peer for p in ports.ports if p.HasField("peer")}[6] == 2
         finally:
             await sw.close()
+
+
+async def test_a_switch_out_of_reach_when_described_is_described_before_it_is_programmed(
+    tmp_path,
+):
+    from services.ocs_manager.agent_driver import AgentSwitchDriver, ScopedChange
+    from services.ocs_manager.driver import SwitchDriverError
+    from services.ocs_manager.wiring import SlicePlacement, wire_change
+
+    async with sonic_lab(FABRIC, tmp_path, only={SID}, short={SID}) as lab:
+        lab[SID].server.stop()  # down while the manager starts
+        stubs = {
+            d.id: SonicSwitch(FABRIC, d, lab[SID].url if d.id == SID else "sonic://127.0.0.1:9")
+            for d in devices(FABRIC)
+        }
+        driver = AgentSwitchDriver(FABRIC, stubs, timeout_s=2)
+        try:
+            assert await driver.check_inventory([SID]) == {}  # not judged: it did not answer
+            assert SID in driver.undescribed and SID not in driver.mismatched
+            await lab[SID].restart_empty()  # back, with one B port short of the fabric
+            full = wire_change(FABRIC, SlicePlacement("j", (2, 1, 1), (0, 1), (True,) * 3))
+            only = ScopedChange(
+                full.disconnect, full.connect, full.one_to_many, frozenset({DEVICE.index})
+            )
+            with pytest.raises(SwitchDriverError) as err:
+                await driver.apply(only)
+            assert f"switch {SID} does not match the fabric" in str(err.value)
+            assert SID in driver.mismatched and SID not in driver.undescribed
+            assert await config_db(lab) == {}  # never programmed
+        finally:
+            for sw in stubs.values():
+                await sw.close()
