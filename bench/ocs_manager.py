@@ -170,8 +170,7 @@ def sonic_switches(workdir: Path, root: Path = ROOT):
         entries = [proc.stdout.readline().decode().strip() for _ in fabric.ocs_ids]
         yield {"LIGHTPATH_OCS_SWITCHES": ",".join(entries)}, proc
     finally:
-        proc.terminate()
-        proc.wait(30)
+        stop(proc)
 
 
 @contextlib.contextmanager
@@ -208,11 +207,20 @@ def netconf_switches(workdir: Path, root: Path = ROOT):
         }
         yield settings, proc
     finally:
-        proc.terminate()
-        proc.wait(10)
+        stop(proc)
 
 
 SWITCHES = {"sonic": sonic_switches, "netconf": netconf_switches}
+
+
+def stop(proc: subprocess.Popen, timeout: float = 30.0) -> None:
+    """SIGTERM, then SIGKILL if it has not ended in `timeout` s (a loaded machine)."""
+    proc.terminate()
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def process_cpu(pids: dict[str, int]) -> dict[str, float]:
@@ -267,8 +275,7 @@ async def device_pod(
                 await full_pod(stub, 2, COUNTS)  # warm up: sessions, connections
                 yield stub, {"manager": proc.pid, "switches": switches.pid}
         finally:
-            proc.terminate()
-            proc.wait(10)
+            stop(proc)
 
 
 async def device_runs(pods: dict[str, tuple], runs: int) -> dict[str, dict]:
