@@ -30,6 +30,10 @@ the bench calls with.
   Polatis-style NETCONF switches (one emulator process, an SSH server per switch,
   ncclient sessions from the manager). `sonic_settle_ms` / `netconf_settle_ms` is the
   settling the switches modelled for that wire. Goal: p50 <= settle * 1.1 + 20 ms.
+  `*_cpu_ms_per_wire`: the CPU the manager, the emulator process ("switches") and
+  its redis-servers ("switches_children") spent per wire. `--baseline DIR` runs the
+  same pods from another checkout (e.g. `git worktree add DIR HEAD~3`) side by side,
+  run by run, as `*_baseline`; `--drivers sonic` measures one driver.
   `load_avg_1m` is the machine's load when the line was printed.
 """
 
