@@ -17,10 +17,6 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 ERROR_DOMAIN = "lightpath.dev"
-# The ErrorInfo reason of an UNAVAILABLE that keeps nothing: a pod's answer to a job that
-# asked not to wait and whose wiring failed (a switch out of reach). Retryable, and the
-# pod has forgotten the job, so a caller does not count it as perhaps held (issue 34).
-WIRING_FAILED = "WIRING_FAILED"
 
 
 @dataclass(frozen=True)
