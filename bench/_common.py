@@ -87,17 +87,19 @@ def start_service(
     env: dict[str, str],
     *,
     timeout: float = 60.0,
+    root: Path | None = None,
 ) -> tuple[subprocess.Popen, str]:
     """`python -m services.<service>` as deployed (mTLS as `principal`, its audit log and
     stderr under `workdir`, `env` on top) on a free loopback port, once it is SERVING:
-    (process, address). If it does not start, the error ends with its log's tail."""
+    (process, address). `root`: the source tree it runs from (this one; another checkout
+    to compare with older code). If it does not start, the error ends with its log's tail."""
     import os
     import time
 
     from lightpath.embedded_redis import free_port
     from lightpath.stack import health_status
 
-    root = Path(__file__).resolve().parent.parent
+    root = root or Path(__file__).resolve().parent.parent
     port = free_port()
     name = principal.name.replace("/", "-")  # a file name (service names hold a slash)
     full_env = {

@@ -30,6 +30,10 @@ the bench calls with.
   Polatis-style NETCONF switches (one emulator process, an SSH server per switch,
   ncclient sessions from the manager). `sonic_settle_ms` / `netconf_settle_ms` is the
   settling the switches modelled for that wire. Goal: p50 <= settle * 1.1 + 20 ms.
+  `*_cpu_ms_per_wire`: the CPU the manager, the emulator process ("switches") and
+  its redis-servers ("switches_children") spent per wire. `--baseline DIR` runs the
+  same pods from another checkout (e.g. `git worktree add DIR HEAD~3`) side by side,
+  run by run, as `*_baseline`; `--drivers sonic` measures one driver.
   `load_avg_1m` is the machine's load when the line was printed.
 """
 
@@ -150,9 +154,10 @@ DEVICE_FABRIC = {
 
 
 @contextlib.contextmanager
-def sonic_switches(workdir: Path):
+def sonic_switches(workdir: Path, root: Path = ROOT):
     """48 SONiC OCS (68 A x 68 B ports): an emulator process starting a redis-server each
-    and playing orchagent on it at the Calient timing. Yields LIGHTPATH_OCS_SWITCHES."""
+    and playing orchagent on it at the Calient timing. Yields (LIGHTPATH_OCS_SWITCHES,
+    the emulator's process)."""
     from lightpath.domain.torus import Fabric, FabricConfig
 
     fabric = Fabric.build(FabricConfig((4, 4, 4), 64, 1, 136))
@@ -160,23 +165,22 @@ def sonic_switches(workdir: Path):
     args += ["--b-ports", "68", "--dir", str(workdir), "--timing", "calient-s320"]
     for sid in fabric.ocs_ids:
         args += ["--switch", sid]
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": str(root)}
     proc = subprocess.Popen(
-        args, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
+        args, env=env, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
     )
     try:
         assert proc.stdout is not None and b"ready" in proc.stdout.readline()
         entries = [proc.stdout.readline().decode().strip() for _ in fabric.ocs_ids]
-        yield ",".join(entries)
+        yield {"LIGHTPATH_OCS_SWITCHES": ",".join(entries)}, proc
     finally:
-        proc.terminate()
-        proc.wait(30)
+        stop(proc)
 
 
 @contextlib.contextmanager
-def netconf_switches(workdir: Path):
+def netconf_switches(workdir: Path, root: Path = ROOT):
     """48 Polatis-style 68x68 switches: one emulator process, an SSH server each, at the
-    Calient timing. Yields the manager's settings for them."""
+    Calient timing. Yields (the manager's settings for them, the emulator's process)."""
     from lightpath.domain.torus import Fabric, FabricConfig
     from lightpath.embedded_redis import free_port
     from services.switch_emulators.polatis import write_host_key
@@ -192,55 +196,159 @@ def netconf_switches(workdir: Path):
     args += ["--host-key", str(key), "--timing", "calient-s320"]
     for sid, port in ports.items():
         args += ["--switch", f"{sid}=127.0.0.1:{port}"]
-    env = {**os.environ, "POLATIS_PASSWORD": secret.read_text(), "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "POLATIS_PASSWORD": secret.read_text(), "PYTHONPATH": str(root)}
     proc = subprocess.Popen(
-        args, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
+        args, env=env, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
     )
     try:
         assert proc.stdout is not None and b"ready" in proc.stdout.readline()
-        yield {
+        settings = {
             "LIGHTPATH_OCS_SWITCHES": ",".join(
                 f"{sid}=netconf://admin@127.0.0.1:{p}" for sid, p in ports.items()
             ),
             "LIGHTPATH_OCS_NETCONF_PASSWORD_FILE": str(secret),
             "LIGHTPATH_OCS_NETCONF_KNOWN_HOSTS": str(known),
         }
+        yield settings, proc
     finally:
-        proc.terminate()
-        proc.wait(10)
+        stop(proc)
 
 
-async def device_pod(
-    redis_url: str, pod: str, env: dict[str, str], ca, creds, workdir: Path, runs: int
-) -> tuple[dict[str, float], bool]:
-    """The full-pod wire through a manager process whose switches are `env`'s devices."""
-    proc, addr = start_service(
-        "ocs_manager",
-        service_principal("ocs_manager", pod),
-        ca,
-        creds,
-        workdir,
-        {
-            "LIGHTPATH_REDIS_URL": redis_url,
-            "LIGHTPATH_POD_ID": pod,
-            **DEVICE_FABRIC,
-            # the emulators of 48 switches share this machine's cores with everything else
-            "LIGHTPATH_OCS_SWITCH_TIMEOUT_S": "29",
-            "LIGHTPATH_OCS_CHANGE_LEASE_S": "60",
-            **env,
-        },
-        timeout=120.0,
-    )
+SWITCHES = {"sonic": sonic_switches, "netconf": netconf_switches}
+
+
+def stop(proc: subprocess.Popen, timeout: float = 30.0) -> None:
+    """SIGTERM, then SIGKILL if it has not ended in `timeout` s (a loaded machine)."""
+    proc.terminate()
     try:
-        async with channel(addr, credentials=creds, default_timeout=120.0) as ch:
-            stub = ocs_manager_pb2_grpc.OcsManagerStub(ch)
-            await full_pod(stub, 2, COUNTS)  # warm up: sessions, connections
-            result = await full_pod(stub, runs, COUNTS)
-            report = await stub.CheckInvariants(pb.CheckInvariantsRequest(compare_switches=True))
-            return result, report.ok
-    finally:
-        proc.terminate()
-        proc.wait(10)
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def process_cpu(pids: dict[str, int]) -> dict[str, float]:
+    """CPU seconds so far of each named process and, as "<name>_children", of its
+    children (the SONiC emulator's redis-servers)."""
+    import psutil
+
+    out = {}
+    for name, pid in pids.items():
+        proc = psutil.Process(pid)
+        t = proc.cpu_times()
+        out[name] = t.user + t.system
+        kids = 0.0
+        for child in proc.children(recursive=True):
+            with contextlib.suppress(psutil.NoSuchProcess):
+                c = child.cpu_times()
+                kids += c.user + c.system
+        if kids:
+            out[f"{name}_children"] = kids
+    return out
+
+
+@contextlib.asynccontextmanager
+async def device_pod(
+    redis_url: str, driver: str, tag: str, ca, creds, workdir: Path, root: Path = ROOT
+):
+    """A K = 1 pod whose 48 OCS are `driver`'s emulated devices, and its ocs_manager
+    process, both run from `root`: yields (stub, {process name: pid})."""
+    pod = f"bench-{driver}{tag}"
+    with SWITCHES[driver](workdir / pod, root) as (env, switches):
+        proc, addr = start_service(
+            "ocs_manager",
+            service_principal("ocs_manager", pod),
+            ca,
+            creds,
+            workdir,
+            {
+                "LIGHTPATH_REDIS_URL": redis_url,
+                "LIGHTPATH_POD_ID": pod,
+                **DEVICE_FABRIC,
+                # the emulators of 48 switches share this machine's cores with everything else
+                "LIGHTPATH_OCS_SWITCH_TIMEOUT_S": "29",
+                "LIGHTPATH_OCS_CHANGE_LEASE_S": "60",
+                **env,
+            },
+            timeout=120.0,
+            root=root,
+        )
+        try:
+            async with channel(addr, credentials=creds, default_timeout=120.0) as ch:
+                stub = ocs_manager_pb2_grpc.OcsManagerStub(ch)
+                await full_pod(stub, 2, COUNTS)  # warm up: sessions, connections
+                yield stub, {"manager": proc.pid, "switches": switches.pid}
+        finally:
+            stop(proc)
+
+
+async def device_runs(pods: dict[str, tuple], runs: int) -> dict[str, dict]:
+    """`runs` full-pod wires and releases on each pod (name -> (stub, pids)), taking turns
+    run by run so that every pod meets the same machine; the CPU each process spent in
+    the wires, per wire."""
+    wires: dict[str, list[float]] = {name: [] for name in pods}
+    releases: dict[str, list[float]] = {name: [] for name in pods}
+    cpu: dict[str, dict[str, float]] = {name: {} for name in pods}
+    counts: dict[str, int] = {}
+    req = wire_request("full-pod", [4, 4, 4], list(range(64)), COUNTS)
+    for _ in range(runs):
+        for name, (stub, pids) in pods.items():
+            before = process_cpu(pids)
+            t = time.perf_counter()
+            w = await stub.WireSlice(req)
+            wires[name].append((time.perf_counter() - t) * 1000)
+            for k, v in process_cpu(pids).items():
+                cpu[name][k] = cpu[name].get(k, 0.0) + v - before.get(k, 0.0)
+            counts[name] = w.cross_connect_count
+            t = time.perf_counter()
+            await stub.ReleaseSlice(pb.ReleaseSliceRequest(job_id="full-pod"))
+            releases[name].append((time.perf_counter() - t) * 1000)
+    return {
+        name: {
+            "wire_p50": percentile(wires[name], 50),
+            "wire_p99": percentile(wires[name], 99),
+            "release_p50": percentile(releases[name], 50),
+            "count": counts[name],
+            "cpu_ms_per_wire": {k: round(v * 1000 / runs, 1) for k, v in cpu[name].items()},
+        }
+        for name in pods
+    }
+
+
+async def device_bench(
+    redis_url: str, ca, creds, workdir: Path, runs: int, drivers: list[str], baseline: Path | None
+) -> tuple[dict, bool]:
+    """The full-pod wire through each driver's 48 emulated devices (issue 34), and with
+    `baseline` (another checkout, e.g. the previous commit) side by side in the same run:
+    JSON keys `<driver>_*`, and `<driver>_*_baseline`."""
+    out: dict = {}
+    ok = True
+    for driver in drivers:
+        async with contextlib.AsyncExitStack() as stack:
+            pods = {
+                "": await stack.enter_async_context(
+                    device_pod(redis_url, driver, "", ca, creds, workdir)
+                )
+            }
+            if baseline is not None:
+                pods["_baseline"] = await stack.enter_async_context(
+                    device_pod(redis_url, driver, "-baseline", ca, creds, workdir, baseline)
+                )
+            results = await device_runs(pods, runs)
+            for tag, (stub, _) in pods.items():
+                report = await stub.CheckInvariants(
+                    pb.CheckInvariantsRequest(compare_switches=True)
+                )
+                ok = ok and report.ok
+                r = results[tag]
+                out |= {
+                    f"{driver}_full_pod_wire_ms_p50{tag}": r["wire_p50"],
+                    f"{driver}_full_pod_wire_ms_p99{tag}": r["wire_p99"],
+                    f"{driver}_full_pod_release_ms_p50{tag}": r["release_p50"],
+                    f"{driver}_cpu_ms_per_wire{tag}": r["cpu_ms_per_wire"],
+                }
+            out[f"{driver}_settle_ms"] = modelled_settle_ms()
+    return out, ok
 
 
 def modelled_settle_ms() -> float:
@@ -312,33 +420,15 @@ async def devices_only(args: argparse.Namespace) -> None:
     ):
         ca = bench_ca(Path(tmp) / "pki")
         creds = operator_credentials(ca)
-        with sonic_switches(Path(tmp) / "sonic") as switch_map:
-            sonic, sonic_ok = await device_pod(
-                redis_url,
-                "bench-sonic",
-                {"LIGHTPATH_OCS_SWITCHES": switch_map},
-                ca,
-                creds,
-                Path(tmp),
-                args.runs,
-            )
-        with netconf_switches(Path(tmp) / "netconf") as env:
-            netconf, netconf_ok = await device_pod(
-                redis_url, "bench-netconf", env, ca, creds, Path(tmp), args.runs
-            )
+        devices, ok = await device_bench(
+            redis_url, ca, creds, Path(tmp), args.runs, args.drivers, args.baseline
+        )
     emit(
         {
-            "sonic_full_pod_wire_ms_p50": sonic["wire_p50"],
-            "sonic_full_pod_wire_ms_p99": sonic["wire_p99"],
-            "sonic_full_pod_release_ms_p50": sonic["release_p50"],
-            "sonic_settle_ms": modelled_settle_ms(),
-            "netconf_full_pod_wire_ms_p50": netconf["wire_p50"],
-            "netconf_full_pod_wire_ms_p99": netconf["wire_p99"],
-            "netconf_full_pod_release_ms_p50": netconf["release_p50"],
-            "netconf_settle_ms": modelled_settle_ms(),
+            **devices,
             "load_avg_1m": os.getloadavg()[0],
             "runs": args.runs,
-            "invariants_ok": sonic_ok and netconf_ok,
+            "invariants_ok": ok,
         }
     )
 
@@ -397,20 +487,9 @@ async def main(args: argparse.Namespace) -> None:
                             pb.CheckInvariantsRequest(compare_switches=True)
                         )
                         agents_ok = agents_ok and report.ok
-            with sonic_switches(Path(tmp) / "sonic") as switch_map:
-                sonic, sonic_ok = await device_pod(
-                    redis_url,
-                    "bench-sonic",
-                    {"LIGHTPATH_OCS_SWITCHES": switch_map},
-                    ca,
-                    creds,
-                    Path(tmp),
-                    args.runs,
-                )
-            with netconf_switches(Path(tmp) / "netconf") as env:
-                netconf, netconf_ok = await device_pod(
-                    redis_url, "bench-netconf", env, ca, creds, Path(tmp), args.runs
-                )
+            devices, devices_ok = await device_bench(
+                redis_url, ca, creds, Path(tmp), args.runs, args.drivers, args.baseline
+            )
         finally:
             for p in procs:
                 p.terminate()
@@ -444,17 +523,10 @@ async def main(args: argparse.Namespace) -> None:
                 for q in ("p50", "p99")
             },
             "agent_full_pod_cross_connects": agent_runs[10]["count"],
-            "sonic_full_pod_wire_ms_p50": sonic["wire_p50"],
-            "sonic_full_pod_wire_ms_p99": sonic["wire_p99"],
-            "sonic_full_pod_release_ms_p50": sonic["release_p50"],
-            "sonic_settle_ms": modelled_settle_ms(),
-            "netconf_full_pod_wire_ms_p50": netconf["wire_p50"],
-            "netconf_full_pod_wire_ms_p99": netconf["wire_p99"],
-            "netconf_full_pod_release_ms_p50": netconf["release_p50"],
-            "netconf_settle_ms": modelled_settle_ms(),
+            **devices,
             "load_avg_1m": os.getloadavg()[0],
             "runs": args.runs,
-            "invariants_ok": check.ok and check2.ok and agents_ok and sonic_ok and netconf_ok,
+            "invariants_ok": check.ok and check2.ok and agents_ok and devices_ok,
             "tls": True,  # mTLS, client certificates required (the services' default)
         }
     )
@@ -468,5 +540,17 @@ if __name__ == "__main__":
         "--devices-only",
         action="store_true",
         help="only the SONiC and NETCONF full-pod wires (sonic_*, netconf_*)",
+    )
+    parser.add_argument(
+        "--drivers",
+        type=lambda v: [d for d in v.split(",") if d],
+        default=["sonic", "netconf"],
+        help="the device drivers to measure (default sonic,netconf)",
+    )
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        help="another checkout (e.g. `git worktree add /tmp/base HEAD~3`): its manager and "
+        "emulators run side by side, run by run, as *_baseline",
     )
     asyncio.run(main(parser.parse_args()))

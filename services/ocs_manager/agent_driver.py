@@ -135,6 +135,9 @@ class AgentSwitchDriver:
         self._single_only: set[int] = set()  # endpoints (stubs) without ApplyBatches
         # switches whose Describe does not match the fabric: id -> why (never programmed)
         self.mismatched: dict[str, str] = {}
+        # switches not yet Described (out of reach when asked): asked before they are
+        # first programmed, and by the reconcile loop once they answer
+        self.undescribed: set[str] = set(self.devices)
 
     @property
     def kinds(self) -> str:
@@ -154,8 +157,9 @@ class AgentSwitchDriver:
     async def check_inventory(self, ids: list[str] | None = None) -> dict[str, str]:
         """Describe the switches (all, or `ids`) and keep those that do not match the fabric
         in `mismatched` (a wrong kind, too few ports, another K). A switch that does not
-        answer, or has no Describe, is not judged (checked again after it comes back).
-        Answers the mismatches found now."""
+        answer is not judged and stays in `undescribed` (asked again before it is
+        programmed, and when it comes back); one without Describe (UNIMPLEMENTED) is
+        taken as it is. Answers the mismatches found now."""
         targets = [self.devices[i] for i in (ids or list(self.devices))]
 
         async def one(d: SouthboundDevice) -> tuple[str, str | None]:
@@ -163,8 +167,8 @@ class AgentSwitchDriver:
                 desc = await self._stubs[d.id].Describe(
                     pb.DescribeSwitchRequest(switch_id=d.id), timeout=self.timeout_s
                 )
-            except grpc.aio.AioRpcError:
-                return d.id, None
+            except grpc.aio.AioRpcError as err:
+                return d.id, "" if err.code() == grpc.StatusCode.UNIMPLEMENTED else None
             kind, ports, outputs = self.expected(d)
             if desc.kind != kind:
                 want = pb.SwitchKind.Name(kind)  # type: ignore[arg-type]
@@ -179,6 +183,7 @@ class AgentSwitchDriver:
         for sid, why in await asyncio.gather(*(one(d) for d in targets)):
             if why is None:
                 continue
+            self.undescribed.discard(sid)
             if why:
                 if self.mismatched.get(sid) != why:
                     log.error("switch %s does not match the fabric: %s; not programmed", sid, why)
@@ -199,6 +204,9 @@ class AgentSwitchDriver:
         if change.empty:
             return
         reqs = batches(self.fabric, change)
+        unknown = [sid for sid in reqs if sid in self.undescribed]
+        if unknown:  # never programmed before it is known to match (issue 34)
+            await self.check_inventory(unknown)
         bad = sorted(sid for sid in reqs if sid in self.mismatched)
         if bad:
             raise SwitchDriverError(

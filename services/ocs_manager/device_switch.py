@@ -256,6 +256,15 @@ class DeviceSwitch(ABC):
     async def read_table(self) -> tuple[dict[int, int], str]:
         """(port -> peer both ways, boot id) as the device holds them now."""
 
+    async def begin(self, batch: pb.ApplyBatchRequest) -> tuple[dict[int, int], str]:
+        """What the batch is planned on: (port -> peer both ways, boot id), read under the
+        batch's lock. A device may prepare its edit here too (SONiC: WATCH the keys the
+        batch touches before it reads them); `end` follows, edited or not."""
+        return await self.read_table()
+
+    async def end(self) -> None:  # noqa: B027 (a hook: most devices need nothing)
+        """After a batch began, whatever happened (SONiC: drop an unused WATCH)."""
+
     @abstractmethod
     async def edit(self, edit: Plan, boot_id: str, version: int | None) -> None:
         """Apply one edit (deletes before adds) and wait until its ports settled.
@@ -398,7 +407,7 @@ class DeviceSwitch(ABC):
             counts = (len(request.disconnect), len(request.connect))
             try:
                 async with asyncio.timeout(self.settle_timeout_s):
-                    held, boot = await self.read_table()
+                    held, boot = await self.begin(request)
                     version = digest_version(held)
                     if (request.expect_boot_id and request.expect_boot_id != boot) or (
                         request.HasField("expect_version") and request.expect_version != version
@@ -432,6 +441,8 @@ class DeviceSwitch(ABC):
                     f"switch {self.id} did not settle within {self.settle_timeout_s:g} s"
                 )
                 raise _rpc_error(late, {"switch_id": self.id}) from None
+            finally:
+                await self.end()
             return pb.ApplyBatchResponse(
                 switch_id=self.id,
                 batch_id=request.batch_id,

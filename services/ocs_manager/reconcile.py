@@ -182,6 +182,8 @@ class SwitchReconciler:
             if restarted or sid in self._down:  # back: Describe it and retry what it lacked
                 self.driver.reconnected(sid)
                 rechecks.append(sid)
+            elif sid in self.driver.undescribed:  # out of reach at start, answers now
+                rechecks.append(sid)
             if sid in self.driver.mismatched:
                 continue  # never programmed (health says why)
             if restarted:

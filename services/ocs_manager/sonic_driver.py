@@ -14,14 +14,24 @@ used exactly:
   (`platform`, `hwsku` name the hardware).
 
 A batch becomes one Redis transaction (MULTI/EXEC, as the HLD's batch commit):
-every delete, then every create, then the labels of the ports it connects, guarded
-by WATCH on the keys it reads (the ports' `state`, the cross-connects it replaces).
-Reads of many hashes (the table, the ports' `state`, STATE_DB while settling) are one
-read-only Lua script each, not a pipeline of HMGETs: a full pod is 48 switches x 130
-ports, and the client's encoding of a command each was most of its time.
+every delete (one DEL), then every create, then the labels of the ports it connects.
+Before it reads anything the batch WATCHes what it may touch (the ports it connects,
+the cross-connects it names), so an operator's `force_blocked` or another writer's
+change from the read to EXEC refuses the transaction. Reads of many hashes (the table
+with the ports' `state` and `label`, STATE_DB while settling) are one read-only Lua
+script each, which also answers the Redis run id (the boot id): a full pod is 48
+switches x 130 ports, and the client's cost per command and per round trip was most
+of its time. A batch is four round trips: WATCH, the read, EXEC, and the read once
+it settled.
 orchagent applies the difference to the module and moves the ports through
 `tuning`; the batch is applied when every port it moved reads `tuned` with its new
-peer (or `blocked` when it went dark) in STATE_DB. Device answers map to the
+peer (or `blocked` when it went dark) in STATE_DB. The driver learns when to look as
+SONiC's own daemons do (swss-common's SubscriberStateTable): from STATE_DB keyspace
+notifications, here of the STATE_DB `OCS_CROSS_CONNECT` entry of one cross-connect
+the batch makes or removes (then of a port still moving, if orchagent moved some
+apart); then it reads every moved port. A switch whose Redis sends no notifications
+(`notify-keyspace-events` without `K`; SONiC's own Redis has them on) is polled
+instead, with a growing interval: as correct, only slower. Device answers map to the
 contract's outcomes: a `force_blocked` port refuses the batch whole (ABORTED,
 BATCH_REJECTED), a port that reads `failed` is PARTIALLY_APPLIED (UNAVAILABLE),
 Redis out of reach is SWITCH_UNREACHABLE, and Redis restarting (a new `run_id`,
@@ -33,11 +43,14 @@ Addresses: `sonic://[:password@]host[:port][?config_db=4&state_db=6]` (port 6379
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from urllib.parse import parse_qs, unquote, urlsplit
 
 import redis.asyncio as aioredis
+from redis.asyncio.client import Pipeline, PubSub
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError, WatchError
@@ -66,23 +79,51 @@ _NAME = re.compile(r"^([1-9][0-9]*)([AB])$")
 # Reads of many hashes in one command (a pipeline of HMGETs costs the client a command's
 # encoding each: 48 switches x 130 ports is most of a full pod's work). Read only, so
 # as safe on a switch's Redis as the swss-common scripts SONiC runs there itself.
-HASHES_LUA = """
-local out = {}
+# Every read script answers the Redis run id first (the switch's boot id): a batch needs
+# it before and after, and INFO on its own was a round trip each.
+RUN_ID = "string.match(redis.call('INFO', 'server'), 'run_id:(%w+)')"
+HASHES_LUA = f"""
+local out = {{{RUN_ID}}}
 for _, k in ipairs(KEYS) do
   local row = redis.call('HMGET', k, unpack(ARGV))
   for i = 1, #ARGV do out[#out + 1] = row[i] end
 end
 return out
 """
-TABLE_LUA = """
-local out = {}
+# The run id, the cross-connects matching ARGV[1] (a_side, b_side, ...), and of the
+# ports a batch connects (ARGV[2], a line "<name> <label>" each) those an operator
+# force_blocked and those whose label is not the one given.
+TABLE_LUA = f"""
+local pairs, blocked, relabel = {{}}, {{}}, {{}}
 for _, k in ipairs(redis.call('KEYS', ARGV[1])) do
   local row = redis.call('HMGET', k, 'a_side', 'b_side')
-  out[#out + 1] = row[1]
-  out[#out + 1] = row[2]
+  pairs[#pairs + 1] = row[1]
+  pairs[#pairs + 1] = row[2]
+end
+for name, label in string.gmatch(ARGV[2] or '', '([^ ]+) ([^\\n]*)\\n') do
+  local row = redis.call('HMGET', 'OCS_PORT|' .. name, 'state', 'label')
+  if row[1] == 'force_blocked' then blocked[#blocked + 1] = name end
+  if label ~= '' and row[2] ~= label then relabel[#relabel + 1] = name end
+end
+return {{{RUN_ID}, pairs, blocked, relabel}}
+"""
+# The run id, then which of the ports still settling ("<name> <status> <peer>" a line
+# each, the end state it waits for) are not there yet; "!<name>" when one read `failed`.
+SETTLE_LUA = f"""
+local out = {{{RUN_ID}}}
+for name, goal, peer in string.gmatch(ARGV[1], '([^ ]+) ([^ ]+) ([^\\n]*)\\n') do
+  local row = redis.call('HMGET', 'OCS_PORT|' .. name, 'status', 'target_simplex_port_id')
+  if row[1] == 'failed' then
+    out[#out + 1] = '!' .. name
+  elseif row[1] ~= goal or (row[2] or '') ~= peer then
+    out[#out + 1] = name
+  end
 end
 return out
 """
+# How long a batch waits for the next STATE_DB notification once the switch has been
+# seen to send them, before it reads anyway (a notification lost with its connection).
+NOTE_FALLBACK_S = 0.1
 
 
 @dataclass(frozen=True)
@@ -169,29 +210,54 @@ class SonicSwitch(DeviceSwitch):
         self.state = client(self.addr.state_db)
         self._hashes_lua = self.config.register_script(HASHES_LUA)
         self._table_lua = self.config.register_script(TABLE_LUA)
+        self._settle_lua = self.config.register_script(SETTLE_LUA)
+        # port -> its device name (`1A`), and name -> its cable label (the fabric's)
+        self._names = [f"{i}{side}" for side, i in map(self.sides.side, range(self.sides.used))]
+        self._labels: dict[str, str] = {}
+        self._ports: dict[str, int | None] = {}  # port name -> Lightpath port (parsed once)
         self._boot = ""
+        # the batch under way: its WATCHing transaction, and of the ports it connects
+        # those force_blocked and those to label (read after the WATCH)
+        self._pipe: Pipeline | None = None
+        self._blocked: set[str] = set()
+        self._relabel: set[str] = set()
+        # STATE_DB keyspace notifications of one cross-connect (the batch's), and whether
+        # this switch has been seen to send them
+        self._notes: PubSub | None = None
+        self._channel = ""
+        self._notified = False
 
     async def _hashes(
         self, client: aioredis.Redis, keys: list[str], *fields: str
-    ) -> list[tuple[str | None, ...]]:
-        """HMGET `fields` of every key in `keys`, in one round trip and one command."""
-        if not keys:
-            return []
+    ) -> tuple[str, list[tuple[str | None, ...]]]:
+        """(run id, HMGET `fields` of every key in `keys`), in one round trip and command."""
         flat = await self._hashes_lua(keys=keys, args=list(fields), client=client)
         n = len(fields)
-        return [tuple(flat[i : i + n]) for i in range(0, len(flat), n)]
+        return flat[0], [tuple(flat[i : i + n]) for i in range(1, len(flat), n)]
 
     # -- names -------------------------------------------------------------------------
 
     def name(self, port: int) -> str:
-        side, index = self.sides.side(port)
+        if 0 <= port < len(self._names):
+            return self._names[port]
+        side, index = self.sides.side(port)  # ValueError: beyond the cabled ports
         return f"{index}{side}"
 
     def port_of(self, name: str | None) -> int | None:
-        m = _NAME.match(name or "")
-        return self.sides.port(m.group(2), int(m.group(1))) if m else None
+        name = name or ""
+        if name not in self._ports:
+            m = _NAME.match(name)
+            self._ports[name] = self.sides.port(m.group(2), int(m.group(1))) if m else None
+        return self._ports[name]
 
     def label(self, port: int) -> str:
+        name = self.name(port)
+        label = self._labels.get(name)
+        if label is None:
+            label = self._labels[name] = self._label(port)
+        return label
+
+    def _label(self, port: int) -> str:
         seg = self.fabric.segment_at(self._k, port)
         if seg is None:
             return ""
@@ -219,9 +285,18 @@ class SonicSwitch(DeviceSwitch):
         )
 
     async def read_table(self) -> tuple[dict[int, int], str]:
+        table, boot, _, _ = await self._read()
+        return table, boot
+
+    async def _read(
+        self, ports: Sequence[int] = ()
+    ) -> tuple[dict[int, int], str, list[str], list[str]]:
+        """(table, boot id, of `ports` those force_blocked, those whose label differs)."""
+        checked = "".join(f"{self.name(p)} {self.label(p)}\n" for p in ports)
         try:
-            boot = (await self.config.info("server"))["run_id"]
-            flat = await self._table_lua(args=[f"{XC}|*"])
+            boot, flat, blocked, relabel = await self._table_lua(
+                args=[f"{XC}|*", checked], client=self.config
+            )
         except RedisError as exc:
             raise unreachable(self.id, str(self.addr), exc) from exc
         table: dict[int, int] = {}
@@ -230,12 +305,12 @@ class SonicSwitch(DeviceSwitch):
             if a is not None and b is not None:
                 table[a], table[b] = b, a
         self._boot = boot
-        return table, boot
+        return table, boot, blocked, relabel
 
     async def port_states(self) -> dict[int, tuple[int, int | None]]:
         ports = list(range(self.sides.used))
         try:
-            rows = await self._hashes(
+            _, rows = await self._hashes(
                 self.state,
                 [f"{PORT}|{self.name(p)}" for p in ports],
                 "status",
@@ -256,67 +331,84 @@ class SonicSwitch(DeviceSwitch):
 
     # -- a batch -----------------------------------------------------------------------------
 
+    async def begin(self, batch: pb.ApplyBatchRequest) -> tuple[dict[int, int], str]:
+        """WATCH what the batch may touch (the ports it connects, the cross-connects it
+        names), then read the table and those ports' `state` and `label`: a change to
+        any of them from here to EXEC (an operator's force_blocked, another writer)
+        refuses the transaction."""
+        connected = sorted({p for x in batch.connect for p in (x.port_a, x.port_b)})
+        keys = [f"{PORT}|{self.name(p)}" for p in connected]
+        for x in (*batch.disconnect, *batch.connect):
+            a, b = self.sides.oriented(x.port_a, x.port_b)
+            keys.append(xc_key(self.name(a), self.name(b)))
+        self._pipe = self.config.pipeline(transaction=True)
+        try:
+            if keys:
+                await self._pipe.watch(*keys)
+        except RedisError as exc:
+            raise unreachable(self.id, str(self.addr), exc) from exc
+        table, boot, blocked, relabel = await self._read(connected)
+        self._blocked, self._relabel = set(blocked), set(relabel)
+        return table, boot
+
+    async def end(self) -> None:
+        pipe, self._pipe = self._pipe, None
+        if pipe is not None:
+            with contextlib.suppress(RedisError, OSError, RuntimeError):
+                await pipe.reset()  # UNWATCH when no EXEC came
+
     async def edit(self, edit: Plan, boot_id: str, version: int | None) -> None:
         adds = [(self.name(a), self.name(b)) for a, b in edit.adds]
         deletes = [(self.name(a), self.name(b)) for a, b in edit.deletes]
-        await self._commit(edit, adds, deletes, version)
-        await self._settle(edit, adds, deletes, boot_id)
+        want: dict[str, tuple[str, str]] = {}
+        for a, b in adds:
+            want[a], want[b] = ("tuned", b), ("tuned", a)
+        for pair in deletes:
+            for n in pair:
+                want.setdefault(n, ("blocked", ""))
+        # heard from before the commit, so orchagent's first write is not missed
+        await self._listen(xc_key(*(adds or deletes)[0]))
+        await self._commit(adds, deletes, version)
+        await self._settle(want, boot_id)
 
     async def _commit(
-        self,
-        edit: Plan,
-        adds: list[tuple[str, str]],
-        deletes: list[tuple[str, str]],
-        version: int | None,
+        self, adds: list[tuple[str, str]], deletes: list[tuple[str, str]], version: int | None
     ) -> None:
+        pipe = self._pipe
+        assert pipe is not None  # begun
         connected = sorted({n for pair in adds for n in pair})
-        port_keys = [f"{PORT}|{n}" for n in connected]
-        xc_keys = [xc_key(a, b) for a, b in (*deletes, *adds)]
         sent = False
         try:
-            async with self.config.pipeline(transaction=True) as pipe:
-                watched = [*port_keys, *xc_keys]
-                existing: list[str] = []
-                if version is not None:
-                    existing = [k async for k in self.config.scan_iter(f"{XC}|*", count=512)]
-                    watched += existing
-                if watched:
-                    await pipe.watch(*watched)
-                # the reads in one command on another connection: WATCH guards the keys
-                # against every writer from here to EXEC, whoever reads them
-                if version is not None:
-                    table: dict[int, int] = {}
-                    for a_name, b_name in await self._hashes(
-                        self.config, existing, "a_side", "b_side"
-                    ):
-                        a, b = self.port_of(str(a_name or "")), self.port_of(str(b_name or ""))
-                        if a is not None and b is not None:
-                            table[a], table[b] = b, a
-                    if digest_version(table) != version:
-                        raise DeviceFailure(self._moved())
-                config = await self._hashes(self.config, port_keys, "state", "label")
-                blocked = [
-                    n for n, (st, _) in zip(connected, config, strict=True) if st == "force_blocked"
-                ]
-                if blocked:
-                    raise rejected(
-                        self.id,
-                        f"port{'s' if len(blocked) > 1 else ''} {', '.join(blocked[:8])} "
-                        "force_blocked in CONFIG_DB OCS_PORT (an operator's override; set it "
-                        "back to normal to use the port)",
-                    )
-                pipe.multi()
-                for an, bn in deletes:
-                    pipe.delete(xc_key(an, bn))
-                for an, bn in adds:
-                    pipe.hset(xc_key(an, bn), mapping={"a_side": an, "b_side": bn})
-                by_name = {self.name(p): p for pair in edit.adds for p in pair}
-                for n, (_, label) in zip(connected, config, strict=True):
-                    want = self.label(by_name[n])
-                    if want and label != want:
-                        pipe.hset(f"{PORT}|{n}", "label", want)
-                sent = True
-                await pipe.execute()
+            if version is not None:  # the guard: the whole table as it is under WATCH
+                existing = [k async for k in self.config.scan_iter(f"{XC}|*", count=512)]
+                if existing:
+                    await pipe.watch(*existing)
+                table: dict[int, int] = {}
+                _, rows = await self._hashes(self.config, existing, "a_side", "b_side")
+                for a_name, b_name in rows:
+                    a, b = self.port_of(str(a_name or "")), self.port_of(str(b_name or ""))
+                    if a is not None and b is not None:
+                        table[a], table[b] = b, a
+                if digest_version(table) != version:
+                    raise DeviceFailure(self._moved())
+            blocked = [n for n in connected if n in self._blocked]
+            if blocked:
+                raise rejected(
+                    self.id,
+                    f"port{'s' if len(blocked) > 1 else ''} {', '.join(blocked[:8])} "
+                    "force_blocked in CONFIG_DB OCS_PORT (an operator's override; set it "
+                    "back to normal to use the port)",
+                )
+            pipe.multi()
+            if deletes:
+                pipe.delete(*(xc_key(an, bn) for an, bn in deletes))
+            for an, bn in adds:
+                pipe.hset(xc_key(an, bn), mapping={"a_side": an, "b_side": bn})
+            for n in connected:
+                if n in self._relabel:
+                    pipe.hset(f"{PORT}|{n}", "label", self._labels[n])
+            sent = True
+            await pipe.execute()
         except WatchError:
             raise DeviceFailure(self._moved()) from None
         except RedisError as exc:
@@ -333,61 +425,40 @@ class SonicSwitch(DeviceSwitch):
             reason="VERSION_MISMATCH",
         )
 
-    async def _settle(
-        self,
-        edit: Plan,
-        adds: list[tuple[str, str]],
-        deletes: list[tuple[str, str]],
-        boot_id: str,
-    ) -> None:
-        """Until every moved port reads its end state in STATE_DB (orchagent's
-        `tuning` -> `tuned` / `blocked`), polling with a growing interval."""
-        want: dict[str, tuple[str, str]] = {}
-        for a, b in adds:
-            want[a], want[b] = ("tuned", b), ("tuned", a)
-        for pair in deletes:
-            for n in pair:
-                want.setdefault(n, ("blocked", ""))
+    async def _settle(self, want: dict[str, tuple[str, str]], boot_id: str) -> None:
+        """Until every moved port reads its end state in STATE_DB (orchagent's `tuning` ->
+        `tuned` / `blocked`): woken by a notification of one moved port it reads them
+        all; without one (a poll, with a growing interval) it reads that port first, and
+        all of them once it is done (orchagent moves a batch's ports together)."""
         pending = dict(want)
         failed: list[str] = []
         delay, cap = self.poll_s
+        boot = boot_id
         while pending:
-            # one port first (orchagent moves a batch's ports together), then all of them
+            if self._notified:
+                delay = cap = max(cap, NOTE_FALLBACK_S)
+            heard = await self._heard(delay)
+            delay = min(cap, delay * 1.5)
             probe = next(iter(pending))
-            names = [probe]
             try:
-                row: list[str | None] = await self.state.hmget(  # type: ignore[assignment]
-                    f"{PORT}|{probe}", "status", "target_simplex_port_id"
-                )
-                if row[0] == "failed" or (row[0], row[1] or "") == pending[probe]:
-                    names = list(pending)
-                    rows = await self._hashes(
-                        self.state,
-                        [f"{PORT}|{n}" for n in names],
-                        "status",
-                        "target_simplex_port_id",
+                if not heard:  # a poll: one port first, all of them once it is done
+                    row: list[str | None] = await self.state.hmget(  # type: ignore[assignment]
+                        f"{PORT}|{probe}", "status", "target_simplex_port_id"
                     )
-                else:
-                    rows = [(row[0], row[1])]
+                    if row[0] != "failed" and (row[0], row[1] or "") != pending[probe]:
+                        continue
+                spec = "".join(f"{n} {goal} {peer}\n" for n, (goal, peer) in pending.items())
+                boot, *left = await self._settle_lua(args=[spec], client=self.state)
             except RedisError as exc:
                 failure = unreachable(self.id, str(self.addr), exc)
                 failure.progress = None
                 raise failure from exc
-            for n, (status, target) in zip(names, rows, strict=True):
-                goal, peer = pending[n]
-                if status == "failed":
-                    failed.append(n)
-                    del pending[n]
-                elif status == goal and (target or "") == peer:
-                    del pending[n]
-            if not pending:
+            if boot != boot_id:
                 break
-            await asyncio.sleep(delay)
-            delay = min(cap, delay * 1.5)
-        try:
-            boot = (await self.config.info("server"))["run_id"]
-        except RedisError:
-            boot = boot_id
+            failed += [n[1:] for n in left if n.startswith("!")]
+            pending = {n: pending[n] for n in left if not n.startswith("!")}
+            if pending:  # orchagent moved some ports apart: hear one still moving
+                await self._listen(f"{PORT}|{next(iter(pending))}")
         if boot != boot_id:
             raise DeviceFailure(
                 Unavailable(
@@ -409,9 +480,52 @@ class SonicSwitch(DeviceSwitch):
                 progress=None,
             )
 
+    # -- STATE_DB notifications ----------------------------------------------------------
+
+    async def _listen(self, key: str) -> None:
+        """Hear STATE_DB keyspace notifications of `key` (instead of the last one). Best
+        effort: without them the settling loop polls."""
+        channel = f"__keyspace@{self.addr.state_db}__:{key}"
+        if channel == self._channel:
+            return
+        try:
+            if self._notes is None:
+                self._notes = self.state.pubsub()
+            if self._channel:
+                await self._notes.unsubscribe(self._channel)
+            self._channel = ""
+            await self._notes.subscribe(channel)
+            self._channel = channel
+        except RedisError:
+            await self._deafen()
+
+    async def _heard(self, timeout: float) -> bool:
+        """Until a notification of the port listened to arrives, or `timeout` passed."""
+        if self._notes is None or not self._channel:
+            await asyncio.sleep(timeout)
+            return False
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        try:
+            while (left := deadline - loop.time()) > 0:
+                msg = await self._notes.get_message(timeout=left)
+                if msg is not None and msg["type"] == "message":
+                    self._notified = True
+                    return True
+        except (RedisError, OSError):
+            await self._deafen()
+        return False
+
+    async def _deafen(self) -> None:
+        notes, self._notes, self._channel = self._notes, None, ""
+        if notes is not None:
+            with contextlib.suppress(RedisError, OSError, RuntimeError):
+                await notes.aclose()
+
     def settling_time_s(self) -> float:
         return 0.2  # Calient S320 class: a full set in <= 200 ms with deletes first
 
     async def close(self) -> None:
+        await self._deafen()
         await self.config.aclose()
         await self.state.aclose()

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
@@ -39,8 +40,9 @@ log = logging.getLogger("lightpath.switch_emulators")
 CONFIG_DB, STATE_DB = 4, 6
 XC, PORT, METADATA = "OCS_CROSS_CONNECT", "OCS_PORT", "DEVICE_METADATA|localhost"
 
-# orchagent's reads and writes, each one command (the emulator of 48 switches shares one
-# Python process and the machine's cores with the manager it serves)
+# orchagent's reads and writes, each one command with one argument (the emulator of 48
+# switches shares one Python process and the machine's cores with the manager it
+# serves: a client's cost per argument was most of its work)
 READ_LUA = """
 local xcs, states = {}, {}
 for _, k in ipairs(redis.call('KEYS', ARGV[1])) do
@@ -49,22 +51,17 @@ for _, k in ipairs(redis.call('KEYS', ARGV[1])) do
   xcs[#xcs + 1] = row[1]
   xcs[#xcs + 1] = row[2]
 end
-for _, k in ipairs(KEYS) do states[#states + 1] = redis.call('HGET', k, 'state') end
+for name in string.gmatch(ARGV[2], '[^ ]+') do
+  states[#states + 1] = redis.call('HGET', 'OCS_PORT|' .. name, 'state') or ''
+end
 return {xcs, states}
 """
-# KEYS[1..ARGV[1]] deleted; then per further key: ARGV m, then m field / value pairs
+# ARGV[1]: JSON [keys to delete, [[key, field, value, ...], ...] to HSET]
 WRITE_LUA = """
-local ndel, j = tonumber(ARGV[1]), 2
-for i, k in ipairs(KEYS) do
-  if i <= ndel then
-    redis.call('DEL', k)
-  else
-    local m = tonumber(ARGV[j])
-    redis.call('HSET', k, unpack(ARGV, j + 1, j + 2 * m))
-    j = j + 1 + 2 * m
-  end
-end
-return #KEYS
+local w = cjson.decode(ARGV[1])
+for _, k in ipairs(w[1]) do redis.call('DEL', k) end
+for _, row in ipairs(w[2]) do redis.call('HSET', unpack(row)) end
+return #w[1] + #w[2]
 """
 
 
@@ -74,12 +71,8 @@ async def _write(
     """Delete `deletes`, then HSET each (key, fields) of `sets`: one atomic command."""
     if not deletes and not sets:
         return
-    args: list[str | int] = [len(deletes)]
-    for _, fields in sets:
-        args.append(len(fields))
-        for f, v in fields.items():
-            args += [f, v]
-    await script(keys=[*deletes, *(k for k, _ in sets)], args=args, client=client)
+    rows = [[k, *(x for fv in fields.items() for x in fv)] for k, fields in sets]
+    await script(args=[json.dumps([deletes, rows])], client=client)
 
 
 @dataclass
@@ -117,6 +110,7 @@ class OrchagentEmulator:
             aioredis.Redis.from_url(self.url, db=self.state_db, decode_responses=True)
         )
         self._read = self.config.register_script(READ_LUA)
+        self._names = " ".join(self.ports)
         self._write = self.config.register_script(WRITE_LUA)
         await self.config.config_set("notify-keyspace-events", "KA")
         async with self.config.pipeline(transaction=True) as pipe:
@@ -202,7 +196,7 @@ class OrchagentEmulator:
             self._changed.set()
 
     async def _apply(self) -> None:
-        xcs, states = await self._read(keys=[f"{PORT}|{n}" for n in self.ports], args=[f"{XC}|*"])
+        xcs, states = await self._read(args=[f"{XC}|*", self._names])
         wanted = {
             k.partition("|")[2]: (a, b)
             for k, a, b in zip(xcs[::3], xcs[1::3], xcs[2::3], strict=True)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import grpc
 import pytest
 import redis.asyncio as aioredis
+from redis.exceptions import RedisError
 
 from lightpath.client import error_report
 from lightpath.domain.southbound import devices
@@ -140,3 +141,76 @@ async def test_describe_reads_the_inventory(lab, switch):
     await r.aclose()
     d = await switch.Describe(pb.DescribeSwitchRequest(switch_id=SID))
     assert d.kind == pb.SWITCH_KIND_UNSPECIFIED
+
+
+async def test_settling_is_heard_from_state_db_not_polled(tmp_path, monkeypatch):
+    # orchagent takes 60 ms: a driver polling every 1-10 ms would read STATE_DB a dozen
+    # times a batch; one hearing the keyspace notification of the batch's cross-connect in
+    # STATE_DB reads it once it is written (as SONiC's SubscriberStateTable does)
+    async with sonic_lab(FABRIC, tmp_path, timing=SwitchTiming.fixed(60.0), only={SID}) as lab:
+        sw = SonicSwitch(FABRIC, DEVICE, lab[SID].url, settle_timeout_s=5)
+        probes = 0
+        hmget = sw.state.hmget
+
+        async def counted(*args, **kwargs):
+            nonlocal probes
+            probes += 1
+            return await hmget(*args, **kwargs)
+
+        monkeypatch.setattr(sw.state, "hmget", counted)
+        try:
+            await sw.ApplyBatch(batch("n1", connect=[(4, 1)]), timeout=5)
+            probes = 0
+            await sw.ApplyBatch(batch("n2", connect=[(5, 0)]), timeout=5)
+            reply = await sw.ApplyBatch(batch("n3", disconnect=[(4, 1)]), timeout=5)
+            assert sw._notified and probes == 0
+            assert reply.applied.disconnects == 1
+            st = await sw.GetCrossConnects(pb.GetCrossConnectsRequest(switch_id=SID))
+            assert {(x.port_a, x.port_b) for x in st.cross_connects} == {(0, 5)}
+
+            # a switch whose notifications cannot be heard is polled: slower, as correct
+            def deaf():
+                raise RedisError("no pubsub here")
+
+            await sw._deafen()
+            sw._notified = False
+            monkeypatch.setattr(sw.state, "pubsub", deaf)
+            probes = 0
+            await sw.ApplyBatch(batch("n4", connect=[(6, 2)]), timeout=5)
+            assert probes > 3
+            ports = await sw.GetPortStatus(pb.GetPortStatusRequest(switch_id=SID))
+            assert {p.port: p.peer for p in ports.ports if p.HasField("peer")}[6] == 2
+        finally:
+            await sw.close()
+
+
+async def test_a_switch_out_of_reach_when_described_is_described_before_it_is_programmed(
+    tmp_path,
+):
+    from services.ocs_manager.agent_driver import AgentSwitchDriver, ScopedChange
+    from services.ocs_manager.driver import SwitchDriverError
+    from services.ocs_manager.wiring import SlicePlacement, wire_change
+
+    async with sonic_lab(FABRIC, tmp_path, only={SID}, short={SID}) as lab:
+        lab[SID].server.stop()  # down while the manager starts
+        stubs = {
+            d.id: SonicSwitch(FABRIC, d, lab[SID].url if d.id == SID else "sonic://127.0.0.1:9")
+            for d in devices(FABRIC)
+        }
+        driver = AgentSwitchDriver(FABRIC, stubs, timeout_s=2)
+        try:
+            assert await driver.check_inventory([SID]) == {}  # not judged: it did not answer
+            assert SID in driver.undescribed and SID not in driver.mismatched
+            await lab[SID].restart_empty()  # back, with one B port short of the fabric
+            full = wire_change(FABRIC, SlicePlacement("j", (2, 1, 1), (0, 1), (True,) * 3))
+            only = ScopedChange(
+                full.disconnect, full.connect, full.one_to_many, frozenset({DEVICE.index})
+            )
+            with pytest.raises(SwitchDriverError) as err:
+                await driver.apply(only)
+            assert f"switch {SID} does not match the fabric" in str(err.value)
+            assert SID in driver.mismatched and SID not in driver.undescribed
+            assert await config_db(lab) == {}  # never programmed
+        finally:
+            for sw in stubs.values():
+                await sw.close()

@@ -13,7 +13,7 @@ from lightpath.domain.torus import Fabric, FabricConfig
 from lightpath.v1 import optical_switch_pb2 as sb
 from lightpath.v1 import optical_switch_pb2_grpc
 from services.common.server import ServiceDefinition, create_server
-from services.ocs_manager.agent_driver import AgentSwitchDriver, ScopedChange
+from services.ocs_manager.agent_driver import AgentSwitchDriver, ScopedChange, batches
 from services.ocs_manager.driver import SwitchDriverError
 from services.ocs_manager.wiring import wire_change
 from services.switch_agent.agent import Agent
@@ -71,6 +71,14 @@ async def test_the_driver_falls_back_to_one_call_per_switch():
             await driver.apply(change)
             state = await driver.read()
             assert state is not None and len(state.tables) == 24
+            # a switch behind it came back (restarted, perhaps upgraded): ApplyBatches is
+            # asked again, once, and the fallback learnt again (issue 34)
+            driver.reconnected("ocs-x-0-0")
+            assert not driver._single_only
+            calls = driver.apply_calls
+            await driver.apply(change.inverse())
+            assert driver._single_only
+            assert driver.apply_calls == calls + 1 + len(batches(fabric, change))
     finally:
         await server.stop(0)
 
