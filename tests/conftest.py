@@ -110,3 +110,25 @@ class Spans:
 @pytest.fixture
 def spans_factory():
     return Spans
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """`--dist loadgroup` sends a group's tests to one worker by a `@group` suffix that
+    pytest-xdist (3.8) writes to `item._nodeid`, which pytest 9.2 no longer reads (the id is
+    `item._id`): without this every `xdist_group` mark is ignored and a module's stack is
+    started once per worker. A no-op when xdist's suffix took effect."""
+    if not getattr(config.option, "loadgroup", False):
+        return
+    from _pytest.nodeid import NodeId
+
+    for item in items:
+        names = sorted(
+            {
+                str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+                for m in item.iter_markers("xdist_group")
+            }
+        )
+        suffix = "@" + "_".join(names)
+        if names and not item.nodeid.endswith(suffix) and hasattr(item, "_id"):
+            item._id = NodeId.parse(item.nodeid + suffix)

@@ -18,7 +18,8 @@ import pytest
 
 from lightpath.cli import main
 
-pytestmark = pytest.mark.slow
+# One stack for the module: its tests share a worker (else each worker starts its own).
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("cli-contexts")]
 _SCRIPT = Path(sys.executable).parent / "lightpath"
 LIGHTPATH = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "lightpath"]
 

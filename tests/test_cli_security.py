@@ -25,6 +25,9 @@ from lightpath.security.identity import Principal
 from lightpath.security.pki import LocalCA
 from lightpath.stack import Stack, default_topology, with_ephemeral_ports
 
+# One stack for the module: its tests share a worker (else each worker starts its own).
+pytestmark = pytest.mark.xdist_group("cli-security")
+
 # What the test session puts in the environment (tests/conftest.py: the test CA's
 # operator) and what a user's shell might hold: none of it applies to the local stack.
 _FOREIGN_ENV = (

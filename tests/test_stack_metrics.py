@@ -30,7 +30,8 @@ from lightpath.stack import (
 from services.common.metric_names import ALL
 from tests.common.test_metrics import samples, value
 
-pytestmark = pytest.mark.slow
+# One stack for the module: its tests share a worker (else each worker starts its own).
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("stack-metrics")]
 
 ONE_OF_EACH = ("cell-scheduler", "ocs-pod-1", "ws-pod-1", "core-broker", "agg-root")
 
