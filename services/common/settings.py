@@ -18,7 +18,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any, TypeVar
 
-import annotated_types as at
 from pydantic import BeforeValidator, Field, ValidationError, model_validator
 from pydantic_settings import (
     BaseSettings,
@@ -163,7 +162,7 @@ def _bounds(field: Any) -> str:
     c: dict[str, Any] = {}
     for m in field.metadata:
         for name in ("gt", "ge", "lt", "le", "multiple_of"):
-            if isinstance(m, at.BaseMetadata) and getattr(m, name, None) is not None:
+            if getattr(m, name, None) is not None:  # annotated_types' Gt, Ge, ...
                 c[name] = getattr(m, name)
     integer = field.annotation is int
     words = [f"a multiple of {c['multiple_of']}"] if "multiple_of" in c else []
