@@ -18,8 +18,15 @@ for _, o in ipairs(tx.o or {}) do USES[o[1]] = true end
 
 -- Every command goes through `call` (extensions too: never redis.call), which refuses a key
 -- that is not declared: tests run every script this way, so none builds a key name.
+-- BITOP names its keys after the operation: each of them is checked.
 local function call(command, k, ...)
-  if not DECLARED[k] then error("txn: " .. command .. " on undeclared key " .. tostring(k)) end
+  if command == "BITOP" then
+    for _, key in ipairs({...}) do
+      if not DECLARED[key] then error("txn: BITOP on undeclared key " .. tostring(key)) end
+    end
+  elseif not DECLARED[k] then
+    error("txn: " .. command .. " on undeclared key " .. tostring(k))
+  end
   return redis.call(command, k, ...)
 end
 

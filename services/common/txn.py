@@ -322,8 +322,9 @@ class Script:
             reply = await self._script(keys=keys, args=[arg, *txn.blobs])
             if int(reply[0]) == 1:
                 reads, named = reply[1], reply[2]
-                return Committed(list(reads), dict(zip(named[::2], named[1::2], strict=True)))
-            _, reason, message, value = reply
+                names = map(_text, named[::2])
+                return Committed(list(reads), dict(zip(names, named[1::2], strict=True)))
+            reason, message, value = map(_text, reply[1:])
             if reason != UNDECLARED:
                 raise Conflict(reason, message, value)
             ids, walked = json.loads(value), int(message)
@@ -331,3 +332,8 @@ class Script:
                 txn.members(family, ids)
             self._known[txn.keys[walked - 1]] = ids
         raise Conflict(UNDECLARED, "a walked set kept changing", "")
+
+
+def _text(value: Any) -> Any:
+    """A reply's name or message as str, on a client with decode_responses=False too."""
+    return value.decode() if isinstance(value, bytes) else value
