@@ -110,6 +110,7 @@ if USES.sadd then OPS.sadd = function(o) call("SADD", KEYS[o[2]], o[3]) end end
 if USES.srem then OPS.srem = function(o) call("SREM", KEYS[o[2]], o[3]) end end
 if USES.del then OPS.del = function(o) call("DEL", KEYS[o[2]]) end end
 if USES.setpx then OPS.setpx = function(o) call("SET", KEYS[o[2]], o[3], "PX", o[4]) end end
+if USES.expire then OPS.expire = function(o) call("EXPIRE", KEYS[o[2]], o[3]) end end
 -- {"xadd", stream key, maxlen, field, value, ...}
 if USES.xadd then OPS.xadd = function(o) call("XADD", KEYS[o[2]], "MAXLEN", "~", o[3], "*", unpack(o, 4)) end end
 

@@ -22,10 +22,11 @@ end` (txn.lua defines only what the Txn uses: each call runs the whole script ag
 generic op is nil when the Txn does not use it, so wrap one only under its USES.
 
 API for stores built on this (say here when it changes): `Txn(families=...)`, `k`, `name`,
-`member(s)`, `include`, the `expect_*` checks, `check(name, ...)`, the write ops, `read`,
+`member(s)`, `include`, the `expect_*` checks, `check(name, ...)`, the write ops (`expire`
+included), `read`,
 `job_event` (its Lua twin `job_event(jk, hk, sk, maxlen, e, extra, brief)`), `op(name, ...)`,
 `blob` (binary data as ARGV[i]); the Lua's `now_ms()` (Redis' clock);
-`Program(package, file or [files], constants).bind(redis)` → `Script`; `await script.commit(txn)` →
+`Program(package, file or [files] (none: txn.lua alone), constants).bind(redis)` → `Script`; `await script.commit(txn)` →
 `Committed` (`reads`, `committed[name]`) or `Conflict` (`reason`, `value`, str = message).
 """
 
@@ -200,6 +201,9 @@ class Txn:
 
     def set_px(self, key: str, value: str, ttl_ms: int) -> None:
         self.ops.append(["setpx", self.k(key), value, ttl_ms])
+
+    def expire(self, key: str, ttl_s: int) -> None:
+        self.ops.append(["expire", self.k(key), ttl_s])
 
     def xadd(self, stream: str, maxlen: int, fields: Mapping[str, str]) -> None:
         flat = [x for kv in fields.items() for x in kv]

@@ -23,6 +23,7 @@ STORES = (
     "services.agg_switch.store",
     "services.core_broker.store",
     "services.core_broker.graphs",
+    "services.core_broker.graph_runs",
 )
 
 
