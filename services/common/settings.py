@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import os
 import socket
-from contextvars import ContextVar
 from collections.abc import Callable, Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Annotated, Any, TypeVar
 

@@ -26,8 +26,9 @@ API for stores built on this (say here when it changes): `Txn(families=...)`, `k
 included), `read`,
 `job_event` (its Lua twin `job_event(jk, hk, sk, maxlen, e, extra, brief)`), `op(name, ...)`,
 `blob` (binary data as ARGV[i]); the Lua's `now_ms()` (Redis' clock);
-`Program(package, file or [files] (none: txn.lua alone), constants).bind(redis)` → `Script`; `await script.commit(txn)` →
-`Committed` (`reads`, `committed[name]`) or `Conflict` (`reason`, `value`, str = message).
+`Program(package, file or [files] (none: txn.lua alone), constants).bind(redis)` → `Script`;
+`await script.commit(txn)` → `Committed` (`reads`, `committed[name]`) or `Conflict`
+(`reason`, `value`, str = message); `await script.applies(txn)` → whether it committed.
 """
 
 from __future__ import annotations
@@ -314,6 +315,14 @@ class Script:
         self._script = script
         # set key -> its members at the last "undeclared" conflict: declared up front next time
         self._known: dict[str, list[str]] = {}
+
+    async def applies(self, txn: Txn) -> bool:
+        """Whether `txn` committed (False: a check failed, nothing was written)."""
+        try:
+            await self.commit(txn)
+        except Conflict:
+            return False
+        return True
 
     async def commit(self, txn: Txn) -> Committed:
         """Apply `txn` atomically, or raise Conflict naming the first failed check."""

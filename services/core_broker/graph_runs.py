@@ -65,7 +65,7 @@ from lightpath.graph.spec import from_proto
 from lightpath.v1 import core_broker_pb2 as pb
 from lightpath.v1 import graph_pb2
 from services.common.keys import broker_key
-from services.common.txn import Conflict, Program, Txn
+from services.common.txn import Program, Txn
 
 log = logging.getLogger("lightpath.core_broker.graph_runs")
 
@@ -250,7 +250,7 @@ class GraphRunStore:
         t = Txn()
         t.expect_no_key(self.key(rec.run_id), reason="EXISTS")
         t.hset(self.key(rec.run_id), fields)
-        return await self._commits(t)
+        return await self._script.applies(t)
 
     async def get(self, run_id: str) -> RunRecord | None:
         row: dict[Any, Any] = await self._r.hgetall(self.key(run_id))
@@ -293,15 +293,7 @@ class GraphRunStore:
         fields = {"state": state, "failed_component": component, "failure": failure}
         t.hset(key, {**fields, "finished": now_ms})
         t.expire(key, FINISHED_TTL_S)
-        return await self._commits(t)
-
-    async def _commits(self, t: Txn) -> bool:
-        """Whether `t` committed (False: its check found the run taken or finished)."""
-        try:
-            await self._script.commit(t)
-        except Conflict:
-            return False
-        return True
+        return await self._script.applies(t)
 
 
 # -- running -------------------------------------------------------------------------------
