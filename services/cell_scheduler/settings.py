@@ -4,13 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from services.common.settings import Address, CommonSettings, PositiveFloat, rule, setting
-
-
-def parse_node_flops(raw: str) -> str:
-    """Validate LIGHTPATH_CELL_NODE_FLOPS ("tpu:275e12,gpu:312e12") at start."""
-    node_flops(raw)
-    return raw.strip()
+from services.common.settings import Address, CommonSettings, PositiveFloat, checked, setting
 
 
 def node_flops(raw: str) -> dict[str, float]:
@@ -56,7 +50,7 @@ class CellSchedulerSettings(CommonSettings):
         "seconds between rounds of the cell's background work (silent pods, the queue, "
         "forwards left by a dead replica)",
     )
-    node_flops: Annotated[str, rule(parse_node_flops)] = setting(
+    node_flops: Annotated[str, checked(node_flops)] = setting(
         "LIGHTPATH_CELL_NODE_FLOPS",
         "tpu:275e12,gpu:312e12",
         "effective FLOP/s of one chip per node type, for shapes derived from a compute "

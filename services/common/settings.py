@@ -3,7 +3,7 @@
 A settings class is a frozen `Settings` (a pydantic-settings BaseSettings) whose fields
 are declared with `setting(ENV_VAR, default, doc)` and typed with the rule their value
 must keep: a constrained number (`PositiveInt`, `Field(ge=..)` in Annotated), a `choice`,
-or a domain parser as an AfterValidator. `load(cls)` reads the environment and fails at
+or a domain parser of the raw string (`rule`). `load(cls)` reads the environment and fails at
 start with a `SettingsError` naming the variable and the rule when a value is bad;
 `describe(cls)` lists the variables with their defaults and docs (docs/configuration.md,
 the compose-file check).
@@ -146,6 +146,17 @@ def rule(parse: Callable[[str], Any]) -> BeforeValidator:
     return BeforeValidator(parse)
 
 
+def checked(parse: Callable[[str], Any]) -> BeforeValidator:
+    """`parse` only checks the raw string (ValueError naming the rule): the field keeps
+    it, stripped, and the service parses it again where it uses it."""
+
+    def keep(raw: str) -> str:
+        parse(raw)
+        return raw.strip()
+
+    return BeforeValidator(keep)
+
+
 Address = Annotated[str, rule(parse_address)]
 OptionalAddress = Annotated[str, rule(parse_optional_address)]
 MetricsListen = Annotated[str, rule(parse_metrics_listen)]
@@ -159,25 +170,18 @@ NonNegativeFloat = Annotated[float, Field(ge=0)]
 
 def _bounds(field: Any) -> str:
     """The rule a constrained number keeps, in words, from its declared constraints."""
-    c: dict[str, Any] = {}
-    for m in field.metadata:
-        for name in ("gt", "ge", "lt", "le", "multiple_of"):
-            if getattr(m, name, None) is not None:  # annotated_types' Gt, Ge, ...
-                c[name] = getattr(m, name)
-    integer = field.annotation is int
-    words = [f"a multiple of {c['multiple_of']}"] if "multiple_of" in c else []
-    words = words or (["an integer"] if integer else [])
-    lo, hi = c.get("gt", c.get("ge")), c.get("lt", c.get("le"))
-    if lo is not None and hi is not None:
-        if integer and "ge" in c and "le" in c:
-            words.append(f"within {lo}..{hi}")
-        else:
-            words.append(f"within {'(' if 'gt' in c else '['}{lo}, {hi}{')' if 'lt' in c else ']'}")
-    elif lo is not None:
-        words.append(f"{'>' if 'gt' in c else '>='} {lo}")
-    elif hi is not None:
-        words.append(f"{'<' if 'lt' in c else '<='} {hi}")
-    return "must be " + " ".join(words) if words else ""
+    c = {
+        k: v
+        for m in field.metadata  # annotated_types' Gt, Ge, Le, MultipleOf
+        for k in ("gt", "ge", "le", "multiple_of")
+        if (v := getattr(m, k, None)) is not None
+    }
+    kind = "an integer" if field.annotation is int else ""
+    kind = f"a multiple of {c['multiple_of']}" if "multiple_of" in c else kind
+    bound = f"> {c['gt']}" if "gt" in c else f">= {c['ge']}" if "ge" in c else ""
+    if "le" in c:
+        bound = f"within {c['ge']}..{c['le']}" if "ge" in c else f"within ({c['gt']}, {c['le']}]"
+    return " ".join(["must be", *filter(None, (kind, bound))]) if kind or bound else ""
 
 
 def _field(cls: type[Settings], env: str) -> Any:

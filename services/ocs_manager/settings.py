@@ -17,6 +17,7 @@ from services.common.settings import (
     PositiveFloat,
     SettingsError,
     TorusFabricSettings,
+    checked,
     rule,
     setting,
 )
@@ -40,16 +41,6 @@ def _switched_fabric(raw: str) -> str:
         raise ValueError("; ".join(f"{v.field}: {v.rule}" for v in exc.violations)) from None
 
 
-def _switch_map(raw: str) -> str:
-    parse_switch_map(raw)  # ValueError naming the rule
-    return raw.strip()
-
-
-def _endpoints(raw: str) -> str:
-    parse_endpoint_map(raw)  # ValueError naming the rule
-    return raw.strip()
-
-
 class OcsManagerSettings(TorusFabricSettings):
     listen: Address = setting("LIGHTPATH_LISTEN", "127.0.0.1:50062", "gRPC listen address")
     pod_id: Id = setting(
@@ -62,7 +53,7 @@ class OcsManagerSettings(TorusFabricSettings):
         0.0,
         "settling delay the simulated switches add to every change (MEMS mirrors), ms",
     )
-    switch_agents: Annotated[str, rule(_endpoints)] = setting(
+    switch_agents: Annotated[str, checked(parse_endpoint_map)] = setting(
         "LIGHTPATH_OCS_SWITCH_AGENTS",
         "",
         "where the switches are: empty for the simulation in Redis (the default driver); "
@@ -70,7 +61,7 @@ class OcsManagerSettings(TorusFabricSettings):
         "id (ocs-x-*=10.0.0.5:50063,otm-*=10.0.0.6:50063; first match wins). "
         "docs/ocs_southbound.md",
     )
-    switches: Annotated[str, rule(_switch_map)] = setting(
+    switches: Annotated[str, checked(parse_switch_map)] = setting(
         "LIGHTPATH_OCS_SWITCHES",
         "",
         "the driver of each switch, glob=address by switch id (first match wins; {id} is the "

@@ -21,15 +21,11 @@ from services.common.settings import (
     PositiveInt,
     SettingsError,
     TorusFabricSettings,
+    checked,
     rule,
     setting,
 )
 from services.switch_agent.faults import parse_fault_spec
-
-
-def _faults(raw: str) -> str:
-    parse_fault_spec(raw)  # ValueError naming the rule
-    return raw.strip()
 
 
 def _timing(raw: str) -> str:
@@ -76,7 +72,7 @@ class SwitchAgentSettings(TorusFabricSettings):
         "file keeping the switches' tables across agent restarts (JSON, written before a "
         "batch is answered); empty: in memory, so a restarted agent's switches come up empty",
     )
-    faults: Annotated[str, rule(_faults)] = setting(
+    faults: Annotated[str, checked(parse_fault_spec)] = setting(
         "LIGHTPATH_AGENT_FAULTS",
         "",
         "faults injected at start: glob=fault[+fault],... with fault unreachable, slow:<ms>, "

@@ -12,16 +12,11 @@ from services.common.settings import (
     NonNegativeInt,
     OptionalAddress,
     PositiveFloat,
+    checked,
     rule,
     setting,
 )
 from services.workload_scheduler.planner import DEFAULT_AGE_BOUND_S
-
-
-def parse_block_types_setting(raw: str) -> str:
-    """Validate LIGHTPATH_BLOCK_TYPES at start; the counts are checked against the fabric."""
-    parse_block_types(raw)
-    return raw.strip()
 
 
 def parse_host_shape(raw: str) -> tuple[int, ...]:
@@ -66,7 +61,7 @@ class WorkloadSchedulerSettings(CommonSettings):
         "seconds between reports to the cell (capacity, job transitions); also sent soon "
         "after any change in the pod",
     )
-    block_types: Annotated[str, rule(parse_block_types_setting)] = setting(
+    block_types: Annotated[str, checked(parse_block_types)] = setting(
         "LIGHTPATH_BLOCK_TYPES",
         "tpu",
         'node type of each block, in block-id order: "tpu" (all), "tpu:60,gpu:4", '
