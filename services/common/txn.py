@@ -22,10 +22,9 @@ end` (txn.lua defines only what the Txn uses: each call runs the whole script ag
 generic op is nil when the Txn does not use it, so wrap one only under its USES.
 
 API for stores built on this (say here when it changes): `Txn(families=...)`, `k`, `name`,
-`member(s)`, `include`, the `expect_*` checks, `check(name, ...)`, the write ops (`expire`
-included), `read`,
-`job_event` (its Lua twin `job_event(jk, hk, sk, maxlen, e, extra, brief)`), `op(name, ...)`,
-`blob` (binary data as ARGV[i]); the Lua's `now_ms()` (Redis' clock);
+`member(s)`, `include`, the `expect_*` checks, `check(name, ...)`, the write ops (with
+`expire`), `read`, `job_event` (its Lua twin `job_event(jk, hk, sk, maxlen, e, extra,
+brief)`), `op(name, ...)`, `blob` (binary data as ARGV[i]); the Lua's `now_ms()` (Redis' clock);
 `Program(package, file or [files] (none: txn.lua alone), constants).bind(redis)` → `Script`;
 `await script.commit(txn)` → `Committed` (`reads`, `committed[name]`) or `Conflict`
 (`reason`, `value`, str = message); `await script.applies(txn)` → whether it committed.
