@@ -151,6 +151,7 @@ def client(
     return sentinel.master_for(
         target.service_name,
         connection_pool_class=_sentinel_blocking_pool(),
+        connection_class=_demotion_aware(target.tls),
         db=target.db,
         max_connections=max_connections,
         timeout=pool_timeout_s,
@@ -167,3 +168,34 @@ def _sentinel_blocking_pool() -> type:
         pass
 
     return SentinelBlockingConnectionPool
+
+
+# What a demoted master answers that redis-py's Sentinel connection does not take for a
+# demotion: a write inside a Lua script (the script's error wraps READONLY) and WAIT.
+DEMOTED = (
+    "-READONLY You can't write against a read only replica",
+    "WAIT cannot be used with replica",
+)
+
+
+def _demotion_aware(tls: bool) -> type:
+    """A Sentinel-managed connection that, like redis-py's on a plain READONLY, drops
+    the connection and raises ConnectionError (retried: the next connection asks the
+    sentinels for the master) when a script's write or a WAIT finds a replica — else
+    every script on a connection kept to a demoted master fails until it closes."""
+    from redis.asyncio.sentinel import SentinelManagedConnection, SentinelManagedSSLConnection
+    from redis.exceptions import ConnectionError, ResponseError
+
+    base: Any = SentinelManagedSSLConnection if tls else SentinelManagedConnection
+
+    class DemotionAwareConnection(base):  # type: ignore[misc, valid-type]
+        async def read_response(self, *args: Any, **kwargs: Any) -> Any:
+            try:
+                return await super().read_response(*args, **kwargs)
+            except ResponseError as exc:
+                if self.connection_pool.is_master and any(d in str(exc) for d in DEMOTED):
+                    await self.disconnect()
+                    raise ConnectionError("the previous master is now a replica") from exc
+                raise
+
+    return DemotionAwareConnection

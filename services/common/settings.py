@@ -209,6 +209,21 @@ class CommonSettings:
         "(retryable)",
         parse=parse_positive_float,
     )
+    redis_commit_replicas: int = setting(
+        "LIGHTPATH_REDIS_COMMIT_REPLICAS",
+        0,
+        "replicas that must hold a commit before a service acknowledges it (Redis WAIT "
+        "after each transaction); 0: the primary's answer is enough, and a failover can "
+        "lose the last acknowledged writes (docs/operations.md); one server or Sentinel only",
+        parse=parse_non_negative_int,
+    )
+    redis_commit_timeout_ms: int = setting(
+        "LIGHTPATH_REDIS_COMMIT_TIMEOUT_MS",
+        1000,
+        "milliseconds a commit waits for LIGHTPATH_REDIS_COMMIT_REPLICAS replicas; then the "
+        "call answers UNAVAILABLE (retryable: the write may or may not have been kept)",
+        parse=parse_positive_int,
+    )
     listen: str = setting(
         "LIGHTPATH_LISTEN",
         "127.0.0.1:0",
