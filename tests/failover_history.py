@@ -246,7 +246,8 @@ async def failovers_under_load(
         for _ in range(count):
             await asyncio.sleep(settle_s)
             old, _new = await asyncio.to_thread(r.sentinel.pause_master)
-            await asyncio.to_thread(r.sentinel.resume, old)
+            r.sentinel.resume(old)
+            await asyncio.to_thread(r.sentinel.wait_rejoined, old)
         await asyncio.sleep(settle_s)
     finally:
         stop.set()

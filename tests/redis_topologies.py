@@ -178,7 +178,6 @@ class SentinelSet(Topology):
         _wait(switched, f"the sentinels choosing a new master after {old}")
         return old, self.master()
 
-
     def replication(self, port: int) -> dict:
         with self.client(port) as r:
             return r.info("replication")
@@ -196,19 +195,20 @@ class SentinelSet(Topology):
             if new == old or self.replication(new)["role"] != "master":
                 return False
             return all(
-                int(self.replication(p).get("master_port", 0)) == new
-                for p in others
-                if p != new
+                int(self.replication(p).get("master_port", 0)) == new for p in others if p != new
             )
 
         _wait(switched, f"the sentinels promoting a replica of the paused master {old}")
         return old, self.master()
 
     def resume(self, old: int) -> None:
-        """SIGCONT a paused master and wait until it replicates from the new master (the
-        sentinels wait ~8 s after they see it again before they demote it: meanwhile it
-        still answers as a master) and every replica is connected."""
+        """SIGCONT a paused master (it answers as a master until the sentinels demote it,
+        ~8 s after they see it again: Sentinel waits that long for newer configurations)."""
         os.kill(self.procs[old].pid, signal.SIGCONT)
+
+    def wait_rejoined(self, old: int) -> None:
+        """Until a resumed master replicates from the new master and every replica is
+        connected to it."""
         replicas = len(self.procs) - len(self.sentinels) - 1
 
         def rejoined() -> bool:
@@ -339,7 +339,10 @@ def redis_sentinel(directory: Path, replicas: int = 1) -> Iterator[SentinelSet]:
             for port in sentinels:
                 with redis.Redis(host="127.0.0.1", port=port, decode_responses=True) as s:
                     fields = s.sentinel_master(topo.service)
-                    if int(fields["num-other-sentinels"]) < 2 or int(fields["num-slaves"]) < replicas:
+                    if (
+                        int(fields["num-other-sentinels"]) < 2
+                        or int(fields["num-slaves"]) < replicas
+                    ):
                         return False
             return True
 
