@@ -36,7 +36,6 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from lightpath import __version__, redis_url, telemetry
 from services.common import instruments, txn
 from services.common.errors import Unavailable
-from services.common.settings import SettingsError
 
 
 class _RedisMetrics:
@@ -164,13 +163,6 @@ class _Retry(Retry):
 def connect_with(settings: Any, *, decode_responses: bool = True) -> aioredis.Redis:
     """A client of the Redis a service's settings (CommonSettings) name: its URL, pool
     bounds, password file and how many replicas a commit waits for."""
-    replicas = settings.redis_commit_replicas
-    if replicas and redis_url.parse(settings.redis_url).kind == "cluster":
-        # WAIT counts one node's replicas and a cluster pipeline routes it anywhere.
-        raise SettingsError(
-            "LIGHTPATH_REDIS_COMMIT_REPLICAS works with one server or Sentinel, not a "
-            "Redis Cluster: set it to 0 there and use min-replicas-to-write on the primaries"
-        )
     client = connect(
         settings.redis_url,
         decode_responses=decode_responses,
@@ -178,7 +170,8 @@ def connect_with(settings: Any, *, decode_responses: bool = True) -> aioredis.Re
         pool_timeout_s=settings.redis_pool_timeout_s,
         password=read_password(settings.redis_password_file),
     )
-    return txn.require_replicas(client, txn.Durability(replicas, settings.redis_commit_timeout_ms))
+    durability = txn.Durability(settings.redis_commit_replicas, settings.redis_commit_timeout_ms)
+    return txn.require_replicas(client, durability)
 
 
 def connect(

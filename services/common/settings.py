@@ -356,6 +356,14 @@ class CommonSettings:
         "OTEL_SERVICE_NAME", "", "service.name of spans; default lightpath-<service>"
     )
 
+    def __post_init__(self) -> None:
+        if self.redis_commit_replicas and redis_url.parse(self.redis_url).kind == "cluster":
+            # WAIT counts one node's replicas, and a cluster pipeline routes it anywhere.
+            raise SettingsError(
+                "LIGHTPATH_REDIS_COMMIT_REPLICAS works with one server or Sentinel, not a "
+                "Redis Cluster: set it to 0 there and use min-replicas-to-write on the primaries"
+            )
+
     @property
     def resolved_instance_id(self) -> str:
         return self.instance_id or _default_instance_id()

@@ -32,9 +32,11 @@ Durability (issue 32): Redis replicates asynchronously, so a commit the primary 
 can be lost when a replica is promoted. `require_replicas(client, Durability(n, ms))`
 (done by redis_store.connect_with from LIGHTPATH_REDIS_COMMIT_REPLICAS) makes every
 commit on `client` wait — `WAIT n ms`, on the script's own connection, in the same
-round trip — until n replicas hold it; a commit that reached fewer raises Unavailable
-(REDIS_NOT_REPLICATED): it was applied on the primary but is not acknowledged, and a
-retry (mutations are idempotent by client-chosen ids) finds it or makes it again.
+round trip — until n replicas hold it and everything the primary held when it ran
+(what a check or a read of it saw); a commit that reached fewer raises Unavailable
+(REDIS_NOT_REPLICATED), a failed check too (rather than Conflict): what it wrote was
+applied on the primary but is not acknowledged, and a retry (mutations are idempotent
+by client-chosen ids) finds it — once replicated — or makes it again.
 docs/operations.md says what this guarantees at which settings.
 """
 
@@ -326,6 +328,8 @@ class Durability:
 
 
 _DURABILITY = "_lightpath_durability"
+# Nobody subscribes: a PUBLISH here only moves the connection's replication offset.
+FENCE_CHANNEL = "lp:replication-fence"
 
 
 def require_replicas(client: Any, durability: Durability) -> Any:
@@ -372,27 +376,32 @@ class Script:
     async def _run(self, keys: list[str], args: list[Any]) -> Any:
         if not self.durability.replicas:
             return await self._script(keys=keys, args=args)
-        # EVALSHA and WAIT in one pipeline: one connection (WAIT counts the replicas
-        # that hold what *this connection* wrote) and one round trip.
+        # One pipeline: one connection and one round trip. WAIT counts the replicas that
+        # hold this connection's last write; the PUBLISH (propagated, so it is one) puts
+        # that write after everything the primary holds — replication is one ordered
+        # stream — so a script that wrote nothing (a conflict, a retry answered from a
+        # record another connection wrote) waits for what it read, too.
         want, timeout_ms = self.durability.replicas, self.durability.timeout_ms
         script = self._script
         client = script.registered_client
         for _ in range(2):
             async with client.pipeline(transaction=False) as pipe:
                 pipe.evalsha(script.sha, len(keys), *keys, *args)
+                pipe.publish(FENCE_CHANNEL, "")
                 pipe.execute_command("WAIT", want, timeout_ms)
-                reply, acked = await pipe.execute(raise_on_error=False)
+                reply, _, acked = await pipe.execute(raise_on_error=False)
             if isinstance(reply, NoScriptError):  # a restarted or promoted Redis
                 await client.script_load(script.script)
                 continue
             for answer in (reply, acked):
                 if isinstance(answer, Exception):
                     raise answer
-            if int(reply[0]) == 1 and int(acked) < want:
+            if int(acked) < want:
                 raise Unavailable(
                     f"the commit reached {acked} of the {want} Redis replicas "
-                    f"LIGHTPATH_REDIS_COMMIT_REPLICAS asks for within {timeout_ms} ms, so it "
-                    "might not survive a failover and is not acknowledged; retry the call",
+                    f"LIGHTPATH_REDIS_COMMIT_REPLICAS asks for within {timeout_ms} ms, so "
+                    "what it wrote or read might not survive a failover and is not "
+                    "acknowledged; retry the call",
                     reason="REDIS_NOT_REPLICATED",
                     retry_delay_s=1.0,
                 )

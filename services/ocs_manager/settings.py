@@ -141,6 +141,7 @@ class OcsManagerSettings(TorusFabricSettings):
         return SwitchedFabricConfig.parse(self.switched_fabric)
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         self.check_fabric()
         if (self.switch_agents or self.switches) and self.fabric_kind == "OCS_TORUS":
             if self.switch_timeout_s >= self.change_lease_s / 2:

@@ -101,6 +101,7 @@ class SwitchAgentSettings(TorusFabricSettings):
         return SwitchTiming.fixed(self.settle_ms)
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         self.check_fabric()
         fabric = Fabric(self.fabric_config)
         if not select(devices(fabric), self.switches):
