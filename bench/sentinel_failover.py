@@ -36,7 +36,7 @@ from services.cell_scheduler.store import PROGRAM
 from services.common import redis_store
 from services.common.txn import Durability, Txn, require_replicas
 from tests.failover_history import durability_env, failovers_under_load, rig
-from tests.redis_topologies import PASSWORD, redis_sentinel
+from tests.redis_topologies import redis_sentinel, with_password
 
 COMMIT_REPLICAS = 1  # of the two: the setting docs/operations.md recommends
 
@@ -86,8 +86,7 @@ async def _measure(failovers: int, baseline: int, commits: int) -> dict:
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="lightpath-bench-sentinel-") as tmp:
         with redis_sentinel(Path(tmp) / "latency", replicas=2) as sentinel:
-            scheme, rest = sentinel.url.split("://", 1)
-            latency = await _commit_latency(f"{scheme}://:{PASSWORD}@{rest}", commits)
+            latency = await _commit_latency(with_password(sentinel.url), commits)
         durable = await _failovers(Path(tmp) / "durable", failovers, COMMIT_REPLICAS)
         plain = await _failovers(Path(tmp) / "plain", baseline, 0) if baseline else None
     result = {

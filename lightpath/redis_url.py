@@ -182,13 +182,25 @@ def _demotion_aware(tls: bool) -> type:
     """A Sentinel-managed connection that, like redis-py's on a plain READONLY, drops
     the connection and raises ConnectionError (retried: the next connection asks the
     sentinels for the master) when a script's write or a WAIT finds a replica — else
-    every script on a connection kept to a demoted master fails until it closes."""
+    every script on a connection kept to a demoted master fails until it closes — and
+    that moves to the master the pool last heard of before it sends (a deposed master
+    still answers as one until Sentinel demotes it, ~8 s after it is back)."""
     from redis.asyncio.sentinel import SentinelManagedConnection, SentinelManagedSSLConnection
     from redis.exceptions import ConnectionError, ResponseError
 
     base: Any = SentinelManagedSSLConnection if tls else SentinelManagedConnection
 
     class DemotionAwareConnection(base):  # type: ignore[misc, valid-type]
+        async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+            # The pool learnt of a new master (recheck_master): this connection, to the
+            # old one, reconnects to it first instead of writing to a deposed master.
+            pool = self.connection_pool
+            known = pool.master_address
+            if pool.is_master and self.is_connected and known not in (None, (self.host, self.port)):
+                await self.disconnect()
+                await self.connect()
+            await super().send_packed_command(command, check_health)
+
         async def read_response(self, *args: Any, **kwargs: Any) -> Any:
             try:
                 return await super().read_response(*args, **kwargs)
@@ -199,3 +211,12 @@ def _demotion_aware(tls: bool) -> type:
                 raise
 
     return DemotionAwareConnection
+
+
+async def recheck_master(client: Any) -> None:
+    """Behind Sentinel: ask the sentinels which server is the master; when it moved, the
+    pool drops its idle connections (they reconnect to the new one). Else nothing. For
+    a sign that this client's master may have been deposed (WAIT found no replica)."""
+    pool: Any = getattr(client, "connection_pool", None)
+    if getattr(pool, "is_master", False) and hasattr(pool, "get_master_address"):
+        await pool.get_master_address()

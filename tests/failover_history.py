@@ -31,7 +31,7 @@ from lightpath.v1 import core_broker_pb2 as cb
 from tests.cell_scheduler.conftest import Cell, cell_stack
 from tests.core_broker.conftest import Broker, running_broker
 from tests.helpers import identity
-from tests.redis_topologies import PASSWORD, SentinelSet, redis_sentinel
+from tests.redis_topologies import SentinelSet, redis_sentinel, with_password
 
 CALL_TIMEOUT_S = 5.0
 DEVICES, CORES = 8, 8
@@ -216,8 +216,7 @@ async def rig(directory: Path, env: dict[str, str]) -> AsyncIterator[Rig]:
     # arranges for tests; a bench has no conftest).
     with environ_restored(tuple(tls)), redis_sentinel(directory, replicas=2) as sentinel:
         os.environ.update({k: str(v) for k, v in tls.items()})
-        scheme, rest = sentinel.url.split("://", 1)
-        url = f"{scheme}://:{PASSWORD}@{rest}"
+        url = with_password(sentinel.url)
         async with (
             cell_stack(url, pods=(("pod-a", 8, "tpu"),), env=env) as cell,
             running_broker(url, **env) as broker,

@@ -96,6 +96,12 @@ def _server_args(password: str) -> list[str]:
     ]
 
 
+def with_password(url: str) -> str:
+    """`url` with PASSWORD in it (what a service is given)."""
+    scheme, rest = url.split("://", 1)
+    return f"{scheme}://:{PASSWORD}@{rest}"
+
+
 @dataclass
 class Topology:
     url: str

@@ -14,40 +14,57 @@ from __future__ import annotations
 import pytest
 import redis.asyncio as aioredis
 
+from lightpath import redis_url
 from services.common.errors import Unavailable
 from services.common.txn import Durability, Txn, require_replicas
 from tests.common.test_txn import PROGRAM
 from tests.failover_history import durability_env, failovers_under_load, rig
-from tests.redis_topologies import PASSWORD, redis_sentinel
+from tests.redis_topologies import PASSWORD, redis_sentinel, with_password
 
 pytestmark = pytest.mark.slow
 
 
 async def test_a_deposed_master_acknowledges_commits_it_then_loses_unless_they_wait(tmp_path):
     with redis_sentinel(tmp_path / "sentinel", replicas=2) as sentinel:
+        # A service's client (through the sentinels), its commits waiting for a replica,
+        # with a connection to the master that is about to be paused.
+        service = require_replicas(
+            redis_url.client(with_password(sentinel.url)), Durability(1, 200)
+        )
+        through_sentinel = PROGRAM.bind(service)
+        await through_sentinel.commit(_write("before"))
         old, new = sentinel.pause_master()
         sentinel.resume(old)
         deposed = aioredis.Redis(port=old, password=PASSWORD, decode_responses=True)
         try:
             # Sentinel has not demoted it yet (it waits ~8 s after seeing it again).
             assert (await deposed.info("replication"))["role"] == "master"
-            plain = PROGRAM.bind(deposed)
+            await PROGRAM.bind(deposed).commit(_write("plain"))  # acknowledged by it
             waiting = PROGRAM.bind(require_replicas(deposed, Durability(1, 200)))
-            t = Txn()
-            t.hset("lp:{t}:plain", {"acknowledged": "yes"})
-            await plain.commit(t)  # the deposed master's answer: acknowledged
-            t = Txn()
-            t.hset("lp:{t}:waited", {"acknowledged": "no"})
             with pytest.raises(Unavailable, match="reached 0 of the 1"):
-                await waiting.commit(t)
+                await waiting.commit(_write("waited"))
+            # The service's connection still goes to the deposed master: not
+            # acknowledged, and the client learns of the new master from the sentinels,
+            # so its next commit goes there and is acknowledged.
+            with pytest.raises(Unavailable, match="reached 0 of the 1"):
+                await through_sentinel.commit(_write("service-1"))
+            await through_sentinel.commit(_write("service-2"))
             assert (await deposed.info("replication"))["role"] == "master"
         finally:
             await deposed.aclose()
+            await service.aclose()
         sentinel.wait_rejoined(old)
         for port in (old, new):
             with sentinel.client(port) as r:
-                # the acknowledged commit is gone; the waited one was never acknowledged
-                assert not r.exists("lp:{t}:plain", "lp:{t}:waited")
+                # what was acknowledged, and only that, is kept
+                assert r.exists("lp:{t}:before", "lp:{t}:service-2") == 2
+                assert not r.exists("lp:{t}:plain", "lp:{t}:waited", "lp:{t}:service-1")
+
+
+def _write(name: str) -> Txn:
+    t = Txn()
+    t.hset(f"lp:{{t}}:{name}", {"written": "yes"})
+    return t
 
 
 async def test_nothing_acknowledged_is_lost_in_failovers_under_load_when_commits_wait(tmp_path):

@@ -51,6 +51,7 @@ from typing import Any
 
 from redis.exceptions import NoScriptError
 
+from lightpath import redis_url
 from services.common.errors import Unavailable
 
 # Conflicts a Txn raised for a set's members it had not declared are retried this often.
@@ -397,6 +398,9 @@ class Script:
                 if isinstance(answer, Exception):
                     raise answer
             if int(acked) < want:
+                # A master whose replicas left may have been deposed: if so, the next
+                # call goes to the new one rather than to this one until it is demoted.
+                await redis_url.recheck_master(client)
                 raise Unavailable(
                     f"the commit reached {acked} of the {want} Redis replicas "
                     f"LIGHTPATH_REDIS_COMMIT_REPLICAS asks for within {timeout_ms} ms, so "
