@@ -1,8 +1,10 @@
 """Load through the cell and the core broker while Sentinel fails the Redis master over,
 and a checker of what the clients were told against what is there afterwards (issue 32).
 
-Clients submit jobs through the cell and complete them, and reserve cores on the broker
-and release them, each call tried once with a deadline. A call answered OK is
+Clients submit jobs through the cell and complete them (each call tried once), and
+reserve cores on the broker and release them (retried as the SDK retries UNAVAILABLE,
+up to 5 attempts: a retry may be answered from the record an earlier attempt wrote),
+each call with a deadline. A call answered OK is
 acknowledged and goes into the history; any other answer leaves its outcome unknown
 (it may have been applied or not), so it is not checked. Afterwards every acknowledged
 step must be there: an acknowledged job exists, and is COMPLETED when its completion
@@ -28,6 +30,7 @@ from lightpath.cli._common import environ_restored
 from lightpath.v1 import cell_scheduler_pb2 as cs
 from lightpath.v1 import common_pb2 as c
 from lightpath.v1 import core_broker_pb2 as cb
+from lightpath.v1 import workload_scheduler_pb2 as ws
 from tests.cell_scheduler.conftest import Cell, cell_stack
 from tests.core_broker.conftest import Broker, running_broker
 from tests.helpers import identity
@@ -96,11 +99,8 @@ async def _jobs(cell: Cell, history: History, worker: int, stop: asyncio.Event) 
             history.jobs[job_id] = done.state
 
 
-def _spec(job_id: str) -> Any:
-    from lightpath.v1 import common_pb2 as C
-    from lightpath.v1 import workload_scheduler_pb2 as ws
-
-    return ws.JobSpec(job_id=job_id, shape=C.Shape(dims=[4, 4, 4]))
+def _spec(job_id: str) -> ws.JobSpec:
+    return ws.JobSpec(job_id=job_id, shape=c.Shape(dims=[4, 4, 4]))
 
 
 async def _reservations(
