@@ -270,6 +270,19 @@ class CommonSettings(Settings):
         "seconds a call waits for a free Redis connection before it answers UNAVAILABLE "
         "(retryable)",
     )
+    redis_commit_replicas: NonNegativeInt = setting(
+        "LIGHTPATH_REDIS_COMMIT_REPLICAS",
+        0,
+        "replicas that must hold a commit before a service acknowledges it (Redis WAIT "
+        "after each transaction); 0: the primary's answer is enough, and a failover can "
+        "lose the last acknowledged writes (docs/operations.md); one server or Sentinel only",
+    )
+    redis_commit_timeout_ms: PositiveInt = setting(
+        "LIGHTPATH_REDIS_COMMIT_TIMEOUT_MS",
+        1000,
+        "milliseconds a commit waits for LIGHTPATH_REDIS_COMMIT_REPLICAS replicas; then the "
+        "call answers UNAVAILABLE (retryable: the write may or may not have been kept)",
+    )
     listen: Address = setting(
         "LIGHTPATH_LISTEN",
         "127.0.0.1:0",
@@ -387,6 +400,16 @@ class CommonSettings(Settings):
     otel_service_name: str = setting(
         "OTEL_SERVICE_NAME", "", "service.name of spans; default lightpath-<service>"
     )
+
+    @model_validator(mode="after")
+    def check_commit_replicas(self) -> CommonSettings:
+        if self.redis_commit_replicas and redis_url.parse(self.redis_url).kind == "cluster":
+            # WAIT counts one node's replicas, and a cluster pipeline routes it anywhere.
+            raise SettingsError(
+                "LIGHTPATH_REDIS_COMMIT_REPLICAS works with one server or Sentinel, not a "
+                "Redis Cluster: set it to 0 there and use min-replicas-to-write on the primaries"
+            )
+        return self
 
     @property
     def resolved_instance_id(self) -> str:
