@@ -9,7 +9,7 @@ import json
 import random
 import time
 
-from lightpath.domain.jobs import NormalizedSpec, job_degrees
+from lightpath.domain.jobs import NormalizedSpec
 from lightpath.domain.slices import (
     DELAY,
     FAIL,
@@ -40,7 +40,6 @@ from services.workload_scheduler.placement import PodState, Unplaceable
 from services.workload_scheduler.planner import (
     Allocation,
     apply_allocation,
-    plan_admission,
     plan_pass,
 )
 from services.workload_scheduler.store import Conflict, JobRecord, Txn
@@ -101,7 +100,7 @@ class AdmissionMixin(WiringMixin):
             shrink_to=norm.shrink_to,
             on_block_failure=norm.on_block_failure,
             when_no_capacity=norm.when_no_capacity,
-            degrees=job_degrees(norm) if self.fabric.switched is not None else None,
+            degrees=self.planner.degrees(norm),
             submitted_ms=self.now_ms(),
         )
 
@@ -203,7 +202,7 @@ class AdmissionMixin(WiringMixin):
             reason = f"it was placed but its wiring failed: {wiring}"
         else:
             wiring = ""
-            found = plan_admission(state, job)
+            found = self.planner.admit(state, job)
             reason = found.reason if isinstance(found, Unplaceable) else "the pod is busy"
         keys = self.store.keys
         txn = self.store.txn()
@@ -257,7 +256,8 @@ class AdmissionMixin(WiringMixin):
         decision = next(
             (
                 d
-                for d in plan_pass(state, self.now_ms(), self.age_bound_ms) or ()
+                for d in plan_pass(state, self.now_ms(), self.age_bound_ms, self.planner.admit)
+                or ()
                 if d.job.job_id == job.job_id
             ),
             None,
@@ -276,7 +276,7 @@ class AdmissionMixin(WiringMixin):
                 )
             preempted = tuple(_victim_json(v, state.jobs[v.job_id]) for v in decision.victims)
             return AdmitResult(record, True, outcome, preempted)
-        found = plan_admission(state, job)
+        found = self.planner.admit(state, job)
         reason = found.reason if isinstance(found, Unplaceable) else "lower queue position"
         if norm.when_no_capacity == FAIL:
             raise ResourceExhausted(
@@ -312,7 +312,7 @@ class AdmissionMixin(WiringMixin):
         started: list[asyncio.Task] = []
         # First decide on the free blocks and the queue only (cost independent of the
         # live jobs, issue 15); the whole pod when that cannot decide or after a conflict.
-        lean = self.fabric.switched is None
+        lean = self.planner.lean
         for _ in range(MAX_COMMIT_ATTEMPTS):
             new: SliceJob | None = None
             creating = admission is not None and admission.created is None
@@ -335,13 +335,13 @@ class AdmissionMixin(WiringMixin):
                 new = self._new_job(admission.norm, int(seq))
                 state.jobs[new.job_id] = new
             now = self.now_ms()
-            found = plan_pass(state, now, self.age_bound_ms)
+            found = plan_pass(state, now, self.age_bound_ms, self.planner.admit)
             if found is None:  # a job needs more than free blocks: decide on the whole pod
                 lean = False
                 state = await self.snapshot()
                 if new is not None:
                     state.jobs.setdefault(new.job_id, new)
-                found = plan_pass(state, now, self.age_bound_ms)
+                found = plan_pass(state, now, self.age_bound_ms, self.planner.admit)
             assert found is not None
             decisions = found
             if not decisions and new is None:

@@ -39,7 +39,7 @@ from lightpath.v1 import cell_scheduler_pb2, cell_scheduler_pb2_grpc, common_pb2
 from services.common import supervisor
 from services.common.convert import job_event_pb
 from services.common.server import Runtime
-from services.workload_scheduler.box_placement import largest_free_box
+from services.workload_scheduler.fabric_kinds import FabricPlanner
 from services.workload_scheduler.placement import PodState
 from services.workload_scheduler.preemption import max_freeable
 from services.workload_scheduler.settings import WorkloadSchedulerSettings
@@ -79,7 +79,9 @@ def registration_pb(
     return reg
 
 
-def capacity_pb(state: PodState, version: str) -> cell_scheduler_pb2.PodCapacity:
+def capacity_pb(
+    state: PodState, version: str, planner: FabricPlanner
+) -> cell_scheduler_pb2.PodCapacity:
     """What the cell plans with (CS-1, CS-3)."""
     free = state.free_counts()
     preemptible: dict[str, dict[int, int]] = defaultdict(lambda: defaultdict(int))
@@ -101,7 +103,7 @@ def capacity_pb(state: PodState, version: str) -> cell_scheduler_pb2.PodCapacity
             preemptible_by_priority=dict(preemptible.get(t, {})),
             chips_total=c["chips_total"],
             chips_free=c["chips_free"],
-            largest_free_box=largest_free_box(state, t) if state.fabric.switched is None else 0,
+            largest_free_box=planner.largest_free_box(state, t),
         )
     cap.at.GetCurrentTime()
     return cap
@@ -251,7 +253,7 @@ class CellReporter:
             pod_id=sched.pod_id,
             instance_id=self._rt.instance_id,
             endpoint=self.endpoint,
-            capacity=capacity_pb(state, version),
+            capacity=capacity_pb(state, version, sched.planner),
             transitions=transitions,
             events_after=after,
             events_until=until,

@@ -19,6 +19,7 @@ from lightpath.domain.slices import (
     SliceJob,
 )
 from lightpath.v1 import workload_scheduler_pb2
+from services.workload_scheduler.fabric_kinds import FabricPlanner, planner_for
 from services.workload_scheduler.metrics import PodMetrics
 from services.workload_scheduler.ocs import OcsError, OcsManagerClient
 from services.workload_scheduler.placement import PodState
@@ -161,6 +162,7 @@ class SchedulerCore:
         store: PodStore,
         ocs: OcsManagerClient,
         fabric: PodFabric,
+        planner: FabricPlanner | None = None,
         wiring_timeout_s: float = 30.0,
         age_bound_s: float | None = DEFAULT_AGE_BOUND_S,
         clock: Callable[[], float] = time.time,
@@ -172,6 +174,8 @@ class SchedulerCore:
         self.ocs = ocs
         self.metrics = metrics or PodMetrics.noop()
         self.fabric = fabric
+        # What differs by the fabric's kind (fabric_kinds.py), chosen once for the pod.
+        self.planner = planner or planner_for(fabric)
         self.pod_id = store.keys.pod_id
         self.wiring_timeout_ms = int(wiring_timeout_s * 1000)
         # The queue's age bound (planner.plan_pass), ms; None: no bound.

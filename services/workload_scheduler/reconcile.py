@@ -122,7 +122,7 @@ class ReconcileMixin(FailureMixin):
         (consistency.py), or when the pages are not in that order after all. On a
         SWITCHED pod (ListRingReservations promises no order) every round compares
         everything, as before."""
-        if self.fabric.switched is not None:
+        if not self.ocs.pages_in_order:
             return await self._check_wiring()
         after = self._slices_after
         try:

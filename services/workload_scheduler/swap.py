@@ -33,7 +33,6 @@ from services.workload_scheduler.planner import (
     Replacement,
     boxes_on_failed_chips,
     plan_box_move,
-    plan_replacement,
 )
 from services.workload_scheduler.store import Conflict
 
@@ -94,14 +93,12 @@ class FailureMixin(AdmissionMixin):
                 else "no change: block was healthy"
             )
         sharing: list[SliceJob] = []
-        if self.fabric.switched is None:
+        if self.planner.lean:
             holder, _, job = await self.store.block(block)  # one read, whatever the live jobs
-            if holder == SUB_BLOCK_OWNER:
-                return await self._move_boxes(block)
-        else:
+        else:  # the small jobs sharing a group are not indexed: the whole pod
             state = await self.snapshot()
-            owner = state.owner.get(block)
-            job = state.jobs.get(owner) if owner else None
+            holder = state.owner.get(block, "")
+            job = state.jobs.get(holder) if holder else None
             sharing = sorted(
                 (
                     j
@@ -110,6 +107,8 @@ class FailureMixin(AdmissionMixin):
                 ),
                 key=SliceJob.queue_key,
             )
+        if holder == SUB_BLOCK_OWNER:
+            return await self._move_boxes(block)
         if sharing:  # small jobs of a SWITCHED pod's shared group (SW-2, SW-5)
             outcome = Outcome()
             for small in sharing:
@@ -343,7 +342,7 @@ class FailureMixin(AdmissionMixin):
     async def _decision_state(self, jobs: list[str], *, full: bool = False) -> PodState:
         """The lean snapshot naming `jobs` (issue 15), or the whole pod when asked or on
         a SWITCHED pod (its small jobs' processors are not indexed)."""
-        if full or self.fabric.switched is not None:
+        if full or not self.planner.lean:
             return await self.snapshot()
         state, _ = await self.store.lean_snapshot(self.fabric, jobs=jobs)
         return state
@@ -364,7 +363,7 @@ class FailureMixin(AdmissionMixin):
                 return Outcome(action=f"nothing to do for job {job_id}")
             if job.replacing:
                 return Outcome(action=f"job {job_id} is already swapping a block")
-            plan = plan_replacement(state, job, failed)
+            plan = self.planner.replace(state, job, failed)
             if plan is None and state.partial:
                 full = True  # no free spare: victims, or the slice's loss, need the whole pod
                 continue

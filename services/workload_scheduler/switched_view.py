@@ -11,7 +11,7 @@ from lightpath.domain.slices import HOLDING_STATES, SliceJob
 from lightpath.domain.switched_rings import Tile
 from lightpath.v1 import common_pb2, workload_scheduler_pb2
 from services.common.convert import fabric_to_proto, tile_to_proto
-from services.workload_scheduler.ocs import OcsError
+from services.workload_scheduler.ocs import OcsError, RingsClient
 from services.workload_scheduler.placement import PodState
 
 
@@ -43,9 +43,11 @@ def add_switched_job(
 
 
 async def switched_pod_view(
-    sched, state: PodState, out: workload_scheduler_pb2.SwitchedPodView
+    fabric: PodFabric,
+    state: PodState,
+    out: workload_scheduler_pb2.SwitchedPodView,
+    ocs: RingsClient,
 ) -> None:
-    fabric = sched.fabric
     sf = fabric.switched
     assert sf is not None
     out.fabric.CopyFrom(fabric_to_proto(fabric.pod_id, sf))
@@ -54,4 +56,4 @@ async def switched_pod_view(
         if job.tile is not None and job.state in HOLDING_STATES:
             out.small_tiles[job.job_id].CopyFrom(tile_to_proto(sf, Tile(*job.tile)))
     with contextlib.suppress(OcsError):  # the pod view does not fail for want of switch use
-        out.switches.extend(await sched.ocs.switch_use())
+        out.switches.extend(await ocs.switch_use())
