@@ -53,7 +53,7 @@ from services.workload_scheduler.fabric_kinds import FabricPlanner, planner_for,
 from services.workload_scheduler.metrics import PodMetrics
 from services.workload_scheduler.ocs import OcsError, OcsManagerClient
 from services.workload_scheduler.placement import PodState
-from services.workload_scheduler.scheduler import Outcome, WorkloadScheduler
+from services.workload_scheduler.scheduler import Outcome, PodContext, WorkloadScheduler
 from services.workload_scheduler.settings import WorkloadSchedulerSettings
 from services.workload_scheduler.store import JobRecord, PodStore
 from services.workload_scheduler.switched_placement import reserved_small_groups
@@ -159,20 +159,29 @@ class PodHandle:
         # (or a Redis that lost them) left none or stale ones.
         await store.rebuild_indexes(fabric)
         self.scheduler = WorkloadScheduler(
-            store=store,
-            ocs=ocs,
-            fabric=fabric,
-            planner=planner_for(fabric),
-            wiring_timeout_s=settings.wiring_timeout_s,
-            age_bound_s=settings.age_bound_s,
-            spawn=self._rt.spawn,
-            log=self._rt.log,
-            metrics=self.metrics,
+            PodContext(
+                store=store,
+                ocs=ocs,
+                fabric=fabric,
+                planner=planner_for(fabric),
+                wiring_timeout_s=settings.wiring_timeout_s,
+                age_bound_s=settings.age_bound_s,
+                spawn=self._rt.spawn,
+                log=self._rt.log,
+                metrics=self.metrics,
+            )
         )
         self._rt.log.info("pod %s ready: %s", settings.pod_id, fabric.describe())
         self._ready.set()
         scheduler = self.scheduler
         self._rt.supervise(lambda: scheduler.run_reconciler(settings.reconcile_s), "reconcile")
+
+    async def started(self) -> WorkloadScheduler:
+        """The scheduler once the fabric is known; after a bad configuration, never."""
+        await self._ready.wait()
+        while self.scheduler is None:
+            await asyncio.Event().wait()  # the operator must fix and restart the process
+        return self.scheduler
 
     async def get(self) -> WorkloadScheduler:
         if self.scheduler is None and self._fatal is None:

@@ -19,7 +19,7 @@ from lightpath.v1 import common_pb2
 from lightpath.v1 import workload_scheduler_pb2 as ws
 from services.workload_scheduler.core import BUSY_WAIT_S, PassTimes
 from services.workload_scheduler.ocs import OcsManagerClient
-from services.workload_scheduler.scheduler import WorkloadScheduler
+from services.workload_scheduler.scheduler import PodContext, WorkloadScheduler
 from services.workload_scheduler.store import PodStore
 from tests.helpers import serve
 from tests.workload_scheduler.conftest import ocs_env
@@ -66,7 +66,10 @@ async def scheduler(redis_url: str) -> AsyncIterator[tuple[WorkloadScheduler, Po
         fab = fabric(blocks=16)
         store = PodStore(r, fab.pod_id)
         await store.rebuild_indexes(fab)
-        yield WorkloadScheduler(store=store, ocs=OcsManagerClient(ch), fabric=fab), store
+        yield (
+            WorkloadScheduler(PodContext(store=store, ocs=OcsManagerClient(ch), fabric=fab)),
+            store,
+        )
 
 
 async def test_a_job_that_asked_not_to_wait_is_refused_at_once_when_the_pod_is_busy(redis_url):
@@ -76,10 +79,10 @@ async def test_a_job_that_asked_not_to_wait_is_refused_at_once_when_the_pod_is_b
         assert (await sched.admit(first, normalize(first, fab), validate_only=False)).record
         # Passes have lately taken 1 s each, and one is running: a new job would wait ~1 s.
         clock = Clock()
-        sched._passes = PassTimes(clock, weight=1.0)
-        with sched._passes.timed():
+        sched.admission._passes = PassTimes(clock, weight=1.0)
+        with sched.admission._passes.timed():
             clock.now += 4 * BUSY_WAIT_S
-        await sched._pass_lock.acquire()
+        await sched.admission._pass_lock.acquire()
         try:
             late = _spec("late")
             with pytest.raises(ResourceExhausted) as caught:
@@ -97,11 +100,11 @@ async def test_a_job_that_asked_not_to_wait_is_refused_at_once_when_the_pod_is_b
             waiting = asyncio.ensure_future(
                 sched.admit(patient, normalize(patient, fab), validate_only=False)
             )
-            while sched._passes.waiting < 2:
+            while sched.admission._passes.waiting < 2:
                 await asyncio.sleep(0.01)
             assert not again.done() and not waiting.done()
         finally:
-            sched._pass_lock.release()
+            sched.admission._pass_lock.release()
         assert (await again).record.state == "RUNNING"
         assert (await waiting).record.state == "RUNNING"
 
@@ -114,13 +117,13 @@ async def test_completing_a_job_does_not_wait_for_the_pass_over_the_queue(redis_
         queued = ws.JobSpec(job_id="queued", shape=common_pb2.Shape(dims=[4, 4, 4]))
         result = await sched.admit(queued, normalize(queued, fab), validate_only=False)
         assert result.record.state == "PENDING"
-        await sched._pass_lock.acquire()  # a pass (another admission's) runs meanwhile
+        await sched.admission._pass_lock.acquire()  # a pass (another admission's) runs meanwhile
         try:
             # Before issue 30 the complete waited here until the pass lock came free.
             ended = await asyncio.wait_for(sched.complete("whole"), timeout=30)
             assert ended.state == "COMPLETED"
         finally:
-            sched._pass_lock.release()
+            sched.admission._pass_lock.release()
         # The pass it asked for, in the background, starts the queued job.
         while (await store.job("queued")).state != "RUNNING":
             await asyncio.sleep(0.02)
