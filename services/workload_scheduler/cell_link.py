@@ -54,18 +54,13 @@ MAX_TRANSITIONS = limits.FIELDS["ReportPodStatusRequest.transitions"]
 CALL_TIMEOUT_S = 5.0
 
 
-def fabric_kind(fabric: PodFabric) -> str:
-    """The pod's FabricKind without its prefix (OCS_TORUS or SWITCHED)."""
-    return fabric.kind
-
-
 def registration_pb(
     fabric: PodFabric, endpoint: str, instance_id: str, events_tip: str
 ) -> cell_scheduler_pb2.PodRegistration:
     reg = cell_scheduler_pb2.PodRegistration(
         pod_id=fabric.pod_id,
         endpoint=endpoint,
-        fabric_kind=common_pb2.FabricKind.Value("FABRIC_KIND_" + fabric_kind(fabric)),
+        fabric_kind=common_pb2.FabricKind.Value("FABRIC_KIND_" + fabric.kind),
         block_shape=common_pb2.Shape(dims=fabric.block_shape),
         ocs_per_axis=fabric.ocs_per_axis,
         instance_id=instance_id,
@@ -190,7 +185,7 @@ class CellReporter:
     async def _register(self, sched) -> None:
         delay = 0.2
         while True:
-            tip = await _stream_tip(sched.store.redis, sched.store.keys.events)
+            tip = await sched.store.tip()
             reg = registration_pb(sched.fabric, self.endpoint, self._rt.instance_id, tip)
             try:
                 await self._stub().RegisterPod(
@@ -271,8 +266,3 @@ class CellReporter:
         self._ack = resp.events_ack or after
         supervisor.ready()  # the cell hears this pod again
         return self._ack != until or len(entries) == MAX_TRANSITIONS
-
-
-async def _stream_tip(redis, key: str) -> str:
-    last = await redis.xrevrange(key, count=1)
-    return last[0][0] if last else "0-0"

@@ -10,7 +10,8 @@ it runs on.
   rings instead of wiring slices (ocs.RingsClient).
 
 The planning is the pure functions of planner.py; a planner adds what the service asks
-of the kind: a new job's degrees, the views of a job and of the pod.
+of the kind: a new job's degrees, capacity, the views of a job and of the pod (WS-9,
+SW-6).
 """
 
 from __future__ import annotations
@@ -22,9 +23,12 @@ from typing import Protocol
 from lightpath.domain.blocks import PodFabric
 from lightpath.domain.jobs import NormalizedSpec, chips_of, degrees_of, job_degrees
 from lightpath.domain.rings import RingPlan, plan_rings
-from lightpath.domain.slices import SUB_BLOCK_OWNER, SliceJob, grid_positions
+from lightpath.domain.slices import HOLDING_STATES, SUB_BLOCK_OWNER, SliceJob, grid_positions
+from lightpath.domain.switched import SwitchedFabric
+from lightpath.domain.switched_rings import Tile
 from lightpath.errors import FailedPrecondition, InvalidArgument
 from lightpath.v1 import common_pb2, workload_scheduler_pb2
+from services.common.convert import fabric_to_proto, tile_to_proto
 from services.workload_scheduler.box_placement import largest_free_box
 from services.workload_scheduler.ocs import OcsError, OcsManagerClient, RingsClient
 from services.workload_scheduler.placement import PodState, Unplaceable
@@ -36,7 +40,6 @@ from services.workload_scheduler.planner import (
     plan_switched_admission,
     plan_switched_replacement,
 )
-from services.workload_scheduler.switched_view import add_switched_job, switched_pod_view
 
 
 class FabricPlanner(Protocol):
@@ -46,25 +49,21 @@ class FabricPlanner(Protocol):
     # blocks and the queue, issue 15) can decide; otherwise decisions take the whole pod.
     lean: bool
 
+    # Place a waiting job (plan_pass asks for each of the queue); a block for the failed
+    # one of a running slice (WS-5); the degrees a new job keeps for its placement.
     def admit(
         self, state: PodState, job: SliceJob, *, preempt: bool = True, take_younger: bool = False
-    ) -> Allocation | Unplaceable:
-        """Place a waiting job (planner.plan_pass asks for each job of the queue)."""
-        ...
+    ) -> Allocation | Unplaceable: ...
+    def replace(self, state: PodState, job: SliceJob, failed: int) -> Replacement | None: ...
+    def degrees(self, norm: NormalizedSpec) -> tuple[int, int, int] | None: ...
 
-    def replace(self, state: PodState, job: SliceJob, failed: int) -> Replacement | None:
-        """A block for the failed one of a running slice (WS-5), or None."""
-        ...
+    # Capacity: the chips of the largest sub-block slice of a type it could place now
+    # (the cell's PodCapacity); a block's free chips (`held`: PodState.chips_held()).
+    def largest_free_box(self, state: PodState, node_type: str) -> int: ...
+    def chips_free(self, state: PodState, block: int, held: dict) -> int: ...
 
-    def degrees(self, norm: NormalizedSpec) -> tuple[int, int, int] | None:
-        """The parallelism degrees a new job keeps for its placement."""
-        ...
-
-    def largest_free_box(self, state: PodState, node_type: str) -> int:
-        """The chips the largest sub-block slice of `node_type` could get now (the cell's
-        PodCapacity)."""
-        ...
-
+    # Views: the kind's part of a job's (chips, rings) and of the pod's (WS-9); a holding
+    # job's rings as the ocs_manager keeps them (GetJob include_rings); PlanRings refused.
     def job_view(
         self,
         out: workload_scheduler_pb2.Job,
@@ -73,29 +72,14 @@ class FabricPlanner(Protocol):
         *,
         holding: bool,
         include_rings: bool,
-    ) -> None:
-        """The kind's part of a job's view: its chips, its rings."""
-        ...
-
-    async def add_rings(
-        self, out: workload_scheduler_pb2.Job, job_id: str, ocs: OcsManagerClient
-    ) -> None:
-        """A holding job's rings as the ocs_manager keeps them (GetJob include_rings)."""
-        ...
-
+    ) -> None: ...
     async def pod_view(
         self, out: workload_scheduler_pb2.PodView, state: PodState, ocs: OcsManagerClient
-    ) -> None:
-        """The kind's part of the pod view (WS-9)."""
-        ...
-
-    def chips_free(self, state: PodState, block: int, held: dict) -> int:
-        """Free chips of a block for the block map (`held`: PodState.chips_held())."""
-        ...
-
-    def plan_rings_allowed(self, pod_id: str) -> None:
-        """Raise when PlanRings has no meaning on this kind."""
-        ...
+    ) -> None: ...
+    async def add_rings(
+        self, out: workload_scheduler_pb2.Job, job_id: str, ocs: OcsManagerClient
+    ) -> None: ...
+    def plan_rings_allowed(self, pod_id: str) -> None: ...
 
 
 class TorusPlanner:
@@ -152,8 +136,9 @@ class SwitchedPlanner:
     # The small jobs' processors are not indexed per group: decisions take the whole pod.
     lean = False
 
-    def __init__(self, fabric: PodFabric):
+    def __init__(self, fabric: PodFabric, switched: SwitchedFabric):
         self.fabric = fabric
+        self.switched = switched
 
     def admit(
         self, state: PodState, job: SliceJob, *, preempt: bool = True, take_younger: bool = False
@@ -169,8 +154,25 @@ class SwitchedPlanner:
         return 0  # no sub-block slices on processor groups
 
     def job_view(self, out, job, spec, *, holding, include_rings) -> None:
-        out.chips.dims.append(math.prod(job.degrees or (1,)))
-        add_switched_job(out, job, self.fabric, holding)
+        """Its chips, degrees and processors, and its groups' tiles (its rings come
+        from the ocs_manager: add_rings)."""
+        d = job.degrees or (1, 1, 1)
+        n = math.prod(d)
+        out.chips.dims.append(n)
+        out.switched.CopyFrom(
+            workload_scheduler_pb2.SwitchedJob(
+                degrees=common_pb2.ParallelismDegrees(data=d[0], pipeline=d[1], layer=d[2]),
+                processors=n,
+                small=n <= self.switched.group_size,
+            )
+        )
+        if holding and job.placement:
+            tiles = (
+                [Tile(*job.tile)]
+                if job.tile is not None
+                else [Tile.whole(self.switched, g) for g in job.placement]
+            )
+            out.switched.tiles.extend(tile_to_proto(self.switched, t) for t in tiles)
 
     async def add_rings(self, out, job_id, ocs) -> None:
         assert isinstance(ocs, RingsClient)
@@ -180,8 +182,16 @@ class SwitchedPlanner:
                 out.switched.rings.CopyFrom(found)
 
     async def pod_view(self, out, state, ocs) -> None:
+        """The fabric, the groups kept for small jobs, their tiles, switch use (SW-6)."""
         assert isinstance(ocs, RingsClient)
-        await switched_pod_view(self.fabric, state, out.switched, ocs)
+        view, sf = out.switched, self.switched
+        view.fabric.CopyFrom(fabric_to_proto(self.fabric.pod_id, sf))
+        view.small_groups.extend(sorted(self.fabric.small_groups))
+        for job in state.jobs.values():
+            if job.tile is not None and job.state in HOLDING_STATES:
+                view.small_tiles[job.job_id].CopyFrom(tile_to_proto(sf, Tile(*job.tile)))
+        with contextlib.suppress(OcsError):  # the pod view does not fail for want of switch use
+            view.switches.extend(await ocs.switch_use())
 
     def chips_free(self, state: PodState, block: int, held: dict) -> int:
         return 0  # a group's processors are counted per job (SwitchedPodView)
@@ -197,7 +207,9 @@ class SwitchedPlanner:
 
 def planner_for(fabric: PodFabric) -> FabricPlanner:
     """The planner of the pod's fabric kind: the one place that tells them apart."""
-    return TorusPlanner(fabric) if fabric.switched is None else SwitchedPlanner(fabric)
+    if fabric.switched is None:
+        return TorusPlanner(fabric)
+    return SwitchedPlanner(fabric, fabric.switched)
 
 
 def ring_plan_pb(plan: RingPlan) -> workload_scheduler_pb2.RingPlan:

@@ -226,18 +226,21 @@ class OcsManagerClient:
         )
         return ReplaceResult(moved=len(resp.added), untouched=resp.untouched)
 
-    async def slices(self) -> dict[str, tuple[int, ...]]:
-        """Every slice the ocs_manager holds, by job."""
-        out: dict[str, tuple[int, ...]] = {}
+    async def _all(self, name: str, request_type, field: str) -> list:
+        """Every item of a listing, page after page."""
+        out: list = []
         token = ""
         while True:
-            page = await self._call(
-                "ListSlices", ocs_manager_pb2.ListSlicesRequest(page_size=1000, page_token=token)
-            )
-            out.update((s.job_id, tuple(s.block_ids)) for s in page.slices)
+            page = await self._call(name, request_type(page_size=1000, page_token=token))
+            out.extend(getattr(page, field))
             token = page.next_page_token
             if not token:
                 return out
+
+    async def slices(self) -> dict[str, tuple[int, ...]]:
+        """Every slice the ocs_manager holds, by job."""
+        listed = await self._all("ListSlices", ocs_manager_pb2.ListSlicesRequest, "slices")
+        return {s.job_id: tuple(s.block_ids) for s in listed}
 
     async def slices_page(
         self, page_token: str, page_size: int
@@ -290,18 +293,10 @@ class RingsClient(OcsManagerClient):
 
     async def slices(self) -> dict[str, tuple[int, ...]]:
         """Every ring reservation's groups, by job."""
-        out: dict[str, tuple[int, ...]] = {}
-        token = ""
-        while True:
-            page = await self._call(
-                "ListRingReservations",
-                ocs_manager_pb2.ListRingReservationsRequest(page_size=1000, page_token=token),
-            )
-            for r in page.reservations:
-                out[r.job_id] = tuple(sorted({t.group for t in r.tiles}))
-            token = page.next_page_token
-            if not token:
-                return out
+        listed = await self._all(
+            "ListRingReservations", ocs_manager_pb2.ListRingReservationsRequest, "reservations"
+        )
+        return {r.job_id: tuple(sorted({t.group for t in r.tiles})) for r in listed}
 
     async def wiring(self, job_id: str) -> Wiring | None:
         found = await self.rings(job_id)
@@ -318,17 +313,8 @@ class RingsClient(OcsManagerClient):
 
     async def switch_use(self) -> list[ocs_manager_pb2.SwitchLinkUse]:
         """Link use of every switch (SW-6)."""
-        out: list[ocs_manager_pb2.SwitchLinkUse] = []
-        token = ""
-        while True:
-            page = await self._call(
-                "ListSwitchLinkUse",
-                ocs_manager_pb2.ListSwitchLinkUseRequest(page_size=1000, page_token=token),
-            )
-            out.extend(page.switches)
-            token = page.next_page_token
-            if not token:
-                return out
+        request_type = ocs_manager_pb2.ListSwitchLinkUseRequest
+        return await self._all("ListSwitchLinkUse", request_type, "switches")
 
 
 def _wiring(w: ocs_manager_pb2.SliceWiring) -> Wiring:

@@ -228,7 +228,7 @@ class WorkloadScheduler(Part):
         """The job's stored transitions, then live ones until it ends."""
         redis = self.store.redis
         keys = self.store.keys
-        tip = await _stream_tip(redis, keys.events)
+        tip = await self.store.tip()
         record = await self.store.job(job_id, history=True)
         if record is None:
             raise NotFound("job", job_id)
@@ -251,14 +251,9 @@ class WorkloadScheduler(Part):
 
     async def watch_pod(self) -> AsyncIterator[tuple[str, dict[str, Any]]]:
         redis = self.store.redis
-        tip = await _stream_tip(redis, self.store.keys.events)
+        tip = await self.store.tip()
         async for _, fields in _tail(redis, self.store.keys.events, tip):
             yield fields.get("kind", "job"), json.loads(fields["e"])
-
-
-async def _stream_tip(redis, key: str) -> str:
-    last = await redis.xrevrange(key, count=1)
-    return last[0][0] if last else "0-0"
 
 
 async def _tail(redis, key: str, after: str) -> AsyncIterator[tuple[str, dict[str, str]]]:

@@ -103,11 +103,7 @@ class PodHandle:
         try:
             types = block_types_for(entries, info.block_count)
         except FailedPrecondition as err:
-            self._fatal = err
-            self.problem = err.message
-            self._rt.log.critical("bad configuration: %s", err.message)
-            self._ready.set()
-            return
+            return self._refuse(err)
         # What differs by the fabric's kind is chosen here, once (fabric_kinds.py).
         switched = None
         small: frozenset[int] = frozenset()
@@ -118,23 +114,19 @@ class PodHandle:
                 switched = build_fabric(SwitchedFabricConfig.parse(info.switched_spec))
                 small = reserved_small_groups(switched, settings.switched_small_groups)
             except InvalidArgument as err:
-                self._fatal = FailedPrecondition(
-                    "LIGHTPATH_SWITCHED_SMALL_GROUPS", err.message, reason="BAD_SMALL_GROUPS"
+                return self._refuse(
+                    FailedPrecondition(
+                        "LIGHTPATH_SWITCHED_SMALL_GROUPS", err.message, reason="BAD_SMALL_GROUPS"
+                    )
                 )
-                self.problem = self._fatal.message
-                self._rt.log.critical("bad configuration: %s", self.problem)
-                self._ready.set()
-                return
             host_shape = tuple(info.block_shape)  # one host per group
             ocs = self._ocs.for_rings()
         elif len(host_shape) != len(info.block_shape):
             host_shape = tuple(info.block_shape)  # one host per block
         elif why := host_shape_error(host_shape, info.block_shape):
-            self._fatal = FailedPrecondition("LIGHTPATH_HOST_SHAPE", why, reason="BAD_HOST_SHAPE")
-            self.problem = self._fatal.message
-            self._rt.log.critical("bad configuration: %s", self.problem)
-            self._ready.set()
-            return
+            return self._refuse(
+                FailedPrecondition("LIGHTPATH_HOST_SHAPE", why, reason="BAD_HOST_SHAPE")
+            )
         fabric = PodFabric(
             settings.pod_id,
             info.block_shape,
@@ -175,6 +167,13 @@ class PodHandle:
         self._ready.set()
         scheduler = self.scheduler
         self._rt.supervise(lambda: scheduler.run_reconciler(settings.reconcile_s), "reconcile")
+
+    def _refuse(self, err: FailedPrecondition) -> None:
+        """A bad configuration: the pod's RPCs answer it until the process restarts."""
+        self._fatal = err
+        self.problem = err.message
+        self._rt.log.critical("bad configuration: %s", err.message)
+        self._ready.set()
 
     async def started(self) -> WorkloadScheduler:
         """The scheduler once the fabric is known; after a bad configuration, never."""
