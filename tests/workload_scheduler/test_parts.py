@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import redis.asyncio as aioredis
 
@@ -29,16 +29,18 @@ T0 = 1_700_000_000.0  # the injected clock's start, s
 
 
 class Clock:
-    def __init__(self) -> None:
-        self.now = T0
+    def __init__(self, now: float = T0) -> None:
+        self.now = now
 
     def __call__(self) -> float:
         return self.now
 
 
 @contextlib.asynccontextmanager
-async def context(redis_url: str) -> AsyncIterator[PodContext]:
-    """The collaborators of a 16-block pod, on the injected clock."""
+async def context(
+    redis_url: str, clock: Callable[[], float] | None = None
+) -> AsyncIterator[PodContext]:
+    """The collaborators of a 16-block pod, on the injected clock (a Clock by default)."""
     async with (
         serve("ocs_manager", redis_url, ocs_env(16)) as ocs_svc,
         channel(ocs_svc.address, max_attempts=1) as ch,
@@ -47,7 +49,7 @@ async def context(redis_url: str) -> AsyncIterator[PodContext]:
         fab = fabric(blocks=16)
         store = CountingStore(r, fab.pod_id)
         await store.rebuild_indexes(fab)
-        yield PodContext(store=store, ocs=OcsManagerClient(ch), fabric=fab, clock=Clock())
+        yield PodContext(store=store, ocs=OcsManagerClient(ch), fabric=fab, clock=clock or Clock())
 
 
 def _no_pass() -> None:
