@@ -213,15 +213,11 @@ class Part:
     collaborators as its own attributes; the other parts it calls are given to it."""
 
     def __init__(self, pod: PodContext):
-        self.store, self.ocs, self.fabric, self.planner = (
-            pod.store,
-            pod.ocs,
-            pod.fabric,
-            pod.planner,
-        )
-        self.log, self.metrics, self.pod_id = pod.log, pod.metrics, pod.pod_id
-        self.wiring_timeout_ms, self.age_bound_ms = pod.wiring_timeout_ms, pod.age_bound_ms
-        self._spawn, self.now_ms, self.snapshot = pod.spawn, pod.now_ms, pod.snapshot
+        self.store, self.ocs, self.fabric = pod.store, pod.ocs, pod.fabric
+        self.planner, self.log, self.metrics = pod.planner, pod.log, pod.metrics
+        self.pod_id, self.wiring_timeout_ms = pod.pod_id, pod.wiring_timeout_ms
+        self.age_bound_ms, self._spawn = pod.age_bound_ms, pod.spawn
+        self.now_ms, self.snapshot = pod.now_ms, pod.snapshot
 
 
 def _pos(position: tuple[int, ...]) -> str:
