@@ -22,11 +22,12 @@ end` (txn.lua defines only what the Txn uses: each call runs the whole script ag
 generic op is nil when the Txn does not use it, so wrap one only under its USES.
 
 API for stores built on this (say here when it changes): `Txn(families=...)`, `k`, `name`,
-`member(s)`, `include`, the `expect_*` checks, `check(name, ...)`, the write ops, `read`,
-`job_event` (its Lua twin `job_event(jk, hk, sk, maxlen, e, extra, brief)`), `op(name, ...)`,
-`blob` (binary data as ARGV[i]); the Lua's `now_ms()` (Redis' clock);
-`Program(package, file or [files], constants).bind(redis)` → `Script`; `await script.commit(txn)` →
-`Committed` (`reads`, `committed[name]`) or `Conflict` (`reason`, `value`, str = message).
+`member(s)`, `include`, the `expect_*` checks, `check(name, ...)`, the write ops (with
+`expire`), `read`, `job_event` (its Lua twin `job_event(jk, hk, sk, maxlen, e, extra,
+brief)`), `op(name, ...)`, `blob` (binary data as ARGV[i]); the Lua's `now_ms()` (Redis' clock);
+`Program(package, file or [files] (none: txn.lua alone), constants).bind(redis)` → `Script`;
+`await script.commit(txn)` → `Committed` (`reads`, `committed[name]`) or `Conflict`
+(`reason`, `value`, str = message); `await script.applies(txn)` → whether it committed.
 """
 
 from __future__ import annotations
@@ -201,6 +202,9 @@ class Txn:
     def set_px(self, key: str, value: str, ttl_ms: int) -> None:
         self.ops.append(["setpx", self.k(key), value, ttl_ms])
 
+    def expire(self, key: str, ttl_s: int) -> None:
+        self.ops.append(["expire", self.k(key), ttl_s])
+
     def xadd(self, stream: str, maxlen: int, fields: Mapping[str, str]) -> None:
         flat = [x for kv in fields.items() for x in kv]
         self.ops.append(["xadd", self.k(stream), maxlen, *flat])
@@ -311,6 +315,14 @@ class Script:
         # set key -> its members at the last "undeclared" conflict: declared up front next time
         self._known: dict[str, list[str]] = {}
 
+    async def applies(self, txn: Txn) -> bool:
+        """Whether `txn` committed (False: a check failed, nothing was written)."""
+        try:
+            await self.commit(txn)
+        except Conflict:
+            return False
+        return True
+
     async def commit(self, txn: Txn) -> Committed:
         """Apply `txn` atomically, or raise Conflict naming the first failed check."""
         for i, families in txn._walked.items():
@@ -322,8 +334,9 @@ class Script:
             reply = await self._script(keys=keys, args=[arg, *txn.blobs])
             if int(reply[0]) == 1:
                 reads, named = reply[1], reply[2]
-                return Committed(list(reads), dict(zip(named[::2], named[1::2], strict=True)))
-            _, reason, message, value = reply
+                names = map(_text, named[::2])
+                return Committed(list(reads), dict(zip(names, named[1::2], strict=True)))
+            reason, message, value = map(_text, reply[1:])
             if reason != UNDECLARED:
                 raise Conflict(reason, message, value)
             ids, walked = json.loads(value), int(message)
@@ -331,3 +344,8 @@ class Script:
                 txn.members(family, ids)
             self._known[txn.keys[walked - 1]] = ids
         raise Conflict(UNDECLARED, "a walked set kept changing", "")
+
+
+def _text(value: Any) -> Any:
+    """A reply's name or message as str, on a client with decode_responses=False too."""
+    return value.decode() if isinstance(value, bytes) else value

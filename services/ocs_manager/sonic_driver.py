@@ -47,6 +47,7 @@ import contextlib
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from importlib import resources
 from urllib.parse import parse_qs, unquote, urlsplit
 
 import redis.asyncio as aioredis
@@ -81,46 +82,10 @@ _NAME = re.compile(r"^([1-9][0-9]*)([AB])$")
 # as safe on a switch's Redis as the swss-common scripts SONiC runs there itself.
 # Every read script answers the Redis run id first (the switch's boot id): a batch needs
 # it before and after, and INFO on its own was a round trip each.
-RUN_ID = "string.match(redis.call('INFO', 'server'), 'run_id:(%w+)')"
-HASHES_LUA = f"""
-local out = {{{RUN_ID}}}
-for _, k in ipairs(KEYS) do
-  local row = redis.call('HMGET', k, unpack(ARGV))
-  for i = 1, #ARGV do out[#out + 1] = row[i] end
-end
-return out
-"""
-# The run id, the cross-connects matching ARGV[1] (a_side, b_side, ...), and of the
-# ports a batch connects (ARGV[2], a line "<name> <label>" each) those an operator
-# force_blocked and those whose label is not the one given.
-TABLE_LUA = f"""
-local pairs, blocked, relabel = {{}}, {{}}, {{}}
-for _, k in ipairs(redis.call('KEYS', ARGV[1])) do
-  local row = redis.call('HMGET', k, 'a_side', 'b_side')
-  pairs[#pairs + 1] = row[1]
-  pairs[#pairs + 1] = row[2]
-end
-for name, label in string.gmatch(ARGV[2] or '', '([^ ]+) ([^\\n]*)\\n') do
-  local row = redis.call('HMGET', 'OCS_PORT|' .. name, 'state', 'label')
-  if row[1] == 'force_blocked' then blocked[#blocked + 1] = name end
-  if label ~= '' and row[2] ~= label then relabel[#relabel + 1] = name end
-end
-return {{{RUN_ID}, pairs, blocked, relabel}}
-"""
-# The run id, then which of the ports still settling ("<name> <status> <peer>" a line
-# each, the end state it waits for) are not there yet; "!<name>" when one read `failed`.
-SETTLE_LUA = f"""
-local out = {{{RUN_ID}}}
-for name, goal, peer in string.gmatch(ARGV[1], '([^ ]+) ([^ ]+) ([^\\n]*)\\n') do
-  local row = redis.call('HMGET', 'OCS_PORT|' .. name, 'status', 'target_simplex_port_id')
-  if row[1] == 'failed' then
-    out[#out + 1] = '!' .. name
-  elseif row[1] ~= goal or (row[2] or '') ~= peer then
-    out[#out + 1] = name
-  end
-end
-return out
-"""
+HASHES_LUA, TABLE_LUA, SETTLE_LUA = (
+    resources.files(__package__).joinpath(f"sonic_{name}.lua").read_text()
+    for name in ("hashes", "table", "settle")
+)
 # How long a batch waits for the next STATE_DB notification once the switch has been
 # seen to send them, before it reads anyway (a notification lost with its connection).
 NOTE_FALLBACK_S = 0.1

@@ -19,9 +19,11 @@ STORES = (
     "services.cell_scheduler.store",
     "services.workload_scheduler.store",
     "services.ocs_manager.store",
+    "services.ocs_manager.switched.store",
     "services.agg_switch.store",
     "services.core_broker.store",
     "services.core_broker.graphs",
+    "services.core_broker.graph_runs",
 )
 
 
@@ -154,6 +156,13 @@ async def test_a_key_not_declared_is_refused_before_redis_touches_it(redis_clien
     with pytest.raises(ResponseError, match="undeclared key lp:\\{t\\}:built-in-lua"):
         await PROGRAM.bind(redis_client).commit(t)
     assert not await redis_client.exists("lp:{t}:built-in-lua")
+    # BITOP names its keys after the operation: those are checked too.
+    await redis_client.set("lp:{t}:built-in-lua", "x")
+    t = txn()
+    t.op("sneak_bitop", t.k("lp:{t}:dest"), "lp:{t}:built-in-lua")
+    with pytest.raises(ResponseError, match="BITOP on undeclared key lp:\\{t\\}:built-in-lua"):
+        await PROGRAM.bind(redis_client).commit(t)
+    assert not await redis_client.exists("lp:{t}:dest")
 
 
 async def test_the_script_is_loaded_again_after_redis_forgot_it(redis_client):
