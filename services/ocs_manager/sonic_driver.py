@@ -14,7 +14,8 @@ used exactly:
   (`platform`, `hwsku` name the hardware).
 
 A batch becomes one Redis transaction (MULTI/EXEC, as the HLD's batch commit):
-every delete (one DEL), then every create, then the labels of the ports it connects.
+every delete, then every create, then the labels of the ports it connects, queued as
+one script (WRITE_LUA) that EXEC runs.
 Before it reads anything the batch WATCHes what it may touch (the ports it connects,
 the cross-connects it names), so an operator's `force_blocked` or another writer's
 change from the read to EXEC refuses the transaction. Reads of many hashes (the table
@@ -121,9 +122,28 @@ for name, goal, peer in string.gmatch(ARGV[1], '([^ ]+) ([^ ]+) ([^\\n]*)\\n') d
 end
 return out
 """
-# How long a batch waits for the next STATE_DB notification once the switch has been
-# seen to send them, before it reads anyway (a notification lost with its connection).
-NOTE_FALLBACK_S = 0.1
+# A batch's writes, run by EXEC (so under the batch's WATCH): every delete ("<a> <b>" a
+# line, ARGV[1]), then every create (ARGV[2]), then the labels of the ports it connects
+# ("<name> <label>" a line, ARGV[3]). One queued command, not one per entry: the client
+# parsed an answer (QUEUED) per command, 66 for a full pod's switch, 48 times a wire.
+WRITE_LUA = """
+for a, b in string.gmatch(ARGV[1], '([^ ]+) ([^\\n]+)\\n') do
+  redis.call('DEL', 'OCS_CROSS_CONNECT|' .. a .. '-' .. b)
+end
+for a, b in string.gmatch(ARGV[2], '([^ ]+) ([^\\n]+)\\n') do
+  redis.call('HSET', 'OCS_CROSS_CONNECT|' .. a .. '-' .. b, 'a_side', a, 'b_side', b)
+end
+for name, label in string.gmatch(ARGV[3], '([^ ]+) ([^\\n]*)\\n') do
+  redis.call('HSET', 'OCS_PORT|' .. name, 'label', label)
+end
+return 1
+"""
+# How long a batch waits for a STATE_DB notification once the switch has been seen to
+# send them, before it reads anyway: a notification is lost only with its connection
+# (which the wait hears, and polls from then on), so this is a safety net, set beyond a
+# full reconfiguration's settling (0.2 s) so that a batch settling normally is not read
+# early (each early read a round trip of 48 a wire).
+NOTE_FALLBACK_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -400,13 +420,13 @@ class SonicSwitch(DeviceSwitch):
                     "back to normal to use the port)",
                 )
             pipe.multi()
-            if deletes:
-                pipe.delete(*(xc_key(an, bn) for an, bn in deletes))
-            for an, bn in adds:
-                pipe.hset(xc_key(an, bn), mapping={"a_side": an, "b_side": bn})
-            for n in connected:
-                if n in self._relabel:
-                    pipe.hset(f"{PORT}|{n}", "label", self._labels[n])
+            pipe.eval(
+                WRITE_LUA,
+                0,
+                "".join(f"{an} {bn}\n" for an, bn in deletes),
+                "".join(f"{an} {bn}\n" for an, bn in adds),
+                "".join(f"{n} {self._labels[n]}\n" for n in connected if n in self._relabel),
+            )
             sent = True
             await pipe.execute()
         except WatchError:
