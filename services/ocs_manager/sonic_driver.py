@@ -22,8 +22,8 @@ change from the read to EXEC refuses the transaction. Reads of many hashes (the 
 with the ports' `state` and `label`, STATE_DB while settling) are one read-only Lua
 script each, which also answers the Redis run id (the boot id): a full pod is 48
 switches x 130 ports, and the client's cost per command and per round trip was most
-of its time. A batch is four round trips: WATCH, the read, EXEC, and the read once
-it settled.
+of its time. A batch is three round trips on one connection: the WATCH with the read,
+MULTI / the script / EXEC, and (STATE_DB) the read once it settled.
 orchagent applies the difference to the module and moves the ports through
 `tuning`; the batch is applied when every port it moved reads `tuned` with its new
 peer (or `blocked` when it went dark) in STATE_DB. The driver learns when to look as
@@ -51,10 +51,12 @@ from dataclasses import dataclass
 from urllib.parse import parse_qs, unquote, urlsplit
 
 import redis.asyncio as aioredis
-from redis.asyncio.client import Pipeline, PubSub
+from redis.asyncio.client import PubSub
+from redis.asyncio.connection import AbstractConnection
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-from redis.exceptions import RedisError, WatchError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError, ResponseError
 
 from lightpath.domain.southbound import SouthboundDevice
 from lightpath.domain.torus import FIRST, Fabric
@@ -236,9 +238,10 @@ class SonicSwitch(DeviceSwitch):
         self._labels: dict[str, str] = {}
         self._ports: dict[str, int | None] = {}  # port name -> Lightpath port (parsed once)
         self._boot = ""
-        # the batch under way: its WATCHing transaction, and of the ports it connects
-        # those force_blocked and those to label (read after the WATCH)
-        self._pipe: Pipeline | None = None
+        # the batch under way: its connection (WATCHing until EXEC), and of the ports it
+        # connects those force_blocked and those to label (read after the WATCH)
+        self._conn: AbstractConnection | None = None
+        self._watching = False
         self._blocked: set[str] = set()
         self._relabel: set[str] = set()
         # STATE_DB keyspace notifications of one cross-connect (the batch's), and whether
@@ -312,13 +315,17 @@ class SonicSwitch(DeviceSwitch):
         self, ports: Sequence[int] = ()
     ) -> tuple[dict[int, int], str, list[str], list[str]]:
         """(table, boot id, of `ports` those force_blocked, those whose label differs)."""
-        checked = "".join(f"{self.name(p)} {self.label(p)}\n" for p in ports)
         try:
-            boot, flat, blocked, relabel = await self._table_lua(
-                args=[f"{XC}|*", checked], client=self.config
-            )
+            reply = await self._table_lua(args=self._table_args(ports), client=self.config)
         except RedisError as exc:
             raise unreachable(self.id, str(self.addr), exc) from exc
+        return self._table_of(reply)
+
+    def _table_args(self, ports: Sequence[int]) -> list[str]:
+        return [f"{XC}|*", "".join(f"{self.name(p)} {self.label(p)}\n" for p in ports)]
+
+    def _table_of(self, reply: list) -> tuple[dict[int, int], str, list[str], list[str]]:
+        boot, flat, blocked, relabel = reply
         table: dict[int, int] = {}
         for a_name, b_name in zip(flat[::2], flat[1::2], strict=True):
             a, b = self.port_of(a_name), self.port_of(b_name)
@@ -355,27 +362,61 @@ class SonicSwitch(DeviceSwitch):
         """WATCH what the batch may touch (the ports it connects, the cross-connects it
         names), then read the table and those ports' `state` and `label`: a change to
         any of them from here to EXEC (an operator's force_blocked, another writer)
-        refuses the transaction."""
+        refuses the transaction. The WATCH and the read go out together, on the
+        connection the batch keeps to its EXEC: one round trip."""
         connected = sorted({p for x in batch.connect for p in (x.port_a, x.port_b)})
         keys = [f"{PORT}|{self.name(p)}" for p in connected]
         for x in (*batch.disconnect, *batch.connect):
             a, b = self.sides.oriented(x.port_a, x.port_b)
             keys.append(xc_key(self.name(a), self.name(b)))
-        self._pipe = self.config.pipeline(transaction=True)
-        try:
-            if keys:
-                await self._pipe.watch(*keys)
-        except RedisError as exc:
-            raise unreachable(self.id, str(self.addr), exc) from exc
-        table, boot, blocked, relabel = await self._read(connected)
+        read = ("EVAL", TABLE_LUA, 0, *self._table_args(connected))
+        for attempt in range(2):
+            try:
+                self._conn = self._conn or await self.config.connection_pool.get_connection()
+                replies = await self._send([("WATCH", *keys), read] if keys else [read])
+                break
+            except RedisConnectionError as exc:
+                # a pooled connection the switch's Redis dropped (it restarted): once more on
+                # a new one, as nothing was done; then the switch does not answer
+                await self._drop_conn()
+                if attempt:
+                    raise unreachable(self.id, str(self.addr), exc) from exc
+            except RedisError as exc:
+                await self._drop_conn()
+                raise unreachable(self.id, str(self.addr), exc) from exc
+        self._watching = bool(keys)
+        table, boot, blocked, relabel = self._table_of(replies[-1])
         self._blocked, self._relabel = set(blocked), set(relabel)
         return table, boot
 
+    async def _send(self, commands: list[tuple]) -> list:
+        """`commands` in one write on the batch's connection, and their answers."""
+        conn = self._conn
+        assert conn is not None  # begun
+        await conn.send_packed_command(conn.pack_commands(commands))
+        return [await conn.read_response() for _ in commands]
+
     async def end(self) -> None:
-        pipe, self._pipe = self._pipe, None
-        if pipe is not None:
+        conn, self._conn = self._conn, None
+        if conn is None:
+            return
+        try:
+            if self._watching:  # no EXEC came
+                await conn.send_command("UNWATCH")
+                await conn.read_response()
+        except (RedisError, OSError, RuntimeError):
             with contextlib.suppress(RedisError, OSError, RuntimeError):
-                await pipe.reset()  # UNWATCH when no EXEC came
+                await conn.disconnect()
+        self._watching = False
+        await self.config.connection_pool.release(conn)
+
+    async def _drop_conn(self) -> None:
+        conn, self._conn = self._conn, None
+        self._watching = False
+        if conn is not None:
+            with contextlib.suppress(RedisError, OSError, RuntimeError):
+                await conn.disconnect()
+            await self.config.connection_pool.release(conn)
 
     async def edit(self, edit: Plan, boot_id: str, version: int | None) -> None:
         adds = [(self.name(a), self.name(b)) for a, b in edit.adds]
@@ -394,22 +435,15 @@ class SonicSwitch(DeviceSwitch):
     async def _commit(
         self, adds: list[tuple[str, str]], deletes: list[tuple[str, str]], version: int | None
     ) -> None:
-        pipe = self._pipe
-        assert pipe is not None  # begun
         connected = sorted({n for pair in adds for n in pair})
         sent = False
         try:
             if version is not None:  # the guard: the whole table as it is under WATCH
                 existing = [k async for k in self.config.scan_iter(f"{XC}|*", count=512)]
-                if existing:
-                    await pipe.watch(*existing)
-                table: dict[int, int] = {}
-                _, rows = await self._hashes(self.config, existing, "a_side", "b_side")
-                for a_name, b_name in rows:
-                    a, b = self.port_of(str(a_name or "")), self.port_of(str(b_name or ""))
-                    if a is not None and b is not None:
-                        table[a], table[b] = b, a
-                if digest_version(table) != version:
+                read = ("EVAL", TABLE_LUA, 0, f"{XC}|*", "")
+                replies = await self._send([("WATCH", *existing), read] if existing else [read])
+                self._watching = self._watching or bool(existing)
+                if digest_version(self._table_of(replies[-1])[0]) != version:
                     raise DeviceFailure(self._moved())
             blocked = [n for n in connected if n in self._blocked]
             if blocked:
@@ -419,8 +453,8 @@ class SonicSwitch(DeviceSwitch):
                     "force_blocked in CONFIG_DB OCS_PORT (an operator's override; set it "
                     "back to normal to use the port)",
                 )
-            pipe.multi()
-            pipe.eval(
+            write = (
+                "EVAL",
                 WRITE_LUA,
                 0,
                 "".join(f"{an} {bn}\n" for an, bn in deletes),
@@ -428,14 +462,24 @@ class SonicSwitch(DeviceSwitch):
                 "".join(f"{n} {self._labels[n]}\n" for n in connected if n in self._relabel),
             )
             sent = True
-            await pipe.execute()
-        except WatchError:
-            raise DeviceFailure(self._moved()) from None
+            _, _, done = await self._send([("MULTI",), write, ("EXEC",)])
+            self._watching = False  # EXEC ends the WATCH, run or refused
         except RedisError as exc:
+            await self._drop_conn()
             failure = unreachable(self.id, str(self.addr), exc)
             if sent:  # EXEC went out and its answer was lost: it may have taken effect
                 failure.progress = None
             raise failure from exc
+        if done is None:  # a key WATCHed changed: EXEC ran nothing
+            raise DeviceFailure(self._moved())
+        if isinstance(done[0], ResponseError):  # a script stops where it failed: unknown
+            raise DeviceFailure(
+                Unavailable(
+                    f"switch {self.id}: its CONFIG_DB write failed part way ({done[0]})",
+                    reason="PARTIALLY_APPLIED",
+                ),
+                progress=None,
+            )
 
     def _moved(self) -> FailedPrecondition:
         return FailedPrecondition(
