@@ -242,6 +242,7 @@ class SonicSwitch(DeviceSwitch):
         # connects those force_blocked and those to label (read after the WATCH)
         self._conn: AbstractConnection | None = None
         self._watching = False
+        self._dirty = False  # answers may be left unread on it
         self._blocked: set[str] = set()
         self._relabel: set[str] = set()
         # STATE_DB keyspace notifications of one cross-connect (the batch's), and whether
@@ -390,29 +391,36 @@ class SonicSwitch(DeviceSwitch):
         return table, boot
 
     async def _send(self, commands: list[tuple]) -> list:
-        """`commands` in one write on the batch's connection, and their answers."""
+        """`commands` in one write on the batch's connection, and their answers. Cut short
+        (an error, the batch's deadline), the connection may hold answers not read: it
+        is dropped, not given back."""
         conn = self._conn
         assert conn is not None  # begun
+        self._dirty = True
         await conn.send_packed_command(conn.pack_commands(commands))
-        return [await conn.read_response() for _ in commands]
+        answers = [await conn.read_response() for _ in commands]
+        self._dirty = False
+        return answers
 
     async def end(self) -> None:
         conn, self._conn = self._conn, None
         if conn is None:
             return
         try:
-            if self._watching:  # no EXEC came
+            if self._dirty:
+                await conn.disconnect()
+            elif self._watching:  # no EXEC came
                 await conn.send_command("UNWATCH")
                 await conn.read_response()
         except (RedisError, OSError, RuntimeError):
             with contextlib.suppress(RedisError, OSError, RuntimeError):
                 await conn.disconnect()
-        self._watching = False
+        self._watching = self._dirty = False
         await self.config.connection_pool.release(conn)
 
     async def _drop_conn(self) -> None:
         conn, self._conn = self._conn, None
-        self._watching = False
+        self._watching = self._dirty = False
         if conn is not None:
             with contextlib.suppress(RedisError, OSError, RuntimeError):
                 await conn.disconnect()
