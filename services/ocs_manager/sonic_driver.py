@@ -188,6 +188,13 @@ def xc_key(a: str, b: str) -> str:
     return f"{XC}|{a}-{b}"
 
 
+async def _eval(client: aioredis.Redis, script: str, *args: str, keys: Sequence[str] = ()):
+    """`script` run on `client` by EVAL, every argument a str (so that hiredis packs the
+    command: a registered script's numkeys is an int, which redis-py packs in Python);
+    Redis caches it by its digest after the first call."""
+    return await client.execute_command("EVAL", script, str(len(keys)), *keys, *args)
+
+
 class SonicSwitch(DeviceSwitch):
     """One SONiC OCS, programmed through its CONFIG_DB and read back from its STATE_DB."""
 
@@ -230,9 +237,6 @@ class SonicSwitch(DeviceSwitch):
 
         self.config = client(self.addr.config_db)
         self.state = client(self.addr.state_db)
-        self._hashes_lua = self.config.register_script(HASHES_LUA)
-        self._table_lua = self.config.register_script(TABLE_LUA)
-        self._settle_lua = self.config.register_script(SETTLE_LUA)
         # port -> its device name (`1A`), and name -> its cable label (the fabric's)
         self._names = [f"{i}{side}" for side, i in map(self.sides.side, range(self.sides.used))]
         self._labels: dict[str, str] = {}
@@ -255,7 +259,7 @@ class SonicSwitch(DeviceSwitch):
         self, client: aioredis.Redis, keys: list[str], *fields: str
     ) -> tuple[str, list[tuple[str | None, ...]]]:
         """(run id, HMGET `fields` of every key in `keys`), in one round trip and command."""
-        flat = await self._hashes_lua(keys=keys, args=list(fields), client=client)
+        flat = await _eval(client, HASHES_LUA, *fields, keys=keys)
         n = len(fields)
         return flat[0], [tuple(flat[i : i + n]) for i in range(1, len(flat), n)]
 
@@ -317,7 +321,7 @@ class SonicSwitch(DeviceSwitch):
     ) -> tuple[dict[int, int], str, list[str], list[str]]:
         """(table, boot id, of `ports` those force_blocked, those whose label differs)."""
         try:
-            reply = await self._table_lua(args=self._table_args(ports), client=self.config)
+            reply = await _eval(self.config, TABLE_LUA, *self._table_args(ports))
         except RedisError as exc:
             raise unreachable(self.id, str(self.addr), exc) from exc
         return self._table_of(reply)
@@ -370,7 +374,7 @@ class SonicSwitch(DeviceSwitch):
         for x in (*batch.disconnect, *batch.connect):
             a, b = self.sides.oriented(x.port_a, x.port_b)
             keys.append(xc_key(self.name(a), self.name(b)))
-        read = ("EVAL", TABLE_LUA, 0, *self._table_args(connected))
+        read = ("EVAL", TABLE_LUA, "0", *self._table_args(connected))
         for attempt in range(2):
             try:
                 self._conn = self._conn or await self.config.connection_pool.get_connection()
@@ -448,7 +452,7 @@ class SonicSwitch(DeviceSwitch):
         try:
             if version is not None:  # the guard: the whole table as it is under WATCH
                 existing = [k async for k in self.config.scan_iter(f"{XC}|*", count=512)]
-                read = ("EVAL", TABLE_LUA, 0, f"{XC}|*", "")
+                read = ("EVAL", TABLE_LUA, "0", f"{XC}|*", "")
                 replies = await self._send([("WATCH", *existing), read] if existing else [read])
                 self._watching = self._watching or bool(existing)
                 if digest_version(self._table_of(replies[-1])[0]) != version:
@@ -464,7 +468,7 @@ class SonicSwitch(DeviceSwitch):
             write = (
                 "EVAL",
                 WRITE_LUA,
-                0,
+                "0",  # keys: none (a str, so that hiredis packs the command)
                 "".join(f"{an} {bn}\n" for an, bn in deletes),
                 "".join(f"{an} {bn}\n" for an, bn in adds),
                 "".join(f"{n} {self._labels[n]}\n" for n in connected if n in self._relabel),
@@ -520,7 +524,7 @@ class SonicSwitch(DeviceSwitch):
                     if row[0] != "failed" and (row[0], row[1] or "") != pending[probe]:
                         continue
                 spec = "".join(f"{n} {goal} {peer}\n" for n, (goal, peer) in pending.items())
-                boot, *left = await self._settle_lua(args=[spec], client=self.state)
+                boot, *left = await _eval(self.state, SETTLE_LUA, spec)
             except RedisError as exc:
                 failure = unreachable(self.id, str(self.addr), exc)
                 failure.progress = None
