@@ -96,6 +96,7 @@ class OrchagentEmulator:
     _reader: asyncio.StreamReader | None = None
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
     _heard_at: float | None = None  # when the change not yet applied was first heard
+    _still_at: float = 0.0  # when the mirrors last came to rest
     _idle: asyncio.Event = field(default_factory=asyncio.Event)
 
     @functools.cached_property
@@ -203,8 +204,9 @@ class OrchagentEmulator:
 
     async def _apply(self, heard: float | None = None) -> None:
         """Apply what CONFIG_DB holds; the mirrors settle `timing` after the change was
-        `heard` (loop time): a real module's control CPU is its own, while this process
-        plays 48 switches on shared cores, and its lag must not add to the model's."""
+        `heard` (loop time), or once the mirrors came to rest if they still moved then: a
+        real module's control CPU is its own, while this process plays 48 switches on
+        shared cores, and its lag must not add to the model's."""
         xcs, states = await self._read(args=[f"{XC}|*", self._names])
         wanted = {
             k.partition("|")[2]: (a, b)
@@ -234,8 +236,10 @@ class OrchagentEmulator:
             self._write, self.state, [], [(f"{PORT}|{p}", {"status": "tuning"}) for p in moved]
         )
         if delay > 0:
-            start = asyncio.get_running_loop().time() if heard is None else heard
-            await asyncio.sleep(max(0.0, start + delay - asyncio.get_running_loop().time()))
+            loop = asyncio.get_running_loop()
+            start = loop.time() if heard is None else max(heard, self._still_at)
+            await asyncio.sleep(max(0.0, start + delay - loop.time()))
+            self._still_at = loop.time()
         self.settles.append(delay)
         for k in removed:
             self.applied.pop(k, None)
