@@ -48,6 +48,7 @@ import contextlib
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from importlib import resources
 from urllib.parse import parse_qs, unquote, urlsplit
 
 import redis.asyncio as aioredis
@@ -84,62 +85,10 @@ _NAME = re.compile(r"^([1-9][0-9]*)([AB])$")
 # as safe on a switch's Redis as the swss-common scripts SONiC runs there itself.
 # Every read script answers the Redis run id first (the switch's boot id): a batch needs
 # it before and after, and INFO on its own was a round trip each.
-RUN_ID = "string.match(redis.call('INFO', 'server'), 'run_id:(%w+)')"
-HASHES_LUA = f"""
-local out = {{{RUN_ID}}}
-for _, k in ipairs(KEYS) do
-  local row = redis.call('HMGET', k, unpack(ARGV))
-  for i = 1, #ARGV do out[#out + 1] = row[i] end
-end
-return out
-"""
-# The run id, the cross-connects matching ARGV[1] (a_side, b_side, ...), and of the
-# ports a batch connects (ARGV[2], a line "<name> <label>" each) those an operator
-# force_blocked and those whose label is not the one given.
-TABLE_LUA = f"""
-local pairs, blocked, relabel = {{}}, {{}}, {{}}
-for _, k in ipairs(redis.call('KEYS', ARGV[1])) do
-  local row = redis.call('HMGET', k, 'a_side', 'b_side')
-  pairs[#pairs + 1] = row[1]
-  pairs[#pairs + 1] = row[2]
-end
-for name, label in string.gmatch(ARGV[2] or '', '([^ ]+) ([^\\n]*)\\n') do
-  local row = redis.call('HMGET', 'OCS_PORT|' .. name, 'state', 'label')
-  if row[1] == 'force_blocked' then blocked[#blocked + 1] = name end
-  if label ~= '' and row[2] ~= label then relabel[#relabel + 1] = name end
-end
-return {{{RUN_ID}, pairs, blocked, relabel}}
-"""
-# The run id, then which of the ports still settling ("<name> <status> <peer>" a line
-# each, the end state it waits for) are not there yet; "!<name>" when one read `failed`.
-SETTLE_LUA = f"""
-local out = {{{RUN_ID}}}
-for name, goal, peer in string.gmatch(ARGV[1], '([^ ]+) ([^ ]+) ([^\\n]*)\\n') do
-  local row = redis.call('HMGET', 'OCS_PORT|' .. name, 'status', 'target_simplex_port_id')
-  if row[1] == 'failed' then
-    out[#out + 1] = '!' .. name
-  elseif row[1] ~= goal or (row[2] or '') ~= peer then
-    out[#out + 1] = name
-  end
-end
-return out
-"""
-# A batch's writes, run by EXEC (so under the batch's WATCH): every delete ("<a> <b>" a
-# line, ARGV[1]), then every create (ARGV[2]), then the labels of the ports it connects
-# ("<name> <label>" a line, ARGV[3]). One queued command, not one per entry: the client
-# parsed an answer (QUEUED) per command, 66 for a full pod's switch, 48 times a wire.
-WRITE_LUA = """
-for a, b in string.gmatch(ARGV[1], '([^ ]+) ([^\\n]+)\\n') do
-  redis.call('DEL', 'OCS_CROSS_CONNECT|' .. a .. '-' .. b)
-end
-for a, b in string.gmatch(ARGV[2], '([^ ]+) ([^\\n]+)\\n') do
-  redis.call('HSET', 'OCS_CROSS_CONNECT|' .. a .. '-' .. b, 'a_side', a, 'b_side', b)
-end
-for name, label in string.gmatch(ARGV[3], '([^ ]+) ([^\\n]*)\\n') do
-  redis.call('HSET', 'OCS_PORT|' .. name, 'label', label)
-end
-return 1
-"""
+HASHES_LUA, TABLE_LUA, SETTLE_LUA, WRITE_LUA = (
+    resources.files(__package__).joinpath(f"sonic_{name}.lua").read_text()
+    for name in ("hashes", "table", "settle", "write")
+)
 # How long a batch waits for a STATE_DB notification once the switch has been seen to
 # send them, before it reads anyway: a notification is lost only with its connection
 # (which the wait hears, and polls from then on), so this is a safety net, set beyond a

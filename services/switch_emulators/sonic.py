@@ -28,6 +28,7 @@ import functools
 import json
 import logging
 from dataclasses import dataclass, field
+from importlib import resources
 from urllib.parse import urlsplit
 
 import redis.asyncio as aioredis
@@ -44,26 +45,10 @@ XC, PORT, METADATA = "OCS_CROSS_CONNECT", "OCS_PORT", "DEVICE_METADATA|localhost
 # orchagent's reads and writes, each one command with one argument (the emulator of 48
 # switches shares one Python process and the machine's cores with the manager it
 # serves: a client's cost per argument was most of its work)
-READ_LUA = """
-local xcs, states = {}, {}
-for _, k in ipairs(redis.call('KEYS', ARGV[1])) do
-  local row = redis.call('HMGET', k, 'a_side', 'b_side')
-  xcs[#xcs + 1] = k
-  xcs[#xcs + 1] = row[1]
-  xcs[#xcs + 1] = row[2]
-end
-for name in string.gmatch(ARGV[2], '[^ ]+') do
-  states[#states + 1] = redis.call('HGET', 'OCS_PORT|' .. name, 'state') or ''
-end
-return {xcs, states}
-"""
-# ARGV[1]: JSON [keys to delete, [[key, field, value, ...], ...] to HSET]
-WRITE_LUA = """
-local w = cjson.decode(ARGV[1])
-for _, k in ipairs(w[1]) do redis.call('DEL', k) end
-for _, row in ipairs(w[2]) do redis.call('HSET', unpack(row)) end
-return #w[1] + #w[2]
-"""
+READ_LUA, WRITE_LUA = (
+    resources.files(__package__).joinpath(f"sonic_{name}.lua").read_text()
+    for name in ("read", "write")
+)
 
 
 async def _write(

@@ -43,6 +43,18 @@ REDIS_FAILURES: dict[str, tuple[Exception, str]] = {
         redis_errors.ReadOnlyError("You can't write against a read only replica."),
         "REDIS_READ_ONLY",
     ),
+    # What a demoted master answers a script's write and a WAIT (issue 32).
+    "ReadOnlyScript": (
+        redis_errors.ResponseError(
+            "Error running script (call to f_e8c4): @user_script:24: @user_script: 24: "
+            "-READONLY You can't write against a read only replica."
+        ),
+        "REDIS_READ_ONLY",
+    ),
+    "WaitOnReplica": (
+        redis_errors.ResponseError("WAIT cannot be used with replica instances. Please also"),
+        "REDIS_READ_ONLY",
+    ),
     "PoolFull": (redis_errors.MaxConnectionsError("Too many connections"), "REDIS_POOL_EXHAUSTED"),
     "PoolWait": (redis_errors.ConnectionError("No connection available."), "REDIS_POOL_EXHAUSTED"),
     "ClusterDown": (redis_errors.ClusterDownError("CLUSTERDOWN"), "REDIS_UNAVAILABLE"),
