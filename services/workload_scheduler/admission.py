@@ -26,7 +26,13 @@ from lightpath.domain.slices import (
     chip_keys,
     describe_box,
 )
-from lightpath.errors import FailedPrecondition, NotFound, ResourceExhausted
+from lightpath.errors import (
+    WIRING_FAILED,
+    FailedPrecondition,
+    NotFound,
+    ResourceExhausted,
+    Unavailable,
+)
 from lightpath.v1 import workload_scheduler_pb2
 from services.workload_scheduler.core import (
     BUSY_WAIT_S,
@@ -244,13 +250,18 @@ class Admission(Part):
         except Conflict:
             return  # placed meanwhile by another pass
         if wiring:
-            # RESOURCE_EXHAUSTED, not UNAVAILABLE: the pod has forgotten the job, and a
-            # caller (the cell) takes UNAVAILABLE as "it may still be held here" and asks
-            # again; the chaos test caught a job the cell failed while the pod ran it.
-            raise ResourceExhausted(
-                f"job {job.job_id} was not wired and asked not to wait: {reason}",
-                reason="WIRING_FAILED",
+            # UNAVAILABLE (a switch failed: retryable, issue 34) with reason WIRING_FAILED,
+            # which says the pod has forgotten the job: the cell takes it as a refusal, not
+            # as "it may still be held here" (services/cell_scheduler/podclient.py). Final:
+            # no channel repeats it on its own, as a repeat would admit the forgotten job
+            # anew (the chaos test caught the cell failing a job the pod then ran).
+            failed = Unavailable(
+                f"job {job.job_id} was not wired and asked not to wait: {reason}; nothing "
+                "is kept (retry when the switch answers)",
+                reason=WIRING_FAILED,
             )
+            failed.final = True
+            raise failed
         raise ResourceExhausted(
             f"job {job.job_id} cannot be placed now and asked not to wait: {reason}",
             reason="NO_CAPACITY",
