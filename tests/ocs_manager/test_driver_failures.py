@@ -16,7 +16,7 @@ from lightpath.v1 import ocs_manager_pb2 as pb
 from lightpath.v1 import ocs_manager_pb2_grpc
 from services.common.server import running
 from services.common.settings import load
-from services.ocs_manager.driver import RedisSwitchDriver, SwitchDriverError
+from services.ocs_manager.driver import Fence, RedisSwitchDriver, SwitchDriverError
 from services.ocs_manager.server import build
 from services.ocs_manager.settings import OcsManagerSettings
 from services.ocs_manager.wiring import FabricChange
@@ -39,14 +39,14 @@ class ScriptedDriver:
         self.gate = asyncio.Event()
         self.entered = asyncio.Event()
 
-    async def apply(self, change: FabricChange) -> None:
+    async def apply(self, change: FabricChange, fence: Fence | None = None) -> None:
         self.calls.append(change)
         action = self.plan.pop(0) if self.plan else "ok"
         if action == "partial":
             part = FabricChange(
                 change.disconnect, change.connect[: len(change.connect) // 2], change.one_to_many
             )
-            await self.inner.apply(part)
+            await self.inner.apply(part, fence)
             raise SwitchDriverError("mirror stuck on one OCS", applied=part)
         if action == "refuse":
             raise SwitchDriverError("switch refused the table", transient=False)
@@ -57,7 +57,7 @@ class ScriptedDriver:
         if action == "gate":
             self.entered.set()
             await self.gate.wait()
-        await self.inner.apply(change)
+        await self.inner.apply(change, fence)
 
     async def read(self):
         return await self.inner.read()
