@@ -30,7 +30,8 @@ class ScriptedDriver:
     """The real (Redis) driver, except for the calls `plan` scripts, in order:
     "ok", "partial" (applies the disconnects and half the connects, then fails),
     "refuse" (fails, not transient), "down" (fails, transient), "hang", "gate"
-    (waits for `gate`, then applies)."""
+    (waits for `gate`, then applies), "pause" (the same, deaf to the manager's own
+    timeout, as a paused process is)."""
 
     def __init__(self, inner: RedisSwitchDriver):
         self.inner = inner
@@ -57,6 +58,11 @@ class ScriptedDriver:
         if action == "gate":
             self.entered.set()
             await self.gate.wait()
+        if action == "pause":  # the process is paused: its own timers do not fire either
+            self.entered.set()
+            while not self.gate.is_set():
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self.gate.wait()
         await self.inner.apply(change, fence)
 
     async def read(self):
