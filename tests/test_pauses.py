@@ -122,9 +122,7 @@ async def test_an_ocs_manager_paused_mid_change_past_its_lease_moves_no_mirror_o
     with started(agent):
         with started(a, b):
             async with ocs_at(a.address) as ocs_a, ocs_at(b.address) as ocs_b:
-                await inject(
-                    agent.address, "*", extra_delay=duration_pb2.Duration(seconds=3)
-                )
+                await inject(agent.address, "*", extra_delay=duration_pb2.Duration(seconds=3))
                 first = asyncio.ensure_future(
                     ocs_a.WireSlice(wire_request("j", [2, 1, 1], [0, 1]), timeout=60)
                 )
@@ -166,7 +164,10 @@ def job_spec(job_id: str) -> ws.JobSpec:
 async def final_state(sched, ocs) -> Final:
     listed = await sched.ListJobs(ws.ListJobsRequest(page_size=1000))
     jobs = {
-        j.job_id: (c.JobState.Name(j.state)[len("JOB_STATE_") :], tuple(b.block_id for b in j.blocks))
+        j.job_id: (
+            c.JobState.Name(j.state)[len("JOB_STATE_") :],
+            tuple(b.block_id for b in j.blocks),
+        )
         for j in listed.jobs
     }
     return Final(jobs=jobs, slices=await slices(ocs))

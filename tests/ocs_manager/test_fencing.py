@@ -17,8 +17,8 @@ from services.ocs_manager import server as ocs_server
 from services.ocs_manager.metrics import OcsMetrics
 from services.ocs_manager.store import PROGRAM
 from services.switch_agent.switches import Batch, SimulatedSwitch
-from tests.ocs_manager.conftest import ocs_stub, rpc_error, wire_request
 from tests.metrics_reader import install, value
+from tests.ocs_manager.conftest import ocs_stub, rpc_error, wire_request
 from tests.ocs_manager.test_driver_failures import assert_clean, scripted_ocs, snapshot
 
 C = grpc.StatusCode
