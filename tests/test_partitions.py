@@ -446,7 +446,9 @@ async def test_a_slow_lossy_link_between_the_pod_and_its_ocs_manager_under_load(
             assert await invariants_hold(o) == []
 
 
-async def test_an_ocs_manager_cut_off_from_redis_mid_change_leaves_nothing_of_its_change(namespace, tmp_path):
+async def test_an_ocs_manager_cut_off_from_redis_mid_change_leaves_nothing_of_its_change(
+    namespace, tmp_path
+):
     """Manager A (in the namespace, with the switch agents) sends a wire's batches; the
     link to Redis (on this side, with manager B) goes down while they settle, for longer
     than A's 2 s change lease. A keeps running: its driver gives up on the slow switches,
