@@ -314,6 +314,9 @@ async def drive(stack: Stack, args) -> dict:
         invariants = await ocs.CheckInvariants(om.CheckInvariantsRequest(compare_switches=True))
         applied = sum(1 for v in invariants.violations if v.rule == "SWITCH_STATE_DISAGREES")
         refused = stale_refused(stack.metrics_endpoints[OCS])
+        # for people: each double-booked job's transitions at the cell and the pod
+        named = {w for line in report.double_booked for w in line.split() if w in final.jobs}
+        stories = [f"{j}: {await chaos.histories(cells[0], sched, j)}" for j in sorted(named)[:4]]
     return {
         "faults": sum(pauser.kinds.values()),
         "faults_by_kind": dict(pauser.kinds),
@@ -329,7 +332,8 @@ async def drive(stack: Stack, args) -> dict:
         "worst_s_to_definite_state": max([*settle, last]),
         "s_to_definite_state": settle,
         "violation_details": report.details()
-        + [f"{v.rule}: {v.detail}" for v in invariants.violations][:10],
+        + [f"{v.rule}: {v.detail}" for v in invariants.violations][:10]
+        + stories,
         "codes": dict(record.codes),
         "error_samples": record.messages,
         "seconds": time.monotonic() - started,

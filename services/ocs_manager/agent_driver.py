@@ -34,6 +34,7 @@ from lightpath.domain.southbound import OCS, SouthboundDevice, bank_id, devices
 from lightpath.domain.torus import Fabric
 from lightpath.v1 import optical_switch_pb2 as pb
 from lightpath.v1 import optical_switch_pb2_grpc
+from services.common.txn import STALE_LEASE
 from services.ocs_manager.driver import Fence, SwitchDriverError
 from services.ocs_manager.invariants import FabricState
 from services.ocs_manager.wiring import FabricChange, link_ports
@@ -354,7 +355,6 @@ class AgentSwitchDriver:
 
 
 _CODES = {c.value[0]: c for c in grpc.StatusCode}
-STALE_LEASE = "STALE_LEASE"
 
 
 def switch_deadline_s(call_timeout_s: float) -> float:

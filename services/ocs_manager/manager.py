@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 from lightpath.domain.torus import Fabric
 from lightpath.errors import Aborted, FailedPrecondition, InvalidArgument, NotFound, Unavailable
-from services.common.txn import Conflict
+from services.common.txn import STALE_LEASE, Conflict
 from services.ocs_manager.driver import Fence, SwitchDriver, SwitchDriverError
 from services.ocs_manager.metrics import OcsMetrics, timed
 from services.ocs_manager.store import OcsStore, SliceRecord
@@ -54,7 +54,6 @@ from services.ocs_manager.wiring import (
 log = logging.getLogger("lightpath.ocs_manager")
 
 _ATTEMPTS = 4
-STALE_LEASE = "STALE_LEASE"
 
 
 @dataclass(frozen=True)
