@@ -26,7 +26,6 @@ import os
 import random
 import shutil
 import subprocess
-import sys
 import time
 import warnings
 from collections.abc import Iterator
@@ -39,7 +38,6 @@ from google.protobuf import duration_pb2
 from lightpath.client import channel
 from lightpath.embedded_redis import free_port, redis_server_binary
 from lightpath.security.identity import service_principal
-from lightpath.stack import health_status
 from lightpath.testing.history import DEFINITE, Final, History
 from lightpath.v1 import cell_scheduler_pb2 as cs
 from lightpath.v1 import cell_scheduler_pb2_grpc
@@ -48,8 +46,8 @@ from lightpath.v1 import ocs_manager_pb2 as om
 from lightpath.v1 import workload_scheduler_pb2 as ws
 from tests.helpers import test_ca
 from tests.ocs_manager.conftest import wire_request
-from tests.switch_agent.conftest import POD, fabric, inject
-from tests.test_pauses import invariants_hold, job_spec, ocs_at, scheduler_at, slices
+from tests.switch_agent.conftest import POD, ServiceProcess, fabric, inject
+from tests.test_pauses import invariants_hold, job_spec, ocs_at, scheduler_at, slices, started
 
 pytestmark = pytest.mark.slow
 
@@ -211,8 +209,9 @@ def namespace() -> Iterator[Namespace]:
         ns.destroy()
 
 
-class Service:
-    """`python -m services.<service>` here or in a namespace, listening on `host`."""
+class Service(ServiceProcess):
+    """`python -m services.<service>` here or in a namespace, listening on `host`, its
+    certificate naming the pair's addresses."""
 
     def __init__(
         self,
@@ -225,62 +224,17 @@ class Service:
         ns: Namespace | None = None,
     ):
         self.service = service
-        self.address = f"{host}:{free_port()}"
         files = test_ca().issue(
             service_principal(service, env.get("LIGHTPATH_POD_ID", "")), hosts=hosts
         )
-        self.env = {
-            **os.environ,
+        tls = {
             "LIGHTPATH_TLS_CERT": str(files.cert),
             "LIGHTPATH_TLS_KEY": str(files.key),
             "LIGHTPATH_TLS_CA": str(files.ca),
-            "LIGHTPATH_REDIS_URL": redis_url,
-            "LIGHTPATH_LISTEN": self.address,
-            "LIGHTPATH_AUDIT_LOG": "",
-            "LIGHTPATH_LOG_FORMAT": "text",
-            "LIGHTPATH_SHUTDOWN_GRACE_S": "0.2",
-            "PYTHONPATH": str(ROOT),
-            **env,
         }
-        self.ns = ns
-        self.log = workdir / f"{service}-{self.address.replace(':', '-')}.log"
-        self.proc: subprocess.Popen | None = None
-
-    def start(self, timeout: float = 40.0) -> None:
-        argv = [sys.executable, "-m", f"services.{self.service}"]
-        if self.ns is not None:
-            self.proc = self.ns.popen(argv, self.env, self.log)
-        else:
-            with self.log.open("ab") as out:
-                self.proc = subprocess.Popen(
-                    argv, env=self.env, cwd=ROOT, stdin=subprocess.DEVNULL,
-                    stdout=subprocess.DEVNULL, stderr=out,
-                )  # fmt: skip
-        deadline = time.monotonic() + timeout
-        while health_status(self.address, timeout=0.5) != "SERVING":
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.proc.kill()
-                raise RuntimeError(f"{self.service} did not start:\n{self.log.read_text()[-3000:]}")
-            time.sleep(0.1)
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-
-
-@contextlib.contextmanager
-def running(*services: Service) -> Iterator[None]:
-    try:
-        for s in services:
-            s.start()
-        yield
-    finally:
-        for s in reversed(services):
-            s.stop()
+        super().__init__(redis_url, workdir, env, host=host, tls=tls)
+        if ns is not None:
+            self.prefix = ("ip", "netns", "exec", ns.name)
 
 
 def state(job) -> str:
@@ -340,7 +294,7 @@ async def test_the_cell_and_a_pod_partitioned_past_the_pod_timeout_then_healed(
     )
     sched.env["LIGHTPATH_ADVERTISE_ADDR"] = sched.address
     history = History()
-    with running(cell, ocs, sched):
+    with started(cell, ocs, sched):
         async with channel(cell.address, max_attempts=1) as ch:
             stub = cell_scheduler_pb2_grpc.CellSchedulerStub(ch)
 
@@ -408,7 +362,7 @@ async def test_a_slow_lossy_link_between_the_pod_and_its_ocs_manager_under_load(
         hosts,
     )
     history = History()
-    with running(ocs, sched):
+    with started(ocs, sched):
         missing = ns.impair(delay_ms=200, loss_percent=5)
         if missing:  # the kernel lacks netem: the loss alone is applied, and said
             warnings.warn(f"slow lossy link: {'; '.join(missing)}", stacklevel=1)
@@ -469,7 +423,7 @@ async def test_an_ocs_manager_cut_off_from_redis_mid_change_leaves_nothing_of_it
     }
     a = Service("ocs_manager", ns.ip, shared, tmp_path, env, hosts, ns)
     b = Service("ocs_manager", ns.host_ip, shared, tmp_path, env, hosts)
-    with running(agent, a, b):
+    with started(agent, a, b):
         async with ocs_at(a.address) as ocs_a, ocs_at(b.address) as ocs_b:
             await inject(agent.address, "*", extra_delay=duration_pb2.Duration(seconds=3))
             first = asyncio.ensure_future(
