@@ -7,9 +7,10 @@ against the final state (lightpath.testing.history).
     python3 dev.py bench partitions [--faults 20] [--clients 4] [--seed 1]
 
 The stack runs on loopback as deployed (TLS, mTLS, separate processes) on its own
-redis-server: cell replicas cell-a and cell-b, one pod (pod-1: an ocs_manager with 16
-blocks of 4x4x4 whose simulated switches settle in 300 ms, so changes are in flight
-when a pause lands) served by replicas ws-a and ws-b. Leases are short through the
+redis-server: cell replicas cell-a and cell-b, one pod (pod-1: two ocs_manager
+replicas of 16 blocks of 4x4x4 whose simulated switches settle in 300 ms, so changes
+are in flight when a pause lands) served by replicas ws-a and ws-b, each calling its
+own ocs_manager replica. Leases are short through the
 services' settings: the ocs_manager's change lease 3 s, the wiring lease 2 s, the
 cell's pod timeout 3 s and forward deadline 3 s. The faults, in turn (seeded order):
 
@@ -20,7 +21,11 @@ cell's pod timeout 3 s and forward deadline 3 s. The faults, in turn (seeded ord
 * pause_pod: both scheduler replicas paused 4.5 s: the cell sees the pod silent past its
   pod timeout while jobs are submitted, then the pod answers again;
 * pause_cell: one cell replica paused 4 s, past its forward deadline (the other cell
-  takes its forwards over; its clients' calls time out: indeterminate, not acknowledged).
+  takes its forwards over; its clients' calls time out: indeterminate, not acknowledged);
+* pause_host: ws-a and the ocs_manager replica it calls paused together 5 s (a host or
+  VM frozen): ws-b takes the wirings over through the other ocs_manager replica, which
+  takes the changes in flight over; the frozen manager wakes fenced out (the pause
+  lands while ws-a has a job WIRING, when there is one within 5 s).
 
 After each fault ends, `s_to_definite_state` is how long until every job the cell
 knows is in a definite state (not UNKNOWN, WIRING or FORWARDING); the worst is
@@ -70,6 +75,7 @@ POD = chaos.POD
 CELLS = chaos.CELLS
 SCHEDULERS = chaos.SCHEDULERS
 OCS = chaos.OCS
+OCS_B = "ocs-b-pod-1"  # a second replica of the pod's ocs_manager, ws-b's
 WIRING_LEASE_S = 2.0
 CHANGE_LEASE_S = 3.0
 POD_TIMEOUT_S = 3.0
@@ -80,6 +86,10 @@ FAULTS = {
     "pause_ocs_manager": ((OCS,), CHANGE_LEASE_S + 1.0),
     "pause_pod": (SCHEDULERS, POD_TIMEOUT_S + 1.5),
     "pause_cell": (None, FORWARD_TIMEOUT_S + 1.0),
+    # a host running ws-a and its ocs_manager replica frozen whole (a VM paused): ws-b
+    # takes its wirings over through the other ocs_manager, which takes the changes in
+    # flight over; on waking, the frozen manager's undo is refused by the switches
+    "pause_host": ((SCHEDULERS[0], OCS), CHANGE_LEASE_S + WIRING_LEASE_S),
 }
 NOT_DEFINITE = {c.JobState.Name(s) for s in (c.JOB_STATE_UNKNOWN, c.JOB_STATE_WIRING)}
 
@@ -90,9 +100,9 @@ def specs() -> list[ProcessSpec]:
         "LIGHTPATH_CELL_FORWARD_TIMEOUT_S": str(FORWARD_TIMEOUT_S),
     }
     out = [ProcessSpec(name, "cell_scheduler", free_port(), cell_env) for name in CELLS]
-    out.append(
+    out += [
         ProcessSpec(
-            OCS,
+            name,
             "ocs_manager",
             free_port(),
             {
@@ -106,8 +116,9 @@ def specs() -> list[ProcessSpec]:
             },
             metrics_port=free_port(),
         )
-    )
-    for name, cell in zip(SCHEDULERS, CELLS, strict=True):
+        for name in (OCS, OCS_B)
+    ]
+    for name, cell, ocs in zip(SCHEDULERS, CELLS, (OCS, OCS_B), strict=True):
         out.append(
             ProcessSpec(
                 name,
@@ -121,7 +132,7 @@ def specs() -> list[ProcessSpec]:
                     "LIGHTPATH_WS_OCS_TIMEOUT_S": "5",
                 },
                 {
-                    "LIGHTPATH_OCS_ADDR": OCS,
+                    "LIGHTPATH_OCS_ADDR": ocs,
                     "LIGHTPATH_CELL_ADDR": cell,
                     "LIGHTPATH_ADVERTISE_ADDR": name,
                 },
@@ -131,9 +142,10 @@ def specs() -> list[ProcessSpec]:
 
 
 class Pauser:
-    def __init__(self, stack: Stack, rng: random.Random):
+    def __init__(self, stack: Stack, rng: random.Random, host_scheduler=None):
         self.stack = stack
         self.rng = rng
+        self.host_scheduler = host_scheduler  # ws-a's stub: pause_host waits for a wiring
         self.kinds: collections.Counter[str] = collections.Counter()
         self.paused: set[str] = set()
 
@@ -143,6 +155,8 @@ class Pauser:
     async def fault(self, kind: str) -> list[str]:
         """Pause the fault's processes past their lease, then resume them: their names."""
         names, seconds = FAULTS[kind]
+        if kind == "pause_host" and self.host_scheduler is not None:
+            await self._wiring_in_flight()
         if names is None:
             names = (self.rng.choice(CELLS if kind == "pause_cell" else SCHEDULERS),)
         for name in names:
@@ -154,6 +168,20 @@ class Pauser:
             self.resume_all()
         self.kinds[kind] += 1
         return list(names)
+
+    async def _wiring_in_flight(self, limit_s: float = 5.0) -> None:
+        """Until ws-a has a job WIRING (its change is in flight at its ocs_manager), for
+        `limit_s` at most: the moment a frozen host hurts most."""
+        deadline = time.monotonic() + limit_s
+        while time.monotonic() < deadline:
+            with contextlib.suppress(Exception):
+                listed = await self.host_scheduler.ListJobs(
+                    ws.ListJobsRequest(states=[c.JOB_STATE_WIRING], page_size=1), timeout=1
+                )
+                if listed.jobs:
+                    await asyncio.sleep(0.1)  # into its switches' settling
+                    return
+            await asyncio.sleep(0.02)
 
     def resume_all(self) -> None:
         for name in list(self.paused):
@@ -267,7 +295,8 @@ async def drive(stack: Stack, args) -> dict:
         sched = workload_scheduler_pb2_grpc.WorkloadSchedulerStub(await ch(SCHEDULERS[0]))
         ocs = ocs_manager_pb2_grpc.OcsManagerStub(await ch(OCS))
         record = chaos.Record()
-        pauser = Pauser(stack, rng)
+        host = workload_scheduler_pb2_grpc.WorkloadSchedulerStub(await ch(SCHEDULERS[0]))
+        pauser = Pauser(stack, rng, host)
         plan = [list(FAULTS)[i % len(FAULTS)] for i in range(args.faults)]
         rng.shuffle(plan)
         settle: list[float] = []
@@ -319,7 +348,9 @@ async def drive(stack: Stack, args) -> dict:
         report = history_of(record, time.monotonic()).check(final)
         invariants = await ocs.CheckInvariants(om.CheckInvariantsRequest(compare_switches=True))
         applied = sum(1 for v in invariants.violations if v.rule == "SWITCH_STATE_DISAGREES")
-        refused = stale_refused(stack.metrics_endpoints[OCS])
+        refused: collections.Counter[str] = collections.Counter()
+        for name in (OCS, OCS_B):
+            refused.update(stale_refused(stack.metrics_endpoints[name]))
         # for people: each double-booked job's transitions at the cell and the pod
         named = {w for line in report.double_booked for w in line.split() if w in final.jobs}
         stories = [f"{j}: {await chaos.histories(cells[0], sched, j)}" for j in sorted(named)[:4]]
@@ -333,7 +364,7 @@ async def drive(stack: Stack, args) -> dict:
         "undefined": len(report.undefined),
         "double_booked": len(report.double_booked),
         "stale_writes_refused": int(sum(refused.values())),
-        "stale_writes_by_where": refused,
+        "stale_writes_by_where": dict(refused),
         "stale_writes_applied": applied,
         "worst_s_to_definite_state": max([*settle, last]),
         "s_to_definite_state": settle,

@@ -14,6 +14,10 @@ left out, so the manager's rollback (the inverse, through this driver again)
 never needs a switch that is down and untouched. Absolute semantics make the
 inverse of a whole per-switch batch safe after any part of it.
 
+Every batch carries the change's `fence` (the slice and its change lease's token): a
+switch refuses a batch under an older token than one it has seen for that slice, and
+such a refusal makes the `SwitchDriverError` `stale` (issue 32).
+
 docs/ocs_southbound.md is the contract; services/switch_agent the reference agent.
 """
 
