@@ -10,19 +10,20 @@ The stack runs on loopback as deployed (TLS, mTLS, separate processes) on its ow
 redis-server: cell replicas cell-a and cell-b, one pod (pod-1: two ocs_manager
 replicas of 16 blocks of 4x4x4 whose simulated switches settle in 300 ms, so changes
 are in flight when a pause lands) served by replicas ws-a and ws-b, each calling its
-own ocs_manager replica. Leases are short through the
-services' settings: the ocs_manager's change lease 3 s, the wiring lease 2 s, the
+own ocs_manager replica. Leases are short through the services' settings: the
+ocs_manager's change lease 1.5 s (shorter than the wiring lease, so a replica that
+takes a wiring over finds the change's lease run out), the wiring lease 2 s, the
 cell's pod timeout 3 s and forward deadline 3 s. The faults, in turn (seeded order):
 
 * pause_scheduler: one scheduler replica paused 3.5 s, past its wiring lease (the other
   takes its wirings over);
-* pause_ocs_manager: the ocs_manager paused 4 s, past its change lease (the next call
+* pause_ocs_manager: ws-a's ocs_manager replica paused 2.5 s, past its change lease (the next call
   takes an in-flight change over and rolls it back; the woken manager is fenced out);
 * pause_pod: both scheduler replicas paused 4.5 s: the cell sees the pod silent past its
   pod timeout while jobs are submitted, then the pod answers again;
 * pause_cell: one cell replica paused 4 s, past its forward deadline (the other cell
   takes its forwards over; its clients' calls time out: indeterminate, not acknowledged);
-* pause_host: ws-a and the ocs_manager replica it calls paused together 5 s (a host or
+* pause_host: ws-a and the ocs_manager replica it calls paused together 3.5 s (a host or
   VM frozen): ws-b takes the wirings over through the other ocs_manager replica, which
   takes the changes in flight over; the frozen manager wakes fenced out (the pause
   lands while ws-a has a job WIRING, when there is one within 5 s).
@@ -77,7 +78,7 @@ SCHEDULERS = chaos.SCHEDULERS
 OCS = chaos.OCS
 OCS_B = "ocs-b-pod-1"  # a second replica of the pod's ocs_manager, ws-b's
 WIRING_LEASE_S = 2.0
-CHANGE_LEASE_S = 3.0
+CHANGE_LEASE_S = 1.5
 POD_TIMEOUT_S = 3.0
 FORWARD_TIMEOUT_S = 3.0
 # fault kind -> (processes paused, seconds): each past the lease it tests
