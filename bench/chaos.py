@@ -59,6 +59,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import collections.abc
 import contextlib
 import os
 import random
@@ -862,22 +863,32 @@ async def wait_registered(stack: Stack, name: str, timeout: float = 30.0) -> Non
     raise RuntimeError(f"{POD} did not register with {name}")
 
 
-def run(args) -> dict:
-    with tempfile.TemporaryDirectory(prefix="lightpath-chaos-") as tmp:
+@contextlib.contextmanager
+def own_stack(
+    processes: list[ProcessSpec], prefix: str
+) -> collections.abc.Iterator[tuple[Stack, EmbeddedRedis]]:
+    """`processes` started on a redis-server of their own (AOF on, fsync always), in a
+    temporary directory; everything stopped at the end."""
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
         redis = EmbeddedRedis(Path(tmp) / "redis", port=free_port(), appendonly=True)
         redis.start()
         try:
             fsync_always(redis)
             stack = Stack(
-                Path(tmp) / "state", specs=specs(), redis_url=redis.url, log=lambda *_: None
+                Path(tmp) / "state", specs=processes, redis_url=redis.url, log=lambda *_: None
             )
             stack.start()
             try:
-                return asyncio.run(drive(stack, redis, args))
+                yield stack, redis
             finally:
                 stack.stop()
         finally:
             redis.stop()
+
+
+def run(args) -> dict:
+    with own_stack(specs(), "lightpath-chaos-") as (stack, redis):
+        return asyncio.run(drive(stack, redis, args))
 
 
 def main(argv: list[str] | None = None) -> dict:

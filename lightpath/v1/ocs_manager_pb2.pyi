@@ -477,6 +477,8 @@ class WireSliceRequest(_message.Message):
     VIEW_FIELD_NUMBER: _builtins.int
     EXPECT_FABRIC_FIELD_NUMBER: _builtins.int
     TWISTED_FIELD_NUMBER: _builtins.int
+    LEASE_TOKEN_FIELD_NUMBER: _builtins.int
+    LEASE_ID_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     """Client-chosen id of the slice (the job id); the idempotency key."""
     view: Global___WiringView.ValueType
@@ -486,6 +488,16 @@ class WireSliceRequest(_message.Message):
     the wraparound of each short dimension lands k blocks further along each long
     one, on the same logical axis. A replacement keeps the twist.
     """
+    lease_token: _builtins.int
+    """Fencing (issue 32): the caller's lease on this job, a number that grows with
+    every new holder (the workload scheduler sends the job's epoch), under the
+    name `lease_id` (empty: the job id; the workload scheduler names the job's
+    submission, so a job id submitted again starts a new lease). The ocs_manager
+    keeps the highest token it has seen per lease and refuses a change with a
+    lower one: FAILED_PRECONDITION (reason STALE_LEASE), nothing changed. 0: not
+    fenced.
+    """
+    lease_id: _builtins.str
     @_builtins.property
     def grid(self) -> _common_pb2.Shape:
         """Blocks per dimension (b1 x … x bm); m must equal the fabric's dimensions."""
@@ -518,10 +530,12 @@ class WireSliceRequest(_message.Message):
         view: Global___WiringView.ValueType = ...,
         expect_fabric: Global___FabricConfig | None = ...,
         twisted: _builtins.bool = ...,
+        lease_token: _builtins.int = ...,
+        lease_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["expect_fabric", b"expect_fabric", "grid", b"grid"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["blocks", b"blocks", "expect_fabric", b"expect_fabric", "grid", b"grid", "job_id", b"job_id", "twisted", b"twisted", "view", b"view", "wrap", b"wrap"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["blocks", b"blocks", "expect_fabric", b"expect_fabric", "grid", b"grid", "job_id", b"job_id", "lease_id", b"lease_id", "lease_token", b"lease_token", "twisted", b"twisted", "view", b"view", "wrap", b"wrap"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -595,15 +609,29 @@ class ReleaseSliceRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     JOB_ID_FIELD_NUMBER: _builtins.int
+    LEASE_TOKEN_FIELD_NUMBER: _builtins.int
+    LEASE_ID_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
+    lease_token: _builtins.int
+    """Fencing (issue 32): the caller's lease on this job, a number that grows with
+    every new holder (the workload scheduler sends the job's epoch), under the
+    name `lease_id` (empty: the job id; the workload scheduler names the job's
+    submission, so a job id submitted again starts a new lease). The ocs_manager
+    keeps the highest token it has seen per lease and refuses a change with a
+    lower one: FAILED_PRECONDITION (reason STALE_LEASE), nothing changed. 0: not
+    fenced.
+    """
+    lease_id: _builtins.str
     def __init__(
         self,
         *,
         job_id: _builtins.str = ...,
+        lease_token: _builtins.int = ...,
+        lease_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "lease_id", b"lease_id", "lease_token", b"lease_token"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -642,11 +670,23 @@ class ReplaceBlockRequest(_message.Message):
     FAILED_BLOCK_ID_FIELD_NUMBER: _builtins.int
     NEW_BLOCK_ID_FIELD_NUMBER: _builtins.int
     VIEW_FIELD_NUMBER: _builtins.int
+    LEASE_TOKEN_FIELD_NUMBER: _builtins.int
+    LEASE_ID_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     failed_block_id: _builtins.int
     new_block_id: _builtins.int
     view: Global___WiringView.ValueType
     """View of `wiring` in the response (removed / added are always full)."""
+    lease_token: _builtins.int
+    """Fencing (issue 32): the caller's lease on this job, a number that grows with
+    every new holder (the workload scheduler sends the job's epoch), under the
+    name `lease_id` (empty: the job id; the workload scheduler names the job's
+    submission, so a job id submitted again starts a new lease). The ocs_manager
+    keeps the highest token it has seen per lease and refuses a change with a
+    lower one: FAILED_PRECONDITION (reason STALE_LEASE), nothing changed. 0: not
+    fenced.
+    """
+    lease_id: _builtins.str
     def __init__(
         self,
         *,
@@ -654,10 +694,12 @@ class ReplaceBlockRequest(_message.Message):
         failed_block_id: _builtins.int = ...,
         new_block_id: _builtins.int = ...,
         view: Global___WiringView.ValueType = ...,
+        lease_token: _builtins.int = ...,
+        lease_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["failed_block_id", b"failed_block_id", "job_id", b"job_id", "new_block_id", b"new_block_id", "view", b"view"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["failed_block_id", b"failed_block_id", "job_id", b"job_id", "lease_id", b"lease_id", "lease_token", b"lease_token", "new_block_id", b"new_block_id", "view", b"view"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -27,17 +27,17 @@ from google.rpc import status_pb2 as google_dot_rpc_dot_status__pb2
 from lightpath.v1 import common_pb2 as lightpath_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!lightpath/v1/optical_switch.proto\x12\x0clightpath.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x17google/rpc/status.proto\x1a\x19lightpath/v1/common.proto\"*\n\x15\x44\x65scribeSwitchRequest\x12\x11\n\tswitch_id\x18\x01 \x01(\t\"\xe1\x01\n\x11SwitchDescription\x12\x11\n\tswitch_id\x18\x01 \x01(\t\x12&\n\x04kind\x18\x02 \x01(\x0e\x32\x18.lightpath.v1.SwitchKind\x12\r\n\x05ports\x18\x03 \x01(\r\x12\x0f\n\x07outputs\x18\x04 \x01(\r\x12\x0f\n\x07\x62oot_id\x18\x05 \x01(\t\x12\x0f\n\x07version\x18\x06 \x01(\x04\x12\x30\n\rsettling_time\x18\x07 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x0e\n\x06vendor\x18\x08 \x01(\t\x12\r\n\x05model\x18\t \x01(\t\"*\n\x08PortPair\x12\x0e\n\x06port_a\x18\x01 \x01(\r\x12\x0e\n\x06port_b\x18\x02 \x01(\r\"@\n\x0fOutputSelection\x12\r\n\x05input\x18\x01 \x01(\r\x12\x13\n\x06output\x18\x02 \x01(\rH\x00\x88\x01\x01\x42\t\n\x07_output\",\n\x17GetCrossConnectsRequest\x12\x11\n\tswitch_id\x18\x01 \x01(\t\"\xa9\x01\n\x12OpticalSwitchState\x12\x11\n\tswitch_id\x18\x01 \x01(\t\x12\x0f\n\x07\x62oot_id\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\x04\x12.\n\x0e\x63ross_connects\x18\x04 \x03(\x0b\x32\x16.lightpath.v1.PortPair\x12.\n\x07outputs\x18\x05 \x03(\x0b\x32\x1d.lightpath.v1.OutputSelection\"\xb5\x02\n\x11\x41pplyBatchRequest\x12\x11\n\tswitch_id\x18\x01 \x01(\t\x12\x10\n\x08\x62\x61tch_id\x18\x02 \x01(\t\x12*\n\ndisconnect\x18\x03 \x03(\x0b\x32\x16.lightpath.v1.PortPair\x12\x32\n\x0bset_outputs\x18\x04 \x03(\x0b\x32\x1d.lightpath.v1.OutputSelection\x12\'\n\x07\x63onnect\x18\x05 \x03(\x0b\x32\x16.lightpath.v1.PortPair\x12\x16\n\x0e\x65xpect_boot_id\x18\x06 \x01(\t\x12\x1b\n\x0e\x65xpect_version\x18\x07 \x01(\x04H\x00\x88\x01\x01\x12*\n\x07timeout\x18\x08 \x01(\x0b\x32\x19.google.protobuf.DurationB\x11\n\x0f_expect_version\"G\n\rBatchProgress\x12\x13\n\x0b\x64isconnects\x18\x01 \x01(\r\x12\x0f\n\x07outputs\x18\x02 \x01(\r\x12\x10\n\x08\x63onnects\x18\x03 \x01(\r\"\x9b\x01\n\x12\x41pplyBatchResponse\x12\x11\n\tswitch_id\x18\x01 \x01(\t\x12\x10\n\x08\x62\x61tch_id\x18\x02 \x01(\t\x12\x0f\n\x07\x62oot_id\x18\x03 \x01(\t\x12\x0f\n\x07version\x18\x04 \x01(\x04\x12\x10\n\x08replayed\x18\x05 \x01(\x08\x12,\n\x07\x61pplied\x18\x06 \x01(\x0b\x32\x1b.lightpath.v1.BatchProgress\"G\n\x13\x41pplyBatchesRequest\x12\x30\n\x07\x62\x61tches\x18\x01 \x03(\x0b\x32\x1f.lightpath.v1.ApplyBatchRequest\"w\n\x10\x41pplyBatchResult\x12\x33\n\x07\x61pplied\x18\x01 \x01(\x0b\x32 .lightpath.v1.ApplyBatchResponseH\x00\x12#\n\x05\x65rror\x18\x02 \x01(\x0b\x32\x12.google.rpc.StatusH\x00\x42\t\n\x07outcome\"G\n\x14\x41pplyBatchesResponse\x12/\n\x07results\x18\x01 \x03(\x0b\x32\x1e.lightpath.v1.ApplyBatchResult\")\n\x14GetPortStatusRequest\x12\x11\n\tswitch_id\x18\x01 \x01(\t\"\x84\x01\n\nPortStatus\x12\x0c\n\x04port\x18\x01 \x01(\r\x12&\n\x05state\x18\x02 \x01(\x0e\x32\x17.lightpath.v1.PortState\x12\x11\n\x04peer\x18\x03 \x01(\rH\x00\x88\x01\x01\x12\x16\n\tpower_dbm\x18\x04 \x01(\x01H\x01\x88\x01\x01\x42\x07\n\x05_peerB\x0c\n\n_power_dbm\"n\n\x0ePortStatusList\x12\x11\n\tswitch_id\x18\x01 \x01(\t\x12\x0f\n\x07\x62oot_id\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\x04\x12\'\n\x05ports\x18\x04 \x03(\x0b\x32\x18.lightpath.v1.PortStatus\"\x84\x01\n\x0cSwitchFaults\x12\x13\n\x0bunreachable\x18\x01 \x01(\x08\x12.\n\x0b\x65xtra_delay\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x16\n\x0ereject_batches\x18\x03 \x01(\r\x12\x17\n\x0fpartial_batches\x18\x04 \x01(\r\"S\n\x12InjectFaultRequest\x12\x11\n\tswitch_id\x18\x01 \x01(\t\x12*\n\x06\x66\x61ults\x18\x02 \x01(\x0b\x32\x1a.lightpath.v1.SwitchFaults\"U\n\x13InjectFaultResponse\x12\x12\n\nswitch_ids\x18\x01 \x03(\t\x12*\n\x06\x66\x61ults\x18\x02 \x01(\x0b\x32\x1a.lightpath.v1.SwitchFaults\")\n\x14RestartSwitchRequest\x12\x11\n\tswitch_id\x18\x01 \x01(\t\"*\n\x15GetSwitchStatsRequest\x12\x11\n\tswitch_id\x18\x01 \x01(\t\"\xae\x01\n\x0bSwitchStats\x12\x11\n\tswitch_id\x18\x01 \x01(\t\x12\x13\n\x0b\x61pply_calls\x18\x02 \x01(\x04\x12\x17\n\x0f\x62\x61tches_applied\x18\x03 \x01(\x04\x12\x18\n\x10\x62\x61tches_replayed\x18\x04 \x01(\x04\x12\x16\n\x0e\x62\x61tches_failed\x18\x05 \x01(\x04\x12\x1a\n\x12operations_applied\x18\x06 \x01(\x04\x12\x10\n\x08restarts\x18\x07 \x01(\x04*X\n\nSwitchKind\x12\x1b\n\x17SWITCH_KIND_UNSPECIFIED\x10\x00\x12\x13\n\x0fSWITCH_KIND_OCS\x10\x01\x12\x18\n\x14SWITCH_KIND_ONE_TO_K\x10\x02*\x85\x01\n\tPortState\x12\x1a\n\x16PORT_STATE_UNSPECIFIED\x10\x00\x12\x13\n\x0fPORT_STATE_DARK\x10\x01\x12\x18\n\x14PORT_STATE_CONNECTED\x10\x02\x12\x17\n\x13PORT_STATE_SETTLING\x10\x03\x12\x14\n\x10PORT_STATE_FAULT\x10\x04\x32\xb9\x03\n\rOpticalSwitch\x12P\n\x08\x44\x65scribe\x12#.lightpath.v1.DescribeSwitchRequest\x1a\x1f.lightpath.v1.SwitchDescription\x12[\n\x10GetCrossConnects\x12%.lightpath.v1.GetCrossConnectsRequest\x1a .lightpath.v1.OpticalSwitchState\x12O\n\nApplyBatch\x12\x1f.lightpath.v1.ApplyBatchRequest\x1a .lightpath.v1.ApplyBatchResponse\x12U\n\x0c\x41pplyBatches\x12!.lightpath.v1.ApplyBatchesRequest\x1a\".lightpath.v1.ApplyBatchesResponse\x12Q\n\rGetPortStatus\x12\".lightpath.v1.GetPortStatusRequest\x1a\x1c.lightpath.v1.PortStatusList2\xd4\x02\n\x12OpticalSwitchAdmin\x12\x42\n\x07GetInfo\x12\x1c.lightpath.v1.GetInfoRequest\x1a\x19.lightpath.v1.ServiceInfo\x12R\n\x0bInjectFault\x12 .lightpath.v1.InjectFaultRequest\x1a!.lightpath.v1.InjectFaultResponse\x12T\n\rRestartSwitch\x12\".lightpath.v1.RestartSwitchRequest\x1a\x1f.lightpath.v1.SwitchDescription\x12P\n\x0eGetSwitchStats\x12#.lightpath.v1.GetSwitchStatsRequest\x1a\x19.lightpath.v1.SwitchStatsb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!lightpath/v1/optical_switch.proto\x12\x0clightpath.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x17google/rpc/status.proto\x1a\x19lightpath/v1/common.proto\"*\n\x15\x44\x65scribeSwitchRequest\x12\x11\n\tswitch_id\x18\x01 \x01(\t\"\xe1\x01\n\x11SwitchDescription\x12\x11\n\tswitch_id\x18\x01 \x01(\t\x12&\n\x04kind\x18\x02 \x01(\x0e\x32\x18.lightpath.v1.SwitchKind\x12\r\n\x05ports\x18\x03 \x01(\r\x12\x0f\n\x07outputs\x18\x04 \x01(\r\x12\x0f\n\x07\x62oot_id\x18\x05 \x01(\t\x12\x0f\n\x07version\x18\x06 \x01(\x04\x12\x30\n\rsettling_time\x18\x07 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x0e\n\x06vendor\x18\x08 \x01(\t\x12\r\n\x05model\x18\t \x01(\t\"*\n\x08PortPair\x12\x0e\n\x06port_a\x18\x01 \x01(\r\x12\x0e\n\x06port_b\x18\x02 \x01(\r\"@\n\x0fOutputSelection\x12\r\n\x05input\x18\x01 \x01(\r\x12\x13\n\x06output\x18\x02 \x01(\rH\x00\x88\x01\x01\x42\t\n\x07_output\",\n\x17GetCrossConnectsRequest\x12\x11\n\tswitch_id\x18\x01 \x01(\t\"\xa9\x01\n\x12OpticalSwitchState\x12\x11\n\tswitch_id\x18\x01 \x01(\t\x12\x0f\n\x07\x62oot_id\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\x04\x12.\n\x0e\x63ross_connects\x18\x04 \x03(\x0b\x32\x16.lightpath.v1.PortPair\x12.\n\x07outputs\x18\x05 \x03(\x0b\x32\x1d.lightpath.v1.OutputSelection\"\xd9\x02\n\x11\x41pplyBatchRequest\x12\x11\n\tswitch_id\x18\x01 \x01(\t\x12\x10\n\x08\x62\x61tch_id\x18\x02 \x01(\t\x12*\n\ndisconnect\x18\x03 \x03(\x0b\x32\x16.lightpath.v1.PortPair\x12\x32\n\x0bset_outputs\x18\x04 \x03(\x0b\x32\x1d.lightpath.v1.OutputSelection\x12\'\n\x07\x63onnect\x18\x05 \x03(\x0b\x32\x16.lightpath.v1.PortPair\x12\x16\n\x0e\x65xpect_boot_id\x18\x06 \x01(\t\x12\x1b\n\x0e\x65xpect_version\x18\x07 \x01(\x04H\x00\x88\x01\x01\x12*\n\x07timeout\x18\x08 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\"\n\x05\x66\x65nce\x18\t \x01(\x0b\x32\x13.lightpath.v1.FenceB\x11\n\x0f_expect_version\"(\n\x05\x46\x65nce\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12\r\n\x05token\x18\x02 \x01(\x04\"G\n\rBatchProgress\x12\x13\n\x0b\x64isconnects\x18\x01 \x01(\r\x12\x0f\n\x07outputs\x18\x02 \x01(\r\x12\x10\n\x08\x63onnects\x18\x03 \x01(\r\"\x9b\x01\n\x12\x41pplyBatchResponse\x12\x11\n\tswitch_id\x18\x01 \x01(\t\x12\x10\n\x08\x62\x61tch_id\x18\x02 \x01(\t\x12\x0f\n\x07\x62oot_id\x18\x03 \x01(\t\x12\x0f\n\x07version\x18\x04 \x01(\x04\x12\x10\n\x08replayed\x18\x05 \x01(\x08\x12,\n\x07\x61pplied\x18\x06 \x01(\x0b\x32\x1b.lightpath.v1.BatchProgress\"G\n\x13\x41pplyBatchesRequest\x12\x30\n\x07\x62\x61tches\x18\x01 \x03(\x0b\x32\x1f.lightpath.v1.ApplyBatchRequest\"w\n\x10\x41pplyBatchResult\x12\x33\n\x07\x61pplied\x18\x01 \x01(\x0b\x32 .lightpath.v1.ApplyBatchResponseH\x00\x12#\n\x05\x65rror\x18\x02 \x01(\x0b\x32\x12.google.rpc.StatusH\x00\x42\t\n\x07outcome\"G\n\x14\x41pplyBatchesResponse\x12/\n\x07results\x18\x01 \x03(\x0b\x32\x1e.lightpath.v1.ApplyBatchResult\")\n\x14GetPortStatusRequest\x12\x11\n\tswitch_id\x18\x01 \x01(\t\"\x84\x01\n\nPortStatus\x12\x0c\n\x04port\x18\x01 \x01(\r\x12&\n\x05state\x18\x02 \x01(\x0e\x32\x17.lightpath.v1.PortState\x12\x11\n\x04peer\x18\x03 \x01(\rH\x00\x88\x01\x01\x12\x16\n\tpower_dbm\x18\x04 \x01(\x01H\x01\x88\x01\x01\x42\x07\n\x05_peerB\x0c\n\n_power_dbm\"n\n\x0ePortStatusList\x12\x11\n\tswitch_id\x18\x01 \x01(\t\x12\x0f\n\x07\x62oot_id\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\x04\x12\'\n\x05ports\x18\x04 \x03(\x0b\x32\x18.lightpath.v1.PortStatus\"\x84\x01\n\x0cSwitchFaults\x12\x13\n\x0bunreachable\x18\x01 \x01(\x08\x12.\n\x0b\x65xtra_delay\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x16\n\x0ereject_batches\x18\x03 \x01(\r\x12\x17\n\x0fpartial_batches\x18\x04 \x01(\r\"S\n\x12InjectFaultRequest\x12\x11\n\tswitch_id\x18\x01 \x01(\t\x12*\n\x06\x66\x61ults\x18\x02 \x01(\x0b\x32\x1a.lightpath.v1.SwitchFaults\"U\n\x13InjectFaultResponse\x12\x12\n\nswitch_ids\x18\x01 \x03(\t\x12*\n\x06\x66\x61ults\x18\x02 \x01(\x0b\x32\x1a.lightpath.v1.SwitchFaults\")\n\x14RestartSwitchRequest\x12\x11\n\tswitch_id\x18\x01 \x01(\t\"*\n\x15GetSwitchStatsRequest\x12\x11\n\tswitch_id\x18\x01 \x01(\t\"\xcd\x01\n\x0bSwitchStats\x12\x11\n\tswitch_id\x18\x01 \x01(\t\x12\x13\n\x0b\x61pply_calls\x18\x02 \x01(\x04\x12\x17\n\x0f\x62\x61tches_applied\x18\x03 \x01(\x04\x12\x18\n\x10\x62\x61tches_replayed\x18\x04 \x01(\x04\x12\x16\n\x0e\x62\x61tches_failed\x18\x05 \x01(\x04\x12\x1a\n\x12operations_applied\x18\x06 \x01(\x04\x12\x10\n\x08restarts\x18\x07 \x01(\x04\x12\x1d\n\x15stale_batches_refused\x18\x08 \x01(\x04*X\n\nSwitchKind\x12\x1b\n\x17SWITCH_KIND_UNSPECIFIED\x10\x00\x12\x13\n\x0fSWITCH_KIND_OCS\x10\x01\x12\x18\n\x14SWITCH_KIND_ONE_TO_K\x10\x02*\x85\x01\n\tPortState\x12\x1a\n\x16PORT_STATE_UNSPECIFIED\x10\x00\x12\x13\n\x0fPORT_STATE_DARK\x10\x01\x12\x18\n\x14PORT_STATE_CONNECTED\x10\x02\x12\x17\n\x13PORT_STATE_SETTLING\x10\x03\x12\x14\n\x10PORT_STATE_FAULT\x10\x04\x32\xb9\x03\n\rOpticalSwitch\x12P\n\x08\x44\x65scribe\x12#.lightpath.v1.DescribeSwitchRequest\x1a\x1f.lightpath.v1.SwitchDescription\x12[\n\x10GetCrossConnects\x12%.lightpath.v1.GetCrossConnectsRequest\x1a .lightpath.v1.OpticalSwitchState\x12O\n\nApplyBatch\x12\x1f.lightpath.v1.ApplyBatchRequest\x1a .lightpath.v1.ApplyBatchResponse\x12U\n\x0c\x41pplyBatches\x12!.lightpath.v1.ApplyBatchesRequest\x1a\".lightpath.v1.ApplyBatchesResponse\x12Q\n\rGetPortStatus\x12\".lightpath.v1.GetPortStatusRequest\x1a\x1c.lightpath.v1.PortStatusList2\xd4\x02\n\x12OpticalSwitchAdmin\x12\x42\n\x07GetInfo\x12\x1c.lightpath.v1.GetInfoRequest\x1a\x19.lightpath.v1.ServiceInfo\x12R\n\x0bInjectFault\x12 .lightpath.v1.InjectFaultRequest\x1a!.lightpath.v1.InjectFaultResponse\x12T\n\rRestartSwitch\x12\".lightpath.v1.RestartSwitchRequest\x1a\x1f.lightpath.v1.SwitchDescription\x12P\n\x0eGetSwitchStats\x12#.lightpath.v1.GetSwitchStatsRequest\x1a\x19.lightpath.v1.SwitchStatsb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'lightpath.v1.optical_switch_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_SWITCHKIND']._serialized_start=2406
-  _globals['_SWITCHKIND']._serialized_end=2494
-  _globals['_PORTSTATE']._serialized_start=2497
-  _globals['_PORTSTATE']._serialized_end=2630
+  _globals['_SWITCHKIND']._serialized_start=2515
+  _globals['_SWITCHKIND']._serialized_end=2603
+  _globals['_PORTSTATE']._serialized_start=2606
+  _globals['_PORTSTATE']._serialized_end=2739
   _globals['_DESCRIBESWITCHREQUEST']._serialized_start=135
   _globals['_DESCRIBESWITCHREQUEST']._serialized_end=177
   _globals['_SWITCHDESCRIPTION']._serialized_start=180
@@ -51,37 +51,39 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_OPTICALSWITCHSTATE']._serialized_start=564
   _globals['_OPTICALSWITCHSTATE']._serialized_end=733
   _globals['_APPLYBATCHREQUEST']._serialized_start=736
-  _globals['_APPLYBATCHREQUEST']._serialized_end=1045
-  _globals['_BATCHPROGRESS']._serialized_start=1047
-  _globals['_BATCHPROGRESS']._serialized_end=1118
-  _globals['_APPLYBATCHRESPONSE']._serialized_start=1121
-  _globals['_APPLYBATCHRESPONSE']._serialized_end=1276
-  _globals['_APPLYBATCHESREQUEST']._serialized_start=1278
-  _globals['_APPLYBATCHESREQUEST']._serialized_end=1349
-  _globals['_APPLYBATCHRESULT']._serialized_start=1351
-  _globals['_APPLYBATCHRESULT']._serialized_end=1470
-  _globals['_APPLYBATCHESRESPONSE']._serialized_start=1472
-  _globals['_APPLYBATCHESRESPONSE']._serialized_end=1543
-  _globals['_GETPORTSTATUSREQUEST']._serialized_start=1545
-  _globals['_GETPORTSTATUSREQUEST']._serialized_end=1586
-  _globals['_PORTSTATUS']._serialized_start=1589
-  _globals['_PORTSTATUS']._serialized_end=1721
-  _globals['_PORTSTATUSLIST']._serialized_start=1723
-  _globals['_PORTSTATUSLIST']._serialized_end=1833
-  _globals['_SWITCHFAULTS']._serialized_start=1836
-  _globals['_SWITCHFAULTS']._serialized_end=1968
-  _globals['_INJECTFAULTREQUEST']._serialized_start=1970
-  _globals['_INJECTFAULTREQUEST']._serialized_end=2053
-  _globals['_INJECTFAULTRESPONSE']._serialized_start=2055
-  _globals['_INJECTFAULTRESPONSE']._serialized_end=2140
-  _globals['_RESTARTSWITCHREQUEST']._serialized_start=2142
-  _globals['_RESTARTSWITCHREQUEST']._serialized_end=2183
-  _globals['_GETSWITCHSTATSREQUEST']._serialized_start=2185
-  _globals['_GETSWITCHSTATSREQUEST']._serialized_end=2227
-  _globals['_SWITCHSTATS']._serialized_start=2230
-  _globals['_SWITCHSTATS']._serialized_end=2404
-  _globals['_OPTICALSWITCH']._serialized_start=2633
-  _globals['_OPTICALSWITCH']._serialized_end=3074
-  _globals['_OPTICALSWITCHADMIN']._serialized_start=3077
-  _globals['_OPTICALSWITCHADMIN']._serialized_end=3417
+  _globals['_APPLYBATCHREQUEST']._serialized_end=1081
+  _globals['_FENCE']._serialized_start=1083
+  _globals['_FENCE']._serialized_end=1123
+  _globals['_BATCHPROGRESS']._serialized_start=1125
+  _globals['_BATCHPROGRESS']._serialized_end=1196
+  _globals['_APPLYBATCHRESPONSE']._serialized_start=1199
+  _globals['_APPLYBATCHRESPONSE']._serialized_end=1354
+  _globals['_APPLYBATCHESREQUEST']._serialized_start=1356
+  _globals['_APPLYBATCHESREQUEST']._serialized_end=1427
+  _globals['_APPLYBATCHRESULT']._serialized_start=1429
+  _globals['_APPLYBATCHRESULT']._serialized_end=1548
+  _globals['_APPLYBATCHESRESPONSE']._serialized_start=1550
+  _globals['_APPLYBATCHESRESPONSE']._serialized_end=1621
+  _globals['_GETPORTSTATUSREQUEST']._serialized_start=1623
+  _globals['_GETPORTSTATUSREQUEST']._serialized_end=1664
+  _globals['_PORTSTATUS']._serialized_start=1667
+  _globals['_PORTSTATUS']._serialized_end=1799
+  _globals['_PORTSTATUSLIST']._serialized_start=1801
+  _globals['_PORTSTATUSLIST']._serialized_end=1911
+  _globals['_SWITCHFAULTS']._serialized_start=1914
+  _globals['_SWITCHFAULTS']._serialized_end=2046
+  _globals['_INJECTFAULTREQUEST']._serialized_start=2048
+  _globals['_INJECTFAULTREQUEST']._serialized_end=2131
+  _globals['_INJECTFAULTRESPONSE']._serialized_start=2133
+  _globals['_INJECTFAULTRESPONSE']._serialized_end=2218
+  _globals['_RESTARTSWITCHREQUEST']._serialized_start=2220
+  _globals['_RESTARTSWITCHREQUEST']._serialized_end=2261
+  _globals['_GETSWITCHSTATSREQUEST']._serialized_start=2263
+  _globals['_GETSWITCHSTATSREQUEST']._serialized_end=2305
+  _globals['_SWITCHSTATS']._serialized_start=2308
+  _globals['_SWITCHSTATS']._serialized_end=2513
+  _globals['_OPTICALSWITCH']._serialized_start=2742
+  _globals['_OPTICALSWITCH']._serialized_end=3183
+  _globals['_OPTICALSWITCHADMIN']._serialized_start=3186
+  _globals['_OPTICALSWITCHADMIN']._serialized_end=3526
 # @@protoc_insertion_point(module_scope)

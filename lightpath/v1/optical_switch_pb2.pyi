@@ -269,6 +269,7 @@ class ApplyBatchRequest(_message.Message):
     EXPECT_BOOT_ID_FIELD_NUMBER: _builtins.int
     EXPECT_VERSION_FIELD_NUMBER: _builtins.int
     TIMEOUT_FIELD_NUMBER: _builtins.int
+    FENCE_FIELD_NUMBER: _builtins.int
     switch_id: _builtins.str
     batch_id: _builtins.str
     """Client-chosen idempotency key (1-128 of A-Z a-z 0-9 . _ : -). The
@@ -310,6 +311,15 @@ class ApplyBatchRequest(_message.Message):
         ApplyBatch ignores it (the call's deadline is the batch's).
         """
 
+    @_builtins.property
+    def fence(self) -> Global___Fence:
+        """Fencing (issue 32): the lease under which the sender makes this change. A
+        switch remembers the highest token it has seen for each lease_id and refuses
+        a batch with a lower one — FAILED_PRECONDITION (reason STALE_LEASE), nothing
+        applied — so a sender paused past its lease, whose change another holder
+        took over, cannot move a mirror when it wakes. Unset: not fenced.
+        """
+
     def __init__(
         self,
         *,
@@ -321,16 +331,44 @@ class ApplyBatchRequest(_message.Message):
         expect_boot_id: _builtins.str = ...,
         expect_version: _builtins.int | None = ...,
         timeout: _duration_pb2.Duration | None = ...,
+        fence: Global___Fence | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_expect_version", b"_expect_version", "expect_version", b"expect_version", "timeout", b"timeout"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_expect_version", b"_expect_version", "expect_version", b"expect_version", "fence", b"fence", "timeout", b"timeout"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_expect_version", b"_expect_version", "batch_id", b"batch_id", "connect", b"connect", "disconnect", b"disconnect", "expect_boot_id", b"expect_boot_id", "expect_version", b"expect_version", "set_outputs", b"set_outputs", "switch_id", b"switch_id", "timeout", b"timeout"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_expect_version", b"_expect_version", "batch_id", b"batch_id", "connect", b"connect", "disconnect", b"disconnect", "expect_boot_id", b"expect_boot_id", "expect_version", b"expect_version", "fence", b"fence", "set_outputs", b"set_outputs", "switch_id", b"switch_id", "timeout", b"timeout"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__expect_version: _TypeAlias = _typing.Literal["expect_version"]  # noqa: Y015
     _WhichOneofArgType__expect_version: _TypeAlias = _typing.Literal["_expect_version", b"_expect_version"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType__expect_version) -> _WhichOneofReturnType__expect_version | None: ...
 
 Global___ApplyBatchRequest: _TypeAlias = ApplyBatchRequest  # noqa: Y015
+
+@_typing.final
+class Fence(_message.Message):
+    """A lease's name and token (a number its store hands out, higher for every new
+    holder): a Chubby-style sequencer.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LEASE_ID_FIELD_NUMBER: _builtins.int
+    TOKEN_FIELD_NUMBER: _builtins.int
+    lease_id: _builtins.str
+    """The lease, e.g. the slice (job id) a change of the ocs_manager locks."""
+    token: _builtins.int
+    def __init__(
+        self,
+        *,
+        lease_id: _builtins.str = ...,
+        token: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["lease_id", b"lease_id", "token", b"token"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Fence: _TypeAlias = Fence  # noqa: Y015
 
 @_typing.final
 class BatchProgress(_message.Message):
@@ -693,6 +731,7 @@ class SwitchStats(_message.Message):
     BATCHES_FAILED_FIELD_NUMBER: _builtins.int
     OPERATIONS_APPLIED_FIELD_NUMBER: _builtins.int
     RESTARTS_FIELD_NUMBER: _builtins.int
+    STALE_BATCHES_REFUSED_FIELD_NUMBER: _builtins.int
     switch_id: _builtins.str
     apply_calls: _builtins.int
     """ApplyBatch calls received (replays and failures included)."""
@@ -703,6 +742,10 @@ class SwitchStats(_message.Message):
     operations_applied: _builtins.int
     """Operations (disconnects, output selections, connects) that took effect."""
     restarts: _builtins.int
+    stale_batches_refused: _builtins.int
+    """Batches refused because their fence token was older than one already seen
+    for the same lease (STALE_LEASE).
+    """
     def __init__(
         self,
         *,
@@ -713,10 +756,11 @@ class SwitchStats(_message.Message):
         batches_failed: _builtins.int = ...,
         operations_applied: _builtins.int = ...,
         restarts: _builtins.int = ...,
+        stale_batches_refused: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["apply_calls", b"apply_calls", "batches_applied", b"batches_applied", "batches_failed", b"batches_failed", "batches_replayed", b"batches_replayed", "operations_applied", b"operations_applied", "restarts", b"restarts", "switch_id", b"switch_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["apply_calls", b"apply_calls", "batches_applied", b"batches_applied", "batches_failed", b"batches_failed", "batches_replayed", b"batches_replayed", "operations_applied", b"operations_applied", "restarts", b"restarts", "stale_batches_refused", b"stale_batches_refused", "switch_id", b"switch_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

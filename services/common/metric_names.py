@@ -295,6 +295,15 @@ DOMAIN: tuple[MetricName, ...] = (
         "invariant checks that failed, by rule",
     ),
     _m(
+        "lightpath.ocs.stale_writes_refused",
+        COUNTER,
+        "",
+        ("pod", "where"),
+        "ocs_manager",
+        "writes refused for an older lease token (fencing): a caller's stale lease (lease), "
+        "this manager's commit (commit) or batches (switch) after its change lease was taken over",
+    ),
+    _m(
         "lightpath.ocs.switches_unreachable",
         GAUGE,
         "",

@@ -99,6 +99,14 @@ if USES.declared then CHECKS.declared = function(c)
   end
   return nil
 end end
+-- {"fence", key, lease id, token}: no higher token of the lease is recorded (a newer
+-- holder wrote: STALE_LEASE, value the newer token)
+if USES.fence then CHECKS.fence = function(c)
+  local seen = tonumber(call("HGET", KEYS[c[2]], c[3]) or "0") or 0
+  if seen <= c[4] then return nil end
+  return fail("STALE_LEASE", "lease " .. c[3] .. " has a newer holder (token " .. seen ..
+    ", this write's " .. c[4] .. ")", tostring(seen))
+end end
 
 -- Ops: writes, and reads whose answers come back in order (READS) or by name (RESULT).
 if USES.hset then OPS.hset = function(o) call("HSET", KEYS[o[2]], unpack(o, 3)) end end
@@ -111,6 +119,11 @@ if USES.srem then OPS.srem = function(o) call("SREM", KEYS[o[2]], o[3]) end end
 if USES.del then OPS.del = function(o) call("DEL", KEYS[o[2]]) end end
 if USES.setpx then OPS.setpx = function(o) call("SET", KEYS[o[2]], o[3], "PX", o[4]) end end
 if USES.expire then OPS.expire = function(o) call("EXPIRE", KEYS[o[2]], o[3]) end end
+-- {"fence", key, lease id, token}: record the lease's token, the highest seen
+if USES.fence then OPS.fence = function(o)
+  local seen = tonumber(call("HGET", KEYS[o[2]], o[3]) or "0") or 0
+  if o[4] > seen then call("HSET", KEYS[o[2]], o[3], o[4]) end
+end end
 -- {"xadd", stream key, maxlen, field, value, ...}
 if USES.xadd then OPS.xadd = function(o) call("XADD", KEYS[o[2]], "MAXLEN", "~", o[3], "*", unpack(o, 4)) end end
 

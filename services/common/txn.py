@@ -22,7 +22,8 @@ end` (txn.lua defines only what the Txn uses: each call runs the whole script ag
 generic op is nil when the Txn does not use it, so wrap one only under its USES.
 
 API for stores built on this (say here when it changes): `Txn(families=...)`, `k`, `name`,
-`member(s)`, `include`, the `expect_*` checks, `check(name, ...)`, the write ops (with
+`member(s)`, `include`, the `expect_*` checks, `fence` (a lease token: refuse an older
+one), `check(name, ...)`, the write ops (with
 `expire`), `read`, `job_event` (its Lua twin `job_event(jk, hk, sk, maxlen, e, extra,
 brief)`), `op(name, ...)`, `blob` (binary data as ARGV[i]); the Lua's `now_ms()` (Redis' clock);
 `Program(package, file or [files] (none: txn.lua alone), constants).bind(redis)` → `Script`;
@@ -58,6 +59,8 @@ from services.common.errors import Unavailable
 # Conflicts a Txn raised for a set's members it had not declared are retried this often.
 DECLARE_RETRIES = 4
 UNDECLARED = "undeclared"
+# The reason of a Conflict raised by `Txn.fence`: a newer holder of the lease wrote.
+STALE_LEASE = "STALE_LEASE"
 
 
 class Conflict(Exception):
@@ -179,6 +182,16 @@ class Txn:
         i = self.k(set_key)
         self._walked[i] = families
         self.checks.append(["declared", i, list(families), guard, who])
+
+    def fence(self, key: str, lease_id: str, token: int) -> None:
+        """Fencing (issue 32): a write under lease `lease_id` holding `token`, a number
+        its store hands out higher to every new holder. Conflict(STALE_LEASE, value: the
+        newer token) when hash `key` holds a higher token for the lease, else the token
+        is recorded there (the highest wins). 0 means unfenced: nothing is checked."""
+        if token:
+            i = self.k(key)
+            self.checks.append(["fence", i, lease_id, token])
+            self.ops.append(["fence", i, lease_id, token])
 
     def check(self, name: str, *args: Any) -> None:
         """A check of the store's extension (its CHECKS[name]); keys as `k` indices."""

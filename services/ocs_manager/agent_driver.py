@@ -14,6 +14,10 @@ left out, so the manager's rollback (the inverse, through this driver again)
 never needs a switch that is down and untouched. Absolute semantics make the
 inverse of a whole per-switch batch safe after any part of it.
 
+Every batch carries the change's `fence` (the slice and its change lease's token): a
+switch refuses a batch under an older token than one it has seen for that slice, and
+such a refusal makes the `SwitchDriverError` `stale` (issue 32).
+
 docs/ocs_southbound.md is the contract; services/switch_agent the reference agent.
 """
 
@@ -34,7 +38,8 @@ from lightpath.domain.southbound import OCS, SouthboundDevice, bank_id, devices
 from lightpath.domain.torus import Fabric
 from lightpath.v1 import optical_switch_pb2 as pb
 from lightpath.v1 import optical_switch_pb2_grpc
-from services.ocs_manager.driver import SwitchDriverError
+from services.common.txn import STALE_LEASE
+from services.ocs_manager.driver import Fence, SwitchDriverError
 from services.ocs_manager.invariants import FabricState
 from services.ocs_manager.wiring import FabricChange, link_ports
 
@@ -73,6 +78,7 @@ class SwitchFailure:
     code: grpc.StatusCode
     message: str
     touched: bool  # something may have taken effect (known, or not known)
+    reason: str = ""  # the switch's ErrorInfo reason (STALE_LEASE: fenced out)
 
 
 def batches(fabric: Fabric, change: FabricChange) -> dict[str, pb.ApplyBatchRequest]:
@@ -200,10 +206,13 @@ class AgentSwitchDriver:
 
     # -- programming ------------------------------------------------------------------
 
-    async def apply(self, change: FabricChange) -> None:
+    async def apply(self, change: FabricChange, fence: Fence | None = None) -> None:
         if change.empty:
             return
         reqs = batches(self.fabric, change)
+        if fence is not None:
+            for req in reqs.values():
+                req.fence.lease_id, req.fence.token = fence.lease_id, fence.token
         unknown = [sid for sid in reqs if sid in self.undescribed]
         if unknown:  # never programmed before it is known to match (issue 34)
             await self.check_inventory(unknown)
@@ -244,6 +253,7 @@ class AgentSwitchDriver:
             f"switch {first.device.id}: {first.code.name}: {first.message}{more}",
             applied=applied,
             transient=all(f.code in _TRANSIENT for f in failures),
+            stale=any(f.reason == STALE_LEASE for f in failures),
         )
 
     async def _send_endpoint(self, reqs: list[pb.ApplyBatchRequest]) -> list[SwitchFailure | None]:
@@ -294,9 +304,11 @@ class AgentSwitchDriver:
                 out.append(None)
                 continue
             code = _CODES.get(res.error.code, grpc.StatusCode.UNKNOWN)
-            meta = _error_metadata(res.error)
+            reason, meta = _error_info(res.error)
             out.append(
-                SwitchFailure(self.devices[r.switch_id], code, res.error.message, _touched(meta))
+                SwitchFailure(
+                    self.devices[r.switch_id], code, res.error.message, _touched(meta), reason
+                )
             )
         return out
 
@@ -309,7 +321,9 @@ class AgentSwitchDriver:
         except grpc.aio.AioRpcError as err:
             report = error_report(err)
             touched = not wrong_peer(err) and _touched(report.metadata)
-            return SwitchFailure(self.devices[sid], report.code, report.message, touched)
+            return SwitchFailure(
+                self.devices[sid], report.code, report.message, touched, report.reason
+            )
 
     async def apply_batch(self, sid: str, req: pb.ApplyBatchRequest) -> pb.ApplyBatchResponse:
         """One batch on one switch (the reconcile loop's repairs); raises AioRpcError."""
@@ -365,13 +379,14 @@ def _touched(meta: Mapping[str, str]) -> bool:
     )
 
 
-def _error_metadata(status: status_pb2.Status) -> dict[str, str]:
+def _error_info(status: status_pb2.Status) -> tuple[str, dict[str, str]]:
+    """The reason and metadata of a result's google.rpc.ErrorInfo."""
     for detail in status.details:
         if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
             info = error_details_pb2.ErrorInfo()
             detail.Unpack(info)
-            return dict(info.metadata)
-    return {}
+            return info.reason, dict(info.metadata)
+    return "", {}
 
 
 def to_fabric_state(

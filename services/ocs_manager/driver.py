@@ -9,6 +9,12 @@ On each switch the order is disconnects, then 1xK moves, then connects; across
 switches a driver may program in any order or all at once (each cross-connect
 lives on one switch, and nothing carries traffic before the change is committed).
 
+Every change is made under the slice's change lease and carries its `Fence` (the job id
+and the lease's token, issue 32): a switch refuses a change under a lower token than
+one it has seen for that job (`SwitchDriverError.stale`, nothing applied), so a manager
+that was paused past its lease while another took the change over and rolled it back
+cannot move a mirror from its stale view when it wakes.
+
 On failure a driver raises `SwitchDriverError`, saying what it had applied if
 it knows (`applied`), and whether retrying later may help (`transient`: the
 manager answers UNAVAILABLE, else ABORTED). `applied` is a `FabricChange`
@@ -33,6 +39,7 @@ Two drivers:
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 from typing import Protocol
 
 import redis.asyncio as aioredis
@@ -51,21 +58,37 @@ from services.ocs_manager.lua import (
 from services.ocs_manager.wiring import FabricChange
 
 
+@dataclass(frozen=True)
+class Fence:
+    """The lease a change is made under: its name (the slice's job id) and token."""
+
+    lease_id: str
+    token: int
+
+
 class SwitchDriverError(Exception):
     """A switch refused or did not answer. `applied`: the part of the change known to have
-    taken effect (None: unknown, the manager undoes all of it)."""
+    taken effect (None: unknown, the manager undoes all of it). `stale`: refused for a
+    fence token older than one the switch has seen (a newer holder took the change over)."""
 
     def __init__(
-        self, message: str, *, applied: FabricChange | None = None, transient: bool = True
+        self,
+        message: str,
+        *,
+        applied: FabricChange | None = None,
+        transient: bool = True,
+        stale: bool = False,
     ):
         super().__init__(message)
         self.applied = applied
         self.transient = transient
+        self.stale = stale
 
 
 class SwitchDriver(Protocol):
-    async def apply(self, change: FabricChange) -> None:
-        """Program the switches: disconnects, then 1xK moves, then connects."""
+    async def apply(self, change: FabricChange, fence: Fence | None = None) -> None:
+        """Program the switches: disconnects, then 1xK moves, then connects (refused whole
+        when `fence` is older than one seen for its lease)."""
         ...
 
     async def read(self) -> FabricState | None:
@@ -87,6 +110,8 @@ class RedisSwitchDriver:
         self._settle_s = settle_s
         prefix = pod_key(pod_id, "dev")
         self._keys = [*table_keys(fabric, prefix), *otm_keys(fabric, prefix)]
+        self.k_fences = pod_key(pod_id, "dev", "fences")
+        self.k_refused = pod_key(pod_id, "dev", "stale_refused")
         self._header = fabric_header(fabric)
         self._apply = redis.register_script(_DEVICE_APPLY)
         self._init = redis.register_script(_DEVICE_INIT)
@@ -95,16 +120,26 @@ class RedisSwitchDriver:
         """Lay out the switches' state hashes (idempotent; keeps what is set)."""
         await self._init(keys=self._keys, args=self._header)
 
-    async def apply(self, change: FabricChange) -> None:
+    async def apply(self, change: FabricChange, fence: Fence | None = None) -> None:
         if change.empty:
             return
         enc = encode_change(self._fabric, change)
+        lease, token = (fence.lease_id, fence.token) if fence else ("", 0)
         try:
-            await self._apply(
-                keys=self._keys, args=[*self._header, enc.disconnect, enc.connect, enc.otm]
+            ok = await self._apply(
+                keys=[*self._keys, self.k_fences, self.k_refused],
+                args=[*self._header, enc.disconnect, enc.connect, enc.otm, lease, token],
             )
         except aioredis.RedisError as exc:
             raise SwitchDriverError(f"switch state store failed: {exc}") from exc
+        if not int(ok):
+            raise SwitchDriverError(
+                f"the switches refused the change: lease {lease} has a newer holder than "
+                f"token {token}",
+                applied=FabricChange((), (), ()),
+                transient=False,
+                stale=True,
+            )
         if self._settle_s > 0:
             await asyncio.sleep(self._settle_s)
 

@@ -31,6 +31,8 @@ if TYPE_CHECKING:
 
 METER_NAME = "lightpath.ocs_manager"
 REFRESH_S = 5.0
+# Where a write under an older lease token is refused (lightpath.ocs.stale_writes_refused).
+STALE_WRITES = ("lease", "commit", "switch")
 
 T = TypeVar("T")
 
@@ -86,6 +88,12 @@ class OcsMetrics:
         self._invariants = meter.create_counter(
             "lightpath.ocs.invariant_failures", description="invariant checks that failed, by rule"
         )
+        self._stale = meter.create_counter(
+            "lightpath.ocs.stale_writes_refused",
+            description="writes refused for an older lease token (fencing): a caller's stale "
+            "lease (lease), this manager's commit (commit) or batches (switch) after its "
+            "change lease was taken over",
+        )
 
     @classmethod
     def noop(cls) -> OcsMetrics:
@@ -102,6 +110,8 @@ class OcsMetrics:
             self._invariants.add(0, {"pod": pod, "rule": rule})
         for reason in repairs:
             self._repairs.add(0, {"pod": pod, "reason": reason})
+        for where in STALE_WRITES:
+            self._stale.add(0, {"pod": pod, "where": where})
         if repairs:
             self._unreachable.setdefault(pod, 0)
 
@@ -114,6 +124,9 @@ class OcsMetrics:
         """An invariant check (OCS-6) found these violations (each with its rule)."""
         for rule, n in Counter(v.rule for v in found).items():
             self._invariants.add(n, {"pod": pod, "rule": rule})
+
+    def stale_write_refused(self, pod: str, where: str) -> None:
+        self._stale.add(1, {"pod": pod, "where": where})
 
     def switch_repaired(self, pod: str, reason: str) -> None:
         self._repairs.add(1, {"pod": pod, "reason": reason})

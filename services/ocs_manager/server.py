@@ -18,7 +18,7 @@ from services.common.keys import require_id
 from services.common.server import Runtime, ServiceDefinition
 from services.ocs_manager import convert
 from services.ocs_manager.agent_driver import AgentSwitchDriver
-from services.ocs_manager.driver import RedisSwitchDriver, SwitchDriver
+from services.ocs_manager.driver import Fence, RedisSwitchDriver, SwitchDriver
 from services.ocs_manager.encode import WiringEncoder
 from services.ocs_manager.invariants import RULES, FabricState, Violation, check
 from services.ocs_manager.manager import FabricManager
@@ -37,6 +37,15 @@ def _annotate(**attributes: object) -> None:
     span = trace.get_current_span()
     for k, v in attributes.items():
         span.set_attribute(f"lightpath.{k}", v)  # type: ignore[arg-type]
+
+
+def caller_lease(
+    request: pb.WireSliceRequest | pb.ReleaseSliceRequest | pb.ReplaceBlockRequest, job: str
+) -> Fence | None:
+    """The caller's lease on the job the request changes (fencing, issue 32); None: unfenced."""
+    if not request.lease_token:
+        return None
+    return Fence(request.lease_id or job, request.lease_token)
 
 
 def switch_health(mismatched: dict[str, str], unreachable: list[str]) -> str:
@@ -165,7 +174,7 @@ class OcsManagerServicer(
                     "; ".join(f"{v.field}: {v.rule}" for v in bad),
                     reason="FABRIC_MISMATCH",
                 )
-        outcome = await self._m.wire(placement)
+        outcome = await self._m.wire(placement, caller_lease(request, placement.job_id))
         msg = convert.slice_wiring(
             self._enc, outcome.record, request.view, replayed=outcome.replayed
         )
@@ -184,7 +193,8 @@ class OcsManagerServicer(
         self, request: pb.ReleaseSliceRequest, context
     ) -> pb.ReleaseSliceResponse:
         _annotate(job_id=request.job_id)
-        out = await self._m.release(require_id(request.job_id, "job_id"))
+        job = require_id(request.job_id, "job_id")
+        out = await self._m.release(job, caller_lease(request, job))
         removed = cross_connect_count(self._fabric, out.change.disconnect)
         cleared = removed if self._fabric.k > 1 else 0
         _annotate(cross_connects=removed)
@@ -198,7 +208,9 @@ class OcsManagerServicer(
     ) -> pb.ReplaceBlockResponse:
         job = require_id(request.job_id, "job_id")
         _annotate(job_id=job, failed_block=request.failed_block_id, new_block=request.new_block_id)
-        out = await self._m.replace(job, request.failed_block_id, request.new_block_id)
+        out = await self._m.replace(
+            job, request.failed_block_id, request.new_block_id, caller_lease(request, job)
+        )
         rep = out.replacement
         msg = pb.ReplaceBlockResponse(
             wiring=convert.slice_wiring(self._enc, out.record, request.view, replayed=out.replayed),

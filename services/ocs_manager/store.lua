@@ -149,9 +149,13 @@ if USES.tables then OPS.tables = function(o)
   end
   RESULT.removed, RESULT.added = change.n_rem, change.n_add
 end end
--- {"lock", record key, lease ms, field, value, ...}: the fields, and a lease from now
+-- {"lock", record key, lease ms, fence counter key, field, value, ...}: the fields, a
+-- lease from now and its token, the pod's fence counter + 1 (higher for every new holder:
+-- the switches refuse a change under an older one). RESULT.token: that token.
 if USES.lock then OPS.lock = function(o)
-  call('HSET', KEYS[o[2]], 'op_deadline', now_ms() + tonumber(o[3]), unpack(o, 4))
+  local token = call('INCR', KEYS[o[4]])
+  call('HSET', KEYS[o[2]], 'op_deadline', now_ms() + tonumber(o[3]), 'op_token', token, unpack(o, 5))
+  RESULT.token = token
 end end
 -- {"unclaim", owner key, job, blocks...}: drop the job's claims on these blocks
 if USES.unclaim then OPS.unclaim = function(o)

@@ -7,6 +7,10 @@ Keys (all under the pod's hash tag, so one Lua script may touch any of them):
     lp:{pod}:ocs:slices          zset of job ids (score 0: lexicographic pages)
     lp:{pod}:ocs:slice:<job>     hash: spec, state (wiring|wired), wired_at, the change in
                                  flight (op, op_token, op_deadline, op_failed, op_new), replaced
+    lp:{pod}:ocs:fence           counter: the token of every change's lease (fencing, issue 32)
+    lp:{pod}:ocs:leases          hash lease -> the highest token a caller sent under it (the
+                                 workload scheduler's epoch of a job's submission: an older
+                                 one is refused, STALE_LEASE; one field per submission kept)
     lp:{pod}:ocs:ver             hash OCS id -> version, bumped by every committed change (and
                                  a `layout` field that keeps it a hash table)
     lp:{pod}:ocs:xc2:<dim>:<k>   hash port -> peer port (both directions): the routing table
@@ -17,9 +21,12 @@ Keys (all under the pod's hash tag, so one Lua script may touch any of them):
 Every change to a slice is assume / commit / undo (STYLE.md):
 
 1. `begin_*` (one transaction) claims what the change needs — the slice's blocks
-   for a wire, the new block for a replace — and locks the slice with a token
-   and a lease, refusing what is taken;
-2. the caller programs the switch driver;
+   for a wire, the new block for a replace — and locks the slice with a lease and
+   its token (the pod's fence counter + 1), refusing what is taken and a caller's
+   lease token older than one already seen for the job;
+2. the caller programs the switch driver, every batch fenced by (job, token): a
+   switch refuses a batch with a lower token than it has seen for that job, so a
+   manager paused past its lease cannot undo or redo what a newer holder did;
 3. `commit` (one transaction) re-checks the token, that every port to remove is
    there and every port to add is free, then writes the tables, 1xK settings,
    versions, claims and the slice record together; or `abort` (one transaction)
@@ -46,6 +53,7 @@ from lightpath.domain.torus import Fabric, FabricConfig
 from lightpath.errors import Aborted, InvalidArgument
 from services.common.keys import pod_key
 from services.common.txn import Conflict, Program, Txn
+from services.ocs_manager.driver import Fence
 from services.ocs_manager.invariants import FabricState, StoredSlice
 from services.ocs_manager.lua import (
     encode_change,
@@ -117,6 +125,8 @@ class OcsStore:
         self.k_owner = pod_key(pod_id, "ocs", "owner")
         self.k_slices = pod_key(pod_id, "ocs", "slices")
         self.k_ver = pod_key(pod_id, "ocs", "ver")
+        self.k_fence = pod_key(pod_id, "ocs", "fence")
+        self.k_leases = pod_key(pod_id, "ocs", "leases")
         self.k_tables = table_keys(fabric, pod_key(pod_id, "ocs"))
         self.k_otm = otm_keys(fabric, pod_key(pod_id, "ocs"))
         self._script = PROGRAM.bind(redis)
@@ -168,12 +178,16 @@ class OcsStore:
 
     # -- assume / commit / undo -------------------------------------------------
 
-    async def begin_wire(self, placement: SlicePlacement, token: str, lease_ms: int) -> None:
-        """Claim the slice's blocks and lock it (Conflict: DIFFERENT, SAME, BUSY, STALE,
-        BLOCK_IN_USE, FABRIC_CHANGED)."""
+    async def begin_wire(
+        self, placement: SlicePlacement, lease_ms: int, caller: Fence | None = None
+    ) -> str:
+        """Claim the slice's blocks and lock it; answers the change's token (Conflict:
+        DIFFERENT, SAME, BUSY, STALE, BLOCK_IN_USE, FABRIC_CHANGED, STALE_LEASE)."""
         job, rec = placement.job_id, self.k_record(placement.job_id)
         spec = placement.spec()
         t = self._txn()
+        if caller is not None:
+            t.fence(self.k_leases, caller.lease_id, caller.token)
         t.check("new_slice", t.k(rec), spec)
         t.check("free", t.k(self.k_owner), *map(str, placement.blocks))
         t.hset(self.k_owner, dict.fromkeys(placement.blocks, job))
@@ -181,26 +195,33 @@ class OcsStore:
             "lock",
             t.k(rec),
             lease_ms,
+            t.k(self.k_fence),
             "spec",
             spec,
             "state",
             WIRING,
             "op",
             "wire",
-            "op_token",
-            token,
         )
         t.zadd(self.k_slices, 0, job)
-        await self._script.commit(t)
+        return str((await self._script.commit(t))["token"])
 
     async def begin_change(
-        self, job: str, kind: str, token: str, lease_ms: int, failed: int = -1, new: int = -1
-    ) -> str:
-        """Lock the slice for a release or replace (claiming the new block); answers its spec
-        (Conflict: NOT_FOUND, BUSY, STALE, NOT_IN_SLICE, BLOCK_IN_USE, REPLAYED,
-        FABRIC_CHANGED)."""
+        self,
+        job: str,
+        kind: str,
+        lease_ms: int,
+        failed: int = -1,
+        new: int = -1,
+        caller: Fence | None = None,
+    ) -> tuple[str, str]:
+        """Lock the slice for a release or replace (claiming the new block); answers the
+        change's token and the slice's spec (Conflict: NOT_FOUND, BUSY, STALE,
+        NOT_IN_SLICE, BLOCK_IN_USE, REPLAYED, FABRIC_CHANGED, STALE_LEASE)."""
         rec = self.k_record(job)
         t = self._txn()
+        if caller is not None:
+            t.fence(self.k_leases, caller.lease_id, caller.token)
         t.expect_field(rec, "spec", True, reason="NOT_FOUND")
         t.check("idle", t.k(rec))
         if kind == "replace":
@@ -210,25 +231,29 @@ class OcsStore:
             "lock",
             t.k(rec),
             lease_ms,
+            t.k(self.k_fence),
             "op",
             kind,
-            "op_token",
-            token,
             "op_failed",
             failed,
             "op_new",
             new,
         )
         t.read("HGET", rec, "spec")
-        return str((await self._script.commit(t)).reads[0])
+        done = await self._script.commit(t)
+        return str(done["token"]), str(done.reads[0])
 
-    async def steal(self, job: str, stale_token: str, token: str, lease_ms: int) -> bool:
-        """Take over the change `stale_token` locked, once its lease ran out."""
+    async def steal(self, job: str, stale_token: str, lease_ms: int) -> str | None:
+        """Take over the change `stale_token` locked, once its lease ran out: the new
+        token (higher: the switches then refuse the old holder's batches), or None."""
         rec = self.k_record(job)
         t = Txn()
         t.check("stale", t.k(rec), stale_token)
-        t.op("lock", t.k(rec), lease_ms, "op_token", token)
-        return await self._script.applies(t)
+        t.op("lock", t.k(rec), lease_ms, t.k(self.k_fence))
+        try:
+            return str((await self._script.commit(t))["token"])
+        except Conflict:
+            return None
 
     async def abort(
         self, job: str, token: str, kind: str, blocks: tuple[int, ...] = (), new: int = -1

@@ -140,6 +140,9 @@ class OpticalSwitchServicer(optical_switch_pb2_grpc.OpticalSwitchServicer):
             persist=self._agent.persist,
             expect_boot_id=request.expect_boot_id,
             expect_version=request.expect_version if request.HasField("expect_version") else None,
+            fence=(request.fence.lease_id, request.fence.token)
+            if request.HasField("fence")
+            else None,
         )
         p = outcome.progress
         return pb.ApplyBatchResponse(
@@ -223,6 +226,7 @@ class OpticalSwitchAdminServicer(optical_switch_pb2_grpc.OpticalSwitchAdminServi
             out.batches_failed += s.batches_failed
             out.operations_applied += s.operations_applied
             out.restarts += s.restarts
+            out.stale_batches_refused += s.stale_batches_refused
         return out
 
 

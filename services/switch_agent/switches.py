@@ -13,6 +13,10 @@ took effect, and a boot id that changes when it restarts with empty tables.
   settling time (mirrors moving) and after the state file has the change;
 * a batch runs to its end even if its caller goes away (its outcome is kept
   for a retry under the same id);
+* fencing (issue 32): a batch under a lease (`fence`: lease id, token) is refused,
+  nothing applied, when the switch has seen a higher token for that lease — checked
+  when the batch's turn comes, so a batch queued before a newer holder's is still
+  ordered before it;
 * faults: unreachable, slow, reject, apply part, restart empty;
 * timing (`SwitchTiming`, issue 34): how long a batch settles depends on how many
   ports it moves, and a batch that connects a port still connected elsewhere (adds
@@ -51,6 +55,9 @@ Output = tuple[int, int | None]
 
 BATCH_ID_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._:-")
 MAX_BATCH_ID = 128
+# Leases whose highest token a switch remembers (the oldest forgotten first): far more
+# than the slices whose changes can be in flight at once.
+FENCES_KEPT = 65_536
 
 
 def new_boot_id() -> str:
@@ -101,6 +108,7 @@ class Stats:
     batches_failed: int = 0
     operations_applied: int = 0
     restarts: int = 0
+    stale_batches_refused: int = 0
 
 
 @dataclass
@@ -121,6 +129,8 @@ class SimulatedSwitch:
     _keys: OrderedDict[str, tuple[str, asyncio.Future[Applied]]] = field(
         default_factory=OrderedDict
     )
+    # lease id -> the highest fence token seen (fencing)
+    fences: OrderedDict[str, int] = field(default_factory=OrderedDict)
 
     @property
     def id(self) -> str:
@@ -169,6 +179,7 @@ class SimulatedSwitch:
         persist: Callable[[], Awaitable[None]],
         expect_boot_id: str = "",
         expect_version: int | None = None,
+        fence: tuple[str, int] | None = None,
     ) -> tuple[Applied, bool]:
         """Apply `batch` under `batch_id`: (outcome, replayed)."""
         self.stats.apply_calls += 1
@@ -197,7 +208,7 @@ class SimulatedSwitch:
         while len(self._keys) > self.keys_kept:
             self._keys.popitem(last=False)
         task = asyncio.ensure_future(
-            self._run(batch, settle_s, persist, expect_boot_id, expect_version)
+            self._run(batch, settle_s, persist, expect_boot_id, expect_version, fence)
         )
 
         def done(t: asyncio.Task[Applied]) -> None:
@@ -221,8 +232,11 @@ class SimulatedSwitch:
         persist: Callable[[], Awaitable[None]],
         expect_boot_id: str,
         expect_version: int | None,
+        fence: tuple[str, int] | None = None,
     ) -> Applied:
         async with self._lock:
+            if fence is not None:
+                self._check_fence(*fence)
             boot, reboot = self.boot_id, self._reboot
             if (expect_boot_id and expect_boot_id != boot) or (
                 expect_version is not None and expect_version != self.version
@@ -284,6 +298,24 @@ class SimulatedSwitch:
                     metadata=self._meta(progress),
                 )
             return Applied(progress, self.version, boot)
+
+    def _check_fence(self, lease_id: str, token: int) -> None:
+        """Refuse a batch under an older token of `lease_id` than seen; else remember it."""
+        seen = self.fences.get(lease_id, 0)
+        if token < seen:
+            self.stats.stale_batches_refused += 1
+            refused = FailedPrecondition(
+                f"lease {lease_id}",
+                f"has a newer holder on switch {self.id} (token {seen}) than this batch's "
+                f"({token}): nothing applied",
+                reason="STALE_LEASE",
+            )
+            refused.metadata = self._meta(Progress())
+            raise refused
+        self.fences[lease_id] = token
+        self.fences.move_to_end(lease_id)
+        while len(self.fences) > FENCES_KEPT:
+            self.fences.popitem(last=False)
 
     def _apply_ops(self, batch: Batch, limit: int) -> Progress:
         self.conflicts = 0

@@ -18,6 +18,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 
@@ -74,6 +75,19 @@ class FabricInfo:
     kind: str = "OCS_TORUS"
     # SWITCHED pods: the fabric's one-line spec (SwitchedFabricConfig.spec()).
     switched_spec: str = ""
+
+
+def job_lease(job: SliceJob) -> tuple[str, int]:
+    """This replica's hold on `job` as the ocs_manager fences it (issue 32): the job's
+    submission (its id and admission seq: a job id submitted again is a new lease) and
+    its epoch, which every take-over by another replica raises. A replica paused past
+    the wiring deadline wakes holding an older epoch than the one that took over: its
+    WireSlice or ReplaceBlock is refused (STALE_LEASE) instead of wiring a stale view."""
+    return f"{job.job_id}#{job.seq}", job.epoch
+
+
+def _lease_fields(lease: tuple[str, int] | None) -> dict[str, Any]:
+    return {} if lease is None else {"lease_id": lease[0], "lease_token": lease[1]}
 
 
 @dataclass(frozen=True)
@@ -179,10 +193,11 @@ class OcsManagerClient:
             job.demand.wrap,
             twisted=job.demand.twisted,
             timeout_s=timeout_s,
+            lease=job_lease(job),
         )
 
     async def replace_job(self, job: SliceJob, failed: int, new: int) -> ReplaceResult:
-        return await self.replace(job.job_id, failed, new)
+        return await self.replace(job.job_id, failed, new, lease=job_lease(job))
 
     async def wire(
         self,
@@ -193,9 +208,11 @@ class OcsManagerClient:
         *,
         twisted: bool = False,
         timeout_s: float | None = None,
+        lease: tuple[str, int] | None = None,
     ) -> Wiring:
         """WireSlice; `twisted` asks for the twisted torus (the ocs_manager checks the grid).
-        A ReplaceBlock needs nothing more: the ocs_manager keeps the slice's twist."""
+        A ReplaceBlock needs nothing more: the ocs_manager keeps the slice's twist. `lease`:
+        (lease id, token) of this caller's hold on the job (job_lease), for fencing."""
         request = ocs_manager_pb2.WireSliceRequest(
             job_id=job_id,
             grid=common_pb2.Shape(dims=grid),
@@ -206,6 +223,7 @@ class OcsManagerClient:
             wrap=list(wrap),
             view=ocs_manager_pb2.WIRING_VIEW_COUNTS,  # the count is all the scheduler needs
             twisted=twisted,
+            **_lease_fields(lease),
         )
         return _wiring(await self._call("WireSlice", request, timeout_s=timeout_s))
 
@@ -214,7 +232,9 @@ class OcsManagerClient:
         request = ocs_manager_pb2.ReleaseSliceRequest(job_id=job_id)
         return await self._unless_missing("ReleaseSlice", request) is not None
 
-    async def replace(self, job_id: str, failed: int, new: int) -> ReplaceResult:
+    async def replace(
+        self, job_id: str, failed: int, new: int, *, lease: tuple[str, int] | None = None
+    ) -> ReplaceResult:
         resp = await self._call(
             "ReplaceBlock",
             ocs_manager_pb2.ReplaceBlockRequest(
@@ -222,6 +242,7 @@ class OcsManagerClient:
                 failed_block_id=failed,
                 new_block_id=new,
                 view=ocs_manager_pb2.WIRING_VIEW_COUNTS,
+                **_lease_fields(lease),
             ),
         )
         return ReplaceResult(moved=len(resp.added), untouched=resp.untouched)

@@ -16,7 +16,7 @@ from lightpath.v1 import ocs_manager_pb2 as pb
 from lightpath.v1 import ocs_manager_pb2_grpc
 from services.common.server import running
 from services.common.settings import load
-from services.ocs_manager.driver import RedisSwitchDriver, SwitchDriverError
+from services.ocs_manager.driver import Fence, RedisSwitchDriver, SwitchDriverError
 from services.ocs_manager.server import build
 from services.ocs_manager.settings import OcsManagerSettings
 from services.ocs_manager.wiring import FabricChange
@@ -30,7 +30,8 @@ class ScriptedDriver:
     """The real (Redis) driver, except for the calls `plan` scripts, in order:
     "ok", "partial" (applies the disconnects and half the connects, then fails),
     "refuse" (fails, not transient), "down" (fails, transient), "hang", "gate"
-    (waits for `gate`, then applies)."""
+    (waits for `gate`, then applies), "pause" (the same, deaf to the manager's own
+    timeout, as a paused process is)."""
 
     def __init__(self, inner: RedisSwitchDriver):
         self.inner = inner
@@ -39,14 +40,14 @@ class ScriptedDriver:
         self.gate = asyncio.Event()
         self.entered = asyncio.Event()
 
-    async def apply(self, change: FabricChange) -> None:
+    async def apply(self, change: FabricChange, fence: Fence | None = None) -> None:
         self.calls.append(change)
         action = self.plan.pop(0) if self.plan else "ok"
         if action == "partial":
             part = FabricChange(
                 change.disconnect, change.connect[: len(change.connect) // 2], change.one_to_many
             )
-            await self.inner.apply(part)
+            await self.inner.apply(part, fence)
             raise SwitchDriverError("mirror stuck on one OCS", applied=part)
         if action == "refuse":
             raise SwitchDriverError("switch refused the table", transient=False)
@@ -57,7 +58,12 @@ class ScriptedDriver:
         if action == "gate":
             self.entered.set()
             await self.gate.wait()
-        await self.inner.apply(change)
+        if action == "pause":  # the process is paused: its own timers do not fire either
+            self.entered.set()
+            while not self.gate.is_set():
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self.gate.wait()
+        await self.inner.apply(change, fence)
 
     async def read(self):
         return await self.inner.read()

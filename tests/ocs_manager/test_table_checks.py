@@ -108,11 +108,11 @@ async def test_one_port_given_two_cross_connects_by_one_change_is_refused(redis_
     store = OcsStore(redis_client, POD, fabric)
     await store.ensure_fabric()
     placement = SlicePlacement("j", (3, 1, 1), (7, 8, 9), (False, False, False))
-    await store.begin_wire(placement, "t", 30_000)
+    token = await store.begin_wire(placement, 30_000)
     # 7 -> 9 and 8 -> 9: both want block 9's first end
     bad = FabricChange(connect=(Link(0, 7, 9), Link(0, 8, 9)))
     with pytest.raises(Conflict) as refused:
-        await store.commit("j", "t", "wire", bad)
+        await store.commit("j", token, "wire", bad)
     assert refused.value.reason == "CONFLICT"
     assert str(refused.value) == (
         "port 9 of ocs-x-{0..15}-0 is given two cross-connects by this change"

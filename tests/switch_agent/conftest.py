@@ -38,14 +38,27 @@ class ServiceProcess:
     with its own certificate from the test CA."""
 
     service = "switch_agent"
+    prefix: tuple[str, ...] = ()  # what the command runs under (`ip netns exec NS`)
 
-    def __init__(self, redis_url: str, workdir: Path, env: dict[str, str]):
+    def __init__(
+        self,
+        redis_url: str,
+        workdir: Path,
+        env: dict[str, str],
+        *,
+        host: str = "127.0.0.1",
+        tls: dict[str, str] | None = None,
+    ):
         self.port = free_port()
-        self.address = f"127.0.0.1:{self.port}"
+        self.address = f"{host}:{self.port}"
         self.workdir = workdir
         self.env = {
             **os.environ,
-            **tls_env(service_principal(self.service, env.get("LIGHTPATH_POD_ID", POD))),
+            **(
+                tls
+                if tls is not None
+                else tls_env(service_principal(self.service, env.get("LIGHTPATH_POD_ID", POD)))
+            ),
             "LIGHTPATH_REDIS_URL": redis_url,
             "LIGHTPATH_LISTEN": self.address,
             "LIGHTPATH_AUDIT_LOG": "",
@@ -60,7 +73,7 @@ class ServiceProcess:
     def start(self, timeout: float = 30.0) -> None:
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", f"services.{self.service}"],
+                [*self.prefix, sys.executable, "-m", f"services.{self.service}"],
                 env=self.env,
                 cwd=ROOT,
                 stdin=subprocess.DEVNULL,

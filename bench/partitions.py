@@ -1,0 +1,401 @@
+#!/usr/bin/env python3
+"""Faults across leaseholders (issue 32): clients submit, complete and cancel jobs
+through two cell replicas while processes holding leases are paused past them
+(SIGSTOP, then SIGCONT); then the history of acknowledged operations is checked
+against the final state (lightpath.testing.history).
+
+    python3 dev.py bench partitions [--faults 20] [--clients 4] [--seed 1]
+
+The stack runs on loopback as deployed (TLS, mTLS, separate processes) on its own
+redis-server: cell replicas cell-a and cell-b, one pod (pod-1: two ocs_manager
+replicas of 16 blocks of 4x4x4 whose simulated switches settle in 300 ms, so changes
+are in flight when a pause lands) served by replicas ws-a and ws-b, each calling its
+own ocs_manager replica. Leases are short through the services' settings: the
+ocs_manager's change lease 1.5 s (shorter than the wiring lease, so a replica that
+takes a wiring over finds the change's lease run out), the wiring lease 2 s, the
+cell's pod timeout 3 s and forward deadline 3 s. The faults, in turn (seeded order):
+
+* pause_scheduler: one scheduler replica paused 3.5 s, past its wiring lease (the other
+  takes its wirings over);
+* pause_ocs_manager: ws-a's ocs_manager replica paused 2.5 s, past its change lease (the next call
+  takes an in-flight change over and rolls it back; the woken manager is fenced out);
+* pause_pod: both scheduler replicas paused 4.5 s: the cell sees the pod silent past its
+  pod timeout while jobs are submitted, then the pod answers again;
+* pause_cell: one cell replica paused 4 s, past its forward deadline (the other cell
+  takes its forwards over; its clients' calls time out: indeterminate, not acknowledged);
+* pause_host: ws-a and the ocs_manager replica it calls paused together 3.5 s (a host or
+  VM frozen): ws-b takes the wirings over through the other ocs_manager replica, which
+  takes the changes in flight over; the frozen manager wakes fenced out (the pause
+  lands while ws-a has a job WIRING, when there is one within 5 s).
+
+After each fault ends, `s_to_definite_state` is how long until every job the cell
+knows is in a definite state (not UNKNOWN, WIRING or FORWARDING); the worst is
+`worst_s_to_definite_state`. At the end (the stack settled, bounded), the checker's
+`lost` (acknowledged, absent), `contradicted` (acknowledged complete / cancel, now
+something else), `undefined` and `double_booked` (a block in two live jobs or slices,
+or a slice of no RUNNING job); `stale_writes_refused` is the ocs_manager's
+lightpath.ocs.stale_writes_refused (a caller's older lease, its own commit or switch
+batches after a take-over), `stale_writes_applied` the switches that disagree with the
+committed tables (CheckInvariants with compare_switches: a stale write that got
+through). Network partitions and netem run in tests/test_partitions.py (network
+namespaces); here every fault is a pause. `failovers` / `failover_lost` come from
+bench/sentinel_failover.py's `measure` when it is there (null with the reason when not).
+
+Prints one JSON line: faults, faults_by_kind, ops, acknowledged, lost, contradicted,
+undefined, double_booked, stale_writes_refused, stale_writes_by_where,
+stale_writes_applied, failovers, failover_lost, worst_s_to_definite_state,
+s_to_definite_state, violation_details, codes, error_samples, load_average, seconds, seed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import contextlib
+import importlib
+import os
+import random
+import signal
+import time
+import urllib.request
+
+import chaos
+from _common import emit
+
+from lightpath.client import channel
+from lightpath.embedded_redis import free_port
+from lightpath.stack import ProcessSpec, Stack
+from lightpath.testing.history import DEFINITE, Final, History
+from lightpath.v1 import cell_scheduler_pb2_grpc, ocs_manager_pb2_grpc, workload_scheduler_pb2_grpc
+from lightpath.v1 import common_pb2 as c
+from lightpath.v1 import ocs_manager_pb2 as om
+from lightpath.v1 import workload_scheduler_pb2 as ws
+
+POD = chaos.POD
+CELLS = chaos.CELLS
+SCHEDULERS = chaos.SCHEDULERS
+OCS = chaos.OCS
+OCS_B = "ocs-b-pod-1"  # a second replica of the pod's ocs_manager, ws-b's
+WIRING_LEASE_S = 2.0
+CHANGE_LEASE_S = 1.5
+POD_TIMEOUT_S = 3.0
+FORWARD_TIMEOUT_S = 3.0
+# fault kind -> (processes paused, seconds): each past the lease it tests
+FAULTS = {
+    "pause_scheduler": (None, WIRING_LEASE_S + 1.5),  # None: one replica, chosen at random
+    "pause_ocs_manager": ((OCS,), CHANGE_LEASE_S + 1.0),
+    "pause_pod": (SCHEDULERS, POD_TIMEOUT_S + 1.5),
+    "pause_cell": (None, FORWARD_TIMEOUT_S + 1.0),
+    # a host running ws-a and its ocs_manager replica frozen whole (a VM paused): ws-b
+    # takes its wirings over through the other ocs_manager, which takes the changes in
+    # flight over; on waking, the frozen manager's undo is refused by the switches
+    "pause_host": ((SCHEDULERS[0], OCS), CHANGE_LEASE_S + WIRING_LEASE_S),
+}
+NOT_DEFINITE = {c.JobState.Name(s) for s in (c.JOB_STATE_UNKNOWN, c.JOB_STATE_WIRING)}
+
+
+def specs() -> list[ProcessSpec]:
+    cell_env = {
+        "LIGHTPATH_CELL_POD_TIMEOUT_S": str(POD_TIMEOUT_S),
+        "LIGHTPATH_CELL_FORWARD_TIMEOUT_S": str(FORWARD_TIMEOUT_S),
+    }
+    out = [ProcessSpec(name, "cell_scheduler", free_port(), cell_env) for name in CELLS]
+    out += [
+        ProcessSpec(
+            name,
+            "ocs_manager",
+            free_port(),
+            {
+                "LIGHTPATH_POD_ID": POD,
+                "LIGHTPATH_FABRIC_BLOCK_SHAPE": "4x4x4",
+                "LIGHTPATH_FABRIC_BLOCKS": "16",
+                "LIGHTPATH_FABRIC_OCS_PER_AXIS": "1",
+                "LIGHTPATH_FABRIC_OCS_RADIX": "48",
+                "LIGHTPATH_OCS_CHANGE_LEASE_S": str(CHANGE_LEASE_S),
+                "LIGHTPATH_OCS_DRIVER_SETTLE_MS": "300",
+            },
+            metrics_port=free_port(),
+        )
+        for name in (OCS, OCS_B)
+    ]
+    for name, cell, ocs in zip(SCHEDULERS, CELLS, (OCS, OCS_B), strict=True):
+        out.append(
+            ProcessSpec(
+                name,
+                "workload_scheduler",
+                free_port(),
+                {
+                    "LIGHTPATH_POD_ID": POD,
+                    "LIGHTPATH_CELL_HEARTBEAT_S": "0.5",
+                    "LIGHTPATH_WS_RECONCILE_S": "0.5",
+                    "LIGHTPATH_WS_WIRING_TIMEOUT_S": str(WIRING_LEASE_S),
+                    "LIGHTPATH_WS_OCS_TIMEOUT_S": "5",
+                },
+                {
+                    "LIGHTPATH_OCS_ADDR": ocs,
+                    "LIGHTPATH_CELL_ADDR": cell,
+                    "LIGHTPATH_ADVERTISE_ADDR": name,
+                },
+            )
+        )
+    return out
+
+
+class Pauser:
+    def __init__(self, stack: Stack, rng: random.Random, host_scheduler=None):
+        self.stack = stack
+        self.rng = rng
+        self.host_scheduler = host_scheduler  # ws-a's stub: pause_host waits for a wiring
+        self.kinds: collections.Counter[str] = collections.Counter()
+        self.paused: set[str] = set()
+
+    def _signal(self, name: str, sig: int) -> None:
+        os.kill(self.stack.procs[name].pid, sig)
+
+    async def fault(self, kind: str) -> list[str]:
+        """Pause the fault's processes past their lease, then resume them: their names."""
+        names, seconds = FAULTS[kind]
+        if kind == "pause_host" and self.host_scheduler is not None:
+            await self._wiring_in_flight()
+        if names is None:
+            names = (self.rng.choice(CELLS if kind == "pause_cell" else SCHEDULERS),)
+        for name in names:
+            self._signal(name, signal.SIGSTOP)
+            self.paused.add(name)
+        try:
+            await asyncio.sleep(seconds)
+        finally:
+            self.resume_all()
+        self.kinds[kind] += 1
+        return list(names)
+
+    async def _wiring_in_flight(self, limit_s: float = 5.0) -> None:
+        """Until ws-a has a job WIRING (its change is in flight at its ocs_manager), for
+        `limit_s` at most: the moment a frozen host hurts most."""
+        deadline = time.monotonic() + limit_s
+        while time.monotonic() < deadline:
+            with contextlib.suppress(Exception):
+                listed = await self.host_scheduler.ListJobs(
+                    ws.ListJobsRequest(states=[c.JOB_STATE_WIRING], page_size=1), timeout=1
+                )
+                if listed.jobs:
+                    await asyncio.sleep(0.1)  # into its switches' settling
+                    return
+            await asyncio.sleep(0.02)
+
+    def resume_all(self) -> None:
+        for name in list(self.paused):
+            with contextlib.suppress(ProcessLookupError):
+                self._signal(name, signal.SIGCONT)
+            self.paused.discard(name)
+
+
+async def not_definite(cells: list) -> list[str]:
+    """Jobs some live cell replica shows in no definite state."""
+    for cell in cells:
+        try:
+            jobs = await asyncio.wait_for(chaos.list_cell_jobs(cell), 2.0)
+        except (TimeoutError, Exception):  # that replica is paused or busy: ask the other
+            continue
+        return [
+            f"{j.job_id} {c.JobState.Name(j.state)}"
+            for j in jobs.values()
+            if c.JobState.Name(j.state) in NOT_DEFINITE
+            or c.JobState.Name(j.state)[len("JOB_STATE_") :] not in DEFINITE
+        ]
+    return ["no cell answered"]
+
+
+async def time_to_definite(cells: list, limit_s: float = 60.0) -> float:
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < limit_s:
+        if not await not_definite(cells):
+            return time.monotonic() - t0
+        await asyncio.sleep(0.2)
+    return float("inf")
+
+
+def history_of(record: chaos.Record, at: float) -> History:
+    """The chaos clients' acknowledgements as a history (the last one of each job)."""
+    h = History()
+    for job_id, state in record.acked.items():
+        name = c.JobState.Name(state)[len("JOB_STATE_") :]
+        kind = {"COMPLETED": "complete", "CANCELLED": "cancel"}.get(name, "submit")
+        h.ack(kind, job_id, at, name)
+    return h
+
+
+async def final_state(cell, sched, ocs) -> Final:
+    jobs = await chaos.list_cell_jobs(cell)
+    blocks: dict[str, tuple[int, ...]] = {}
+    token = ""
+    while True:
+        page = await sched.ListJobs(ws.ListJobsRequest(page_size=1000, page_token=token))
+        blocks.update((j.job_id, tuple(b.block_id for b in j.blocks)) for j in page.jobs)
+        token = page.next_page_token
+        if not token:
+            break
+    slices: dict[str, tuple[int, ...]] = {}
+    token = ""
+    while True:
+        listed = await ocs.ListSlices(om.ListSlicesRequest(page_size=1000, page_token=token))
+        slices.update((s.job_id, tuple(s.block_ids)) for s in listed.slices)
+        token = listed.next_page_token
+        if not token:
+            break
+    return Final(
+        jobs={
+            j: (c.JobState.Name(job.state)[len("JOB_STATE_") :], blocks.get(j, ()))
+            for j, job in jobs.items()
+        },
+        slices=slices,
+    )
+
+
+def stale_refused(metrics_url: str) -> dict[str, float]:
+    """lightpath_ocs_stale_writes_refused_total by `where`, from the ocs_manager's scrape."""
+    with urllib.request.urlopen(metrics_url, timeout=5) as resp:
+        text = resp.read().decode()
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("lightpath_ocs_stale_writes_refused_total{"):
+            labels, value = line.rsplit(" ", 1)
+            where = labels.split('where="', 1)[1].split('"', 1)[0]
+            out[where] = out.get(where, 0.0) + float(value)
+    return out
+
+
+def failover_figures(failovers: int) -> dict:
+    """Sentinel failovers (bench/sentinel_failover.py), or nulls saying why not."""
+    try:
+        module = importlib.import_module("sentinel_failover")
+    except ImportError as err:
+        return {
+            "failovers": None,
+            "failover_lost": None,
+            "failover_reason": f"bench/sentinel_failover.py not importable ({err})",
+        }
+    figures = module.measure(failovers)
+    return {**figures, "failovers": figures["failovers"], "failover_lost": figures["failover_lost"]}
+
+
+async def drive(stack: Stack, args) -> dict:
+    rng = random.Random(args.seed)
+    for name in CELLS:
+        await chaos.wait_registered(stack, name)
+    creds = stack.operator
+    async with contextlib.AsyncExitStack() as chans:
+
+        async def ch(name: str):
+            return await chans.enter_async_context(
+                channel(stack.endpoints[name], credentials=creds)
+            )
+
+        cells = [cell_scheduler_pb2_grpc.CellSchedulerStub(await ch(n)) for n in CELLS]
+        sched = workload_scheduler_pb2_grpc.WorkloadSchedulerStub(await ch(SCHEDULERS[0]))
+        ocs = ocs_manager_pb2_grpc.OcsManagerStub(await ch(OCS))
+        record = chaos.Record()
+        host = workload_scheduler_pb2_grpc.WorkloadSchedulerStub(await ch(SCHEDULERS[0]))
+        pauser = Pauser(stack, rng, host)
+        plan = [list(FAULTS)[i % len(FAULTS)] for i in range(args.faults)]
+        rng.shuffle(plan)
+        settle: list[float] = []
+        started = time.monotonic()
+        stop = asyncio.Event()
+
+        async def faults() -> None:
+            try:
+                for kind in plan:
+                    await asyncio.sleep(rng.uniform(0.5, 1.5))  # load between the faults
+                    await pauser.fault(kind)
+                    settle.append(await time_to_definite(cells))
+            finally:
+                pauser.resume_all()
+                stop.set()
+
+        async def clients() -> None:
+            # the chaos clients in rounds of 5 s for as long as the faults last (each
+            # round's clients have ids of their own: job ids are never reused)
+            rounds = 0
+            while not stop.is_set():
+                deadline = time.monotonic() + 5.0
+                await asyncio.gather(
+                    *(
+                        chaos.chaos_client(
+                            rounds * args.clients + i,
+                            cells,
+                            record,
+                            random.Random(rng.random()),
+                            deadline,
+                        )
+                        for i in range(args.clients)
+                    )
+                )
+                rounds += 1
+
+        await asyncio.gather(faults(), clients())
+        await chaos.Chaos(stack, None, rng).all_up()  # type: ignore[arg-type]
+        last = await time_to_definite(cells, limit_s=90.0)
+        # Two reads alike: the listings are not one atomic read, and the cell may still
+        # be forwarding jobs from its queue.
+        final = await final_state(cells[0], sched, ocs)
+        for _ in range(20):
+            again = await final_state(cells[0], sched, ocs)
+            if again == final:
+                break
+            final = again
+            await asyncio.sleep(0.5)
+        report = history_of(record, time.monotonic()).check(final)
+        invariants = await ocs.CheckInvariants(om.CheckInvariantsRequest(compare_switches=True))
+        applied = sum(1 for v in invariants.violations if v.rule == "SWITCH_STATE_DISAGREES")
+        refused: collections.Counter[str] = collections.Counter()
+        for name in (OCS, OCS_B):
+            refused.update(stale_refused(stack.metrics_endpoints[name]))
+        # for people: each double-booked job's transitions at the cell and the pod
+        named = {w for line in report.double_booked for w in line.split() if w in final.jobs}
+        stories = [f"{j}: {await chaos.histories(cells[0], sched, j)}" for j in sorted(named)[:4]]
+    return {
+        "faults": sum(pauser.kinds.values()),
+        "faults_by_kind": dict(pauser.kinds),
+        "ops": record.ops,
+        "acknowledged": report.acknowledged,
+        "lost": len(report.lost),
+        "contradicted": len(report.contradicted),
+        "undefined": len(report.undefined),
+        "double_booked": len(report.double_booked),
+        "stale_writes_refused": int(sum(refused.values())),
+        "stale_writes_by_where": dict(refused),
+        "stale_writes_applied": applied,
+        "worst_s_to_definite_state": max([*settle, last]),
+        "s_to_definite_state": settle,
+        "violation_details": report.details()
+        + [f"{v.rule}: {v.detail}" for v in invariants.violations][:10]
+        + stories,
+        "codes": dict(record.codes),
+        "error_samples": record.messages,
+        "seconds": time.monotonic() - started,
+    }
+
+
+def run(args) -> dict:
+    with chaos.own_stack(specs(), "lightpath-partitions-") as (stack, _):
+        return asyncio.run(drive(stack, args))
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--faults", type=int, default=20, help="pauses over the run (>= 4)")
+    parser.add_argument("--clients", type=int, default=4)
+    parser.add_argument("--failovers", type=int, default=20, help="Sentinel failovers")
+    parser.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args(argv)
+    result = run(args)
+    result.update(failover_figures(args.failovers))
+    result.update(load_average=list(os.getloadavg()), seed=args.seed)
+    emit(result)
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Checking a Lightpath deployment from outside, for tests and benchmarks (issue 32)."""

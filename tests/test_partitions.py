@@ -1,0 +1,445 @@
+"""Partitions and a slow, lossy link across hosts (issue 32), in network namespaces the
+tests create: a "host" (a namespace with its own loopback) joined to this machine by a
+veth pair with two addresses of the tests' own (10.232.x.1 here, .2 there). A link
+set down is a partition in both directions, with both sides running on (unlike a
+pause: tests/test_pauses.py); nftables rules and tc netem on the pair drop and delay
+packets. Namespaces and veth need root: elsewhere the tests skip, saying so.
+
+* the cell and one pod (its scheduler, ocs_manager and Redis in the namespace)
+  partitioned longer than the cell's pod timeout while jobs are submitted, then healed;
+* an ocs_manager cut off from its Redis (with the switch agents on its side of the cut)
+  in the middle of a change, past its change lease, while another ocs_manager takes the
+  change over once the link is back;
+* the ocs_manager (with its Redis) behind 5 % loss each way (nftables) and 200 ms of
+  delay each way (tc netem, where the kernel has it: the test warns when not) while its
+  scheduler wires and releases slices for a stream of jobs.
+
+In each: no block in two live jobs, the switches as committed, no acknowledged job
+lost (lightpath.testing.history), every job definite within DEFINITE_WITHIN_S of the
+heal (a bound on waiting, not an assertion on speed)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import random
+import shutil
+import subprocess
+import time
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+from google.protobuf import duration_pb2
+
+from lightpath.client import channel
+from lightpath.embedded_redis import free_port, redis_server_binary
+from lightpath.security.identity import service_principal
+from lightpath.testing.history import DEFINITE, Final, History
+from lightpath.v1 import cell_scheduler_pb2 as cs
+from lightpath.v1 import cell_scheduler_pb2_grpc
+from lightpath.v1 import common_pb2 as c
+from lightpath.v1 import ocs_manager_pb2 as om
+from lightpath.v1 import workload_scheduler_pb2 as ws
+from tests.helpers import test_ca
+from tests.ocs_manager.conftest import wire_request
+from tests.switch_agent.conftest import POD, ServiceProcess, fabric, inject
+from tests.test_pauses import invariants_hold, job_spec, ocs_at, scheduler_at, slices, started
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFINITE_WITHIN_S = 30.0
+
+
+def _ip(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["ip", *args], capture_output=True, text=True, timeout=10)
+
+
+def _netns_unavailable() -> str:
+    if os.geteuid() != 0:
+        return "network namespaces need root (ip netns add)"
+    if shutil.which("ip") is None or shutil.which("tc") is None:
+        return "no ip or tc command (iproute2)"
+    probe = f"lp32probe{os.getpid()}"
+    made = _ip("netns", "add", probe)
+    if made.returncode != 0:
+        return f"ip netns add failed: {made.stderr.strip()}"
+    _ip("netns", "del", probe)
+    return ""
+
+
+def _free_subnet() -> int:
+    """A 10.232.n.0/30 no interface here uses (test processes run side by side)."""
+    for _ in range(100):
+        n = random.randrange(256)
+        if not _ip("-o", "addr", "show", "to", f"10.232.{n}.0/30").stdout.strip():
+            return n
+    raise RuntimeError("no free 10.232.n.0/30 for a namespace")
+
+
+class Namespace:
+    """A namespace joined to this one by a veth pair: `host_ip` here, `ip` there."""
+
+    def __init__(self) -> None:
+        n = _free_subnet()
+        self.name = f"lp32-{os.getpid()}-{n}"
+        self.host_dev, self.dev = f"lp32h{n}x{os.getpid() % 10000}", f"lp32n{n}"
+        self.host_ip, self.ip = f"10.232.{n}.1", f"10.232.{n}.2"
+        self.procs: list[subprocess.Popen] = []
+
+    def create(self) -> None:
+        steps = [
+            ("netns", "add", self.name),
+            ("link", "add", self.host_dev, "type", "veth", "peer", "name", self.dev),
+            ("link", "set", self.dev, "netns", self.name),
+            ("addr", "add", f"{self.host_ip}/30", "dev", self.host_dev),
+            ("link", "set", self.host_dev, "up"),
+            ("-n", self.name, "addr", "add", f"{self.ip}/30", "dev", self.dev),
+            ("-n", self.name, "link", "set", self.dev, "up"),
+            ("-n", self.name, "link", "set", "lo", "up"),
+        ]
+        for step in steps:
+            done = _ip(*step)
+            assert done.returncode == 0, f"ip {' '.join(step)}: {done.stderr}"
+
+    def destroy(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.terminate()
+                try:
+                    p.wait(10)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+        _ip("link", "del", self.host_dev)  # takes its peer with it
+        _ip("netns", "del", self.name)
+
+    def partition(self, cut: bool) -> None:
+        done = _ip("link", "set", self.host_dev, "down" if cut else "up")
+        assert done.returncode == 0, done.stderr
+
+    def impair(self, delay_ms: int, loss_percent: int) -> list[str]:
+        """Drop `loss_percent` of the packets crossing the pair each way (nftables in the
+        namespace, on its end of the pair) and delay them `delay_ms` each way (tc netem on
+        both ends) where the kernel has netem; what it could not apply, said."""
+        dev = self.dev
+        rules = [
+            "add table inet lp32",
+            "add chain inet lp32 out { type filter hook output priority 0; }",
+            "add chain inet lp32 in { type filter hook input priority 0; }",
+            f"add rule inet lp32 out oifname {dev} numgen random mod 100 < {loss_percent} drop",
+            f"add rule inet lp32 in iifname {dev} numgen random mod 100 < {loss_percent} drop",
+        ]
+        for rule in rules:
+            done = subprocess.run(
+                ["ip", "netns", "exec", self.name, "nft", *rule.split()],
+                capture_output=True, text=True, timeout=10,
+            )  # fmt: skip
+            assert done.returncode == 0, f"nft {rule}: {done.stderr}"
+        missing = []
+        for cmd in (
+            ["tc", "qdisc", "replace", "dev", self.host_dev, "root", "netem", "delay", f"{delay_ms}ms"],
+            [
+                "ip", "netns", "exec", self.name,
+                "tc", "qdisc", "replace", "dev", dev, "root", "netem", "delay", f"{delay_ms}ms",
+            ],
+        ):  # fmt: skip
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=10)
+            if done.returncode != 0:
+                missing.append(f"no {delay_ms} ms delay: {done.stderr.strip()} (no sch_netem)")
+                break
+        return missing
+
+    def popen(self, argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
+        with log.open("ab") as out:
+            p = subprocess.Popen(
+                ["ip", "netns", "exec", self.name, *argv],
+                env=env,
+                cwd=ROOT,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=out,
+            )
+        self.procs.append(p)
+        return p
+
+    def redis(self, workdir: Path, *, here: bool = False) -> str:
+        """A redis-server in the namespace on its address (`here`: on this side, on
+        `host_ip`): its URL."""
+        port = free_port()
+        host = self.host_ip if here else self.ip
+        argv = [
+            redis_server_binary(),
+            "--port", str(port), "--bind", host, "--save", "", "--appendonly", "no",
+            "--dir", str(workdir),
+        ]  # fmt: skip
+        log = workdir / f"redis-{port}.log"
+        if here:
+            with log.open("ab") as out:
+                self.procs.append(
+                    subprocess.Popen(argv, stdout=out, stderr=out, stdin=subprocess.DEVNULL)
+                )
+        else:
+            self.popen(argv, dict(os.environ), log)
+        import redis
+
+        deadline = time.monotonic() + 20
+        while True:
+            with contextlib.suppress(redis.RedisError):
+                with redis.Redis(host=host, port=port) as r:
+                    r.ping()
+                    return f"redis://{host}:{port}/0"
+            assert time.monotonic() < deadline, "redis-server in the namespace did not start"
+            time.sleep(0.05)
+
+
+@pytest.fixture
+def namespace() -> Iterator[Namespace]:
+    why = _netns_unavailable()
+    if why:
+        pytest.skip(why)
+    ns = Namespace()
+    try:
+        ns.create()
+        yield ns
+    finally:
+        ns.destroy()
+
+
+class Service(ServiceProcess):
+    """`python -m services.<service>` here or in a namespace, listening on `host`, its
+    certificate naming the pair's addresses."""
+
+    def __init__(
+        self,
+        service: str,
+        host: str,
+        redis_url: str,
+        workdir: Path,
+        env: dict[str, str],
+        hosts: tuple[str, ...],
+        ns: Namespace | None = None,
+    ):
+        self.service = service
+        files = test_ca().issue(
+            service_principal(service, env.get("LIGHTPATH_POD_ID", "")), hosts=hosts
+        )
+        tls = {
+            "LIGHTPATH_TLS_CERT": str(files.cert),
+            "LIGHTPATH_TLS_KEY": str(files.key),
+            "LIGHTPATH_TLS_CA": str(files.ca),
+        }
+        super().__init__(redis_url, workdir, env, host=host, tls=tls)
+        if ns is not None:
+            self.prefix = ("ip", "netns", "exec", ns.name)
+
+
+def state(job) -> str:
+    return c.JobState.Name(job.state)[len("JOB_STATE_") :]
+
+
+async def pod_final(sched, ocs) -> Final:
+    listed = await sched.ListJobs(ws.ListJobsRequest(page_size=1000))
+    return Final(
+        jobs={j.job_id: (state(j), tuple(b.block_id for b in j.blocks)) for j in listed.jobs},
+        slices=await slices(ocs),
+    )
+
+
+async def eventually(check, what: str, within_s: float = DEFINITE_WITHIN_S):
+    deadline = time.monotonic() + within_s
+    last: object = None
+    while time.monotonic() < deadline:
+        with contextlib.suppress(grpc.aio.AioRpcError):
+            last = await check()
+            if last is True:
+                return
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"not within {within_s} s: {what} (last: {last})")
+
+
+async def test_the_cell_and_a_pod_partitioned_past_the_pod_timeout_then_healed(
+    namespace, redis_url, tmp_path
+):
+    ns = namespace
+    hosts = (ns.host_ip, ns.ip)
+    pod_redis = ns.redis(tmp_path)
+    cell = Service(
+        "cell_scheduler",
+        ns.host_ip,
+        redis_url,
+        tmp_path,
+        {"LIGHTPATH_CELL_POD_TIMEOUT_S": "2"},
+        hosts,
+    )
+    ocs = Service("ocs_manager", ns.ip, pod_redis, tmp_path, fabric(), hosts, ns)
+    sched = Service(
+        "workload_scheduler",
+        ns.ip,
+        pod_redis,
+        tmp_path,
+        {
+            "LIGHTPATH_POD_ID": POD,
+            "LIGHTPATH_OCS_ADDR": ocs.address,
+            "LIGHTPATH_CELL_ADDR": cell.address,
+            "LIGHTPATH_ADVERTISE_ADDR": "",
+            "LIGHTPATH_CELL_HEARTBEAT_S": "0.3",
+            "LIGHTPATH_WS_RECONCILE_S": "0.3",
+        },
+        hosts,
+        ns,
+    )
+    sched.env["LIGHTPATH_ADVERTISE_ADDR"] = sched.address
+    history = History()
+    with started(cell, ocs, sched):
+        async with channel(cell.address, max_attempts=1) as ch:
+            stub = cell_scheduler_pb2_grpc.CellSchedulerStub(ch)
+
+            async def pod_status() -> int:
+                pods = (await stub.ListPods(cs.ListPodsRequest())).pods
+                return next((p.status for p in pods if p.registration.pod_id == POD), -1)
+
+            async def ready() -> bool:
+                return await pod_status() == cs.POD_STATUS_READY
+
+            await eventually(ready, "the pod registered and READY")
+
+            async def submit(job_id: str) -> None:
+                resp = await stub.SubmitJob(cs.SubmitJobRequest(spec=job_spec(job_id)), timeout=20)
+                history.ack("submit", job_id, time.monotonic(), state(resp.job))
+
+            await submit("before")
+            ns.partition(True)
+            try:
+
+                async def silent() -> bool:
+                    return await pod_status() != cs.POD_STATUS_READY
+
+                await eventually(silent, "the cell saw the pod go silent")
+                await submit("during")  # waits in the cell queue: no pod answers
+                await asyncio.sleep(1.0)
+            finally:
+                ns.partition(False)
+
+            async def all_definite() -> object:
+                jobs = await stub.ListJobs(cs.ListCellJobsRequest(page_size=100))
+                states = {j.job_id: state(j) for j in jobs.jobs}
+                if await ready() and states.get("during") == "RUNNING":
+                    return all(s in DEFINITE for s in states.values()) or states
+                return states
+
+            await eventually(all_definite, "healed: every job definite, the queued one placed")
+            jobs = (await stub.ListJobs(cs.ListCellJobsRequest(page_size=100))).jobs
+            assert {j.job_id: state(j) for j in jobs} == {"before": "RUNNING", "during": "RUNNING"}
+        async with scheduler_at(sched.address) as s, ocs_at(ocs.address) as o:
+            report = history.check(await pod_final(s, o))
+            assert report.ok, report.details()
+            assert await invariants_hold(o) == []
+
+
+async def test_a_slow_lossy_link_between_the_pod_and_its_ocs_manager_under_load(
+    namespace, redis_url, tmp_path
+):
+    ns = namespace
+    hosts = (ns.host_ip, ns.ip)
+    ocs = Service(
+        "ocs_manager", ns.ip, ns.redis(tmp_path), tmp_path, {**fabric(blocks=8)}, hosts, ns
+    )
+    sched = Service(
+        "workload_scheduler",
+        ns.host_ip,
+        redis_url,
+        tmp_path,
+        {
+            "LIGHTPATH_POD_ID": POD,
+            "LIGHTPATH_OCS_ADDR": ocs.address,
+            "LIGHTPATH_WS_RECONCILE_S": "0.3",
+            "LIGHTPATH_WS_OCS_TIMEOUT_S": "15",
+        },
+        hosts,
+    )
+    history = History()
+    with started(ocs, sched):
+        missing = ns.impair(delay_ms=200, loss_percent=5)
+        if missing:  # the kernel lacks netem: the loss alone is applied, and said
+            warnings.warn(f"slow lossy link: {'; '.join(missing)}", stacklevel=1)
+        async with scheduler_at(sched.address) as s, ocs_at(ocs.address) as o:
+
+            async def job(n: int) -> None:
+                job_id = f"lossy-{n}"
+                spec = ws.JobSpec(job_id=job_id, shape=c.Shape(dims=[2, 2, 2]))
+                resp = await s.AdmitJob(ws.AdmitJobRequest(spec=spec), timeout=60)
+                history.ack("submit", job_id, time.monotonic(), state(resp.job))
+                if n % 2:
+                    deadline = time.monotonic() + DEFINITE_WITHIN_S
+                    while (await s.GetJob(ws.GetJobRequest(job_id=job_id))).state != (
+                        c.JOB_STATE_RUNNING
+                    ):
+                        assert time.monotonic() < deadline
+                        await asyncio.sleep(0.2)
+                    await s.CompleteJob(ws.CompleteJobRequest(job_id=job_id), timeout=60)
+                    history.ack("complete", job_id, time.monotonic())
+
+            await asyncio.gather(*(job(n) for n in range(8)))
+
+            async def settled() -> object:
+                final = await pod_final(s, o)
+                running_jobs = {j: b for j, (st, b) in final.jobs.items() if st == "RUNNING"}
+                if all(st in DEFINITE for st, _ in final.jobs.values()) and (
+                    running_jobs == final.slices
+                ):
+                    return True
+                return final
+
+            await eventually(settled, "every job definite, the slices those of RUNNING jobs")
+            report = history.check(await pod_final(s, o))
+            assert report.ok, report.details()
+            assert await invariants_hold(o) == []
+
+
+async def test_an_ocs_manager_cut_off_from_redis_mid_change_leaves_nothing_of_its_change(
+    namespace, tmp_path
+):
+    """Manager A (in the namespace, with the switch agents) sends a wire's batches; the
+    link to Redis (on this side, with manager B) goes down while they settle, for longer
+    than A's 2 s change lease. A keeps running: its driver gives up on the slow switches,
+    its rollback too, and its lock stays in Redis past its lease. Once the link is back
+    B touches the slice, takes the change over (a higher token), rolls it back and wires
+    it again. The switches end as B committed them: nothing of A's survives. (A write of
+    A's arriving after B's is refused by its old token: tests/test_pauses.py makes one.)"""
+    ns = namespace
+    hosts = (ns.host_ip, ns.ip)
+    shared = ns.redis(tmp_path, here=True)
+    agent = Service("switch_agent", ns.ip, ns.redis(tmp_path), tmp_path, fabric(), hosts, ns)
+    env = {
+        **fabric(),
+        "LIGHTPATH_OCS_SWITCH_AGENTS": agent.address,
+        "LIGHTPATH_OCS_SWITCH_TIMEOUT_S": "0.9",
+        "LIGHTPATH_OCS_CHANGE_LEASE_S": "2",
+        "LIGHTPATH_OCS_RECONCILE_S": "3600",  # no repair of what fencing should prevent
+    }
+    a = Service("ocs_manager", ns.ip, shared, tmp_path, env, hosts, ns)
+    b = Service("ocs_manager", ns.host_ip, shared, tmp_path, env, hosts)
+    with started(agent, a, b):
+        async with ocs_at(a.address) as ocs_a, ocs_at(b.address) as ocs_b:
+            await inject(agent.address, "*", extra_delay=duration_pb2.Duration(seconds=3))
+            first = asyncio.ensure_future(
+                ocs_a.WireSlice(wire_request("j", [2, 1, 1], [0, 1]), timeout=60)
+            )
+            await asyncio.sleep(0.3)  # A's batches are at the switches, settling
+            await inject(agent.address, "*")  # quick again (the batch in flight settles on)
+            ns.partition(True)
+            try:
+                await asyncio.sleep(4.0)  # past A's lease; A's commit cannot reach Redis
+            finally:
+                ns.partition(False)
+            w = await ocs_b.WireSlice(wire_request("j", [2, 1, 1], [0, 1]), timeout=30)
+            assert w.state == om.SLICE_STATE_WIRED
+            with contextlib.suppress(grpc.aio.AioRpcError):
+                await first  # cut off mid-call: whatever it answers is not acknowledged
+            await asyncio.sleep(1.0)  # anything A still had to send has been sent
+            assert await invariants_hold(ocs_b) == []
+            assert await slices(ocs_b) == {"j": (0, 1)}
