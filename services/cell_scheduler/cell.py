@@ -49,9 +49,24 @@ from services.cell_scheduler.jobs import (
 from services.cell_scheduler.metrics import CellMetrics
 from services.cell_scheduler.podclient import PodCallError, PodClients, state_name
 from services.cell_scheduler.pods import PodDirectory, capacity_view, reported_chips
+from services.cell_scheduler.quotas import (
+    QuotaState,
+    capacity_of,
+    quota_from_pb,
+    tenant_quota_pb,
+    to_json,
+)
 from services.cell_scheduler.recovery import Recovery
 from services.cell_scheduler.request import check_registration, check_request, tenant_of
-from services.cell_scheduler.store import EXISTS, CellStore, Conflict, RegistrySnapshot, b64, unb64
+from services.cell_scheduler.store import (
+    EXISTS,
+    QUOTA,
+    CellStore,
+    Conflict,
+    RegistrySnapshot,
+    b64,
+    unb64,
+)
 from services.cell_scheduler.updates import Updates
 from services.cell_scheduler.watch import CellEventHub
 
@@ -198,10 +213,13 @@ class CellScheduler:
                     check_free=first.how == FITS and attempt < MAX_PLAN_ATTEMPTS - 1,
                     expect_empty_queue=not snap.queue,
                     now_ms=now,
+                    quota_version=snap.quotas.version,
                 )
             except Conflict as c:
                 if c.reason == EXISTS:
                     return await self.jobs.existing(await self.jobs.job_record(job_id), request_b64)
+                if c.reason == QUOTA:
+                    continue  # another admission charged the cohort meanwhile: decide again
                 # STALE: the blocks went to others; WAITING: jobs wait in the cell queue. A
                 # job that asked not to wait is answered now once a fresh look lost the
                 # race: planning again under load held such callers for seconds (issue 30).
@@ -223,6 +241,52 @@ class CellScheduler:
         raise Aborted(
             f"job {job_id}: the cell kept changing while placing it; retry", reason="BUSY"
         )
+
+    # == quotas (issue 35) ========================================================
+
+    async def set_quota(self, pb: cell_scheduler_pb2.Quota) -> cell_scheduler_pb2.TenantQuota:
+        """Create or replace a tenant's quota; the next admission decides with it."""
+        for _ in range(MAX_PLAN_ATTEMPTS):
+            snap = await self.pods.registry(fresh=True)
+            state = QuotaState.of(snap.quotas)
+            known = {t for m in self.pods.models_of(snap).values() for t, _ in m.node_types}
+            q = quota_from_pb(pb, known_types=known, quotas=state.quotas)
+            try:
+                await self.store.put_quota(q.tenant, to_json(q), snap.quotas.version)
+            except Conflict:
+                continue  # another change of the quotas meanwhile: check against it
+            self.log.info("quota of tenant %s set: %s", q.tenant, to_json(q))
+            self.kick()  # jobs waiting for quota may fit now
+            return (await self.list_quotas(q.tenant))[0]
+        raise Aborted("the quotas kept changing; retry", reason="BUSY")
+
+    async def delete_quota(self, tenant: str) -> cell_scheduler_pb2.TenantQuota:
+        for _ in range(MAX_PLAN_ATTEMPTS):
+            rows = await self.store.quota_rows()
+            if tenant not in rows.quotas:
+                raise NotFound("quota", tenant, hint="`lightpath quota list` shows the quotas")
+            before = (await self.list_quotas(tenant))[0]
+            try:
+                await self.store.put_quota(tenant, None, rows.version)
+            except Conflict:
+                continue
+            self.log.info("quota of tenant %s deleted", tenant)
+            self.kick()
+            return before
+        raise Aborted("the quotas kept changing; retry", reason="BUSY")
+
+    async def list_quotas(self, tenant: str = "") -> list[cell_scheduler_pb2.TenantQuota]:
+        """Every tenant with a quota or chips held, by name; with `tenant`, its row only
+        (empty of usage when it has neither)."""
+        snap = await self.store.snapshot()
+        state = QuotaState.of(snap.quotas)
+        capacity = capacity_of(self.pods.models_of(snap).values())
+        waiting: dict[str, list[str]] = {}
+        for record in await self.store.jobs(snap.queue):
+            waiting.setdefault(record.tenant, []).append(record.reason)
+        names = [tenant] if tenant else sorted(set(state.tenants()) | set(waiting))
+        now = self.pods.now_ms()
+        return [tenant_quota_pb(t, state, capacity, now, waiting.get(t, [])) for t in names]
 
     # == the registry (CS-1) ======================================================
 

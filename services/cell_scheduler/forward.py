@@ -25,7 +25,8 @@ from services.cell_scheduler.choice import FITS, Candidate, PodCapacityView, pla
 from services.cell_scheduler.jobs import CellJobs, SubmitResult, record_fields, request_b64
 from services.cell_scheduler.metrics import CellMetrics
 from services.cell_scheduler.podclient import PodRefused, PodUnreachable, state_name
-from services.cell_scheduler.request import Resolved, grouped
+from services.cell_scheduler.quotas import QuotaState, charge_of
+from services.cell_scheduler.request import Resolved, grouped, tenant_of
 from services.cell_scheduler.store import PLACED, QUEUED, Conflict
 
 
@@ -80,6 +81,12 @@ class Forwarder:
             pod = cand.pod_id
             r = resolved[pod]
             if i > 0:
+                # Back in the queue its chips were given back: charged again only if its
+                # tenant's quota still has them (checked against the version read).
+                quotas = QuotaState.of(await self.store.quota_rows())
+                tenant = tenant_of(req)
+                if not quotas.book().check(tenant, charge_of(r)).ok:
+                    break
                 claimed = await self.jobs.claim_queued(
                     job_id,
                     r,
@@ -87,6 +94,7 @@ class Forwarder:
                     check_free=cand.how == FITS,
                     reason=f"forwarding to pod {pod}: {cand.reason}",
                     request=request_b64(req),
+                    quota_version=quotas.version,
                 )
                 if claimed is None:
                     break  # a dispatcher took it meanwhile, or that pod's blocks went elsewhere
@@ -213,6 +221,8 @@ class Forwarder:
         now = self.pods.now_ms()
         views = self.pods.views_of(snap, now)
         demands, details = await self.admission.queued(snap, models, now)
+        quotas = QuotaState.of(snap.quotas)
+        version = quotas.version  # this pass's own charges bump it
         forwards = []
         for demand, choice in plan_queue(demands, views.values()):
             if not choice.candidates:
@@ -220,6 +230,7 @@ class Forwarder:
             req, resolved = details[demand.job_id]
             first = choice.candidates[0]
             r = resolved[first.pod_id]
+            limited = quotas.limits(tenant_of(req))
             token = await self.jobs.claim_queued(
                 demand.job_id,
                 r,
@@ -228,9 +239,12 @@ class Forwarder:
                 reason=f"leaving the cell queue for pod {first.pod_id}: {first.reason}",
                 now_ms=now,
                 request=request_b64(req),
+                quota_version=version,
             )
             if token is None:
                 continue  # another replica took it, or an update changed it (next pass)
+            if limited:
+                version = str(int(version or 0) + 1)
             # The stored fields name the pod now; _forward stores them again when placed.
             forwards.append(
                 self.forward(

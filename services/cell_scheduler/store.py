@@ -43,6 +43,17 @@ Jobs (CS-5):
     lp:{cell}:events              stream the cell's job transitions (WatchJob): job id and the
                                         event's number in its list
 
+Quotas (issue 35; services/cell_scheduler/quotas.py):
+
+    lp:{cell}:quotas              hash  tenant -> its quota (JSON)
+    lp:{cell}:usage               hash  "<tenant>|<type>" -> chips its forwarded and placed jobs
+                                        hold (each job's charge is "qc" on its hash)
+    lp:{cell}:decayed             hash  "<tenant>|<type>" -> decayed chip-seconds (fair share),
+                                        "<tenant>|<type>@" -> when last integrated (ms)
+    lp:{cell}:qver                hash  "n": bumped by every quota change and every charge of a
+                                        tenant with a quota; a claim decided over quotas
+                                        expects the version its decision read (Conflict QUOTA)
+
 A job's phase in the cell: QUEUED (in the cell queue, no pod) → FORWARDING
 (claimed by one replica, bound to one pod, with a token and a deadline) →
 PLACED (the pod has it; its state mirrors the pod's, versioned by the pod's
@@ -63,6 +74,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
+from services.cell_scheduler.quota import DEFAULT_HALF_LIFE_S
 from services.common import txn
 from services.common.keys import cell_key
 from services.common.txn import Conflict, Program
@@ -87,6 +99,8 @@ EXISTS, MOVED, STALE, WAITING, CHANGED, UNKNOWN_POD = (
     "changed",
     "unknown pod",
 )
+# ... and quotas or a cohort's usage changed since the decision read them (issue 35).
+QUOTA = "quota"
 
 # Every script of this store: services/common/txn.lua with store.lua's checks and ops.
 PROGRAM = Program(
@@ -97,6 +111,7 @@ PROGRAM = Program(
         "EVENT_STREAM_MAXLEN": EVENT_STREAM_MAXLEN,
         "PRIORITY_ABOVE": PRIORITY_ABOVE,
         "PRIORITY_STRIDE": PRIORITY_STRIDE,
+        "HALF_LIFE_S": DEFAULT_HALF_LIFE_S,
     },
 )
 
@@ -234,11 +249,39 @@ class RegistrySnapshot:
     endpoint: dict[str, str]  # pod -> the scheduler replica heard from last
     queue: list[str]  # job ids in queue order
     existing: dict[str, str] | None = None  # the job asked about, if any
+    quotas: QuotaRows = field(default_factory=lambda: QuotaRows())
+
+
+@dataclass(frozen=True)
+class QuotaRows:
+    """The quota keys as read (version first: a charge after the read is seen by a claim
+    that expects this version)."""
+
+    version: str = ""
+    quotas: dict[str, str] = field(default_factory=dict)  # tenant -> JSON
+    usage: dict[str, int] = field(default_factory=dict)  # "tenant|type" -> chips
+    decayed: dict[str, str] = field(default_factory=dict)
 
 
 def _row(values: Sequence[Any]) -> dict[str, str]:
     """RECORD_FIELDS' values (HMGET order) as a dict of the fields that are set."""
     return {f: v for f, v in zip(RECORD_FIELDS, values, strict=True) if v is not None}
+
+
+def _quota_rows(got: Sequence[Any]) -> QuotaRows:
+    version, quotas, usage, decayed = got
+    return QuotaRows(version or "", dict(quotas), {k: _i(v) for k, v in usage.items()}, decayed)
+
+
+def _expect_quota(t: txn.Txn, version: str | None) -> None:
+    if version is not None:
+        t.expect(
+            cell_key("qver"),
+            "n",
+            [version],
+            reason=QUOTA,
+            message="quotas or their usage changed since the decision",
+        )
 
 
 def _i(v: Any) -> int:
@@ -312,6 +355,7 @@ _CELL_KEYS = txn.Txn()
 for _name in (
     *("pods", "seen", "endpoint", "capacity", "capver", "free", "held", "ack", "suspect"),
     *("down", "jobs", "queue", "forwarding", "maybe", "seq", "events"),
+    *("quotas", "usage", "decayed", "qver"),
 ):
     _CELL_KEYS.name(_name, cell_key(_name))
 
@@ -431,6 +475,7 @@ class CellStore:
 
     async def snapshot(self, job_id: str | None = None, *, queue: bool = True) -> RegistrySnapshot:
         async with self.redis.pipeline(transaction=False) as pipe:
+            self._read_quotas(pipe)
             pipe.hgetall(self.key("pods"))
             pipe.hgetall(self.key("capacity"))
             pipe.hgetall(self.key("capver"))
@@ -445,8 +490,9 @@ class CellStore:
             if job_id is not None:
                 pipe.hmget(self.job_key(job_id), RECORD_FIELDS)
             got = await pipe.execute()
-        pods, caps, vers, free, held, seen, suspect, down, endpoint = got[:9]
-        rest = got[9:]
+        rows = _quota_rows(got[:4])
+        pods, caps, vers, free, held, seen, suspect, down, endpoint = got[4:13]
+        rest = got[13:]
         q = rest.pop(0) if queue else []
         existing = _row(rest.pop(0)) if job_id is not None else None
         return RegistrySnapshot(
@@ -461,7 +507,39 @@ class CellStore:
             dict(endpoint),
             list(q),
             existing or None,
+            rows,
         )
+
+    def _read_quotas(self, pipe: Any) -> None:
+        pipe.hget(self.key("qver"), "n")  # first: see QuotaRows
+        pipe.hgetall(self.key("quotas"))
+        pipe.hgetall(self.key("usage"))
+        pipe.hgetall(self.key("decayed"))
+
+    async def quota_rows(self) -> QuotaRows:
+        async with self.redis.pipeline(transaction=False) as pipe:
+            self._read_quotas(pipe)
+            return _quota_rows(await pipe.execute())
+
+    async def put_quota(self, tenant: str, quota_json: str | None, version: str) -> None:
+        """Set (JSON) or delete (None) a tenant's quota, if the quotas are still at
+        `version` (Conflict QUOTA: changed meanwhile; decide again)."""
+        t = CellTxn()
+        qver = cell_key("qver")
+        t.expect(qver, "n", [version], reason=QUOTA, message="the quotas changed meanwhile")
+        if quota_json is None:
+            t.hdel(cell_key("quotas"), [tenant])
+        else:
+            t.hset(cell_key("quotas"), {tenant: quota_json})
+        t.hincr(qver, "n", 1)
+        await self._script.commit(t)
+
+    async def waiting_reason(self, job_id: str, reason: str, now_ms: int) -> None:
+        """A queued job's reason (why it waits: its tenant's quota); nothing if it moved on."""
+        t = CellTxn(jobs=[job_id])
+        t.expect_phase(job_id, [QUEUED])
+        t.hset(_job_key(job_id), {"reason": reason, "updated_ms": now_ms})
+        await self._try(t)
 
     async def heard_from(self, pod_id: str) -> tuple[int, bool]:
         """(last heartbeat in ms, 0 if never; marked silent) of one pod, in one round trip."""
@@ -513,6 +591,8 @@ class CellStore:
         check_free: bool,
         reason: str,
         expect_empty_queue: bool = False,
+        charge: Mapping[str, int] | None = None,
+        quota_version: str | None = None,
     ) -> int:
         """Create the job, bound to `pod` (or queued when pod is ""): its sequence. Conflict
         EXISTS when the id exists; STALE when the pod's free blocks (minus forwards in
@@ -526,6 +606,7 @@ class CellStore:
             t.expect_no_key(
                 cell_key("queue"), reason=WAITING, message="jobs wait in the cell queue"
             )
+        _expect_quota(t, quota_version)
         t.op(
             "claim_new",
             job_id,
@@ -537,6 +618,7 @@ class CellStore:
             until_ms,
             now_ms,
             reason,
+            json.dumps(dict(charge or {})),
         )
         return int((await self._script.commit(t))["seq"])
 
@@ -552,8 +634,11 @@ class CellStore:
         check_free: bool,
         reason: str,
         request: str = "",
+        charge: Mapping[str, int] | None = None,
+        quota_version: str | None = None,
     ) -> None:
-        """A queued job bound to `pod`. Conflict MOVED when it is no longer queued; STALE
+        """A queued job bound to `pod`, charged to its tenant (`charge`; with
+        `quota_version`, Conflict QUOTA when quotas or usage changed since the decision). Conflict MOVED when it is no longer queued; STALE
         when its blocks went; with `request`, CHANGED when its request is no longer the
         one the decision was made for (updated meanwhile)."""
         t = CellTxn(pod, jobs=[job_id])
@@ -562,7 +647,18 @@ class CellStore:
             t.expect_value(job_id, "req", request, reason=CHANGED)
         if check_free:
             t.check("enough", pod, json.dumps(dict(needs)))
-        t.op("claim_queued", job_id, pod, json.dumps(dict(needs)), token, until_ms, now_ms, reason)
+        _expect_quota(t, quota_version)
+        t.op(
+            "claim_queued",
+            job_id,
+            pod,
+            json.dumps(dict(needs)),
+            token,
+            until_ms,
+            now_ms,
+            reason,
+            json.dumps(dict(charge or {})),
+        )
         await self._script.commit(t)
 
     def _forwarding(self, pod: str, job_id: str, token: str) -> CellTxn:
@@ -695,12 +791,23 @@ class CellStore:
         reason: str,
         fields: Mapping[str, Any],
         now_ms: int,
+        charge: Mapping[str, int] | None = None,
     ) -> bool:
-        """A queued job found on `pod` (it answered again) is placed there; False when it
-        is no longer queued."""
+        """A queued job found on `pod` (it answered again) is placed there, charged to its
+        tenant; False when it is no longer queued."""
         t = CellTxn(pod, jobs=[job_id])
         t.expect_phase(job_id, [QUEUED])
-        t.op("adopt", job_id, pod, state, n, reason, _fields(fields), now_ms)
+        t.op(
+            "adopt",
+            job_id,
+            pod,
+            state,
+            n,
+            reason,
+            _fields(fields),
+            now_ms,
+            json.dumps(dict(charge or {})),
+        )
         return await self._try(t) is not None
 
     async def forget_maybe(self, job_id: str, pod: str) -> None:

@@ -1,0 +1,185 @@
+"""Issue 35 through the real cell: quotas set over gRPC (TLS), stored in Redis with the
+cell's state, honoured by admission, raced by two replicas, seen only by their tenant.
+
+Pods have blocks of 4x4x4 = 64 tpu chips; a job of shape 4x4x4 holds one block.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import pytest
+
+from lightpath.client import channel
+from lightpath.v1 import cell_scheduler_pb2 as cs
+from lightpath.v1 import cell_scheduler_pb2_grpc, common_pb2
+from tests.cell_scheduler.conftest import Cell, cell_stack, rpc_error
+from tests.helpers import credentials
+
+PENDING = common_pb2.JOB_STATE_PENDING
+RUNNING = common_pb2.JOB_STATE_RUNNING
+
+
+async def set_quota(cell: Cell, tenant: str, replica: int = 0, **kw) -> cs.TenantQuota:
+    return await cell.cells[replica].SetQuota(
+        cs.SetQuotaRequest(quota=cs.Quota(tenant=tenant, **kw))
+    )
+
+
+async def quotas(cell: Cell, tenant: str = "") -> dict[str, cs.TenantQuota]:
+    resp = await cell.cell.ListQuotas(cs.ListQuotasRequest(tenant=tenant))
+    return {q.tenant: q for q in resp.quotas}
+
+
+def violations(err) -> dict[str, str]:
+    return dict(err.field_violations)
+
+
+@pytest.fixture
+async def cell1(redis_url):
+    async with cell_stack(redis_url, pods=(("pod-a", 8, "tpu"),)) as c:
+        yield c
+
+
+async def test_bad_quotas_are_refused_naming_the_field_and_leave_nothing(cell1: Cell):
+    await set_quota(cell1, "beta", nominal_chips={"tpu": 128}, cohort="team")
+    cases = [
+        (dict(nominal_chips={"tpu": -1}), "quota.nominal_chips[tpu]", "0 to"),
+        (dict(nominal_chips={"gpu": 8}), "quota.nominal_chips[gpu]", "unknown node type"),
+        (dict(nominal_chips={"tpu": 1 << 30}), "quota.nominal_chips[tpu]", "0 to"),
+        (
+            dict(nominal_chips={"tpu": 64}, cohort="team", borrowing_limit={"tpu": 129}),
+            "quota.borrowing_limit[tpu]",
+            "above the 128 tpu chips",
+        ),
+        (dict(nominal_chips={"tpu": 64}, borrowing_limit={"tpu": 8}), "quota.borrowing_limit", ""),
+        (dict(nominal_chips={"tpu": 64}, weight=-2.0), "quota.weight", ""),
+        (dict(nominal_chips={"tpu": 64}, cohort="no good"), "quota.cohort", ""),
+    ]
+    for kw, field, rule in cases:
+        err = await rpc_error(set_quota(cell1, "acme", **kw))
+        assert err.code == grpc.StatusCode.INVALID_ARGUMENT, kw
+        got = violations(err)
+        assert field in got and rule in got[field], (kw, got)
+    for name in ("default", "", "a/b"):
+        err = await rpc_error(set_quota(cell1, name, nominal_chips={"tpu": 64}))
+        assert err.code == grpc.StatusCode.INVALID_ARGUMENT
+        assert "quota.tenant" in violations(err)
+    assert set(await quotas(cell1)) == {"beta"}  # nothing of the refused ones was kept
+    err = await rpc_error(cell1.cell.DeleteQuota(cs.DeleteQuotaRequest(tenant="acme")))
+    assert err.code == grpc.StatusCode.NOT_FOUND
+
+
+async def test_a_job_over_its_quota_waits_saying_so_and_goes_when_the_quota_allows(cell1: Cell):
+    q = await set_quota(cell1, "acme", nominal_chips={"tpu": 128}, no_borrowing=True)
+    assert q.quota.no_borrowing and q.quota.nominal_chips["tpu"] == 128
+    for i in (1, 2):
+        sub = await cell1.submit(f"a{i}", tenant="acme")
+        assert sub.job.pod_id == "pod-a"
+    third = await cell1.submit("a3", tenant="acme")
+    assert third.job.state == PENDING and not third.job.pod_id
+    assert "waiting for quota" in third.job.reason, third.job.reason
+    assert "over its quota of 128" in third.job.reason and "may not borrow" in third.job.reason
+    # another tenant (no quota) is not held back by acme's waiting job
+    assert (await cell1.submit("b1", tenant="beta")).job.pod_id == "pod-a"
+    row = (await quotas(cell1, "acme"))["acme"]
+    assert row.used_chips["tpu"] == 128 and row.waiting_jobs == 1 and row.waiting_for_quota == 1
+    assert not row.borrowed_chips
+    # one ends: its chips go back to the quota, and the waiting job is admitted
+    await cell1.cell.CompleteJob(cs.CompleteCellJobRequest(job_id="a1"))
+    await cell1.wait_for(
+        lambda: _placed(cell1, "a3"), what="a3 admitted once a1 gave its quota back"
+    )
+    # a quota raised applies at once, without a restart
+    blocked = await cell1.submit("a4", tenant="acme")
+    assert "waiting for quota" in blocked.job.reason
+    await set_quota(cell1, "acme", nominal_chips={"tpu": 256}, no_borrowing=True)
+    await cell1.wait_for(lambda: _placed(cell1, "a4"), what="a4 admitted under the new quota")
+    row = (await quotas(cell1, "acme"))["acme"]
+    assert row.used_chips["tpu"] == 192
+    # a job larger than the quota can ever allow says so
+    big = await cell1.submit("a5", (8, 8, 8), tenant="acme")  # 512 chips
+    assert "cannot be admitted under its tenant's quota" in big.job.reason
+    deleted = await cell1.cell.DeleteQuota(cs.DeleteQuotaRequest(tenant="acme"))
+    assert deleted.deleted.quota.nominal_chips["tpu"] == 256
+    assert "acme" in await quotas(cell1)  # still listed: it holds chips
+    assert not (await quotas(cell1))["acme"].HasField("quota")
+
+
+async def _placed(cell: Cell, job_id: str) -> bool:
+    return bool((await cell.job(job_id)).pod_id)
+
+
+async def test_idle_quota_is_lent_within_a_cohort_and_limits_hold(cell1: Cell):
+    await set_quota(cell1, "owner", nominal_chips={"tpu": 256}, cohort="lab")
+    await set_quota(
+        cell1, "guest", nominal_chips={"tpu": 64}, cohort="lab", borrowing_limit={"tpu": 128}
+    )
+    for i in range(3):  # 64 nominal + 128 borrowed from the owner's idle quota
+        assert (await cell1.submit(f"g{i}", tenant="guest")).job.pod_id == "pod-a"
+    over = await cell1.submit("g3", tenant="guest")
+    assert "may borrow at most 128" in over.job.reason, over.job.reason
+    row = (await quotas(cell1, "guest"))["guest"]
+    assert row.used_chips["tpu"] == 192 and row.borrowed_chips["tpu"] == 128
+    # the owner still gets its nominal share when it asks: 256 - 128 lent = 128 free
+    for i in range(2):
+        assert (await cell1.submit(f"o{i}", tenant="owner")).job.pod_id == "pod-a"
+
+
+async def test_two_replicas_racing_never_admit_beyond_a_quota(redis_url):
+    """Each round, one job per replica of a tenant with room for one: exactly one goes."""
+    async with cell_stack(redis_url, pods=(("pod-a", 8, "tpu"),), replicas=2) as cell:
+        await set_quota(cell, "acme", nominal_chips={"tpu": 64}, no_borrowing=True)
+        for r in range(4):
+            a, b = await asyncio.gather(
+                cell.submit(f"r{r}-0", tenant="acme", replica=0),
+                cell.submit(f"r{r}-1", tenant="acme", replica=1),
+            )
+            placed = [j for j in (a.job, b.job) if j.pod_id]
+            assert len(placed) == 1, (a.job.reason, b.job.reason)
+            row = (await quotas(cell, "acme"))["acme"]
+            assert row.used_chips["tpu"] == 64
+            waiting = b.job if a.job.pod_id else a.job
+            assert "waiting for quota" in waiting.reason
+            for j in (a.job, b.job):
+                await cell.cell.CancelJob(cs.CancelCellJobRequest(job_id=j.job_id))
+            await cell.wait_for(lambda: _used(cell, "acme", 0), what="acme's chips given back")
+
+
+async def _used(cell: Cell, tenant: str, chips: int) -> bool:
+    row = (await quotas(cell, tenant)).get(tenant)
+    return row is not None and row.used_chips.get("tpu", 0) == chips
+
+
+async def test_a_tenant_sees_its_own_quota_and_usage_only(cell1: Cell):
+    await set_quota(cell1, "acme", nominal_chips={"tpu": 128})
+    await set_quota(cell1, "secret-co", nominal_chips={"tpu": 256})
+    await cell1.submit("s1", tenant="secret-co")
+    address = cell1.cell_addresses[0]
+    async with channel(address, credentials=credentials("tenant:acme")) as ch:
+        acme = cell_scheduler_pb2_grpc.CellSchedulerStub(ch)
+        mine = await acme.ListQuotas(cs.ListQuotasRequest())
+        assert [q.tenant for q in mine.quotas] == ["acme"]
+        assert "secret-co" not in str(mine)
+        err = await rpc_error(acme.ListQuotas(cs.ListQuotasRequest(tenant="secret-co")))
+        assert err.code == grpc.StatusCode.PERMISSION_DENIED
+        for call in (
+            acme.SetQuota(cs.SetQuotaRequest(quota=cs.Quota(tenant="acme"))),
+            acme.DeleteQuota(cs.DeleteQuotaRequest(tenant="acme")),
+        ):
+            assert (await rpc_error(call)).code == grpc.StatusCode.PERMISSION_DENIED
+    assert (await quotas(cell1))["acme"].quota.nominal_chips["tpu"] == 128
+
+
+def test_quota_changes_are_audited_naming_the_tenant():
+    from services.common.audit import resources_of
+    from services.common.policy import RULES
+
+    for method in ("SetQuota", "DeleteQuota"):
+        assert RULES[f"/lightpath.v1.CellScheduler/{method}"].audit
+    assert not RULES["/lightpath.v1.CellScheduler/ListQuotas"].audit
+    assert resources_of(cs.SetQuotaRequest(quota=cs.Quota(tenant="acme"))) == {
+        "quota.tenant": "acme"
+    }
+    assert resources_of(cs.DeleteQuotaRequest(tenant="acme")) == {"tenant": "acme"}
