@@ -183,3 +183,54 @@ def test_quota_changes_are_audited_naming_the_tenant():
         "quota.tenant": "acme"
     }
     assert resources_of(cs.DeleteQuotaRequest(tenant="acme")) == {"tenant": "acme"}
+
+
+async def _cli(capsys, *argv: str) -> tuple[int, str]:
+    from lightpath.cli import main
+
+    def one() -> int:
+        try:
+            return main(list(argv))
+        except SystemExit as e:  # argparse refusing a flag's value
+            return int(e.code or 0)
+
+    capsys.readouterr()
+    code = await asyncio.to_thread(one)
+    out = capsys.readouterr()
+    return code, out.out + out.err
+
+
+async def test_quota_commands(cell1: Cell, capsys, monkeypatch):
+    import json
+
+    monkeypatch.setenv("LIGHTPATH_CELL_ADDR", cell1.cell_addresses[0])
+    code, out = await _cli(capsys, "quota", "list")
+    assert code == 0 and "no quotas yet" in out, out
+    code, out = await _cli(capsys, "quota", "set", "acme", "--tpu-chips", "128", "--no-borrowing")
+    assert code == 0 and "quota of acme set" in out and "128 tpu" in out, out
+    code, out = await _cli(
+        capsys, "quota", "set", "beta", "--tpu-chips", "256", "--cohort", "lab", "-o", "json"
+    )
+    assert code == 0 and json.loads(out)["quota"]["cohort"] == "lab", out
+    await cell1.submit("q1", tenant="acme")
+    code, out = await _cli(capsys, "quota", "usage", "-o", "json")
+    rows = {r["tenant"]: r for r in json.loads(out)["quotas"]}
+    assert rows["acme"]["used_chips"] == {"tpu": 64} and rows["acme"]["quota"]["no_borrowing"]
+    assert rows["beta"]["used_chips"] == {} and rows["beta"]["waiting_jobs"] == 0
+    code, out = await _cli(capsys, "quota", "list")
+    assert "acme" in out and "none" in out and "lab" in out, out
+    # mistakes name the flag: non-integer and negative locally, the cell's rules by the cell
+    code, out = await _cli(capsys, "quota", "set", "acme", "--tpu-chips", "1.5")
+    assert code == 2 and "--tpu-chips" in out and "whole number" in out, out
+    code, out = await _cli(capsys, "quota", "set", "acme", "--tpu-chips", "-4")
+    assert code == 2 and "--tpu-chips" in out, out
+    code, out = await _cli(capsys, "quota", "set", "acme", "--gpu-chips", "8")
+    assert code == 1 and "--gpu-chips" in out and "unknown node type" in out, out
+    code, out = await _cli(
+        capsys, "quota", "set", "acme", "--tpu-chips", "8", "--cohort", "lab", "--borrow", "tpu=999"
+    )
+    assert code == 1 and "--borrow" in out and "above the 256 tpu chips" in out, out
+    code, out = await _cli(capsys, "quota", "delete", "acme", "-o", "json")
+    assert code == 0 and json.loads(out)["quota"]["nominal_chips"] == {"tpu": 128}
+    code, out = await _cli(capsys, "quota", "delete", "acme")
+    assert code == 1 and "NOT_FOUND" in out, out
