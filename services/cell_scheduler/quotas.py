@@ -230,7 +230,7 @@ def tenant_quota_pb(
             if (b := book.borrowed(tenant, t))
         },
         waiting_jobs=len(waiting),
-        waiting_for_quota=sum(1 for r in waiting if _for_quota(r)),
+        waiting_for_quota=sum(1 for r in waiting if waits_for_quota(r)),
         share=state.share(tenant, capacity, now_ms),
     )
     if q is not None:
@@ -238,7 +238,8 @@ def tenant_quota_pb(
     return out
 
 
-def _for_quota(reason: str) -> bool:
+def waits_for_quota(reason: str) -> bool:
+    """Whether a queued job's reason says it waits for its tenant's quota (not for room)."""
     return WAITING_FOR_QUOTA in reason or NEVER_UNDER_QUOTA in reason
 
 
