@@ -532,5 +532,8 @@ class Cell(SyncClient[AsyncCell]):
     complete = blocking(AsyncCell.complete)
     update = blocking(AsyncCell.update)
     pods = blocking(AsyncCell.pods)
+    set_quota = blocking(AsyncCell.set_quota)
+    delete_quota = blocking(AsyncCell.delete_quota)
+    quotas = blocking(AsyncCell.quotas)
     pod = blocking(AsyncCell.pod)
     report_block_health = blocking(AsyncCell.report_block_health)
