@@ -79,6 +79,7 @@ FIELDS: Mapping[str, int] = {
     "Quota.nominal_chips": 64,
     "Quota.borrowing_limit": 64,
     "Quota.lending_limit": 64,
+    "AdmitJobRequest.reclaim": 1024,
     # -- the OCS manager and switch agents
     "WireSliceRequest.blocks": BLOCKS,
     "WireSliceRequest.wrap": DIMS,

@@ -32,6 +32,8 @@ from services.cell_scheduler.quota import (
     DEFAULT_HALF_LIFE_S,
     Quota,
     QuotaBook,
+    Reclaim,
+    RunningJob,
     Waiting,
     check_quota,
     decay,
@@ -304,3 +306,31 @@ def gate(
             (NEVER_UNDER_QUOTA + never) if never else WAITING_FOR_QUOTA + verdict.reason
         )
     return admit, waits
+
+
+# -- reclaim -------------------------------------------------------------------------
+
+
+def plan_reclaim(
+    tenant: str,
+    need: Mapping[str, int],
+    state: QuotaState,
+    live: Iterable[tuple[str, str, Mapping[str, str]]],
+    room: Mapping[str, Mapping[str, int]],
+) -> Reclaim | None:
+    """Borrowers' running jobs on one pod whose chips let `tenant`'s job (within its
+    nominal quota, no room anywhere) run there: the model's choice over what the store
+    says runs (store.running_charges), or None."""
+    running = [
+        RunningJob(
+            job,
+            f["tenant"],
+            int(f.get("priority", 0)),
+            int(f.get("seq", 0)),
+            pod,
+            json.loads(f["qc"]),
+        )
+        for pod, job, f in live
+        if f.get("qc") and f.get("state") == "RUNNING" and f.get("phase") == "PLACED"
+    ]
+    return state.book().reclaim(tenant, need, running, room)

@@ -572,6 +572,24 @@ class CellStore:
         t.op("mark_down", pod_id, now_ms, timeout_ms)
         return int((await self._script.commit(t))["count"])
 
+    async def running_charges(self, pods: Sequence[str]) -> list[tuple[str, str, dict[str, str]]]:
+        """(pod, job, fields) of every live job on `pods` the cell placed: its tenant,
+        priority, sequence, state and quota charge ("qc"), for reclaim (issue 35)."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for p in pods:
+                pipe.smembers(self.key("pod", p, "live"))
+            live = await pipe.execute()
+        owners = [(p, j) for p, jobs in zip(pods, live, strict=True) for j in sorted(jobs)]
+        names = ("tenant", "priority", "seq", "state", "qc", "phase")
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for _, j in owners:
+                pipe.hmget(self.job_key(j), names)
+            rows = await pipe.execute()
+        return [
+            (p, j, {k: v for k, v in zip(names, row, strict=True) if v is not None})
+            for (p, j), row in zip(owners, rows, strict=True)
+        ]
+
     async def live_jobs(self, pod_id: str) -> list[str]:
         return sorted(await self.redis.smembers(self.key("pod", pod_id, "live")))
 

@@ -24,6 +24,7 @@ what the decision assumed, then drives the ocs_manager.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass
 from itertools import islice
 
@@ -103,11 +104,17 @@ def apply_victims(state: PodState, victims: tuple[VictimAction, ...] | list[Vict
 
 
 def plan_admission(
-    state: PodState, job: SliceJob, *, preempt: bool = True, take_younger: bool = False
+    state: PodState,
+    job: SliceJob,
+    *,
+    preempt: bool = True,
+    take_younger: bool = False,
+    reclaim: frozenset[str] | None = None,
 ) -> Allocation | Unplaceable:
     """Place one waiting job on free blocks, else by preemption (WS-2, WS-3, WS-4).
     `take_younger`: slices of its priority admitted after it count as lower (the age
-    bound, plan_pass)."""
+    bound, plan_pass). `reclaim`: the cell names the only slices it may preempt,
+    whatever their priority (lent quota taken back, issue 35; blocks only)."""
     if state.fabric.switched is not None:
         return plan_switched_admission(state, job, preempt=preempt)
     younger_than = job.seq if take_younger else None
@@ -116,10 +123,15 @@ def plan_admission(
     found = place(state, job.demand)
     if isinstance(found, Placement):
         return Allocation(job, found.blocks, (), _release_first(state, job.job_id, found.blocks))
-    if not preempt:
+    if not preempt or job.yields:
         return found
     victims = choose_victims(
-        state, job.demand.type_counts(), job.priority, younger_than=younger_than
+        state,
+        job.demand.type_counts(),
+        job.priority,
+        younger_than=younger_than,
+        only=reclaim,
+        preemptor=job.job_id,
     )
     if not victims:
         return found
@@ -208,7 +220,10 @@ def waited_past(job: SliceJob, now_ms: int, age_bound_ms: int | None) -> bool:
 
 
 def plan_pass(
-    state: PodState, now_ms: int = 0, age_bound_ms: int | None = None
+    state: PodState,
+    now_ms: int = 0,
+    age_bound_ms: int | None = None,
+    reclaim: Mapping[str, frozenset[str]] | None = None,
 ) -> list[Allocation] | None:
     """Decisions for the whole queue, in queue order, each assuming the ones before it.
     Jobs whose wiring failed wait until their `not_before_ms` (backoff). The first job
@@ -224,11 +239,12 @@ def plan_pass(
     for job in work.queue():
         if job.not_before_ms > now_ms:
             continue
-        found = plan_admission(work, job, preempt=not work.partial)
+        named = (reclaim or {}).get(job.job_id)
+        found = plan_admission(work, job, preempt=not work.partial, reclaim=named)
         if isinstance(found, Unplaceable):
             if work.partial:
                 return None
-            if aged or not waited_past(job, now_ms, age_bound_ms):
+            if named is not None or aged or not waited_past(job, now_ms, age_bound_ms):
                 continue
             aged = True
             found = plan_admission(work, job, take_younger=True)

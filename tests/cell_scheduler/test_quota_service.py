@@ -234,3 +234,36 @@ async def test_quota_commands(cell1: Cell, capsys, monkeypatch):
     assert code == 0 and json.loads(out)["quota"]["nominal_chips"] == {"tpu": 128}
     code, out = await _cli(capsys, "quota", "delete", "acme")
     assert code == 1 and "NOT_FOUND" in out, out
+
+
+async def test_lent_quota_is_reclaimed_from_the_borrowers_lowest_priority_job_by_its_policy(
+    cell1: Cell,
+):
+    """The owner's job is of lower priority than every borrower's: only reclaim frees
+    room. The borrower's lowest-priority job goes (delayed: its policy), then, for the
+    next, the youngest of the rest (terminated: its policy); no job of the owner's."""
+    await set_quota(cell1, "owner", nominal_chips={"tpu": 384}, cohort="lab")
+    await set_quota(cell1, "guest", nominal_chips={"tpu": 128}, cohort="lab")
+    for i in range(8):  # the whole pod: 128 nominal + 384 borrowed
+        low = i == 5
+        sub = await cell1.submit(
+            f"g{i}",
+            tenant="guest",
+            priority=60 if low else 90,
+            preemption_policy=common_pb2.PREEMPTION_POLICY_DELAY
+            if low
+            else common_pb2.PREEMPTION_POLICY_TERMINATE,
+        )
+        assert sub.job.pod_id == "pod-a", sub.job.reason
+    assert (await quotas(cell1, "guest"))["guest"].borrowed_chips["tpu"] == 384
+    first = await cell1.submit("own-1", tenant="owner", priority=10)
+    assert first.job.state == PENDING and "waiting for quota" not in first.job.reason
+    await cell1.wait_state("own-1", RUNNING)
+    delayed = await cell1.job("g5")
+    assert delayed.state in (PENDING, common_pb2.JOB_STATE_SUSPENDED), delayed
+    assert "its tenant took back quota it had lent" in delayed.reason, delayed.reason
+    await cell1.submit("own-2", tenant="owner", priority=10)
+    await cell1.wait_state("own-2", RUNNING)
+    assert (await cell1.job("g7")).state == common_pb2.JOB_STATE_PREEMPTED
+    states = {f"g{i}": (await cell1.job(f"g{i}")).state for i in range(8)}
+    assert [j for j, s in states.items() if s == RUNNING] == ["g0", "g1", "g2", "g3", "g4", "g6"]
