@@ -50,6 +50,19 @@ def _typed(raw: str) -> tuple[str, int]:
     return node_type, _chips(n)
 
 
+def _per_type_flag(
+    p: argparse.ArgumentParser | argparse._MutuallyExclusiveGroup, flag: str, help: str
+) -> None:
+    p.add_argument(
+        flag,
+        type=_typed,
+        action="append",
+        default=[],
+        metavar="TYPE=N",
+        help=help + " (repeatable)",
+    )
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("quota", help="tenants' quotas in the cell: chips per node type")
     verbs = p.add_subparsers(dest="verb", metavar="VERB")
@@ -68,32 +81,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     v.add_argument("tenant", help="the tenant, e.g. acme")
     for t in NODE_TYPES:
         v.add_argument(f"--{t}-chips", type=_chips, metavar="N", help=f"nominal quota in {t} chips")
-    v.add_argument(
-        "--chips",
-        type=_typed,
-        action="append",
-        default=[],
-        metavar="TYPE=N",
-        help="nominal quota of another node type (repeatable)",
-    )
+    _per_type_flag(v, "--chips", "nominal quota of another node type")
     v.add_argument("--cohort", default="", help="tenants of one cohort lend each other idle quota")
     borrow = v.add_mutually_exclusive_group()
-    borrow.add_argument(
+    _per_type_flag(
+        borrow,
         "--borrow",
-        type=_typed,
-        action="append",
-        default=[],
-        metavar="TYPE=N",
-        help="most chips of TYPE held above the nominal quota (default: what the cohort lends)",
+        "most chips of TYPE held above the nominal (default: what the cohort lends)",
     )
     borrow.add_argument("--no-borrowing", action="store_true", help="never above the nominal")
-    v.add_argument(
-        "--lend",
-        type=_typed,
-        action="append",
-        default=[],
-        metavar="TYPE=N",
-        help="most chips of TYPE lent to the cohort (default: all unused nominal)",
+    _per_type_flag(
+        v, "--lend", "most chips of TYPE lent to the cohort (default: all unused nominal)"
     )
     v.add_argument(
         "--weight", type=float, default=0.0, help="fair-share weight, 0.001 to 1000 (default 1)"

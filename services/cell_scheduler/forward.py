@@ -33,7 +33,7 @@ from services.cell_scheduler.choice import (
 from services.cell_scheduler.jobs import CellJobs, SubmitResult, record_fields, request_b64
 from services.cell_scheduler.metrics import CellMetrics
 from services.cell_scheduler.podclient import PodRefused, PodUnreachable, state_name
-from services.cell_scheduler.quotas import QuotaState, charge_of, plan_reclaim
+from services.cell_scheduler.quotas import RECLAIM_FIELDS, QuotaState, charge_of, plan_reclaim
 from services.cell_scheduler.request import Resolved, grouped, tenant_of
 from services.cell_scheduler.store import PLACED, QUEUED, Conflict
 
@@ -306,7 +306,7 @@ class Forwarder:
                 }
                 for p in pods
             }
-            live = await self.store.running_charges(pods)
+            live = await self.store.live_fields(pods, RECLAIM_FIELDS)
             plan = plan_reclaim(tenant, need, quotas, live, room)
             if plan is None or plan.pod not in resolved:
                 continue

@@ -153,19 +153,10 @@ class CellMetrics:
         statuses = Counter(
             _STATUS.get(directory.status_of(snap, p, now)[0], "unknown") for p in pods
         )
-        async with directory.store.redis.pipeline(transaction=False) as pipe:
-            for p in pods:
-                pipe.smembers(directory.store.key("pod", p, "live"))
-            live = await pipe.execute()
-        owners = [(p, j) for p, jobs in zip(pods, live, strict=True) for j in sorted(jobs)]
-        async with directory.store.redis.pipeline(transaction=False) as pipe:
-            for _, job_id in owners:
-                pipe.hget(directory.store.job_key(job_id), "state")
-            states = await pipe.execute()
         jobs: Counter[tuple[str, str]] = Counter()
-        for (pod, _), state in zip(owners, states, strict=True):
-            if state is not None:
-                jobs[(state, pod)] += 1
+        for pod, _, f in await directory.store.live_fields(pods, ("state",)):
+            if "state" in f:
+                jobs[(f["state"], pod)] += 1
         jobs[("PENDING", "")] = len(snap.queue)  # waiting in the cell queue, on no pod
         # A state or pod seen once stays, at 0, so its series does not vanish.
         self._jobs = {**dict.fromkeys(self._jobs, 0), **jobs}

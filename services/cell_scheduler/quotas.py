@@ -310,6 +310,9 @@ def gate(
 
 # -- reclaim -------------------------------------------------------------------------
 
+# What reclaim reads of each live job (store.live_fields).
+RECLAIM_FIELDS = ("tenant", "priority", "seq", "state", "qc", "phase")
+
 
 def plan_reclaim(
     tenant: str,
@@ -320,7 +323,7 @@ def plan_reclaim(
 ) -> Reclaim | None:
     """Borrowers' running jobs on one pod whose chips let `tenant`'s job (within its
     nominal quota, no room anywhere) run there: the model's choice over what the store
-    says runs (store.running_charges), or None."""
+    says runs (store.live_fields of RECLAIM_FIELDS), or None."""
     running = [
         RunningJob(
             job,

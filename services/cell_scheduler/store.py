@@ -572,18 +572,19 @@ class CellStore:
         t.op("mark_down", pod_id, now_ms, timeout_ms)
         return int((await self._script.commit(t))["count"])
 
-    async def running_charges(self, pods: Sequence[str]) -> list[tuple[str, str, dict[str, str]]]:
-        """(pod, job, fields) of every live job on `pods` the cell placed: its tenant,
-        priority, sequence, state and quota charge ("qc"), for reclaim (issue 35)."""
+    async def live_fields(
+        self, pods: Sequence[str], names: Sequence[str]
+    ) -> list[tuple[str, str, dict[str, str]]]:
+        """(pod, job, its fields `names` that are set) of every live job on `pods`, in two
+        round trips (the metrics' job states; reclaim's tenants, priorities and charges)."""
         async with self.redis.pipeline(transaction=False) as pipe:
             for p in pods:
                 pipe.smembers(self.key("pod", p, "live"))
             live = await pipe.execute()
         owners = [(p, j) for p, jobs in zip(pods, live, strict=True) for j in sorted(jobs)]
-        names = ("tenant", "priority", "seq", "state", "qc", "phase")
         async with self.redis.pipeline(transaction=False) as pipe:
             for _, j in owners:
-                pipe.hmget(self.job_key(j), names)
+                pipe.hmget(self.job_key(j), list(names))
             rows = await pipe.execute()
         return [
             (p, j, {k: v for k, v in zip(names, row, strict=True) if v is not None})
@@ -655,10 +656,10 @@ class CellStore:
         charge: Mapping[str, int] | None = None,
         quota_version: str | None = None,
     ) -> None:
-        """A queued job bound to `pod`, charged to its tenant (`charge`; with
-        `quota_version`, Conflict QUOTA when quotas or usage changed since the decision). Conflict MOVED when it is no longer queued; STALE
-        when its blocks went; with `request`, CHANGED when its request is no longer the
-        one the decision was made for (updated meanwhile)."""
+        """A queued job bound to `pod` and charged to its tenant (`charge`). Conflict
+        MOVED when it is no longer queued; STALE when its blocks went; with `request`,
+        CHANGED when its request is no longer the one the decision was made for (updated
+        meanwhile); with `quota_version`, QUOTA when quotas or usage changed since."""
         t = CellTxn(pod, jobs=[job_id])
         t.expect_phase(job_id, [QUEUED])
         if request:
