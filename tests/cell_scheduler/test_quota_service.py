@@ -267,3 +267,23 @@ async def test_lent_quota_is_reclaimed_from_the_borrowers_lowest_priority_job_by
     assert (await cell1.job("g7")).state == common_pb2.JOB_STATE_PREEMPTED
     states = {f"g{i}": (await cell1.job(f"g{i}")).state for i in range(8)}
     assert [j for j, s in states.items() if s == RUNNING] == ["g0", "g1", "g2", "g3", "g4", "g6"]
+
+
+async def test_waiting_tenants_are_served_by_fair_share_before_age(redis_url):
+    """Room for one job: the tenant that has used less of the cell goes first, though
+    the other's job waited longer."""
+    async with cell_stack(redis_url, pods=(("pod-a", 4, "tpu"),)) as cell:
+        for tenant in ("heavy", "light"):
+            await set_quota(cell, tenant, nominal_chips={"tpu": 192}, no_borrowing=True)
+        await cell.submit("h1", (4, 4, 8), tenant="heavy")  # 128 chips, accruing usage
+        await cell.submit("f1", tenant="filler")
+        await cell.submit("f2", tenant="filler")  # the pod is full
+        older = await cell.submit("h2", tenant="heavy")
+        newer = await cell.submit("l1", tenant="light")
+        assert not older.job.pod_id and not newer.job.pod_id
+        assert "waiting for quota" not in older.job.reason + newer.job.reason  # for room
+        heavy = (await quotas(cell, "heavy"))["heavy"]
+        assert heavy.share > (await quotas(cell, "light"))["light"].share == 0
+        await cell.cell.CompleteJob(cs.CompleteCellJobRequest(job_id="f1"))
+        await cell.wait_for(lambda: _placed(cell, "l1"), what="light's job given the room")
+        assert not (await cell.job("h2")).pod_id
