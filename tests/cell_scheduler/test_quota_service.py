@@ -265,6 +265,9 @@ async def test_lent_quota_is_reclaimed_from_the_borrowers_lowest_priority_job_by
     await cell1.submit("own-2", tenant="owner", priority=10)
     await cell1.wait_state("own-2", RUNNING)
     assert (await cell1.job("g7")).state == common_pb2.JOB_STATE_PREEMPTED
+    # the pod's report of g7's end gives its chips back (g5, delayed on its pod, holds on)
+    await cell1.wait_for(lambda: _used(cell1, "guest", 7 * 64), what="g7's chips given back")
+    assert (await quotas(cell1, "owner"))["owner"].used_chips["tpu"] == 128
     states = {f"g{i}": (await cell1.job(f"g{i}")).state for i in range(8)}
     assert [j for j, s in states.items() if s == RUNNING] == ["g0", "g1", "g2", "g3", "g4", "g6"]
 
