@@ -26,12 +26,14 @@ from services.cell_scheduler.podclient import PodCallError, state_name
 from services.cell_scheduler.pods import CACHE_LIMIT, PodDirectory
 from services.cell_scheduler.quotas import (
     NEVER_UNDER_QUOTA,
+    QUOTA_ALLOWS,
     WAITING_FOR_QUOTA,
     Queued,
     QuotaState,
     capacity_of,
     charge_of,
     gate,
+    waits_for_quota,
 )
 from services.cell_scheduler.request import (
     PodModel,
@@ -167,12 +169,15 @@ class Admission:
                 )
             )
         state = QuotaState.of(snap.quotas)
-        if not state.active:
-            return demands, details
         admit, waits = gate(gated, state, capacity_of(models.values()), now)
         for job_id, why in waits.items():
             if records[job_id].reason != why:
                 await self.store.waiting_reason(job_id, why, now)
+        for job_id in admit:  # no longer held back by its quota: it says so
+            if waits_for_quota(records[job_id].reason):
+                await self.store.waiting_reason(job_id, QUOTA_ALLOWS, now)
+        if not state.active:
+            return demands, details
         by_id = {d.job_id: d for d in demands}
         return [by_id[j] for j in admit], details
 

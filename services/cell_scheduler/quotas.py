@@ -45,6 +45,7 @@ from services.cell_scheduler.store import QuotaRows
 from services.common.keys import ID_RULE, is_valid_id
 
 WAITING_FOR_QUOTA = "waiting for quota: "
+QUOTA_ALLOWS = "queued in the cell: its tenant's quota allows it now; waiting for room"
 NEVER_UNDER_QUOTA = "cannot be admitted under its tenant's quota (change the quota or the job): "
 # The API's names of the model's fields (check_quota's violations).
 _FIELD = {"nominal": "nominal_chips", "borrowing_limit": "borrowing_limit"}

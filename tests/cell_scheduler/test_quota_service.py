@@ -106,6 +106,12 @@ async def test_a_job_over_its_quota_waits_saying_so_and_goes_when_the_quota_allo
     assert "acme" in await quotas(cell1)  # still listed: it holds chips
     assert not (await quotas(cell1))["acme"].HasField("quota")
 
+    # no longer held back by a quota, the big job waits for room and says so
+    async def says_room() -> bool:
+        return "quota allows it now; waiting for room" in (await cell1.job("a5")).reason
+
+    await cell1.wait_for(says_room, what="a5's reason: waiting for room")
+
 
 async def _placed(cell: Cell, job_id: str) -> bool:
     return bool((await cell.job(job_id)).pod_id)
