@@ -213,7 +213,7 @@ class CellScheduler:
                     check_free=first.how == FITS and attempt < MAX_PLAN_ATTEMPTS - 1,
                     expect_empty_queue=not snap.queue,
                     now_ms=now,
-                    quota_version=snap.quotas.version,
+                    quota=QuotaState.of(snap.quotas).guard(tenant),
                 )
             except Conflict as c:
                 if c.reason == EXISTS:

@@ -103,7 +103,7 @@ class Forwarder:
                     check_free=cand.how == FITS,
                     reason=f"forwarding to pod {pod}: {cand.reason}",
                     request=request_b64(req),
-                    quota_version=quotas.version,
+                    quota=quotas.guard(tenant),
                 )
                 if claimed is None:
                     break  # a dispatcher took it meanwhile, or that pod's blocks went elsewhere
@@ -243,7 +243,7 @@ class Forwarder:
             req, resolved = details[demand.job_id]
             first = choice.candidates[0]
             r = resolved[first.pod_id]
-            limited = quotas.limits(tenant_of(req))
+            tenant = tenant_of(req)
             token = await self.jobs.claim_queued(
                 demand.job_id,
                 r,
@@ -252,11 +252,11 @@ class Forwarder:
                 reason=f"leaving the cell queue for pod {first.pod_id}: {first.reason}",
                 now_ms=now,
                 request=request_b64(req),
-                quota_version=version,
+                quota=quotas.guard(tenant, version),
             )
             if token is None:
                 continue  # another replica took it, or an update changed it (next pass)
-            if limited:
+            if quotas.limits(tenant):
                 version = str(int(version or 0) + 1)
             # The stored fields name the pod now; _forward stores them again when placed.
             forwards.append(
@@ -319,7 +319,7 @@ class Forwarder:
                 reason=f"leaving the cell queue for pod {plan.pod}: {plan.reason}",
                 now_ms=now,
                 request=request_b64(req),
-                quota_version=quotas.version,
+                quota=quotas.guard(tenant),
             )
             if token is None:
                 return None  # changed meanwhile: the next pass decides again

@@ -51,6 +51,7 @@ from services.cell_scheduler.store import (
     QUEUED,
     CellJobRecord,
     Conflict,
+    QuotaGuard,
     b64,
 )
 
@@ -157,12 +158,12 @@ class CellJobs:
         check_free: bool,
         expect_empty_queue: bool,
         now_ms: int,
-        quota_version: str | None = None,
+        quota: QuotaGuard | None = None,
     ) -> str:
         """A new job bound to its first candidate, its blocks held and its chips charged
         to its tenant: the claim's token. Conflict (store.claim_new): EXISTS, STALE (the
-        blocks went to others), WAITING or QUOTA (quotas or usage changed since
-        `quota_version`)."""
+        blocks went to others), WAITING or QUOTA (what the decision knew of its tenant's
+        quota, `quota`, changed)."""
         token = self.new_token()
         now = now_ms
         await self.store.claim_new(
@@ -178,7 +179,7 @@ class CellJobs:
             reason=f"forwarding to pod {cand.pod_id}: {cand.reason}",
             expect_empty_queue=expect_empty_queue,
             charge=charge_of(r),
-            quota_version=quota_version,
+            quota=quota,
         )
         self.pods.assume(cand.pod_id, r.needs, -1)
         return token
@@ -193,12 +194,12 @@ class CellJobs:
         reason: str,
         now_ms: int | None = None,
         request: str = "",
-        quota_version: str | None = None,
+        quota: QuotaGuard | None = None,
     ) -> str | None:
         """A job in the cell queue bound to a pod, its blocks held and its chips charged:
         the claim's token, or None when another replica took it (or, with `check_free`,
         the blocks went; with `request`, an update changed the request the decision was
-        made for; with `quota_version`, quotas or usage changed since)."""
+        made for; with `quota`, what the decision knew of its tenant's quota changed)."""
         token = self.new_token()
         now = self.pods.now_ms() if now_ms is None else now_ms
         try:
@@ -213,7 +214,7 @@ class CellJobs:
                 reason=reason,
                 request=request,
                 charge=charge_of(r),
-                quota_version=quota_version,
+                quota=quota,
             )
         except Conflict:  # MOVED, STALE, CHANGED or QUOTA
             return None

@@ -9,11 +9,12 @@ does not cover it stays in the queue with a reason that says so and takes no
 place in the plan; the others are planned in that order.
 
 Atomicity: every charge of a tenant with a quota, and every quota change, bumps
-the store's quota version; every claim expects the version its decision read
-(store.QUOTA), so two replicas never admit beyond a quota together (the second
-one's claim fails and it decides again with the first one's charge), and a
-decision made over a cached snapshot from before a quota was set is made again.
-Without quotas the version never moves and costs nothing.
+the store's quota version; a claim of such a tenant's job expects the version its
+decision read, a claim of another's that it still has no quota (store.QuotaGuard,
+Conflict QUOTA). So two replicas never admit beyond a quota together (the second
+one's claim fails and it decides again with the first one's charge), a decision
+made over a cached snapshot from before a quota was set is made again, and tenants
+without a quota never conflict over quotas.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from services.cell_scheduler.quota import (
     fair_order,
 )
 from services.cell_scheduler.request import PodModel, Resolved
-from services.cell_scheduler.store import QuotaRows
+from services.cell_scheduler.store import QuotaGuard, QuotaRows
 from services.common.keys import ID_RULE, is_valid_id
 
 WAITING_FOR_QUOTA = "waiting for quota: "
@@ -166,6 +167,13 @@ class QuotaState:
             usage[t] = decay(v, held, (now_ms - at) / 1000, DEFAULT_HALF_LIFE_S)
         q = self.quotas.get(tenant)
         return dominant_share(usage, capacity, q.weight if q else 1.0)
+
+    def guard(self, tenant: str, version: str | None = None) -> QuotaGuard:
+        """What a claim of `tenant`'s job decided over this snapshot expects (`version`:
+        the version as this pass's own charges moved it)."""
+        if tenant not in self.quotas:
+            return QuotaGuard(tenant, None)
+        return QuotaGuard(tenant, self.version if version is None else version)
 
     def limits(self, tenant: str) -> bool:
         """Whether a charge of `tenant` changes what others may be admitted (it has a

@@ -273,12 +273,33 @@ def _quota_rows(got: Sequence[Any]) -> QuotaRows:
     return QuotaRows(version or "", dict(quotas), {k: _i(v) for k, v in usage.items()}, decayed)
 
 
-def _expect_quota(t: txn.Txn, version: str | None) -> None:
-    if version is not None:
+@dataclass(frozen=True)
+class QuotaGuard:
+    """What a claim's decision knew of its tenant's quota: with one, the `version` of the
+    quotas and usage it read (it holds while no charge or change came since); without
+    (None), that there was none (it holds while there still is none: the charges of
+    tenants without a quota change nobody's limit, so they never conflict)."""
+
+    tenant: str
+    version: str | None
+
+
+def _expect_quota(t: txn.Txn, guard: QuotaGuard | None) -> None:
+    if guard is None:
+        return
+    if guard.version is None:
+        t.expect_field(
+            cell_key("quotas"),
+            guard.tenant,
+            False,
+            reason=QUOTA,
+            message=f"tenant {guard.tenant} has a quota now",
+        )
+    else:
         t.expect(
             cell_key("qver"),
             "n",
-            [version],
+            [guard.version],
             reason=QUOTA,
             message="quotas or their usage changed since the decision",
         )
@@ -611,7 +632,7 @@ class CellStore:
         reason: str,
         expect_empty_queue: bool = False,
         charge: Mapping[str, int] | None = None,
-        quota_version: str | None = None,
+        quota: QuotaGuard | None = None,
     ) -> int:
         """Create the job, bound to `pod` (or queued when pod is ""): its sequence. Conflict
         EXISTS when the id exists; STALE when the pod's free blocks (minus forwards in
@@ -625,7 +646,7 @@ class CellStore:
             t.expect_no_key(
                 cell_key("queue"), reason=WAITING, message="jobs wait in the cell queue"
             )
-        _expect_quota(t, quota_version)
+        _expect_quota(t, quota)
         t.op(
             "claim_new",
             job_id,
@@ -654,19 +675,19 @@ class CellStore:
         reason: str,
         request: str = "",
         charge: Mapping[str, int] | None = None,
-        quota_version: str | None = None,
+        quota: QuotaGuard | None = None,
     ) -> None:
         """A queued job bound to `pod` and charged to its tenant (`charge`). Conflict
         MOVED when it is no longer queued; STALE when its blocks went; with `request`,
         CHANGED when its request is no longer the one the decision was made for (updated
-        meanwhile); with `quota_version`, QUOTA when quotas or usage changed since."""
+        meanwhile); with `quota`, QUOTA when what its decision knew of them changed."""
         t = CellTxn(pod, jobs=[job_id])
         t.expect_phase(job_id, [QUEUED])
         if request:
             t.expect_value(job_id, "req", request, reason=CHANGED)
         if check_free:
             t.check("enough", pod, json.dumps(dict(needs)))
-        _expect_quota(t, quota_version)
+        _expect_quota(t, quota)
         t.op(
             "claim_queued",
             job_id,
