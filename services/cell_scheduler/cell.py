@@ -33,7 +33,7 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 
 from lightpath.errors import Aborted, InvalidArgument, NotFound, ResourceExhausted
 from lightpath.v1 import cell_scheduler_pb2, common_pb2, workload_scheduler_pb2
@@ -71,6 +71,33 @@ from services.cell_scheduler.updates import Updates
 from services.cell_scheduler.watch import CellEventHub
 
 __all__ = ["CellScheduler", "JobView", "SubmitResult"]
+
+
+# Claims a submit may lose to other admissions' quota charges beyond its attempts.
+MAX_QUOTA_LOSSES = 64
+
+
+class Attempts:
+    """A submit's attempts at a decision and its claim: `n`, and one more for each
+    `extend` (at most `extra_max`)."""
+
+    def __init__(self, n: int, extra_max: int):
+        self.n, self.extra, self.extra_max = n, 0, extra_max
+
+    def __iter__(self) -> Iterator[int]:
+        i = 0
+        while i < self.n + self.extra:
+            yield i
+            i += 1
+
+    def extend(self) -> bool:
+        if self.extra >= self.extra_max:
+            return False
+        self.extra += 1
+        return True
+
+    def last(self, i: int) -> bool:
+        return i >= self.n + self.extra - 1
 
 
 class CellScheduler:
@@ -139,7 +166,8 @@ class CellScheduler:
         canonical.validate_only = False
         request_b64 = b64(canonical.SerializeToString(deterministic=True))
         started = time.monotonic()
-        for attempt in range(MAX_PLAN_ATTEMPTS):
+        budget = Attempts(MAX_PLAN_ATTEMPTS, MAX_QUOTA_LOSSES)
+        for attempt in budget:
             snap = await self.pods.registry(fresh=attempt > 0)
             if snap.queue and attempt == 0:
                 snap = await self.pods.registry(fresh=True)  # decide with the queue as it is
@@ -210,7 +238,7 @@ class CellScheduler:
                     first,
                     # The last attempt goes ahead even if others took the blocks meanwhile:
                     # the pod's own admission decides.
-                    check_free=first.how == FITS and attempt < MAX_PLAN_ATTEMPTS - 1,
+                    check_free=first.how == FITS and not budget.last(attempt),
                     expect_empty_queue=not snap.queue,
                     now_ms=now,
                     quota=QuotaState.of(snap.quotas).guard(tenant),
@@ -218,8 +246,11 @@ class CellScheduler:
             except Conflict as c:
                 if c.reason == EXISTS:
                     return await self.jobs.existing(await self.jobs.job_record(job_id), request_b64)
-                if c.reason == QUOTA:
-                    continue  # another admission charged the cohort meanwhile: decide again
+                if c.reason == QUOTA and budget.extend():
+                    # Another admission charged the quotas meanwhile: decide again. Each
+                    # loss is another's admission, so a burst of one tenant's submits
+                    # goes through whole, not refused as busy.
+                    continue
                 # STALE: the blocks went to others; WAITING: jobs wait in the cell queue. A
                 # job that asked not to wait is answered now once a fresh look lost the
                 # race: planning again under load held such callers for seconds (issue 30).
