@@ -75,6 +75,11 @@ FIELDS: Mapping[str, int] = {
     "PodCapacity.types": 64,
     "NodeTypeCapacity.preemptible_by_priority": 128,
     "ReportPodStatusRequest.transitions": 500,
+    # -- tenants' quotas (issue 35): one entry per node type
+    "Quota.nominal_chips": 64,
+    "Quota.borrowing_limit": 64,
+    "Quota.lending_limit": 64,
+    "AdmitJobRequest.reclaim": 1024,
     # -- the OCS manager and switch agents
     "WireSliceRequest.blocks": BLOCKS,
     "WireSliceRequest.wrap": DIMS,

@@ -142,6 +142,23 @@ def test_every_method_of_every_service_has_a_row():
             ["tenant:acme", "service:cell_scheduler"],
         ),
         ("CellScheduler/ListPods", ["operator:operator"], ["tenant:acme"]),
+        # tenants' quotas (issue 35): operators set and delete them; a tenant reads (its
+        # own row only: test_quota_service); the console reads, writes nothing
+        (
+            "CellScheduler/SetQuota",
+            ["operator:operator"],
+            ["tenant:acme", "service:console", "service:workload_scheduler/pod-1"],
+        ),
+        (
+            "CellScheduler/DeleteQuota",
+            ["operator:operator"],
+            ["tenant:acme", "service:console", "node:n1"],
+        ),
+        (
+            "CellScheduler/ListQuotas",
+            ["tenant:acme", "operator:operator", "service:console"],
+            ["node:n1", "application:cam", "service:workload_scheduler/pod-1"],
+        ),
         # only pod P's scheduler (or an operator) wires pod P
         (
             "OcsManager/WireSlice",

@@ -509,6 +509,15 @@ def _seed_requests() -> dict[str, Message]:
             events_after="0-0",
             events_until="1-0",
         ),
+        "CellScheduler.SetQuota": cell_pb.SetQuotaRequest(
+            quota=cell_pb.Quota(
+                tenant="acme",
+                nominal_chips={"tpu": 64},
+                cohort="team",
+                lending_limit={"tpu": 32},
+                weight=2.0,
+            )
+        ),
         "WorkloadScheduler.AdmitJob": ws_pb.AdmitJobRequest(spec=spec, validate_only=True),
         "CellScheduler.UpdateJob": cell_pb.UpdateCellJobRequest(
             spec=ws_pb.JobSpec(job_id="job-1", priority=70, labels={"team": "ml"}),

@@ -578,14 +578,17 @@ def too_large_cases() -> Iterator[tuple[str, Case]]:
     a unary method filled past it): gRPC refuses it before it is parsed."""
     for key, (service, module) in SERVICES.items():
         (svc, *_) = module.DESCRIPTOR.services_by_name.values()
+
+        def one_string(f: FieldDescriptor) -> bool:
+            return f.type == FieldDescriptor.TYPE_STRING and not f.is_repeated
+
         method = next(
             m
             for m in svc.methods
-            if not m.client_streaming
-            and any(f.type == FieldDescriptor.TYPE_STRING for f in m.input_type.fields)
+            if not m.client_streaming and any(one_string(f) for f in m.input_type.fields)
         )
         request = _pb_class(method.input_type)()
-        field = next(f for f in method.input_type.fields if f.type == FieldDescriptor.TYPE_STRING)
+        field = next(f for f in method.input_type.fields if one_string(f))
         setattr(request, field.name, "x" * (limits.request_bytes(service) + 1))
         yield key, Case(method, request, field.name, limits.request_bytes(service))
 

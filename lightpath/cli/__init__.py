@@ -26,6 +26,7 @@ COMMAND_MODULES = (
     "lightpath.cli.cores",
     "lightpath.cli.graph",
     "lightpath.cli.cell",
+    "lightpath.cli.quota",
     "lightpath.cli.completion",
     "lightpath.cli.contexts",
     "lightpath.cli.lifecycle",

@@ -141,6 +141,12 @@ class SliceJob:
     # When the pod admitted it (ms): its age, for the queue's age bound
     # (planner.waited_past). 0 for jobs stored before the field: counted as old.
     submitted_ms: int = 0
+    # Jobs this one preempted when the cell reclaimed lent quota for it (issue 35): they
+    # never preempt it back by priority while it holds its blocks.
+    reclaimed_from: tuple[str, ...] = ()
+    # Delayed so that the cell could reclaim lent quota (issue 35): it resumes on free
+    # blocks only, never by preempting (else it would take back what was reclaimed).
+    yields: bool = False
 
     def queue_key(self) -> tuple[int, int]:
         """Queue order (WS-4): higher priority first, then older first."""
@@ -177,6 +183,10 @@ class SliceJob:
             extra["off"] = list(self.offset)
         if self.submitted_ms:
             extra["sub"] = self.submitted_ms
+        if self.reclaimed_from:
+            extra["rcl"] = list(self.reclaimed_from)
+        if self.yields:
+            extra["yld"] = 1
         return json.dumps(
             {
                 "id": self.job_id,
@@ -233,6 +243,8 @@ class SliceJob:
             tile=tuple(d["tile"]) if d.get("tile") else None,  # type: ignore[arg-type]
             offset=tuple(d["off"]) if d.get("off") is not None else None,
             submitted_ms=int(d.get("sub", 0)),
+            reclaimed_from=tuple(d.get("rcl", ())),
+            yields=bool(d.get("yld")),
         )
 
 

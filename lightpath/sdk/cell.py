@@ -464,6 +464,22 @@ class AsyncCell(AsyncClient):
         req.update_mask.paths.extend(paths)
         return await self._call("UpdateJob", req)  # type: ignore[no-any-return]
 
+    async def set_quota(self, quota: cs.Quota) -> cs.TenantQuota:
+        """Create or replace a tenant's quota (operators; issue 35): its row after."""
+        return await self._call(  # type: ignore[no-any-return]
+            "SetQuota", cs.SetQuotaRequest(quota=quota)
+        )
+
+    async def delete_quota(self, tenant: str) -> cs.TenantQuota:
+        """Remove a tenant's quota (operators): its row as it was."""
+        resp = await self._call("DeleteQuota", cs.DeleteQuotaRequest(tenant=tenant))
+        return resp.deleted  # type: ignore[no-any-return]
+
+    async def quotas(self, tenant: str = "") -> list[cs.TenantQuota]:
+        """Quotas with their usage, by tenant (a tenant's credential: its own row)."""
+        resp = await self._call("ListQuotas", cs.ListQuotasRequest(tenant=tenant))
+        return list(resp.quotas)
+
     async def pods(self) -> list[cs.Pod]:
         """The cell's superpods: registration, capacity, status."""
         return list((await self._call("ListPods", cs.ListPodsRequest())).pods)
@@ -516,5 +532,8 @@ class Cell(SyncClient[AsyncCell]):
     complete = blocking(AsyncCell.complete)
     update = blocking(AsyncCell.update)
     pods = blocking(AsyncCell.pods)
+    set_quota = blocking(AsyncCell.set_quota)
+    delete_quota = blocking(AsyncCell.delete_quota)
+    quotas = blocking(AsyncCell.quotas)
     pod = blocking(AsyncCell.pod)
     report_block_health = blocking(AsyncCell.report_block_health)

@@ -931,3 +931,320 @@ class RegisterPodRequest(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___RegisterPodRequest: _TypeAlias = RegisterPodRequest  # noqa: Y015
+
+@_typing.final
+class Quota(_message.Message):
+    """A tenant's share of the cell (issue 35), in chips per node type (tpu, gpu, npu)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class NominalChipsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    @_typing.final
+    class BorrowingLimitEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    @_typing.final
+    class LendingLimitEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    TENANT_FIELD_NUMBER: _builtins.int
+    NOMINAL_CHIPS_FIELD_NUMBER: _builtins.int
+    COHORT_FIELD_NUMBER: _builtins.int
+    BORROWING_LIMIT_FIELD_NUMBER: _builtins.int
+    NO_BORROWING_FIELD_NUMBER: _builtins.int
+    LENDING_LIMIT_FIELD_NUMBER: _builtins.int
+    WEIGHT_FIELD_NUMBER: _builtins.int
+    tenant: _builtins.str
+    """The tenant; a tenant caller's own name or empty (its own)."""
+    cohort: _builtins.str
+    """Members of one cohort lend each other their unused nominal quota ("": none, the
+    tenant neither borrows nor lends). An id.
+    """
+    no_borrowing: _builtins.bool
+    """Borrow nothing of any type (`--no-borrowing`): every type's limit is 0."""
+    weight: _builtins.float
+    """Fair-share weight among waiting tenants: 0.001 to 1000; 0 (unset) is 1."""
+    @_builtins.property
+    def nominal_chips(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
+        """Chips per node type the tenant is owed (a type absent: 0). At most 64 entries,
+        each 0 to 16,777,216 chips (lightpath.limits; services.cell_scheduler.quota).
+        """
+
+    @_builtins.property
+    def borrowing_limit(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
+        """Most chips per type the tenant may hold above its nominal (a type absent: what
+        the cohort lends). At most 64 entries, each 0 to 16,777,216 and at most the
+        other members' nominal of that type.
+        """
+
+    @_builtins.property
+    def lending_limit(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
+        """Most chips per type of its nominal the tenant lends (a type absent: all of its
+        unused nominal). At most 64 entries, each 0 to 16,777,216.
+        """
+
+    def __init__(
+        self,
+        *,
+        tenant: _builtins.str = ...,
+        nominal_chips: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+        cohort: _builtins.str = ...,
+        borrowing_limit: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+        no_borrowing: _builtins.bool = ...,
+        lending_limit: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+        weight: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["borrowing_limit", b"borrowing_limit", "cohort", b"cohort", "lending_limit", b"lending_limit", "no_borrowing", b"no_borrowing", "nominal_chips", b"nominal_chips", "tenant", b"tenant", "weight", b"weight"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Quota: _TypeAlias = Quota  # noqa: Y015
+
+@_typing.final
+class TenantQuota(_message.Message):
+    """A quota with what its tenant holds now."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class UsedChipsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    @_typing.final
+    class BorrowedChipsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    QUOTA_FIELD_NUMBER: _builtins.int
+    TENANT_FIELD_NUMBER: _builtins.int
+    USED_CHIPS_FIELD_NUMBER: _builtins.int
+    BORROWED_CHIPS_FIELD_NUMBER: _builtins.int
+    WAITING_JOBS_FIELD_NUMBER: _builtins.int
+    WAITING_FOR_QUOTA_FIELD_NUMBER: _builtins.int
+    SHARE_FIELD_NUMBER: _builtins.int
+    tenant: _builtins.str
+    waiting_jobs: _builtins.int
+    """Its jobs waiting in the cell queue."""
+    waiting_for_quota: _builtins.int
+    """Of those, the jobs that wait for quota (not for room)."""
+    share: _builtins.float
+    """Its weighted dominant share of decayed usage (fair share: smaller goes first)."""
+    @_builtins.property
+    def quota(self) -> Global___Quota:
+        """Unset (no tenant field) for a tenant without a quota that holds chips."""
+
+    @_builtins.property
+    def used_chips(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
+        """Chips per node type held by the tenant's admitted jobs (forwarded or placed,
+        not ended).
+        """
+
+    @_builtins.property
+    def borrowed_chips(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
+        """Of those, the chips above its nominal quota (lent by its cohort)."""
+
+    def __init__(
+        self,
+        *,
+        quota: Global___Quota | None = ...,
+        tenant: _builtins.str = ...,
+        used_chips: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+        borrowed_chips: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+        waiting_jobs: _builtins.int = ...,
+        waiting_for_quota: _builtins.int = ...,
+        share: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["quota", b"quota"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["borrowed_chips", b"borrowed_chips", "quota", b"quota", "share", b"share", "tenant", b"tenant", "used_chips", b"used_chips", "waiting_for_quota", b"waiting_for_quota", "waiting_jobs", b"waiting_jobs"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TenantQuota: _TypeAlias = TenantQuota  # noqa: Y015
+
+@_typing.final
+class SetQuotaRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    QUOTA_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def quota(self) -> Global___Quota: ...
+    def __init__(
+        self,
+        *,
+        quota: Global___Quota | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["quota", b"quota"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["quota", b"quota"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SetQuotaRequest: _TypeAlias = SetQuotaRequest  # noqa: Y015
+
+@_typing.final
+class DeleteQuotaRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_FIELD_NUMBER: _builtins.int
+    tenant: _builtins.str
+    def __init__(
+        self,
+        *,
+        tenant: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["tenant", b"tenant"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteQuotaRequest: _TypeAlias = DeleteQuotaRequest  # noqa: Y015
+
+@_typing.final
+class DeleteQuotaResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DELETED_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def deleted(self) -> Global___TenantQuota:
+        """The quota as it was."""
+
+    def __init__(
+        self,
+        *,
+        deleted: Global___TenantQuota | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["deleted", b"deleted"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["deleted", b"deleted"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteQuotaResponse: _TypeAlias = DeleteQuotaResponse  # noqa: Y015
+
+@_typing.final
+class ListQuotasRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_FIELD_NUMBER: _builtins.int
+    tenant: _builtins.str
+    """Only this tenant's row ("": every tenant the caller may see)."""
+    def __init__(
+        self,
+        *,
+        tenant: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["tenant", b"tenant"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListQuotasRequest: _TypeAlias = ListQuotasRequest  # noqa: Y015
+
+@_typing.final
+class ListQuotasResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    QUOTAS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def quotas(self) -> _containers.RepeatedCompositeFieldContainer[Global___TenantQuota]:
+        """By tenant name."""
+
+    def __init__(
+        self,
+        *,
+        quotas: _abc.Iterable[Global___TenantQuota] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["quotas", b"quotas"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListQuotasResponse: _TypeAlias = ListQuotasResponse  # noqa: Y015

@@ -115,6 +115,21 @@ class CellSchedulerStub:
                 request_serializer=lightpath_dot_v1_dot_cell__scheduler__pb2.ReportPodStatusRequest.SerializeToString,
                 response_deserializer=lightpath_dot_v1_dot_cell__scheduler__pb2.ReportPodStatusResponse.FromString,
                 _registered_method=True)
+        self.SetQuota = channel.unary_unary(
+                '/lightpath.v1.CellScheduler/SetQuota',
+                request_serializer=lightpath_dot_v1_dot_cell__scheduler__pb2.SetQuotaRequest.SerializeToString,
+                response_deserializer=lightpath_dot_v1_dot_cell__scheduler__pb2.TenantQuota.FromString,
+                _registered_method=True)
+        self.DeleteQuota = channel.unary_unary(
+                '/lightpath.v1.CellScheduler/DeleteQuota',
+                request_serializer=lightpath_dot_v1_dot_cell__scheduler__pb2.DeleteQuotaRequest.SerializeToString,
+                response_deserializer=lightpath_dot_v1_dot_cell__scheduler__pb2.DeleteQuotaResponse.FromString,
+                _registered_method=True)
+        self.ListQuotas = channel.unary_unary(
+                '/lightpath.v1.CellScheduler/ListQuotas',
+                request_serializer=lightpath_dot_v1_dot_cell__scheduler__pb2.ListQuotasRequest.SerializeToString,
+                response_deserializer=lightpath_dot_v1_dot_cell__scheduler__pb2.ListQuotasResponse.FromString,
+                _registered_method=True)
 
 
 class CellSchedulerServicer:
@@ -246,6 +261,34 @@ class CellSchedulerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetQuota(self, request, context):
+        """Issue 35: tenants' quotas in chips per node type, cohorts that lend each other
+        idle quota, fair share. Operators only: create or replace one tenant's quota;
+        it applies to the next admission (no restart). INVALID_ARGUMENT names the
+        field: a negative count, an unknown node type (not one a registered pod has),
+        a tenant name no tenant can have, a borrowing limit above the nominal quota
+        of the cohort's other members, a weight out of range.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteQuota(self, request, context):
+        """Operators only: a tenant's quota removed (its jobs are then not limited).
+        NOT_FOUND when it has none.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListQuotas(self, request, context):
+        """Quotas with their usage: operators see every tenant with a quota or chips
+        held; a tenant sees its own row only (never another tenant's name).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CellSchedulerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -318,6 +361,21 @@ def add_CellSchedulerServicer_to_server(servicer, server):
                     servicer.ReportPodStatus,
                     request_deserializer=lightpath_dot_v1_dot_cell__scheduler__pb2.ReportPodStatusRequest.FromString,
                     response_serializer=lightpath_dot_v1_dot_cell__scheduler__pb2.ReportPodStatusResponse.SerializeToString,
+            ),
+            'SetQuota': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetQuota,
+                    request_deserializer=lightpath_dot_v1_dot_cell__scheduler__pb2.SetQuotaRequest.FromString,
+                    response_serializer=lightpath_dot_v1_dot_cell__scheduler__pb2.TenantQuota.SerializeToString,
+            ),
+            'DeleteQuota': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteQuota,
+                    request_deserializer=lightpath_dot_v1_dot_cell__scheduler__pb2.DeleteQuotaRequest.FromString,
+                    response_serializer=lightpath_dot_v1_dot_cell__scheduler__pb2.DeleteQuotaResponse.SerializeToString,
+            ),
+            'ListQuotas': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListQuotas,
+                    request_deserializer=lightpath_dot_v1_dot_cell__scheduler__pb2.ListQuotasRequest.FromString,
+                    response_serializer=lightpath_dot_v1_dot_cell__scheduler__pb2.ListQuotasResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -707,6 +765,87 @@ class CellScheduler:
             '/lightpath.v1.CellScheduler/ReportPodStatus',
             lightpath_dot_v1_dot_cell__scheduler__pb2.ReportPodStatusRequest.SerializeToString,
             lightpath_dot_v1_dot_cell__scheduler__pb2.ReportPodStatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetQuota(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lightpath.v1.CellScheduler/SetQuota',
+            lightpath_dot_v1_dot_cell__scheduler__pb2.SetQuotaRequest.SerializeToString,
+            lightpath_dot_v1_dot_cell__scheduler__pb2.TenantQuota.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteQuota(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lightpath.v1.CellScheduler/DeleteQuota',
+            lightpath_dot_v1_dot_cell__scheduler__pb2.DeleteQuotaRequest.SerializeToString,
+            lightpath_dot_v1_dot_cell__scheduler__pb2.DeleteQuotaResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListQuotas(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lightpath.v1.CellScheduler/ListQuotas',
+            lightpath_dot_v1_dot_cell__scheduler__pb2.ListQuotasRequest.SerializeToString,
+            lightpath_dot_v1_dot_cell__scheduler__pb2.ListQuotasResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -98,6 +98,22 @@ class CellSchedulerStub:
     last acknowledged one. NOT_FOUND when the cell does not know the pod
     (register again).
     """
+    SetQuota: _grpc.UnaryUnaryMultiCallable[_cell_scheduler_pb2.SetQuotaRequest, _cell_scheduler_pb2.TenantQuota]
+    """Issue 35: tenants' quotas in chips per node type, cohorts that lend each other
+    idle quota, fair share. Operators only: create or replace one tenant's quota;
+    it applies to the next admission (no restart). INVALID_ARGUMENT names the
+    field: a negative count, an unknown node type (not one a registered pod has),
+    a tenant name no tenant can have, a borrowing limit above the nominal quota
+    of the cohort's other members, a weight out of range.
+    """
+    DeleteQuota: _grpc.UnaryUnaryMultiCallable[_cell_scheduler_pb2.DeleteQuotaRequest, _cell_scheduler_pb2.DeleteQuotaResponse]
+    """Operators only: a tenant's quota removed (its jobs are then not limited).
+    NOT_FOUND when it has none.
+    """
+    ListQuotas: _grpc.UnaryUnaryMultiCallable[_cell_scheduler_pb2.ListQuotasRequest, _cell_scheduler_pb2.ListQuotasResponse]
+    """Quotas with their usage: operators see every tenant with a quota or chips
+    held; a tenant sees its own row only (never another tenant's name).
+    """
 
 @_typing.type_check_only
 class CellSchedulerAsyncStub(CellSchedulerStub):
@@ -166,6 +182,22 @@ class CellSchedulerAsyncStub(CellSchedulerStub):
     """... and on a heartbeat: capacity, plus the pod's job transitions since the
     last acknowledged one. NOT_FOUND when the cell does not know the pod
     (register again).
+    """
+    SetQuota: _aio.UnaryUnaryMultiCallable[_cell_scheduler_pb2.SetQuotaRequest, _cell_scheduler_pb2.TenantQuota]  # type: ignore[assignment]
+    """Issue 35: tenants' quotas in chips per node type, cohorts that lend each other
+    idle quota, fair share. Operators only: create or replace one tenant's quota;
+    it applies to the next admission (no restart). INVALID_ARGUMENT names the
+    field: a negative count, an unknown node type (not one a registered pod has),
+    a tenant name no tenant can have, a borrowing limit above the nominal quota
+    of the cohort's other members, a weight out of range.
+    """
+    DeleteQuota: _aio.UnaryUnaryMultiCallable[_cell_scheduler_pb2.DeleteQuotaRequest, _cell_scheduler_pb2.DeleteQuotaResponse]  # type: ignore[assignment]
+    """Operators only: a tenant's quota removed (its jobs are then not limited).
+    NOT_FOUND when it has none.
+    """
+    ListQuotas: _aio.UnaryUnaryMultiCallable[_cell_scheduler_pb2.ListQuotasRequest, _cell_scheduler_pb2.ListQuotasResponse]  # type: ignore[assignment]
+    """Quotas with their usage: operators see every tenant with a quota or chips
+    held; a tenant sees its own row only (never another tenant's name).
     """
 
 class CellSchedulerServicer(metaclass=_abc_1.ABCMeta):
@@ -316,6 +348,40 @@ class CellSchedulerServicer(metaclass=_abc_1.ABCMeta):
         """... and on a heartbeat: capacity, plus the pod's job transitions since the
         last acknowledged one. NOT_FOUND when the cell does not know the pod
         (register again).
+        """
+
+    @_abc_1.abstractmethod
+    def SetQuota(
+        self,
+        request: _cell_scheduler_pb2.SetQuotaRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_cell_scheduler_pb2.TenantQuota, _abc.Awaitable[_cell_scheduler_pb2.TenantQuota]]:
+        """Issue 35: tenants' quotas in chips per node type, cohorts that lend each other
+        idle quota, fair share. Operators only: create or replace one tenant's quota;
+        it applies to the next admission (no restart). INVALID_ARGUMENT names the
+        field: a negative count, an unknown node type (not one a registered pod has),
+        a tenant name no tenant can have, a borrowing limit above the nominal quota
+        of the cohort's other members, a weight out of range.
+        """
+
+    @_abc_1.abstractmethod
+    def DeleteQuota(
+        self,
+        request: _cell_scheduler_pb2.DeleteQuotaRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_cell_scheduler_pb2.DeleteQuotaResponse, _abc.Awaitable[_cell_scheduler_pb2.DeleteQuotaResponse]]:
+        """Operators only: a tenant's quota removed (its jobs are then not limited).
+        NOT_FOUND when it has none.
+        """
+
+    @_abc_1.abstractmethod
+    def ListQuotas(
+        self,
+        request: _cell_scheduler_pb2.ListQuotasRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_cell_scheduler_pb2.ListQuotasResponse, _abc.Awaitable[_cell_scheduler_pb2.ListQuotasResponse]]:
+        """Quotas with their usage: operators see every tenant with a quota or chips
+        held; a tenant sees its own row only (never another tenant's name).
         """
 
 def add_CellSchedulerServicer_to_server(servicer: CellSchedulerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -274,19 +274,28 @@ class AdmitJobRequest(_message.Message):
 
     SPEC_FIELD_NUMBER: _builtins.int
     VALIDATE_ONLY_FIELD_NUMBER: _builtins.int
+    RECLAIM_FIELD_NUMBER: _builtins.int
     validate_only: _builtins.bool
     """Decide, say what would happen, change nothing (AIP-163)."""
     @_builtins.property
     def spec(self) -> Global___JobSpec: ...
+    @_builtins.property
+    def reclaim(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The cell reclaiming quota lent to other tenants (issue 35): when free blocks are
+        too few, the pod preempts only these running jobs, whatever their priority, each
+        by its own policy (terminate, delay, shrink). At most 1,024 entries.
+        """
+
     def __init__(
         self,
         *,
         spec: Global___JobSpec | None = ...,
         validate_only: _builtins.bool = ...,
+        reclaim: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["spec", b"spec"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["spec", b"spec", "validate_only", b"validate_only"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["reclaim", b"reclaim", "spec", b"spec", "validate_only", b"validate_only"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

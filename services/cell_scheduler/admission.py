@@ -24,6 +24,17 @@ from services.cell_scheduler.choice import Choice, JobDemand, PodCapacityView, p
 from services.cell_scheduler.jobs import SubmitResult, request_b64
 from services.cell_scheduler.podclient import PodCallError, state_name
 from services.cell_scheduler.pods import CACHE_LIMIT, PodDirectory
+from services.cell_scheduler.quotas import (
+    NEVER_UNDER_QUOTA,
+    QUOTA_ALLOWS,
+    WAITING_FOR_QUOTA,
+    Queued,
+    QuotaState,
+    capacity_of,
+    charge_of,
+    gate,
+    waits_for_quota,
+)
 from services.cell_scheduler.request import (
     PodModel,
     Resolved,
@@ -98,6 +109,20 @@ class Admission:
             queued, _ = await self.queued(snap, models, now)
             ahead = [d for d in queued if d.priority >= priority]
         _, choice = plan_queue([*ahead, demand], views.values())[-1]
+        state = QuotaState.of(snap.quotas)
+        tenant = tenant_of(req)
+        if tenant in state.quotas:
+            need = charge_of(
+                resolved[choice.candidates[0].pod_id]
+                if choice.candidates
+                else next(iter(resolved.values()))
+            )
+            book = state.book()
+            verdict = book.check(tenant, need)
+            if not verdict.ok:
+                never = book.never_fits(tenant, need)
+                why = (NEVER_UNDER_QUOTA + never) if never else WAITING_FOR_QUOTA + verdict.reason
+                choice = Choice((), choice.not_now, held_back=why)
         return resolved, choice, views, priority
 
     async def queued(
@@ -107,6 +132,8 @@ class Admission:
         (a deadline that passed while waiting) fail."""
         demands: list[JobDemand] = []
         details: dict[str, tuple[cell_scheduler_pb2.SubmitJobRequest, dict]] = {}
+        gated: list[Queued] = []
+        records: dict[str, CellJobRecord] = {}
         for record in await self.store.jobs(snap.queue):
             if record.phase != QUEUED:
                 continue
@@ -131,7 +158,28 @@ class Admission:
                 )
             )
             details[record.job_id] = (req, resolved)
-        return demands, details
+            records[record.job_id] = record
+            gated.append(
+                Queued(
+                    record.job_id,
+                    record.tenant,
+                    record.priority,
+                    record.seq,
+                    charge_of(next(iter(resolved.values()))),
+                )
+            )
+        state = QuotaState.of(snap.quotas)
+        admit, waits = gate(gated, state, capacity_of(models.values()), now)
+        for job_id, why in waits.items():
+            if records[job_id].reason != why:
+                await self.store.waiting_reason(job_id, why, now)
+        for job_id in admit:  # no longer held back by its quota: it says so
+            if waits_for_quota(records[job_id].reason):
+                await self.store.waiting_reason(job_id, QUOTA_ALLOWS, now)
+        if not state.active:
+            return demands, details
+        by_id = {d.job_id: d for d in demands}
+        return [by_id[j] for j in admit], details
 
     def request_of(self, record: CellJobRecord) -> cell_scheduler_pb2.SubmitJobRequest:
         key = (record.job_id, record.request_b64)

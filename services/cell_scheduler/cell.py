@@ -33,7 +33,7 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 
 from lightpath.errors import Aborted, InvalidArgument, NotFound, ResourceExhausted
 from lightpath.v1 import cell_scheduler_pb2, common_pb2, workload_scheduler_pb2
@@ -49,13 +49,55 @@ from services.cell_scheduler.jobs import (
 from services.cell_scheduler.metrics import CellMetrics
 from services.cell_scheduler.podclient import PodCallError, PodClients, state_name
 from services.cell_scheduler.pods import PodDirectory, capacity_view, reported_chips
+from services.cell_scheduler.quotas import (
+    QuotaState,
+    capacity_of,
+    quota_from_pb,
+    tenant_quota_pb,
+    to_json,
+)
 from services.cell_scheduler.recovery import Recovery
 from services.cell_scheduler.request import check_registration, check_request, tenant_of
-from services.cell_scheduler.store import EXISTS, CellStore, Conflict, RegistrySnapshot, b64, unb64
+from services.cell_scheduler.store import (
+    EXISTS,
+    QUOTA,
+    CellStore,
+    Conflict,
+    RegistrySnapshot,
+    b64,
+    unb64,
+)
 from services.cell_scheduler.updates import Updates
 from services.cell_scheduler.watch import CellEventHub
 
 __all__ = ["CellScheduler", "JobView", "SubmitResult"]
+
+
+# Claims a submit may lose to other admissions' quota charges beyond its attempts.
+MAX_QUOTA_LOSSES = 64
+
+
+class Attempts:
+    """A submit's attempts at a decision and its claim: `n`, and one more for each
+    `extend` (at most `extra_max`)."""
+
+    def __init__(self, n: int, extra_max: int):
+        self.n, self.extra, self.extra_max = n, 0, extra_max
+
+    def __iter__(self) -> Iterator[int]:
+        i = 0
+        while i < self.n + self.extra:
+            yield i
+            i += 1
+
+    def extend(self) -> bool:
+        if self.extra >= self.extra_max:
+            return False
+        self.extra += 1
+        return True
+
+    def last(self, i: int) -> bool:
+        return i >= self.n + self.extra - 1
 
 
 class CellScheduler:
@@ -124,7 +166,8 @@ class CellScheduler:
         canonical.validate_only = False
         request_b64 = b64(canonical.SerializeToString(deterministic=True))
         started = time.monotonic()
-        for attempt in range(MAX_PLAN_ATTEMPTS):
+        budget = Attempts(MAX_PLAN_ATTEMPTS, MAX_QUOTA_LOSSES)
+        for attempt in budget:
             snap = await self.pods.registry(fresh=attempt > 0)
             if snap.queue and attempt == 0:
                 snap = await self.pods.registry(fresh=True)  # decide with the queue as it is
@@ -195,13 +238,19 @@ class CellScheduler:
                     first,
                     # The last attempt goes ahead even if others took the blocks meanwhile:
                     # the pod's own admission decides.
-                    check_free=first.how == FITS and attempt < MAX_PLAN_ATTEMPTS - 1,
+                    check_free=first.how == FITS and not budget.last(attempt),
                     expect_empty_queue=not snap.queue,
                     now_ms=now,
+                    quota=QuotaState.of(snap.quotas).guard(tenant),
                 )
             except Conflict as c:
                 if c.reason == EXISTS:
                     return await self.jobs.existing(await self.jobs.job_record(job_id), request_b64)
+                if c.reason == QUOTA and budget.extend():
+                    # Another admission charged the quotas meanwhile: decide again. Each
+                    # loss is another's admission, so a burst of one tenant's submits
+                    # goes through whole, not refused as busy.
+                    continue
                 # STALE: the blocks went to others; WAITING: jobs wait in the cell queue. A
                 # job that asked not to wait is answered now once a fresh look lost the
                 # race: planning again under load held such callers for seconds (issue 30).
@@ -223,6 +272,52 @@ class CellScheduler:
         raise Aborted(
             f"job {job_id}: the cell kept changing while placing it; retry", reason="BUSY"
         )
+
+    # == quotas (issue 35) ========================================================
+
+    async def set_quota(self, pb: cell_scheduler_pb2.Quota) -> cell_scheduler_pb2.TenantQuota:
+        """Create or replace a tenant's quota; the next admission decides with it."""
+        for _ in range(MAX_PLAN_ATTEMPTS):
+            snap = await self.pods.registry(fresh=True)
+            state = QuotaState.of(snap.quotas)
+            known = {t for m in self.pods.models_of(snap).values() for t, _ in m.node_types}
+            q = quota_from_pb(pb, known_types=known, quotas=state.quotas)
+            try:
+                await self.store.put_quota(q.tenant, to_json(q), snap.quotas.version)
+            except Conflict:
+                continue  # another change of the quotas meanwhile: check against it
+            self.log.info("quota of tenant %s set: %s", q.tenant, to_json(q))
+            self.kick()  # jobs waiting for quota may fit now
+            return (await self.list_quotas(q.tenant))[0]
+        raise Aborted("the quotas kept changing; retry", reason="BUSY")
+
+    async def delete_quota(self, tenant: str) -> cell_scheduler_pb2.TenantQuota:
+        for _ in range(MAX_PLAN_ATTEMPTS):
+            rows = await self.store.quota_rows()
+            if tenant not in rows.quotas:
+                raise NotFound("quota", tenant, hint="`lightpath quota list` shows the quotas")
+            before = (await self.list_quotas(tenant))[0]
+            try:
+                await self.store.put_quota(tenant, None, rows.version)
+            except Conflict:
+                continue
+            self.log.info("quota of tenant %s deleted", tenant)
+            self.kick()
+            return before
+        raise Aborted("the quotas kept changing; retry", reason="BUSY")
+
+    async def list_quotas(self, tenant: str = "") -> list[cell_scheduler_pb2.TenantQuota]:
+        """Every tenant with a quota or chips held, by name; with `tenant`, its row only
+        (empty of usage when it has neither)."""
+        snap = await self.store.snapshot()
+        state = QuotaState.of(snap.quotas)
+        capacity = capacity_of(self.pods.models_of(snap).values())
+        waiting: dict[str, list[str]] = {}
+        for record in await self.store.jobs(snap.queue):
+            waiting.setdefault(record.tenant, []).append(record.reason)
+        names = [tenant] if tenant else sorted(set(state.tenants()) | set(waiting))
+        now = self.pods.now_ms()
+        return [tenant_quota_pb(t, state, capacity, now, waiting.get(t, [])) for t in names]
 
     # == the registry (CS-1) ======================================================
 

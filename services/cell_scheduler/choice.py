@@ -143,9 +143,13 @@ class Choice:
     candidates: tuple[Candidate, ...]
     # Pods not chosen and why, for the job's reason when it waits.
     not_now: Mapping[str, str]
+    # Why it waits whatever the pods have (its tenant's quota, issue 35).
+    held_back: str = ""
 
     @property
     def why_waiting(self) -> str:
+        if self.held_back:
+            return self.held_back
         if not self.not_now:
             return "no pod is registered"
         return "; ".join(f"{p}: {why}" for p, why in sorted(self.not_now.items()))

@@ -15,17 +15,26 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping, Sequence
+from typing import Any
 
 from lightpath.client import wrong_peer
 from lightpath.errors import WIRING_FAILED, InvalidArgument, ResourceExhausted, Unavailable
 from lightpath.v1 import cell_scheduler_pb2, workload_scheduler_pb2
 from services.cell_scheduler.admission import FAIL, Admission, no_capacity_delay
-from services.cell_scheduler.choice import FITS, Candidate, PodCapacityView, plan_queue
+from services.cell_scheduler.choice import (
+    CHIPS_SUFFIX,
+    FITS,
+    PREEMPTS,
+    Candidate,
+    PodCapacityView,
+    plan_queue,
+)
 from services.cell_scheduler.jobs import CellJobs, SubmitResult, record_fields, request_b64
 from services.cell_scheduler.metrics import CellMetrics
 from services.cell_scheduler.podclient import PodRefused, PodUnreachable, state_name
-from services.cell_scheduler.request import Resolved, grouped
+from services.cell_scheduler.quotas import RECLAIM_FIELDS, QuotaState, charge_of, plan_reclaim
+from services.cell_scheduler.request import Resolved, grouped, tenant_of
 from services.cell_scheduler.store import PLACED, QUEUED, Conflict
 
 
@@ -68,6 +77,7 @@ class Forwarder:
         views: Mapping[str, PodCapacityView],
         *,
         created: bool,
+        reclaim: Sequence[str] = (),
     ) -> SubmitResult:
         """Forward a job claimed for candidates[0] (token); on refusal try the next ones.
         When every pod that could host it by the cell's check refuses it as
@@ -81,6 +91,12 @@ class Forwarder:
             pod = cand.pod_id
             r = resolved[pod]
             if i > 0:
+                # Back in the queue its chips were given back: charged again only if its
+                # tenant's quota still has them (checked against the version read).
+                quotas = QuotaState.of(await self.store.quota_rows())
+                tenant = tenant_of(req)
+                if not quotas.book().check(tenant, charge_of(r)).ok:
+                    break
                 claimed = await self.jobs.claim_queued(
                     job_id,
                     r,
@@ -88,6 +104,7 @@ class Forwarder:
                     check_free=cand.how == FITS,
                     reason=f"forwarding to pod {pod}: {cand.reason}",
                     request=request_b64(req),
+                    quota=quotas.guard(tenant),
                 )
                 if claimed is None:
                     break  # a dispatcher took it meanwhile, or that pod's blocks went elsewhere
@@ -96,7 +113,9 @@ class Forwarder:
                 resp = await self.pods.call(
                     pod,
                     "AdmitJob",
-                    workload_scheduler_pb2.AdmitJobRequest(spec=r.spec),
+                    workload_scheduler_pb2.AdmitJobRequest(
+                        spec=r.spec, reclaim=reclaim if i == 0 else ()
+                    ),
                     timeout=self.forward_timeout_s,
                 )
             except PodRefused as err:
@@ -221,13 +240,18 @@ class Forwarder:
         now = self.pods.now_ms()
         views = self.pods.views_of(snap, now)
         demands, details = await self.admission.queued(snap, models, now)
+        quotas = QuotaState.of(snap.quotas)
+        version = quotas.version  # this pass's own charges bump it
         forwards = []
+        roomless: list[str] = []
         for demand, choice in plan_queue(demands, views.values()):
             if not choice.candidates:
+                roomless.append(demand.job_id)
                 continue
             req, resolved = details[demand.job_id]
             first = choice.candidates[0]
             r = resolved[first.pod_id]
+            tenant = tenant_of(req)
             token = await self.jobs.claim_queued(
                 demand.job_id,
                 r,
@@ -236,15 +260,22 @@ class Forwarder:
                 reason=f"leaving the cell queue for pod {first.pod_id}: {first.reason}",
                 now_ms=now,
                 request=request_b64(req),
+                quota=quotas.guard(tenant, version),
             )
             if token is None:
                 continue  # another replica took it, or an update changed it (next pass)
+            if quotas.limits(tenant):
+                version = str(int(version or 0) + 1)
             # The stored fields name the pod now; _forward stores them again when placed.
             forwards.append(
                 self.forward(
                     demand.job_id, req, token, choice.candidates, resolved, views, created=False
                 )
             )
+        if quotas.active and roomless and not forwards:
+            reclaimed = await self._reclaim(roomless, details, views, now)
+            if reclaimed is not None:
+                forwards.append(reclaimed)
         if not forwards:
             return 0
         results = await asyncio.gather(*forwards, return_exceptions=True)
@@ -252,5 +283,61 @@ class Forwarder:
             if isinstance(res, BaseException) and not isinstance(res, ResourceExhausted):
                 self.log.error("forwarding from the cell queue failed", exc_info=res)
         return sum(1 for res in results if isinstance(res, SubmitResult) and res.pod_job)
+
+    async def _reclaim(
+        self,
+        roomless: Sequence[str],
+        details: Mapping[str, tuple[cell_scheduler_pb2.SubmitJobRequest, dict]],
+        views: Mapping[str, PodCapacityView],
+        now: int,
+    ) -> Coroutine[Any, Any, SubmitResult] | None:
+        """Lent quota taken back (issue 35): the first job, in the planned order, that is
+        within its tenant's nominal quota and finds no room goes to the pod where the
+        fewest, lowest-priority jobs of its cohort's borrowers free enough; that pod
+        preempts exactly those, each by its own policy. One reclaim a pass (the next
+        pass sees what it freed); its forward, or None."""
+        quotas = QuotaState.of(await self.store.quota_rows())  # as it is now
+        for job_id in roomless:
+            req, resolved = details[job_id]
+            tenant = tenant_of(req)
+            if tenant not in quotas.quotas:
+                continue
+            need = charge_of(next(iter(resolved.values())))
+            if not quotas.book().check(tenant, need).within_nominal:
+                continue
+            pods = sorted(p for p in resolved if p in views and views[p].usable)
+            room = {  # chips of whole free blocks (reclaim frees blocks, not boxes)
+                p: {
+                    t: n * views[p].block_chips
+                    for t, n in views[p].free.items()
+                    if CHIPS_SUFFIX not in t
+                }
+                for p in pods
+            }
+            live = await self.store.live_fields(pods, RECLAIM_FIELDS)
+            plan = plan_reclaim(tenant, need, quotas, live, room)
+            if plan is None or plan.pod not in resolved:
+                continue
+            cand = Candidate(plan.pod, PREEMPTS, plan.reason)
+            token = await self.jobs.claim_queued(
+                job_id,
+                resolved[plan.pod],
+                cand,
+                check_free=False,
+                reason=f"leaving the cell queue for pod {plan.pod}: {plan.reason}",
+                now_ms=now,
+                request=request_b64(req),
+                quota=quotas.guard(tenant),
+            )
+            if token is None:
+                return None  # changed meanwhile: the next pass decides again
+            victims = [v.job_id for v in plan.victims]
+            self.log.info(
+                "job %s: %s (%s)", job_id, plan.reason, ", ".join(victims), extra={"job_id": job_id}
+            )
+            return self.forward(
+                job_id, req, token, (cand,), resolved, views, created=False, reclaim=victims
+            )
+        return None
 
     # == jobs (CS-5) ==============================================================

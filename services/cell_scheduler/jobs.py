@@ -41,6 +41,7 @@ from services.cell_scheduler.choice import Candidate
 from services.cell_scheduler.metrics import CellMetrics
 from services.cell_scheduler.podclient import PodCallError, state_name
 from services.cell_scheduler.pods import CACHE_LIMIT, PodDirectory
+from services.cell_scheduler.quotas import charge_of
 from services.cell_scheduler.request import Resolved
 from services.cell_scheduler.store import (
     ENDED,
@@ -50,6 +51,7 @@ from services.cell_scheduler.store import (
     QUEUED,
     CellJobRecord,
     Conflict,
+    QuotaGuard,
     b64,
 )
 
@@ -156,9 +158,12 @@ class CellJobs:
         check_free: bool,
         expect_empty_queue: bool,
         now_ms: int,
+        quota: QuotaGuard | None = None,
     ) -> str:
-        """A new job bound to its first candidate, its blocks held: the claim's token.
-        Conflict (store.claim_new): EXISTS, STALE (the blocks went to others) or WAITING."""
+        """A new job bound to its first candidate, its blocks held and its chips charged
+        to its tenant: the claim's token. Conflict (store.claim_new): EXISTS, STALE (the
+        blocks went to others), WAITING or QUOTA (what the decision knew of its tenant's
+        quota, `quota`, changed)."""
         token = self.new_token()
         now = now_ms
         await self.store.claim_new(
@@ -173,6 +178,8 @@ class CellJobs:
             check_free=check_free,
             reason=f"forwarding to pod {cand.pod_id}: {cand.reason}",
             expect_empty_queue=expect_empty_queue,
+            charge=charge_of(r),
+            quota=quota,
         )
         self.pods.assume(cand.pod_id, r.needs, -1)
         return token
@@ -187,10 +194,12 @@ class CellJobs:
         reason: str,
         now_ms: int | None = None,
         request: str = "",
+        quota: QuotaGuard | None = None,
     ) -> str | None:
-        """A job in the cell queue bound to a pod, its blocks held: the claim's token,
-        or None when another replica took it (or, with `check_free`, the blocks went;
-        with `request`, an update changed the request the decision was made for)."""
+        """A job in the cell queue bound to a pod, its blocks held and its chips charged:
+        the claim's token, or None when another replica took it (or, with `check_free`,
+        the blocks went; with `request`, an update changed the request the decision was
+        made for; with `quota`, what the decision knew of its tenant's quota changed)."""
         token = self.new_token()
         now = self.pods.now_ms() if now_ms is None else now_ms
         try:
@@ -204,8 +213,10 @@ class CellJobs:
                 check_free=check_free,
                 reason=reason,
                 request=request,
+                charge=charge_of(r),
+                quota=quota,
             )
-        except Conflict:  # MOVED, STALE or CHANGED
+        except Conflict:  # MOVED, STALE, CHANGED or QUOTA
             return None
         self.pods.assume(cand.pod_id, r.needs, -1)
         return token

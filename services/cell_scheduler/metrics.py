@@ -20,10 +20,12 @@ from opentelemetry.metrics import CallbackOptions, Meter, NoOpMeterProvider, Obs
 
 from lightpath import __version__
 from lightpath.v1 import cell_scheduler_pb2, common_pb2
+from services.cell_scheduler.quotas import QuotaState, waits_for_quota
 from services.common import instruments
 
 if TYPE_CHECKING:
     from services.cell_scheduler.pods import PodDirectory
+    from services.cell_scheduler.store import RegistrySnapshot
 
 METER_NAME = "lightpath.cell_scheduler"
 REFRESH_S = 5.0
@@ -74,6 +76,20 @@ class CellMetrics:
         )
         self._requeues = meter.create_counter(
             "lightpath.cell.requeues", description="jobs requeued"
+        )
+        # Tenants' quotas (issue 35): (tenant, node type, kind) -> chips; (tenant, cause) -> jobs.
+        self._tenant_chips: dict[tuple[str, str, str], int] = {}
+        self._tenant_waiting: dict[tuple[str, str], int] = {}
+        meter.create_observable_gauge(
+            "lightpath.cell.tenant.chips",
+            [self._observe_tenant_chips],
+            description="a tenant's chips per node type: its quota, what it holds, what of "
+            "that it borrows",
+        )
+        meter.create_observable_gauge(
+            "lightpath.cell.tenant.waiting",
+            [self._observe_tenant_waiting],
+            description="a tenant's jobs in the cell queue, waiting for its quota or for room",
         )
 
     @classmethod
@@ -137,19 +153,10 @@ class CellMetrics:
         statuses = Counter(
             _STATUS.get(directory.status_of(snap, p, now)[0], "unknown") for p in pods
         )
-        async with directory.store.redis.pipeline(transaction=False) as pipe:
-            for p in pods:
-                pipe.smembers(directory.store.key("pod", p, "live"))
-            live = await pipe.execute()
-        owners = [(p, j) for p, jobs in zip(pods, live, strict=True) for j in sorted(jobs)]
-        async with directory.store.redis.pipeline(transaction=False) as pipe:
-            for _, job_id in owners:
-                pipe.hget(directory.store.job_key(job_id), "state")
-            states = await pipe.execute()
         jobs: Counter[tuple[str, str]] = Counter()
-        for (pod, _), state in zip(owners, states, strict=True):
-            if state is not None:
-                jobs[(state, pod)] += 1
+        for pod, _, f in await directory.store.live_fields(pods, ("state",)):
+            if "state" in f:
+                jobs[(f["state"], pod)] += 1
         jobs[("PENDING", "")] = len(snap.queue)  # waiting in the cell queue, on no pod
         # A state or pod seen once stays, at 0, so its series does not vanish.
         self._jobs = {**dict.fromkeys(self._jobs, 0), **jobs}
@@ -157,11 +164,41 @@ class CellMetrics:
         self._pods.update(statuses)
         self._queue = len(snap.queue)
         self._seen_ms = {p: snap.seen.get(p, 0) for p in pods}
+        await self._refresh_tenants(directory, snap)
+
+    async def _refresh_tenants(self, directory: PodDirectory, snap: RegistrySnapshot) -> None:
+        state = QuotaState.of(snap.quotas)
+        book = state.book()
+        chips: dict[tuple[str, str, str], int] = {}
+        for tenant in state.tenants():
+            q = state.quotas.get(tenant)
+            used = state.used.get(tenant, {})
+            for t in sorted(set(used) | set(q.nominal if q else ())):
+                if q is not None:
+                    chips[(tenant, t, "quota")] = q.nominal.get(t, 0)
+                    chips[(tenant, t, "borrowed")] = book.borrowed(tenant, t)
+                chips[(tenant, t, "used")] = used.get(t, 0)
+        waiting: Counter[tuple[str, str]] = Counter()
+        for record in await directory.store.jobs(snap.queue):
+            waiting[(record.tenant, "quota" if waits_for_quota(record.reason) else "room")] += 1
+        self._tenant_chips = {**dict.fromkeys(self._tenant_chips, 0), **chips}
+        self._tenant_waiting = {**dict.fromkeys(self._tenant_waiting, 0), **waiting}
 
     # -- callbacks (the reader's thread: cached values only) ----------------------
 
     def _observe_jobs(self, options: CallbackOptions) -> Iterable[Observation]:
         return [Observation(n, {"state": s, "pod": p}) for (s, p), n in self._jobs.items()]
+
+    def _observe_tenant_chips(self, options: CallbackOptions) -> Iterable[Observation]:
+        return [
+            Observation(n, {"tenant": t, "node_type": nt, "kind": k})
+            for (t, nt, k), n in self._tenant_chips.items()
+        ]
+
+    def _observe_tenant_waiting(self, options: CallbackOptions) -> Iterable[Observation]:
+        return [
+            Observation(n, {"tenant": t, "cause": c}) for (t, c), n in self._tenant_waiting.items()
+        ]
 
     def _observe_queue(self, options: CallbackOptions) -> Iterable[Observation]:
         return [] if self._queue is None else [Observation(self._queue)]

@@ -29,6 +29,7 @@ from services.cell_scheduler.podclient import (
     state_name,
 )
 from services.cell_scheduler.pods import PodDirectory
+from services.cell_scheduler.quotas import job_charge
 from services.cell_scheduler.store import FINAL, FORWARDING, PLACED, QUEUED, unb64
 
 
@@ -126,6 +127,7 @@ class Recovery:
                     reason=job.reason,
                     fields=placed_fields(job, spec),
                     now_ms=self.pods.now_ms(),
+                    charge=job_charge(job),
                 )
                 self.log.info("job %s found on pod %s after it answered again", job_id, pod)
             elif not (record.phase == PLACED and record.pod == pod):

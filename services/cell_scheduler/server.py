@@ -251,6 +251,24 @@ class CellSchedulerServicer(cell_scheduler_pb2_grpc.CellSchedulerServicer):
             raise InvalidArgument("pod.events_tip", _STREAM_RULE)
         return await self._cell.register(request.pod)
 
+    async def SetQuota(self, request, context) -> cell_scheduler_pb2.TenantQuota:
+        _note(tenant=request.quota.tenant)
+        return await self._cell.set_quota(request.quota)
+
+    async def DeleteQuota(self, request, context) -> cell_scheduler_pb2.DeleteQuotaResponse:
+        require_ids(tenant=request.tenant)
+        _note(tenant=request.tenant)
+        return cell_scheduler_pb2.DeleteQuotaResponse(
+            deleted=await self._cell.delete_quota(request.tenant)
+        )
+
+    async def ListQuotas(self, request, context) -> cell_scheduler_pb2.ListQuotasResponse:
+        if request.tenant:
+            require_ids(tenant=request.tenant)
+        # A tenant sees its own row only: no other tenant's name reaches it.
+        tenant = require_tenant_field(request.tenant)
+        return cell_scheduler_pb2.ListQuotasResponse(quotas=await self._cell.list_quotas(tenant))
+
     async def ReportPodStatus(self, request, context) -> cell_scheduler_pb2.ReportPodStatusResponse:
         require_ids(pod_id=request.pod_id)
         require_service_scope("workload_scheduler", request.pod_id, "pod")

@@ -78,6 +78,44 @@ local function queue_again(jk, job)
   call("ZADD", key("queue"), score, job)
 end
 
+-- Quotas (issue 35): a job bound to a pod charges its tenant's chips per node type ("qc" on
+-- the job; "usage" field "<tenant>|<type>") until it ends or goes back to the cell queue.
+-- "decayed" keeps each tenant's decayed chip-seconds per type ("<tenant>|<type>", and "@"
+-- after it: when last integrated), integrated at every change of what it holds. A charge
+-- of a tenant with a quota bumps "qver": a decision over quotas is checked against it.
+local LN2 = math.log(2)
+local function integrate(tenant, t, now)
+  local k = tenant .. "|" .. t
+  local held = tonumber(call("HGET", key("usage"), k) or "0")
+  local v = tonumber(call("HGET", key("decayed"), k) or "0")
+  local dt = (tonumber(now) - tonumber(call("HGET", key("decayed"), k .. "@") or now)) / 1000
+  if dt > 0 then
+    local f = math.pow(0.5, dt / C.HALF_LIFE_S)
+    v = v * f + held * C.HALF_LIFE_S / LN2 * (1 - f)
+  end
+  call("HSET", key("decayed"), k, string.format("%.6f", v), k .. "@", now)
+end
+local function charge(jk, tenant, charge_json, now)
+  if charge_json == nil or charge_json == "" or charge_json == "{}" then return end
+  for t, n in pairs(cjson.decode(charge_json)) do
+    integrate(tenant, t, now)
+    call("HINCRBY", key("usage"), tenant .. "|" .. t, n)
+  end
+  call("HSET", jk, "qc", charge_json)
+  if call("HEXISTS", key("quotas"), tenant) == 1 then call("HINCRBY", key("qver"), "n", 1) end
+end
+local function uncharge(jk, now)
+  local f = call("HMGET", jk, "qc", "tenant")
+  if not f[1] or f[1] == "" then return end
+  for t, n in pairs(cjson.decode(f[1])) do
+    integrate(f[2], t, now)
+    if call("HINCRBY", key("usage"), f[2] .. "|" .. t, -n) <= 0 then
+      call("HDEL", key("usage"), f[2] .. "|" .. t)
+    end
+  end
+  call("HDEL", jk, "qc")
+end
+
 -- {"enough", pod, needs JSON}: the pod's free blocks minus those held in flight cover it
 if USES.enough then CHECKS.enough = function(c)
   for t, n in pairs(cjson.decode(c[3])) do
@@ -121,7 +159,10 @@ if USES.report then OPS.report = function(o)
             if f[2] == "PLACED" then
               call("HSET", jk, "reason", tr[7])
               if not down then call("HSET", jk, "state", tr[5]) end
-              if FINAL[tr[5]] then call("SREM", key("live"), tr[2]) end
+              if FINAL[tr[5]] then
+                call("SREM", key("live"), tr[2])
+                uncharge(jk, now)
+              end
             end
           end
           -- The events that took and freed the blocks of an assumption: a report at or
@@ -178,7 +219,7 @@ if USES.report then OPS.report = function(o)
 end end
 
 -- {"claim_new", job, fields JSON, tenant, pod ("" = queue), needs JSON, token, until, now,
--- event reason}
+-- event reason, chips per node type JSON (charged to the tenant when bound to a pod)}
 if USES.claim_new then OPS.claim_new = function(o)
   local job, fields, tenant, pod, needs_json, token, upto, now, reason =
     o[2], cjson.decode(o[3]), o[4], o[5], o[6], o[7], o[8], o[9], o[10]
@@ -192,6 +233,7 @@ if USES.claim_new then OPS.claim_new = function(o)
     call("HSET", jk, "phase", "FORWARDING", "pod", pod, "token", token, "until", upto, "fwd_ms", now)
     take_hold(jk, pod, needs_json, job, now)
     call("ZADD", key("forwarding"), upto, job)
+    charge(jk, tenant, o[11], now)
   else
     call("HSET", jk, "phase", "QUEUED", "pod", "")
     queue_again(jk, job)
@@ -200,10 +242,12 @@ if USES.claim_new then OPS.claim_new = function(o)
   RESULT.seq = seq
 end end
 
--- {"claim_queued", job, pod, needs JSON, token, until, now, event reason}
+-- {"claim_queued", job, pod, needs JSON, token, until, now, event reason, chips per node
+-- type JSON (charged)}
 if USES.claim_queued then OPS.claim_queued = function(o)
   local job, pod, needs_json, token, upto, now, reason = o[2], o[3], o[4], o[5], o[6], o[7], o[8]
   local jk = member("job", job)
+  charge(jk, call("HGET", jk, "tenant") or "", o[9], now)
   call("ZREM", key("queue"), job)
   call("HSET", jk, "phase", "FORWARDING", "pod", pod, "token", token, "until", upto,
     "reason", reason, "updated_ms", now, "n", 0, "pod_state", "", "fwd_ms", now)
@@ -238,7 +282,7 @@ if USES.placed then OPS.placed = function(o)
   local down = call("SISMEMBER", key("down"), pod) == 1
   call("HSET", jk, "state", down and "UNKNOWN" or state)
   call("ZADD", key("podjobs"), f[2], job)
-  if not FINAL[state] then call("SADD", key("live"), job) end
+  if not FINAL[state] then call("SADD", key("live"), job) else uncharge(jk, now) end
 end end
 
 -- {"unbind", job, pod, "refused" | "uncertain", capacity version, reason, now}
@@ -254,6 +298,7 @@ if USES.unbind then OPS.unbind = function(o)
     count_free(pod, hold, -1)
   end
   unassume(jk, job)
+  uncharge(jk, now)
   call("ZREM", key("forwarding"), job)
   if kind == "refused" then
     local refused = (f[1] and f[1] ~= "") and cjson.decode(f[1]) or {}
@@ -302,6 +347,7 @@ if USES.mirror then OPS.mirror = function(o)
   RESULT.freed = 0
   if FINAL[state] then
     call("SREM", key("live"), job)
+    uncharge(jk, now)
     if ended == 1 and (f[1] == "RUNNING" or f[1] == "WIRING") and f[2] then
       -- Its blocks are free: counted so until a report of the pod shows them freed.
       count_free(pod, f[2], 1)
@@ -350,7 +396,8 @@ if USES.mark_down then OPS.mark_down = function(o)
   RESULT.count = count
 end end
 
--- {"adopt", job, pod, state, n, reason, fields JSON, now}: a queued job found on a pod
+-- {"adopt", job, pod, state, n, reason, fields JSON, now, chips per node type JSON
+-- (charged while it lives)}: a queued job found on a pod
 if USES.adopt then OPS.adopt = function(o)
   local job, pod, state, n, reason, fields, now = o[2], o[3], o[4], o[5], o[6], cjson.decode(o[7]), o[8]
   local jk = member("job", job)
@@ -358,7 +405,10 @@ if USES.adopt then OPS.adopt = function(o)
   hset_all(jk, fields, {"phase", "PLACED", "pod", pod, "pod_state", state, "n", n, "state", state,
     "reason", reason, "updated_ms", now})
   call("ZADD", key("podjobs"), call("HGET", jk, "seq"), job)
-  if not FINAL[state] then call("SADD", key("live"), job) end
+  if not FINAL[state] then
+    call("SADD", key("live"), job)
+    charge(jk, call("HGET", jk, "tenant") or "", o[9], now)
+  end
   cell_event(job, "PENDING", state, "found on pod " .. pod .. " after it answered again", pod, now)
 end end
 

@@ -43,6 +43,17 @@ Jobs (CS-5):
     lp:{cell}:events              stream the cell's job transitions (WatchJob): job id and the
                                         event's number in its list
 
+Quotas (issue 35; services/cell_scheduler/quotas.py):
+
+    lp:{cell}:quotas              hash  tenant -> its quota (JSON)
+    lp:{cell}:usage               hash  "<tenant>|<type>" -> chips its forwarded and placed jobs
+                                        hold (each job's charge is "qc" on its hash)
+    lp:{cell}:decayed             hash  "<tenant>|<type>" -> decayed chip-seconds (fair share),
+                                        "<tenant>|<type>@" -> when last integrated (ms)
+    lp:{cell}:qver                hash  "n": bumped by every quota change and every charge of a
+                                        tenant with a quota; a claim decided over quotas
+                                        expects the version its decision read (Conflict QUOTA)
+
 A job's phase in the cell: QUEUED (in the cell queue, no pod) → FORWARDING
 (claimed by one replica, bound to one pod, with a token and a deadline) →
 PLACED (the pod has it; its state mirrors the pod's, versioned by the pod's
@@ -63,6 +74,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
+from services.cell_scheduler.quota import DEFAULT_HALF_LIFE_S
 from services.common import txn
 from services.common.keys import cell_key
 from services.common.txn import Conflict, Program
@@ -87,6 +99,8 @@ EXISTS, MOVED, STALE, WAITING, CHANGED, UNKNOWN_POD = (
     "changed",
     "unknown pod",
 )
+# ... and quotas or a cohort's usage changed since the decision read them (issue 35).
+QUOTA = "quota"
 
 # Every script of this store: services/common/txn.lua with store.lua's checks and ops.
 PROGRAM = Program(
@@ -97,6 +111,7 @@ PROGRAM = Program(
         "EVENT_STREAM_MAXLEN": EVENT_STREAM_MAXLEN,
         "PRIORITY_ABOVE": PRIORITY_ABOVE,
         "PRIORITY_STRIDE": PRIORITY_STRIDE,
+        "HALF_LIFE_S": DEFAULT_HALF_LIFE_S,
     },
 )
 
@@ -234,11 +249,60 @@ class RegistrySnapshot:
     endpoint: dict[str, str]  # pod -> the scheduler replica heard from last
     queue: list[str]  # job ids in queue order
     existing: dict[str, str] | None = None  # the job asked about, if any
+    quotas: QuotaRows = field(default_factory=lambda: QuotaRows())
+
+
+@dataclass(frozen=True)
+class QuotaRows:
+    """The quota keys as read (version first: a charge after the read is seen by a claim
+    that expects this version)."""
+
+    version: str = ""
+    quotas: dict[str, str] = field(default_factory=dict)  # tenant -> JSON
+    usage: dict[str, int] = field(default_factory=dict)  # "tenant|type" -> chips
+    decayed: dict[str, str] = field(default_factory=dict)
 
 
 def _row(values: Sequence[Any]) -> dict[str, str]:
     """RECORD_FIELDS' values (HMGET order) as a dict of the fields that are set."""
     return {f: v for f, v in zip(RECORD_FIELDS, values, strict=True) if v is not None}
+
+
+def _quota_rows(got: Sequence[Any]) -> QuotaRows:
+    version, quotas, usage, decayed = got
+    return QuotaRows(version or "", dict(quotas), {k: _i(v) for k, v in usage.items()}, decayed)
+
+
+@dataclass(frozen=True)
+class QuotaGuard:
+    """What a claim's decision knew of its tenant's quota: with one, the `version` of the
+    quotas and usage it read (it holds while no charge or change came since); without
+    (None), that there was none (it holds while there still is none: the charges of
+    tenants without a quota change nobody's limit, so they never conflict)."""
+
+    tenant: str
+    version: str | None
+
+
+def _expect_quota(t: txn.Txn, guard: QuotaGuard | None) -> None:
+    if guard is None:
+        return
+    if guard.version is None:
+        t.expect_field(
+            cell_key("quotas"),
+            guard.tenant,
+            False,
+            reason=QUOTA,
+            message=f"tenant {guard.tenant} has a quota now",
+        )
+    else:
+        t.expect(
+            cell_key("qver"),
+            "n",
+            [guard.version],
+            reason=QUOTA,
+            message="quotas or their usage changed since the decision",
+        )
 
 
 def _i(v: Any) -> int:
@@ -312,6 +376,7 @@ _CELL_KEYS = txn.Txn()
 for _name in (
     *("pods", "seen", "endpoint", "capacity", "capver", "free", "held", "ack", "suspect"),
     *("down", "jobs", "queue", "forwarding", "maybe", "seq", "events"),
+    *("quotas", "usage", "decayed", "qver"),
 ):
     _CELL_KEYS.name(_name, cell_key(_name))
 
@@ -431,6 +496,7 @@ class CellStore:
 
     async def snapshot(self, job_id: str | None = None, *, queue: bool = True) -> RegistrySnapshot:
         async with self.redis.pipeline(transaction=False) as pipe:
+            self._read_quotas(pipe)
             pipe.hgetall(self.key("pods"))
             pipe.hgetall(self.key("capacity"))
             pipe.hgetall(self.key("capver"))
@@ -445,8 +511,9 @@ class CellStore:
             if job_id is not None:
                 pipe.hmget(self.job_key(job_id), RECORD_FIELDS)
             got = await pipe.execute()
-        pods, caps, vers, free, held, seen, suspect, down, endpoint = got[:9]
-        rest = got[9:]
+        rows = _quota_rows(got[:4])
+        pods, caps, vers, free, held, seen, suspect, down, endpoint = got[4:13]
+        rest = got[13:]
         q = rest.pop(0) if queue else []
         existing = _row(rest.pop(0)) if job_id is not None else None
         return RegistrySnapshot(
@@ -461,7 +528,39 @@ class CellStore:
             dict(endpoint),
             list(q),
             existing or None,
+            rows,
         )
+
+    def _read_quotas(self, pipe: Any) -> None:
+        pipe.hget(self.key("qver"), "n")  # first: see QuotaRows
+        pipe.hgetall(self.key("quotas"))
+        pipe.hgetall(self.key("usage"))
+        pipe.hgetall(self.key("decayed"))
+
+    async def quota_rows(self) -> QuotaRows:
+        async with self.redis.pipeline(transaction=False) as pipe:
+            self._read_quotas(pipe)
+            return _quota_rows(await pipe.execute())
+
+    async def put_quota(self, tenant: str, quota_json: str | None, version: str) -> None:
+        """Set (JSON) or delete (None) a tenant's quota, if the quotas are still at
+        `version` (Conflict QUOTA: changed meanwhile; decide again)."""
+        t = CellTxn()
+        qver = cell_key("qver")
+        t.expect(qver, "n", [version], reason=QUOTA, message="the quotas changed meanwhile")
+        if quota_json is None:
+            t.hdel(cell_key("quotas"), [tenant])
+        else:
+            t.hset(cell_key("quotas"), {tenant: quota_json})
+        t.hincr(qver, "n", 1)
+        await self._script.commit(t)
+
+    async def waiting_reason(self, job_id: str, reason: str, now_ms: int) -> None:
+        """A queued job's reason (why it waits: its tenant's quota); nothing if it moved on."""
+        t = CellTxn(jobs=[job_id])
+        t.expect_phase(job_id, [QUEUED])
+        t.hset(_job_key(job_id), {"reason": reason, "updated_ms": now_ms})
+        await self._try(t)
 
     async def heard_from(self, pod_id: str) -> tuple[int, bool]:
         """(last heartbeat in ms, 0 if never; marked silent) of one pod, in one round trip."""
@@ -494,6 +593,25 @@ class CellStore:
         t.op("mark_down", pod_id, now_ms, timeout_ms)
         return int((await self._script.commit(t))["count"])
 
+    async def live_fields(
+        self, pods: Sequence[str], names: Sequence[str]
+    ) -> list[tuple[str, str, dict[str, str]]]:
+        """(pod, job, its fields `names` that are set) of every live job on `pods`, in two
+        round trips (the metrics' job states; reclaim's tenants, priorities and charges)."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for p in pods:
+                pipe.smembers(self.key("pod", p, "live"))
+            live = await pipe.execute()
+        owners = [(p, j) for p, jobs in zip(pods, live, strict=True) for j in sorted(jobs)]
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for _, j in owners:
+                pipe.hmget(self.job_key(j), list(names))
+            rows = await pipe.execute()
+        return [
+            (p, j, {k: v for k, v in zip(names, row, strict=True) if v is not None})
+            for (p, j), row in zip(owners, rows, strict=True)
+        ]
+
     async def live_jobs(self, pod_id: str) -> list[str]:
         return sorted(await self.redis.smembers(self.key("pod", pod_id, "live")))
 
@@ -513,6 +631,8 @@ class CellStore:
         check_free: bool,
         reason: str,
         expect_empty_queue: bool = False,
+        charge: Mapping[str, int] | None = None,
+        quota: QuotaGuard | None = None,
     ) -> int:
         """Create the job, bound to `pod` (or queued when pod is ""): its sequence. Conflict
         EXISTS when the id exists; STALE when the pod's free blocks (minus forwards in
@@ -526,6 +646,7 @@ class CellStore:
             t.expect_no_key(
                 cell_key("queue"), reason=WAITING, message="jobs wait in the cell queue"
             )
+        _expect_quota(t, quota)
         t.op(
             "claim_new",
             job_id,
@@ -537,6 +658,7 @@ class CellStore:
             until_ms,
             now_ms,
             reason,
+            json.dumps(dict(charge or {})),
         )
         return int((await self._script.commit(t))["seq"])
 
@@ -552,17 +674,31 @@ class CellStore:
         check_free: bool,
         reason: str,
         request: str = "",
+        charge: Mapping[str, int] | None = None,
+        quota: QuotaGuard | None = None,
     ) -> None:
-        """A queued job bound to `pod`. Conflict MOVED when it is no longer queued; STALE
-        when its blocks went; with `request`, CHANGED when its request is no longer the
-        one the decision was made for (updated meanwhile)."""
+        """A queued job bound to `pod` and charged to its tenant (`charge`). Conflict
+        MOVED when it is no longer queued; STALE when its blocks went; with `request`,
+        CHANGED when its request is no longer the one the decision was made for (updated
+        meanwhile); with `quota`, QUOTA when what its decision knew of them changed."""
         t = CellTxn(pod, jobs=[job_id])
         t.expect_phase(job_id, [QUEUED])
         if request:
             t.expect_value(job_id, "req", request, reason=CHANGED)
         if check_free:
             t.check("enough", pod, json.dumps(dict(needs)))
-        t.op("claim_queued", job_id, pod, json.dumps(dict(needs)), token, until_ms, now_ms, reason)
+        _expect_quota(t, quota)
+        t.op(
+            "claim_queued",
+            job_id,
+            pod,
+            json.dumps(dict(needs)),
+            token,
+            until_ms,
+            now_ms,
+            reason,
+            json.dumps(dict(charge or {})),
+        )
         await self._script.commit(t)
 
     def _forwarding(self, pod: str, job_id: str, token: str) -> CellTxn:
@@ -695,12 +831,23 @@ class CellStore:
         reason: str,
         fields: Mapping[str, Any],
         now_ms: int,
+        charge: Mapping[str, int] | None = None,
     ) -> bool:
-        """A queued job found on `pod` (it answered again) is placed there; False when it
-        is no longer queued."""
+        """A queued job found on `pod` (it answered again) is placed there, charged to its
+        tenant; False when it is no longer queued."""
         t = CellTxn(pod, jobs=[job_id])
         t.expect_phase(job_id, [QUEUED])
-        t.op("adopt", job_id, pod, state, n, reason, _fields(fields), now_ms)
+        t.op(
+            "adopt",
+            job_id,
+            pod,
+            state,
+            n,
+            reason,
+            _fields(fields),
+            now_ms,
+            json.dumps(dict(charge or {})),
+        )
         return await self._try(t) is not None
 
     async def forget_maybe(self, job_id: str, pod: str) -> None:

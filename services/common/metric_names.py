@@ -179,6 +179,23 @@ DOMAIN: tuple[MetricName, ...] = (
         "jobs forwarded to pods",
     ),
     _m("lightpath.cell.requeues", COUNTER, "", ("reason",), "cell_scheduler", "jobs requeued"),
+    # tenants' quotas (issue 35); operators scrape these, tenants never see them
+    _m(
+        "lightpath.cell.tenant.chips",
+        GAUGE,
+        "",
+        ("tenant", "node_type", "kind"),
+        "cell_scheduler",
+        "a tenant's chips per node type: its quota, what it holds, what of that it borrows",
+    ),
+    _m(
+        "lightpath.cell.tenant.waiting",
+        GAUGE,
+        "",
+        ("tenant", "cause"),
+        "cell_scheduler",
+        "a tenant's jobs in the cell queue, waiting for its quota or for room",
+    ),
     # workload_scheduler
     _m(
         "lightpath.pod.blocks",

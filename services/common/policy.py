@@ -77,6 +77,10 @@ _CELL = {
     "WatchPod": read(OPERATOR, CONSOLE),
     "RegisterPod": write(WS, OPERATOR),
     "ReportPodStatus": write(WS, OPERATOR, audit=False),
+    # tenants' quotas (issue 35): operators set them; a tenant reads its own
+    "SetQuota": write(OPERATOR),
+    "DeleteQuota": write(OPERATOR),
+    "ListQuotas": read(TENANT, OPERATOR, CONSOLE),
 }
 
 _WS = {

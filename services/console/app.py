@@ -118,7 +118,8 @@ class Console:
                 pods = await b.list_pods(viewer)
             except PermissionDenied as exc:
                 pods_error = exc.message
-            return views.cell_view(pods, jobs, now, pods_error), ["jobs", "tick"]
+            quotas = await b.list_quotas(viewer)
+            return views.cell_view(pods, jobs, now, pods_error, quotas), ["jobs", "tick"]
         if name == "job":
             job, trace_id = await b.get_job(viewer, _param(request, "id"))
             wiring, wiring_error = None, ""

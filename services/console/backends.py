@@ -163,6 +163,14 @@ class Backends:
         resp = await self._call(self.cell.ListPods, cell_scheduler_pb2.ListPodsRequest(), viewer)
         return list(resp.pods)
 
+    async def list_quotas(self, viewer: Viewer) -> list[cell_scheduler_pb2.TenantQuota]:
+        """Tenants' quotas and usage (issue 35): a tenant's sign-in gets its own row only
+        (the cell answers so)."""
+        resp = await self._call(
+            self.cell.ListQuotas, cell_scheduler_pb2.ListQuotasRequest(), viewer
+        )
+        return list(resp.quotas)
+
     async def get_pod(self, viewer: Viewer, pod_id: str) -> cell_scheduler_pb2.Pod:
         return await self._call(
             self.cell.GetPod,

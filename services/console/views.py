@@ -106,16 +106,42 @@ def job_row(job: cell_scheduler_pb2.CellJob, now: float) -> dict[str, Any]:
     }
 
 
+def quota_row(q: cell_scheduler_pb2.TenantQuota) -> dict[str, Any]:
+    """A tenant's quota and usage per node type (issue 35): chips it is owed, holds, and
+    holds above its quota (borrowed from its cohort)."""
+    quota = q.quota if q.HasField("quota") else None
+    types = sorted(set(q.used_chips) | set(quota.nominal_chips if quota else ()))
+    return {
+        "tenant": q.tenant,
+        "has_quota": quota is not None,
+        "cohort": quota.cohort if quota else "",
+        "no_borrowing": bool(quota and quota.no_borrowing),
+        "types": [
+            {
+                "node_type": t,
+                "quota": quota.nominal_chips.get(t, 0) if quota else None,
+                "used": q.used_chips.get(t, 0),
+                "borrowed": q.borrowed_chips.get(t, 0),
+            }
+            for t in types
+        ],
+        "waiting": q.waiting_jobs,
+        "waiting_for_quota": q.waiting_for_quota,
+    }
+
+
 def cell_view(
     pods: Sequence[cell_scheduler_pb2.Pod] | None,
     jobs: Sequence[cell_scheduler_pb2.CellJob],
     now: float,
     pods_error: str = "",
+    quotas: Sequence[cell_scheduler_pb2.TenantQuota] = (),
 ) -> dict[str, Any]:
     return {
         "pods": [pod_row(p, now) for p in sorted(pods or (), key=lambda p: p.registration.pod_id)],
         "pods_error": pods_error,
         "jobs": [job_row(j, now) for j in jobs],
+        "quotas": [quota_row(q) for q in quotas],
     }
 
 

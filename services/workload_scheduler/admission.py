@@ -70,16 +70,22 @@ class Admission(Part):
     # == admission (WS-2) ========================================================
 
     async def admit(
-        self, spec: workload_scheduler_pb2.JobSpec, norm: NormalizedSpec, *, validate_only: bool
+        self,
+        spec: workload_scheduler_pb2.JobSpec,
+        norm: NormalizedSpec,
+        *,
+        validate_only: bool,
+        reclaim: frozenset[str] | None = None,
     ) -> AdmitResult:
-        """Admit a job; answers once it is RUNNING, queued or refused (WS-2, WS-4)."""
+        """Admit a job; answers once it is RUNNING, queued or refused (WS-2, WS-4).
+        `reclaim`: the only running jobs it may preempt, whatever their priority."""
         spec_b64 = _b64(spec.SerializeToString(deterministic=True))
         if validate_only:
             return await self._dry_run(spec_b64, norm)
         started = time.monotonic()
         if norm.when_no_capacity == FAIL:
             await self._unless_busy(norm.job_id, started)
-        admission = _Admission(spec_b64, norm, spec)
+        admission = _Admission(spec_b64, norm, spec, reclaim=reclaim)
         self._passes.waiting += 1
         try:
             await self._pass_lock.acquire()
@@ -363,15 +369,22 @@ class Admission(Part):
                     )
                     continue
                 new = self._new_job(admission.norm, int(seq))
+                if admission.reclaim:
+                    new = new.with_(reclaimed_from=tuple(sorted(admission.reclaim)))
                 state.jobs[new.job_id] = new
             now = self.now_ms()
-            found = plan_pass(state, now, self.age_bound_ms, self.planner.admit)
+            named = (
+                {admission.norm.job_id: admission.reclaim}
+                if admission is not None and admission.reclaim is not None
+                else None
+            )
+            found = plan_pass(state, now, self.age_bound_ms, self.planner.admit, named)
             if found is None:  # a job needs more than free blocks: decide on the whole pod
                 lean = False
                 state = await self.snapshot()
                 if new is not None:
                     state.jobs.setdefault(new.job_id, new)
-                found = plan_pass(state, now, self.age_bound_ms, self.planner.admit)
+                found = plan_pass(state, now, self.age_bound_ms, self.planner.admit, named)
             assert found is not None
             decisions = found
             if not decisions and new is None:
@@ -424,11 +437,20 @@ class Admission(Part):
             vj = state.jobs[v.job_id]
             txn.expect_job(v.job_id, [RUNNING], vj.epoch)
             why = f"blocks taken by {preemptor.job_id} (priority {preemptor.priority} > {vj.priority})"
+            reclaimed = v.job_id in preemptor.reclaimed_from
+            if reclaimed:
+                why = f"blocks reclaimed for {preemptor.job_id}: its tenant took back quota it had lent"
             if v.action == TERMINATE:
                 new = vj.with_(state=PREEMPTED, epoch=vj.epoch + 1, placement=None)
                 reason = f"preempted: {why}"
             elif v.action == DELAY:
-                new = vj.with_(state=SUSPENDED, epoch=vj.epoch + 1, placement=None, replacing=None)
+                new = vj.with_(
+                    state=SUSPENDED,
+                    epoch=vj.epoch + 1,
+                    placement=None,
+                    replacing=None,
+                    yields=vj.yields or reclaimed,
+                )
                 reason = f"suspended and requeued: {why}"
             else:
                 assert v.shrink_grid is not None

@@ -99,6 +99,8 @@ class _Admission:
     spec: workload_scheduler_pb2.JobSpec
     # True once this call stored the job, False if it existed already, None until known.
     created: bool | None = None
+    # The only slices it may preempt (the cell reclaiming lent quota, issue 35), or None.
+    reclaim: frozenset[str] | None = None
 
 
 @dataclass

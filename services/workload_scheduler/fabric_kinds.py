@@ -52,7 +52,13 @@ class FabricPlanner(Protocol):
     # Place a waiting job (plan_pass asks for each of the queue); a block for the failed
     # one of a running slice (WS-5); the degrees a new job keeps for its placement.
     def admit(
-        self, state: PodState, job: SliceJob, *, preempt: bool = True, take_younger: bool = False
+        self,
+        state: PodState,
+        job: SliceJob,
+        *,
+        preempt: bool = True,
+        take_younger: bool = False,
+        reclaim: frozenset[str] | None = None,
     ) -> Allocation | Unplaceable: ...
     def replace(self, state: PodState, job: SliceJob, failed: int) -> Replacement | None: ...
     def degrees(self, norm: NormalizedSpec) -> tuple[int, int, int] | None: ...
@@ -141,7 +147,13 @@ class SwitchedPlanner:
         self.switched = switched
 
     def admit(
-        self, state: PodState, job: SliceJob, *, preempt: bool = True, take_younger: bool = False
+        self,
+        state: PodState,
+        job: SliceJob,
+        *,
+        preempt: bool = True,
+        take_younger: bool = False,
+        reclaim: frozenset[str] | None = None,  # quotas reclaim blocks only (issue 35)
     ) -> Allocation | Unplaceable:
         return plan_switched_admission(state, job, preempt=preempt)
 

@@ -24,6 +24,7 @@ what the decision assumed, then drives the ocs_manager.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass
 from itertools import islice
 from typing import Protocol
@@ -104,21 +105,33 @@ def apply_victims(state: PodState, victims: tuple[VictimAction, ...] | list[Vict
 
 
 def plan_admission(
-    state: PodState, job: SliceJob, *, preempt: bool = True, take_younger: bool = False
+    state: PodState,
+    job: SliceJob,
+    *,
+    preempt: bool = True,
+    take_younger: bool = False,
+    reclaim: frozenset[str] | None = None,
 ) -> Allocation | Unplaceable:
     """Place one waiting job on free blocks, else by preemption (WS-2, WS-3, WS-4).
     `take_younger`: slices of its priority admitted after it count as lower (the age
-    bound, plan_pass). An OCS_TORUS pod's admission (fabric_kinds.TorusPlanner)."""
+    bound, plan_pass). `reclaim`: the cell names the only slices it may preempt,
+    whatever their priority (lent quota taken back, issue 35; blocks only). An OCS_TORUS
+    pod's admission (fabric_kinds.TorusPlanner)."""
     younger_than = job.seq if take_younger else None
     if job.demand.sub_block:
         return plan_box_admission(state, job, preempt=preempt, younger_than=younger_than)
     found = place(state, job.demand)
     if isinstance(found, Placement):
         return Allocation(job, found.blocks, (), _release_first(state, job.job_id, found.blocks))
-    if not preempt:
+    if not preempt or job.yields:
         return found
     victims = choose_victims(
-        state, job.demand.type_counts(), job.priority, younger_than=younger_than
+        state,
+        job.demand.type_counts(),
+        job.priority,
+        younger_than=younger_than,
+        only=reclaim,
+        preemptor=job.job_id,
     )
     if not victims:
         return found
@@ -188,7 +201,13 @@ def plan_box_move(state: PodState, job: SliceJob) -> BoxPlacement | None:
 
 class Admit(Protocol):
     def __call__(
-        self, state: PodState, job: SliceJob, *, preempt: bool = True, take_younger: bool = False
+        self,
+        state: PodState,
+        job: SliceJob,
+        *,
+        preempt: bool = True,
+        take_younger: bool = False,
+        reclaim: frozenset[str] | None = None,
     ) -> Allocation | Unplaceable: ...
 
 
@@ -217,6 +236,7 @@ def plan_pass(
     now_ms: int = 0,
     age_bound_ms: int | None = None,
     admit: Admit = plan_admission,
+    reclaim: Mapping[str, frozenset[str]] | None = None,
 ) -> list[Allocation] | None:
     """Decisions for the whole queue, in queue order, each assuming the ones before it.
     Jobs whose wiring failed wait until their `not_before_ms` (backoff). The first job
@@ -228,18 +248,20 @@ def plan_pass(
     place it; otherwise exactly the decisions the full snapshot gives.
 
     `admit` places one job: the pod's planner's (fabric_kinds), an OCS_TORUS pod's by
-    default."""
+    default. `reclaim`: job id -> the only slices that job may preempt (the cell taking
+    lent quota back, issue 35); such a job never takes the age bound's turn."""
     work = state.copy()
     decisions: list[Allocation] = []
     aged = False  # the first blocked job past the age bound has had its turn
     for job in work.queue():
         if job.not_before_ms > now_ms:
             continue
-        found = admit(work, job, preempt=not work.partial)
+        named = (reclaim or {}).get(job.job_id)
+        found = admit(work, job, preempt=not work.partial, reclaim=named)
         if isinstance(found, Unplaceable):
             if work.partial:
                 return None
-            if aged or not waited_past(job, now_ms, age_bound_ms):
+            if named is not None or aged or not waited_past(job, now_ms, age_bound_ms):
                 continue
             aged = True
             found = admit(work, job, take_younger=True)

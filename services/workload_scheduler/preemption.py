@@ -115,11 +115,15 @@ def choose_victims(
     *,
     exclude: frozenset[str] = frozenset(),
     younger_than: int | None = None,
+    only: frozenset[str] | None = None,
+    preemptor: str = "",
 ) -> list[VictimAction] | None:
     """Victims that free enough blocks for `need` at `priority` ([] when none are
     needed), or None when even every lower-priority slice would not be enough. With
     `younger_than` (a seq), slices of equal priority admitted after it count as lower
-    (the age bound): taken only after every lower priority."""
+    (the age bound): taken only after every lower priority. With `only` (the cell
+    reclaiming lent quota, issue 35): those slices alone, whatever their priority. A
+    slice that reclaimed quota from `preemptor` is never its victim."""
     deficit = shortfall(state, need)
     if not deficit:
         return []
@@ -128,14 +132,15 @@ def choose_victims(
         for j in state.running()
         # small jobs of a SWITCHED pod share their groups: never victims; sub-block
         # slices give up chips, not blocks (box_placement.choose_box_victims)
-        if _below(j, priority, younger_than)
+        if (_below(j, priority, younger_than) if only is None else j.job_id in only)
         and j.job_id not in exclude
+        and not (preemptor and preemptor in j.reclaimed_from)
         and j.placement is not None
         and j.tile is None
         and j.offset is None
     ]
     freeable = {j.job_id: max_freeable(state, j) for j in pool}
-    groups = _box_groups(state, priority, exclude, younger_than)
+    groups = {} if only is not None else _box_groups(state, priority, exclude, younger_than)
     for group, members in groups.items():
         pool.append(group)
         freeable[group.job_id] = Counter({state.fabric.node_types[members[0].placement[0]]: 1})  # type: ignore[index]

@@ -46,7 +46,7 @@ from lightpath.v1 import common_pb2, workload_scheduler_pb2, workload_scheduler_
 from services.common import paging
 from services.common.convert import job_event_pb, timestamp
 from services.common.enums import enum_name
-from services.common.keys import require_id
+from services.common.keys import require_id, require_ids
 from services.common.server import Runtime, ServiceDefinition
 from services.workload_scheduler.cell_link import CellReporter
 from services.workload_scheduler.fabric_kinds import FabricPlanner, planner_for, ring_plan_pb
@@ -310,7 +310,13 @@ class WorkloadSchedulerServicer(workload_scheduler_pb2_grpc.WorkloadSchedulerSer
         sched = await self._pod.get()
         norm = normalize(request.spec, sched.fabric)
         _note(job_id=norm.job_id, priority=norm.priority, blocks=norm.demand.block_count)
-        result = await sched.admit(request.spec, norm, validate_only=request.validate_only)
+        require_ids(**{f"reclaim[{i}]": j for i, j in enumerate(request.reclaim)})
+        result = await sched.admit(
+            request.spec,
+            norm,
+            validate_only=request.validate_only,
+            reclaim=frozenset(request.reclaim) if request.reclaim else None,
+        )
         job = await self._job_pb(sched, result.record)
         if norm.rings is not None and result.record.summary.demand.grid == norm.demand.grid:
             job.rings.CopyFrom(ring_plan_pb(norm.rings))

@@ -68,3 +68,36 @@ async def test_a_job_through_the_cell_moves_jobs_queue_forwards_and_latency(redi
         await cell.wait_for(drained, what="m2 out of the queue and running")
         assert value(reader, "lightpath.cell.forwards", result="placed") == 2
         assert_listed(reader)
+
+
+async def test_tenants_quota_usage_borrowing_and_waiting_are_shown(redis_url, reader):
+    """Issue 35: per tenant and node type, its quota, what it holds and borrows; its
+    jobs waiting for quota apart from those waiting for room."""
+    async with cell_stack(redis_url, pods=(("pod-a", 4, "tpu"),)) as cell:
+        await cell.cell.SetQuota(
+            cs.SetQuotaRequest(quota=cs.Quota(tenant="own", nominal_chips={"tpu": 128}, cohort="c"))
+        )
+        await cell.cell.SetQuota(
+            cs.SetQuotaRequest(
+                quota=cs.Quota(
+                    tenant="lab", nominal_chips={"tpu": 64}, cohort="c", borrowing_limit={"tpu": 64}
+                )
+            )
+        )
+        await cell.submit("l1", tenant="lab")
+        await cell.submit("l2", tenant="lab")  # borrows 64 of own's idle quota
+        held = await cell.submit("l3", tenant="lab")
+        assert "waiting for quota" in held.job.reason
+
+        async def shown():
+            return (
+                value(reader, "lightpath.cell.tenant.chips", tenant="lab", kind="used") == 128
+                and value(reader, "lightpath.cell.tenant.chips", tenant="lab", kind="borrowed")
+                == 64
+                and value(reader, "lightpath.cell.tenant.chips", tenant="own", kind="quota") == 128
+                and value(reader, "lightpath.cell.tenant.waiting", tenant="lab", cause="quota") == 1
+            )
+
+        await cell.wait_for(shown, what="lab's usage, borrowing and waiting job")
+        assert value(reader, "lightpath.cell.tenant.chips", tenant="own", kind="used") == 0
+        assert_listed(reader)

@@ -374,3 +374,74 @@ async def test_a_cancel_reason_is_stored_once_and_read_back_everywhere(store, re
     entries = await store.tail("0-0", block_ms=1)
     assert entries[-1][1] == {"job": "c", "n": "2"}
     assert [e["n"] for e in await store.history("c", 1)] == [2]
+
+
+# -- quotas (issue 35) ---------------------------------------------------------------
+
+
+async def _claim(store: CellStore, job: str, tenant: str, quota=None, chips=64) -> int:
+    return await store.claim_new(
+        job,
+        fields={"req": "r", "priority": 50},
+        tenant=tenant,
+        pod=POD,
+        needs={"tpu": 1},
+        token="tok",
+        until_ms=99_999,
+        now_ms=1_000,
+        check_free=False,
+        reason="forwarding",
+        charge={"tpu": chips},
+        quota=quota,
+    )
+
+
+async def test_a_charge_holds_from_the_claim_to_the_end_on_every_path(store):
+    from services.cell_scheduler.quotas import QuotaState
+
+    await _claim(store, "a", "acme")
+    await _claim(store, "b", "acme")
+    await _claim(store, "c", "acme")
+    assert QuotaState.of(await store.quota_rows()).used == {"acme": {"tpu": 192}}
+    # back to the queue (a refusal), a placement that ended at once, an end mirrored
+    await store.unbind(
+        "a", token="tok", pod=POD, uncertain=False, version="1-0", reason="no", now_ms=2_000
+    )
+    await store.placed(
+        "b", token="tok", pod=POD, state="FAILED", n=2, reason="x", fields={}, now_ms=2_000
+    )
+    await store.placed(
+        "c", token="tok", pod=POD, state="RUNNING", n=2, reason="x", fields={}, now_ms=2_000
+    )
+    assert QuotaState.of(await store.quota_rows()).used == {"acme": {"tpu": 64}}
+    await store.mirror("c", pod=POD, state="COMPLETED", n=3, reason="done", now_ms=3_000)
+    rows = await store.quota_rows()
+    state = QuotaState.of(rows)
+    assert state.used == {}
+    # decayed usage integrated at each change: 192 chips for 1 s, then 64 for 1 s
+    ((value, at),) = state.decayed["acme"].values()
+    assert at == 3_000 and 250 < value < 257
+
+
+async def test_claims_expect_what_their_decision_knew_of_the_quota(store):
+    from services.cell_scheduler.quota import Quota
+    from services.cell_scheduler.quotas import QuotaState, to_json
+    from services.cell_scheduler.store import QUOTA
+
+    before = QuotaState.of(await store.quota_rows())
+    await store.put_quota("acme", to_json(Quota("acme", {"tpu": 128})), before.version)
+    # a decision from before the quota was set does not hold any more
+    with pytest.raises(Conflict) as err:
+        await _claim(store, "a", "acme", quota=before.guard("acme"))
+    assert err.value.reason == QUOTA
+    now = QuotaState.of(await store.quota_rows())
+    await _claim(store, "a", "acme", quota=now.guard("acme"))
+    # acme's charge moved the version: a second decision over `now` is made again ...
+    with pytest.raises(Conflict):
+        await _claim(store, "b", "acme", quota=now.guard("acme"))
+    # ... but a tenant without a quota never conflicts over others' charges
+    await _claim(store, "c", "beta", quota=now.guard("beta"))
+    assert QuotaState.of(await store.quota_rows()).used == {
+        "acme": {"tpu": 64},
+        "beta": {"tpu": 64},
+    }

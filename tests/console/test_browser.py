@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import re
 import time
 import uuid
 from collections.abc import Iterator
@@ -463,3 +464,25 @@ def test_without_a_browser_the_tests_say_why(monkeypatch, tmp_path):
     assert "no network" in me.why_no_browser()
     (tmp_path / "chromium").touch()
     assert me.why_no_browser() == ""
+
+
+def test_the_cell_view_draws_each_tenants_quota_usage_and_borrowing(page: Page, console_stack):
+    """Issue 35: per tenant and node type, a bar of the chips held against its quota."""
+    from tests.console.test_http import ROOMY, quotas_set
+
+    with console_stack.cell("acme") as cell:
+        cell.submit(f"acme-{uuid.uuid4().hex[:4]}", (4, 4, 4))
+    with quotas_set(console_stack, acme=ROOMY, globex={**ROOMY, "tpu": 777}):
+        page.open("cell")
+        page.wait_live()
+        main = page.page.locator("main")
+        assert "Tenants' quotas" in main.inner_text()
+        bar = page.page.locator('.quota[data-tenant="globex"][data-type="tpu"] .bar')
+        label = bar.get_attribute("aria-label") or ""  # (other tests' jobs may hold chips)
+        assert re.fullmatch(r"\d+ of 777 tpu chips", label), label
+        bars = page.page.locator('.quota[data-tenant="acme"] .bar')
+        labels = [bars.nth(i).get_attribute("aria-label") or "" for i in range(bars.count())]
+        assert all(" of 1048576 " in x for x in labels), labels
+        assert any(not x.startswith("0 ") for x in labels), labels  # its job's chips
+        page.shot("cell-quotas")
+        assert page.errors == []

@@ -4,6 +4,7 @@ tenant confined to its own jobs, live updates as server-sent events, clear error
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -194,6 +195,51 @@ def test_a_tenant_signed_in_sees_only_its_own_jobs(console_stack: ConsoleStack):
         assert client.get("/api/session").json()["signed_in"] is False
         view = client.get("/api/view/cell").json()
         assert {"acme", "globex"} <= {j["tenant"] for j in view["jobs"]}
+
+
+@contextlib.contextmanager
+def quotas_set(console_stack: ConsoleStack, **nominal: dict[str, int]) -> Iterator[None]:
+    """Tenants' quotas for one test, removed after it (the stack is shared)."""
+    from lightpath.v1 import cell_scheduler_pb2 as cs
+
+    with console_stack.cell() as cell:
+        for tenant, chips in nominal.items():
+            cell.set_quota(cs.Quota(tenant=tenant, nominal_chips=chips))
+        try:
+            yield
+        finally:
+            for tenant in nominal:
+                cell.delete_quota(tenant)
+
+
+# Large enough that no other test's job waits for them (every node type of the stack).
+ROOMY = {"tpu": 1 << 20, "gpu": 1 << 20, "npu": 1 << 20}
+
+
+def test_the_cell_view_shows_each_tenants_quota_and_a_tenant_its_own_only(
+    console_stack: ConsoleStack,
+):
+    mine = _job("acme")
+    with console_stack.cell("acme") as cell:
+        cell.submit(mine, (4, 4, 4))
+    origin = console_stack.url.rstrip("/")
+    with (
+        quotas_set(console_stack, acme=ROOMY, globex={**ROOMY, "tpu": 777}),
+        console_stack.http() as client,
+    ):
+        rows = {q["tenant"]: q for q in client.get("/api/view/cell").json()["quotas"]}
+        assert {"acme", "globex"} <= set(rows)
+        tpu = {t["node_type"]: t for t in rows["globex"]["types"]}["tpu"]
+        assert tpu["quota"] == 777 and rows["globex"]["has_quota"]
+        held = {t["node_type"]: t for t in rows["acme"]["types"]}
+        assert sum(t["used"] for t in held.values()) >= 64  # its job's chips
+        resp = client.post(
+            "/api/login", json={"token": console_stack.tokens["acme"]}, headers={"Origin": origin}
+        )
+        assert resp.status_code == 200, resp.text
+        view = client.get("/api/view/cell")
+        assert [q["tenant"] for q in view.json()["quotas"]] == ["acme"]
+        assert "globex" not in view.text  # no other tenant's name, nor its quota
 
 
 def test_sign_in_refuses_bad_tokens_and_other_origins(console_stack: ConsoleStack):

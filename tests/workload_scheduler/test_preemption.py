@@ -245,3 +245,33 @@ def test_pass_property_one_slice_per_block_healthy_and_priority_respected(state)
             apply_allocation(check, d)
     for waiting in check.queue():
         assert not isinstance(plan_admission(check, waiting), Allocation), waiting.job_id
+
+
+def test_the_cell_reclaiming_quota_names_the_only_victims_whatever_their_priority():
+    """Issue 35: lent quota taken back preempts the named slices, each by its own policy,
+    and nothing else; a slice delayed so yields: it never preempts back."""
+    state = _full_pod(
+        running("lender-low", range(0, 8), priority=5),
+        running("borrower", range(8, 12), priority=90, policy=TERMINATE),
+        running("borrower-2", range(12, 16), priority=90, policy=DELAY),
+    )
+    owner = job("owner", (4, 1, 1), priority=10)
+    (v,) = choose_victims(state, Counter(tpu=4), 10, only=frozenset({"borrower", "borrower-2"}))
+    assert v.job_id == "borrower-2" and v.action == DELAY  # less disruptive first
+    (v,) = choose_victims(state, Counter(tpu=4), 10, only=frozenset({"borrower"}))
+    assert v.job_id == "borrower" and v.action == TERMINATE
+    # without a name, priority rules: only the lender's own low-priority slice
+    (v,) = choose_victims(state, Counter(tpu=4), 10)
+    assert v.job_id == "lender-low"
+    found = plan_admission(state, owner, reclaim=frozenset({"borrower-2"}))
+    assert isinstance(found, Allocation) and [x.job_id for x in found.victims] == ["borrower-2"]
+    # the delayed borrower yields: no plan of its own takes the owner's blocks back
+    back = job("borrower-2", (4, 1, 1), priority=90, state=SUSPENDED).with_(yields=True)
+    after = _full_pod(
+        running("lender-low", range(0, 8), priority=5),
+        running("borrower", range(8, 12), priority=90),
+        running("owner", range(12, 16), priority=10),
+        back,
+    )
+    assert not isinstance(plan_admission(after, back), Allocation)
+    assert isinstance(plan_admission(after, back.with_(yields=False)), Allocation)

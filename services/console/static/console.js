@@ -223,7 +223,27 @@ function renderCell(main, d) {
     d.jobs.map((j) => [link(`#/job/${encodeURIComponent(j.job_id)}`, j.job_id), j.tenant, stateTag(j.state),
       j.pod_id ? podLink(j.pod_id) : (j.queue_position ? `cell queue #${j.queue_position}` : "—"),
       j.shape, j.blocks, j.priority, ago(j.age_s)]), [5, 6]) : h("p", { class: "muted" }, "No jobs yet.");
-  main.replaceChildren(h("h1", {}, "Cell"), h("h2", {}, "Superpods"), pods, h("h2", {}, `Jobs (${d.jobs.length})`), jobs);
+  main.replaceChildren(h("h1", {}, "Cell"), h("h2", {}, "Superpods"), pods, ...quotaSection(d.quotas),
+    h("h2", {}, `Jobs (${d.jobs.length})`), jobs);
+}
+
+// Tenants' quotas (issue 35): per tenant and node type, chips held against its quota; the
+// part above it (borrowed from its cohort) striped. A tenant's sign-in gets its own row only.
+function quotabar(t) {
+  const whole = Math.max(t.quota || 0, t.used);
+  const inner = h("span", {});
+  inner.style.width = `${whole ? Math.round((100 * t.used) / whole) : 0}%`;
+  const label = t.quota === null ? `${t.used} ${t.node_type} chips held, no quota`
+    : `${t.used} of ${t.quota} ${t.node_type} chips` + (t.borrowed ? `, ${t.borrowed} borrowed` : "");
+  return h("span", {}, h("span", { class: t.borrowed ? "bar borrowing" : "bar", role: "img", "aria-label": label }, inner), ` ${label}`);
+}
+function quotaSection(quotas) {
+  if (!quotas || !quotas.length) return [];
+  const rows = quotas.map((q) => [q.tenant,
+    q.types.length ? q.types.map((t) => h("div", { class: "quota", "data-tenant": q.tenant, "data-type": t.node_type }, quotabar(t))) : "—",
+    q.has_quota ? (q.cohort ? `cohort ${q.cohort}` : "no cohort") + (q.no_borrowing ? ", no borrowing" : "") : "no quota",
+    q.waiting ? `${q.waiting} (${q.waiting_for_quota} for quota)` : "0"]);
+  return [h("h2", {}, "Tenants' quotas"), table(["tenant", "chips held / quota", "sharing", "waiting"], rows)];
 }
 
 // -- Job --------------------------------------------------------------------------------

@@ -1,0 +1,217 @@
+"""Tenants' quotas in the cell (issue 35), through the cell scheduler.
+
+    lightpath quota list                          # every quota with its usage
+    lightpath quota usage [TENANT]                # chips held, borrowed, jobs waiting
+    lightpath quota set acme --tpu-chips 512 --no-borrowing
+    lightpath quota set beta --tpu-chips 256 --cohort lab --borrow tpu=128 --weight 2
+    lightpath quota delete acme
+
+Each with -o table|wide|json|yaml|name|jsonpath=TEMPLATE (`set` and `delete`: the
+tenant's row after / as it was). Operators set and delete; a tenant's credential
+(`--as acme`) lists its own quota and usage only.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping
+
+from lightpath.cli._common import (
+    CliError,
+    output_format,
+    print_json,
+    print_list,
+    structured,
+    table,
+)
+from lightpath.cli.cell import _cell_flag, _run
+from lightpath.sdk.cell import AsyncCell
+from lightpath.v1 import cell_scheduler_pb2 as cs
+
+NODE_TYPES = ("tpu", "gpu", "npu")
+
+
+def _chips(raw: str) -> int:
+    try:
+        n = int(raw, 10)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{raw!r} is not a whole number of chips (e.g. 512)"
+        ) from None
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"{n} chips: a quota is 0 chips or more")
+    return n
+
+
+def _typed(raw: str) -> tuple[str, int]:
+    node_type, sep, n = raw.partition("=")
+    if not sep or not node_type:
+        raise argparse.ArgumentTypeError(f"{raw!r}: give TYPE=CHIPS, e.g. tpu=128")
+    return node_type, _chips(n)
+
+
+def _per_type_flag(
+    p: argparse.ArgumentParser | argparse._MutuallyExclusiveGroup, flag: str, help: str
+) -> None:
+    p.add_argument(
+        flag,
+        type=_typed,
+        action="append",
+        default=[],
+        metavar="TYPE=N",
+        help=help + " (repeatable)",
+    )
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("quota", help="tenants' quotas in the cell: chips per node type")
+    verbs = p.add_subparsers(dest="verb", metavar="VERB")
+    verbs.required = True
+
+    v = verbs.add_parser("list", help="every quota with its usage")
+    _cell_flag(v, listing=True)
+    v.set_defaults(func=cmd_list)
+
+    v = verbs.add_parser("usage", help="chips each tenant holds and borrows, jobs waiting")
+    v.add_argument("tenant", nargs="?", default="", help="only this tenant")
+    _cell_flag(v, listing=True)
+    v.set_defaults(func=cmd_list)
+
+    v = verbs.add_parser("set", help="create or replace a tenant's quota (operators)")
+    v.add_argument("tenant", help="the tenant, e.g. acme")
+    for t in NODE_TYPES:
+        v.add_argument(f"--{t}-chips", type=_chips, metavar="N", help=f"nominal quota in {t} chips")
+    _per_type_flag(v, "--chips", "nominal quota of another node type")
+    v.add_argument("--cohort", default="", help="tenants of one cohort lend each other idle quota")
+    borrow = v.add_mutually_exclusive_group()
+    _per_type_flag(
+        borrow,
+        "--borrow",
+        "most chips of TYPE held above the nominal (default: what the cohort lends)",
+    )
+    borrow.add_argument("--no-borrowing", action="store_true", help="never above the nominal")
+    _per_type_flag(
+        v, "--lend", "most chips of TYPE lent to the cohort (default: all unused nominal)"
+    )
+    v.add_argument(
+        "--weight", type=float, default=0.0, help="fair-share weight, 0.001 to 1000 (default 1)"
+    )
+    _cell_flag(v)
+    v.set_defaults(func=cmd_set)
+
+    v = verbs.add_parser("delete", help="remove a tenant's quota (operators)")
+    v.add_argument("tenant", help="the tenant")
+    _cell_flag(v)
+    v.set_defaults(func=cmd_delete)
+
+
+def quota_of(args: argparse.Namespace) -> cs.Quota:
+    nominal = {t: n for t in NODE_TYPES if (n := getattr(args, f"{t}_chips")) is not None}
+    nominal.update(dict(args.chips))
+    if not nominal:
+        raise CliError(
+            "give the nominal quota: --tpu-chips N (or --gpu-chips, --npu-chips, --chips TYPE=N)"
+        )
+    return cs.Quota(
+        tenant=args.tenant,
+        nominal_chips=nominal,
+        cohort=args.cohort,
+        borrowing_limit=dict(args.borrow),
+        no_borrowing=args.no_borrowing,
+        lending_limit=dict(args.lend),
+        weight=args.weight,
+    )
+
+
+# A field of SetQuota's request as the flag that sets it, for errors.
+FLAGS: Mapping[str, str] = {
+    **{f"quota.nominal_chips[{t}]": f"--{t}-chips" for t in NODE_TYPES},
+    "quota.nominal_chips": "--chips",
+    "quota.tenant": "TENANT",
+    "quota.cohort": "--cohort",
+    "quota.borrowing_limit": "--borrow",
+    "quota.no_borrowing": "--no-borrowing",
+    "quota.lending_limit": "--lend",
+    "quota.weight": "--weight",
+}
+
+
+def _per_type(chips: Mapping[str, int]) -> str:
+    return ", ".join(f"{n} {t}" for t, n in sorted(chips.items())) or "-"
+
+
+def _limit(q: cs.Quota) -> str:
+    if q.no_borrowing:
+        return "none"
+    return _per_type(q.borrowing_limit) if q.borrowing_limit else "cohort's idle"
+
+
+def _columns(rows: list[cs.TenantQuota]):
+    def columns(wide: bool) -> tuple[list[str], list]:
+        out = []
+        for r in rows:
+            q = r.quota if r.HasField("quota") else None
+            row = [
+                r.tenant,
+                _per_type(q.nominal_chips) if q else "(no quota)",
+                _per_type(r.used_chips),
+                _per_type(r.borrowed_chips),
+                (q.cohort or "-") if q else "-",
+                _limit(q) if q else "-",
+                f"{r.waiting_jobs} ({r.waiting_for_quota} for quota)",
+            ]
+            if wide:
+                row += [
+                    _per_type(q.lending_limit) if q and q.lending_limit else "all idle",
+                    f"{q.weight:g}" if q else "-",
+                    f"{r.share:.3f}",
+                ]
+            out.append(row)
+        headers = ["tenant", "quota", "used", "borrowed", "cohort", "may borrow", "waiting"]
+        if wide:
+            headers += ["lends", "weight", "share"]
+        return headers, out
+
+    return columns
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    async def act(cell: AsyncCell) -> int:
+        rows = await cell.quotas(getattr(args, "tenant", ""))
+        print_list(args, "quotas", rows, _columns(rows), lambda r: r.tenant)
+        if not rows and not structured(output_format(args)):
+            print("no quotas yet: `lightpath quota set TENANT --tpu-chips N` sets one")
+        return 0
+
+    return _run(args, act)
+
+
+def _one(args: argparse.Namespace, row: cs.TenantQuota, what: str) -> None:
+    from lightpath.cli._common import OUTPUT
+
+    if structured(OUTPUT.format):
+        print_json(row)
+        return
+    headers, rows = _columns([row])(False)
+    print(what)
+    print(table(rows, headers))
+
+
+def cmd_set(args: argparse.Namespace) -> int:
+    quota = quota_of(args)
+
+    async def act(cell: AsyncCell) -> int:
+        row = await cell.set_quota(quota)
+        _one(args, row, f"quota of {args.tenant} set; it applies to the next admission")
+        return 0
+
+    return _run(args, act, flags=FLAGS)
+
+
+def cmd_delete(args: argparse.Namespace) -> int:
+    async def act(cell: AsyncCell) -> int:
+        row = await cell.delete_quota(args.tenant)
+        _one(args, row, f"quota of {args.tenant} deleted (its jobs are no longer limited); it was:")
+        return 0
+
+    return _run(args, act, flags={"tenant": "TENANT"})
