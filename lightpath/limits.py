@@ -4,10 +4,11 @@ A request is bounded before it costs anything: gRPC refuses one larger than its
 service's `MAX_REQUEST_BYTES` before parsing it (RESOURCE_EXHAUSTED, gRPC's own
 short message); one longer than the largest its type can be within the limits
 (`longest_taken`: `largest_request_bytes` and room for unknown fields) is refused
-unparsed (INVALID_ARGUMENT naming `request` and that size); and every parsed request goes through `check` before it is
-authorized work, so a field over its limit is INVALID_ARGUMENT naming the field
-path and the limit (`transitions: at most 1000 entries (got 200000)`) — a short
-error whatever was sent, never an echo of the value.
+unparsed (INVALID_ARGUMENT naming `request` and that size); and every parsed
+request goes through `check` before it is authorized work, so a field over its
+limit is INVALID_ARGUMENT naming the field path and the limit (`transitions: at
+most 1000 entries (got 200000)`) — a short error whatever was sent, never an echo
+of the value.
 
 Defaults, by kind of field (proto comments say where a field differs):
 
