@@ -367,8 +367,9 @@ PROCESSES = {
     "agent": ("switch_agent", {"LIGHTPATH_POD_ID": "pod-1"}),
 }
 # What refused requests may leave a server holding (bytes of RSS once they are
-# answered), all cases together: after the first round, and after the same cases once
-# more; and how far above that it may peak while parsing: the parse is bounded by the
+# answered), all cases together: after the first round, and at the lowest after each
+# of AGAIN_ROUNDS more rounds of the same cases; and how far above that it may peak
+# while parsing: the parse is bounded by the
 # service's receive size, never by what the request claims. Measured at load 14-20
 # over seven rounds: the first left 0.4-10 MiB; after it RSS moved up and down by up
 # to 12 MiB, not in step with the rounds (agg: 10, 4.3, 15.9, 16.7, 14.3, 4.7, 12.3
@@ -658,9 +659,9 @@ async def test_every_oversized_request_to_every_service_is_refused_short_and_cos
     spy's log), its RSS back within a few MB, its peak bounded by its receive size, and
     its health SERVING throughout and after. Every case is sent four times: the first round
     may leave what any first call leaves (caches, allocator arenas: RSS_FIRST_ROUND);
-    after each of the rounds after it RSS must come back within RSS_AGAIN of that at
-    least once (the lowest of them: what refused requests keep raises every round's
-    level, while the allocator's noise moves it up and down)."""
+    the lowest RSS after the rounds after it must be within RSS_AGAIN of that (what
+    refused requests keep raises every round's level; the allocator's noise moves it
+    up and down)."""
     wrong: list[str] = []
     denied: set[str] = set()
     unhealthy: list[str] = []
