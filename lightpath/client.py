@@ -11,7 +11,9 @@
   it sets its own; streams have none by default.
 * UNAVAILABLE is retried by gRPC itself with exponential backoff (the
   channel's service config). Lightpath mutations are idempotent by
-  client-chosen ids (X-5), so a retry never does a thing twice. A service
+  client-chosen ids (X-5), so a retry never does a thing twice; an answer that
+  says "done, and forgotten" (`LightpathError.final`: a pod's no-wait job whose
+  wiring failed) carries gRPC's "do not retry" pushback instead. A service
   answers UNAVAILABLE when its Redis is unreachable, loading, read-only or its
   connection pool is exhausted, with a google.rpc.RetryInfo delay
   (`ErrorReport.retry_delay_s`).

@@ -17,6 +17,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 ERROR_DOMAIN = "lightpath.dev"
+# The ErrorInfo reason of an UNAVAILABLE that keeps nothing: a pod's answer to a job that
+# asked not to wait and whose wiring failed (a switch out of reach). Retryable, and the
+# pod has forgotten the job, so a caller does not count it as perhaps held (issue 34).
+WIRING_FAILED = "WIRING_FAILED"
 
 
 @dataclass(frozen=True)
@@ -39,6 +43,11 @@ class LightpathError(Exception):
     violations: list[FieldViolation] = []  # noqa: RUF012 - read-only default
     precondition_violations: list[FieldViolation] = []  # noqa: RUF012 - (subject, rule)
     retry_delay_s: float | None = None
+    # An answer a channel must not repeat on its own although its code is retryable: the
+    # server did the call's work and forgot it (a pod's UNAVAILABLE WIRING_FAILED), so a
+    # repeat would do it anew. Sent as gRPC's retry pushback "do not retry"
+    # (grpc-retry-pushback-ms < 0); the caller still may, knowing what it means.
+    final: bool = False
     # Set by the SDK on a client: the address it called and where that came from
     # (a setting, the local stack), for messages like "no cell at ... (from ...)".
     address: str = ""

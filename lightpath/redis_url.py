@@ -151,6 +151,7 @@ def client(
     return sentinel.master_for(
         target.service_name,
         connection_pool_class=_sentinel_blocking_pool(),
+        connection_class=_demotion_aware(target.tls),
         db=target.db,
         max_connections=max_connections,
         timeout=pool_timeout_s,
@@ -167,3 +168,55 @@ def _sentinel_blocking_pool() -> type:
         pass
 
     return SentinelBlockingConnectionPool
+
+
+# What a demoted master answers that redis-py's Sentinel connection does not take for a
+# demotion: a write inside a Lua script (the script's error wraps READONLY) and WAIT.
+DEMOTED = (
+    "-READONLY You can't write against a read only replica",
+    "WAIT cannot be used with replica",
+)
+
+
+def _demotion_aware(tls: bool) -> type:
+    """A Sentinel-managed connection that, like redis-py's on a plain READONLY, drops
+    the connection and raises ConnectionError (retried: the next connection asks the
+    sentinels for the master) when a script's write or a WAIT finds a replica — else
+    every script on a connection kept to a demoted master fails until it closes — and
+    that moves to the master the pool last heard of before it sends (a deposed master
+    still answers as one until Sentinel demotes it, ~8 s after it is back)."""
+    from redis.asyncio.sentinel import SentinelManagedConnection, SentinelManagedSSLConnection
+    from redis.exceptions import ConnectionError, ResponseError
+
+    base: Any = SentinelManagedSSLConnection if tls else SentinelManagedConnection
+
+    class DemotionAwareConnection(base):  # type: ignore[misc, valid-type]
+        async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+            # The pool learnt of a new master (recheck_master): this connection, to the
+            # old one, reconnects to it first instead of writing to a deposed master.
+            pool = self.connection_pool
+            known = pool.master_address
+            if pool.is_master and self.is_connected and known not in (None, (self.host, self.port)):
+                await self.disconnect()
+                await self.connect()
+            await super().send_packed_command(command, check_health)
+
+        async def read_response(self, *args: Any, **kwargs: Any) -> Any:
+            try:
+                return await super().read_response(*args, **kwargs)
+            except ResponseError as exc:
+                if self.connection_pool.is_master and any(d in str(exc) for d in DEMOTED):
+                    await self.disconnect()
+                    raise ConnectionError("the previous master is now a replica") from exc
+                raise
+
+    return DemotionAwareConnection
+
+
+async def recheck_master(client: Any) -> None:
+    """Behind Sentinel: ask the sentinels which server is the master; when it moved, the
+    pool drops its idle connections (they reconnect to the new one). Else nothing. For
+    a sign that this client's master may have been deposed (WAIT found no replica)."""
+    pool: Any = getattr(client, "connection_pool", None)
+    if getattr(pool, "is_master", False) and hasattr(pool, "get_master_address"):
+        await pool.get_master_address()

@@ -561,6 +561,7 @@ class Stack:
             for spec in self.specs:
                 self._spawn(spec)
             self._wait_healthy(timeout)
+            self._wait_pods_registered(timeout)
             self._define_agg_tree()
             if self.console_port:
                 self._spawn_console()
@@ -724,6 +725,50 @@ class Stack:
                 )
             if pending:
                 time.sleep(0.1)
+
+    def _wait_pods_registered(self, timeout: float) -> None:
+        """Until the cell lists every pod this stack runs: a scheduler is healthy before its
+        first registration reaches the cell, and a submit in between would be refused with
+        "no superpod has registered" although `lightpath up` said the stack was ready."""
+        cells = [s for s in self.specs if s.service == "cell_scheduler"]
+        pods = {
+            s.env["LIGHTPATH_POD_ID"]: s.name
+            for s in self.specs
+            if s.service == "workload_scheduler" and "LIGHTPATH_POD_ID" in s.env
+        }
+        if not cells or not pods:
+            return
+        import asyncio
+
+        from lightpath.client import channel
+        from lightpath.v1 import cell_scheduler_pb2, cell_scheduler_pb2_grpc
+
+        async def registered() -> set[str]:
+            async with channel(
+                f"127.0.0.1:{cells[0].port}", credentials=self.operator, expect=cells[0].principal
+            ) as ch:
+                listed = await cell_scheduler_pb2_grpc.CellSchedulerStub(ch).ListPods(
+                    cell_scheduler_pb2.ListPodsRequest(), timeout=2.0
+                )
+            return {p.registration.pod_id for p in listed.pods}
+
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                missing = set(pods) - asyncio.run(registered())
+            except grpc.RpcError:
+                missing = set(pods)
+            if not missing:
+                return
+            for name in [pods[p] for p in missing] + [cells[0].name]:
+                self._check_alive(name)
+            if time.monotonic() > deadline:
+                raise StackError(
+                    "not registered with the cell in time: "
+                    + ", ".join(sorted(missing))
+                    + self._log_tails([pods[p] for p in missing])
+                )
+            time.sleep(0.1)
 
     def _check_alive(self, name: str) -> None:
         proc = self.procs[name]

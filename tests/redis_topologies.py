@@ -1,11 +1,16 @@
 """A real Redis Cluster (3 masters, one replica each) and a real Sentinel set-up (one
-master, one replica, three sentinels) on loopback, from the pip-shipped
+master, one or more replicas, three sentinels) on loopback, from the pip-shipped
 redis-server and redis-cli (issue 16), each with the password the stack uses, and
-a way to kill a master and wait until its replica has taken over."""
+a way to kill a master and wait until its replica has taken over — or (issue 32)
+to pause one (SIGSTOP: a GC pause, a VM migration, a partition that the master's
+clients outlive), wait until the sentinels promote a replica, resume it and wait
+until they have turned it into a replica of the new master."""
 
 from __future__ import annotations
 
 import contextlib
+import os
+import signal
 import subprocess
 import time
 from collections.abc import Iterator
@@ -91,6 +96,12 @@ def _server_args(password: str) -> list[str]:
     ]
 
 
+def with_password(url: str) -> str:
+    """`url` with PASSWORD in it (what a service is given)."""
+    scheme, rest = url.split("://", 1)
+    return f"{scheme}://:{PASSWORD}@{rest}"
+
+
 @dataclass
 class Topology:
     url: str
@@ -173,6 +184,51 @@ class SentinelSet(Topology):
         _wait(switched, f"the sentinels choosing a new master after {old}")
         return old, self.master()
 
+    def replication(self, port: int) -> dict:
+        with self.client(port) as r:
+            return r.info("replication")
+
+    def pause_master(self) -> tuple[int, int]:
+        """SIGSTOP the master and wait until the sentinels have promoted a replica and
+        pointed every other replica at it; the old master stays stopped (its clients'
+        connections hang, as they would across a partition). (old port, new port)."""
+        old = self.master()
+        os.kill(self.procs[old].pid, signal.SIGSTOP)
+        others = [p for p in self.procs if p != old and p not in self.sentinels]
+
+        def switched() -> bool:
+            new = self.master()
+            if new == old or self.replication(new)["role"] != "master":
+                return False
+            return all(
+                int(self.replication(p).get("master_port", 0)) == new for p in others if p != new
+            )
+
+        _wait(switched, f"the sentinels promoting a replica of the paused master {old}")
+        return old, self.master()
+
+    def resume(self, old: int) -> None:
+        """SIGCONT a paused master (it answers as a master until the sentinels demote it,
+        ~8 s after they see it again: Sentinel waits that long for newer configurations)."""
+        os.kill(self.procs[old].pid, signal.SIGCONT)
+
+    def wait_rejoined(self, old: int) -> None:
+        """Until a resumed master replicates from the new master and every replica is
+        connected to it."""
+        replicas = len(self.procs) - len(self.sentinels) - 1
+
+        def rejoined() -> bool:
+            mine = self.replication(old)
+            if mine["role"] != "slave" or mine.get("master_link_status") != "up":
+                return False
+            new = self.master()
+            return (
+                int(mine["master_port"]) == new
+                and self.replication(new)["connected_slaves"] == replicas
+            )
+
+        _wait(rejoined, f"the old master {old} replicating from the new one", timeout=60)
+
 
 @contextlib.contextmanager
 def redis_cluster(directory: Path, masters: int = 3, replicas: int = 1) -> Iterator[Cluster]:
@@ -226,8 +282,9 @@ def redis_cluster(directory: Path, masters: int = 3, replicas: int = 1) -> Itera
 
 
 @contextlib.contextmanager
-def redis_sentinel(directory: Path) -> Iterator[SentinelSet]:
-    master, replica = free_port(), free_port()
+def redis_sentinel(directory: Path, replicas: int = 1) -> Iterator[SentinelSet]:
+    master = free_port()
+    replica_ports = [free_port() for _ in range(replicas)]
     sentinels = [free_port() for _ in range(3)]
     topo = SentinelSet(
         "redis+sentinel://"
@@ -238,18 +295,19 @@ def redis_sentinel(directory: Path) -> Iterator[SentinelSet]:
     topo.sentinels = sentinels
     try:
         topo.procs[master] = _spawn(directory / "master", master, *_server_args(PASSWORD))
-        topo.procs[replica] = _spawn(
-            directory / "replica",
-            replica,
-            *_server_args(PASSWORD),
-            "--replicaof",
-            "127.0.0.1",
-            str(master),
-        )
+        for i, replica in enumerate(replica_ports):
+            topo.procs[replica] = _spawn(
+                directory / ("replica" if i == 0 else f"replica-{i + 1}"),
+                replica,
+                *_server_args(PASSWORD),
+                "--replicaof",
+                "127.0.0.1",
+                str(master),
+            )
 
         def replicating() -> bool:
             with topo.client(master) as r:
-                return r.info("replication")["connected_slaves"] == 1
+                return r.info("replication")["connected_slaves"] == replicas
 
         _wait(replicating, "the replica replicating")
         for port in sentinels:
@@ -287,7 +345,10 @@ def redis_sentinel(directory: Path) -> Iterator[SentinelSet]:
             for port in sentinels:
                 with redis.Redis(host="127.0.0.1", port=port, decode_responses=True) as s:
                     fields = s.sentinel_master(topo.service)
-                    if int(fields["num-other-sentinels"]) < 2 or int(fields["num-slaves"]) < 1:
+                    if (
+                        int(fields["num-other-sentinels"]) < 2
+                        or int(fields["num-slaves"]) < replicas
+                    ):
                         return False
             return True
 

@@ -24,15 +24,10 @@ import pytest
 from lightpath.v1 import cell_scheduler_pb2 as cs
 from lightpath.v1 import common_pb2 as c
 from tests.cell_scheduler.conftest import Cell, cell_stack
-from tests.redis_topologies import PASSWORD, redis_cluster, redis_sentinel
+from tests.redis_topologies import redis_cluster, redis_sentinel, with_password
 from tests.test_redis_restart_services import three_services
 
 pytestmark = pytest.mark.slow
-
-
-def with_password(url: str) -> str:
-    scheme, rest = url.split("://", 1)
-    return f"{scheme}://:{PASSWORD}@{rest}"
 
 
 async def cell_works(cell: Cell, job_id: str) -> None:

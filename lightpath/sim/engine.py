@@ -1264,7 +1264,7 @@ class OcsModel(_Model):
 
 
 def _ms(seconds: float) -> int:
-    """Virtual seconds as the service's clock reads them (SchedulerCore.now_ms)."""
+    """Virtual seconds as the service's clock reads them (core.PodContext.now_ms)."""
     return int(seconds * 1000)
 
 

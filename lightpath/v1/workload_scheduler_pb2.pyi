@@ -34,7 +34,10 @@ class _WhenNoCapacityEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_WhenNo
     WHEN_NO_CAPACITY_QUEUE: _WhenNoCapacity.ValueType  # 1
     """Wait in the pod's queue (PENDING, by priority then age)."""
     WHEN_NO_CAPACITY_FAIL: _WhenNoCapacity.ValueType  # 2
-    """Refuse with RESOURCE_EXHAUSTED; nothing is recorded."""
+    """Refuse with RESOURCE_EXHAUSTED; nothing is recorded. Placed but its wiring
+    failed (a switch out of reach): UNAVAILABLE, reason WIRING_FAILED naming the
+    switch, nothing recorded either (retry when it answers).
+    """
 
 class WhenNoCapacity(_WhenNoCapacity, metaclass=_WhenNoCapacityEnumTypeWrapper):
     """What to do when the pod cannot place the job now, even by preemption (WS-4)."""
@@ -44,7 +47,10 @@ WHEN_NO_CAPACITY_UNSPECIFIED: WhenNoCapacity.ValueType  # 0
 WHEN_NO_CAPACITY_QUEUE: WhenNoCapacity.ValueType  # 1
 """Wait in the pod's queue (PENDING, by priority then age)."""
 WHEN_NO_CAPACITY_FAIL: WhenNoCapacity.ValueType  # 2
-"""Refuse with RESOURCE_EXHAUSTED; nothing is recorded."""
+"""Refuse with RESOURCE_EXHAUSTED; nothing is recorded. Placed but its wiring
+failed (a switch out of reach): UNAVAILABLE, reason WIRING_FAILED naming the
+switch, nothing recorded either (retry when it answers).
+"""
 Global___WhenNoCapacity: _TypeAlias = WhenNoCapacity  # noqa: Y015
 
 class _OnBlockFailure:

@@ -18,7 +18,7 @@ import logging
 from collections.abc import Callable, Mapping
 
 from lightpath.client import wrong_peer
-from lightpath.errors import InvalidArgument, ResourceExhausted
+from lightpath.errors import WIRING_FAILED, InvalidArgument, ResourceExhausted, Unavailable
 from lightpath.v1 import cell_scheduler_pb2, workload_scheduler_pb2
 from services.cell_scheduler.admission import FAIL, Admission, no_capacity_delay
 from services.cell_scheduler.choice import FITS, Candidate, PodCapacityView, plan_queue
@@ -77,6 +77,7 @@ class Forwarder:
         refused (at submit: INVALID_ARGUMENT with the pods' reasons, nothing kept) or,
         from the cell queue, FAILED — never left waiting."""
         last = ""
+        wiring_failed = False  # the last pod placed it but a switch failed (issue 34)
         invalid: dict[str, InvalidArgument] = {}
         for i, cand in enumerate(candidates):
             pod = cand.pod_id
@@ -107,6 +108,7 @@ class Forwarder:
                     self.pods.busy(pod, err.report.retry_delay_s)
                 last = f"pod {pod} refused it: {err.report.message}"
                 relayed = err.relayed()
+                wiring_failed = relayed.reason == WIRING_FAILED
                 if isinstance(relayed, InvalidArgument):
                     invalid[pod] = relayed
                 version = views[pod].version if pod in views else ""
@@ -117,6 +119,7 @@ class Forwarder:
                 self.metrics.forwarded("unreachable")
                 self.pods.assume(pod, r.needs, +1)
                 last = f"pod {pod} did not answer ({err.code.name})"
+                wiring_failed = False
                 # Refused in the handshake (the endpoint is not the pod that registered):
                 # nothing was sent, so the pod cannot hold it; the reason says whom it found.
                 refused = wrong_peer(err.error)
@@ -189,6 +192,11 @@ class Forwarder:
                     f"refused: {last} (asked not to wait)",
                     self.pods.now_ms(),
                     forget=True,
+                )
+            if wiring_failed:  # a switch failed, not the capacity: retryable, as the pod said
+                raise Unavailable(
+                    f"job {job_id} was not wired and asked not to wait: {last}",
+                    reason=WIRING_FAILED,
                 )
             raise ResourceExhausted(
                 f"job {job_id} cannot be placed now and asked not to wait: {last}",

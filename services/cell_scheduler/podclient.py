@@ -6,6 +6,8 @@ most recently). A failed call is sorted by what it tells the cell:
 * `PodRefused` — the pod answered and said no (RESOURCE_EXHAUSTED: no room
   now; INVALID_ARGUMENT / FAILED_PRECONDITION: it cannot take this request).
   Nothing of the request was kept there.
+  So is UNAVAILABLE with reason WIRING_FAILED: the pod answered that a switch
+  failed while it wired a job that asked not to wait, and forgot the job.
 * `PodUnreachable` — no answer (UNAVAILABLE, DEADLINE_EXCEEDED, ...): the
   request may or may not have reached the pod.
 
@@ -23,6 +25,7 @@ from opentelemetry.sdk.trace import TracerProvider
 
 from lightpath.client import channel, error_report
 from lightpath.errors import (
+    WIRING_FAILED,
     FailedPrecondition,
     FieldViolation,
     InvalidArgument,
@@ -98,7 +101,10 @@ def placed_fields(job: workload_scheduler_pb2.Job, spec: workload_scheduler_pb2.
 
 
 def classify(pod_id: str, err: grpc.aio.AioRpcError) -> PodCallError:
-    return (PodRefused if err.code() in REFUSALS else PodUnreachable)(pod_id, err)
+    refused = err.code() in REFUSALS or (
+        err.code() == grpc.StatusCode.UNAVAILABLE and error_report(err).reason == WIRING_FAILED
+    )
+    return (PodRefused if refused else PodUnreachable)(pod_id, err)
 
 
 class PodClients:

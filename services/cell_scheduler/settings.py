@@ -2,15 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import Annotated
 
-from services.common.settings import CommonSettings, parse_address, parse_positive_float, setting
-
-
-def parse_node_flops(raw: str) -> str:
-    """Validate LIGHTPATH_CELL_NODE_FLOPS ("tpu:275e12,gpu:312e12") at start."""
-    node_flops(raw)
-    return raw.strip()
+from services.common.settings import Address, CommonSettings, PositiveFloat, checked, setting
 
 
 def node_flops(raw: str) -> dict[str, float]:
@@ -38,34 +32,27 @@ def node_flops(raw: str) -> dict[str, float]:
     return out
 
 
-@dataclass(frozen=True)
 class CellSchedulerSettings(CommonSettings):
-    listen: str = setting(
-        "LIGHTPATH_LISTEN", "127.0.0.1:50051", "gRPC listen address", parse=parse_address
-    )
-    pod_timeout_s: float = setting(
+    listen: Address = setting("LIGHTPATH_LISTEN", "127.0.0.1:50051", "gRPC listen address")
+    pod_timeout_s: PositiveFloat = setting(
         "LIGHTPATH_CELL_POD_TIMEOUT_S",
         5.0,
         "a pod silent (no heartbeat) for longer is not chosen and its jobs show UNKNOWN",
-        parse=parse_positive_float,
     )
-    forward_timeout_s: float = setting(
+    forward_timeout_s: PositiveFloat = setting(
         "LIGHTPATH_CELL_FORWARD_TIMEOUT_S",
         40.0,
         "deadline of a job forwarded to a pod (the pod answers once the slice is wired)",
-        parse=parse_positive_float,
     )
-    reconcile_s: float = setting(
+    reconcile_s: PositiveFloat = setting(
         "LIGHTPATH_CELL_RECONCILE_S",
         0.5,
         "seconds between rounds of the cell's background work (silent pods, the queue, "
         "forwards left by a dead replica)",
-        parse=parse_positive_float,
     )
-    node_flops: str = setting(
+    node_flops: Annotated[str, checked(node_flops)] = setting(
         "LIGHTPATH_CELL_NODE_FLOPS",
         "tpu:275e12,gpu:312e12",
         "effective FLOP/s of one chip per node type, for shapes derived from a compute "
         "demand (CS-4); the first type is the default",
-        parse=parse_node_flops,
     )

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from redis import exceptions as redis_errors
 
+from lightpath import redis_url
 from lightpath.errors import (
     ERROR_DOMAIN,
     Aborted,
@@ -122,6 +123,10 @@ def from_redis(exc: BaseException) -> Unavailable | ResourceExhausted | None:
         err.__cause__ = exc
         return err
     found = next((row for row in _REDIS_UNAVAILABLE if isinstance(exc, row[0])), None)
+    if found is None and isinstance(exc, redis_errors.ResponseError):
+        # A script's write or a WAIT on a replica: redis-py raises a plain ResponseError.
+        if any(text in str(exc) for text in redis_url.DEMOTED):
+            found = next(row for row in _REDIS_UNAVAILABLE if row[1] == "REDIS_READ_ONLY")
     if found is None:
         return None
     _cls, reason, what, delay = found

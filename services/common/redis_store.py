@@ -34,7 +34,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from lightpath import __version__, redis_url, telemetry
-from services.common import instruments
+from services.common import instruments, txn
 from services.common.errors import Unavailable
 
 
@@ -162,14 +162,16 @@ class _Retry(Retry):
 
 def connect_with(settings: Any, *, decode_responses: bool = True) -> aioredis.Redis:
     """A client of the Redis a service's settings (CommonSettings) name: its URL, pool
-    bounds and password file."""
-    return connect(
+    bounds, password file and how many replicas a commit waits for."""
+    client = connect(
         settings.redis_url,
         decode_responses=decode_responses,
         max_connections=settings.redis_max_connections,
         pool_timeout_s=settings.redis_pool_timeout_s,
         password=read_password(settings.redis_password_file),
     )
+    durability = txn.Durability(settings.redis_commit_replicas, settings.redis_commit_timeout_ms)
+    return txn.require_replicas(client, durability)
 
 
 def connect(

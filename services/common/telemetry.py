@@ -392,10 +392,11 @@ async def _abort_for(
             f" [{type(cause).__name__}: {cause}]" if infrastructure else "",
             extra={"rpc_method": method, "code": exc.code},
         )
+        trailers = [("grpc-status-details-bin", status.SerializeToString())]
+        if exc.final:  # gRPC's "do not retry" (its retry policy honours a negative pushback)
+            trailers.append(("grpc-retry-pushback-ms", "-1"))
         await context.abort(
-            grpc.StatusCode[exc.code],
-            status.message,
-            trailing_metadata=(("grpc-status-details-bin", status.SerializeToString()),),
+            grpc.StatusCode[exc.code], status.message, trailing_metadata=tuple(trailers)
         )
     trace_id = current_trace_id()
     span.record_exception(exc)

@@ -18,8 +18,15 @@ for _, o in ipairs(tx.o or {}) do USES[o[1]] = true end
 
 -- Every command goes through `call` (extensions too: never redis.call), which refuses a key
 -- that is not declared: tests run every script this way, so none builds a key name.
+-- BITOP names its keys after the operation: each of them is checked.
 local function call(command, k, ...)
-  if not DECLARED[k] then error("txn: " .. command .. " on undeclared key " .. tostring(k)) end
+  if command == "BITOP" then
+    for _, key in ipairs({...}) do
+      if not DECLARED[key] then error("txn: BITOP on undeclared key " .. tostring(key)) end
+    end
+  elseif not DECLARED[k] then
+    error("txn: " .. command .. " on undeclared key " .. tostring(k))
+  end
   return redis.call(command, k, ...)
 end
 
@@ -103,6 +110,7 @@ if USES.sadd then OPS.sadd = function(o) call("SADD", KEYS[o[2]], o[3]) end end
 if USES.srem then OPS.srem = function(o) call("SREM", KEYS[o[2]], o[3]) end end
 if USES.del then OPS.del = function(o) call("DEL", KEYS[o[2]]) end end
 if USES.setpx then OPS.setpx = function(o) call("SET", KEYS[o[2]], o[3], "PX", o[4]) end end
+if USES.expire then OPS.expire = function(o) call("EXPIRE", KEYS[o[2]], o[3]) end end
 -- {"xadd", stream key, maxlen, field, value, ...}
 if USES.xadd then OPS.xadd = function(o) call("XADD", KEYS[o[2]], "MAXLEN", "~", o[3], "*", unpack(o, 4)) end end
 

@@ -22,11 +22,23 @@ end` (txn.lua defines only what the Txn uses: each call runs the whole script ag
 generic op is nil when the Txn does not use it, so wrap one only under its USES.
 
 API for stores built on this (say here when it changes): `Txn(families=...)`, `k`, `name`,
-`member(s)`, `include`, the `expect_*` checks, `check(name, ...)`, the write ops, `read`,
-`job_event` (its Lua twin `job_event(jk, hk, sk, maxlen, e, extra, brief)`), `op(name, ...)`,
-`blob` (binary data as ARGV[i]); the Lua's `now_ms()` (Redis' clock);
-`Program(package, file or [files], constants).bind(redis)` → `Script`; `await script.commit(txn)` →
-`Committed` (`reads`, `committed[name]`) or `Conflict` (`reason`, `value`, str = message).
+`member(s)`, `include`, the `expect_*` checks, `check(name, ...)`, the write ops (with
+`expire`), `read`, `job_event` (its Lua twin `job_event(jk, hk, sk, maxlen, e, extra,
+brief)`), `op(name, ...)`, `blob` (binary data as ARGV[i]); the Lua's `now_ms()` (Redis' clock);
+`Program(package, file or [files] (none: txn.lua alone), constants).bind(redis)` → `Script`;
+`await script.commit(txn)` → `Committed` (`reads`, `committed[name]`) or `Conflict`
+(`reason`, `value`, str = message); `await script.applies(txn)` → whether it committed.
+
+Durability (issue 32): Redis replicates asynchronously, so a commit the primary answered
+can be lost when a replica is promoted. `require_replicas(client, Durability(n, ms))`
+(done by redis_store.connect_with from LIGHTPATH_REDIS_COMMIT_REPLICAS) makes every
+commit on `client` wait — `WAIT n ms`, on the script's own connection, in the same
+round trip — until n replicas hold it and everything the primary held when it ran
+(what a check or a read of it saw); a commit that reached fewer raises Unavailable
+(REDIS_NOT_REPLICATED), a failed check too (rather than Conflict): what it wrote was
+applied on the primary but is not acknowledged, and a retry (mutations are idempotent
+by client-chosen ids) finds it — once replicated — or makes it again.
+docs/operations.md says what this guarantees at which settings.
 """
 
 from __future__ import annotations
@@ -37,6 +49,11 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
+
+from redis.exceptions import NoScriptError
+
+from lightpath import redis_url
+from services.common.errors import Unavailable
 
 # Conflicts a Txn raised for a set's members it had not declared are retried this often.
 DECLARE_RETRIES = 4
@@ -201,6 +218,9 @@ class Txn:
     def set_px(self, key: str, value: str, ttl_ms: int) -> None:
         self.ops.append(["setpx", self.k(key), value, ttl_ms])
 
+    def expire(self, key: str, ttl_s: int) -> None:
+        self.ops.append(["expire", self.k(key), ttl_s])
+
     def xadd(self, stream: str, maxlen: int, fields: Mapping[str, str]) -> None:
         flat = [x for kv in fields.items() for x in kv]
         self.ops.append(["xadd", self.k(stream), maxlen, *flat])
@@ -275,7 +295,7 @@ class Program:
         return set(self.constants) - set(_CONSTANT.findall(self.lua))
 
     def bind(self, redis: Any) -> Script:
-        return Script(redis.register_script(self.source))
+        return Script(redis.register_script(self.source), durability_of(redis))
 
 
 PROGRAMS: list[Program] = []
@@ -303,13 +323,47 @@ def _lua(value: Any) -> str:
     raise TypeError(f"no Lua literal for {type(value).__name__}")
 
 
+@dataclass(frozen=True)
+class Durability:
+    """How many replicas must hold a commit before it is acknowledged (0: none, the
+    primary's answer is enough), and how long a commit waits for them."""
+
+    replicas: int = 0
+    timeout_ms: int = 1000
+
+
+_DURABILITY = "_lightpath_durability"
+# Nobody subscribes: a PUBLISH here only moves the connection's replication offset.
+FENCE_CHANNEL = "lp:replication-fence"
+
+
+def require_replicas(client: Any, durability: Durability) -> Any:
+    """Make every Script bound to `client` from now on commit with `durability`;
+    returns `client`. (The client carries it because it is what stores are given.)"""
+    setattr(client, _DURABILITY, durability)
+    return client
+
+
+def durability_of(client: Any) -> Durability:
+    return getattr(client, _DURABILITY, None) or Durability()
+
+
 class Script:
     """A Program on one Redis client."""
 
-    def __init__(self, script: Any):
+    def __init__(self, script: Any, durability: Durability | None = None):
         self._script = script
+        self.durability = durability or Durability()
         # set key -> its members at the last "undeclared" conflict: declared up front next time
         self._known: dict[str, list[str]] = {}
+
+    async def applies(self, txn: Txn) -> bool:
+        """Whether `txn` committed (False: a check failed, nothing was written)."""
+        try:
+            await self.commit(txn)
+        except Conflict:
+            return False
+        return True
 
     async def commit(self, txn: Txn) -> Committed:
         """Apply `txn` atomically, or raise Conflict naming the first failed check."""
@@ -319,11 +373,12 @@ class Script:
                     txn.member(family, member_id)
         for _ in range(DECLARE_RETRIES):
             keys, arg = txn.payload()
-            reply = await self._script(keys=keys, args=[arg, *txn.blobs])
+            reply = await self._run(keys, [arg, *txn.blobs])
             if int(reply[0]) == 1:
                 reads, named = reply[1], reply[2]
-                return Committed(list(reads), dict(zip(named[::2], named[1::2], strict=True)))
-            _, reason, message, value = reply
+                names = map(_text, named[::2])
+                return Committed(list(reads), dict(zip(names, named[1::2], strict=True)))
+            reason, message, value = map(_text, reply[1:])
             if reason != UNDECLARED:
                 raise Conflict(reason, message, value)
             ids, walked = json.loads(value), int(message)
@@ -331,3 +386,46 @@ class Script:
                 txn.members(family, ids)
             self._known[txn.keys[walked - 1]] = ids
         raise Conflict(UNDECLARED, "a walked set kept changing", "")
+
+    async def _run(self, keys: list[str], args: list[Any]) -> Any:
+        if not self.durability.replicas:
+            return await self._script(keys=keys, args=args)
+        # One pipeline: one connection and one round trip. WAIT counts the replicas that
+        # hold this connection's last write; the PUBLISH (propagated, so it is one) puts
+        # that write after everything the primary holds — replication is one ordered
+        # stream — so a script that wrote nothing (a conflict, a retry answered from a
+        # record another connection wrote) waits for what it read, too.
+        want, timeout_ms = self.durability.replicas, self.durability.timeout_ms
+        script = self._script
+        client = script.registered_client
+        for _ in range(2):
+            async with client.pipeline(transaction=False) as pipe:
+                pipe.evalsha(script.sha, len(keys), *keys, *args)
+                pipe.publish(FENCE_CHANNEL, "")
+                pipe.execute_command("WAIT", want, timeout_ms)
+                reply, _, acked = await pipe.execute(raise_on_error=False)
+            if isinstance(reply, NoScriptError):  # a restarted or promoted Redis
+                await client.script_load(script.script)
+                continue
+            for answer in (reply, acked):
+                if isinstance(answer, Exception):
+                    raise answer
+            if int(acked) < want:
+                # A master whose replicas left may have been deposed: if so, the next
+                # call goes to the new one rather than to this one until it is demoted.
+                await redis_url.recheck_master(client)
+                raise Unavailable(
+                    f"the commit reached {acked} of the {want} Redis replicas "
+                    f"LIGHTPATH_REDIS_COMMIT_REPLICAS asks for within {timeout_ms} ms, so "
+                    "what it wrote or read might not survive a failover and is not "
+                    "acknowledged; retry the call",
+                    reason="REDIS_NOT_REPLICATED",
+                    retry_delay_s=1.0,
+                )
+            return reply
+        raise NoScriptError("the script was loaded but Redis still does not know it")
+
+
+def _text(value: Any) -> Any:
+    """A reply's name or message as str, on a client with decode_responses=False too."""
+    return value.decode() if isinstance(value, bytes) else value

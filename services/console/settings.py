@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import Annotated
 
 from services.common.settings import (
+    Address,
+    MetricsListen,
+    OptionalAddress,
+    PositiveFloat,
+    Settings,
     choice,
     parse_address,
-    parse_metrics_listen,
-    parse_optional_address,
-    parse_positive_float,
+    rule,
     setting,
 )
 from services.common.tls import is_loopback
@@ -29,14 +32,12 @@ def parse_named_addresses(raw: str) -> tuple[tuple[str, str], ...]:
     return tuple(out.items())
 
 
-@dataclass(frozen=True)
-class ConsoleSettings:
-    listen: str = setting(
+class ConsoleSettings(Settings):
+    listen: Address = setting(
         "LIGHTPATH_CONSOLE_LISTEN",
         "127.0.0.1:8443",
         "HTTPS listen address of the console (host:port; port 0 picks a free one); loopback "
         "unless you configure otherwise",
-        parse=parse_address,
     )
     tls_cert: str = setting(
         "LIGHTPATH_TLS_CERT",
@@ -48,70 +49,61 @@ class ConsoleSettings:
     tls_ca: str = setting(
         "LIGHTPATH_TLS_CA", "", "PEM CA certificate(s) the services' certificates chain to"
     )
-    cell_addr: str = setting(
+    cell_addr: Address = setting(
         "LIGHTPATH_CELL_ADDR",
         "127.0.0.1:50051",
         "host:port of the cell_scheduler",
-        parse=parse_address,
     )
-    core_broker_addr: str = setting(
+    core_broker_addr: OptionalAddress = setting(
         "LIGHTPATH_CORE_BROKER_ADDR",
         "",
         "host:port of the core_broker (empty: no core broker view)",
-        parse=parse_optional_address,
     )
-    ocs_addrs: tuple[tuple[str, str], ...] = setting(
+    ocs_addrs: Annotated[tuple[tuple[str, str], ...], rule(parse_named_addresses)] = setting(
         "LIGHTPATH_CONSOLE_OCS_ADDRS",
         (),
         "each superpod's ocs_manager: pod-1=host:port,pod-2=host:port (a pod left out shows "
         "no OCS view)",
-        parse=parse_named_addresses,
     )
-    agg_addrs: tuple[tuple[str, str], ...] = setting(
+    agg_addrs: Annotated[tuple[tuple[str, str], ...], rule(parse_named_addresses)] = setting(
         "LIGHTPATH_CONSOLE_AGG_ADDRS",
         (),
         "the aggregation switches: root=host:port,sub-1=host:port (empty: no aggregation view)",
-        parse=parse_named_addresses,
     )
     agg_tree: str = setting("LIGHTPATH_AGG_TREE", "tree-1", "the aggregation tree shown")
-    anonymous: str = setting(
+    anonymous: Annotated[str, choice("auto", "read", "none")] = setting(
         "LIGHTPATH_CONSOLE_ANONYMOUS",
         "auto",
         "what a viewer who has not signed in sees: `read` (everything, read-only, as the "
         "console's own identity), `none` (only the sign-in page), `auto` (read when the "
         "console listens on loopback, else none)",
-        parse=choice("auto", "read", "none"),
     )
-    session_ttl_s: float = setting(
+    session_ttl_s: PositiveFloat = setting(
         "LIGHTPATH_CONSOLE_SESSION_TTL_S",
         28800.0,
         "seconds a sign-in lasts without use",
-        parse=parse_positive_float,
     )
-    poll_s: float = setting(
+    poll_s: PositiveFloat = setting(
         "LIGHTPATH_CONSOLE_POLL_S",
         2.0,
         "seconds between reads of what has no watch stream (OCS use, switch states, "
         "aggregation switches) and between checks of the live views",
-        parse=parse_positive_float,
     )
-    log_level: str = setting(
+    log_level: Annotated[str, choice("debug", "info", "warning", "error")] = setting(
         "LIGHTPATH_LOG_LEVEL",
         "info",
         "debug, info, warning or error",
-        parse=choice("debug", "info", "warning", "error"),
     )
-    log_format: str = setting(
-        "LIGHTPATH_LOG_FORMAT", "json", "json or text", parse=choice("json", "text")
+    log_format: Annotated[str, choice("json", "text")] = setting(
+        "LIGHTPATH_LOG_FORMAT", "json", "json or text"
     )
     instance_id: str = setting("LIGHTPATH_INSTANCE_ID", "console", "unique name of this process")
-    metrics_listen: str = setting(
+    metrics_listen: MetricsListen = setting(
         "LIGHTPATH_METRICS_LISTEN",
         "",
         "Prometheus scrape endpoint (HTTP GET /metrics, plaintext) of the console: host:port, "
         "or a port alone for 127.0.0.1:PORT; empty: none. Its watches' state is "
         "lightpath_task_down (deploy/monitoring: LightpathConsoleStale)",
-        parse=parse_metrics_listen,
     )
 
     def anonymous_reads(self) -> bool:

@@ -65,12 +65,15 @@ from lightpath.graph.spec import from_proto
 from lightpath.v1 import core_broker_pb2 as pb
 from lightpath.v1 import graph_pb2
 from services.common.keys import broker_key
+from services.common.txn import Program, Txn
 
 log = logging.getLogger("lightpath.core_broker.graph_runs")
 
 HEARTBEAT_S = 1.0
 ORPHAN_S = 10.0
 FINISHED_TTL_S = 7 * 24 * 3600
+# A run's record: created once, finished once (txn.lua's generic checks and ops).
+PROGRAM = Program("services.core_broker", [], {})
 # Library kinds that touch nothing but their records and the data directory's files.
 CONTAINED_KINDS = frozenset(LIBRARY) - {"interface", "kv_lookup"}
 FILE_KINDS = ("file_input", "file_output")
@@ -226,6 +229,7 @@ class RunRecord:
 class GraphRunStore:
     def __init__(self, redis: aioredis.Redis):
         self._r = redis
+        self._script = PROGRAM.bind(redis)
 
     @staticmethod
     def key(run_id: str) -> str:
@@ -243,15 +247,10 @@ class GraphRunStore:
             "started": rec.started_ms,
             "beat": rec.started_ms,
         }
-        flat = [x for kv in fields.items() for x in kv]
-        created = await self._r.eval(self._CREATE, 1, self.key(rec.run_id), *flat)
-        return bool(created)
-
-    _CREATE = """
-    if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
-    redis.call('HSET', KEYS[1], unpack(ARGV))
-    return 1
-    """
+        t = Txn()
+        t.expect_no_key(self.key(rec.run_id), reason="EXISTS")
+        t.hset(self.key(rec.run_id), fields)
+        return await self._script.applies(t)
 
     async def get(self, run_id: str) -> RunRecord | None:
         row: dict[Any, Any] = await self._r.hgetall(self.key(run_id))
@@ -284,22 +283,17 @@ class GraphRunStore:
     async def request_cancel(self, run_id: str, who: str) -> None:
         await self._r.hsetnx(self.key(run_id), "cancel", who)
 
-    _FINISH = """
-    if redis.call('HGET', KEYS[1], 'state') ~= 'running' then return 0 end
-    redis.call('HSET', KEYS[1], 'state', ARGV[1], 'failed_component', ARGV[2],
-               'failure', ARGV[3], 'finished', ARGV[4])
-    redis.call('EXPIRE', KEYS[1], ARGV[5])
-    return 1
-    """
-
     async def finish(
         self, run_id: str, state: str, now_ms: int, component: str = "", failure: str = ""
     ) -> bool:
         """RUNNING → state, once."""
-        done = await self._r.eval(
-            self._FINISH, 1, self.key(run_id), state, component, failure, now_ms, FINISHED_TTL_S
-        )
-        return bool(done)
+        key = self.key(run_id)
+        t = Txn()
+        t.expect(key, "state", ["running"], reason="FINISHED")
+        fields = {"state": state, "failed_component": component, "failure": failure}
+        t.hset(key, {**fields, "finished": now_ms})
+        t.expire(key, FINISHED_TTL_S)
+        return await self._script.applies(t)
 
 
 # -- running -------------------------------------------------------------------------------

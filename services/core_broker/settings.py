@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated
 
 from lightpath.paths import default_state_dir
 from services.common.settings import (
+    Address,
     CommonSettings,
+    NonNegativeFloat,
+    PositiveFloat,
+    PositiveInt,
     choice,
-    parse_address,
-    parse_non_negative_float,
-    parse_positive_float,
+    rule,
     setting,
 )
 from services.core_broker.decisions import (
@@ -46,93 +48,72 @@ def _weights(known: tuple[str, ...] | None, upper: bool = False) -> Callable[[st
     return parse
 
 
-def _positive_int(raw: str) -> int:
-    value = int(raw)
-    if value <= 0:
-        raise ValueError("must be > 0")
-    return value
-
-
-@dataclass(frozen=True)
 class CoreBrokerSettings(CommonSettings):
-    listen: str = setting(
-        "LIGHTPATH_LISTEN", "127.0.0.1:50081", "gRPC listen address", parse=parse_address
-    )
+    listen: Address = setting("LIGHTPATH_LISTEN", "127.0.0.1:50081", "gRPC listen address")
     operator_token: str = setting(
         "LIGHTPATH_CB_OPERATOR_TOKEN",
         "",
         "a bearer token that also names the operator (devices, applications, latencies); "
         "empty: the operator calls with its certificate or a Lightpath token",
     )
-    batch_window_ms: float = setting(
+    batch_window_ms: NonNegativeFloat = setting(
         "LIGHTPATH_CB_BATCH_WINDOW_MS",
         2.0,
         "requests arriving within this many ms are decided together, by priority (CB-5)",
-        parse=parse_non_negative_float,
     )
-    max_batch: int = setting(
-        "LIGHTPATH_CB_MAX_BATCH", 64, "most requests decided in one batch", parse=_positive_int
+    max_batch: PositiveInt = setting(
+        "LIGHTPATH_CB_MAX_BATCH", 64, "most requests decided in one batch"
     )
-    default_placement: str = setting(
+    default_placement: Annotated[str, choice(*(p.value.lower() for p in Placement))] = setting(
         "LIGHTPATH_CB_DEFAULT_PLACEMENT",
         "spread",
         "placement when a request names none: spread, pack, nearest, affinity, lowest_latency",
-        parse=choice(*(p.value.lower() for p in Placement)),
     )
-    priority_mix: str = setting(
+    priority_mix: Annotated[str, rule(_weights(("hint", "task", "qos", "billing")))] = setting(
         "LIGHTPATH_CB_PRIORITY_MIX",
         _fmt(default_mix()),
         "share of hint, task, qos and billing in the priority score (CB-3)",
-        parse=_weights(("hint", "task", "qos", "billing")),
     )
-    task_weights: str = setting(
+    task_weights: Annotated[str, rule(_weights(None))] = setting(
         "LIGHTPATH_CB_TASK_WEIGHTS",
         _fmt(default_task_weights()),
         "priority weight 0..1 per task type; * for the rest",
-        parse=_weights(None),
     )
-    qos_weights: str = setting(
+    qos_weights: Annotated[str, rule(_weights(QOS_LEVELS, upper=True))] = setting(
         "LIGHTPATH_CB_QOS_WEIGHTS",
         _fmt(default_qos_weights()),
         "priority weight 0..1 per QoS level",
-        parse=_weights(QOS_LEVELS, upper=True),
     )
-    billing_weights: str = setting(
+    billing_weights: Annotated[str, rule(_weights(BILLING_MODELS, upper=True))] = setting(
         "LIGHTPATH_CB_BILLING_WEIGHTS",
         _fmt(default_billing_weights()),
         "priority weight 0..1 per billing model",
-        parse=_weights(BILLING_MODELS, upper=True),
     )
-    reaper_interval_ms: float = setting(
+    reaper_interval_ms: PositiveFloat = setting(
         "LIGHTPATH_CB_REAPER_INTERVAL_MS",
         100.0,
         "longest wait between expiry sweeps (starts and ends are also swept when due)",
-        parse=parse_positive_float,
     )
-    retention_s: float = setting(
+    retention_s: PositiveFloat = setting(
         "LIGHTPATH_CB_RETENTION_S",
         3600.0,
         "how long an ended or released reservation stays readable",
-        parse=parse_positive_float,
     )
-    auth_cache_s: float = setting(
+    auth_cache_s: NonNegativeFloat = setting(
         "LIGHTPATH_CB_AUTH_CACHE_S",
         2.0,
         "how long a verified application credential is trusted without Redis",
-        parse=parse_non_negative_float,
     )
-    max_duration_s: float = setting(
+    max_duration_s: PositiveFloat = setting(
         "LIGHTPATH_CB_MAX_DURATION_S",
         86400.0,
         "longest reservation a request may ask for",
-        parse=parse_positive_float,
     )
 
-    graph_runs_kept: int = setting(
+    graph_runs_kept: PositiveInt = setting(
         "LIGHTPATH_CB_GRAPH_RUNS_KEPT",
         100,
         "runs of each graph whose per-component metrics are kept (GF-6)",
-        parse=_positive_int,
     )
 
     graph_data_dir: str = setting(
@@ -147,19 +128,17 @@ class CoreBrokerSettings(CommonSettings):
         "where RunGraph keeps each run's logs, spill files and checkpoints; "
         "default <state dir>/graph-runs",
     )
-    graph_max_runs: int = setting(
+    graph_max_runs: PositiveInt = setting(
         "LIGHTPATH_CB_GRAPH_MAX_RUNS",
         2,
         "graph runs this broker process runs at once (more: RESOURCE_EXHAUSTED)",
-        parse=_positive_int,
     )
-    graph_code: str = setting(
+    graph_code: Annotated[str, choice("library", "any")] = setting(
         "LIGHTPATH_CB_GRAPH_CODE",
         "library",
         "what RunGraph runs: library (the component library's kinds without outside "
         "access) or any (also user code, interface and kv_lookup, with the broker's "
         "privileges: only where every application is trusted)",
-        parse=choice("library", "any"),
     )
 
     @property

@@ -41,11 +41,11 @@ from lightpath.domain.torus import Fabric
 from services.common.keys import pod_key
 from services.ocs_manager.invariants import FabricState
 from services.ocs_manager.lua import (
+    device_script,
     encode_change,
     fabric_header,
     otm_keys,
     read_layout,
-    script,
     table_keys,
 )
 from services.ocs_manager.wiring import FabricChange
@@ -73,43 +73,7 @@ class SwitchDriver(Protocol):
         ...
 
 
-# KEYS: the device table hashes (d * K + k), then the device 1xK hashes (d).
-# ARGV: fabric header (7), disconnect, connect, otm
-_DEVICE_APPLY = script(
-    r"""
-local xc_base, otm_base = 1, 1 + M * K
-local ch = H + 7
-
--- disconnect: a pair that is connected goes dark (absolute: else nothing to do)
-for idx, t in pairs(expand(ARGV[ch], xc_base)) do
-  local cur = hmget(KEYS[idx], t.f)
-  local f = {}
-  for i = 1, #t.f do
-    if cur[i] == t.p[i] then f[#f + 1] = t.f[i] end
-  end
-  hdel(KEYS[idx], f)
-end
-
-apply_otm(expand_otm(ARGV[ch + 2], otm_base))
-
--- connect: a port joins one peer, so an old peer of either port goes dark first
-for idx, t in pairs(expand(ARGV[ch + 1], xc_base)) do
-  local cur = hmget(KEYS[idx], t.f)
-  local old = {}
-  for i = 1, #t.f do
-    local o = cur[i]
-    if o and o ~= t.p[i] then old[#old + 1] = o end
-  end
-  hdel(KEYS[idx], old)
-  hset(KEYS[idx], t.f, t.p)
-end
-return 1
-""",
-    header_at=1,
-)
-
-# KEYS: as _DEVICE_APPLY.
-_DEVICE_INIT = script("init_layout(1, 1 + M * K)\nreturn 1\n", header_at=1)
+_DEVICE_APPLY, _DEVICE_INIT = device_script("apply"), device_script("init")
 
 
 class RedisSwitchDriver:

@@ -90,15 +90,10 @@ def fabric_header(fabric: Fabric) -> list[str]:
     ]
 
 
-HEADER_ARGS = 7
-
-# The table helpers (tables.lua) for a script of its own (the default driver's): `call`
-# without txn.lua's declared-key check, the fabric from ARGV[H ..] (the `H` a script sets).
-LUA_HELPERS = (
-    "local function call(command, ...) return redis.call(command, ...) end\n"
-    + resources.files(__package__).joinpath("tables.lua").read_text()
-    + f"set_fabric({{unpack(ARGV, H, H + {HEADER_ARGS - 1})}})\n"
-)
+def device_script(name: str) -> str:
+    """The default driver's script device_<name>.lua, after device.lua and tables.lua."""
+    files = ("device.lua", "tables.lua", f"device_{name}.lua")
+    return "".join(resources.files(__package__).joinpath(f).read_text() for f in files)
 
 
 def read_layout(fabric: Fabric, replies: list[dict[str, str]]) -> FabricState:
@@ -118,8 +113,3 @@ def read_layout(fabric: Fabric, replies: list[dict[str, str]]) -> FabricState:
                 for a in range(fabric.axes[d]):
                     state.one_to_many[fabric.one_to_many_index(block, d, a)] = int(output)
     return state
-
-
-def script(body: str, header_at: int) -> str:
-    """A script whose fabric header starts at ARGV[header_at]."""
-    return f"local H = {header_at}\n" + LUA_HELPERS + body

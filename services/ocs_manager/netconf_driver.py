@@ -25,7 +25,8 @@ LIGHTPATH_OCS_NETCONF_PASSWORD_FILE (or a key, LIGHTPATH_OCS_NETCONF_KEY_FILE); 
 host key must be in LIGHTPATH_OCS_NETCONF_KNOWN_HOSTS (OpenSSH known_hosts lines).
 
 ncclient is synchronous: each switch's session runs its calls on a thread of the
-driver's pool (one per switch, so a pod's switches are programmed in parallel).
+driver's pool (one per switch, so a pod's switches are programmed in parallel), and
+sends each request from that thread at once (`_send_at_once`).
 """
 
 from __future__ import annotations
@@ -57,18 +58,42 @@ from services.ocs_manager.device_switch import (
     unreachable,
 )
 
-# ncclient's session thread sends a queued request only between waits on the socket of
-# TICK seconds (0.1 by default): every RPC waited up to 100 ms before it left, two per
-# batch (the read, the edit), so a full pod took the settling time plus up to 200 ms.
-# 20 ms keeps that under 40 ms for about 50 wake-ups a second per open session (48
-# idle sessions: about 5 % of a core, measured; 1 % at the default).
-NCCLIENT_TICK_S = 0.02
 
+def _send_at_once(session: Any) -> None:
+    """Make an ncclient SSH session send each request from the caller's thread, at once.
 
-def _short_ncclient_tick() -> None:
-    from ncclient.transport import session
+    ncclient queues a request for its session thread, which sends only between waits on
+    the socket of TICK seconds (0.1): every RPC waited up to 100 ms before it left, two a
+    batch (the read, the edit); a shorter TICK cost every idle session its wake-ups (48
+    sessions at 20 ms: 5 % of a core). paramiko's channel takes a send on one thread
+    while the session thread reads on another, and the replies still reach their RPCs
+    through the session thread. Framing as the session thread's (RFC 6242: chunked for
+    base:1.1, the end-of-message mark for base:1.0). A session without the parts this
+    needs (another ncclient transport) keeps its own queue."""
+    from ncclient.transport import session as nc
+    from ncclient.transport.errors import SessionCloseError, TransportError
 
-    session.TICK = min(session.TICK, NCCLIENT_TICK_S)
+    write = getattr(session, "_transport_write", None)
+    if write is None or not hasattr(session, "_base"):
+        return
+    lock = threading.Lock()  # one message at a time on the channel
+
+    def send(message: str) -> None:
+        if not session.connected:
+            raise TransportError("Not connected to NETCONF server")
+        data = message.encode()
+        if session._base == nc.NetconfBase.BASE_11:
+            data = b"\n#%d\n%s%s" % (len(data), data, nc.END_DELIM)
+        else:
+            data += nc.MSG_DELIM
+        with lock:
+            while data:
+                n = write(data)
+                if n <= 0:
+                    raise SessionCloseError("", data)
+                data = data[n:]
+
+    session.send = send
 
 
 # ncclient logs at INFO every message it sends, whole ("Sending:" and the XML), and every
@@ -180,7 +205,6 @@ class NetconfSwitch(DeviceSwitch):
         """The NETCONF session, opened (again) if needed. Runs on the executor."""
         from ncclient import manager
 
-        _short_ncclient_tick()
         with self._mgr_lock:
             if self._mgr is not None and self._mgr.connected:
                 return self._mgr
@@ -204,6 +228,7 @@ class NetconfSwitch(DeviceSwitch):
                 timeout=self.connect_timeout_s,
                 device_params={"name": "default"},
             )
+            _send_at_once(self._mgr._session)
             self._mgr.timeout = self.settle_timeout_s
             rev = ""
             for cap in self._mgr.server_capabilities:

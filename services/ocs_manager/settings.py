@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import Annotated, Self
+
+from pydantic import model_validator
 
 from lightpath.domain.southbound import devices, parse_endpoint_map
 from lightpath.domain.switched import SwitchedFabricConfig
 from lightpath.domain.torus import Fabric
 from lightpath.errors import InvalidArgument
 from services.common.settings import (
+    Address,
+    Id,
+    NonNegativeFloat,
+    PositiveFloat,
     SettingsError,
     TorusFabricSettings,
-    parse_address,
-    parse_id,
-    parse_non_negative_float,
-    parse_positive_float,
+    checked,
+    rule,
     setting,
 )
 from services.ocs_manager.switch_map import combined, entry_of, parse_switch_map
@@ -37,43 +41,27 @@ def _switched_fabric(raw: str) -> str:
         raise ValueError("; ".join(f"{v.field}: {v.rule}" for v in exc.violations)) from None
 
 
-def _switch_map(raw: str) -> str:
-    parse_switch_map(raw)  # ValueError naming the rule
-    return raw.strip()
-
-
-def _endpoints(raw: str) -> str:
-    parse_endpoint_map(raw)  # ValueError naming the rule
-    return raw.strip()
-
-
-@dataclass(frozen=True)
 class OcsManagerSettings(TorusFabricSettings):
-    listen: str = setting(
-        "LIGHTPATH_LISTEN", "127.0.0.1:50062", "gRPC listen address", parse=parse_address
-    )
-    pod_id: str = setting(
+    listen: Address = setting("LIGHTPATH_LISTEN", "127.0.0.1:50062", "gRPC listen address")
+    pod_id: Id = setting(
         "LIGHTPATH_POD_ID",
         "pod-1",
         "the superpod whose optical fabric this manager programs",
-        parse=parse_id,
     )
-    driver_settle_ms: float = setting(
+    driver_settle_ms: NonNegativeFloat = setting(
         "LIGHTPATH_OCS_DRIVER_SETTLE_MS",
         0.0,
         "settling delay the simulated switches add to every change (MEMS mirrors), ms",
-        parse=parse_non_negative_float,
     )
-    switch_agents: str = setting(
+    switch_agents: Annotated[str, checked(parse_endpoint_map)] = setting(
         "LIGHTPATH_OCS_SWITCH_AGENTS",
         "",
         "where the switches are: empty for the simulation in Redis (the default driver); "
         "host:port of one switch agent serving all of them; or glob=host:port,... by switch "
         "id (ocs-x-*=10.0.0.5:50063,otm-*=10.0.0.6:50063; first match wins). "
         "docs/ocs_southbound.md",
-        parse=_endpoints,
     )
-    switches: str = setting(
+    switches: Annotated[str, checked(parse_switch_map)] = setting(
         "LIGHTPATH_OCS_SWITCHES",
         "",
         "the driver of each switch, glob=address by switch id (first match wins; {id} is the "
@@ -81,7 +69,6 @@ class OcsManagerSettings(TorusFabricSettings):
         "(a SONiC OCS's own Redis: CONFIG_DB/STATE_DB), netconf://user@host[:port] "
         "(a Polatis-style NETCONF server). Read before LIGHTPATH_OCS_SWITCH_AGENTS. "
         "docs/ocs_southbound.md",
-        parse=_switch_map,
     )
     netconf_password_file: str = setting(
         "LIGHTPATH_OCS_NETCONF_PASSWORD_FILE",
@@ -99,49 +86,44 @@ class OcsManagerSettings(TorusFabricSettings):
         "OpenSSH known_hosts file pinning the NETCONF switches' host keys ([host]:port key); "
         "empty: ~/.ssh/known_hosts",
     )
-    switch_timeout_s: float = setting(
+    switch_timeout_s: PositiveFloat = setting(
         "LIGHTPATH_OCS_SWITCH_TIMEOUT_S",
         5.0,
         "deadline of one call to a switch agent, s (above its settling time; below half the "
         "change lease)",
-        parse=parse_positive_float,
     )
-    reconcile_s: float = setting(
+    reconcile_s: PositiveFloat = setting(
         "LIGHTPATH_OCS_RECONCILE_S",
         5.0,
         "with switch agents: how often the switches are read and put back to the committed "
         "tables (a switch restarted empty, a port changed behind the manager), s",
-        parse=parse_positive_float,
     )
-    change_lease_s: float = setting(
+    change_lease_s: PositiveFloat = setting(
         "LIGHTPATH_OCS_CHANGE_LEASE_S",
         30.0,
         "how long a wire/release/replace may hold a slice before another call rolls it back",
-        parse=parse_positive_float,
     )
 
-    fabric_kind: str = setting(
+    fabric_kind: Annotated[str, rule(_fabric_kind)] = setting(
         "LIGHTPATH_FABRIC_KIND",
         "OCS_TORUS",
         "OCS_TORUS (building blocks wired by OCS, seed 000) or SWITCHED (processor groups on "
         "two-tier switches, seed 002): which fabric this manager serves",
-        parse=_fabric_kind,
     )
-    switched_fabric: str = setting(
+    switched_fabric: Annotated[str, rule(_switched_fabric)] = setting(
         "LIGHTPATH_SWITCHED_FABRIC",
         "group=3x3 cluster=2x4 planes=9 ports=48/16 tier1=2x64",
         "SWITCHED pods: group shape (p or rxc), cluster of groups, switch planes per "
         "dimension, tier-0 down/up ports, tier-1 switches per plane x ports, optional mesh= "
         "and rowcol= links",
-        parse=_switched_fabric,
     )
 
     @property
     def switched_config(self) -> SwitchedFabricConfig:
         return SwitchedFabricConfig.parse(self.switched_fabric)
 
-    def __post_init__(self) -> None:
-        self.check_fabric()
+    @model_validator(mode="after")
+    def check_switches(self) -> Self:
         if (self.switch_agents or self.switches) and self.fabric_kind == "OCS_TORUS":
             if self.switch_timeout_s >= self.change_lease_s / 2:
                 raise SettingsError(
@@ -163,6 +145,7 @@ class OcsManagerSettings(TorusFabricSettings):
                         f"switch {d.id} is a bank of 1xK switches: only a switch agent "
                         f"drives one, not {e.scheme} (LIGHTPATH_OCS_SWITCHES entry {e.glob})"
                     )
+        return self
 
     @property
     def switch_entries(self):

@@ -14,15 +14,16 @@ used exactly:
   (`platform`, `hwsku` name the hardware).
 
 A batch becomes one Redis transaction (MULTI/EXEC, as the HLD's batch commit):
-every delete (one DEL), then every create, then the labels of the ports it connects.
+every delete, then every create, then the labels of the ports it connects, queued as
+one script (WRITE_LUA) that EXEC runs.
 Before it reads anything the batch WATCHes what it may touch (the ports it connects,
 the cross-connects it names), so an operator's `force_blocked` or another writer's
 change from the read to EXEC refuses the transaction. Reads of many hashes (the table
 with the ports' `state` and `label`, STATE_DB while settling) are one read-only Lua
 script each, which also answers the Redis run id (the boot id): a full pod is 48
 switches x 130 ports, and the client's cost per command and per round trip was most
-of its time. A batch is four round trips: WATCH, the read, EXEC, and the read once
-it settled.
+of its time. A batch is three round trips on one connection: the WATCH with the read,
+MULTI / the script / EXEC, and (STATE_DB) the read once it settled.
 orchagent applies the difference to the module and moves the ports through
 `tuning`; the batch is applied when every port it moved reads `tuned` with its new
 peer (or `blocked` when it went dark) in STATE_DB. The driver learns when to look as
@@ -47,13 +48,16 @@ import contextlib
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from importlib import resources
 from urllib.parse import parse_qs, unquote, urlsplit
 
 import redis.asyncio as aioredis
-from redis.asyncio.client import Pipeline, PubSub
+from redis.asyncio.client import PubSub
+from redis.asyncio.connection import AbstractConnection
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-from redis.exceptions import RedisError, WatchError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError, ResponseError
 
 from lightpath.domain.southbound import SouthboundDevice
 from lightpath.domain.torus import FIRST, Fabric
@@ -81,49 +85,16 @@ _NAME = re.compile(r"^([1-9][0-9]*)([AB])$")
 # as safe on a switch's Redis as the swss-common scripts SONiC runs there itself.
 # Every read script answers the Redis run id first (the switch's boot id): a batch needs
 # it before and after, and INFO on its own was a round trip each.
-RUN_ID = "string.match(redis.call('INFO', 'server'), 'run_id:(%w+)')"
-HASHES_LUA = f"""
-local out = {{{RUN_ID}}}
-for _, k in ipairs(KEYS) do
-  local row = redis.call('HMGET', k, unpack(ARGV))
-  for i = 1, #ARGV do out[#out + 1] = row[i] end
-end
-return out
-"""
-# The run id, the cross-connects matching ARGV[1] (a_side, b_side, ...), and of the
-# ports a batch connects (ARGV[2], a line "<name> <label>" each) those an operator
-# force_blocked and those whose label is not the one given.
-TABLE_LUA = f"""
-local pairs, blocked, relabel = {{}}, {{}}, {{}}
-for _, k in ipairs(redis.call('KEYS', ARGV[1])) do
-  local row = redis.call('HMGET', k, 'a_side', 'b_side')
-  pairs[#pairs + 1] = row[1]
-  pairs[#pairs + 1] = row[2]
-end
-for name, label in string.gmatch(ARGV[2] or '', '([^ ]+) ([^\\n]*)\\n') do
-  local row = redis.call('HMGET', 'OCS_PORT|' .. name, 'state', 'label')
-  if row[1] == 'force_blocked' then blocked[#blocked + 1] = name end
-  if label ~= '' and row[2] ~= label then relabel[#relabel + 1] = name end
-end
-return {{{RUN_ID}, pairs, blocked, relabel}}
-"""
-# The run id, then which of the ports still settling ("<name> <status> <peer>" a line
-# each, the end state it waits for) are not there yet; "!<name>" when one read `failed`.
-SETTLE_LUA = f"""
-local out = {{{RUN_ID}}}
-for name, goal, peer in string.gmatch(ARGV[1], '([^ ]+) ([^ ]+) ([^\\n]*)\\n') do
-  local row = redis.call('HMGET', 'OCS_PORT|' .. name, 'status', 'target_simplex_port_id')
-  if row[1] == 'failed' then
-    out[#out + 1] = '!' .. name
-  elseif row[1] ~= goal or (row[2] or '') ~= peer then
-    out[#out + 1] = name
-  end
-end
-return out
-"""
-# How long a batch waits for the next STATE_DB notification once the switch has been
-# seen to send them, before it reads anyway (a notification lost with its connection).
-NOTE_FALLBACK_S = 0.1
+HASHES_LUA, TABLE_LUA, SETTLE_LUA, WRITE_LUA = (
+    resources.files(__package__).joinpath(f"sonic_{name}.lua").read_text()
+    for name in ("hashes", "table", "settle", "write")
+)
+# How long a batch waits for a STATE_DB notification once the switch has been seen to
+# send them, before it reads anyway: a notification is lost only with its connection
+# (which the wait hears, and polls from then on), so this is a safety net, set beyond a
+# full reconfiguration's settling (0.2 s) so that a batch settling normally is not read
+# early (each early read a round trip of 48 a wire).
+NOTE_FALLBACK_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -164,6 +135,13 @@ class SonicAddress:
 
 def xc_key(a: str, b: str) -> str:
     return f"{XC}|{a}-{b}"
+
+
+async def _eval(client: aioredis.Redis, script: str, *args: str, keys: Sequence[str] = ()):
+    """`script` run on `client` by EVAL, every argument a str (so that hiredis packs the
+    command: a registered script's numkeys is an int, which redis-py packs in Python);
+    Redis caches it by its digest after the first call."""
+    return await client.execute_command("EVAL", script, str(len(keys)), *keys, *args)
 
 
 class SonicSwitch(DeviceSwitch):
@@ -208,17 +186,16 @@ class SonicSwitch(DeviceSwitch):
 
         self.config = client(self.addr.config_db)
         self.state = client(self.addr.state_db)
-        self._hashes_lua = self.config.register_script(HASHES_LUA)
-        self._table_lua = self.config.register_script(TABLE_LUA)
-        self._settle_lua = self.config.register_script(SETTLE_LUA)
         # port -> its device name (`1A`), and name -> its cable label (the fabric's)
         self._names = [f"{i}{side}" for side, i in map(self.sides.side, range(self.sides.used))]
         self._labels: dict[str, str] = {}
         self._ports: dict[str, int | None] = {}  # port name -> Lightpath port (parsed once)
         self._boot = ""
-        # the batch under way: its WATCHing transaction, and of the ports it connects
-        # those force_blocked and those to label (read after the WATCH)
-        self._pipe: Pipeline | None = None
+        # the batch under way: its connection (WATCHing until EXEC), and of the ports it
+        # connects those force_blocked and those to label (read after the WATCH)
+        self._conn: AbstractConnection | None = None
+        self._watching = False
+        self._dirty = False  # answers may be left unread on it
         self._blocked: set[str] = set()
         self._relabel: set[str] = set()
         # STATE_DB keyspace notifications of one cross-connect (the batch's), and whether
@@ -231,7 +208,7 @@ class SonicSwitch(DeviceSwitch):
         self, client: aioredis.Redis, keys: list[str], *fields: str
     ) -> tuple[str, list[tuple[str | None, ...]]]:
         """(run id, HMGET `fields` of every key in `keys`), in one round trip and command."""
-        flat = await self._hashes_lua(keys=keys, args=list(fields), client=client)
+        flat = await _eval(client, HASHES_LUA, *fields, keys=keys)
         n = len(fields)
         return flat[0], [tuple(flat[i : i + n]) for i in range(1, len(flat), n)]
 
@@ -292,13 +269,17 @@ class SonicSwitch(DeviceSwitch):
         self, ports: Sequence[int] = ()
     ) -> tuple[dict[int, int], str, list[str], list[str]]:
         """(table, boot id, of `ports` those force_blocked, those whose label differs)."""
-        checked = "".join(f"{self.name(p)} {self.label(p)}\n" for p in ports)
         try:
-            boot, flat, blocked, relabel = await self._table_lua(
-                args=[f"{XC}|*", checked], client=self.config
-            )
+            reply = await _eval(self.config, TABLE_LUA, *self._table_args(ports))
         except RedisError as exc:
             raise unreachable(self.id, str(self.addr), exc) from exc
+        return self._table_of(reply)
+
+    def _table_args(self, ports: Sequence[int]) -> list[str]:
+        return [f"{XC}|*", "".join(f"{self.name(p)} {self.label(p)}\n" for p in ports)]
+
+    def _table_of(self, reply: list) -> tuple[dict[int, int], str, list[str], list[str]]:
+        boot, flat, blocked, relabel = reply
         table: dict[int, int] = {}
         for a_name, b_name in zip(flat[::2], flat[1::2], strict=True):
             a, b = self.port_of(a_name), self.port_of(b_name)
@@ -335,27 +316,68 @@ class SonicSwitch(DeviceSwitch):
         """WATCH what the batch may touch (the ports it connects, the cross-connects it
         names), then read the table and those ports' `state` and `label`: a change to
         any of them from here to EXEC (an operator's force_blocked, another writer)
-        refuses the transaction."""
+        refuses the transaction. The WATCH and the read go out together, on the
+        connection the batch keeps to its EXEC: one round trip."""
         connected = sorted({p for x in batch.connect for p in (x.port_a, x.port_b)})
         keys = [f"{PORT}|{self.name(p)}" for p in connected]
         for x in (*batch.disconnect, *batch.connect):
             a, b = self.sides.oriented(x.port_a, x.port_b)
             keys.append(xc_key(self.name(a), self.name(b)))
-        self._pipe = self.config.pipeline(transaction=True)
-        try:
-            if keys:
-                await self._pipe.watch(*keys)
-        except RedisError as exc:
-            raise unreachable(self.id, str(self.addr), exc) from exc
-        table, boot, blocked, relabel = await self._read(connected)
+        read = ("EVAL", TABLE_LUA, "0", *self._table_args(connected))
+        for attempt in range(2):
+            try:
+                self._conn = self._conn or await self.config.connection_pool.get_connection()
+                replies = await self._send([("WATCH", *keys), read] if keys else [read])
+                break
+            except RedisConnectionError as exc:
+                # a pooled connection the switch's Redis dropped (it restarted): once more on
+                # a new one, as nothing was done; then the switch does not answer
+                await self._drop_conn()
+                if attempt:
+                    raise unreachable(self.id, str(self.addr), exc) from exc
+            except RedisError as exc:
+                await self._drop_conn()
+                raise unreachable(self.id, str(self.addr), exc) from exc
+        self._watching = bool(keys)
+        table, boot, blocked, relabel = self._table_of(replies[-1])
         self._blocked, self._relabel = set(blocked), set(relabel)
         return table, boot
 
+    async def _send(self, commands: list[tuple]) -> list:
+        """`commands` in one write on the batch's connection, and their answers. Cut short
+        (an error, the batch's deadline), the connection may hold answers not read: it
+        is dropped, not given back."""
+        conn = self._conn
+        assert conn is not None  # begun
+        self._dirty = True
+        await conn.send_packed_command(conn.pack_commands(commands))
+        answers = [await conn.read_response() for _ in commands]
+        self._dirty = False
+        return answers
+
     async def end(self) -> None:
-        pipe, self._pipe = self._pipe, None
-        if pipe is not None:
+        conn, self._conn = self._conn, None
+        if conn is None:
+            return
+        try:
+            if self._dirty:
+                await conn.disconnect()
+            elif self._watching:  # no EXEC came
+                await conn.send_command("UNWATCH")
+                await conn.read_response()
+        except (RedisError, OSError, RuntimeError):
             with contextlib.suppress(RedisError, OSError, RuntimeError):
-                await pipe.reset()  # UNWATCH when no EXEC came
+                await conn.disconnect()
+        self._watching = self._dirty = False
+        await self.config.connection_pool.release(conn)
+
+    async def _drop_conn(self) -> None:
+        conn, self._conn = self._conn, None
+        self._watching = self._dirty = False
+        if conn is not None:
+            with contextlib.suppress(RedisError, OSError, RuntimeError):
+                await conn.disconnect()
+            await self.config.connection_pool.release(conn)
 
     async def edit(self, edit: Plan, boot_id: str, version: int | None) -> None:
         adds = [(self.name(a), self.name(b)) for a, b in edit.adds]
@@ -374,22 +396,15 @@ class SonicSwitch(DeviceSwitch):
     async def _commit(
         self, adds: list[tuple[str, str]], deletes: list[tuple[str, str]], version: int | None
     ) -> None:
-        pipe = self._pipe
-        assert pipe is not None  # begun
         connected = sorted({n for pair in adds for n in pair})
         sent = False
         try:
             if version is not None:  # the guard: the whole table as it is under WATCH
                 existing = [k async for k in self.config.scan_iter(f"{XC}|*", count=512)]
-                if existing:
-                    await pipe.watch(*existing)
-                table: dict[int, int] = {}
-                _, rows = await self._hashes(self.config, existing, "a_side", "b_side")
-                for a_name, b_name in rows:
-                    a, b = self.port_of(str(a_name or "")), self.port_of(str(b_name or ""))
-                    if a is not None and b is not None:
-                        table[a], table[b] = b, a
-                if digest_version(table) != version:
+                read = ("EVAL", TABLE_LUA, "0", f"{XC}|*", "")
+                replies = await self._send([("WATCH", *existing), read] if existing else [read])
+                self._watching = self._watching or bool(existing)
+                if digest_version(self._table_of(replies[-1])[0]) != version:
                     raise DeviceFailure(self._moved())
             blocked = [n for n in connected if n in self._blocked]
             if blocked:
@@ -399,23 +414,33 @@ class SonicSwitch(DeviceSwitch):
                     "force_blocked in CONFIG_DB OCS_PORT (an operator's override; set it "
                     "back to normal to use the port)",
                 )
-            pipe.multi()
-            if deletes:
-                pipe.delete(*(xc_key(an, bn) for an, bn in deletes))
-            for an, bn in adds:
-                pipe.hset(xc_key(an, bn), mapping={"a_side": an, "b_side": bn})
-            for n in connected:
-                if n in self._relabel:
-                    pipe.hset(f"{PORT}|{n}", "label", self._labels[n])
+            write = (
+                "EVAL",
+                WRITE_LUA,
+                "0",  # keys: none (a str, so that hiredis packs the command)
+                "".join(f"{an} {bn}\n" for an, bn in deletes),
+                "".join(f"{an} {bn}\n" for an, bn in adds),
+                "".join(f"{n} {self._labels[n]}\n" for n in connected if n in self._relabel),
+            )
             sent = True
-            await pipe.execute()
-        except WatchError:
-            raise DeviceFailure(self._moved()) from None
+            _, _, done = await self._send([("MULTI",), write, ("EXEC",)])
+            self._watching = False  # EXEC ends the WATCH, run or refused
         except RedisError as exc:
+            await self._drop_conn()
             failure = unreachable(self.id, str(self.addr), exc)
             if sent:  # EXEC went out and its answer was lost: it may have taken effect
                 failure.progress = None
             raise failure from exc
+        if done is None:  # a key WATCHed changed: EXEC ran nothing
+            raise DeviceFailure(self._moved())
+        if isinstance(done[0], ResponseError):  # a script stops where it failed: unknown
+            raise DeviceFailure(
+                Unavailable(
+                    f"switch {self.id}: its CONFIG_DB write failed part way ({done[0]})",
+                    reason="PARTIALLY_APPLIED",
+                ),
+                progress=None,
+            )
 
     def _moved(self) -> FailedPrecondition:
         return FailedPrecondition(
@@ -448,7 +473,7 @@ class SonicSwitch(DeviceSwitch):
                     if row[0] != "failed" and (row[0], row[1] or "") != pending[probe]:
                         continue
                 spec = "".join(f"{n} {goal} {peer}\n" for n, (goal, peer) in pending.items())
-                boot, *left = await self._settle_lua(args=[spec], client=self.state)
+                boot, *left = await _eval(self.state, SETTLE_LUA, spec)
             except RedisError as exc:
                 failure = unreachable(self.id, str(self.addr), exc)
                 failure.progress = None

@@ -228,7 +228,7 @@ class OcsStore:
         t = Txn()
         t.check("stale", t.k(rec), stale_token)
         t.op("lock", t.k(rec), lease_ms, "op_token", token)
-        return await self._commits(t)
+        return await self._script.applies(t)
 
     async def abort(
         self, job: str, token: str, kind: str, blocks: tuple[int, ...] = (), new: int = -1
@@ -246,14 +246,7 @@ class OcsStore:
             if kind == "replace":
                 t.op("unclaim", t.k(self.k_owner), job, str(new))
             t.hdel(rec, _OP_FIELDS)
-        return await self._commits(t)
-
-    async def _commits(self, t: Txn) -> bool:
-        try:
-            await self._script.commit(t)
-        except Conflict:
-            return False
-        return True
+        return await self._script.applies(t)
 
     async def commit(
         self,

@@ -1,6 +1,6 @@
 -- The routing tables and 1xK states in Redis (lua.py describes the layout), shared by the
 -- store's transactions (store.lua) and the default switch driver (driver.py). Commands go
--- through `call` (txn.lua's, which refuses an undeclared key; lua.py's for the driver).
+-- through `call` (txn.lua's, which refuses an undeclared key; device.lua's for the driver).
 local function nums(s)
   local t = {}
   for n in string.gmatch(s, '-?%d+') do t[#t + 1] = tonumber(n) end

@@ -24,9 +24,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 from dataclasses import dataclass, field
+from importlib import resources
 from urllib.parse import urlsplit
 
 import redis.asyncio as aioredis
@@ -43,26 +45,10 @@ XC, PORT, METADATA = "OCS_CROSS_CONNECT", "OCS_PORT", "DEVICE_METADATA|localhost
 # orchagent's reads and writes, each one command with one argument (the emulator of 48
 # switches shares one Python process and the machine's cores with the manager it
 # serves: a client's cost per argument was most of its work)
-READ_LUA = """
-local xcs, states = {}, {}
-for _, k in ipairs(redis.call('KEYS', ARGV[1])) do
-  local row = redis.call('HMGET', k, 'a_side', 'b_side')
-  xcs[#xcs + 1] = k
-  xcs[#xcs + 1] = row[1]
-  xcs[#xcs + 1] = row[2]
-end
-for name in string.gmatch(ARGV[2], '[^ ]+') do
-  states[#states + 1] = redis.call('HGET', 'OCS_PORT|' .. name, 'state') or ''
-end
-return {xcs, states}
-"""
-# ARGV[1]: JSON [keys to delete, [[key, field, value, ...], ...] to HSET]
-WRITE_LUA = """
-local w = cjson.decode(ARGV[1])
-for _, k in ipairs(w[1]) do redis.call('DEL', k) end
-for _, row in ipairs(w[2]) do redis.call('HSET', unpack(row)) end
-return #w[1] + #w[2]
-"""
+READ_LUA, WRITE_LUA = (
+    resources.files(__package__).joinpath(f"sonic_{name}.lua").read_text()
+    for name in ("read", "write")
+)
 
 
 async def _write(
@@ -94,10 +80,12 @@ class OrchagentEmulator:
     _notes: asyncio.StreamWriter | None = None
     _reader: asyncio.StreamReader | None = None
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
+    _heard_at: float | None = None  # when the change not yet applied was first heard
+    _still_at: float = 0.0  # when the mirrors last came to rest
     _idle: asyncio.Event = field(default_factory=asyncio.Event)
 
-    @property
-    def ports(self) -> list[str]:
+    @functools.cached_property
+    def ports(self) -> list[str]:  # read by every reconfiguration: built once
         return [f"{i}A" for i in range(1, self.a_ports + 1)] + [
             f"{i}B" for i in range(1, self.b_ports + 1)
         ]
@@ -167,7 +155,8 @@ class OrchagentEmulator:
                 self._idle.clear()
                 await asyncio.sleep(0.001)  # the rest of the transaction's notifications
                 self._changed.clear()
-                await self._apply()
+                heard, self._heard_at = self._heard_at, None
+                await self._apply(heard)
         finally:
             listener.cancel()
 
@@ -192,10 +181,17 @@ class OrchagentEmulator:
     async def _listen(self) -> None:
         reader = self._reader
         assert reader is not None  # subscribed in start()
+        loop = asyncio.get_running_loop()
         while await reader.read(1 << 16):
+            if self._heard_at is None:
+                self._heard_at = loop.time()
             self._changed.set()
 
-    async def _apply(self) -> None:
+    async def _apply(self, heard: float | None = None) -> None:
+        """Apply what CONFIG_DB holds; the mirrors settle `timing` after the change was
+        `heard` (loop time), or once the mirrors came to rest if they still moved then: a
+        real module's control CPU is its own, while this process plays 48 switches on
+        shared cores, and its lag must not add to the model's."""
         xcs, states = await self._read(args=[f"{XC}|*", self._names])
         wanted = {
             k.partition("|")[2]: (a, b)
@@ -225,7 +221,10 @@ class OrchagentEmulator:
             self._write, self.state, [], [(f"{PORT}|{p}", {"status": "tuning"}) for p in moved]
         )
         if delay > 0:
-            await asyncio.sleep(delay)
+            loop = asyncio.get_running_loop()
+            start = loop.time() if heard is None else max(heard, self._still_at)
+            await asyncio.sleep(max(0.0, start + delay - loop.time()))
+            self._still_at = loop.time()
         self.settles.append(delay)
         for k in removed:
             self.applied.pop(k, None)

@@ -9,7 +9,7 @@ import json
 import random
 import time
 
-from lightpath.domain.jobs import NormalizedSpec, job_degrees
+from lightpath.domain.jobs import NormalizedSpec
 from lightpath.domain.slices import (
     DELAY,
     FAIL,
@@ -26,28 +26,47 @@ from lightpath.domain.slices import (
     chip_keys,
     describe_box,
 )
-from lightpath.errors import FailedPrecondition, NotFound, ResourceExhausted
+from lightpath.errors import (
+    WIRING_FAILED,
+    FailedPrecondition,
+    NotFound,
+    ResourceExhausted,
+    Unavailable,
+)
 from lightpath.v1 import workload_scheduler_pb2
 from services.workload_scheduler.core import (
     BUSY_WAIT_S,
     MAX_COMMIT_ATTEMPTS,
     AdmitResult,
+    Part,
+    PassTimes,
+    PodContext,
     _Admission,
     _b64,
     _victim_json,
+    job_event_after,
 )
 from services.workload_scheduler.placement import PodState, Unplaceable
 from services.workload_scheduler.planner import (
     Allocation,
     apply_allocation,
-    plan_admission,
     plan_pass,
 )
 from services.workload_scheduler.store import Conflict, JobRecord, Txn
-from services.workload_scheduler.wiring import WIRING_RETRY, WiringMixin
+from services.workload_scheduler.wiring import WIRING_RETRY, Wirer
 
 
-class AdmissionMixin(WiringMixin):
+class Admission(Part):
+    """Admitting jobs and the passes over the queue; their wirings go to `wiring`."""
+
+    def __init__(self, pod: PodContext, wiring: Wirer):
+        super().__init__(pod)
+        self.wiring = wiring
+        self._pass_lock = asyncio.Lock()
+        self._pass_started = 0
+        self._pass_done = 0
+        self._passes = PassTimes()
+
     # == admission (WS-2) ========================================================
 
     async def admit(
@@ -101,7 +120,7 @@ class AdmissionMixin(WiringMixin):
             shrink_to=norm.shrink_to,
             on_block_failure=norm.on_block_failure,
             when_no_capacity=norm.when_no_capacity,
-            degrees=job_degrees(norm) if self.fabric.switched is not None else None,
+            degrees=self.planner.degrees(norm),
             submitted_ms=self.now_ms(),
         )
 
@@ -160,18 +179,20 @@ class AdmissionMixin(WiringMixin):
         """The job once no wiring of it is in flight (bounded by the wiring timeout)."""
         deadline = time.monotonic() + self.wiring_timeout_ms / 1000
         while True:
-            task = self._wiring.get(job_id)
+            task = self.wiring.tasks.get(job_id)
             if task is not None:
                 with contextlib.suppress(Exception):
                     done = await asyncio.shield(task)
                     if isinstance(done, JobRecord) and done.job_id == job_id:
                         return done  # as the RUNNING commit left it
+            tip = await self.store.tip()
             record = await self.store.job(job_id, history=True)
             if record is None:
                 raise NotFound("job", job_id)
             if record.state != WIRING or time.monotonic() > deadline:
                 return record
-            await asyncio.sleep(0.02)
+            # Wired by another replica: until the job's next transition.
+            await job_event_after(self.store, job_id, tip, deadline - time.monotonic())
 
     async def _unless_busy(self, job_id: str, started: float) -> None:
         """A job that asked not to wait is refused at once, with nothing stored, when the
@@ -203,7 +224,7 @@ class AdmissionMixin(WiringMixin):
             reason = f"it was placed but its wiring failed: {wiring}"
         else:
             wiring = ""
-            found = plan_admission(state, job)
+            found = self.planner.admit(state, job)
             reason = found.reason if isinstance(found, Unplaceable) else "the pod is busy"
         keys = self.store.keys
         txn = self.store.txn()
@@ -229,13 +250,18 @@ class AdmissionMixin(WiringMixin):
         except Conflict:
             return  # placed meanwhile by another pass
         if wiring:
-            # RESOURCE_EXHAUSTED, not UNAVAILABLE: the pod has forgotten the job, and a
-            # caller (the cell) takes UNAVAILABLE as "it may still be held here" and asks
-            # again; the chaos test caught a job the cell failed while the pod ran it.
-            raise ResourceExhausted(
-                f"job {job.job_id} was not wired and asked not to wait: {reason}",
-                reason="WIRING_FAILED",
+            # UNAVAILABLE (a switch failed: retryable, issue 34) with reason WIRING_FAILED,
+            # which says the pod has forgotten the job: the cell takes it as a refusal, not
+            # as "it may still be held here" (services/cell_scheduler/podclient.py). Final:
+            # no channel repeats it on its own, as a repeat would admit the forgotten job
+            # anew (the chaos test caught the cell failing a job the pod then ran).
+            failed = Unavailable(
+                f"job {job.job_id} was not wired and asked not to wait: {reason}; nothing "
+                "is kept (retry when the switch answers)",
+                reason=WIRING_FAILED,
             )
+            failed.final = True
+            raise failed
         raise ResourceExhausted(
             f"job {job.job_id} cannot be placed now and asked not to wait: {reason}",
             reason="NO_CAPACITY",
@@ -257,7 +283,8 @@ class AdmissionMixin(WiringMixin):
         decision = next(
             (
                 d
-                for d in plan_pass(state, self.now_ms(), self.age_bound_ms) or ()
+                for d in plan_pass(state, self.now_ms(), self.age_bound_ms, self.planner.admit)
+                or ()
                 if d.job.job_id == job.job_id
             ),
             None,
@@ -276,7 +303,7 @@ class AdmissionMixin(WiringMixin):
                 )
             preempted = tuple(_victim_json(v, state.jobs[v.job_id]) for v in decision.victims)
             return AdmitResult(record, True, outcome, preempted)
-        found = plan_admission(state, job)
+        found = self.planner.admit(state, job)
         reason = found.reason if isinstance(found, Unplaceable) else "lower queue position"
         if norm.when_no_capacity == FAIL:
             raise ResourceExhausted(
@@ -288,6 +315,9 @@ class AdmissionMixin(WiringMixin):
         return AdmitResult(record, True, f"queued at position {position}: {reason}")
 
     # == the queue (WS-4, WS-6) ===================================================
+
+    def schedule_soon(self) -> None:
+        self._spawn(self.schedule(), "schedule")
 
     async def schedule(self) -> None:
         """Run a pass over the queue that starts after this call (coalesced per replica).
@@ -312,7 +342,7 @@ class AdmissionMixin(WiringMixin):
         started: list[asyncio.Task] = []
         # First decide on the free blocks and the queue only (cost independent of the
         # live jobs, issue 15); the whole pod when that cannot decide or after a conflict.
-        lean = self.fabric.switched is None
+        lean = self.planner.lean
         for _ in range(MAX_COMMIT_ATTEMPTS):
             new: SliceJob | None = None
             creating = admission is not None and admission.created is None
@@ -335,17 +365,17 @@ class AdmissionMixin(WiringMixin):
                 new = self._new_job(admission.norm, int(seq))
                 state.jobs[new.job_id] = new
             now = self.now_ms()
-            found = plan_pass(state, now, self.age_bound_ms)
+            found = plan_pass(state, now, self.age_bound_ms, self.planner.admit)
             if found is None:  # a job needs more than free blocks: decide on the whole pod
                 lean = False
                 state = await self.snapshot()
                 if new is not None:
                     state.jobs.setdefault(new.job_id, new)
-                found = plan_pass(state, now, self.age_bound_ms)
+                found = plan_pass(state, now, self.age_bound_ms, self.planner.admit)
             assert found is not None
             decisions = found
             if not decisions and new is None:
-                self._queue_waiting = bool(state.queue())
+                self.wiring.queue_waiting = bool(state.queue())
                 return started
             work = state.copy()
             try:
@@ -372,7 +402,7 @@ class AdmissionMixin(WiringMixin):
                 continue
             # Jobs left waiting may be placeable once the slices now wiring run (and so
             # become preemptible): the wirings then ask for another pass.
-            self._queue_waiting = bool(work.queue())
+            self.wiring.queue_waiting = bool(work.queue())
             return started
         self.log.warning("scheduling pass gave up after %d conflicts", MAX_COMMIT_ATTEMPTS)
         return started
@@ -385,7 +415,7 @@ class AdmissionMixin(WiringMixin):
         admission.created = True
         self._log_admitted(job)
 
-    def _victim_transitions(
+    def victim_transitions(
         self, txn: Txn, state: PodState, victims, preemptor: SliceJob, now: int
     ) -> list[SliceJob]:
         """Checks and writes for the victims of a preemption; the shrunk ones to rewire."""
@@ -417,7 +447,7 @@ class AdmissionMixin(WiringMixin):
             txn.write_job(new, old_state=RUNNING, reason=reason, now_ms=now)
         return shrunk
 
-    def _box_checks(
+    def box_checks(
         self, txn: Txn, job: SliceJob, victim_ids: list[str], release_first: tuple[str, ...]
     ) -> None:
         """What placing a sub-block slice's box assumed: its block not failed as a whole
@@ -458,7 +488,7 @@ class AdmissionMixin(WiringMixin):
         # the blocks, a small job's processors (SWITCHED pods) or a sub-block slice's chips
         held = new.held_keys()
         if new.offset is not None:
-            self._box_checks(txn, new, victim_ids, alloc.release_first)
+            self.box_checks(txn, new, victim_ids, alloc.release_first)
         else:
             for b in alloc.placement:
                 txn.expect_health(b, "HEALTHY")
@@ -472,7 +502,7 @@ class AdmissionMixin(WiringMixin):
         for b in sorted(split) if new.offset is None else ():
             for chip in chip_keys(b, (0,) * self.fabric.dims, self.fabric.block_shape):
                 txn.expect_owner(chip, ["", *victim_ids])
-        shrunk = self._victim_transitions(txn, state, alloc.victims, job, now)
+        shrunk = self.victim_transitions(txn, state, alloc.victims, job, now)
         if new.offset is not None:
             txn.hset(keys.owner, {alloc.placement[0]: SUB_BLOCK_OWNER})
         txn.hset(keys.owner, {b: job.job_id for b in held})
@@ -496,4 +526,4 @@ class AdmissionMixin(WiringMixin):
             self._log_admitted(job)
         log = self.log.info if alloc.victims else self.log.debug
         log("job %s: %s", job.job_id, reason, extra={"job_id": job.job_id})
-        return self._track_wiring(job.job_id, self._wire_allocation(alloc, new, shrunk))
+        return self.wiring.track(job.job_id, self.wiring.wire_allocation(alloc, new, shrunk))

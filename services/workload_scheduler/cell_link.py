@@ -39,7 +39,7 @@ from lightpath.v1 import cell_scheduler_pb2, cell_scheduler_pb2_grpc, common_pb2
 from services.common import supervisor
 from services.common.convert import job_event_pb
 from services.common.server import Runtime
-from services.workload_scheduler.box_placement import largest_free_box
+from services.workload_scheduler.fabric_kinds import FabricPlanner
 from services.workload_scheduler.placement import PodState
 from services.workload_scheduler.preemption import max_freeable
 from services.workload_scheduler.settings import WorkloadSchedulerSettings
@@ -54,18 +54,13 @@ MAX_TRANSITIONS = limits.FIELDS["ReportPodStatusRequest.transitions"]
 CALL_TIMEOUT_S = 5.0
 
 
-def fabric_kind(fabric: PodFabric) -> str:
-    """The pod's FabricKind without its prefix (OCS_TORUS or SWITCHED)."""
-    return fabric.kind
-
-
 def registration_pb(
     fabric: PodFabric, endpoint: str, instance_id: str, events_tip: str
 ) -> cell_scheduler_pb2.PodRegistration:
     reg = cell_scheduler_pb2.PodRegistration(
         pod_id=fabric.pod_id,
         endpoint=endpoint,
-        fabric_kind=common_pb2.FabricKind.Value("FABRIC_KIND_" + fabric_kind(fabric)),
+        fabric_kind=common_pb2.FabricKind.Value("FABRIC_KIND_" + fabric.kind),
         block_shape=common_pb2.Shape(dims=fabric.block_shape),
         ocs_per_axis=fabric.ocs_per_axis,
         instance_id=instance_id,
@@ -79,7 +74,9 @@ def registration_pb(
     return reg
 
 
-def capacity_pb(state: PodState, version: str) -> cell_scheduler_pb2.PodCapacity:
+def capacity_pb(
+    state: PodState, version: str, planner: FabricPlanner
+) -> cell_scheduler_pb2.PodCapacity:
     """What the cell plans with (CS-1, CS-3)."""
     free = state.free_counts()
     preemptible: dict[str, dict[int, int]] = defaultdict(lambda: defaultdict(int))
@@ -101,7 +98,7 @@ def capacity_pb(state: PodState, version: str) -> cell_scheduler_pb2.PodCapacity
             preemptible_by_priority=dict(preemptible.get(t, {})),
             chips_total=c["chips_total"],
             chips_free=c["chips_free"],
-            largest_free_box=largest_free_box(state, t) if state.fabric.switched is None else 0,
+            largest_free_box=planner.largest_free_box(state, t),
         )
     cap.at.GetCurrentTime()
     return cap
@@ -159,11 +156,7 @@ class CellReporter:
         return self._settings.advertise_addr or f"127.0.0.1:{self._rt.port}"
 
     async def run(self) -> None:
-        sched = None
-        while sched is None:
-            sched = self._pod.scheduler
-            if sched is None:
-                await asyncio.sleep(0.2)
+        sched = await self._pod.started()
         while not self._rt.port:
             await asyncio.sleep(0.05)
         stream = sched.store.keys.events
@@ -191,7 +184,7 @@ class CellReporter:
     async def _register(self, sched) -> None:
         delay = 0.2
         while True:
-            tip = await _stream_tip(sched.store.redis, sched.store.keys.events)
+            tip = await sched.store.tip()
             reg = registration_pb(sched.fabric, self.endpoint, self._rt.instance_id, tip)
             try:
                 await self._stub().RegisterPod(
@@ -251,7 +244,7 @@ class CellReporter:
             pod_id=sched.pod_id,
             instance_id=self._rt.instance_id,
             endpoint=self.endpoint,
-            capacity=capacity_pb(state, version),
+            capacity=capacity_pb(state, version, sched.planner),
             transitions=transitions,
             events_after=after,
             events_until=until,
@@ -273,8 +266,3 @@ class CellReporter:
         self._ack = resp.events_ack or after
         supervisor.ready()  # the cell hears this pod again
         return self._ack != until or len(entries) == MAX_TRANSITIONS
-
-
-async def _stream_tip(redis, key: str) -> str:
-    last = await redis.xrevrange(key, count=1)
-    return last[0][0] if last else "0-0"

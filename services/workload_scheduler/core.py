@@ -1,6 +1,6 @@
 """What the parts of the workload scheduler share: settings of its loops, the results it
-answers, and `SchedulerCore`, the state one replica keeps (see scheduler.py for the
-shape of every change)."""
+answers, and `PodContext`, the collaborators every part is given (see scheduler.py for
+the shape of every change)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from lightpath.domain.blocks import PodFabric
 from lightpath.domain.jobs import NormalizedSpec
@@ -19,6 +19,7 @@ from lightpath.domain.slices import (
     SliceJob,
 )
 from lightpath.v1 import workload_scheduler_pb2
+from services.workload_scheduler.fabric_kinds import FabricPlanner, planner_for
 from services.workload_scheduler.metrics import PodMetrics
 from services.workload_scheduler.ocs import OcsError, OcsManagerClient
 from services.workload_scheduler.placement import PodState
@@ -151,9 +152,10 @@ def _b64(data: bytes) -> str:
     return base64.b64encode(data).decode()
 
 
-class SchedulerCore:
-    """One pod's scheduler state; the parts (wiring, admission, swap, reconcile) are
-    mixins over it, put together in scheduler.WorkloadScheduler."""
+class PodContext:
+    """What every part of one pod's scheduler is given: its store, its ocs_manager client
+    (of the fabric's kind), its fabric and planner, the clock, how background tasks
+    start, its log and metrics, and the settings the parts share."""
 
     def __init__(
         self,
@@ -161,6 +163,7 @@ class SchedulerCore:
         store: PodStore,
         ocs: OcsManagerClient,
         fabric: PodFabric,
+        planner: FabricPlanner | None = None,
         wiring_timeout_s: float = 30.0,
         age_bound_s: float | None = DEFAULT_AGE_BOUND_S,
         clock: Callable[[], float] = time.time,
@@ -172,55 +175,49 @@ class SchedulerCore:
         self.ocs = ocs
         self.metrics = metrics or PodMetrics.noop()
         self.fabric = fabric
+        # What differs by the fabric's kind (fabric_kinds.py), chosen once for the pod.
+        self.planner = planner or planner_for(fabric)
         self.pod_id = store.keys.pod_id
+        self.wiring_timeout_s = wiring_timeout_s
         self.wiring_timeout_ms = int(wiring_timeout_s * 1000)
         # The queue's age bound (planner.plan_pass), ms; None: no bound.
         self.age_bound_ms = None if age_bound_s is None else int(age_bound_s * 1000)
-        self._progress_s = min(WIRING_PROGRESS_S, wiring_timeout_s / 3)
-        self._clock = clock
-        self._spawn = spawn or (lambda coro, name: asyncio.ensure_future(coro))
+        self.clock = clock
+        self.spawn = spawn or (lambda coro, name: asyncio.ensure_future(coro))
         self.log = log or logging.getLogger("lightpath.workload_scheduler")
-        self._pass_lock = asyncio.Lock()
-        self._pass_started = 0
-        self._pass_done = 0
-        self._passes = PassTimes()
-        self._wiring: dict[str, asyncio.Task] = {}
-        self._queue_waiting = False
-        # The record as this replica's RUNNING commit left it: complete / cancel start from
-        # it instead of reading the job. Only a guess: their commit checks state and epoch,
-        # and on a conflict they read the job as it is.
-        self._known: dict[str, JobRecord] = {}
-        # Reconcile rounds: the newest event when the last full round found nothing to
-        # do (None: it did something), and until when that holds.
-        self._quiet_tip: str | None = None
-        self._quiet_until_ms = 0
-        # Where the sweeps of quiet rounds go on: an HSCAN cursor over the wiring marks;
-        # ListSlices' next page token and the last job id before it.
-        self._marks_cursor = 0
-        # A sweep found a difference with the ocs_manager: compare every slice.
-        self._compare_all = True
-        self._slices_token = ""
-        self._slices_after = ""
-        # Slices of which this replica is swapping failed blocks, back to back (WS-5).
-        self._swap_runs: dict[str, _SwapRun] = {}
 
     def now_ms(self) -> int:
-        return int(self._clock() * 1000)
+        return int(self.clock() * 1000)
 
     async def snapshot(self) -> PodState:
         return await self.store.snapshot(self.fabric)
 
-    def _remember(self, record: JobRecord) -> None:
-        if len(self._known) >= KNOWN_LIMIT:
-            del self._known[next(iter(self._known))]
-        self._known[record.job_id] = record
 
-    if TYPE_CHECKING:  # defined by AdmissionMixin (admission.py), used by every part
+async def job_event_after(store: PodStore, job_id: str, after: str, timeout_s: float) -> None:
+    """Return once the pod's event stream has a transition of `job_id` after the entry
+    `after` (store.tip() read before the job), or after `timeout_s`: a change another
+    replica makes is awaited, not polled for."""
+    redis: Any = store.redis
+    limit = time.monotonic() + timeout_s
+    while (left := limit - time.monotonic()) > 0:
+        got = await redis.xread({store.keys.events: after}, block=max(1, int(left * 1000)))
+        for _stream, entries in got or []:
+            for entry_id, fields in entries:
+                after = entry_id
+                if fields.get("kind") == "job" and fields.get("job") == job_id:
+                    return
 
-        async def schedule(self) -> None: ...
 
-    def schedule_soon(self) -> None:
-        self._spawn(self.schedule(), "schedule")
+class Part:
+    """A part of the scheduler (wiring, admission, swap, reconcile): the pod's
+    collaborators as its own attributes; the other parts it calls are given to it."""
+
+    def __init__(self, pod: PodContext):
+        self.store, self.ocs, self.fabric = pod.store, pod.ocs, pod.fabric
+        self.planner, self.log, self.metrics = pod.planner, pod.log, pod.metrics
+        self.pod_id, self.wiring_timeout_ms = pod.pod_id, pod.wiring_timeout_ms
+        self.age_bound_ms, self._spawn = pod.age_bound_ms, pod.spawn
+        self.now_ms, self.snapshot = pod.now_ms, pod.snapshot
 
 
 def _pos(position: tuple[int, ...]) -> str:

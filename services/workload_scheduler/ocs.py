@@ -1,10 +1,8 @@
 """The pod's ocs_manager as the workload scheduler uses it (its gRPC contract,
 protos/lightpath/v1/ocs_manager.proto): fabric, wire, release, replace, wiring.
 
-One client serves both fabric kinds: `fabric()` learns the pod's kind from
-GetInfo; on a SWITCHED pod (seed 002) "wire" reserves the job's rings
-(ReserveRings), "release" frees them (ReleaseRings) and "replace" swaps a
-failed group (SwapGroup) — the scheduler itself does not tell them apart.
+`fabric()` learns the pod's kind from GetInfo; the pod is set up with the client of
+that kind: OcsManagerClient (slices) or its RingsClient (a SWITCHED pod's rings).
 
 gRPC errors become `OcsError` with `transient` telling the scheduler whether
 to retry later (the ocs_manager is down or busy) or to give up on that wiring
@@ -108,14 +106,19 @@ _OCS_ID = re.compile(r"^ocs-[a-z0-9]+-\d+-(\d+)$")
 
 
 class OcsManagerClient:
+    """The ocs_manager of an OCS_TORUS pod: slices wired by cross-connects."""
+
+    # ListSlices pages come in job id order (reconcile sweeps them page by page).
+    pages_in_order = True
+
     def __init__(self, channel: grpc.aio.Channel, *, timeout_s: float = DEFAULT_TIMEOUT_S):
+        self._channel = channel
         self._stub = ocs_manager_pb2_grpc.OcsManagerStub(channel)
         self.timeout_s = timeout_s
-        self.kind = "OCS_TORUS"  # learnt by fabric()
 
-    @property
-    def switched(self) -> bool:
-        return self.kind == "SWITCHED"
+    def for_rings(self) -> RingsClient:
+        """The same ocs_manager as the client of a SWITCHED pod's rings."""
+        return RingsClient(self._channel, timeout_s=self.timeout_s)
 
     async def _call(self, name: str, request, *, timeout_s: float | None = None):
         try:
@@ -125,11 +128,19 @@ class OcsManagerClient:
                 name, err.code(), err.details() or "", error_report(err).reason
             ) from None
 
+    async def _unless_missing(self, name: str, request):
+        """The call's answer, or None when the ocs_manager has no such slice (rings)."""
+        try:
+            return await self._call(name, request)
+        except OcsError as err:
+            if err.code == grpc.StatusCode.NOT_FOUND:
+                return None
+            raise
+
     async def fabric(self) -> FabricInfo:
         info = await self._call("GetInfo", common_pb2.GetInfoRequest())
         if info.attributes.get("fabric_kind") == "SWITCHED":
             sw = await self._call("GetSwitchedFabric", ocs_manager_pb2.GetSwitchedFabricRequest())
-            self.kind = "SWITCHED"
             return FabricInfo(
                 tuple(sw.config.group_shape.dims),
                 sw.groups,
@@ -138,7 +149,6 @@ class OcsManagerClient:
                 kind="SWITCHED",
                 switched_spec=sw.spec,
             )
-        self.kind = "OCS_TORUS"
         fabric = await self._call("GetFabric", ocs_manager_pb2.GetFabricRequest())
         cfg = fabric.config
         k = max(1, cfg.ocs_per_axis)
@@ -159,13 +169,8 @@ class OcsManagerClient:
         return FabricInfo(tuple(cfg.block_shape.dims), cfg.block_count, k, tuple(groups))
 
     async def wire_job(self, job: SliceJob, *, timeout_s: float | None = None) -> Wiring:
-        """Wire the job's slice (OCS) or reserve its rings (SWITCHED) on its placement."""
+        """Wire the job's slice on its placement."""
         assert job.placement is not None
-        if self.switched:
-            return _rings_wiring(
-                await self._call("ReserveRings", _reserve_request(job), timeout_s=timeout_s),
-                job.placement,
-            )
         # A shrunk slice's demand is no longer twisted (SliceDemand.shrunk): wired regular.
         return await self.wire(
             job.job_id,
@@ -177,51 +182,7 @@ class OcsManagerClient:
         )
 
     async def replace_job(self, job: SliceJob, failed: int, new: int) -> ReplaceResult:
-        if self.switched:
-            resp = await self._call(
-                "SwapGroup",
-                ocs_manager_pb2.SwapGroupRequest(
-                    job_id=job.job_id,
-                    failed_group=failed,
-                    new_tiles=[ocs_manager_pb2.GroupTile(group=new)],
-                    view=ocs_manager_pb2.RING_VIEW_SUMMARY,
-                ),
-            )
-            return ReplaceResult(len(resp.rerouted), resp.rings_untouched, "rings")
         return await self.replace(job.job_id, failed, new)
-
-    async def rings(
-        self, job_id: str, *, full: bool = False
-    ) -> ocs_manager_pb2.RingReservation | None:
-        """SWITCHED pods: the job's reserved rings, or None."""
-        try:
-            return await self._call(
-                "GetRings",
-                ocs_manager_pb2.GetRingsRequest(
-                    job_id=job_id,
-                    view=ocs_manager_pb2.RING_VIEW_FULL
-                    if full
-                    else ocs_manager_pb2.RING_VIEW_SUMMARY,
-                ),
-            )
-        except OcsError as err:
-            if err.code == grpc.StatusCode.NOT_FOUND:
-                return None
-            raise
-
-    async def switch_use(self) -> list[ocs_manager_pb2.SwitchLinkUse]:
-        """SWITCHED pods: link use of every switch (SW-6)."""
-        out: list[ocs_manager_pb2.SwitchLinkUse] = []
-        token = ""
-        while True:
-            page = await self._call(
-                "ListSwitchLinkUse",
-                ocs_manager_pb2.ListSwitchLinkUseRequest(page_size=1000, page_token=token),
-            )
-            out.extend(page.switches)
-            token = page.next_page_token
-            if not token:
-                return out
 
     async def wire(
         self,
@@ -249,18 +210,9 @@ class OcsManagerClient:
         return _wiring(await self._call("WireSlice", request, timeout_s=timeout_s))
 
     async def release(self, job_id: str) -> bool:
-        """Release the job's slice (its rings on a SWITCHED pod); False when the
-        ocs_manager had none (already released)."""
-        try:
-            if self.switched:
-                await self._call("ReleaseRings", ocs_manager_pb2.ReleaseRingsRequest(job_id=job_id))
-            else:
-                await self._call("ReleaseSlice", ocs_manager_pb2.ReleaseSliceRequest(job_id=job_id))
-        except OcsError as err:
-            if err.code == grpc.StatusCode.NOT_FOUND:
-                return False
-            raise
-        return True
+        """Release the job's slice; False when the ocs_manager had none (already released)."""
+        request = ocs_manager_pb2.ReleaseSliceRequest(job_id=job_id)
+        return await self._unless_missing("ReleaseSlice", request) is not None
 
     async def replace(self, job_id: str, failed: int, new: int) -> ReplaceResult:
         resp = await self._call(
@@ -274,34 +226,26 @@ class OcsManagerClient:
         )
         return ReplaceResult(moved=len(resp.added), untouched=resp.untouched)
 
-    async def slices(self) -> dict[str, tuple[int, ...]]:
-        """Every slice the ocs_manager holds (its rings' groups on a SWITCHED pod), by job."""
-        out: dict[str, tuple[int, ...]] = {}
+    async def _all(self, name: str, request_type, field: str) -> list:
+        """Every item of a listing, page after page."""
+        out: list = []
         token = ""
         while True:
-            if self.switched:
-                page = await self._call(
-                    "ListRingReservations",
-                    ocs_manager_pb2.ListRingReservationsRequest(page_size=1000, page_token=token),
-                )
-                for r in page.reservations:
-                    out[r.job_id] = tuple(sorted({t.group for t in r.tiles}))
-            else:
-                page = await self._call(
-                    "ListSlices",
-                    ocs_manager_pb2.ListSlicesRequest(page_size=1000, page_token=token),
-                )
-                for s in page.slices:
-                    out[s.job_id] = tuple(s.block_ids)
+            page = await self._call(name, request_type(page_size=1000, page_token=token))
+            out.extend(getattr(page, field))
             token = page.next_page_token
             if not token:
                 return out
 
+    async def slices(self) -> dict[str, tuple[int, ...]]:
+        """Every slice the ocs_manager holds, by job."""
+        listed = await self._all("ListSlices", ocs_manager_pb2.ListSlicesRequest, "slices")
+        return {s.job_id: tuple(s.block_ids) for s in listed}
+
     async def slices_page(
         self, page_token: str, page_size: int
     ) -> tuple[dict[str, tuple[int, ...]], str]:
-        """One page of ListSlices (OCS_TORUS pods): slices by job, and the next token
-        ("" after the last page)."""
+        """One page of ListSlices: slices by job, and the next token ("" after the last)."""
         page = await self._call(
             "ListSlices",
             ocs_manager_pb2.ListSlicesRequest(page_size=page_size, page_token=page_token),
@@ -309,21 +253,68 @@ class OcsManagerClient:
         return {s.job_id: tuple(s.block_ids) for s in page.slices}, page.next_page_token
 
     async def wiring(self, job_id: str) -> Wiring | None:
-        if self.switched:
-            found = await self.rings(job_id)
-            return None if found is None else _rings_wiring(found, None)
-        try:
-            w = await self._call(
-                "GetSliceWiring",
-                ocs_manager_pb2.GetSliceWiringRequest(
-                    job_id=job_id, view=ocs_manager_pb2.WIRING_VIEW_COUNTS
-                ),
-            )
-        except OcsError as err:
-            if err.code == grpc.StatusCode.NOT_FOUND:
-                return None
-            raise
-        return _wiring(w)
+        request = ocs_manager_pb2.GetSliceWiringRequest(
+            job_id=job_id, view=ocs_manager_pb2.WIRING_VIEW_COUNTS
+        )
+        w = await self._unless_missing("GetSliceWiring", request)
+        return None if w is None else _wiring(w)
+
+
+class RingsClient(OcsManagerClient):
+    """The ocs_manager of a SWITCHED pod (seed 002): "wire" reserves the job's rings
+    (ReserveRings), "release" frees them (ReleaseRings), "replace" swaps a failed group
+    (SwapGroup) — the scheduler itself does not tell them apart."""
+
+    # ListRingReservations promises no order: every sweep compares everything.
+    pages_in_order = False
+
+    async def wire_job(self, job: SliceJob, *, timeout_s: float | None = None) -> Wiring:
+        assert job.placement is not None
+        return _rings_wiring(
+            await self._call("ReserveRings", _reserve_request(job), timeout_s=timeout_s),
+            job.placement,
+        )
+
+    async def replace_job(self, job: SliceJob, failed: int, new: int) -> ReplaceResult:
+        resp = await self._call(
+            "SwapGroup",
+            ocs_manager_pb2.SwapGroupRequest(
+                job_id=job.job_id,
+                failed_group=failed,
+                new_tiles=[ocs_manager_pb2.GroupTile(group=new)],
+                view=ocs_manager_pb2.RING_VIEW_SUMMARY,
+            ),
+        )
+        return ReplaceResult(len(resp.rerouted), resp.rings_untouched, "rings")
+
+    async def release(self, job_id: str) -> bool:
+        request = ocs_manager_pb2.ReleaseRingsRequest(job_id=job_id)
+        return await self._unless_missing("ReleaseRings", request) is not None
+
+    async def slices(self) -> dict[str, tuple[int, ...]]:
+        """Every ring reservation's groups, by job."""
+        listed = await self._all(
+            "ListRingReservations", ocs_manager_pb2.ListRingReservationsRequest, "reservations"
+        )
+        return {r.job_id: tuple(sorted({t.group for t in r.tiles})) for r in listed}
+
+    async def wiring(self, job_id: str) -> Wiring | None:
+        found = await self.rings(job_id)
+        return None if found is None else _rings_wiring(found, None)
+
+    async def rings(
+        self, job_id: str, *, full: bool = False
+    ) -> ocs_manager_pb2.RingReservation | None:
+        """The job's reserved rings, or None."""
+        view = ocs_manager_pb2.RING_VIEW_FULL if full else ocs_manager_pb2.RING_VIEW_SUMMARY
+        return await self._unless_missing(
+            "GetRings", ocs_manager_pb2.GetRingsRequest(job_id=job_id, view=view)
+        )
+
+    async def switch_use(self) -> list[ocs_manager_pb2.SwitchLinkUse]:
+        """Link use of every switch (SW-6)."""
+        request_type = ocs_manager_pb2.ListSwitchLinkUseRequest
+        return await self._all("ListSwitchLinkUse", request_type, "switches")
 
 
 def _wiring(w: ocs_manager_pb2.SliceWiring) -> Wiring:

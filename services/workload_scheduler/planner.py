@@ -26,6 +26,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 from itertools import islice
+from typing import Protocol
 
 from lightpath.domain.blocks import PodFabric
 from lightpath.domain.slices import (
@@ -107,9 +108,7 @@ def plan_admission(
 ) -> Allocation | Unplaceable:
     """Place one waiting job on free blocks, else by preemption (WS-2, WS-3, WS-4).
     `take_younger`: slices of its priority admitted after it count as lower (the age
-    bound, plan_pass)."""
-    if state.fabric.switched is not None:
-        return plan_switched_admission(state, job, preempt=preempt)
+    bound, plan_pass). An OCS_TORUS pod's admission (fabric_kinds.TorusPlanner)."""
     younger_than = job.seq if take_younger else None
     if job.demand.sub_block:
         return plan_box_admission(state, job, preempt=preempt, younger_than=younger_than)
@@ -187,6 +186,12 @@ def plan_box_move(state: PodState, job: SliceJob) -> BoxPlacement | None:
     return found if isinstance(found, BoxPlacement) else None
 
 
+class Admit(Protocol):
+    def __call__(
+        self, state: PodState, job: SliceJob, *, preempt: bool = True, take_younger: bool = False
+    ) -> Allocation | Unplaceable: ...
+
+
 def apply_allocation(state: PodState, alloc: Allocation) -> None:
     apply_victims(state, alloc.victims)
     state.assume_allocated(
@@ -208,7 +213,10 @@ def waited_past(job: SliceJob, now_ms: int, age_bound_ms: int | None) -> bool:
 
 
 def plan_pass(
-    state: PodState, now_ms: int = 0, age_bound_ms: int | None = None
+    state: PodState,
+    now_ms: int = 0,
+    age_bound_ms: int | None = None,
+    admit: Admit = plan_admission,
 ) -> list[Allocation] | None:
     """Decisions for the whole queue, in queue order, each assuming the ones before it.
     Jobs whose wiring failed wait until their `not_before_ms` (backoff). The first job
@@ -217,21 +225,24 @@ def plan_pass(
 
     On a `partial` state (free blocks only, issue 15): None as soon as a job cannot be
     placed on free blocks, since only a full snapshot can say whether preempting would
-    place it; otherwise exactly the decisions the full snapshot gives."""
+    place it; otherwise exactly the decisions the full snapshot gives.
+
+    `admit` places one job: the pod's planner's (fabric_kinds), an OCS_TORUS pod's by
+    default."""
     work = state.copy()
     decisions: list[Allocation] = []
     aged = False  # the first blocked job past the age bound has had its turn
     for job in work.queue():
         if job.not_before_ms > now_ms:
             continue
-        found = plan_admission(work, job, preempt=not work.partial)
+        found = admit(work, job, preempt=not work.partial)
         if isinstance(found, Unplaceable):
             if work.partial:
                 return None
             if aged or not waited_past(job, now_ms, age_bound_ms):
                 continue
             aged = True
-            found = plan_admission(work, job, take_younger=True)
+            found = admit(work, job, take_younger=True)
         if isinstance(found, Allocation):
             decisions.append(found)
             apply_allocation(work, found)
@@ -239,13 +250,12 @@ def plan_pass(
 
 
 def plan_replacement(state: PodState, job: SliceJob, failed: int) -> Replacement | None:
-    """A block for the failed one's logical position (WS-5), or None if none can be had."""
+    """A block for the failed one's logical position (WS-5), or None if none can be had
+    (an OCS_TORUS pod's; fabric_kinds.TorusPlanner)."""
     assert job.placement is not None and failed in job.placement
     position = job.placement.index(failed)
     node_type = state.fabric.node_types[failed]
     groups = state.fabric.first_end_group
-    if state.fabric.switched is not None:
-        return plan_switched_replacement(state, job, failed)
     types = state.fabric.node_types
     spares = [b for b in state.candidates() if types[b] == node_type and state.allocatable(b)]
     if spares:

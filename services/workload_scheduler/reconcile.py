@@ -15,12 +15,15 @@ from lightpath.domain.slices import (
     SliceJob,
     grid_positions,
 )
+from services.workload_scheduler.admission import Admission
 from services.workload_scheduler.consistency import MISSING, ORPHANED, wiring_differences
 from services.workload_scheduler.core import (
     QUIET_HORIZON_MS,
     STALE_WIRING_GRACE_MS,
     SWEEP_PAGE,
     Outcome,
+    Part,
+    PodContext,
 )
 from services.workload_scheduler.ocs import OcsError
 from services.workload_scheduler.placement import PodState
@@ -29,11 +32,27 @@ from services.workload_scheduler.planner import (
     running_with_failed_blocks,
 )
 from services.workload_scheduler.store import Conflict
-from services.workload_scheduler.swap import FailureMixin
+from services.workload_scheduler.swap import Swap
+from services.workload_scheduler.wiring import Wirer
 
 
-class ReconcileMixin(FailureMixin):
-    # == reconcile loop ===========================================================
+class Reconcile(Part):
+    """The repair rounds; what they repair goes through the parts given."""
+
+    def __init__(self, pod: PodContext, wiring: Wirer, admission: Admission, swap: Swap):
+        super().__init__(pod)
+        self.wiring, self.admission, self.swap = wiring, admission, swap
+        # The newest event when the last full round found nothing to do (None: it did
+        # something), and until when that holds.
+        self._quiet_tip: str | None = None
+        self._quiet_until_ms = 0
+        # Where the sweeps of quiet rounds go on: an HSCAN cursor over the wiring marks;
+        # ListSlices' next page token and the last job id before it.
+        self._marks_cursor = 0
+        # A sweep found a difference with the ocs_manager: compare every slice.
+        self._compare_all = True
+        self._slices_token = ""
+        self._slices_after = ""
 
     async def reconcile(self, *, full: bool = False) -> None:
         """One round of repairs any replica may do (idempotent, safe concurrently).
@@ -72,9 +91,9 @@ class ReconcileMixin(FailureMixin):
                     continue
                 busy = True
                 try:
-                    await self._release_claimed(other, wait_s=0)
+                    await self.wiring.release_claimed(other, wait_s=0)
                 except OcsError as err:
-                    self._release_error(other, err)
+                    self.wiring.release_error(other, err)
         for job in list(state.jobs.values()):
             if job.state == WIRING and job.wiring_deadline_ms:
                 if job.wiring_deadline_ms < now:
@@ -98,12 +117,12 @@ class ReconcileMixin(FailureMixin):
                 due = min(due, job.submitted_ms + self.age_bound_ms)  # it may preempt then
         for job, block in running_with_failed_blocks(state):
             busy = True
-            await self.handle_failure(job.job_id, block)
+            await self.swap.handle_failure(job.job_id, block)
         for job in boxes_on_failed_chips(state):  # a move missed or interrupted
             busy = True
-            await self.move_box(job.job_id)
+            await self.swap.move_box(job.job_id)
         if state.queue():
-            await self.schedule()
+            await self.admission.schedule()
         self._quiet_tip = None if busy else tip
         self._quiet_until_ms = due
 
@@ -122,7 +141,7 @@ class ReconcileMixin(FailureMixin):
         (consistency.py), or when the pages are not in that order after all. On a
         SWITCHED pod (ListRingReservations promises no order) every round compares
         everything, as before."""
-        if self.fabric.switched is not None:
+        if not self.ocs.pages_in_order:
             return await self._check_wiring()
         after = self._slices_after
         try:
@@ -187,9 +206,9 @@ class ReconcileMixin(FailureMixin):
             elif diff.kind == ORPHANED:
                 self.log.warning("releasing a slice of no live job: %s", diff.detail)
                 try:
-                    await self._release_claimed(diff.job_id, wait_s=0)
+                    await self.wiring.release_claimed(diff.job_id, wait_s=0)
                 except OcsError as err:
-                    self._release_error(diff.job_id, err)
+                    self.wiring.release_error(diff.job_id, err)
         return bool(report)
 
     async def _rewire(self, job: SliceJob) -> None:
@@ -221,7 +240,7 @@ class ReconcileMixin(FailureMixin):
         except Conflict:
             return
         self.log.warning("job %s: %s", job.job_id, reason, extra={"job_id": job.job_id})
-        self._track_wiring(job.job_id, self._wire(mine, marked=True))
+        self.wiring.track(job.job_id, self.wiring.wire(mine, marked=True))
 
     async def _take_over_wiring(self, job: SliceJob) -> None:
         """A wiring whose replica went away: finish it if the OCS has it, else requeue."""
@@ -239,20 +258,20 @@ class ReconcileMixin(FailureMixin):
             return
         self.log.warning("job %s: taking over a wiring that timed out", job.job_id)
         if mine.offset is not None:  # a sub-block slice: nothing at the OCS to look at
-            self._track_wiring(job.job_id, self._wire(mine))
+            self.wiring.track(job.job_id, self.wiring.wire(mine))
             return
         try:
             found = await self.ocs.wiring(job.job_id)
             if found is not None and found.blocks != mine.placement:
-                await self._release(job.job_id)
+                await self.wiring.release(job.job_id)
                 found = None
             elif found is not None and not found.committed:
                 found = None  # still being programmed: WireSlice again finishes or replays it
         except OcsError as err:
-            await self._wiring_failed(mine, err)
+            await self.wiring.wiring_failed(mine, err)
             return
         if found is None:
-            self._track_wiring(job.job_id, self._wire(mine))
+            self.wiring.track(job.job_id, self.wiring.wire(mine))
             return
         txn = self.store.txn()
         txn.expect_job(job.job_id, [WIRING], mine.epoch)
@@ -288,7 +307,7 @@ class ReconcileMixin(FailureMixin):
         try:
             found = await self.ocs.wiring(job.job_id)
         except OcsError as err:
-            await self._replacement_failed(mine, err, Outcome())
+            await self.swap.replacement_failed(mine, err, Outcome())
             return
         if (
             found is not None
@@ -310,7 +329,7 @@ class ReconcileMixin(FailureMixin):
             with contextlib.suppress(Conflict):
                 await self.store.commit(txn)
             return
-        await self._swap_at_ocs(mine, position, Outcome())
+        await self.swap.swap_at_ocs(mine, position, Outcome())
 
     async def run_reconciler(self, interval_s: float) -> None:
         """Reconcile rounds for ever (a supervised task: a failed round restarts it)."""

@@ -22,15 +22,15 @@ progress events on the job (issue 14).
 Requirements: WS-1 (block state), WS-2 (admission), WS-4 (preemption), WS-5
 (failure and recovery), WS-6 (completion, cancel, queue), WS-7 (events).
 
-The parts, each a mixin over the one before (WorkloadScheduler puts them together):
-core.py (the replica's state, results), wiring.py (wire, follow through, release),
-admission.py (admit, the queue's passes), swap.py (failure, recovery, back-to-back
-swaps), reconcile.py (the repair loop); here: completion, cancel and the event streams.
+The parts, each given the pod's collaborators (core.PodContext: store, ocs_manager
+client, fabric, planner, clock) and the other parts it calls; WorkloadScheduler puts
+them together: wiring.py (wire, follow through, release), admission.py (admit, the
+queue's passes), swap.py (failure, recovery, back-to-back swaps), reconcile.py (the
+repair loop); here: completion, cancel, updates and the event streams.
 """
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import json
 import time
@@ -50,25 +50,41 @@ from lightpath.domain.slices import (
 )
 from lightpath.errors import Aborted, FailedPrecondition, NotFound
 from lightpath.v1 import workload_scheduler_pb2
+from services.workload_scheduler.admission import Admission
 from services.workload_scheduler.core import (
     FINISH_RELEASE_WAIT_S,
     MAX_COMMIT_ATTEMPTS,
     AdmitResult,
     Outcome,
+    Part,
+    PodContext,
+    job_event_after,
 )
 from services.workload_scheduler.ocs import OcsError
-from services.workload_scheduler.reconcile import ReconcileMixin
+from services.workload_scheduler.reconcile import Reconcile
 from services.workload_scheduler.store import Conflict, JobRecord
+from services.workload_scheduler.swap import Swap
+from services.workload_scheduler.wiring import Wirer
 
-__all__ = ["AdmitResult", "Outcome", "WorkloadScheduler"]
-
-# An update waits for a wiring in flight, looking again this often.
-UPDATE_POLL_S = 0.02
+__all__ = ["AdmitResult", "Outcome", "PodContext", "WorkloadScheduler"]
 
 
-class WorkloadScheduler(ReconcileMixin):
-    """One pod's scheduler. Several replicas may run on one Redis: all coordination
-    goes through the store's atomic commits."""
+class WorkloadScheduler(Part):
+    """One pod's scheduler, composed of its parts. Several replicas may run on one
+    Redis: all coordination goes through the store's atomic commits."""
+
+    def __init__(self, pod: PodContext):
+        super().__init__(pod)
+        self.wiring = Wirer(pod, schedule_soon=lambda: self.admission.schedule_soon())
+        self.admission = Admission(pod, self.wiring)
+        self.swap = Swap(pod, self.wiring, self.admission)
+        self.reconciler = Reconcile(pod, self.wiring, self.admission, self.swap)
+        # What the servicer and the supervisor call, answered by the parts.
+        self.admit = self.admission.admit
+        self.schedule = self.admission.schedule
+        self.report_health = self.swap.report_health
+        self.reconcile = self.reconciler.reconcile
+        self.run_reconciler = self.reconciler.run_reconciler
 
     # == completion and cancel (WS-6) =============================================
 
@@ -116,6 +132,7 @@ class WorkloadScheduler(ReconcileMixin):
         deadline = time.monotonic() + self.wiring_timeout_ms / 1000
         attempts = 0
         while True:
+            tip = await self.store.tip()
             record = await self._record(job_id)
             job = record.summary
             if record.state in FINAL_STATES:
@@ -129,7 +146,7 @@ class WorkloadScheduler(ReconcileMixin):
                     raise Aborted(
                         f"job {job_id} is still being wired; retry the update", reason="BUSY"
                     )
-                await asyncio.sleep(UPDATE_POLL_S)
+                await job_event_after(self.store, job_id, tip, deadline - time.monotonic())
                 continue
             current = workload_scheduler_pb2.JobSpec.FromString(base64.b64decode(record.spec_b64))
             upd = plan.apply(current)
@@ -160,13 +177,13 @@ class WorkloadScheduler(ReconcileMixin):
             if upd.priority != job.priority:
                 # queued, its new place may let it start (or preempt) now; running, the
                 # jobs waiting may now be allowed to take its blocks, or no longer
-                self.schedule_soon()
+                self.admission.schedule_soon()
             return updated  # type: ignore[no-any-return]
 
     async def _record(self, job_id: str, *, guess: bool = False) -> JobRecord:
         """The job as stored; with `guess`, as this replica last set it RUNNING if it did
         (the caller's commit checks it, and reads the job after a conflict)."""
-        known = self._known.pop(job_id, None)
+        known = self.wiring.known.pop(job_id, None)
         if guess and known is not None:
             return known
         record = await self.store.job(job_id)
@@ -195,14 +212,14 @@ class WorkloadScheduler(ReconcileMixin):
             pass  # a sub-block slice has no wiring at the ocs_manager
         elif record.state in HOLDING_STATES or job.job_id in await self.store.wired_jobs():
             try:
-                await self._release(job.job_id, wait_s=FINISH_RELEASE_WAIT_S)
+                await self.wiring.release(job.job_id, wait_s=FINISH_RELEASE_WAIT_S)
             except OcsError as err:
-                self._release_error(job.job_id, err)
+                self.wiring.release_error(job.job_id, err)
         if waiting:
             # Not awaited: the answer does not depend on the pass, and a call that frees
             # capacity is never held behind the admissions waiting for the pass lock
             # (issue 30; they took CompleteJob from 0.1 to 2 s under overload).
-            self.schedule_soon()
+            self.admission.schedule_soon()
         return ended
 
     # == events (WS-7) ============================================================
@@ -211,7 +228,7 @@ class WorkloadScheduler(ReconcileMixin):
         """The job's stored transitions, then live ones until it ends."""
         redis = self.store.redis
         keys = self.store.keys
-        tip = await _stream_tip(redis, keys.events)
+        tip = await self.store.tip()
         record = await self.store.job(job_id, history=True)
         if record is None:
             raise NotFound("job", job_id)
@@ -235,17 +252,12 @@ class WorkloadScheduler(ReconcileMixin):
 
     async def watch_pod(self) -> AsyncIterator[tuple[str, dict[str, Any]]]:
         redis = self.store.redis
-        tip = await _stream_tip(redis, self.store.keys.events)
+        tip = await self.store.tip()
         async for _, fields in _tail(redis, self.store.keys.events, tip):
             kind, event = fields.get("kind", "job"), json.loads(fields["e"])
             if kind == "job":
                 (event,) = await self.store.with_notes([event])
             yield kind, event
-
-
-async def _stream_tip(redis, key: str) -> str:
-    last = await redis.xrevrange(key, count=1)
-    return last[0][0] if last else "0-0"
 
 
 async def _tail(redis, key: str, after: str) -> AsyncIterator[tuple[str, dict[str, str]]]:

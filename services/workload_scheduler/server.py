@@ -31,7 +31,7 @@ from lightpath.domain.jobs import (
     normalize,
     to_grid,
 )
-from lightpath.domain.rings import RingPlan, plan_rings
+from lightpath.domain.rings import plan_rings
 from lightpath.domain.slices import (
     HOLDING_STATES,
     QUEUED_STATES,
@@ -49,14 +49,14 @@ from services.common.enums import enum_name
 from services.common.keys import require_id
 from services.common.server import Runtime, ServiceDefinition
 from services.workload_scheduler.cell_link import CellReporter
+from services.workload_scheduler.fabric_kinds import FabricPlanner, planner_for, ring_plan_pb
 from services.workload_scheduler.metrics import PodMetrics
 from services.workload_scheduler.ocs import OcsError, OcsManagerClient
 from services.workload_scheduler.placement import PodState
-from services.workload_scheduler.scheduler import Outcome, WorkloadScheduler
+from services.workload_scheduler.scheduler import Outcome, PodContext, WorkloadScheduler
 from services.workload_scheduler.settings import WorkloadSchedulerSettings
 from services.workload_scheduler.store import JobRecord, PodStore
 from services.workload_scheduler.switched_placement import reserved_small_groups
-from services.workload_scheduler.switched_view import add_switched_job, switched_pod_view
 
 SERVICE_NAME = workload_scheduler_pb2.DESCRIPTOR.services_by_name["WorkloadScheduler"].full_name
 READY_WAIT_S = 5.0
@@ -103,34 +103,30 @@ class PodHandle:
         try:
             types = block_types_for(entries, info.block_count)
         except FailedPrecondition as err:
-            self._fatal = err
-            self.problem = err.message
-            self._rt.log.critical("bad configuration: %s", err.message)
-            self._ready.set()
-            return
+            return self._refuse(err)
+        # What differs by the fabric's kind is chosen here, once (fabric_kinds.py).
         switched = None
         small: frozenset[int] = frozenset()
+        host_shape = settings.host_shape
+        ocs = self._ocs
         if info.kind == "SWITCHED":
             try:
                 switched = build_fabric(SwitchedFabricConfig.parse(info.switched_spec))
                 small = reserved_small_groups(switched, settings.switched_small_groups)
             except InvalidArgument as err:
-                self._fatal = FailedPrecondition(
-                    "LIGHTPATH_SWITCHED_SMALL_GROUPS", err.message, reason="BAD_SMALL_GROUPS"
+                return self._refuse(
+                    FailedPrecondition(
+                        "LIGHTPATH_SWITCHED_SMALL_GROUPS", err.message, reason="BAD_SMALL_GROUPS"
+                    )
                 )
-                self.problem = self._fatal.message
-                self._rt.log.critical("bad configuration: %s", self.problem)
-                self._ready.set()
-                return
-        host_shape = settings.host_shape
-        if switched is not None or len(host_shape) != len(info.block_shape):
+            host_shape = tuple(info.block_shape)  # one host per group
+            ocs = self._ocs.for_rings()
+        elif len(host_shape) != len(info.block_shape):
             host_shape = tuple(info.block_shape)  # one host per block
         elif why := host_shape_error(host_shape, info.block_shape):
-            self._fatal = FailedPrecondition("LIGHTPATH_HOST_SHAPE", why, reason="BAD_HOST_SHAPE")
-            self.problem = self._fatal.message
-            self._rt.log.critical("bad configuration: %s", self.problem)
-            self._ready.set()
-            return
+            return self._refuse(
+                FailedPrecondition("LIGHTPATH_HOST_SHAPE", why, reason="BAD_HOST_SHAPE")
+            )
         fabric = PodFabric(
             settings.pod_id,
             info.block_shape,
@@ -155,19 +151,36 @@ class PodHandle:
         # (or a Redis that lost them) left none or stale ones.
         await store.rebuild_indexes(fabric)
         self.scheduler = WorkloadScheduler(
-            store=store,
-            ocs=self._ocs,
-            fabric=fabric,
-            wiring_timeout_s=settings.wiring_timeout_s,
-            age_bound_s=settings.age_bound_s,
-            spawn=self._rt.spawn,
-            log=self._rt.log,
-            metrics=self.metrics,
+            PodContext(
+                store=store,
+                ocs=ocs,
+                fabric=fabric,
+                planner=planner_for(fabric),
+                wiring_timeout_s=settings.wiring_timeout_s,
+                age_bound_s=settings.age_bound_s,
+                spawn=self._rt.spawn,
+                log=self._rt.log,
+                metrics=self.metrics,
+            )
         )
         self._rt.log.info("pod %s ready: %s", settings.pod_id, fabric.describe())
         self._ready.set()
         scheduler = self.scheduler
         self._rt.supervise(lambda: scheduler.run_reconciler(settings.reconcile_s), "reconcile")
+
+    def _refuse(self, err: FailedPrecondition) -> None:
+        """A bad configuration: the pod's RPCs answer it until the process restarts."""
+        self._fatal = err
+        self.problem = err.message
+        self._rt.log.critical("bad configuration: %s", err.message)
+        self._ready.set()
+
+    async def started(self) -> WorkloadScheduler:
+        """The scheduler once the fabric is known; after a bad configuration, never."""
+        await self._ready.wait()
+        while self.scheduler is None:
+            await asyncio.Event().wait()  # the operator must fix and restart the process
+        return self.scheduler
 
     async def get(self) -> WorkloadScheduler:
         if self.scheduler is None and self._fatal is None:
@@ -183,27 +196,6 @@ class PodHandle:
 # -- protobuf <-> domain ---------------------------------------------------------
 
 
-def ring_plan_pb(plan: RingPlan) -> workload_scheduler_pb2.RingPlan:
-    return workload_scheduler_pb2.RingPlan(
-        chips=common_pb2.Shape(dims=plan.chips),
-        wrap=list(plan.wrap),
-        axes=[
-            workload_scheduler_pb2.AxisRings(
-                axis=a.axis,
-                degree=a.degree,
-                dims=list(a.dims),
-                rings=[
-                    workload_scheduler_pb2.Ring(
-                        chips=[common_pb2.Coordinate(coords=c) for c in ring]
-                    )
-                    for ring in a.rings
-                ],
-            )
-            for a in plan.axes
-        ],
-    )
-
-
 def preemption_pb(v: dict[str, Any]) -> workload_scheduler_pb2.Preemption:
     return workload_scheduler_pb2.Preemption(
         job_id=v["job"],
@@ -216,6 +208,7 @@ def preemption_pb(v: dict[str, Any]) -> workload_scheduler_pb2.Preemption:
 
 def job_pb(
     record: JobRecord,
+    planner: FabricPlanner,
     fabric: PodFabric,
     *,
     with_history: bool = True,
@@ -224,13 +217,6 @@ def job_pb(
 ) -> workload_scheduler_pb2.Job:
     job = record.summary
     spec = workload_scheduler_pb2.JobSpec.FromString(base64.b64decode(record.spec_b64))
-    switched = fabric.switched is not None
-    if switched:
-        chips: tuple[int, ...] = (math.prod(job.degrees or (1,)),)
-    elif job.demand.box is not None:
-        chips = job.demand.box
-    else:
-        chips = chips_of(job.demand.grid, fabric)
     out = workload_scheduler_pb2.Job(
         job_id=record.job_id,
         pod_id=fabric.pod_id,
@@ -239,7 +225,6 @@ def job_pb(
         spec=spec,
         priority=job.priority,
         grid=common_pb2.Shape(dims=job.demand.grid),
-        chips=common_pb2.Shape(dims=chips),
         wrap=list(job.demand.wrap),
         created_at=timestamp(record.created_ms),
         updated_at=timestamp(record.updated_ms),
@@ -258,13 +243,8 @@ def job_pb(
             out.box.CopyFrom(chip_box_pb(job.job_id, job.placement[0], job.offset, job.demand.box))
     if with_history:
         out.history.extend(job_event_pb(e, fabric.pod_id) for e in record.history)
-    if switched:  # its rings come from the fabric manager (see _job_pb)
-        add_switched_job(out, job, fabric, record.state in HOLDING_STATES)
-        return out
-    degrees = degrees_of(spec.parallelism) if spec.HasField("parallelism") else None
-    if include_rings and degrees:
-        with contextlib.suppress(InvalidArgument):  # a shrunk slice no longer fits its degrees
-            out.rings.CopyFrom(ring_plan_pb(plan_rings(chips, job.demand.wrap, degrees)))
+    holding = record.state in HOLDING_STATES
+    planner.job_view(out, job, spec, holding=holding, include_rings=include_rings)
     return out
 
 
@@ -313,12 +293,15 @@ class WorkloadSchedulerServicer(workload_scheduler_pb2_grpc.WorkloadSchedulerSer
         position = 0
         if record.state in QUEUED_STATES:
             position = queue_position(await sched.snapshot(), record.job_id)
-        out = job_pb(record, sched.fabric, queue_position=position, include_rings=include_rings)
-        if include_rings and sched.fabric.switched is not None and record.state in HOLDING_STATES:
-            with contextlib.suppress(OcsError):  # the job view does not fail for want of rings
-                found = await sched.ocs.rings(record.job_id, full=True)
-                if found is not None:
-                    out.switched.rings.CopyFrom(found)
+        out = job_pb(
+            record,
+            sched.planner,
+            sched.fabric,
+            queue_position=position,
+            include_rings=include_rings,
+        )
+        if include_rings and record.state in HOLDING_STATES:
+            await sched.planner.add_rings(out, record.job_id, sched.ocs)
         return out
 
     async def AdmitJob(
@@ -376,6 +359,7 @@ class WorkloadSchedulerServicer(workload_scheduler_pb2_grpc.WorkloadSchedulerSer
                 out.jobs.append(
                     job_pb(
                         record,
+                        sched.planner,
                         sched.fabric,
                         with_history=False,
                         queue_position=queue_position(state, record.job_id),
@@ -429,7 +413,7 @@ class WorkloadSchedulerServicer(workload_scheduler_pb2_grpc.WorkloadSchedulerSer
             host=request.host if request.HasField("host") else None,
         )
         rings = (outcome.replacement or {}).get("unit") == "rings"
-        if sched.fabric.switched is None:
+        if sched.planner.lean:
             block = await block_view(sched, request.block_id)  # whatever the live jobs
         else:
             block = (await pod_view(sched)).blocks[request.block_id]
@@ -518,13 +502,7 @@ class WorkloadSchedulerServicer(workload_scheduler_pb2_grpc.WorkloadSchedulerSer
                 raise InvalidArgument("shape", f"may hold at most {MAX_PLAN_CHIPS} chips")
         sched = await self._pod.get()
         fabric = sched.fabric
-        if fabric.switched is not None:
-            raise FailedPrecondition(
-                f"pod {sched.pod_id}",
-                "is SWITCHED: its rings are reserved per job by the fabric manager; admit the "
-                "job with parallelism degrees and read them with GetJob(include_rings)",
-                reason="FABRIC_KIND",
-            )
+        sched.planner.plan_rings_allowed(sched.pod_id)
         # Only a slice this pod could host is planned: whole blocks, no more than it has
         # (the rules and words of admission, WS-2).
         violations: list = []
@@ -563,7 +541,7 @@ async def block_view(sched: WorkloadScheduler, b: int) -> workload_scheduler_pb2
     owner, failed, job = await sched.store.block(b)
     if owner == SUB_BLOCK_OWNER or failed:
         state = await sched.snapshot()
-        return _block_pb(state, b, {}, state.chips_held(), {})
+        return _block_pb(sched.planner, state, b, {}, state.chips_held(), {})
     position = None
     if job is not None and job.placement and b in job.placement:
         position = grid_positions(job.demand.grid)[job.placement.index(b)]
@@ -579,6 +557,7 @@ async def block_view(sched: WorkloadScheduler, b: int) -> workload_scheduler_pb2
 
 
 def _block_pb(
+    planner: FabricPlanner,
     state: PodState,
     b: int,
     positions: dict[int, tuple[int, ...]],
@@ -603,16 +582,7 @@ def _block_pb(
         else None,
         failed_hosts=sorted(bad),
     )
-    if fabric.switched is None and not state.whole_failed(b):
-        if owner and owner != SUB_BLOCK_OWNER:
-            out.chips_free = 0
-        else:
-            mine = held.get(b, {})
-            out.chips_free = sum(
-                1
-                for c in grid_positions(fabric.block_shape)
-                if c not in mine and fabric.host_of(c) not in bad
-            )
+    out.chips_free = planner.chips_free(state, b, held)
     jobs = boxes.get(b)
     if jobs is None and owner == SUB_BLOCK_OWNER:
         jobs = [
@@ -639,8 +609,7 @@ async def pod_view(sched: WorkloadScheduler) -> workload_scheduler_pb2.PodView:
         jobs_by_state=counts,
         fabric_kind=common_pb2.FabricKind.Value("FABRIC_KIND_" + fabric.kind),
     )
-    if fabric.switched is not None:
-        await switched_pod_view(sched, state, view.switched)
+    await sched.planner.pod_view(view, state, sched.ocs)
     for diff in sorted((await sched.store.wiring_report()).values(), key=lambda d: d["since"]):
         view.wiring_differences.append(
             workload_scheduler_pb2.WiringDifference(
@@ -665,7 +634,7 @@ async def pod_view(sched: WorkloadScheduler) -> workload_scheduler_pb2.PodView:
                 positions[b] = pos
     held = state.chips_held()
     for b in range(fabric.block_count):
-        view.blocks.append(_block_pb(state, b, positions, held, boxes))
+        view.blocks.append(_block_pb(sched.planner, state, b, positions, held, boxes))
     holding = sorted(
         (j for j in state.jobs.values() if j.state in HOLDING_STATES), key=lambda j: j.seq
     )

@@ -2,24 +2,21 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import Annotated
 
 from lightpath.domain.blocks import parse_block_types
 from services.common.settings import (
+    Address,
     CommonSettings,
-    parse_address,
-    parse_id,
-    parse_optional_address,
-    parse_positive_float,
+    Id,
+    NonNegativeInt,
+    OptionalAddress,
+    PositiveFloat,
+    checked,
+    rule,
     setting,
 )
 from services.workload_scheduler.planner import DEFAULT_AGE_BOUND_S
-
-
-def parse_block_types_setting(raw: str) -> str:
-    """Validate LIGHTPATH_BLOCK_TYPES at start; the counts are checked against the fabric."""
-    parse_block_types(raw)
-    return raw.strip()
 
 
 def parse_host_shape(raw: str) -> tuple[int, ...]:
@@ -28,13 +25,6 @@ def parse_host_shape(raw: str) -> tuple[int, ...]:
     if not raw.strip() or not all(p.strip().isdigit() and int(p) >= 1 for p in parts):
         raise ValueError("must look like 2x2x1 (extents >= 1 joined by x)")
     return tuple(int(p) for p in parts)
-
-
-def _non_negative_int(raw: str) -> int:
-    value = int(raw.strip())
-    if value < 0:
-        raise ValueError("must be an integer >= 0")
-    return value
 
 
 def parse_age_bound(raw: str) -> float | None:
@@ -47,86 +37,70 @@ def parse_age_bound(raw: str) -> float | None:
     return value
 
 
-@dataclass(frozen=True)
 class WorkloadSchedulerSettings(CommonSettings):
-    listen: str = setting(
-        "LIGHTPATH_LISTEN", "127.0.0.1:50061", "gRPC listen address", parse=parse_address
-    )
-    pod_id: str = setting(
-        "LIGHTPATH_POD_ID", "pod-1", "the superpod this scheduler serves", parse=parse_id
-    )
-    ocs_addr: str = setting(
+    listen: Address = setting("LIGHTPATH_LISTEN", "127.0.0.1:50061", "gRPC listen address")
+    pod_id: Id = setting("LIGHTPATH_POD_ID", "pod-1", "the superpod this scheduler serves")
+    ocs_addr: Address = setting(
         "LIGHTPATH_OCS_ADDR",
         "127.0.0.1:50062",
         "host:port of this pod's ocs_manager",
-        parse=parse_address,
     )
-    cell_addr: str = setting(
+    cell_addr: OptionalAddress = setting(
         "LIGHTPATH_CELL_ADDR",
         "",
         "host:port of the cell_scheduler to register with; empty: run standalone",
-        parse=parse_optional_address,
     )
-    advertise_addr: str = setting(
+    advertise_addr: OptionalAddress = setting(
         "LIGHTPATH_ADVERTISE_ADDR",
         "",
         "host:port the cell uses to reach this scheduler; default 127.0.0.1:<port>",
-        parse=parse_optional_address,
     )
-    cell_heartbeat_s: float = setting(
+    cell_heartbeat_s: PositiveFloat = setting(
         "LIGHTPATH_CELL_HEARTBEAT_S",
         1.0,
         "seconds between reports to the cell (capacity, job transitions); also sent soon "
         "after any change in the pod",
-        parse=parse_positive_float,
     )
-    block_types: str = setting(
+    block_types: Annotated[str, checked(parse_block_types)] = setting(
         "LIGHTPATH_BLOCK_TYPES",
         "tpu",
         'node type of each block, in block-id order: "tpu" (all), "tpu:60,gpu:4", '
         '"tpu:60,gpu" (gpu takes the rest)',
-        parse=parse_block_types_setting,
     )
-    host_shape: tuple[int, ...] = setting(
+    host_shape: Annotated[tuple[int, ...], rule(parse_host_shape)] = setting(
         "LIGHTPATH_HOST_SHAPE",
         (2, 2, 1),
         "chips of one host, like 2x2x1 (TPU v4: 4 chips a host, 16 hosts a 4x4x4 block); "
         "hosts are reported failed one by one. Must tile the block; on a pod whose blocks "
         "have other dimensions, or on a SWITCHED pod, one host per block is used",
-        parse=parse_host_shape,
     )
-    wiring_timeout_s: float = setting(
+    wiring_timeout_s: PositiveFloat = setting(
         "LIGHTPATH_WS_WIRING_TIMEOUT_S",
         30.0,
         "seconds a slice may stay WIRING before another replica takes the wiring over",
-        parse=parse_positive_float,
     )
-    ocs_timeout_s: float = setting(
+    ocs_timeout_s: PositiveFloat = setting(
         "LIGHTPATH_WS_OCS_TIMEOUT_S",
         45.0,
         "deadline of a call to the pod's ocs_manager, s; above a slow switch's worst case "
         "(its change lease, 30 s by default, bounds programming plus rollback). A WireSlice "
         "past it is followed through (finished or rolled back), and a retry gets twice as long",
-        parse=parse_positive_float,
     )
-    switched_small_groups: int = setting(
+    switched_small_groups: NonNegativeInt = setting(
         "LIGHTPATH_SWITCHED_SMALL_GROUPS",
         2,
         "SWITCHED pods: how many groups (the last ones) are reserved for small jobs, those "
         "that fit in one group (SW-2)",
-        parse=_non_negative_int,
     )
-    age_bound_s: float | None = setting(
+    age_bound_s: Annotated[float | None, rule(parse_age_bound)] = setting(
         "LIGHTPATH_WS_AGE_BOUND_S",
         DEFAULT_AGE_BOUND_S,
         "seconds a job may wait unplaced before it may preempt the jobs of its own priority "
         "admitted after it (each by its own preemption policy), so later jobs that fit "
         'cannot starve a large one; "off": only lower priorities are ever preempted',
-        parse=parse_age_bound,
     )
-    reconcile_s: float = setting(
+    reconcile_s: PositiveFloat = setting(
         "LIGHTPATH_WS_RECONCILE_S",
         1.0,
         "seconds between reconcile rounds (leftover wiring, stalled wirings, the queue)",
-        parse=parse_positive_float,
     )

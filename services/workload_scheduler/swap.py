@@ -18,11 +18,13 @@ from lightpath.domain.slices import (
     grid_positions,
 )
 from lightpath.errors import InvalidArgument, NotFound
-from services.workload_scheduler.admission import AdmissionMixin
+from services.workload_scheduler.admission import Admission
 from services.workload_scheduler.core import (
     FINISH_RELEASE_WAIT_S,
     MAX_COMMIT_ATTEMPTS,
     Outcome,
+    Part,
+    PodContext,
     _pos,
     _SwapRun,
     _victim_json,
@@ -33,12 +35,22 @@ from services.workload_scheduler.planner import (
     Replacement,
     boxes_on_failed_chips,
     plan_box_move,
-    plan_replacement,
 )
 from services.workload_scheduler.store import Conflict
+from services.workload_scheduler.wiring import Wirer
 
 
-class FailureMixin(AdmissionMixin):
+class Swap(Part):
+    """Failure and recovery: block and host health, swaps, moved boxes. A swap frees
+    and wires through `wiring`, takes victims and asks for passes through `admission`."""
+
+    def __init__(self, pod: PodContext, wiring: Wirer, admission: Admission):
+        super().__init__(pod)
+        self.wiring = wiring
+        self.admission = admission
+        # Slices of which this replica is swapping failed blocks, back to back (WS-5).
+        self._swap_runs: dict[str, _SwapRun] = {}
+
     # == failure and recovery (WS-5) ==============================================
 
     async def report_health(
@@ -87,21 +99,19 @@ class FailureMixin(AdmissionMixin):
                 extra={"block": block},
             )
         if healthy:
-            await self.schedule()
+            await self.admission.schedule()
             return Outcome(
                 action="block is healthy and back in the pool"
                 if changed
                 else "no change: block was healthy"
             )
         sharing: list[SliceJob] = []
-        if self.fabric.switched is None:
+        if self.planner.lean:
             holder, _, job = await self.store.block(block)  # one read, whatever the live jobs
-            if holder == SUB_BLOCK_OWNER:
-                return await self._move_boxes(block)
-        else:
+        else:  # the small jobs sharing a group are not indexed: the whole pod
             state = await self.snapshot()
-            owner = state.owner.get(block)
-            job = state.jobs.get(owner) if owner else None
+            holder = state.owner.get(block, "")
+            job = state.jobs.get(holder) if holder else None
             sharing = sorted(
                 (
                     j
@@ -110,6 +120,8 @@ class FailureMixin(AdmissionMixin):
                 ),
                 key=SliceJob.queue_key,
             )
+        if holder == SUB_BLOCK_OWNER:
+            return await self._move_boxes(block)
         if sharing:  # small jobs of a SWITCHED pod's shared group (SW-2, SW-5)
             outcome = Outcome()
             for small in sharing:
@@ -211,7 +223,7 @@ class FailureMixin(AdmissionMixin):
             extra={"block": block},
         )
         if healthy:
-            await self.schedule()
+            await self.admission.schedule()
             return Outcome(action=f"host {host} of block {block} is healthy and back in the pool")
         holder, _, job = await self.store.block(block)
         if holder == SUB_BLOCK_OWNER:
@@ -261,7 +273,7 @@ class FailureMixin(AdmissionMixin):
         old, new = set(job.held_keys()), moved.held_keys()
         txn = self.store.txn()
         txn.expect_job(job.job_id, [RUNNING], job.epoch)
-        self._box_checks(txn, moved, [], ())
+        self.admission.box_checks(txn, moved, [], ())
         for k in new:
             txn.expect_owner(k, ["", job.job_id])
         txn.hdel(keys.owner, sorted(old - set(new)))
@@ -292,7 +304,7 @@ class FailureMixin(AdmissionMixin):
         txn.write_job(new, old_state=RUNNING, reason=reason, now_ms=self.now_ms())
         await self.store.commit(txn)
         self.log.warning("job %s: %s", job.job_id, reason, extra={"job_id": job.job_id})
-        await self.schedule()
+        await self.admission.schedule()
         return Outcome(
             action=f"job {job.job_id} {new.state.lower()}: {reason}", affected=[job.job_id]
         )
@@ -343,7 +355,7 @@ class FailureMixin(AdmissionMixin):
     async def _decision_state(self, jobs: list[str], *, full: bool = False) -> PodState:
         """The lean snapshot naming `jobs` (issue 15), or the whole pod when asked or on
         a SWITCHED pod (its small jobs' processors are not indexed)."""
-        if full or self.fabric.switched is not None:
+        if full or not self.planner.lean:
             return await self.snapshot()
         state, _ = await self.store.lean_snapshot(self.fabric, jobs=jobs)
         return state
@@ -364,7 +376,7 @@ class FailureMixin(AdmissionMixin):
                 return Outcome(action=f"nothing to do for job {job_id}")
             if job.replacing:
                 return Outcome(action=f"job {job_id} is already swapping a block")
-            plan = plan_replacement(state, job, failed)
+            plan = self.planner.replace(state, job, failed)
             if plan is None and state.partial:
                 full = True  # no free spare: victims, or the slice's loss, need the whole pod
                 continue
@@ -405,12 +417,12 @@ class FailureMixin(AdmissionMixin):
         self.log.warning("job %s: %s", job.job_id, reason, extra={"job_id": job.job_id})
         try:
             if final:
-                await self._release(job.job_id, wait_s=FINISH_RELEASE_WAIT_S)
+                await self.wiring.release(job.job_id, wait_s=FINISH_RELEASE_WAIT_S)
             else:
-                await self._release_claimed(job.job_id, wait_s=FINISH_RELEASE_WAIT_S)
+                await self.wiring.release_claimed(job.job_id, wait_s=FINISH_RELEASE_WAIT_S)
         except OcsError as err:
-            self._release_error(job.job_id, err)
-        await self.schedule()
+            self.wiring.release_error(job.job_id, err)
+        await self.admission.schedule()
         return Outcome(
             action=f"job {job.job_id} {new.state.lower()}: {reason}", affected=[job.job_id]
         )
@@ -431,7 +443,7 @@ class FailureMixin(AdmissionMixin):
         txn.expect_owner(plan.spare, ["", *victim_ids])
         txn.expect_health(plan.spare, "HEALTHY")
         txn.expect_wired_by(plan.spare, plan.release_first)
-        shrunk = self._victim_transitions(txn, state, plan.victims, job, now)
+        shrunk = self.admission.victim_transitions(txn, state, plan.victims, job, now)
         swapping = job.with_(
             epoch=job.epoch + 1,
             placement=tuple(placement),
@@ -452,18 +464,18 @@ class FailureMixin(AdmissionMixin):
             preempted=[_victim_json(v, state.jobs[v.job_id]) for v in plan.victims],
             affected=[job.job_id, *victim_ids],
         )
-        err = await self._make_room(plan.release_first, set(), shrunk)
+        err = await self.wiring.make_room(plan.release_first, set(), shrunk)
         if err is not None:
-            return await self._replacement_failed(swapping, err, outcome)
-        outcome = await self._swap_at_ocs(swapping, position, outcome)
+            return await self.replacement_failed(swapping, err, outcome)
+        outcome = await self.swap_at_ocs(swapping, position, outcome)
         if plan.victims:
             # The victims gave up more than the spare (and a delayed one waits again): a
             # pass now, not at the next event or reconcile round (the simulator's live
             # fidelity test found the blocks left idle meanwhile).
-            await self.schedule()
+            await self.admission.schedule()
         return outcome
 
-    async def _swap_at_ocs(
+    async def swap_at_ocs(
         self, swapping: SliceJob, position: tuple[int, ...], outcome: Outcome
     ) -> Outcome:
         assert swapping.replacing is not None
@@ -480,7 +492,7 @@ class FailureMixin(AdmissionMixin):
         try:
             result: ReplaceResult = await self.ocs.replace_job(swapping, failed, spare)
         except OcsError as err:
-            return await self._replacement_failed(swapping, err, outcome)
+            return await self.replacement_failed(swapping, err, outcome)
         done = swapping.with_(epoch=swapping.epoch + 1, replacing=None, wiring_deadline_ms=0)
         reason = (
             f"block {failed} replaced by block {spare} at position {_pos(position)}: "
@@ -509,7 +521,7 @@ class FailureMixin(AdmissionMixin):
         }
         return outcome
 
-    async def _replacement_failed(
+    async def replacement_failed(
         self, swapping: SliceJob, err: OcsError, outcome: Outcome
     ) -> Outcome:
         """The OCS could not swap the block: the slice is lost like with no spare."""

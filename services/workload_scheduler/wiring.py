@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import grpc
@@ -23,10 +23,13 @@ from lightpath.domain.slices import (
     describe_box,
 )
 from services.workload_scheduler.core import (
+    KNOWN_LIMIT,
     MAX_WIRING_ATTEMPTS,
     RELEASE_CLAIM_MS,
     RETRY_BACKOFF_MS,
-    SchedulerCore,
+    WIRING_PROGRESS_S,
+    Part,
+    PodContext,
     WiringRolledBack,
 )
 from services.workload_scheduler.ocs import OcsError, Wiring
@@ -40,31 +43,50 @@ from services.workload_scheduler.store import Conflict, JobRecord
 WIRING_RETRY = "wiring failed, blocks returned, will retry: "
 
 
-class WiringMixin(SchedulerCore):
-    # == wiring (WS-2, WS-8) ======================================================
+class Wirer(Part):
+    """Wiring this replica's jobs at the ocs_manager and releasing them. It asks for a
+    pass over the queue (`schedule_soon`, the admission's) when capacity may be had."""
 
-    def _track_wiring(self, job_id: str, coro: Coroutine[Any, Any, Any]) -> asyncio.Task:
-        """Wire in the background; an admission of the same job awaits it (`_settled`)."""
+    def __init__(self, pod: PodContext, *, schedule_soon: Callable[[], None]):
+        super().__init__(pod)
+        self.schedule_soon = schedule_soon
+        self._progress_s = min(WIRING_PROGRESS_S, pod.wiring_timeout_s / 3)
+        # Wirings in flight, by job: an admission of the same job awaits its own.
+        self.tasks: dict[str, asyncio.Task] = {}
+        # The last pass left jobs waiting: a wiring that ends asks for another pass.
+        self.queue_waiting = False
+        # The record as this replica's RUNNING commit left it: complete / cancel start from
+        # it instead of reading the job. Only a guess: their commit checks state and epoch,
+        # and on a conflict they read the job as it is.
+        self.known: dict[str, JobRecord] = {}
+
+    def remember(self, record: JobRecord) -> None:
+        if len(self.known) >= KNOWN_LIMIT:
+            del self.known[next(iter(self.known))]
+        self.known[record.job_id] = record
+
+    def track(self, job_id: str, coro: Coroutine[Any, Any, Any]) -> asyncio.Task:
+        """Wire in the background; an admission of the same job awaits it (`Admission._settled`)."""
         task = self._spawn(coro, f"wire {job_id}")
-        self._wiring[job_id] = task
+        self.tasks[job_id] = task
 
         def done(_t: asyncio.Task) -> None:
-            if self._wiring.get(job_id) is task:
-                del self._wiring[job_id]
+            if self.tasks.get(job_id) is task:
+                del self.tasks[job_id]
 
         task.add_done_callback(done)
         return task
 
-    async def _wire_allocation(
+    async def wire_allocation(
         self, alloc: Allocation, job: SliceJob, shrunk: list[SliceJob]
     ) -> JobRecord | None:
-        err = await self._make_room(alloc.release_first, {job.job_id}, shrunk)
+        err = await self.make_room(alloc.release_first, {job.job_id}, shrunk)
         if err is not None:
-            await self._wiring_failed(job, err)
+            await self.wiring_failed(job, err)
             return None
-        return await self._wire(job, marked=not alloc.release_first)
+        return await self.wire(job, marked=not alloc.release_first)
 
-    async def _make_room(
+    async def make_room(
         self, release_first: tuple[str, ...], owned: set[str], shrunk: list[SliceJob]
     ) -> OcsError | None:
         """Release the leftover and victims' wiring on the blocks about to be used, then
@@ -73,18 +95,18 @@ class WiringMixin(SchedulerCore):
         try:
             for other in release_first:
                 if other in owned:
-                    await self._release(other)
+                    await self.release(other)
                 else:
-                    await self._release_claimed(other)
+                    await self.release_claimed(other)
         except OcsError as err:
             for s in shrunk:
-                await self._wiring_failed(s, err)
+                await self.wiring_failed(s, err)
             return err
         for s in shrunk:
-            await self._wire(s)
+            await self.wire(s)
         return None
 
-    async def _wire(self, job: SliceJob, *, marked: bool = False) -> JobRecord | None:
+    async def wire(self, job: SliceJob, *, marked: bool = False) -> JobRecord | None:
         """Mark, wire at the OCS, commit RUNNING (job is WIRING at job.epoch, owned by us)."""
         assert job.placement is not None
         if job.offset is not None:
@@ -106,7 +128,7 @@ class WiringMixin(SchedulerCore):
         job, outcome = await self._wire_at_ocs(job)
         self.metrics.wired(started)
         if isinstance(outcome, OcsError):
-            await self._wiring_failed(
+            await self.wiring_failed(
                 job,
                 outcome,
                 counted=outcome.deadline,
@@ -132,7 +154,7 @@ class WiringMixin(SchedulerCore):
         except Conflict:
             await self._wired_but_superseded(job)
             return None
-        self._remember(record)
+        self.remember(record)
         self.log.info(
             "job %s running on %d blocks",
             job.job_id,
@@ -141,7 +163,7 @@ class WiringMixin(SchedulerCore):
         )
         # A block that failed while the slice was being wired is swapped by the
         # reconcile loop (running_with_failed_blocks), like any missed replacement.
-        if self._queue_waiting:
+        if self.queue_waiting:
             self.schedule_soon()
         return record
 
@@ -165,11 +187,11 @@ class WiringMixin(SchedulerCore):
             (record,) = await self.store.commit(txn)
         except Conflict:
             return None  # cancelled or changed meanwhile: its own path freed the chips
-        self._remember(record)
+        self.remember(record)
         self.log.info(
             "job %s running on %s", job.job_id, describe_box(job), extra={"job_id": job.job_id}
         )
-        if self._queue_waiting:
+        if self.queue_waiting:
             self.schedule_soon()
         return record
 
@@ -292,14 +314,14 @@ class WiringMixin(SchedulerCore):
             return  # another replica finished the same wiring
         try:
             if record is None or record.state in FINAL_STATES:
-                await self._release(job.job_id)
+                await self.release(job.job_id)
             else:
-                await self._release_claimed(job.job_id)
+                await self.release_claimed(job.job_id)
         except OcsError as err:
-            self._release_error(job.job_id, err)
+            self.release_error(job.job_id, err)
         self.schedule_soon()
 
-    def _release_error(self, job_id: str, err: OcsError) -> None:
+    def release_error(self, job_id: str, err: OcsError) -> None:
         """A release that did not happen: its marks stay and the reconcile loop retries.
         Another call changing the slice (ABORTED SLICE_BUSY) is an expected race: that
         call owns it, so it is logged at debug."""
@@ -333,7 +355,7 @@ class WiringMixin(SchedulerCore):
         with contextlib.suppress(Conflict):
             await self.store.commit(txn)
 
-    async def _wiring_failed(
+    async def wiring_failed(
         self, job: SliceJob, err: OcsError, *, counted: bool = False, rolled_back: bool = False
     ) -> None:
         """The blocks go back to the pool and the job says why (WS-2): back in the queue
@@ -397,14 +419,14 @@ class WiringMixin(SchedulerCore):
             await asyncio.sleep(delay)
             delay = min(1.0, delay * 2)
 
-    async def _release(self, job_id: str, *, wait_s: float | None = None) -> None:
+    async def release(self, job_id: str, *, wait_s: float | None = None) -> None:
         """ReleaseSlice for a job this caller owns (final, or WIRING by us), then unmark."""
         await self._release_at_ocs(job_id, wait_s=wait_s)
         txn = self.store.txn()
         txn.unwire(job_id)
         await self.store.commit(txn)
 
-    async def _release_claimed(self, job_id: str, *, wait_s: float | None = None) -> bool:
+    async def release_claimed(self, job_id: str, *, wait_s: float | None = None) -> bool:
         """Release the leftover wiring of a job that is not wiring or running, holding a
         claim so that no replica places and wires that job meanwhile. False if it is live."""
         keys = self.store.keys

@@ -201,10 +201,12 @@ async def cell_stack(
     wait: bool = True,
     switched: tuple[str, ...] = (),
     switched_small: int = 2,
+    env: dict[str, str] | None = None,
 ) -> AsyncIterator[Cell]:
     """`switched`: ids of `pods` served as SWITCHED pods (their block count is the
     fabric's, SWITCHED_FABRIC, and their node type must be one name), with
-    `switched_small` groups reserved for small jobs."""
+    `switched_small` groups reserved for small jobs. `env`: settings of every service."""
+    every = env or {}
     providers = tracer_providers or {}
     async with contextlib.AsyncExitStack() as stack:
         cells, addresses = [], []
@@ -217,6 +219,7 @@ async def cell_stack(
                         "LIGHTPATH_CELL_POD_TIMEOUT_S": POD_TIMEOUT_S,
                         "LIGHTPATH_CELL_RECONCILE_S": "0.1",
                         "LIGHTPATH_INSTANCE_ID": f"cell-{i}",
+                        **every,
                         **(cell_env or {}),
                     },
                     tracer_provider=providers.get("cell_scheduler"),
@@ -233,7 +236,10 @@ async def cell_stack(
                 serve(
                     "ocs_manager",
                     redis_url,
-                    switched_env(pod_id) if pod_id in switched else pod_env(pod_id, blocks),
+                    {
+                        **(switched_env(pod_id) if pod_id in switched else pod_env(pod_id, blocks)),
+                        **every,
+                    },
                     tracer_provider=providers.get("ocs_manager"),
                 )
             )
@@ -247,6 +253,7 @@ async def cell_stack(
                 "LIGHTPATH_CELL_HEARTBEAT_S": HEARTBEAT_S,
                 "LIGHTPATH_WS_RECONCILE_S": "0.2",
                 "LIGHTPATH_INSTANCE_ID": f"ws-{pod_id}",
+                **every,
             }
             if pod_id in switched:
                 env["LIGHTPATH_SWITCHED_SMALL_GROUPS"] = str(switched_small)

@@ -19,7 +19,7 @@ from lightpath.client import channel, error_report, retry_service_config
 from lightpath.embedded_redis import EmbeddedRedis
 from lightpath.security.identity import service_principal
 from lightpath.v1 import cell_scheduler_pb2, cell_scheduler_pb2_grpc, common_pb2
-from services.common.errors import ResourceExhausted
+from services.common.errors import ResourceExhausted, Unavailable
 from services.common.policy import RULES, read
 from services.common.server import ServiceDefinition, running
 from services.common.settings import CommonSettings, SettingsError, load
@@ -43,6 +43,18 @@ REDIS_FAILURES: dict[str, tuple[Exception, str]] = {
         redis_errors.ReadOnlyError("You can't write against a read only replica."),
         "REDIS_READ_ONLY",
     ),
+    # What a demoted master answers a script's write and a WAIT (issue 32).
+    "ReadOnlyScript": (
+        redis_errors.ResponseError(
+            "Error running script (call to f_e8c4): @user_script:24: @user_script: 24: "
+            "-READONLY You can't write against a read only replica."
+        ),
+        "REDIS_READ_ONLY",
+    ),
+    "WaitOnReplica": (
+        redis_errors.ResponseError("WAIT cannot be used with replica instances. Please also"),
+        "REDIS_READ_ONLY",
+    ),
     "PoolFull": (redis_errors.MaxConnectionsError("Too many connections"), "REDIS_POOL_EXHAUSTED"),
     "PoolWait": (redis_errors.ConnectionError("No connection available."), "REDIS_POOL_EXHAUSTED"),
     "ClusterDown": (redis_errors.ClusterDownError("CLUSTERDOWN"), "REDIS_UNAVAILABLE"),
@@ -63,6 +75,7 @@ OTHER_METHODS = (
     "Hold",
     "Flaky",
     "ShedCounted",
+    "Answered",
 )
 
 
@@ -97,6 +110,12 @@ def _probe(runtime, calls: dict[str, int]) -> ServiceDefinition:
             raise redis_errors.ConnectionError("Connection reset by peer")
         return common_pb2.ServiceInfo(service=str(calls["Flaky"]))
 
+    async def answered(request, context):
+        calls["Answered"] += 1
+        done = Unavailable("done and forgotten", reason="WIRING_FAILED")
+        done.final = True
+        raise done
+
     async def shed_counted(request, context):
         calls["ShedCounted"] += 1
         raise ResourceExhausted("no capacity now", retry_delay_s=0.5)
@@ -119,6 +138,7 @@ def _probe(runtime, calls: dict[str, int]) -> ServiceDefinition:
             "Hold": unary(hold),
             "Flaky": unary(flaky),
             "ShedCounted": unary(shed_counted),
+            "Answered": unary(answered),
             "StreamLoading": grpc.unary_stream_rpc_method_handler(
                 stream_loading,
                 request_deserializer=common_pb2.GetInfoRequest.FromString,
@@ -225,7 +245,7 @@ async def test_load_shedding_is_resource_exhausted_with_a_delay_and_bugs_stay_in
 
 
 async def test_the_sdk_retries_unavailable_but_not_resource_exhausted(redis_url):
-    calls = {"Flaky": 0, "ShedCounted": 0}
+    calls = {"Flaky": 0, "ShedCounted": 0, "Answered": 0}
     assert "RESOURCE_EXHAUSTED" not in retry_service_config()
     async with _running_probe(redis_url, calls) as svc, channel(svc.address) as ch:
         # two UNAVAILABLE answers, then success: the channel's retry policy hides them
@@ -235,6 +255,13 @@ async def test_the_sdk_retries_unavailable_but_not_resource_exhausted(redis_url)
         assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert calls["ShedCounted"] == 1  # not retried blindly
         assert error_report(err.value).retry_delay_s == 0.5
+        # an UNAVAILABLE the server marks final (it did the work and forgot it: a pod's
+        # no-wait job whose wiring failed, issue 34) reaches the caller from one attempt
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await _call(ch, "Answered")(common_pb2.GetInfoRequest())
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert error_report(err.value).reason == "WIRING_FAILED"
+        assert calls["Answered"] == 1
 
 
 async def test_a_service_whose_redis_stopped_answers_unavailable_then_recovers(tmp_path):

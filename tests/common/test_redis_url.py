@@ -59,3 +59,30 @@ def test_a_wrong_url_is_refused_at_start_naming_the_setting_and_rule(url, rule):
     with pytest.raises(SettingsError) as err:
         load(CommonSettings, {"LIGHTPATH_REDIS_URL": url})
     assert "LIGHTPATH_REDIS_URL" in str(err.value) and rule in str(err.value)
+
+
+def test_commits_waiting_for_replicas_are_refused_on_a_redis_cluster():
+    """WAIT counts one node's replicas (issue 32): the setting is for one server or
+    Sentinel, and a cluster URL with it fails at start saying what to do instead."""
+    from services.common import redis_store
+
+    cluster = {
+        "LIGHTPATH_REDIS_URL": "redis+cluster://h1:7000",
+        "LIGHTPATH_REDIS_COMMIT_REPLICAS": "1",
+    }
+    with pytest.raises(SettingsError, match=r"not a Redis Cluster.*min-replicas-to-write"):
+        load(CommonSettings, cluster)
+    with pytest.raises(SettingsError, match="LIGHTPATH_REDIS_COMMIT_REPLICAS='-1' is invalid"):
+        load(CommonSettings, {"LIGHTPATH_REDIS_COMMIT_REPLICAS": "-1"})
+    sentinel = load(
+        CommonSettings,
+        {
+            "LIGHTPATH_REDIS_URL": "redis+sentinel://s1:26379/lightpath",
+            "LIGHTPATH_REDIS_COMMIT_REPLICAS": "2",
+            "LIGHTPATH_REDIS_COMMIT_TIMEOUT_MS": "250",
+        },
+    )
+    from services.common.txn import Durability, durability_of
+
+    client = redis_store.connect_with(sentinel)  # connects lazily
+    assert durability_of(client) == Durability(2, 250)

@@ -1,15 +1,13 @@
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import pytest
 
 from services.common.settings import (
     CommonSettings,
+    Id,
     SettingsError,
     describe,
     load,
-    parse_id,
     setting,
 )
 from tests.helpers import SERVICES, settings_class
@@ -55,9 +53,8 @@ def test_a_bad_value_names_the_variable_and_the_rule(var, value, words):
 
 
 def test_required_setting_fails_when_missing():
-    @dataclass(frozen=True)
     class Needs(CommonSettings):
-        pod: str = setting("LIGHTPATH_TEST_POD", None, "a pod", parse=parse_id)
+        pod: Id = setting("LIGHTPATH_TEST_POD", ..., "a pod")
 
     with pytest.raises(SettingsError, match="LIGHTPATH_TEST_POD is required"):
         load(Needs, {})
@@ -84,3 +81,51 @@ def test_service_main_exits_2_naming_the_variable(capsys, monkeypatch):
         main()
     assert exit_info.value.code == 2
     assert "LIGHTPATH_POD_ID='bad pod' is invalid" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("service", "var", "value", "says"),
+    [
+        (
+            "agg_switch",
+            "LIGHTPATH_AGG_CHUNK_BYTES",
+            "12",
+            "must be a multiple of 8 within 8..16777216",
+        ),
+        ("agg_switch", "LIGHTPATH_AGG_SLOTS", "0", "must be an integer within 1..1000000"),
+        ("agg_switch", "LIGHTPATH_AGG_SHM_IDLE_S", "0", "must be within (0, 86400]"),
+        ("cell_scheduler", "LIGHTPATH_MAX_INFLIGHT", "0", "must be an integer > 0"),
+        (
+            "cell_scheduler",
+            "LIGHTPATH_MAX_INFLIGHT",
+            "many",
+            "could not convert it to an integer; must be an integer > 0",
+        ),
+        (
+            "cell_scheduler",
+            "LIGHTPATH_PLAINTEXT",
+            "maybe",
+            "must be one of true/false/1/0/yes/no/on/off",
+        ),
+        ("core_broker", "LIGHTPATH_CB_MAX_BATCH", "-3", "must be an integer > 0"),
+    ],
+)
+def test_a_bad_value_in_the_environment_names_the_variable_value_and_rule(
+    monkeypatch, service, var, value, says
+):
+    """Through os.environ (pydantic-settings' own source), as a service's start reads it."""
+    monkeypatch.setenv(var, value)
+    with pytest.raises(SettingsError) as err:
+        load(settings_class(service))
+    assert str(err.value) == f"{var}={value!r} is invalid: {says}"
+    monkeypatch.delenv(var)
+    assert load(settings_class(service)).listen  # and the default is fine again
+
+
+def test_variable_names_are_exact_and_values_raw():
+    """LIGHTPATH_* only in capitals (as before), a list setting is not read as JSON."""
+    from services.console.settings import ConsoleSettings
+
+    assert load(CommonSettings, {"lightpath_log_level": "debug"}).log_level == "info"
+    s = load(ConsoleSettings, {"LIGHTPATH_CONSOLE_OCS_ADDRS": "pod-1=127.0.0.1:1"})
+    assert s.ocs_addrs == (("pod-1", "127.0.0.1:1"),)

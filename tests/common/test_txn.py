@@ -19,9 +19,11 @@ STORES = (
     "services.cell_scheduler.store",
     "services.workload_scheduler.store",
     "services.ocs_manager.store",
+    "services.ocs_manager.switched.store",
     "services.agg_switch.store",
     "services.core_broker.store",
     "services.core_broker.graphs",
+    "services.core_broker.graph_runs",
 )
 
 
@@ -154,6 +156,13 @@ async def test_a_key_not_declared_is_refused_before_redis_touches_it(redis_clien
     with pytest.raises(ResponseError, match="undeclared key lp:\\{t\\}:built-in-lua"):
         await PROGRAM.bind(redis_client).commit(t)
     assert not await redis_client.exists("lp:{t}:built-in-lua")
+    # BITOP names its keys after the operation: those are checked too.
+    await redis_client.set("lp:{t}:built-in-lua", "x")
+    t = txn()
+    t.op("sneak_bitop", t.k("lp:{t}:dest"), "lp:{t}:built-in-lua")
+    with pytest.raises(ResponseError, match="BITOP on undeclared key lp:\\{t\\}:built-in-lua"):
+        await PROGRAM.bind(redis_client).commit(t)
+    assert not await redis_client.exists("lp:{t}:dest")
 
 
 async def test_the_script_is_loaded_again_after_redis_forgot_it(redis_client):
@@ -202,3 +211,38 @@ def test_a_txn_includes_the_keys_another_declared_under_their_names():
     assert later.keys == [job_key("a"), JOBS] and json.loads(later.payload()[1])["n"] == {"jobs": 2}
     fixed.name("down", "lp:{t}:down")  # the copy is its own
     assert t.keys == [JOBS]
+
+
+async def test_a_commit_waiting_for_a_replica_that_is_not_there_is_unavailable(redis_client):
+    """LIGHTPATH_REDIS_COMMIT_REPLICAS on a server with no replica: the commit is applied
+    (nothing can take it back) but not acknowledged: UNAVAILABLE naming the setting. A
+    check that fails is UNAVAILABLE too: what it saw may not survive a failover."""
+    from services.common.errors import Unavailable
+    from services.common.txn import Durability, require_replicas
+
+    script = PROGRAM.bind(require_replicas(redis_client, Durability(1, 50)))
+    assert script.durability == Durability(1, 50)
+    t = txn()
+    t.hset(job_key("w"), {"state": "QUEUED"})
+    with pytest.raises(Unavailable, match=r"reached 0 of the 1 .*COMMIT_REPLICAS") as err:
+        await script.commit(t)
+    assert err.value.reason == "REDIS_NOT_REPLICATED"
+    assert await redis_client.hget(job_key("w"), "state") == "QUEUED"
+    t = txn()
+    t.expect(job_key("w"), "state", ["PLACED"], reason="phase")
+    t.hset(job_key("w"), {"state": "ENDED"})
+    with pytest.raises(Unavailable, match="what it wrote or read"):
+        await script.commit(t)
+    assert await redis_client.hget(job_key("w"), "state") == "QUEUED"
+    # Loaded again by the pipeline after the server forgot it (a restart, a new master).
+    await redis_client.script_flush()
+    t = txn()
+    t.hset(job_key("w"), {"n": 1})
+    with pytest.raises(Unavailable):
+        await script.commit(t)
+    assert await redis_client.hget(job_key("w"), "n") == "1"
+    # Without the setting the primary's answer is the acknowledgement.
+    plain = PROGRAM.bind(require_replicas(redis_client, Durability()))
+    t = txn()
+    t.hset(job_key("w"), {"n": 2})
+    await plain.commit(t)

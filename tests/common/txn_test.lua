@@ -15,5 +15,7 @@ if USES.tally then OPS.tally = function(o)
 end end
 -- {"sneak", key name}: a key built here, never declared
 if USES.sneak then OPS.sneak = function(o) call("SET", o[2], "1") end end
+-- {"sneak_bitop", declared key, key name}: BITOP into a declared key from one never declared
+if USES.sneak_bitop then OPS.sneak_bitop = function(o) call("BITOP", "OR", KEYS[o[2]], o[3]) end end
 -- {"text"}: C.TEXT, as a read
 if USES.text then OPS.text = function(o) READS[#READS + 1] = C.TEXT end end

@@ -132,6 +132,36 @@ async def test_device_rules_and_errors_map_to_the_contract(lab, switch):
     assert reply.applied.connects == 1 and not reply.replayed
 
 
+async def test_a_write_between_the_read_and_exec_refuses_the_batch(lab, switch):
+    # the batch WATCHes what it touches in the same round trip as its read: an operator's
+    # force_blocked landing after that read makes EXEC run nothing
+    r = aioredis.Redis(port=lab[SID].server.port, db=4, decode_responses=True)
+    commit = switch._commit
+
+    async def operator_meanwhile(*args):
+        await r.hset("OCS_PORT|3A", "state", "force_blocked")
+        await commit(*args)
+
+    switch._commit = operator_meanwhile
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await switch.ApplyBatch(batch("w1", connect=[(6, 2)]), timeout=5)
+    rep = error_report(err.value)
+    assert (rep.code, rep.reason) == (grpc.StatusCode.FAILED_PRECONDITION, "VERSION_MISMATCH")
+    assert rep.metadata["applied_connects"] == "0"
+    assert await config_db(lab) == {}
+    switch._commit = commit
+    # read again, the port is refused by name; once it is back the batch goes through on
+    # the same pooled connections (no WATCH left behind)
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await switch.ApplyBatch(batch("w2", connect=[(6, 2)]), timeout=5)
+    assert error_report(err.value).reason == "BATCH_REJECTED"
+    await r.hset("OCS_PORT|3A", "state", "normal")
+    await r.aclose()
+    reply = await switch.ApplyBatch(batch("w3", connect=[(6, 2)]), timeout=5)
+    assert reply.applied.connects == 1
+    assert await config_db(lab) == {"OCS_CROSS_CONNECT|3A-3B": {"a_side": "3A", "b_side": "3B"}}
+
+
 async def test_describe_reads_the_inventory(lab, switch):
     d = await switch.Describe(pb.DescribeSwitchRequest(switch_id=SID))
     assert d.kind == pb.SWITCH_KIND_OCS and d.ports == 8  # 4 first ends + 4 second ends

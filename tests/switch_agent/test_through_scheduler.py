@@ -43,12 +43,15 @@ async def test_a_job_whose_wiring_failed_is_not_running(redis_url, tmp_path):
             # one of the pod's 48 OCS stops answering: every wiring needs it
             await inject(ag.address, "ocs-x-0-0", unreachable=True)
             # a job that asked not to wait hears what failed (issue 34), not "the pod is
-            # busy": RESOURCE_EXHAUSTED WIRING_FAILED naming the switch (the pod forgot it)
+            # busy": UNAVAILABLE (retryable) WIRING_FAILED naming the switch, nothing kept
             err = await rpc_error(
                 pod.admit("impatient", (4, 4, 4), when_no_capacity=ws.WHEN_NO_CAPACITY_FAIL)
             )
-            assert err.code == grpc.StatusCode.RESOURCE_EXHAUSTED, err  # forgotten: definite
+            assert err.code == grpc.StatusCode.UNAVAILABLE, err
             assert err.reason == "WIRING_FAILED", err
+            assert "nothing is kept" in err.message, err.message
+            gone = await rpc_error(pod.job("impatient"))  # forgotten, as the reason says
+            assert gone.code == grpc.StatusCode.NOT_FOUND, gone
             assert "switch ocs-x-0-0" in err.message and "busy" not in err.message, err.message
             await pod.admit("hit", (4, 4, 4))
             loop = asyncio.get_running_loop()

@@ -18,8 +18,9 @@ from lightpath.domain.switched_rings import Degrees
 from lightpath.v1 import common_pb2, ocs_manager_pb2_grpc, workload_scheduler_pb2_grpc
 from lightpath.v1 import ocs_manager_pb2 as ocs
 from lightpath.v1 import workload_scheduler_pb2 as ws
+from services.workload_scheduler.fabric_kinds import planner_for
 from services.workload_scheduler.placement import PodState
-from services.workload_scheduler.planner import Allocation, plan_admission
+from services.workload_scheduler.planner import Allocation
 from tests.helpers import serve
 from tests.workload_scheduler.conftest import POD as WS_POD
 from tests.workload_scheduler.conftest import pod_stack, rpc_error
@@ -248,8 +249,9 @@ def test_placement_moves_to_the_next_candidate_after_failed_reservations():
     fabric = PodFabric(POD, (3, 3), ("npu",) * 8, switched=sf, small_groups=frozenset({6, 7}))
     job = SliceJob("j", PENDING, 1, 50, 1, SliceDemand((2,), ("npu", "npu"), ()), degrees=(2, 3, 3))
     state = PodState(fabric, jobs={"j": job})
-    first = plan_admission(state, job)
-    second = plan_admission(state, job.with_(attempts=1))
+    planner = planner_for(fabric)
+    first = planner.admit(state, job)
+    second = planner.admit(state, job.with_(attempts=1))
     assert isinstance(first, Allocation) and isinstance(second, Allocation)
     assert first.placement != second.placement
     assert Degrees(*job.degrees).total == 18

@@ -7,35 +7,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator
 
 import pytest
-import redis.asyncio as aioredis
 
-from lightpath.client import channel
 from lightpath.domain.jobs import normalize
 from lightpath.errors import ResourceExhausted
 from lightpath.v1 import common_pb2
 from lightpath.v1 import workload_scheduler_pb2 as ws
 from services.workload_scheduler.core import BUSY_WAIT_S, PassTimes
-from services.workload_scheduler.ocs import OcsManagerClient
 from services.workload_scheduler.scheduler import WorkloadScheduler
 from services.workload_scheduler.store import PodStore
-from tests.helpers import serve
-from tests.workload_scheduler.conftest import ocs_env
-from tests.workload_scheduler.podfixtures import fabric
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.workload_scheduler.test_parts import Clock, context
 
 
 def test_the_wait_for_the_pass_lock_is_the_passes_ahead_times_a_recent_pass():
-    clock = Clock()
+    clock = Clock(0.0)
     passes = PassTimes(clock, weight=0.5)
     assert passes.wait_s(running=True) == 0.0  # nothing measured yet: never busy
     for took in (1.0, 3.0):
@@ -58,15 +46,8 @@ def _spec(job_id: str, *, fail: bool = True) -> ws.JobSpec:
 @contextlib.asynccontextmanager
 async def scheduler(redis_url: str) -> AsyncIterator[tuple[WorkloadScheduler, PodStore]]:
     """One replica in this process (its pass lock at hand) over a 16-block pod."""
-    async with (
-        serve("ocs_manager", redis_url, ocs_env(16)) as ocs_svc,
-        channel(ocs_svc.address, max_attempts=1) as ch,
-        aioredis.Redis.from_url(redis_url, decode_responses=True) as r,
-    ):
-        fab = fabric(blocks=16)
-        store = PodStore(r, fab.pod_id)
-        await store.rebuild_indexes(fab)
-        yield WorkloadScheduler(store=store, ocs=OcsManagerClient(ch), fabric=fab), store
+    async with context(redis_url, time.time) as pod:
+        yield WorkloadScheduler(pod), pod.store
 
 
 async def test_a_job_that_asked_not_to_wait_is_refused_at_once_when_the_pod_is_busy(redis_url):
@@ -75,11 +56,11 @@ async def test_a_job_that_asked_not_to_wait_is_refused_at_once_when_the_pod_is_b
         first = _spec("first")
         assert (await sched.admit(first, normalize(first, fab), validate_only=False)).record
         # Passes have lately taken 1 s each, and one is running: a new job would wait ~1 s.
-        clock = Clock()
-        sched._passes = PassTimes(clock, weight=1.0)
-        with sched._passes.timed():
+        clock = Clock(0.0)
+        sched.admission._passes = PassTimes(clock, weight=1.0)
+        with sched.admission._passes.timed():
             clock.now += 4 * BUSY_WAIT_S
-        await sched._pass_lock.acquire()
+        await sched.admission._pass_lock.acquire()
         try:
             late = _spec("late")
             with pytest.raises(ResourceExhausted) as caught:
@@ -97,11 +78,11 @@ async def test_a_job_that_asked_not_to_wait_is_refused_at_once_when_the_pod_is_b
             waiting = asyncio.ensure_future(
                 sched.admit(patient, normalize(patient, fab), validate_only=False)
             )
-            while sched._passes.waiting < 2:
+            while sched.admission._passes.waiting < 2:
                 await asyncio.sleep(0.01)
             assert not again.done() and not waiting.done()
         finally:
-            sched._pass_lock.release()
+            sched.admission._pass_lock.release()
         assert (await again).record.state == "RUNNING"
         assert (await waiting).record.state == "RUNNING"
 
@@ -114,13 +95,13 @@ async def test_completing_a_job_does_not_wait_for_the_pass_over_the_queue(redis_
         queued = ws.JobSpec(job_id="queued", shape=common_pb2.Shape(dims=[4, 4, 4]))
         result = await sched.admit(queued, normalize(queued, fab), validate_only=False)
         assert result.record.state == "PENDING"
-        await sched._pass_lock.acquire()  # a pass (another admission's) runs meanwhile
+        await sched.admission._pass_lock.acquire()  # a pass (another admission's) runs meanwhile
         try:
             # Before issue 30 the complete waited here until the pass lock came free.
             ended = await asyncio.wait_for(sched.complete("whole"), timeout=30)
             assert ended.state == "COMPLETED"
         finally:
-            sched._pass_lock.release()
+            sched.admission._pass_lock.release()
         # The pass it asked for, in the background, starts the queued job.
         while (await store.job("queued")).state != "RUNNING":
             await asyncio.sleep(0.02)

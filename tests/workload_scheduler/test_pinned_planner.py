@@ -14,6 +14,8 @@ from services.workload_scheduler.planner import (
     plan_admission,
     plan_pass,
     plan_replacement,
+    plan_switched_admission,
+    plan_switched_replacement,
     running_with_failed_blocks,
 )
 from services.workload_scheduler.preemption import VictimAction
@@ -210,7 +212,7 @@ def test_switched_small_job_gets_a_tile_in_a_small_group():
     state = switched_pod()
     j = sjob("small", (2, 2, 1))
     state.jobs["small"] = j
-    alloc = plan_admission(state, j)
+    alloc = plan_switched_admission(state, j)
     assert isinstance(alloc, Allocation)
     assert alloc.tile is not None and alloc.tile[0] in (6, 7)
     assert alloc.placement == (alloc.tile[0],) and alloc.tile[3] * alloc.tile[4] >= 4
@@ -221,7 +223,7 @@ def test_switched_large_job_takes_whole_groups_outside_the_small_ones():
     state = switched_pod()
     j = sjob("large", (2, 3, 3))
     state.jobs["large"] = j
-    alloc = plan_admission(state, j)
+    alloc = plan_switched_admission(state, j)
     assert isinstance(alloc, Allocation) and alloc.tile is None
     assert len(alloc.placement) == 2 and not set(alloc.placement) & {6, 7}
     assert list(alloc.placement) == sorted(alloc.placement)
@@ -231,7 +233,7 @@ def test_switched_groups_of_another_type_are_never_used():
     state = switched_pod(types=("gpu",) * 4 + ("npu",) * 4, small={7})
     j = sjob("large", (2, 3, 3))
     state.jobs["large"] = j
-    alloc = plan_admission(state, j)
+    alloc = plan_switched_admission(state, j)
     assert isinstance(alloc, Allocation) and set(alloc.placement) <= {4, 5, 6}
 
 
@@ -243,8 +245,8 @@ def test_switched_large_job_preempts_lower_priority_large_jobs_only():
     hold(state, mid)
     hi = sjob("hi", (2, 3, 3), priority=90)
     state.jobs["hi"] = hi
-    assert isinstance(plan_admission(state, hi, preempt=False), Unplaceable)
-    alloc = plan_admission(state, hi)
+    assert isinstance(plan_switched_admission(state, hi, preempt=False), Unplaceable)
+    alloc = plan_switched_admission(state, hi)
     assert isinstance(alloc, Allocation)
     assert [v.job_id for v in alloc.victims] == ["low"] and alloc.placement == (0, 1)
     assert alloc.release_first == ("low",)
@@ -256,7 +258,7 @@ def test_switched_large_job_preempts_lower_priority_large_jobs_only():
             full,
             sjob(f"t{g}", (3, 3, 1), priority=1, groups=[g], tile=(g, 0, 0, 3, 3), state="RUNNING"),
         )
-    assert isinstance(plan_admission(full, small), Unplaceable)
+    assert isinstance(plan_switched_admission(full, small), Unplaceable)
 
 
 def test_switched_replacement_prefers_a_free_unwired_group_and_requeues_small_jobs():
@@ -264,16 +266,16 @@ def test_switched_replacement_prefers_a_free_unwired_group_and_requeues_small_jo
     big = sjob("big", (2, 3, 3), groups=[0, 1], state="RUNNING")
     hold(state, big)
     state.failed.add(1)
-    rep = plan_replacement(state, big, 1)
+    rep = plan_switched_replacement(state, big, 1)
     assert rep is not None and rep.spare not in (0, 1, 6, 7) and rep.position_index == 1
     assert rep.release_first == ()
     spare = rep.spare
     state.wired[spare] = "gone"  # the best group still carries an old reservation
-    rep2 = plan_replacement(state, big, 1)
+    rep2 = plan_switched_replacement(state, big, 1)
     assert rep2 is not None and rep2.spare != spare and rep2.release_first == ()
     tiny = sjob("tiny", (2, 1, 1), groups=[6], tile=(6, 0, 0, 1, 2), state="RUNNING")
     hold(state, tiny)
-    assert plan_replacement(state, tiny, 6) is None
+    assert plan_switched_replacement(state, tiny, 6) is None
 
 
 def test_switched_replacement_none_when_no_group_is_free():
@@ -281,11 +283,11 @@ def test_switched_replacement_none_when_no_group_is_free():
     hold(state, sjob("big", (2, 3, 3), groups=[0, 1], state="RUNNING"))
     hold(state, sjob("rest", (4, 3, 3), groups=[2, 3, 4, 5], state="RUNNING"))
     state.failed.add(0)
-    assert plan_replacement(state, state.jobs["big"], 0) is None
+    assert plan_switched_replacement(state, state.jobs["big"], 0) is None
     # only wired (released-pending) groups left: one of them, released first
     del state.owner[5], state.owner[4], state.owner[3], state.owner[2]
     del state.jobs["rest"]
-    rep = plan_replacement(state, state.jobs["big"], 0)
+    rep = plan_switched_replacement(state, state.jobs["big"], 0)
     assert rep is not None and rep.release_first == ("rest",)
 
 
@@ -331,13 +333,11 @@ def test_a_small_job_fits_in_the_one_processor_other_small_jobs_left():
                     state.tile_owner[f"t{g}.{i}.{j}"] = "others"
     one = sjob("one", (1, 1, 1))
     state.jobs["one"] = one
-    alloc = plan_admission(state, one)
+    alloc = plan_switched_admission(state, one)
     assert isinstance(alloc, Allocation) and alloc.tile == (7, 1, 0, 1, 1)
 
 
 def test_switched_admission_preempts_by_default_and_waits_without_victims():
-    from services.workload_scheduler.planner import plan_switched_admission
-
     state = switched_pod()
     hold(state, sjob("low", (2, 3, 3), priority=10, groups=[0, 1], state="RUNNING"))
     hold(state, sjob("mid", (4, 3, 3), priority=60, groups=[2, 3, 4, 5], state="RUNNING"))
@@ -352,7 +352,7 @@ def test_switched_admission_after_a_failed_reservation_takes_the_next_candidate(
     state = switched_pod()
     j = sjob("j", (2, 3, 3))
     state.jobs["j"] = j
-    picks = [plan_admission(state, j.with_(attempts=a)).placement for a in range(3)]
+    picks = [plan_switched_admission(state, j.with_(attempts=a)).placement for a in range(3)]
     assert picks[0] != picks[1]
     assert picks[2] not in (picks[0], picks[1]) or len({*picks}) == 2
 
@@ -366,5 +366,5 @@ def test_switched_replacement_is_the_first_of_the_replacement_order():
     state.failed.add(1)
     free = [g for g in range(6) if g not in (0, 1)]
     order = replacement_order(state.fabric.switched, 1, free)
-    rep = plan_replacement(state, big, 1)
+    rep = plan_switched_replacement(state, big, 1)
     assert rep is not None and rep.spare == order[0]

@@ -7,7 +7,7 @@ import redis.asyncio as aioredis
 
 from lightpath.client import channel
 from services.workload_scheduler.ocs import OcsManagerClient
-from services.workload_scheduler.scheduler import WorkloadScheduler
+from services.workload_scheduler.scheduler import PodContext, WorkloadScheduler
 from services.workload_scheduler.store import PodStore
 from tests.helpers import serve
 from tests.workload_scheduler.conftest import ocs_env
@@ -50,7 +50,7 @@ async def test_a_quiet_pod_is_not_read_again_until_it_changes(redis_url):
         fab = fabric(blocks=16)
         store = CountingStore(r, fab.pod_id)
         await store.rebuild_indexes(fab)
-        sched = WorkloadScheduler(store=store, ocs=ocs, fabric=fab)
+        sched = WorkloadScheduler(PodContext(store=store, ocs=ocs, fabric=fab))
         await sched.reconcile()  # the first round reads and compares everything
         assert (ocs.listed, ocs.paged) == (1, 0) and store.whole == 2
         await sched.reconcile()
@@ -82,7 +82,7 @@ async def test_a_mark_left_without_an_event_is_found_by_the_sweep(redis_url):
     ):
         fab = fabric(blocks=16)
         store = PodStore(r, fab.pod_id)
-        sched = WorkloadScheduler(store=store, ocs=OcsManagerClient(ch), fabric=fab)
+        sched = WorkloadScheduler(PodContext(store=store, ocs=OcsManagerClient(ch), fabric=fab))
         await sched.reconcile()
         await sched.reconcile()
         txn = store.txn()

@@ -34,6 +34,7 @@ from lightpath.errors import (
     ResourceExhausted,
 )
 from services.common.keys import ID_RULE, is_valid_id
+from services.common.txn import Conflict
 from services.ocs_manager.metrics import OcsMetrics, timed
 from services.ocs_manager.switched.queries import SwitchIndex, SwitchLinkUse
 from services.ocs_manager.switched.store import Snapshot, StoredPlan, SwitchedStore, conflict
@@ -109,10 +110,12 @@ class SwitchedFabricManager:
             snap = await self.store.snapshot()
             self._check_processors_free(snap, job_id, tiles)
             plan = await self._plan(snap, job_id, degrees, tiles)
-            status, _ = await self.store.commit(plan, job_id, "")
-            if status == "OK":
-                return Reserved(plan, False, attempt)
-            log.info("reserve %s: %s on attempt %d, planning again", job_id, status, attempt)
+            try:
+                await self.store.commit(plan, job_id, "")
+            except Conflict as c:
+                log.info("reserve %s: %s on attempt %d, planning again", job_id, c.reason, attempt)
+                continue
+            return Reserved(plan, False, attempt)
         raise conflict("CHANNELS", job_id)
 
     def _same_request(
@@ -139,11 +142,13 @@ class SwitchedFabricManager:
         """Free exactly the job's channels and processors."""
         for _ in range(ATTEMPTS):
             stored = await self.get(job_id)
-            status, _ = await self.store.commit(None, job_id, str(stored.version))
-            if status == "OK":
-                return stored.plan
-            if status == "NOT_FOUND":
-                break
+            try:
+                await self.store.commit(None, job_id, str(stored.version))
+            except Conflict as c:
+                if c.reason == "NOT_FOUND":
+                    break
+                continue
+            return stored.plan
         await self.get(job_id)  # NOT_FOUND when a concurrent release won
         raise Aborted(f"job {job_id} kept changing while being released; retry")
 
@@ -189,10 +194,12 @@ class SwitchedFabricManager:
                 free,
                 forbidden_for=functools.partial(snap.forbidden_for, fab, job_id),
             )
-            status, _ = await self.store.commit(result.plan, job_id, str(stored.version))
-            if status == "OK":
-                return result
-            log.info("swap %s: %s on attempt %d, planning again", job_id, status, attempt)
+            try:
+                await self.store.commit(result.plan, job_id, str(stored.version))
+            except Conflict as c:
+                log.info("swap %s: %s on attempt %d, planning again", job_id, c.reason, attempt)
+                continue
+            return result
         raise Aborted(f"job {job_id} or its groups kept changing during the swap; retry")
 
     async def switch_use(self, names: Sequence[str] = ()) -> list[SwitchLinkUse]:

@@ -13,12 +13,13 @@ Keys (all under the pod's hash tag, so one Lua script may touch any of them):
                               bitmaps), version, at (ms)
     lp:{pod}:sw:tmp, :tmp2    scratch for BITOP inside the scripts
 
-Every change is one script (`_COMMIT`): it takes the job's old bitmaps out of
-the pod's, checks that the new ones do not overlap what is left, and writes
-both bitmaps, the plan and the indexes together — or changes nothing. Planning
-happens outside on a snapshot (assume); a commit that finds a channel taken
-meanwhile answers CONFLICT and the caller plans again (undo is free: nothing
-was written). So several replicas on one Redis never put a channel in two rings.
+Every change is one transaction (services.common.txn, with store.lua): it checks the
+job's version, then that the job's new bitmaps do not overlap what the other jobs hold,
+then takes the job's old bits out of the pod's, puts the new ones in and writes the plan
+and the indexes together — or changes nothing and raises `Conflict`. Planning happens
+outside on a snapshot (assume); a commit that finds a channel taken meanwhile raises
+Conflict(CHANNELS) and the caller plans again (undo is free: nothing was written). So
+several replicas on one Redis never put a channel in two rings.
 """
 
 from __future__ import annotations
@@ -34,83 +35,9 @@ from lightpath.domain.switched import SwitchedFabric
 from lightpath.domain.switched_rings import Degrees, RingPlan, Tile
 from lightpath.errors import Aborted, FailedPrecondition
 from services.common.keys import pod_key
+from services.common.txn import Conflict, Program, Txn
 
-# KEYS: used, procs, jobs, tiles, ver, job, tmp, tmp2
-# ARGV: job, expect ("" = must not exist, "*" = any, else the job's version),
-#       plan ("" = delete), chan bits, proc bits, tiles json, now ms
-_COMMIT = r"""
-local cur = redis.call('HGET', KEYS[6], 'version')
-if ARGV[2] == '' then
-  if cur then return {'EXISTS', cur} end
-elseif ARGV[2] ~= '*' and cur ~= ARGV[2] then
-  return {'STALE', cur or ''}
-end
-if ARGV[3] == '' and not cur then return {'NOT_FOUND', ''} end
-local function rest(pod, field)
-  -- tmp := the pod's bitmap without this job's own bits
-  if cur then
-    local own = redis.call('HGET', KEYS[6], field)
-    redis.call('SET', KEYS[7], own)
-    redis.call('BITOP', 'NOT', KEYS[7], KEYS[7])
-    redis.call('BITOP', 'AND', KEYS[7], KEYS[7], pod)
-  else
-    redis.call('BITOP', 'OR', KEYS[7], pod, pod)
-  end
-end
-local function overlap(bits)
-  redis.call('SET', KEYS[8], bits)
-  redis.call('BITOP', 'AND', KEYS[8], KEYS[8], KEYS[7])
-  return redis.call('BITCOUNT', KEYS[8])
-end
-local function apply(pod, bits)
-  if bits ~= '' then
-    redis.call('SET', KEYS[8], bits)
-    redis.call('BITOP', 'OR', pod, KEYS[7], KEYS[8])
-  else
-    redis.call('BITOP', 'OR', pod, KEYS[7], KEYS[7])
-  end
-end
-local pairs_ = {{KEYS[1], 'channels', ARGV[4], 'CHANNELS'}, {KEYS[2], 'procs', ARGV[5], 'PROCESSORS'}}
-if ARGV[3] ~= '' then
-  for _, p in ipairs(pairs_) do
-    rest(p[1], p[2])
-    local n = overlap(p[3])
-    if n > 0 then
-      redis.call('DEL', KEYS[7], KEYS[8])
-      return {p[4], tostring(n)}
-    end
-  end
-end
-for _, p in ipairs(pairs_) do
-  rest(p[1], p[2])
-  apply(p[1], ARGV[3] ~= '' and p[3] or '')
-end
-redis.call('DEL', KEYS[7], KEYS[8])
-local version = 0
-if ARGV[3] == '' then
-  redis.call('DEL', KEYS[6])
-  redis.call('ZREM', KEYS[3], ARGV[1])
-  redis.call('HDEL', KEYS[4], ARGV[1])
-else
-  version = tonumber(cur or '0') + 1
-  redis.call('HSET', KEYS[6], 'plan', ARGV[3], 'channels', ARGV[4], 'procs', ARGV[5],
-             'version', tostring(version), 'at', ARGV[7])
-  redis.call('ZADD', KEYS[3], 0, ARGV[1])
-  redis.call('HSET', KEYS[4], ARGV[1], ARGV[6])
-end
-local pod_version = redis.call('INCR', KEYS[5])
-return {'OK', tostring(version), tostring(pod_version)}
-"""
-
-# KEYS: fabric, jobs. ARGV: spec, replace ("1": may replace a different spec when no job is stored)
-_ENSURE_FABRIC = r"""
-local cur = redis.call('GET', KEYS[1])
-if not cur then redis.call('SET', KEYS[1], ARGV[1]) return {'NEW', ''} end
-if cur == ARGV[1] then return {'SAME', cur} end
-if redis.call('ZCARD', KEYS[2]) > 0 then return {'IN_USE', cur} end
-redis.call('SET', KEYS[1], ARGV[1])
-return {'CHANGED', cur}
-"""
+PROGRAM = Program("services.ocs_manager.switched", "store.lua", {})
 
 
 @dataclass(frozen=True)
@@ -196,28 +123,39 @@ class SwitchedStore:
             k("tmp"),
             k("tmp2"),
         )
-        self._commit = redis.register_script(_COMMIT)
-        self._ensure = redis.register_script(_ENSURE_FABRIC)
+        self._script = PROGRAM.bind(redis)
         self._cache: Snapshot | None = None
 
     def job_key(self, job_id: str) -> str:
         return pod_key(self.pod_id, "sw", "job", job_id)
 
     async def ensure_fabric(self) -> str:
-        """Record this pod's fabric; refuse to start on a different one while jobs hold links."""
-        status, cur = await self._ensure(
-            keys=[self.k_fabric, self.k_jobs], args=[self.fabric.config.spec()]
-        )
-        status = status.decode() if isinstance(status, bytes) else status
-        if status == "IN_USE":
-            cur = cur.decode() if isinstance(cur, bytes) else cur
-            raise FailedPrecondition(
-                f"switched pod {self.pod_id}",
-                f"stores jobs reserved on fabric '{cur}', this instance is configured with "
-                f"'{self.fabric.config.spec()}'",
-                reason="FABRIC_MISMATCH",
-            )
-        return status
+        """Record this pod's fabric: NEW, SAME or CHANGED (from another, on which no job held
+        rings); refuse to start on a different one while jobs hold links."""
+        spec = self.fabric.config.spec()
+        for _ in range(5):
+            raw = await self.redis.get(self.k_fabric)
+            old = raw.decode() if isinstance(raw, bytes) else raw or ""
+            if old == spec:
+                return "SAME"
+            t = Txn()
+            t.check("fabric", t.k(self.k_fabric), old)
+            if old:
+                t.expect_no_key(self.k_jobs, reason="IN_USE")
+            t.op("set", t.k(self.k_fabric), spec)
+            try:
+                await self._script.commit(t)
+            except Conflict as c:
+                if c.reason == "FABRIC_MOVED":
+                    continue
+                raise FailedPrecondition(
+                    f"switched pod {self.pod_id}",
+                    f"stores jobs reserved on fabric '{old}', this instance is configured "
+                    f"with '{spec}'",
+                    reason="FABRIC_MISMATCH",
+                ) from None
+            return "CHANGED" if old else "NEW"
+        raise Aborted(f"switched pod {self.pod_id}: the fabric record kept changing")
 
     async def snapshot(self) -> Snapshot:
         """A consistent view; reuses the last one while the pod's version is unchanged."""
@@ -240,39 +178,50 @@ class SwitchedStore:
         self._cache = snap
         return snap
 
-    async def commit(self, plan: RingPlan | None, job_id: str, expect: str) -> tuple[str, int]:
-        """Write `plan` for the job (None: delete it). `expect`: "" the job must be
-        new, "*" anything, else the job's stored version. Returns (status, version)
-        with status OK, EXISTS, STALE, NOT_FOUND, CHANNELS or PROCESSORS."""
-        fab = self.fabric
-        args: list[str | bytes]
+    async def commit(self, plan: RingPlan | None, job_id: str, expect: str) -> int:
+        """Write `plan` for the job (None: delete it). `expect`: "" the job must be new,
+        "*" anything, else the job's stored version. Answers the job's new version (0 once
+        deleted), or raises Conflict: EXISTS, STALE (value: the stored version), NOT_FOUND,
+        CHANNELS or PROCESSORS (value: how many are reserved by another job)."""
+        job = self.job_key(job_id)
+        t = Txn()
+        if expect == "":
+            t.expect(job, "version", [""], reason="EXISTS", message="the job holds rings")
+        elif expect != "*":
+            t.expect(job, "version", [expect], reason="STALE", message="the job changed")
         if plan is None:
-            args = [job_id, expect, "", b"", b"", "", str(int(time.time() * 1000))]
+            t.expect_field(job, "version", True, reason="NOT_FOUND")
+        scratch = (t.k(self.k_tmp), t.k(self.k_tmp2))
+        sides = [(t.k(self.k_used), "channels"), (t.k(self.k_procs), "procs")]
+        if plan is None:
+            for bitmap, field in sides:
+                t.op("bits", bitmap, t.k(job), field, *scratch, 0)
+            t.delete(job)
+            t.zrem(self.k_jobs, job_id)
+            t.hdel(self.k_tiles, [job_id])
         else:
-            procs = [p for t in plan.tiles for p in t.processors(fab)]
-            args = [
-                job_id,
-                expect,
-                json.dumps(plan.to_dict(), separators=(",", ":")),
-                pack(plan.channels(), fab.channel_count),
-                pack(procs, fab.processor_count),
-                _tiles_json(plan.degrees, plan.tiles),
-                str(int(time.time() * 1000)),
+            fab = self.fabric
+            procs = [p for tile in plan.tiles for p in tile.processors(fab)]
+            blobs = [
+                t.blob(pack(plan.channels(), fab.channel_count)),
+                t.blob(pack(procs, fab.processor_count)),
             ]
-        keys = [
-            self.k_used,
-            self.k_procs,
-            self.k_jobs,
-            self.k_tiles,
-            self.k_ver,
-            self.job_key(job_id),
-            self.k_tmp,
-            self.k_tmp2,
-        ]
-        res = await self._commit(keys=keys, args=args)
-        status = res[0].decode() if isinstance(res[0], bytes) else res[0]
-        value = res[1].decode() if isinstance(res[1], bytes) else res[1]
-        return status, int(value) if value and value.lstrip("-").isdigit() else 0
+            for (bitmap, field), blob, reason in zip(
+                sides, blobs, ("CHANNELS", "PROCESSORS"), strict=True
+            ):
+                t.check("free", bitmap, t.k(job), field, *scratch, blob, reason)
+            for (bitmap, field), blob in zip(sides, blobs, strict=True):
+                t.op("bits", bitmap, t.k(job), field, *scratch, blob)
+            t.op("record", t.k(job), "channels", blobs[0], "procs", blobs[1])
+            plan_json = json.dumps(plan.to_dict(), separators=(",", ":"))
+            t.hset(job, {"plan": plan_json, "at": int(time.time() * 1000)})
+            t.hincr(job, "version", 1)
+            t.read("HGET", job, "version")
+            t.zadd(self.k_jobs, 0, job_id)
+            t.hset(self.k_tiles, {job_id: _tiles_json(plan.degrees, plan.tiles)})
+        t.read("INCR", self.k_ver)
+        done = await self._script.commit(t)
+        return int(done.reads[0]) if plan is not None else 0
 
     async def get(self, job_id: str) -> StoredPlan | None:
         plan, version, at = await self.redis.hmget(self.job_key(job_id), ["plan", "version", "at"])
