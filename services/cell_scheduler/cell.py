@@ -39,7 +39,7 @@ from lightpath.errors import Aborted, InvalidArgument, NotFound, ResourceExhaust
 from lightpath.v1 import cell_scheduler_pb2, common_pb2, workload_scheduler_pb2
 from services.cell_scheduler.admission import FAIL, Admission, no_capacity_delay
 from services.cell_scheduler.choice import FITS, PodCapacityView, chips_key
-from services.cell_scheduler.forward import POD_BUSY, Forwarder
+from services.cell_scheduler.forward import Forwarder
 from services.cell_scheduler.jobs import (
     MAX_PLAN_ATTEMPTS,
     CellJobs,
@@ -183,19 +183,6 @@ class CellScheduler:
                     outcome=f"queued in the cell at position {position}: {choice.why_waiting}",
                     queue_position=position,
                 )
-            if req.spec.when_no_capacity == FAIL:
-                busy = [self.pods.busy_for(c.pod_id) for c in choice.candidates]
-                if min(busy) > 0:
-                    existing = await self.store.job(job_id)
-                    if existing is not None:  # a retry: answered as the job stands
-                        return await self.jobs.existing(existing, request_b64)
-                    raise ResourceExhausted(
-                        f"job {job_id} was not admitted and asked not to wait: "
-                        + ", ".join(c.pod_id for c in choice.candidates)
-                        + " said they are busy; nothing was kept",
-                        reason=POD_BUSY,
-                        retry_delay_s=max(round(min(busy), 3), no_capacity_delay()),
-                    )
             first = choice.candidates[0]
             r = resolved[first.pod_id]
             try:

@@ -28,8 +28,6 @@ from services.cell_scheduler.podclient import PodRefused, PodUnreachable, state_
 from services.cell_scheduler.request import Resolved, grouped
 from services.cell_scheduler.store import PLACED, QUEUED, Conflict
 
-POD_BUSY = "POD_BUSY"  # a pod's refusal of a no-wait admission while it is busy
-
 
 class Forwarder:
     def __init__(
@@ -104,8 +102,6 @@ class Forwarder:
             except PodRefused as err:
                 self.metrics.forwarded("refused")
                 self.pods.assume(pod, r.needs, +1)
-                if err.report.reason == POD_BUSY and err.report.retry_delay_s:
-                    self.pods.busy(pod, err.report.retry_delay_s)
                 last = f"pod {pod} refused it: {err.report.message}"
                 relayed = err.relayed()
                 wiring_failed = relayed.reason == WIRING_FAILED

@@ -48,7 +48,6 @@ class PodDirectory:
         self._endpoints: dict[str, str] = {}
         self._snap: RegistrySnapshot | None = None
         self.snap_at = 0.0  # when the read of the cached snapshot began (monotonic)
-        self._busy_until: dict[str, float] = {}  # pod -> when its POD_BUSY refusal lapses
 
     def now_ms(self) -> int:
         return int(self._clock() * 1000)
@@ -62,23 +61,6 @@ class PodDirectory:
             self._snap = await self.store.snapshot()
             self.snap_at = read_at
         return self._snap
-
-    def busy(self, pod: str, retry_delay_s: float) -> None:
-        """`pod` refused an admission as busy (POD_BUSY) and said when to come back."""
-        self._busy_until[pod] = self._clock() + retry_delay_s
-
-    def busy_for(self, pod: str) -> float:
-        """Seconds until `pod` said it may take a job that asked not to wait again (0: now).
-        Such a submit is answered at once meanwhile, not claimed, forwarded and unclaimed
-        (issue 30: under overload those round trips took the CPU the accepted calls need)."""
-        until = self._busy_until.get(pod)
-        if until is None:
-            return 0.0
-        left = until - self._clock()
-        if left <= 0:
-            del self._busy_until[pod]
-            return 0.0
-        return left
 
     def assume(self, pod: str, needs: Mapping[str, int], sign: int) -> None:
         """Blocks this replica just took (-1) or freed (+1) on a pod, in its cached registry."""

@@ -33,17 +33,12 @@ shed because of them. A freeing call takes a free new-work slot when there is on
 
 The number of slots follows the latency of the calls served (issue 30, as in
 Envoy's adaptive concurrency and Netflix's concurrency limits): with `target_s`
-(LIGHTPATH_TARGET_LATENCY_S) a call whose service (from the slot's grant to its
-answer) took longer than it lowers the limit by a quarter (at most once per
-`target_s`), a faster one raises it by 1/limit, between MIN_SLOTS and
-`max_inflight`; a call finding the queue as long as the limit is refused at once,
-and a queued call waits at most half the target (`wait_s`). Time spent waiting is
-not the service's: counting it would lower the limit because the queue is long,
-lengthening the queue (the bench saw the cell's slots at the floor with calls queued
-the full LIGHTPATH_QUEUE_WAIT_S, accepted submits at 1 s). Calls beyond what the
-service serves within the target are answered with a retry delay instead of being
-held: under overload the calls accepted stay fast, and the stack's goodput is that
-of the limit that keeps them so.
+(LIGHTPATH_TARGET_LATENCY_S) a call that took longer than it lowers the limit by a
+quarter (at most once per `target_s`), a faster one raises it by 1/limit, between
+MIN_SLOTS and `max_inflight`; a call finding the queue as long as the limit is
+refused at once. Calls beyond what the service serves within the target are answered
+with a retry delay instead of being held: under overload the calls accepted stay
+fast, and the stack's goodput is that of the limit that keeps them so.
 
 The limiter is a counter and a deque of futures: acquiring a free slot costs no
 await, a released slot goes straight to the oldest waiter.
@@ -215,20 +210,19 @@ class Admission:
             self.inflight += 1
             self.rate.record(False)
             return
-        wait_s = self.wait_s
-        if len(self._waiters) >= self.queue_places or wait_s == 0:
+        if len(self._waiters) >= self.queue_places or self.queue_wait_s == 0:
             raise self._refusal("its wait queue is full")
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters.append(fut)
         try:
-            async with asyncio.timeout(wait_s):
+            async with asyncio.timeout(self.queue_wait_s):
                 await fut
         except TimeoutError:
             if self._granted(fut):
                 self.rate.record(False)
                 return  # the slot came at the deadline: keep it
             self._forget(fut)
-            raise self._refusal(f"no call finished within {wait_s:g} s") from None
+            raise self._refusal(f"no call finished within {self.queue_wait_s:g} s") from None
         except BaseException:
             # Cancelled (the caller went away, its deadline passed): give back what it got.
             if self._granted(fut):
@@ -244,20 +238,13 @@ class Admission:
         return int(self.limit)
 
     @property
-    def wait_s(self) -> float:
-        """How long a queued call waits for a slot: with an adaptive limit at most half
-        the target (the other half is the call's own), else LIGHTPATH_QUEUE_WAIT_S."""
-        return min(self.queue_wait_s, self.target_s / 2) if self.target_s else self.queue_wait_s
-
-    @property
     def queue_places(self) -> int:
         """Calls that may wait now: with an adaptive limit, no more than it serves at
         once (a longer queue would hold its last call past the target)."""
         return min(self.max_queued, self.slots) if self.target_s else self.max_queued
 
     def observe(self, took_s: float) -> None:
-        """A call admitted here took `took_s` from its slot's grant to its answer: adapt
-        the limit."""
+        """A call admitted here took `took_s` from arrival to answer: adapt the limit."""
         if not self.target_s:
             return
         if took_s > self.target_s:

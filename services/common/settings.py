@@ -350,14 +350,12 @@ class CommonSettings(Settings):
         "LIGHTPATH_QUEUE_WAIT_S",
         0.5,
         "seconds a queued call waits for a slot before it answers RESOURCE_EXHAUSTED "
-        "(OVERLOADED) with a retry delay (with LIGHTPATH_TARGET_LATENCY_S, at most half "
-        "of that); the retry delay starts from it",
+        "(OVERLOADED) with a retry delay",
     )
     target_latency_s: NonNegativeFloat = setting(
         "LIGHTPATH_TARGET_LATENCY_S",
         0.5,
-        "latency the calls served should keep: a call whose service (from its slot to its "
-        "answer) is slower than it lowers the number "
+        "latency the calls served should keep: a call slower than it lowers the number "
         "served at once (down to 4), faster ones raise it again (up to "
         "LIGHTPATH_MAX_INFLIGHT); the rest answer RESOURCE_EXHAUSTED (OVERLOADED) with a "
         "retry delay; 0 keeps LIGHTPATH_MAX_INFLIGHT fixed",

@@ -152,7 +152,6 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
             start = time.perf_counter()
             code = grpc.StatusCode.OK
             admitted: Admission | None = None
-            granted = start
             with self._span(method, context, traced) as span:
                 gate = _Gate(self._guard, method)
                 try:
@@ -162,7 +161,6 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
                     if admission is not None and not exempt_principal(gate.principal):
                         await admission.acquire()
                         admitted = admission
-                        granted = time.perf_counter()
                     result = inner(_checked(request) if check_each else request, context)
                     if inspect.isawaitable(result):
                         result = await result
@@ -176,7 +174,7 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
                     await _abort_for(exc, span, method, context)
                 finally:
                     if admitted is not None:
-                        admitted.observe(time.perf_counter() - granted)
+                        admitted.observe(time.perf_counter() - start)
                         admitted.release()
                     gate.leave(code, request)
                     self._record(method, code, start)

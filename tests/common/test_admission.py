@@ -487,35 +487,3 @@ async def test_a_lowered_limit_refuses_beyond_it_and_passes_no_slot_on_above_it(
     for task in queued:
         task.cancel()
     await asyncio.gather(*queued, return_exceptions=True)
-
-
-async def test_with_a_target_a_queued_call_waits_half_of_it_and_the_limit_counts_service_alone():
-    """Issue 30: with an adaptive limit a queued call waits at most half the target (the
-    bench saw calls queued the whole LIGHTPATH_QUEUE_WAIT_S, then served: 1 s answers);
-    without one, the queue wait as configured."""
-    assert Admission(8, 8, 0.5, target_s=0.5).wait_s == 0.25
-    assert Admission(8, 8, 0.5, target_s=2.0).wait_s == 0.5
-    assert Admission(8, 8, 0.5).wait_s == 0.5
-    a = Admission(1, 4, 5.0, target_s=0.02)
-    await a.acquire()
-    with pytest.raises(ResourceExhausted) as caught:
-        await a.acquire()  # queued for 0.01 s, not 5 s
-    assert "no call finished within 0.01 s" in caught.value.message
-    # the retry delay still follows the configured queue wait, not the shorter one
-    assert a.retry_delay_s() >= 5.0
-
-
-def test_a_pod_that_said_it_is_busy_is_busy_for_the_delay_it_gave():
-    """Issue 30: the cell answers no-wait submits at once while their pods said POD_BUSY
-    (services.cell_scheduler.cell), for as long as the pod said."""
-    from services.cell_scheduler.pods import PodDirectory
-
-    now = [100.0]
-    pods = PodDirectory(store=None, clients=None, pod_timeout_s=5, clock=lambda: now[0])  # type: ignore[arg-type]
-    assert pods.busy_for("pod-1") == 0.0
-    pods.busy("pod-1", 0.4)
-    now[0] += 0.1
-    assert pods.busy_for("pod-1") == pytest.approx(0.3)
-    assert pods.busy_for("pod-2") == 0.0
-    now[0] += 0.31
-    assert pods.busy_for("pod-1") == 0.0
