@@ -2,10 +2,13 @@
 
 A request is bounded before it costs anything: gRPC refuses one larger than its
 service's `MAX_REQUEST_BYTES` before parsing it (RESOURCE_EXHAUSTED, gRPC's own
-short message), and every parsed request goes through `check` before it is
-authorized work, so a field over its limit is INVALID_ARGUMENT naming the field
-path and the limit (`transitions: at most 1000 entries (got 200000)`) — a short
-error whatever was sent, never an echo of the value.
+short message); one longer than the largest its type can be within the limits
+(`longest_taken`: `largest_request_bytes` and room for unknown fields) is refused
+unparsed (INVALID_ARGUMENT naming `request` and that size); and every parsed
+request goes through `check` before it is authorized work, so a field over its
+limit is INVALID_ARGUMENT naming the field path and the limit (`transitions: at
+most 1000 entries (got 200000)`) — a short error whatever was sent, never an echo
+of the value.
 
 Defaults, by kind of field (proto comments say where a field differs):
 
@@ -116,19 +119,23 @@ FIELDS: Mapping[str, int] = {
     "SetParametersRequest.data": CHUNK_BYTES,
 }
 
-# gRPC's max receive size per service: its largest legal request with room to
-# spare (the limits above times their entries, in whole MiB). A few requests
-# nest repeated fields so deep that the product of their limits would be far
-# larger (BatchReserve, graphs, ApplyBatches): for those this size is the
-# aggregate limit, and it is still many times what a real one needs.
+# gRPC's max receive size per service: its largest legal request (as
+# `largest_request_bytes` counts it, every field at its limit) in whole MiB, so gRPC
+# refuses a longer one by its length prefix (RESOURCE_EXHAUSTED) before reading it.
+# A few requests nest repeated fields so deep that the product of their limits would
+# be far larger (BatchReserve, graphs, DefineTopology, ApplyBatches): for those
+# services this size is the aggregate limit, and it is still many times what a real
+# one needs. Within it, a request longer than its own type takes (`longest_taken`)
+# is refused before it is parsed (INVALID_ARGUMENT naming `request` and that size:
+# the deserializer in services.common.telemetry).
 MiB = 1 << 20
 MAX_REQUEST_BYTES: Mapping[str, int] = {
-    "cell_scheduler": 8 * MiB,
-    "workload_scheduler": 4 * MiB,
-    "ocs_manager": 8 * MiB,
-    "core_broker": 8 * MiB,
-    "agg_switch": CHUNK_BYTES + 4 * MiB,
-    "switch_agent": 16 * MiB,
+    "cell_scheduler": 5 * MiB,  # ReportPodStatus, 4.9 MB
+    "workload_scheduler": 1 * MiB,  # UpdateJob, 0.24 MB
+    "ocs_manager": 4 * MiB,  # WireSlice, 3.7 MB
+    "core_broker": 8 * MiB,  # SetLatencies 6.4 MB; graphs and BatchReserve nest
+    "agg_switch": CHUNK_BYTES + 4 * MiB,  # SetParameters, a chunk; DefineTopology nests
+    "switch_agent": 16 * MiB,  # ApplyBatch 0.17 MB; ApplyBatches nests (the ocs_manager's)
 }
 DEFAULT_REQUEST_BYTES = 4 * MiB
 
@@ -205,6 +212,98 @@ def _rules(descriptor: Any) -> dict[str, _Rule]:
                 rules[field.name] = rule
         _RULES[descriptor.full_name] = rules
     return rules
+
+
+# The most bytes one value of a scalar type takes on the wire (a negative int32 or
+# enum is sign-extended to ten).
+_FIXED = {
+    FieldDescriptor.TYPE_BOOL: 1,
+    FieldDescriptor.TYPE_FIXED32: 4,
+    FieldDescriptor.TYPE_SFIXED32: 4,
+    FieldDescriptor.TYPE_FLOAT: 4,
+    FieldDescriptor.TYPE_FIXED64: 8,
+    FieldDescriptor.TYPE_SFIXED64: 8,
+    FieldDescriptor.TYPE_DOUBLE: 8,
+    FieldDescriptor.TYPE_UINT32: 5,
+    FieldDescriptor.TYPE_SINT32: 5,
+}
+_UTF8 = 4  # bytes of one character, at most
+_LARGEST: dict[str, int] = {}
+
+
+def _varint_size(n: int) -> int:
+    return max(1, (n.bit_length() + 6) // 7)
+
+
+def _framed(number: int, payload: int) -> int:
+    """A length-delimited field: its tag, its length and `payload` bytes."""
+    return _varint_size(number << 3) + _varint_size(payload) + payload
+
+
+def largest_request_bytes(descriptor: Any) -> int:
+    """The most bytes a message of `descriptor` takes encoded with every field at its
+    limit (lightpath.limits' table): what a request that passes `check` can be at
+    most, so one longer is refused before it is parsed (telemetry's deserializer).
+    A message inside itself counts once (no legal request needs it deeper)."""
+    full = descriptor.full_name
+    if full not in _LARGEST:
+        _LARGEST[full] = 0  # (a message met again inside itself)
+        _LARGEST[full] = _largest(descriptor)
+    return _LARGEST[full]
+
+
+# Room beyond a type's largest for fields a newer client may send that this version
+# does not know (protobuf keeps them; refusing them would break version skew).
+UNKNOWN_FIELDS_BYTES = 4096
+
+
+def longest_taken(descriptor: Any) -> int:
+    """The longest encoded request of `descriptor` a service parses: its largest within
+    the limits and room for unknown fields. A longer one is refused unparsed."""
+    return largest_request_bytes(descriptor) + UNKNOWN_FIELDS_BYTES
+
+
+def _scalar(field: FieldDescriptor) -> int:
+    return _FIXED.get(field.type, 10)
+
+
+def _largest(descriptor: Any) -> int:
+    total = 0
+    rules = _rules(descriptor)
+    for f in descriptor.fields:
+        rule = rules.get(f.name)
+        tag = _varint_size(f.number << 3)
+        if rule is None:  # a single number, bool or enum
+            total += tag + _scalar(f)
+        elif rule.kind == "str":
+            total += _framed(f.number, _UTF8 * rule.limit)
+        elif rule.kind == "bytes":
+            total += _framed(f.number, rule.limit)
+        elif rule.kind == "msg":
+            total += _framed(f.number, largest_request_bytes(f.message_type))
+        elif rule.kind == "rep":  # packed numbers (or unpacked: a tag each)
+            total += max(
+                _framed(f.number, rule.limit * _scalar(f)), rule.limit * (tag + _scalar(f))
+            )
+        elif rule.kind == "rep_str":
+            total += rule.limit * _framed(f.number, _UTF8 * rule.item)
+        elif rule.kind == "rep_bytes":
+            total += rule.limit * _framed(f.number, rule.item)
+        elif rule.kind == "rep_msg":
+            total += rule.limit * _framed(f.number, largest_request_bytes(f.message_type))
+        else:  # a map: each entry a message of key (1) and value (2)
+            key_f = f.message_type.fields_by_name["key"]
+            value_f = f.message_type.fields_by_name["value"]
+            key = _framed(1, _UTF8 * rule.key) if rule.key else 1 + _scalar(key_f)
+            if rule.value_msg:
+                value = _framed(2, largest_request_bytes(value_f.message_type))
+            elif rule.value:
+                unit = _UTF8 if value_f.type == _STRING else 1
+                value = _framed(2, unit * rule.value)
+            else:
+                value = 1 + _scalar(value_f)
+            total += rule.limit * _framed(f.number, key + value)
+    return total
 
 
 def _too_long(path: str, n: int, limit: int, unit: str) -> InvalidArgument:

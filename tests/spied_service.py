@@ -1,9 +1,10 @@
 """`python -m tests.spied_service <service>`: the service's process exactly as
 `python -m services.<service>` runs it, with one spy for tests/test_limits.py.
 
-Every call that reaches the service's own handler (past what every call passes
-first: authentication, authorization, the request limits, admission) writes its
-method, one line, to the file LIGHTPATH_TEST_ENTERED names, before the handler runs.
+Every call of the test's (the MARKER key in its metadata) that reaches the service's
+own handler (past what every call passes first: authentication, authorization, the
+request limits, admission) writes its method, one line, to the file
+LIGHTPATH_TEST_ENTERED names, before the handler runs.
 A test reads it to know that a refused request cost the service no handler work.
 """
 
@@ -16,13 +17,18 @@ from typing import Any
 
 from services.common import telemetry
 
+MARKER = "lightpath-test-spied"  # metadata key of the calls the spy logs
+
 
 def _spy(behaviour: Any, method: str, log: Any) -> Any:
     if behaviour is None:
         return None
 
     def entered(request: Any, context: Any) -> Any:
-        log.write(method + "\n")  # line-buffered: on disk before the answer is sent
+        # Only the test's own calls (its marker in the metadata): the service's peers
+        # call it meanwhile (a workload scheduler's heartbeats to the cell).
+        if any(k == MARKER for k, _ in context.invocation_metadata() or ()):
+            log.write(method + "\n")  # line-buffered: on disk before the answer is sent
         return behaviour(request, context)
 
     return entered

@@ -263,8 +263,20 @@ def _tolerant(deserializer: Callable[[bytes], Any] | None) -> Callable[[bytes], 
         return deserializer
     parse = deserializer
     type_name = message_type.DESCRIPTOR.full_name
+    largest = limits.longest_taken(message_type.DESCRIPTOR)
+    # Longer than any request within the limits: refused on its length, before it is
+    # parsed (O(1); a parse costs time and memory in proportion to what was sent).
+    short_name = type_name.removeprefix("lightpath.v1.")
 
     def deserialize(raw: bytes) -> Any:
+        if len(raw) > largest:
+            too_long = InvalidArgument(
+                "request",
+                f"at most {largest:,} bytes for a {short_name}, every field at its limit "
+                f"(got {len(raw):,}); see lightpath.limits",
+                reason="REQUEST_TOO_LARGE",
+            )
+            return _Undecodable(type_name, "", too_long)
         try:
             request = parse(raw)
         except DecodeError as exc:

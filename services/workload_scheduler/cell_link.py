@@ -104,8 +104,7 @@ def capacity_pb(
     return cap
 
 
-def transition_pb(entry_id: str, fields: dict[str, str], pod_id: str):
-    event = json.loads(fields["e"])
+def transition_pb(entry_id: str, event: dict, pod_id: str):
     pb = job_event_pb(event, pod_id)
     pb.reason = limits.clip(pb.reason, "JobEvent.reason")  # what the cell takes
     return cell_scheduler_pb2.PodJobTransition(
@@ -234,10 +233,11 @@ class CellReporter:
         if after != "0-0":
             oldest = await redis.xrange(stream, min="-", max="+", count=1)
             resync = bool(oldest) and _newer(oldest[0][0], after)
+        jobs = [(eid, json.loads(f["e"])) for eid, f in entries if f.get("kind", "job") == "job"]
+        events = await sched.store.with_notes([e for _, e in jobs])
         transitions = [
-            transition_pb(eid, fields, sched.pod_id)
-            for eid, fields in entries
-            if fields.get("kind", "job") == "job"
+            transition_pb(eid, event, sched.pod_id)
+            for (eid, _), event in zip(jobs, events, strict=True)
         ]
         until = entries[-1][0] if entries else after
         request = cell_scheduler_pb2.ReportPodStatusRequest(

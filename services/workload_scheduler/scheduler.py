@@ -115,9 +115,7 @@ class WorkloadScheduler(Part):
                     f"job {job_id}", f"already ended: {record.state}", reason="JOB_ENDED"
                 )
             try:
-                return await self._finish(
-                    record, CANCELLED, "cancelled" + (f": {reason}" if reason else "")
-                )
+                return await self._finish(record, CANCELLED, "cancelled", note=reason)
             except Conflict:
                 continue
         raise FailedPrecondition(f"job {job_id}", "kept changing; retry", reason="BUSY")
@@ -193,16 +191,18 @@ class WorkloadScheduler(Part):
             raise NotFound("job", job_id)
         return record
 
-    async def _finish(self, record: JobRecord, final: str, reason: str) -> JobRecord:
+    async def _finish(
+        self, record: JobRecord, final: str, reason: str, *, note: str = ""
+    ) -> JobRecord:
         """End a job: free its blocks, remove its wiring, start queued work (¶114, ¶125:
-        a pass in the background)."""
+        a pass in the background). `note`: the caller's words for it, stored once."""
         job = record.summary
         txn = self.store.txn()
         txn.expect_job(job.job_id, [record.state], record.epoch)
         if record.state in HOLDING_STATES:
             txn.release_held(job, self.fabric.block_shape)
         new = job.with_(state=final, epoch=record.epoch + 1)
-        txn.write_job(new, old_state=record.state, reason=reason, now_ms=self.now_ms())
+        txn.write_job(new, old_state=record.state, reason=reason, now_ms=self.now_ms(), note=note)
         txn.read_back(self.store.keys.state_counts, [PENDING, SUSPENDED])
         txn.read_job(job.job_id)
         counts, ended = await self.store.commit(txn)
@@ -245,6 +245,7 @@ class WorkloadScheduler(Part):
             if int(event.get("n", 0)) <= last_n:
                 continue
             last_n = int(event["n"])
+            (event,) = await self.store.with_notes([event])
             yield event
             if event["to"] in FINAL_STATES:
                 return
@@ -253,7 +254,10 @@ class WorkloadScheduler(Part):
         redis = self.store.redis
         tip = await self.store.tip()
         async for _, fields in _tail(redis, self.store.keys.events, tip):
-            yield fields.get("kind", "job"), json.loads(fields["e"])
+            kind, event = fields.get("kind", "job"), json.loads(fields["e"])
+            if kind == "job":
+                (event,) = await self.store.with_notes([event])
+            yield kind, event
 
 
 async def _tail(redis, key: str, after: str) -> AsyncIterator[tuple[str, dict[str, str]]]:

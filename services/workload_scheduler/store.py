@@ -14,7 +14,8 @@ and under `ws:` beside the ocs_manager's `ocs:` keys of the same pod):
     lp:{pod}:ws:block:wired       hash   block id -> job id whose OCS slice may still include it
     lp:{pod}:ws:live              hash   job id -> SliceJob JSON, for every non-final job
     lp:{pod}:ws:job:<id>          hash   spec (base64 JobSpec, as updated), admitted (as admitted,
-                                         once an update changed spec), state, epoch, summary, ...
+                                         once an update changed spec), state, epoch, summary,
+                                         note (a cancel reason: its only copy), ...
     lp:{pod}:ws:job:<id>:events   list   the job's transitions (JSON), oldest first
     lp:{pod}:ws:jobs              zset   every job id by admission sequence (ListJobs)
     lp:{pod}:ws:state_counts      hash   job state -> number of jobs in it
@@ -118,6 +119,11 @@ class PodKeys:
     def releasing(self, job_id: str) -> str:
         """Claim held while one replica releases a queued job's leftover OCS wiring."""
         return pod_key(self.pod_id, "ws", "releasing", job_id)
+
+
+# The job hash's field with a caller's own words for a transition (a cancel reason),
+# stored there only; an event with NOTE set refers to it.
+NOTE = "note"
 
 
 class Txn(txn.Txn):
@@ -232,21 +238,25 @@ class Txn(txn.Txn):
 
     # -- composite writes -----------------------------------------------------
 
-    def write_job(self, job: SliceJob, *, old_state: str | None, reason: str, now_ms: int) -> None:
+    def write_job(
+        self, job: SliceJob, *, old_state: str | None, reason: str, now_ms: int, note: str = ""
+    ) -> None:
         """Store `job` (its state, epoch, summary), mirror it in the live set (or drop it
-        there when final), count states, and record the transition as an event."""
+        there when final), count states, and record the transition as an event. A
+        caller's own words for it (`note`: a cancel reason) are stored once, in the job's
+        hash; the reason and the events refer to it (`with_note`)."""
         k = self.pod.job(job.job_id)
         summary = job.to_json()
-        self.hset(
-            k,
-            {
-                "state": job.state,
-                "epoch": job.epoch,
-                "summary": summary,
-                "reason": reason,
-                "updated_ms": now_ms,
-            },
-        )
+        fields: dict[str, Any] = {
+            "state": job.state,
+            "epoch": job.epoch,
+            "summary": summary,
+            "reason": reason,
+            "updated_ms": now_ms,
+        }
+        if note:
+            fields[NOTE] = note
+        self.hset(k, fields)
         if job.state in FINAL_STATES:
             self.hdel(self.pod.live, [job.job_id])
         else:
@@ -263,15 +273,16 @@ class Txn(txn.Txn):
             if old_state:
                 self.hincr(self.pod.state_counts, old_state, -1)
             self.hincr(self.pod.state_counts, job.state, 1)
-        self.job_event(
-            {
-                "job": job.job_id,
-                "from": old_state or "",
-                "to": job.state,
-                "at": now_ms,
-                "reason": reason,
-            }
-        )
+        event: dict[str, Any] = {
+            "job": job.job_id,
+            "from": old_state or "",
+            "to": job.state,
+            "at": now_ms,
+            "reason": reason,
+        }
+        if note:
+            event[NOTE] = 1  # the words are the job hash's NOTE field
+        self.job_event(event)
 
     def read_back(self, key: str, fields: Sequence[str]) -> None:
         """After the writes, return these fields of hash `key` from commit()."""
@@ -558,22 +569,48 @@ class PodStore:
         raw: dict[str, str] = await self.redis.hgetall(self.keys.state_counts)  # type: ignore[assignment]
         return {k: int(v) for k, v in raw.items() if int(v) > 0}
 
+    async def with_notes(self, events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Job events as callers see them: those referring to their job's note with its
+        words in their reason (one read for all the jobs that have one)."""
+        wanted = sorted({e["job"] for e in events if e.get(NOTE)})
+        if not wanted:
+            return events
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for job_id in wanted:
+                pipe.hget(self.keys.job(job_id), NOTE)
+            notes = dict(zip(wanted, await pipe.execute(), strict=True))
+        return [with_note(e, notes.get(e["job"])) if e.get(NOTE) else e for e in events]
+
     def _record(self, job_id: str, row: dict[str, str], history: list[str]) -> JobRecord | None:
         if not row or "state" not in row:
             return None
+        note = row.get(NOTE)
         return JobRecord(
             job_id=job_id,
             spec_b64=row.get("spec", ""),
             state=row["state"],
             epoch=int(row.get("epoch", 0)),
-            reason=row.get("reason", ""),
+            reason=_noted(row.get("reason", ""), note) if note else row.get("reason", ""),
             summary=self.slice_job(row["summary"]),
             created_ms=int(row.get("created_ms", 0)),
             updated_ms=int(row.get("updated_ms", 0)),
-            history=tuple(json.loads(h) for h in history),
+            history=tuple(with_note(e, note) for e in map(json.loads, history)),
             preempted=tuple(json.loads(row["preempted"])) if row.get("preempted") else (),
             admitted_b64=row.get("admitted", ""),
         )
+
+
+def with_note(event: dict[str, Any], note: str | None) -> dict[str, Any]:
+    """`event` with the words of its job's note in its reason, if it refers to them."""
+    if not event.get(NOTE):
+        return event
+    out = {k: v for k, v in event.items() if k != NOTE}
+    out["reason"] = _noted(event.get("reason", ""), note)
+    return out
+
+
+def _noted(reason: str, note: str | None) -> str:
+    return f"{reason}: {note}" if note else reason
 
 
 def _bits(bitmap: bytes, n: int) -> set[int]:
