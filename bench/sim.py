@@ -3,8 +3,9 @@
     python3 dev.py bench sim [--jobs 100000] [--cell-jobs 100000] [--headline-jobs 3000]
 
 * `jobs_per_s_one_pod`: the Table 2 mix at offered load 0.95 on one 4,096-chip
-  superpod, default policy (easy), no failures: jobs simulated per second of CPU
-  (goal: 100,000 jobs in <= 60 s on one core, i.e. >= 1,667 jobs/s);
+  superpod, the default policy (aged: the service as it ships), no failures: jobs
+  simulated per second of CPU (goal: 100,000 jobs in <= 60 s on one core, i.e.
+  >= 1,667 jobs/s);
 * `jobs_per_s_cell8`: the same on a cell of 8 pods, the cell's pod choice deciding
   where each job goes (goal: 100,000 jobs in <= 5 min, >= 333 jobs/s);
 * the headline of `lightpath sim compare` at offered load 0.95 on one pod, host

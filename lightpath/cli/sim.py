@@ -36,9 +36,9 @@ policies:
             preemption of lower priorities, greedy backfill
   aged      OCS, the workload scheduler as it ships: priority, and a job waiting past
             the age bound (LIGHTPATH_WS_AGE_BOUND_S, 1 h) may preempt the younger jobs
-            of its priority that overtook it
+            of its priority that overtook it [default]
   easy      OCS, priority + preemption, EASY backfill: later jobs may not delay the
-            first waiting job's reservation (from duration estimates) [default]
+            first waiting job's reservation (from duration estimates)
   defrag    easy + moving sub-block slices out of shared blocks to free whole blocks
 
 what it leaves out: the core broker, aggregation switches, the network's effect on
@@ -66,8 +66,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     _workload_args(run)
     run.add_argument(
         "--policy",
-        default="easy",
-        help="static, fifo, priority, aged, easy or defrag (default easy)",
+        help="static, fifo, priority, aged, easy or defrag "
+        "(default aged: the workload scheduler as it ships)",
     )
     run.set_defaults(func=cmd_run)
     compare = verbs.add_parser(
@@ -280,8 +280,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
     from lightpath.sim.compare import run_many
+    from lightpath.sim.engine import DEFAULT_POLICY
 
-    names = _policies(args.policy)
+    names = _policies(args.policy or DEFAULT_POLICY)
     if len(names) != 1:
         return _fail("--policy takes one policy (compare runs several)")
     jobs, extra = _load_jobs(args)

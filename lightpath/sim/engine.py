@@ -132,7 +132,8 @@ POLICIES = {
     "easy": Policy("easy", backfill="easy", preempt=True),
     "defrag": Policy("defrag", backfill="easy", preempt=True, defrag=True),
 }
-DEFAULT_POLICY = "easy"
+# The service's own queue (plan_pass with its age bound at the shipped default).
+DEFAULT_POLICY = "aged"
 
 
 @dataclass(frozen=True)

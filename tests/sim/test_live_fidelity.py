@@ -42,16 +42,18 @@ def _trace():
         load=1.0,
         jobs=JOBS,
         seed=7,
-        max_duration_s=4 * 3600,
+        max_duration_s=3600,
         priorities=((30, 0.6), (70, 0.4)),
     )
     return gen.generate(pod_fabric(POD))
 
 
-# The smallest trace found that still has host failures under block and sub-block
-# slices (swaps, a box moved, suspensions), preemption by priority and by the age
-# bound, and sub-block slices: 100 jobs, 165 host reports, about 35 s.
-JOBS = 100
+# A few hundred jobs (issue 29) with host failures under block and sub-block slices:
+# 300 jobs of at most an hour at offered load 1.0 over about 12 h give 191 host
+# reports (64 swaps, 2 box moves, 17 suspensions) and 149 preemptions, by priority
+# and by the age bound. Durations capped at an hour keep the span, and so the host
+# reports, small: the test's time goes into the events, about 800.
+JOBS = 300
 
 
 class Recording(Sim):
@@ -194,8 +196,8 @@ async def test_the_simulator_decides_as_the_live_stack_job_for_job(redis_url):
     sim.run()
     kinds = [k for k, _ in sim.events]
     # the trace exercises what the fidelity is about
-    assert kinds.count("host") >= 20
-    assert sim.counters["preemptions"] >= 5 and sim.counters["suspensions"] > 0
+    assert kinds.count("arrive") == JOBS and kinds.count("host") >= 100
+    assert sim.counters["preemptions"] >= 50 and sim.counters["suspensions"] >= 5
     assert sim.counters["swaps"] > 0 and sim.counters["moves"] > 0
     assert any(j.norm.demand.box is not None for j in jobs)
     by_id = {j.job_id: j for j in jobs}

@@ -25,7 +25,7 @@ from lightpath.sim.report import summary
 from lightpath.sim.static import Torus, fitting_shape
 from lightpath.sim.workload import Generator, TraceError, parse_trace
 from services.workload_scheduler.placement import PodState
-from services.workload_scheduler.planner import plan_pass
+from services.workload_scheduler.planner import DEFAULT_AGE_BOUND_S, plan_pass
 
 FABRIC = pod_fabric("pod-0")
 # Short repairs and a low availability: many failures in a short run.
@@ -251,7 +251,11 @@ def test_the_cli_reports_bad_rows_without_a_traceback(tmp_path, capsys):
     assert cli_main(["sim", "run", "--trace", str(trace), "--json"]) == 0
     out = capsys.readouterr()
     assert "line 3:" in out.err and "(skipped)" in out.err
-    assert json.loads(out.out)["runs"][0]["jobs"] == 2
+    run = json.loads(out.out)["runs"][0]
+    assert run["jobs"] == 2
+    # without --policy, the service's own queue: plan_pass with its shipped age bound
+    assert run["policy"] == "aged" == engine.DEFAULT_POLICY
+    assert POLICIES["aged"].age_bound_s == DEFAULT_AGE_BOUND_S
     with pytest.raises(SystemExit) as exit_:
         cli_main(["sim", "run", "--trace", str(trace), "--strict"])
     assert exit_.value.code == 2
@@ -333,3 +337,15 @@ def test_sim_help_explains_the_model(capsys):
 
 
 _ = (SliceJob, engine)
+
+
+@pytest.mark.parametrize("name", ["static", "priority", "aged"])
+def test_no_policy_beats_the_no_wait_bound(name):
+    """Without failures no schedule does more work by the window's end than every job
+    started on arrival: utilisation_no_wait bounds utilisation_all, and it lies below
+    the offered load (the late arrivals' work falls after the window)."""
+    jobs = workload(n=300, load=1.0)
+    config = SimConfig(policy=POLICIES[name])
+    s = summary(simulate(jobs, config), config)
+    assert 0.3 < s["utilisation_all"] <= s["utilisation_no_wait"] + 1e-9
+    assert s["utilisation_no_wait"] < s["offered_load"]
