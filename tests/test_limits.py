@@ -580,6 +580,11 @@ def _unparsed_if_longer(case: Case) -> Case:
     return case
 
 
+def one_string(f: FieldDescriptor) -> bool:
+    """A field a request can be filled past a size with: one string (not repeated)."""
+    return f.type == FieldDescriptor.TYPE_STRING and not f.is_repeated
+
+
 def too_long_for_the_type_cases() -> Iterator[tuple[str, Case]]:
     """Per service, a request longer than its type's largest but within what the service
     takes (a string field filled past it): refused before it is parsed."""
@@ -587,10 +592,7 @@ def too_long_for_the_type_cases() -> Iterator[tuple[str, Case]]:
         for svc in module.DESCRIPTOR.services_by_name.values():
             for method in svc.methods:
                 largest = limits.longest_taken(method.input_type)
-                field = next(
-                    (f for f in method.input_type.fields if f.type == FieldDescriptor.TYPE_STRING),
-                    None,
-                )
+                field = next((f for f in method.input_type.fields if one_string(f)), None)
                 if method.client_streaming or field is None:
                     continue
                 if largest + 64 >= limits.request_bytes(service):
@@ -621,10 +623,6 @@ def too_large_cases() -> Iterator[tuple[str, Case]]:
     a unary method filled past it): gRPC refuses it before it is parsed."""
     for key, (service, module) in SERVICES.items():
         (svc, *_) = module.DESCRIPTOR.services_by_name.values()
-
-        def one_string(f: FieldDescriptor) -> bool:
-            return f.type == FieldDescriptor.TYPE_STRING and not f.is_repeated
-
         method = next(
             m
             for m in svc.methods
