@@ -263,7 +263,7 @@ class Reconcile(Part):
         try:
             found = await self.ocs.wiring(job.job_id)
             if found is not None and found.blocks != mine.placement:
-                await self.wiring.release(job.job_id)
+                await self.wiring.release(job.job_id, lease=job_lease(mine))
                 found = None
             elif found is not None and not found.committed:
                 found = None  # still being programmed: WireSlice again finishes or replays it
