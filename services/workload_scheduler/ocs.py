@@ -311,7 +311,8 @@ class RingsClient(OcsManagerClient):
         )
         return ReplaceResult(len(resp.rerouted), resp.rings_untouched, "rings")
 
-    async def release(self, job_id: str) -> bool:
+    async def release(self, job_id: str, *, lease: tuple[str, int] | None = None) -> bool:
+        # Ring reservations carry no lease (WireRings is not fenced either): `lease` unused.
         request = ocs_manager_pb2.ReleaseRingsRequest(job_id=job_id)
         return await self._unless_missing("ReleaseRings", request) is not None
 
