@@ -53,19 +53,26 @@ import argparse
 import asyncio
 import collections
 import contextlib
+import dataclasses
 import importlib
 import os
 import random
 import signal
+import sys
+import tempfile
 import time
 import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
 
 import chaos
+import redis as redis_py
 from _common import emit
 
 from lightpath.client import channel
-from lightpath.embedded_redis import free_port
+from lightpath.embedded_redis import EmbeddedRedis, free_port
 from lightpath.stack import ProcessSpec, Stack
+from lightpath.testing import netns
 from lightpath.testing.history import DEFINITE, Final, History
 from lightpath.v1 import cell_scheduler_pb2_grpc, ocs_manager_pb2_grpc, workload_scheduler_pb2_grpc
 from lightpath.v1 import common_pb2 as c
@@ -92,10 +99,39 @@ FAULTS = {
     # flight over; on waking, the frozen manager's undo is refused by the switches
     "pause_host": ((SCHEDULERS[0], OCS), CHANGE_LEASE_S + WIRING_LEASE_S),
 }
+# network faults (the pod in a namespace of its own: lightpath.testing.netns) -> seconds
+NET_FAULTS = {
+    # the cell replicas and the pod (both schedulers) cut apart past the pod timeout,
+    # while jobs are submitted; the pod keeps its Redis
+    "partition_cell_pod": POD_TIMEOUT_S + 1.5,
+    # the pod's schedulers and ocs_managers cut off from Redis while they hold wiring
+    # and change leases, past both; the cells keep theirs
+    "partition_pod_redis": CHANGE_LEASE_S + WIRING_LEASE_S,
+    # 5 % of the packets dropped each way on the pod's link (to the cells and Redis),
+    # and 200 ms of delay each way where the kernel has netem
+    "loss_pod_link": 6.0,
+}
+LOSS_PERCENT = 5
+DELAY_MS = 200
+POD_PROCESSES = (*SCHEDULERS, OCS, OCS_B)
 NOT_DEFINITE = {c.JobState.Name(s) for s in (c.JOB_STATE_UNKNOWN, c.JOB_STATE_WIRING)}
 
 
-def specs() -> list[ProcessSpec]:
+def specs(ns: netns.Namespace | None = None) -> list[ProcessSpec]:
+    """The processes; with `ns`, the pod's four run in it (on its address) and the cells
+    on this side of its link (on ours), so that link can be cut, port by port."""
+    out = _specs()
+    if ns is None:
+        return out
+    return [
+        dataclasses.replace(s, host=ns.ip, netns=ns.name)
+        if s.name in POD_PROCESSES
+        else dataclasses.replace(s, host=ns.host_ip)
+        for s in out
+    ]
+
+
+def _specs() -> list[ProcessSpec]:
     cell_env = {
         "LIGHTPATH_CELL_POD_TIMEOUT_S": str(POD_TIMEOUT_S),
         "LIGHTPATH_CELL_FORWARD_TIMEOUT_S": str(FORWARD_TIMEOUT_S),
@@ -142,10 +178,25 @@ def specs() -> list[ProcessSpec]:
     return out
 
 
-class Pauser:
-    def __init__(self, stack: Stack, rng: random.Random, host_scheduler=None):
+class Faults:
+    """Pauses (SIGSTOP past a lease, then SIGCONT) and, with a namespace, partitions and
+    loss on the pod's link (nftables in the namespace, healed at the end of each)."""
+
+    def __init__(
+        self,
+        stack: Stack,
+        rng: random.Random,
+        host_scheduler=None,
+        ns: netns.Namespace | None = None,
+        redis_port: int = 0,
+        *,
+        delay: bool = False,  # the lossy link also slow (where the kernel has netem)
+    ):
         self.stack = stack
         self.rng = rng
+        self.ns = ns
+        self.redis_port = redis_port
+        self.delay = delay
         self.host_scheduler = host_scheduler  # ws-a's stub: pause_host waits for a wiring
         self.kinds: collections.Counter[str] = collections.Counter()
         self.paused: set[str] = set()
@@ -154,7 +205,9 @@ class Pauser:
         os.kill(self.stack.procs[name].pid, sig)
 
     async def fault(self, kind: str) -> list[str]:
-        """Pause the fault's processes past their lease, then resume them: their names."""
+        """Inject fault `kind`, past its lease, then end it: what it touched."""
+        if kind in NET_FAULTS:
+            return await self._network(kind)
         names, seconds = FAULTS[kind]
         if kind == "pause_host" and self.host_scheduler is not None:
             await self._wiring_in_flight()
@@ -169,6 +222,28 @@ class Pauser:
             self.resume_all()
         self.kinds[kind] += 1
         return list(names)
+
+    async def _network(self, kind: str) -> list[str]:
+        assert self.ns is not None
+        ports = {s.name: s.port for s in self.stack.specs}
+        if kind == "partition_cell_pod":
+            self.ns.cut_ports(ports[name] for name in CELLS)
+            self.ns.cut_listeners(ports[name] for name in SCHEDULERS)
+            touched = [*CELLS, *SCHEDULERS]
+        elif kind == "partition_pod_redis":
+            self.ns.cut_ports([self.redis_port])
+            touched = [*POD_PROCESSES, "redis"]
+        else:
+            self.ns.lose(LOSS_PERCENT)
+            if self.delay:
+                self.ns.delay(DELAY_MS)
+            touched = ["pod link"]
+        try:
+            await asyncio.sleep(NET_FAULTS[kind])
+        finally:
+            self.ns.heal()
+        self.kinds[kind] += 1
+        return touched
 
     async def _wiring_in_flight(self, limit_s: float = 5.0) -> None:
         """Until ws-a has a job WIRING (its change is in flight at its ocs_manager), for
@@ -268,6 +343,8 @@ def stale_refused(metrics_url: str) -> dict[str, float]:
 
 def failover_figures(failovers: int) -> dict:
     """Sentinel failovers (bench/sentinel_failover.py), or nulls saying why not."""
+    if failovers == 0:
+        return {"failovers": 0, "failover_lost": None, "failover_reason": "--failovers 0"}
     try:
         module = importlib.import_module("sentinel_failover")
     except ImportError as err:
@@ -280,7 +357,14 @@ def failover_figures(failovers: int) -> dict:
     return {**figures, "failovers": figures["failovers"], "failover_lost": figures["failover_lost"]}
 
 
-async def drive(stack: Stack, args) -> dict:
+async def drive(
+    stack: Stack,
+    args,
+    ns: netns.Namespace | None = None,
+    redis_port: int = 0,
+    *,
+    delay: bool = False,
+) -> dict:
     rng = random.Random(args.seed)
     for name in CELLS:
         await chaos.wait_registered(stack, name)
@@ -297,8 +381,9 @@ async def drive(stack: Stack, args) -> dict:
         ocs = ocs_manager_pb2_grpc.OcsManagerStub(await ch(OCS))
         record = chaos.Record()
         host = workload_scheduler_pb2_grpc.WorkloadSchedulerStub(await ch(SCHEDULERS[0]))
-        pauser = Pauser(stack, rng, host)
-        plan = [list(FAULTS)[i % len(FAULTS)] for i in range(args.faults)]
+        pauser = Faults(stack, rng, host, ns, redis_port, delay=delay)
+        kinds = [*FAULTS, *(NET_FAULTS if ns is not None else ())]
+        plan = [kinds[i % len(kinds)] for i in range(args.faults)]
         rng.shuffle(plan)
         settle: list[float] = []
         started = time.monotonic()
@@ -308,10 +393,18 @@ async def drive(stack: Stack, args) -> dict:
             try:
                 for kind in plan:
                     await asyncio.sleep(rng.uniform(0.5, 1.5))  # load between the faults
-                    await pauser.fault(kind)
+                    touched = await pauser.fault(kind)
                     settle.append(await time_to_definite(cells))
+                    print(  # progress, for people (the JSON line is on stdout)
+                        f"fault {len(settle)}/{len(plan)} {kind} ({', '.join(touched)}):"
+                        f" definite {settle[-1]:.1f} s after",
+                        file=sys.stderr,
+                        flush=True,
+                    )
             finally:
                 pauser.resume_all()
+                if ns is not None:
+                    ns.heal()
                 stop.set()
 
         async def clients() -> None:
@@ -378,16 +471,62 @@ async def drive(stack: Stack, args) -> dict:
     }
 
 
+@contextlib.contextmanager
+def own_stack(ns: netns.Namespace | None) -> Iterator[tuple[Stack, EmbeddedRedis]]:
+    """The stack on a redis-server of its own (AOF, fsync always) on this side of the
+    namespace's link (on loopback without one), in a temporary directory; all stopped
+    at the end."""
+    with tempfile.TemporaryDirectory(prefix="lightpath-partitions-") as tmp:
+        host = ns.host_ip if ns is not None else "127.0.0.1"
+        redis = EmbeddedRedis(Path(tmp) / "redis", port=free_port(), host=host)
+        redis.start()
+        try:
+            with redis_py.Redis(host=host, port=redis.port) as r:
+                r.config_set("appendfsync", "always")
+            stack = Stack(
+                Path(tmp) / "state", specs=specs(ns), redis_url=redis.url, log=lambda *_: None
+            )
+            stack.start()
+            try:
+                yield stack, redis
+            finally:
+                stack.stop()
+        finally:
+            redis.stop()
+
+
 def run(args) -> dict:
-    with chaos.own_stack(specs(), "lightpath-partitions-") as (stack, _):
-        return asyncio.run(drive(stack, args))
+    why = netns.unavailable() if args.network else "--no-network"
+    ns = None if why else netns.Namespace()
+    no_delay = ""
+    try:
+        if ns is not None:
+            ns.create()
+            # delay is tc netem's (the kernel's sch_netem): tried once, left out if missing
+            no_delay = ns.delay(DELAY_MS)
+            ns.heal()
+        with own_stack(ns) as (stack, redis):
+            result = asyncio.run(drive(stack, args, ns, redis.port, delay=not no_delay))
+    finally:
+        if ns is not None:
+            ns.destroy()
+    result["not_injected"] = [r for r in (why and f"partitions and loss: {why}", no_delay) if r]
+    return result
 
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--faults", type=int, default=20, help="pauses over the run (>= 4)")
     parser.add_argument("--clients", type=int, default=4)
-    parser.add_argument("--failovers", type=int, default=20, help="Sentinel failovers")
+    parser.add_argument(
+        "--failovers", type=int, default=20, help="Sentinel failovers (0: Sentinel not run)"
+    )
+    parser.add_argument(
+        "--network",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="partitions and loss in a network namespace (needs root; pauses only without)",
+    )
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args(argv)
     result = run(args)
