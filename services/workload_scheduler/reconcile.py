@@ -25,7 +25,7 @@ from services.workload_scheduler.core import (
     Part,
     PodContext,
 )
-from services.workload_scheduler.ocs import OcsError
+from services.workload_scheduler.ocs import OcsError, job_lease
 from services.workload_scheduler.placement import PodState
 from services.workload_scheduler.planner import (
     boxes_on_failed_chips,

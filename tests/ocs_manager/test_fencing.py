@@ -19,7 +19,7 @@ from services.ocs_manager import server as ocs_server
 from services.ocs_manager.metrics import OcsMetrics
 from services.ocs_manager.store import PROGRAM
 from services.switch_agent.switches import Batch, SimulatedSwitch
-from services.workload_scheduler.ocs import OcsManagerClient, OcsError
+from services.workload_scheduler.ocs import OcsError, OcsManagerClient
 from tests.helpers import serve
 from tests.metrics_reader import install, value
 from tests.ocs_manager.conftest import fabric_env, ocs_stub, rpc_error, wire_request
