@@ -1,19 +1,25 @@
 #!/usr/bin/env python3
 """Faults across leaseholders (issue 32): clients submit, complete and cancel jobs
 through two cell replicas while processes holding leases are paused past them
-(SIGSTOP, then SIGCONT); then the history of acknowledged operations is checked
-against the final state (lightpath.testing.history).
+(SIGSTOP, then SIGCONT), the pod is cut off from the cells or from Redis, and its link
+drops packets; then the history of acknowledged operations is checked against the
+final state (lightpath.testing.history).
 
     python3 dev.py bench partitions [--faults 20] [--clients 4] [--seed 1]
+        [--failovers 0] [--no-network]
 
-The stack runs on loopback as deployed (TLS, mTLS, separate processes) on its own
-redis-server: cell replicas cell-a and cell-b, one pod (pod-1: two ocs_manager
-replicas of 16 blocks of 4x4x4 whose simulated switches settle in 300 ms, so changes
-are in flight when a pause lands) served by replicas ws-a and ws-b, each calling its
-own ocs_manager replica. Leases are short through the services' settings: the
-ocs_manager's change lease 1.5 s (shorter than the wiring lease, so a replica that
-takes a wiring over finds the change's lease run out), the wiring lease 2 s, the
-cell's pod timeout 3 s and forward deadline 3 s. The faults, in turn (seeded order):
+The stack runs as deployed (TLS, mTLS, separate processes) on its own redis-server:
+cell replicas cell-a and cell-b, one pod (pod-1: two ocs_manager replicas of 16 blocks
+of 4x4x4 whose simulated switches settle in 300 ms, so changes are in flight when a
+fault lands) served by replicas ws-a and ws-b, each calling its own ocs_manager
+replica. The pod's four processes run in a network namespace of their own
+(lightpath.testing.netns: a veth pair with addresses of ours), the cells and Redis on
+this side of its link; without root (or with --no-network) everything runs on
+loopback and only the pauses are injected. Leases are short through the services'
+settings: the ocs_manager's change lease 1.5 s (shorter than the wiring lease, so a
+replica that takes a wiring over finds the change's lease run out), the wiring lease
+2 s, the cell's pod timeout 3 s and forward deadline 3 s. The faults, in turn (seeded
+order):
 
 * pause_scheduler: one scheduler replica paused 3.5 s, past its wiring lease (the other
   takes its wirings over);
@@ -26,7 +32,15 @@ cell's pod timeout 3 s and forward deadline 3 s. The faults, in turn (seeded ord
 * pause_host: ws-a and the ocs_manager replica it calls paused together 3.5 s (a host or
   VM frozen): ws-b takes the wirings over through the other ocs_manager replica, which
   takes the changes in flight over; the frozen manager wakes fenced out (the pause
-  lands while ws-a has a job WIRING, when there is one within 5 s).
+  lands while ws-a has a job WIRING, when there is one within 5 s);
+* partition_cell_pod: the cells and the pod's schedulers cut apart 4.5 s (nftables in
+  the namespace drops what crosses to or from their ports), past the pod timeout, while
+  jobs are submitted; both sides run on, the pod keeps its Redis;
+* partition_pod_redis: the pod's schedulers and ocs_managers cut off from Redis 3.5 s
+  while they hold wiring and change leases, past both; the cells keep theirs;
+* loss_pod_link: 5 % of the packets dropped each way on the pod's link (to the cells
+  and Redis) for 6 s; with 200 ms of delay each way too where the kernel has tc netem
+  (sch_netem): tried once at the start, and `not_injected` says when it is missing.
 
 After each fault ends, `s_to_definite_state` is how long until every job the cell
 knows is in a definite state (not UNKNOWN, WIRING or FORWARDING); the worst is
@@ -37,14 +51,14 @@ or a slice of no RUNNING job); `stale_writes_refused` is the ocs_manager's
 lightpath.ocs.stale_writes_refused (a caller's older lease, its own commit or switch
 batches after a take-over), `stale_writes_applied` the switches that disagree with the
 committed tables (CheckInvariants with compare_switches: a stale write that got
-through). Network partitions and netem run in tests/test_partitions.py (network
-namespaces); here every fault is a pause. `failovers` / `failover_lost` come from
-bench/sentinel_failover.py's `measure` when it is there (null with the reason when not).
+through). `failovers` / `failover_lost` come from bench/sentinel_failover.py's
+`measure` (`--failovers 0`: not run, null).
 
 Prints one JSON line: faults, faults_by_kind, ops, acknowledged, lost, contradicted,
 undefined, double_booked, stale_writes_refused, stale_writes_by_where,
 stale_writes_applied, failovers, failover_lost, worst_s_to_definite_state,
-s_to_definite_state, violation_details, codes, error_samples, load_average, seconds, seed.
+s_to_definite_state, not_injected, violation_details, codes, error_samples,
+load_average, seconds, seed.
 """
 
 from __future__ import annotations
@@ -516,7 +530,9 @@ def run(args) -> dict:
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--faults", type=int, default=20, help="pauses over the run (>= 4)")
+    parser.add_argument(
+        "--faults", type=int, default=20, help="faults over the run (>= 8: each kind once)"
+    )
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument(
         "--failovers", type=int, default=20, help="Sentinel failovers (0: Sentinel not run)"
