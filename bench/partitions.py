@@ -41,6 +41,8 @@ order):
 * loss_pod_link: 5 % of the packets dropped each way on the pod's link (to the cells
   and Redis) for 6 s; with 200 ms of delay each way too where the kernel has tc netem
   (sch_netem): tried once at the start, and `not_injected` says when it is missing.
+  `partitions_observed` counts the partitions seen from outside as they end (the cell
+  lists the pod not READY; ws-a cannot list its jobs).
 
 After each fault ends, `s_to_definite_state` is how long until every job the cell
 knows is in a definite state (not UNKNOWN, WIRING or FORWARDING); the worst is
@@ -54,7 +56,7 @@ committed tables (CheckInvariants with compare_switches: a stale write that got
 through). `failovers` / `failover_lost` come from bench/sentinel_failover.py's
 `measure` (`--failovers 0`: not run, null).
 
-Prints one JSON line: faults, faults_by_kind, ops, acknowledged, lost, contradicted,
+Prints one JSON line: faults, faults_by_kind, partitions_observed, ops, acknowledged, lost, contradicted,
 undefined, double_booked, stale_writes_refused, stale_writes_by_where,
 stale_writes_applied, failovers, failover_lost, worst_s_to_definite_state,
 s_to_definite_state, not_injected, violation_details, codes, error_samples,
@@ -80,6 +82,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import chaos
+import grpc
 import redis as redis_py
 from _common import emit
 
@@ -88,6 +91,7 @@ from lightpath.embedded_redis import EmbeddedRedis, free_port
 from lightpath.stack import ProcessSpec, Stack
 from lightpath.testing import netns
 from lightpath.testing.history import DEFINITE, Final, History
+from lightpath.v1 import cell_scheduler_pb2 as cs
 from lightpath.v1 import cell_scheduler_pb2_grpc, ocs_manager_pb2_grpc, workload_scheduler_pb2_grpc
 from lightpath.v1 import common_pb2 as c
 from lightpath.v1 import ocs_manager_pb2 as om
@@ -204,6 +208,7 @@ class Faults:
         ns: netns.Namespace | None = None,
         redis_port: int = 0,
         *,
+        cells: list | None = None,
         delay: bool = False,  # the lossy link also slow (where the kernel has netem)
     ):
         self.stack = stack
@@ -213,6 +218,9 @@ class Faults:
         self.delay = delay
         self.host_scheduler = host_scheduler  # ws-a's stub: pause_host waits for a wiring
         self.kinds: collections.Counter[str] = collections.Counter()
+        # partitions seen from outside as they end (cells: the cell replicas' stubs)
+        self.observed: collections.Counter[str] = collections.Counter()
+        self.cells = cells
         self.paused: set[str] = set()
 
     def _signal(self, name: str, sig: int) -> None:
@@ -254,10 +262,27 @@ class Faults:
             touched = ["pod link"]
         try:
             await asyncio.sleep(NET_FAULTS[kind])
+            if await self._cut_observed(kind):
+                self.observed[kind] += 1
         finally:
             self.ns.heal()
         self.kinds[kind] += 1
         return touched
+
+    async def _cut_observed(self, kind: str) -> bool:
+        """Whether the partition shows, as it ends: the cell no longer lists the pod READY
+        (cell <-> pod), or ws-a cannot list its jobs from Redis (pod <-> Redis)."""
+        try:
+            if kind == "partition_cell_pod":
+                pods = (await self.cells[0].ListPods(cs.ListPodsRequest(), timeout=2)).pods
+                return not any(
+                    p.registration.pod_id == POD and p.status == cs.POD_STATUS_READY for p in pods
+                )
+            if kind == "partition_pod_redis":
+                await self.host_scheduler.ListJobs(ws.ListJobsRequest(page_size=1), timeout=2)
+            return False
+        except grpc.aio.AioRpcError:
+            return kind == "partition_pod_redis"
 
     async def _wiring_in_flight(self, limit_s: float = 5.0) -> None:
         """Until ws-a has a job WIRING (its change is in flight at its ocs_manager), for
@@ -395,7 +420,7 @@ async def drive(
         ocs = ocs_manager_pb2_grpc.OcsManagerStub(await ch(OCS))
         record = chaos.Record()
         host = workload_scheduler_pb2_grpc.WorkloadSchedulerStub(await ch(SCHEDULERS[0]))
-        pauser = Faults(stack, rng, host, ns, redis_port, delay=delay)
+        pauser = Faults(stack, rng, host, ns, redis_port, cells=cells, delay=delay)
         kinds = [*FAULTS, *(NET_FAULTS if ns is not None else ())]
         plan = [kinds[i % len(kinds)] for i in range(args.faults)]
         rng.shuffle(plan)
@@ -465,6 +490,7 @@ async def drive(
     return {
         "faults": sum(pauser.kinds.values()),
         "faults_by_kind": dict(pauser.kinds),
+        "partitions_observed": dict(pauser.observed),
         "ops": record.ops,
         "acknowledged": report.acknowledged,
         "lost": len(report.lost),
