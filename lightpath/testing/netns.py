@@ -171,10 +171,11 @@ class Namespace:
             ["ip", "netns", "exec", self.name, "nft", "delete", "table", "inet", TABLE],
             capture_output=True, timeout=10,
         )  # fmt: skip
-        _ip("-n", self.name, "qdisc", "del", "dev", self.dev, "root")
-        subprocess.run(
-            ["tc", "qdisc", "del", "dev", self.host_dev, "root"], capture_output=True, timeout=10
-        )
+        for tc in (
+            ["ip", "netns", "exec", self.name, "tc", "qdisc", "del", "dev", self.dev, "root"],
+            ["tc", "qdisc", "del", "dev", self.host_dev, "root"],
+        ):  # a delay of ours, if one was set (fails harmlessly when none)
+            subprocess.run(tc, capture_output=True, timeout=10)
         self.partition(False)
 
     def popen(self, argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
