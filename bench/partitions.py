@@ -1,19 +1,25 @@
 #!/usr/bin/env python3
 """Faults across leaseholders (issue 32): clients submit, complete and cancel jobs
 through two cell replicas while processes holding leases are paused past them
-(SIGSTOP, then SIGCONT); then the history of acknowledged operations is checked
-against the final state (lightpath.testing.history).
+(SIGSTOP, then SIGCONT), the pod is cut off from the cells or from Redis, and its link
+drops packets; then the history of acknowledged operations is checked against the
+final state (lightpath.testing.history).
 
     python3 dev.py bench partitions [--faults 20] [--clients 4] [--seed 1]
+        [--failovers 0] [--no-network]
 
-The stack runs on loopback as deployed (TLS, mTLS, separate processes) on its own
-redis-server: cell replicas cell-a and cell-b, one pod (pod-1: two ocs_manager
-replicas of 16 blocks of 4x4x4 whose simulated switches settle in 300 ms, so changes
-are in flight when a pause lands) served by replicas ws-a and ws-b, each calling its
-own ocs_manager replica. Leases are short through the services' settings: the
-ocs_manager's change lease 1.5 s (shorter than the wiring lease, so a replica that
-takes a wiring over finds the change's lease run out), the wiring lease 2 s, the
-cell's pod timeout 3 s and forward deadline 3 s. The faults, in turn (seeded order):
+The stack runs as deployed (TLS, mTLS, separate processes) on its own redis-server:
+cell replicas cell-a and cell-b, one pod (pod-1: two ocs_manager replicas of 16 blocks
+of 4x4x4 whose simulated switches settle in 300 ms, so changes are in flight when a
+fault lands) served by replicas ws-a and ws-b, each calling its own ocs_manager
+replica. The pod's four processes run in a network namespace of their own
+(lightpath.testing.netns: a veth pair with addresses of ours), the cells and Redis on
+this side of its link; without root (or with --no-network) everything runs on
+loopback and only the pauses are injected. Leases are short through the services'
+settings: the ocs_manager's change lease 1.5 s (shorter than the wiring lease, so a
+replica that takes a wiring over finds the change's lease run out), the wiring lease
+2 s, the cell's pod timeout 3 s and forward deadline 3 s. The faults, in turn (seeded
+order):
 
 * pause_scheduler: one scheduler replica paused 3.5 s, past its wiring lease (the other
   takes its wirings over);
@@ -26,7 +32,17 @@ cell's pod timeout 3 s and forward deadline 3 s. The faults, in turn (seeded ord
 * pause_host: ws-a and the ocs_manager replica it calls paused together 3.5 s (a host or
   VM frozen): ws-b takes the wirings over through the other ocs_manager replica, which
   takes the changes in flight over; the frozen manager wakes fenced out (the pause
-  lands while ws-a has a job WIRING, when there is one within 5 s).
+  lands while ws-a has a job WIRING, when there is one within 5 s);
+* partition_cell_pod: the cells and the pod's schedulers cut apart 4.5 s (nftables in
+  the namespace drops what crosses to or from their ports), past the pod timeout, while
+  jobs are submitted; both sides run on, the pod keeps its Redis;
+* partition_pod_redis: the pod's schedulers and ocs_managers cut off from Redis 3.5 s
+  while they hold wiring and change leases, past both; the cells keep theirs;
+* loss_pod_link: 5 % of the packets dropped each way on the pod's link (to the cells
+  and Redis) for 6 s; with 200 ms of delay each way too where the kernel has tc netem
+  (sch_netem): tried once at the start, and `not_injected` says when it is missing.
+  `partitions_observed` counts the partitions seen from outside as they end (the cell
+  lists the pod not READY; ws-a cannot list its jobs).
 
 After each fault ends, `s_to_definite_state` is how long until every job the cell
 knows is in a definite state (not UNKNOWN, WIRING or FORWARDING); the worst is
@@ -37,14 +53,14 @@ or a slice of no RUNNING job); `stale_writes_refused` is the ocs_manager's
 lightpath.ocs.stale_writes_refused (a caller's older lease, its own commit or switch
 batches after a take-over), `stale_writes_applied` the switches that disagree with the
 committed tables (CheckInvariants with compare_switches: a stale write that got
-through). Network partitions and netem run in tests/test_partitions.py (network
-namespaces); here every fault is a pause. `failovers` / `failover_lost` come from
-bench/sentinel_failover.py's `measure` when it is there (null with the reason when not).
+through). `failovers` / `failover_lost` come from bench/sentinel_failover.py's
+`measure` (`--failovers 0`: not run, null).
 
-Prints one JSON line: faults, faults_by_kind, ops, acknowledged, lost, contradicted,
+Prints one JSON line: faults, faults_by_kind, partitions_observed, ops, acknowledged, lost, contradicted,
 undefined, double_booked, stale_writes_refused, stale_writes_by_where,
 stale_writes_applied, failovers, failover_lost, worst_s_to_definite_state,
-s_to_definite_state, violation_details, codes, error_samples, load_average, seconds, seed.
+s_to_definite_state, not_injected, violation_details, codes, error_samples,
+load_average, seconds, seed.
 """
 
 from __future__ import annotations
@@ -53,20 +69,29 @@ import argparse
 import asyncio
 import collections
 import contextlib
+import dataclasses
 import importlib
 import os
 import random
 import signal
+import sys
+import tempfile
 import time
 import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
 
 import chaos
+import grpc
+import redis as redis_py
 from _common import emit
 
 from lightpath.client import channel
-from lightpath.embedded_redis import free_port
+from lightpath.embedded_redis import EmbeddedRedis, free_port
 from lightpath.stack import ProcessSpec, Stack
+from lightpath.testing import netns
 from lightpath.testing.history import DEFINITE, Final, History
+from lightpath.v1 import cell_scheduler_pb2 as cs
 from lightpath.v1 import cell_scheduler_pb2_grpc, ocs_manager_pb2_grpc, workload_scheduler_pb2_grpc
 from lightpath.v1 import common_pb2 as c
 from lightpath.v1 import ocs_manager_pb2 as om
@@ -92,10 +117,39 @@ FAULTS = {
     # flight over; on waking, the frozen manager's undo is refused by the switches
     "pause_host": ((SCHEDULERS[0], OCS), CHANGE_LEASE_S + WIRING_LEASE_S),
 }
+# network faults (the pod in a namespace of its own: lightpath.testing.netns) -> seconds
+NET_FAULTS = {
+    # the cell replicas and the pod (both schedulers) cut apart past the pod timeout,
+    # while jobs are submitted; the pod keeps its Redis
+    "partition_cell_pod": POD_TIMEOUT_S + 1.5,
+    # the pod's schedulers and ocs_managers cut off from Redis while they hold wiring
+    # and change leases, past both; the cells keep theirs
+    "partition_pod_redis": CHANGE_LEASE_S + WIRING_LEASE_S,
+    # 5 % of the packets dropped each way on the pod's link (to the cells and Redis),
+    # and 200 ms of delay each way where the kernel has netem
+    "loss_pod_link": 6.0,
+}
+LOSS_PERCENT = 5
+DELAY_MS = 200
+POD_PROCESSES = (*SCHEDULERS, OCS, OCS_B)
 NOT_DEFINITE = {c.JobState.Name(s) for s in (c.JOB_STATE_UNKNOWN, c.JOB_STATE_WIRING)}
 
 
-def specs() -> list[ProcessSpec]:
+def specs(ns: netns.Namespace | None = None) -> list[ProcessSpec]:
+    """The processes; with `ns`, the pod's four run in it (on its address) and the cells
+    on this side of its link (on ours), so that link can be cut, port by port."""
+    out = _specs()
+    if ns is None:
+        return out
+    return [
+        dataclasses.replace(s, host=ns.ip, netns=ns.name)
+        if s.name in POD_PROCESSES
+        else dataclasses.replace(s, host=ns.host_ip)
+        for s in out
+    ]
+
+
+def _specs() -> list[ProcessSpec]:
     cell_env = {
         "LIGHTPATH_CELL_POD_TIMEOUT_S": str(POD_TIMEOUT_S),
         "LIGHTPATH_CELL_FORWARD_TIMEOUT_S": str(FORWARD_TIMEOUT_S),
@@ -142,19 +196,40 @@ def specs() -> list[ProcessSpec]:
     return out
 
 
-class Pauser:
-    def __init__(self, stack: Stack, rng: random.Random, host_scheduler=None):
+class Faults:
+    """Pauses (SIGSTOP past a lease, then SIGCONT) and, with a namespace, partitions and
+    loss on the pod's link (nftables in the namespace, healed at the end of each)."""
+
+    def __init__(
+        self,
+        stack: Stack,
+        rng: random.Random,
+        host_scheduler=None,
+        ns: netns.Namespace | None = None,
+        redis_port: int = 0,
+        *,
+        cells: list | None = None,
+        delay: bool = False,  # the lossy link also slow (where the kernel has netem)
+    ):
         self.stack = stack
         self.rng = rng
+        self.ns = ns
+        self.redis_port = redis_port
+        self.delay = delay
         self.host_scheduler = host_scheduler  # ws-a's stub: pause_host waits for a wiring
         self.kinds: collections.Counter[str] = collections.Counter()
+        # partitions seen from outside as they end (cells: the cell replicas' stubs)
+        self.observed: collections.Counter[str] = collections.Counter()
+        self.cells = cells
         self.paused: set[str] = set()
 
     def _signal(self, name: str, sig: int) -> None:
         os.kill(self.stack.procs[name].pid, sig)
 
     async def fault(self, kind: str) -> list[str]:
-        """Pause the fault's processes past their lease, then resume them: their names."""
+        """Inject fault `kind`, past its lease, then end it: what it touched."""
+        if kind in NET_FAULTS:
+            return await self._network(kind)
         names, seconds = FAULTS[kind]
         if kind == "pause_host" and self.host_scheduler is not None:
             await self._wiring_in_flight()
@@ -169,6 +244,45 @@ class Pauser:
             self.resume_all()
         self.kinds[kind] += 1
         return list(names)
+
+    async def _network(self, kind: str) -> list[str]:
+        assert self.ns is not None
+        ports = {s.name: s.port for s in self.stack.specs}
+        if kind == "partition_cell_pod":
+            self.ns.cut_ports(ports[name] for name in CELLS)
+            self.ns.cut_listeners(ports[name] for name in SCHEDULERS)
+            touched = [*CELLS, *SCHEDULERS]
+        elif kind == "partition_pod_redis":
+            self.ns.cut_ports([self.redis_port])
+            touched = [*POD_PROCESSES, "redis"]
+        else:
+            self.ns.lose(LOSS_PERCENT)
+            if self.delay:
+                self.ns.delay(DELAY_MS)
+            touched = ["pod link"]
+        try:
+            await asyncio.sleep(NET_FAULTS[kind])
+            if await self._cut_observed(kind):
+                self.observed[kind] += 1
+        finally:
+            self.ns.heal()
+        self.kinds[kind] += 1
+        return touched
+
+    async def _cut_observed(self, kind: str) -> bool:
+        """Whether the partition shows, as it ends: the cell no longer lists the pod READY
+        (cell <-> pod), or ws-a cannot list its jobs from Redis (pod <-> Redis)."""
+        try:
+            if kind == "partition_cell_pod":
+                pods = (await self.cells[0].ListPods(cs.ListPodsRequest(), timeout=2)).pods
+                return not any(
+                    p.registration.pod_id == POD and p.status == cs.POD_STATUS_READY for p in pods
+                )
+            if kind == "partition_pod_redis":
+                await self.host_scheduler.ListJobs(ws.ListJobsRequest(page_size=1), timeout=2)
+            return False
+        except grpc.aio.AioRpcError:
+            return kind == "partition_pod_redis"
 
     async def _wiring_in_flight(self, limit_s: float = 5.0) -> None:
         """Until ws-a has a job WIRING (its change is in flight at its ocs_manager), for
@@ -268,6 +382,8 @@ def stale_refused(metrics_url: str) -> dict[str, float]:
 
 def failover_figures(failovers: int) -> dict:
     """Sentinel failovers (bench/sentinel_failover.py), or nulls saying why not."""
+    if failovers == 0:
+        return {"failovers": 0, "failover_lost": None, "failover_reason": "--failovers 0"}
     try:
         module = importlib.import_module("sentinel_failover")
     except ImportError as err:
@@ -280,7 +396,14 @@ def failover_figures(failovers: int) -> dict:
     return {**figures, "failovers": figures["failovers"], "failover_lost": figures["failover_lost"]}
 
 
-async def drive(stack: Stack, args) -> dict:
+async def drive(
+    stack: Stack,
+    args,
+    ns: netns.Namespace | None = None,
+    redis_port: int = 0,
+    *,
+    delay: bool = False,
+) -> dict:
     rng = random.Random(args.seed)
     for name in CELLS:
         await chaos.wait_registered(stack, name)
@@ -297,8 +420,9 @@ async def drive(stack: Stack, args) -> dict:
         ocs = ocs_manager_pb2_grpc.OcsManagerStub(await ch(OCS))
         record = chaos.Record()
         host = workload_scheduler_pb2_grpc.WorkloadSchedulerStub(await ch(SCHEDULERS[0]))
-        pauser = Pauser(stack, rng, host)
-        plan = [list(FAULTS)[i % len(FAULTS)] for i in range(args.faults)]
+        pauser = Faults(stack, rng, host, ns, redis_port, cells=cells, delay=delay)
+        kinds = [*FAULTS, *(NET_FAULTS if ns is not None else ())]
+        plan = [kinds[i % len(kinds)] for i in range(args.faults)]
         rng.shuffle(plan)
         settle: list[float] = []
         started = time.monotonic()
@@ -308,10 +432,18 @@ async def drive(stack: Stack, args) -> dict:
             try:
                 for kind in plan:
                     await asyncio.sleep(rng.uniform(0.5, 1.5))  # load between the faults
-                    await pauser.fault(kind)
+                    touched = await pauser.fault(kind)
                     settle.append(await time_to_definite(cells))
+                    print(  # progress, for people (the JSON line is on stdout)
+                        f"fault {len(settle)}/{len(plan)} {kind} ({', '.join(touched)}):"
+                        f" definite {settle[-1]:.1f} s after",
+                        file=sys.stderr,
+                        flush=True,
+                    )
             finally:
                 pauser.resume_all()
+                if ns is not None:
+                    ns.heal()
                 stop.set()
 
         async def clients() -> None:
@@ -358,6 +490,7 @@ async def drive(stack: Stack, args) -> dict:
     return {
         "faults": sum(pauser.kinds.values()),
         "faults_by_kind": dict(pauser.kinds),
+        "partitions_observed": dict(pauser.observed),
         "ops": record.ops,
         "acknowledged": report.acknowledged,
         "lost": len(report.lost),
@@ -378,16 +511,64 @@ async def drive(stack: Stack, args) -> dict:
     }
 
 
+@contextlib.contextmanager
+def own_stack(ns: netns.Namespace | None) -> Iterator[tuple[Stack, EmbeddedRedis]]:
+    """The stack on a redis-server of its own (AOF, fsync always) on this side of the
+    namespace's link (on loopback without one), in a temporary directory; all stopped
+    at the end."""
+    with tempfile.TemporaryDirectory(prefix="lightpath-partitions-") as tmp:
+        host = ns.host_ip if ns is not None else "127.0.0.1"
+        redis = EmbeddedRedis(Path(tmp) / "redis", port=free_port(), host=host)
+        redis.start()
+        try:
+            with redis_py.Redis(host=host, port=redis.port) as r:
+                r.config_set("appendfsync", "always")
+            stack = Stack(
+                Path(tmp) / "state", specs=specs(ns), redis_url=redis.url, log=lambda *_: None
+            )
+            stack.start()
+            try:
+                yield stack, redis
+            finally:
+                stack.stop()
+        finally:
+            redis.stop()
+
+
 def run(args) -> dict:
-    with chaos.own_stack(specs(), "lightpath-partitions-") as (stack, _):
-        return asyncio.run(drive(stack, args))
+    why = netns.unavailable() if args.network else "--no-network"
+    ns = None if why else netns.Namespace()
+    no_delay = ""
+    try:
+        if ns is not None:
+            ns.create()
+            # delay is tc netem's (the kernel's sch_netem): tried once, left out if missing
+            no_delay = ns.delay(DELAY_MS)
+            ns.heal()
+        with own_stack(ns) as (stack, redis):
+            result = asyncio.run(drive(stack, args, ns, redis.port, delay=not no_delay))
+    finally:
+        if ns is not None:
+            ns.destroy()
+    result["not_injected"] = [r for r in (why and f"partitions and loss: {why}", no_delay) if r]
+    return result
 
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--faults", type=int, default=20, help="pauses over the run (>= 4)")
+    parser.add_argument(
+        "--faults", type=int, default=20, help="faults over the run (>= 8: each kind once)"
+    )
     parser.add_argument("--clients", type=int, default=4)
-    parser.add_argument("--failovers", type=int, default=20, help="Sentinel failovers")
+    parser.add_argument(
+        "--failovers", type=int, default=20, help="Sentinel failovers (0: Sentinel not run)"
+    )
+    parser.add_argument(
+        "--network",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="partitions and loss in a network namespace (needs root; pauses only without)",
+    )
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args(argv)
     result = run(args)

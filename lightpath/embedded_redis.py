@@ -148,7 +148,9 @@ class EmbeddedRedis:
         port: int = 0,
         appendonly: bool = True,
         password: str | None = None,
+        host: str = "127.0.0.1",  # an address of this host's own (a namespace's veth end)
     ):
+        self.host = host
         self.data_dir = Path(data_dir)
         self.password = password
         self.requested_port = port
@@ -159,7 +161,7 @@ class EmbeddedRedis:
     @property
     def url(self) -> str:
         """The URL without the password (give that apart: `password`, a password file)."""
-        return f"redis://127.0.0.1:{self.port}/0"
+        return f"redis://{self.host}:{self.port}/0"
 
     @property
     def url_with_password(self) -> str:
@@ -167,7 +169,7 @@ class EmbeddedRedis:
 
         if not self.password:
             return self.url
-        return f"redis://:{quote(self.password, safe='')}@127.0.0.1:{self.port}/0"
+        return f"redis://:{quote(self.password, safe='')}@{self.host}:{self.port}/0"
 
     def start(self, timeout: float = 10.0) -> str:
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -182,7 +184,7 @@ class EmbeddedRedis:
                     "--port",
                     str(self.port),
                     "--bind",
-                    "127.0.0.1",
+                    self.host,
                     "--dir",
                     str(self.data_dir),
                     "--appendonly",
@@ -227,7 +229,7 @@ class EmbeddedRedis:
             if self.process is None or self.process.poll() is not None:
                 return False
             try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
+                with socket.create_connection((self.host, self.port), timeout=0.5) as s:
                     if self.password:
                         s.sendall(_command("AUTH", self.password))
                         if not s.recv(64).startswith(b"+OK"):

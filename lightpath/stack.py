@@ -86,10 +86,14 @@ class ProcessSpec:
         default_factory=dict
     )  # env var -> name of the process it points at
     metrics_port: int = 0  # Prometheus scrape endpoint on loopback; 0: none
+    # Where it listens and is reached, and the network namespace it runs in ("": this
+    # one): bench/partitions.py puts a pod behind a link it can cut (lightpath.testing.netns).
+    host: str = "127.0.0.1"
+    netns: str = ""
 
     @property
     def metrics_url(self) -> str:
-        return f"http://127.0.0.1:{self.metrics_port}/metrics" if self.metrics_port else ""
+        return f"http://{self.host}:{self.metrics_port}/metrics" if self.metrics_port else ""
 
     @property
     def console_script(self) -> str:
@@ -275,11 +279,13 @@ def process_env(
     spec: ProcessSpec, specs: list[ProcessSpec], redis_url: str, host: str = "127.0.0.1"
 ) -> dict[str, str]:
     """The LIGHTPATH_* variables one process gets (host: how peers are reached)."""
-    ports = {s.name: s.port for s in specs}
-    bind = "0.0.0.0" if host == "compose" else "127.0.0.1"
+    by_name = {s.name: s for s in specs}
+    bind = "0.0.0.0" if host == "compose" else spec.host
     env = {"LIGHTPATH_REDIS_URL": redis_url, "LIGHTPATH_LISTEN": f"{bind}:{spec.port}", **spec.env}
-    for var, peer in spec.peers.items():
-        env[var] = f"{peer if host == 'compose' else host}:{ports[peer]}"
+    for var, name in spec.peers.items():
+        peer = by_name[name]
+        at = name if host == "compose" else host if peer.host == "127.0.0.1" else peer.host
+        env[var] = f"{at}:{peer.port}"
     return env
 
 
@@ -478,7 +484,7 @@ class Stack:
 
     @property
     def endpoints(self) -> dict[str, str]:
-        return {s.name: f"127.0.0.1:{s.port}" for s in self.specs}
+        return {s.name: f"{s.host}:{s.port}" for s in self.specs}
 
     @property
     def metrics_endpoints(self) -> dict[str, str]:
@@ -616,8 +622,9 @@ class Stack:
             principals.append(console_principal())
         self.ca.ensure()
         if self.tls:
+            hosts = {s.principal: (s.host,) for s in self.specs if s.host != "127.0.0.1"}
             for p in principals:
-                self.ca.issue(p)
+                self.ca.issue(p, hosts=hosts.get(p, ()))
             return
         import asyncio
 
@@ -654,8 +661,8 @@ class Stack:
         # Where a service keeps files of its own (the core broker's graph data and runs).
         env.setdefault("LIGHTPATH_STATE_DIR", str(self.state_dir))
         if spec.metrics_port:
-            env["LIGHTPATH_METRICS_LISTEN"] = f"127.0.0.1:{spec.metrics_port}"
-        self._popen(spec.name, spec.service, env)
+            env["LIGHTPATH_METRICS_LISTEN"] = f"{spec.host}:{spec.metrics_port}"
+        self._popen(spec.name, spec.service, env, spec.netns)
 
     def _spawn_console(self) -> None:
         """The web console: its own certificate, the services' addresses, no Redis (it is a
@@ -687,7 +694,7 @@ class Stack:
                 )
             time.sleep(0.1)
 
-    def _popen(self, name: str, service: str, env: dict[str, str]) -> None:
+    def _popen(self, name: str, service: str, env: dict[str, str], netns: str = "") -> None:
         env.setdefault("LIGHTPATH_INSTANCE_ID", name)
         env.setdefault("LIGHTPATH_LOG_FORMAT", "json")
         logs = self.state_dir / "logs"
@@ -696,8 +703,10 @@ class Stack:
         logfile = open_private_append(logs / f"{name}.log")
         otelfile = open_private_append(logs / f"{name}.otel.jsonl")
         try:
+            # `ip netns exec` execs the service: the pid is the service's own
+            inside = ["ip", "netns", "exec", netns] if netns else []
             self.procs[name] = subprocess.Popen(
-                [sys.executable, "-m", f"services.{service}"],
+                [*inside, sys.executable, "-m", f"services.{service}"],
                 env=env,
                 stdout=otelfile,
                 stderr=logfile,
@@ -716,7 +725,7 @@ class Stack:
         while pending:
             for name, spec in list(pending.items()):
                 self._check_alive(name)
-                status = health_status(f"127.0.0.1:{spec.port}", timeout=0.5, credentials=creds)
+                status = health_status(f"{spec.host}:{spec.port}", timeout=0.5, credentials=creds)
                 if status == "SERVING":
                     del pending[name]
             if pending and time.monotonic() > deadline:
@@ -745,7 +754,7 @@ class Stack:
 
         async def registered() -> set[str]:
             async with channel(
-                f"127.0.0.1:{cells[0].port}", credentials=self.operator, expect=cells[0].principal
+                self.endpoints[cells[0].name], credentials=self.operator, expect=cells[0].principal
             ) as ch:
                 listed = await cell_scheduler_pb2_grpc.CellSchedulerStub(ch).ListPods(
                     cell_scheduler_pb2.ListPodsRequest(), timeout=2.0

@@ -22,10 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import random
-import shutil
-import subprocess
 import time
 import warnings
 from collections.abc import Iterator
@@ -36,9 +32,9 @@ import pytest
 from google.protobuf import duration_pb2
 
 from lightpath.client import channel
-from lightpath.embedded_redis import free_port, redis_server_binary
 from lightpath.security.identity import service_principal
 from lightpath.testing.history import DEFINITE, Final, History
+from lightpath.testing.netns import Namespace, unavailable
 from lightpath.v1 import cell_scheduler_pb2 as cs
 from lightpath.v1 import cell_scheduler_pb2_grpc
 from lightpath.v1 import common_pb2 as c
@@ -51,154 +47,12 @@ from tests.test_pauses import invariants_hold, job_spec, ocs_at, scheduler_at, s
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[1]
 DEFINITE_WITHIN_S = 30.0
-
-
-def _ip(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["ip", *args], capture_output=True, text=True, timeout=10)
-
-
-def _netns_unavailable() -> str:
-    if os.geteuid() != 0:
-        return "network namespaces need root (ip netns add)"
-    if shutil.which("ip") is None or shutil.which("tc") is None:
-        return "no ip or tc command (iproute2)"
-    probe = f"lp32probe{os.getpid()}"
-    made = _ip("netns", "add", probe)
-    if made.returncode != 0:
-        return f"ip netns add failed: {made.stderr.strip()}"
-    _ip("netns", "del", probe)
-    return ""
-
-
-def _free_subnet() -> int:
-    """A 10.232.n.0/30 no interface here uses (test processes run side by side)."""
-    for _ in range(100):
-        n = random.randrange(256)
-        if not _ip("-o", "addr", "show", "to", f"10.232.{n}.0/30").stdout.strip():
-            return n
-    raise RuntimeError("no free 10.232.n.0/30 for a namespace")
-
-
-class Namespace:
-    """A namespace joined to this one by a veth pair: `host_ip` here, `ip` there."""
-
-    def __init__(self) -> None:
-        n = _free_subnet()
-        self.name = f"lp32-{os.getpid()}-{n}"
-        self.host_dev, self.dev = f"lp32h{n}x{os.getpid() % 10000}", f"lp32n{n}"
-        self.host_ip, self.ip = f"10.232.{n}.1", f"10.232.{n}.2"
-        self.procs: list[subprocess.Popen] = []
-
-    def create(self) -> None:
-        steps = [
-            ("netns", "add", self.name),
-            ("link", "add", self.host_dev, "type", "veth", "peer", "name", self.dev),
-            ("link", "set", self.dev, "netns", self.name),
-            ("addr", "add", f"{self.host_ip}/30", "dev", self.host_dev),
-            ("link", "set", self.host_dev, "up"),
-            ("-n", self.name, "addr", "add", f"{self.ip}/30", "dev", self.dev),
-            ("-n", self.name, "link", "set", self.dev, "up"),
-            ("-n", self.name, "link", "set", "lo", "up"),
-        ]
-        for step in steps:
-            done = _ip(*step)
-            assert done.returncode == 0, f"ip {' '.join(step)}: {done.stderr}"
-
-    def destroy(self) -> None:
-        for p in self.procs:
-            if p.poll() is None:
-                p.terminate()
-                try:
-                    p.wait(10)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-        _ip("link", "del", self.host_dev)  # takes its peer with it
-        _ip("netns", "del", self.name)
-
-    def partition(self, cut: bool) -> None:
-        done = _ip("link", "set", self.host_dev, "down" if cut else "up")
-        assert done.returncode == 0, done.stderr
-
-    def impair(self, delay_ms: int, loss_percent: int) -> list[str]:
-        """Drop `loss_percent` of the packets crossing the pair each way (nftables in the
-        namespace, on its end of the pair) and delay them `delay_ms` each way (tc netem on
-        both ends) where the kernel has netem; what it could not apply, said."""
-        dev = self.dev
-        rules = [
-            "add table inet lp32",
-            "add chain inet lp32 out { type filter hook output priority 0; }",
-            "add chain inet lp32 in { type filter hook input priority 0; }",
-            f"add rule inet lp32 out oifname {dev} numgen random mod 100 < {loss_percent} drop",
-            f"add rule inet lp32 in iifname {dev} numgen random mod 100 < {loss_percent} drop",
-        ]
-        for rule in rules:
-            done = subprocess.run(
-                ["ip", "netns", "exec", self.name, "nft", *rule.split()],
-                capture_output=True, text=True, timeout=10,
-            )  # fmt: skip
-            assert done.returncode == 0, f"nft {rule}: {done.stderr}"
-        missing = []
-        for cmd in (
-            ["tc", "qdisc", "replace", "dev", self.host_dev, "root", "netem", "delay", f"{delay_ms}ms"],
-            [
-                "ip", "netns", "exec", self.name,
-                "tc", "qdisc", "replace", "dev", dev, "root", "netem", "delay", f"{delay_ms}ms",
-            ],
-        ):  # fmt: skip
-            done = subprocess.run(cmd, capture_output=True, text=True, timeout=10)
-            if done.returncode != 0:
-                missing.append(f"no {delay_ms} ms delay: {done.stderr.strip()} (no sch_netem)")
-                break
-        return missing
-
-    def popen(self, argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
-        with log.open("ab") as out:
-            p = subprocess.Popen(
-                ["ip", "netns", "exec", self.name, *argv],
-                env=env,
-                cwd=ROOT,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=out,
-            )
-        self.procs.append(p)
-        return p
-
-    def redis(self, workdir: Path, *, here: bool = False) -> str:
-        """A redis-server in the namespace on its address (`here`: on this side, on
-        `host_ip`): its URL."""
-        port = free_port()
-        host = self.host_ip if here else self.ip
-        argv = [
-            redis_server_binary(),
-            "--port", str(port), "--bind", host, "--save", "", "--appendonly", "no",
-            "--dir", str(workdir),
-        ]  # fmt: skip
-        log = workdir / f"redis-{port}.log"
-        if here:
-            with log.open("ab") as out:
-                self.procs.append(
-                    subprocess.Popen(argv, stdout=out, stderr=out, stdin=subprocess.DEVNULL)
-                )
-        else:
-            self.popen(argv, dict(os.environ), log)
-        import redis
-
-        deadline = time.monotonic() + 20
-        while True:
-            with contextlib.suppress(redis.RedisError):
-                with redis.Redis(host=host, port=port) as r:
-                    r.ping()
-                    return f"redis://{host}:{port}/0"
-            assert time.monotonic() < deadline, "redis-server in the namespace did not start"
-            time.sleep(0.05)
 
 
 @pytest.fixture
 def namespace() -> Iterator[Namespace]:
-    why = _netns_unavailable()
+    why = unavailable()
     if why:
         pytest.skip(why)
     ns = Namespace()

@@ -227,9 +227,12 @@ class OcsManagerClient:
         )
         return _wiring(await self._call("WireSlice", request, timeout_s=timeout_s))
 
-    async def release(self, job_id: str) -> bool:
-        """Release the job's slice; False when the ocs_manager had none (already released)."""
-        request = ocs_manager_pb2.ReleaseSliceRequest(job_id=job_id)
+    async def release(self, job_id: str, *, lease: tuple[str, int] | None = None) -> bool:
+        """Release the job's slice; False when the ocs_manager had none (already released).
+        `lease`: this caller's hold on the job (job_lease), fenced as WireSlice's is: a
+        replica that lost the job to a take-over is refused (STALE_LEASE) rather than
+        tearing down the new holder's wiring."""
+        request = ocs_manager_pb2.ReleaseSliceRequest(job_id=job_id, **_lease_fields(lease))
         return await self._unless_missing("ReleaseSlice", request) is not None
 
     async def replace(
@@ -308,7 +311,8 @@ class RingsClient(OcsManagerClient):
         )
         return ReplaceResult(len(resp.rerouted), resp.rings_untouched, "rings")
 
-    async def release(self, job_id: str) -> bool:
+    async def release(self, job_id: str, *, lease: tuple[str, int] | None = None) -> bool:
+        # Ring reservations carry no lease (WireRings is not fenced either): `lease` unused.
         request = ocs_manager_pb2.ReleaseRingsRequest(job_id=job_id)
         return await self._unless_missing("ReleaseRings", request) is not None
 

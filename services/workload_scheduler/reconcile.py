@@ -25,7 +25,7 @@ from services.workload_scheduler.core import (
     Part,
     PodContext,
 )
-from services.workload_scheduler.ocs import OcsError
+from services.workload_scheduler.ocs import OcsError, job_lease
 from services.workload_scheduler.placement import PodState
 from services.workload_scheduler.planner import (
     boxes_on_failed_chips,
@@ -263,7 +263,7 @@ class Reconcile(Part):
         try:
             found = await self.ocs.wiring(job.job_id)
             if found is not None and found.blocks != mine.placement:
-                await self.wiring.release(job.job_id)
+                await self.wiring.release(job.job_id, lease=job_lease(mine))
                 found = None
             elif found is not None and not found.committed:
                 found = None  # still being programmed: WireSlice again finishes or replays it

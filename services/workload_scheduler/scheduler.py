@@ -60,7 +60,7 @@ from services.workload_scheduler.core import (
     PodContext,
     job_event_after,
 )
-from services.workload_scheduler.ocs import OcsError
+from services.workload_scheduler.ocs import OcsError, job_lease
 from services.workload_scheduler.reconcile import Reconcile
 from services.workload_scheduler.store import Conflict, JobRecord
 from services.workload_scheduler.swap import Swap
@@ -212,7 +212,9 @@ class WorkloadScheduler(Part):
             pass  # a sub-block slice has no wiring at the ocs_manager
         elif record.state in HOLDING_STATES or job.job_id in await self.store.wired_jobs():
             try:
-                await self.wiring.release(job.job_id, wait_s=FINISH_RELEASE_WAIT_S)
+                await self.wiring.release(
+                    job.job_id, wait_s=FINISH_RELEASE_WAIT_S, lease=job_lease(new)
+                )
             except OcsError as err:
                 self.wiring.release_error(job.job_id, err)
         if waiting:

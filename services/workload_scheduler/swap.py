@@ -29,7 +29,7 @@ from services.workload_scheduler.core import (
     _SwapRun,
     _victim_json,
 )
-from services.workload_scheduler.ocs import OcsError, ReplaceResult
+from services.workload_scheduler.ocs import OcsError, ReplaceResult, job_lease
 from services.workload_scheduler.placement import PodState
 from services.workload_scheduler.planner import (
     Replacement,
@@ -417,7 +417,9 @@ class Swap(Part):
         self.log.warning("job %s: %s", job.job_id, reason, extra={"job_id": job.job_id})
         try:
             if final:
-                await self.wiring.release(job.job_id, wait_s=FINISH_RELEASE_WAIT_S)
+                await self.wiring.release(
+                    job.job_id, wait_s=FINISH_RELEASE_WAIT_S, lease=job_lease(new)
+                )
             else:
                 await self.wiring.release_claimed(job.job_id, wait_s=FINISH_RELEASE_WAIT_S)
         except OcsError as err:

@@ -32,7 +32,7 @@ from services.workload_scheduler.core import (
     PodContext,
     WiringRolledBack,
 )
-from services.workload_scheduler.ocs import OcsError, Wiring
+from services.workload_scheduler.ocs import OcsError, Wiring, job_lease
 from services.workload_scheduler.planner import (
     Allocation,
 )
@@ -314,7 +314,8 @@ class Wirer(Part):
             return  # another replica finished the same wiring
         try:
             if record is None or record.state in FINAL_STATES:
-                await self.release(job.job_id)
+                # our hold on it: refused if a replica took the job over and wired it
+                await self.release(job.job_id, lease=job_lease(job))
             else:
                 await self.release_claimed(job.job_id)
         except OcsError as err:
@@ -402,7 +403,9 @@ class Wirer(Part):
         log("job %s: %s", job.job_id, reason, extra={"job_id": job.job_id})
         self.schedule_soon()
 
-    async def _release_at_ocs(self, job_id: str, *, wait_s: float | None = None) -> bool:
+    async def _release_at_ocs(
+        self, job_id: str, *, wait_s: float | None = None, lease: tuple[str, int] | None = None
+    ) -> bool:
         """ReleaseSlice (ReleaseRings); False when there was none. While another call is
         changing the slice (ABORTED SLICE_BUSY: a release or wiring in progress) ask
         again once it ended, for `wait_s` (the call deadline) at most; then that call
@@ -411,7 +414,7 @@ class Wirer(Part):
         delay = 0.05
         while True:
             try:
-                return await self.ocs.release(job_id)
+                return await self.ocs.release(job_id, lease=lease)
             except OcsError as err:
                 if not err.busy or time.monotonic() > limit:
                     raise
@@ -419,9 +422,12 @@ class Wirer(Part):
             await asyncio.sleep(delay)
             delay = min(1.0, delay * 2)
 
-    async def release(self, job_id: str, *, wait_s: float | None = None) -> None:
-        """ReleaseSlice for a job this caller owns (final, or WIRING by us), then unmark."""
-        await self._release_at_ocs(job_id, wait_s=wait_s)
+    async def release(
+        self, job_id: str, *, wait_s: float | None = None, lease: tuple[str, int] | None = None
+    ) -> None:
+        """ReleaseSlice for a job this caller owns (final, or WIRING by us), then unmark;
+        `lease` (job_lease of the job as this caller holds it) fences the release."""
+        await self._release_at_ocs(job_id, wait_s=wait_s, lease=lease)
         txn = self.store.txn()
         txn.unwire(job_id)
         await self.store.commit(txn)

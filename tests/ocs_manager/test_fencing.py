@@ -10,15 +10,19 @@ import asyncio
 import grpc
 import pytest
 
+from lightpath.client import channel
 from lightpath.domain.southbound import OCS, SouthboundDevice
 from lightpath.v1 import ocs_manager_pb2 as pb
+from lightpath.v1 import ocs_manager_pb2_grpc
 from services.common.txn import STALE_LEASE, Conflict, Txn
 from services.ocs_manager import server as ocs_server
 from services.ocs_manager.metrics import OcsMetrics
 from services.ocs_manager.store import PROGRAM
 from services.switch_agent.switches import Batch, SimulatedSwitch
+from services.workload_scheduler.ocs import OcsError, OcsManagerClient
+from tests.helpers import serve
 from tests.metrics_reader import install, value
-from tests.ocs_manager.conftest import ocs_stub, rpc_error, wire_request
+from tests.ocs_manager.conftest import fabric_env, ocs_stub, rpc_error, wire_request
 from tests.ocs_manager.test_driver_failures import assert_clean, scripted_ocs, snapshot
 
 C = grpc.StatusCode
@@ -65,6 +69,34 @@ async def test_a_caller_with_an_older_lease_on_the_job_is_refused(redis_url, mon
         # the same job submitted again is another lease; unfenced calls are not checked
         await ocs.WireSlice(wire_request("j", [1, 1, 1], [3], lease_id="j#9", lease_token=1))
         await ocs.ReleaseSlice(pb.ReleaseSliceRequest(job_id="j"))
+
+
+async def test_a_scheduler_that_lost_the_job_cannot_release_the_new_holders_slice(
+    redis_url, monkeypatch
+):
+    """The scheduler's client sends its lease on ReleaseSlice as on WireSlice: a replica
+    paused while another took the job over (epoch 1 -> 2) and wired it wakes, finds the
+    job superseded and releases with its old epoch: refused, the new holder's slice
+    stays; the holder's own release (its epoch, or the final one) goes through."""
+    reader = install(monkeypatch, ocs_server, OcsMetrics, refresh_s=0.1)
+    async with (
+        serve("ocs_manager", redis_url, fabric_env(pod="pod-rel")) as svc,
+        channel(svc.address, max_attempts=1) as ch,
+    ):
+        client = OcsManagerClient(ch)
+        ocs = ocs_manager_pb2_grpc.OcsManagerStub(ch)
+        await ocs.WireSlice(wire_request("j", [1, 1, 1], [2], lease_id="j#4", lease_token=2))
+        with pytest.raises(OcsError) as err:
+            await client.release("j", lease=("j#4", 1))
+        assert err.value.reason == STALE_LEASE and err.value.code == C.FAILED_PRECONDITION
+        listed = (await ocs.ListSlices(pb.ListSlicesRequest())).slices
+        assert [(s.job_id, tuple(s.block_ids)) for s in listed] == [("j", (2,))]
+        assert value(reader, "lightpath.ocs.stale_writes_refused", where="lease") == 1
+        assert await client.release("j", lease=("j#4", 3)) is True  # the holder, finishing
+        assert (await ocs.ListSlices(pb.ListSlicesRequest())).slices == []
+        # and the stale replica's later wire of its old view is refused too
+        with pytest.raises(grpc.aio.AioRpcError):
+            await ocs.WireSlice(wire_request("j", [1, 1, 1], [3], lease_id="j#4", lease_token=2))
 
 
 async def test_the_txn_fence_refuses_an_older_token_and_keeps_the_highest(redis_client):
