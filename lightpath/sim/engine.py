@@ -762,11 +762,8 @@ class OcsModel(_Model):
         the first block slice, what defragmentation works for)."""
         policy = self.sim.policy
         first = pod.queue.keys[0][2]
-        if policy.age_bound_s is not None:
-            # a job that reached the age bound since that pass may preempt now
-            bound, now_ms = _ms(policy.age_bound_s), _ms(self.sim.now)
-            if any(pod.quiet_ms < j.submitted_ms + bound <= now_ms for j in pod.waiting.values()):
-                return False
+        if not self._aging_quiet(pod):
+            return False
         if policy.backfill == "none" and first != job.job_id:
             return True  # the pass stops at the head, blocked as before
         if policy.backfill == "easy" and first == job.job_id:
@@ -787,6 +784,23 @@ class OcsModel(_Model):
         return (
             self._ends(run) > reservation[0] and self._blocks_taken(state, found) > (reservation[1])
         )
+
+    def _aging_quiet(self, pod: OcsPod) -> bool:
+        """False when the age bound's turn would go to another job than in the pod's last
+        (quiet) pass: a job that reached the bound since comes before, in queue order, the
+        first job that had reached it then. Otherwise the same job takes the turn on the
+        same state and fails again (the quiet pass placed nothing)."""
+        if self.sim.policy.age_bound_s is None:
+            return True
+        bound, now_ms = _ms(self.sim.policy.age_bound_s), _ms(self.sim.now)
+        waiting = pod.waiting
+        for _, _, job_id in pod.queue.keys:
+            due = waiting[job_id].submitted_ms + bound
+            if due <= pod.quiet_ms:
+                return True  # had its turn then: it takes it again
+            if due <= now_ms:
+                return False  # reached the bound since, ahead of it
+        return True
 
     def _ends(self, run: JobRun) -> float:
         """When a waiting job started now would end by its estimate (EASY)."""
@@ -834,7 +848,20 @@ class OcsModel(_Model):
         free_chips: int | None = None
         low = min((j.priority for j in state.jobs.values() if j.state == RUNNING), default=1 << 30)
         traits = pod.traits
-        for job_id in pod.queue.ids():
+        ids = pod.queue.ids()
+        # No job after the last one past the bound can take its turn: from there on the
+        # pass walks as if the turn had been taken (the shortcuts below that wait for it).
+        last_due = -1
+        due_ms = now_ms - bound if bound is not None else 0  # submitted by then: past it
+        if not aged:
+            waiting = pod.waiting
+            for i in range(len(ids) - 1, -1, -1):
+                if waiting[ids[i]].submitted_ms <= due_ms:
+                    last_due = i
+                    break
+        for i, job_id in enumerate(ids):
+            if i > last_due:
+                aged = True
             # Skipped without asking the planner when its answer is known: the same demand,
             # or (a block slice of one node type) as many blocks or more at the same or a
             # lower priority, failed since the last preemption (the pod only fills up
@@ -860,7 +887,8 @@ class OcsModel(_Model):
                     if p >= priority and m <= n:
                         known = True
                         break
-            if known and aged:
+            if known and (aged or pod.waiting[job_id].submitted_ms > due_ms):
+                # known Unplaceable and (past the turn, or not due for it): nothing to ask
                 continue
             job = pod.waiting[job_id]
             found: Allocation | Unplaceable | None = None
@@ -1046,8 +1074,22 @@ class OcsModel(_Model):
 
     def aged(self, pod: OcsPod, job_id: str) -> None:
         """A waiting job reached the age bound: a pass (the service's reconcile round)."""
-        if job_id in pod.waiting:
-            self.schedule(pod)
+        if job_id not in pod.waiting:
+            return
+        policy = self.sim.policy
+        if (
+            self.shortcuts
+            and pod.quiet == pod.version
+            and policy.backfill == "greedy"
+            and not policy.defrag
+            and self._aging_quiet(pod)
+        ):
+            # nothing changed since a pass that placed nothing, and the age bound's turn
+            # goes to the same job: the pass would decide nothing again
+            self.sim.counters["passes_skipped"] += 1
+            self._note_idle()
+            return
+        self.schedule(pod)
 
     def wired(self, run: JobRun) -> None:
         pod = self.pods[run.pod]
