@@ -845,7 +845,7 @@ class OcsModel(_Model):
         # out). `low` is taken before the queue is walked: within a pass RUNNING slices
         # only leave (victims), so the lowest priority among them can only rise.
         free_blocks: Counter[str] | None = None
-        free_chips: int | None = None
+        full: bool | None = None  # nothing free: no block, no chip on a healthy host
         low = min((j.priority for j in state.jobs.values() if j.state == RUNNING), default=1 << 30)
         traits = pod.traits
         ids = pod.queue.ids()
@@ -871,15 +871,14 @@ class OcsModel(_Model):
                 # Nothing is free (no block, no chip on a healthy host) and neither this
                 # job nor any after it (no higher priority) has a lower priority to
                 # preempt, nor the age bound's turn: no later job can be placed.
-                if free_blocks is None:
-                    free_blocks = state.free_counts()
-                if not any(free_blocks.values()):
-                    if free_chips is None:
-                        free_chips = _free_chips(state)
-                    if free_chips == 0:
-                        blocked = True
-                        sim.counters["queue_walks_cut"] += 1
-                        break
+                if full is None:  # asked once per state, not once per job
+                    if free_blocks is None:
+                        free_blocks = state.free_counts()
+                    full = not any(free_blocks.values()) and _free_chips(state) == 0
+                if full:
+                    blocked = True
+                    sim.counters["queue_walks_cut"] += 1
+                    break
             known = failed_at.get(key) == victims_applied
             if not known and one_type and failed_blocks:
                 priority = key[1]
@@ -932,7 +931,7 @@ class OcsModel(_Model):
             if self.on_decision is not None:
                 self.on_decision(pod, found)
             apply_allocation(state, found)
-            free_blocks = free_chips = None
+            free_blocks = full = None
             if found.victims:
                 victims_applied += 1
                 failed_blocks.clear()
