@@ -789,17 +789,22 @@ class OcsModel(_Model):
         """False when the age bound's turn would go to another job than in the pod's last
         (quiet) pass: a job that reached the bound since comes before, in queue order, the
         first job that had reached it then. Otherwise the same job takes the turn on the
-        same state and fails again (the quiet pass placed nothing)."""
-        if self.sim.policy.age_bound_s is None:
+        same state and fails again (the quiet pass placed nothing). Only a greedy walk
+        is sure to have offered that first job the turn (EASY's reservation and FIFO's
+        stop may pass it over): otherwise any job reaching the bound since counts."""
+        policy = self.sim.policy
+        if policy.age_bound_s is None:
             return True
-        bound, now_ms = _ms(self.sim.policy.age_bound_s), _ms(self.sim.now)
+        bound, now_ms = _ms(policy.age_bound_s), _ms(self.sim.now)
         waiting = pod.waiting
+        greedy = self.shortcuts and policy.backfill == "greedy" and not policy.defrag
         for _, _, job_id in pod.queue.keys:
             due = waiting[job_id].submitted_ms + bound
             if due <= pod.quiet_ms:
-                return True  # had its turn then: it takes it again
-            if due <= now_ms:
-                return False  # reached the bound since, ahead of it
+                if greedy:
+                    return True  # had its turn then: it takes it again
+            elif due <= now_ms:
+                return False  # reached the bound since (ahead of it)
         return True
 
     def _ends(self, run: JobRun) -> float:
@@ -853,7 +858,9 @@ class OcsModel(_Model):
         # pass walks as if the turn had been taken (the shortcuts below that wait for it).
         last_due = -1
         due_ms = now_ms - bound if bound is not None else 0  # submitted by then: past it
-        if not aged:
+        if not aged and not self.shortcuts:
+            last_due = len(ids)  # the full walk: every job waits for the turn
+        elif not aged:
             waiting = pod.waiting
             for i in range(len(ids) - 1, -1, -1):
                 if waiting[ids[i]].submitted_ms <= due_ms:
@@ -886,7 +893,7 @@ class OcsModel(_Model):
                     if p >= priority and m <= n:
                         known = True
                         break
-            if known and (aged or pod.waiting[job_id].submitted_ms > due_ms):
+            if known and (aged or (self.shortcuts and pod.waiting[job_id].submitted_ms > due_ms)):
                 # known Unplaceable and (past the turn, or not due for it): nothing to ask
                 continue
             job = pod.waiting[job_id]
