@@ -762,11 +762,8 @@ class OcsModel(_Model):
         the first block slice, what defragmentation works for)."""
         policy = self.sim.policy
         first = pod.queue.keys[0][2]
-        if policy.age_bound_s is not None:
-            # a job that reached the age bound since that pass may preempt now
-            bound, now_ms = _ms(policy.age_bound_s), _ms(self.sim.now)
-            if any(pod.quiet_ms < j.submitted_ms + bound <= now_ms for j in pod.waiting.values()):
-                return False
+        if not self._aging_quiet(pod):
+            return False
         if policy.backfill == "none" and first != job.job_id:
             return True  # the pass stops at the head, blocked as before
         if policy.backfill == "easy" and first == job.job_id:
@@ -787,6 +784,28 @@ class OcsModel(_Model):
         return (
             self._ends(run) > reservation[0] and self._blocks_taken(state, found) > (reservation[1])
         )
+
+    def _aging_quiet(self, pod: OcsPod) -> bool:
+        """False when the age bound's turn would go to another job than in the pod's last
+        (quiet) pass: a job that reached the bound since comes before, in queue order, the
+        first job that had reached it then. Otherwise the same job takes the turn on the
+        same state and fails again (the quiet pass placed nothing). Only a greedy walk
+        is sure to have offered that first job the turn (EASY's reservation and FIFO's
+        stop may pass it over): otherwise any job reaching the bound since counts."""
+        policy = self.sim.policy
+        if policy.age_bound_s is None:
+            return True
+        bound, now_ms = _ms(policy.age_bound_s), _ms(self.sim.now)
+        waiting = pod.waiting
+        greedy = self.shortcuts and policy.backfill == "greedy" and not policy.defrag
+        for _, _, job_id in pod.queue.keys:
+            due = waiting[job_id].submitted_ms + bound
+            if due <= pod.quiet_ms:
+                if greedy:
+                    return True  # had its turn then: it takes it again
+            elif due <= now_ms:
+                return False  # reached the bound since (ahead of it)
+        return True
 
     def _ends(self, run: JobRun) -> float:
         """When a waiting job started now would end by its estimate (EASY)."""
@@ -831,10 +850,25 @@ class OcsModel(_Model):
         # out). `low` is taken before the queue is walked: within a pass RUNNING slices
         # only leave (victims), so the lowest priority among them can only rise.
         free_blocks: Counter[str] | None = None
-        free_chips: int | None = None
+        full: bool | None = None  # nothing free: no block, no chip on a healthy host
         low = min((j.priority for j in state.jobs.values() if j.state == RUNNING), default=1 << 30)
         traits = pod.traits
-        for job_id in pod.queue.ids():
+        ids = pod.queue.ids()
+        # No job after the last one past the bound can take its turn: from there on the
+        # pass walks as if the turn had been taken (the shortcuts below that wait for it).
+        last_due = -1
+        due_ms = now_ms - bound if bound is not None else 0  # submitted by then: past it
+        if not aged and not self.shortcuts:
+            last_due = len(ids)  # the full walk: every job waits for the turn
+        elif not aged:
+            waiting = pod.waiting
+            for i in range(len(ids) - 1, -1, -1):
+                if waiting[ids[i]].submitted_ms <= due_ms:
+                    last_due = i
+                    break
+        for i, job_id in enumerate(ids):
+            if i > last_due:
+                aged = True
             # Skipped without asking the planner when its answer is known: the same demand,
             # or (a block slice of one node type) as many blocks or more at the same or a
             # lower priority, failed since the last preemption (the pod only fills up
@@ -844,15 +878,14 @@ class OcsModel(_Model):
                 # Nothing is free (no block, no chip on a healthy host) and neither this
                 # job nor any after it (no higher priority) has a lower priority to
                 # preempt, nor the age bound's turn: no later job can be placed.
-                if free_blocks is None:
-                    free_blocks = state.free_counts()
-                if not any(free_blocks.values()):
-                    if free_chips is None:
-                        free_chips = _free_chips(state)
-                    if free_chips == 0:
-                        blocked = True
-                        sim.counters["queue_walks_cut"] += 1
-                        break
+                if full is None:  # asked once per state, not once per job
+                    if free_blocks is None:
+                        free_blocks = state.free_counts()
+                    full = not any(free_blocks.values()) and _free_chips(state) == 0
+                if full:
+                    blocked = True
+                    sim.counters["queue_walks_cut"] += 1
+                    break
             known = failed_at.get(key) == victims_applied
             if not known and one_type and failed_blocks:
                 priority = key[1]
@@ -860,7 +893,8 @@ class OcsModel(_Model):
                     if p >= priority and m <= n:
                         known = True
                         break
-            if known and aged:
+            if known and (aged or (self.shortcuts and pod.waiting[job_id].submitted_ms > due_ms)):
+                # known Unplaceable and (past the turn, or not due for it): nothing to ask
                 continue
             job = pod.waiting[job_id]
             found: Allocation | Unplaceable | None = None
@@ -904,7 +938,7 @@ class OcsModel(_Model):
             if self.on_decision is not None:
                 self.on_decision(pod, found)
             apply_allocation(state, found)
-            free_blocks = free_chips = None
+            free_blocks = full = None
             if found.victims:
                 victims_applied += 1
                 failed_blocks.clear()
@@ -1046,8 +1080,22 @@ class OcsModel(_Model):
 
     def aged(self, pod: OcsPod, job_id: str) -> None:
         """A waiting job reached the age bound: a pass (the service's reconcile round)."""
-        if job_id in pod.waiting:
-            self.schedule(pod)
+        if job_id not in pod.waiting:
+            return
+        policy = self.sim.policy
+        if (
+            self.shortcuts
+            and pod.quiet == pod.version
+            and policy.backfill == "greedy"
+            and not policy.defrag
+            and self._aging_quiet(pod)
+        ):
+            # nothing changed since a pass that placed nothing, and the age bound's turn
+            # goes to the same job: the pass would decide nothing again
+            self.sim.counters["passes_skipped"] += 1
+            self._note_idle()
+            return
+        self.schedule(pod)
 
     def wired(self, run: JobRun) -> None:
         pod = self.pods[run.pod]

@@ -188,6 +188,32 @@ def test_the_service_policies_decide_as_plan_pass(name, monkeypatch):
     assert (same_priority > 0) == (name == "aged")
 
 
+def test_a_skipped_age_bound_pass_is_one_plan_pass_decides_nothing_in(monkeypatch):
+    """When a job reaches the age bound and the simulator skips the pass (the pod is as
+    its last, fruitless pass left it and the bound's turn goes to the same job),
+    plan_pass on that snapshot at that moment places nothing either."""
+    jobs = workload(n=300, load=1.0, priorities=((20, 0.5), (80, 0.5)))
+    policy = _short_bound(POLICIES["aged"])
+    bound = int(policy.age_bound_s * 1000)
+    skipped = 0
+    original = OcsModel.aged
+
+    def checked(self, pod, job_id):
+        nonlocal skipped
+        snap = PodState(**{f: getattr(pod.state.copy(), f) for f in engine_fields()})
+        for job in pod.waiting.values():
+            snap.jobs[job.job_id] = job
+        before = self.sim.counters["passes_skipped"]
+        original(self, pod, job_id)
+        if self.sim.counters["passes_skipped"] > before:
+            skipped += 1
+            assert plan_pass(snap, int(self.sim.now * 1000), bound) == []
+
+    monkeypatch.setattr(OcsModel, "aged", checked)
+    simulate(jobs, SimConfig(policy=policy, failures=FAILURES))
+    assert skipped > 10
+
+
 def engine_fields():
     from lightpath.sim.fast_state import _FIELDS
 
