@@ -70,8 +70,10 @@ def _write(name: str) -> Txn:
 async def test_nothing_acknowledged_is_lost_in_failovers_under_load_when_commits_wait(tmp_path):
     """Jobs submitted and completed through the cell, reservations made and released on
     the broker, while the master is paused and replaced twice: every acknowledged step
-    is there afterwards (two replicas, commits waiting for one)."""
-    async with rig(tmp_path / "sentinel", durability_env(1)) as r:
+    is there afterwards (two replicas, commits waiting for both: waiting for one of two
+    lost a job told COMPLETED once in CI — the replica that held it was not the one
+    promoted, the narrow case docs/operations.md names)."""
+    async with rig(tmp_path / "sentinel", durability_env(2)) as r:
         history, loss = await failovers_under_load(r, 2)
     assert history.jobs and history.reservations, history
     assert history.acknowledged > 20, history

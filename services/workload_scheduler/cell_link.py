@@ -157,9 +157,9 @@ class CellReporter:
 
     async def run(self) -> None:
         # Polled, not awaited (PodHandle.started): registering the moment the scheduler
-        # exists made tests/cell_scheduler/test_service.py's returning pod stay SILENT at
-        # the cell although its reports arrived — a race in the cell's view of a returning
-        # pod that this timing hides; not yet understood (see docs/history.md, issue 31).
+        # exists made test_service.py's returning pod stay SILENT at the cell although its
+        # reports arrived — a race in the cell's view of a returning pod that this timing
+        # hides, not yet understood.
         sched = None
         while sched is None:
             sched = self._pod.scheduler
