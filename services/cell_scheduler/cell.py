@@ -327,6 +327,7 @@ class CellScheduler:
         returned = await self.store.register(
             reg.pod_id, data, reg.endpoint, self.pods.now_ms(), reg.events_tip
         )
+        self.pods.forget_snapshot()
         self.log.info(
             "pod %s registered from %s: %s",
             reg.pod_id,
@@ -379,6 +380,7 @@ class CellScheduler:
         if req.endpoint:
             self.pods.heard_from(req.pod_id, req.endpoint)
         if reported.returned:
+            self.pods.forget_snapshot()
             self.log.info("pod %s answers again", req.pod_id, extra={"pod_id": req.pod_id})
             await self._pod_returned(req.pod_id, req.endpoint)
         elif req.resync:

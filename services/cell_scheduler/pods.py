@@ -62,6 +62,11 @@ class PodDirectory:
             self.snap_at = read_at
         return self._snap
 
+    def forget_snapshot(self) -> None:
+        """A change this replica made to the registry itself (a pod registered or came
+        back): the next submission reads it, not the cached snapshot from before it."""
+        self._snap = None
+
     def assume(self, pod: str, needs: Mapping[str, int], sign: int) -> None:
         """Blocks this replica just took (-1) or freed (+1) on a pod, in its cached registry."""
         if self._snap is not None:

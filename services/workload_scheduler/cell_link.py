@@ -156,15 +156,7 @@ class CellReporter:
         return self._settings.advertise_addr or f"127.0.0.1:{self._rt.port}"
 
     async def run(self) -> None:
-        # Polled, not awaited (PodHandle.started): registering the moment the scheduler
-        # exists made test_service.py's returning pod stay SILENT at the cell although its
-        # reports arrived — a race in the cell's view of a returning pod that this timing
-        # hides, not yet understood.
-        sched = None
-        while sched is None:
-            sched = self._pod.scheduler
-            if sched is None:
-                await asyncio.sleep(0.2)
+        sched = await self._pod.started()
         while not self._rt.port:
             await asyncio.sleep(0.05)
         stream = sched.store.keys.events
