@@ -55,10 +55,17 @@ async def _write(
     script, client: aioredis.Redis, deletes: list[str], sets: list[tuple[str, dict[str, str]]]
 ) -> None:
     """Delete `deletes`, then HSET each (key, fields) of `sets`: one atomic command."""
+    arg = _encoded(deletes, sets)
+    if arg is not None:
+        await script(args=[arg], client=client)
+
+
+def _encoded(deletes: list[str], sets: list[tuple[str, dict[str, str]]]) -> str | None:
+    """WRITE_LUA's one argument, or None when there is nothing to write."""
     if not deletes and not sets:
-        return
+        return None
     rows = [[k, *(x for fv in fields.items() for x in fv)] for k, fields in sets]
-    await script(args=[json.dumps([deletes, rows])], client=client)
+    return json.dumps([deletes, rows])
 
 
 @dataclass
@@ -217,6 +224,13 @@ class OrchagentEmulator:
                 holder[p] = k
         moved = sorted({p for pair in (*removed.values(), *added.values()) for p in pair})
         delay = self.timing.settle_s(len(moved), len(self.ports), conflicts)
+        applied = {k: v for k, v in self.applied.items() if k not in removed} | added
+        # STATE_DB once the mirrors rest, built (and encoded) before they move: after the
+        # wait there is one command left to send, so 48 switches sharing this process's
+        # loop do not queue behind each other's bookkeeping when their settling ends
+        settled = _encoded(
+            [f"{XC}|{k}" for k in removed], self._settled_rows(applied, added, moved, forced)
+        )
         await _write(
             self._write, self.state, [], [(f"{PORT}|{p}", {"status": "tuning"}) for p in moved]
         )
@@ -226,14 +240,23 @@ class OrchagentEmulator:
             await asyncio.sleep(max(0.0, start + delay - loop.time()))
             self._still_at = loop.time()
         self.settles.append(delay)
-        for k in removed:
-            self.applied.pop(k, None)
-        self.applied.update(added)
+        self.applied = applied
+        if settled is not None:
+            await self._write(args=[settled], client=self.state)
+
+    def _settled_rows(
+        self,
+        applied: dict[str, tuple[str, str]],
+        added: dict[str, tuple[str, str]],
+        moved: list[str],
+        forced: set[str],
+    ) -> list[tuple[str, dict[str, str]]]:
+        """STATE_DB's entries once the mirrors of `moved` rest with `applied` made."""
         peer: dict[str, str] = {}
-        for a, b in self.applied.values():
+        for a, b in applied.values():
             peer[a], peer[b] = b, a
         sets: list[tuple[str, dict[str, str]]] = []
-        for k, (a, b) in self.applied.items():
+        for k, (a, b) in applied.items():
             if k in added or a in forced or b in forced:
                 fields = {"a_side": a, "b_side": b}
                 fields["a_side_status"] = self._status(a, forced)
@@ -245,7 +268,7 @@ class OrchagentEmulator:
             else:
                 fields = {"status": "blocked", "target_simplex_port_id": ""}
             sets.append((f"{PORT}|{p}", fields))
-        await _write(self._write, self.state, [f"{XC}|{k}" for k in removed], sets)
+        return sets
 
     def _status(self, port: str, forced: set[str]) -> str:
         if port in self.fail_ports:
