@@ -2,17 +2,17 @@
 tests create: a "host" (a namespace with its own loopback) joined to this machine by a
 veth pair with two addresses of the tests' own (10.232.x.1 here, .2 there). A link
 set down is a partition in both directions, with both sides running on (unlike a
-pause: tests/test_pauses.py); nftables rules and tc netem on the pair drop and delay
-packets. Namespaces and veth need root: elsewhere the tests skip, saying so.
+pause: tests/test_pauses.py); nftables rules on the pair drop packets, and a relay
+(lightpath.testing.relay) delays what crosses it. Namespaces and veth need root: elsewhere the tests skip, saying so.
 
 * the cell and one pod (its scheduler, ocs_manager and Redis in the namespace)
   partitioned longer than the cell's pod timeout while jobs are submitted, then healed;
 * an ocs_manager cut off from its Redis (with the switch agents on its side of the cut)
   in the middle of a change, past its change lease, while another ocs_manager takes the
   change over once the link is back;
-* the ocs_manager (with its Redis) behind 5 % loss each way (nftables) and 200 ms of
-  delay each way (tc netem, where the kernel has it: the test warns when not) while its
-  scheduler wires and releases slices for a stream of jobs.
+* the ocs_manager (with its Redis) in a namespace of its own, behind 5 % loss each way
+  (nftables) and 200 ms of delay each way (a relay: this kernel has no tc netem) from
+  its scheduler, while jobs are submitted and completed through the cell.
 
 In each: no block in two live jobs, the switches as committed, no acknowledged job
 lost (lightpath.testing.history), every job definite within DEFINITE_WITHIN_S of the
@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -32,9 +31,11 @@ import pytest
 from google.protobuf import duration_pb2
 
 from lightpath.client import channel
+from lightpath.embedded_redis import free_port
 from lightpath.security.identity import service_principal
 from lightpath.testing.history import DEFINITE, Final, History
 from lightpath.testing.netns import Namespace, unavailable
+from lightpath.testing.relay import RelayProcess
 from lightpath.v1 import cell_scheduler_pb2 as cs
 from lightpath.v1 import cell_scheduler_pb2_grpc
 from lightpath.v1 import common_pb2 as c
@@ -48,6 +49,9 @@ from tests.test_pauses import invariants_hold, job_spec, ocs_at, scheduler_at, s
 pytestmark = pytest.mark.slow
 
 DEFINITE_WITHIN_S = 30.0
+DELAY_MS = 200  # one way, each way
+LOSS_PERCENT = 5
+JOBS, KEPT_RUNNING = 8, 2  # two-block jobs on 8 blocks: the rest run and complete in turn
 
 
 @pytest.fixture
@@ -197,11 +201,19 @@ async def test_the_cell_and_a_pod_partitioned_past_the_pod_timeout_then_healed(
 async def test_a_slow_lossy_link_between_the_pod_and_its_ocs_manager_under_load(
     namespace, redis_url, tmp_path
 ):
+    """The ocs_manager (with its Redis) in a namespace of its own; the cell and the pod's
+    scheduler on this side. Between the scheduler and the ocs_manager: a relay holding
+    every chunk 200 ms each way (lightpath.testing.relay: this kernel may have no tc
+    netem) and 5 % of the packets to and from the ocs_manager's port dropped each way on
+    the veth (nftables). Jobs are submitted and completed through the cell the whole time;
+    each needs a WireSlice (two blocks) across that link, and a completed one a release."""
     ns = namespace
     hosts = (ns.host_ip, ns.ip)
     ocs = Service(
         "ocs_manager", ns.ip, ns.redis(tmp_path), tmp_path, {**fabric(blocks=8)}, hosts, ns
     )
+    relay = RelayProcess({f"{ns.host_ip}:{free_port()}": ocs.address}, delay_ms=DELAY_MS)
+    cell = Service("cell_scheduler", ns.host_ip, redis_url, tmp_path, {}, hosts)
     sched = Service(
         "workload_scheduler",
         ns.host_ip,
@@ -209,49 +221,80 @@ async def test_a_slow_lossy_link_between_the_pod_and_its_ocs_manager_under_load(
         tmp_path,
         {
             "LIGHTPATH_POD_ID": POD,
-            "LIGHTPATH_OCS_ADDR": ocs.address,
+            "LIGHTPATH_OCS_ADDR": next(iter(relay.routes)),  # the slow way to its ocs_manager
+            "LIGHTPATH_CELL_ADDR": cell.address,
+            "LIGHTPATH_ADVERTISE_ADDR": "",
+            "LIGHTPATH_CELL_HEARTBEAT_S": "0.3",
             "LIGHTPATH_WS_RECONCILE_S": "0.3",
             "LIGHTPATH_WS_OCS_TIMEOUT_S": "15",
         },
         hosts,
     )
+    sched.env["LIGHTPATH_ADVERTISE_ADDR"] = sched.address
     history = History()
-    with started(ocs, sched):
-        missing = ns.impair(delay_ms=200, loss_percent=5)
-        if missing:  # the kernel lacks netem: the loss alone is applied, and said
-            warnings.warn(f"slow lossy link: {'; '.join(missing)}", stacklevel=1)
-        async with scheduler_at(sched.address) as s, ocs_at(ocs.address) as o:
+    relay.start(tmp_path / "relay.log")
+    try:
+        with started(ocs, cell, sched):
+            port = int(ocs.address.rsplit(":", 1)[1])
+            ns.lose(LOSS_PERCENT, listeners=[port])
+            async with channel(cell.address, max_attempts=1) as ch:
+                stub = cell_scheduler_pb2_grpc.CellSchedulerStub(ch)
 
-            async def job(n: int) -> None:
-                job_id = f"lossy-{n}"
-                spec = ws.JobSpec(job_id=job_id, shape=c.Shape(dims=[2, 2, 2]))
-                resp = await s.AdmitJob(ws.AdmitJobRequest(spec=spec), timeout=60)
-                history.ack("submit", job_id, time.monotonic(), state(resp.job))
-                if n % 2:
-                    deadline = time.monotonic() + DEFINITE_WITHIN_S
-                    while (await s.GetJob(ws.GetJobRequest(job_id=job_id))).state != (
-                        c.JOB_STATE_RUNNING
-                    ):
-                        assert time.monotonic() < deadline
-                        await asyncio.sleep(0.2)
-                    await s.CompleteJob(ws.CompleteJobRequest(job_id=job_id), timeout=60)
+                async def ready() -> bool:
+                    pods = (await stub.ListPods(cs.ListPodsRequest())).pods
+                    return any(
+                        p.registration.pod_id == POD and p.status == cs.POD_STATUS_READY
+                        for p in pods
+                    )
+
+                await eventually(ready, "the pod registered and READY")
+
+                async def job(n: int) -> None:
+                    job_id = f"slow-{n}"
+                    resp = await stub.SubmitJob(
+                        cs.SubmitJobRequest(spec=job_spec(job_id)), timeout=60
+                    )
+                    history.ack("submit", job_id, time.monotonic(), state(resp.job))
+                    if n < KEPT_RUNNING:
+                        return
+
+                    async def running() -> object:
+                        got = await stub.GetJob(cs.GetCellJobRequest(job_id=job_id))
+                        return got.state == c.JOB_STATE_RUNNING or state(got)
+
+                    await eventually(running, f"{job_id} RUNNING")
+                    await stub.CompleteJob(cs.CompleteCellJobRequest(job_id=job_id), timeout=60)
                     history.ack("complete", job_id, time.monotonic())
 
-            await asyncio.gather(*(job(n) for n in range(8)))
+                await asyncio.gather(*(job(n) for n in range(JOBS)))
 
-            async def settled() -> object:
+                async def settled() -> object:
+                    cell_jobs = (await stub.ListJobs(cs.ListCellJobsRequest(page_size=100))).jobs
+                    return all(state(j) in DEFINITE for j in cell_jobs) or {
+                        j.job_id: state(j) for j in cell_jobs
+                    }
+
+                await eventually(settled, "every job definite at the cell")
+            async with scheduler_at(sched.address) as s, ocs_at(ocs.address) as o:
+
+                async def wired_as_running() -> object:
+                    final = await pod_final(s, o)
+                    running_jobs = {j: b for j, (st, b) in final.jobs.items() if st == "RUNNING"}
+                    if all(st in DEFINITE for st, _ in final.jobs.values()) and (
+                        running_jobs == final.slices
+                    ):
+                        return True
+                    return final
+
+                await eventually(wired_as_running, "the slices those of the RUNNING jobs")
                 final = await pod_final(s, o)
-                running_jobs = {j: b for j, (st, b) in final.jobs.items() if st == "RUNNING"}
-                if all(st in DEFINITE for st, _ in final.jobs.values()) and (
-                    running_jobs == final.slices
-                ):
-                    return True
-                return final
-
-            await eventually(settled, "every job definite, the slices those of RUNNING jobs")
-            report = history.check(await pod_final(s, o))
-            assert report.ok, report.details()
-            assert await invariants_hold(o) == []
+                report = history.check(final)
+                assert report.ok, report.details()
+                running = sorted(j for j, (st, _) in final.jobs.items() if st == "RUNNING")
+                assert running == [f"slow-{n}" for n in range(KEPT_RUNNING)]
+                assert await invariants_hold(o) == []
+    finally:
+        relay.stop()
 
 
 async def test_an_ocs_manager_cut_off_from_redis_mid_change_leaves_nothing_of_its_change(

@@ -2,9 +2,10 @@
 loopback, joined to this one by a veth pair with two addresses of our own (10.232.n.1
 here, .2 there). A link set down is a partition in both directions with both sides
 running on; nftables rules in the namespace (on its end of the pair) cut chosen ports
-or drop a share of the packets. Delay needs tc netem (the kernel's sch_netem), which
-some kernels lack: `impair` says so. Namespaces, veth and nftables need root
-(`unavailable()` says why not). Nothing here touches an address or rule it did not make.
+or drop a share of the packets. Delay is not the kernel's here (tc netem needs
+sch_netem, which some kernels lack): lightpath.testing.relay holds a link's bytes in
+a relay of its own. Namespaces, veth and nftables need root (`unavailable()` says why
+not). Nothing here touches an address or rule it did not make.
 """
 
 from __future__ import annotations
@@ -32,8 +33,8 @@ def unavailable() -> str:
     """Why namespaces cannot be made here ("" when they can)."""
     if os.geteuid() != 0:
         return "network namespaces need root (ip netns add)"
-    if shutil.which("ip") is None or shutil.which("tc") is None:
-        return "no ip or tc command (iproute2)"
+    if shutil.which("ip") is None or shutil.which("nft") is None:
+        return "no ip or nft command (iproute2, nftables)"
     probe = f"lp32probe{os.getpid()}"
     made = _ip("netns", "add", probe)
     if made.returncode != 0:
@@ -133,49 +134,29 @@ class Namespace:
             ]
         )
 
-    def lose(self, loss_percent: int) -> None:
-        """Drop `loss_percent` of the packets crossing the pair each way."""
+    def lose(self, loss_percent: int, listeners: Iterable[int] = ()) -> None:
+        """Drop `loss_percent` of the packets crossing the pair each way; with
+        `listeners`, only those to and from these TCP ports of the namespace's servers."""
         dev = self.dev
+        some = f"numgen random mod 100 < {loss_percent} drop"
+        match_in = match_out = ""
+        if listeners:
+            group = "{ " + ", ".join(str(p) for p in sorted(set(listeners))) + " }"
+            match_in, match_out = f"tcp dport {group} ", f"tcp sport {group} "
         self._nft(
             [
                 *self._chains(),
-                f"add rule inet {TABLE} out oifname {dev} numgen random mod 100 < {loss_percent} drop",
-                f"add rule inet {TABLE} in iifname {dev} numgen random mod 100 < {loss_percent} drop",
+                f"add rule inet {TABLE} out oifname {dev} {match_out}{some}",
+                f"add rule inet {TABLE} in iifname {dev} {match_in}{some}",
             ]
         )
 
-    def delay(self, delay_ms: int) -> str:
-        """`delay_ms` each way (tc netem on both ends): "" or why it could not be applied."""
-        for cmd in (
-            ["tc", "qdisc", "replace", "dev", self.host_dev, "root", "netem", "delay", f"{delay_ms}ms"],
-            [
-                "ip", "netns", "exec", self.name,
-                "tc", "qdisc", "replace", "dev", self.dev, "root", "netem", "delay", f"{delay_ms}ms",
-            ],
-        ):  # fmt: skip
-            done = subprocess.run(cmd, capture_output=True, text=True, timeout=10)
-            if done.returncode != 0:
-                return f"no {delay_ms} ms delay: {done.stderr.strip()} (no sch_netem)"
-        return ""
-
-    def impair(self, delay_ms: int, loss_percent: int) -> list[str]:
-        """Loss (nftables) and delay (netem where the kernel has it): what could not be
-        applied, said."""
-        self.lose(loss_percent)
-        missing = self.delay(delay_ms)
-        return [missing] if missing else []
-
     def heal(self) -> None:
-        """Every rule and delay of ours gone, the link up."""
+        """Every rule of ours gone, the link up."""
         subprocess.run(
             ["ip", "netns", "exec", self.name, "nft", "delete", "table", "inet", TABLE],
             capture_output=True, timeout=10,
         )  # fmt: skip
-        for tc in (
-            ["ip", "netns", "exec", self.name, "tc", "qdisc", "del", "dev", self.dev, "root"],
-            ["tc", "qdisc", "del", "dev", self.host_dev, "root"],
-        ):  # a delay of ours, if one was set (fails harmlessly when none)
-            subprocess.run(tc, capture_output=True, timeout=10)
         self.partition(False)
 
     def popen(self, argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
