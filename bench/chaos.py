@@ -423,6 +423,8 @@ class Offered:
     done_at: list[float] = field(default_factory=list)
     accepted_ms: list[float] = field(default_factory=list)
     outcomes: collections.Counter[str] = field(default_factory=collections.Counter)
+    # accepted jobs that did not go as a client expects: (job id, what was seen)
+    odd: list[tuple[str, str]] = field(default_factory=list)
 
 
 def _retry_delay(err: grpc.aio.AioRpcError) -> float:
@@ -463,6 +465,7 @@ async def lifecycle(stub, job_id: str, shape: list[int], stats: Offered) -> None
         stats.accepted_ms.append((time.perf_counter() - t0) * 1000)
         if resp.job.state != c.JOB_STATE_RUNNING:
             stats.outcomes["not_running"] += 1  # (it holds nothing: ended below anyway)
+            stats.odd.append((job_id, f"submit answered {c.JobState.Name(resp.job.state)}"))
         break
     while True:
         t0 = time.perf_counter()
@@ -474,6 +477,7 @@ async def lifecycle(stub, job_id: str, shape: list[int], stats: Offered) -> None
                 await asyncio.sleep(_retry_delay(err))
                 continue
             stats.outcomes[f"complete_{err.code().name}"] += 1
+            stats.odd.append((job_id, f"complete {err.code().name}: {(err.details() or '')[:120]}"))
             return
         stats.accepted_ms.append((time.perf_counter() - t0) * 1000)
         stats.done_at.append(time.monotonic())
@@ -536,6 +540,21 @@ async def _level(cells: list, rate: float, seconds: float, shape: list[int], tag
     return {"goodput": _rate(stats, t0, t1), "stats": stats, "load": load}
 
 
+async def _odd_jobs(cell, odd: list[tuple[str, str]]) -> list[str]:
+    """What became of the accepted jobs a client saw go oddly (the first 10): their
+    state at the cell once the phases are over, and why (a job left live holds
+    capacity nothing will free)."""
+    out = []
+    for job_id, seen in odd[:10]:
+        try:
+            job = await cell.GetJob(cs.GetCellJobRequest(job_id=job_id))
+            now = f"{c.JobState.Name(job.state)} ({job.reason[:120]})"
+        except grpc.aio.AioRpcError as err:
+            now = f"{err.code().name}: {(err.details() or '')[:120]}"
+        out.append(f"{job_id}: {seen}; now {now}")
+    return out
+
+
 async def overload(cells: list, blocks: int, *, short: bool, rounds: int) -> dict:
     """Goodput (jobs completed per second) at 1x, 2x and 4x the sustainable rate of
     `blocks`-block jobs through both cell replicas, p99 of the accepted calls, and how
@@ -544,10 +563,11 @@ async def overload(cells: list, blocks: int, *, short: bool, rounds: int) -> dic
     Measured so one run can be compared with the next (issue 30: single phases varied
     from 0.41 to 1.82 between runs on a shared machine):
     * the sustainable rate is found in the same run: a closed-loop ramp (4, 8, 16, ...
-      clients, stopping once a step gains < 5 %) gives the peak, then an open-loop phase
-      offered that peak gives what the stack serves at it *open-loop* -- that is 1x (a
-      closed-loop peak offered open-loop is already overload: it was refused and gave
-      up at "1x", and the ratios came out above 1);
+      clients, stopping once a step gains < 5 %) gives the peak, then open-loop phases
+      from that peak down (0.9 of the lower of offered and served each time) find the
+      highest rate served with < 5 % of submits refused and >= 0.9 of it completed --
+      that is 1x (a closed-loop peak offered open-loop is already overload: its "1x"
+      was refused and gave up, and the ratios came out above 1);
     * `rounds` rounds of 1x, 2x, 4x (then back to 1x, for the recovery) interleave the
       levels, so a change in the machine's load hits every level alike; each round's
       ratios are to its own 1x, and the median over rounds is reported (the spread
@@ -564,15 +584,25 @@ async def overload(cells: list, blocks: int, *, short: bool, rounds: int) -> dic
             break
         n *= 2
     peak = max(ramp.values())
-    calibration = await _level(cells, peak, seconds, shape, f"{tag}-cal")
-    rate = calibration["goodput"] or peak
+    # 1x: the highest rate tried (from the peak down) that is served open-loop with
+    # under 5 % of submits refused and >= 0.9 of it completed.
+    rate, tried = peak, []
+    for step in range(5):
+        cal = await _level(cells, rate, seconds / 2, shape, f"{tag}-cal{step}")
+        served, refused = cal["goodput"], cal["stats"].outcomes["submit_refused"]
+        tried.append([round(rate, 2), round(served, 2), refused])
+        if served >= 0.9 * rate and refused < 0.05 * max(1, served * seconds / 2):
+            break
+        rate = 0.9 * min(rate, served or rate)
     out: dict = {
         "closed_loop_peak_jobs_per_s": round(peak, 2),
         "ramp": {str(k): round(v, 2) for k, v in ramp.items()},
         "sustainable_jobs_per_s": round(rate, 2),
+        "calibration_offered_served_refused": tried,
         "rounds": [],
     }
     pooled: dict[int, list[float]] = {1: [], 2: [], 4: []}
+    odd: list[tuple[str, str]] = []
     outcomes: dict[int, collections.Counter[str]] = {k: collections.Counter() for k in pooled}
     for r in range(rounds):
         phases: dict[int, dict] = {}
@@ -588,7 +618,8 @@ async def overload(cells: list, blocks: int, *, short: bool, rounds: int) -> dic
         after = Offered()
         more = await offer(cells, rate, 4.0 if short else 12.0, shape, f"{tag}-{r}-back", after)
         await asyncio.gather(*rest, *more)
-        recovery = float("nan")
+        odd += after.odd
+        recovery = None  # not within the phase back at 1x
         w = 0.0
         while t1 + w + 1.0 <= time.monotonic():
             if _rate(after, t1 + w, t1 + w + 1.0) >= 0.9 * phases[1]["goodput"]:
@@ -599,6 +630,7 @@ async def overload(cells: list, blocks: int, *, short: bool, rounds: int) -> dic
         row: dict = {"recovery_s": recovery}
         for k, p in phases.items():
             pooled[k] += p["stats"].accepted_ms
+            odd += p["stats"].odd
             outcomes[k].update(p["stats"].outcomes)
             row[f"goodput_{k}x"] = round(p["goodput"], 2)
             row[f"p99_ms_{k}x"] = round(percentile(p["stats"].accepted_ms, 99), 1)
@@ -607,9 +639,14 @@ async def overload(cells: list, blocks: int, *, short: bool, rounds: int) -> dic
         row["goodput_ratio_4x"] = round(phases[4]["goodput"] / one, 3) if one else float("nan")
         out["rounds"].append(row)
     for key in ("goodput_ratio_2x", "goodput_ratio_4x", "recovery_s"):
-        values = [row[key] for row in out["rounds"]]
-        out[key] = statistics.median(values)
-        out[f"{key}_range"] = [min(values), max(values)]
+        # a round that did not recover counts as the slowest (None in the output)
+        values = [float("inf") if row[key] is None else row[key] for row in out["rounds"]]
+        out[key], low, high = (
+            None if v == float("inf") else v
+            for v in (statistics.median(values), min(values), max(values))
+        )
+        out[f"{key}_range"] = [low, high]
+    out["odd_jobs"] = await _odd_jobs(cells[0], odd)
     for k in pooled:
         # p99 over every round's accepted calls at this level
         out[f"p99_ms_{k}x"] = round(percentile(pooled[k], 99), 1)
