@@ -5,6 +5,7 @@ random moments; then, once the stack has reconciled, the invariants and every
 acknowledged job and reservation.
 
     python3 dev.py bench chaos [--seconds 30] [--clients 8] [--kills 8] [--seed 1] [--short]
+    python3 dev.py bench chaos --overload-only [--rounds 3]
 
 The stack runs on loopback as deployed (TLS, mTLS, separate processes) on its own
 redis-server (AOF on, `appendfsync always` set at every start, so a SIGKILLed
@@ -49,9 +50,11 @@ lost_reservations, internal, unknown, shed, silent_pods, codes, acknowledged_job
 acknowledged_reservations, reconcile_s, peak_pairs_per_s,
 goodput_ratio_at_2x, p99_ms_at_2x, seconds, clients, seed; with the overload shape
 (issue 30: 2-block jobs through the cell at 1x, 2x and 4x the sustainable rate, clients
-retrying as the retry delay says, then back to 1x) goodput_ratio_2x, goodput_ratio_4x,
-recovery_s and p99_ms_1x / p99_ms_2x / p99_ms_4x (the accepted submits and completes),
-each level's details under overload_2_blocks and the 1-block run under overload_1_block.
+retrying as the retry delay says, then back to 1x; `--rounds` interleaved rounds, the
+1x rate found in the same run) goodput_ratio_2x, goodput_ratio_4x and recovery_s (the
+medians over the rounds, `..._range` beside them) and p99_ms_1x / p99_ms_2x / p99_ms_4x
+(every round's accepted submits and completes), each round's figures with the load
+during it under overload_2_blocks, the 1-block run under overload_1_block.
 """
 
 from __future__ import annotations
