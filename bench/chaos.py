@@ -567,8 +567,8 @@ async def overload(cells: list, blocks: int, *, short: bool, rounds: int) -> dic
     from 0.41 to 1.82 between runs on a shared machine):
     * the sustainable rate is found in the same run: a closed-loop ramp (4, 8, 16, ...
       clients, stopping once a step gains < 5 %) gives the peak, then open-loop phases
-      from that peak down (0.9 of the lower of offered and served each time) find the
-      highest rate served with < 5 % of submits refused and >= 0.9 of it completed --
+      from that peak down (by tenths) find the highest rate at which >= 95 % of the
+      arrivals completed with submits refused < 5 % as often --
       that is 1x (a closed-loop peak offered open-loop is already overload: its "1x"
       was refused and gave up, and the ratios came out above 1);
     * `rounds` rounds of 1x, 2x, 4x (then back to 1x, for the recovery) interleave the
@@ -587,21 +587,28 @@ async def overload(cells: list, blocks: int, *, short: bool, rounds: int) -> dic
             break
         n *= 2
     peak = max(ramp.values())
-    # 1x: the highest rate tried (from the peak down) that is served open-loop with
-    # under 5 % of submits refused and >= 0.9 of it completed.
+    # 1x: the highest rate tried (from the peak down, by tenths, at most 4 steps) at
+    # which >= 95 % of the arrivals completed and submits were refused < 5 % as often
+    # (judged per arrival, not per second of the phase: a phase's last jobs finish
+    # after it, which made every rate look unserved).
     rate, tried = peak, []
-    for step in range(5):
-        cal = await _level(cells, rate, seconds / 2, shape, f"{tag}-cal{step}")
-        served, refused = cal["goodput"], cal["stats"].outcomes["submit_refused"]
-        tried.append([round(rate, 2), round(served, 2), refused])
-        if served >= 0.9 * rate and refused < 0.05 * max(1, served * seconds / 2):
+    for step in range(4):
+        cal = (await _level(cells, rate, seconds / 2, shape, f"{tag}-cal{step}"))["stats"]
+        arrivals = sum(
+            v
+            for k, v in cal.outcomes.items()
+            if k not in ("submit_refused", "complete_refused", "not_running")
+        )
+        ok, refused = cal.outcomes["ok"], cal.outcomes["submit_refused"]
+        tried.append([round(rate, 2), arrivals, ok, refused])
+        if ok >= 0.95 * arrivals and refused < 0.05 * max(1, arrivals):
             break
-        rate = 0.9 * min(rate, served or rate)
+        rate *= 0.9
     out: dict = {
         "closed_loop_peak_jobs_per_s": round(peak, 2),
         "ramp": {str(k): round(v, 2) for k, v in ramp.items()},
         "sustainable_jobs_per_s": round(rate, 2),
-        "calibration_offered_served_refused": tried,
+        "calibration_rate_arrivals_ok_refused": tried,
         "rounds": [],
     }
     pooled: dict[int, list[float]] = {1: [], 2: [], 4: []}
