@@ -367,3 +367,107 @@ def clip(text: str, name: str) -> str:
 def request_bytes(service: str) -> int:
     """gRPC's max receive message size for `service`."""
     return MAX_REQUEST_BYTES.get(service, DEFAULT_REQUEST_BYTES)
+
+
+# Requests at least this long are pre-scanned (`count_check`) before they are parsed: a
+# shorter one costs less to parse than the scan would save.
+PRESCAN_ABOVE = 64 * 1024
+
+# The bytes that continue a varint (high bit set): deleted, what is left of a packed
+# field of varints is one byte per entry.
+_CONTINUES = bytes(range(0x80, 0x100))
+# Scalar types encoded in a fixed number of bytes (the others are varints).
+_FIXED_WIRE = frozenset(
+    {
+        FieldDescriptor.TYPE_FIXED32,
+        FieldDescriptor.TYPE_SFIXED32,
+        FieldDescriptor.TYPE_FLOAT,
+        FieldDescriptor.TYPE_FIXED64,
+        FieldDescriptor.TYPE_SFIXED64,
+        FieldDescriptor.TYPE_DOUBLE,
+    }
+)
+
+
+def _varint(raw: bytes, i: int) -> tuple[int, int]:
+    """The varint at `raw[i:]` and the index after it (IndexError past the end)."""
+    n = shift = 0
+    while True:
+        b = raw[i]
+        i += 1
+        n |= (b & 0x7F) << shift
+        if b < 0x80:
+            return n, i
+        shift += 7
+        if shift > 63:
+            raise IndexError("varint too long")
+
+
+def count_check(descriptor: Any, raw: bytes) -> InvalidArgument | None:
+    """A top-level repeated or map field of `raw` (an encoded `descriptor`) with more
+    entries than its limit, found by walking the wire format's tags without parsing:
+    the fields between are skipped by their length, and the walk stops at the first
+    field past its limit (so it costs at most the limits' entries, not what was sent).
+    None when every top-level count is within its limit or the bytes do not walk (the
+    parser says what is wrong with them). Nested fields are left to `check`."""
+    rules = _rules(descriptor)
+    counted: dict[int, tuple[FieldDescriptor, _Rule]] = {}
+    for f in descriptor.fields:
+        rule = rules.get(f.name)
+        if rule is not None and rule.kind in ("rep", "rep_str", "rep_bytes", "rep_msg", "map"):
+            counted[f.number] = (f, rule)
+    if not counted:
+        return None
+    counts = dict.fromkeys(counted, 0)
+    # No legal request has more top-level entries than every limit plus one per other
+    # field (and an unknown field's worth); past that, the parser decides.
+    steps = sum(rule.limit for _, rule in counted.values()) + len(descriptor.fields) + 1024
+    i, end = 0, len(raw)
+    try:
+        while i < end and steps:
+            steps -= 1
+            key, i = _varint(raw, i)
+            number, wire = key >> 3, key & 7
+            if wire == 0:
+                _, i = _varint(raw, i)
+                n = 1
+            elif wire == 1:
+                i += 8
+                n = 1
+            elif wire == 5:
+                i += 4
+                n = 1
+            elif wire == 2:
+                length, i = _varint(raw, i)
+                entry = counted.get(number)
+                if entry is not None and entry[1].kind == "rep":  # packed numbers
+                    if entry[0].type in _FIXED_WIRE:
+                        n = length // _FIXED[entry[0].type]
+                    elif length > 10 * entry[1].limit:  # more than the limit of any varints
+                        n = length
+                    else:  # varints: one ends at each byte with its high bit clear
+                        n = len(raw[i : i + length].translate(None, _CONTINUES))
+                else:
+                    n = 1
+                i += length
+                if entry is not None and entry[1].kind != "rep":
+                    # The usual flood: a run of short entries of this one field, each
+                    # a one-byte tag and a one-byte length, walked without decoding.
+                    limit = entry[1].limit - counts[number]
+                    while n <= limit and i + 1 < end and raw[i] == key < 0x80 > raw[i + 1]:
+                        i += 2 + raw[i + 1]
+                        n += 1
+            else:
+                return None  # groups: not in Lightpath's protos; left to the parser
+            if number in counts:
+                counts[number] += n
+                f, rule = counted[number]
+                if counts[number] > rule.limit:
+                    return InvalidArgument(
+                        f.name,
+                        f"at most {rule.limit:,} entries (got more than {rule.limit:,})",
+                        reason="FIELD_TOO_LARGE",
+                    )
+    except IndexError:
+        return None
+    return None

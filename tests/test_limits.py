@@ -235,6 +235,50 @@ def test_largest_request_bytes_is_what_a_request_at_every_limit_encodes_to():
     assert len(unpacked) == limits.largest_request_bytes(common_pb2.Shape.DESCRIPTOR)
 
 
+def _scan_peak(descriptor: Any, raw: bytes) -> tuple[InvalidArgument | None, int]:
+    """count_check's answer and the most memory it held at once (bytes, tracemalloc)."""
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        found = limits.count_check(descriptor, raw)
+        return found, tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+@pytest.mark.parametrize("name", ["WireSlice", "SetLatencies", "ReportPodStatus", "ListJobs"])
+def test_a_repeated_field_over_its_limit_is_counted_on_the_wire_unparsed(name):
+    """A flood under its type's byte bound (a million empty entries are 2 MB) is refused
+    naming the field from a walk of the wire's top-level tags, which holds no more than
+    a few KB whatever was sent; at its limit, the same request passes the walk."""
+    ((_, case),) = [(k, c) for k, c in heavy_cases() if c.method.name == name]
+    raw = case.request.SerializeToString()
+    assert len(raw) >= limits.PRESCAN_ABOVE
+    found, peak = _scan_peak(case.method.input_type, raw)
+    assert found is not None
+    (v,) = found.violations
+    assert (v.field, found.reason) == (case.field, "FIELD_TOO_LARGE")
+    assert f"at most {case.limit:,} entries" in v.rule
+    assert peak < 64 * 1024, peak
+    at_limit = type(case.request)()
+    at_limit.CopyFrom(case.request)
+    del getattr(at_limit, case.field)[case.limit :]
+    assert limits.count_check(case.method.input_type, at_limit.SerializeToString()) is None
+
+
+def test_the_wire_walk_counts_packed_numbers_exactly_and_leaves_bad_bytes_to_the_parser():
+    states = cell_scheduler_pb2.ListCellJobsRequest.DESCRIPTOR
+    for n, refused in ((16, False), (17, True)):
+        # enum values of two varint bytes each: entries, not bytes, are counted
+        raw = cell_scheduler_pb2.ListCellJobsRequest(states=[200] * n).SerializeToString()
+        assert (limits.count_check(states, raw) is not None) is refused, n
+    # states (field 2) unpacked, a tag each: 16 pass, 17 do not
+    assert limits.count_check(states, b"\x10\x01" * 16) is None
+    assert limits.count_check(states, b"\x10\x01" * 17) is not None
+    assert limits.count_check(states, b"\xff\xff\xff") is None  # a truncated varint
+
+
 # -- over real gRPC ----------------------------------------------------------------
 
 

@@ -277,6 +277,12 @@ def _tolerant(deserializer: Callable[[bytes], Any] | None) -> Callable[[bytes], 
                 reason="REQUEST_TOO_LARGE",
             )
             return _Undecodable(type_name, "", too_long)
+        if len(raw) >= limits.PRESCAN_ABOVE:
+            # Under the type's bound but perhaps a repeated field far over its limit
+            # (a million empty entries are 2 MB): counted on the wire, unparsed.
+            too_many = limits.count_check(message_type.DESCRIPTOR, raw)
+            if too_many is not None:
+                return _Undecodable(type_name, "", too_many)
         try:
             request = parse(raw)
         except DecodeError as exc:
