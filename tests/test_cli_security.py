@@ -411,6 +411,36 @@ def test_a_cell_that_is_not_serving_yet_is_not_called_a_certificate_problem(
 
 
 @pytest.mark.parametrize(
+    "grpc_words",
+    [
+        "Socket closed",
+        # the same hang-up when it races the first handshake read (seen on a loaded machine)
+        "Handshake read failed",
+    ],
+)
+def test_either_wording_of_a_hang_up_before_tls_is_called_not_serving(
+    accepts_and_closes, grpc_words
+):
+    from lightpath.cli._common import _unavailable_steps
+    from lightpath.errors import LightpathError
+    from lightpath.security.credentials import Credentials
+    from tests.helpers import tls_env
+
+    exc = LightpathError("unavailable")
+    exc.address, exc.process = accepts_and_closes, "cell-scheduler"
+    creds = Credentials.default(environ=tls_env(Principal("operator", "operator")))
+    assert creds.cert
+    message = (
+        "failed to connect to all addresses; last error: UNAVAILABLE: "
+        f"ipv4:{accepts_and_closes}: {grpc_words}"
+    )
+    steps = _unavailable_steps(message, creds, exc)
+    assert steps[0].startswith(
+        f"the cell is not serving yet: something accepts connections at {accepts_and_closes}"
+    )
+
+
+@pytest.mark.parametrize(
     "argv, says",
     [
         (["tenant", "create", "acme"], "no local CA in"),

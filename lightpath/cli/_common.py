@@ -608,7 +608,10 @@ def _unavailable_steps(message: str, creds: Credentials | None, exc: LightpathEr
         else:
             steps.append(f"{local}; with your own PKI set LIGHTPATH_TLS_CERT and LIGHTPATH_TLS_KEY")
         return steps
-    if "socket closed" in text and exc.address and not speaks_tls(exc.address):
+    # gRPC words a peer that hangs up before any TLS as "Socket closed" or, when the
+    # close races its first handshake read (a loaded machine), "Handshake read failed".
+    closed = "socket closed" in text or "handshake read failed" in text
+    if closed and exc.address and not speaks_tls(exc.address):
         # A published port whose service has not started listening (a container's port
         # forwarder accepts, then closes): not a certificate problem at all.
         what = {"cell-scheduler": "cell"}.get(exc.process, exc.process or "service")
