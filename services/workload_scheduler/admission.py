@@ -106,7 +106,8 @@ class Admission(Part):
             with self._passes.timed():
                 try:
                     await self._pass(admission)
-                except FailedPrecondition:  # a stale forward: the rest of the queue still
+                except FailedPrecondition:  # a stale forward or a reused id: another pass
+                    # places the rest of the queue
                     self.schedule_soon()
                     raise
                 finally:
