@@ -20,6 +20,9 @@ Defaults, by kind of field (proto comments say where a field differs):
 * a map: at most `MAP` (64) entries, keys at most 256 characters, string values
   at most 256 characters.
 
+A number is bounded by its encoding, unless `FIELDS` names it: then it is at most
+that value (a fencing token: `TOKEN`).
+
 `FIELDS` overrides a field by its full name without the `lightpath.v1.` prefix
 (`JobSpec.labels`); a map's keys and string values are `<field>.key` and
 `<field>.value`. Ids are checked more strictly where they are used (1-64 of
@@ -52,6 +55,8 @@ CHUNK_BYTES = 16 << 20  # an aggregation chunk (services.agg_switch.command.MAX_
 LABELS = 64
 LABEL_KEY = 63
 LABEL_VALUE = 256
+# A fencing token (issue 32): Redis scripts compare numbers as doubles, exact up to 2^53.
+TOKEN = 2**53 - 1
 
 FIELDS: Mapping[str, int] = {
     # -- jobs (workload scheduler and cell)
@@ -83,6 +88,8 @@ FIELDS: Mapping[str, int] = {
     "Quota.borrowing_limit": 64,
     "Quota.lending_limit": 64,
     "AdmitJobRequest.reclaim": 1024,
+    "AdmitJobRequest.forward_token": TOKEN,
+    "GetJobRequest.forward_token": TOKEN,
     # -- the OCS manager and switch agents
     "WireSliceRequest.blocks": BLOCKS,
     "WireSliceRequest.wrap": DIMS,
@@ -158,8 +165,8 @@ class _Rule:
     """What to check of one field: its kind, its limit, and what its items are."""
 
     name: str
-    kind: str  # "str" "bytes" "msg" "rep" "rep_str" "rep_bytes" "rep_msg" "map"
-    limit: int = 0  # characters, bytes or entries
+    kind: str  # "str" "bytes" "msg" "rep" "rep_str" "rep_bytes" "rep_msg" "map" "num"
+    limit: int = 0  # characters, bytes or entries; a number's largest value
     item: int = 0  # characters or bytes of each item of a repeated field
     key: int = 0  # a map's key characters (string keys)
     value: int = 0  # a map's string or bytes values
@@ -199,7 +206,9 @@ def _rule(field: FieldDescriptor) -> _Rule | None:
         return _Rule(name, "bytes", limit_of(name, BYTES))
     if field.type == _MESSAGE:
         return _Rule(name, "msg")
-    return None  # numbers, bools and enums are bounded by their encoding
+    if name in FIELDS:
+        return _Rule(name, "num", FIELDS[name])
+    return None  # other numbers, bools and enums are bounded by their encoding
 
 
 def _rules(descriptor: Any) -> dict[str, _Rule]:
@@ -273,7 +282,7 @@ def _largest(descriptor: Any) -> int:
     for f in descriptor.fields:
         rule = rules.get(f.name)
         tag = _varint_size(f.number << 3)
-        if rule is None:  # a single number, bool or enum
+        if rule is None or rule.kind == "num":  # a single number, bool or enum
             total += tag + _scalar(f)
         elif rule.kind == "str":
             total += _framed(f.number, _UTF8 * rule.limit)
@@ -325,6 +334,11 @@ def check(msg: Message, prefix: str = "") -> None:
                 raise _too_long(path, len(value), rule.limit, _unit(kind))
         elif kind == "msg":
             check(value, path + ".")
+        elif kind == "num":
+            if value > rule.limit:
+                raise InvalidArgument(
+                    path, f"at most {rule.limit:,} (got {value:,})", reason="FIELD_TOO_LARGE"
+                )
         else:
             n = len(value)
             if n > rule.limit:

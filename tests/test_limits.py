@@ -311,6 +311,9 @@ def cases_for(method: MethodDescriptor) -> Iterator[Case]:
                     for rest in paths(f.message_type, depth + 1, (*stack, d.full_name)):
                         yield [(f, rule, "item"), *rest]
                 continue
+            if rule.kind == "num":
+                yield [(f, rule, "num")]
+                continue
             if rule.kind == "map":
                 yield [(f, rule, "count")]
                 if rule.key:
@@ -343,6 +346,9 @@ def cases_for(method: MethodDescriptor) -> Iterator[Case]:
 
 def _set_over(target: Message, f: FieldDescriptor, rule: Any, how: str) -> tuple[str, int]:
     value = getattr(target, f.name) if f.is_repeated else None
+    if how == "num":
+        setattr(target, f.name, rule.limit + 1)
+        return f.name, rule.limit
     if how == "len":
         setattr(
             target,

@@ -275,8 +275,19 @@ class AdmitJobRequest(_message.Message):
     SPEC_FIELD_NUMBER: _builtins.int
     VALIDATE_ONLY_FIELD_NUMBER: _builtins.int
     RECLAIM_FIELD_NUMBER: _builtins.int
+    FORWARD_TOKEN_FIELD_NUMBER: _builtins.int
     validate_only: _builtins.bool
     """Decide, say what would happen, change nothing (AIP-163)."""
+    forward_token: _builtins.int
+    """The cell's forward of this job (issue 32, fencing): the number of the claim the
+    sending cell replica holds, higher for every later claim or take-over of any
+    forward in the cell. The pod keeps the highest it has been sent per job and
+    refuses an older one (FAILED_PRECONDITION, reason STALE_LEASE, naming
+    forward_token), atomically with storing the job, so a cell replica that paused
+    past its forward deadline cannot have the job admitted here after another replica
+    took the forward over. 0: not fenced (an operator's own call). At most
+    9,007,199,254,740,991 (2^53 - 1: Redis scripts compare it exactly).
+    """
     @_builtins.property
     def spec(self) -> Global___JobSpec: ...
     @_builtins.property
@@ -292,10 +303,11 @@ class AdmitJobRequest(_message.Message):
         spec: Global___JobSpec | None = ...,
         validate_only: _builtins.bool = ...,
         reclaim: _abc.Iterable[_builtins.str] | None = ...,
+        forward_token: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["spec", b"spec"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["reclaim", b"reclaim", "spec", b"spec", "validate_only", b"validate_only"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["forward_token", b"forward_token", "reclaim", b"reclaim", "spec", b"spec", "validate_only", b"validate_only"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -607,18 +619,28 @@ class GetJobRequest(_message.Message):
 
     JOB_ID_FIELD_NUMBER: _builtins.int
     INCLUDE_RINGS_FIELD_NUMBER: _builtins.int
+    FORWARD_TOKEN_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     include_rings: _builtins.bool
     """Include the ring plan (large for big slices)."""
+    forward_token: _builtins.int
+    """A cell replica taking over a forward of this job (issue 32, fencing): the pod
+    records this as the job's highest forward token before it answers, so the
+    forward it took over (an older AdmitJob.forward_token still in flight, or sent
+    by a replica that paused) is refused from then on; an older token than one
+    recorded is FAILED_PRECONDITION (STALE_LEASE) naming forward_token. 0: a plain
+    read. At most 9,007,199,254,740,991 (2^53 - 1).
+    """
     def __init__(
         self,
         *,
         job_id: _builtins.str = ...,
         include_rings: _builtins.bool = ...,
+        forward_token: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["include_rings", b"include_rings", "job_id", b"job_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["forward_token", b"forward_token", "include_rings", b"include_rings", "job_id", b"job_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -229,7 +229,7 @@ class CellScheduler:
             first = choice.candidates[0]
             r = resolved[first.pod_id]
             try:
-                token = await self.jobs.claim_new(
+                claim = await self.jobs.claim_new(
                     job_id,
                     request_b64,
                     tenant,
@@ -266,7 +266,7 @@ class CellScheduler:
             # deadline), so a retry finds the job settled rather than a stalled claim.
             return await self.forwarder.detached(
                 self.forwarder.forward(
-                    job_id, canonical, token, choice.candidates, resolved, views, created=True
+                    job_id, canonical, claim, choice.candidates, resolved, views, created=True
                 )
             )
         raise Aborted(

@@ -30,7 +30,7 @@ from services.cell_scheduler.choice import (
     PodCapacityView,
     plan_queue,
 )
-from services.cell_scheduler.jobs import CellJobs, SubmitResult, record_fields, request_b64
+from services.cell_scheduler.jobs import CellJobs, Claim, SubmitResult, record_fields, request_b64
 from services.cell_scheduler.metrics import CellMetrics
 from services.cell_scheduler.podclient import PodRefused, PodUnreachable, state_name
 from services.cell_scheduler.quotas import RECLAIM_FIELDS, QuotaState, charge_of, plan_reclaim
@@ -71,7 +71,7 @@ class Forwarder:
         self,
         job_id: str,
         req: cell_scheduler_pb2.SubmitJobRequest,
-        token: str,
+        claim: Claim,
         candidates: tuple[Candidate, ...],
         resolved: Mapping[str, Resolved],
         views: Mapping[str, PodCapacityView],
@@ -79,7 +79,8 @@ class Forwarder:
         created: bool,
         reclaim: Sequence[str] = (),
     ) -> SubmitResult:
-        """Forward a job claimed for candidates[0] (token); on refusal try the next ones.
+        """Forward a job claimed for candidates[0]; on refusal try the next ones (each
+        claimed anew: a new token and a newer fencing token at the pod).
         When every pod that could host it by the cell's check refuses it as
         INVALID_ARGUMENT (their own rules go further than the cell's), no pod can: it is
         refused (at submit: INVALID_ARGUMENT with the pods' reasons, nothing kept) or,
@@ -87,6 +88,7 @@ class Forwarder:
         last = ""
         wiring_failed = False  # the last pod placed it but a switch failed (issue 34)
         invalid: dict[str, InvalidArgument] = {}
+        token = claim.token
         for i, cand in enumerate(candidates):
             pod = cand.pod_id
             r = resolved[pod]
@@ -108,13 +110,16 @@ class Forwarder:
                 )
                 if claimed is None:
                     break  # a dispatcher took it meanwhile, or that pod's blocks went elsewhere
-                token = claimed
+                claim = claimed
+                token = claim.token
             try:
                 resp = await self.pods.call(
                     pod,
                     "AdmitJob",
                     workload_scheduler_pb2.AdmitJobRequest(
-                        spec=r.spec, reclaim=reclaim if i == 0 else ()
+                        spec=r.spec,
+                        reclaim=reclaim if i == 0 else (),
+                        forward_token=claim.fence,
                     ),
                     timeout=self.forward_timeout_s,
                 )
@@ -252,7 +257,7 @@ class Forwarder:
             first = choice.candidates[0]
             r = resolved[first.pod_id]
             tenant = tenant_of(req)
-            token = await self.jobs.claim_queued(
+            claim = await self.jobs.claim_queued(
                 demand.job_id,
                 r,
                 first,
@@ -262,14 +267,14 @@ class Forwarder:
                 request=request_b64(req),
                 quota=quotas.guard(tenant, version),
             )
-            if token is None:
+            if claim is None:
                 continue  # another replica took it, or an update changed it (next pass)
             if quotas.limits(tenant):
                 version = str(int(version or 0) + 1)
             # The stored fields name the pod now; _forward stores them again when placed.
             forwards.append(
                 self.forward(
-                    demand.job_id, req, token, choice.candidates, resolved, views, created=False
+                    demand.job_id, req, claim, choice.candidates, resolved, views, created=False
                 )
             )
         if quotas.active and roomless and not forwards:
@@ -319,7 +324,7 @@ class Forwarder:
             if plan is None or plan.pod not in resolved:
                 continue
             cand = Candidate(plan.pod, PREEMPTS, plan.reason)
-            token = await self.jobs.claim_queued(
+            claim = await self.jobs.claim_queued(
                 job_id,
                 resolved[plan.pod],
                 cand,
@@ -329,14 +334,14 @@ class Forwarder:
                 request=request_b64(req),
                 quota=quotas.guard(tenant),
             )
-            if token is None:
+            if claim is None:
                 return None  # changed meanwhile: the next pass decides again
             victims = [v.job_id for v in plan.victims]
             self.log.info(
                 "job %s: %s (%s)", job_id, plan.reason, ", ".join(victims), extra={"job_id": job_id}
             )
             return self.forward(
-                job_id, req, token, (cand,), resolved, views, created=False, reclaim=victims
+                job_id, req, claim, (cand,), resolved, views, created=False, reclaim=victims
             )
         return None
 

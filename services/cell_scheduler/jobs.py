@@ -9,7 +9,11 @@ A job's phase in the cell (store.py keeps the atomic scripts that move it):
 
 A claim binds the job to one pod with a token and a deadline
 (`forward_window_ms`); only the holder of the token ends that forward, placed
-or back in the queue. Once PLACED, the job's state mirrors its pod's, each pod
+or back in the queue. Each claim (and each take-over) also takes the next number
+of the cell's forward sequence, its fencing token at the pod
+(`AdmitJobRequest.forward_token`): the pod refuses a forward older than one it
+was sent for the job, so a replica that paused past its deadline cannot have
+the job admitted after another replica took the forward over (issue 32). Once PLACED, the job's state mirrors its pod's, each pod
 transition numbered so it applies once and in order (`follow`). `CellJobs`
 holds the cell-side part of that machine:
 the claims (`queue_new`, `claim_new`, `claim_queued`; called by the submit
@@ -100,6 +104,15 @@ def record_fields(request: str, r: Resolved, cand: Candidate, priority: int) -> 
     }
 
 
+@dataclass(frozen=True)
+class Claim:
+    """A forward this replica holds: its token in the cell (whoever holds it ends the
+    forward) and its fencing token at the pod (the cell's forward number)."""
+
+    token: str
+    fence: int
+
+
 class CellJobs:
     def __init__(
         self,
@@ -159,14 +172,14 @@ class CellJobs:
         expect_empty_queue: bool,
         now_ms: int,
         quota: QuotaGuard | None = None,
-    ) -> str:
+    ) -> Claim:
         """A new job bound to its first candidate, its blocks held and its chips charged
-        to its tenant: the claim's token. Conflict (store.claim_new): EXISTS, STALE (the
+        to its tenant: the claim. Conflict (store.claim_new): EXISTS, STALE (the
         blocks went to others), WAITING or QUOTA (what the decision knew of its tenant's
         quota, `quota`, changed)."""
         token = self.new_token()
         now = now_ms
-        await self.store.claim_new(
+        claimed = await self.store.claim_new(
             job_id,
             fields=record_fields(request, r, cand, priority),
             tenant=tenant,
@@ -182,7 +195,7 @@ class CellJobs:
             quota=quota,
         )
         self.pods.assume(cand.pod_id, r.needs, -1)
-        return token
+        return Claim(token, claimed.fence)
 
     async def claim_queued(
         self,
@@ -195,15 +208,15 @@ class CellJobs:
         now_ms: int | None = None,
         request: str = "",
         quota: QuotaGuard | None = None,
-    ) -> str | None:
+    ) -> Claim | None:
         """A job in the cell queue bound to a pod, its blocks held and its chips charged:
-        the claim's token, or None when another replica took it (or, with `check_free`,
+        the claim, or None when another replica took it (or, with `check_free`,
         the blocks went; with `request`, an update changed the request the decision was
         made for; with `quota`, what the decision knew of its tenant's quota changed)."""
         token = self.new_token()
         now = self.pods.now_ms() if now_ms is None else now_ms
         try:
-            await self.store.claim_queued(
+            fence = await self.store.claim_queued(
                 job_id,
                 pod=cand.pod_id,
                 needs=r.needs,
@@ -219,7 +232,7 @@ class CellJobs:
         except Conflict:  # MOVED, STALE, CHANGED or QUOTA
             return None
         self.pods.assume(cand.pod_id, r.needs, -1)
-        return token
+        return Claim(token, fence)
 
     async def placed(
         self,

@@ -72,16 +72,22 @@ class Recovery:
         """A forward whose replica went away: find out from the pod what became of it."""
         token = self.jobs.new_token()
         now = self.pods.now_ms()
-        pod = await self.store.take_over(job_id, token, now + self.jobs.forward_window_ms(), now)
-        if pod is None:
+        taken = await self.store.take_over(job_id, token, now + self.jobs.forward_window_ms(), now)
+        if taken is None:
             return
+        pod, fence = taken
         self.log.warning("job %s: taking over a forward to pod %s that timed out", job_id, pod)
         try:
+            # Fenced: the pod records the take-over's token before it answers, so the
+            # forward taken over, should it still arrive (its replica paused before
+            # sending it), is refused there from now on.
             job = await self.pods.call(
-                pod, "GetJob", workload_scheduler_pb2.GetJobRequest(job_id=job_id)
+                pod,
+                "GetJob",
+                workload_scheduler_pb2.GetJobRequest(job_id=job_id, forward_token=fence),
             )
         except PodRefused:
-            # Past its deadline the request can no longer arrive: the pod does not have it.
+            # The pod does not have it, and the forward taken over can no longer put it there.
             await self.jobs.back_to_queue(
                 job_id, token, pod, f"the forward to pod {pod} was lost", cause="lost"
             )

@@ -219,7 +219,8 @@ if USES.report then OPS.report = function(o)
 end end
 
 -- {"claim_new", job, fields JSON, tenant, pod ("" = queue), needs JSON, token, until, now,
--- event reason, chips per node type JSON (charged to the tenant when bound to a pod)}
+-- event reason, chips per node type JSON (charged to the tenant when bound to a pod)}:
+-- RESULT.seq, and bound to a pod RESULT.fence (the next forward number: its token at the pod)
 if USES.claim_new then OPS.claim_new = function(o)
   local job, fields, tenant, pod, needs_json, token, upto, now, reason =
     o[2], cjson.decode(o[3]), o[4], o[5], o[6], o[7], o[8], o[9], o[10]
@@ -234,6 +235,7 @@ if USES.claim_new then OPS.claim_new = function(o)
     take_hold(jk, pod, needs_json, job, now)
     call("ZADD", key("forwarding"), upto, job)
     charge(jk, tenant, o[11], now)
+    RESULT.fence = call("INCR", key("fwd"))
   else
     call("HSET", jk, "phase", "QUEUED", "pod", "")
     queue_again(jk, job)
@@ -243,7 +245,7 @@ if USES.claim_new then OPS.claim_new = function(o)
 end end
 
 -- {"claim_queued", job, pod, needs JSON, token, until, now, event reason, chips per node
--- type JSON (charged)}
+-- type JSON (charged)}: RESULT.fence, the forward's token at the pod
 if USES.claim_queued then OPS.claim_queued = function(o)
   local job, pod, needs_json, token, upto, now, reason = o[2], o[3], o[4], o[5], o[6], o[7], o[8]
   local jk = member("job", job)
@@ -254,6 +256,7 @@ if USES.claim_queued then OPS.claim_queued = function(o)
   take_hold(jk, pod, needs_json, job, now)
   call("ZADD", key("forwarding"), upto, job)
   cell_event(job, "PENDING", "PENDING", reason, pod, now)
+  RESULT.fence = call("INCR", key("fwd"))
 end end
 
 -- {"placed", job, pod, state, n, reason, fields JSON, now}: FORWARDING -> PLACED

@@ -40,6 +40,9 @@ Jobs (CS-5):
     lp:{cell}:forwarding          zset  jobs being forwarded -> until (ms)
     lp:{cell}:maybe               set   jobs a forward may have reached on a pod that then went silent
     lp:{cell}:seq                 string submission sequence
+    lp:{cell}:fwd                 string forward sequence: every claim of a job for a pod, and
+                                        every take-over of one, takes the next: its fencing
+                                        token at the pod (AdmitJobRequest.forward_token)
     lp:{cell}:events              stream the cell's job transitions (WatchJob): job id and the
                                         event's number in its list
 
@@ -320,6 +323,15 @@ class Reported:
 
 
 @dataclass(frozen=True)
+class Claimed:
+    """A new job stored: its submission sequence, and its forward's fencing token when it
+    was bound to a pod (0: queued in the cell)."""
+
+    seq: int
+    fence: int
+
+
+@dataclass(frozen=True)
 class Mirrored:
     """A pod's answer followed (`applied`, or not: the cell had a newer one): the record
     after, how many jobs wait in the cell queue, and whether the job's blocks count as
@@ -375,7 +387,7 @@ class CellTxn(txn.Txn):
 _CELL_KEYS = txn.Txn()
 for _name in (
     *("pods", "seen", "endpoint", "capacity", "capver", "free", "held", "ack", "suspect"),
-    *("down", "jobs", "queue", "forwarding", "maybe", "seq", "events"),
+    *("down", "jobs", "queue", "forwarding", "maybe", "seq", "fwd", "events"),
     *("quotas", "usage", "decayed", "qver"),
 ):
     _CELL_KEYS.name(_name, cell_key(_name))
@@ -633,9 +645,10 @@ class CellStore:
         expect_empty_queue: bool = False,
         charge: Mapping[str, int] | None = None,
         quota: QuotaGuard | None = None,
-    ) -> int:
-        """Create the job, bound to `pod` (or queued when pod is ""): its sequence. Conflict
-        EXISTS when the id exists; STALE when the pod's free blocks (minus forwards in
+    ) -> Claimed:
+        """Create the job, bound to `pod` (or queued when pod is ""): its sequence and,
+        bound to a pod, the forward's fencing token (else 0). Conflict EXISTS when the id
+        exists; STALE when the pod's free blocks (minus forwards in
         flight) no longer cover it; WAITING when jobs wait in the cell queue (with
         `expect_empty_queue`: the decision did not know of them)."""
         t = CellTxn(pod, tenant, [job_id])
@@ -660,7 +673,8 @@ class CellStore:
             reason,
             json.dumps(dict(charge or {})),
         )
-        return int((await self._script.commit(t))["seq"])
+        done = await self._script.commit(t)
+        return Claimed(int(done["seq"]), int(done.values.get("fence", 0)))
 
     async def claim_queued(
         self,
@@ -676,8 +690,9 @@ class CellStore:
         request: str = "",
         charge: Mapping[str, int] | None = None,
         quota: QuotaGuard | None = None,
-    ) -> None:
-        """A queued job bound to `pod` and charged to its tenant (`charge`). Conflict
+    ) -> int:
+        """A queued job bound to `pod` and charged to its tenant (`charge`): the forward's
+        fencing token. Conflict
         MOVED when it is no longer queued; STALE when its blocks went; with `request`,
         CHANGED when its request is no longer the one the decision was made for (updated
         meanwhile); with `quota`, QUOTA when what its decision knew of them changed."""
@@ -699,7 +714,7 @@ class CellStore:
             reason,
             json.dumps(dict(charge or {})),
         )
-        await self._script.commit(t)
+        return int((await self._script.commit(t))["fence"])
 
     def _forwarding(self, pod: str, job_id: str, token: str) -> CellTxn:
         t = CellTxn(pod, jobs=[job_id])
@@ -809,8 +824,11 @@ class CellStore:
         done = await self._try(t)
         return CellJobRecord.of(job_id, _row(done.reads[0])) if done else None
 
-    async def take_over(self, job_id: str, token: str, until_ms: int, now_ms: int) -> str | None:
-        """Take a forward whose deadline passed; the pod it was bound to, or None."""
+    async def take_over(
+        self, job_id: str, token: str, until_ms: int, now_ms: int
+    ) -> tuple[str, int] | None:
+        """Take a forward whose deadline passed: the pod it was bound to and the take-over's
+        fencing token (the next forward number, higher than the forward's), or None."""
         t = CellTxn()
         k = _job_key(job_id)
         t.expect_phase(job_id, [FORWARDING])
@@ -818,8 +836,9 @@ class CellStore:
         t.hset(k, {"token": token, "until": until_ms})
         t.zadd(cell_key("forwarding"), until_ms, job_id)
         t.read("HGET", k, "pod")
+        t.read("INCR", cell_key("fwd"))
         done = await self._try(t)
-        return str(done.reads[0] or "") if done else None
+        return (str(done.reads[0] or ""), int(done.reads[1])) if done else None
 
     async def adopt(
         self,

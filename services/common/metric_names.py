@@ -239,6 +239,15 @@ DOMAIN: tuple[MetricName, ...] = (
         "preemptions by action (terminate, delay, shrink)",
     ),
     _m(
+        "lightpath.pod.stale_forwards_refused",
+        COUNTER,
+        "",
+        ("pod",),
+        "workload_scheduler",
+        "cell forwards refused for an older forward token (fencing): another cell replica "
+        "had taken the forward over",
+    ),
+    _m(
         "lightpath.pod.block_replacements",
         COUNTER,
         "",

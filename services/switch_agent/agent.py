@@ -93,6 +93,8 @@ class Agent:
             sw.version = int(s["version"])
             sw.table = {int(p): int(q) for p, q in s.get("table", {}).items()}
             sw.outputs = {int(i): int(o) for i, o in s.get("outputs", {}).items()}
+            # the highest token seen per lease: a restarted agent still refuses an older one
+            sw.fences.update((lease, int(t)) for lease, t in s.get("fences", []))
             restored += 1
         if restored:
             log.info(
@@ -107,6 +109,7 @@ class Agent:
                     "version": sw.version,
                     "table": sw.table,
                     "outputs": sw.outputs,
+                    "fences": list(sw.fences.items()),  # oldest first, as kept
                 }
                 for sid, sw in self.switches.items()
             }

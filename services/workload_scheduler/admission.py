@@ -8,6 +8,7 @@ import contextlib
 import json
 import random
 import time
+from typing import Any
 
 from lightpath.domain.jobs import NormalizedSpec
 from lightpath.domain.slices import (
@@ -34,6 +35,7 @@ from lightpath.errors import (
     Unavailable,
 )
 from lightpath.v1 import workload_scheduler_pb2
+from services.common.txn import STALE_LEASE
 from services.workload_scheduler.core import (
     BUSY_WAIT_S,
     MAX_COMMIT_ATTEMPTS,
@@ -76,16 +78,21 @@ class Admission(Part):
         *,
         validate_only: bool,
         reclaim: frozenset[str] | None = None,
+        forward_token: int = 0,
     ) -> AdmitResult:
         """Admit a job; answers once it is RUNNING, queued or refused (WS-2, WS-4).
-        `reclaim`: the only running jobs it may preempt, whatever their priority."""
+        `reclaim`: the only running jobs it may preempt, whatever their priority.
+        `forward_token`: the cell's forward (fencing, issue 32): refused when the pod was
+        sent a newer one for the job; the job is stored only with a token no older than
+        every one recorded (checked in the commit that stores it)."""
         spec_b64 = _b64(spec.SerializeToString(deterministic=True))
+        await self._check_forward(norm.job_id, forward_token)
         if validate_only:
             return await self._dry_run(spec_b64, norm)
         started = time.monotonic()
         if norm.when_no_capacity == FAIL:
             await self._unless_busy(norm.job_id, started)
-        admission = _Admission(spec_b64, norm, spec, reclaim=reclaim)
+        admission = _Admission(spec_b64, norm, spec, reclaim=reclaim, forward_token=forward_token)
         self._passes.waiting += 1
         try:
             await self._pass_lock.acquire()
@@ -99,12 +106,16 @@ class Admission(Part):
             with self._passes.timed():
                 try:
                     await self._pass(admission)
+                except FailedPrecondition:  # a stale forward or a reused id: another pass
+                    # places the rest of the queue
+                    self.schedule_soon()
+                    raise
                 finally:
                     self._pass_done = generation
         finally:
             self._pass_lock.release()
         if admission.created is None:  # the pass gave up before the job was stored
-            admission.created = await self._create(spec_b64, norm, spec)
+            admission.created = await self._create(admission)
             await self.schedule()
         created = admission.created
         record = await self._settled(norm.job_id)
@@ -131,7 +142,9 @@ class Admission(Part):
         )
 
     def _store_new(self, txn: Txn, job: SliceJob, admission: _Admission, now: int) -> None:
-        """Checks and writes that store a new job PENDING in the queue."""
+        """Checks and writes that store a new job PENDING in the queue (first: its forward
+        is the cell's newest, Conflict STALE_LEASE if not)."""
+        txn.fence(self.store.keys.forwards, job.job_id, admission.forward_token)
         txn.expect_no_job(job.job_id)
         txn.hset(
             self.store.keys.job(job.job_id),
@@ -156,22 +169,24 @@ class Admission(Part):
             extra={"job_id": job.job_id},
         )
 
-    async def _create(
-        self, spec_b64: str, norm: NormalizedSpec, spec: workload_scheduler_pb2.JobSpec
-    ) -> bool:
-        """Store the job PENDING in the queue; False if the same request was already admitted."""
+    async def _create(self, admission: _Admission) -> bool:
+        """Store the job PENDING in the queue; False if the same request was already
+        admitted. FailedPrecondition STALE_LEASE: the cell sent a newer forward of it."""
+        norm = admission.norm
         seq = await self.store.next_seq()
         now = self.now_ms()
         job = self._new_job(norm, seq)
         txn = self.store.txn()
-        self._store_new(txn, job, _Admission(spec_b64, norm, spec), now)
+        self._store_new(txn, job, admission, now)
         try:
             await self.store.commit(txn)
-        except Conflict:
+        except Conflict as c:
+            if c.reason == STALE_LEASE:
+                raise self._stale_forward(norm.job_id, admission.forward_token, c.value) from None
             existing = await self.store.job(norm.job_id)
             if existing is None:  # admitted and refused (WHEN_NO_CAPACITY_FAIL) meanwhile
-                return await self._create(spec_b64, norm, spec)
-            if existing.submitted_b64 != spec_b64:
+                return await self._create(admission)
+            if existing.submitted_b64 != admission.spec_b64:
                 raise FailedPrecondition(
                     f"job {norm.job_id}",
                     "already exists with a different request; choose a new job id",
@@ -180,6 +195,40 @@ class Admission(Part):
             return False
         self._log_admitted(job)
         return True
+
+    async def fence_forward(self, job_id: str, token: int) -> None:
+        """A cell replica taking over a forward of the job (GetJobRequest.forward_token):
+        from now on an older forward is refused; FailedPrecondition STALE_LEASE when the
+        pod was sent a newer one."""
+        try:
+            await self.store.fence_forward(job_id, token)
+        except Conflict as c:
+            raise self._stale_forward(job_id, token, c.value) from None
+
+    async def _check_forward(self, job_id: str, token: int) -> None:
+        """Refuse a forward older than one the cell sent for the job (nothing changes);
+        the commit that stores the job checks it again."""
+        if token:
+            newest = await self.store.forward_token(job_id)
+            if newest > token:
+                raise self._stale_forward(job_id, token, newest)
+
+    def _stale_forward(self, job_id: str, token: int, newest: Any) -> FailedPrecondition:
+        """A forward the cell has since taken over (counted: fencing, issue 32)."""
+        self.metrics.stale_forward_refused(self.pod_id)
+        self.log.warning(
+            "job %s: refused a stale forward (token %d; the cell sent %s since)",
+            job_id,
+            token,
+            newest,
+            extra={"job_id": job_id},
+        )
+        return FailedPrecondition(
+            "forward_token",
+            f"{token} is older than {newest}, the newest forward of job {job_id} this pod "
+            "was sent (another cell replica took the forward over); nothing was admitted",
+            reason=STALE_LEASE,
+        )
 
     async def _settled(self, job_id: str) -> JobRecord:
         """The job once no wiring of it is in flight (bounded by the wiring timeout)."""
@@ -364,9 +413,7 @@ class Admission(Part):
                 state = await self.snapshot()
             if admission is not None and creating:
                 if admission.norm.job_id in state.jobs:  # admitted before: as the store says
-                    admission.created = await self._create(
-                        admission.spec_b64, admission.norm, admission.spec
-                    )
+                    admission.created = await self._create(admission)
                     continue
                 new = self._new_job(admission.norm, int(seq))
                 if admission.reclaim:
@@ -407,11 +454,13 @@ class Admission(Part):
                 self.log.debug("pass conflicted (%s); deciding again", c)
                 lean = False
                 if new is not None and admission is not None and admission.created is None:
+                    if c.reason == STALE_LEASE:  # the new job's forward was taken over
+                        raise self._stale_forward(
+                            new.job_id, admission.forward_token, c.value
+                        ) from None
                     # The job may exist already (a retry, or another replica): as the
                     # store says; the next round of this pass then places it if it can.
-                    admission.created = await self._create(
-                        admission.spec_b64, admission.norm, admission.spec
-                    )
+                    admission.created = await self._create(admission)
                 continue
             # Jobs left waiting may be placeable once the slices now wiring run (and so
             # become preemptible): the wirings then ask for another pass.

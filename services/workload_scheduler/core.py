@@ -101,6 +101,8 @@ class _Admission:
     created: bool | None = None
     # The only slices it may preempt (the cell reclaiming lent quota, issue 35), or None.
     reclaim: frozenset[str] | None = None
+    # The cell's forward token (AdmitJobRequest.forward_token; 0: not fenced).
+    forward_token: int = 0
 
 
 @dataclass

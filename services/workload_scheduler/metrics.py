@@ -99,6 +99,11 @@ class PodMetrics:
         self._wiring = meter.create_histogram(
             "lightpath.pod.wiring.duration", unit="s", description="time to wire a slice"
         )
+        self._stale_forwards = meter.create_counter(
+            "lightpath.pod.stale_forwards_refused",
+            description="cell forwards refused for an older forward token (fencing): "
+            "another cell replica had taken the forward over",
+        )
 
     @classmethod
     def noop(cls) -> PodMetrics:
@@ -120,6 +125,7 @@ class PodMetrics:
             self._attempts.add(0, {"pod": pod, "result": result})
         for action in PREEMPTION_ACTIONS:
             self._preemptions.add(0, {"pod": pod, "action": action})
+        self._stale_forwards.add(0, {"pod": pod})
 
     # -- events --------------------------------------------------------------------
 
@@ -127,6 +133,10 @@ class PodMetrics:
         """An admission answered with the job in `state`: admitted, queued or refused."""
         self._attempts.add(1, {"pod": pod, "result": _ADMITTED.get(state, "refused")})
         self._admission.record(time.monotonic() - started)
+
+    def stale_forward_refused(self, pod: str) -> None:
+        """A cell forward (AdmitJob, a take-over's GetJob) older than one recorded."""
+        self._stale_forwards.add(1, {"pod": pod})
 
     def preempted(self, pod: str, victims: Iterable[Any]) -> None:
         """Victims of a committed allocation (each with its action: TERMINATE, DELAY, SHRINK)."""

@@ -316,6 +316,7 @@ class WorkloadSchedulerServicer(workload_scheduler_pb2_grpc.WorkloadSchedulerSer
             norm,
             validate_only=request.validate_only,
             reclaim=frozenset(request.reclaim) if request.reclaim else None,
+            forward_token=request.forward_token,
         )
         job = await self._job_pb(sched, result.record)
         if norm.rings is not None and result.record.summary.demand.grid == norm.demand.grid:
@@ -333,6 +334,9 @@ class WorkloadSchedulerServicer(workload_scheduler_pb2_grpc.WorkloadSchedulerSer
     ) -> workload_scheduler_pb2.Job:
         sched = await self._pod.get()
         _note(job_id=require_id(request.job_id, "job_id"))
+        if request.forward_token:
+            # A take-over's question, fenced before it is answered (issue 32).
+            await sched.admission.fence_forward(request.job_id, request.forward_token)
         record = await sched.store.job(request.job_id, history=True)
         if record is None:
             from lightpath.errors import NotFound

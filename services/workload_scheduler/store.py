@@ -22,6 +22,8 @@ and under `ws:` beside the ocs_manager's `ocs:` keys of the same pod):
     lp:{pod}:ws:events            stream job transitions and block health changes (WatchPod)
     lp:{pod}:ws:seq               string admission sequence
     lp:{pod}:ws:releasing:<id>    string claim (with expiry) while a queued job's old wiring is released
+    lp:{pod}:ws:forwards          hash   job id -> the highest forward token the cell sent for it
+                                         (AdmitJob, a take-over's GetJob; fencing, issue 32)
     lp:{pod}:ws:wiring:diff       hash   "<kind>:<job>" -> JSON {job, kind, detail, since}: where
                                          RUNNING jobs and the ocs_manager's slices disagree,
                                          as the last reconcile round found (GetPod shows it)
@@ -105,6 +107,7 @@ class PodKeys:
         self.wired_count = pod_key(pod_id, "ws", "wired", "count")
         self.queued = pod_key(pod_id, "ws", "queued")
         self.running = pod_key(pod_id, "ws", "running")
+        self.forwards = pod_key(pod_id, "ws", "forwards")
         self._job_prefix = pod_key(pod_id, "ws", "job") + ":"
 
     def job(self, job_id: str) -> str:
@@ -390,6 +393,18 @@ class PodStore:
 
     async def next_seq(self) -> int:
         return int(await self.redis.incr(self.keys.seq))
+
+    async def forward_token(self, job_id: str) -> int:
+        """The highest forward token the cell sent for `job_id` (0: none)."""
+        return int(await self.redis.hget(self.keys.forwards, job_id) or 0)
+
+    async def fence_forward(self, job_id: str, token: int) -> None:
+        """Record a cell take-over's forward token for `job_id`, so an older forward is
+        refused from now on; Conflict(STALE_LEASE, value: the newer token) when a newer
+        one is recorded already."""
+        t = self.txn()
+        t.fence(self.keys.forwards, job_id, token)
+        await self.commit(t)
 
     async def save_fabric(self, fabric: PodFabric, describe: dict[str, str]) -> None:
         mapping: dict[str, str] = {"node_types": json.dumps(list(fabric.node_types)), **describe}

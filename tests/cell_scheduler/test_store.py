@@ -137,7 +137,7 @@ async def test_holds_count_forwards_in_flight_and_go_when_they_end(store):
         check_free=True,
         reason="forwarding",
     )
-    assert await store.claim_new("a", token="ta", **claim) >= 1
+    assert (await store.claim_new("a", token="ta", **claim)).seq >= 1
     # 4 free, 3 held: a second 3-block forward to the same pod is refused as stale.
     with pytest.raises(Conflict) as err:
         await store.claim_new("b", token="tb", **claim)
@@ -150,7 +150,7 @@ async def test_holds_count_forwards_in_flight_and_go_when_they_end(store):
     assert snap.held[f"{POD}|tpu"] == 0 and snap.queue == ["a"]
     rec = await store.job("a")
     assert rec.phase == "QUEUED" and rec.refused == {POD: "5-0"}
-    assert await store.claim_new("b", token="tb", **claim) >= 1
+    assert (await store.claim_new("b", token="tb", **claim)).seq >= 1
     # Placing it: the hold goes, and the blocks count as taken until the pod reports.
     placed = await store.placed(
         "b", token="tb", pod=POD, state="RUNNING", n=3, reason="wired", fields={}, now_ms=3
@@ -214,13 +214,13 @@ async def test_a_report_that_shows_a_forward_in_flight_does_not_count_it_twice(s
         check_free=True,
         reason="forwarding",
     )
-    assert await store.claim_new("a", token="ta", needs={"tpu": 2}, **claim) >= 1
+    assert (await store.claim_new("a", token="ta", needs={"tpu": 2}, **claim)).seq >= 1
     assert await free_now(store) == 6
     # The pod admitted it and reported before the cell heard the answer: 6 free there,
     # and the forward still held by the cell. Six blocks are free, not four.
     await report(store, free=6, version="7-0", until="7-0", trs=[tr("7-0", "a", 2, "WIRING")])
     assert await free_now(store) == 6
-    assert await store.claim_new("b", token="tb", needs={"tpu": 6}, **claim) >= 1
+    assert (await store.claim_new("b", token="tb", needs={"tpu": 6}, **claim)).seq >= 1
     assert await free_now(store) == 0
     placed = await store.placed(
         "a", token="ta", pod=POD, state="RUNNING", n=3, reason="wired", fields={}, now_ms=2
@@ -380,7 +380,7 @@ async def test_a_cancel_reason_is_stored_once_and_read_back_everywhere(store, re
 
 
 async def _claim(store: CellStore, job: str, tenant: str, quota=None, chips=64) -> int:
-    return await store.claim_new(
+    claimed = await store.claim_new(
         job,
         fields={"req": "r", "priority": 50},
         tenant=tenant,
@@ -394,6 +394,7 @@ async def _claim(store: CellStore, job: str, tenant: str, quota=None, chips=64) 
         charge={"tpu": chips},
         quota=quota,
     )
+    return claimed.seq
 
 
 async def test_a_charge_holds_from_the_claim_to_the_end_on_every_path(store):

@@ -266,6 +266,51 @@ async def test_the_state_file_keeps_tables_across_an_agent_restart(redis_url, tm
             assert await table(s) == set()
 
 
+async def test_a_restarted_agent_still_refuses_an_older_fence_token(redis_url, tmp_path):
+    """Fences live in the state file beside the tables (issue 32): a manager whose change
+    lease was taken over (token 5 after 7) is refused by an agent restarted since."""
+    state = tmp_path / "switches.json"
+    with agent_process(
+        redis_url, tmp_path, **fabric(), LIGHTPATH_AGENT_STATE_FILE=str(state)
+    ) as ag:
+        async with as_manager(ag.address) as s:
+            await s.ApplyBatch(
+                sb.ApplyBatchRequest(
+                    switch_id=X,
+                    batch_id="new-holder",
+                    connect=pairs((8, 0)),
+                    fence=sb.Fence(lease_id="job-a", token=7),
+                )
+            )
+        ag.kill()  # no goodbye: what was answered is on disk
+        ag.start()
+        async with as_manager(ag.address) as s, admin(ag.address) as a:
+            err = await failure(
+                s.ApplyBatch(
+                    sb.ApplyBatchRequest(
+                        switch_id=X,
+                        batch_id="stale-undo",
+                        disconnect=pairs((8, 0)),
+                        fence=sb.Fence(lease_id="job-a", token=5),
+                    )
+                )
+            )
+            assert (err.code, err.reason) == (C.FAILED_PRECONDITION, "STALE_LEASE")
+            assert await table(s) == {(0, 8)}
+            stats = await a.GetSwitchStats(sb.GetSwitchStatsRequest(switch_id=X))
+            assert stats.stale_batches_refused == 1
+            # the newer holder (and later ones) still go through
+            await s.ApplyBatch(
+                sb.ApplyBatchRequest(
+                    switch_id=X,
+                    batch_id="newer",
+                    disconnect=pairs((8, 0)),
+                    fence=sb.Fence(lease_id="job-a", token=8),
+                )
+            )
+            assert await table(s) == set()
+
+
 async def test_only_the_pods_manager_programs_and_only_operators_inject(redis_url, tmp_path):
     from lightpath.client import channel
     from lightpath.v1 import optical_switch_pb2_grpc
