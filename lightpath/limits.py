@@ -82,6 +82,9 @@ FIELDS: Mapping[str, int] = {
     "Quota.nominal_chips": 64,
     "Quota.borrowing_limit": 64,
     "Quota.lending_limit": 64,
+    "Quota.pod": ID,
+    "DeleteQuotaRequest.pod": ID,
+    "TenantQuota.pod": ID,
     "AdmitJobRequest.reclaim": 1024,
     # -- the OCS manager and switch agents
     "WireSliceRequest.blocks": BLOCKS,

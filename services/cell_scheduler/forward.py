@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections import Counter
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import Any
 
@@ -97,6 +98,8 @@ class Forwarder:
                 tenant = tenant_of(req)
                 if not quotas.book().check(tenant, charge_of(r)).ok:
                     break
+                if quotas.pod_refusal(tenant, pod, charge_of(r)):
+                    continue  # its quota on that pod is used up: the next pod may do
                 claimed = await self.jobs.claim_queued(
                     job_id,
                     r,
@@ -104,7 +107,7 @@ class Forwarder:
                     check_free=cand.how == FITS,
                     reason=f"forwarding to pod {pod}: {cand.reason}",
                     request=request_b64(req),
-                    quota=quotas.guard(tenant),
+                    quota=quotas.guard(tenant, pod=pod),
                 )
                 if claimed is None:
                     break  # a dispatcher took it meanwhile, or that pod's blocks went elsewhere
@@ -242,6 +245,7 @@ class Forwarder:
         demands, details = await self.admission.queued(snap, models, now)
         quotas = QuotaState.of(snap.quotas)
         version = quotas.version  # this pass's own charges bump it
+        on_pods: dict[tuple[str, str], Counter[str]] = {}  # ... and hold chips on pods
         forwards = []
         roomless: list[str] = []
         for demand, choice in plan_queue(demands, views.values()):
@@ -252,6 +256,9 @@ class Forwarder:
             first = choice.candidates[0]
             r = resolved[first.pod_id]
             tenant = tenant_of(req)
+            held = on_pods.setdefault((tenant, first.pod_id), Counter())
+            if quotas.pod_refusal(tenant, first.pod_id, charge_of(r), held):
+                continue  # this pass's own claims used its quota on that pod: the next pass
             token = await self.jobs.claim_queued(
                 demand.job_id,
                 r,
@@ -260,11 +267,12 @@ class Forwarder:
                 reason=f"leaving the cell queue for pod {first.pod_id}: {first.reason}",
                 now_ms=now,
                 request=request_b64(req),
-                quota=quotas.guard(tenant, version),
+                quota=quotas.guard(tenant, version, first.pod_id),
             )
             if token is None:
                 continue  # another replica took it, or an update changed it (next pass)
-            if quotas.limits(tenant):
+            held.update(charge_of(r))
+            if quotas.limits(tenant, first.pod_id):
                 version = str(int(version or 0) + 1)
             # The stored fields name the pod now; _forward stores them again when placed.
             forwards.append(
@@ -318,6 +326,8 @@ class Forwarder:
             plan = plan_reclaim(tenant, need, quotas, live, room)
             if plan is None or plan.pod not in resolved:
                 continue
+            if quotas.pod_refusal(tenant, plan.pod, charge_of(resolved[plan.pod])):
+                continue  # its quota on that pod would not cover it there
             cand = Candidate(plan.pod, PREEMPTS, plan.reason)
             token = await self.jobs.claim_queued(
                 job_id,
@@ -327,7 +337,7 @@ class Forwarder:
                 reason=f"leaving the cell queue for pod {plan.pod}: {plan.reason}",
                 now_ms=now,
                 request=request_b64(req),
-                quota=quotas.guard(tenant),
+                quota=quotas.guard(tenant, pod=plan.pod),
             )
             if token is None:
                 return None  # changed meanwhile: the next pass decides again

@@ -311,3 +311,40 @@ async def test_a_burst_of_one_tenants_submits_is_admitted_whole(redis_url):
         for s in subs:
             await cell.wait_for(lambda j=s.job.job_id: _placed(cell, j), what="all placed")
         assert (await quotas(cell, "acme"))["acme"].used_chips["tpu"] == 1024
+
+
+async def test_a_pod_scoped_quota_holds_back_its_pod_only(redis_url):
+    """acme may hold 64 tpu chips on pod-a: its second job there waits saying so, while
+    the tenant still runs on pod-b; a pod name the cell does not know is refused."""
+    async with cell_stack(redis_url, pods=(("pod-a", 8, "tpu"), ("pod-b", 8, "tpu"))) as cell:
+        for kw, rule in (
+            (dict(pod="pod-z"), "no pod 'pod-z' is registered; the cell has pod-a, pod-b"),
+            (dict(pod="a/b"), "characters"),
+            (dict(pod="pod-a", cohort="lab"), ""),
+        ):
+            err = await rpc_error(set_quota(cell, "acme", nominal_chips={"tpu": 64}, **kw))
+            assert err.code == grpc.StatusCode.INVALID_ARGUMENT, kw
+            got = violations(err)
+            field = "quota.cohort" if "cohort" in kw else "quota.pod"
+            assert field in got and rule in got[field], (kw, got)
+        assert not (await cell.cell.ListQuotas(cs.ListQuotasRequest())).quotas  # nothing kept
+        row = await set_quota(cell, "acme", nominal_chips={"tpu": 64}, pod="pod-a")
+        assert row.pod == "pod-a" and row.quota.pod == "pod-a"
+        first = await cell.submit("p1", tenant="acme", only_pod="pod-a")
+        assert first.job.pod_id == "pod-a"
+        held = await cell.submit("p2", tenant="acme", only_pod="pod-a")
+        assert not held.job.pod_id and "waiting for quota" in held.job.reason, held.job
+        assert "on pod pod-a, 64 over its quota there of 64" in held.job.reason
+        # not held back elsewhere: the same tenant runs on pod-b, others on pod-a
+        assert (await cell.submit("p3", tenant="acme")).job.pod_id == "pod-b"
+        assert (await cell.submit("b1", tenant="beta", only_pod="pod-a")).job.pod_id == "pod-a"
+        rows = (await cell.cell.ListQuotas(cs.ListQuotasRequest(tenant="acme"))).quotas
+        assert [(r.pod, r.used_chips["tpu"]) for r in rows] == [("", 128), ("pod-a", 64)]
+        # its chips on pod-a given back, the waiting job goes there
+        await cell.cell.CompleteJob(cs.CompleteCellJobRequest(job_id="p1"))
+        await cell.wait_for(lambda: _placed(cell, "p2"), what="p2 admitted on pod-a")
+        assert (await cell.job("p2")).pod_id == "pod-a"
+        gone = await cell.cell.DeleteQuota(cs.DeleteQuotaRequest(tenant="acme", pod="pod-a"))
+        assert gone.deleted.pod == "pod-a"
+        err = await rpc_error(cell.cell.DeleteQuota(cs.DeleteQuotaRequest(tenant="acme")))
+        assert err.code == grpc.StatusCode.NOT_FOUND  # the cell-wide one never existed
