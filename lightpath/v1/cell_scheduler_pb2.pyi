@@ -1124,7 +1124,8 @@ class TenantQuota(_message.Message):
     """Its weighted dominant share of decayed usage (fair share: smaller goes first)."""
     pod: _builtins.str
     """The row's scope: "" the cell, else a pod (its pod-scoped quota and the chips
-    the tenant holds there; share and waiting jobs are the cell's).
+    the tenant holds there; share and waiting jobs are the cell's). At most 128
+    characters.
     """
     @_builtins.property
     def quota(self) -> Global___Quota:
@@ -1188,7 +1189,7 @@ class DeleteQuotaRequest(_message.Message):
     POD_FIELD_NUMBER: _builtins.int
     tenant: _builtins.str
     pod: _builtins.str
-    """The scope of the quota to delete ("": the cell-wide one)."""
+    """The scope of the quota to delete ("": the cell-wide one); at most 128 characters."""
     def __init__(
         self,
         *,
