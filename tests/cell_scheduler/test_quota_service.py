@@ -348,3 +348,31 @@ async def test_a_pod_scoped_quota_holds_back_its_pod_only(redis_url):
         assert gone.deleted.pod == "pod-a"
         err = await rpc_error(cell.cell.DeleteQuota(cs.DeleteQuotaRequest(tenant="acme")))
         assert err.code == grpc.StatusCode.NOT_FOUND  # the cell-wide one never existed
+
+
+async def test_quota_commands_with_a_pod_scope(cell1: Cell, capsys, monkeypatch):
+    import json
+
+    monkeypatch.setenv("LIGHTPATH_CELL_ADDR", cell1.cell_addresses[0])
+    code, out = await _cli(capsys, "quota", "set", "acme", "--tpu-chips", "64", "--pod", "pod-z")
+    assert code == 1 and "--pod" in out and "no pod 'pod-z' is registered" in out, out
+    code, out = await _cli(
+        capsys, "quota", "set", "acme", "--tpu-chips", "64", "--pod", "pod-a", "--cohort", "lab"
+    )
+    assert code == 1 and "--cohort" in out and "pod-scoped" in out, out
+    code, out = await _cli(capsys, "quota", "set", "acme", "--tpu-chips", "256")
+    code, out = await _cli(capsys, "quota", "set", "acme", "--tpu-chips", "64", "--pod", "pod-a")
+    assert code == 0 and "quota of acme on pod pod-a set" in out and "pod pod-a" in out, out
+    await cell1.submit("q1", tenant="acme")
+    code, out = await _cli(capsys, "quota", "usage", "acme", "-o", "json")
+    rows = [
+        (r["pod"], r["quota"]["nominal_chips"], r["used_chips"]) for r in json.loads(out)["quotas"]
+    ]
+    assert rows == [("", {"tpu": 256}, {"tpu": 64}), ("pod-a", {"tpu": 64}, {"tpu": 64})], out
+    code, out = await _cli(capsys, "quota", "list")
+    lines = [line.split() for line in out.splitlines() if line.startswith("acme")]
+    assert [line[1:3] for line in lines] == [["cell", "256"], ["pod", "pod-a"]], out
+    code, out = await _cli(capsys, "quota", "delete", "acme", "--pod", "pod-a", "-o", "json")
+    assert code == 0 and json.loads(out)["pod"] == "pod-a", out
+    code, out = await _cli(capsys, "quota", "delete", "acme", "--pod", "pod-a")
+    assert code == 1 and "NOT_FOUND" in out, out
