@@ -376,3 +376,26 @@ async def test_quota_commands_with_a_pod_scope(cell1: Cell, capsys, monkeypatch)
     assert code == 0 and json.loads(out)["pod"] == "pod-a", out
     code, out = await _cli(capsys, "quota", "delete", "acme", "--pod", "pod-a")
     assert code == 1 and "NOT_FOUND" in out, out
+
+
+async def test_one_dispatch_pass_keeps_a_tenant_within_its_pod_quota(cell1: Cell):
+    """Three of acme's jobs wait for room on pod-a, where it may hold 128 chips; room
+    for all three comes at once: the pass that plans them claims two."""
+    await set_quota(cell1, "acme", nominal_chips={"tpu": 128}, pod="pod-a")
+    big = await cell1.submit("b1", (8, 8, 8), tenant="beta", only_pod="pod-a")
+    assert big.job.pod_id == "pod-a"
+    for i in range(3):
+        sub = await cell1.submit(f"a{i}", tenant="acme", only_pod="pod-a")
+        assert not sub.job.pod_id and "quota" not in sub.job.reason, sub.job.reason
+    await cell1.cell.CompleteJob(cs.CompleteCellJobRequest(job_id="b1"))
+
+    async def settled() -> list[cs.CellJob] | None:
+        jobs = [await cell1.job(f"a{i}") for i in range(3)]
+        placed = [j for j in jobs if j.pod_id]
+        if len(placed) == 2 and any("over its quota there" in j.reason for j in jobs):
+            return jobs
+        return None
+
+    await cell1.wait_for(settled, what="two of acme's jobs on pod-a, the third held back")
+    rows = (await cell1.cell.ListQuotas(cs.ListQuotasRequest(tenant="acme"))).quotas
+    assert [(r.pod, r.used_chips["tpu"]) for r in rows] == [("", 128), ("pod-a", 128)]
