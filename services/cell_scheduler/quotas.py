@@ -148,11 +148,14 @@ class QuotaState:
         pod_used: dict[tuple[str, str], dict[str, int]] = {}
         for k, n in rows.usage.items():
             who, _, t = k.rpartition("|")
-            tenant, at, pod = who.partition("@")
+            tenant, scoped, pod = who.partition("@")
             if n > 0:
-                (pod_used.setdefault((tenant, pod), {}) if at else used.setdefault(tenant, {}))[
-                    t
-                ] = n
+                held = (
+                    pod_used.setdefault((tenant, pod), {})
+                    if scoped
+                    else used.setdefault(tenant, {})
+                )
+                held[t] = n
         decayed: dict[str, dict[str, tuple[float, int]]] = {}
         for k, v in rows.decayed.items():
             if k.endswith("@"):
