@@ -34,7 +34,13 @@ from services.cell_scheduler.choice import (
 from services.cell_scheduler.jobs import CellJobs, SubmitResult, record_fields, request_b64
 from services.cell_scheduler.metrics import CellMetrics
 from services.cell_scheduler.podclient import PodRefused, PodUnreachable, state_name
-from services.cell_scheduler.quotas import RECLAIM_FIELDS, QuotaState, charge_of, plan_reclaim
+from services.cell_scheduler.quotas import (
+    RECLAIM_FIELDS,
+    WAITING_FOR_QUOTA,
+    QuotaState,
+    charge_of,
+    plan_reclaim,
+)
 from services.cell_scheduler.request import Resolved, grouped, tenant_of
 from services.cell_scheduler.store import PLACED, QUEUED, Conflict
 
@@ -98,8 +104,10 @@ class Forwarder:
                 tenant = tenant_of(req)
                 if not quotas.book().check(tenant, charge_of(r)).ok:
                     break
-                if quotas.pod_refusal(tenant, pod, charge_of(r)):
-                    continue  # its quota on that pod is used up: the next pod may do
+                refusal = quotas.pod_refusal(tenant, pod, charge_of(r))
+                if refusal:  # its quota on that pod is used up: the next pod may do
+                    last = WAITING_FOR_QUOTA + refusal
+                    continue
                 claimed = await self.jobs.claim_queued(
                     job_id,
                     r,
