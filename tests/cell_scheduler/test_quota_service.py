@@ -336,7 +336,7 @@ async def test_a_pod_scoped_quota_holds_back_its_pod_only(redis_url):
         assert not held.job.pod_id and "waiting for quota" in held.job.reason, held.job
         assert "on pod pod-a, 64 over its quota there of 64" in held.job.reason
         # not held back elsewhere: the same tenant runs on pod-b, others on pod-a
-        assert (await cell.submit("p3", tenant="acme")).job.pod_id == "pod-b"
+        assert (await cell.submit("p3", tenant="acme", prefer_pod="pod-a")).job.pod_id == "pod-b"
         assert (await cell.submit("b1", tenant="beta", only_pod="pod-a")).job.pod_id == "pod-a"
         rows = (await cell.cell.ListQuotas(cs.ListQuotasRequest(tenant="acme"))).quotas
         assert [(r.pod, r.used_chips["tpu"]) for r in rows] == [("", 128), ("pod-a", 64)]
