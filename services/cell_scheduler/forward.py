@@ -104,9 +104,9 @@ class Forwarder:
                 tenant = tenant_of(req)
                 if not quotas.book().check(tenant, charge_of(r)).ok:
                     break
-                refusal = quotas.pod_refusal(tenant, pod, charge_of(r))
-                if refusal:  # its quota on that pod is used up: the next pod may do
-                    last = WAITING_FOR_QUOTA + refusal
+                over = quotas.pod_refusal(tenant, pod, charge_of(r))
+                if over:  # its quota on that pod is used up: the next pod may do
+                    last = WAITING_FOR_QUOTA + over
                     continue
                 claimed = await self.jobs.claim_queued(
                     job_id,
