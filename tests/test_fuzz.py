@@ -518,6 +518,8 @@ def _seed_requests() -> dict[str, Message]:
                 weight=2.0,
             )
         ),
+        # a quota's pod scope: a registered pod's name reaches the store's quota field
+        "CellScheduler.DeleteQuota": cell_pb.DeleteQuotaRequest(tenant="acme", pod="pod-1"),
         "WorkloadScheduler.AdmitJob": ws_pb.AdmitJobRequest(spec=spec, validate_only=True),
         "CellScheduler.UpdateJob": cell_pb.UpdateCellJobRequest(
             spec=ws_pb.JobSpec(job_id="job-1", priority=70, labels={"team": "ml"}),

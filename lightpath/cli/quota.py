@@ -4,11 +4,13 @@
     lightpath quota usage [TENANT]                # chips held, borrowed, jobs waiting
     lightpath quota set acme --tpu-chips 512 --no-borrowing
     lightpath quota set beta --tpu-chips 256 --cohort lab --borrow tpu=128 --weight 2
-    lightpath quota delete acme
+    lightpath quota set acme --tpu-chips 128 --pod pod-1   # at most 128 on pod-1
+    lightpath quota delete acme [--pod pod-1]
 
 Each with -o table|wide|json|yaml|name|jsonpath=TEMPLATE (`set` and `delete`: the
 tenant's row after / as it was). Operators set and delete; a tenant's credential
-(`--as acme`) lists its own quota and usage only.
+(`--as acme`) lists its own quota and usage only. A quota with `--pod` caps the
+tenant's chips on that pod (besides its cell-wide quota): each row's scope says which.
 """
 
 from __future__ import annotations
@@ -96,13 +98,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     v.add_argument(
         "--weight", type=float, default=0.0, help="fair-share weight, 0.001 to 1000 (default 1)"
     )
+    _pod_flag(v, "cap the tenant's chips on this pod only (no cohort, borrowing or weight)")
     _cell_flag(v)
     v.set_defaults(func=cmd_set)
 
     v = verbs.add_parser("delete", help="remove a tenant's quota (operators)")
     v.add_argument("tenant", help="the tenant")
+    _pod_flag(v, "its quota on this pod (default: the cell-wide one)")
     _cell_flag(v)
     v.set_defaults(func=cmd_delete)
+
+
+def _pod_flag(p: argparse.ArgumentParser, help: str) -> None:
+    p.add_argument("--pod", default="", metavar="POD", help=help)
 
 
 def quota_of(args: argparse.Namespace) -> cs.Quota:
@@ -120,6 +128,7 @@ def quota_of(args: argparse.Namespace) -> cs.Quota:
         no_borrowing=args.no_borrowing,
         lending_limit=dict(args.lend),
         weight=args.weight,
+        pod=args.pod,
     )
 
 
@@ -133,6 +142,7 @@ FLAGS: Mapping[str, str] = {
     "quota.no_borrowing": "--no-borrowing",
     "quota.lending_limit": "--lend",
     "quota.weight": "--weight",
+    "quota.pod": "--pod",
 }
 
 
@@ -153,21 +163,35 @@ def _columns(rows: list[cs.TenantQuota]):
             q = r.quota if r.HasField("quota") else None
             row = [
                 r.tenant,
+                _scope(r.pod),
                 _per_type(q.nominal_chips) if q else "(no quota)",
                 _per_type(r.used_chips),
                 _per_type(r.borrowed_chips),
-                (q.cohort or "-") if q else "-",
-                _limit(q) if q else "-",
-                f"{r.waiting_jobs} ({r.waiting_for_quota} for quota)",
+                (q.cohort or "-") if q and not r.pod else "-",
+                _limit(q) if q and not r.pod else "-",
+                "-" if r.pod else f"{r.waiting_jobs} ({r.waiting_for_quota} for quota)",
             ]
             if wide:
-                row += [
-                    _per_type(q.lending_limit) if q and q.lending_limit else "all idle",
-                    f"{q.weight:g}" if q else "-",
-                    f"{r.share:.3f}",
-                ]
+                row += (
+                    ["-", "-", "-"]  # a pod's cap: lending, weight and share are the cell's
+                    if r.pod
+                    else [
+                        _per_type(q.lending_limit) if q and q.lending_limit else "all idle",
+                        f"{q.weight:g}" if q else "-",
+                        f"{r.share:.3f}",
+                    ]
+                )
             out.append(row)
-        headers = ["tenant", "quota", "used", "borrowed", "cohort", "may borrow", "waiting"]
+        headers = [
+            "tenant",
+            "scope",
+            "quota",
+            "used",
+            "borrowed",
+            "cohort",
+            "may borrow",
+            "waiting",
+        ]
         if wide:
             headers += ["lends", "weight", "share"]
         return headers, out
@@ -175,10 +199,20 @@ def _columns(rows: list[cs.TenantQuota]):
     return columns
 
 
+def _scope(pod: str) -> str:
+    return f"pod {pod}" if pod else "cell"
+
+
 def cmd_list(args: argparse.Namespace) -> int:
     async def act(cell: AsyncCell) -> int:
         rows = await cell.quotas(getattr(args, "tenant", ""))
-        print_list(args, "quotas", rows, _columns(rows), lambda r: r.tenant)
+        print_list(
+            args,
+            "quotas",
+            rows,
+            _columns(rows),
+            lambda r: r.tenant + (f"@{r.pod}" if r.pod else ""),
+        )
         if not rows and not structured(output_format(args)):
             print("no quotas yet: `lightpath quota set TENANT --tpu-chips N` sets one")
         return 0
@@ -202,7 +236,8 @@ def cmd_set(args: argparse.Namespace) -> int:
 
     async def act(cell: AsyncCell) -> int:
         row = await cell.set_quota(quota)
-        _one(args, row, f"quota of {args.tenant} set; it applies to the next admission")
+        on = f" on pod {args.pod}" if args.pod else ""
+        _one(args, row, f"quota of {args.tenant}{on} set; it applies to the next admission")
         return 0
 
     return _run(args, act, flags=FLAGS)
@@ -210,8 +245,13 @@ def cmd_set(args: argparse.Namespace) -> int:
 
 def cmd_delete(args: argparse.Namespace) -> int:
     async def act(cell: AsyncCell) -> int:
-        row = await cell.delete_quota(args.tenant)
-        _one(args, row, f"quota of {args.tenant} deleted (its jobs are no longer limited); it was:")
+        row = await cell.delete_quota(args.tenant, args.pod)
+        on = f" on pod {args.pod}" if args.pod else ""
+        _one(
+            args,
+            row,
+            f"quota of {args.tenant}{on} deleted (its jobs are no longer limited by it); it was:",
+        )
         return 0
 
-    return _run(args, act, flags={"tenant": "TENANT"})
+    return _run(args, act, flags={"tenant": "TENANT", "pod": "--pod"})

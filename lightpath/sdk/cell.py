@@ -470,13 +470,15 @@ class AsyncCell(AsyncClient):
             "SetQuota", cs.SetQuotaRequest(quota=quota)
         )
 
-    async def delete_quota(self, tenant: str) -> cs.TenantQuota:
-        """Remove a tenant's quota (operators): its row as it was."""
-        resp = await self._call("DeleteQuota", cs.DeleteQuotaRequest(tenant=tenant))
+    async def delete_quota(self, tenant: str, pod: str = "") -> cs.TenantQuota:
+        """Remove a tenant's quota (operators; `pod`: its quota on that pod): its row as
+        it was."""
+        resp = await self._call("DeleteQuota", cs.DeleteQuotaRequest(tenant=tenant, pod=pod))
         return resp.deleted  # type: ignore[no-any-return]
 
     async def quotas(self, tenant: str = "") -> list[cs.TenantQuota]:
-        """Quotas with their usage, by tenant (a tenant's credential: its own row)."""
+        """Quotas with their usage, by tenant, each tenant's cell-wide row before its
+        pod-scoped ones (a tenant's credential: its own rows)."""
         resp = await self._call("ListQuotas", cs.ListQuotasRequest(tenant=tenant))
         return list(resp.quotas)
 

@@ -1005,6 +1005,7 @@ class Quota(_message.Message):
     NO_BORROWING_FIELD_NUMBER: _builtins.int
     LENDING_LIMIT_FIELD_NUMBER: _builtins.int
     WEIGHT_FIELD_NUMBER: _builtins.int
+    POD_FIELD_NUMBER: _builtins.int
     tenant: _builtins.str
     """The tenant; a tenant caller's own name or empty (its own)."""
     cohort: _builtins.str
@@ -1015,6 +1016,12 @@ class Quota(_message.Message):
     """Borrow nothing of any type (`--no-borrowing`): every type's limit is 0."""
     weight: _builtins.float
     """Fair-share weight among waiting tenants: 0.001 to 1000; 0 (unset) is 1."""
+    pod: _builtins.str
+    """The pod the quota holds on ("": the whole cell). A pod-scoped quota caps the
+    chips the tenant's jobs hold on that pod (besides its cell-wide quota, if any):
+    nominal_chips only, no cohort, borrowing, lending or weight. A pod registered
+    with the cell; an id, at most 128 characters.
+    """
     @_builtins.property
     def nominal_chips(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
         """Chips per node type the tenant is owed (a type absent: 0). At most 64 entries,
@@ -1044,10 +1051,11 @@ class Quota(_message.Message):
         no_borrowing: _builtins.bool = ...,
         lending_limit: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
         weight: _builtins.float = ...,
+        pod: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["borrowing_limit", b"borrowing_limit", "cohort", b"cohort", "lending_limit", b"lending_limit", "no_borrowing", b"no_borrowing", "nominal_chips", b"nominal_chips", "tenant", b"tenant", "weight", b"weight"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["borrowing_limit", b"borrowing_limit", "cohort", b"cohort", "lending_limit", b"lending_limit", "no_borrowing", b"no_borrowing", "nominal_chips", b"nominal_chips", "pod", b"pod", "tenant", b"tenant", "weight", b"weight"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1106,6 +1114,7 @@ class TenantQuota(_message.Message):
     WAITING_JOBS_FIELD_NUMBER: _builtins.int
     WAITING_FOR_QUOTA_FIELD_NUMBER: _builtins.int
     SHARE_FIELD_NUMBER: _builtins.int
+    POD_FIELD_NUMBER: _builtins.int
     tenant: _builtins.str
     waiting_jobs: _builtins.int
     """Its jobs waiting in the cell queue."""
@@ -1113,6 +1122,11 @@ class TenantQuota(_message.Message):
     """Of those, the jobs that wait for quota (not for room)."""
     share: _builtins.float
     """Its weighted dominant share of decayed usage (fair share: smaller goes first)."""
+    pod: _builtins.str
+    """The row's scope: "" the cell, else a pod (its pod-scoped quota and the chips
+    the tenant holds there; share and waiting jobs are the cell's). At most 128
+    characters.
+    """
     @_builtins.property
     def quota(self) -> Global___Quota:
         """Unset (no tenant field) for a tenant without a quota that holds chips."""
@@ -1137,10 +1151,11 @@ class TenantQuota(_message.Message):
         waiting_jobs: _builtins.int = ...,
         waiting_for_quota: _builtins.int = ...,
         share: _builtins.float = ...,
+        pod: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["quota", b"quota"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["borrowed_chips", b"borrowed_chips", "quota", b"quota", "share", b"share", "tenant", b"tenant", "used_chips", b"used_chips", "waiting_for_quota", b"waiting_for_quota", "waiting_jobs", b"waiting_jobs"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["borrowed_chips", b"borrowed_chips", "pod", b"pod", "quota", b"quota", "share", b"share", "tenant", b"tenant", "used_chips", b"used_chips", "waiting_for_quota", b"waiting_for_quota", "waiting_jobs", b"waiting_jobs"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1171,15 +1186,19 @@ class DeleteQuotaRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     TENANT_FIELD_NUMBER: _builtins.int
+    POD_FIELD_NUMBER: _builtins.int
     tenant: _builtins.str
+    pod: _builtins.str
+    """The scope of the quota to delete ("": the cell-wide one); at most 128 characters."""
     def __init__(
         self,
         *,
         tenant: _builtins.str = ...,
+        pod: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["tenant", b"tenant"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["pod", b"pod", "tenant", b"tenant"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1234,7 +1253,7 @@ class ListQuotasResponse(_message.Message):
     QUOTAS_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def quotas(self) -> _containers.RepeatedCompositeFieldContainer[Global___TenantQuota]:
-        """By tenant name."""
+        """By tenant name, each tenant's cell-wide row before its pod-scoped ones."""
 
     def __init__(
         self,

@@ -34,6 +34,7 @@ from services.cell_scheduler.quotas import (
     charge_of,
     gate,
     waits_for_quota,
+    within_pod_quotas,
 )
 from services.cell_scheduler.request import (
     PodModel,
@@ -98,10 +99,13 @@ class Admission:
             raise no_pod_can_host(bad)
         priority = next(iter(resolved.values())).priority
         views = self.pods.views_of(snap, now)
+        state = QuotaState.of(snap.quotas)
+        tenant = tenant_of(req)
+        on_pods, pods_full = within_pod_quotas(tenant, resolved, state)
         demand = JobDemand(
             job_id,
             priority,
-            {p: r.needs for p, r in resolved.items()},
+            {p: r.needs for p, r in (on_pods or resolved).items()},
             preferred=req.preferred_pod,
         )
         ahead: list[JobDemand] = []
@@ -109,9 +113,9 @@ class Admission:
             queued, _ = await self.queued(snap, models, now)
             ahead = [d for d in queued if d.priority >= priority]
         _, choice = plan_queue([*ahead, demand], views.values())[-1]
-        state = QuotaState.of(snap.quotas)
-        tenant = tenant_of(req)
-        if tenant in state.quotas:
+        if pods_full:
+            choice = Choice((), choice.not_now, held_back=WAITING_FOR_QUOTA + pods_full)
+        elif tenant in state.quotas:
             need = charge_of(
                 resolved[choice.candidates[0].pod_id]
                 if choice.candidates
@@ -134,6 +138,8 @@ class Admission:
         details: dict[str, tuple[cell_scheduler_pb2.SubmitJobRequest, dict]] = {}
         gated: list[Queued] = []
         records: dict[str, CellJobRecord] = {}
+        state = QuotaState.of(snap.quotas)
+        pod_waits: dict[str, str] = {}  # held back on every pod by its quotas there
         for record in await self.store.jobs(snap.queue):
             if record.phase != QUEUED:
                 continue
@@ -147,6 +153,11 @@ class Admission:
                         record.job_id, "FAILED", f"no pod can host it any more: {err.message}", now
                     )
                 self.log.warning("job %s failed in the cell queue: %s", record.job_id, err.message)
+                continue
+            resolved, pods_full = within_pod_quotas(record.tenant, resolved, state)
+            if pods_full:
+                pod_waits[record.job_id] = WAITING_FOR_QUOTA + pods_full
+                records[record.job_id] = record
                 continue
             demands.append(
                 JobDemand(
@@ -168,8 +179,8 @@ class Admission:
                     charge_of(next(iter(resolved.values()))),
                 )
             )
-        state = QuotaState.of(snap.quotas)
         admit, waits = gate(gated, state, capacity_of(models.values()), now)
+        waits.update(pod_waits)
         for job_id, why in waits.items():
             if records[job_id].reason != why:
                 await self.store.waiting_reason(job_id, why, now)

@@ -52,7 +52,9 @@ from services.cell_scheduler.pods import PodDirectory, capacity_view, reported_c
 from services.cell_scheduler.quotas import (
     QuotaState,
     capacity_of,
+    pod_quota_pb,
     quota_from_pb,
+    quota_key,
     tenant_quota_pb,
     to_json,
 )
@@ -241,7 +243,7 @@ class CellScheduler:
                     check_free=first.how == FITS and not budget.last(attempt),
                     expect_empty_queue=not snap.queue,
                     now_ms=now,
-                    quota=QuotaState.of(snap.quotas).guard(tenant),
+                    quota=QuotaState.of(snap.quotas).guard(tenant, pod=first.pod_id),
                 )
             except Conflict as c:
                 if c.reason == EXISTS:
@@ -280,28 +282,32 @@ class CellScheduler:
         for _ in range(MAX_PLAN_ATTEMPTS):
             snap = await self.pods.registry(fresh=True)
             state = QuotaState.of(snap.quotas)
-            known = {t for m in self.pods.models_of(snap).values() for t, _ in m.node_types}
-            q = quota_from_pb(pb, known_types=known, quotas=state.quotas)
+            models = self.pods.models_of(snap)
+            known = {t for m in models.values() for t, _ in m.node_types}
+            q = quota_from_pb(pb, known_types=known, quotas=state.quotas, known_pods=models)
             try:
-                await self.store.put_quota(q.tenant, to_json(q), snap.quotas.version)
+                await self.store.put_quota(
+                    quota_key(q.tenant, q.pod), to_json(q), snap.quotas.version
+                )
             except Conflict:
                 continue  # another change of the quotas meanwhile: check against it
-            self.log.info("quota of tenant %s set: %s", q.tenant, to_json(q))
+            self.log.info("quota of tenant %s%s set: %s", q.tenant, _on(q.pod), to_json(q))
             self.kick()  # jobs waiting for quota may fit now
-            return (await self.list_quotas(q.tenant))[0]
+            return _row_of(await self.list_quotas(q.tenant), q.pod)
         raise Aborted("the quotas kept changing; retry", reason="BUSY")
 
-    async def delete_quota(self, tenant: str) -> cell_scheduler_pb2.TenantQuota:
+    async def delete_quota(self, tenant: str, pod: str = "") -> cell_scheduler_pb2.TenantQuota:
+        key = quota_key(tenant, pod)
         for _ in range(MAX_PLAN_ATTEMPTS):
             rows = await self.store.quota_rows()
-            if tenant not in rows.quotas:
-                raise NotFound("quota", tenant, hint="`lightpath quota list` shows the quotas")
-            before = (await self.list_quotas(tenant))[0]
+            if key not in rows.quotas:
+                raise NotFound("quota", key, hint="`lightpath quota list` shows the quotas")
+            before = _row_of(await self.list_quotas(tenant), pod)
             try:
-                await self.store.put_quota(tenant, None, rows.version)
+                await self.store.put_quota(key, None, rows.version)
             except Conflict:
                 continue
-            self.log.info("quota of tenant %s deleted", tenant)
+            self.log.info("quota of tenant %s%s deleted", tenant, _on(pod))
             self.kick()
             return before
         raise Aborted("the quotas kept changing; retry", reason="BUSY")
@@ -317,7 +323,14 @@ class CellScheduler:
             waiting.setdefault(record.tenant, []).append(record.reason)
         names = [tenant] if tenant else sorted(set(state.tenants()) | set(waiting))
         now = self.pods.now_ms()
-        return [tenant_quota_pb(t, state, capacity, now, waiting.get(t, [])) for t in names]
+        return [
+            row
+            for t in names
+            for row in (
+                tenant_quota_pb(t, state, capacity, now, waiting.get(t, [])),
+                *(pod_quota_pb(t, p, state) for p in state.pods_of(t)),
+            )
+        ]
 
     # == the registry (CS-1) ======================================================
 
@@ -478,3 +491,12 @@ class CellScheduler:
             finally:
                 waiter.cancel()
             self._kick.clear()
+
+
+def _on(pod: str) -> str:
+    return f" on pod {pod}" if pod else ""
+
+
+def _row_of(rows: list[cell_scheduler_pb2.TenantQuota], pod: str) -> cell_scheduler_pb2.TenantQuota:
+    """A tenant's row of one scope (its rows from list_quotas)."""
+    return next(r for r in rows if r.pod == pod)

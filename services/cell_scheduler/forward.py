@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections import Counter
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import Any
 
@@ -33,7 +34,13 @@ from services.cell_scheduler.choice import (
 from services.cell_scheduler.jobs import CellJobs, Claim, SubmitResult, record_fields, request_b64
 from services.cell_scheduler.metrics import CellMetrics
 from services.cell_scheduler.podclient import PodRefused, PodUnreachable, state_name
-from services.cell_scheduler.quotas import RECLAIM_FIELDS, QuotaState, charge_of, plan_reclaim
+from services.cell_scheduler.quotas import (
+    RECLAIM_FIELDS,
+    WAITING_FOR_QUOTA,
+    QuotaState,
+    charge_of,
+    plan_reclaim,
+)
 from services.cell_scheduler.request import Resolved, grouped, tenant_of
 from services.cell_scheduler.store import PLACED, QUEUED, Conflict
 
@@ -99,6 +106,10 @@ class Forwarder:
                 tenant = tenant_of(req)
                 if not quotas.book().check(tenant, charge_of(r)).ok:
                     break
+                over = quotas.pod_refusal(tenant, pod, charge_of(r))
+                if over:  # its quota on that pod is used up: the next pod may do
+                    last = WAITING_FOR_QUOTA + over
+                    continue
                 claimed = await self.jobs.claim_queued(
                     job_id,
                     r,
@@ -106,7 +117,7 @@ class Forwarder:
                     check_free=cand.how == FITS,
                     reason=f"forwarding to pod {pod}: {cand.reason}",
                     request=request_b64(req),
-                    quota=quotas.guard(tenant),
+                    quota=quotas.guard(tenant, pod=pod),
                 )
                 if claimed is None:
                     break  # a dispatcher took it meanwhile, or that pod's blocks went elsewhere
@@ -247,6 +258,7 @@ class Forwarder:
         demands, details = await self.admission.queued(snap, models, now)
         quotas = QuotaState.of(snap.quotas)
         version = quotas.version  # this pass's own charges bump it
+        on_pods: dict[tuple[str, str], Counter[str]] = {}  # ... and hold chips on pods
         forwards = []
         roomless: list[str] = []
         for demand, choice in plan_queue(demands, views.values()):
@@ -257,6 +269,9 @@ class Forwarder:
             first = choice.candidates[0]
             r = resolved[first.pod_id]
             tenant = tenant_of(req)
+            held = on_pods.setdefault((tenant, first.pod_id), Counter())
+            if quotas.pod_refusal(tenant, first.pod_id, charge_of(r), held):
+                continue  # this pass's own claims used its quota on that pod: the next pass
             claim = await self.jobs.claim_queued(
                 demand.job_id,
                 r,
@@ -265,11 +280,12 @@ class Forwarder:
                 reason=f"leaving the cell queue for pod {first.pod_id}: {first.reason}",
                 now_ms=now,
                 request=request_b64(req),
-                quota=quotas.guard(tenant, version),
+                quota=quotas.guard(tenant, version, first.pod_id),
             )
             if claim is None:
                 continue  # another replica took it, or an update changed it (next pass)
-            if quotas.limits(tenant):
+            held.update(charge_of(r))
+            if quotas.limits(tenant, first.pod_id):
                 version = str(int(version or 0) + 1)
             # The stored fields name the pod now; _forward stores them again when placed.
             forwards.append(
@@ -323,6 +339,8 @@ class Forwarder:
             plan = plan_reclaim(tenant, need, quotas, live, room)
             if plan is None or plan.pod not in resolved:
                 continue
+            if quotas.pod_refusal(tenant, plan.pod, charge_of(resolved[plan.pod])):
+                continue  # its quota on that pod would not cover it there
             cand = Candidate(plan.pod, PREEMPTS, plan.reason)
             claim = await self.jobs.claim_queued(
                 job_id,
@@ -332,7 +350,7 @@ class Forwarder:
                 reason=f"leaving the cell queue for pod {plan.pod}: {plan.reason}",
                 now_ms=now,
                 request=request_b64(req),
-                quota=quotas.guard(tenant),
+                quota=quotas.guard(tenant, pod=plan.pod),
             )
             if claim is None:
                 return None  # changed meanwhile: the next pass decides again

@@ -60,6 +60,9 @@ class Quota:
     # Most chips per type of its nominal the tenant lends; absent: all of it.
     lending_limit: Mapping[str, int] | None = None
     weight: float = 1.0
+    # The pod it holds on ("": the cell). A pod-scoped quota caps the tenant's chips on
+    # that pod at its nominal (no cohort, no borrowing); the cell-wide one still holds.
+    pod: str = ""
 
     def may_borrow(self, node_type: str) -> int | None:
         """Most chips of `node_type` above nominal (None: no limit of its own)."""

@@ -23,7 +23,7 @@ import json
 import math
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from lightpath.errors import FieldViolation, InvalidArgument
 from lightpath.security.identity import RESERVED_TENANTS
@@ -104,14 +104,22 @@ def to_json(q: Quota) -> str:
             "borrowing_limit": None if q.borrowing_limit is None else dict(q.borrowing_limit),
             "lending_limit": None if q.lending_limit is None else dict(q.lending_limit),
             "weight": q.weight,
+            **({"pod": q.pod} if q.pod else {}),
         },
         sort_keys=True,
     )
 
 
-def from_json(tenant: str, raw: str) -> Quota:
+def quota_key(tenant: str, pod: str = "") -> str:
+    """The quota's field in the store (a pod-scoped one: "<tenant>@<pod>"; ids have no @)."""
+    return f"{tenant}@{pod}" if pod else tenant
+
+
+def from_json(key: str, raw: str) -> Quota:
     d = json.loads(raw)
+    tenant, _, pod = key.partition("@")
     return Quota(
+        pod=d.get("pod", pod),
         tenant=tenant,
         nominal=d["nominal"],
         cohort=d.get("cohort", ""),
@@ -130,14 +138,24 @@ class QuotaState:
     used: Mapping[str, Mapping[str, int]]
     # tenant -> type -> (decayed chip-seconds, when integrated in ms)
     decayed: Mapping[str, Mapping[str, tuple[float, int]]]
+    # (tenant, pod) -> its quota on that pod, and the chips it holds there
+    pod_quotas: Mapping[tuple[str, str], Quota] = field(default_factory=dict)
+    pod_used: Mapping[tuple[str, str], Mapping[str, int]] = field(default_factory=dict)
 
     @classmethod
     def of(cls, rows: QuotaRows) -> QuotaState:
         used: dict[str, dict[str, int]] = {}
+        pod_used: dict[tuple[str, str], dict[str, int]] = {}
         for k, n in rows.usage.items():
-            tenant, _, t = k.rpartition("|")
+            who, _, t = k.rpartition("|")
+            tenant, scoped, pod = who.partition("@")
             if n > 0:
-                used.setdefault(tenant, {})[t] = n
+                held = (
+                    pod_used.setdefault((tenant, pod), {})
+                    if scoped
+                    else used.setdefault(tenant, {})
+                )
+                held[t] = n
         decayed: dict[str, dict[str, tuple[float, int]]] = {}
         for k, v in rows.decayed.items():
             if k.endswith("@"):
@@ -145,18 +163,43 @@ class QuotaState:
             tenant, _, t = k.rpartition("|")
             at = int(rows.decayed.get(k + "@") or 0)
             decayed.setdefault(tenant, {})[t] = (float(v), at)
-        quotas = {t: from_json(t, raw) for t, raw in rows.quotas.items()}
-        return cls(rows.version, quotas, used, decayed)
+        parsed = [from_json(k, raw) for k, raw in rows.quotas.items()]
+        quotas = {q.tenant: q for q in parsed if not q.pod}
+        pod_quotas = {(q.tenant, q.pod): q for q in parsed if q.pod}
+        return cls(rows.version, quotas, used, decayed, pod_quotas, pod_used)
 
     @property
     def active(self) -> bool:
-        return bool(self.quotas)
+        return bool(self.quotas or self.pod_quotas)
 
     def book(self) -> QuotaBook:
         return QuotaBook(self.quotas.values(), self.used)
 
     def tenants(self) -> list[str]:
-        return sorted(set(self.quotas) | set(self.used))
+        return sorted(set(self.quotas) | set(self.used) | {t for t, _ in self.pod_quotas})
+
+    def pods_of(self, tenant: str) -> list[str]:
+        """The pods `tenant` has a quota on, by name."""
+        return sorted(p for t, p in self.pod_quotas if t == tenant)
+
+    def pod_refusal(
+        self, tenant: str, pod: str, need: Mapping[str, int], assumed: Mapping[str, int] = {}
+    ) -> str:
+        """Why `tenant`'s quota on `pod` does not cover a job of `need` chips there (with
+        `assumed` more held: this pass's own charges), "" when it does or there is none."""
+        q = self.pod_quotas.get((tenant, pod))
+        if q is None:
+            return ""
+        held = self.pod_used.get((tenant, pod), {})
+        for t, n in sorted(need.items()):
+            after = held.get(t, 0) + assumed.get(t, 0) + n
+            cap = q.nominal.get(t, 0)
+            if n and after > cap:
+                return (
+                    f"{tenant} would hold {after} {t} chips on pod {pod}, "
+                    f"{after - cap} over its quota there of {cap}"
+                )
+        return ""
 
     def share(self, tenant: str, capacity: Mapping[str, int], now_ms: int) -> float:
         """The tenant's weighted dominant share of decayed usage now (the store integrates
@@ -168,27 +211,49 @@ class QuotaState:
         q = self.quotas.get(tenant)
         return dominant_share(usage, capacity, q.weight if q else 1.0)
 
-    def guard(self, tenant: str, version: str | None = None) -> QuotaGuard:
-        """What a claim of `tenant`'s job decided over this snapshot expects (`version`:
-        the version as this pass's own charges moved it)."""
-        if tenant not in self.quotas:
-            return QuotaGuard(tenant, None)
-        return QuotaGuard(tenant, self.version if version is None else version)
+    def guard(self, tenant: str, version: str | None = None, pod: str = "") -> QuotaGuard:
+        """What a claim of `tenant`'s job on `pod` decided over this snapshot expects
+        (`version`: the version as this pass's own charges moved it)."""
+        if not self.limits(tenant, pod):
+            return QuotaGuard(tenant, None, pod)
+        return QuotaGuard(tenant, self.version if version is None else version, pod)
 
-    def limits(self, tenant: str) -> bool:
-        """Whether a charge of `tenant` changes what others may be admitted (it has a
-        quota: the store bumps the version)."""
-        return tenant in self.quotas
+    def limits(self, tenant: str, pod: str = "") -> bool:
+        """Whether a charge of `tenant` on `pod` changes what may be admitted (it has a
+        quota on the cell or on that pod: the store bumps the version)."""
+        return tenant in self.quotas or (tenant, pod) in self.pod_quotas
+
+
+def within_pod_quotas(
+    tenant: str, resolved: Mapping[str, Resolved], state: QuotaState
+) -> tuple[dict[str, Resolved], str]:
+    """The pods where `tenant`'s quota on the pod (if any) covers the job, and, when
+    there is none, why (each pod's quota it would exceed)."""
+    kept: dict[str, Resolved] = {}
+    why: list[str] = []
+    for pod, r in resolved.items():
+        refusal = state.pod_refusal(tenant, pod, charge_of(r))
+        if refusal:
+            why.append(refusal)
+        else:
+            kept[pod] = r
+    return kept, "" if kept else "; ".join(sorted(why))
 
 
 # -- the API's quota, checked --------------------------------------------------------
 
 
 def quota_from_pb(
-    pb: cell_scheduler_pb2.Quota, *, known_types: Iterable[str], quotas: Mapping[str, Quota]
+    pb: cell_scheduler_pb2.Quota,
+    *,
+    known_types: Iterable[str],
+    quotas: Mapping[str, Quota],
+    known_pods: Iterable[str] = (),
 ) -> Quota:
     """The quota a SetQuota asks for; INVALID_ARGUMENT naming each bad field."""
     bad: list[FieldViolation] = []
+    if pb.pod:
+        bad.extend(_pod_scope_violations(pb, sorted(known_pods)))
     types = sorted(set(known_types))
     tenant = pb.tenant
     if not is_valid_id(tenant):
@@ -211,6 +276,7 @@ def quota_from_pb(
         borrowing_limit=borrowing,
         lending_limit=dict(pb.lending_limit) or None,
         weight=pb.weight or 1.0,
+        pod=pb.pod,
     )
     others: Counter[str] = Counter()
     for other in quotas.values():
@@ -223,6 +289,40 @@ def quota_from_pb(
     if bad:
         raise InvalidArgument.of(bad)
     return q
+
+
+def _pod_scope_violations(pb: cell_scheduler_pb2.Quota, pods: list[str]) -> list[FieldViolation]:
+    """A pod-scoped quota names a registered pod and caps chips there, nothing more."""
+    bad: list[FieldViolation] = []
+    if not is_valid_id(pb.pod):
+        bad.append(FieldViolation("quota.pod", ID_RULE))
+    elif pb.pod not in pods:
+        bad.append(
+            FieldViolation(
+                "quota.pod",
+                f"no pod {pb.pod!r} is registered; the cell has " + (", ".join(pods) or "none"),
+            )
+        )
+    why = "a pod-scoped quota caps chips on its pod only (set this on the cell-wide quota)"
+    for name, given in (
+        ("cohort", pb.cohort),
+        ("borrowing_limit", pb.borrowing_limit),
+        ("lending_limit", pb.lending_limit),
+        ("weight", pb.weight),
+    ):
+        if given:
+            bad.append(FieldViolation(f"quota.{name}", why))
+    return bad
+
+
+def pod_quota_pb(tenant: str, pod: str, state: QuotaState) -> cell_scheduler_pb2.TenantQuota:
+    """A tenant's row for its quota on one pod: what it holds there."""
+    q = state.pod_quotas[(tenant, pod)]
+    out = cell_scheduler_pb2.TenantQuota(
+        tenant=tenant, pod=pod, used_chips=dict(state.pod_used.get((tenant, pod), {}))
+    )
+    out.quota.CopyFrom(quota_pb(q))
+    return out
 
 
 def tenant_quota_pb(
@@ -261,7 +361,11 @@ def quota_pb(q: Quota) -> cell_scheduler_pb2.Quota:
         cohort=q.cohort,
         lending_limit=dict(q.lending_limit or {}),
         weight=q.weight,
+        pod=q.pod,
     )
+    if q.pod:  # caps on its pod: no borrowing to speak of
+        pb.weight = 0
+        return pb
     limits = dict(q.borrowing_limit or {})
     if limits and not any(limits.values()) and set(limits) >= set(q.nominal):
         pb.no_borrowing = True

@@ -257,9 +257,11 @@ class CellSchedulerServicer(cell_scheduler_pb2_grpc.CellSchedulerServicer):
 
     async def DeleteQuota(self, request, context) -> cell_scheduler_pb2.DeleteQuotaResponse:
         require_ids(tenant=request.tenant)
+        if request.pod:
+            require_ids(pod=request.pod)
         _note(tenant=request.tenant)
         return cell_scheduler_pb2.DeleteQuotaResponse(
-            deleted=await self._cell.delete_quota(request.tenant)
+            deleted=await self._cell.delete_quota(request.tenant, request.pod)
         )
 
     async def ListQuotas(self, request, context) -> cell_scheduler_pb2.ListQuotasResponse:

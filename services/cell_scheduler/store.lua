@@ -95,25 +95,33 @@ local function integrate(tenant, t, now)
   end
   call("HSET", key("decayed"), k, string.format("%.6f", v), k .. "@", now)
 end
-local function charge(jk, tenant, charge_json, now)
+-- The chips are also counted on the pod ("<tenant>@<pod>|<type>", the pod kept as "qp" on
+-- the job) for the tenant's quota scoped to that pod ("<tenant>@<pod>" in "quotas").
+local function charge(jk, tenant, pod, charge_json, now)
   if charge_json == nil or charge_json == "" or charge_json == "{}" then return end
+  local scoped = tenant .. "@" .. pod
   for t, n in pairs(cjson.decode(charge_json)) do
     integrate(tenant, t, now)
     call("HINCRBY", key("usage"), tenant .. "|" .. t, n)
+    call("HINCRBY", key("usage"), scoped .. "|" .. t, n)
   end
-  call("HSET", jk, "qc", charge_json)
-  if call("HEXISTS", key("quotas"), tenant) == 1 then call("HINCRBY", key("qver"), "n", 1) end
+  call("HSET", jk, "qc", charge_json, "qp", pod)
+  if call("HEXISTS", key("quotas"), tenant) == 1 or call("HEXISTS", key("quotas"), scoped) == 1 then
+    call("HINCRBY", key("qver"), "n", 1)
+  end
 end
 local function uncharge(jk, now)
-  local f = call("HMGET", jk, "qc", "tenant")
+  local f = call("HMGET", jk, "qc", "tenant", "qp")
   if not f[1] or f[1] == "" then return end
   for t, n in pairs(cjson.decode(f[1])) do
     integrate(f[2], t, now)
-    if call("HINCRBY", key("usage"), f[2] .. "|" .. t, -n) <= 0 then
-      call("HDEL", key("usage"), f[2] .. "|" .. t)
+    local ks = {f[2] .. "|" .. t}
+    if f[3] then ks[2] = f[2] .. "@" .. f[3] .. "|" .. t end
+    for _, k in ipairs(ks) do
+      if call("HINCRBY", key("usage"), k, -n) <= 0 then call("HDEL", key("usage"), k) end
     end
   end
-  call("HDEL", jk, "qc")
+  call("HDEL", jk, "qc", "qp")
 end
 
 -- {"enough", pod, needs JSON}: the pod's free blocks minus those held in flight cover it
@@ -234,7 +242,7 @@ if USES.claim_new then OPS.claim_new = function(o)
     call("HSET", jk, "phase", "FORWARDING", "pod", pod, "token", token, "until", upto, "fwd_ms", now)
     take_hold(jk, pod, needs_json, job, now)
     call("ZADD", key("forwarding"), upto, job)
-    charge(jk, tenant, o[11], now)
+    charge(jk, tenant, pod, o[11], now)
     RESULT.fence = call("INCR", key("fwd"))
   else
     call("HSET", jk, "phase", "QUEUED", "pod", "")
@@ -249,7 +257,7 @@ end end
 if USES.claim_queued then OPS.claim_queued = function(o)
   local job, pod, needs_json, token, upto, now, reason = o[2], o[3], o[4], o[5], o[6], o[7], o[8]
   local jk = member("job", job)
-  charge(jk, call("HGET", jk, "tenant") or "", o[9], now)
+  charge(jk, call("HGET", jk, "tenant") or "", pod, o[9], now)
   call("ZREM", key("queue"), job)
   call("HSET", jk, "phase", "FORWARDING", "pod", pod, "token", token, "until", upto,
     "reason", reason, "updated_ms", now, "n", 0, "pod_state", "", "fwd_ms", now)
@@ -410,7 +418,7 @@ if USES.adopt then OPS.adopt = function(o)
   call("ZADD", key("podjobs"), call("HGET", jk, "seq"), job)
   if not FINAL[state] then
     call("SADD", key("live"), job)
-    charge(jk, call("HGET", jk, "tenant") or "", o[9], now)
+    charge(jk, call("HGET", jk, "tenant") or "", pod, o[9], now)
   end
   cell_event(job, "PENDING", state, "found on pod " .. pod .. " after it answered again", pod, now)
 end end

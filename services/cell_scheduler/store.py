@@ -48,9 +48,11 @@ Jobs (CS-5):
 
 Quotas (issue 35; services/cell_scheduler/quotas.py):
 
-    lp:{cell}:quotas              hash  tenant -> its quota (JSON)
+    lp:{cell}:quotas              hash  tenant -> its quota (JSON); "<tenant>@<pod>" -> its
+                                        quota on that pod
     lp:{cell}:usage               hash  "<tenant>|<type>" -> chips its forwarded and placed jobs
-                                        hold (each job's charge is "qc" on its hash)
+                                        hold (each job's charge is "qc" on its hash, its pod
+                                        "qp"); "<tenant>@<pod>|<type>" -> those on that pod
     lp:{cell}:decayed             hash  "<tenant>|<type>" -> decayed chip-seconds (fair share),
                                         "<tenant>|<type>@" -> when last integrated (ms)
     lp:{cell}:qver                hash  "n": bumped by every quota change and every charge of a
@@ -285,19 +287,21 @@ class QuotaGuard:
 
     tenant: str
     version: str | None
+    pod: str = ""  # the pod the claim binds the job to: its quota there counts too
 
 
 def _expect_quota(t: txn.Txn, guard: QuotaGuard | None) -> None:
     if guard is None:
         return
     if guard.version is None:
-        t.expect_field(
-            cell_key("quotas"),
-            guard.tenant,
-            False,
-            reason=QUOTA,
-            message=f"tenant {guard.tenant} has a quota now",
-        )
+        for field_ in [guard.tenant] + ([f"{guard.tenant}@{guard.pod}"] if guard.pod else []):
+            t.expect_field(
+                cell_key("quotas"),
+                field_,
+                False,
+                reason=QUOTA,
+                message=f"tenant {guard.tenant} has a quota now",
+            )
     else:
         t.expect(
             cell_key("qver"),

@@ -108,11 +108,13 @@ def job_row(job: cell_scheduler_pb2.CellJob, now: float) -> dict[str, Any]:
 
 def quota_row(q: cell_scheduler_pb2.TenantQuota) -> dict[str, Any]:
     """A tenant's quota and usage per node type (issue 35): chips it is owed, holds, and
-    holds above its quota (borrowed from its cohort)."""
+    holds above its quota (borrowed from its cohort); `pod`: the row's scope, a pod's
+    cap on what the tenant holds there ("": the cell)."""
     quota = q.quota if q.HasField("quota") else None
     types = sorted(set(q.used_chips) | set(quota.nominal_chips if quota else ()))
     return {
         "tenant": q.tenant,
+        "pod": q.pod,
         "has_quota": quota is not None,
         "cohort": quota.cohort if quota else "",
         "no_borrowing": bool(quota and quota.no_borrowing),

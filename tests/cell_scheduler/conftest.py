@@ -81,11 +81,17 @@ class Cell:
         self, job_id: str, chips=(4, 4, 4), *, replica: int = 0, tenant: str = "", **spec
     ) -> cs.SubmitJobResponse:
         demand = spec.pop("demand", None)
+        on = spec.pop("only_pod", "")  # the job waits for that pod rather than go elsewhere
+        prefer = spec.pop("prefer_pod", "")  # ... or goes first there when it can
         if chips is not None:
             spec.setdefault("shape", C.Shape(dims=list(chips)))
         return await self.cells[replica].SubmitJob(
             cs.SubmitJobRequest(
-                spec=ws.JobSpec(job_id=job_id, **spec), tenant=tenant, demand=demand
+                spec=ws.JobSpec(job_id=job_id, **spec),
+                tenant=tenant,
+                demand=demand,
+                preferred_pod=on or prefer,
+                require_preferred_pod=bool(on),
             )
         )
 

@@ -311,3 +311,91 @@ async def test_a_burst_of_one_tenants_submits_is_admitted_whole(redis_url):
         for s in subs:
             await cell.wait_for(lambda j=s.job.job_id: _placed(cell, j), what="all placed")
         assert (await quotas(cell, "acme"))["acme"].used_chips["tpu"] == 1024
+
+
+async def test_a_pod_scoped_quota_holds_back_its_pod_only(redis_url):
+    """acme may hold 64 tpu chips on pod-a: its second job there waits saying so, while
+    the tenant still runs on pod-b; a pod name the cell does not know is refused."""
+    async with cell_stack(redis_url, pods=(("pod-a", 8, "tpu"), ("pod-b", 8, "tpu"))) as cell:
+        for kw, rule in (
+            (dict(pod="pod-z"), "no pod 'pod-z' is registered; the cell has pod-a, pod-b"),
+            (dict(pod="a/b"), "characters"),
+            (dict(pod="pod-a", cohort="lab"), ""),
+        ):
+            err = await rpc_error(set_quota(cell, "acme", nominal_chips={"tpu": 64}, **kw))
+            assert err.code == grpc.StatusCode.INVALID_ARGUMENT, kw
+            got = violations(err)
+            field = "quota.cohort" if "cohort" in kw else "quota.pod"
+            assert field in got and rule in got[field], (kw, got)
+        assert not (await cell.cell.ListQuotas(cs.ListQuotasRequest())).quotas  # nothing kept
+        row = await set_quota(cell, "acme", nominal_chips={"tpu": 64}, pod="pod-a")
+        assert row.pod == "pod-a" and row.quota.pod == "pod-a"
+        first = await cell.submit("p1", tenant="acme", only_pod="pod-a")
+        assert first.job.pod_id == "pod-a"
+        held = await cell.submit("p2", tenant="acme", only_pod="pod-a")
+        assert not held.job.pod_id and "waiting for quota" in held.job.reason, held.job
+        assert "on pod pod-a, 64 over its quota there of 64" in held.job.reason
+        # not held back elsewhere: the same tenant runs on pod-b, others on pod-a
+        assert (await cell.submit("p3", tenant="acme", prefer_pod="pod-a")).job.pod_id == "pod-b"
+        assert (await cell.submit("b1", tenant="beta", only_pod="pod-a")).job.pod_id == "pod-a"
+        rows = (await cell.cell.ListQuotas(cs.ListQuotasRequest(tenant="acme"))).quotas
+        assert [(r.pod, r.used_chips["tpu"]) for r in rows] == [("", 128), ("pod-a", 64)]
+        # its chips on pod-a given back, the waiting job goes there
+        await cell.cell.CompleteJob(cs.CompleteCellJobRequest(job_id="p1"))
+        await cell.wait_for(lambda: _placed(cell, "p2"), what="p2 admitted on pod-a")
+        assert (await cell.job("p2")).pod_id == "pod-a"
+        gone = await cell.cell.DeleteQuota(cs.DeleteQuotaRequest(tenant="acme", pod="pod-a"))
+        assert gone.deleted.pod == "pod-a"
+        err = await rpc_error(cell.cell.DeleteQuota(cs.DeleteQuotaRequest(tenant="acme")))
+        assert err.code == grpc.StatusCode.NOT_FOUND  # the cell-wide one never existed
+
+
+async def test_quota_commands_with_a_pod_scope(cell1: Cell, capsys, monkeypatch):
+    import json
+
+    monkeypatch.setenv("LIGHTPATH_CELL_ADDR", cell1.cell_addresses[0])
+    code, out = await _cli(capsys, "quota", "set", "acme", "--tpu-chips", "64", "--pod", "pod-z")
+    assert code == 1 and "--pod" in out and "no pod 'pod-z' is registered" in out, out
+    code, out = await _cli(
+        capsys, "quota", "set", "acme", "--tpu-chips", "64", "--pod", "pod-a", "--cohort", "lab"
+    )
+    assert code == 1 and "--cohort" in out and "pod-scoped" in out, out
+    code, out = await _cli(capsys, "quota", "set", "acme", "--tpu-chips", "256")
+    code, out = await _cli(capsys, "quota", "set", "acme", "--tpu-chips", "64", "--pod", "pod-a")
+    assert code == 0 and "quota of acme on pod pod-a set" in out and "pod pod-a" in out, out
+    await cell1.submit("q1", tenant="acme")
+    code, out = await _cli(capsys, "quota", "usage", "acme", "-o", "json")
+    rows = [
+        (r["pod"], r["quota"]["nominal_chips"], r["used_chips"]) for r in json.loads(out)["quotas"]
+    ]
+    assert rows == [("", {"tpu": 256}, {"tpu": 64}), ("pod-a", {"tpu": 64}, {"tpu": 64})], out
+    code, out = await _cli(capsys, "quota", "list")
+    lines = [line.split() for line in out.splitlines() if line.startswith("acme")]
+    assert [line[1:3] for line in lines] == [["cell", "256"], ["pod", "pod-a"]], out
+    code, out = await _cli(capsys, "quota", "delete", "acme", "--pod", "pod-a", "-o", "json")
+    assert code == 0 and json.loads(out)["pod"] == "pod-a", out
+    code, out = await _cli(capsys, "quota", "delete", "acme", "--pod", "pod-a")
+    assert code == 1 and "NOT_FOUND" in out, out
+
+
+async def test_one_dispatch_pass_keeps_a_tenant_within_its_pod_quota(cell1: Cell):
+    """Three of acme's jobs wait for room on pod-a, where it may hold 128 chips; room
+    for all three comes at once: the pass that plans them claims two."""
+    await set_quota(cell1, "acme", nominal_chips={"tpu": 128}, pod="pod-a")
+    big = await cell1.submit("b1", (8, 8, 8), tenant="beta", only_pod="pod-a")
+    assert big.job.pod_id == "pod-a"
+    for i in range(3):
+        sub = await cell1.submit(f"a{i}", tenant="acme", only_pod="pod-a")
+        assert not sub.job.pod_id and "quota" not in sub.job.reason, sub.job.reason
+    await cell1.cell.CompleteJob(cs.CompleteCellJobRequest(job_id="b1"))
+
+    async def settled() -> list[cs.CellJob] | None:
+        jobs = [await cell1.job(f"a{i}") for i in range(3)]
+        placed = [j for j in jobs if j.pod_id]
+        if len(placed) == 2 and any("over its quota there" in j.reason for j in jobs):
+            return jobs
+        return None
+
+    await cell1.wait_for(settled, what="two of acme's jobs on pod-a, the third held back")
+    rows = (await cell1.cell.ListQuotas(cs.ListQuotasRequest(tenant="acme"))).quotas
+    assert [(r.pod, r.used_chips["tpu"]) for r in rows] == [("", 128), ("pod-a", 128)]

@@ -486,3 +486,16 @@ def test_the_cell_view_draws_each_tenants_quota_usage_and_borrowing(page: Page, 
         assert any(not x.startswith("0 ") for x in labels), labels  # its job's chips
         page.shot("cell-quotas")
         assert page.errors == []
+    # a quota on one pod: its own row, scoped
+    from lightpath.v1 import cell_scheduler_pb2 as cs
+
+    with console_stack.cell() as cell:
+        cell.set_quota(cs.Quota(tenant="globex", pod="pod-2", nominal_chips={"tpu": 1 << 20}))
+        try:
+            page.open("cell")
+            page.wait_live()
+            bar = page.page.locator('.quota[data-tenant="globex"][data-pod="pod-2"] .bar')
+            assert re.fullmatch(r"\d+ of 1048576 tpu chips", bar.get_attribute("aria-label") or "")
+            assert "pod pod-2" in page.page.locator("main").inner_text()
+        finally:
+            cell.delete_quota("globex", "pod-2")

@@ -18,6 +18,7 @@ from services.console.views import (
     cores_window,
     free_steps,
     live_reservations,
+    quota_row,
 )
 
 
@@ -244,3 +245,18 @@ def test_only_granted_reservations_not_yet_over_are_live():
     ]
     assert [r.reservation_id for r in live_reservations(rs, now)] == ["now", "later"]
     assert cores_window([], now) == (now + CORES_MIN_S, 120.0)
+
+
+def test_a_quota_row_says_its_scope():
+    from lightpath.v1 import cell_scheduler_pb2 as cs
+
+    on_pod = cs.TenantQuota(
+        tenant="acme",
+        pod="pod-1",
+        used_chips={"tpu": 64},
+        quota=cs.Quota(tenant="acme", pod="pod-1", nominal_chips={"tpu": 128}),
+    )
+    row = quota_row(on_pod)
+    assert row["pod"] == "pod-1" and row["has_quota"]
+    assert row["types"] == [{"node_type": "tpu", "quota": 128, "used": 64, "borrowed": 0}]
+    assert quota_row(cs.TenantQuota(tenant="acme"))["pod"] == ""  # the cell's row

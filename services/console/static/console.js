@@ -239,11 +239,12 @@ function quotabar(t) {
 }
 function quotaSection(quotas) {
   if (!quotas || !quotas.length) return [];
-  const rows = quotas.map((q) => [q.tenant,
-    q.types.length ? q.types.map((t) => h("div", { class: "quota", "data-tenant": q.tenant, "data-type": t.node_type }, quotabar(t))) : "—",
-    q.has_quota ? (q.cohort ? `cohort ${q.cohort}` : "no cohort") + (q.no_borrowing ? ", no borrowing" : "") : "no quota",
-    q.waiting ? `${q.waiting} (${q.waiting_for_quota} for quota)` : "0"]);
-  return [h("h2", {}, "Tenants' quotas"), table(["tenant", "chips held / quota", "sharing", "waiting"], rows)];
+  // A pod-scoped row caps what the tenant holds on that pod: sharing and waiting are the cell's.
+  const rows = quotas.map((q) => [q.tenant, q.pod ? `pod ${q.pod}` : "cell",
+    q.types.length ? q.types.map((t) => h("div", { class: "quota", "data-tenant": q.tenant, "data-pod": q.pod, "data-type": t.node_type }, quotabar(t))) : "—",
+    q.pod ? "—" : q.has_quota ? (q.cohort ? `cohort ${q.cohort}` : "no cohort") + (q.no_borrowing ? ", no borrowing" : "") : "no quota",
+    q.pod ? "—" : q.waiting ? `${q.waiting} (${q.waiting_for_quota} for quota)` : "0"]);
+  return [h("h2", {}, "Tenants' quotas"), table(["tenant", "scope", "chips held / quota", "sharing", "waiting"], rows)];
 }
 
 // -- Job --------------------------------------------------------------------------------
