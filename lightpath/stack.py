@@ -14,7 +14,7 @@ and deploy/docker-compose.yml (a test checks the compose file against it):
     agg-root / agg-sub-1 / agg-sub-2 :50091 / :50092 / :50093
     console (web, HTTPS; `lightpath up` only) :8443
 
-The console (services/console, issue 21) is not a gRPC service and not part of the
+The console (services/lightpath_services/console, issue 21) is not a gRPC service and not part of the
 topology list: `console_env` gives its settings from the topology, and a Stack starts it
 when given a `console_port` (as `lightpath up` does), after every service is healthy.
 
@@ -706,7 +706,7 @@ class Stack:
             # `ip netns exec` execs the service: the pid is the service's own
             inside = ["ip", "netns", "exec", netns] if netns else []
             self.procs[name] = subprocess.Popen(
-                [*inside, sys.executable, "-m", f"services.{service}"],
+                [*inside, sys.executable, "-m", f"lightpath_services.{service}"],
                 env=env,
                 stdout=otelfile,
                 stderr=logfile,

@@ -4,7 +4,7 @@ Every import counts: module level and inside functions or classes, absolute and
 relative. Four rules:
 
 (a) No module under services/<a>/ imports from services/<b>/ for a ≠ b;
-    services/common is shared by all and may be imported by any service.
+    services/lightpath_services/common is shared by all and may be imported by any service.
 (b) The domain package (lightpath/domain) is pure: it imports none of grpc,
     redis, asyncio, services.*, and of lightpath only lightpath.domain,
     lightpath.errors and protobuf *message* modules lightpath.v1.*_pb2 (a job
@@ -17,7 +17,7 @@ relative. Four rules:
     ocs_manager and workload_scheduler once closed such cycles by naming the
     orchestrator they read in annotations; they now take the plain data they
     read (a switch's core, a pod's store and fabric) or a small Protocol.
-(d) Of lightpath/, only the simulator (lightpath/sim, issue 29) imports services,
+(d) Of lightpath/, only the simulator (services/lightpath_services/sim, issue 29) imports services,
     and only their pure decision modules (SIM_MAY_IMPORT): it makes its decisions
     with the services' own code, never with their servers, stores or clients.
 
@@ -154,16 +154,16 @@ def impure_domain_imports(root: Path) -> list[str]:
     return list(dict.fromkeys(bad))
 
 
-SIM = "lightpath.sim"
+SIM = "lightpath_services.sim"
 # The pure decision modules of the services: functions of a snapshot, no I/O.
 SIM_MAY_IMPORT = frozenset(
     {
-        "services.workload_scheduler.planner",
-        "services.workload_scheduler.placement",
-        "services.workload_scheduler.box_placement",
-        "services.workload_scheduler.preemption",
-        "services.cell_scheduler.choice",
-        "services.cell_scheduler.quota",
+        "lightpath_services.workload_scheduler.planner",
+        "lightpath_services.workload_scheduler.placement",
+        "lightpath_services.workload_scheduler.box_placement",
+        "lightpath_services.workload_scheduler.preemption",
+        "lightpath_services.cell_scheduler.choice",
+        "lightpath_services.cell_scheduler.quota",
     }
 )
 
@@ -278,7 +278,7 @@ def test_only_the_simulator_imports_services_and_only_their_decisions():
     _, imports = read_imports(ROOT)
     # the rule is live: the simulator does import the planner
     assert any(
-        i.importer.startswith(SIM) and i.target == "services.workload_scheduler.planner"
+        i.importer.startswith(SIM) and i.target == "lightpath_services.workload_scheduler.planner"
         for i in imports
     )
 
@@ -315,11 +315,11 @@ def _plant(root: Path, files: dict[str, str]) -> None:
 
 PLANTED = {
     "services/__init__.py": "",
-    "services/common/__init__.py": "",
-    "services/common/keys.py": "",
+    "services/lightpath_services/common/__init__.py": "",
+    "services/lightpath_services/common/keys.py": "",
     "services/alpha/__init__.py": "",
     "services/alpha/server.py": (
-        "from services.common import keys\n"  # allowed
+        "from lightpath_services.common import keys\n"  # allowed
         "def build():\n"
         "    from services.beta import store\n"  # nested, another service
         "    return store\n"
@@ -352,8 +352,8 @@ PLANTED = {
         "from lightpath.v1 import common_pb2\nfrom . import ok2\n"
     ),
     "lightpath/domain/ok2.py": "",
-    "lightpath/sim/__init__.py": "",
-    "lightpath/sim/run.py": (
+    "services/lightpath_services/sim/__init__.py": "",
+    "services/lightpath_services/sim/run.py": (
         "from services.alpha import cycle_b\n"  # allowed only if a decision module
     ),
     "lightpath/tool.py": "from services.alpha.server import build\n",
@@ -362,7 +362,7 @@ PLANTED = {
         "def f():\n    import redis.asyncio\n"
         "from lightpath.v1 import ocs_manager_pb2_grpc\n"
         "from grpc import aio\n"
-        "from services.common.keys import ID_RULE\n"
+        "from lightpath_services.common.keys import ID_RULE\n"
         "from lightpath.client import channel\n"
     ),
 }
@@ -383,7 +383,7 @@ def test_checker_finds_planted_impure_domain_imports(tmp_path):
         "lightpath/domain/bad.py:3 imports redis.asyncio",
         "lightpath/domain/bad.py:4 imports lightpath.v1.ocs_manager_pb2_grpc",
         "lightpath/domain/bad.py:5 imports grpc",
-        "lightpath/domain/bad.py:6 imports services.common.keys",
+        "lightpath/domain/bad.py:6 imports lightpath_services.common.keys",
         "lightpath/domain/bad.py:7 imports lightpath.client",
     ]
 
@@ -391,8 +391,8 @@ def test_checker_finds_planted_impure_domain_imports(tmp_path):
 def test_checker_finds_planted_service_imports_from_lightpath(tmp_path):
     _plant(tmp_path, PLANTED)
     assert sorted(lightpath_service_imports(tmp_path)) == [
-        "lightpath/domain/bad.py:6 imports services.common.keys",
-        "lightpath/sim/run.py:1 imports services.alpha.cycle_b",
+        "lightpath/domain/bad.py:6 imports lightpath_services.common.keys",
+        "services/lightpath_services/sim/run.py:1 imports services.alpha.cycle_b",
         "lightpath/tool.py:1 imports services.alpha.server",
     ]
 

@@ -159,8 +159,8 @@ def _fail(message: str) -> int:
 
 
 def _load_jobs(args: argparse.Namespace):
-    from lightpath.sim.engine import pod_fabric
-    from lightpath.sim.workload import Generator, TraceError, read_trace
+    from lightpath_services.sim.engine import pod_fabric
+    from lightpath_services.sim.workload import Generator, TraceError, read_trace
 
     fabric = pod_fabric("pod-0")
     if getattr(args, "trace", None) is not None:
@@ -190,7 +190,7 @@ def _load_jobs(args: argparse.Namespace):
 
 
 def _config(args: argparse.Namespace):
-    from lightpath.sim.engine import Failures, SimConfig
+    from lightpath_services.sim.engine import Failures, SimConfig
 
     failures = None
     if args.availability:
@@ -201,7 +201,7 @@ def _config(args: argparse.Namespace):
         raise SystemExit(_fail("--restart-s and --reconfig-s must be >= 0"))
     quotas: tuple = ()
     if getattr(args, "quotas", None) is not None:
-        from lightpath.sim.quotas import load_quotas
+        from lightpath_services.sim.quotas import load_quotas
 
         if args.half_life_h <= 0:
             raise SystemExit(_fail("--half-life-h must be > 0"))
@@ -221,7 +221,7 @@ def _config(args: argparse.Namespace):
 
 
 def _policies(raw: str) -> list[str]:
-    from lightpath.sim.engine import POLICIES
+    from lightpath_services.sim.engine import POLICIES
 
     names = [p.strip() for p in raw.split(",") if p.strip()]
     unknown = [p for p in names if p not in POLICIES]
@@ -233,8 +233,8 @@ def _policies(raw: str) -> list[str]:
 
 
 def _report(args: argparse.Namespace, results, summaries, extra) -> int:
-    from lightpath.sim.compare import table as rows_of
-    from lightpath.sim.compare import write_outputs
+    from lightpath_services.sim.compare import table as rows_of
+    from lightpath_services.sim.compare import write_outputs
 
     written = []
     if args.out is not None:
@@ -279,8 +279,8 @@ def _report(args: argparse.Namespace, results, summaries, extra) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
-    from lightpath.sim.compare import run_many
-    from lightpath.sim.engine import DEFAULT_POLICY
+    from lightpath_services.sim.compare import run_many
+    from lightpath_services.sim.engine import DEFAULT_POLICY
 
     names = _policies(args.policy or DEFAULT_POLICY)
     if len(names) != 1:
@@ -292,7 +292,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from lightpath.sim.compare import run_many
+    from lightpath_services.sim.compare import run_many
 
     names = _policies(args.policies)
     jobs, extra = _load_jobs(args)
@@ -303,7 +303,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from lightpath.sim.workload import write_trace
+    from lightpath_services.sim.workload import write_trace
 
     args.trace = None
     jobs, _ = _load_jobs(args)
