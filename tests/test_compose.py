@@ -17,7 +17,7 @@ from tests.helpers import settings_class
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = yaml.safe_load((ROOT / "deploy" / "docker-compose.yml").read_text())
-SCRIPTS = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+SCRIPTS = tomllib.loads((ROOT / "services" / "pyproject.toml").read_text())["project"]["scripts"]
 SPECS = {s.name: s for s in deployed_topology()}
 
 

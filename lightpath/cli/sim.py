@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from lightpath.cli._common import add_json_flag, print_json, table, wants_json
+from lightpath.stack import services_missing
 
 MODEL = """\
 the model (docs/sim.md):
@@ -277,6 +278,8 @@ def _report(args: argparse.Namespace, results, summaries, extra) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    if missing := services_missing("the simulator"):
+        return _fail(missing)
     from dataclasses import replace
 
     from lightpath_services.sim.compare import run_many
@@ -292,6 +295,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
+    if missing := services_missing("the simulator"):
+        return _fail(missing)
     from lightpath_services.sim.compare import run_many
 
     names = _policies(args.policies)
@@ -303,6 +308,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
+    if missing := services_missing("the simulator"):
+        return _fail(missing)
     from lightpath_services.sim.workload import write_trace
 
     args.trace = None

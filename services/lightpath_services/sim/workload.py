@@ -43,6 +43,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+import lightpath
 from lightpath.domain.blocks import PodFabric
 from lightpath.domain.jobs import NormalizedSpec, normalize
 from lightpath.domain.slices import DELAY, SHRINK, TERMINATE
@@ -50,7 +51,8 @@ from lightpath.errors import InvalidArgument
 from lightpath.slice_mix import load as load_mix
 from lightpath.v1 import common_pb2, workload_scheduler_pb2
 
-DURATIONS = Path(__file__).resolve().parent.parent / "data" / "philly_durations.csv"
+# The trace data ships with the client (lightpath/data), beside the slice mix.
+DURATIONS = Path(lightpath.__file__).resolve().parent / "data" / "philly_durations.csv"
 FIELDS = (
     "arrival",
     "tenant",
