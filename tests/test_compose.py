@@ -198,7 +198,8 @@ def test_dockerfile_installs_only_the_locked_versions_and_checks_them():
         for part in run[4:].split("&&")
         if "pip install" in part
     ]
-    # from the host-filled wheelhouse only (no index: the build has no network)
+    # from the host-filled wheelhouse only (no index: the build has no network); then
+    # both distributions, the client (.) and the services (./services)
     assert installs == [
         "pip install --no-index --find-links /wheels --no-deps "
         "-r requirements.lock -r /wheels/interpreter.lock",
