@@ -29,10 +29,10 @@ from pathlib import Path
 
 from _common import emit
 
+from lightpath_services.cell_scheduler import quota as quota_model
 from lightpath_services.sim.engine import POLICIES, SimConfig, pod_fabric, simulate
 from lightpath_services.sim.quotas import load_quotas
 from lightpath_services.sim.workload import Generator, bursty_tenants
-from lightpath_services.cell_scheduler import quota as quota_model
 
 QUOTAS = Path(__file__).resolve().parent.parent / "examples" / "sim_quotas.json"
 

@@ -51,7 +51,9 @@ PATH = 1024  # a file path or path template under a data directory
 BLOCKS = 65_536  # blocks of the largest pod (lightpath.domain.torus.MAX_BLOCKS)
 AGG_NODES = 10_000  # nodes of the largest aggregation tree (lightpath_services.agg_switch.topology)
 DIMS = 8  # dimensions of a shape, grid or position
-CHUNK_BYTES = 16 << 20  # an aggregation chunk (lightpath_services.agg_switch.command.MAX_CHUNK_BYTES)
+CHUNK_BYTES = (
+    16 << 20
+)  # an aggregation chunk (lightpath_services.agg_switch.command.MAX_CHUNK_BYTES)
 LABELS = 64
 LABEL_KEY = 63
 LABEL_VALUE = 256

@@ -159,7 +159,13 @@ def start_netconf(
         known.write_text("".join(f"[127.0.0.1]:{port} {public}\n" for port in addresses.values()))
         secret.write_text("s3cret-" + os.urandom(4).hex())
     log = workdir / "polatis.log"
-    args = [sys.executable, "-m", "lightpath_services.switch_emulators.polatis", "--ports", str(ports)]
+    args = [
+        sys.executable,
+        "-m",
+        "lightpath_services.switch_emulators.polatis",
+        "--ports",
+        str(ports),
+    ]
     args += ["--host-key", str(key), "--timing", timing]
     for sid, port in addresses.items():
         args += ["--switch", f"{sid}=127.0.0.1:{port}"]

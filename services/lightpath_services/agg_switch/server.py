@@ -69,7 +69,12 @@ from lightpath_services.agg_switch.store import AggStore, report_json
 from lightpath_services.agg_switch.switch import ABORTED
 from lightpath_services.agg_switch.topology import Topology, validate_topology
 from lightpath_services.common import paging, redis_store
-from lightpath_services.common.auth import caller, require_service_scope, require_tenant_field, tenant_scope
+from lightpath_services.common.auth import (
+    caller,
+    require_service_scope,
+    require_tenant_field,
+    tenant_scope,
+)
 from lightpath_services.common.keys import ID_RULE, is_valid_id
 from lightpath_services.common.server import Runtime, ServiceDefinition
 

@@ -31,7 +31,13 @@ from lightpath_services.cell_scheduler.choice import (
     PodCapacityView,
     plan_queue,
 )
-from lightpath_services.cell_scheduler.jobs import CellJobs, Claim, SubmitResult, record_fields, request_b64
+from lightpath_services.cell_scheduler.jobs import (
+    CellJobs,
+    Claim,
+    SubmitResult,
+    record_fields,
+    request_b64,
+)
 from lightpath_services.cell_scheduler.metrics import CellMetrics
 from lightpath_services.cell_scheduler.podclient import PodRefused, PodUnreachable, state_name
 from lightpath_services.cell_scheduler.quotas import (

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from lightpath_services.common.settings import Address, CommonSettings, PositiveFloat, checked, setting
+from lightpath_services.common.settings import (
+    Address,
+    CommonSettings,
+    PositiveFloat,
+    checked,
+    setting,
+)
 
 
 def node_flops(raw: str) -> dict[str, float]:

@@ -32,7 +32,12 @@ from enum import StrEnum
 import numpy as np
 
 from lightpath.errors import FieldViolation, InvalidArgument, NotFound
-from lightpath_services.core_broker.capacity import DEVICE_KINDS, MAX_SPAN_MS, Allocation, CapacityMap
+from lightpath_services.core_broker.capacity import (
+    DEVICE_KINDS,
+    MAX_SPAN_MS,
+    Allocation,
+    CapacityMap,
+)
 
 
 class Outcome(StrEnum):

@@ -38,7 +38,13 @@ from lightpath_services.core_broker.auth import (
     require_application,
     require_operator,
 )
-from lightpath_services.core_broker.broker import TERMINAL_EVENTS, Broker, BrokerConfig, Record, Ticket
+from lightpath_services.core_broker.broker import (
+    TERMINAL_EVENTS,
+    Broker,
+    BrokerConfig,
+    Record,
+    Ticket,
+)
 from lightpath_services.core_broker.capacity import MAX_SPAN_MS, CapacityMap
 from lightpath_services.core_broker.convert import (
     EVENT_TYPES,

@@ -27,7 +27,11 @@ from lightpath_services.ocs_manager.reconcile import REPAIR_REASONS, SwitchRecon
 from lightpath_services.ocs_manager.settings import OcsManagerSettings
 from lightpath_services.ocs_manager.store import OcsStore
 from lightpath_services.ocs_manager.switch_drivers import switch_driver
-from lightpath_services.ocs_manager.switched.server import SWITCHED_RPCS, build_switched, refuse_calls
+from lightpath_services.ocs_manager.switched.server import (
+    SWITCHED_RPCS,
+    build_switched,
+    refuse_calls,
+)
 from lightpath_services.ocs_manager.wiring import cross_connect_count, links, validate_placement
 
 SERVICE_NAME = ocs_manager_pb2.DESCRIPTOR.services_by_name["OcsManager"].full_name

@@ -62,8 +62,8 @@ from redis.exceptions import RedisError, ResponseError
 from lightpath.domain.southbound import SouthboundDevice
 from lightpath.domain.torus import FIRST, Fabric
 from lightpath.errors import FailedPrecondition, Unavailable
-from lightpath_services.common.redis_packing import fast_packing
 from lightpath.v1 import optical_switch_pb2 as pb
+from lightpath_services.common.redis_packing import fast_packing
 from lightpath_services.ocs_manager.device_switch import (
     DeviceFailure,
     DeviceInventory,

@@ -57,12 +57,12 @@ from lightpath.domain.slices import (
     SliceDemand,
     SliceJob,
 )
+from lightpath_services.cell_scheduler.choice import JobDemand, PodCapacityView, chips_key, choose
+from lightpath_services.cell_scheduler.quota import DEFAULT_HALF_LIFE_S, Quota, RunningJob, Waiting
 from lightpath_services.sim.fast_state import IndexedPodState
 from lightpath_services.sim.quotas import NODE_TYPE, SimQuotas
 from lightpath_services.sim.static import Torus, fitting_shape
 from lightpath_services.sim.workload import TraceJob
-from lightpath_services.cell_scheduler.choice import JobDemand, PodCapacityView, chips_key, choose
-from lightpath_services.cell_scheduler.quota import DEFAULT_HALF_LIFE_S, Quota, RunningJob, Waiting
 from lightpath_services.workload_scheduler.box_placement import (
     BoxPlacement,
     largest_free_box,

@@ -42,7 +42,11 @@ from lightpath.domain.slices import (
 from lightpath.domain.switched import SwitchedFabric
 from lightpath.domain.switched_rings import Degrees, Tile, is_small, replacement_order
 from lightpath.errors import ResourceExhausted
-from lightpath_services.workload_scheduler.box_placement import BoxPlacement, choose_box_victims, place_box
+from lightpath_services.workload_scheduler.box_placement import (
+    BoxPlacement,
+    choose_box_victims,
+    place_box,
+)
 from lightpath_services.workload_scheduler.placement import Placement, PodState, Unplaceable, place
 from lightpath_services.workload_scheduler.preemption import VictimAction, choose_victims
 from lightpath_services.workload_scheduler.switched_placement import SwitchedPodState, placements

@@ -49,7 +49,11 @@ from lightpath_services.common.enums import enum_name
 from lightpath_services.common.keys import require_id, require_ids
 from lightpath_services.common.server import Runtime, ServiceDefinition
 from lightpath_services.workload_scheduler.cell_link import CellReporter
-from lightpath_services.workload_scheduler.fabric_kinds import FabricPlanner, planner_for, ring_plan_pb
+from lightpath_services.workload_scheduler.fabric_kinds import (
+    FabricPlanner,
+    planner_for,
+    ring_plan_pb,
+)
 from lightpath_services.workload_scheduler.metrics import PodMetrics
 from lightpath_services.workload_scheduler.ocs import OcsError, OcsManagerClient
 from lightpath_services.workload_scheduler.placement import PodState

@@ -37,7 +37,12 @@ from lightpath_services.common.keys import ID_RULE, is_valid_id
 from lightpath_services.common.txn import Conflict
 from lightpath_services.ocs_manager.metrics import OcsMetrics, timed
 from lightpath_services.ocs_manager.switched.queries import SwitchIndex, SwitchLinkUse
-from lightpath_services.ocs_manager.switched.store import Snapshot, StoredPlan, SwitchedStore, conflict
+from lightpath_services.ocs_manager.switched.store import (
+    Snapshot,
+    StoredPlan,
+    SwitchedStore,
+    conflict,
+)
 
 log = logging.getLogger("lightpath.ocs_manager.switched")
 
