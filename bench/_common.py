@@ -113,7 +113,7 @@ def start_service(
     log = workdir / f"{service}-{name}.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", f"services.{service}"],
+            [sys.executable, "-m", f"lightpath_services.{service}"],
             env=full_env,
             cwd=root,
             stdin=subprocess.DEVNULL,

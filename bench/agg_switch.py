@@ -107,7 +107,7 @@ def spawn_switch(pki: Pki, redis_url: str, switch_id: str, tree: str, port: int,
         **env,
     }
     return subprocess.Popen(
-        [sys.executable, "-m", "services.agg_switch"],
+        [sys.executable, "-m", "lightpath_services.agg_switch"],
         env=full,
         cwd=ROOT,
         stdout=subprocess.DEVNULL,

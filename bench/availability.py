@@ -10,7 +10,7 @@ is the fraction of the pod's 4096 chips that slices of that size get:
 
 * ocs: a block is usable only when all 16 of its hosts are up; slices are
   placed one after another by the workload scheduler's own placement code
-  (services.workload_scheduler.placement.capacity_for: any healthy free
+  (lightpath_services.workload_scheduler.placement.capacity_for: any healthy free
   blocks form any shape);
 * static (no OCS): a slice must be a contiguous box (any orientation) with
   wraparound in the fixed 16x16x16 torus, avoiding the 4 chips of every down
@@ -34,7 +34,7 @@ from _common import emit
 
 from lightpath.domain.blocks import PodFabric
 from lightpath.domain.slices import SliceDemand
-from services.workload_scheduler.placement import PodState, capacity_for
+from lightpath_services.workload_scheduler.placement import PodState, capacity_for
 
 AVAILABILITY = {"99.0": 0.990, "99.5": 0.995, "99.9": 0.999}
 # Slice shapes in chips (TPU v4's published shapes for these sizes, Jouppi et al. 2023).

@@ -1,6 +1,6 @@
 """Core broker: reservation decisions per second and their latency over gRPC.
 
-A real broker process (`python -m services.core_broker`) on a private
+A real broker process (`python -m lightpath_services.core_broker`) on a private
 redis-server; 1,000 devices, an operator latency table, 8 applications and
 10,000 live reservations made through the API; then 8 concurrent clients (own
 channel each, own application each) send Reserve calls with a mix of sizes,
@@ -206,7 +206,7 @@ def start_broker(
         "LIGHTPATH_INSTANCE_ID": name,
     }
     return subprocess.Popen(
-        [sys.executable, "-m", "services.core_broker"], env=env, stdin=subprocess.DEVNULL
+        [sys.executable, "-m", "lightpath_services.core_broker"], env=env, stdin=subprocess.DEVNULL
     )
 
 

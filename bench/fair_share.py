@@ -29,10 +29,10 @@ from pathlib import Path
 
 from _common import emit
 
-from lightpath.sim.engine import POLICIES, SimConfig, pod_fabric, simulate
-from lightpath.sim.quotas import load_quotas
-from lightpath.sim.workload import Generator, bursty_tenants
-from services.cell_scheduler import quota as quota_model
+from lightpath_services.cell_scheduler import quota as quota_model
+from lightpath_services.sim.engine import POLICIES, SimConfig, pod_fabric, simulate
+from lightpath_services.sim.quotas import load_quotas
+from lightpath_services.sim.workload import Generator, bursty_tenants
 
 QUOTAS = Path(__file__).resolve().parent.parent / "examples" / "sim_quotas.json"
 

@@ -30,10 +30,10 @@ from lightpath.security.identity import Principal, service_principal
 from lightpath.security.pki import LocalCA
 from lightpath.stack import Stack, default_topology, with_ephemeral_ports
 from lightpath.v1 import common_pb2, core_broker_pb2_grpc
-from services.common.server import running
-from services.common.settings import load
-from services.core_broker.server import build
-from services.core_broker.settings import CoreBrokerSettings
+from lightpath_services.common.server import running
+from lightpath_services.common.settings import load
+from lightpath_services.core_broker.server import build
+from lightpath_services.core_broker.settings import CoreBrokerSettings
 
 SEQUENTIAL = 2000
 CONCURRENT_CALLS = 4000

@@ -13,7 +13,7 @@ output), --records records per partition. Alternately, --reps times each:
   (medians): the reservation check, the run's record, its heartbeat, the
   metrics kept, and the polling.
 
-The broker runs as deployed (`python -m services.core_broker`, its own
+The broker runs as deployed (`python -m lightpath_services.core_broker`, its own
 certificate); the bench calls as a registered application (its token over
 TLS with the operator's certificate, as `lightpath graph` does).
 """

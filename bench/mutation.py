@@ -68,37 +68,37 @@ ROOT = Path(__file__).resolve().parent.parent
 # Issue 17's scope: the planners and the domain code named there (a full run of
 # these alone: `--modules planners`).
 PLANNERS = (
-    "services.workload_scheduler.preemption",
-    "services.workload_scheduler.planner",
-    "services.workload_scheduler.placement",
-    "services.workload_scheduler.switched_placement",
+    "lightpath_services.workload_scheduler.preemption",
+    "lightpath_services.workload_scheduler.planner",
+    "lightpath_services.workload_scheduler.placement",
+    "lightpath_services.workload_scheduler.switched_placement",
     "lightpath.domain.torus",
     "lightpath.domain.switched_rings",
     "lightpath.aggregation.maths",
-    "services.core_broker.decisions",
+    "lightpath_services.core_broker.decisions",
 )
 
 # Module (import name) -> its fast pure-function tests, the most telling first
 # (`-x` stops at the first failure). A module that moves is a one-line change here.
 MODULES: dict[str, tuple[str, ...]] = {
-    "services.workload_scheduler.preemption": (
+    "lightpath_services.workload_scheduler.preemption": (
         "tests/workload_scheduler/test_pinned_preemption.py",
         "tests/workload_scheduler/test_pinned_victims.py",
         "tests/workload_scheduler/test_preemption.py",
     ),
-    "services.workload_scheduler.planner": (
+    "lightpath_services.workload_scheduler.planner": (
         "tests/workload_scheduler/test_pinned_planner.py",
         "tests/workload_scheduler/test_preemption.py",
         "tests/workload_scheduler/test_placement.py",
     ),
-    "services.workload_scheduler.placement": (
+    "lightpath_services.workload_scheduler.placement": (
         "tests/workload_scheduler/test_placement.py",
         "tests/workload_scheduler/test_pinned_podstate.py",
         "tests/workload_scheduler/test_pinned_planner.py",
         "tests/workload_scheduler/test_preemption.py",
         "tests/workload_scheduler/test_pinned_preemption.py",
     ),
-    "services.workload_scheduler.switched_placement": (
+    "lightpath_services.workload_scheduler.switched_placement": (
         "tests/switched/test_placement.py",
         "tests/switched/test_pinned_placement.py",
         "tests/switched/test_rings.py",
@@ -131,7 +131,7 @@ MODULES: dict[str, tuple[str, ...]] = {
         "tests/agg_switch/test_seed_examples.py",
         "tests/agg_switch/test_pinned_fallback.py",
     ),
-    "services.core_broker.decisions": (
+    "lightpath_services.core_broker.decisions": (
         "tests/core_broker/test_decisions.py",
         "tests/core_broker/test_pinned_decisions.py",
         "tests/core_broker/test_properties.py",
@@ -177,22 +177,22 @@ EQUIVALENT: dict[tuple[str, int, str], str] = {
         "_layouts: `rank` only breaks ties between candidates in the order they were made; "
         "starting it at 1 keeps that order"
     ),
-    ("services.workload_scheduler.switched_placement", 119, "- -> + @21"): (
+    ("lightpath_services.workload_scheduler.switched_placement", 119, "- -> + @21"): (
         "tile shapes of one area: h + w and |h - w| both grow with how far h is from the "
         "square root, so they sort the same"
     ),
-    ("services.workload_scheduler.switched_placement", 144, "- -> + @18"): (
+    ("lightpath_services.workload_scheduler.switched_placement", 144, "- -> + @18"): (
         "the skip of groups with too few free processors is a shortcut: every tile is "
         "checked against the taken processors anyway"
     ),
-    ("services.workload_scheduler.switched_placement", 211, "1 -> 2 @28"): (
+    ("lightpath_services.workload_scheduler.switched_placement", 211, "1 -> 2 @28"): (
         "the kind key of a column line (rows 0, columns 1 -> 2) only orders rows before "
         "columns, which 2 still does"
     ),
-    ("services.workload_scheduler.switched_placement", 261, "<= -> < @16"): (
+    ("lightpath_services.workload_scheduler.switched_placement", 261, "<= -> < @16"): (
         "_fill with nothing left to pick goes on picking [] from the next rows: same result"
     ),
-    ("services.workload_scheduler.switched_placement", 263, "<= -> < @19"): (
+    ("lightpath_services.workload_scheduler.switched_placement", 263, "<= -> < @19"): (
         "a row with exactly as many groups as are left: all of them either way (the "
         "result is sorted)"
     ),
@@ -203,7 +203,7 @@ EQUIVALENT: dict[tuple[str, int, str], str] = {
     ("lightpath.domain.torus", 278, "1 -> 2 @39"): (
         "one_to_many_of_index: the same loop bound, returned from at d = 0 as above"
     ),
-    ("services.workload_scheduler.planner", 235, "or -> and @30"): (
+    ("lightpath_services.workload_scheduler.planner", 235, "or -> and @30"): (
         "switched_state's `large` maps a held group to its holder, but placement reads only "
         "which groups it holds (SwitchedPodState.free_groups), never the holder"
     ),
@@ -245,20 +245,20 @@ EQUIVALENT: dict[tuple[str, int, str], str] = {
     ("lightpath.domain.switched_rings", 609, "8 -> 9 @25"): (
         "memos of other fabrics dropped one fabric later: a cache bound"
     ),
-    ("services.workload_scheduler.placement", 241, "< -> <= @30"): (
+    ("lightpath_services.workload_scheduler.placement", 241, "< -> <= @30"): (
         "_prefer may hand back one block more than n; place() takes exactly the demanded count"
     ),
-    ("services.workload_scheduler.placement", 231, "<= -> < @9"): (
+    ("lightpath_services.workload_scheduler.placement", 231, "<= -> < @9"): (
         "K = 1 then takes the round-robin path over one OCS group: the same ordered[:n]"
     ),
-    ("services.workload_scheduler.planner", 259, "1 -> 2 @31"): (
+    ("lightpath_services.workload_scheduler.planner", 259, "1 -> 2 @31"): (
         "one more candidate drawn: attempts % (attempts + 2) == attempts % (attempts + 1) "
         "when that many exist, and the same candidates when fewer do"
     ),
-    ("services.workload_scheduler.preemption", 81, "> -> >= @66"): (
+    ("lightpath_services.workload_scheduler.preemption", 81, "> -> >= @66"): (
         "_useful: a term with n == 0 adds min(0, gained) = 0; deficits are never negative"
     ),
-    ("services.workload_scheduler.preemption", 108, "> -> >= @68"): (
+    ("lightpath_services.workload_scheduler.preemption", 108, "> -> >= @68"): (
         "a candidate that frees nothing useful is never picked by the greedy (a useful one "
         "is left while anything is missing) and its priority level alone never covers"
     ),

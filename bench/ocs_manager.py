@@ -2,7 +2,7 @@
 
     python3 dev.py bench ocs_manager [--runs 20] [--seconds 5]
 
-Two ocs_manager processes (`python -m services.ocs_manager`, as deployed) on one
+Two ocs_manager processes (`python -m lightpath_services.ocs_manager`, as deployed) on one
 private redis-server: pod "bench-k1" with K = 1 and pod "bench-k2" with K = 2,
 both 64 blocks of 4x4x4, radix 136, default switch driver without settling delay.
 They serve TLS with client certificates required (the default): a local CA in the
@@ -19,7 +19,7 @@ the bench calls with.
   removed and added cross-connects).
 * agent_full_pod_*_settle10 / _settle100: the full-pod wire and release (counts
   view) of a K = 1 pod whose 48 OCS sit behind a switch agent process
-  (`python -m services.switch_agent`, the open southbound) with 10 ms and 100 ms
+  (`python -m lightpath_services.switch_agent`, the open southbound) with 10 ms and 100 ms
   of settling per batch: the manager sends one ApplyBatch per OCS, all 48 at once,
   each over mTLS, checked and audited by the agent. Goal: p50 <= settle + 50 ms.
 * sonic_full_pod_wire_ms_p50 / netconf_full_pod_wire_ms_p50 (issue 34): the same
@@ -161,7 +161,7 @@ def sonic_switches(workdir: Path, root: Path = ROOT):
     from lightpath.domain.torus import Fabric, FabricConfig
 
     fabric = Fabric.build(FabricConfig((4, 4, 4), 64, 1, 136))
-    args = [sys.executable, "-m", "services.switch_emulators.sonic", "--a-ports", "68"]
+    args = [sys.executable, "-m", "lightpath_services.switch_emulators.sonic", "--a-ports", "68"]
     args += ["--b-ports", "68", "--dir", str(workdir), "--timing", "calient-s320"]
     for sid in fabric.ocs_ids:
         args += ["--switch", sid]
@@ -183,7 +183,7 @@ def netconf_switches(workdir: Path, root: Path = ROOT):
     Calient timing. Yields (the manager's settings for them, the emulator's process)."""
     from lightpath.domain.torus import Fabric, FabricConfig
     from lightpath.embedded_redis import free_port
-    from services.switch_emulators.polatis import write_host_key
+    from lightpath_services.switch_emulators.polatis import write_host_key
 
     fabric = Fabric.build(FabricConfig((4, 4, 4), 64, 1, 136))
     workdir.mkdir(parents=True, exist_ok=True)
@@ -192,7 +192,7 @@ def netconf_switches(workdir: Path, root: Path = ROOT):
     ports = {sid: free_port() for sid in fabric.ocs_ids}
     known.write_text("".join(f"[127.0.0.1]:{p} {public}\n" for p in ports.values()))
     secret.write_text(os.urandom(8).hex())
-    args = [sys.executable, "-m", "services.switch_emulators.polatis", "--ports", "68"]
+    args = [sys.executable, "-m", "lightpath_services.switch_emulators.polatis", "--ports", "68"]
     args += ["--host-key", str(key), "--timing", "calient-s320"]
     for sid, port in ports.items():
         args += ["--switch", f"{sid}=127.0.0.1:{port}"]

@@ -4,7 +4,7 @@ live reservations on 1,000 devices, near saturation. One JSON line.
     python3 dev.py bench scale_broker [--calls 400] [--quick]
 
 Per point a fresh private redis-server and a real broker process
-(`python -m services.core_broker`, mTLS with client certificates required);
+(`python -m lightpath_services.core_broker`, mTLS with client certificates required);
 1,000 devices (GPU, TPU, EDGE_TPU; 64, 96 or 128 cores) registered over gRPC,
 then the live reservations made through BatchReserve (500 a call, each naming
 one device and an exact window): every device is tiled in lanes of 4-16

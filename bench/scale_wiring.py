@@ -2,7 +2,7 @@
 
     python3 dev.py bench scale_wiring [--runs 20] [--quick]
 
-One ocs_manager process per pod size (`python -m services.ocs_manager`, as deployed,
+One ocs_manager process per pod size (`python -m lightpath_services.ocs_manager`, as deployed,
 mTLS with client certificates required) on one private redis-server: blocks of
 4x4x4, K = 1, radix 2N (the least a pod of N blocks needs), the default (Redis)
 switch driver without settling delay. For each size one slice of every block

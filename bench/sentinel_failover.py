@@ -14,7 +14,7 @@ the services show.
 - `failovers` with LIGHTPATH_REDIS_COMMIT_REPLICAS=1: `failover_lost` must be 0;
 - `failovers_without_wait` (default 3) with it 0: `lost_without_wait`, the baseline;
 - `commit_p50_ms`/`commit_p99_ms` (no WAIT) and `commit_wait_p50_ms`/`commit_wait_p99_ms`
-  (WAIT 1) of one transaction (services.common.txn, one HSET), alternated on one
+  (WAIT 1) of one transaction (lightpath_services.common.txn, one HSET), alternated on one
   client of the same Sentinel set before any failover, and their p50 ratio.
 
 Prints one JSON line, with the machine's load. `measure(failovers)` is the same as a
@@ -32,9 +32,9 @@ from pathlib import Path
 
 from _common import emit, percentile
 
-from services.cell_scheduler.store import PROGRAM
-from services.common import redis_store
-from services.common.txn import Durability, Txn, require_replicas
+from lightpath_services.cell_scheduler.store import PROGRAM
+from lightpath_services.common import redis_store
+from lightpath_services.common.txn import Durability, Txn, require_replicas
 from tests.failover_history import durability_env, failovers_under_load, rig
 from tests.redis_topologies import redis_sentinel, with_password
 

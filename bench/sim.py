@@ -29,9 +29,9 @@ import time
 
 from _common import emit
 
-from lightpath.sim.compare import run_many
-from lightpath.sim.engine import Failures, SimConfig, pod_fabric, simulate
-from lightpath.sim.workload import Generator
+from lightpath_services.sim.compare import run_many
+from lightpath_services.sim.engine import Failures, SimConfig, pod_fabric, simulate
+from lightpath_services.sim.workload import Generator
 
 
 def rate(jobs: int, pods: int, seed: int) -> tuple[float, float]:

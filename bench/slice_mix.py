@@ -42,8 +42,12 @@ from lightpath.domain.slices import RUNNING, SliceJob
 from lightpath.errors import InvalidArgument
 from lightpath.slice_mix import MixShape, drawer, load
 from lightpath.v1 import common_pb2, workload_scheduler_pb2
-from services.workload_scheduler.placement import PodState
-from services.workload_scheduler.planner import Allocation, apply_allocation, plan_admission
+from lightpath_services.workload_scheduler.placement import PodState
+from lightpath_services.workload_scheduler.planner import (
+    Allocation,
+    apply_allocation,
+    plan_admission,
+)
 
 BLOCK = (4, 4, 4)
 BLOCKS = 64

@@ -36,7 +36,7 @@ from bench._common import emit
 from lightpath.domain.switched import FIG18_FABRIC, SwitchedFabric
 from lightpath.domain.switched_rings import Degrees, RingPlan, plan_rings, release, reserve
 from lightpath.errors import ResourceExhausted
-from services.workload_scheduler.switched_placement import (
+from lightpath_services.workload_scheduler.switched_placement import (
     LARGE,
     SwitchedPodState,
     place,

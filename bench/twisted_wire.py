@@ -2,7 +2,7 @@
 
     python3 dev.py bench twisted_wire [--runs 20]
 
-One ocs_manager process (`python -m services.ocs_manager`, as deployed, mTLS)
+One ocs_manager process (`python -m lightpath_services.ocs_manager`, as deployed, mTLS)
 on a private redis-server: a 64-block pod of 4x4x4 blocks (the 4,096-chip
 superpod), K = 1, radix 136, the default switch driver without settling delay.
 A run wires an 8x8x16 slice (2x2x4 blocks, 768 cross-connects) twisted and

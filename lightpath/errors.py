@@ -1,7 +1,7 @@
 """Domain errors (X-3): what a client can cause or must handle.
 
 Pure code (services' domain modules, the SDK's graph planner) raises these and
-never imports grpc. On a server, services.common.errors.to_status_proto turns
+never imports grpc. On a server, lightpath_services.common.errors.to_status_proto turns
 one into a gRPC status whose message names the field and the rule, with
 google.rpc details; anything else escaping a servicer is a bug (INTERNAL).
 

@@ -49,9 +49,11 @@ MAP = 64
 REASON = 1024  # free text a caller gives (cancel and abort reasons, block health notes)
 PATH = 1024  # a file path or path template under a data directory
 BLOCKS = 65_536  # blocks of the largest pod (lightpath.domain.torus.MAX_BLOCKS)
-AGG_NODES = 10_000  # nodes of the largest aggregation tree (services.agg_switch.topology)
+AGG_NODES = 10_000  # nodes of the largest aggregation tree (lightpath_services.agg_switch.topology)
 DIMS = 8  # dimensions of a shape, grid or position
-CHUNK_BYTES = 16 << 20  # an aggregation chunk (services.agg_switch.command.MAX_CHUNK_BYTES)
+CHUNK_BYTES = (
+    16 << 20
+)  # an aggregation chunk (lightpath_services.agg_switch.command.MAX_CHUNK_BYTES)
 LABELS = 64
 LABEL_KEY = 63
 LABEL_VALUE = 256
@@ -137,7 +139,7 @@ FIELDS: Mapping[str, int] = {
 # services this size is the aggregate limit, and it is still many times what a real
 # one needs. Within it, a request longer than its own type takes (`longest_taken`)
 # is refused before it is parsed (INVALID_ARGUMENT naming `request` and that size:
-# the deserializer in services.common.telemetry).
+# the deserializer in lightpath_services.common.telemetry).
 MiB = 1 << 20
 MAX_REQUEST_BYTES: Mapping[str, int] = {
     "cell_scheduler": 5 * MiB,  # ReportPodStatus, 4.9 MB

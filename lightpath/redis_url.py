@@ -1,5 +1,5 @@
 """Which Redis a URL names, and a client of it (one for the services, the stack and
-the CLI; services reach it through services.common.redis_store).
+the CLI; services reach it through lightpath_services.common.redis_store).
 
     redis://[user:pass@]host:port/db        one server (rediss:// with TLS)
     unix:///path/to/redis.sock?db=0         one server on a local socket

@@ -14,7 +14,7 @@ and deploy/docker-compose.yml (a test checks the compose file against it):
     agg-root / agg-sub-1 / agg-sub-2 :50091 / :50092 / :50093
     console (web, HTTPS; `lightpath up` only) :8443
 
-The console (services/console, issue 21) is not a gRPC service and not part of the
+The console (services/lightpath_services/console, issue 21) is not a gRPC service and not part of the
 topology list: `console_env` gives its settings from the topology, and a Stack starts it
 when given a `console_port` (as `lightpath up` does), after every service is healthy.
 
@@ -39,6 +39,7 @@ dies, so no process is left behind.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import os
 import signal
@@ -52,6 +53,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from lightpath import __version__
 from lightpath.embedded_redis import EmbeddedRedis, die_with_parent, free_port
 from lightpath.paths import default_state_dir, open_private_append, pki_dir, write_private
 from lightpath.security.credentials import Credentials, token_path
@@ -79,7 +81,7 @@ class ProcessSpec:
     """One service process of the stack."""
 
     name: str  # process / compose service name, e.g. "ocs-pod-1"
-    service: str  # python package under services/, e.g. "ocs_manager"
+    service: str  # subpackage of lightpath_services, e.g. "ocs_manager"
     port: int
     env: Mapping[str, str] = field(default_factory=dict)  # service-specific settings
     peers: Mapping[str, str] = field(
@@ -398,6 +400,25 @@ class StackError(RuntimeError):
     pass
 
 
+SERVICES_DISTRIBUTION = "lightpath-services"
+
+
+def services_missing(what: str) -> str:
+    """Why `what` cannot run here ('' when it can): the servers it starts or whose
+    decision code it runs are the second distribution, which a client install lacks."""
+    try:
+        importlib.import_module("lightpath_services")
+    except ImportError:
+        pass
+    else:
+        return ""
+    return (
+        f"{what} needs Lightpath's services, which this installation does not have "
+        f"(`lightpath` is the SDK and CLI only): `pip install {SERVICES_DISTRIBUTION}=="
+        f"{__version__}` installs them"
+    )
+
+
 def busy_ports(ports: Mapping[int, str], host: str = "127.0.0.1") -> list[str]:
     """For each port of `ports` (port -> what wants it) that something already listens on:
     "port 50051 (cell-scheduler) is held by pid 123 (python -m lightpath up)"."""
@@ -533,6 +554,9 @@ class Stack:
     def start(self, timeout: float = 60.0) -> None:
         """Start everything; StackError at once when a port it needs is taken (a second
         stack's health probes would otherwise reach the first one's services)."""
+        missing = services_missing("starting the stack")
+        if missing:
+            raise StackError(missing)
         wanted = {s.port: s.name for s in self.specs}
         wanted.update({s.metrics_port: f"{s.name} metrics" for s in self.specs if s.metrics_port})
         if not self.redis_url:
@@ -706,7 +730,7 @@ class Stack:
             # `ip netns exec` execs the service: the pid is the service's own
             inside = ["ip", "netns", "exec", netns] if netns else []
             self.procs[name] = subprocess.Popen(
-                [*inside, sys.executable, "-m", f"services.{service}"],
+                [*inside, sys.executable, "-m", f"lightpath_services.{service}"],
                 env=env,
                 stdout=otelfile,
                 stderr=logfile,

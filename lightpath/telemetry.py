@@ -3,11 +3,11 @@ of trace propagation.
 
 Every outgoing call made through `lightpath.client.channel` gets a CLIENT span
 and carries its context in gRPC metadata (W3C traceparent, through the globally
-configured propagator); the server side (services.common.telemetry) continues
+configured propagator); the server side (lightpath_services.common.telemetry) continues
 that trace in a SERVER span. Exporters follow the standard OTEL_* variables:
 OTEL_TRACES_EXPORTER none (default) | console | otlp.
 
-Metrics are prometheus_client's (services.common.instruments): a service with
+Metrics are prometheus_client's (lightpath_services.common.instruments): a service with
 LIGHTPATH_METRICS_LISTEN records them (`configure_metrics`) and serves them on a scrape
 endpoint (`serve_metrics`). The console span exporter writes one JSON object per line
 to stdout or to a file (`console_file`), never to stderr, where the JSON-lines logs go.
@@ -64,7 +64,7 @@ _CONSOLE_FILES: dict[str, IO[str]] = {}
 def console_stream(path: str = "") -> IO[str]:
     """Where console exporters write: `path` (appended, line-buffered), or stdout when
     empty. A service never writes them to stderr: that is its JSON-lines log stream
-    (services.common.telemetry). The CLI, whose stdout is its output, names "stderr"."""
+    (lightpath_services.common.telemetry). The CLI, whose stdout is its output, names "stderr"."""
     if not path or path == "-":
         return sys.stdout
     if path == "stderr":
@@ -128,7 +128,7 @@ _METRICS = False
 
 def metrics_enabled() -> bool:
     """True once `configure_metrics(prometheus=True)` ran: this process serves metrics,
-    so services.common.instruments records (else its records are dropped)."""
+    so lightpath_services.common.instruments records (else its records are dropped)."""
     return _METRICS
 
 
@@ -139,7 +139,7 @@ def configure_metrics(
     instance_id: str = "",
     prometheus: bool = False,
 ) -> None:
-    """With `prometheus`, record the services' metrics (services.common.instruments, into
+    """With `prometheus`, record the services' metrics (lightpath_services.common.instruments, into
     prometheus_client's registry, which `serve_metrics` serves) and show `target_info`
     (service.name, service.version, service.instance.id). OpenTelemetry exports traces
     only: OTEL_METRICS_EXPORTER may only be `none`."""
@@ -193,7 +193,7 @@ class MetricsEndpoint:
 
 
 def serve_metrics(address: str) -> MetricsEndpoint:
-    """Serve prometheus_client's registry (the services' metrics, services.common.instruments,
+    """Serve prometheus_client's registry (the services' metrics, lightpath_services.common.instruments,
     besides the process's CPU, memory and GC metrics) on
     `address` (host:port, [v6]:port; port 0 picks a free one)."""
     from prometheus_client import start_http_server

@@ -22,8 +22,16 @@ LOCK = ROOT / "deploy" / "requirements.lock"
 
 
 def runtime_lock() -> str:
-    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
-    pending = [Requirement(d) for d in deps]
+    # Both distributions: the client and the servers (which require the client, itself
+    # installed from source in the image, not from the lock).
+    deps = [
+        d
+        for project in (ROOT / "pyproject.toml", ROOT / "services" / "pyproject.toml")
+        for d in tomllib.loads(project.read_text())["project"]["dependencies"]
+    ]
+    pending = [
+        Requirement(d) for d in deps if canonicalize_name(Requirement(d).name) != "lightpath"
+    ]
     pinned: dict[str, str] = {}
     while pending:
         req = pending.pop()

@@ -12,8 +12,8 @@ from opentelemetry.sdk.trace import TracerProvider
 
 from lightpath.security.identity import Principal, service_principal
 from lightpath.security.pki import IssuedFiles, LocalCA
-from services.common.server import RunningService, running
-from services.common.settings import CommonSettings, load
+from lightpath_services.common.server import RunningService, running
+from lightpath_services.common.settings import CommonSettings, load
 
 SERVICES = (
     "cell_scheduler",
@@ -30,7 +30,7 @@ def settings_class(service: str) -> type[CommonSettings]:
     import importlib
     import inspect
 
-    module = importlib.import_module(f"services.{service}.settings")
+    module = importlib.import_module(f"lightpath_services.{service}.settings")
     found = [
         obj
         for obj in vars(module).values()
@@ -39,7 +39,7 @@ def settings_class(service: str) -> type[CommonSettings]:
         and obj.__module__ == module.__name__
     ]
     assert len(found) == 1, (
-        f"services.{service}.settings must define one settings class, found {found}"
+        f"lightpath_services.{service}.settings must define one settings class, found {found}"
     )
     return found[0]
 
@@ -112,7 +112,7 @@ async def serve(
     TLS and its own certificate from the test CA (unless `env` says otherwise)."""
     import importlib
 
-    build: Any = importlib.import_module(f"services.{service}.server").build
+    build: Any = importlib.import_module(f"lightpath_services.{service}.server").build
     env = dict(env or {})
     base = {
         "LIGHTPATH_REDIS_URL": redis_url,

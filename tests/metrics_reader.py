@@ -12,8 +12,8 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from services.common.instruments import PrometheusMeter
-from services.common.metric_names import BY_OTEL, HISTOGRAM, MetricName
+from lightpath_services.common.instruments import PrometheusMeter
+from lightpath_services.common.metric_names import BY_OTEL, HISTOGRAM, MetricName
 
 
 def install(
@@ -54,7 +54,7 @@ def _points(registry: CollectorRegistry, m: MetricName) -> list[SimpleNamespace]
 
 
 def assert_listed(registry: CollectorRegistry) -> None:
-    """Every point shown is of a metric services.common.metric_names lists, with exactly
+    """Every point shown is of a metric lightpath_services.common.metric_names lists, with exactly
     its attributes (the dashboards and alert rules are written against it)."""
     listed = {m.prometheus: m for m in BY_OTEL.values()}
     for family in registry.collect():

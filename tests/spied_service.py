@@ -15,7 +15,7 @@ import runpy
 import sys
 from typing import Any
 
-from services.common import telemetry
+from lightpath_services.common import telemetry
 
 MARKER = "lightpath-test-spied"  # metadata key of the calls the spy logs
 
@@ -45,8 +45,8 @@ def main() -> None:
         return wrap(self, inner, method)
 
     telemetry.ServerInterceptor._wrap = spied  # type: ignore[method-assign]
-    sys.argv = [f"services.{service}"]
-    runpy.run_module(f"services.{service}", run_name="__main__", alter_sys=True)
+    sys.argv = [f"lightpath_services.{service}"]
+    runpy.run_module(f"lightpath_services.{service}", run_name="__main__", alter_sys=True)
 
 
 if __name__ == "__main__":

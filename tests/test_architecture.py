@@ -4,12 +4,12 @@ Every import counts: module level and inside functions or classes, absolute and
 relative. Four rules:
 
 (a) No module under services/<a>/ imports from services/<b>/ for a ≠ b;
-    services/common is shared by all and may be imported by any service.
+    services/lightpath_services/common is shared by all and may be imported by any service.
 (b) The domain package (lightpath/domain) is pure: it imports none of grpc,
-    redis, asyncio, services.*, and of lightpath only lightpath.domain,
+    redis, asyncio, lightpath_services.*, and of lightpath only lightpath.domain,
     lightpath.errors and protobuf *message* modules lightpath.v1.*_pb2 (a job
     spec arrives as a JobSpec message; the *_pb2_grpc stubs are refused).
-(c) No import cycle among the modules of lightpath/ and services/, counting
+(c) No import cycle among the modules of both packages, counting
     the imports that run. Imports under `if TYPE_CHECKING:` never run, so they
     cannot make an import order fail, but a cycle through them is still two
     modules that each need the other to be understood; a second check counts
@@ -17,9 +17,13 @@ relative. Four rules:
     ocs_manager and workload_scheduler once closed such cycles by naming the
     orchestrator they read in annotations; they now take the plain data they
     read (a switch's core, a pod's store and fabric) or a small Protocol.
-(d) Of lightpath/, only the simulator (lightpath/sim, issue 29) imports services,
-    and only their pure decision modules (SIM_MAY_IMPORT): it makes its decisions
-    with the services' own code, never with their servers, stores or clients.
+(d) Two distributions (issue 31): the client `lightpath` (lightpath/) imports nothing
+    of the servers' `lightpath_services` (services/lightpath_services/), except the
+    CLI's `lightpath sim` verb (lightpath.cli.sim) reaching the simulator
+    (lightpath_services.sim), which it checks is installed first; and the simulator
+    (issue 29) imports of the services only their pure decision modules
+    (SIM_MAY_IMPORT): it decides with the services' own code, never with their
+    servers, stores or clients.
 
 Each rule's check is also run over a small planted tree that breaks it, so a
 checker that finds nothing cannot pass unnoticed.
@@ -39,7 +43,9 @@ import pytest
 pytestmark = pytest.mark.xdist_group("architecture")
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("lightpath", "services")
+# Each package and the directory that holds it (its distribution's project directory).
+PACKAGES = {"lightpath": ".", "lightpath_services": "services"}
+SERVICES = "lightpath_services"
 DOMAIN = "lightpath.domain"
 
 
@@ -58,13 +64,12 @@ class Import:
 def _modules(root: Path) -> dict[str, tuple[Path, bool]]:
     """Module name → (file, is a package) for every .py file under the packages."""
     out: dict[str, tuple[Path, bool]] = {}
-    for pkg in PACKAGES:
-        base = root / pkg
+    for pkg, project in PACKAGES.items():
+        base = root / project / pkg
         if not base.is_dir():
             continue
         for path in sorted(base.rglob("*.py")):
-            rel = path.relative_to(root)
-            parts = list(rel.with_suffix("").parts)
+            parts = list(path.relative_to(root / project).with_suffix("").parts)
             is_pkg = parts[-1] == "__init__"
             if is_pkg:
                 parts = parts[:-1]
@@ -122,7 +127,7 @@ def cross_service_imports(root: Path) -> list[str]:
     bad = []
     for imp in imports:
         a, b = imp.importer.split("."), imp.target.split(".")
-        if a[0] == b[0] == "services" and len(a) > 1 and len(b) > 1:
+        if a[0] == b[0] == SERVICES and len(a) > 1 and len(b) > 1 and a[1] != "sim":
             if a[1] != b[1] and b[1] != "common":
                 bad.append(str(imp))
     return list(dict.fromkeys(bad))
@@ -130,7 +135,7 @@ def cross_service_imports(root: Path) -> list[str]:
 
 def _domain_may_import(target: str) -> bool:
     top = target.split(".")[0]
-    if top in {"asyncio", "redis", "services"} or top.startswith("grpc"):
+    if top in {"asyncio", "redis", SERVICES} or top.startswith("grpc"):
         return False
     if top != "lightpath":
         return True
@@ -154,29 +159,36 @@ def impure_domain_imports(root: Path) -> list[str]:
     return list(dict.fromkeys(bad))
 
 
-SIM = "lightpath.sim"
+SIM = "lightpath_services.sim"
+CLI_SIM = "lightpath.cli.sim"  # the one client module that reaches the simulator
 # The pure decision modules of the services: functions of a snapshot, no I/O.
 SIM_MAY_IMPORT = frozenset(
     {
-        "services.workload_scheduler.planner",
-        "services.workload_scheduler.placement",
-        "services.workload_scheduler.box_placement",
-        "services.workload_scheduler.preemption",
-        "services.cell_scheduler.choice",
-        "services.cell_scheduler.quota",
+        "lightpath_services.workload_scheduler.planner",
+        "lightpath_services.workload_scheduler.placement",
+        "lightpath_services.workload_scheduler.box_placement",
+        "lightpath_services.workload_scheduler.preemption",
+        "lightpath_services.cell_scheduler.choice",
+        "lightpath_services.cell_scheduler.quota",
     }
 )
 
 
 def lightpath_service_imports(root: Path) -> list[str]:
-    """Imports of services/ from lightpath/ that rule (d) refuses."""
+    """Imports that rule (d) refuses: of lightpath_services from lightpath, and of a
+    service's non-decision module from the simulator."""
     _, imports = read_imports(root)
     bad = []
     for imp in imports:
-        if imp.importer.split(".")[0] != "lightpath" or imp.target.split(".")[0] != "services":
+        top, target = imp.importer.split(".")[0], imp.target.split(".")
+        if target[0] != SERVICES:
+            continue
+        if top == "lightpath":
+            if not (imp.importer == CLI_SIM and target[:2] == [SERVICES, "sim"]):
+                bad.append(str(imp))
             continue
         in_sim = imp.importer == SIM or imp.importer.startswith(SIM + ".")
-        if not (in_sim and imp.target in SIM_MAY_IMPORT):
+        if in_sim and target[1] != "sim" and imp.target not in SIM_MAY_IMPORT:
             bad.append(str(imp))
     return list(dict.fromkeys(bad))
 
@@ -273,12 +285,12 @@ def test_domain_package_is_pure():
     assert impure_domain_imports(ROOT) == []
 
 
-def test_only_the_simulator_imports_services_and_only_their_decisions():
+def test_the_client_imports_no_server_and_the_simulator_only_decisions():
     assert lightpath_service_imports(ROOT) == []
     _, imports = read_imports(ROOT)
     # the rule is live: the simulator does import the planner
     assert any(
-        i.importer.startswith(SIM) and i.target == "services.workload_scheduler.planner"
+        i.importer.startswith(SIM) and i.target == "lightpath_services.workload_scheduler.planner"
         for i in imports
     )
 
@@ -314,32 +326,32 @@ def _plant(root: Path, files: dict[str, str]) -> None:
 
 
 PLANTED = {
-    "services/__init__.py": "",
-    "services/common/__init__.py": "",
-    "services/common/keys.py": "",
-    "services/alpha/__init__.py": "",
-    "services/alpha/server.py": (
-        "from services.common import keys\n"  # allowed
+    "services/lightpath_services/__init__.py": "",
+    "services/lightpath_services/common/__init__.py": "",
+    "services/lightpath_services/common/keys.py": "",
+    "services/lightpath_services/alpha/__init__.py": "",
+    "services/lightpath_services/alpha/server.py": (
+        "from lightpath_services.common import keys\n"  # allowed
         "def build():\n"
-        "    from services.beta import store\n"  # nested, another service
+        "    from lightpath_services.beta import store\n"  # nested, another service
         "    return store\n"
     ),
-    "services/alpha/loop.py": (
+    "services/lightpath_services/alpha/loop.py": (
         "from . import cycle_b\n"  # relative: alpha.loop -> alpha.cycle_b
     ),
-    "services/alpha/cycle_b.py": "import services.alpha.cycle_c\n",
-    "services/alpha/cycle_c.py": "def f():\n    from services.alpha import loop\n",
-    "services/alpha/typed.py": (
+    "services/lightpath_services/alpha/cycle_b.py": "import lightpath_services.alpha.cycle_c\n",
+    "services/lightpath_services/alpha/cycle_c.py": "def f():\n    from lightpath_services.alpha import loop\n",
+    "services/lightpath_services/alpha/typed.py": (
         "from typing import TYPE_CHECKING\n"
-        "from services.alpha import hinted\n"
+        "from lightpath_services.alpha import hinted\n"
         "if TYPE_CHECKING:\n"
-        "    from services.alpha import typed\n"
+        "    from lightpath_services.alpha import typed\n"
     ),
-    "services/alpha/hinted.py": (
-        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from services.alpha import typed\n"
+    "services/lightpath_services/alpha/hinted.py": (
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from lightpath_services.alpha import typed\n"
     ),
-    "services/beta/__init__.py": "",
-    "services/beta/store.py": "from ..alpha.server import build\n",  # relative, another service
+    "services/lightpath_services/beta/__init__.py": "",
+    "services/lightpath_services/beta/store.py": "from ..alpha.server import build\n",  # relative, another service
     "lightpath/__init__.py": "",
     "lightpath/errors.py": "",
     "lightpath/client.py": "",
@@ -352,17 +364,19 @@ PLANTED = {
         "from lightpath.v1 import common_pb2\nfrom . import ok2\n"
     ),
     "lightpath/domain/ok2.py": "",
-    "lightpath/sim/__init__.py": "",
-    "lightpath/sim/run.py": (
-        "from services.alpha import cycle_b\n"  # allowed only if a decision module
+    "services/lightpath_services/sim/__init__.py": "",
+    "services/lightpath_services/sim/run.py": (
+        "from lightpath_services.alpha import cycle_b\n"  # allowed only if a decision module
     ),
-    "lightpath/tool.py": "from services.alpha.server import build\n",
+    "lightpath/tool.py": "from lightpath_services.alpha.server import build\n",
+    "lightpath/cli/__init__.py": "",
+    "lightpath/cli/sim.py": "def run():\n    from lightpath_services.sim import run\n",  # allowed
     "lightpath/domain/bad.py": (
         "import asyncio\n"
         "def f():\n    import redis.asyncio\n"
         "from lightpath.v1 import ocs_manager_pb2_grpc\n"
         "from grpc import aio\n"
-        "from services.common.keys import ID_RULE\n"
+        "from lightpath_services.common.keys import ID_RULE\n"
         "from lightpath.client import channel\n"
     ),
 }
@@ -371,8 +385,8 @@ PLANTED = {
 def test_checker_finds_planted_cross_service_imports(tmp_path):
     _plant(tmp_path, PLANTED)
     assert sorted(cross_service_imports(tmp_path)) == [
-        "services/alpha/server.py:3 imports services.beta.store",
-        "services/beta/store.py:1 imports services.alpha.server",
+        "services/lightpath_services/alpha/server.py:3 imports lightpath_services.beta.store",
+        "services/lightpath_services/beta/store.py:1 imports lightpath_services.alpha.server",
     ]
 
 
@@ -383,17 +397,17 @@ def test_checker_finds_planted_impure_domain_imports(tmp_path):
         "lightpath/domain/bad.py:3 imports redis.asyncio",
         "lightpath/domain/bad.py:4 imports lightpath.v1.ocs_manager_pb2_grpc",
         "lightpath/domain/bad.py:5 imports grpc",
-        "lightpath/domain/bad.py:6 imports services.common.keys",
+        "lightpath/domain/bad.py:6 imports lightpath_services.common.keys",
         "lightpath/domain/bad.py:7 imports lightpath.client",
     ]
 
 
-def test_checker_finds_planted_service_imports_from_lightpath(tmp_path):
+def test_checker_finds_planted_server_imports_from_the_client(tmp_path):
     _plant(tmp_path, PLANTED)
     assert sorted(lightpath_service_imports(tmp_path)) == [
-        "lightpath/domain/bad.py:6 imports services.common.keys",
-        "lightpath/sim/run.py:1 imports services.alpha.cycle_b",
-        "lightpath/tool.py:1 imports services.alpha.server",
+        "lightpath/domain/bad.py:6 imports lightpath_services.common.keys",
+        "lightpath/tool.py:1 imports lightpath_services.alpha.server",
+        "services/lightpath_services/sim/run.py:1 imports lightpath_services.alpha.cycle_b",
     ]
 
 
@@ -408,15 +422,31 @@ def test_checker_finds_planted_cycles_and_names_their_imports(tmp_path):
     # TYPE_CHECKING-only pair typed <-> hinted is not a cycle.
     assert len(cycles) == 2, cycles
     text = "\n".join(cycles)
-    assert "services/alpha/loop.py:1 imports services.alpha.cycle_b" in text
-    assert "services/alpha/cycle_b.py:1 imports services.alpha.cycle_c" in text
-    assert "services/alpha/cycle_c.py:2 imports services.alpha.loop" in text
-    assert "services/beta/store.py:1 imports services.alpha.server" in text
-    assert "services/alpha/server.py:3 imports services.beta.store" in text
+    assert (
+        "services/lightpath_services/alpha/loop.py:1 imports lightpath_services.alpha.cycle_b"
+        in text
+    )
+    assert (
+        "services/lightpath_services/alpha/cycle_b.py:1 imports lightpath_services.alpha.cycle_c"
+        in text
+    )
+    assert (
+        "services/lightpath_services/alpha/cycle_c.py:2 imports lightpath_services.alpha.loop"
+        in text
+    )
+    assert (
+        "services/lightpath_services/beta/store.py:1 imports lightpath_services.alpha.server"
+        in text
+    )
+    assert (
+        "services/lightpath_services/alpha/server.py:3 imports lightpath_services.beta.store"
+        in text
+    )
     assert "hinted" not in text
     # Counting the imports under TYPE_CHECKING, typed <-> hinted is one more.
     with_annotations = import_cycles(tmp_path, type_checking=True)
     assert len(with_annotations) == 3, with_annotations
     assert any(
-        _members(c) == {"services.alpha.typed", "services.alpha.hinted"} for c in with_annotations
+        _members(c) == {"lightpath_services.alpha.typed", "lightpath_services.alpha.hinted"}
+        for c in with_annotations
     )

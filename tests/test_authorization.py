@@ -1,7 +1,7 @@
 """Who may call what, over real gRPC, TLS and Redis (issue: security).
 
 The table walk takes every method of every service descriptor, so a new RPC
-cannot be served without its row in services/common/policy.py: anonymous
+cannot be served without its row in services/lightpath_services/common/policy.py: anonymous
 callers are UNAUTHENTICATED (but for GetInfo), every principal whose role the
 row does not name is PERMISSION_DENIED naming the role, and every principal it
 names gets past the guard. The services run here with server-only TLS and
@@ -43,7 +43,7 @@ from lightpath.v1 import (
 )
 from lightpath.v1 import cell_scheduler_pb2 as cs
 from lightpath.v1 import ocs_manager_pb2 as om
-from services.common.policy import RULES, rule_for
+from lightpath_services.common.policy import RULES, rule_for
 from tests.cell_scheduler.conftest import cell_stack
 from tests.helpers import credentials, identity, serve, test_ca
 

@@ -337,7 +337,7 @@ def test_one_spelling_per_value_in_the_cli_and_the_console():
     from lightpath.cli._common import short_name
     from lightpath.sdk.cell import job_state, state_name
     from lightpath.v1 import agg_switch_pb2, cell_scheduler_pb2, common_pb2
-    from services.console.views import enum_name
+    from lightpath_services.console.views import enum_name
 
     for enum, prefix in (
         (common_pb2.JobState, "JOB_STATE_"),

@@ -12,12 +12,12 @@ import pytest
 import yaml
 
 from lightpath.stack import deployed_topology, process_env
-from services.common.settings import describe, load
+from lightpath_services.common.settings import describe, load
 from tests.helpers import settings_class
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = yaml.safe_load((ROOT / "deploy" / "docker-compose.yml").read_text())
-SCRIPTS = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+SCRIPTS = tomllib.loads((ROOT / "services" / "pyproject.toml").read_text())["project"]["scripts"]
 SPECS = {s.name: s for s in deployed_topology()}
 
 
@@ -30,7 +30,7 @@ def test_the_console_is_a_client_of_the_services_with_its_own_certificate():
     service it shows by its compose name, holds no Redis setting, serves HTTPS with its own
     certificate and is published on the host's loopback only."""
     from lightpath.stack import CONSOLE_PORT, console_env
-    from services.console.settings import ConsoleSettings
+    from lightpath_services.console.settings import ConsoleSettings
 
     svc = COMPOSE["services"]["console"]
     env = {k: str(v) for k, v in svc["environment"].items()}
@@ -53,7 +53,7 @@ def test_the_console_is_a_client_of_the_services_with_its_own_certificate():
     assert svc["ports"] == [f"127.0.0.1:{CONSOLE_PORT}:{CONSOLE_PORT}"]
     assert settings.anonymous == "read"  # said outright: the host's loopback only sees it
     assert svc["command"] == ["lightpath-console"]
-    assert SCRIPTS["lightpath-console"] == "services.console.__main__:main"
+    assert SCRIPTS["lightpath-console"] == "lightpath_services.console.__main__:main"
     assert "console_health" in svc["healthcheck"]["test"][-1]
 
 
@@ -70,8 +70,8 @@ def test_service_matches_code(name):
     spec, svc = SPECS[name], COMPOSE["services"][name]
     # the command is a console script that runs this service's __main__
     (script,) = svc["command"]
-    assert SCRIPTS[script] == f"services.{spec.service}.__main__:main"
-    assert (ROOT / "services" / spec.service / "__main__.py").exists()
+    assert SCRIPTS[script] == f"lightpath_services.{spec.service}.__main__:main"
+    assert (ROOT / "services" / "lightpath_services" / spec.service / "__main__.py").exists()
     # every variable it sets is read by the service's settings, and parses
     env = {k: str(v) for k, v in svc["environment"].items()}
     known = {d.env for d in describe(settings_class(spec.service))}
@@ -198,7 +198,8 @@ def test_dockerfile_installs_only_the_locked_versions_and_checks_them():
         for part in run[4:].split("&&")
         if "pip install" in part
     ]
-    # from the host-filled wheelhouse only (no index: the build has no network)
+    # from the host-filled wheelhouse only (no index: the build has no network); then
+    # both distributions, the client (.) and the services (./services)
     assert installs == [
         "pip install --no-index --find-links /wheels --no-deps "
         "-r requirements.lock -r /wheels/interpreter.lock",

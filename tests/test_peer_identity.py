@@ -21,7 +21,7 @@ from lightpath.v1 import cell_scheduler_pb2_grpc, ocs_manager_pb2_grpc
 from lightpath.v1 import common_pb2 as c
 from lightpath.v1 import ocs_manager_pb2 as ocs
 from lightpath.v1 import workload_scheduler_pb2 as ws
-from services.console.backends import Backends
+from lightpath_services.console.backends import Backends
 from tests.helpers import credentials, identity, serve
 
 

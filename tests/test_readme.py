@@ -11,7 +11,7 @@ from urllib.parse import urlparse
 
 import pytest
 
-from services.common.settings import describe
+from lightpath_services.common.settings import describe
 from tests.helpers import SERVICES, settings_class
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -109,7 +109,7 @@ def test_every_setting_is_in_the_configuration_table(service):
 
 
 def test_every_console_setting_is_in_the_configuration_table():
-    from services.console.settings import ConsoleSettings
+    from lightpath_services.console.settings import ConsoleSettings
 
     for doc in describe(ConsoleSettings):
         assert f"`{doc.env}`" in CONFIGURATION, (

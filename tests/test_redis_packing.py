@@ -1,4 +1,4 @@
-"""lightpath.redis_packing: commands hiredis packs as they are must be the bytes redis-py
+"""lightpath_services.common.redis_packing: commands hiredis packs as they are must be the bytes redis-py
 would have sent (issue 34: the SONiC driver's and emulator's connections)."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from redis.asyncio.connection import Connection
 
-from lightpath.redis_packing import HiredisPackedConnection
+from lightpath_services.common.redis_packing import HiredisPackedConnection
 
 CASES = [
     ("HSET", "OCS_CROSS_CONNECT|1A-2B", "a_side", "1A", "b_side", "2B"),

@@ -66,7 +66,7 @@ SEED_OF_REFERENCE = {
     ("protos/lightpath/v1/ocs_manager.proto", "¶54"): "002",
     ("lightpath/v1/ocs_manager_pb2.pyi", "Fig. 7"): "002",
     ("lightpath/v1/ocs_manager_pb2.pyi", "¶54"): "002",
-    ("services/workload_scheduler/planner.py", "¶57"): "002",
+    ("services/lightpath_services/workload_scheduler/planner.py", "¶57"): "002",
 }
 
 SEED_NAME = re.compile(r"\bseeds?\s+(00[0-4])\b|\b(00[0-4])(?:'s)?\s+(?=Fig)", re.I)
@@ -277,7 +277,7 @@ def test_nothing_points_outside_the_repository():
     ("rel", "text", "expected"),
     [
         ("services/x.py", "(seed 002 ¶28-30, ¶38)", {("002", f"¶{n}") for n in (28, 29, 30, 38)}),
-        ("services/core_broker/d.py", "priority (CB-3, ¶34)", {("001", "¶34")}),
+        ("services/lightpath_services/core_broker/d.py", "priority (CB-3, ¶34)", {("001", "¶34")}),
         (
             "tests/x.py",
             '"""seed 001 Fig. 2-3."""' + "\n" * 21 + "# ¶47, Fig. 2A",

@@ -27,8 +27,8 @@ from lightpath.security.identity import (
 from lightpath.security.pki import LocalCA
 from lightpath.security.tokens import KEY, PREFIX, TokenRegistry, _digest
 from lightpath.v1 import cell_scheduler_pb2, cell_scheduler_pb2_grpc
-from services.agg_switch.command import NO_TENANT as AGG_NO_TENANT
-from services.cell_scheduler.request import tenant_of
+from lightpath_services.agg_switch.command import NO_TENANT as AGG_NO_TENANT
+from lightpath_services.cell_scheduler.request import tenant_of
 from tests.helpers import credentials, serve
 
 NAMES = sorted({*RESERVED_TENANTS, *(n.upper() for n in RESERVED_TENANTS), "Default"})

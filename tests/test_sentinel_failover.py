@@ -17,8 +17,8 @@ import pytest
 import redis.asyncio as aioredis
 
 from lightpath import redis_url
-from services.common.errors import Unavailable
-from services.common.txn import Durability, Txn, require_replicas
+from lightpath_services.common.errors import Unavailable
+from lightpath_services.common.txn import Durability, Txn, require_replicas
 from tests.common.test_txn import PROGRAM
 from tests.failover_history import durability_env, failovers_under_load, rig
 from tests.redis_topologies import PASSWORD, redis_sentinel, with_password

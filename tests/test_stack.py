@@ -95,7 +95,7 @@ def test_up_serves_every_service_and_ctrl_c_leaves_nothing_behind(tmp_path):
         names = " ".join(" ".join(c.cmdline()) for c in children)
         # every service, and the web console (issue 21), each its own process
         assert "redis-server" in names and names.count("services.") == len(default_topology()) + 1
-        assert "services.console" in names
+        assert "lightpath_services.console" in names
         assert status["console"]["url"] == state["console"]
         assert state["console"].startswith("https://127.0.0.1:")
         assert status["console"]["health"] == "SERVING"

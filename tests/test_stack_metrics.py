@@ -27,7 +27,7 @@ from lightpath.stack import (
     health_status,
     with_ephemeral_ports,
 )
-from services.common.metric_names import ALL
+from lightpath_services.common.metric_names import ALL
 from tests.common.test_metrics import samples, value
 
 # One stack for the module: its tests share a worker (else each worker starts its own).
@@ -186,7 +186,7 @@ def test_domain_metrics_move_with_the_work(stack):
     from lightpath.v1 import common_pb2 as c
     from lightpath.v1 import core_broker_pb2 as cb
     from lightpath.v1 import workload_scheduler_pb2 as ws
-    from services.common.metric_names import prometheus_name
+    from lightpath_services.common.metric_names import prometheus_name
 
     urls = stack.metrics_endpoints
 

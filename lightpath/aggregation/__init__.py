@@ -1,4 +1,4 @@
-"""In-network aggregation, the parts the switches (services/agg_switch) and
+"""In-network aggregation, the parts the switches (services/lightpath_services/agg_switch) and
 the compute nodes share:
 
     maths.py  the arithmetic: dtypes, ops, order policies, reductions, folds,

@@ -25,7 +25,7 @@ One `ShmDomain` per switch process or compute node owns:
 
 Names never repeat, so a cached mapping never aliases another buffer. Who
 may reuse a buffer when is decided by the users of a domain (the switch's
-`services.agg_switch.transport`, the SDK in `lightpath.aggregation.node`).
+`lightpath_services.agg_switch.transport`, the SDK in `lightpath.aggregation.node`).
 
 Linux only (/dev/shm); elsewhere `ShmDomain.create` returns None and peers
 use the bytes path.

@@ -4,7 +4,7 @@
 
 Reads `<state dir>/audit/*.jsonl` (or --file), also when the stack is stopped,
 merges the files by time and filters them; each line is one entry written by
-services.common.audit (docs/security.md says what an entry holds).
+lightpath_services.common.audit (docs/security.md says what an entry holds).
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from lightpath.cli._common import add_json_flag, print_json, table, wants_json
+from lightpath.stack import services_missing
 
 MODEL = """\
 the model (docs/sim.md):
@@ -159,8 +160,8 @@ def _fail(message: str) -> int:
 
 
 def _load_jobs(args: argparse.Namespace):
-    from lightpath.sim.engine import pod_fabric
-    from lightpath.sim.workload import Generator, TraceError, read_trace
+    from lightpath_services.sim.engine import pod_fabric
+    from lightpath_services.sim.workload import Generator, TraceError, read_trace
 
     fabric = pod_fabric("pod-0")
     if getattr(args, "trace", None) is not None:
@@ -190,7 +191,7 @@ def _load_jobs(args: argparse.Namespace):
 
 
 def _config(args: argparse.Namespace):
-    from lightpath.sim.engine import Failures, SimConfig
+    from lightpath_services.sim.engine import Failures, SimConfig
 
     failures = None
     if args.availability:
@@ -201,7 +202,7 @@ def _config(args: argparse.Namespace):
         raise SystemExit(_fail("--restart-s and --reconfig-s must be >= 0"))
     quotas: tuple = ()
     if getattr(args, "quotas", None) is not None:
-        from lightpath.sim.quotas import load_quotas
+        from lightpath_services.sim.quotas import load_quotas
 
         if args.half_life_h <= 0:
             raise SystemExit(_fail("--half-life-h must be > 0"))
@@ -221,7 +222,7 @@ def _config(args: argparse.Namespace):
 
 
 def _policies(raw: str) -> list[str]:
-    from lightpath.sim.engine import POLICIES
+    from lightpath_services.sim.engine import POLICIES
 
     names = [p.strip() for p in raw.split(",") if p.strip()]
     unknown = [p for p in names if p not in POLICIES]
@@ -233,8 +234,8 @@ def _policies(raw: str) -> list[str]:
 
 
 def _report(args: argparse.Namespace, results, summaries, extra) -> int:
-    from lightpath.sim.compare import table as rows_of
-    from lightpath.sim.compare import write_outputs
+    from lightpath_services.sim.compare import table as rows_of
+    from lightpath_services.sim.compare import write_outputs
 
     written = []
     if args.out is not None:
@@ -277,10 +278,12 @@ def _report(args: argparse.Namespace, results, summaries, extra) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    if missing := services_missing("the simulator"):
+        return _fail(missing)
     from dataclasses import replace
 
-    from lightpath.sim.compare import run_many
-    from lightpath.sim.engine import DEFAULT_POLICY
+    from lightpath_services.sim.compare import run_many
+    from lightpath_services.sim.engine import DEFAULT_POLICY
 
     names = _policies(args.policy or DEFAULT_POLICY)
     if len(names) != 1:
@@ -292,7 +295,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from lightpath.sim.compare import run_many
+    if missing := services_missing("the simulator"):
+        return _fail(missing)
+    from lightpath_services.sim.compare import run_many
 
     names = _policies(args.policies)
     jobs, extra = _load_jobs(args)
@@ -303,7 +308,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from lightpath.sim.workload import write_trace
+    if missing := services_missing("the simulator"):
+        return _fail(missing)
+    from lightpath_services.sim.workload import write_trace
 
     args.trace = None
     jobs, _ = _load_jobs(args)

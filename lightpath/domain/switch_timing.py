@@ -1,7 +1,7 @@
 """How a MEMS optical circuit switch settles, and what its power monitors read (issue 34).
 
-Pure: the switch model shared by the reference switch agent (services/switch_agent)
-and the emulators of real switches' interfaces (services/switch_emulators).
+Pure: the switch model shared by the reference switch agent (services/lightpath_services/switch_agent)
+and the emulators of real switches' interfaces (services/lightpath_services/switch_emulators).
 """
 
 from __future__ import annotations

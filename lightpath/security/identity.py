@@ -34,7 +34,7 @@ APPLICATION = "application"
 NODE = "node"
 KINDS = (SERVICE, OPERATOR, TENANT, APPLICATION, NODE)
 
-# One name segment: what Lightpath ids allow (services.common.keys), so a
+# One name segment: what Lightpath ids allow (lightpath_services.common.keys), so a
 # principal's name can be a tenant, pod, node or application id as it is.
 _SEGMENT = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 
@@ -155,8 +155,8 @@ def service_principal(service: str, scope: str = "") -> Principal:
     return Principal(SERVICE, f"{service}/{scope}" if scope else service)
 
 
-# The web console (services/console, issue 21): a service identity, because it serves
-# HTTPS with its certificate, whose policy rows are reads only (services.common.policy):
+# The web console (services/lightpath_services/console, issue 21): a service identity, because it serves
+# HTTPS with its certificate, whose policy rows are reads only (lightpath_services.common.policy):
 # a read-only operator. A viewer who signs in has their own token forwarded instead.
 CONSOLE_SERVICE = "console"
 

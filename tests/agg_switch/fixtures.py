@@ -5,14 +5,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from lightpath.aggregation.maths import DType, Op, OrderPolicy, Trigger
-from services.agg_switch.command import (
+from lightpath_services.agg_switch.command import (
     CommandRequest,
     CommandSpec,
     SlotPolicy,
     TaStrategy,
     new_command,
 )
-from services.agg_switch.topology import NodeKind, NodeSpec, Topology, validate_topology
+from lightpath_services.agg_switch.topology import NodeKind, NodeSpec, Topology, validate_topology
 
 S, C, D = NodeKind.SWITCH, NodeKind.COMPUTE, NodeKind.DEDICATED
 

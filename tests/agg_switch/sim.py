@@ -15,9 +15,9 @@ import numpy as np
 
 from lightpath.aggregation import wire
 from lightpath.aggregation.maths import Kind, NodeCommand, Packet, chunk_bounds
-from services.agg_switch.command import CommandPlan, CommandSpec, plan_command
-from services.agg_switch.switch import CommandReport, Effects, Event, Failure, SwitchCore
-from services.agg_switch.topology import NodeKind, Topology
+from lightpath_services.agg_switch.command import CommandPlan, CommandSpec, plan_command
+from lightpath_services.agg_switch.switch import CommandReport, Effects, Event, Failure, SwitchCore
+from lightpath_services.agg_switch.topology import NodeKind, Topology
 
 
 @dataclass(frozen=True)

@@ -23,8 +23,8 @@ from lightpath.aggregation.node import ComputeNode, aggregate_all
 from lightpath.client import channel, error_report
 from lightpath.errors import Aborted, InvalidArgument
 from lightpath.v1 import agg_switch_pb2 as pb
-from services.agg_switch.command import plan_command
-from services.agg_switch.switch import NOT_CORRECTED, SwitchCore
+from lightpath_services.agg_switch.command import plan_command
+from lightpath_services.agg_switch.switch import NOT_CORRECTED, SwitchCore
 from tests.agg_switch.fixtures import command, two_switch_cluster
 from tests.agg_switch.test_contract import FIVE, expect_error, straggle, vectors, wait_for
 from tests.agg_switch.tree import agg_tree, node_credentials, stack_tree

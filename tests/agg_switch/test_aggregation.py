@@ -23,7 +23,7 @@ from lightpath.aggregation.maths import (
 )
 from lightpath.errors import FailedPrecondition, InvalidArgument
 from lightpath.v1 import agg_switch_pb2 as pb
-from services.agg_switch.command import (
+from lightpath_services.agg_switch.command import (
     TaStrategy,
     choose_timeout_aggregator,
     eligible_candidates,

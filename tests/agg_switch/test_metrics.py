@@ -12,8 +12,8 @@ from prometheus_client import CollectorRegistry
 
 from lightpath.aggregation.node import ComputeNode, aggregate_all
 from lightpath.v1 import agg_switch_pb2 as pb
-from services.agg_switch import server as agg_server
-from services.agg_switch.metrics import AggMetrics
+from lightpath_services.agg_switch import server as agg_server
+from lightpath_services.agg_switch.metrics import AggMetrics
 from tests.agg_switch.test_contract import FIVE, straggle, vectors
 from tests.agg_switch.tree import agg_tree, node_credentials, stack_tree
 from tests.metrics_reader import assert_listed, install, points, until, value

@@ -9,8 +9,8 @@ import numpy as np
 from hypothesis import given, settings
 
 from lightpath.aggregation.maths import Kind, Packet
-from services.agg_switch.command import SlotPolicy, plan_command
-from services.agg_switch.switch import SwitchCore
+from lightpath_services.agg_switch.command import SlotPolicy, plan_command
+from lightpath_services.agg_switch.switch import SwitchCore
 from tests.agg_switch.fixtures import command, two_switch_cluster
 from tests.agg_switch.sim import Simulation
 from tests.agg_switch.test_properties import run, scenarios

@@ -17,8 +17,8 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from lightpath.aggregation.maths import DType, Op, OrderPolicy, Reduction, Trigger
-from services.agg_switch.command import CommandPlan, CommandSpec, SlotPolicy, plan_command
-from services.agg_switch.topology import NodeSpec, Topology, validate_topology
+from lightpath_services.agg_switch.command import CommandPlan, CommandSpec, SlotPolicy, plan_command
+from lightpath_services.agg_switch.topology import NodeSpec, Topology, validate_topology
 from tests.agg_switch.fixtures import C, D, S, command
 from tests.agg_switch.sim import Simulation
 

@@ -14,7 +14,7 @@ from lightpath.aggregation.maths import DType, Kind, Packet
 from lightpath.aggregation.node import aggregate_all
 from lightpath.client import error_report
 from lightpath.v1 import agg_switch_pb2 as pb
-from services.common.keys import tree_key
+from lightpath_services.common.keys import tree_key
 from tests.agg_switch.tree import TREE, agg_tree, node_credentials, stack_tree
 from tests.helpers import credentials
 

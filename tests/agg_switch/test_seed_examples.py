@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from lightpath.aggregation.maths import Kind
-from services.agg_switch.command import plan_command, predict_stragglers
+from lightpath_services.agg_switch.command import plan_command, predict_stragglers
 from tests.agg_switch.fixtures import (
     HISTORY_LATENESS,
     HPCC_COMPUTE,

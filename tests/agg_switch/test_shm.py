@@ -24,7 +24,7 @@ from lightpath.aggregation.shm import SHM_DIR, Hello, ShmDomain, ShmError, sweep
 from lightpath.client import channel
 from lightpath.v1 import agg_switch_pb2 as pb
 from lightpath.v1 import common_pb2
-from services.agg_switch.transport import Buffers
+from lightpath_services.agg_switch.transport import Buffers
 from tests.agg_switch.test_contract import FIVE, expect_error, straggle, vectors, wait_for
 from tests.agg_switch.tree import agg_tree, node_credentials, stack_tree
 

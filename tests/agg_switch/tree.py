@@ -15,7 +15,7 @@ from lightpath.client import channel
 from lightpath.security.credentials import Credentials
 from lightpath.v1 import agg_switch_pb2 as pb
 from lightpath.v1 import agg_switch_pb2_grpc
-from services.common.server import RunningService
+from lightpath_services.common.server import RunningService
 from tests.helpers import credentials, serve
 
 TREE = "tree-1"
@@ -157,8 +157,8 @@ async def agg_tree(
             )
         t = Tree(running)
         # Each switch registers its address as it starts.
-        from services.common import redis_store
-        from services.common.keys import tree_key
+        from lightpath_services.common import redis_store
+        from lightpath_services.common.keys import tree_key
 
         r = redis_store.connect(redis_url)  # one server, a cluster or a sentinel set
         try:

@@ -4,9 +4,9 @@ figures corrected by what the cell assumes since (pure functions over the report
 from __future__ import annotations
 
 from lightpath.v1 import cell_scheduler_pb2 as cs
-from services.cell_scheduler.choice import PodCapacityView, chips_key
-from services.cell_scheduler.pods import capacity_view, reported_chips
-from services.cell_scheduler.store import RegistrySnapshot
+from lightpath_services.cell_scheduler.choice import PodCapacityView, chips_key
+from lightpath_services.cell_scheduler.pods import capacity_view, reported_chips
+from lightpath_services.cell_scheduler.store import RegistrySnapshot
 
 
 def snap(free: dict[str, int], held: dict[str, int] | None = None) -> RegistrySnapshot:

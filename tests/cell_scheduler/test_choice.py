@@ -7,7 +7,7 @@ from collections import Counter
 from hypothesis import given
 from hypothesis import strategies as st
 
-from services.cell_scheduler.choice import (
+from lightpath_services.cell_scheduler.choice import (
     FITS,
     PREEMPTS,
     JobDemand,

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from services.cell_scheduler.demand import (
+from lightpath_services.cell_scheduler.demand import (
     chips_needed,
     compact_grid,
     derive_shape,

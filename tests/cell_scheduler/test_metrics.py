@@ -8,8 +8,8 @@ from prometheus_client import CollectorRegistry
 
 from lightpath.v1 import cell_scheduler_pb2 as cs
 from lightpath.v1 import common_pb2 as c
-from services.cell_scheduler import server as cell_server
-from services.cell_scheduler.metrics import CellMetrics
+from lightpath_services.cell_scheduler import server as cell_server
+from lightpath_services.cell_scheduler.metrics import CellMetrics
 from tests.cell_scheduler.conftest import cell_stack
 from tests.metrics_reader import assert_listed, install, points, value
 

@@ -9,8 +9,8 @@ import grpc
 import pytest
 
 from lightpath.errors import WIRING_FAILED, LightpathError, ResourceExhausted, Unavailable
-from services.cell_scheduler.podclient import PodRefused, PodUnreachable, classify
-from services.common.errors import to_status_proto
+from lightpath_services.cell_scheduler.podclient import PodRefused, PodUnreachable, classify
+from lightpath_services.common.errors import to_status_proto
 
 
 def answer(err: LightpathError | None, code: grpc.StatusCode) -> grpc.aio.AioRpcError:

@@ -7,7 +7,7 @@ import math
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.cell_scheduler.quota import (
+from lightpath_services.cell_scheduler.quota import (
     Quota,
     QuotaBook,
     RunningJob,

@@ -179,8 +179,8 @@ async def test_a_tenant_sees_its_own_quota_and_usage_only(cell1: Cell):
 
 
 def test_quota_changes_are_audited_naming_the_tenant():
-    from services.common.audit import resources_of
-    from services.common.policy import RULES
+    from lightpath_services.common.audit import resources_of
+    from lightpath_services.common.policy import RULES
 
     for method in ("SetQuota", "DeleteQuota"):
         assert RULES[f"/lightpath.v1.CellScheduler/{method}"].audit

@@ -11,8 +11,8 @@ import redis.asyncio as aioredis
 from lightpath.v1 import cell_scheduler_pb2 as cs
 from lightpath.v1 import common_pb2 as c
 from lightpath.v1 import workload_scheduler_pb2 as ws
-from services.cell_scheduler.request import PodModel, resolve
-from services.cell_scheduler.store import CellStore, b64
+from lightpath_services.cell_scheduler.request import PodModel, resolve
+from lightpath_services.cell_scheduler.store import CellStore, b64
 
 RUNNING = c.JOB_STATE_RUNNING
 

@@ -8,8 +8,8 @@ from lightpath.errors import InvalidArgument
 from lightpath.v1 import cell_scheduler_pb2 as cs
 from lightpath.v1 import common_pb2 as c
 from lightpath.v1 import workload_scheduler_pb2 as ws
-from services.cell_scheduler.choice import chips_key
-from services.cell_scheduler.request import (
+from lightpath_services.cell_scheduler.choice import chips_key
+from lightpath_services.cell_scheduler.request import (
     PodModel,
     check_request,
     no_pod_can_host,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.cell_scheduler.store import (
+from lightpath_services.cell_scheduler.store import (
     CHANGED,
     STALE,
     UNKNOWN_POD,
@@ -398,7 +398,7 @@ async def _claim(store: CellStore, job: str, tenant: str, quota=None, chips=64) 
 
 
 async def test_a_charge_holds_from_the_claim_to_the_end_on_every_path(store):
-    from services.cell_scheduler.quotas import QuotaState
+    from lightpath_services.cell_scheduler.quotas import QuotaState
 
     await _claim(store, "a", "acme")
     await _claim(store, "b", "acme")
@@ -425,9 +425,9 @@ async def test_a_charge_holds_from_the_claim_to_the_end_on_every_path(store):
 
 
 async def test_claims_expect_what_their_decision_knew_of_the_quota(store):
-    from services.cell_scheduler.quota import Quota
-    from services.cell_scheduler.quotas import QuotaState, to_json
-    from services.cell_scheduler.store import QUOTA
+    from lightpath_services.cell_scheduler.quota import Quota
+    from lightpath_services.cell_scheduler.quotas import QuotaState, to_json
+    from lightpath_services.cell_scheduler.store import QUOTA
 
     before = QuotaState.of(await store.quota_rows())
     await store.put_quota("acme", to_json(Quota("acme", {"tpu": 128})), before.version)

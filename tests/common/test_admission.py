@@ -14,11 +14,11 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from lightpath.client import channel, error_report
 from lightpath.security.identity import Principal, service_principal
 from lightpath.v1 import common_pb2
-from services.common.admission import OVERLOADED, Admission, exempt_principal, sheddable
-from services.common.errors import ResourceExhausted
-from services.common.policy import RULES, read
-from services.common.server import ServiceDefinition, running
-from services.common.settings import CommonSettings, SettingsError, load
+from lightpath_services.common.admission import OVERLOADED, Admission, exempt_principal, sheddable
+from lightpath_services.common.errors import ResourceExhausted
+from lightpath_services.common.policy import RULES, read
+from lightpath_services.common.server import ServiceDefinition, running
+from lightpath_services.common.settings import CommonSettings, SettingsError, load
 from tests.helpers import credentials, tls_env
 
 # -- the limiter ---------------------------------------------------------------
@@ -414,7 +414,7 @@ async def test_a_service_flooded_with_new_work_still_serves_the_calls_that_end_w
 
 
 def test_retry_delays_grow_with_the_share_of_recent_calls_refused():
-    from services.common.admission import RefusalRate
+    from lightpath_services.common.admission import RefusalRate
 
     now = [0.0]
     rate = RefusalRate(window_s=2.0, clock=lambda: now[0])

@@ -19,10 +19,10 @@ from lightpath.client import channel, error_report, retry_service_config
 from lightpath.embedded_redis import EmbeddedRedis
 from lightpath.security.identity import service_principal
 from lightpath.v1 import cell_scheduler_pb2, cell_scheduler_pb2_grpc, common_pb2
-from services.common.errors import ResourceExhausted, Unavailable
-from services.common.policy import RULES, read
-from services.common.server import ServiceDefinition, running
-from services.common.settings import CommonSettings, SettingsError, load
+from lightpath_services.common.errors import ResourceExhausted, Unavailable
+from lightpath_services.common.policy import RULES, read
+from lightpath_services.common.server import ServiceDefinition, running
+from lightpath_services.common.settings import CommonSettings, SettingsError, load
 from tests.helpers import credentials, serve, tls_env
 from tests.test_bad_input import MODULES, MODULES_BY_FILE
 

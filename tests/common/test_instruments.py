@@ -1,5 +1,5 @@
-"""services.common.instruments: the services' metrics straight into prometheus_client, one
-path per metric, by the names and labels services.common.metric_names lists."""
+"""lightpath_services.common.instruments: the services' metrics straight into prometheus_client, one
+path per metric, by the names and labels lightpath_services.common.metric_names lists."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from lightpath import telemetry
-from services.common import instruments
-from services.common.instruments import PrometheusMeter
+from lightpath_services.common import instruments
+from lightpath_services.common.instruments import PrometheusMeter
 
 
 def _samples(registry: CollectorRegistry) -> dict[tuple[str, tuple], float]:

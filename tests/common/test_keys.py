@@ -4,7 +4,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from services.common.keys import cell_key, hash_tag, is_valid_id, pod_key, tenant_key, validate_id
+from lightpath_services.common.keys import (
+    cell_key,
+    hash_tag,
+    is_valid_id,
+    pod_key,
+    tenant_key,
+    validate_id,
+)
 
 ids = st.from_regex(r"[A-Za-z0-9._-]{1,64}", fullmatch=True)
 

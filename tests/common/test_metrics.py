@@ -1,4 +1,4 @@
-"""Metrics (issue 18): the Prometheus names of services.common.metric_names are the ones
+"""Metrics (issue 18): the Prometheus names of lightpath_services.common.metric_names are the ones
 the exporter really produces, a service's scrape endpoint serves the common metrics
 and they move (an RPC, a refused call, Redis commands and errors, a background task
 restarting), and the console exporters stay out of the log stream."""
@@ -20,10 +20,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from lightpath.telemetry import configure_metrics, configure_tracing
 from lightpath.v1 import common_pb2, core_broker_pb2, core_broker_pb2_grpc
-from services.common import metric_names, redis_store
-from services.common.instruments import PrometheusMeter
-from services.common.metric_names import COUNTER, GAUGE, HISTOGRAM
-from services.common.settings import CommonSettings, SettingsError, load
+from lightpath_services.common import metric_names, redis_store
+from lightpath_services.common.instruments import PrometheusMeter
+from lightpath_services.common.metric_names import COUNTER, GAUGE, HISTOGRAM
+from lightpath_services.common.settings import CommonSettings, SettingsError, load
 from tests.metrics_probe import FAIL_KEY, TASK
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -12,8 +12,8 @@ import pytest
 from lightpath.client import channel, service_stub
 from lightpath.embedded_redis import EmbeddedRedis
 from lightpath.v1 import common_pb2
-from services.common.errors import Unavailable
-from services.common.settings import SettingsError
+from lightpath_services.common.errors import Unavailable
+from lightpath_services.common.settings import SettingsError
 from tests.helpers import serve
 
 PASSWORD = "s3cret with spaces/and:colons"
@@ -61,7 +61,7 @@ async def test_without_the_password_the_service_says_so_at_start(locked_redis, t
 
 
 def test_redis_url_schemes_are_checked():
-    from services.common.settings import CommonSettings, load
+    from lightpath_services.common.settings import CommonSettings, load
 
     assert load(CommonSettings, {"LIGHTPATH_REDIS_URL": "rediss://:pw@redis:6380/0"}).redis_url
     with pytest.raises(SettingsError, match="LIGHTPATH_REDIS_URL"):

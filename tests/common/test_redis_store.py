@@ -6,8 +6,8 @@ from __future__ import annotations
 import asyncio
 
 from lightpath.embedded_redis import EmbeddedRedis
-from services.common import redis_store
-from services.common.keys import pod_key
+from lightpath_services.common import redis_store
+from lightpath_services.common.keys import pod_key
 
 
 async def test_client_survives_a_redis_restart_and_aof_keeps_the_data(tmp_path):

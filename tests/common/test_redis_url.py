@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from lightpath.redis_url import parse
-from services.common.settings import CommonSettings, SettingsError, load
+from lightpath_services.common.settings import CommonSettings, SettingsError, load
 
 
 @pytest.mark.parametrize(
@@ -64,7 +64,7 @@ def test_a_wrong_url_is_refused_at_start_naming_the_setting_and_rule(url, rule):
 def test_commits_waiting_for_replicas_are_refused_on_a_redis_cluster():
     """WAIT counts one node's replicas (issue 32): the setting is for one server or
     Sentinel, and a cluster URL with it fails at start saying what to do instead."""
-    from services.common import redis_store
+    from lightpath_services.common import redis_store
 
     cluster = {
         "LIGHTPATH_REDIS_URL": "redis+cluster://h1:7000",
@@ -82,7 +82,7 @@ def test_commits_waiting_for_replicas_are_refused_on_a_redis_cluster():
             "LIGHTPATH_REDIS_COMMIT_TIMEOUT_MS": "250",
         },
     )
-    from services.common.txn import Durability, durability_of
+    from lightpath_services.common.txn import Durability, durability_of
 
     client = redis_store.connect_with(sentinel)  # connects lazily
     assert durability_of(client) == Durability(2, 250)

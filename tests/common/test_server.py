@@ -26,11 +26,11 @@ from lightpath.security.credentials import Credentials
 from lightpath.security.identity import service_principal
 from lightpath.stack import health_status
 from lightpath.v1 import common_pb2
-from services.common.errors import FailedPrecondition, InvalidArgument, NotFound
-from services.common.policy import RULES, read
-from services.common.server import ServiceDefinition, running
-from services.common.settings import CommonSettings, load
-from services.common.telemetry import JsonFormatter, TraceContextFilter
+from lightpath_services.common.errors import FailedPrecondition, InvalidArgument, NotFound
+from lightpath_services.common.policy import RULES, read
+from lightpath_services.common.server import ServiceDefinition, running
+from lightpath_services.common.settings import CommonSettings, load
+from lightpath_services.common.telemetry import JsonFormatter, TraceContextFilter
 from tests.helpers import SERVICES, serve, tls_env
 
 FULL_NAMES = {
@@ -390,7 +390,7 @@ def _run_service_process(
         **extra_env,
     }
     proc = subprocess.Popen(
-        [sys.executable, "-m", "services.core_broker"],
+        [sys.executable, "-m", "lightpath_services.core_broker"],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.common.settings import (
+from lightpath_services.common.settings import (
     CommonSettings,
     Id,
     SettingsError,
@@ -74,7 +74,7 @@ def test_every_service_has_its_own_default_port_and_common_settings(service):
 
 
 def test_service_main_exits_2_naming_the_variable(capsys, monkeypatch):
-    from services.ocs_manager.__main__ import main
+    from lightpath_services.ocs_manager.__main__ import main
 
     monkeypatch.setenv("LIGHTPATH_POD_ID", "bad pod")
     with pytest.raises(SystemExit) as exit_info:
@@ -124,7 +124,7 @@ def test_a_bad_value_in_the_environment_names_the_variable_value_and_rule(
 
 def test_variable_names_are_exact_and_values_raw():
     """LIGHTPATH_* only in capitals (as before), a list setting is not read as JSON."""
-    from services.console.settings import ConsoleSettings
+    from lightpath_services.console.settings import ConsoleSettings
 
     assert load(CommonSettings, {"lightpath_log_level": "debug"}).log_level == "info"
     s = load(ConsoleSettings, {"LIGHTPATH_CONSOLE_OCS_ADDRS": "pod-1=127.0.0.1:1"})

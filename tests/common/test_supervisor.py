@@ -13,9 +13,9 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from lightpath.client import channel
-from services.common import supervisor
-from services.common.server import running
-from services.common.supervisor import Supervisor, TaskState
+from lightpath_services.common import supervisor
+from lightpath_services.common.server import running
+from lightpath_services.common.supervisor import Supervisor, TaskState
 from tests.common.test_server import PROBE, _probe_definition, _settings
 
 log = logging.getLogger("test.supervisor")

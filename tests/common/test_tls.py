@@ -15,8 +15,8 @@ from lightpath.client import channel
 from lightpath.security.credentials import Credentials
 from lightpath.security.identity import Principal, service_principal
 from lightpath.security.pki import LocalCA
-from services.common.settings import CommonSettings, load
-from services.common.tls import TransportError, check, is_loopback
+from lightpath_services.common.settings import CommonSettings, load
+from lightpath_services.common.tls import TransportError, check, is_loopback
 from tests.helpers import credentials, serve, test_ca
 
 

@@ -1,4 +1,4 @@
-"""The transaction primitive (services.common.txn) on a real Redis: checks before writes,
+"""The transaction primitive (lightpath_services.common.txn) on a real Redis: checks before writes,
 nothing written when one fails, typed answers, every key declared, constants from Python."""
 
 from __future__ import annotations
@@ -9,21 +9,21 @@ import json
 import pytest
 from redis.exceptions import ResponseError
 
-from services.common.txn import PROGRAMS, Conflict, Program, Txn
+from lightpath_services.common.txn import PROGRAMS, Conflict, Program, Txn
 
 TEXT = 'a "quoted" \\ back\nslash\x00\x7f 5é ]==] \\0101'
 PROGRAM = Program("tests.common", "txn_test.lua", {"STRIDE": 1 << 40, "TEXT": TEXT})
 JOBS = "lp:{t}:jobs"
 # Every store built on the primitive.
 STORES = (
-    "services.cell_scheduler.store",
-    "services.workload_scheduler.store",
-    "services.ocs_manager.store",
-    "services.ocs_manager.switched.store",
-    "services.agg_switch.store",
-    "services.core_broker.store",
-    "services.core_broker.graphs",
-    "services.core_broker.graph_runs",
+    "lightpath_services.cell_scheduler.store",
+    "lightpath_services.workload_scheduler.store",
+    "lightpath_services.ocs_manager.store",
+    "lightpath_services.ocs_manager.switched.store",
+    "lightpath_services.agg_switch.store",
+    "lightpath_services.core_broker.store",
+    "lightpath_services.core_broker.graphs",
+    "lightpath_services.core_broker.graph_runs",
 )
 
 
@@ -217,8 +217,8 @@ async def test_a_commit_waiting_for_a_replica_that_is_not_there_is_unavailable(r
     """LIGHTPATH_REDIS_COMMIT_REPLICAS on a server with no replica: the commit is applied
     (nothing can take it back) but not acknowledged: UNAVAILABLE naming the setting. A
     check that fails is UNAVAILABLE too: what it saw may not survive a failover."""
-    from services.common.errors import Unavailable
-    from services.common.txn import Durability, require_replicas
+    from lightpath_services.common.errors import Unavailable
+    from lightpath_services.common.txn import Durability, require_replicas
 
     script = PROGRAM.bind(require_replicas(redis_client, Durability(1, 50)))
     assert script.durability == Durability(1, 50)

@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 
 from lightpath.errors import InvalidArgument
 from lightpath.v1 import core_broker_pb2
-from services.common import paging, validate
-from services.common.keys import is_valid_id
+from lightpath_services.common import paging, validate
+from lightpath_services.common.keys import is_valid_id
 
 
 def violation(err: pytest.ExceptionInfo[InvalidArgument]) -> tuple[str, str]:

@@ -27,7 +27,7 @@ from lightpath.security.credentials import Credentials
 from lightpath.security.identity import console_principal
 from lightpath.stack import console_env, console_health
 from lightpath.v1 import cell_scheduler_pb2, cell_scheduler_pb2_grpc
-from services.console.app import CSP
+from lightpath_services.console.app import CSP
 from tests.console.conftest import ConsoleStack
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("console")]
@@ -333,7 +333,7 @@ def test_sign_in_required_when_anonymous_reads_are_off(console_stack: ConsoleSta
         "LIGHTPATH_CONSOLE_ANONYMOUS": "none",
     }
     proc = subprocess.Popen(
-        [sys.executable, "-m", "services.console"], env=env, stderr=subprocess.PIPE
+        [sys.executable, "-m", "lightpath_services.console"], env=env, stderr=subprocess.PIPE
     )
     try:
         url = f"https://127.0.0.1:{port}/"
@@ -363,7 +363,7 @@ def test_sign_in_required_when_anonymous_reads_are_off(console_stack: ConsoleSta
 def test_a_console_without_a_certificate_refuses_to_start(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("LIGHTPATH_")}
     out = subprocess.run(
-        [sys.executable, "-m", "services.console"],
+        [sys.executable, "-m", "lightpath_services.console"],
         env=env,
         capture_output=True,
         text=True,

@@ -9,9 +9,9 @@ import logging
 from starlette.testclient import TestClient
 
 from lightpath.errors import Unauthenticated
-from services.common.supervisor import Supervisor
-from services.console.app import Console, build_app
-from services.console.sessions import (
+from lightpath_services.common.supervisor import Supervisor
+from lightpath_services.console.app import Console, build_app
+from lightpath_services.console.sessions import (
     MAX_FAILURES,
     WINDOW_S,
     Sessions,

@@ -9,10 +9,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from services.common.settings import SettingsError, load
-from services.common.tls import is_loopback
-from services.console.settings import ConsoleSettings, parse_named_addresses
-from services.console.views import (
+from lightpath_services.common.settings import SettingsError, load
+from lightpath_services.common.tls import is_loopback
+from lightpath_services.console.settings import ConsoleSettings, parse_named_addresses
+from lightpath_services.console.views import (
     CORES_MAX_S,
     CORES_MIN_S,
     cores_window,
@@ -103,11 +103,11 @@ def test_the_console_never_reads_redis():
 
     forbidden = (
         "redis",
-        "services.common.redis_store",
-        "services.common.keys",
+        "lightpath_services.common.redis_store",
+        "lightpath_services.common.keys",
         "lightpath.embedded_redis",
     )
-    console = Path(__file__).resolve().parents[2] / "services" / "console"
+    console = Path(__file__).resolve().parents[2] / "services" / "lightpath_services" / "console"
     for path in console.glob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             names = []
@@ -169,7 +169,7 @@ def _shared_pod():
 
 
 def test_the_superpod_view_gives_each_jobs_box_failed_hosts_and_twisted_slices():
-    from services.console.views import pod_view
+    from lightpath_services.console.views import pod_view
 
     d = pod_view(_shared_pod(), 0.0, twisted={"tw"})
     assert d["block_dims"] == [4, 4, 4] and d["host_shape"] == [2, 2, 1]
@@ -191,7 +191,7 @@ def test_the_superpod_view_gives_each_jobs_box_failed_hosts_and_twisted_slices()
 def test_a_job_row_says_twisted_and_where_its_box_is():
     from lightpath.v1 import cell_scheduler_pb2 as cs
     from lightpath.v1 import common_pb2 as c
-    from services.console.views import job_row
+    from lightpath_services.console.views import job_row
 
     job = cs.CellJob(job_id="small", chips=c.Shape(dims=[2, 2, 1]))
     job.pod_job.box.block_id = 5

@@ -1,4 +1,4 @@
-"""The broker's search before the capacity-over-time index (services/core_broker/
+"""The broker's search before the capacity-over-time index (services/lightpath_services/core_broker/
 capacity.py up to issue 15), kept as the oracle the new search must agree with.
 
 `LegacySchedule` is the old allocation table (device, start, end, cores rows)

@@ -7,8 +7,8 @@ import pytest
 
 from lightpath.errors import PermissionDenied, Unauthenticated
 from lightpath.security.identity import Principal as Identity
-from services.core_broker.auth import OPERATOR, Authenticator, Principal
-from services.core_broker.store import ApplicationRecord, credential_digest
+from lightpath_services.core_broker.auth import OPERATOR, Authenticator, Principal
+from lightpath_services.core_broker.store import ApplicationRecord, credential_digest
 
 
 class Store:

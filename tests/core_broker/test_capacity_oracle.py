@@ -1,4 +1,4 @@
-"""The capacity-over-time index (services/core_broker/skyline.py, issue 15)
+"""The capacity-over-time index (services/lightpath_services/core_broker/skyline.py, issue 15)
 answers exactly what the broker's search answered before it: the old search
 (tests/core_broker/capacity_oracle.py) is the oracle, on random schedules
 kept incrementally (adds, removals, assumed grants taken back), on the seed's
@@ -14,15 +14,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.core_broker.capacity import _DEAD, Allocation, CapacityMap, Device
-from services.core_broker.decisions import (
+from lightpath_services.core_broker.capacity import _DEAD, Allocation, CapacityMap, Device
+from lightpath_services.core_broker.decisions import (
     CoreRequest,
     Group,
     Outcome,
     PriorityFunction,
     decide,
 )
-from services.core_broker.skyline import _TMAX
+from lightpath_services.core_broker.skyline import _TMAX
 from tests.core_broker.capacity_oracle import LegacySchedule
 from tests.core_broker.test_decisions import high, low
 
@@ -541,7 +541,7 @@ def test_the_grid_bounds_of_a_window_leave_out_only_devices_with_nothing_free(
     """`_Probe.bounds` may leave a device out of a window only if it has no core
     free for any start in the window's cells, and a whole window only if its
     devices together have fewer than `need`; `free_where` reads the rest exactly."""
-    from services.core_broker.skyline import _Probe
+    from lightpath_services.core_broker.skyline import _Probe
 
     cap = build(allocs, [], [], cell=3)
     sky = cap._sky_of()
@@ -695,7 +695,7 @@ def test_a_row_kept_through_adds_and_removals_on_shared_instants_stays_whole(ste
 def test_the_kept_bounds_answer_as_every_bound_found_would(ops):
     """`_Floors` keeps per device set only the bounds no other one outdoes: every
     answer is the best of all the bounds found (and not rolled back) that apply."""
-    from services.core_broker.capacity import _Floors, _Found
+    from lightpath_services.core_broker.capacity import _Floors, _Found
 
     sets = [np.arange(4), np.arange(2), np.arange(1)]
     floors, every = _Floors(), []
@@ -739,7 +739,7 @@ def test_the_kept_bounds_answer_as_every_bound_found_would(ops):
 
 def test_bounds_are_kept_for_the_few_device_sets_searched_lately():
     """Requests naming their devices make a device set each: only the last few are kept."""
-    from services.core_broker.capacity import _Floors, _Found
+    from lightpath_services.core_broker.capacity import _Floors, _Found
 
     floors = _Floors()
     sets = [np.array([d]) for d in range(_Floors.SETS + 5)]

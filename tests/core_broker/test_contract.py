@@ -13,7 +13,7 @@ import pytest
 
 from lightpath.v1 import common_pb2
 from lightpath.v1 import core_broker_pb2 as pb
-from services.common.keys import tenant_key
+from lightpath_services.common.keys import tenant_key
 from tests.core_broker.conftest import (
     OP,
     anonymous,
@@ -138,7 +138,7 @@ async def test_operator_calls_need_the_operator_and_reservations_an_application(
         broker.stub.RegisterDevice(pb.RegisterDeviceRequest(), metadata=app),
         C.PERMISSION_DENIED,
     )
-    # the Guard refuses by the policy table (services.common.policy, _BROKER)
+    # the Guard refuses by the policy table (lightpath_services.common.policy, _BROKER)
     assert r.reason == "ROLE_REQUIRED"
     assert r.message == "application:cam may not call RegisterDevice: it needs the role operator"
     r = await fails(broker.reserve(OP, "r1", 1, 1), C.PERMISSION_DENIED)

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from lightpath.errors import InvalidArgument, NotFound
-from services.core_broker.capacity import Allocation, CapacityMap, Device
-from services.core_broker.decisions import (
+from lightpath_services.core_broker.capacity import Allocation, CapacityMap, Device
+from lightpath_services.core_broker.decisions import (
     CoreRequest,
     Group,
     Outcome,

@@ -1,4 +1,4 @@
-"""The instants at which a device set's reserved cores fall (services/core_broker/
+"""The instants at which a device set's reserved cores fall (services/lightpath_services/core_broker/
 endtimes.py), which the earliest-start search walks: after any sequence of adds,
 removals and assumed grants taken back, `next_ends` answers what the allocation
 rows say (every end after t on the set at which some device's reserved cores
@@ -13,9 +13,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.core_broker import endtimes
-from services.core_broker.capacity import Allocation, CapacityMap, Device
-from services.core_broker.skyline import _Probe
+from lightpath_services.core_broker import endtimes
+from lightpath_services.core_broker.capacity import Allocation, CapacityMap, Device
+from lightpath_services.core_broker.skyline import _Probe
 
 DEVICES = 5
 

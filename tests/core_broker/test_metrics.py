@@ -7,8 +7,8 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from lightpath.v1 import core_broker_pb2 as pb
-from services.core_broker import server as broker_server
-from services.core_broker.metrics import BrokerMetrics
+from lightpath_services.core_broker import server as broker_server
+from lightpath_services.core_broker.metrics import BrokerMetrics
 from tests.core_broker.conftest import running_broker
 from tests.metrics_reader import assert_listed, install, until, value
 

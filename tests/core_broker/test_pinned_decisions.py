@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from lightpath.errors import InvalidArgument, NotFound
-from services.core_broker.capacity import CapacityMap, Device
-from services.core_broker.decisions import (
+from lightpath_services.core_broker.capacity import CapacityMap, Device
+from lightpath_services.core_broker.decisions import (
     CoreRequest,
     Placement,
     Priority,
@@ -158,7 +158,7 @@ def test_cores_at_most_what_the_eligible_devices_have():
 
 
 def test_an_earliest_start_at_most_half_the_time_span_ahead():
-    from services.core_broker.capacity import MAX_SPAN_MS
+    from lightpath_services.core_broker.capacity import MAX_SPAN_MS
 
     half = MAX_SPAN_MS // 2
     assert violations(CoreRequest("r", 1, 1000, earliest_start=NOW + half)) == []
@@ -190,7 +190,7 @@ def one_gpu(cores: int = 10) -> CapacityMap:
 
 
 def test_a_group_is_not_all_or_nothing_unless_asked():
-    from services.core_broker.decisions import Group, Outcome, decide
+    from lightpath_services.core_broker.decisions import Group, Outcome, decide
 
     g = Group((CoreRequest("a", 6, S), CoreRequest("b", 6, S)))
     assert g.all_or_nothing is False
@@ -199,7 +199,7 @@ def test_a_group_is_not_all_or_nothing_unless_asked():
 
 
 def test_a_one_request_all_or_nothing_group_may_take_a_lesser_outcome():
-    from services.core_broker.decisions import Group, Outcome, decide
+    from lightpath_services.core_broker.decisions import Group, Outcome, decide
 
     busy = CoreRequest("busy", 10, 5 * S)
     g = Group((CoreRequest("a", 6, S),), all_or_nothing=True)
@@ -208,7 +208,7 @@ def test_a_one_request_all_or_nothing_group_may_take_a_lesser_outcome():
 
 
 def test_higher_priority_first_whatever_the_order_given_and_ties_in_order():
-    from services.core_broker.decisions import Group, Outcome, decide
+    from lightpath_services.core_broker.decisions import Group, Outcome, decide
 
     f = PriorityFunction()
     lo = CoreRequest("lo", 6, S, priority_hint=10)
@@ -221,7 +221,7 @@ def test_higher_priority_first_whatever_the_order_given_and_ties_in_order():
 
 
 def test_all_or_nothing_says_which_member_failed():
-    from services.core_broker.decisions import Group, Outcome, decide
+    from lightpath_services.core_broker.decisions import Group, Outcome, decide
 
     g = Group(
         (CoreRequest("a", 4, S, priority_hint=90), CoreRequest("b", 7, S, priority_hint=10)),

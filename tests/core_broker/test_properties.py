@@ -12,8 +12,8 @@ import numpy as np
 from hypothesis import assume, event, given, settings
 from hypothesis import strategies as st
 
-from services.core_broker.capacity import Allocation, CapacityMap, Device
-from services.core_broker.decisions import (
+from lightpath_services.core_broker.capacity import Allocation, CapacityMap, Device
+from lightpath_services.core_broker.decisions import (
     CoreRequest,
     Group,
     Outcome,

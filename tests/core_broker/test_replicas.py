@@ -13,8 +13,8 @@ import grpc
 
 from lightpath.v1 import common_pb2
 from lightpath.v1 import core_broker_pb2 as pb
-from services.common.keys import broker_key
-from services.core_broker.store import BrokerStore
+from lightpath_services.common.keys import broker_key
+from lightpath_services.core_broker.store import BrokerStore
 from tests.core_broker.conftest import OP, Broker, dur, running_broker, ts
 
 DEVICES = {"d0": 12, "d1": 16, "d2": 16, "d3": 20}

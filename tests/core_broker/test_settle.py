@@ -12,7 +12,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.core_broker.capacity import Allocation, CapacityMap, Device
+from lightpath_services.core_broker.capacity import Allocation, CapacityMap, Device
 
 CORES = [4, 6, 8]
 CELL = 5
@@ -127,7 +127,12 @@ def test_a_failed_commit_takes_every_assumed_grant_back():
 def test_a_kept_round_leaves_every_grant_assumed_and_settles_to_the_adds():
     """`decide(keep=True)`: each grant's allocations stay assumed, the last one's
     too; settled with their keys, the map is the one the adds would make."""
-    from services.core_broker.decisions import CoreRequest, Group, PriorityFunction, decide
+    from lightpath_services.core_broker.decisions import (
+        CoreRequest,
+        Group,
+        PriorityFunction,
+        decide,
+    )
 
     cap, want = fresh(), fresh()
     requests = [CoreRequest(f"r{i}", cores=c, duration_ms=10) for i, c in enumerate((5, 7, 9))]

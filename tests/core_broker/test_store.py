@@ -13,12 +13,18 @@ import asyncio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.common import redis_store
-from services.core_broker.broker import pending_reservation
-from services.core_broker.capacity import Device
-from services.core_broker.decisions import CoreRequest, Group, Outcome, PriorityFunction, decide
-from services.core_broker.store import BrokerStore
-from services.core_broker.view import LiveView, device_doc
+from lightpath_services.common import redis_store
+from lightpath_services.core_broker.broker import pending_reservation
+from lightpath_services.core_broker.capacity import Device
+from lightpath_services.core_broker.decisions import (
+    CoreRequest,
+    Group,
+    Outcome,
+    PriorityFunction,
+    decide,
+)
+from lightpath_services.core_broker.store import BrokerStore
+from lightpath_services.core_broker.view import LiveView, device_doc
 from tests.core_broker.test_replicas import over_commits
 
 DEVICES = {"d0": 6, "d1": 8}

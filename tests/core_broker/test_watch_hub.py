@@ -9,8 +9,8 @@ import json
 import pytest
 
 from lightpath.errors import Aborted
-from services.core_broker.broker import WatchHub
-from services.core_broker.store import Change
+from lightpath_services.core_broker.broker import WatchHub
+from lightpath_services.core_broker.store import Change
 
 
 def change(version: int, *events: tuple[str, str, str]) -> Change:

@@ -216,7 +216,7 @@ async def test_cancel_stops_the_workers_and_ends_the_run_cancelled(broker, tmp_p
 
 
 def test_confine_takes_relative_paths_into_the_data_directory_and_refuses_the_rest(tmp_path):
-    from services.core_broker.graph_runs import confine
+    from lightpath_services.core_broker.graph_runs import confine
 
     spec = to_proto(fig3a("in.{part}", "sub/out.{part}", DEGREE))
     out = confine(spec, tmp_path)

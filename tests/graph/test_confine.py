@@ -20,7 +20,7 @@ from lightpath.graph.components.files import FileReader, FileWriter
 from lightpath.graph.examples import fig3a, write_records
 from lightpath.graph.spec import to_proto
 from lightpath.v1 import core_broker_pb2 as pb
-from services.core_broker.graph_runs import confine, worker_env
+from lightpath_services.core_broker.graph_runs import confine, worker_env
 from tests.core_broker.conftest import fails
 from tests.graph.test_broker_runs import DEGREE, _ended, _reserve, broker  # noqa: F401
 

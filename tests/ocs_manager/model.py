@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from lightpath.domain.torus import Fabric
-from services.ocs_manager.invariants import FabricState, StoredSlice
-from services.ocs_manager.wiring import (
+from lightpath_services.ocs_manager.invariants import FabricState, StoredSlice
+from lightpath_services.ocs_manager.wiring import (
     SlicePlacement,
     cross_connects,
     links,

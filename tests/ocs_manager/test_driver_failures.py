@@ -14,12 +14,12 @@ from lightpath.domain.torus import Fabric
 from lightpath.security.identity import service_principal
 from lightpath.v1 import ocs_manager_pb2 as pb
 from lightpath.v1 import ocs_manager_pb2_grpc
-from services.common.server import running
-from services.common.settings import load
-from services.ocs_manager.driver import Fence, RedisSwitchDriver, SwitchDriverError
-from services.ocs_manager.server import build
-from services.ocs_manager.settings import OcsManagerSettings
-from services.ocs_manager.wiring import FabricChange
+from lightpath_services.common.server import running
+from lightpath_services.common.settings import load
+from lightpath_services.ocs_manager.driver import Fence, RedisSwitchDriver, SwitchDriverError
+from lightpath_services.ocs_manager.server import build
+from lightpath_services.ocs_manager.settings import OcsManagerSettings
+from lightpath_services.ocs_manager.wiring import FabricChange
 from tests.helpers import tls_env
 from tests.ocs_manager.conftest import fabric_env, rpc_error, wire_request
 

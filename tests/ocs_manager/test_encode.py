@@ -6,8 +6,8 @@ import pytest
 
 from lightpath.domain.torus import FIRST, SECOND, Fabric, FabricConfig
 from lightpath.v1 import ocs_manager_pb2 as pb
-from services.ocs_manager.encode import WiringEncoder, varint
-from services.ocs_manager.wiring import cross_connects, links, one_to_many_settings
+from lightpath_services.ocs_manager.encode import WiringEncoder, varint
+from lightpath_services.ocs_manager.wiring import cross_connects, links, one_to_many_settings
 from tests.ocs_manager.model import placement
 
 

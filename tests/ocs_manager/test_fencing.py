@@ -14,12 +14,12 @@ from lightpath.client import channel
 from lightpath.domain.southbound import OCS, SouthboundDevice
 from lightpath.v1 import ocs_manager_pb2 as pb
 from lightpath.v1 import ocs_manager_pb2_grpc
-from services.common.txn import STALE_LEASE, Conflict, Txn
-from services.ocs_manager import server as ocs_server
-from services.ocs_manager.metrics import OcsMetrics
-from services.ocs_manager.store import PROGRAM
-from services.switch_agent.switches import Batch, SimulatedSwitch
-from services.workload_scheduler.ocs import OcsError, OcsManagerClient
+from lightpath_services.common.txn import STALE_LEASE, Conflict, Txn
+from lightpath_services.ocs_manager import server as ocs_server
+from lightpath_services.ocs_manager.metrics import OcsMetrics
+from lightpath_services.ocs_manager.store import PROGRAM
+from lightpath_services.switch_agent.switches import Batch, SimulatedSwitch
+from lightpath_services.workload_scheduler.ocs import OcsError, OcsManagerClient
 from tests.helpers import serve
 from tests.metrics_reader import install, value
 from tests.ocs_manager.conftest import fabric_env, ocs_stub, rpc_error, wire_request

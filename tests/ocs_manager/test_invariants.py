@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from lightpath.domain.torus import Fabric, FabricConfig
-from services.ocs_manager.invariants import StoredSlice, check
+from lightpath_services.ocs_manager.invariants import StoredSlice, check
 from tests.ocs_manager.model import placement, state_of
 
 

@@ -9,9 +9,9 @@ import redis.asyncio as aioredis
 from prometheus_client import CollectorRegistry
 
 from lightpath.v1 import ocs_manager_pb2 as pb
-from services.common.keys import pod_key
-from services.ocs_manager import server as ocs_server
-from services.ocs_manager.metrics import OcsMetrics
+from lightpath_services.common.keys import pod_key
+from lightpath_services.ocs_manager import server as ocs_server
+from lightpath_services.ocs_manager.metrics import OcsMetrics
 from tests.metrics_reader import assert_listed, install, points, until, value
 from tests.ocs_manager.conftest import POD, ocs_stub, rpc_error, wire_request
 
@@ -126,8 +126,8 @@ def test_the_rules_exported_at_0_are_every_rule_a_check_reports():
     import re
     from pathlib import Path
 
-    from services.ocs_manager import invariants
-    from services.ocs_manager.switched import invariants as switched
+    from lightpath_services.ocs_manager import invariants
+    from lightpath_services.ocs_manager.switched import invariants as switched
 
     here = Path(invariants.__file__).parent
     rule = re.compile(r'(?:bad\(|Violation\()\s*"([A-Z_]+)"')

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lightpath.domain.torus import FIRST, SECOND, Fabric, FabricConfig
-from services.ocs_manager.invariants import check
+from lightpath_services.ocs_manager.invariants import check
 from tests.ocs_manager.model import placement, state_of
 
 

@@ -21,12 +21,12 @@ from hypothesis import strategies as st
 
 from lightpath.domain.torus import Fabric, FabricConfig
 from lightpath.errors import FailedPrecondition
-from services.common.redis_store import connect
-from services.ocs_manager.driver import RedisSwitchDriver
-from services.ocs_manager.invariants import FabricState, check
-from services.ocs_manager.manager import FabricManager
-from services.ocs_manager.store import OcsStore
-from services.ocs_manager.wiring import cross_connects, links, replace_block
+from lightpath_services.common.redis_store import connect
+from lightpath_services.ocs_manager.driver import RedisSwitchDriver
+from lightpath_services.ocs_manager.invariants import FabricState, check
+from lightpath_services.ocs_manager.manager import FabricManager
+from lightpath_services.ocs_manager.store import OcsStore
+from lightpath_services.ocs_manager.wiring import cross_connects, links, replace_block
 from tests.ocs_manager.model import placement, state_of
 
 SHAPES = [(1, 1, 1), (2, 1, 1), (1, 2, 1), (1, 1, 2), (2, 2, 1), (2, 2, 2), (4, 2, 1), (4, 4, 4)]

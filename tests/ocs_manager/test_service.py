@@ -8,9 +8,9 @@ import redis.asyncio as aioredis
 
 from lightpath.v1 import common_pb2
 from lightpath.v1 import ocs_manager_pb2 as pb
-from services.common.keys import pod_key
-from services.common.settings import SettingsError
-from services.ocs_manager.server import FabricMismatchError
+from lightpath_services.common.keys import pod_key
+from lightpath_services.common.settings import SettingsError
+from lightpath_services.ocs_manager.server import FabricMismatchError
 from tests.helpers import serve
 from tests.ocs_manager.conftest import POD, fabric_env, ocs_stub, rpc_error, wire_request
 
@@ -383,8 +383,8 @@ async def test_an_instance_with_a_stale_fabric_refuses_changes(redis_url):
 
 
 def test_settings_refuse_a_radix_too_small():
-    from services.common.settings import load
-    from services.ocs_manager.settings import OcsManagerSettings
+    from lightpath_services.common.settings import load
+    from lightpath_services.ocs_manager.settings import OcsManagerSettings
 
     with pytest.raises(SettingsError) as err:
         load(OcsManagerSettings, {"LIGHTPATH_FABRIC_OCS_RADIX": "100"})

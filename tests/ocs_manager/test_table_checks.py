@@ -18,11 +18,11 @@ import redis.asyncio as aioredis
 
 from lightpath.domain.torus import Fabric, FabricConfig
 from lightpath.v1 import ocs_manager_pb2 as pb
-from services.common.keys import pod_key
-from services.common.txn import Conflict
-from services.ocs_manager.lua import encode_change
-from services.ocs_manager.store import OcsStore
-from services.ocs_manager.wiring import (
+from lightpath_services.common.keys import pod_key
+from lightpath_services.common.txn import Conflict
+from lightpath_services.ocs_manager.lua import encode_change
+from lightpath_services.ocs_manager.store import OcsStore
+from lightpath_services.ocs_manager.wiring import (
     FabricChange,
     Link,
     SlicePlacement,

@@ -31,9 +31,9 @@ from lightpath.errors import InvalidArgument
 from lightpath.v1 import ocs_manager_pb2 as pb
 from lightpath.v1 import ocs_manager_pb2_grpc, optical_switch_pb2_grpc
 from lightpath.v1 import optical_switch_pb2 as sb
-from services.common.keys import pod_key
-from services.ocs_manager.invariants import StoredSlice, check
-from services.ocs_manager.wiring import (
+from lightpath_services.common.keys import pod_key
+from lightpath_services.ocs_manager.invariants import StoredSlice, check
+from lightpath_services.ocs_manager.wiring import (
     Link,
     SlicePlacement,
     cross_connect_count,

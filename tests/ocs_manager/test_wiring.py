@@ -6,8 +6,8 @@ import pytest
 
 from lightpath.domain.torus import Fabric, FabricConfig
 from lightpath.errors import InvalidArgument, NotFound
-from services.ocs_manager.invariants import check
-from services.ocs_manager.wiring import (
+from lightpath_services.ocs_manager.invariants import check
+from lightpath_services.ocs_manager.wiring import (
     Link,
     cross_connect_count,
     cross_connects,

@@ -18,11 +18,19 @@ from typing import Any
 
 from lightpath.client import channel
 from lightpath.domain.slices import grid_positions
-from lightpath.sim.engine import BLOCKS, POLICIES, Failures, OcsModel, Sim, SimConfig, pod_fabric
-from lightpath.sim.workload import Generator
 from lightpath.v1 import common_pb2 as c
 from lightpath.v1 import workload_scheduler_pb2 as ws
 from lightpath.v1 import workload_scheduler_pb2_grpc
+from lightpath_services.sim.engine import (
+    BLOCKS,
+    POLICIES,
+    Failures,
+    OcsModel,
+    Sim,
+    SimConfig,
+    pod_fabric,
+)
+from lightpath_services.sim.workload import Generator
 from tests.helpers import serve
 
 POD = "pod-0"

@@ -10,8 +10,8 @@ import pytest
 
 from lightpath.cli import main as cli_main
 from lightpath.domain.slices import HOLDING_STATES, SliceJob
-from lightpath.sim import engine
-from lightpath.sim.engine import (
+from lightpath_services.sim import engine
+from lightpath_services.sim.engine import (
     ENDED,
     POLICIES,
     Failures,
@@ -21,11 +21,11 @@ from lightpath.sim.engine import (
     pod_fabric,
     simulate,
 )
-from lightpath.sim.report import summary
-from lightpath.sim.static import Torus, fitting_shape
-from lightpath.sim.workload import Generator, TraceError, parse_trace
-from services.workload_scheduler.placement import PodState
-from services.workload_scheduler.planner import DEFAULT_AGE_BOUND_S, plan_pass
+from lightpath_services.sim.report import summary
+from lightpath_services.sim.static import Torus, fitting_shape
+from lightpath_services.sim.workload import Generator, TraceError, parse_trace
+from lightpath_services.workload_scheduler.placement import PodState
+from lightpath_services.workload_scheduler.planner import DEFAULT_AGE_BOUND_S, plan_pass
 
 FABRIC = pod_fabric("pod-0")
 # Short repairs and a low availability: many failures in a short run.
@@ -215,7 +215,7 @@ def test_a_skipped_age_bound_pass_is_one_plan_pass_decides_nothing_in(monkeypatc
 
 
 def engine_fields():
-    from lightpath.sim.fast_state import _FIELDS
+    from lightpath_services.sim.fast_state import _FIELDS
 
     return _FIELDS
 

@@ -7,11 +7,11 @@ import json
 
 import pytest
 
-from lightpath.sim import engine
-from lightpath.sim.engine import ENDED, Failures, SimConfig, pod_fabric, simulate
-from lightpath.sim.quotas import load_quotas
-from lightpath.sim.workload import Generator, parse_trace
-from services.cell_scheduler.quota import Quota
+from lightpath_services.cell_scheduler.quota import Quota
+from lightpath_services.sim import engine
+from lightpath_services.sim.engine import ENDED, Failures, SimConfig, pod_fabric, simulate
+from lightpath_services.sim.quotas import load_quotas
+from lightpath_services.sim.workload import Generator, parse_trace
 from tests.sim.test_sim import check_pod
 
 FABRIC = pod_fabric("pod-0")

@@ -16,9 +16,9 @@ from lightpath.domain.southbound import OCS, devices
 from lightpath.domain.switch_timing import SwitchTiming
 from lightpath.domain.torus import Fabric
 from lightpath.embedded_redis import EmbeddedRedis, free_port
-from services.ocs_manager.device_switch import PortSides
-from services.switch_emulators.polatis import write_host_key
-from services.switch_emulators.sonic import OrchagentEmulator
+from lightpath_services.ocs_manager.device_switch import PortSides
+from lightpath_services.switch_emulators.polatis import write_host_key
+from lightpath_services.switch_emulators.sonic import OrchagentEmulator
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -159,7 +159,13 @@ def start_netconf(
         known.write_text("".join(f"[127.0.0.1]:{port} {public}\n" for port in addresses.values()))
         secret.write_text("s3cret-" + os.urandom(4).hex())
     log = workdir / "polatis.log"
-    args = [sys.executable, "-m", "services.switch_emulators.polatis", "--ports", str(ports)]
+    args = [
+        sys.executable,
+        "-m",
+        "lightpath_services.switch_emulators.polatis",
+        "--ports",
+        str(ports),
+    ]
     args += ["--host-key", str(key), "--timing", timing]
     for sid, port in addresses.items():
         args += ["--switch", f"{sid}=127.0.0.1:{port}"]

@@ -9,8 +9,8 @@ import re
 from pathlib import Path
 
 from lightpath.domain.torus import FIRST, SECOND, Fabric, FabricConfig, dim_name, parse_shape
-from services.ocs_manager.agent_driver import batches
-from services.ocs_manager.wiring import SlicePlacement, release_change, wire_change
+from lightpath_services.ocs_manager.agent_driver import batches
+from lightpath_services.ocs_manager.wiring import SlicePlacement, release_change, wire_change
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "ocs_southbound.md"
 

@@ -10,7 +10,7 @@ from lightpath.client import error_report
 from lightpath.domain.southbound import devices
 from lightpath.domain.torus import Fabric, FabricConfig
 from lightpath.v1 import optical_switch_pb2 as pb
-from services.ocs_manager.netconf_driver import NetconfCredentials, NetconfSwitch
+from lightpath_services.ocs_manager.netconf_driver import NetconfCredentials, NetconfSwitch
 from tests.southbound.labs import netconf_lab, start_netconf
 
 FABRIC = Fabric.build(

@@ -13,7 +13,7 @@ from lightpath.domain.southbound import devices
 from lightpath.domain.switch_timing import SwitchTiming
 from lightpath.domain.torus import Fabric, FabricConfig
 from lightpath.v1 import optical_switch_pb2 as pb
-from services.ocs_manager.sonic_driver import SonicSwitch
+from lightpath_services.ocs_manager.sonic_driver import SonicSwitch
 from tests.southbound.labs import sonic_lab
 
 FABRIC = Fabric.build(
@@ -217,9 +217,9 @@ async def test_settling_is_heard_from_state_db_not_polled(tmp_path, monkeypatch)
 async def test_a_switch_out_of_reach_when_described_is_described_before_it_is_programmed(
     tmp_path,
 ):
-    from services.ocs_manager.agent_driver import AgentSwitchDriver, ScopedChange
-    from services.ocs_manager.driver import SwitchDriverError
-    from services.ocs_manager.wiring import SlicePlacement, wire_change
+    from lightpath_services.ocs_manager.agent_driver import AgentSwitchDriver, ScopedChange
+    from lightpath_services.ocs_manager.driver import SwitchDriverError
+    from lightpath_services.ocs_manager.wiring import SlicePlacement, wire_change
 
     async with sonic_lab(FABRIC, tmp_path, only={SID}, short={SID}) as lab:
         lab[SID].server.stop()  # down while the manager starts

@@ -1,4 +1,4 @@
-"""Real switch agents (`python -m services.switch_agent` processes) for the southbound tests,
+"""Real switch agents (`python -m lightpath_services.switch_agent` processes) for the southbound tests,
 and an ocs_manager driving them."""
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ class ServiceProcess:
     def start(self, timeout: float = 30.0) -> None:
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(
-                [*self.prefix, sys.executable, "-m", f"services.{self.service}"],
+                [*self.prefix, sys.executable, "-m", f"lightpath_services.{self.service}"],
                 env=self.env,
                 cwd=ROOT,
                 stdin=subprocess.DEVNULL,

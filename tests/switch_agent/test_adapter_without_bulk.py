@@ -12,12 +12,12 @@ from lightpath.domain.southbound import devices
 from lightpath.domain.torus import Fabric, FabricConfig
 from lightpath.v1 import optical_switch_pb2 as sb
 from lightpath.v1 import optical_switch_pb2_grpc
-from services.common.server import ServiceDefinition, create_server
-from services.ocs_manager.agent_driver import AgentSwitchDriver, ScopedChange, batches
-from services.ocs_manager.driver import SwitchDriverError
-from services.ocs_manager.wiring import wire_change
-from services.switch_agent.agent import Agent
-from services.switch_agent.server import OpticalSwitchServicer
+from lightpath_services.common.server import ServiceDefinition, create_server
+from lightpath_services.ocs_manager.agent_driver import AgentSwitchDriver, ScopedChange, batches
+from lightpath_services.ocs_manager.driver import SwitchDriverError
+from lightpath_services.ocs_manager.wiring import wire_change
+from lightpath_services.switch_agent.agent import Agent
+from lightpath_services.switch_agent.server import OpticalSwitchServicer
 from tests.ocs_manager.model import placement
 
 

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from lightpath.client import error_report
 from lightpath.domain.southbound import OCS, SouthboundDevice
 from lightpath.v1 import optical_switch_pb2 as sb
-from services.switch_agent.switches import Batch, SimulatedSwitch
+from lightpath_services.switch_agent.switches import Batch, SimulatedSwitch
 from tests.switch_agent.conftest import (
     admin,
     agent_process,

@@ -14,10 +14,10 @@ from hypothesis import strategies as st
 from lightpath.domain.southbound import bank_id, devices
 from lightpath.domain.torus import Fabric, FabricConfig
 from lightpath.v1 import optical_switch_pb2 as sb
-from services.ocs_manager.agent_driver import ScopedChange, batches, to_fabric_state
-from services.ocs_manager.invariants import FabricState
-from services.ocs_manager.reconcile import repair_for
-from services.ocs_manager.wiring import release_change, replace_block, wire_change
+from lightpath_services.ocs_manager.agent_driver import ScopedChange, batches, to_fabric_state
+from lightpath_services.ocs_manager.invariants import FabricState
+from lightpath_services.ocs_manager.reconcile import repair_for
+from lightpath_services.ocs_manager.wiring import release_change, replace_block, wire_change
 from tests.ocs_manager.model import placement, state_of
 
 SHAPES = [(1, 1, 1), (2, 1, 1), (2, 2, 1), (2, 2, 2), (4, 2, 1)]

@@ -13,8 +13,8 @@ from prometheus_client import CollectorRegistry
 from lightpath.client import channel
 from lightpath.v1 import common_pb2, ocs_manager_pb2_grpc
 from lightpath.v1 import optical_switch_pb2 as sb
-from services.ocs_manager import server as ocs_server
-from services.ocs_manager.metrics import OcsMetrics
+from lightpath_services.ocs_manager import server as ocs_server
+from lightpath_services.ocs_manager.metrics import OcsMetrics
 from tests.helpers import serve
 from tests.metrics_reader import assert_listed, install, until, value
 from tests.ocs_manager.conftest import wire_request

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from services.common.settings import SettingsError, load
-from services.ocs_manager.settings import OcsManagerSettings
-from services.switch_agent.settings import SwitchAgentSettings
+from lightpath_services.common.settings import SettingsError, load
+from lightpath_services.ocs_manager.settings import OcsManagerSettings
+from lightpath_services.switch_agent.settings import SwitchAgentSettings
 
 
 @pytest.mark.parametrize(
@@ -82,7 +82,7 @@ def test_a_switch_map_by_glob_covers_every_switch():
 
 
 def test_devices_and_agents_together_cover_every_switch():
-    from services.ocs_manager.switch_map import entry_of
+    from lightpath_services.ocs_manager.switch_map import entry_of
 
     s = load(
         OcsManagerSettings,

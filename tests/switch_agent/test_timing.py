@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 
 from lightpath.domain.southbound import OCS, SouthboundDevice
-from services.common.settings import load
-from services.switch_agent.settings import SwitchAgentSettings
-from services.switch_agent.switches import (
+from lightpath_services.common.settings import load
+from lightpath_services.switch_agent.settings import SwitchAgentSettings
+from lightpath_services.switch_agent.switches import (
     DARK_DBM,
     Batch,
     SimulatedSwitch,

@@ -15,7 +15,7 @@ from lightpath.domain.switched_rings import (
     swap_group,
 )
 from lightpath.errors import ResourceExhausted
-from services.workload_scheduler.switched_placement import (
+from lightpath_services.workload_scheduler.switched_placement import (
     LARGE,
     SwitchedPodState,
     placements,

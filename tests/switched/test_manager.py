@@ -10,9 +10,9 @@ import pytest
 from lightpath.domain.switched import SwitchedFabricConfig, build_fabric
 from lightpath.domain.switched_rings import Degrees, Tile
 from lightpath.errors import Aborted, FailedPrecondition, NotFound, ResourceExhausted
-from services.common.redis_store import connect
-from services.ocs_manager.switched.manager import SwitchedFabricManager
-from services.ocs_manager.switched.store import SwitchedStore, pack, unpack
+from lightpath_services.common.redis_store import connect
+from lightpath_services.ocs_manager.switched.manager import SwitchedFabricManager
+from lightpath_services.ocs_manager.switched.store import SwitchedStore, pack, unpack
 from tests.switched.fabrics import FIG11, FIG15, fabric
 from tests.switched.ringcheck import assert_valid
 

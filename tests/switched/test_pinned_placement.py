@@ -11,7 +11,7 @@ import pytest
 from lightpath.domain.switched import SwitchedFabricConfig, build_fabric
 from lightpath.domain.switched_rings import Degrees, Tile
 from lightpath.errors import InvalidArgument, ResourceExhausted
-from services.workload_scheduler.switched_placement import (
+from lightpath_services.workload_scheduler.switched_placement import (
     SwitchedPodState,
     _tile_shapes,
     placements,

@@ -7,7 +7,7 @@ import pytest
 
 from lightpath.domain.switched_rings import Degrees, Tile, channel_kinds, plan_rings
 from lightpath.errors import InvalidArgument, ResourceExhausted
-from services.workload_scheduler.switched_placement import (
+from lightpath_services.workload_scheduler.switched_placement import (
     SwitchedPodState,
     place,
     placements,

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from lightpath.domain.switched_rings import Degrees
 from lightpath.errors import ResourceExhausted
-from services.workload_scheduler.switched_placement import LARGE, reserved_small_groups
+from lightpath_services.workload_scheduler.switched_placement import LARGE, reserved_small_groups
 from tests.switched.fabrics import SMALL, fabric
 from tests.switched.ringcheck import assert_valid
 from tests.switched.sim import PodSim

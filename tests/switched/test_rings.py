@@ -17,7 +17,7 @@ from lightpath.domain.switched_rings import (
     reserve,
 )
 from lightpath.errors import InvalidArgument, ResourceExhausted
-from services.workload_scheduler.switched_placement import SwitchedPodState, place
+from lightpath_services.workload_scheduler.switched_placement import SwitchedPodState, place
 from tests.switched.fabrics import FIG6, FIG7, FIG11, FIG15, FIG18, fabric
 from tests.switched.ringcheck import assert_disjoint, assert_valid
 
@@ -300,7 +300,7 @@ def test_downlinks_running_out_names_the_receiving_switch():
 
 
 def test_the_domain_invariant_check_agrees_and_catches_a_shared_channel():
-    from services.ocs_manager.switched.invariants import pod_violations, ring_violations
+    from lightpath_services.ocs_manager.switched.invariants import pod_violations, ring_violations
 
     f, used, a, b = two_jobs()
     procs = bytearray(f.processor_count)

@@ -18,9 +18,9 @@ from lightpath.domain.switched_rings import Degrees
 from lightpath.v1 import common_pb2, ocs_manager_pb2_grpc, workload_scheduler_pb2_grpc
 from lightpath.v1 import ocs_manager_pb2 as ocs
 from lightpath.v1 import workload_scheduler_pb2 as ws
-from services.workload_scheduler.fabric_kinds import planner_for
-from services.workload_scheduler.placement import PodState
-from services.workload_scheduler.planner import Allocation
+from lightpath_services.workload_scheduler.fabric_kinds import planner_for
+from lightpath_services.workload_scheduler.placement import PodState
+from lightpath_services.workload_scheduler.planner import Allocation
 from tests.helpers import serve
 from tests.workload_scheduler.conftest import POD as WS_POD
 from tests.workload_scheduler.conftest import pod_stack, rpc_error

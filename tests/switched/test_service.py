@@ -300,7 +300,7 @@ async def test_each_kind_refuses_the_other_kinds_calls(redis_url, sw):
 
 
 async def test_a_bad_switched_fabric_setting_fails_at_start(redis_url):
-    from services.common.settings import SettingsError
+    from lightpath_services.common.settings import SettingsError
 
     with pytest.raises(SettingsError, match=r"LIGHTPATH_SWITCHED_FABRIC.*needs 50 down ports"):
         async with switched_stub(

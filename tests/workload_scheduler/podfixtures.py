@@ -12,7 +12,7 @@ from lightpath.domain.slices import (
     SliceDemand,
     SliceJob,
 )
-from services.workload_scheduler.placement import PodState
+from lightpath_services.workload_scheduler.placement import PodState
 
 
 def fabric(

@@ -9,10 +9,10 @@ from collections import Counter
 import pytest
 
 from lightpath.domain.slices import DELAY, PENDING, RUNNING, TERMINATE, SliceDemand
-from services.common.settings import SettingsError, load
-from services.workload_scheduler.planner import plan_pass, waited_past
-from services.workload_scheduler.preemption import choose_victims
-from services.workload_scheduler.settings import WorkloadSchedulerSettings
+from lightpath_services.common.settings import SettingsError, load
+from lightpath_services.workload_scheduler.planner import plan_pass, waited_past
+from lightpath_services.workload_scheduler.preemption import choose_victims
+from lightpath_services.workload_scheduler.settings import WorkloadSchedulerSettings
 from tests.workload_scheduler.podfixtures import fabric, job, pod, running
 
 HOUR = 3_600_000

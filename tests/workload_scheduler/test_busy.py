@@ -16,9 +16,9 @@ from lightpath.domain.jobs import normalize
 from lightpath.errors import ResourceExhausted
 from lightpath.v1 import common_pb2
 from lightpath.v1 import workload_scheduler_pb2 as ws
-from services.workload_scheduler.core import BUSY_WAIT_S, PassTimes
-from services.workload_scheduler.scheduler import WorkloadScheduler
-from services.workload_scheduler.store import PodStore
+from lightpath_services.workload_scheduler.core import BUSY_WAIT_S, PassTimes
+from lightpath_services.workload_scheduler.scheduler import WorkloadScheduler
+from lightpath_services.workload_scheduler.store import PodStore
 from tests.workload_scheduler.test_parts import Clock, context
 
 

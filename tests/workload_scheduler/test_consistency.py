@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from lightpath.domain.slices import SUSPENDED, WIRING
-from services.workload_scheduler.consistency import MISSING, ORPHANED, wiring_differences
+from lightpath_services.workload_scheduler.consistency import MISSING, ORPHANED, wiring_differences
 from tests.workload_scheduler.podfixtures import job, pod, running
 
 

@@ -9,9 +9,9 @@ import grpc
 
 from lightpath.v1 import common_pb2
 from lightpath.v1 import workload_scheduler_pb2 as ws
-from services.common.txn import STALE_LEASE
-from services.workload_scheduler import server as ws_server
-from services.workload_scheduler.metrics import PodMetrics
+from lightpath_services.common.txn import STALE_LEASE
+from lightpath_services.workload_scheduler import server as ws_server
+from lightpath_services.workload_scheduler.metrics import PodMetrics
 from tests.metrics_reader import install, value
 from tests.workload_scheduler.conftest import pod_stack, rpc_error
 

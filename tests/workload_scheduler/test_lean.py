@@ -15,9 +15,9 @@ from lightpath.domain.slices import (
     SUSPENDED,
     WIRING,
 )
-from services.workload_scheduler.placement import PodState
-from services.workload_scheduler.planner import plan_pass, plan_replacement
-from services.workload_scheduler.store import PodStore
+from lightpath_services.workload_scheduler.placement import PodState
+from lightpath_services.workload_scheduler.planner import plan_pass, plan_replacement
+from lightpath_services.workload_scheduler.store import PodStore
 from tests.workload_scheduler.podfixtures import fabric, job, running
 from tests.workload_scheduler.test_preemption import pods
 

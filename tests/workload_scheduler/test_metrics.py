@@ -8,8 +8,8 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from lightpath.v1 import common_pb2 as c
-from services.workload_scheduler import server as ws_server
-from services.workload_scheduler.metrics import PodMetrics
+from lightpath_services.workload_scheduler import server as ws_server
+from lightpath_services.workload_scheduler.metrics import PodMetrics
 from tests.metrics_reader import assert_listed, install, until, value
 from tests.workload_scheduler.conftest import POD, pod_stack
 

@@ -14,12 +14,12 @@ from lightpath.domain.jobs import normalize
 from lightpath.domain.slices import RUNNING
 from lightpath.v1 import common_pb2
 from lightpath.v1 import workload_scheduler_pb2 as ws
-from services.workload_scheduler.admission import Admission
-from services.workload_scheduler.core import QUIET_HORIZON_MS, PodContext
-from services.workload_scheduler.ocs import OcsManagerClient
-from services.workload_scheduler.reconcile import Reconcile
-from services.workload_scheduler.swap import Swap
-from services.workload_scheduler.wiring import Wirer
+from lightpath_services.workload_scheduler.admission import Admission
+from lightpath_services.workload_scheduler.core import QUIET_HORIZON_MS, PodContext
+from lightpath_services.workload_scheduler.ocs import OcsManagerClient
+from lightpath_services.workload_scheduler.reconcile import Reconcile
+from lightpath_services.workload_scheduler.swap import Swap
+from lightpath_services.workload_scheduler.wiring import Wirer
 from tests.helpers import serve
 from tests.workload_scheduler.conftest import ocs_env
 from tests.workload_scheduler.podfixtures import fabric

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from lightpath.domain.blocks import PodFabric
 from lightpath.domain.switched import SwitchedFabricConfig, build_fabric
-from services.workload_scheduler.placement import PodState, Unplaceable
-from services.workload_scheduler.planner import (
+from lightpath_services.workload_scheduler.placement import PodState, Unplaceable
+from lightpath_services.workload_scheduler.planner import (
     Allocation,
     apply_allocation,
     apply_victims,
@@ -18,7 +18,7 @@ from services.workload_scheduler.planner import (
     plan_switched_replacement,
     running_with_failed_blocks,
 )
-from services.workload_scheduler.preemption import VictimAction
+from lightpath_services.workload_scheduler.preemption import VictimAction
 from tests.workload_scheduler.podfixtures import fabric, job, pod, running
 
 

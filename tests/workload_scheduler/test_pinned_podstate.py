@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from services.workload_scheduler.placement import PodState
+from lightpath_services.workload_scheduler.placement import PodState
 from tests.workload_scheduler.podfixtures import fabric, job, pod, running
 
 
@@ -74,7 +74,7 @@ def test_allocating_on_a_partial_snapshot_takes_the_blocks_out_of_the_free_set()
 
 
 def test_positions_take_the_chosen_blocks_in_order():
-    from services.workload_scheduler.placement import place
+    from lightpath_services.workload_scheduler.placement import place
     from tests.workload_scheduler.podfixtures import demand
 
     got = place(pod(fabric(blocks=8)), demand((3, 1, 1)))
@@ -86,7 +86,7 @@ def test_positions_take_the_chosen_blocks_in_order():
 
 
 def test_with_k2_a_slice_spreads_over_both_ocs_groups_even_when_the_lowest_ids_do_not():
-    from services.workload_scheduler.placement import place
+    from lightpath_services.workload_scheduler.placement import place
     from tests.workload_scheduler.podfixtures import demand
 
     state = pod(fabric(blocks=8, k=2), jobs=[running("x", [0, 2])])  # group 0 loses 0 and 2
@@ -95,7 +95,7 @@ def test_with_k2_a_slice_spreads_over_both_ocs_groups_even_when_the_lowest_ids_d
 
 
 def test_with_k2_one_group_running_out_leaves_the_rest_to_the_other():
-    from services.workload_scheduler.placement import place
+    from lightpath_services.workload_scheduler.placement import place
     from tests.workload_scheduler.podfixtures import demand
 
     state = pod(fabric(blocks=8, k=2), jobs=[running("x", [2, 4, 6])])  # group 0 keeps block 0
@@ -103,6 +103,6 @@ def test_with_k2_one_group_running_out_leaves_the_rest_to_the_other():
 
 
 def test_blocks_by_job_in_block_order():
-    from services.workload_scheduler.placement import blocks_by_job
+    from lightpath_services.workload_scheduler.placement import blocks_by_job
 
     assert blocks_by_job({5: "a", 1: "b", 0: "a"}) == {"a": [0, 5], "b": [1]}

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lightpath.domain.slices import DELAY, TERMINATE
-from services.workload_scheduler.preemption import choose_victims
+from lightpath_services.workload_scheduler.preemption import choose_victims
 from tests.workload_scheduler.podfixtures import fabric, pod, running
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from services.workload_scheduler.preemption import choose_victims, max_freeable, shortfall
+from lightpath_services.workload_scheduler.preemption import choose_victims, max_freeable, shortfall
 from tests.workload_scheduler.podfixtures import fabric, pod, running
 
 

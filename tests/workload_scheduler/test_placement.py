@@ -10,13 +10,13 @@ from hypothesis import strategies as st
 
 from lightpath.domain.blocks import block_types_for, parse_block_types
 from lightpath.domain.slices import RUNNING, grid_positions
-from services.workload_scheduler.placement import (
+from lightpath_services.workload_scheduler.placement import (
     Placement,
     Unplaceable,
     capacity_for,
     place,
 )
-from services.workload_scheduler.planner import plan_replacement
+from lightpath_services.workload_scheduler.planner import plan_replacement
 from tests.workload_scheduler.podfixtures import demand, fabric, job, pod, running
 
 # Seed Fig. 2: a 64-block superpod of 4x4x4 blocks; black blocks are failed,

@@ -15,14 +15,14 @@ from lightpath.domain.slices import (
     TERMINATE,
     WIRING,
 )
-from services.workload_scheduler.placement import Placement, place
-from services.workload_scheduler.planner import (
+from lightpath_services.workload_scheduler.placement import Placement, place
+from lightpath_services.workload_scheduler.planner import (
     Allocation,
     apply_allocation,
     plan_admission,
     plan_pass,
 )
-from services.workload_scheduler.preemption import choose_victims, max_freeable
+from lightpath_services.workload_scheduler.preemption import choose_victims, max_freeable
 from tests.workload_scheduler.podfixtures import fabric, job, pod, running
 
 

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from lightpath.v1 import common_pb2 as c
 from lightpath.v1 import workload_scheduler_pb2 as ws
-from services.workload_scheduler.store import PodStore
+from lightpath_services.workload_scheduler.store import PodStore
 from tests.workload_scheduler.conftest import POD, PodStack, pod_stack
 from tests.workload_scheduler.podfixtures import fabric
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import redis.asyncio as aioredis
 
 from lightpath.client import channel
-from services.workload_scheduler.ocs import OcsManagerClient
-from services.workload_scheduler.scheduler import PodContext, WorkloadScheduler
-from services.workload_scheduler.store import PodStore
+from lightpath_services.workload_scheduler.ocs import OcsManagerClient
+from lightpath_services.workload_scheduler.scheduler import PodContext, WorkloadScheduler
+from lightpath_services.workload_scheduler.store import PodStore
 from tests.helpers import serve
 from tests.workload_scheduler.conftest import ocs_env
 from tests.workload_scheduler.podfixtures import fabric

@@ -14,7 +14,7 @@ from lightpath.domain.slices import PENDING, WIRING, SliceDemand, SliceJob
 from lightpath.v1 import common_pb2 as c
 from lightpath.v1 import ocs_manager_pb2, ocs_manager_pb2_grpc, workload_scheduler_pb2_grpc
 from lightpath.v1 import workload_scheduler_pb2 as ws
-from services.workload_scheduler.store import PodStore
+from lightpath_services.workload_scheduler.store import PodStore
 from tests.helpers import serve
 from tests.workload_scheduler.conftest import POD, PodStack, ocs_env
 

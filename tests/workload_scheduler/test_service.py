@@ -488,8 +488,8 @@ async def test_block_types_that_do_not_fit_the_fabric_are_refused_clearly(redis_
 def test_a_malformed_block_types_setting_stops_the_start():
     import pytest
 
-    from services.common.settings import SettingsError, load
-    from services.workload_scheduler.settings import WorkloadSchedulerSettings
+    from lightpath_services.common.settings import SettingsError, load
+    from lightpath_services.workload_scheduler.settings import WorkloadSchedulerSettings
 
     with pytest.raises(SettingsError, match="LIGHTPATH_BLOCK_TYPES"):
         load(WorkloadSchedulerSettings, {"LIGHTPATH_BLOCK_TYPES": "tpu,gpu:4"})

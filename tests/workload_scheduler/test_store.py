@@ -9,8 +9,8 @@ import pytest
 import redis.asyncio as aioredis
 
 from lightpath.domain.slices import PENDING, RUNNING, WIRING
-from services.workload_scheduler.placement import Placement, place
-from services.workload_scheduler.store import Conflict, PodStore
+from lightpath_services.workload_scheduler.placement import Placement, place
+from lightpath_services.workload_scheduler.store import Conflict, PodStore
 from tests.workload_scheduler.podfixtures import fabric, job
 
 POD = "pod-s"

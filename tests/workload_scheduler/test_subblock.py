@@ -20,14 +20,14 @@ from lightpath.domain.slices import (
 )
 from lightpath.errors import InvalidArgument
 from lightpath.v1 import common_pb2, workload_scheduler_pb2
-from services.workload_scheduler.box_placement import (
+from lightpath_services.workload_scheduler.box_placement import (
     BoxPlacement,
     aligned_offsets,
     largest_free_box,
     place_box,
 )
-from services.workload_scheduler.placement import PodState
-from services.workload_scheduler.planner import (
+from lightpath_services.workload_scheduler.placement import PodState
+from lightpath_services.workload_scheduler.planner import (
     Allocation,
     apply_allocation,
     boxes_on_failed_chips,

@@ -6,7 +6,7 @@ from __future__ import annotations
 from lightpath.client import channel
 from lightpath.domain.slices import SliceDemand, SliceJob
 from lightpath.v1 import common_pb2, ocs_manager_pb2
-from services.workload_scheduler.ocs import OcsManagerClient
+from lightpath_services.workload_scheduler.ocs import OcsManagerClient
 from tests.helpers import serve
 from tests.workload_scheduler.conftest import PodStack, ocs_env
 

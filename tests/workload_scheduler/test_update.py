@@ -11,7 +11,7 @@ import redis.asyncio as aioredis
 
 from lightpath.v1 import common_pb2 as c
 from lightpath.v1 import workload_scheduler_pb2 as ws
-from services.common.keys import pod_key
+from lightpath_services.common.keys import pod_key
 from tests.workload_scheduler.conftest import POD, rpc_error
 
 RUNNING, PENDING = c.JOB_STATE_RUNNING, c.JOB_STATE_PENDING

@@ -1,0 +1,13 @@
+"""`python -m lightpath_services.cell_scheduler` (console script `lightpath-cell-scheduler`)."""
+
+from lightpath_services.cell_scheduler.server import build
+from lightpath_services.cell_scheduler.settings import CellSchedulerSettings
+from lightpath_services.common.server import main as serve
+
+
+def main() -> None:
+    serve("cell_scheduler", CellSchedulerSettings, build)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,347 @@
+"""Admission control: shed or queue load instead of collapsing (issue 14).
+
+Every service's server keeps at most `max_inflight` sheddable calls in progress
+(LIGHTPATH_MAX_INFLIGHT). A call that finds them all busy waits in a bounded FIFO
+queue (LIGHTPATH_MAX_QUEUED places) for at most `queue_wait_s`
+(LIGHTPATH_QUEUE_WAIT_S). A call that finds the queue full, or does not get a
+slot in time, is refused at once with RESOURCE_EXHAUSTED, reason OVERLOADED, and
+a retry delay (google.rpc.RetryInfo), so the calls that are admitted keep their
+latency and the rest learn when to come back, instead of every call slowing
+down together until all of them time out.
+
+What is shed (`sheddable` per method, once; `exempt_principal` per call):
+  * unary calls from outside callers (tenants, operators, applications, nodes,
+    callers without a credential) to any method but those below;
+  * never health checks, reflection and GetInfo (probes must see an overloaded
+    service as alive), nor streams (watches and the aggregation data path are
+    long-lived: a slot held for a stream's life would starve unary calls), nor
+    the calls listed in EXEMPT_METHODS (the pods' registration and heartbeats, the
+    aggregation data path), which keep the system consistent;
+  * never calls from another Lightpath service: the front door already bounded
+    them, and a refusal between services would be read as a domain answer (the
+    cell reads a pod's RESOURCE_EXHAUSTED as "no room on this pod").
+
+Two lanes (issue 30, as Kubernetes' API priority and fairness gives requests that
+manage capacity their own level): calls that end or shrink work (FREEING_METHODS:
+CompleteJob, CancelJob, ReleaseSlice, ReleaseRings, ReleaseReservation,
+AbortCommand, CancelGraphRun) have slots of their own (`freeing_slots`, by default
+a quarter of LIGHTPATH_MAX_INFLIGHT, at least 4) and a queue of their own, beside
+the new work's. A flood of submits fills only the new-work lane: the calls that
+would free the capacity those submits wait for are never queued behind them nor
+shed because of them. A freeing call takes a free new-work slot when there is one
+(none is waiting for it), else one of its own.
+
+The number of slots follows the latency of the calls served (issue 30, as in
+Envoy's adaptive concurrency and Netflix's concurrency limits): with `target_s`
+(LIGHTPATH_TARGET_LATENCY_S) a call that took longer than it lowers the limit by a
+quarter (at most once per `target_s`), a faster one raises it by 1/limit, between
+MIN_SLOTS and `max_inflight`; a call finding the queue as long as the limit is
+refused at once. Calls beyond what the service serves within the target are answered
+with a retry delay instead of being held: under overload the calls accepted stay
+fast, and the stack's goodput is that of the limit that keeps them so.
+
+The limiter is a counter and a deque of futures: acquiring a free slot costs no
+await, a released slot goes straight to the oldest waiter.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections import deque
+from collections.abc import Callable
+
+from lightpath.security.identity import CONSOLE_SERVICE, SERVICE, Principal
+from lightpath_services.common.errors import ResourceExhausted
+
+log = logging.getLogger("lightpath.admission")
+
+# Unary methods never shed, whoever calls them: what keeps the system consistent.
+EXEMPT_METHODS = frozenset(
+    {
+        "/lightpath.v1.CellScheduler/RegisterPod",
+        "/lightpath.v1.CellScheduler/ReportPodStatus",
+        "/lightpath.v1.AggSwitch/ReportLoad",
+        "/lightpath.v1.AggSwitch/JoinCommand",
+    }
+)
+EXEMPT_PREFIXES = ("/grpc.health.v1.", "/grpc.reflection.")
+
+# Unary methods (by name, in any service) that end or shrink work: the freeing lane.
+FREEING_METHODS = frozenset(
+    {
+        "CompleteJob",
+        "CancelJob",
+        "ReleaseSlice",
+        "ReleaseRings",
+        "ReleaseReservation",
+        "AbortCommand",
+        "CancelGraphRun",
+    }
+)
+
+OVERLOADED = "OVERLOADED"
+# The adaptive limit never goes below this many slots (module doc).
+MIN_SLOTS = 4
+# How often, at most, shedding is logged (one warning with the count, not a line per call).
+LOG_EVERY_S = 10.0
+
+
+def sheddable(method: str, *, streaming: bool) -> bool:
+    """Whether calls of `method` go through admission at all (decided once per method)."""
+    return not (
+        streaming
+        or method.startswith(EXEMPT_PREFIXES)
+        or method.endswith("/GetInfo")
+        or method in EXEMPT_METHODS
+    )
+
+
+def frees_capacity(method: str) -> bool:
+    """Whether `method` (`/package.Service/Method`) ends or shrinks work."""
+    return method.rpartition("/")[2] in FREEING_METHODS
+
+
+def exempt_principal(principal: Principal | None) -> bool:
+    """Calls from Lightpath services are never shed (see the module docstring), but for the
+    web console's: it reads for people at browsers, like any outside caller."""
+    return (
+        principal is not None
+        and principal.kind == SERVICE
+        and not principal.is_service(CONSOLE_SERVICE)
+    )
+
+
+class RefusalRate:
+    """The share of recent calls refused (about the last `window_s`: two buckets of half
+    of it), for retry delays that grow with it: a caller refused while most are
+    comes back later, so retries never become most of the load (issue 30)."""
+
+    def __init__(self, window_s: float = 2.0, clock: Callable[[], float] = time.monotonic):
+        self.half = window_s / 2
+        self._clock = clock
+        self._start = clock()
+        self._now = [0, 0]  # admitted, refused in the current bucket
+        self._before = [0, 0]  # ... in the one before
+
+    def _roll(self) -> None:
+        now = self._clock()
+        if now - self._start >= self.half:
+            self._before = self._now if now - self._start < 2 * self.half else [0, 0]
+            self._now = [0, 0]
+            self._start = now
+
+    def record(self, refused: bool) -> None:
+        self._roll()
+        self._now[1 if refused else 0] += 1
+
+    def fraction(self) -> float:
+        self._roll()
+        admitted = self._now[0] + self._before[0]
+        refused = self._now[1] + self._before[1]
+        return refused / (admitted + refused) if admitted + refused else 0.0
+
+    def delay(self, base: float, cap: float = 10.0) -> float:
+        """`base` jittered by up to +50 %, divided by the share admitted (at least 5 %)."""
+        share = max(0.05, 1.0 - self.fraction())
+        return round(min(cap, base * (1.0 + 0.5 * random.random()) / share), 3)
+
+
+class Admission:
+    """At most `max_inflight` admitted calls at once, `max_queued` more waiting up to
+    `queue_wait_s` each; beyond that `acquire` raises ResourceExhausted (OVERLOADED)
+    with a retry delay. Every successful `acquire` must be paired with one `release`."""
+
+    def __init__(
+        self,
+        max_inflight: int,
+        max_queued: int,
+        queue_wait_s: float,
+        *,
+        service: str = "service",
+        freeing_slots: int | None = None,
+        target_s: float = 0.0,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        if max_inflight < 1:
+            raise ValueError("max_inflight must be >= 1")
+        if max_queued < 0 or queue_wait_s < 0 or target_s < 0:
+            raise ValueError("max_queued, queue_wait_s and target_s must be >= 0")
+        self.max_inflight = max_inflight
+        self.max_queued = max_queued
+        self.queue_wait_s = queue_wait_s
+        self.service = service
+        self.target_s = target_s  # 0: a fixed limit of max_inflight
+        self._clock = clock
+        self.limit = float(max_inflight)
+        self._lowered_at = -float("inf")
+        self.inflight = 0
+        self.shed = 0  # calls refused since start
+        self._waiters: deque[asyncio.Future[None]] = deque()
+        self._logged_at = 0.0
+        self._shed_since_log = 0
+        self.rate = RefusalRate()
+        if freeing_slots is None:
+            freeing_slots = max(4, max_inflight // 4)
+        self.min_limit = float(min(max_inflight, MIN_SLOTS))
+        # The freeing lane (module doc); 0: none (every call in this one).
+        self.freeing: FreeingLane | None = (
+            FreeingLane(self, freeing_slots, max_queued, queue_wait_s, service=service)
+            if freeing_slots > 0
+            else None
+        )
+
+    def lane(self, method: str) -> Admission:
+        """The limiter calls of `method` go through."""
+        if self.freeing is not None and frees_capacity(method):
+            return self.freeing
+        return self
+
+    @property
+    def queued(self) -> int:
+        return len(self._waiters)
+
+    async def acquire(self) -> None:
+        """Take a slot, waiting for one in the queue if need be; ResourceExhausted if
+        the queue is full or no slot came free within `queue_wait_s`."""
+        if self.inflight < self.slots and not self._waiters:
+            self.inflight += 1
+            self.rate.record(False)
+            return
+        if len(self._waiters) >= self.queue_places or self.queue_wait_s == 0:
+            raise self._refusal("its wait queue is full")
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(fut)
+        try:
+            async with asyncio.timeout(self.queue_wait_s):
+                await fut
+        except TimeoutError:
+            if self._granted(fut):
+                self.rate.record(False)
+                return  # the slot came at the deadline: keep it
+            self._forget(fut)
+            raise self._refusal(f"no call finished within {self.queue_wait_s:g} s") from None
+        except BaseException:
+            # Cancelled (the caller went away, its deadline passed): give back what it got.
+            if self._granted(fut):
+                Admission.release(self)  # this lane's own slot (a subclass counts its own)
+            else:
+                self._forget(fut)
+            raise
+        self.rate.record(False)
+
+    @property
+    def slots(self) -> int:
+        """Calls served at once now: the adaptive limit (module doc)."""
+        return int(self.limit)
+
+    @property
+    def queue_places(self) -> int:
+        """Calls that may wait now: with an adaptive limit, no more than it serves at
+        once (a longer queue would hold its last call past the target)."""
+        return min(self.max_queued, self.slots) if self.target_s else self.max_queued
+
+    def observe(self, took_s: float) -> None:
+        """A call admitted here took `took_s` from arrival to answer: adapt the limit."""
+        if not self.target_s:
+            return
+        if took_s > self.target_s:
+            now = self._clock()
+            if now - self._lowered_at >= self.target_s:
+                self.limit = max(self.min_limit, self.limit * 0.75)
+                self._lowered_at = now
+        else:
+            self.limit = min(float(self.max_inflight), self.limit + 1.0 / self.limit)
+
+    def release(self) -> None:
+        """Give a slot back: to the oldest waiter still waiting (unless the limit fell
+        below the calls in progress), else to the pool."""
+        while self._waiters and self.inflight <= self.slots:
+            fut = self._waiters.popleft()
+            if not fut.done():
+                fut.set_result(None)  # the slot passes on: inflight unchanged
+                return
+        self.inflight -= 1
+
+    @staticmethod
+    def _granted(fut: asyncio.Future[None]) -> bool:
+        return fut.done() and not fut.cancelled()
+
+    def _forget(self, fut: asyncio.Future[None]) -> None:
+        fut.cancel()
+        try:
+            self._waiters.remove(fut)
+        except ValueError:
+            pass
+
+    def retry_delay_s(self) -> float:
+        """When a refused caller should come back: about one queue wait (by then the
+        calls in progress and queued now have been served or refused), jittered by
+        up to +50 % so refused callers do not all return at the same instant, and
+        longer the more of the recent calls were refused (RefusalRate)."""
+        return self.rate.delay(max(self.queue_wait_s, 0.1))
+
+    def _refusal(self, why: str) -> ResourceExhausted:
+        self.rate.record(True)
+        self.shed += 1
+        self._shed_since_log += 1
+        now = time.monotonic()
+        if now - self._logged_at >= LOG_EVERY_S:
+            log.warning(
+                "%s is overloaded: shed %d call(s) since the last such warning (%d in "
+                "progress, %d queued; LIGHTPATH_MAX_INFLIGHT=%d, LIGHTPATH_MAX_QUEUED=%d)",
+                self.service,
+                self._shed_since_log,
+                self.inflight,
+                len(self._waiters),
+                self.max_inflight,
+                self.max_queued,
+                extra={"shed": self._shed_since_log},
+            )
+            self._logged_at = now
+            self._shed_since_log = 0
+        delay = self.retry_delay_s()
+        return ResourceExhausted(
+            f"{self.service} is overloaded ({self.inflight} calls in progress of "
+            f"{self.slots}, "
+            f"{len(self._waiters)} waiting; {why}); nothing was done, retry in {delay:g} s",
+            reason=OVERLOADED,
+            retry_delay_s=delay,
+            metadata={"service": self.service},
+        )
+
+
+class FreeingLane(Admission):
+    """The freeing calls' own slots and queue (module doc). A call takes a free slot of
+    the new-work lane first (when nobody waits for one), so with no load the lanes
+    together serve as many calls as before; `release` gives each slot back to the lane
+    it came from."""
+
+    def __init__(
+        self, general: Admission, slots: int, max_queued: int, queue_wait_s: float, *, service: str
+    ):
+        super().__init__(slots, max_queued, queue_wait_s, service=service, freeing_slots=0)
+        self.general = general
+        self.borrowed = 0  # calls in progress on a slot of the new-work lane
+
+    async def acquire(self) -> None:
+        g = self.general
+        if g.inflight < g.slots and not g._waiters:
+            g.inflight += 1
+            self.borrowed += 1
+            return
+        await super().acquire()
+
+    def release(self) -> None:
+        # Which slot a finished call held does not matter, only how many of each are
+        # held: a borrowed one goes back first (new work may be waiting for it).
+        if self.borrowed:
+            self.borrowed -= 1
+            self.general.release()
+        else:
+            super().release()
+
+    def _refusal(self, why: str) -> ResourceExhausted:
+        return super()._refusal(f"calls that end or release work: {why}")

@@ -1,0 +1,13 @@
+"""`python -m lightpath_services.core_broker` (console script `lightpath-core-broker`)."""
+
+from lightpath_services.common.server import main as serve
+from lightpath_services.core_broker.server import build
+from lightpath_services.core_broker.settings import CoreBrokerSettings
+
+
+def main() -> None:
+    serve("core_broker", CoreBrokerSettings, build)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,109 @@
+"""Several configurations on the same workload and failure seed, side by side, and
+the files a run writes (issue 29)."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from lightpath_services.sim import report
+from lightpath_services.sim.engine import POLICIES, Result, SimConfig, simulate
+from lightpath_services.sim.workload import TraceJob
+
+COMPARE_DEFAULT = ("static", "fifo", "priority", "aged", "easy", "defrag")
+
+
+def run_many(
+    jobs: list[TraceJob], base: SimConfig, policies: list[str], progress=None
+) -> tuple[dict[str, Result], list[dict[str, Any]]]:
+    results: dict[str, Result] = {}
+    summaries = []
+    for name in policies:
+        config = replace(base, policy=POLICIES[name])
+        if progress:
+            progress(f"simulating {len(jobs)} jobs with policy {name} …")
+        res = simulate(jobs, config)
+        results[name] = res
+        summaries.append(report.summary(res, config, name))
+    return results, summaries
+
+
+def write_outputs(
+    out: Path, results: dict[str, Result], summaries: list[dict[str, Any]], extra: dict
+) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    path = out / "summary.json"
+    path.write_text(json.dumps({**extra, "runs": summaries}, indent=2, default=_nan) + "\n")
+    written.append(path)
+    for label, res in results.items():
+        p = out / f"jobs-{label}.csv"
+        report.write_jobs_csv(res, p)
+        written.append(p)
+    p = out / "utilisation.png"
+    report.plot_utilisation(results, p)
+    written.append(p)
+    p = out / "wait_jct_cdf.png"
+    report.plot_cdfs(results, p)
+    written.append(p)
+    if len(summaries) > 1:
+        p = out / "policies.png"
+        report.plot_bars(summaries, p)
+        written.append(p)
+    return written
+
+
+def _nan(x: Any) -> Any:
+    if isinstance(x, float) and math.isnan(x):
+        return None
+    raise TypeError(f"not JSON: {x!r}")
+
+
+def table(summaries: list[dict[str, Any]]) -> list[list[str]]:
+    """Rows for a person: one per configuration."""
+    rows = [
+        [
+            "policy",
+            "util healthy",
+            "util all",
+            "wait mean h",
+            "wait p50 h",
+            "wait p99 h",
+            "largest wait h",
+            "largest max h",
+            "JCT p99 h",
+            "lost %",
+            "frag %",
+            "preempt",
+            "swaps",
+        ]
+    ]
+    for s in summaries:
+        lost = s["goodput_lost_failures"] + s["goodput_lost_preemption"] + s["goodput_lost_defrag"]
+        rows.append(
+            [
+                s["label"],
+                f"{100 * s['utilisation_healthy']:.1f} %",
+                f"{100 * s['utilisation_all']:.1f} %",
+                _h(s["wait_s"].get("mean")),
+                _h(s["wait_s"].get("p50")),
+                _h(s["wait_s"].get("p99")),
+                _h(s["largest_wait_s"].get("mean")),
+                _h(s["largest_wait_s"].get("max")),
+                _h(s["jct_s"].get("p99")),
+                f"{100 * lost:.2f}",
+                f"{100 * s['fragmentation']:.1f}",
+                str(s["preemptions"]),
+                str(s["swaps"]),
+            ]
+        )
+    return rows
+
+
+def _h(seconds: float | None) -> str:
+    if seconds is None or (isinstance(seconds, float) and math.isnan(seconds)):
+        return "-"
+    return f"{seconds / 3600:.2f}"

@@ -1,0 +1,13 @@
+"""`python -m lightpath_services.workload_scheduler` (console script `lightpath-workload-scheduler`)."""
+
+from lightpath_services.common.server import main as serve
+from lightpath_services.workload_scheduler.server import build
+from lightpath_services.workload_scheduler.settings import WorkloadSchedulerSettings
+
+
+def main() -> None:
+    serve("workload_scheduler", WorkloadSchedulerSettings, build)
+
+
+if __name__ == "__main__":
+    main()
