@@ -53,7 +53,18 @@ async def report(
     )
 
 
-async def place(store: CellStore, job: str, pod: str = POD, needs=None) -> None:
+async def place(
+    store: CellStore,
+    job: str,
+    pod: str = POD,
+    needs=None,
+    *,
+    state: str = "RUNNING",
+    shown: str = "",
+    now_ms: int = 1,
+) -> None:
+    """Forward `job` to `pod` and place it there in the pod's `state`; the cell then shows
+    `shown` (default: that state)."""
     needs = needs or {"tpu": 2}
     await store.claim_new(
         job,
@@ -63,14 +74,14 @@ async def place(store: CellStore, job: str, pod: str = POD, needs=None) -> None:
         needs=needs,
         token="tok",
         until_ms=99_999,
-        now_ms=1,
+        now_ms=now_ms,
         check_free=False,
         reason="forwarding",
     )
     placed = await store.placed(
-        job, token="tok", pod=pod, state="RUNNING", n=3, reason="wired", fields={}, now_ms=2
+        job, token="tok", pod=pod, state=state, n=3, reason="wired", fields={}, now_ms=now_ms + 1
     )
-    assert placed is not None and placed.phase == "PLACED" and placed.state == "RUNNING"
+    assert placed is not None and placed.phase == "PLACED" and placed.state == (shown or state)
 
 
 def test_stream_ids_compare_as_ids_once_padded():
@@ -320,23 +331,8 @@ async def test_a_forward_answered_ended_while_the_pod_is_marked_silent_shows_the
     await store.register(POD, "reg", "127.0.0.1:1", 5, "0-0")
     await report(store)
     assert await store.mark_down(POD, 16_000, 5_000) == 0
-    for job, state, shown in (("done", "COMPLETED", "COMPLETED"), ("on", "RUNNING", "UNKNOWN")):
-        await store.claim_new(
-            job,
-            fields={"req": "r", "priority": 50},
-            tenant="t",
-            pod=POD,
-            needs={"tpu": 2},
-            token="tok",
-            until_ms=99_999,
-            now_ms=16_001,
-            check_free=False,
-            reason="forwarding",
-        )
-        placed = await store.placed(
-            job, token="tok", pod=POD, state=state, n=4, reason="r", fields={}, now_ms=16_002
-        )
-        assert placed is not None and placed.state == shown
+    await place(store, "done", state="COMPLETED", now_ms=16_001)
+    await place(store, "on", shown="UNKNOWN", now_ms=16_001)
     await report(store, now_ms=18_000)
     assert [(await store.job(j)).state for j in ("done", "on")] == ["COMPLETED", "RUNNING"]
 
