@@ -119,51 +119,49 @@ async def eventually(check, what: str, within_s: float = DEFINITE_WITHIN_S):
     raise AssertionError(f"not within {within_s} s: {what} (last: {last})")
 
 
+async def pod_status(cell) -> int:
+    """The pod's status as the cell lists it (-1: not listed)."""
+    pods = (await cell.ListPods(cs.ListPodsRequest())).pods
+    return next((p.status for p in pods if p.registration.pod_id == POD), -1)
+
+
+async def pod_ready(cell) -> bool:
+    return await pod_status(cell) == cs.POD_STATUS_READY
+
+
+def cell_and_pod(
+    ns: Namespace, redis_url: str, tmp_path: Path, pod_timeout_s: str
+) -> tuple[Service, Service, Service]:
+    """A cell on this side (on `redis_url`) and a pod in `ns`: its scheduler and
+    ocs_manager on a Redis of their own there, heartbeats every 0.3 s."""
+    hosts = (ns.host_ip, ns.ip)
+    pod_redis = ns.redis(tmp_path)
+    cell_env = {"LIGHTPATH_CELL_POD_TIMEOUT_S": pod_timeout_s}
+    cell = Service("cell_scheduler", ns.host_ip, redis_url, tmp_path, cell_env, hosts)
+    ocs = Service("ocs_manager", ns.ip, pod_redis, tmp_path, fabric(), hosts, ns)
+    env = {
+        "LIGHTPATH_POD_ID": POD,
+        "LIGHTPATH_OCS_ADDR": ocs.address,
+        "LIGHTPATH_CELL_ADDR": cell.address,
+        "LIGHTPATH_CELL_HEARTBEAT_S": "0.3",
+        "LIGHTPATH_WS_RECONCILE_S": "0.3",
+    }
+    sched = Service("workload_scheduler", ns.ip, pod_redis, tmp_path, env, hosts, ns)
+    sched.env["LIGHTPATH_ADVERTISE_ADDR"] = sched.address
+    return cell, ocs, sched
+
+
 async def test_the_cell_and_a_pod_partitioned_past_the_pod_timeout_then_healed(
     namespace, redis_url, tmp_path
 ):
     ns = namespace
-    hosts = (ns.host_ip, ns.ip)
-    pod_redis = ns.redis(tmp_path)
-    cell = Service(
-        "cell_scheduler",
-        ns.host_ip,
-        redis_url,
-        tmp_path,
-        {"LIGHTPATH_CELL_POD_TIMEOUT_S": "2"},
-        hosts,
-    )
-    ocs = Service("ocs_manager", ns.ip, pod_redis, tmp_path, fabric(), hosts, ns)
-    sched = Service(
-        "workload_scheduler",
-        ns.ip,
-        pod_redis,
-        tmp_path,
-        {
-            "LIGHTPATH_POD_ID": POD,
-            "LIGHTPATH_OCS_ADDR": ocs.address,
-            "LIGHTPATH_CELL_ADDR": cell.address,
-            "LIGHTPATH_ADVERTISE_ADDR": "",
-            "LIGHTPATH_CELL_HEARTBEAT_S": "0.3",
-            "LIGHTPATH_WS_RECONCILE_S": "0.3",
-        },
-        hosts,
-        ns,
-    )
-    sched.env["LIGHTPATH_ADVERTISE_ADDR"] = sched.address
+    cell, ocs, sched = cell_and_pod(ns, redis_url, tmp_path, pod_timeout_s="2")
     history = History()
     with started(cell, ocs, sched):
         async with channel(cell.address, max_attempts=1) as ch:
             stub = cell_scheduler_pb2_grpc.CellSchedulerStub(ch)
 
-            async def pod_status() -> int:
-                pods = (await stub.ListPods(cs.ListPodsRequest())).pods
-                return next((p.status for p in pods if p.registration.pod_id == POD), -1)
-
-            async def ready() -> bool:
-                return await pod_status() == cs.POD_STATUS_READY
-
-            await eventually(ready, "the pod registered and READY")
+            await eventually(lambda: pod_ready(stub), "the pod registered and READY")
 
             async def submit(job_id: str) -> None:
                 resp = await stub.SubmitJob(cs.SubmitJobRequest(spec=job_spec(job_id)), timeout=20)
@@ -174,7 +172,7 @@ async def test_the_cell_and_a_pod_partitioned_past_the_pod_timeout_then_healed(
             try:
 
                 async def silent() -> bool:
-                    return await pod_status() != cs.POD_STATUS_READY
+                    return await pod_status(stub) != cs.POD_STATUS_READY
 
                 await eventually(silent, "the cell saw the pod go silent")
                 await submit("during")  # waits in the cell queue: no pod answers
@@ -185,13 +183,68 @@ async def test_the_cell_and_a_pod_partitioned_past_the_pod_timeout_then_healed(
             async def all_definite() -> object:
                 jobs = await stub.ListJobs(cs.ListCellJobsRequest(page_size=100))
                 states = {j.job_id: state(j) for j in jobs.jobs}
-                if await ready() and states.get("during") == "RUNNING":
+                if await pod_ready(stub) and states.get("during") == "RUNNING":
                     return all(s in DEFINITE for s in states.values()) or states
                 return states
 
             await eventually(all_definite, "healed: every job definite, the queued one placed")
             jobs = (await stub.ListJobs(cs.ListCellJobsRequest(page_size=100))).jobs
             assert {j.job_id: state(j) for j in jobs} == {"before": "RUNNING", "during": "RUNNING"}
+        async with scheduler_at(sched.address) as s, ocs_at(ocs.address) as o:
+            report = history.check(await pod_final(s, o))
+            assert report.ok, report.details()
+            assert await invariants_hold(o) == []
+
+
+async def test_a_job_ended_while_its_pod_cannot_report_is_definite_at_once_and_after_the_heal(
+    namespace, redis_url, tmp_path
+):
+    """The pod's reports cannot reach the cell (nftables drops what goes to the cell's
+    port) while the cell's calls still reach the pod: what a pod cut off from its Redis
+    looks like from the cell (bench/partitions.py found it so). The cell marks the pod
+    silent, its job UNKNOWN; a CompleteJob through the cell reaches the pod and is
+    answered. The end is known for good: the cell shows it at once, and after the heal
+    every job is definite (it once stayed UNKNOWN for ever: the end left the pod's live
+    jobs while they showed UNKNOWN, and only live jobs show again when the pod reports)."""
+    ns = namespace
+    cell, ocs, sched = cell_and_pod(ns, redis_url, tmp_path, pod_timeout_s="1.5")
+    history = History()
+    with started(cell, ocs, sched):
+        async with channel(cell.address, max_attempts=1) as ch:
+            stub = cell_scheduler_pb2_grpc.CellSchedulerStub(ch)
+
+            async def cell_state(job_id: str) -> str:
+                return state(await stub.GetJob(cs.GetCellJobRequest(job_id=job_id), timeout=10))
+
+            async def running(job_id: str) -> object:
+                return await cell_state(job_id) == "RUNNING" or await cell_state(job_id)
+
+            await eventually(lambda: pod_ready(stub), "the pod registered and READY")
+            for job_id in ("ends", "runs"):
+                resp = await stub.SubmitJob(cs.SubmitJobRequest(spec=job_spec(job_id)), timeout=20)
+                history.ack("submit", job_id, time.monotonic(), state(resp.job))
+                await eventually(lambda j=job_id: running(j), f"{job_id} RUNNING")
+            ns.cut_ports([int(cell.address.rsplit(":", 1)[1])])
+            try:
+
+                async def unknown() -> object:
+                    return await cell_state("ends") == "UNKNOWN" or await cell_state("ends")
+
+                await eventually(unknown, "the cell marked the pod silent")
+                await stub.CompleteJob(cs.CompleteCellJobRequest(job_id="ends"), timeout=20)
+                history.ack("complete", "ends", time.monotonic())
+                # the pod answered it: known, not UNKNOWN (the other job still is)
+                assert await cell_state("ends") == "COMPLETED"
+                assert await cell_state("runs") == "UNKNOWN"
+            finally:
+                ns.heal()
+
+            async def all_definite() -> object:
+                jobs = (await stub.ListJobs(cs.ListCellJobsRequest(page_size=100))).jobs
+                states = {j.job_id: state(j) for j in jobs}
+                return states == {"ends": "COMPLETED", "runs": "RUNNING"} or states
+
+            await eventually(all_definite, "healed: every job definite at the cell")
         async with scheduler_at(sched.address) as s, ocs_at(ocs.address) as o:
             report = history.check(await pod_final(s, o))
             assert report.ok, report.details()
@@ -240,14 +293,7 @@ async def test_a_slow_lossy_link_between_the_pod_and_its_ocs_manager_under_load(
             async with channel(cell.address, max_attempts=1) as ch:
                 stub = cell_scheduler_pb2_grpc.CellSchedulerStub(ch)
 
-                async def ready() -> bool:
-                    pods = (await stub.ListPods(cs.ListPodsRequest())).pods
-                    return any(
-                        p.registration.pod_id == POD and p.status == cs.POD_STATUS_READY
-                        for p in pods
-                    )
-
-                await eventually(ready, "the pod registered and READY")
+                await eventually(lambda: pod_ready(stub), "the pod registered and READY")
 
                 async def job(n: int) -> None:
                     job_id = f"slow-{n}"

@@ -53,7 +53,18 @@ async def report(
     )
 
 
-async def place(store: CellStore, job: str, pod: str = POD, needs=None) -> None:
+async def place(
+    store: CellStore,
+    job: str,
+    pod: str = POD,
+    needs=None,
+    *,
+    state: str = "RUNNING",
+    shown: str = "",
+    now_ms: int = 1,
+) -> None:
+    """Forward `job` to `pod` and place it there in the pod's `state`; the cell then shows
+    `shown` (default: that state)."""
     needs = needs or {"tpu": 2}
     await store.claim_new(
         job,
@@ -63,14 +74,14 @@ async def place(store: CellStore, job: str, pod: str = POD, needs=None) -> None:
         needs=needs,
         token="tok",
         until_ms=99_999,
-        now_ms=1,
+        now_ms=now_ms,
         check_free=False,
         reason="forwarding",
     )
     placed = await store.placed(
-        job, token="tok", pod=pod, state="RUNNING", n=3, reason="wired", fields={}, now_ms=2
+        job, token="tok", pod=pod, state=state, n=3, reason="wired", fields={}, now_ms=now_ms + 1
     )
-    assert placed is not None and placed.phase == "PLACED" and placed.state == "RUNNING"
+    assert placed is not None and placed.phase == "PLACED" and placed.state == (shown or state)
 
 
 def test_stream_ids_compare_as_ids_once_padded():
@@ -286,6 +297,44 @@ async def test_a_silent_pod_s_jobs_show_unknown_and_come_back_when_it_reports(st
     assert reported.returned and rec.state == "SUSPENDED"
     history = [(e["from"], e["to"]) for e in await store.history("live")]
     assert ("RUNNING", "UNKNOWN") in history and ("UNKNOWN", "RUNNING") in history
+
+
+async def test_an_end_the_pod_answers_while_marked_silent_shows_at_once_and_stays(store):
+    # The pod cannot report (cut off from its Redis, or from the cell's port) but answers
+    # the cell's CompleteJob: the end is known for good, not UNKNOWN until a report (that
+    # report would never show it again: the ended job is no longer live).
+    await store.register(POD, "reg", "127.0.0.1:1", 5, "0-0")
+    await report(store)  # seen at 10 000
+    await place(store, "ended")
+    await place(store, "running")
+    assert await store.mark_down(POD, 16_000, 5_000) == 2
+    m = await store.mirror(
+        "ended", pod=POD, state="COMPLETED", n=4, reason="completed", now_ms=17_000
+    )
+    assert m.applied and m.record.state == "COMPLETED"
+    # A newer state that is not an end waits for the pod's report, as CS-6 says.
+    m = await store.mirror("running", pod=POD, state="SUSPENDED", n=4, reason="s", now_ms=17_001)
+    assert m.applied and m.record.state == "UNKNOWN"
+    history = [(e["from"], e["to"]) for e in await store.history("ended")]
+    assert history[-1] == ("UNKNOWN", "COMPLETED")
+    # Heard again: the ended job stays ended, the other shows what the pod last said.
+    reported = await report(
+        store, until="4-0", trs=[tr("4-0", "ended", 4, "COMPLETED", "RUNNING")], now_ms=18_000
+    )
+    assert reported.returned
+    assert (await store.job("ended")).state == "COMPLETED"
+    assert (await store.job("running")).state == "SUSPENDED"
+
+
+async def test_a_forward_answered_ended_while_the_pod_is_marked_silent_shows_the_end(store):
+    # (A take-over asking the pod about a forward finds the job already ended there.)
+    await store.register(POD, "reg", "127.0.0.1:1", 5, "0-0")
+    await report(store)
+    assert await store.mark_down(POD, 16_000, 5_000) == 0
+    await place(store, "done", state="COMPLETED", now_ms=16_001)
+    await place(store, "on", shown="UNKNOWN", now_ms=16_001)
+    await report(store, now_ms=18_000)
+    assert [(await store.job(j)).state for j in ("done", "on")] == ["COMPLETED", "RUNNING"]
 
 
 async def _queue(store: CellStore, job: str, priority: int, now_ms: int) -> None:

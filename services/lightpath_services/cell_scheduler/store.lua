@@ -72,6 +72,14 @@ local function alive(pod, endpoint, now)
   end
   return 1
 end
+-- What a job on `pod` shows for the pod's `state`: UNKNOWN while the pod is marked silent
+-- (alive() shows its live jobs again once it reports) -- but an end the pod answered is
+-- known for good, and shown at once: the job leaves "live", so alive() would never show
+-- it again (it stayed UNKNOWN for ever).
+local function shown_state(pod, state)
+  if FINAL[state] or call("SISMEMBER", key("down"), pod) == 0 then return state end
+  return "UNKNOWN"
+end
 local function queue_again(jk, job)
   local f = call("HMGET", jk, "priority", "seq")
   local score = (C.PRIORITY_ABOVE - tonumber(f[1])) * C.PRIORITY_STRIDE + tonumber(f[2])
@@ -290,8 +298,7 @@ if USES.placed then OPS.placed = function(o)
   else
     state = call("HGET", jk, "pod_state")
   end
-  local down = call("SISMEMBER", key("down"), pod) == 1
-  call("HSET", jk, "state", down and "UNKNOWN" or state)
+  call("HSET", jk, "state", shown_state(pod, state))
   call("ZADD", key("podjobs"), f[2], job)
   if not FINAL[state] then call("SADD", key("live"), job) else uncharge(jk, now) end
 end end
@@ -352,9 +359,13 @@ end end
 if USES.mirror then OPS.mirror = function(o)
   local job, pod, state, n, reason, now, ended = o[2], o[3], o[4], o[5], o[6], o[7], o[8]
   local jk = member("job", job)
-  local f = call("HMGET", jk, "pod_state", "needs")
+  local f = call("HMGET", jk, "pod_state", "needs", "state")
   call("HSET", jk, "pod_state", state, "n", n, "reason", reason, "updated_ms", now)
-  if call("SISMEMBER", key("down"), pod) == 0 then call("HSET", jk, "state", state) end
+  local shown = shown_state(pod, state)
+  call("HSET", jk, "state", shown)
+  if f[3] == "UNKNOWN" and shown ~= "UNKNOWN" then
+    cell_event(job, "UNKNOWN", shown, "pod " .. pod .. " answered: " .. reason, pod, now)
+  end
   RESULT.freed = 0
   if FINAL[state] then
     call("SREM", key("live"), job)

@@ -24,7 +24,8 @@ Registry (CS-1):
                                         capacity report of the pod shows it (see _REPORT)
     lp:{cell}:ack                 hash  pod -> last job transition applied (padded stream id)
     lp:{cell}:suspect             hash  pod -> until (ms): a forward failed to reach it
-    lp:{cell}:down                set   pods marked silent (their jobs show UNKNOWN, CS-6)
+    lp:{cell}:down                set   pods marked silent (their live jobs show UNKNOWN, CS-6;
+                                        an end the pod answers meanwhile shows at once)
 
 Jobs (CS-5):
 
