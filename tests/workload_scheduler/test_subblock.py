@@ -326,3 +326,38 @@ def test_a_swap_whose_only_victims_are_a_blocks_sub_block_slices_is_no_swap():
     hosted(state, box_job("a", (2, 2, 2), priority=10), 1, (0, 0, 0))
     state.failed.add(0)
     assert plan_replacement(state, state.jobs["held"], 0) is None
+
+
+def test_a_box_reclaiming_quota_takes_the_named_boxes_only_whatever_their_priority():
+    """Issue 35: the cell names the borrowers' sub-block slices; the owner's box takes
+    room from those alone, by their own policies, never from an unnamed one of lower
+    priority (nor from one that reclaimed from it)."""
+    state = PodState(fabric(blocks=1))
+    hosted(state, box_job("stranger", (2, 4, 4), priority=5), 0, (0, 0, 0))
+    hosted(state, box_job("borrowed", (2, 4, 4), priority=90, policy=TERMINATE), 0, (2, 0, 0))
+    owner = box_job("owner", (2, 2, 2), priority=10)
+    state.jobs["owner"] = owner
+    alloc = plan_admission(state, owner, reclaim=frozenset({"borrowed"}))
+    assert isinstance(alloc, Allocation)
+    assert [(v.job_id, v.action) for v in alloc.victims] == [("borrowed", TERMINATE)]
+    assert alloc.offset is not None and alloc.offset[0] == 2
+    # without the name, its priority rules: the stranger's lower-priority box goes
+    alloc = plan_admission(state, owner)
+    assert isinstance(alloc, Allocation) and [v.job_id for v in alloc.victims] == ["stranger"]
+    # a named box that reclaimed from the owner is never its victim
+    state.jobs["borrowed"] = state.jobs["borrowed"].with_(reclaimed_from=("owner",))
+    assert not isinstance(plan_admission(state, owner, reclaim=frozenset({"borrowed"})), Allocation)
+
+
+def test_a_block_slice_reclaiming_quota_takes_a_block_whose_boxes_are_all_named():
+    state = PodState(fabric(blocks=2))
+    state.assume_allocated(job("held", (1, 1, 1), priority=90, state=RUNNING, placement=[0]))
+    hosted(state, box_job("a", (2, 2, 2), priority=95, policy=TERMINATE), 1, (0, 0, 0))
+    hosted(state, box_job("b", (2, 2, 2), priority=95), 1, (2, 0, 0))
+    owner = job("owner", (1, 1, 1), priority=10)
+    state.jobs["owner"] = owner
+    alloc = plan_admission(state, owner, reclaim=frozenset({"a", "b"}))
+    assert isinstance(alloc, Allocation) and alloc.placement == (1,)
+    assert {(v.job_id, v.action) for v in alloc.victims} == {("a", TERMINATE), ("b", DELAY)}
+    # one of the block's boxes not named keeps the block
+    assert not isinstance(plan_admission(state, owner, reclaim=frozenset({"a"})), Allocation)
