@@ -424,7 +424,7 @@ def gate(
 # -- reclaim -------------------------------------------------------------------------
 
 # What reclaim reads of each live job (store.live_fields).
-RECLAIM_FIELDS = ("tenant", "priority", "seq", "state", "qc", "phase")
+RECLAIM_FIELDS = ("tenant", "priority", "seq", "state", "qc", "phase", "box")
 
 
 def plan_reclaim(
@@ -433,10 +433,17 @@ def plan_reclaim(
     state: QuotaState,
     live: Iterable[tuple[str, str, Mapping[str, str]]],
     room: Mapping[str, Mapping[str, int]],
+    *,
+    box: bool = False,
+    block_chips: Mapping[str, int] | None = None,
 ) -> Reclaim | None:
     """Borrowers' running jobs on one pod whose chips let `tenant`'s job (within its
     nominal quota, no room anywhere) run there: the model's choice over what the store
-    says runs (store.live_fields of RECLAIM_FIELDS), or None."""
+    says runs (store.live_fields of RECLAIM_FIELDS), or None. `box`: the job is a
+    sub-block slice; a live job's `box` field names the block its own box is in (the
+    pod's answer), so boxes count as chips of their block, and every live job there,
+    whatever its state, holds that block."""
+    rows = list(live)
     running = [
         RunningJob(
             job,
@@ -445,8 +452,15 @@ def plan_reclaim(
             int(f.get("seq", 0)),
             pod,
             json.loads(f["qc"]),
+            block=int(f["box"]) if f.get("box") else None,
         )
-        for pod, job, f in live
+        for pod, job, f in rows
         if f.get("qc") and f.get("state") == "RUNNING" and f.get("phase") == "PLACED"
     ]
-    return state.book().reclaim(tenant, need, running, room)
+    holders: dict[tuple[str, int], set[str]] = {}
+    for pod, job, f in rows:
+        if f.get("box"):
+            holders.setdefault((pod, int(f["box"])), set()).add(job)
+    return state.book().reclaim(
+        tenant, need, running, room, box=box, block_chips=block_chips, holders=holders
+    )

@@ -348,12 +348,14 @@ if USES.end_queued then OPS.end_queued = function(o)
 end end
 
 -- {"mirror", job, pod, state, n, reason, now, ended here (1: the pod's answer to a
--- complete/cancel through the cell: its blocks are free again)}
+-- complete/cancel through the cell: its blocks are free again), the block of a sub-block
+-- slice's box ("" none: reclaim reads it)}
 if USES.mirror then OPS.mirror = function(o)
   local job, pod, state, n, reason, now, ended = o[2], o[3], o[4], o[5], o[6], o[7], o[8]
   local jk = member("job", job)
   local f = call("HMGET", jk, "pod_state", "needs")
-  call("HSET", jk, "pod_state", state, "n", n, "reason", reason, "updated_ms", now)
+  call("HSET", jk, "pod_state", state, "n", n, "reason", reason, "updated_ms", now,
+    "box", o[9] or "")
   if call("SISMEMBER", key("down"), pod) == 0 then call("HSET", jk, "state", state) end
   RESULT.freed = 0
   if FINAL[state] then

@@ -207,8 +207,8 @@ def choose_box_victims(
     """Lower-priority sub-block slices that make room for the sub-block slice `job` in
     a block given over to them (see the module docstring), or None. The planner then
     tries lower-priority block slices (a whole block). With `only` (the cell reclaiming
-    lent quota, issue 35): those slices alone, whatever their priority, never one that
-    reclaimed quota from `job`."""
+    lent quota, issue 35): those slices alone, whatever their priority. A slice that
+    reclaimed quota from `job` is never its victim."""
     box = job.demand.box
     assert box is not None
     node_type = job.demand.node_types[0]
@@ -248,9 +248,10 @@ def choose_box_victims(
 
 
 def _may_take(victim: SliceJob, job: SliceJob, only: frozenset[str] | None) -> bool:
-    if only is None:
-        return victim.priority < job.priority
-    return victim.job_id in only and job.job_id not in victim.reclaimed_from
+    """Lower priority, or named by the cell; never a slice that reclaimed from `job`."""
+    if job.job_id in victim.reclaimed_from:
+        return False
+    return victim.priority < job.priority if only is None else victim.job_id in only
 
 
 def _box_victim(victim: SliceJob, wanted: set[Position]) -> VictimAction:

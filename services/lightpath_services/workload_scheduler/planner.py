@@ -172,7 +172,7 @@ def plan_box_admission(
     found = place_box(state, job)
     if isinstance(found, BoxPlacement):
         return Allocation(job, (found.block,), offset=found.offset)
-    if not preempt:
+    if not preempt or job.yields:  # delayed by a reclaim: free chips only
         return found
     inside = choose_box_victims(state, job, only=reclaim)
     if inside is not None:

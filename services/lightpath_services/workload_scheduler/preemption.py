@@ -166,8 +166,8 @@ def _box_groups(
     preemptor: str = "",
 ) -> dict[SliceJob, list[SliceJob]]:
     """Per block given over to sub-block slices whose slices are all RUNNING and of lower
-    priority (`_below`; with `only`: all named, as choose_victims): a stand-in victim for
-    the whole block, and its members."""
+    priority (`_below`; with `only`: all named, as choose_victims), none of which
+    reclaimed from `preemptor`: a stand-in victim for the whole block, and its members."""
     members: dict[int, list[SliceJob]] = {}
     for j in state.jobs.values():
         if j.offset is not None and j.placement and j.state != "SUSPENDED":
@@ -179,11 +179,8 @@ def _box_groups(
             or block in state.failed
             or any(
                 j.state != RUNNING
-                or not (
-                    _below(j, priority, younger_than)
-                    if only is None
-                    else j.job_id in only and preemptor not in j.reclaimed_from
-                )
+                or not (_below(j, priority, younger_than) if only is None else j.job_id in only)
+                or (preemptor and preemptor in j.reclaimed_from)
                 or j.job_id in exclude
                 for j in jobs
             )
