@@ -17,6 +17,7 @@ from lightpath_services.cell_scheduler.quota import (
     dominant_share,
     fair_order,
 )
+from lightpath_services.cell_scheduler.quotas import QuotaState, plan_reclaim
 
 
 def book(*quotas: Quota, **used: dict[str, int]) -> QuotaBook:
@@ -380,3 +381,31 @@ def test_reclaim_of_boxes_takes_only_borrowed_chips():
     got = b.reclaim("acme", {"tpu": 8}, running, {"pod-1": {}}, box=True, block_chips=BLOCK)
     assert got is not None and [v.job_id for v in got.victims] == ["s2"]  # the youngest
     assert b.reclaim("acme", {"tpu": 64}, running, {"pod-1": {}}, block_chips=BLOCK) is None
+
+
+def test_plan_reclaim_reads_boxes_and_their_blocks_from_the_stored_fields():
+    """The cell's rows (store.live_fields): a job's `box` names its block; every live job
+    there holds the block, whatever its state; a small job without one is not named."""
+    state = QuotaState("7", {"acme": A, "beta": B}, {"beta": {"tpu": 2048}}, {})
+
+    def row(job, tenant, chips, box="", state="RUNNING", priority=10, seq=1):
+        f = {"tenant": tenant, "priority": str(priority), "seq": str(seq), "state": state}
+        f |= {"phase": "PLACED", "qc": f'{{"tpu": {chips}}}', "box": box}
+        return ("pod-1", job, f)
+
+    live = [
+        row("s1", "beta", 32, box="3", seq=1),
+        row("s2", "beta", 32, box="3", seq=2),
+        row("blk", "beta", 64, priority=90, seq=3),
+    ]
+    room, size = {"pod-1": {}}, {"pod-1": 64}
+    got = plan_reclaim("acme", {"tpu": 64}, state, live, room, block_chips=size)
+    assert got is not None and sorted(v.job_id for v in got.victims) == ["s1", "s2"]
+    # a third box there, still wiring (never a victim), keeps block 3 whole
+    wiring = [*live, row("s3", "gamma", 8, box="3", state="WIRING")]
+    got = plan_reclaim("acme", {"tpu": 64}, state, wiring, room, block_chips=size)
+    assert got is not None and [v.job_id for v in got.victims] == ["blk"]
+    # a box with no stored block is not named: the box reclaims from one that has one
+    legacy = [row("old", "beta", 8, priority=1, seq=9), row("s1", "beta", 32, box="3")]
+    got = plan_reclaim("acme", {"tpu": 8}, state, legacy, room, box=True, block_chips=size)
+    assert got is not None and [v.job_id for v in got.victims] == ["s1"]

@@ -442,21 +442,27 @@ def plan_reclaim(
     says runs (store.live_fields of RECLAIM_FIELDS), or None. `box`: the job is a
     sub-block slice; a live job's `box` field names the block its own box is in (the
     pod's answer), so boxes count as chips of their block, and every live job there,
-    whatever its state, holds that block."""
+    whatever its state, holds that block. A job of fewer chips than a block with no
+    `box` (placed before the cell stored it) is a box of an unknown block: not named."""
     rows = list(live)
-    running = [
-        RunningJob(
-            job,
-            f["tenant"],
-            int(f.get("priority", 0)),
-            int(f.get("seq", 0)),
-            pod,
-            json.loads(f["qc"]),
-            block=int(f["box"]) if f.get("box") else None,
+    running = []
+    for pod, job, f in rows:
+        if not (f.get("qc") and f.get("state") == "RUNNING" and f.get("phase") == "PLACED"):
+            continue
+        chips = json.loads(f["qc"])
+        if not f.get("box") and sum(chips.values()) < (block_chips or {}).get(pod, 0):
+            continue
+        running.append(
+            RunningJob(
+                job,
+                f["tenant"],
+                int(f.get("priority", 0)),
+                int(f.get("seq", 0)),
+                pod,
+                chips,
+                block=int(f["box"]) if f.get("box") else None,
+            )
         )
-        for pod, job, f in rows
-        if f.get("qc") and f.get("state") == "RUNNING" and f.get("phase") == "PLACED"
-    ]
     holders: dict[tuple[str, int], set[str]] = {}
     for pod, job, f in rows:
         if f.get("box"):
