@@ -203,7 +203,7 @@ def test_dockerfile_installs_only_the_locked_versions_and_checks_them():
     assert installs == [
         "pip install --no-index --find-links /wheels --no-deps "
         "-r requirements.lock -r /wheels/interpreter.lock",
-        "pip install --no-index --find-links /wheels/build --no-deps .",
+        "pip install --no-index --find-links /wheels/build --no-deps . ./services",
     ]
     assert any("pip check" in run for run in runs)
     assert "COPY deploy/requirements.lock ./" in dockerfile_instructions()
