@@ -311,6 +311,13 @@ def test_a_block_slice_takes_a_block_whose_sub_block_slices_are_all_lower_priori
     trial = state.copy()
     apply_allocation(trial, alloc)
     assert trial.owner[1] == "urgent" and not trial.chips_held()
+    # The cell reclaiming lent quota (issue 35): the named boxes go whatever their
+    # priority, the block only when all of them are named.
+    owner = job("owner", (1, 1, 1), priority=5)
+    found = plan_admission(state, owner, reclaim=frozenset({"a", "b"}))
+    assert isinstance(found, Allocation) and found.placement == (1,)
+    assert {v.job_id for v in found.victims} == {"a", "b"}
+    assert not isinstance(plan_admission(state, owner, reclaim=frozenset({"a"})), Allocation)
     # One of them at the preemptor's priority protects the whole block.
     state.jobs["b"] = state.jobs["b"].with_(priority=60)
     assert not isinstance(plan_admission(state, urgent), Allocation)
@@ -363,17 +370,3 @@ def test_a_box_reclaiming_quota_takes_the_named_boxes_only_whatever_their_priori
     after.jobs["mine"] = after.jobs["mine"].with_(reclaimed_from=())
     alloc = plan_admission(after, resumed)
     assert isinstance(alloc, Allocation) and [v.job_id for v in alloc.victims] == ["mine"]
-
-
-def test_a_block_slice_reclaiming_quota_takes_a_block_whose_boxes_are_all_named():
-    state = PodState(fabric(blocks=2))
-    state.assume_allocated(job("held", (1, 1, 1), priority=90, state=RUNNING, placement=[0]))
-    hosted(state, box_job("a", (2, 2, 2), priority=95, policy=TERMINATE), 1, (0, 0, 0))
-    hosted(state, box_job("b", (2, 2, 2), priority=95), 1, (2, 0, 0))
-    owner = job("owner", (1, 1, 1), priority=10)
-    state.jobs["owner"] = owner
-    alloc = plan_admission(state, owner, reclaim=frozenset({"a", "b"}))
-    assert isinstance(alloc, Allocation) and alloc.placement == (1,)
-    assert {(v.job_id, v.action) for v in alloc.victims} == {("a", TERMINATE), ("b", DELAY)}
-    # one of the block's boxes not named keeps the block
-    assert not isinstance(plan_admission(state, owner, reclaim=frozenset({"a"})), Allocation)

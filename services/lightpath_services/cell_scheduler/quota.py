@@ -194,6 +194,17 @@ class Reclaim:
         )
 
 
+def _by_block(order: list[RunningJob]) -> tuple[list[_Unit], dict[int, list[RunningJob]]]:
+    """Each slice of whole blocks as a unit of its own, and the sub-block slices per
+    block, both in `order`."""
+    units = [_Unit((j,), j.chips) for j in order if j.block is None]
+    blocks: dict[int, list[RunningJob]] = {}
+    for j in order:
+        if j.block is not None:
+            blocks.setdefault(j.block, []).append(j)
+    return units, blocks
+
+
 def _fmt(chips: Mapping[str, int]) -> str:
     return ", ".join(f"{n} {t}" for t, n in sorted(chips.items()) if n) or "nothing"
 
@@ -368,15 +379,11 @@ class QuotaBook:
         """What frees blocks for a block slice: each slice of whole blocks, and each block
         whose every holder is a borrower's running sub-block slice (it frees the block's
         chips, the free ones too)."""
-        units = [_Unit((j,), j.chips) for j in order if j.block is None]
-        blocks: dict[int, list[RunningJob]] = {}
-        for j in order:
-            if j.block is not None:
-                blocks.setdefault(j.block, []).append(j)
+        units, blocks = _by_block(order)
         for b, jobs in sorted(blocks.items()):
             if per_block and {j.job_id for j in jobs} == held.get((pod, b), set()):
-                (t,) = {t for j in jobs for t, n in j.chips.items() if n} or {""}
-                units.append(_Unit(tuple(jobs), {t: per_block}))
+                node_type = next(iter(jobs[0].chips))  # a block has one node type
+                units.append(_Unit(tuple(jobs), {node_type: per_block}))
         return sorted(units, key=lambda u: u.key)
 
     def _places(self, need: Mapping[str, int], order: list[RunningJob]) -> list[_Unit]:
@@ -384,11 +391,7 @@ class QuotaBook:
         (it frees a block), or sub-block slices of one block, lowest priority and
         youngest first, whose chips hold the box's while their tenants still borrow
         (the chips left free in that block are not known here: not counted)."""
-        units = [_Unit((j,), j.chips) for j in order if j.block is None]
-        blocks: dict[int, list[RunningJob]] = {}
-        for j in order:
-            if j.block is not None:
-                blocks.setdefault(j.block, []).append(j)
+        units, blocks = _by_block(order)
         for _, jobs in sorted(blocks.items()):
             book = self.copy()
             taken: list[RunningJob] = []
