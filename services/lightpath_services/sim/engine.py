@@ -667,7 +667,7 @@ class OcsModel(_Model):
                         w.tenant,
                         w.chips,
                         placed,
-                        self._room(job, views),
+                        self._room(views),
                         box=job.demand.box is not None,
                         block_chips={v.pod_id: v.block_chips for v in views},
                         holders=holders,
@@ -726,11 +726,10 @@ class OcsModel(_Model):
                     order[j.job_id] = (j.priority, j.seq)
         return quota.running(pod_of, order, block_of), holders
 
-    def _room(self, job: SliceJob, views: list[PodCapacityView]) -> dict[str, dict[str, int]]:
-        """Chips a job could use per pod without preempting: whole free blocks for a
-        block slice, the largest free box for a sub-block slice."""
-        if job.demand.box is not None:
-            return {v.pod_id: {NODE_TYPE: v.largest_box[NODE_TYPE]} for v in views}
+    def _room(self, views: list[PodCapacityView]) -> dict[str, dict[str, int]]:
+        """Chips a job could use per pod without preempting, as the service's reclaim
+        counts them: whole free blocks' (a box's free chips beside others: not counted,
+        since they need not add up with a victim's in one place)."""
         return {v.pod_id: {NODE_TYPE: v.free[NODE_TYPE] * v.block_chips} for v in views}
 
     def _reclaim(self, pod: OcsPod, job_id: str) -> None:
