@@ -446,3 +446,36 @@ async def test_claims_expect_what_their_decision_knew_of_the_quota(store):
         "acme": {"tpu": 64},
         "beta": {"tpu": 64},
     }
+
+
+async def test_a_boxs_block_is_kept_from_the_pods_answers_and_cleared_when_it_moves(store):
+    """Issue 35: reclaim reads where a sub-block slice's box is (`box`). A placement and
+    a followed answer set it; a heartbeat's WIRING -> RUNNING keeps it; any other change
+    (delayed, resumed elsewhere) leaves it unknown until the next answer."""
+
+    async def box() -> str:
+        ((_, _, f),) = await store.live_fields([POD], ("box",))
+        return f.get("box", "")
+
+    await store.register(POD, "reg", "127.0.0.1:1", 5, "0-0")
+    await store.claim_new(
+        "b",
+        fields={"req": "r", "priority": 50},
+        tenant="t",
+        pod=POD,
+        needs={"tpu#chips": 8},
+        token="tok",
+        until_ms=99_999,
+        now_ms=1,
+        check_free=False,
+        reason="forwarding",
+    )
+    await store.placed(
+        "b", token="tok", pod=POD, state="WIRING", n=2, reason="", fields={"box": "5"}, now_ms=2
+    )
+    await report(store, until="3-0", trs=[tr("3-0", "b", 3, "RUNNING", "WIRING")])
+    assert await box() == "5"
+    await report(store, after="3-0", until="4-0", trs=[tr("4-0", "b", 4, "SUSPENDED", "RUNNING")])
+    assert await box() == ""
+    mirrored = await store.mirror("b", pod=POD, state="RUNNING", n=6, reason="", now_ms=3, box="2")
+    assert mirrored.applied and await box() == "2"

@@ -164,6 +164,12 @@ if USES.report then OPS.report = function(o)
             and tonumber(tr[6]) >= tonumber(f[4] or "0") then
           if tr[3] > tonumber(f[3] or "0") then
             call("HSET", jk, "pod_state", tr[5], "n", tr[3], "updated_ms", tr[6])
+            -- A sub-block slice's box stays where the pod's last answer put it only from
+            -- WIRING to RUNNING; any other change may move or free it: unknown until the
+            -- cell next follows an answer (reclaim names no box of an unknown block).
+            if not (tr[4] == "WIRING" and tr[5] == "RUNNING") then
+              call("HSET", jk, "box", "")
+            end
             if f[2] == "PLACED" then
               call("HSET", jk, "reason", tr[7])
               if not down then call("HSET", jk, "state", tr[5]) end
