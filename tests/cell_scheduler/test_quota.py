@@ -409,3 +409,10 @@ def test_plan_reclaim_reads_boxes_and_their_blocks_from_the_stored_fields():
     legacy = [row("old", "beta", 8, priority=1, seq=9), row("s1", "beta", 32, box="3")]
     got = plan_reclaim("acme", {"tpu": 8}, state, legacy, room, box=True, block_chips=size)
     assert got is not None and [v.job_id for v in got.victims] == ["s1"]
+    # ... and, running somewhere, it may be in block 3: no block of boxes is freed whole
+    got = plan_reclaim("acme", {"tpu": 64}, state, [*live, legacy[0]], room, block_chips=size)
+    assert got is not None and [v.job_id for v in got.victims] == ["blk"]
+    # delayed (holding nothing), it is in no block
+    delayed = row("old", "beta", 8, state="SUSPENDED")
+    got = plan_reclaim("acme", {"tpu": 64}, state, [*live, delayed], room, block_chips=size)
+    assert got is not None and sorted(v.job_id for v in got.victims) == ["s1", "s2"]

@@ -443,30 +443,35 @@ def plan_reclaim(
     sub-block slice; a live job's `box` field names the block its own box is in (the
     pod's answer), so boxes count as chips of their block, and every live job there,
     whatever its state, holds that block. A job of fewer chips than a block with no
-    `box` (placed before the cell stored it) is a box of an unknown block: not named."""
-    rows = list(live)
+    `box` is a box of an unknown block (placed before the cell stored it, or moved
+    since the last answer the cell followed): never named, and while it holds chips it
+    may hold any block of its pod given over to boxes."""
+    sizes = block_chips or {}
     running = []
-    for pod, job, f in rows:
-        if not (f.get("qc") and f.get("state") == "RUNNING" and f.get("phase") == "PLACED"):
-            continue
-        chips = json.loads(f["qc"])
-        if not f.get("box") and sum(chips.values()) < (block_chips or {}).get(pod, 0):
-            continue
-        running.append(
-            RunningJob(
-                job,
-                f["tenant"],
-                int(f.get("priority", 0)),
-                int(f.get("seq", 0)),
-                pod,
-                chips,
-                block=int(f["box"]) if f.get("box") else None,
-            )
-        )
     holders: dict[tuple[str, int], set[str]] = {}
-    for pod, job, f in rows:
+    unknown: dict[str, set[str]] = {}
+    for pod, job, f in live:
+        chips = json.loads(f["qc"]) if f.get("qc") else {}
         if f.get("box"):
             holders.setdefault((pod, int(f["box"])), set()).add(job)
+        elif chips and sum(chips.values()) < sizes.get(pod, 0):
+            if f.get("state") not in ("PENDING", "SUSPENDED"):  # holding chips somewhere
+                unknown.setdefault(pod, set()).add(job)
+            continue
+        if chips and f.get("state") == "RUNNING" and f.get("phase") == "PLACED":
+            running.append(
+                RunningJob(
+                    job,
+                    f["tenant"],
+                    int(f.get("priority", 0)),
+                    int(f.get("seq", 0)),
+                    pod,
+                    chips,
+                    block=int(f["box"]) if f.get("box") else None,
+                )
+            )
+    for (pod, _), jobs in holders.items():
+        jobs |= unknown.get(pod, set())
     return state.book().reclaim(
         tenant, need, running, room, box=box, block_chips=block_chips, holders=holders
     )
