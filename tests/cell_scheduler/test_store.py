@@ -53,7 +53,9 @@ async def report(
     )
 
 
-async def place(store: CellStore, job: str, pod: str = POD, needs=None) -> None:
+async def place(
+    store: CellStore, job: str, pod: str = POD, needs=None, state="RUNNING", n=3, fields=None
+) -> None:
     needs = needs or {"tpu": 2}
     await store.claim_new(
         job,
@@ -68,9 +70,9 @@ async def place(store: CellStore, job: str, pod: str = POD, needs=None) -> None:
         reason="forwarding",
     )
     placed = await store.placed(
-        job, token="tok", pod=pod, state="RUNNING", n=3, reason="wired", fields={}, now_ms=2
+        job, token="tok", pod=pod, state=state, n=n, reason="wired", fields=fields or {}, now_ms=2
     )
-    assert placed is not None and placed.phase == "PLACED" and placed.state == "RUNNING"
+    assert placed is not None and placed.phase == "PLACED" and placed.state == state
 
 
 def test_stream_ids_compare_as_ids_once_padded():
@@ -458,21 +460,7 @@ async def test_a_boxs_block_is_kept_from_the_pods_answers_and_cleared_when_it_mo
         return f.get("box", "")
 
     await store.register(POD, "reg", "127.0.0.1:1", 5, "0-0")
-    await store.claim_new(
-        "b",
-        fields={"req": "r", "priority": 50},
-        tenant="t",
-        pod=POD,
-        needs={"tpu#chips": 8},
-        token="tok",
-        until_ms=99_999,
-        now_ms=1,
-        check_free=False,
-        reason="forwarding",
-    )
-    await store.placed(
-        "b", token="tok", pod=POD, state="WIRING", n=2, reason="", fields={"box": "5"}, now_ms=2
-    )
+    await place(store, "b", needs={"tpu#chips": 8}, state="WIRING", n=2, fields={"box": "5"})
     await report(store, until="3-0", trs=[tr("3-0", "b", 3, "RUNNING", "WIRING")])
     assert await box() == "5"
     await report(store, after="3-0", until="4-0", trs=[tr("4-0", "b", 4, "SUSPENDED", "RUNNING")])
