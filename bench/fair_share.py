@@ -1,11 +1,12 @@
 """Benchmark: what quotas and fair share do to one superpod (issue 35).
 
-    python3 dev.py bench fair_share [--jobs 1500] [--load 0.95] [--policy priority]
+    python3 dev.py bench fair_share [--jobs 1500] [--load 0.95] [--policy priority] [--pods 1]
 
 Three tenants share one 4,096-chip superpod in one cohort with nominal quotas of
-50 / 31 / 19 % (examples/sim_quotas.json); the Table 2 mix at the offered load, each
-sixth of the arrival window a burst of one tenant (4x the others' rate). The same
-trace runs without quotas and with them, side by side:
+50 / 31 / 19 % (examples/sim_quotas.json; with `--pods N`, a cell of N pods, the
+quotas scaled to it and the offered load to its chips); the Table 2 mix at the
+offered load, each sixth of the arrival window a burst of one tenant (4x the others'
+rate). The same trace runs without quotas and with them, side by side:
 
 * `utilisation_no_quotas`, `utilisation_quotas` (healthy chips busy over the
   arrival window) and `utilisation_gap_points` (the first minus the second, goal
@@ -25,6 +26,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from _common import emit
@@ -43,17 +45,23 @@ def main() -> None:
     parser.add_argument("--load", type=float, default=0.95)
     parser.add_argument("--policy", default="priority", choices=sorted(POLICIES))
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--pods", type=int, default=1)
     args = parser.parse_args()
-    quotas = tuple(load_quotas(QUOTAS))
-    jobs = Generator(load=args.load, jobs=args.jobs, seed=args.seed).generate(pod_fabric("pod-0"))
+    quotas = tuple(
+        replace(q, nominal={t: n * args.pods for t, n in q.nominal.items()})
+        for q in load_quotas(QUOTAS)
+    )
+    fabric = pod_fabric("pod-0")
+    chips = fabric.chips_per_block * fabric.block_count * args.pods
+    jobs = Generator(load=args.load, jobs=args.jobs, seed=args.seed, chips=chips).generate(fabric)
     jobs = bursty_tenants(jobs, [q.tenant for q in quotas], seed=args.seed)
     policy = POLICIES[args.policy]
-    plain = simulate(jobs, SimConfig(policy=policy)).stats
-    with_quotas = simulate(jobs, SimConfig(policy=policy, quotas=quotas)).stats
+    plain = simulate(jobs, SimConfig(policy=policy, pods=args.pods)).stats
+    with_quotas = simulate(jobs, SimConfig(policy=policy, pods=args.pods, quotas=quotas)).stats
     reclaim = quota_model.QuotaBook.reclaim
     quota_model.QuotaBook.reclaim = lambda *a, **k: None  # type: ignore[method-assign]
     try:
-        no_reclaim = simulate(jobs, SimConfig(policy=policy, quotas=quotas)).stats
+        no_reclaim = simulate(jobs, SimConfig(policy=policy, pods=args.pods, quotas=quotas)).stats
     finally:
         quota_model.QuotaBook.reclaim = reclaim  # type: ignore[method-assign]
     tenants = {
@@ -70,6 +78,7 @@ def main() -> None:
         {
             "bench": "fair_share",
             "jobs": args.jobs,
+            "pods": args.pods,
             "offered_load": args.load,
             "policy": args.policy,
             "utilisation_no_quotas": round(u0, 4),

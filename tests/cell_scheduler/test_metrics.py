@@ -84,20 +84,35 @@ async def test_tenants_quota_usage_borrowing_and_waiting_are_shown(redis_url, re
                 )
             )
         )
+        await cell.cell.SetQuota(  # and a quota on the pod: its own series, labelled so
+            cs.SetQuotaRequest(
+                quota=cs.Quota(tenant="lab", nominal_chips={"tpu": 192}, pod="pod-a")
+            )
+        )
         await cell.submit("l1", tenant="lab")
         await cell.submit("l2", tenant="lab")  # borrows 64 of own's idle quota
         held = await cell.submit("l3", tenant="lab")
         assert "waiting for quota" in held.job.reason
 
+        def chips(tenant: str, kind: str, pod: str = "") -> float:
+            return value(reader, "lightpath.cell.tenant.chips", tenant=tenant, kind=kind, pod=pod)
+
         async def shown():
             return (
-                value(reader, "lightpath.cell.tenant.chips", tenant="lab", kind="used") == 128
-                and value(reader, "lightpath.cell.tenant.chips", tenant="lab", kind="borrowed")
-                == 64
-                and value(reader, "lightpath.cell.tenant.chips", tenant="own", kind="quota") == 128
+                chips("lab", "used") == 128
+                and chips("lab", "borrowed") == 64
+                and chips("own", "quota") == 128
+                and chips("lab", "quota", "pod-a") == 192
+                and chips("lab", "used", "pod-a") == 128
                 and value(reader, "lightpath.cell.tenant.waiting", tenant="lab", cause="quota") == 1
             )
 
         await cell.wait_for(shown, what="lab's usage, borrowing and waiting job")
-        assert value(reader, "lightpath.cell.tenant.chips", tenant="own", kind="used") == 0
+        assert chips("own", "used") == 0
+        assert chips("lab", "borrowed", "pod-a") == 0  # a pod's quota lends nothing
+        assert not [
+            p
+            for p in points(reader, "lightpath.cell.tenant.chips")
+            if p.attributes["pod"] and p.attributes["tenant"] != "lab"
+        ]
         assert_listed(reader)

@@ -17,6 +17,7 @@ from lightpath_services.cell_scheduler.quota import (
     dominant_share,
     fair_order,
 )
+from lightpath_services.cell_scheduler.quotas import QuotaState, plan_reclaim
 
 
 def book(*quotas: Quota, **used: dict[str, int]) -> QuotaBook:
@@ -292,3 +293,126 @@ def test_a_job_no_quota_can_ever_admit_says_why():
     assert "at most 1536" in b.never_fits("beta", {"tpu": 1537})
     assert "at most 256" in b.never_fits("solo", {"tpu": 257})
     assert b.never_fits("nobody", {"tpu": 1 << 30}) == ""
+
+
+# -- reclaim of sub-block slices (chips inside one block, not blocks) ----------------
+
+
+def box(job_id, tenant, priority, seq, pod, chips, block):
+    return RunningJob(job_id, tenant, priority, seq, pod, {"tpu": chips}, block=block)
+
+
+BLOCK = {"pod-1": 64, "pod-2": 64}  # chips in one block of each pod
+
+
+def test_boxes_spread_over_blocks_free_no_block_for_a_block_slice():
+    """Eight 8-chip boxes hold 64 chips but in eight blocks, each shared with another
+    tenant's box: freeing them frees no block. The borrower's block slice, though of
+    higher priority, is what frees one."""
+    b = book(A, B, beta={"tpu": 2048})
+    boxes = [box(f"s{i}", "beta", 10, i, "pod-1", 8, block=i) for i in range(8)]
+    shared = {("pod-1", i): {f"s{i}", f"other-{i}"} for i in range(8)}
+    blk = run("blk", "beta", 50, 20, "pod-1", 64)
+    running = [*boxes, blk]
+    got = b.reclaim("acme", {"tpu": 64}, running, {"pod-1": {}}, block_chips=BLOCK, holders=shared)
+    assert got is not None and [v.job_id for v in got.victims] == ["blk"]
+    # a block that only the borrower's box holds is freed by it alone (the lowest first)
+    del shared[("pod-1", 7)]
+    got = b.reclaim("acme", {"tpu": 64}, running, {"pod-1": {}}, block_chips=BLOCK, holders=shared)
+    assert got is not None and [v.job_id for v in got.victims] == ["s7"]
+
+
+def test_a_block_whose_boxes_all_borrow_is_freed_whole_for_a_block_slice():
+    b = book(A, B, beta={"tpu": 2048})
+    boxes = [box(f"s{i}", "beta", 10, i, "pod-1", 16, block=3) for i in range(3)]
+    blk = run("blk", "beta", 50, 20, "pod-1", 64)
+    # three boxes of 48 chips, the rest of block 3 free: the block is the job's room
+    got = b.reclaim("acme", {"tpu": 64}, [*boxes, blk], {"pod-1": {}}, block_chips=BLOCK)
+    assert got is not None and sorted(v.job_id for v in got.victims) == ["s0", "s1", "s2"]
+    # a box of someone else's in block 3 keeps it: the block slice goes instead
+    got = b.reclaim(
+        "acme",
+        {"tpu": 64},
+        [*boxes, blk],
+        {"pod-1": {}},
+        block_chips=BLOCK,
+        holders={("pod-1", 3): {"s0", "s1", "s2", "other"}},
+    )
+    assert got is not None and [v.job_id for v in got.victims] == ["blk"]
+
+
+def test_a_box_is_reclaimed_from_boxes_of_one_block_only():
+    """An 8-chip box of the owner's: two 4-chip boxes in two blocks make no room for it
+    (each leaves 4 chips); the borrower's 8 chips in one block do."""
+    b = book(A, B, beta={"tpu": 2048})
+    running = [
+        box("a4", "beta", 5, 1, "pod-1", 4, block=0),
+        box("b4", "beta", 5, 2, "pod-1", 4, block=1),
+        box("c8", "beta", 20, 3, "pod-2", 8, block=0),
+    ]
+    got = b.reclaim(
+        "acme", {"tpu": 8}, running, {"pod-1": {}, "pod-2": {}}, box=True, block_chips=BLOCK
+    )
+    assert got is not None and got.pod == "pod-2" and [v.job_id for v in got.victims] == ["c8"]
+    # two of the borrower's 4-chip boxes in one block: both, lowest priority first
+    running.append(box("d4", "beta", 5, 4, "pod-1", 4, block=0))
+    got = b.reclaim(
+        "acme", {"tpu": 8}, running, {"pod-1": {}, "pod-2": {}}, box=True, block_chips=BLOCK
+    )
+    assert got is not None and got.pod == "pod-1"
+    assert sorted(v.job_id for v in got.victims) == ["a4", "d4"]
+
+
+def test_a_box_takes_a_borrowed_block_slice_when_no_box_frees_enough():
+    b = book(A, B, beta={"tpu": 2048})
+    running = [
+        box("tiny", "beta", 1, 1, "pod-1", 4, block=0),
+        run("blk", "beta", 30, 2, "pod-1", 64),
+    ]
+    got = b.reclaim("acme", {"tpu": 8}, running, {"pod-1": {}}, box=True, block_chips=BLOCK)
+    assert got is not None and [v.job_id for v in got.victims] == ["blk"]
+
+
+def test_reclaim_of_boxes_takes_only_borrowed_chips():
+    """beta borrows 8 chips only: of its three 8-chip boxes in one block, one goes; a
+    block slice of acme's needs the block whole, which beta's own chips keep."""
+    b = book(A, B, beta={"tpu": 1024 + 8})
+    running = [box(f"s{i}", "beta", 10, i, "pod-1", 8, block=0) for i in range(3)]
+    got = b.reclaim("acme", {"tpu": 8}, running, {"pod-1": {}}, box=True, block_chips=BLOCK)
+    assert got is not None and [v.job_id for v in got.victims] == ["s2"]  # the youngest
+    assert b.reclaim("acme", {"tpu": 64}, running, {"pod-1": {}}, block_chips=BLOCK) is None
+
+
+def test_plan_reclaim_reads_boxes_and_their_blocks_from_the_stored_fields():
+    """The cell's rows (store.live_fields): a job's `box` names its block; every live job
+    there holds the block, whatever its state; a small job without one is not named."""
+    state = QuotaState("7", {"acme": A, "beta": B}, {"beta": {"tpu": 2048}}, {})
+
+    def row(job, tenant, chips, box="", state="RUNNING", priority=10, seq=1):
+        f = {"tenant": tenant, "priority": str(priority), "seq": str(seq), "state": state}
+        f |= {"phase": "PLACED", "qc": f'{{"tpu": {chips}}}', "box": box}
+        return ("pod-1", job, f)
+
+    live = [
+        row("s1", "beta", 32, box="3", seq=1),
+        row("s2", "beta", 32, box="3", seq=2),
+        row("blk", "beta", 64, priority=90, seq=3),
+    ]
+    room, size = {"pod-1": {}}, {"pod-1": 64}
+    got = plan_reclaim("acme", {"tpu": 64}, state, live, room, block_chips=size)
+    assert got is not None and sorted(v.job_id for v in got.victims) == ["s1", "s2"]
+    # a third box there, still wiring (never a victim), keeps block 3 whole
+    wiring = [*live, row("s3", "gamma", 8, box="3", state="WIRING")]
+    got = plan_reclaim("acme", {"tpu": 64}, state, wiring, room, block_chips=size)
+    assert got is not None and [v.job_id for v in got.victims] == ["blk"]
+    # a box with no stored block is not named: the box reclaims from one that has one
+    legacy = [row("old", "beta", 8, priority=1, seq=9), row("s1", "beta", 32, box="3")]
+    got = plan_reclaim("acme", {"tpu": 8}, state, legacy, room, box=True, block_chips=size)
+    assert got is not None and [v.job_id for v in got.victims] == ["s1"]
+    # ... and, running somewhere, it may be in block 3: no block of boxes is freed whole
+    got = plan_reclaim("acme", {"tpu": 64}, state, [*live, legacy[0]], room, block_chips=size)
+    assert got is not None and [v.job_id for v in got.victims] == ["blk"]
+    # delayed (holding nothing), it is in no block
+    delayed = row("old", "beta", 8, state="SUSPENDED")
+    got = plan_reclaim("acme", {"tpu": 64}, state, [*live, delayed], room, block_chips=size)
+    assert got is not None and sorted(v.job_id for v in got.victims) == ["s1", "s2"]

@@ -278,6 +278,52 @@ async def test_lent_quota_is_reclaimed_from_the_borrowers_lowest_priority_job_by
     assert [j for j, s in states.items() if s == RUNNING] == ["g0", "g1", "g2", "g3", "g4", "g6"]
 
 
+async def test_lent_quota_is_reclaimed_from_the_borrowers_sub_block_slices(redis_url):
+    """Sub-block slices (boxes of chips inside one block) are reclaimed as chips of their
+    block. Three blocks, all the guest's (128 of them borrowed): a block slice at 95 on
+    block 0, 32-chip boxes at 60 on block 2 and at 70 on block 1. The owner's box (at
+    10) takes the place of the lowest-priority box only; the owner's block slice then
+    takes block 1 whole (its two boxes go) — not block 2, where the owner's own box
+    stays, nor the guest's block slice, of higher priority."""
+    delay, terminate = common_pb2.PREEMPTION_POLICY_DELAY, common_pb2.PREEMPTION_POLICY_TERMINATE
+    async with cell_stack(redis_url, pods=(("pod-a", 3, "tpu"),)) as cell:
+        await set_quota(cell, "owner", nominal_chips={"tpu": 128}, cohort="lab")
+        await set_quota(cell, "guest", nominal_chips={"tpu": 64}, cohort="lab")
+        guest = [
+            ("g-blk", (4, 4, 4), 95, terminate),
+            ("g-b1", (2, 4, 4), 60, terminate),
+            ("g-b2", (2, 4, 4), 60, delay),
+            ("g-b3", (2, 4, 4), 70, terminate),
+            ("g-b4", (2, 4, 4), 70, delay),
+        ]
+        blocks = {}
+        for job_id, shape, priority, policy in guest:
+            sub = await cell.submit(
+                job_id, shape, tenant="guest", priority=priority, preemption_policy=policy
+            )
+            assert sub.job.state == RUNNING, sub.job.reason
+            blocks[job_id] = [b.block_id for b in sub.job.pod_job.blocks]
+        assert blocks == {"g-blk": [0], "g-b1": [2], "g-b2": [2], "g-b3": [1], "g-b4": [1]}
+        assert (await quotas(cell, "guest"))["guest"].borrowed_chips["tpu"] == 128
+
+        box = await cell.submit("o-box", (2, 2, 2), tenant="owner", priority=10)
+        assert box.job.state == PENDING and "waiting for quota" not in box.job.reason
+        placed = await cell.wait_state("o-box", RUNNING)
+        assert placed.pod_job.box.block_id == 2
+        taken = await cell.job("g-b2")
+        assert "its tenant took back quota it had lent" in taken.reason, taken.reason
+        assert taken.state in (PENDING, common_pb2.JOB_STATE_SUSPENDED), taken
+
+        await cell.submit("o-blk", (4, 4, 4), tenant="owner", priority=10)
+        placed = await cell.wait_state("o-blk", RUNNING)
+        assert [b.block_id for b in placed.pod_job.blocks] == [1]
+        assert (await cell.job("g-b3")).state == common_pb2.JOB_STATE_PREEMPTED
+        delayed = await cell.job("g-b4")
+        assert delayed.state in (PENDING, common_pb2.JOB_STATE_SUSPENDED), delayed
+        for job_id in ("g-blk", "g-b1", "o-box"):
+            assert (await cell.job(job_id)).state == RUNNING, job_id
+
+
 async def test_waiting_tenants_are_served_by_fair_share_before_age(redis_url):
     """Room for one job: the tenant that has used less of the cell goes first, though
     the other's job waited longer."""

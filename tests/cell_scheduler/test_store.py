@@ -61,6 +61,8 @@ async def place(
     *,
     state: str = "RUNNING",
     shown: str = "",
+    n: int = 3,
+    fields=None,
     now_ms: int = 1,
 ) -> None:
     """Forward `job` to `pod` and place it there in the pod's `state`; the cell then shows
@@ -79,7 +81,14 @@ async def place(
         reason="forwarding",
     )
     placed = await store.placed(
-        job, token="tok", pod=pod, state=state, n=3, reason="wired", fields={}, now_ms=now_ms + 1
+        job,
+        token="tok",
+        pod=pod,
+        state=state,
+        n=n,
+        reason="wired",
+        fields=fields or {},
+        now_ms=now_ms + 1,
     )
     assert placed is not None and placed.phase == "PLACED" and placed.state == (shown or state)
 
@@ -495,3 +504,22 @@ async def test_claims_expect_what_their_decision_knew_of_the_quota(store):
         "acme": {"tpu": 64},
         "beta": {"tpu": 64},
     }
+
+
+async def test_a_boxs_block_is_kept_from_the_pods_answers_and_cleared_when_it_moves(store):
+    """Issue 35: reclaim reads where a sub-block slice's box is (`box`). A placement and
+    a followed answer set it; a heartbeat's WIRING -> RUNNING keeps it; any other change
+    (delayed, resumed elsewhere) leaves it unknown until the next answer."""
+
+    async def box() -> str:
+        ((_, _, f),) = await store.live_fields([POD], ("box",))
+        return f.get("box", "")
+
+    await store.register(POD, "reg", "127.0.0.1:1", 5, "0-0")
+    await place(store, "b", needs={"tpu#chips": 8}, state="WIRING", n=2, fields={"box": "5"})
+    await report(store, until="3-0", trs=[tr("3-0", "b", 3, "RUNNING", "WIRING")])
+    assert await box() == "5"
+    await report(store, after="3-0", until="4-0", trs=[tr("4-0", "b", 4, "SUSPENDED", "RUNNING")])
+    assert await box() == ""
+    mirrored = await store.mirror("b", pod=POD, state="RUNNING", n=6, reason="", now_ms=3, box="2")
+    assert mirrored.applied and await box() == "2"

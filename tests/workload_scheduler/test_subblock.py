@@ -311,6 +311,13 @@ def test_a_block_slice_takes_a_block_whose_sub_block_slices_are_all_lower_priori
     trial = state.copy()
     apply_allocation(trial, alloc)
     assert trial.owner[1] == "urgent" and not trial.chips_held()
+    # The cell reclaiming lent quota (issue 35): the named boxes go whatever their
+    # priority, the block only when all of them are named.
+    owner = job("owner", (1, 1, 1), priority=5)
+    found = plan_admission(state, owner, reclaim=frozenset({"a", "b"}))
+    assert isinstance(found, Allocation) and found.placement == (1,)
+    assert {v.job_id for v in found.victims} == {"a", "b"}
+    assert not isinstance(plan_admission(state, owner, reclaim=frozenset({"a"})), Allocation)
     # One of them at the preemptor's priority protects the whole block.
     state.jobs["b"] = state.jobs["b"].with_(priority=60)
     assert not isinstance(plan_admission(state, urgent), Allocation)
@@ -326,3 +333,40 @@ def test_a_swap_whose_only_victims_are_a_blocks_sub_block_slices_is_no_swap():
     hosted(state, box_job("a", (2, 2, 2), priority=10), 1, (0, 0, 0))
     state.failed.add(0)
     assert plan_replacement(state, state.jobs["held"], 0) is None
+
+
+def test_a_box_reclaiming_quota_takes_the_named_boxes_only_whatever_their_priority():
+    """Issue 35: the cell names the borrowers' sub-block slices; the owner's box takes
+    room from those alone, by their own policies, never from an unnamed one of lower
+    priority (nor from one that reclaimed from it)."""
+    state = PodState(fabric(blocks=1))
+    hosted(state, box_job("stranger", (2, 4, 4), priority=5), 0, (0, 0, 0))
+    hosted(state, box_job("borrowed", (2, 4, 4), priority=90, policy=TERMINATE), 0, (2, 0, 0))
+    owner = box_job("owner", (2, 2, 2), priority=10)
+    state.jobs["owner"] = owner
+    alloc = plan_admission(state, owner, reclaim=frozenset({"borrowed"}))
+    assert isinstance(alloc, Allocation)
+    assert [(v.job_id, v.action) for v in alloc.victims] == [("borrowed", TERMINATE)]
+    assert alloc.offset is not None and alloc.offset[0] == 2
+    # without the name, its priority rules: the stranger's lower-priority box goes
+    alloc = plan_admission(state, owner)
+    assert isinstance(alloc, Allocation) and [v.job_id for v in alloc.victims] == ["stranger"]
+    # a named box that reclaimed from the owner is never its victim
+    state.jobs["borrowed"] = state.jobs["borrowed"].with_(reclaimed_from=("owner",))
+    assert not isinstance(plan_admission(state, owner, reclaim=frozenset({"borrowed"})), Allocation)
+    # a box delayed by a reclaim yields: it resumes on free chips only, preempting nobody
+    back = box_job("back", (2, 4, 4), priority=90).with_(yields=True)
+    state.jobs["back"] = back
+    assert not isinstance(plan_admission(state, back), Allocation)
+    assert isinstance(plan_admission(state, back.with_(yields=False)), Allocation)
+    # ... and a box that reclaimed from it is never its victim, whatever its priority
+    after = PodState(fabric(blocks=1))
+    hosted(after, box_job("high", (2, 4, 4), priority=95), 0, (0, 0, 0))
+    mine = box_job("mine", (2, 4, 4), priority=10)
+    hosted(after, mine.with_(reclaimed_from=("back",)), 0, (2, 0, 0))
+    resumed = back.with_(yields=False)
+    after.jobs["back"] = resumed
+    assert not isinstance(plan_admission(after, resumed), Allocation)
+    after.jobs["mine"] = after.jobs["mine"].with_(reclaimed_from=())
+    alloc = plan_admission(after, resumed)
+    assert isinstance(alloc, Allocation) and [v.job_id for v in alloc.victims] == ["mine"]

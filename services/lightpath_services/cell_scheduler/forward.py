@@ -329,11 +329,12 @@ class Forwarder:
             tenant = tenant_of(req)
             if tenant not in quotas.quotas:
                 continue
-            need = charge_of(next(iter(resolved.values())))
+            some = next(iter(resolved.values()))
+            need = charge_of(some)
             if not quotas.book().check(tenant, need).within_nominal:
                 continue
             pods = sorted(p for p in resolved if p in views and views[p].usable)
-            room = {  # chips of whole free blocks (reclaim frees blocks, not boxes)
+            room = {  # chips of whole free blocks (a box's free chips in a used block: unknown)
                 p: {
                     t: n * views[p].block_chips
                     for t, n in views[p].free.items()
@@ -342,7 +343,15 @@ class Forwarder:
                 for p in pods
             }
             live = await self.store.live_fields(pods, RECLAIM_FIELDS)
-            plan = plan_reclaim(tenant, need, quotas, live, room)
+            plan = plan_reclaim(
+                tenant,
+                need,
+                quotas,
+                live,
+                room,
+                box=some.sub_block,
+                block_chips={p: views[p].block_chips for p in pods},
+            )
             if plan is None or plan.pod not in resolved:
                 continue
             if quotas.pod_refusal(tenant, plan.pod, charge_of(resolved[plan.pod])):

@@ -43,7 +43,7 @@ from lightpath.errors import Aborted, FailedPrecondition, NotFound
 from lightpath.v1 import cell_scheduler_pb2, workload_scheduler_pb2
 from lightpath_services.cell_scheduler.choice import Candidate
 from lightpath_services.cell_scheduler.metrics import CellMetrics
-from lightpath_services.cell_scheduler.podclient import PodCallError, state_name
+from lightpath_services.cell_scheduler.podclient import PodCallError, box_of, state_name
 from lightpath_services.cell_scheduler.pods import CACHE_LIMIT, PodDirectory
 from lightpath_services.cell_scheduler.quotas import charge_of
 from lightpath_services.cell_scheduler.request import Resolved
@@ -252,7 +252,7 @@ class CellJobs:
             state=state_name(job.state),
             n=len(job.history),
             reason=job.reason,
-            fields=fields,
+            fields={**fields, "box": box_of(job)},
             now_ms=self.pods.now_ms(),
         )
 
@@ -289,6 +289,7 @@ class CellJobs:
             n=n,
             reason=job.reason,
             now_ms=self.pods.now_ms(),
+            box=box_of(job),
         )
         return mirrored.record or record
 
@@ -501,6 +502,7 @@ class CellJobs:
             reason=job.reason,
             now_ms=self.pods.now_ms(),
             ended_here=True,
+            box=box_of(job),
         )
         record = mirrored.record or await self.job_record(job_id)
         if mirrored.freed:

@@ -77,14 +77,15 @@ class CellMetrics:
         self._requeues = meter.create_counter(
             "lightpath.cell.requeues", description="jobs requeued"
         )
-        # Tenants' quotas (issue 35): (tenant, node type, kind) -> chips; (tenant, cause) -> jobs.
-        self._tenant_chips: dict[tuple[str, str, str], int] = {}
+        # Tenants' quotas (issue 35): (tenant, pod, node type, kind) -> chips (pod "": the
+        # cell-wide quota, else one on that pod); (tenant, cause) -> jobs.
+        self._tenant_chips: dict[tuple[str, str, str, str], int] = {}
         self._tenant_waiting: dict[tuple[str, str], int] = {}
         meter.create_observable_gauge(
             "lightpath.cell.tenant.chips",
             [self._observe_tenant_chips],
             description="a tenant's chips per node type: its quota, what it holds, what of "
-            "that it borrows",
+            "that it borrows (on the cell, or on one pod for a quota of that pod)",
         )
         meter.create_observable_gauge(
             "lightpath.cell.tenant.waiting",
@@ -169,15 +170,20 @@ class CellMetrics:
     async def _refresh_tenants(self, directory: PodDirectory, snap: RegistrySnapshot) -> None:
         state = QuotaState.of(snap.quotas)
         book = state.book()
-        chips: dict[tuple[str, str, str], int] = {}
+        chips: dict[tuple[str, str, str, str], int] = {}
         for tenant in state.tenants():
             q = state.quotas.get(tenant)
             used = state.used.get(tenant, {})
             for t in sorted(set(used) | set(q.nominal if q else ())):
                 if q is not None:
-                    chips[(tenant, t, "quota")] = q.nominal.get(t, 0)
-                    chips[(tenant, t, "borrowed")] = book.borrowed(tenant, t)
-                chips[(tenant, t, "used")] = used.get(t, 0)
+                    chips[(tenant, "", t, "quota")] = q.nominal.get(t, 0)
+                    chips[(tenant, "", t, "borrowed")] = book.borrowed(tenant, t)
+                chips[(tenant, "", t, "used")] = used.get(t, 0)
+        for (tenant, pod), q in state.pod_quotas.items():  # no borrowing on a pod's quota
+            used = state.pod_used.get((tenant, pod), {})
+            for t in sorted(set(used) | set(q.nominal)):
+                chips[(tenant, pod, t, "quota")] = q.nominal.get(t, 0)
+                chips[(tenant, pod, t, "used")] = used.get(t, 0)
         waiting: Counter[tuple[str, str]] = Counter()
         for record in await directory.store.jobs(snap.queue):
             waiting[(record.tenant, "quota" if waits_for_quota(record.reason) else "room")] += 1
@@ -191,8 +197,8 @@ class CellMetrics:
 
     def _observe_tenant_chips(self, options: CallbackOptions) -> Iterable[Observation]:
         return [
-            Observation(n, {"tenant": t, "node_type": nt, "kind": k})
-            for (t, nt, k), n in self._tenant_chips.items()
+            Observation(n, {"tenant": t, "pod": p, "node_type": nt, "kind": k})
+            for (t, p, nt, k), n in self._tenant_chips.items()
         ]
 
     def _observe_tenant_waiting(self, options: CallbackOptions) -> Iterable[Observation]:

@@ -97,7 +97,14 @@ def placed_fields(job: workload_scheduler_pb2.Job, spec: workload_scheduler_pb2.
         "spec": base64.b64encode(spec.SerializeToString(deterministic=True)).decode(),
         "chips": "x".join(map(str, job.chips.dims)),
         "blocks": len(job.blocks) or 0,
+        "box": box_of(job),
     }
+
+
+def box_of(job: workload_scheduler_pb2.Job) -> str:
+    """The block a sub-block slice's box is in, as the pod answers ("" none: a slice of
+    whole blocks, or one holding nothing now). Reclaim reads it (quotas.plan_reclaim)."""
+    return str(job.box.block_id) if job.HasField("box") else ""
 
 
 def classify(pod_id: str, err: grpc.aio.AioRpcError) -> PodCallError:

@@ -158,6 +158,26 @@ class RunningJob:
     seq: int
     pod: str
     chips: Mapping[str, int]
+    # A sub-block slice: the block its box of chips is in (None: a slice of whole blocks).
+    block: int | None = None
+
+
+@dataclass(frozen=True)
+class _Unit:
+    """What reclaim may take at once: a slice of whole blocks, or sub-block slices of one
+    block (all of a block's, for a block slice: only then is the block free)."""
+
+    jobs: tuple[RunningJob, ...]
+    frees: Mapping[str, int]
+
+    @property
+    def key(self) -> tuple[int, int, str]:
+        """Lowest priority, then youngest first (the order reclaim takes in)."""
+        return (
+            max(j.priority for j in self.jobs),
+            -max(j.seq for j in self.jobs),
+            self.jobs[0].job_id,
+        )
 
 
 @dataclass(frozen=True)
@@ -172,6 +192,17 @@ class Reclaim:
             f"reclaiming quota lent to {', '.join(lenders)}: preempting "
             f"{len(self.victims)} job(s) on {self.pod}"
         )
+
+
+def _by_block(order: list[RunningJob]) -> tuple[list[_Unit], dict[int, list[RunningJob]]]:
+    """Each slice of whole blocks as a unit of its own, and the sub-block slices per
+    block, both in `order`."""
+    units = [_Unit((j,), j.chips) for j in order if j.block is None]
+    blocks: dict[int, list[RunningJob]] = {}
+    for j in order:
+        if j.block is not None:
+            blocks.setdefault(j.block, []).append(j)
+    return units, blocks
 
 
 def _fmt(chips: Mapping[str, int]) -> str:
@@ -292,15 +323,29 @@ class QuotaBook:
         need: Mapping[str, int],
         running: Iterable[RunningJob],
         room: Mapping[str, Mapping[str, int]],
+        *,
+        box: bool = False,
+        block_chips: Mapping[str, int] | None = None,
+        holders: Mapping[tuple[str, int], Iterable[str]] | None = None,
     ) -> Reclaim | None:
         """Borrowers' jobs to preempt so that `tenant`'s job of `need` chips, which fits
         its nominal quota, finds room on one pod; None when it does not fit its nominal,
         nobody in its cohort borrows, or no pod can be freed enough. `room`: chips per
-        type free now per pod (what the job could use without preempting)."""
+        type of whole free blocks now per pod (what the job could use without
+        preempting). `box`: the job is a sub-block slice (a box inside one block).
+        `block_chips`: chips in one block of each pod; `holders`: per (pod, block) given
+        over to sub-block slices, every job holding chips there (whoever's, whatever
+        its state; the running jobs' own blocks are added) — a block slice gets a
+        block of sub-block slices only when all of them go."""
         q = self.quotas.get(tenant)
         if q is None or not q.cohort or not self.check(tenant, need).within_nominal:
             return None
         members = set(self.cohorts[q.cohort]) - {tenant}
+        running = list(running)
+        held: dict[tuple[str, int], set[str]] = {k: set(v) for k, v in (holders or {}).items()}
+        for j in running:
+            if j.block is not None:
+                held.setdefault((j.pod, j.block), set()).add(j.job_id)
         order = sorted(
             (j for j in running if j.tenant in members),
             key=lambda j: (j.priority, -j.seq, j.job_id),
@@ -308,7 +353,14 @@ class QuotaBook:
         best: Reclaim | None = None
         best_key: tuple | None = None
         for pod in sorted({j.pod for j in order}):
-            taken = self._victims(need, [j for j in order if j.pod == pod], room.get(pod, {}))
+            on_pod = [j for j in order if j.pod == pod]
+            per_block = (block_chips or {}).get(pod, 0)
+            units = (
+                self._places(need, on_pod)
+                if box
+                else self._block_units(on_pod, per_block, held, pod)
+            )
+            taken = self._victims(need, units, room.get(pod, {}), alone_only=box)
             if taken:
                 key = (
                     max(v.priority for v in taken),
@@ -320,51 +372,105 @@ class QuotaBook:
                     best, best_key = Reclaim(pod, tuple(taken)), key
         return best
 
+    @staticmethod
+    def _block_units(
+        order: list[RunningJob], per_block: int, held: Mapping[tuple[str, int], set[str]], pod: str
+    ) -> list[_Unit]:
+        """What frees blocks for a block slice: each slice of whole blocks, and each block
+        whose every holder is a borrower's running sub-block slice (it frees the block's
+        chips, the free ones too)."""
+        units, blocks = _by_block(order)
+        for b, jobs in sorted(blocks.items()):
+            if per_block and {j.job_id for j in jobs} == held.get((pod, b), set()):
+                node_type = next(iter(jobs[0].chips))  # a block has one node type
+                units.append(_Unit(tuple(jobs), {node_type: per_block}))
+        return sorted(units, key=lambda u: u.key)
+
+    def _places(self, need: Mapping[str, int], order: list[RunningJob]) -> list[_Unit]:
+        """Where a sub-block slice could get its box: a borrowed slice of whole blocks
+        (it frees a block), or sub-block slices of one block, lowest priority and
+        youngest first, whose chips hold the box's while their tenants still borrow
+        (the chips left free in that block are not known here: not counted)."""
+        units, blocks = _by_block(order)
+        for _, jobs in sorted(blocks.items()):
+            book = self.copy()
+            taken: list[RunningJob] = []
+            free: dict[str, int] = {}
+            for j in jobs:
+                if all(free.get(t, 0) >= n for t, n in need.items()):
+                    break
+                if book._takes(j, list(need)):
+                    taken.append(j)
+                    for t, n in j.chips.items():
+                        free[t] = free.get(t, 0) + n
+            if taken:
+                units.append(_Unit(tuple(taken), free))
+        return sorted(units, key=lambda u: u.key)
+
+    def _takes(self, j: RunningJob, types: Iterable[str]) -> bool:
+        """Whether `j`'s tenant still borrows a type of `types` that `j` holds; if so,
+        this book forgets `j` (its turn is taken)."""
+        if not any(self.borrowed(j.tenant, t) > 0 for t in types if j.chips.get(t)):
+            return False
+        self.forget(j.tenant, j.chips)
+        return True
+
     def _victims(
-        self, need: Mapping[str, int], order: list[RunningJob], room: Mapping[str, int]
+        self,
+        need: Mapping[str, int],
+        units: list[_Unit],
+        room: Mapping[str, int],
+        *,
+        alone_only: bool = False,
     ) -> list[RunningJob]:
-        """Victims on one pod, or [] when they cannot free enough: a single borrowed job
+        """Victims on one pod, or [] when they cannot free enough: a single borrowed unit
         that frees enough alone, the lowest priority and then the fewest chips first
-        (taking a 512-chip slice for an 8-chip box wastes the rest); else borrowed jobs
-        in `order` (lowest priority, youngest first) until the room suffices."""
+        (taking a 512-chip slice for an 8-chip box wastes the rest); else (not for a
+        box, which needs its room in one place) borrowed units in their order (lowest
+        priority, youngest first) until the room suffices."""
 
         def short(free: Mapping[str, int]) -> bool:
             return any(free.get(t, 0) < n for t, n in need.items())
 
-        def freed(jobs: Iterable[RunningJob]) -> dict[str, int]:
+        def freed(us: Iterable[_Unit]) -> dict[str, int]:
             free = dict(room)
-            for j in jobs:
-                for t, n in j.chips.items():
+            for u in us:
+                for t, n in u.frees.items():
                     free[t] = free.get(t, 0) + n
             return free
 
+        def borrowed(u: _Unit, book: QuotaBook, types: list[str]) -> bool:
+            return all(book._takes(j, types) for j in u.jobs)
+
         if not short(room):
             return []
-        borrowed = [
-            j for j in order if any(self.borrowed(j.tenant, t) > 0 for t in need if j.chips.get(t))
-        ]
-        if not borrowed:
+        usable = [u for u in units if borrowed(u, self.copy(), list(need))]
+        if not usable:
             return []
-        alone = [j for j in borrowed if not short(freed([j]))]
-        low = min(j.priority for j in borrowed)
-        if any(j.priority == low for j in alone):
+        alone = [u for u in usable if not short(freed([u]))]
+        low = min(u.key[0] for u in usable) if not alone_only else None
+        pool = [u for u in alone if low is None or u.key[0] == low]
+        if pool:
             pick = min(
-                (j for j in alone if j.priority == low),
-                key=lambda j: (sum(j.chips.values()), -j.seq, j.job_id),
+                pool,
+                key=lambda u: (u.key[0], len(u.jobs), sum(u.frees.values()), u.key[1:]),
             )
-            return [pick]
+            return list(pick.jobs)
+        if alone_only:
+            return []
         book = self.copy()
         free = dict(room)
         taken: list[RunningJob] = []
-        for j in order:
+        for u in usable:
             if not short(free):
                 break
-            useful = [t for t, n in need.items() if free.get(t, 0) < n and j.chips.get(t, 0)]
-            if not useful or not any(book.borrowed(j.tenant, t) > 0 for t in useful):
+            useful = [t for t, n in need.items() if free.get(t, 0) < n and u.frees.get(t, 0)]
+            trial = book.copy()
+            if not useful or not borrowed(u, trial, useful):
                 continue
-            taken.append(j)
-            book.forget(j.tenant, j.chips)
-            for t, n in j.chips.items():
+            book = trial
+            taken.extend(u.jobs)
+            for t, n in u.frees.items():
                 free[t] = free.get(t, 0) + n
         return [] if short(free) else taken
 

@@ -424,7 +424,7 @@ def gate(
 # -- reclaim -------------------------------------------------------------------------
 
 # What reclaim reads of each live job (store.live_fields).
-RECLAIM_FIELDS = ("tenant", "priority", "seq", "state", "qc", "phase")
+RECLAIM_FIELDS = ("tenant", "priority", "seq", "state", "qc", "phase", "box")
 
 
 def plan_reclaim(
@@ -433,20 +433,45 @@ def plan_reclaim(
     state: QuotaState,
     live: Iterable[tuple[str, str, Mapping[str, str]]],
     room: Mapping[str, Mapping[str, int]],
+    *,
+    box: bool = False,
+    block_chips: Mapping[str, int] | None = None,
 ) -> Reclaim | None:
     """Borrowers' running jobs on one pod whose chips let `tenant`'s job (within its
     nominal quota, no room anywhere) run there: the model's choice over what the store
-    says runs (store.live_fields of RECLAIM_FIELDS), or None."""
-    running = [
-        RunningJob(
-            job,
-            f["tenant"],
-            int(f.get("priority", 0)),
-            int(f.get("seq", 0)),
-            pod,
-            json.loads(f["qc"]),
-        )
-        for pod, job, f in live
-        if f.get("qc") and f.get("state") == "RUNNING" and f.get("phase") == "PLACED"
-    ]
-    return state.book().reclaim(tenant, need, running, room)
+    says runs (store.live_fields of RECLAIM_FIELDS), or None. `box`: the job is a
+    sub-block slice; a live job's `box` field names the block its own box is in (the
+    pod's answer), so boxes count as chips of their block, and every live job there,
+    whatever its state, holds that block. A job of fewer chips than a block with no
+    `box` is a box of an unknown block (placed before the cell stored it, or moved
+    since the last answer the cell followed): never named, and while it holds chips it
+    may hold any block of its pod given over to boxes."""
+    sizes = block_chips or {}
+    running = []
+    holders: dict[tuple[str, int], set[str]] = {}
+    unknown: dict[str, set[str]] = {}
+    for pod, job, f in live:
+        chips = json.loads(f["qc"]) if f.get("qc") else {}
+        if f.get("box"):
+            holders.setdefault((pod, int(f["box"])), set()).add(job)
+        elif chips and sum(chips.values()) < sizes.get(pod, 0):
+            if f.get("state") not in ("PENDING", "SUSPENDED"):  # holding chips somewhere
+                unknown.setdefault(pod, set()).add(job)
+            continue
+        if chips and f.get("state") == "RUNNING" and f.get("phase") == "PLACED":
+            running.append(
+                RunningJob(
+                    job,
+                    f["tenant"],
+                    int(f.get("priority", 0)),
+                    int(f.get("seq", 0)),
+                    pod,
+                    chips,
+                    block=int(f["box"]) if f.get("box") else None,
+                )
+            )
+    for (pod, _), jobs in holders.items():
+        jobs |= unknown.get(pod, set())
+    return state.book().reclaim(
+        tenant, need, running, room, box=box, block_chips=block_chips, holders=holders
+    )

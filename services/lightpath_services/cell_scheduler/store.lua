@@ -172,6 +172,12 @@ if USES.report then OPS.report = function(o)
             and tonumber(tr[6]) >= tonumber(f[4] or "0") then
           if tr[3] > tonumber(f[3] or "0") then
             call("HSET", jk, "pod_state", tr[5], "n", tr[3], "updated_ms", tr[6])
+            -- A sub-block slice's box stays where the pod's last answer put it only from
+            -- WIRING to RUNNING; any other change may move or free it: unknown until the
+            -- cell next follows an answer (reclaim names no box of an unknown block).
+            if not (tr[4] == "WIRING" and tr[5] == "RUNNING") then
+              call("HSET", jk, "box", "")
+            end
             if f[2] == "PLACED" then
               call("HSET", jk, "reason", tr[7])
               if not down then call("HSET", jk, "state", tr[5]) end
@@ -355,12 +361,14 @@ if USES.end_queued then OPS.end_queued = function(o)
 end end
 
 -- {"mirror", job, pod, state, n, reason, now, ended here (1: the pod's answer to a
--- complete/cancel through the cell: its blocks are free again)}
+-- complete/cancel through the cell: its blocks are free again), the block of a sub-block
+-- slice's box ("" none: reclaim reads it)}
 if USES.mirror then OPS.mirror = function(o)
   local job, pod, state, n, reason, now, ended = o[2], o[3], o[4], o[5], o[6], o[7], o[8]
   local jk = member("job", job)
   local f = call("HMGET", jk, "pod_state", "needs", "state")
-  call("HSET", jk, "pod_state", state, "n", n, "reason", reason, "updated_ms", now)
+  call("HSET", jk, "pod_state", state, "n", n, "reason", reason, "updated_ms", now,
+    "box", o[9] or "")
   local shown = shown_state(pod, state)
   call("HSET", jk, "state", shown)
   if f[3] == "UNKNOWN" and shown ~= "UNKNOWN" then

@@ -789,15 +789,17 @@ class CellStore:
         reason: str,
         now_ms: int,
         ended_here: bool = False,
+        box: str = "",
     ) -> Mirrored:
         """Follow the pod's answer about a job (newer than what the cell has). `ended_here`:
         the answer to a complete or cancel through the cell, whose freed blocks count as
-        free until the pod reports."""
+        free until the pod reports. `box`: the block a sub-block slice's box is in now
+        ("" none)."""
         t = CellTxn(pod, jobs=[job_id])
         t.expect_value(job_id, "pod", pod)
         t.expect_phase(job_id, [PLACED])
         t.expect_number(_job_key(job_id), "n", "<=", n, reason=STALE)
-        t.op("mirror", job_id, pod, state, n, reason, now_ms, int(ended_here))
+        t.op("mirror", job_id, pod, state, n, reason, now_ms, int(ended_here), box)
         t.read_record(job_id)
         done = await self._try(t)
         if done is None:

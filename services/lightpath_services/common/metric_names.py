@@ -184,9 +184,10 @@ DOMAIN: tuple[MetricName, ...] = (
         "lightpath.cell.tenant.chips",
         GAUGE,
         "",
-        ("tenant", "node_type", "kind"),
+        ("tenant", "pod", "node_type", "kind"),
         "cell_scheduler",
-        "a tenant's chips per node type: its quota, what it holds, what of that it borrows",
+        "a tenant's chips per node type: its quota, what it holds, what of that it borrows "
+        "(on the cell, or on one pod for a quota of that pod)",
     ),
     _m(
         "lightpath.cell.tenant.waiting",

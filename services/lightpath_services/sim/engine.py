@@ -48,6 +48,7 @@ from lightpath.domain.blocks import PodFabric
 from lightpath.domain.slices import (
     DELAY,
     FAIL,
+    HOLDING_STATES,
     PENDING,
     RUNNING,
     SUB_BLOCK_OWNER,
@@ -661,8 +662,15 @@ class OcsModel(_Model):
             else:
                 reclaim = None
                 if verdict.within_nominal:
+                    placed, holders = self._placed_jobs()
                     reclaim = quota.book.reclaim(
-                        w.tenant, w.chips, self._placed_jobs(), self._room(job, views)
+                        w.tenant,
+                        w.chips,
+                        placed,
+                        self._room(views),
+                        box=job.demand.box is not None,
+                        block_chips={v.pod_id: v.block_chips for v in views},
+                        holders=holders,
                     )
                 pod = None
                 if reclaim is not None:
@@ -695,24 +703,33 @@ class OcsModel(_Model):
         found = plan_admission(trial, job, preempt=False)
         return not isinstance(found, Unplaceable)
 
-    def _placed_jobs(self) -> list[RunningJob]:
-        """Admitted jobs holding chips on a pod (WIRING or RUNNING): what reclaim frees."""
+    def _placed_jobs(
+        self,
+    ) -> tuple[list[RunningJob], dict[tuple[str, int], set[str]]]:
+        """Admitted jobs holding chips on a pod (WIRING or RUNNING): what reclaim frees;
+        and per (pod, block) given over to sub-block slices, every slice holding chips
+        there (as the service reads them: plan_reclaim)."""
         quota = self.sim.quota
         assert quota is not None
         pod_of: dict[str, str] = {}
         order: dict[str, tuple[int, int]] = {}
+        block_of: dict[str, int] = {}
+        holders: dict[tuple[str, int], set[str]] = {}
         for p in self.pods:
+            pod_id = p.state.fabric.pod_id
             for j in p.state.jobs.values():
+                if j.offset is not None and j.placement and j.state in HOLDING_STATES:
+                    block_of[j.job_id] = j.placement[0]
+                    holders.setdefault((pod_id, j.placement[0]), set()).add(j.job_id)
                 if j.job_id in quota.admitted:
-                    pod_of[j.job_id] = p.state.fabric.pod_id
+                    pod_of[j.job_id] = pod_id
                     order[j.job_id] = (j.priority, j.seq)
-        return quota.running(pod_of, order)
+        return quota.running(pod_of, order, block_of), holders
 
-    def _room(self, job: SliceJob, views: list[PodCapacityView]) -> dict[str, dict[str, int]]:
-        """Chips a job could use per pod without preempting: whole free blocks for a
-        block slice, the largest free box for a sub-block slice."""
-        if job.demand.box is not None:
-            return {v.pod_id: {NODE_TYPE: v.largest_box[NODE_TYPE]} for v in views}
+    def _room(self, views: list[PodCapacityView]) -> dict[str, dict[str, int]]:
+        """Chips a job could use per pod without preempting, as the service's reclaim
+        counts them: whole free blocks' (a box's free chips beside others: not counted,
+        since they need not add up with a victim's in one place)."""
         return {v.pod_id: {NODE_TYPE: v.free[NODE_TYPE] * v.block_chips} for v in views}
 
     def _reclaim(self, pod: OcsPod, job_id: str) -> None:

@@ -182,15 +182,21 @@ class SimQuotas:
         tr.series.append((now, tr.held))
 
     def running(
-        self, pod_of: dict[str, str], priority_of: dict[str, tuple[int, int]]
+        self,
+        pod_of: dict[str, str],
+        priority_of: dict[str, tuple[int, int]],
+        block_of: dict[str, int] | None = None,
     ) -> list[RunningJob]:
+        """The admitted jobs on pods as reclaim sees them (`block_of`: a sub-block slice's
+        block)."""
         out = []
         for job_id, (tenant, chips) in self.admitted.items():
             pod = pod_of.get(job_id)
             if pod is None:
                 continue
             prio, seq = priority_of[job_id]
-            out.append(RunningJob(job_id, tenant, prio, seq, pod, {NODE_TYPE: chips}))
+            block = (block_of or {}).get(job_id)
+            out.append(RunningJob(job_id, tenant, prio, seq, pod, {NODE_TYPE: chips}, block))
         return out
 
     # -- the report ------------------------------------------------------------------

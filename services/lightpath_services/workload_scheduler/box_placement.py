@@ -201,10 +201,14 @@ def _chips(grid: Grid) -> int:
     return n
 
 
-def choose_box_victims(state: PodState, job: SliceJob) -> BoxPreemption | None:
+def choose_box_victims(
+    state: PodState, job: SliceJob, *, only: frozenset[str] | None = None
+) -> BoxPreemption | None:
     """Lower-priority sub-block slices that make room for the sub-block slice `job` in
     a block given over to them (see the module docstring), or None. The planner then
-    tries lower-priority block slices (a whole block)."""
+    tries lower-priority block slices (a whole block). With `only` (the cell reclaiming
+    lent quota, issue 35): those slices alone, whatever their priority. A slice that
+    reclaimed quota from `job` is never its victim."""
     box = job.demand.box
     assert box is not None
     node_type = job.demand.node_types[0]
@@ -224,7 +228,7 @@ def choose_box_victims(state: PodState, job: SliceJob) -> BoxPreemption | None:
                 if holder is None or holder in victims:
                     continue
                 v = state.jobs.get(holder)
-                if v is None or v.state != RUNNING or v.priority >= job.priority:
+                if v is None or v.state != RUNNING or not _may_take(v, job, only):
                     ok = False
                     break
                 victims[holder] = _box_victim(v, wanted)
@@ -241,6 +245,13 @@ def choose_box_victims(state: PodState, job: SliceJob) -> BoxPreemption | None:
             if best is None or cost < best[0]:
                 best = (cost, BoxPreemption(BoxPlacement(b, off), tuple(victims.values())))
     return best[1] if best is not None else None
+
+
+def _may_take(victim: SliceJob, job: SliceJob, only: frozenset[str] | None) -> bool:
+    """Lower priority, or named by the cell; never a slice that reclaimed from `job`."""
+    if job.job_id in victim.reclaimed_from:
+        return False
+    return victim.priority < job.priority if only is None else victim.job_id in only
 
 
 def _box_victim(victim: SliceJob, wanted: set[Position]) -> VictimAction:

@@ -119,11 +119,13 @@ def plan_admission(
     """Place one waiting job on free blocks, else by preemption (WS-2, WS-3, WS-4).
     `take_younger`: slices of its priority admitted after it count as lower (the age
     bound, plan_pass). `reclaim`: the cell names the only slices it may preempt,
-    whatever their priority (lent quota taken back, issue 35; blocks only). An OCS_TORUS
-    pod's admission (fabric_kinds.TorusPlanner)."""
+    whatever their priority (lent quota taken back, issue 35). An OCS_TORUS pod's
+    admission (fabric_kinds.TorusPlanner)."""
     younger_than = job.seq if take_younger else None
     if job.demand.sub_block:
-        return plan_box_admission(state, job, preempt=preempt, younger_than=younger_than)
+        return plan_box_admission(
+            state, job, preempt=preempt, younger_than=younger_than, reclaim=reclaim
+        )
     found = place(state, job.demand)
     if isinstance(found, Placement):
         return Allocation(job, found.blocks, (), _release_first(state, job.job_id, found.blocks))
@@ -153,27 +155,38 @@ def plan_admission(
 
 
 def plan_box_admission(
-    state: PodState, job: SliceJob, *, preempt: bool = True, younger_than: int | None = None
+    state: PodState,
+    job: SliceJob,
+    *,
+    preempt: bool = True,
+    younger_than: int | None = None,
+    reclaim: frozenset[str] | None = None,
 ) -> Allocation | Unplaceable:
     """A sub-block slice (issue 28): a box of free chips (box_placement), else room made
     by lower-priority sub-block slices in a block given over to them, else a whole block
-    freed by lower-priority block slices. On a partial snapshot, which does not show
-    the chips held, the caller takes a full one."""
+    freed by lower-priority block slices. `reclaim`: the only slices it may preempt,
+    whatever their priority (issue 35). On a partial snapshot, which does not show the
+    chips held, the caller takes a full one."""
     if state.partial:
         return Unplaceable((), note="a sub-block slice is placed on a full snapshot")
     found = place_box(state, job)
     if isinstance(found, BoxPlacement):
         return Allocation(job, (found.block,), offset=found.offset)
-    if not preempt:
+    if not preempt or job.yields:  # delayed by a reclaim: free chips only
         return found
-    inside = choose_box_victims(state, job)
+    inside = choose_box_victims(state, job, only=reclaim)
     if inside is not None:
         return Allocation(
             job, (inside.placement.block,), inside.victims, (), offset=inside.placement.offset
         )
     assert job.demand.box is not None
     victims = choose_victims(
-        state, Counter({job.demand.node_types[0]: 1}), job.priority, younger_than=younger_than
+        state,
+        Counter({job.demand.node_types[0]: 1}),
+        job.priority,
+        younger_than=younger_than,
+        only=reclaim,
+        preemptor=job.job_id,
     )
     if not victims:
         return found

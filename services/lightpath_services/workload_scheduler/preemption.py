@@ -140,7 +140,7 @@ def choose_victims(
         and j.offset is None
     ]
     freeable = {j.job_id: max_freeable(state, j) for j in pool}
-    groups = {} if only is not None else _box_groups(state, priority, exclude, younger_than)
+    groups = _box_groups(state, priority, exclude, younger_than, only, preemptor)
     for group, members in groups.items():
         pool.append(group)
         freeable[group.job_id] = Counter({state.fabric.node_types[members[0].placement[0]]: 1})  # type: ignore[index]
@@ -158,10 +158,16 @@ def choose_victims(
 
 
 def _box_groups(
-    state: PodState, priority: int, exclude: frozenset[str], younger_than: int | None = None
+    state: PodState,
+    priority: int,
+    exclude: frozenset[str],
+    younger_than: int | None = None,
+    only: frozenset[str] | None = None,
+    preemptor: str = "",
 ) -> dict[SliceJob, list[SliceJob]]:
     """Per block given over to sub-block slices whose slices are all RUNNING and of lower
-    priority (`_below`): a stand-in victim for the whole block, and its members."""
+    priority (`_below`; with `only`: all named, as choose_victims), none of which
+    reclaimed from `preemptor`: a stand-in victim for the whole block, and its members."""
     members: dict[int, list[SliceJob]] = {}
     for j in state.jobs.values():
         if j.offset is not None and j.placement and j.state != "SUSPENDED":
@@ -172,7 +178,10 @@ def _box_groups(
             state.owner.get(block) != SUB_BLOCK_OWNER
             or block in state.failed
             or any(
-                j.state != RUNNING or not _below(j, priority, younger_than) or j.job_id in exclude
+                j.state != RUNNING
+                or not (_below(j, priority, younger_than) if only is None else j.job_id in only)
+                or (preemptor and preemptor in j.reclaimed_from)
+                or j.job_id in exclude
                 for j in jobs
             )
         ):
