@@ -156,10 +156,12 @@ def test_what_is_never_shed():
 def test_settings_defaults_and_bad_values():
     s = load(CommonSettings, {})
     assert (s.max_inflight, s.max_queued, s.queue_wait_s, s.target_latency_s) == (64, 128, 0.5, 0.5)
+    assert s.queue_target_s == 0.1
     for env, raw in (
         ("LIGHTPATH_MAX_INFLIGHT", "0"),
         ("LIGHTPATH_MAX_QUEUED", "-1"),
         ("LIGHTPATH_QUEUE_WAIT_S", "-0.5"),
+        ("LIGHTPATH_QUEUE_TARGET_S", "-0.1"),
         ("LIGHTPATH_TARGET_LATENCY_S", "-1"),
     ):
         with pytest.raises(SettingsError, match=env):
@@ -229,6 +231,9 @@ def _settings(redis_url: str, inflight: int, queued: int, wait_s: float) -> Comm
             "LIGHTPATH_MAX_INFLIGHT": str(inflight),
             "LIGHTPATH_MAX_QUEUED": str(queued),
             "LIGHTPATH_QUEUE_WAIT_S": str(wait_s),
+            # these tests hold calls queued for as long as they take: no standing-queue
+            # bound (the limiter's own tests cover it, on an injected clock)
+            "LIGHTPATH_QUEUE_TARGET_S": "0",
             **tls_env(service_principal("probe")),
         },
     )
@@ -487,3 +492,85 @@ async def test_a_lowered_limit_refuses_beyond_it_and_passes_no_slot_on_above_it(
     for task in queued:
         task.cancel()
     await asyncio.gather(*queued, return_exceptions=True)
+
+
+# -- the standing queue (issue 30, CoDel) ------------------------------------------------
+
+
+async def test_a_standing_queue_refuses_at_its_head_the_calls_that_waited_past_the_target():
+    """A queue not empty for STANDING_S stands: a slot coming free skips (refusing) the
+    waiters that waited longer than queue_target_s and goes to one that did not."""
+    now = [0.0]
+    a = Admission(1, 8, 60.0, queue_target_s=5.0, clock=lambda: now[0])
+    await a.acquire()
+    early = [asyncio.create_task(a.acquire())]
+    await asyncio.sleep(0)
+    now[0] = 0.5
+    assert not a.standing(now[0])
+    early.append(asyncio.create_task(a.acquire()))
+    await asyncio.sleep(0)
+    now[0] = 8.0  # not empty since 0: standing
+    assert a.standing(now[0])
+    fresh = asyncio.create_task(a.acquire())
+    await asyncio.sleep(0)
+    assert a.queued == 3
+    a.release()
+    await asyncio.sleep(0)
+    for task in early:
+        with pytest.raises(ResourceExhausted) as refused:
+            await task
+        assert refused.value.reason == OVERLOADED
+        assert "in a queue that has not emptied" in refused.value.message
+        assert refused.value.retry_delay_s > 0
+    await fresh  # it waited 0 s: it gets the slot
+    assert (a.inflight, a.queued, a.shed) == (1, 0, 2)
+    assert not a.standing(now[0])  # empty again
+    a.release()
+    assert a.inflight == 0
+
+
+async def test_a_queue_that_empties_now_and_then_lets_its_calls_wait_the_full_wait():
+    now = [0.0]
+    a = Admission(1, 8, 60.0, queue_target_s=0.5, clock=lambda: now[0])
+    await a.acquire()
+    for t in (0.0, 3.0, 6.0):  # a burst now and then, each served before the next
+        now[0] = t
+        waiter = asyncio.create_task(a.acquire())
+        await asyncio.sleep(0)
+        now[0] = t + 0.9  # waited past the target, in a queue not empty for 1 s yet
+        assert not a.standing(now[0])
+        a.release()
+        await waiter
+    assert (a.inflight, a.shed) == (1, 0)
+    a.release()
+
+
+async def test_without_a_queue_target_a_standing_queue_still_waits_the_full_wait():
+    now = [0.0]
+    a = Admission(1, 8, 60.0, clock=lambda: now[0])
+    await a.acquire()
+    waiter = asyncio.create_task(a.acquire())
+    await asyncio.sleep(0)
+    now[0] = 30.0
+    assert not a.standing(now[0])
+    a.release()
+    await waiter
+    assert a.shed == 0
+    a.release()
+
+
+async def test_calls_that_end_work_are_never_refused_for_a_standing_queue():
+    now = [0.0]
+    a = Admission(1, 8, 60.0, queue_target_s=0.1, freeing_slots=1, clock=lambda: now[0])
+    freeing = a.freeing
+    assert freeing is not None and freeing.queue_target_s == 0
+    await a.acquire()
+    await freeing.acquire()  # its own slot (the new-work one is taken)
+    waiter = asyncio.create_task(freeing.acquire())
+    await asyncio.sleep(0)
+    now[0] = 30.0
+    freeing.release()
+    await waiter
+    assert freeing.shed == 0
+    freeing.release()
+    a.release()

@@ -152,6 +152,7 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
             start = time.perf_counter()
             code = grpc.StatusCode.OK
             admitted: Admission | None = None
+            served = start
             with self._span(method, context, traced) as span:
                 gate = _Gate(self._guard, method)
                 try:
@@ -161,6 +162,7 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
                     if admission is not None and not exempt_principal(gate.principal):
                         await admission.acquire()
                         admitted = admission
+                        served = time.perf_counter()  # the limit adapts to this part
                     result = inner(_checked(request) if check_each else request, context)
                     if inspect.isawaitable(result):
                         result = await result
@@ -174,7 +176,7 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
                     await _abort_for(exc, span, method, context)
                 finally:
                     if admitted is not None:
-                        admitted.observe(time.perf_counter() - start)
+                        admitted.observe(time.perf_counter() - served)
                         admitted.release()
                     gate.leave(code, request)
                     self._record(method, code, start)

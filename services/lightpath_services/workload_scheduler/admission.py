@@ -57,6 +57,10 @@ from lightpath_services.workload_scheduler.planner import (
 from lightpath_services.workload_scheduler.store import Conflict, JobRecord, Txn
 from lightpath_services.workload_scheduler.wiring import WIRING_RETRY, Wirer
 
+# How often a job that asked not to wait, found PENDING after its pass, is refused
+# again before it is answered as it stands (`admit`).
+REFUSE_ATTEMPTS = 3
+
 
 class Admission(Part):
     """Admitting jobs and the passes over the queue; their wirings go to `wiring`."""
@@ -119,9 +123,24 @@ class Admission(Part):
             await self.schedule()
         created = admission.created
         record = await self._settled(norm.job_id)
-        if record.state == PENDING and norm.when_no_capacity == FAIL:
+        # A job that asked not to wait is never answered PENDING (left so, it would be
+        # placed later and hold blocks its caller, told "not running", never ends): it
+        # is refused, or it was placed meanwhile and is answered as its wiring ended.
+        # Once was not enough (issue 30): placed by another replica's pass while this
+        # one looked, its wiring failed, and it was back PENDING when read again.
+        for _ in range(REFUSE_ATTEMPTS):
+            if record.state != PENDING or norm.when_no_capacity != FAIL:
+                break
             await self._refuse(record)
             record = await self._settled(norm.job_id)
+        if record.state == PENDING and norm.when_no_capacity == FAIL:
+            self.log.warning(
+                "job %s asked not to wait and is still PENDING after %d refusals were "
+                "tried (the pod kept changing); it stays queued",
+                norm.job_id,
+                REFUSE_ATTEMPTS,
+                extra={"job_id": norm.job_id},
+            )
         self.metrics.admitted(self.pod_id, record.state, started)
         return AdmitResult(record, created, preempted=record.preempted)
 
