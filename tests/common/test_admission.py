@@ -14,10 +14,16 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from lightpath.client import channel, error_report
 from lightpath.security.identity import Principal, service_principal
 from lightpath.v1 import common_pb2
-from lightpath_services.common.admission import OVERLOADED, Admission, exempt_principal, sheddable
+from lightpath_services.common.admission import (
+    OVERLOADED,
+    POD_BUSY,
+    Admission,
+    exempt_principal,
+    sheddable,
+)
 from lightpath_services.common.errors import ResourceExhausted
 from lightpath_services.common.policy import RULES, read
-from lightpath_services.common.server import ServiceDefinition, running
+from lightpath_services.common.server import ServiceDefinition, create_server, running
 from lightpath_services.common.settings import CommonSettings, SettingsError, load
 from tests.helpers import credentials, tls_env
 
@@ -190,6 +196,9 @@ class Probe:
     async def boom(self, request, context):
         raise RuntimeError("a bug")
 
+    async def busy(self, request, context):
+        raise ResourceExhausted("the pod is busy", reason=POD_BUSY, retry_delay_s=0.3)
+
     async def get_info(self, request, context):
         return common_pb2.ServiceInfo(service=PROBE)
 
@@ -206,6 +215,7 @@ class Probe:
             {
                 "Hold": unary(self.hold),
                 "Boom": unary(self.boom),
+                "Busy": unary(self.busy),
                 "GetInfo": unary(self.get_info),
                 # named as a call that ends work: the freeing lane (issue 30)
                 "CompleteJob": unary(self.hold),
@@ -218,7 +228,7 @@ class Probe:
 
 @pytest.fixture(autouse=True)
 def busy_rules(monkeypatch):
-    for name in ("Hold", "Boom", "GetInfo", "CompleteJob"):
+    for name in ("Hold", "Boom", "Busy", "GetInfo", "CompleteJob"):
         monkeypatch.setitem(RULES, f"/{PROBE}/{name}", read("operator", "service:cell_scheduler"))
 
 
@@ -574,3 +584,45 @@ async def test_calls_that_end_work_are_never_refused_for_a_standing_queue():
     assert freeing.shed == 0
     freeing.release()
     a.release()
+
+
+# -- downstream "busy" counts as a drop (issue 30) ---------------------------------------
+
+
+def test_a_call_refused_further_down_as_busy_lowers_the_limit_as_a_slow_one():
+    now = [0.0]
+    a = Admission(64, 128, 0.5, target_s=0.5, clock=lambda: now[0])
+    a.observe(0.01, dropped=True)  # fast, but the pod was too busy to take it
+    assert a.slots == 48
+    a.observe(0.01, dropped=True)  # the same interval: once
+    assert a.slots == 48
+    now[0] += 0.5
+    a.observe(0.01)
+    assert a.slots == 48  # a fast call raises it by 1/limit only
+    fixed = Admission(64, 128, 0.5)
+    fixed.observe(0.01, dropped=True)
+    assert fixed.slots == 64
+
+
+async def test_the_server_counts_a_relayed_pod_busy_as_a_drop_and_a_plain_refusal_not():
+    """Through the interceptor: a call answered POD_BUSY lowers the limit; one answered
+    with another error, served fast, does not."""
+    probe = Probe()
+    now = [0.0]
+    limiter = Admission(8, 8, 1.0, target_s=0.5, clock=lambda: now[0])
+    server, port = create_server("127.0.0.1:0", [probe.definition()], admission=limiter)
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:  # no guard here
+            boom = await _outcome(_call(ch, "Boom")(common_pb2.GetInfoRequest()))
+            assert isinstance(boom, grpc.aio.AioRpcError)
+            assert boom.code() == grpc.StatusCode.INTERNAL
+            assert limiter.slots == 8
+            busy = await _outcome(_call(ch, "Busy")(common_pb2.GetInfoRequest()))
+            assert isinstance(busy, grpc.aio.AioRpcError)
+            report = error_report(busy)
+            assert (report.code, report.reason) == (grpc.StatusCode.RESOURCE_EXHAUSTED, POD_BUSY)
+            assert limiter.slots == 6
+            assert limiter.inflight == 0
+    finally:
+        await server.stop(0)

@@ -37,8 +37,12 @@ Envoy's adaptive concurrency and Netflix's concurrency limits): with `target_s`
 quarter (at most once per `target_s`), a faster one raises it by 1/limit, between
 MIN_SLOTS and `max_inflight`; a call finding the queue as long as the limit is
 refused at once. What a call waited in this queue is not counted: counted, every
-queued call looked slow under overload and the limit fell to MIN_SLOTS, serving less
-the more was offered (the bench saw goodput drop at 2x and 4x).
+queued call looked slow under overload and the limit fell to MIN_SLOTS. A call that
+a service further down refused as too busy (DOWNSTREAM_BUSY: a pod's POD_BUSY, relayed
+by the cell) counts as slow, as a drop does for Netflix's limiters: otherwise the
+cell kept letting in submits the pod then refused after the cell had planned and
+claimed them (the bench saw a quarter of the submits at 2x go so: work thrown away,
+where a refusal at the door costs next to nothing).
 
 The wait in the queue is bounded as CoDel bounds a packet's (issue 30; RFC 8289, and
 as "adaptive CoDel" for RPC queues): a queue that empties now and then absorbs a
@@ -91,6 +95,12 @@ FREEING_METHODS = frozenset(
 )
 
 OVERLOADED = "OVERLOADED"
+# What a pod answers a no-wait admission it is too busy to decide soon (the workload
+# scheduler's pass lock): relayed by the cell, it counts as a drop (module doc).
+POD_BUSY = "POD_BUSY"
+# Refusals from further down meaning "too busy", not "no": a call answered so lowers
+# the limit as a slow one does.
+DOWNSTREAM_BUSY = frozenset({POD_BUSY})
 # The adaptive limit never goes below this many slots (module doc).
 MIN_SLOTS = 4
 # A queue not empty for this long is a standing one: calls then wait at most
@@ -285,12 +295,13 @@ class Admission:
         once (a longer queue would hold its last call past the target)."""
         return min(self.max_queued, self.slots) if self.target_s else self.max_queued
 
-    def observe(self, took_s: float) -> None:
+    def observe(self, took_s: float, *, dropped: bool = False) -> None:
         """A call admitted here was served in `took_s` (from its slot to its answer, the
-        wait in the queue left out: module doc): adapt the limit."""
+        wait in the queue left out: module doc), or `dropped` (refused further down as
+        too busy): adapt the limit."""
         if not self.target_s:
             return
-        if took_s > self.target_s:
+        if took_s > self.target_s or dropped:
             now = self._clock()
             if now - self._lowered_at >= self.target_s:
                 self.limit = max(self.min_limit, self.limit * 0.75)

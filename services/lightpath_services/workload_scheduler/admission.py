@@ -35,6 +35,7 @@ from lightpath.errors import (
     Unavailable,
 )
 from lightpath.v1 import workload_scheduler_pb2
+from lightpath_services.common.admission import POD_BUSY
 from lightpath_services.common.txn import STALE_LEASE
 from lightpath_services.workload_scheduler.core import (
     BUSY_WAIT_S,
@@ -281,7 +282,7 @@ class Admission(Part):
             f"job {job_id} was not admitted and asked not to wait: pod {self.pod_id} is "
             f"busy ({self._passes.waiting} admissions ahead, about {wait_s:.1f} s); "
             "nothing was kept",
-            reason="POD_BUSY",
+            reason=POD_BUSY,
             retry_delay_s=round(wait_s * (1.0 + 0.5 * random.random()), 3),
         )
 
