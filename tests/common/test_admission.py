@@ -451,8 +451,8 @@ def test_retry_delays_grow_with_the_share_of_recent_calls_refused():
 
 def test_the_limit_follows_the_latency_of_the_calls_served():
     """Issue 30: slower than the target lowers the slots by a quarter (once per target
-    interval, down to 4), faster raises them by 1/limit (up to max_inflight), and the
-    queue is never longer than the slots."""
+    interval, down to 4), faster raises them by 1/limit (up to max_inflight) while half
+    of them are in use, and the queue is never longer than the slots."""
     now = [0.0]
     a = Admission(64, 128, 0.5, target_s=0.5, clock=lambda: now[0])
     assert (a.slots, a.queue_places) == (64, 64)
@@ -465,11 +465,17 @@ def test_the_limit_follows_the_latency_of_the_calls_served():
         a.observe(2.0)
     assert a.slots == 4 and a.queue_places == 4
     for _ in range(40):
+        a.observe(0.1)  # fast, but with nothing in progress: a load that never tests it
+    assert a.slots == 4
+    for _ in range(40):
+        a.inflight = a.slots  # in use: fast calls raise it
         a.observe(0.1)
     assert 8 <= a.slots < 64
     for _ in range(10_000):
+        a.inflight = a.slots
         a.observe(0.1)
     assert a.slots == 64
+    a.inflight = 0
     fixed = Admission(64, 128, 0.5)
     fixed.observe(10.0)
     assert (fixed.slots, fixed.queue_places) == (64, 128)

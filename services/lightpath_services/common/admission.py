@@ -34,15 +34,17 @@ shed because of them. A freeing call takes a free new-work slot when there is on
 The number of slots follows how long the calls take once admitted (issue 30, as in
 Envoy's adaptive concurrency and Netflix's concurrency limits): with `target_s`
 (LIGHTPATH_TARGET_LATENCY_S) a call served for longer than it lowers the limit by a
-quarter (at most once per `target_s`), a faster one raises it by 1/limit, between
-MIN_SLOTS and `max_inflight`; a call finding the queue as long as the limit is
-refused at once. What a call waited in this queue is not counted: counted, every
-queued call looked slow under overload and the limit fell to MIN_SLOTS. A call that
-a service further down refused as too busy (DOWNSTREAM_BUSY: a pod's POD_BUSY, relayed
-by the cell) counts as slow, as a drop does for Netflix's limiters: otherwise the
-cell kept letting in submits the pod then refused after the cell had planned and
-claimed them (the bench saw a quarter of the submits at 2x go so: work thrown away,
-where a refusal at the door costs next to nothing).
+quarter (at most once per `target_s`), a faster one raises it by 1/limit while at
+least half of the limit is in use, between MIN_SLOTS and `max_inflight`; a call
+finding the queue as long as the limit is
+refused at once. What a call waited in this queue is not counted: counted, a queued
+call's wait made it look slow and lowered the limit, which lengthened the waits (a
+loop toward MIN_SLOTS under overload). A call that a service further down refused
+as too busy (DOWNSTREAM_BUSY: a pod's POD_BUSY, relayed by the cell) counts as slow,
+as a drop does for Netflix's limiters: otherwise the cell kept letting in submits
+the pod then refused after the cell had planned and claimed them (in the bench, 271
+of the 1,262 refusals at 2x: work thrown away, where a refusal at the door costs
+next to nothing).
 
 The wait in the queue is bounded as CoDel bounds a packet's (issue 30; RFC 8289, and
 as "adaptive CoDel" for RPC queues): a queue that empties now and then absorbs a
@@ -263,6 +265,9 @@ class Admission:
             if self._granted(fut):
                 self.rate.record(False)
                 return  # the slot came at the deadline: keep it
+            refused = fut.exception() if fut.done() and not fut.cancelled() else None
+            if refused is not None:
+                raise refused from None  # refused at the head at the deadline
             self._forget(waiter)
             raise self._refusal(f"no call finished within {wait_s:g} s") from None
         except BaseException:
@@ -306,7 +311,11 @@ class Admission:
             if now - self._lowered_at >= self.target_s:
                 self.limit = max(self.min_limit, self.limit * 0.75)
                 self._lowered_at = now
-        else:
+        elif 2 * self.inflight >= self.limit:
+            # Raised only while at least half of it is in use (as Netflix's AIMD limit):
+            # a light load that never tests the limit would raise it all the same, and
+            # the next overload would find it high and take seconds of slow calls to
+            # bring it down.
             self.limit = min(float(self.max_inflight), self.limit + 1.0 / self.limit)
 
     def release(self) -> None:
