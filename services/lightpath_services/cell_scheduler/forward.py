@@ -278,7 +278,10 @@ class Forwarder:
             return 0
         now = self.pods.now_ms()
         views = self.pods.views_of(snap, now)
-        demands, details = await self.admission.queued(snap, models, now)
+        # A no-wait job's own forward tries each candidate for up to the forward timeout.
+        demands, details = await self.admission.queued(
+            snap, models, now, own_forward_ms=int(2 * self.forward_timeout_s * 1000)
+        )
         quotas = QuotaState.of(snap.quotas)
         version = quotas.version  # this pass's own charges bump it
         on_pods: dict[tuple[str, str], Counter[str]] = {}  # ... and hold chips on pods

@@ -127,8 +127,9 @@ class Admission(Part):
         # A job that asked not to wait is never answered PENDING (left so, it would be
         # placed later and hold blocks its caller, told "not running", never ends): it
         # is refused, or it was placed meanwhile and is answered as its wiring ended.
-        # Once was not enough (issue 30): placed by another replica's pass while this
-        # one looked, its wiring failed, and it was back PENDING when read again.
+        # Once is not enough (issue 30: the bench saw such answers): placed by the other
+        # replica's pass while this one looked, its wiring may fail and leave it back
+        # PENDING when read again.
         for _ in range(REFUSE_ATTEMPTS):
             if record.state != PENDING or norm.when_no_capacity != FAIL:
                 break
