@@ -54,7 +54,11 @@ retrying as the retry delay says, then back to 1x; `--rounds` interleaved rounds
 1x rate found in the same run) goodput_ratio_2x, goodput_ratio_4x and recovery_s (the
 medians over the rounds, `..._range` beside them) and p99_ms_1x / p99_ms_2x / p99_ms_4x
 (every round's accepted submits and completes), each round's figures with the load
-during it under overload_2_blocks, the 1-block run under overload_1_block.
+during it under overload_2_blocks, the 1-block run under overload_1_block. Where the
+goodput went: the refused submits by reason (`submit_refused_OVERLOADED`, shed at the
+cell's door; `..._POD_BUSY` and `..._NO_CAPACITY`, refused after the cell had planned
+and forwarded them) in outcomes_Kx, the first refusals of each reason as told
+(refusals_seen_Kx: the slots in use, the queue) and each round's p99 by call.
 """
 
 from __future__ import annotations
@@ -79,7 +83,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from lightpath import embedded_redis
 from lightpath import stack as stack_module
-from lightpath.client import channel
+from lightpath.client import channel, error_report
 from lightpath.embedded_redis import EmbeddedRedis, free_port
 from lightpath.stack import ProcessSpec, Stack
 from lightpath.v1 import cell_scheduler_pb2 as cs
@@ -425,16 +429,24 @@ class Offered:
 
     done_at: list[float] = field(default_factory=list)
     accepted_ms: list[float] = field(default_factory=list)
+    # the same by call, which of them are slow
+    by_call_ms: dict[str, list[float]] = field(
+        default_factory=lambda: {"SubmitJob": [], "CompleteJob": []}
+    )
     outcomes: collections.Counter[str] = field(default_factory=collections.Counter)
     # accepted jobs that did not go as a client expects: (job id, what was seen)
     odd: list[tuple[str, str]] = field(default_factory=list)
+    # the first refusals of each reason, as told (what queued, how full): for people
+    refusals: dict[str, list[str]] = field(default_factory=dict)
 
 
 def _retry_delay(err: grpc.aio.AioRpcError) -> float:
-    from lightpath.client import error_report
-
     delay = error_report(err).retry_delay_s
     return 0.1 if delay is None else delay
+
+
+def _reason(err: grpc.aio.AioRpcError) -> str:
+    return error_report(err).reason or "no_reason"
 
 
 async def lifecycle(stub, job_id: str, shape: list[int], stats: Offered) -> None:
@@ -459,6 +471,12 @@ async def lifecycle(stub, job_id: str, shape: list[int], stats: Offered) -> None
                 stats.outcomes[f"submit_{err.code().name}"] += 1
                 return
             stats.outcomes["submit_refused"] += 1
+            # by reason: shed at the door (OVERLOADED) or refused after work was done
+            # (POD_BUSY, NO_CAPACITY), which is where goodput goes
+            stats.outcomes[f"submit_refused_{_reason(err)}"] += 1
+            seen = stats.refusals.setdefault(_reason(err), [])
+            if len(seen) < 2:
+                seen.append((err.details() or "")[:200])
             delay = _retry_delay(err)
             if time.monotonic() + delay - start > GIVE_UP_S:
                 stats.outcomes["gave_up"] += 1
@@ -466,6 +484,7 @@ async def lifecycle(stub, job_id: str, shape: list[int], stats: Offered) -> None
             await asyncio.sleep(delay)
             continue
         stats.accepted_ms.append((time.perf_counter() - t0) * 1000)
+        stats.by_call_ms["SubmitJob"].append(stats.accepted_ms[-1])
         if resp.job.state != c.JOB_STATE_RUNNING:
             stats.outcomes["not_running"] += 1  # (it holds nothing: ended below anyway)
             stats.odd.append((job_id, f"submit answered {c.JobState.Name(resp.job.state)}"))
@@ -483,6 +502,7 @@ async def lifecycle(stub, job_id: str, shape: list[int], stats: Offered) -> None
             stats.odd.append((job_id, f"complete {err.code().name}: {(err.details() or '')[:120]}"))
             return
         stats.accepted_ms.append((time.perf_counter() - t0) * 1000)
+        stats.by_call_ms["CompleteJob"].append(stats.accepted_ms[-1])
         stats.done_at.append(time.monotonic())
         stats.outcomes["ok"] += 1
         return
@@ -597,7 +617,7 @@ async def overload(cells: list, blocks: int, *, short: bool, rounds: int) -> dic
         arrivals = sum(
             v
             for k, v in cal.outcomes.items()
-            if k not in ("submit_refused", "complete_refused", "not_running")
+            if not k.startswith(("submit_refused", "complete_refused", "not_running"))
         )
         ok, refused = cal.outcomes["ok"], cal.outcomes["submit_refused"]
         tried.append([round(rate, 2), arrivals, ok, refused])
@@ -614,6 +634,7 @@ async def overload(cells: list, blocks: int, *, short: bool, rounds: int) -> dic
     pooled: dict[int, list[float]] = {1: [], 2: [], 4: []}
     odd: list[tuple[str, str]] = []
     outcomes: dict[int, collections.Counter[str]] = {k: collections.Counter() for k in pooled}
+    refusals: dict[int, dict[str, list[str]]] = {k: {} for k in pooled}
     for r in range(rounds):
         phases: dict[int, dict] = {}
         for k in (1, 2):
@@ -642,8 +663,14 @@ async def overload(cells: list, blocks: int, *, short: bool, rounds: int) -> dic
             pooled[k] += p["stats"].accepted_ms
             odd += p["stats"].odd
             outcomes[k].update(p["stats"].outcomes)
+            for reason, told in p["stats"].refusals.items():
+                kept = refusals[k].setdefault(reason, [])
+                kept += told[: 2 - len(kept)]
             row[f"goodput_{k}x"] = round(p["goodput"], 2)
             row[f"p99_ms_{k}x"] = round(percentile(p["stats"].accepted_ms, 99), 1)
+            row[f"p99_ms_{k}x_by_call"] = {
+                call: round(percentile(ms, 99), 1) for call, ms in p["stats"].by_call_ms.items()
+            }
             row[f"load_{k}x"] = p["load"]
         row["goodput_ratio_2x"] = round(phases[2]["goodput"] / one, 3) if one else float("nan")
         row["goodput_ratio_4x"] = round(phases[4]["goodput"] / one, 3) if one else float("nan")
@@ -661,6 +688,7 @@ async def overload(cells: list, blocks: int, *, short: bool, rounds: int) -> dic
         # p99 over every round's accepted calls at this level
         out[f"p99_ms_{k}x"] = round(percentile(pooled[k], 99), 1)
         out[f"outcomes_{k}x"] = dict(outcomes[k])
+        out[f"refusals_seen_{k}x"] = refusals[k]
         out[f"goodput_{k}x"] = statistics.median(row[f"goodput_{k}x"] for row in out["rounds"])
     return out
 

@@ -14,10 +14,16 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from lightpath.client import channel, error_report
 from lightpath.security.identity import Principal, service_principal
 from lightpath.v1 import common_pb2
-from lightpath_services.common.admission import OVERLOADED, Admission, exempt_principal, sheddable
+from lightpath_services.common.admission import (
+    OVERLOADED,
+    POD_BUSY,
+    Admission,
+    exempt_principal,
+    sheddable,
+)
 from lightpath_services.common.errors import ResourceExhausted
 from lightpath_services.common.policy import RULES, read
-from lightpath_services.common.server import ServiceDefinition, running
+from lightpath_services.common.server import ServiceDefinition, create_server, running
 from lightpath_services.common.settings import CommonSettings, SettingsError, load
 from tests.helpers import credentials, tls_env
 
@@ -156,10 +162,12 @@ def test_what_is_never_shed():
 def test_settings_defaults_and_bad_values():
     s = load(CommonSettings, {})
     assert (s.max_inflight, s.max_queued, s.queue_wait_s, s.target_latency_s) == (64, 128, 0.5, 0.5)
+    assert s.queue_target_s == 0.1
     for env, raw in (
         ("LIGHTPATH_MAX_INFLIGHT", "0"),
         ("LIGHTPATH_MAX_QUEUED", "-1"),
         ("LIGHTPATH_QUEUE_WAIT_S", "-0.5"),
+        ("LIGHTPATH_QUEUE_TARGET_S", "-0.1"),
         ("LIGHTPATH_TARGET_LATENCY_S", "-1"),
     ):
         with pytest.raises(SettingsError, match=env):
@@ -188,6 +196,9 @@ class Probe:
     async def boom(self, request, context):
         raise RuntimeError("a bug")
 
+    async def busy(self, request, context):
+        raise ResourceExhausted("the pod is busy", reason=POD_BUSY, retry_delay_s=0.3)
+
     async def get_info(self, request, context):
         return common_pb2.ServiceInfo(service=PROBE)
 
@@ -204,6 +215,7 @@ class Probe:
             {
                 "Hold": unary(self.hold),
                 "Boom": unary(self.boom),
+                "Busy": unary(self.busy),
                 "GetInfo": unary(self.get_info),
                 # named as a call that ends work: the freeing lane (issue 30)
                 "CompleteJob": unary(self.hold),
@@ -216,7 +228,7 @@ class Probe:
 
 @pytest.fixture(autouse=True)
 def busy_rules(monkeypatch):
-    for name in ("Hold", "Boom", "GetInfo", "CompleteJob"):
+    for name in ("Hold", "Boom", "Busy", "GetInfo", "CompleteJob"):
         monkeypatch.setitem(RULES, f"/{PROBE}/{name}", read("operator", "service:cell_scheduler"))
 
 
@@ -229,6 +241,9 @@ def _settings(redis_url: str, inflight: int, queued: int, wait_s: float) -> Comm
             "LIGHTPATH_MAX_INFLIGHT": str(inflight),
             "LIGHTPATH_MAX_QUEUED": str(queued),
             "LIGHTPATH_QUEUE_WAIT_S": str(wait_s),
+            # these tests hold calls queued for as long as they take: no standing-queue
+            # bound (the limiter's own tests cover it, on an injected clock)
+            "LIGHTPATH_QUEUE_TARGET_S": "0",
             **tls_env(service_principal("probe")),
         },
     )
@@ -436,8 +451,8 @@ def test_retry_delays_grow_with_the_share_of_recent_calls_refused():
 
 def test_the_limit_follows_the_latency_of_the_calls_served():
     """Issue 30: slower than the target lowers the slots by a quarter (once per target
-    interval, down to 4), faster raises them by 1/limit (up to max_inflight), and the
-    queue is never longer than the slots."""
+    interval, down to 4), faster raises them by 1/limit (up to max_inflight) while half
+    of them are in use, and the queue is never longer than the slots."""
     now = [0.0]
     a = Admission(64, 128, 0.5, target_s=0.5, clock=lambda: now[0])
     assert (a.slots, a.queue_places) == (64, 64)
@@ -450,11 +465,17 @@ def test_the_limit_follows_the_latency_of_the_calls_served():
         a.observe(2.0)
     assert a.slots == 4 and a.queue_places == 4
     for _ in range(40):
+        a.observe(0.1)  # fast, but with nothing in progress: a load that never tests it
+    assert a.slots == 4
+    for _ in range(40):
+        a.inflight = a.slots  # in use: fast calls raise it
         a.observe(0.1)
     assert 8 <= a.slots < 64
     for _ in range(10_000):
+        a.inflight = a.slots
         a.observe(0.1)
     assert a.slots == 64
+    a.inflight = 0
     fixed = Admission(64, 128, 0.5)
     fixed.observe(10.0)
     assert (fixed.slots, fixed.queue_places) == (64, 128)
@@ -487,3 +508,127 @@ async def test_a_lowered_limit_refuses_beyond_it_and_passes_no_slot_on_above_it(
     for task in queued:
         task.cancel()
     await asyncio.gather(*queued, return_exceptions=True)
+
+
+# -- the standing queue (issue 30, CoDel) ------------------------------------------------
+
+
+async def test_a_standing_queue_refuses_at_its_head_the_calls_that_waited_past_the_target():
+    """A queue not empty for STANDING_S stands: a slot coming free skips (refusing) the
+    waiters that waited longer than queue_target_s and goes to one that did not."""
+    now = [0.0]
+    a = Admission(1, 8, 60.0, queue_target_s=5.0, clock=lambda: now[0])
+    await a.acquire()
+    early = [asyncio.create_task(a.acquire())]
+    await asyncio.sleep(0)
+    now[0] = 0.5
+    assert not a.standing(now[0])
+    early.append(asyncio.create_task(a.acquire()))
+    await asyncio.sleep(0)
+    now[0] = 8.0  # not empty since 0: standing
+    assert a.standing(now[0])
+    fresh = asyncio.create_task(a.acquire())
+    await asyncio.sleep(0)
+    assert a.queued == 3
+    a.release()
+    await asyncio.sleep(0)
+    for task in early:
+        with pytest.raises(ResourceExhausted) as refused:
+            await task
+        assert refused.value.reason == OVERLOADED
+        assert "in a queue that has not emptied" in refused.value.message
+        assert refused.value.retry_delay_s > 0
+    await fresh  # it waited 0 s: it gets the slot
+    assert (a.inflight, a.queued, a.shed) == (1, 0, 2)
+    assert not a.standing(now[0])  # empty again
+    a.release()
+    assert a.inflight == 0
+
+
+async def test_a_queue_that_empties_now_and_then_lets_its_calls_wait_the_full_wait():
+    now = [0.0]
+    a = Admission(1, 8, 60.0, queue_target_s=0.5, clock=lambda: now[0])
+    await a.acquire()
+    for t in (0.0, 3.0, 6.0):  # a burst now and then, each served before the next
+        now[0] = t
+        waiter = asyncio.create_task(a.acquire())
+        await asyncio.sleep(0)
+        now[0] = t + 0.9  # waited past the target, in a queue not empty for 1 s yet
+        assert not a.standing(now[0])
+        a.release()
+        await waiter
+    assert (a.inflight, a.shed) == (1, 0)
+    a.release()
+
+
+async def test_without_a_queue_target_a_standing_queue_still_waits_the_full_wait():
+    now = [0.0]
+    a = Admission(1, 8, 60.0, clock=lambda: now[0])
+    await a.acquire()
+    waiter = asyncio.create_task(a.acquire())
+    await asyncio.sleep(0)
+    now[0] = 30.0
+    assert not a.standing(now[0])
+    a.release()
+    await waiter
+    assert a.shed == 0
+    a.release()
+
+
+async def test_calls_that_end_work_are_never_refused_for_a_standing_queue():
+    now = [0.0]
+    a = Admission(1, 8, 60.0, queue_target_s=0.1, freeing_slots=1, clock=lambda: now[0])
+    freeing = a.freeing
+    assert freeing is not None and freeing.queue_target_s == 0
+    await a.acquire()
+    await freeing.acquire()  # its own slot (the new-work one is taken)
+    waiter = asyncio.create_task(freeing.acquire())
+    await asyncio.sleep(0)
+    now[0] = 30.0
+    freeing.release()
+    await waiter
+    assert freeing.shed == 0
+    freeing.release()
+    a.release()
+
+
+# -- downstream "busy" counts as a drop (issue 30) ---------------------------------------
+
+
+def test_a_call_refused_further_down_as_busy_lowers_the_limit_as_a_slow_one():
+    now = [0.0]
+    a = Admission(64, 128, 0.5, target_s=0.5, clock=lambda: now[0])
+    a.observe(0.01, dropped=True)  # fast, but the pod was too busy to take it
+    assert a.slots == 48
+    a.observe(0.01, dropped=True)  # the same interval: once
+    assert a.slots == 48
+    now[0] += 0.5
+    a.observe(0.01)
+    assert a.slots == 48  # a fast call raises it by 1/limit only
+    fixed = Admission(64, 128, 0.5)
+    fixed.observe(0.01, dropped=True)
+    assert fixed.slots == 64
+
+
+async def test_the_server_counts_a_relayed_pod_busy_as_a_drop_and_a_plain_refusal_not():
+    """Through the interceptor: a call answered POD_BUSY lowers the limit; one answered
+    with another error, served fast, does not."""
+    probe = Probe()
+    now = [0.0]
+    limiter = Admission(8, 8, 1.0, target_s=0.5, clock=lambda: now[0])
+    server, port = create_server("127.0.0.1:0", [probe.definition()], admission=limiter)
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:  # no guard here
+            boom = await _outcome(_call(ch, "Boom")(common_pb2.GetInfoRequest()))
+            assert isinstance(boom, grpc.aio.AioRpcError)
+            assert boom.code() == grpc.StatusCode.INTERNAL
+            assert limiter.slots == 8
+            busy = await _outcome(_call(ch, "Busy")(common_pb2.GetInfoRequest()))
+            assert isinstance(busy, grpc.aio.AioRpcError)
+            report = error_report(busy)
+            assert (report.code, report.reason) == (grpc.StatusCode.RESOURCE_EXHAUSTED, POD_BUSY)
+            assert limiter.slots == 6
+            assert limiter.inflight == 0
+    finally:
+        await server.stop(0)

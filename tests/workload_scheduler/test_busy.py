@@ -105,3 +105,29 @@ async def test_completing_a_job_does_not_wait_for_the_pass_over_the_queue(redis_
         # The pass it asked for, in the background, starts the queued job.
         while (await store.job("queued")).state != "RUNNING":
             await asyncio.sleep(0.02)
+
+
+async def test_a_job_that_asked_not_to_wait_is_never_answered_pending(redis_url, monkeypatch):
+    """Issue 30: a no-wait job found PENDING after its pass, and not refused the first
+    time (another replica's pass had placed it, its wiring failed, it was back in the
+    queue), is refused again, not answered PENDING and left to hold blocks later."""
+    async with scheduler(redis_url) as (sched, store):
+        fab = sched.fabric
+        for i in range(16):  # the pod full
+            spec = _spec(f"filler-{i}")
+            assert (await sched.admit(spec, normalize(spec, fab), validate_only=False)).record
+        refuse = sched.admission._refuse
+        tries: list[str] = []
+
+        async def first_missed(record):
+            tries.append(record.state)
+            if len(tries) > 1:
+                await refuse(record)
+
+        monkeypatch.setattr(sched.admission, "_refuse", first_missed)
+        late = _spec("late")
+        with pytest.raises(ResourceExhausted) as caught:
+            await sched.admit(late, normalize(late, fab), validate_only=False)
+        assert caught.value.reason == "NO_CAPACITY"
+        assert tries == ["PENDING", "PENDING"]
+        assert await store.job("late") is None

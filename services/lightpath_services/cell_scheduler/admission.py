@@ -130,10 +130,20 @@ class Admission:
         return resolved, choice, views, priority
 
     async def queued(
-        self, snap: RegistrySnapshot, models: Mapping[str, PodModel], now: int
+        self,
+        snap: RegistrySnapshot,
+        models: Mapping[str, PodModel],
+        now: int,
+        *,
+        own_forward_ms: int | None = None,
     ) -> tuple[list[JobDemand], dict[str, tuple[cell_scheduler_pb2.SubmitJobRequest, dict]]]:
         """The cell queue in order as planning demands; jobs no pod can host any more
-        (a deadline that passed while waiting) fail."""
+        (a deadline that passed while waiting) fail. A job that asked not to wait is no
+        demand: it is in the queue only between a pod's refusal and its own submit's
+        next candidate or refusal, which decide (issue 30: forwarded from the queue
+        meanwhile, it was placed while its caller was told "not placed, nothing kept",
+        and held blocks nobody would end). The dispatcher passes `own_forward_ms`: one
+        left there longer (its replica died mid-forward) is refused then."""
         demands: list[JobDemand] = []
         details: dict[str, tuple[cell_scheduler_pb2.SubmitJobRequest, dict]] = {}
         gated: list[Queued] = []
@@ -144,6 +154,17 @@ class Admission:
             if record.phase != QUEUED:
                 continue
             req = self.request_of(record)
+            if req.spec.when_no_capacity == FAIL:
+                if own_forward_ms is not None and now - record.updated_ms >= own_forward_ms:
+                    with contextlib.suppress(Conflict):  # moved on meanwhile
+                        await self.store.end_queued(
+                            record.job_id,
+                            "FAILED",
+                            "refused (asked not to wait): its forward did not finish",
+                            now,
+                            forget=True,
+                        )
+                continue
             resolved, bad = self.resolve(record.job_id, req, models, snap.registrations, now)
             resolved, bad = only_preferred(req, resolved, bad)
             if not resolved:

@@ -49,6 +49,7 @@ from lightpath_services.cell_scheduler.quotas import (
 )
 from lightpath_services.cell_scheduler.request import Resolved, grouped, tenant_of
 from lightpath_services.cell_scheduler.store import PLACED, QUEUED, Conflict
+from lightpath_services.common.admission import POD_BUSY
 
 
 class Forwarder:
@@ -100,6 +101,7 @@ class Forwarder:
         from the cell queue, FAILED — never left waiting."""
         last = ""
         wiring_failed = False  # the last pod placed it but a switch failed (issue 34)
+        busy_delay_s: float | None = None  # the last pod was too busy to look (POD_BUSY)
         invalid: dict[str, InvalidArgument] = {}
         token = claim.token
         for i, cand in enumerate(candidates):
@@ -146,6 +148,11 @@ class Forwarder:
                 last = f"pod {pod} refused it: {err.report.message}"
                 relayed = err.relayed()
                 wiring_failed = relayed.reason == WIRING_FAILED
+                busy_delay_s = (
+                    (err.report.retry_delay_s or no_capacity_delay())
+                    if relayed.reason == POD_BUSY
+                    else None
+                )
                 if isinstance(relayed, InvalidArgument):
                     invalid[pod] = relayed
                 version = views[pod].version if pod in views else ""
@@ -157,6 +164,7 @@ class Forwarder:
                 self.pods.assume(pod, r.needs, +1)
                 last = f"pod {pod} did not answer ({err.code.name})"
                 wiring_failed = False
+                busy_delay_s = None
                 # Refused in the handshake (the endpoint is not the pod that registered):
                 # nothing was sent, so the pod cannot hold it; the reason says whom it found.
                 refused = wrong_peer(err.error)
@@ -235,6 +243,15 @@ class Forwarder:
                     f"job {job_id} was not wired and asked not to wait: {last}",
                     reason=WIRING_FAILED,
                 )
+            if busy_delay_s is not None:
+                # Not the capacity: the pod was too busy to decide soon. Said as the pod
+                # said it, so the caller knows, and the cell's admission takes it as a
+                # sign to let fewer calls in (lightpath_services.common.admission).
+                raise ResourceExhausted(
+                    f"job {job_id} was not placed and asked not to wait: {last}",
+                    reason=POD_BUSY,
+                    retry_delay_s=busy_delay_s,
+                )
             raise ResourceExhausted(
                 f"job {job_id} cannot be placed now and asked not to wait: {last}",
                 reason="NO_CAPACITY",
@@ -261,7 +278,10 @@ class Forwarder:
             return 0
         now = self.pods.now_ms()
         views = self.pods.views_of(snap, now)
-        demands, details = await self.admission.queued(snap, models, now)
+        # A no-wait job's own forward tries each candidate for up to the forward timeout.
+        demands, details = await self.admission.queued(
+            snap, models, now, own_forward_ms=int(2 * self.forward_timeout_s * 1000)
+        )
         quotas = QuotaState.of(snap.quotas)
         version = quotas.version  # this pass's own charges bump it
         on_pods: dict[tuple[str, str], Counter[str]] = {}  # ... and hold chips on pods

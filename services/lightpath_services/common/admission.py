@@ -31,14 +31,28 @@ would free the capacity those submits wait for are never queued behind them nor
 shed because of them. A freeing call takes a free new-work slot when there is one
 (none is waiting for it), else one of its own.
 
-The number of slots follows the latency of the calls served (issue 30, as in
+The number of slots follows how long the calls take once admitted (issue 30, as in
 Envoy's adaptive concurrency and Netflix's concurrency limits): with `target_s`
-(LIGHTPATH_TARGET_LATENCY_S) a call that took longer than it lowers the limit by a
-quarter (at most once per `target_s`), a faster one raises it by 1/limit, between
-MIN_SLOTS and `max_inflight`; a call finding the queue as long as the limit is
-refused at once. Calls beyond what the service serves within the target are answered
-with a retry delay instead of being held: under overload the calls accepted stay
-fast, and the stack's goodput is that of the limit that keeps them so.
+(LIGHTPATH_TARGET_LATENCY_S) a call served for longer than it lowers the limit by a
+quarter (at most once per `target_s`), a faster one raises it by 1/limit while at
+least half of the limit is in use, between MIN_SLOTS and `max_inflight`; a call
+finding the queue as long as the limit is
+refused at once. What a call waited in this queue is not counted: counted, a queued
+call's wait made it look slow and lowered the limit, which lengthened the waits (a
+loop toward MIN_SLOTS under overload). A call that a service further down refused
+as too busy (DOWNSTREAM_BUSY: a pod's POD_BUSY, relayed by the cell) counts as slow,
+as a drop does for Netflix's limiters: otherwise the cell kept letting in submits
+the pod then refused after the cell had planned and claimed them (in the bench, 271
+of the 1,262 refusals at 2x: work thrown away, where a refusal at the door costs
+next to nothing).
+
+The wait in the queue is bounded as CoDel bounds a packet's (issue 30; RFC 8289, and
+as "adaptive CoDel" for RPC queues): a queue that empties now and then absorbs a
+burst, each call waiting up to `queue_wait_s`; a queue that has not been empty for
+STANDING_S is a standing one (more is offered than served), and then a call waits at
+most `queue_target_s` (LIGHTPATH_QUEUE_TARGET_S): one that waited longer when a slot
+comes free is refused and the slot goes to the next. Under overload the calls
+admitted have waited little, and the rest are told at once when to come back.
 
 The limiter is a counter and a deque of futures: acquiring a free slot costs no
 await, a released slot goes straight to the oldest waiter.
@@ -83,8 +97,17 @@ FREEING_METHODS = frozenset(
 )
 
 OVERLOADED = "OVERLOADED"
+# What a pod answers a no-wait admission it is too busy to decide soon (the workload
+# scheduler's pass lock): relayed by the cell, it counts as a drop (module doc).
+POD_BUSY = "POD_BUSY"
+# Refusals from further down meaning "too busy", not "no": a call answered so lowers
+# the limit as a slow one does.
+DOWNSTREAM_BUSY = frozenset({POD_BUSY})
 # The adaptive limit never goes below this many slots (module doc).
 MIN_SLOTS = 4
+# A queue not empty for this long is a standing one: calls then wait at most
+# queue_target_s (module doc; CoDel's interval, a few calls' service time).
+STANDING_S = 1.0
 # How often, at most, shedding is logged (one warning with the count, not a line per call).
 LOG_EVERY_S = 10.0
 
@@ -149,10 +172,21 @@ class RefusalRate:
         return round(min(cap, base * (1.0 + 0.5 * random.random()) / share), 3)
 
 
+class _Waiter:
+    """A call in the queue: its future (the slot, when set) and when it came."""
+
+    __slots__ = ("fut", "since")
+
+    def __init__(self, fut: asyncio.Future[None], since: float):
+        self.fut = fut
+        self.since = since
+
+
 class Admission:
     """At most `max_inflight` admitted calls at once, `max_queued` more waiting up to
-    `queue_wait_s` each; beyond that `acquire` raises ResourceExhausted (OVERLOADED)
-    with a retry delay. Every successful `acquire` must be paired with one `release`."""
+    `queue_wait_s` each (`queue_target_s` once the queue stands); beyond that `acquire`
+    raises ResourceExhausted (OVERLOADED) with a retry delay. Every successful
+    `acquire` must be paired with one `release`."""
 
     def __init__(
         self,
@@ -163,24 +197,28 @@ class Admission:
         service: str = "service",
         freeing_slots: int | None = None,
         target_s: float = 0.0,
+        queue_target_s: float = 0.0,
         clock: Callable[[], float] = time.monotonic,
     ):
         if max_inflight < 1:
             raise ValueError("max_inflight must be >= 1")
-        if max_queued < 0 or queue_wait_s < 0 or target_s < 0:
-            raise ValueError("max_queued, queue_wait_s and target_s must be >= 0")
+        if min(max_queued, queue_wait_s, target_s, queue_target_s) < 0:
+            raise ValueError("max_queued, queue_wait_s, target_s and queue_target_s must be >= 0")
         self.max_inflight = max_inflight
         self.max_queued = max_queued
         self.queue_wait_s = queue_wait_s
         self.service = service
         self.target_s = target_s  # 0: a fixed limit of max_inflight
+        # 0: every queued call may wait queue_wait_s (no standing-queue bound)
+        self.queue_target_s = min(queue_target_s, queue_wait_s)
         self._clock = clock
         self.limit = float(max_inflight)
         self._lowered_at = -float("inf")
         self.inflight = 0
         self.shed = 0  # calls refused since start
-        self._waiters: deque[asyncio.Future[None]] = deque()
-        self._logged_at = 0.0
+        self._waiters: deque[_Waiter] = deque()
+        self._busy_since: float | None = None  # when the queue last stopped being empty
+        self._logged_at = -float("inf")
         self._shed_since_log = 0
         self.rate = RefusalRate()
         if freeing_slots is None:
@@ -205,32 +243,51 @@ class Admission:
 
     async def acquire(self) -> None:
         """Take a slot, waiting for one in the queue if need be; ResourceExhausted if
-        the queue is full or no slot came free within `queue_wait_s`."""
+        the queue is full or no slot came free within the wait (`queue_wait_s`, or
+        `queue_target_s` while the queue stands)."""
         if self.inflight < self.slots and not self._waiters:
             self.inflight += 1
             self.rate.record(False)
             return
         if len(self._waiters) >= self.queue_places or self.queue_wait_s == 0:
             raise self._refusal("its wait queue is full")
+        now = self._clock()
+        if not self._waiters:
+            self._busy_since = now
+        wait_s = self.queue_target_s if self.standing(now) else self.queue_wait_s
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.append(fut)
+        waiter = _Waiter(fut, now)
+        self._waiters.append(waiter)
         try:
-            async with asyncio.timeout(self.queue_wait_s):
+            async with asyncio.timeout(wait_s):
                 await fut
         except TimeoutError:
             if self._granted(fut):
                 self.rate.record(False)
                 return  # the slot came at the deadline: keep it
-            self._forget(fut)
-            raise self._refusal(f"no call finished within {self.queue_wait_s:g} s") from None
+            refused = fut.exception() if fut.done() and not fut.cancelled() else None
+            if refused is not None:
+                raise refused from None  # refused at the head at the deadline
+            self._forget(waiter)
+            raise self._refusal(f"no call finished within {wait_s:g} s") from None
         except BaseException:
-            # Cancelled (the caller went away, its deadline passed): give back what it got.
+            # Cancelled (the caller went away, its deadline passed): give back what it got;
+            # refused at the head of a standing queue (`release`): nothing to give back.
             if self._granted(fut):
                 Admission.release(self)  # this lane's own slot (a subclass counts its own)
             else:
-                self._forget(fut)
+                self._forget(waiter)
             raise
         self.rate.record(False)
+
+    def standing(self, now: float) -> bool:
+        """Whether the queue has not been empty for STANDING_S (module doc): more is
+        offered than served, so a call waits at most `queue_target_s`."""
+        return (
+            self.queue_target_s > 0
+            and self._busy_since is not None
+            and now - self._busy_since >= STANDING_S
+        )
 
     @property
     def slots(self) -> int:
@@ -243,38 +300,64 @@ class Admission:
         once (a longer queue would hold its last call past the target)."""
         return min(self.max_queued, self.slots) if self.target_s else self.max_queued
 
-    def observe(self, took_s: float) -> None:
-        """A call admitted here took `took_s` from arrival to answer: adapt the limit."""
+    def observe(self, took_s: float, *, dropped: bool = False) -> None:
+        """A call admitted here was served in `took_s` (from its slot to its answer, the
+        wait in the queue left out: module doc), or `dropped` (refused further down as
+        too busy): adapt the limit."""
         if not self.target_s:
             return
-        if took_s > self.target_s:
+        if took_s > self.target_s or dropped:
             now = self._clock()
             if now - self._lowered_at >= self.target_s:
                 self.limit = max(self.min_limit, self.limit * 0.75)
                 self._lowered_at = now
-        else:
+        elif 2 * self.inflight >= self.limit:
+            # Raised only while at least half of it is in use (as Netflix's AIMD limit):
+            # a light load that never tests the limit would raise it all the same, and
+            # the next overload would find it high and take seconds of slow calls to
+            # bring it down.
             self.limit = min(float(self.max_inflight), self.limit + 1.0 / self.limit)
 
     def release(self) -> None:
         """Give a slot back: to the oldest waiter still waiting (unless the limit fell
-        below the calls in progress), else to the pool."""
+        below the calls in progress), else to the pool. In a standing queue a waiter
+        that waited longer than `queue_target_s` is refused instead, and the slot goes
+        on to the next (CoDel drops at the head)."""
+        now = self._clock()
+        standing = self.standing(now)
         while self._waiters and self.inflight <= self.slots:
-            fut = self._waiters.popleft()
-            if not fut.done():
-                fut.set_result(None)  # the slot passes on: inflight unchanged
-                return
+            waiter = self._waiters.popleft()
+            if waiter.fut.done():
+                continue
+            if standing and now - waiter.since > self.queue_target_s:
+                waiter.fut.set_exception(
+                    self._refusal(
+                        f"it waited {now - waiter.since:.2g} s in a queue that has not "
+                        f"emptied for {STANDING_S:g} s"
+                    )
+                )
+                continue
+            waiter.fut.set_result(None)  # the slot passes on: inflight unchanged
+            self._emptied()
+            return
         self.inflight -= 1
+        self._emptied()
+
+    def _emptied(self) -> None:
+        if not self._waiters:
+            self._busy_since = None
 
     @staticmethod
     def _granted(fut: asyncio.Future[None]) -> bool:
-        return fut.done() and not fut.cancelled()
+        return fut.done() and not fut.cancelled() and fut.exception() is None
 
-    def _forget(self, fut: asyncio.Future[None]) -> None:
-        fut.cancel()
+    def _forget(self, waiter: _Waiter) -> None:
+        waiter.fut.cancel()
         try:
-            self._waiters.remove(fut)
+            self._waiters.remove(waiter)
         except ValueError:
             pass
+        self._emptied()
 
     def retry_delay_s(self) -> float:
         """When a refused caller should come back: about one queue wait (by then the
@@ -287,14 +370,15 @@ class Admission:
         self.rate.record(True)
         self.shed += 1
         self._shed_since_log += 1
-        now = time.monotonic()
+        now = self._clock()
         if now - self._logged_at >= LOG_EVERY_S:
             log.warning(
                 "%s is overloaded: shed %d call(s) since the last such warning (%d in "
-                "progress, %d queued; LIGHTPATH_MAX_INFLIGHT=%d, LIGHTPATH_MAX_QUEUED=%d)",
+                "progress of %d, %d queued; LIGHTPATH_MAX_INFLIGHT=%d, LIGHTPATH_MAX_QUEUED=%d)",
                 self.service,
                 self._shed_since_log,
                 self.inflight,
+                self.slots,
                 len(self._waiters),
                 self.max_inflight,
                 self.max_queued,

@@ -313,6 +313,7 @@ async def running(
                 settings.queue_wait_s,
                 service=service,
                 target_s=settings.target_latency_s,
+                queue_target_s=settings.queue_target_s,
             ),
             max_request_bytes=limits.request_bytes(service),
         )

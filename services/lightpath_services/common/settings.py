@@ -352,13 +352,22 @@ class CommonSettings(Settings):
         "seconds a queued call waits for a slot before it answers RESOURCE_EXHAUSTED "
         "(OVERLOADED) with a retry delay",
     )
+    queue_target_s: NonNegativeFloat = setting(
+        "LIGHTPATH_QUEUE_TARGET_S",
+        0.1,
+        "seconds a queued call waits at most once the queue has not been empty for 1 s "
+        "(more is offered than served; CoDel's target): a call that waited longer answers "
+        "RESOURCE_EXHAUSTED (OVERLOADED) with a retry delay; 0 lets every queued call "
+        "wait LIGHTPATH_QUEUE_WAIT_S",
+    )
     target_latency_s: NonNegativeFloat = setting(
         "LIGHTPATH_TARGET_LATENCY_S",
         0.5,
-        "latency the calls served should keep: a call slower than it lowers the number "
-        "served at once (down to 4), faster ones raise it again (up to "
-        "LIGHTPATH_MAX_INFLIGHT); the rest answer RESOURCE_EXHAUSTED (OVERLOADED) with a "
-        "retry delay; 0 keeps LIGHTPATH_MAX_INFLIGHT fixed",
+        "time the calls admitted should be served in (their wait in the queue not "
+        "counted): a call slower than it lowers the number served at once (down to 4), "
+        "faster ones raise it again (up to LIGHTPATH_MAX_INFLIGHT); the rest answer "
+        "RESOURCE_EXHAUSTED (OVERLOADED) with a retry delay; 0 keeps "
+        "LIGHTPATH_MAX_INFLIGHT fixed",
     )
     shutdown_grace_s: NonNegativeFloat = setting(
         "LIGHTPATH_SHUTDOWN_GRACE_S",

@@ -42,7 +42,13 @@ from redis.exceptions import RedisError
 from lightpath import __version__, limits
 from lightpath.telemetry import TRACER_NAME, _rpc_attributes
 from lightpath_services.common import heap, instruments
-from lightpath_services.common.admission import OVERLOADED, Admission, exempt_principal, sheddable
+from lightpath_services.common.admission import (
+    DOWNSTREAM_BUSY,
+    OVERLOADED,
+    Admission,
+    exempt_principal,
+    sheddable,
+)
 from lightpath_services.common.auth import Guard, count_failure
 from lightpath_services.common.errors import (
     MAX_MESSAGE,
@@ -152,6 +158,8 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
             start = time.perf_counter()
             code = grpc.StatusCode.OK
             admitted: Admission | None = None
+            served = start
+            busy = False  # refused further down as too busy (admission: a drop)
             with self._span(method, context, traced) as span:
                 gate = _Gate(self._guard, method)
                 try:
@@ -161,6 +169,7 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
                     if admission is not None and not exempt_principal(gate.principal):
                         await admission.acquire()
                         admitted = admission
+                        served = time.perf_counter()  # the limit adapts to this part
                     result = inner(_checked(request) if check_each else request, context)
                     if inspect.isawaitable(result):
                         result = await result
@@ -170,11 +179,12 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
                     code = _code_of(exc, context)
                     if code in _DENIED:
                         count_failure(getattr(exc, "reason", "") or code.name)
+                    busy = getattr(exc, "reason", "") in DOWNSTREAM_BUSY
                     gate.message = short(getattr(exc, "message", ""), MAX_MESSAGE)
                     await _abort_for(exc, span, method, context)
                 finally:
                     if admitted is not None:
-                        admitted.observe(time.perf_counter() - start)
+                        admitted.observe(time.perf_counter() - served, dropped=busy)
                         admitted.release()
                     gate.leave(code, request)
                     self._record(method, code, start)
