@@ -379,7 +379,9 @@ class SonicSwitch(DeviceSwitch):
                 await conn.disconnect()
             await self.config.connection_pool.release(conn)
 
-    async def edit(self, edit: Plan, boot_id: str, version: int | None) -> None:
+    async def edit(
+        self, edit: Plan, boot_id: str, version: int | None, *, unread: bool = False
+    ) -> None:
         adds = [(self.name(a), self.name(b)) for a, b in edit.adds]
         deletes = [(self.name(a), self.name(b)) for a, b in edit.deletes]
         want: dict[str, tuple[str, str]] = {}
