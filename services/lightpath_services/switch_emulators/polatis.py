@@ -53,6 +53,10 @@ def q(tag: str, ns: str = NS) -> str:
     return f"{{{ns}}}{tag}"
 
 
+_CROSS_CONNECTS, _INGRESS, _EGRESS = q("cross-connects"), q("ingress"), q("egress")
+_OPERATION = q("operation", NC)
+
+
 @dataclass
 class PolatisSwitch:
     """The device: its cross-connects (ingress -> egress) and port config."""
@@ -129,16 +133,20 @@ class PolatisSwitch:
         cores and parses their edits one after another."""
         deletes: list[tuple[int, int]] = []
         merges: list[tuple[int, int, bool]] = []  # (ingress, egress, a create)
-        for xc in config.iter(q("cross-connects")):
+        # tags compared as strings (one process parses 48 switches' edits of 64 pairs)
+        mine, other = q(self.list_name), q("pairs" if self.list_name == "pair" else "pair")
+        for xc in config.iter(_CROSS_CONNECTS):
             for p in xc:
-                if etree.QName(p).localname not in ("pair", "pairs"):
+                if p.tag != mine:
+                    if p.tag == other:
+                        raise RpcError(
+                            "unknown-element", f"this revision's list is {self.list_name}"
+                        )
                     continue
-                if etree.QName(p).localname != self.list_name:
-                    raise RpcError("unknown-element", f"this revision's list is {self.list_name}")
-                op = p.get(q("operation", NC), "merge")
+                op = p.get(_OPERATION, "merge")
                 try:
-                    i = int(p.findtext(q("ingress")) or "")
-                    e = int(p.findtext(q("egress")) or "")
+                    i = int(p.findtext(_INGRESS) or "")
+                    e = int(p.findtext(_EGRESS) or "")
                 except ValueError:
                     raise RpcError("invalid-value", "ingress and egress must be port ids") from None
                 if op == "delete":
@@ -149,10 +157,12 @@ class PolatisSwitch:
                     raise RpcError("operation-not-supported", f"operation {op} on a pair")
         async with self.lock:
             after = dict(self.pairs)
+            held = {b: a for a, b in after.items()}  # egress -> ingress
             for i, e in deletes:
                 if after.get(i) != e:
                     raise RpcError("data-missing", f"no cross-connect {i} -> {e} to delete")
                 del after[i]
+                del held[e]
             conflicts = 0
             for i, e, create in merges:
                 if not (1 <= i <= self.ports) or not (self.ports < e <= 2 * self.ports):
@@ -164,14 +174,16 @@ class PolatisSwitch:
                 off = sorted({i, e} & self.disabled)
                 if off:
                     raise RpcError("operation-failed", f"port {off[0]} is DISABLED")
-                holder = next((a for a, b in after.items() if b == e and a != i), None)
-                if holder is not None:
+                holder = held.get(e)
+                if holder is not None and holder != i:
                     raise RpcError("in-use", f"egress {e} is connected to ingress {holder}")
                 if create and i in after:  # RFC 6241: create fails if the entry exists
                     raise RpcError("data-exists", f"ingress {i} is connected to {after[i]}")
                 if after.get(i) not in (None, e):
                     conflicts += 1  # the switch moves the ingress itself
+                    held.pop(after[i], None)
                 after[i] = e
+                held[e] = i
             moved: set[int] = set()
             for i in set(self.pairs) | set(after):
                 if self.pairs.get(i) != after.get(i):
