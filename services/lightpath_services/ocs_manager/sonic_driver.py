@@ -23,7 +23,10 @@ with the ports' `state` and `label`, STATE_DB while settling) are one read-only 
 script each, which also answers the Redis run id (the boot id): a full pod is 48
 switches x 130 ports, and the client's cost per command and per round trip was most
 of its time. A batch is three round trips on one connection: the WATCH with the read,
-MULTI / the script / EXEC, and (STATE_DB) the read once it settled.
+MULTI / the script / EXEC, and (STATE_DB) the read once it settled. A batch planned on
+the table the driver last knew, without a read (device_switch.py), is one script
+instead (GUARDED_LUA), which writes only if the switch is as planned for every pair it
+touches: two round trips.
 orchagent applies the difference to the module and moves the ports through
 `tuning`; the batch is applied when every port it moved reads `tuned` with its new
 peer (or `blocked` when it went dark) in STATE_DB. The driver learns when to look as
