@@ -27,8 +27,7 @@ What this base class does for every device:
   kept); a repeat answers it (waiting if the first is still settling); a batch runs
   to its end even if its caller goes away;
 * one batch at a time per switch; errors as the agent's (google.rpc.ErrorInfo with
-  `applied_*`, `version`, `boot_id`), raised as grpc.aio.AioRpcError.
-
+  `applied_*`, `version`, `boot_id`), raised as grpc.aio.AioRpcError;
 * a batch planned without a read, where the device guards its edit (`guarded_edits`:
   every pair the edit deletes must be there and every pair it makes must find its
   ingress free, checked by the device in the same atomic step as the write; NETCONF
