@@ -144,9 +144,10 @@ class PolatisSwitch:
                         )
                     continue
                 op = p.get(_OPERATION, "merge")
+                ends = {c.tag: c.text for c in p}  # findtext parses its path on every call
                 try:
-                    i = int(p.findtext(_INGRESS) or "")
-                    e = int(p.findtext(_EGRESS) or "")
+                    i = int(ends.get(_INGRESS) or "")
+                    e = int(ends.get(_EGRESS) or "")
                 except ValueError:
                     raise RpcError("invalid-value", "ingress and egress must be port ids") from None
                 if op == "delete":
