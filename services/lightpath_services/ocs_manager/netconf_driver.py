@@ -18,12 +18,15 @@ batch planned on the table this session last read or wrote, without a read, make
 its pairs with `operation="create"` (RFC 6241: `data-exists` if the ingress already
 holds one; an egress another ingress holds is `in-use`) and removes them with
 `"delete"` (`data-missing` if gone), so a table that moved meanwhile refuses the
-edit whole and the batch reads it and plans again. Ingress ports are the A side (first ends),
-egress ports the B side: ingress i+1 for first end i, egress N+j+1 for second end j
-on an N x N switch (`?ingress=N` when it is not half of its ports). Device errors map
-to the contract: an rpc-error (in-use, operation-failed, a DISABLED port, ...) is
-BATCH_REJECTED with nothing applied (the edit is atomic), a session that cannot be
-opened is SWITCH_UNREACHABLE, one lost during the edit leaves the outcome unknown.
+edit whole and the batch reads it and plans again.
+
+Ingress ports are the A side (first ends), egress ports the B side: ingress i+1 for
+first end i, egress N+j+1 for second end j on an N x N switch (`?ingress=N` when it
+is not half of its ports). Device errors map to the contract: an rpc-error (in-use,
+operation-failed, a DISABLED port, ...) is BATCH_REJECTED with nothing applied (the
+edit is atomic; planned without a read, the batch first reads and plans again), a
+session that cannot be opened is SWITCH_UNREACHABLE, one lost during the edit leaves
+the outcome unknown.
 
 Address: `netconf://user@host[:port][?ingress=N]` (port 830). The password comes from
 LIGHTPATH_OCS_NETCONF_PASSWORD_FILE (or a key, LIGHTPATH_OCS_NETCONF_KEY_FILE); the
