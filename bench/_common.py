@@ -78,6 +78,16 @@ def operator_credentials(ca: LocalCA) -> Credentials:
     return Credentials.from_files(files.ca, files.cert, files.key, source="bench operator")
 
 
+def source_path(root: Path) -> str:
+    """PYTHONPATH that runs both distributions from the source tree `root`: the client
+    (`lightpath`, at its top) and the services (`lightpath_services`, under services/).
+    Without the second, another checkout's processes would import this tree's services
+    through its editable install."""
+    import os
+
+    return os.pathsep.join((str(root), str(root / "services")))
+
+
 def start_service(
     service: str,
     principal: Principal,
@@ -107,7 +117,7 @@ def start_service(
         **service_tls_env(ca, principal),
         "LIGHTPATH_AUDIT_LOG": str(workdir / f"audit-{name}.jsonl"),  # as the local stack does
         "LIGHTPATH_LISTEN": f"127.0.0.1:{port}",
-        "PYTHONPATH": str(root),
+        "PYTHONPATH": source_path(root),
         **env,
     }
     log = workdir / f"{service}-{name}.log"

@@ -55,6 +55,7 @@ from _common import (
     operator_credentials,
     percentile,
     private_redis,
+    source_path,
     start_service,
 )
 
@@ -165,7 +166,7 @@ def sonic_switches(workdir: Path, root: Path = ROOT):
     args += ["--b-ports", "68", "--dir", str(workdir), "--timing", "calient-s320"]
     for sid in fabric.ocs_ids:
         args += ["--switch", sid]
-    env = {**os.environ, "PYTHONPATH": str(root)}
+    env = {**os.environ, "PYTHONPATH": source_path(root)}
     proc = subprocess.Popen(
         args, env=env, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
     )
@@ -196,7 +197,7 @@ def netconf_switches(workdir: Path, root: Path = ROOT):
     args += ["--host-key", str(key), "--timing", "calient-s320"]
     for sid, port in ports.items():
         args += ["--switch", f"{sid}=127.0.0.1:{port}"]
-    env = {**os.environ, "POLATIS_PASSWORD": secret.read_text(), "PYTHONPATH": str(root)}
+    env = {**os.environ, "POLATIS_PASSWORD": secret.read_text(), "PYTHONPATH": source_path(root)}
     proc = subprocess.Popen(
         args, env=env, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
     )

@@ -106,3 +106,37 @@ async def test_a_host_key_not_pinned_is_refused(lab):
         await sw.GetCrossConnects(pb.GetCrossConnectsRequest(switch_id=SID), timeout=10)
     assert "known_hosts" in error_report(err.value).message
     await sw.close()
+
+
+async def test_a_batch_planned_without_a_read_is_guarded_by_the_device(lab, switch):
+    """After a read, a batch is planned on the table the driver knows and sent without a
+    read; its `create` / `delete` are the guard: when another session moved the pairs
+    it touches, the switch refuses the edit whole and the batch reads and plans again."""
+    await switch.GetCrossConnects(pb.GetCrossConnectsRequest(switch_id=SID))
+    await switch.ApplyBatch(batch("u1", connect=[(4, 1), (5, 0)]), timeout=10)
+    assert (switch.stats.planned_unread, switch.stats.replans) == (1, 0)
+
+    # another session re-patches ingress 2 (first end 1) behind the driver's back
+    other = NetconfSwitch(FABRIC, DEVICE, lab.url(SID), creds(lab))
+    await other.ApplyBatch(batch("o1", connect=[(6, 1)]), timeout=10)
+    # the driver still believes 1-4: its delete of (2, 7) finds no such pair
+    reply = await switch.ApplyBatch(batch("u2", disconnect=[(4, 1)], connect=[(7, 2)]), timeout=10)
+    assert (switch.stats.planned_unread, switch.stats.replans) == (2, 1)
+    assert reply.applied.connects == 1
+    st = await other.GetCrossConnects(pb.GetCrossConnectsRequest(switch_id=SID))
+    # absolute semantics on what the switch held: 1-4 was already gone, 1-6 stays
+    assert {(x.port_a, x.port_b) for x in st.cross_connects} == {(0, 5), (1, 6), (2, 7)}
+    assert reply.version == st.version
+
+    # a make onto an ingress another session made it on: data-exists, read, nothing to do
+    await other.ApplyBatch(batch("o2", connect=[(4, 3)]), timeout=10)
+    await other.close()
+    edits = switch.stats.edits
+    await switch.ApplyBatch(batch("u3", connect=[(4, 3)]), timeout=10)
+    assert (switch.stats.planned_unread, switch.stats.replans) == (3, 2)
+    assert switch.stats.edits == edits + 1  # the refused one; the read found it made
+    # a connect the known table already holds is not checked by the device: read first
+    await switch.ApplyBatch(batch("u4", connect=[(4, 3)]), timeout=10)
+    assert switch.stats.planned_unread == 3
+    st = await switch.GetCrossConnects(pb.GetCrossConnectsRequest(switch_id=SID))
+    assert {(x.port_a, x.port_b) for x in st.cross_connects} == {(0, 5), (1, 6), (2, 7), (3, 4)}

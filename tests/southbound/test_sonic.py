@@ -244,3 +244,45 @@ async def test_a_switch_out_of_reach_when_described_is_described_before_it_is_pr
         finally:
             for sw in stubs.values():
                 await sw.close()
+
+
+async def test_a_batch_planned_without_a_read_is_guarded_by_the_switch(lab, switch):
+    """After a read, a batch is planned on the table the driver knows and written by one
+    script that checks every pair it touches (GUARDED_LUA): another writer's change, an
+    operator's force_blocked or a restarted Redis refuse it with nothing written."""
+    r = aioredis.Redis(port=lab[SID].server.port, db=4, decode_responses=True)
+    await switch.GetCrossConnects(pb.GetCrossConnectsRequest(switch_id=SID))
+    await switch.ApplyBatch(batch("u1", connect=[(4, 1), (5, 0)]), timeout=5)
+    assert (switch.stats.planned_unread, switch.stats.replans) == (1, 0)
+    assert (await r.hget("OCS_PORT|2A", "label")).startswith("lightpath ocs-x-0-0 block 1")
+
+    # another writer removed 2A-1B (ports 1-4): the driver's delete of it is refused, the
+    # batch reads the table and plans again (the disconnect is then nothing)
+    await r.delete("OCS_CROSS_CONNECT|2A-1B")
+    reply = await switch.ApplyBatch(batch("u2", disconnect=[(4, 1)], connect=[(7, 2)]), timeout=5)
+    assert (switch.stats.planned_unread, switch.stats.replans) == (2, 1)
+    assert await config_db(lab) == {
+        "OCS_CROSS_CONNECT|1A-2B": {"a_side": "1A", "b_side": "2B"},
+        "OCS_CROSS_CONNECT|3A-4B": {"a_side": "3A", "b_side": "4B"},
+    }
+    st = await switch.GetCrossConnects(pb.GetCrossConnectsRequest(switch_id=SID))
+    assert reply.version == st.version
+
+    # an operator's force_blocked: refused by name, nothing written
+    await r.hset("OCS_PORT|4A", "state", "force_blocked")
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await switch.ApplyBatch(batch("u3", connect=[(6, 3)]), timeout=5)
+    rep = error_report(err.value)
+    assert (rep.code, rep.reason) == (grpc.StatusCode.ABORTED, "BATCH_REJECTED")
+    assert "4A" in rep.message and switch.stats.planned_unread == 3
+    assert len(await config_db(lab)) == 2
+    await r.aclose()
+
+    # the switch restarts empty (a new run id) after the driver last read it: refused,
+    # read again on a new connection, applied
+    await switch.GetCrossConnects(pb.GetCrossConnectsRequest(switch_id=SID))
+    await lab[SID].restart_empty()
+    reply = await switch.ApplyBatch(batch("u4", connect=[(6, 3)]), timeout=5)
+    assert (switch.stats.planned_unread, switch.stats.replans) == (4, 2)
+    assert await config_db(lab) == {"OCS_CROSS_CONNECT|4A-3B": {"a_side": "4A", "b_side": "3B"}}
+    assert reply.boot_id == (await switch.GetCrossConnects(pb.GetCrossConnectsRequest())).boot_id

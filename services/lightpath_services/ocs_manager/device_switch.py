@@ -27,7 +27,15 @@ What this base class does for every device:
   kept); a repeat answers it (waiting if the first is still settling); a batch runs
   to its end even if its caller goes away;
 * one batch at a time per switch; errors as the agent's (google.rpc.ErrorInfo with
-  `applied_*`, `version`, `boot_id`), raised as grpc.aio.AioRpcError.
+  `applied_*`, `version`, `boot_id`), raised as grpc.aio.AioRpcError;
+* a batch planned without a read, where the device guards its edit (`guarded_edits`:
+  every pair the edit deletes must be there and every pair it makes must find its
+  ingress free, checked by the device in the same atomic step as the write; NETCONF
+  `delete` / `create`, a SONiC script): on the table this driver last read or wrote
+  in the same boot, when that table says every operation of the batch moves
+  something (so the device checks each one). A refusal (`TableMoved`: nothing was
+  applied) reads the table and plans again. A read before each of a full pod's 48
+  batches was most of a wire's time before its switches could start to settle.
 
 `version` of a device switch is a digest of its cross-connect table (devices keep no
 counter): equal means unchanged, which is all `expect_version` needs. `boot_id` is
@@ -40,6 +48,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import struct
 from abc import ABC, abstractmethod
 from collections import OrderedDict
 from collections.abc import Iterable
@@ -105,6 +114,11 @@ class PortSides:
 
     def oriented(self, p: int, q: int) -> Pair:
         """(A-side port, B-side port) of a cross-connect; ValueError if not one of each."""
+        f, used = self.first_ends, self.used  # the common case first: 64 pairs a batch
+        if 0 <= p < f and f <= q < used:
+            return p, q
+        if 0 <= q < f and f <= p < used:
+            return q, p
         sp, sq = self.side(p)[0], self.side(q)[0]
         if sp == sq:
             raise ValueError(
@@ -137,28 +151,30 @@ def plan(sides: PortSides, held: dict[int, int], batch: pb.ApplyBatchRequest) ->
     table = dict(held)
     deletes: set[Pair] = set()
     adds: set[Pair] = set()
+    oriented = sides.oriented
 
     def remove(p: int) -> None:
-        q = table.pop(p, None)
-        if q is None:
-            return
+        q = table.pop(p)
         table.pop(q, None)
-        pair = sides.oriented(p, q)
+        pair = oriented(p, q)
         if pair in adds:
             adds.discard(pair)
         else:
             deletes.add(pair)
 
     for x in batch.disconnect:
-        if table.get(x.port_a) == x.port_b:
-            remove(x.port_a)
+        p = x.port_a
+        if table.get(p) == x.port_b:
+            remove(p)
     for x in batch.connect:
         p, q = x.port_a, x.port_b
         if table.get(p) == q:
             continue
-        remove(p)
-        remove(q)
-        pair = sides.oriented(p, q)
+        if p in table:
+            remove(p)
+        if q in table:
+            remove(q)
+        pair = oriented(p, q)
         if pair in deletes:
             deletes.discard(pair)  # removed above, wanted back: it never moves
         else:
@@ -168,13 +184,34 @@ def plan(sides: PortSides, held: dict[int, int], batch: pb.ApplyBatchRequest) ->
 
 
 def digest_version(table: dict[int, int]) -> int:
-    """A device switch's `version`: a 63-bit digest of its cross-connects."""
-    pairs = sorted((p, q) for p, q in table.items() if p < q)
-    return int.from_bytes(hashlib.sha256(repr(pairs).encode()).digest()[:8], "big") >> 1
+    """A device switch's `version`: a 63-bit digest of its cross-connects (each pair one
+    64-bit word, sorted; computed for every batch, so cheap: no repr of 64 tuples)."""
+    words = sorted([p << 32 | q for p, q in table.items() if p < q])
+    data = struct.pack(f">{len(words)}Q", *words)
+    return int.from_bytes(hashlib.sha256(data).digest()[:8], "big") >> 1
 
 
 def pairs_of(table: dict[int, int]) -> list[Pair]:
     return sorted((p, q) for p, q in table.items() if p < q)
+
+
+class TableMoved(Exception):
+    """A device refused an edit planned on the table the driver last knew: the table is
+    not that any more (nothing was applied). The batch reads it and plans again."""
+
+
+def moves_all(held: dict[int, int], batch: pb.ApplyBatchRequest) -> bool:
+    """Whether every operation of `batch` changes `held` (each disconnect removes a pair
+    it holds, each connect makes one it does not): then the edit planned on `held`
+    names every pair the batch is about, and a device guarding its edits checks each."""
+    get = held.get
+    for x in batch.disconnect:
+        if get(x.port_a) != x.port_b:
+            return False
+    for x in batch.connect:
+        if get(x.port_a) == x.port_b:
+            return False
+    return True
 
 
 class DeviceFailure(Exception):
@@ -209,6 +246,8 @@ class DeviceStats:
     batches_replayed: int = 0
     batches_failed: int = 0
     edits: int = 0  # device transactions / edit-configs sent
+    planned_unread: int = 0  # batches planned on the table last known, without a read
+    replans: int = 0  # of those, refused by the device (the table had moved) and re-read
 
 
 @dataclass
@@ -221,6 +260,9 @@ class DeviceSwitch(ABC):
     """One OCS behind its own management interface, answering like a switch agent."""
 
     driver_name = "device"
+    # the device refuses an edit whose deletes are missing or whose makes find a port
+    # taken, atomically (see the module's doc): its batches may skip the read
+    guarded_edits = False
 
     def __init__(
         self,
@@ -241,6 +283,10 @@ class DeviceSwitch(ABC):
         self._lock = asyncio.Lock()
         self._keys: OrderedDict[str, _Outcome] = OrderedDict()
         self._tasks: set[asyncio.Task[pb.ApplyBatchResponse]] = set()
+        # (boot id, table) as this driver last read or wrote it; None: read before a batch
+        self._known: tuple[str, dict[int, int]] | None = None
+        self._batches_begun = 0  # a read records `_known` only if no batch ran meanwhile
+        self._batch_boot = ""  # the boot id the batch under way was planned on
 
     @property
     def id(self) -> str:
@@ -266,10 +312,23 @@ class DeviceSwitch(ABC):
         """After a batch began, whatever happened (SONiC: drop an unused WATCH)."""
 
     @abstractmethod
-    async def edit(self, edit: Plan, boot_id: str, version: int | None) -> None:
+    async def edit(
+        self, edit: Plan, boot_id: str, version: int | None, *, unread: bool = False
+    ) -> None:
         """Apply one edit (deletes before adds) and wait until its ports settled.
         `version`: refuse (DeviceFailure VERSION_MISMATCH) if the table moved since it was
-        read at that version (None: no guard). Raises DeviceFailure."""
+        read at that version (None: no guard). `unread` (devices with `guarded_edits`):
+        planned on the table last known, not read; the device must find every delete and
+        every make's ports free, else raise TableMoved having applied nothing. Raises
+        DeviceFailure."""
+
+    async def _read_known(self) -> tuple[dict[int, int], str]:
+        """read_table, remembered as the table last known if no batch ran meanwhile."""
+        begun, idle = self._batches_begun, not self._lock.locked()
+        table, boot = await self.read_table()
+        if idle and begun == self._batches_begun and not self._lock.locked():
+            self._known = (boot, dict(table))
+        return table, boot
 
     async def port_states(self) -> dict[int, tuple[int, int | None]]:
         """Lightpath port -> (pb.PortState, peer) for GetPortStatus (default: from the table)."""
@@ -294,7 +353,7 @@ class DeviceSwitch(ABC):
         async def run() -> pb.SwitchDescription:
             self._check_id(request.switch_id)
             inv = await self.inventory()
-            table, boot = await self.read_table()
+            table, boot = await self._read_known()
             kind = pb.SWITCH_KIND_OCS if inv.kind == "OCS" else pb.SWITCH_KIND_UNSPECIFIED
             settle = duration_pb2.Duration()
             settle.FromNanoseconds(round(self.settling_time_s() * 1e9))
@@ -319,7 +378,7 @@ class DeviceSwitch(ABC):
     ) -> pb.OpticalSwitchState:
         async def run() -> pb.OpticalSwitchState:
             self._check_id(request.switch_id)
-            table, boot = await self.read_table()
+            table, boot = await self._read_known()
             return pb.OpticalSwitchState(
                 switch_id=self.id,
                 boot_id=boot,
@@ -403,31 +462,18 @@ class DeviceSwitch(ABC):
         """The batch, start to end (not bound to its caller: a caller that went away asks
         again under the same key)."""
         async with self._lock:
-            boot = ""
+            self._batches_begun += 1
+            known, self._known = self._known, None  # kept again only if the batch succeeds
+            self._batch_boot = ""
             counts = (len(request.disconnect), len(request.connect))
             try:
                 async with asyncio.timeout(self.settle_timeout_s):
-                    held, boot = await self.begin(request)
-                    version = digest_version(held)
-                    if (request.expect_boot_id and request.expect_boot_id != boot) or (
-                        request.HasField("expect_version") and request.expect_version != version
-                    ):
-                        err = FailedPrecondition(
-                            f"switch {self.id}",
-                            f"is at boot {boot} version {version}, not the expected boot "
-                            f"{request.expect_boot_id or '(any)'} version "
-                            f"{request.expect_version if request.HasField('expect_version') else '(any)'}"
-                            ": read its state again",
-                            reason="VERSION_MISMATCH",
-                        )
-                        raise DeviceFailure(err)
-                    edit = plan(self.sides, held, request)
-                    if not edit.empty:
-                        self.stats.edits += 1
-                        guard = version if request.HasField("expect_version") else None
-                        await self.edit(edit, boot, guard)
-                        version = digest_version(edit.after)
-                        self.stats.batches_applied += 1
+                    edit = await self._unread(request, known)
+                    if edit is None:
+                        edit = await self._read_and_edit(request)
+                    boot = self._batch_boot
+                    version = digest_version(edit.after)
+                    self._known = (boot, edit.after)
             except DeviceFailure as failure:
                 if failure.error.reason == "SWITCH_UNREACHABLE" and failure.progress == (0, 0):
                     # out of reach before anything was sent: not accepted, so not kept (the
@@ -435,7 +481,9 @@ class DeviceSwitch(ABC):
                     kept = self._keys.get(request.batch_id)
                     if kept is not None and not kept.future.done():
                         del self._keys[request.batch_id]
-                raise _rpc_error(failure.error, self._meta(failure.progress, boot, None)) from None
+                raise _rpc_error(
+                    failure.error, self._meta(failure.progress, self._batch_boot, None)
+                ) from None
             except TimeoutError:
                 late = DeadlineExceeded(
                     f"switch {self.id} did not settle within {self.settle_timeout_s:g} s"
@@ -450,6 +498,61 @@ class DeviceSwitch(ABC):
                 version=version,
                 applied=pb.BatchProgress(disconnects=counts[0], connects=counts[1]),
             )
+
+    async def _unread(
+        self, request: pb.ApplyBatchRequest, known: tuple[str, dict[int, int]] | None
+    ) -> Plan | None:
+        """The batch planned on the table last known and applied without a read, when the
+        device guards that (see the module's doc): the plan, or None when it cannot be
+        (nothing known, a version or another boot expected, an operation the table says
+        moves nothing) or the device found the table moved."""
+        if (
+            not self.guarded_edits
+            or known is None
+            or request.HasField("expect_version")
+            or (request.expect_boot_id and request.expect_boot_id != known[0])
+            or not moves_all(known[1], request)
+        ):
+            return None
+        boot, held = known
+        edit = plan(self.sides, held, request)
+        if edit.empty:  # a batch of nothing: answered from a read, as ever
+            return None
+        self._batch_boot = boot
+        self.stats.planned_unread += 1
+        self.stats.edits += 1
+        try:
+            await self.edit(edit, boot, None, unread=True)
+        except TableMoved:
+            self.stats.replans += 1
+            return None
+        self.stats.batches_applied += 1
+        return edit
+
+    async def _read_and_edit(self, request: pb.ApplyBatchRequest) -> Plan:
+        """The batch planned on the table read now (under `begin`)."""
+        held, boot = await self.begin(request)
+        self._batch_boot = boot
+        version = digest_version(held)
+        if (request.expect_boot_id and request.expect_boot_id != boot) or (
+            request.HasField("expect_version") and request.expect_version != version
+        ):
+            err = FailedPrecondition(
+                f"switch {self.id}",
+                f"is at boot {boot} version {version}, not the expected boot "
+                f"{request.expect_boot_id or '(any)'} version "
+                f"{request.expect_version if request.HasField('expect_version') else '(any)'}"
+                ": read its state again",
+                reason="VERSION_MISMATCH",
+            )
+            raise DeviceFailure(err)
+        edit = plan(self.sides, held, request)
+        if not edit.empty:
+            self.stats.edits += 1
+            guard = version if request.HasField("expect_version") else None
+            await self.edit(edit, boot, guard)
+            self.stats.batches_applied += 1
+        return edit
 
     async def _wait(
         self, future: asyncio.Future[pb.ApplyBatchResponse], timeout: float | None
@@ -489,14 +592,19 @@ class DeviceSwitch(ABC):
             )
         if req.set_outputs:
             bad.append(FieldViolation("set_outputs", f"{self.id} is an OCS: it has no 1xK outputs"))
+        oriented = self.sides.oriented
+        ports: list[int] = []
         for name, pairs in (("disconnect", req.disconnect), ("connect", req.connect)):
             for i, x in enumerate(pairs):
+                p, q = x.port_a, x.port_b
+                if name == "connect":
+                    ports += (p, q)
                 try:
-                    self.sides.oriented(x.port_a, x.port_b)
+                    oriented(p, q)
                 except ValueError as exc:
                     bad.append(FieldViolation(f"{name}[{i}]", str(exc)))
         seen: dict[int, int] = {}
-        for i, x in enumerate(req.connect):
+        for i, x in enumerate(req.connect if len(set(ports)) < len(ports) else ()):
             for port in (x.port_a, x.port_b):
                 if port in seen and seen[port] != i:
                     bad.append(
@@ -590,6 +698,7 @@ __all__ = [
     "DeviceSwitch",
     "Plan",
     "PortSides",
+    "TableMoved",
     "digest_version",
     "plan",
     "rejected",

@@ -13,12 +13,20 @@ http://www.polatis.com/yang/optical-switch), as ONOS's Polatis NETCONF drivers u
 
 A batch is one `edit-config`: every delete before every merge (a port is in one
 cross-connect; re-patching is remove then create), which the device validates whole
-and answers once its mirrors settled. Ingress ports are the A side (first ends),
-egress ports the B side: ingress i+1 for first end i, egress N+j+1 for second end j
-on an N x N switch (`?ingress=N` when it is not half of its ports). Device errors map
-to the contract: an rpc-error (in-use, operation-failed, a DISABLED port, ...) is
-BATCH_REJECTED with nothing applied (the edit is atomic), a session that cannot be
-opened is SWITCH_UNREACHABLE, one lost during the edit leaves the outcome unknown.
+and answers once its mirrors settled. The edit guards itself (`guarded_edits`): a
+batch planned on the table this session last read or wrote, without a read, makes
+its pairs with `operation="create"` (RFC 6241: `data-exists` if the ingress already
+holds one; an egress another ingress holds is `in-use`) and removes them with
+`"delete"` (`data-missing` if gone), so a table that moved meanwhile refuses the
+edit whole and the batch reads it and plans again.
+
+Ingress ports are the A side (first ends), egress ports the B side: ingress i+1 for
+first end i, egress N+j+1 for second end j on an N x N switch (`?ingress=N` when it
+is not half of its ports). Device errors map to the contract: an rpc-error (in-use,
+operation-failed, a DISABLED port, ...) is BATCH_REJECTED with nothing applied (the
+edit is atomic; planned without a read, the batch first reads and plans again), a
+session that cannot be opened is SWITCH_UNREACHABLE, one lost during the edit leaves
+the outcome unknown.
 
 Address: `netconf://user@host[:port][?ingress=N]` (port 830). The password comes from
 LIGHTPATH_OCS_NETCONF_PASSWORD_FILE (or a key, LIGHTPATH_OCS_NETCONF_KEY_FILE); the
@@ -53,6 +61,7 @@ from lightpath_services.ocs_manager.device_switch import (
     DeviceInventory,
     DeviceSwitch,
     Plan,
+    TableMoved,
     digest_version,
     rejected,
     unreachable,
@@ -170,6 +179,7 @@ class NetconfSwitch(DeviceSwitch):
     """One Polatis-style OCS behind its NETCONF server."""
 
     driver_name = "NETCONF"
+    guarded_edits = True
 
     def __init__(
         self,
@@ -255,6 +265,8 @@ class NetconfSwitch(DeviceSwitch):
 
         try:
             return await loop.run_in_executor(self._executor, call)
+        except TableMoved:
+            raise
         except _Moved:
             raise DeviceFailure(
                 FailedPrecondition(
@@ -365,20 +377,31 @@ class NetconfSwitch(DeviceSwitch):
                 out[lp] = dbm
         return out
 
-    async def edit(self, edit: Plan, boot_id: str, version: int | None) -> None:
+    async def edit(
+        self, edit: Plan, boot_id: str, version: int | None, *, unread: bool = False
+    ) -> None:
+        # planned without a read: `create` (data-exists if the ingress holds a pair) and
+        # `delete` (data-missing if the pair is gone) make the edit its own guard
+        make = "create" if unread else "merge"
         pairs = [("delete", *self._to_device(a, b)) for a, b in edit.deletes] + [
-            ("merge", *self._to_device(a, b)) for a, b in edit.adds
+            (make, *self._to_device(a, b)) for a, b in edit.adds
         ]
         body = "".join(
-            f'<{self._list} xmlns:nc="{NC}" nc:operation="{op}">'
+            f'<{self._list} nc:operation="{op}">'
             f"<ingress>{i}</ingress><egress>{e}</egress></{self._list}>"
             for op, i, e in pairs
         )
+        # the nc prefix declared once, not on each of 64 pairs: half the bytes to encrypt
+        # and parse at both ends
         config = (
-            f'<config xmlns="{NC}"><cross-connects xmlns="{NS}">{body}</cross-connects></config>'
+            f'<config xmlns="{NC}" xmlns:nc="{NC}"><cross-connects xmlns="{NS}">{body}'
+            "</cross-connects></config>"
         )
+        from ncclient.operations.rpc import RPCError
 
         def apply(mgr: Any) -> None:
+            if unread and self._boot != boot_id:  # another session: maybe another boot
+                raise TableMoved()
             if version is not None:  # the guard: re-read just before the edit
                 table: dict[int, int] = {}
                 for i, e in self._pairs(self._get(mgr, "cross-connects")):
@@ -387,7 +410,12 @@ class NetconfSwitch(DeviceSwitch):
                         table[ab[0]], table[ab[1]] = ab[1], ab[0]
                 if digest_version(table) != version:
                     raise _Moved()
-            mgr.edit_config(target="running", config=config)
+            try:
+                mgr.edit_config(target="running", config=config)
+            except RPCError:
+                if unread:  # atomic, so nothing applied: read the table and plan again
+                    raise TableMoved() from None
+                raise
 
         await self._device_call("editing its cross-connects", apply, sent_is_unknown=True)
 

@@ -23,7 +23,10 @@ with the ports' `state` and `label`, STATE_DB while settling) are one read-only 
 script each, which also answers the Redis run id (the boot id): a full pod is 48
 switches x 130 ports, and the client's cost per command and per round trip was most
 of its time. A batch is three round trips on one connection: the WATCH with the read,
-MULTI / the script / EXEC, and (STATE_DB) the read once it settled.
+MULTI / the script / EXEC, and (STATE_DB) the read once it settled. A batch planned on
+the table the driver last knew, without a read (device_switch.py), is one script
+instead (GUARDED_LUA), which writes only if the switch is as planned for every pair it
+touches: two round trips.
 orchagent applies the difference to the module and moves the ports through
 `tuning`; the batch is applied when every port it moved reads `tuned` with its new
 peer (or `blocked` when it went dark) in STATE_DB. The driver learns when to look as
@@ -69,6 +72,7 @@ from lightpath_services.ocs_manager.device_switch import (
     DeviceInventory,
     DeviceSwitch,
     Plan,
+    TableMoved,
     digest_version,
     rejected,
     unreachable,
@@ -85,9 +89,9 @@ _NAME = re.compile(r"^([1-9][0-9]*)([AB])$")
 # as safe on a switch's Redis as the swss-common scripts SONiC runs there itself.
 # Every read script answers the Redis run id first (the switch's boot id): a batch needs
 # it before and after, and INFO on its own was a round trip each.
-HASHES_LUA, TABLE_LUA, SETTLE_LUA, WRITE_LUA = (
+HASHES_LUA, TABLE_LUA, SETTLE_LUA, WRITE_LUA, GUARDED_LUA = (
     resources.files(__package__).joinpath(f"sonic_{name}.lua").read_text()
-    for name in ("hashes", "table", "settle", "write")
+    for name in ("hashes", "table", "settle", "write", "guarded")
 )
 # How long a batch waits for a STATE_DB notification once the switch has been seen to
 # send them, before it reads anyway: a notification is lost only with its connection
@@ -148,6 +152,7 @@ class SonicSwitch(DeviceSwitch):
     """One SONiC OCS, programmed through its CONFIG_DB and read back from its STATE_DB."""
 
     driver_name = "SONiC"
+    guarded_edits = True  # GUARDED_LUA: the write checks what it touches, atomically
 
     def __init__(
         self,
@@ -379,7 +384,9 @@ class SonicSwitch(DeviceSwitch):
                 await conn.disconnect()
             await self.config.connection_pool.release(conn)
 
-    async def edit(self, edit: Plan, boot_id: str, version: int | None) -> None:
+    async def edit(
+        self, edit: Plan, boot_id: str, version: int | None, *, unread: bool = False
+    ) -> None:
         adds = [(self.name(a), self.name(b)) for a, b in edit.adds]
         deletes = [(self.name(a), self.name(b)) for a, b in edit.deletes]
         want: dict[str, tuple[str, str]] = {}
@@ -390,8 +397,55 @@ class SonicSwitch(DeviceSwitch):
                 want.setdefault(n, ("blocked", ""))
         # heard from before the commit, so orchagent's first write is not missed
         await self._listen(xc_key(*(adds or deletes)[0]))
-        await self._commit(adds, deletes, version)
+        if unread:
+            connected = sorted({p for pair in edit.adds for p in pair})
+            labels = "".join(f"{self.name(p)} {self.label(p)}\n" for p in connected)
+            await self._write_guarded(adds, deletes, labels, boot_id)
+        else:
+            await self._commit(adds, deletes, version)
         await self._settle(want, boot_id)
+
+    async def _write_guarded(
+        self, adds: list[tuple[str, str]], deletes: list[tuple[str, str]], labels: str, boot: str
+    ) -> None:
+        """The batch planned without a read: one script that writes only if the switch is
+        as planned for every pair it touches (GUARDED_LUA), in one round trip; else
+        TableMoved (nothing written), or refused naming a force_blocked port."""
+        write = (
+            "EVAL",
+            GUARDED_LUA,
+            "0",
+            boot,
+            "".join(f"{an} {bn}\n" for an, bn in deletes),
+            "".join(f"{an} {bn}\n" for an, bn in adds),
+            labels,
+        )
+        for attempt in range(2):
+            try:
+                self._conn = self._conn or await self.config.connection_pool.get_connection()
+            except RedisError as exc:  # not connected: this attempt sent nothing
+                await self._drop_conn()
+                failure = unreachable(self.id, str(self.addr), exc)
+                if attempt:
+                    failure.progress = None  # the first one may have
+                raise failure from exc
+            try:
+                ((run_id, status, *blocked),) = await self._send([write])
+                break
+            except RedisError as exc:
+                # sent, the answer lost: it may have run. Once more on a new connection
+                # (a pooled one the switch's Redis dropped when it restarted): the script
+                # refuses to apply twice (what it removes is gone), so that is safe
+                await self._drop_conn()
+                if attempt or not isinstance(exc, RedisConnectionError):
+                    failure = unreachable(self.id, str(self.addr), exc)
+                    failure.progress = None
+                    raise failure from exc
+        self._boot = run_id
+        if status == "moved":
+            raise TableMoved()
+        if status == "blocked":
+            raise self._blocked_refusal(blocked)
 
     async def _commit(
         self, adds: list[tuple[str, str]], deletes: list[tuple[str, str]], version: int | None
@@ -408,12 +462,7 @@ class SonicSwitch(DeviceSwitch):
                     raise DeviceFailure(self._moved())
             blocked = [n for n in connected if n in self._blocked]
             if blocked:
-                raise rejected(
-                    self.id,
-                    f"port{'s' if len(blocked) > 1 else ''} {', '.join(blocked[:8])} "
-                    "force_blocked in CONFIG_DB OCS_PORT (an operator's override; set it "
-                    "back to normal to use the port)",
-                )
+                raise self._blocked_refusal(blocked)
             write = (
                 "EVAL",
                 WRITE_LUA,
@@ -441,6 +490,14 @@ class SonicSwitch(DeviceSwitch):
                 ),
                 progress=None,
             )
+
+    def _blocked_refusal(self, blocked: list[str]) -> DeviceFailure:
+        return rejected(
+            self.id,
+            f"port{'s' if len(blocked) > 1 else ''} {', '.join(blocked[:8])} "
+            "force_blocked in CONFIG_DB OCS_PORT (an operator's override; set it "
+            "back to normal to use the port)",
+        )
 
     def _moved(self) -> FailedPrecondition:
         return FailedPrecondition(

@@ -7,7 +7,9 @@ switches as ONOS's Polatis drivers use it (namespace
 http://www.polatis.com/yang/optical-switch):
 
 * `cross-connects` / `pair` (`pairs` before revision 2017-08-04) with `ingress` and
-  `egress` port ids, edited by `edit-config` with `operation="merge"` / `"delete"`;
+  `egress` port ids, edited by `edit-config` with `operation="merge"` / `"delete"`
+  (`"create"` refuses an ingress that holds a pair: `data-exists`; `"delete"` a pair
+  that is not there: `data-missing`);
 * `port-config` / `port` (`port-id`, `label`, `status` ENABLED / DISABLED);
 * `opm-power` / `port` (`port-id`, `power` in dBm; state data, `get` only);
 * `product-information` (`manufacturer`, `model-name`, `serial-number`,
@@ -16,9 +18,9 @@ http://www.polatis.com/yang/optical-switch):
 Ports 1..N are ingress and N+1..2N egress (an N x N switch). An edit-config is
 validated whole (an egress another ingress holds, a DISABLED port, an unknown port:
 an rpc-error, nothing applied), then applied deletes first and answered once the
-mirrors settled (lightpath.domain.switch_timing.SwitchTiming by ports moved; a merge
-onto an ingress that is still connected is a conflict the switch resolves, at the
-penalty). NETCONF 1.0 framing (`]]>]]>`), password authentication; listens where
+mirrors settled (lightpath.domain.switch_timing.SwitchTiming by ports moved, counted
+from when the edit arrived; a merge onto an ingress that is still connected is a
+conflict the switch resolves, at the penalty). NETCONF 1.0 framing (`]]>]]>`), password authentication; listens where
 told (loopback in the tests).
 """
 
@@ -51,6 +53,10 @@ def q(tag: str, ns: str = NS) -> str:
     return f"{{{ns}}}{tag}"
 
 
+_CROSS_CONNECTS, _INGRESS, _EGRESS = q("cross-connects"), q("ingress"), q("egress")
+_OPERATION = q("operation", NC)
+
+
 @dataclass
 class PolatisSwitch:
     """The device: its cross-connects (ingress -> egress) and port config."""
@@ -65,6 +71,7 @@ class PolatisSwitch:
     settling: set[int] = field(default_factory=set)
     settles: list[float] = field(default_factory=list)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    _still_at: float = 0.0  # loop time the mirrors last came to rest
 
     @property
     def list_name(self) -> str:
@@ -117,36 +124,48 @@ class PolatisSwitch:
 
     # -- edit-config ---------------------------------------------------------------------
 
-    async def edit(self, config: etree._Element) -> None:
-        """Validate the whole edit, apply deletes then merges, settle. RpcError if refused."""
+    async def edit(self, config: etree._Element, heard: float | None = None) -> None:
+        """Validate the whole edit, apply deletes then merges, settle. RpcError if refused.
+
+        The mirrors settle the model's time after the edit was `heard` (loop time: its
+        last byte arrived), or after they came to rest if they still moved then: a real
+        switch's control CPU is its own, while this process plays 48 switches on shared
+        cores and parses their edits one after another."""
         deletes: list[tuple[int, int]] = []
-        merges: list[tuple[int, int]] = []
-        for xc in config.iter(q("cross-connects")):
+        merges: list[tuple[int, int, bool]] = []  # (ingress, egress, a create)
+        # tags compared as strings (one process parses 48 switches' edits of 64 pairs)
+        mine, other = q(self.list_name), q("pairs" if self.list_name == "pair" else "pair")
+        for xc in config.iter(_CROSS_CONNECTS):
             for p in xc:
-                if etree.QName(p).localname not in ("pair", "pairs"):
+                if p.tag != mine:
+                    if p.tag == other:
+                        raise RpcError(
+                            "unknown-element", f"this revision's list is {self.list_name}"
+                        )
                     continue
-                if etree.QName(p).localname != self.list_name:
-                    raise RpcError("unknown-element", f"this revision's list is {self.list_name}")
-                op = p.get(q("operation", NC), "merge")
+                op = p.get(_OPERATION, "merge")
+                ends = {c.tag: c.text for c in p}  # findtext parses its path on every call
                 try:
-                    i = int(p.findtext(q("ingress")) or "")
-                    e = int(p.findtext(q("egress")) or "")
+                    i = int(ends.get(_INGRESS) or "")
+                    e = int(ends.get(_EGRESS) or "")
                 except ValueError:
                     raise RpcError("invalid-value", "ingress and egress must be port ids") from None
                 if op == "delete":
                     deletes.append((i, e))
                 elif op in ("merge", "create", "replace"):
-                    merges.append((i, e))
+                    merges.append((i, e, op == "create"))
                 else:
                     raise RpcError("operation-not-supported", f"operation {op} on a pair")
         async with self.lock:
             after = dict(self.pairs)
+            held = {b: a for a, b in after.items()}  # egress -> ingress
             for i, e in deletes:
                 if after.get(i) != e:
                     raise RpcError("data-missing", f"no cross-connect {i} -> {e} to delete")
                 del after[i]
+                del held[e]
             conflicts = 0
-            for i, e in merges:
+            for i, e, create in merges:
                 if not (1 <= i <= self.ports) or not (self.ports < e <= 2 * self.ports):
                     raise RpcError(
                         "invalid-value",
@@ -156,12 +175,16 @@ class PolatisSwitch:
                 off = sorted({i, e} & self.disabled)
                 if off:
                     raise RpcError("operation-failed", f"port {off[0]} is DISABLED")
-                holder = next((a for a, b in after.items() if b == e and a != i), None)
-                if holder is not None:
+                holder = held.get(e)
+                if holder is not None and holder != i:
                     raise RpcError("in-use", f"egress {e} is connected to ingress {holder}")
+                if create and i in after:  # RFC 6241: create fails if the entry exists
+                    raise RpcError("data-exists", f"ingress {i} is connected to {after[i]}")
                 if after.get(i) not in (None, e):
                     conflicts += 1  # the switch moves the ingress itself
+                    held.pop(after[i], None)
                 after[i] = e
+                held[e] = i
             moved: set[int] = set()
             for i in set(self.pairs) | set(after):
                 if self.pairs.get(i) != after.get(i):
@@ -171,10 +194,13 @@ class PolatisSwitch:
             delay = self.timing.settle_s(len(moved), 2 * self.ports, conflicts) if moved else 0.0
             if delay > 0:
                 self.settling = moved
+                loop = asyncio.get_running_loop()
+                start = loop.time() if heard is None else max(heard, self._still_at)
                 try:
-                    await asyncio.sleep(delay)
+                    await asyncio.sleep(max(0.0, start + delay - loop.time()))
                 finally:
                     self.settling = set()
+                    self._still_at = loop.time()
             if moved:
                 self.settles.append(delay)
 
@@ -210,7 +236,8 @@ class NetconfSession(asyncssh.SSHServerSession):  # type: ignore[misc]
         self.switch = switch
         self.buf = b""
         self.chan: asyncssh.SSHServerChannel | None = None
-        self.queue: asyncio.Queue[bytes | None] = asyncio.Queue()
+        # each message with the loop time its last byte arrived
+        self.queue: asyncio.Queue[tuple[bytes, float] | None] = asyncio.Queue()
         self.session_id = next(_session_ids)
         self.task: asyncio.Task[None] | None = None
 
@@ -231,9 +258,10 @@ class NetconfSession(asyncssh.SSHServerSession):  # type: ignore[misc]
 
     def data_received(self, data, datatype) -> None:
         self.buf += data if isinstance(data, bytes) else data.encode()
+        now = asyncio.get_running_loop().time()
         while EOM in self.buf:
             msg, _, self.buf = self.buf.partition(EOM)
-            self.queue.put_nowait(msg)
+            self.queue.put_nowait((msg, now))
 
     def eof_received(self) -> bool:
         self.queue.put_nowait(None)
@@ -247,7 +275,8 @@ class NetconfSession(asyncssh.SSHServerSession):  # type: ignore[misc]
             self.chan.write(data + EOM)
 
     async def _serve(self) -> None:
-        while (msg := await self.queue.get()) is not None:
+        while (item := await self.queue.get()) is not None:
+            msg, heard = item
             try:
                 root = etree.fromstring(msg.strip())
             except etree.XMLSyntaxError:
@@ -258,7 +287,7 @@ class NetconfSession(asyncssh.SSHServerSession):  # type: ignore[misc]
             op = root[0] if len(root) else None
             name = etree.QName(op).localname if op is not None else ""
             try:
-                body = await self._rpc(name, op)
+                body = await self._rpc(name, op, heard)
                 self._send(_reply(msg_id, body))
             except RpcError as err:
                 self._send(_error(msg_id, err))
@@ -267,7 +296,7 @@ class NetconfSession(asyncssh.SSHServerSession):  # type: ignore[misc]
                     self.chan.close()
                 return
 
-    async def _rpc(self, name: str, op) -> etree._Element | None:
+    async def _rpc(self, name: str, op, heard: float) -> etree._Element | None:
         if name in ("get", "get-config"):
             flt = op.find(q("filter", NC))
             wanted = {etree.QName(c).localname for c in flt} if flt is not None else None
@@ -276,7 +305,7 @@ class NetconfSession(asyncssh.SSHServerSession):  # type: ignore[misc]
             config = op.find(q("config", NC))
             if config is None:
                 raise RpcError("missing-element", "edit-config needs config")
-            await self.switch.edit(config)
+            await self.switch.edit(config, heard)
             return None
         if name in ("lock", "unlock", "close-session", "kill-session"):
             return None
