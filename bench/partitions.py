@@ -6,7 +6,7 @@ drops packets; then the history of acknowledged operations is checked against th
 final state (lightpath.testing.history).
 
     python3 dev.py bench partitions [--faults 20] [--clients 4] [--seed 1]
-        [--failovers 0] [--no-network]
+        [--failovers 0] [--no-network] [--kinds slow_lossy_ocs_link,...]
 
 The stack runs as deployed (TLS, mTLS, separate processes) on its own redis-server:
 cell replicas cell-a and cell-b, one pod (pod-1: two ocs_manager replicas of 16 blocks
@@ -39,15 +39,24 @@ order):
 * partition_pod_redis: the pod's schedulers and ocs_managers cut off from Redis 3.5 s
   while they hold wiring and change leases, past both; the cells keep theirs;
 * loss_pod_link: 5 % of the packets dropped each way on the pod's link (to the cells
-  and Redis) for 6 s. No delay yet (`not_injected` says so): the 200 ms relay of
-  lightpath.testing.relay is in tests/test_partitions.py only.
-  `partitions_observed` counts the partitions seen from outside as they end (the cell
-  lists the pod not READY; ws-a cannot list its jobs).
+  and Redis) for 6 s;
+* slow_lossy_ocs_link: 200 ms of delay each way and 5 % loss each way between the
+  schedulers and their ocs_manager replicas for 6 s, under the clients' load. Each
+  scheduler reaches its ocs_manager through a relay on this side of the link
+  (lightpath.testing.relay: this kernel has no tc netem), so that traffic crosses the
+  veth twice; the relay runs from the start with its delay off and SIGUSR1 turns it on
+  for the spell, while nftables drops 5 % of what crosses to and from the ocs_managers'
+  ports (the relay's leg to them). The relay's limits (bytes, not packets, delayed; no
+  jitter) are in its module doc and docs/faults.md.
+  `partitions_observed` counts the faults seen from outside as they end (the cell
+  lists the pod not READY; ws-a cannot list its jobs; a health check of an
+  ocs_manager through the relay takes 2 x 200 ms or more).
 
 After each fault ends, `s_to_definite_state` is how long until every job the cell
 knows is in a definite state (not UNKNOWN, WIRING or FORWARDING); the worst is
-`worst_s_to_definite_state`. At the end (the stack settled, bounded), the checker's
-`lost` (acknowledged, absent), `contradicted` (acknowledged complete / cancel, now
+`worst_s_to_definite_state`. At the end (the stack settled: two reads alike, no job
+WIRING at the pod and the cell showing each job as the pod does; bounded), the
+checker's `lost` (acknowledged, absent), `contradicted` (acknowledged complete / cancel, now
 something else), `undefined` and `double_booked` (a block in two live jobs or slices,
 or a slice of no RUNNING job); `stale_writes_refused` is the ocs_manager's
 lightpath.ocs.stale_writes_refused (a caller's older lease, its own commit or switch
@@ -59,7 +68,8 @@ through). `failovers` / `failover_lost` come from bench/sentinel_failover.py's
 Prints one JSON line: faults, faults_by_kind, partitions_observed, ops, acknowledged, lost, contradicted,
 undefined, double_booked, stale_writes_refused, stale_writes_by_where,
 stale_writes_applied, failovers, failover_lost, worst_s_to_definite_state,
-s_to_definite_state, not_injected, violation_details, codes, error_samples,
+s_to_definite_state, not_injected, still_moving (what had not settled when the final
+state was read: empty when it had), violation_details, codes, error_samples,
 load_average, seconds, seed.
 """
 
@@ -85,12 +95,15 @@ import chaos
 import grpc
 import redis as redis_py
 from _common import emit
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from lightpath.client import channel
 from lightpath.embedded_redis import EmbeddedRedis, free_port
+from lightpath.security.identity import service_principal
 from lightpath.stack import ProcessSpec, Stack
 from lightpath.testing import netns
 from lightpath.testing.history import DEFINITE, Final, History
+from lightpath.testing.relay import RelayProcess
 from lightpath.v1 import cell_scheduler_pb2 as cs
 from lightpath.v1 import cell_scheduler_pb2_grpc, ocs_manager_pb2_grpc, workload_scheduler_pb2_grpc
 from lightpath.v1 import common_pb2 as c
@@ -127,6 +140,9 @@ NET_FAULTS = {
     "partition_pod_redis": CHANGE_LEASE_S + WIRING_LEASE_S,
     # 5 % of the packets dropped each way on the pod's link (to the cells and Redis)
     "loss_pod_link": 6.0,
+    # 200 ms each way (the relay) and 5 % loss each way (nftables) between the
+    # schedulers and their ocs_manager replicas, under load
+    "slow_lossy_ocs_link": 6.0,
 }
 LOSS_PERCENT = 5
 DELAY_MS = 200
@@ -134,18 +150,32 @@ POD_PROCESSES = (*SCHEDULERS, OCS, OCS_B)
 NOT_DEFINITE = {c.JobState.Name(s) for s in (c.JOB_STATE_UNKNOWN, c.JOB_STATE_WIRING)}
 
 
-def specs(ns: netns.Namespace | None = None) -> list[ProcessSpec]:
-    """The processes; with `ns`, the pod's four run in it (on its address) and the cells
-    on this side of its link (on ours), so that link can be cut, port by port."""
+def specs(ns: netns.Namespace | None = None) -> tuple[list[ProcessSpec], dict[str, str]]:
+    """The processes and the delay relay's routes (listen -> target); with `ns`, the
+    pod's processes run in it (on its address) and the cells on this side of its link
+    (on ours), so that link can be cut, port by port, and each scheduler reaches its
+    ocs_manager through the relay on this side (its certificate is checked by name, not
+    by the address dialled). Without `ns`: no relay, no routes."""
     out = _specs()
     if ns is None:
-        return out
-    return [
+        return out, {}
+    out = [
         dataclasses.replace(s, host=ns.ip, netns=ns.name)
         if s.name in POD_PROCESSES
         else dataclasses.replace(s, host=ns.host_ip)
         for s in out
     ]
+    ports = {s.name: s.port for s in out}
+    routes: dict[str, str] = {}
+    for i, s in enumerate(out):
+        ocs = s.peers.get("LIGHTPATH_OCS_ADDR")
+        if s.service == "workload_scheduler" and ocs is not None:
+            listen = f"{ns.host_ip}:{free_port()}"
+            routes[listen] = f"{ns.ip}:{ports[ocs]}"
+            peers = {k: v for k, v in s.peers.items() if k != "LIGHTPATH_OCS_ADDR"}
+            env = {**s.env, "LIGHTPATH_OCS_ADDR": listen}
+            out[i] = dataclasses.replace(s, env=env, peers=peers)
+    return out, routes
 
 
 def _specs() -> list[ProcessSpec]:
@@ -208,8 +238,10 @@ class Faults:
         redis_port: int = 0,
         *,
         cells: list | None = None,
+        relay: RelayProcess | None = None,
     ):
         self.stack = stack
+        self.relay = relay
         self.rng = rng
         self.ns = ns
         self.redis_port = redis_port
@@ -252,6 +284,11 @@ class Faults:
         elif kind == "partition_pod_redis":
             self.ns.cut_ports([self.redis_port])
             touched = [*POD_PROCESSES, "redis"]
+        elif kind == "slow_lossy_ocs_link":
+            assert self.relay is not None
+            self.ns.lose(LOSS_PERCENT, listeners=[ports[OCS], ports[OCS_B]])
+            self.relay.slow(True)
+            touched = ["schedulers <-> ocs_managers"]
         else:
             self.ns.lose(LOSS_PERCENT)
             touched = ["pod link"]
@@ -260,6 +297,8 @@ class Faults:
             if await self._cut_observed(kind):
                 self.observed[kind] += 1
         finally:
+            if self.relay is not None:
+                self.relay.slow(False)
             self.ns.heal()
         self.kinds[kind] += 1
         return touched
@@ -275,9 +314,22 @@ class Faults:
                 )
             if kind == "partition_pod_redis":
                 await self.host_scheduler.ListJobs(ws.ListJobsRequest(page_size=1), timeout=2)
+            if kind == "slow_lossy_ocs_link" and self.relay is not None:
+                return await self._slow_through_relay()
             return False
         except grpc.aio.AioRpcError:
             return kind == "partition_pod_redis"
+
+    async def _slow_through_relay(self) -> bool:
+        """Whether a health check of an ocs_manager through the relay (a channel of its
+        own: the TLS handshake crosses it too) takes a round trip's delay or more."""
+        assert self.relay is not None
+        listen = next(iter(self.relay.routes))
+        expect = service_principal("ocs_manager", POD)
+        started = time.monotonic()
+        async with channel(listen, credentials=self.stack.operator, expect=expect) as ch:
+            await health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=10)
+        return time.monotonic() - started >= 2 * DELAY_MS / 1000
 
     async def _wiring_in_flight(self, limit_s: float = 5.0) -> None:
         """Until ws-a has a job WIRING (its change is in flight at its ocs_manager), for
@@ -335,13 +387,18 @@ def history_of(record: chaos.Record, at: float) -> History:
     return h
 
 
-async def final_state(cell, sched, ocs) -> Final:
+async def final_state(cell, sched, ocs) -> tuple[Final, list[str]]:
+    """The final state (the cell's jobs with the pod's blocks, the ocs_manager's slices)
+    and what is still moving in it: a job WIRING at the pod, or one the cell shows in
+    another state than the pod (its news not reported yet)."""
     jobs = await chaos.list_cell_jobs(cell)
     blocks: dict[str, tuple[int, ...]] = {}
+    at_pod: dict[str, int] = {}
     token = ""
     while True:
         page = await sched.ListJobs(ws.ListJobsRequest(page_size=1000, page_token=token))
         blocks.update((j.job_id, tuple(b.block_id for b in j.blocks)) for j in page.jobs)
+        at_pod.update((j.job_id, j.state) for j in page.jobs)
         token = page.next_page_token
         if not token:
             break
@@ -353,13 +410,19 @@ async def final_state(cell, sched, ocs) -> Final:
         token = listed.next_page_token
         if not token:
             break
-    return Final(
+    moving = [
+        f"{j} {c.JobState.Name(s)} at the pod, {c.JobState.Name(jobs[j].state)} at the cell"
+        for j, s in at_pod.items()
+        if s == c.JOB_STATE_WIRING or (j in jobs and jobs[j].state != s)
+    ]
+    final = Final(
         jobs={
             j: (c.JobState.Name(job.state)[len("JOB_STATE_") :], blocks.get(j, ()))
             for j, job in jobs.items()
         },
         slices=slices,
     )
+    return final, moving
 
 
 def stale_refused(metrics_url: str) -> dict[str, float]:
@@ -396,6 +459,7 @@ async def drive(
     args,
     ns: netns.Namespace | None = None,
     redis_port: int = 0,
+    relay: RelayProcess | None = None,
 ) -> dict:
     rng = random.Random(args.seed)
     for name in CELLS:
@@ -413,8 +477,12 @@ async def drive(
         ocs = ocs_manager_pb2_grpc.OcsManagerStub(await ch(OCS))
         record = chaos.Record()
         host = workload_scheduler_pb2_grpc.WorkloadSchedulerStub(await ch(SCHEDULERS[0]))
-        pauser = Faults(stack, rng, host, ns, redis_port, cells=cells)
+        pauser = Faults(stack, rng, host, ns, redis_port, cells=cells, relay=relay)
         kinds = [*FAULTS, *(NET_FAULTS if ns is not None else ())]
+        if args.kinds:
+            kinds = [k for k in kinds if k in args.kinds.split(",")]
+            if not kinds:
+                raise SystemExit(f"--kinds {args.kinds}: none can run here (no namespace)")
         plan = [kinds[i % len(kinds)] for i in range(args.faults)]
         rng.shuffle(plan)
         settle: list[float] = []
@@ -462,15 +530,16 @@ async def drive(
         await asyncio.gather(faults(), clients())
         await chaos.Chaos(stack, None, rng).all_up()  # type: ignore[arg-type]
         last = await time_to_definite(cells, limit_s=90.0)
-        # Two reads alike: the listings are not one atomic read, and the cell may still
-        # be forwarding jobs from its queue.
-        final = await final_state(cells[0], sched, ocs)
-        for _ in range(20):
-            again = await final_state(cells[0], sched, ocs)
-            if again == final:
+        # Two reads alike with nothing moving (bounded: 30 s): the listings are not one
+        # atomic read, the cell may still be forwarding jobs from its queue, and a
+        # slice is listed while it is being wired, before its job is RUNNING.
+        final, moving = await final_state(cells[0], sched, ocs)
+        for _ in range(60):
+            await asyncio.sleep(0.5)
+            again, moving = await final_state(cells[0], sched, ocs)
+            if again == final and not moving:
                 break
             final = again
-            await asyncio.sleep(0.5)
         report = history_of(record, time.monotonic()).check(final)
         invariants = await ocs.CheckInvariants(om.CheckInvariantsRequest(compare_switches=True))
         applied = sum(1 for v in invariants.violations if v.rule == "SWITCH_STATE_DISAGREES")
@@ -495,6 +564,7 @@ async def drive(
         "stale_writes_applied": applied,
         "worst_s_to_definite_state": max([*settle, last]),
         "s_to_definite_state": settle,
+        "still_moving": moving[:10],
         "violation_details": report.details()
         + [f"{v.rule}: {v.detail}" for v in invariants.violations][:10]
         + stories,
@@ -505,51 +575,67 @@ async def drive(
 
 
 @contextlib.contextmanager
-def own_stack(ns: netns.Namespace | None) -> Iterator[tuple[Stack, EmbeddedRedis]]:
+def own_stack(
+    ns: netns.Namespace | None,
+) -> Iterator[tuple[Stack, EmbeddedRedis, RelayProcess | None]]:
     """The stack on a redis-server of its own (AOF, fsync always) on this side of the
-    namespace's link (on loopback without one), in a temporary directory; all stopped
-    at the end."""
+    namespace's link (on loopback without one), in a temporary directory, with the
+    delay relay (its delay off) in front of the ocs_managers when there is a
+    namespace; all stopped at the end."""
     with tempfile.TemporaryDirectory(prefix="lightpath-partitions-") as tmp:
         host = ns.host_ip if ns is not None else "127.0.0.1"
         redis = EmbeddedRedis(Path(tmp) / "redis", port=free_port(), host=host)
         redis.start()
+        relay = None
         try:
             with redis_py.Redis(host=host, port=redis.port) as r:
                 r.config_set("appendfsync", "always")
+            process_specs, routes = specs(ns)
+            if routes:
+                relay = RelayProcess(routes, delay_ms=DELAY_MS, on=False)
+                relay.start(Path(tmp) / "relay.log")
             stack = Stack(
-                Path(tmp) / "state", specs=specs(ns), redis_url=redis.url, log=lambda *_: None
+                Path(tmp) / "state", specs=process_specs, redis_url=redis.url, log=lambda *_: None
             )
             stack.start()
             try:
-                yield stack, redis
+                yield stack, redis, relay
             finally:
                 stack.stop()
         finally:
+            if relay is not None:
+                relay.stop()
             redis.stop()
 
 
 def run(args) -> dict:
     why = netns.unavailable() if args.network else "--no-network"
     ns = None if why else netns.Namespace()
-    # not yet here: the 200 ms delay (tests/test_partitions.py puts it, with the loss, on
-    # the pod <-> ocs_manager link through lightpath.testing.relay)
-    no_delay = f"{DELAY_MS} ms delay: not in this bench (tests/test_partitions.py has it)"
     try:
         if ns is not None:
             ns.create()
-        with own_stack(ns) as (stack, redis):
-            result = asyncio.run(drive(stack, args, ns, redis.port))
+        with own_stack(ns) as (stack, redis, relay):
+            result = asyncio.run(drive(stack, args, ns, redis.port, relay))
     finally:
         if ns is not None:
             ns.destroy()
-    result["not_injected"] = [r for r in (why and f"partitions and loss: {why}", no_delay) if r]
+    result["not_injected"] = [f"partitions, loss and delay: {why}"] if why else []
     return result
 
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--faults", type=int, default=20, help="faults over the run (>= 8: each kind once)"
+        "--faults",
+        type=int,
+        default=20,
+        help="faults over the run (each kind in turn, seeded order)",
+    )
+    parser.add_argument(
+        "--kinds",
+        default="",
+        help="only these fault kinds, comma-separated (default: all; network kinds need "
+        f"a namespace): {', '.join([*FAULTS, *NET_FAULTS])}",
     )
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument(
@@ -563,6 +649,9 @@ def main(argv: list[str] | None = None) -> dict:
     )
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args(argv)
+    unknown = set(filter(None, args.kinds.split(","))) - {*FAULTS, *NET_FAULTS}
+    if unknown:
+        parser.error(f"--kinds: no fault kind {', '.join(sorted(unknown))}")
     result = run(args)
     result.update(failover_figures(args.failovers))
     result.update(load_average=list(os.getloadavg()), seed=args.seed)
