@@ -10,9 +10,11 @@ final state (lightpath.testing.history).
 
 The stack runs as deployed (TLS, mTLS, separate processes) on its own redis-server:
 cell replicas cell-a and cell-b, one pod (pod-1: two ocs_manager replicas of 16 blocks
-of 4x4x4 whose simulated switches settle in 300 ms, so changes are in flight when a
-fault lands) served by replicas ws-a and ws-b, each calling its own ocs_manager
-replica. The pod's four processes run in a network namespace of their own
+of 4x4x4 programming one switch agent, whose simulated switches settle each batch in
+20 ms, one batch at a time per switch) served by replicas ws-a and ws-b, each
+calling its own ocs_manager replica. The managers' reconcile loop is off (it would
+put the switches back to the committed tables and hide a stale write that got
+through). The pod's five processes run in a network namespace of their own
 (lightpath.testing.netns: a veth pair with addresses of ours), the cells and Redis on
 this side of its link; without root (or with --no-network) everything runs on
 loopback and only the pauses are injected. Leases are short through the services'
@@ -33,6 +35,15 @@ order):
   VM frozen): ws-b takes the wirings over through the other ocs_manager replica, which
   takes the changes in flight over; the frozen manager wakes fenced out (the pause
   lands while ws-a has a job WIRING, when there is one within 5 s);
+* stale_ocs_change: a stale write forced, and its refusal counted: OCS_B paused (so
+  the next change to start is OCS's), the switches holding every batch 2 s; as soon
+  as a new slice is WIRING at OCS, ws-a and OCS are paused together past both leases,
+  the switches are quick again and OCS_B resumes; once ws-b has taken the job's wiring
+  over through OCS_B (which takes the change over under a higher token), ws-a and OCS
+  wake, OCS past its switch deadline with the old token: its undo must be refused by
+  the switches (or its commit by the script). `stale_forced` counts the attempts
+  (`injected`), the changes caught in flight (`in_flight`) and the faults after which
+  a refusal was counted (`refused_after`);
 * partition_cell_pod: the cells and the pod's schedulers cut apart 4.5 s (nftables in
   the namespace drops what crosses to or from their ports), past the pod timeout, while
   jobs are submitted; both sides run on, the pod keeps its Redis;
@@ -58,16 +69,20 @@ knows is in a definite state (not UNKNOWN, WIRING or FORWARDING); the worst is
 WIRING at the pod and the cell showing each job as the pod does; bounded), the
 checker's `lost` (acknowledged, absent), `contradicted` (acknowledged complete / cancel, now
 something else), `undefined` and `double_booked` (a block in two live jobs or slices,
-or a slice of no RUNNING job); `stale_writes_refused` is the ocs_manager's
-lightpath.ocs.stale_writes_refused (a caller's older lease, its own commit or switch
-batches after a take-over), `stale_writes_applied` the switches that disagree with the
-committed tables (CheckInvariants with compare_switches: a stale write that got
+or a slice of no RUNNING job); `stale_writes_refused` counts the writes refused
+for an older token, measured where they were refused (`stale_writes_by_where`): the
+ocs_managers' lightpath.ocs.stale_writes_refused for `lease` (a caller's older lease)
+and `commit` (a manager's own commit after a take-over), and the switch agent's
+stale_batches_refused for `switch` (batches the switches refused: one per switch a
+change touches; `stale_changes_refused_by_switches` is the managers' count of their
+changes so refused);
+`stale_writes_applied` the switches that disagree with the committed tables (CheckInvariants with compare_switches: a stale write that got
 through). `failovers` / `failover_lost` come from bench/sentinel_failover.py's
 `measure` (`--failovers 0`: not run, null).
 
 Prints one JSON line: faults, faults_by_kind, partitions_observed, ops, acknowledged, lost, contradicted,
-undefined, double_booked, stale_writes_refused, stale_writes_by_where,
-stale_writes_applied, failovers, failover_lost, worst_s_to_definite_state,
+undefined, double_booked, stale_writes_refused, stale_writes_by_where, stale_forced,
+stale_changes_refused_by_switches, stale_writes_applied, failovers, failover_lost, worst_s_to_definite_state,
 s_to_definite_state, not_injected, still_moving (what had not settled when the final
 state was read: empty when it had), violation_details, codes, error_samples,
 load_average, seconds, seed.
@@ -105,9 +120,15 @@ from lightpath.testing import netns
 from lightpath.testing.history import DEFINITE, Final, History
 from lightpath.testing.relay import RelayProcess
 from lightpath.v1 import cell_scheduler_pb2 as cs
-from lightpath.v1 import cell_scheduler_pb2_grpc, ocs_manager_pb2_grpc, workload_scheduler_pb2_grpc
+from lightpath.v1 import (
+    cell_scheduler_pb2_grpc,
+    ocs_manager_pb2_grpc,
+    optical_switch_pb2_grpc,
+    workload_scheduler_pb2_grpc,
+)
 from lightpath.v1 import common_pb2 as c
 from lightpath.v1 import ocs_manager_pb2 as om
+from lightpath.v1 import optical_switch_pb2 as sb
 from lightpath.v1 import workload_scheduler_pb2 as ws
 
 POD = chaos.POD
@@ -115,6 +136,7 @@ CELLS = chaos.CELLS
 SCHEDULERS = chaos.SCHEDULERS
 OCS = chaos.OCS
 OCS_B = "ocs-b-pod-1"  # a second replica of the pod's ocs_manager, ws-b's
+AGENT = "switches-pod-1"  # the pod's switches: one switch agent behind both managers
 WIRING_LEASE_S = 2.0
 CHANGE_LEASE_S = 1.5
 POD_TIMEOUT_S = 3.0
@@ -129,6 +151,18 @@ FAULTS = {
     # takes its wirings over through the other ocs_manager, which takes the changes in
     # flight over; on waking, the frozen manager's undo is refused by the switches
     "pause_host": ((SCHEDULERS[0], OCS), CHANGE_LEASE_S + WIRING_LEASE_S),
+}
+# faults that force a stale write and count its refusal -> how long the switches hold
+# the batches of the change caught in flight (past the manager's switch deadline)
+FORCED = {"stale_ocs_change": 2.0}
+SWITCH_TIMEOUT_S = 0.7  # an ocs_manager's deadline per switch call: below lease / 2
+SETTLE_MS = 20  # the simulated mirrors settle per batch, one batch at a time per switch
+FABRIC = {
+    "LIGHTPATH_POD_ID": POD,
+    "LIGHTPATH_FABRIC_BLOCK_SHAPE": "4x4x4",
+    "LIGHTPATH_FABRIC_BLOCKS": "16",
+    "LIGHTPATH_FABRIC_OCS_PER_AXIS": "1",
+    "LIGHTPATH_FABRIC_OCS_RADIX": "48",
 }
 # network faults (the pod in a namespace of its own: lightpath.testing.netns) -> seconds
 NET_FAULTS = {
@@ -146,7 +180,7 @@ NET_FAULTS = {
 }
 LOSS_PERCENT = 5
 DELAY_MS = 200
-POD_PROCESSES = (*SCHEDULERS, OCS, OCS_B)
+POD_PROCESSES = (*SCHEDULERS, OCS, OCS_B, AGENT)
 NOT_DEFINITE = {c.JobState.Name(s) for s in (c.JOB_STATE_UNKNOWN, c.JOB_STATE_WIRING)}
 
 
@@ -184,20 +218,28 @@ def _specs() -> list[ProcessSpec]:
         "LIGHTPATH_CELL_FORWARD_TIMEOUT_S": str(FORWARD_TIMEOUT_S),
     }
     out = [ProcessSpec(name, "cell_scheduler", free_port(), cell_env) for name in CELLS]
+    out.append(
+        ProcessSpec(
+            AGENT,
+            "switch_agent",
+            free_port(),
+            {**FABRIC, "LIGHTPATH_AGENT_SETTLE_MS": str(SETTLE_MS)},
+        )
+    )
     out += [
         ProcessSpec(
             name,
             "ocs_manager",
             free_port(),
             {
-                "LIGHTPATH_POD_ID": POD,
-                "LIGHTPATH_FABRIC_BLOCK_SHAPE": "4x4x4",
-                "LIGHTPATH_FABRIC_BLOCKS": "16",
-                "LIGHTPATH_FABRIC_OCS_PER_AXIS": "1",
-                "LIGHTPATH_FABRIC_OCS_RADIX": "48",
+                **FABRIC,
                 "LIGHTPATH_OCS_CHANGE_LEASE_S": str(CHANGE_LEASE_S),
-                "LIGHTPATH_OCS_DRIVER_SETTLE_MS": "300",
+                "LIGHTPATH_OCS_SWITCH_TIMEOUT_S": str(SWITCH_TIMEOUT_S),
+                # no repair from the switches' own state: what the switches hold at the
+                # end is what fencing let through (stale_writes_applied)
+                "LIGHTPATH_OCS_RECONCILE_S": "3600",
             },
+            {"LIGHTPATH_OCS_SWITCH_AGENTS": AGENT},
             metrics_port=free_port(),
         )
         for name in (OCS, OCS_B)
@@ -251,6 +293,8 @@ class Faults:
         self.observed: collections.Counter[str] = collections.Counter()
         self.cells = cells
         self.paused: set[str] = set()
+        # forced stale writes: attempts, changes caught in flight, refusals seen after
+        self.forced: collections.Counter[str] = collections.Counter()
 
     def _signal(self, name: str, sig: int) -> None:
         os.kill(self.stack.procs[name].pid, sig)
@@ -259,6 +303,8 @@ class Faults:
         """Inject fault `kind`, past its lease, then end it: what it touched."""
         if kind in NET_FAULTS:
             return await self._network(kind)
+        if kind in FORCED:
+            return await self._stale_change(FORCED[kind])
         names, seconds = FAULTS[kind]
         if kind == "pause_host" and self.host_scheduler is not None:
             await self._wiring_in_flight()
@@ -345,6 +391,132 @@ class Faults:
                     return
             await asyncio.sleep(0.02)
 
+    def _pause(self, *names: str) -> None:
+        for name in names:
+            self._signal(name, signal.SIGSTOP)
+            self.paused.add(name)
+
+    def _resume(self, *names: str) -> None:
+        for name in names:
+            with contextlib.suppress(ProcessLookupError):
+                self._signal(name, signal.SIGCONT)
+            self.paused.discard(name)
+
+    async def refusals(self) -> dict[str, float]:
+        """Stale writes refused so far: by the ocs_managers' scripts (`lease`: a caller's
+        older lease; `commit`: a manager's own commit after a take-over) and by the
+        switches themselves (`switch`: batches under an older token, the switch agent's
+        own count)."""
+        out: dict[str, float] = {}
+        for name in (OCS, OCS_B):
+            seen = await asyncio.to_thread(stale_refused, self.stack.metrics_endpoints[name])
+            for where, n in seen.items():
+                if where != "switch":
+                    out[where] = out.get(where, 0.0) + n
+        async with self._agent() as ch:
+            admin = optical_switch_pb2_grpc.OpticalSwitchAdminStub(ch)
+            stats = await admin.GetSwitchStats(sb.GetSwitchStatsRequest(), timeout=5)
+        out["switch"] = float(stats.stale_batches_refused)
+        return out
+
+    def _agent(self):
+        return channel(self.stack.endpoints[AGENT], credentials=self.stack.operator)
+
+    async def _hold_batches(self, seconds: float) -> None:
+        """The switches hold every batch `seconds` more (0: as they were)."""
+        faults = sb.SwitchFaults()
+        if seconds:
+            faults.extra_delay.FromMilliseconds(int(seconds * 1000))
+        async with self._agent() as ch:
+            await optical_switch_pb2_grpc.OpticalSwitchAdminStub(ch).InjectFault(
+                sb.InjectFaultRequest(switch_id="*", faults=faults), timeout=5
+            )
+
+    async def _stale_change(self, hold_s: float) -> list[str]:
+        """Force a stale write and see it refused: ws-b's manager (OCS_B) paused, so the
+        next change to start is ws-a's manager's (OCS); the switches hold its batches;
+        once it is in flight ws-a and OCS are paused together (a host frozen) past both
+        leases, the switches quick again and OCS_B resumed, until ws-b has taken the
+        job's wiring over through OCS_B (which takes the change over: a higher token)
+        and wired it; then ws-a and OCS wake, OCS past its switch deadline with the
+        change's old token. Its undo must be refused by the switches (or its commit by
+        the script): `stale_forced` counts the faults after which a refusal was seen."""
+        self.forced["injected"] += 1
+        before = await self.refusals()
+        touched = [OCS_B]
+        ocs = self.stack.endpoints[OCS]
+        self._pause(OCS_B)
+        try:
+            await self._hold_batches(hold_s)
+            async with channel(ocs, credentials=self.stack.operator) as ch:
+                job = await self._change_starting(ocs_manager_pb2_grpc.OcsManagerStub(ch))
+            if job is None:
+                return touched  # no change started within the bound: nothing forced
+            self._pause(SCHEDULERS[0], OCS)
+            self.forced["in_flight"] += 1
+            touched += [SCHEDULERS[0], OCS, f"slice {job}"]
+            await self._hold_batches(0)
+            self._resume(OCS_B)
+            await self._taken_over(job)
+        finally:
+            self.resume_all()
+            with contextlib.suppress(grpc.aio.AioRpcError):
+                await self._hold_batches(0)
+        deadline = time.monotonic() + 5.0
+        while time.monotonic() < deadline:
+            after = await self.refusals()
+            if sum(after.values()) > sum(before.values()):
+                self.forced["refused_after"] += 1
+                break
+            await asyncio.sleep(0.2)
+        self.kinds["stale_ocs_change"] += 1
+        return touched
+
+    async def _change_starting(self, ocs, limit_s: float = 6.0) -> str | None:
+        """The job of the first slice that appears at the ocs_manager and is WIRING (its
+        change in flight), within `limit_s`; None if none did."""
+        known = set(await self._slice_jobs(ocs))
+        deadline = time.monotonic() + limit_s
+        while time.monotonic() < deadline:
+            for job in await self._slice_jobs(ocs):
+                if job in known:
+                    continue
+                known.add(job)
+                with contextlib.suppress(grpc.aio.AioRpcError):
+                    w = await ocs.GetSliceWiring(
+                        om.GetSliceWiringRequest(job_id=job, view=om.WIRING_VIEW_COUNTS),
+                        timeout=1,
+                    )
+                    if w.state == om.SLICE_STATE_WIRING:
+                        return job
+            await asyncio.sleep(0.02)
+        return None
+
+    @staticmethod
+    async def _slice_jobs(ocs) -> list[str]:
+        listed = await ocs.ListSlices(om.ListSlicesRequest(page_size=1000), timeout=2)
+        return [x.job_id for x in listed.slices]
+
+    async def _taken_over(self, job: str, limit_s: float = 15.0) -> bool:
+        """Until the slice of `job` is no longer being wired (OCS, the holder, is paused:
+        whatever moved it was a take-over), for `limit_s` at most."""
+        deadline = time.monotonic() + limit_s
+        async with channel(self.stack.endpoints[OCS_B], credentials=self.stack.operator) as ch:
+            stub = ocs_manager_pb2_grpc.OcsManagerStub(ch)
+            while time.monotonic() < deadline:
+                try:
+                    w = await stub.GetSliceWiring(
+                        om.GetSliceWiringRequest(job_id=job, view=om.WIRING_VIEW_COUNTS),
+                        timeout=1,
+                    )
+                    if w.state != om.SLICE_STATE_WIRING:
+                        return True
+                except grpc.aio.AioRpcError as err:
+                    if err.code() == grpc.StatusCode.NOT_FOUND:
+                        return True
+                await asyncio.sleep(0.1)
+        return False
+
     def resume_all(self) -> None:
         for name in list(self.paused):
             with contextlib.suppress(ProcessLookupError):
@@ -393,7 +565,7 @@ async def final_state(cell, sched, ocs) -> tuple[Final, list[str]]:
     another state than the pod (its news not reported yet)."""
     jobs = await chaos.list_cell_jobs(cell)
     blocks: dict[str, tuple[int, ...]] = {}
-    at_pod: dict[str, int] = {}
+    at_pod: dict[str, c.JobState.ValueType] = {}
     token = ""
     while True:
         page = await sched.ListJobs(ws.ListJobsRequest(page_size=1000, page_token=token))
@@ -478,7 +650,7 @@ async def drive(
         record = chaos.Record()
         host = workload_scheduler_pb2_grpc.WorkloadSchedulerStub(await ch(SCHEDULERS[0]))
         pauser = Faults(stack, rng, host, ns, redis_port, cells=cells, relay=relay)
-        kinds = [*FAULTS, *(NET_FAULTS if ns is not None else ())]
+        kinds = [*FAULTS, *FORCED, *(NET_FAULTS if ns is not None else ())]
         if args.kinds:
             kinds = [k for k in kinds if k in args.kinds.split(",")]
             if not kinds:
@@ -543,9 +715,10 @@ async def drive(
         report = history_of(record, time.monotonic()).check(final)
         invariants = await ocs.CheckInvariants(om.CheckInvariantsRequest(compare_switches=True))
         applied = sum(1 for v in invariants.violations if v.rule == "SWITCH_STATE_DISAGREES")
-        refused: collections.Counter[str] = collections.Counter()
+        refused = await pauser.refusals()
+        fenced_changes = 0.0  # the managers' own count of their changes the switches refused
         for name in (OCS, OCS_B):
-            refused.update(stale_refused(stack.metrics_endpoints[name]))
+            fenced_changes += stale_refused(stack.metrics_endpoints[name]).get("switch", 0.0)
         # for people: each double-booked job's transitions at the cell and the pod
         named = {w for line in report.double_booked for w in line.split() if w in final.jobs}
         stories = [f"{j}: {await chaos.histories(cells[0], sched, j)}" for j in sorted(named)[:4]]
@@ -560,7 +733,9 @@ async def drive(
         "undefined": len(report.undefined),
         "double_booked": len(report.double_booked),
         "stale_writes_refused": int(sum(refused.values())),
-        "stale_writes_by_where": dict(refused),
+        "stale_writes_by_where": refused,
+        "stale_forced": dict(pauser.forced),
+        "stale_changes_refused_by_switches": int(fenced_changes),
         "stale_writes_applied": applied,
         "worst_s_to_definite_state": max([*settle, last]),
         "s_to_definite_state": settle,
@@ -635,7 +810,7 @@ def main(argv: list[str] | None = None) -> dict:
         "--kinds",
         default="",
         help="only these fault kinds, comma-separated (default: all; network kinds need "
-        f"a namespace): {', '.join([*FAULTS, *NET_FAULTS])}",
+        f"a namespace): {', '.join([*FAULTS, *FORCED, *NET_FAULTS])}",
     )
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument(
@@ -649,7 +824,7 @@ def main(argv: list[str] | None = None) -> dict:
     )
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args(argv)
-    unknown = set(filter(None, args.kinds.split(","))) - {*FAULTS, *NET_FAULTS}
+    unknown = set(filter(None, args.kinds.split(","))) - {*FAULTS, *FORCED, *NET_FAULTS}
     if unknown:
         parser.error(f"--kinds: no fault kind {', '.join(sorted(unknown))}")
     result = run(args)
