@@ -67,22 +67,23 @@ After each fault ends, `s_to_definite_state` is how long until every job the cel
 knows is in a definite state (not UNKNOWN, WIRING or FORWARDING); the worst is
 `worst_s_to_definite_state`. At the end (the stack settled: two reads alike, no job
 WIRING at the pod and the cell showing each job as the pod does; bounded), the
-checker's `lost` (acknowledged, absent), `contradicted` (acknowledged complete / cancel, now
-something else), `undefined` and `double_booked` (a block in two live jobs or slices,
-or a slice of no RUNNING job); `stale_writes_refused` counts the writes refused
+checker's `lost` (acknowledged, absent), `contradicted` (acknowledged complete /
+cancel, now something else), `undefined` and `double_booked` (a block in two live
+jobs or slices, or a slice of no RUNNING job); `stale_writes_refused` counts the writes refused
 for an older token, measured where they were refused (`stale_writes_by_where`): the
 ocs_managers' lightpath.ocs.stale_writes_refused for `lease` (a caller's older lease)
 and `commit` (a manager's own commit after a take-over), and the switch agent's
 stale_batches_refused for `switch` (batches the switches refused: one per switch a
 change touches; `stale_changes_refused_by_switches` is the managers' count of their
-changes so refused);
-`stale_writes_applied` the switches that disagree with the committed tables (CheckInvariants with compare_switches: a stale write that got
+changes so refused); `stale_writes_applied` the switches that disagree with the
+committed tables (CheckInvariants with compare_switches: a stale write that got
 through). `failovers` / `failover_lost` come from bench/sentinel_failover.py's
 `measure` (`--failovers 0`: not run, null).
 
-Prints one JSON line: faults, faults_by_kind, partitions_observed, ops, acknowledged, lost, contradicted,
-undefined, double_booked, stale_writes_refused, stale_writes_by_where, stale_forced,
-stale_changes_refused_by_switches, stale_writes_applied, failovers, failover_lost, worst_s_to_definite_state,
+Prints one JSON line: faults, faults_by_kind, partitions_observed, ops, acknowledged,
+lost, contradicted, undefined, double_booked, stale_writes_refused,
+stale_writes_by_where, stale_forced, stale_changes_refused_by_switches,
+stale_writes_applied, failovers, failover_lost, worst_s_to_definite_state,
 s_to_definite_state, not_injected, still_moving (what had not settled when the final
 state was read: empty when it had), violation_details, codes, error_samples,
 load_average, seconds, seed.
@@ -310,9 +311,7 @@ class Faults:
             await self._wiring_in_flight()
         if names is None:
             names = (self.rng.choice(CELLS if kind == "pause_cell" else SCHEDULERS),)
-        for name in names:
-            self._signal(name, signal.SIGSTOP)
-            self.paused.add(name)
+        self._pause(*names)
         try:
             await asyncio.sleep(seconds)
         finally:
@@ -450,14 +449,13 @@ class Faults:
             await self._hold_batches(hold_s)
             async with channel(ocs, credentials=self.stack.operator) as ch:
                 job = await self._change_starting(ocs_manager_pb2_grpc.OcsManagerStub(ch))
-            if job is None:
-                return touched  # no change started within the bound: nothing forced
-            self._pause(SCHEDULERS[0], OCS)
-            self.forced["in_flight"] += 1
-            touched += [SCHEDULERS[0], OCS, f"slice {job}"]
-            await self._hold_batches(0)
-            self._resume(OCS_B)
-            await self._taken_over(job)
+            if job is not None:  # else no change started within the bound: none forced
+                self._pause(SCHEDULERS[0], OCS)
+                self.forced["in_flight"] += 1
+                touched += [SCHEDULERS[0], OCS, f"slice {job}"]
+                await self._hold_batches(0)
+                self._resume(OCS_B)
+                await self._taken_over(job)
         finally:
             self.resume_all()
             with contextlib.suppress(grpc.aio.AioRpcError):
@@ -518,10 +516,7 @@ class Faults:
         return False
 
     def resume_all(self) -> None:
-        for name in list(self.paused):
-            with contextlib.suppress(ProcessLookupError):
-                self._signal(name, signal.SIGCONT)
-            self.paused.discard(name)
+        self._resume(*self.paused)
 
 
 async def not_definite(cells: list) -> list[str]:
