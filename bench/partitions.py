@@ -41,7 +41,8 @@ order):
   the switches are quick again and OCS_B resumes; once ws-b has taken the job's wiring
   over through OCS_B (which takes the change over under a higher token), ws-a and OCS
   wake, OCS past its switch deadline with the old token: its undo must be refused by
-  the switches (or its commit by the script). `stale_forced` counts the attempts
+  the switches (or its commit by the script). (When no change starts at OCS within
+  3 s, the same with the hosts' roles swapped.) `stale_forced` counts the attempts
   (`injected`), the changes caught in flight (`in_flight`) and the faults after which
   a refusal was counted (`refused_after`);
 * partition_cell_pod: the cells and the pod's schedulers cut apart 4.5 s (nftables in
@@ -138,6 +139,7 @@ SCHEDULERS = chaos.SCHEDULERS
 OCS = chaos.OCS
 OCS_B = "ocs-b-pod-1"  # a second replica of the pod's ocs_manager, ws-b's
 AGENT = "switches-pod-1"  # the pod's switches: one switch agent behind both managers
+HOSTS = ((SCHEDULERS[0], OCS), (SCHEDULERS[1], OCS_B))  # each scheduler and its manager
 WIRING_LEASE_S = 2.0
 CHANGE_LEASE_S = 1.5
 POD_TIMEOUT_S = 3.0
@@ -432,30 +434,39 @@ class Faults:
             )
 
     async def _stale_change(self, hold_s: float) -> list[str]:
-        """Force a stale write and see it refused: ws-b's manager (OCS_B) paused, so the
-        next change to start is ws-a's manager's (OCS); the switches hold its batches;
-        once it is in flight ws-a and OCS are paused together (a host frozen) past both
-        leases, the switches quick again and OCS_B resumed, until ws-b has taken the
-        job's wiring over through OCS_B (which takes the change over: a higher token)
-        and wired it; then ws-a and OCS wake, OCS past its switch deadline with the
-        change's old token. Its undo must be refused by the switches (or its commit by
-        the script): `stale_forced` counts the faults after which a refusal was seen."""
+        """Force a stale write and see it refused. Hosts are (ws-a, OCS) and (ws-b,
+        OCS_B), each scheduler calling its own manager. The other host's manager is
+        paused, so the next change to start is this host's manager's; the switches hold
+        its batches; once it is in flight this host (scheduler and manager) is frozen
+        past both leases, the switches are quick again and the other manager resumes,
+        until the other scheduler has taken the job's wiring over through it (which
+        takes the change over: a higher token); then the frozen host wakes, its manager
+        past its switch deadline with the change's old token: its undo must be refused
+        by the switches (or its commit by the script). When no change starts at ws-a's
+        manager within 3 s (the cells may be forwarding to ws-b), ws-b's host is tried.
+        `stale_forced` counts the attempts, the changes caught in flight and the faults
+        after which a refusal was counted."""
         self.forced["injected"] += 1
         before = await self.refusals()
-        touched = [OCS_B]
-        ocs = self.stack.endpoints[OCS]
-        self._pause(OCS_B)
+        touched: list[str] = []
         try:
             await self._hold_batches(hold_s)
-            async with channel(ocs, credentials=self.stack.operator) as ch:
-                job = await self._change_starting(ocs_manager_pb2_grpc.OcsManagerStub(ch))
-            if job is not None:  # else no change started within the bound: none forced
-                self._pause(SCHEDULERS[0], OCS)
-                self.forced["in_flight"] += 1
-                touched += [SCHEDULERS[0], OCS, f"slice {job}"]
-                await self._hold_batches(0)
-                self._resume(OCS_B)
-                await self._taken_over(job)
+            for (sched, mine), (_, theirs) in (HOSTS, HOSTS[::-1]):
+                self._pause(theirs)
+                touched.append(theirs)
+                async with channel(
+                    self.stack.endpoints[mine], credentials=self.stack.operator
+                ) as ch:
+                    job = await self._change_starting(ocs_manager_pb2_grpc.OcsManagerStub(ch))
+                if job is not None:
+                    self._pause(sched, mine)
+                    self.forced["in_flight"] += 1
+                    touched += [sched, mine, f"slice {job}"]
+                    await self._hold_batches(0)
+                    self._resume(theirs)
+                    await self._taken_over(job, theirs)
+                    break
+                self._resume(theirs)
         finally:
             self.resume_all()
             with contextlib.suppress(grpc.aio.AioRpcError):
@@ -470,7 +481,7 @@ class Faults:
         self.kinds["stale_ocs_change"] += 1
         return touched
 
-    async def _change_starting(self, ocs, limit_s: float = 6.0) -> str | None:
+    async def _change_starting(self, ocs, limit_s: float = 3.0) -> str | None:
         """The job of the first slice that appears at the ocs_manager and is WIRING (its
         change in flight), within `limit_s`; None if none did."""
         known = set(await self._slice_jobs(ocs))
@@ -495,11 +506,11 @@ class Faults:
         listed = await ocs.ListSlices(om.ListSlicesRequest(page_size=1000), timeout=2)
         return [x.job_id for x in listed.slices]
 
-    async def _taken_over(self, job: str, limit_s: float = 15.0) -> bool:
-        """Until the slice of `job` is no longer being wired (OCS, the holder, is paused:
-        whatever moved it was a take-over), for `limit_s` at most."""
+    async def _taken_over(self, job: str, via: str, limit_s: float = 15.0) -> bool:
+        """Until the slice of `job` is no longer being wired, as ocs_manager `via` sees it
+        (its holder is paused: whatever moved it was a take-over), for `limit_s` at most."""
         deadline = time.monotonic() + limit_s
-        async with channel(self.stack.endpoints[OCS_B], credentials=self.stack.operator) as ch:
+        async with channel(self.stack.endpoints[via], credentials=self.stack.operator) as ch:
             stub = ocs_manager_pb2_grpc.OcsManagerStub(ch)
             while time.monotonic() < deadline:
                 try:
