@@ -36,13 +36,14 @@ order):
   takes the changes in flight over; the frozen manager wakes fenced out (the pause
   lands while ws-a has a job WIRING, when there is one within 5 s);
 * stale_ocs_change: a stale write forced, and its refusal counted: OCS_B paused (so
-  the next change to start is OCS's), the switches holding every batch 2 s; as soon
-  as a new slice is WIRING at OCS, ws-a and OCS are paused together past both leases,
-  the switches are quick again and OCS_B resumes; once ws-b has taken the job's wiring
-  over through OCS_B (which takes the change over under a higher token), ws-a and OCS
+  the next batch to reach the switches is OCS's), the switches holding every batch
+  2 s; as soon as one arrives, ws-a and OCS are paused together past both leases
+  (5.5 s), the switches are quick again and OCS_B resumes, so ws-b takes the job over
+  through OCS_B (which takes the change over under a higher token); then ws-a and OCS
   wake, OCS past its switch deadline with the old token: its undo must be refused by
-  the switches (or its commit by the script). (When no change starts at OCS within
-  3 s, the same with the hosts' roles swapped.) `stale_forced` counts the attempts
+  the switches (or its commit by the script). A RUNNING job is completed through the
+  cell meanwhile, so there is a change to catch when the pod is full and quiet; when
+  no batch comes from OCS within 5 s, the same with the hosts' roles swapped. `stale_forced` counts the attempts
   (`injected`), the changes caught in flight (`in_flight`) and the faults after which
   a refusal was counted (`refused_after`);
 * partition_cell_pod: the cells and the pod's schedulers cut apart 4.5 s (nftables in
@@ -284,8 +285,10 @@ class Faults:
         *,
         cells: list | None = None,
         relay: RelayProcess | None = None,
+        record: chaos.Record | None = None,
     ):
         self.stack = stack
+        self.record = record
         self.relay = relay
         self.rng = rng
         self.ns = ns
@@ -436,41 +439,45 @@ class Faults:
     async def _stale_change(self, hold_s: float) -> list[str]:
         """Force a stale write and see it refused. Hosts are (ws-a, OCS) and (ws-b,
         OCS_B), each scheduler calling its own manager. The other host's manager is
-        paused, so the next change to start is this host's manager's; the switches hold
-        its batches; once it is in flight this host (scheduler and manager) is frozen
-        past both leases, the switches are quick again and the other manager resumes,
-        until the other scheduler has taken the job's wiring over through it (which
-        takes the change over: a higher token); then the frozen host wakes, its manager
-        past its switch deadline with the change's old token: its undo must be refused
-        by the switches (or its commit by the script). When no change starts at ws-a's
-        manager within 3 s (the cells may be forwarding to ws-b), ws-b's host is tried.
-        `stale_forced` counts the attempts, the changes caught in flight and the faults
-        after which a refusal was counted."""
+        paused, so the next batch to reach the switches is this host's manager's (a
+        wire, a release or a block swap: the managers' reconcile loop is off); the
+        switches hold it; once it has arrived this host (scheduler and manager) is
+        frozen past both leases while the switches are quick again and the other
+        manager resumes: the other scheduler takes the job over through it (a wiring
+        past its lease, or a leftover wiring released), which takes the change over
+        under a higher token. Then the frozen host wakes, its manager past its switch
+        deadline with the change's old token: its undo must be refused by the switches
+        (or its commit by the script). To have a change to catch when the pod is full
+        and quiet, a RUNNING job is completed through the cell meanwhile (its
+        acknowledgement checked with the clients'). When no batch comes from ws-a's
+        manager within 5 s, ws-b's host is tried. `stale_forced` counts the attempts, the changes
+        caught in flight and the faults after which a refusal was counted."""
         self.forced["injected"] += 1
         before = await self.refusals()
         touched: list[str] = []
+        completing: list[asyncio.Future] = []
         try:
             await self._hold_batches(hold_s)
             for (sched, mine), (_, theirs) in (HOSTS, HOSTS[::-1]):
                 self._pause(theirs)
                 touched.append(theirs)
-                async with channel(
-                    self.stack.endpoints[mine], credentials=self.stack.operator
-                ) as ch:
-                    job = await self._change_starting(ocs_manager_pb2_grpc.OcsManagerStub(ch))
-                if job is not None:
+                # a change to catch even when the pod is full and quiet
+                completing.append(asyncio.ensure_future(self._complete_one()))
+                if await self._batch_arrives():
                     self._pause(sched, mine)
                     self.forced["in_flight"] += 1
-                    touched += [sched, mine, f"slice {job}"]
+                    touched += [sched, mine]
                     await self._hold_batches(0)
                     self._resume(theirs)
-                    await self._taken_over(job, theirs)
+                    # the wiring lease, a reconcile round, the change lease run out
+                    await asyncio.sleep(WIRING_LEASE_S + CHANGE_LEASE_S + 2.0)
                     break
                 self._resume(theirs)
         finally:
             self.resume_all()
             with contextlib.suppress(grpc.aio.AioRpcError):
                 await self._hold_batches(0)
+            await asyncio.gather(*completing)
         deadline = time.monotonic() + 5.0
         while time.monotonic() < deadline:
             after = await self.refusals()
@@ -481,49 +488,37 @@ class Faults:
         self.kinds["stale_ocs_change"] += 1
         return touched
 
-    async def _change_starting(self, ocs, limit_s: float = 3.0) -> str | None:
-        """The job of the first slice that appears at the ocs_manager and is WIRING (its
-        change in flight), within `limit_s`; None if none did."""
-        known = set(await self._slice_jobs(ocs))
-        deadline = time.monotonic() + limit_s
-        while time.monotonic() < deadline:
-            for job in await self._slice_jobs(ocs):
-                if job in known:
-                    continue
-                known.add(job)
-                with contextlib.suppress(grpc.aio.AioRpcError):
-                    w = await ocs.GetSliceWiring(
-                        om.GetSliceWiringRequest(job_id=job, view=om.WIRING_VIEW_COUNTS),
-                        timeout=1,
-                    )
-                    if w.state == om.SLICE_STATE_WIRING:
-                        return job
-            await asyncio.sleep(0.02)
-        return None
+    async def _complete_one(self) -> None:
+        """Complete a RUNNING job through the cell (its release is a change at the pod's
+        ocs_manager), recorded as the clients' acknowledgements are."""
+        assert self.cells is not None
+        with contextlib.suppress(grpc.aio.AioRpcError, TimeoutError):
+            jobs = await asyncio.wait_for(chaos.list_cell_jobs(self.cells[0]), 5)
+            running = sorted(j for j, job in jobs.items() if job.state == c.JOB_STATE_RUNNING)
+            if not running:
+                return
+            job_id = self.rng.choice(running)
+            resp = await self.cells[0].CompleteJob(
+                cs.CompleteCellJobRequest(job_id=job_id), timeout=15
+            )
+            if self.record is not None:
+                self.record.acked[job_id] = resp.state
 
-    @staticmethod
-    async def _slice_jobs(ocs) -> list[str]:
-        listed = await ocs.ListSlices(om.ListSlicesRequest(page_size=1000), timeout=2)
-        return [x.job_id for x in listed.slices]
+    async def _batch_arrives(self, limit_s: float = 5.0) -> bool:
+        """Whether a batch reaches the switches within `limit_s` (their apply calls)."""
+        async with self._agent() as ch:
+            admin = optical_switch_pb2_grpc.OpticalSwitchAdminStub(ch)
 
-    async def _taken_over(self, job: str, via: str, limit_s: float = 15.0) -> bool:
-        """Until the slice of `job` is no longer being wired, as ocs_manager `via` sees it
-        (its holder is paused: whatever moved it was a take-over), for `limit_s` at most."""
-        deadline = time.monotonic() + limit_s
-        async with channel(self.stack.endpoints[via], credentials=self.stack.operator) as ch:
-            stub = ocs_manager_pb2_grpc.OcsManagerStub(ch)
+            async def calls() -> int:
+                stats = await admin.GetSwitchStats(sb.GetSwitchStatsRequest(), timeout=2)
+                return stats.apply_calls
+
+            seen = await calls()
+            deadline = time.monotonic() + limit_s
             while time.monotonic() < deadline:
-                try:
-                    w = await stub.GetSliceWiring(
-                        om.GetSliceWiringRequest(job_id=job, view=om.WIRING_VIEW_COUNTS),
-                        timeout=1,
-                    )
-                    if w.state != om.SLICE_STATE_WIRING:
-                        return True
-                except grpc.aio.AioRpcError as err:
-                    if err.code() == grpc.StatusCode.NOT_FOUND:
-                        return True
-                await asyncio.sleep(0.1)
+                if await calls() > seen:
+                    return True
+                await asyncio.sleep(0.01)
         return False
 
     def resume_all(self) -> None:
@@ -655,7 +650,7 @@ async def drive(
         ocs = ocs_manager_pb2_grpc.OcsManagerStub(await ch(OCS))
         record = chaos.Record()
         host = workload_scheduler_pb2_grpc.WorkloadSchedulerStub(await ch(SCHEDULERS[0]))
-        pauser = Faults(stack, rng, host, ns, redis_port, cells=cells, relay=relay)
+        pauser = Faults(stack, rng, host, ns, redis_port, cells=cells, relay=relay, record=record)
         kinds = [*FAULTS, *FORCED, *(NET_FAULTS if ns is not None else ())]
         if args.kinds:
             kinds = [k for k in kinds if k in args.kinds.split(",")]
