@@ -6,13 +6,15 @@ drops packets; then the history of acknowledged operations is checked against th
 final state (lightpath.testing.history).
 
     python3 dev.py bench partitions [--faults 20] [--clients 4] [--seed 1]
-        [--failovers 0] [--no-network]
+        [--failovers 0] [--no-network] [--kinds slow_lossy_ocs_link,...]
 
 The stack runs as deployed (TLS, mTLS, separate processes) on its own redis-server:
 cell replicas cell-a and cell-b, one pod (pod-1: two ocs_manager replicas of 16 blocks
-of 4x4x4 whose simulated switches settle in 300 ms, so changes are in flight when a
-fault lands) served by replicas ws-a and ws-b, each calling its own ocs_manager
-replica. The pod's four processes run in a network namespace of their own
+of 4x4x4 programming one switch agent, whose simulated switches settle each batch in
+20 ms, one batch at a time per switch) served by replicas ws-a and ws-b, each
+calling its own ocs_manager replica. The managers' reconcile loop is off (it would
+put the switches back to the committed tables and hide a stale write that got
+through). The pod's five processes run in a network namespace of their own
 (lightpath.testing.netns: a veth pair with addresses of ours), the cells and Redis on
 this side of its link; without root (or with --no-network) everything runs on
 loopback and only the pauses are injected. Leases are short through the services'
@@ -33,33 +35,59 @@ order):
   VM frozen): ws-b takes the wirings over through the other ocs_manager replica, which
   takes the changes in flight over; the frozen manager wakes fenced out (the pause
   lands while ws-a has a job WIRING, when there is one within 5 s);
+* stale_ocs_change: a stale write forced, and its refusal counted: OCS_B paused (so
+  the next batch to reach the switches is OCS's), the switches holding every batch
+  2 s; as soon as one arrives, ws-a and OCS are paused together past both leases
+  (5.5 s), the switches are quick again and OCS_B resumes, so ws-b takes the job over
+  through OCS_B (which takes the change over under a higher token); then ws-a and OCS
+  wake, OCS past its switch deadline with the old token: its undo must be refused by
+  the switches (or its commit by the script). A RUNNING job is completed through the
+  cell meanwhile, so there is a change to catch when the pod is full and quiet; when
+  no batch comes from OCS within 5 s, the same with the hosts' roles swapped. `stale_forced` counts the attempts
+  (`injected`), the changes caught in flight (`in_flight`) and the faults after which
+  a refusal was counted (`refused_after`);
 * partition_cell_pod: the cells and the pod's schedulers cut apart 4.5 s (nftables in
   the namespace drops what crosses to or from their ports), past the pod timeout, while
   jobs are submitted; both sides run on, the pod keeps its Redis;
 * partition_pod_redis: the pod's schedulers and ocs_managers cut off from Redis 3.5 s
   while they hold wiring and change leases, past both; the cells keep theirs;
 * loss_pod_link: 5 % of the packets dropped each way on the pod's link (to the cells
-  and Redis) for 6 s. No delay yet (`not_injected` says so): the 200 ms relay of
-  lightpath.testing.relay is in tests/test_partitions.py only.
-  `partitions_observed` counts the partitions seen from outside as they end (the cell
-  lists the pod not READY; ws-a cannot list its jobs).
+  and Redis) for 6 s;
+* slow_lossy_ocs_link: 200 ms of delay each way and 5 % loss each way between the
+  schedulers and their ocs_manager replicas for 6 s, under the clients' load. Each
+  scheduler reaches its ocs_manager through a relay on this side of the link
+  (lightpath.testing.relay: this kernel has no tc netem), so that traffic crosses the
+  veth twice; the relay runs from the start with its delay off and SIGUSR1 turns it on
+  for the spell, while nftables drops 5 % of what crosses to and from the ocs_managers'
+  ports (the relay's leg to them). The relay's limits (bytes, not packets, delayed; no
+  jitter) are in its module doc and docs/faults.md.
+  `partitions_observed` counts the faults seen from outside as they end (the cell
+  lists the pod not READY; ws-a cannot list its jobs; a health check of an
+  ocs_manager through the relay takes 2 x 200 ms or more).
 
 After each fault ends, `s_to_definite_state` is how long until every job the cell
 knows is in a definite state (not UNKNOWN, WIRING or FORWARDING); the worst is
-`worst_s_to_definite_state`. At the end (the stack settled, bounded), the checker's
-`lost` (acknowledged, absent), `contradicted` (acknowledged complete / cancel, now
-something else), `undefined` and `double_booked` (a block in two live jobs or slices,
-or a slice of no RUNNING job); `stale_writes_refused` is the ocs_manager's
-lightpath.ocs.stale_writes_refused (a caller's older lease, its own commit or switch
-batches after a take-over), `stale_writes_applied` the switches that disagree with the
+`worst_s_to_definite_state`. At the end (the stack settled: two reads alike, no job
+WIRING at the pod and the cell showing each job as the pod does; bounded), the
+checker's `lost` (acknowledged, absent), `contradicted` (acknowledged complete /
+cancel, now something else), `undefined` and `double_booked` (a block in two live
+jobs or slices, or a slice of no RUNNING job); `stale_writes_refused` counts the writes refused
+for an older token, measured where they were refused (`stale_writes_by_where`): the
+ocs_managers' lightpath.ocs.stale_writes_refused for `lease` (a caller's older lease)
+and `commit` (a manager's own commit after a take-over), and the switch agent's
+stale_batches_refused for `switch` (batches the switches refused: one per switch a
+change touches; `stale_changes_refused_by_switches` is the managers' count of their
+changes so refused); `stale_writes_applied` the switches that disagree with the
 committed tables (CheckInvariants with compare_switches: a stale write that got
 through). `failovers` / `failover_lost` come from bench/sentinel_failover.py's
 `measure` (`--failovers 0`: not run, null).
 
-Prints one JSON line: faults, faults_by_kind, partitions_observed, ops, acknowledged, lost, contradicted,
-undefined, double_booked, stale_writes_refused, stale_writes_by_where,
+Prints one JSON line: faults, faults_by_kind, partitions_observed, ops, acknowledged,
+lost, contradicted, undefined, double_booked, stale_writes_refused,
+stale_writes_by_where, stale_forced, stale_changes_refused_by_switches,
 stale_writes_applied, failovers, failover_lost, worst_s_to_definite_state,
-s_to_definite_state, not_injected, violation_details, codes, error_samples,
+s_to_definite_state, not_injected, still_moving (what had not settled when the final
+state was read: empty when it had), violation_details, codes, error_samples,
 load_average, seconds, seed.
 """
 
@@ -85,16 +113,25 @@ import chaos
 import grpc
 import redis as redis_py
 from _common import emit
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from lightpath.client import channel
 from lightpath.embedded_redis import EmbeddedRedis, free_port
+from lightpath.security.identity import service_principal
 from lightpath.stack import ProcessSpec, Stack
 from lightpath.testing import netns
 from lightpath.testing.history import DEFINITE, Final, History
+from lightpath.testing.relay import RelayProcess
 from lightpath.v1 import cell_scheduler_pb2 as cs
-from lightpath.v1 import cell_scheduler_pb2_grpc, ocs_manager_pb2_grpc, workload_scheduler_pb2_grpc
+from lightpath.v1 import (
+    cell_scheduler_pb2_grpc,
+    ocs_manager_pb2_grpc,
+    optical_switch_pb2_grpc,
+    workload_scheduler_pb2_grpc,
+)
 from lightpath.v1 import common_pb2 as c
 from lightpath.v1 import ocs_manager_pb2 as om
+from lightpath.v1 import optical_switch_pb2 as sb
 from lightpath.v1 import workload_scheduler_pb2 as ws
 
 POD = chaos.POD
@@ -102,6 +139,8 @@ CELLS = chaos.CELLS
 SCHEDULERS = chaos.SCHEDULERS
 OCS = chaos.OCS
 OCS_B = "ocs-b-pod-1"  # a second replica of the pod's ocs_manager, ws-b's
+AGENT = "switches-pod-1"  # the pod's switches: one switch agent behind both managers
+HOSTS = ((SCHEDULERS[0], OCS), (SCHEDULERS[1], OCS_B))  # each scheduler and its manager
 WIRING_LEASE_S = 2.0
 CHANGE_LEASE_S = 1.5
 POD_TIMEOUT_S = 3.0
@@ -117,6 +156,18 @@ FAULTS = {
     # flight over; on waking, the frozen manager's undo is refused by the switches
     "pause_host": ((SCHEDULERS[0], OCS), CHANGE_LEASE_S + WIRING_LEASE_S),
 }
+# faults that force a stale write and count its refusal -> how long the switches hold
+# the batches of the change caught in flight (past the manager's switch deadline)
+FORCED = {"stale_ocs_change": 2.0}
+SWITCH_TIMEOUT_S = 0.7  # an ocs_manager's deadline per switch call: below lease / 2
+SETTLE_MS = 20  # the simulated mirrors settle per batch, one batch at a time per switch
+FABRIC = {
+    "LIGHTPATH_POD_ID": POD,
+    "LIGHTPATH_FABRIC_BLOCK_SHAPE": "4x4x4",
+    "LIGHTPATH_FABRIC_BLOCKS": "16",
+    "LIGHTPATH_FABRIC_OCS_PER_AXIS": "1",
+    "LIGHTPATH_FABRIC_OCS_RADIX": "48",
+}
 # network faults (the pod in a namespace of its own: lightpath.testing.netns) -> seconds
 NET_FAULTS = {
     # the cell replicas and the pod (both schedulers) cut apart past the pod timeout,
@@ -127,25 +178,42 @@ NET_FAULTS = {
     "partition_pod_redis": CHANGE_LEASE_S + WIRING_LEASE_S,
     # 5 % of the packets dropped each way on the pod's link (to the cells and Redis)
     "loss_pod_link": 6.0,
+    # 200 ms each way (the relay) and 5 % loss each way (nftables) between the
+    # schedulers and their ocs_manager replicas, under load
+    "slow_lossy_ocs_link": 6.0,
 }
 LOSS_PERCENT = 5
 DELAY_MS = 200
-POD_PROCESSES = (*SCHEDULERS, OCS, OCS_B)
+POD_PROCESSES = (*SCHEDULERS, OCS, OCS_B, AGENT)
 NOT_DEFINITE = {c.JobState.Name(s) for s in (c.JOB_STATE_UNKNOWN, c.JOB_STATE_WIRING)}
 
 
-def specs(ns: netns.Namespace | None = None) -> list[ProcessSpec]:
-    """The processes; with `ns`, the pod's four run in it (on its address) and the cells
-    on this side of its link (on ours), so that link can be cut, port by port."""
+def specs(ns: netns.Namespace | None = None) -> tuple[list[ProcessSpec], dict[str, str]]:
+    """The processes and the delay relay's routes (listen -> target); with `ns`, the
+    pod's processes run in it (on its address) and the cells on this side of its link
+    (on ours), so that link can be cut, port by port, and each scheduler reaches its
+    ocs_manager through the relay on this side (its certificate is checked by name, not
+    by the address dialled). Without `ns`: no relay, no routes."""
     out = _specs()
     if ns is None:
-        return out
-    return [
+        return out, {}
+    out = [
         dataclasses.replace(s, host=ns.ip, netns=ns.name)
         if s.name in POD_PROCESSES
         else dataclasses.replace(s, host=ns.host_ip)
         for s in out
     ]
+    ports = {s.name: s.port for s in out}
+    routes: dict[str, str] = {}
+    for i, s in enumerate(out):
+        ocs = s.peers.get("LIGHTPATH_OCS_ADDR")
+        if s.service == "workload_scheduler" and ocs is not None:
+            listen = f"{ns.host_ip}:{free_port()}"
+            routes[listen] = f"{ns.ip}:{ports[ocs]}"
+            peers = {k: v for k, v in s.peers.items() if k != "LIGHTPATH_OCS_ADDR"}
+            env = {**s.env, "LIGHTPATH_OCS_ADDR": listen}
+            out[i] = dataclasses.replace(s, env=env, peers=peers)
+    return out, routes
 
 
 def _specs() -> list[ProcessSpec]:
@@ -154,20 +222,28 @@ def _specs() -> list[ProcessSpec]:
         "LIGHTPATH_CELL_FORWARD_TIMEOUT_S": str(FORWARD_TIMEOUT_S),
     }
     out = [ProcessSpec(name, "cell_scheduler", free_port(), cell_env) for name in CELLS]
+    out.append(
+        ProcessSpec(
+            AGENT,
+            "switch_agent",
+            free_port(),
+            {**FABRIC, "LIGHTPATH_AGENT_SETTLE_MS": str(SETTLE_MS)},
+        )
+    )
     out += [
         ProcessSpec(
             name,
             "ocs_manager",
             free_port(),
             {
-                "LIGHTPATH_POD_ID": POD,
-                "LIGHTPATH_FABRIC_BLOCK_SHAPE": "4x4x4",
-                "LIGHTPATH_FABRIC_BLOCKS": "16",
-                "LIGHTPATH_FABRIC_OCS_PER_AXIS": "1",
-                "LIGHTPATH_FABRIC_OCS_RADIX": "48",
+                **FABRIC,
                 "LIGHTPATH_OCS_CHANGE_LEASE_S": str(CHANGE_LEASE_S),
-                "LIGHTPATH_OCS_DRIVER_SETTLE_MS": "300",
+                "LIGHTPATH_OCS_SWITCH_TIMEOUT_S": str(SWITCH_TIMEOUT_S),
+                # no repair from the switches' own state: what the switches hold at the
+                # end is what fencing let through (stale_writes_applied)
+                "LIGHTPATH_OCS_RECONCILE_S": "3600",
             },
+            {"LIGHTPATH_OCS_SWITCH_AGENTS": AGENT},
             metrics_port=free_port(),
         )
         for name in (OCS, OCS_B)
@@ -208,8 +284,12 @@ class Faults:
         redis_port: int = 0,
         *,
         cells: list | None = None,
+        relay: RelayProcess | None = None,
+        record: chaos.Record | None = None,
     ):
         self.stack = stack
+        self.record = record
+        self.relay = relay
         self.rng = rng
         self.ns = ns
         self.redis_port = redis_port
@@ -219,6 +299,8 @@ class Faults:
         self.observed: collections.Counter[str] = collections.Counter()
         self.cells = cells
         self.paused: set[str] = set()
+        # forced stale writes: attempts, changes caught in flight, refusals seen after
+        self.forced: collections.Counter[str] = collections.Counter()
 
     def _signal(self, name: str, sig: int) -> None:
         os.kill(self.stack.procs[name].pid, sig)
@@ -227,14 +309,14 @@ class Faults:
         """Inject fault `kind`, past its lease, then end it: what it touched."""
         if kind in NET_FAULTS:
             return await self._network(kind)
+        if kind in FORCED:
+            return await self._stale_change(FORCED[kind])
         names, seconds = FAULTS[kind]
         if kind == "pause_host" and self.host_scheduler is not None:
             await self._wiring_in_flight()
         if names is None:
             names = (self.rng.choice(CELLS if kind == "pause_cell" else SCHEDULERS),)
-        for name in names:
-            self._signal(name, signal.SIGSTOP)
-            self.paused.add(name)
+        self._pause(*names)
         try:
             await asyncio.sleep(seconds)
         finally:
@@ -252,6 +334,11 @@ class Faults:
         elif kind == "partition_pod_redis":
             self.ns.cut_ports([self.redis_port])
             touched = [*POD_PROCESSES, "redis"]
+        elif kind == "slow_lossy_ocs_link":
+            assert self.relay is not None
+            self.ns.lose(LOSS_PERCENT, listeners=[ports[OCS], ports[OCS_B]])
+            self.relay.slow(True)
+            touched = ["schedulers <-> ocs_managers"]
         else:
             self.ns.lose(LOSS_PERCENT)
             touched = ["pod link"]
@@ -260,6 +347,8 @@ class Faults:
             if await self._cut_observed(kind):
                 self.observed[kind] += 1
         finally:
+            if self.relay is not None:
+                self.relay.slow(False)
             self.ns.heal()
         self.kinds[kind] += 1
         return touched
@@ -275,9 +364,22 @@ class Faults:
                 )
             if kind == "partition_pod_redis":
                 await self.host_scheduler.ListJobs(ws.ListJobsRequest(page_size=1), timeout=2)
+            if kind == "slow_lossy_ocs_link" and self.relay is not None:
+                return await self._slow_through_relay()
             return False
         except grpc.aio.AioRpcError:
             return kind == "partition_pod_redis"
+
+    async def _slow_through_relay(self) -> bool:
+        """Whether a health check of an ocs_manager through the relay (a channel of its
+        own: the TLS handshake crosses it too) takes a round trip's delay or more."""
+        assert self.relay is not None
+        listen = next(iter(self.relay.routes))
+        expect = service_principal("ocs_manager", POD)
+        started = time.monotonic()
+        async with channel(listen, credentials=self.stack.operator, expect=expect) as ch:
+            await health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=10)
+        return time.monotonic() - started >= 2 * DELAY_MS / 1000
 
     async def _wiring_in_flight(self, limit_s: float = 5.0) -> None:
         """Until ws-a has a job WIRING (its change is in flight at its ocs_manager), for
@@ -293,11 +395,134 @@ class Faults:
                     return
             await asyncio.sleep(0.02)
 
-    def resume_all(self) -> None:
-        for name in list(self.paused):
+    def _pause(self, *names: str) -> None:
+        for name in names:
+            self._signal(name, signal.SIGSTOP)
+            self.paused.add(name)
+
+    def _resume(self, *names: str) -> None:
+        for name in names:
             with contextlib.suppress(ProcessLookupError):
                 self._signal(name, signal.SIGCONT)
             self.paused.discard(name)
+
+    async def refusals(self) -> dict[str, float]:
+        """Stale writes refused so far: by the ocs_managers' scripts (`lease`: a caller's
+        older lease; `commit`: a manager's own commit after a take-over) and by the
+        switches themselves (`switch`: batches under an older token, the switch agent's
+        own count)."""
+        out: dict[str, float] = {}
+        for name in (OCS, OCS_B):
+            seen = await asyncio.to_thread(stale_refused, self.stack.metrics_endpoints[name])
+            for where, n in seen.items():
+                if where != "switch":
+                    out[where] = out.get(where, 0.0) + n
+        async with self._agent() as ch:
+            admin = optical_switch_pb2_grpc.OpticalSwitchAdminStub(ch)
+            stats = await admin.GetSwitchStats(sb.GetSwitchStatsRequest(), timeout=5)
+        out["switch"] = float(stats.stale_batches_refused)
+        return out
+
+    def _agent(self):
+        return channel(self.stack.endpoints[AGENT], credentials=self.stack.operator)
+
+    async def _hold_batches(self, seconds: float) -> None:
+        """The switches hold every batch `seconds` more (0: as they were)."""
+        faults = sb.SwitchFaults()
+        if seconds:
+            faults.extra_delay.FromMilliseconds(int(seconds * 1000))
+        async with self._agent() as ch:
+            await optical_switch_pb2_grpc.OpticalSwitchAdminStub(ch).InjectFault(
+                sb.InjectFaultRequest(switch_id="*", faults=faults), timeout=5
+            )
+
+    async def _stale_change(self, hold_s: float) -> list[str]:
+        """Force a stale write and see it refused. Hosts are (ws-a, OCS) and (ws-b,
+        OCS_B), each scheduler calling its own manager. The other host's manager is
+        paused, so the next batch to reach the switches is this host's manager's (a
+        wire, a release or a block swap: the managers' reconcile loop is off); the
+        switches hold it; once it has arrived this host (scheduler and manager) is
+        frozen past both leases while the switches are quick again and the other
+        manager resumes: the other scheduler takes the job over through it (a wiring
+        past its lease, or a leftover wiring released), which takes the change over
+        under a higher token. Then the frozen host wakes, its manager past its switch
+        deadline with the change's old token: its undo must be refused by the switches
+        (or its commit by the script). To have a change to catch when the pod is full
+        and quiet, a RUNNING job is completed through the cell meanwhile (its
+        acknowledgement checked with the clients'). When no batch comes from ws-a's
+        manager within 5 s, ws-b's host is tried. `stale_forced` counts the attempts, the changes
+        caught in flight and the faults after which a refusal was counted."""
+        self.forced["injected"] += 1
+        before = await self.refusals()
+        touched: list[str] = []
+        completing: list[asyncio.Future] = []
+        try:
+            await self._hold_batches(hold_s)
+            for (sched, mine), (_, theirs) in (HOSTS, HOSTS[::-1]):
+                self._pause(theirs)
+                touched.append(theirs)
+                # a change to catch even when the pod is full and quiet
+                completing.append(asyncio.ensure_future(self._complete_one()))
+                if await self._batch_arrives():
+                    self._pause(sched, mine)
+                    self.forced["in_flight"] += 1
+                    touched += [sched, mine]
+                    await self._hold_batches(0)
+                    self._resume(theirs)
+                    # the wiring lease, a reconcile round, the change lease run out
+                    await asyncio.sleep(WIRING_LEASE_S + CHANGE_LEASE_S + 2.0)
+                    break
+                self._resume(theirs)
+        finally:
+            self.resume_all()
+            with contextlib.suppress(grpc.aio.AioRpcError):
+                await self._hold_batches(0)
+            await asyncio.gather(*completing)
+        deadline = time.monotonic() + 5.0
+        while time.monotonic() < deadline:
+            after = await self.refusals()
+            if sum(after.values()) > sum(before.values()):
+                self.forced["refused_after"] += 1
+                break
+            await asyncio.sleep(0.2)
+        self.kinds["stale_ocs_change"] += 1
+        return touched
+
+    async def _complete_one(self) -> None:
+        """Complete a RUNNING job through the cell (its release is a change at the pod's
+        ocs_manager), recorded as the clients' acknowledgements are."""
+        assert self.cells is not None
+        with contextlib.suppress(grpc.aio.AioRpcError, TimeoutError):
+            jobs = await asyncio.wait_for(chaos.list_cell_jobs(self.cells[0]), 5)
+            running = sorted(j for j, job in jobs.items() if job.state == c.JOB_STATE_RUNNING)
+            if not running:
+                return
+            job_id = self.rng.choice(running)
+            resp = await self.cells[0].CompleteJob(
+                cs.CompleteCellJobRequest(job_id=job_id), timeout=15
+            )
+            if self.record is not None:
+                self.record.acked[job_id] = resp.state
+
+    async def _batch_arrives(self, limit_s: float = 5.0) -> bool:
+        """Whether a batch reaches the switches within `limit_s` (their apply calls)."""
+        async with self._agent() as ch:
+            admin = optical_switch_pb2_grpc.OpticalSwitchAdminStub(ch)
+
+            async def calls() -> int:
+                stats = await admin.GetSwitchStats(sb.GetSwitchStatsRequest(), timeout=2)
+                return stats.apply_calls
+
+            seen = await calls()
+            deadline = time.monotonic() + limit_s
+            while time.monotonic() < deadline:
+                if await calls() > seen:
+                    return True
+                await asyncio.sleep(0.01)
+        return False
+
+    def resume_all(self) -> None:
+        self._resume(*self.paused)
 
 
 async def not_definite(cells: list) -> list[str]:
@@ -335,13 +560,18 @@ def history_of(record: chaos.Record, at: float) -> History:
     return h
 
 
-async def final_state(cell, sched, ocs) -> Final:
+async def final_state(cell, sched, ocs) -> tuple[Final, list[str]]:
+    """The final state (the cell's jobs with the pod's blocks, the ocs_manager's slices)
+    and what is still moving in it: a job WIRING at the pod, or one the cell shows in
+    another state than the pod (its news not reported yet)."""
     jobs = await chaos.list_cell_jobs(cell)
     blocks: dict[str, tuple[int, ...]] = {}
+    at_pod: dict[str, c.JobState.ValueType] = {}
     token = ""
     while True:
         page = await sched.ListJobs(ws.ListJobsRequest(page_size=1000, page_token=token))
         blocks.update((j.job_id, tuple(b.block_id for b in j.blocks)) for j in page.jobs)
+        at_pod.update((j.job_id, j.state) for j in page.jobs)
         token = page.next_page_token
         if not token:
             break
@@ -353,13 +583,19 @@ async def final_state(cell, sched, ocs) -> Final:
         token = listed.next_page_token
         if not token:
             break
-    return Final(
+    moving = [
+        f"{j} {c.JobState.Name(s)} at the pod, {c.JobState.Name(jobs[j].state)} at the cell"
+        for j, s in at_pod.items()
+        if s == c.JOB_STATE_WIRING or (j in jobs and jobs[j].state != s)
+    ]
+    final = Final(
         jobs={
             j: (c.JobState.Name(job.state)[len("JOB_STATE_") :], blocks.get(j, ()))
             for j, job in jobs.items()
         },
         slices=slices,
     )
+    return final, moving
 
 
 def stale_refused(metrics_url: str) -> dict[str, float]:
@@ -396,6 +632,7 @@ async def drive(
     args,
     ns: netns.Namespace | None = None,
     redis_port: int = 0,
+    relay: RelayProcess | None = None,
 ) -> dict:
     rng = random.Random(args.seed)
     for name in CELLS:
@@ -413,8 +650,12 @@ async def drive(
         ocs = ocs_manager_pb2_grpc.OcsManagerStub(await ch(OCS))
         record = chaos.Record()
         host = workload_scheduler_pb2_grpc.WorkloadSchedulerStub(await ch(SCHEDULERS[0]))
-        pauser = Faults(stack, rng, host, ns, redis_port, cells=cells)
-        kinds = [*FAULTS, *(NET_FAULTS if ns is not None else ())]
+        pauser = Faults(stack, rng, host, ns, redis_port, cells=cells, relay=relay, record=record)
+        kinds = [*FAULTS, *FORCED, *(NET_FAULTS if ns is not None else ())]
+        if args.kinds:
+            kinds = [k for k in kinds if k in args.kinds.split(",")]
+            if not kinds:
+                raise SystemExit(f"--kinds {args.kinds}: none can run here (no namespace)")
         plan = [kinds[i % len(kinds)] for i in range(args.faults)]
         rng.shuffle(plan)
         settle: list[float] = []
@@ -462,21 +703,23 @@ async def drive(
         await asyncio.gather(faults(), clients())
         await chaos.Chaos(stack, None, rng).all_up()  # type: ignore[arg-type]
         last = await time_to_definite(cells, limit_s=90.0)
-        # Two reads alike: the listings are not one atomic read, and the cell may still
-        # be forwarding jobs from its queue.
-        final = await final_state(cells[0], sched, ocs)
-        for _ in range(20):
-            again = await final_state(cells[0], sched, ocs)
-            if again == final:
+        # Two reads alike with nothing moving (bounded: 30 s): the listings are not one
+        # atomic read, the cell may still be forwarding jobs from its queue, and a
+        # slice is listed while it is being wired, before its job is RUNNING.
+        final, moving = await final_state(cells[0], sched, ocs)
+        for _ in range(60):
+            await asyncio.sleep(0.5)
+            again, moving = await final_state(cells[0], sched, ocs)
+            if again == final and not moving:
                 break
             final = again
-            await asyncio.sleep(0.5)
         report = history_of(record, time.monotonic()).check(final)
         invariants = await ocs.CheckInvariants(om.CheckInvariantsRequest(compare_switches=True))
         applied = sum(1 for v in invariants.violations if v.rule == "SWITCH_STATE_DISAGREES")
-        refused: collections.Counter[str] = collections.Counter()
+        refused = await pauser.refusals()
+        fenced_changes = 0.0  # the managers' own count of their changes the switches refused
         for name in (OCS, OCS_B):
-            refused.update(stale_refused(stack.metrics_endpoints[name]))
+            fenced_changes += stale_refused(stack.metrics_endpoints[name]).get("switch", 0.0)
         # for people: each double-booked job's transitions at the cell and the pod
         named = {w for line in report.double_booked for w in line.split() if w in final.jobs}
         stories = [f"{j}: {await chaos.histories(cells[0], sched, j)}" for j in sorted(named)[:4]]
@@ -491,10 +734,13 @@ async def drive(
         "undefined": len(report.undefined),
         "double_booked": len(report.double_booked),
         "stale_writes_refused": int(sum(refused.values())),
-        "stale_writes_by_where": dict(refused),
+        "stale_writes_by_where": refused,
+        "stale_forced": dict(pauser.forced),
+        "stale_changes_refused_by_switches": int(fenced_changes),
         "stale_writes_applied": applied,
         "worst_s_to_definite_state": max([*settle, last]),
         "s_to_definite_state": settle,
+        "still_moving": moving[:10],
         "violation_details": report.details()
         + [f"{v.rule}: {v.detail}" for v in invariants.violations][:10]
         + stories,
@@ -505,51 +751,67 @@ async def drive(
 
 
 @contextlib.contextmanager
-def own_stack(ns: netns.Namespace | None) -> Iterator[tuple[Stack, EmbeddedRedis]]:
+def own_stack(
+    ns: netns.Namespace | None,
+) -> Iterator[tuple[Stack, EmbeddedRedis, RelayProcess | None]]:
     """The stack on a redis-server of its own (AOF, fsync always) on this side of the
-    namespace's link (on loopback without one), in a temporary directory; all stopped
-    at the end."""
+    namespace's link (on loopback without one), in a temporary directory, with the
+    delay relay (its delay off) in front of the ocs_managers when there is a
+    namespace; all stopped at the end."""
     with tempfile.TemporaryDirectory(prefix="lightpath-partitions-") as tmp:
         host = ns.host_ip if ns is not None else "127.0.0.1"
         redis = EmbeddedRedis(Path(tmp) / "redis", port=free_port(), host=host)
         redis.start()
+        relay = None
         try:
             with redis_py.Redis(host=host, port=redis.port) as r:
                 r.config_set("appendfsync", "always")
+            process_specs, routes = specs(ns)
+            if routes:
+                relay = RelayProcess(routes, delay_ms=DELAY_MS, on=False)
+                relay.start(Path(tmp) / "relay.log")
             stack = Stack(
-                Path(tmp) / "state", specs=specs(ns), redis_url=redis.url, log=lambda *_: None
+                Path(tmp) / "state", specs=process_specs, redis_url=redis.url, log=lambda *_: None
             )
             stack.start()
             try:
-                yield stack, redis
+                yield stack, redis, relay
             finally:
                 stack.stop()
         finally:
+            if relay is not None:
+                relay.stop()
             redis.stop()
 
 
 def run(args) -> dict:
     why = netns.unavailable() if args.network else "--no-network"
     ns = None if why else netns.Namespace()
-    # not yet here: the 200 ms delay (tests/test_partitions.py puts it, with the loss, on
-    # the pod <-> ocs_manager link through lightpath.testing.relay)
-    no_delay = f"{DELAY_MS} ms delay: not in this bench (tests/test_partitions.py has it)"
     try:
         if ns is not None:
             ns.create()
-        with own_stack(ns) as (stack, redis):
-            result = asyncio.run(drive(stack, args, ns, redis.port))
+        with own_stack(ns) as (stack, redis, relay):
+            result = asyncio.run(drive(stack, args, ns, redis.port, relay))
     finally:
         if ns is not None:
             ns.destroy()
-    result["not_injected"] = [r for r in (why and f"partitions and loss: {why}", no_delay) if r]
+    result["not_injected"] = [f"partitions, loss and delay: {why}"] if why else []
     return result
 
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--faults", type=int, default=20, help="faults over the run (>= 8: each kind once)"
+        "--faults",
+        type=int,
+        default=20,
+        help="faults over the run (each kind in turn, seeded order)",
+    )
+    parser.add_argument(
+        "--kinds",
+        default="",
+        help="only these fault kinds, comma-separated (default: all; network kinds need "
+        f"a namespace): {', '.join([*FAULTS, *FORCED, *NET_FAULTS])}",
     )
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument(
@@ -563,6 +825,9 @@ def main(argv: list[str] | None = None) -> dict:
     )
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args(argv)
+    unknown = set(filter(None, args.kinds.split(","))) - {*FAULTS, *FORCED, *NET_FAULTS}
+    if unknown:
+        parser.error(f"--kinds: no fault kind {', '.join(sorted(unknown))}")
     result = run(args)
     result.update(failover_figures(args.failovers))
     result.update(load_average=list(os.getloadavg()), seed=args.seed)

@@ -95,7 +95,13 @@ FIELDS: Mapping[str, int] = {
     "AdmitJobRequest.reclaim": 1024,
     "AdmitJobRequest.forward_token": TOKEN,
     "GetJobRequest.forward_token": TOKEN,
-    # -- the OCS manager and switch agents
+    # -- the OCS manager and switch agents (a caller's lease token: issue 32)
+    "WireSliceRequest.lease_token": TOKEN,
+    "ReleaseSliceRequest.lease_token": TOKEN,
+    "ReplaceBlockRequest.lease_token": TOKEN,
+    "ReserveRingsRequest.lease_token": TOKEN,
+    "ReleaseRingsRequest.lease_token": TOKEN,
+    "SwapGroupRequest.lease_token": TOKEN,
     "WireSliceRequest.blocks": BLOCKS,
     "WireSliceRequest.wrap": DIMS,
     "SwapGroupRequest.free_groups": BLOCKS,

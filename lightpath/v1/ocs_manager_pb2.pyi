@@ -496,6 +496,7 @@ class WireSliceRequest(_message.Message):
     keeps the highest token it has seen per lease and refuses a change with a
     lower one: FAILED_PRECONDITION (reason STALE_LEASE), nothing changed. 0: not
     fenced.
+    At most 9,007,199,254,740,991 (2^53 - 1: Redis scripts compare it exactly).
     """
     lease_id: _builtins.str
     @_builtins.property
@@ -620,6 +621,7 @@ class ReleaseSliceRequest(_message.Message):
     keeps the highest token it has seen per lease and refuses a change with a
     lower one: FAILED_PRECONDITION (reason STALE_LEASE), nothing changed. 0: not
     fenced.
+    At most 9,007,199,254,740,991 (2^53 - 1: Redis scripts compare it exactly).
     """
     lease_id: _builtins.str
     def __init__(
@@ -685,6 +687,7 @@ class ReplaceBlockRequest(_message.Message):
     keeps the highest token it has seen per lease and refuses a change with a
     lower one: FAILED_PRECONDITION (reason STALE_LEASE), nothing changed. 0: not
     fenced.
+    At most 9,007,199,254,740,991 (2^53 - 1: Redis scripts compare it exactly).
     """
     lease_id: _builtins.str
     def __init__(
@@ -1326,9 +1329,20 @@ class ReserveRingsRequest(_message.Message):
     DEGREES_FIELD_NUMBER: _builtins.int
     TILES_FIELD_NUMBER: _builtins.int
     VIEW_FIELD_NUMBER: _builtins.int
+    LEASE_TOKEN_FIELD_NUMBER: _builtins.int
+    LEASE_ID_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     """Client-chosen id (the job id); the idempotency key."""
     view: Global___RingView.ValueType
+    lease_token: _builtins.int
+    """Fencing (issue 32), as WireSliceRequest's: the caller's lease on this job
+    (the workload scheduler sends the job's epoch under the name of its
+    submission; empty `lease_id`: the job id). The ocs_manager keeps the
+    highest token it has seen per lease and refuses a change with a lower one:
+    FAILED_PRECONDITION (reason STALE_LEASE), nothing changed. 0: not fenced.
+    At most 9,007,199,254,740,991 (2^53 - 1: Redis scripts compare it exactly).
+    """
+    lease_id: _builtins.str
     @_builtins.property
     def degrees(self) -> _common_pb2.ParallelismDegrees:
         """Their product is the number of processors; tiles must hold at least that many.
@@ -1345,10 +1359,12 @@ class ReserveRingsRequest(_message.Message):
         degrees: _common_pb2.ParallelismDegrees | None = ...,
         tiles: _abc.Iterable[Global___GroupTile] | None = ...,
         view: Global___RingView.ValueType = ...,
+        lease_token: _builtins.int = ...,
+        lease_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["degrees", b"degrees"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["degrees", b"degrees", "job_id", b"job_id", "tiles", b"tiles", "view", b"view"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["degrees", b"degrees", "job_id", b"job_id", "lease_id", b"lease_id", "lease_token", b"lease_token", "tiles", b"tiles", "view", b"view"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1512,15 +1528,28 @@ class ReleaseRingsRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     JOB_ID_FIELD_NUMBER: _builtins.int
+    LEASE_TOKEN_FIELD_NUMBER: _builtins.int
+    LEASE_ID_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
+    lease_token: _builtins.int
+    """Fencing (issue 32), as WireSliceRequest's: the caller's lease on this job
+    (the workload scheduler sends the job's epoch under the name of its
+    submission; empty `lease_id`: the job id). The ocs_manager keeps the
+    highest token it has seen per lease and refuses a change with a lower one:
+    FAILED_PRECONDITION (reason STALE_LEASE), nothing changed. 0: not fenced.
+    At most 9,007,199,254,740,991 (2^53 - 1: Redis scripts compare it exactly).
+    """
+    lease_id: _builtins.str
     def __init__(
         self,
         *,
         job_id: _builtins.str = ...,
+        lease_token: _builtins.int = ...,
+        lease_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "lease_id", b"lease_id", "lease_token", b"lease_token"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1560,9 +1589,20 @@ class SwapGroupRequest(_message.Message):
     FREE_GROUPS_FIELD_NUMBER: _builtins.int
     NEW_TILES_FIELD_NUMBER: _builtins.int
     VIEW_FIELD_NUMBER: _builtins.int
+    LEASE_TOKEN_FIELD_NUMBER: _builtins.int
+    LEASE_ID_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     failed_group: _builtins.int
     view: Global___RingView.ValueType
+    lease_token: _builtins.int
+    """Fencing (issue 32), as WireSliceRequest's: the caller's lease on this job
+    (the workload scheduler sends the job's epoch under the name of its
+    submission; empty `lease_id`: the job id). The ocs_manager keeps the
+    highest token it has seen per lease and refuses a change with a lower one:
+    FAILED_PRECONDITION (reason STALE_LEASE), nothing changed. 0: not fenced.
+    At most 9,007,199,254,740,991 (2^53 - 1: Redis scripts compare it exactly).
+    """
+    lease_id: _builtins.str
     @_builtins.property
     def free_groups(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """Free groups the caller may give (the replacement order is the manager's:
@@ -1582,10 +1622,12 @@ class SwapGroupRequest(_message.Message):
         free_groups: _abc.Iterable[_builtins.int] | None = ...,
         new_tiles: _abc.Iterable[Global___GroupTile] | None = ...,
         view: Global___RingView.ValueType = ...,
+        lease_token: _builtins.int = ...,
+        lease_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["failed_group", b"failed_group", "free_groups", b"free_groups", "job_id", b"job_id", "new_tiles", b"new_tiles", "view", b"view"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["failed_group", b"failed_group", "free_groups", b"free_groups", "job_id", b"job_id", "lease_id", b"lease_id", "lease_token", b"lease_token", "new_tiles", b"new_tiles", "view", b"view"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

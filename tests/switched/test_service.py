@@ -171,6 +171,66 @@ async def test_release_frees_exactly_the_job(sw):
     )
 
 
+async def test_a_caller_with_an_older_lease_on_the_job_cannot_change_its_rings(
+    redis_url, monkeypatch
+):
+    """Ring reservations are fenced as slices are (issue 32): the workload scheduler's
+    lease on the job travels with ReserveRings, SwapGroup and ReleaseRings; a replica
+    that lost the job to a take-over (a higher epoch seen) and wakes is refused
+    FAILED_PRECONDITION STALE_LEASE, counted, the new holder's rings untouched."""
+    from lightpath_services.ocs_manager import server as ocs_server
+    from lightpath_services.ocs_manager.metrics import OcsMetrics
+    from lightpath_services.workload_scheduler.ocs import OcsError, OcsManagerClient
+    from tests.metrics_reader import install, value
+
+    reader = install(monkeypatch, ocs_server, OcsMetrics, refresh_s=0.1)
+    async with (
+        serve("ocs_manager", redis_url, env(pod="pod-swl")) as svc,
+        channel(svc.address, max_attempts=1) as ch,
+    ):
+        sw = ocs_manager_pb2_grpc.OcsManagerStub(ch)
+        rings = OcsManagerClient(ch).for_rings()
+        held = await sw.ReserveRings(
+            pb.ReserveRingsRequest(
+                job_id="a", degrees=degrees(3, 3, 3), tiles=tiles(0, 1, 2), lease_id="a#3",
+                lease_token=4,
+            )
+        )  # fmt: skip
+        # another replica took the job over (epoch 6) and swapped a group
+        swapped = await sw.SwapGroup(
+            pb.SwapGroupRequest(
+                job_id="a", failed_group=1, free_groups=[3], lease_id="a#3", lease_token=6
+            )
+        )
+        stale = [
+            sw.ReleaseRings(pb.ReleaseRingsRequest(job_id="a", lease_id="a#3", lease_token=5)),
+            sw.SwapGroup(
+                pb.SwapGroupRequest(
+                    job_id="a", failed_group=0, free_groups=[4], lease_id="a#3", lease_token=4
+                )
+            ),
+        ]
+        for call in stale:
+            err = await rpc_error(call)
+            assert err.code == grpc.StatusCode.FAILED_PRECONDITION, err
+            assert err.reason == "STALE_LEASE" and "newer holder" in err.message
+        got = await sw.GetRings(pb.GetRingsRequest(job_id="a"))
+        assert got.version == swapped.reservation.version == held.version + 1
+        assert sorted({t.group for t in got.tiles}) == [0, 2, 3]
+        assert value(reader, "lightpath.ocs.stale_writes_refused", where="lease") == 2
+        # the scheduler's client sends its lease: the stale one refused, the holder's freed
+        with pytest.raises(OcsError) as refused:
+            await rings.release("a", lease=("a#3", 5))
+        assert refused.value.reason == "STALE_LEASE"
+        assert await rings.release("a", lease=("a#3", 6)) is True
+        assert (await sw.CheckInvariants(pb.CheckInvariantsRequest())).ok
+        # a token beyond what the scripts compare exactly is refused, naming the field
+        err = await rpc_error(
+            sw.ReleaseRings(pb.ReleaseRingsRequest(job_id="a", lease_token=2**53))
+        )
+        assert err.code == grpc.StatusCode.INVALID_ARGUMENT and "lease_token" in err.message
+
+
 async def test_swap_reroutes_only_the_failed_groups_rings(sw):
     first = await sw.ReserveRings(
         pb.ReserveRingsRequest(job_id="a", degrees=degrees(3, 3, 3), tiles=tiles(0, 1, 2))

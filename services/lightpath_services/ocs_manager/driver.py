@@ -66,6 +66,20 @@ class Fence:
     token: int
 
 
+class LeasedRequest(Protocol):
+    """A request that changes a job's wiring or rings under the caller's lease."""
+
+    lease_token: int
+    lease_id: str
+
+
+def caller_lease(request: LeasedRequest, job: str) -> Fence | None:
+    """The caller's lease on the job the request changes (fencing, issue 32); None: unfenced."""
+    if not request.lease_token:
+        return None
+    return Fence(request.lease_id or job, request.lease_token)
+
+
 class SwitchDriverError(Exception):
     """A switch refused or did not answer. `applied`: the part of the change known to have
     taken effect (None: unknown, the manager undoes all of it). `stale`: refused for a

@@ -18,7 +18,11 @@ from lightpath_services.common.keys import require_id
 from lightpath_services.common.server import Runtime, ServiceDefinition
 from lightpath_services.ocs_manager import convert
 from lightpath_services.ocs_manager.agent_driver import AgentSwitchDriver
-from lightpath_services.ocs_manager.driver import Fence, RedisSwitchDriver, SwitchDriver
+from lightpath_services.ocs_manager.driver import (
+    RedisSwitchDriver,
+    SwitchDriver,
+    caller_lease,
+)
 from lightpath_services.ocs_manager.encode import WiringEncoder
 from lightpath_services.ocs_manager.invariants import RULES, FabricState, Violation, check
 from lightpath_services.ocs_manager.manager import FabricManager
@@ -41,15 +45,6 @@ def _annotate(**attributes: object) -> None:
     span = trace.get_current_span()
     for k, v in attributes.items():
         span.set_attribute(f"lightpath.{k}", v)  # type: ignore[arg-type]
-
-
-def caller_lease(
-    request: pb.WireSliceRequest | pb.ReleaseSliceRequest | pb.ReplaceBlockRequest, job: str
-) -> Fence | None:
-    """The caller's lease on the job the request changes (fencing, issue 32); None: unfenced."""
-    if not request.lease_token:
-        return None
-    return Fence(request.lease_id or job, request.lease_token)
 
 
 def switch_health(mismatched: dict[str, str], unreachable: list[str]) -> str:

@@ -293,6 +293,7 @@ class RingsClient(OcsManagerClient):
     pages_in_order = False
 
     async def wire_job(self, job: SliceJob, *, timeout_s: float | None = None) -> Wiring:
+        """ReserveRings under the job's lease (job_lease), fenced as WireSlice is."""
         assert job.placement is not None
         return _rings_wiring(
             await self._call("ReserveRings", _reserve_request(job), timeout_s=timeout_s),
@@ -307,13 +308,15 @@ class RingsClient(OcsManagerClient):
                 failed_group=failed,
                 new_tiles=[ocs_manager_pb2.GroupTile(group=new)],
                 view=ocs_manager_pb2.RING_VIEW_SUMMARY,
+                **_lease_fields(job_lease(job)),
             ),
         )
         return ReplaceResult(len(resp.rerouted), resp.rings_untouched, "rings")
 
     async def release(self, job_id: str, *, lease: tuple[str, int] | None = None) -> bool:
-        # Ring reservations carry no lease (WireRings is not fenced either): `lease` unused.
-        request = ocs_manager_pb2.ReleaseRingsRequest(job_id=job_id)
+        """ReleaseRings; `lease` fences it as ReleaseSlice's (a replica that lost the job
+        is refused, STALE_LEASE, rather than freeing the new holder's rings)."""
+        request = ocs_manager_pb2.ReleaseRingsRequest(job_id=job_id, **_lease_fields(lease))
         return await self._unless_missing("ReleaseRings", request) is not None
 
     async def slices(self) -> dict[str, tuple[int, ...]]:
@@ -369,6 +372,7 @@ def _reserve_request(job: SliceJob) -> ocs_manager_pb2.ReserveRingsRequest:
         degrees=common_pb2.ParallelismDegrees(data=d, pipeline=p, layer=l),
         tiles=tiles,
         view=ocs_manager_pb2.RING_VIEW_SUMMARY,
+        **_lease_fields(job_lease(job)),
     )
 
 

@@ -434,18 +434,25 @@ class Wirer(Part):
 
     async def release_claimed(self, job_id: str, *, wait_s: float | None = None) -> bool:
         """Release the leftover wiring of a job that is not wiring or running, holding a
-        claim so that no replica places and wires that job meanwhile. False if it is live."""
+        claim so that no replica places and wires that job meanwhile. False if it is live.
+        The release carries the job's lease as the claim read it (job_lease: its epoch,
+        which any later placement raises): should this replica pause past the claim
+        while another places and wires the job, its late release is refused
+        (STALE_LEASE) instead of tearing down that wiring. A job the pod does not know
+        has no lease: its release is unfenced."""
         keys = self.store.keys
         token = f"{id(self)}-{self.now_ms()}"
         txn = self.store.txn()
         txn.expect_job(job_id, ["", PENDING, SUSPENDED, *FINAL_STATES])
         txn.set_px(keys.releasing(job_id), token, RELEASE_CLAIM_MS)
+        txn.read_back(keys.job(job_id), ["summary"])
         try:
-            await self.store.commit(txn)
+            ((summary,),) = await self.store.commit(txn)
         except Conflict:
             return False  # live again: its own wiring step releases what is left
+        lease = job_lease(self.store.slice_job(summary)) if summary else None
         try:
-            await self._release_at_ocs(job_id, wait_s=wait_s)
+            await self._release_at_ocs(job_id, wait_s=wait_s, lease=lease)
             txn = self.store.txn()
             txn.unwire(job_id)
             await self.store.commit(txn)

@@ -34,7 +34,8 @@ from lightpath.errors import (
     ResourceExhausted,
 )
 from lightpath_services.common.keys import ID_RULE, is_valid_id
-from lightpath_services.common.txn import Conflict
+from lightpath_services.common.txn import STALE_LEASE, Conflict
+from lightpath_services.ocs_manager.driver import Fence
 from lightpath_services.ocs_manager.metrics import OcsMetrics, timed
 from lightpath_services.ocs_manager.switched.queries import SwitchIndex, SwitchLinkUse
 from lightpath_services.ocs_manager.switched.store import (
@@ -100,10 +101,28 @@ class SwitchedFabricManager:
                     reason="PROCESSORS_IN_USE",
                 )
 
+    def _refuse_stale(self, job_id: str, c: Conflict) -> None:
+        """A caller's lease older than one seen for the job (fencing, issue 32)."""
+        if c.reason == STALE_LEASE:
+            self.metrics.stale_write_refused(self.store.pod_id, "lease")
+            raise FailedPrecondition(
+                f"job {job_id}",
+                f"the caller's lease on its rings is older than one seen before (token "
+                f"{c.value}): a newer holder of the job took over; this caller's view is stale",
+                reason=STALE_LEASE,
+            )
+
     @timed("wire")
-    async def reserve(self, job_id: str, degrees: Degrees, tiles: Sequence[Tile]) -> Reserved:
+    async def reserve(
+        self,
+        job_id: str,
+        degrees: Degrees,
+        tiles: Sequence[Tile],
+        caller: Fence | None = None,
+    ) -> Reserved:
         """SW-4: plan and reserve the job's rings. Idempotent by job id: the same
-        degrees and tiles again answer the stored plan."""
+        degrees and tiles again answer the stored plan. `caller`: the caller's lease on
+        the job (fencing: an older one than seen is refused, STALE_LEASE)."""
         check_job_id(job_id)
         degrees.validate()
         if not tiles:
@@ -116,8 +135,9 @@ class SwitchedFabricManager:
             self._check_processors_free(snap, job_id, tiles)
             plan = await self._plan(snap, job_id, degrees, tiles)
             try:
-                await self.store.commit(plan, job_id, "")
+                await self.store.commit(plan, job_id, "", caller)
             except Conflict as c:
+                self._refuse_stale(job_id, c)
                 log.info("reserve %s: %s on attempt %d, planning again", job_id, c.reason, attempt)
                 continue
             return Reserved(plan, False, attempt)
@@ -143,13 +163,14 @@ class SwitchedFabricManager:
         return stored
 
     @timed("release")
-    async def release(self, job_id: str) -> RingPlan:
-        """Free exactly the job's channels and processors."""
+    async def release(self, job_id: str, caller: Fence | None = None) -> RingPlan:
+        """Free exactly the job's channels and processors (`caller`: as for reserve)."""
         for _ in range(ATTEMPTS):
             stored = await self.get(job_id)
             try:
-                await self.store.commit(None, job_id, str(stored.version))
+                await self.store.commit(None, job_id, str(stored.version), caller)
             except Conflict as c:
+                self._refuse_stale(job_id, c)
                 if c.reason == "NOT_FOUND":
                     break
                 continue
@@ -164,10 +185,12 @@ class SwitchedFabricManager:
         failed_group: int,
         free_groups: Sequence[int] = (),
         new_tiles: Sequence[Tile] = (),
+        caller: Fence | None = None,
     ) -> SwapResult:
         """SW-5: move the job's tile in `failed_group` to the first of `new_tiles`
         (or of `free_groups` in replacement order: same tier-0 switch first)
-        whose rings route; every other ring keeps its channels."""
+        whose rings route; every other ring keeps its channels (`caller`: as for
+        reserve)."""
         fab = self.fabric
         if not 0 <= failed_group < fab.group_count:
             raise InvalidArgument(
@@ -200,8 +223,9 @@ class SwitchedFabricManager:
                 forbidden_for=functools.partial(snap.forbidden_for, fab, job_id),
             )
             try:
-                await self.store.commit(result.plan, job_id, str(stored.version))
+                await self.store.commit(result.plan, job_id, str(stored.version), caller)
             except Conflict as c:
+                self._refuse_stale(job_id, c)
                 log.info("swap %s: %s on attempt %d, planning again", job_id, c.reason, attempt)
                 continue
             return result

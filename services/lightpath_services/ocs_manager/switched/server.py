@@ -22,6 +22,7 @@ from lightpath.v1 import ocs_manager_pb2 as pb
 from lightpath_services.common import paging, redis_store
 from lightpath_services.common.convert import fabric_to_proto, tile_to_proto
 from lightpath_services.common.server import Runtime, ServiceDefinition
+from lightpath_services.ocs_manager.driver import caller_lease
 from lightpath_services.ocs_manager.metrics import OcsMetrics
 from lightpath_services.ocs_manager.settings import OcsManagerSettings
 from lightpath_services.ocs_manager.switched.invariants import RULES, pod_violations
@@ -253,7 +254,9 @@ class SwitchedOcsManagerServicer(
         degrees = reserve_degrees(request.degrees)
         tiles = [tile_from_proto(f, t, f"tiles[{n}]") for n, t in enumerate(request.tiles)]
         _annotate(job_id=request.job_id, processors=degrees.total, groups=len(tiles))
-        done = await self._sw.reserve(request.job_id, degrees, tiles)
+        done = await self._sw.reserve(
+            request.job_id, degrees, tiles, caller_lease(request, request.job_id)
+        )
         stored = await self._sw.get(request.job_id)
         plan = done.plan
         _annotate(
@@ -285,7 +288,7 @@ class SwitchedOcsManagerServicer(
     ) -> pb.ReleaseRingsResponse:
         check_job_id(request.job_id)
         _annotate(job_id=request.job_id)
-        plan = await self._sw.release(request.job_id)
+        plan = await self._sw.release(request.job_id, caller_lease(request, request.job_id))
         self._rt.log.info(
             "rings released for %s: %d channels",
             request.job_id,
@@ -317,7 +320,11 @@ class SwitchedOcsManagerServicer(
         ]
         _annotate(job_id=request.job_id, failed_group=f.group_name(request.failed_group))
         result = await self._sw.swap(
-            request.job_id, request.failed_group, list(request.free_groups), new_tiles
+            request.job_id,
+            request.failed_group,
+            list(request.free_groups),
+            new_tiles,
+            caller_lease(request, request.job_id),
         )
         stored = await self._sw.get(request.job_id)
         self._rt.log.info(

@@ -11,6 +11,9 @@ Keys (all under the pod's hash tag, so one Lua script may touch any of them):
                               forbidden sets of small jobs and the pod view
     lp:{pod}:sw:job:<job>     hash: plan (JSON), channels / procs (the job's own
                               bitmaps), version, at (ms)
+    lp:{pod}:sw:leases        hash lease id -> the highest fencing token seen (a caller's
+                              lease on its job: an older one is refused, STALE_LEASE;
+                              one field per job submission kept)
     lp:{pod}:sw:tmp, :tmp2    scratch for BITOP inside the scripts
 
 Every change is one transaction (lightpath_services.common.txn, with store.lua): it checks the
@@ -36,6 +39,7 @@ from lightpath.domain.switched_rings import Degrees, RingPlan, Tile
 from lightpath.errors import Aborted, FailedPrecondition
 from lightpath_services.common.keys import pod_key
 from lightpath_services.common.txn import Conflict, Program, Txn
+from lightpath_services.ocs_manager.driver import Fence
 
 PROGRAM = Program("lightpath_services.ocs_manager.switched", "store.lua", {})
 
@@ -123,6 +127,7 @@ class SwitchedStore:
             k("tmp"),
             k("tmp2"),
         )
+        self.k_leases = k("leases")
         self._script = PROGRAM.bind(redis)
         self._cache: Snapshot | None = None
 
@@ -178,13 +183,19 @@ class SwitchedStore:
         self._cache = snap
         return snap
 
-    async def commit(self, plan: RingPlan | None, job_id: str, expect: str) -> int:
+    async def commit(
+        self, plan: RingPlan | None, job_id: str, expect: str, caller: Fence | None = None
+    ) -> int:
         """Write `plan` for the job (None: delete it). `expect`: "" the job must be new,
-        "*" anything, else the job's stored version. Answers the job's new version (0 once
-        deleted), or raises Conflict: EXISTS, STALE (value: the stored version), NOT_FOUND,
-        CHANNELS or PROCESSORS (value: how many are reserved by another job)."""
+        "*" anything, else the job's stored version; `caller`: the caller's lease on the
+        job (fencing). Answers the job's new version (0 once deleted), or raises
+        Conflict: EXISTS, STALE (value: the stored version), NOT_FOUND, CHANNELS or
+        PROCESSORS (value: how many are reserved by another job), STALE_LEASE (value:
+        the newer token)."""
         job = self.job_key(job_id)
         t = Txn()
+        if caller is not None:
+            t.fence(self.k_leases, caller.lease_id, caller.token)
         if expect == "":
             t.expect(job, "version", [""], reason="EXISTS", message="the job holds rings")
         elif expect != "*":
