@@ -114,8 +114,11 @@ def main(args: list[str]) -> int:
     ensure_venv()
     if verb == "test":
         ensure_system_tools()
+        # Two workers a core: most of a test's time is spent waiting (stacks starting,
+        # leases and deadlines running out), not computing. A later `-n` in `rest` wins.
         # pytest exits 5 when no test ran: that is a failure here, as it should be.
-        return run([str(PY), "-m", "pytest", "-n", "auto", "--dist", "loadgroup", *rest])
+        workers = str(2 * (os.cpu_count() or 1))
+        return run([str(PY), "-m", "pytest", "-n", workers, "--dist", "loadgroup", *rest])
     if verb == "demo":
         return run([str(BIN / "lightpath"), "demo", *rest])
     if verb == "up":
