@@ -43,7 +43,8 @@ Before the chaos, on the same stack without faults, a short closed-loop ramp (4,
 16 clients doing submit + complete pairs) finds the peak pairs/s; then an open-loop
 load of 2x that rate runs (bounded in flight), and `goodput_ratio_at_2x` is the pairs
 completed per second under it / the peak, `p99_ms_at_2x` the p99 of the accepted
-submits. `--short` (the test suite's correctness run) shortens every phase.
+submits (`--no-goodput` leaves this out, and its keys). `--short` (the test suite's
+correctness run) shortens every phase.
 
 Prints one JSON line: ops, kills, kills_by_kind, violations, violation_details, lost,
 lost_reservations, internal, unknown, shed, silent_pods, codes, acknowledged_jobs,
@@ -918,7 +919,7 @@ async def drive(stack: Stack, redis: EmbeddedRedis, args) -> dict:
             )
         )
         app_md = await broker_chaos.set_up(broker)
-        measured = await goodput(cells, short=args.short)
+        measured = await goodput(cells, short=args.short) if args.goodput else {}
         if args.overload:
             measured.update(await overloads(cells, short=args.short, rounds=args.rounds))
         if args.overload_only:
@@ -1028,6 +1029,12 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument(
         "--short", action="store_true", help="the test suite's run: 10 s, 4 kills, short ramp"
+    )
+    parser.add_argument(
+        "--goodput",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="measure the goodput at 2x saturation before the chaos",
     )
     parser.add_argument(
         "--overload",

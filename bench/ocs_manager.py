@@ -60,6 +60,7 @@ from _common import (
 )
 
 from lightpath.client import channel
+from lightpath.embedded_redis import stop_process
 from lightpath.security.credentials import Credentials
 from lightpath.security.identity import service_principal
 from lightpath.security.pki import LocalCA
@@ -218,14 +219,9 @@ def netconf_switches(workdir: Path, root: Path = ROOT):
 SWITCHES = {"sonic": sonic_switches, "netconf": netconf_switches}
 
 
-def stop(proc: subprocess.Popen, timeout: float = 30.0) -> None:
-    """SIGTERM, then SIGKILL if it has not ended in `timeout` s (a loaded machine)."""
-    proc.terminate()
-    try:
-        proc.wait(timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+def stop(proc: subprocess.Popen) -> None:
+    """SIGTERM, then SIGKILL if it has not ended in 30 s (a loaded machine)."""
+    stop_process(proc, 30.0)
 
 
 def process_cpu(pids: dict[str, int]) -> dict[str, float]:

@@ -36,7 +36,6 @@ import argparse
 import asyncio
 import os
 import random
-import subprocess
 import tempfile
 import time
 from collections import Counter
@@ -57,6 +56,7 @@ from google.protobuf.duration_pb2 import Duration
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from lightpath.client import channel
+from lightpath.embedded_redis import stop_process
 from lightpath.security.credentials import Credentials
 from lightpath.security.identity import Principal, service_principal
 from lightpath.security.pki import LocalCA
@@ -290,11 +290,7 @@ def point(live: int, calls: int, nbatch: int) -> dict:
                 out["batch500_deferred_or_rejected_share"] = share(b["outcomes"])
             return out
         finally:
-            proc.terminate()
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+            stop_process(proc, 15)
 
 
 def measure(

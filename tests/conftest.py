@@ -118,6 +118,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     pytest-xdist (3.8) writes to `item._nodeid`, which pytest 9.2 no longer reads (the id is
     `item._id`): without this every `xdist_group` mark is ignored and a module's stack is
     started once per worker. A no-op when xdist's suffix took effect."""
+    # Longest first: the tests marked `slow` (whole stacks, restarts, long property runs)
+    # are handed out before the rest, so the run ends on short tests and no worker sits
+    # idle while another finishes a 45 s test at the tail. Stable: the order within each part
+    # is the collection order (and so the same on every worker, as xdist requires).
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
     if not getattr(config.option, "loadgroup", False):
         return
     from _pytest.nodeid import NodeId

@@ -28,7 +28,7 @@ def test_chaos_short_run_keeps_every_acknowledged_job_and_invariant(tmp_path):
     out = subprocess.run(
         # seed 3 made the cell take a refused, forgotten attempt's FAILED for a later attempt
         # that ran (fixed in services/lightpath_services/cell_scheduler/store.py, the report script)
-        [sys.executable, str(BENCH), "--short", "--seed", "3", "--no-overload"],
+        [sys.executable, str(BENCH), "--short", "--seed", "3", "--no-overload", "--no-goodput"],
         env=env,
         capture_output=True,
         text=True,

@@ -141,6 +141,7 @@ def test_every_process_of_the_topology_is_rendered_with_no_placeholder_left():
 VERSIONS = sorted({"1.30.0", kv.latest_version()})
 
 
+@pytest.mark.slow  # runs for many seconds: handed out first
 @pytest.mark.parametrize("version", VERSIONS)
 def test_every_object_passes_the_kubernetes_schemas(version):
     errors = []

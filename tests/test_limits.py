@@ -700,6 +700,7 @@ async def _watch_health(
             await asyncio.wait_for(stop.wait(), 0.05)
 
 
+@pytest.mark.slow  # runs for many seconds: handed out first
 async def test_every_oversized_request_to_every_service_is_refused_short_and_costs_nothing(
     redis_url, tmp_path
 ):

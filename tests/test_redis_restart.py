@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+import pytest
 from redis.exceptions import BusyLoadingError
 
 from lightpath.v1 import cell_scheduler_pb2 as cs
@@ -28,6 +29,8 @@ from tests.restarts import (
     fill,
     restart,
 )
+
+pytestmark = pytest.mark.slow  # runs for many seconds: handed out first
 
 
 async def back_to_full_function(cell: Cell, restarted_at: float, jobs: list[str]) -> None:

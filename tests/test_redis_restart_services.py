@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable
 
 import grpc
 import numpy as np
+import pytest
 
 from lightpath.aggregation.node import aggregate_all
 from lightpath.client import channel
@@ -39,6 +40,8 @@ from tests.restarts import (
     fill,
     restart,
 )
+
+pytestmark = pytest.mark.slow  # runs for many seconds: handed out first
 
 FIVE = ["n1", "n2", "n3", "n4", "n5"]
 SERVER_ERRORS = {grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN}

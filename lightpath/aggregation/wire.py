@@ -25,6 +25,7 @@ import numpy as np
 
 from lightpath.aggregation.maths import DType, Kind, Packet
 from lightpath.aggregation.shm import Hello
+from lightpath.limits import read_varint, varint
 from lightpath.v1 import agg_switch_pb2 as pb
 
 SERVICE = "lightpath.v1.AggSwitch"
@@ -52,29 +53,11 @@ class WireError(ValueError):
     """Bytes that are not an AggChunk."""
 
 
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte = value & 0x7F
-        value >>= 7
-        if value:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
-
-
 def _read_varint(buf: bytes, pos: int) -> tuple[int, int]:
-    result = shift = 0
-    while True:
-        if pos >= len(buf) or shift > 63:
-            raise WireError("truncated varint")
-        b = buf[pos]
-        pos += 1
-        result |= (b & 0x7F) << shift
-        if b < 0x80:
-            return result, pos
-        shift += 7
+    try:
+        return read_varint(buf, pos)
+    except IndexError:
+        raise WireError("truncated varint") from None
 
 
 def split(raw: bytes) -> tuple[bytes, memoryview | None]:
@@ -117,7 +100,7 @@ def encode_header(header: pb.AggChunk, data: np.ndarray | None) -> bytes:
     if not data.flags.c_contiguous:
         data = np.ascontiguousarray(data)
     view = memoryview(data).cast("B")  # type: ignore[arg-type]
-    return b"".join((head, _DATA_KEY, _varint(view.nbytes), view))
+    return b"".join((head, _DATA_KEY, varint(view.nbytes), view))
 
 
 def _header(pkt: Packet, dtype: DType) -> pb.AggChunk:

@@ -37,10 +37,12 @@ from __future__ import annotations
 import functools
 from collections.abc import Iterator
 from dataclasses import dataclass, fields
-
-import networkx as nx
+from typing import TYPE_CHECKING
 
 from lightpath.errors import FieldViolation, InvalidArgument
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 # Link kinds.
 PROCESSOR, DOWN, UP, MESH, CROSS = range(5)
@@ -475,6 +477,10 @@ class SwitchedFabric:
         _add_to_bundle(self.sw_up[ib], a, 2 * lid + 1)
 
     def _networkx(self) -> nx.Graph:
+        # Imported here: only a switched pod's processes build this graph, and networkx
+        # costs every other process that imports the domain ~0.2 CPU-s at start.
+        import networkx as nx
+
         g = nx.Graph()
         cfg = self.config
         g.add_nodes_from(

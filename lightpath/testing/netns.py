@@ -19,7 +19,7 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
-from lightpath.embedded_redis import free_port, redis_server_binary
+from lightpath.embedded_redis import free_port, redis_server_binary, stop_process
 
 ROOT = Path(__file__).resolve().parents[2]
 TABLE = "lp32"  # the nftables table of our rules, in the namespace only
@@ -81,12 +81,7 @@ class Namespace:
 
     def destroy(self) -> None:
         for p in self.procs:
-            if p.poll() is None:
-                p.terminate()
-                try:
-                    p.wait(10)
-                except subprocess.TimeoutExpired:
-                    p.kill()
+            stop_process(p)
         _ip("link", "del", self.host_dev)  # takes its peer with it
         _ip("netns", "del", self.name)
 

@@ -29,6 +29,8 @@ import sys
 from collections.abc import Iterable
 from pathlib import Path
 
+from lightpath.embedded_redis import stop_process
+
 CHUNK = 64 * 1024
 
 
@@ -147,13 +149,8 @@ class RelayProcess:
         self.proc.send_signal(signal.SIGUSR1 if on else signal.SIGUSR2)
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        if self.proc is not None:
+            stop_process(self.proc)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -13,6 +13,7 @@ predicted nodes, duplicates, slot pools and trigger modes.
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
@@ -21,6 +22,8 @@ from lightpath_services.agg_switch.command import CommandPlan, CommandSpec, Slot
 from lightpath_services.agg_switch.topology import NodeSpec, Topology, validate_topology
 from tests.agg_switch.fixtures import C, D, S, command
 from tests.agg_switch.sim import Simulation
+
+pytestmark = pytest.mark.slow  # runs for many seconds: handed out first
 
 KINDS = [
     (DType.INT64, Op.SUM, OrderPolicy.PRESET),

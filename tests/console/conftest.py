@@ -50,7 +50,10 @@ class ConsoleStack:
         return ssl.create_default_context(cafile=str(self.ca))
 
 
-@pytest.fixture(scope="session")
+# Package scope, not session: the stack idles at ~0.07 of a core (pods heartbeating, the
+# console polling), which over a whole run on one worker was ~70 CPU-s spent on nothing.
+# Its users (test_browser, test_http) share one xdist group, so they run back to back.
+@pytest.fixture(scope="package")
 def console_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ConsoleStack]:
     state_dir = tmp_path_factory.mktemp("console-stack")
     stack = Stack(

@@ -165,6 +165,7 @@ def test_earliest_start_matches_the_old_search_on_random_schedules(
         same(got, old.earliest_start(need, duration, after, last, devices))
 
 
+@pytest.mark.slow  # runs for many seconds: handed out first
 @settings(max_examples=1000, deadline=None)
 @given(
     st.lists(dense_rows, min_size=5, max_size=40),
@@ -315,6 +316,7 @@ def test_offers_match_the_old_sweep_whatever_the_grid_holds(
     assert cap.offers(start, start + length, devices).tolist() == want.tolist()
 
 
+@pytest.mark.slow  # runs for many seconds: handed out first
 def test_the_grid_slides_with_the_searches_and_keeps_their_answers():
     """Searches from later and later instants (time going on), then an earlier
     one, with changes in between: the coarse grid moves by a few cells, by more

@@ -9,10 +9,13 @@ commit) a no-op."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lightpath_services.core_broker.capacity import Allocation, CapacityMap, Device
+
+pytestmark = pytest.mark.slow  # runs for many seconds: handed out first
 
 CORES = [4, 6, 8]
 CELL = 5

@@ -7,6 +7,7 @@ earlier set could still have taken".
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -26,6 +27,8 @@ from lightpath.graph.spec import (
     from_proto,
     to_proto,
 )
+
+pytestmark = pytest.mark.slow  # runs for many seconds: handed out first
 
 CUSTOM = "tests.graph.kinds:Pass"
 

@@ -16,6 +16,8 @@ import contextlib
 from dataclasses import replace
 from typing import Any
 
+import pytest
+
 from lightpath.client import channel
 from lightpath.domain.slices import grid_positions
 from lightpath.v1 import common_pb2 as c
@@ -32,6 +34,8 @@ from lightpath_services.sim.engine import (
 )
 from lightpath_services.sim.workload import Generator
 from tests.helpers import serve
+
+pytestmark = pytest.mark.slow  # runs for many seconds: handed out first
 
 POD = "pod-0"
 # The service as it ships, with its age bound at 0: every blocked job is past it, so

@@ -15,7 +15,7 @@ from pathlib import Path
 from lightpath.domain.southbound import OCS, devices
 from lightpath.domain.switch_timing import SwitchTiming
 from lightpath.domain.torus import Fabric
-from lightpath.embedded_redis import EmbeddedRedis, free_port
+from lightpath.embedded_redis import EmbeddedRedis, free_port, stop_process
 from lightpath_services.ocs_manager.device_switch import PortSides
 from lightpath_services.switch_emulators.polatis import write_host_key
 from lightpath_services.switch_emulators.sonic import OrchagentEmulator
@@ -119,13 +119,7 @@ class NetconfLab:
         }
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc)
 
 
 def start_netconf(

@@ -7,12 +7,15 @@ from __future__ import annotations
 import asyncio
 
 import grpc
+import pytest
 
 from lightpath.v1 import common_pb2
 from lightpath.v1 import ocs_manager_pb2 as pb
 from lightpath.v1 import workload_scheduler_pb2 as ws
 from tests.switch_agent.conftest import agent_process, inject
 from tests.workload_scheduler.conftest import POD, ocs_env, pod_stack, rpc_error
+
+pytestmark = pytest.mark.slow  # runs for many seconds: handed out first
 
 RUNNING = common_pb2.JOB_STATE_RUNNING
 

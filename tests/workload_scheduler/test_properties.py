@@ -10,6 +10,7 @@ against the real workload_scheduler, ocs_manager and Redis keep the issue's inva
 from __future__ import annotations
 
 import grpc
+import pytest
 import redis.asyncio as aioredis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -19,6 +20,8 @@ from lightpath.v1 import workload_scheduler_pb2 as ws
 from lightpath_services.workload_scheduler.store import PodStore
 from tests.workload_scheduler.conftest import POD, PodStack, pod_stack
 from tests.workload_scheduler.podfixtures import fabric
+
+pytestmark = pytest.mark.slow  # runs for many seconds: handed out first
 
 BLOCKS = 8
 POLICIES = [

@@ -13,19 +13,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from lightpath.domain.torus import FIRST, SECOND, Fabric
+from lightpath.limits import varint as _varint
 from lightpath_services.ocs_manager.wiring import Link, link_ports, one_to_many_settings
-
-
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        low, n = n & 0x7F, n >> 7
-        if n:
-            out.append(low | 0x80)
-        else:
-            out.append(low)
-            return bytes(out)
-
 
 _SMALL = [_varint(i) for i in range(4096)]
 
