@@ -50,7 +50,6 @@ import hashlib
 import logging
 import struct
 from abc import ABC, abstractmethod
-from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -71,6 +70,7 @@ from lightpath.errors import (
 )
 from lightpath.v1 import optical_switch_pb2 as pb
 from lightpath_services.common.errors import to_status_proto
+from lightpath_services.common.idempotency import KeptBatches
 
 log = logging.getLogger("lightpath.ocs_manager")
 
@@ -250,12 +250,6 @@ class DeviceStats:
     replans: int = 0  # of those, refused by the device (the table had moved) and re-read
 
 
-@dataclass
-class _Outcome:
-    fingerprint: bytes
-    future: asyncio.Future[pb.ApplyBatchResponse]
-
-
 class DeviceSwitch(ABC):
     """One OCS behind its own management interface, answering like a switch agent."""
 
@@ -278,11 +272,9 @@ class DeviceSwitch(ABC):
         self.address = address
         self.sides = PortSides.of(fabric, device)
         self.settle_timeout_s = settle_timeout_s
-        self.keys_kept = keys_kept
         self.stats = DeviceStats()
         self._lock = asyncio.Lock()
-        self._keys: OrderedDict[str, _Outcome] = OrderedDict()
-        self._tasks: set[asyncio.Task[pb.ApplyBatchResponse]] = set()
+        self._keys: KeptBatches[bytes, pb.ApplyBatchResponse] = KeptBatches(keys_kept)
         # (boot id, table) as this driver last read or wrote it; None: read before a batch
         self._known: tuple[str, dict[int, int]] | None = None
         self._batches_begun = 0  # a read records `_known` only if no batch ran meanwhile
@@ -420,7 +412,7 @@ class DeviceSwitch(ABC):
             raise _rpc_error(err, self._meta((0, 0), "", None)) from None
         kept = self._keys.get(request.batch_id)
         if kept is not None:
-            if kept.fingerprint != _without_id(request):
+            if kept[0] != _without_id(request):
                 self.stats.batches_failed += 1
                 reused = InvalidArgument(
                     "batch_id",
@@ -430,31 +422,18 @@ class DeviceSwitch(ABC):
                 )
                 raise _rpc_error(reused, self._meta((0, 0), "", None))
             self.stats.batches_replayed += 1
-            reply = await self._wait(kept.future, timeout)
+            reply = await self._wait(kept[1], timeout)
             out = pb.ApplyBatchResponse()
             out.CopyFrom(reply)
             out.replayed = True
             return out
-        future: asyncio.Future[pb.ApplyBatchResponse] = asyncio.get_running_loop().create_future()
-        self._keys[request.batch_id] = _Outcome(_without_id(request), future)
-        while len(self._keys) > self.keys_kept:
-            self._keys.popitem(last=False)
-        task = asyncio.ensure_future(self._run(request))
-        self._tasks.add(task)
-
-        def done(t: asyncio.Task[pb.ApplyBatchResponse]) -> None:
-            self._tasks.discard(t)
-            if t.cancelled():
-                future.cancel()
-            elif t.exception() is not None:
-                self.stats.batches_failed += 1
-                future.set_exception(t.exception())  # type: ignore[arg-type]
-                future.exception()  # kept for replays; not an error if nobody waits now
-            else:
-                future.set_result(t.result())
-
-        task.add_done_callback(done)
+        future = self._keys.start(
+            request.batch_id, _without_id(request), self._run(request), self._failed
+        )
         return await self._wait(future, timeout)
+
+    def _failed(self) -> None:
+        self.stats.batches_failed += 1
 
     # -- inside ---------------------------------------------------------------------------
 
@@ -478,9 +457,7 @@ class DeviceSwitch(ABC):
                 if failure.error.reason == "SWITCH_UNREACHABLE" and failure.progress == (0, 0):
                     # out of reach before anything was sent: not accepted, so not kept (the
                     # same key later is a new attempt; docs/ocs_southbound.md, Idempotency)
-                    kept = self._keys.get(request.batch_id)
-                    if kept is not None and not kept.future.done():
-                        del self._keys[request.batch_id]
+                    self._keys.forget_unfinished(request.batch_id)
                 raise _rpc_error(
                     failure.error, self._meta(failure.progress, self._batch_boot, None)
                 ) from None

@@ -48,6 +48,7 @@ from lightpath.errors import (
     LightpathError,
     Unavailable,
 )
+from lightpath_services.common.idempotency import KeptBatches
 from lightpath_services.switch_agent.faults import Faults
 
 Pair = tuple[int, int]
@@ -126,11 +127,12 @@ class SimulatedSwitch:
     keys_kept: int = 1024
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     _reboot: asyncio.Event = field(default_factory=asyncio.Event)  # set when this boot ends
-    _keys: OrderedDict[str, tuple[str, asyncio.Future[Applied]]] = field(
-        default_factory=OrderedDict
-    )
+    _keys: KeptBatches[str, Applied] = field(init=False)
     # lease id -> the highest fence token seen (fencing)
     fences: OrderedDict[str, int] = field(default_factory=OrderedDict)
+
+    def __post_init__(self) -> None:
+        self._keys = KeptBatches(self.keys_kept)
 
     @property
     def id(self) -> str:
@@ -152,6 +154,9 @@ class SimulatedSwitch:
 
     def pairs(self) -> list[Pair]:
         return sorted((p, q) for p, q in self.table.items() if p < q)
+
+    def _failed(self) -> None:
+        self.stats.batches_failed += 1
 
     # -- restart ---------------------------------------------------------------------
 
@@ -203,25 +208,12 @@ class SimulatedSwitch:
                 )
             self.stats.batches_replayed += 1
             return await asyncio.shield(kept[1]), True
-        future: asyncio.Future[Applied] = asyncio.get_running_loop().create_future()
-        self._keys[batch_id] = (fingerprint, future)
-        while len(self._keys) > self.keys_kept:
-            self._keys.popitem(last=False)
-        task = asyncio.ensure_future(
-            self._run(batch, settle_s, persist, expect_boot_id, expect_version, fence)
+        future = self._keys.start(
+            batch_id,
+            fingerprint,
+            self._run(batch, settle_s, persist, expect_boot_id, expect_version, fence),
+            self._failed,
         )
-
-        def done(t: asyncio.Task[Applied]) -> None:
-            if t.cancelled():
-                future.cancel()
-            elif t.exception() is not None:
-                self.stats.batches_failed += 1
-                future.set_exception(t.exception())  # type: ignore[arg-type]
-                future.exception()  # kept for replays; not an error if nobody waits now
-            else:
-                future.set_result(t.result())
-
-        task.add_done_callback(done)
         # The batch runs to its end even if this call is cancelled (its caller went away).
         return await asyncio.shield(future), False
 
