@@ -23,12 +23,13 @@ SID = "ocs-x-0-0"
 DEVICE = next(d for d in devices(FABRIC) if d.id == SID)
 
 
-def batch(key: str, connect=(), disconnect=()) -> pb.ApplyBatchRequest:
+def batch(key: str, connect=(), disconnect=(), fence=None) -> pb.ApplyBatchRequest:
     return pb.ApplyBatchRequest(
         switch_id=SID,
         batch_id=key,
         connect=[pb.PortPair(port_a=p, port_b=q) for p, q in connect],
         disconnect=[pb.PortPair(port_a=p, port_b=q) for p, q in disconnect],
+        fence=None if fence is None else pb.Fence(lease_id=fence[0], token=fence[1]),
     )
 
 
@@ -286,3 +287,51 @@ async def test_a_batch_planned_without_a_read_is_guarded_by_the_switch(lab, swit
     assert (switch.stats.planned_unread, switch.stats.replans) == (4, 2)
     assert await config_db(lab) == {"OCS_CROSS_CONNECT|4A-3B": {"a_side": "4A", "b_side": "3B"}}
     assert reply.boot_id == (await switch.GetCrossConnects(pb.GetCrossConnectsRequest())).boot_id
+
+
+async def test_a_paused_replicas_late_batch_is_refused_by_the_switch_itself(lab, switch):
+    """Fencing on the device: two ocs_manager replicas drive one SONiC switch; the one
+    that took a slice's change over (token 5) rolled it back, so the batch the paused
+    holder (token 4) sends when it wakes is refused by the switch's own script,
+    whichever way it is written, with nothing written. A batch that moves nothing still
+    records its token."""
+
+    async def refused(sw, key, **kw):
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await sw.ApplyBatch(batch(key, **kw), timeout=5)
+        rep = error_report(err.value)
+        assert (rep.code, rep.reason) == (grpc.StatusCode.FAILED_PRECONDITION, "STALE_LEASE")
+        assert "lease job-a" in rep.message and "token 5" in rep.message
+
+    r = aioredis.Redis(port=lab[SID].server.port, db=4, decode_responses=True)
+    paused = SonicSwitch(FABRIC, DEVICE, lab[SID].url, settle_timeout_s=5)
+    try:
+        await switch.ApplyBatch(batch("t1", connect=[(4, 1)], fence=("job-b", 3)), timeout=5)
+        # the new holder's rollback moves nothing here: its token is kept all the same
+        await switch.ApplyBatch(batch("t2", disconnect=[(5, 0)], fence=("job-a", 5)), timeout=5)
+        assert await r.hget("LIGHTPATH_FENCE|job-a", "token") == "5"
+        assert 0 < await r.pttl("LIGHTPATH_FENCE|job-a")  # kept for a time, not for ever
+        before = await config_db(lab)
+
+        # the paused holder's batch, planned on a read (WATCH, then MULTI/EXEC)
+        await refused(paused, "late1", connect=[(5, 0)], fence=("job-a", 4))
+        # and planned on the table it knew, without a read (the guarded script)
+        await paused.GetCrossConnects(pb.GetCrossConnectsRequest(switch_id=SID))
+        await refused(paused, "late2", connect=[(5, 0)], fence=("job-a", 4))
+        assert paused.stats.planned_unread == 1 and paused.stats.stale_batches_refused == 2
+        assert await config_db(lab) == before
+        assert await r.hget("LIGHTPATH_FENCE|job-a", "token") == "5"
+
+        # the holder's own batches, another lease's older token and unfenced ones go on
+        await paused.ApplyBatch(batch("t3", connect=[(5, 0)], fence=("job-a", 5)), timeout=5)
+        await paused.ApplyBatch(batch("t4", connect=[(6, 3)], fence=("job-c", 1)), timeout=5)
+        await switch.ApplyBatch(batch("t5", disconnect=[(6, 3)]), timeout=5)
+        assert set(await config_db(lab)) == {
+            "OCS_CROSS_CONNECT|2A-1B",
+            "OCS_CROSS_CONNECT|1A-2B",
+        }
+        # a batch that moves nothing under an older token is refused too
+        await refused(switch, "late3", disconnect=[(7, 2)], fence=("job-a", 4))
+    finally:
+        await paused.close()
+        await r.aclose()

@@ -69,6 +69,7 @@ from lightpath.errors import (
     Unavailable,
 )
 from lightpath.v1 import optical_switch_pb2 as pb
+from lightpath.v1.optical_switch_pb2 import Fence
 from lightpath_services.common.errors import to_status_proto
 from lightpath_services.common.idempotency import KeptBatches
 
@@ -248,6 +249,7 @@ class DeviceStats:
     edits: int = 0  # device transactions / edit-configs sent
     planned_unread: int = 0  # batches planned on the table last known, without a read
     replans: int = 0  # of those, refused by the device (the table had moved) and re-read
+    stale_batches_refused: int = 0  # an older fence token than the device had seen
 
 
 class DeviceSwitch(ABC):
@@ -257,6 +259,10 @@ class DeviceSwitch(ABC):
     # the device refuses an edit whose deletes are missing or whose makes find a port
     # taken, atomically (see the module's doc): its batches may skip the read
     guarded_edits = False
+    # the device keeps each lease's highest fence token and refuses an older one in the
+    # same step as the write (SONiC: a CONFIG_DB table its scripts check); a device that
+    # cannot is not fenced (NETCONF: docs/faults.md)
+    fenced = False
 
     def __init__(
         self,
@@ -305,14 +311,39 @@ class DeviceSwitch(ABC):
 
     @abstractmethod
     async def edit(
-        self, edit: Plan, boot_id: str, version: int | None, *, unread: bool = False
+        self,
+        edit: Plan,
+        boot_id: str,
+        version: int | None,
+        *,
+        unread: bool = False,
+        fence: Fence | None = None,
     ) -> None:
         """Apply one edit (deletes before adds) and wait until its ports settled.
         `version`: refuse (DeviceFailure VERSION_MISMATCH) if the table moved since it was
         read at that version (None: no guard). `unread` (devices with `guarded_edits`):
         planned on the table last known, not read; the device must find every delete and
-        every make's ports free, else raise TableMoved having applied nothing. Raises
+        every make's ports free, else raise TableMoved having applied nothing. `fence`
+        (devices that are `fenced`): refuse (`stale_lease`) if the device has seen a
+        newer token of its lease, having applied nothing; else keep it. Raises
         DeviceFailure."""
+
+    async def keep_fence(self, fence: Fence) -> None:  # noqa: B027 (fenced devices only)
+        """Record `fence` for a batch that moves nothing on this device (refusing it as
+        `edit` would when it is older), so that a late batch of an older holder of the
+        lease is still refused here."""
+
+    def stale_lease(self, fence: Fence, seen: int) -> DeviceFailure:
+        """The refusal of a batch whose fence is older than one the device has seen."""
+        self.stats.stale_batches_refused += 1
+        return DeviceFailure(
+            FailedPrecondition(
+                f"lease {fence.lease_id}",
+                f"has a newer holder on switch {self.id} (token {seen}) than this batch's "
+                f"({fence.token}): nothing applied",
+                reason="STALE_LEASE",
+            )
+        )
 
     async def _read_known(self) -> tuple[dict[int, int], str]:
         """read_table, remembered as the table last known if no batch ran meanwhile."""
@@ -499,7 +530,7 @@ class DeviceSwitch(ABC):
         self.stats.planned_unread += 1
         self.stats.edits += 1
         try:
-            await self.edit(edit, boot, None, unread=True)
+            await self.edit(edit, boot, None, unread=True, fence=self._fence_of(request))
         except TableMoved:
             self.stats.replans += 1
             return None
@@ -524,12 +555,20 @@ class DeviceSwitch(ABC):
             )
             raise DeviceFailure(err)
         edit = plan(self.sides, held, request)
+        fence = self._fence_of(request)
         if not edit.empty:
             self.stats.edits += 1
             guard = version if request.HasField("expect_version") else None
-            await self.edit(edit, boot, guard)
+            await self.edit(edit, boot, guard, fence=fence)
             self.stats.batches_applied += 1
+        elif fence is not None:
+            await self.keep_fence(fence)
         return edit
+
+    def _fence_of(self, request: pb.ApplyBatchRequest) -> Fence | None:
+        if not self.fenced or not request.HasField("fence") or not request.fence.lease_id:
+            return None
+        return request.fence
 
     async def _wait(
         self, future: asyncio.Future[pb.ApplyBatchResponse], timeout: float | None

@@ -56,6 +56,7 @@ from lightpath.domain.southbound import SouthboundDevice
 from lightpath.domain.torus import Fabric
 from lightpath.errors import FailedPrecondition
 from lightpath.v1 import optical_switch_pb2 as pb
+from lightpath.v1.optical_switch_pb2 import Fence
 from lightpath_services.ocs_manager.device_switch import (
     DeviceFailure,
     DeviceInventory,
@@ -378,7 +379,13 @@ class NetconfSwitch(DeviceSwitch):
         return out
 
     async def edit(
-        self, edit: Plan, boot_id: str, version: int | None, *, unread: bool = False
+        self,
+        edit: Plan,
+        boot_id: str,
+        version: int | None,
+        *,
+        unread: bool = False,
+        fence: Fence | None = None,  # not fenced: nowhere on a Polatis to keep a token
     ) -> None:
         # planned without a read: `create` (data-exists if the ingress holds a pair) and
         # `delete` (data-missing if the pair is gone) make the edit its own guard

@@ -66,6 +66,7 @@ from lightpath.domain.southbound import SouthboundDevice
 from lightpath.domain.torus import FIRST, Fabric
 from lightpath.errors import FailedPrecondition, Unavailable
 from lightpath.v1 import optical_switch_pb2 as pb
+from lightpath.v1.optical_switch_pb2 import Fence
 from lightpath_services.common.redis_packing import fast_packing
 from lightpath_services.ocs_manager.device_switch import (
     DeviceFailure,
@@ -89,10 +90,17 @@ _NAME = re.compile(r"^([1-9][0-9]*)([AB])$")
 # as safe on a switch's Redis as the swss-common scripts SONiC runs there itself.
 # Every read script answers the Redis run id first (the switch's boot id): a batch needs
 # it before and after, and INFO on its own was a round trip each.
-HASHES_LUA, TABLE_LUA, SETTLE_LUA, WRITE_LUA, GUARDED_LUA = (
+HASHES_LUA, TABLE_LUA, SETTLE_LUA, FENCE_LUA, _WRITE, _GUARDED = (
     resources.files(__package__).joinpath(f"sonic_{name}.lua").read_text()
-    for name in ("hashes", "table", "settle", "write", "guarded")
+    for name in ("hashes", "table", "settle", "fence", "write", "guarded")
 )
+# The writes check the batch's fence in the same script (sonic_fence.lua); a batch that
+# moves nothing on a switch still records it there (KEEP_FENCE_LUA).
+WRITE_LUA, GUARDED_LUA = FENCE_LUA + _WRITE, FENCE_LUA + _GUARDED
+KEEP_FENCE_LUA = FENCE_LUA + "return older_than_seen(ARGV[1], ARGV[2], ARGV[3]) or 0\n"
+# How long a lease's fence row is kept on the switch after its last batch: far beyond
+# any change lease (30 s) and any pause a process wakes from to send a batch.
+FENCE_KEPT_MS = 7 * 24 * 3600 * 1000
 # How long a batch waits for a STATE_DB notification once the switch has been seen to
 # send them, before it reads anyway: a notification is lost only with its connection
 # (which the wait hears, and polls from then on), so this is a safety net, set beyond a
@@ -137,6 +145,13 @@ class SonicAddress:
         return f"sonic://{self.host}:{self.port}{dbs}"
 
 
+def _fence_args(fence: Fence | None) -> tuple[str, str, str]:
+    """A batch's fence as the scripts take it: lease id ("" unfenced), token, ms kept."""
+    if fence is None:
+        return ("", "0", "0")
+    return (fence.lease_id, str(fence.token), str(FENCE_KEPT_MS))
+
+
 def xc_key(a: str, b: str) -> str:
     return f"{XC}|{a}-{b}"
 
@@ -153,6 +168,7 @@ class SonicSwitch(DeviceSwitch):
 
     driver_name = "SONiC"
     guarded_edits = True  # GUARDED_LUA: the write checks what it touches, atomically
+    fenced = True  # sonic_fence.lua: the writes check the lease's token, atomically
 
     def __init__(
         self,
@@ -385,7 +401,13 @@ class SonicSwitch(DeviceSwitch):
             await self.config.connection_pool.release(conn)
 
     async def edit(
-        self, edit: Plan, boot_id: str, version: int | None, *, unread: bool = False
+        self,
+        edit: Plan,
+        boot_id: str,
+        version: int | None,
+        *,
+        unread: bool = False,
+        fence: Fence | None = None,
     ) -> None:
         adds = [(self.name(a), self.name(b)) for a, b in edit.adds]
         deletes = [(self.name(a), self.name(b)) for a, b in edit.deletes]
@@ -400,13 +422,26 @@ class SonicSwitch(DeviceSwitch):
         if unread:
             connected = sorted({p for pair in edit.adds for p in pair})
             labels = "".join(f"{self.name(p)} {self.label(p)}\n" for p in connected)
-            await self._write_guarded(adds, deletes, labels, boot_id)
+            await self._write_guarded(adds, deletes, labels, boot_id, fence)
         else:
-            await self._commit(adds, deletes, version)
+            await self._commit(adds, deletes, version, fence)
         await self._settle(want, boot_id)
 
+    async def keep_fence(self, fence: Fence) -> None:
+        try:
+            seen = await _eval(self.config, KEEP_FENCE_LUA, *_fence_args(fence))
+        except RedisError as exc:
+            raise unreachable(self.id, str(self.addr), exc) from exc
+        if seen != 0:
+            raise self.stale_lease(fence, int(seen))
+
     async def _write_guarded(
-        self, adds: list[tuple[str, str]], deletes: list[tuple[str, str]], labels: str, boot: str
+        self,
+        adds: list[tuple[str, str]],
+        deletes: list[tuple[str, str]],
+        labels: str,
+        boot: str,
+        fence: Fence | None,
     ) -> None:
         """The batch planned without a read: one script that writes only if the switch is
         as planned for every pair it touches (GUARDED_LUA), in one round trip; else
@@ -419,6 +454,7 @@ class SonicSwitch(DeviceSwitch):
             "".join(f"{an} {bn}\n" for an, bn in deletes),
             "".join(f"{an} {bn}\n" for an, bn in adds),
             labels,
+            *_fence_args(fence),
         )
         for attempt in range(2):
             try:
@@ -444,11 +480,18 @@ class SonicSwitch(DeviceSwitch):
         self._boot = run_id
         if status == "moved":
             raise TableMoved()
+        if status == "stale":
+            assert fence is not None
+            raise self.stale_lease(fence, int(blocked[0]))
         if status == "blocked":
             raise self._blocked_refusal(blocked)
 
     async def _commit(
-        self, adds: list[tuple[str, str]], deletes: list[tuple[str, str]], version: int | None
+        self,
+        adds: list[tuple[str, str]],
+        deletes: list[tuple[str, str]],
+        version: int | None,
+        fence: Fence | None,
     ) -> None:
         connected = sorted({n for pair in adds for n in pair})
         sent = False
@@ -470,6 +513,7 @@ class SonicSwitch(DeviceSwitch):
                 "".join(f"{an} {bn}\n" for an, bn in deletes),
                 "".join(f"{an} {bn}\n" for an, bn in adds),
                 "".join(f"{n} {self._labels[n]}\n" for n in connected if n in self._relabel),
+                *_fence_args(fence),
             )
             sent = True
             _, _, done = await self._send([("MULTI",), write, ("EXEC",)])
@@ -482,6 +526,9 @@ class SonicSwitch(DeviceSwitch):
             raise failure from exc
         if done is None:  # a key WATCHed changed: EXEC ran nothing
             raise DeviceFailure(self._moved())
+        if isinstance(done[0], list) and done[0][0] == "stale":  # nothing written
+            assert fence is not None
+            raise self.stale_lease(fence, int(done[0][1]))
         if isinstance(done[0], ResponseError):  # a script stops where it failed: unknown
             raise DeviceFailure(
                 Unavailable(

@@ -6,10 +6,13 @@
 -- there; ARGV[3]: those it makes, both ports in no other cross-connect once those are
 -- removed; ARGV[4]: the ports it connects with their labels ("<name> <label>" a line),
 -- refused when an operator force_blocked one, relabelled where the label differs.
--- Answers {run id, 'ok'}, {run id, 'moved'} (nothing written) or {run id, 'blocked',
--- name, ...} (nothing written).
+-- ARGV[5..7]: the batch's fence (lease id, token, how long its row is kept).
+-- Answers {run id, 'ok'}, {run id, 'moved'} (nothing written), {run id, 'stale', newer
+-- token} (nothing written) or {run id, 'blocked', name, ...} (nothing written).
 local run_id = string.match(redis.call('INFO', 'server'), 'run_id:(%w+)')
 if run_id ~= ARGV[1] then return {run_id, 'moved'} end
+local seen = older_than_seen(ARGV[5], ARGV[6], ARGV[7])
+if seen then return {run_id, 'stale', seen} end
 local peer = {}
 for _, k in ipairs(redis.call('KEYS', 'OCS_CROSS_CONNECT|*')) do
   local row = redis.call('HMGET', k, 'a_side', 'b_side')

@@ -2,7 +2,11 @@
 -- that it runs under the batch's WATCH: every delete (ARGV[1], "<a> <b>" a line), then
 -- every create (ARGV[2]), then the labels of the ports it connects (ARGV[3], "<name>
 -- <label>" a line). One queued command, not one per entry: the client parsed an answer
--- (QUEUED) per command, 66 for a full pod's switch, 48 times a wire.
+-- (QUEUED) per command, 66 for a full pod's switch, 48 times a wire. ARGV[4..6]: the
+-- batch's fence (lease id, token, how long its row is kept): an older token than the
+-- lease's last writes nothing and answers {'stale', newer token}.
+local seen = older_than_seen(ARGV[4], ARGV[5], ARGV[6])
+if seen then return {'stale', seen} end
 for a, b in string.gmatch(ARGV[1], '([^ ]+) ([^\n]+)\n') do
   redis.call('DEL', 'OCS_CROSS_CONNECT|' .. a .. '-' .. b)
 end
