@@ -73,7 +73,7 @@ def one_seed(args: argparse.Namespace, seed: int) -> dict:
     jobs = Generator(load=args.load, jobs=args.jobs, seed=seed, chips=chips).generate(fabric)
     jobs = bursty_tenants(jobs, [q.tenant for q in quotas], seed=seed)
     base = SimConfig(policy=POLICIES[args.policy], pods=args.pods)
-    plain = simulate(jobs, base).stats
+    plain = simulate(jobs, replace(base, idle_reasons=True)).stats
     with_quotas = simulate(jobs, replace(base, quotas=quotas)).stats
     at_cell = simulate(jobs, replace(base, quotas=quotas, reclaimed_wait_at_cell=True)).stats
     reclaim = quota_model.QuotaBook.reclaim

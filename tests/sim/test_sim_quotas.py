@@ -116,6 +116,10 @@ def test_chips_a_delayed_job_holds_the_charge_of_are_counted_as_such():
     runs = {j.trace.job_id: j for j in again.jobs}
     assert runs["j7"].first_start == 150
     assert set(again.stats["idle_by_reason"]) == {"nothing_waits", "too_big"}
+    # without quotas, counted when asked for (the pod was full once beta's jobs came)
+    assert simulate(jobs, SimConfig()).stats["idle_by_reason"] == {}
+    plain = simulate(jobs, SimConfig(idle_reasons=True)).stats["idle_by_reason"]
+    assert set(plain) == {"nothing_waits"}
 
 
 def test_without_a_cohort_nothing_is_borrowed():

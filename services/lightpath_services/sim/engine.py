@@ -199,6 +199,9 @@ class SimConfig:
     # tenant's quota, resuming on free chips only (what the service does); True, back in
     # the cell queue, its quota given back (Kueue's requeue; not in the service).
     reclaimed_wait_at_cell: bool = False
+    # Count free chips by why (`idle_by_reason`) without quotas too (with quotas always):
+    # it looks at the waiting jobs after every event, which a long run need not pay for.
+    idle_reasons: bool = False
 
 
 @dataclass
@@ -314,6 +317,7 @@ class Sim:
         self.window_areas = [0.0, 0.0, 0.0]  # busy, healthy, frag inside the window
         # Free healthy chip-seconds inside the window by why they were free (IDLE_REASONS).
         self.idle_areas: dict[str, float] = {}
+        self.idle_reasons = config.idle_reasons or bool(config.quotas)
         self.quota = (
             SimQuotas(config.quotas, self.chips_total, config.half_life_s)
             if config.quotas and not config.policy.static
@@ -343,7 +347,7 @@ class Sim:
                 self.window_areas[0] += self.busy * (b - a)
                 self.window_areas[1] += healthy * (b - a)
                 self.window_areas[2] += self.idle_waiting * (b - a)
-                free = self.model.free_chips()
+                free = self.model.free_chips() if self.idle_reasons else 0
                 if free:
                     why = self.model.idle_reason()
                     self.idle_areas[why] = self.idle_areas.get(why, 0.0) + free * (b - a)
@@ -588,6 +592,9 @@ class OcsModel(_Model):
         self.jobs: dict[str, SliceJob] = {}  # jobs waiting at the cell
         self._no_pod: set[tuple[int, int]] = set()  # (demand, priority) no pod takes now
         self._no_pod_at: tuple[int, ...] = ()  # at these pod versions
+        # idle_reason: whether a (demand, priority) fits some pod now, at these versions
+        self._fits: dict[tuple[int, int], bool] = {}
+        self._fits_at: tuple[int, ...] = ()
         # Tests: called with each allocation before it is applied.
         self.on_decision: Callable[[OcsPod, Allocation], None] | None = None
 
@@ -786,7 +793,8 @@ class OcsModel(_Model):
         shrink) suspended, to restart from its checkpoint: the job to put in the pod's
         queue once the owner's job has its chips (None: terminated). As the service's
         pod does with a job a reclaim delays: still admitted there, so still charged to
-        its tenant's quota, and resuming on free chips only (`yields`)."""
+        its tenant's quota, and resuming on free chips only (`yields`). With
+        `reclaimed_wait_at_cell`, back in the cell queue instead, uncharged (None)."""
         sim = self.sim
         quota = sim.quota
         assert quota is not None
@@ -818,27 +826,37 @@ class OcsModel(_Model):
     def idle_reason(self) -> str:
         """Why the pods' free chips are free now (one of IDLE_REASONS): what the waiting
         jobs lack, asked of the cell's own choice (a pod where the job fits now) and of
-        the quota model."""
-        waiting = [(j, True) for j in self.jobs.values()]
-        waiting += [(j, False) for p in self.pods for j in p.waiting.values()]
-        if not waiting:
+        the quota model, once per distinct demand, priority and tenant."""
+        by_id = self.sim.by_id
+        # (demand, priority, tenant, at the cell?) -> a waiting job of that kind
+        kinds: dict[tuple[int, int, str, bool], SliceJob] = {}
+        for j in self.jobs.values():
+            key = (_demand_id(j.demand), j.priority, by_id[j.job_id].trace.tenant, True)
+            kinds.setdefault(key, j)
+        for p in self.pods:
+            for job_id, j in p.waiting.items():
+                kinds.setdefault((*p.traits[job_id][0], by_id[job_id].trace.tenant, False), j)
+        if not kinds:
             return NOTHING_WAITS
         quota = self.sim.quota
         views = [p.view() for p in self.pods]
-        fits: dict[tuple[int, int], bool] = {}
+        versions = tuple(p.version for p in self.pods)
+        if versions != self._fits_at:  # a view changes only with its pod's version
+            self._fits_at, self._fits = versions, {}
+        fits = self._fits
         refused = ""
         without_delayed: QuotaBook | None = None
-        for job, at_cell in waiting:
-            key = (_demand_id(job.demand), job.priority)
-            if key not in fits:
+        for (demand_id, priority, tenant, at_cell), job in kinds.items():
+            if (demand_id, priority) not in fits:
                 need = self._need(job)
-                demand = JobDemand(job.job_id, job.priority, {v.pod_id: need for v in views})
-                fits[key] = any(c.how == FITS for c in choose(demand, views).candidates)
-            if not fits[key]:
+                demand = JobDemand(job.job_id, priority, {v.pod_id: need for v in views})
+                fits[demand_id, priority] = any(
+                    c.how == FITS for c in choose(demand, views).candidates
+                )
+            if not fits[demand_id, priority]:
                 continue
             if quota is None or not at_cell:
                 return NOT_PLACED
-            tenant = self.sim.by_id[job.job_id].trace.tenant
             chips = {NODE_TYPE: self._chips(job)}
             if quota.book.check(tenant, chips).ok:
                 return NOT_PLACED
@@ -850,9 +868,8 @@ class OcsModel(_Model):
         if refused:
             return refused
         if quota is not None and all(
-            (n := quota.nominal(self.sim.by_id[j.job_id].trace.tenant)) is not None
-            and self._chips(j) > n
-            for j, _ in waiting
+            (n := quota.nominal(tenant)) is not None and self._chips(j) > n
+            for (_, _, tenant, _), j in kinds.items()
         ):
             return ABOVE_NOMINAL
         return TOO_BIG
