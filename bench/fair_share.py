@@ -1,23 +1,31 @@
-"""Benchmark: what quotas and fair share do to one superpod (issue 35).
+"""Benchmark: what quotas and fair share do to a cell (issue 35).
 
-    python3 dev.py bench fair_share [--jobs 1500] [--load 0.95] [--policy priority] [--pods 1]
+    python3 dev.py bench fair_share [--jobs 1500] [--load 0.95] [--policy priority]
+                                    [--pods 1] [--seeds 1,2,3]
 
 Three tenants share one 4,096-chip superpod in one cohort with nominal quotas of
 50 / 31 / 19 % (examples/sim_quotas.json; with `--pods N`, a cell of N pods, the
 quotas scaled to it and the offered load to its chips); the Table 2 mix at the
 offered load, each sixth of the arrival window a burst of one tenant (4x the others'
-rate). The same trace runs without quotas and with them, side by side:
+rate). Per seed (the workload's and the bursts'), the same trace runs without quotas
+and with them, side by side:
 
 * `utilisation_no_quotas`, `utilisation_quotas` (healthy chips busy over the
   arrival window) and `utilisation_gap_points` (the first minus the second, goal
-  <= 3); `utilisation_quotas_no_reclaim`: with quotas but no reclaim, to show what
-  reclaiming lent chips for owners costs;
-* per tenant: `nominal_share`, `share_held` (mean share of the pod's chips it held),
-  `denied_within_nominal` (of the time it had a job waiting, the share during which
-  a job of its that fits within its nominal quota waited: 0 = it got its nominal
-  share whenever it asked), mean wait in hours;
-* `reclaims`: borrowed jobs preempted for owners.
+  <= 3); a job a reclaim delayed waits in its pod's queue, still charged, as the
+  service keeps it;
+* `utilisation_quotas_delayed_at_cell`: the same, but a delayed job goes back to the
+  cell queue and gives its quota back (Kueue's requeue; not what the service does),
+  and `utilisation_quotas_no_reclaim`: borrowing without reclaim;
+* `idle_points` per run: the healthy chip-seconds left free, by why (the simulator's
+  `idle_by_reason`, in points of utilisation: they add up with it to ~100);
+* per tenant: `nominal_share`, `share_held` (mean share of the cell's chips it
+  held), `denied_within_nominal` (of the time it had a job waiting, the share during
+  which a job of its that fits within its nominal quota waited: 0 = it got its
+  nominal share whenever it asked), mean wait in hours; `reclaims`.
 
+The top level gives the worst seed's gap (`utilisation_gap_points`, and
+`..._delayed_at_cell`) and the most any tenant was denied within nominal.
 `load_avg_1m` is the machine's load at the end. A benchmark, not a test.
 """
 
@@ -39,41 +47,81 @@ from lightpath_services.sim.workload import Generator, bursty_tenants
 QUOTAS = Path(__file__).resolve().parent.parent / "examples" / "sim_quotas.json"
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--jobs", type=int, default=1500)
-    parser.add_argument("--load", type=float, default=0.95)
-    parser.add_argument("--policy", default="priority", choices=sorted(POLICIES))
-    parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--pods", type=int, default=1)
-    args = parser.parse_args()
-    quotas = tuple(
-        replace(q, nominal={t: n * args.pods for t, n in q.nominal.items()})
-        for q in load_quotas(QUOTAS)
-    )
-    fabric = pod_fabric("pod-0")
-    chips = fabric.chips_per_block * fabric.block_count * args.pods
-    jobs = Generator(load=args.load, jobs=args.jobs, seed=args.seed, chips=chips).generate(fabric)
-    jobs = bursty_tenants(jobs, [q.tenant for q in quotas], seed=args.seed)
-    policy = POLICIES[args.policy]
-    plain = simulate(jobs, SimConfig(policy=policy, pods=args.pods)).stats
-    with_quotas = simulate(jobs, SimConfig(policy=policy, pods=args.pods, quotas=quotas)).stats
-    reclaim = quota_model.QuotaBook.reclaim
-    quota_model.QuotaBook.reclaim = lambda *a, **k: None  # type: ignore[method-assign]
-    try:
-        no_reclaim = simulate(jobs, SimConfig(policy=policy, pods=args.pods, quotas=quotas)).stats
-    finally:
-        quota_model.QuotaBook.reclaim = reclaim  # type: ignore[method-assign]
-    tenants = {
+def _points(stats: dict) -> dict[str, float]:
+    return {k: round(100 * v, 2) for k, v in stats["idle_by_reason"].items()}
+
+
+def _tenants(stats: dict) -> dict[str, dict[str, float]]:
+    return {
         t: {
             "nominal_share": round(v["nominal_share"], 4),
             "share_held": round(v["share_held"], 4),
             "denied_within_nominal": round(v["denied_within_nominal"], 5),
             "mean_wait_h": round(v["mean_wait_s"] / 3600, 2),
         }
-        for t, v in with_quotas["quotas"]["tenants"].items()
+        for t, v in stats["quotas"]["tenants"].items()
     }
-    u0, u1 = plain["utilisation_healthy"], with_quotas["utilisation_healthy"]
+
+
+def one_seed(args: argparse.Namespace, seed: int) -> dict:
+    quotas = tuple(
+        replace(q, nominal={t: n * args.pods for t, n in q.nominal.items()})
+        for q in load_quotas(QUOTAS)
+    )
+    fabric = pod_fabric("pod-0")
+    chips = fabric.chips_per_block * fabric.block_count * args.pods
+    jobs = Generator(load=args.load, jobs=args.jobs, seed=seed, chips=chips).generate(fabric)
+    jobs = bursty_tenants(jobs, [q.tenant for q in quotas], seed=seed)
+    base = SimConfig(policy=POLICIES[args.policy], pods=args.pods)
+    plain = simulate(jobs, replace(base, idle_reasons=True)).stats
+    with_quotas = simulate(jobs, replace(base, quotas=quotas)).stats
+    at_cell = simulate(jobs, replace(base, quotas=quotas, reclaimed_wait_at_cell=True)).stats
+    reclaim = quota_model.QuotaBook.reclaim
+    quota_model.QuotaBook.reclaim = lambda *a, **k: None  # type: ignore[method-assign]
+    try:
+        no_reclaim = simulate(jobs, replace(base, quotas=quotas)).stats
+    finally:
+        quota_model.QuotaBook.reclaim = reclaim  # type: ignore[method-assign]
+    u0, u1, u2 = (s["utilisation_healthy"] for s in (plain, with_quotas, at_cell))
+    return {
+        "seed": seed,
+        "utilisation_no_quotas": round(u0, 4),
+        "utilisation_quotas": round(u1, 4),
+        "utilisation_gap_points": round(100 * (u0 - u1), 2),
+        "utilisation_quotas_delayed_at_cell": round(u2, 4),
+        "utilisation_gap_points_delayed_at_cell": round(100 * (u0 - u2), 2),
+        "utilisation_quotas_no_reclaim": round(no_reclaim["utilisation_healthy"], 4),
+        "reclaims": with_quotas["counters"].get("reclaims", 0),
+        "reclaims_delayed_at_cell": at_cell["counters"].get("reclaims", 0),
+        "idle_points": {
+            "no_quotas": _points(plain),
+            "quotas": _points(with_quotas),
+            "quotas_delayed_at_cell": _points(at_cell),
+        },
+        "tenants": _tenants(with_quotas),
+        "tenants_delayed_at_cell": _tenants(at_cell),
+    }
+
+
+def _most_denied(runs: list[dict], key: str) -> float:
+    return max(v["denied_within_nominal"] for r in runs for v in r[key].values())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=1500)
+    parser.add_argument("--load", type=float, default=0.95)
+    parser.add_argument("--policy", default="priority", choices=sorted(POLICIES))
+    parser.add_argument("--seeds", default="1", help="comma-separated workload seeds")
+    parser.add_argument("--pods", type=int, default=1)
+    args = parser.parse_args()
+    try:
+        seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+    except ValueError:
+        parser.error("--seeds takes whole numbers separated by commas, e.g. 1,2,3")
+    if not seeds:
+        parser.error("--seeds needs at least one seed, e.g. 1,2,3")
+    runs = [one_seed(args, s) for s in seeds]
     emit(
         {
             "bench": "fair_share",
@@ -81,12 +129,16 @@ def main() -> None:
             "pods": args.pods,
             "offered_load": args.load,
             "policy": args.policy,
-            "utilisation_no_quotas": round(u0, 4),
-            "utilisation_quotas": round(u1, 4),
-            "utilisation_gap_points": round(100 * (u0 - u1), 2),
-            "utilisation_quotas_no_reclaim": round(no_reclaim["utilisation_healthy"], 4),
-            "reclaims": with_quotas["counters"].get("reclaims", 0),
-            "tenants": tenants,
+            "seeds": seeds,
+            "utilisation_gap_points": max(r["utilisation_gap_points"] for r in runs),
+            "utilisation_gap_points_delayed_at_cell": max(
+                r["utilisation_gap_points_delayed_at_cell"] for r in runs
+            ),
+            "denied_within_nominal_most": _most_denied(runs, "tenants"),
+            "denied_within_nominal_most_delayed_at_cell": _most_denied(
+                runs, "tenants_delayed_at_cell"
+            ),
+            "runs": runs,
             "load_avg_1m": round(os.getloadavg()[0], 2),
         }
     )

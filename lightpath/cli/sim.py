@@ -272,6 +272,13 @@ def _report(args: argparse.Namespace, results, summaries, extra) -> int:
                 ["TENANT", "NOMINAL", "HELD", "ASKING", "DENIED WITHIN QUOTA", "WAIT_H"],
             )
         )
+        idle = run.get("idle_by_reason") or {}
+        if idle:
+            why = ", ".join(
+                f"{v:.1%} {k.replace('_', ' ')}"
+                for k, v in sorted(idle.items(), key=lambda i: -i[1])
+            )
+            print(f"healthy chips left free, by why: {why}")
     for p in written:
         print(f"wrote {p}")
     return 0

@@ -38,7 +38,7 @@ def test_idle_quota_is_lent_and_reclaimed_for_its_owner_at_once():
     # beta borrowed: all four of its jobs started at once on the idle pod
     assert [runs[f"j{i}"].first_start for i in (2, 3, 4, 5)] == [0, 1, 2, 3]
     # acme's job, within its nominal, started the moment it arrived: the two youngest
-    # borrowed beta jobs were reclaimed (delayed, back to the cell queue)
+    # borrowed beta jobs were reclaimed (delayed, waiting in the pod's queue)
     assert runs["j6"].first_start == 100
     assert [runs[f"j{i}"].preemptions for i in (2, 3, 4, 5)] == [0, 0, 1, 1]
     assert r.stats["counters"]["reclaims"] == 2
@@ -48,6 +48,78 @@ def test_idle_quota_is_lent_and_reclaimed_for_its_owner_at_once():
     tenants = r.stats["quotas"]["tenants"]
     assert tenants["acme"]["denied_within_nominal"] == 0
     assert tenants["beta"]["nominal_chips"] == 1024
+
+
+def test_a_job_a_reclaim_delayed_waits_on_its_pod_still_charged_and_yields(monkeypatch):
+    trace = "\n".join(
+        line.replace(",50,", ",90,") if ",beta," in line else line for line in BURST.splitlines()
+    )
+    jobs, bad = parse_trace(trace + "\n", FABRIC)
+    assert not bad
+    seen: dict[str, object] = {}
+    real_record = engine.Sim._record
+
+    def record(self):
+        real_record(self)
+        if self.now == 100:  # right after the reclaim
+            pod = self.model.pods[0]
+            seen["queued"] = sorted(j for j, job in pod.waiting.items() if job.yields)
+            seen["cell"] = sorted(self.model.jobs)
+            seen["beta_charged"] = self.quota.book.usage("beta", "tpu")
+            seen["beta_placed"] = sum(
+                self.model._chips(j) for j in pod.state.jobs.values() if j.job_id != "j6"
+            )
+
+    monkeypatch.setattr(engine.Sim, "_record", record)
+    r = simulate(jobs, SimConfig(quotas=LAB, restart_s=300))
+    runs = {j.trace.job_id: j for j in r.jobs}
+    # as the service's pod keeps them: in its queue, not the cell's, still charged
+    assert seen == {
+        "queued": ["j4", "j5"],
+        "cell": [],
+        "beta_charged": 4 * 1024,
+        "beta_placed": 2 * 1024,
+    }
+    # priority does not undo a reclaim: they resume on free chips, when acme's job ends
+    assert runs["j6"].preemptions == 0 and runs["j6"].end == pytest.approx(3700)
+    for job_id, arrival in (("j4", 2), ("j5", 3)):
+        left = 36000 - (100 - arrival) + 300  # what it had left, and its restart
+        assert runs[job_id].end == pytest.approx(3700 + left)
+    # chips were free only while beta's first jobs arrived, with nothing waiting
+    assert set(r.stats["idle_by_reason"]) == {"nothing_waits"}
+
+
+# acme takes back less than a borrowed job holds: the rest of it is free, a small job of
+# the borrower's comes, and (the end of the arrivals, what utilisation counts) acme's last
+HOLE = (
+    BURST.replace("100,acme,8x16x16", "100,acme,8x8x8")
+    + "150,beta,8x8x8,false,3600,50,delay\n3000,acme,4x4x4,false,60,50,delay\n"
+)
+
+
+def test_chips_a_delayed_job_holds_the_charge_of_are_counted_as_such():
+    jobs, _ = parse_trace(HOLE, FABRIC)
+    r = simulate(jobs, SimConfig(quotas=LAB))
+    runs = {j.trace.job_id: j for j in r.jobs}
+    assert runs["j6"].first_start == 100 and r.stats["counters"]["reclaims"] == 1
+    # beta's small job fits the 512 chips j5 left, but j5's charge still counts: it waits
+    # (until acme's job ends and j5 resumes beside it)
+    assert runs["j7"].first_start > 150
+    # free chips by why: nothing waited (0-3 s), only j5, too big for them (100-150 s),
+    # then j7, refused by beta's quota only for j5's charge (150-3000 s)
+    idle = r.stats["idle_by_reason"]
+    assert set(idle) == {"nothing_waits", "too_big", "quota_held_by_delayed"}
+    assert idle["quota_held_by_delayed"] == pytest.approx(idle["too_big"] * 2850 / 50)
+    # back in the cell queue instead, the delayed job gives its quota back: the small one
+    # takes the hole at once, and the delayed one waits for room at the cell
+    again = simulate(jobs, SimConfig(quotas=LAB, reclaimed_wait_at_cell=True))
+    runs = {j.trace.job_id: j for j in again.jobs}
+    assert runs["j7"].first_start == 150
+    assert set(again.stats["idle_by_reason"]) == {"nothing_waits", "too_big"}
+    # without quotas, counted when asked for (the pod was full once beta's jobs came)
+    assert simulate(jobs, SimConfig()).stats["idle_by_reason"] == {}
+    plain = simulate(jobs, SimConfig(idle_reasons=True)).stats["idle_by_reason"]
+    assert set(plain) == {"nothing_waits"}
 
 
 def test_without_a_cohort_nothing_is_borrowed():

@@ -58,8 +58,20 @@ from lightpath.domain.slices import (
     SliceDemand,
     SliceJob,
 )
-from lightpath_services.cell_scheduler.choice import JobDemand, PodCapacityView, chips_key, choose
-from lightpath_services.cell_scheduler.quota import DEFAULT_HALF_LIFE_S, Quota, RunningJob, Waiting
+from lightpath_services.cell_scheduler.choice import (
+    FITS,
+    JobDemand,
+    PodCapacityView,
+    chips_key,
+    choose,
+)
+from lightpath_services.cell_scheduler.quota import (
+    DEFAULT_HALF_LIFE_S,
+    Quota,
+    QuotaBook,
+    RunningJob,
+    Waiting,
+)
 from lightpath_services.sim.fast_state import IndexedPodState
 from lightpath_services.sim.quotas import NODE_TYPE, SimQuotas
 from lightpath_services.sim.static import Torus, fitting_shape
@@ -95,6 +107,19 @@ DONE = "COMPLETED"
 PREEMPTED = "PREEMPTED"
 FAILED = "FAILED"
 ENDED = frozenset({DONE, PREEMPTED, FAILED})
+# Why free healthy chips are free (Sim.idle_areas, `idle_by_reason` in the stats):
+NOTHING_WAITS = "nothing_waits"
+# a job at the cell fits the free room, and its tenant's quota refuses it only because
+# jobs a reclaim delayed still hold their tenants' charges (waiting in their pods' queues)
+QUOTA_HELD_BY_DELAYED = "quota_held_by_delayed"
+QUOTA = "quota"  # ... fits the free room; its tenant's quota (and what it may borrow) refuses it
+# no waiting job fits the free room, and each is larger than its tenant's whole nominal
+# quota: it runs on borrowed chips only, which owners' jobs within nominal come before
+ABOVE_NOMINAL = "jobs_above_nominal"
+TOO_BIG = "too_big"  # no waiting job fits the free room
+# a job fits the room and its quota but is not placed (a box's geometry, a reservation)
+NOT_PLACED = "not_placed"
+IDLE_REASONS = (NOTHING_WAITS, QUOTA_HELD_BY_DELAYED, QUOTA, ABOVE_NOMINAL, TOO_BIG, NOT_PLACED)
 # The planner's answer for a block slice that no free blocks and no victims can place.
 _NO_ROOM = Unplaceable((), note="too few free blocks and no lower priority to preempt")
 
@@ -170,6 +195,13 @@ class SimConfig:
     # fair-share order (services/lightpath_services/sim/quotas.py); none: no quotas, priority order.
     quotas: tuple[Quota, ...] = ()
     half_life_s: float = DEFAULT_HALF_LIFE_S  # of the usage fair share orders by
+    # Where a job a reclaim delayed waits: False, its pod's queue, still charged to its
+    # tenant's quota, resuming on free chips only (what the service does); True, back in
+    # the cell queue, its quota given back (Kueue's requeue; not in the service).
+    reclaimed_wait_at_cell: bool = False
+    # Count free chips by why (`idle_by_reason`) without quotas too (with quotas always):
+    # it looks at the waiting jobs after every event, which a long run need not pay for.
+    idle_reasons: bool = False
 
 
 @dataclass
@@ -283,6 +315,9 @@ class Sim:
             (jobs[0].arrival_s, jobs[-1].arrival_s) if jobs else (0.0, 0.0)
         )
         self.window_areas = [0.0, 0.0, 0.0]  # busy, healthy, frag inside the window
+        # Free healthy chip-seconds inside the window by why they were free (IDLE_REASONS).
+        self.idle_areas: dict[str, float] = {}
+        self.idle_reasons = config.idle_reasons or bool(config.quotas)
         self.quota = (
             SimQuotas(config.quotas, self.chips_total, config.half_life_s)
             if config.quotas and not config.policy.static
@@ -312,6 +347,10 @@ class Sim:
                 self.window_areas[0] += self.busy * (b - a)
                 self.window_areas[1] += healthy * (b - a)
                 self.window_areas[2] += self.idle_waiting * (b - a)
+                free = self.model.free_chips() if self.idle_reasons else 0
+                if free:
+                    why = self.model.idle_reason()
+                    self.idle_areas[why] = self.idle_areas.get(why, 0.0) + free * (b - a)
             if self.quota is not None:
                 self.quota.advance(self._t, t, self.window)
         self._t = t
@@ -440,6 +479,10 @@ class Sim:
                 self.busy_area / self.healthy_area if self.healthy_area else 0.0
             ),
             "fragmentation": frag_w / healthy_w if healthy_w else 0.0,
+            # shares of the healthy chip-seconds (utilisation's denominator) left free, by why
+            "idle_by_reason": {
+                k: v / healthy_w for k, v in sorted(self.idle_areas.items()) if healthy_w
+            },
             "makespan_s": self.now,
             "window_s": [lo, hi],
             "counters": dict(self.counters),
@@ -455,6 +498,12 @@ class Sim:
 
 
 class _Model:
+    def free_chips(self) -> int:
+        return 0
+
+    def idle_reason(self) -> str:
+        return TOO_BIG
+
     def arrive(self, run: JobRun) -> None: ...
     def complete(self, run: JobRun) -> None: ...
     def wired(self, run: JobRun) -> None: ...
@@ -543,6 +592,9 @@ class OcsModel(_Model):
         self.jobs: dict[str, SliceJob] = {}  # jobs waiting at the cell
         self._no_pod: set[tuple[int, int]] = set()  # (demand, priority) no pod takes now
         self._no_pod_at: tuple[int, ...] = ()  # at these pod versions
+        # idle_reason: whether a (demand, priority) fits some pod now, at these versions
+        self._fits: dict[tuple[int, int], bool] = {}
+        self._fits_at: tuple[int, ...] = ()
         # Tests: called with each allocation before it is applied.
         self.on_decision: Callable[[OcsPod, Allocation], None] | None = None
 
@@ -648,6 +700,7 @@ class OcsModel(_Model):
         reclaimed = False
         for w in quota.order(waiting):
             job = self.jobs[w.job_id]
+            delayed: list[SliceJob] = []
             verdict = quota.book.check(w.tenant, w.chips)
             if not verdict.ok:
                 left.append(w)
@@ -681,14 +734,17 @@ class OcsModel(_Model):
                     left.append(w)
                     continue
                 pod_id = reclaim.pod
-                for v in reclaim.victims:
-                    self._reclaim(pod, v.job_id)
+                delayed = [d for v in reclaim.victims if (d := self._reclaim(pod, v.job_id))]
                 reclaimed = True
             pod = next(p for p in self.pods if p.state.fabric.pod_id == pod_id)
             self.cell_queue.remove(job.priority, job.seq, w.job_id)
             del self.jobs[w.job_id]
             quota.admit(w.job_id, w.tenant, w.chips[NODE_TYPE], sim.now)
             self._submit(pod, sim.by_id[w.job_id], job)
+            if delayed:  # behind the owner's job, which took their chips in that pass
+                for d in delayed:
+                    pod.enqueue(d)
+                self.schedule(pod)
         quota.note_waiting([w for w in left if w.job_id in self.jobs])
         return reclaimed
 
@@ -732,9 +788,13 @@ class OcsModel(_Model):
         since they need not add up with a victim's in one place)."""
         return {v.pod_id: {NODE_TYPE: v.free[NODE_TYPE] * v.block_chips} for v in views}
 
-    def _reclaim(self, pod: OcsPod, job_id: str) -> None:
+    def _reclaim(self, pod: OcsPod, job_id: str) -> SliceJob | None:
         """A borrower's job leaves the pod for an owner's: terminated, or (delay,
-        shrink) back to the cell queue to restart from its checkpoint."""
+        shrink) suspended, to restart from its checkpoint: the job to put in the pod's
+        queue once the owner's job has its chips (None: terminated). As the service's
+        pod does with a job a reclaim delays: still admitted there, so still charged to
+        its tenant's quota, and resuming on free chips only (`yields`). With
+        `reclaimed_wait_at_cell`, back in the cell queue instead, uncharged (None)."""
         sim = self.sim
         quota = sim.quota
         assert quota is not None
@@ -746,13 +806,86 @@ class OcsModel(_Model):
         self._release(pod, job)
         if job.preemption == TERMINATE:
             sim.end(run, PREEMPTED)
-            return
+            return None
         sim.interrupt(run, "preemption")
-        quota.release(job_id, sim.now)
-        again = self._slice_job(run)
-        run.state = AT_CELL
-        self.jobs[job_id] = again
-        self.cell_queue.add(again.priority, again.seq, job_id)
+        if sim.config.reclaimed_wait_at_cell:
+            quota.release(job_id, sim.now)
+            again = self._slice_job(run)
+            run.state = AT_CELL
+            self.jobs[job_id] = again
+            self.cell_queue.add(again.priority, again.seq, job_id)
+            return None
+        run.state = QUEUED
+        return job.with_(state=SUSPENDED, placement=None, yields=True)
+
+    # -- why chips are free ----------------------------------------------------------
+
+    def free_chips(self) -> int:
+        return sum(p.free_chips() for p in self.pods)
+
+    def idle_reason(self) -> str:
+        """Why the pods' free chips are free now (one of IDLE_REASONS): what the waiting
+        jobs lack, asked of the cell's own choice (a pod where the job fits now) and of
+        the quota model, once per distinct demand, priority and tenant."""
+        by_id = self.sim.by_id
+        # (demand, priority, tenant, at the cell?) -> a waiting job of that kind
+        kinds: dict[tuple[int, int, str, bool], SliceJob] = {}
+        for j in self.jobs.values():
+            key = (_demand_id(j.demand), j.priority, by_id[j.job_id].trace.tenant, True)
+            kinds.setdefault(key, j)
+        for p in self.pods:
+            for job_id, j in p.waiting.items():
+                kinds.setdefault((*p.traits[job_id][0], by_id[job_id].trace.tenant, False), j)
+        if not kinds:
+            return NOTHING_WAITS
+        quota = self.sim.quota
+        views = [p.view() for p in self.pods]
+        versions = tuple(p.version for p in self.pods)
+        if versions != self._fits_at:  # a view changes only with its pod's version
+            self._fits_at, self._fits = versions, {}
+        fits = self._fits
+        refused = ""
+        without_delayed: QuotaBook | None = None
+        for (demand_id, priority, tenant, at_cell), job in kinds.items():
+            if (demand_id, priority) not in fits:
+                need = self._need(job)
+                demand = JobDemand(job.job_id, priority, {v.pod_id: need for v in views})
+                fits[demand_id, priority] = any(
+                    c.how == FITS for c in choose(demand, views).candidates
+                )
+            if not fits[demand_id, priority]:
+                continue
+            if quota is None or not at_cell:
+                return NOT_PLACED
+            chips = {NODE_TYPE: self._chips(job)}
+            if quota.book.check(tenant, chips).ok:
+                return NOT_PLACED
+            if refused != QUOTA_HELD_BY_DELAYED:
+                if without_delayed is None:
+                    without_delayed = self._book_without_delayed()
+                held = without_delayed.check(tenant, chips).ok
+                refused = QUOTA_HELD_BY_DELAYED if held else QUOTA
+        if refused:
+            return refused
+        if quota is not None and all(
+            (n := quota.nominal(tenant)) is not None and self._chips(j) > n
+            for (_, _, tenant, _), j in kinds.items()
+        ):
+            return ABOVE_NOMINAL
+        return TOO_BIG
+
+    def _book_without_delayed(self) -> QuotaBook:
+        """The quota book without the charges of jobs a reclaim delayed (waiting in their
+        pods' queues, holding no chips)."""
+        quota = self.sim.quota
+        assert quota is not None
+        book = quota.book.copy()
+        for p in self.pods:
+            for j in p.waiting.values():
+                got = quota.admitted.get(j.job_id) if j.yields else None
+                if got is not None:
+                    book.forget(got[0], {NODE_TYPE: got[1]})
+        return book
 
     def _submit(self, pod: OcsPod, run: JobRun, job: SliceJob) -> None:
         run.pod = pod.index

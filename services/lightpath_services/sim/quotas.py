@@ -7,12 +7,15 @@ queue in fair-share order (`fair_order` over the tenants' decayed usage); a job
 whose tenant's quota plus what it may borrow does not cover it waits; one that
 fits goes to the pod `choose` picks. A job within its tenant's nominal quota that
 no pod can take now reclaims: `QuotaBook.reclaim` names borrowers' jobs on one
-pod, and each leaves it — terminated, or by delay (a shrinking job is delayed:
-its chips are what is needed) back to the cell queue, paying its
-checkpoint-restart when it runs again — before the owner's job goes there.
+pod, and each leaves it — terminated, or delayed (a shrinking job is delayed: its
+chips are what is needed), paying its checkpoint-restart when it runs again —
+before the owner's job goes there. A delayed job waits in its pod's queue behind the
+owner's, still charged to its tenant's quota, and resumes on free chips only, as
+the service's pod keeps it (`SimConfig.reclaimed_wait_at_cell`: back in the cell
+queue instead, its quota given back).
 
 A job holds its tenant's quota from the moment the cell sends it to a pod until it
-ends or is reclaimed (as the service counts a forwarded or placed job).
+ends (as the service counts a forwarded or placed job).
 """
 
 from __future__ import annotations
@@ -151,6 +154,11 @@ class SimQuotas:
         }
         weights = {t: (q.weight) for t, q in self.quotas.items()}
         return fair_order(waiting, shares, self.capacity, weights)
+
+    def nominal(self, tenant: str) -> int | None:
+        """Chips of `tenant`'s nominal quota (None: it has no quota, nothing limits it)."""
+        q = self.quotas.get(tenant)
+        return q.nominal.get(NODE_TYPE, 0) if q else None
 
     def note_waiting(self, waiting: Iterable[Waiting]) -> None:
         for tr in self.tenants.values():

@@ -99,6 +99,7 @@ def summary(result: Result, config: SimConfig, label: str = "") -> dict[str, Any
         "utilisation_healthy_whole_run": stats["utilisation_healthy_whole_run"],
         "utilisation_no_wait": no_wait_utilisation(jobs, lo, hi, config.pods * 4096),
         "fragmentation": stats["fragmentation"],
+        "idle_by_reason": stats["idle_by_reason"],
         "wait_s": _stats(waits),
         "jct_s": _stats(jcts),
         "by_size": by_size,
