@@ -93,6 +93,32 @@ def test_invariants_hold_with_failures_and_preemption(policy):
         assert s["preemptions"] > 0
 
 
+@pytest.mark.parametrize(
+    ("policy", "pods", "reconfig_s"),
+    [("aged", 1, 60.0), ("easy", 1, 0.0), ("fifo", 1, 0.0), ("aged", 3, 0.0), ("static", 1, 0.0)],
+)
+def test_idle_chips_by_cause_add_up_to_what_is_not_busy(policy, pods, reconfig_s):
+    jobs = workload(n=250, load=0.9 * pods)
+    config = SimConfig(
+        policy=POLICIES[policy], pods=pods, failures=FAILURES, seed=5, reconfig_s=reconfig_s
+    )
+    s = summary(simulate(jobs, config), config)
+    causes = s["idle_by_cause"]
+    assert set(causes) == set(engine.IDLE_CAUSES)
+    assert sum(causes.values()) == pytest.approx(1 - s["utilisation_healthy"], abs=1e-9)
+    assert (
+        causes["queue_empty"] > 0
+        and causes["down_host_blocks" if policy != "static" else "static_fragments"] > 0
+    )
+    if policy == "static":
+        assert causes["static_fragments"] == pytest.approx(s["fragmentation"])
+    else:
+        assert causes["static_fragments"] == 0
+        assert causes["wiring"] > 0 if reconfig_s else causes["wiring"] == 0
+    if policy in ("easy", "fifo"):
+        assert causes["blocks_kept"] > 0  # a reservation, or the queue's head, keeps them
+
+
 def test_a_cell_of_pods_uses_them_all_and_keeps_the_invariants():
     jobs = workload(n=300, load=0.9)
     res = Checked(jobs, SimConfig(pods=3, failures=FAILURES)).run()

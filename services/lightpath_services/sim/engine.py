@@ -95,6 +95,16 @@ DONE = "COMPLETED"
 PREEMPTED = "PREEMPTED"
 FAILED = "FAILED"
 ENDED = frozenset({DONE, PREEMPTED, FAILED})
+# Why healthy chips are not working (the summary's `idle_by_cause`, ÷ healthy chips):
+IDLE_CAUSES = (
+    "queue_empty",  # no job waits for them
+    "blocks_too_few",  # whole free blocks, fewer than any waiting block slice needs
+    "blocks_kept",  # whole free blocks enough for a waiting slice the policy kept out
+    "down_host_blocks",  # free chips of blocks with a down host (sub-block slices only)
+    "shared_blocks",  # free chips of healthy blocks given over to sub-block slices
+    "wiring",  # chips of slices placed and being wired
+    "static_fragments",  # the static torus: free chips no waiting job's box fits
+)
 # The planner's answer for a block slice that no free blocks and no victims can place.
 _NO_ROOM = Unplaceable((), note="too few free blocks and no lower priority to preempt")
 
@@ -278,6 +288,9 @@ class Sim:
         self.healthy_area = 0.0
         self.frag_area = 0.0
         self.idle_waiting = 0  # free healthy chips while jobs wait (set after passes)
+        # Healthy chips not working now, by why (IDLE_CAUSES; set after passes).
+        self.idle_causes: dict[str, int] = {}
+        self.window_idle: Counter[str] = Counter()  # their chip-seconds inside the window
         self.series: list[tuple[float, int, int]] = []
         self.window: tuple[float, float] = (
             (jobs[0].arrival_s, jobs[-1].arrival_s) if jobs else (0.0, 0.0)
@@ -312,6 +325,8 @@ class Sim:
                 self.window_areas[0] += self.busy * (b - a)
                 self.window_areas[1] += healthy * (b - a)
                 self.window_areas[2] += self.idle_waiting * (b - a)
+                for cause, chips in self.idle_causes.items():
+                    self.window_idle[cause] += chips * (b - a)
             if self.quota is not None:
                 self.quota.advance(self._t, t, self.window)
         self._t = t
@@ -440,6 +455,10 @@ class Sim:
                 self.busy_area / self.healthy_area if self.healthy_area else 0.0
             ),
             "fragmentation": frag_w / healthy_w if healthy_w else 0.0,
+            "idle_by_cause": {
+                cause: self.window_idle[cause] / healthy_w if healthy_w else 0.0
+                for cause in IDLE_CAUSES
+            },
             "makespan_s": self.now,
             "window_s": [lo, hi],
             "counters": dict(self.counters),
@@ -481,11 +500,20 @@ class OcsPod:
         self.quiet: int | None = None
         self.quiet_ms = 0  # when that pass ran
         self._free_chips: tuple[int, int] = (-1, 0)
+        # Waiting jobs by the whole blocks they need (a sub-block slice: 1).
+        self.needs: Counter[int] = Counter()
+        self._idle: tuple[tuple[int, int | None], Counter[str]] = ((-1, None), Counter())
 
     def free_chips(self) -> int:
         if self._free_chips[0] != self.version:
             self._free_chips = (self.version, _free_chips(self.state))
         return self._free_chips[1]
+
+    def idle_causes(self, need: int | None) -> Counter[str]:
+        key = (self.version, need)
+        if self._idle[0] != key:
+            self._idle = (key, _idle_causes(self.state, need))
+        return self._idle[1]
 
     def enqueue(self, job: SliceJob) -> None:
         self.waiting[job.job_id] = job
@@ -499,11 +527,15 @@ class OcsPod:
             d.block_count,
             d.node_types[0] if one_type else "",
         )
+        self.needs[d.block_count] += 1
 
     def dequeue(self, job_id: str) -> SliceJob:
         job = self.waiting.pop(job_id)
         self.queue.remove(job.priority, job.seq, job_id)
         del self.traits[job_id]
+        self.needs[job.demand.block_count] -= 1
+        if not self.needs[job.demand.block_count]:
+            del self.needs[job.demand.block_count]
         return job
 
     def view(self) -> PodCapacityView:
@@ -1127,6 +1159,8 @@ class OcsModel(_Model):
             self._box_failed(pod, pod.state.jobs[job.job_id])
         if len(pod.queue):
             self.schedule(pod)
+        else:
+            self._note_idle()
 
     # -- completion ------------------------------------------------------------------
 
@@ -1164,6 +1198,8 @@ class OcsModel(_Model):
                 state.failed.discard(block)
             if len(pod.queue):
                 self.schedule(pod)
+            else:
+                self._note_idle()
             self._cell_pass()
             return
         state.failed.add(block)
@@ -1327,11 +1363,52 @@ class OcsModel(_Model):
                     free += pod.free_chips()
             idle = free
         sim.idle_waiting = idle
+        causes: Counter[str] = Counter()
+        cell_need = min((j.demand.block_count for j in self.jobs.values()), default=None)
+        for pod in self.pods:
+            needs = [n for n in (min(pod.needs, default=None), cell_need) if n is not None]
+            causes.update(pod.idle_causes(min(needs) if needs else None))
+        sim.idle_causes = dict(causes)
 
 
 def _ms(seconds: float) -> int:
     """Virtual seconds as the service's clock reads them (core.PodContext.now_ms)."""
     return int(seconds * 1000)
+
+
+def _idle_causes(state: IndexedPodState, need: int | None) -> Counter[str]:
+    """A pod's healthy chips that no RUNNING slice works on, by cause (IDLE_CAUSES);
+    `need`: the fewest whole blocks a job waiting for the pod needs (None: none waits)."""
+    fabric = state.fabric
+    per_block = fabric.chips_per_block
+    per_host = math.prod(fabric.host_shape)
+    held = state.chips_held()
+    out: Counter[str] = Counter()
+    whole = 0
+    for b in range(fabric.block_count):
+        owner = state.owner.get(b)
+        if state.whole_failed(b):
+            continue
+        bad = len(state.failed_hosts.get(b, ()))
+        if owner is not None and owner != SUB_BLOCK_OWNER:
+            job = state.jobs.get(owner)
+            if job is not None and job.state == WIRING:
+                out["wiring"] += per_block - bad * per_host
+            continue
+        free = per_block - bad * per_host - len(held.get(b, {}))
+        if need is None:
+            out["queue_empty"] += free
+        elif bad:
+            out["down_host_blocks"] += free
+        elif owner == SUB_BLOCK_OWNER:
+            out["shared_blocks"] += free
+        else:
+            whole += free
+    if whole:
+        assert need is not None
+        enough = whole // per_block >= need
+        out["blocks_kept" if enough else "blocks_too_few"] += whole
+    return out
 
 
 def _free_chips(state: IndexedPodState) -> int:
@@ -1402,7 +1479,9 @@ class StaticModel(_Model):
 
     def _note_idle(self) -> None:
         sim = self.sim
-        sim.idle_waiting = sum(t.free_chips for t in self.tori) if len(self.queue) else 0
+        free = sum(t.free_chips for t in self.tori)
+        sim.idle_waiting = free if len(self.queue) else 0
+        sim.idle_causes = {"static_fragments" if len(self.queue) else "queue_empty": free}
 
     def complete(self, run: JobRun) -> None:
         self.tori[self.where.pop(run.trace.job_id)].release(run.trace.job_id)
