@@ -15,7 +15,8 @@ What decides (the same functions the services call):
   decisions, tests/sim checks it against plan_pass itself);
 * sub-block packing: box_placement via the planner;
 * a failed host under a block slice: `plan_replacement` (a spare, or one taken
-  from lower-priority work), else the slice is suspended or failed as it asked
+  from lower-priority work, or past the age bound from a younger slice of its
+  priority), else the slice is suspended or failed as it asked
   (`on_block_failure`), as swap.py does; under sub-block slices:
   `boxes_on_failed_chips` and `plan_box_move`, else suspended or failed;
 * a cell of pods: the cell scheduler's `choose` over capacity views built as the
@@ -290,7 +291,7 @@ class Sim:
         self.idle_waiting = 0  # free healthy chips while jobs wait (set after passes)
         # Healthy chips not working now, by why (IDLE_CAUSES; set after passes).
         self.idle_causes: dict[str, int] = {}
-        self.window_idle: Counter[str] = Counter()  # their chip-seconds inside the window
+        self.window_idle = dict.fromkeys(IDLE_CAUSES, 0.0)  # their chip-s inside the window
         self.series: list[tuple[float, int, int]] = []
         self.window: tuple[float, float] = (
             (jobs[0].arrival_s, jobs[-1].arrival_s) if jobs else (0.0, 0.0)
@@ -1238,7 +1239,9 @@ class OcsModel(_Model):
         sim = self.sim
         state = pod.state
         run = sim.by_id[job.job_id]
-        plan = plan_replacement(state, job, failed)
+        bound = self.sim.policy.age_bound_s
+        younger = waited_past(job, _ms(sim.now), None if bound is None else _ms(bound))
+        plan = plan_replacement(state, job, failed, take_younger=younger)
         if plan is None:
             self._lose(pod, job)
             return True
@@ -1255,6 +1258,8 @@ class OcsModel(_Model):
         state.wired[plan.spare] = job.job_id
         state.jobs[job.job_id] = job.with_(placement=tuple(placement), epoch=job.epoch + 1)
         sim.counters["swaps"] += 1
+        if plan.victims:
+            sim.counters["swaps_taking_blocks"] += 1  # the spare taken from other slices
         sim.counters["reconfigurations"] += 1
         run.swaps += 1
         sim.interrupt(run, "failure")
