@@ -500,21 +500,18 @@ class OcsPod:
         # (a fixed point of the queue), or None: see OcsModel._submit.
         self.quiet: int | None = None
         self.quiet_ms = 0  # when that pass ran
-        self._free_chips: tuple[int, int] = (-1, 0)
         # Waiting jobs by the whole blocks they need (a sub-block slice: 1).
         self.needs: Counter[int] = Counter()
-        self._idle: tuple[tuple[int, int | None], Counter[str]] = ((-1, None), Counter())
+        self._idle: tuple[int, tuple[int, int, int, int]] = (-1, (0, 0, 0, 0))
+
+    def idle_chips(self) -> tuple[int, int, int, int]:
+        """_idle_chips of its state, once per version."""
+        if self._idle[0] != self.version:
+            self._idle = (self.version, _idle_chips(self.state))
+        return self._idle[1]
 
     def free_chips(self) -> int:
-        if self._free_chips[0] != self.version:
-            self._free_chips = (self.version, _free_chips(self.state))
-        return self._free_chips[1]
-
-    def idle_causes(self, need: int | None) -> Counter[str]:
-        key = (self.version, need)
-        if self._idle[0] != key:
-            self._idle = (key, _idle_causes(self.state, need))
-        return self._idle[1]
+        return sum(self.idle_chips()[:3])
 
     def enqueue(self, job: SliceJob) -> None:
         self.waiting[job.job_id] = job
@@ -1368,12 +1365,16 @@ class OcsModel(_Model):
                     free += pod.free_chips()
             idle = free
         sim.idle_waiting = idle
-        causes: Counter[str] = Counter()
-        cell_need = min((j.demand.block_count for j in self.jobs.values()), default=None)
+        causes: dict[str, int] = {}
+        cell_need = min(j.demand.block_count for j in self.jobs.values()) if self.jobs else None
         for pod in self.pods:
-            needs = [n for n in (min(pod.needs, default=None), cell_need) if n is not None]
-            causes.update(pod.idle_causes(min(needs) if needs else None))
-        sim.idle_causes = dict(causes)
+            need = min(pod.needs) if pod.needs else cell_need
+            if cell_need is not None and need is not None:
+                need = min(need, cell_need)
+            per_block = pod.state.fabric.chips_per_block
+            for cause, chips in _idle_causes(pod.idle_chips(), need, per_block).items():
+                causes[cause] = causes.get(cause, 0) + chips
+        sim.idle_causes = causes
 
 
 def _ms(seconds: float) -> int:
@@ -1381,56 +1382,54 @@ def _ms(seconds: float) -> int:
     return int(seconds * 1000)
 
 
-def _idle_causes(state: IndexedPodState, need: int | None) -> Counter[str]:
-    """A pod's healthy chips that no RUNNING slice works on, by cause (IDLE_CAUSES);
-    `need`: the fewest whole blocks a job waiting for the pod needs (None: none waits)."""
+def _idle_chips(state: IndexedPodState) -> tuple[int, int, int, int]:
+    """A pod's healthy chips that no RUNNING slice works on: (in whole free blocks, free
+    in blocks with a down host, free in healthy blocks given over to sub-block slices,
+    held by block slices being wired). The first three are its free chips."""
     fabric = state.fabric
     per_block = fabric.chips_per_block
     per_host = math.prod(fabric.host_shape)
     held = state.chips_held()
-    out: Counter[str] = Counter()
-    whole = 0
-    for b in range(fabric.block_count):
-        owner = state.owner.get(b)
-        if state.whole_failed(b):
+    owner, failed, failed_hosts = state.owner, state.failed, state.failed_hosts
+    # one pass over the held and the failed blocks, not over every block: many calls
+    whole = per_block * (fabric.block_count - len(owner.keys() | failed))
+    down = shared = wiring = 0
+    for b, holder in owner.items():
+        if holder != SUB_BLOCK_OWNER or (b in failed and b not in failed_hosts):
             continue
-        bad = len(state.failed_hosts.get(b, ()))
-        if owner is not None and owner != SUB_BLOCK_OWNER:
-            job = state.jobs.get(owner)
-            if job is not None and job.state == WIRING:
-                out["wiring"] += per_block - bad * per_host
-            continue
-        free = per_block - bad * per_host - len(held.get(b, {}))
-        if need is None:
-            out["queue_empty"] += free
-        elif bad:
-            out["down_host_blocks"] += free
-        elif owner == SUB_BLOCK_OWNER:
-            out["shared_blocks"] += free
+        bad = len(failed_hosts.get(b, ()))
+        if bad:
+            down += per_block - bad * per_host - len(held.get(b, {}))
         else:
-            whole += free
-    if whole:
-        assert need is not None
-        enough = whole // per_block >= need
-        out["blocks_kept" if enough else "blocks_too_few"] += whole
-    return out
+            shared += per_block - len(held.get(b, {}))
+    for b, hosts in failed_hosts.items():
+        if b not in owner:
+            down += per_block - len(hosts) * per_host
+    for job in state.jobs.values():
+        if job.state == WIRING and job.offset is None and job.placement:
+            for b in job.placement:
+                if owner.get(b) == job.job_id and not state.whole_failed(b):
+                    wiring += per_block - len(failed_hosts.get(b, ())) * per_host
+    return whole, down, shared, wiring
+
+
+def _idle_causes(chips: tuple[int, int, int, int], need: int | None, per_block: int) -> dict:
+    """_idle_chips by cause (IDLE_CAUSES); `need`: the fewest whole blocks a job waiting
+    for the pod needs (None: none waits)."""
+    whole, down, shared, wiring = chips
+    if need is None:
+        return {"queue_empty": whole + down + shared, "wiring": wiring}
+    enough = whole // per_block >= need
+    return {
+        "blocks_kept" if enough else "blocks_too_few": whole,
+        "down_host_blocks": down,
+        "shared_blocks": shared,
+        "wiring": wiring,
+    }
 
 
 def _free_chips(state: IndexedPodState) -> int:
-    fabric = state.fabric
-    per_block = fabric.chips_per_block
-    per_host = math.prod(fabric.host_shape)
-    free = 0
-    held = state.chips_held()
-    for b in range(fabric.block_count):
-        owner = state.owner.get(b)
-        if owner is not None and owner != SUB_BLOCK_OWNER:
-            continue
-        if state.whole_failed(b):
-            continue
-        bad = len(state.failed_hosts.get(b, ()))
-        free += per_block - bad * per_host - len(held.get(b, {}))
-    return free
+    return sum(_idle_chips(state)[:3])
 
 
 # -- the static torus ------------------------------------------------------------------
