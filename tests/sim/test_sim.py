@@ -371,6 +371,14 @@ def test_a_small_compare_writes_its_summary_csv_and_plots(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "static" in text and "easy" in text
     data = json.loads((out / "summary.json").read_text())
+    # the idle chips by cause, per policy, adding up to what is not busy
+    idle = text[text.index("idle healthy chips by cause") :].splitlines()
+    assert "down-host blocks" in idle[1] and "no box fits" in idle[1]
+    for run, line in zip(data["runs"], idle[3:6], strict=True):
+        assert line.split()[0] == run["policy"]
+        assert float(line.split()[-1]) == pytest.approx(
+            100 * (1 - run["utilisation_healthy"]), abs=0.06
+        )
     assert [r["policy"] for r in data["runs"]] == ["static", "priority", "easy"]
     for r in data["runs"]:
         assert 0 < r["utilisation_healthy"] <= 1
