@@ -1236,7 +1236,7 @@ class OcsModel(_Model):
         sim = self.sim
         state = pod.state
         run = sim.by_id[job.job_id]
-        bound = self.sim.policy.age_bound_s
+        bound = sim.policy.age_bound_s
         younger = waited_past(job, _ms(sim.now), None if bound is None else _ms(bound))
         plan = plan_replacement(state, job, failed, take_younger=younger)
         if plan is None:
