@@ -12,9 +12,11 @@
   availability 99.5 % (MTTR 4 h): `utilisation_best_095` (the best OCS policy's
   utilisation of healthy chips), `utilisation_static_095` (the static torus's),
   `mean_wait_ratio_static_vs_best_095` (static mean wait ÷ the best policy's);
-  `best_policy_095` names it. The best policy: the highest utilisation among the
-  OCS policies whose mean wait is no longer than FIFO's (utilisation alone would
-  crown a policy that keeps the machine busy by making jobs queue);
+  `best_policy_095` names it, `idle_by_cause_best_095` where its idle healthy chips
+  are (the summary's idle_by_cause, ÷ healthy chips). The best policy: the highest
+  utilisation among the OCS policies whose mean wait is no longer than FIFO's
+  (utilisation alone would crown a policy that keeps the machine busy by making jobs
+  queue);
   `policies_095` gives every policy's utilisation and mean wait (hours).
 
 `load_avg_1m` is the machine's load at the end. A benchmark, not a test: nothing
@@ -83,6 +85,7 @@ def main() -> None:
                 if best["wait_s"].get("mean")
                 else None
             ),
+            "idle_by_cause_best_095": {k: round(v, 4) for k, v in best["idle_by_cause"].items()},
             "headline_jobs": args.headline_jobs,
             "headline_offered_load": best["offered_load"],
             "policies_095": {

@@ -37,7 +37,8 @@ policies:
             preemption of lower priorities, greedy backfill
   aged      OCS, the workload scheduler as it ships: priority, and a job waiting past
             the age bound (LIGHTPATH_WS_AGE_BOUND_S, 1 h) may preempt the younger jobs
-            of its priority that overtook it [default]
+            of its priority that overtook it, and a running slice past it swaps a
+            failed block for one of theirs [default]
   easy      OCS, priority + preemption, EASY backfill: later jobs may not delay the
             first waiting job's reservation (from duration estimates)
   defrag    easy + moving sub-block slices out of shared blocks to free whole blocks
@@ -234,8 +235,8 @@ def _policies(raw: str) -> list[str]:
 
 
 def _report(args: argparse.Namespace, results, summaries, extra) -> int:
+    from lightpath_services.sim.compare import idle_rows, write_outputs
     from lightpath_services.sim.compare import table as rows_of
-    from lightpath_services.sim.compare import write_outputs
 
     written = []
     if args.out is not None:
@@ -245,6 +246,13 @@ def _report(args: argparse.Namespace, results, summaries, extra) -> int:
         return 0
     rows = rows_of(summaries)
     print(table(rows[1:], rows[0]))
+    idle = idle_rows(summaries)
+    print(
+        "\nidle healthy chips by cause, % (too few blocks: fewer free than any waiting slice"
+        " needs; blocks kept: enough, kept by the policy; down-host blocks: only sub-block"
+        " slices fit)"
+    )
+    print(table(idle[1:], idle[0]))
     s = summaries[0]
     print(
         f"\n{s['jobs']} jobs, offered load {s['offered_load']:.2f} on {s['pods']} pod(s), "
@@ -272,13 +280,13 @@ def _report(args: argparse.Namespace, results, summaries, extra) -> int:
                 ["TENANT", "NOMINAL", "HELD", "ASKING", "DENIED WITHIN QUOTA", "WAIT_H"],
             )
         )
-        idle = run.get("idle_by_reason") or {}
-        if idle:
+        refused = run.get("idle_by_reason") or {}
+        if refused:
             why = ", ".join(
                 f"{v:.1%} {k.replace('_', ' ')}"
-                for k, v in sorted(idle.items(), key=lambda i: -i[1])
+                for k, v in sorted(refused.items(), key=lambda i: -i[1])
             )
-            print(f"healthy chips left free, by why: {why}")
+            print(f"healthy chips left free, by what the cell's quotas saw: {why}")
     for p in written:
         print(f"wrote {p}")
     return 0

@@ -209,7 +209,8 @@ async def test_the_simulator_decides_as_the_live_stack_job_for_job(redis_url):
     kinds = [k for k, _ in sim.events]
     # the trace exercises what the fidelity is about
     assert kinds.count("arrive") == JOBS and kinds.count("host") >= 100
-    assert sim.counters["preemptions"] >= 50 and sim.counters["suspensions"] >= 5
+    assert sim.counters["preemptions"] >= 50 and sim.counters["suspensions"] >= 3
+    assert sim.counters["swaps_taking_blocks"] >= 3  # past the age bound, of younger slices
     assert sim.counters["swaps"] > 0 and sim.counters["moves"] > 0
     assert any(j.norm.demand.box is not None for j in jobs)
     by_id = {j.job_id: j for j in jobs}

@@ -93,6 +93,32 @@ def test_invariants_hold_with_failures_and_preemption(policy):
         assert s["preemptions"] > 0
 
 
+@pytest.mark.parametrize(
+    ("policy", "pods", "reconfig_s"),
+    [("aged", 1, 60.0), ("easy", 1, 0.0), ("fifo", 1, 0.0), ("aged", 3, 0.0), ("static", 1, 0.0)],
+)
+def test_idle_chips_by_cause_add_up_to_what_is_not_busy(policy, pods, reconfig_s):
+    jobs = workload(n=250, load=0.9 * pods)
+    config = SimConfig(
+        policy=POLICIES[policy], pods=pods, failures=FAILURES, seed=5, reconfig_s=reconfig_s
+    )
+    s = summary(simulate(jobs, config), config)
+    causes = s["idle_by_cause"]
+    assert set(causes) == set(engine.IDLE_CAUSES)
+    assert sum(causes.values()) == pytest.approx(1 - s["utilisation_healthy"], abs=1e-9)
+    assert (
+        causes["queue_empty"] > 0
+        and causes["down_host_blocks" if policy != "static" else "static_fragments"] > 0
+    )
+    if policy == "static":
+        assert causes["static_fragments"] == pytest.approx(s["fragmentation"])
+    else:
+        assert causes["static_fragments"] == 0
+        assert causes["wiring"] > 0 if reconfig_s else causes["wiring"] == 0
+    if policy in ("easy", "fifo"):
+        assert causes["blocks_kept"] > 0  # a reservation, or the queue's head, keeps them
+
+
 def test_a_cell_of_pods_uses_them_all_and_keeps_the_invariants():
     jobs = workload(n=300, load=0.9)
     res = Checked(jobs, SimConfig(pods=3, failures=FAILURES)).run()
@@ -345,6 +371,14 @@ def test_a_small_compare_writes_its_summary_csv_and_plots(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "static" in text and "easy" in text
     data = json.loads((out / "summary.json").read_text())
+    # the idle chips by cause, per policy, adding up to what is not busy
+    idle = text[text.index("idle healthy chips by cause") :].splitlines()
+    assert "down-host blocks" in idle[1] and "no box fits" in idle[1]
+    for run, line in zip(data["runs"], idle[3:6], strict=True):
+        assert line.split()[0] == run["policy"]
+        assert float(line.split()[-1]) == pytest.approx(
+            100 * (1 - run["utilisation_healthy"]), abs=0.06
+        )
     assert [r["policy"] for r in data["runs"]] == ["static", "priority", "easy"]
     for r in data["runs"]:
         assert 0 < r["utilisation_healthy"] <= 1

@@ -10,7 +10,11 @@ import pytest
 
 from lightpath.domain.slices import DELAY, PENDING, RUNNING, TERMINATE, SliceDemand
 from lightpath_services.common.settings import SettingsError, load
-from lightpath_services.workload_scheduler.planner import plan_pass, waited_past
+from lightpath_services.workload_scheduler.planner import (
+    plan_pass,
+    plan_replacement,
+    waited_past,
+)
 from lightpath_services.workload_scheduler.preemption import choose_victims
 from lightpath_services.workload_scheduler.settings import WorkloadSchedulerSettings
 from tests.workload_scheduler.podfixtures import fabric, job, pod, running
@@ -55,6 +59,33 @@ def test_past_the_bound_it_takes_the_blocks_of_younger_jobs_of_its_priority():
         assert alloc.job.job_id == "big"
         assert [(v.job_id, v.action) for v in alloc.victims] == [("young", DELAY)]
         assert set(alloc.placement) <= set(range(4, 16))
+
+
+def test_a_swap_past_the_bound_takes_one_block_of_a_younger_slice_of_its_priority():
+    """No free block and no lower priority: an older slice past the bound takes a block
+    of a younger one of its priority rather than giving up all it holds (suspended, it
+    would take them back from the younger ones as the first job past the bound)."""
+    old = running("old", range(8), seq=1)
+    others = [
+        running("older", range(8, 10), seq=0),
+        running("young", range(10, 12), seq=5),
+        running("youngest", range(12, 16), seq=6, policy=TERMINATE),
+    ]
+    state = pod(fabric(blocks=16), failed={3}, jobs=[old, *others])
+    assert plan_replacement(state, old, 3) is None  # before the bound: suspended
+    rep = plan_replacement(state, old, 3, take_younger=True)
+    assert rep is not None and rep.position_index == 3
+    # delaying before terminating, then the youngest (preemption's order)
+    assert [(v.job_id, v.action) for v in rep.victims] == [("young", DELAY)]
+    assert rep.spare in (10, 11)
+    # a lower priority still goes first
+    low = running("low", range(16, 18), priority=10, seq=9)
+    state = pod(fabric(blocks=18), failed={3}, jobs=[old, *others, low])
+    rep = plan_replacement(state, old, 3, take_younger=True)
+    assert rep is not None and [v.job_id for v in rep.victims] == ["low"]
+    # never an older slice of its priority
+    state = pod(fabric(blocks=10), failed={3}, jobs=[old, others[0]])
+    assert plan_replacement(state, old, 3, take_younger=True) is None
 
 
 def test_never_older_jobs_nor_higher_priorities():

@@ -39,3 +39,31 @@ async def test_a_large_job_past_the_age_bound_takes_the_blocks_of_younger_ones(
             # and a third job takes the 2 blocks first freed: big would starve
             assert (await pod.admit("third", (8, 4, 4))).job.state == c.JOB_STATE_RUNNING
         await pod.assert_consistent()
+
+
+@pytest.mark.parametrize(("bound", "swapped"), [("0", True), ("off", False)])
+async def test_a_swap_past_the_age_bound_takes_a_block_of_a_younger_slice(
+    redis_url, bound, swapped
+):
+    """No free block and no lower priority: past the bound the older slice swaps its
+    failed block for one of the younger slice's (which is requeued) instead of being
+    suspended itself."""
+    environ = {"LIGHTPATH_WS_AGE_BOUND_S": bound}
+    async with pod_stack(redis_url, ws_environ=environ) as pod:
+        await pod.admit("older", (16, 8, 4))  # 8 of the 16 blocks
+        await pod.admit("younger", (16, 8, 4))  # the other 8
+        failed = (await pod.job("older")).blocks[2].block_id
+        resp = await pod.fail(failed)
+        older, younger = await pod.job("older"), await pod.job("younger")
+        if swapped:
+            assert [v.job_id for v in resp.replacement.preempted] == ["younger"]
+            assert older.state == c.JOB_STATE_RUNNING
+            assert failed not in {b.block_id for b in older.blocks}
+            assert younger.state == c.JOB_STATE_SUSPENDED
+            assert "older" in younger.reason and "age bound" in younger.reason
+        else:
+            assert not resp.HasField("replacement") and "older suspended" in resp.action
+            assert older.state == c.JOB_STATE_SUSPENDED
+            assert younger.state == c.JOB_STATE_RUNNING
+        await pod.settle()
+        await pod.assert_consistent()

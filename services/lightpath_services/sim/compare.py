@@ -103,6 +103,34 @@ def table(summaries: list[dict[str, Any]]) -> list[list[str]]:
     return rows
 
 
+# idle_by_cause's causes in a person's words (engine.IDLE_CAUSES)
+IDLE_WORDS = {
+    "queue_empty": "no job waits",
+    "blocks_too_few": "too few blocks",  # for any waiting slice
+    "blocks_kept": "blocks kept",  # by the policy: a reservation, FIFO's head
+    "down_host_blocks": "down-host blocks",
+    "shared_blocks": "shared blocks",  # healthy blocks of sub-block slices
+    "wiring": "wiring",
+    "static_fragments": "no box fits",  # the static torus
+}
+
+
+def idle_rows(summaries: list[dict[str, Any]]) -> list[list[str]]:
+    """Per configuration, its idle healthy chips by cause (the causes some run has)."""
+    causes = [c for c in IDLE_WORDS if any(s["idle_by_cause"].get(c) for s in summaries)]
+    rows = [["policy", *(IDLE_WORDS[c] for c in causes), "idle in all"]]
+    for s in summaries:
+        idle = s["idle_by_cause"]
+        rows.append(
+            [
+                s["label"],
+                *(f"{100 * idle.get(c, 0.0):.1f}" for c in causes),
+                f"{100 * sum(idle.values()):.1f}",
+            ]
+        )
+    return rows
+
+
 def _h(seconds: float | None) -> str:
     if seconds is None or (isinstance(seconds, float) and math.isnan(seconds)):
         return "-"

@@ -15,7 +15,8 @@ What decides (the same functions the services call):
   decisions, tests/sim checks it against plan_pass itself);
 * sub-block packing: box_placement via the planner;
 * a failed host under a block slice: `plan_replacement` (a spare, or one taken
-  from lower-priority work), else the slice is suspended or failed as it asked
+  from lower-priority work, or past the age bound from a younger slice of its
+  priority), else the slice is suspended or failed as it asked
   (`on_block_failure`), as swap.py does; under sub-block slices:
   `boxes_on_failed_chips` and `plan_box_move`, else suspended or failed;
 * a cell of pods: the cell scheduler's `choose` over capacity views built as the
@@ -120,6 +121,16 @@ TOO_BIG = "too_big"  # no waiting job fits the free room
 # a job fits the room and its quota but is not placed (a box's geometry, a reservation)
 NOT_PLACED = "not_placed"
 IDLE_REASONS = (NOTHING_WAITS, QUOTA_HELD_BY_DELAYED, QUOTA, ABOVE_NOMINAL, TOO_BIG, NOT_PLACED)
+# Why healthy chips are not working (the summary's `idle_by_cause`, ÷ healthy chips):
+IDLE_CAUSES = (
+    "queue_empty",  # no job waits for them
+    "blocks_too_few",  # whole free blocks, fewer than any waiting block slice needs
+    "blocks_kept",  # whole free blocks enough for a waiting slice the policy kept out
+    "down_host_blocks",  # free chips of blocks with a down host (sub-block slices only)
+    "shared_blocks",  # free chips of healthy blocks given over to sub-block slices
+    "wiring",  # chips of slices placed and being wired
+    "static_fragments",  # the static torus: free chips no waiting job's box fits
+)
 # The planner's answer for a block slice that no free blocks and no victims can place.
 _NO_ROOM = Unplaceable((), note="too few free blocks and no lower priority to preempt")
 
@@ -310,6 +321,9 @@ class Sim:
         self.healthy_area = 0.0
         self.frag_area = 0.0
         self.idle_waiting = 0  # free healthy chips while jobs wait (set after passes)
+        # Healthy chips not working now, by why (IDLE_CAUSES; set after passes).
+        self.idle_causes: dict[str, int] = {}
+        self.window_idle = dict.fromkeys(IDLE_CAUSES, 0.0)  # their chip-s inside the window
         self.series: list[tuple[float, int, int]] = []
         self.window: tuple[float, float] = (
             (jobs[0].arrival_s, jobs[-1].arrival_s) if jobs else (0.0, 0.0)
@@ -351,6 +365,8 @@ class Sim:
                 if free:
                     why = self.model.idle_reason()
                     self.idle_areas[why] = self.idle_areas.get(why, 0.0) + free * (b - a)
+                for cause, chips in self.idle_causes.items():
+                    self.window_idle[cause] += chips * (b - a)
             if self.quota is not None:
                 self.quota.advance(self._t, t, self.window)
         self._t = t
@@ -483,6 +499,10 @@ class Sim:
             "idle_by_reason": {
                 k: v / healthy_w for k, v in sorted(self.idle_areas.items()) if healthy_w
             },
+            "idle_by_cause": {
+                cause: self.window_idle[cause] / healthy_w if healthy_w else 0.0
+                for cause in IDLE_CAUSES
+            },
             "makespan_s": self.now,
             "window_s": [lo, hi],
             "counters": dict(self.counters),
@@ -529,12 +549,18 @@ class OcsPod:
         # (a fixed point of the queue), or None: see OcsModel._submit.
         self.quiet: int | None = None
         self.quiet_ms = 0  # when that pass ran
-        self._free_chips: tuple[int, int] = (-1, 0)
+        # Waiting jobs by the whole blocks they need (a sub-block slice: 1).
+        self.needs: Counter[int] = Counter()
+        self._idle: tuple[int, tuple[int, int, int, int]] = (-1, (0, 0, 0, 0))
+
+    def idle_chips(self) -> tuple[int, int, int, int]:
+        """_idle_chips of its state, once per version."""
+        if self._idle[0] != self.version:
+            self._idle = (self.version, _idle_chips(self.state))
+        return self._idle[1]
 
     def free_chips(self) -> int:
-        if self._free_chips[0] != self.version:
-            self._free_chips = (self.version, _free_chips(self.state))
-        return self._free_chips[1]
+        return sum(self.idle_chips()[:3])
 
     def enqueue(self, job: SliceJob) -> None:
         self.waiting[job.job_id] = job
@@ -548,11 +574,15 @@ class OcsPod:
             d.block_count,
             d.node_types[0] if one_type else "",
         )
+        self.needs[d.block_count] += 1
 
     def dequeue(self, job_id: str) -> SliceJob:
         job = self.waiting.pop(job_id)
         self.queue.remove(job.priority, job.seq, job_id)
         del self.traits[job_id]
+        self.needs[job.demand.block_count] -= 1
+        if not self.needs[job.demand.block_count]:
+            del self.needs[job.demand.block_count]
         return job
 
     def view(self) -> PodCapacityView:
@@ -1260,6 +1290,8 @@ class OcsModel(_Model):
             self._box_failed(pod, pod.state.jobs[job.job_id])
         if len(pod.queue):
             self.schedule(pod)
+        else:
+            self._note_idle()
 
     # -- completion ------------------------------------------------------------------
 
@@ -1297,6 +1329,8 @@ class OcsModel(_Model):
                 state.failed.discard(block)
             if len(pod.queue):
                 self.schedule(pod)
+            else:
+                self._note_idle()
             self._cell_pass()
             return
         state.failed.add(block)
@@ -1335,7 +1369,9 @@ class OcsModel(_Model):
         sim = self.sim
         state = pod.state
         run = sim.by_id[job.job_id]
-        plan = plan_replacement(state, job, failed)
+        bound = sim.policy.age_bound_s
+        younger = waited_past(job, _ms(sim.now), None if bound is None else _ms(bound))
+        plan = plan_replacement(state, job, failed, take_younger=younger)
         if plan is None:
             self._lose(pod, job)
             return True
@@ -1352,6 +1388,8 @@ class OcsModel(_Model):
         state.wired[plan.spare] = job.job_id
         state.jobs[job.job_id] = job.with_(placement=tuple(placement), epoch=job.epoch + 1)
         sim.counters["swaps"] += 1
+        if plan.victims:
+            sim.counters["swaps_taking_blocks"] += 1  # the spare taken from other slices
         sim.counters["reconfigurations"] += 1
         run.swaps += 1
         sim.interrupt(run, "failure")
@@ -1460,6 +1498,16 @@ class OcsModel(_Model):
                     free += pod.free_chips()
             idle = free
         sim.idle_waiting = idle
+        causes: dict[str, int] = {}
+        cell_need = min(j.demand.block_count for j in self.jobs.values()) if self.jobs else None
+        for pod in self.pods:
+            need = min(pod.needs) if pod.needs else cell_need
+            if cell_need is not None and need is not None:
+                need = min(need, cell_need)
+            per_block = pod.state.fabric.chips_per_block
+            for cause, chips in _idle_causes(pod.idle_chips(), need, per_block).items():
+                causes[cause] = causes.get(cause, 0) + chips
+        sim.idle_causes = causes
 
 
 def _ms(seconds: float) -> int:
@@ -1467,21 +1515,54 @@ def _ms(seconds: float) -> int:
     return int(seconds * 1000)
 
 
-def _free_chips(state: IndexedPodState) -> int:
+def _idle_chips(state: IndexedPodState) -> tuple[int, int, int, int]:
+    """A pod's healthy chips that no RUNNING slice works on: (in whole free blocks, free
+    in blocks with a down host, free in healthy blocks given over to sub-block slices,
+    held by block slices being wired). The first three are its free chips."""
     fabric = state.fabric
     per_block = fabric.chips_per_block
     per_host = math.prod(fabric.host_shape)
-    free = 0
     held = state.chips_held()
-    for b in range(fabric.block_count):
-        owner = state.owner.get(b)
-        if owner is not None and owner != SUB_BLOCK_OWNER:
+    owner, failed, failed_hosts = state.owner, state.failed, state.failed_hosts
+    # one pass over the held and the failed blocks, not over every block: many calls
+    whole = per_block * (fabric.block_count - len(owner.keys() | failed))
+    down = shared = wiring = 0
+    for b, holder in owner.items():
+        if holder != SUB_BLOCK_OWNER or (b in failed and b not in failed_hosts):
             continue
-        if state.whole_failed(b):
-            continue
-        bad = len(state.failed_hosts.get(b, ()))
-        free += per_block - bad * per_host - len(held.get(b, {}))
-    return free
+        bad = len(failed_hosts.get(b, ()))
+        if bad:
+            down += per_block - bad * per_host - len(held.get(b, {}))
+        else:
+            shared += per_block - len(held.get(b, {}))
+    for b, hosts in failed_hosts.items():
+        if b not in owner:
+            down += per_block - len(hosts) * per_host
+    for job in state.jobs.values():
+        if job.state == WIRING and job.offset is None and job.placement:
+            for b in job.placement:
+                if owner.get(b) == job.job_id and not state.whole_failed(b):
+                    wiring += per_block - len(failed_hosts.get(b, ())) * per_host
+    return whole, down, shared, wiring
+
+
+def _idle_causes(chips: tuple[int, int, int, int], need: int | None, per_block: int) -> dict:
+    """_idle_chips by cause (IDLE_CAUSES); `need`: the fewest whole blocks a job waiting
+    for the pod needs (None: none waits)."""
+    whole, down, shared, wiring = chips
+    if need is None:
+        return {"queue_empty": whole + down + shared, "wiring": wiring}
+    enough = whole // per_block >= need
+    return {
+        "blocks_kept" if enough else "blocks_too_few": whole,
+        "down_host_blocks": down,
+        "shared_blocks": shared,
+        "wiring": wiring,
+    }
+
+
+def _free_chips(state: IndexedPodState) -> int:
+    return sum(_idle_chips(state)[:3])
 
 
 # -- the static torus ------------------------------------------------------------------
@@ -1535,7 +1616,9 @@ class StaticModel(_Model):
 
     def _note_idle(self) -> None:
         sim = self.sim
-        sim.idle_waiting = sum(t.free_chips for t in self.tori) if len(self.queue) else 0
+        free = sum(t.free_chips for t in self.tori)
+        sim.idle_waiting = free if len(self.queue) else 0
+        sim.idle_causes = {"static_fragments" if len(self.queue) else "queue_empty": free}
 
     def complete(self, run: JobRun) -> None:
         self.tori[self.where.pop(run.trace.job_id)].release(run.trace.job_id)

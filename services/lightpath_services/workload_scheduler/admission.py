@@ -507,6 +507,11 @@ class Admission(Part):
             vj = state.jobs[v.job_id]
             txn.expect_job(v.job_id, [RUNNING], vj.epoch)
             why = f"blocks taken by {preemptor.job_id} (priority {preemptor.priority} > {vj.priority})"
+            if vj.priority == preemptor.priority:  # the age bound (planner.plan_pass)
+                why = (
+                    f"blocks taken by {preemptor.job_id}, of its priority and in the pod "
+                    "before it, past the queue's age bound"
+                )
             reclaimed = v.job_id in preemptor.reclaimed_from
             if reclaimed:
                 why = f"blocks reclaimed for {preemptor.job_id}: its tenant took back quota it had lent"

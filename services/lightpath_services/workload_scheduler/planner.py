@@ -15,7 +15,8 @@ blocks left 41 % of the pod idle, docs/sim.md).
 
 `plan_replacement` decides how a running slice survives a failed block
 (seed 000 Fig. 11, ¶126-132): a healthy free block of the same type, else one
-taken from lower-priority work, else nothing (the slice is suspended or fails).
+taken from lower-priority work (past the age bound, also from younger slices of
+its priority), else nothing (the slice is suspended or fails).
 
 The service commits each decision with one atomic Redis script that re-checks
 what the decision assumed, then drives the ocs_manager.
@@ -288,9 +289,15 @@ def plan_pass(
     return decisions
 
 
-def plan_replacement(state: PodState, job: SliceJob, failed: int) -> Replacement | None:
+def plan_replacement(
+    state: PodState, job: SliceJob, failed: int, *, take_younger: bool = False
+) -> Replacement | None:
     """A block for the failed one's logical position (WS-5), or None if none can be had
-    (an OCS_TORUS pod's; fabric_kinds.TorusPlanner)."""
+    (an OCS_TORUS pod's; fabric_kinds.TorusPlanner). `take_younger` (the slice has been
+    in the pod past the queue's age bound, plan_pass): after lower priorities, a block
+    of a slice of its priority admitted after it may be taken, as the slice could take
+    all its blocks back were it suspended and requeued: one victim's block rather than
+    giving up every block it holds (docs/sim.md measured it)."""
     assert job.placement is not None and failed in job.placement
     position = job.placement.index(failed)
     node_type = state.fabric.node_types[failed]
@@ -304,7 +311,11 @@ def plan_replacement(state: PodState, job: SliceJob, failed: int) -> Replacement
     if state.partial:
         return None  # victims need a full snapshot (the caller takes one)
     victims = choose_victims(
-        state, Counter({node_type: 1}), job.priority, exclude=frozenset({job.job_id})
+        state,
+        Counter({node_type: 1}),
+        job.priority,
+        exclude=frozenset({job.job_id}),
+        younger_than=job.seq if take_younger else None,
     )
     if not victims:
         return None
@@ -465,9 +476,12 @@ def plan_switched_admission(
     return Allocation(job, groups, tuple(victims), _release_first(state, job.job_id, groups, ids))
 
 
-def plan_switched_replacement(state: PodState, job: SliceJob, failed: int) -> Replacement | None:
+def plan_switched_replacement(
+    state: PodState, job: SliceJob, failed: int, *, take_younger: bool = False
+) -> Replacement | None:
     """SW-5: a free group of the same type, under the failed group's tier-0 switch
-    when possible (¶57); a small job's group is not replaced (it is requeued)."""
+    when possible (¶57); a small job's group is not replaced (it is requeued). Only
+    free groups: nothing is preempted for a swap here (`take_younger` changes nothing)."""
     if job.tile is not None:
         return None
     assert job.placement is not None

@@ -35,6 +35,7 @@ from lightpath_services.workload_scheduler.planner import (
     Replacement,
     boxes_on_failed_chips,
     plan_box_move,
+    waited_past,
 )
 from lightpath_services.workload_scheduler.store import Conflict
 from lightpath_services.workload_scheduler.wiring import Wirer
@@ -376,7 +377,8 @@ class Swap(Part):
                 return Outcome(action=f"nothing to do for job {job_id}")
             if job.replacing:
                 return Outcome(action=f"job {job_id} is already swapping a block")
-            plan = self.planner.replace(state, job, failed)
+            younger = waited_past(job, self.now_ms(), self.age_bound_ms)
+            plan = self.planner.replace(state, job, failed, take_younger=younger)
             if plan is None and state.partial:
                 full = True  # no free spare: victims, or the slice's loss, need the whole pod
                 continue
