@@ -306,6 +306,7 @@ class Wirer(Part):
     async def _wired_but_superseded(self, job: SliceJob) -> None:
         """Wired at the OCS, but the job changed meanwhile (cancelled, or taken over)."""
         record = await self.store.job(job.job_id)
+        self._count_if_taken_over(job, record)
         if (
             record is not None
             and record.state in HOLDING_STATES
@@ -321,6 +322,23 @@ class Wirer(Part):
         except OcsError as err:
             self.release_error(job.job_id, err)
         self.schedule_soon()
+
+    def _count_if_taken_over(self, job: SliceJob, record: JobRecord | None) -> None:
+        """Count this replica's commit of `job`'s wiring, just refused, as stale when its
+        wiring lease had run out and the job lives on (another replica took it over),
+        rather than a cancel or completion that ended it meanwhile."""
+        if record is None or record.state in FINAL_STATES:
+            return
+        if job.wiring_deadline_ms and job.wiring_deadline_ms < self.now_ms():
+            self.metrics.stale_commit_refused(self.pod_id)
+            self.log.info(
+                "job %s: commit refused, its wiring lease ran out and the job was taken "
+                "over (now %s at epoch %d)",
+                job.job_id,
+                record.state,
+                record.epoch,
+                extra={"job_id": job.job_id},
+            )
 
     def release_error(self, job_id: str, err: OcsError) -> None:
         """A release that did not happen: its marks stay and the reconcile loop retries.
@@ -398,6 +416,7 @@ class Wirer(Part):
         try:
             await self.store.commit(txn)
         except Conflict:
+            self._count_if_taken_over(job, await self.store.job(job.job_id))
             return
         log = self.log.info if err.busy else self.log.warning
         log("job %s: %s", job.job_id, reason, extra={"job_id": job.job_id})
