@@ -78,9 +78,9 @@ and `commit` (a manager's own commit after a take-over), and the switch agent's
 stale_batches_refused for `switch` (batches the switches refused: one per switch a
 change touches; `stale_changes_refused_by_switches` is the managers' count of their
 changes so refused), and the schedulers' lightpath.pod.stale_commits_refused for
-`scheduler` (a replica's commit of a wiring whose lease it had lost to a take-over); `stale_writes_applied` the switches that disagree with the
-committed tables (CheckInvariants with compare_switches: a stale write that got
-through). `failovers` / `failover_lost` come from bench/sentinel_failover.py's
+`scheduler` (a replica's commit of a wiring whose lease it had lost to a take-over);
+`stale_writes_applied` the switches that disagree with the committed tables
+(CheckInvariants with compare_switches: a stale write that got through). `failovers` / `failover_lost` come from bench/sentinel_failover.py's
 `measure` (`--failovers 0`: not run, null), with its other figures (its own time and
 load as `failover_seconds` and `failover_load`).
 
