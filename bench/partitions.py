@@ -77,10 +77,12 @@ ocs_managers' lightpath.ocs.stale_writes_refused for `lease` (a caller's older l
 and `commit` (a manager's own commit after a take-over), and the switch agent's
 stale_batches_refused for `switch` (batches the switches refused: one per switch a
 change touches; `stale_changes_refused_by_switches` is the managers' count of their
-changes so refused); `stale_writes_applied` the switches that disagree with the
-committed tables (CheckInvariants with compare_switches: a stale write that got
-through). `failovers` / `failover_lost` come from bench/sentinel_failover.py's
-`measure` (`--failovers 0`: not run, null).
+changes so refused), and the schedulers' lightpath.pod.stale_commits_refused for
+`scheduler` (a replica's commit of a wiring whose lease it had lost to a take-over);
+`stale_writes_applied` the switches that disagree with the committed tables
+(CheckInvariants with compare_switches: a stale write that got through). `failovers` / `failover_lost` come from bench/sentinel_failover.py's
+`measure` (`--failovers 0`: not run, null), with its other figures (its own time and
+load as `failover_seconds` and `failover_load`).
 
 Prints one JSON line: faults, faults_by_kind, partitions_observed, ops, acknowledged,
 lost, contradicted, undefined, double_booked, stale_writes_refused,
@@ -185,6 +187,9 @@ NET_FAULTS = {
 LOSS_PERCENT = 5
 DELAY_MS = 200
 POD_PROCESSES = (*SCHEDULERS, OCS, OCS_B, AGENT)
+# the refusals' series in the processes' scrapes
+STALE_WRITES = "lightpath_ocs_stale_writes_refused_total"  # ocs_managers, by where
+STALE_COMMITS = "lightpath_pod_stale_commits_refused_total"  # schedulers
 NOT_DEFINITE = {c.JobState.Name(s) for s in (c.JOB_STATE_UNKNOWN, c.JOB_STATE_WIRING)}
 
 
@@ -266,6 +271,7 @@ def _specs() -> list[ProcessSpec]:
                     "LIGHTPATH_CELL_ADDR": cell,
                     "LIGHTPATH_ADVERTISE_ADDR": name,
                 },
+                metrics_port=free_port(),
             )
         )
     return out
@@ -417,6 +423,12 @@ class Faults:
             for where, n in seen.items():
                 if where != "switch":
                     out[where] = out.get(where, 0.0) + n
+        out["scheduler"] = 0.0
+        for name in SCHEDULERS:
+            seen = await asyncio.to_thread(
+                stale_refused, self.stack.metrics_endpoints[name], STALE_COMMITS
+            )
+            out["scheduler"] += sum(seen.values())
         async with self._agent() as ch:
             admin = optical_switch_pb2_grpc.OpticalSwitchAdminStub(ch)
             stats = await admin.GetSwitchStats(sb.GetSwitchStatsRequest(), timeout=5)
@@ -598,15 +610,16 @@ async def final_state(cell, sched, ocs) -> tuple[Final, list[str]]:
     return final, moving
 
 
-def stale_refused(metrics_url: str) -> dict[str, float]:
-    """lightpath_ocs_stale_writes_refused_total by `where`, from the ocs_manager's scrape."""
+def stale_refused(metrics_url: str, series: str = STALE_WRITES) -> dict[str, float]:
+    """A counter of refused stale writes by its `where` label ("" without one), from a
+    process's scrape: the ocs_manager's STALE_WRITES, a scheduler's STALE_COMMITS."""
     with urllib.request.urlopen(metrics_url, timeout=5) as resp:
         text = resp.read().decode()
     out: dict[str, float] = {}
     for line in text.splitlines():
-        if line.startswith("lightpath_ocs_stale_writes_refused_total{"):
+        if line.startswith(series + "{"):
             labels, value = line.rsplit(" ", 1)
-            where = labels.split('where="', 1)[1].split('"', 1)[0]
+            where = labels.split('where="', 1)[1].split('"', 1)[0] if 'where="' in labels else ""
             out[where] = out.get(where, 0.0) + float(value)
     return out
 
@@ -624,7 +637,10 @@ def failover_figures(failovers: int) -> dict:
             "failover_reason": f"bench/sentinel_failover.py not importable ({err})",
         }
     figures = module.measure(failovers)
-    return {**figures, "failovers": figures["failovers"], "failover_lost": figures["failover_lost"]}
+    # its own run's time and load, not to be taken for this run's
+    figures["failover_seconds"] = figures.pop("seconds")
+    figures["failover_load"] = figures.pop("load")
+    return figures
 
 
 async def drive(

@@ -18,6 +18,7 @@ import contextlib
 import os
 import signal
 import time
+import urllib.request
 from collections.abc import AsyncIterator, Iterator
 
 import grpc
@@ -25,12 +26,14 @@ import pytest
 from google.protobuf import duration_pb2
 
 from lightpath.client import channel, error_report
+from lightpath.embedded_redis import free_port
 from lightpath.testing.history import DEFINITE, Final, History
 from lightpath.v1 import common_pb2 as c
 from lightpath.v1 import ocs_manager_pb2 as om
 from lightpath.v1 import ocs_manager_pb2_grpc, workload_scheduler_pb2_grpc
 from lightpath.v1 import optical_switch_pb2 as sb
 from lightpath.v1 import workload_scheduler_pb2 as ws
+from tests.common.test_metrics import samples, value
 from tests.ocs_manager.conftest import wire_request
 from tests.switch_agent.conftest import (
     POD,
@@ -157,6 +160,13 @@ def scheduler_env(ocs: ServiceProcess) -> dict[str, str]:
     }
 
 
+def stale_commits(metrics_at: str) -> float:
+    """A scheduler's lightpath_pod_stale_commits_refused_total, from its scrape."""
+    with urllib.request.urlopen(f"http://{metrics_at}/metrics", timeout=5) as resp:
+        found = samples(resp.read().decode())
+    return value(found, "lightpath_pod_stale_commits_refused_total")
+
+
 def job_spec(job_id: str) -> ws.JobSpec:
     return ws.JobSpec(job_id=job_id, shape=c.Shape(dims=[4, 2, 2]))  # two 2x2x2 blocks
 
@@ -210,7 +220,10 @@ async def test_a_scheduler_replica_paused_past_its_wiring_lease_wakes_to_a_job_t
         {**fabric(), "LIGHTPATH_OCS_DRIVER_SETTLE_MS": "1500", "LIGHTPATH_OCS_RECONCILE_S": "0.2"},
     )
     with started(ocs):
-        a = SchedulerProcess(redis_url, tmp_path, scheduler_env(ocs))
+        scrape_a = f"127.0.0.1:{free_port()}"  # A's metrics: its refused commit is counted
+        a = SchedulerProcess(
+            redis_url, tmp_path, {**scheduler_env(ocs), "LIGHTPATH_METRICS_LISTEN": scrape_a}
+        )
         b = SchedulerProcess(redis_url, tmp_path, scheduler_env(ocs))
         with started(a, b):
             history = History()
@@ -240,3 +253,5 @@ async def test_a_scheduler_replica_paused_past_its_wiring_lease_wakes_to_a_job_t
                 assert final.jobs["j1"][0] == "COMPLETED"
                 assert final.slices == {"j2": final.jobs["j2"][1]}
                 assert await invariants_hold(o) == []
+                # A's one commit of j1's wiring, refused by the epoch, counted once
+                assert await asyncio.to_thread(stale_commits, scrape_a) == 1

@@ -249,6 +249,15 @@ DOMAIN: tuple[MetricName, ...] = (
         "had taken the forward over",
     ),
     _m(
+        "lightpath.pod.stale_commits_refused",
+        COUNTER,
+        "",
+        ("pod",),
+        "workload_scheduler",
+        "this replica's commits of a wiring refused after its wiring lease ran out and "
+        "another replica took the job over (fencing)",
+    ),
+    _m(
         "lightpath.pod.block_replacements",
         COUNTER,
         "",

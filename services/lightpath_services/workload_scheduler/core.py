@@ -40,6 +40,9 @@ KNOWN_LIMIT = 4096
 # A wiring that lasts records a progress event on the job this often (and so pushes its
 # wiring deadline on: a slow switch is not a dead replica).
 WIRING_PROGRESS_S = 2.0
+# The reason of the event a replica writes when it takes over a wiring past its lease
+# (reconcile); the replica it was taken from counts its commits refused after it.
+WIRING_TAKEN_OVER = "wiring taken over after a timeout"
 # CompleteJob / CancelJob / ReportBlockHealth wait this long at most for another call
 # changing the slice to end before releasing it; past that the other call (or the
 # reconcile loop, which never waits: its next round asks again) releases it.

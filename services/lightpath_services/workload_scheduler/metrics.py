@@ -104,6 +104,11 @@ class PodMetrics:
             description="cell forwards refused for an older forward token (fencing): "
             "another cell replica had taken the forward over",
         )
+        self._stale_commits = meter.create_counter(
+            "lightpath.pod.stale_commits_refused",
+            description="this replica's commits of a wiring refused after its wiring lease "
+            "ran out and another replica took the job over (fencing)",
+        )
 
     @classmethod
     def noop(cls) -> PodMetrics:
@@ -126,6 +131,7 @@ class PodMetrics:
         for action in PREEMPTION_ACTIONS:
             self._preemptions.add(0, {"pod": pod, "action": action})
         self._stale_forwards.add(0, {"pod": pod})
+        self._stale_commits.add(0, {"pod": pod})
 
     # -- events --------------------------------------------------------------------
 
@@ -137,6 +143,10 @@ class PodMetrics:
     def stale_forward_refused(self, pod: str) -> None:
         """A cell forward (AdmitJob, a take-over's GetJob) older than one recorded."""
         self._stale_forwards.add(1, {"pod": pod})
+
+    def stale_commit_refused(self, pod: str) -> None:
+        """This replica's commit of a wiring whose lease it had lost to a take-over."""
+        self._stale_commits.add(1, {"pod": pod})
 
     def preempted(self, pod: str, victims: Iterable[Any]) -> None:
         """Victims of a committed allocation (each with its action: TERMINATE, DELAY, SHRINK)."""

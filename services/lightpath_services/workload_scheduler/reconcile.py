@@ -21,6 +21,7 @@ from lightpath_services.workload_scheduler.core import (
     QUIET_HORIZON_MS,
     STALE_WIRING_GRACE_MS,
     SWEEP_PAGE,
+    WIRING_TAKEN_OVER,
     Outcome,
     Part,
     PodContext,
@@ -249,9 +250,7 @@ class Reconcile(Part):
         )
         txn = self.store.txn()
         txn.expect_job(job.job_id, [WIRING], job.epoch)
-        txn.write_job(
-            mine, old_state=WIRING, reason="wiring taken over after a timeout", now_ms=self.now_ms()
-        )
+        txn.write_job(mine, old_state=WIRING, reason=WIRING_TAKEN_OVER, now_ms=self.now_ms())
         try:
             await self.store.commit(txn)
         except Conflict:

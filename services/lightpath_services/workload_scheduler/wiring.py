@@ -28,6 +28,7 @@ from lightpath_services.workload_scheduler.core import (
     RELEASE_CLAIM_MS,
     RETRY_BACKOFF_MS,
     WIRING_PROGRESS_S,
+    WIRING_TAKEN_OVER,
     Part,
     PodContext,
     WiringRolledBack,
@@ -305,7 +306,8 @@ class Wirer(Part):
 
     async def _wired_but_superseded(self, job: SliceJob) -> None:
         """Wired at the OCS, but the job changed meanwhile (cancelled, or taken over)."""
-        record = await self.store.job(job.job_id)
+        record = await self.store.job(job.job_id, history=True)
+        self._count_if_taken_over(job, record)
         if (
             record is not None
             and record.state in HOLDING_STATES
@@ -321,6 +323,27 @@ class Wirer(Part):
         except OcsError as err:
             self.release_error(job.job_id, err)
         self.schedule_soon()
+
+    def _count_if_taken_over(self, job: SliceJob, record: JobRecord | None) -> None:
+        """Count this replica's commit of `job`'s wiring, just refused, as stale when the
+        job was taken over after this replica's wiring lease ran out (a take-over's event
+        past `job.wiring_deadline_ms` in `record`'s history), whatever became of it
+        since; not when a cancel, say, ended the wiring while the lease held."""
+        if record is None or not job.wiring_deadline_ms:
+            return
+        if any(
+            e.get("reason") == WIRING_TAKEN_OVER and int(e.get("at", 0)) >= job.wiring_deadline_ms
+            for e in record.history
+        ):
+            self.metrics.stale_commit_refused(self.pod_id)
+            self.log.info(
+                "job %s: commit refused, its wiring was taken over after this replica's "
+                "lease ran out (now %s at epoch %d)",
+                job.job_id,
+                record.state,
+                record.epoch,
+                extra={"job_id": job.job_id},
+            )
 
     def release_error(self, job_id: str, err: OcsError) -> None:
         """A release that did not happen: its marks stay and the reconcile loop retries.
@@ -398,6 +421,7 @@ class Wirer(Part):
         try:
             await self.store.commit(txn)
         except Conflict:
+            self._count_if_taken_over(job, await self.store.job(job.job_id, history=True))
             return
         log = self.log.info if err.busy else self.log.warning
         log("job %s: %s", job.job_id, reason, extra={"job_id": job.job_id})
