@@ -288,6 +288,8 @@ class Case:
     request: Message | bytes  # bytes: sent as they are (a flood built on the wire)
     field: str
     limit: int
+    # Refused by the walk of the wire before it is parsed ("got more than" the limit).
+    unparsed: bool = False
 
     def size(self) -> int:
         request = self.request
@@ -670,7 +672,8 @@ def nested_flood_cases() -> Iterator[tuple[str, Case]]:
                     for outer, _rule, how in reversed(steps[:-1]):
                         raw = _framed(outer.number, raw)
                         path = f"{outer.name}.{path}" if how == "msg" else f"{outer.name}[0].{path}"
-                    yield key, Case(method, raw, path, rule.limit)
+                    unparsed = len(raw) >= limits.PRESCAN_ABOVE
+                    yield key, Case(method, raw, path, rule.limit, unparsed)
 
 
 def _unparsed_if_longer(case: Case) -> Case:
@@ -848,6 +851,8 @@ async def _send(
         found = _violation(err)
         if found is None or found[0] != case.field or (f"at most {case.limit:,} " not in found[1]):
             return f"{where}: {found}"
+        if case.unparsed and "(got more than " not in found[1]:
+            return f"{where}: parsed before it was refused ({found[1]})"
         return ""
     return f"{where}: answered OK"
 
