@@ -4,7 +4,10 @@ A request is bounded before it costs anything: gRPC refuses one larger than its
 service's `MAX_REQUEST_BYTES` before parsing it (RESOURCE_EXHAUSTED, gRPC's own
 short message); one longer than the largest its type can be within the limits
 (`longest_taken`: `largest_request_bytes` and room for unknown fields) is refused
-unparsed (INVALID_ARGUMENT naming `request` and that size); and every parsed
+unparsed (INVALID_ARGUMENT naming `request` and that size); one with a repeated or
+map field over its limit at any depth is refused unparsed too, from a walk of its
+wire bytes that counts entries (`count_check`, for requests of PRESCAN_ABOVE bytes
+or more: a shorter one costs less to parse); and every parsed
 request goes through `check` before it is authorized work, so a field over its
 limit is INVALID_ARGUMENT naming the field path and the limit (`transitions: at
 most 1000 entries (got 200000)`) — a short error whatever was sent, never an echo
@@ -545,7 +548,8 @@ def count_check(descriptor: Any, raw: bytes) -> InvalidArgument | None:
     each message's walk stops at its first field past its limit or past the most
     tags a legal one has (so it costs at most the limits' entries, not what was sent).
     Occurrences of one singular message are counted together, as the parser merges
-    them. The error names the field's path (`spec.node_types`,
+    them; a map's entries are counted as sent (a key sent twice counts twice: no
+    serializer does that). The error names the field's path (`spec.node_types`,
     `blocks[3].position.coords`). None when every count is within its limit or the
     bytes do not walk (the parser says what is wrong with them)."""
     walk = _walk_of(descriptor)
