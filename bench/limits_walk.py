@@ -2,7 +2,7 @@
 """What the wire walk before parsing costs (issue 30): `lightpath.limits.count_check`
 on legal requests (a typical AdmitJob and WireSlice, the calls every job makes, and a
 WireSlice of 4,096 blocks, a large legal one) and on floods it refuses (a million
-entries at the top level, and one level down), each beside what parsing the same
+entries at the top level, 300,000 one level down), each beside what parsing the same
 bytes costs (`FromString`), in one run.
 
     python3 dev.py bench limits_walk [--number 20000]
@@ -57,7 +57,7 @@ def wire(edge: tuple[int, int, int]) -> ocs_manager_pb2.WireSliceRequest:
 def floods() -> dict[str, tuple[object, bytes]]:
     top = ocs_manager_pb2.WireSliceRequest(job_id="j")
     top.blocks.extend([ocs_manager_pb2.BlockPlacement()] * 1_000_000)
-    # one level down: a spec whose node types are a million empty strings
+    # one level down: a spec whose node types are 300,000 empty strings
     nested = workload_scheduler_pb2.JobSpec(job_id="j")
     nested.node_types.extend([""] * 300_000)
     down = workload_scheduler_pb2.AdmitJobRequest(spec=nested)

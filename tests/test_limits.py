@@ -994,3 +994,21 @@ def test_the_wire_walk_finds_a_count_over_its_limit_exactly_when_the_parsed_mess
             assert found.violations[0].field in over, (found.violations[0].field, over)
 
     agrees()
+
+
+def test_no_map_value_holds_a_repeated_field_the_wire_walk_would_miss():
+    """The walk counts a map's entries but does not walk into message values (no
+    request has one with a repeated or map field inside): a proto adding one must
+    extend `limits.count_check` first, or a flood inside it is parsed before `check`."""
+    missed = []
+    for _service, module in SERVICES.values():
+        for svc in module.DESCRIPTOR.services_by_name.values():
+            for method in svc.methods:
+                for steps in bounded_paths(method.input_type):
+                    for f, rule, _how in steps:
+                        value_f = f.message_type and f.message_type.fields_by_name.get("value")
+                        if rule.kind == "map" and rule.value_msg and value_f is not None:
+                            inner = limits._rules(value_f.message_type).values()
+                            if any(r.kind in _COUNTED for r in inner):
+                                missed.append(f.full_name)
+    assert not missed, missed
