@@ -4,7 +4,10 @@ A request is bounded before it costs anything: gRPC refuses one larger than its
 service's `MAX_REQUEST_BYTES` before parsing it (RESOURCE_EXHAUSTED, gRPC's own
 short message); one longer than the largest its type can be within the limits
 (`longest_taken`: `largest_request_bytes` and room for unknown fields) is refused
-unparsed (INVALID_ARGUMENT naming `request` and that size); and every parsed
+unparsed (INVALID_ARGUMENT naming `request` and that size); one with a repeated or
+map field over its limit at any depth is refused unparsed too, from a walk of its
+wire bytes that counts entries (`count_check`, for requests of PRESCAN_ABOVE bytes
+or more: a shorter one costs less to parse); and every parsed
 request goes through `check` before it is authorized work, so a field over its
 limit is INVALID_ARGUMENT naming the field path and the limit (`transitions: at
 most 1000 entries (got 200000)`) — a short error whatever was sent, never an echo
@@ -33,7 +36,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
@@ -440,71 +443,220 @@ def read_varint(raw: bytes, i: int) -> tuple[int, int]:
             raise IndexError("varint too long")
 
 
-def count_check(descriptor: Any, raw: bytes) -> InvalidArgument | None:
-    """A top-level repeated or map field of `raw` (an encoded `descriptor`) with more
-    entries than its limit, found by walking the wire format's tags without parsing:
-    the fields between are skipped by their length, and the walk stops at the first
-    field past its limit (so it costs at most the limits' entries, not what was sent).
-    None when every top-level count is within its limit or the bytes do not walk (the
-    parser says what is wrong with them). Nested fields are left to `check`."""
+# How deep the wire walk follows message fields (Lightpath's requests nest their
+# repeated fields four deep at most); a field deeper is left to `check`.
+WALK_DEPTH = 8
+# Tags a message may have beyond one per field and its entries at their limits: room
+# for the unknown fields a newer client sends (UNKNOWN_FIELDS_BYTES, two bytes each
+# at least). Past that, the parser decides.
+_SLACK_STEPS = UNKNOWN_FIELDS_BYTES // 2
+# The kinds of field (a _Rule's) the walk counts, or walks into (a singular message).
+# Empty entries of a flood skipped at a time: compared in one call, not walked.
+_EMPTIES = 64
+_WALKED = frozenset({"rep", "rep_str", "rep_bytes", "rep_msg", "map", "msg"})
+
+
+class _Step(NamedTuple):
+    """What the wire walk does with one field of a message."""
+
+    name: str
+    limit: int  # entries at most; 0: not counted, only walked into (a singular message)
+    unit: int  # packed numbers: bytes per entry, 0 for varints; -1: not numbers
+    child: _Walk | None  # the walk of each entry (a message holding counted fields)
+    singular: bool  # one message: the parser merges every occurrence into it
+    run_below: int  # an entry this short holds no count over its limit: skipped unread
+    tag: int  # the field's tag for a length-delimited value
+    empties: bytes | None  # _EMPTIES empty entries of it (one-byte tags only)
+
+
+@dataclass(frozen=True, slots=True)
+class _Walk:
+    """The wire walk of one message type: the fields it counts or walks into."""
+
+    steps: dict[int, _Step]
+    budget: int  # the most tags a legal message of this type has (and unknown fields)
+    least: int  # fewest bytes of a message of this type with a count over its limit
+
+
+_WALKS: dict[str, _Walk | None] = {}
+
+
+def _walk_of(descriptor: Any) -> _Walk | None:
+    full = descriptor.full_name
+    if full not in _WALKS:
+        _WALKS[full] = _build_walk(descriptor, (full,))
+    return _WALKS[full]
+
+
+def _build_walk(descriptor: Any, stack: tuple[str, ...]) -> _Walk | None:
+    """The walk of `descriptor`, None when nothing in it (to WALK_DEPTH) is counted.
+    A message met again inside itself is not walked into again (its counts are left
+    to `check`, as `largest_request_bytes` counts it once)."""
     rules = _rules(descriptor)
-    counted: dict[int, tuple[FieldDescriptor, _Rule]] = {}
+    steps: dict[int, _Step] = {}
+    least = budget = 0
     for f in descriptor.fields:
         rule = rules.get(f.name)
-        if rule is not None and rule.kind in ("rep", "rep_str", "rep_bytes", "rep_msg", "map"):
-            counted[f.number] = (f, rule)
-    if not counted:
+        if rule is None or rule.kind not in _WALKED:
+            continue
+        child = None
+        if rule.kind in ("msg", "rep_msg"):
+            inner = f.message_type.full_name
+            if inner not in stack and len(stack) < WALK_DEPTH:
+                child = _build_walk(f.message_type, (*stack, inner))
+        limit = 0 if rule.kind == "msg" else rule.limit
+        if not limit and child is None:
+            continue
+        unit = -1
+        if rule.kind == "rep":
+            unit = _FIXED[f.type] if f.type in _FIXED_WIRE else 0
+        # The fewest bytes of entries over the limit: a tag and a length before packed
+        # numbers (a byte each, or their size), a tag and a length or value each else.
+        over = 2 + (limit + 1) * max(unit, 1) if unit >= 0 else 2 * (limit + 1)
+        fewest = [over] if limit else []
+        if child is not None:
+            fewest.append(2 + child.least)  # its tag, its length, what is over inside
+        least = min([least, *fewest]) if least else min(fewest)
+        budget += limit + 1
+        below = 0x80 if child is None else min(0x80, child.least)
+        tag = f.number << 3 | 2
+        empties = None
+        if limit and unit < 0 and tag < 0x80:
+            empties = bytes([tag, 0]) * _EMPTIES
+        steps[f.number] = _Step(f.name, limit, unit, child, rule.kind == "msg", below, tag, empties)
+    if not steps:
         return None
-    counts = dict.fromkeys(counted, 0)
-    # No legal request has more top-level entries than every limit plus one per other
-    # field (and an unknown field's worth); past that, the parser decides.
-    steps = sum(rule.limit for _, rule in counted.values()) + len(descriptor.fields) + 1024
-    i, end = 0, len(raw)
+    return _Walk(steps, budget + len(descriptor.fields) + _SLACK_STEPS, least)
+
+
+class _Tally:
+    """Entries counted so far in one message: per counted field, and per singular
+    message field the tally of what its occurrences hold together (merged)."""
+
+    __slots__ = ("counts", "parts")
+
+    def __init__(self) -> None:
+        self.counts: dict[int, int] = {}
+        self.parts: dict[int, _Tally] = {}
+
+
+def count_check(descriptor: Any, raw: bytes) -> InvalidArgument | None:
+    """A repeated or map field of `raw` (an encoded `descriptor`), at any depth to
+    WALK_DEPTH, with more entries than its limit, found by walking the wire format's
+    tags without parsing: fields between are skipped by their length, an entry of a
+    repeated message too short to hold a count over a limit is skipped unread, and
+    each message's walk stops at its first field past its limit or past the most
+    tags a legal one has (so it costs at most the limits' entries, not what was sent).
+    Occurrences of one singular message are counted together, as the parser merges
+    them; a map's entries are counted as sent (a key sent twice counts twice: no
+    serializer does that). The error names the field's path (`spec.node_types`,
+    `blocks[3].position.coords`). None when every count is within its limit or the
+    bytes do not walk (the parser says what is wrong with them)."""
+    walk = _walk_of(descriptor)
+    if walk is None:
+        return None
     try:
-        while i < end and steps:
-            steps -= 1
-            key, i = read_varint(raw, i)
-            number, wire = key >> 3, key & 7
-            if wire == 0:
-                _, i = read_varint(raw, i)
-                n = 1
-            elif wire == 1:
-                i += 8
-                n = 1
-            elif wire == 5:
-                i += 4
-                n = 1
-            elif wire == 2:
-                length, i = read_varint(raw, i)
-                entry = counted.get(number)
-                if entry is not None and entry[1].kind == "rep":  # packed numbers
-                    if entry[0].type in _FIXED_WIRE:
-                        n = length // _FIXED[entry[0].type]
-                    elif length > 10 * entry[1].limit:  # more than the limit of any varints
-                        n = length
-                    else:  # varints: one ends at each byte with its high bit clear
-                        n = len(raw[i : i + length].translate(None, _CONTINUES))
-                else:
-                    n = 1
-                i += length
-                if entry is not None and entry[1].kind != "rep":
-                    # The usual flood: a run of short entries of this one field, each
-                    # a one-byte tag and a one-byte length, walked without decoding.
-                    limit = entry[1].limit - counts[number]
-                    while n <= limit and i + 1 < end and raw[i] == key < 0x80 > raw[i + 1]:
-                        i += 2 + raw[i + 1]
-                        n += 1
-            else:
-                return None  # groups: not in Lightpath's protos; left to the parser
-            if number in counts:
-                counts[number] += n
-                f, rule = counted[number]
-                if counts[number] > rule.limit:
-                    return InvalidArgument(
-                        f.name,
-                        f"at most {rule.limit:,} entries (got more than {rule.limit:,})",
-                        reason="FIELD_TOO_LARGE",
-                    )
+        return _walk(walk, raw, 0, len(raw), "", _Tally())
     except IndexError:
         return None
+
+
+def _walk(
+    walk: _Walk, raw: bytes, i: int, end: int, path: str, tally: _Tally
+) -> InvalidArgument | None:
+    steps = walk.steps
+    counts = tally.counts
+    budget = walk.budget
+    while i < end and budget:
+        budget -= 1
+        key = raw[i]  # a tag, most often of one byte
+        if key < 0x80:
+            i += 1
+        else:
+            key, i = read_varint(raw, i)
+        wire = key & 7
+        step = steps.get(key >> 3)
+        if wire == 2:
+            length = raw[i]
+            if length < 0x80:
+                i += 1
+            else:
+                length, i = read_varint(raw, i)
+            start, i = i, i + length
+            if i > end:
+                return None  # a length past its message: the parser says so
+            if step is None:
+                continue
+            if step.unit >= 0:  # packed numbers
+                if step.unit:
+                    n = length // step.unit
+                elif length > 10 * step.limit:  # more than the limit of any varints
+                    n = length
+                else:  # varints: one ends at each byte with its high bit clear
+                    n = len(raw[start:i].translate(None, _CONTINUES))
+            else:
+                n = 1
+                child = step.child
+                if child is not None and (step.singular or length >= child.least):
+                    if step.singular:
+                        number = key >> 3
+                        part = tally.parts.get(number)
+                        if part is None:
+                            part = tally.parts[number] = _Tally()
+                        found = _walk(child, raw, start, i, f"{path}{step.name}.", part)
+                    else:
+                        where = f"{path}{step.name}[{counts.get(key >> 3, 0)}]."
+                        found = _walk(child, raw, start, i, where, _Tally())
+                    if found is not None:
+                        return found
+                if step.empties is not None:
+                    i, n = _run(step, raw, i, end, step.limit - counts.get(key >> 3, 0))
+        elif step is None:
+            if wire == 0:
+                _, i = read_varint(raw, i)
+            elif wire == 1:
+                i += 8
+            elif wire == 5:
+                i += 4
+            else:
+                return None  # groups: not in Lightpath's protos; left to the parser
+            continue
+        elif wire == 0:
+            _, i = read_varint(raw, i)
+            n = 1
+        elif wire == 1 or wire == 5:
+            i += 8 if wire == 1 else 4
+            n = 1
+        else:
+            return None
+        if step.limit:
+            number = key >> 3
+            total = counts[number] = counts.get(number, 0) + n
+            if total > step.limit:
+                return InvalidArgument(
+                    path + step.name,
+                    f"at most {step.limit:,} entries (got more than {step.limit:,})",
+                    reason="FIELD_TOO_LARGE",
+                )
     return None
+
+
+def _run(step: _Step, raw: bytes, i: int, end: int, room: int) -> tuple[int, int]:
+    """The usual flood: after one entry of a counted field, a run of more of it, each
+    a one-byte tag and a length too short to hold a count over a limit, skipped
+    without decoding (empty ones _EMPTIES at a time), up to one past `room` entries.
+    The index after the run and its entries, the one before it included."""
+    assert step.empties is not None
+    n = 1
+    tag, below, empties = step.tag, step.run_below, step.empties
+    while n <= room and i + 1 < end and raw[i] == tag:
+        length = raw[i + 1]
+        if length >= below:
+            break
+        if not length and n + _EMPTIES <= room and raw.startswith(empties, i, end):
+            i += 2 * _EMPTIES
+            n += _EMPTIES
+        else:
+            i += 2 + length
+            n += 1
+    return i, n
