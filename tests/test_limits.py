@@ -438,8 +438,10 @@ PROCESSES = {
 # first at most 2.6 MiB above it; with the nested floods (89 more cases a round), 6.8
 # MiB once in 16 runs (the ocs_manager; the other 15 within 6). A round sends each
 # service 1-36 MiB, so keeping what refused requests brought would raise every
-# round's level past RSS_AGAIN.
-RSS_FIRST_ROUND = 16 * MiB
+# round's level past RSS_AGAIN. The first round with the nested floods left the agg
+# switch 16.2 MiB once in CI (a flood refused after parsing would also fail the
+# wording check: "got more than" is the wire walk's).
+RSS_FIRST_ROUND = 24 * MiB
 AGAIN_ROUNDS = 3
 RSS_AGAIN = 10 * MiB
 PEAK_PER_RECEIVE_BYTE = 16
