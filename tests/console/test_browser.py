@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import re
+import signal
 import time
 import uuid
 from collections.abc import Iterator
@@ -499,3 +500,29 @@ def test_the_cell_view_draws_each_tenants_quota_usage_and_borrowing(page: Page, 
             assert "pod pod-2" in page.page.locator("main").inner_text()
         finally:
             cell.delete_quota("globex", "pod-2")
+
+
+def test_a_view_whose_first_read_fails_recovers_when_the_service_answers_again(
+    page: Page, console_stack
+):
+    """The OCS view of a pod whose ocs_manager is paused (SIGSTOP: a GC pause, a VM
+    migration) cannot start: its event stream answers an error status, which a browser
+    never reconnects by itself. The page says why and that it retries, and draws the view
+    once the service answers again, without a reload. (CI once waited 30 s on a stuck
+    'reconnecting…' here.)"""
+    ocs = console_stack.stack.procs["ocs-pod-1"]
+    ocs.send_signal(signal.SIGSTOP)
+    try:
+        page.open("ocs/pod-1")
+        alert = page.page.get_by_role("alert")
+        alert.wait_for(timeout=60_000)
+        assert "retrying in" in alert.inner_text()
+        assert "retrying" in page.page.locator("#live").inner_text()
+        assert page.page.locator("body[data-updates]").count() == 0
+    finally:
+        ocs.send_signal(signal.SIGCONT)
+    page.wait_live()
+    page.page.locator("g.switch").first.wait_for(timeout=30_000)
+    assert page.page.get_by_role("alert").count() == 0
+    # only the failed loads while it was paused, nothing the page's code threw
+    assert all("Failed to load resource" in e for e in page.errors), page.errors

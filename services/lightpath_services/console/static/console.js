@@ -154,12 +154,15 @@ function markNav() {
 
 // -- live data --------------------------------------------------------------------------
 function live(text) { document.getElementById("live").textContent = text || "not connected"; }
-function follow(url, render) {
+// Codes a moment can cure: the view is asked for again, later and later, until it answers.
+const RETRYABLE = new Set(["UNAVAILABLE", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED", "ABORTED"]);
+function follow(url, render, attempt = 0) {
   if (state.source) state.source.close();
   const src = new EventSource(url);
   state.source = src;
   src.addEventListener("view", (ev) => {
     const data = JSON.parse(ev.data);
+    attempt = 0;
     state.updates += 1;
     document.body.dataset.updates = String(state.updates);
     live(`live · updated ${new Date().toLocaleTimeString()}`);
@@ -169,22 +172,44 @@ function follow(url, render) {
     const err = JSON.parse(ev.data);
     showError(err);
   });
+  // A stream whose first read failed is closed by the browser for good (an error status,
+  // not an event stream), so a fault that passes must be followed again by hand.
+  const again = (err) => {
+    const delay = Math.min(2 ** attempt * 2, 30);
+    if (err) showError(err, `retrying in ${delay} s`);
+    else live("reconnecting…");
+    setTimeout(() => { if (state.source === src) follow(url, render, attempt + 1); }, delay * 1000);
+  };
   src.onerror = async () => {
+    if (state.source !== src) return;  // the page moved on
     if (src.readyState === EventSource.CLOSED || !state.updates) {
-      // the first answer failed: ask once as a plain request to show why
-      const r = await fetch(url.replace("/events/", "/api/view/"), { credentials: "same-origin" });
-      if (!r.ok) { src.close(); showError((await r.json()).error); return; }
+      // the stream could not start: ask once as a plain request to show why
+      let r;
+      try {
+        r = await fetch(url.replace("/events/", "/api/view/"), { credentials: "same-origin" });
+      } catch (e) {
+        if (state.source === src) again({ code: "UNAVAILABLE", message: "the console did not answer" });
+        return;
+      }
+      if (state.source !== src) return;
+      if (!r.ok) {
+        const err = (await r.json()).error;
+        if (RETRYABLE.has(err.code)) { src.close(); again(err); return; }
+        src.close(); showError(err); return;
+      }
+      if (src.readyState === EventSource.CLOSED) { again(null); return; }
     }
     live("reconnecting…");
   };
 }
-function showError(err) {
+function showError(err, retrying = "") {
   const main = document.getElementById("view");
-  const hint = err.code === "UNAUTHENTICATED" ? " — sign in to see this."
+  const hint = retrying ? ` — ${retrying}.`
+    : err.code === "UNAUTHENTICATED" ? " — sign in to see this."
     : err.code === "PERMISSION_DENIED" ? " — your sign-in may not see this view." : "";
   main.replaceChildren(h("h1", {}, "Not available"), h("p", { class: "error", role: "alert" }, `${err.message}${hint}`),
     h("p", {}, link("#/cell", "Back to the cell")));
-  live("stopped");
+  live(retrying || "stopped");
 }
 
 function route() {
