@@ -18,9 +18,9 @@ core_broker (8 devices of 16 cores, bench/_chaos_broker.py). UNAVAILABLE is retr
 (no capacity, load shedding) is counted as shed, not as an error.
 
 Killed processes are started again with the same spec after a short outage, by
-`Stack._spawn` (the Stack has no public restart) and with no `die_with_parent`
-pre-exec hook: Python in a child between fork and exec is not safe once gRPC's
-threads run (tests/test_redis_restart.py saw it crash). Those children are
+`Stack._spawn` (the Stack has no public restart) from a thread of the event loop's
+executor, and with no death signal (`dies_with_parent`): the kernel's follows the
+thread that spawned a child, and those threads end with the loop. Those children are
 stopped by `Stack.stop()` in a `finally`; a SIGKILLed bench leaves them behind.
 
 After the chaos every process is up again; the bench waits (bounded) for the pod to
@@ -153,14 +153,14 @@ def specs() -> list[ProcessSpec]:
 
 @contextlib.contextmanager
 def no_pdeathsig():
-    """Spawn children with no Python pre-exec hook (see the module docstring)."""
-    saved = (stack_module.die_with_parent, embedded_redis.die_with_parent)
-    stack_module.die_with_parent = None  # type: ignore[assignment]
-    embedded_redis.die_with_parent = None  # type: ignore[assignment]
+    """Spawn children with no death signal (see the module docstring)."""
+    saved = (stack_module.dies_with_parent, embedded_redis.dies_with_parent)
+    stack_module.dies_with_parent = list  # type: ignore[assignment]
+    embedded_redis.dies_with_parent = list  # type: ignore[assignment]
     try:
         yield
     finally:
-        stack_module.die_with_parent, embedded_redis.die_with_parent = saved
+        stack_module.dies_with_parent, embedded_redis.dies_with_parent = saved
 
 
 def fsync_always(redis: EmbeddedRedis) -> None:

@@ -6,12 +6,10 @@ set, and by the test suite's session fixture.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import os
 import random
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -22,12 +20,17 @@ from collections.abc import Iterator
 from pathlib import Path
 
 
-def die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
-    """Ask the kernel to SIGTERM this child when its parent dies (Linux), so a
-    killed supervisor leaves no process behind."""
-    if sys.platform.startswith("linux"):
-        PR_SET_PDEATHSIG = 1
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+def dies_with_parent(argv: list[str]) -> list[str]:
+    """`argv`, run so that the kernel SIGTERMs it when its parent dies (Linux), so a killed
+    supervisor leaves no process behind: util-linux's `setpriv` sets the death signal and
+    execs `argv` (the pid stays the child's). Not a `preexec_fn`: Python in a child between
+    fork and exec is not safe once gRPC's threads run — gRPC's fork handlers restart its
+    poller in the child, which aborts on the epoll descriptor `close_fds` closed (grpc/grpc
+    issue 43055; a service "exited with code -6" at start, now and then) — and without one,
+    subprocess spawns with vfork, which runs no fork handlers at all. Without setpriv
+    (not Linux, or no util-linux) the child simply does not die with its parent."""
+    setpriv = shutil.which("setpriv") if sys.platform.startswith("linux") else None
+    return [setpriv, "--pdeathsig", "TERM", *argv] if setpriv else list(argv)
 
 
 def stop_process(proc: subprocess.Popen, grace: float = 10.0) -> None:
@@ -190,33 +193,34 @@ class EmbeddedRedis:
         for _attempt in range(5):
             self.port = self.requested_port or free_port()
             self.process = subprocess.Popen(
-                [
-                    redis_server_binary(),
-                    *(["-"] if self.password else []),
-                    "--port",
-                    str(self.port),
-                    "--bind",
-                    self.host,
-                    "--dir",
-                    str(self.data_dir),
-                    "--appendonly",
-                    "yes" if self.appendonly else "no",
-                    "--appendfsync",
-                    "everysec",
-                    "--save",
-                    "",
-                    "--daemonize",
-                    "no",
-                    "--protected-mode",
-                    "no",
-                    "--logfile",
-                    str(self.data_dir / "redis.log"),
-                ],
+                dies_with_parent(
+                    [
+                        redis_server_binary(),
+                        *(["-"] if self.password else []),
+                        "--port",
+                        str(self.port),
+                        "--bind",
+                        self.host,
+                        "--dir",
+                        str(self.data_dir),
+                        "--appendonly",
+                        "yes" if self.appendonly else "no",
+                        "--appendfsync",
+                        "everysec",
+                        "--save",
+                        "",
+                        "--daemonize",
+                        "no",
+                        "--protected-mode",
+                        "no",
+                        "--logfile",
+                        str(self.data_dir / "redis.log"),
+                    ],
+                ),
                 stdin=subprocess.PIPE,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
                 start_new_session=True,
-                preexec_fn=die_with_parent,
             )
             if self.password:
                 # Given on stdin (`redis-server -` reads config there), so the

@@ -54,7 +54,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from lightpath import __version__
-from lightpath.embedded_redis import EmbeddedRedis, die_with_parent, free_port
+from lightpath.embedded_redis import EmbeddedRedis, dies_with_parent, free_port
 from lightpath.paths import default_state_dir, open_private_append, pki_dir, write_private
 from lightpath.security.credentials import Credentials, token_path
 from lightpath.security.identity import (
@@ -730,13 +730,12 @@ class Stack:
             # `ip netns exec` execs the service: the pid is the service's own
             inside = ["ip", "netns", "exec", netns] if netns else []
             self.procs[name] = subprocess.Popen(
-                [*inside, sys.executable, "-m", f"lightpath_services.{service}"],
+                dies_with_parent([*inside, sys.executable, "-m", f"lightpath_services.{service}"]),
                 env=env,
                 stdout=otelfile,
                 stderr=logfile,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
-                preexec_fn=die_with_parent,
             )
         finally:
             logfile.close()

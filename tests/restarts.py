@@ -31,9 +31,9 @@ NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 def restartable_redis(tmp_path, monkeypatch) -> Iterator[EmbeddedRedis]:
     """A Redis of this test's own (AOF on), on a fixed port so it restarts where it was.
 
-    Restarted from a thread while gRPC runs on the event loop, its child must not run
-    Python between fork and exec (the prctl hook did segfault there): no preexec_fn."""
-    monkeypatch.setattr(embedded_redis, "die_with_parent", None)
+    Restarted from a thread of the event loop's executor, which ends with the loop: a
+    death signal follows the thread that spawned the child, so this Redis has none."""
+    monkeypatch.setattr(embedded_redis, "dies_with_parent", list)
     server = EmbeddedRedis(tmp_path / "redis", port=free_port(), appendonly=True)
     server.start()
     yield server

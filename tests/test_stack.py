@@ -6,6 +6,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -188,3 +189,72 @@ def test_ephemeral_ports_of_one_process_are_never_handed_out_twice():
     specs = with_ephemeral_ports(default_topology(switch_agents=True))
     ports = [p for s in specs for p in (s.port, s.metrics_port) if p]
     assert len(set(ports)) == len(ports) and not set(ports) & set(picks)
+
+
+# A process whose gRPC threads are busy spawns short children the way the Stack and
+# EmbeddedRedis spawn theirs, and counts the ones that did not exit 0.
+_SPAWN_UNDER_GRPC = """
+import asyncio, subprocess, sys, threading
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from lightpath.embedded_redis import dies_with_parent
+
+ready = threading.Event()
+
+async def busy():
+    server = grpc.aio.server()
+    health_pb2_grpc.add_HealthServicer_to_server(health.aio.HealthServicer(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    stub = health_pb2_grpc.HealthStub(grpc.aio.insecure_channel(f"127.0.0.1:{port}"))
+    while True:
+        await stub.Check(health_pb2.HealthCheckRequest())
+        ready.set()
+
+threading.Thread(target=lambda: asyncio.run(busy()), daemon=True).start()
+ready.wait(30)
+bad = 0
+for _ in range(int(sys.argv[1])):
+    child = subprocess.Popen(
+        dies_with_parent(["true"]), start_new_session=True, stderr=subprocess.DEVNULL
+    )
+    bad += child.wait() != 0
+print(bad)
+"""
+
+
+def test_children_spawned_while_grpc_runs_all_start():
+    """With a Python pre-exec hook (the death signal set between fork and exec), about one
+    child in five of a process running gRPC aborted before its exec (grpc/grpc issue
+    43055: gRPC's fork handlers restart its poller in the child, and close_fds closes the
+    poller's epoll descriptor); CI saw a service "exit with code -6" at start."""
+    out = subprocess.run(
+        [sys.executable, "-c", _SPAWN_UNDER_GRPC, "200"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split()[-1] == "0", out.stdout
+
+
+def test_redis_is_spawned_with_no_python_between_fork_and_exec(tmp_path, monkeypatch):
+    from lightpath import embedded_redis
+
+    seen: list[dict] = []
+    real = subprocess.Popen
+
+    def recording(*args, **kwargs):
+        seen.append({"argv": args[0], **kwargs})
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(subprocess, "Popen", recording)
+    server = embedded_redis.EmbeddedRedis(tmp_path / "redis", appendonly=False)
+    server.start()
+    try:
+        assert redis.Redis(port=server.port).ping()
+    finally:
+        server.stop()
+    assert seen and all(s.get("preexec_fn") is None for s in seen), seen
+    if sys.platform.startswith("linux") and shutil.which("setpriv"):
+        assert all(s["argv"][1:3] == ["--pdeathsig", "TERM"] for s in seen), seen
