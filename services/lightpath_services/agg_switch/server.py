@@ -865,8 +865,7 @@ async def build(
     runtime.supervise(lambda: metrics.run(plane.core), "switch metrics", needed=False)
 
     async def register() -> None:
-        while runtime.port == 0:
-            await asyncio.sleep(0.01)
+        await runtime.listening.wait()
         address = settings.advertise_addr or f"127.0.0.1:{runtime.port}"
         await store.register_endpoint(settings.tree_id, settings.switch_id, address)
         runtime.log.info(

@@ -147,7 +147,8 @@ class Runtime(Generic[S]):
     guard: Guard
     credentials: Credentials = field(default_factory=Credentials)
     started_at: datetime = field(default_factory=lambda: datetime.now(UTC))
-    port: int = 0
+    port: int = 0  # the gRPC port, once bound (`listening` is then set)
+    listening: asyncio.Event = field(default_factory=asyncio.Event)
     _tasks: set[asyncio.Task] = field(default_factory=set)
     _channels: list[grpc.aio.Channel] = field(default_factory=list)
     _on_stop: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
@@ -318,6 +319,7 @@ async def running(
             max_request_bytes=limits.request_bytes(service),
         )
         runtime.port = port
+        runtime.listening.set()
         await server.start()
         # A needed task may have failed already (during build): say so now.
         await runtime.supervisor.attach_health(server.set_serving)

@@ -157,8 +157,7 @@ class CellReporter:
 
     async def run(self) -> None:
         sched = await self._pod.started()
-        while not self._rt.port:
-            await asyncio.sleep(0.05)
+        await self._rt.listening.wait()
         stream = sched.store.keys.events
         redis = sched.store.redis
         if not self._registered:
