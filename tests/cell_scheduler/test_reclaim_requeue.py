@@ -111,4 +111,3 @@ async def test_a_released_job_is_queued_once_when_its_report_is_held_up(
         finally:
             relay.stop()
             await r.aclose()
-

@@ -456,7 +456,9 @@ class CellJobs:
         pod = self._placed.get(job_id) or await self._placed_pod(job_id)
         view = await self._on_pod(job_id, pod, "CompleteJob", request)
         if view is None:  # back in the cell queue (issue 35): as the record now says
-            view = await self._on_pod(job_id, await self._placed_pod(job_id), "CompleteJob", request)
+            view = await self._on_pod(
+                job_id, await self._placed_pod(job_id), "CompleteJob", request
+            )
         if view is None:
             raise Aborted(f"job {job_id} is going back to the cell queue; retry", reason="BUSY")
         return view
