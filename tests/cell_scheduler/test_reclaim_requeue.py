@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import pytest
 import redis.asyncio as aioredis
+from google.protobuf import field_mask_pb2
 
 from lightpath.embedded_redis import free_port
 from lightpath.testing.relay import RelayProcess
 from lightpath.v1 import cell_scheduler_pb2 as cs
 from lightpath.v1 import common_pb2
+from lightpath.v1 import workload_scheduler_pb2 as ws
 from lightpath_services.cell_scheduler.store import PLACED, QUEUED, CellStore, pad_id
 from lightpath_services.common.keys import cell_key, pod_key
 from tests.cell_scheduler.conftest import Cell, cell_stack
@@ -32,7 +34,7 @@ async def _used(cell: Cell, tenant: str) -> int:
     return next((q.used_chips.get("tpu", 0) for q in resp.quotas if q.tenant == tenant), 0)
 
 
-@pytest.mark.parametrize("learnt_from", ["report", "answer"])
+@pytest.mark.parametrize("learnt_from", ["report", "answer", "update"])
 async def test_a_released_job_is_queued_once_when_its_report_is_held_up(
     redis_url, tmp_path, learnt_from
 ):
@@ -86,6 +88,14 @@ async def test_a_released_job_is_queued_once_when_its_report_is_held_up(
             if learnt_from == "answer":  # asked about it, the pod says it let it go
                 view = await cell.job("g3", replica=1)
                 assert view.state == PENDING and view.cell_queue_position == 1, view
+            if learnt_from == "update":  # so does its update, then made in the cell queue
+                view = await cell.cells[1].UpdateJob(
+                    cs.UpdateCellJobRequest(
+                        spec=ws.JobSpec(job_id="g3", priority=61),
+                        update_mask=field_mask_pb2.FieldMask(paths=["priority"]),
+                    )
+                )
+                assert view.state == PENDING and view.priority == 61, view
             relay = RelayProcess({listen: cell.cell_addresses[1]}, delay_ms=0, on=False)
             relay.start(tmp_path / "relay.log")  # the pod reaches the other replica
 

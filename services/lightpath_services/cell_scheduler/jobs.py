@@ -3,8 +3,9 @@
 A job's phase in the cell (store.py keeps the atomic scripts that move it):
 
     QUEUED ──claim──▶ FORWARDING ──placed──▶ PLACED ──mirror (pod reports)──▶ ended
-      ▲                   │
-      └──back_to_queue────┘   (refused, unreachable, or a forward that was lost)
+      ▲ ▲                 │                    │
+      │ └─back_to_queue───┘ (refused, unreachable, or a forward that was lost)
+      └──────────released──────────────────────┘ (its pod let it go: a reclaim, issue 35)
     QUEUED ──end_queued──▶ ended (cancelled or failed in the cell queue)
 
 A claim binds the job to one pod with a token and a deadline
