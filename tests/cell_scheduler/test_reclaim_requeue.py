@@ -11,6 +11,8 @@ replica again queues it. Either way it is queued once.
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 import redis.asyncio as aioredis
 from google.protobuf import field_mask_pb2
@@ -71,6 +73,13 @@ async def test_a_released_job_is_queued_once_when_its_report_is_held_up(
                     replica=1,
                 )
                 assert sub.job.state == RUNNING, sub.job.reason
+            seen: list[common_pb2.JobEvent] = []  # g3 followed through the cell throughout
+
+            async def watch():
+                async for ev in cell.cells[1].WatchJob(cs.WatchCellJobRequest(job_id="g3")):
+                    seen.append(ev)
+
+            watcher = asyncio.ensure_future(watch())
             relay.stop()  # replica 0 is gone for the pod: its reports fail from now on
 
             await cell.submit("own-1", tenant="owner", priority=10, replica=1)
@@ -118,6 +127,24 @@ async def test_a_released_job_is_queued_once_when_its_report_is_held_up(
             await cell.cells[1].CompleteJob(cs.CompleteCellJobRequest(job_id="g0"))
             placed = await cell.wait_state("g3", RUNNING)
             assert placed.pod_id == "pod-a"
+            # its watcher saw it leave the pod, queued again, and run again from its
+            # pod's first event (the pod numbers the job anew)
+            await cell.wait_for(lambda: _ran_again(seen), what="g3's second run in its watch")
+            watcher.cancel()
+            names = [(_name(e.from_state), _name(e.to_state)) for e in seen]
+            back_at = next(i for i, e in enumerate(seen) if "reclaimed on pod" in e.reason)
+            assert ("RUNNING", "SUSPENDED") in names[:back_at], names
+            assert names[back_at] == ("RUNNING", "PENDING"), names
+            assert ("WIRING", "RUNNING") in names[back_at:], names
         finally:
             relay.stop()
             await r.aclose()
+
+
+def _name(state: int) -> str:
+    return common_pb2.JobState.Name(state).removeprefix("JOB_STATE_")  # type: ignore[arg-type]
+
+
+async def _ran_again(seen: list[common_pb2.JobEvent]) -> bool:
+    back = [i for i, e in enumerate(seen) if "reclaimed on pod" in e.reason]
+    return bool(back) and any(e.to_state == RUNNING for e in seen[back[0] :])

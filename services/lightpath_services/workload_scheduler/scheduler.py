@@ -227,13 +227,14 @@ class WorkloadScheduler(Part):
     # == events (WS-7) ============================================================
 
     async def watch_job(self, job_id: str) -> AsyncIterator[dict[str, Any]]:
-        """The job's stored transitions, then live ones until it ends."""
+        """The job's stored transitions, then live ones until it ends (or the pod lets
+        it go back to the cell queue, issue 35)."""
         redis = self.store.redis
         keys = self.store.keys
         tip = await self.store.tip()
         record = await self.store.job(job_id, history=True)
         if record is None:
-            raise NotFound("job", job_id)
+            raise await job_not_found(self.store, job_id)
         last_n = 0
         for event in record.history:
             last_n = max(last_n, int(event.get("n", 0)))
@@ -249,7 +250,7 @@ class WorkloadScheduler(Part):
             last_n = int(event["n"])
             (event,) = await self.store.with_notes([event])
             yield event
-            if event["to"] in FINAL_STATES:
+            if event["to"] in FINAL_STATES or event.get("released"):
                 return
 
     async def watch_pod(self) -> AsyncIterator[tuple[str, dict[str, Any]]]:
