@@ -303,25 +303,13 @@ class Admission(Part):
             wiring = ""
             found = self.planner.admit(state, job)
             reason = found.reason if isinstance(found, Unplaceable) else "the pod is busy"
-        keys = self.store.keys
         txn = self.store.txn()
         txn.expect_job(job.job_id, [PENDING], job.epoch)
-        txn.hdel(keys.live, [job.job_id])
-        txn.hdel(keys.queued, [job.job_id])
-        txn.hincr(keys.state_counts, PENDING, -1)
-        txn.zrem(keys.jobs, job.job_id)
-        # The transition reaches pod watchers; the job's keys go right after it.
-        txn.job_event(
-            {
-                "job": job.job_id,
-                "from": PENDING,
-                "to": FAILED,
-                "at": self.now_ms(),
-                "reason": f"refused (asked not to wait): {reason}",
-            }
+        txn.forget(
+            job.job_id,
+            PENDING,
+            {"to": FAILED, "at": self.now_ms(), "reason": f"refused (asked not to wait): {reason}"},
         )
-        txn.delete(keys.job(job.job_id))
-        txn.delete(keys.history(job.job_id))
         try:
             await self.store.commit(txn)
         except Conflict:

@@ -298,6 +298,22 @@ class Txn(txn.Txn):
             event[NOTE] = 1  # the words are the job hash's NOTE field
         self.job_event(event)
 
+    def forget(self, job_id: str, state: str, event: dict[str, Any]) -> None:
+        """Drop a job in `state` (PENDING, or RUNNING) from the pod's records and indexes:
+        `event`, its last transition, reaches the pod's watchers (and the cell), and the
+        job's keys go right after it."""
+        k = self.pod
+        self.hdel(k.live, [job_id])
+        if state == RUNNING:
+            self.zrem(k.running, job_id)
+        else:
+            self.hdel(k.queued, [job_id])
+        self.hincr(k.state_counts, state, -1)
+        self.zrem(k.jobs, job_id)
+        self.job_event({"job": job_id, "from": state, **event})
+        self.delete(k.job(job_id))
+        self.delete(k.history(job_id))
+
     def release_to_cell(self, job: SliceJob, *, reason: str, now_ms: int) -> None:
         """Let a RUNNING job go back to the cell queue (a reclaim delayed it, issue 35):
         the pod forgets it in this commit (its blocks are freed by the caller's writes,
@@ -305,22 +321,11 @@ class Txn(txn.Txn):
         `released`, is the cell's to act on: the pod's stream holds it until the cell
         acknowledges it, and the tombstone answers GetJob after the stream lost it."""
         k = self.pod
-        self.hdel(k.live, [job.job_id])
-        self.zrem(k.running, job.job_id)
-        self.hincr(k.state_counts, RUNNING, -1)
-        self.zrem(k.jobs, job.job_id)
-        self.job_event(
-            {
-                "job": job.job_id,
-                "from": RUNNING,
-                "to": SUSPENDED,
-                "at": now_ms,
-                "reason": reason,
-                "released": 1,
-            }
+        self.forget(
+            job.job_id,
+            RUNNING,
+            {"to": SUSPENDED, "at": now_ms, "reason": reason, "released": 1},
         )
-        self.delete(k.job(job.job_id))
-        self.delete(k.history(job.job_id))
         self.set_px(
             k.released(job.job_id),
             json.dumps({"at": now_ms, "reason": reason}),
