@@ -67,8 +67,9 @@ per-job transition number) — or ENDED without ever reaching a pod (cancelled
 in the queue). A forward that the pod refused, or whose outcome is unknown,
 goes back to QUEUED; so does a PLACED job its pod let go (a reclaim of lent quota
 delayed it, issue 35: the report's transition with `released`, or the pod's
-RELEASED_TO_CELL answer about it), its quota charge given back, once. Only the holder of the FORWARDING token may end it, so
-no two replicas forward one job at once.
+RELEASED_TO_CELL answer about it), its quota charge given back, once. Only the
+holder of the FORWARDING token may end it, so no two replicas forward one job at
+once.
 """
 
 from __future__ import annotations
