@@ -46,7 +46,7 @@ async def test_a_released_job_is_queued_once_when_its_report_is_held_up(
     relay = RelayProcess({listen: ""}, delay_ms=0, on=False)
     async with cell_stack(
         redis_url,
-        pods=(("pod-a", 4, "tpu"),),
+        pods=(("pod-a", 4, "tpu"), ("pod-b", 1, "tpu")),
         replicas=2,
         cell_env={"LIGHTPATH_CELL_POD_TIMEOUT_S": "60"},
     ) as cell:
@@ -58,13 +58,15 @@ async def test_a_released_job_is_queued_once_when_its_report_is_held_up(
             await cell.stop_pod("pod-a")
             await cell.start_pod("pod-a")
             await cell.wait_ready()
-            for tenant, chips in (("owner", 192), ("guest", 64)):
+            for tenant, chips in (("owner", 256), ("guest", 64)):
                 await cell.cells[1].SetQuota(
                     cs.SetQuotaRequest(
                         quota=cs.Quota(tenant=tenant, nominal_chips={"tpu": chips}, cohort="lab")
                     )
                 )
-            for i in range(4):  # the whole pod: 64 nominal + 192 borrowed
+            # pod-b is full with a job of a tenant without a quota; pod-a will be the guest's
+            await cell.submit("filler", tenant="third", priority=95, only_pod="pod-b", replica=1)
+            for i in range(4):  # the whole of pod-a: 64 nominal + 192 borrowed
                 sub = await cell.submit(
                     f"g{i}",
                     tenant="guest",
@@ -72,7 +74,7 @@ async def test_a_released_job_is_queued_once_when_its_report_is_held_up(
                     preemption_policy=DELAY,
                     replica=1,
                 )
-                assert sub.job.state == RUNNING, sub.job.reason
+                assert sub.job.state == RUNNING and sub.job.pod_id == "pod-a", sub.job
             seen: list[common_pb2.JobEvent] = []  # g3 followed through the cell throughout
 
             async def watch():
@@ -80,6 +82,11 @@ async def test_a_released_job_is_queued_once_when_its_report_is_held_up(
                     seen.append(ev)
 
             watcher = asyncio.ensure_future(watch())
+
+            async def watching():  # the pod's events of g3 relayed
+                return any(e.to_state == RUNNING for e in seen)
+
+            await cell.wait_for(watching, what="g3's watch under way")
             relay.stop()  # replica 0 is gone for the pod: its reports fail from now on
 
             await cell.submit("own-1", tenant="owner", priority=10, replica=1)
@@ -114,19 +121,29 @@ async def test_a_released_job_is_queued_once_when_its_report_is_held_up(
                 return ack and tip and ack == pad_id(tip[0][0])
 
             await cell.wait_for(acknowledged, what="the pod's events acknowledged")
-            record = await store.job("g3")
-            assert record is not None and record.phase == QUEUED and record.pod == ""
-            assert record.reclaimed == 1
+
+            # Its quota allows it again, and the cell may try pod-a, where the owner's
+            # job is of lower priority: the pod refuses (never a victim of the jobs it
+            # reclaimed from), so it settles in the cell queue, its charge given back.
+            async def settled():
+                rec = await store.job("g3")
+                queued = rec is not None and rec.phase == QUEUED
+                return rec if queued and await _used(cell, "guest") == 192 else None
+
+            record = await cell.wait_for(settled, what="g3 back in the cell queue, uncharged")
+            assert record.pod == "" and record.reclaimed == 1
             assert await r.zrange(cell_key("queue"), 0, -1) == ["g3"]
-            assert await _used(cell, "guest") == 192  # its charge given back, once
+            assert (await pod.job("own-1")).state == RUNNING
             back = [e for e in await store.history("g3") if "reclaimed on pod" in e["reason"]]
             assert len(back) == 1, back
             assert back[0]["to"] == "PENDING" and back[0]["pod"] == "pod-a"
             assert "resumes from its checkpoint" in back[0]["reason"]
-            # it waits for room (the pod is full), then goes where there is some
-            await cell.cells[1].CompleteJob(cs.CompleteCellJobRequest(job_id="g0"))
+            # it waits for room (both pods are full), then goes where there is some: the
+            # other pod, and only there
+            await cell.cells[1].CompleteJob(cs.CompleteCellJobRequest(job_id="filler"))
             placed = await cell.wait_state("g3", RUNNING)
-            assert placed.pod_id == "pod-a"
+            assert placed.pod_id == "pod-b"
+            assert await pod.job("g3") is None and await _used(cell, "guest") == 256
             # its watcher saw it leave the pod, queued again, and run again from its
             # pod's first event (the pod numbers the job anew)
             await cell.wait_for(lambda: _ran_again(seen), what="g3's second run in its watch")

@@ -731,9 +731,18 @@ class OcsModel(_Model):
             choice = choose(
                 JobDemand(w.job_id, job.priority, {v.pod_id: need for v in views}), views
             )
-            if choice.candidates:
-                pod_id = choice.candidates[0].pod_id
-            else:
+            # The cell forwards asking not to wait: a pod that cannot place it now refuses
+            # (one where only the slice that reclaimed from it would give way, say), and
+            # the next candidate is asked.
+            pod_id = next(
+                (
+                    c.pod_id
+                    for c in choice.candidates
+                    if c.how == FITS or self._places(c.pod_id, job)
+                ),
+                None,
+            )
+            if pod_id is None:
                 reclaim = None
                 if verdict.within_nominal:
                     placed, holders = self._placed_jobs()
@@ -757,6 +766,8 @@ class OcsModel(_Model):
                 pod_id = reclaim.pod
                 for v in reclaim.victims:
                     self._reclaim(pod, v.job_id)
+                # as the pod admits it: never a victim of the jobs it reclaimed from
+                job = job.with_(reclaimed_from=tuple(sorted(v.job_id for v in reclaim.victims)))
                 reclaimed = True
             pod = next(p for p in self.pods if p.state.fabric.pod_id == pod_id)
             self.cell_queue.remove(job.priority, job.seq, w.job_id)
@@ -765,6 +776,12 @@ class OcsModel(_Model):
             self._submit(pod, sim.by_id[w.job_id], job)
         quota.note_waiting([w for w in left if w.job_id in self.jobs])
         return reclaimed
+
+    def _places(self, pod_id: str, job: SliceJob) -> bool:
+        """Whether the pod's planner places `job` now, preempting if it must (its answer
+        to a forward that asked not to wait)."""
+        pod = next(p for p in self.pods if p.state.fabric.pod_id == pod_id)
+        return not isinstance(plan_admission(pod.state, job), Unplaceable)
 
     def _fits_without(self, pod: OcsPod, job: SliceJob, victims: list[str]) -> bool:
         """Whether the pod's planner places `job` once `victims` leave (the pod's own
