@@ -66,12 +66,16 @@ async def test_a_released_job_is_queued_once_when_its_report_is_held_up(
                 )
             # pod-b is full with a job of a tenant without a quota; pod-a will be the guest's
             await cell.submit("filler", tenant="third", priority=95, only_pod="pod-b", replica=1)
-            for i in range(4):  # the whole of pod-a: 64 nominal + 192 borrowed
+            # the whole of pod-a: 64 nominal + 192 borrowed; g3, of the lowest priority,
+            # asked not to wait (it was placed at once: once back in the cell queue it
+            # waits like any)
+            for i in range(4):
                 sub = await cell.submit(
                     f"g{i}",
                     tenant="guest",
                     priority=60 if i == 3 else 90,
                     preemption_policy=DELAY,
+                    when_no_capacity=ws.WHEN_NO_CAPACITY_FAIL if i == 3 else 0,
                     replica=1,
                 )
                 assert sub.job.state == RUNNING and sub.job.pod_id == "pod-a", sub.job
