@@ -12,11 +12,9 @@ and with them, side by side:
 
 * `utilisation_no_quotas`, `utilisation_quotas` (healthy chips busy over the
   arrival window) and `utilisation_gap_points` (the first minus the second, goal
-  <= 3); a job a reclaim delayed waits in its pod's queue, still charged, as the
-  service keeps it;
-* `utilisation_quotas_delayed_at_cell`: the same, but a delayed job goes back to the
-  cell queue and gives its quota back (Kueue's requeue; not what the service does),
-  and `utilisation_quotas_no_reclaim`: borrowing without reclaim;
+  <= 3); a job a reclaim delayed goes back to the cell queue and gives its quota
+  back, as the service's pod lets it go;
+* `utilisation_quotas_no_reclaim`: borrowing without reclaim;
 * `idle_points` per run: the healthy chip-seconds left free, by why (the simulator's
   `idle_by_reason`, in points of utilisation: they add up with it to ~100);
 * per tenant: `nominal_share`, `share_held` (mean share of the cell's chips it
@@ -24,8 +22,8 @@ and with them, side by side:
   which a job of its that fits within its nominal quota waited: 0 = it got its
   nominal share whenever it asked), mean wait in hours; `reclaims`.
 
-The top level gives the worst seed's gap (`utilisation_gap_points`, and
-`..._delayed_at_cell`) and the most any tenant was denied within nominal.
+The top level gives the worst seed's gap (`utilisation_gap_points`) and the most any
+tenant was denied within nominal.
 `load_avg_1m` is the machine's load at the end. A benchmark, not a test.
 """
 
@@ -75,31 +73,25 @@ def one_seed(args: argparse.Namespace, seed: int) -> dict:
     base = SimConfig(policy=POLICIES[args.policy], pods=args.pods)
     plain = simulate(jobs, replace(base, idle_reasons=True)).stats
     with_quotas = simulate(jobs, replace(base, quotas=quotas)).stats
-    at_cell = simulate(jobs, replace(base, quotas=quotas, reclaimed_wait_at_cell=True)).stats
     reclaim = quota_model.QuotaBook.reclaim
     quota_model.QuotaBook.reclaim = lambda *a, **k: None  # type: ignore[method-assign]
     try:
         no_reclaim = simulate(jobs, replace(base, quotas=quotas)).stats
     finally:
         quota_model.QuotaBook.reclaim = reclaim  # type: ignore[method-assign]
-    u0, u1, u2 = (s["utilisation_healthy"] for s in (plain, with_quotas, at_cell))
+    u0, u1 = (s["utilisation_healthy"] for s in (plain, with_quotas))
     return {
         "seed": seed,
         "utilisation_no_quotas": round(u0, 4),
         "utilisation_quotas": round(u1, 4),
         "utilisation_gap_points": round(100 * (u0 - u1), 2),
-        "utilisation_quotas_delayed_at_cell": round(u2, 4),
-        "utilisation_gap_points_delayed_at_cell": round(100 * (u0 - u2), 2),
         "utilisation_quotas_no_reclaim": round(no_reclaim["utilisation_healthy"], 4),
         "reclaims": with_quotas["counters"].get("reclaims", 0),
-        "reclaims_delayed_at_cell": at_cell["counters"].get("reclaims", 0),
         "idle_points": {
             "no_quotas": _points(plain),
             "quotas": _points(with_quotas),
-            "quotas_delayed_at_cell": _points(at_cell),
         },
         "tenants": _tenants(with_quotas),
-        "tenants_delayed_at_cell": _tenants(at_cell),
     }
 
 
@@ -131,13 +123,7 @@ def main() -> None:
             "policy": args.policy,
             "seeds": seeds,
             "utilisation_gap_points": max(r["utilisation_gap_points"] for r in runs),
-            "utilisation_gap_points_delayed_at_cell": max(
-                r["utilisation_gap_points_delayed_at_cell"] for r in runs
-            ),
             "denied_within_nominal_most": _most_denied(runs, "tenants"),
-            "denied_within_nominal_most_delayed_at_cell": _most_denied(
-                runs, "tenants_delayed_at_cell"
-            ),
             "runs": runs,
             "load_avg_1m": round(os.getloadavg()[0], 2),
         }

@@ -21,6 +21,9 @@ ERROR_DOMAIN = "lightpath.dev"
 # asked not to wait and whose wiring failed (a switch out of reach). Retryable, and the
 # pod has forgotten the job, so a caller does not count it as perhaps held (issue 34).
 WIRING_FAILED = "WIRING_FAILED"
+# A pod's NOT_FOUND for a job it let go back to the cell queue (a reclaim of lent quota
+# delayed it, issue 35): the cell queues it again rather than taking it as lost.
+RELEASED_TO_CELL = "RELEASED_TO_CELL"
 
 
 @dataclass(frozen=True)

@@ -144,9 +144,6 @@ class SliceJob:
     # Jobs this one preempted when the cell reclaimed lent quota for it (issue 35): they
     # never preempt it back by priority while it holds its blocks.
     reclaimed_from: tuple[str, ...] = ()
-    # Delayed so that the cell could reclaim lent quota (issue 35): it resumes on free
-    # blocks only, never by preempting (else it would take back what was reclaimed).
-    yields: bool = False
 
     def queue_key(self) -> tuple[int, int]:
         """Queue order (WS-4): higher priority first, then older first."""
@@ -185,8 +182,6 @@ class SliceJob:
             extra["sub"] = self.submitted_ms
         if self.reclaimed_from:
             extra["rcl"] = list(self.reclaimed_from)
-        if self.yields:
-            extra["yld"] = 1
         return json.dumps(
             {
                 "id": self.job_id,
@@ -244,7 +239,6 @@ class SliceJob:
             offset=tuple(d["off"]) if d.get("off") is not None else None,
             submitted_ms=int(d.get("sub", 0)),
             reclaimed_from=tuple(d.get("rcl", ())),
-            yields=bool(d.get("yld")),
         )
 
 

@@ -690,9 +690,15 @@ class PodJobTransition(_message.Message):
     EVENT_FIELD_NUMBER: _builtins.int
     SEQ_FIELD_NUMBER: _builtins.int
     STREAM_ID_FIELD_NUMBER: _builtins.int
+    RELEASED_FIELD_NUMBER: _builtins.int
     seq: _builtins.int
     stream_id: _builtins.str
     """Its id in the pod's event stream."""
+    released: _builtins.bool
+    """The pod let the job go (a reclaim of lent quota delayed it, issue 35): it
+    holds no blocks and no wiring there and the pod forgot it; the cell puts it
+    back in its own queue, its quota charge given back.
+    """
     @_builtins.property
     def event(self) -> _common_pb2.JobEvent: ...
     def __init__(
@@ -701,10 +707,11 @@ class PodJobTransition(_message.Message):
         event: _common_pb2.JobEvent | None = ...,
         seq: _builtins.int = ...,
         stream_id: _builtins.str = ...,
+        released: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["event", b"event"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["event", b"event", "seq", b"seq", "stream_id", b"stream_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["event", b"event", "released", b"released", "seq", b"seq", "stream_id", b"stream_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -246,8 +246,9 @@ async def test_lent_quota_is_reclaimed_from_the_borrowers_lowest_priority_job_by
     cell1: Cell,
 ):
     """The owner's job is of lower priority than every borrower's: only reclaim frees
-    room. The borrower's lowest-priority job goes (delayed: its policy), then, for the
-    next, the youngest of the rest (terminated: its policy); no job of the owner's."""
+    room. The borrower's lowest-priority job goes (delayed: its policy — back in the
+    cell queue, its quota given back, the pod no longer has it), then, for the next,
+    the youngest of the rest (terminated: its policy); no job of the owner's."""
     await set_quota(cell1, "owner", nominal_chips={"tpu": 384}, cohort="lab")
     await set_quota(cell1, "guest", nominal_chips={"tpu": 128}, cohort="lab")
     for i in range(8):  # the whole pod: 128 nominal + 384 borrowed
@@ -265,17 +266,31 @@ async def test_lent_quota_is_reclaimed_from_the_borrowers_lowest_priority_job_by
     first = await cell1.submit("own-1", tenant="owner", priority=10)
     assert first.job.state == PENDING and "waiting for quota" not in first.job.reason
     await cell1.wait_state("own-1", RUNNING)
-    delayed = await cell1.job("g5")
-    assert delayed.state in (PENDING, common_pb2.JOB_STATE_SUSPENDED), delayed
-    assert "its tenant took back quota it had lent" in delayed.reason, delayed.reason
+    delayed = await cell1.wait_for(lambda: _in_cell_queue(cell1, "g5"), what="g5 requeued")
+    # PENDING in the cell queue, saying so (the reclaim's words, or the quota it now waits
+    # for, with what became of it)
+    assert delayed.state == PENDING and delayed.pod_id == "", delayed
+    assert "resumes from its checkpoint" in delayed.reason, delayed.reason
+    assert await cell1.pods["pod-a"].job("g5") is None  # released: nothing held there
+    await cell1.wait_for(lambda: _used(cell1, "guest", 7 * 64), what="g5's chips given back")
     await cell1.submit("own-2", tenant="owner", priority=10)
     await cell1.wait_state("own-2", RUNNING)
     assert (await cell1.job("g7")).state == common_pb2.JOB_STATE_PREEMPTED
-    # the pod's report of g7's end gives its chips back (g5, delayed on its pod, holds on)
-    await cell1.wait_for(lambda: _used(cell1, "guest", 7 * 64), what="g7's chips given back")
+    # the pod's report of g7's end gives its chips back
+    await cell1.wait_for(lambda: _used(cell1, "guest", 6 * 64), what="g7's chips given back")
     assert (await quotas(cell1, "owner"))["owner"].used_chips["tpu"] == 128
     states = {f"g{i}": (await cell1.job(f"g{i}")).state for i in range(8)}
     assert [j for j, s in states.items() if s == RUNNING] == ["g0", "g1", "g2", "g3", "g4", "g6"]
+    # g5 waits in the cell queue (the pod is full), and goes when room is back
+    assert (await cell1.job("g5")).cell_queue_position == 1
+    await cell1.cell.CompleteJob(cs.CompleteCellJobRequest(job_id="own-1"))
+    back = await cell1.wait_state("g5", RUNNING)
+    assert back.pod_id == "pod-a" and "reclaimed" not in back.reason, back
+
+
+async def _in_cell_queue(cell: Cell, job_id: str) -> cs.CellJob | None:
+    job = await cell.job(job_id)
+    return job if job.cell_queue_position > 0 else None
 
 
 async def test_lent_quota_is_reclaimed_from_the_borrowers_sub_block_slices(redis_url):
@@ -311,15 +326,16 @@ async def test_lent_quota_is_reclaimed_from_the_borrowers_sub_block_slices(redis
         placed = await cell.wait_state("o-box", RUNNING)
         assert placed.pod_job.box.block_id == 2
         taken = await cell.job("g-b2")
-        assert "its tenant took back quota it had lent" in taken.reason, taken.reason
-        assert taken.state in (PENDING, common_pb2.JOB_STATE_SUSPENDED), taken
+        assert "resumes from its checkpoint" in taken.reason, taken.reason
+        assert taken.state == PENDING and taken.cell_queue_position > 0, taken
 
         await cell.submit("o-blk", (4, 4, 4), tenant="owner", priority=10)
         placed = await cell.wait_state("o-blk", RUNNING)
         assert [b.block_id for b in placed.pod_job.blocks] == [1]
         assert (await cell.job("g-b3")).state == common_pb2.JOB_STATE_PREEMPTED
         delayed = await cell.job("g-b4")
-        assert delayed.state in (PENDING, common_pb2.JOB_STATE_SUSPENDED), delayed
+        assert delayed.state == PENDING and delayed.cell_queue_position > 0, delayed
+        assert await cell.pods["pod-a"].job("g-b4") is None
         for job_id in ("g-blk", "g-b1", "o-box"):
             assert (await cell.job(job_id)).state == RUNNING, job_id
 

@@ -4,6 +4,8 @@ pod's jobs turn UNKNOWN and back (CS-1, CS-6, X-5)."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from lightpath_services.cell_scheduler.store import (
@@ -15,6 +17,7 @@ from lightpath_services.cell_scheduler.store import (
     pad_id,
     unpad_id,
 )
+from lightpath_services.common.keys import cell_key
 
 POD = "pod-s"
 
@@ -523,3 +526,63 @@ async def test_a_boxs_block_is_kept_from_the_pods_answers_and_cleared_when_it_mo
     assert await box() == ""
     mirrored = await store.mirror("b", pod=POD, state="RUNNING", n=6, reason="", now_ms=3, box="2")
     assert mirrored.applied and await box() == "2"
+
+
+def released(stream_id: str, job: str, seq: int) -> list:
+    return [stream_id, job, seq, "RUNNING", "SUSPENDED", 1000 + seq, "reclaimed for own", 1]
+
+
+async def test_a_job_its_pod_let_go_is_queued_again_once_whoever_delivers_it(store, redis_client):
+    """Issue 35: the pod's `released` transition puts a placed job back in the cell queue
+    at its first place, its charge given back — once: a retried report, the same report
+    at two replicas at once, or the pod's answer about the job racing its report."""
+    from lightpath_services.cell_scheduler.quotas import QuotaState
+
+    await store.register(POD, "reg", "127.0.0.1:1", 5, "0-0")
+    for job in ("a", "b"):
+        await _claim(store, job, "acme")
+        await store.placed(
+            job, token="tok", pod=POD, state="RUNNING", n=2, reason="x", fields={}, now_ms=2_000
+        )
+    await _queue(store, "later", 50, 2_500)  # submitted after both: queued behind them
+    assert QuotaState.of(await store.quota_rows()).used == {"acme": {"tpu": 128}}
+
+    twice = [CellStore(redis_client), CellStore(redis_client)]  # two replicas, one report
+    done = await asyncio.gather(
+        *(
+            s.report(
+                POD,
+                endpoint="127.0.0.1:1",
+                now_ms=3_000,
+                capacity_b64="cap",
+                version="5-0",
+                free={"tpu": 8},
+                after="0-0",
+                until="4-0",
+                transitions=[released("4-0", "a", 3)],
+                assume_ms=60_000,
+            )
+            for s in twice
+        )
+    )
+    assert sorted(d.requeued for d in done) == [0, 1]
+    ack = (await report(store, after="0-0", until="4-0", trs=[released("4-0", "a", 3)])).ack
+    assert ack == "4-0"  # retried: acknowledged, nothing applied again
+    rec = await store.job("a")
+    assert (rec.phase, rec.state, rec.pod, rec.reclaimed) == ("QUEUED", "PENDING", "", 1)
+    assert "reclaimed on pod pod-s: reclaimed for own" in rec.reason
+    assert await redis_client.zrange(cell_key("queue"), 0, -1) == ["a", "later"]
+    assert QuotaState.of(await store.quota_rows()).used == {"acme": {"tpu": 64}}
+    assert await store.live_jobs(POD) == ["b"]
+    back = [e for e in await store.history("a") if e["to"] == "PENDING" and e["from"]]
+    assert [(e["from"], e["pod"]) for e in back] == [("RUNNING", POD)]
+
+    # the pod's answer (RELEASED_TO_CELL) and its report, for the other job, in either
+    # order: once
+    assert await store.requeue_released("b", pod=POD, reason="reclaimed for own", now_ms=3_500)
+    assert not await store.requeue_released("b", pod=POD, reason="again", now_ms=3_600)
+    late = await report(store, after="4-0", until="5-0", trs=[released("5-0", "b", 3)])
+    assert late.requeued == 0 and late.ack == "5-0"
+    assert await redis_client.zrange(cell_key("queue"), 0, -1) == ["a", "b", "later"]
+    assert QuotaState.of(await store.quota_rows()).used == {}
+    assert (await store.job("b")).reclaimed == 1

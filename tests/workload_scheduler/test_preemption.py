@@ -249,7 +249,8 @@ def test_pass_property_one_slice_per_block_healthy_and_priority_respected(state)
 
 def test_the_cell_reclaiming_quota_names_the_only_victims_whatever_their_priority():
     """Issue 35: lent quota taken back preempts the named slices, each by its own policy,
-    and nothing else; a slice delayed so yields: it never preempts back."""
+    and nothing else; back from the cell queue, the slice never preempts the owner's
+    that reclaimed from it, whatever the priorities."""
     state = _full_pod(
         running("lender-low", range(0, 8), priority=5),
         running("borrower", range(8, 12), priority=90, policy=TERMINATE),
@@ -265,13 +266,17 @@ def test_the_cell_reclaiming_quota_names_the_only_victims_whatever_their_priorit
     assert v.job_id == "lender-low"
     found = plan_admission(state, owner, reclaim=frozenset({"borrower-2"}))
     assert isinstance(found, Allocation) and [x.job_id for x in found.victims] == ["borrower-2"]
-    # the delayed borrower yields: no plan of its own takes the owner's blocks back
-    back = job("borrower-2", (4, 1, 1), priority=90, state=SUSPENDED).with_(yields=True)
+    # the delayed borrower, forwarded again by the cell, never takes the owner's blocks
+    # back: the owner's slice reclaimed from it (only its own lower priority would do)
+    back = job("borrower-2", (4, 1, 1), priority=90)
+    owner_running = running("owner", range(12, 16), priority=10)
     after = _full_pod(
-        running("lender-low", range(0, 8), priority=5),
+        running("lender-high", range(0, 8), priority=95),
         running("borrower", range(8, 12), priority=90),
-        running("owner", range(12, 16), priority=10),
+        owner_running.with_(reclaimed_from=("borrower-2",)),
         back,
     )
     assert not isinstance(plan_admission(after, back), Allocation)
-    assert isinstance(plan_admission(after, back.with_(yields=False)), Allocation)
+    after.jobs["owner"] = owner_running
+    found = plan_admission(after, back)
+    assert isinstance(found, Allocation) and [x.job_id for x in found.victims] == ["owner"]

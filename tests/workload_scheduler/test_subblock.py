@@ -354,19 +354,15 @@ def test_a_box_reclaiming_quota_takes_the_named_boxes_only_whatever_their_priori
     # a named box that reclaimed from the owner is never its victim
     state.jobs["borrowed"] = state.jobs["borrowed"].with_(reclaimed_from=("owner",))
     assert not isinstance(plan_admission(state, owner, reclaim=frozenset({"borrowed"})), Allocation)
-    # a box delayed by a reclaim yields: it resumes on free chips only, preempting nobody
-    back = box_job("back", (2, 4, 4), priority=90).with_(yields=True)
-    state.jobs["back"] = back
-    assert not isinstance(plan_admission(state, back), Allocation)
-    assert isinstance(plan_admission(state, back.with_(yields=False)), Allocation)
-    # ... and a box that reclaimed from it is never its victim, whatever its priority
+    # a box that reclaimed from a delayed one (back from the cell queue) is never its
+    # victim, whatever its priority
+    back = box_job("back", (2, 4, 4), priority=90)
     after = PodState(fabric(blocks=1))
     hosted(after, box_job("high", (2, 4, 4), priority=95), 0, (0, 0, 0))
     mine = box_job("mine", (2, 4, 4), priority=10)
     hosted(after, mine.with_(reclaimed_from=("back",)), 0, (2, 0, 0))
-    resumed = back.with_(yields=False)
-    after.jobs["back"] = resumed
-    assert not isinstance(plan_admission(after, resumed), Allocation)
+    after.jobs["back"] = back
+    assert not isinstance(plan_admission(after, back), Allocation)
     after.jobs["mine"] = after.jobs["mine"].with_(reclaimed_from=())
-    alloc = plan_admission(after, resumed)
+    alloc = plan_admission(after, back)
     assert isinstance(alloc, Allocation) and [v.job_id for v in alloc.victims] == ["mine"]

@@ -63,6 +63,13 @@ NO_CAPACITY_RETRY_S = 0.25
 SUBMITS = RefusalRate()
 
 
+def resumes(record: CellJobRecord) -> str:
+    """What a waiting reason adds for a job a reclaim sent back from its pod (issue 35)."""
+    if not record.reclaimed:
+        return ""
+    return "; a reclaim sent it back from its pod: it resumes from its checkpoint when placed"
+
+
 def no_capacity_delay() -> float:
     SUBMITS.record(True)
     return SUBMITS.delay(NO_CAPACITY_RETRY_S)
@@ -154,7 +161,8 @@ class Admission:
             if record.phase != QUEUED:
                 continue
             req = self.request_of(record)
-            if req.spec.when_no_capacity == FAIL:
+            # (A job a reclaim sent back from its pod was admitted once: it waits like any.)
+            if req.spec.when_no_capacity == FAIL and not record.reclaimed:
                 if own_forward_ms is not None and now - record.updated_ms >= own_forward_ms:
                     with contextlib.suppress(Conflict):  # moved on meanwhile
                         await self.store.end_queued(
@@ -203,11 +211,14 @@ class Admission:
         admit, waits = gate(gated, state, capacity_of(models.values()), now)
         waits.update(pod_waits)
         for job_id, why in waits.items():
+            why += resumes(records[job_id])
             if records[job_id].reason != why:
                 await self.store.waiting_reason(job_id, why, now)
         for job_id in admit:  # no longer held back by its quota: it says so
             if waits_for_quota(records[job_id].reason):
-                await self.store.waiting_reason(job_id, QUOTA_ALLOWS, now)
+                await self.store.waiting_reason(
+                    job_id, QUOTA_ALLOWS + resumes(records[job_id]), now
+                )
         if not state.active:
             return demands, details
         by_id = {d.job_id: d for d in demands}

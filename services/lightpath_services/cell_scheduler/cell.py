@@ -371,6 +371,7 @@ class CellScheduler:
                 state_name(t.event.to_state),
                 t.event.at.ToMilliseconds(),
                 t.event.reason,
+                int(t.released),
             ]
             for t in req.transitions
         ]
@@ -390,6 +391,8 @@ class CellScheduler:
         except Conflict:  # UNKNOWN_POD
             raise NotFound("pod", req.pod_id, hint="register it first (RegisterPod)") from None
         self.metrics.reported(self.pods, req.transitions, self._spawn)
+        for _ in range(reported.requeued):
+            self.metrics.requeued("reclaimed")
         if req.endpoint:
             self.pods.heard_from(req.pod_id, req.endpoint)
         if reported.returned:

@@ -229,7 +229,8 @@ class Forwarder:
                     raise refusal
                 return SubmitResult(await self.jobs.job_record(job_id), created, outcome=last)
             record = await self.jobs.job_record(job_id)
-        if record.phase == QUEUED and req.spec.when_no_capacity == FAIL:
+        # (one a reclaim sent back from its pod was admitted once: it waits like any)
+        if record.phase == QUEUED and req.spec.when_no_capacity == FAIL and not record.reclaimed:
             with contextlib.suppress(Conflict):
                 await self.store.end_queued(
                     job_id,

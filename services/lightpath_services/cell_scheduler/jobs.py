@@ -3,8 +3,9 @@
 A job's phase in the cell (store.py keeps the atomic scripts that move it):
 
     QUEUED ──claim──▶ FORWARDING ──placed──▶ PLACED ──mirror (pod reports)──▶ ended
-      ▲                   │
-      └──back_to_queue────┘   (refused, unreachable, or a forward that was lost)
+      ▲ ▲                 │                    │
+      │ └─back_to_queue───┘ (refused, unreachable, or a forward that was lost)
+      └──────────released──────────────────────┘ (its pod let it go: a reclaim, issue 35)
     QUEUED ──end_queued──▶ ended (cancelled or failed in the cell queue)
 
 A claim binds the job to one pod with a token and a deadline
@@ -39,7 +40,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from lightpath.errors import Aborted, FailedPrecondition, NotFound
+from lightpath.errors import RELEASED_TO_CELL, Aborted, FailedPrecondition, NotFound
 from lightpath.v1 import cell_scheduler_pb2, workload_scheduler_pb2
 from lightpath_services.cell_scheduler.choice import Candidate
 from lightpath_services.cell_scheduler.metrics import CellMetrics
@@ -257,7 +258,8 @@ class CellJobs:
         )
 
     def remember(self, record: CellJobRecord) -> None:
-        """Where a placed job is (a job never leaves the pod it was placed on)."""
+        """Where a placed job is (a guess: a reclaim may send it back to the cell queue,
+        which the pod's answer then says)."""
         if len(self._placed) > CACHE_LIMIT:
             self._placed.clear()
         self._placed[record.job_id] = record.pod
@@ -317,6 +319,21 @@ class CellJobs:
             now_ms=self.pods.now_ms(),
         )
 
+    async def released(self, job_id: str, pod: str, err: PodCallError) -> bool:
+        """Whether `err` is the pod's answer that it let the job go back to the cell queue
+        (a reclaim delayed it, issue 35); if so the job is queued again now, in case the
+        pod's report of it has not done so yet (or its event was lost)."""
+        if err.report.reason != RELEASED_TO_CELL:
+            return False
+        self._placed.pop(job_id, None)
+        why = err.report.metadata.get("released_reason", f"pod {pod} let it go")
+        if await self.store.requeue_released(
+            job_id, pod=pod, reason=why, now_ms=self.pods.now_ms()
+        ):
+            self.metrics.requeued("reclaimed")
+            self._kick()
+        return True
+
     async def existing(
         self, record: CellJobRecord, request_b64: str, *, validate_only: bool = False
     ) -> SubmitResult:
@@ -374,7 +391,9 @@ class CellJobs:
                 ),
                 timeout=5.0,
             )
-        except PodCallError:
+        except PodCallError as err:
+            if await self.released(record.job_id, record.pod, err):
+                return await self.view(await self.job_record(record.job_id))
             return JobView(as_of(record, "its pod did not answer"))
         return JobView(fresh(await self.follow(record, job), job), job)
 
@@ -434,10 +453,16 @@ class CellJobs:
         ]
 
     async def complete(self, job_id: str) -> JobView:
+        request = workload_scheduler_pb2.CompleteJobRequest(job_id=job_id)
         pod = self._placed.get(job_id) or await self._placed_pod(job_id)
-        return await self._on_pod(
-            job_id, pod, "CompleteJob", workload_scheduler_pb2.CompleteJobRequest(job_id=job_id)
-        )
+        view = await self._on_pod(job_id, pod, "CompleteJob", request)
+        if view is None:  # back in the cell queue (issue 35): as the record now says
+            view = await self._on_pod(
+                job_id, await self._placed_pod(job_id), "CompleteJob", request
+            )
+        if view is None:
+            raise Aborted(f"job {job_id} is going back to the cell queue; retry", reason="BUSY")
+        return view
 
     async def _placed_pod(self, job_id: str) -> str:
         """The pod of a job that is on one, else why it cannot be completed."""
@@ -460,8 +485,8 @@ class CellJobs:
     async def cancel(self, job_id: str, reason: str) -> JobView:
         request = workload_scheduler_pb2.CancelJobRequest(job_id=job_id, reason=reason)
         pod = self._placed.get(job_id)
-        if pod:
-            return await self._on_pod(job_id, pod, "CancelJob", request)
+        if pod and (view := await self._on_pod(job_id, pod, "CancelJob", request)):
+            return view
         for _ in range(MAX_PLAN_ATTEMPTS):
             record = await self.settled(await self.job_record(job_id))
             if record.phase == QUEUED:
@@ -484,15 +509,20 @@ class CellJobs:
                 )
             if record.phase == PLACED:
                 self.remember(record)
-                return await self._on_pod(job_id, record.pod, "CancelJob", request)
+                if view := await self._on_pod(job_id, record.pod, "CancelJob", request):
+                    return view
         raise Aborted(f"job {job_id} is still being placed; retry", reason="BUSY")
 
-    async def _on_pod(self, job_id: str, pod: str, method: str, request: Any) -> JobView:
+    async def _on_pod(self, job_id: str, pod: str, method: str, request: Any) -> JobView | None:
         """Complete or cancel on the job's pod; the cell follows the answer, and counts the
-        blocks the job held as free until the pod reports (then jobs waiting may go)."""
+        blocks the job held as free until the pod reports (then jobs waiting may go). None:
+        the pod let the job go back to the cell queue (a reclaim, issue 35), queued again
+        now if its report has not done so yet; the caller reads the record again."""
         try:
             job = await self.pods.call(pod, method, request)
         except PodCallError as err:
+            if await self.released(job_id, pod, err):
+                return None
             raise err.relayed() from None
         mirrored = await self.store.mirror(
             job_id,

@@ -104,7 +104,8 @@ class CellMetrics:
         self._forwards.add(1, {"result": result})
 
     def requeued(self, reason: str) -> None:
-        """A job went back to the cell queue: refused, unreachable or lost (its forward)."""
+        """A job went back to the cell queue: refused, unreachable or lost (its forward), or
+        reclaimed (its pod let it go, issue 35)."""
         self._requeues.add(1, {"reason": reason})
 
     def reported(

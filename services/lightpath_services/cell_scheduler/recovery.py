@@ -9,7 +9,8 @@ Runs on every replica, safe side by side (atomic scripts, a lease per pod):
 * a job whose forward got no answer may be on that pod after all: once the pod
   answers, a job the cell still queues is adopted, a duplicate is cancelled;
 * a pod that answers again (or whose event stream lost entries) has each of the
-  cell's live jobs on it checked against its own GetJob.
+  cell's live jobs on it checked against its own GetJob (a job the pod let go back
+  to the cell queue, its event lost, is queued again).
 """
 
 from __future__ import annotations
@@ -176,7 +177,12 @@ class Recovery:
                     job = await self.pods.call(
                         pod_id, "GetJob", workload_scheduler_pb2.GetJobRequest(job_id=job_id)
                     )
-                except PodRefused:
+                except PodRefused as err:
+                    # Its event lost (the stream trimmed), the pod's answer says it let the
+                    # job go back to the cell queue (issue 35).
+                    if await self.jobs.released(job_id, pod_id, err):
+                        fixed += 1
+                        continue
                     await self.store.mirror(
                         job_id,
                         pod=pod_id,

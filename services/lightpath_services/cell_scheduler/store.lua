@@ -132,6 +132,23 @@ local function uncharge(jk, now)
   call("HDEL", jk, "qc", "qp")
 end
 
+-- A job its pod let go (a reclaim of lent quota delayed it, issue 35): back in the cell
+-- queue at its first place (priority, then submit order), its quota charge given back,
+-- PENDING to its tenant with the pod's reason; the cell may place it on any pod. Only a
+-- job PLACED on `pod` (the caller checks): a second delivery of the pod's event finds it
+-- QUEUED and changes nothing.
+local function requeue_released(jk, job, pod, from, reason, now)
+  call("SREM", key("live"), job)
+  call("ZREM", key("podjobs"), job)
+  uncharge(jk, now)
+  local why = "reclaimed on pod " .. pod .. ": " .. reason
+  call("HSET", jk, "phase", "QUEUED", "pod", "", "token", "", "pod_state", "", "n", 0,
+    "box", "", "state", "PENDING", "reason", why, "updated_ms", now)
+  call("HINCRBY", jk, "reclaimed", 1)
+  queue_again(jk, job)
+  cell_event(job, from, "PENDING", why, pod, now)
+end
+
 -- {"enough", pod, needs JSON}: the pod's free blocks minus those held in flight cover it
 if USES.enough then CHECKS.enough = function(c)
   for t, n in pairs(cjson.decode(c[3])) do
@@ -158,19 +175,26 @@ if USES.report then OPS.report = function(o)
   local assume_ms = tonumber(o[11])
   RESULT.returned = alive(pod, endpoint, now)
   RESULT.wake = 0
+  RESULT.requeued = 0
   local ack = call("HGET", key("ack"), pod) or ""
   local down = call("SISMEMBER", key("down"), pod) == 1
   if after <= ack then
     for _, tr in ipairs(cjson.decode(trs)) do
-      -- tr = {stream id (padded), job, seq, from, to, at, reason}
+      -- tr = {stream id (padded), job, seq, from, to, at, reason, released (1: the pod let
+      -- the job go back to the cell queue)}
       if tr[1] > ack then
         local jk = member("job", tr[2])
-        local f = call("HMGET", jk, "pod", "phase", "n", "fwd_ms", "asm", "tk_at", "end_at")
+        local f = call("HMGET", jk, "pod", "phase", "n", "fwd_ms", "asm", "tk_at", "end_at",
+          "state")
         -- A transition older than this forward belongs to an earlier attempt on the pod
         -- (one it refused and forgot, numbered from 1 again): never this attempt's state.
         if f[1] == pod and (f[2] == "PLACED" or f[2] == "FORWARDING")
             and tonumber(tr[6]) >= tonumber(f[4] or "0") then
-          if tr[3] > tonumber(f[3] or "0") then
+          if tr[8] == 1 and f[2] == "PLACED" and tr[3] > tonumber(f[3] or "0") then
+            requeue_released(jk, tr[2], pod, f[8] or "", tr[7], now)
+            RESULT.wake = 1
+            RESULT.requeued = RESULT.requeued + 1
+          elseif tr[3] > tonumber(f[3] or "0") then
             call("HSET", jk, "pod_state", tr[5], "n", tr[3], "updated_ms", tr[6])
             -- A sub-block slice's box stays where the pod's last answer put it only from
             -- WIRING to RUNNING; any other change may move or free it: unknown until the
@@ -440,6 +464,13 @@ if USES.adopt then OPS.adopt = function(o)
     charge(jk, call("HGET", jk, "tenant") or "", pod, o[9], now)
   end
   cell_event(job, "PENDING", state, "found on pod " .. pod .. " after it answered again", pod, now)
+end end
+
+-- {"released", job, pod, reason, now}: the pod answered that it let the job go back to
+-- the cell queue (its event of it was lost: a resync); checked PLACED on `pod`
+if USES.released then OPS.released = function(o)
+  local jk = member("job", o[2])
+  requeue_released(jk, o[2], o[3], call("HGET", jk, "state") or "", o[4], o[5])
 end end
 
 -- {"forget_maybe", job, pod}: a pod that may have got the job does not have it (or it was

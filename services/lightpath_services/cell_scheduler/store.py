@@ -65,8 +65,11 @@ A job's phase in the cell: QUEUED (in the cell queue, no pod) → FORWARDING
 PLACED (the pod has it; its state mirrors the pod's, versioned by the pod's
 per-job transition number) — or ENDED without ever reaching a pod (cancelled
 in the queue). A forward that the pod refused, or whose outcome is unknown,
-goes back to QUEUED. Only the holder of the FORWARDING token may end it, so
-no two replicas forward one job at once.
+goes back to QUEUED; so does a PLACED job its pod let go (a reclaim of lent quota
+delayed it, issue 35: the report's transition with `released`, or the pod's
+RELEASED_TO_CELL answer about it), its quota charge given back, once. Only the
+holder of the FORWARDING token may end it, so no two replicas forward one job at
+once.
 """
 
 from __future__ import annotations
@@ -170,6 +173,7 @@ RECORD_FIELDS = (
     "maybe",
     "needs",
     "req0",
+    "reclaimed",
 )
 
 
@@ -203,6 +207,8 @@ class CellJobRecord:
     # The request as submitted, once an update changed `request_b64` (SubmitJob's
     # idempotency key stays the first request).
     first_request_b64: str = ""
+    # How often a reclaim sent it back from its pod to the cell queue (issue 35).
+    reclaimed: int = 0
 
     @property
     def submitted_b64(self) -> str:
@@ -237,6 +243,7 @@ class CellJobRecord:
             maybe=tuple(json.loads(row["maybe"])) if row.get("maybe") else (),
             needs=json.loads(row["needs"]) if row.get("needs") else {},
             first_request_b64=row.get("req0", ""),
+            reclaimed=int(row.get("reclaimed") or 0),
         )
 
 
@@ -320,11 +327,13 @@ def _i(v: Any) -> int:
 @dataclass(frozen=True)
 class Reported:
     """A heartbeat applied: the transitions acknowledged up to `ack`; whether the pod came
-    back from silent; whether the cell queue should be looked at again."""
+    back from silent; whether the cell queue should be looked at again; how many jobs
+    the pod let go went back to the cell queue (issue 35)."""
 
     ack: str
     returned: bool
     wake: bool
+    requeued: int = 0
 
 
 @dataclass(frozen=True)
@@ -509,7 +518,12 @@ class CellStore:
             assume_ms,
         )
         done = await self._script.commit(t)
-        return Reported(unpad_id(done["ack"]), bool(int(done["returned"])), bool(int(done["wake"])))
+        return Reported(
+            unpad_id(done["ack"]),
+            bool(int(done["returned"])),
+            bool(int(done["wake"])),
+            int(done["requeued"]),
+        )
 
     async def snapshot(self, job_id: str | None = None, *, queue: bool = True) -> RegistrySnapshot:
         async with self.redis.pipeline(transaction=False) as pipe:
@@ -874,6 +888,16 @@ class CellStore:
             now_ms,
             json.dumps(dict(charge or {})),
         )
+        return await self._try(t) is not None
+
+    async def requeue_released(self, job_id: str, *, pod: str, reason: str, now_ms: int) -> bool:
+        """A job PLACED on `pod` that the pod let go back to the cell queue (a reclaim delayed
+        it, issue 35), known from the pod's answer rather than its event: queued again as
+        the report does it. False when it is not (or no longer) PLACED there."""
+        t = CellTxn(pod, jobs=[job_id])
+        t.expect_value(job_id, "pod", pod)
+        t.expect_phase(job_id, [PLACED])
+        t.op("released", job_id, pod, reason, now_ms)
         return await self._try(t) is not None
 
     async def forget_maybe(self, job_id: str, pod: str) -> None:

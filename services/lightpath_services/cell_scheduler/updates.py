@@ -93,7 +93,9 @@ class Updates:
                     self._kick()  # a higher place (or preemption) may let it go now
                 return await self.jobs.view(after)
             if record.phase == PLACED:
-                return await self._on_pod(record, plan.paths, patch, new_req)
+                view = await self._on_pod(record, plan.paths, patch, new_req)
+                if view is not None:
+                    return view
         raise Aborted(f"job {job_id} is still being placed; retry the update", reason="BUSY")
 
     async def _on_pod(
@@ -102,8 +104,9 @@ class Updates:
         paths: list[str],
         patch: workload_scheduler_pb2.JobSpec,
         new_req: cell_scheduler_pb2.SubmitJobRequest,
-    ) -> JobView:
-        """The pod applies the update first; the cell's record follows its answer."""
+    ) -> JobView | None:
+        """The pod applies the update first; the cell's record follows its answer. None:
+        the pod let the job go back to the cell queue (issue 35): update it there."""
         if record.state == "UNKNOWN":
             raise Unavailable(
                 f"pod {record.pod} of job {record.job_id} is not answering; the job can "
@@ -122,6 +125,8 @@ class Updates:
                 record.pod, "UpdateJob", request, timeout=self.jobs.forward_timeout_s
             )
         except PodCallError as err:
+            if await self.jobs.released(record.job_id, record.pod, err):
+                return None
             raise err.relayed() from None
         after = await self.store.update(
             record.job_id,

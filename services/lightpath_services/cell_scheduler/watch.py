@@ -110,20 +110,21 @@ async def _follow(
     if record.phase == ENDED:
         return
 
-    async def relay(pod: str) -> None:
+    async def relay(pod: str, gen: int) -> None:
         try:
             endpoint = await jobs.pods.endpoint(pod, fresh=True)
             stub = jobs.pods.clients.stub(endpoint, pod)
             async for ev in stub.WatchJob(workload_scheduler_pb2.WatchJobRequest(job_id=job_id)):
-                await queue.put(("pod", ev))
-            await queue.put(("pod-end", None))
+                await queue.put(("pod", (gen, ev)))
+            await queue.put(("pod-end", (gen, None)))
         except grpc.aio.AioRpcError as err:
-            await queue.put(("pod-error", err))
+            await queue.put(("pod-error", (gen, err)))
 
     relay_task: asyncio.Task | None = None
     getter: asyncio.Task | None = None
     pod_sent = 0  # pod events yielded; a new relay replays the pod's history first
     relay_seen = 0
+    relay_gen = 0  # of the relay running now: a cancelled one's leftovers are dropped
     retry_at = 0.0
     try:
         while True:
@@ -135,10 +136,16 @@ async def _follow(
             wanted = record.phase == PLACED and record.state != "UNKNOWN"
             if wanted and relay_task is None and time.monotonic() >= retry_at:
                 relay_seen = 0
-                relay_task = asyncio.ensure_future(relay(record.pod))
+                relay_gen += 1
+                relay_task = asyncio.ensure_future(relay(record.pod, relay_gen))
             elif not wanted and relay_task is not None:
                 relay_task.cancel()
                 relay_task = None
+                relay_gen += 1
+            if record.phase != PLACED:
+                # (back in the cell queue from its pod, issue 35: its next pod numbers
+                # the job's events from the first again)
+                pod_sent = 0
             # (not wait_for: on Python 3.11 a timeout racing the get can lose the item)
             getter = getter or asyncio.ensure_future(queue.get())
             done, _ = await asyncio.wait({getter}, timeout=0.5)
@@ -146,6 +153,10 @@ async def _follow(
                 continue
             kind, item = getter.result()
             getter = None
+            if kind != "cell":
+                gen, item = item
+                if gen != relay_gen:
+                    continue  # from a relay cancelled since
             if kind == "cell":
                 if item > cell_sent:  # the event is stored once, in the job's history
                     for e in await jobs.store.history(job_id, cell_sent):

@@ -69,7 +69,6 @@ from lightpath_services.cell_scheduler.choice import (
 from lightpath_services.cell_scheduler.quota import (
     DEFAULT_HALF_LIFE_S,
     Quota,
-    QuotaBook,
     RunningJob,
     Waiting,
 )
@@ -110,9 +109,6 @@ FAILED = "FAILED"
 ENDED = frozenset({DONE, PREEMPTED, FAILED})
 # Why free healthy chips are free (Sim.idle_areas, `idle_by_reason` in the stats):
 NOTHING_WAITS = "nothing_waits"
-# a job at the cell fits the free room, and its tenant's quota refuses it only because
-# jobs a reclaim delayed still hold their tenants' charges (waiting in their pods' queues)
-QUOTA_HELD_BY_DELAYED = "quota_held_by_delayed"
 QUOTA = "quota"  # ... fits the free room; its tenant's quota (and what it may borrow) refuses it
 # no waiting job fits the free room, and each is larger than its tenant's whole nominal
 # quota: it runs on borrowed chips only, which owners' jobs within nominal come before
@@ -120,7 +116,7 @@ ABOVE_NOMINAL = "jobs_above_nominal"
 TOO_BIG = "too_big"  # no waiting job fits the free room
 # a job fits the room and its quota but is not placed (a box's geometry, a reservation)
 NOT_PLACED = "not_placed"
-IDLE_REASONS = (NOTHING_WAITS, QUOTA_HELD_BY_DELAYED, QUOTA, ABOVE_NOMINAL, TOO_BIG, NOT_PLACED)
+IDLE_REASONS = (NOTHING_WAITS, QUOTA, ABOVE_NOMINAL, TOO_BIG, NOT_PLACED)
 # Why healthy chips are not working (the summary's `idle_by_cause`, ÷ healthy chips):
 IDLE_CAUSES = (
     "queue_empty",  # no job waits for them
@@ -206,10 +202,6 @@ class SimConfig:
     # fair-share order (services/lightpath_services/sim/quotas.py); none: no quotas, priority order.
     quotas: tuple[Quota, ...] = ()
     half_life_s: float = DEFAULT_HALF_LIFE_S  # of the usage fair share orders by
-    # Where a job a reclaim delayed waits: False, its pod's queue, still charged to its
-    # tenant's quota, resuming on free chips only (what the service does); True, back in
-    # the cell queue, its quota given back (Kueue's requeue; not in the service).
-    reclaimed_wait_at_cell: bool = False
     # Count free chips by why (`idle_by_reason`) without quotas too (with quotas always):
     # it looks at the waiting jobs after every event, which a long run need not pay for.
     idle_reasons: bool = False
@@ -730,7 +722,6 @@ class OcsModel(_Model):
         reclaimed = False
         for w in quota.order(waiting):
             job = self.jobs[w.job_id]
-            delayed: list[SliceJob] = []
             verdict = quota.book.check(w.tenant, w.chips)
             if not verdict.ok:
                 left.append(w)
@@ -740,9 +731,18 @@ class OcsModel(_Model):
             choice = choose(
                 JobDemand(w.job_id, job.priority, {v.pod_id: need for v in views}), views
             )
-            if choice.candidates:
-                pod_id = choice.candidates[0].pod_id
-            else:
+            # The cell forwards asking not to wait: a pod that cannot place it now refuses
+            # (one where only the slice that reclaimed from it would give way, say), and
+            # the next candidate is asked.
+            pod_id = next(
+                (
+                    c.pod_id
+                    for c in choice.candidates
+                    if c.how == FITS or self._places(c.pod_id, job)
+                ),
+                None,
+            )
+            if pod_id is None:
                 reclaim = None
                 if verdict.within_nominal:
                     placed, holders = self._placed_jobs()
@@ -764,19 +764,24 @@ class OcsModel(_Model):
                     left.append(w)
                     continue
                 pod_id = reclaim.pod
-                delayed = [d for v in reclaim.victims if (d := self._reclaim(pod, v.job_id))]
+                for v in reclaim.victims:
+                    self._reclaim(pod, v.job_id)
+                # as the pod admits it: never a victim of the jobs it reclaimed from
+                job = job.with_(reclaimed_from=tuple(sorted(v.job_id for v in reclaim.victims)))
                 reclaimed = True
             pod = next(p for p in self.pods if p.state.fabric.pod_id == pod_id)
             self.cell_queue.remove(job.priority, job.seq, w.job_id)
             del self.jobs[w.job_id]
             quota.admit(w.job_id, w.tenant, w.chips[NODE_TYPE], sim.now)
             self._submit(pod, sim.by_id[w.job_id], job)
-            if delayed:  # behind the owner's job, which took their chips in that pass
-                for d in delayed:
-                    pod.enqueue(d)
-                self.schedule(pod)
         quota.note_waiting([w for w in left if w.job_id in self.jobs])
         return reclaimed
+
+    def _places(self, pod_id: str, job: SliceJob) -> bool:
+        """Whether the pod's planner places `job` now, preempting if it must (its answer
+        to a forward that asked not to wait)."""
+        pod = next(p for p in self.pods if p.state.fabric.pod_id == pod_id)
+        return not isinstance(plan_admission(pod.state, job), Unplaceable)
 
     def _fits_without(self, pod: OcsPod, job: SliceJob, victims: list[str]) -> bool:
         """Whether the pod's planner places `job` once `victims` leave (the pod's own
@@ -818,13 +823,11 @@ class OcsModel(_Model):
         since they need not add up with a victim's in one place)."""
         return {v.pod_id: {NODE_TYPE: v.free[NODE_TYPE] * v.block_chips} for v in views}
 
-    def _reclaim(self, pod: OcsPod, job_id: str) -> SliceJob | None:
+    def _reclaim(self, pod: OcsPod, job_id: str) -> None:
         """A borrower's job leaves the pod for an owner's: terminated, or (delay,
-        shrink) suspended, to restart from its checkpoint: the job to put in the pod's
-        queue once the owner's job has its chips (None: terminated). As the service's
-        pod does with a job a reclaim delays: still admitted there, so still charged to
-        its tenant's quota, and resuming on free chips only (`yields`). With
-        `reclaimed_wait_at_cell`, back in the cell queue instead, uncharged (None)."""
+        shrink) delayed, to restart from its checkpoint: as the service's pod lets a job
+        a reclaim delays go, back in the cell queue (its first place there) with its
+        quota charge given back; the cell may place it on any pod."""
         sim = self.sim
         quota = sim.quota
         assert quota is not None
@@ -836,17 +839,13 @@ class OcsModel(_Model):
         self._release(pod, job)
         if job.preemption == TERMINATE:
             sim.end(run, PREEMPTED)
-            return None
+            return
         sim.interrupt(run, "preemption")
-        if sim.config.reclaimed_wait_at_cell:
-            quota.release(job_id, sim.now)
-            again = self._slice_job(run)
-            run.state = AT_CELL
-            self.jobs[job_id] = again
-            self.cell_queue.add(again.priority, again.seq, job_id)
-            return None
-        run.state = QUEUED
-        return job.with_(state=SUSPENDED, placement=None, yields=True)
+        quota.release(job_id, sim.now)
+        again = self._slice_job(run)
+        run.state = AT_CELL
+        self.jobs[job_id] = again
+        self.cell_queue.add(again.priority, again.seq, job_id)
 
     # -- why chips are free ----------------------------------------------------------
 
@@ -874,8 +873,7 @@ class OcsModel(_Model):
         if versions != self._fits_at:  # a view changes only with its pod's version
             self._fits_at, self._fits = versions, {}
         fits = self._fits
-        refused = ""
-        without_delayed: QuotaBook | None = None
+        refused = False
         for (demand_id, priority, tenant, at_cell), job in kinds.items():
             if (demand_id, priority) not in fits:
                 need = self._need(job)
@@ -890,32 +888,15 @@ class OcsModel(_Model):
             chips = {NODE_TYPE: self._chips(job)}
             if quota.book.check(tenant, chips).ok:
                 return NOT_PLACED
-            if refused != QUOTA_HELD_BY_DELAYED:
-                if without_delayed is None:
-                    without_delayed = self._book_without_delayed()
-                held = without_delayed.check(tenant, chips).ok
-                refused = QUOTA_HELD_BY_DELAYED if held else QUOTA
+            refused = True
         if refused:
-            return refused
+            return QUOTA
         if quota is not None and all(
             (n := quota.nominal(tenant)) is not None and self._chips(j) > n
             for (_, _, tenant, _), j in kinds.items()
         ):
             return ABOVE_NOMINAL
         return TOO_BIG
-
-    def _book_without_delayed(self) -> QuotaBook:
-        """The quota book without the charges of jobs a reclaim delayed (waiting in their
-        pods' queues, holding no chips)."""
-        quota = self.sim.quota
-        assert quota is not None
-        book = quota.book.copy()
-        for p in self.pods:
-            for j in p.waiting.values():
-                got = quota.admitted.get(j.job_id) if j.yields else None
-                if got is not None:
-                    book.forget(got[0], {NODE_TYPE: got[1]})
-        return book
 
     def _submit(self, pod: OcsPod, run: JobRun, job: SliceJob) -> None:
         run.pod = pod.index

@@ -9,10 +9,9 @@ fits goes to the pod `choose` picks. A job within its tenant's nominal quota tha
 no pod can take now reclaims: `QuotaBook.reclaim` names borrowers' jobs on one
 pod, and each leaves it — terminated, or delayed (a shrinking job is delayed: its
 chips are what is needed), paying its checkpoint-restart when it runs again —
-before the owner's job goes there. A delayed job waits in its pod's queue behind the
-owner's, still charged to its tenant's quota, and resumes on free chips only, as
-the service's pod keeps it (`SimConfig.reclaimed_wait_at_cell`: back in the cell
-queue instead, its quota given back).
+before the owner's job goes there. A delayed job goes back to the cell queue at its
+first place, its quota charge given back, as the service's pod lets it go (Kueue's
+requeue of an evicted workload); the cell may then place it on any pod.
 
 A job holds its tenant's quota from the moment the cell sends it to a pod until it
 ends (as the service counts a forwarded or placed job).

@@ -167,6 +167,7 @@ class Admission(Part):
         is the cell's newest, Conflict STALE_LEASE if not)."""
         txn.fence(self.store.keys.forwards, job.job_id, admission.forward_token)
         txn.expect_no_job(job.job_id)
+        txn.delete(self.store.keys.released(job.job_id))  # admitted again (issue 35)
         txn.hset(
             self.store.keys.job(job.job_id),
             {
@@ -302,25 +303,13 @@ class Admission(Part):
             wiring = ""
             found = self.planner.admit(state, job)
             reason = found.reason if isinstance(found, Unplaceable) else "the pod is busy"
-        keys = self.store.keys
         txn = self.store.txn()
         txn.expect_job(job.job_id, [PENDING], job.epoch)
-        txn.hdel(keys.live, [job.job_id])
-        txn.hdel(keys.queued, [job.job_id])
-        txn.hincr(keys.state_counts, PENDING, -1)
-        txn.zrem(keys.jobs, job.job_id)
-        # The transition reaches pod watchers; the job's keys go right after it.
-        txn.job_event(
-            {
-                "job": job.job_id,
-                "from": PENDING,
-                "to": FAILED,
-                "at": self.now_ms(),
-                "reason": f"refused (asked not to wait): {reason}",
-            }
+        txn.forget(
+            job.job_id,
+            PENDING,
+            {"to": FAILED, "at": self.now_ms(), "reason": f"refused (asked not to wait): {reason}"},
         )
-        txn.delete(keys.job(job.job_id))
-        txn.delete(keys.history(job.job_id))
         try:
             await self.store.commit(txn)
         except Conflict:
@@ -515,17 +504,22 @@ class Admission(Part):
             reclaimed = v.job_id in preemptor.reclaimed_from
             if reclaimed:
                 why = f"blocks reclaimed for {preemptor.job_id}: its tenant took back quota it had lent"
+            txn.hdel(self.store.keys.owner, list(v.freed))
+            if v.action == DELAY and reclaimed:
+                # Back to the cell queue, not this pod's: its tenant's quota is given back
+                # there and the cell may place it on any pod (Kueue's requeue, issue 35).
+                txn.release_to_cell(
+                    vj,
+                    reason=f"{why}; released to the cell queue, it resumes from its "
+                    "checkpoint when placed again",
+                    now_ms=now,
+                )
+                continue
             if v.action == TERMINATE:
                 new = vj.with_(state=PREEMPTED, epoch=vj.epoch + 1, placement=None)
                 reason = f"preempted: {why}"
             elif v.action == DELAY:
-                new = vj.with_(
-                    state=SUSPENDED,
-                    epoch=vj.epoch + 1,
-                    placement=None,
-                    replacing=None,
-                    yields=vj.yields or reclaimed,
-                )
+                new = vj.with_(state=SUSPENDED, epoch=vj.epoch + 1, placement=None, replacing=None)
                 reason = f"suspended and requeued: {why}"
             else:
                 assert v.shrink_grid is not None
@@ -540,7 +534,6 @@ class Admission(Part):
                 )
                 reason = f"shrinking to {'x'.join(map(str, v.shrink_grid))} blocks: {why}"
                 shrunk.append(new)
-            txn.hdel(self.store.keys.owner, list(v.freed))
             txn.write_job(new, old_state=RUNNING, reason=reason, now_ms=now)
         return shrunk
 

@@ -108,7 +108,10 @@ def transition_pb(entry_id: str, event: dict, pod_id: str):
     pb = job_event_pb(event, pod_id)
     pb.reason = limits.clip(pb.reason, "JobEvent.reason")  # what the cell takes
     return cell_scheduler_pb2.PodJobTransition(
-        event=pb, seq=int(event.get("n", 0)), stream_id=entry_id
+        event=pb,
+        seq=int(event.get("n", 0)),
+        stream_id=entry_id,
+        released=bool(event.get("released")),
     )
 
 

@@ -130,7 +130,7 @@ def plan_admission(
     found = place(state, job.demand)
     if isinstance(found, Placement):
         return Allocation(job, found.blocks, (), _release_first(state, job.job_id, found.blocks))
-    if not preempt or job.yields:
+    if not preempt:
         return found
     victims = choose_victims(
         state,
@@ -173,7 +173,7 @@ def plan_box_admission(
     found = place_box(state, job)
     if isinstance(found, BoxPlacement):
         return Allocation(job, (found.block,), offset=found.offset)
-    if not preempt or job.yields:  # delayed by a reclaim: free chips only
+    if not preempt:
         return found
     inside = choose_box_victims(state, job, only=reclaim)
     if inside is not None:

@@ -48,7 +48,7 @@ from lightpath.domain.slices import (
     SUSPENDED,
     WIRING,
 )
-from lightpath.errors import Aborted, FailedPrecondition, NotFound
+from lightpath.errors import RELEASED_TO_CELL, Aborted, FailedPrecondition, NotFound
 from lightpath.v1 import workload_scheduler_pb2
 from lightpath_services.workload_scheduler.admission import Admission
 from lightpath_services.workload_scheduler.core import (
@@ -62,7 +62,7 @@ from lightpath_services.workload_scheduler.core import (
 )
 from lightpath_services.workload_scheduler.ocs import OcsError, job_lease
 from lightpath_services.workload_scheduler.reconcile import Reconcile
-from lightpath_services.workload_scheduler.store import Conflict, JobRecord
+from lightpath_services.workload_scheduler.store import Conflict, JobRecord, PodStore
 from lightpath_services.workload_scheduler.swap import Swap
 from lightpath_services.workload_scheduler.wiring import Wirer
 
@@ -188,7 +188,7 @@ class WorkloadScheduler(Part):
             return known
         record = await self.store.job(job_id)
         if record is None:
-            raise NotFound("job", job_id)
+            raise await job_not_found(self.store, job_id)
         return record
 
     async def _finish(
@@ -227,13 +227,14 @@ class WorkloadScheduler(Part):
     # == events (WS-7) ============================================================
 
     async def watch_job(self, job_id: str) -> AsyncIterator[dict[str, Any]]:
-        """The job's stored transitions, then live ones until it ends."""
+        """The job's stored transitions, then live ones until it ends (or the pod lets
+        it go back to the cell queue, issue 35)."""
         redis = self.store.redis
         keys = self.store.keys
         tip = await self.store.tip()
         record = await self.store.job(job_id, history=True)
         if record is None:
-            raise NotFound("job", job_id)
+            raise await job_not_found(self.store, job_id)
         last_n = 0
         for event in record.history:
             last_n = max(last_n, int(event.get("n", 0)))
@@ -249,7 +250,7 @@ class WorkloadScheduler(Part):
             last_n = int(event["n"])
             (event,) = await self.store.with_notes([event])
             yield event
-            if event["to"] in FINAL_STATES:
+            if event["to"] in FINAL_STATES or event.get("released"):
                 return
 
     async def watch_pod(self) -> AsyncIterator[tuple[str, dict[str, Any]]]:
@@ -271,3 +272,17 @@ async def _tail(redis, key: str, after: str) -> AsyncIterator[tuple[str, dict[st
             for entry_id, fields in entries:
                 cursor = entry_id
                 yield entry_id, fields
+
+
+async def job_not_found(store: PodStore, job_id: str) -> NotFound:
+    """NOT_FOUND for a job the pod does not have; RELEASED_TO_CELL (with the pod's reason
+    in `released_reason`) when it let the job go back to the cell queue (issue 35)."""
+    released = await store.released(job_id)
+    if released is None:
+        return NotFound("job", job_id)
+    err = NotFound(
+        "job", job_id, hint=f"this pod let it go back to the cell queue: {released['reason']}"
+    )
+    err.reason = RELEASED_TO_CELL
+    err.metadata["released_reason"] = released["reason"]
+    return err

@@ -57,7 +57,12 @@ from lightpath_services.workload_scheduler.fabric_kinds import (
 from lightpath_services.workload_scheduler.metrics import PodMetrics
 from lightpath_services.workload_scheduler.ocs import OcsError, OcsManagerClient
 from lightpath_services.workload_scheduler.placement import PodState
-from lightpath_services.workload_scheduler.scheduler import Outcome, PodContext, WorkloadScheduler
+from lightpath_services.workload_scheduler.scheduler import (
+    Outcome,
+    PodContext,
+    WorkloadScheduler,
+    job_not_found,
+)
 from lightpath_services.workload_scheduler.settings import WorkloadSchedulerSettings
 from lightpath_services.workload_scheduler.store import JobRecord, PodStore
 from lightpath_services.workload_scheduler.switched_placement import reserved_small_groups
@@ -343,9 +348,7 @@ class WorkloadSchedulerServicer(workload_scheduler_pb2_grpc.WorkloadSchedulerSer
             await sched.admission.fence_forward(request.job_id, request.forward_token)
         record = await sched.store.job(request.job_id, history=True)
         if record is None:
-            from lightpath.errors import NotFound
-
-            raise NotFound("job", request.job_id)
+            raise await job_not_found(sched.store, request.job_id)
         return await self._job_pb(sched, record, include_rings=request.include_rings)
 
     async def ListJobs(

@@ -22,6 +22,9 @@ and under `ws:` beside the ocs_manager's `ocs:` keys of the same pod):
     lp:{pod}:ws:events            stream job transitions and block health changes (WatchPod)
     lp:{pod}:ws:seq               string admission sequence
     lp:{pod}:ws:releasing:<id>    string claim (with expiry) while a queued job's old wiring is released
+    lp:{pod}:ws:released:<id>     string JSON {at, reason} (with expiry): the pod let the job go back
+                                         to the cell queue (a reclaim delayed it, issue 35) and
+                                         forgot it; GetJob says so (the cell requeues it)
     lp:{pod}:ws:forwards          hash   job id -> the highest forward token the cell sent for it
                                          (AdmitJob, a take-over's GetJob; fencing, issue 32)
     lp:{pod}:ws:wiring:diff       hash   "<kind>:<job>" -> JSON {job, kind, detail, since}: where
@@ -64,6 +67,7 @@ from lightpath.domain.slices import (
     QUEUED_STATES,
     RUNNING,
     SUB_BLOCK_OWNER,
+    SUSPENDED,
     SliceJob,
     chip_keys,
 )
@@ -73,6 +77,9 @@ from lightpath_services.common.txn import Conflict, Program
 from lightpath_services.workload_scheduler.placement import PodState
 
 EVENT_STREAM_MAXLEN = 10_000
+# How long the pod remembers a job it let go back to the cell queue (GetJob answers so):
+# far longer than a cell outage that would let the event stream drop its event.
+RELEASED_KEPT_MS = 7 * 24 * 3600 * 1000
 # Parsed SliceJob summaries kept by their JSON (a job's summary changes with every
 # transition, so a snapshot parses only what changed since the last one).
 PARSED_CACHE_LIMIT = 4096
@@ -122,6 +129,10 @@ class PodKeys:
     def releasing(self, job_id: str) -> str:
         """Claim held while one replica releases a queued job's leftover OCS wiring."""
         return pod_key(self.pod_id, "ws", "releasing", job_id)
+
+    def released(self, job_id: str) -> str:
+        """A job the pod let go back to the cell queue: what GetJob answers about it."""
+        return pod_key(self.pod_id, "ws", "released", job_id)
 
 
 # The job hash's field with a caller's own words for a transition (a cancel reason),
@@ -286,6 +297,40 @@ class Txn(txn.Txn):
         if note:
             event[NOTE] = 1  # the words are the job hash's NOTE field
         self.job_event(event)
+
+    def forget(self, job_id: str, state: str, event: dict[str, Any]) -> None:
+        """Drop a job in `state` (PENDING, or RUNNING) from the pod's records and indexes:
+        `event`, its last transition, reaches the pod's watchers (and the cell), and the
+        job's keys go right after it."""
+        k = self.pod
+        self.hdel(k.live, [job_id])
+        if state == RUNNING:
+            self.zrem(k.running, job_id)
+        else:
+            self.hdel(k.queued, [job_id])
+        self.hincr(k.state_counts, state, -1)
+        self.zrem(k.jobs, job_id)
+        self.job_event({"job": job_id, "from": state, **event})
+        self.delete(k.job(job_id))
+        self.delete(k.history(job_id))
+
+    def release_to_cell(self, job: SliceJob, *, reason: str, now_ms: int) -> None:
+        """Let a RUNNING job go back to the cell queue (a reclaim delayed it, issue 35):
+        the pod forgets it in this commit (its blocks are freed by the caller's writes,
+        its leftover wiring released as a job the pod does not know). The event, with
+        `released`, is the cell's to act on: the pod's stream holds it until the cell
+        acknowledges it, and the tombstone answers GetJob after the stream lost it."""
+        k = self.pod
+        self.forget(
+            job.job_id,
+            RUNNING,
+            {"to": SUSPENDED, "at": now_ms, "reason": reason, "released": 1},
+        )
+        self.set_px(
+            k.released(job.job_id),
+            json.dumps({"at": now_ms, "reason": reason}),
+            RELEASED_KEPT_MS,
+        )
 
     def read_back(self, key: str, fields: Sequence[str]) -> None:
         """After the writes, return these fields of hash `key` from commit()."""
@@ -554,6 +599,11 @@ class PodStore:
     async def failed_entry(self, block: int) -> dict[str, Any] | None:
         """A block's failure record ({at, reason[, hosts]}), None when it is healthy."""
         raw = await self.redis.hget(self.keys.failed, str(block))
+        return json.loads(raw) if raw else None
+
+    async def released(self, job_id: str) -> dict[str, Any] | None:
+        """{at, reason} of a job the pod let go back to the cell queue (issue 35), or None."""
+        raw = await self.redis.get(self.keys.released(job_id))
         return json.loads(raw) if raw else None
 
     async def job(self, job_id: str, *, history: bool = False) -> JobRecord | None:
