@@ -21,7 +21,9 @@ the variant `baseline`: that tree's cell as shipped, interleaved with this one's
         [--baseline DIR] [--rounds 1]
 
 Prints one JSON line: per variant and request, `cpu_us` (the cell's user + system
-CPU per call, µs) and `per_s` (calls answered per second), and the load.
+CPU per call, µs), `caller_cpu_us` (the bench's own, as the caller: on a machine the
+callers share with the stack, as bench/chaos.py's do, a refusal costs both) and `per_s`
+(calls answered per second), and the load.
 """
 
 from __future__ import annotations
@@ -160,17 +162,18 @@ def cpu(pid: int) -> float:
 
 
 def measure(proc, address: str, creds, redis: EmbeddedRedis, calls: int) -> dict[str, float]:
-    """Per request: the cell's CPU per call (µs) and the calls answered per second."""
+    """Per request: the cell's and the caller's CPU per call (µs), the calls answered per second."""
     out: dict[str, float] = {}
     for name, (method, raw, expect) in requests().items():
         with (
             slot_held(redis, address, creds) if name == "shed_submit" else contextlib.nullcontext()
         ):
             asyncio.run(drive(address, creds, method, raw, expect, 200))  # warm up
-            before = cpu(proc.pid)
+            before, caller = cpu(proc.pid), cpu(os.getpid())
             took = asyncio.run(drive(address, creds, method, raw, expect, calls))
-            used = cpu(proc.pid) - before
+            used, called = cpu(proc.pid) - before, cpu(os.getpid()) - caller
         out[f"{name}_cpu_us"] = used / calls * 1e6
+        out[f"{name}_caller_cpu_us"] = called / calls * 1e6
         out[f"{name}_per_s"] = calls / took
     return out
 
