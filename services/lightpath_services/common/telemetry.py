@@ -25,6 +25,7 @@ each record with the current trace and span ids.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import json
 import logging
@@ -64,6 +65,60 @@ log = logging.getLogger("lightpath.rpc")
 
 # Calls too frequent and too dull to trace (probes, reflection).
 UNTRACED_PREFIXES = ("/grpc.health.v1.", "/grpc.reflection.")
+# The INFO line per refused call, sampled (RefusalLog): this many of each method and
+# code per REFUSAL_LOG_S are written one by one, the rest counted.
+REFUSALS_LOGGED = 10
+REFUSAL_LOG_S = 1.0
+
+
+class RefusalLog:
+    """Which refused calls get their INFO line, as zap's sampler decides: the first
+    REFUSALS_LOGGED of each method and status code in an interval of REFUSAL_LOG_S are
+    written as they come, the rest are counted and written as one line per method and
+    code once the interval is over (at the next refusal, or by a timer). A flood of
+    refused calls (a client's mistakes, a pod's refusals relayed) then costs a few
+    lines a second, not one each: ~100 us of a ~900 us refusal (issue 30,
+    bench/refusal_cost.py). What the audit log writes is not sampled."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic):
+        self._clock = clock
+        self._start = -float("inf")
+        self._seen: dict[tuple[str, str], int] = {}
+        self._flushing = False
+
+    def admit(self, method: str, code: str) -> bool:
+        """Whether this refusal of `method` with `code` is written on its own."""
+        now = self._clock()
+        if now - self._start >= REFUSAL_LOG_S:
+            self.flush()
+            self._start = now
+        key = (method, code)
+        seen = self._seen[key] = self._seen.get(key, 0) + 1
+        if seen <= REFUSALS_LOGGED:
+            return True
+        if not self._flushing:
+            self._flushing = True
+            try:
+                asyncio.get_running_loop().call_later(REFUSAL_LOG_S, self.flush)
+            except RuntimeError:  # no loop: written with the next interval's first
+                pass
+        return False
+
+    def flush(self) -> None:
+        """One line per method and code whose refusals were not all written."""
+        seen, self._seen = self._seen, {}
+        self._flushing = False
+        self._start = -float("inf")
+        for (method, code), n in seen.items():
+            if n > REFUSALS_LOGGED:
+                log.info(
+                    "%s -> %s: %d more refused call(s) within %g s, not logged one by one",
+                    method,
+                    code,
+                    n - REFUSALS_LOGGED,
+                    REFUSAL_LOG_S,
+                    extra={"rpc_method": method, "code": code, "refused": n - REFUSALS_LOGGED},
+                )
 
 
 def current_trace_id() -> str:
@@ -84,6 +139,7 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
             TRACER_NAME, __version__
         )
         self._wrapped: dict[str, grpc.RpcMethodHandler] = {}
+        self._refusals = RefusalLog()
         self._duration = instruments.get_meter(TRACER_NAME, __version__).create_histogram(
             "rpc.server.duration", unit="ms", description="time to serve one RPC"
         )
@@ -187,7 +243,7 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
                         count_failure(getattr(exc, "reason", "") or code.name)
                     busy = getattr(exc, "reason", "") in DOWNSTREAM_BUSY
                     gate.message = short(getattr(exc, "message", ""), MAX_MESSAGE)
-                    await _abort_for(exc, span, method, context)
+                    await _abort_for(exc, span, method, context, self._refusals)
                 finally:
                     if admitted is not None:
                         admitted.observe(time.perf_counter() - served, dropped=busy)
@@ -263,7 +319,7 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
                     if code in _DENIED:
                         count_failure(getattr(exc, "reason", "") or code.name)
                     gate.message = short(getattr(exc, "message", ""), MAX_MESSAGE)
-                    await _abort_for(exc, span, method, context)
+                    await _abort_for(exc, span, method, context, self._refusals)
                 finally:
                     gate.leave(code, request)
                     self._record(method, code, start)
@@ -445,7 +501,11 @@ def _code_of(exc: BaseException, context: grpc.aio.ServicerContext) -> grpc.Stat
 
 
 async def _abort_for(
-    exc: Exception, span: trace.Span, method: str, context: grpc.aio.ServicerContext
+    exc: Exception,
+    span: trace.Span,
+    method: str,
+    context: grpc.aio.ServicerContext,
+    refusals: RefusalLog,
 ) -> None:
     if isinstance(exc, grpc.aio.AbortError):
         raise exc  # the servicer aborted on purpose: its status stands
@@ -455,10 +515,17 @@ async def _abort_for(
         span.set_attribute("rpc.grpc.status_code", grpc.StatusCode[exc.code].value[0])
         cause = exc.__cause__
         infrastructure = isinstance(cause, RedisError)  # the operator's concern, not the caller's
-        # Shed calls come by the hundred: the limiter logs a summary instead.
-        shed = exc.reason == OVERLOADED
+        # Shed calls come by the hundred: the limiter logs a summary instead; other
+        # refusals are sampled (RefusalLog), the rest at DEBUG.
+        level = (
+            logging.WARNING
+            if infrastructure
+            else logging.INFO
+            if exc.reason != OVERLOADED and refusals.admit(method, exc.code)
+            else logging.DEBUG
+        )
         log.log(
-            logging.WARNING if infrastructure else logging.DEBUG if shed else logging.INFO,
+            level,
             "%s -> %s: %s%s",
             method,
             exc.code,
