@@ -347,8 +347,8 @@ def test_refused_calls_are_logged_one_by_one_up_to_a_few_a_second_and_counted_be
     (summary,) = caplog.records
     assert summary.levelno == logging.INFO
     assert summary.getMessage() == (
-        f"{submit} -> INVALID_ARGUMENT: 5 more refused call(s) within {REFUSAL_LOG_S:g} s, "
-        "not logged one by one"
+        f"{submit} -> INVALID_ARGUMENT: 5 more refused call(s), not logged one by one (the "
+        f"first {REFUSALS_LOGGED} of each method and code in {REFUSAL_LOG_S:g} s are)"
     )
     assert summary.refused == 5  # type: ignore[attr-defined]
 

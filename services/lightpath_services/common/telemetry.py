@@ -112,10 +112,12 @@ class RefusalLog:
         for (method, code), n in seen.items():
             if n > REFUSALS_LOGGED:
                 log.info(
-                    "%s -> %s: %d more refused call(s) within %g s, not logged one by one",
+                    "%s -> %s: %d more refused call(s), not logged one by one (the first %d "
+                    "of each method and code in %g s are)",
                     method,
                     code,
                     n - REFUSALS_LOGGED,
+                    REFUSALS_LOGGED,
                     REFUSAL_LOG_S,
                     extra={"rpc_method": method, "code": code, "refused": n - REFUSALS_LOGGED},
                 )
