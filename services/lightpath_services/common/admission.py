@@ -58,8 +58,9 @@ The limiter is a counter and a deque of futures: acquiring a free slot costs no
 await, a released slot goes straight to the oldest waiter. Whether a call would be
 refused at once (`would_refuse`, `refusal_now`) is known before it costs anything:
 the server then answers it without a span, a log line or an exception, and the
-audit log counts it (issue 30: at 4x the load most calls are refused, and the cell
-spent ~900 us of CPU on each, 570 after, about what a GetInfo costs).
+audit log counts it (issue 30: at 4x the load most calls are refused; a shed submit
+cost the cell 770-1,015 us of CPU, 490-660 after, about what a GetInfo costs:
+bench/refusal_cost.py).
 """
 
 from __future__ import annotations
