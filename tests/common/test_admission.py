@@ -6,13 +6,14 @@ GetInfo and other Lightpath services."""
 from __future__ import annotations
 
 import asyncio
+import json
 
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from lightpath.client import channel, error_report
-from lightpath.security.identity import Principal, service_principal
+from lightpath.security.identity import OPERATOR, TENANT, Principal, service_principal
 from lightpath.v1 import common_pb2
 from lightpath_services.common.admission import (
     OVERLOADED,
@@ -22,7 +23,7 @@ from lightpath_services.common.admission import (
     sheddable,
 )
 from lightpath_services.common.errors import ResourceExhausted
-from lightpath_services.common.policy import RULES, read
+from lightpath_services.common.policy import RULES, read, write
 from lightpath_services.common.server import ServiceDefinition, create_server, running
 from lightpath_services.common.settings import CommonSettings, SettingsError, load
 from tests.helpers import credentials, tls_env
@@ -135,6 +136,38 @@ async def test_a_waiter_cancelled_just_after_its_slot_came_gives_the_slot_back()
     assert limiter.inflight == 0
 
 
+async def test_what_is_refused_at_once_is_known_before_the_call_costs_anything():
+    limiter = Admission(1, 1, 5.0, service="svc", freeing_slots=1)
+    freeing = limiter.freeing
+    assert freeing is not None
+    assert not limiter.would_refuse() and limiter.refusal_now() is None  # a slot is free
+    await limiter.acquire()
+    assert not limiter.would_refuse()  # it may wait: the queue has a place
+    queued = asyncio.create_task(limiter.acquire())
+    await asyncio.sleep(0)
+    assert limiter.would_refuse() and not freeing.would_refuse()  # the freeing lane has its own
+    shed = limiter.shed
+    refusal = limiter.refusal_now()
+    assert refusal is not None and refusal.reason == OVERLOADED and refusal.retry_delay_s
+    assert limiter.shed == shed + 1  # counted as acquire counts one
+    with pytest.raises(ResourceExhausted):
+        await limiter.acquire()  # the same answer
+    await freeing.acquire()
+    assert not freeing.would_refuse()  # its own queue has a place
+    waiting = asyncio.create_task(freeing.acquire())
+    await asyncio.sleep(0)
+    assert freeing.would_refuse()
+    refusal = freeing.refusal_now()
+    assert refusal is not None and "calls that end or release work" in refusal.message
+    freeing.release()
+    await waiting
+    freeing.release()
+    limiter.release()
+    await queued
+    limiter.release()
+    assert limiter.refusal_now() is None and (limiter.inflight, freeing.inflight) == (0, 0)
+
+
 def test_what_is_never_shed():
     assert sheddable("/lightpath.v1.CellScheduler/SubmitJob", streaming=False)
     assert sheddable("/lightpath.v1.WorkloadScheduler/AdmitJob", streaming=False)
@@ -219,6 +252,7 @@ class Probe:
                 "GetInfo": unary(self.get_info),
                 # named as a call that ends work: the freeing lane (issue 30)
                 "CompleteJob": unary(self.hold),
+                "Submit": unary(self.hold),  # audited (busy_rules)
             },
         )
         return ServiceDefinition(
@@ -230,12 +264,16 @@ class Probe:
 def busy_rules(monkeypatch):
     for name in ("Hold", "Boom", "Busy", "GetInfo", "CompleteJob"):
         monkeypatch.setitem(RULES, f"/{PROBE}/{name}", read("operator", "service:cell_scheduler"))
+    monkeypatch.setitem(RULES, f"/{PROBE}/Submit", write("operator"))
 
 
-def _settings(redis_url: str, inflight: int, queued: int, wait_s: float) -> CommonSettings:
+def _settings(
+    redis_url: str, inflight: int, queued: int, wait_s: float, **env: str
+) -> CommonSettings:
     return load(
         CommonSettings,
         {
+            **env,
             "LIGHTPATH_REDIS_URL": redis_url,
             "LIGHTPATH_LISTEN": "127.0.0.1:0",
             "LIGHTPATH_MAX_INFLIGHT": str(inflight),
@@ -353,6 +391,75 @@ async def test_a_call_queued_too_long_is_refused_and_errors_and_cancels_free_the
         probe.go.set()
         done = await hold(common_pb2.GetInfoRequest(), timeout=2)
         assert done.service == "held"
+
+
+async def test_a_shed_call_costs_no_span_and_is_counted_in_the_audit_log_not_written(
+    redis_url, spans_factory, tmp_path
+):
+    """Issue 30: at 4x the load most calls are shed, and a span and an audit line each
+    were CPU taken from the calls served. The caller is still authenticated and
+    authorized first: a denied or anonymous one is answered and written as ever."""
+    probe = Probe()
+    spans = spans_factory("probe")
+    audit = tmp_path / "audit.jsonl"
+
+    async def build(runtime):
+        return [probe.definition()]
+
+    settings = _settings(redis_url, 1, 1, 1.0, LIGHTPATH_AUDIT_LOG=str(audit))
+    async with (
+        running("probe", settings, build, tracer_provider=spans.provider) as svc,
+        channel(svc.address, max_attempts=1) as ch,
+        channel(
+            svc.address, credentials=credentials(Principal(TENANT, "acme")), max_attempts=1
+        ) as tenant,
+        channel(
+            svc.address,
+            credentials=credentials(Principal(OPERATOR, OPERATOR), token="lp_unknown"),
+            max_attempts=1,
+        ) as unknown_token,
+    ):
+        submit = _call(ch, "Submit")
+        held = asyncio.create_task(_outcome(submit(common_pb2.GetInfoRequest())))
+        await _until(lambda: probe.started == 1)
+        # one waits in the queue (and is refused when its wait is up), three find it full
+        refused = await asyncio.gather(
+            *(_outcome(submit(common_pb2.GetInfoRequest())) for _ in range(4))
+        )
+        for err in refused:
+            assert isinstance(err, grpc.aio.AioRpcError)
+            report = error_report(err)
+            assert report.code == grpc.StatusCode.RESOURCE_EXHAUSTED and report.reason == OVERLOADED
+            assert report.retry_delay_s and "retry in" in report.message
+        assert sum("no call finished within 1 s" in e.details() for e in refused) == 1
+        # the door still asks who calls, and whether they may, first
+        denied = await _outcome(_call(tenant, "Submit")(common_pb2.GetInfoRequest()))
+        assert isinstance(denied, grpc.aio.AioRpcError)
+        assert denied.code() == grpc.StatusCode.PERMISSION_DENIED
+        anonymous = await _outcome(_call(unknown_token, "Submit")(common_pb2.GetInfoRequest()))
+        assert isinstance(anonymous, grpc.aio.AioRpcError)
+        assert anonymous.code() == grpc.StatusCode.UNAUTHENTICATED
+        probe.go.set()
+        assert (await held).service == "held"
+
+    # spans: the served call, the one refused after its wait, the denied and the anonymous one
+    submits = [s for s in spans.finished() if s.name == f"{PROBE}/Submit"]
+    assert len(submits) == 4
+    entries = [json.loads(line) for line in audit.read_text().splitlines()]
+    # one line per call answered, but the shed ones: counts, one line per second at most
+    assert sorted(e["code"] for e in entries if e["code"] != "RESOURCE_EXHAUSTED") == [
+        "OK",
+        "PERMISSION_DENIED",
+        "UNAUTHENTICATED",
+    ]
+    by_code = {e["code"]: e for e in entries}
+    shed = [e for e in entries if e["code"] == "RESOURCE_EXHAUSTED"]
+    assert 1 <= len(shed) <= 2 and sum(e["count"] for e in shed) == 4
+    for e in shed:
+        assert e["reason"] == OVERLOADED and "nothing was done" in e["message"]
+        assert e["principal"] == by_code["OK"]["principal"] == "operator:operator"
+        assert e["method"] == f"/{PROBE}/Submit" and e["since"] <= e["ts"]
+    assert by_code["PERMISSION_DENIED"]["principal"] == "tenant:acme"
 
 
 # -- the freeing lane (issue 30) ------------------------------------------------------

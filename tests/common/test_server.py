@@ -30,7 +30,13 @@ from lightpath_services.common.errors import FailedPrecondition, InvalidArgument
 from lightpath_services.common.policy import RULES, read
 from lightpath_services.common.server import ServiceDefinition, running
 from lightpath_services.common.settings import CommonSettings, load
-from lightpath_services.common.telemetry import JsonFormatter, TraceContextFilter
+from lightpath_services.common.telemetry import (
+    REFUSAL_LOG_S,
+    REFUSALS_LOGGED,
+    JsonFormatter,
+    RefusalLog,
+    TraceContextFilter,
+)
 from tests.helpers import SERVICES, serve, tls_env
 
 FULL_NAMES = {
@@ -321,6 +327,46 @@ async def test_logs_are_json_and_carry_the_trace_id(redis_url, spans_factory):
         and record["level"] == "info"
         and record["code"] == "INVALID_ARGUMENT"
     )
+
+
+def test_refused_calls_are_logged_one_by_one_up_to_a_few_a_second_and_counted_beyond(caplog):
+    caplog.set_level(logging.INFO, logger="lightpath.rpc")
+    now = [100.0]
+    refusals = RefusalLog(clock=lambda: now[0])
+    submit, cancel = (
+        "/lightpath.v1.CellScheduler/SubmitJob",
+        "/lightpath.v1.CellScheduler/CancelJob",
+    )
+    first = [refusals.admit(submit, "INVALID_ARGUMENT") for _ in range(REFUSALS_LOGGED + 5)]
+    assert first == [True] * REFUSALS_LOGGED + [False] * 5
+    assert refusals.admit(cancel, "INVALID_ARGUMENT")  # its own count
+    assert refusals.admit(submit, "NOT_FOUND")  # and per code
+    assert not caplog.records  # the counts wait for the interval's end
+    now[0] += REFUSAL_LOG_S
+    assert refusals.admit(submit, "INVALID_ARGUMENT")  # a new interval: written again
+    (summary,) = caplog.records
+    assert summary.levelno == logging.INFO
+    assert summary.getMessage() == (
+        f"{submit} -> INVALID_ARGUMENT: 5 more refused call(s), not logged one by one (the "
+        f"first {REFUSALS_LOGGED} of each method and code in {REFUSAL_LOG_S:g} s are)"
+    )
+    assert summary.refused == 5  # type: ignore[attr-defined]
+
+
+async def test_a_flood_of_refused_calls_writes_a_few_lines_not_one_each(redis_url, caplog):
+    caplog.set_level(logging.INFO, logger="lightpath.rpc")
+    async with (
+        running("probe", _settings(redis_url), await _build_probe([])) as svc,
+        channel(svc.address) as ch,
+    ):
+        for _ in range(5 * REFUSALS_LOGGED):
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await _call(ch, "Invalid")(common_pb2.GetInfoRequest())
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT  # every one answered
+    lines = [r for r in caplog.records if r.name == "lightpath.rpc" and "Invalid" in r.getMessage()]
+    one_by_one = [r for r in lines if "more refused" not in r.getMessage()]
+    # a slow machine may spread the calls over more than one interval
+    assert REFUSALS_LOGGED <= len(one_by_one) < 5 * REFUSALS_LOGGED
 
 
 async def test_graceful_stop_drains_in_flight_calls_and_refuses_new_ones(redis_url):

@@ -11,10 +11,18 @@ Levels (Kubernetes' names): `none`; `metadata` (the line above); `request`
 `<state dir>/audit/<process>.jsonl`, which `lightpath audit` reads), or `-`
 for the service's log stream (logger `lightpath.audit`), which is what a
 container platform collects.
+
+A call shed at the door (RESOURCE_EXHAUSTED, reason OVERLOADED: refused before
+anything was done, docs/security.md) is counted instead of written on its own: one
+line per method and caller with the count, `since` the first of them, written
+SHED_EVERY_S after that first (and at close). Under overload most calls are shed, and
+a line each was CPU taken from the calls served (issue 30). Denied calls are each
+written, whatever the load.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -29,6 +37,8 @@ from google.protobuf.message import Message
 log = logging.getLogger("lightpath.audit")
 
 REQUEST_LIMIT = 4096
+# Shed calls are written as counts, at most this long after the first (module doc).
+SHED_EVERY_S = 1.0
 # Scalar request fields that name what a call acts on.
 _RESOURCE_NAMES = {"tenant", "tree", "tree_id", "name"}
 _SCALARS = {
@@ -97,6 +107,8 @@ class AuditLog:
         self.level = level
         self.destination = destination
         self._file = None
+        # (method, principal) -> [calls shed, when the first was] (module doc)
+        self._shed: dict[tuple[str, str], list] = {}
         if level != "none" and destination not in {"", "-"}:
             path = Path(destination)
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -119,10 +131,8 @@ class AuditLog:
     ) -> None:
         if not self.enabled:
             return
-        now = time.time()
         entry: dict[str, Any] = {
-            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now))
-            + f".{int(now % 1 * 1000):03d}Z",
+            "ts": _timestamp(time.time()),
             "service": self.service,
             "instance": self.instance,
             "method": method,
@@ -139,6 +149,48 @@ class AuditLog:
             entry["request"] = (
                 json.loads(text) if len(text) <= REQUEST_LIMIT else text[:REQUEST_LIMIT]
             )
+        self._write(entry)
+
+    def shed(self, *, method: str, principal: str) -> None:
+        """Count a call of `method` by `principal` shed at the door (module doc)."""
+        if not self.enabled:
+            return
+        pending = self._shed.get((method, principal))
+        if pending is not None:
+            pending[0] += 1
+            return
+        first = not self._shed
+        self._shed[(method, principal)] = [1, time.time()]
+        if first:
+            try:
+                asyncio.get_running_loop().call_later(SHED_EVERY_S, self.flush_shed)
+            except RuntimeError:  # no loop to wait on: written now
+                self.flush_shed()
+
+    def flush_shed(self) -> None:
+        """Write the counts of shed calls kept since the last flush."""
+        pending, self._shed = self._shed, {}
+        for (method, principal), (count, since) in pending.items():
+            self._write(
+                {
+                    "ts": _timestamp(time.time()),
+                    "service": self.service,
+                    "instance": self.instance,
+                    "method": method,
+                    "principal": principal,
+                    "resources": {},
+                    "code": "RESOURCE_EXHAUSTED",
+                    "reason": "OVERLOADED",
+                    "count": count,
+                    "since": _timestamp(since),
+                    "trace_id": "",
+                    "level": "Request" if self.level == "request" else "Metadata",
+                    "message": f"{count} call(s) shed as overloaded since {_timestamp(since)}: "
+                    "nothing was done",
+                }
+            )
+
+    def _write(self, entry: dict[str, Any]) -> None:
         line = json.dumps(entry, ensure_ascii=False, default=str)
         try:
             if self._file is not None:
@@ -152,6 +204,11 @@ class AuditLog:
             )
 
     def close(self) -> None:
+        self.flush_shed()
         if self._file is not None:
             self._file.close()
             self._file = None
+
+
+def _timestamp(when: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(when)) + f".{int(when % 1 * 1000):03d}Z"

@@ -8,7 +8,8 @@
     PERMISSION_DENIED before the servicer runs), and writes the audit log;
   * admits the call through the service's Admission limiter, which queues it or
     sheds it (RESOURCE_EXHAUSTED with a retry delay) when the service is overloaded
-    (lightpath_services.common.admission says which calls are never shed);
+    (lightpath_services.common.admission says which calls are never shed); a call
+    refused without waiting is answered before its span opens (`_shed_at_door`);
   * turns a LightpathError into its gRPC status with google.rpc details, a Redis
     failure into UNAVAILABLE with a retry delay (lightpath_services.common.errors.from_redis),
     and any other exception into INTERNAL, logged with its trace id;
@@ -24,6 +25,7 @@ each record with the current trace and span ids.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import json
 import logging
@@ -63,6 +65,62 @@ log = logging.getLogger("lightpath.rpc")
 
 # Calls too frequent and too dull to trace (probes, reflection).
 UNTRACED_PREFIXES = ("/grpc.health.v1.", "/grpc.reflection.")
+# The INFO line per refused call, sampled (RefusalLog): this many of each method and
+# code per REFUSAL_LOG_S are written one by one, the rest counted.
+REFUSALS_LOGGED = 10
+REFUSAL_LOG_S = 1.0
+
+
+class RefusalLog:
+    """Which refused calls get their INFO line, as zap's sampler decides: the first
+    REFUSALS_LOGGED of each method and status code in an interval of REFUSAL_LOG_S are
+    written as they come, the rest are counted and written as one line per method and
+    code once the interval is over (at the next refusal, or by a timer). A flood of
+    refused calls (a client's mistakes, a pod's refusals relayed) then costs a few
+    lines a second, not one each: ~100 us of a ~900 us refusal (issue 30,
+    bench/refusal_cost.py). What the audit log writes is not sampled."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic):
+        self._clock = clock
+        self._start = -float("inf")
+        self._seen: dict[tuple[str, str], int] = {}
+        self._flushing = False
+
+    def admit(self, method: str, code: str) -> bool:
+        """Whether this refusal of `method` with `code` is written on its own."""
+        now = self._clock()
+        if now - self._start >= REFUSAL_LOG_S:
+            self.flush()
+            self._start = now
+        key = (method, code)
+        seen = self._seen[key] = self._seen.get(key, 0) + 1
+        if seen <= REFUSALS_LOGGED:
+            return True
+        if not self._flushing:
+            self._flushing = True
+            try:
+                asyncio.get_running_loop().call_later(REFUSAL_LOG_S, self.flush)
+            except RuntimeError:  # no loop: written with the next interval's first
+                pass
+        return False
+
+    def flush(self) -> None:
+        """One line per method and code whose refusals were not all written."""
+        seen, self._seen = self._seen, {}
+        self._flushing = False
+        self._start = -float("inf")
+        for (method, code), n in seen.items():
+            if n > REFUSALS_LOGGED:
+                log.info(
+                    "%s -> %s: %d more refused call(s), not logged one by one (the first %d "
+                    "of each method and code in %g s are)",
+                    method,
+                    code,
+                    n - REFUSALS_LOGGED,
+                    REFUSALS_LOGGED,
+                    REFUSAL_LOG_S,
+                    extra={"rpc_method": method, "code": code, "refused": n - REFUSALS_LOGGED},
+                )
 
 
 def current_trace_id() -> str:
@@ -83,6 +141,7 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
             TRACER_NAME, __version__
         )
         self._wrapped: dict[str, grpc.RpcMethodHandler] = {}
+        self._refusals = RefusalLog()
         self._duration = instruments.get_meter(TRACER_NAME, __version__).create_histogram(
             "rpc.server.duration", unit="ms", description="time to serve one RPC"
         )
@@ -156,18 +215,23 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
     ):
         async def behavior(request: Any, context: grpc.aio.ServicerContext) -> Any:
             start = time.perf_counter()
+            gate = _Gate(self._guard, method)
+            if admission is not None and admission.would_refuse():
+                await self._shed_at_door(gate, admission, request, context, check_one, start)
             code = grpc.StatusCode.OK
             admitted: Admission | None = None
             served = start
             busy = False  # refused further down as too busy (admission: a drop)
+            shed = False  # refused by admission after a wait in its queue
             with self._span(method, context, traced) as span:
-                gate = _Gate(self._guard, method)
                 try:
                     await gate.enter(context, span)
                     if check_one and type(request) is _Undecodable:
                         raise request.error()  # before admission: it costs no slot
                     if admission is not None and not exempt_principal(gate.principal):
+                        shed = True
                         await admission.acquire()
+                        shed = False
                         admitted = admission
                         served = time.perf_counter()  # the limit adapts to this part
                     result = inner(_checked(request) if check_each else request, context)
@@ -181,15 +245,54 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
                         count_failure(getattr(exc, "reason", "") or code.name)
                     busy = getattr(exc, "reason", "") in DOWNSTREAM_BUSY
                     gate.message = short(getattr(exc, "message", ""), MAX_MESSAGE)
-                    await _abort_for(exc, span, method, context)
+                    await _abort_for(exc, span, method, context, self._refusals)
                 finally:
                     if admitted is not None:
                         admitted.observe(time.perf_counter() - served, dropped=busy)
                         admitted.release()
-                    gate.leave(code, request)
+                    gate.leave(code, request, shed=shed)
                     self._record(method, code, start)
 
         return behavior
+
+    async def _shed_at_door(
+        self,
+        gate: _Gate,
+        admission: Admission,
+        request: Any,
+        context: grpc.aio.ServicerContext,
+        check_one: bool,
+        start: float,
+    ) -> None:
+        """Answer a call the limiter refuses at once (every slot taken, no place to
+        wait) with RESOURCE_EXHAUSTED and its retry delay, before a span, a log line or
+        an exception of its own, and count it in the audit log (issue 30: at 4x the
+        load most calls are refused, and a refusal's cost is CPU taken from the calls
+        served). The caller is authenticated and authorized first: an anonymous one
+        learns only UNAUTHENTICATED, a denied one PERMISSION_DENIED, and those, a
+        request that does not parse, a call from another service or one that may now
+        wait after all go on (return) to the full path, which answers them."""
+        try:
+            await gate.enter(context, None)
+        except Exception:
+            return  # the full path authenticates again, in its span, and answers
+        if (check_one and type(request) is _Undecodable) or exempt_principal(gate.principal):
+            return
+        refusal = admission.refusal_now()
+        if refusal is None:
+            return
+        code = grpc.StatusCode.RESOURCE_EXHAUSTED
+        try:
+            await context.abort(
+                code,
+                refusal.message,
+                trailing_metadata=(
+                    ("grpc-status-details-bin", to_status_proto(refusal).SerializeToString()),
+                ),
+            )
+        finally:
+            gate.leave(code, request, shed=True)
+            self._record(gate.method, code, start)
 
     def _wrap_stream(
         self, inner: Callable, method: str, traced: bool, check_one: bool, check_each: bool
@@ -218,7 +321,7 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
                     if code in _DENIED:
                         count_failure(getattr(exc, "reason", "") or code.name)
                     gate.message = short(getattr(exc, "message", ""), MAX_MESSAGE)
-                    await _abort_for(exc, span, method, context)
+                    await _abort_for(exc, span, method, context, self._refusals)
                 finally:
                     gate.leave(code, request)
                     self._record(method, code, start)
@@ -335,7 +438,7 @@ def _mapped(exc: Exception) -> Exception:
 class _Gate:
     """One call's pass through the Guard: admit, bind the caller, audit on the way out."""
 
-    __slots__ = ("guard", "message", "method", "principal", "rule", "token")
+    __slots__ = ("entered", "guard", "message", "method", "principal", "rule", "token")
 
     def __init__(self, guard: Guard | None, method: str):
         self.guard = guard
@@ -344,19 +447,30 @@ class _Gate:
         self.principal: Any = None
         self.token: Any = None
         self.message = ""
+        self.entered = False
 
-    async def enter(self, context: grpc.aio.ServicerContext, span: trace.Span) -> None:
+    async def enter(self, context: grpc.aio.ServicerContext, span: trace.Span | None) -> None:
+        """Authenticate and authorize the caller (once: a call the server thought of
+        shedding was let in already; again when that failed, now in `span`)."""
         guard = self.guard
         if guard is None:
+            return
+        if self.entered:
+            if span is not None and self.principal is not None:
+                span.set_attribute("lightpath.principal", str(self.principal))
             return
         rule = self.rule = guard.rule(self.method)
         if not rule.public:
             principal = self.principal = await guard.authenticate(context)
-            span.set_attribute("lightpath.principal", str(principal))
+            if span is not None:
+                span.set_attribute("lightpath.principal", str(principal))
             guard.authorize(self.method, rule, principal)
         self.token = guard.bind(self.principal)
+        self.entered = True
 
-    def leave(self, code: grpc.StatusCode, request: Any) -> None:
+    def leave(self, code: grpc.StatusCode, request: Any, *, shed: bool = False) -> None:
+        """Unbind the caller and write the audit log: a call shed by admission (`shed`)
+        is counted there, not written on its own (lightpath_services.common.audit)."""
         guard = self.guard
         if guard is None:
             return
@@ -364,6 +478,10 @@ class _Gate:
             guard.unbind(self.token)
         audit = guard.audit
         if audit is None or not audit.enabled:
+            return
+        if shed and code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+            if self.rule is not None and self.rule.audit:
+                audit.shed(method=self.method, principal=str(self.principal))
             return
         if (self.rule is not None and self.rule.audit) or code in _DENIED:
             audit.record(
@@ -385,7 +503,11 @@ def _code_of(exc: BaseException, context: grpc.aio.ServicerContext) -> grpc.Stat
 
 
 async def _abort_for(
-    exc: Exception, span: trace.Span, method: str, context: grpc.aio.ServicerContext
+    exc: Exception,
+    span: trace.Span,
+    method: str,
+    context: grpc.aio.ServicerContext,
+    refusals: RefusalLog,
 ) -> None:
     if isinstance(exc, grpc.aio.AbortError):
         raise exc  # the servicer aborted on purpose: its status stands
@@ -395,10 +517,17 @@ async def _abort_for(
         span.set_attribute("rpc.grpc.status_code", grpc.StatusCode[exc.code].value[0])
         cause = exc.__cause__
         infrastructure = isinstance(cause, RedisError)  # the operator's concern, not the caller's
-        # Shed calls come by the hundred: the limiter logs a summary instead.
-        shed = exc.reason == OVERLOADED
+        # Shed calls come by the hundred: the limiter logs a summary instead; other
+        # refusals are sampled (RefusalLog), the rest at DEBUG.
+        level = (
+            logging.WARNING
+            if infrastructure
+            else logging.INFO
+            if exc.reason != OVERLOADED and refusals.admit(method, exc.code)
+            else logging.DEBUG
+        )
         log.log(
-            logging.WARNING if infrastructure else logging.DEBUG if shed else logging.INFO,
+            level,
             "%s -> %s: %s%s",
             method,
             exc.code,
