@@ -9,7 +9,8 @@ workers and what they started; the compose stack's containers run under the engi
 are not in it), `cpu_cores` (cpu_s / wall_s), `goal_s` and `met`, the 1-minute load
 before the run (`load_before`: what others ran; the goal is for a quiet machine, so a
 figure taken above ~2 says little) and while it ran (`load_median`, `load_max`, this run
-included), `cores`, and pytest's `passed`, `failed`, `errors`, `skipped`.
+included), `cores`, and pytest's `passed`, `failed`, `errors`, `skipped` and the ids of
+the tests that failed (`failures`).
 CPU seconds grow with the load too (two workers a core sharing caches with other jobs):
 compare runs taken at similar loads.
 """
@@ -76,6 +77,7 @@ def main(args: list[str]) -> int:
             "errors": counts.get("errors", counts.get("error", 0)),
             "skipped": counts.get("skipped", 0),
             "exit": run.returncode,
+            "failures": re.findall(r"^(?:FAILED|ERROR) (\S+)", run.stdout, re.M),
         }
     )
     return 0
