@@ -673,16 +673,17 @@ def nested_flood_cases(just_over: bool = False) -> Iterator[tuple[str, Case]]:
                     wrapping = 8 * len(steps)
                     if rule.kind == "rep":  # packed numbers: zeros, a byte (or their size) each
                         unit = limits._FIXED.get(f.type, 1) if f.type in limits._FIXED_WIRE else 1
+                        entry = b""
                     else:  # a tag and a zero length each
-                        unit = len(limits.varint(f.number << 3 | 2)) + 1
+                        entry = limits.varint(f.number << 3 | 2) + b"\0"
+                        unit = len(entry)
                     fill = room - wrapping
                     if just_over:
                         fill = min(fill, max(limits.PRESCAN_ABOVE, (rule.limit + 1) * unit))
-                    if rule.kind == "rep":
-                        raw = _framed(f.number, b"\0" * (fill // unit * unit))
+                    if entry:
+                        raw = entry * (fill // unit)
                     else:
-                        entry = limits.varint(f.number << 3 | 2) + b"\0"
-                        raw = entry * (fill // len(entry))
+                        raw = _framed(f.number, b"\0" * (fill // unit * unit))
                     path = f.name
                     for outer, _rule, how in reversed(steps[:-1]):
                         raw = _framed(outer.number, raw)
