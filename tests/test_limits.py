@@ -646,11 +646,16 @@ def _framed(number: int, payload: bytes) -> bytes:
     return limits.varint(number << 3 | 2) + limits.varint(len(payload)) + payload
 
 
-def nested_flood_cases() -> Iterator[tuple[str, Case]]:
+def nested_flood_cases(just_over: bool = False) -> Iterator[tuple[str, Case]]:
     """Per request, per repeated or map field below its top level (a message field's,
     or an entry of a repeated message field's), that field flooded with empty entries
     (or zero numbers, packed) as far as its request's type and service take, up to
-    NESTED_FLOOD_BYTES: built on the wire, as an attacker would send it."""
+    NESTED_FLOOD_BYTES: built on the wire, as an attacker would send it.
+
+    `just_over`: each flood only as long as it must be to be walked on the wire
+    (PRESCAN_ABOVE) and to hold more entries than its limit. What the walk holds
+    whatever the length is checked in-process on the full floods; sending those to the
+    servers too cost ~60 MiB of TLS a round for the same answer."""
     for key, (service, module) in SERVICES.items():
         for svc in module.DESCRIPTOR.services_by_name.values():
             for method in svc.methods:
@@ -668,10 +673,17 @@ def nested_flood_cases() -> Iterator[tuple[str, Case]]:
                     wrapping = 8 * len(steps)
                     if rule.kind == "rep":  # packed numbers: zeros, a byte (or their size) each
                         unit = limits._FIXED.get(f.type, 1) if f.type in limits._FIXED_WIRE else 1
-                        raw = _framed(f.number, b"\0" * ((room - wrapping) // unit * unit))
+                        entry = b""
                     else:  # a tag and a zero length each
                         entry = limits.varint(f.number << 3 | 2) + b"\0"
-                        raw = entry * ((room - wrapping) // len(entry))
+                        unit = len(entry)
+                    fill = room - wrapping
+                    if just_over:
+                        fill = min(fill, max(limits.PRESCAN_ABOVE, (rule.limit + 1) * unit))
+                    if entry:
+                        raw = entry * (fill // unit)
+                    else:
+                        raw = _framed(f.number, b"\0" * (fill // unit * unit))
                     path = f.name
                     for outer, _rule, how in reversed(steps[:-1]):
                         raw = _framed(outer.number, raw)
@@ -724,7 +736,7 @@ def every_case() -> Iterator[tuple[str, Case]]:
                         yield key, _unparsed_if_longer(case)
     for key, case in heavy_cases():
         yield key, _unparsed_if_longer(case)
-    for key, case in nested_flood_cases():
+    for key, case in nested_flood_cases(just_over=True):
         yield key, _unparsed_if_longer(case)
     yield from too_long_for_the_type_cases()
 
