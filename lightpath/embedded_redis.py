@@ -25,9 +25,9 @@ def dies_with_parent(argv: list[str]) -> list[str]:
     supervisor leaves no process behind: util-linux's `setpriv` sets the death signal and
     execs `argv` (the pid stays the child's). Not a `preexec_fn`: Python in a child between
     fork and exec is not safe once gRPC's threads run — gRPC's fork handlers restart its
-    poller in the child, which aborts on the epoll descriptor `close_fds` closed (grpc/grpc
-    issue 43055; a service "exited with code -6" at start, now and then) — and without one,
-    subprocess spawns with vfork, which runs no fork handlers at all. Without setpriv
+    poller in the child, which aborts on the epoll descriptor `close_fds` closed
+    (grpc/grpc#43055; a service "exited with code -6" at start, now and then) — and
+    without one, subprocess spawns with vfork, which runs no fork handlers at all. Without setpriv
     (not Linux, or no util-linux) the child simply does not die with its parent."""
     setpriv = shutil.which("setpriv") if sys.platform.startswith("linux") else None
     return [setpriv, "--pdeathsig", "TERM", *argv] if setpriv else list(argv)

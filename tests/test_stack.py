@@ -225,8 +225,8 @@ print(bad)
 
 def test_children_spawned_while_grpc_runs_all_start():
     """With a Python pre-exec hook (the death signal set between fork and exec), about one
-    child in five of a process running gRPC aborted before its exec (grpc/grpc issue
-    43055: gRPC's fork handlers restart its poller in the child, and close_fds closes the
+    child in five of a process running gRPC aborted before its exec (grpc/grpc#43055:
+    gRPC's fork handlers restart its poller in the child, and close_fds closes the
     poller's epoll descriptor); CI saw a service "exit with code -6" at start."""
     out = subprocess.run(
         [sys.executable, "-c", _SPAWN_UNDER_GRPC, "200"],
