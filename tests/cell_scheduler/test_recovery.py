@@ -121,3 +121,51 @@ async def test_a_job_a_silent_pod_got_after_all_ends_up_live_once(cell2, redis_u
         assert not await store.maybe_jobs()
     finally:
         await r.aclose()
+
+
+async def test_a_job_ended_in_the_cell_that_a_pod_runs_after_all_is_cancelled_there(
+    cell2, redis_url
+):
+    """The chaos bench once left a job cancelled in the cell queue RUNNING and wired on its
+    pod: a forward that got no answer, then found nothing when the cell asked, arrived
+    after all. The pod's report of the job makes the cell ask again, and the duplicate is
+    cancelled; the cell's record stays as it was."""
+    r = aioredis.Redis.from_url(redis_url, decode_responses=True)
+    store = CellStore(r)
+    try:
+        req_b64, spec = await _forward_spec(cell2, "late", "pod-b")
+        now = int(time.time() * 1000)
+        await store.claim_new(
+            "late",
+            fields={"req": req_b64, "priority": 50, "spec": b64(spec.SerializeToString())},
+            tenant="default",
+            pod="",
+            needs={"tpu": 10_000},  # no pod of the cell's is that large: it stays queued
+            token="",
+            until_ms=0,
+            now_ms=now,
+            check_free=False,
+            reason="queued",
+        )
+        await store.end_queued("late", "CANCELLED", "cancelled in the cell queue", now)
+        assert not (await store.job("late")).maybe
+        admitted = await cell2.pods["pod-b"].ws.AdmitJob(ws.AdmitJobRequest(spec=spec))
+        assert admitted.job.state == RUNNING
+
+        async def cancelled_there():
+            job = await cell2.pods["pod-b"].job("late")
+            return job is not None and job.state == c.JOB_STATE_CANCELLED and job
+
+        job = await cell2.wait_for(cancelled_there, what="the duplicate on pod-b cancelled")
+        assert "duplicate: the cell has this job on the cell" in job.reason
+        record = await store.job("late")
+        assert (record.phase, record.state) == ("ENDED", "CANCELLED")
+        await cell2.wait_for(
+            lambda: _no_maybe(store, "late"), what="the cell forgets it asked pod-b"
+        )
+    finally:
+        await r.aclose()
+
+
+async def _no_maybe(store: CellStore, job_id: str) -> bool:
+    return not (await store.job(job_id)).maybe and job_id not in await store.maybe_jobs()

@@ -137,6 +137,41 @@ async def test_transitions_of_other_pods_or_unplaced_jobs_are_ignored(store):
     assert (await store.job("elsewhere")).state == "RUNNING"
 
 
+async def test_a_pod_running_a_job_the_cell_has_elsewhere_is_asked_about_it(store):
+    """A pod reporting a job the cell has queued, ended or on another pod (a forward whose
+    answer was lost and which found nothing there when asked, then arrived after all; CI
+    saw such a job cancelled in the cell queue stay RUNNING, wired, on its pod): the
+    report applies nothing of it, and marks the pod as one that may have it, for the
+    recovery to adopt the job there or cancel the duplicate. An end, or the pod's own
+    release of a job to the cell queue, asks nothing."""
+    await store.register(POD, "reg", "127.0.0.1:1", 5, "0-0")
+    await store.register("other", "reg", "127.0.0.1:2", 5, "0-0")
+    await place(store, "elsewhere", pod="other")
+    await _queue(store, "queued", 50, 2_000)
+    await _queue(store, "cancelled", 50, 2_000)
+    await store.end_queued("cancelled", "CANCELLED", "cancelled in the cell queue", 2_100)
+    await _queue(store, "ended-there", 50, 2_000)
+    await report(
+        store,
+        until="5-0",
+        trs=[
+            tr("2-0", "elsewhere", 2, "WIRING", "PENDING"),
+            tr("3-0", "queued", 2, "RUNNING", "WIRING"),
+            tr("4-0", "cancelled", 1, "PENDING"),
+            tr("5-0", "ended-there", 3, "COMPLETED", "RUNNING"),
+        ],
+    )
+    assert sorted(await store.maybe_jobs()) == ["cancelled", "elsewhere", "queued"]
+    for job in ("cancelled", "elsewhere", "queued"):
+        assert (await store.job(job)).maybe == (POD,), job
+    elsewhere = await store.job("elsewhere")
+    assert (elsewhere.pod, elsewhere.state, elsewhere.phase) == ("other", "RUNNING", "PLACED")
+    assert (await store.job("queued")).phase == "QUEUED"
+    assert (await store.job("cancelled")).state == "CANCELLED"
+    await report(store, after="5-0", until="6-0", trs=[released("6-0", "ended-there", 4)])
+    assert (await store.job("ended-there")).maybe == ()
+
+
 async def test_capacity_never_goes_back_to_an_older_report(store):
     await store.register(POD, "reg", "127.0.0.1:1", 5, "0-0")
     await report(store, free=6, version="20-0")

@@ -132,6 +132,17 @@ local function uncharge(jk, now)
   call("HDEL", jk, "qc", "qp")
 end
 
+-- A pod that may have the job where the cell does not have it (a forward that got no
+-- answer, or a pod that reports a job the cell placed elsewhere, queued or ended): the
+-- recovery asks that pod, adopts the job or cancels the duplicate, then forgets the pod.
+local function mark_maybe(jk, job, pod)
+  local raw = call("HGET", jk, "maybe")
+  local maybe = (raw and raw ~= "") and cjson.decode(raw) or {}
+  if not has(maybe, pod) then table.insert(maybe, pod) end
+  call("HSET", jk, "maybe", cjson.encode(maybe))
+  call("SADD", key("maybe"), job)
+end
+
 -- A job its pod let go (a reclaim of lent quota delayed it, issue 35): back in the cell
 -- queue at its first place (priority, then submit order), its quota charge given back,
 -- PENDING to its tenant with the pod's reason; the cell may place it on any pod. Only a
@@ -218,6 +229,11 @@ if USES.report then OPS.report = function(o)
           elseif f[5] == "free" and not f[7] and FINAL[tr[5]] then
             call("HSET", jk, "end_at", tr[1])
           end
+        elseif f[2] and f[1] ~= pod and tr[8] ~= 1 and not FINAL[tr[5]] then
+          -- The pod runs a job the cell has queued, ended or on another pod (a forward
+          -- whose answer was lost and then found nothing there, which arrived after all):
+          -- the recovery's question to the pod settles it.
+          mark_maybe(jk, tr[2], pod)
         end
       end
     end
@@ -353,10 +369,7 @@ if USES.unbind then OPS.unbind = function(o)
     refused[pod] = version
     call("HSET", jk, "refused", cjson.encode(refused))
   else
-    local maybe = (f[2] and f[2] ~= "") and cjson.decode(f[2]) or {}
-    if not has(maybe, pod) then table.insert(maybe, pod) end
-    call("HSET", jk, "maybe", cjson.encode(maybe))
-    call("SADD", key("maybe"), job)
+    mark_maybe(jk, job, pod)
   end
   call("HSET", jk, "phase", "QUEUED", "pod", "", "token", "", "pod_state", "", "n", 0,
     "reason", reason, "updated_ms", now)
