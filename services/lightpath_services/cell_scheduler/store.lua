@@ -353,7 +353,7 @@ end end
 if USES.unbind then OPS.unbind = function(o)
   local job, pod, kind, version, reason, now = o[2], o[3], o[4], o[5], o[6], o[7]
   local jk = member("job", job)
-  local f = call("HMGET", jk, "refused", "maybe")
+  local refused_raw = call("HGET", jk, "refused")
   local hold = release_hold(jk, pod)
   -- A report showed the blocks taken (the pod may have the job after all) and counted them
   -- in flight too: they stay counted as taken until the next report.
@@ -365,7 +365,7 @@ if USES.unbind then OPS.unbind = function(o)
   uncharge(jk, now)
   call("ZREM", key("forwarding"), job)
   if kind == "refused" then
-    local refused = (f[1] and f[1] ~= "") and cjson.decode(f[1]) or {}
+    local refused = (refused_raw and refused_raw ~= "") and cjson.decode(refused_raw) or {}
     refused[pod] = version
     call("HSET", jk, "refused", cjson.encode(refused))
   else
