@@ -59,7 +59,11 @@ during it under overload_2_blocks, the 1-block run under overload_1_block. Where
 goodput went: the refused submits by reason (`submit_refused_OVERLOADED`, shed at the
 cell's door; `..._POD_BUSY` and `..._NO_CAPACITY`, refused after the cell had planned
 and forwarded them) in outcomes_Kx, the first refusals of each reason as told
-(refusals_seen_Kx: the slots in use, the queue) and each round's p99 by call.
+(refusals_seen_Kx: the slots in use, the queue) and each round's p99 by call. Where the CPU went at each level (cpu_Kx in each round,
+the medians in cpu_cores_Kx and cpu_ms_per_job_Kx; the 2-block run's cpu_ms_per_job_1x
+and _4x at the top): cores busy and CPU ms per job completed, by process group (the
+cell replicas, the pod's scheduler replicas, its ocs_manager, Redis, and "client", this
+bench's own clients, which share the machine's cores with the stack).
 """
 
 from __future__ import annotations
@@ -79,7 +83,7 @@ from pathlib import Path
 
 import _chaos_broker as broker_chaos
 import grpc
-from _common import emit, percentile
+from _common import cpu_seconds, emit, percentile, stack_pids
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from lightpath import embedded_redis
@@ -552,16 +556,41 @@ async def _closed_loop_jobs(
     return len(stats.done_at) / (time.monotonic() - t0)
 
 
-async def _level(cells: list, rate: float, seconds: float, shape: list[int], tag: str) -> dict:
+CpuMeter = collections.abc.Callable[[], dict[str, float]]
+
+
+def _cpu_use(cpu0: dict[str, float], cpu1: dict[str, float], seconds: float, done: int) -> dict:
+    """Where the machine's CPU went during a phase: cores busy by process group (the
+    cell replicas, the pod's schedulers, its ocs_manager, Redis, the bench's own
+    clients) and CPU ms per job completed in it."""
+    groups = {"cells": CELLS, "schedulers": SCHEDULERS, "ocs": (OCS,), "redis": ("redis",)}
+    groups["client"] = ("client",)
+    used = {g: sum(cpu1[n] - cpu0[n] for n in names if n in cpu1) for g, names in groups.items()}
+    return {
+        "cores": {g: round(v / seconds, 2) for g, v in used.items()},
+        "ms_per_job": {g: round(1000 * v / max(1, done), 1) for g, v in used.items()},
+    }
+
+
+async def _level(
+    cells: list, rate: float, seconds: float, shape: list[int], tag: str, cpu: CpuMeter
+) -> dict:
     """One open-loop phase at `rate`: its goodput over the phase, the accepted calls'
-    latencies, and the load while it ran (every client ended before returning)."""
+    latencies, the load while it ran and where the CPU went (every client ended before
+    returning)."""
     stats = Offered()
-    t0 = time.monotonic()
+    t0, cpu0 = time.monotonic(), cpu()
     rest = await offer(cells, rate, seconds, shape, tag, stats)
-    t1 = time.monotonic()
+    t1, cpu1 = time.monotonic(), cpu()
     load = _load()
     await asyncio.gather(*rest)
-    return {"goodput": _rate(stats, t0, t1), "stats": stats, "load": load}
+    done = sum(t0 <= t < t1 for t in stats.done_at)
+    return {
+        "goodput": _rate(stats, t0, t1),
+        "stats": stats,
+        "load": load,
+        "cpu": _cpu_use(cpu0, cpu1, t1 - t0, done),
+    }
 
 
 async def _odd_jobs(cell, odd: list[tuple[str, str]]) -> list[str]:
@@ -579,7 +608,7 @@ async def _odd_jobs(cell, odd: list[tuple[str, str]]) -> list[str]:
     return out
 
 
-async def overload(cells: list, blocks: int, *, short: bool, rounds: int) -> dict:
+async def overload(cells: list, blocks: int, cpu: CpuMeter, *, short: bool, rounds: int) -> dict:
     """Goodput (jobs completed per second) at 1x, 2x and 4x the sustainable rate of
     `blocks`-block jobs through both cell replicas, p99 of the accepted calls, and how
     long after the overload the stack is back at 1x goodput (`recovery_s`).
@@ -614,7 +643,7 @@ async def overload(cells: list, blocks: int, *, short: bool, rounds: int) -> dic
     # after it, which made every rate look unserved).
     rate, tried = peak, []
     for step in range(4):
-        cal = (await _level(cells, rate, seconds / 2, shape, f"{tag}-cal{step}"))["stats"]
+        cal = (await _level(cells, rate, seconds / 2, shape, f"{tag}-cal{step}", cpu))["stats"]
         arrivals = sum(
             v
             for k, v in cal.outcomes.items()
@@ -639,14 +668,20 @@ async def overload(cells: list, blocks: int, *, short: bool, rounds: int) -> dic
     for r in range(rounds):
         phases: dict[int, dict] = {}
         for k in (1, 2):
-            phases[k] = await _level(cells, k * rate, seconds, shape, f"{tag}-{r}-x{k}")
+            phases[k] = await _level(cells, k * rate, seconds, shape, f"{tag}-{r}-x{k}", cpu)
         # 4x, then back to 1x at once, the 4x clients still retrying: recovery is the
         # first 1 s window (after the overload ends) with goodput >= 0.9 of this round's 1x.
         stats = Offered()
-        t0 = time.monotonic()
+        t0, cpu0 = time.monotonic(), cpu()
         rest = await offer(cells, 4 * rate, seconds, shape, f"{tag}-{r}-x4", stats)
-        t1 = time.monotonic()
-        phases[4] = {"goodput": _rate(stats, t0, t1), "stats": stats, "load": _load()}
+        t1, cpu1 = time.monotonic(), cpu()
+        done = sum(t0 <= t < t1 for t in stats.done_at)
+        phases[4] = {
+            "goodput": _rate(stats, t0, t1),
+            "stats": stats,
+            "load": _load(),
+            "cpu": _cpu_use(cpu0, cpu1, t1 - t0, done),
+        }
         after = Offered()
         more = await offer(cells, rate, 4.0 if short else 12.0, shape, f"{tag}-{r}-back", after)
         await asyncio.gather(*rest, *more)
@@ -673,6 +708,7 @@ async def overload(cells: list, blocks: int, *, short: bool, rounds: int) -> dic
                 call: round(percentile(ms, 99), 1) for call, ms in p["stats"].by_call_ms.items()
             }
             row[f"load_{k}x"] = p["load"]
+            row[f"cpu_{k}x"] = p["cpu"]
         row["goodput_ratio_2x"] = round(phases[2]["goodput"] / one, 3) if one else float("nan")
         row["goodput_ratio_4x"] = round(phases[4]["goodput"] / one, 3) if one else float("nan")
         out["rounds"].append(row)
@@ -691,13 +727,18 @@ async def overload(cells: list, blocks: int, *, short: bool, rounds: int) -> dic
         out[f"outcomes_{k}x"] = dict(outcomes[k])
         out[f"refusals_seen_{k}x"] = refusals[k]
         out[f"goodput_{k}x"] = statistics.median(row[f"goodput_{k}x"] for row in out["rounds"])
+        for what in ("cores", "ms_per_job"):
+            out[f"cpu_{what}_{k}x"] = {
+                g: statistics.median(row[f"cpu_{k}x"][what][g] for row in out["rounds"])
+                for g in out["rounds"][0][f"cpu_{k}x"][what]
+            }
     return out
 
 
-async def overloads(cells: list, *, short: bool, rounds: int) -> dict:
+async def overloads(cells: list, cpu: CpuMeter, *, short: bool, rounds: int) -> dict:
     """The overload shape with 2-block jobs (the named keys) and with 1-block jobs."""
-    two = await overload(cells, 2, short=short, rounds=rounds)
-    one = await overload(cells, 1, short=short, rounds=rounds)
+    two = await overload(cells, 2, cpu, short=short, rounds=rounds)
+    one = await overload(cells, 1, cpu, short=short, rounds=rounds)
     return {
         "goodput_ratio_2x": two["goodput_ratio_2x"],
         "goodput_ratio_4x": two["goodput_ratio_4x"],
@@ -705,6 +746,8 @@ async def overloads(cells: list, *, short: bool, rounds: int) -> dict:
         "p99_ms_1x": two["p99_ms_1x"],
         "p99_ms_2x": two["p99_ms_2x"],
         "p99_ms_4x": two["p99_ms_4x"],
+        "cpu_ms_per_job_1x": two["cpu_ms_per_job_1x"],
+        "cpu_ms_per_job_4x": two["cpu_ms_per_job_4x"],
         "overload_2_blocks": two,
         "overload_1_block": one,
         "load_average": list(os.getloadavg()),
@@ -921,7 +964,12 @@ async def drive(stack: Stack, redis: EmbeddedRedis, args) -> dict:
         app_md = await broker_chaos.set_up(broker)
         measured = await goodput(cells, short=args.short) if args.goodput else {}
         if args.overload:
-            measured.update(await overloads(cells, short=args.short, rounds=args.rounds))
+            pids = stack_pids(stack, redis.url)
+            measured.update(
+                await overloads(
+                    cells, lambda: cpu_seconds(pids), short=args.short, rounds=args.rounds
+                )
+            )
         if args.overload_only:
             return measured
         # the goodput phase's jobs are all ended (or never recorded): start from a clean pod
