@@ -15,8 +15,9 @@ and with them, side by side:
   <= 3); a job a reclaim delayed goes back to the cell queue and gives its quota
   back, as the service's pod lets it go;
 * `utilisation_quotas_no_reclaim`: borrowing without reclaim;
-* `idle_points` per run: the healthy chip-seconds left free, by why (the simulator's
-  `idle_by_reason`, in points of utilisation: they add up with it to ~100);
+* `idle_points` per run: the healthy chip-seconds not worked, by cause (the
+  simulator's `idle_by_cause`, the causes that occur, in points of utilisation: they
+  add up with it to 100);
 * per tenant: `nominal_share`, `share_held` (mean share of the cell's chips it
   held), `denied_within_nominal` (of the time it had a job waiting, the share during
   which a job of its that fits within its nominal quota waited: 0 = it got its
@@ -46,7 +47,7 @@ QUOTAS = Path(__file__).resolve().parent.parent / "examples" / "sim_quotas.json"
 
 
 def _points(stats: dict) -> dict[str, float]:
-    return {k: round(100 * v, 2) for k, v in stats["idle_by_reason"].items()}
+    return {k: round(100 * v, 2) for k, v in stats["idle_by_cause"].items() if v}
 
 
 def _tenants(stats: dict) -> dict[str, dict[str, float]]:
@@ -71,7 +72,7 @@ def one_seed(args: argparse.Namespace, seed: int) -> dict:
     jobs = Generator(load=args.load, jobs=args.jobs, seed=seed, chips=chips).generate(fabric)
     jobs = bursty_tenants(jobs, [q.tenant for q in quotas], seed=seed)
     base = SimConfig(policy=POLICIES[args.policy], pods=args.pods)
-    plain = simulate(jobs, replace(base, idle_reasons=True)).stats
+    plain = simulate(jobs, base).stats
     with_quotas = simulate(jobs, replace(base, quotas=quotas)).stats
     reclaim = quota_model.QuotaBook.reclaim
     quota_model.QuotaBook.reclaim = lambda *a, **k: None  # type: ignore[method-assign]

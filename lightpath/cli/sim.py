@@ -235,7 +235,7 @@ def _policies(raw: str) -> list[str]:
 
 
 def _report(args: argparse.Namespace, results, summaries, extra) -> int:
-    from lightpath_services.sim.compare import idle_rows, write_outputs
+    from lightpath_services.sim.compare import idle_legend, idle_rows, write_outputs
     from lightpath_services.sim.compare import table as rows_of
 
     written = []
@@ -248,11 +248,12 @@ def _report(args: argparse.Namespace, results, summaries, extra) -> int:
     print(table(rows[1:], rows[0]))
     idle = idle_rows(summaries)
     print(
-        "\nidle healthy chips by cause, % (too few blocks: fewer free than any waiting slice"
-        " needs; blocks kept: enough, kept by the policy; down-host blocks: only sub-block"
-        " slices fit)"
+        "\nidle healthy chips by cause, % of healthy chips (each idle chip under the first"
+        " cause, left to right, that holds)"
     )
     print(table(idle[1:], idle[0]))
+    for line in idle_legend(summaries):
+        print(f"  {line}")
     s = summaries[0]
     print(
         f"\n{s['jobs']} jobs, offered load {s['offered_load']:.2f} on {s['pods']} pod(s), "
@@ -280,13 +281,6 @@ def _report(args: argparse.Namespace, results, summaries, extra) -> int:
                 ["TENANT", "NOMINAL", "HELD", "ASKING", "DENIED WITHIN QUOTA", "WAIT_H"],
             )
         )
-        refused = run.get("idle_by_reason") or {}
-        if refused:
-            why = ", ".join(
-                f"{v:.1%} {k.replace('_', ' ')}"
-                for k, v in sorted(refused.items(), key=lambda i: -i[1])
-            )
-            print(f"healthy chips left free, by what the cell's quotas saw: {why}")
     for p in written:
         print(f"wrote {p}")
     return 0

@@ -11,6 +11,7 @@ import pytest
 from lightpath.cli import main as cli_main
 from lightpath.domain.slices import HOLDING_STATES, SliceJob
 from lightpath_services.sim import engine
+from lightpath_services.sim.compare import IDLE_WORDS
 from lightpath_services.sim.engine import (
     ENDED,
     POLICIES,
@@ -117,6 +118,64 @@ def test_idle_chips_by_cause_add_up_to_what_is_not_busy(policy, pods, reconfig_s
         assert causes["wiring"] > 0 if reconfig_s else causes["wiring"] == 0
     if policy in ("easy", "fifo"):
         assert causes["blocks_kept"] > 0  # a reservation, or the queue's head, keeps them
+    # no quotas: no quota causes
+    assert causes["quota"] == causes["jobs_above_nominal"] == 0
+
+
+class ScriptedHosts(Sim):
+    """Host events only where a test puts them (`at`), none drawn."""
+
+    def _host_event(self, pod, block, host, down):
+        self.down_hosts += 1 if down else -1
+        self.model.host(pod, block, host, down)
+
+
+# Two half-block sub-block slices, a 48-block slice, a second one that waits for it and a
+# 2-block slice that FIFO keeps behind that one; a host of block 63 down from the start.
+IDLE_TRACE = """arrival,tenant,shape,twisted,duration,priority,preemption
+0,a,4x4x2,false,5000,50,delay
+0,a,4x4x2,false,5000,50,delay
+0,a,12x16x16,false,1000,50,delay
+100,a,12x16x16,false,1000,50,delay
+200,a,4x4x8,false,100,50,delay
+1500,a,4x4x4,false,10,50,delay
+"""
+
+
+def test_idle_chip_seconds_by_cause_are_what_a_hand_count_gives():
+    jobs, bad = parse_trace(IDLE_TRACE, FABRIC)
+    assert not bad
+    sim = ScriptedHosts(jobs, SimConfig(policy=POLICIES["fifo"], reconfig_s=60))
+    sim.at(0, "host", (0, 63, 0, True))
+    res = sim.run()
+    starts = {r.trace.job_id: (r.first_start, r.end) for r in res.jobs}
+    # wired for 60 s each; the second 48-block slice and the 2-block one when the first ends
+    assert starts == {
+        "j2": (0, 5000),
+        "j3": (0, 5000),
+        "j4": (60, 1060),
+        "j5": (1120, 2120),
+        "j6": (1120, 1220),
+        "j7": (1560, 1570),
+    }
+    # The window is 0-1500 s. One sub-block slice went to the block with the down host
+    # (60 healthy chips: 28 free), the other to a healthy block (32 free): 14 whole
+    # blocks (896 chips) are left beside the 48-block slice.
+    expected = {
+        "wiring": 3072 * 60 + (3072 + 128) * 60,  # 0-60 s; 1060-1120 s
+        # nothing waits 0-100 s and after 1060 s (12 whole blocks free while the 2-block
+        # slice runs, 1060-1220 s)
+        "queue_empty": 956 * 100 + (768 + 28 + 32) * 160 + 956 * 280,
+        "down_host_blocks": 28 * 960,  # 100-1060 s, jobs waiting
+        "shared_blocks": 32 * 960,
+        "blocks_too_few": 896 * 100,  # 100-200 s: only the 48-block slice waits
+        "blocks_kept": 896 * 860,  # 200-1060 s: enough for the 2-block slice behind it
+    }
+    healthy = (4096 - 4) * 1500
+    got = {k: round(v * healthy) for k, v in res.stats["idle_by_cause"].items() if v}
+    assert got == expected
+    busy = 1 - sum(expected.values()) / healthy
+    assert res.stats["utilisation_healthy"] == pytest.approx(busy)
 
 
 def test_a_cell_of_pods_uses_them_all_and_keeps_the_invariants():
@@ -376,6 +435,8 @@ def test_a_small_compare_writes_its_summary_csv_and_plots(tmp_path, capsys):
     # the idle chips by cause, per policy, adding up to what is not busy
     idle = text[text.index("idle healthy chips by cause") :].splitlines()
     assert "down-host blocks" in idle[1] and "no box fits" in idle[1]
+    assert list(IDLE_WORDS) == list(engine.IDLE_CAUSES)  # every cause has its words
+    assert "down-host blocks: free in blocks with a down host" in text  # the legend
     for run, line in zip(data["runs"], idle[3:6], strict=True):
         assert line.split()[0] == run["policy"]
         assert float(line.split()[-1]) == pytest.approx(

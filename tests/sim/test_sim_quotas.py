@@ -87,7 +87,7 @@ def test_a_job_a_reclaim_delayed_goes_back_to_the_cell_queue_uncharged(monkeypat
         left = 36000 - (100 - arrival) + 300  # what it had left, and its restart
         assert runs[job_id].end == pytest.approx(3700 + left)
     # chips were free only while beta's first jobs arrived, with nothing waiting
-    assert set(r.stats["idle_by_reason"]) == {"nothing_waits"}
+    assert {k for k, v in r.stats["idle_by_cause"].items() if v} == {"queue_empty"}
 
 
 # acme takes back less than a borrowed job holds: the rest of it is free, a small job of
@@ -112,12 +112,56 @@ def test_the_chips_a_reclaim_leaves_beyond_the_owners_job_go_to_a_borrower_at_on
     assert runs["j8"].first_start == 3000 and runs["j7"].preemptions == 1
     assert r.stats["counters"]["reclaims"] == 2
     # free chips by why: nothing waited (0-3 s), then only j5, too big for them (100-150 s)
-    idle = r.stats["idle_by_reason"]
-    assert set(idle) == {"nothing_waits", "too_big"}
-    # without quotas, counted when asked for (the pod was full once beta's jobs came)
-    assert simulate(jobs, SimConfig()).stats["idle_by_reason"] == {}
-    plain = simulate(jobs, SimConfig(idle_reasons=True)).stats["idle_by_reason"]
-    assert set(plain) == {"nothing_waits"}
+    idle = r.stats["idle_by_cause"]
+    assert {k for k, v in idle.items() if v} == {"queue_empty", "blocks_too_few"}
+    # without quotas, the pod was full once beta's jobs came
+    plain = simulate(jobs, SimConfig()).stats["idle_by_cause"]
+    assert {k for k, v in plain.items() if v} == {"queue_empty"}
+
+
+# acme and beta share a cohort; solo has 64 chips and nobody to borrow from.
+SHARERS = (
+    Quota("acme", {"tpu": 2048}, cohort="lab"),
+    Quota("beta", {"tpu": 2048}, cohort="lab"),
+    Quota("solo", {"tpu": 64}),
+)
+# All three start at once (15 blocks left free); acme then asks for 3,072 chips (above
+# its nominal, more than it may borrow while it holds 2,048) and solo for a second block.
+REFUSED = """arrival,tenant,shape,twisted,duration,priority,preemption
+0,beta,8x8x16,false,1000,50,delay
+0,acme,8x16x16,false,1000,50,delay
+0,solo,4x4x4,false,1000,50,delay
+100,acme,12x16x16,false,1000,50,delay
+200,solo,4x4x4,false,1000,50,delay
+1500,beta,4x4x4,false,10,50,delay
+"""
+
+
+def test_idle_chip_seconds_the_quotas_leave_free_are_what_a_hand_count_gives():
+    jobs, bad = parse_trace(REFUSED, FABRIC)
+    assert not bad
+    r = simulate(jobs, SimConfig(quotas=SHARERS))
+    starts = {j.trace.job_id: j.first_start for j in r.jobs}
+    assert starts == {"j2": 0, "j3": 0, "j4": 0, "j5": 1000, "j6": 1000, "j7": 1500}
+    free = 15 * 64  # chips of the whole free blocks while the first three run
+    expected = {
+        "queue_empty": free * 100 + free * 500,  # 0-100 s, and 1000-1500 s
+        # 100-200 s: acme's job waits, needs 48 blocks, and is larger than acme's nominal
+        "jobs_above_nominal": free * 100,
+        # 200-1000 s: a free block would hold solo's job, which its quota refuses
+        "quota": free * 800,
+    }
+    healthy = 4096 * 1500
+    got = {k: round(v * healthy) for k, v in r.stats["idle_by_cause"].items() if v}
+    assert got == expected
+    # without quotas acme's job waits 100-1000 s for blocks, and solo's second starts at
+    # once (and ends at 1200 s)
+    plain = simulate(jobs, SimConfig()).stats["idle_by_cause"]
+    got = {k: round(v * healthy) for k, v in plain.items() if v}
+    assert got == {
+        "queue_empty": free * 100 + free * 200 + (free + 64) * 300,
+        "blocks_too_few": free * 100 + (free - 64) * 800,
+    }
 
 
 def test_without_a_cohort_nothing_is_borrowed():

@@ -103,22 +103,38 @@ def table(summaries: list[dict[str, Any]]) -> list[list[str]]:
     return rows
 
 
-# idle_by_cause's causes in a person's words (engine.IDLE_CAUSES)
+# idle_by_cause's causes in a person's words, in their order (engine.IDLE_CAUSES): a
+# column's name and what it means
 IDLE_WORDS = {
-    "queue_empty": "no job waits",
-    "blocks_too_few": "too few blocks",  # for any waiting slice
-    "blocks_kept": "blocks kept",  # by the policy: a reservation, FIFO's head
-    "down_host_blocks": "down-host blocks",
-    "shared_blocks": "shared blocks",  # healthy blocks of sub-block slices
-    "wiring": "wiring",
-    "static_fragments": "no box fits",  # the static torus
+    "wiring": ("wiring", "held by slices being wired"),
+    "queue_empty": ("no job waits", "free, and no job waits for them"),
+    "down_host_blocks": (
+        "down-host blocks",
+        "free in blocks with a down host: only sub-block slices fit",
+    ),
+    "shared_blocks": ("shared blocks", "free in blocks of sub-block slices: only those fit"),
+    "blocks_kept": (
+        "blocks kept",
+        "free blocks enough for a waiting job, kept out by the policy (a reservation, FIFO's head)",
+    ),
+    "quota": ("quota refuses", "free blocks enough for a job its tenant's quota refuses"),
+    "jobs_above_nominal": (
+        "above nominal",
+        "too few free blocks, and every waiting job is larger than its tenant's nominal quota",
+    ),
+    "blocks_too_few": ("too few blocks", "fewer free blocks than any waiting job needs"),
+    "static_fragments": ("no box fits", "the static torus: free, and no waiting job's box fits"),
 }
+
+
+def _idle_causes_shown(summaries: list[dict[str, Any]]) -> list[str]:
+    return [c for c in IDLE_WORDS if any(s["idle_by_cause"].get(c) for s in summaries)]
 
 
 def idle_rows(summaries: list[dict[str, Any]]) -> list[list[str]]:
     """Per configuration, its idle healthy chips by cause (the causes some run has)."""
-    causes = [c for c in IDLE_WORDS if any(s["idle_by_cause"].get(c) for s in summaries)]
-    rows = [["policy", *(IDLE_WORDS[c] for c in causes), "idle in all"]]
+    causes = _idle_causes_shown(summaries)
+    rows = [["policy", *(IDLE_WORDS[c][0] for c in causes), "idle in all"]]
     for s in summaries:
         idle = s["idle_by_cause"]
         rows.append(
@@ -129,6 +145,11 @@ def idle_rows(summaries: list[dict[str, Any]]) -> list[list[str]]:
             ]
         )
     return rows
+
+
+def idle_legend(summaries: list[dict[str, Any]]) -> list[str]:
+    """What each column of idle_rows means."""
+    return [f"{IDLE_WORDS[c][0]}: {IDLE_WORDS[c][1]}" for c in _idle_causes_shown(summaries)]
 
 
 def _h(seconds: float | None) -> str:

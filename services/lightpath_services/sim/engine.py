@@ -107,25 +107,28 @@ DONE = "COMPLETED"
 PREEMPTED = "PREEMPTED"
 FAILED = "FAILED"
 ENDED = frozenset({DONE, PREEMPTED, FAILED})
-# Why free healthy chips are free (Sim.idle_areas, `idle_by_reason` in the stats):
-NOTHING_WAITS = "nothing_waits"
-QUOTA = "quota"  # ... fits the free room; its tenant's quota (and what it may borrow) refuses it
-# no waiting job fits the free room, and each is larger than its tenant's whole nominal
-# quota: it runs on borrowed chips only, which owners' jobs within nominal come before
-ABOVE_NOMINAL = "jobs_above_nominal"
-TOO_BIG = "too_big"  # no waiting job fits the free room
-# a job fits the room and its quota but is not placed (a box's geometry, a reservation)
-NOT_PLACED = "not_placed"
-IDLE_REASONS = (NOTHING_WAITS, QUOTA, ABOVE_NOMINAL, TOO_BIG, NOT_PLACED)
-# Why healthy chips are not working (the summary's `idle_by_cause`, ÷ healthy chips):
+# Why healthy chips are not working (the summary's `idle_by_cause`, ÷ healthy chips; with
+# utilisation they add up to 1). Each idle chip counts under the first cause that holds,
+# in this order: where in the pod it lies first (only sub-block slices can use the free
+# chips of a block with a down host or of a shared block), then, for whole free blocks,
+# what the jobs waiting for the pod (its queue and the cell's) need and may have.
 IDLE_CAUSES = (
-    "queue_empty",  # no job waits for them
-    "blocks_too_few",  # whole free blocks, fewer than any waiting block slice needs
-    "blocks_kept",  # whole free blocks enough for a waiting slice the policy kept out
-    "down_host_blocks",  # free chips of blocks with a down host (sub-block slices only)
+    "wiring",  # held by a block slice being wired (WIRING, --reconfig-s)
+    "queue_empty",  # free, and no job waits for the pod (in its queue or the cell's)
+    "down_host_blocks",  # free chips of blocks with a down host (only sub-block slices fit)
     "shared_blocks",  # free chips of healthy blocks given over to sub-block slices
-    "wiring",  # chips of slices placed and being wired
-    "static_fragments",  # the static torus: free chips no waiting job's box fits
+    # whole free blocks enough for a waiting job its quota admits (or no quotas), kept
+    # out by the policy: an EASY reservation, FIFO's blocked head
+    "blocks_kept",
+    # whole free blocks enough for a job at the cell that its tenant's quota (and what it
+    # may borrow) refuses, and for no job the quotas admit
+    "quota",
+    # whole free blocks fewer than any waiting job needs, and each waiting job larger than
+    # its tenant's whole nominal quota: it runs on borrowed chips only, after the owners'
+    # jobs within nominal (with quotas only)
+    "jobs_above_nominal",
+    "blocks_too_few",  # whole free blocks fewer than any waiting job needs
+    "static_fragments",  # the static torus: free chips while jobs wait (no waiting box fits)
 )
 # The planner's answer for a block slice that no free blocks and no victims can place.
 _NO_ROOM = Unplaceable((), note="too few free blocks and no lower priority to preempt")
@@ -202,9 +205,6 @@ class SimConfig:
     # fair-share order (services/lightpath_services/sim/quotas.py); none: no quotas, priority order.
     quotas: tuple[Quota, ...] = ()
     half_life_s: float = DEFAULT_HALF_LIFE_S  # of the usage fair share orders by
-    # Count free chips by why (`idle_by_reason`) without quotas too (with quotas always):
-    # it looks at the waiting jobs after every event, which a long run need not pay for.
-    idle_reasons: bool = False
 
 
 @dataclass
@@ -312,8 +312,8 @@ class Sim:
         self.busy_area = 0.0
         self.healthy_area = 0.0
         self.frag_area = 0.0
-        self.idle_waiting = 0  # free healthy chips while jobs wait (set after passes)
-        # Healthy chips not working now, by why (IDLE_CAUSES; set after passes).
+        self.idle_waiting = 0  # free healthy chips while jobs wait (set after each event)
+        # Healthy chips not working now, by why (IDLE_CAUSES; set after each event).
         self.idle_causes: dict[str, int] = {}
         self.window_idle = dict.fromkeys(IDLE_CAUSES, 0.0)  # their chip-s inside the window
         self.series: list[tuple[float, int, int]] = []
@@ -321,9 +321,6 @@ class Sim:
             (jobs[0].arrival_s, jobs[-1].arrival_s) if jobs else (0.0, 0.0)
         )
         self.window_areas = [0.0, 0.0, 0.0]  # busy, healthy, frag inside the window
-        # Free healthy chip-seconds inside the window by why they were free (IDLE_REASONS).
-        self.idle_areas: dict[str, float] = {}
-        self.idle_reasons = config.idle_reasons or bool(config.quotas)
         self.quota = (
             SimQuotas(config.quotas, self.chips_total, config.half_life_s)
             if config.quotas and not config.policy.static
@@ -353,10 +350,6 @@ class Sim:
                 self.window_areas[0] += self.busy * (b - a)
                 self.window_areas[1] += healthy * (b - a)
                 self.window_areas[2] += self.idle_waiting * (b - a)
-                free = self.model.free_chips() if self.idle_reasons else 0
-                if free:
-                    why = self.model.idle_reason()
-                    self.idle_areas[why] = self.idle_areas.get(why, 0.0) + free * (b - a)
                 for cause, chips in self.idle_causes.items():
                     self.window_idle[cause] += chips * (b - a)
             if self.quota is not None:
@@ -396,6 +389,7 @@ class Sim:
             elif kind == "host":
                 pod, block, host, down = what
                 self._host_event(pod, block, host, down)
+            self.model.note_idle()
             self._record()
         return Result(self.runs, self._stats(), self.series)
 
@@ -487,10 +481,7 @@ class Sim:
                 self.busy_area / self.healthy_area if self.healthy_area else 0.0
             ),
             "fragmentation": frag_w / healthy_w if healthy_w else 0.0,
-            # shares of the healthy chip-seconds (utilisation's denominator) left free, by why
-            "idle_by_reason": {
-                k: v / healthy_w for k, v in sorted(self.idle_areas.items()) if healthy_w
-            },
+            # shares of the healthy chip-seconds (utilisation's denominator) not worked, by why
             "idle_by_cause": {
                 cause: self.window_idle[cause] / healthy_w if healthy_w else 0.0
                 for cause in IDLE_CAUSES
@@ -510,11 +501,8 @@ class Sim:
 
 
 class _Model:
-    def free_chips(self) -> int:
-        return 0
-
-    def idle_reason(self) -> str:
-        return TOO_BIG
+    def note_idle(self) -> None:
+        """Sets the sim's idle_causes and idle_waiting for the state now (after an event)."""
 
     def arrive(self, run: JobRun) -> None: ...
     def complete(self, run: JobRun) -> None: ...
@@ -550,9 +538,6 @@ class OcsPod:
         if self._idle[0] != self.version:
             self._idle = (self.version, _idle_chips(self.state))
         return self._idle[1]
-
-    def free_chips(self) -> int:
-        return sum(self.idle_chips()[:3])
 
     def enqueue(self, job: SliceJob) -> None:
         self.waiting[job.job_id] = job
@@ -614,9 +599,7 @@ class OcsModel(_Model):
         self.jobs: dict[str, SliceJob] = {}  # jobs waiting at the cell
         self._no_pod: set[tuple[int, int]] = set()  # (demand, priority) no pod takes now
         self._no_pod_at: tuple[int, ...] = ()  # at these pod versions
-        # idle_reason: whether a (demand, priority) fits some pod now, at these versions
-        self._fits: dict[tuple[int, int], bool] = {}
-        self._fits_at: tuple[int, ...] = ()
+        self.cell_needs: Counter[int] = Counter()  # jobs at the cell by the blocks they need
         # Tests: called with each allocation before it is applied.
         self.on_decision: Callable[[OcsPod, Allocation], None] | None = None
 
@@ -649,9 +632,21 @@ class OcsModel(_Model):
             self.sim.end(run, FAILED)  # the cell refuses it: no quota can ever admit it
             return
         run.state = AT_CELL
+        self._to_cell(job)
+        self._cell_pass()
+
+    def _to_cell(self, job: SliceJob) -> None:
         self.jobs[job.job_id] = job
         self.cell_queue.add(job.priority, job.seq, job.job_id)
-        self._cell_pass()
+        self.cell_needs[job.demand.block_count] += 1
+
+    def _from_cell(self, job_id: str) -> None:
+        job = self.jobs.pop(job_id)
+        self.cell_queue.remove(job.priority, job.seq, job_id)
+        n = job.demand.block_count
+        self.cell_needs[n] -= 1
+        if not self.cell_needs[n]:
+            del self.cell_needs[n]
 
     def _need(self, job: SliceJob) -> Counter[str]:
         d = job.demand
@@ -692,8 +687,7 @@ class OcsModel(_Model):
                 self._no_pod.add(key)
                 continue
             pod = next(p for p in self.pods if p.state.fabric.pod_id == choice.candidates[0].pod_id)
-            self.cell_queue.remove(job.priority, job.seq, job_id)
-            del self.jobs[job_id]
+            self._from_cell(job_id)
             self._submit(pod, self.sim.by_id[job_id], job)
             versions = tuple(p.version for p in self.pods)
             if versions != self._no_pod_at:
@@ -770,8 +764,7 @@ class OcsModel(_Model):
                 job = job.with_(reclaimed_from=tuple(sorted(v.job_id for v in reclaim.victims)))
                 reclaimed = True
             pod = next(p for p in self.pods if p.state.fabric.pod_id == pod_id)
-            self.cell_queue.remove(job.priority, job.seq, w.job_id)
-            del self.jobs[w.job_id]
+            self._from_cell(w.job_id)
             quota.admit(w.job_id, w.tenant, w.chips[NODE_TYPE], sim.now)
             self._submit(pod, sim.by_id[w.job_id], job)
         quota.note_waiting([w for w in left if w.job_id in self.jobs])
@@ -844,59 +837,7 @@ class OcsModel(_Model):
         quota.release(job_id, sim.now)
         again = self._slice_job(run)
         run.state = AT_CELL
-        self.jobs[job_id] = again
-        self.cell_queue.add(again.priority, again.seq, job_id)
-
-    # -- why chips are free ----------------------------------------------------------
-
-    def free_chips(self) -> int:
-        return sum(p.free_chips() for p in self.pods)
-
-    def idle_reason(self) -> str:
-        """Why the pods' free chips are free now (one of IDLE_REASONS): what the waiting
-        jobs lack, asked of the cell's own choice (a pod where the job fits now) and of
-        the quota model, once per distinct demand, priority and tenant."""
-        by_id = self.sim.by_id
-        # (demand, priority, tenant, at the cell?) -> a waiting job of that kind
-        kinds: dict[tuple[int, int, str, bool], SliceJob] = {}
-        for j in self.jobs.values():
-            key = (_demand_id(j.demand), j.priority, by_id[j.job_id].trace.tenant, True)
-            kinds.setdefault(key, j)
-        for p in self.pods:
-            for job_id, j in p.waiting.items():
-                kinds.setdefault((*p.traits[job_id][0], by_id[job_id].trace.tenant, False), j)
-        if not kinds:
-            return NOTHING_WAITS
-        quota = self.sim.quota
-        views = [p.view() for p in self.pods]
-        versions = tuple(p.version for p in self.pods)
-        if versions != self._fits_at:  # a view changes only with its pod's version
-            self._fits_at, self._fits = versions, {}
-        fits = self._fits
-        refused = False
-        for (demand_id, priority, tenant, at_cell), job in kinds.items():
-            if (demand_id, priority) not in fits:
-                need = self._need(job)
-                demand = JobDemand(job.job_id, priority, {v.pod_id: need for v in views})
-                fits[demand_id, priority] = any(
-                    c.how == FITS for c in choose(demand, views).candidates
-                )
-            if not fits[demand_id, priority]:
-                continue
-            if quota is None or not at_cell:
-                return NOT_PLACED
-            chips = {NODE_TYPE: self._chips(job)}
-            if quota.book.check(tenant, chips).ok:
-                return NOT_PLACED
-            refused = True
-        if refused:
-            return QUOTA
-        if quota is not None and all(
-            (n := quota.nominal(tenant)) is not None and self._chips(j) > n
-            for (_, _, tenant, _), j in kinds.items()
-        ):
-            return ABOVE_NOMINAL
-        return TOO_BIG
+        self._to_cell(again)
 
     def _submit(self, pod: OcsPod, run: JobRun, job: SliceJob) -> None:
         run.pod = pod.index
@@ -908,7 +849,6 @@ class OcsModel(_Model):
         pod.enqueue(job)
         if self.shortcuts and pod.quiet == pod.version and self._still_quiet(pod, run, job):
             self.sim.counters["passes_skipped"] += 1
-            self._note_idle()
             return
         self.schedule(pod)
 
@@ -986,7 +926,6 @@ class OcsModel(_Model):
             again = self._pass(pod)
             if not again:
                 break
-        self._note_idle()
 
     def _pass(self, pod: OcsPod) -> bool:
         sim = self.sim
@@ -1254,7 +1193,6 @@ class OcsModel(_Model):
             # nothing changed since a pass that placed nothing, and the age bound's turn
             # goes to the same job: the pass would decide nothing again
             self.sim.counters["passes_skipped"] += 1
-            self._note_idle()
             return
         self.schedule(pod)
 
@@ -1271,8 +1209,6 @@ class OcsModel(_Model):
             self._box_failed(pod, pod.state.jobs[job.job_id])
         if len(pod.queue):
             self.schedule(pod)
-        else:
-            self._note_idle()
 
     # -- completion ------------------------------------------------------------------
 
@@ -1283,8 +1219,6 @@ class OcsModel(_Model):
         self.sim.end(run, DONE)
         if len(pod.queue):
             self.schedule(pod)
-        else:
-            self._note_idle()
         self._cell_pass()
 
     def _release(self, pod: OcsPod, job: SliceJob) -> None:
@@ -1310,8 +1244,6 @@ class OcsModel(_Model):
                 state.failed.discard(block)
             if len(pod.queue):
                 self.schedule(pod)
-            else:
-                self._note_idle()
             self._cell_pass()
             return
         state.failed.add(block)
@@ -1326,8 +1258,6 @@ class OcsModel(_Model):
                 self._block_failed(pod, job, block)
         if len(pod.queue):
             self.schedule(pod)
-        else:
-            self._note_idle()
 
     def _box_failed(self, pod: OcsPod, job: SliceJob) -> None:
         sim = self.sim
@@ -1463,32 +1393,75 @@ class OcsModel(_Model):
 
     # -- idle chips ------------------------------------------------------------------------
 
-    def _note_idle(self) -> None:
-        """Free healthy chips while jobs wait (after a pass: none of them could take them,
-        or a reservation keeps them)."""
+    def note_idle(self) -> None:
+        """The pods' healthy chips not working now by cause (IDLE_CAUSES, in their order
+        of precedence), and the free ones while jobs wait for them (fragmentation)."""
         sim = self.sim
-        idle = 0
-        waiting = bool(len(self.cell_queue))
+        quota = sim.quota
+        # the fewest blocks a job at the cell needs: of those its quota admits (all,
+        # without quotas), and of those it refuses
+        admitted = min(self.cell_needs) if self.cell_needs else None
+        refused = None
+        if quota is not None and self.jobs:
+            admitted, refused = self._cell_needs_by_quota(quota)
+        causes: Counter[str] = Counter()
+        waiting_free = 0
         for pod in self.pods:
-            if len(pod.queue):
-                waiting = True
-        if waiting:
-            free = 0
-            for pod in self.pods:
-                if len(pod.queue) or len(self.cell_queue):
-                    free += pod.free_chips()
-            idle = free
-        sim.idle_waiting = idle
-        causes: dict[str, int] = {}
-        cell_need = min(j.demand.block_count for j in self.jobs.values()) if self.jobs else None
-        for pod in self.pods:
-            need = min(pod.needs) if pod.needs else cell_need
-            if cell_need is not None and need is not None:
-                need = min(need, cell_need)
-            per_block = pod.state.fabric.chips_per_block
-            for cause, chips in _idle_causes(pod.idle_chips(), need, per_block).items():
-                causes[cause] = causes.get(cause, 0) + chips
+            whole, down, shared, wiring = pod.idle_chips()
+            causes["wiring"] += wiring
+            need = min(pod.needs) if pod.needs else None
+            if admitted is not None and (need is None or admitted < need):
+                need = admitted
+            if need is None and refused is None:
+                causes["queue_empty"] += whole + down + shared
+                continue
+            waiting_free += whole + down + shared
+            causes["down_host_blocks"] += down
+            causes["shared_blocks"] += shared
+            if not whole:
+                continue
+            blocks = whole // pod.state.fabric.chips_per_block
+            if need is not None and need <= blocks:
+                cause = "blocks_kept"
+            elif refused is not None and refused <= blocks:
+                cause = "quota"
+            elif quota is not None and self._all_above_nominal(pod, quota):
+                cause = "jobs_above_nominal"
+            else:
+                cause = "blocks_too_few"
+            causes[cause] += whole
+        sim.idle_waiting = waiting_free
         sim.idle_causes = causes
+
+    def _cell_needs_by_quota(self, quota: SimQuotas) -> tuple[int | None, int | None]:
+        """The fewest blocks a job at the cell needs, of the jobs its tenant's quota admits
+        now and of those it refuses (None: no such job)."""
+        admitted: int | None = None
+        refused: int | None = None
+        asked: dict[tuple[str, int], bool] = {}  # (tenant, chips) -> admitted
+        by_id = self.sim.by_id
+        for job in self.jobs.values():
+            n = job.demand.block_count
+            if (admitted is None or n < admitted) or (refused is None or n < refused):
+                key = (by_id[job.job_id].trace.tenant, self._chips(job))
+                ok = asked.get(key)
+                if ok is None:
+                    ok = asked[key] = quota.book.check(key[0], {NODE_TYPE: key[1]}).ok
+                if ok and (admitted is None or n < admitted):
+                    admitted = n
+                elif not ok and (refused is None or n < refused):
+                    refused = n
+        return admitted, refused
+
+    def _all_above_nominal(self, pod: OcsPod, quota: SimQuotas) -> bool:
+        """Every job waiting for `pod` (in its queue or the cell's) is larger than its
+        tenant's whole nominal quota."""
+        by_id = self.sim.by_id
+        for job in (*pod.waiting.values(), *self.jobs.values()):
+            nominal = quota.nominal(by_id[job.job_id].trace.tenant)
+            if nominal is None or self._chips(job) <= nominal:
+                return False
+        return True
 
 
 def _ms(seconds: float) -> int:
@@ -1525,21 +1498,6 @@ def _idle_chips(state: IndexedPodState) -> tuple[int, int, int, int]:
                 if owner.get(b) == job.job_id and not state.whole_failed(b):
                     wiring += per_block - len(failed_hosts.get(b, ())) * per_host
     return whole, down, shared, wiring
-
-
-def _idle_causes(chips: tuple[int, int, int, int], need: int | None, per_block: int) -> dict:
-    """_idle_chips by cause (IDLE_CAUSES); `need`: the fewest whole blocks a job waiting
-    for the pod needs (None: none waits)."""
-    whole, down, shared, wiring = chips
-    if need is None:
-        return {"queue_empty": whole + down + shared, "wiring": wiring}
-    enough = whole // per_block >= need
-    return {
-        "blocks_kept" if enough else "blocks_too_few": whole,
-        "down_host_blocks": down,
-        "shared_blocks": shared,
-        "wiring": wiring,
-    }
 
 
 def _free_chips(state: IndexedPodState) -> int:
@@ -1593,9 +1551,8 @@ class StaticModel(_Model):
             run.pod = i
             sim.counters["placements"] += 1
             sim.start(run, run.chips)
-        self._note_idle()
 
-    def _note_idle(self) -> None:
+    def note_idle(self) -> None:
         sim = self.sim
         free = sum(t.free_chips for t in self.tori)
         sim.idle_waiting = free if len(self.queue) else 0

@@ -3,11 +3,12 @@
 Utilisation: chips held by RUNNING slices ÷ healthy chips (chips of hosts that are
 up), and ÷ all chips, time-averaged over the arrival window (first to last
 arrival: the drain after the last arrival, when nothing new comes, is left out).
-Fragmentation: free healthy chips while jobs wait (after each scheduling pass,
+Fragmentation: free healthy chips while jobs wait (after each event and its passes,
 so none of the waiting jobs could take them, or the EASY reservation keeps them
 for the first), ÷ healthy chips, over the same window. `idle_by_cause`: the healthy
-chips not working, over the window, by why (engine.IDLE_CAUSES; they add up to one
-minus the utilisation of healthy chips). Waits (first start −
+chips not working, over the window, each by the first of engine.IDLE_CAUSES that holds
+(the pod's geometry, then what the waiting jobs need and their quotas allow; they add
+up to one minus the utilisation of healthy chips). Waits (first start −
 arrival) and job completion times (end − arrival) by job size. Goodput lost:
 chip-seconds of work redone after a checkpoint-restart or lost with a terminated
 or failed job, ÷ the chip-seconds the workload asked for.
@@ -101,7 +102,6 @@ def summary(result: Result, config: SimConfig, label: str = "") -> dict[str, Any
         "utilisation_healthy_whole_run": stats["utilisation_healthy_whole_run"],
         "utilisation_no_wait": no_wait_utilisation(jobs, lo, hi, config.pods * 4096),
         "fragmentation": stats["fragmentation"],
-        "idle_by_reason": stats["idle_by_reason"],
         "idle_by_cause": stats["idle_by_cause"],
         "wait_s": _stats(waits),
         "jct_s": _stats(jcts),
