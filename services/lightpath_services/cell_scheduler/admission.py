@@ -20,19 +20,27 @@ from dataclasses import replace
 
 from lightpath.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
 from lightpath.v1 import cell_scheduler_pb2, workload_scheduler_pb2
-from lightpath_services.cell_scheduler.choice import Choice, JobDemand, PodCapacityView, plan_queue
+from lightpath_services.cell_scheduler.choice import (
+    Choice,
+    JobDemand,
+    PodCapacityView,
+    plan_queue,
+    shielded_blocks,
+)
 from lightpath_services.cell_scheduler.jobs import SubmitResult, request_b64
 from lightpath_services.cell_scheduler.podclient import PodCallError, state_name
 from lightpath_services.cell_scheduler.pods import CACHE_LIMIT, PodDirectory
 from lightpath_services.cell_scheduler.quotas import (
     NEVER_UNDER_QUOTA,
     QUOTA_ALLOWS,
+    RECLAIM_FIELDS,
     WAITING_FOR_QUOTA,
     Queued,
     QuotaState,
     capacity_of,
     charge_of,
     gate,
+    reclaimers,
     waits_for_quota,
     within_pod_quotas,
 )
@@ -208,6 +216,7 @@ class Admission:
                     charge_of(next(iter(resolved.values()))),
                 )
             )
+        demands = await self._shielded(demands, records, models)
         admit, waits = gate(gated, state, capacity_of(models.values()), now)
         waits.update(pod_waits)
         for job_id, why in waits.items():
@@ -223,6 +232,28 @@ class Admission:
             return demands, details
         by_id = {d.job_id: d for d in demands}
         return [by_id[j] for j in admit], details
+
+    async def _shielded(
+        self,
+        demands: list[JobDemand],
+        records: Mapping[str, CellJobRecord],
+        models: Mapping[str, PodModel],
+    ) -> list[JobDemand]:
+        """The demands with what the jobs that reclaimed quota from them hold (issue 35:
+        never given to them, so the cell forwards none of them where only those would
+        make room). Only a job a reclaim sent back can be one's: for none, no read."""
+        if not any(records[d.job_id].reclaimed for d in demands):
+            return demands
+        live = await self.store.live_fields(sorted(models), RECLAIM_FIELDS)
+        holders = reclaimers(live)
+        if not holders:
+            return demands
+        return [
+            replace(d, shielded=shielded_blocks(d.job_id, d.priority, holders))
+            if records[d.job_id].reclaimed
+            else d
+            for d in demands
+        ]
 
     def request_of(self, record: CellJobRecord) -> cell_scheduler_pb2.SubmitJobRequest:
         key = (record.job_id, record.request_b64)

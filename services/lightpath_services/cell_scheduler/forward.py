@@ -179,7 +179,13 @@ class Forwarder:
             job = resp.job
             self.metrics.forwarded("placed")
             placed = await self.jobs.placed(
-                job_id, token, pod, job, record_fields(request_b64(req), r, cand, r.priority)
+                job_id,
+                token,
+                pod,
+                job,
+                record_fields(
+                    request_b64(req), r, cand, r.priority, reclaim=reclaim if i == 0 else ()
+                ),
             )
             record = placed or await self.jobs.job_record(job_id)
             if record.phase == PLACED:
@@ -365,6 +371,7 @@ class Forwarder:
             }
             live = await self.store.live_fields(pods, RECLAIM_FIELDS)
             plan = plan_reclaim(
+                job_id,
                 tenant,
                 need,
                 quotas,

@@ -25,6 +25,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from lightpath.domain.slices import shields
 from lightpath.errors import FieldViolation, InvalidArgument
 from lightpath.security.identity import RESERVED_TENANTS
 from lightpath.v1 import cell_scheduler_pb2, workload_scheduler_pb2
@@ -423,11 +424,26 @@ def gate(
 
 # -- reclaim -------------------------------------------------------------------------
 
-# What reclaim reads of each live job (store.live_fields).
-RECLAIM_FIELDS = ("tenant", "priority", "seq", "state", "qc", "phase", "box")
+# What reclaim reads of each live job (store.live_fields); "rcl" and "rcb" too when the
+# job reclaimed quota itself (jobs.record_fields).
+RECLAIM_FIELDS = ("tenant", "priority", "seq", "state", "qc", "phase", "box", "rcl", "rcb")
+
+
+def reclaimers(
+    live: Iterable[tuple[str, str, Mapping[str, str]]],
+) -> list[tuple[str, list[str], int, dict[str, int]]]:
+    """Of the live jobs (store.live_fields of RECLAIM_FIELDS), each running one that
+    reclaimed quota: (its pod, the jobs it reclaimed from, its priority, the blocks per
+    type it gives up at most), as choice.shielded_blocks reads them."""
+    return [
+        (pod, json.loads(f["rcl"]), int(f.get("priority", 0)), json.loads(f.get("rcb") or "{}"))
+        for pod, _, f in live
+        if f.get("rcl") and f.get("state") == "RUNNING" and f.get("phase") == "PLACED"
+    ]
 
 
 def plan_reclaim(
+    job_id: str,
     tenant: str,
     need: Mapping[str, int],
     state: QuotaState,
@@ -437,9 +453,11 @@ def plan_reclaim(
     box: bool = False,
     block_chips: Mapping[str, int] | None = None,
 ) -> Reclaim | None:
-    """Borrowers' running jobs on one pod whose chips let `tenant`'s job (within its
-    nominal quota, no room anywhere) run there: the model's choice over what the store
-    says runs (store.live_fields of RECLAIM_FIELDS), or None. `box`: the job is a
+    """Borrowers' running jobs on one pod whose chips let `tenant`'s job `job_id`
+    (within its nominal quota, no room anywhere) run there: the model's choice over
+    what the store says runs (store.live_fields of RECLAIM_FIELDS), or None. A job that
+    reclaimed quota from `job_id` is never named (lightpath.domain.slices.shields: the
+    pod would refuse the forward), though it holds its chips. `box`: the job is a
     sub-block slice; a live job's `box` field names the block its own box is in (the
     pod's answer), so boxes count as chips of their block, and every live job there,
     whatever its state, holds that block. A job of fewer chips than a block with no
@@ -458,7 +476,12 @@ def plan_reclaim(
             if f.get("state") not in ("PENDING", "SUSPENDED"):  # holding chips somewhere
                 unknown.setdefault(pod, set()).add(job)
             continue
-        if chips and f.get("state") == "RUNNING" and f.get("phase") == "PLACED":
+        if (
+            chips
+            and f.get("state") == "RUNNING"
+            and f.get("phase") == "PLACED"
+            and not shields(json.loads(f.get("rcl") or "[]"), job_id)
+        ):
             running.append(
                 RunningJob(
                     job,
