@@ -12,6 +12,7 @@ from lightpath.v1 import common_pb2
 from lightpath.v1 import workload_scheduler_pb2 as ws
 from lightpath_services.cell_scheduler.jobs import gives_up
 from lightpath_services.cell_scheduler.quota import (
+    Hold,
     Quota,
     QuotaBook,
     RunningJob,
@@ -465,3 +466,26 @@ def test_what_a_job_that_reclaimed_gives_up_follows_its_policy():
     assert gives_up(resolved(shrink, [(8, 4, 4), (4, 4, 4)])) == {"tpu": 3}
     assert gives_up(resolved(shrink, [(2, 1, 1)], unit=common_pb2.SHAPE_UNIT_BLOCKS)) == {"tpu": 2}
     assert gives_up(resolved(common_pb2.PREEMPTION_POLICY_DELAY, sub_block=True)) == {}
+
+
+def test_the_pod_held_for_an_owners_job_is_the_closest_to_its_room():
+    """QuotaBook.pod_to_hold: free blocks' chips and chips of jobs of cohort members that
+    borrow now, per pod; the most wins (ties: the first pod id). Hold.keeps_out: only
+    jobs that would borrow stay off it, never the owner's own job."""
+    b = book(A, B, beta={"tpu": 1024 + 64})  # beta borrows
+    running = [
+        run("b1", "beta", 10, 1, "pod-1", 512),
+        run("b2", "beta", 10, 2, "pod-2", 64),
+        run("a1", "acme", 10, 3, "pod-2", 1024),  # acme's own: not reach
+    ]
+    room = {"pod-1": {"tpu": 0}, "pod-2": {"tpu": 256}, "pod-3": {"tpu": 512}}
+    assert b.reach("acme", "tpu", running, room) == {"pod-1": 512, "pod-2": 320, "pod-3": 512}
+    assert b.pod_to_hold("acme", {"tpu": 2048}, running, room) == "pod-1"
+    # beta no longer borrowing: its jobs are no one's reach
+    idle = book(A, B, beta={"tpu": 1024})
+    assert idle.pod_to_hold("acme", {"tpu": 2048}, running, room) == "pod-3"
+    assert idle.pod_to_hold("acme", {"tpu": 2048}, running, {}) is None
+    hold = Hold("own", "pod-1")
+    assert hold.keeps_out("other", borrows=True) == "pod-1"
+    assert hold.keeps_out("other", borrows=False) == ""
+    assert hold.keeps_out("own", borrows=True) == ""

@@ -341,6 +341,55 @@ async def test_a_reclaimed_job_is_never_forwarded_where_only_its_reclaimer_would
             await redis.aclose()
 
 
+async def test_a_pod_is_held_for_an_owners_job_no_pod_can_make_room_for(redis_url):
+    """quota.Hold, with two replicas: acme's a3 (3 blocks, within its nominal) finds
+    no pod with 3 blocks free and nobody borrowing. One replica holds pod-b, the closest
+    (2 free), for it — one hold in Redis, both replicas keep to it: gamma's jobs, which
+    would borrow, go to pod-a or wait, through either replica; when a2 leaves pod-b, a3
+    starts there, the hold ends, and the waiting gamma job takes pod-b's last block."""
+    async with cell_stack(
+        redis_url, pods=(("pod-a", 4, "tpu"), ("pod-b", 4, "tpu")), replicas=2
+    ) as cell:
+        await set_quota(cell, "acme", nominal_chips={"tpu": 384}, cohort="lab")
+        await set_quota(cell, "beta", nominal_chips={"tpu": 128}, cohort="lab")
+        await set_quota(cell, "gamma", nominal_chips={"tpu": 0}, cohort="lab")
+        for job_id, tenant, chips, pod in (
+            ("a1", "acme", (4, 4, 4), "pod-a"),
+            ("a2", "acme", (8, 4, 4), "pod-b"),
+            ("b1", "beta", (8, 4, 4), "pod-a"),
+        ):
+            sub = await cell.submit(job_id, chips, tenant=tenant)
+            assert sub.job.pod_id == pod, (job_id, sub.job.reason)
+        await cell.submit("a3", (12, 4, 4), tenant="acme")
+        redis = aioredis.from_url(redis_url, decode_responses=True)
+        hold_key = cell_key("hold")
+        try:
+
+            async def held() -> dict[str, str]:
+                return await redis.hgetall(hold_key)
+
+            assert await cell.wait_for(held, what="a pod held for a3") == {
+                "job": "a3",
+                "pod": "pod-b",
+            }
+            g1 = await cell.submit("g1", tenant="gamma", replica=1)
+            assert g1.job.pod_id == "pod-a", g1.job.reason  # borrowing: not pod-b
+            g2 = await cell.submit("g2", tenant="gamma", replica=0)
+            assert not g2.job.pod_id and "pod-b: held for a tenant's job" in g2.job.reason
+            # a2 ends: pod-b has a3's room; a3 starts there and the hold ends
+            await cell.cell.CompleteJob(cs.CompleteCellJobRequest(job_id="a2"))
+            assert (await cell.wait_state("a3", RUNNING)).pod_id == "pod-b"
+            await cell.wait_for(lambda: _not(held()), what="the hold ended")
+            # pod-b is anyone's again: g2 takes its last free block
+            assert (await cell.wait_state("g2", RUNNING)).pod_id == "pod-b"
+        finally:
+            await redis.aclose()
+
+
+async def _not(value) -> bool:
+    return not await value
+
+
 def _update_priority(job_id: str, priority: int) -> cs.UpdateCellJobRequest:
     req = cs.UpdateCellJobRequest(spec=ws.JobSpec(job_id=job_id, priority=priority))
     req.update_mask.paths.append("priority")

@@ -78,6 +78,19 @@ def resumes(record: CellJobRecord) -> str:
     return "; a reclaim sent it back from its pod: it resumes from its checkpoint when placed"
 
 
+HELD_FOR_OWNER = (
+    "held for a tenant's job within its nominal quota that no pod could make room for: "
+    "jobs that would borrow quota wait for other pods meanwhile"
+)
+
+
+def without_pod(demand: JobDemand, pod: str) -> JobDemand:
+    """`demand` with `pod` taken out of the pods that could host it ("": as it is)."""
+    if not pod or pod not in demand.needs:
+        return demand
+    return replace(demand, needs={p: n for p, n in demand.needs.items() if p != pod})
+
+
 def no_capacity_delay() -> float:
     SUBMITS.record(True)
     return SUBMITS.delay(NO_CAPACITY_RETRY_S)
@@ -123,11 +136,16 @@ class Admission:
             {p: r.needs for p, r in (on_pods or resolved).items()},
             preferred=req.preferred_pod,
         )
+        # one that would borrow stays off the pod held for an owner's job (quota.Hold)
+        kept_out = state.keeps_out(job_id, tenant, charge_of(next(iter(resolved.values()))))
+        demand = without_pod(demand, kept_out)
         ahead: list[JobDemand] = []
         if snap.queue:
             queued, _ = await self.queued(snap, models, now)
             ahead = [d for d in queued if d.priority >= priority]
         _, choice = plan_queue([*ahead, demand], views.values())[-1]
+        if kept_out:
+            choice = replace(choice, not_now={**choice.not_now, kept_out: HELD_FOR_OWNER})
         if pods_full:
             choice = Choice((), choice.not_now, held_back=WAITING_FOR_QUOTA + pods_full)
         elif tenant in state.quotas:
@@ -217,6 +235,14 @@ class Admission:
                 )
             )
         demands = await self._shielded(demands, records, models)
+        if state.hold is not None:  # jobs that would borrow stay off the held pod
+            charges = {g.job_id: g.chips for g in gated}
+            demands = [
+                without_pod(
+                    d, state.keeps_out(d.job_id, records[d.job_id].tenant, charges[d.job_id])
+                )
+                for d in demands
+            ]
         admit, waits = gate(gated, state, capacity_of(models.values()), now)
         waits.update(pod_waits)
         for job_id, why in waits.items():

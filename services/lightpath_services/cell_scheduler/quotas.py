@@ -32,6 +32,7 @@ from lightpath.v1 import cell_scheduler_pb2, workload_scheduler_pb2
 from lightpath_services.cell_scheduler.choice import CHIPS_SUFFIX
 from lightpath_services.cell_scheduler.quota import (
     DEFAULT_HALF_LIFE_S,
+    Hold,
     Quota,
     QuotaBook,
     Reclaim,
@@ -142,6 +143,7 @@ class QuotaState:
     # (tenant, pod) -> its quota on that pod, and the chips it holds there
     pod_quotas: Mapping[tuple[str, str], Quota] = field(default_factory=dict)
     pod_used: Mapping[tuple[str, str], Mapping[str, int]] = field(default_factory=dict)
+    hold: Hold | None = None  # the pod held for an owner's job (store's "hold")
 
     @classmethod
     def of(cls, rows: QuotaRows) -> QuotaState:
@@ -167,7 +169,15 @@ class QuotaState:
         parsed = [from_json(k, raw) for k, raw in rows.quotas.items()]
         quotas = {q.tenant: q for q in parsed if not q.pod}
         pod_quotas = {(q.tenant, q.pod): q for q in parsed if q.pod}
-        return cls(rows.version, quotas, used, decayed, pod_quotas, pod_used)
+        hold = Hold(*rows.hold) if rows.hold else None
+        return cls(rows.version, quotas, used, decayed, pod_quotas, pod_used, hold)
+
+    def keeps_out(self, job_id: str, tenant: str, need: Mapping[str, int]) -> str:
+        """The pod the hold keeps job `job_id` of `tenant`'s (`need` chips) out of ("":
+        none): the held pod, when the job would borrow (Hold.keeps_out)."""
+        if self.hold is None:
+            return ""
+        return self.hold.keeps_out(job_id, not self.book().check(tenant, need).within_nominal)
 
     @property
     def active(self) -> bool:
@@ -464,7 +474,17 @@ def plan_reclaim(
     `box` is a box of an unknown block (placed before the cell stored it, or moved
     since the last answer the cell followed): never named, and while it holds chips it
     may hold any block of its pod given over to boxes."""
-    sizes = block_chips or {}
+    running, holders = running_of(job_id, live, block_chips or {})
+    return state.book().reclaim(
+        tenant, need, running, room, box=box, block_chips=block_chips, holders=holders
+    )
+
+
+def running_of(
+    job_id: str, live: Iterable[tuple[str, str, Mapping[str, str]]], sizes: Mapping[str, int]
+) -> tuple[list[RunningJob], dict[tuple[str, int], set[str]]]:
+    """The running jobs reclaim may take for `job_id`, and per (pod, block) given over to
+    sub-block slices every job holding chips there (plan_reclaim)."""
     running = []
     holders: dict[tuple[str, int], set[str]] = {}
     unknown: dict[str, set[str]] = {}
@@ -495,6 +515,4 @@ def plan_reclaim(
             )
     for (pod, _), jobs in holders.items():
         jobs |= unknown.get(pod, set())
-    return state.book().reclaim(
-        tenant, need, running, room, box=box, block_chips=block_chips, holders=holders
-    )
+    return running, holders
