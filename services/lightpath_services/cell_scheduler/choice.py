@@ -16,8 +16,9 @@ For one job, every registered pod is in one of these classes:
 2. **fits by preemption** (CS-3) — free blocks plus the blocks that running
    jobs of *lower* priority would give up under their own policy cover the
    need — not counting a job that reclaimed quota from this one (issue 35: it is
-   never that one's victim, so the pod would refuse the forward). Ordered by the fewest blocks to take from others, then as in 1 (the
-   preferred pod first among them too).
+   never that one's victim, so the pod would refuse the forward). Ordered by the
+   fewest blocks to take from others, then as in 1 (the preferred pod first among
+   them too).
 3. **not now** — with the reason (silent, short of blocks, cannot host it).
 
 A sub-block slice (issue 28: a box of c chips inside one block) is counted in
