@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 from collections import Counter
+from collections.abc import Collection
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -240,6 +241,15 @@ class SliceJob:
             submitted_ms=int(d.get("sub", 0)),
             reclaimed_from=tuple(d.get("rcl", ())),
         )
+
+
+def shields(reclaimed_from: Collection[str], preemptor: str) -> bool:
+    """Whether a job that reclaimed lent quota from the jobs `reclaimed_from` (issue 35)
+    is out of `preemptor`'s reach: a job is never the victim of one it reclaimed from,
+    or the borrower a reclaim sent away would take the owner's blocks straight back by
+    priority. The one rule the pod's preemption and the cell's choice of pods and of
+    reclaim victims (and the simulator, through them) all apply."""
+    return bool(preemptor) and preemptor in reclaimed_from
 
 
 # A block given over to sub-block slices holds this in the pod's owner hash instead

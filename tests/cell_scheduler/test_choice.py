@@ -15,6 +15,7 @@ from lightpath_services.cell_scheduler.choice import (
     chips_key,
     choose,
     plan_queue,
+    shielded_blocks,
 )
 
 
@@ -88,6 +89,27 @@ def test_preemption_only_of_lower_priority_and_only_when_nothing_fits():
         ("p3", FITS),
         ("p1", PREEMPTS),
     ]
+
+
+def test_blocks_of_a_job_that_reclaimed_from_this_one_are_never_counted_for_it():
+    """Issue 35: `own` (priority 10) reclaimed quota from `back` (60): on p1 its 2 blocks
+    are all lower priorities give up, so p1 would refuse `back`; p2's 2 blocks of other
+    work at 10 still count. Another job at 60 counts own's blocks as ever."""
+    pods = [
+        pod("p1", {"tpu": 0}, {"tpu": {10: 2}}),
+        pod("p2", {"tpu": 0}, {"tpu": {10: 2}}),
+    ]
+    holders = [("p1", ["back"], 10, {"tpu": 2}), ("p2", ["someone"], 10, {"tpu": 2})]
+    shielded = shielded_blocks("back", 60, holders)
+    assert shielded == {"p1": {"tpu": 2}}
+    choice = choose(job("back", on_all(pods, {"tpu": 2}), 60, shielded=shielded), pods)
+    assert [(c.pod_id, c.how) for c in choice.candidates] == [("p2", PREEMPTS)]
+    assert "0 held by lower-priority work" in choice.not_now["p1"]
+    assert "2 by lower-priority jobs that reclaimed quota from it" in choice.not_now["p1"]
+    other = choose(job("other", on_all(pods, {"tpu": 2}), 60), pods)
+    assert [c.pod_id for c in other.candidates] == ["p1", "p2"]
+    # a shield counts only below the job's priority (the pod never preempts upwards)
+    assert shielded_blocks("back", 10, holders) == {}
 
 
 def test_among_preemption_candidates_the_fewest_blocks_taken_first():

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import math
+from collections import Counter
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from lightpath.v1 import common_pb2
+from lightpath.v1 import workload_scheduler_pb2 as ws
+from lightpath_services.cell_scheduler.jobs import gives_up
 from lightpath_services.cell_scheduler.quota import (
+    Hold,
     Quota,
     QuotaBook,
     RunningJob,
@@ -17,7 +22,8 @@ from lightpath_services.cell_scheduler.quota import (
     dominant_share,
     fair_order,
 )
-from lightpath_services.cell_scheduler.quotas import QuotaState, plan_reclaim
+from lightpath_services.cell_scheduler.quotas import QuotaState, plan_reclaim, reclaimers
+from lightpath_services.cell_scheduler.request import Resolved
 
 
 def book(*quotas: Quota, **used: dict[str, int]) -> QuotaBook:
@@ -399,20 +405,87 @@ def test_plan_reclaim_reads_boxes_and_their_blocks_from_the_stored_fields():
         row("blk", "beta", 64, priority=90, seq=3),
     ]
     room, size = {"pod-1": {}}, {"pod-1": 64}
-    got = plan_reclaim("acme", {"tpu": 64}, state, live, room, block_chips=size)
+    got = plan_reclaim("own", "acme", {"tpu": 64}, state, live, room, block_chips=size)
     assert got is not None and sorted(v.job_id for v in got.victims) == ["s1", "s2"]
     # a third box there, still wiring (never a victim), keeps block 3 whole
     wiring = [*live, row("s3", "gamma", 8, box="3", state="WIRING")]
-    got = plan_reclaim("acme", {"tpu": 64}, state, wiring, room, block_chips=size)
+    got = plan_reclaim("own", "acme", {"tpu": 64}, state, wiring, room, block_chips=size)
     assert got is not None and [v.job_id for v in got.victims] == ["blk"]
     # a box with no stored block is not named: the box reclaims from one that has one
     legacy = [row("old", "beta", 8, priority=1, seq=9), row("s1", "beta", 32, box="3")]
-    got = plan_reclaim("acme", {"tpu": 8}, state, legacy, room, box=True, block_chips=size)
+    got = plan_reclaim("own", "acme", {"tpu": 8}, state, legacy, room, box=True, block_chips=size)
     assert got is not None and [v.job_id for v in got.victims] == ["s1"]
     # ... and, running somewhere, it may be in block 3: no block of boxes is freed whole
-    got = plan_reclaim("acme", {"tpu": 64}, state, [*live, legacy[0]], room, block_chips=size)
+    got = plan_reclaim(
+        "own", "acme", {"tpu": 64}, state, [*live, legacy[0]], room, block_chips=size
+    )
     assert got is not None and [v.job_id for v in got.victims] == ["blk"]
     # delayed (holding nothing), it is in no block
     delayed = row("old", "beta", 8, state="SUSPENDED")
-    got = plan_reclaim("acme", {"tpu": 64}, state, [*live, delayed], room, block_chips=size)
+    got = plan_reclaim("own", "acme", {"tpu": 64}, state, [*live, delayed], room, block_chips=size)
     assert got is not None and sorted(v.job_id for v in got.victims) == ["s1", "s2"]
+
+
+def test_plan_reclaim_never_names_a_job_that_reclaimed_from_the_reclaiming_one():
+    """beta's `back` reclaimed quota from acme's `own` (its row's "rcl"): the pod would
+    refuse it as own's victim (lightpath.domain.slices.shields), so the cell names the
+    next borrowed job instead, or none when only `back` would do."""
+    state = QuotaState("7", {"acme": A, "beta": B}, {"beta": {"tpu": 2048}}, {})
+
+    def row(job, priority, seq, rcl=""):
+        f = {"tenant": "beta", "priority": str(priority), "seq": str(seq), "state": "RUNNING"}
+        f |= {"phase": "PLACED", "qc": '{"tpu": 64}', "rcl": rcl, "rcb": ""}
+        return ("pod-1", job, f)
+
+    live = [row("back", 5, 2, rcl='["own"]'), row("other", 50, 1)]
+    room, size = {"pod-1": {}}, {"pod-1": 64}
+    got = plan_reclaim("own", "acme", {"tpu": 64}, state, live, room, block_chips=size)
+    assert got is not None and [v.job_id for v in got.victims] == ["other"]
+    # any other job of acme's may take `back` (it reclaimed from `own` only)
+    got = plan_reclaim("own-2", "acme", {"tpu": 64}, state, live, room, block_chips=size)
+    assert got is not None and [v.job_id for v in got.victims] == ["back"]
+    assert plan_reclaim("own", "acme", {"tpu": 64}, state, live[:1], room, block_chips=size) is None
+    assert reclaimers(live) == [("pod-1", ["own"], 5, {})]
+
+
+def test_what_a_job_that_reclaimed_gives_up_follows_its_policy():
+    """jobs.gives_up: the blocks the cell never counts for the jobs a reclaim sent away
+    (as the pod's preemption.max_freeable counts them)."""
+
+    def resolved(policy, shrink=(), unit=0, sub_block=False):
+        spec = ws.JobSpec(job_id="j", preemption_policy=policy, unit=unit)
+        for dims in shrink:
+            spec.shrink_to.add(dims=dims)
+        needs = Counter({"tpu#chips": 8} if sub_block else {"tpu": 4})
+        return Resolved(spec, needs, (2, 2, 1), (8, 8, 4), 10, sub_block=sub_block)
+
+    assert gives_up(resolved(common_pb2.PREEMPTION_POLICY_DELAY)) == {"tpu": 4}
+    assert gives_up(resolved(common_pb2.PREEMPTION_POLICY_TERMINATE)) == {"tpu": 4}
+    # shrinking: all but the smallest arrangement it accepts (in chips or in blocks)
+    shrink = common_pb2.PREEMPTION_POLICY_SHRINK
+    assert gives_up(resolved(shrink, [(8, 4, 4), (4, 4, 4)])) == {"tpu": 3}
+    assert gives_up(resolved(shrink, [(2, 1, 1)], unit=common_pb2.SHAPE_UNIT_BLOCKS)) == {"tpu": 2}
+    assert gives_up(resolved(common_pb2.PREEMPTION_POLICY_DELAY, sub_block=True)) == {}
+
+
+def test_the_pod_held_for_an_owners_job_is_the_closest_to_its_room():
+    """QuotaBook.pod_to_hold: free blocks' chips and chips of jobs of cohort members that
+    borrow now, per pod; the most wins (ties: the first pod id). Hold.keeps_out: only
+    jobs that would borrow stay off it, never the owner's own job."""
+    b = book(A, B, beta={"tpu": 1024 + 64})  # beta borrows
+    running = [
+        run("b1", "beta", 10, 1, "pod-1", 512),
+        run("b2", "beta", 10, 2, "pod-2", 64),
+        run("a1", "acme", 10, 3, "pod-2", 1024),  # acme's own: not reach
+    ]
+    room = {"pod-1": {"tpu": 0}, "pod-2": {"tpu": 256}, "pod-3": {"tpu": 512}}
+    assert b.reach("acme", "tpu", running, room) == {"pod-1": 512, "pod-2": 320, "pod-3": 512}
+    assert b.pod_to_hold("acme", {"tpu": 2048}, running, room) == "pod-1"
+    # beta no longer borrowing: its jobs are no one's reach
+    idle = book(A, B, beta={"tpu": 1024})
+    assert idle.pod_to_hold("acme", {"tpu": 2048}, running, room) == "pod-3"
+    assert idle.pod_to_hold("acme", {"tpu": 2048}, running, {}) is None
+    hold = Hold("own", "pod-1")
+    assert hold.keeps_out("other", borrows=True) == "pod-1"
+    assert hold.keeps_out("other", borrows=False) == ""
+    assert hold.keeps_out("own", borrows=True) == ""

@@ -10,10 +10,13 @@ import asyncio
 
 import grpc
 import pytest
+import redis.asyncio as aioredis
 
 from lightpath.client import channel
 from lightpath.v1 import cell_scheduler_pb2 as cs
 from lightpath.v1 import cell_scheduler_pb2_grpc, common_pb2
+from lightpath.v1 import workload_scheduler_pb2 as ws
+from lightpath_services.common.keys import cell_key
 from tests.cell_scheduler.conftest import Cell, cell_stack, rpc_error
 from tests.helpers import credentials
 
@@ -286,6 +289,111 @@ async def test_lent_quota_is_reclaimed_from_the_borrowers_lowest_priority_job_by
     await cell1.cell.CompleteJob(cs.CompleteCellJobRequest(job_id="own-1"))
     back = await cell1.wait_state("g5", RUNNING)
     assert back.pod_id == "pod-a" and "reclaimed" not in back.reason, back
+
+
+async def test_a_reclaimed_job_is_never_forwarded_where_only_its_reclaimer_would_give_way(
+    redis_url,
+):
+    """The pod's rule (lightpath.domain.slices.shields): a job is never the victim of a job
+    it reclaimed quota from. The cell applies it too: the guest's g3 (priority 60) a
+    reclaim sent back to the cell queue is not forwarded to pod-a, where only the owner's
+    job that reclaimed from it (priority 10) would give way — that forward was refused and
+    tried again at each change of pod-a's capacity — but to pod-b once work of lower
+    priority runs there, with no refusal on the way."""
+    async with cell_stack(redis_url, pods=(("pod-a", 4, "tpu"), ("pod-b", 4, "tpu"))) as cell:
+        await set_quota(cell, "owner", nominal_chips={"tpu": 384}, cohort="lab")
+        await set_quota(cell, "guest", nominal_chips={"tpu": 128}, cohort="lab")
+        for i in range(4):  # pod-a: the guest's, 128 nominal + 128 borrowed
+            low = i == 3
+            sub = await cell.submit(
+                f"g{i}",
+                tenant="guest",
+                prefer_pod="pod-a",
+                priority=60 if low else 90,
+                preemption_policy=common_pb2.PREEMPTION_POLICY_DELAY
+                if low
+                else common_pb2.PREEMPTION_POLICY_TERMINATE,
+            )
+            assert sub.job.pod_id == "pod-a", sub.job.reason
+        for i in range(4):  # pod-b: a tenant without a quota, above the guest's priority
+            sub = await cell.submit(f"x{i}", tenant="other", priority=95)
+            assert sub.job.pod_id == "pod-b", sub.job.reason
+        await cell.submit("own-1", tenant="owner", priority=10)
+        await cell.wait_state("own-1", RUNNING)
+        assert (await cell.job("own-1")).pod_id == "pod-a"
+        await cell.wait_for(lambda: _in_cell_queue(cell, "g3"), what="g3 reclaimed")
+        # pod-a reports own-1 running: the work of lower priority than g3's there
+        await cell.wait_capacity(
+            "pod-a",
+            lambda cap: dict(cap.types[0].preemptible_by_priority).get(10) == 1,
+            what="pod-a reporting own-1 as preemptible at priority 10",
+        )
+        redis = aioredis.from_url(redis_url, decode_responses=True)
+        try:
+            # lower priority work on pod-b: g3 goes there (preempting x3), not to pod-a
+            await cell.cell.UpdateJob(_update_priority("x3", 20))
+            placed = await cell.wait_state("g3", RUNNING)
+            assert placed.pod_id == "pod-b", placed
+            assert (await cell.job("x3")).state != RUNNING
+            assert not await redis.hget(cell_key("job", "g3"), "refused")  # no forward refused
+            assert (await cell.job("own-1")).state == RUNNING
+        finally:
+            await redis.aclose()
+
+
+async def test_a_pod_is_held_for_an_owners_job_no_pod_can_make_room_for(redis_url):
+    """quota.Hold, with two replicas: acme's a3 (3 blocks, within its nominal) finds
+    no pod with 3 blocks free and nobody borrowing. One replica holds pod-b, the closest
+    (2 free), for it — one hold in Redis, both replicas keep to it: gamma's jobs, which
+    would borrow, go to pod-a or wait, through either replica; when a2 leaves pod-b, a3
+    starts there, the hold ends, and the waiting gamma job takes pod-b's last block."""
+    async with cell_stack(
+        redis_url, pods=(("pod-a", 4, "tpu"), ("pod-b", 4, "tpu")), replicas=2
+    ) as cell:
+        await set_quota(cell, "acme", nominal_chips={"tpu": 384}, cohort="lab")
+        await set_quota(cell, "beta", nominal_chips={"tpu": 128}, cohort="lab")
+        await set_quota(cell, "gamma", nominal_chips={"tpu": 0}, cohort="lab")
+        for job_id, tenant, chips, pod in (
+            ("a1", "acme", (4, 4, 4), "pod-a"),
+            ("a2", "acme", (8, 4, 4), "pod-b"),
+            ("b1", "beta", (8, 4, 4), "pod-a"),
+        ):
+            sub = await cell.submit(job_id, chips, tenant=tenant)
+            assert sub.job.pod_id == pod, (job_id, sub.job.reason)
+        await cell.submit("a3", (12, 4, 4), tenant="acme")
+        redis = aioredis.from_url(redis_url, decode_responses=True)
+        hold_key = cell_key("hold")
+        try:
+
+            async def held() -> dict[str, str]:
+                return await redis.hgetall(hold_key)
+
+            assert await cell.wait_for(held, what="a pod held for a3") == {
+                "job": "a3",
+                "pod": "pod-b",
+            }
+            g1 = await cell.submit("g1", tenant="gamma", replica=1)
+            assert g1.job.pod_id == "pod-a", g1.job.reason  # borrowing: not pod-b
+            g2 = await cell.submit("g2", tenant="gamma", replica=0)
+            assert not g2.job.pod_id and "pod-b: held for a tenant's job" in g2.job.reason
+            # a2 ends: pod-b has a3's room; a3 starts there and the hold ends
+            await cell.cell.CompleteJob(cs.CompleteCellJobRequest(job_id="a2"))
+            assert (await cell.wait_state("a3", RUNNING)).pod_id == "pod-b"
+            await cell.wait_for(lambda: _not(held()), what="the hold ended")
+            # pod-b is anyone's again: g2 takes its last free block
+            assert (await cell.wait_state("g2", RUNNING)).pod_id == "pod-b"
+        finally:
+            await redis.aclose()
+
+
+async def _not(value) -> bool:
+    return not await value
+
+
+def _update_priority(job_id: str, priority: int) -> cs.UpdateCellJobRequest:
+    req = cs.UpdateCellJobRequest(spec=ws.JobSpec(job_id=job_id, priority=priority))
+    req.update_mask.paths.append("priority")
+    return req
 
 
 async def _in_cell_queue(cell: Cell, job_id: str) -> cs.CellJob | None:

@@ -164,6 +164,74 @@ def test_idle_chip_seconds_the_quotas_leave_free_are_what_a_hand_count_gives():
     }
 
 
+# beta's j3 (priority 60) is reclaimed for acme's j4 (priority 10); j5's arrival makes
+# the cell look at the queue again while j4 runs and only j4 would give way to j3.
+SHIELD = """arrival,tenant,shape,twisted,duration,priority,preemption
+0,beta,16x16x8,false,36000,90,terminate
+1,beta,16x16x8,false,36000,60,delay
+100,acme,16x16x8,false,3600,10,delay
+200,other,4x4x4,false,60,5,delay
+"""
+
+
+def test_a_reclaimed_job_is_not_offered_where_only_its_reclaimer_would_give_way():
+    """As the service's cell (lightpath.domain.slices.shields through choice.choose): the
+    job a reclaim sent back is not forwarded to the pod where only the job that
+    reclaimed from it has lower priority (the pod would refuse it), and runs again when
+    that job ends."""
+    jobs, bad = parse_trace(SHIELD, FABRIC)
+    assert not bad
+    quotas = (
+        Quota("acme", {"tpu": 6144}, cohort="lab"),
+        Quota("beta", {"tpu": 2048}, cohort="lab"),
+    )
+    r = simulate(jobs, SimConfig(quotas=quotas, restart_s=300))
+    runs = {j.trace.job_id: j for j in r.jobs}
+    assert runs["j4"].first_start == 100 and runs["j4"].preemptions == 0
+    assert runs["j3"].preemptions == 1 and r.stats["counters"]["reclaims"] == 1
+    assert r.stats["counters"].get("cell_refusals", 0) == 0
+    assert runs["j3"].end > runs["j4"].end  # it ran again once j4 gave its blocks back
+    assert all(j.state == "COMPLETED" for j in r.jobs)
+
+
+# Two pods of 64 blocks. acme's j5 (48 blocks, within its nominal) finds no pod with
+# room and nobody borrowing: pod-1 (32 blocks free, the closest) is held for it. gamma's
+# j6 would borrow: it stays off pod-1 and waits for room on pod-0.
+HOLD = """arrival,tenant,shape,twisted,duration,priority,preemption
+0,acme,16x16x4,false,1000,50,delay
+1,acme,16x16x8,false,5000,50,delay
+2,beta,16x16x8,false,50000,50,delay
+10,acme,16x16x12,false,3600,50,delay
+20,gamma,16x16x8,false,20000,50,delay
+"""
+
+
+@pytest.mark.parametrize("holds", [True, False])
+def test_a_pod_is_held_for_an_owners_job_no_pod_has_room_for(holds, monkeypatch):
+    """quota.Hold, as the service's cell. Either way j5 starts when j3 leaves pod-1;
+    without the hold, j6 borrows pod-1's free blocks meanwhile and is reclaimed then
+    (its restart paid), with it j6 starts on pod-0 once j2 leaves it."""
+    monkeypatch.setattr(engine, "HOLDS", holds)
+    jobs, bad = parse_trace(HOLD, FABRIC)
+    assert not bad
+    quotas = (
+        Quota("acme", {"tpu": 6144}, cohort="lab"),
+        Quota("beta", {"tpu": 2048}, cohort="lab"),
+        Quota("gamma", {"tpu": 0}, cohort="lab"),
+    )
+    r = simulate(jobs, SimConfig(quotas=quotas, pods=2, restart_s=300))
+    runs = {j.trace.job_id: j for j in r.jobs}
+    assert runs["j5"].first_start == 5001 and runs["j5"].preemptions == 0
+    if holds:
+        assert r.stats["counters"]["holds"] == 1
+        assert runs["j6"].first_start == 1000 and runs["j6"].pod == 0
+        assert runs["j6"].preemptions == 0 and not r.stats["counters"].get("reclaims")
+    else:
+        assert runs["j6"].first_start == 20 and runs["j6"].preemptions == 1
+        assert r.stats["counters"]["reclaims"] == 1 and "holds" not in r.stats["counters"]
+    assert all(j.state == "COMPLETED" for j in r.jobs)
+
+
 def test_without_a_cohort_nothing_is_borrowed():
     jobs, _ = parse_trace(BURST, FABRIC)
     alone = (Quota("acme", {"tpu": 3072}), Quota("beta", {"tpu": 1024}))

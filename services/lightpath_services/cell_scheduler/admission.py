@@ -20,19 +20,27 @@ from dataclasses import replace
 
 from lightpath.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
 from lightpath.v1 import cell_scheduler_pb2, workload_scheduler_pb2
-from lightpath_services.cell_scheduler.choice import Choice, JobDemand, PodCapacityView, plan_queue
+from lightpath_services.cell_scheduler.choice import (
+    Choice,
+    JobDemand,
+    PodCapacityView,
+    plan_queue,
+    shielded_blocks,
+)
 from lightpath_services.cell_scheduler.jobs import SubmitResult, request_b64
 from lightpath_services.cell_scheduler.podclient import PodCallError, state_name
 from lightpath_services.cell_scheduler.pods import CACHE_LIMIT, PodDirectory
 from lightpath_services.cell_scheduler.quotas import (
     NEVER_UNDER_QUOTA,
     QUOTA_ALLOWS,
+    RECLAIM_FIELDS,
     WAITING_FOR_QUOTA,
     Queued,
     QuotaState,
     capacity_of,
     charge_of,
     gate,
+    reclaimers,
     waits_for_quota,
     within_pod_quotas,
 )
@@ -68,6 +76,19 @@ def resumes(record: CellJobRecord) -> str:
     if not record.reclaimed:
         return ""
     return "; a reclaim sent it back from its pod: it resumes from its checkpoint when placed"
+
+
+HELD_FOR_OWNER = (
+    "held for a tenant's job within its nominal quota that no pod could make room for: "
+    "jobs that would borrow quota wait for other pods meanwhile"
+)
+
+
+def without_pod(demand: JobDemand, pod: str) -> JobDemand:
+    """`demand` with `pod` taken out of the pods that could host it ("": as it is)."""
+    if not pod or pod not in demand.needs:
+        return demand
+    return replace(demand, needs={p: n for p, n in demand.needs.items() if p != pod})
 
 
 def no_capacity_delay() -> float:
@@ -115,11 +136,16 @@ class Admission:
             {p: r.needs for p, r in (on_pods or resolved).items()},
             preferred=req.preferred_pod,
         )
+        # one that would borrow stays off the pod held for an owner's job (quota.Hold)
+        kept_out = state.keeps_out(job_id, tenant, charge_of(next(iter(resolved.values()))))
+        demand = without_pod(demand, kept_out)
         ahead: list[JobDemand] = []
         if snap.queue:
             queued, _ = await self.queued(snap, models, now)
             ahead = [d for d in queued if d.priority >= priority]
         _, choice = plan_queue([*ahead, demand], views.values())[-1]
+        if kept_out:
+            choice = replace(choice, not_now={**choice.not_now, kept_out: HELD_FOR_OWNER})
         if pods_full:
             choice = Choice((), choice.not_now, held_back=WAITING_FOR_QUOTA + pods_full)
         elif tenant in state.quotas:
@@ -208,6 +234,15 @@ class Admission:
                     charge_of(next(iter(resolved.values()))),
                 )
             )
+        demands = await self._shielded(demands, records, models)
+        if state.hold is not None:  # jobs that would borrow stay off the held pod
+            charges = {g.job_id: g.chips for g in gated}
+            demands = [
+                without_pod(
+                    d, state.keeps_out(d.job_id, records[d.job_id].tenant, charges[d.job_id])
+                )
+                for d in demands
+            ]
         admit, waits = gate(gated, state, capacity_of(models.values()), now)
         waits.update(pod_waits)
         for job_id, why in waits.items():
@@ -223,6 +258,28 @@ class Admission:
             return demands, details
         by_id = {d.job_id: d for d in demands}
         return [by_id[j] for j in admit], details
+
+    async def _shielded(
+        self,
+        demands: list[JobDemand],
+        records: Mapping[str, CellJobRecord],
+        models: Mapping[str, PodModel],
+    ) -> list[JobDemand]:
+        """The demands with what the jobs that reclaimed quota from them hold (issue 35:
+        never given to them, so the cell forwards none of them where only those would
+        make room). Only a job a reclaim sent back can be one's: for none, no read."""
+        if not any(records[d.job_id].reclaimed for d in demands):
+            return demands
+        live = await self.store.live_fields(sorted(models), RECLAIM_FIELDS)
+        holders = reclaimers(live)
+        if not holders:
+            return demands
+        return [
+            replace(d, shielded=shielded_blocks(d.job_id, d.priority, holders))
+            if records[d.job_id].reclaimed
+            else d
+            for d in demands
+        ]
 
     def request_of(self, record: CellJobRecord) -> cell_scheduler_pb2.SubmitJobRequest:
         key = (record.job_id, record.request_b64)

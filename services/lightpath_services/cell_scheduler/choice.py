@@ -15,8 +15,10 @@ For one job, every registered pod is in one of these classes:
    (`preferred_pod`), when it fits, goes first.
 2. **fits by preemption** (CS-3) — free blocks plus the blocks that running
    jobs of *lower* priority would give up under their own policy cover the
-   need. Ordered by the fewest blocks to take from others, then as in 1 (the
-   preferred pod first among them too).
+   need — not counting a job that reclaimed quota from this one (issue 35: it is
+   never that one's victim, so the pod would refuse the forward). Ordered by the
+   fewest blocks to take from others, then as in 1 (the preferred pod first among
+   them too).
 3. **not now** — with the reason (silent, short of blocks, cannot host it).
 
 A sub-block slice (issue 28: a box of c chips inside one block) is counted in
@@ -50,6 +52,8 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+
+from lightpath.domain.slices import shields
 
 FITS = "fits"
 PREEMPTS = "preempts"
@@ -129,6 +133,33 @@ class JobDemand:
     # The pod the submitter prefers (SubmitJobRequest.preferred_pod): first among the
     # pods of its class (fits now, or fits by preemption) when it is one of them.
     preferred: str = ""
+    # Per pod, blocks per node type of lower-priority jobs that reclaimed quota from
+    # this one (issue 35): counted in what lower priorities give up, never given to it
+    # (lightpath.domain.slices.shields; `shielded_blocks`).
+    shielded: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+
+    def takeable(self, pod: PodCapacityView, node_type: str) -> int:
+        """Blocks of `node_type` that lower-priority work on `pod` would give up to it."""
+        held = self.shielded.get(pod.pod_id, {}).get(node_type, 0)
+        return max(0, pod.takeable(node_type, self.priority) - held)
+
+
+def shielded_blocks(
+    job_id: str,
+    priority: int,
+    holders: Iterable[tuple[str, Iterable[str], int, Mapping[str, int]]],
+) -> dict[str, dict[str, int]]:
+    """JobDemand.shielded of job `job_id` at `priority`: per pod, the blocks per node
+    type that running jobs of lower priority would give up but not to it, since they
+    reclaimed quota from it. `holders`: (pod, the jobs it reclaimed from, its priority,
+    blocks per type it gives up at most) of each running job that reclaimed."""
+    out: dict[str, dict[str, int]] = {}
+    for pod, reclaimed_from, p, blocks in holders:
+        if p < priority and shields(tuple(reclaimed_from), job_id):
+            per_type = out.setdefault(pod, {})
+            for t, n in blocks.items():
+                per_type[t] = per_type.get(t, 0) + n
+    return out
 
 
 @dataclass(frozen=True)
@@ -161,6 +192,15 @@ def _blocks(c: Mapping[str, int]) -> str:
 
 def _chips(c: Mapping[str, int]) -> str:
     return ", ".join(f"{n} {t} chips" for t, n in sorted(c.items()))
+
+
+def _shielded(job: JobDemand, pod: PodCapacityView, node_type: str) -> str:
+    n = min(
+        job.shielded.get(pod.pod_id, {}).get(node_type, 0), pod.takeable(node_type, job.priority)
+    )
+    if not n:
+        return ""
+    return f" (and {n} by lower-priority jobs that reclaimed quota from it: never given to it)"
 
 
 def choose(job: JobDemand, pods: Iterable[PodCapacityView]) -> Choice:
@@ -199,22 +239,21 @@ def choose(job: JobDemand, pods: Iterable[PodCapacityView]) -> Choice:
         short |= {chips_key(t): 1 for t, n in chips.items() if pod.largest_box[t] < n}
         if not short:
             fits.append((balance, pod, need))
-        elif all(
-            pod.takeable(t.removesuffix(CHIPS_SUFFIX), job.priority) >= n for t, n in short.items()
-        ):
+        elif all(job.takeable(pod, t.removesuffix(CHIPS_SUFFIX)) >= n for t, n in short.items()):
             preempts.append(((balance[0], sum(short.values()), *balance[1:]), pod, short))
         else:
             not_now[pod.pod_id] = "needs " + "; ".join(
                 [
                     f"{n} {t} blocks: {pod.free[t]} free, "
-                    f"{pod.takeable(t, job.priority)} held by lower-priority work"
+                    f"{job.takeable(pod, t)} held by lower-priority work{_shielded(job, pod, t)}"
                     for t, n in sorted(blocks.items())
                     if t in short
                 ]
                 + [
                     f"a box of {n} {t} chips: the largest free holds {pod.largest_box[t]} "
                     f"({pod.chips_free[t]} chips free), "
-                    f"{pod.takeable(t, job.priority)} blocks held by lower-priority work"
+                    f"{job.takeable(pod, t)} blocks held by lower-priority work"
+                    f"{_shielded(job, pod, t)}"
                     for t, n in sorted(chips.items())
                     if chips_key(t) in short
                 ]

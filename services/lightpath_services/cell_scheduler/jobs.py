@@ -34,15 +34,17 @@ from __future__ import annotations
 
 import asyncio
 import datetime as _dt
+import json
 import logging
+import math
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from lightpath.errors import RELEASED_TO_CELL, Aborted, FailedPrecondition, NotFound
-from lightpath.v1 import cell_scheduler_pb2, workload_scheduler_pb2
-from lightpath_services.cell_scheduler.choice import Candidate
+from lightpath.v1 import cell_scheduler_pb2, common_pb2, workload_scheduler_pb2
+from lightpath_services.cell_scheduler.choice import CHIPS_SUFFIX, Candidate
 from lightpath_services.cell_scheduler.metrics import CellMetrics
 from lightpath_services.cell_scheduler.podclient import PodCallError, box_of, state_name
 from lightpath_services.cell_scheduler.pods import CACHE_LIMIT, PodDirectory
@@ -91,9 +93,14 @@ def request_b64(req: cell_scheduler_pb2.SubmitJobRequest) -> str:
     return b64(req.SerializeToString(deterministic=True))
 
 
-def record_fields(request: str, r: Resolved, cand: Candidate, priority: int) -> dict[str, Any]:
+def record_fields(
+    request: str, r: Resolved, cand: Candidate, priority: int, reclaim: Sequence[str] = ()
+) -> dict[str, Any]:
     """What a job's record says of where it goes: its request, the spec resolved for
-    the pod and the reason the pod was chosen."""
+    the pod and the reason the pod was chosen; and, when it went there reclaiming
+    quota (issue 35), the jobs it reclaimed from ("rcl") and the blocks per node type
+    it gives up at most under its own policy ("rcb"): what the cell's choice never
+    counts for those jobs (choice.shielded_blocks). Each placement sets both anew."""
     return {
         "req": request,
         "priority": priority,
@@ -102,7 +109,37 @@ def record_fields(request: str, r: Resolved, cand: Candidate, priority: int) -> 
         "blocks": r.block_count,
         "derived": "1" if r.derived else "0",
         "why": cand.reason,
+        "rcl": json.dumps(sorted(reclaim)) if reclaim else "",
+        "rcb": json.dumps(gives_up(r)) if reclaim else "",
     }
+
+
+def gives_up(r: Resolved) -> dict[str, int]:
+    """Blocks per node type a job resolved for a pod gives up at most when preempted
+    (as the pod counts it, preemption.max_freeable, but for health: the cell does not
+    know it): all of them, a shrinking job those beyond the smallest arrangement it
+    accepts, a sub-block slice none (it gives up chips)."""
+    if r.sub_block:
+        return {}
+    blocks = {t: n for t, n in sorted(r.needs.items()) if not t.endswith(CHIPS_SUFFIX) and n}
+    if r.spec.preemption_policy != common_pb2.PREEMPTION_POLICY_SHRINK:
+        return blocks
+    per_block = [c // g for c, g in zip(r.chips, r.grid, strict=True)]
+    kept = min(
+        (
+            math.prod(
+                d if r.spec.unit == common_pb2.SHAPE_UNIT_BLOCKS else d // b
+                for d, b in zip(s.dims, per_block, strict=True)
+            )
+            for s in r.spec.shrink_to
+        ),
+        default=r.block_count,
+    )
+    freed = r.block_count - kept
+    out: dict[str, int] = {}
+    for i, (t, n) in enumerate(blocks.items()):  # a shrink frees blocks of its types alike
+        out[t] = freed - sum(out.values()) if i == len(blocks) - 1 else freed * n // r.block_count
+    return {t: n for t, n in out.items() if n}
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,9 @@ Per node type `t` (chips), for tenant `x` with quota `q` in cohort `C`:
   youngest first, are preempted by their own policy (terminate, delay or
   shrink) on one pod, as few as free the room, never a job whose tenant is no
   longer borrowing when its turn comes.
+* **hold**: a job within its tenant's nominal that reclaim can place on no pod has the
+  pod closest to its room held for it (`Hold`): no job that would borrow goes there
+  until it starts or leaves.
 * **fair share**: the tenants that wait are served in the order of their
   weighted dominant share: for each type, the tenant's decayed chip-seconds
   over what the cell's chips of that type could give in the same decay window,
@@ -317,6 +320,43 @@ class QuotaBook:
         for t, n in need.items():
             u[t] = max(0, u.get(t, 0) - n)
 
+    def reach(
+        self,
+        tenant: str,
+        node_type: str,
+        running: Iterable[RunningJob],
+        room: Mapping[str, Mapping[str, int]],
+    ) -> dict[str, int]:
+        """Per pod, the chips of `node_type` a job of `tenant`'s within its nominal could
+        get there at most: whole free blocks' (`room`) and those of the running jobs of
+        its cohort's members that borrow now (reclaim's turns aside)."""
+        q = self.quotas.get(tenant)
+        members = set(self.cohorts.get(q.cohort, ())) - {tenant} if q and q.cohort else set()
+        out = {p: c.get(node_type, 0) for p, c in room.items()}
+        for j in running:
+            if j.tenant in members and self.borrowed(j.tenant, node_type) > 0:
+                out[j.pod] = out.get(j.pod, 0) + j.chips.get(node_type, 0)
+        return out
+
+    def pod_to_hold(
+        self,
+        tenant: str,
+        need: Mapping[str, int],
+        running: Iterable[RunningJob],
+        room: Mapping[str, Mapping[str, int]],
+    ) -> str | None:
+        """The pod to hold (`Hold`) for `tenant`'s job of `need` chips that reclaim cannot
+        place: the closest to making its room, the most chips it could get there
+        (`reach`, summed over its types; ties to the first pod id), or None when no pod
+        has any."""
+        running = list(running)
+        reach: dict[str, int] = {}
+        for t in need:
+            for pod, n in self.reach(tenant, t, running, room).items():
+                reach[pod] = reach.get(pod, 0) + n
+        best = max(sorted(reach), key=lambda p: reach[p], default=None)
+        return best if best is not None and reach[best] > 0 else None
+
     def reclaim(
         self,
         tenant: str,
@@ -473,6 +513,26 @@ class QuotaBook:
             for t, n in u.frees.items():
                 free[t] = free.get(t, 0) + n
         return [] if short(free) else taken
+
+
+@dataclass(frozen=True)
+class Hold:
+    """A pod the cell holds for an owner's job within its nominal that reclaim can place
+    on no pod (no pod's free blocks and borrowers' chips make its room: its chips are
+    spread over pods, or held by tenants within their own nominal): until that job
+    starts or leaves the cell queue, no job that would borrow goes to that pod, so the
+    room the pod's jobs leave as they end is the owners' — the owner's job takes it by
+    reclaim once free blocks and borrowers' chips there suffice. Owners' jobs within
+    their nominal still go there (they are owed). One hold at a time (EASY's one
+    reservation, at the cell's level, in chips a tenant is owed)."""
+
+    job_id: str
+    pod: str
+
+    def keeps_out(self, job_id: str, borrows: bool) -> str:
+        """The pod job `job_id` may not go to now ("": none): the held one, for a job
+        that would borrow."""
+        return self.pod if borrows and job_id != self.job_id else ""
 
 
 # -- fair share ---------------------------------------------------------------------

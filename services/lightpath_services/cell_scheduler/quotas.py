@@ -25,12 +25,14 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from lightpath.domain.slices import shields
 from lightpath.errors import FieldViolation, InvalidArgument
 from lightpath.security.identity import RESERVED_TENANTS
 from lightpath.v1 import cell_scheduler_pb2, workload_scheduler_pb2
 from lightpath_services.cell_scheduler.choice import CHIPS_SUFFIX
 from lightpath_services.cell_scheduler.quota import (
     DEFAULT_HALF_LIFE_S,
+    Hold,
     Quota,
     QuotaBook,
     Reclaim,
@@ -141,6 +143,7 @@ class QuotaState:
     # (tenant, pod) -> its quota on that pod, and the chips it holds there
     pod_quotas: Mapping[tuple[str, str], Quota] = field(default_factory=dict)
     pod_used: Mapping[tuple[str, str], Mapping[str, int]] = field(default_factory=dict)
+    hold: Hold | None = None  # the pod held for an owner's job (store's "hold")
 
     @classmethod
     def of(cls, rows: QuotaRows) -> QuotaState:
@@ -166,7 +169,15 @@ class QuotaState:
         parsed = [from_json(k, raw) for k, raw in rows.quotas.items()]
         quotas = {q.tenant: q for q in parsed if not q.pod}
         pod_quotas = {(q.tenant, q.pod): q for q in parsed if q.pod}
-        return cls(rows.version, quotas, used, decayed, pod_quotas, pod_used)
+        hold = Hold(*rows.hold) if rows.hold else None
+        return cls(rows.version, quotas, used, decayed, pod_quotas, pod_used, hold)
+
+    def keeps_out(self, job_id: str, tenant: str, need: Mapping[str, int]) -> str:
+        """The pod the hold keeps job `job_id` of `tenant`'s (`need` chips) out of ("":
+        none): the held pod, when the job would borrow (Hold.keeps_out)."""
+        if self.hold is None:
+            return ""
+        return self.hold.keeps_out(job_id, not self.book().check(tenant, need).within_nominal)
 
     @property
     def active(self) -> bool:
@@ -423,11 +434,26 @@ def gate(
 
 # -- reclaim -------------------------------------------------------------------------
 
-# What reclaim reads of each live job (store.live_fields).
-RECLAIM_FIELDS = ("tenant", "priority", "seq", "state", "qc", "phase", "box")
+# What reclaim reads of each live job (store.live_fields); "rcl" and "rcb" too when the
+# job reclaimed quota itself (jobs.record_fields).
+RECLAIM_FIELDS = ("tenant", "priority", "seq", "state", "qc", "phase", "box", "rcl", "rcb")
+
+
+def reclaimers(
+    live: Iterable[tuple[str, str, Mapping[str, str]]],
+) -> list[tuple[str, list[str], int, dict[str, int]]]:
+    """Of the live jobs (store.live_fields of RECLAIM_FIELDS), each running one that
+    reclaimed quota: (its pod, the jobs it reclaimed from, its priority, the blocks per
+    type it gives up at most), as choice.shielded_blocks reads them."""
+    return [
+        (pod, json.loads(f["rcl"]), int(f.get("priority", 0)), json.loads(f.get("rcb") or "{}"))
+        for pod, _, f in live
+        if f.get("rcl") and f.get("state") == "RUNNING" and f.get("phase") == "PLACED"
+    ]
 
 
 def plan_reclaim(
+    job_id: str,
     tenant: str,
     need: Mapping[str, int],
     state: QuotaState,
@@ -437,16 +463,28 @@ def plan_reclaim(
     box: bool = False,
     block_chips: Mapping[str, int] | None = None,
 ) -> Reclaim | None:
-    """Borrowers' running jobs on one pod whose chips let `tenant`'s job (within its
-    nominal quota, no room anywhere) run there: the model's choice over what the store
-    says runs (store.live_fields of RECLAIM_FIELDS), or None. `box`: the job is a
+    """Borrowers' running jobs on one pod whose chips let `tenant`'s job `job_id`
+    (within its nominal quota, no room anywhere) run there: the model's choice over
+    what the store says runs (store.live_fields of RECLAIM_FIELDS), or None. A job that
+    reclaimed quota from `job_id` is never named (lightpath.domain.slices.shields: the
+    pod would refuse the forward), though it holds its chips. `box`: the job is a
     sub-block slice; a live job's `box` field names the block its own box is in (the
     pod's answer), so boxes count as chips of their block, and every live job there,
     whatever its state, holds that block. A job of fewer chips than a block with no
     `box` is a box of an unknown block (placed before the cell stored it, or moved
     since the last answer the cell followed): never named, and while it holds chips it
     may hold any block of its pod given over to boxes."""
-    sizes = block_chips or {}
+    running, holders = running_of(job_id, live, block_chips or {})
+    return state.book().reclaim(
+        tenant, need, running, room, box=box, block_chips=block_chips, holders=holders
+    )
+
+
+def running_of(
+    job_id: str, live: Iterable[tuple[str, str, Mapping[str, str]]], sizes: Mapping[str, int]
+) -> tuple[list[RunningJob], dict[tuple[str, int], set[str]]]:
+    """The running jobs reclaim may take for `job_id`, and per (pod, block) given over to
+    sub-block slices every job holding chips there (plan_reclaim)."""
     running = []
     holders: dict[tuple[str, int], set[str]] = {}
     unknown: dict[str, set[str]] = {}
@@ -458,7 +496,12 @@ def plan_reclaim(
             if f.get("state") not in ("PENDING", "SUSPENDED"):  # holding chips somewhere
                 unknown.setdefault(pod, set()).add(job)
             continue
-        if chips and f.get("state") == "RUNNING" and f.get("phase") == "PLACED":
+        if (
+            chips
+            and f.get("state") == "RUNNING"
+            and f.get("phase") == "PLACED"
+            and not shields(json.loads(f.get("rcl") or "[]"), job_id)
+        ):
             running.append(
                 RunningJob(
                     job,
@@ -472,6 +515,4 @@ def plan_reclaim(
             )
     for (pod, _), jobs in holders.items():
         jobs |= unknown.get(pod, set())
-    return state.book().reclaim(
-        tenant, need, running, room, box=box, block_chips=block_chips, holders=holders
-    )
+    return running, holders

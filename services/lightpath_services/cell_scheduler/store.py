@@ -59,6 +59,9 @@ Quotas (issue 35; services/lightpath_services/cell_scheduler/quotas.py):
     lp:{cell}:qver                hash  "n": bumped by every quota change and every charge of a
                                         tenant with a quota; a claim decided over quotas
                                         expects the version its decision read (Conflict QUOTA)
+    lp:{cell}:hold                hash  "job", "pod": the pod held for an owner's job within
+                                        its nominal that reclaim could not place (quota.Hold;
+                                        one at a time)
 
 A job's phase in the cell: QUEUED (in the cell queue, no pod) → FORWARDING
 (claimed by one replica, bound to one pod, with a token and a deadline) →
@@ -274,6 +277,8 @@ class QuotaRows:
     quotas: dict[str, str] = field(default_factory=dict)  # tenant -> JSON
     usage: dict[str, int] = field(default_factory=dict)  # "tenant|type" -> chips
     decayed: dict[str, str] = field(default_factory=dict)
+    # (owner's job, pod): the pod the cell holds for that job (issue 35, quota.Hold)
+    hold: tuple[str, str] | None = None
 
 
 def _row(values: Sequence[Any]) -> dict[str, str]:
@@ -282,8 +287,14 @@ def _row(values: Sequence[Any]) -> dict[str, str]:
 
 
 def _quota_rows(got: Sequence[Any]) -> QuotaRows:
-    version, quotas, usage, decayed = got
-    return QuotaRows(version or "", dict(quotas), {k: _i(v) for k, v in usage.items()}, decayed)
+    version, quotas, usage, decayed, hold = got
+    return QuotaRows(
+        version or "",
+        dict(quotas),
+        {k: _i(v) for k, v in usage.items()},
+        decayed,
+        (hold["job"], hold["pod"]) if hold.get("job") and hold.get("pod") else None,
+    )
 
 
 @dataclass(frozen=True)
@@ -402,7 +413,7 @@ _CELL_KEYS = txn.Txn()
 for _name in (
     *("pods", "seen", "endpoint", "capacity", "capver", "free", "held", "ack", "suspect"),
     *("down", "jobs", "queue", "forwarding", "maybe", "seq", "fwd", "events"),
-    *("quotas", "usage", "decayed", "qver"),
+    *("quotas", "usage", "decayed", "qver", "hold"),
 ):
     _CELL_KEYS.name(_name, cell_key(_name))
 
@@ -542,9 +553,9 @@ class CellStore:
             if job_id is not None:
                 pipe.hmget(self.job_key(job_id), RECORD_FIELDS)
             got = await pipe.execute()
-        rows = _quota_rows(got[:4])
-        pods, caps, vers, free, held, seen, suspect, down, endpoint = got[4:13]
-        rest = got[13:]
+        rows = _quota_rows(got[:5])
+        pods, caps, vers, free, held, seen, suspect, down, endpoint = got[5:14]
+        rest = got[14:]
         q = rest.pop(0) if queue else []
         existing = _row(rest.pop(0)) if job_id is not None else None
         return RegistrySnapshot(
@@ -567,6 +578,7 @@ class CellStore:
         pipe.hgetall(self.key("quotas"))
         pipe.hgetall(self.key("usage"))
         pipe.hgetall(self.key("decayed"))
+        pipe.hgetall(self.key("hold"))
 
     async def quota_rows(self) -> QuotaRows:
         async with self.redis.pipeline(transaction=False) as pipe:
@@ -585,6 +597,22 @@ class CellStore:
             t.hset(cell_key("quotas"), {tenant: quota_json})
         t.hincr(qver, "n", 1)
         await self._script.commit(t)
+
+    async def hold_pod(self, job_id: str, pod: str) -> bool:
+        """Hold `pod` for the owner's job `job_id` (issue 35, quota.Hold) unless the cell
+        holds a pod already: whether this call set it (one hold at a time, whichever
+        replica sets it first)."""
+        t = CellTxn()
+        t.expect(cell_key("hold"), "job", [""], reason=MOVED, message="a pod is held for {}")
+        t.hset(cell_key("hold"), {"job": job_id, "pod": pod})
+        return await self._try(t) is not None
+
+    async def release_pod(self, job_id: str) -> bool:
+        """End the hold for `job_id` (it started or left the cell queue), if it is its."""
+        t = CellTxn()
+        t.expect(cell_key("hold"), "job", [job_id], reason=MOVED, message="the hold is {}'s")
+        t.hdel(cell_key("hold"), ["job", "pod"])
+        return await self._try(t) is not None
 
     async def waiting_reason(self, job_id: str, reason: str, now_ms: int) -> None:
         """A queued job's reason (why it waits: its tenant's quota); nothing if it moved on."""

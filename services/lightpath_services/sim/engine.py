@@ -58,6 +58,7 @@ from lightpath.domain.slices import (
     WIRING,
     SliceDemand,
     SliceJob,
+    shields,
 )
 from lightpath_services.cell_scheduler.choice import (
     FITS,
@@ -65,15 +66,23 @@ from lightpath_services.cell_scheduler.choice import (
     PodCapacityView,
     chips_key,
     choose,
+    shielded_blocks,
 )
 from lightpath_services.cell_scheduler.quota import (
     DEFAULT_HALF_LIFE_S,
+    Hold,
     Quota,
     RunningJob,
     Waiting,
 )
 from lightpath_services.sim.fast_state import IndexedPodState
-from lightpath_services.sim.quotas import NODE_TYPE, SimQuotas
+from lightpath_services.sim.quotas import (
+    NO_POD_REACH,
+    NODE_TYPE,
+    NOT_BORROWED,
+    REFUSED_BY_POD,
+    SimQuotas,
+)
 from lightpath_services.sim.static import Torus, fitting_shape
 from lightpath_services.sim.workload import TraceJob
 from lightpath_services.workload_scheduler.box_placement import (
@@ -95,6 +104,9 @@ from lightpath_services.workload_scheduler.planner import (
 )
 from lightpath_services.workload_scheduler.preemption import VictimAction, max_freeable
 
+# Hold a pod for an owner's job reclaim can place nowhere (quota.Hold): off only to
+# measure what the hold changes.
+HOLDS = True
 BLOCK = (4, 4, 4)
 HOST = (2, 2, 1)
 BLOCKS = 64
@@ -600,6 +612,9 @@ class OcsModel(_Model):
         self._no_pod: set[tuple[int, int]] = set()  # (demand, priority) no pod takes now
         self._no_pod_at: tuple[int, ...] = ()  # at these pod versions
         self.cell_needs: Counter[int] = Counter()  # jobs at the cell by the blocks they need
+        self._hold: Hold | None = None  # the pod held for an owner's job (quota.Hold)
+        # _reclaimers at these pod versions
+        self._reclaimers_at: tuple[tuple[int, ...], dict] = ((), {})
         # Tests: called with each allocation before it is applied.
         self.on_decision: Callable[[OcsPod, Allocation], None] | None = None
 
@@ -713,7 +728,10 @@ class OcsModel(_Model):
             for j in self.cell_queue.ids()
         ]
         left: list[Waiting] = []
+        causes: dict[str, str] = {}  # why an owner's job within nominal was not placed
         reclaimed = False
+        if self._hold is not None and self._hold.job_id not in self.jobs:
+            self._hold = None  # its job started or left: the pod is anyone's again
         for w in quota.order(waiting):
             job = self.jobs[w.job_id]
             verdict = quota.book.check(w.tenant, w.chips)
@@ -722,24 +740,37 @@ class OcsModel(_Model):
                 continue
             need = self._need(job)
             views = [p.view() for p in self.pods]
+            # one that would borrow stays off the pod held for an owner's job
+            held = self._hold.keeps_out(w.job_id, not verdict.within_nominal) if self._hold else ""
+            reclaimers = self._reclaimers()
             choice = choose(
-                JobDemand(w.job_id, job.priority, {v.pod_id: need for v in views}), views
+                JobDemand(
+                    w.job_id,
+                    job.priority,
+                    {v.pod_id: need for v in views if v.pod_id != held},
+                    shielded=shielded_blocks(w.job_id, job.priority, reclaimers.values()),
+                ),
+                views,
             )
             # The cell forwards asking not to wait: a pod that cannot place it now refuses
-            # (one where only the slice that reclaimed from it would give way, say), and
-            # the next candidate is asked.
-            pod_id = next(
-                (
-                    c.pod_id
-                    for c in choice.candidates
-                    if c.how == FITS or self._places(c.pod_id, job)
-                ),
-                None,
-            )
+            # (the cell's view is a summary), and the next candidate is asked.
+            pod_id = None
+            for c in choice.candidates:
+                if c.how == FITS or self._places(c.pod_id, job):
+                    pod_id = c.pod_id
+                    break
+                sim.counters["cell_refusals"] += 1
             if pod_id is None:
                 reclaim = None
                 if verdict.within_nominal:
                     placed, holders = self._placed_jobs()
+                    # never a job that reclaimed from this one (the pod would refuse it)
+                    placed = [
+                        r
+                        for r in placed
+                        if r.job_id not in reclaimers
+                        or not shields(reclaimers[r.job_id][1], w.job_id)
+                    ]
                     reclaim = quota.book.reclaim(
                         w.tenant,
                         w.chips,
@@ -754,6 +785,17 @@ class OcsModel(_Model):
                     pod = next(p for p in self.pods if p.state.fabric.pod_id == reclaim.pod)
                     if not self._fits_without(pod, job, [v.job_id for v in reclaim.victims]):
                         pod = None  # the pod would refuse it: nothing is taken
+                        causes[w.job_id] = REFUSED_BY_POD
+                elif verdict.within_nominal:
+                    causes[w.job_id] = self._why_no_reclaim(w, placed, views)
+                    if self._hold is None and job.demand.box is None and HOLDS:
+                        # as the service's dispatcher does (forward.Forwarder._reclaim)
+                        to_hold = quota.book.pod_to_hold(
+                            w.tenant, w.chips, placed, self._room(views)
+                        )
+                        if to_hold is not None:
+                            self._hold = Hold(w.job_id, to_hold)
+                            sim.counters["holds"] += 1
                 if reclaim is None or pod is None:
                     left.append(w)
                     continue
@@ -767,8 +809,42 @@ class OcsModel(_Model):
             self._from_cell(w.job_id)
             quota.admit(w.job_id, w.tenant, w.chips[NODE_TYPE], sim.now)
             self._submit(pod, sim.by_id[w.job_id], job)
-        quota.note_waiting([w for w in left if w.job_id in self.jobs])
+        quota.note_waiting([w for w in left if w.job_id in self.jobs], causes)
         return reclaimed
+
+    def _why_no_reclaim(
+        self, w: Waiting, placed: list[RunningJob], views: list[PodCapacityView]
+    ) -> str:
+        """Why reclaim found nothing for an owner's job within its nominal (the causes of
+        `denied_within_nominal`): no pod where its free blocks and the chips of jobs of
+        tenants that borrow now make the job's chips (NO_POD_REACH), or some pod has
+        them but not in jobs reclaim may take, its borrowers' turns (NOT_BORROWED)."""
+        book = self.sim.quota.book  # type: ignore[union-attr]
+        reach = book.reach(w.tenant, NODE_TYPE, placed, self._room(views))
+        return (
+            NOT_BORROWED if max(reach.values(), default=0) >= w.chips[NODE_TYPE] else NO_POD_REACH
+        )
+
+    def _reclaimers(self) -> dict[str, tuple[str, tuple[str, ...], int, Counter[str]]]:
+        """Per running job that reclaimed quota: (its pod, the jobs it reclaimed from, its
+        priority, the blocks it gives up at most: none for a sub-block slice), as the
+        service's cell reads them (quotas.reclaimers) for choice.shielded_blocks. Once
+        per set of pod versions."""
+        versions = tuple(p.version for p in self.pods)
+        if self._reclaimers_at[0] != versions:
+            found = {
+                j.job_id: (
+                    p.state.fabric.pod_id,
+                    j.reclaimed_from,
+                    j.priority,
+                    max_freeable(p.state, j) if j.offset is None else Counter(),
+                )
+                for p in self.pods
+                for j in p.state.jobs.values()
+                if j.reclaimed_from and j.state == RUNNING and j.placement
+            }
+            self._reclaimers_at = (versions, found)
+        return self._reclaimers_at[1]
 
     def _places(self, pod_id: str, job: SliceJob) -> bool:
         """Whether the pod's planner places `job` now, preempting if it must (its answer

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -38,6 +38,16 @@ from lightpath_services.cell_scheduler.quota import (
 )
 
 NODE_TYPE = "tpu"  # the simulator's pods are all tpu blocks
+
+# Why an owner's job within its nominal waited (`denied_by_cause`): no pod where free
+# blocks and borrowers' chips make its chips; some pod has them, but not in jobs of
+# tenants still borrowing when their turn came; reclaim named victims but the pod's
+# planner would not place it then; none found for it (not offered to reclaim: a pod
+# took a job of its, or its turn came after the pass's own changes).
+NO_POD_REACH = "no_pod_reach"
+NOT_BORROWED = "not_borrowed"
+REFUSED_BY_POD = "refused_by_pod"
+UNEXPLAINED = "other"
 
 
 def load_quotas(path: Path) -> list[Quota]:
@@ -92,6 +102,8 @@ class TenantTrack:
     held_area: float = 0.0  # chip-seconds held inside the window
     asking_s: float = 0.0  # time with a job waiting at the cell
     denied_s: float = 0.0  # ... one that would fit within its nominal quota
+    denied_cause: str = ""  # why its smallest waiting job waits (the constants above)
+    denied_by: dict[str, float] = field(default_factory=dict)  # denied_s by that cause
     series: list[tuple[float, int]] = field(default_factory=list)
 
 
@@ -137,6 +149,8 @@ class SimQuotas:
                     tr.asking_s += inside
                     if tr.held + tr.smallest_waiting <= nominal:
                         tr.denied_s += inside
+                        cause = tr.denied_cause or UNEXPLAINED
+                        tr.denied_by[cause] = tr.denied_by.get(cause, 0.0) + inside
         self._t = t1
 
     # -- admission -------------------------------------------------------------------
@@ -159,17 +173,20 @@ class SimQuotas:
         q = self.quotas.get(tenant)
         return q.nominal.get(NODE_TYPE, 0) if q else None
 
-    def note_waiting(self, waiting: Iterable[Waiting]) -> None:
+    def note_waiting(self, waiting: Iterable[Waiting], causes: Mapping[str, str] = {}) -> None:
+        """The jobs left in the cell queue after a pass; `causes`: why each owner's job
+        within nominal was not placed."""
         for tr in self.tenants.values():
             tr.waiting = 0
             tr.smallest_waiting = 0
+            tr.denied_cause = ""
         for w in waiting:
             tr = self.track(w.tenant)
             chips = w.chips[NODE_TYPE]
             tr.waiting += 1
-            tr.smallest_waiting = (
-                chips if not tr.smallest_waiting else min(tr.smallest_waiting, chips)
-            )
+            if not tr.smallest_waiting or chips < tr.smallest_waiting:
+                tr.smallest_waiting = chips
+                tr.denied_cause = causes.get(w.job_id, "")
 
     def admit(self, job_id: str, tenant: str, chips: int, now: float) -> None:
         self.book.assume(tenant, {NODE_TYPE: chips})
@@ -224,6 +241,10 @@ class SimQuotas:
                 # of the time it asked, how long a job of its that fits within its
                 # nominal quota waited: 0 means it got its nominal share whenever it asked
                 "denied_within_nominal": (tr.denied_s / tr.asking_s) if tr.asking_s else 0.0,
+                # the same by why (of the time it asked; they add up to the above)
+                "denied_by_cause": {
+                    c: s / tr.asking_s for c, s in sorted(tr.denied_by.items()) if tr.asking_s
+                },
                 "jobs": len(w),
                 "mean_wait_s": sum(w) / len(w) if w else 0.0,
                 "p99_wait_s": w[min(len(w) - 1, math.ceil(0.99 * len(w)) - 1)] if w else 0.0,

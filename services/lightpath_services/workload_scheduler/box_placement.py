@@ -48,6 +48,7 @@ from lightpath.domain.slices import (
     box_chips,
     chip_keys,
     grid_positions,
+    shields,
 )
 from lightpath_services.workload_scheduler.placement import PodState, Unplaceable
 from lightpath_services.workload_scheduler.preemption import VictimAction
@@ -249,7 +250,7 @@ def choose_box_victims(
 
 def _may_take(victim: SliceJob, job: SliceJob, only: frozenset[str] | None) -> bool:
     """Lower priority, or named by the cell; never a slice that reclaimed from `job`."""
-    if job.job_id in victim.reclaimed_from:
+    if shields(victim.reclaimed_from, job.job_id):
         return False
     return victim.priority < job.priority if only is None else victim.job_id in only
 

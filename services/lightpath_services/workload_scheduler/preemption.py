@@ -40,6 +40,7 @@ from lightpath.domain.slices import (
     TERMINATE,
     Grid,
     SliceJob,
+    shields,
     sub_box_indices,
 )
 from lightpath_services.workload_scheduler.placement import PodState
@@ -134,7 +135,7 @@ def choose_victims(
         # slices give up chips, not blocks (box_placement.choose_box_victims)
         if (_below(j, priority, younger_than) if only is None else j.job_id in only)
         and j.job_id not in exclude
-        and not (preemptor and preemptor in j.reclaimed_from)
+        and not shields(j.reclaimed_from, preemptor)
         and j.placement is not None
         and j.tile is None
         and j.offset is None
@@ -180,7 +181,7 @@ def _box_groups(
             or any(
                 j.state != RUNNING
                 or not (_below(j, priority, younger_than) if only is None else j.job_id in only)
-                or (preemptor and preemptor in j.reclaimed_from)
+                or shields(j.reclaimed_from, preemptor)
                 or j.job_id in exclude
                 for j in jobs
             )
