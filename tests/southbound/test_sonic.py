@@ -351,7 +351,9 @@ def test_arrival_is_the_kernels_stamp_on_the_loops_clock():
     assert got == pytest.approx(49.5)  # it arrived half a second before `now`
     assert arrival([], 50.0, 1000.75) == 50.0  # no stamp: when it was read
     # a stamp from the future or long ago (the wall clock stepped) is not believed
-    assert arrival([(socket.SOL_SOCKET, sonic_emulator._SO_TIMESTAMPNS, stamp)], 50.0, 999.0) == 50.0
+    assert (
+        arrival([(socket.SOL_SOCKET, sonic_emulator._SO_TIMESTAMPNS, stamp)], 50.0, 999.0) == 50.0
+    )
     assert arrival([(socket.SOL_SOCKET, sonic_emulator._SO_TIMESTAMPNS, stamp)], 50.0, 2e3) == 50.0
 
 
@@ -375,7 +377,7 @@ async def test_orchagent_hears_a_change_when_it_arrived_not_when_its_process_got
     try:
         r.hset("OCS_CROSS_CONNECT|1A-1B", mapping={"a_side": "1A", "b_side": "1B"})
         committed = asyncio.get_running_loop().time()
-        time.sleep(0.3)  # the process busy elsewhere: nothing read meanwhile
+        time.sleep(0.3)  # noqa: ASYNC251 (the process busy elsewhere: nothing read meanwhile)
         async with asyncio.timeout(5):
             while not heard:
                 await asyncio.sleep(0.001)
