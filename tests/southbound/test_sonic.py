@@ -13,6 +13,7 @@ import pytest
 import redis
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from lightpath.client import error_report
 from lightpath.domain.southbound import devices
@@ -387,3 +388,44 @@ async def test_orchagent_hears_a_change_when_it_arrived_not_when_its_process_got
     assert len(heard) == 1 and heard[0] is not None
     assert heard[0] < committed + 0.1  # not when the loop woke, 0.3 s later
     assert orch.applied == {"1A-1B": ("1A", "1B")}
+
+
+async def test_a_command_leaves_when_it_is_given_not_after_every_ready_task(lab, monkeypatch):
+    # a full pod's 48 batches are prepared one after another in one pass of the loop: each
+    # switch's write must leave when it is ready, not once every other batch was prepared
+    sw = SonicSwitch(FABRIC, DEVICE, lab[SID].url, settle_timeout_s=5)
+    order: list[str] = []
+    try:
+        conn = await sw.config.connection_pool.get_connection()
+        write = conn._send_packed_command
+
+        async def recorded(command):
+            order.append("written")
+            await write(command)
+
+        monkeypatch.setattr(conn, "_send_packed_command", recorded)
+
+        async def later() -> None:
+            order.append("the next ready task")
+
+        first = asyncio.create_task(conn.send_packed_command(conn.pack_command("PING")))
+        second = asyncio.create_task(later())
+        await asyncio.gather(first, second)
+        assert order == ["written", "the next ready task"]
+        assert await conn.read_response() == "PONG"
+        await sw.config.connection_pool.release(conn)
+
+        # a write that cannot finish in the socket timeout is the error redis-py raises
+        conn = await sw.config.connection_pool.get_connection()
+        conn.socket_timeout = 0.05
+
+        async def stuck(command):
+            await asyncio.sleep(5)
+
+        monkeypatch.setattr(conn, "_send_packed_command", stuck)
+        with pytest.raises(RedisTimeoutError):
+            await conn.send_packed_command(conn.pack_command("PING"))
+        assert conn.socket_timeout == 0.05 and not conn.is_connected
+        await sw.config.connection_pool.release(conn)
+    finally:
+        await sw.close()
