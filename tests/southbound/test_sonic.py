@@ -429,3 +429,17 @@ async def test_a_command_leaves_when_it_is_given_not_after_every_ready_task(lab,
         await sw.config.connection_pool.release(conn)
     finally:
         await sw.close()
+
+
+async def test_orchagent_says_so_when_its_notifications_end(lab, caplog):
+    # without its notifications the emulated switch applies nothing more: never quietly
+    r = aioredis.Redis(port=lab[SID].server.port, decode_responses=True)
+    try:
+        await r.execute_command("CLIENT", "KILL", "TYPE", "pubsub")
+    finally:
+        await r.aclose()
+    async with asyncio.timeout(5):
+        while "notification connection ended" not in caplog.text:
+            await asyncio.sleep(0.01)
+    assert lab[SID].orchagent._notes is None
+    assert "CONFIG_DB changes are no longer applied" in caplog.text

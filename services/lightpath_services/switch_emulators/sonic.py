@@ -231,19 +231,23 @@ class OrchagentEmulator:
         except (BlockingIOError, InterruptedError):
             return
         except OSError as exc:
-            data, ancillary = b"", []
-            log.error("orchagent %s: its notification connection failed: %s", self.url, exc)
+            self._lost(str(exc))
+            return
         if not data:
-            log.error(
-                "orchagent %s: Redis closed the notification connection; CONFIG_DB changes "
-                "are no longer applied",
-                self.url,
-            )
-            self._deafen()
+            self._lost("Redis closed it")
             return
         if self._heard_at is None:
             self._heard_at = arrival(ancillary, asyncio.get_running_loop().time())
         self._changed.set()
+
+    def _lost(self, why: str) -> None:
+        log.error(
+            "orchagent %s: its notification connection ended (%s); CONFIG_DB changes are "
+            "no longer applied",
+            self.url,
+            why,
+        )
+        self._deafen()
 
     def _deafen(self) -> None:
         sock, self._notes = self._notes, None
