@@ -3,10 +3,17 @@ STATE_DB, with the orchagent emulator moving ports through `tuning` (issue 34)."
 
 from __future__ import annotations
 
+import asyncio
+import socket
+import struct
+import time
+
 import grpc
 import pytest
+import redis
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from lightpath.client import error_report
 from lightpath.domain.southbound import devices
@@ -14,6 +21,8 @@ from lightpath.domain.switch_timing import SwitchTiming
 from lightpath.domain.torus import Fabric, FabricConfig
 from lightpath.v1 import optical_switch_pb2 as pb
 from lightpath_services.ocs_manager.sonic_driver import SonicSwitch
+from lightpath_services.switch_emulators import sonic as sonic_emulator
+from lightpath_services.switch_emulators.sonic import arrival
 from tests.southbound.labs import sonic_lab
 
 FABRIC = Fabric.build(
@@ -335,3 +344,102 @@ async def test_a_paused_replicas_late_batch_is_refused_by_the_switch_itself(lab,
     finally:
         await paused.close()
         await r.aclose()
+
+
+def test_arrival_is_the_kernels_stamp_on_the_loops_clock():
+    stamp = struct.pack("@qq", 1_000, 250_000_000)  # 1000.25 s on the wall clock
+    got = arrival([(socket.SOL_SOCKET, sonic_emulator._SO_TIMESTAMPNS, stamp)], 50.0, 1000.75)
+    assert got == pytest.approx(49.5)  # it arrived half a second before `now`
+    assert arrival([], 50.0, 1000.75) == 50.0  # no stamp: when it was read
+    # a stamp from the future or long ago (the wall clock stepped) is not believed
+    assert (
+        arrival([(socket.SOL_SOCKET, sonic_emulator._SO_TIMESTAMPNS, stamp)], 50.0, 999.0) == 50.0
+    )
+    assert arrival([(socket.SOL_SOCKET, sonic_emulator._SO_TIMESTAMPNS, stamp)], 50.0, 2e3) == 50.0
+
+
+async def test_orchagent_hears_a_change_when_it_arrived_not_when_its_process_got_to_it(
+    lab, monkeypatch
+):
+    # the emulator plays 48 switches in one process on shared cores: busy with others, it
+    # reads a switch's notification late, but the switch heard the change when it arrived
+    # (the kernel's stamp), and its mirrors settle from then
+    orch = lab[SID].orchagent
+    heard: list[float | None] = []
+    apply = orch._apply
+
+    async def recorded(at=None):
+        heard.append(at)
+        await apply(at)
+
+    await orch.wait_idle()  # its warm start applied
+    monkeypatch.setattr(orch, "_apply", recorded)
+    r = redis.Redis(port=lab[SID].server.port, db=4)  # blocking: the loop runs nothing
+    try:
+        r.hset("OCS_CROSS_CONNECT|1A-1B", mapping={"a_side": "1A", "b_side": "1B"})
+        committed = asyncio.get_running_loop().time()
+        time.sleep(0.3)  # noqa: ASYNC251 (the process busy elsewhere: nothing read meanwhile)
+        async with asyncio.timeout(5):
+            while not heard:
+                await asyncio.sleep(0.001)
+        await orch.wait_idle()
+    finally:
+        r.close()
+    assert len(heard) == 1 and heard[0] is not None
+    assert heard[0] < committed + 0.1  # not when the loop woke, 0.3 s later
+    assert orch.applied == {"1A-1B": ("1A", "1B")}
+
+
+async def test_a_command_leaves_when_it_is_given_not_after_every_ready_task(lab, monkeypatch):
+    # a full pod's 48 batches are prepared one after another in one pass of the loop: each
+    # switch's write must leave when it is ready, not once every other batch was prepared
+    sw = SonicSwitch(FABRIC, DEVICE, lab[SID].url, settle_timeout_s=5)
+    order: list[str] = []
+    try:
+        conn = await sw.config.connection_pool.get_connection()
+        write = conn._send_packed_command
+
+        async def recorded(command):
+            order.append("written")
+            await write(command)
+
+        monkeypatch.setattr(conn, "_send_packed_command", recorded)
+
+        async def later() -> None:
+            order.append("the next ready task")
+
+        first = asyncio.create_task(conn.send_packed_command(conn.pack_command("PING")))
+        second = asyncio.create_task(later())
+        await asyncio.gather(first, second)
+        assert order == ["written", "the next ready task"]
+        assert await conn.read_response() == "PONG"
+        await sw.config.connection_pool.release(conn)
+
+        # a write that cannot finish in the socket timeout is the error redis-py raises
+        conn = await sw.config.connection_pool.get_connection()
+        conn.socket_timeout = 0.05
+
+        async def stuck(command):
+            await asyncio.sleep(5)
+
+        monkeypatch.setattr(conn, "_send_packed_command", stuck)
+        with pytest.raises(RedisTimeoutError):
+            await conn.send_packed_command(conn.pack_command("PING"))
+        assert conn.socket_timeout == 0.05 and not conn.is_connected
+        await sw.config.connection_pool.release(conn)
+    finally:
+        await sw.close()
+
+
+async def test_orchagent_says_so_when_its_notifications_end(lab, caplog):
+    # without its notifications the emulated switch applies nothing more: never quietly
+    r = aioredis.Redis(port=lab[SID].server.port, decode_responses=True)
+    try:
+        await r.execute_command("CLIENT", "KILL", "TYPE", "pubsub")
+    finally:
+        await r.aclose()
+    async with asyncio.timeout(5):
+        while "notification connection ended" not in caplog.text:
+            await asyncio.sleep(0.01)
+    assert lab[SID].orchagent._notes is None
+    assert "CONFIG_DB changes are no longer applied" in caplog.text

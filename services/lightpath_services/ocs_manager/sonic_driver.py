@@ -61,13 +61,14 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from lightpath.domain.southbound import SouthboundDevice
 from lightpath.domain.torus import FIRST, Fabric
 from lightpath.errors import FailedPrecondition, Unavailable
 from lightpath.v1 import optical_switch_pb2 as pb
 from lightpath.v1.optical_switch_pb2 import Fence
-from lightpath_services.common.redis_packing import fast_packing
+from lightpath_services.common.redis_packing import HiredisPackedConnection, fast_packing
 from lightpath_services.ocs_manager.device_switch import (
     DeviceFailure,
     DeviceInventory,
@@ -145,6 +146,25 @@ class SonicAddress:
         return f"sonic://{self.host}:{self.port}{dbs}"
 
 
+class PromptConnection(HiredisPackedConnection):
+    """A switch's Redis connection that sends a command when it is given. redis-py bounds a
+    write by `socket_timeout` with asyncio.wait_for, which (Python 3.11) runs the write as
+    a task of its own, started only after every task already ready: a full pod's 48
+    batches, prepared one after another in one pass of the loop, all left at its end, the
+    first switch's some 13 ms after it was ready. asyncio.timeout bounds the write in
+    place, with the same error when it runs out."""
+
+    async def send_packed_command(self, command, check_health: bool = True) -> None:
+        limit, self.socket_timeout = self.socket_timeout, None
+        try:
+            async with asyncio.timeout(limit):
+                await super().send_packed_command(command, check_health)
+        except TimeoutError:
+            raise RedisTimeoutError("Timeout writing to socket") from None
+        finally:
+            self.socket_timeout = limit
+
+
 def _fence_args(fence: Fence | None) -> tuple[str, str, str]:
     """A batch's fence as the scripts take it: lease id ("" unfenced), token, ms kept."""
     if fence is None:
@@ -189,7 +209,7 @@ class SonicSwitch(DeviceSwitch):
         self._k = fabric.ocs_of_index(device.index)[2]
 
         def client(db: int) -> aioredis.Redis:
-            return fast_packing(
+            redis = fast_packing(
                 aioredis.Redis(
                     host=self.addr.host,
                     port=self.addr.port,
@@ -204,12 +224,16 @@ class SonicSwitch(DeviceSwitch):
                     retry=Retry(NoBackoff(), 1),
                 )
             )
+            if redis.connection_pool.connection_class is HiredisPackedConnection:
+                redis.connection_pool.connection_class = PromptConnection
+            return redis
 
         self.config = client(self.addr.config_db)
         self.state = client(self.addr.state_db)
         # port -> its device name (`1A`), and name -> its cable label (the fabric's)
         self._names = [f"{i}{side}" for side, i in map(self.sides.side, range(self.sides.used))]
         self._labels: dict[str, str] = {}
+        self._label_lines: dict[int, str] = {}
         self._ports: dict[str, int | None] = {}  # port name -> Lightpath port (parsed once)
         self._boot = ""
         # the batch under way: its connection (WATCHing until EXEC), and of the ports it
@@ -255,6 +279,13 @@ class SonicSwitch(DeviceSwitch):
             label = self._labels[name] = self._label(port)
         return label
 
+    def _label_line(self, port: int) -> str:
+        """`<name> <label>` and a newline, as the write scripts take a port (kept)."""
+        line = self._label_lines.get(port)
+        if line is None:
+            line = self._label_lines[port] = f"{self.name(port)} {self.label(port)}\n"
+        return line
+
     def _label(self, port: int) -> str:
         seg = self.fabric.segment_at(self._k, port)
         if seg is None:
@@ -297,7 +328,7 @@ class SonicSwitch(DeviceSwitch):
         return self._table_of(reply)
 
     def _table_args(self, ports: Sequence[int]) -> list[str]:
-        return [f"{XC}|*", "".join(f"{self.name(p)} {self.label(p)}\n" for p in ports)]
+        return [f"{XC}|*", "".join(map(self._label_line, ports))]
 
     def _table_of(self, reply: list) -> tuple[dict[int, int], str, list[str], list[str]]:
         boot, flat, blocked, relabel = reply
@@ -409,22 +440,25 @@ class SonicSwitch(DeviceSwitch):
         unread: bool = False,
         fence: Fence | None = None,
     ) -> None:
-        adds = [(self.name(a), self.name(b)) for a, b in edit.adds]
-        deletes = [(self.name(a), self.name(b)) for a, b in edit.deletes]
+        # only what the write needs comes before it: a full pod's 48 batches are prepared
+        # one after another, so each one's work before its write delays every later switch
+        names = self._names  # the plan's ports are the cabled ones (validated)
+        adds = [(names[a], names[b]) for a, b in edit.adds]
+        deletes = [(names[a], names[b]) for a, b in edit.deletes]
+        # heard from before the commit, so orchagent's first write is not missed
+        await self._listen(xc_key(*(adds or deletes)[0]))
+        if unread:
+            line = self._label_line
+            labels = "".join(line(p) for p in sorted({p for pair in edit.adds for p in pair}))
+            await self._write_guarded(adds, deletes, labels, boot_id, fence)
+        else:
+            await self._commit(adds, deletes, version, fence)
         want: dict[str, tuple[str, str]] = {}
         for a, b in adds:
             want[a], want[b] = ("tuned", b), ("tuned", a)
         for pair in deletes:
             for n in pair:
                 want.setdefault(n, ("blocked", ""))
-        # heard from before the commit, so orchagent's first write is not missed
-        await self._listen(xc_key(*(adds or deletes)[0]))
-        if unread:
-            connected = sorted({p for pair in edit.adds for p in pair})
-            labels = "".join(f"{self.name(p)} {self.label(p)}\n" for p in connected)
-            await self._write_guarded(adds, deletes, labels, boot_id, fence)
-        else:
-            await self._commit(adds, deletes, version, fence)
         await self._settle(want, boot_id)
 
     async def keep_fence(self, fence: Fence) -> None:
@@ -563,7 +597,9 @@ class SonicSwitch(DeviceSwitch):
         failed: list[str] = []
         delay, cap = self.poll_s
         boot = boot_id
+        spec = ""  # the read's argument, built before the wait: what is heard is read at once
         while pending:
+            spec = spec or "".join(f"{n} {goal} {peer}\n" for n, (goal, peer) in pending.items())
             if self._notified:
                 delay = cap = max(cap, NOTE_FALLBACK_S)
             heard = await self._heard(delay)
@@ -576,7 +612,6 @@ class SonicSwitch(DeviceSwitch):
                     )
                     if row[0] != "failed" and (row[0], row[1] or "") != pending[probe]:
                         continue
-                spec = "".join(f"{n} {goal} {peer}\n" for n, (goal, peer) in pending.items())
                 boot, *left = await _eval(self.state, SETTLE_LUA, spec)
             except RedisError as exc:
                 failure = unreachable(self.id, str(self.addr), exc)
@@ -586,6 +621,7 @@ class SonicSwitch(DeviceSwitch):
                 break
             failed += [n[1:] for n in left if n.startswith("!")]
             pending = {n: pending[n] for n in left if not n.startswith("!")}
+            spec = ""
             if pending:  # orchagent moved some ports apart: hear one still moving
                 await self._listen(f"{PORT}|{next(iter(pending))}")
         if boot != boot_id:

@@ -7,7 +7,8 @@ on the Redis of one emulated switch:
   (`1A` .. `<a>A`, `1B` .. `<b>B`) in CONFIG_DB `OCS_PORT` (`state` `normal`) and in
   STATE_DB `OCS_PORT` (`status` `blocked`, connector fields);
 * on every CONFIG_DB change (keyspace notifications, as orchagent subscribes; read
-  as raw bytes, each burst one "something changed"): the
+  as raw bytes, each burst one "something changed", heard when the kernel says it
+  arrived): the
   whole `OCS_CROSS_CONNECT` table against what the module holds, applied at once (the
   HLD's bulk apply): the ports that move read `tuning` at once, then, after the
   settling time of the switch model (lightpath.domain.switch_timing.SwitchTiming:
@@ -27,6 +28,10 @@ import contextlib
 import functools
 import json
 import logging
+import socket
+import struct
+import sys
+import time
 from dataclasses import dataclass, field
 from importlib import resources
 from urllib.parse import urlsplit
@@ -60,6 +65,27 @@ async def _write(
         await script(args=[arg], client=client)
 
 
+# The kernel's arrival time of a segment (Linux; its value where Python does not name it)
+_SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35 if sys.platform == "linux" else None)
+_STAMP_SPACE = socket.CMSG_SPACE(16)  # one struct timespec
+
+
+def arrival(
+    ancillary: list[tuple[int, int, bytes]], now: float, wall_now: float | None = None
+) -> float:
+    """When a read's bytes arrived, on the clock of `now` (the loop's, monotonic): from the
+    kernel's SO_TIMESTAMPNS stamp (wall clock, `wall_now` being now on it) of the last
+    segment read, else `now`. An age beyond a minute (the wall clock stepped) counts as
+    none."""
+    wall = time.time() if wall_now is None else wall_now
+    for level, kind, data in ancillary:
+        if level == socket.SOL_SOCKET and kind == _SO_TIMESTAMPNS and len(data) >= 16:
+            sec, ns = struct.unpack("@qq", data[:16])
+            age = wall - (sec + ns / 1e9)
+            return now - age if 0.0 <= age <= 60.0 else now
+    return now
+
+
 def _encoded(deletes: list[str], sets: list[tuple[str, dict[str, str]]]) -> str | None:
     """WRITE_LUA's one argument, or None when there is nothing to write."""
     if not deletes and not sets:
@@ -84,8 +110,7 @@ class OrchagentEmulator:
     settles: list[float] = field(default_factory=list)  # seconds each reconfiguration took
     applied: dict[str, tuple[str, str]] = field(default_factory=dict)  # key -> (a, b)
     _task: asyncio.Task[None] | None = None
-    _notes: asyncio.StreamWriter | None = None
-    _reader: asyncio.StreamReader | None = None
+    _notes: socket.socket | None = None  # CONFIG_DB's keyspace notifications
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
     _heard_at: float | None = None  # when the change not yet applied was first heard
     _still_at: float = 0.0  # when the mirrors last came to rest
@@ -139,11 +164,7 @@ class OrchagentEmulator:
             with contextlib.suppress(asyncio.CancelledError, RedisError):
                 await self._task
             self._task = None
-        if self._notes is not None:
-            self._notes.close()
-            with contextlib.suppress(OSError, RuntimeError):
-                await self._notes.wait_closed()
-            self._notes = None
+        self._deafen()
         for client in (self.config, self.state):
             with contextlib.suppress(RedisError, RuntimeError):
                 await client.aclose()
@@ -154,51 +175,93 @@ class OrchagentEmulator:
             await asyncio.sleep(0.005)
 
     async def _run(self) -> None:
-        listener = asyncio.create_task(self._listen())
-        try:
-            while True:
-                self._idle.set()
-                await self._changed.wait()
-                self._idle.clear()
-                await asyncio.sleep(0.001)  # the rest of the transaction's notifications
-                self._changed.clear()
-                heard, self._heard_at = self._heard_at, None
-                await self._apply(heard)
-        finally:
-            listener.cancel()
+        while True:
+            self._idle.set()
+            await self._changed.wait()
+            self._idle.clear()
+            await asyncio.sleep(0.001)  # the rest of the transaction's notifications
+            self._changed.clear()
+            heard, self._heard_at = self._heard_at, None
+            await self._apply(heard)
 
     async def _subscribe(self) -> None:
         """Keyspace notifications of CONFIG_DB's OCS tables on a raw connection: any bytes
         arriving mean "something changed" (orchagent then reads the tables whole), so a
-        batch of 64 cross-connects costs one read, not 64 parsed messages."""
+        batch of 64 cross-connects costs one read, not 64 parsed messages. The kernel
+        stamps when they arrived (SO_TIMESTAMPNS): that, not when this process got round
+        to them, is when the switch heard the change (see `_apply`)."""
         u = urlsplit(self.url)
-        reader, writer = await asyncio.open_connection(u.hostname or "127.0.0.1", u.port or 6379)
-        patterns = [f"__keyspace@{self.config_db}__:{t}|*" for t in (XC, PORT)]
-        cmd = [b"PSUBSCRIBE", *(p.encode() for p in patterns)]
-        writer.write(b"*%d\r\n" % len(cmd) + b"".join(b"$%d\r\n%s\r\n" % (len(a), a) for a in cmd))
-        await writer.drain()
-        seen = b""
-        while seen.count(b"psubscribe") < len(patterns):  # both confirmed: listening
-            chunk = await reader.read(4096)
-            if not chunk:
-                raise ConnectionError(f"{self.url} closed the notification connection")
-            seen += chunk
-        self._reader, self._notes = reader, writer
-
-    async def _listen(self) -> None:
-        reader = self._reader
-        assert reader is not None  # subscribed in start()
         loop = asyncio.get_running_loop()
-        while await reader.read(1 << 16):
-            if self._heard_at is None:
-                self._heard_at = loop.time()
-            self._changed.set()
+        host, port = u.hostname or "127.0.0.1", u.port or 6379
+        family, kind, proto, _, address = (
+            await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        )[0]
+        sock = socket.socket(family, kind, proto)
+        sock.setblocking(False)
+        try:
+            await loop.sock_connect(sock, address)
+            if _SO_TIMESTAMPNS is not None:
+                with contextlib.suppress(OSError):  # without it: when this process read them
+                    sock.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
+            patterns = [f"__keyspace@{self.config_db}__:{t}|*" for t in (XC, PORT)]
+            cmd = [b"PSUBSCRIBE", *(p.encode() for p in patterns)]
+            await loop.sock_sendall(
+                sock,
+                b"*%d\r\n" % len(cmd) + b"".join(b"$%d\r\n%s\r\n" % (len(a), a) for a in cmd),
+            )
+            seen = b""
+            while seen.count(b"psubscribe") < len(patterns):  # both confirmed: listening
+                chunk = await loop.sock_recv(sock, 4096)
+                if not chunk:
+                    raise ConnectionError(f"{self.url} closed the notification connection")
+                seen += chunk
+        except BaseException:
+            sock.close()
+            raise
+        self._notes = sock
+        loop.add_reader(sock.fileno(), self._notified)
+
+    def _notified(self) -> None:
+        """CONFIG_DB changed (the notification socket is readable)."""
+        sock = self._notes
+        if sock is None:
+            return
+        try:
+            data, ancillary, _, _ = sock.recvmsg(1 << 16, _STAMP_SPACE)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            self._lost(str(exc))
+            return
+        if not data:
+            self._lost("Redis closed it")
+            return
+        if self._heard_at is None:
+            self._heard_at = arrival(ancillary, asyncio.get_running_loop().time())
+        self._changed.set()
+
+    def _lost(self, why: str) -> None:
+        log.error(
+            "orchagent %s: its notification connection ended (%s); CONFIG_DB changes are "
+            "no longer applied",
+            self.url,
+            why,
+        )
+        self._deafen()
+
+    def _deafen(self) -> None:
+        sock, self._notes = self._notes, None
+        if sock is not None:
+            with contextlib.suppress(OSError, RuntimeError, ValueError):
+                asyncio.get_running_loop().remove_reader(sock.fileno())
+            sock.close()
 
     async def _apply(self, heard: float | None = None) -> None:
         """Apply what CONFIG_DB holds; the mirrors settle `timing` after the change was
-        `heard` (loop time), or once the mirrors came to rest if they still moved then: a
-        real module's control CPU is its own, while this process plays 48 switches on
-        shared cores, and its lag must not add to the model's."""
+        `heard` (loop time: when its notification reached this process's socket), or once
+        the mirrors came to rest if they still moved then: a real module's control CPU is
+        its own, while this process plays 48 switches on shared cores, and its lag must
+        not add to the model's."""
         xcs, states = await self._read(args=[f"{XC}|*", self._names])
         wanted = {
             k.partition("|")[2]: (a, b)
@@ -278,6 +341,21 @@ class OrchagentEmulator:
         return "tuned"
 
 
+async def quiet_housekeeping(url: str) -> None:
+    """An emulated switch's redis-server at 1 Hz housekeeping instead of Redis's 10 (`hz`,
+    with `dynamic-hz` off; persistence is off already). It stands for the Redis on a
+    switch's own processor: 48 of them idling at 10 Hz took some 30 ms a second of the
+    cores they share with the manager they serve. What the switch's tables hold and how it
+    answers do not change: `hz` paces only background work (expiring keys nobody reads,
+    closing idle clients, statistics)."""
+    client = aioredis.Redis.from_url(url)
+    try:
+        await client.config_set("hz", 1)
+        await client.config_set("dynamic-hz", "no")
+    finally:
+        await client.aclose()
+
+
 def main(argv: list[str] | None = None) -> None:
     """`python -m lightpath_services.switch_emulators.sonic --switch ID ... --dir DIR`: a redis-server
     per switch (loopback, under DIR) with orchagent emulated on it, in this process.
@@ -304,9 +382,9 @@ def main(argv: list[str] | None = None) -> None:
                 srv = EmbeddedRedis(args.dir / sid, appendonly=False)
                 srv.start()
                 servers.append((sid, srv))
-                orch = OrchagentEmulator(
-                    f"redis://127.0.0.1:{srv.port}", args.a_ports, args.b_ports, timing
-                )
+                url = f"redis://127.0.0.1:{srv.port}"
+                await quiet_housekeeping(url)
+                orch = OrchagentEmulator(url, args.a_ports, args.b_ports, timing)
                 await orch.start()
                 orchs.append(orch)
             print("ready", flush=True)
