@@ -17,8 +17,11 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from lightpath.cli._common import environ_restored
 from lightpath.embedded_redis import EmbeddedRedis
 
-# Fixtures that several test modules share: `restartable_redis`.
-pytest_plugins = ["tests.restarts"]
+# Fixtures that several test modules share: `restartable_redis`. With
+# LIGHTPATH_SUITE_PROFILE (bench/suite_time.py --profile), each test's wall and CPU.
+pytest_plugins = ["tests.restarts"] + (
+    ["tests.suite_profile"] if os.environ.get("LIGHTPATH_SUITE_PROFILE") else []
+)
 
 # Property tests run on a loaded 2-core CI machine: no per-example deadline
 # (timing is for bench/, not tests), and fixtures may be reused across examples.
