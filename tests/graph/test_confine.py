@@ -95,6 +95,18 @@ def test_confine_refuses_exactly_the_templates_that_leave_the_data_directory(seg
             assert out.datasets[0].path.startswith(str(data.resolve()))
 
 
+def test_a_template_is_kept_as_it_was_checked_through_its_links(tmp_path):
+    # Found by the property test above: `..` after a link is taken where the link leads
+    # (in-file is real/f), not textually, both in the check and in the path kept.
+    data, _ = _tree(tmp_path)
+    for template, where in (
+        ("in-file/../x{part}", "real/x{part}"),
+        ("in-file/../../{part}", "{part}"),
+    ):
+        out = confine(to_proto(fig3a(template, "out.{part}", 2)), data, parts=2)
+        assert out.datasets[0].path == f"{data.resolve()}/{where}"
+
+
 def test_a_link_made_after_the_check_is_refused_when_the_file_is_opened(tmp_path, monkeypatch):
     data, outside = _tree(tmp_path)
     monkeypatch.setenv(graph_confine.ROOT_ENV, str(data))

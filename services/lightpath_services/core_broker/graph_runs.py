@@ -120,7 +120,19 @@ def _inside(raw: str, data_dir: Path, field: str, bad: list[FieldViolation], par
         return raw
     # The workers resolve each path again when they open it (lightpath.graph.confine),
     # with `{part}` filled in, so a link made since this check is caught too.
-    return os.path.realpath(path) if PART not in str(path) else os.path.normpath(path)
+    return _resolved_template(str(path))
+
+
+def _resolved_template(path: str) -> str:
+    """`path` with its links resolved up to the directory that holds the first `{part}`;
+    from there on as given, for the worker to resolve once `{part}` is filled in. Not
+    os.path.normpath: it takes `..` after a link textually, so `in-file/../x{part}` (a
+    link to `real/f`) would become `x{part}`, another file than the one checked
+    (`real/x{part}`), or one outside."""
+    if PART not in path:
+        return os.path.realpath(path)
+    head, sep, rest = path[: path.index(PART)].rpartition(os.sep)
+    return os.path.realpath(head or os.sep) + os.sep + rest + path[path.index(PART) :]
 
 
 def _filled(template: str, parts: int) -> list[str]:
