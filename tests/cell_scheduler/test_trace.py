@@ -90,9 +90,14 @@ async def test_a_cli_command_is_the_root_of_its_trace_and_prints_its_id(
         assert code == 1 and "NOT_FOUND" in err, err
         failed = re.findall(r"^trace: ([0-9a-f]{32})$", err, re.M)
         assert len(failed) == 1 and failed[0] != printed[0], err
-        get_job = [
-            s
-            for s in spans["cell_scheduler"].finished()
-            if s.context.trace_id == int(failed[0], 16) and s.name.endswith("GetJob")
-        ]
-        assert get_job, "the cell's span of the failed call is in the command's trace"
+
+        async def get_job():
+            # The server ends its span as the answer goes out: the CLI may read the
+            # answer first (CI saw the span missing at load 14), so wait for it, bounded.
+            return [
+                s
+                for s in spans["cell_scheduler"].finished()
+                if s.context.trace_id == int(failed[0], 16) and s.name.endswith("GetJob")
+            ]
+
+        await cell.wait_for(get_job, what="the cell's span of the failed call in its trace")

@@ -131,7 +131,7 @@ def _resolved_template(path: str) -> str:
     (`real/x{part}`), or one outside."""
     if PART not in path:
         return os.path.realpath(path)
-    head, sep, rest = path[: path.index(PART)].rpartition(os.sep)
+    head, _, rest = path[: path.index(PART)].rpartition(os.sep)
     return os.path.realpath(head or os.sep) + os.sep + rest + path[path.index(PART) :]
 
 
