@@ -6,6 +6,7 @@ rolled back everywhere, and a switch that restarted empty repaired by the reconc
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -149,6 +150,37 @@ async def test_the_contract_holds_through_every_driver(redis_url, tmp_path, kind
         )
         await ocs.ReleaseSlice(pb.ReleaseSliceRequest(job_id="job"))
         await invariants_hold(ocs)
+
+
+async def test_a_switch_described_before_its_ports_are_back_is_repaired_once_they_are(
+    redis_url, tmp_path
+):
+    """A SONiC switch restarted empty whose Redis is back before orchagent has written
+    its metadata and ports is described as not matching; it is described again on later
+    passes and repaired once orchagent is up, without another restart."""
+    async with sonic_lab(FABRIC, tmp_path) as lab:
+        sw = SonicSwitches({"LIGHTPATH_OCS_SWITCHES": lab.switch_map()}, lab)
+        async with manager(redis_url, sw) as ocs:
+            await ocs.WireSlice(wire_request("job", [2, 2, 1], [0, 1, 2, 3]))
+            await sw.fail(SW)
+            lab[SW].server.start()  # back empty: no metadata, no ports yet
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + 30
+            while True:
+                info = await ocs.GetInfo(common_pb2.GetInfoRequest())
+                if info.attributes["switches_mismatched"].startswith(
+                    f"{SW} (it is SWITCH_KIND_UNSPECIFIED"  # no switch_type in its metadata
+                ):
+                    break
+                assert loop.time() < deadline, info.attributes
+                await asyncio.sleep(0.05)
+            await lab[SW].orchagent.start()  # the same boot: the metadata and ports appear
+            await eventually_consistent(ocs)
+            info = await ocs.GetInfo(common_pb2.GetInfoRequest())
+            assert info.attributes["switches_mismatched"] == ""
+            assert info.attributes["health"] == "ok"
+            await ocs.ReleaseSlice(pb.ReleaseSliceRequest(job_id="job"))
+            await invariants_hold(ocs)
 
 
 async def test_a_switch_that_does_not_match_the_fabric_is_never_programmed(redis_url, tmp_path):

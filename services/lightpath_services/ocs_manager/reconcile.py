@@ -172,20 +172,28 @@ class SwitchReconciler:
         busy = busy_blocks(before) | busy_blocks(after)
         repairs: list[tuple[str, pb.ApplyBatchRequest, str]] = []
         rechecks: list[str] = []
+        answered = []  # (switch id, its state, its boot id last pass)
         for sid, st in states.items():
             if isinstance(st, grpc.aio.AioRpcError):
                 report.unreachable.append(sid)
                 continue
             prev = self.boots.get(sid)
             self.boots[sid] = st.boot_id
-            restarted = prev is not None and prev != st.boot_id
-            if restarted or sid in self._down:  # back: Describe it and retry what it lacked
-                self.driver.reconnected(sid)
+            answered.append((sid, st, prev))
+            if (prev is not None and prev != st.boot_id) or sid in self._down:
+                self.driver.reconnected(sid)  # back: Describe it, retry what it lacked
                 rechecks.append(sid)
-            elif sid in self.driver.undescribed:  # out of reach at start, answers now
+            elif sid in self.driver.undescribed or sid in self.driver.mismatched:
+                # out of reach at start and answers now, or did not match: asked every
+                # pass, since a switch described mid-boot (its ports not yet listed) or
+                # reconfigured by its operator matches without a restart
                 rechecks.append(sid)
+        if rechecks:
+            await self.driver.check_inventory(rechecks)
+        for sid, st, prev in answered:
             if sid in self.driver.mismatched:
                 continue  # never programmed (health says why)
+            restarted = prev is not None and prev != st.boot_id
             if restarted:
                 report.restarted.append(sid)
                 log.warning(
@@ -208,9 +216,6 @@ class SwitchReconciler:
                 if o is not None:
                     sel.output = o
             repairs.append((sid, req, RESTARTED if restarted else DRIFTED))
-        if rechecks:
-            await self.driver.check_inventory(rechecks)
-            repairs = [r for r in repairs if r[0] not in self.driver.mismatched]
         results = await asyncio.gather(
             *(self.driver.apply_batch(sid, req) for sid, req, _ in repairs), return_exceptions=True
         )
