@@ -621,3 +621,23 @@ async def test_a_job_its_pod_let_go_is_queued_again_once_whoever_delivers_it(sto
     assert await redis_client.zrange(cell_key("queue"), 0, -1) == ["a", "b", "later"]
     assert QuotaState.of(await store.quota_rows()).used == {}
     assert (await store.job("b")).reclaimed == 1
+
+
+async def test_a_borrowing_claim_expects_its_pod_not_held_for_another_job(store):
+    """quota.Hold in the commit (store.lua's not_held): the claim of a job that would
+    borrow fails on the pod held since its decision, not elsewhere; the held job's own
+    claim and a claim within nominal go ahead."""
+    from lightpath_services.cell_scheduler.store import QUOTA, QuotaGuard
+
+    def guard(borrows: bool) -> QuotaGuard:
+        return QuotaGuard("gamma", None, POD, borrows)
+
+    assert await store.hold_pod("owner", POD, "acme", 1_000)
+    with pytest.raises(Conflict) as err:
+        await _claim(store, "g1", "gamma", quota=guard(True))
+    assert err.value.reason == QUOTA and store.job_key("g1") not in await store.redis.keys()
+    await _claim(store, "g2", "gamma", quota=guard(False))  # within its nominal: owed
+    await _claim(store, "owner", "acme", quota=QuotaGuard("acme", None, POD, True))
+    assert await store.release_pod("owner")
+    await _claim(store, "g1", "gamma", quota=guard(True))
+    assert not await store.release_pod("owner")  # once

@@ -22,7 +22,12 @@ from typing import Any
 from lightpath.client import wrong_peer
 from lightpath.errors import WIRING_FAILED, InvalidArgument, ResourceExhausted, Unavailable
 from lightpath.v1 import cell_scheduler_pb2, workload_scheduler_pb2
-from lightpath_services.cell_scheduler.admission import FAIL, Admission, no_capacity_delay
+from lightpath_services.cell_scheduler.admission import (
+    FAIL,
+    HELD_FOR_OWNER,
+    Admission,
+    no_capacity_delay,
+)
 from lightpath_services.cell_scheduler.choice import (
     CHIPS_SUFFIX,
     FITS,
@@ -120,6 +125,9 @@ class Forwarder:
                 if over:  # its quota on that pod is used up: the next pod may do
                     last = WAITING_FOR_QUOTA + over
                     continue
+                if quotas.keeps_out(job_id, tenant, charge_of(r)) == pod:  # held since
+                    last = f"pod {pod}: {HELD_FOR_OWNER}"
+                    continue
                 claimed = await self.jobs.claim_queued(
                     job_id,
                     r,
@@ -127,7 +135,7 @@ class Forwarder:
                     check_free=cand.how == FITS,
                     reason=f"forwarding to pod {pod}: {cand.reason}",
                     request=request_b64(req),
-                    quota=quotas.guard(tenant, pod=pod),
+                    quota=quotas.guard(tenant, pod=pod, need=charge_of(r)),
                 )
                 if claimed is None:
                     break  # a dispatcher took it meanwhile, or that pod's blocks went elsewhere
@@ -327,7 +335,7 @@ class Forwarder:
                 reason=f"leaving the cell queue for pod {first.pod_id}: {first.reason}",
                 now_ms=now,
                 request=request_b64(req),
-                quota=quotas.guard(tenant, version, first.pod_id),
+                quota=quotas.guard(tenant, version, first.pod_id, charge_of(r)),
             )
             if claim is None:
                 continue  # another replica took it, or an update changed it (next pass)
@@ -392,7 +400,7 @@ class Forwarder:
                 running, _ = running_of(job_id, live, sizes)
                 pod = quotas.book().pod_to_hold(tenant, need, running, room)
                 if pod is not None:
-                    await self._hold(Hold(job_id, pod))
+                    await self._hold(Hold(job_id, pod, tenant, now))
                     quotas = QuotaState.of(await self.store.quota_rows())
             if plan is None or plan.pod not in resolved:
                 continue
@@ -423,7 +431,7 @@ class Forwarder:
     async def _hold(self, hold: Hold) -> None:
         """Hold a pod for an owner's job reclaim could place nowhere (quota.Hold), unless
         another replica held one first."""
-        if await self.store.hold_pod(hold.job_id, hold.pod):
+        if await self.store.hold_pod(hold.job_id, hold.pod, hold.tenant, hold.since_ms):
             self.log.info(
                 "pod %s held for job %s: within its tenant's nominal quota, no pod's free "
                 "and borrowed chips make its room; jobs that would borrow stay off it",
