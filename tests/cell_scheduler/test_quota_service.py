@@ -402,6 +402,18 @@ async def test_a_pod_is_held_for_an_owners_job_no_pod_can_make_room_for(
             await redis.aclose()
 
 
+def test_a_tenant_is_told_of_another_tenants_hold_and_what_it_means_for_it():
+    """`lightpath quota` as a tenant whose job the pod is not held for (the cell left
+    whose job out): what it means for its own jobs, and for how long."""
+    from lightpath.cli.quota import held_pod_text
+
+    hold = cs.PodHold(pod="pod-b")
+    hold.since.FromSeconds(1_000)
+    text = held_pod_text(hold, now=1_300)
+    assert text.startswith("pod pod-b is held for 5m for another tenant's job"), text
+    assert "your jobs that would borrow quota go to other pods or wait" in text, text
+
+
 async def _the_hold_is_seen(cell: Cell, capsys, monkeypatch) -> None:
     """ListQuotas' hold: operators and acme (whose job it is) see for whom; gamma sees
     that pod-b is held, since when, and nothing of acme. The CLI says what it means."""
@@ -488,6 +500,10 @@ async def test_a_borrowing_job_decided_before_a_hold_does_not_land_on_the_held_p
             assert await redis.hmget(cell_key("hold"), ["job", "pod"]) == ["a3", "pod-b"]
             assert not g1.job.pod_id, g1.job.pod_id
             assert "pod-b: held for a tenant's job" in g1.job.reason, g1.job.reason
+            # both leave the cell queue: the hold ends, though no job is left to dispatch
+            for job_id in ("g1", "a3"):
+                await cell.cell.CancelJob(cs.CancelCellJobRequest(job_id=job_id))
+            await cell.wait_for(lambda: _not(redis.exists(cell_key("hold"))), what="the hold ended")
         finally:
             await redis.aclose()
 

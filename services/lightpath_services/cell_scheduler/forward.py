@@ -288,6 +288,9 @@ class Forwarder:
     async def dispatch(self) -> int:
         """One pass over the cell queue: forward every job that has a pod now (CS-3)."""
         snap = await self.store.snapshot()
+        hold = snap.quotas.hold
+        if hold is not None and hold.job_id not in snap.queue:
+            await self._release(hold)  # (also when the queue is empty now)
         if not snap.queue:
             return 0
         models = self.pods.models_of(snap)
@@ -300,18 +303,6 @@ class Forwarder:
             snap, models, now, own_forward_ms=int(2 * self.forward_timeout_s * 1000)
         )
         quotas = QuotaState.of(snap.quotas)
-        if quotas.hold is not None and quotas.hold.job_id not in snap.queue:
-            # its job started or left the cell queue: the pod is anyone's again (not
-            # sooner: ended while its tenant's other jobs run past its nominal, the hold
-            # moved between pods and the room it gathered was lost — owners were denied
-            # 30 % of the time in the simulator's 4-pod run at seed 2, 7 % kept)
-            if await self.store.release_pod(quotas.hold.job_id):
-                self.log.info(
-                    "pod %s no longer held for job %s",
-                    quotas.hold.pod,
-                    quotas.hold.job_id,
-                    extra={"job_id": quotas.hold.job_id},
-                )
         version = quotas.version  # this pass's own charges bump it
         on_pods: dict[tuple[str, str], Counter[str]] = {}  # ... and hold chips on pods
         forwards = []
@@ -427,6 +418,19 @@ class Forwarder:
                 job_id, req, claim, (cand,), resolved, views, created=False, reclaim=victims
             )
         return None
+
+    async def _release(self, hold: Hold) -> None:
+        """Its job started or left the cell queue: the pod is anyone's again. (Not sooner:
+        ended while its tenant's other jobs run past its nominal, the hold moved between
+        pods and the room it gathered was lost — owners were denied 30 % of the time in
+        the simulator's 4-pod run at seed 2, 7 % kept.)"""
+        if await self.store.release_pod(hold.job_id):
+            self.log.info(
+                "pod %s no longer held for job %s",
+                hold.pod,
+                hold.job_id,
+                extra={"job_id": hold.job_id},
+            )
 
     async def _hold(self, hold: Hold) -> None:
         """Hold a pod for an owner's job reclaim could place nowhere (quota.Hold), unless
