@@ -398,6 +398,7 @@ class Forwarder:
             if quotas.pod_refusal(tenant, plan.pod, charge_of(resolved[plan.pod])):
                 continue  # its quota on that pod would not cover it there
             cand = Candidate(plan.pod, PREEMPTS, plan.reason)
+            victims = [v.job_id for v in plan.victims]
             claim = await self.jobs.claim_queued(
                 job_id,
                 resolved[plan.pod],
@@ -407,10 +408,10 @@ class Forwarder:
                 now_ms=now,
                 request=request_b64(req),
                 quota=quotas.guard(tenant, pod=plan.pod),
+                reclaim=victims,
             )
             if claim is None:
                 return None  # changed meanwhile: the next pass decides again
-            victims = [v.job_id for v in plan.victims]
             self.log.info(
                 "job %s: %s (%s)", job_id, plan.reason, ", ".join(victims), extra={"job_id": job_id}
             )

@@ -745,12 +745,14 @@ class CellStore:
         request: str = "",
         charge: Mapping[str, int] | None = None,
         quota: QuotaGuard | None = None,
+        fields: Mapping[str, str] | None = None,
     ) -> int:
         """A queued job bound to `pod` and charged to its tenant (`charge`): the forward's
         fencing token. Conflict
         MOVED when it is no longer queued; STALE when its blocks went; with `request`,
         CHANGED when its request is no longer the one the decision was made for (updated
-        meanwhile); with `quota`, QUOTA when what its decision knew of them changed."""
+        meanwhile); with `quota`, QUOTA when what its decision knew of them changed.
+        `fields`: more of its record set with the claim."""
         t = CellTxn(pod, jobs=[job_id])
         t.expect_phase(job_id, [QUEUED])
         if request:
@@ -769,6 +771,8 @@ class CellStore:
             reason,
             json.dumps(dict(charge or {})),
         )
+        if fields:
+            t.hset(_job_key(job_id), fields)
         return int((await self._script.commit(t))["fence"])
 
     def _forwarding(self, pod: str, job_id: str, token: str) -> CellTxn:
