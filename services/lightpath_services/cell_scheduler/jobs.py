@@ -114,7 +114,8 @@ def record_fields(
 
 
 def reclaim_fields(r: Resolved, reclaim: Sequence[str]) -> dict[str, str]:
-    """ "rcl" and "rcb" of a job going to a pod reclaiming from `reclaim` (none: both "")."""
+    """The record's "rcl" and "rcb" for a job going to a pod reclaiming from `reclaim`
+    (none: both "")."""
     return {
         "rcl": json.dumps(sorted(reclaim)) if reclaim else "",
         "rcb": json.dumps(gives_up(r)) if reclaim else "",
