@@ -95,6 +95,7 @@ FIELDS: Mapping[str, int] = {
     "Quota.pod": ID,
     "DeleteQuotaRequest.pod": ID,
     "TenantQuota.pod": ID,
+    "PodHold.pod": ID,
     "AdmitJobRequest.reclaim": 1024,
     "AdmitJobRequest.forward_token": TOKEN,
     "GetJobRequest.forward_token": TOKEN,

@@ -11,6 +11,9 @@ Each with -o table|wide|json|yaml|name|jsonpath=TEMPLATE (`set` and `delete`: th
 tenant's row after / as it was). Operators set and delete; a tenant's credential
 (`--as acme`) lists its own quota and usage only. A quota with `--pod` caps the
 tenant's chips on that pod (besides its cell-wide quota): each row's scope says which.
+`list` and `usage` also say which pod the cell holds for a job within its tenant's
+nominal quota that no pod could make room for, since when (JSON: `hold`, null when
+none; whose job only to operators and to that tenant).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from collections.abc import Mapping
 
 from lightpath.cli._common import (
     CliError,
+    age_of,
     output_format,
     print_json,
     print_list,
@@ -205,19 +209,47 @@ def _scope(pod: str) -> str:
 
 def cmd_list(args: argparse.Namespace) -> int:
     async def act(cell: AsyncCell) -> int:
-        rows = await cell.quotas(getattr(args, "tenant", ""))
+        view = await cell.quota_view(getattr(args, "tenant", ""))
+        rows = list(view.quotas)
+        hold = view.hold if view.HasField("hold") else None
         print_list(
             args,
             "quotas",
             rows,
             _columns(rows),
             lambda r: r.tenant + (f"@{r.pod}" if r.pod else ""),
+            data={"quotas": rows, "hold": hold, "next_page_token": ""},
         )
-        if not rows and not structured(output_format(args)):
+        if structured(output_format(args)) or output_format(args) == "name":
+            return 0
+        if not rows:
             print("no quotas yet: `lightpath quota set TENANT --tpu-chips N` sets one")
+        if hold is not None:
+            print(held_pod_text(hold))
         return 0
 
     return _run(args, act)
+
+
+def held_pod_text(hold: cs.PodHold, now: float | None = None) -> str:
+    """What a held pod means to the reader, and what to do (an operator, or the tenant
+    whose job it is, sees the job; another tenant does not)."""
+    since = f"for {age_of(hold.since, now)}"
+    if not hold.job_id:
+        return (
+            f"pod {hold.pod} is held {since} for another tenant's job within its nominal "
+            "quota that no pod could make room for: your jobs that would borrow quota go "
+            "to other pods or wait until that job starts; jobs within your nominal quota "
+            "still go there"
+        )
+    return (
+        f"pod {hold.pod} is held {since} for {hold.tenant}'s job {hold.job_id}: within "
+        "its nominal quota, no pod could make room for it, so jobs that would borrow "
+        "quota stay off this pod and the room its jobs leave as they end gathers for it. "
+        f"It ends by itself when {hold.job_id} starts or leaves the cell queue "
+        f"(`lightpath job {hold.job_id}` says why it waits; `lightpath cancel "
+        f"{hold.job_id}` ends the hold at once)"
+    )
 
 
 def _one(args: argparse.Namespace, row: cs.TenantQuota, what: str) -> None:

@@ -479,8 +479,14 @@ class AsyncCell(AsyncClient):
     async def quotas(self, tenant: str = "") -> list[cs.TenantQuota]:
         """Quotas with their usage, by tenant, each tenant's cell-wide row before its
         pod-scoped ones (a tenant's credential: its own rows)."""
-        resp = await self._call("ListQuotas", cs.ListQuotasRequest(tenant=tenant))
-        return list(resp.quotas)
+        return list((await self.quota_view(tenant)).quotas)
+
+    async def quota_view(self, tenant: str = "") -> cs.ListQuotasResponse:
+        """`quotas` with the pod the cell holds for an owner's job (`hold`, unset when
+        none; a tenant's credential sees whose job only when it is its own)."""
+        return await self._call(  # type: ignore[no-any-return]
+            "ListQuotas", cs.ListQuotasRequest(tenant=tenant)
+        )
 
     async def pods(self) -> list[cs.Pod]:
         """The cell's superpods: registration, capacity, status."""
@@ -537,5 +543,6 @@ class Cell(SyncClient[AsyncCell]):
     set_quota = blocking(AsyncCell.set_quota)
     delete_quota = blocking(AsyncCell.delete_quota)
     quotas = blocking(AsyncCell.quotas)
+    quota_view = blocking(AsyncCell.quota_view)
     pod = blocking(AsyncCell.pod)
     report_block_health = blocking(AsyncCell.report_block_health)

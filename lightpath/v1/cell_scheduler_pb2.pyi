@@ -1258,19 +1258,67 @@ class ListQuotasResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     QUOTAS_FIELD_NUMBER: _builtins.int
+    HOLD_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def quotas(self) -> _containers.RepeatedCompositeFieldContainer[Global___TenantQuota]:
         """By tenant name, each tenant's cell-wide row before its pod-scoped ones."""
+
+    @_builtins.property
+    def hold(self) -> Global___PodHold:
+        """The pod the cell holds for a job within its tenant's nominal quota that no pod
+        could make room for (unset: none is held).
+        """
 
     def __init__(
         self,
         *,
         quotas: _abc.Iterable[Global___TenantQuota] | None = ...,
+        hold: Global___PodHold | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["hold", b"hold"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["quotas", b"quotas"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["hold", b"hold", "quotas", b"quotas"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ListQuotasResponse: _TypeAlias = ListQuotasResponse  # noqa: Y015
+
+@_typing.final
+class PodHold(_message.Message):
+    """A pod held for one job (issue 35): until that job leaves the cell queue, jobs that
+    would borrow quota do not go to the pod, so the room its jobs leave as they end
+    gathers for that job; jobs within their tenant's nominal quota still go there.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    POD_FIELD_NUMBER: _builtins.int
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    TENANT_FIELD_NUMBER: _builtins.int
+    SINCE_FIELD_NUMBER: _builtins.int
+    pod: _builtins.str
+    """The held pod; at most 128 characters."""
+    job_id: _builtins.str
+    """The job it is held for, and its tenant: shown to operators and to that tenant;
+    empty for any other tenant (another tenant's names never reach a tenant).
+    """
+    tenant: _builtins.str
+    @_builtins.property
+    def since(self) -> _timestamp_pb2.Timestamp:
+        """When the cell held the pod."""
+
+    def __init__(
+        self,
+        *,
+        pod: _builtins.str = ...,
+        job_id: _builtins.str = ...,
+        tenant: _builtins.str = ...,
+        since: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["since", b"since"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "pod", b"pod", "since", b"since", "tenant", b"tenant"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PodHold: _TypeAlias = PodHold  # noqa: Y015

@@ -7,6 +7,7 @@ Pods have blocks of 4x4x4 = 64 tpu chips; a job of shape 4x4x4 holds one block.
 from __future__ import annotations
 
 import asyncio
+import json
 
 import grpc
 import pytest
@@ -16,9 +17,13 @@ from lightpath.client import channel
 from lightpath.v1 import cell_scheduler_pb2 as cs
 from lightpath.v1 import cell_scheduler_pb2_grpc, common_pb2
 from lightpath.v1 import workload_scheduler_pb2 as ws
+from lightpath_services.cell_scheduler import server as cell_server
+from lightpath_services.cell_scheduler.metrics import CellMetrics
+from lightpath_services.cell_scheduler.store import QUOTA, CellStore, Conflict
 from lightpath_services.common.keys import cell_key
 from tests.cell_scheduler.conftest import Cell, cell_stack, rpc_error
 from tests.helpers import credentials
+from tests.metrics_reader import assert_listed, install, points
 
 PENDING = common_pb2.JOB_STATE_PENDING
 RUNNING = common_pb2.JOB_STATE_RUNNING
@@ -341,37 +346,39 @@ async def test_a_reclaimed_job_is_never_forwarded_where_only_its_reclaimer_would
             await redis.aclose()
 
 
-async def test_a_pod_is_held_for_an_owners_job_no_pod_can_make_room_for(redis_url):
+async def test_a_pod_is_held_for_an_owners_job_no_pod_can_make_room_for(
+    redis_url, capsys, monkeypatch
+):
     """quota.Hold, with two replicas: acme's a3 (3 blocks, within its nominal) finds
     no pod with 3 blocks free and nobody borrowing. One replica holds pod-b, the closest
     (2 free), for it — one hold in Redis, both replicas keep to it: gamma's jobs, which
     would borrow, go to pod-a or wait, through either replica; when a2 leaves pod-b, a3
-    starts there, the hold ends, and the waiting gamma job takes pod-b's last block."""
+    starts there, the hold ends, and the waiting gamma job takes pod-b's last block.
+    Operators see the hold in ListQuotas, `lightpath quota` and lightpath.cell.pod.held."""
+    reader = install(monkeypatch, cell_server, CellMetrics, refresh_s=0.1)
     async with cell_stack(
         redis_url, pods=(("pod-a", 4, "tpu"), ("pod-b", 4, "tpu")), replicas=2
     ) as cell:
-        await set_quota(cell, "acme", nominal_chips={"tpu": 384}, cohort="lab")
-        await set_quota(cell, "beta", nominal_chips={"tpu": 128}, cohort="lab")
-        await set_quota(cell, "gamma", nominal_chips={"tpu": 0}, cohort="lab")
-        for job_id, tenant, chips, pod in (
-            ("a1", "acme", (4, 4, 4), "pod-a"),
-            ("a2", "acme", (8, 4, 4), "pod-b"),
-            ("b1", "beta", (8, 4, 4), "pod-a"),
-        ):
-            sub = await cell.submit(job_id, chips, tenant=tenant)
-            assert sub.job.pod_id == pod, (job_id, sub.job.reason)
+        await _before_a_hold(cell)
         await cell.submit("a3", (12, 4, 4), tenant="acme")
         redis = aioredis.from_url(redis_url, decode_responses=True)
         hold_key = cell_key("hold")
         try:
 
-            async def held() -> dict[str, str]:
-                return await redis.hgetall(hold_key)
+            async def held() -> list[str]:
+                got = await redis.hmget(hold_key, ["job", "pod", "tenant"])
+                return got if any(got) else []
 
-            assert await cell.wait_for(held, what="a pod held for a3") == {
-                "job": "a3",
-                "pod": "pod-b",
-            }
+            assert await cell.wait_for(held, what="a pod held for a3") == ["a3", "pod-b", "acme"]
+            await _the_hold_is_seen(cell, capsys, monkeypatch)
+
+            def held_series() -> list[dict[str, str]]:
+                return [p.attributes for p in points(reader, "lightpath.cell.pod.held")]
+
+            async def shown() -> bool:
+                return held_series() == [{"pod": "pod-b", "tenant": "acme"}]
+
+            await cell.wait_for(shown, what="lightpath.cell.pod.held for pod-b, acme's job")
             g1 = await cell.submit("g1", tenant="gamma", replica=1)
             assert g1.job.pod_id == "pod-a", g1.job.reason  # borrowing: not pod-b
             g2 = await cell.submit("g2", tenant="gamma", replica=0)
@@ -382,6 +389,121 @@ async def test_a_pod_is_held_for_an_owners_job_no_pod_can_make_room_for(redis_ur
             await cell.wait_for(lambda: _not(held()), what="the hold ended")
             # pod-b is anyone's again: g2 takes its last free block
             assert (await cell.wait_state("g2", RUNNING)).pod_id == "pod-b"
+            assert not (await cell.cell.ListQuotas(cs.ListQuotasRequest())).HasField("hold")
+
+            async def gone() -> bool:
+                return not held_series()
+
+            await cell.wait_for(gone, what="lightpath.cell.pod.held gone with the hold")
+            assert_listed(reader)
+            code, out = await _cli(capsys, "quota", "list", "-o", "json")
+            assert code == 0 and json.loads(out)["hold"] is None, out
+        finally:
+            await redis.aclose()
+
+
+def test_a_tenant_is_told_of_another_tenants_hold_and_what_it_means_for_it():
+    """`lightpath quota` as a tenant whose job the pod is not held for (the cell left
+    whose job out): what it means for its own jobs, and for how long."""
+    from lightpath.cli.quota import held_pod_text
+
+    hold = cs.PodHold(pod="pod-b")
+    hold.since.FromSeconds(1_000)
+    text = held_pod_text(hold, now=1_300)
+    assert text.startswith("pod pod-b is held for 5m for another tenant's job"), text
+    assert "your jobs that would borrow quota go to other pods or wait" in text, text
+
+
+async def _the_hold_is_seen(cell: Cell, capsys, monkeypatch) -> None:
+    """ListQuotas' hold: operators and acme (whose job it is) see for whom; gamma sees
+    that pod-b is held, since when, and nothing of acme. The CLI says what it means."""
+    hold = (await cell.cell.ListQuotas(cs.ListQuotasRequest())).hold
+    assert (hold.pod, hold.job_id, hold.tenant) == ("pod-b", "a3", "acme")
+    assert hold.since.seconds > 0
+    for tenant, names in (("gamma", ("", "")), ("acme", ("a3", "acme"))):
+        async with channel(
+            cell.cell_addresses[0], credentials=credentials(f"tenant:{tenant}")
+        ) as ch:
+            seen = await cell_scheduler_pb2_grpc.CellSchedulerStub(ch).ListQuotas(
+                cs.ListQuotasRequest()
+            )
+        assert (seen.hold.pod, seen.hold.job_id, seen.hold.tenant) == ("pod-b", *names)
+        assert seen.hold.since == hold.since
+        if tenant == "gamma":
+            assert "acme" not in str(seen) and "a3" not in str(seen)
+    monkeypatch.setenv("LIGHTPATH_CELL_ADDR", cell.cell_addresses[0])
+    code, out = await _cli(capsys, "quota", "list")
+    assert code == 0 and "pod pod-b is held for" in out and "for acme's job a3" in out, out
+    assert "`lightpath cancel a3` ends the hold" in out, out
+    code, out = await _cli(capsys, "quota", "usage", "-o", "json")
+    got = json.loads(out)["hold"]
+    assert (got["pod"], got["job_id"], got["tenant"]) == ("pod-b", "a3", "acme"), got
+    assert got["since"].endswith("Z"), got
+
+
+async def _before_a_hold(cell: Cell) -> None:
+    """acme (6 blocks' nominal), beta (2) and gamma (none) in one cohort; acme's a1 and
+    beta's b1 on pod-a (1 block free), acme's a2 on pod-b (2 free)."""
+    await set_quota(cell, "acme", nominal_chips={"tpu": 384}, cohort="lab")
+    await set_quota(cell, "beta", nominal_chips={"tpu": 128}, cohort="lab")
+    await set_quota(cell, "gamma", nominal_chips={"tpu": 0}, cohort="lab")
+    for job_id, tenant, chips, pod in (
+        ("a1", "acme", (4, 4, 4), "pod-a"),
+        ("a2", "acme", (8, 4, 4), "pod-b"),
+        ("b1", "beta", (8, 4, 4), "pod-a"),
+    ):
+        sub = await cell.submit(job_id, chips, tenant=tenant)
+        assert sub.job.pod_id == pod, (job_id, sub.job.reason)
+
+
+async def test_a_borrowing_job_decided_before_a_hold_does_not_land_on_the_held_pod(
+    redis_url, monkeypatch
+):
+    """The race the hold's commit check closes, with two replicas: acme's a3 waits in
+    the cell queue; replica 0 decides gamma's g1 (2 blocks, borrowing) for pod-b, the
+    only pod with room, and before its claim commits a dispatcher holds pod-b for a3.
+    The claim fails (Conflict QUOTA: the store's not_held check) and the submit decides
+    again over the hold: g1 waits, off pod-b."""
+    conflicts: list[str] = []
+    decided = asyncio.Event()  # g1's decision is made: the hold may be set now
+    async with cell_stack(
+        redis_url, pods=(("pod-a", 4, "tpu"), ("pod-b", 4, "tpu")), replicas=2
+    ) as cell:
+        await _before_a_hold(cell)
+        redis = aioredis.from_url(redis_url, decode_responses=True)
+        claim_new, hold_pod = CellStore.claim_new, CellStore.hold_pod
+
+        async def held_after_the_decision(store: CellStore, *args, **kw):
+            await decided.wait()
+            return await hold_pod(store, *args, **kw)
+
+        async def claim_after_the_hold(store: CellStore, job_id: str, **kw):
+            # (a decision over a cached registry without a3 fails on the queue: WAITING)
+            if job_id == "g1" and kw.get("pod") and not kw.get("expect_empty_queue"):
+                assert kw["pod"] == "pod-b" and not decided.is_set()  # knowing a3, not the hold
+                decided.set()
+                hold = cell_key("hold")
+                await cell.wait_for(lambda: redis.hget(hold, "pod"), what="pod-b held for a3")
+                try:
+                    return await claim_new(store, job_id, **kw)
+                except Conflict as c:
+                    conflicts.append(c.reason)
+                    raise
+            return await claim_new(store, job_id, **kw)
+
+        monkeypatch.setattr(CellStore, "hold_pod", held_after_the_decision)
+        monkeypatch.setattr(CellStore, "claim_new", claim_after_the_hold)
+        try:
+            await cell.submit("a3", (12, 4, 4), tenant="acme", replica=1)
+            g1 = await cell.submit("g1", (8, 4, 4), tenant="gamma")
+            assert conflicts == [QUOTA]
+            assert await redis.hmget(cell_key("hold"), ["job", "pod"]) == ["a3", "pod-b"]
+            assert not g1.job.pod_id, g1.job.pod_id
+            assert "pod-b: held for a tenant's job" in g1.job.reason, g1.job.reason
+            # both leave the cell queue: the hold ends, though no job is left to dispatch
+            for job_id in ("g1", "a3"):
+                await cell.cell.CancelJob(cs.CancelCellJobRequest(job_id=job_id))
+            await cell.wait_for(lambda: _not(redis.exists(cell_key("hold"))), what="the hold ended")
         finally:
             await redis.aclose()
 

@@ -621,3 +621,54 @@ async def test_a_job_its_pod_let_go_is_queued_again_once_whoever_delivers_it(sto
     assert await redis_client.zrange(cell_key("queue"), 0, -1) == ["a", "b", "later"]
     assert QuotaState.of(await store.quota_rows()).used == {}
     assert (await store.job("b")).reclaimed == 1
+
+
+async def test_a_borrowing_claim_expects_its_pod_not_held_for_another_job(store):
+    """quota.Hold in the commit (store.lua's not_held): the claim of a job that would
+    borrow fails on the pod held since its decision, not elsewhere; the held job's own
+    claim and a claim within nominal go ahead."""
+    from lightpath_services.cell_scheduler.store import QUOTA, QuotaGuard
+
+    def guard(borrows: bool) -> QuotaGuard:
+        return QuotaGuard("gamma", None, POD, borrows)
+
+    assert await store.hold_pod("owner", POD, "acme", 1_000)
+    with pytest.raises(Conflict) as err:
+        await _claim(store, "g1", "gamma", quota=guard(True))
+    assert err.value.reason == QUOTA and store.job_key("g1") not in await store.redis.keys()
+    await _claim(store, "g2", "gamma", quota=guard(False))  # within its nominal: owed
+    await _claim(store, "owner", "acme", quota=QuotaGuard("acme", None, POD, True))
+    assert await store.release_pod("owner")
+    await _claim(store, "g1", "gamma", quota=guard(True))
+    assert not await store.release_pod("owner")  # once
+
+
+async def test_a_job_adopted_after_a_lost_answer_keeps_whom_it_reclaimed_from(store):
+    """Issue 35: the jobs a forward reclaims from go on the record with its claim, so a
+    job the pod has after all (its answer lost, the job back in the queue) is adopted
+    with them (choice.shielded_blocks then never offers those jobs where only it gives
+    way)."""
+    from lightpath_services.cell_scheduler.quotas import RECLAIM_FIELDS
+
+    await store.claim_new(
+        "j", fields={"req": "r", "priority": 10}, tenant="acme", pod="", needs={},
+        token="", until_ms=0, now_ms=1_000, check_free=False, reason="queued",
+    )  # fmt: skip
+    reclaimed = {"rcl": '["b1"]', "rcb": '{"tpu": 2}'}
+
+    async def claim(fields: dict[str, str]) -> None:
+        await store.claim_queued(
+            "j", pod=POD, needs={"tpu": 2}, token="tok", until_ms=9_000, now_ms=2_000,
+            check_free=False, reason="reclaiming", fields=fields,
+        )  # fmt: skip
+
+    await claim(reclaimed)
+    await store.unbind(
+        "j", token="tok", pod=POD, uncertain=True, version="", reason="no answer", now_ms=3_000
+    )
+    assert await store.adopt(
+        "j", pod=POD, state="RUNNING", n=2, reason="found", fields={"pod_state": "RUNNING"},
+        now_ms=4_000,
+    )  # fmt: skip
+    ((_, _, got),) = await store.live_fields([POD], RECLAIM_FIELDS)
+    assert {k: got[k] for k in ("rcl", "rcb", "phase")} == {**reclaimed, "phase": "PLACED"}

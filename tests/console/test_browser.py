@@ -526,3 +526,68 @@ def test_a_view_whose_first_read_fails_recovers_when_the_service_answers_again(
     assert page.page.get_by_role("alert").count() == 0
     # only the failed loads while it was paused, nothing the page's code threw
     assert all("Failed to load resource" in e for e in page.errors), page.errors
+
+
+def test_the_cell_view_says_which_pod_is_held_and_for_whom_only_to_whom_may_know(
+    page: Page, console_stack
+):
+    """Issue 35's hold in the cell view: acme's job waits for quota in the cell queue and
+    a pod is held for it (written as the dispatcher writes it, CellStore.hold_pod); the
+    operator sees which pod, for whose job, linked; another tenant sees that the pod is
+    held, never acme's name or job."""
+    import asyncio
+    import concurrent.futures
+
+    from lightpath.v1 import cell_scheduler_pb2 as cs
+    from lightpath_services.cell_scheduler.store import CellStore
+    from lightpath_services.common.redis_store import connect, read_password
+
+    stack = console_stack.stack
+    job_id = f"acme-held-{uuid.uuid4().hex[:4]}"
+
+    async def held(hold: bool) -> None:
+        redis = connect(stack.redis_url, password=read_password(stack.redis_password_file))
+        try:
+            store = CellStore(redis)
+            if hold:
+                assert await store.hold_pod(job_id, "pod-1", "acme", int(time.time() * 1000))
+            else:
+                await store.release_pod(job_id)
+        finally:
+            await redis.aclose()
+
+    def in_thread(coro) -> None:  # (Playwright's sync API runs a loop in this one)
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            pool.submit(asyncio.run, coro).result()
+
+    with console_stack.cell() as cell:
+        cell.set_quota(cs.Quota(tenant="acme", nominal_chips={"tpu": 64}, no_borrowing=True))
+        try:
+            with console_stack.cell("acme") as acme:
+                waiting = acme.submit(job_id, (4, 4, 8)).job  # over acme's quota: it waits
+            assert not waiting.pod_id and "quota" in waiting.reason, waiting.reason
+            in_thread(held(True))
+            page.open("cell")
+            page.wait_live()
+            note = page.page.locator('.hold[data-pod="pod-1"]')
+            note.wait_for(timeout=30_000)
+            text = note.inner_text()
+            assert f"Pod pod-1 is held for acme's job {job_id}" in text, text
+            assert "jobs that would borrow quota stay off this pod" in text, text
+            assert note.get_by_role("link", name=job_id).get_attribute("href") == f"#/job/{job_id}"
+            page.shot("cell-hold")
+            page.open("signin")
+            page.page.fill("#token", console_stack.tokens["globex"])
+            page.page.get_by_role("button", name="Sign in").click()
+            page.page.get_by_text("signed in: token").wait_for(timeout=30_000)
+            page.open("cell")
+            page.wait_live()
+            note.wait_for(timeout=30_000)
+            text = note.inner_text()
+            assert "is held for another tenant's job" in text, text
+            assert "acme" not in page.page.locator("main").inner_text()
+            assert page.errors == []
+        finally:
+            in_thread(held(False))
+            cell.cancel(job_id)
+            cell.delete_quota("acme")

@@ -15,6 +15,7 @@ from lightpath_services.console.settings import ConsoleSettings, parse_named_add
 from lightpath_services.console.views import (
     CORES_MAX_S,
     CORES_MIN_S,
+    cell_view,
     cores_window,
     free_steps,
     live_reservations,
@@ -260,3 +261,21 @@ def test_a_quota_row_says_its_scope():
     assert row["pod"] == "pod-1" and row["has_quota"]
     assert row["types"] == [{"node_type": "tpu", "quota": 128, "used": 64, "borrowed": 0}]
     assert quota_row(cs.TenantQuota(tenant="acme"))["pod"] == ""  # the cell's row
+
+
+def test_the_cell_view_carries_the_held_pod_as_the_cell_answered_it():
+    """The hold as ListQuotas gives it (whose job left empty for another tenant: the
+    view adds nothing), its age from `since`; none held: null."""
+    from lightpath.v1 import cell_scheduler_pb2 as cs
+
+    hold = cs.PodHold(pod="pod-2", job_id="a3", tenant="acme")
+    hold.since.FromSeconds(1_000)
+    assert cell_view([], [], 1_090.0, hold=hold)["hold"] == {
+        "pod": "pod-2",
+        "job_id": "a3",
+        "tenant": "acme",
+        "age_s": 90.0,
+    }
+    theirs = cell_view([], [], 1_090.0, hold=cs.PodHold(pod="pod-2"))["hold"]
+    assert theirs["job_id"] == theirs["tenant"] == ""
+    assert cell_view([], [], 1_090.0)["hold"] is None

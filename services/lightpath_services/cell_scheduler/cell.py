@@ -49,9 +49,11 @@ from lightpath_services.cell_scheduler.jobs import (
 from lightpath_services.cell_scheduler.metrics import CellMetrics
 from lightpath_services.cell_scheduler.podclient import PodCallError, PodClients, state_name
 from lightpath_services.cell_scheduler.pods import PodDirectory, capacity_view, reported_chips
+from lightpath_services.cell_scheduler.quota import Hold
 from lightpath_services.cell_scheduler.quotas import (
     QuotaState,
     capacity_of,
+    charge_of,
     pod_quota_pb,
     quota_from_pb,
     quota_key,
@@ -243,7 +245,9 @@ class CellScheduler:
                     check_free=first.how == FITS and not budget.last(attempt),
                     expect_empty_queue=not snap.queue,
                     now_ms=now,
-                    quota=QuotaState.of(snap.quotas).guard(tenant, pod=first.pod_id),
+                    quota=QuotaState.of(snap.quotas).guard(
+                        tenant, pod=first.pod_id, need=charge_of(r)
+                    ),
                 )
             except Conflict as c:
                 if c.reason == EXISTS:
@@ -331,6 +335,10 @@ class CellScheduler:
                 *(pod_quota_pb(t, p, state) for p in state.pods_of(t)),
             )
         ]
+
+    async def held_pod(self) -> Hold | None:
+        """The pod the cell holds for an owner's job now (quota.Hold), if any."""
+        return QuotaState.of(await self.store.quota_rows()).hold
 
     # == the registry (CS-1) ======================================================
 

@@ -22,7 +22,12 @@ from typing import Any
 from lightpath.client import wrong_peer
 from lightpath.errors import WIRING_FAILED, InvalidArgument, ResourceExhausted, Unavailable
 from lightpath.v1 import cell_scheduler_pb2, workload_scheduler_pb2
-from lightpath_services.cell_scheduler.admission import FAIL, Admission, no_capacity_delay
+from lightpath_services.cell_scheduler.admission import (
+    FAIL,
+    HELD_FOR_OWNER,
+    Admission,
+    no_capacity_delay,
+)
 from lightpath_services.cell_scheduler.choice import (
     CHIPS_SUFFIX,
     FITS,
@@ -120,6 +125,9 @@ class Forwarder:
                 if over:  # its quota on that pod is used up: the next pod may do
                     last = WAITING_FOR_QUOTA + over
                     continue
+                if quotas.keeps_out(job_id, tenant, charge_of(r)) == pod:  # held since
+                    last = f"pod {pod}: {HELD_FOR_OWNER}"
+                    continue
                 claimed = await self.jobs.claim_queued(
                     job_id,
                     r,
@@ -127,7 +135,7 @@ class Forwarder:
                     check_free=cand.how == FITS,
                     reason=f"forwarding to pod {pod}: {cand.reason}",
                     request=request_b64(req),
-                    quota=quotas.guard(tenant, pod=pod),
+                    quota=quotas.guard(tenant, pod=pod, need=charge_of(r)),
                 )
                 if claimed is None:
                     break  # a dispatcher took it meanwhile, or that pod's blocks went elsewhere
@@ -280,6 +288,9 @@ class Forwarder:
     async def dispatch(self) -> int:
         """One pass over the cell queue: forward every job that has a pod now (CS-3)."""
         snap = await self.store.snapshot()
+        hold = snap.quotas.hold
+        if hold is not None and hold.job_id not in snap.queue:
+            await self._release(hold)  # (also when the queue is empty now)
         if not snap.queue:
             return 0
         models = self.pods.models_of(snap)
@@ -292,18 +303,6 @@ class Forwarder:
             snap, models, now, own_forward_ms=int(2 * self.forward_timeout_s * 1000)
         )
         quotas = QuotaState.of(snap.quotas)
-        if quotas.hold is not None and quotas.hold.job_id not in snap.queue:
-            # its job started or left the cell queue: the pod is anyone's again (not
-            # sooner: ended while its tenant's other jobs run past its nominal, the hold
-            # moved between pods and the room it gathered was lost — owners were denied
-            # 30 % of the time in the simulator's 4-pod run at seed 2, 7 % kept)
-            if await self.store.release_pod(quotas.hold.job_id):
-                self.log.info(
-                    "pod %s no longer held for job %s",
-                    quotas.hold.pod,
-                    quotas.hold.job_id,
-                    extra={"job_id": quotas.hold.job_id},
-                )
         version = quotas.version  # this pass's own charges bump it
         on_pods: dict[tuple[str, str], Counter[str]] = {}  # ... and hold chips on pods
         forwards = []
@@ -327,7 +326,7 @@ class Forwarder:
                 reason=f"leaving the cell queue for pod {first.pod_id}: {first.reason}",
                 now_ms=now,
                 request=request_b64(req),
-                quota=quotas.guard(tenant, version, first.pod_id),
+                quota=quotas.guard(tenant, version, first.pod_id, charge_of(r)),
             )
             if claim is None:
                 continue  # another replica took it, or an update changed it (next pass)
@@ -392,13 +391,14 @@ class Forwarder:
                 running, _ = running_of(job_id, live, sizes)
                 pod = quotas.book().pod_to_hold(tenant, need, running, room)
                 if pod is not None:
-                    await self._hold(Hold(job_id, pod))
+                    await self._hold(Hold(job_id, pod, tenant, now))
                     quotas = QuotaState.of(await self.store.quota_rows())
             if plan is None or plan.pod not in resolved:
                 continue
             if quotas.pod_refusal(tenant, plan.pod, charge_of(resolved[plan.pod])):
                 continue  # its quota on that pod would not cover it there
             cand = Candidate(plan.pod, PREEMPTS, plan.reason)
+            victims = [v.job_id for v in plan.victims]
             claim = await self.jobs.claim_queued(
                 job_id,
                 resolved[plan.pod],
@@ -408,10 +408,10 @@ class Forwarder:
                 now_ms=now,
                 request=request_b64(req),
                 quota=quotas.guard(tenant, pod=plan.pod),
+                reclaim=victims,
             )
             if claim is None:
                 return None  # changed meanwhile: the next pass decides again
-            victims = [v.job_id for v in plan.victims]
             self.log.info(
                 "job %s: %s (%s)", job_id, plan.reason, ", ".join(victims), extra={"job_id": job_id}
             )
@@ -420,10 +420,23 @@ class Forwarder:
             )
         return None
 
+    async def _release(self, hold: Hold) -> None:
+        """Its job started or left the cell queue: the pod is anyone's again. (Not sooner:
+        ended while its tenant's other jobs run past its nominal, the hold moved between
+        pods and the room it gathered was lost — owners were denied 30 % of the time in
+        the simulator's 4-pod run at seed 2, 7 % kept.)"""
+        if await self.store.release_pod(hold.job_id):
+            self.log.info(
+                "pod %s no longer held for job %s",
+                hold.pod,
+                hold.job_id,
+                extra={"job_id": hold.job_id},
+            )
+
     async def _hold(self, hold: Hold) -> None:
         """Hold a pod for an owner's job reclaim could place nowhere (quota.Hold), unless
         another replica held one first."""
-        if await self.store.hold_pod(hold.job_id, hold.pod):
+        if await self.store.hold_pod(hold.job_id, hold.pod, hold.tenant, hold.since_ms):
             self.log.info(
                 "pod %s held for job %s: within its tenant's nominal quota, no pod's free "
                 "and borrowed chips make its room; jobs that would borrow stay off it",

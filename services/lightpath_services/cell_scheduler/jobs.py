@@ -109,6 +109,14 @@ def record_fields(
         "blocks": r.block_count,
         "derived": "1" if r.derived else "0",
         "why": cand.reason,
+        **reclaim_fields(r, reclaim),
+    }
+
+
+def reclaim_fields(r: Resolved, reclaim: Sequence[str]) -> dict[str, str]:
+    """The record's "rcl" and "rcb" for a job going to a pod reclaiming from `reclaim`
+    (none: both "")."""
+    return {
         "rcl": json.dumps(sorted(reclaim)) if reclaim else "",
         "rcb": json.dumps(gives_up(r)) if reclaim else "",
     }
@@ -246,11 +254,14 @@ class CellJobs:
         now_ms: int | None = None,
         request: str = "",
         quota: QuotaGuard | None = None,
+        reclaim: Sequence[str] = (),
     ) -> Claim | None:
         """A job in the cell queue bound to a pod, its blocks held and its chips charged:
         the claim, or None when another replica took it (or, with `check_free`,
         the blocks went; with `request`, an update changed the request the decision was
-        made for; with `quota`, what the decision knew of its tenant's quota changed)."""
+        made for; with `quota`, what the decision knew of its tenant's quota changed).
+        The jobs it reclaims from (`reclaim`) are on its record from the claim on, so a
+        job found on the pod after a lost answer (adopted) has them too."""
         token = self.new_token()
         now = self.pods.now_ms() if now_ms is None else now_ms
         try:
@@ -266,6 +277,7 @@ class CellJobs:
                 request=request,
                 charge=charge_of(r),
                 quota=quota,
+                fields=reclaim_fields(r, reclaim),
             )
         except Conflict:  # MOVED, STALE, CHANGED or QUOTA
             return None

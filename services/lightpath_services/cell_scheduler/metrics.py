@@ -1,5 +1,6 @@
 """The cell's domain metrics (issue 18): jobs by state and pod, the cell queue, pods by
-status, heartbeat age, forwards, requeues and submit-to-running latency.
+status, heartbeat age, forwards, requeues and submit-to-running latency; tenants'
+quotas and the pod held for an owner's job (issue 35).
 
 Names and attributes are those of lightpath_services.common.metric_names. The gauges read a
 snapshot that `run` (a background loop of the service) refreshes every `refresh_s`:
@@ -92,6 +93,15 @@ class CellMetrics:
             [self._observe_tenant_waiting],
             description="a tenant's jobs in the cell queue, waiting for its quota or for room",
         )
+        # The pod held for an owner's job (quota.Hold): (pod, its tenant, since ms).
+        self._hold: tuple[str, str, int] | None = None
+        meter.create_observable_gauge(
+            "lightpath.cell.pod.held",
+            [self._observe_hold],
+            unit="s",
+            description="seconds since the cell held the pod for a tenant's job within its "
+            "nominal quota that no pod could make room for",
+        )
 
     @classmethod
     def noop(cls) -> CellMetrics:
@@ -170,6 +180,8 @@ class CellMetrics:
 
     async def _refresh_tenants(self, directory: PodDirectory, snap: RegistrySnapshot) -> None:
         state = QuotaState.of(snap.quotas)
+        hold = state.hold
+        self._hold = (hold.pod, hold.tenant, hold.since_ms) if hold else None
         book = state.book()
         chips: dict[tuple[str, str, str, str], int] = {}
         for tenant in state.tenants():
@@ -206,6 +218,14 @@ class CellMetrics:
         return [
             Observation(n, {"tenant": t, "cause": c}) for (t, c), n in self._tenant_waiting.items()
         ]
+
+    def _observe_hold(
+        self, options: CallbackOptions, clock: Callable[[], float] = time.time
+    ) -> Iterable[Observation]:
+        if self._hold is None:
+            return []
+        pod, tenant, since_ms = self._hold
+        return [Observation(max(0.0, clock() - since_ms / 1000), {"pod": pod, "tenant": tenant})]
 
     def _observe_queue(self, options: CallbackOptions) -> Iterable[Observation]:
         return [] if self._queue is None else [Observation(self._queue)]

@@ -528,6 +528,8 @@ class Hold:
 
     job_id: str
     pod: str
+    tenant: str = ""  # the job's (shown to operators and to that tenant only)
+    since_ms: int = 0  # when the cell held the pod
 
     def keeps_out(self, job_id: str, borrows: bool) -> str:
         """The pod job `job_id` may not go to now ("": none): the held one, for a job

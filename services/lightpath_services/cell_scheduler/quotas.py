@@ -169,8 +169,7 @@ class QuotaState:
         parsed = [from_json(k, raw) for k, raw in rows.quotas.items()]
         quotas = {q.tenant: q for q in parsed if not q.pod}
         pod_quotas = {(q.tenant, q.pod): q for q in parsed if q.pod}
-        hold = Hold(*rows.hold) if rows.hold else None
-        return cls(rows.version, quotas, used, decayed, pod_quotas, pod_used, hold)
+        return cls(rows.version, quotas, used, decayed, pod_quotas, pod_used, rows.hold)
 
     def keeps_out(self, job_id: str, tenant: str, need: Mapping[str, int]) -> str:
         """The pod the hold keeps job `job_id` of `tenant`'s (`need` chips) out of ("":
@@ -222,12 +221,20 @@ class QuotaState:
         q = self.quotas.get(tenant)
         return dominant_share(usage, capacity, q.weight if q else 1.0)
 
-    def guard(self, tenant: str, version: str | None = None, pod: str = "") -> QuotaGuard:
-        """What a claim of `tenant`'s job on `pod` decided over this snapshot expects
-        (`version`: the version as this pass's own charges moved it)."""
+    def guard(
+        self,
+        tenant: str,
+        version: str | None = None,
+        pod: str = "",
+        need: Mapping[str, int] | None = None,
+    ) -> QuotaGuard:
+        """What a claim of `tenant`'s job of `need` chips on `pod` decided over this
+        snapshot expects (`version`: the version as this pass's own charges moved it):
+        a job that would borrow, that `pod` is still not held for another job."""
+        borrows = need is not None and not self.book().check(tenant, need).within_nominal
         if not self.limits(tenant, pod):
-            return QuotaGuard(tenant, None, pod)
-        return QuotaGuard(tenant, self.version if version is None else version, pod)
+            return QuotaGuard(tenant, None, pod, borrows)
+        return QuotaGuard(tenant, self.version if version is None else version, pod, borrows)
 
     def limits(self, tenant: str, pod: str = "") -> bool:
         """Whether a charge of `tenant` on `pod` changes what may be admitted (it has a
@@ -357,6 +364,16 @@ def tenant_quota_pb(
     )
     if q is not None:
         out.quota.CopyFrom(quota_pb(q))
+    return out
+
+
+def hold_pb(hold: Hold, viewer: str | None) -> cell_scheduler_pb2.PodHold:
+    """The held pod as `viewer` sees it (None: an operator, who sees whose job it is
+    held for; a tenant sees that only for its own job)."""
+    out = cell_scheduler_pb2.PodHold(pod=hold.pod)
+    out.since.FromMilliseconds(hold.since_ms)
+    if viewer is None or viewer == hold.tenant:
+        out.job_id, out.tenant = hold.job_id, hold.tenant
     return out
 
 

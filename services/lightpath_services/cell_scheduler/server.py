@@ -15,6 +15,7 @@ from lightpath_services.cell_scheduler.cell import CellScheduler
 from lightpath_services.cell_scheduler.jobs import JobView
 from lightpath_services.cell_scheduler.metrics import CellMetrics
 from lightpath_services.cell_scheduler.podclient import PodClients
+from lightpath_services.cell_scheduler.quotas import hold_pb
 from lightpath_services.cell_scheduler.request import has_demand
 from lightpath_services.cell_scheduler.settings import CellSchedulerSettings, node_flops
 from lightpath_services.cell_scheduler.store import CellStore
@@ -269,7 +270,11 @@ class CellSchedulerServicer(cell_scheduler_pb2_grpc.CellSchedulerServicer):
             require_ids(tenant=request.tenant)
         # A tenant sees its own row only: no other tenant's name reaches it.
         tenant = require_tenant_field(request.tenant)
-        return cell_scheduler_pb2.ListQuotasResponse(quotas=await self._cell.list_quotas(tenant))
+        resp = cell_scheduler_pb2.ListQuotasResponse(quotas=await self._cell.list_quotas(tenant))
+        hold = await self._cell.held_pod()
+        if hold is not None:  # whose job it is held for: an operator's or that tenant's
+            resp.hold.CopyFrom(hold_pb(hold, tenant_scope()))
+        return resp
 
     async def ReportPodStatus(self, request, context) -> cell_scheduler_pb2.ReportPodStatusResponse:
         require_ids(pod_id=request.pod_id)

@@ -160,6 +160,16 @@ local function requeue_released(jk, job, pod, from, reason, now)
   cell_event(job, from, "PENDING", why, pod, now)
 end
 
+-- {"not_held", pod, job}: the pod is not held for another job (quota.Hold): the claim of a
+-- job that would borrow quota, decided before a replica held the pod, is decided again
+if USES.not_held then CHECKS.not_held = function(c)
+  local h = call("HMGET", key("hold"), "job", "pod")
+  if h[2] == c[2] and h[1] and h[1] ~= c[3] then
+    return fail("quota", "pod " .. c[2] .. " was held for another job since the decision", "")
+  end
+  return nil
+end end
+
 -- {"enough", pod, needs JSON}: the pod's free blocks minus those held in flight cover it
 if USES.enough then CHECKS.enough = function(c)
   for t, n in pairs(cjson.decode(c[3])) do

@@ -59,9 +59,10 @@ Quotas (issue 35; services/lightpath_services/cell_scheduler/quotas.py):
     lp:{cell}:qver                hash  "n": bumped by every quota change and every charge of a
                                         tenant with a quota; a claim decided over quotas
                                         expects the version its decision read (Conflict QUOTA)
-    lp:{cell}:hold                hash  "job", "pod": the pod held for an owner's job within
-                                        its nominal that reclaim could not place (quota.Hold;
-                                        one at a time)
+    lp:{cell}:hold                hash  "job", "pod", "tenant", "at" (ms): the pod held for an
+                                        owner's job within its nominal that reclaim could not
+                                        place, since when (quota.Hold; one at a time; a claim
+                                        of a job that would borrow checks it: not_held)
 
 A job's phase in the cell: QUEUED (in the cell queue, no pod) → FORWARDING
 (claimed by one replica, bound to one pod, with a token and a deadline) →
@@ -86,7 +87,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from lightpath_services.cell_scheduler.quota import DEFAULT_HALF_LIFE_S
+from lightpath_services.cell_scheduler.quota import DEFAULT_HALF_LIFE_S, Hold
 from lightpath_services.common import txn
 from lightpath_services.common.keys import cell_key
 from lightpath_services.common.txn import Conflict, Program
@@ -277,8 +278,8 @@ class QuotaRows:
     quotas: dict[str, str] = field(default_factory=dict)  # tenant -> JSON
     usage: dict[str, int] = field(default_factory=dict)  # "tenant|type" -> chips
     decayed: dict[str, str] = field(default_factory=dict)
-    # (owner's job, pod): the pod the cell holds for that job (issue 35, quota.Hold)
-    hold: tuple[str, str] | None = None
+    # the pod the cell holds for an owner's job (issue 35)
+    hold: Hold | None = None
 
 
 def _row(values: Sequence[Any]) -> dict[str, str]:
@@ -293,7 +294,9 @@ def _quota_rows(got: Sequence[Any]) -> QuotaRows:
         dict(quotas),
         {k: _i(v) for k, v in usage.items()},
         decayed,
-        (hold["job"], hold["pod"]) if hold.get("job") and hold.get("pod") else None,
+        Hold(hold["job"], hold["pod"], hold.get("tenant", ""), _i(hold.get("at")))
+        if hold.get("job") and hold.get("pod")
+        else None,
     )
 
 
@@ -307,11 +310,16 @@ class QuotaGuard:
     tenant: str
     version: str | None
     pod: str = ""  # the pod the claim binds the job to: its quota there counts too
+    # The job would borrow quota: it holds while `pod` is not held for another job
+    # (quota.Hold; a replica may hold it after the decision read that it was not).
+    borrows: bool = False
 
 
-def _expect_quota(t: txn.Txn, guard: QuotaGuard | None) -> None:
+def _expect_quota(t: txn.Txn, guard: QuotaGuard | None, job_id: str) -> None:
     if guard is None:
         return
+    if guard.borrows and guard.pod:
+        t.check("not_held", guard.pod, job_id)
     if guard.version is None:
         for field_ in [guard.tenant] + ([f"{guard.tenant}@{guard.pod}"] if guard.pod else []):
             t.expect_field(
@@ -598,20 +606,20 @@ class CellStore:
         t.hincr(qver, "n", 1)
         await self._script.commit(t)
 
-    async def hold_pod(self, job_id: str, pod: str) -> bool:
-        """Hold `pod` for the owner's job `job_id` (issue 35, quota.Hold) unless the cell
-        holds a pod already: whether this call set it (one hold at a time, whichever
-        replica sets it first)."""
+    async def hold_pod(self, job_id: str, pod: str, tenant: str, now_ms: int) -> bool:
+        """Hold `pod` for `tenant`'s job `job_id` from `now_ms` (issue 35, quota.Hold) unless
+        the cell holds a pod already: whether this call set it (one hold at a time,
+        whichever replica sets it first)."""
         t = CellTxn()
         t.expect(cell_key("hold"), "job", [""], reason=MOVED, message="a pod is held for {}")
-        t.hset(cell_key("hold"), {"job": job_id, "pod": pod})
+        t.hset(cell_key("hold"), {"job": job_id, "pod": pod, "tenant": tenant, "at": now_ms})
         return await self._try(t) is not None
 
     async def release_pod(self, job_id: str) -> bool:
         """End the hold for `job_id` (it started or left the cell queue), if it is its."""
         t = CellTxn()
         t.expect(cell_key("hold"), "job", [job_id], reason=MOVED, message="the hold is {}'s")
-        t.hdel(cell_key("hold"), ["job", "pod"])
+        t.hdel(cell_key("hold"), ["job", "pod", "tenant", "at"])
         return await self._try(t) is not None
 
     async def waiting_reason(self, job_id: str, reason: str, now_ms: int) -> None:
@@ -706,7 +714,7 @@ class CellStore:
             t.expect_no_key(
                 cell_key("queue"), reason=WAITING, message="jobs wait in the cell queue"
             )
-        _expect_quota(t, quota)
+        _expect_quota(t, quota, job_id)
         t.op(
             "claim_new",
             job_id,
@@ -737,19 +745,21 @@ class CellStore:
         request: str = "",
         charge: Mapping[str, int] | None = None,
         quota: QuotaGuard | None = None,
+        fields: Mapping[str, str] | None = None,
     ) -> int:
         """A queued job bound to `pod` and charged to its tenant (`charge`): the forward's
         fencing token. Conflict
         MOVED when it is no longer queued; STALE when its blocks went; with `request`,
         CHANGED when its request is no longer the one the decision was made for (updated
-        meanwhile); with `quota`, QUOTA when what its decision knew of them changed."""
+        meanwhile); with `quota`, QUOTA when what its decision knew of them changed.
+        `fields`: more of its record set with the claim."""
         t = CellTxn(pod, jobs=[job_id])
         t.expect_phase(job_id, [QUEUED])
         if request:
             t.expect_value(job_id, "req", request, reason=CHANGED)
         if check_free:
             t.check("enough", pod, json.dumps(dict(needs)))
-        _expect_quota(t, quota)
+        _expect_quota(t, quota, job_id)
         t.op(
             "claim_queued",
             job_id,
@@ -761,6 +771,8 @@ class CellStore:
             reason,
             json.dumps(dict(charge or {})),
         )
+        if fields:
+            t.hset(_job_key(job_id), fields)
         return int((await self._script.commit(t))["fence"])
 
     def _forwarding(self, pod: str, job_id: str, token: str) -> CellTxn:

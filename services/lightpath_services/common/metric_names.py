@@ -197,6 +197,16 @@ DOMAIN: tuple[MetricName, ...] = (
         "cell_scheduler",
         "a tenant's jobs in the cell queue, waiting for its quota or for room",
     ),
+    _m(
+        "lightpath.cell.pod.held",
+        GAUGE,
+        "s",
+        ("pod", "tenant"),
+        "cell_scheduler",
+        "seconds since the cell held the pod for a tenant's job within its nominal quota "
+        "that no pod could make room for (jobs that would borrow stay off it); none: no "
+        "pod is held",
+    ),
     # workload_scheduler
     _m(
         "lightpath.pod.blocks",

@@ -119,7 +119,9 @@ class Console:
             except PermissionDenied as exc:
                 pods_error = exc.message
             quotas = await b.list_quotas(viewer)
-            return views.cell_view(pods, jobs, now, pods_error, quotas), ["jobs", "tick"]
+            hold = quotas.hold if quotas.HasField("hold") else None
+            view = views.cell_view(pods, jobs, now, pods_error, quotas.quotas, hold)
+            return view, ["jobs", "tick"]
         if name == "job":
             job, trace_id = await b.get_job(viewer, _param(request, "id"))
             wiring, wiring_error = None, ""

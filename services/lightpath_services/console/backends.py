@@ -163,13 +163,13 @@ class Backends:
         resp = await self._call(self.cell.ListPods, cell_scheduler_pb2.ListPodsRequest(), viewer)
         return list(resp.pods)
 
-    async def list_quotas(self, viewer: Viewer) -> list[cell_scheduler_pb2.TenantQuota]:
-        """Tenants' quotas and usage (issue 35): a tenant's sign-in gets its own row only
-        (the cell answers so)."""
-        resp = await self._call(
+    async def list_quotas(self, viewer: Viewer) -> cell_scheduler_pb2.ListQuotasResponse:
+        """Tenants' quotas and usage, and the pod held for an owner's job (issue 35): a
+        tenant's sign-in gets its own row only, and whose job a pod is held for only
+        when it is its own (the cell answers so)."""
+        return await self._call(  # type: ignore[no-any-return]
             self.cell.ListQuotas, cell_scheduler_pb2.ListQuotasRequest(), viewer
         )
-        return list(resp.quotas)
 
     async def get_pod(self, viewer: Viewer, pod_id: str) -> cell_scheduler_pb2.Pod:
         return await self._call(

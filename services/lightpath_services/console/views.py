@@ -132,18 +132,31 @@ def quota_row(q: cell_scheduler_pb2.TenantQuota) -> dict[str, Any]:
     }
 
 
+def hold_row(hold: cell_scheduler_pb2.PodHold, now: float) -> dict[str, Any]:
+    """The pod the cell holds for an owner's job (issue 35): whose job ("" when the
+    viewer is another tenant: the cell leaves it out) and for how long."""
+    return {
+        "pod": hold.pod,
+        "job_id": hold.job_id,
+        "tenant": hold.tenant,
+        "age_s": age(hold.since, now),
+    }
+
+
 def cell_view(
     pods: Sequence[cell_scheduler_pb2.Pod] | None,
     jobs: Sequence[cell_scheduler_pb2.CellJob],
     now: float,
     pods_error: str = "",
     quotas: Sequence[cell_scheduler_pb2.TenantQuota] = (),
+    hold: cell_scheduler_pb2.PodHold | None = None,
 ) -> dict[str, Any]:
     return {
         "pods": [pod_row(p, now) for p in sorted(pods or (), key=lambda p: p.registration.pod_id)],
         "pods_error": pods_error,
         "jobs": [job_row(j, now) for j in jobs],
         "quotas": [quota_row(q) for q in quotas],
+        "hold": hold_row(hold, now) if hold is not None else None,
     }
 
 

@@ -248,7 +248,7 @@ function renderCell(main, d) {
     d.jobs.map((j) => [link(`#/job/${encodeURIComponent(j.job_id)}`, j.job_id), j.tenant, stateTag(j.state),
       j.pod_id ? podLink(j.pod_id) : (j.queue_position ? `cell queue #${j.queue_position}` : "—"),
       j.shape, j.blocks, j.priority, ago(j.age_s)]), [5, 6]) : h("p", { class: "muted" }, "No jobs yet.");
-  main.replaceChildren(h("h1", {}, "Cell"), h("h2", {}, "Superpods"), pods, ...quotaSection(d.quotas),
+  main.replaceChildren(h("h1", {}, "Cell"), h("h2", {}, "Superpods"), pods, ...quotaSection(d.quotas, d.hold),
     h("h2", {}, `Jobs (${d.jobs.length})`), jobs);
 }
 
@@ -262,14 +262,26 @@ function quotabar(t) {
     : `${t.used} of ${t.quota} ${t.node_type} chips` + (t.borrowed ? `, ${t.borrowed} borrowed` : "");
   return h("span", {}, h("span", { class: t.borrowed ? "bar borrowing" : "bar", role: "img", "aria-label": label }, inner), ` ${label}`);
 }
-function quotaSection(quotas) {
-  if (!quotas || !quotas.length) return [];
+// The pod held for a job within its tenant's nominal quota that no pod could make room
+// for: whose job only to operators and to that tenant (the cell leaves it out otherwise).
+function holdNote(hold) {
+  const whose = hold.job_id
+    ? [`for ${hold.tenant}'s job `, link(`#/job/${encodeURIComponent(hold.job_id)}`, hold.job_id)]
+    : ["for another tenant's job"];
+  return h("p", { class: "hold", "data-pod": hold.pod }, h("strong", {}, "Pod ", podLink(hold.pod), " is held "),
+    ...whose, ` (held ${ago(hold.age_s)}): within its nominal quota, no pod could make room for it, so jobs that`
+    + " would borrow quota stay off this pod and the room its jobs leave gathers for it; jobs within"
+    + " their nominal quota still go there. It ends when that job starts or leaves the cell queue.");
+}
+function quotaSection(quotas, hold) {
+  if (!quotas || !quotas.length) return hold ? [h("h2", {}, "Tenants' quotas"), holdNote(hold)] : [];
   // A pod-scoped row caps what the tenant holds on that pod: sharing and waiting are the cell's.
   const rows = quotas.map((q) => [q.tenant, q.pod ? `pod ${q.pod}` : "cell",
     q.types.length ? q.types.map((t) => h("div", { class: "quota", "data-tenant": q.tenant, "data-pod": q.pod, "data-type": t.node_type }, quotabar(t))) : "—",
     q.pod ? "—" : q.has_quota ? (q.cohort ? `cohort ${q.cohort}` : "no cohort") + (q.no_borrowing ? ", no borrowing" : "") : "no quota",
     q.pod ? "—" : q.waiting ? `${q.waiting} (${q.waiting_for_quota} for quota)` : "0"]);
-  return [h("h2", {}, "Tenants' quotas"), table(["tenant", "scope", "chips held / quota", "sharing", "waiting"], rows)];
+  return [h("h2", {}, "Tenants' quotas"), table(["tenant", "scope", "chips held / quota", "sharing", "waiting"], rows),
+    ...(hold ? [holdNote(hold)] : [])];
 }
 
 // -- Job --------------------------------------------------------------------------------
