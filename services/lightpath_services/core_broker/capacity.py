@@ -307,10 +307,6 @@ class CapacityMap:
         return record
 
     @property
-    def device_count(self) -> int:
-        return len(self._d.ids)
-
-    @property
     def cores(self) -> np.ndarray:
         """Cores per device index (0 for a removed device)."""
         return self._d.cores
