@@ -186,7 +186,6 @@ class SimConfig:
     reconfig_s: float = 0.0  # OCS wiring time of a block slice (WIRING -> RUNNING)
     failures: Failures | None = None
     seed: int = 1  # of the failure draws (the workload has its own)
-    series_points: int = 2000  # utilisation samples kept for plots
     # Tenants' quotas (issue 35): every job then passes the cell's quota check and
     # fair-share order (services/lightpath_services/sim/quotas.py); none: no quotas, priority order.
     quotas: tuple[Quota, ...] = ()
@@ -297,7 +296,6 @@ class Sim:
         self._t = 0.0
         self.busy_area = 0.0
         self.healthy_area = 0.0
-        self.frag_area = 0.0
         self.idle_waiting = 0  # free healthy chips while jobs wait (set after each event)
         # Healthy chips not working now, by why (IDLE_CAUSES; set after each event).
         self.idle_causes: dict[str, int] = {}
@@ -329,7 +327,6 @@ class Sim:
             healthy = self.chips_total - self.down_hosts * math.prod(HOST)
             self.busy_area += self.busy * dt
             self.healthy_area += healthy * dt
-            self.frag_area += self.idle_waiting * dt
             lo, hi = self.window
             a, b = max(self._t, lo), min(t, hi)
             if b > a:
