@@ -37,7 +37,6 @@ import asyncio
 import contextlib
 import multiprocessing as mp
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -47,6 +46,8 @@ from pathlib import Path
 from typing import Any
 
 from _common import bench_ca, emit, operator_credentials, private_redis, service_tls_env
+
+from lightpath.embedded_redis import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 N_NODES = 8
@@ -86,12 +87,6 @@ class Pki:
 
 
 # -- processes -------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def spawn_switch(pki: Pki, redis_url: str, switch_id: str, tree: str, port: int, **env: str):

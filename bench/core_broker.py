@@ -32,22 +32,19 @@ import asyncio
 import os
 import random
 import subprocess
-import sys
 import tempfile
 import time
 from collections import Counter
 from pathlib import Path
 
-from _common import emit, percentile, private_redis
+from _common import emit, percentile, private_redis, start_service
 from google.protobuf.duration_pb2 import Duration
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from lightpath.client import channel
-from lightpath.embedded_redis import free_port
 from lightpath.security.credentials import Credentials
 from lightpath.security.identity import Principal, service_principal
 from lightpath.security.pki import LocalCA
-from lightpath.stack import health_status
 from lightpath.v1 import common_pb2, core_broker_pb2_grpc
 from lightpath.v1 import core_broker_pb2 as pb
 
@@ -107,11 +104,10 @@ def request(rid: str, rng: random.Random, now_ms: int, *, live: bool) -> pb.Rese
 
 
 class Identities:
-    """Certificates from a LocalCA in `directory`: the broker's, the operator's, the applications'."""
+    """Certificates from a LocalCA in `directory`: the operator's, the applications'."""
 
     def __init__(self, directory: Path):
         self.ca = LocalCA(directory, common_name="Lightpath bench CA").ensure()
-        self.broker = self.ca.issue(service_principal("core_broker"))
         self.operator = self.credentials(Principal("operator", "operator"))
 
     def credentials(self, principal: Principal, token: str = "") -> Credentials:
@@ -188,25 +184,19 @@ async def client(
 
 
 def start_broker(
-    redis_url: str, port: int, name: str, ids: Identities, audit: Path
-) -> subprocess.Popen:
+    redis_url: str, name: str, ids: Identities, workdir: Path
+) -> tuple[subprocess.Popen, str]:
+    """A broker replica as deployed (mTLS), once it is SERVING: (process, address)."""
+    workdir.mkdir()
     env = {
-        **os.environ,
         "LIGHTPATH_REDIS_URL": redis_url,
-        "LIGHTPATH_LISTEN": f"127.0.0.1:{port}",
-        "LIGHTPATH_PLAINTEXT": "false",
-        "LIGHTPATH_TLS_CERT": str(ids.broker.cert),
-        "LIGHTPATH_TLS_KEY": str(ids.broker.key),
-        "LIGHTPATH_TLS_CA": str(ids.broker.ca),
-        "LIGHTPATH_TLS_CLIENT_AUTH": "require",
         "LIGHTPATH_CB_OPERATOR_TOKEN": "",
         "LIGHTPATH_TOKEN_FILE": "",
-        "LIGHTPATH_AUDIT_LOG": str(audit / f"{name}.jsonl"),
         "LIGHTPATH_LOG_LEVEL": "warning",
         "LIGHTPATH_INSTANCE_ID": name,
     }
-    return subprocess.Popen(
-        [sys.executable, "-m", "lightpath_services.core_broker"], env=env, stdin=subprocess.DEVNULL
+    return start_service(
+        "core_broker", service_principal("core_broker"), ids.ca, ids.operator, workdir, env
     )
 
 
@@ -217,16 +207,6 @@ def cpu_seconds(proc: subprocess.Popen) -> float:
     except OSError:
         return 0.0
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def wait_serving(
-    address: str, proc: subprocess.Popen, creds: Credentials, timeout: float = 60
-) -> None:
-    deadline = time.monotonic() + timeout
-    while health_status(address, timeout=0.5, credentials=creds) != "SERVING":
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise SystemExit(f"broker at {address} did not start")
-        time.sleep(0.1)
 
 
 async def measure(
@@ -270,14 +250,14 @@ def main() -> None:
     rng = random.Random(7)
     with private_redis() as url, tempfile.TemporaryDirectory(prefix="lightpath-bench-") as tmp:
         ids = Identities(Path(tmp) / "pki")
-        audit = Path(tmp) / "audit"
-        audit.mkdir()
-        ports = [free_port() for _ in range(args.replicas)]
-        procs = [start_broker(url, p, f"bench-broker-{i}", ids, audit) for i, p in enumerate(ports)]
-        addresses = [f"127.0.0.1:{p}" for p in ports]
+        procs: list[subprocess.Popen] = []
+        addresses: list[str] = []
         try:
-            for a, p in zip(addresses, procs, strict=True):
-                wait_serving(a, p, ids.operator)
+            for i in range(args.replicas):
+                name = f"bench-broker-{i}"
+                proc, address = start_broker(url, name, ids, Path(tmp) / name)
+                procs.append(proc)
+                addresses.append(address)
             tokens, live = asyncio.run(
                 setup(addresses[0], ids.operator, args.devices, args.clients, args.live, rng)
             )

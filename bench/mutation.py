@@ -59,7 +59,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -1009,12 +1008,6 @@ def rescore(run: dict) -> dict:
 
 def _row(m: Mutant) -> dict:
     return {"module": m.module, "line": m.line, "mutation": m.mutation}
-
-
-def _iter_keys() -> Iterator[tuple[str, int, str]]:  # pragma: no cover - a debugging aid
-    for m in MODULES:
-        for mutant in mutants_of(m, module_path(ROOT, m).read_bytes()):
-            yield mutant.key
 
 
 if __name__ == "__main__":

@@ -60,6 +60,7 @@ from _common import (
 )
 
 from lightpath.client import channel
+from lightpath.domain.slices import grid_positions
 from lightpath.embedded_redis import stop_process
 from lightpath.security.credentials import Credentials
 from lightpath.security.identity import service_principal
@@ -71,18 +72,16 @@ ROOT = Path(__file__).resolve().parent.parent
 COUNTS = pb.WIRING_VIEW_COUNTS
 
 
-def wire_request(job: str, grid, blocks, view=pb.WIRING_VIEW_UNSPECIFIED) -> pb.WireSliceRequest:
-    placements = []
-    for i, b in enumerate(blocks):
-        coords, rest = [], i
-        for e in grid:
-            rest, c = divmod(rest, e)
-            coords.append(c)
-        placements.append(
-            pb.BlockPlacement(position=common_pb2.Coordinate(coords=coords), block_id=b)
-        )
+def wire_request(
+    job: str, grid, blocks, view=pb.WIRING_VIEW_UNSPECIFIED, *, twisted: bool = False
+) -> pb.WireSliceRequest:
+    """`blocks` at the positions of `grid` in order, x fastest (grid_positions)."""
+    placements = [
+        pb.BlockPlacement(position=common_pb2.Coordinate(coords=pos), block_id=b)
+        for pos, b in zip(grid_positions(tuple(grid)), blocks, strict=True)
+    ]
     return pb.WireSliceRequest(
-        job_id=job, grid=common_pb2.Shape(dims=grid), blocks=placements, view=view
+        job_id=job, grid=common_pb2.Shape(dims=grid), blocks=placements, view=view, twisted=twisted
     )
 
 

@@ -27,30 +27,16 @@ import time
 from pathlib import Path
 
 from _common import bench_ca, emit, operator_credentials, percentile, private_redis, start_service
+from ocs_manager import wire_request
 
 from lightpath.client import channel
 from lightpath.security.identity import service_principal
-from lightpath.v1 import common_pb2, ocs_manager_pb2_grpc
 from lightpath.v1 import ocs_manager_pb2 as pb
+from lightpath.v1 import ocs_manager_pb2_grpc
 
 POD = "bench-twist"
 GRID = (2, 2, 4)  # 8x8x16 chips in 4x4x4 blocks
 BLOCKS = list(range(16))
-
-
-def wire_request(job: str, *, twisted: bool) -> pb.WireSliceRequest:
-    placements = []
-    for i, b in enumerate(BLOCKS):
-        coords, rest = [], i
-        for e in GRID:
-            rest, c = divmod(rest, e)
-            coords.append(c)
-        placements.append(
-            pb.BlockPlacement(position=common_pb2.Coordinate(coords=coords), block_id=b)
-        )
-    return pb.WireSliceRequest(
-        job_id=job, grid=common_pb2.Shape(dims=GRID), blocks=placements, twisted=twisted
-    )
 
 
 async def _wire_and_release(stub, req: pb.WireSliceRequest) -> tuple[float, int]:
@@ -91,8 +77,8 @@ async def measure_twisted_wire(runs: int) -> dict:
             async with channel(addr, credentials=creds) as ch:
                 stub = ocs_manager_pb2_grpc.OcsManagerStub(ch)
                 reqs = {
-                    True: wire_request("twisted", twisted=True),
-                    False: wire_request("regular", twisted=False),
+                    True: wire_request("twisted", GRID, BLOCKS, twisted=True),
+                    False: wire_request("regular", GRID, BLOCKS),
                 }
                 for _ in range(2):  # warm up: connection, scripts, caches
                     for req in reqs.values():

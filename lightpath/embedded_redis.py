@@ -178,14 +178,6 @@ class EmbeddedRedis:
         """The URL without the password (give that apart: `password`, a password file)."""
         return f"redis://{self.host}:{self.port}/0"
 
-    @property
-    def url_with_password(self) -> str:
-        from urllib.parse import quote
-
-        if not self.password:
-            return self.url
-        return f"redis://:{quote(self.password, safe='')}@{self.host}:{self.port}/0"
-
     def start(self, timeout: float = 10.0) -> str:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         # redis-server cannot bind port 0 itself; a free port may be taken between

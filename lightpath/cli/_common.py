@@ -328,10 +328,6 @@ def to_yaml(value: Any, indent: int = 0) -> str:
     return pad + json.dumps(value)
 
 
-def print_yaml(value: Any) -> None:
-    print(to_yaml(to_jsonable(value)))
-
-
 def clip(text: str, width: int) -> str:
     """`text` cut to `width` characters, with an ellipsis when it was longer."""
     return text if len(text) <= width else text[: width - 1] + "…"

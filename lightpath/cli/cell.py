@@ -370,10 +370,6 @@ def _degrees(
     return fill_degrees(math.prod(shape), *degrees)
 
 
-def _state(s: int) -> str:
-    return state_name(s)
-
-
 def _coords(values) -> str:
     return "(" + ",".join(map(str, values)) + ")"
 
@@ -402,7 +398,7 @@ def describe_job(job: cs.CellJob) -> str:
     shape = "x".join(map(str, job.chips.dims))
     twisted = job.spec.twisted or job.pod_job.spec.twisted
     lines = [
-        f"job {job.job_id} ({job.tenant}): {_state(job.state)} {where}, priority {job.priority}"
+        f"job {job.job_id} ({job.tenant}): {state_name(job.state)} {where}, priority {job.priority}"
         + (f", {shape} chips{_held(job)}" if shape else "")
         + (", a twisted torus" if twisted else "")
         + (" derived from its demand" if job.shape_derived else ""),
@@ -421,8 +417,8 @@ def describe_job(job: cs.CellJob) -> str:
         )
     for e in job.pod_job.history:
         lines.append(
-            f"  {e.at.ToJsonString()}  {_state(e.from_state) if e.from_state else '-'} -> "
-            f"{_state(e.to_state)}  {e.reason}"
+            f"  {e.at.ToJsonString()}  {state_name(e.from_state) if e.from_state else '-'} -> "
+            f"{state_name(e.to_state)}  {e.reason}"
         )
     return "\n".join(line for line in lines if line)
 
@@ -501,7 +497,7 @@ def _job_columns(jobs: list[cs.CellJob]) -> Callable[[bool], tuple[list[str], li
             row = [
                 j.job_id,
                 j.tenant,
-                _state(j.state),
+                state_name(j.state),
                 j.pod_id or "(cell queue)",
                 j.priority,
                 "x".join(map(str, j.chips.dims)) or "-",
@@ -656,7 +652,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
                 where = e.pod_id or "cell"
                 print(
                     f"{e.at.ToJsonString()}  [{where}] "
-                    f"{_state(e.from_state) if e.from_state else '-'} -> {_state(e.to_state)}"
+                    f"{state_name(e.from_state) if e.from_state else '-'} -> {state_name(e.to_state)}"
                     f"  {e.reason}",
                     flush=True,
                 )

@@ -24,6 +24,7 @@ from collections.abc import Collection
 from lightpath.cli._common import add_json_flag, add_parallelism_flags, print_json, run_rpc
 from lightpath.cli.switched_view import render_switched_pod
 from lightpath.client import channel
+from lightpath.sdk.cell import state_name
 from lightpath.v1 import common_pb2, workload_scheduler_pb2, workload_scheduler_pb2_grpc
 
 FREE, FAILED = ".", "X"
@@ -152,10 +153,6 @@ def _pod_direct(args: argparse.Namespace) -> int:
         return 0
 
 
-def _state(s: common_pb2.JobState.ValueType) -> str:
-    return common_pb2.JobState.Name(s).removeprefix("JOB_STATE_")
-
-
 def describe_event(event: workload_scheduler_pb2.PodEvent) -> str:
     if event.HasField("block"):
         b = event.block
@@ -164,8 +161,8 @@ def describe_event(event: workload_scheduler_pb2.PodEvent) -> str:
         return f"{b.at.ToJsonString()}  block {b.block_id}{host} {health}  {b.reason}"
     j = event.job
     return (
-        f"{j.at.ToJsonString()}  {j.job_id}: {_state(j.from_state) if j.from_state else '-'}"
-        f" -> {_state(j.to_state)}  {j.reason}"
+        f"{j.at.ToJsonString()}  {j.job_id}: {state_name(j.from_state) if j.from_state else '-'}"
+        f" -> {state_name(j.to_state)}  {j.reason}"
     )
 
 
@@ -238,7 +235,7 @@ def render_pod(view: workload_scheduler_pb2.PodView, twisted: Collection[str] = 
         held = held or f"{'x'.join(map(str, j.grid.dims))} blocks"
         if job_id in twisted:
             held += ", a twisted torus"
-        lines.append(f"  {sym}  {job_id}  {_state(j.state)}  priority {j.priority}  {held}")
+        lines.append(f"  {sym}  {job_id}  {state_name(j.state)}  priority {j.priority}  {held}")
     shared = [b for b in view.blocks if _shared(b) or b.failed_hosts]
     if shared:
         host = "x".join(map(str, view.host_shape.dims)) or "?"
@@ -289,7 +286,7 @@ def render_pod(view: workload_scheduler_pb2.PodView, twisted: Collection[str] = 
         lines.append(
             "queue:  "
             + ", ".join(
-                f"{j.job_id} ({_state(j.state)}, p{j.priority}, {'x'.join(map(str, j.grid.dims))})"
+                f"{j.job_id} ({state_name(j.state)}, p{j.priority}, {'x'.join(map(str, j.grid.dims))})"
                 for j in queued
             )
         )

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from lightpath.sdk.cell import state_name
 from lightpath.v1 import common_pb2, workload_scheduler_pb2
 
 FREE, FAILED = ".", "X"
@@ -53,8 +54,9 @@ def render_switched_pod(view: workload_scheduler_pb2.PodView, symbols: str) -> s
     states = {j.job_id: j for j in view.live_jobs}
     for job_id, sym in letters.items():
         j = states[job_id]
-        state = common_pb2.JobState.Name(j.state).removeprefix("JOB_STATE_")
-        lines.append(f"  {sym}  {job_id}  {state}  priority {j.priority}  {j.block_count} groups")
+        lines.append(
+            f"  {sym}  {job_id}  {state_name(j.state)}  priority {j.priority}  {j.block_count} groups"
+        )
     for job_id, tile in sorted(sw.small_tiles.items()):
         lines.append(
             f"  s  {job_id}  {tile.group_name} rows {tile.row}-{tile.row + tile.height - 1}, "

@@ -23,6 +23,7 @@ from opentelemetry import trace
 from lightpath.cli.cell import describe_pods
 from lightpath.cli.pod import render_pod
 from lightpath.demo.context import DemoContext
+from lightpath.sdk.cell import state_name
 from lightpath.v1 import cell_scheduler_pb2 as cs
 from lightpath.v1 import cell_scheduler_pb2_grpc, ocs_manager_pb2, ocs_manager_pb2_grpc
 from lightpath.v1 import common_pb2 as c
@@ -31,10 +32,6 @@ from lightpath.v1 import workload_scheduler_pb2 as ws
 PODS = ("pod-1", "pod-2")
 NEEDED_FREE = {"pod-1": 64, "pod-2": 60}
 FINAL = (c.JOB_STATE_COMPLETED, c.JOB_STATE_CANCELLED, c.JOB_STATE_PREEMPTED, c.JOB_STATE_FAILED)
-
-
-def _state(s: int) -> str:
-    return c.JobState.Name(s).removeprefix("JOB_STATE_")  # type: ignore[arg-type]
 
 
 def _policy(p: int) -> str:
@@ -140,7 +137,7 @@ async def run(ctx: DemoContext) -> None:
         shape = "x".join(map(str, job.chips.dims))
         where = f"on {job.pod_id}" if job.pod_id else "in the cell queue"
         print(
-            f"  {job_id:<20} {shape:>9} chips p{job.priority:<3} -> {_state(job.state)} {where}"
+            f"  {job_id:<20} {shape:>9} chips p{job.priority:<3} -> {state_name(job.state)} {where}"
             + (f"  ({job.placement_reason})" if job.pod_id else f"  ({job.reason})")
         )
         for v in resp.preempted:
@@ -209,7 +206,7 @@ async def run(ctx: DemoContext) -> None:
     )
     print(f"  {rep.action}")
     after = await cell.GetJob(cs.GetCellJobRequest(job_id=prod.job.job_id))
-    print(f"  {after.job_id}: {_state(after.state)}")
+    print(f"  {after.job_id}: {state_name(after.state)}")
 
     view = (await cell.GetPod(cs.GetCellPodRequest(pod_id="pod-1", include_view=True))).view
     print("\nafter:", render_pod(view))
@@ -227,7 +224,7 @@ async def run(ctx: DemoContext) -> None:
     if await _wait(late_placed):
         for job_id in ids:
             job = await cell.GetJob(cs.GetCellJobRequest(job_id=job_id))
-            print(f"  {job_id:<20} {_state(job.state):<10} {job.pod_id or '-':<6} {job.reason}")
+            print(f"  {job_id:<20} {state_name(job.state):<10} {job.pod_id or '-':<6} {job.reason}")
 
     print(f"\ntrace of the urgent submission: {trace_id}")
     log_dir = _log_dir(ctx.endpoints)

@@ -11,6 +11,7 @@ from collections import defaultdict
 from lightpath.cli.pod import JOB_SYMBOLS
 from lightpath.cli.switched_view import render_switched_pod
 from lightpath.demo.context import DemoContext
+from lightpath.sdk.cell import state_name
 from lightpath.v1 import common_pb2 as c
 from lightpath.v1 import ocs_manager_pb2 as ocs
 from lightpath.v1 import ocs_manager_pb2_grpc, workload_scheduler_pb2_grpc
@@ -52,9 +53,10 @@ async def run(ctx: DemoContext) -> None:
         )
     )
     job = resp.job
-    state = c.JobState.Name(job.state).removeprefix("JOB_STATE_")
     groups = ", ".join(t.group_name for t in job.switched.tiles)
-    print(f"\n{job_id}: (data, pipeline, layer) = (4, 3, 3), 36 processors -> {state} on {groups}")
+    print(
+        f"\n{job_id}: (data, pipeline, layer) = (4, 3, 3), 36 processors -> {state_name(job.state)} on {groups}"
+    )
     print(f"  {job.reason}")
     if job.state != c.JOB_STATE_RUNNING:
         return

@@ -258,11 +258,6 @@ def shields(reclaimed_from: Collection[str], preemptor: str) -> bool:
 SUB_BLOCK_OWNER = "~sub"
 
 
-def chip_index(coords: Position, block_shape: Grid) -> int:
-    """Index of a chip inside its block, row-major with x fastest."""
-    return position_index(coords, block_shape)
-
-
 def box_chips(offset: Position, box: Grid) -> list[Position]:
     """The chip coordinates (inside the block) of the box `box` at `offset`."""
     return [tuple(o + p for o, p in zip(offset, pos, strict=True)) for pos in grid_positions(box)]

@@ -80,10 +80,3 @@ def parse_endpoint_map(raw: str) -> tuple[tuple[str, str], ...]:
             )
         out.append((glob, address))
     return tuple(out)
-
-
-def endpoint_of(endpoints: tuple[tuple[str, str], ...], device_id: str) -> str | None:
-    for glob, address in endpoints:
-        if fnmatch.fnmatchcase(device_id, glob):
-            return address
-    return None

@@ -292,18 +292,6 @@ FIG18_FABRIC = SwitchedFabricConfig(
 )
 
 
-@dataclass(frozen=True)
-class LinkInfo:
-    """One concrete link: its id, its two ends (node id, port name) and kind."""
-
-    id: int
-    kind: str
-    a: str
-    a_port: str
-    b: str
-    b_port: str
-
-
 class SwitchedFabric:
     """The static graph of one switched superpod (SW-1).
 
@@ -594,16 +582,6 @@ class SwitchedFabric:
             return f"{self.node_name(node)}:{DIRECTION_NAMES[d]}{lane}"
         return f"{self.node_name(node)}#{port}"
 
-    def link_info(self, lid: int) -> LinkInfo:
-        return LinkInfo(
-            lid,
-            LINK_KIND_NAMES[self.link_kind[lid]],
-            self.node_name(self.link_a[lid]),
-            self.port_name(lid, 0),
-            self.node_name(self.link_b[lid]),
-            self.port_name(lid, 1),
-        )
-
     @property
     def channel_count(self) -> int:
         return 2 * self.link_count
@@ -624,9 +602,6 @@ class SwitchedFabric:
         """True when the two groups hang off one tier-0 switch (same cluster row or column)."""
         (r1, c1), (r2, c2) = self.group_position(g1), self.group_position(g2)
         return r1 == r2 or (self.config.two_d and c1 == c2)
-
-    def tier0_of_group(self, g: int) -> list[int]:
-        return self.group_switches[g]
 
     def uplinks(self, switch: int) -> list[int]:
         """Links from a switch towards tier 1 or other switches."""
@@ -657,10 +632,6 @@ def _add_to_bundle(adj: list[tuple[int, tuple[int, ...]]], node: int, channel: i
             adj[n] = (v, (*bundle, channel))
             return
     adj.append((node, (channel,)))
-
-
-def channel_link(channel: int) -> int:
-    return channel >> 1
 
 
 @functools.lru_cache(maxsize=8)

@@ -142,14 +142,6 @@ class FlatGraph:
             succ.append(self.halves[component])
         return succ
 
-    @property
-    def input_datasets(self) -> list[str]:
-        return [d for d in self.datasets if self.out_flows[d]]
-
-    @property
-    def output_datasets(self) -> list[str]:
-        return [d for d in self.datasets if self.in_flows[d]]
-
 
 # ---------------------------------------------------------------- expansion
 

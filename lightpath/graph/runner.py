@@ -28,7 +28,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -429,11 +429,3 @@ def _first_cause(current: _Worker | None, new: _Worker) -> _Worker:
     if current is None or (_secondary(current) and not _secondary(new)):
         return new
     return current
-
-
-@contextlib.contextmanager
-def temporary_run_dir() -> Iterator[Path]:
-    import tempfile
-
-    with tempfile.TemporaryDirectory(prefix="lightpath-graph-") as tmp:
-        yield Path(tmp)

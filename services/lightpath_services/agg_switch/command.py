@@ -164,10 +164,6 @@ class SwitchPlan:
     compute_members: frozenset[str]
 
     @property
-    def aggregates(self) -> bool:
-        return bool(self.expected)
-
-    @property
     def is_root(self) -> bool:
         return self.parent is None
 

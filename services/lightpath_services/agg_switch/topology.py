@@ -104,10 +104,6 @@ class Topology:
     def compute_nodes(self) -> list[str]:
         return [n.id for n in self.nodes if n.kind is NodeKind.COMPUTE]
 
-    @property
-    def dedicated_nodes(self) -> list[str]:
-        return [n.id for n in self.nodes if n.kind is NodeKind.DEDICATED]
-
     @cached_property
     def preorder(self) -> list[str]:
         """Every node, a parent before its children, children in listed order."""

@@ -997,10 +997,6 @@ class CellStore:
             await self.redis.zrevrangebyscore(index, hi, "-inf", start=0, num=count)  # type: ignore[arg-type]
         )
 
-    async def seq_of(self, index: str, job_id: str) -> int | None:
-        score = await self.redis.zscore(index, job_id)
-        return int(score) if score is not None else None
-
     async def stuck_forwards(self, now_ms: int) -> list[str]:
         return list(await self.redis.zrangebyscore(self.key("forwarding"), "-inf", now_ms))
 

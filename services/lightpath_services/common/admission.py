@@ -1,66 +1,32 @@
 """Admission control: shed or queue load instead of collapsing (issue 14).
 
-Every service's server keeps at most `max_inflight` sheddable calls in progress
-(LIGHTPATH_MAX_INFLIGHT). A call that finds them all busy waits in a bounded FIFO
-queue (LIGHTPATH_MAX_QUEUED places) for at most `queue_wait_s`
-(LIGHTPATH_QUEUE_WAIT_S). A call that finds the queue full, or does not get a
-slot in time, is refused at once with RESOURCE_EXHAUSTED, reason OVERLOADED, and
-a retry delay (google.rpc.RetryInfo), so the calls that are admitted keep their
-latency and the rest learn when to come back, instead of every call slowing
-down together until all of them time out.
+What is shed and what never is, the two lanes, the settings and what a refused caller
+sees: docs/security.md, "Under overload". Why it is built so:
 
-What is shed (`sheddable` per method, once; `exempt_principal` per call):
-  * unary calls from outside callers (tenants, operators, applications, nodes,
-    callers without a credential) to any method but those below;
-  * never health checks, reflection and GetInfo (probes must see an overloaded
-    service as alive), nor streams (watches and the aggregation data path are
-    long-lived: a slot held for a stream's life would starve unary calls), nor
-    the calls listed in EXEMPT_METHODS (the pods' registration and heartbeats, the
-    aggregation data path), which keep the system consistent;
-  * never calls from another Lightpath service: the front door already bounded
-    them, and a refusal between services would be read as a domain answer (the
-    cell reads a pod's RESOURCE_EXHAUSTED as "no room on this pod").
-
-Two lanes (issue 30, as Kubernetes' API priority and fairness gives requests that
-manage capacity their own level): calls that end or shrink work (FREEING_METHODS:
-CompleteJob, CancelJob, ReleaseSlice, ReleaseRings, ReleaseReservation,
-AbortCommand, CancelGraphRun) have slots of their own (`freeing_slots`, by default
-a quarter of LIGHTPATH_MAX_INFLIGHT, at least 4) and a queue of their own, beside
-the new work's. A flood of submits fills only the new-work lane: the calls that
-would free the capacity those submits wait for are never queued behind them nor
-shed because of them. A freeing call takes a free new-work slot when there is one
-(none is waiting for it), else one of its own.
-
-The number of slots follows how long the calls take once admitted (issue 30, as in
-Envoy's adaptive concurrency and Netflix's concurrency limits): with `target_s`
-(LIGHTPATH_TARGET_LATENCY_S) a call served for longer than it lowers the limit by a
-quarter (at most once per `target_s`), a faster one raises it by 1/limit while at
-least half of the limit is in use, between MIN_SLOTS and `max_inflight`; a call
-finding the queue as long as the limit is
-refused at once. What a call waited in this queue is not counted: counted, a queued
-call's wait made it look slow and lowered the limit, which lengthened the waits (a
-loop toward MIN_SLOTS under overload). A call that a service further down refused
-as too busy (DOWNSTREAM_BUSY: a pod's POD_BUSY, relayed by the cell) counts as slow,
-as a drop does for Netflix's limiters: otherwise the cell kept letting in submits
-the pod then refused after the cell had planned and claimed them (in the bench, 271
-of the 1,262 refusals at 2x: work thrown away, where a refusal at the door costs
-next to nothing).
-
-The wait in the queue is bounded as CoDel bounds a packet's (issue 30; RFC 8289, and
-as "adaptive CoDel" for RPC queues): a queue that empties now and then absorbs a
-burst, each call waiting up to `queue_wait_s`; a queue that has not been empty for
-STANDING_S is a standing one (more is offered than served), and then a call waits at
-most `queue_target_s` (LIGHTPATH_QUEUE_TARGET_S): one that waited longer when a slot
-comes free is refused and the slot goes to the next. Under overload the calls
-admitted have waited little, and the rest are told at once when to come back.
-
-The limiter is a counter and a deque of futures: acquiring a free slot costs no
-await, a released slot goes straight to the oldest waiter. Whether a call would be
-refused at once (`would_refuse`, `refusal_now`) is known before it costs anything:
-the server then answers it without a span, a log line or an exception, and the
-audit log counts it (issue 30: at 4x the load most calls are refused; a shed submit
-cost the cell 770-1,015 us of CPU, 490-660 after, about what a GetInfo costs:
-bench/refusal_cost.py).
+  * A refusal at once with RESOURCE_EXHAUSTED / OVERLOADED and a retry delay keeps the
+    admitted calls' latency, instead of every call slowing down until all time out.
+  * Health checks, reflection and GetInfo are never shed (probes must see an
+    overloaded service as alive), nor streams (a slot held for a stream's life would
+    starve unary calls), nor calls between services: the front door already bounded
+    them, and a refusal between services would read as a domain answer (the cell reads
+    a pod's RESOURCE_EXHAUSTED as "no room on this pod").
+  * Freeing calls (FREEING_METHODS) have a lane of their own (issue 30, as Kubernetes'
+    API priority and fairness): a flood of submits never queues or sheds the calls
+    that would free the capacity the submits wait for.
+  * The limit adapts to how long admitted calls take (issue 30, as Envoy's adaptive
+    concurrency and Netflix's limiters). Time waited in this queue is not counted:
+    counted, it made queued calls look slow and lowered the limit, a loop toward
+    MIN_SLOTS under overload. A call refused further down as too busy
+    (DOWNSTREAM_BUSY) counts as slow, as a drop does for Netflix: otherwise the cell
+    let in submits the pod then refused after they were planned and claimed (271 of
+    1,262 refusals at 2x in the bench).
+  * The queue's wait is bounded as CoDel bounds a packet's (RFC 8289): a queue that
+    empties now and then absorbs a burst; a standing one (not empty for STANDING_S)
+    lets a call wait at most `queue_target_s`.
+  * The limiter is a counter and a deque of futures (a free slot costs no await), and
+    whether a call would be refused (`would_refuse`, `refusal_now`) is known before it
+    costs anything: at 4x the load most calls are refused, each for about what a
+    GetInfo costs (bench/refusal_cost.py).
 """
 
 from __future__ import annotations

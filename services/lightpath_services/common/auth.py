@@ -33,7 +33,6 @@ import grpc
 from lightpath import __version__
 from lightpath.errors import PermissionDenied, Unauthenticated
 from lightpath.security.identity import OPERATOR, SERVICE, TENANT, Principal, from_uri
-from lightpath.security.tokens import TokenRegistry
 from lightpath_services.common import instruments
 from lightpath_services.common.audit import AuditLog
 from lightpath_services.common.policy import UNSCOPED_ROLES, Rule, rule_for
@@ -232,7 +231,3 @@ def require_service_scope(service: str, scope: str, what: str) -> None:
             reason="NOT_OWN_SCOPE",
             metadata={"principal": str(principal)},
         )
-
-
-def registry_verifier(redis: Any, cache_s: float = 2.0) -> TokenRegistry:
-    return TokenRegistry(redis, cache_s=cache_s)

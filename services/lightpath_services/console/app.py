@@ -35,7 +35,6 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from lightpath.errors import LightpathError, PermissionDenied, Unauthenticated
-from lightpath.v1 import common_pb2
 from lightpath_services.common.supervisor import Supervisor
 from lightpath_services.console import views
 from lightpath_services.console.backends import CONSOLE, MAX_RESERVATIONS, Backends, Viewer
@@ -60,7 +59,6 @@ CSP = (
     "connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'"
 )
 SETTLE_S = 0.25  # a view is read again this long after a change was announced
-HOLDING = (common_pb2.JOB_STATE_WIRING, common_pb2.JOB_STATE_RUNNING)  # jobs holding blocks
 
 
 class BadParameter(LightpathError):

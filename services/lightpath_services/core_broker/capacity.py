@@ -307,10 +307,6 @@ class CapacityMap:
         return record
 
     @property
-    def device_count(self) -> int:
-        return len(self._d.ids)
-
-    @property
     def cores(self) -> np.ndarray:
         """Cores per device index (0 for a removed device)."""
         return self._d.cores
@@ -352,9 +348,6 @@ class CapacityMap:
         else:
             row[device_id] = float(latency_ms)
         self._d.cache.pop(("latency", site), None)
-
-    def latency_entries(self) -> int:
-        return sum(len(r) for r in self._latency.values())
 
     def latency_from(self, site: str) -> np.ndarray:
         """Latency from `site` to every device, +inf where the table has no entry."""
@@ -673,17 +666,6 @@ class CapacityMap:
         free = np.zeros(len(self._d.ids), np.int64)
         free[idx] = free_idx
         return t, free
-
-    def end_times(self, after: int, until: int | None, devices: np.ndarray) -> np.ndarray:
-        """Sorted distinct ends in (after, until] of allocations on the devices of mask `devices`:
-        the only instants after `after` at which free cores can grow."""
-        n = self._n
-        e = self._end[:n]
-        m = e > after
-        if until is not None:
-            m &= e <= until
-        m &= devices[self._dev[:n]]
-        return np.unique(e[m])
 
     def schedules(self, start: int, end: int) -> dict[str, list[ScheduledRow]]:
         """The keyed allocations overlapping [start, end), per device id, by start."""

@@ -13,8 +13,6 @@ from lightpath_services.sim import report
 from lightpath_services.sim.engine import POLICIES, Result, SimConfig, simulate
 from lightpath_services.sim.workload import TraceJob
 
-COMPARE_DEFAULT = ("static", "fifo", "priority", "aged", "easy", "defrag")
-
 
 def run_many(
     jobs: list[TraceJob], base: SimConfig, policies: list[str], progress=None

@@ -1,37 +1,11 @@
 """The discrete-event simulator (issue 29): a virtual clock over one pod or a cell of
 pods, every decision made by the services' own pure decision code.
 
-Events, in time order (ties in the order they were made): a job arrives, a slice's
-wiring ends (WIRING -> RUNNING after `reconfig_s`), a job's work ends, a host goes
-down or comes back. After each, the affected pod runs a scheduling pass, as the
-workload scheduler does after a submission, a completion, a failure that freed or
-took blocks, or a recovery.
-
-What decides (the same functions the services call):
-
-* admission, placement, preemption: lightpath_services.workload_scheduler.planner
-  (`plan_admission` per queued job in queue order, `apply_allocation` to commit
-  it, exactly as `plan_pass` walks the queue; the "priority" policy is plan_pass's
-  decisions, tests/sim checks it against plan_pass itself);
-* sub-block packing: box_placement via the planner;
-* a failed host under a block slice: `plan_replacement` (a spare, or one taken
-  from lower-priority work, or past the age bound from a younger slice of its
-  priority), else the slice is suspended or failed as it asked
-  (`on_block_failure`), as swap.py does; under sub-block slices:
-  `boxes_on_failed_chips` and `plan_box_move`, else suspended or failed;
-* a cell of pods: the cell scheduler's `choose` over capacity views built as the
-  pods report them (cell_link.capacity_pb: free blocks, what lower priorities would
-  give up, free chips and the largest free box).
-
-The policies differ only in which of those decisions they take (see Policy). The
-static torus baseline (static.py) has no blocks: it packs contiguous boxes.
-
-Work and its cost: a job needs `chips x duration` chip-seconds of work, done at
-the rate of the chips it holds while RUNNING. A job interrupted and resumed
-(suspended by preemption or a failure, its block swapped, its box moved, shrunk)
-pays `restart_s` seconds of its slice's work again (restoring from the last
-checkpoint and redoing the work since): goodput lost. A job terminated by
-preemption, or failed by a failure, loses all its work done.
+What decides, what events there are, and how work, restarts and failures are costed:
+docs/sim.md, "The model" (which function of the services each decision is, and the
+test that checks the "priority" policy against `plan_pass` itself). The policies
+differ only in which of those decisions they take (see Policy); the static torus
+baseline (static.py) has no blocks: it packs contiguous boxes.
 """
 
 from __future__ import annotations
@@ -212,7 +186,6 @@ class SimConfig:
     reconfig_s: float = 0.0  # OCS wiring time of a block slice (WIRING -> RUNNING)
     failures: Failures | None = None
     seed: int = 1  # of the failure draws (the workload has its own)
-    series_points: int = 2000  # utilisation samples kept for plots
     # Tenants' quotas (issue 35): every job then passes the cell's quota check and
     # fair-share order (services/lightpath_services/sim/quotas.py); none: no quotas, priority order.
     quotas: tuple[Quota, ...] = ()
@@ -323,7 +296,6 @@ class Sim:
         self._t = 0.0
         self.busy_area = 0.0
         self.healthy_area = 0.0
-        self.frag_area = 0.0
         self.idle_waiting = 0  # free healthy chips while jobs wait (set after each event)
         # Healthy chips not working now, by why (IDLE_CAUSES; set after each event).
         self.idle_causes: dict[str, int] = {}
@@ -355,7 +327,6 @@ class Sim:
             healthy = self.chips_total - self.down_hosts * math.prod(HOST)
             self.busy_area += self.busy * dt
             self.healthy_area += healthy * dt
-            self.frag_area += self.idle_waiting * dt
             lo, hi = self.window
             a, b = max(self._t, lo), min(t, hi)
             if b > a:

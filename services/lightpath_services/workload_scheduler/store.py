@@ -591,11 +591,6 @@ class PodStore:
                 )
             await pipe.execute()
 
-    async def failed_info(self) -> dict[int, dict[str, Any]]:
-        """Failed blocks -> {at, reason[, hosts: 1 when only some hosts failed]}."""
-        raw = await self.redis.hgetall(self.keys.failed)
-        return {int(b): json.loads(v) for b, v in raw.items() if not str(b).startswith("h")}
-
     async def failed_entry(self, block: int) -> dict[str, Any] | None:
         """A block's failure record ({at, reason[, hosts]}), None when it is healthy."""
         raw = await self.redis.hget(self.keys.failed, str(block))
