@@ -28,7 +28,7 @@ the bench calls with.
   200 ms for every port): SONiC OCS, each a redis-server with the orchagent emulator
   (CONFIG_DB batch in one MULTI/EXEC, settled when STATE_DB reads `tuned`), and
   Polatis-style NETCONF switches (one emulator process, an SSH server per switch,
-  scrapli-netconf sessions over asyncssh from the manager). `sonic_settle_ms` / `netconf_settle_ms` is the
+  ncclient sessions from the manager). `sonic_settle_ms` / `netconf_settle_ms` is the
   settling the switches modelled for that wire. Goal: p50 <= settle * 1.1 + 20 ms.
   `*_cpu_ms_per_wire`: the CPU the manager, the emulator process ("switches") and
   its redis-servers ("switches_children") spent per wire. `--baseline DIR` runs the

@@ -31,7 +31,7 @@ SERVER_MODULES = [
     "lightpath_services",
     "starlette",
     "uvicorn",
-    "scrapli_netconf",
+    "ncclient",
     "matplotlib",
     "pydantic_settings",
     "hiredis",
@@ -81,13 +81,7 @@ def test_the_client_wheel_holds_no_server_and_requires_none_of_their_dependencie
     assert "lightpath/data/philly_durations.csv" in names
     required = {canonicalize_name(Requirement(r).name) for r in meta.get_all("Requires-Dist")}
     assert "grpcio" in required
-    assert {
-        "starlette",
-        "uvicorn",
-        "scrapli-netconf",
-        "matplotlib",
-        "pydantic-settings",
-    } <= SERVER_ONLY
+    assert SERVER_ONLY >= {"starlette", "uvicorn", "ncclient", "matplotlib", "pydantic-settings"}
     assert not (required & SERVER_ONLY), sorted(required & SERVER_ONLY)
     with zipfile.ZipFile(client_wheel) as z:
         (points,) = [n for n in names if n.endswith("entry_points.txt")]

@@ -1,4 +1,4 @@
-"""Polatis-style switches over NETCONF (scrapli), issue 34.
+"""Polatis-style switches over NETCONF (ncclient), issue 34.
 
 The YANG module is HUBER+SUHNER Polatis's optical-switch (namespace
 http://www.polatis.com/yang/optical-switch), as ONOS's Polatis NETCONF drivers use it:
@@ -32,24 +32,19 @@ Address: `netconf://user@host[:port][?ingress=N]` (port 830). The password comes
 LIGHTPATH_OCS_NETCONF_PASSWORD_FILE (or a key, LIGHTPATH_OCS_NETCONF_KEY_FILE); the
 host key must be in LIGHTPATH_OCS_NETCONF_KNOWN_HOSTS (OpenSSH known_hosts lines).
 
-The client is scrapli-netconf's asyncio driver over asyncssh, on the event loop: no
-thread per switch (ncclient's were 48 a pod, and queued for the GIL behind the loop), so
-a pod's edits leave at once; an idle session costs nothing until the device speaks, and
-one the device closed is seen closed at once (asyncssh) and opened again on the next
-call. The host key is checked by asyncssh in the SSH handshake, before authenticating.
+ncclient is synchronous: each switch's session runs its calls on a thread of the
+driver's pool (one per switch, so a pod's switches are programmed in parallel), and
+sends each request from that thread at once (`_send_at_once`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
+import concurrent.futures
 import contextlib
-import hashlib
-import hmac
 import logging
-import os
-import secrets
-from collections.abc import Awaitable, Callable
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -73,9 +68,70 @@ from lightpath_services.ocs_manager.device_switch import (
     unreachable,
 )
 
-# scrapli logs at INFO every message it sends and reads, whole (a full pod: 96 of them);
-# what a failed call says reaches this driver's own errors.
-logging.getLogger("scrapli").setLevel(logging.WARNING)
+
+def _send_at_once(session: Any) -> None:
+    """Make an ncclient SSH session send each request from the caller's thread, at once.
+
+    ncclient queues a request for its session thread, which sends only between waits on
+    the socket of TICK seconds (0.1): every RPC waited up to 100 ms before it left, two a
+    batch (the read, the edit); a shorter TICK cost every idle session its wake-ups (48
+    sessions at 20 ms: 5 % of a core). paramiko's channel takes a send on one thread
+    while the session thread reads on another, and the replies still reach their RPCs
+    through the session thread. Framing as the session thread's (RFC 6242: chunked for
+    base:1.1, the end-of-message mark for base:1.0). A session without the parts this
+    needs (another ncclient transport) keeps its own queue."""
+    from ncclient.transport import session as nc
+    from ncclient.transport.errors import SessionCloseError, TransportError
+
+    write = getattr(session, "_transport_write", None)
+    if write is None or not hasattr(session, "_base"):
+        return
+    _quiet_when_idle(session)
+    lock = threading.Lock()  # one message at a time on the channel
+
+    def send(message: str) -> None:
+        if not session.connected:
+            raise TransportError("Not connected to NETCONF server")
+        data = message.encode()
+        if session._base == nc.NetconfBase.BASE_11:
+            data = b"\n#%d\n%s%s" % (len(data), data, nc.END_DELIM)
+        else:
+            data += nc.MSG_DELIM
+        with lock:
+            while data:
+                n = write(data)
+                if n <= 0:
+                    raise SessionCloseError("", data)
+                data = data[n:]
+
+    session.send = send
+
+
+# How often an idle session's two threads wake (ncclient's session thread between
+# selects, paramiko's transport thread between reads of its socket; 0.1 s each by
+# default): 48 idle sessions took the manager 26 ms of CPU a second at 0.1 s, and every
+# wake-up takes the GIL from the event loop. Both threads answer what arrives at once
+# whatever this is; it paces only their idle checks (keepalive, a closed session), and the
+# session thread's queue, which a session sending at once no longer uses.
+IDLE_TICK_S = 1.0
+
+
+def _quiet_when_idle(session: Any) -> None:
+    """An ncclient SSH session's threads waking every IDLE_TICK_S when nothing arrives."""
+    from ncclient.transport import session as nc
+
+    nc.TICK = max(nc.TICK, IDLE_TICK_S)  # read by every session's thread on each wait
+    transport = getattr(session, "_transport", None)
+    sock = getattr(transport, "sock", None)
+    if sock is not None and hasattr(sock, "settimeout"):
+        sock.settimeout(IDLE_TICK_S)
+
+
+# ncclient logs at INFO every message it sends, whole ("Sending:" and the XML), and every
+# reply: a full pod's 96 RPCs were some 8 % of the manager's CPU in log formatting and
+# a flood in its log. What a failed call says reaches this driver's own errors.
+logging.getLogger("ncclient").setLevel(logging.WARNING)
+
 
 NS = "http://www.polatis.com/yang/optical-switch"
 NC = "urn:ietf:params:xml:ns:netconf:base:1.0"
@@ -116,37 +172,17 @@ class NetconfCredentials:
     key_file: str | None = None
     known_hosts: str | None = None  # OpenSSH known_hosts file; None: ~/.ssh/known_hosts
 
-    @property
-    def known_hosts_file(self) -> str:
-        return self.known_hosts or os.path.expanduser("~/.ssh/known_hosts")
-
     def host_key(self, host: str, port: int) -> str | None:
-        """The base64 host key known_hosts pins for host:port (None: not listed there, or
-        no such file). Plain and hashed (`ssh-keyscan -H`) host names."""
-        try:
-            lines = Path(self.known_hosts_file).read_text().splitlines()
-        except OSError:
+        """The base64 host key known_hosts pins for host:port (None: not listed there)."""
+        if not self.known_hosts:
             return None
-        name = host if port == 22 else f"[{host}]:{port}"
-        for line in lines:
+        names = {host} if port == 22 else {f"[{host}]:{port}"}
+        for line in Path(self.known_hosts).read_text().splitlines():
             parts = line.split()
-            if len(parts) < 3 or line.startswith(("#", "@")):
-                continue
-            if any(_host_matches(n, name) for n in parts[0].split(",")):
-                return parts[2]
+            if len(parts) >= 3 and not line.startswith("#"):
+                if names & set(parts[0].split(",")):
+                    return parts[2]
         return None
-
-
-def _host_matches(pattern: str, name: str) -> bool:
-    """A known_hosts name (plain, or `|1|salt|hash`: HMAC-SHA1 of the name) is `name`."""
-    if not pattern.startswith("|1|"):
-        return pattern == name
-    try:
-        _, _, salt, digest = pattern.split("|", 3)
-        mac = hmac.new(base64.b64decode(salt), name.encode(), hashlib.sha1).digest()
-        return hmac.compare_digest(mac, base64.b64decode(digest))
-    except (ValueError, TypeError):
-        return False
 
 
 # compiled once: a full pod reads 48 tables of 64 pairs a batch
@@ -174,6 +210,7 @@ class NetconfSwitch(DeviceSwitch):
         url: str,
         credentials: NetconfCredentials,
         *,
+        executor: concurrent.futures.ThreadPoolExecutor | None = None,
         settle_timeout_s: float = 30.0,
         connect_timeout_s: float = 5.0,
         keys_kept: int = 1024,
@@ -184,85 +221,73 @@ class NetconfSwitch(DeviceSwitch):
         self.addr = NetconfAddress.parse(url)
         self.credentials = credentials
         self.connect_timeout_s = connect_timeout_s
-        self._conn: Any = None  # scrapli_netconf AsyncNetconfDriver, open
-        self._calls = asyncio.Lock()  # one RPC at a time on the session
-        self._closing: set[asyncio.Task[None]] = set()
+        self._own_executor = executor is None
+        self._executor = executor or concurrent.futures.ThreadPoolExecutor(
+            1, thread_name_prefix=f"netconf-{device.id}"
+        )
+        self._mgr: Any = None
+        self._mgr_lock = threading.Lock()
         self._list = "pair"
         self._ports = 0  # ports the device reports (port-config)
         self._boot = ""
 
     # -- the session --------------------------------------------------------------------
 
-    async def _session(self) -> Any:
-        """The NETCONF session, opened (again) if needed."""
-        from scrapli_netconf.driver import AsyncNetconfDriver
+    def _session(self) -> Any:
+        """The NETCONF session, opened (again) if needed. Runs on the executor."""
+        from ncclient import manager
 
-        if self._conn is not None:
-            if self._conn.isalive():
-                return self._conn
-            self._drop()  # the device closed it (a restart, a cut link)
-        a, c = self.addr, self.credentials
-        known = c.known_hosts_file
-        if c.host_key(a.host, a.port) is None:  # asyncssh refuses too, less clearly
-            raise ConnectionError(
-                f"{a.host}:{a.port} is not in {known}: add its host key (ssh-keyscan -p PORT HOST)"
+        with self._mgr_lock:
+            if self._mgr is not None and self._mgr.connected:
+                return self._mgr
+            a, c = self.addr, self.credentials
+            pinned = c.host_key(a.host, a.port)
+            if c.known_hosts and pinned is None:
+                raise ConnectionError(
+                    f"{a.host}:{a.port} is not in {c.known_hosts}: add its host key "
+                    "(ssh-keyscan -p PORT HOST)"
+                )
+            self._mgr = manager.connect(
+                host=a.host,
+                port=a.port,
+                username=a.username,
+                password=c.password,
+                key_filename=c.key_file,
+                hostkey_verify=True,
+                hostkey_b64=pinned,
+                allow_agent=False,
+                look_for_keys=False,
+                timeout=self.connect_timeout_s,
+                device_params={"name": "default"},
             )
-        conn = AsyncNetconfDriver(
-            a.host,
-            port=a.port,
-            auth_username=a.username,
-            # scrapli's own check reads known_hosts by host name alone (not [host]:port) and
-            # after authenticating: asyncssh's, in the handshake, is the one kept
-            auth_strict_key=False,
-            transport="asyncssh",
-            transport_options={
-                "asyncssh": {
-                    "known_hosts": known,
-                    "password": c.password,
-                    "client_keys": [c.key_file] if c.key_file else (),
-                    "agent_path": None,
-                }
-            },
-            timeout_socket=self.connect_timeout_s,
-            timeout_transport=self.settle_timeout_s,
-            timeout_ops=self.settle_timeout_s,
-        )
-        try:
-            async with asyncio.timeout(self.connect_timeout_s):
-                await conn.open()
-        except BaseException:
-            self._close_later(conn)
-            raise
-        rev = ""
-        for cap in conn.server_capabilities:
-            if cap.startswith(NS + "?") and "revision=" in cap:
-                rev = cap.split("revision=", 1)[1].split("&", 1)[0]
-        self._list = "pairs" if rev and rev < PAIR_REVISION else "pair"
-        # a new session, a new boot: its table is read before a batch is planned on it
-        self._boot = f"{a.host}:{a.port}/session-{secrets.token_hex(4)}"
-        self._conn = conn
-        return conn
+            _send_at_once(self._mgr._session)
+            self._mgr.timeout = self.settle_timeout_s
+            rev = ""
+            for cap in self._mgr.server_capabilities:
+                if cap.startswith(NS + "?") and "revision=" in cap:
+                    rev = cap.split("revision=", 1)[1].split("&", 1)[0]
+            self._list = "pairs" if rev and rev < PAIR_REVISION else "pair"
+            self._boot = f"{a.host}:{a.port}/session-{self._mgr.session_id}"
+            return self._mgr
 
     async def _device_call(
-        self,
-        what: str,
-        fn: Callable[[Any], Awaitable[T]],
-        *,
-        sent_is_unknown: bool = False,
+        self, what: str, fn: Callable[[Any], T], *, sent_is_unknown: bool = False
     ) -> T:
-        """fn(session), one call at a time; NETCONF and transport errors mapped."""
+        """fn(session) on this switch's thread; NETCONF and transport errors mapped."""
+        from ncclient.operations.rpc import RPCError
+
+        loop = asyncio.get_running_loop()
         opened = False
+
+        def call() -> T:
+            nonlocal opened
+            mgr = self._session()
+            opened = True
+            return fn(mgr)
+
         try:
-            async with self._calls:
-                conn = await self._session()
-                opened = True
-                try:
-                    return await fn(conn)
-                except asyncio.CancelledError:
-                    # the RPC's answer may still come: a new session for the next call
-                    self._drop()
-                    raise
-        except (TableMoved, asyncio.CancelledError):
+            return await loop.run_in_executor(self._executor, call)
+        except TableMoved:
             raise
         except _Moved:
             raise DeviceFailure(
@@ -272,9 +297,9 @@ class NetconfSwitch(DeviceSwitch):
                     reason="VERSION_MISMATCH",
                 )
             ) from None
-        except RpcError as err:
+        except RPCError as err:
             raise rejected(self.id, f"{what}: {err.tag}: {err.message or err}") from err
-        except Exception as exc:  # transport, SSH, socket, timeout: the session is gone
+        except Exception as exc:  # transport, SSH, socket: the session is gone
             self._drop()
             failure = unreachable(self.id, f"{self.addr} {what}", exc)
             if opened and sent_is_unknown:
@@ -282,24 +307,16 @@ class NetconfSwitch(DeviceSwitch):
             raise failure from exc
 
     def _drop(self) -> None:
-        conn, self._conn = self._conn, None
-        if conn is not None:
-            self._close_later(conn)
-
-    def _close_later(self, conn: Any) -> None:
-        """Close a session in the background (it may be dead already)."""
-
-        async def close() -> None:
+        with self._mgr_lock:
+            mgr, self._mgr = self._mgr, None
+        if mgr is not None:
             with contextlib.suppress(Exception):
-                await conn.close()
+                mgr.close_session()
 
-        task = asyncio.get_running_loop().create_task(close())
-        self._closing.add(task)
-        task.add_done_callback(self._closing.discard)
-
-    async def _get(self, conn: Any, *containers: str) -> etree._Element:
+    def _get(self, mgr: Any, *containers: str) -> etree._Element:
         inner = "".join(f'<{c} xmlns="{NS}"/>' for c in containers)
-        return _reply(await conn.get(filter_=inner))
+        reply = mgr.get(filter=f'<filter xmlns="{NC}" type="subtree">{inner}</filter>')
+        return etree.fromstring(reply.xml.encode())
 
     # -- the device -----------------------------------------------------------------------
 
@@ -316,8 +333,8 @@ class NetconfSwitch(DeviceSwitch):
         return None if a is None or b is None else (a, b)
 
     async def inventory(self) -> DeviceInventory:
-        async def read(conn: Any) -> tuple[list[str], str, str]:
-            data = await self._get(conn, "product-information", "port-config")
+        def read(mgr: Any) -> tuple[list[str], str, str]:
+            data = self._get(mgr, "product-information", "port-config")
             ids = [str(x) for x in _x(data, "//p:port-config/p:port/p:port-id/text()")]
             maker = "".join(_x(data, "//p:product-information/p:manufacturer/text()"))
             model = "".join(_x(data, "//p:product-information/p:model-name/text()"))
@@ -332,21 +349,24 @@ class NetconfSwitch(DeviceSwitch):
         if not self._ports:
             await self.inventory()
 
-        async def read(conn: Any) -> dict[int, int]:
-            return self._table(await self._get(conn, "cross-connects"))
+        def read(mgr: Any) -> list[tuple[int, int]]:
+            return self._pairs(self._get(mgr, "cross-connects"))
 
-        table = await self._device_call("reading its cross-connects", read)
-        return table, self._boot
-
-    def _table(self, data: etree._Element) -> dict[int, int]:
-        """Lightpath port -> peer (both ways) of the pairs in a reply."""
+        pairs = await self._device_call("reading its cross-connects", read)
         table: dict[int, int] = {}
-        for p in _PAIR_PATHS[self._list](data):
-            i, e = p.findtext(_INGRESS), p.findtext(_EGRESS)
-            ab = self._from_device(int(i), int(e)) if i and e else None
+        for i, e in pairs:
+            ab = self._from_device(i, e)
             if ab is not None:
                 table[ab[0]], table[ab[1]] = ab[1], ab[0]
-        return table
+        return table, self._boot
+
+    def _pairs(self, data: etree._Element) -> list[tuple[int, int]]:
+        out = []
+        for p in _PAIR_PATHS[self._list](data):
+            i, e = p.findtext(_INGRESS), p.findtext(_EGRESS)
+            if i and e:
+                out.append((int(i), int(e)))
+        return out
 
     async def port_states(self) -> dict[int, tuple[int, int | None]]:
         table, _ = await self.read_table()
@@ -360,8 +380,8 @@ class NetconfSwitch(DeviceSwitch):
         if not self._ports:
             await self.inventory()
 
-        async def read(conn: Any) -> list[tuple[int, float]]:
-            data = await self._get(conn, "opm-power")
+        def read(mgr: Any) -> list[tuple[int, float]]:
+            data = self._get(mgr, "opm-power")
             return [
                 (int(p.findtext(f"{{{NS}}}port-id")), float(p.findtext(f"{{{NS}}}power")))
                 for p in _x(data, "//p:opm-power/p:port")
@@ -405,16 +425,22 @@ class NetconfSwitch(DeviceSwitch):
             f'<config xmlns="{NC}" xmlns:nc="{NC}"><cross-connects xmlns="{NS}">{body}'
             "</cross-connects></config>"
         )
+        from ncclient.operations.rpc import RPCError
 
-        async def apply(conn: Any) -> None:
+        def apply(mgr: Any) -> None:
             if unread and self._boot != boot_id:  # another session: maybe another boot
                 raise TableMoved()
             if version is not None:  # the guard: re-read just before the edit
-                if digest_version(self._table(await self._get(conn, "cross-connects"))) != version:
+                table: dict[int, int] = {}
+                for i, e in self._pairs(self._get(mgr, "cross-connects")):
+                    ab = self._from_device(i, e)
+                    if ab is not None:
+                        table[ab[0]], table[ab[1]] = ab[1], ab[0]
+                if digest_version(table) != version:
                     raise _Moved()
             try:
-                _reply(await conn.edit_config(config=config))
-            except RpcError:
+                mgr.edit_config(target="running", config=config)
+            except RPCError:
                 if unread:  # atomic, so nothing applied: read the table and plan again
                     raise TableMoved() from None
                 raise
@@ -425,32 +451,11 @@ class NetconfSwitch(DeviceSwitch):
         return 0.2
 
     async def close(self) -> None:
-        conn, self._conn = self._conn, None
-        if conn is not None:
-            with contextlib.suppress(Exception):
-                await conn.close()
-        if self._closing:
-            await asyncio.wait(set(self._closing), timeout=self.connect_timeout_s)
-
-
-class RpcError(Exception):
-    """The device answered with an rpc-error (RFC 6241 section 4.3)."""
-
-    def __init__(self, tag: str, message: str):
-        super().__init__(message or tag)
-        self.tag, self.message = tag, message
-
-
-def _reply(response: Any) -> etree._Element:
-    """The rpc-reply of a scrapli-netconf response; RpcError if it holds an rpc-error."""
-    reply = response.xml_result  # parsed by scrapli-netconf
-    if response.failed:
-        err = reply.find("{*}rpc-error")
-        raise RpcError(
-            err.findtext("{*}error-tag", "") if err is not None else "rpc-error",
-            err.findtext("{*}error-message", "") if err is not None else response.result,
-        )
-    return reply
+        loop = asyncio.get_running_loop()
+        with contextlib.suppress(Exception):
+            await loop.run_in_executor(self._executor, self._drop)
+        if self._own_executor:
+            self._executor.shutdown(wait=False)
 
 
 class _Moved(Exception):

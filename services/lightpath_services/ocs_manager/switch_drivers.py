@@ -9,6 +9,7 @@ rollback, fail-static and reconcile are the same whatever drives a switch.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,12 @@ def switch_driver(runtime: Runtime[OcsManagerSettings], fabric: Fabric) -> Agent
     stubs: dict[str, Any] = {}
     devs = devices(fabric)
     found = [(d, entry_of(entries, d.id)) for d in devs]
+    netconf = [d for d, e in found if e is not None and e.scheme == "netconf"]
+    pool = (
+        concurrent.futures.ThreadPoolExecutor(len(netconf), thread_name_prefix="netconf")
+        if netconf
+        else None
+    )
     device_switches: list[DeviceSwitch] = []
     for d, e in found:
         assert e is not None  # settings checked every switch has one
@@ -70,6 +77,7 @@ def switch_driver(runtime: Runtime[OcsManagerSettings], fabric: Fabric) -> Agent
                 d,
                 e.for_switch(d.id),
                 creds,
+                executor=pool,
                 settle_timeout_s=s.switch_timeout_s,
             )
         stubs[d.id] = sw
@@ -79,6 +87,8 @@ def switch_driver(runtime: Runtime[OcsManagerSettings], fabric: Fabric) -> Agent
         for sw in device_switches:
             with contextlib.suppress(Exception):
                 await sw.close()
+        if pool is not None:
+            pool.shutdown(wait=False)
 
     if device_switches:
         runtime.on_stop(close)
