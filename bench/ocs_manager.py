@@ -34,6 +34,8 @@ the bench calls with.
   its redis-servers ("switches_children") spent per wire. `--baseline DIR` runs the
   same pods from another checkout (e.g. `git worktree add DIR HEAD~3`) side by side,
   run by run, as `*_baseline`; `--drivers sonic` measures one driver.
+  `<driver>_reconcile_passes` / `_deferrals`: the reconcile loop's passes during the
+  pod's life and its looks that found a change in flight and waited (issue 34).
   `load_avg_1m` is the machine's load when the line was printed.
 """
 
@@ -337,7 +339,14 @@ async def device_bench(
                 )
                 ok = ok and report.ok
                 r = results[tag]
+                info = await stub.GetInfo(common_pb2.GetInfoRequest())
+                passes = info.attributes.get("switch_reconcile_passes", "")
+                deferrals = info.attributes.get("switch_reconcile_deferrals", "")
                 out |= {
+                    # the reconcile loop's passes and looks that waited for a change in flight
+                    # (a checkout before the wait has no deferrals: null)
+                    f"{driver}_reconcile_passes{tag}": int(passes) if passes else None,
+                    f"{driver}_reconcile_deferrals{tag}": int(deferrals) if deferrals else None,
                     f"{driver}_full_pod_wire_ms_p50{tag}": r["wire_p50"],
                     f"{driver}_full_pod_wire_ms_p99{tag}": r["wire_p99"],
                     f"{driver}_full_pod_release_ms_p50{tag}": r["release_p50"],

@@ -17,12 +17,23 @@ read (`expect_boot_id`, `expect_version`): a change that programmed the switch
 in between makes the switch refuse it (VERSION_MISMATCH), and the next pass
 looks again. The store is read before and after the switches; a pass whose two
 reads differ is skipped.
+
+A pass that finds a change in flight waits for it to end (it looks again every
+`defer_poll_s`) before reading the switches: the change's batches and the pass's
+reads share each switch's one session (and the manager's CPU), so a read landing
+on a wire delays the wire, which a caller waits on, for a repair that cannot touch
+the change's blocks anyway; and a change that commits during the read makes the
+pass read every switch again. The wait is bounded: after `interval_s` of changes
+in flight, one after another, the pass reads anyway, so a pod that never stops
+changing still has a restarted switch put back within two intervals.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import grpc
@@ -121,6 +132,7 @@ def repair_for(
 @dataclass
 class ReconcileReport:
     skipped: bool = False  # the committed tables moved while the switches were read
+    deferred: bool = False  # a change was in flight: the switches were not read (yet)
     unreachable: list[str] = field(default_factory=list)
     restarted: list[str] = field(default_factory=list)  # a new boot id since the last pass
     repaired: list[str] = field(default_factory=list)
@@ -138,29 +150,52 @@ class SwitchReconciler:
         *,
         interval_s: float = 5.0,
         metrics: OcsMetrics | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ):
         self.fabric = fabric
         self.store = store
         self.driver = driver
         self.interval_s = interval_s
+        # how often a deferred pass looks whether the change ended (a wire is ~0.2-0.3 s)
+        self.defer_poll_s = min(interval_s / 4, 0.25)
         self.metrics = metrics or OcsMetrics.noop()
+        self.clock = clock
         self.boots: dict[str, str] = {}
         self.passes = 0
+        self.deferrals = 0  # looks that found a change in flight and waited
         self.last: ReconcileReport | None = None
         self._down: set[str] = set()
+        self._deferred_since: float | None = None
 
     async def run(self) -> None:
         """Reconcile every interval_s (a supervised background task: a pass that raises, e.g.
         Redis down, restarts it with backoff and shows in health)."""
         while True:
-            await self.reconcile_once()
-            await asyncio.sleep(self.interval_s)
+            report = await self.reconcile_once()
+            await asyncio.sleep(self.defer_poll_s if report.deferred else self.interval_s)
+
+    def _defer(self, committed: FabricState) -> bool:
+        """Whether to wait for the changes in flight in `committed` (see the module's doc)."""
+        if not busy_blocks(committed):
+            self._deferred_since = None
+            return False
+        now = self.clock()
+        if self._deferred_since is None:
+            self._deferred_since = now
+        if now - self._deferred_since >= self.interval_s:
+            self._deferred_since = None  # waited long enough: this pass reads anyway
+            return False
+        self.deferrals += 1
+        return True
 
     async def reconcile_once(self) -> ReconcileReport:
         report = ReconcileReport()
         pod = self.store.pod_id
         for _ in range(3):
             before = await self.store.snapshot()
+            if self._defer(before):
+                report.deferred = True
+                return report  # not a pass: `passes` and `last` stay
             states = await self.driver.read_all()
             after = await self.store.snapshot()
             if before.tables == after.tables and before.one_to_many == after.one_to_many:

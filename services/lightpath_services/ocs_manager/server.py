@@ -95,6 +95,7 @@ class OcsManagerServicer(
             more = {
                 "health": switch_health(r.driver.mismatched, r.last.unreachable if r.last else []),
                 "switch_reconcile_passes": str(r.passes),
+                "switch_reconcile_deferrals": str(r.deferrals),
                 "switches_unreachable": str(len(r.last.unreachable) if r.last else 0),
                 "switches_mismatched": ", ".join(
                     f"{sid} ({why})" for sid, why in sorted(r.driver.mismatched.items())
