@@ -423,8 +423,11 @@ def test_a_small_compare_writes_its_summary_csv_and_plots(tmp_path, capsys):
             "60",
             "--load",
             "0.9",
+            # 0.998, not 0.99: still 116-149 host failures a policy (down-host blocks
+            # idle under priority and easy), where 0.99 gave the static baseline's long
+            # run ~5,000, two thirds of this test's CPU
             "--availability",
-            "0.99",
+            "0.998",
             "--policies",
             "static,priority,easy",
             "--out",
