@@ -3,8 +3,8 @@
 errors that say what to do next.
 
 Most tests run the real CLI in-process (`lightpath.cli.main`) against one real local
-stack (`lightpath.stack.Stack`: its own CA, Redis with a password, every service as
-a subprocess on free ports) shared by the module; the audit reader's own tests need
+stack (`lightpath.stack.Stack`: its own CA, Redis with a password, one process of
+each service on free ports) shared by the module; the audit reader's own tests need
 no stack.
 """
 
@@ -57,6 +57,11 @@ def run_json(capsys: pytest.CaptureFixture[str], *argv: str):
 
 # -- against a running local stack -------------------------------------------------
 
+# One process of each service (as in test_stack_metrics.py): these commands reach the cell
+# and a pod behind it. The default topology's two more pods and two more switches (six
+# processes, ~9 CPU-s of this module's 22) are used by no test here.
+ONE_OF_EACH = ("cell-scheduler", "ocs-pod-1", "ws-pod-1", "core-broker", "agg-root")
+
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
@@ -67,7 +72,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         mp.setenv("LIGHTPATH_STATE_DIR", str(state_dir))
         st = Stack(
             state_dir,
-            specs=with_ephemeral_ports(default_topology()),
+            specs=[s for s in with_ephemeral_ports(default_topology()) if s.name in ONE_OF_EACH],
             redis_port=0,
             log=lambda *a: None,
         )

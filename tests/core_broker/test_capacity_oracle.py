@@ -165,8 +165,10 @@ def test_earliest_start_matches_the_old_search_on_random_schedules(
         same(got, old.earliest_start(need, duration, after, last, devices))
 
 
+# 400 examples, not 1000: this was a third of the file's CPU, and the same search is
+# checked against the same oracle on 300 random schedules and 400 sequences of changes.
 @pytest.mark.slow  # runs for many seconds: handed out first
-@settings(max_examples=1000, deadline=None)
+@settings(max_examples=400, deadline=None)
 @given(
     st.lists(dense_rows, min_size=5, max_size=40),
     st.integers(1, 14),  # need

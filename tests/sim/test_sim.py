@@ -76,7 +76,10 @@ class Checked(Sim):
 
 @pytest.mark.parametrize("policy", ["fifo", "priority", "aged", "easy", "defrag", "static"])
 def test_invariants_hold_with_failures_and_preemption(policy):
-    jobs = workload(priorities=((30, 0.6), (70, 0.4)))
+    # 120 jobs: checking the pod after every event is what costs, and 120 already give
+    # 97-205 host failures, 58-72 swaps, moves and suspensions and 6-68 preemptions a
+    # policy (250 took twice the time for the same checks).
+    jobs = workload(n=120, priorities=((30, 0.6), (70, 0.4)))
     config = SimConfig(policy=POLICIES[policy], failures=FAILURES, seed=5)
     res = Checked(jobs, config).run()
     assert len(res.jobs) == len(jobs)
@@ -420,8 +423,11 @@ def test_a_small_compare_writes_its_summary_csv_and_plots(tmp_path, capsys):
             "60",
             "--load",
             "0.9",
+            # 0.998, not 0.99: still 116-149 host failures a policy (down-host blocks
+            # idle under priority and easy), where 0.99 gave the static baseline's long
+            # run ~5,000, two thirds of this test's CPU
             "--availability",
-            "0.99",
+            "0.998",
             "--policies",
             "static,priority,easy",
             "--out",
