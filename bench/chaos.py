@@ -608,7 +608,9 @@ async def _odd_jobs(cell, odd: list[tuple[str, str]]) -> list[str]:
     return out
 
 
-async def overload(cells: list, blocks: int, cpu: CpuMeter, *, short: bool, rounds: int) -> dict:
+async def overload(
+    cells: list, blocks: int, cpu: CpuMeter, *, short: bool, rounds: int, rate: float = 0.0
+) -> dict:
     """Goodput (jobs completed per second) at 1x, 2x and 4x the sustainable rate of
     `blocks`-block jobs through both cell replicas, p99 of the accepted calls, and how
     long after the overload the stack is back at 1x goodput (`recovery_s`).
@@ -624,7 +626,9 @@ async def overload(cells: list, blocks: int, cpu: CpuMeter, *, short: bool, roun
     * `rounds` rounds of 1x, 2x, 4x (then back to 1x, for the recovery) interleave the
       levels, so a change in the machine's load hits every level alike; each round's
       ratios are to its own 1x, and the median over rounds is reported (the spread
-      beside it), each phase with the 1-minute load at its end."""
+      beside it), each phase with the 1-minute load at its end.
+    `rate` > 0: 1x is that many jobs/s, not calibrated (two versions compared at the
+    same offered load: the calibration itself depends on how often the stack refuses)."""
     shape = OVERLOAD_SHAPES[blocks]
     tag = f"ov{blocks}"
     step_s = 1.5 if short else 6.0
@@ -641,8 +645,9 @@ async def overload(cells: list, blocks: int, cpu: CpuMeter, *, short: bool, roun
     # which >= 95 % of the arrivals completed and submits were refused < 5 % as often
     # (judged per arrival, not per second of the phase: a phase's last jobs finish
     # after it, which made every rate look unserved).
-    rate, tried = peak, []
-    for step in range(4):
+    fixed = rate > 0
+    rate, tried = rate or peak, []
+    for step in range(0 if fixed else 4):
         cal = (await _level(cells, rate, seconds / 2, shape, f"{tag}-cal{step}", cpu))["stats"]
         arrivals = sum(
             v
@@ -658,6 +663,7 @@ async def overload(cells: list, blocks: int, cpu: CpuMeter, *, short: bool, roun
         "closed_loop_peak_jobs_per_s": round(peak, 2),
         "ramp": {str(k): round(v, 2) for k, v in ramp.items()},
         "sustainable_jobs_per_s": round(rate, 2),
+        "rate_given": fixed,
         "calibration_rate_arrivals_ok_refused": tried,
         "rounds": [],
     }
@@ -735,10 +741,13 @@ async def overload(cells: list, blocks: int, cpu: CpuMeter, *, short: bool, roun
     return out
 
 
-async def overloads(cells: list, cpu: CpuMeter, *, short: bool, rounds: int) -> dict:
-    """The overload shape with 2-block jobs (the named keys) and with 1-block jobs."""
-    two = await overload(cells, 2, cpu, short=short, rounds=rounds)
-    one = await overload(cells, 1, cpu, short=short, rounds=rounds)
+async def overloads(
+    cells: list, cpu: CpuMeter, *, short: bool, rounds: int, rate: float = 0.0, one_block=True
+) -> dict:
+    """The overload shape with 2-block jobs (the named keys; 1x at `rate` when given) and
+    with 1-block jobs (unless not `one_block`)."""
+    two = await overload(cells, 2, cpu, short=short, rounds=rounds, rate=rate)
+    one = await overload(cells, 1, cpu, short=short, rounds=rounds) if one_block else None
     return {
         "goodput_ratio_2x": two["goodput_ratio_2x"],
         "goodput_ratio_4x": two["goodput_ratio_4x"],
@@ -967,7 +976,12 @@ async def drive(stack: Stack, redis: EmbeddedRedis, args) -> dict:
             pids = stack_pids(stack, redis.url)
             measured.update(
                 await overloads(
-                    cells, lambda: cpu_seconds(pids), short=args.short, rounds=args.rounds
+                    cells,
+                    lambda: cpu_seconds(pids),
+                    short=args.short,
+                    rounds=args.rounds,
+                    rate=args.rate,
+                    one_block=args.one_block,
                 )
             )
         if args.overload_only:
@@ -1098,6 +1112,19 @@ def main(argv: list[str] | None = None) -> dict:
     )
     parser.add_argument(
         "--overload-only", action="store_true", help="only the goodput and overload phases"
+    )
+    parser.add_argument(
+        "--rate",
+        type=float,
+        default=0.0,
+        help="the 2-block shape's 1x in jobs/s instead of calibrating it (to compare two "
+        "versions at the same offered load)",
+    )
+    parser.add_argument(
+        "--one-block",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="run the overload shape with 1-block jobs too",
     )
     args = parser.parse_args(argv)
     if args.short:
