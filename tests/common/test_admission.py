@@ -546,7 +546,11 @@ def test_retry_delays_grow_with_the_share_of_recent_calls_refused():
         rate.record(True)
     rate.record(False)
     assert rate.fraction() == 0.75
-    assert 4.0 <= rate.delay(1.0) <= 6.0  # a quarter admitted: four times as long
+    assert 4.0 <= rate.delay(0.25) <= 6.0  # a quarter admitted: sixteen times as long
+    rate.record(False)
+    rate.record(False)
+    assert rate.fraction() == 0.5
+    assert 4.0 <= rate.delay(1.0) <= 6.0  # half admitted: four times as long
     for _ in range(100):
         rate.record(True)
     assert rate.delay(1.0) == 10.0  # capped
