@@ -319,6 +319,13 @@ class CellScheduler:
     async def list_quotas(self, tenant: str = "") -> list[cell_scheduler_pb2.TenantQuota]:
         """Every tenant with a quota or chips held, by name; with `tenant`, its row only
         (empty of usage when it has neither)."""
+        return (await self.quota_view(tenant))[0]
+
+    async def quota_view(
+        self, tenant: str = ""
+    ) -> tuple[list[cell_scheduler_pb2.TenantQuota], Hold | None]:
+        """list_quotas's rows and the pod held for an owner's job (quota.Hold), if any,
+        both read from one snapshot: the hold shown is the one the rows were counted with."""
         snap = await self.store.snapshot()
         state = QuotaState.of(snap.quotas)
         capacity = capacity_of(self.pods.models_of(snap).values())
@@ -327,7 +334,7 @@ class CellScheduler:
             waiting.setdefault(record.tenant, []).append(record.reason)
         names = [tenant] if tenant else sorted(set(state.tenants()) | set(waiting))
         now = self.pods.now_ms()
-        return [
+        rows = [
             row
             for t in names
             for row in (
@@ -335,10 +342,7 @@ class CellScheduler:
                 *(pod_quota_pb(t, p, state) for p in state.pods_of(t)),
             )
         ]
-
-    async def held_pod(self) -> Hold | None:
-        """The pod the cell holds for an owner's job now (quota.Hold), if any."""
-        return QuotaState.of(await self.store.quota_rows()).hold
+        return rows, state.hold
 
     # == the registry (CS-1) ======================================================
 

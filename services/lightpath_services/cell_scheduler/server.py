@@ -270,8 +270,8 @@ class CellSchedulerServicer(cell_scheduler_pb2_grpc.CellSchedulerServicer):
             require_ids(tenant=request.tenant)
         # A tenant sees its own row only: no other tenant's name reaches it.
         tenant = require_tenant_field(request.tenant)
-        resp = cell_scheduler_pb2.ListQuotasResponse(quotas=await self._cell.list_quotas(tenant))
-        hold = await self._cell.held_pod()
+        rows, hold = await self._cell.quota_view(tenant)
+        resp = cell_scheduler_pb2.ListQuotasResponse(quotas=rows)
         if hold is not None:  # whose job it is held for: an operator's or that tenant's
             resp.hold.CopyFrom(hold_pb(hold, tenant_scope()))
         return resp
