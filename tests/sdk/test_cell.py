@@ -79,8 +79,18 @@ async def test_a_wait_that_runs_out_of_time_is_a_timeout(cell2):
             await cell.submit("no-wait", "4x4x4", wait=False)
 
 
-async def test_list_jobs_pages_through_every_job(cell2):
-    async with AsyncCell(cell2.cell_addresses[0]) as cell:
+# Paging and filters, not pods going silent: the pods run in this process, and a stall of
+# it past cell2's 1.5 s pod timeout had the cell mark them down, their jobs UNKNOWN until
+# the next heartbeat (once in a loaded full run: the RUNNING filter missed those jobs). A
+# pod timeout beyond the test's own (pytest-timeout, 300 s) puts that out of its reach.
+PATIENT_CELL = {"LIGHTPATH_CELL_POD_TIMEOUT_S": "3600"}
+
+
+async def test_list_jobs_pages_through_every_job(redis_url):
+    async with (
+        cell_stack(redis_url, cell_env=PATIENT_CELL) as stack,
+        AsyncCell(stack.cell_addresses[0]) as cell,
+    ):
         for i in range(7):
             await cell.submit(f"p-{i}", (1, 1, 1), blocks=True, tenant="paged")
         ids = [j.job_id async for j in cell.list_jobs(tenant="paged", page_size=3)]
