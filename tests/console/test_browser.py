@@ -31,6 +31,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = Path("/usr/bin/chromium")
 ARTEFACTS = ROOT / "artefacts" / "console"
 APT_NOTE = ROOT / ".venv" / ".lightpath-apt"  # what dev.py's install attempt said
+NETWORK_CHANGED = "net::ERR_NETWORK_CHANGED"
 FLAGS = [
     "--headless",
     "--no-sandbox",
@@ -94,11 +95,27 @@ class Page:
         self.page = self.context.new_page()
         self.url = url
         self.errors: list[str] = []
-        self.page.on("console", lambda m: self.errors.append(m.text) if m.type == "error" else None)
-        self.page.on("pageerror", lambda e: self.errors.append(str(e)))
+        # Chromium aborts requests in flight with net::ERR_NETWORK_CHANGED when any of the
+        # host's interfaces changes: tests/test_compose_stack.py, on another worker, starts
+        # dockerd's bridge and containers' veths. That is the host, not the console: such
+        # aborts are kept apart, and every other error counts.
+        self.network_changes: list[str] = []
+        self.page.on("console", lambda m: self._error(m.text) if m.type == "error" else None)
+        self.page.on("pageerror", lambda e: self._error(str(e)))
+
+    def _error(self, text: str) -> None:
+        (self.network_changes if NETWORK_CHANGED in text else self.errors).append(text)
 
     def open(self, fragment: str) -> None:
-        self.page.goto(self.url + "#/" + fragment)
+        from playwright.sync_api import Error
+
+        try:
+            self.page.goto(self.url + "#/" + fragment)
+        except Error as exc:  # the same host event, once: a second one is a failure
+            if NETWORK_CHANGED not in str(exc):
+                raise
+            self.network_changes.append(str(exc))
+            self.page.goto(self.url + "#/" + fragment)
 
     def wait_live(self) -> None:
         """Until the view has drawn data from its event stream. (A selector, not a
