@@ -10,7 +10,8 @@ are not in it), `cpu_cores` (cpu_s / wall_s), `goal_s` and `met`, the 1-minute l
 before the run (`load_before`: what others ran; the goal is for a quiet machine, so a
 figure taken above ~2 says little) and while it ran (`load_median`, `load_max`, this run
 included), `cores`, and pytest's `passed`, `failed`, `errors`, `skipped` and the ids of
-the tests that failed (`failures`).
+the tests that failed (`failures`), and when the run failed `log`, a file with pytest's
+output (else null).
 CPU seconds grow with the load too (two workers a core sharing caches with other jobs):
 compare runs taken at similar loads.
 
@@ -115,6 +116,11 @@ def main(args: list[str]) -> int:
     if profiling:
         where = profile(Path(env["LIGHTPATH_SUITE_PROFILE"]))
         shutil.rmtree(env["LIGHTPATH_SUITE_PROFILE"], ignore_errors=True)
+    log = None
+    if run.returncode != 0:  # what failed and why, kept for whoever reads the JSON
+        fd, log = tempfile.mkstemp(prefix="lightpath-suite-", suffix=".log")
+        with os.fdopen(fd, "w") as f:
+            f.write(run.stdout + run.stderr)
     tail = run.stdout.strip().splitlines()[-1:] or [""]
     counts = {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|errors?|skipped)", tail[0])}
     emit(
@@ -134,6 +140,7 @@ def main(args: list[str]) -> int:
             "skipped": counts.get("skipped", 0),
             "exit": run.returncode,
             "failures": re.findall(r"^(?:FAILED|ERROR) (\S+)", run.stdout, re.M),
+            "log": log,
             **({"profile": where} if profiling else {}),
         }
     )
