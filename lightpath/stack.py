@@ -63,7 +63,6 @@ from lightpath.security.identity import (
     console_principal,
     service_principal,
 )
-from lightpath.security.pki import LocalCA
 from lightpath.v1 import agg_switch_pb2, agg_switch_pb2_grpc
 
 EMBEDDED_REDIS_PORT = 6390
@@ -501,6 +500,9 @@ class Stack:
         self.log = log
         self.redis: EmbeddedRedis | None = None
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        # pki (cryptography's x509) on first use: every CLI command imports this module
+        from lightpath.security.pki import LocalCA
+
         self.ca = LocalCA(pki_dir(self.state_dir))
 
     @property

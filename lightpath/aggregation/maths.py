@@ -32,13 +32,18 @@ array of the same ufunc call changes.
 from __future__ import annotations
 
 import enum
+import functools
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from lightpath.errors import FieldViolation
+
+if TYPE_CHECKING:
+    # numpy is imported where it is used, not with this module: an agg_switch imports
+    # this at start and needs numpy only once it runs a command (issue 31)
+    import numpy as np
 
 
 class DType(enum.StrEnum):
@@ -50,6 +55,8 @@ class DType(enum.StrEnum):
 
     @property
     def numpy(self) -> np.dtype:
+        import numpy as np
+
         return np.dtype(_NUMPY[self])
 
     @property
@@ -90,18 +97,24 @@ class Trigger(enum.StrEnum):
 
 # Where a new partial of n elements of a dtype goes (an uninitialised array);
 # None = numpy's own allocation.
-Alloc = Callable[[int, np.dtype], np.ndarray]
+Alloc = Callable[[int, "np.dtype"], "np.ndarray"]
 # The same, per chunk (the timeout aggregation node works on many chunks).
-ChunkAlloc = Callable[[int, int, np.dtype], np.ndarray]
+ChunkAlloc = Callable[[int, int, "np.dtype"], "np.ndarray"]
 
-_UFUNC: dict[Op, np.ufunc] = {
-    Op.SUM: np.add,
-    Op.PROD: np.multiply,
-    Op.MIN: np.minimum,
-    Op.MAX: np.maximum,
-    Op.AND: np.logical_and,
-    Op.OR: np.logical_or,
-}
+
+@functools.cache
+def _ufuncs() -> dict[Op, np.ufunc]:
+    import numpy as np
+
+    return {
+        Op.SUM: np.add,
+        Op.PROD: np.multiply,
+        Op.MIN: np.minimum,
+        Op.MAX: np.maximum,
+        Op.AND: np.logical_and,
+        Op.OR: np.logical_or,
+    }
+
 
 DEFAULT_FRACTION_BITS = 32
 MAX_FRACTION_BITS = 60
@@ -112,6 +125,8 @@ BLOCK = 1 << 16
 
 
 def _empty(count: int, dtype: np.dtype) -> np.ndarray:
+    import numpy as np
+
     return np.empty(count, dtype)
 
 
@@ -162,7 +177,7 @@ class Reduction:
 
     @property
     def ufunc(self) -> np.ufunc:
-        return _UFUNC[self.op]
+        return _ufuncs()[self.op]
 
     @property
     def order_sensitive(self) -> bool:
@@ -211,6 +226,8 @@ class Reduction:
         """
         if not self.fixed_point or fixed_point:
             return values
+        import numpy as np
+
         scale = math.ldexp(1.0, self.fraction_bits)
         out = (alloc or _empty)(values.size, np.dtype(np.int64))
         for lo in _blocks(values.size):
@@ -228,6 +245,8 @@ class Reduction:
             return self.ufunc(acc, x, out=acc)
         if alloc is None:
             return self.ufunc(acc, x)
+        import numpy as np
+
         return self.ufunc(acc, x, out=alloc(acc.size, np.result_type(acc, x)))
 
     def accumulate(
@@ -250,6 +269,8 @@ class Reduction:
         """The final value in the command's dtype (into `alloc`'s array under EXACT)."""
         if not self.fixed_point:
             return partial
+        import numpy as np
+
         out = (alloc or _empty)(partial.size, self.dtype.numpy)
         for lo in _blocks(partial.size):
             out[lo : lo + BLOCK] = np.ldexp(
@@ -258,10 +279,14 @@ class Reduction:
         return out
 
     def partial_dtype(self) -> np.dtype:
+        import numpy as np
+
         return np.dtype("<i8") if self.fixed_point else self.dtype.numpy
 
     def reference(self, inputs: Sequence[np.ndarray]) -> np.ndarray:
         """Left fold of `inputs` in the given order (what tests compare with)."""
+        import numpy as np
+
         acc: np.ndarray | None = None
         owned = False
         for x in inputs:
@@ -561,6 +586,8 @@ class NodeCommand:
         out: np.ndarray | None = None,
         alloc: ChunkAlloc | None = None,
     ):
+        import numpy as np
+
         self.node_id = node_id
         self.command_id = command_id
         self.length = length

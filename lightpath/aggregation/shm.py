@@ -46,8 +46,11 @@ import time
 import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
+
 
 log = logging.getLogger("lightpath.aggregation.shm")
 
@@ -83,6 +86,8 @@ def host_identity(shm_dir: Path = SHM_DIR) -> str:
 
 
 def _address(buf: mmap.mmap) -> int:
+    import numpy as np
+
     return int(np.frombuffer(buf, np.uint8).__array_interface__["data"][0])
 
 
@@ -119,6 +124,8 @@ class Lease:
     refs: int = 1
 
     def array(self, count: int, dtype: np.dtype) -> np.ndarray:
+        import numpy as np
+
         return np.frombuffer(self.segment.buf, dtype=dtype, count=count)
 
 

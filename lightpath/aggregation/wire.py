@@ -20,13 +20,15 @@ The peers' offers (ShmHello) travel in ResultsRequest.shm and in the
 from __future__ import annotations
 
 from collections.abc import Iterable
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from lightpath.aggregation.maths import DType, Kind, Packet
 from lightpath.aggregation.shm import Hello
 from lightpath.limits import read_varint, varint
 from lightpath.v1 import agg_switch_pb2 as pb
+
+if TYPE_CHECKING:
+    import numpy as np
 
 SERVICE = "lightpath.v1.AggSwitch"
 CONTRIBUTE = f"/{SERVICE}/Contribute"
@@ -94,6 +96,8 @@ def split(raw: bytes) -> tuple[bytes, memoryview | None]:
 
 
 def encode_header(header: pb.AggChunk, data: np.ndarray | None) -> bytes:
+    import numpy as np
+
     head = header.SerializeToString()
     if data is None:
         return head
@@ -166,6 +170,8 @@ def to_packet(header: pb.AggChunk, data: memoryview | None, raw: bytes | None) -
     of the shared memory `header.shm` names, which the caller resolved).
 
     The caller has checked `header.dtype` and the data length."""
+    import numpy as np
+
     arr: np.ndarray | None = None
     by_ref = header.HasField("shm")
     if data is not None and not header.empty:

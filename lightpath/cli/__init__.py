@@ -8,6 +8,7 @@ is global: accepted before the command or after it, at any depth.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import os
 import sys
@@ -146,16 +147,24 @@ def _accept_global_flags(parser: argparse.ArgumentParser, seen: set[int]) -> Non
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run one command in its own trace (lightpath.cli.tracing); its exit code."""
-    from lightpath.cli.tracing import command_span, command_words, failed, print_trace_id
+    """Run one command in its own trace (lightpath.cli.tracing); its exit code.
 
+    As the process's entry point (no `argv`: the console script, `python -m lightpath`)
+    its imports run without the garbage collector (lightpath.startup); called with
+    `argv` (in-process, by tests) it leaves the collector alone."""
+    from lightpath.startup import imports_without_gc
+
+    entry = argv is None
     argv = sys.argv[1:] if argv is None else argv
     if not {"-v", "--verbose"} & set(argv):
         # gRPC's C core logs handshake details on stderr ("ssl_transport_security.cc ...
         # Handshake failed"); the CLI's own error says what failed and what to do. -v, or
         # GRPC_VERBOSITY set by the user, keeps them. (Set before any channel exists.)
         os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
-    parser = build_parser()
+    with imports_without_gc() if entry else contextlib.nullcontext():
+        from lightpath.cli.tracing import command_span, command_words, failed, print_trace_id
+
+        parser = build_parser()
     if argv[:1] == ["__complete"]:
         from lightpath.cli.completion import complete
 

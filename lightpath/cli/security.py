@@ -24,7 +24,7 @@ import sys
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from lightpath.cli._common import (
     CliError,
@@ -39,7 +39,9 @@ from lightpath.cli._common import (
 from lightpath.paths import default_state_dir, pki_dir, write_private
 from lightpath.security.credentials import identity_of, token_path
 from lightpath.security.identity import TENANT, IdentityError, Principal
-from lightpath.security.pki import LocalCA
+
+if TYPE_CHECKING:
+    from lightpath.security.pki import LocalCA
 
 T = TypeVar("T")
 CLI_AUDIT_FILE = "lightpath-cli.jsonl"
@@ -110,6 +112,9 @@ def state_dir_of(args: argparse.Namespace) -> Path:
 
 
 def _local_ca(state_dir: Path) -> LocalCA:
+    # pki (cryptography's x509) when a command uses the CA, not for every command
+    from lightpath.security.pki import LocalCA
+
     ca = LocalCA(pki_dir(state_dir))
     if not ca.exists():
         raise CliError(
@@ -295,6 +300,7 @@ def cmd_tenant_create(args: argparse.Namespace) -> int:
 
 
 def cmd_tenant_list(args: argparse.Namespace) -> int:
+    from lightpath.security.pki import LocalCA
     from lightpath.stack import running_stack
 
     state_dir = state_dir_of(args)

@@ -29,7 +29,6 @@ import grpc
 
 from lightpath.paths import default_state_dir, pki_dir
 from lightpath.security.identity import OPERATOR, TENANT, IdentityError, Principal, from_uri
-from lightpath.security.pki import LocalCA, file_stem
 
 
 class CredentialsError(RuntimeError):
@@ -141,6 +140,10 @@ class Credentials:
                     f"`lightpath tenant create {principal.name} --token` issues one"
                 ) from None
             return cls(token=token or own, source=f"local {principal} (token)")
+        # pki (the cryptography package's x509, ~30 ms) only when a local stack's
+        # certificate is read: a service's or a client's start path does not need it
+        from lightpath.security.pki import LocalCA
+
         ca = LocalCA(pki_dir(state_dir))
         if not ca.cert_path.exists():
             raise CredentialsError(
@@ -224,6 +227,8 @@ class Credentials:
 
 def token_path(state_dir: Path | None, principal: Principal) -> Path:
     """Where the local stack keeps `principal`'s bearer token (0600, beside its certificate)."""
+    from lightpath.security.pki import file_stem
+
     return pki_dir(state_dir) / f"{file_stem(principal)}.token"
 
 

@@ -26,6 +26,7 @@ per-resource checks, all made before anything is written):
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator
@@ -33,7 +34,6 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import grpc
-import numpy as np
 from opentelemetry import trace
 
 from lightpath.aggregation import wire
@@ -444,7 +444,7 @@ class AggSwitchServicer(agg_switch_pb2_grpc.AggSwitchServicer):
             raise InvalidArgument("node_id", ID_RULE)
         _own_node("node_id", request.node_id)  # a node reports its own load,
         require_service_scope("agg_switch", request.node_id, "node")  # a switch its own
-        if not (np.isfinite(request.bytes_per_s) and request.bytes_per_s >= 0):
+        if not (math.isfinite(request.bytes_per_s) and request.bytes_per_s >= 0):
             raise InvalidArgument("bytes_per_s", "must be a finite number >= 0")
         topo = await self._topology(tree)
         if request.node_id not in topo.by_id:

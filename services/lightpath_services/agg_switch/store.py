@@ -28,9 +28,8 @@ import json
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import redis.asyncio as aioredis
 
 from lightpath.aggregation.maths import DType
@@ -40,6 +39,9 @@ from lightpath_services.agg_switch.switch import CommandReport
 from lightpath_services.agg_switch.topology import Topology
 from lightpath_services.common.keys import tree_key
 from lightpath_services.common.txn import Conflict, Program, Txn
+
+if TYPE_CHECKING:
+    import numpy as np
 
 # A command is RUNNING until a switch says otherwise; one that outlived its
 # deadline by this much with nobody saying so (every switch gone) is failed on read.
@@ -454,6 +456,8 @@ class AggStore:
 
     async def load_parameters(self, spec: CommandSpec) -> np.ndarray:
         """The model's parameters for a parameter-server command (zeros when new)."""
+        import numpy as np
+
         found = await self.parameters(spec.tree_id, spec.ps_model)
         if found is None:
             return np.zeros(spec.length, dtype=spec.dtype.numpy)

@@ -41,8 +41,7 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from lightpath.aggregation.maths import (
     Alloc,
@@ -64,6 +63,9 @@ from lightpath.errors import (
 )
 from lightpath_services.agg_switch.command import CommandPlan, CommandSpec, SlotPolicy, SwitchPlan
 
+if TYPE_CHECKING:
+    import numpy as np
+
 # ("chunk", command, index), ("deadline", command, -1) or ("correct", command, n): n
 # numbers a (node, chunk) pair, node position × chunks + chunk.
 TimerKey = tuple[str, str, int]
@@ -71,7 +73,7 @@ DEADLINE = "DEADLINE_EXCEEDED"
 ABORTED = "ABORTED"
 NOT_CORRECTED = "CHUNK_NOT_CORRECTED"
 # (command, chunk, elements, dtype) → a new array for a partial of that chunk.
-CommandAlloc = Callable[[str, int, int, np.dtype], np.ndarray]
+CommandAlloc = Callable[[str, int, int, "np.dtype"], "np.ndarray"]
 
 
 @dataclass(frozen=True)
@@ -193,6 +195,8 @@ class ParameterServer:
         self._params: dict[str, np.ndarray] = {}
 
     def load(self, command_id: str, params: np.ndarray) -> None:
+        import numpy as np
+
         self._params[command_id] = np.array(params, copy=True)
 
     def loaded(self, command_id: str) -> bool:

@@ -26,10 +26,12 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass, field
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from lightpath.aggregation.shm import Lease, ShmDomain
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 @dataclass
@@ -82,6 +84,8 @@ class Buffers:
 
     def alloc(self, command_id: str, chunk: int, count: int, dtype: np.dtype) -> np.ndarray:
         """A new partial of `chunk` (SwitchCore's `alloc`), held until its result passes."""
+        import numpy as np
+
         dtype = np.dtype(dtype)
         rec = self._of(command_id) if self.domain is not None else None
         if rec is None or self.domain is None:
@@ -92,6 +96,8 @@ class Buffers:
 
     def own_copy(self, command_id: str, chunk: int, data: np.ndarray) -> np.ndarray:
         """`data` in a buffer of ours (a result that came from elsewhere, to send on)."""
+        import numpy as np
+
         out = self.alloc(command_id, chunk, data.size, data.dtype)
         np.copyto(out, data)
         return out

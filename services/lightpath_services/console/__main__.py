@@ -10,19 +10,22 @@ import asyncio
 import logging
 import sys
 
-import uvicorn
+from lightpath.startup import imports_without_gc
 
-from lightpath.security.credentials import Credentials, CredentialsError
-from lightpath.telemetry import configure_metrics, configure_tracing, serve_metrics
-from lightpath_services.common.settings import SettingsError, describe, load
-from lightpath_services.common.supervisor import Supervisor
-from lightpath_services.common.telemetry import configure_logging
-from lightpath_services.common.tls import is_loopback
-from lightpath_services.console.app import Console, build_app
-from lightpath_services.console.backends import Backends
-from lightpath_services.console.hub import Hub
-from lightpath_services.console.sessions import Sessions
-from lightpath_services.console.settings import ConsoleSettings
+with imports_without_gc():
+    import uvicorn
+
+    from lightpath.security.credentials import Credentials, CredentialsError
+    from lightpath.telemetry import configure_metrics, configure_tracing, serve_metrics
+    from lightpath_services.common.settings import SettingsError, describe, load
+    from lightpath_services.common.supervisor import Supervisor
+    from lightpath_services.common.telemetry import configure_logging
+    from lightpath_services.common.tls import is_loopback
+    from lightpath_services.console.app import Console, build_app
+    from lightpath_services.console.backends import Backends
+    from lightpath_services.console.hub import Hub
+    from lightpath_services.console.sessions import Sessions
+    from lightpath_services.console.settings import ConsoleSettings
 
 log = logging.getLogger("lightpath.console")
 

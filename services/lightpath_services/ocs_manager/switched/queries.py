@@ -6,11 +6,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from lightpath.domain.switched import SwitchedFabric
 from lightpath.domain.switched_rings import Ring
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 @dataclass(frozen=True)
@@ -42,6 +44,10 @@ class SwitchIndex:
     """Per-switch link and channel arrays, built once per fabric (static)."""
 
     def __init__(self, fabric: SwitchedFabric):
+        # numpy is imported on first use, not with the module: only a switched pod's
+        # manager builds an index, and every ocs_manager imports this one (issue 31)
+        import numpy as np
+
         self.fabric = fabric
         P = fabric.processor_count
         self._down: list[np.ndarray] = []
@@ -65,6 +71,8 @@ class SwitchIndex:
     def use(
         self, used: bytes | bytearray, switches: Iterable[int] | None = None
     ) -> list[SwitchLinkUse]:
+        import numpy as np
+
         fab = self.fabric
         P = fab.processor_count
         arr = np.frombuffer(bytes(used), dtype=np.uint8)

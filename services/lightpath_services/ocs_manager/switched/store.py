@@ -31,7 +31,6 @@ import json
 import time
 from dataclasses import dataclass
 
-import numpy as np
 import redis.asyncio as aioredis
 
 from lightpath.domain.switched import SwitchedFabric
@@ -78,6 +77,10 @@ class StoredPlan:
 
 def pack(indices, size: int) -> bytes:
     """A Redis bitmap (bit 0 = most significant bit of byte 0, as SETBIT) of these indices."""
+    # numpy on first use: only a switched pod packs bitmaps, every ocs_manager imports
+    # this module (issue 31)
+    import numpy as np
+
     bits = np.zeros(size + (-size) % 8, dtype=np.uint8)
     bits[np.fromiter(indices, dtype=np.int64)] = 1
     return np.packbits(bits).tobytes()
@@ -86,6 +89,8 @@ def pack(indices, size: int) -> bytes:
 def unpack(data: bytes | None, size: int) -> bytearray:
     if not data:
         return bytearray(size)
+    import numpy as np
+
     bits = np.unpackbits(np.frombuffer(data, dtype=np.uint8))
     if len(bits) < size:
         bits = np.concatenate([bits, np.zeros(size - len(bits), np.uint8)])
