@@ -45,6 +45,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import functools
 import logging
 import threading
 from collections.abc import Awaitable, Callable
@@ -146,8 +147,10 @@ def _sendable_now(session: Any, size: int) -> bool:
     )
 
 
+@functools.cache
 def _loop_rpc_class() -> type:
-    """`_LoopRPC`, built on first use (ncclient is imported only by NETCONF switches)."""
+    """`_LoopRPC`, built once, on first use (ncclient is imported only by NETCONF switches;
+    a class built per RPC would leave the cyclic GC 96 classes to collect a wire)."""
     from ncclient.operations.rpc import RPC
 
     class _LoopRPC(RPC):  # type: ignore[misc]
