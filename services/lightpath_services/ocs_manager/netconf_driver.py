@@ -358,8 +358,13 @@ class NetconfSwitch(DeviceSwitch):
             ) from None
         except RPCError as err:
             raise rejected(self.id, f"{what}: {err.tag}: {err.message or err}") from err
-        except Exception as exc:  # transport, SSH, socket: the session is gone
-            self._drop()
+        except Exception as exc:  # transport, SSH, socket, no reply: the session is gone
+            # closing it asks the device (close-session, up to the timeout when it hangs):
+            # on the pool, not on the event loop
+            try:
+                await loop.run_in_executor(self._executor, self._drop)
+            except RuntimeError:  # the pool is shut down: the driver is closing
+                self._drop()
             failure = unreachable(self.id, f"{self.addr} {what}", exc)
             if opened and sent_is_unknown:
                 failure.progress = None
