@@ -162,3 +162,41 @@ async def test_an_idle_session_wakes_once_a_second_and_still_answers(lab, switch
     switch._drop()
     st = await switch.GetCrossConnects(pb.GetCrossConnectsRequest(switch_id=SID))
     assert {(x.port_a, x.port_b) for x in st.cross_connects} == {(1, 4)}
+
+
+async def test_an_open_session_is_used_from_the_event_loop_without_a_pool_thread(lab):
+    """Once the session is open, a batch's RPCs go out from the event loop and their
+    replies come back to it from the session thread: nothing is handed to the pool (each
+    hand-off a thread waiting for the GIL, 48 of them when a full pod's answers arrive)."""
+    import concurrent.futures
+
+    class Counting(concurrent.futures.ThreadPoolExecutor):
+        calls = 0
+
+        def submit(self, fn, /, *args, **kwargs):
+            Counting.calls += 1
+            return super().submit(fn, *args, **kwargs)
+
+    pool = Counting(1)
+    sw = NetconfSwitch(FABRIC, DEVICE, lab.url(SID), creds(lab), executor=pool)
+    try:
+        await sw.Describe(pb.DescribeSwitchRequest(switch_id=SID))
+        opened = Counting.calls
+        assert opened >= 1  # the session was opened on the pool
+        reply = await sw.ApplyBatch(batch("loop1", connect=[(4, 1), (5, 0)]), timeout=10)
+        assert reply.applied.connects == 2
+        st = await sw.GetCrossConnects(pb.GetCrossConnectsRequest(switch_id=SID))
+        assert {(x.port_a, x.port_b) for x in st.cross_connects} == {(1, 4), (0, 5)}
+        # another session moves a pair behind its back: the device's rpc-error (delete of a
+        # pair that is gone: data-missing) reaches the loop, which reads and plans again
+        other = NetconfSwitch(FABRIC, DEVICE, lab.url(SID), creds(lab))
+        await other.ApplyBatch(batch("o1", connect=[(6, 1)]), timeout=10)
+        await other.close()
+        await sw.ApplyBatch(batch("loop2", disconnect=[(4, 1)], connect=[(7, 2)]), timeout=10)
+        assert (sw.stats.planned_unread, sw.stats.replans) == (2, 1)
+        st = await sw.GetCrossConnects(pb.GetCrossConnectsRequest(switch_id=SID))
+        assert {(x.port_a, x.port_b) for x in st.cross_connects} == {(0, 5), (1, 6), (2, 7)}
+        assert Counting.calls == opened
+    finally:
+        await sw.close()
+        pool.shutdown()

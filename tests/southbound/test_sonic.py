@@ -22,7 +22,7 @@ from lightpath.domain.torus import Fabric, FabricConfig
 from lightpath.v1 import optical_switch_pb2 as pb
 from lightpath_services.ocs_manager.sonic_driver import SonicSwitch
 from lightpath_services.switch_emulators import sonic as sonic_emulator
-from lightpath_services.switch_emulators.sonic import arrival
+from lightpath_services.switch_emulators.sonic import StampedSocket, arrival
 from tests.southbound.labs import sonic_lab
 
 FABRIC = Fabric.build(
@@ -344,6 +344,34 @@ async def test_a_paused_replicas_late_batch_is_refused_by_the_switch_itself(lab,
     finally:
         await paused.close()
         await r.aclose()
+
+
+def test_a_stamped_socket_notes_when_its_bytes_arrived_not_when_they_were_read():
+    """What the Polatis emulator's SSH connections read through: an edit that waited in
+    the kernel while the emulator's loop was busy with other switches was heard when it
+    arrived, so its settling is not lengthened by that wait."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    client = socket.create_connection(listener.getsockname())
+    conn, _ = listener.accept()
+    sock = StampedSocket.adopt(conn)
+    try:
+        assert sock.arrived is None
+        # the kernel turns its receive stamps on a moment after the first socket asks
+        # (deferred work): until then a read notes when it was read, never earlier
+        for _ in range(50):
+            sent = time.monotonic()
+            client.sendall(b"<rpc/>")
+            time.sleep(0.02)  # the bytes wait unread (a busy loop)
+            read = time.monotonic()
+            assert sock.recv(1024) == b"<rpc/>"
+            assert sock.arrived is not None and sent <= sock.arrived
+            if sock.arrived < read:  # the kernel's stamp: before the read
+                break
+        else:
+            pytest.fail("no read carried the kernel's arrival stamp")
+    finally:
+        for s in (sock, client, listener):
+            s.close()
 
 
 def test_arrival_is_the_kernels_stamp_on_the_loops_clock():

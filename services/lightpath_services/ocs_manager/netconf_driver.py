@@ -32,9 +32,12 @@ Address: `netconf://user@host[:port][?ingress=N]` (port 830). The password comes
 LIGHTPATH_OCS_NETCONF_PASSWORD_FILE (or a key, LIGHTPATH_OCS_NETCONF_KEY_FILE); the
 host key must be in LIGHTPATH_OCS_NETCONF_KNOWN_HOSTS (OpenSSH known_hosts lines).
 
-ncclient is synchronous: each switch's session runs its calls on a thread of the
-driver's pool (one per switch, so a pod's switches are programmed in parallel), and
-sends each request from that thread at once (`_send_at_once`).
+ncclient is synchronous; its session reads the device on threads of its own (paramiko's
+transport, ncclient's session). A switch's session is opened on a thread of the
+driver's pool (one per switch); its RPCs are sent from the event loop and their replies
+handed straight to it (`_LoopRPC`): a reply passes the two threads that read it and no
+third, so a full pod's 48 answers, arriving together once the mirrors settled, do not
+queue for the GIL behind each other's pool threads.
 """
 
 from __future__ import annotations
@@ -42,9 +45,10 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import functools
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -104,6 +108,7 @@ def _send_at_once(session: Any) -> None:
                     raise SessionCloseError("", data)
                 data = data[n:]
 
+    send.at_once = True  # type: ignore[attr-defined]  # _sendable_now
     session.send = send
 
 
@@ -125,6 +130,62 @@ def _quiet_when_idle(session: Any) -> None:
     sock = getattr(transport, "sock", None)
     if sock is not None and hasattr(sock, "settimeout"):
         sock.settimeout(IDLE_TICK_S)
+
+
+def _sendable_now(session: Any, size: int) -> bool:
+    """Whether `size` bytes go out on the session without waiting: its send is
+    `_send_at_once`'s, the channel's window holds them and no key exchange holds the
+    transport (paramiko would block for either; the event loop must not)."""
+    chan = getattr(session, "_channel", None)
+    transport = getattr(session, "_transport", None)
+    return (
+        getattr(session.send, "at_once", False)
+        and chan is not None
+        and transport is not None
+        and chan.out_window_size > size + 1024
+        and transport.clear_to_send.is_set()
+    )
+
+
+@functools.cache
+def _loop_rpc_class() -> type:
+    """`_LoopRPC`, built once, on first use (ncclient is imported only by NETCONF switches;
+    a class built per RPC would leave the cyclic GC 96 classes to collect a wire)."""
+    from ncclient.operations.rpc import RPC
+
+    class _LoopRPC(RPC):  # type: ignore[misc]
+        """One RPC whose reply (or the session's failure) is handed to the event loop as
+        the session thread reads it: ncclient's own RPCs block a thread until then, which
+        the loop then waits for (a third thread hop, each a wait for the GIL)."""
+
+        def __init__(self, session: Any, device_handler: Any, loop: asyncio.AbstractEventLoop):
+            super().__init__(session, device_handler, async_mode=True)  # registers its id
+            self.loop = loop
+            self.answer: asyncio.Future[str] = loop.create_future()
+
+        def message(self, operation: str) -> str:
+            return f'<rpc message-id="{self.id}" xmlns="{NC}">{operation}</rpc>'
+
+        def deliver_reply(self, raw: str) -> None:  # on the session thread
+            self._hand(raw, None)
+
+        def deliver_error(self, err: Exception) -> None:  # on the session thread
+            self._hand(None, err)
+
+        def _hand(self, raw: str | None, err: Exception | None) -> None:
+            with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits
+                self.loop.call_soon_threadsafe(_resolve, self.answer, raw, err)
+
+    return _LoopRPC
+
+
+def _resolve(answer: asyncio.Future[str], raw: str | None, err: Exception | None) -> None:
+    if answer.done():  # the batch gave up waiting (its deadline)
+        return
+    if err is not None:
+        answer.set_exception(err)
+    else:
+        answer.set_result(raw or "")
 
 
 # ncclient logs at INFO every message it sends, whole ("Sending:" and the XML), and every
@@ -271,22 +332,20 @@ class NetconfSwitch(DeviceSwitch):
             return self._mgr
 
     async def _device_call(
-        self, what: str, fn: Callable[[Any], T], *, sent_is_unknown: bool = False
+        self, what: str, fn: Callable[[Any], Awaitable[T]], *, sent_is_unknown: bool = False
     ) -> T:
-        """fn(session) on this switch's thread; NETCONF and transport errors mapped."""
+        """fn(session) on the event loop, the session opened first (on this switch's
+        thread) if it is not; NETCONF and transport errors mapped."""
         from ncclient.operations.rpc import RPCError
 
         loop = asyncio.get_running_loop()
         opened = False
-
-        def call() -> T:
-            nonlocal opened
-            mgr = self._session()
-            opened = True
-            return fn(mgr)
-
         try:
-            return await loop.run_in_executor(self._executor, call)
+            mgr = self._mgr
+            if mgr is None or not mgr.connected:
+                mgr = await loop.run_in_executor(self._executor, self._session)
+            opened = True
+            return await fn(mgr)
         except TableMoved:
             raise
         except _Moved:
@@ -299,8 +358,13 @@ class NetconfSwitch(DeviceSwitch):
             ) from None
         except RPCError as err:
             raise rejected(self.id, f"{what}: {err.tag}: {err.message or err}") from err
-        except Exception as exc:  # transport, SSH, socket: the session is gone
-            self._drop()
+        except Exception as exc:  # transport, SSH, socket, no reply: the session is gone
+            # closing it asks the device (close-session, up to the timeout when it hangs):
+            # on the pool, not on the event loop
+            try:
+                await loop.run_in_executor(self._executor, self._drop)
+            except RuntimeError:  # the pool is shut down: the driver is closing
+                self._drop()
             failure = unreachable(self.id, f"{self.addr} {what}", exc)
             if opened and sent_is_unknown:
                 failure.progress = None
@@ -313,10 +377,34 @@ class NetconfSwitch(DeviceSwitch):
             with contextlib.suppress(Exception):
                 mgr.close_session()
 
-    def _get(self, mgr: Any, *containers: str) -> etree._Element:
+    async def _rpc(self, mgr: Any, operation: str, reply_cls: type | None = None) -> Any:
+        """`operation` (an RPC's XML body) sent on the session from the loop, its reply
+        parsed (`reply_cls`, ncclient's RPCReply by default); an rpc-error raises
+        RPCError, a session lost or a reply later than the settle timeout raise too."""
+        from ncclient.operations.rpc import RPCReply
+
+        loop = asyncio.get_running_loop()
+        session = mgr._session
+        rpc = _loop_rpc_class()(session, mgr._device_handler, loop)
+        message = rpc.message(operation)
+        if _sendable_now(session, len(message)):
+            session.send(message)
+        else:  # it may wait (the channel's window, a key exchange): not on the loop
+            await loop.run_in_executor(self._executor, session.send, message)
+        async with asyncio.timeout(self.settle_timeout_s):
+            raw = await rpc.answer
+        reply = (reply_cls or RPCReply)(raw)
+        reply.parse()
+        if reply.error is not None:
+            raise reply.error
+        return reply
+
+    async def _get(self, mgr: Any, *containers: str) -> etree._Element:
+        from ncclient.operations.retrieve import GetReply
+
         inner = "".join(f'<{c} xmlns="{NS}"/>' for c in containers)
-        reply = mgr.get(filter=f'<filter xmlns="{NC}" type="subtree">{inner}</filter>')
-        return etree.fromstring(reply.xml.encode())
+        get = f'<get><filter xmlns="{NC}" type="subtree">{inner}</filter></get>'
+        return (await self._rpc(mgr, get, GetReply)).data_ele
 
     # -- the device -----------------------------------------------------------------------
 
@@ -333,8 +421,8 @@ class NetconfSwitch(DeviceSwitch):
         return None if a is None or b is None else (a, b)
 
     async def inventory(self) -> DeviceInventory:
-        def read(mgr: Any) -> tuple[list[str], str, str]:
-            data = self._get(mgr, "product-information", "port-config")
+        async def read(mgr: Any) -> tuple[list[str], str, str]:
+            data = await self._get(mgr, "product-information", "port-config")
             ids = [str(x) for x in _x(data, "//p:port-config/p:port/p:port-id/text()")]
             maker = "".join(_x(data, "//p:product-information/p:manufacturer/text()"))
             model = "".join(_x(data, "//p:product-information/p:model-name/text()"))
@@ -349,8 +437,8 @@ class NetconfSwitch(DeviceSwitch):
         if not self._ports:
             await self.inventory()
 
-        def read(mgr: Any) -> list[tuple[int, int]]:
-            return self._pairs(self._get(mgr, "cross-connects"))
+        async def read(mgr: Any) -> list[tuple[int, int]]:
+            return self._pairs(await self._get(mgr, "cross-connects"))
 
         pairs = await self._device_call("reading its cross-connects", read)
         table: dict[int, int] = {}
@@ -380,8 +468,8 @@ class NetconfSwitch(DeviceSwitch):
         if not self._ports:
             await self.inventory()
 
-        def read(mgr: Any) -> list[tuple[int, float]]:
-            data = self._get(mgr, "opm-power")
+        async def read(mgr: Any) -> list[tuple[int, float]]:
+            data = await self._get(mgr, "opm-power")
             return [
                 (int(p.findtext(f"{{{NS}}}port-id")), float(p.findtext(f"{{{NS}}}power")))
                 for p in _x(data, "//p:opm-power/p:port")
@@ -421,25 +509,26 @@ class NetconfSwitch(DeviceSwitch):
         )
         # the nc prefix declared once, not on each of 64 pairs: half the bytes to encrypt
         # and parse at both ends
-        config = (
-            f'<config xmlns="{NC}" xmlns:nc="{NC}"><cross-connects xmlns="{NS}">{body}'
-            "</cross-connects></config>"
+        operation = (
+            "<edit-config><target><running/></target>"
+            f'<config xmlns:nc="{NC}"><cross-connects xmlns="{NS}">{body}'
+            "</cross-connects></config></edit-config>"
         )
         from ncclient.operations.rpc import RPCError
 
-        def apply(mgr: Any) -> None:
+        async def apply(mgr: Any) -> None:
             if unread and self._boot != boot_id:  # another session: maybe another boot
                 raise TableMoved()
             if version is not None:  # the guard: re-read just before the edit
                 table: dict[int, int] = {}
-                for i, e in self._pairs(self._get(mgr, "cross-connects")):
+                for i, e in self._pairs(await self._get(mgr, "cross-connects")):
                     ab = self._from_device(i, e)
                     if ab is not None:
                         table[ab[0]], table[ab[1]] = ab[1], ab[0]
                 if digest_version(table) != version:
                     raise _Moved()
             try:
-                mgr.edit_config(target="running", config=config)
+                await self._rpc(mgr, operation)
             except RPCError:
                 if unread:  # atomic, so nothing applied: read the table and plan again
                     raise TableMoved() from None

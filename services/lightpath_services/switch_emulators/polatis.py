@@ -32,6 +32,7 @@ import contextlib
 import itertools
 import logging
 import os
+import socket
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,6 +41,7 @@ import asyncssh
 from lxml import etree
 
 from lightpath.domain.switch_timing import DARK_DBM, SwitchTiming, power_dbm
+from lightpath_services.switch_emulators.sonic import StampedSocket
 
 log = logging.getLogger("lightpath.switch_emulators")
 
@@ -128,7 +130,8 @@ class PolatisSwitch:
         """Validate the whole edit, apply deletes then merges, settle. RpcError if refused.
 
         The mirrors settle the model's time after the edit was `heard` (loop time: its
-        last byte arrived), or after they came to rest if they still moved then: a real
+        last byte reached the switch's socket, by the kernel's stamp), or after they came
+        to rest if they still moved then: a real
         switch's control CPU is its own, while this process plays 48 switches on shared
         cores and parses their edits one after another."""
         deletes: list[tuple[int, int]] = []
@@ -232,8 +235,9 @@ def _error(msg_id: str | None, err: RpcError) -> bytes:
 
 
 class NetconfSession(asyncssh.SSHServerSession):  # type: ignore[misc]
-    def __init__(self, switch: PolatisSwitch):
+    def __init__(self, switch: PolatisSwitch, sock: StampedSocket | None = None):
         self.switch = switch
+        self.sock = sock  # its connection's socket: when what it reads arrived
         self.buf = b""
         self.chan: asyncssh.SSHServerChannel | None = None
         # each message with the loop time its last byte arrived
@@ -258,7 +262,10 @@ class NetconfSession(asyncssh.SSHServerSession):  # type: ignore[misc]
 
     def data_received(self, data, datatype) -> None:
         self.buf += data if isinstance(data, bytes) else data.encode()
-        now = asyncio.get_running_loop().time()
+        # heard when its bytes reached the switch (the kernel's stamp of the read that
+        # brought them, or later), not when this process, playing 48 switches, got to them
+        arrived = self.sock.arrived if self.sock is not None else None
+        now = asyncio.get_running_loop().time() if arrived is None else arrived
         while EOM in self.buf:
             msg, _, self.buf = self.buf.partition(EOM)
             self.queue.put_nowait((msg, now))
@@ -313,8 +320,11 @@ class NetconfSession(asyncssh.SSHServerSession):  # type: ignore[misc]
 
 
 class _Server(asyncssh.SSHServer):  # type: ignore[misc]
-    def __init__(self, switch: PolatisSwitch, username: str, password: str):
+    def __init__(
+        self, switch: PolatisSwitch, username: str, password: str, sock: StampedSocket | None
+    ):
         self.switch, self.username, self.password = switch, username, password
+        self.sock = sock
 
     def begin_auth(self, username: str) -> bool:
         return True
@@ -326,7 +336,19 @@ class _Server(asyncssh.SSHServer):  # type: ignore[misc]
         return username == self.username and password == self.password
 
     def session_requested(self):
-        return NetconfSession(self.switch)
+        return NetconfSession(self.switch, self.sock)
+
+
+class Listener:
+    """One switch's SSH server: accepts on its address, each connection on a socket that
+    notes when what it reads arrived (StampedSocket)."""
+
+    def __init__(self, sock: socket.socket, task: asyncio.Task[None]):
+        self.sock, self.task = sock, task
+
+    def close(self) -> None:
+        self.task.cancel()
+        self.sock.close()
 
 
 async def serve(
@@ -334,22 +356,38 @@ async def serve(
     host_key: Path,
     username: str,
     password: str,
-) -> list[asyncssh.SSHAcceptor]:
+) -> list[Listener]:
     """An SSH server per switch (name -> (switch, host, port)) speaking NETCONF."""
     key = asyncssh.read_private_key(str(host_key))
-    out = []
-    for sw, host, port in switches.values():
-        out.append(
-            await asyncssh.create_server(
-                lambda sw=sw: _Server(sw, username, password),
-                host,
-                port,
+    loop = asyncio.get_running_loop()
+    starting: set[asyncio.Task[None]] = set()  # handshakes under way (kept from the GC)
+
+    async def accept(listening: socket.socket, sw: PolatisSwitch) -> None:
+        while True:
+            conn, _ = await loop.sock_accept(listening)
+            task = loop.create_task(start(StampedSocket.adopt(conn), sw))
+            starting.add(task)
+            task.add_done_callback(starting.discard)
+
+    async def start(sock: StampedSocket, sw: PolatisSwitch) -> None:
+        try:
+            await asyncssh.run_server(
+                sock,
+                server_factory=lambda: _Server(sw, username, password, sock),
                 server_host_keys=[key],
                 line_editor=False,
                 encoding=None,
                 allow_scp=False,
             )
-        )
+        except (OSError, asyncssh.Error) as exc:  # a client that went away, a bad handshake
+            log.info("%s: an SSH connection failed: %s", sw.name, exc)
+            sock.close()
+
+    out = []
+    for sw, host, port in switches.values():
+        listening = socket.create_server((host, port), reuse_port=False)
+        listening.setblocking(False)
+        out.append(Listener(listening, loop.create_task(accept(listening, sw))))
     return out
 
 

@@ -86,6 +86,30 @@ def arrival(
     return now
 
 
+class StampedSocket(socket.socket):
+    """A connected stream socket whose reads note when their bytes arrived (`arrived`, on
+    the loop's clock: the kernel's SO_TIMESTAMPNS stamp of the last segment read, else
+    when it was read). asyncio's transports read with `recv`; a server playing many
+    switches in one process learns so when a switch heard a request, however long its
+    loop took to get round to it."""
+
+    arrived: float | None = None
+
+    @classmethod
+    def adopt(cls, sock: socket.socket) -> StampedSocket:
+        """`sock` (accepted) as a StampedSocket; `sock` is detached."""
+        out = cls(sock.family, sock.type, sock.proto, fileno=sock.detach())
+        if _SO_TIMESTAMPNS is not None:
+            with contextlib.suppress(OSError):  # without it: when this process read them
+                out.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
+        return out
+
+    def recv(self, bufsize: int, flags: int = 0) -> bytes:
+        data, ancillary, _, _ = self.recvmsg(bufsize, _STAMP_SPACE, flags)
+        self.arrived = arrival(ancillary, time.monotonic())  # the loop's clock
+        return data
+
+
 def _encoded(deletes: list[str], sets: list[tuple[str, dict[str, str]]]) -> str | None:
     """WRITE_LUA's one argument, or None when there is nothing to write."""
     if not deletes and not sets:
