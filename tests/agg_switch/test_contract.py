@@ -18,7 +18,16 @@ from lightpath.aggregation.node import ComputeNode, aggregate_all
 from lightpath.client import error_report
 from lightpath.v1 import agg_switch_pb2 as pb
 from lightpath.v1 import common_pb2
-from tests.agg_switch.tree import CN, DN, SW, agg_tree, node, node_credentials, stack_tree
+from tests.agg_switch.tree import (
+    CN,
+    DN,
+    SW,
+    agg_tree,
+    node,
+    node_credentials,
+    patient_tree,
+    stack_tree,
+)
 
 FIVE = ["n1", "n2", "n3", "n4", "n5"]
 TRANSPORTS = ["shm", "grpc"]
@@ -47,21 +56,54 @@ async def wait_for(predicate, timeout: float = 10.0, every: float = 0.01):
         await asyncio.sleep(every)
 
 
-async def straggle(tree, node_id: str, switch: str, command_id: str, values, **kw):
-    """Contribute only once `switch` timed the node out (a bypass entry names it):
-    late by construction, whatever the machine's speed."""
+async def timed_out(tree, node_id: str, switch: str, command_id: str) -> None:
+    """Until `switch` timed the node out on every chunk (a bypass entry per chunk
+    names it): its data, sent now, is late for all of them."""
+    chunks = (await tree.command(command_id)).chunks
 
-    async def entry() -> bool:
+    async def entries() -> bool:
         state = await tree.state(switch)
-        return any(
-            e.timeout_node == node_id and e.command_id == command_id for e in state.bypass_entries
-        )
+        named = [
+            e
+            for e in state.bypass_entries
+            if e.timeout_node == node_id and e.command_id == command_id
+        ]
+        return len(named) == chunks
 
-    await wait_for(entry)
+    await wait_for(entries)
+
+
+async def straggle(tree, node_id: str, switch: str, command_id: str, values, **kw):
+    """Contribute only once `switch` timed the node out on every chunk: late by
+    construction, whatever the machine's speed (one entry would leave the node's
+    later chunks racing the timers of theirs)."""
+    await timed_out(tree, node_id, switch, command_id)
     async with ComputeNode(
         node_id, tree.address("root"), credentials=node_credentials(node_id)
     ) as cn:
         return await cn.aggregate(command_id, values, **kw)
+
+
+async def arrive(tree, command_id: str, values: dict[str, np.ndarray], until):
+    """The nodes of `values` contributing (a task, returned) once `until()` holds:
+    the test, not the machine's speed, orders the arrivals."""
+    task = asyncio.ensure_future(
+        aggregate_all(tree.address(), command_id, values, credentials=node_credentials)
+    )
+
+    async def reached() -> bool:
+        if task.done():
+            task.result()  # the nodes failed: say why, not "condition not reached"
+        return await until()
+
+    await wait_for(reached)
+    return task
+
+
+async def done_at(tree, switch: str, command_id: str) -> bool:
+    """`switch` sent its partial of every chunk of the command up."""
+    state = await tree.state(switch)
+    return any(c.command_id == command_id and c.chunks_done == c.chunks for c in state.commands)
 
 
 # A refused chunk gets a minute to be sent again here (the tests that refuse one go on
@@ -221,65 +263,61 @@ async def test_concurrent_starts_of_one_command_on_every_switch_make_one_command
 
 
 async def test_one_straggler_is_bypassed_to_a_compute_timeout_aggregator(tree):
-    """AG-3 … AG-7 over real processes: n3 misses sub-1's threshold; sub-1 sends
-    its partial up carrying n3, records bypass entries and frees its slots; n3's
-    data is flagged on arrival and reaches n4 (the timeout aggregation node,
-    under sub-2), which completes every chunk and has the root broadcast it."""
-    await tree.define(stack_tree(sub_ms=1000, root_ms=5000))
+    """AG-3 … AG-7 over real processes: n5 misses sub-2's threshold; sub-2 sends
+    its partial up carrying n5, records bypass entries and frees its slots; n5's
+    data is flagged on arrival and reaches n1 (the timeout aggregation node,
+    under sub-1), which completes every chunk and has the root broadcast it."""
+    await tree.define(patient_tree({"sub-2": 1000}))
     length = 1000
     cmd = await tree.start(
         "late-1",
         FIVE,
         length,
         chunk_bytes=8 * 256,
-        timeout_aggregator=pb.TimeoutAggregatorSelection(node="n4"),
+        timeout_aggregator=pb.TimeoutAggregatorSelection(node="n1"),
     )
-    assert cmd.timeout_aggregator == "n4" and cmd.chunks == 4
+    assert cmd.timeout_aggregator == "n1" and cmd.chunks == 4
     data = vectors(length)
-    on_time = asyncio.ensure_future(
-        aggregate_all(
-            tree.address(),
-            "late-1",
-            {n: data[n] for n in FIVE if n != "n3"},
-            credentials=node_credentials,
-        )
-    )
-    # While n3 is late: the entries are on sub-1 only, and sub-1 holds no slot.
-    await wait_for(lambda: _entries(tree, "sub-1", 4))
-    sub1 = await tree.state("sub-1")
-    assert sorted((e.command_id, e.chunk, e.timeout_node) for e in sub1.bypass_entries) == [
-        ("late-1", i, "n3") for i in range(4)
+    # n4 first (sub-2 times n5 out), then sub-1's nodes, all in before n5: n5 is the
+    # latest at its switch by more than any node at sub-1, by construction.
+    n4 = await arrive(tree, "late-1", {"n4": data["n4"]}, lambda: _entries(tree, "sub-2", 4))
+    sub1_nodes = {n: data[n] for n in ("n1", "n2", "n3")}
+    on_time = await arrive(tree, "late-1", sub1_nodes, lambda: done_at(tree, "sub-1", "late-1"))
+    # While n5 is late: the entries are on sub-2 only, and sub-2 holds no slot.
+    sub2 = await tree.state("sub-2")
+    assert sorted((e.command_id, e.chunk, e.timeout_node) for e in sub2.bypass_entries) == [
+        ("late-1", i, "n5") for i in range(4)
     ]
-    assert sub1.slots_in_use == 0
+    assert sub2.slots_in_use == 0
     assert (await tree.state("root")).bypass_entries == []
-    assert not on_time.done()
-    late = await straggle(tree, "n3", "sub-1", "late-1", data["n3"])
-    results = {**(await on_time), "n3": late}
+    assert not on_time.done() and not n4.done()
+    late = await straggle(tree, "n5", "sub-2", "late-1", data["n5"])
+    results = {**(await on_time), **(await n4), "n5": late}
     expected = sum(data.values())
     for n, r in results.items():
         assert r.values.tolist() == expected.tolist(), n
-    assert results["n4"].timeout_aggregator and not results["n1"].timeout_aggregator
+    assert results["n1"].timeout_aggregator and not results["n4"].timeout_aggregator
     for s in ("root", "sub-1", "sub-2"):
         st = await tree.state(s)
         assert st.bypass_entries == [] and st.slots_in_use == 0
-    sub1 = await tree.state("sub-1")
-    assert sub1.counters["flagged"] == 4 and sub1.counters["timeouts"] == 4
+    sub2 = await tree.state("sub-2")
+    assert sub2.counters["flagged"] == 4 and sub2.counters["timeouts"] == 4
     root = await tree.state("root")
     assert root.counters["forwarded_flagged"] == 4  # passed on, never aggregated
-    sub2 = await tree.state("sub-2")
-    assert sub2.counters["forwarded_flagged"] == 4
+    sub1 = await tree.state("sub-1")
+    assert sub1.counters["forwarded_flagged"] == 4
     done = await tree.settled("late-1")
     assert done.state == pb.AGG_COMMAND_STATE_COMPLETED
-    assert list(done.timeout_nodes) == ["n3"]
+    assert list(done.timeout_nodes) == ["n5"]
     holds = {h.switch_id: h for h in done.slot_holds}
-    assert holds["sub-1"].timed_out_chunks == 4 and list(holds["sub-1"].timeout_nodes) == ["n3"]
-    assert holds["sub-1"].bypass_entries_created == 4
-    assert holds["sub-2"].timed_out_chunks == 0 and holds["root"].chunks == 4
+    assert holds["sub-2"].timed_out_chunks == 4 and list(holds["sub-2"].timeout_nodes) == ["n5"]
+    assert holds["sub-2"].bypass_entries_created == 4
+    assert holds["sub-1"].timed_out_chunks == 0 and holds["root"].chunks == 4
     history = await tree.stub().GetHistory(pb.GetHistoryRequest())
     lateness = {x.node: x for x in history.entries[0].lateness}
     assert set(lateness) == set(FIVE)
-    assert lateness["n3"].switch_id == "sub-1"
-    assert lateness["n3"].lateness_s == max(x.lateness_s for x in lateness.values()) > 0
+    assert lateness["n5"].switch_id == "sub-2"
+    assert lateness["n5"].lateness_s == max(x.lateness_s for x in lateness.values()) > 0
 
 
 class _TaClient(ComputeNode):
