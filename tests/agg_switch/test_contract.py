@@ -56,28 +56,34 @@ async def wait_for(predicate, timeout: float = 10.0, every: float = 0.01):
         await asyncio.sleep(every)
 
 
-async def timed_out(tree, node_id: str, switch: str, command_id: str) -> None:
-    """Until `switch` timed the node out on every chunk (a bypass entry per chunk
-    names it): its data, sent now, is late for all of them."""
+async def late_at(tree, node_id: str, switch: str, command_id: str) -> bool:
+    """`switch` timed `node_id` out on every chunk (a bypass entry per chunk names
+    it): the node's data, sent now, is late for all of them."""
     chunks = (await tree.command(command_id)).chunks
+    state = await tree.state(switch)
+    named = [
+        e for e in state.bypass_entries if e.timeout_node == node_id and e.command_id == command_id
+    ]
+    return len(named) == chunks
 
-    async def entries() -> bool:
-        state = await tree.state(switch)
-        named = [
-            e
-            for e in state.bypass_entries
-            if e.timeout_node == node_id and e.command_id == command_id
-        ]
-        return len(named) == chunks
 
-    await wait_for(entries)
+async def held_at(tree, switch: str, command_id: str) -> bool:
+    """`switch` holds a slot of the command: a chunk of it arrived there."""
+    state = await tree.state(switch)
+    return any(c.command_id == command_id and c.slots_held for c in state.commands)
+
+
+async def done_at(tree, switch: str, command_id: str) -> bool:
+    """`switch` sent its partial of every chunk of the command up."""
+    state = await tree.state(switch)
+    return any(c.command_id == command_id and c.chunks_done == c.chunks for c in state.commands)
 
 
 async def straggle(tree, node_id: str, switch: str, command_id: str, values, **kw):
     """Contribute only once `switch` timed the node out on every chunk: late by
-    construction, whatever the machine's speed (one entry would leave the node's
-    later chunks racing the timers of theirs)."""
-    await timed_out(tree, node_id, switch, command_id)
+    construction, whatever the machine's speed (after one entry only, the node's
+    later chunks would race their own timers)."""
+    await wait_for(lambda: late_at(tree, node_id, switch, command_id))
     async with ComputeNode(
         node_id, tree.address("root"), credentials=node_credentials(node_id)
     ) as cn:
@@ -100,10 +106,22 @@ async def arrive(tree, command_id: str, values: dict[str, np.ndarray], until):
     return task
 
 
-async def done_at(tree, switch: str, command_id: str) -> bool:
-    """`switch` sent its partial of every chunk of the command up."""
-    state = await tree.state(switch)
-    return any(c.command_id == command_id and c.chunks_done == c.chunks for c in state.commands)
+async def n5_clearly_last(tree, command_id: str, data: dict[str, np.ndarray]) -> dict:
+    """Every node's result, n5 the latest by construction (no sleep): n4 first, then
+    sub-1's nodes, all in, then n5, so n5's lateness at sub-2 exceeds any at sub-1.
+    sub-2 must wait for n5 (not time it out)."""
+    n4 = await arrive(
+        tree, command_id, {"n4": data["n4"]}, lambda: held_at(tree, "sub-2", command_id)
+    )
+    sub1 = await arrive(
+        tree,
+        command_id,
+        {n: data[n] for n in ("n1", "n2", "n3")},
+        lambda: done_at(tree, "sub-1", command_id),
+    )
+    async with ComputeNode("n5", tree.address(), credentials=node_credentials("n5")) as n5:
+        last = await n5.aggregate(command_id, data["n5"])
+    return {**(await n4), **(await sub1), "n5": last}
 
 
 # A refused chunk gets a minute to be sent again here (the tests that refuse one go on
@@ -280,7 +298,9 @@ async def test_one_straggler_is_bypassed_to_a_compute_timeout_aggregator(tree):
     data = vectors(length)
     # n4 first (sub-2 times n5 out), then sub-1's nodes, all in before n5: n5 is the
     # latest at its switch by more than any node at sub-1, by construction.
-    n4 = await arrive(tree, "late-1", {"n4": data["n4"]}, lambda: _entries(tree, "sub-2", 4))
+    n4 = await arrive(
+        tree, "late-1", {"n4": data["n4"]}, lambda: late_at(tree, "n5", "sub-2", "late-1")
+    )
     sub1_nodes = {n: data[n] for n in ("n1", "n2", "n3")}
     on_time = await arrive(tree, "late-1", sub1_nodes, lambda: done_at(tree, "sub-1", "late-1"))
     # While n5 is late: the entries are on sub-2 only, and sub-2 holds no slot.
@@ -343,68 +363,52 @@ async def test_a_final_without_destination_goes_to_the_root_and_a_wrong_one_is_n
     from lightpath.aggregation.maths import DType, Kind, Packet
     from lightpath.client import channel
 
-    await tree.define(stack_tree(sub_ms=1000, root_ms=5000))
+    await tree.define(patient_tree({"sub-2": 1000}))
     await tree.start(
-        "final-1", FIVE, 8, timeout_aggregator=pb.TimeoutAggregatorSelection(node="n4")
+        "final-1", FIVE, 8, timeout_aggregator=pb.TimeoutAggregatorSelection(node="n1")
     )
-    # The timeout aggregation node n4, at its leaf sub-2: a FINAL to sub-1 is refused.
-    async with channel(tree.address("sub-2"), credentials=node_credentials("n4")) as ch:
+    # The timeout aggregation node n1, at its leaf sub-1: a FINAL to sub-2 is refused.
+    async with channel(tree.address("sub-1"), credentials=node_credentials("n1")) as ch:
         contribute = ch.stream_unary(
             wire.CONTRIBUTE,
             request_serializer=wire.identity,
             response_deserializer=pb.ContributeSummary.FromString,
         )
-        wrong = Packet("final-1", 0, Kind.FINAL, "n4", np.zeros(8, np.int64), destination="sub-1")
+        wrong = Packet("final-1", 0, Kind.FINAL, "n1", np.zeros(8, np.int64), destination="sub-2")
         err = await expect_error(
             contribute(iter([wire.encode(wrong, DType.INT64)])),
             grpc.StatusCode.INVALID_ARGUMENT,
         )
     assert [f for f, _ in err.field_violations] == ["destination"], err
     assert "root switch 'root'" in err.message and "source" not in err.message
-    # The whole command, n3 late so that n4 combines, n4 leaving `destination` unset.
+    # The whole command, n5 late so that n1 combines, n1 leaving `destination` unset.
     data = vectors(8)
     on_time = asyncio.ensure_future(
         aggregate_all(
             tree.address(),
             "final-1",
-            {n: data[n] for n in ("n1", "n2", "n5")},
+            {n: data[n] for n in ("n2", "n3", "n4")},
             credentials=node_credentials,
         )
     )
-    async with _TaClient("n4", tree.address(), root="", credentials=node_credentials("n4")) as n4:
-        ta = asyncio.ensure_future(n4.aggregate("final-1", data["n4"]))
-        late = await straggle(tree, "n3", "sub-1", "final-1", data["n3"])
-        results = {**(await on_time), "n3": late, "n4": await ta}
+    async with _TaClient("n1", tree.address(), root="", credentials=node_credentials("n1")) as n1:
+        ta = asyncio.ensure_future(n1.aggregate("final-1", data["n1"]))
+        late = await straggle(tree, "n5", "sub-2", "final-1", data["n5"])
+        results = {**(await on_time), "n5": late, "n1": await ta}
     expected = sum(data.values())
-    assert results["n4"].timeout_aggregator
+    assert results["n1"].timeout_aggregator
     for n, r in results.items():
         assert r.values.tolist() == expected.tolist(), n
     assert (await tree.settled("final-1")).state == pb.AGG_COMMAND_STATE_COMPLETED
 
 
-async def _entries(tree, switch: str, count: int) -> bool:
-    return len((await tree.state(switch)).bypass_entries) >= count
-
-
 async def test_predicted_straggler_tags_its_own_data(tree):
     """AG-9 end to end: history says n5 is late; StartCommand with top-1
     clears its bit at sub-2; n5 tags its data, sub-2 passes it on."""
-    await tree.define(stack_tree(sub_ms=2000, root_ms=5000))
+    await tree.define(patient_tree())  # no switch times a child out: nobody is cut off
     await tree.start("warm", FIVE, 4)
     data = vectors(4)
-    late = asyncio.ensure_future(asyncio.sleep(0.5))  # n5 comes clearly last: history says so
-    on_time = asyncio.ensure_future(
-        aggregate_all(
-            tree.address(),
-            "warm",
-            {n: data[n] for n in FIVE if n != "n5"},
-            credentials=node_credentials,
-        )
-    )
-    await late
-    async with ComputeNode("n5", tree.address(), credentials=node_credentials("n5")) as n5:
-        await n5.aggregate("warm", data["n5"])
-    await on_time
+    await n5_clearly_last(tree, "warm", data)  # history says so
     await tree.settled("warm")
     preview = await tree.stub("sub-1").PredictStragglers(
         pb.PredictStragglersRequest(options=pb.StragglerPredictionOptions(top_k=1))
@@ -439,23 +443,29 @@ async def test_predicted_straggler_tags_its_own_data(tree):
 async def test_late_timeout_aggregator_and_late_sub_switch(tree):
     """AG-11: the root times sub-1 out (its threshold is shorter than sub-1's);
     sub-1 times out n1, which is also the timeout aggregation node. Sub-1's
-    partial, then n1's own data, are flagged and routed to n1, which completes."""
-    await tree.define(stack_tree(sub_ms=400, root_ms=100))
+    partial, then n1's own data, are flagged and routed to n1, which completes.
+
+    The tree is sub-1 (n1, n2) and sub-2 (n3..n5, never timing out), and the test
+    orders the arrivals: sub-2's nodes, until the root (its timer started by
+    sub-2's partial) timed sub-1 out; then n2, whose chunk starts sub-1's timer;
+    then n1, once sub-1 timed it out."""
+    await tree.define(patient_tree({"root": 100, "sub-1": 400}, per_sub=(2, 3)))
     cmd = await tree.start(
         "agg-late", FIVE, 6, timeout_aggregator=pb.TimeoutAggregatorSelection(node="n1")
     )
     assert cmd.timeout_aggregator == "n1"
     data = vectors(6)
-    on_time = asyncio.ensure_future(
-        aggregate_all(
-            tree.address(),
-            "agg-late",
-            {n: data[n] for n in FIVE if n != "n1"},
-            credentials=node_credentials,
-        )
+    sub2 = await arrive(
+        tree,
+        "agg-late",
+        {n: data[n] for n in ("n3", "n4", "n5")},
+        lambda: late_at(tree, "sub-1", "root", "agg-late"),
+    )
+    n2 = asyncio.ensure_future(
+        aggregate_all(tree.address(), "agg-late", {"n2": data["n2"]}, credentials=node_credentials)
     )
     late = await straggle(tree, "n1", "sub-1", "agg-late", data["n1"])
-    others = await on_time
+    others = {**(await sub2), **(await n2)}
     assert late.timeout_aggregator
     for r in [late, *others.values()]:
         assert r.values.tolist() == sum(data.values()).tolist()
@@ -642,7 +652,7 @@ async def test_dedicated_timeout_aggregator_and_parameter_server(redis_url, tran
     """AG-12 with a dedicated timeout aggregation node process (AG-10): the root
     applies params -= lr × sum and broadcasts the parameters."""
     async with agg_tree(redis_url, ("root", "sub-1", "sub-2", "ded"), transport=transport) as t:
-        await t.define([*stack_tree(sub_ms=200, root_ms=3000), node("ded", DN, "root")])
+        await t.define([*patient_tree({"sub-2": 200}), node("ded", DN, "root")])
         base = np.linspace(0, 1, 6, dtype=np.float32)
         await t.stub().SetParameters(
             pb.SetParametersRequest(model_id="m", dtype=pb.AGG_DTYPE_FLOAT32, data=base.tobytes())
@@ -733,7 +743,7 @@ async def test_tenants_share_a_small_slot_pool_without_corrupting_each_other(red
     FALLBACK bypasses to the timeout aggregation node; both results are exact."""
     env = {"sub-1": {"LIGHTPATH_AGG_SLOTS": "2"}}
     async with agg_tree(redis_url, env=env, transport=transport) as t:
-        await t.define(stack_tree(sub_ms=2000, root_ms=4000))
+        await t.define(patient_tree())  # on time, all of them: no switch cuts one off
         data = {
             "a": vectors(16, np.int64),
             "b": {n: v * 3 + 1 for n, v in vectors(16, np.int64).items()},

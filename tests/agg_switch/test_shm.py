@@ -28,8 +28,8 @@ from lightpath_services.agg_switch.transport import Buffers
 from tests.agg_switch.test_contract import (
     FIVE,
     expect_error,
+    late_at,
     straggle,
-    timed_out,
     vectors,
     wait_for,
 )
@@ -347,7 +347,7 @@ async def run_scenario(redis_url, transport: str, name: str, data) -> dict:
 
 
 async def straggle_in(t, node_id, switch, tree_id, values):
-    await timed_out(t, node_id, switch, "same")
+    await wait_for(lambda: late_at(t, node_id, switch, "same"))
     async with ComputeNode(
         node_id, t.address(), credentials=node_credentials(node_id), tree_id=tree_id
     ) as cn:
