@@ -27,7 +27,7 @@ from lightpath_services.agg_switch.command import plan_command
 from lightpath_services.agg_switch.switch import NOT_CORRECTED, SwitchCore
 from tests.agg_switch.fixtures import command, two_switch_cluster
 from tests.agg_switch.test_contract import FIVE, expect_error, straggle, vectors, wait_for
-from tests.agg_switch.tree import agg_tree, node_credentials, stack_tree
+from tests.agg_switch.tree import agg_tree, node_credentials, patient_tree, stack_tree
 
 # Long enough for the SDK's resend after a refusal (five nodes' TLS channels opened
 # anew) on a loaded machine: 0.3 s ran out once in CI at load 5.
@@ -276,14 +276,15 @@ async def test_abort_command_is_refused_when_completed_or_not_the_callers(tree):
 async def test_combine_at_switch_moves_a_compute_nodes_role_to_its_leaf_switch(tree):
     """Issue 19: a compute node chosen as timeout aggregation node had to combine in its
     own client. With combine_at_switch its leaf switch does, with the same bits: the
-    float32 preset-order result equals the one n4 computes itself."""
-    await tree.define(stack_tree(sub_ms=300, root_ms=60_000))
+    float32 preset-order result equals the one n1 computes itself. n5 is the one late
+    node (only sub-2, where n4 is on time, times a child out)."""
+    await tree.define(patient_tree({"sub-2": 300}))
     choice = await tree.stub().ChooseTimeoutAggregator(
         pb.ChooseTimeoutAggregatorRequest(
-            selection=pb.TimeoutAggregatorSelection(node="n4", combine_at_switch=True)
+            selection=pb.TimeoutAggregatorSelection(node="n1", combine_at_switch=True)
         )
     )
-    assert (choice.node, choice.combined_for) == ("sub-2", "n4")
+    assert (choice.node, choice.combined_for) == ("sub-1", "n1")
     rng = np.random.default_rng(3)
     data = {
         n: (rng.standard_normal(64) * 10.0 ** rng.integers(-4, 5, 64)).astype(np.float32)
@@ -299,24 +300,24 @@ async def test_combine_at_switch_moves_a_compute_nodes_role_to_its_leaf_switch(t
             order_policy=pb.ORDER_POLICY_PRESET,
             deadline_s=LONG_DEADLINE_S,
             timeout_aggregator=pb.TimeoutAggregatorSelection(
-                node="n4", combine_at_switch=at_switch
+                node="n1", combine_at_switch=at_switch
             ),
         )
         assert (cmd.timeout_aggregator, cmd.combined_for) == (
-            ("sub-2", "n4") if at_switch else ("n4", "")
+            ("sub-1", "n1") if at_switch else ("n1", "")
         )
         on_time = asyncio.ensure_future(
             aggregate_all(
                 tree.address(),
                 cid,
-                {n: data[n] for n in FIVE if n != "n3"},
+                {n: data[n] for n in FIVE if n != "n5"},
                 credentials=node_credentials,
             )
         )
-        late = await straggle(tree, "n3", "sub-1", cid, data["n3"])
-        results[cid] = {**(await on_time), "n3": late}
-        assert results[cid]["n4"].timeout_aggregator is (not at_switch)
-        assert (await tree.settled(cid)).timeout_nodes == ["n3"]
+        late = await straggle(tree, "n5", "sub-2", cid, data["n5"])
+        results[cid] = {**(await on_time), "n5": late}
+        assert results[cid]["n1"].timeout_aggregator is (not at_switch)
+        assert (await tree.settled(cid)).timeout_nodes == ["n5"]
     for n in FIVE:
         assert results["by-switch"][n].values.tobytes() == results["by-node"][n].values.tobytes()
 

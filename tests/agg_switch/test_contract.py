@@ -18,7 +18,16 @@ from lightpath.aggregation.node import ComputeNode, aggregate_all
 from lightpath.client import error_report
 from lightpath.v1 import agg_switch_pb2 as pb
 from lightpath.v1 import common_pb2
-from tests.agg_switch.tree import CN, DN, SW, agg_tree, node, node_credentials, stack_tree
+from tests.agg_switch.tree import (
+    CN,
+    DN,
+    SW,
+    agg_tree,
+    node,
+    node_credentials,
+    patient_tree,
+    stack_tree,
+)
 
 FIVE = ["n1", "n2", "n3", "n4", "n5"]
 TRANSPORTS = ["shm", "grpc"]
@@ -47,21 +56,72 @@ async def wait_for(predicate, timeout: float = 10.0, every: float = 0.01):
         await asyncio.sleep(every)
 
 
+async def late_at(tree, node_id: str, switch: str, command_id: str) -> bool:
+    """`switch` timed `node_id` out on every chunk (a bypass entry per chunk names
+    it): the node's data, sent now, is late for all of them."""
+    chunks = (await tree.command(command_id)).chunks
+    state = await tree.state(switch)
+    named = [
+        e for e in state.bypass_entries if e.timeout_node == node_id and e.command_id == command_id
+    ]
+    return len(named) == chunks
+
+
+async def held_at(tree, switch: str, command_id: str) -> bool:
+    """`switch` holds a slot of the command: a chunk of it arrived there."""
+    state = await tree.state(switch)
+    return any(c.command_id == command_id and c.slots_held for c in state.commands)
+
+
+async def done_at(tree, switch: str, command_id: str) -> bool:
+    """`switch` sent its partial of every chunk of the command up."""
+    state = await tree.state(switch)
+    return any(c.command_id == command_id and c.chunks_done == c.chunks for c in state.commands)
+
+
 async def straggle(tree, node_id: str, switch: str, command_id: str, values, **kw):
-    """Contribute only once `switch` timed the node out (a bypass entry names it):
-    late by construction, whatever the machine's speed."""
-
-    async def entry() -> bool:
-        state = await tree.state(switch)
-        return any(
-            e.timeout_node == node_id and e.command_id == command_id for e in state.bypass_entries
-        )
-
-    await wait_for(entry)
+    """Contribute only once `switch` timed the node out on every chunk: late by
+    construction, whatever the machine's speed (after one entry only, the node's
+    later chunks would race their own timers)."""
+    await wait_for(lambda: late_at(tree, node_id, switch, command_id))
     async with ComputeNode(
         node_id, tree.address("root"), credentials=node_credentials(node_id)
     ) as cn:
         return await cn.aggregate(command_id, values, **kw)
+
+
+async def arrive(tree, command_id: str, values: dict[str, np.ndarray], until):
+    """The nodes of `values` contributing (a task, returned) once `until()` holds:
+    the test, not the machine's speed, orders the arrivals."""
+    task = asyncio.ensure_future(
+        aggregate_all(tree.address(), command_id, values, credentials=node_credentials)
+    )
+
+    async def reached() -> bool:
+        if task.done():
+            task.result()  # the nodes failed: say why, not "condition not reached"
+        return await until()
+
+    await wait_for(reached)
+    return task
+
+
+async def n5_clearly_last(tree, command_id: str, data: dict[str, np.ndarray]) -> dict:
+    """Every node's result, n5 the latest by construction (no sleep): n4 first, then
+    sub-1's nodes, all in, then n5, so n5's lateness at sub-2 exceeds any at sub-1.
+    sub-2 must wait for n5 (not time it out)."""
+    n4 = await arrive(
+        tree, command_id, {"n4": data["n4"]}, lambda: held_at(tree, "sub-2", command_id)
+    )
+    sub1 = await arrive(
+        tree,
+        command_id,
+        {n: data[n] for n in ("n1", "n2", "n3")},
+        lambda: done_at(tree, "sub-1", command_id),
+    )
+    async with ComputeNode("n5", tree.address(), credentials=node_credentials("n5")) as n5:
+        last = await n5.aggregate(command_id, data["n5"])
+    return {**(await n4), **(await sub1), "n5": last}
 
 
 # A refused chunk gets a minute to be sent again here (the tests that refuse one go on
@@ -221,65 +281,63 @@ async def test_concurrent_starts_of_one_command_on_every_switch_make_one_command
 
 
 async def test_one_straggler_is_bypassed_to_a_compute_timeout_aggregator(tree):
-    """AG-3 … AG-7 over real processes: n3 misses sub-1's threshold; sub-1 sends
-    its partial up carrying n3, records bypass entries and frees its slots; n3's
-    data is flagged on arrival and reaches n4 (the timeout aggregation node,
-    under sub-2), which completes every chunk and has the root broadcast it."""
-    await tree.define(stack_tree(sub_ms=1000, root_ms=5000))
+    """AG-3 … AG-7 over real processes: n5 misses sub-2's threshold; sub-2 sends
+    its partial up carrying n5, records bypass entries and frees its slots; n5's
+    data is flagged on arrival and reaches n1 (the timeout aggregation node,
+    under sub-1), which completes every chunk and has the root broadcast it."""
+    await tree.define(patient_tree({"sub-2": 1000}))
     length = 1000
     cmd = await tree.start(
         "late-1",
         FIVE,
         length,
         chunk_bytes=8 * 256,
-        timeout_aggregator=pb.TimeoutAggregatorSelection(node="n4"),
+        timeout_aggregator=pb.TimeoutAggregatorSelection(node="n1"),
     )
-    assert cmd.timeout_aggregator == "n4" and cmd.chunks == 4
+    assert cmd.timeout_aggregator == "n1" and cmd.chunks == 4
     data = vectors(length)
-    on_time = asyncio.ensure_future(
-        aggregate_all(
-            tree.address(),
-            "late-1",
-            {n: data[n] for n in FIVE if n != "n3"},
-            credentials=node_credentials,
-        )
+    # n4 first (sub-2 times n5 out), then sub-1's nodes, all in before n5: n5 is the
+    # latest at its switch by more than any node at sub-1, by construction.
+    n4 = await arrive(
+        tree, "late-1", {"n4": data["n4"]}, lambda: late_at(tree, "n5", "sub-2", "late-1")
     )
-    # While n3 is late: the entries are on sub-1 only, and sub-1 holds no slot.
-    await wait_for(lambda: _entries(tree, "sub-1", 4))
-    sub1 = await tree.state("sub-1")
-    assert sorted((e.command_id, e.chunk, e.timeout_node) for e in sub1.bypass_entries) == [
-        ("late-1", i, "n3") for i in range(4)
+    sub1_nodes = {n: data[n] for n in ("n1", "n2", "n3")}
+    on_time = await arrive(tree, "late-1", sub1_nodes, lambda: done_at(tree, "sub-1", "late-1"))
+    # While n5 is late: the entries are on sub-2 only, and sub-2 holds no slot.
+    sub2 = await tree.state("sub-2")
+    assert sorted((e.command_id, e.chunk, e.timeout_node) for e in sub2.bypass_entries) == [
+        ("late-1", i, "n5") for i in range(4)
     ]
-    assert sub1.slots_in_use == 0
+    assert sub2.slots_in_use == 0
     assert (await tree.state("root")).bypass_entries == []
-    assert not on_time.done()
-    late = await straggle(tree, "n3", "sub-1", "late-1", data["n3"])
-    results = {**(await on_time), "n3": late}
+    assert not on_time.done() and not n4.done()
+    late = await straggle(tree, "n5", "sub-2", "late-1", data["n5"])
+    results = {**(await on_time), **(await n4), "n5": late}
     expected = sum(data.values())
     for n, r in results.items():
         assert r.values.tolist() == expected.tolist(), n
-    assert results["n4"].timeout_aggregator and not results["n1"].timeout_aggregator
+    assert results["n1"].timeout_aggregator and not results["n4"].timeout_aggregator
     for s in ("root", "sub-1", "sub-2"):
         st = await tree.state(s)
         assert st.bypass_entries == [] and st.slots_in_use == 0
-    sub1 = await tree.state("sub-1")
-    assert sub1.counters["flagged"] == 4 and sub1.counters["timeouts"] == 4
+    sub2 = await tree.state("sub-2")
+    assert sub2.counters["flagged"] == 4 and sub2.counters["timeouts"] == 4
     root = await tree.state("root")
     assert root.counters["forwarded_flagged"] == 4  # passed on, never aggregated
-    sub2 = await tree.state("sub-2")
-    assert sub2.counters["forwarded_flagged"] == 4
+    sub1 = await tree.state("sub-1")
+    assert sub1.counters["forwarded_flagged"] == 4
     done = await tree.settled("late-1")
     assert done.state == pb.AGG_COMMAND_STATE_COMPLETED
-    assert list(done.timeout_nodes) == ["n3"]
+    assert list(done.timeout_nodes) == ["n5"]
     holds = {h.switch_id: h for h in done.slot_holds}
-    assert holds["sub-1"].timed_out_chunks == 4 and list(holds["sub-1"].timeout_nodes) == ["n3"]
-    assert holds["sub-1"].bypass_entries_created == 4
-    assert holds["sub-2"].timed_out_chunks == 0 and holds["root"].chunks == 4
+    assert holds["sub-2"].timed_out_chunks == 4 and list(holds["sub-2"].timeout_nodes) == ["n5"]
+    assert holds["sub-2"].bypass_entries_created == 4
+    assert holds["sub-1"].timed_out_chunks == 0 and holds["root"].chunks == 4
     history = await tree.stub().GetHistory(pb.GetHistoryRequest())
     lateness = {x.node: x for x in history.entries[0].lateness}
     assert set(lateness) == set(FIVE)
-    assert lateness["n3"].switch_id == "sub-1"
-    assert lateness["n3"].lateness_s == max(x.lateness_s for x in lateness.values()) > 0
+    assert lateness["n5"].switch_id == "sub-2"
+    assert lateness["n5"].lateness_s == max(x.lateness_s for x in lateness.values()) > 0
 
 
 class _TaClient(ComputeNode):
@@ -305,68 +363,52 @@ async def test_a_final_without_destination_goes_to_the_root_and_a_wrong_one_is_n
     from lightpath.aggregation.maths import DType, Kind, Packet
     from lightpath.client import channel
 
-    await tree.define(stack_tree(sub_ms=1000, root_ms=5000))
+    await tree.define(patient_tree({"sub-2": 1000}))
     await tree.start(
-        "final-1", FIVE, 8, timeout_aggregator=pb.TimeoutAggregatorSelection(node="n4")
+        "final-1", FIVE, 8, timeout_aggregator=pb.TimeoutAggregatorSelection(node="n1")
     )
-    # The timeout aggregation node n4, at its leaf sub-2: a FINAL to sub-1 is refused.
-    async with channel(tree.address("sub-2"), credentials=node_credentials("n4")) as ch:
+    # The timeout aggregation node n1, at its leaf sub-1: a FINAL to sub-2 is refused.
+    async with channel(tree.address("sub-1"), credentials=node_credentials("n1")) as ch:
         contribute = ch.stream_unary(
             wire.CONTRIBUTE,
             request_serializer=wire.identity,
             response_deserializer=pb.ContributeSummary.FromString,
         )
-        wrong = Packet("final-1", 0, Kind.FINAL, "n4", np.zeros(8, np.int64), destination="sub-1")
+        wrong = Packet("final-1", 0, Kind.FINAL, "n1", np.zeros(8, np.int64), destination="sub-2")
         err = await expect_error(
             contribute(iter([wire.encode(wrong, DType.INT64)])),
             grpc.StatusCode.INVALID_ARGUMENT,
         )
     assert [f for f, _ in err.field_violations] == ["destination"], err
     assert "root switch 'root'" in err.message and "source" not in err.message
-    # The whole command, n3 late so that n4 combines, n4 leaving `destination` unset.
+    # The whole command, n5 late so that n1 combines, n1 leaving `destination` unset.
     data = vectors(8)
     on_time = asyncio.ensure_future(
         aggregate_all(
             tree.address(),
             "final-1",
-            {n: data[n] for n in ("n1", "n2", "n5")},
+            {n: data[n] for n in ("n2", "n3", "n4")},
             credentials=node_credentials,
         )
     )
-    async with _TaClient("n4", tree.address(), root="", credentials=node_credentials("n4")) as n4:
-        ta = asyncio.ensure_future(n4.aggregate("final-1", data["n4"]))
-        late = await straggle(tree, "n3", "sub-1", "final-1", data["n3"])
-        results = {**(await on_time), "n3": late, "n4": await ta}
+    async with _TaClient("n1", tree.address(), root="", credentials=node_credentials("n1")) as n1:
+        ta = asyncio.ensure_future(n1.aggregate("final-1", data["n1"]))
+        late = await straggle(tree, "n5", "sub-2", "final-1", data["n5"])
+        results = {**(await on_time), "n5": late, "n1": await ta}
     expected = sum(data.values())
-    assert results["n4"].timeout_aggregator
+    assert results["n1"].timeout_aggregator
     for n, r in results.items():
         assert r.values.tolist() == expected.tolist(), n
     assert (await tree.settled("final-1")).state == pb.AGG_COMMAND_STATE_COMPLETED
 
 
-async def _entries(tree, switch: str, count: int) -> bool:
-    return len((await tree.state(switch)).bypass_entries) >= count
-
-
 async def test_predicted_straggler_tags_its_own_data(tree):
     """AG-9 end to end: history says n5 is late; StartCommand with top-1
     clears its bit at sub-2; n5 tags its data, sub-2 passes it on."""
-    await tree.define(stack_tree(sub_ms=2000, root_ms=5000))
+    await tree.define(patient_tree())  # no switch times a child out: nobody is cut off
     await tree.start("warm", FIVE, 4)
     data = vectors(4)
-    late = asyncio.ensure_future(asyncio.sleep(0.5))  # n5 comes clearly last: history says so
-    on_time = asyncio.ensure_future(
-        aggregate_all(
-            tree.address(),
-            "warm",
-            {n: data[n] for n in FIVE if n != "n5"},
-            credentials=node_credentials,
-        )
-    )
-    await late
-    async with ComputeNode("n5", tree.address(), credentials=node_credentials("n5")) as n5:
-        await n5.aggregate("warm", data["n5"])
-    await on_time
+    await n5_clearly_last(tree, "warm", data)  # history says so
     await tree.settled("warm")
     preview = await tree.stub("sub-1").PredictStragglers(
         pb.PredictStragglersRequest(options=pb.StragglerPredictionOptions(top_k=1))
@@ -401,23 +443,29 @@ async def test_predicted_straggler_tags_its_own_data(tree):
 async def test_late_timeout_aggregator_and_late_sub_switch(tree):
     """AG-11: the root times sub-1 out (its threshold is shorter than sub-1's);
     sub-1 times out n1, which is also the timeout aggregation node. Sub-1's
-    partial, then n1's own data, are flagged and routed to n1, which completes."""
-    await tree.define(stack_tree(sub_ms=400, root_ms=100))
+    partial, then n1's own data, are flagged and routed to n1, which completes.
+
+    The tree is sub-1 (n1, n2) and sub-2 (n3..n5, never timing out), and the test
+    orders the arrivals: sub-2's nodes, until the root (its timer started by
+    sub-2's partial) timed sub-1 out; then n2, whose chunk starts sub-1's timer;
+    then n1, once sub-1 timed it out."""
+    await tree.define(patient_tree({"root": 100, "sub-1": 400}, per_sub=(2, 3)))
     cmd = await tree.start(
         "agg-late", FIVE, 6, timeout_aggregator=pb.TimeoutAggregatorSelection(node="n1")
     )
     assert cmd.timeout_aggregator == "n1"
     data = vectors(6)
-    on_time = asyncio.ensure_future(
-        aggregate_all(
-            tree.address(),
-            "agg-late",
-            {n: data[n] for n in FIVE if n != "n1"},
-            credentials=node_credentials,
-        )
+    sub2 = await arrive(
+        tree,
+        "agg-late",
+        {n: data[n] for n in ("n3", "n4", "n5")},
+        lambda: late_at(tree, "sub-1", "root", "agg-late"),
+    )
+    n2 = asyncio.ensure_future(
+        aggregate_all(tree.address(), "agg-late", {"n2": data["n2"]}, credentials=node_credentials)
     )
     late = await straggle(tree, "n1", "sub-1", "agg-late", data["n1"])
-    others = await on_time
+    others = {**(await sub2), **(await n2)}
     assert late.timeout_aggregator
     for r in [late, *others.values()]:
         assert r.values.tolist() == sum(data.values()).tolist()
@@ -604,7 +652,7 @@ async def test_dedicated_timeout_aggregator_and_parameter_server(redis_url, tran
     """AG-12 with a dedicated timeout aggregation node process (AG-10): the root
     applies params -= lr × sum and broadcasts the parameters."""
     async with agg_tree(redis_url, ("root", "sub-1", "sub-2", "ded"), transport=transport) as t:
-        await t.define([*stack_tree(sub_ms=200, root_ms=3000), node("ded", DN, "root")])
+        await t.define([*patient_tree({"sub-2": 200}), node("ded", DN, "root")])
         base = np.linspace(0, 1, 6, dtype=np.float32)
         await t.stub().SetParameters(
             pb.SetParametersRequest(model_id="m", dtype=pb.AGG_DTYPE_FLOAT32, data=base.tobytes())
@@ -695,7 +743,7 @@ async def test_tenants_share_a_small_slot_pool_without_corrupting_each_other(red
     FALLBACK bypasses to the timeout aggregation node; both results are exact."""
     env = {"sub-1": {"LIGHTPATH_AGG_SLOTS": "2"}}
     async with agg_tree(redis_url, env=env, transport=transport) as t:
-        await t.define(stack_tree(sub_ms=2000, root_ms=4000))
+        await t.define(patient_tree())  # on time, all of them: no switch cuts one off
         data = {
             "a": vectors(16, np.int64),
             "b": {n: v * 3 + 1 for n, v in vectors(16, np.int64).items()},

@@ -10,12 +10,12 @@ import asyncio
 import pytest
 from prometheus_client import CollectorRegistry
 
-from lightpath.aggregation.node import ComputeNode, aggregate_all
+from lightpath.aggregation.node import aggregate_all
 from lightpath.v1 import agg_switch_pb2 as pb
 from lightpath_services.agg_switch import server as agg_server
 from lightpath_services.agg_switch.metrics import AggMetrics
-from tests.agg_switch.test_contract import FIVE, straggle, vectors
-from tests.agg_switch.tree import agg_tree, node_credentials, stack_tree
+from tests.agg_switch.test_contract import FIVE, n5_clearly_last, straggle, vectors
+from tests.agg_switch.tree import agg_tree, node_credentials, patient_tree
 from tests.metrics_reader import assert_listed, install, points, until, value
 
 SWITCHES = ("root", "sub-1", "sub-2")
@@ -30,7 +30,8 @@ async def test_aggregations_move_commands_bytes_timeouts_bypass_entries_and_pred
     redis_url, reader
 ):
     async with agg_tree(redis_url, transport="grpc") as tree:
-        await tree.define(stack_tree(sub_ms=1000, root_ms=5000))
+        # No switch times a child out (until the last command): none is cut off.
+        await tree.define(patient_tree())
         await until(
             lambda: (
                 {p.attributes["switch"] for p in points(reader, "lightpath.agg.slots.total")}
@@ -45,18 +46,7 @@ async def test_aggregations_move_commands_bytes_timeouts_bypass_entries_and_pred
         length = 4
         data = vectors(length)
         await tree.start("m1", FIVE, length)
-        on_time = asyncio.ensure_future(
-            aggregate_all(
-                tree.address(),
-                "m1",
-                {n: data[n] for n in FIVE if n != "n5"},
-                credentials=node_credentials,
-            )
-        )
-        await asyncio.sleep(0.3)
-        async with ComputeNode("n5", tree.address(), credentials=node_credentials("n5")) as n5:
-            await n5.aggregate("m1", data["n5"])
-        await on_time
+        await n5_clearly_last(tree, "m1", data)
         await tree.settled("m1")
         await until(
             lambda: value(reader, "lightpath.agg.commands", outcome="completed") == 1,
@@ -78,31 +68,33 @@ async def test_aggregations_move_commands_bytes_timeouts_bypass_entries_and_pred
         await aggregate_all(tree.address(), "p1", data, credentials=node_credentials)
         await tree.settled("p1")
 
-        # n3 misses sub-1's threshold on both chunks: two timeouts, two bypass entries
-        # until its late data arrives.
+        # n5 misses sub-2's threshold on both chunks: two timeouts, two bypass entries
+        # until its late data arrives. Only sub-2 times a child out now, its timer
+        # started by n4's chunk: no on-time node can be cut off.
+        await tree.define(patient_tree({"sub-2": 300}))
         late = await tree.start(
             "late",
             FIVE,
             length,
             chunk_bytes=8 * 2,
-            timeout_aggregator=pb.TimeoutAggregatorSelection(node="n4"),
+            timeout_aggregator=pb.TimeoutAggregatorSelection(node="n1"),
         )
         assert late.chunks == 2
         on_time = asyncio.ensure_future(
             aggregate_all(
                 tree.address(),
                 "late",
-                {n: data[n] for n in FIVE if n != "n3"},
+                {n: data[n] for n in FIVE if n != "n5"},
                 credentials=node_credentials,
             )
         )
         await until(
-            lambda: value(reader, "lightpath.agg.bypass_entries", switch="sub-1") == 2,
-            "two bypass entries on sub-1",
+            lambda: value(reader, "lightpath.agg.bypass_entries", switch="sub-2") == 2,
+            "two bypass entries on sub-2",
         )
-        assert value(reader, "lightpath.agg.timeouts", switch="sub-1") == 2
+        assert value(reader, "lightpath.agg.timeouts", switch="sub-2") == 2
         assert value(reader, "lightpath.agg.timeouts", switch="root") == 0
-        await straggle(tree, "n3", "sub-1", "late", data["n3"])
+        await straggle(tree, "n5", "sub-2", "late", data["n5"])
         await on_time
         await tree.settled("late")
         await until(

@@ -25,8 +25,15 @@ from lightpath.client import channel
 from lightpath.v1 import agg_switch_pb2 as pb
 from lightpath.v1 import common_pb2
 from lightpath_services.agg_switch.transport import Buffers
-from tests.agg_switch.test_contract import FIVE, expect_error, straggle, vectors, wait_for
-from tests.agg_switch.tree import agg_tree, node_credentials, stack_tree
+from tests.agg_switch.test_contract import (
+    FIVE,
+    expect_error,
+    late_at,
+    straggle,
+    vectors,
+    wait_for,
+)
+from tests.agg_switch.tree import agg_tree, node_credentials, patient_tree, stack_tree
 
 SWITCHES = ("root", "sub-1", "sub-2")
 
@@ -291,7 +298,7 @@ async def prefixes(tree) -> dict[str, str]:
 
 SCENARIOS = {
     "on-time": {},
-    "straggler": {"late": ("n3", "sub-1"), "ta": "n4"},
+    "straggler": {"late": ("n4", "sub-2"), "ta": "n1"},
     "exact-straggler": {
         "late": ("n5", "sub-2"),
         "order_policy": pb.ORDER_POLICY_EXACT,
@@ -304,9 +311,11 @@ async def run_scenario(redis_url, transport: str, name: str, data) -> dict:
     sc = SCENARIOS[name]
     tree_id = f"{transport}-{name}"
     async with agg_tree(redis_url, transport=transport, tree=tree_id) as t:
-        # the sub-switches' timeout long enough that only the late node is late, even on a
-        # loaded machine: an on-time node cut off there changes the order of the sums
-        await t.define(stack_tree(sub_ms=1500, root_ms=8000), tree=tree_id)
+        # Only the late node's switch times a child out, its timer started by the late
+        # node's one sibling there: an on-time node cut off would change the order of
+        # the sums, and no machine is slow enough for that (tests/agg_switch/tree.py).
+        late = sc.get("late")
+        await t.define(patient_tree({late[1]: 300} if late else {}), tree=tree_id)
         kw = {}
         if "ta" in sc:
             kw["timeout_aggregator"] = pb.TimeoutAggregatorSelection(node=sc["ta"])
@@ -322,7 +331,6 @@ async def run_scenario(redis_url, transport: str, name: str, data) -> dict:
             tree_id=tree_id,
             **kw,
         )
-        late = sc.get("late")
         on_time = asyncio.ensure_future(
             aggregate_all(
                 t.address(),
@@ -339,11 +347,7 @@ async def run_scenario(redis_url, transport: str, name: str, data) -> dict:
 
 
 async def straggle_in(t, node_id, switch, tree_id, values):
-    async def entry() -> bool:
-        state = await t.state(switch)
-        return any(e.timeout_node == node_id for e in state.bypass_entries)
-
-    await wait_for(entry)
+    await wait_for(lambda: late_at(t, node_id, switch, "same"))
     async with ComputeNode(
         node_id, t.address(), credentials=node_credentials(node_id), tree_id=tree_id
     ) as cn:
@@ -378,21 +382,22 @@ async def test_nothing_is_left_in_shared_memory_after_commands_end_fail_or_never
 ):
     idle = {s: {"LIGHTPATH_AGG_SHM_IDLE_S": "0.3"} for s in SWITCHES}
     async with agg_tree(redis_url, env=idle) as t:
-        await t.define(stack_tree(sub_ms=200, root_ms=5000))
+        # n5 alone is ever late: sub-2 (n4 on time) alone times a child out.
+        await t.define(patient_tree({"sub-2": 200}))
         names = await prefixes(t)
-        # 1. Completed, with a straggler (bypass to the timeout aggregation node n4).
+        # 1. Completed, with a straggler (bypass to the timeout aggregation node n1).
         await t.start(
             "done",
             FIVE,
             2048,
             dtype=pb.AGG_DTYPE_FLOAT64,
             chunk_bytes=4096,
-            timeout_aggregator=pb.TimeoutAggregatorSelection(node="n4"),
+            timeout_aggregator=pb.TimeoutAggregatorSelection(node="n1"),
         )
         data = vectors(2048, np.float64)
         nodes = {n: ComputeNode(n, t.address(), credentials=node_credentials(n)) for n in FIVE}
-        on_time = asyncio.gather(*(nodes[n].aggregate("done", data[n]) for n in FIVE if n != "n2"))
-        late = await straggle(t, "n2", "sub-1", "done", data["n2"])
+        on_time = asyncio.gather(*(nodes[n].aggregate("done", data[n]) for n in FIVE if n != "n5"))
+        late = await straggle(t, "n5", "sub-2", "done", data["n5"])
         assert late.shared_memory and all(r.shared_memory for r in await on_time)
         await t.settled("done")
 

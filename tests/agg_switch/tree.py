@@ -15,6 +15,7 @@ from lightpath.client import channel
 from lightpath.security.credentials import Credentials
 from lightpath.v1 import agg_switch_pb2 as pb
 from lightpath.v1 import agg_switch_pb2_grpc
+from lightpath_services.agg_switch.topology import MAX_THRESHOLD_MS
 from lightpath_services.common.server import RunningService
 from tests.helpers import credentials, serve
 
@@ -42,14 +43,24 @@ def node(id: str, kind: int, parent: str = "", threshold_ms: int = 0, **kw) -> p
     return pb.AggNode(id=id, kind=kind, parent=parent, threshold_ms=threshold_ms, **kw)
 
 
+# A threshold beyond every test's deadline (the service's ceiling, an hour): a switch
+# given it waits for all of its children, however slow the machine.
+NEVER_MS = MAX_THRESHOLD_MS
+
+
 def stack_tree(
-    sub_ms: int = 100, root_ms: int = 300, per_sub: Sequence[int] = (3, 2)
+    sub_ms: int = 100,
+    root_ms: int = 300,
+    per_sub: Sequence[int] = (3, 2),
+    thresholds: Mapping[str, int] | None = None,
 ) -> list[pb.AggNode]:
-    """root over sub-1 (n1..n3) and sub-2 (n4, n5): the seed's two-switch cluster."""
+    """root over sub-1 (n1..n3) and sub-2 (n4, n5): the seed's two-switch cluster.
+    `thresholds` overrides `sub_ms` / `root_ms` for the switches it names."""
+    ms = {"root": root_ms, "sub-1": sub_ms, "sub-2": sub_ms, **(thresholds or {})}
     nodes = [
-        node("root", SW, "", root_ms),
-        node("sub-1", SW, "root", sub_ms),
-        node("sub-2", SW, "root", sub_ms),
+        node("root", SW, "", ms["root"]),
+        node("sub-1", SW, "root", ms["sub-1"]),
+        node("sub-2", SW, "root", ms["sub-2"]),
     ]
     i = 1
     for sub, count in zip(("sub-1", "sub-2"), per_sub, strict=True):
@@ -57,6 +68,22 @@ def stack_tree(
             nodes.append(node(f"n{i}", CN, sub))
             i += 1
     return nodes
+
+
+def patient_tree(
+    short: Mapping[str, int] | None = None, per_sub: Sequence[int] = (3, 2)
+) -> list[pb.AggNode]:
+    """The stack tree in which only the switches named in `short` (with their
+    thresholds, ms) time a child out; every other switch waits for all of its
+    children (NEVER_MS).
+
+    A switch's threshold timer starts at its first child's chunk, so a switch whose
+    on-time children are several must have them all within the threshold: a loaded
+    machine misses that and an on-time node becomes a straggler. Give the short
+    threshold only to the straggler's switch, with exactly one on-time child (sub-2:
+    n4 and n5): that child's chunk starts the timer and is by then already in, and
+    the straggler sends only once the switch timed it out (`straggle`)."""
+    return stack_tree(NEVER_MS, NEVER_MS, per_sub, short)
 
 
 @dataclass
