@@ -78,9 +78,10 @@ async def test_a_job_whose_wiring_failed_is_not_running(redis_url, tmp_path):
             # a switch that refuses a batch: the job is not RUNNING either
             await inject(ag.address, "ocs-y-0-0", reject_batches=1)
             await pod.admit("refused", (4, 4, 4))
-            state = await wait_state(
-                pod, "refused", {RUNNING, common_pb2.JOB_STATE_FAILED, common_pb2.JOB_STATE_PENDING}
-            )
+            # Its refused wiring puts it back in the queue, retried RETRY_BACKOFF_MS (0.5 s)
+            # later: longer than settle()'s quiet time, so a settled pod may still be about to
+            # wire it (a slice at the OCS, the job PENDING). It ends RUNNING or FAILED.
+            await wait_state(pod, "refused", {RUNNING, common_pb2.JOB_STATE_FAILED})
             await pod.settle()
             state = (await pod.job("refused")).state
             wired = await pod.wiring("refused")
