@@ -60,32 +60,18 @@ async def run(ctx: DemoContext) -> None:
     creds = await local_node_credentials(NODES)
     what = "certificate (spiffe://lightpath/node/<id>)" if creds["n1"].tls else "token"
     print(f"compute nodes {', '.join(NODES)} each present their own {what}")
-    nodes = [
-        ComputeNode(
-            n,
-            ctx.endpoints["agg-root"],
-            tracer_provider=ctx.tracer_provider,
-            credentials=creds[n],
-        )
-        for n in NODES
-    ]
-    try:
-        await _connect(root, nodes)
-        status, results, elapsed, (entries, held), left = await _aggregate(
-            root, sub1, nodes, inputs, wait_for_all=False
-        )
-        baseline, _, base_elapsed, (_, base_held), _ = await _aggregate(
-            root, sub1, nodes, inputs, wait_for_all=True
-        )
-    finally:
-        for node in nodes:
-            await node.close()
+    status, results, elapsed, (entries, held), left = await _aggregate(
+        ctx, root, sub1, inputs, creds, wait_for_all=False
+    )
     print(
         f"\nat +{LATE_S / 2:.1f} s, while {STRAGGLER} is late, sub-1 holds {held} slot(s) "
         "and these bypass entries:"
     )
     print(table(entries, ["command", "chunk", "timeout node"]) if entries else "  (none)")
     print(f"timed out: {', '.join(status.timeout_nodes) or 'nobody'}; all done in {elapsed:.2f} s")
+    baseline, _, base_elapsed, (_, base_held), _ = await _aggregate(
+        ctx, root, sub1, inputs, creds, wait_for_all=True
+    )
     print(
         f"the same with timeouts off (wait for all): {base_elapsed:.2f} s, sub-1 holding "
         f"{base_held} slot(s) at +{LATE_S / 2:.1f} s; slot holds:"
@@ -126,41 +112,35 @@ async def run(ctx: DemoContext) -> None:
         raise RuntimeError("agg demo: the aggregated result did not verify")
 
 
-def _start(root, command_id: str, length: int, *, wait_for_all: bool):
-    return root.StartCommand(
+async def _aggregate(ctx: DemoContext, root, sub1, inputs, creds, *, wait_for_all: bool):
+    command_id = f"demo-{int(time.time() * 1000)}"
+    cmd = await root.StartCommand(
         pb.StartCommandRequest(
             command_id=command_id,
             participants=list(NODES),
             dtype=pb.AGG_DTYPE_FLOAT32,
             op=pb.AGG_OP_SUM,
-            length=length,
+            length=LENGTH,
             chunk_bytes=CHUNK_BYTES,
             tenant="demo",
             wait_for_all=wait_for_all,
             timeout_aggregator=pb.TimeoutAggregatorSelection(node="n4"),
         )
     )
-
-
-async def _connect(root, nodes: list[ComputeNode]) -> None:
-    """One small command, waiting for all, before anything is timed: each node connects
-    to the root and its leaf switch (TLS handshakes, shared memory) here, so only the
-    straggler is late in the commands that follow, however slow the host is at setting up
-    connections (issue: a loaded host made n1 or n2 time out too)."""
-    command_id = f"demo-connect-{int(time.time() * 1000)}"
-    await _start(root, command_id, 1, wait_for_all=True)
-    one = np.ones(1, dtype=np.float32)
-    await asyncio.gather(*(node.aggregate(command_id, one) for node in nodes))
-
-
-async def _aggregate(root, sub1, nodes: list[ComputeNode], inputs, *, wait_for_all: bool):
-    command_id = f"demo-{int(time.time() * 1000)}"
-    cmd = await _start(root, command_id, LENGTH, wait_for_all=wait_for_all)
     if not wait_for_all:
         print(
             f"command {command_id}: 5 nodes × {LENGTH} float32 in {cmd.chunks} chunks, preset "
             f"order, timeout aggregation node {cmd.timeout_aggregator}; {STRAGGLER} {LATE_S} s late"
         )
+    nodes = [
+        ComputeNode(
+            n,
+            ctx.endpoints["agg-root"],
+            tracer_provider=ctx.tracer_provider,
+            credentials=creds[n],
+        )
+        for n in NODES
+    ]
     started = time.perf_counter()
     tasks = [
         asyncio.ensure_future(
@@ -182,8 +162,8 @@ async def _aggregate(root, sub1, nodes: list[ComputeNode], inputs, *, wait_for_a
         ]
         results = await asyncio.gather(*tasks)
     finally:
-        for task in tasks:
-            task.cancel()
+        for node in nodes:
+            await node.close()
     elapsed = time.perf_counter() - started
     status = cmd
     for _ in range(100):
