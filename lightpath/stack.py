@@ -590,9 +590,7 @@ class Stack:
                     f"{self.redis_password_file}, AOF in {self.state_dir / 'redis'})"
                 )
             self._issue_identities()
-            for spec in self.specs:
-                self._spawn(spec)
-            self._wait_healthy(timeout)
+            self._start_in_order(timeout)
             self._wait_pods_registered(timeout)
             self._define_agg_tree()
             if self.console_port:
@@ -743,21 +741,41 @@ class Stack:
             logfile.close()
             otelfile.close()
 
-    def _wait_healthy(self, timeout: float) -> None:
+    def _start_in_order(self, timeout: float) -> None:
+        """Spawn each process once every other process it points at (its peers) is healthy,
+        and wait until all are: the start order of `default_topology`. Started together, an
+        ocs_manager asked its switch agent before that listened, and its channel, refused,
+        then failed calls fast for its reconnect backoff (1 s and growing) although both
+        were healthy: the first WireSlice after `up` was UNAVAILABLE on a loaded host."""
         deadline = time.monotonic() + timeout
-        pending = {s.name: s for s in self.specs}
+        names = {s.name for s in self.specs}
+        waiting = {s.name: s for s in self.specs}  # not spawned yet
+        starting: dict[str, ProcessSpec] = {}  # spawned, not healthy yet
+        healthy: set[str] = set()
         creds = self.operator
-        while pending:
-            for name, spec in list(pending.items()):
+        while waiting or starting:
+            ready = [
+                name
+                for name, spec in waiting.items()
+                if {p for p in spec.peers.values() if p in names and p != name} <= healthy
+            ]
+            if not ready and not starting:  # peers that point at each other: all at once
+                ready = list(waiting)
+            for name in ready:
+                self._spawn(waiting[name])
+                starting[name] = waiting.pop(name)
+            for name, spec in list(starting.items()):
                 self._check_alive(name)
                 status = health_status(f"{spec.host}:{spec.port}", timeout=0.5, credentials=creds)
                 if status == "SERVING":
-                    del pending[name]
+                    healthy.add(name)
+                    del starting[name]
+            pending = [*starting, *waiting]
             if pending and time.monotonic() > deadline:
                 raise StackError(
                     "not healthy in time: " + ", ".join(sorted(pending)) + self._log_tails(pending)
                 )
-            if pending:
+            if starting:
                 time.sleep(0.1)
 
     def _wait_pods_registered(self, timeout: float) -> None:

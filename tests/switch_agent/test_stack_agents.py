@@ -28,6 +28,52 @@ def test_the_topology_with_agents_points_each_manager_at_its_pods_agent():
     assert names.index("switches-pod-1") < names.index("ocs-pod-1")  # started first
 
 
+def test_a_process_is_started_once_the_processes_it_points_at_are_healthy(tmp_path, monkeypatch):
+    """Started together, the ocs_manager asked its agent before that listened; its refused
+    channel then failed the first WireSlice fast although both were healthy (the stack's
+    start order, not a race with the host's load)."""
+    import lightpath.stack as stack_module
+
+    specs = [s for s in with_ephemeral_ports(default_topology(switch_agents=True))]
+    stack = Stack(tmp_path, specs=specs, redis_url="redis://127.0.0.1:1", log=lambda *_: None)
+    by_port = {s.port: s.name for s in specs}
+    events: list[tuple[str, str]] = []
+    probes: dict[str, int] = {}
+
+    class Running:
+        def poll(self):
+            return None
+
+    def spawn(spec):
+        events.append(("spawn", spec.name))
+        stack.procs[spec.name] = Running()  # type: ignore[assignment]
+
+    def health(address, timeout, credentials):
+        name = by_port[int(address.rsplit(":", 1)[1])]
+        probes[name] = probes.get(name, 0) + 1
+        if probes[name] < 3:  # healthy on its third probe
+            return "NOT_SERVING"
+        if ("healthy", name) not in events:
+            events.append(("healthy", name))
+        return "SERVING"
+
+    monkeypatch.setattr(stack, "_spawn", spawn)
+    monkeypatch.setattr(Stack, "operator", property(lambda _self: None))
+    monkeypatch.setattr(stack_module, "health_status", health)
+    monkeypatch.setattr(stack_module.time, "sleep", lambda _s: None)
+    stack._start_in_order(timeout=60)
+    assert {n for e, n in events if e == "healthy"} == {s.name for s in specs}
+    for spec in specs:
+        spawned = events.index(("spawn", spec.name))
+        for peer in set(spec.peers.values()) - {spec.name}:
+            assert events.index(("healthy", peer)) < spawned, (spec.name, peer, events)
+    # and not one at a time: all that point at no other start before any is healthy
+    free = {s.name for s in specs if not set(s.peers.values()) - {s.name}}
+    first_healthy = next(i for i, (e, _) in enumerate(events) if e == "healthy")
+    assert free == {n for e, n in events[:first_healthy] if e == "spawn"}, events
+    assert {"cell-scheduler", "switches-pod-1", "switches-pod-2"} <= free
+
+
 async def test_a_stack_with_agents_wires_through_them(tmp_path, redis_url):
     keep = {"switches-pod-2", "ocs-pod-2"}
     specs = [
