@@ -121,7 +121,16 @@ class Page:
         """Until the view has drawn data from its event stream. (A selector, not a
         predicate: the console's Content-Security-Policy forbids the eval that Playwright's
         wait_for_function needs, and the tests run under the console's real policy.)"""
-        self.page.wait_for_selector("body[data-updates]", state="attached", timeout=30_000)
+        from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+        try:
+            self.page.wait_for_selector("body[data-updates]", state="attached", timeout=30_000)
+        except PlaywrightTimeout:  # say what the page showed instead of data, and why
+            shown = self.page.locator("body").inner_text(timeout=5_000)
+            raise AssertionError(
+                f"no update in 30 s; the page shows {shown!r}; console errors {self.errors}; "
+                f"aborted by a host network change {self.network_changes}"
+            ) from None
 
     def shot(self, name: str) -> Path:
         ARTEFACTS.mkdir(parents=True, exist_ok=True)
