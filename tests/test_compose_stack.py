@@ -7,8 +7,8 @@ metrics answering; then `docker compose down` and nothing of the stack is left.
 
 Where no engine can be had (not root, no docker.io), the test skips and says why.
 Measured on 2 cores: cold (the first run on a machine: debootstrap 144 s, wheels 9 s,
-build 35 s, up 45 s) about 4 minutes; warm (the base image, the wheel cache and the
-engine's layer cache kept, as for CI on the same machine) 1-2 minutes, mostly `up`.
+build 35 s, up 18-20 s) about 3 minutes; warm (the base image, the wheel cache and the
+engine's layer cache kept, as for CI on the same machine) 30-50 s.
 """
 
 from __future__ import annotations
