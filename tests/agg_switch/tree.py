@@ -165,6 +165,10 @@ class Tree:
             await ch.close()
 
 
+# What a switch of `agg_tree` gives in-flight calls when the tree is torn down (s).
+GRACE_S = 0.5
+
+
 @contextlib.asynccontextmanager
 async def agg_tree(
     redis_url: str,
@@ -190,6 +194,7 @@ async def agg_tree(
                         **(env or {}).get(s, {}),
                     },
                     tracer_provider=tracer_provider,
+                    grace=GRACE_S,
                 )
             )
         t = Tree(running)
@@ -209,3 +214,7 @@ async def agg_tree(
             yield t
         finally:
             await t.close()
+            # Every switch holds a Relay stream from each neighbour until it stops: one
+            # at a time, each but the last waited out its grace for them; together, the
+            # grace runs once (the exit stack's stops then find them stopped).
+            await asyncio.gather(*(svc.server.stop(GRACE_S) for svc in running.values()))
