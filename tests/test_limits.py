@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import re
 import subprocess
@@ -604,9 +605,15 @@ async def _serving(ch: grpc.aio.Channel) -> bool:
     return reply.status == health_pb2.HealthCheckResponse.SERVING
 
 
-def heavy_cases() -> Iterator[tuple[str, Case]]:
+@functools.cache
+def heavy_cases() -> tuple[tuple[str, Case], ...]:
     """The floods that stalled services before (issue 30), each a few MB: refused as
-    any field over its limit is."""
+    any field over its limit is. Built once per process (a million entries each, about
+    0.5 CPU-s the four): the tests that walk or send them only read them."""
+    return tuple(_heavy_cases())
+
+
+def _heavy_cases() -> Iterator[tuple[str, Case]]:
 
     def method(module: Any, service: str, name: str) -> MethodDescriptor:
         return module.DESCRIPTOR.services_by_name[service].methods_by_name[name]

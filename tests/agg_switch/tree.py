@@ -90,6 +90,9 @@ def patient_tree(
 class Tree:
     switches: dict[str, RunningService]
     _channels: list[grpc.aio.Channel] = field(default_factory=list)
+    _stubs: dict[tuple[str, str | None], agg_switch_pb2_grpc.AggSwitchStub] = field(
+        default_factory=dict
+    )
 
     def address(self, switch: str = "root") -> str:
         return self.switches[switch].address
@@ -97,8 +100,15 @@ class Tree:
     def stub(
         self, switch: str = "root", *, as_: str | Credentials | None = None
     ) -> agg_switch_pb2_grpc.AggSwitchStub:
-        """A stub of `switch` as the operator, or `as_` (`tenant:acme`, `node:n1`, ...)."""
-        return agg_switch_pb2_grpc.AggSwitchStub(self.channel(switch, as_=as_))
+        """A stub of `switch` as the operator, or `as_` (`tenant:acme`, `node:n1`, ...):
+        one channel per switch and identity named (not per call: the polls of a test
+        asked for hundreds, a TLS handshake each); given Credentials, a channel of its own."""
+        if isinstance(as_, Credentials):
+            return agg_switch_pb2_grpc.AggSwitchStub(self.channel(switch, as_=as_))
+        key = (switch, as_)
+        if key not in self._stubs:
+            self._stubs[key] = agg_switch_pb2_grpc.AggSwitchStub(self.channel(switch, as_=as_))
+        return self._stubs[key]
 
     def channel(self, switch: str = "root", *, as_: str | Credentials | None = None):
         creds = credentials(as_) if isinstance(as_, str) else as_
@@ -155,6 +165,10 @@ class Tree:
             await ch.close()
 
 
+# What a switch of `agg_tree` gives in-flight calls when the tree is torn down (s).
+GRACE_S = 0.5
+
+
 @contextlib.asynccontextmanager
 async def agg_tree(
     redis_url: str,
@@ -180,6 +194,7 @@ async def agg_tree(
                         **(env or {}).get(s, {}),
                     },
                     tracer_provider=tracer_provider,
+                    grace=GRACE_S,
                 )
             )
         t = Tree(running)
@@ -199,3 +214,7 @@ async def agg_tree(
             yield t
         finally:
             await t.close()
+            # Every switch holds a Relay stream from each neighbour until it stops: one
+            # at a time, each but the last waited out its grace for them; together, the
+            # grace runs once (the exit stack's stops then find them stopped).
+            await asyncio.gather(*(svc.server.stop(GRACE_S) for svc in running.values()))

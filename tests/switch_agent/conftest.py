@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -81,7 +82,9 @@ class ServiceProcess:
                 stderr=out,
             )
         deadline = time.monotonic() + timeout
-        while health_status(self.address, timeout=0.5) != "SERVING":
+        # A TLS health call only once the port takes connections: while the process
+        # imports, each would cost a channel and a refused connect for nothing.
+        while not _accepting(self.address) or health_status(self.address, timeout=0.5) != "SERVING":
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 self.proc.kill()
                 raise RuntimeError(
@@ -101,6 +104,13 @@ class ServiceProcess:
                 self.proc.wait(10)
             except subprocess.TimeoutExpired:
                 self.kill()
+
+
+def _accepting(address: str) -> bool:
+    host, _, port = address.rpartition(":")
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        return s.connect_ex((host, int(port))) == 0
 
 
 class AgentProcess(ServiceProcess):
