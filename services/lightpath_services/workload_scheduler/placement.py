@@ -186,7 +186,7 @@ class PodState:
         shared = {int(k[1:].split(".")[0]) for k in self.tile_owner if k[0] == "t"}
         held = self.chips_held()
         per_block = fabric.chips_per_block
-        hosts = _chip_hosts(fabric.block_shape, fabric.host_shape)
+        hosts = chip_hosts(fabric.block_shape, fabric.host_shape)
         names = ("total", "free", "allocated", "failed")
         for b, t in enumerate(fabric.node_types):
             c = out.setdefault(t, {**dict.fromkeys(names, 0), **dict.fromkeys(_CHIP_COUNTS, 0)})
@@ -262,19 +262,20 @@ _CHIP_COUNTS = ("chips_total", "chips_used", "chips_failed", "chips_free")
 
 
 @dataclass(frozen=True)
-class _ChipHosts:
+class ChipHosts:
     host_of: dict[Position, int]  # every chip of a block -> its host
     chips_of: Counter[int]  # host -> its chips
 
 
 @cache
-def _chip_hosts(block_shape: tuple[int, ...], host_shape: tuple[int, ...]) -> _ChipHosts:
+def chip_hosts(block_shape: tuple[int, ...], host_shape: tuple[int, ...]) -> ChipHosts:
     """Which host each chip of a block is on (PodFabric.host_of), for one block and host
-    shape: counts_by_type runs on every capacity report and metrics scrape, and asked
-    host_of for 64 chips of every block with a failed host or a sub-block slice."""
+    shape: counts_by_type (every capacity report and metrics scrape) and GetPod's chips
+    free per block asked host_of for the 64 chips of every block with a failed host or a
+    sub-block slice, each time."""
     fabric = PodFabric("", block_shape, (), host_shape=host_shape)
     host_of = {chip: fabric.host_of(chip) for chip in grid_positions(block_shape)}
-    return _ChipHosts(host_of, Counter(host_of.values()))
+    return ChipHosts(host_of, Counter(host_of.values()))
 
 
 def place(
