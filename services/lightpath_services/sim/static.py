@@ -11,7 +11,9 @@ the buddy rule), then the first free offset in chip order.
 The windowed sums come from one summed-volume table of the occupancy per change
 of the torus (eight corner lookups per offset for any box), and a shape's answer
 is kept until the torus changes: a queue pass after an arrival asks again for the
-shapes that did not fit before.
+shapes that did not fit before. That a shape does not fit is kept longer, until the
+torus next frees a chip (a release, a host back up): taking chips only ever takes
+offsets away.
 
 A shape with an extent larger than the torus (4x4x32: only an optical fabric
 can make it) runs as the most compact box of the same chip count that fits
@@ -92,6 +94,7 @@ class Torus:
         self._table: tuple[int, np.ndarray] = (-1, np.zeros(0))
         self._answers: dict[Box, tuple[Box, Box] | None] = {}
         self._answers_at = 0
+        self._misses: set[Box] = set()  # shapes with no room since a chip was last freed
 
     def _summed(self) -> np.ndarray:
         """S[x, y, z] = chips taken in [0, x) x [0, y) x [0, z) of the torus tiled twice
@@ -151,8 +154,12 @@ class Torus:
         if self._answers_at != self.version:
             self._answers.clear()
             self._answers_at = self.version
+        if shape in self._misses:
+            return None
         if shape not in self._answers:
-            self._answers[shape] = self._place(shape)
+            self._answers[shape] = got = self._place(shape)
+            if got is None:
+                self._misses.add(shape)
         return self._answers[shape]
 
     def _place(self, shape: Box) -> tuple[Box, Box] | None:
@@ -184,6 +191,7 @@ class Torus:
         self.used[idx] = False
         self.free_chips += int((~self.down[idx]).sum())
         self.version += 1
+        self._misses.clear()
 
     def holders_of(self, offset: Box, box: Box) -> set[str]:
         """Jobs holding any chip of the box (a host that just went down)."""
@@ -206,3 +214,5 @@ class Torus:
         after = int((self.down[idx] | self.used[idx]).sum())
         self.free_chips -= after - before
         self.version += 1
+        if not down:
+            self._misses.clear()
