@@ -129,25 +129,16 @@ class Torus:
         return self._table[1]
 
     def taken_in(self, box: Box) -> np.ndarray:
-        """out[x, y, z] = chips taken (by a slice or a down host) in the box at (x, y, z).
-        The table's int16 arithmetic wraps, and the sum of the eight corners is exact
-        modulo 2^16: the true count, at most edge^3 (< 2^15), comes out right."""
+        """out[x, y, z] = chips taken (by a slice or a down host) in the box at (x, y, z):
+        the eight corners' sum, one axis at a time (three differences, the first two
+        over what remains of the table). The table's int16 arithmetic wraps, and the sum
+        is exact modulo 2^16: the true count, at most edge^3 (< 2^15), comes out right."""
         s = self._summed()
         n = self.edge
         a, b, c = box
-        x0, x1 = slice(0, n), slice(a, a + n)
-        y0, y1 = slice(0, n), slice(b, b + n)
-        z0, z1 = slice(0, n), slice(c, c + n)
-        return (
-            s[x1, y1, z1]
-            - s[x0, y1, z1]
-            - s[x1, y0, z1]
-            - s[x1, y1, z0]
-            + s[x0, y0, z1]
-            + s[x0, y1, z0]
-            + s[x1, y0, z0]
-            - s[x0, y0, z0]
-        )
+        d = s[a : a + n] - s[:n]
+        d = d[:, b : b + n] - d[:, :n]
+        return d[:, :, c : c + n] - d[:, :, :n]
 
     def place(self, shape: Box) -> tuple[Box, Box] | None:
         """(offset, oriented box) for a slice of `shape`, or None."""
