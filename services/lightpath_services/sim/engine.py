@@ -580,8 +580,9 @@ class OcsModel(_Model):
         self.pods = [OcsPod(i, f) for i, f in enumerate(sim.fabrics)]
         self.cell_queue = _Queue()
         self.jobs: dict[str, SliceJob] = {}  # jobs waiting at the cell
-        self._no_pod: set[tuple[int, int]] = set()  # (demand, priority) no pod takes now
-        self._no_pod_at: tuple[int, ...] = ()  # at these pod versions
+        # (demand, priority) -> the pods' versions when choose() found no pod for it
+        self._no_pod: dict[tuple[int, int], tuple[int, ...]] = {}
+        self._cell_key: dict[str, tuple[int, int]] = {}  # its (demand, priority) per job
         self.cell_needs: Counter[int] = Counter()  # jobs at the cell by the blocks they need
         self._hold: Hold | None = None  # the pod held for an owner's job (quota.Hold)
         # _reclaimers at these pod versions
@@ -623,11 +624,13 @@ class OcsModel(_Model):
 
     def _to_cell(self, job: SliceJob) -> None:
         self.jobs[job.job_id] = job
+        self._cell_key[job.job_id] = (_demand_id(job.demand), job.priority)
         self.cell_queue.add(job.priority, job.seq, job.job_id)
         self.cell_needs[job.demand.block_count] += 1
 
     def _from_cell(self, job_id: str) -> None:
         job = self.jobs.pop(job_id)
+        del self._cell_key[job_id]
         self.cell_queue.remove(job.priority, job.seq, job_id)
         n = job.demand.block_count
         self.cell_needs[n] -= 1
@@ -654,31 +657,39 @@ class OcsModel(_Model):
             return
         # choose() is a function of the job's need and priority and of the pods' views,
         # and a view changes only with its pod's version: a (need, priority) that found
-        # no pod at these versions finds none again (across passes too).
+        # no pod at these versions finds none again (across passes too). And choose()
+        # takes or leaves each pod on that pod's view alone (no refusals, preferred pod
+        # or shielded blocks here): when only some pods changed since it found none, it
+        # is asked about those, and about all only if one of them would take the job.
         versions = tuple(p.version for p in self.pods)
-        if versions != self._no_pod_at:
-            self._no_pod.clear()
-            self._no_pod_at = versions
+        no_pod, cell_key = self._no_pod, self._cell_key
+        skipped = 0
         for job_id in self.cell_queue.ids():
-            job = self.jobs[job_id]
-            key = (_demand_id(job.demand), job.priority)
-            if self.shortcuts and key in self._no_pod:
-                self.sim.counters["cell_offers_skipped"] += 1
+            key = cell_key[job_id]
+            seen = no_pod.get(key) if self.shortcuts else None
+            if seen == versions:
+                skipped += 1
                 continue
+            job = self.jobs[job_id]
             need = self._need(job)
+            if seen is not None:
+                views = [p.view() for p, v in zip(self.pods, seen, strict=True) if p.version != v]
+                demand = JobDemand(job_id, job.priority, {v.pod_id: need for v in views})
+                if not choose(demand, views).candidates:
+                    no_pod[key] = versions
+                    continue
             views = [p.view() for p in self.pods]
             demand = JobDemand(job_id, job.priority, {v.pod_id: need for v in views})
             choice = choose(demand, views)
             if not choice.candidates:
-                self._no_pod.add(key)
+                no_pod[key] = versions
                 continue
             pod = next(p for p in self.pods if p.state.fabric.pod_id == choice.candidates[0].pod_id)
             self._from_cell(job_id)
             self._submit(pod, self.sim.by_id[job_id], job)
             versions = tuple(p.version for p in self.pods)
-            if versions != self._no_pod_at:
-                self._no_pod.clear()
-                self._no_pod_at = versions
+        if skipped:
+            self.sim.counters["cell_offers_skipped"] += skipped
 
     def _quota_pass(self) -> bool:
         """The cell queue with quotas: in fair-share order, each job its tenant's quota

@@ -11,7 +11,9 @@ the buddy rule), then the first free offset in chip order.
 The windowed sums come from one summed-volume table of the occupancy per change
 of the torus (eight corner lookups per offset for any box), and a shape's answer
 is kept until the torus changes: a queue pass after an arrival asks again for the
-shapes that did not fit before.
+shapes that did not fit before. That a shape does not fit is kept longer, until the
+torus next frees a chip (a release, a host back up): taking chips only ever takes
+offsets away.
 
 A shape with an extent larger than the torus (4x4x32: only an optical fabric
 can make it) runs as the most compact box of the same chip count that fits
@@ -92,51 +94,63 @@ class Torus:
         self._table: tuple[int, np.ndarray] = (-1, np.zeros(0))
         self._answers: dict[Box, tuple[Box, Box] | None] = {}
         self._answers_at = 0
+        self._misses: set[Box] = set()  # shapes with no room since a chip was last freed
 
     def _summed(self) -> np.ndarray:
         """S[x, y, z] = chips taken in [0, x) x [0, y) x [0, z) of the torus tiled twice
         less one along each axis (so every window, wraparound included, is a box of it)."""
         if self._table[0] != self.version:
             e = self.edge
-            table = np.zeros((2 * e,) * 3, dtype=np.int16 if e**3 < 1 << 15 else np.int32)
-            tiled = table[1:, 1:, 1:]
-            tiled[:e, :e, :e] = self.used | self.down
-            tiled[e:, :e, :e] = tiled[: e - 1, :e, :e]
-            tiled[:, e:, :e] = tiled[:, : e - 1, :e]
-            tiled[:, :, e:] = tiled[:, :, : e - 1]
+            dtype = np.int16 if e**3 < 1 << 15 else np.int32
+            # the sums over the torus itself: p[x, y, z] for x, y, z in [0, e]
+            taken = (self.used | self.down).astype(dtype)
             for axis in range(3):
-                np.cumsum(tiled, axis=axis, out=tiled)
-            self._table = (self.version, table)
+                np.cumsum(taken, axis=axis, out=taken)
+            p = np.zeros((e + 1,) * 3, dtype=dtype)
+            p[1:, 1:, 1:] = taken
+            # then the tiling, one axis at a time: past the edge, a sum is the whole
+            # torus's along that axis plus the sum up to the same point of the next copy
+            # (S(e + x) = S(e) + S(x)); the same table as summing the tiled torus, 6x
+            # less CPU (the static baseline's share of a compare run)
+            for axis in range(3):
+                shape = list(p.shape)
+                shape[axis] = 2 * e
+                out = np.empty(shape, dtype=dtype)
+                head = [slice(None)] * 3
+                head[axis] = slice(0, e)
+                tail = list(head)
+                tail[axis] = slice(e, 2 * e)
+                whole = list(head)
+                whole[axis] = slice(e, e + 1)
+                out[tuple(head)] = p[tuple(head)]
+                np.add(p[tuple(head)], p[tuple(whole)], out=out[tuple(tail)])
+                p = out
+            self._table = (self.version, p)
         return self._table[1]
 
     def taken_in(self, box: Box) -> np.ndarray:
-        """out[x, y, z] = chips taken (by a slice or a down host) in the box at (x, y, z).
-        The table's int16 arithmetic wraps, and the sum of the eight corners is exact
-        modulo 2^16: the true count, at most edge^3 (< 2^15), comes out right."""
+        """out[x, y, z] = chips taken (by a slice or a down host) in the box at (x, y, z):
+        the eight corners' sum, one axis at a time (three differences, the first two
+        over what remains of the table). The table's int16 arithmetic wraps, and the sum
+        is exact modulo 2^16: the true count, at most edge^3 (< 2^15), comes out right."""
         s = self._summed()
         n = self.edge
         a, b, c = box
-        x0, x1 = slice(0, n), slice(a, a + n)
-        y0, y1 = slice(0, n), slice(b, b + n)
-        z0, z1 = slice(0, n), slice(c, c + n)
-        return (
-            s[x1, y1, z1]
-            - s[x0, y1, z1]
-            - s[x1, y0, z1]
-            - s[x1, y1, z0]
-            + s[x0, y0, z1]
-            + s[x0, y1, z0]
-            + s[x1, y0, z0]
-            - s[x0, y0, z0]
-        )
+        d = s[a : a + n] - s[:n]
+        d = d[:, b : b + n] - d[:, :n]
+        return d[:, :, c : c + n] - d[:, :, :n]
 
     def place(self, shape: Box) -> tuple[Box, Box] | None:
         """(offset, oriented box) for a slice of `shape`, or None."""
         if self._answers_at != self.version:
             self._answers.clear()
             self._answers_at = self.version
+        if shape in self._misses:
+            return None
         if shape not in self._answers:
-            self._answers[shape] = self._place(shape)
+            self._answers[shape] = got = self._place(shape)
+            if got is None:
+                self._misses.add(shape)
         return self._answers[shape]
 
     def _place(self, shape: Box) -> tuple[Box, Box] | None:
@@ -168,6 +182,7 @@ class Torus:
         self.used[idx] = False
         self.free_chips += int((~self.down[idx]).sum())
         self.version += 1
+        self._misses.clear()
 
     def holders_of(self, offset: Box, box: Box) -> set[str]:
         """Jobs holding any chip of the box (a host that just went down)."""
@@ -190,3 +205,5 @@ class Torus:
         after = int((self.down[idx] | self.used[idx]).sum())
         self.free_chips -= after - before
         self.version += 1
+        if not down:
+            self._misses.clear()

@@ -23,7 +23,7 @@ from typing import Protocol
 from lightpath.domain.blocks import PodFabric
 from lightpath.domain.jobs import NormalizedSpec, chips_of, degrees_of, job_degrees
 from lightpath.domain.rings import RingPlan, plan_rings
-from lightpath.domain.slices import HOLDING_STATES, SUB_BLOCK_OWNER, SliceJob, grid_positions
+from lightpath.domain.slices import HOLDING_STATES, SUB_BLOCK_OWNER, SliceJob
 from lightpath.domain.switched import SwitchedFabric
 from lightpath.domain.switched_rings import Tile
 from lightpath.errors import FailedPrecondition, InvalidArgument
@@ -31,7 +31,7 @@ from lightpath.v1 import common_pb2, workload_scheduler_pb2
 from lightpath_services.common.convert import fabric_to_proto, tile_to_proto
 from lightpath_services.workload_scheduler.box_placement import largest_free_box
 from lightpath_services.workload_scheduler.ocs import OcsError, OcsManagerClient, RingsClient
-from lightpath_services.workload_scheduler.placement import PodState, Unplaceable
+from lightpath_services.workload_scheduler.placement import PodState, Unplaceable, chip_hosts
 from lightpath_services.workload_scheduler.planner import (
     Allocation,
     Replacement,
@@ -128,11 +128,10 @@ class TorusPlanner:
             return 0
         mine = held.get(block, {})
         bad = state.failed_hosts.get(block, frozenset())
-        return sum(
-            1
-            for c in grid_positions(fabric.block_shape)
-            if c not in mine and fabric.host_of(c) not in bad
-        )
+        if not mine and not bad:
+            return fabric.chips_per_block
+        host_of = chip_hosts(fabric.block_shape, fabric.host_shape).host_of
+        return sum(1 for c, h in host_of.items() if c not in mine and h not in bad)
 
     def plan_rings_allowed(self, pod_id: str) -> None:
         return None

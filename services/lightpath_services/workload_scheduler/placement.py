@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import cache
 
 from lightpath.domain.blocks import PodFabric
 from lightpath.domain.slices import (
@@ -185,7 +186,7 @@ class PodState:
         shared = {int(k[1:].split(".")[0]) for k in self.tile_owner if k[0] == "t"}
         held = self.chips_held()
         per_block = fabric.chips_per_block
-        chips = grid_positions(fabric.block_shape) if self.failed_hosts or held else []
+        hosts = chip_hosts(fabric.block_shape, fabric.host_shape)
         names = ("total", "free", "allocated", "failed")
         for b, t in enumerate(fabric.node_types):
             c = out.setdefault(t, {**dict.fromkeys(names, 0), **dict.fromkeys(_CHIP_COUNTS, 0)})
@@ -207,15 +208,21 @@ class PodState:
             elif not bad and ((owner is not None and owner != SUB_BLOCK_OWNER) or b in shared):
                 c["chips_used"] += per_block  # a block slice's, or a SWITCHED shared group
             else:
-                mine = held.get(b, {})
-                whole_job = owner is not None and owner != SUB_BLOCK_OWNER
-                for chip in chips:
-                    if fabric.host_of(chip) in bad:
-                        c["chips_failed"] += 1
-                    elif whole_job or chip in mine:
-                        c["chips_used"] += 1
-                    else:
-                        c["chips_free"] += 1
+                # per chip: on a failed host, else used (by the block's slice or a
+                # sub-block slice holding it), else free
+                failed = sum(hosts.chips_of.get(h, 0) for h in bad)
+                if owner is not None and owner != SUB_BLOCK_OWNER:
+                    used = per_block - failed
+                else:
+                    host_of = hosts.host_of
+                    used = sum(
+                        1
+                        for chip in held.get(b, ())
+                        if chip in host_of and host_of[chip] not in bad
+                    )
+                c["chips_failed"] += failed
+                c["chips_used"] += used
+                c["chips_free"] += per_block - failed - used
         return out
 
     # -- assuming (planning only) -------------------------------------------------
@@ -252,6 +259,23 @@ class PodState:
 
 
 _CHIP_COUNTS = ("chips_total", "chips_used", "chips_failed", "chips_free")
+
+
+@dataclass(frozen=True)
+class ChipHosts:
+    host_of: dict[Position, int]  # every chip of a block -> its host
+    chips_of: Counter[int]  # host -> its chips
+
+
+@cache
+def chip_hosts(block_shape: tuple[int, ...], host_shape: tuple[int, ...]) -> ChipHosts:
+    """Which host each chip of a block is on (PodFabric.host_of), for one block and host
+    shape: counts_by_type (every capacity report and metrics scrape) and GetPod's chips
+    free per block asked host_of for the 64 chips of every block with a failed host or a
+    sub-block slice, each time."""
+    fabric = PodFabric("", block_shape, (), host_shape=host_shape)
+    host_of = {chip: fabric.host_of(chip) for chip in grid_positions(block_shape)}
+    return ChipHosts(host_of, Counter(host_of.values()))
 
 
 def place(
