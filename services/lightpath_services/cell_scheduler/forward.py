@@ -287,6 +287,8 @@ class Forwarder:
 
     async def dispatch(self) -> int:
         """One pass over the cell queue: forward every job that has a pod now (CS-3)."""
+        if not await self.store.queue_or_hold():
+            return 0  # (an empty queue and no hold to release: most background rounds)
         snap = await self.store.snapshot()
         hold = snap.quotas.hold
         if hold is not None and hold.job_id not in snap.queue:

@@ -50,10 +50,10 @@ class Recovery:
 
     async def reconcile(self) -> None:
         now = self.pods.now_ms()
-        snap = await self.store.snapshot(queue=False)
-        for pod_id in sorted(snap.registrations):
-            seen = snap.seen.get(pod_id, 0)
-            if pod_id not in snap.down and now - seen > self.pods.pod_timeout_ms:
+        registered, heard, down = await self.store.liveness()
+        for pod_id in sorted(registered):
+            seen = heard.get(pod_id, 0)
+            if pod_id not in down and now - seen > self.pods.pod_timeout_ms:
                 count = await self.store.mark_down(pod_id, now, self.pods.pod_timeout_ms)
                 if count >= 0:
                     self.log.warning(
@@ -65,9 +65,11 @@ class Recovery:
                     )
         for job_id in await self.store.stuck_forwards(now):
             await self._take_over(job_id)
-        views = self.pods.views_of(snap, now)
-        for job_id in await self.store.maybe_jobs():
-            await self._check_maybe(job_id, views)
+        maybe = await self.store.maybe_jobs()
+        if maybe:  # (the whole snapshot only then: most rounds have none)
+            views = self.pods.views_of(await self.store.snapshot(queue=False), now)
+            for job_id in maybe:
+                await self._check_maybe(job_id, views)
 
     async def _take_over(self, job_id: str) -> None:
         """A forward whose replica went away: find out from the pod what became of it."""

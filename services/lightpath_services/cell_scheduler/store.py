@@ -581,6 +581,25 @@ class CellStore:
             rows,
         )
 
+    async def liveness(self) -> tuple[list[str], dict[str, int], set[str]]:
+        """(registered pods, their last heartbeats in ms, those marked silent): what the
+        background round's silent-pod check reads, without the rest of the snapshot."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.hkeys(self.key("pods"))
+            pipe.zrange(self.key("seen"), 0, -1, withscores=True)
+            pipe.smembers(self.key("down"))
+            pods, seen, down = await pipe.execute()
+        return list(pods), {p: int(s) for p, s in seen}, set(down)
+
+    async def queue_or_hold(self) -> bool:
+        """Whether the cell queue has a job or a pod is held (quota.Hold): else a pass over
+        the queue has nothing to do, and need not read the snapshot."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.exists(self.key("queue"))
+            pipe.hmget(self.key("hold"), ["job", "pod"])
+            queued, (job, pod) = await pipe.execute()
+        return bool(queued) or bool(job and pod)
+
     def _read_quotas(self, pipe: Any) -> None:
         pipe.hget(self.key("qver"), "n")  # first: see QuotaRows
         pipe.hgetall(self.key("quotas"))

@@ -73,7 +73,7 @@ class BrokerConfig:
     batch_window_s: float = 0.002
     max_batch: int = 64
     max_duration_ms: int = 86_400_000
-    reaper_interval_s: float = 0.1
+    reaper_interval_s: float = 1.0
     max_attempts: int = 8
 
 
@@ -281,6 +281,12 @@ class Broker:
         self._queue: asyncio.Queue[Ticket] = asyncio.Queue()
         view.on_events(self.hub.dispatch)
         view.on_reset(self.hub.reset)
+        # Set by every change the view applies (this replica's or another's: a
+        # reservation made, extended, released or reaped) and by a reload: the
+        # reaper's next due time may have moved.
+        self._timers_moved = asyncio.Event()
+        view.on_events(lambda _change: self._timers_moved.set())
+        view.on_reset(self._timers_moved.set)
         self.batches = 0
         self.conflicts = 0
 
@@ -636,19 +642,26 @@ class Broker:
     # -- expiry (CB-6) --------------------------------------------------------------
 
     async def reap_forever(self) -> None:
-        """Sweep when the next start or end falls due, and at least every
-        `reaper_interval_s` (a reservation committed meanwhile may fall due
-        sooner than the sweep planned for). A supervised task: a Redis error ends
-        this run, and the supervisor restarts it with backoff."""
+        """Sweep when the next start or end falls due, when the view applies a change
+        (a reservation made or changed meanwhile, on any replica, may fall due sooner
+        than the sweep planned for), and at least every `reaper_interval_s`. Idle,
+        that is one sweep per interval. A supervised task: a Redis error ends this
+        run, and the supervisor restarts it with backoff."""
         interval = self.config.reaper_interval_s
         while not cancel_requested():
+            self._timers_moved.clear()  # (before the sweep: a change during it wakes the next)
             n, nxt = await self.store.reap(self.now_ms())
             if n >= 256:
                 continue
             delay = interval
             if nxt is not None:
                 delay = min(interval, max(0.002, (nxt - self.now_ms()) / 1000))
-            await asyncio.sleep(delay)
+            # (asyncio.wait, not wait_for: on Python 3.11 wait_for can swallow a cancellation)
+            waiter = asyncio.ensure_future(self._timers_moved.wait())
+            try:
+                await asyncio.wait({waiter}, timeout=delay)
+            finally:
+                waiter.cancel()
 
     async def follow_forever(self) -> None:
         """Keep the capacity view current (a supervised task, resumed from the view's

@@ -91,8 +91,9 @@ class CoreBrokerSettings(CommonSettings):
     )
     reaper_interval_ms: PositiveFloat = setting(
         "LIGHTPATH_CB_REAPER_INTERVAL_MS",
-        100.0,
-        "longest wait between expiry sweeps (starts and ends are also swept when due)",
+        1000.0,
+        "longest wait between expiry sweeps (starts and ends are also swept when due, "
+        "and the next due time is read again on every change to the reservations)",
     )
     retention_s: PositiveFloat = setting(
         "LIGHTPATH_CB_RETENTION_S",
