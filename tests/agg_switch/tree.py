@@ -177,9 +177,11 @@ async def agg_tree(
     tree: str = TREE,
     tracer_provider=None,
     transport: str = "shm",
+    grace_s: float = GRACE_S,
 ) -> AsyncIterator[Tree]:
     """`transport`: "shm" — shared memory between the switches and with the SDK
-    for chunks of any size (they all run on this host); "grpc" — bytes only."""
+    for chunks of any size (they all run on this host); "grpc" — bytes only.
+    `grace_s`: what each switch gives in-flight calls when the tree is torn down."""
     async with contextlib.AsyncExitStack() as stack:
         running = {}
         for s in switches:
@@ -194,7 +196,7 @@ async def agg_tree(
                         **(env or {}).get(s, {}),
                     },
                     tracer_provider=tracer_provider,
-                    grace=GRACE_S,
+                    grace=grace_s,
                 )
             )
         t = Tree(running)
@@ -214,7 +216,8 @@ async def agg_tree(
             yield t
         finally:
             await t.close()
-            # Every switch holds a Relay stream from each neighbour until it stops: one
-            # at a time, each but the last waited out its grace for them; together, the
-            # grace runs once (the exit stack's stops then find them stopped).
-            await asyncio.gather(*(svc.server.stop(GRACE_S) for svc in running.values()))
+            # Every switch holds a Relay stream from each neighbour until that one drains
+            # (services/lightpath_services/agg_switch/dataplane.py, DataPlane.drain): one
+            # at a time, each but the last would wait out its grace for them; together,
+            # they end at once (the exit stack's stops then find them stopped).
+            await asyncio.gather(*(svc.stop(grace_s) for svc in running.values()))

@@ -140,6 +140,7 @@ class PeerLink:
         self.peer = peer
         self.queue: asyncio.Queue[_Outgoing] = asyncio.Queue()
         self.task: asyncio.Task | None = None
+        self.call: Any = None  # the Relay stream, once opened
         # The packet being written: kept here, not in _run, so a restarted run sends it.
         self.pending: _Outgoing | None = None
         self.sent = 0
@@ -153,6 +154,25 @@ class PeerLink:
             self.task = self.plane.runtime.supervise(
                 self._run, f"relay to {self.peer}", needed=False, forever=True
             )
+
+    @property
+    def idle(self) -> bool:
+        """Nothing waits to be sent."""
+        return self.pending is None and self.queue.empty()
+
+    async def close(self) -> None:
+        """End the stream (the neighbour's Relay call returns) and its task."""
+        task, self.task = self.task, None
+        if task is not None and not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        call, self.call = self.call, None
+        if call is not None:
+            try:
+                await call.done_writing()
+            except (grpc.aio.AioRpcError, grpc.aio.UsageError, OSError, RuntimeError):
+                call.cancel()
 
     def _live(self, item: _Outgoing | None) -> _Outgoing | None:
         if item is not None and self.plane.core.ended(item.command_id):
@@ -171,7 +191,7 @@ class PeerLink:
         while True:
             try:
                 address = await self.plane.address_of(self.peer)
-                call = self.plane.relay_stub(address, self.peer)(
+                call = self.call = self.plane.relay_stub(address, self.peer)(
                     metadata=(
                         (wire.FROM_METADATA, self.plane.switch_id),
                         *wire.hello_metadata(self.plane.hello()),
@@ -188,6 +208,7 @@ class PeerLink:
                     self.pending = None
                     self.sent += 1
                     backoff = 0.05
+                    self.plane.settled()
             except (grpc.aio.AioRpcError, grpc.aio.UsageError, LightpathError, OSError) as exc:
                 log.warning(
                     "relay to %s broke (%s); reconnecting in %.2f s",
@@ -257,6 +278,8 @@ class DataPlane:
         self._channels: dict[tuple[str, str], Any] = {}
         self.recent: deque[tuple[str, CommandReport]] = deque(maxlen=RECENT_REPORTS)
         self._aborts_after: str | None = None  # the last aborts-stream entry applied
+        self._draining = False  # a graceful stop began: `drain` waits for quiet
+        self._changed = asyncio.Event()
         self.bytes_in = 0
         self.transport_counters: dict[str, int] = {
             "chunks_in_shm": 0,
@@ -574,6 +597,7 @@ class DataPlane:
                 )
         for cid in eff.completed:
             self.runtime.spawn(self._completed(cid), f"complete {cid}")
+        self.settled()
 
     def _buffers_end(self, report: CommandReport, loaded: _Loaded | None) -> None:
         """The command ended here: its shared buffers go (transport rules 3 and 4)."""
@@ -692,6 +716,31 @@ class DataPlane:
             self._apply(loaded.plan, eff)
         if key[0] == "deadline" and loaded is not None and loaded.plan.spec.ps_model:
             self.core.ps.take(cid)
+        self.settled()
+
+    # -- a graceful stop -------------------------------------------------------------
+
+    def settled(self) -> None:
+        """Something ended here or was sent: a drain waiting for quiet looks again."""
+        if self._draining:
+            self._changed.set()
+
+    def quiet(self) -> bool:
+        """No command is active here and every link has sent what it holds."""
+        return not self.core.active and all(link.idle for link in self._links.values())
+
+    async def drain(self) -> None:
+        """A graceful stop (Runtime.on_drain): once the switch is quiet, end its Relay
+        streams to the neighbours. A neighbour stopping too waits for the streams it
+        serves to end, so without this every switch of a tree stopped together waited
+        out its whole grace (5 s by default). A command still active keeps them until
+        it ends here (or the grace runs out)."""
+        self._draining = True
+        while not self.quiet():
+            self._changed.clear()
+            await self._changed.wait()
+        for link in list(self._links.values()):
+            await link.close()
 
     # -- neighbours and compute nodes ----------------------------------------------
 

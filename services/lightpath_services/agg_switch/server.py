@@ -863,6 +863,7 @@ async def build(
         metrics=metrics,
     )
     runtime.supervise(lambda: metrics.run(plane.core), "switch metrics", needed=False)
+    runtime.on_drain(plane.drain)  # its Relay streams end once nothing needs them
 
     async def register() -> None:
         await runtime.listening.wait()

@@ -299,6 +299,11 @@ class SwitchCore:
     def knows(self, command_id: str) -> bool:
         return command_id in self._commands
 
+    @property
+    def active(self) -> int:
+        """How many commands have not ended here."""
+        return len(self._commands)
+
     def ended(self, command_id: str) -> str | None:
         """None: not ended here; "": completed; else the failure."""
         return self._ended.get(command_id)

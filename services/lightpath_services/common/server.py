@@ -152,6 +152,7 @@ class Runtime(Generic[S]):
     _tasks: set[asyncio.Task] = field(default_factory=set)
     _channels: list[grpc.aio.Channel] = field(default_factory=list)
     _on_stop: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
+    _on_drain: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
     supervisor: Supervisor = field(init=False)
 
     def __post_init__(self) -> None:
@@ -199,6 +200,20 @@ class Runtime(Generic[S]):
     def on_stop(self, hook: Callable[[], Awaitable[None]]) -> None:
         """Run `hook` at shutdown, after background tasks have stopped (last added, first run)."""
         self._on_stop.append(hook)
+
+    def on_drain(self, hook: Callable[[], Awaitable[None]]) -> None:
+        """Run `hook` when a graceful stop begins, while the server's calls drain: to end,
+        once its own calls no longer need them, the streams this service holds open to
+        peers that are stopping too (each peer's drain waits for them). Cancelled when
+        the drain ends."""
+        self._on_drain.append(hook)
+
+    async def drain(self) -> None:
+        """Every `on_drain` hook at once (a failure is logged)."""
+        done = await asyncio.gather(*(hook() for hook in self._on_drain), return_exceptions=True)
+        for outcome in done:
+            if isinstance(outcome, Exception):
+                self.log.error("drain hook failed", exc_info=outcome)
 
     def info(
         self, service_name: str, *, pod_id: str = "", **attributes: str
@@ -255,6 +270,23 @@ class RunningService:
     @property
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+    async def stop(self, grace: float) -> None:
+        """Stop serving now, as the end of `running` does (which then finds it stopped):
+        for services stopped together, each draining while the others do."""
+        await stop_serving(self.server, self.runtime, grace)
+
+
+async def stop_serving(server: Server, runtime: Runtime[Any], grace: float) -> None:
+    """NOT_SERVING, then in-flight calls get up to `grace` s while the service's drain
+    hooks (Runtime.on_drain) end what it holds open to its peers."""
+    draining = asyncio.create_task(runtime.drain(), name=f"{runtime.service} drain")
+    try:
+        await server.stop(grace)
+    finally:
+        draining.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await draining
 
 
 @contextlib.asynccontextmanager
@@ -341,7 +373,9 @@ async def running(
         yield RunningService(port, runtime, server, endpoint)
     finally:
         if server is not None:
-            await server.stop(settings.shutdown_grace_s if grace is None else grace)
+            await stop_serving(
+                server, runtime, settings.shutdown_grace_s if grace is None else grace
+            )
         await runtime.close()
         if endpoint is not None:
             endpoint.close()
