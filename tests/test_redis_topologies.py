@@ -131,8 +131,9 @@ def test_lightpath_demo_runs_the_whole_stack_on_a_redis_cluster(tmp_path):
         }
         env["LIGHTPATH_REDIS_URL"] = with_password(cluster.url)
         env["LIGHTPATH_STATE_DIR"] = str(tmp_path / "state")
-        # The stack's agg switches hold each other's Relay streams until they stop, so
-        # its stop waited out the whole grace (5 s by default) after "demo finished".
+        # Nothing is in flight once the demo finished: a short grace bounds the stop
+        # (its agg switches, which hold each other's Relay streams, end them when they
+        # drain; before that they waited out the whole 5 s default).
         env["LIGHTPATH_SHUTDOWN_GRACE_S"] = "0.5"
         out = subprocess.run(
             [str(lightpath), "demo"], env=env, capture_output=True, text=True, timeout=240
