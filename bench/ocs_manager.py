@@ -282,15 +282,17 @@ async def device_pod(
 
 async def device_runs(pods: dict[str, tuple], runs: int) -> dict[str, dict]:
     """`runs` full-pod wires and releases on each pod (name -> (stub, pids)), taking turns
-    run by run so that every pod meets the same machine; the CPU each process spent in
-    the wires, per wire."""
+    run by run so that every pod meets the same machine, the order reversed every other
+    round (in a fixed order, the same NETCONF code measured 2-5 ms slower as the first
+    pod, whichever checkout that was; reversed every other round, 241.1 against 243.0
+    ms, 2026-12-08); the CPU each process spent in the wires, per wire."""
     wires: dict[str, list[float]] = {name: [] for name in pods}
     releases: dict[str, list[float]] = {name: [] for name in pods}
     cpu: dict[str, dict[str, float]] = {name: {} for name in pods}
     counts: dict[str, int] = {}
     req = wire_request("full-pod", [4, 4, 4], list(range(64)), COUNTS)
-    for _ in range(runs):
-        for name, (stub, pids) in pods.items():
+    for i in range(runs):
+        for name, (stub, pids) in list(pods.items())[:: -1 if i % 2 else 1]:
             before = process_cpu(pids)
             t = time.perf_counter()
             w = await stub.WireSlice(req)
