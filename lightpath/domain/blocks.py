@@ -13,6 +13,8 @@ Blocks are numbered 0..N-1 (¶107) and the types are laid out in that order.
 
 from __future__ import annotations
 
+import functools
+import itertools
 import math
 import re
 from collections import Counter
@@ -143,6 +145,20 @@ class PodFabric:
     @property
     def hosts_per_block(self) -> int:
         return math.prod(self.host_grid)
+
+    @property
+    def chips_per_host(self) -> int:
+        return math.prod(self.host_shape)
+
+    @functools.cached_property
+    def chip_hosts(self) -> dict[tuple[int, ...], int]:
+        """Each chip of a block (its coordinates in the block) -> its host (`host_of`),
+        computed once: placement's counts and GetPod's free chips read it for every block
+        with a failed host or a sub-block slice."""
+        return {
+            chip: self.host_of(chip)
+            for chip in itertools.product(*(range(n) for n in self.block_shape))
+        }
 
     def host_of(self, chip: Sequence[int]) -> int:
         """The host (index, row-major x fastest) of a chip given by its coordinates in its block."""

@@ -31,7 +31,7 @@ from lightpath.v1 import common_pb2, workload_scheduler_pb2
 from lightpath_services.common.convert import fabric_to_proto, tile_to_proto
 from lightpath_services.workload_scheduler.box_placement import largest_free_box
 from lightpath_services.workload_scheduler.ocs import OcsError, OcsManagerClient, RingsClient
-from lightpath_services.workload_scheduler.placement import PodState, Unplaceable, chip_hosts
+from lightpath_services.workload_scheduler.placement import PodState, Unplaceable
 from lightpath_services.workload_scheduler.planner import (
     Allocation,
     Replacement,
@@ -130,8 +130,7 @@ class TorusPlanner:
         bad = state.failed_hosts.get(block, frozenset())
         if not mine and not bad:
             return fabric.chips_per_block
-        host_of = chip_hosts(fabric.block_shape, fabric.host_shape).host_of
-        return sum(1 for c, h in host_of.items() if c not in mine and h not in bad)
+        return sum(1 for c, h in fabric.chip_hosts.items() if c not in mine and h not in bad)
 
     def plan_rings_allowed(self, pod_id: str) -> None:
         return None

@@ -23,7 +23,6 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from functools import cache
 
 from lightpath.domain.blocks import PodFabric
 from lightpath.domain.slices import (
@@ -33,7 +32,6 @@ from lightpath.domain.slices import (
     Position,
     SliceDemand,
     SliceJob,
-    grid_positions,
     parse_chip_key,
 )
 
@@ -186,7 +184,6 @@ class PodState:
         shared = {int(k[1:].split(".")[0]) for k in self.tile_owner if k[0] == "t"}
         held = self.chips_held()
         per_block = fabric.chips_per_block
-        hosts = chip_hosts(fabric.block_shape, fabric.host_shape)
         names = ("total", "free", "allocated", "failed")
         for b, t in enumerate(fabric.node_types):
             c = out.setdefault(t, {**dict.fromkeys(names, 0), **dict.fromkeys(_CHIP_COUNTS, 0)})
@@ -210,11 +207,12 @@ class PodState:
             else:
                 # per chip: on a failed host, else used (by the block's slice or a
                 # sub-block slice holding it), else free
-                failed = sum(hosts.chips_of.get(h, 0) for h in bad)
+                hosts = fabric.hosts_per_block
+                failed = fabric.chips_per_host * sum(1 for h in bad if 0 <= h < hosts)
                 if owner is not None and owner != SUB_BLOCK_OWNER:
                     used = per_block - failed
                 else:
-                    host_of = hosts.host_of
+                    host_of = fabric.chip_hosts
                     used = sum(
                         1
                         for chip in held.get(b, ())
@@ -259,23 +257,6 @@ class PodState:
 
 
 _CHIP_COUNTS = ("chips_total", "chips_used", "chips_failed", "chips_free")
-
-
-@dataclass(frozen=True)
-class ChipHosts:
-    host_of: dict[Position, int]  # every chip of a block -> its host
-    chips_of: Counter[int]  # host -> its chips
-
-
-@cache
-def chip_hosts(block_shape: tuple[int, ...], host_shape: tuple[int, ...]) -> ChipHosts:
-    """Which host each chip of a block is on (PodFabric.host_of), for one block and host
-    shape: counts_by_type (every capacity report and metrics scrape) and GetPod's chips
-    free per block asked host_of for the 64 chips of every block with a failed host or a
-    sub-block slice, each time."""
-    fabric = PodFabric("", block_shape, (), host_shape=host_shape)
-    host_of = {chip: fabric.host_of(chip) for chip in grid_positions(block_shape)}
-    return ChipHosts(host_of, Counter(host_of.values()))
 
 
 def place(
